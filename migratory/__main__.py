@@ -1,0 +1,5 @@
+import sys
+
+from migratory.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""``migratory`` command line: serve, pub, sub."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from migratory.config import ConfigError, load_config, parse_set_options
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, overrides=parse_set_options(args.set))
+    except ConfigError as exc:
+        print(f"migratory: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from migratory.server.app import run_until_signalled
+
+    try:
+        trio.run(run_until_signalled, config)
+    except OSError as exc:
+        print(f"migratory: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="migratory", description="Real-time pub/sub messaging server and tools."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run a server")
+    serve.add_argument("--config", metavar="FILE", help="config file (Key = Value lines)")
+    serve.add_argument(
+        "--set",
+        metavar="Key=Value",
+        action="append",
+        default=[],
+        help="override one config key (repeatable); see docs/config.md",
+    )
+    serve.set_defaults(func=_serve)
+    try:  # TEMPORARY until cli_client lands
+        from migratory.cli_client import add_client_commands
+    except ModuleNotFoundError:
+        return parser
+    add_client_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The one validated configuration object.
+
+Sources, later ones winning: built-in defaults, a config file in the
+MigratoryData ``Key = Value`` style, environment variables
+``MIGRATORY_CFG_<KEY>`` (key matched case-insensitively), and
+``--set Key=Value`` on the command line. An unknown key or a bad value stops
+start-up with a message naming the key (and where it came from).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "MIGRATORY_CFG_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the source."""
+
+
+def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""), 10)
+        except ValueError:
+            raise ValueError(f"expected a whole number{unit}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = "" if maximum is None else f" and <= {maximum}"
+            raise ValueError(f"must be >= {minimum}{upper}{unit}, got {value}")
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on", "1"):
+        return True
+    if lowered in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        for choice in choices:
+            if text.lower() == choice.lower():
+                return choice
+        raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+
+    return parse
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected host:port, got {text!r}")
+    port = _int(0, 65535)(port_text)
+    return host.strip("[]"), port
+
+
+def _addresses(text: str) -> tuple[tuple[str, int], ...]:
+    items = [item for item in (part.strip() for part in text.split(",")) if item]
+    if not items:
+        raise ValueError("expected at least one host:port")
+    return tuple(parse_address(item) for item in items)
+
+
+def _text(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: str
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("Listen", "listen", _addresses, "127.0.0.1:8800",
+            "Comma-separated host:port addresses for WebSocket and HTTP clients; port 0 picks "
+            "a free port (printed at start)."),
+    Setting("ServerName", "server_name", _text, "migratory",
+            "Name sent to clients in `connected` and used in logs."),
+    Setting("LogLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
+            "Logging threshold."),
+    Setting("Entitlement", "entitlement", _choice("None", "Basic"), "None",
+            "None: anyone may connect, subscribe and publish. Basic: anyone may subscribe; only "
+            "clients whose token equals EntitlementAllowToken may publish."),
+    Setting("EntitlementAllowToken", "entitlement_allow_token", _text, "",
+            "The publishing token for Entitlement = Basic (required then)."),
+    Setting("PublishSnapshotMessage", "publish_snapshot_message", _bool, "true",
+            "Send the subject's snapshot first on every subscribe."),
+    Setting("MaxCachedMessagesPerSubject", "max_cached_messages_per_subject",
+            _int(0, unit=" of messages"), "1000",
+            "Messages kept per subject for recovery and history."),
+    Setting("CacheExpireTime", "cache_expire_time", _int(1, unit=" of seconds"), "180",
+            "Seconds a cached message is kept at least; older ones are dropped."),
+    Setting("BatchTime", "batch_time", _int(0, 10_000, " of milliseconds"), "20",
+            "Milliseconds messages wait to be written together to a client (0: write at once)."),
+    Setting("MaxBatchingSpace", "max_batching_space", _int(1, unit=" of bytes"), "65536",
+            "A client's batch is written as soon as it holds this many bytes."),
+    Setting("MaxMessageSize", "max_message_size", _int(1, unit=" of bytes"), "131072",
+            "Largest content + subject + fields of a publish; larger ones get "
+            "MESSAGE_SIZE_LIMIT_EXCEEDED."),
+    Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
+            "Largest WebSocket message a client may send; larger ones close with 1009."),
+    Setting("ClientMaxPendingBytes", "client_max_pending_bytes", _int(1024, unit=" of bytes"),
+            "4194304",
+            "Bytes queued for a client that does not read before it is cut off as a slow "
+            "consumer (close 4500)."),
+    Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
+            "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+_BY_LOWER = {s.key.lower(): s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen: tuple[tuple[str, int], ...]
+    server_name: str
+    log_level: str
+    entitlement: str
+    entitlement_allow_token: str
+    publish_snapshot_message: bool
+    max_cached_messages_per_subject: int
+    cache_expire_time: int
+    batch_time: int
+    max_batching_space: int
+    max_message_size: int
+    max_frame_size: int
+    client_max_pending_bytes: int
+    handshake_timeout: int
+
+    @classmethod
+    def defaults(cls) -> Config:
+        return cls.from_mapping({})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, str], *, source: str = "setting") -> Config:
+        """Build from ``Key -> text`` over the defaults; keys are exact."""
+        raw = {s.key: s.default for s in SETTINGS}
+        for key, text in values.items():
+            raw[_known_key(key, source)] = text
+        return _build(raw, {k: source for k in values})
+
+    def with_overrides(self, values: Mapping[str, str], *, source: str) -> Config:
+        parsed = {}
+        for key, text in values.items():
+            setting = _BY_KEY[_known_key(key, source)]
+            parsed[setting.attr] = _parse(setting, text, source)
+        return _check(replace(self, **parsed))
+
+    def as_text(self) -> dict[str, str]:
+        """Each key's effective value, formatted as it would be written in a file."""
+        out = {}
+        for setting in SETTINGS:
+            value = getattr(self, setting.attr)
+            if setting.attr == "listen":
+                out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
+            elif isinstance(value, bool):
+                out[setting.key] = str(value).lower()
+            else:
+                out[setting.key] = str(value)
+        return out
+
+
+def _known_key(key: str, source: str) -> str:
+    if key in _BY_KEY:
+        return key
+    hint = difflib.get_close_matches(key, list(_BY_KEY), n=1)
+    if not hint and key.lower() in _BY_LOWER:
+        hint = [_BY_LOWER[key.lower()].key]
+    suffix = f" (did you mean {hint[0]!r}?)" if hint else ""
+    raise ConfigError(f"{source}: unknown key {key!r}{suffix}")
+
+
+def _parse(setting: Setting, text: str, source: str) -> Any:
+    try:
+        return setting.parse(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {setting.key}: {exc}") from None
+
+
+def _build(raw: Mapping[str, str], sources: Mapping[str, str]) -> Config:
+    values = {
+        _BY_KEY[key].attr: _parse(_BY_KEY[key], text, sources.get(key, "default"))
+        for key, text in raw.items()
+    }
+    return _check(Config(**values))
+
+
+def _check(config: Config) -> Config:
+    """Rules that involve more than one key."""
+    if config.entitlement == "Basic" and not config.entitlement_allow_token:
+        raise ConfigError("Entitlement = Basic needs EntitlementAllowToken (the publishing token)")
+    if config.max_frame_size <= config.max_message_size:
+        raise ConfigError(
+            f"MaxFrameSize ({config.max_frame_size}) must be larger than "
+            f"MaxMessageSize ({config.max_message_size})"
+        )
+    return config
+
+
+def parse_config_text(text: str, *, source: str) -> dict[str, str]:
+    """Parse ``Key = Value`` lines; ``#`` starts a comment line."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, value = stripped.partition("=")
+        where = f"{source}:{number}"
+        if not sep or not key.strip():
+            raise ConfigError(f"{where}: expected 'Key = Value', got {stripped!r}")
+        key = _known_key(key.strip(), where)
+        if key in values:
+            raise ConfigError(f"{where}: {key} is set twice")
+        values[key] = value.strip()
+    return values
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """``MIGRATORY_CFG_<KEY>`` variables, keys matched case-insensitively."""
+    values = {}
+    for name, text in environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):]
+        setting = _BY_LOWER.get(key.lower())
+        if setting is None:
+            raise ConfigError(f"environment: unknown key in {name} (see docs/config.md)")
+        values[setting.key] = text
+    return values
+
+
+def parse_set_options(items: Iterable[str]) -> dict[str, str]:
+    values = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set: expected Key=Value, got {item!r}")
+        values[_known_key(key.strip(), "--set")] = value
+    return values
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Defaults, then the file, then the environment, then ``overrides``."""
+    config = Config.defaults()
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        config = config.with_overrides(parse_config_text(text, source=str(path)), source=str(path))
+    env = env_overrides(os.environ if environ is None else environ)
+    if env:
+        config = config.with_overrides(env, source="environment")
+    if overrides:
+        config = config.with_overrides(overrides, source="--set")
+    return config
+
+
+def reference_markdown() -> str:
+    """The config reference (docs/config.md is this text; a test keeps them equal)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Set keys in a file (`migratory serve --config FILE`, lines `Key = Value`, `#` comments),",
+        f"in the environment (`{ENV_PREFIX}<KEY>`, case-insensitive), or with",
+        "`--set Key=Value`; later sources win. Unknown keys and bad values stop start-up",
+        "with a message naming the key.",
+        "",
+        "| Key | Default | Meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{s.key}` | `{s.default}` | {s.doc} |" for s in SETTINGS]
+    return "\n".join(lines) + "\n"
+
+
+assert {f.name for f in fields(Config)} == {s.attr for s in SETTINGS}

@@ -1,0 +1,145 @@
+"""The per-subject message cache that recovery and history read."""
+
+from collections import deque
+from itertools import islice
+
+from migratory.model.message import Message
+
+__all__ = ["SubjectCache"]
+
+
+class SubjectCache:
+    """One subject's recent messages of one epoch, in seq order with no holes.
+
+    Keeps at most ``max_messages`` messages (the oldest are dropped on append) and drops
+    messages stored more than ``expire_seconds`` ago when ``expire`` is called. The last
+    seq ever appended (``last_seq_seen``) survives eviction and expiry, so an emptied cache
+    still tells a caught-up subscriber from one it can no longer serve. A new epoch is a
+    ``reset``. Times are seconds on any monotonic clock the caller chooses.
+    """
+
+    __slots__ = ("_entries", "_expire_seconds", "_last_seq_seen", "_max_messages")
+
+    def __init__(
+        self,
+        *,
+        max_messages: int = 1000,
+        expire_seconds: float = 180.0,
+        last_seq_seen: int = 0,
+    ) -> None:
+        if max_messages < 0:
+            raise ValueError(f"max_messages must be >= 0, got {max_messages}")
+        if expire_seconds < 0:
+            raise ValueError(f"expire_seconds must be >= 0, got {expire_seconds}")
+        if last_seq_seen < 0:
+            raise ValueError(f"last_seq_seen must be >= 0, got {last_seq_seen}")
+        self._max_messages = max_messages
+        self._expire_seconds = expire_seconds
+        self._last_seq_seen = last_seq_seen
+        self._entries: deque[tuple[float, Message]] = deque(maxlen=max_messages)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"<SubjectCache {len(self._entries)} messages, seq {self.first_seq}..{self.last_seq},"
+            f" last_seq_seen={self._last_seq_seen}>"
+        )
+
+    @property
+    def max_messages(self) -> int:
+        """The count cap."""
+        return self._max_messages
+
+    @property
+    def expire_seconds(self) -> float:
+        """How long a message is kept at least (unless the count cap drops it)."""
+        return self._expire_seconds
+
+    @property
+    def first_seq(self) -> int | None:
+        """Seq of the oldest cached message, None when empty."""
+        return self._entries[0][1].seq if self._entries else None
+
+    @property
+    def last_seq(self) -> int | None:
+        """Seq of the newest cached message, None when empty."""
+        return self._entries[-1][1].seq if self._entries else None
+
+    @property
+    def last_seq_seen(self) -> int:
+        """Seq of the last message ever appended since the last reset (0 if none is known)."""
+        return self._last_seq_seen
+
+    def append(self, message: Message, now: float) -> None:
+        """Cache ``message``, stored at time ``now``.
+
+        Its seq must be exactly ``last_seq_seen + 1`` once any seq is known (and at least 1
+        otherwise), and its epoch that of the cached messages; else ValueError.
+        """
+        seq = message.seq
+        if self._last_seq_seen:
+            if seq != self._last_seq_seen + 1:
+                raise ValueError(
+                    f"seq {seq} does not follow last seq {self._last_seq_seen} "
+                    f"of {message.subject!r}"
+                )
+        elif seq < 1:
+            raise ValueError(f"seq must be >= 1, got {seq} for {message.subject!r}")
+        if self._entries and message.epoch != self._entries[-1][1].epoch:
+            raise ValueError(
+                f"epoch {message.epoch} differs from cached epoch {self._entries[-1][1].epoch}"
+                f" of {message.subject!r}; reset the cache for a new epoch"
+            )
+        self._entries.append((now, message))
+        self._last_seq_seen = seq
+
+    def reset(self) -> None:
+        """Forget every message and the last seq seen (for a new epoch)."""
+        self._entries.clear()
+        self._last_seq_seen = 0
+
+    def expire(self, now: float) -> int:
+        """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
+        oldest_kept = now - self._expire_seconds
+        entries = self._entries
+        dropped = 0
+        while entries and entries[0][0] < oldest_kept:
+            entries.popleft()
+            dropped += 1
+        return dropped
+
+    def since(self, seq: int) -> list[Message] | None:
+        """The messages after ``seq``, oldest first, or None when the cache cannot tell.
+
+        None means a gap: the cache no longer reaches back to ``seq + 1``, or ``seq`` is
+        beyond the last seq seen. An empty list means the caller is up to date.
+        """
+        if seq < 0:
+            raise ValueError(f"seq must be >= 0, got {seq}")
+        if seq > self._last_seq_seen:
+            return None
+        entries = self._entries
+        if not entries:
+            return [] if seq == self._last_seq_seen else None
+        start = seq + 1 - entries[0][1].seq
+        if start < 0:
+            return None
+        return self._newest(len(entries) - start)
+
+    def last(self, n: int) -> list[Message]:
+        """The newest ``n`` cached messages (fewer if fewer are cached), oldest first."""
+        if n <= 0:
+            return []
+        return self._newest(min(n, len(self._entries)))
+
+    def _newest(self, count: int) -> list[Message]:
+        """The newest ``count`` messages, oldest first, walking from the nearer end."""
+        entries = self._entries
+        skip = len(entries) - count
+        if count <= skip:
+            newest = [message for _, message in islice(reversed(entries), count)]
+            newest.reverse()
+            return newest
+        return [message for _, message in islice(entries, skip, None)]

@@ -1,0 +1,81 @@
+"""Conflation: one merged message per subject per period of a subscription."""
+
+from dataclasses import replace
+
+from migratory.model.message import Message, MessageType
+
+__all__ = ["CONFLATION_STEP_MS", "Conflator", "round_conflation_ms"]
+
+CONFLATION_STEP_MS = 100
+"""Conflation periods are multiples of this many milliseconds."""
+
+
+def round_conflation_ms(ms: int) -> int:
+    """Round a requested conflation time down to a multiple of 100 ms (seed: 78 → 0, 547 → 500).
+
+    0 means no conflation. Negative times raise ValueError.
+    """
+    if ms < 0:
+        raise ValueError(f"conflation time must be >= 0 ms, got {ms}")
+    return ms - ms % CONFLATION_STEP_MS
+
+
+class Conflator:
+    """Aggregates one subject's messages for one subscription and emits one per period.
+
+    Deadlines fall at ``start + k * period`` (k = 1, 2, ...); times are seconds on the
+    caller's clock. The emitted message is the latest one offered, with the union of the
+    fields of the messages offered during that period (later values win) and type UPDATE.
+    """
+
+    __slots__ = ("_fields", "_latest", "_period", "_periods", "_start")
+
+    def __init__(self, *, period_ms: int, start: float) -> None:
+        if period_ms <= 0:
+            raise ValueError(f"period_ms must be > 0, got {period_ms}")
+        self._period = period_ms / 1000
+        self._start = start
+        self._periods = 1
+        self._latest: Message | None = None
+        self._fields: dict[str, str] = {}
+
+    @property
+    def period(self) -> float:
+        """The conflation period in seconds."""
+        return self._period
+
+    @property
+    def next_deadline(self) -> float:
+        """When ``poll`` next emits."""
+        return self._start + self._periods * self._period
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether a message was offered since the last emission."""
+        return self._latest is not None
+
+    def offer(self, message: Message) -> None:
+        """Aggregate ``message`` into the current period."""
+        latest = self._latest
+        if latest is not None and latest.subject != message.subject:
+            raise ValueError(
+                f"conflator of {latest.subject!r} cannot take a message of {message.subject!r}"
+            )
+        self._latest = message
+        self._fields.update(message.fields)
+
+    def poll(self, now: float) -> Message | None:
+        """At or after the deadline: move it past ``now`` and return the aggregate, if any."""
+        if now < self.next_deadline:
+            return None
+        periods = max(self._periods, int((now - self._start) // self._period))
+        while self._start + periods * self._period <= now:
+            periods += 1
+        self._periods = periods
+        latest = self._latest
+        if latest is None:
+            return None
+        conflated = replace(latest, fields=self._fields, type=MessageType.UPDATE)
+        self._latest = None
+        self._fields = {}
+        return conflated

@@ -1,0 +1,86 @@
+"""The per-connection outbox that batches ready-to-write frames (sans-I/O)."""
+
+from collections import deque
+
+__all__ = ["Outbox", "SlowConsumer"]
+
+
+class SlowConsumer(Exception):
+    """A connection whose pending output would exceed its limit."""
+
+    def __init__(self, pending_bytes: int, limit: int) -> None:
+        super().__init__(pending_bytes, limit)
+        self.pending_bytes = pending_bytes
+        """Bytes that would be pending had the frame been accepted."""
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return f"slow consumer: {self.pending_bytes} bytes pending exceed the limit of {self.limit}"
+
+
+class Outbox:
+    """Frames waiting to be written to one connection, taken as one batch per write.
+
+    ``enqueue`` says when ``batch_space`` bytes are pending (write now); the caller's
+    timer handles the batch time. Pending bytes never exceed ``max_pending``.
+    """
+
+    __slots__ = ("_batch_space", "_frames", "_max_pending", "_pending_bytes")
+
+    def __init__(self, *, batch_space: int, max_pending: int) -> None:
+        if batch_space <= 0:
+            raise ValueError(f"batch_space must be > 0, got {batch_space}")
+        if max_pending <= 0:
+            raise ValueError(f"max_pending must be > 0, got {max_pending}")
+        self._batch_space = batch_space
+        self._max_pending = max_pending
+        self._frames: deque[bytes] = deque()
+        self._pending_bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._frames)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __repr__(self) -> str:
+        return f"<Outbox {len(self._frames)} frames, {self._pending_bytes} bytes>"
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes waiting to be written."""
+        return self._pending_bytes
+
+    def enqueue(self, frame: bytes) -> bool:
+        """Queue ``frame``; True when ``batch_space`` bytes are now pending.
+
+        Raises SlowConsumer, leaving the outbox unchanged, when the frame would take the
+        pending bytes over ``max_pending``. Empty frames are ignored.
+        """
+        pending = self._pending_bytes + len(frame)
+        if pending > self._max_pending:
+            raise SlowConsumer(pending, self._max_pending)
+        if frame:
+            self._frames.append(frame)
+            self._pending_bytes = pending
+        return pending >= self._batch_space
+
+    def take(self) -> bytes:
+        """All pending frames as one bytes object (the frame itself if only one), emptied."""
+        frames = self._frames
+        if len(frames) == 1:
+            batch = frames.popleft()
+        else:
+            batch = b"".join(frames)
+            frames.clear()
+        self._pending_bytes = 0
+        return batch
+
+    def requeue_unsent(self, rest: bytes) -> None:
+        """Put the unwritten tail of a taken batch back in front of the queue.
+
+        Those bytes were already accepted, so this never raises SlowConsumer.
+        """
+        if rest:
+            self._frames.appendleft(rest)
+            self._pending_bytes += len(rest)

@@ -1,0 +1,29 @@
+"""Snapshot messages: the latest retained message with earlier fields merged in."""
+
+from dataclasses import replace
+
+from migratory.model.message import Message, MessageType
+
+__all__ = ["merge_snapshot"]
+
+
+def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
+    """The subject's snapshot after ``incoming``, given its snapshot ``previous``.
+
+    Only retained messages take part: a non-retained ``incoming`` returns ``previous``
+    unchanged. Otherwise the result is ``incoming`` (content, position, qos, retained)
+    with ``previous``'s fields updated by its own, type SNAPSHOT and no closure.
+    Raises ValueError when the two messages have different subjects.
+    """
+    if previous is not None and previous.subject != incoming.subject:
+        raise ValueError(
+            f"snapshot of {previous.subject!r} cannot merge a message of {incoming.subject!r}"
+        )
+    if not incoming.retained:
+        return previous
+    if previous is None or not previous.fields:
+        fields = dict(incoming.fields)
+    else:
+        fields = dict(previous.fields)
+        fields.update(incoming.fields)
+    return replace(incoming, fields=fields, type=MessageType.SNAPSHOT, closure=None)

@@ -1,0 +1,72 @@
+"""Subjects: ``/Stocks/NYSE/IBM`` — a leading slash and two or more non-empty segments."""
+
+import re
+from typing import Final
+
+__all__ = [
+    "MAX_SUBJECT_BYTES",
+    "InvalidSubjectError",
+    "is_valid_subject",
+    "validate_subject",
+]
+
+MAX_SUBJECT_BYTES: Final = 1024
+"""Largest subject accepted, counted in UTF-8 bytes."""
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+class InvalidSubjectError(ValueError):
+    """A subject that breaks the subject syntax; ``reason`` says which rule."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        super().__init__(subject, reason)
+        self.subject = subject
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"invalid subject {self.subject!r}: {self.reason}"
+
+
+def validate_subject(subject: object) -> str:
+    """Return ``subject`` unchanged if it is a valid subject, else raise InvalidSubjectError."""
+    if not isinstance(subject, str):
+        raise InvalidSubjectError(repr(subject), f"is a {type(subject).__name__}, not a str")
+    reason = _first_violation(subject)
+    if reason is not None:
+        raise InvalidSubjectError(subject, reason)
+    return subject
+
+
+def is_valid_subject(subject: object) -> bool:
+    """Whether ``subject`` is a valid subject."""
+    return isinstance(subject, str) and _first_violation(subject) is None
+
+
+def _first_violation(subject: str) -> str | None:
+    """The reason ``subject`` is invalid, or None when it is valid."""
+    if not subject:
+        return "is empty"
+    try:
+        size = len(subject.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not encodable as UTF-8 (contains a lone surrogate)"
+    if size > MAX_SUBJECT_BYTES:
+        return f"is {size} bytes long in UTF-8 (at most {MAX_SUBJECT_BYTES} are allowed)"
+    control = _CONTROL.search(subject)
+    if control is not None:
+        return f"contains control character U+{ord(control.group()):04X} at index {control.start()}"
+    if subject[0] != "/":
+        return "does not start with '/'"
+    segments = subject[1:].split("/")
+    if len(segments) == 1:
+        if not segments[0]:
+            return "is a single empty segment (two or more non-empty segments are required)"
+        return "has only one segment (two or more are required)"
+    last = len(segments)
+    for number, segment in enumerate(segments, start=1):
+        if not segment:
+            if number == last:
+                return "ends with '/' (last segment is empty)"
+            return f"segment {number} is empty"
+    return None

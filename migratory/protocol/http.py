@@ -1,0 +1,410 @@
+"""Minimal HTTP/1.1, sans-I/O: the request head of a GET, the WebSocket handshake.
+
+The server only ever serves ``GET`` requests without a body (the WebSocket
+upgrade, ``GET /snapshot?subject=…``) and answers each with one response and
+``Connection: close``. So the parser reads exactly one request head and
+rejects anything with a body; the bytes after the head (a client may pipeline
+its first WebSocket frame right behind the handshake) are kept in
+:attr:`RequestParser.trailing`.
+
+Errors are :class:`HttpError` carrying the status to answer with;
+:meth:`HttpError.encode` gives the complete response.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+__all__ = [
+    "SUBPROTOCOL",
+    "WEBSOCKET_GUID",
+    "HttpError",
+    "Request",
+    "RequestParser",
+    "check_handshake_response",
+    "handshake_request",
+    "handshake_response",
+    "new_websocket_key",
+    "response",
+    "websocket_accept",
+]
+
+SUBPROTOCOL = "migratory.cbor"
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+_MAX_RESPONSE_HEAD = 16384
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+_VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
+# A field value: visible ASCII, obs-text, spaces and tabs; no CR, LF, NUL or other controls.
+_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})(?: [^\r\n]*)?")
+
+
+class HttpError(Exception):
+    """A request (or handshake response) we must refuse; answer with ``status``.
+
+    ``headers`` are extra response headers the status calls for (``Allow`` with
+    405, ``Sec-WebSocket-Version`` with 426).
+    """
+
+    def __init__(
+        self, status: int, reason: str, *, headers: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.headers = tuple(headers)
+
+    def encode(self) -> bytes:
+        """The complete HTTP response for this error, the reason as its body."""
+        return response(self.status, self.reason.encode("utf-8") + b"\n", headers=self.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request head. ``path`` and ``query`` are percent-decoded; header names lower-case."""
+
+    method: str
+    target: str
+    path: str
+    query: dict[str, str]
+    headers: tuple[tuple[str, str], ...]
+    http_version: str = "1.1"
+
+    def header(self, name: str) -> str | None:
+        """The value of header ``name``; repeated headers joined with ``", "``."""
+        name = name.lower()
+        values = [value for key, value in self.headers if key == name]
+        return ", ".join(values) if values else None
+
+    def _tokens(self, name: str) -> list[str]:
+        value = self.header(name)
+        if value is None:
+            return []
+        return [token.strip().lower() for token in value.split(",") if token.strip()]
+
+    @property
+    def is_websocket_upgrade(self) -> bool:
+        """Whether this is a complete, valid WebSocket opening handshake (RFC 6455 §4.2.1)."""
+        return _claims_upgrade(self) and self.websocket_upgrade_error() is None
+
+    def websocket_upgrade_error(self) -> HttpError | None:
+        """What is wrong with this request as a WebSocket handshake; None if nothing is.
+
+        Also None for a request that does not try to be one (no ``Upgrade:
+        websocket``, no ``Sec-WebSocket-*`` header).
+        """
+        if not _claims_upgrade(self):
+            return None
+        if self.method != "GET":
+            return HttpError(405, "a WebSocket handshake must be a GET", headers=[("Allow", "GET")])
+        if self.http_version != "1.1":
+            return HttpError(400, "a WebSocket handshake needs HTTP/1.1")
+        if "websocket" not in self._tokens("upgrade"):
+            return HttpError(400, "Upgrade header must be 'websocket'")
+        if "upgrade" not in self._tokens("connection"):
+            return HttpError(400, "Connection header must contain 'upgrade'")
+        if self.header("sec-websocket-version") != "13":
+            return HttpError(
+                426,
+                "Sec-WebSocket-Version must be 13",
+                headers=[("Sec-WebSocket-Version", "13"), ("Upgrade", "websocket")],
+            )
+        key = self.header("sec-websocket-key")
+        if key is None:
+            return HttpError(400, "Sec-WebSocket-Key header is missing")
+        if not _is_valid_key(key):
+            return HttpError(400, "Sec-WebSocket-Key must be the base64 of 16 bytes")
+        return None
+
+
+def _claims_upgrade(request: Request) -> bool:
+    return "websocket" in request._tokens("upgrade") or any(
+        name.startswith("sec-websocket-") for name, _ in request.headers
+    )
+
+
+def _is_valid_key(key: str) -> bool:
+    try:
+        return len(base64.b64decode(key.encode("ascii"), validate=True)) == 16
+    except (binascii.Error, UnicodeEncodeError):
+        return False
+
+
+class RequestParser:
+    """Reads one request head from a byte stream.
+
+    :meth:`receive_data` returns the :class:`Request` once the head (up to the
+    blank line) is complete, None before; it raises :class:`HttpError` for a
+    malformed or oversized head, or a request with a body.
+    """
+
+    __slots__ = ("_buffer", "_max_header_bytes", "_request", "_scanned", "_trailing")
+
+    def __init__(self, max_header_bytes: int = 16384) -> None:
+        self._max_header_bytes = max_header_bytes
+        self._buffer = bytearray()
+        self._scanned = 0  # the blank line cannot end before this offset
+        self._request: Request | None = None
+        self._trailing = b""
+
+    @property
+    def request(self) -> Request | None:
+        return self._request
+
+    @property
+    def trailing(self) -> bytes:
+        """The bytes received after the request head (empty until it is complete)."""
+        return self._trailing
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> Request | None:
+        """Feed bytes; the request once its head is complete (again on later calls)."""
+        if self._request is not None:
+            self._trailing += bytes(data)
+            return self._request
+        buf = self._buffer
+        buf += data
+        while buf.startswith(b"\r\n"):  # RFC 9112 §2.2: ignore blank lines before a request
+            del buf[:2]
+            self._scanned = 0
+        end = buf.find(b"\r\n\r\n", max(0, self._scanned - 3))
+        if end < 0:
+            self._scanned = len(buf)
+            if len(buf) > self._max_header_bytes:
+                raise self._oversize(buf)
+            return None
+        if end + 4 > self._max_header_bytes:
+            raise self._oversize(buf)
+        self._request = _parse_head(bytes(buf[:end]))
+        self._trailing = bytes(buf[end + 4 :])
+        self._buffer = bytearray()
+        return self._request
+
+    def _oversize(self, buf: bytearray) -> HttpError:
+        if buf.find(b"\r\n", 0, self._max_header_bytes) < 0:
+            return HttpError(414, "request line too long")
+        return HttpError(431, f"request head larger than {self._max_header_bytes} bytes")
+
+
+def _parse_head(head: bytes) -> Request:
+    lines = head.split(b"\r\n")
+    method, target, version = _parse_request_line(lines[0])
+    headers = tuple(_parse_header_line(line) for line in lines[1:])
+    path, query = _split_target(method, target)
+    request = Request(method, target, path, query, headers, version)
+    _check_framing(request)
+    return request
+
+
+def _parse_request_line(line: bytes) -> tuple[str, str, str]:
+    parts = line.split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
+        raise HttpError(400, "malformed request line")
+    version = _VERSION.fullmatch(parts[2])
+    if version is None:
+        raise HttpError(400, "malformed HTTP version")
+    if version[1] != b"1":
+        raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
+    minor = "1" if version[2] != b"0" else "0"
+    return parts[0].decode("ascii"), parts[1].decode("ascii"), "1." + minor
+
+
+def _parse_header_line(line: bytes) -> tuple[str, str]:
+    name, colon, value = line.partition(b":")
+    if not colon or not _TOKEN.fullmatch(name):
+        # Also a line folded onto the previous one (obs-fold), or space before the colon.
+        raise HttpError(400, "malformed header line")
+    value = value.strip(b" \t")
+    if not _FIELD_VALUE.fullmatch(value):
+        raise HttpError(400, "invalid character in header value")
+    return name.decode("ascii").lower(), value.decode("latin-1")
+
+
+def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
+    if target.startswith("/"):
+        raw_path, _, raw_query = target.partition("?")
+    elif target == "*" and method == "OPTIONS":
+        return "*", {}
+    elif "://" in target:  # absolute-form
+        parts = urlsplit(target)
+        raw_path, raw_query = parts.path or "/", parts.query
+    else:
+        raise HttpError(400, "malformed request target")
+    try:
+        path = unquote(raw_path, errors="strict")
+        query: dict[str, str] = {}
+        for key, value in parse_qsl(raw_query, keep_blank_values=True, errors="strict"):
+            query.setdefault(key, value)
+    except (UnicodeDecodeError, ValueError):
+        raise HttpError(400, "request target is not valid percent-encoded UTF-8") from None
+    return path, query
+
+
+def _check_framing(request: Request) -> None:
+    if request.http_version == "1.1" and sum(1 for n, _ in request.headers if n == "host") != 1:
+        raise HttpError(400, "an HTTP/1.1 request needs exactly one Host header")
+    lengths = {value for name, value in request.headers if name == "content-length"}
+    chunked = request.header("transfer-encoding") is not None
+    if lengths and chunked:
+        raise HttpError(400, "both Content-Length and Transfer-Encoding")
+    if len(lengths) > 1 or any(not value.isdigit() or not value.isascii() for value in lengths):
+        raise HttpError(400, "invalid Content-Length")
+    if chunked or (lengths and int(lengths.pop()) > 0):
+        if request.method != "GET":
+            raise HttpError(405, "only GET is supported", headers=[("Allow", "GET")])
+        raise HttpError(413, "requests with a body are not accepted")
+
+
+# --- responses ----------------------------------------------------------------
+
+
+def _reason_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _header_lines(headers: Sequence[tuple[str, str]]) -> list[str]:
+    lines = []
+    for name, value in headers:
+        if not _TOKEN.fullmatch(name.encode("latin-1", "replace")) or any(
+            c in value for c in "\r\n\0"
+        ):
+            raise ValueError(f"invalid response header {name!r}: {value!r}")
+        lines.append(f"{name}: {value}\r\n")
+    return lines
+
+
+def response(
+    status: int,
+    body: bytes = b"",
+    *,
+    content_type: str = "text/plain; charset=utf-8",
+    headers: Sequence[tuple[str, str]] = (),
+) -> bytes:
+    """A complete HTTP/1.1 response with ``Content-Length`` and ``Connection: close``."""
+    if not 100 <= status <= 599:
+        raise ValueError(f"invalid HTTP status {status}")
+    fields: list[tuple[str, str]] = []
+    if status >= 200 and status not in (204, 304):
+        if body:
+            fields.append(("Content-Type", content_type))
+        fields.append(("Content-Length", str(len(body))))
+    elif body:
+        raise ValueError(f"a {status} response cannot have a body")
+    fields.append(("Connection", "close"))
+    fields.extend(headers)
+    head = f"HTTP/1.1 {status} {_reason_phrase(status)}\r\n" + "".join(_header_lines(fields))
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+def websocket_accept(key: str) -> str:
+    """``Sec-WebSocket-Accept`` for ``key``: base64(SHA-1(key + GUID)), RFC 6455 §4.2.2."""
+    digest = hashlib.sha1((key + WEBSOCKET_GUID).encode("ascii")).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def new_websocket_key() -> str:
+    """A fresh random ``Sec-WebSocket-Key`` for a client handshake."""
+    return base64.b64encode(os.urandom(16)).decode("ascii")
+
+
+def handshake_response(request: Request) -> bytes:
+    """The 101 answer to a valid upgrade; echoes ``migratory.cbor`` if the client offered it.
+
+    No extension is ever accepted. Raises :class:`HttpError` if ``request`` is
+    not a valid WebSocket handshake.
+    """
+    error = request.websocket_upgrade_error()
+    if error is not None:
+        raise error
+    key = request.header("sec-websocket-key")
+    if key is None:
+        raise HttpError(426, "WebSocket upgrade required", headers=[("Upgrade", "websocket")])
+    lines = [
+        "HTTP/1.1 101 Switching Protocols\r\n",
+        "Upgrade: websocket\r\n",
+        "Connection: Upgrade\r\n",
+        f"Sec-WebSocket-Accept: {websocket_accept(key)}\r\n",
+    ]
+    if SUBPROTOCOL in request._tokens("sec-websocket-protocol"):
+        lines.append(f"Sec-WebSocket-Protocol: {SUBPROTOCOL}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("ascii")
+
+
+def handshake_request(
+    host: str, path: str, key: str, *, subprotocol: str | None = SUBPROTOCOL
+) -> bytes:
+    """A client's opening handshake, for raw-socket clients such as load generators."""
+    if not path.startswith("/") or not _TARGET.fullmatch(path.encode("ascii", "replace")):
+        raise ValueError(f"invalid request path {path!r}")
+    fields = [
+        ("Host", host),
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", key),
+        ("Sec-WebSocket-Version", "13"),
+    ]
+    if subprotocol is not None:
+        fields.append(("Sec-WebSocket-Protocol", subprotocol))
+    head = f"GET {path} HTTP/1.1\r\n" + "".join(_header_lines(fields)) + "\r\n"
+    return head.encode("latin-1")
+
+
+def check_handshake_response(
+    data: bytes | bytearray, key: str, *, subprotocol: str | None = SUBPROTOCOL
+) -> int | None:
+    """How many bytes of ``data`` the server's 101 response takes; None until complete.
+
+    The bytes after it are already WebSocket frames. Raises :class:`HttpError`
+    with the server's status if it refused the upgrade, or 502 if the response
+    is malformed, has the wrong accept value, negotiates an extension, or a
+    subprotocol other than ``subprotocol``.
+    """
+    end = bytes(data[: _MAX_RESPONSE_HEAD + 4]).find(b"\r\n\r\n")
+    if end < 0:
+        if len(data) > _MAX_RESPONSE_HEAD:
+            raise HttpError(502, "handshake response head too large")
+        return None
+    lines = bytes(data[:end]).split(b"\r\n")
+    status_line = _STATUS_LINE.fullmatch(lines[0])
+    if status_line is None:
+        raise HttpError(502, "malformed handshake response status line")
+    status = int(status_line[1])
+    if status != 101:
+        raise HttpError(status, f"server refused the upgrade: {lines[0].decode('latin-1')}")
+    try:
+        headers = tuple(_parse_header_line(line) for line in lines[1:])
+    except HttpError:
+        raise HttpError(502, "malformed header in handshake response") from None
+    reply = Request("GET", "/", "/", {}, headers)
+    problem = _response_problem(reply, key, subprotocol)
+    if problem:
+        raise HttpError(502, problem)
+    return end + 4
+
+
+def _response_problem(reply: Request, key: str, subprotocol: str | None) -> str | None:
+    if "websocket" not in reply._tokens("upgrade"):
+        return "handshake response lacks 'Upgrade: websocket'"
+    if "upgrade" not in reply._tokens("connection"):
+        return "handshake response lacks 'Connection: upgrade'"
+    if reply.header("sec-websocket-accept") != websocket_accept(key):
+        return "wrong Sec-WebSocket-Accept"
+    if reply.header("sec-websocket-extensions") is not None:
+        return "server negotiated an extension that was not offered"
+    chosen = reply.header("sec-websocket-protocol")
+    if chosen is not None and chosen != subprotocol:
+        return f"server chose subprotocol {chosen!r}, which was not offered"
+    return None

@@ -1,0 +1,199 @@
+"""The single-node server: listening sockets, the batch tick, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import signal
+import socket
+from collections.abc import Sequence
+
+import trio
+
+from migratory.config import Config
+from migratory.entitlement import entitlement_from_config
+from migratory.model.position import new_epoch
+from migratory.protocol import close_codes
+from migratory.server.connection import Connection
+from migratory.server.context import ServerContext, ServerStatistics
+from migratory.server.hub import Hub
+
+log = logging.getLogger("migratory.server")
+
+TICK_SECONDS = 0.1  # conflation periods are multiples of 100 ms
+EXPIRE_EVERY_TICKS = 10
+SHUTDOWN_GRACE_SECONDS = 1.0
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            return soft
+    return soft
+
+
+def open_listeners(addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+    listeners = []
+    try:
+        for host, port in addresses:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                message = f"cannot listen on {host}:{port}: {exc.strerror}"
+                raise OSError(exc.errno, message) from None
+            sock.listen(4096)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+class Server:
+    def __init__(self, config: Config, *, epoch: int | None = None) -> None:
+        self.config = config
+        hub = Hub(
+            epoch=new_epoch() if epoch is None else epoch,
+            max_cached_messages=config.max_cached_messages_per_subject,
+            cache_expire_seconds=config.cache_expire_time,
+            publish_snapshot=config.publish_snapshot_message,
+        )
+        self.ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics())
+        self.connections: set[Connection] = set()
+        self.dirty: set[Connection] = set()
+        self.write_immediately = config.batch_time == 0
+        self._nursery: trio.Nursery | None = None
+        self.addresses: list[tuple[str, int]] = []
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "server is not running"
+        return self._nursery
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until cancelled; ``task_status.started`` gets the bound addresses."""
+        listeners = open_listeners(self.config.listen)
+        self.addresses = [sock.getsockname()[:2] for sock in listeners]
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for sock in listeners:
+                    nursery.start_soon(self._accept_loop, sock)
+                if not self.write_immediately:
+                    nursery.start_soon(self._batch_loop)
+                nursery.start_soon(self._tick_loop)
+                log.info(
+                    "epoch %d, batching %s, entitlement %s",
+                    self.ctx.hub.epoch,
+                    f"{self.config.batch_time} ms" if self.config.batch_time else "off",
+                    self.ctx.entitlement.name,
+                )
+                task_status.started(self.addresses)
+        finally:
+            for sock in listeners:
+                sock.close()
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        stats = self.ctx.stats
+        while True:
+            await trio.lowlevel.wait_readable(listener)
+            for _ in range(64):
+                try:
+                    sock, address = listener.accept()
+                except BlockingIOError:
+                    break
+                except OSError as exc:  # EMFILE and friends: log, back off, carry on
+                    log.warning("accept failed: %s", exc)
+                    await trio.sleep(0.1)
+                    break
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connection = Connection(self, sock, f"{address[0]}:{address[1]}")
+                self.connections.add(connection)
+                stats.connections_accepted += 1
+                stats.connections_open = len(self.connections)
+                self.nursery.start_soon(connection.run)
+
+    def forget(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        self.dirty.discard(connection)
+        self.ctx.stats.connections_open = len(self.connections)
+
+    def flush_dirty(self) -> None:
+        dirty = self.dirty
+        if dirty:
+            self.dirty = set()
+            for connection in dirty:
+                connection.flush()
+
+    async def _batch_loop(self) -> None:
+        interval = self.config.batch_time / 1000
+        while True:
+            await trio.sleep(interval)
+            self.flush_dirty()
+
+    async def _tick_loop(self) -> None:
+        ticks = 0
+        hub = self.ctx.hub
+        while True:
+            await trio.sleep(TICK_SECONDS)
+            now = trio.current_time()
+            hub.tick(now)
+            ticks += 1
+            if ticks % EXPIRE_EVERY_TICKS == 0:
+                hub.expire(now)
+            if self.write_immediately:
+                self.flush_dirty()
+
+    async def shutdown(self) -> None:
+        """Tell every client we are going away (1001), give them a moment, stop."""
+        for connection in list(self.connections):
+            session = connection.session
+            if session.is_websocket:
+                session.close(close_codes.GOING_AWAY.code, "server shutting down")
+            connection.flush()
+        with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+            while any(c.session.outbox for c in self.connections):
+                await trio.sleep(0.02)
+        self.nursery.cancel_scope.cancel()
+
+
+async def run_until_signalled(config: Config, *, ready_line: bool = True) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down cleanly."""
+    limit = raise_open_file_limit()
+    server = Server(config)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(server.serve)
+            for host, port in addresses:
+                shown = f"[{host}]" if ":" in host else host
+                log.info("listening on ws://%s:%d/ (open-file limit %d)", shown, port, limit)
+                if ready_line:
+                    print(f"listening ws://{shown}:{port}", flush=True)
+            async for signum in signals:
+                log.info("%s received: shutting down", signal.Signals(signum).name)
+                break
+            await server.shutdown()
+            nursery.cancel_scope.cancel()
+    stats = server.ctx.statistics()
+    log.info(
+        "stopped: %d connections served, %d messages published, %d deliveries, "
+        "%d slow consumers cut off",
+        stats["connections_accepted"],
+        stats["messages_published"],
+        stats["frames_fanned_out"],
+        stats["slow_consumers"],
+    )

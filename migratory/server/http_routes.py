@@ -1,0 +1,50 @@
+"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/stats``."""
+
+from __future__ import annotations
+
+import json
+
+from migratory.entitlement import ClientIdentity
+from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.protocol.http import Request, response
+from migratory.server.context import ServerContext
+
+
+def error(status: int, reason: str) -> bytes:
+    return response(status, (reason + "\n").encode())
+
+
+def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
+    if request.method not in ("GET", "HEAD"):
+        return error(405, f"method {request.method} not allowed; use GET")
+    if request.path == "/snapshot":
+        return snapshot(ctx, request, peer)
+    if request.path == "/healthz":
+        return response(200, b"ok\n")
+    if request.path == "/stats":
+        body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
+        return response(200, body, content_type="application/json")
+    return error(404, f"no such path {request.path!r}; try /snapshot?subject=/a/b")
+
+
+def snapshot(ctx: ServerContext, request: Request, peer: str) -> bytes:
+    """``GET /snapshot?subject=X[&token=U]``: the snapshot's content (no fields, as the seed)."""
+    subject = request.query.get("subject")
+    if subject is None:
+        return error(400, "missing query parameter 'subject'")
+    try:
+        validate_subject(subject)
+    except InvalidSubjectError as exc:
+        return error(400, str(exc))
+    identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
+    if not ctx.entitlement.allow_subscribe(identity, subject):
+        return error(403, f"not entitled to subscribe to {subject!r}")
+    message = ctx.hub.snapshot(subject)
+    if message is None:
+        return error(404, f"no snapshot for {subject!r}")
+    headers = (
+        ("X-Migratory-Subject", subject.encode().decode("latin-1")),
+        ("X-Migratory-Epoch", str(message.epoch)),
+        ("X-Migratory-Seq", str(message.seq)),
+    )
+    return response(200, message.content, content_type="application/octet-stream", headers=headers)

@@ -1,0 +1,297 @@
+"""One client connection's protocol logic, without I/O.
+
+Bytes from the socket go into :meth:`Session.receive_data`; everything to
+write ends up in :attr:`Session.outbox`, already framed. The trio adapter
+(``migratory.server.connection``) only moves bytes and obeys
+:attr:`Session.closing` / :attr:`Session.aborted`.
+
+Phases: HTTP request (a WebSocket upgrade, or a plain ``GET /snapshot``,
+``/healthz``, ``/stats``) → WebSocket open, waiting for ``connect`` →
+connected → closing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from migratory.entitlement import ClientIdentity
+from migratory.model.message import Message
+from migratory.model.outbox import Outbox, SlowConsumer
+from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.protocol import close_codes, ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import HttpError, Request, RequestParser, handshake_response
+from migratory.server import http_routes
+from migratory.server.context import ServerContext
+
+log = logging.getLogger("migratory.session")
+
+
+class Link(Protocol):
+    """What a session asks of its transport."""
+
+    def mark_dirty(self) -> None: ...
+
+    def flush_now(self) -> None: ...
+
+
+class Session:
+    __slots__ = (
+        "_ctx",
+        "_decoder",
+        "_link",
+        "_parser",
+        "aborted",
+        "close_code",
+        "closing",
+        "identity",
+        "outbox",
+        "peer",
+        "subjects",
+    )
+
+    def __init__(self, ctx: ServerContext, link: Link, peer: str) -> None:
+        self._ctx = ctx
+        self._link = link
+        self.peer = peer
+        config = ctx.config
+        self.outbox = Outbox(
+            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes
+        )
+        self._parser: RequestParser | None = RequestParser()
+        self._decoder: ws.FrameDecoder | None = None
+        self.identity: ClientIdentity | None = None
+        self.subjects: set[str] = set()
+        self.closing = False  # write what is queued, then close
+        self.aborted = False  # close now, drop what is queued
+        self.close_code: int | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.identity is not None
+
+    @property
+    def is_websocket(self) -> bool:
+        return self._decoder is not None
+
+    # --- fan-out (hot path) ---------------------------------------------------
+
+    def deliver(self, frame: bytes) -> None:
+        try:
+            full = self.outbox.enqueue(frame)
+        except SlowConsumer as exc:
+            self._slow_consumer(exc)
+            return
+        if full:
+            self._link.flush_now()
+        else:
+            self._link.mark_dirty()
+
+    def _slow_consumer(self, exc: SlowConsumer) -> None:
+        if self.aborted:
+            return
+        self._ctx.stats.slow_consumers += 1
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc)
+        self.close_code = close_codes.SLOW_CONSUMER.code
+        self.aborted = True
+        self.connection_lost()
+        self._link.flush_now()
+
+    # --- input ----------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        if self.closing or self.aborted:
+            return
+        if self._parser is not None:
+            data = self._receive_http(data)
+            if not data or self._decoder is None:
+                return
+        decoder = self._decoder
+        assert decoder is not None
+        decoder.receive_data(data)
+        try:
+            while not (self.closing or self.aborted):
+                event = decoder.next_event()
+                if event is None:
+                    break
+                self._on_event(event, now)
+        except ws.RemoteProtocolError as exc:
+            self._ctx.stats.protocol_errors += 1
+            self.close(exc.code, exc.reason)
+        except ops.OperationError as exc:
+            self._ctx.stats.protocol_errors += 1
+            self.close(exc.close.code, exc.reason)
+
+    def _receive_http(self, data: bytes) -> bytes:
+        parser = self._parser
+        assert parser is not None
+        try:
+            request = parser.receive_data(data)
+        except HttpError as exc:
+            self._http_reply(http_routes.error(exc.status, exc.reason))
+            return b""
+        if request is None:
+            return b""
+        self._parser = None
+        if request.is_websocket_upgrade:
+            self._decoder = ws.FrameDecoder(
+                client_frames=True, max_message_size=self._ctx.config.max_frame_size
+            )
+            self._send_unbounded(handshake_response(request))
+            return parser.trailing
+        self._http_reply(self._route(request))
+        return b""
+
+    def _route(self, request: Request) -> bytes:
+        upgrade_error = request.websocket_upgrade_error()
+        if upgrade_error is not None:
+            return http_routes.error(upgrade_error.status, upgrade_error.reason)
+        return http_routes.route(self._ctx, request, self.peer)
+
+    def _http_reply(self, response: bytes) -> None:
+        self._send_unbounded(response)
+        self.closing = True
+
+    def _on_event(self, event: ws.Event, now: float) -> None:
+        if isinstance(event, ws.BinaryMessage):
+            self._on_operation(ops.decode_client_op(event.data), now)
+        elif isinstance(event, ws.Ping):
+            self._send(ws.encode_pong(event.payload))
+        elif isinstance(event, ws.CloseReceived):
+            code = event.code if event.code is not None else close_codes.NORMAL.code
+            if code in (1005, 1006, 1015):
+                code = close_codes.NORMAL.code
+            self.close(code, "")
+        elif isinstance(event, ws.TextMessage):
+            self.close(close_codes.UNSUPPORTED_DATA.code, "text frames are not supported")
+
+    # --- operations -------------------------------------------------------------
+
+    def _on_operation(self, op: ops.ClientOp, now: float) -> None:
+        if isinstance(op, ops.Connect):
+            self._on_connect(op)
+            return
+        if self.identity is None:
+            raise ops.OperationError(close_codes.NOT_CONNECTED, "send 'connect' first")
+        if isinstance(op, ops.Publish):
+            self._on_publish(op.message, now)
+        elif isinstance(op, ops.Subscribe):
+            for request in op.subscriptions:
+                self._on_subscribe(request, now)
+        elif isinstance(op, ops.Unsubscribe):
+            for subject in op.subjects:
+                if subject in self.subjects:
+                    self.subjects.discard(subject)
+                    self._ctx.hub.unsubscribe(self, subject)
+        elif isinstance(op, ops.Ping):
+            self._send_op(ops.Pong(op.id))
+
+    def _on_connect(self, op: ops.Connect) -> None:
+        if self.identity is not None:
+            raise ops.OperationError(close_codes.NOT_CONNECTED, "already connected")
+        if op.version != ops.PROTOCOL_VERSION:
+            raise ops.OperationError(
+                close_codes.BAD_OPERATION,
+                f"connect: protocol version {op.version} is not supported "
+                f"(this server speaks {ops.PROTOCOL_VERSION})",
+            )
+        identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
+        if not self._ctx.entitlement.allow_connect(identity):
+            self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
+            return
+        self.identity = identity
+        self._ctx.stats.sessions_opened += 1
+        log.debug("%s: connected", self.describe())
+        self._send_op(ops.Connected(server=self._ctx.config.server_name))
+
+    def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
+        assert self.identity is not None
+        subject = request.subject
+        try:
+            validate_subject(subject)
+        except InvalidSubjectError as exc:
+            self._deny(subject, exc.reason)
+            return
+        if not self._ctx.entitlement.allow_subscribe(self.identity, subject):
+            self._deny(subject, "not entitled to subscribe")
+            return
+        self.subjects.add(subject)
+        for op in self._ctx.hub.subscribe(self, request, now):
+            self._send_op(op)
+
+    def _deny(self, subject: str, reason: str) -> None:
+        self._send_op(ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, reason=reason))
+
+    def _on_publish(self, message: Message, now: float) -> None:
+        assert self.identity is not None
+        ctx = self._ctx
+        ctx.stats.publishes_received += 1
+        status, reason = self._check_publish(message)
+        if status is not None:
+            ctx.stats.publishes_refused += 1
+            self._send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
+            return
+        positioned = ctx.hub.publish(message, now)
+        if message.closure is not None:
+            self._send_op(
+                ops.PublishStatus(
+                    ops.Status.PUBLISH_OK, message.closure, message.subject, positioned.position
+                )
+            )
+
+    def _check_publish(self, message: Message) -> tuple[ops.Status | None, str | None]:
+        assert self.identity is not None
+        try:
+            validate_subject(message.subject)
+        except InvalidSubjectError as exc:
+            return ops.Status.PUBLISH_FAILED, exc.reason
+        limit = self._ctx.config.max_message_size
+        if message.size() > limit:
+            return (
+                ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
+                f"message is {message.size()} bytes, MaxMessageSize is {limit}",
+            )
+        if not self._ctx.entitlement.allow_publish(self.identity, message.subject):
+            return ops.Status.PUBLISH_DENIED, "not entitled to publish"
+        return None, None
+
+    # --- output ---------------------------------------------------------------
+
+    def _send_op(self, op: ops.ServerOp) -> None:
+        self._send(ws.encode_binary(ops.encode_server_op(op)))
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self.outbox.enqueue(frame)
+        except SlowConsumer as exc:
+            self._slow_consumer(exc)
+
+    def close(self, code: int, reason: str) -> None:
+        """Queue a close frame; the transport closes once it is written."""
+        if self.closing or self.aborted:
+            return
+        self.close_code = code
+        if code not in (close_codes.NORMAL.code, close_codes.GOING_AWAY.code):
+            log.info("%s: closing with %d %s", self.describe(), code, reason)
+        self.connection_lost()
+        if self._decoder is not None:
+            self._send_unbounded(ws.encode_close(code, reason))
+        self.closing = True
+
+    def _send_unbounded(self, frame: bytes) -> None:
+        try:
+            self.outbox.enqueue(frame)
+        except SlowConsumer:
+            self.aborted = True
+
+    def connection_lost(self) -> None:
+        """Forget every subscription (idempotent)."""
+        hub = self._ctx.hub
+        for subject in self.subjects:
+            hub.unsubscribe(self, subject)
+        self.subjects.clear()
+
+    def describe(self) -> str:
+        name = self.identity.name if self.identity is not None else ""
+        return f"client {name or '-'}@{self.peer}"

@@ -1,0 +1,66 @@
+"""Shared fixtures: a real server process on 127.0.0.1, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+
+class ServerProcess:
+    def __init__(self, settings: dict[str, str], log_dir: Path) -> None:
+        args = [sys.executable, "-m", "migratory", "serve", "--set", "Listen=127.0.0.1:0"]
+        for key, value in settings.items():
+            args += ["--set", f"{key}={value}"]
+        self.log_path = log_dir / f"server-{time.monotonic_ns()}.log"
+        self._log: IO[bytes] = self.log_path.open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening ws://"):
+            self.stop()
+            raise RuntimeError(f"server did not start: {line!r}\n{self.log()}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[object]:
+    """Factory: ``start_server(BatchTime="0", ...)`` → a running :class:`ServerProcess`."""
+    started: list[ServerProcess] = []
+
+
+    def start(**settings: str) -> ServerProcess:
+        server = ServerProcess(settings, tmp_path)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

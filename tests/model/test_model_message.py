@@ -1,0 +1,63 @@
+import dataclasses
+import random
+
+import pytest
+
+from migratory.model.message import Message, MessageType, Qos
+from migratory.model.position import EPOCH_LIMIT, Position, new_epoch
+
+
+def test_defaults() -> None:
+    message = Message("/a/b", b"x")
+    assert message.fields == {}
+    assert message.retained is False
+    assert message.qos is Qos.STANDARD
+    assert message.closure is None
+    assert message.position == Position(0, 0)
+    assert message.type is MessageType.UPDATE
+
+
+def test_enum_values() -> None:
+    assert [q.value for q in Qos] == ["standard", "guaranteed"]
+    assert [t.value for t in MessageType] == ["snapshot", "update", "recovered", "historical"]
+    assert Qos("guaranteed") is Qos.GUARANTEED
+
+
+def test_frozen() -> None:
+    message = Message("/a/b", b"x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.seq = 3  # type: ignore[misc]
+    assert not hasattr(message, "__dict__")
+
+
+def test_with_position_and_as_type_copy() -> None:
+    message = Message("/a/b", b"x", {"k": "v"}, retained=True, closure="c1")
+    placed = message.with_position(7, 3)
+    assert placed.position == Position(7, 3)
+    assert (placed.epoch, placed.seq) == (7, 3)
+    assert message.position == Position(0, 0)
+    recovered = placed.as_type(MessageType.RECOVERED)
+    assert recovered.type is MessageType.RECOVERED
+    assert recovered == dataclasses.replace(placed, type=MessageType.RECOVERED)
+
+
+def test_size_counts_utf8_of_subject_and_fields() -> None:
+    message = Message("/a/é", b"12345", {"ask": "192", "é": "ü"})
+    assert message.size() == 5 + len("/a/é".encode()) + 3 + 3 + 2 + 2
+
+
+def test_position_order() -> None:
+    assert Position(1, 9) < Position(2, 0) < Position(2, 1)
+    assert sorted([Position(2, 1), Position(1, 5), Position(2, 0)]) == [
+        Position(1, 5),
+        Position(2, 0),
+        Position(2, 1),
+    ]
+
+
+def test_new_epoch_range() -> None:
+    rng = random.Random(5)
+    epochs = [new_epoch(rng) for _ in range(1000)]
+    assert all(0 < epoch < EPOCH_LIMIT == 2**48 for epoch in epochs)
+    assert len(set(epochs)) == len(epochs)
+    assert 0 < new_epoch() < 2**48

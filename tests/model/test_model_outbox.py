@@ -1,0 +1,104 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migratory.model.outbox import Outbox, SlowConsumer
+
+
+def test_batch_space_triggers_flush() -> None:
+    outbox = Outbox(batch_space=10, max_pending=100)
+    assert not outbox and len(outbox) == 0
+    assert outbox.enqueue(b"abcd") is False
+    assert outbox.enqueue(b"efgh") is False
+    assert outbox.enqueue(b"ij") is True  # exactly batch_space
+    assert outbox.pending_bytes == 10 and len(outbox) == 3 and outbox
+    assert outbox.take() == b"abcdefghij"
+    assert outbox.pending_bytes == 0 and not outbox
+
+
+def test_slow_consumer_leaves_outbox_unchanged() -> None:
+    outbox = Outbox(batch_space=4, max_pending=10)
+    outbox.enqueue(b"123456")
+    with pytest.raises(SlowConsumer) as info:
+        outbox.enqueue(b"12345")
+    assert (info.value.pending_bytes, info.value.limit) == (11, 10)
+    assert "11" in str(info.value) and "10" in str(info.value)
+    assert outbox.pending_bytes == 6 and len(outbox) == 1
+    outbox.enqueue(b"1234")  # exactly max_pending is allowed
+    assert outbox.pending_bytes == 10
+
+
+def test_single_frame_taken_without_copy() -> None:
+    outbox = Outbox(batch_space=100, max_pending=100)
+    frame = b"x" * 50
+    outbox.enqueue(frame)
+    assert outbox.take() is frame
+
+
+def test_take_empty() -> None:
+    assert Outbox(batch_space=1, max_pending=1).take() == b""
+
+
+def test_requeue_unsent_goes_in_front() -> None:
+    outbox = Outbox(batch_space=100, max_pending=20)
+    outbox.enqueue(b"abc")
+    outbox.enqueue(b"def")
+    batch = outbox.take()
+    outbox.enqueue(b"ghi")  # queued while the write was in progress
+    outbox.requeue_unsent(batch[4:])
+    assert outbox.pending_bytes == 5 and len(outbox) == 2
+    assert outbox.take() == b"efghi"
+    outbox.requeue_unsent(b"")
+    assert not outbox
+
+
+def test_empty_frames_ignored() -> None:
+    outbox = Outbox(batch_space=1, max_pending=1)
+    assert outbox.enqueue(b"") is False
+    assert len(outbox) == 0
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError):
+        Outbox(batch_space=0, max_pending=1)
+    with pytest.raises(ValueError):
+        Outbox(batch_space=1, max_pending=0)
+
+
+def test_no_instance_dict() -> None:
+    assert not hasattr(Outbox(batch_space=1, max_pending=1), "__dict__")
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("enqueue"), st.binary(max_size=30)),
+            st.tuples(st.just("write"), st.integers(0, 80)),
+        ),
+        max_size=50,
+    )
+)
+def test_everything_taken_equals_everything_enqueued(ops: list[tuple[str, object]]) -> None:
+    outbox = Outbox(batch_space=40, max_pending=100)
+    enqueued = bytearray()
+    written = bytearray()
+    for op, arg in ops:
+        if op == "enqueue":
+            assert isinstance(arg, bytes)
+            before = outbox.pending_bytes
+            try:
+                full = outbox.enqueue(arg)
+            except SlowConsumer:
+                assert before + len(arg) > 100
+                assert outbox.pending_bytes == before
+                continue
+            enqueued += arg
+            assert full == (outbox.pending_bytes >= 40)
+        else:
+            assert isinstance(arg, int)
+            batch = outbox.take()
+            written += batch[:arg]
+            outbox.requeue_unsent(batch[arg:])
+        assert outbox.pending_bytes == len(enqueued) - len(written)
+    written += outbox.take()
+    assert bytes(written) == bytes(enqueued)

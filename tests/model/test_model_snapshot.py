@@ -1,0 +1,96 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migratory.model.message import Message, MessageType, Qos
+from migratory.model.snapshot import merge_snapshot
+
+IBM = "/Stocks/NYSE/IBM"
+
+
+def retained(content: bytes, seq: int, **fields: str) -> Message:
+    return Message(IBM, content, fields, retained=True, epoch=9, seq=seq, closure=f"p{seq}")
+
+
+# Seed Table 4.3: Examples of Snapshot Messages, row by row.
+TABLE_4_3 = [
+    ("10:12", retained(b"193", 1, volume="6.62M"), b"193", {"volume": "6.62M"}),
+    ("10:13", retained(b"192", 2), b"192", {"volume": "6.62M"}),
+    ("10:15", retained(b"195", 3, ask="190"), b"195", {"ask": "190", "volume": "6.62M"}),
+    (
+        "10:20",
+        retained(b"193", 4, bid="194", ask="191"),
+        b"193",
+        {"bid": "194", "ask": "191", "volume": "6.62M"},
+    ),
+]
+
+
+def test_seed_snapshot_table() -> None:
+    snapshot: Message | None = None
+    for time, incoming, content, fields in TABLE_4_3:
+        snapshot = merge_snapshot(snapshot, incoming)
+        assert snapshot == Message(
+            IBM,
+            content,
+            fields,
+            retained=True,
+            qos=Qos.STANDARD,
+            closure=None,
+            epoch=9,
+            seq=incoming.seq,
+            type=MessageType.SNAPSHOT,
+        ), time
+
+
+def test_first_message_without_fields_is_the_snapshot() -> None:
+    incoming = Message(IBM, b"1", retained=True, qos=Qos.GUARANTEED, epoch=3, seq=1)
+    assert merge_snapshot(None, incoming) == incoming.as_type(MessageType.SNAPSHOT)
+
+
+def test_non_retained_leaves_snapshot_unchanged() -> None:
+    first = merge_snapshot(None, retained(b"1", 1, a="1"))
+    live = Message(IBM, b"2", {"a": "2", "b": "2"}, epoch=9, seq=2)
+    assert merge_snapshot(first, live) is first
+    assert merge_snapshot(None, live) is None
+
+
+def test_previous_fields_are_not_mutated() -> None:
+    first = merge_snapshot(None, retained(b"1", 1, a="1"))
+    assert first is not None
+    merge_snapshot(first, retained(b"2", 2, a="2", b="2"))
+    assert first.fields == {"a": "1"}
+
+
+def test_other_subject_is_rejected() -> None:
+    first = merge_snapshot(None, retained(b"1", 1))
+    with pytest.raises(ValueError, match="/Other/X"):
+        merge_snapshot(first, Message("/Other/X", b"2", retained=True))
+
+
+small_fields = st.dictionaries(st.sampled_from("abcde"), st.text(max_size=3), max_size=3)
+messages = st.lists(
+    st.tuples(st.binary(max_size=4), small_fields, st.booleans()), min_size=1, max_size=20
+)
+
+
+@given(messages)
+def test_snapshot_is_union_of_retained_fields(
+    stream: list[tuple[bytes, dict[str, str], bool]],
+) -> None:
+    snapshot: Message | None = None
+    for seq, (content, fields, is_retained) in enumerate(stream, start=1):
+        message = Message(IBM, content, fields, retained=is_retained, epoch=1, seq=seq)
+        snapshot = merge_snapshot(snapshot, message)
+    kept = [(seq, c, f) for seq, (c, f, r) in enumerate(stream, start=1) if r]
+    if not kept:
+        assert snapshot is None
+        return
+    expected_fields: dict[str, str] = {}
+    for _, _, fields in kept:
+        expected_fields |= fields
+    assert snapshot is not None
+    assert snapshot.fields == expected_fields
+    assert snapshot.content == kept[-1][1]
+    assert snapshot.seq == kept[-1][0]
+    assert snapshot.type is MessageType.SNAPSHOT

@@ -1,0 +1,176 @@
+"""Hub semantics without sockets: numbering, fan-out, snapshot, recovery, history."""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.protocol.websocket import FrameDecoder
+from migratory.server.hub import Hub
+
+SUBJECT = "/Stocks/NYSE/IBM"
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def deliver(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    def messages(self) -> list[Message]:
+        decoder = FrameDecoder(client_frames=False)
+        out = []
+        for event in decoder.events(b"".join(self.frames)):
+            op = ops.decode_server_op(event.data)  # type: ignore[union-attr]
+            assert isinstance(op, ops.Deliver)
+            out.extend(op.messages)
+        return out
+
+
+def publish(hub: Hub, content: str, now: float = 0.0, **kw: object) -> Message:
+    return hub.publish(Message(SUBJECT, content.encode(), **kw), now)  # type: ignore[arg-type]
+
+
+def subscribe(hub: Hub, sink: RecordingSink, **kw: object) -> list[ops.ServerOp]:
+    return hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT, **kw), 0.0)  # type: ignore[arg-type]
+
+
+def test_positions_increase_by_one_within_the_epoch() -> None:
+    hub = Hub(epoch=7)
+    seqs = [publish(hub, str(i)).position for i in range(5)]
+    assert seqs == [Position(7, s) for s in range(1, 6)]
+
+
+def test_one_frame_object_is_shared_by_every_subscriber() -> None:
+    hub = Hub(epoch=1)
+    sinks = [RecordingSink() for _ in range(3)]
+    for sink in sinks:
+        subscribe(hub, sink)
+    publish(hub, "x")
+    assert sinks[0].frames[0] is sinks[1].frames[0] is sinks[2].frames[0]
+    payload = cbor2.loads(FrameDecoder(client_frames=False).events(sinks[0].frames[0])[0].data)  # type: ignore[union-attr]
+    assert payload["type"] == "update" and payload["seq"] == 1
+
+
+def test_fresh_subscribe_gets_allow_with_position_then_snapshot() -> None:
+    hub = Hub(epoch=3)
+    publish(hub, "193", retained=True, fields={"volume": "6.62M"})
+    publish(hub, "192", retained=True)
+    first = subscribe(hub, RecordingSink())
+    assert first[0] == ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT, Position(3, 2))
+    assert isinstance(first[1], ops.Deliver)
+    (snapshot,) = first[1].messages
+    assert (snapshot.content, dict(snapshot.fields), snapshot.type) == (
+        b"192",
+        {"volume": "6.62M"},
+        MessageType.SNAPSHOT,
+    )
+
+
+def test_publish_snapshot_message_false_sends_no_snapshot() -> None:
+    hub = Hub(epoch=3, publish_snapshot=False)
+    publish(hub, "193", retained=True)
+    assert subscribe(hub, RecordingSink()) == [
+        ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT, Position(3, 1))
+    ]
+
+
+def test_history_sends_last_n_as_historical_instead_of_snapshot() -> None:
+    hub = Hub(epoch=1)
+    for i in range(5):
+        publish(hub, str(i), retained=True)
+    _, batch = subscribe(hub, RecordingSink(), history=2)
+    assert isinstance(batch, ops.Deliver)
+    assert [(m.content, m.type) for m in batch.messages] == [
+        (b"3", MessageType.HISTORICAL),
+        (b"4", MessageType.HISTORICAL),
+    ]
+
+
+def test_resume_within_cache_recovers_exactly_the_missed_then_data_sync() -> None:
+    hub = Hub(epoch=9)
+    for i in range(6):
+        publish(hub, str(i))
+    out = subscribe(hub, RecordingSink(), position=Position(9, 3))
+    assert out[0] == ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT)
+    assert isinstance(out[1], ops.Deliver)
+    assert [(m.seq, m.type) for m in out[1].messages] == [
+        (4, MessageType.RECOVERED),
+        (5, MessageType.RECOVERED),
+        (6, MessageType.RECOVERED),
+    ]
+    assert out[2] == ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(9, 6))
+
+
+def test_resume_up_to_date_is_data_sync_without_messages() -> None:
+    hub = Hub(epoch=9)
+    publish(hub, "a")
+    out = subscribe(hub, RecordingSink(), position=Position(9, 1))
+    assert out[1:] == [ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(9, 1))]
+
+
+@pytest.mark.parametrize(
+    "position",
+    [Position(8, 3), Position(9, 1), Position(9, 99)],
+    ids=["unknown-epoch", "cache-no-longer-reaches-back", "seq-ahead"],
+)
+def test_resume_that_cannot_be_served_gets_snapshot_and_data_resync(position: Position) -> None:
+    hub = Hub(epoch=9, max_cached_messages=3)
+    for i in range(6):
+        publish(hub, str(i), retained=True)
+    out = subscribe(hub, RecordingSink(), position=position)
+    assert isinstance(out[1], ops.Deliver)
+    assert out[1].messages[0].type is MessageType.SNAPSHOT
+    assert out[1].messages[0].content == b"5"
+    assert out[2] == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 6))
+
+
+def test_expired_cache_means_resync() -> None:
+    hub = Hub(epoch=1, cache_expire_seconds=10)
+    publish(hub, "a", now=0.0)
+    publish(hub, "b", now=0.0)
+    hub.expire(now=11.0)
+    out = subscribe(hub, RecordingSink(), position=Position(1, 1))
+    assert out[-1] == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(1, 2))
+
+
+def test_unsubscribed_sink_gets_nothing_more() -> None:
+    hub = Hub(epoch=1)
+    sink = RecordingSink()
+    subscribe(hub, sink)
+    publish(hub, "a")
+    hub.unsubscribe(sink, SUBJECT)
+    publish(hub, "b")
+    assert [m.content for m in sink.messages()] == [b"a"]
+
+
+def test_conflated_subscription_gets_one_merged_message_per_period() -> None:
+    hub = Hub(epoch=1)
+    sink = RecordingSink()
+    hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT, conflation_ms=547), now=0.0)
+    hub.publish(Message(SUBJECT, b"195", {"ask": "192"}), 0.1)
+    hub.publish(Message(SUBJECT, b"196", {"bid": "197"}), 0.3)
+    hub.tick(0.45)
+    assert sink.frames == []  # 547 ms rounds down to 500 ms
+    hub.tick(0.5)
+    (merged,) = sink.messages()
+    assert (merged.content, dict(merged.fields), merged.seq) == (
+        b"196",
+        {"ask": "192", "bid": "197"},
+        2,
+    )
+    hub.tick(1.0)
+    assert len(sink.frames) == 1
+
+
+def test_positions_survive_unsubscribe_of_everyone() -> None:
+    hub = Hub(epoch=1)
+    sink = RecordingSink()
+    subscribe(hub, sink)
+    publish(hub, "a")
+    hub.unsubscribe(sink, SUBJECT)
+    assert publish(hub, "b").seq == 2
