@@ -293,3 +293,7 @@ def reference_markdown() -> str:
 
 
 assert {f.name for f in fields(Config)} == {s.attr for s in SETTINGS}
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

@@ -148,7 +148,7 @@ class RequestParser:
     malformed or oversized head, or a request with a body.
     """
 
-    __slots__ = ("_buffer", "_max_header_bytes", "_request", "_scanned", "_trailing")
+    __slots__ = ("_buffer", "_error", "_max_header_bytes", "_request", "_scanned", "_trailing")
 
     def __init__(self, max_header_bytes: int = 16384) -> None:
         self._max_header_bytes = max_header_bytes
@@ -156,6 +156,7 @@ class RequestParser:
         self._scanned = 0  # the blank line cannot end before this offset
         self._request: Request | None = None
         self._trailing = b""
+        self._error: HttpError | None = None
 
     @property
     def request(self) -> Request | None:
@@ -167,10 +168,23 @@ class RequestParser:
         return self._trailing
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> Request | None:
-        """Feed bytes; the request once its head is complete (again on later calls)."""
+        """Feed bytes; the request once its head is complete (again on later calls).
+
+        After an :class:`HttpError` every call raises the same error.
+        """
         if self._request is not None:
             self._trailing += bytes(data)
             return self._request
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._receive(data)
+        except HttpError as exc:
+            self._error = exc
+            self._buffer = bytearray()
+            raise
+
+    def _receive(self, data: bytes | bytearray | memoryview) -> Request | None:
         buf = self._buffer
         buf += data
         while buf.startswith(b"\r\n"):  # RFC 9112 §2.2: ignore blank lines before a request

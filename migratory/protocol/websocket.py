@@ -139,15 +139,16 @@ def is_valid_close_code(code: int) -> bool:
 # --- masking ------------------------------------------------------------------
 
 # Below this size one big-int XOR wins; above it, four strided byte translations
-# do (measured on CPython 3.11: equal at ~1 KiB, translate 2x faster at 64 KiB).
-_TRANSLATE_THRESHOLD = 1024
+# do (CPython 3.11, payload in a bytearray: equal near 400 B, translate 1.4x faster
+# at 1 KiB and 2x faster at 64 KiB).
+_TRANSLATE_THRESHOLD = 512
 _IDENTITY = int.from_bytes(bytes(range(256)), "big")
 _XOR_TABLES: tuple[bytes, ...] = tuple(
     (_IDENTITY ^ int.from_bytes(bytes((m,)) * 256, "big")).to_bytes(256, "big") for m in range(256)
 )
 
 
-def _apply_mask(data: bytes | bytearray, start: int, end: int, mask: bytes) -> bytes:
+def _apply_mask(data: bytes | bytearray, start: int, end: int, mask: bytes | bytearray) -> bytes:
     """XOR ``data[start:end]`` with the repeated 4-byte ``mask`` (masking == unmasking)."""
     n = end - start
     if n < _TRANSLATE_THRESHOLD:
@@ -172,6 +173,22 @@ _Utf8Decoder = codecs.getincrementaldecoder("utf-8")
 
 def _fail(code: int, reason: str) -> RemoteProtocolError:
     return RemoteProtocolError(code, reason)
+
+
+def _first_byte_problem(b0: int) -> str | None:
+    """What is wrong with a frame whose first byte (FIN, RSV1-3, opcode) is ``b0``."""
+    opcode = b0 & 0x0F
+    if b0 & 0x70:
+        return "reserved bits set but no extension was negotiated"
+    if opcode not in (CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG):
+        return f"unknown opcode {opcode:#x}"
+    if opcode >= CLOSE and not b0 & 0x80:
+        return "fragmented control frame"
+    return None
+
+
+# One lookup instead of three tests on every frame.
+_FIRST_BYTE_PROBLEMS: tuple[str | None, ...] = tuple(_first_byte_problem(b) for b in range(256))
 
 
 class FrameDecoder:
@@ -214,6 +231,11 @@ class FrameDecoder:
         self._text_decoder: codecs.IncrementalDecoder | None = None
         self._closed = False
         self._error: RemoteProtocolError | None = None
+
+    @property
+    def client_frames(self) -> bool:
+        """Whether this decoder reads client (masked) frames, i.e. runs in a server."""
+        return bool(self._mask_bit)
 
     @property
     def closed(self) -> bool:
@@ -262,72 +284,66 @@ class FrameDecoder:
         while True:
             pos = self._offset
             have = len(buf) - pos
-            if have < 2 or self._closed:
+            if have < 2:  # (the buffer is emptied on close)
                 return None
             b0 = buf[pos]
             b1 = buf[pos + 1]
-            opcode = b0 & 0x0F
-            length = b1 & 0x7F
-            start = pos + 2
-            if b0 & 0x70:
-                raise _fail(PROTOCOL_ERROR, "reserved bits set but no extension was negotiated")
-            if opcode >= CLOSE:
-                if opcode > PONG:
-                    raise _fail(PROTOCOL_ERROR, f"unknown opcode {opcode:#x}")
-                if not b0 & 0x80:
-                    raise _fail(PROTOCOL_ERROR, "fragmented control frame")
-                if length > MAX_CONTROL_PAYLOAD:
-                    raise _fail(PROTOCOL_ERROR, "control frame payload longer than 125 bytes")
-            elif opcode > BINARY:
-                raise _fail(PROTOCOL_ERROR, f"unknown opcode {opcode:#x}")
-            elif opcode == CONTINUATION:
-                if self._message_opcode == CONTINUATION:
-                    raise _fail(PROTOCOL_ERROR, "continuation frame without a message to continue")
-            elif self._message_opcode != CONTINUATION:
-                raise _fail(PROTOCOL_ERROR, "new data frame inside a fragmented message")
+            problem = _FIRST_BYTE_PROBLEMS[b0]
+            if problem is not None:
+                raise _fail(PROTOCOL_ERROR, problem)
             if (b1 & 0x80) != self._mask_bit:
                 raise _fail(
                     PROTOCOL_ERROR,
                     "client frame is not masked" if self._mask_bit else "server frame is masked",
                 )
+            opcode = b0 & 0x0F
+            length = b1 & 0x7F
+            if opcode >= CLOSE:
+                if length > MAX_CONTROL_PAYLOAD:
+                    raise _fail(PROTOCOL_ERROR, "control frame payload longer than 125 bytes")
+            elif (opcode == CONTINUATION) == (self._message_opcode == CONTINUATION):
+                raise _fail(
+                    PROTOCOL_ERROR,
+                    "continuation frame without a message to continue"
+                    if opcode == CONTINUATION
+                    else "new data frame inside a fragmented message",
+                )
+            start = pos + 2
             if length == 126:
                 if have < 4:
                     return None
                 length = (buf[start] << 8) | buf[start + 1]
-                start += 2
+                start = pos + 4
             elif length == 127:
                 if have < 10:
                     return None
                 length = _UNPACK_U64(buf, start)[0]
                 if length >> 63:
                     raise _fail(PROTOCOL_ERROR, "64-bit payload length has its top bit set")
-                start += 8
+                start = pos + 10
             if opcode < CLOSE and self._message_size + length > self._max_message_size:
-                raise _fail(
-                    MESSAGE_TOO_BIG,
-                    f"message exceeds {self._max_message_size} bytes",
-                )
+                raise _fail(MESSAGE_TOO_BIG, f"message exceeds {self._max_message_size} bytes")
             if self._mask_bit:
                 end = start + 4 + length
                 if len(buf) < end:
                     return None
-                payload = _apply_mask(buf, start + 4, end, bytes(buf[start : start + 4]))
+                payload = _apply_mask(buf, start + 4, end, buf[start : start + 4])
             else:
                 end = start + length
                 if len(buf) < end:
                     return None
                 payload = bytes(buf[start:end])
             self._offset = end
-            if opcode >= CLOSE:
-                return self._control_event(opcode, payload)
-            if b0 & 0x80 and opcode != CONTINUATION:  # the common case: a whole message
-                if opcode == BINARY:
-                    return BinaryMessage(payload)
+            if b0 == 0x82:  # FIN + BINARY, the common case: a whole binary message
+                return BinaryMessage(payload)
+            if b0 == 0x81:
                 try:
                     return TextMessage(payload.decode("utf-8"))
                 except UnicodeDecodeError:
                     raise _fail(INVALID_PAYLOAD, "text message is not valid UTF-8") from None
-            event = self._fragment(opcode, payload, final=bool(b0 & 0x80))
+            if opcode >= CLOSE:
+                return self._control_event(opcode, payload)
+            event = self._fragment(opcode, payload, final=b0 >= 0x80)
             if event is not None:
                 return event
 

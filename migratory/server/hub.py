@@ -102,11 +102,12 @@ class Hub:
         subscribers = state.subscribers
         if subscribers:
             frame = message_frame(message)
-            for sink in subscribers:
+            # a copy: a sink may drop out (slow consumer) while we fan out
+            for sink in tuple(subscribers):
                 sink.deliver(frame)
             self._fanned_out += len(subscribers)
         for conflator in state.conflated.values():
-            conflator.offer(message)
+            conflator.offer(message)  # offer() never calls out
 
     # --- subscribing --------------------------------------------------------
 

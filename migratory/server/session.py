@@ -78,6 +78,8 @@ class Session:
     # --- fan-out (hot path) ---------------------------------------------------
 
     def deliver(self, frame: bytes) -> None:
+        if self.aborted:
+            return
         try:
             full = self.outbox.enqueue(frame)
         except SlowConsumer as exc:

@@ -174,3 +174,26 @@ def test_positions_survive_unsubscribe_of_everyone() -> None:
     publish(hub, "a")
     hub.unsubscribe(sink, SUBJECT)
     assert publish(hub, "b").seq == 2
+
+
+class DroppingSink(RecordingSink):
+    """Unsubscribes itself while being delivered to, as a slow consumer does."""
+
+    def __init__(self, hub: Hub) -> None:
+        super().__init__()
+        self.hub = hub
+
+    def deliver(self, frame: bytes) -> None:
+        super().deliver(frame)
+        self.hub.unsubscribe(self, SUBJECT)
+
+
+def test_a_sink_dropping_out_during_fan_out_does_not_disturb_the_others() -> None:
+    hub = Hub(epoch=1)
+    first, dropping, last = RecordingSink(), DroppingSink(hub), RecordingSink()
+    for sink in (first, dropping, last):
+        subscribe(hub, sink)
+    publish(hub, "a")
+    publish(hub, "b")
+    assert [m.content for m in last.messages()] == [b"a", b"b"]
+    assert [m.content for m in dropping.messages()] == [b"a"]

@@ -1,0 +1,369 @@
+"""The client: one object per application, sessions come and go underneath.
+
+``async with connect(servers=[...]) as client:`` starts a background task that keeps a
+session open to one of the servers (weighted random choice, back-off between
+attempts, another server preferred after a failure), resubscribes every subject from
+its last delivered position after each reconnect, and ends the client with an
+exception when a server closes with a terminal code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from migratory.model.message import Message, Qos
+from migratory.model.subject import validate_subject
+from migratory.protocol.ops import Connect, Publish, Subscribe, Unsubscribe
+from migratory_client.backoff import Backoff, ReconnectPolicy
+from migratory_client.errors import (
+    ClientClosedError,
+    ConnectionClosedError,
+    MigratoryError,
+    NotConnectedError,
+    PublishOutcomeUnknown,
+    ServerUnavailableError,
+)
+from migratory_client.events import Notification, NotificationStatus, PublishResult
+from migratory_client.notifications import NotificationQueue
+from migratory_client.resume import SubjectTracker
+from migratory_client.routing import PendingPublish, Router
+from migratory_client.servers import ServerEntry, choose_server, parse_servers
+from migratory_client.session import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    HandshakeFailed,
+    Keepalive,
+    Session,
+    SessionEnd,
+)
+from migratory_client.subscription import Subscription
+
+__all__ = ["Client", "connect"]
+
+DEFAULT_MESSAGE_BUFFER = 10_000
+DEFAULT_NOTIFICATION_BUFFER = 10_000
+
+
+class Client:
+    """Use :func:`connect` to get one."""
+
+    def __init__(
+        self,
+        servers: tuple[ServerEntry, ...],
+        *,
+        token: str | None,
+        name: str,
+        reconnect: ReconnectPolicy,
+        keepalive: Keepalive,
+        message_buffer: int,
+        rng: random.Random,
+    ) -> None:
+        if message_buffer < 1:
+            raise ValueError("message_buffer must be >= 1")
+        self._servers = servers
+        self._connect_op = Connect(client=name, token=token)
+        self._policy = reconnect
+        self._keepalive = keepalive
+        self._message_buffer = message_buffer
+        self._rng = rng
+        self._backoff = Backoff(reconnect, rng)
+        self._notifications = NotificationQueue(DEFAULT_NOTIFICATION_BUFFER)
+        self._router = Router(self._notifications)
+        self._session_ids = itertools.count(1)
+        self._closure_prefix = secrets.token_hex(6)
+        self._closures = itertools.count(1)
+        self._live: Session | None = None
+        self._live_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._error: MigratoryError | None = None
+        self._closed = False
+
+    # --- state ----------------------------------------------------------------
+
+    @property
+    def server(self) -> str | None:
+        """URL of the server of the open session, if any."""
+        return self._live.server if self._live is not None else None
+
+    @property
+    def error(self) -> MigratoryError | None:
+        """Why the client ended, if it ended by itself."""
+        return self._error
+
+    def notifications(self) -> NotificationQueue:
+        """Async iterator of :class:`Notification`. Never blocks the client: when nobody
+        reads, the oldest are dropped (``.dropped`` counts them)."""
+        return self._notifications
+
+    async def wait_connected(self) -> str:
+        """Wait until a session is open; returns the server URL."""
+        return (await self._wait_live()).server
+
+    async def _wait_live(self) -> Session:
+        while True:
+            self._raise_if_ended()
+            live = self._live
+            if live is not None and live.is_open:
+                return live
+            await self._live_changed.wait()
+
+    def _raise_if_ended(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ClientClosedError()
+
+    def _set_live(self, session: Session | None) -> None:
+        self._live = session
+        self._live_changed.set()
+        self._live_changed = trio.Event()
+
+    # --- subscribe ------------------------------------------------------------
+
+    def subscribe(self, *subjects: str, history: int = 0, conflation_ms: int = 0) -> Subscription:
+        """Subscribe to ``subjects``; the subscribe is sent now or on the next session.
+
+        ``history`` = last N cached messages first (type historical) instead of the
+        snapshot; ``conflation_ms`` >= 100 asks for one merged message per period.
+        A subject can belong to one active subscription at a time (ValueError).
+        """
+        self._raise_if_ended()
+        if not subjects:
+            raise ValueError("subscribe needs at least one subject")
+        if history < 0 or conflation_ms < 0:
+            raise ValueError("history and conflation_ms must be >= 0")
+        unique = tuple(dict.fromkeys(validate_subject(s) for s in subjects))
+        send, receive = trio.open_memory_channel[Message](self._message_buffer)
+        trackers = [SubjectTracker(s, history, conflation_ms) for s in unique]
+        self._router.add(trackers, send)
+        subscription = Subscription(unique, receive, self._unsubscribe, lambda: self._error)
+        if self._live is not None and self._nursery is not None:
+            self._nursery.start_soon(self._send_subscribe, self._live, unique)
+        return subscription
+
+    async def _send_subscribe(self, session: Session, subjects: tuple[str, ...]) -> None:
+        requests = self._router.requests_for(session.id, subjects)
+        if requests and session.is_open:
+            try:
+                await session.send(Subscribe(tuple(requests)))
+            except ConnectionClosed:
+                pass  # the next session subscribes them
+
+    async def _unsubscribe(self, subscription: Subscription) -> None:
+        self._router.remove(subscription.subjects)
+        live = self._live
+        if live is None or not live.is_open:
+            return
+        with trio.move_on_after(self._policy.connect_timeout):
+            try:
+                await live.send(Unsubscribe(subscription.subjects))
+            except ConnectionClosed:
+                pass  # the next session does not subscribe them
+
+    # --- publish --------------------------------------------------------------
+
+    async def publish(
+        self,
+        subject: str,
+        content: bytes | str,
+        fields: Mapping[str, str] | None = None,
+        *,
+        retained: bool = False,
+        qos: Qos = Qos.STANDARD,
+        timeout: float = 10.0,
+    ) -> PublishResult:
+        """Publish and wait for the server's status.
+
+        Raises InvalidSubjectError before sending, NotConnectedError if no session came up
+        within ``timeout`` (not sent), PublishOutcomeUnknown if it was sent but the status
+        did not come back (connection lost or timeout).
+        """
+        closure = f"{self._closure_prefix}-{next(self._closures)}"
+        message = _message(subject, content, fields, retained, qos, closure)
+        pending = PendingPublish(subject, closure)
+        sent = False
+        with trio.move_on_after(timeout):
+            session = await self._wait_live()
+            self._router.pending[closure] = pending
+            sent = True
+            try:
+                await session.send(Publish(message))
+            except ConnectionClosed:
+                pending.lost = "connection lost while sending"
+                pending.done.set()
+            await pending.done.wait()
+        self._router.pending.pop(closure, None)
+        if pending.result is not None:
+            return pending.result
+        if not sent:
+            raise NotConnectedError(subject, timeout)
+        raise PublishOutcomeUnknown(subject, closure, pending.lost or f"no status in {timeout} s")
+
+    async def publish_nowait(
+        self,
+        subject: str,
+        content: bytes | str,
+        fields: Mapping[str, str] | None = None,
+        *,
+        retained: bool = False,
+        qos: Qos = Qos.STANDARD,
+    ) -> None:
+        """Publish without a closure: no PUBLISH_OK; failures arrive as notifications.
+
+        Waits for a session if there is none; raises PublishOutcomeUnknown if the
+        connection drops while sending."""
+        message = _message(subject, content, fields, retained, qos, None)
+        session = await self._wait_live()
+        try:
+            await session.send(Publish(message))
+        except ConnectionClosed:
+            raise PublishOutcomeUnknown(subject, "", "connection lost while sending") from None
+
+    # --- sessions -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Keep a session open until the client is closed or ends with an error."""
+        failed: ServerEntry | None = None
+        while True:
+            server = choose_server(self._servers, self._rng, avoid=failed)
+            end = await self._attempt(server)
+            if self._closed:
+                return
+            self._notifications.put(
+                Notification(NotificationStatus.SERVER_DOWN, reason=end.reason, server=server.url)
+            )
+            if end.terminal:
+                self._end(ConnectionClosedError(end.code, end.reason, server.url))
+                return
+            failed = server
+            delay = self._backoff.next_delay()
+            if self._backoff.exhausted():
+                self._end(ServerUnavailableError(self._backoff.failures, end.reason))
+                return
+            await trio.sleep(delay)
+
+    async def _attempt(self, server: ServerEntry) -> SessionEnd:
+        end: SessionEnd | None = None
+        try:
+            async with open_websocket_url(
+                server.url,
+                subprotocols=[SUBPROTOCOL],
+                max_message_size=MAX_FRAME_BYTES,
+                receive_buffer_size=65536,
+                connect_timeout=self._policy.connect_timeout,
+                disconnect_timeout=1.0,
+            ) as ws:
+                end = await self._session(Session(ws, server.url, next(self._session_ids), self._router))
+        except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
+            if end is None:
+                end = SessionEnd.by_client(f"cannot connect: {exc!r}")
+        return end if end is not None else SessionEnd.by_client("session ended")
+
+    async def _session(self, session: Session) -> SessionEnd:
+        try:
+            await session.handshake(self._connect_op, self._policy.connect_timeout)
+        except ConnectionClosed as exc:
+            return SessionEnd.closed(exc)
+        except (HandshakeFailed, MigratoryError, ValueError) as exc:
+            await session.close(1002, "no connected")
+            return SessionEnd.by_client(str(exc))
+        self._backoff.reset()
+        requests = self._router.requests_for(session.id)
+        self._set_live(session)
+        self._notifications.put(Notification(NotificationStatus.SERVER_UP, server=session.server))
+        end = SessionEnd.by_client("session ended")
+        try:
+            end = await session.serve(self._keepalive, Subscribe(tuple(requests)) if requests else None)
+        finally:
+            self._set_live(None)
+            self._router.session_lost(f"connection to {session.server} lost: {end.reason}")
+        return end
+
+    def _end(self, error: MigratoryError | None) -> None:
+        if self._error is None and not self._closed:
+            self._error = error
+        self._router.close(self._error)
+        self._set_live(None)
+
+    async def aclose(self) -> None:
+        """Close the session (code 1000) and end every subscription and waiter."""
+        if self._closed:
+            return
+        self._closed = True
+        live = self._live
+        if live is not None:
+            with trio.CancelScope(shield=True):
+                await live.close(1000, "client closed")
+        self._end(None)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+
+def _message(
+    subject: str,
+    content: bytes | str,
+    fields: Mapping[str, str] | None,
+    retained: bool,
+    qos: Qos,
+    closure: str | None,
+) -> Message:
+    validate_subject(subject)
+    body = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+    fields = dict(fields or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+        raise TypeError("fields must map str to str")
+    return Message(subject, body, fields, retained, Qos(qos), closure)
+
+
+@asynccontextmanager
+async def connect(
+    servers: Iterable[str] | str,
+    *,
+    token: str | None = None,
+    name: str = "",
+    reconnect: ReconnectPolicy | None = None,
+    keepalive: Keepalive | None = None,
+    message_buffer: int = DEFAULT_MESSAGE_BUFFER,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Client]:
+    """Open a client; sessions are opened in the background (watch SERVER_UP).
+
+    ``servers``: ``"WEIGHT URL"`` or ``"URL"`` (weight 100). ``message_buffer``: messages
+    buffered per subscription before the client stops reading the connection.
+    """
+    client = Client(
+        parse_servers(servers),
+        token=token,
+        name=name,
+        reconnect=reconnect or ReconnectPolicy(),
+        keepalive=keepalive or Keepalive(),
+        message_buffer=message_buffer,
+        rng=rng or random.Random(),
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            client._nursery = nursery
+            nursery.start_soon(client._run)
+            try:
+                yield client
+            finally:
+                await client.aclose()
+    except BaseExceptionGroup as group:
+        _raise_single(group)
+
+
+def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:
+    """Unwrap the application's own exception from the nursery's group."""
+    others = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
+    if others is not None and len(others.exceptions) == 1:
+        only = others.exceptions[0]
+        if not isinstance(only, BaseExceptionGroup):
+            raise only from None
+    raise group

@@ -1,0 +1,193 @@
+"""One session: a WebSocket connection to one server, from ``connect`` to its loss.
+
+The session reads server operations and hands them to the :class:`Router`, answers
+gaps with resubscriptions, and keeps the connection alive with protocol ``ping``s.
+Every way the session can end becomes a :class:`SessionEnd`, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from migratory.protocol import close_codes
+from migratory.protocol.ops import (
+    ClientOp,
+    Connect,
+    Connected,
+    Deliver,
+    OperationError,
+    Ping,
+    Pong,
+    PublishStatus,
+    SubjectStatus,
+    Subscribe,
+    decode_server_op,
+    encode_client_op,
+)
+from migratory_client.routing import Router
+
+__all__ = ["Keepalive", "Session", "SessionEnd"]
+
+SUBPROTOCOL = "migratory.cbor"
+MAX_FRAME_BYTES = 64 * 2**20
+"""Largest server frame accepted: a recovery batch can hold a whole subject cache."""
+CLOSE_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """Send a protocol ``ping`` every ``interval`` s; no ``pong`` within ``timeout`` s = lost."""
+
+    interval: float = 15.0
+    timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0 or self.timeout <= 0:
+            raise ValueError("Keepalive: interval and timeout must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """Why a session ended. ``terminal``: the server closed with a code that forbids retrying."""
+
+    code: int
+    reason: str
+    terminal: bool = False
+
+    @classmethod
+    def closed(cls, exc: ConnectionClosed) -> SessionEnd:
+        code = exc.reason.code if exc.reason is not None else close_codes.ABNORMAL.code
+        reason = (exc.reason.reason if exc.reason is not None else None) or _code_name(code)
+        return cls(code, reason, terminal=not close_codes.should_reconnect(code))
+
+    @classmethod
+    def by_client(cls, reason: str) -> SessionEnd:
+        return cls(close_codes.ABNORMAL.code, reason)
+
+
+def _code_name(code: int) -> str:
+    known = close_codes.BY_CODE.get(code)
+    return known.name if known else f"close code {code}"
+
+
+class HandshakeFailed(Exception):
+    """The server did not answer ``connect`` with ``connected`` in time."""
+
+
+class Session:
+    def __init__(
+        self, ws: WebSocketConnection, server: str, session_id: int, router: Router
+    ) -> None:
+        self.ws = ws
+        self.server = server
+        self.id = session_id
+        self.server_name = ""
+        self._router = router
+        self._ping_id = 0
+        self._pong_id = 0
+        self.frames_read = 0
+        self._pong = trio.Event()
+        self._end: SessionEnd | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.ws.closed is None and self._end is None
+
+    async def send(self, op: ClientOp) -> None:
+        """Send one operation; raises trio_websocket.ConnectionClosed if the connection is gone."""
+        await self.ws.send_message(encode_client_op(op))
+
+    async def handshake(self, connect: Connect, timeout: float) -> Connected:
+        """Send ``connect`` and wait for ``connected``; raises HandshakeFailed or ConnectionClosed."""
+        await self.send(connect)
+        with trio.move_on_after(timeout):
+            payload = await self.ws.get_message()
+            op = decode_server_op(payload) if isinstance(payload, bytes) else None
+            if not isinstance(op, Connected):
+                raise HandshakeFailed(f"expected 'connected', got {op or payload!r}")
+            self.server_name = op.server
+            return op
+        raise HandshakeFailed(f"no 'connected' within {timeout} s")
+
+    async def serve(self, keepalive: Keepalive, initial: Subscribe | None) -> SessionEnd:
+        """Run until the connection is lost; returns why."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read, initial, nursery.cancel_scope)
+            nursery.start_soon(self._keep_alive, keepalive, nursery.cancel_scope)
+        assert self._end is not None
+        return self._end
+
+    async def close(self, code: int, reason: str) -> None:
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            await self.ws.aclose(code, reason)
+
+    def _finish(self, end: SessionEnd, scope: trio.CancelScope) -> None:
+        if self._end is None:
+            self._end = end
+        scope.cancel()
+
+    async def _read(self, initial: Subscribe | None, scope: trio.CancelScope) -> None:
+        try:
+            if initial is not None:
+                await self.send(initial)
+            while True:
+                payload = await self.ws.get_message()
+                self.frames_read += 1
+                await self._dispatch(payload)
+        except ConnectionClosed as exc:
+            self._finish(SessionEnd.closed(exc), scope)
+        except OperationError as exc:
+            self._finish(SessionEnd.by_client(f"server broke the protocol: {exc}"), scope)
+            with trio.CancelScope(shield=True):
+                await self.close(exc.close.code, exc.reason[:120])
+
+    async def _dispatch(self, payload: str | bytes) -> None:
+        if not isinstance(payload, bytes):
+            raise OperationError(close_codes.UNSUPPORTED_DATA, "text frame from the server")
+        op = decode_server_op(payload)
+        if isinstance(op, Deliver):
+            resubscribe = await self._router.on_messages(op.messages)
+            if resubscribe:
+                await self.send(Subscribe(tuple(resubscribe)))
+        elif isinstance(op, SubjectStatus):
+            self._router.on_subject_status(op, self.server)
+        elif isinstance(op, PublishStatus):
+            self._router.on_publish_status(op, self.server)
+        elif isinstance(op, Pong):
+            self._on_pong(op.id)
+
+    def _on_pong(self, ping_id: int | None) -> None:
+        self._pong_id = max(self._pong_id, self._ping_id if ping_id is None else ping_id)
+        self._pong.set()
+
+    async def _keep_alive(self, keepalive: Keepalive, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                await trio.sleep(keepalive.interval)
+                if not await self._ping(keepalive.timeout):
+                    reason = f"no pong within {keepalive.timeout} s"
+                    self._finish(SessionEnd.by_client(reason), scope)
+                    with trio.CancelScope(shield=True):
+                        await self.close(close_codes.GOING_AWAY.code, reason)
+                    return
+        except ConnectionClosed as exc:
+            self._finish(SessionEnd.closed(exc), scope)
+
+    async def _ping(self, timeout: float) -> bool:
+        """Whether the server is alive: it answered, or frames kept arriving, or the reader
+        is waiting on the application (then it cannot see the pong; the server judges
+        slow consumers)."""
+        self._ping_id += 1
+        await self.send(Ping(self._ping_id))
+        while self._pong_id < self._ping_id:
+            frames_before = self.frames_read
+            self._pong = trio.Event()
+            with trio.move_on_after(timeout):
+                await self._pong.wait()
+                continue
+            if self.frames_read == frames_before and not self._router.delivering:
+                return False
+        return True

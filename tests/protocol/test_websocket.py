@@ -1,0 +1,532 @@
+"""RFC 6455 framing: byte-exact examples, every protocol error, properties, wsproto interop."""
+
+from __future__ import annotations
+
+import ast
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import wsproto
+import wsproto.events as wse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import RequestParser, handshake_response
+from migratory.protocol.websocket import (
+    BINARY,
+    CLOSE,
+    CONTINUATION,
+    INVALID_PAYLOAD,
+    MESSAGE_TOO_BIG,
+    PING,
+    PONG,
+    PROTOCOL_ERROR,
+    TEXT,
+    BinaryMessage,
+    CloseReceived,
+    Event,
+    FrameDecoder,
+    LocalProtocolError,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    TextMessage,
+    encode_binary,
+    encode_close,
+    encode_frame,
+    encode_masked_binary,
+    encode_ping,
+    encode_pong,
+)
+
+MASK = bytes.fromhex("37fa213d")  # the RFC 6455 §5.7 masking key
+
+
+def drain(decoder: FrameDecoder) -> list[Event]:
+    events = []
+    while (event := decoder.next_event()) is not None:
+        events.append(event)
+    return events
+
+
+def feed_whole(data: bytes, decoder: FrameDecoder) -> list[Event]:
+    return decoder.events(data)
+
+
+def feed_bytewise(data: bytes, decoder: FrameDecoder) -> list[Event]:
+    events = []
+    for i in range(len(data)):
+        decoder.receive_data(data[i : i + 1])
+        events += drain(decoder)
+    return events
+
+
+def feed_with_trailing(data: bytes, decoder: FrameDecoder) -> list[Event]:
+    # The start of another frame must stay buffered, not be reported or rejected.
+    if decoder.client_frames:
+        trailing = encode_masked_binary(b"next", MASK)[:7]
+    else:
+        trailing = encode_binary(b"next")[:4]
+    events = decoder.events(data + trailing)
+    assert decoder.next_event() is None
+    return events
+
+
+FEEDS = pytest.mark.parametrize(
+    "feed", [feed_whole, feed_bytewise, feed_with_trailing], ids=["whole", "bytewise", "trailing"]
+)
+Feed = Callable[[bytes, FrameDecoder], list[Event]]
+
+
+def server() -> FrameDecoder:
+    return FrameDecoder(client_frames=True)
+
+
+def client() -> FrameDecoder:
+    return FrameDecoder(client_frames=False)
+
+
+def assert_fails(feed: Feed, data: bytes, code: int, decoder: FrameDecoder | None = None) -> None:
+    decoder = decoder or server()
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(data, decoder)
+    assert info.value.code == code
+    with pytest.raises(RemoteProtocolError) as again:  # and keeps failing
+        decoder.next_event()
+    assert again.value is info.value
+
+
+def raw(
+    first: int, payload: bytes, *, mask: bytes | None = MASK, length: bytes | None = None
+) -> bytes:
+    """A frame built by hand, for frames the encoder refuses to make."""
+    mask_bit = 0x80 if mask is not None else 0
+    if length is None:
+        length = (
+            bytes((len(payload),))
+            if len(payload) < 126
+            else b"\x7e" + struct.pack("!H", len(payload))
+        )
+    head = bytes((first, mask_bit | length[0])) + length[1:]
+    if mask is None:
+        return head + payload
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+# --- RFC 6455 §5.7 examples, byte for byte ------------------------------------------------
+
+
+@FEEDS
+def test_rfc_single_frame_unmasked_text(feed: Feed) -> None:
+    frame = bytes.fromhex("810548656c6c6f")
+    assert encode_frame(TEXT, b"Hello") == frame
+    assert feed(frame, client()) == [TextMessage("Hello")]
+
+
+@FEEDS
+def test_rfc_single_frame_masked_text(feed: Feed) -> None:
+    frame = bytes.fromhex("818537fa213d7f9f4d5158")
+    assert encode_frame(TEXT, b"Hello", mask=MASK) == frame
+    assert feed(frame, server()) == [TextMessage("Hello")]
+
+
+@FEEDS
+def test_rfc_fragmented_unmasked_text(feed: Feed) -> None:
+    frames = bytes.fromhex("010348656c") + bytes.fromhex("80026c6f")
+    assert encode_frame(TEXT, b"Hel", fin=False) + encode_frame(CONTINUATION, b"lo") == frames
+    assert feed(frames, client()) == [TextMessage("Hello")]
+
+
+@FEEDS
+def test_rfc_ping_and_masked_pong(feed: Feed) -> None:
+    ping = bytes.fromhex("890548656c6c6f")
+    pong = bytes.fromhex("8a8537fa213d7f9f4d5158")
+    assert encode_ping(b"Hello") == ping
+    assert encode_pong(b"Hello", mask=MASK) == pong
+    assert feed(ping, client()) == [Ping(b"Hello")]
+    assert feed(pong, server()) == [Pong(b"Hello")]
+
+
+@FEEDS
+def test_rfc_256_byte_binary(feed: Feed) -> None:
+    payload = bytes(range(256))
+    frame = encode_binary(payload)
+    assert frame[:4] == bytes.fromhex("827e0100")
+    assert frame[4:] == payload
+    assert feed(frame, client()) == [BinaryMessage(payload)]
+
+
+@FEEDS
+def test_rfc_64k_binary(feed: Feed) -> None:
+    payload = bytes(range(256)) * 256
+    frame = encode_binary(payload)
+    assert frame[:10] == bytes.fromhex("827f0000000000010000")
+    assert frame[10:] == payload
+    if feed is not feed_bytewise:  # 64 Ki single-byte feeds are slow and say nothing new
+        assert feed(frame, client()) == [BinaryMessage(payload)]
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 4095, 4096, 65535, 65536, 70000])
+def test_encode_binary_matches_encode_frame(size: int) -> None:
+    payload = bytes(i % 251 for i in range(size))
+    assert encode_binary(payload) == encode_frame(BINARY, payload)
+    assert client().events(encode_binary(payload)) == [BinaryMessage(payload)]
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 150, 511, 512, 513, 1025, 4099, 70001])
+def test_masked_round_trip_across_unmask_strategies(size: int) -> None:
+    payload = bytes((i * 7) % 256 for i in range(size))
+    mask = b"\x01\x80\xfe\x7f"
+    frame = encode_masked_binary(payload, mask)
+    assert frame[len(frame) - size :] == bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    assert server().events(frame) == [BinaryMessage(payload)]
+
+
+def test_encode_close_truncates_on_a_utf8_boundary() -> None:
+    frame = encode_close(1000, "é" * 100)  # 200 bytes of UTF-8
+    assert frame[:2] == bytes((0x88, 2 + 122))
+    assert client().events(frame) == [CloseReceived(1000, "é" * 61)]
+    frame = encode_close(1001, "x" * 200, mask=MASK)
+    assert server().events(frame) == [CloseReceived(1001, "x" * 123)]
+    assert encode_close(1000) == b"\x88\x02\x03\xe8"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: encode_frame(0x3, b""),
+        lambda: encode_frame(PING, b"x" * 126),
+        lambda: encode_frame(PONG, b"", fin=False),
+        lambda: encode_frame(BINARY, b"", mask=b"abc"),
+        lambda: encode_close(1005),
+        lambda: encode_close(999),
+        lambda: FrameDecoder(max_message_size=-1),
+    ],
+)
+def test_local_misuse_raises_local_protocol_error(call: Callable[[], object]) -> None:
+    with pytest.raises(LocalProtocolError):
+        call()
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+@FEEDS
+def test_control_frames_interleaved_in_fragmented_message(feed: Feed) -> None:
+    data = (
+        encode_frame(BINARY, b"ab", fin=False, mask=MASK)
+        + encode_ping(b"p1", mask=MASK)
+        + encode_frame(CONTINUATION, b"", fin=False, mask=MASK)
+        + encode_pong(b"p2", mask=MASK)
+        + encode_frame(CONTINUATION, b"cd", mask=MASK)
+        + encode_masked_binary(b"ef", MASK)
+    )
+    assert feed(data, server()) == [
+        Ping(b"p1"),
+        Pong(b"p2"),
+        BinaryMessage(b"abcd"),
+        BinaryMessage(b"ef"),
+    ]
+
+
+@FEEDS
+def test_text_split_inside_a_character(feed: Feed) -> None:
+    payload = "€uro".encode()
+    data = encode_frame(TEXT, payload[:1], fin=False, mask=MASK) + encode_frame(
+        CONTINUATION, payload[1:], mask=MASK
+    )
+    assert feed(data, server()) == [TextMessage("€uro")]
+
+
+@FEEDS
+def test_non_minimal_lengths_are_accepted(feed: Feed) -> None:
+    data = raw(0x82, b"abc", length=b"\x7e\x00\x03") + raw(
+        0x82, b"de", length=b"\x7f" + struct.pack("!Q", 2)
+    )
+    assert feed(data, server()) == [BinaryMessage(b"abc"), BinaryMessage(b"de")]
+
+
+@FEEDS
+@pytest.mark.parametrize("code", [1000, 1001, 1002, 1003, 1007, 1011, 1012, 1014, 3000, 4000, 4999])
+def test_valid_close_codes(feed: Feed, code: int) -> None:
+    assert feed(encode_close(code, "bye", mask=MASK), server()) == [CloseReceived(code, "bye")]
+
+
+@FEEDS
+def test_empty_close_and_data_after_close_is_ignored(feed: Feed) -> None:
+    decoder = server()
+    assert feed(encode_frame(CLOSE, b"", mask=MASK) + b"\xff\xff garbage", decoder) == [
+        CloseReceived(None, "")
+    ]
+    assert decoder.closed
+    assert decoder.events(encode_masked_binary(b"late", MASK) + b"\x00garbage") == []
+
+
+def test_events_before_an_error_are_available_through_next_event() -> None:
+    decoder = server()
+    decoder.receive_data(encode_masked_binary(b"ok", MASK) + raw(0xC2, b""))
+    assert decoder.next_event() == BinaryMessage(b"ok")
+    with pytest.raises(RemoteProtocolError):
+        decoder.next_event()
+
+
+def test_max_message_size_is_checked_before_the_payload_arrives() -> None:
+    decoder = FrameDecoder(max_message_size=1000)
+    decoder.receive_data(b"\x82\xfe\x03\xe9")  # declares 1001 bytes; no mask, no payload yet
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_event()
+    assert info.value.code == MESSAGE_TOO_BIG
+    exact = FrameDecoder(max_message_size=1000)
+    assert exact.events(encode_masked_binary(b"x" * 1000, MASK)) == [BinaryMessage(b"x" * 1000)]
+
+
+def test_max_message_size_does_not_limit_control_frames() -> None:
+    assert FrameDecoder(max_message_size=0).events(encode_ping(b"x" * 125, mask=MASK)) == [
+        Ping(b"x" * 125)
+    ]
+
+
+# Every protocol error with the close code it answers (server side unless noted).
+ERRORS = {
+    "unmasked client frame": (raw(0x82, b"hi", mask=None), PROTOCOL_ERROR),
+    "rsv1": (raw(0xC2, b"hi"), PROTOCOL_ERROR),
+    "rsv2": (raw(0xA2, b"hi"), PROTOCOL_ERROR),
+    "rsv3": (raw(0x92, b"hi"), PROTOCOL_ERROR),
+    "reserved data opcode 3": (raw(0x83, b""), PROTOCOL_ERROR),
+    "reserved data opcode 7": (raw(0x87, b""), PROTOCOL_ERROR),
+    "reserved control opcode 0xB": (raw(0x8B, b""), PROTOCOL_ERROR),
+    "reserved control opcode 0xF": (raw(0x8F, b""), PROTOCOL_ERROR),
+    "ping of 126 bytes": (raw(0x89, b"x" * 126), PROTOCOL_ERROR),
+    "fragmented ping": (raw(0x09, b"x"), PROTOCOL_ERROR),
+    "fragmented close": (raw(0x08, b"\x03\xe8"), PROTOCOL_ERROR),
+    "continuation without start": (raw(0x80, b"x"), PROTOCOL_ERROR),
+    "unfinished continuation without start": (raw(0x00, b"x"), PROTOCOL_ERROR),
+    "new message inside a fragmented one": (raw(0x01, b"a") + raw(0x82, b"b"), PROTOCOL_ERROR),
+    "new fragment inside a fragmented one": (raw(0x02, b"a") + raw(0x02, b"b"), PROTOCOL_ERROR),
+    "64-bit length with the top bit set": (
+        raw(0x82, b"", length=b"\x7f" + struct.pack("!Q", 1 << 63)),
+        PROTOCOL_ERROR,
+    ),
+    "message too big": (raw(0x82, b"x" * 65, length=b"\x7e\x00\x41"), MESSAGE_TOO_BIG),
+    "fragments too big together": (raw(0x02, b"x" * 40) + raw(0x80, b"x" * 25), MESSAGE_TOO_BIG),
+    "invalid UTF-8 text": (raw(0x81, b"\xff"), INVALID_PAYLOAD),
+    "encoded surrogate": (raw(0x81, b"\xed\xa0\x80"), INVALID_PAYLOAD),
+    "overlong encoding": (raw(0x81, b"\xc0\xaf"), INVALID_PAYLOAD),
+    "truncated UTF-8 at message end": (raw(0x01, b"ok") + raw(0x80, b"\xe2\x82"), INVALID_PAYLOAD),
+    "close payload of 1 byte": (raw(0x88, b"\x03"), PROTOCOL_ERROR),
+    "close reason not UTF-8": (raw(0x88, b"\x03\xe8\xff"), INVALID_PAYLOAD),
+    **{
+        f"close code {code}": (raw(0x88, code.to_bytes(2, "big")), PROTOCOL_ERROR)
+        for code in (0, 999, 1004, 1005, 1006, 1015, 1016, 2000, 2999, 5000, 65535)
+    },
+}
+
+
+@FEEDS
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_protocol_errors(feed: Feed, name: str) -> None:
+    data, code = ERRORS[name]
+    assert_fails(feed, data, code, FrameDecoder(max_message_size=64))
+
+
+@FEEDS
+def test_masked_server_frame_is_rejected_by_client(feed: Feed) -> None:
+    assert_fails(feed, encode_masked_binary(b"hi", MASK), PROTOCOL_ERROR, client())
+
+
+def test_invalid_utf8_in_a_fragment_fails_before_the_message_ends() -> None:
+    decoder = server()
+    decoder.receive_data(raw(0x01, b"ok\xff"))
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_event()
+    assert info.value.code == INVALID_PAYLOAD
+
+
+# --- properties -----------------------------------------------------------------------------
+
+messages = st.one_of(
+    st.binary(max_size=1500).map(BinaryMessage), st.text(max_size=200).map(TextMessage)
+)
+masks = st.binary(min_size=4, max_size=4)
+
+
+@st.composite
+def frame_streams(draw: st.DrawFn) -> tuple[bool, bytes, list[Event]]:
+    """Messages encoded with random fragmentation and pings between fragments."""
+    masked = draw(st.booleans())
+    sent = draw(st.lists(messages, max_size=6))
+    stream = bytearray()
+    expected: list[Event] = []
+    for message in sent:
+        if isinstance(message, BinaryMessage):
+            opcode, payload = BINARY, message.data
+        else:
+            opcode, payload = TEXT, message.text.encode()
+        cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=4)))
+        bounds = [0, *cuts, len(payload)]
+        for i in range(len(bounds) - 1):
+            last = i == len(bounds) - 2
+            mask = draw(masks) if masked else None
+            stream += encode_frame(
+                opcode if i == 0 else CONTINUATION,
+                payload[bounds[i] : bounds[i + 1]],
+                fin=last,
+                mask=mask,
+            )
+            if not last and draw(st.booleans()):
+                ping = draw(st.binary(max_size=125))
+                stream += encode_ping(ping, mask=draw(masks) if masked else None)
+                expected.append(Ping(ping))
+        expected.append(message)
+    return masked, bytes(stream), expected
+
+
+def chunked(data: bytes, sizes: list[int]) -> list[bytes]:
+    chunks, i = [], 0
+    for size in sizes:
+        chunks.append(data[i : i + size])
+        i += size
+    chunks.append(data[i:])
+    return chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(frame_streams(), st.lists(st.integers(1, 300), max_size=40))
+def test_any_frame_stream_in_any_chunks_decodes_to_the_messages(
+    case: tuple[bool, bytes, list[Event]], sizes: list[int]
+) -> None:
+    masked, stream, expected = case
+    decoder = FrameDecoder(client_frames=masked)
+    events: list[Event] = []
+    for chunk in chunked(stream, sizes):
+        events += decoder.events(chunk)
+    assert events == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.booleans(),
+    st.sampled_from([b"", b"\x82\x80", b"\x81\xff", b"\x01\x83", b"\x88\x82", b"\x02"]),
+    st.binary(max_size=600),
+    st.lists(st.integers(1, 64), max_size=20),
+    st.integers(0, 300),
+)
+def test_garbage_only_ever_raises_remote_protocol_error(
+    client_frames: bool, prefix: bytes, garbage: bytes, sizes: list[int], limit: int
+) -> None:
+    decoder = FrameDecoder(client_frames=client_frames, max_message_size=limit)
+    try:
+        for chunk in chunked(prefix + garbage, sizes):
+            decoder.events(chunk)
+    except RemoteProtocolError as exc:
+        assert exc.code in (PROTOCOL_ERROR, INVALID_PAYLOAD, MESSAGE_TOO_BIG)
+
+
+# --- interop with wsproto -------------------------------------------------------------------
+
+
+def wsproto_client_connected() -> wsproto.WSConnection:
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    hello = conn.send(wse.Request(host="example.com", target="/", subprotocols=["migratory.cbor"]))
+    request = RequestParser().receive_data(hello)
+    assert request is not None and request.is_websocket_upgrade
+    conn.receive_data(handshake_response(request))
+    (accepted,) = conn.events()
+    assert isinstance(accepted, wse.AcceptConnection) and accepted.subprotocol == "migratory.cbor"
+    return conn
+
+
+def test_wsproto_client_frames_decode() -> None:
+    conn = wsproto_client_connected()
+    big = bytes(range(256)) * 300
+    data = b"".join(
+        [
+            conn.send(wse.BytesMessage(data=b"\xa1bopcping")),
+            conn.send(wse.BytesMessage(data=big[:1000], message_finished=False)),
+            conn.send(wse.Ping(payload=b"are you there")),
+            conn.send(wse.BytesMessage(data=big[1000:], message_finished=True)),
+            conn.send(wse.TextMessage(data="héllo")),
+            conn.send(wse.Pong(payload=b"pong")),
+            conn.send(wse.CloseConnection(code=1000, reason="bye")),
+        ]
+    )
+    for feed in (feed_whole, feed_with_trailing):
+        assert feed(data, server()) == [
+            BinaryMessage(b"\xa1bopcping"),
+            Ping(b"are you there"),
+            BinaryMessage(big),
+            TextMessage("héllo"),
+            Pong(b"pong"),
+            CloseReceived(1000, "bye"),
+        ]
+
+
+def test_server_frames_decode_in_wsproto() -> None:
+    conn = wsproto_client_connected()
+    big = bytes(range(256)) * 300
+    conn.receive_data(
+        encode_binary(b"hello")
+        + encode_binary(big)
+        + encode_frame(TEXT, "wör".encode(), fin=False)
+        + encode_ping(b"beat")
+        + encode_frame(CONTINUATION, b"ld")
+        + encode_close(1001, "going away")
+    )
+    events = list(conn.events())
+    assert [type(e) for e in events] == [
+        wse.BytesMessage,
+        wse.BytesMessage,
+        wse.TextMessage,
+        wse.Ping,
+        wse.TextMessage,
+        wse.CloseConnection,
+    ]
+    assert events[0].data == b"hello" and events[1].data == big
+    assert events[2].data + events[4].data == "wörld"
+    assert events[3].payload == b"beat"
+    assert (events[5].code, events[5].reason) == (1001, "going away")
+
+
+def test_client_side_against_wsproto_server() -> None:
+    from migratory.protocol.http import (
+        check_handshake_response,
+        handshake_request,
+        new_websocket_key,
+    )
+
+    key = new_websocket_key()
+    conn = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    conn.receive_data(handshake_request("example.com", "/", key))
+    (request,) = conn.events()
+    assert isinstance(request, wse.Request) and request.subprotocols == ["migratory.cbor"]
+    reply = conn.send(wse.AcceptConnection(subprotocol="migratory.cbor"))
+    frames = conn.send(wse.BytesMessage(data=b"x" * 300)) + conn.send(wse.Ping(payload=b"p"))
+    used = check_handshake_response(reply + frames, key)
+    assert used == len(reply)
+    assert client().events((reply + frames)[used:]) == [BinaryMessage(b"x" * 300), Ping(b"p")]
+    conn.receive_data(encode_masked_binary(b"y" * 2000, MASK) + encode_close(1000, mask=MASK))
+    events = list(conn.events())
+    assert isinstance(events[0], wse.BytesMessage) and events[0].data == b"y" * 2000
+    assert isinstance(events[1], wse.CloseConnection) and events[1].code == 1000
+
+
+def test_module_does_no_io() -> None:
+    tree = ast.parse(Path(ws.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert not imported & {"trio", "socket", "asyncio", "selectors", "ssl"}

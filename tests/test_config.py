@@ -1,0 +1,113 @@
+"""The one validated config object: defaults, file, environment, --set."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migratory.config import (
+    Config,
+    ConfigError,
+    env_overrides,
+    load_config,
+    parse_config_text,
+    parse_set_options,
+    reference_markdown,
+)
+
+
+def test_defaults_are_a_working_single_node_config() -> None:
+    config = Config.defaults()
+    assert config.listen == (("127.0.0.1", 8800),)
+    assert config.max_cached_messages_per_subject == 1000
+    assert config.cache_expire_time == 180
+    assert config.publish_snapshot_message is True
+    assert config.entitlement == "None"
+
+
+def test_file_in_seed_style(tmp_path: Path) -> None:
+    path = tmp_path / "migratory.conf"
+    path.write_text(
+        "# comment\n\nPublishSnapshotMessage = false\nBatchTime = 5\n"
+        "Listen = 127.0.0.1:9000, [::1]:9001\n"
+    )
+    config = load_config(path, environ={})
+    assert config.publish_snapshot_message is False
+    assert config.batch_time == 5
+    assert config.listen == (("127.0.0.1", 9000), ("::1", 9001))
+
+
+def test_unknown_key_names_the_key_line_and_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match=r"f\.conf:2: unknown key 'BatchTmie' .*'BatchTime'"):
+        parse_config_text("BatchTime = 1\nBatchTmie = 2\n", source="f.conf")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("BatchTime", "soon", "BatchTime: expected a whole number of milliseconds"),
+        ("BatchTime", "-1", "BatchTime: must be >= 0"),
+        ("PublishSnapshotMessage", "maybe", "PublishSnapshotMessage: expected true or false"),
+        ("Listen", "localhost", "Listen: expected host:port"),
+        ("Listen", "127.0.0.1:70000", "Listen: must be >= 0 and <= 65535"),
+        ("Entitlement", "Token", "Entitlement: expected one of None, Basic"),
+    ],
+)
+def test_bad_values_name_the_key(key: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={key: value}, environ={})
+
+
+def test_cross_key_rules() -> None:
+    with pytest.raises(ConfigError, match="needs EntitlementAllowToken"):
+        load_config(overrides={"Entitlement": "Basic"}, environ={})
+    with pytest.raises(ConfigError, match="MaxFrameSize"):
+        load_config(overrides={"MaxFrameSize": "2048", "MaxMessageSize": "4096"}, environ={})
+
+
+def test_precedence_file_then_environment_then_set(tmp_path: Path) -> None:
+    path = tmp_path / "c.conf"
+    path.write_text("BatchTime = 1\nMaxBatchingSpace = 100\nServerName = file\n")
+    environ = {"MIGRATORY_CFG_BATCHTIME": "2", "MIGRATORY_CFG_servername": "env", "PATH": "/x"}
+    config = load_config(path, overrides={"BatchTime": "3"}, environ=environ)
+    assert (config.batch_time, config.server_name, config.max_batching_space) == (3, "env", 100)
+
+
+def test_unknown_environment_key_is_refused_but_other_variables_are_ignored() -> None:
+    assert env_overrides({"MIGRATORY_SERVICE_HOST": "10.0.0.1"}) == {}
+    with pytest.raises(ConfigError, match="MIGRATORY_CFG_NOPE"):
+        env_overrides({"MIGRATORY_CFG_NOPE": "1"})
+
+
+def test_set_option_syntax() -> None:
+    assert parse_set_options(["BatchTime=0"]) == {"BatchTime": "0"}
+    with pytest.raises(ConfigError, match="expected Key=Value"):
+        parse_set_options(["BatchTime"])
+
+
+def test_as_text_round_trips() -> None:
+    config = load_config(overrides={"Listen": "127.0.0.1:1, 127.0.0.2:2"}, environ={})
+    assert Config.from_mapping(config.as_text()) == config
+
+
+def test_docs_config_reference_matches_the_code() -> None:
+    doc = Path(__file__).parent.parent / "docs" / "config.md"
+    assert doc.read_text() == reference_markdown(), "regenerate: python -m migratory.config"
+
+
+def test_serve_refuses_a_bad_config_with_a_message_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.conf"
+    path.write_text("Listen = 127.0.0.1:0\nMaxCachedMessagesPerSubjet = 10\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "migratory", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "unknown key 'MaxCachedMessagesPerSubjet'" in result.stderr
+    assert "did you mean 'MaxCachedMessagesPerSubject'" in result.stderr
+    assert "Traceback" not in result.stderr
