@@ -12,6 +12,7 @@ number of connections it handles.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -350,10 +351,8 @@ def open_connections(
         conn.closed = why
         fd = conn.sock.fileno()
         live.pop(fd, None)
-        try:
+        with contextlib.suppress(OSError, ValueError):
             ep.unregister(fd)
-        except (OSError, ValueError):
-            pass
         conn.sock.close()
 
     def start_more() -> bool:
@@ -452,10 +451,8 @@ def masked(payload: bytes) -> bytes:
 
 def close_all(conns: list[RawConn]) -> None:
     for conn in conns:
-        try:
+        with contextlib.suppress(OSError):
             conn.sock.close()
-        except OSError:
-            pass
 
 
 # --- histograms -----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ on errors and on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -74,7 +75,12 @@ CTRL_TIMEOUT = 5.0  # how long a child waits for its next instruction before giv
 
 
 def subscriber_main(
-    ctrl: mpc.Connection, host: str, port: int, first: int, count: int, setup_timeout: float,
+    ctrl: mpc.Connection,
+    host: str,
+    port: int,
+    first: int,
+    count: int,
+    setup_timeout: float,
     lifetime: float,
 ) -> None:
     """Open ``count`` subscribers, report ready, count deliveries until told to finish."""
@@ -88,8 +94,12 @@ def subscriber_main(
         return masked(cbor2.dumps(connect)) + subscribe
 
     setup = open_connections(
-        host, port, range(first, first + count), frames_for,
-        ready_marker=b"SUBSCRIBE_ALLOW", timeout=setup_timeout,
+        host,
+        port,
+        range(first, first + count),
+        frames_for,
+        ready_marker=b"SUBSCRIBE_ALLOW",
+        timeout=setup_timeout,
     )
     ctrl.send(("ready", len(setup.ready), dict(setup.failures), setup.seconds))
     try:
@@ -181,7 +191,7 @@ def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: 
                     i = data.find(mark, start, end)
                     if i < 0:
                         if data[pos] & 0x0F == OPCODE_CLOSE:
-                            closes[f"close frame {close_code(data, start, end)}"] += 1
+                            conn.closed = f"close frame {close_code(data, start, end)}"
                         else:
                             other_frames += 1
                     while i >= 0:  # a frame may be a batch of several messages
@@ -237,7 +247,9 @@ def publisher_main(
     ctrl.send(("done", result))
 
 
-def publish(conn: RawConn, size: int, ack: bool, rate: float, duration: float, drain: float) -> dict:
+def publish(
+    conn: RawConn, size: int, ack: bool, rate: float, duration: float, drain: float
+) -> dict:
     sock = conn.sock
     total = max(1, round(rate * duration))
     period_ns = 1e9 / rate
@@ -303,10 +315,8 @@ def publish(conn: RawConn, size: int, ack: bool, rate: float, duration: float, d
         out += masked(cbor2.dumps(op))
         if ack:
             sent_at[closure] = time.monotonic_ns()
-        try:
+        with contextlib.suppress(BlockingIOError):
             del out[: sock.send(out)]
-        except BlockingIOError:
-            pass
         if out:
             blocked_sends += 1
             select.select([], [sock], [], 1.0)
@@ -314,10 +324,8 @@ def publish(conn: RawConn, size: int, ack: bool, rate: float, duration: float, d
     finished = time.monotonic_ns()
     while out and time.monotonic() < hard_deadline:
         select.select([], [sock], [], 1.0)
-        try:
+        with contextlib.suppress(BlockingIOError):
             del out[: sock.send(out)]
-        except BlockingIOError:
-            pass
     drain_deadline = time.monotonic() + drain
     while ack and sent_at and time.monotonic() < drain_deadline:
         read_replies(0.05)
@@ -336,7 +344,10 @@ def publish(conn: RawConn, size: int, ack: bool, rate: float, duration: float, d
         "statuses": dict(statuses),
         "acks": len(acks),
         "ack_ms": {
-            "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": acks[-1] if acks else float("nan")
+            "p50": q(0.5),
+            "p90": q(0.9),
+            "p99": q(0.99),
+            "max": acks[-1] if acks else float("nan"),
         },
     }
 
@@ -347,15 +358,18 @@ def publish(conn: RawConn, size: int, ack: bool, rate: float, duration: float, d
 def receive(pipes: list[mpc.Connection], kind: str, timeout: float) -> list[tuple]:
     """One message of ``kind`` from every pipe, within ``timeout`` seconds overall."""
     deadline = time.monotonic() + timeout
+    index = {id(pipe): i for i, pipe in enumerate(pipes)}
     got: dict[int, tuple] = {}
     while len(got) < len(pipes):
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{len(pipes) - len(got)} load process(es) sent no {kind!r}")
-        for pipe in mpc.wait([p for i, p in enumerate(pipes) if i not in got], left):
-            i = pipes.index(pipe)  # type: ignore[arg-type]
+        waiting = [pipe for i, pipe in enumerate(pipes) if i not in got]
+        for pipe in mpc.wait(waiting, left):
+            assert isinstance(pipe, mpc.Connection)
+            i = index[id(pipe)]
             try:
-                msg = pipe.recv()  # type: ignore[union-attr]
+                msg = pipe.recv()
             except EOFError:
                 raise RuntimeError(f"load process {i} died before sending {kind!r}") from None
             if msg[0] != kind:
@@ -419,9 +433,9 @@ def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]
     if not pub_ready[1]:
         raise RuntimeError(f"publisher could not connect: {pub_ready[2]}")
 
-    pids = {"server": server.pid, "publisher": pub.pid}
-    pids.update({f"subscribers-{k}": p.pid for k, p in enumerate(procs[:-1])})  # type: ignore[misc]
-    meter = CpuMeter(pids)  # type: ignore[arg-type]
+    pids = {"server": server.pid, "publisher": pub.pid or 0}
+    pids.update({proc.name: proc.pid or 0 for proc in procs if proc is not pub})
+    meter = CpuMeter(pids)
     rss_before = rss_kib(server.pid)
     meter.start()
     pub_pipe.send(("go", args.rate, args.duration, args.drain))
@@ -439,14 +453,31 @@ def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]
     rss_after = rss_kib(server.pid)
     for proc in procs:
         proc.join(5)
-    return summarise(args, server, published, results, cpu, rss_before, rss_after,
-                     subscribed, dict(setup_failures), setup_seconds)
+    return summarise(
+        args,
+        server,
+        published,
+        results,
+        cpu,
+        rss_before,
+        rss_after,
+        subscribed,
+        dict(setup_failures),
+        setup_seconds,
+    )
 
 
 def summarise(
-    args: argparse.Namespace, server: ServerProcess, published: dict, results: list[dict],
-    cpu: dict[str, float], rss_before: int, rss_after: int, subscribed: int,
-    setup_failures: dict[str, int], setup_seconds: float,
+    args: argparse.Namespace,
+    server: ServerProcess,
+    published: dict,
+    results: list[dict],
+    cpu: dict[str, float],
+    rss_before: int,
+    rss_after: int,
+    subscribed: int,
+    setup_failures: dict[str, int],
+    setup_seconds: float,
 ) -> dict:
     hist = merge_hist([dense(r["hist"]) for r in results])
     received = sum(r["received"] for r in results)
@@ -498,23 +529,36 @@ def report(result: dict) -> None:
     cpu = result["cpu_percent"]
     print()
     print(f"settings             : {' '.join(result['settings']) or '(defaults)'}")
-    print(f"published            : {pub['sent']} in {pub['seconds']:.2f} s "
-          f"(schedule lateness mean {pub['late_mean_ms']:.2f} ms, max {pub['late_max_ms']:.2f} ms)")
-    print(f"deliveries           : {result['deliveries_received']} / "
-          f"{result['deliveries_expected']} expected "
-          f"({result['deliveries_per_second']:,.0f}/s); "
-          f"{result['subscribers_short']} subscribers short, {result['subscribers_extra']} over")
+    print(
+        f"published            : {pub['sent']} in {pub['seconds']:.2f} s "
+        f"(schedule lateness mean {pub['late_mean_ms']:.2f} ms, max {pub['late_max_ms']:.2f} ms)"
+    )
+    print(
+        f"deliveries           : {result['deliveries_received']} / "
+        f"{result['deliveries_expected']} expected "
+        f"({result['deliveries_per_second']:,.0f}/s); "
+        f"{result['subscribers_short']} subscribers short, {result['subscribers_extra']} over"
+    )
     print("latency ms           : " + ", ".join(f"{k} {v:.1f}" for k, v in lat.items()))
     if pub["acks"]:
         ack = pub["ack_ms"]
-        print(f"publish ack ms       : p50 {ack['p50']:.1f}, p90 {ack['p90']:.1f}, "
-              f"p99 {ack['p99']:.1f}, max {ack['max']:.1f} ({pub['acks']} acks)")
+        print(
+            f"publish ack ms       : p50 {ack['p50']:.1f}, p90 {ack['p90']:.1f}, "
+            f"p99 {ack['p99']:.1f}, max {ack['max']:.1f} ({pub['acks']} acks)"
+        )
     print(f"publish statuses     : {pub['statuses']}")
-    print(f"server CPU           : {cpu['server']:.0f} %  (RSS {result['server_rss_kib']['before']}"
-          f" -> {result['server_rss_kib']['after']} KiB)")
-    print(f"load generator CPU   : {result['load_generator_cpu_percent']:.0f} % "
-          + "(" + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()
-                            if k.startswith(("subscribers", "publisher"))) + ")")
+    print(
+        f"server CPU           : {cpu['server']:.0f} %  (RSS {result['server_rss_kib']['before']}"
+        f" -> {result['server_rss_kib']['after']} KiB)"
+    )
+    print(
+        f"load generator CPU   : {result['load_generator_cpu_percent']:.0f} % "
+        + "("
+        + ", ".join(
+            f"{k} {v:.0f}" for k, v in cpu.items() if k.startswith(("subscribers", "publisher"))
+        )
+        + ")"
+    )
     print(f"machine CPU          : {cpu['machine']:.0f} % of {100 * mp.cpu_count()} %")
     if result["closes"] or result["setup_failures"]:
         print(f"closes / failures    : {result['closes']} {result['setup_failures']}")
@@ -524,8 +568,10 @@ def report(result: dict) -> None:
         for line in server["examples"][:5]:
             print(f"    {line}")
     verdict = "PASS" if result["pass"] else "FAIL"
-    print(f"result               : {verdict} (all delivered: {result['all_delivered']}, "
-          f"p99 {lat['p99']:.1f} ms vs {TARGET_P99_MS:g} ms)")
+    print(
+        f"result               : {verdict} (all delivered: {result['all_delivered']}, "
+        f"p99 {lat['p99']:.1f} ms vs {TARGET_P99_MS:g} ms)"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -535,13 +581,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=100, help="content bytes (>= 24)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of publishing")
     parser.add_argument("--procs", type=int, default=2, help="subscriber processes")
-    parser.add_argument("--drain", type=float, default=5.0,
-                        help="seconds to wait for stragglers after the last publish")
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=5.0,
+        help="seconds to wait for stragglers after the last publish",
+    )
     parser.add_argument("--setup-timeout", type=float, default=60.0)
-    parser.add_argument("--no-ack", dest="ack", action="store_false",
-                        help="publish without closures (no PUBLISH_OK, no ack latency)")
-    parser.add_argument("--set", action="append", default=[], metavar="Key=Value",
-                        help="server setting, passed through to `migratory serve --set`")
+    parser.add_argument(
+        "--no-ack",
+        dest="ack",
+        action="store_false",
+        help="publish without closures (no PUBLISH_OK, no ack latency)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="Key=Value",
+        help="server setting, passed through to `migratory serve --set`",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = parser.parse_args(argv)
     if args.size < STAMP_END + 1:
@@ -560,8 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict | None = None
     try:
         server.start()
-        print(f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
-              flush=True)
+        print(
+            f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
+            flush=True,
+        )
         result = run(args, server, procs)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -484,11 +484,10 @@ def test_wsproto_server_accepts_our_request_and_we_accept_its_reply() -> None:
 
 
 def test_module_does_no_io() -> None:
-    tree = ast.parse(Path(http.__file__).read_text())
-    imported = {
-        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    }
-    imported |= {
-        (n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-    }
+    imported = set()
+    for node in ast.walk(ast.parse(Path(http.__file__).read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
     assert not imported & {"trio", "socket", "asyncio", "selectors", "ssl"}
