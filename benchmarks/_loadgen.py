@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
 import re
 import resource
@@ -37,7 +40,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 OPCODE_CLOSE = 0x8
-RECV_SIZE = 262144
+RECV_SIZE = 32768  # below malloc's mmap threshold: a 256 KiB recv buffer costs an mmap per call
 _READY_LINE = re.compile(r"^listening ws://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.MULTILINE)
 
 
@@ -81,22 +84,25 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def system_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+def system_jiffies() -> list[int]:
+    """The first line of /proc/stat: user nice system idle iowait irq softirq steal (jiffies)."""
     with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return total - idle, total
+        return [int(v) for v in f.readline().split()[1:9]]
 
 
 class CpuMeter:
-    """CPU % of named processes, and of the whole machine, between start() and stop()."""
+    """CPU % of named processes, and of the whole machine, between start() and stop().
+
+    Process figures are utime + stime from /proc/PID/stat. The machine figures
+    come from /proc/stat; ``softirq`` is where the kernel accounts most of the
+    loopback TCP work (it is charged to no process), ``other`` is what remains
+    for processes not named here (e.g. other jobs on a shared box).
+    """
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self._start: dict[str, float] = {}
-        self._sys: tuple[int, int] = (0, 0)
+        self._sys: list[int] = []
         self._t0 = 0.0
         self.result: dict[str, float] = {}
 
@@ -105,17 +111,29 @@ class CpuMeter:
         self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self._sys = system_jiffies()
 
+    def add(self, name: str, pid: int, *, since_birth: bool = False) -> None:
+        """Measure one more process from now on (or all its CPU, if it started after start())."""
+        self.pids[name] = pid
+        self._start[name] = 0.0 if since_birth else cpu_seconds(pid)
+
     def stop(self) -> dict[str, float]:
         wall = max(time.monotonic() - self._t0, 1e-9)
-        busy, total = system_jiffies()
-        self.result = {
+        now = system_jiffies()
+        result = {
             name: 100.0 * (cpu_seconds(pid) - self._start[name]) / wall
             for name, pid in self.pids.items()
         }
-        ncpu = os.cpu_count() or 1
-        self.result["machine"] = 100.0 * ncpu * (busy - self._sys[0]) / max(total - self._sys[1], 1)
-        self.result["wall_seconds"] = wall
-        return self.result
+        delta = [b - a for a, b in zip(self._sys, now, strict=True)]
+        scale = 100.0 * (os.cpu_count() or 1) / max(sum(delta), 1)
+        idle = delta[3] + delta[4]
+        result["machine"] = scale * (sum(delta) - idle)
+        result["softirq"] = scale * (delta[5] + delta[6])
+        result["other"] = max(
+            0.0, result["machine"] - result["softirq"] - sum(result[n] for n in self.pids)
+        )
+        result["wall_seconds"] = wall
+        self.result = result
+        return result
 
 
 def machine_description() -> dict[str, str]:
@@ -258,6 +276,27 @@ class ServerProcess:
         }
 
 
+def server_stats(host: str, port: int, timeout: float = 5.0) -> dict | None:
+    """The server's ``GET /stats`` counters, or None if it does not answer with JSON."""
+    request = f"GET /stats HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    chunks = []
+    try:
+        with socket.create_connection((host, port), timeout) as sock:
+            sock.sendall(request.encode("ascii"))
+            for _ in range(256):  # at most 16 MiB
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            return None
+        stats = json.loads(body)
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
 # --- raw WebSocket clients ----------------------------------------------------------------
 
 
@@ -308,6 +347,7 @@ class RawConn:
     closed: str = ""  # why it ended ("" while open)
     setup_ns: int = 0  # monotonic_ns when the connection attempt started
     ready_ns: int = 0  # monotonic_ns when it saw the ready marker
+    last: bytes = b""  # the last chunk received (to tell how the connection ended)
 
 
 @dataclass
@@ -500,3 +540,51 @@ def dense(pairs: dict[int, int]) -> list[int]:
     for i, n in pairs.items():
         hist[i] += n
     return hist
+
+
+# --- load processes ---------------------------------------------------------------------------
+
+
+def receive(pipes: list[mpc.Connection], kind: str, timeout: float) -> list[tuple]:
+    """One message of ``kind`` from every pipe, within ``timeout`` seconds overall."""
+    deadline = time.monotonic() + timeout
+    index = {id(pipe): i for i, pipe in enumerate(pipes)}
+    got: dict[int, tuple] = {}
+    while len(got) < len(pipes):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(pipes) - len(got)} load process(es) sent no {kind!r}")
+        waiting = [pipe for i, pipe in enumerate(pipes) if i not in got]
+        for pipe in mpc.wait(waiting, left):
+            assert isinstance(pipe, mpc.Connection)
+            i = index[id(pipe)]
+            try:
+                msg = pipe.recv()
+            except EOFError:
+                raise RuntimeError(f"load process {i} died before sending {kind!r}") from None
+            if msg[0] != kind:
+                raise RuntimeError(f"load process {i} sent {msg[0]!r}, expected {kind!r}")
+            got[i] = msg
+    return [got[i] for i in range(len(pipes))]
+
+
+def split(total: int, parts: int) -> list[tuple[int, int]]:
+    """(first index, count) of ``parts`` nearly equal shares of ``total``."""
+    out = []
+    first = 0
+    for k in range(parts):
+        count = total // parts + (1 if k < total % parts else 0)
+        out.append((first, count))
+        first += count
+    return out
+
+
+def stop_processes(procs: list[mp.process.BaseProcess]) -> None:
+    """Terminate, then kill, the load processes still alive (by their own PIDs)."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(3)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(3)

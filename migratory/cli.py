@@ -47,10 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="override one config key (repeatable); see docs/config.md",
     )
     serve.set_defaults(func=_serve)
-    try:  # TEMPORARY until cli_client lands
-        from migratory.cli_client import add_client_commands
-    except ModuleNotFoundError:
-        return parser
+    from migratory.cli_client import add_client_commands
+
     add_client_commands(commands)
     return parser
 

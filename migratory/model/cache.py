@@ -102,10 +102,10 @@ class SubjectCache:
 
     def expire(self, now: float) -> int:
         """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
-        oldest_kept = now - self._expire_seconds
+        expire_seconds = self._expire_seconds
         entries = self._entries
         dropped = 0
-        while entries and entries[0][0] < oldest_kept:
+        while entries and now - entries[0][0] > expire_seconds:
             entries.popleft()
             dropped += 1
         return dropped

@@ -65,6 +65,12 @@ class Outbox:
             self._pending_bytes = pending
         return pending >= self._batch_space
 
+    def enqueue_unbounded(self, frame: bytes) -> None:
+        """Queue ``frame`` even past ``max_pending`` (a close frame, an HTTP response)."""
+        if frame:
+            self._frames.append(frame)
+            self._pending_bytes += len(frame)
+
     def take(self) -> bytes:
         """All pending frames as one bytes object (the frame itself if only one), emptied."""
         frames = self._frames
@@ -84,3 +90,19 @@ class Outbox:
         if rest:
             self._frames.appendleft(rest)
             self._pending_bytes += len(rest)
+
+    def discard(self, *, keep_first: bool = False) -> int:
+        """Drop pending frames (all, or all but the first); return the bytes dropped.
+
+        ``keep_first`` keeps a partially written frame so that what follows it on the
+        wire (a close frame) still lines up with frame boundaries.
+        """
+        frames = self._frames
+        first = frames.popleft() if keep_first and frames else None
+        dropped = self._pending_bytes - (len(first) if first is not None else 0)
+        frames.clear()
+        self._pending_bytes = 0
+        if first is not None:
+            frames.append(first)
+            self._pending_bytes = len(first)
+        return dropped

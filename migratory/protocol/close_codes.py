@@ -69,7 +69,7 @@ BY_CODE: dict[int, CloseCode] = {c.code: c for c in ALL}
 
 def should_reconnect(code: int | None) -> bool:
     """Whether a client should reconnect after the server closed with ``code``."""
-    if code is None:
+    if code is None or code == 1005:  # 1005: a close frame without a code
         return True
     known = BY_CODE.get(code)
     if known is not None:

@@ -244,22 +244,22 @@ def _parse_header_line(line: bytes) -> tuple[str, str]:
 
 
 def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
-    if target.startswith("/"):
-        raw_path, _, raw_query = target.partition("?")
-    elif target == "*" and method == "OPTIONS":
+    if target == "*" and method == "OPTIONS":
         return "*", {}
-    elif "://" in target:  # absolute-form
-        parts = urlsplit(target)
-        raw_path, raw_query = parts.path or "/", parts.query
-    else:
-        raise HttpError(400, "malformed request target")
     try:
+        if target.startswith("/"):
+            raw_path, _, raw_query = target.partition("?")
+        elif "://" in target:  # absolute-form
+            parts = urlsplit(target)
+            raw_path, raw_query = parts.path or "/", parts.query
+        else:
+            raise HttpError(400, "malformed request target")
         path = unquote(raw_path, errors="strict")
         query: dict[str, str] = {}
         for key, value in parse_qsl(raw_query, keep_blank_values=True, errors="strict"):
             query.setdefault(key, value)
-    except (UnicodeDecodeError, ValueError):
-        raise HttpError(400, "request target is not valid percent-encoded UTF-8") from None
+    except ValueError:  # also UnicodeDecodeError, and urlsplit's bad IPv6 literal
+        raise HttpError(400, "request target is not a valid percent-encoded UTF-8 URL") from None
     return path, query
 
 
@@ -272,7 +272,7 @@ def _check_framing(request: Request) -> None:
         raise HttpError(400, "both Content-Length and Transfer-Encoding")
     if len(lengths) > 1 or any(not value.isdigit() or not value.isascii() for value in lengths):
         raise HttpError(400, "invalid Content-Length")
-    if chunked or (lengths and int(lengths.pop()) > 0):
+    if chunked or (lengths and lengths.pop().strip("0")):
         if request.method != "GET":
             raise HttpError(405, "only GET is supported", headers=[("Allow", "GET")])
         raise HttpError(413, "requests with a body are not accepted")

@@ -367,7 +367,9 @@ def decode_server_op(payload: bytes) -> ServerOp:
     """Decode one server frame payload (used by SDKs and tests)."""
     body = _load_map(payload)
     name = body.get("op")
-    r = _Reader(body, str(name))
+    if not isinstance(name, str):
+        raise _bad("missing text key 'op'")
+    r = _Reader(body, name)
     if name == "message":
         return Deliver((_decode_message(body),))
     if name == "batch":
@@ -406,16 +408,18 @@ def _decode_message(item: Any) -> Message:
         raise _bad("message: expected a map")
     r = _Reader(item, "message")
     type_name = r.text("type", "update")
+    qos_name = r.text("qos", "standard")
     try:
         message_type = MessageType(type_name)
+        qos = Qos(qos_name)
     except ValueError:
-        raise _bad(f"message: unknown type {type_name!r}") from None
+        raise _bad(f"message: unknown type {type_name!r} or qos {qos_name!r}") from None
     return Message(
         subject=r.text("subject", _REQUIRED),
         content=r.bytes_("content"),
         fields=r.fields("fields"),
         retained=r.boolean("retained", False),
-        qos=Qos(r.text("qos", "standard")),
+        qos=qos,
         epoch=r.integer("epoch", 0),
         seq=r.integer("seq", 0),
         type=message_type,

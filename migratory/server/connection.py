@@ -3,7 +3,10 @@
 Writes go straight to the non-blocking socket (``sock.send``) from whoever
 triggers them — the batch tick, a full batch, the session's own replies —
 and only when the kernel buffer is full does a drain task wait for
-writability. Reads wait for readability and feed the session.
+writability. One reader task per socket waits for readability and feeds the
+session; when the session wants to close, the reader stops reading, lets the
+queued bytes (the close frame) drain, half-closes, waits briefly for the
+peer, and closes.
 """
 
 from __future__ import annotations
@@ -23,18 +26,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
-CLOSE_LINGER_SECONDS = 2.0
+CLOSE_LINGER_SECONDS = 5.0
 
 
 class Connection:
-    __slots__ = ("_closed", "_draining", "server", "session", "sock")
+    __slots__ = ("_closed", "_read_scope", "server", "session", "sock", "writing")
 
     def __init__(self, server: Server, sock: socket.socket, peer: str) -> None:
         self.server = server
         self.sock = sock
         self.session = Session(server.ctx, self, peer)
-        self._draining = False
+        self.writing = False  # a partial write is pending; a drain task owns the socket
         self._closed = False
+        self._read_scope: trio.CancelScope | None = None
 
     # --- Link (called by the session) -------------------------------------------
 
@@ -48,71 +52,86 @@ class Connection:
 
     def flush(self) -> None:
         """Write the pending batch with one ``send``; leave the rest to a drain task."""
-        session = self.session
         if self._closed:
             return
+        session = self.session
         if session.aborted:
             self._abort()
             return
-        if self._draining or not session.outbox:
-            return
-        batch = session.outbox.take()
+        if not self.writing and session.outbox and not self._write():
+            self.writing = True
+            self.server.nursery.start_soon(self._drain)
+        if session.closing and self._read_scope is not None:
+            self._read_scope.cancel()  # the reader task finishes the close
+
+    def _write(self) -> bool:
+        """One ``send`` of everything pending; True when all of it went out."""
+        outbox = self.session.outbox
+        batch = outbox.take()
         try:
             sent = self.sock.send(batch)
         except BlockingIOError:
             sent = 0
         except OSError:
             self._abort()
-            return
+            return True
         stats = self.server.ctx.stats
         stats.writes += 1
         stats.bytes_written += sent
         if sent < len(batch):
-            session.outbox.requeue_unsent(batch[sent:])
-            self._draining = True
-            self.server.nursery.start_soon(self._drain)
+            outbox.requeue_unsent(batch[sent:])
+            return False
+        return True
 
     async def _drain(self) -> None:
+        """Wait for writability until the outbox is empty (the kernel buffer was full)."""
         try:
-            while self.session.outbox and not self._closed and not self.session.aborted:
+            while not self._closed:
                 await trio.lowlevel.wait_writable(self.sock)
-                self._draining = False
-                self.flush()
-                if self._draining:  # flush started another drain task
-                    return
+                if self._closed or not self.session.outbox or self._write():
+                    break
         except (trio.ClosedResourceError, OSError):
             self._abort()
         finally:
-            self._draining = False
+            self.writing = False
 
     # --- reading ------------------------------------------------------------------
 
     async def run(self) -> None:
         """Serve the connection until it closes; never raises on client errors."""
-        server = self.server
         session = self.session
         try:
-            with trio.move_on_after(server.ctx.config.handshake_timeout):
+            with trio.CancelScope() as self._read_scope:
+                await self._read_until_closing()
+            self._read_scope = None
+            if session.closing and not session.aborted:
+                await self._finish()
+        except (trio.ClosedResourceError, OSError):
+            pass
+        except Exception:
+            log.exception("%s: internal error", session.describe())
+        finally:
+            session.connection_lost()
+            self._abort()
+
+    async def _read_until_closing(self) -> None:
+        session = self.session
+        try:
+            with trio.move_on_after(self.server.ctx.config.handshake_timeout):
                 while not session.connected:
                     if not await self._read_once():
                         return
             if not session.connected:
                 if session.is_websocket:
                     session.close(close_codes.CONNECT_TIMEOUT.code, "no connect in time")
-                    self.flush()
-                    await self._close_gracefully()
                 return
             while await self._read_once():
                 pass
-        except (trio.ClosedResourceError, OSError):
-            pass
+        except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
+            raise
         except Exception:
             log.exception("%s: internal error", session.describe())
             session.close(close_codes.INTERNAL_ERROR.code, "internal error")
-            self.flush()
-        finally:
-            session.connection_lost()
-            self._abort()
 
     async def _read_once(self) -> bool:
         """Read and process one chunk; False once the connection is over."""
@@ -128,28 +147,21 @@ class Connection:
         self.flush()
         if self.server.write_immediately:
             self.server.flush_dirty()
-        if session.aborted:
-            return False
-        if session.closing:
-            await self._close_gracefully()
-            return False
-        return True
+        return not (session.aborted or session.closing)
 
-    async def _close_gracefully(self) -> None:
-        """Write what is queued (the close frame), half-close, wait briefly for the peer."""
+    async def _finish(self) -> None:
+        """Let queued bytes (the close frame) drain, half-close, wait briefly for the peer."""
         with trio.move_on_after(CLOSE_LINGER_SECONDS):
-            while self.session.outbox and not self._closed and not self.session.aborted:
+            self.flush()
+            while (self.writing or self.session.outbox) and not self._closed:
                 await trio.sleep(0.01)
-            if self._closed or self.session.aborted:
+            if self._closed:
                 return
-            try:
-                self.sock.shutdown(socket.SHUT_WR)
-                while True:
-                    await trio.lowlevel.wait_readable(self.sock)
-                    if not self.sock.recv(RECV_SIZE):
-                        break
-            except OSError:
-                pass
+            self.sock.shutdown(socket.SHUT_WR)
+            while True:
+                await trio.lowlevel.wait_readable(self.sock)
+                if not self.sock.recv(RECV_SIZE):
+                    return
 
     def _abort(self) -> None:
         if self._closed:

@@ -31,6 +31,8 @@ log = logging.getLogger("migratory.session")
 class Link(Protocol):
     """What a session asks of its transport."""
 
+    writing: bool  # a partially written batch heads the outbox
+
     def mark_dirty(self) -> None: ...
 
     def flush_now(self) -> None: ...
@@ -78,7 +80,7 @@ class Session:
     # --- fan-out (hot path) ---------------------------------------------------
 
     def deliver(self, frame: bytes) -> None:
-        if self.aborted:
+        if self.closing or self.aborted:
             return
         try:
             full = self.outbox.enqueue(frame)
@@ -91,13 +93,16 @@ class Session:
             self._link.mark_dirty()
 
     def _slow_consumer(self, exc: SlowConsumer) -> None:
-        if self.aborted:
+        """Drop what is queued, try to say 4500, and let the transport close."""
+        if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
         log.warning("%s: slow consumer cut off (%s)", self.describe(), exc)
-        self.close_code = close_codes.SLOW_CONSUMER.code
-        self.aborted = True
         self.connection_lost()
+        self.outbox.discard(keep_first=self._link.writing)
+        self.close_code = close_codes.SLOW_CONSUMER.code
+        self._send_unbounded(ws.encode_close(self.close_code, "slow consumer"))
+        self.closing = True
         self._link.flush_now()
 
     # --- input ----------------------------------------------------------------
@@ -264,6 +269,8 @@ class Session:
         self._send(ws.encode_binary(ops.encode_server_op(op)))
 
     def _send(self, frame: bytes) -> None:
+        if self.closing or self.aborted:
+            return
         try:
             self.outbox.enqueue(frame)
         except SlowConsumer as exc:
@@ -282,10 +289,8 @@ class Session:
         self.closing = True
 
     def _send_unbounded(self, frame: bytes) -> None:
-        try:
-            self.outbox.enqueue(frame)
-        except SlowConsumer:
-            self.aborted = True
+        """Queue a frame the session must send whatever the outbox limit (replies, closes)."""
+        self.outbox.enqueue_unbounded(frame)
 
     def connection_lost(self) -> None:
         """Forget every subscription (idempotent)."""

@@ -102,3 +102,17 @@ def test_everything_taken_equals_everything_enqueued(ops: list[tuple[str, object
         assert outbox.pending_bytes == len(enqueued) - len(written)
     written += outbox.take()
     assert bytes(written) == bytes(enqueued)
+
+
+def test_discard_all_or_all_but_the_partially_written_first() -> None:
+    outbox = Outbox(batch_space=100, max_pending=1000)
+    outbox.enqueue(b"aaaa")
+    batch = outbox.take()
+    outbox.requeue_unsent(batch[1:])  # "aaa" left of a partial write
+    outbox.enqueue(b"bb")
+    outbox.enqueue(b"cc")
+    assert outbox.discard(keep_first=True) == 4
+    assert (outbox.pending_bytes, outbox.take()) == (3, b"aaa")
+    outbox.enqueue(b"dd")
+    assert outbox.discard() == 2
+    assert not outbox and outbox.pending_bytes == 0

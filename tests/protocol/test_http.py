@@ -256,6 +256,7 @@ REQUEST_ERRORS = {
     "relative target": (b"GET a/b HTTP/1.1\r\nHost: a\r\n\r\n", 400),
     "non-ASCII target": ("GET /é HTTP/1.1\r\nHost: a\r\n\r\n".encode(), 400),
     "bad percent-encoding": (get(target="/?s=%ff"), 400),
+    "bad absolute URL": (get(target="http://[::1/"), 400),
     "header without colon": (get("Nonsense"), 400),
     "space before colon": (get("X-A : b"), 400),
     "obs-fold": (get("X-A: b", " folded"), 400),
@@ -267,6 +268,7 @@ REQUEST_ERRORS = {
     "chunked body": (get("Transfer-Encoding: chunked"), 413),
     "POST with body": (get("Content-Length: 5", method="POST"), 405),
     "bad Content-Length": (get("Content-Length: five"), 400),
+    "huge Content-Length": (get("Content-Length: " + "9" * 5000), 413),
     "signed Content-Length": (get("Content-Length: +0"), 400),
     "conflicting Content-Length": (get("Content-Length: 0", "Content-Length: 1"), 400),
     "Content-Length and chunked": (get("Content-Length: 0", "Transfer-Encoding: chunked"), 400),
@@ -288,6 +290,7 @@ def test_request_errors(feed: Feed, name: str) -> None:
 
 def test_empty_body_is_fine() -> None:
     assert parse(get("Content-Length: 0", "Content-Length: 0")).method == "GET"
+    assert parse(get("Content-Length: 000")).method == "GET"
 
 
 @pytest.mark.parametrize("feed", [feed_whole, feed_bytewise], ids=["whole", "bytewise"])

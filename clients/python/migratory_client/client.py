@@ -9,6 +9,7 @@ exception when a server closes with a terminal code.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import secrets
@@ -20,7 +21,8 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from migratory.model.message import Message, Qos
 from migratory.model.subject import validate_subject
-from migratory.protocol.ops import Connect, Publish, Subscribe, Unsubscribe
+from migratory.protocol import close_codes
+from migratory.protocol.ops import Connect, OperationError, Publish, Subscribe, Unsubscribe
 from migratory_client.backoff import Backoff, ReconnectPolicy
 from migratory_client.errors import (
     ClientClosedError,
@@ -82,6 +84,9 @@ class Client:
         self._live: Session | None = None
         self._live_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        # Shielded so that an outer cancellation still lets aclose() say goodbye
+        # (its closing handshake needs the session's reader); aclose() cancels it.
+        self._run_scope = trio.CancelScope(shield=True)
         self._error: MigratoryError | None = None
         self._closed = False
 
@@ -151,21 +156,16 @@ class Client:
     async def _send_subscribe(self, session: Session, subjects: tuple[str, ...]) -> None:
         requests = self._router.requests_for(session.id, subjects)
         if requests and session.is_open:
-            try:
+            with contextlib.suppress(ConnectionClosed):  # else the next session does it
                 await session.send(Subscribe(tuple(requests)))
-            except ConnectionClosed:
-                pass  # the next session subscribes them
 
     async def _unsubscribe(self, subscription: Subscription) -> None:
         self._router.remove(subscription.subjects)
         live = self._live
         if live is None or not live.is_open:
             return
-        with trio.move_on_after(self._policy.connect_timeout):
-            try:
-                await live.send(Unsubscribe(subscription.subjects))
-            except ConnectionClosed:
-                pass  # the next session does not subscribe them
+        with contextlib.suppress(ConnectionClosed):  # then the next session leaves it out
+            await live.send(Unsubscribe(subscription.subjects))
 
     # --- publish --------------------------------------------------------------
 
@@ -230,6 +230,10 @@ class Client:
 
     async def _run(self) -> None:
         """Keep a session open until the client is closed or ends with an error."""
+        with self._run_scope:
+            await self._keep_session_open()
+
+    async def _keep_session_open(self) -> None:
         failed: ServerEntry | None = None
         while True:
             server = choose_server(self._servers, self._rng, avoid=failed)
@@ -237,7 +241,9 @@ class Client:
             if self._closed:
                 return
             self._notifications.put(
-                Notification(NotificationStatus.SERVER_DOWN, reason=end.reason, server=server.url)
+                Notification(
+                    NotificationStatus.SERVER_DOWN, reason=end.describe(), server=server.url
+                )
             )
             if end.terminal:
                 self._end(ConnectionClosedError(end.code, end.reason, server.url))
@@ -245,7 +251,7 @@ class Client:
             failed = server
             delay = self._backoff.next_delay()
             if self._backoff.exhausted():
-                self._end(ServerUnavailableError(self._backoff.failures, end.reason))
+                self._end(ServerUnavailableError(self._backoff.failures, end.describe()))
                 return
             await trio.sleep(delay)
 
@@ -260,10 +266,12 @@ class Client:
                 connect_timeout=self._policy.connect_timeout,
                 disconnect_timeout=1.0,
             ) as ws:
-                end = await self._session(Session(ws, server.url, next(self._session_ids), self._router))
+                session_id = next(self._session_ids)
+                session = Session(ws, server.url, session_id, self._router, self._keepalive)
+                end = await self._session(session)
         except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
             if end is None:
-                end = SessionEnd.by_client(f"cannot connect: {exc!r}")
+                end = SessionEnd.by_client(f"cannot connect: {exc.__cause__ or exc!r}")
         return end if end is not None else SessionEnd.by_client("session ended")
 
     async def _session(self, session: Session) -> SessionEnd:
@@ -271,19 +279,20 @@ class Client:
             await session.handshake(self._connect_op, self._policy.connect_timeout)
         except ConnectionClosed as exc:
             return SessionEnd.closed(exc)
-        except (HandshakeFailed, MigratoryError, ValueError) as exc:
-            await session.close(1002, "no connected")
-            return SessionEnd.by_client(str(exc))
+        except (HandshakeFailed, OperationError) as exc:
+            await session.close(close_codes.PROTOCOL_ERROR.code, "expected 'connected'")
+            return SessionEnd.by_client(f"handshake failed: {exc}")
         self._backoff.reset()
         requests = self._router.requests_for(session.id)
         self._set_live(session)
         self._notifications.put(Notification(NotificationStatus.SERVER_UP, server=session.server))
         end = SessionEnd.by_client("session ended")
         try:
-            end = await session.serve(self._keepalive, Subscribe(tuple(requests)) if requests else None)
+            initial = Subscribe(tuple(requests)) if requests else None
+            end = await session.serve(initial)
         finally:
             self._set_live(None)
-            self._router.session_lost(f"connection to {session.server} lost: {end.reason}")
+            self._router.session_lost(f"connection to {session.server} lost: {end.describe()}")
         return end
 
     def _end(self, error: MigratoryError | None) -> None:
@@ -302,8 +311,7 @@ class Client:
             with trio.CancelScope(shield=True):
                 await live.close(1000, "client closed")
         self._end(None)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        self._run_scope.cancel()
 
 
 def _message(

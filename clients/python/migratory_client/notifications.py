@@ -8,6 +8,7 @@ oldest notification is discarded and counted in ``dropped``.
 from __future__ import annotations
 
 from collections import deque
+
 import trio
 
 from migratory_client.errors import MigratoryError

@@ -57,9 +57,9 @@ class Router:
             if outlet is not None:
                 outlet.close()
 
-    def requests_for(self, session_id: int, subjects: Iterable[str] | None = None) -> list[
-        SubscriptionRequest
-    ]:
+    def requests_for(
+        self, session_id: int, subjects: Iterable[str] | None = None
+    ) -> list[SubscriptionRequest]:
         """Subscriptions not yet sent on session ``session_id``; marks them as sent."""
         chosen = self.trackers.values() if subjects is None else self._known(subjects)
         requests = []
@@ -106,7 +106,9 @@ class Router:
             return
         tracker.on_status(op.status, op.position)
         self.notifications.put(
-            Notification(NotificationStatus.of(op.status), op.subject, op.position, op.reason, server)
+            Notification(
+                NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
+            )
         )
 
     def on_publish_status(self, op: PublishStatus, server: str) -> None:

@@ -51,26 +51,31 @@ class Keepalive:
 
 @dataclass(frozen=True, slots=True)
 class SessionEnd:
-    """Why a session ended. ``terminal``: the server closed with a code that forbids retrying."""
+    """Why a session ended: a close by the server (``code``, its ``reason``), or a loss the
+    client saw or decided (``code`` 1006). ``terminal``: the code forbids retrying."""
 
     code: int
-    reason: str
+    reason: str | None
     terminal: bool = False
+    by_server: bool = False
 
     @classmethod
     def closed(cls, exc: ConnectionClosed) -> SessionEnd:
         code = exc.reason.code if exc.reason is not None else close_codes.ABNORMAL.code
-        reason = (exc.reason.reason if exc.reason is not None else None) or _code_name(code)
-        return cls(code, reason, terminal=not close_codes.should_reconnect(code))
+        reason = exc.reason.reason if exc.reason is not None else None
+        terminal = not close_codes.should_reconnect(code)
+        return cls(code, reason, terminal, by_server=code != close_codes.ABNORMAL.code)
 
     @classmethod
     def by_client(cls, reason: str) -> SessionEnd:
         return cls(close_codes.ABNORMAL.code, reason)
 
-
-def _code_name(code: int) -> str:
-    known = close_codes.BY_CODE.get(code)
-    return known.name if known else f"close code {code}"
+    def describe(self) -> str:
+        if not self.by_server:
+            return self.reason or close_codes.ABNORMAL.meaning
+        known = close_codes.BY_CODE.get(self.code)
+        name = f" {known.name}" if known else ""
+        return f"closed with {self.code}{name}" + (f": {self.reason}" if self.reason else "")
 
 
 class HandshakeFailed(Exception):
@@ -79,9 +84,15 @@ class HandshakeFailed(Exception):
 
 class Session:
     def __init__(
-        self, ws: WebSocketConnection, server: str, session_id: int, router: Router
+        self,
+        ws: WebSocketConnection,
+        server: str,
+        session_id: int,
+        router: Router,
+        keepalive: Keepalive,
     ) -> None:
         self.ws = ws
+        self._keepalive = keepalive
         self.server = server
         self.id = session_id
         self.server_name = ""
@@ -97,11 +108,25 @@ class Session:
         return self.ws.closed is None and self._end is None
 
     async def send(self, op: ClientOp) -> None:
-        """Send one operation; raises trio_websocket.ConnectionClosed if the connection is gone."""
-        await self.ws.send_message(encode_client_op(op))
+        """Send one operation; raises trio_websocket.ConnectionClosed if the connection is gone.
+
+        The write is shielded from the caller's cancellation, because a half-written frame
+        would corrupt the connection; a write that cannot finish within the keepalive
+        timeout (the server does not read) ends the session instead.
+        """
+        payload = encode_client_op(op)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self._keepalive.timeout):
+                await self.ws.send_message(payload)
+                return
+            reason = f"could not send for {self._keepalive.timeout} s"
+            if self._end is None:
+                self._end = SessionEnd.by_client(reason)
+            await self._close_unresponsive(reason)
+        raise ConnectionClosed(self.ws.closed)
 
     async def handshake(self, connect: Connect, timeout: float) -> Connected:
-        """Send ``connect`` and wait for ``connected``; raises HandshakeFailed or ConnectionClosed."""
+        """Send ``connect``, wait for ``connected``; raises HandshakeFailed, ConnectionClosed."""
         await self.send(connect)
         with trio.move_on_after(timeout):
             payload = await self.ws.get_message()
@@ -112,17 +137,23 @@ class Session:
             return op
         raise HandshakeFailed(f"no 'connected' within {timeout} s")
 
-    async def serve(self, keepalive: Keepalive, initial: Subscribe | None) -> SessionEnd:
+    async def serve(self, initial: Subscribe | None) -> SessionEnd:
         """Run until the connection is lost; returns why."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read, initial, nursery.cancel_scope)
-            nursery.start_soon(self._keep_alive, keepalive, nursery.cancel_scope)
+            nursery.start_soon(self._keep_alive, nursery.cancel_scope)
         assert self._end is not None
         return self._end
 
-    async def close(self, code: int, reason: str) -> None:
-        with trio.move_on_after(CLOSE_TIMEOUT):
+    async def close(self, code: int, reason: str, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close with ``code``; give up on the closing handshake after ``timeout`` s."""
+        with trio.move_on_after(timeout):
             await self.ws.aclose(code, reason)
+
+    async def _close_unresponsive(self, reason: str) -> None:
+        # The server is not answering: waiting long for its closing handshake is pointless.
+        timeout = min(CLOSE_TIMEOUT, self._keepalive.timeout)
+        await self.close(close_codes.GOING_AWAY.code, reason, timeout)
 
     def _finish(self, end: SessionEnd, scope: trio.CancelScope) -> None:
         if self._end is None:
@@ -163,7 +194,8 @@ class Session:
         self._pong_id = max(self._pong_id, self._ping_id if ping_id is None else ping_id)
         self._pong.set()
 
-    async def _keep_alive(self, keepalive: Keepalive, scope: trio.CancelScope) -> None:
+    async def _keep_alive(self, scope: trio.CancelScope) -> None:
+        keepalive = self._keepalive
         try:
             while True:
                 await trio.sleep(keepalive.interval)
@@ -171,7 +203,7 @@ class Session:
                     reason = f"no pong within {keepalive.timeout} s"
                     self._finish(SessionEnd.by_client(reason), scope)
                     with trio.CancelScope(shield=True):
-                        await self.close(close_codes.GOING_AWAY.code, reason)
+                        await self._close_unresponsive(reason)
                     return
         except ConnectionClosed as exc:
             self._finish(SessionEnd.closed(exc), scope)

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Idle-connection benchmark: how much server memory one open WebSocket session costs.
+
+Default load: 10,000 concurrent WebSocket connections to one server process;
+each does the HTTP handshake, sends a native ``connect`` and waits for
+``connected``, then stays idle. Target: server RSS growth <= 16 KiB per
+connection, and every connection still open after the hold.
+
+    .venv/bin/python benchmarks/idle_connections.py [--connections 10000] [--json out.json]
+
+Steps: start the server, let it settle, read its VmRSS (/proc/PID/status);
+open the connections from ``--procs`` load processes (raw non-blocking
+sockets and epoll, at most ``--window`` handshakes in flight per process);
+read VmRSS; hold ``--hold`` seconds watching every socket for a close; read
+VmRSS again (the figure the target is checked against); then send one native
+``ping`` on every connection and count the ``pong`` answers, which proves the
+server still serves each session; close everything and stop the server by PID
+(SIGINT, then SIGKILL), also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import select
+import signal
+import sys
+import time
+from collections import Counter
+
+import cbor2
+from _loadgen import (
+    OPCODE_CLOSE,
+    RECV_SIZE,
+    CpuMeter,
+    RawConn,
+    ServerProcess,
+    close_all,
+    close_code,
+    machine_description,
+    masked,
+    open_connections,
+    raise_nofile,
+    receive,
+    rss_kib,
+    server_stats,
+    split,
+    stop_processes,
+    walk_frames,
+)
+
+TARGET_KIB_PER_CONNECTION = 16.0
+SETTLE_SECONDS = 1.0
+
+
+# --- load processes -----------------------------------------------------------------------
+
+
+def holder_main(
+    ctrl: mpc.Connection,
+    host: str,
+    port: int,
+    first: int,
+    count: int,
+    window: int,
+    setup_timeout: float,
+    lifetime: float,
+) -> None:
+    """Open ``count`` sessions, then obey the parent: hold, ping, close."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    raise_nofile()
+    hard_deadline = time.monotonic() + lifetime
+
+    def frames_for(index: int) -> bytes:
+        return masked(cbor2.dumps({"op": "connect", "version": 1, "client": f"bench-{index}"}))
+
+    setup = open_connections(
+        host,
+        port,
+        range(first, first + count),
+        frames_for,
+        ready_marker=b"connected",
+        timeout=setup_timeout,
+        window=window,
+    )
+    conns = setup.ready
+    ctrl.send(("ready", len(conns), dict(setup.failures), setup.seconds, setup.connect_ms_max))
+    try:
+        while time.monotonic() < hard_deadline:
+            if not ctrl.poll(min(60.0, max(hard_deadline - time.monotonic(), 0.0))):
+                continue
+            command = ctrl.recv()
+            if command[0] == "hold":
+                ctrl.send(("held", watch(conns, command[1], None)))
+            elif command[0] == "ping":
+                ping = masked(cbor2.dumps({"op": "ping", "id": 1}))
+                ctrl.send(("pinged", watch(conns, command[1], ping)))
+            else:
+                break
+    finally:
+        close_all(conns)
+
+
+def watch(conns: list[RawConn], seconds: float, ping: bytes | None) -> dict:
+    """Watch the open connections for ``seconds``; with ``ping``, send it and count pongs.
+
+    Returns how many are still open, how they ended, and what frames arrived.
+    With ``ping`` the watch ends early once every open connection answered.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + seconds
+    ep = select.epoll()
+    by_fd: dict[int, RawConn] = {}
+    frames: Counter[str] = Counter()
+    closes: Counter[str] = Counter()
+    answered: set[int] = set()
+    send_errors = 0
+    for conn in conns:
+        if conn.closed:
+            continue
+        fd = conn.sock.fileno()
+        by_fd[fd] = conn
+        ep.register(fd, select.EPOLLIN)
+        if ping is not None:
+            try:
+                conn.sock.send(ping)
+            except OSError:
+                send_errors += 1
+    try:
+        while time.monotonic() < deadline:
+            if ping is not None and len(answered) >= len(by_fd):
+                break
+            for fd, _ev in ep.poll(min(0.2, max(deadline - time.monotonic(), 0.0))):
+                conn = by_fd.get(fd)
+                if conn is None:
+                    continue
+                try:
+                    data = conn.sock.recv(RECV_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    data = b""
+                    conn.closed = f"recv error: {exc.strerror}"
+                if not data:
+                    conn.closed = conn.closed or "closed without close frame"
+                    closes[conn.closed] += 1
+                    ep.unregister(fd)
+                    del by_fd[fd]
+                    answered.discard(fd)
+                    continue
+                data = conn.buf + data
+                found, rest = walk_frames(data)
+                conn.buf = data[rest:]
+                for opcode, start, end in found:
+                    if opcode == OPCODE_CLOSE:
+                        conn.closed = f"close frame {close_code(data, start, end)}"
+                        frames["close"] += 1
+                    elif data.find(b"pong", start, end) >= 0:
+                        frames["pong"] += 1
+                        answered.add(fd)
+                    else:
+                        frames["other"] += 1
+    finally:
+        ep.close()
+    return {
+        "open": len(by_fd),
+        "answered": len(answered),
+        "closes": dict(closes),
+        "frames": dict(frames),
+        "send_errors": send_errors,
+        "seconds": time.monotonic() - t0,
+    }
+
+
+# --- the parent ----------------------------------------------------------------------------
+
+
+def broadcast(pipes: list[mpc.Connection], command: tuple, kind: str, timeout: float) -> dict:
+    """Send ``command`` to every load process and add up their ``kind`` answers."""
+    for pipe in pipes:
+        pipe.send(command)
+    total: dict = {"open": 0, "answered": 0, "send_errors": 0, "seconds": 0.0}
+    closes: Counter[str] = Counter()
+    frames: Counter[str] = Counter()
+    for _, part in receive(pipes, kind, timeout):
+        for key in ("open", "answered", "send_errors"):
+            total[key] += part[key]
+        total["seconds"] = max(total["seconds"], part["seconds"])
+        closes.update(part["closes"])
+        frames.update(part["frames"])
+    total["closes"] = dict(closes)
+    total["frames"] = dict(frames)
+    return total
+
+
+def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]) -> dict:
+    ctx = mp.get_context("fork")
+    lifetime = args.setup_timeout + args.hold + args.ping_timeout + 300
+    time.sleep(SETTLE_SECONDS)
+    rss_start = rss_kib(server.pid)
+    pipes = []
+    meter = CpuMeter({"server": server.pid})
+    meter.start()
+    t0 = time.monotonic()
+    for k, (first, count) in enumerate(split(args.connections, args.procs)):
+        parent_end, child_end = ctx.Pipe()
+        proc = ctx.Process(
+            target=holder_main,
+            args=(
+                child_end,
+                server.host,
+                server.port,
+                first,
+                count,
+                args.window,
+                args.setup_timeout,
+                lifetime,
+            ),
+            name=f"holders-{k}",
+            daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        procs.append(proc)
+        pipes.append(parent_end)
+    for proc in procs:
+        meter.add(proc.name, proc.pid or 0, since_birth=True)
+    ready = receive(pipes, "ready", args.setup_timeout + 30)
+    setup_seconds = time.monotonic() - t0
+    setup_cpu = meter.stop()
+    opened = sum(r[1] for r in ready)
+    failures: Counter[str] = Counter()
+    for r in ready:
+        failures.update(r[2])
+    rss_connected = rss_kib(server.pid)
+    print(
+        f"setup: {opened}/{args.connections} sessions connected in {setup_seconds:.1f} s "
+        f"({opened / max(setup_seconds, 1e-9):,.0f}/s, slowest {max(r[4] for r in ready):.0f} ms)"
+        + (f"; failures {dict(failures)}" if failures else ""),
+        flush=True,
+    )
+    print(f"holding {args.hold:g} s ...", flush=True)
+    held = broadcast(pipes, ("hold", args.hold), "held", args.hold + 60)
+    rss_held = rss_kib(server.pid)
+    stats_held = server_stats(server.host, server.port) or {}
+    pinged = broadcast(pipes, ("ping", args.ping_timeout), "pinged", args.ping_timeout + 60)
+    rss_pinged = rss_kib(server.pid)
+    for pipe in pipes:
+        pipe.send(("close",))
+    for proc in procs:
+        proc.join(10)
+    time.sleep(SETTLE_SECONDS)
+    rss_closed = rss_kib(server.pid)
+    stats_closed = server_stats(server.host, server.port) or {}
+
+    per_conn = (rss_held - rss_start) / max(opened, 1)
+    all_open = opened == args.connections and held["open"] == opened
+    all_answered = pinged["answered"] == args.connections
+    return {
+        "benchmark": "idle_connections",
+        "settings": args.set,
+        "connections": args.connections,
+        "procs": args.procs,
+        "opened": opened,
+        "setup_failures": dict(failures),
+        "setup_seconds": setup_seconds,
+        "setup_rate_per_second": opened / max(setup_seconds, 1e-9),
+        "setup_slowest_ms": max(r[4] for r in ready),
+        "setup_cpu_percent": setup_cpu,
+        "held": held,
+        "pinged": pinged,
+        "server_rss_kib": {
+            "start": rss_start,
+            "connected": rss_connected,
+            "held": rss_held,
+            "pinged": rss_pinged,
+            "closed": rss_closed,
+        },
+        "rss_kib_per_connection": per_conn,
+        "server_open_connections": {
+            "held": stats_held.get("connections_open"),
+            "closed": stats_closed.get("connections_open"),
+        },
+        "all_open": all_open,
+        "all_answered": all_answered,
+        "pass": all_open and all_answered and per_conn <= TARGET_KIB_PER_CONNECTION,
+    }
+
+
+def report(result: dict) -> None:
+    rss = result["server_rss_kib"]
+    held = result["held"]
+    pinged = result["pinged"]
+    cpu = result["setup_cpu_percent"]
+    load_cpu = sum(v for k, v in cpu.items() if k.startswith("holders"))
+    print()
+    print(f"settings             : {' '.join(result['settings']) or '(defaults)'}")
+    print(
+        f"sessions             : {result['opened']} / {result['connections']} connected in "
+        f"{result['setup_seconds']:.1f} s ({result['setup_rate_per_second']:,.0f}/s; server CPU "
+        f"{cpu['server']:.0f} %, load generator {load_cpu:.0f} %)"
+    )
+    print(
+        f"after {held['seconds']:.1f} s hold    : {held['open']} open; "
+        f"closes {held['closes'] or 0}; frames {held['frames'] or 0}"
+    )
+    print(
+        f"ping -> pong         : {pinged['answered']} answered in {pinged['seconds']:.2f} s "
+        f"(frames {pinged['frames']}, closes {pinged['closes'] or 0})"
+    )
+    print(
+        f"server RSS KiB       : start {rss['start']}, connected {rss['connected']}, "
+        f"held {rss['held']}, after pings {rss['pinged']}, after close {rss['closed']}"
+    )
+    open_conns = result["server_open_connections"]
+    print(
+        f"server says open     : {open_conns['held']} while held, "
+        f"{open_conns['closed']} after the clients closed (incl. the /stats request itself)"
+    )
+    print(
+        f"RSS per connection   : {result['rss_kib_per_connection']:.2f} KiB "
+        f"(target <= {TARGET_KIB_PER_CONNECTION:g} KiB)"
+    )
+    if result["setup_failures"]:
+        print(f"setup failures       : {result['setup_failures']}")
+    server = result.get("server_log", {})
+    if server:
+        print(f"server log           : {server['counts'] or 'no warnings'} ({server['log']})")
+        for line in server["examples"][:5]:
+            print(f"    {line}")
+    print(
+        f"result               : {'PASS' if result['pass'] else 'FAIL'} "
+        f"(all open: {result['all_open']}, all answered: {result['all_answered']})"
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, default=10_000)
+    parser.add_argument("--procs", type=int, default=2, help="load processes")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds to hold them idle")
+    parser.add_argument("--window", type=int, default=256, help="handshakes in flight per process")
+    parser.add_argument("--setup-timeout", type=float, default=120.0)
+    parser.add_argument("--ping-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="Key=Value",
+        help="server setting, passed through to `migratory serve --set`",
+    )
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    if args.connections < 1 or args.procs < 1 or args.window < 1:
+        parser.error("--connections, --procs and --window must be positive")
+    args.procs = min(args.procs, args.connections)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    limit = raise_nofile()
+    per_proc = -(-args.connections // args.procs)
+    if per_proc + 64 > limit:
+        print(f"warning: {per_proc} sockets per process, open-file limit {limit}", file=sys.stderr)
+    server = ServerProcess("idle", args.set)
+    procs: list[mp.Process] = []
+    result: dict | None = None
+    try:
+        server.start()
+        print(
+            f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
+            flush=True,
+        )
+        result = run(args, server, procs)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+    finally:
+        stop_processes(procs)
+        server.stop()
+    if result is None:
+        print(f"server log: {server.log_path}\n{server.log_tail()}", file=sys.stderr)
+        return 2
+    result["server_log"] = server.log_summary()
+    result["machine"] = machine_description()
+    report(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+    return 0 if result["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Client-side commands of the ``migratory`` CLI: ``pub`` and ``sub``, on the Python SDK."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import TextIO
+
+import trio
+
+from migratory.model.message import Message, Qos
+from migratory_client import (
+    MigratoryError,
+    Notification,
+    ReconnectPolicy,
+    Subscription,
+    connect,
+)
+from migratory_client.notifications import NotificationQueue
+
+__all__ = ["add_client_commands", "format_message", "format_notification"]
+
+DEFAULT_SERVER = "ws://127.0.0.1:8800"
+PUB_POLICY = ReconnectPolicy(initial_delay=0.2, max_delay=2.0, max_attempts=5, connect_timeout=5)
+
+
+def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``pub`` and ``sub`` on the ``migratory`` command's subparsers."""
+    pub = subparsers.add_parser("pub", help="publish one message and print its status")
+    pub.add_argument("subject", metavar="SUBJECT")
+    pub.add_argument("content", metavar="CONTENT", help="message content (UTF-8 text)")
+    pub.add_argument("--field", action="append", default=[], type=_field, metavar="K=V")
+    pub.add_argument("--retained", action="store_true", help="make it the subject's snapshot")
+    pub.add_argument("--qos", choices=[q.value for q in Qos], default=Qos.STANDARD.value)
+    pub.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the status")
+    _add_connection_options(pub)
+    pub.set_defaults(func=run_pub)
+
+    sub = subparsers.add_parser(
+        "sub",
+        help="print messages as they come (notifications on stderr)",
+        description="One line per message: TYPE SUBJECT epoch=E seq=S CONTENT k=v ...; "
+        "CONTENT is the text, or hex when it is not printable UTF-8.",
+    )
+    sub.add_argument("subjects", nargs="+", metavar="SUBJECT")
+    sub.add_argument("--history", type=int, default=0, metavar="N", help="last N cached first")
+    sub.add_argument("--conflation", type=int, default=0, metavar="MS", help="conflation period")
+    sub.add_argument("--count", type=int, default=None, metavar="N", help="stop after N messages")
+    _add_connection_options(sub)
+    sub.set_defaults(func=run_sub)
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=None,
+        metavar="URL",
+        help=f"'URL' or 'WEIGHT URL', repeatable (default {DEFAULT_SERVER})",
+    )
+    parser.add_argument("--token", default=None, help="entitlement token")
+
+
+def _field(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"field {text!r} must be NAME=VALUE")
+    return name, value
+
+
+def _servers(args: argparse.Namespace) -> list[str]:
+    return list(args.server or [DEFAULT_SERVER])
+
+
+# --- formatting ----------------------------------------------------------------
+
+
+def _content_text(content: bytes) -> str:
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        return content.hex()
+    return text if text.isprintable() else content.hex()
+
+
+def format_message(message: Message) -> str:
+    parts = [
+        message.type.value,
+        message.subject,
+        f"epoch={message.epoch}",
+        f"seq={message.seq}",
+        _content_text(message.content),
+    ]
+    parts += [f"{name}={value}" for name, value in message.fields.items()]
+    return " ".join(parts)
+
+
+def format_notification(note: Notification) -> str:
+    parts = [note.status.value]
+    if note.subject is not None:
+        parts.append(note.subject)
+    if note.position is not None:
+        parts += [f"epoch={note.position.epoch}", f"seq={note.position.seq}"]
+    if note.server is not None:
+        parts.append(note.server)
+    if note.reason:
+        parts.append(f"({note.reason})")
+    return " ".join(parts)
+
+
+# --- pub -----------------------------------------------------------------------
+
+
+def run_pub(args: argparse.Namespace) -> int:
+    return trio.run(_publish, args, sys.stdout, sys.stderr)
+
+
+async def _publish(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        async with connect(
+            _servers(args), token=args.token, name="migratory-pub", reconnect=PUB_POLICY
+        ) as client:
+            result = await client.publish(
+                args.subject,
+                args.content,
+                dict(args.field),
+                retained=args.retained,
+                qos=Qos(args.qos),
+                timeout=args.timeout,
+            )
+    except (MigratoryError, ValueError) as exc:
+        print(f"migratory pub: {exc}", file=err)
+        return 1
+    line = f"{result.status.value} {result.subject}"
+    if result.position is not None:
+        line += f" epoch={result.position.epoch} seq={result.position.seq}"
+    print(line, file=out, flush=True)
+    if not result.ok:
+        print(f"migratory pub: {result.status.value}: {result.reason or '-'}", file=err)
+        return 1
+    return 0
+
+
+# --- sub -----------------------------------------------------------------------
+
+
+def run_sub(args: argparse.Namespace) -> int:
+    """Runs until ``--count`` messages, a terminal error, or Ctrl-C (exit code 0)."""
+    return trio.run(_subscribe_until_interrupted, args, sys.stdout, sys.stderr)
+
+
+async def _subscribe_until_interrupted(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    exit_code = 0
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+            async def subscribe() -> None:
+                nonlocal exit_code
+                exit_code = await subscribe_and_print(args, out, err)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(subscribe)
+    return exit_code
+
+
+async def subscribe_and_print(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Print messages on ``out`` and notifications on ``err``; returns the exit code."""
+    try:
+        async with connect(_servers(args), token=args.token, name="migratory-sub") as client:
+            subscription = client.subscribe(
+                *args.subjects, history=args.history, conflation_ms=args.conflation
+            )
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_print_notifications, client.notifications(), err)
+                exit_code = await _print_messages(subscription, args.count, out, err)
+                nursery.cancel_scope.cancel()
+    except (MigratoryError, ValueError) as exc:
+        print(f"migratory sub: {exc}", file=err, flush=True)
+        return 1
+    return exit_code
+
+
+async def _print_messages(
+    subscription: Subscription, count: int | None, out: TextIO, err: TextIO
+) -> int:
+    printed = 0
+    try:
+        async for message in subscription:
+            print(format_message(message), file=out, flush=True)
+            printed += 1
+            if count is not None and printed >= count:
+                break
+    except MigratoryError as exc:
+        print(f"migratory sub: {exc}", file=err, flush=True)
+        return 1
+    return 0
+
+
+async def _print_notifications(notes: NotificationQueue, err: TextIO) -> None:
+    try:
+        async for note in notes:
+            print(format_notification(note), file=err, flush=True)
+    except MigratoryError:
+        pass  # the message loop reports it

@@ -1,0 +1,185 @@
+"""The SDK against a real ``migratory serve`` process (127.0.0.1 only, stopped by PID).
+
+A TCP proxy in the test cuts the subscriber's connection while the publisher keeps
+publishing straight to the server, so the resume has real messages to recover.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from sdk_fake_server import trio_test
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory_client import (
+    Client,
+    Notification,
+    NotificationStatus,
+    ReconnectPolicy,
+    Subscription,
+    connect,
+)
+
+FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
+
+
+class Proxy:
+    """Forwards TCP connections to ``127.0.0.1:upstream``; can cut them and refuse new ones."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.accepting = True
+        self.port = 0
+        self._streams: list[trio.SocketStream] = []
+
+    async def start(self, nursery: trio.Nursery) -> Proxy:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
+        )
+        self.port = listeners[0].socket.getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def _handle(self, downstream: trio.SocketStream) -> None:
+        if not self.accepting:
+            await downstream.aclose()
+            return
+        upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream)
+        self._streams += [downstream, upstream]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pipe, downstream, upstream)
+            nursery.start_soon(self._pipe, upstream, downstream)
+
+    @staticmethod
+    async def _pipe(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+        try:
+            async for chunk in source:
+                await sink.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await sink.aclose()
+
+    async def cut(self) -> None:
+        for stream in self._streams:
+            await stream.aclose()
+        self._streams.clear()
+
+
+async def wait_for(client: Client, status: NotificationStatus) -> Notification:
+    async for note in client.notifications():
+        if note.status is status:
+            return note
+    raise AssertionError(f"no {status}")
+
+
+async def take(subscription: Subscription, count: int) -> list[Message]:
+    return [await subscription.next_message() for _ in range(count)]
+
+
+async def publish(client: Client, subject: str, *contents: str) -> list[Position]:
+    positions = []
+    for content in contents:
+        result = await client.publish(subject, content, retained=True)
+        assert result.ok and result.position is not None, result
+        positions.append(result.position)
+    return positions
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@trio_test
+async def test_publish_then_subscribe(start_server: Callable[..., Any]) -> None:
+    server = await trio.to_thread.run_sync(functools.partial(start_server, BatchTime="0"))
+    async with (
+        connect([server.url], reconnect=FAST) as subscriber,
+        connect([server.url], reconnect=FAST) as publisher,
+    ):
+        subscription = subscriber.subscribe("/e2e/a")
+        await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+        positions = await publish(publisher, "/e2e/a", "one", "two", "three")
+        got = await take(subscription, 3)
+        assert [m.content for m in got] == [b"one", b"two", b"three"]
+        assert [m.position for m in got] == positions
+        assert {m.type for m in got} == {MessageType.UPDATE}
+
+
+@trio_test
+async def test_subscriber_drop_resumes_with_exactly_the_missed_messages(
+    start_server: Callable[..., Any],
+) -> None:
+    server = await trio.to_thread.run_sync(functools.partial(start_server, BatchTime="0"))
+    async with trio.open_nursery() as nursery:
+        proxy = await Proxy(server.port).start(nursery)
+        async with (
+            connect([proxy.url], reconnect=FAST) as subscriber,
+            connect([server.url], reconnect=FAST) as publisher,
+        ):
+            subscription = subscriber.subscribe("/e2e/b")
+            await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+            await publish(publisher, "/e2e/b", "1", "2", "3")
+            assert [m.content for m in await take(subscription, 3)] == [b"1", b"2", b"3"]
+
+            proxy.accepting = False
+            await proxy.cut()
+            await wait_for(subscriber, NotificationStatus.SERVER_DOWN)
+            missed = await publish(publisher, "/e2e/b", "4", "5", "6")
+            proxy.accepting = True
+
+            sync = await wait_for(subscriber, NotificationStatus.DATA_SYNC)
+            assert sync.position == missed[-1]
+            await publish(publisher, "/e2e/b", "7")
+            got = await take(subscription, 4)
+            assert [(m.type, m.content) for m in got] == [
+                (MessageType.RECOVERED, b"4"),
+                (MessageType.RECOVERED, b"5"),
+                (MessageType.RECOVERED, b"6"),
+                (MessageType.UPDATE, b"7"),
+            ]
+            assert [m.position for m in got[:3]] == missed
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_server_restart_resyncs_to_the_new_epoch(start_server: Callable[..., Any]) -> None:
+    port = free_port()
+    listen = f"127.0.0.1:{port}"
+    first = await trio.to_thread.run_sync(
+        functools.partial(start_server, Listen=listen, BatchTime="0")
+    )
+    async with (
+        connect([first.url], reconnect=FAST) as subscriber,
+        connect([first.url], reconnect=FAST) as publisher,
+    ):
+        subscription = subscriber.subscribe("/e2e/c")
+        await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+        (old,) = await publish(publisher, "/e2e/c", "before")
+        assert (await subscription.next_message()).position == old
+
+        await trio.to_thread.run_sync(first.stop)
+        await wait_for(subscriber, NotificationStatus.SERVER_DOWN)
+        await trio.to_thread.run_sync(functools.partial(start_server, Listen=listen, BatchTime="0"))
+        resync = await wait_for(subscriber, NotificationStatus.DATA_RESYNC)
+        assert resync.position is not None and resync.position.epoch != old.epoch
+
+        (new,) = await publish(publisher, "/e2e/c", "after")
+        message = await subscription.next_message()
+        assert (message.content, message.position, message.type) == (
+            b"after",
+            new,
+            MessageType.UPDATE,
+        )
+        assert new.epoch == resync.position.epoch

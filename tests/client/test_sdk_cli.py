@@ -1,0 +1,162 @@
+"""``migratory pub`` / ``migratory sub`` against a fake server."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import signal
+import subprocess
+import sys
+
+import trio
+from sdk_fake_server import start_servers, trio_test, update
+
+from migratory.cli_client import (
+    _publish,
+    add_client_commands,
+    format_message,
+    subscribe_and_print,
+)
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory_client import Notification, NotificationStatus, Status
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="migratory")
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(list(argv))
+
+
+def test_arguments_and_defaults() -> None:
+    args = parse("pub", "/a/b", "hi", "--field", "k=v=w", "--retained", "--qos", "guaranteed")
+    assert (args.field, args.retained, args.qos, args.server) == (
+        [("k", "v=w")],
+        True,
+        "guaranteed",
+        None,
+    )
+    args = parse("sub", "/a/b", "/c/d", "--history", "3", "--count", "2", "--server", "50 ws://x")
+    assert (args.subjects, args.history, args.count, args.server) == (
+        ["/a/b", "/c/d"],
+        3,
+        2,
+        ["50 ws://x"],
+    )
+    assert callable(args.func)
+
+
+def test_message_line() -> None:
+    text = Message("/a/b", b"hello world", {"k": "v"}, epoch=3, seq=9, type=MessageType.RECOVERED)
+    assert format_message(text) == "recovered /a/b epoch=3 seq=9 hello world k=v"
+    binary = Message("/a/b", b"\xff\x00", epoch=3, seq=9)
+    assert format_message(binary) == "update /a/b epoch=3 seq=9 ff00"
+    assert format_message(Message("/a/b", b"two\nlines")).endswith(b"two\nlines".hex())
+
+
+def test_notification_line() -> None:
+    from migratory.cli_client import format_notification
+
+    note = Notification(NotificationStatus.DATA_SYNC, "/a/b", Position(3, 4), None, "ws://s")
+    assert format_notification(note) == "DATA_SYNC /a/b epoch=3 seq=4 ws://s"
+
+
+@trio_test
+async def test_pub_prints_the_status() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+
+        async def answer(status: Status, reason: str | None) -> None:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            publish = await conn.expect(ops.Publish)
+            assert publish.message.fields == {"k": "v"} and publish.message.retained
+            position = Position(5, 6) if status is Status.PUBLISH_OK else None
+            closure = publish.message.closure
+            await conn.send(ops.PublishStatus(status, closure, "/a/b", position, reason))
+
+        args = parse("pub", "/a/b", "x", "--field", "k=v", "--retained", "--server", server.url)
+        nursery.start_soon(answer, Status.PUBLISH_OK, None)
+        out, err = io.StringIO(), io.StringIO()
+        assert await _publish(args, out, err) == 0
+        assert out.getvalue() == "PUBLISH_OK /a/b epoch=5 seq=6\n"
+
+        nursery.start_soon(answer, Status.PUBLISH_DENIED, "not allowed")
+        out, err = io.StringIO(), io.StringIO()
+        assert await _publish(args, out, err) == 1
+        assert out.getvalue() == "PUBLISH_DENIED /a/b\n"
+        assert "not allowed" in err.getvalue()
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_sub_prints_count_messages_and_notifications() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+
+        async def serve() -> None:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            await conn.allow("/a/b", 7, 0)
+            await conn.deliver(update("/a/b", 1), update("/a/b", 2), update("/a/b", 3))
+
+        nursery.start_soon(serve)
+        args = parse("sub", "/a/b", "--count", "2", "--server", server.url)
+        out, err = io.StringIO(), io.StringIO()
+        assert await subscribe_and_print(args, out, err) == 0
+        assert out.getvalue().splitlines() == [
+            "update /a/b epoch=7 seq=1 /a/b#1",
+            "update /a/b epoch=7 seq=2 /a/b#2",
+        ]
+        assert f"SERVER_UP {server.url}" in err.getvalue()
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_sub_reports_a_terminal_close() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+
+        async def deny() -> None:
+            conn = await server.next_connection()
+            await conn.close(4003, "who are you")
+
+        nursery.start_soon(deny)
+        out, err = io.StringIO(), io.StringIO()
+        assert (
+            await subscribe_and_print(parse("sub", "/a/b", "--server", server.url), out, err) == 1
+        )
+        assert "4003" in err.getvalue() and "who are you" in err.getvalue()
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_sub_exits_cleanly_on_ctrl_c() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        command = [sys.executable, "-m", "migratory", "sub", "/a/b", "--server", server.url]
+        process = await trio.lowlevel.open_process(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            await conn.allow("/a/b", 7, 0)
+            await conn.deliver(update("/a/b", 1))
+            assert process.stdout is not None and process.stderr is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(1000)
+            assert line == b"update /a/b epoch=7 seq=1 /a/b#1\n"
+            process.send_signal(signal.SIGINT)
+            assert await process.wait() == 0
+            errors = await process.stderr.receive_some(10000)
+            assert b"Traceback" not in errors
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,157 @@
+"""SubjectTracker: dedupe, gap detection and resume positions, without I/O."""
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol.ops import Status, SubscriptionRequest
+from migratory_client.resume import SubjectTracker, Verdict
+
+SUBJECT = "/a/b"
+
+
+def msg(seq: int, epoch: int = 7, kind: MessageType = MessageType.UPDATE) -> Message:
+    return Message(SUBJECT, str(seq).encode(), epoch=epoch, seq=seq, type=kind)
+
+
+def allowed(at: Position | None = None, **options: int) -> SubjectTracker:
+    tracker = SubjectTracker(SUBJECT, **options)
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, at or Position(7, 10))
+    return tracker
+
+
+def test_first_request_asks_for_history_then_resumes() -> None:
+    tracker = SubjectTracker(SUBJECT, history=5, conflation_ms=500)
+    assert tracker.request() == SubscriptionRequest(SUBJECT, None, 5, 500)
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(7, 10))
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10), 0, 500)
+
+
+def test_live_updates_in_order_are_delivered() -> None:
+    tracker = allowed()
+    assert [tracker.on_message(msg(s)) for s in (11, 12, 13)] == [Verdict.DELIVER] * 3
+    assert tracker.position == Position(7, 13)
+
+
+def test_duplicates_are_dropped() -> None:
+    tracker = allowed()
+    tracker.on_message(msg(11))
+    assert tracker.on_message(msg(11)) is Verdict.DUPLICATE
+    assert tracker.on_message(msg(3, kind=MessageType.RECOVERED)) is Verdict.DUPLICATE
+    assert tracker.position == Position(7, 11)
+
+
+def test_snapshot_and_historical_pass_through_without_moving() -> None:
+    tracker = allowed()
+    assert tracker.on_message(msg(10, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    assert tracker.on_message(msg(4, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
+    assert tracker.position == Position(7, 10)
+
+
+def test_gap_is_reported_once_and_recovered() -> None:
+    tracker = allowed()
+    assert tracker.on_message(msg(13)) is Verdict.GAP
+    assert tracker.request().position == Position(7, 10)
+    assert tracker.on_message(msg(14)) is Verdict.DUPLICATE  # comes back as recovered
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(7, 14))
+    assert tracker.position == Position(7, 10)  # a resume keeps its own position
+    for seq in (11, 12, 13, 14):
+        assert tracker.on_message(msg(seq, kind=MessageType.RECOVERED)) is Verdict.DELIVER
+    tracker.on_status(Status.DATA_SYNC, Position(7, 14))
+    assert not tracker.recovering
+    assert tracker.on_message(msg(16)) is Verdict.GAP
+
+
+def test_conflated_subscription_accepts_skips() -> None:
+    tracker = allowed(conflation_ms=200)
+    assert tracker.on_message(msg(15)) is Verdict.DELIVER
+    assert tracker.on_message(msg(14)) is Verdict.DUPLICATE
+    assert not allowed(conflation_ms=99).conflated
+
+
+def test_resync_to_a_new_epoch() -> None:
+    tracker = allowed()
+    tracker.on_message(msg(11))
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(99, 3))
+    assert tracker.on_message(msg(3, epoch=99, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    tracker.on_status(Status.DATA_RESYNC, Position(99, 3))
+    assert tracker.position == Position(99, 3)
+    assert tracker.on_message(msg(4, epoch=99)) is Verdict.DELIVER
+
+
+def test_sync_never_moves_back_within_an_epoch() -> None:
+    tracker = allowed()
+    tracker.on_message(msg(11))
+    tracker.on_status(Status.DATA_RESYNC, Position(7, 9))
+    assert tracker.position == Position(7, 11)
+    assert tracker.on_message(msg(10)) is Verdict.DUPLICATE
+
+
+def test_message_of_a_new_epoch_is_accepted() -> None:
+    tracker = allowed()
+    assert tracker.on_message(msg(1, epoch=8)) is Verdict.DELIVER
+    assert tracker.position == Position(8, 1)
+
+
+def test_deny() -> None:
+    tracker = SubjectTracker(SUBJECT)
+    tracker.on_status(Status.SUBSCRIBE_DENY, None)
+    assert tracker.denied
+    assert tracker.position is None
+
+
+# --- property: whatever the network does, the application sees 1..N exactly once ----
+
+# A faulty channel: each step either delivers the next live message, loses it,
+# or replays an old one (a duplicate, live or recovered).
+steps = st.lists(st.sampled_from(["live", "lose", "replay"]), max_size=80)
+
+
+@given(steps=steps, start=st.integers(0, 5), seed=st.randoms(use_true_random=False))
+def test_faulty_stream_is_repaired_exactly_once(
+    steps: list[str], start: int, seed: random.Random
+) -> None:
+    epoch = 42
+    tracker = allowed(Position(epoch, start))
+    published = start
+    delivered: list[int] = []
+
+    def feed(message: Message) -> None:
+        verdict = tracker.on_message(message)
+        if verdict is Verdict.DELIVER:
+            delivered.append(message.seq)
+        elif verdict is Verdict.GAP:
+            resume(tracker.request().position)
+
+    def resume(position: Position | None) -> None:
+        # The server answers a resume: ALLOW, the cached messages after it, DATA_SYNC.
+        assert position is not None and position.epoch == epoch
+        tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(epoch, published))
+        for seq in range(position.seq + 1, published + 1):
+            feed(msg(seq, epoch, MessageType.RECOVERED))
+        tracker.on_status(Status.DATA_SYNC, Position(epoch, published))
+
+    for step in steps:
+        if step == "replay" and published > start:
+            kind = seed.choice([MessageType.UPDATE, MessageType.RECOVERED])
+            feed(msg(seed.randint(start + 1, published), epoch, kind))
+            continue
+        published += 1
+        if step == "live":
+            feed(msg(published, epoch))
+    # A reconnect at the end fetches whatever was lost last.
+    tracker.on_session_lost()
+    resume(tracker.request().position)
+    assert delivered == list(range(start + 1, published + 1))
+
+
+@given(seqs=st.lists(st.integers(1, 30), max_size=60), conflation=st.sampled_from([0, 100]))
+def test_delivered_updates_strictly_increase(seqs: list[int], conflation: int) -> None:
+    tracker = allowed(Position(1, 0), conflation_ms=conflation)
+    delivered = [s for s in seqs if tracker.on_message(msg(s, 1)) is Verdict.DELIVER]
+    assert delivered == sorted(set(delivered))
+    if not conflation:
+        assert delivered == list(range(1, len(delivered) + 1))
