@@ -75,6 +75,23 @@ def _text(text: str) -> str:
     return text
 
 
+def _optional_addresses(text: str) -> tuple[tuple[str, int], ...]:
+    return _addresses(text) if text.strip() else ()
+
+
+def _optional_address(text: str) -> tuple[str, int] | None:
+    return parse_address(text) if text.strip() else None
+
+
+def _seed_count(text: str) -> int:
+    if not text.strip():
+        return 0  # automatic: 3 for clusters of 3-4 members, 5 for 5 or more
+    value = _int(0)(text)
+    if value not in (3, 5):
+        raise ValueError(f"must be 3 or 5 (an odd quorum), got {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     key: str
@@ -119,6 +136,21 @@ SETTINGS: tuple[Setting, ...] = (
             "consumer (close 4500)."),
     Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
             "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
+    Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
+            "Ordered, comma-separated host:port cluster addresses of all members, identical on "
+            "every member; empty: a single node. Seeds also use port + 1 for Raft."),
+    Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
+            "This member's cluster address; must be one of ClusterMembers."),
+    Setting("ClusterSeedMemberCount", "cluster_seed_member_count", _seed_count, "",
+            "3 or 5: the first members of ClusterMembers that run Raft; empty: 3 for clusters "
+            "of 3-4 members, 5 for 5 or more."),
+    Setting("ClusterDeliveryMode", "cluster_delivery_mode", _choice("Standard", "Guaranteed"),
+            "Standard",
+            "Standard: members forward publications, failover gives the snapshot. Guaranteed: "
+            "seeds number messages through Raft, failover recovers every acknowledged message."),
+    Setting("ClusterPassword", "cluster_password", _text, "",
+            "Shared secret that members authenticate each other with (required for a cluster; "
+            "also Raft's password)."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
@@ -140,6 +172,29 @@ class Config:
     max_frame_size: int
     client_max_pending_bytes: int
     handshake_timeout: int
+    cluster_members: tuple[tuple[str, int], ...]
+    cluster_member_listen: tuple[str, int] | None
+    cluster_seed_member_count: int
+    cluster_delivery_mode: str
+    cluster_password: str
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.cluster_members)
+
+    @property
+    def member_index(self) -> int:
+        """This member's index in ClusterMembers (the StatefulSet ordinal)."""
+        assert self.cluster_member_listen is not None
+        return self.cluster_members.index(self.cluster_member_listen)
+
+    @property
+    def seed_members(self) -> tuple[tuple[str, int], ...]:
+        return self.cluster_members[: self.cluster_seed_member_count]
+
+    @property
+    def is_seed(self) -> bool:
+        return self.clustered and self.member_index < self.cluster_seed_member_count
 
     @classmethod
     def defaults(cls) -> Config:
@@ -165,8 +220,12 @@ class Config:
         out = {}
         for setting in SETTINGS:
             value = getattr(self, setting.attr)
-            if setting.attr == "listen":
+            if setting.attr in ("listen", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
+            elif setting.attr == "cluster_member_listen":
+                out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
+            elif setting.attr == "cluster_seed_member_count":
+                out[setting.key] = str(value) if value else ""
             elif isinstance(value, bool):
                 out[setting.key] = str(value).lower()
             else:
@@ -201,6 +260,7 @@ def _build(raw: Mapping[str, str], sources: Mapping[str, str]) -> Config:
 
 def _check(config: Config) -> Config:
     """Rules that involve more than one key."""
+    config = _check_cluster(config)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError("Entitlement = Basic needs EntitlementAllowToken (the publishing token)")
     if config.max_frame_size <= config.max_message_size:
@@ -209,6 +269,46 @@ def _check(config: Config) -> Config:
             f"MaxMessageSize ({config.max_message_size})"
         )
     return config
+
+
+def _check_cluster(config: Config) -> Config:
+    members = config.cluster_members
+    if not members:
+        for key, value in (
+            ("ClusterMemberListen", config.cluster_member_listen),
+            ("ClusterSeedMemberCount", config.cluster_seed_member_count),
+        ):
+            if value:
+                raise ConfigError(f"{key} is set but ClusterMembers is empty")
+        if config.cluster_delivery_mode == "Guaranteed":
+            raise ConfigError("ClusterDeliveryMode = Guaranteed needs ClusterMembers")
+        return config
+    duplicates = {f"{h}:{p}" for h, p in members if members.count((h, p)) > 1}
+    if duplicates:
+        raise ConfigError(f"ClusterMembers lists {', '.join(sorted(duplicates))} more than once")
+    listen = config.cluster_member_listen
+    if listen is None:
+        raise ConfigError("ClusterMembers is set: ClusterMemberListen must name this member")
+    if listen not in members:
+        raise ConfigError(
+            f"ClusterMemberListen {listen[0]}:{listen[1]} is not one of ClusterMembers "
+            f"({', '.join(f'{h}:{p}' for h, p in members)})"
+        )
+    if not config.cluster_password:
+        raise ConfigError("ClusterMembers is set: ClusterPassword is required (members "
+                          "authenticate each other and Raft must never run without a password)")
+    seeds = config.cluster_seed_member_count or (3 if len(members) <= 4 else 5)
+    if config.cluster_delivery_mode == "Guaranteed":
+        if len(members) < 3:
+            raise ConfigError(
+                f"ClusterDeliveryMode = Guaranteed needs at least 3 members, "
+                f"ClusterMembers has {len(members)}"
+            )
+        if seeds > len(members):
+            raise ConfigError(
+                f"ClusterSeedMemberCount = {seeds} but ClusterMembers has only {len(members)}"
+            )
+    return replace(config, cluster_seed_member_count=min(seeds, len(members)))
 
 
 def parse_config_text(text: str, *, source: str) -> dict[str, str]:

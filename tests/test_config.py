@@ -111,3 +111,51 @@ def test_serve_refuses_a_bad_config_with_a_message_naming_the_key(tmp_path: Path
     assert "unknown key 'MaxCachedMessagesPerSubjet'" in result.stderr
     assert "did you mean 'MaxCachedMessagesPerSubject'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+CLUSTER = {
+    "ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110, 127.0.0.1:9120, 127.0.0.1:9130",
+    "ClusterMemberListen": "127.0.0.1:9110",
+    "ClusterPassword": "s3cret-s3cret",
+    "ClusterDeliveryMode": "Guaranteed",
+}
+
+
+def test_cluster_config_roles() -> None:
+    config = load_config(overrides=CLUSTER, environ={})
+    assert config.clustered and config.is_seed and config.member_index == 1
+    assert config.cluster_seed_member_count == 3  # automatic for 3-4 members
+    assert config.seed_members == config.cluster_members[:3]
+    last = load_config(overrides={**CLUSTER, "ClusterMemberListen": "127.0.0.1:9130"}, environ={})
+    assert not last.is_seed
+    five = ", ".join(f"127.0.0.1:{9100 + 10 * i}" for i in range(6))
+    assert load_config(
+        overrides={**CLUSTER, "ClusterMembers": five}, environ={}
+    ).cluster_seed_member_count == 5
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ClusterSeedMemberCount": "4"}, "ClusterSeedMemberCount: must be 3 or 5"),
+        ({"ClusterMemberListen": "127.0.0.1:9999"}, "not one of ClusterMembers"),
+        ({"ClusterMemberListen": ""}, "ClusterMemberListen must name this member"),
+        ({"ClusterPassword": ""}, "ClusterPassword is required"),
+        (
+            {"ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110", "ClusterSeedMemberCount": ""},
+            "Guaranteed needs at least 3 members",
+        ),
+        ({"ClusterSeedMemberCount": "5"}, "= 5 but ClusterMembers has only 4"),
+        ({"ClusterMembers": "127.0.0.1:9110, 127.0.0.1:9110, 127.0.0.1:9100"}, "more than once"),
+    ],
+)
+def test_bad_cluster_config_is_refused_with_a_clear_message(
+    changes: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={**CLUSTER, **changes}, environ={})
+
+
+def test_guaranteed_without_members_is_refused() -> None:
+    with pytest.raises(ConfigError, match="Guaranteed needs ClusterMembers"):
+        load_config(overrides={"ClusterDeliveryMode": "Guaranteed"}, environ={})

@@ -93,6 +93,34 @@ class Hub:
         self._apply(state, positioned, now)
         return positioned
 
+    def apply(self, message: Message, now: float) -> bool:
+        """Take a message already numbered elsewhere (the cluster's coordination).
+
+        It must be the subject's next position: same epoch and seq + 1, or a new epoch
+        (the cache then restarts). Returns False, changing nothing, for a message at or
+        before the subject's position (already applied); raises ValueError on a gap,
+        which the caller must repair by syncing the cache from a peer.
+        """
+        state = self._state(message.subject)
+        if message.epoch == state.epoch:
+            if message.seq <= state.seq:
+                return False
+            if message.seq != state.seq + 1:
+                raise ValueError(
+                    f"gap on {message.subject!r}: at seq {state.seq}, got {message.seq}"
+                )
+        else:
+            state.epoch = message.epoch
+            state.cache.reset()
+            if message.seq != 1:
+                state.cache = SubjectCache(
+                    max_messages=self._max_cached,
+                    expire_seconds=self._cache_expire,
+                    last_seq_seen=message.seq - 1,
+                )
+        self._apply(state, replace(message, type=MessageType.UPDATE, closure=None), now)
+        return True
+
     def _apply(self, state: SubjectState, message: Message, now: float) -> None:
         state.seq = message.seq
         state.cache.append(message, now)

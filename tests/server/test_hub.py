@@ -197,3 +197,18 @@ def test_a_sink_dropping_out_during_fan_out_does_not_disturb_the_others() -> Non
     publish(hub, "b")
     assert [m.content for m in last.messages()] == [b"a", b"b"]
     assert [m.content for m in dropping.messages()] == [b"a"]
+
+
+def test_apply_takes_positions_from_the_coordination() -> None:
+    hub = Hub(epoch=1)
+    sink = RecordingSink()
+    subscribe(hub, sink)
+    assert hub.apply(Message(SUBJECT, b"a", epoch=5, seq=1), 0.0)
+    assert hub.apply(Message(SUBJECT, b"b", epoch=5, seq=2), 0.0)
+    assert not hub.apply(Message(SUBJECT, b"b", epoch=5, seq=2), 0.0)  # already applied
+    with pytest.raises(ValueError, match="gap"):
+        hub.apply(Message(SUBJECT, b"d", epoch=5, seq=4), 0.0)
+    assert [(m.epoch, m.seq) for m in sink.messages()] == [(5, 1), (5, 2)]
+    assert hub.position(SUBJECT) == Position(5, 2)
+    out = hub.subscribe(RecordingSink(), ops.SubscriptionRequest(SUBJECT, Position(5, 1)), 0.0)
+    assert out[-1] == ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(5, 2))
