@@ -13,6 +13,7 @@ number of connections it handles.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import multiprocessing as mp
@@ -58,6 +59,27 @@ def raise_nofile() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (prctl PDEATHSIG).
+
+    So a benchmark killed with SIGKILL leaves no server or load process behind.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+
+
+def handle_sigterm() -> None:
+    """Turn SIGTERM into SystemExit in the benchmark process, so its cleanup still runs."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -202,6 +224,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
                 start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGINT),
             )
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:

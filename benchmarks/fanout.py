@@ -54,6 +54,8 @@ from _loadgen import (
     close_all,
     close_code,
     dense,
+    die_with_parent,
+    handle_sigterm,
     machine_description,
     masked,
     merge_hist,
@@ -93,6 +95,7 @@ def subscriber_main(
 ) -> None:
     """Open ``count`` subscribers, report ready, count deliveries until told to finish."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    die_with_parent()
     raise_nofile()
     hard_deadline = time.monotonic() + lifetime
     subscribe = masked(cbor2.dumps({"op": "subscribe", "subjects": [{"subject": SUBJECT}]}))
@@ -271,6 +274,7 @@ def publisher_main(
 ) -> None:
     """Connect, report ready, publish on an absolute schedule when told to go."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     connect = masked(cbor2.dumps({"op": "connect", "version": 1, "client": "bench-publisher"}))
     setup = open_connections(
         host, port, range(1), lambda _i: connect, ready_marker=b"connected", timeout=setup_timeout
@@ -636,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         self_test()
         return 0
     raise_nofile()
+    handle_sigterm()
     server = ServerProcess("fanout", args.set)
     procs: list[mp.Process] = []
     result: dict | None = None
@@ -646,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         result = run(args, server, procs)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         print("interrupted", file=sys.stderr)
     except (RuntimeError, TimeoutError) as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)

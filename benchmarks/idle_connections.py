@@ -39,6 +39,8 @@ from _loadgen import (
     ServerProcess,
     close_all,
     close_code,
+    die_with_parent,
+    handle_sigterm,
     machine_description,
     masked,
     open_connections,
@@ -70,6 +72,7 @@ def holder_main(
 ) -> None:
     """Open ``count`` sessions, then obey the parent: hold, ping, close."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    die_with_parent()
     raise_nofile()
     hard_deadline = time.monotonic() + lifetime
 
@@ -362,6 +365,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     limit = raise_nofile()
+    handle_sigterm()
     per_proc = -(-args.connections // args.procs)
     if per_proc + 64 > limit:
         print(f"warning: {per_proc} sockets per process, open-file limit {limit}", file=sys.stderr)
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         result = run(args, server, procs)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         print("interrupted", file=sys.stderr)
     except (RuntimeError, TimeoutError) as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)

@@ -47,9 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override one config key (repeatable); see docs/config.md",
     )
     serve.set_defaults(func=_serve)
+    from cluster.tooling import add_cluster_commands
     from migratory.cli_client import add_client_commands
 
     add_client_commands(commands)
+    add_cluster_commands(commands)
     return parser
 
 

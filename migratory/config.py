@@ -121,7 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Messages kept per subject for recovery and history."),
     Setting("CacheExpireTime", "cache_expire_time", _int(1, unit=" of seconds"), "180",
             "Seconds a cached message is kept at least; older ones are dropped."),
-    Setting("BatchTime", "batch_time", _int(0, 10_000, " of milliseconds"), "20",
+    Setting("BatchTime", "batch_time", _int(0, 10_000, " of milliseconds"), "10",
             "Milliseconds messages wait to be written together to a client (0: write at once)."),
     Setting("MaxBatchingSpace", "max_batching_space", _int(1, unit=" of bytes"), "65536",
             "A client's batch is written as soon as it holds this many bytes."),

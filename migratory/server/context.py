@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from migratory.config import Config
 from migratory.entitlement import Entitlement
+from migratory.model.message import Message
+from migratory.protocol import ops
 from migratory.server.hub import Hub
+
+
+class PublishReply(Protocol):
+    """Who hears a publish's outcome (a session)."""
+
+    def publish_result(self, status: ops.PublishStatus) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class PublishPath(Protocol):
+    """Where validated, entitled publishes go: the local hub, or the cluster."""
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+
+class LocalPublishing:
+    """A single node numbers messages itself: acknowledged at once."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        positioned = self._hub.publish(message, now)
+        if reply is not None:
+            reply.publish_result(
+                ops.PublishStatus(
+                    ops.Status.PUBLISH_OK, message.closure, message.subject, positioned.position
+                )
+            )
+
+    def statistics(self) -> dict[str, Any]:
+        return {"mode": "single"}
 
 
 @dataclass(slots=True)
@@ -31,6 +69,10 @@ class ServerContext:
     hub: Hub
     entitlement: Entitlement
     stats: ServerStatistics
+    publishing: PublishPath
+    # why new clients must wait (a cluster member still syncing), or None when ready
+    readiness: Callable[[], str | None] = field(default=lambda: None)
+    cluster_status: Callable[[], dict[str, Any]] | None = None
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""
@@ -39,4 +81,5 @@ class ServerContext:
             "epoch": self.hub.epoch,
             **asdict(self.stats),
             **asdict(self.hub.statistics()),
+            "publishing": self.publishing.statistics(),
         }

@@ -21,6 +21,14 @@ def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
         return snapshot(ctx, request, peer)
     if request.path == "/healthz":
         return response(200, b"ok\n")
+    if request.path == "/readyz":
+        reason = ctx.readiness()
+        return response(200, b"ready\n") if reason is None else error(503, reason)
+    if request.path == "/cluster":
+        if ctx.cluster_status is None:
+            return error(404, "not a cluster member")
+        body = json.dumps(ctx.cluster_status(), sort_keys=True, default=str).encode() + b"\n"
+        return response(200, body, content_type="application/json")
     if request.path == "/stats":
         body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
         return response(200, body, content_type="application/json")

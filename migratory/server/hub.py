@@ -10,8 +10,9 @@ subscriber. Conflated subscriptions get their own merged frames on
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from migratory.model.cache import SubjectCache
 from migratory.model.conflation import Conflator, round_conflation_ms
@@ -54,6 +55,17 @@ class SubjectState:
     def idle(self) -> bool:
         """No subscribers and nothing ever published: safe to forget."""
         return self.seq == 0 and not self.subscribers and not self.conflated
+
+
+class SubjectRecord(NamedTuple):
+    """A numbered subject as a peer needs it to serve it (cluster cache sync)."""
+
+    subject: str
+    epoch: int
+    seq: int
+    snapshot: Message | None
+    cached: tuple[Message, ...]
+    """The cached messages, oldest first; the last one is at ``seq``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,19 +188,30 @@ class Hub:
         out: list[ops.ServerOp] = [
             ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, state.subject)
         ]
-        missed = state.cache.since(position.seq) if position.epoch == state.epoch else None
+        missed = self._missed(state, position)
         if missed is None:
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
-            status = ops.Status.DATA_RESYNC
-        else:
-            if missed:
-                out.append(
-                    ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed))
-                )
-            status = ops.Status.DATA_SYNC
-        out.append(ops.SubjectStatus(status, state.subject, state.position))
+            # Nothing numbered here yet and the client is in a lineage we do not know
+            # (a member lagging behind the cluster): keep the client's position.
+            unplaced = state.seq == 0 and position.epoch != state.epoch
+            current = None if unplaced else state.position
+            out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, current))
+            return out
+        if missed:
+            out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
+        out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
         return out
+
+    def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
+        """The messages after ``position``, or None when they cannot be told."""
+        if position.epoch == state.epoch:
+            return state.cache.since(position.seq)
+        if position == Position(self.epoch, 0):
+            # The client saw nothing of a subject that was not numbered yet where it
+            # subscribed (a cluster peer sharing this hub's epoch): all of it is missed.
+            return state.cache.since(0)
+        return None
 
     def unsubscribe(self, sink: Sink, subject: str) -> None:
         state = self._subjects.get(subject)
@@ -217,6 +240,65 @@ class Hub:
     def expire(self, now: float) -> int:
         """Drop cached messages older than the cache expire time."""
         return sum(state.cache.expire(now) for state in self._subjects.values())
+
+    # --- cluster cache sync -------------------------------------------------
+
+    def export_subjects(self) -> list[SubjectRecord]:
+        """Every numbered subject with its position, snapshot and cached messages."""
+        return [
+            SubjectRecord(
+                state.subject,
+                state.epoch,
+                state.seq,
+                state.snapshot,
+                tuple(state.cache.last(len(state.cache))),
+            )
+            for state in self._subjects.values()
+            if state.seq > 0
+        ]
+
+    def install_subjects(self, records: Iterable[SubjectRecord], now: float) -> None:
+        """Replace every subject's numbering, snapshot and cache with a peer's ``records``.
+
+        Subjects missing from ``records`` become unnumbered again. Subscriptions are
+        kept (the caller closes them if it must). Cached messages count as stored at
+        ``now``. Raises ValueError, changing nothing, when a record's seq is below 1 or
+        its cached messages are not consecutive messages of its subject and epoch
+        ending at its seq.
+        """
+        caches = {record.subject: (record, self._cache_of(record, now)) for record in records}
+        for state in list(self._subjects.values()):
+            if state.subject not in caches:
+                self._unnumber(state)
+        for record, cache in caches.values():
+            state = self._state(record.subject)
+            state.epoch, state.seq = record.epoch, record.seq
+            state.snapshot = record.snapshot
+            state.cache = cache
+
+    def _cache_of(self, record: SubjectRecord, now: float) -> SubjectCache:
+        """A cache holding ``record``'s cached messages; ValueError if they do not fit."""
+        subject, cached = record.subject, record.cached
+        if record.seq < 1:
+            raise ValueError(f"record of {subject!r} has seq {record.seq} (must be >= 1)")
+        if cached and cached[-1].seq != record.seq:
+            raise ValueError(f"cached messages of {subject!r} do not end at seq {record.seq}")
+        if any(m.subject != subject or m.epoch != record.epoch for m in cached):
+            raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
+        cache = SubjectCache(
+            max_messages=self._max_cached,
+            expire_seconds=self._cache_expire,
+            last_seq_seen=cached[0].seq - 1 if cached else record.seq,
+        )
+        for message in cached:
+            cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
+        return cache
+
+    def _unnumber(self, state: SubjectState) -> None:
+        state.epoch, state.seq, state.snapshot = self.epoch, 0, None
+        state.cache = SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire)
+        if state.idle:
+            del self._subjects[state.subject]
 
     # --- queries ------------------------------------------------------------
 

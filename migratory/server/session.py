@@ -203,6 +203,10 @@ class Session:
                 f"connect: protocol version {op.version} is not supported "
                 f"(this server speaks {ops.PROTOCOL_VERSION})",
             )
+        not_ready = self._ctx.readiness()
+        if not_ready is not None:
+            self.close(close_codes.TRY_AGAIN_LATER.code, not_ready)
+            return
         identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
         if not self._ctx.entitlement.allow_connect(identity):
             self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
@@ -239,13 +243,7 @@ class Session:
             ctx.stats.publishes_refused += 1
             self._send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
             return
-        positioned = ctx.hub.publish(message, now)
-        if message.closure is not None:
-            self._send_op(
-                ops.PublishStatus(
-                    ops.Status.PUBLISH_OK, message.closure, message.subject, positioned.position
-                )
-            )
+        ctx.publishing.submit(message, self if message.closure is not None else None, now)
 
     def _check_publish(self, message: Message) -> tuple[ops.Status | None, str | None]:
         assert self.identity is not None
@@ -264,6 +262,13 @@ class Session:
         return None, None
 
     # --- output ---------------------------------------------------------------
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        """Queue the outcome of a publish; the publish path flushes (see ``flush``)."""
+        self._send_op(status)
+
+    def flush(self) -> None:
+        self._link.flush_now()
 
     def _send_op(self, op: ops.ServerOp) -> None:
         self._send(ws.encode_binary(ops.encode_server_op(op)))

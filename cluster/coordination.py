@@ -1,0 +1,169 @@
+"""The seed members' replicated state: numbering publications with positions.
+
+Pure and deterministic. Every publish taken by any member becomes a
+:class:`PublishRequest`; the seeds agree (Raft) on batches of requests, and when a
+batch is committed EVERY seed applies it to its :class:`Coordinator` in the same
+order. The coordinator gives each message its subject group's epoch and the next seq
+of its subject, so every seed numbers every message the same way and positions
+survive a change of Raft leader by construction.
+
+The coordinator holds only plain data (ints and dicts of ints) so that pysyncobj can
+pickle it into its log snapshots; :meth:`Coordinator.to_state` /
+:meth:`Coordinator.from_state` give the same data as a plain dict.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, TypeGuard
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import EPOCH_LIMIT, Position
+
+__all__ = [
+    "GROUP_COUNT",
+    "UNNUMBERED_EPOCH",
+    "CommittedBatch",
+    "Coordinator",
+    "PublishRequest",
+    "subject_group",
+]
+
+GROUP_COUNT: Final = 64
+"""Subjects hash into this many subject groups; each group has one epoch."""
+
+UNNUMBERED_EPOCH: Final = 1
+"""The epoch every member's hub gives a subject the cluster has not numbered yet.
+
+A subscriber that saw nothing of such a subject resumes from ``(UNNUMBERED_EPOCH, 0)``
+on any member. The coordinator never gives this epoch to a subject group.
+"""
+
+
+def subject_group(subject: str) -> int:
+    """The subject group of ``subject``: CRC-32 of its UTF-8 bytes modulo GROUP_COUNT."""
+    return zlib.crc32(subject.encode("utf-8")) % GROUP_COUNT
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """A publish taken from a client by member ``origin``, not numbered yet.
+
+    ``ref`` is the origin's own id for the publish, to route the outcome back to the
+    client (its closure).
+    """
+
+    origin: str
+    ref: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedBatch:
+    """One committed batch, numbered: the unit every member applies in CLSN order.
+
+    ``messages`` are positioned, of type UPDATE, without closure; ``origins[i]`` is the
+    ``(origin, ref)`` of ``messages[i]``.
+    """
+
+    clsn: int
+    messages: tuple[Message, ...]
+    origins: tuple[tuple[str, int], ...]
+
+
+class Coordinator:
+    """Replicated numbering state: the cluster log sequence number, epochs and seqs.
+
+    ``clsn`` counts applied batches (1, 2, 3, ...); ``group_epochs`` maps a subject
+    group to its epoch; ``seqs`` maps a subject to the seq of its last message.
+    """
+
+    def __init__(self) -> None:
+        self.clsn: int = 0
+        self.group_epochs: dict[int, int] = {}
+        self.seqs: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<Coordinator clsn={self.clsn}, {len(self.group_epochs)} groups,"
+            f" {len(self.seqs)} subjects>"
+        )
+
+    def apply_batch(
+        self, epoch_candidate: int, requests: Sequence[PublishRequest]
+    ) -> CommittedBatch:
+        """Number a committed batch of requests, in order, and advance the CLSN.
+
+        A group used for the first time takes ``epoch_candidate`` as its epoch (the
+        submitter draws it at random with ``new_epoch()``, so a cluster that lost all
+        its Raft state starts new lineages); ``UNNUMBERED_EPOCH`` is taken as the next
+        integer. Raises ValueError, changing nothing, for a candidate outside
+        ``[1, 2**48)``.
+        """
+        if not 1 <= epoch_candidate < EPOCH_LIMIT:
+            raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
+        if epoch_candidate == UNNUMBERED_EPOCH:
+            epoch_candidate += 1
+        messages = tuple(self._number(epoch_candidate, r.message) for r in requests)
+        self.clsn += 1
+        return CommittedBatch(
+            clsn=self.clsn,
+            messages=messages,
+            origins=tuple((r.origin, r.ref) for r in requests),
+        )
+
+    def _number(self, epoch_candidate: int, message: Message) -> Message:
+        subject = message.subject
+        epoch = self.group_epochs.setdefault(subject_group(subject), epoch_candidate)
+        seq = self.seqs.get(subject, 0) + 1
+        self.seqs[subject] = seq
+        return replace(message, epoch=epoch, seq=seq, type=MessageType.UPDATE, closure=None)
+
+    def position(self, subject: str) -> Position | None:
+        """The position of the last message of ``subject``, None if it has none."""
+        seq = self.seqs.get(subject)
+        if seq is None:
+            return None
+        return Position(self.group_epochs[subject_group(subject)], seq)
+
+    def to_state(self) -> dict[str, Any]:
+        """The state as a plain dict (copies)."""
+        return {
+            "clsn": self.clsn,
+            "group_epochs": dict(self.group_epochs),
+            "seqs": dict(self.seqs),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Coordinator:
+        """A coordinator from :meth:`to_state`'s dict; ValueError if it is malformed."""
+        clsn: object = state.get("clsn")
+        group_epochs: object = state.get("group_epochs")
+        seqs: object = state.get("seqs")
+        if not _is_count(clsn):
+            raise ValueError(f"clsn must be an int >= 0, got {clsn!r}")
+        if not isinstance(group_epochs, Mapping) or not all(
+            isinstance(g, int) and 0 <= g < GROUP_COUNT and _is_epoch(e)
+            for g, e in group_epochs.items()
+        ):
+            raise ValueError(f"malformed group_epochs: {group_epochs!r}")
+        if not isinstance(seqs, Mapping) or not all(
+            isinstance(s, str) and _is_count(n) and subject_group(s) in group_epochs
+            for s, n in seqs.items()
+        ):
+            raise ValueError(f"malformed seqs: {seqs!r}")
+        coordinator = cls()
+        coordinator.clsn = clsn
+        coordinator.group_epochs = dict(group_epochs)
+        coordinator.seqs = dict(seqs)
+        return coordinator
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_epoch(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < EPOCH_LIMIT

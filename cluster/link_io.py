@@ -1,0 +1,90 @@
+"""The trio adapter of the cluster link: a socket stream plus the sans-I/O codec."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import trio
+
+from cluster import link
+
+log = logging.getLogger("migratory.link")
+
+HANDSHAKE_TIMEOUT = 5.0
+RECV_SIZE = 1 << 16
+
+
+class LinkChannel:
+    """An authenticated link to one peer member."""
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        *,
+        role: Literal["accept", "connect"],
+        member: str,
+        password: str,
+    ) -> None:
+        self.stream = stream
+        self.codec = link.LinkConnection(role=role, member=member, password=password)
+        self._send_lock = trio.Lock()
+        self.peer: str | None = None
+
+    async def handshake(self) -> str:
+        """Authenticate both ways; returns the peer's member name."""
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            first = self.codec.initiate()
+            if first:
+                await self.stream.send_all(first)
+            while True:
+                event = await self._next_event()
+                if isinstance(event, link.Outgoing):
+                    await self.stream.send_all(event.data)
+                elif isinstance(event, link.Authenticated):
+                    self.peer = event.peer
+                    return event.peer
+                else:
+                    raise link.LinkError(f"unexpected {type(event).__name__} before auth")
+
+    async def send(self, op: link.LinkOp) -> None:
+        data = self.codec.send(op)
+        async with self._send_lock:
+            await self.stream.send_all(data)
+
+    async def receive(self) -> link.LinkOp | None:
+        """The next operation, or None when the peer closed the link."""
+        try:
+            event = await self._next_event()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, EOFError):
+            return None
+        if isinstance(event, link.Outgoing | link.Authenticated):
+            raise link.LinkError("handshake event after authentication")
+        return event
+
+    async def _next_event(self) -> link.LinkEvent:
+        while True:
+            event = self.codec.next_event()
+            if event is not None:
+                return event
+            data = await self.stream.receive_some(RECV_SIZE)
+            if not data:
+                raise EOFError("peer closed the link")
+            self.codec.receive_data(data)
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1):
+            await self.stream.aclose()
+
+
+async def connect(
+    address: tuple[str, int], *, member: str, password: str
+) -> LinkChannel:
+    stream = await trio.open_tcp_stream(*address)
+    channel = LinkChannel(stream, role="connect", member=member, password=password)
+    try:
+        await channel.handshake()
+    except BaseException:
+        await channel.aclose()
+        raise
+    return channel

@@ -1,0 +1,171 @@
+"""Guaranteed-mode publishing: acknowledged once Raft has committed it.
+
+A member takes a publish from a client, gives it a reference ``(origin,
+ref)`` — origin names this member *and this process's incarnation*, so a
+restarted member never mistakes an old commit for a new publish — and queues
+it. The runtime hands the queued requests to Raft (seed) or to a seed
+(non-seed) in batches. The answer comes from the committed stream itself:
+when a committed batch carrying one of our references is applied, the client
+gets ``PUBLISH_OK`` with the position the coordination assigned. A definite
+refusal gives ``PUBLISH_FAILED``; an unknown outcome keeps waiting for the
+stream until ``publish_timeout`` and then reports ``PUBLISH_FAILED`` saying
+the outcome is unknown — never a false ``PUBLISH_OK``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.coordination import CommittedBatch, PublishRequest
+from cluster.replica import Offer, Replica
+from migratory.model.message import Message
+from migratory.protocol import ops
+from migratory.server.context import PublishReply
+
+
+@dataclass(slots=True)
+class _Pending:
+    reply: PublishReply | None
+    closure: str | None
+    subject: str
+    submitted_at: float
+    unknown_since: float | None = None
+
+
+@dataclass(slots=True)
+class PublishingStatistics:
+    submitted: int = 0
+    acknowledged: int = 0
+    failed: int = 0
+    unknown_outcome: int = 0
+    batches_applied: int = 0
+    gaps: int = 0
+
+
+class ClusterPublishing:
+    """The :class:`~migratory.server.context.PublishPath` of a Guaranteed cluster member."""
+
+    def __init__(self, *, origin: str, replica: Replica, publish_timeout: float = 10.0) -> None:
+        self.origin = origin
+        self.replica = replica
+        self.publish_timeout = publish_timeout
+        self._next_ref = 0
+        self._pending: dict[int, _Pending] = {}
+        self._outgoing: list[PublishRequest] = []
+        self.stats = PublishingStatistics()
+        self.on_outgoing: Callable[[], None] | None = None  # first request queued
+
+    # --- from clients ---------------------------------------------------------
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        self._next_ref += 1
+        ref = self._next_ref
+        self._pending[ref] = _Pending(reply, message.closure, message.subject, now)
+        if not self._outgoing and self.on_outgoing is not None:
+            self.on_outgoing()
+        self._outgoing.append(PublishRequest(self.origin, ref, message))
+        self.stats.submitted += 1
+
+    def take_outgoing(self) -> list[PublishRequest]:
+        """The requests to submit now, in the order clients published them."""
+        outgoing, self._outgoing = self._outgoing, []
+        return outgoing
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # --- from the coordination --------------------------------------------------
+
+    def on_committed(self, batch: CommittedBatch, now: float) -> Offer:
+        """Apply a committed batch to the hub and acknowledge our publishes in it."""
+        offer = self.replica.offer(batch, now)
+        if offer is Offer.GAP:
+            self.stats.gaps += 1
+        elif offer is Offer.APPLIED:
+            self.stats.batches_applied += 1
+        replies: dict[int, PublishReply] = {}
+        for (origin, ref), message in zip(batch.origins, batch.messages, strict=True):
+            if origin != self.origin:
+                continue
+            pending = self._pending.pop(ref, None)
+            if pending is None:
+                continue
+            self.stats.acknowledged += 1
+            if pending.reply is not None:
+                pending.reply.publish_result(
+                    ops.PublishStatus(
+                        ops.Status.PUBLISH_OK, pending.closure, pending.subject, message.position
+                    )
+                )
+                replies[id(pending.reply)] = pending.reply
+        for reply in replies.values():
+            reply.flush()
+        return offer
+
+    def on_failed(
+        self, origins: list[tuple[str, int]], reason: str, *, unknown: bool, now: float
+    ) -> None:
+        """Raft refused a batch (definite) or could not say whether it committed (unknown)."""
+        replies: dict[int, PublishReply] = {}
+        for origin, ref in origins:
+            if origin != self.origin:
+                continue
+            pending = self._pending.get(ref)
+            if pending is None:
+                continue
+            if unknown:
+                if pending.unknown_since is None:
+                    pending.unknown_since = now
+                continue
+            del self._pending[ref]
+            self._fail(pending, f"not published: {reason}", replies)
+        for reply in replies.values():
+            reply.flush()
+
+    def expire(self, now: float) -> int:
+        """Give up on publishes whose commit was not seen within ``publish_timeout``."""
+        expired = [
+            ref
+            for ref, pending in self._pending.items()
+            if now - pending.submitted_at > self.publish_timeout
+        ]
+        replies: dict[int, PublishReply] = {}
+        for ref in expired:
+            pending = self._pending.pop(ref)
+            self.stats.unknown_outcome += 1
+            self._fail(
+                pending,
+                f"outcome unknown: no commit seen within {self.publish_timeout:g} s",
+                replies,
+            )
+        for reply in replies.values():
+            reply.flush()
+        return len(expired)
+
+    def _fail(self, pending: _Pending, reason: str, replies: dict[int, PublishReply]) -> None:
+        self.stats.failed += 1
+        if pending.reply is not None:
+            pending.reply.publish_result(
+                ops.PublishStatus(
+                    ops.Status.PUBLISH_FAILED, pending.closure, pending.subject, None, reason
+                )
+            )
+            replies[id(pending.reply)] = pending.reply
+
+    def statistics(self) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "mode": "guaranteed",
+            "origin": self.origin,
+            "pending": len(self._pending),
+            "submitted": stats.submitted,
+            "acknowledged": stats.acknowledged,
+            "failed": stats.failed,
+            "unknown_outcome": stats.unknown_outcome,
+            "batches_applied": stats.batches_applied,
+            "gaps": stats.gaps,
+            "applied_clsn": self.replica.applied_clsn,
+        }

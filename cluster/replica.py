@@ -1,0 +1,186 @@
+"""A member's copy of the committed stream: its hub, fed batch by batch in CLSN order.
+
+Pure and deterministic. Every member (seed or not) keeps a :class:`Replica` around its
+:class:`~migratory.server.hub.Hub`. Committed batches are offered in cluster log
+sequence number (CLSN) order; a batch that does not follow the last applied one is a
+gap: the replica buffers it, applies nothing more and says it needs a cache sync
+from a peer (:meth:`Replica.make_sync` there, :meth:`Replica.install_sync` here). A
+member needing a sync must not serve clients.
+
+Every member's hub must be built with ``epoch=UNNUMBERED_EPOCH`` so that a subscriber
+that saw nothing of a subject on one member resumes it on any other without a gap.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
+from migratory.model.message import Message
+from migratory.server.hub import Hub, SubjectRecord
+
+__all__ = ["CacheSync", "Offer", "Replica", "SubjectSync"]
+
+DEFAULT_MAX_BUFFERED = 1024
+"""Batches kept while waiting for a sync; older ones are dropped first."""
+
+
+class Offer(enum.Enum):
+    """What the replica did with an offered batch."""
+
+    APPLIED = "applied"
+    """It was the next batch: its messages are in the hub and fanned out."""
+    DUPLICATE = "duplicate"
+    """Already applied (CLSN at or below the applied one): ignored."""
+    GAP = "gap"
+    """Buffered, not applied: batches are missing before it, or a sync is pending."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectSync:
+    """One numbered subject in a cache sync."""
+
+    subject: str
+    epoch: int
+    seq: int
+    snapshot: Message | None
+    cached: tuple[Message, ...]
+    """Cached messages, oldest first, ending at ``seq``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSync:
+    """A peer's subjects as they stood after applying batch ``clsn``."""
+
+    clsn: int
+    subjects: tuple[SubjectSync, ...]
+
+
+class Replica:
+    """Applies the committed stream to ``hub`` and keeps track of where it stands."""
+
+    def __init__(
+        self, hub: Hub, *, needs_sync: bool = False, max_buffered: int = DEFAULT_MAX_BUFFERED
+    ) -> None:
+        if hub.epoch != UNNUMBERED_EPOCH:
+            raise ValueError(
+                f"a cluster member's hub must have epoch UNNUMBERED_EPOCH ({UNNUMBERED_EPOCH}),"
+                f" got {hub.epoch}"
+            )
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
+        self._hub = hub
+        self._applied_clsn = 0
+        self._needs_sync = needs_sync
+        self._skipped_to = 0
+        """Batches up to here will not be offered: only a sync can bring them."""
+        self._max_buffered = max_buffered
+        self._buffered: dict[int, CommittedBatch] = {}
+        """Batches held back until a sync, by CLSN."""
+
+    def __repr__(self) -> str:
+        state = "needs sync" if self._needs_sync else "in sync"
+        return f"<Replica at clsn {self._applied_clsn}, {state}, {len(self._buffered)} buffered>"
+
+    @property
+    def hub(self) -> Hub:
+        return self._hub
+
+    @property
+    def applied_clsn(self) -> int:
+        """CLSN of the last batch applied to the hub (0: none)."""
+        return self._applied_clsn
+
+    @property
+    def needs_sync(self) -> bool:
+        """Whether the hub must be synced from a peer before it applies or serves more."""
+        return self._needs_sync
+
+    @property
+    def buffered(self) -> int:
+        """Batches held back until a sync."""
+        return len(self._buffered)
+
+    def offer(self, batch: CommittedBatch, now: float) -> Offer:
+        """Apply ``batch`` if it is the next one; buffer it on a gap."""
+        if batch.clsn <= self._applied_clsn:
+            return Offer.DUPLICATE
+        if self._needs_sync or batch.clsn != self._applied_clsn + 1:
+            self._hold(batch)
+            return Offer.GAP
+        if not self._apply(batch, now):
+            self._hold(batch)
+            return Offer.GAP
+        return Offer.APPLIED
+
+    def skip_to(self, clsn: int) -> bool:
+        """The batches up to ``clsn`` will not be offered; returns ``needs_sync``.
+
+        For a stream that goes on after ``clsn`` (Raft gave a state dump instead of the
+        log, the upstream no longer has them): a replica behind it needs a sync.
+        """
+        if clsn > self._applied_clsn:
+            self._skipped_to = max(self._skipped_to, clsn)
+            self._needs_sync = True
+        return self._needs_sync
+
+    def _hold(self, batch: CommittedBatch) -> None:
+        self._needs_sync = True
+        buffered = self._buffered
+        buffered[batch.clsn] = batch
+        if len(buffered) > self._max_buffered:
+            del buffered[min(buffered)]  # the oldest is the least likely to follow a sync
+
+    def _apply(self, batch: CommittedBatch, now: float) -> bool:
+        """Apply the next batch; False if the hub found a gap in a subject (sync needed)."""
+        hub = self._hub
+        try:
+            for message in batch.messages:
+                hub.apply(message, now)
+        except ValueError:
+            return False
+        self._applied_clsn = batch.clsn
+        return True
+
+    def make_sync(self) -> CacheSync:
+        """The hub's subjects at ``applied_clsn``, for a peer that needs a sync.
+
+        Raises RuntimeError when this replica itself needs a sync.
+        """
+        if self._needs_sync:
+            raise RuntimeError("a replica that needs a sync cannot give one")
+        return CacheSync(
+            clsn=self._applied_clsn,
+            subjects=tuple(SubjectSync(*record) for record in self._hub.export_subjects()),
+        )
+
+    def install_sync(self, sync: CacheSync, now: float) -> None:
+        """Replace the hub's subjects with a peer's, then apply buffered batches after it.
+
+        Still needs a sync afterwards if the buffered batches do not follow
+        ``sync.clsn``. Raises ValueError, changing nothing, for a sync older than
+        ``applied_clsn`` or one the hub rejects.
+        """
+        if sync.clsn < self._applied_clsn:
+            raise ValueError(f"sync at clsn {sync.clsn} is older than applied {self._applied_clsn}")
+        self._hub.install_subjects((SubjectRecord(*_fields(s)) for s in sync.subjects), now)
+        self._applied_clsn = sync.clsn
+        self._needs_sync = False
+        self._catch_up(now)
+
+    def _catch_up(self, now: float) -> None:
+        """Apply the buffered batches that follow ``applied_clsn``; any left mean a gap."""
+        buffered = self._buffered
+        for clsn in [c for c in buffered if c <= self._applied_clsn]:
+            del buffered[clsn]
+        while (batch := buffered.get(self._applied_clsn + 1)) is not None:
+            if not self._apply(batch, now):
+                self._needs_sync = True
+                return
+            del buffered[batch.clsn]
+        self._needs_sync = bool(buffered) or self._applied_clsn < self._skipped_to
+
+
+def _fields(sync: SubjectSync) -> tuple[str, int, int, Message | None, tuple[Message, ...]]:
+    return (sync.subject, sync.epoch, sync.seq, sync.snapshot, sync.cached)

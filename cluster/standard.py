@@ -1,0 +1,129 @@
+"""Standard-mode clustering: no consensus, members forward publications.
+
+Each member numbers messages with its own epoch, so a client that fails over
+to another member has a position that member does not know: it gets the
+snapshot and ``DATA_RESYNC`` (the seed's Standard Message Delivery). A member
+forwards every publication it takes from a client to all other members over
+the authenticated cluster link, best effort: while a peer is unreachable its
+forwards are dropped (counted), as Standard mode promises no more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from cluster import link
+from cluster.link_io import LinkChannel, connect
+from cluster.member import RETRY_SECONDS, member_name
+from migratory.config import Config
+from migratory.model.message import Message
+from migratory.server.app import Server
+from migratory.server.context import LocalPublishing, PublishReply
+
+log = logging.getLogger("migratory.cluster")
+
+PEER_QUEUE = 10_000
+
+
+class StandardPublishing(LocalPublishing):
+    def __init__(self, member: StandardMember) -> None:
+        super().__init__(member.server.ctx.hub)
+        self._member = member
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        super().submit(message, reply, now)
+        self._member.forward(message)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"mode": "standard", "forward_dropped": self._member.dropped}
+
+
+class StandardMember:
+    def __init__(self, config: Config, server: Server) -> None:
+        assert config.cluster_member_listen is not None
+        self.config = config
+        self.server = server
+        self.address = config.cluster_member_listen
+        self.name = member_name(self.address)
+        self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
+        self.connected: set[str] = set()
+        self.dropped = 0
+        server.ctx.publishing = StandardPublishing(self)
+        server.ctx.cluster_status = self.status
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "member": self.name,
+            "index": self.config.member_index,
+            "role": "member",
+            "mode": "Standard",
+            "ready": True,
+            "epoch": self.server.ctx.hub.epoch,
+            "forwarding_to": sorted(self.connected),
+            "forward_dropped": self.dropped,
+        }
+
+    def forward(self, message: Message) -> None:
+        for name, queue in self.queues.items():
+            if name not in self.connected:
+                self.dropped += 1
+                continue
+            try:
+                queue.send_nowait(message)
+            except trio.WouldBlock:
+                self.dropped += 1
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                trio.serve_tcp, self._serve_peer, self.address[1], host=self.address[0]
+            )
+            for address in self.config.cluster_members:
+                if address != self.address:
+                    send, receive = trio.open_memory_channel[Message](PEER_QUEUE)
+                    self.queues[member_name(address)] = send
+                    nursery.start_soon(self._forward_to, address, receive)
+            log.info("cluster link on %s (Standard mode)", self.name)
+            task_status.started()
+
+    async def _forward_to(
+        self, address: tuple[str, int], queue: trio.MemoryReceiveChannel[Message]
+    ) -> None:
+        name = member_name(address)
+        while True:
+            try:
+                channel = await connect(address, member=self.name,
+                                        password=self.config.cluster_password)
+            except (OSError, link.LinkError, trio.TooSlowError, EOFError):
+                await trio.sleep(RETRY_SECONDS)
+                continue
+            self.connected.add(name)
+            try:
+                async for message in queue:
+                    await channel.send(link.StandardPublish(message))
+            except (OSError, trio.BrokenResourceError) as exc:
+                log.info("forwarding to %s interrupted: %s", name, exc)
+            finally:
+                self.connected.discard(name)
+                await channel.aclose()
+
+    async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        channel = LinkChannel(
+            stream, role="accept", member=self.name, password=self.config.cluster_password
+        )
+        try:
+            await channel.handshake()
+            while True:
+                op = await channel.receive()
+                if op is None:
+                    return
+                if not isinstance(op, link.StandardPublish):
+                    raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
+                self.server.ctx.hub.publish(op.message, trio.current_time())
+        except (link.LinkError, trio.TooSlowError, OSError, EOFError) as exc:
+            log.warning("cluster link from %s ended: %s", channel.peer or "?", exc)
+        finally:
+            await channel.aclose()

@@ -1,0 +1,117 @@
+"""Real member processes on 127.0.0.1 for cluster tests; every one stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from cluster.tooling import member_settings, start_member, stop_all
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(members: int) -> int:
+    for _ in range(200):
+        base = random.randrange(20_000, 40_000, 10)
+        ports = [base + 10 * i for i in range(members)]
+        ports += [base + 1000 + 10 * i + d for i in range(members) for d in (0, 1)]
+        if all(_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free ports")
+
+
+class LocalCluster:
+    def __init__(
+        self, tmp_path: Path, *, members: int, seeds: int = 3, mode: str = "Guaranteed",
+        **extra: str,
+    ) -> None:
+        self.tmp_path = tmp_path
+        self.members = members
+        self.base = free_base_port(members)
+        self.settings = [
+            {**member_settings(i, members=members, seeds=seeds, mode=mode, base_port=self.base,
+                               password="test-cluster-password"), **extra}
+            for i in range(members)
+        ]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * members
+
+    def start(self, index: int) -> None:
+        self.processes[index] = start_member(
+            self.settings[index], self.tmp_path / f"migratory-{index}.log"
+        )
+
+    def start_all(self, indexes: range | list[int] | None = None) -> None:
+        for i in indexes if indexes is not None else range(self.members):
+            self.start(i)
+
+    def url(self, index: int) -> str:
+        return f"ws://{self.settings[index]['Listen']}"
+
+    def http(self, index: int) -> str:
+        return f"http://{self.settings[index]['Listen']}"
+
+    def port(self, index: int) -> int:
+        return int(self.settings[index]["Listen"].rsplit(":", 1)[1])
+
+    def status(self, index: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.http(index)}/cluster", timeout=2) as reply:
+            result: dict[str, Any] = json.loads(reply.read())
+            return result
+
+    def ready(self, index: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.http(index)}/readyz", timeout=2):
+                return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def wait_ready(self, indexes: list[int] | range | None = None, timeout: float = 30) -> None:
+        wanted = list(indexes if indexes is not None else range(self.members))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in wanted:
+                process = self.processes[i]
+                if process is not None and process.poll() is not None:
+                    raise RuntimeError(f"member {i} exited:\n{self.log(i)}")
+            if all(self.ready(i) for i in wanted):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"members {wanted} not ready:\n" + "\n".join(
+            self.log(i)[-3000:] for i in wanted))
+
+    def leader(self) -> int:
+        for i in range(self.members):
+            try:
+                if self.status(i).get("raft_state") == "leader":
+                    return i
+            except OSError:
+                continue
+        raise RuntimeError("no Raft leader")
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        process = self.processes[index]
+        assert process is not None
+        process.send_signal(sig)
+        process.wait(10)
+
+    def log(self, index: int) -> str:
+        path = self.tmp_path / f"migratory-{index}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        stop_all([p for p in self.processes if p is not None])

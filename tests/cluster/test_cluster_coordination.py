@@ -1,0 +1,136 @@
+"""The coordinator: deterministic numbering of committed batches, plain picklable state."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+
+import pytest
+
+from cluster.coordination import (
+    GROUP_COUNT,
+    UNNUMBERED_EPOCH,
+    Coordinator,
+    PublishRequest,
+    subject_group,
+)
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+
+IBM = "/Stocks/NYSE/IBM"
+GM = "/Stocks/NASDAQ/GM"  # same subject group as IBM
+LAL = "/Scores/NBA/LAL"
+
+
+def request(subject: str, content: str, ref: int = 0, origin: str = "a") -> PublishRequest:
+    message = Message(subject, content.encode(), closure=f"c{ref}", epoch=9, seq=99)
+    return PublishRequest(origin, ref, message)
+
+
+def test_subject_group_is_crc32_modulo_group_count() -> None:
+    assert GROUP_COUNT == 64
+    assert subject_group(IBM) == zlib.crc32(IBM.encode()) % 64
+    assert subject_group(GM) == subject_group(IBM) != subject_group(LAL)
+    assert subject_group("/Météo/Paris/été") == zlib.crc32("/Météo/Paris/été".encode()) % 64
+
+
+def test_batch_numbers_messages_in_order_with_the_group_epoch() -> None:
+    coordinator = Coordinator()
+    batch = coordinator.apply_batch(
+        500, [request(IBM, "a", 1), request(LAL, "b", 2), request(IBM, "c", 3, "b")]
+    )
+    assert batch.clsn == 1
+    assert [(m.subject, m.position) for m in batch.messages] == [
+        (IBM, Position(500, 1)),
+        (LAL, Position(500, 1)),
+        (IBM, Position(500, 2)),
+    ]
+    assert all(m.type is MessageType.UPDATE and m.closure is None for m in batch.messages)
+    assert batch.origins == (("a", 1), ("a", 2), ("b", 3))
+    assert coordinator.position(IBM) == Position(500, 2)
+    assert coordinator.position("/never/published") is None
+
+
+def test_epoch_candidate_only_matters_for_the_first_batch_of_a_group() -> None:
+    coordinator = Coordinator()
+    coordinator.apply_batch(500, [request(IBM, "a")])
+    second = coordinator.apply_batch(777, [request(GM, "b"), request(IBM, "c"), request(LAL, "d")])
+    assert [m.position for m in second.messages] == [
+        Position(500, 1),  # GM shares IBM's group: its epoch is already set
+        Position(500, 2),
+        Position(777, 1),  # LAL's group is new
+    ]
+    assert second.clsn == 2
+
+
+def test_same_batches_give_same_numbering_on_every_seed() -> None:
+    batches = [
+        (11, [request(IBM, "a"), request(LAL, "b")]),
+        (22, []),
+        (33, [request(GM, "c"), request(IBM, "d")]),
+    ]
+    seeds = [Coordinator() for _ in range(3)]
+    results = [[seed.apply_batch(e, rs) for e, rs in batches] for seed in seeds]
+    assert results[0] == results[1] == results[2]
+    assert [b.clsn for b in results[0]] == [1, 2, 3]
+    assert seeds[0].to_state() == seeds[1].to_state() == seeds[2].to_state()
+
+
+def test_a_leader_change_does_not_renumber_a_restored_state() -> None:
+    old_leader = Coordinator()
+    old_leader.apply_batch(11, [request(IBM, "a"), request(IBM, "b")])
+    new_leader = Coordinator.from_state(old_leader.to_state())
+    batch = new_leader.apply_batch(99, [request(IBM, "c")])
+    assert batch.messages[0].position == Position(11, 3)
+    assert batch.clsn == 2
+
+
+def test_unnumbered_epoch_is_never_given_to_a_group() -> None:
+    coordinator = Coordinator()
+    batch = coordinator.apply_batch(UNNUMBERED_EPOCH, [request(IBM, "a")])
+    assert batch.messages[0].epoch == UNNUMBERED_EPOCH + 1
+
+
+@pytest.mark.parametrize("candidate", [0, -1, 2**48])
+def test_bad_epoch_candidate_raises_and_changes_nothing(candidate: int) -> None:
+    coordinator = Coordinator()
+    with pytest.raises(ValueError, match="epoch candidate"):
+        coordinator.apply_batch(candidate, [request(IBM, "a")])
+    assert coordinator.to_state() == {"clsn": 0, "group_epochs": {}, "seqs": {}}
+
+
+def test_pickle_round_trip_keeps_numbering() -> None:
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "a"), request(LAL, "b")])
+    restored = pickle.loads(pickle.dumps(coordinator))
+    assert restored.to_state() == coordinator.to_state()
+    assert restored.apply_batch(5, [request(IBM, "c")]) == coordinator.apply_batch(
+        5, [request(IBM, "c")]
+    )
+
+
+def test_state_is_plain_data() -> None:
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "a")])
+    state = coordinator.to_state()
+    assert state == {"clsn": 1, "group_epochs": {subject_group(IBM): 11}, "seqs": {IBM: 1}}
+    assert vars(coordinator) == state  # nothing else is replicated
+    state["seqs"][IBM] = 42  # a copy
+    assert coordinator.seqs[IBM] == 1
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"clsn": -1, "group_epochs": {}, "seqs": {}},
+        {"clsn": True, "group_epochs": {}, "seqs": {}},
+        {"clsn": 0, "group_epochs": {64: 5}, "seqs": {}},
+        {"clsn": 0, "group_epochs": {1: 0}, "seqs": {}},
+        {"clsn": 0, "group_epochs": {}, "seqs": {IBM: 1}},  # a seq without its group's epoch
+        {"clsn": 0, "group_epochs": {subject_group(IBM): 5}, "seqs": {IBM: "1"}},
+    ],
+)
+def test_malformed_state_is_rejected(state: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Coordinator.from_state(state)

@@ -1,0 +1,173 @@
+"""Guaranteed cluster with real member processes: SIGKILL the leader, the subscriber's
+member and a non-seed while publishing; nothing acknowledged is lost or duplicated."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixture import LocalCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from rawclient import RawClient, delivered  # noqa: E402
+
+from migratory.model.message import Message, MessageType  # noqa: E402
+from migratory.model.position import Position  # noqa: E402
+from migratory.protocol import ops  # noqa: E402
+
+SUBJECT = "/Scores/NBA/LAL"
+
+
+@pytest.fixture
+def cluster4(tmp_path: Path) -> Any:
+    cluster = LocalCluster(tmp_path, members=4, seeds=3)
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def subscriber(cluster: LocalCluster, index: int, **kw: Any) -> RawClient:
+    client = RawClient(cluster.port(index))
+    client.connect(f"sub-{index}")
+    client.subscribe(SUBJECT, **kw)
+    return client
+
+
+def publish(client: RawClient, content: bytes, closure: str) -> ops.PublishStatus:
+    return client.publish(Message(SUBJECT, content, retained=True, closure=closure))
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered messages through one member, recording every acknowledgement."""
+
+    def __init__(self, cluster: LocalCluster, index: int, count: int, pause: float) -> None:
+        super().__init__(daemon=True)
+        self.client = RawClient(cluster.port(index), timeout=15)
+        self.client.connect("publisher")
+        self.count, self.pause = count, pause
+        self.acked: list[tuple[bytes, Position]] = []
+        self.failed: list[tuple[bytes, str | None]] = []
+
+    def run(self) -> None:
+        for i in range(self.count):
+            content = f"m{i:05d}".encode()
+            status = publish(self.client, content, str(i))
+            if status.status is ops.Status.PUBLISH_OK:
+                assert status.position is not None
+                self.acked.append((content, status.position))
+            else:
+                self.failed.append((content, status.reason))
+            time.sleep(self.pause)
+
+
+def receive_until(client: RawClient, contents: set[bytes], timeout: float = 20) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while not contents <= {m.content for m in got}:
+        op = client.recv_op(timeout=max(0.1, deadline - time.monotonic()))
+        got.extend(delivered([op]))
+    return got
+
+
+def assert_exactly_once_in_order(got: list[Message], acked: list[tuple[bytes, Position]]) -> None:
+    updates = [m for m in got if m.type is not MessageType.SNAPSHOT]
+    positions = [m.position for m in updates]
+    assert len(positions) == len(set(positions)), "duplicate delivery"
+    assert positions == sorted(positions), "delivered out of order"
+    by_content = {m.content: m.position for m in updates}
+    for content, position in acked:
+        assert by_content.get(content) == position, f"acknowledged {content!r} lost"
+
+
+def test_publish_anywhere_is_numbered_once_and_delivered_everywhere(cluster4: LocalCluster) -> None:
+    subs = [subscriber(cluster4, i) for i in range(4)]
+    for sub in subs:
+        assert isinstance(sub.recv_op(), ops.SubjectStatus)
+    publishers = [RawClient(cluster4.port(i)) for i in range(4)]
+    for p in publishers:
+        p.connect("pub")
+    statuses = [publish(publishers[i % 4], f"m{i}".encode(), str(i)) for i in range(20)]
+    assert all(s.status is ops.Status.PUBLISH_OK for s in statuses)
+    positions = [s.position for s in statuses]
+    assert [p.seq for p in positions if p] == list(range(1, 21))
+    assert len({p.epoch for p in positions if p}) == 1
+    orders = [[m.content for m in receive_until(sub, {b"m19"})] for sub in subs]
+    assert orders[0] == [f"m{i}".encode() for i in range(20)]
+    assert all(order == orders[0] for order in orders)
+
+
+def test_leader_sigkill_while_publishing_loses_no_acknowledged_message(
+    cluster4: LocalCluster,
+) -> None:
+    leader = cluster4.leader()
+    via = next(i for i in range(3) if i != leader)
+    sub = subscriber(cluster4, 3)
+    sub.recv_op()
+    publisher = Publisher(cluster4, via, count=150, pause=0.01)
+    publisher.start()
+    time.sleep(0.5)
+    cluster4.kill(leader)
+    publisher.join(60)
+    assert not publisher.is_alive()
+    assert len(publisher.acked) > 100
+    got = receive_until(sub, {c for c, _ in publisher.acked})
+    assert_exactly_once_in_order(got, publisher.acked)
+    assert cluster4.leader() != leader
+
+
+def test_subscriber_resumes_on_another_member_after_sigkill(cluster4: LocalCluster) -> None:
+    sub = subscriber(cluster4, 1)
+    sub.recv_op()
+    publisher = Publisher(cluster4, 2, count=60, pause=0.01)
+    publisher.start()
+    time.sleep(0.2)
+    before = [m for m in delivered([sub.recv_op()]) if m.type is MessageType.UPDATE]
+    cluster4.kill(1)
+    publisher.join(60)
+    last = before[-1].position
+    resumed = subscriber(cluster4, 3, position=last)
+    received = resumed.recv_ops_until_status(ops.Status.DATA_SYNC)
+    recovered = delivered(received)
+    assert {m.type for m in recovered} <= {MessageType.RECOVERED}
+    assert_exactly_once_in_order(
+        before + recovered, [(c, p) for c, p in publisher.acked if p > last]
+    )
+
+
+def test_non_seed_sigkill_and_restart_resyncs_before_serving(cluster4: LocalCluster) -> None:
+    publisher = Publisher(cluster4, 0, count=40, pause=0.005)
+    publisher.start()
+    time.sleep(0.05)
+    cluster4.kill(3)
+    publisher.join(30)
+    cluster4.start(3)
+    cluster4.wait_ready([3])
+    sub = subscriber(cluster4, 3, position=Position(publisher.acked[0][1].epoch, 0))
+    received = sub.recv_ops_until_status(ops.Status.DATA_SYNC)
+    assert [m.content for m in delivered(received)] == [c for c, _ in publisher.acked]
+
+
+def test_non_seed_joining_under_load_serves_recovery(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, members=4, seeds=3)
+    try:
+        cluster.start_all(range(3))
+        cluster.wait_ready(range(3))
+        publisher = Publisher(cluster, 0, count=200, pause=0.005)
+        publisher.start()
+        time.sleep(0.3)
+        cluster.start(3)  # joins while messages keep coming
+        publisher.join(60)
+        cluster.wait_ready([3])
+        first = publisher.acked[0][1]
+        sub = subscriber(cluster, 3, position=Position(first.epoch, 0))
+        received = sub.recv_ops_until_status(ops.Status.DATA_SYNC)
+        assert [m.content for m in delivered(received)] == [c for c, _ in publisher.acked]
+    finally:
+        cluster.stop()

@@ -1,0 +1,225 @@
+"""A member's replica: committed batches in CLSN order, gap detection, cache sync."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
+from cluster.replica import CacheSync, Offer, Replica, SubjectSync
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.server.hub import Hub, SubjectRecord
+
+IBM = "/Stocks/NYSE/IBM"
+LAL = "/Scores/NBA/LAL"
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def deliver(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+def new_replica(**kw: object) -> Replica:
+    return Replica(Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=3), **kw)  # type: ignore[arg-type]
+
+
+def committed(count: int, subjects: tuple[str, ...] = (IBM,)) -> list[CommittedBatch]:
+    """``count`` batches, one message per subject each, numbered by a coordinator."""
+    coordinator = Coordinator()
+    return [
+        coordinator.apply_batch(
+            700,
+            [
+                PublishRequest("a", i, Message(s, f"{s}:{i}".encode(), retained=i % 2 == 0))
+                for s in subjects
+            ],
+        )
+        for i in range(count)
+    ]
+
+
+def contents(replica: Replica, subject: str = IBM) -> list[bytes]:
+    (record,) = [r for r in replica.hub.export_subjects() if r.subject == subject]
+    return [m.content for m in record.cached]
+
+
+def test_hub_must_use_the_unnumbered_epoch() -> None:
+    with pytest.raises(ValueError, match="UNNUMBERED_EPOCH"):
+        Replica(Hub(epoch=12345))
+
+
+def test_batches_in_order_are_applied_and_fanned_out() -> None:
+    replica = new_replica()
+    sink = RecordingSink()
+    replica.hub.subscribe(sink, ops.SubscriptionRequest(IBM), 0.0)
+    batches = committed(2)
+    assert [replica.offer(b, 0.0) for b in batches] == [Offer.APPLIED, Offer.APPLIED]
+    assert replica.applied_clsn == 2 and not replica.needs_sync
+    assert replica.hub.position(IBM) == Position(700, 2)
+    assert len(sink.frames) == 2
+
+
+def test_a_batch_at_or_below_the_applied_clsn_is_a_duplicate() -> None:
+    replica = new_replica()
+    batches = committed(2)
+    for b in batches:
+        replica.offer(b, 0.0)
+    assert replica.offer(batches[0], 0.0) is Offer.DUPLICATE
+    assert replica.offer(batches[1], 0.0) is Offer.DUPLICATE
+    assert replica.hub.position(IBM) == Position(700, 2)
+
+
+def test_a_gap_buffers_and_then_nothing_is_applied_until_a_sync() -> None:
+    replica = new_replica()
+    b1, b2, b3 = committed(3)
+    assert replica.offer(b1, 0.0) is Offer.APPLIED
+    assert replica.offer(b3, 0.0) is Offer.GAP
+    assert replica.needs_sync and replica.buffered == 1
+    assert replica.offer(b2, 0.0) is Offer.GAP  # the next one, but a sync is pending
+    assert replica.applied_clsn == 1 and replica.hub.position(IBM) == Position(700, 1)
+
+
+def test_the_buffer_is_bounded_and_keeps_the_newest() -> None:
+    replica = new_replica(max_buffered=2)
+    batches = committed(5)
+    for b in batches[1:]:
+        replica.offer(b, 0.0)
+    assert replica.buffered == 2
+    replica.install_sync(CacheSync(clsn=0, subjects=()), 0.0)
+    assert replica.needs_sync and replica.applied_clsn == 0  # 4 and 5 do not follow 0
+
+
+def test_a_batch_the_hub_cannot_apply_means_a_sync() -> None:
+    replica = new_replica()
+    b1, b2 = committed(2)
+    replica.offer(b1, 0.0)
+    bad = CommittedBatch(2, (b2.messages[0].with_position(700, 5),), b2.origins)
+    assert replica.offer(bad, 0.0) is Offer.GAP
+    assert replica.needs_sync and replica.applied_clsn == 1
+
+
+def test_make_sync_has_positions_snapshots_and_cached_messages() -> None:
+    replica = new_replica()
+    for b in committed(5, (IBM, LAL)):
+        replica.offer(b, 0.0)
+    sync = replica.make_sync()
+    assert sync.clsn == 5
+    by_subject = {s.subject: s for s in sync.subjects}
+    assert set(by_subject) == {IBM, LAL}
+    ibm = by_subject[IBM]
+    assert (ibm.epoch, ibm.seq) == (700, 5)
+    assert [m.seq for m in ibm.cached] == [3, 4, 5]  # max_cached_messages=3
+    assert ibm.snapshot is not None and ibm.snapshot.content == f"{IBM}:4".encode()
+
+
+def test_a_replica_needing_a_sync_cannot_give_one() -> None:
+    replica = new_replica(needs_sync=True)
+    with pytest.raises(RuntimeError):
+        replica.make_sync()
+
+
+def test_install_sync_replaces_subjects_then_applies_buffered_batches() -> None:
+    peer, late = new_replica(), new_replica(needs_sync=True)
+    batches = committed(6, (IBM, LAL))
+    for b in batches[:4]:
+        peer.offer(b, 0.0)
+    for b in batches[2:]:
+        assert late.offer(b, 0.0) is Offer.GAP
+    late.install_sync(peer.make_sync(), 1.0)
+    assert not late.needs_sync and late.applied_clsn == 6 and late.buffered == 0
+    for b in batches[4:]:
+        peer.offer(b, 0.0)
+    assert late.hub.export_subjects() == peer.hub.export_subjects()
+
+
+def test_install_sync_stays_in_need_when_the_buffer_does_not_follow() -> None:
+    peer, late = new_replica(), new_replica(needs_sync=True)
+    batches = committed(6)
+    peer.offer(batches[0], 0.0)
+    late.offer(batches[4], 0.0)
+    late.install_sync(peer.make_sync(), 0.0)
+    assert late.needs_sync and late.applied_clsn == 1
+    assert late.hub.position(IBM) == Position(700, 1)
+
+
+def test_install_sync_forgets_subjects_the_peer_does_not_have() -> None:
+    replica = new_replica()
+    for b in committed(2, (IBM, LAL)):
+        replica.offer(b, 0.0)
+    sync = replica.make_sync()
+    only_ibm = replace(sync, subjects=tuple(s for s in sync.subjects if s.subject == IBM))
+    replica.install_sync(only_ibm, 0.0)
+    assert replica.hub.position(LAL) is None
+    assert [s.subject for s in replica.make_sync().subjects] == [IBM]
+
+
+def test_an_older_sync_is_refused() -> None:
+    replica = new_replica()
+    for b in committed(2):
+        replica.offer(b, 0.0)
+    with pytest.raises(ValueError, match="older"):
+        replica.install_sync(CacheSync(clsn=1, subjects=()), 0.0)
+    assert replica.applied_clsn == 2
+
+
+def test_a_malformed_sync_changes_nothing() -> None:
+    replica = new_replica()
+    for b in committed(3):
+        replica.offer(b, 0.0)
+    good = replica.make_sync()
+    (ibm,) = good.subjects
+    holes = SubjectSync(IBM, 700, 3, None, (ibm.cached[0], ibm.cached[2]))
+    before = replica.hub.export_subjects()
+    for bad in (holes, replace(ibm, seq=0), replace(ibm, epoch=701)):
+        with pytest.raises(ValueError):
+            replica.install_sync(CacheSync(clsn=9, subjects=(bad,)), 0.0)
+    assert replica.hub.export_subjects() == before and replica.applied_clsn == 3
+
+
+# --- resuming on another member (the hub's rules for a cluster) ----------------------
+
+
+def resume(hub: Hub, position: Position) -> list[ops.ServerOp]:
+    return hub.subscribe(RecordingSink(), ops.SubscriptionRequest(IBM, position), 0.0)
+
+
+def test_a_subscriber_that_saw_nothing_recovers_everything_on_a_peer() -> None:
+    origin, peer = new_replica(), new_replica()
+    allow = origin.hub.subscribe(RecordingSink(), ops.SubscriptionRequest(IBM), 0.0)
+    assert allow == [ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, IBM, Position(1, 0))]
+    for b in committed(2):
+        peer.offer(b, 0.0)  # the origin crashed before applying them
+    out = resume(peer.hub, Position(UNNUMBERED_EPOCH, 0))
+    assert isinstance(out[1], ops.Deliver)
+    assert [(m.seq, m.type) for m in out[1].messages] == [
+        (1, MessageType.RECOVERED),
+        (2, MessageType.RECOVERED),
+    ]
+    assert out[2] == ops.SubjectStatus(ops.Status.DATA_SYNC, IBM, Position(700, 2))
+
+
+def test_saw_nothing_but_the_peer_cache_no_longer_reaches_back_is_a_resync() -> None:
+    peer = new_replica()
+    for b in committed(5):
+        peer.offer(b, 0.0)
+    out = resume(peer.hub, Position(UNNUMBERED_EPOCH, 0))
+    assert out[-1] == ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, Position(700, 5))
+
+
+def test_a_lagging_member_that_has_not_numbered_the_subject_keeps_the_client_position() -> None:
+    lagging = new_replica()
+    out = resume(lagging.hub, Position(700, 4))
+    assert out == [
+        ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, IBM),
+        ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, None),
+    ]
+
+
+def test_subject_record_and_subject_sync_carry_the_same_fields() -> None:
+    assert SubjectRecord._fields == SubjectSync.__slots__
