@@ -11,6 +11,8 @@ cache is in sync.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import random
 import secrets
@@ -36,6 +38,14 @@ PEER_QUEUE = 50_000  # batches queued for one non-seed before it is dropped as t
 SUBMIT_LINGER = 0.001  # seconds publishes wait to share a Raft command
 HEARTBEAT_SECONDS = 0.25
 RETRY_SECONDS = 0.3
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of an exception group, for a log line."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def member_name(address: tuple[str, int]) -> str:
@@ -100,10 +110,12 @@ class GuaranteedMember:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self.publishing.on_outgoing = self._wake.set
+        self.publishing.on_outgoing = lambda: self._wake.set()
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
-                trio.serve_tcp, self._serve_peer, self.address[1], host=self.address[0]
+                functools.partial(trio.serve_tcp, host=self.address[0]),
+                self._serve_peer,
+                self.address[1],
             )
             log.info("cluster link on %s (%s)", self.name, "seed" if self.is_seed else "non-seed")
             del listeners
@@ -130,10 +142,8 @@ class GuaranteedMember:
 
     def _from_raft_thread_commit(self, batch: CommittedBatch) -> None:
         assert self._token is not None
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(self._committed, batch)
-        except trio.RunFinishedError:
-            pass
 
     def _committed(self, batch: CommittedBatch) -> None:
         offer = self.publishing.on_committed(batch, trio.current_time())
@@ -171,10 +181,8 @@ class GuaranteedMember:
         def done(clsn: int | None, error: str | None, unknown: bool) -> None:
             if error is None:
                 return  # acknowledged from the committed stream
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
-            except trio.RunFinishedError:
-                pass
 
         self.raft.submit(self.epoch_candidate, requests, done)
 
@@ -186,10 +194,8 @@ class GuaranteedMember:
             return
         queue = self.peers.get(reply_to)
         if queue is not None:
-            try:
+            with contextlib.suppress(trio.WouldBlock):
                 queue.send_nowait(link.ForwardFailed(tuple(origins), error, unknown))
-            except trio.WouldBlock:
-                pass
 
     async def _sync_from_a_peer_seed(self) -> None:
         """A seed that found a gap (Raft gave it a state dump) copies a peer's caches."""
@@ -239,8 +245,8 @@ class GuaranteedMember:
                         break
                     self._on_peer_op(peer, op, send)
                 nursery.cancel_scope.cancel()
-        except (link.LinkError, OSError, trio.BrokenResourceError) as exc:
-            log.info("link from %s ended: %s", peer, exc)
+        except* (link.LinkError, OSError, trio.BrokenResourceError) as group:
+            log.info("link from %s ended: %s", peer, _first(group))
         finally:
             if self.peers.get(peer) is send:
                 del self.peers[peer]
@@ -315,8 +321,8 @@ class GuaranteedMember:
                      self.replica.applied_clsn)
             try:
                 await self._replicate_from(channel)
-            except (OSError, link.LinkError, trio.BrokenResourceError) as exc:
-                log.warning("lost seed %s: %s", self.upstream, exc)
+            except* (OSError, link.LinkError, trio.BrokenResourceError) as group:
+                log.warning("lost seed %s: %s", self.upstream, _first(group))
             finally:
                 self.upstream = None
                 await channel.aclose()
@@ -343,7 +349,11 @@ class GuaranteedMember:
                         list(op.origins), op.reason, unknown=op.unknown, now=now
                     )
                 if self.replica.needs_sync:
-                    raise link.LinkError("gap in the committed stream; resyncing")
+                    got = op.batch.clsn if isinstance(op, link.Batch) else None
+                    raise link.LinkError(
+                        f"gap in the committed stream at clsn {self.replica.applied_clsn} "
+                        f"(received {type(op).__name__} {got}); resyncing"
+                    )
             nursery.cancel_scope.cancel()
 
     async def _forward_loop(self, channel: LinkChannel) -> None:

@@ -71,7 +71,7 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         super().__init__()
         self.coordinator = Coordinator()
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]
     def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
         batch = self.coordinator.apply_batch(epoch_candidate, from_wire(wire))
         self._on_commit(batch)
@@ -85,7 +85,7 @@ class RaftTimings:
 
     election_min: float = 0.15
     election_max: float = 0.30
-    heartbeat: float = 0.05
+    heartbeat: float = 0.04  # pysyncobj wants election_min > 3 x heartbeat
     connection_timeout: float = 1.0
     reconnect: float = 0.3
     use_batch: bool = False

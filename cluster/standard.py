@@ -10,6 +10,7 @@ forwards are dropped (counted), as Standard mode promises no more.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -79,7 +80,9 @@ class StandardMember:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(
-                trio.serve_tcp, self._serve_peer, self.address[1], host=self.address[0]
+                functools.partial(trio.serve_tcp, host=self.address[0]),
+                self._serve_peer,
+                self.address[1],
             )
             for address in self.config.cluster_members:
                 if address != self.address:

@@ -137,7 +137,7 @@ def _status(args: argparse.Namespace) -> int:
         if "error" in status:
             print(f"{name:<14} DOWN      ({status['error']})")
             continue
-        print(f"{name:<14} {status.get('role', '?'):<9} {str(status.get('ready')):<6} "
+        print(f"{name:<14} {status.get('role', '?'):<9} {status.get('ready')!s:<6} "
               f"{status.get('raft_state') or '-':<10} {status.get('raft_leader') or '-':<16} "
               f"{status.get('applied_clsn', '-')!s:>7}  {_positions(url)}")
     return 0

@@ -184,7 +184,12 @@ class Server:
 async def run_until_signalled(config: Config, *, ready_line: bool = True) -> None:
     """Serve until SIGINT/SIGTERM, then shut down cleanly."""
     limit = raise_open_file_limit()
-    server = Server(config)
+    epoch = None
+    if config.clustered and config.cluster_delivery_mode == "Guaranteed":
+        from cluster.coordination import UNNUMBERED_EPOCH
+
+        epoch = UNNUMBERED_EPOCH  # the coordination numbers subjects, not this process
+    server = Server(config, epoch=epoch)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(server.serve)

@@ -60,7 +60,9 @@ class CommittedLog:
         history = self.history.setdefault(m.subject, [])
         last = history[-1][1] if history else None
         if last is not None and last.epoch == m.epoch:
-            assert m.seq == last.seq + 1, f"hole in {m.subject} epoch {m.epoch}: {last.seq}->{m.seq}"
+            assert m.seq == last.seq + 1, (
+                f"hole in {m.subject} epoch {m.epoch}: {last.seq}->{m.seq}"
+            )
         else:
             assert m.seq == 1, f"epoch {m.epoch} of {m.subject} starts at seq {m.seq}"
         publisher, counter = m.content.decode().split("#")

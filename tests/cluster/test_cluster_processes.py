@@ -13,11 +13,11 @@ import pytest
 from cluster_fixture import LocalCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-from rawclient import RawClient, delivered  # noqa: E402
+from rawclient import RawClient, delivered
 
-from migratory.model.message import Message, MessageType  # noqa: E402
-from migratory.model.position import Position  # noqa: E402
-from migratory.protocol import ops  # noqa: E402
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import ops
 
 SUBJECT = "/Scores/NBA/LAL"
 
