@@ -38,6 +38,7 @@ PEER_QUEUE = 50_000  # batches queued for one non-seed before it is dropped as t
 SUBMIT_LINGER = 0.001  # seconds publishes wait to share a Raft command
 HEARTBEAT_SECONDS = 0.25
 RETRY_SECONDS = 0.3
+MAX_BARRIER_ATTEMPTS = 20
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -189,13 +190,59 @@ class GuaranteedMember:
     def _submit_failed(
         self, origins: list[tuple[str, int]], error: str, unknown: bool, reply_to: str | None
     ) -> None:
+        if unknown:
+            # The batch may still commit (the old leader may have replicated it). Once a
+            # barrier submitted now commits, anything before it that will ever commit has
+            # been applied: whatever is still pending then is definitely lost.
+            if reply_to is None:
+                self.publishing.on_failed(origins, error, unknown=True, now=trio.current_time())
+            self._submit_barrier(origins, error, reply_to, attempt=1)
+            return
+        self._settle(origins, f"not published: {error}", reply_to)
+
+    def _settle(self, origins: list[tuple[str, int]], reason: str, reply_to: str | None) -> None:
+        """Definite failure of whatever of ``origins`` is still pending."""
         if reply_to is None:
-            self.publishing.on_failed(origins, error, unknown=unknown, now=trio.current_time())
+            self.publishing.on_failed(origins, reason, unknown=False, now=trio.current_time())
             return
         queue = self.peers.get(reply_to)
         if queue is not None:
             with contextlib.suppress(trio.WouldBlock):
-                queue.send_nowait(link.ForwardFailed(tuple(origins), error, unknown))
+                queue.send_nowait(link.ForwardFailed(tuple(origins), reason, False))
+
+    def _submit_barrier(
+        self, origins: list[tuple[str, int]], error: str, reply_to: str | None, attempt: int
+    ) -> None:
+        assert self.raft is not None and self._token is not None
+        token = self._token
+
+        def done(clsn: int | None, barrier_error: str | None, unknown: bool) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(
+                    self._barrier_done, origins, error, reply_to, barrier_error, attempt
+                )
+
+        self.raft.submit(self.epoch_candidate, [], done)
+
+    def _barrier_done(
+        self,
+        origins: list[tuple[str, int]],
+        error: str,
+        reply_to: str | None,
+        barrier_error: str | None,
+        attempt: int,
+    ) -> None:
+        if barrier_error is None:
+            self._settle(origins, f"the Raft leader changed ({error})", reply_to)
+        elif attempt < MAX_BARRIER_ATTEMPTS:
+            self.server.nursery.start_soon(self._retry_barrier, origins, error, reply_to, attempt)
+        # else: the publish timeout reports the outcome as unknown
+
+    async def _retry_barrier(
+        self, origins: list[tuple[str, int]], error: str, reply_to: str | None, attempt: int
+    ) -> None:
+        await trio.sleep(RETRY_SECONDS / 3)
+        self._submit_barrier(origins, error, reply_to, attempt + 1)
 
     async def _sync_from_a_peer_seed(self) -> None:
         """A seed that found a gap (Raft gave it a state dump) copies a peer's caches."""

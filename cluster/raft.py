@@ -32,7 +32,12 @@ WireRequest = tuple[str, int, str, bytes, dict[str, str], bool, bool]
 
 # Definite refusals: the command was never appended. Anything else is unknown.
 DEFINITE_FAILURES = frozenset(
-    {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.REQUEST_DENIED}
+    {
+        FAIL_REASON.QUEUE_FULL,
+        FAIL_REASON.MISSING_LEADER,
+        FAIL_REASON.REQUEST_DENIED,
+        FAIL_REASON.DISCARDED,  # another entry took its log index: it will never commit
+    }
 )
 
 

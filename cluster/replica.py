@@ -60,9 +60,7 @@ class CacheSync:
 class Replica:
     """Applies the committed stream to ``hub`` and keeps track of where it stands."""
 
-    def __init__(
-        self, hub: Hub, *, needs_sync: bool = False, max_buffered: int = DEFAULT_MAX_BUFFERED
-    ) -> None:
+    def __init__(self, hub: Hub, *, max_buffered: int = DEFAULT_MAX_BUFFERED) -> None:
         if hub.epoch != UNNUMBERED_EPOCH:
             raise ValueError(
                 f"a cluster member's hub must have epoch UNNUMBERED_EPOCH ({UNNUMBERED_EPOCH}),"
@@ -70,9 +68,10 @@ class Replica:
             )
         if max_buffered < 1:
             raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
+        hub.numbered_elsewhere = True  # positions come from the coordination, via apply()
         self._hub = hub
         self._applied_clsn = 0
-        self._needs_sync = needs_sync
+        self._needs_sync = False
         self._skipped_to = 0
         """Batches up to here will not be offered: only a sync can bring them."""
         self._max_buffered = max_buffered

@@ -84,8 +84,12 @@ class Hub:
         max_cached_messages: int = 1000,
         cache_expire_seconds: float = 180.0,
         publish_snapshot: bool = True,
+        numbered_elsewhere: bool = False,
     ) -> None:
+        """``numbered_elsewhere``: a cluster member whose positions come from the
+        coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet."""
         self.epoch = epoch
+        self.numbered_elsewhere = numbered_elsewhere
         self._max_cached = max_cached_messages
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot
@@ -194,7 +198,9 @@ class Hub:
                 out.append(ops.Deliver((state.snapshot,)))
             # Nothing numbered here yet and the client is in a lineage we do not know
             # (a member lagging behind the cluster): keep the client's position.
-            unplaced = state.seq == 0 and position.epoch != state.epoch
+            unplaced = (
+                self.numbered_elsewhere and state.seq == 0 and position.epoch != state.epoch
+            )
             current = None if unplaced else state.position
             out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, current))
             return out

@@ -37,15 +37,29 @@ def free_base_port(members: int) -> int:
 
 class LocalCluster:
     def __init__(
-        self, tmp_path: Path, *, members: int, seeds: int = 3, mode: str = "Guaranteed",
+        self,
+        tmp_path: Path,
+        *,
+        members: int,
+        seeds: int = 3,
+        mode: str = "Guaranteed",
         **extra: str,
     ) -> None:
         self.tmp_path = tmp_path
         self.members = members
         self.base = free_base_port(members)
         self.settings = [
-            {**member_settings(i, members=members, seeds=seeds, mode=mode, base_port=self.base,
-                               password="test-cluster-password"), **extra}
+            {
+                **member_settings(
+                    i,
+                    members=members,
+                    seeds=seeds,
+                    mode=mode,
+                    base_port=self.base,
+                    password="test-cluster-password",
+                ),
+                **extra,
+            }
             for i in range(members)
         ]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * members
@@ -91,8 +105,9 @@ class LocalCluster:
             if all(self.ready(i) for i in wanted):
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"members {wanted} not ready:\n" + "\n".join(
-            self.log(i)[-3000:] for i in wanted))
+        raise TimeoutError(
+            f"members {wanted} not ready:\n" + "\n".join(self.log(i)[-3000:] for i in wanted)
+        )
 
     def leader(self) -> int:
         for i in range(self.members):

@@ -10,34 +10,15 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from cluster_checker import (
-    CommittedLog,
-    SubscriberView,
-    check_member,
-    check_subscribers,
-    resync_cause,
-)
+from cluster_checker import CommittedLog, SubscriberView, check_member, check_subscribers
+from cluster_world import Member, Pending, Publishing, Subscriber
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cluster.coordination import (
-    UNNUMBERED_EPOCH,
-    Coordinator,
-    PublishRequest,
-)
+from cluster.coordination import UNNUMBERED_EPOCH, Coordinator
 from cluster.replica import Offer, Replica
-from migratory.model.message import Message
-from migratory.protocol import ops
-from migratory.protocol.websocket import FrameDecoder
 from migratory.server.hub import Hub
 from migratory_client.resume import SubjectTracker
 
@@ -53,55 +34,6 @@ losses = st.integers(0, 2)
 epochs = st.integers(1, 2**48 - 1)
 publications = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(PUBLISHERS), st.booleans())
 bursts = st.lists(publications, min_size=1, max_size=4)
-
-
-class Connection:
-    """A subscriber's WebSocket to one member: frames the hub wrote, read later."""
-
-    def __init__(self, member: str) -> None:
-        self.member = member
-        self.frames: list[bytes] = []
-        self._decoder = FrameDecoder(client_frames=False)
-
-    def deliver(self, frame: bytes) -> None:
-        self.frames.append(frame)
-
-    def read(self) -> list[ops.ServerOp]:
-        data, self.frames = b"".join(self.frames), []
-        return [ops.decode_server_op(e.data) for e in self._decoder.events(data)]  # type: ignore[union-attr]
-
-
-@dataclass
-class Member:
-    name: str
-    replica: Replica | None = None  # None: down
-    connected: bool = True  # False: cut off from the committed stream
-    feed: int = 0  # how many batches of the log its stream has offered
-
-    @property
-    def serving(self) -> bool:
-        return self.replica is not None and not self.replica.needs_sync
-
-
-@dataclass
-class Subscriber:
-    view: SubscriberView
-    connection: Connection | None = None
-
-
-@dataclass
-class Pending:
-    request: PublishRequest
-    publisher: str | None
-
-
-@dataclass
-class Publishing:
-    pending: list[Pending] = field(default_factory=list)
-    acked: dict[int, Message] = field(default_factory=dict)  # ref -> committed message
-    unknown: set[int] = field(default_factory=set)  # dropped in flight: never acked
-    counters: dict[str, int] = field(default_factory=dict)
-    entries: list[tuple[int, tuple[PublishRequest, ...]]] = field(default_factory=list)
 
 
 class ClusterMachine(RuleBasedStateMachine):
@@ -123,12 +55,12 @@ class ClusterMachine(RuleBasedStateMachine):
     def start_cluster(self, max_cached: int) -> None:
         self.max_cached = max_cached
         for member in self.members.values():
-            member.replica = self._new_replica(needs_sync=False)
+            member.replica = self._new_replica()
         self.coordinators = {seed: self.coordinator_class() for seed in SEEDS}
 
-    def _new_replica(self, *, needs_sync: bool) -> Replica:
+    def _new_replica(self) -> Replica:
         hub = Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=self.max_cached)
-        return self.replica_class(hub, needs_sync=needs_sync)
+        return self.replica_class(hub)
 
     def _tick(self) -> float:
         self.now += 1.0
@@ -169,13 +101,7 @@ class ClusterMachine(RuleBasedStateMachine):
         member = self._choose(self._serving(), pick)
         assert member is not None
         for subject, publisher, retained in burst:
-            name = publisher or "anon"
-            counter = self.publishing.counters.get(name, 0)
-            self.publishing.counters[name] = counter + 1
-            fields = {"by": name, f"f{counter % 3}": str(counter)}
-            message = Message(subject, f"{name}#{counter}".encode(), fields, retained=retained)
-            request = PublishRequest(member.name, sum(self.publishing.counters.values()), message)
-            self.publishing.pending.append(Pending(request, publisher))
+            self.publishing.take(member.name, subject, publisher, retained)
 
     @precondition(lambda self: self._quorum())
     @rule(data=st.data(), epoch_candidate=epochs)
@@ -225,21 +151,15 @@ class ClusterMachine(RuleBasedStateMachine):
         assert all(b == batch for b in batches.values()), "seeds numbered a batch differently"
         self.publishing.entries.append((epoch_candidate, requests))
         self.log.append(batch)
-        for pending, message, origin in zip(chosen, batch.messages, batch.origins, strict=True):
-            request = pending.request
-            assert origin == (request.origin, request.ref)
-            assert message.content == request.message.content
-            self.publishing.acked[request.ref] = message  # PUBLISH_OK with its position
-            self.publishing.pending.remove(pending)
+        self.publishing.acknowledge(batch, chosen)
 
     @rule(lost=losses, pick=picks)
     def leader_change(self, lost: int, pick: int) -> None:
         """A new Raft leader; the last requests in flight at the old one may be lost."""
         live = [s for s in SEEDS if s in self.coordinators]
         self.leader = live[pick % len(live)]
-        pending = self.publishing.pending
-        for _ in range(min(lost, len(pending))):
-            self.publishing.unknown.add(pending.pop().request.ref)  # never acknowledged
+        for pending in self.publishing.pending[::-1][:lost]:
+            self.publishing.lose(pending)
 
     # --- members ---------------------------------------------------------------------
 
@@ -255,8 +175,7 @@ class ClusterMachine(RuleBasedStateMachine):
         assert member is not None
         member.replica, member.connected = None, True
         for pending in [p for p in self.publishing.pending if p.request.origin == member.name]:
-            self.publishing.pending.remove(pending)
-            self.publishing.unknown.add(pending.request.ref)
+            self.publishing.lose(pending)
         if member.name in SEEDS:
             del self.coordinators[member.name]
             if self.leader == member.name:
@@ -271,12 +190,11 @@ class ClusterMachine(RuleBasedStateMachine):
         self._restart(member, from_dump=from_dump)
 
     def _restart(self, member: Member, *, from_dump: bool) -> None:
+        member.replica = self._new_replica()
+        member.feed = 0  # the log is replayed from the start, or
         if from_dump:  # Raft sent a state dump: the stream goes on after it, sync first
-            member.replica = self._new_replica(needs_sync=len(self.log) > 0)
             member.feed = len(self.log)
-        else:  # the log is replayed from the start
-            member.replica = self._new_replica(needs_sync=False)
-            member.feed = 0
+            member.replica.skip_to(len(self.log))
         if member.name in SEEDS:
             self.coordinators[member.name] = self._restored_coordinator(from_dump=from_dump)
 
@@ -292,22 +210,22 @@ class ClusterMachine(RuleBasedStateMachine):
         return restored
 
     @precondition(lambda self: self._needing_sync())
-    @rule(pick=picks)
-    def sync(self, pick: int) -> None:
-        member = self._choose(self._needing_sync(), pick)
-        assert member is not None
-        self._sync(member, pick)
+    @rule(pick=picks, restream=st.booleans())
+    def sync(self, pick: int, restream: bool) -> None:
+        """Install a cache sync from a serving peer that is not behind.
 
-    def _sync(self, member: Member, pick: int) -> None:
-        """Install a cache sync from a serving peer that is not behind."""
-        assert member.replica is not None
+        Then the stream starts again after the sync's clsn, or goes on where it was
+        (the batches buffered meanwhile fill in).
+        """
+        member = self._choose(self._needing_sync(), pick)
+        assert member is not None and member.replica is not None
         applied = member.replica.applied_clsn
         peers = [p for p in self._serving() if p.replica and p.replica.applied_clsn >= applied]
         peer = self._choose(peers, pick)
-        if peer is None or peer.replica is None:
-            return
-        member.replica.install_sync(peer.replica.make_sync(), self._tick())
-        member.feed = member.replica.applied_clsn  # the stream goes on after the sync
+        if peer is not None and peer.replica is not None:
+            member.replica.install_sync(peer.replica.make_sync(), self._tick())
+            if restream:
+                member.feed = member.replica.applied_clsn
 
     @precondition(lambda self: self._connected())
     @rule(pick=picks)
@@ -371,13 +289,13 @@ class ClusterMachine(RuleBasedStateMachine):
         view = SubscriberView(f"sub-{len(self.subscribers)}", subject, SubjectTracker(subject))
         subscriber = Subscriber(view)
         self.subscribers.append(subscriber)
-        self._connect(subscriber, member)
+        subscriber.connect(member, self._tick())
 
     @precondition(lambda self: self.subscribers)
     @rule(pick=picks)
     def read(self, pick: int) -> None:
         """A subscriber reads what its connection holds."""
-        self._read(self.subscribers[pick % len(self.subscribers)])
+        self.subscribers[pick % len(self.subscribers)].read(self._tick())
 
     @precondition(lambda self: any(s.connection is None for s in self.subscribers))
     @rule(pick=picks)
@@ -385,41 +303,16 @@ class ClusterMachine(RuleBasedStateMachine):
         for subscriber in self.subscribers:
             member = self._choose(self._serving(), pick)
             if subscriber.connection is None and member is not None:
-                self._connect(subscriber, member)
-
-    def _connect(self, subscriber: Subscriber, member: Member) -> None:
-        """Subscribe, or resume from the tracker's position, as the SDK does."""
-        assert member.replica is not None
-        hub, view = member.replica.hub, subscriber.view
-        request = view.tracker.request()
-        records = [r for r in hub.export_subjects() if r.subject == view.subject]
-        view.expected_cause = resync_cause(request.position, records[0] if records else None)
-        subscriber.connection = Connection(member.name)
-        for op in hub.subscribe(subscriber.connection, request, self._tick()):
-            view.take(op)
-
-    def _read(self, subscriber: Subscriber) -> None:
-        connection = subscriber.connection
-        if connection is None:
-            return
-        for op in connection.read():
-            subscriber.view.take(op)
-        if subscriber.view.needs_resubscribe:  # the SDK resubscribes from its position
-            subscriber.view.needs_resubscribe = False
-            self._connect(subscriber, self.members[connection.member])
+                subscriber.connect(member, self._tick())
 
     def _fail_over(self, member: Member, pick: int) -> None:
         """Clients of a member that died or must resync lose what they had not read."""
         for subscriber in self.subscribers:
-            connection = subscriber.connection
-            if connection is None or connection.member != member.name:
-                continue
-            if member.replica is not None:
-                member.replica.hub.unsubscribe(connection, subscriber.view.subject)
-            subscriber.connection = None
-            target = self._choose(self._serving(), pick)
-            if target is not None:
-                self._connect(subscriber, target)
+            if subscriber.connection is not None and subscriber.connection.member is member:
+                subscriber.close()
+                target = self._choose(self._serving(), pick)
+                if target is not None:
+                    subscriber.connect(target, self._tick())
 
     # --- invariants ------------------------------------------------------------------
 
@@ -463,7 +356,7 @@ class ClusterMachine(RuleBasedStateMachine):
         for _ in range(2):
             self.reconnect(pick=0)
             for subscriber in self.subscribers:
-                self._read(subscriber)
+                subscriber.read(self._tick())
         for member in self.members.values():
             assert member.serving and member.replica is not None
             assert member.replica.applied_clsn == len(self.log), f"{member.name} did not catch up"
@@ -471,7 +364,7 @@ class ClusterMachine(RuleBasedStateMachine):
         check_subscribers((s.view for s in self.subscribers), self.log, final=True)
 
     def _sync_all_from_a_caught_up_member(self) -> None:
-        caught_up = [m for m in self._serving() if m.feed == len(self.log)]
+        caught_up = [m for m in self._serving() if m.hub and m.feed == len(self.log)]
         if not caught_up:  # nobody to sync from: a member replays the log
             self._restart(self.members[SEEDS[0]], from_dump=False)
             return

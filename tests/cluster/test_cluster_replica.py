@@ -25,8 +25,10 @@ class RecordingSink:
         self.frames.append(frame)
 
 
-def new_replica(**kw: object) -> Replica:
-    return Replica(Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=3), **kw)  # type: ignore[arg-type]
+def new_replica(*, max_buffered: int = 1024, skip_to: int = 0) -> Replica:
+    replica = Replica(Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=3), max_buffered=max_buffered)
+    replica.skip_to(skip_to)
+    return replica
 
 
 def committed(count: int, subjects: tuple[str, ...] = (IBM,)) -> list[CommittedBatch]:
@@ -119,13 +121,13 @@ def test_make_sync_has_positions_snapshots_and_cached_messages() -> None:
 
 
 def test_a_replica_needing_a_sync_cannot_give_one() -> None:
-    replica = new_replica(needs_sync=True)
+    replica = new_replica(skip_to=4)
     with pytest.raises(RuntimeError):
         replica.make_sync()
 
 
 def test_install_sync_replaces_subjects_then_applies_buffered_batches() -> None:
-    peer, late = new_replica(), new_replica(needs_sync=True)
+    peer, late = new_replica(), new_replica(skip_to=2)  # started from a Raft dump at 2
     batches = committed(6, (IBM, LAL))
     for b in batches[:4]:
         peer.offer(b, 0.0)
@@ -139,7 +141,7 @@ def test_install_sync_replaces_subjects_then_applies_buffered_batches() -> None:
 
 
 def test_install_sync_stays_in_need_when_the_buffer_does_not_follow() -> None:
-    peer, late = new_replica(), new_replica(needs_sync=True)
+    peer, late = new_replica(), new_replica()
     batches = committed(6)
     peer.offer(batches[0], 0.0)
     late.offer(batches[4], 0.0)
@@ -157,6 +159,40 @@ def test_install_sync_forgets_subjects_the_peer_does_not_have() -> None:
     replica.install_sync(only_ibm, 0.0)
     assert replica.hub.position(LAL) is None
     assert [s.subject for s in replica.make_sync().subjects] == [IBM]
+
+
+def test_skip_to_needs_a_sync_that_reaches_the_skipped_batches() -> None:
+    peer, late = new_replica(), new_replica()
+    batches = committed(4)
+    for b in batches[:2]:
+        peer.offer(b, 0.0)
+    assert late.skip_to(3) and late.needs_sync  # batches 1..3 will not be offered
+    late.install_sync(peer.make_sync(), 0.0)  # a peer at 2 is not enough
+    assert late.needs_sync and late.applied_clsn == 2
+    for b in batches[2:]:
+        peer.offer(b, 0.0)
+    late.install_sync(peer.make_sync(), 0.0)
+    assert not late.needs_sync and late.applied_clsn == 4
+
+
+def test_skip_to_at_or_below_the_applied_clsn_changes_nothing() -> None:
+    replica = new_replica()
+    for b in committed(2):
+        replica.offer(b, 0.0)
+    assert not replica.skip_to(2) and not replica.skip_to(0)
+
+
+def test_batches_offered_again_while_waiting_are_kept_once_in_clsn_order() -> None:
+    peer, late = new_replica(), new_replica()
+    batches = committed(5)
+    peer.offer(batches[0], 0.0)
+    late.offer(batches[0], 0.0)
+    for b in (batches[3], batches[4], batches[1], batches[2], batches[3]):
+        assert late.offer(b, 0.0) is Offer.GAP  # 4 first: the rest waits for a sync
+    assert late.buffered == 4
+    late.install_sync(peer.make_sync(), 0.0)
+    assert not late.needs_sync and late.applied_clsn == 5
+    assert [m.seq for m in late.make_sync().subjects[0].cached] == [3, 4, 5]
 
 
 def test_an_older_sync_is_refused() -> None:
