@@ -31,8 +31,17 @@ class LinkChannel:
         self._send_lock = trio.Lock()
         self.peer: str | None = None
 
-    async def handshake(self) -> str:
-        """Authenticate both ways; returns the peer's member name."""
+    async def handshake(self, members: frozenset[str] | None = None) -> str:
+        """Authenticate both ways; returns the peer's member name.
+
+        An acceptor also checks that the peer is one of ``members`` (ClusterMembers).
+        """
+        peer = await self._authenticate()
+        if members is not None and peer not in members:
+            raise link.LinkError(f"peer {peer!r} is not one of ClusterMembers")
+        return peer
+
+    async def _authenticate(self) -> str:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             first = self.codec.initiate()
             if first:
@@ -83,7 +92,9 @@ async def connect(
     stream = await trio.open_tcp_stream(*address)
     channel = LinkChannel(stream, role="connect", member=member, password=password)
     try:
-        await channel.handshake()
+        peer = await channel.handshake()
+        if peer != f"{address[0]}:{address[1]}":
+            raise link.LinkError(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
     except BaseException:
         await channel.aclose()
         raise

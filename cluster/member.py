@@ -60,6 +60,7 @@ class GuaranteedMember:
         self.server = server
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
+        self.member_names = frozenset(member_name(a) for a in config.cluster_members)
         self.is_seed = config.is_seed
         self.replica = Replica(server.ctx.hub)
         self.publishing = ClusterPublishing(
@@ -277,7 +278,7 @@ class GuaranteedMember:
             stream, role="accept", member=self.name, password=self.config.cluster_password
         )
         try:
-            peer = await channel.handshake()
+            peer = await channel.handshake(self.member_names)
         except (link.LinkError, trio.TooSlowError, OSError, EOFError) as exc:
             log.warning("cluster link refused: %s", exc)
             await channel.aclose()

@@ -157,9 +157,9 @@ class Replica:
     def install_sync(self, sync: CacheSync, now: float) -> None:
         """Replace the hub's subjects with a peer's, then apply buffered batches after it.
 
-        Still needs a sync afterwards if the buffered batches do not follow
-        ``sync.clsn``. Raises ValueError, changing nothing, for a sync older than
-        ``applied_clsn`` or one the hub rejects.
+        Still needs a sync afterwards if buffered batches are left that do not follow,
+        or if it stops short of a :meth:`skip_to`. Raises ValueError, changing nothing,
+        for a sync older than ``applied_clsn`` or one the hub rejects.
         """
         if sync.clsn < self._applied_clsn:
             raise ValueError(f"sync at clsn {sync.clsn} is older than applied {self._applied_clsn}")

@@ -26,7 +26,7 @@ from migratory.server.context import LocalPublishing, PublishReply
 
 log = logging.getLogger("migratory.cluster")
 
-PEER_QUEUE = 10_000
+PEER_QUEUE = 1_000
 
 
 class StandardPublishing(LocalPublishing):
@@ -49,6 +49,7 @@ class StandardMember:
         self.server = server
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
+        self.member_names = frozenset(member_name(a) for a in config.cluster_members)
         self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
         self.connected: set[str] = set()
         self.dropped = 0
@@ -68,10 +69,7 @@ class StandardMember:
         }
 
     def forward(self, message: Message) -> None:
-        for name, queue in self.queues.items():
-            if name not in self.connected:
-                self.dropped += 1
-                continue
+        for queue in self.queues.values():
             try:
                 queue.send_nowait(message)
             except trio.WouldBlock:
@@ -118,7 +116,7 @@ class StandardMember:
             stream, role="accept", member=self.name, password=self.config.cluster_password
         )
         try:
-            await channel.handshake()
+            await channel.handshake(self.member_names)
             while True:
                 op = await channel.receive()
                 if op is None:

@@ -3,7 +3,13 @@
 One committed log of CommittedBatch, numbered by every live seed's Coordinator (they
 must agree). Members apply it through their Replica, lag behind it, crash, restart
 from the log or from a Raft dump plus a cache sync; subscribers read through the SDK's
-SubjectTracker and fail over by position. ``cluster_checker`` holds the invariants.
+SubjectTracker and fail over by position. ``cluster_checker`` holds the invariants;
+``test_cluster_checker`` shows them failing on planted bugs.
+
+Not modelled: Raft itself (elections, log divergence: the committed log is given),
+the loss of ALL Raft state (new epochs for used groups), conflation, history, cache
+expiry by time, and the wire between members (a member's stream is an index into the
+log).
 """
 
 from __future__ import annotations

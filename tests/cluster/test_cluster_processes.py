@@ -171,3 +171,18 @@ def test_non_seed_joining_under_load_serves_recovery(tmp_path: Path) -> None:
         assert [m.content for m in delivered(received)] == [c for c, _ in publisher.acked]
     finally:
         cluster.stop()
+
+
+def test_member_with_wrong_cluster_password_is_refused(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, members=4, seeds=3)
+    cluster.settings[3]["ClusterPassword"] = "not-the-password"
+    try:
+        cluster.start_all()
+        cluster.wait_ready(range(3))
+        time.sleep(2)
+        assert not cluster.ready(3)
+        assert "not replicating from a seed" in cluster.status(3)["not_ready_reason"]
+        seed_logs = "".join(cluster.log(i) for i in range(3))
+        assert "cluster link refused: authentication failed" in seed_logs
+    finally:
+        cluster.stop()
