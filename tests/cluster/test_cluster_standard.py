@@ -10,10 +10,10 @@ from pathlib import Path
 from cluster_fixture import LocalCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-from rawclient import RawClient, delivered  # noqa: E402
+from rawclient import RawClient, delivered
 
-from migratory.model.message import Message, MessageType  # noqa: E402
-from migratory.protocol import ops  # noqa: E402
+from migratory.model.message import Message, MessageType
+from migratory.protocol import ops
 
 SUBJECT = "/Stocks/NYSE/IBM"
 
