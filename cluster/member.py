@@ -115,15 +115,16 @@ class GuaranteedMember:
         self.publishing.on_outgoing = lambda: self._wake.set()
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(
-                functools.partial(trio.serve_tcp, host=self.address[0]),
+                functools.partial(trio.serve_tcp, host=self.config.cluster_bind[0]),
                 self._serve_peer,
-                self.address[1],
+                self.config.cluster_bind[1],
             )
             log.info("cluster link on %s (%s)", self.name, "seed" if self.is_seed else "non-seed")
             del listeners
             if self.is_seed:
                 self.raft = RaftCoordination(
                     self_address=self.address,
+                    bind_address=self.config.cluster_bind,
                     seed_addresses=self.config.seed_members,
                     password=self.config.cluster_password,
                     on_commit=self._from_raft_thread_commit,

@@ -109,6 +109,7 @@ class RaftCoordination:
         self,
         *,
         self_address: tuple[str, int],
+        bind_address: tuple[str, int] | None = None,
         seed_addresses: Sequence[tuple[str, int]],
         password: str,
         on_commit: Callable[[CommittedBatch], None],
@@ -133,6 +134,7 @@ class RaftCoordination:
             onStateChanged=(lambda _old, _new: on_state_changed()) if on_state_changed else None,
             logCompactionMinEntries=20_000,
             logCompactionMinTime=120,
+            bindAddress=raft_address(bind_address) if bind_address else None,
         )
         self.address = me
         self.syncobj = SyncObj(me, others, conf=conf, consumers=[self.consumer])

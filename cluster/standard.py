@@ -78,9 +78,9 @@ class StandardMember:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(
-                functools.partial(trio.serve_tcp, host=self.address[0]),
+                functools.partial(trio.serve_tcp, host=self.config.cluster_bind[0]),
                 self._serve_peer,
-                self.address[1],
+                self.config.cluster_bind[1],
             )
             for address in self.config.cluster_members:
                 if address != self.address:

@@ -141,6 +141,9 @@ SETTINGS: tuple[Setting, ...] = (
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
     Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
             "This member's cluster address; must be one of ClusterMembers."),
+    Setting("ClusterMemberBind", "cluster_member_bind", _optional_address, "",
+            "Where this member really listens for cluster links (Raft on port + 1) when peers "
+            "reach it through another address (a proxy, NAT); empty: ClusterMemberListen."),
     Setting("ClusterSeedMemberCount", "cluster_seed_member_count", _seed_count, "",
             "3 or 5: the first members of ClusterMembers that run Raft; empty: 3 for clusters "
             "of 3-4 members, 5 for 5 or more."),
@@ -174,6 +177,7 @@ class Config:
     handshake_timeout: int
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_listen: tuple[str, int] | None
+    cluster_member_bind: tuple[str, int] | None
     cluster_seed_member_count: int
     cluster_delivery_mode: str
     cluster_password: str
@@ -187,6 +191,13 @@ class Config:
         """This member's index in ClusterMembers (the StatefulSet ordinal)."""
         assert self.cluster_member_listen is not None
         return self.cluster_members.index(self.cluster_member_listen)
+
+    @property
+    def cluster_bind(self) -> tuple[str, int]:
+        """The address this member's cluster link binds (Raft binds its port + 1)."""
+        address = self.cluster_member_bind or self.cluster_member_listen
+        assert address is not None
+        return address
 
     @property
     def seed_members(self) -> tuple[tuple[str, int], ...]:
@@ -222,7 +233,7 @@ class Config:
             value = getattr(self, setting.attr)
             if setting.attr in ("listen", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
-            elif setting.attr == "cluster_member_listen":
+            elif setting.attr in ("cluster_member_listen", "cluster_member_bind"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
             elif setting.attr == "cluster_seed_member_count":
                 out[setting.key] = str(value) if value else ""
@@ -276,6 +287,7 @@ def _check_cluster(config: Config) -> Config:
     if not members:
         for key, value in (
             ("ClusterMemberListen", config.cluster_member_listen),
+            ("ClusterMemberBind", config.cluster_member_bind),
             ("ClusterSeedMemberCount", config.cluster_seed_member_count),
         ):
             if value:

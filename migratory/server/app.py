@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import signal
 import socket
@@ -16,6 +17,7 @@ from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server.connection import Connection
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
+from migratory.server.faults import DeliveryFault
 from migratory.server.hub import Hub
 
 log = logging.getLogger("migratory.server")
@@ -69,6 +71,7 @@ class Server:
             cache_expire_seconds=config.cache_expire_time,
             publish_snapshot=config.publish_snapshot_message,
         )
+        hub.fault = DeliveryFault.from_environment(os.environ)
         self.ctx = ServerContext(
             config, hub, entitlement_from_config(config), ServerStatistics(), LocalPublishing(hub)
         )

@@ -21,6 +21,7 @@ from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
 from migratory.protocol import ops
 from migratory.protocol.websocket import encode_binary
+from migratory.server.faults import DeliveryFault
 
 
 class Sink(Protocol):
@@ -90,6 +91,7 @@ class Hub:
         coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet."""
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
+        self.fault: DeliveryFault | None = None  # test-only, see migratory.server.faults
         self._max_cached = max_cached_messages
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot
@@ -146,9 +148,12 @@ class Hub:
         subscribers = state.subscribers
         if subscribers:
             frame = message_frame(message)
-            # a copy: a sink may drop out (slow consumer) while we fan out
-            for sink in tuple(subscribers):
-                sink.deliver(frame)
+            if self.fault is not None:
+                self.fault.fan_out(frame, subscribers)
+            else:
+                # a copy: a sink may drop out (slow consumer) while we fan out
+                for sink in tuple(subscribers):
+                    sink.deliver(frame)
             self._fanned_out += len(subscribers)
         for conflator in state.conflated.values():
             conflator.offer(message)  # offer() never calls out

@@ -1,0 +1,131 @@
+"""The history schema shared by ``chaos/`` (writer) and ``spark_analysis/`` (reader).
+
+A chaos run writes one directory::
+
+    RUN_DIR/
+      run.json                # RunInfo: seed, duration, cluster layout, fault switch
+      schedule.jsonl          # the nemesis schedule, as generated from the seed
+      history/
+        publishes.jsonl       # PUBLISH_FIELDS, one line per invoke / ok / fail / info
+        deliveries.jsonl      # DELIVERY_FIELDS, one line per message a subscriber received
+        subscriptions.jsonl   # SUBSCRIPTION_FIELDS, subscriber lifecycle and notifications
+        nemesis.jsonl         # NEMESIS_FIELDS, each fault as it was applied and healed
+        cluster.jsonl         # CLUSTER_FIELDS, periodic samples of each member's Raft view
+
+Every line is a JSON object with exactly the fields listed (``None`` → ``null``).
+Times are seconds since the run started (one clock: the runner's
+``time.monotonic()``; all processes are on one machine). The Spark jobs build
+their ``StructType`` from these tables with :func:`spark_schema`, so the two
+sides cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (name, type) with type one of: "string", "long", "double", "boolean"
+Field = tuple[str, str]
+
+PUBLISH_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("publisher", "string"),  # publisher process id, e.g. "p3"
+    ("type", "string"),  # invoke | ok | fail | info (info = outcome unknown)
+    ("msg_id", "string"),  # unique per publish: "<publisher>-<n>"; also in the content
+    ("subject", "string"),
+    ("member", "string"),  # member the publish was sent to (migratory-i)
+    ("time", "double"),
+    ("epoch", "long"),  # ok only
+    ("seq", "long"),  # ok only
+    ("reason", "string"),  # fail / info only
+)
+
+DELIVERY_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("subscriber", "string"),  # e.g. "s7"
+    ("kind", "string"),  # sdk (what the SDK hands the app) | raw (protocol-level auditor)
+    ("member", "string"),  # member the subscriber was connected to
+    ("subject", "string"),
+    ("epoch", "long"),
+    ("seq", "long"),
+    ("msg_id", "string"),  # parsed from the content; null if the content is not ours
+    ("type", "string"),  # snapshot | update | recovered | historical
+    ("time", "double"),
+)
+
+SUBSCRIPTION_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("subscriber", "string"),
+    ("kind", "string"),
+    ("subject", "string"),
+    # subscribed | unsubscribed | SERVER_UP | SERVER_DOWN | DATA_SYNC | DATA_RESYNC |
+    # SUBSCRIBE_ALLOW | SUBSCRIBE_DENY
+    ("event", "string"),
+    ("member", "string"),
+    ("epoch", "long"),
+    ("seq", "long"),
+    ("time", "double"),
+)
+
+NEMESIS_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("time", "double"),
+    # kill | restart | pause | resume | delay | blackhole | reset | partition | heal |
+    # join | leave
+    ("fault", "string"),
+    ("target", "string"),  # member name, or "a->b" for a link
+    ("phase", "string"),  # start | end
+    ("detail", "string"),
+)
+
+CLUSTER_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("time", "double"),
+    ("member", "string"),
+    ("up", "boolean"),
+    ("role", "string"),  # seed | non-seed
+    ("raft_state", "string"),  # leader | follower | candidate | null
+    ("raft_leader", "string"),
+    ("ready", "boolean"),
+    ("applied_clsn", "long"),
+)
+
+TABLES: dict[str, tuple[Field, ...]] = {
+    "publishes": PUBLISH_FIELDS,
+    "deliveries": DELIVERY_FIELDS,
+    "subscriptions": SUBSCRIPTION_FIELDS,
+    "nemesis": NEMESIS_FIELDS,
+    "cluster": CLUSTER_FIELDS,
+}
+
+# The safety violations the checker reports, by name (the JSON summary's keys).
+VIOLATIONS: tuple[str, ...] = (
+    "lost",  # acknowledged, never delivered to a subscriber subscribed throughout
+    "unexpected",  # delivered but never published
+    "duplicates",  # one subscriber got one msg_id twice (snapshots excepted)
+    "reorders",  # one subscriber saw a subject's seq go backwards within an epoch
+    "holes",  # seq gap within an epoch not covered by a DATA_RESYNC
+    "collisions",  # one (subject, epoch, seq) names two msg_ids
+)
+
+
+def record(table: str, **values: Any) -> dict[str, Any]:
+    """A history line with exactly the table's fields; unknown names are an error."""
+    fields = TABLES[table]
+    names = {name for name, _ in fields}
+    unknown = set(values) - names
+    if unknown:
+        raise KeyError(f"{table}: unknown field(s) {sorted(unknown)}")
+    return {name: values.get(name) for name, _ in fields}
+
+
+def spark_schema(table: str) -> Any:
+    """The PySpark ``StructType`` of a table (imports pyspark lazily)."""
+    from pyspark.sql import types as T
+
+    kinds = {
+        "string": T.StringType(),
+        "long": T.LongType(),
+        "double": T.DoubleType(),
+        "boolean": T.BooleanType(),
+    }
+    return T.StructType([T.StructField(name, kinds[kind], True) for name, kind in TABLES[table]])
