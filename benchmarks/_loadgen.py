@@ -611,3 +611,44 @@ def stop_processes(procs: list[mp.process.BaseProcess]) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(3)
+
+
+def run_with_server(
+    kind: str,
+    settings: list[str],
+    run: Callable[[ServerProcess, list[mp.Process]], dict | None],
+    report: Callable[[dict], None],
+    json_path: str | None,
+) -> int:
+    """Start the server, run the benchmark, always stop everything, report.
+
+    Exit status: 0 = PASS, 1 = FAIL, 2 = could not run.
+    """
+    handle_sigterm()
+    server = ServerProcess(kind, settings)
+    procs: list[mp.Process] = []
+    result: dict | None = None
+    try:
+        server.start()
+        print(
+            f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
+            flush=True,
+        )
+        result = run(server, procs)
+    except (KeyboardInterrupt, SystemExit):
+        print("interrupted", file=sys.stderr)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+    finally:
+        stop_processes(procs)
+        server.stop()
+    if result is None:
+        print(f"server log: {server.log_path}\n{server.log_tail()}", file=sys.stderr)
+        return 2
+    result["server_log"] = server.log_summary()
+    result["machine"] = machine_description()
+    report(result)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+    return 0 if result["pass"] else 1

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import random
@@ -55,8 +54,6 @@ from _loadgen import (
     close_code,
     dense,
     die_with_parent,
-    handle_sigterm,
-    machine_description,
     masked,
     merge_hist,
     open_connections,
@@ -64,10 +61,10 @@ from _loadgen import (
     raise_nofile,
     receive,
     rss_kib,
+    run_with_server,
     server_stats,
     sparse,
     split,
-    stop_processes,
     walk_frames,
 )
 
@@ -640,34 +637,9 @@ def main(argv: list[str] | None = None) -> int:
         self_test()
         return 0
     raise_nofile()
-    handle_sigterm()
-    server = ServerProcess("fanout", args.set)
-    procs: list[mp.Process] = []
-    result: dict | None = None
-    try:
-        server.start()
-        print(
-            f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
-            flush=True,
-        )
-        result = run(args, server, procs)
-    except (KeyboardInterrupt, SystemExit):
-        print("interrupted", file=sys.stderr)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-    finally:
-        stop_processes(procs)
-        server.stop()
-    if result is None:
-        print(f"server log: {server.log_path}\n{server.log_tail()}", file=sys.stderr)
-        return 2
-    result["server_log"] = server.log_summary()
-    result["machine"] = machine_description()
-    report(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
-    return 0 if result["pass"] else 1
+    return run_with_server(
+        "fanout", args.set, lambda server, procs: run(args, server, procs), report, args.json
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ server still serves each session; close everything and stop the server by PID
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import select
@@ -40,16 +39,14 @@ from _loadgen import (
     close_all,
     close_code,
     die_with_parent,
-    handle_sigterm,
-    machine_description,
     masked,
     open_connections,
     raise_nofile,
     receive,
     rss_kib,
+    run_with_server,
     server_stats,
     split,
-    stop_processes,
     walk_frames,
 )
 
@@ -365,37 +362,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     limit = raise_nofile()
-    handle_sigterm()
     per_proc = -(-args.connections // args.procs)
     if per_proc + 64 > limit:
         print(f"warning: {per_proc} sockets per process, open-file limit {limit}", file=sys.stderr)
-    server = ServerProcess("idle", args.set)
-    procs: list[mp.Process] = []
-    result: dict | None = None
-    try:
-        server.start()
-        print(
-            f"server pid {server.pid} on {server.host}:{server.port}, log {server.log_path}",
-            flush=True,
-        )
-        result = run(args, server, procs)
-    except (KeyboardInterrupt, SystemExit):
-        print("interrupted", file=sys.stderr)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-    finally:
-        stop_processes(procs)
-        server.stop()
-    if result is None:
-        print(f"server log: {server.log_path}\n{server.log_tail()}", file=sys.stderr)
-        return 2
-    result["server_log"] = server.log_summary()
-    result["machine"] = machine_description()
-    report(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
-    return 0 if result["pass"] else 1
+    return run_with_server(
+        "idle", args.set, lambda server, procs: run(args, server, procs), report, args.json
+    )
 
 
 if __name__ == "__main__":
