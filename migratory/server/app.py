@@ -72,6 +72,9 @@ class Server:
             publish_snapshot=config.publish_snapshot_message,
         )
         hub.fault = DeliveryFault.from_environment(os.environ)
+        if hub.fault is not None:
+            hub.fault.report = log.warning
+            log.warning("%s (never use in production)", hub.fault.describe())
         self.ctx = ServerContext(
             config, hub, entitlement_from_config(config), ServerStatistics(), LocalPublishing(hub)
         )

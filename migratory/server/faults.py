@@ -9,12 +9,9 @@ operation can turn it on, and the server logs a warning at start when it is on.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
-
-log = logging.getLogger("migratory.faults")
 
 ENV = "MIGRATORY_TEST_FAULT"
 KINDS = ("drop", "duplicate", "reorder")
@@ -32,6 +29,7 @@ class DeliveryFault:
     _held: tuple[Sink, bytes] | None = None
     done: bool = False
     _victim: Sink | None = field(default=None)
+    report: Callable[[str], None] = print  # the server passes a logger (this module is I/O-free)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> DeliveryFault | None:
@@ -43,9 +41,10 @@ class DeliveryFault:
             raise ValueError(
                 f"{ENV} must be one of {', '.join(KINDS)} followed by :N, got {text!r}"
             )
-        log.warning("TEST FAULT SWITCH ON: %s the delivery of message %s (never use in production)",
-                    kind, after)
         return cls(kind, int(after))
+
+    def describe(self) -> str:
+        return f"TEST FAULT SWITCH ON: {self.kind} the delivery of message {self.after}"
 
     def fan_out(self, frame: bytes, sinks: Iterable[Sink]) -> None:
         """Deliver ``frame`` to ``sinks``, applying the fault once."""
@@ -65,7 +64,7 @@ class DeliveryFault:
             return
         self.done = True
         victim = self._victim = sinks[0]
-        log.warning("TEST FAULT: %s of message %d for one subscriber", self.kind, self._count)
+        self.report(f"TEST FAULT: {self.kind} of message {self._count} for one subscriber")
         for sink in sinks:
             if sink is not victim:
                 sink.deliver(frame)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+from rawclient import RawClient
+
+from migratory.model.message import Message
 from migratory.server.faults import DeliveryFault
 
 
@@ -46,3 +50,22 @@ def test_one_fault_for_one_subscriber(kind: str, expected: list[bytes]) -> None:
 def test_bad_switch_values_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="MIGRATORY_TEST_FAULT"):
         DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": text})
+
+
+def test_server_started_with_the_switch_says_so_and_applies_it(
+    start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIGRATORY_TEST_FAULT", "duplicate:2")
+    server = start_server(BatchTime="0")
+    subscriber = RawClient(server.port)
+    subscriber.connect()
+    subscriber.subscribe("/a/b")
+    subscriber.recv_op()
+    publisher = RawClient(server.port)
+    publisher.connect()
+    for i in range(3):
+        publisher.publish(Message("/a/b", str(i).encode(), closure=str(i)))
+    got = [m.seq for m in subscriber.recv_messages(4)]
+    assert got == [1, 2, 2, 3]
+    assert "TEST FAULT SWITCH ON" in server.log()
+    assert "TEST FAULT: duplicate of message 2" in server.log()
