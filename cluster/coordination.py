@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
-from migratory.model.message import Message, MessageType
+from migratory.model.message import Message, MessageType, Qos
 from migratory.model.position import EPOCH_LIMIT, Position
 
 __all__ = [
@@ -106,7 +106,12 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
-        messages = tuple(self._number(epoch_candidate, r.message) for r in requests)
+        messages = tuple(
+            self._number(
+                epoch_candidate, m.subject, m.content, m.fields, m.retained, m.qos
+            )
+            for m in (r.message for r in requests)
+        )
         self.clsn += 1
         return CommittedBatch(
             clsn=self.clsn,
@@ -114,12 +119,43 @@ class Coordinator:
             origins=tuple((r.origin, r.ref) for r in requests),
         )
 
-    def _number(self, epoch_candidate: int, message: Message) -> Message:
-        subject = message.subject
+    def apply_wire(
+        self,
+        epoch_candidate: int,
+        wire: Sequence[tuple[str, int, str, bytes, Mapping[str, str], bool, bool]],
+    ) -> CommittedBatch:
+        """:meth:`apply_batch` for requests as plain tuples ``(origin, ref, subject,
+        content, fields, retained, guaranteed)``: the Raft hot path, which builds each
+        committed message once, already numbered."""
+        if not 1 <= epoch_candidate < EPOCH_LIMIT:
+            raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
+        if epoch_candidate == UNNUMBERED_EPOCH:
+            epoch_candidate += 1
+        number = self._number
+        messages = tuple(
+            number(epoch_candidate, subject, content, fields, retained,
+                   Qos.GUARANTEED if guaranteed else Qos.STANDARD)
+            for _, _, subject, content, fields, retained, guaranteed in wire
+        )
+        self.clsn += 1
+        return CommittedBatch(
+            clsn=self.clsn, messages=messages, origins=tuple((w[0], w[1]) for w in wire)
+        )
+
+    def _number(
+        self,
+        epoch_candidate: int,
+        subject: str,
+        content: bytes,
+        fields: Mapping[str, str],
+        retained: bool,
+        qos: Qos,
+    ) -> Message:
         epoch = self.group_epochs.setdefault(subject_group(subject), epoch_candidate)
         seq = self.seqs.get(subject, 0) + 1
         self.seqs[subject] = seq
-        return replace(message, epoch=epoch, seq=seq, type=MessageType.UPDATE, closure=None)
+        return Message(subject, content, fields, retained, qos, None, epoch, seq,
+                       MessageType.UPDATE)
 
     def position(self, subject: str) -> Position | None:
         """The position of the last message of ``subject``, None if it has none."""

@@ -78,7 +78,7 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
 
     @replicated  # type: ignore[untyped-decorator]
     def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
-        batch = self.coordinator.apply_batch(epoch_candidate, from_wire(wire))
+        batch = self.coordinator.apply_wire(epoch_candidate, wire)
         self._on_commit(batch)
         clsn: int = batch.clsn
         return clsn

@@ -136,7 +136,9 @@ class Hub:
                     expire_seconds=self._cache_expire,
                     last_seq_seen=message.seq - 1,
                 )
-        self._apply(state, replace(message, type=MessageType.UPDATE, closure=None), now)
+        if message.type is not MessageType.UPDATE or message.closure is not None:
+            message = replace(message, type=MessageType.UPDATE, closure=None)
+        self._apply(state, message, now)
         return True
 
     def _apply(self, state: SubjectState, message: Message, now: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from cluster_checker import CommittedLog, SubscriberView, check_member, check_subscriber
@@ -34,10 +35,10 @@ class SkippingReplica(Replica):
 class SeqReusingCoordinator(Coordinator):
     """Planted bug: every message of a subject after its second gets seq 2 again."""
 
-    def _number(self, epoch_candidate: int, message: Message) -> Message:
-        numbered = super()._number(epoch_candidate, message)
+    def _number(self, epoch_candidate: int, *args: Any) -> Message:
+        numbered = super()._number(epoch_candidate, *args)
         if numbered.seq > 2:
-            self.seqs[message.subject] = 2
+            self.seqs[numbered.subject] = 2
             return numbered.with_position(numbered.epoch, 2)
         return numbered
 

@@ -134,3 +134,19 @@ def test_state_is_plain_data() -> None:
 def test_malformed_state_is_rejected(state: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Coordinator.from_state(state)
+
+
+def test_apply_wire_numbers_exactly_as_apply_batch() -> None:
+    from cluster.raft import from_wire, to_wire
+    from migratory.model.message import Qos
+
+    requests = [
+        PublishRequest("m#1", i, Message(f"/a/{i % 3}", b"x", {"k": "v"}, i % 2 == 0,
+                                         Qos.GUARANTEED if i % 3 else Qos.STANDARD))
+        for i in range(10)
+    ]
+    wire = to_wire(requests)
+    assert from_wire(wire) == requests
+    left, right = Coordinator(), Coordinator()
+    assert left.apply_wire(777, wire) == right.apply_batch(777, requests)
+    assert left.to_state() == right.to_state()
