@@ -172,6 +172,7 @@ class RaftCoordination:
             "raft_last_applied": raw.get("last_applied"),
             "raft_ready": bool(self.syncobj.isReady()),
             "clsn": self.consumer.coordinator.clsn,
+            "coordinator_digest": self.consumer.coordinator.digest(),
         }
 
     def close(self) -> None:
