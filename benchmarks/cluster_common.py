@@ -1,0 +1,266 @@
+"""Shared pieces of the cluster benchmarks: a 3-seed Guaranteed cluster on 127.0.0.1.
+
+Members are real ``python -m migratory serve`` processes configured with
+``cluster.tooling.member_settings``; each gets its own session and a
+parent-death signal, its log goes to ``benchmarks/results/``, and every one is
+stopped by PID (SIGTERM, then SIGKILL) at the end, also on errors.
+Raw client connections reuse ``_loadgen``'s handshake and framing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cbor2
+from _loadgen import (
+    OPCODE_CLOSE,
+    RESULTS_DIR,
+    close_code,
+    die_with_parent,
+    masked,
+    walk_frames,
+)
+
+from cluster.tooling import member_settings
+from migratory.protocol.http import (
+    check_handshake_response,
+    handshake_request,
+    new_websocket_key,
+)
+
+PASSWORD = "bench-cluster-password"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(members: int) -> int:
+    for _ in range(200):
+        base = random.randrange(20_000, 40_000, 10)
+        ports = [base + 10 * i for i in range(members)]
+        ports += [base + 1000 + 10 * i + d for i in range(members) for d in (0, 1)]
+        if all(_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free ports")
+
+
+class BenchCluster:
+    """A Guaranteed cluster of ``members`` processes (the first ``seeds`` are Raft seeds)."""
+
+    def __init__(self, name: str, members: int = 3, seeds: int = 3, extra: dict | None = None,
+                 launcher: list[str] | None = None):
+        self.members = members
+        # how a member is started; the experiment cluster_patched_member.py replaces it
+        self.launcher = launcher or ["-m", "migratory"]
+        self.base = free_base_port(members)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_dir = RESULTS_DIR / f"{name}-{stamp}-{os.getpid()}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = [
+            {
+                **member_settings(
+                    i, members=members, seeds=seeds, mode="Guaranteed",
+                    base_port=self.base, password=PASSWORD,
+                ),
+                **(extra or {}),
+            }
+            for i in range(members)
+        ]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * members
+
+    # --- processes ---------------------------------------------------------------------
+
+    def start(self, i: int) -> None:
+        args = [sys.executable, *self.launcher, "serve"]
+        for key, value in self.settings[i].items():
+            args += ["--set", f"{key}={value}"]
+        with (self.log_dir / f"migratory-{i}.log").open("ab") as log:
+            self.procs[i] = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGKILL),
+            )
+
+    def start_all(self) -> None:
+        for i in range(self.members):
+            self.start(i)
+
+    def pid(self, i: int) -> int:
+        proc = self.procs[i]
+        assert proc is not None
+        return proc.pid
+
+    def kill(self, i: int) -> int:
+        """SIGKILL member ``i``; return monotonic_ns just before the signal."""
+        proc = self.procs[i]
+        assert proc is not None
+        t = time.monotonic_ns()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        return t
+
+    def stop(self, timeout: float = 10.0) -> None:
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for p in live:
+            with contextlib.suppress(OSError):
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in live:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    def __enter__(self) -> BenchCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- HTTP ------------------------------------------------------------------------
+
+    def port(self, i: int) -> int:
+        return int(self.settings[i]["Listen"].rsplit(":", 1)[1])
+
+    def http(self, i: int) -> str:
+        return f"http://{self.settings[i]['Listen']}"
+
+    def status(self, i: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.http(i)}/cluster", timeout=2) as reply:
+            return json.loads(reply.read())
+
+    def ready(self, i: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.http(i)}/readyz", timeout=2):
+                return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def wait_ready(self, indexes: list[int] | None = None, timeout: float = 60) -> float:
+        wanted = list(indexes if indexes is not None else range(self.members))
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            for i in wanted:
+                p = self.procs[i]
+                if p is not None and p.poll() is not None:
+                    raise RuntimeError(f"member {i} exited: see {self.log_dir}")
+            if all(self.ready(i) for i in wanted):
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        raise TimeoutError(f"members {wanted} not ready in {timeout} s (logs {self.log_dir})")
+
+    def leader(self, timeout: float = 20) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(self.members):
+                p = self.procs[i]
+                if p is None or p.poll() is not None:
+                    continue
+                with contextlib.suppress(OSError, ValueError):
+                    if self.status(i).get("raft_state") == "leader":
+                        return i
+            time.sleep(0.1)
+        raise RuntimeError("no Raft leader")
+
+    def log_summary(self) -> dict[str, int]:
+        counts = {"warning": 0, "error": 0, "critical": 0, "traceback": 0}
+        for path in self.log_dir.glob("*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                if " WARNING " in line:
+                    counts["warning"] += 1
+                elif " CRITICAL " in line:
+                    counts["critical"] += 1
+                elif " ERROR " in line:
+                    counts["error"] += 1
+                elif line.startswith("Traceback"):
+                    counts["traceback"] += 1
+        return counts
+
+
+# --- raw connections -------------------------------------------------------------------
+
+
+def open_raw(port: int, client: str, timeout: float = 5.0) -> tuple[socket.socket, bytes]:
+    """Blocking handshake + ``connect`` → ``connected``; return (socket, leftover bytes)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        key = new_websocket_key()
+        sock.sendall(handshake_request(f"127.0.0.1:{port}", "/", key))
+        buf = b""
+        deadline = time.monotonic() + timeout
+        used = None
+        while used is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("handshake timeout")
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed during handshake")
+            buf += chunk
+            used = check_handshake_response(buf, key)
+        buf = buf[used:]
+        sock.sendall(masked(cbor2.dumps({"op": "connect", "version": 1, "client": client})))
+        while time.monotonic() < deadline:
+            frames, _rest = walk_frames(buf)
+            for opcode, start, end in frames:
+                if opcode == OPCODE_CLOSE:
+                    raise ConnectionError(f"closed with {close_code(buf, start, end)}")
+                if cbor2.loads(buf[start:end]).get("op") == "connected":
+                    return sock, buf[end:]
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed before connected")
+            buf += chunk
+        raise TimeoutError("no 'connected'")
+    except BaseException:
+        sock.close()
+        raise
+
+
+def publish_frame(subject: str, content: bytes, closure: str | None) -> bytes:
+    op: dict[str, Any] = {"op": "publish", "subject": subject, "content": content}
+    if closure is not None:
+        op["closure"] = closure
+    return masked(cbor2.dumps(op))
+
+
+def decode_frames(buf: bytes) -> tuple[list[Any], bytes]:
+    """Decoded server ops in ``buf`` (close frames as ("close", code)), and the rest."""
+    frames, rest = walk_frames(buf)
+    out = []
+    for opcode, start, end in frames:
+        if opcode == OPCODE_CLOSE:
+            out.append(("close", close_code(buf, start, end)))
+        elif opcode in (0x1, 0x2):
+            out.append(cbor2.loads(buf[start:end]))
+    return out, buf[rest:]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
