@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.schema import TABLES, record
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # chaos/ and spark_analysis/ are not installed packages
+    sys.path.insert(0, str(ROOT))
+
+from chaos.schema import TABLES, record  # noqa: E402
 
 RUN = "synthetic"
 EPOCH = 7
@@ -69,18 +74,40 @@ def generate(
                 if (kind, who) in subs[subject]:
                     continue
                 subs[subject].append((kind, who))
-                syn.add("subscriptions", subscriber=who, kind=kind, subject=subject,
-                        event="subscribed", member=members[i % 3], time=0.1 + i * 0.001)
-                syn.add("subscriptions", subscriber=who, kind=kind, subject=subject,
-                        event="SUBSCRIBE_ALLOW", member=members[i % 3], epoch=EPOCH, seq=0,
-                        time=0.12 + i * 0.001)
+                syn.add(
+                    "subscriptions",
+                    subscriber=who,
+                    kind=kind,
+                    subject=subject,
+                    event="subscribed",
+                    member=members[i % 3],
+                    time=0.1 + i * 0.001,
+                )
+                syn.add(
+                    "subscriptions",
+                    subscriber=who,
+                    kind=kind,
+                    subject=subject,
+                    event="SUBSCRIBE_ALLOW",
+                    member=members[i % 3],
+                    epoch=EPOCH,
+                    seq=0,
+                    time=0.12 + i * 0.001,
+                )
     # The leader kill: publishes stop for 1.5 s, subscribers recover what they missed.
     kill_at = 1.0 + (publishes // 2) / rate
     outage = (kill_at, kill_at + 1.5)
-    syn.add("nemesis", time=kill_at, fault="kill", target="migratory-0", phase="start",
-            detail="leader")
-    syn.add("nemesis", time=kill_at + 5.0, fault="restart", target="migratory-0", phase="start",
-            detail=None)
+    syn.add(
+        "nemesis", time=kill_at, fault="kill", target="migratory-0", phase="start", detail="leader"
+    )
+    syn.add(
+        "nemesis",
+        time=kill_at + 5.0,
+        fault="restart",
+        target="migratory-0",
+        phase="start",
+        detail=None,
+    )
     t = 0.0
     while t < duration:
         for m in members:
@@ -88,9 +115,17 @@ def generate(
             leader = "migratory-0" if t < kill_at else "migratory-1"
             if t >= kill_at and t < kill_at + 1.2:
                 leader = None
-            syn.add("cluster", time=round(t, 3), member=m, up=not down, role="seed",
-                    raft_state=None if down else ("leader" if m == leader else "follower"),
-                    raft_leader=leader, ready=not down, applied_clsn=int(t * 10))
+            syn.add(
+                "cluster",
+                time=round(t, 3),
+                member=m,
+                up=not down,
+                role="seed",
+                raft_state=None if down else ("leader" if m == leader else "follower"),
+                raft_leader=leader,
+                ready=not down,
+                applied_clsn=int(t * 10),
+            )
         t += 0.25
     seqs = dict.fromkeys(names, 0)
     t = 1.0
@@ -100,35 +135,91 @@ def generate(
         subject = names[n % subjects]
         pub = f"p{n % 4}"
         msg = f"{pub}-{n}"
-        syn.add("publishes", publisher=pub, type="invoke", msg_id=msg, subject=subject,
-                member=members[1 + n % 2], time=t)
+        syn.add(
+            "publishes",
+            publisher=pub,
+            type="invoke",
+            msg_id=msg,
+            subject=subject,
+            member=members[1 + n % 2],
+            time=t,
+        )
         seqs[subject] += 1
         seq = seqs[subject]
-        syn.add("publishes", publisher=pub, type="ok", msg_id=msg, subject=subject,
-                member=members[1 + n % 2], time=t + 0.002, epoch=EPOCH, seq=seq)
+        syn.add(
+            "publishes",
+            publisher=pub,
+            type="ok",
+            msg_id=msg,
+            subject=subject,
+            member=members[1 + n % 2],
+            time=t + 0.002,
+            epoch=EPOCH,
+            seq=seq,
+        )
         for kind, who in subs[subject]:
             at = t + 0.003 + rnd.random() * 0.004
             typ = "update"
             if kind == "sdk" and outage[0] + 0.2 <= at < outage[1] + 0.5:
                 at, typ = outage[1] + 0.5, "recovered"  # held back, recovered on resume
-            syn.add("deliveries", subscriber=who, kind=kind, member=members[1], subject=subject,
-                    epoch=EPOCH, seq=seq, msg_id=msg, type=typ, time=at)
+            syn.add(
+                "deliveries",
+                subscriber=who,
+                kind=kind,
+                member=members[1],
+                subject=subject,
+                epoch=EPOCH,
+                seq=seq,
+                msg_id=msg,
+                type=typ,
+                time=at,
+            )
         if n % 97 == 50:  # an unknown outcome, never numbered
             ghost = f"{pub}-u{n}"
-            syn.add("publishes", publisher=pub, type="invoke", msg_id=ghost, subject=subject,
-                    member=members[2], time=t + 0.001)
-            syn.add("publishes", publisher=pub, type="info", msg_id=ghost, subject=subject,
-                    member=members[2], time=t + 0.5, reason="timeout")
+            syn.add(
+                "publishes",
+                publisher=pub,
+                type="invoke",
+                msg_id=ghost,
+                subject=subject,
+                member=members[2],
+                time=t + 0.001,
+            )
+            syn.add(
+                "publishes",
+                publisher=pub,
+                type="info",
+                msg_id=ghost,
+                subject=subject,
+                member=members[2],
+                time=t + 0.5,
+                reason="timeout",
+            )
         t += 1.0 / rate
     for subject, who_list in subs.items():
         for kind, who in who_list:
             if kind != "sdk":
                 continue
-            syn.add("subscriptions", subscriber=who, kind=kind, subject=None, event="SERVER_DOWN",
-                    member=members[0], time=outage[0] + 0.2)
-            syn.add("subscriptions", subscriber=who, kind=kind, subject=subject,
-                    event="DATA_SYNC", member=members[1], epoch=EPOCH, seq=seqs[subject],
-                    time=outage[1] + 0.5 + 1e-4)
+            syn.add(
+                "subscriptions",
+                subscriber=who,
+                kind=kind,
+                subject=None,
+                event="SERVER_DOWN",
+                member=members[0],
+                time=outage[0] + 0.2,
+            )
+            syn.add(
+                "subscriptions",
+                subscriber=who,
+                kind=kind,
+                subject=subject,
+                event="DATA_SYNC",
+                member=members[1],
+                epoch=EPOCH,
+                seq=seqs[subject],
+                time=outage[1] + 0.5 + 1e-4,
+            )
     return syn
 
 
@@ -161,8 +252,18 @@ def plant_reorder(syn: Synthetic) -> None:
 
 def plant_unexpected(syn: Synthetic) -> None:
     who, subject, ds = _victim(syn)
-    syn.add("deliveries", subscriber=who, kind="sdk", member="migratory-1", subject=subject,
-            epoch=EPOCH + 1000, seq=1, msg_id="nobody-1", type="update", time=ds[-1]["time"] + 0.1)
+    syn.add(
+        "deliveries",
+        subscriber=who,
+        kind="sdk",
+        member="migratory-1",
+        subject=subject,
+        epoch=EPOCH + 1000,
+        seq=1,
+        msg_id="nobody-1",
+        type="update",
+        time=ds[-1]["time"] + 0.1,
+    )
 
 
 def plant_collision(syn: Synthetic) -> None:
@@ -170,10 +271,26 @@ def plant_collision(syn: Synthetic) -> None:
     orig = ds[len(ds) // 3]
     inv = next(p for p in syn.tables["publishes"] if p["msg_id"] == orig["msg_id"])
     msg = "p9-collides"
-    syn.add("publishes", publisher="p9", type="invoke", msg_id=msg, subject=subject,
-            member="migratory-1", time=inv["time"])
-    syn.add("publishes", publisher="p9", type="ok", msg_id=msg, subject=subject,
-            member="migratory-1", time=inv["time"] + 0.002, epoch=orig["epoch"], seq=orig["seq"])
+    syn.add(
+        "publishes",
+        publisher="p9",
+        type="invoke",
+        msg_id=msg,
+        subject=subject,
+        member="migratory-1",
+        time=inv["time"],
+    )
+    syn.add(
+        "publishes",
+        publisher="p9",
+        type="ok",
+        msg_id=msg,
+        subject=subject,
+        member="migratory-1",
+        time=inv["time"] + 0.002,
+        epoch=orig["epoch"],
+        seq=orig["seq"],
+    )
     rows = syn.tables["deliveries"]
     for d in [d for d in rows if d["msg_id"] == orig["msg_id"]]:
         rows.append(dict(d, msg_id=msg, time=d["time"] + 1e-5))
@@ -185,6 +302,14 @@ def plant_resync_gap(syn: Synthetic) -> None:
     i = len(ds) // 3
     gone, nxt = ds[i], ds[i + 1]
     syn.tables["deliveries"].remove(gone)
-    syn.add("subscriptions", subscriber=who, kind="sdk", subject=subject, event="DATA_RESYNC",
-            member="migratory-1", epoch=EPOCH, seq=gone["seq"],
-            time=(gone["time"] + nxt["time"]) / 2)
+    syn.add(
+        "subscriptions",
+        subscriber=who,
+        kind="sdk",
+        subject=subject,
+        event="DATA_RESYNC",
+        member="migratory-1",
+        epoch=EPOCH,
+        seq=gone["seq"],
+        time=(gone["time"] + nxt["time"]) / 2,
+    )
