@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import link
+from cluster import link, link_ops
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.link import (
     Authenticated,
@@ -474,7 +474,7 @@ def test_oversize_frame_is_refused_from_its_header() -> None:
 
 
 def test_oversize_frame_is_refused_when_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(link, "MAX_FRAME", 1000)
+    monkeypatch.setattr(link_ops, "MAX_FRAME", 1000)
     link.encode_frame(StandardPublish(msg(size=900)))
     with pytest.raises(LinkError, match="exceeds MAX_FRAME"):
         link.encode_frame(StandardPublish(msg(size=1000)))
@@ -557,8 +557,8 @@ cbor_values = st.recursive(
 @st.composite
 def near_op_maps(draw: st.DrawFn) -> dict[str, Any]:
     """Maps with a real tag and its real keys, holding arbitrary values."""
-    tag = draw(st.sampled_from([*link._OPS, *link._HANDSHAKE_KEYS]))
-    keys = link._OPS[tag][0] if tag in link._OPS else link._HANDSHAKE_KEYS[tag]
+    tag = draw(st.sampled_from([*link_ops._OPS, *link._HANDSHAKE_KEYS]))
+    keys = link_ops._OPS[tag][0] if tag in link_ops._OPS else link._HANDSHAKE_KEYS[tag]
     body: dict[str, Any] = {"t": tag}
     for key in keys:
         body[key] = draw(cbor_values)
@@ -617,8 +617,9 @@ def test_mutated_frames_raise_only_link_error(op: LinkOp, data: st.DataObject) -
 FORBIDDEN = {"trio", "socket", "selectors", "asyncio", "threading", "pysyncobj"}
 
 
-def test_link_imports_no_io() -> None:
-    tree = ast.parse(Path(link.__file__).read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", [link, link_ops], ids=["link", "link_ops"])
+def test_link_imports_no_io(module: Any) -> None:
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
     imported = {
         alias.name
         for node in ast.walk(tree)

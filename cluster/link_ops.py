@@ -1,0 +1,409 @@
+"""The cluster link's operations and framing (see ``cluster/link.py`` for the wire format).
+
+Pure: encode and strictly decode the frames members exchange once authenticated.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, assert_never, cast
+
+import cbor2
+
+from cluster.coordination import CommittedBatch, PublishRequest
+from cluster.replica import CacheSync, SubjectSync
+from migratory.model.message import Message, MessageType, Qos
+
+MAX_FRAME: Final = 64 * 1024 * 1024
+"""Largest frame payload, in bytes."""
+MAX_HANDSHAKE_FRAME: Final = 4096
+"""Largest frame payload before the peer is authenticated."""
+NONCE_SIZE: Final = 16
+MAX_MEMBER_BYTES: Final = 1024
+_HEADER: Final = 4
+_MAC_SIZE: Final = 32
+_U64: Final = 2**64
+_MAC_ACCEPT: Final = b"migratory-link-1|accept|"
+_MAC_CONNECT: Final = b"migratory-link-1|connect|"
+
+
+class LinkError(Exception):
+    """The peer broke the link protocol or failed authentication; close the link."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- events and operations ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """Handshake bytes to write to the peer."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticated:
+    """The handshake is complete; ``peer`` is the peer's member name."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Non-seed -> seed: please submit these publications to Raft."""
+
+    requests: tuple[PublishRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardFailed:
+    """Seed -> non-seed: Raft refused these requests, or their outcome is ``unknown``."""
+
+    origins: tuple[tuple[str, int], ...]
+    reason: str
+    unknown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Non-seed -> seed: stream the committed batches after ``from_clsn``."""
+
+    from_clsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Seed -> non-seed: one committed batch."""
+
+    batch: CommittedBatch
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    """Non-seed -> seed: send your whole message cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Seed -> non-seed: the whole message cache as of ``sync.clsn``."""
+
+    sync: CacheSync
+
+
+@dataclass(frozen=True, slots=True)
+class StandardPublish:
+    """Standard delivery mode: a publication forwarded to every member."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The sender's last committed clsn; also keeps an idle link alive."""
+
+    clsn: int
+
+
+LinkOp = (
+    Forward | ForwardFailed | Replicate | Batch | SyncRequest | Sync | StandardPublish | Heartbeat
+)
+LinkEvent = Outgoing | Authenticated | LinkOp
+
+
+# --- messages ------------------------------------------------------------------
+
+_TYPE_CODES: Final = {
+    MessageType.UPDATE: 0,
+    MessageType.SNAPSHOT: 1,
+    MessageType.RECOVERED: 2,
+    MessageType.HISTORICAL: 3,
+}
+_TYPES: Final = tuple(sorted(_TYPE_CODES, key=_TYPE_CODES.__getitem__))
+_RETAINED: Final = 1
+_GUARANTEED: Final = 2
+
+
+def _message_item(m: Message) -> list[Any]:
+    fields = m.fields if type(m.fields) is dict else dict(m.fields)
+    flags = (_RETAINED if m.retained else 0) | (_GUARANTEED if m.qos is Qos.GUARANTEED else 0)
+    return [m.subject, m.content, fields, flags, m.closure, m.epoch, m.seq, _TYPE_CODES[m.type]]
+
+
+def _message(item: Any, where: str) -> Message:
+    if type(item) is list and len(item) == 8:
+        subject, content, fields, flags, closure, epoch, seq, code = item
+        if (
+            type(subject) is str
+            and type(content) is bytes
+            and type(fields) is dict
+            and type(flags) is int
+            and 0 <= flags <= 3
+            and (closure is None or type(closure) is str)
+            and type(epoch) is int
+            and 0 <= epoch < _U64
+            and type(seq) is int
+            and 0 <= seq < _U64
+            and type(code) is int
+            and 0 <= code < len(_TYPES)
+            and (not fields or _is_text_map(fields))
+        ):
+            qos = Qos.GUARANTEED if flags & _GUARANTEED else Qos.STANDARD
+            retained = bool(flags & _RETAINED)
+            return Message(
+                subject, content, fields, retained, qos, closure, epoch, seq, _TYPES[code]
+            )
+    raise LinkError(f"{where}: {_message_fault(item)}")
+
+
+def _is_text_map(fields: dict[Any, Any]) -> bool:
+    return all(type(k) is str and type(v) is str for k, v in fields.items())
+
+
+def _message_fault(item: Any) -> str:
+    """Why ``item`` is not a message (the slow path of :func:`_message`)."""
+    if type(item) is not list or len(item) != 8:
+        return f"a message must be an array of 8 items, got {_kind(item)}"
+    subject, content, fields, flags, closure, epoch, seq, _type = item
+    if type(subject) is not str:
+        return "message subject must be a text string"
+    if type(content) is not bytes:
+        return "message content must be a byte string"
+    if type(fields) is not dict or not _is_text_map(fields):
+        return "message fields must be a map of text to text"
+    if type(flags) is not int or not 0 <= flags <= 3:
+        return "message flags must be an integer from 0 to 3"
+    if closure is not None and type(closure) is not str:
+        return "message closure must be a text string or null"
+    if not _is_u64(epoch) or not _is_u64(seq):
+        return "message epoch and seq must be unsigned integers below 2**64"
+    return f"message type must be an integer below {len(_TYPES)}"
+
+
+def _is_u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value < _U64
+
+
+def _kind(value: Any) -> str:
+    if type(value) is list:
+        return f"an array of {len(value)} items"
+    return type(value).__name__
+
+
+# --- encoding --------------------------------------------------------------------
+
+
+def _origin_items(origins: tuple[tuple[str, int], ...]) -> list[list[Any]]:
+    return [[origin, ref] for origin, ref in origins]
+
+
+def _op_map(op: LinkOp) -> dict[str, Any]:
+    match op:
+        case Forward(requests=requests):
+            return {"t": "fw", "r": [[r.origin, r.ref, _message_item(r.message)] for r in requests]}
+        case ForwardFailed(origins=origins, reason=reason, unknown=unknown):
+            return {"t": "ff", "o": _origin_items(origins), "r": reason, "u": unknown}
+        case Replicate(from_clsn=from_clsn):
+            return {"t": "rp", "c": from_clsn}
+        case Batch(batch=b):
+            messages = [_message_item(m) for m in b.messages]
+            return {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
+        case SyncRequest():
+            return {"t": "sq"}
+        case Sync(sync=sync):
+            return {"t": "s", "c": sync.clsn, "s": [_subject_sync_item(s) for s in sync.subjects]}
+        case StandardPublish(message=message):
+            return {"t": "p", "m": _message_item(message)}
+        case Heartbeat(clsn=clsn):
+            return {"t": "hb", "c": clsn}
+        case _:
+            assert_never(op)
+
+
+def _subject_sync_item(s: SubjectSync) -> list[Any]:
+    snapshot = None if s.snapshot is None else _message_item(s.snapshot)
+    return [s.subject, s.epoch, s.seq, snapshot, [_message_item(m) for m in s.cached]]
+
+
+def _frame(body: dict[str, Any]) -> bytes:
+    payload = cbor2.dumps(body)
+    if len(payload) > MAX_FRAME:
+        raise LinkError(f"frame of {len(payload)} bytes exceeds MAX_FRAME ({MAX_FRAME})")
+    return len(payload).to_bytes(_HEADER, "big") + payload
+
+
+def encode_frame(op: LinkOp) -> bytes:
+    """One operation as a whole frame (length prefix included).
+
+    Frames do not depend on the connection: encode once, write to every link.
+    Raises :class:`LinkError` when the frame would exceed :data:`MAX_FRAME`.
+    """
+    return _frame(_op_map(op))
+
+
+# --- decoding --------------------------------------------------------------------
+
+
+def _load_map(payload: bytes) -> dict[Any, Any]:
+    """Exactly one CBOR map, nothing after it; map keys are text or bytes only."""
+    stream = io.BytesIO(payload)
+    try:
+        item = cbor2.CBORDecoder(
+            stream, max_depth=16, allow_duplicate_keys=False, strict_hashable_types=True
+        ).decode()
+    except Exception as exc:  # cbor2 raises several types; all mean "not one CBOR item"
+        raise LinkError(f"frame is not valid CBOR: {str(exc)[:200]}") from None
+    if stream.tell() != len(payload):
+        raise LinkError(f"frame has {len(payload) - stream.tell()} bytes after its CBOR item")
+    if type(item) is not dict:
+        raise LinkError(f"frame must be a CBOR map, got {_kind(item)}")
+    return item
+
+
+def _tag(body: dict[Any, Any]) -> str:
+    tag = body.get("t")
+    if type(tag) is not str:
+        raise LinkError("frame has no text key 't'")
+    return tag
+
+
+class _Body:
+    """Typed access to one frame map that must hold exactly ``keys`` besides ``t``."""
+
+    __slots__ = ("body", "tag")
+
+    def __init__(self, body: dict[Any, Any], tag: str, keys: tuple[str, ...]) -> None:
+        self.body = body
+        self.tag = tag
+        if len(body) != len(keys) + 1 or not all(key in body for key in keys):
+            missing = [key for key in keys if key not in body]
+            extra = len(body) - 1 - (len(keys) - len(missing))
+            raise LinkError(f"{tag!r} frame: missing keys {missing}, {extra} unknown keys")
+
+    def _get(self, key: str, valid: Callable[[Any], bool], what: str) -> Any:
+        value = self.body[key]
+        if not valid(value):
+            raise LinkError(f"{self.tag!r} frame: {key!r} must be {what}")
+        return value
+
+    def uint(self, key: str) -> int:
+        return cast(int, self._get(key, _is_u64, "an unsigned integer < 2**64"))
+
+    def text(self, key: str) -> str:
+        return cast(str, self._get(key, lambda v: type(v) is str, "a text string"))
+
+    def binary(self, key: str, size: int) -> bytes:
+        valid: Callable[[Any], bool] = lambda v: type(v) is bytes and len(v) == size  # noqa: E731
+        return cast(bytes, self._get(key, valid, f"a byte string of {size} bytes"))
+
+    def boolean(self, key: str) -> bool:
+        return cast(bool, self._get(key, lambda v: type(v) is bool, "a boolean"))
+
+    def array(self, key: str) -> list[Any]:
+        return cast(list[Any], self._get(key, lambda v: type(v) is list, "an array"))
+
+    def member(self, key: str) -> str:
+        value = self.text(key)
+        if not value or len(value.encode("utf-8")) > MAX_MEMBER_BYTES:
+            raise LinkError(f"{self.tag!r} frame: {key!r} must be a member name (host:port)")
+        return value
+
+    def message(self, key: str) -> Message:
+        return _message(self.body[key], f"{self.tag!r} frame: {key!r}")
+
+    def messages(self, key: str) -> tuple[Message, ...]:
+        where = f"{self.tag!r} frame: {key!r}"
+        return tuple([_message(item, where) for item in self.array(key)])
+
+    def origins(self, key: str) -> tuple[tuple[str, int], ...]:
+        items = self.array(key)
+        for item in items:
+            if not (type(item) is list and len(item) == 2 and type(item[0]) is str):
+                raise LinkError(f"{self.tag!r} frame: {key!r} must hold [origin, ref] pairs")
+            if not _is_u64(item[1]):
+                raise LinkError(f"{self.tag!r} frame: {key!r}: ref must be an unsigned integer")
+        return tuple([(origin, ref) for origin, ref in items])
+
+
+def _forward(r: _Body) -> Forward:
+    requests = []
+    for item in r.array("r"):
+        if not (type(item) is list and len(item) == 3 and type(item[0]) is str):
+            raise LinkError("'fw' frame: 'r' must hold [origin, ref, message] triples")
+        origin, ref, message = item
+        if not _is_u64(ref):
+            raise LinkError("'fw' frame: 'r': ref must be an unsigned integer < 2**64")
+        requests.append(PublishRequest(origin, ref, _message(message, "'fw' frame: 'r'")))
+    return Forward(tuple(requests))
+
+
+def _subject_sync(item: Any) -> SubjectSync:
+    if not (type(item) is list and len(item) == 5):
+        raise LinkError("'s' frame: 's' must hold [subject, epoch, seq, snapshot, cached] arrays")
+    subject, epoch, seq, snapshot, cached = item
+    if type(subject) is not str or not _is_u64(epoch) or not _is_u64(seq):
+        raise LinkError("'s' frame: 's': bad subject, epoch or seq")
+    if type(cached) is not list:
+        raise LinkError("'s' frame: 's': cached messages must be an array")
+    where = "'s' frame: 's'"
+    return SubjectSync(
+        subject=subject,
+        epoch=epoch,
+        seq=seq,
+        snapshot=None if snapshot is None else _message(snapshot, where),
+        cached=tuple([_message(m, where) for m in cached]),
+    )
+
+
+def _sync(r: _Body) -> Sync:
+    subjects = tuple([_subject_sync(item) for item in r.array("s")])
+    return Sync(CacheSync(clsn=r.uint("c"), subjects=subjects))
+
+
+def _batch(r: _Body) -> Batch:
+    return Batch(CommittedBatch(clsn=r.uint("c"), messages=r.messages("m"), origins=r.origins("o")))
+
+
+def _forward_failed(r: _Body) -> ForwardFailed:
+    return ForwardFailed(origins=r.origins("o"), reason=r.text("r"), unknown=r.boolean("u"))
+
+
+_OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
+    "fw": (("r",), _forward),
+    "ff": (("o", "r", "u"), _forward_failed),
+    "rp": (("c",), lambda r: Replicate(r.uint("c"))),
+    "b": (("c", "m", "o"), _batch),
+    "sq": ((), lambda r: SyncRequest()),
+    "s": (("c", "s"), _sync),
+    "p": (("m",), lambda r: StandardPublish(r.message("m"))),
+    "hb": (("c",), lambda r: Heartbeat(r.uint("c"))),
+}
+_HANDSHAKE_KEYS: Final = {"challenge": ("n", "m"), "auth": ("m", "n", "mac"), "welcome": ("mac",)}
+
+
+def _decode(payload: bytes) -> tuple[str, dict[Any, Any]]:
+    body = _load_map(payload)
+    return _tag(body), body
+
+
+def decode_op(payload: bytes) -> LinkOp:
+    """One operation from a frame payload (without its length prefix); strict."""
+    tag, body = _decode(payload)
+    return _op(tag, body)
+
+
+def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
+    if tag not in _OPS:
+        if tag in _HANDSHAKE_KEYS:
+            raise LinkError(f"handshake frame {tag!r} after authentication")
+        raise LinkError(f"unknown frame {tag[:40]!r}")
+    keys, build = _OPS[tag]
+    return build(_Body(body, tag, keys))
+
+
+# --- the connection ----------------------------------------------------------------
