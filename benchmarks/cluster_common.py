@@ -81,7 +81,7 @@ class BenchCluster:
             {
                 **member_settings(
                     i, members=members, seeds=seeds, mode="Guaranteed",
-                    base_port=self.base, password=PASSWORD,
+                    base_port=self.base, password=PASSWORD, data_dir=self.log_dir / "data",
                 ),
                 **(extra or {}),
             }

@@ -19,7 +19,7 @@ Operations, once authenticated (every key always present, no other keys)::
 
     {"t": "fw", "r": [[origin, ref, M], ...]}                 Forward
     {"t": "ff", "o": [[origin, ref], ...], "r": reason, "u": unknown}   ForwardFailed
-    {"t": "rp", "c": from_clsn}                                Replicate
+    {"t": "rp", "c": from_clsn, "f": full}                     Replicate
     {"t": "b",  "c": clsn, "m": [M, ...], "o": [[origin, ref], ...]}    Batch
     {"t": "sq"}                                                SyncRequest
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync

@@ -72,9 +72,14 @@ class ForwardFailed:
 
 @dataclass(frozen=True, slots=True)
 class Replicate:
-    """Non-seed -> seed: stream the committed batches after ``from_clsn``."""
+    """Non-seed -> seed: stream the committed batches after ``from_clsn``.
+
+    ``full`` asks for a whole cache sync first: after a gap the non-seed can apply nothing
+    until it has one, whatever ``from_clsn`` says.
+    """
 
     from_clsn: int
+    full: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +213,8 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             return {"t": "fw", "r": [[r.origin, r.ref, _message_item(r.message)] for r in requests]}
         case ForwardFailed(origins=origins, reason=reason, unknown=unknown):
             return {"t": "ff", "o": _origin_items(origins), "r": reason, "u": unknown}
-        case Replicate(from_clsn=from_clsn):
-            return {"t": "rp", "c": from_clsn}
+        case Replicate(from_clsn=from_clsn, full=full):
+            return {"t": "rp", "c": from_clsn, "f": full}
         case Batch(batch=b):
             messages = [_message_item(m) for m in b.messages]
             return {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
@@ -376,7 +381,7 @@ def _forward_failed(r: _Body) -> ForwardFailed:
 _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "fw": (("r",), _forward),
     "ff": (("o", "r", "u"), _forward_failed),
-    "rp": (("c",), lambda r: Replicate(r.uint("c"))),
+    "rp": (("c", "f"), lambda r: Replicate(r.uint("c"), r.boolean("f"))),
     "b": (("c", "m", "o"), _batch),
     "sq": ((), lambda r: SyncRequest()),
     "s": (("c", "s"), _sync),

@@ -16,7 +16,9 @@ import functools
 import logging
 import random
 import secrets
+import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -39,6 +41,7 @@ SUBMIT_LINGER = 0.001  # seconds publishes wait to share a Raft command
 HEARTBEAT_SECONDS = 0.25
 RETRY_SECONDS = 0.3
 MAX_BARRIER_ATTEMPTS = 20
+LEADERLESS_GRACE = 1.5  # seconds a seed may see no Raft leader (an election) and stay ready
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -78,6 +81,7 @@ class GuaranteedMember:
         self._wake = trio.Event()
         self._syncing = False
         self._token: trio.lowlevel.TrioToken | None = None
+        self._leaderless_since: float | None = None
 
     # --- readiness and status ----------------------------------------------------
 
@@ -87,9 +91,24 @@ class GuaranteedMember:
         if self.raft is not None:
             if not self.raft.syncobj.isReady():
                 return "member has not caught up with Raft yet"
+            return self._leaderless_reason()
         elif self.upstream is None or self.replica.applied_clsn < self.upstream_clsn:
             return "member is not replicating from a seed yet"
         return None
+
+    def _leaderless_reason(self) -> str | None:
+        """A seed cut off from a majority knows no leader and falls behind: not ready."""
+        assert self.raft is not None
+        if self.raft.has_leader:
+            self._leaderless_since = None
+            return None
+        now = time.monotonic()
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        elapsed = now - self._leaderless_since
+        if elapsed < LEADERLESS_GRACE:
+            return None
+        return f"member has seen no Raft leader for {elapsed:.1f} s"
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {
@@ -128,6 +147,7 @@ class GuaranteedMember:
                     seed_addresses=self.config.seed_members,
                     password=self.config.cluster_password,
                     on_commit=self._from_raft_thread_commit,
+                    data_dir=Path(self.config.cluster_data_dir),
                 )
                 nursery.start_soon(self._submit_loop)
             else:
@@ -322,7 +342,7 @@ class GuaranteedMember:
         self, peer: str, op: link.LinkOp, send: trio.MemorySendChannel[link.LinkOp]
     ) -> None:
         if isinstance(op, link.Replicate):
-            self._start_replication(peer, op.from_clsn, send)
+            self._start_replication(peer, op.from_clsn, op.full, send)
         elif isinstance(op, link.Forward):
             if self.raft is None:
                 raise link.LinkError("only seeds take forwarded publishes")
@@ -334,11 +354,13 @@ class GuaranteedMember:
             raise link.LinkError(f"unexpected {type(op).__name__} from {peer}")
 
     def _start_replication(
-        self, peer: str, from_clsn: int, send: trio.MemorySendChannel[link.LinkOp]
+        self, peer: str, from_clsn: int, full: bool, send: trio.MemorySendChannel[link.LinkOp]
     ) -> None:
         """Catch a non-seed up from ``from_clsn`` (ring or full sync), then stream live."""
         ring = self.ring
-        if ring and ring[0].clsn <= from_clsn + 1 and from_clsn <= self.replica.applied_clsn:
+        if full:
+            send.send_nowait(link.Sync(self.replica.make_sync()))
+        elif ring and ring[0].clsn <= from_clsn + 1 and from_clsn <= self.replica.applied_clsn:
             for batch in ring:
                 if batch.clsn > from_clsn:
                     send.send_nowait(link.Batch(batch))
@@ -377,9 +399,9 @@ class GuaranteedMember:
                 await channel.aclose()
 
     async def _replicate_from(self, channel: LinkChannel) -> None:
-        # -1 asks for a full cache sync: after a gap nothing can be applied until one
-        start = -1 if self.replica.needs_sync else self.replica.applied_clsn
-        await channel.send(link.Replicate(start))
+        # after a gap nothing can be applied until a full cache sync
+        replicate = link.Replicate(self.replica.applied_clsn, full=self.replica.needs_sync)
+        await channel.send(replicate)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._forward_loop, channel)
             while True:
@@ -417,6 +439,14 @@ class GuaranteedMember:
     # --- both ---------------------------------------------------------------------------
 
     async def _housekeeping_loop(self) -> None:
+        reported: str | None = "starting"
         while True:
             await trio.sleep(0.5)
             self.publishing.expire(trio.current_time())
+            reason = self.not_ready_reason()  # also samples how long no leader was seen
+            if (reason or "").split(" for ")[0] != (reported or "").split(" for ")[0]:
+                if reason is None:
+                    log.info("member %s is ready for clients", self.name)
+                else:
+                    log.warning("member %s is not ready: %s", self.name, reason)
+                reported = reason

@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
+from cluster.raft_follower import FollowerSafeSyncObj
 from migratory.model.message import Message, Qos
 
 log = logging.getLogger("migratory.raft")
@@ -96,6 +98,17 @@ class RaftTimings:
     use_batch: bool = False
 
 
+def _journal_files(data_dir: Path | None) -> dict[str, str]:
+    """pysyncobj's journal (log, term, vote) and its compaction dump under ``data_dir``."""
+    if data_dir is None:
+        return {}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "journalFile": str(data_dir / "raft.journal"),
+        "fullDumpFile": str(data_dir / "raft.dump"),
+    }
+
+
 def raft_address(cluster_address: tuple[str, int]) -> str:
     """Seeds run Raft on their cluster port + 1."""
     host, port = cluster_address
@@ -115,7 +128,10 @@ class RaftCoordination:
         on_commit: Callable[[CommittedBatch], None],
         on_state_changed: Callable[[], None] | None = None,
         timings: RaftTimings = RaftTimings(),
+        data_dir: Path | None = None,
     ) -> None:
+        """``data_dir`` keeps the Raft log, term and vote across restarts (``None``: memory
+        only, for tests of a single process lifetime)."""
         if not password:
             raise ValueError("Raft must never run without a password (pickle on the wire)")
         self.consumer = CoordinationConsumer(on_commit)
@@ -135,9 +151,17 @@ class RaftCoordination:
             logCompactionMinEntries=20_000,
             logCompactionMinTime=120,
             bindAddress=raft_address(bind_address) if bind_address else None,
+            **_journal_files(data_dir),
         )
         self.address = me
-        self.syncobj = SyncObj(me, others, conf=conf, consumers=[self.consumer])
+        self.syncobj = FollowerSafeSyncObj(me, others, conf=conf, consumers=[self.consumer])
+        if data_dir is not None:
+            log.info(
+                "Raft state in %s: term %s, commit index %s",
+                data_dir,
+                self.syncobj.raftCurrentTerm,
+                self.syncobj.raftCommitIndex,
+            )
 
     def submit(
         self,
@@ -154,6 +178,10 @@ class RaftCoordination:
                 on_done(None, _fail_name(error), error not in DEFINITE_FAILURES)
 
         self.consumer.commit_batch(epoch_candidate, to_wire(requests), callback=callback)
+
+    @property
+    def has_leader(self) -> bool:
+        return self.syncobj._getLeader() is not None
 
     @property
     def is_leader(self) -> bool:

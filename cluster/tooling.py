@@ -29,9 +29,17 @@ class LocalMember:
 
 
 def member_settings(
-    index: int, *, members: int, seeds: int, mode: str, base_port: int, password: str
+    index: int,
+    *,
+    members: int,
+    seeds: int,
+    mode: str,
+    base_port: int,
+    password: str,
+    data_dir: Path,
 ) -> dict[str, str]:
-    """The config of member ``index`` of a loopback cluster."""
+    """The config of member ``index`` of a loopback cluster; its Raft state goes in
+    ``data_dir/migratory-INDEX``."""
     cluster = [f"127.0.0.1:{base_port + 1000 + 10 * i}" for i in range(members)]
     return {
         "ServerName": f"migratory-{index}",
@@ -41,6 +49,7 @@ def member_settings(
         "ClusterSeedMemberCount": str(seeds) if mode == "Guaranteed" else "",
         "ClusterDeliveryMode": mode,
         "ClusterPassword": password,
+        "ClusterDataDir": str(data_dir / f"migratory-{index}") if mode == "Guaranteed" else "",
     }
 
 
@@ -66,7 +75,7 @@ def _up(args: argparse.Namespace) -> int:
         for i in range(args.members):
             settings = member_settings(
                 i, members=args.members, seeds=args.seeds, mode=mode,
-                base_port=args.base_port, password=password,
+                base_port=args.base_port, password=password, data_dir=log_dir / "data",
             )
             process = start_member(settings, log_dir / f"migratory-{i}.log")
             processes.append(process)

@@ -154,6 +154,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterPassword", "cluster_password", _text, "",
             "Shared secret that members authenticate each other with (required for a cluster; "
             "also Raft's password)."),
+    Setting("ClusterDataDir", "cluster_data_dir", _text, "",
+            "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
+            "one per member, kept across restarts: a seed that forgets its log may lose "
+            "acknowledged messages)."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
@@ -181,6 +185,7 @@ class Config:
     cluster_seed_member_count: int
     cluster_delivery_mode: str
     cluster_password: str
+    cluster_data_dir: str
 
     @property
     def clustered(self) -> bool:
@@ -289,6 +294,7 @@ def _check_cluster(config: Config) -> Config:
             ("ClusterMemberListen", config.cluster_member_listen),
             ("ClusterMemberBind", config.cluster_member_bind),
             ("ClusterSeedMemberCount", config.cluster_seed_member_count),
+            ("ClusterDataDir", config.cluster_data_dir),
         ):
             if value:
                 raise ConfigError(f"{key} is set but ClusterMembers is empty")
@@ -315,6 +321,11 @@ def _check_cluster(config: Config) -> Config:
             raise ConfigError(
                 f"ClusterDeliveryMode = Guaranteed needs at least 3 members, "
                 f"ClusterMembers has {len(members)}"
+            )
+        if not config.cluster_data_dir.strip():
+            raise ConfigError(
+                "ClusterDeliveryMode = Guaranteed needs ClusterDataDir (where seeds keep "
+                "their Raft log across restarts)"
             )
         if seeds > len(members):
             raise ConfigError(

@@ -1,7 +1,7 @@
 """``python -m spark_analysis RUN_DIR [--out REPORT_DIR]``: check a chaos run's history.
 
 Exit 0: no safety violation; 1: at least one; 2: the input is unusable (the message
-names the missing table or file).
+names every missing file or table). Phase timings go to stderr.
 """
 
 from __future__ import annotations
@@ -14,58 +14,72 @@ from typing import Any
 
 from .load import UnusableInput, check_layout
 
+EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
-def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: dict[str, float]) -> dict[str, Any]:
+
+class Phases:
+    """Wall time per phase, printed to stderr as each ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def restart(self) -> None:
+        self._t = time.monotonic()
+
+    def end(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self._t, 3)
+        self._t = now
+        print(f"[spark_analysis] {name}: {self.seconds[name]:.2f} s", file=sys.stderr)
+
+
+def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[str, Any]:
     """Run every check, write the report, return the summary (``ok`` is the verdict)."""
     from . import latency, load, report, safety, timings
 
-    def phase(name: str, start: float) -> float:
-        now = time.monotonic()
-        phases[name] = round(now - start, 3)
-        print(f"[spark_analysis] {name}: {phases[name]:.2f} s", file=sys.stderr)
-        return now
-
-    t = time.monotonic()
+    phases.restart()
     history = load.load(spark, run_dir)
-    t = phase("load", t)
     counts = load.counts(history)
-    t = phase("counts", t)
-    violations, examples = safety.check(history)
-    t = phase("safety", t)
+    phases.end("load")
+    inv = safety.invokes(history)
+    violations, examples = safety.check(history, inv)
+    phases.end("safety")
     unknown = safety.unknown_outcome(history)
-    t = phase("unknown_outcome", t)
+    phases.end("unknown_outcome")
     failover, faults = timings.failover(history)
-    t = phase("failover", t)
-    lat = latency.latency(history, safety.invokes(history))
+    phases.end("failover")
+    lat = latency.latency(history, inv)
     rates = latency.throughput(history)
-    t = phase("latency", t)
+    phases.end("latency")
+    inv.unpersist()
+    history.unpersist()
     ok = not any(n for per in violations.values() for n in per.values())
     summary = {
         "ok": ok,
+        "run": history.run,
         "violations": violations,
         "examples": examples,
         "unknown_outcome": unknown,
         "failover": failover,
         "latency": lat,
         "counts": counts,
+        "analysis_seconds": phases.seconds,
     }
-    end = max([counts_end(rates), *(f["time"] for f in faults)], default=0.0)
+    end = max(
+        [latency.series_end(rates), failover["publish_unavailability"]["last_ok"] or 0.0]
+        + [f["time"] for f in faults]
+    )
     extra = {
-        "run": history.run,
         "run_dir": str(run_dir),
         "faults": faults,
+        "schedule": history.schedule,
         "fault_windows": timings.fault_windows(faults, end),
         "throughput": rates,
-        "phases": phases,
     }
     report.write(out_dir, summary, extra)
-    phase("report", t)
-    history.unpersist()
+    phases.end("report")
     return summary
-
-
-def counts_end(rates: dict[str, list[tuple[float, int]]]) -> float:
-    return max((p[-1][0] + 1.0 for p in rates.values() if p), default=0.0)
 
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
@@ -76,28 +90,26 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or args.run_dir / "report"
     try:
-        check_layout(args.run_dir)  # fail fast, before the 10 s Spark start
+        check_layout(args.run_dir)  # fail fast, before the ~10 s Spark start
     except UnusableInput as exc:
         print(f"spark_analysis: unusable input: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     from .session import spark_session
 
-    phases: dict[str, float] = {}
-    t0 = time.monotonic()
+    phases = Phases()
     own = spark is None
     if own:
         spark = spark_session()
-    phases["session"] = round(time.monotonic() - t0, 3)
-    print(f"[spark_analysis] session: {phases['session']:.2f} s", file=sys.stderr)
+    phases.end("session")
     try:
         summary = analyse(spark, args.run_dir, out, phases)
     except UnusableInput as exc:
         print(f"spark_analysis: unusable input: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     finally:
         if own:
             spark.stop()
-    total = sum(phases.values())
+    total = sum(phases.seconds.values())
     print(f"[spark_analysis] total: {total:.2f} s; report in {out}", file=sys.stderr)
     bad = {
         f"{kind}.{name}": n
@@ -106,7 +118,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         if n
     }
     print("OK: no safety violation" if summary["ok"] else f"VIOLATIONS: {bad}")
-    return 0 if summary["ok"] else 1
+    return EXIT_OK if summary["ok"] else EXIT_VIOLATION
 
 
 if __name__ == "__main__":

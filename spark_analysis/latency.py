@@ -76,3 +76,8 @@ def throughput(history: History) -> dict[str, list[tuple[float, int]]]:
             (float(r["t"]), r["count"]) for r in dels if r["kind"] == kind
         )
     return out
+
+
+def series_end(rates: dict[str, list[tuple[float, int]]]) -> float:
+    """End of the last throughput bucket of any series (0 when all are empty)."""
+    return max((p[-1][0] + RATE_BUCKET for p in rates.values() if p), default=0.0)

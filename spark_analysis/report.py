@@ -10,52 +10,71 @@ from chaos.schema import VIOLATIONS
 
 from . import plots
 
+MAX_ROWS = 300  # fault schedule rows in report.md
 
-def _cell(value: Any) -> str:
+
+def write(out_dir: Path, summary: dict[str, Any], extra: dict[str, Any]) -> list[Path]:
+    """Files written: summary.json, latency.png, throughput.png, report.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "summary.json", out_dir / "latency.png", out_dir / "throughput.png"]
+    written[0].write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    windows = extra["fault_windows"]
+    plots.latency_plot(written[1], summary["latency"], windows)
+    plots.throughput_plot(written[2], extra["throughput"], windows)
+    md = out_dir / "report.md"
+    md.write_text("\n".join(markdown(summary, extra)) + "\n")
+    return [*written, md]
+
+
+def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.3f}"
-    return str(value).replace("|", "\\|")
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return out
+    return out + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
 
 
-def write(out_dir: Path, summary: dict[str, Any], extra: dict[str, Any]) -> list[Path]:
-    """Files written: summary.json, report.md, latency.png, throughput.png."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / "summary.json"]
-    written[0].write_text(json.dumps(summary, indent=2, sort_keys=False, default=str) + "\n")
-    windows = extra["fault_windows"]
-    plots.latency_plot(out_dir / "latency.png", summary["latency"], windows)
-    plots.throughput_plot(out_dir / "throughput.png", extra["throughput"], windows)
-    written += [out_dir / "latency.png", out_dir / "throughput.png"]
-    md = out_dir / "report.md"
-    md.write_text("\n".join(markdown(summary, extra)) + "\n")
-    written.append(md)
-    return written
+def verdict(summary: dict[str, Any]) -> str:
+    if summary["ok"]:
+        return "**PASS** — no safety violation"
+    bad = [
+        f"{name} ({kind}: {n})"
+        for kind, per in summary["violations"].items()
+        for name, n in per.items()
+        if n
+    ]
+    return "**FAIL** — " + ", ".join(bad)
 
 
 def markdown(summary: dict[str, Any], extra: dict[str, Any]) -> list[str]:
-    run = extra.get("run", {})
-    verdict = "PASS — no safety violation" if summary["ok"] else "FAIL — safety violations"
-    lines = [f"# Chaos run report: {extra.get('run_dir', '')}", "", f"**Verdict: {verdict}**", ""]
-    if run:
-        lines += [
-            "Run: "
-            + ", ".join(
-                f"{k}={_cell(v)}" for k, v in run.items() if not isinstance(v, dict | list)
-            ),
-            "",
-        ]
+    run = summary.get("run") or {}
+    lines = [f"# Chaos run report: {run.get('run', extra.get('run_dir', ''))}", ""]
+    lines += [verdict(summary), ""]
+    flat = {k: v for k, v in run.items() if not isinstance(v, dict | list)}
+    if flat:
+        lines += ["Run: " + ", ".join(f"{k}={cell(v)}" for k, v in flat.items()), ""]
+    lines += safety_section(summary)
+    lines += outcome_section(summary["unknown_outcome"])
+    lines += failover_section(summary["failover"])
+    lines += latency_section(summary["latency"])
+    lines += schedule_section(extra)
+    lines += ["", "## Counts", "", "```", json.dumps(summary["counts"], indent=1), "```"]
+    lines += ["", "## Analysis phases (s)", ""]
+    lines += table(["phase", "seconds"], [[k, v] for k, v in summary["analysis_seconds"].items()])
+    return lines
+
+
+def safety_section(summary: dict[str, Any]) -> list[str]:
     viol = summary["violations"]
     kinds = list(viol)
-    lines += ["## Safety", ""]
-    lines += _table(
+    lines = ["## Safety", "", "Counts per subscriber kind (sdk: what the SDK hands the app;"]
+    lines += ["raw: the protocol-level auditor).", ""]
+    lines += table(
         ["violation", *kinds], [[v] + [viol[k].get(v, 0) for k in kinds] for v in VIOLATIONS]
     )
     for kind in kinds:
@@ -65,88 +84,103 @@ def markdown(summary: dict[str, Any], extra: dict[str, Any]) -> list[str]:
                 continue
             lines += ["", f"### {name} ({kind}): {viol[kind][name]} (first {len(exs)})", ""]
             cols = list(exs[0])
-            lines += _table(cols, [[e[c] for c in cols] for e in exs])
-    uo = summary["unknown_outcome"]
+            lines += table(cols, [[e[c] for c in cols] for e in exs])
+    return lines
+
+
+def outcome_section(uo: dict[str, Any]) -> list[str]:
+    lines = ["", "## Unknown-outcome publishes", ""]
     lines += [
-        "",
-        "## Unknown outcome publishes",
-        "",
-        f"{uo['count']} publishes ended `info`: {uo['delivered']} later delivered, "
-        f"{uo['not_delivered']} never delivered. {uo['failed_but_delivered']} `fail` "
-        "publishes were delivered anyway.",
+        f"{uo['count']} publishes ended `info` (outcome unknown): {uo['delivered']} later "
+        f"delivered, {uo['not_delivered']} never delivered — both allowed. "
+        f"{uo['failed_but_delivered']} `fail` publishes were delivered anyway.",
     ]
-    fo = summary["failover"]
+    cols = ["msg_id", "subject", "member", "time", "reason", "first_delivery", "deliveries"]
+    for key, title in (
+        ("examples_delivered", "info, later delivered"),
+        ("examples_not_delivered", "info, never delivered"),
+        ("examples_failed_but_delivered", "fail, delivered anyway"),
+    ):
+        if uo[key]:
+            lines += ["", f"{title} (first {len(uo[key])}):", ""]
+            lines += table(cols, [[r.get(c) for c in cols] for r in uo[key]])
+    return lines
+
+
+def _stats_row(label: str, s: dict[str, Any], *tail: Any) -> list[Any]:
+    return [label, s["count"], s["p50"], s["p90"], s["max"], *tail]
+
+
+def failover_section(fo: dict[str, Any]) -> list[str]:
     le = fo["leader_election"]
-    lines += ["", "## Failover", "", "### New Raft leader after leader kill/pause", ""]
-    lines += _table(
-        ["count", "p50 s", "p90 s", "max s", "no new leader"],
-        [
-            [
-                le["stats"]["count"],
-                le["stats"]["p50"],
-                le["stats"]["p90"],
-                le["stats"]["max"],
-                le["no_new_leader"],
-            ]
-        ],
+    lines = ["", "## Failover", "", "### New Raft leader after a leader kill / pause", ""]
+    lines += table(
+        ["", "count", "p50 s", "p90 s", "max s", "no new leader"],
+        [_stats_row("seconds", le["stats"], le["no_new_leader"])],
     )
     if le["events"]:
         heads = ["time", "fault", "old leader", "new leader", "seconds"]
         keys = ["time", "fault", "target", "new_leader", "seconds"]
-        lines += ["", *_table(heads, [[e[k] for k in keys] for e in le["events"]])]
-    lines += ["", "### Subscriber resume (SERVER_DOWN → DATA_SYNC/DATA_RESYNC)", ""]
+        lines += ["", *table(heads, [[e[k] for k in keys] for e in le["events"]])]
     rs = fo["subscriber_resume"]
-    lines += _table(
+    lines += ["", "### Subscriber resume (SERVER_DOWN → next DATA_SYNC / DATA_RESYNC)", ""]
+    lines += table(
         ["kind", "count", "p50 s", "p90 s", "max s", "never resumed"],
-        [
-            [
-                k,
-                v["stats"]["count"],
-                v["stats"]["p50"],
-                v["stats"]["p90"],
-                v["stats"]["max"],
-                v["never_resumed"],
-            ]
-            for k, v in rs.items()
-        ],
+        [_stats_row(k, v["stats"], v["never_resumed"]) for k, v in rs.items()],
     )
+    slow = [(k, r) for k, v in rs.items() for r in v["slow_or_never"]]
+    if slow:
+        lines += ["", "Slow (> 5 s) or never resumed:", ""]
+        lines += table(
+            ["kind", "subscriber", "down", "resumed"],
+            [[k, r["subscriber"], r["down"], r["resumed"]] for k, r in slow],
+        )
     pu = fo["publish_unavailability"]
+    lines += ["", f"### Publish unavailability (gaps > {pu['threshold']} s between oks)", ""]
     lines += [
-        "",
-        f"### Publish unavailability (gaps > {pu['threshold']} s between publish oks)",
-        "",
         f"{len(pu['windows'])} windows, {pu['total_seconds']} s in total, longest "
-        f"{pu['longest']} s.",
-        "",
+        f"{pu['longest']} s (first ok {cell(pu['first_ok'])} s, last ok "
+        f"{cell(pu['last_ok'])} s).",
     ]
     if pu["windows"]:
-        lines += _table(
-            ["start", "end", "seconds"],
-            [[w["start"], w["end"], w["seconds"]] for w in pu["windows"][:50]],
-        )
-    lat = summary["latency"]
+        rows = [[w["start"], w["end"], w["seconds"]] for w in pu["windows"][:50]]
+        lines += ["", *table(["start", "end", "seconds"], rows)]
+    return lines
+
+
+def latency_section(lat: dict[str, Any]) -> list[str]:
     o = lat["overall"]
-    lines += ["", "## Delivery latency", "", f"Scope: {lat['scope']}.", ""]
-    lines += _table(
+    lines = ["", "## Delivery latency", "", f"Scope: {lat['scope']}.", ""]
+    cols = ["count", "p50_ms", "p90_ms", "p99_ms", "max_ms"]
+    lines += table(
         ["bucket start s", "count", "p50 ms", "p90 ms", "p99 ms", "max ms"],
-        [["overall", o["count"], o["p50_ms"], o["p90_ms"], o["p99_ms"], o["max_ms"]]]
-        + [
-            [b["start"], b["count"], b["p50_ms"], b["p90_ms"], b["p99_ms"], b["max_ms"]]
-            for b in lat["buckets"]
-        ],
+        [["overall", *(o[c] for c in cols)]]
+        + [[b["start"], *(b[c] for c in cols)] for b in lat["buckets"]],
     )
-    lines += ["", "![latency](latency.png)", "", "![throughput](throughput.png)", ""]
-    lines += ["## Fault schedule (as applied, from nemesis)", ""]
+    lines += ["", "![latency](latency.png)", "", "![throughput](throughput.png)"]
+    lines += ["", "Shaded: fault windows (nemesis start → target whole again)."]
+    return lines
+
+
+def schedule_section(extra: dict[str, Any]) -> list[str]:
     sched = extra["faults"]
-    lines += _table(
+    windows = extra["fault_windows"]
+    planned = extra.get("schedule")
+    lines = ["", "## Fault schedule as applied (nemesis table)", ""]
+    if planned is None:
+        lines += ["(no schedule.jsonl in the run directory)", ""]
+    else:
+        lines += [f"{len(planned)} faults planned (schedule.jsonl), {len(windows)} applied.", ""]
+    lines += table(
         ["time", "fault", "target", "phase", "detail"],
-        [[f["time"], f["fault"], f["target"], f["phase"], f["detail"]] for f in sched[:300]],
+        [[f["time"], f["fault"], f["target"], f["phase"], f["detail"]] for f in sched[:MAX_ROWS]],
     )
-    if len(sched) > 300:
-        lines.append(f"… {len(sched) - 300} more")
-    c = summary["counts"]
-    lines += ["", "## Counts", "", "```", json.dumps(c, indent=1), "```"]
-    if extra.get("phases"):
-        lines += ["", "## Analysis phases (s)", ""]
-        lines += _table(["phase", "seconds"], [[k, v] for k, v in extra["phases"].items()])
+    if len(sched) > MAX_ROWS:
+        lines.append(f"… {len(sched) - MAX_ROWS} more")
+    if windows:
+        lines += ["", "Fault windows:", ""]
+        lines += table(
+            ["start", "end", "seconds", "fault"],
+            [[w["start"], w["end"], w["end"] - w["start"], w["label"]] for w in windows],
+        )
     return lines

@@ -1,26 +1,35 @@
 """The safety checks: every name of ``chaos.schema.VIOLATIONS``, per subscriber kind.
 
-Each check is a small query producing rows of one common shape (:data:`COLUMNS`);
-the six are unioned, cached once, then counted and sampled with two actions.
+Each check is a small query producing rows of one common shape (:data:`COLUMNS`); the
+six are unioned, cached once, then counted and sampled.
 
-- lost: a publish acknowledged ok and not delivered (any type) to a subscriber that
-  was subscribed to its subject throughout (``subscribed`` before the invoke, never
-  ``unsubscribed``, never denied), unless a ``DATA_RESYNC`` for that subscriber and
-  subject skipped over it (same epoch and resync seq >= its seq, or a resync to
-  another / no epoch after its invoke).
+A subscriber's *position* for a subject moves with every update / recovered delivery and
+every status that carries one (``SUBSCRIBE_ALLOW``, ``DATA_SYNC``, ``DATA_RESYNC``). A
+*skip* is a range of positions the subscriber was told it will not get (pure function
+:func:`skips`): a ``DATA_RESYNC`` (or a fresh subscribe's ``SUBSCRIBE_ALLOW``) at
+``(e, s)`` after position ``(e, p)`` skips seqs ``p+1 .. s`` of epoch ``e`` (``1 .. s``
+when the previous position was in another epoch or there was none); a ``DATA_RESYNC``
+to another epoch, or without a position, also skips the rest of the old epoch after
+``p`` -- for messages invoked before it. ``DATA_SYNC`` skips nothing.
+
+- lost: a publish acknowledged ok, not delivered (any type) to a subscriber subscribed
+  to its subject throughout (``subscribed`` before the invoke; no ``unsubscribed`` /
+  ``SUBSCRIBE_DENY`` before the last publish ok: a teardown after publishing stopped
+  does not count), and not in one of that subscriber's skips for that subject.
 - unexpected: a delivery whose msg_id was never invoked (or is not ours: null).
 - duplicates: one subscriber got one msg_id more than once (snapshots excepted).
 - reorders: a subscriber's seq of a subject went down from one delivery to the next
-  within an epoch (deliveries in time order, snapshots excepted).
+  within an epoch (deliveries in time order, file order on ties; snapshots excepted).
 - holes: seqs missing between two delivered seqs of one epoch (snapshots excepted),
-  unless a DATA_RESYNC, subscribed or unsubscribed event of that subscriber and
-  subject lies between the two deliveries.
-- collisions: one (subject, epoch, seq) names two msg_ids across publish acks and
-  that kind's deliveries (acks count for every kind).
+  unless one skip of that subscriber and subject covers them all, or it unsubscribed
+  between the two deliveries.
+- collisions: one (subject, epoch, seq) names two msg_ids across publish acks and that
+  kind's deliveries (acks count for every kind).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from chaos.schema import VIOLATIONS
@@ -32,6 +41,46 @@ Examples = dict[str, dict[str, list[dict[str, Any]]]]
 KINDS = ("sdk", "raw")
 MAX_EXAMPLES = 20
 COLUMNS = ("kind", "violation", "subscriber", "subject", "epoch", "seq", "msg_id", "time", "detail")
+POSITION_STATUSES = ("SUBSCRIBE_ALLOW", "DATA_SYNC", "DATA_RESYNC")
+POSITION_DELIVERIES = ("update", "recovered")
+SKIP_SCHEMA = (
+    "kind string, subscriber string, subject string, "
+    "r_epoch long, r_after long, r_upto long, r_before double"
+)
+
+
+@dataclass(frozen=True)
+class Jump:
+    """A status that may move a subscriber's position, with the position before it."""
+
+    kind: str
+    subscriber: str
+    subject: str
+    event: str  # DATA_RESYNC | SUBSCRIBE_ALLOW
+    time: float
+    epoch: int | None
+    seq: int | None
+    prev_epoch: int | None
+    prev_seq: int | None
+
+
+# (epoch, after (exclusive), upto (inclusive; None = open), before (invoked before; None))
+Skip = tuple[int, int, int | None, float | None]
+
+
+def skips(jump: Jump) -> list[Skip]:
+    """The position ranges ``jump`` told its subscriber it will not get."""
+    out: list[Skip] = []
+    if jump.epoch is not None and jump.seq is not None:
+        same = jump.prev_epoch == jump.epoch and jump.prev_seq is not None
+        after = jump.prev_seq if same and jump.prev_seq is not None else 0
+        if jump.seq > after:
+            out.append((jump.epoch, after, jump.seq, None))
+    if jump.event != "DATA_RESYNC" or jump.prev_epoch is None or jump.prev_seq is None:
+        return out
+    if jump.epoch is None or jump.epoch != jump.prev_epoch:
+        out.append((jump.prev_epoch, jump.prev_seq, None, jump.time))
+    return out
 
 
 def _shape(frame: Any, violation: str, **cols: Any) -> Any:
@@ -53,13 +102,15 @@ def _shape(frame: Any, violation: str, **cols: Any) -> Any:
 
 
 def invokes(history: History) -> Any:
+    """msg_id -> first invoke time (cached: lost, unexpected and latency read it)."""
     from pyspark.sql import functions as F
 
     pubs = history["publishes"]
     return (
         pubs.where(F.col("type") == "invoke")
         .groupBy("msg_id")
-        .agg(F.min("time").alias("invoke_time"), F.first("subject").alias("invoke_subject"))
+        .agg(F.min("time").alias("invoke_time"))
+        .cache()
     )
 
 
@@ -70,12 +121,77 @@ def acks(history: History) -> Any:
     return pubs.where(F.col("type") == "ok").select("msg_id", "subject", "epoch", "seq", "time")
 
 
+def positions(history: History) -> tuple[Any, list[Jump]]:
+    """One time-ordered pass over each subscriber's subject: ``(reorders, jumps)``.
+
+    Deliveries (snapshots excepted) and position statuses, ordered by time, deliveries
+    first on ties; the previous delivery gives reorders, the previous position gives
+    each jump's starting point.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = ["kind", "subscriber", "subject"]
+    dels = (
+        history["deliveries"]
+        .where(F.col("type") != "snapshot")
+        .select(*keys, "time", "_line", F.lit(0).alias("ord"), F.col("type").alias("event"),
+                "epoch", "seq", "msg_id")
+    )
+    subs = (
+        history["subscriptions"]
+        .where(F.col("event").isin(*POSITION_STATUSES) & F.col("subject").isNotNull())
+        .select(*keys, "time", "_line", F.lit(1).alias("ord"), "event", "epoch", "seq")
+        .withColumn("msg_id", F.lit(None).cast("string"))
+    )
+    w = (
+        Window.partitionBy(*keys)
+        .orderBy("time", "ord", "_line")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    is_delivery = F.col("ord") == 0
+    moves = F.col("epoch").isNotNull() & (
+        (F.col("ord") == 1) | F.col("event").isin(*POSITION_DELIVERIES)
+    )
+    prev_d = F.last(F.when(is_delivery, F.struct("epoch", "seq", "msg_id")), ignorenulls=True)
+    prev_p = F.last(F.when(moves, F.struct("epoch", "seq")), ignorenulls=True)
+    stream = dels.unionByName(subs).withColumns({"pd": prev_d.over(w), "pp": prev_p.over(w)})
+    reorder = (
+        is_delivery & (F.col("pd.epoch") == F.col("epoch")) & (F.col("seq") < F.col("pd.seq"))
+    )
+    jump = F.col("event").isin("DATA_RESYNC", "SUBSCRIBE_ALLOW")
+    found = stream.where(reorder | jump).cache()
+    jumps = [
+        Jump(
+            kind=r["kind"],
+            subscriber=r["subscriber"],
+            subject=r["subject"],
+            event=r["event"],
+            time=r["time"],
+            epoch=r["epoch"],
+            seq=r["seq"],
+            prev_epoch=r["pp"]["epoch"] if r["pp"] else None,
+            prev_seq=r["pp"]["seq"] if r["pp"] else None,
+        )
+        for r in found.where(jump).collect()
+    ]
+    detail = F.concat(
+        F.lit("after seq "), F.col("pd.seq"), F.lit(" ("), F.col("pd.msg_id"), F.lit(")")
+    )
+    return _shape(found.where(reorder), "reorders", detail=detail), jumps
+
+
+def skip_frame(spark: Any, jumps: list[Jump]) -> Any:
+    rows = [(j.kind, j.subscriber, j.subject, *s) for j in jumps for s in skips(j)]
+    return spark.createDataFrame(rows, SKIP_SCHEMA)
+
+
 def unexpected(history: History, inv: Any) -> Any:
     from pyspark.sql import functions as F
 
     dels = history["deliveries"]
     found = dels.join(F.broadcast(inv.select("msg_id")), "msg_id", "left_anti")
-    return _shape(found, "unexpected", detail=found["type"])
+    return _shape(found, "unexpected", detail=F.concat(F.lit("type "), found["type"]))
 
 
 def duplicates(history: History) -> Any:
@@ -88,161 +204,159 @@ def duplicates(history: History) -> Any:
             F.count("*").alias("n"),
             F.min("time").alias("time"),
             F.first("subject").alias("subject"),
-            F.min("seq").alias("seq"),
             F.min("epoch").alias("epoch"),
+            F.min("seq").alias("seq"),
         )
         .where(F.col("n") > 1)
     )
     return _shape(found, "duplicates", detail=F.concat(F.lit("copies="), F.col("n")))
 
 
-def reorders(history: History) -> Any:
+def _same_stream(left: Any, right: Any) -> Any:
+    return (
+        (left["kind"] == right["kind"])
+        & (left["subscriber"] == right["subscriber"])
+        & (left["subject"] == right["subject"])
+    )
+
+
+def holes(history: History, skip: Any) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    dels = history["deliveries"].where(F.col("type") != "snapshot")
-    w = Window.partitionBy("kind", "subscriber", "subject").orderBy("time", "_line")
-    found = (
-        dels.withColumn("prev_epoch", F.lag("epoch").over(w))
-        .withColumn("prev_seq", F.lag("seq").over(w))
-        .withColumn("prev_msg", F.lag("msg_id").over(w))
-        .where((F.col("prev_epoch") == F.col("epoch")) & (F.col("seq") < F.col("prev_seq")))
-    )
-    detail = F.concat(
-        F.lit("after seq "), F.col("prev_seq"), F.lit(" ("), F.col("prev_msg"), F.lit(")")
-    )
-    return _shape(found, "reorders", detail=detail)
-
-
-def _markers(history: History, events: tuple[str, ...]) -> Any:
-    from pyspark.sql import functions as F
-
-    subs = history["subscriptions"]
-    return subs.where(F.col("event").isin(*events)).select(
-        "kind",
-        "subscriber",
-        "subject",
-        F.col("event").alias("m_event"),
-        F.col("epoch").alias("m_epoch"),
-        F.col("seq").alias("m_seq"),
-        F.col("time").alias("m_time"),
-    )
-
-
-def holes(history: History) -> Any:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    dels = history["deliveries"].where(F.col("type") != "snapshot")
     keys = ["kind", "subscriber", "subject", "epoch"]
-    seqs = (
-        dels.where(F.col("seq").isNotNull()).groupBy(*keys, "seq").agg(F.min("time").alias("time"))
+    dels = history["deliveries"].where(
+        (F.col("type") != "snapshot") & F.col("seq").isNotNull() & F.col("epoch").isNotNull()
     )
-    w = Window.partitionBy(*keys).orderBy("seq")
+    w = Window.partitionBy(*keys).orderBy("seq", "time")
     gaps = (
-        seqs.withColumn("next_seq", F.lead("seq").over(w))
-        .withColumn("next_time", F.lead("time").over(w))
+        dels.select(
+            *keys,
+            "seq",
+            "time",
+            F.lead("seq").over(w).alias("next_seq"),
+            F.lead("time").over(w).alias("next_time"),
+        )
         .where(F.col("next_seq") > F.col("seq") + 1)
+        .alias("g")
     )
-    marks = _markers(history, ("DATA_RESYNC", "subscribed", "unsubscribed"))
+    covered = (
+        _same_stream(gaps, skip)
+        & (skip["r_epoch"] == gaps["epoch"])
+        & (skip["r_after"] <= gaps["seq"])
+        & (skip["r_upto"].isNull() | (skip["r_upto"] >= gaps["next_seq"] - 1))
+    )
+    gaps = gaps.join(F.broadcast(skip), covered, "left_anti")
+    subs = history["subscriptions"]
+    unsub = subs.where(F.col("event") == "unsubscribed").select(
+        "kind", "subscriber", "subject", F.col("time").alias("u_time")
+    )
     lo = F.least(gaps["time"], gaps["next_time"])
     hi = F.greatest(gaps["time"], gaps["next_time"])
-    cond = (
-        (gaps["kind"] == marks["kind"])
-        & (gaps["subscriber"] == marks["subscriber"])
-        & (gaps["subject"] == marks["subject"])
-        & (marks["m_time"] >= lo)
-        & (marks["m_time"] <= hi)
-    )
-    found = gaps.join(F.broadcast(marks), cond, "left_anti")
+    between = _same_stream(gaps, unsub) & (unsub["u_time"] >= lo) & (unsub["u_time"] <= hi)
+    found = gaps.join(F.broadcast(unsub), between, "left_anti")
     detail = F.concat(F.lit("missing seq "), F.col("seq") + 1, F.lit(".."), F.col("next_seq") - 1)
     return _shape(found, "holes", seq=F.col("seq") + 1, detail=detail)
 
 
-def lost(history: History, inv: Any, ack: Any) -> Any:
+def eligible(history: History, last_ok: float) -> Any:
+    """(kind, subscriber, subject, first_sub) of the subscriptions held throughout."""
     from pyspark.sql import functions as F
 
-    subs = history["subscriptions"]
-    eligible = (
-        subs.where(F.col("subject").isNotNull())
-        .groupBy("kind", "subscriber", "subject")
+    subs = history["subscriptions"].where(F.col("subject").isNotNull())
+    gone = F.col("event").isin("unsubscribed", "SUBSCRIBE_DENY")
+    return (
+        subs.groupBy("kind", "subscriber", "subject")
         .agg(
             F.min(F.when(F.col("event") == "subscribed", F.col("time"))).alias("first_sub"),
-            F.max((F.col("event").isin("unsubscribed", "SUBSCRIBE_DENY")).cast("int")).alias(
-                "gone"
-            ),
+            F.min(F.when(gone, F.col("time"))).alias("gone"),
         )
-        .where(F.col("first_sub").isNotNull() & (F.col("gone") == 0))
+        .where(
+            F.col("first_sub").isNotNull()
+            & (F.col("gone").isNull() | (F.col("gone") > last_ok))
+        )
         .select("kind", "subscriber", "subject", "first_sub")
     )
-    published = ack.dropDuplicates(["msg_id"]).drop("time").join(inv, "msg_id")
-    expected = published.join(F.broadcast(eligible), "subject").where(
+
+
+def lost(history: History, inv: Any, ack: Any, skip: Any, last_ok: float) -> Any:
+    from pyspark.sql import functions as F
+
+    published = ack.join(inv, "msg_id", "left").withColumn(
+        "invoke_time", F.coalesce("invoke_time", "time")
+    )
+    expected = published.join(F.broadcast(eligible(history, last_ok)), "subject").where(
         F.col("first_sub") < F.col("invoke_time")
     )
-    got = history["deliveries"].select("kind", "subscriber", "msg_id").distinct()
+    got = history["deliveries"].select("kind", "subscriber", "msg_id")
     missing = expected.join(got, ["kind", "subscriber", "msg_id"], "left_anti")
-    res = _markers(history, ("DATA_RESYNC",))
-    skipped = ((res["m_epoch"] == missing["epoch"]) & (res["m_seq"] >= missing["seq"])) | (
-        (res["m_epoch"].isNull() | (res["m_epoch"] != missing["epoch"]))
-        & (res["m_time"] >= missing["invoke_time"])
+    excused = (
+        _same_stream(missing, skip)
+        & (skip["r_epoch"] == missing["epoch"])
+        & (missing["seq"] > skip["r_after"])
+        & (skip["r_upto"].isNull() | (missing["seq"] <= skip["r_upto"]))
+        & (skip["r_before"].isNull() | (missing["invoke_time"] <= skip["r_before"]))
     )
-    cond = (
-        (missing["kind"] == res["kind"])
-        & (missing["subscriber"] == res["subscriber"])
-        & (missing["subject"] == res["subject"])
-        & skipped
-    )
-    found = missing.join(F.broadcast(res), cond, "left_anti")
+    found = missing.join(F.broadcast(skip), excused, "left_anti")
     return _shape(found, "lost", time=F.col("invoke_time"), detail=F.lit("not delivered"))
 
 
-def collisions(history: History, ack: Any) -> Any:
+def collisions(history: History, ack: Any, kinds: list[str]) -> Any:
     from pyspark.sql import functions as F
 
     spark = history["publishes"].sparkSession
-    kinds = spark.createDataFrame([(k,) for k in KINDS], "kind string")
-    dels = history["deliveries"]
-    extra = dels.select("kind").distinct()
-    kinds = kinds.union(extra).distinct()
-    positions = ack.crossJoin(kinds).select("kind", "subject", "epoch", "seq", "msg_id", "time")
-    positions = positions.unionByName(dels.select(*positions.columns))
+    kinds_df = spark.createDataFrame([(k,) for k in kinds], "kind string")
+    cols = ["kind", "subject", "epoch", "seq", "msg_id", "time"]
+    acked = ack.crossJoin(F.broadcast(kinds_df)).select(*cols)
+    known = F.col("msg_id").isNotNull() & F.col("epoch").isNotNull() & F.col("seq").isNotNull()
+    ids = (
+        history["deliveries"]
+        .select(*cols)
+        .unionByName(acked)
+        .where(known)
+        .groupBy("kind", "subject", "epoch", "seq", "msg_id")
+        .agg(F.min("time").alias("time"))
+    )
     found = (
-        positions.where(
-            F.col("msg_id").isNotNull() & F.col("epoch").isNotNull() & F.col("seq").isNotNull()
-        )
-        .groupBy("kind", "subject", "epoch", "seq")
+        ids.groupBy("kind", "subject", "epoch", "seq")
         .agg(
-            F.countDistinct("msg_id").alias("n"),
-            F.sort_array(F.collect_set("msg_id")).alias("ids"),
+            F.count("*").alias("n"),
             F.min("time").alias("time"),
+            F.sort_array(F.collect_list("msg_id")).alias("ids"),
         )
         .where(F.col("n") > 1)
     )
     return _shape(found, "collisions", detail=F.concat_ws(" vs ", F.col("ids")))
 
 
-def check(history: History) -> tuple[dict[str, dict[str, int]], Examples]:
+def check(
+    history: History, inv: Any | None = None
+) -> tuple[dict[str, dict[str, int]], Examples]:
     """``(violations, examples)``: counts and up to 20 examples per kind and name."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    inv = invokes(history)
+    own_inv = inv is None
+    inv = invokes(history) if inv is None else inv
     ack = acks(history)
+    last_ok = ack.agg(F.max("time")).collect()[0][0]
+    kinds = sorted({*KINDS, *(str(k[0]) for k, _ in history.values.get("deliveries", []))})
+    reorders, jumps = positions(history)
+    skip = skip_frame(history["publishes"].sparkSession, jumps)
     parts = [
-        lost(history, inv, ack),
+        lost(history, inv, ack, skip, last_ok if last_ok is not None else float("inf")),
         unexpected(history, inv),
         duplicates(history),
-        reorders(history),
-        holes(history),
-        collisions(history, ack),
+        reorders,
+        holes(history, skip),
+        collisions(history, ack, kinds),
     ]
     found = parts[0]
     for part in parts[1:]:
         found = found.unionByName(part)
     found = found.cache()
-    kinds = list(KINDS)
-    violations: dict[str, dict[str, int]] = {k: dict.fromkeys(VIOLATIONS, 0) for k in kinds}
-    examples: Examples = {k: {v: [] for v in VIOLATIONS} for k in kinds}
+    violations: dict[str, dict[str, int]] = {k: dict.fromkeys(VIOLATIONS, 0) for k in KINDS}
+    examples: Examples = {k: {v: [] for v in VIOLATIONS} for k in KINDS}
     for row in found.groupBy("kind", "violation").count().collect():
         kind = row["kind"] or "unknown"
         violations.setdefault(kind, dict.fromkeys(VIOLATIONS, 0))[row["violation"]] = row["count"]
@@ -256,6 +370,8 @@ def check(history: History) -> tuple[dict[str, dict[str, int]], Examples]:
                 {c: row[c] for c in COLUMNS if c not in ("kind", "violation")}
             )
     found.unpersist()
+    if own_inv:
+        inv.unpersist()
     return violations, examples
 
 
@@ -267,34 +383,40 @@ def unknown_outcome(history: History) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     pubs = history["publishes"]
-    delivered = (
-        history["deliveries"]
-        .where(F.col("msg_id").isNotNull())
+    odd = pubs.where(F.col("type").isin("info", "fail")).select(
+        "msg_id", "type", "subject", "member", "time", "reason"
+    )
+    rows = odd.orderBy("time", "_line").collect()
+    delivered = {
+        r["msg_id"]: (r["first_delivery"], r["deliveries"])
+        for r in history["deliveries"]
+        .join(F.broadcast(odd.select("msg_id").distinct()), "msg_id")
         .groupBy("msg_id")
         .agg(F.min("time").alias("first_delivery"), F.count("*").alias("deliveries"))
-    )
-    info = (
-        pubs.where(F.col("type") == "info")
-        .select("msg_id", "subject", "member", "time", "reason")
-        .join(delivered, "msg_id", "left")
-    )
-    rows = info.orderBy("time").collect()
-    later = [r for r in rows if r["first_delivery"] is not None]
-    never = [r for r in rows if r["first_delivery"] is None]
+        .collect()
+    }
+    return summarise_outcomes([r.asDict() for r in rows], delivered)
 
-    def ex(sel: list[Any]) -> list[dict[str, Any]]:
-        return [r.asDict() for r in sel[:MAX_EXAMPLES]]
 
-    failed = (
-        pubs.where(F.col("type") == "fail").select("msg_id").distinct().join(delivered, "msg_id")
-    )
-    failed_rows = failed.limit(MAX_EXAMPLES).collect()
+def summarise_outcomes(
+    rows: list[dict[str, Any]], delivered: dict[str, tuple[float, int]]
+) -> dict[str, Any]:
+    """Pure part of :func:`unknown_outcome`: info / fail publishes split by delivery."""
+
+    def with_delivery(r: dict[str, Any]) -> dict[str, Any]:
+        first, n = delivered.get(r["msg_id"], (None, 0))
+        return {**r, "first_delivery": first, "deliveries": n}
+
+    info = [with_delivery(r) for r in rows if r["type"] == "info"]
+    later = [r for r in info if r["first_delivery"] is not None]
+    never = [r for r in info if r["first_delivery"] is None]
+    failed = [with_delivery(r) for r in rows if r["type"] == "fail" and r["msg_id"] in delivered]
     return {
-        "count": len(rows),
+        "count": len(info),
         "delivered": len(later),
         "not_delivered": len(never),
-        "examples_delivered": ex(later),
-        "examples_not_delivered": ex(never),
-        "failed_but_delivered": failed.count() if failed_rows else 0,
-        "examples_failed_but_delivered": [r.asDict() for r in failed_rows],
+        "examples_delivered": later[:MAX_EXAMPLES],
+        "examples_not_delivered": never[:MAX_EXAMPLES],
+        "failed_but_delivered": len(failed),
+        "examples_failed_but_delivered": failed[:MAX_EXAMPLES],
     }

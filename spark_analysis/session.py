@@ -16,8 +16,13 @@ def spark_session(app: str = "migratory-chaos-analysis") -> Any:
     os.environ.setdefault("SPARK_CONF_DIR", str(CONF_DIR))
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    for kv in os.environ.get("SA_CONF", "").split(";"):
+        if kv:
+            k, v = kv.split("=", 1)
+            builder = builder.config(k, v)
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

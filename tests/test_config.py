@@ -118,6 +118,7 @@ CLUSTER = {
     "ClusterMemberListen": "127.0.0.1:9110",
     "ClusterPassword": "s3cret-s3cret",
     "ClusterDeliveryMode": "Guaranteed",
+    "ClusterDataDir": "/var/lib/migratory",
 }
 
 
@@ -141,6 +142,7 @@ def test_cluster_config_roles() -> None:
         ({"ClusterMemberListen": "127.0.0.1:9999"}, "not one of ClusterMembers"),
         ({"ClusterMemberListen": ""}, "ClusterMemberListen must name this member"),
         ({"ClusterPassword": ""}, "ClusterPassword is required"),
+        ({"ClusterDataDir": ""}, "Guaranteed needs ClusterDataDir"),
         (
             {"ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110", "ClusterSeedMemberCount": ""},
             "Guaranteed needs at least 3 members",

@@ -36,7 +36,9 @@ def message_frame(message: Message) -> bytes:
 class SubjectState:
     """Everything the hub knows about one subject."""
 
-    __slots__ = ("cache", "conflated", "epoch", "seq", "snapshot", "subject", "subscribers")
+    __slots__ = (
+        "cache", "conflated", "epoch", "seq", "snapshot", "subject", "subscribers", "waiting"
+    )
 
     def __init__(self, subject: str, epoch: int, cache: SubjectCache) -> None:
         self.subject = subject
@@ -47,6 +49,8 @@ class SubjectState:
         # dicts used as insertion-ordered sets: deterministic fan-out order
         self.subscribers: dict[Sink, None] = {}
         self.conflated: dict[Sink, Conflator] = {}
+        # resumes from a position this member has not reached yet (it lags the cluster)
+        self.waiting: dict[Sink, _Waiting] = {}
 
     @property
     def position(self) -> Position:
@@ -55,7 +59,14 @@ class SubjectState:
     @property
     def idle(self) -> bool:
         """No subscribers and nothing ever published: safe to forget."""
-        return self.seq == 0 and not self.subscribers and not self.conflated
+        return self.seq == 0 and not self.subscribers and not self.conflated and not self.waiting
+
+
+class _Waiting(NamedTuple):
+    """A resume that waits until this member reaches the client's ``position``."""
+
+    position: Position
+    conflation_ms: int
 
 
 class SubjectRecord(NamedTuple):
@@ -159,6 +170,8 @@ class Hub:
             self._fanned_out += len(subscribers)
         for conflator in state.conflated.values():
             conflator.offer(message)  # offer() never calls out
+        if state.waiting:
+            self._settle_waiting(state, now)
 
     # --- subscribing --------------------------------------------------------
 
@@ -172,14 +185,40 @@ class Hub:
         state = self._state(request.subject)
         self._drop_subscription(state, sink)
         period = round_conflation_ms(request.conflation_ms)
+        position = request.position
+        allow = ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, state.subject)
+        if position is not None and self._ahead(state, position):
+            # A member lagging behind the cluster: answering now would move the client
+            # back. Nothing until this member reaches the client's position.
+            state.waiting[sink] = _Waiting(position, period)
+            return [allow]
+        self._add_subscription(state, sink, period, now)
+        if position is None:
+            return self._fresh(state, request.history)
+        return [allow, *self._resume(state, position)]
+
+    def _ahead(self, state: SubjectState, position: Position) -> bool:
+        """``position`` is later than this member's position of the same lineage."""
+        return (
+            self.numbered_elsewhere and position.epoch == state.epoch and position.seq > state.seq
+        )
+
+    def _add_subscription(self, state: SubjectState, sink: Sink, period: int, now: float) -> None:
         if period:
             state.conflated[sink] = Conflator(period_ms=period, start=now)
             self._with_conflation.add(state)
         else:
             state.subscribers[sink] = None
-        if request.position is None:
-            return self._fresh(state, request.history)
-        return self._resume(state, request.position)
+
+    def _settle_waiting(self, state: SubjectState, now: float) -> None:
+        """Start the waiting resumes this member has now caught up with."""
+        for sink, waiting in list(state.waiting.items()):
+            if self._ahead(state, waiting.position):
+                continue
+            del state.waiting[sink]
+            self._add_subscription(state, sink, waiting.conflation_ms, now)
+            for op in self._resume(state, waiting.position):
+                sink.deliver(encode_binary(ops.encode_server_op(op)))
 
     def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
         out: list[ops.ServerOp] = [
@@ -196,9 +235,8 @@ class Hub:
         return out
 
     def _resume(self, state: SubjectState, position: Position) -> list[ops.ServerOp]:
-        out: list[ops.ServerOp] = [
-            ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, state.subject)
-        ]
+        """What a resume from ``position`` gets after its ``SUBSCRIBE_ALLOW``."""
+        out: list[ops.ServerOp] = []
         missed = self._missed(state, position)
         if missed is None:
             if state.snapshot is not None:
@@ -236,6 +274,7 @@ class Hub:
 
     def _drop_subscription(self, state: SubjectState, sink: Sink) -> None:
         state.subscribers.pop(sink, None)
+        state.waiting.pop(sink, None)
         if state.conflated.pop(sink, None) is not None and not state.conflated:
             self._with_conflation.discard(state)
 
@@ -288,6 +327,9 @@ class Hub:
             state.epoch, state.seq = record.epoch, record.seq
             state.snapshot = record.snapshot
             state.cache = cache
+        for state in list(self._subjects.values()):
+            if state.waiting:
+                self._settle_waiting(state, now)
 
     def _cache_of(self, record: SubjectRecord, now: float) -> SubjectCache:
         """A cache holding ``record``'s cached messages; ValueError if they do not fit."""
@@ -327,7 +369,8 @@ class Hub:
         return HubStatistics(
             subjects=len(self._subjects),
             subscriptions=sum(
-                len(s.subscribers) + len(s.conflated) for s in self._subjects.values()
+                len(s.subscribers) + len(s.conflated) + len(s.waiting)
+                for s in self._subjects.values()
             ),
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,

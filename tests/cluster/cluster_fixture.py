@@ -57,6 +57,7 @@ class LocalCluster:
                     mode=mode,
                     base_port=self.base,
                     password="test-cluster-password",
+                    data_dir=tmp_path / "data",
                 ),
                 **extra,
             }

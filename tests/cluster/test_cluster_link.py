@@ -330,6 +330,7 @@ EXAMPLES: list[LinkOp] = [
     ForwardFailed(((CONNECTOR, 8),), "timeout", True),
     Replicate(0),
     Replicate(2**63),
+    Replicate(7, full=True),
     Batch(CommittedBatch(12, (msg(1, epoch=5, seq=9, qos=Qos.GUARANTEED),), ((CONNECTOR, 1),))),
     Batch(CommittedBatch(0, (), ())),
     SyncRequest(),

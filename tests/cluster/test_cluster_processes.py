@@ -199,3 +199,30 @@ def test_member_with_wrong_cluster_password_is_refused(tmp_path: Path) -> None:
         assert "cluster link refused: authentication failed" in seed_logs
     finally:
         cluster.stop()
+
+
+def test_every_seed_sigkilled_and_restarted_keeps_what_was_acknowledged(
+    cluster4: LocalCluster,
+) -> None:
+    """The seeds' Raft log is on disk (ClusterDataDir): a restart forgets nothing."""
+    publisher = Publisher(cluster4, 3, count=30, pause=0.002)
+    publisher.run()
+    assert len(publisher.acked) == 30
+    for i in range(3):
+        cluster4.kill(i)
+    for i in range(3):
+        cluster4.start(i)
+    cluster4.wait_ready(range(3))
+    assert all("Raft state in" in cluster4.log(i) for i in range(3))
+    first = publisher.acked[0][1]
+    sub = subscriber(cluster4, 0, position=Position(first.epoch, 0))
+    received = sub.recv_ops_until_status(ops.Status.DATA_SYNC)
+    assert [(m.content, m.position) for m in delivered(received)] == publisher.acked
+    after = publish(connected_client(cluster4, 1), b"after-restart", "x")
+    assert after.position == Position(first.epoch, 31)  # the same lineage goes on
+
+
+def connected_client(cluster: LocalCluster, index: int) -> RawClient:
+    client = RawClient(cluster.port(index), timeout=15)
+    client.connect("publisher-after-restart")
+    return client

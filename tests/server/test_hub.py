@@ -212,3 +212,72 @@ def test_apply_takes_positions_from_the_coordination() -> None:
     assert hub.position(SUBJECT) == Position(5, 2)
     out = hub.subscribe(RecordingSink(), ops.SubscriptionRequest(SUBJECT, Position(5, 1)), 0.0)
     assert out[-1] == ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(5, 2))
+
+
+class OpSink(RecordingSink):
+    """Decodes every frame it got, statuses included."""
+
+    def received(self) -> list[ops.ServerOp]:
+        decoder = FrameDecoder(client_frames=False)
+        return [
+            ops.decode_server_op(event.data)  # type: ignore[union-attr]
+            for event in decoder.events(b"".join(self.frames))
+        ]
+
+    def messages_after_statuses(self) -> list[Message]:
+        return [m for op in self.received() if isinstance(op, ops.Deliver) for m in op.messages]
+
+
+def cluster_hub_at(seq: int) -> Hub:
+    """A cluster member's hub that has applied ``seq`` messages of epoch 5."""
+    hub = Hub(epoch=1, numbered_elsewhere=True)
+    for n in range(1, seq + 1):
+        hub.apply(Message(SUBJECT, str(n).encode(), epoch=5, seq=n), 0.0)
+    return hub
+
+
+def test_resume_ahead_of_a_lagging_member_waits_then_continues_without_going_back() -> None:
+    hub = cluster_hub_at(3)
+    sink = OpSink()
+    out = subscribe(hub, sink, position=Position(5, 6))
+    assert out == [ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT)]
+    for n in range(4, 7):  # the member catches up to the client's position
+        hub.apply(Message(SUBJECT, str(n).encode(), epoch=5, seq=n), 0.0)
+    assert sink.received() == [ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(5, 6))]
+    hub.apply(Message(SUBJECT, b"7", epoch=5, seq=7), 0.0)
+    assert [m.seq for m in sink.messages_after_statuses()] == [7]
+    assert hub.statistics().subscriptions == 1
+
+
+def test_waiting_resume_caught_up_by_a_cache_sync_recovers_what_it_missed() -> None:
+    hub = cluster_hub_at(2)
+    sink = OpSink()
+    subscribe(hub, sink, position=Position(5, 4))
+    peer = cluster_hub_at(6)
+    hub.install_subjects(peer.export_subjects(), 0.0)
+    recovered, synced = sink.received()
+    assert isinstance(recovered, ops.Deliver)
+    assert [(m.seq, m.type) for m in recovered.messages] == [
+        (5, MessageType.RECOVERED),
+        (6, MessageType.RECOVERED),
+    ]
+    assert synced == ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(5, 6))
+
+
+def test_waiting_resume_can_be_unsubscribed() -> None:
+    hub = cluster_hub_at(1)
+    sink = OpSink()
+    subscribe(hub, sink, position=Position(5, 3))
+    hub.unsubscribe(sink, SUBJECT)
+    for n in range(2, 5):
+        hub.apply(Message(SUBJECT, b"x", epoch=5, seq=n), 0.0)
+    assert sink.frames == []
+    assert hub.statistics().subscriptions == 0
+
+
+def test_a_single_server_ahead_resume_is_a_resync_not_a_wait() -> None:
+    """Outside a cluster a later position of this epoch can only be a client's error."""
+    hub = Hub(epoch=9)
+    publish(hub, "a", retained=True)
+    out = subscribe(hub, RecordingSink(), position=Position(9, 5))
+    assert out[-1] == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 1))

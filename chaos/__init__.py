@@ -1,0 +1,1 @@
+"""The chaos runner and the history schema (see docs/chaos.md)."""

@@ -1,0 +1,67 @@
+"""``python -m chaos run ...`` and ``python -m chaos replay-schedule ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from chaos.schedule import generate, to_jsonl
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a cluster under a workload and a seeded nemesis")
+    replay = sub.add_parser("replay-schedule", help="print the nemesis schedule of a seed")
+    for p in (run, replay):
+        p.add_argument("--seed", type=int, required=True)
+        p.add_argument("--duration", type=float, required=True, help="seconds of workload")
+        p.add_argument("--members", type=int, default=5)
+        p.add_argument("--seeds", type=int, default=3, choices=(3, 5))
+        p.add_argument(
+            "--no-proxy",
+            action="store_true",
+            help="no TCP proxies (and so no delay/blackhole/reset/partition)",
+        )
+    run.add_argument("--out", required=True, help="run directory")
+    run.add_argument(
+        "--fault",
+        choices=("drop", "duplicate", "reorder"),
+        help="server test fault switch: MIGRATORY_TEST_FAULT=KIND:20",
+    )
+    run.add_argument("--publishers", type=int, default=4)
+    run.add_argument("--subscribers", type=int, default=4)
+    run.add_argument("--rate", type=float, default=25.0, help="publishes/s, all publishers")
+    args = parser.parse_args(argv)
+    if args.command == "replay-schedule":
+        sys.stdout.write(
+            to_jsonl(
+                generate(
+                    args.seed,
+                    args.duration,
+                    members=args.members,
+                    seeds=args.seeds,
+                    proxies=not args.no_proxy,
+                )
+            )
+        )
+        return 0
+    from chaos.runner import run as run_chaos
+
+    return run_chaos(
+        seed=args.seed,
+        duration=args.duration,
+        out=Path(args.out),
+        members=args.members,
+        seeds=args.seeds,
+        fault=args.fault,
+        proxies=not args.no_proxy,
+        publishers=args.publishers,
+        subscribers=args.subscribers,
+        rate=args.rate,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
