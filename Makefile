@@ -4,7 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest bench clean
+SEED     ?= 1
+DURATION ?= 3m
+RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
+
+.PHONY: serve test lint typecheck pytest bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +27,15 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/fanout.py
 	$(PY) benchmarks/idle_connections.py
+
+# A seeded chaos run (default 3 minutes of faults, about 4 minutes in all with the
+# Spark check); `make chaos DURATION=30m SEED=7` runs longer. Exit 1 on a violation.
+chaos: $(STAMP)
+	rm -rf $(RUN_DIR)
+	$(PY) -m chaos run --seed $(SEED) --duration $(DURATION) --out $(RUN_DIR)
+	$(PY) -m spark_analysis $(RUN_DIR); status=$$?; \
+	  echo "chaos report: $(RUN_DIR)/report/report.md (JSON: $(RUN_DIR)/report/summary.json)"; \
+	  exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

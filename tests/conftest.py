@@ -64,3 +64,13 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for every test that checks histories (start ~10 s)."""
+    from spark_analysis.session import spark_session
+
+    session = spark_session("migratory-tests")
+    yield session
+    session.stop()

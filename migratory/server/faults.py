@@ -2,15 +2,18 @@
 
 It exists so that the chaos checker can be shown to catch each kind of violation.
 It is off unless the environment variable ``MIGRATORY_TEST_FAULT`` is set when the
-server starts (``drop:N``, ``duplicate:N`` or ``reorder:N``: the fault hits the
-first subscriber of the N-th message fanned out). No config key and no client
-operation can turn it on, and the server logs a warning at start when it is on.
+server starts: ``KIND:N`` or ``KIND:N:PREFIX`` with KIND ``drop``, ``duplicate`` or
+``reorder``. The fault hits one subscriber of the N-th message fanned out: the first
+one, or with PREFIX the first whose client name starts with PREFIX (then only messages
+fanned out to such a subscriber count). ``reorder`` holds that delivery back until
+the victim's next message of the same subject. No config key and no client operation
+can turn it on, and the server logs a warning at start when it is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 ENV = "MIGRATORY_TEST_FAULT"
@@ -21,14 +24,20 @@ class Sink(Protocol):
     def deliver(self, frame: bytes) -> None: ...
 
 
+def client_name(sink: Sink) -> str:
+    """The name the client gave in ``connect`` (sessions have one; other sinks: "")."""
+    identity = getattr(sink, "identity", None)
+    return str(getattr(identity, "name", "") or "")
+
+
 @dataclass(slots=True)
 class DeliveryFault:
     kind: str
     after: int
+    prefix: str = ""
     _count: int = 0
-    _held: tuple[Sink, bytes] | None = None
+    _held: tuple[Sink, bytes, object] | None = None
     done: bool = False
-    _victim: Sink | None = field(default=None)
     report: Callable[[str], None] = print  # the server passes a logger (this module is I/O-free)
 
     @classmethod
@@ -36,35 +45,44 @@ class DeliveryFault:
         text = environ.get(ENV)
         if not text:
             return None
-        kind, _, after = text.partition(":")
+        kind, _, rest = text.partition(":")
+        after, _, prefix = rest.partition(":")
         if kind not in KINDS or not after.isdigit() or int(after) < 1:
             raise ValueError(
-                f"{ENV} must be one of {', '.join(KINDS)} followed by :N, got {text!r}"
+                f"{ENV} must be one of {', '.join(KINDS)} followed by :N and an optional "
+                f":CLIENT_PREFIX, got {text!r}"
             )
-        return cls(kind, int(after))
+        return cls(kind, int(after), prefix)
 
     def describe(self) -> str:
-        return f"TEST FAULT SWITCH ON: {self.kind} the delivery of message {self.after}"
+        whom = f" to a client named {self.prefix}*" if self.prefix else ""
+        return f"TEST FAULT SWITCH ON: {self.kind} the delivery of message {self.after}{whom}"
 
-    def fan_out(self, frame: bytes, sinks: Iterable[Sink]) -> None:
-        """Deliver ``frame`` to ``sinks``, applying the fault once."""
+    def fan_out(self, frame: bytes, sinks: Iterable[Sink], subject: object = None) -> None:
+        """Deliver ``frame`` (a message of ``subject``) to ``sinks``, applying the fault once."""
         sinks = tuple(sinks)
-        self._count += 1
-        if self._held is not None and self._victim in sinks:
-            held_sink, held_frame = self._held
-            self._held = None
-            for sink in sinks:
-                sink.deliver(frame)
-                if sink is held_sink:
-                    sink.deliver(held_frame)  # the earlier message arrives after this one
-            return
-        if self.done or self._count != self.after or not sinks:
+        if self._held is not None:
+            held_sink, held_frame, held_subject = self._held
+            if held_subject == subject and held_sink in sinks:
+                self._held = None
+                for sink in sinks:
+                    sink.deliver(frame)
+                    if sink is held_sink:
+                        sink.deliver(held_frame)  # the earlier message arrives after this one
+                return
+        victims = [s for s in sinks if client_name(s).startswith(self.prefix)]
+        if not self.done and victims:
+            self._count += 1
+        if self.done or self._count != self.after or not victims:
             for sink in sinks:
                 sink.deliver(frame)
             return
         self.done = True
-        victim = self._victim = sinks[0]
-        self.report(f"TEST FAULT: {self.kind} of message {self._count} for one subscriber")
+        victim = victims[0]
+        self.report(
+            f"TEST FAULT: {self.kind} of message {self._count} for client "
+            f"{client_name(victim) or '?'}"
+        )
         for sink in sinks:
             if sink is not victim:
                 sink.deliver(frame)
@@ -72,5 +90,5 @@ class DeliveryFault:
                 sink.deliver(frame)
                 sink.deliver(frame)
             elif self.kind == "reorder":
-                self._held = (sink, frame)
+                self._held = (sink, frame, subject)
             # drop: nothing

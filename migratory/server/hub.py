@@ -162,7 +162,7 @@ class Hub:
         if subscribers:
             frame = message_frame(message)
             if self.fault is not None:
-                self.fault.fan_out(frame, subscribers)
+                self.fault.fan_out(frame, subscribers, state.subject)
             else:
                 # a copy: a sink may drop out (slow consumer) while we fan out
                 for sink in tuple(subscribers):

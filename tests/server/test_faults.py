@@ -11,9 +11,15 @@ from migratory.model.message import Message
 from migratory.server.faults import DeliveryFault
 
 
+class Identity:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class Sink:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "client") -> None:
         self.frames: list[bytes] = []
+        self.identity = Identity(name)
 
     def deliver(self, frame: bytes) -> None:
         self.frames.append(frame)
@@ -24,7 +30,7 @@ def run(kind: str) -> tuple[list[bytes], list[bytes]]:
     assert fault is not None
     victim, other = Sink(), Sink()
     for frame in (b"1", b"2", b"3", b"4"):
-        fault.fan_out(frame, [victim, other])
+        fault.fan_out(frame, [victim, other], "/a/b")
     return victim.frames, other.frames
 
 
@@ -46,7 +52,28 @@ def test_one_fault_for_one_subscriber(kind: str, expected: list[bytes]) -> None:
     assert other == [b"1", b"2", b"3", b"4"]
 
 
-@pytest.mark.parametrize("text", ["explode:1", "drop", "drop:0", "drop:x"])
+def test_a_held_reorder_waits_for_a_message_of_the_same_subject() -> None:
+    fault = DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": "reorder:1"})
+    assert fault is not None
+    victim = Sink()
+    fault.fan_out(b"a1", [victim], "/a")
+    fault.fan_out(b"b1", [victim], "/b")  # another subject: the held one stays held
+    fault.fan_out(b"a2", [victim], "/a")
+    assert victim.frames == [b"b1", b"a2", b"a1"]
+
+
+def test_a_client_name_prefix_picks_the_victim_and_what_counts() -> None:
+    fault = DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": "drop:2:audit"})
+    assert fault is not None
+    sdk, auditor = Sink("sdk-1"), Sink("auditor-1")
+    fault.fan_out(b"1", [sdk], "/a")  # no auditor subscribed: does not count
+    fault.fan_out(b"2", [sdk, auditor], "/a")
+    fault.fan_out(b"3", [sdk, auditor], "/a")
+    assert sdk.frames == [b"1", b"2", b"3"]
+    assert auditor.frames == [b"2"]
+
+
+@pytest.mark.parametrize("text", ["explode:1", "drop", "drop:0", "drop:x", "drop::a"])
 def test_bad_switch_values_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="MIGRATORY_TEST_FAULT"):
         DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": text})

@@ -8,7 +8,7 @@ reported as exactly its own violation(s), for the kind it was planted on, and no
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,6 @@ from spark_analysis.__main__ import main
 
 PUBLISHES = 300
 NONE: dict[str, set[str]] = {"sdk": set(), "raw": set()}
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from spark_analysis.session import spark_session
-
-    session = spark_session("spark-analysis-tests")
-    yield session
-    session.stop()
 
 
 def _run(spark: Any, syn: gen.Synthetic, tmp_path: Path) -> tuple[int, dict[str, Any], Path]:
