@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -36,7 +35,7 @@ from _loadgen import (
     walk_frames,
 )
 
-from cluster.tooling import member_settings
+from cluster.tooling import free_base_port, member_settings
 from migratory.protocol.http import (
     check_handshake_response,
     handshake_request,
@@ -44,25 +43,6 @@ from migratory.protocol.http import (
 )
 
 PASSWORD = "bench-cluster-password"
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base_port(members: int) -> int:
-    for _ in range(200):
-        base = random.randrange(20_000, 40_000, 10)
-        ports = [base + 10 * i for i in range(members)]
-        ports += [base + 1000 + 10 * i + d for i in range(members) for d in (0, 1)]
-        if all(_free(p) for p in ports):
-            return base
-    raise RuntimeError("no free ports")
 
 
 class BenchCluster:

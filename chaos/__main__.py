@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from chaos.schedule import generate, to_jsonl
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``"300"``, ``"300s"``, ``"5m"`` or ``"1h"`` (also ``"1.5m"``)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"duration must look like 90, 90s, 5m or 1h (not {text!r})"
+        )
+    return float(match[1]) * _UNIT_SECONDS[match[2]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     replay = sub.add_parser("replay-schedule", help="print the nemesis schedule of a seed")
     for p in (run, replay):
         p.add_argument("--seed", type=int, required=True)
-        p.add_argument("--duration", type=float, required=True, help="seconds of workload")
+        p.add_argument(
+            "--duration",
+            type=duration,
+            required=True,
+            help="length of the workload: seconds (90, 90s) or minutes/hours (5m, 1h)",
+        )
         p.add_argument("--members", type=int, default=5)
         p.add_argument("--seeds", type=int, default=3, choices=(3, 5))
         p.add_argument(
@@ -28,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--fault",
         choices=("drop", "duplicate", "reorder"),
-        help="server test fault switch: MIGRATORY_TEST_FAULT=KIND:20",
+        help="server test fault switch: MIGRATORY_TEST_FAULT=KIND:20:a (the 20th message "
+        "fanned out to a raw auditor, on every member process)",
     )
     run.add_argument("--publishers", type=int, default=4)
     run.add_argument("--subscribers", type=int, default=4)

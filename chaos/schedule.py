@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 PROCESS_FAULTS = ("kill", "pause")  # any member, incl. the leader
 NONSEED_FAULTS = ("leave",)  # non-seed leave, join at the end
 PROXY_FAULTS = ("delay", "blackhole", "reset", "partition")
+LINK_FAULTS = ("delay", "blackhole", "partition")  # on "peers" (cluster + Raft) or "clients"
 HEAL_OF = {
     "kill": "restart",
     "pause": "resume",
@@ -85,10 +86,13 @@ def generate(
         if candidates:
             target = rng.choice(candidates)
             detail = ""
+            links = rng.choice(("peers", "clients")) if kind in LINK_FAULTS else ""
             if kind == "delay":
-                detail = f"{rng.choice((50, 100, 200, 400))}ms"
+                detail = f"{rng.choice((50, 100, 200, 400))}ms {links}"
+            elif kind == "blackhole":
+                detail = links
             elif kind == "partition":
-                detail = "one-way: peers->target held, target->peers flows"
+                detail = f"one-way {links}: into the target held, out of it flows"
             out.append(Fault(round(t, 3), kind, target, length, detail))
         t += rng.uniform(0.8, 2.5)
     return out

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +53,35 @@ def member_settings(
         "ClusterPassword": password,
         "ClusterDataDir": str(data_dir / f"migratory-{index}") if mode == "Guaranteed" else "",
     }
+
+
+def _member_ports(base_port: int, index: int) -> list[int]:
+    """Every port member ``index`` of a loopback cluster may use: clients and HTTP on
+    base+10i, cluster links on base+1000+10i and Raft on that + 1; behind the chaos
+    runner's proxies the member really binds base+2000+10i (+ 1 for Raft) and clients
+    reach it on base+3000+10i (+ 1 kept free as well)."""
+    client = base_port + 10 * index
+    return [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(members: int, rng: random.Random | None = None) -> int:
+    """A base port (a multiple of 10 in [20000, 40000)) whose ``_member_ports`` are all
+    free on 127.0.0.1 for ``members`` members; ``rng`` defaults to the module's."""
+    randrange = rng.randrange if rng is not None else random.randrange
+    for _ in range(200):
+        base = randrange(20_000, 40_000, 10)
+        if all(_port_free(p) for i in range(members) for p in _member_ports(base, i)):
+            return base
+    raise RuntimeError("no free ports")
 
 
 def start_member(settings: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -312,24 +312,61 @@ class Hub:
     def install_subjects(self, records: Iterable[SubjectRecord], now: float) -> None:
         """Replace every subject's numbering, snapshot and cache with a peer's ``records``.
 
-        Subjects missing from ``records`` become unnumbered again. Subscriptions are
-        kept (the caller closes them if it must). Cached messages count as stored at
-        ``now``. Raises ValueError, changing nothing, when a record's seq is below 1 or
-        its cached messages are not consecutive messages of its subject and epoch
-        ending at its seq.
+        Subjects missing from ``records`` become unnumbered again; a subject this hub
+        already has further in the same epoch keeps its own state. Subscriptions are
+        kept, and live ones get what the sync jumped over (or the snapshot and
+        ``DATA_RESYNC``). Cached messages count as stored at ``now``. Raises
+        ValueError, changing nothing, when a record's seq is below 1 or its cached
+        messages are not consecutive messages of its subject and epoch ending at its seq.
         """
         caches = {record.subject: (record, self._cache_of(record, now)) for record in records}
+        before = {
+            state.subject: state.position
+            for state in self._subjects.values()
+            if state.subscribers or state.conflated
+        }
         for state in list(self._subjects.values()):
             if state.subject not in caches:
                 self._unnumber(state)
         for record, cache in caches.values():
             state = self._state(record.subject)
+            if state.epoch == record.epoch and state.seq > record.seq:
+                continue  # ours is ahead in the same lineage (part of the next batch)
             state.epoch, state.seq = record.epoch, record.seq
             state.snapshot = record.snapshot
             state.cache = cache
+        for subject, position in before.items():
+            live = self._subjects.get(subject)
+            if live is not None:
+                self._catch_up_live(live, position, now)
         for state in list(self._subjects.values()):
             if state.waiting:
                 self._settle_waiting(state, now)
+
+    def _catch_up_live(self, state: SubjectState, before: Position, now: float) -> None:
+        """Live subscribers were at ``before`` when a sync moved the subject: give them
+        the messages it jumped over, or the snapshot and ``DATA_RESYNC`` — never a
+        silent gap."""
+        if state.position == before:
+            return
+        missed = state.cache.since(before.seq) if state.epoch == before.epoch else None
+        if missed is not None:
+            for message in missed:
+                frame = message_frame(message)
+                for sink in tuple(state.subscribers):
+                    sink.deliver(frame)
+                self._fanned_out += len(state.subscribers)
+                for conflator in state.conflated.values():
+                    conflator.offer(message)
+            return
+        resync: list[ops.ServerOp] = []
+        if state.snapshot is not None:
+            resync.append(ops.Deliver((state.snapshot,)))
+        resync.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
+        frames = [encode_binary(ops.encode_server_op(op)) for op in resync]
+        for sink in (*state.subscribers, *state.conflated):
+            for frame in frames:
+                sink.deliver(frame)
 
     def _cache_of(self, record: SubjectRecord, now: float) -> SubjectCache:
         """A cache holding ``record``'s cached messages; ValueError if they do not fit."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -13,26 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cluster.tooling import member_settings, start_member, stop_all
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base_port(members: int) -> int:
-    for _ in range(200):
-        base = random.randrange(20_000, 40_000, 10)
-        ports = [base + 10 * i for i in range(members)]
-        ports += [base + 1000 + 10 * i + d for i in range(members) for d in (0, 1)]
-        if all(_free(p) for p in ports):
-            return base
-    raise RuntimeError("no free ports")
+from cluster.tooling import free_base_port, member_settings, start_member, stop_all
 
 
 class LocalCluster:

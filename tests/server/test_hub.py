@@ -281,3 +281,35 @@ def test_a_single_server_ahead_resume_is_a_resync_not_a_wait() -> None:
     publish(hub, "a", retained=True)
     out = subscribe(hub, RecordingSink(), position=Position(9, 5))
     assert out[-1] == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 1))
+
+
+def test_a_sync_that_jumps_ahead_gives_live_subscribers_what_it_jumped_over() -> None:
+    hub = cluster_hub_at(2)
+    sink = OpSink()
+    subscribe(hub, sink)
+    sink.frames.clear()
+    hub.install_subjects(cluster_hub_at(5).export_subjects(), 0.0)
+    hub.apply(Message(SUBJECT, b"6", epoch=5, seq=6), 0.0)
+    assert [m.seq for m in sink.messages_after_statuses()] == [3, 4, 5, 6]
+
+
+def test_a_sync_past_the_cache_tells_live_subscribers_data_resync() -> None:
+    hub = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=2)
+    hub.apply(Message(SUBJECT, b"1", epoch=5, seq=1, retained=True), 0.0)
+    sink = OpSink()
+    subscribe(hub, sink)
+    sink.frames.clear()
+    peer = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=2)
+    for n in range(1, 7):
+        peer.apply(Message(SUBJECT, str(n).encode(), epoch=5, seq=n, retained=True), 0.0)
+    hub.install_subjects(peer.export_subjects(), 0.0)
+    snapshot, resync = sink.received()
+    assert isinstance(snapshot, ops.Deliver) and snapshot.messages[0].content == b"6"
+    assert resync == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(5, 6))
+
+
+def test_a_sync_behind_this_hub_keeps_the_hubs_newer_state() -> None:
+    hub = cluster_hub_at(4)
+    hub.install_subjects(cluster_hub_at(3).export_subjects(), 0.0)
+    assert hub.position(SUBJECT) == Position(5, 4)
+    assert not hub.apply(Message(SUBJECT, b"4", epoch=5, seq=4), 0.0)  # already applied

@@ -1,0 +1,179 @@
+"""The nemesis: applies the seeded schedule's faults to member processes and proxies.
+
+Each step is written to the ``nemesis`` history table as it happens. A fault is
+skipped when its member is already faulted, or when it would fault more than a
+minority of the seeds ((seeds - 1) // 2) at once.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from chaos.history import History
+from chaos.members import Member
+from chaos.proxy import Proxy
+from chaos.schedule import Fault, member
+
+
+class Nemesis:
+    def __init__(
+        self,
+        *,
+        schedule: list[Fault],
+        members: list[Member],
+        proxy_of: dict[int, list[Proxy]],
+        seeds: int,
+        status: Mapping[int, Mapping[str, Any]],
+        history: History,
+        say: Callable[[str], None],
+        wait_ready: Callable[[list[int], float], Awaitable[bool]],
+    ) -> None:
+        """``status`` is the sampler's latest ``/cluster`` view per member index (live);
+        ``wait_ready`` waits for members' ``/readyz`` (restarting exited ones)."""
+        self.schedule, self.members, self.proxy_of = schedule, members, proxy_of
+        self.seeds, self.status, self.h = seeds, status, history
+        self.say, self.wait_ready = say, wait_ready
+        self.faulted: dict[int, str] = {}  # member index -> the fault it is under
+
+    def record(self, fault: str, target: str, phase: str, detail: str = "") -> None:
+        self.h.write("nemesis", fault=fault, target=target, phase=phase, detail=detail)
+        self.say(f"nemesis {fault} {target} {phase} {detail}".rstrip())
+
+    def current_leader(self) -> int | None:
+        for i, st in self.status.items():
+            if st.get("raft_state") == "leader" and i not in self.faulted:
+                return i
+        return None
+
+    async def run(self, start: float) -> None:
+        """Apply every fault at ``start + fault.at`` (trio time)."""
+        async with trio.open_nursery() as nursery:
+            for f in self.schedule:
+                await trio.sleep_until(start + f.at)
+                nursery.start_soon(self.apply, f, start)
+
+    async def apply(self, f: Fault, start: float) -> None:
+        if f.target == "leader":
+            i = self.current_leader()
+            if i is None:
+                live = [k for k in range(self.seeds) if k not in self.faulted]
+                i = live[0] if live else 0
+            detail = f"leader {f.detail}".strip()
+        else:
+            i = int(f.target.rsplit("-", 1)[1])
+            detail = f.detail
+        if i in self.faulted:
+            self.say(f"skip {f.fault} {member(i)}: already under {self.faulted[i]}")
+            return
+        if (
+            i < self.seeds
+            and sum(1 for k in self.faulted if k < self.seeds) >= (self.seeds - 1) // 2
+        ):
+            self.say(f"skip {f.fault} {member(i)}: a minority of seeds is already faulted")
+            return
+        m, name = self.members[i], member(i)
+        self.faulted[i] = f.fault
+        try:
+            await self._start_fault(f.fault, m, detail)
+            if f.duration:
+                await trio.sleep_until(start + f.end)
+                await self._end_fault(f.fault, m, detail)
+        except Exception as exc:
+            self.say(f"fault {f.fault} on {name} failed: {type(exc).__name__}: {exc}")
+        finally:
+            if f.fault != "leave":
+                self.faulted.pop(i, None)
+
+    async def _start_fault(self, kind: str, m: Member, detail: str) -> None:
+        proxies = self.proxy_of.get(m.index, [])
+        if kind == "kill":
+            self.record("kill", m.name, "start", detail)
+            m.signal(signal.SIGKILL)
+            await trio.to_thread.run_sync(m.wait_exit, 10)
+            m.state = "killed"
+        elif kind == "pause":
+            self.record("pause", m.name, "start", detail)
+            m.signal(signal.SIGSTOP)
+            m.state = "paused"
+        elif kind == "leave":
+            self.record("leave", m.name, "start", "graceful SIGTERM " + detail)
+            m.signal(signal.SIGTERM)
+            await trio.to_thread.run_sync(m.wait_exit, 10)
+            m.state = "left"
+            self.record("leave", m.name, "end", detail)
+        elif kind in ("delay", "blackhole", "partition"):
+            clients = "clients" in detail
+            links = proxies[2:] if clients else proxies[:2]
+            what = "client links" if clients else "cluster+raft links"
+            if kind == "delay":
+                ms = int(detail.split("ms", 1)[0] or 100)
+                self.record("delay", m.name, "start", f"{ms}ms on {what}, both ways")
+                for p in links:
+                    p.set(delay=ms / 1000)
+            elif kind == "blackhole":
+                self.record("blackhole", m.name, "start", f"{what}, both ways")
+                for p in links:
+                    p.set(blackhole=True)
+            else:
+                self.record("partition", f"*->{m.name}", "start", f"{detail} ({what})")
+                for p in links:
+                    p.set(inbound_dropped=True)
+        elif kind == "reset":
+            self.record("reset", m.name, "start", "cluster+raft+client connections")
+            n = sum(p.reset() for p in proxies)
+            self.record("reset", m.name, "end", f"{n} connections reset")
+
+    async def _end_fault(self, kind: str, m: Member, detail: str) -> None:
+        if kind == "kill":
+            self.record("kill", m.name, "end", detail)
+            m.start()
+            self.record("restart", m.name, "start", f"pid {m.process.pid if m.process else '?'}")
+            ok = await self.wait_ready([m.index], 30)
+            self.record("restart", m.name, "end", "ready" if ok else "NOT ready after 30 s")
+        elif kind == "pause":
+            m.signal(signal.SIGCONT)
+            m.state = "up"
+            self.record("pause", m.name, "end", detail)
+            self.record("resume", m.name, "start", detail)
+            self.record("resume", m.name, "end", detail)
+        elif kind == "leave":
+            await self.join(m)
+        elif kind in ("delay", "blackhole", "partition"):
+            target = f"*->{m.name}" if kind == "partition" else m.name
+            for p in self.proxy_of.get(m.index, []):
+                p.heal()
+            self.record(kind, target, "end", detail)
+            self.record("heal", target, "start", kind)
+            self.record("heal", target, "end", kind)
+
+    async def join(self, m: Member) -> None:
+        m.start()
+        self.record("join", m.name, "start", f"pid {m.process.pid if m.process else '?'}")
+        ok = await self.wait_ready([m.index], 30)
+        self.record("join", m.name, "end", "ready" if ok else "NOT ready after 30 s")
+        self.faulted.pop(m.index, None)
+
+    async def heal_all(self) -> None:
+        """The final heal: every proxy healed, paused members resumed, exited ones started."""
+        for i, ps in self.proxy_of.items():
+            for p in ps:
+                if p.delay or p.blackhole or p.inbound_dropped:
+                    p.heal()
+                    self.record("heal", member(i), "start", "final heal")
+                    self.record("heal", member(i), "end", "final heal")
+        for m in self.members:
+            if m.state == "paused":
+                m.signal(signal.SIGCONT)
+                m.state = "up"
+                self.record("resume", m.name, "start", "final heal")
+                self.record("resume", m.name, "end", "final heal")
+            elif m.process is None or m.process.poll() is not None:
+                m.start()
+                kind = "join" if m.state == "left" else "restart"
+                self.record(kind, m.name, "start", "final heal")
+                self.record(kind, m.name, "end", "final heal")
+        self.faulted.clear()

@@ -1,0 +1,100 @@
+"""Real chaos runs checked by the real Spark job.
+
+- A smoke run under the full nemesis must come out clean.
+- With the server's test-only fault switch on (``--fault``), the report must name exactly
+  the planted violation and nothing else: the raw auditors (which neither dedupe nor
+  repair) see it, the SDK subscribers (which do) stay clean.
+
+Each run is a subprocess that starts and stops its own member processes by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_analysis.__main__ import main as spark_check
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE_SECONDS = 60
+FAULT_SECONDS = 20
+
+# what one planted fault must look like in the report (raw auditors only)
+EXPECTED = {
+    "drop": {"lost", "holes"},  # an acknowledged message missing: never delivered, a seq gap
+    "duplicate": {"duplicates"},
+    "reorder": {"reorders"},
+}
+
+
+def chaos_run(out: Path, seed: int, duration: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
+    args += ["--duration", str(duration), "--out", str(out), *extra]
+    done = subprocess.run(
+        args, cwd=ROOT, capture_output=True, text=True, timeout=duration + 150
+    )
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def checked(spark: Any, run_dir: Path) -> tuple[int, dict[str, Any]]:
+    code = spark_check([str(run_dir)], spark=spark)
+    return code, json.loads((run_dir / "report" / "summary.json").read_text())
+
+
+def found(summary: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {
+        kind: {name: n for name, n in per.items() if n}
+        for kind, per in summary["violations"].items()
+    }
+
+
+def fault_lines(run_dir: Path) -> int:
+    logs = (run_dir / "logs").glob("*.log")
+    return sum(log.read_text().count("TEST FAULT: ") for log in logs)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("chaos") / "smoke"
+    chaos_run(out, 11, SMOKE_SECONDS)
+    return out
+
+
+def test_smoke_run_under_every_kind_of_fault_is_clean(spark: Any, smoke_run: Path) -> None:
+    code, summary = checked(spark, smoke_run)
+    assert found(summary) == {"sdk": {}, "raw": {}}, summary["examples"]
+    assert code == 0 and summary["ok"]
+    assert summary["counts"]["publishes"]["ok"] > 500
+    nemesis = [json.loads(line) for line in (smoke_run / "history/nemesis.jsonl").open()]
+    assert {"kill", "pause"} <= {n["fault"] for n in nemesis if n["phase"] == "start"}
+    assert (smoke_run / "report" / "report.md").exists()
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_the_report_names_exactly_the_planted_violation(
+    spark: Any, tmp_path: Path, fault: str
+) -> None:
+    out = tmp_path / fault
+    chaos_run(out, 5, FAULT_SECONDS, "--fault", fault)
+    code, summary = checked(spark, out)
+    violations = found(summary)
+    assert code == 1 and not summary["ok"]
+    assert violations["sdk"] == {}, summary["examples"]["sdk"]
+    assert set(violations["raw"]) == EXPECTED[fault], summary["examples"]["raw"]
+    planted = fault_lines(out)  # one per member process that applied the switch
+    for name, count in violations["raw"].items():
+        assert 1 <= count <= planted, (name, count, planted)
+    if fault == "drop":  # the lost message is the hole: same subscriber and position
+        examples = summary["examples"]["raw"]
+        where = {
+            name: {(e["subscriber"], e["subject"], e["epoch"], e["seq"]) for e in examples[name]}
+            for name in ("lost", "holes")
+        }
+        assert where["lost"] == where["holes"]

@@ -1,0 +1,61 @@
+"""``python -m chaos``: --duration takes seconds, or minutes and hours with a unit."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from chaos.__main__ import duration, main
+from chaos.schedule import generate, to_jsonl
+
+MESSAGE = "duration must look like 90, 90s, 5m or 1h"
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("300", 300.0),
+        ("300s", 300.0),
+        ("5m", 300.0),
+        ("30m", 1800.0),
+        ("1h", 3600.0),
+        ("15", 15.0),
+        ("2.5", 2.5),
+        ("1.5m", 90.0),
+        ("0", 0.0),
+    ],
+)
+def test_duration_in_seconds(text: str, seconds: float) -> None:
+    value = duration(text)
+    assert value == seconds
+    assert isinstance(value, float)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "s", "5x", "five", "-5", "5 m", "1h30m", "1e3", "5M", "inf", "nan", "5ms"]
+)
+def test_bad_duration_is_rejected(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=MESSAGE):
+        duration(text)
+
+
+def test_replay_schedule_takes_minutes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay-schedule", "--seed", "7", "--duration", "1m"]) == 0
+    assert capsys.readouterr().out == to_jsonl(generate(7, 60))
+
+
+@pytest.mark.parametrize("command", ["run", "replay-schedule"])
+def test_bad_duration_is_a_usage_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = [command, "--seed", "1", "--duration", "soon"]
+    if command == "run":
+        args += ["--out", str(out)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert f"argument --duration: {MESSAGE}" in capsys.readouterr().err
+    assert not out.exists(), "nothing started"
