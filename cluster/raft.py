@@ -102,7 +102,11 @@ def _journal_files(data_dir: Path | None) -> dict[str, str]:
     """pysyncobj's journal (log, term, vote) and its compaction dump under ``data_dir``."""
     if data_dir is None:
         return {}
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / ".writable").touch()
+    except OSError as exc:
+        raise OSError(exc.errno, f"ClusterDataDir {data_dir}: {exc.strerror}") from exc
     return {
         "journalFile": str(data_dir / "raft.journal"),
         "fullDumpFile": str(data_dir / "raft.dump"),

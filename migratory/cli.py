@@ -26,10 +26,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         trio.run(run_until_signalled, config)
-    except OSError as exc:
-        print(f"migratory: {exc.strerror or exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _first_os_error(exc)
+        if error is None:
+            raise
+        print(f"migratory: {error.strerror or error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The OSError that stopped start-up (a port in use, an unusable directory), if any;
+    trio hands errors of tasks over in exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_os_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

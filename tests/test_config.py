@@ -161,3 +161,22 @@ def test_bad_cluster_config_is_refused_with_a_clear_message(
 def test_guaranteed_without_members_is_refused() -> None:
     with pytest.raises(ConfigError, match="Guaranteed needs ClusterMembers"):
         load_config(overrides={"ClusterDeliveryMode": "Guaranteed"}, environ={})
+
+
+def test_serve_with_an_unusable_cluster_data_dir_says_so(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    settings = {
+        **CLUSTER,
+        "ClusterMembers": "127.0.0.1:0, 127.0.0.1:1, 127.0.0.1:2",
+        "ClusterMemberListen": "127.0.0.1:0",
+        "ClusterDataDir": str(blocker / "raft"),
+        "Listen": "127.0.0.1:0",
+    }
+    args = [sys.executable, "-m", "migratory", "serve"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert f"ClusterDataDir {blocker / 'raft'}: Not a directory" in result.stderr
+    assert "Traceback" not in result.stderr
