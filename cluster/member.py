@@ -31,6 +31,7 @@ from cluster.raft import RaftCoordination
 from cluster.replica import Offer, Replica
 from migratory.config import Config
 from migratory.model.position import new_epoch
+from migratory.protocol import close_codes
 from migratory.server.app import Server
 
 log = logging.getLogger("migratory.cluster")
@@ -42,6 +43,7 @@ HEARTBEAT_SECONDS = 0.25
 RETRY_SECONDS = 0.3
 MAX_BARRIER_ATTEMPTS = 20
 LEADERLESS_GRACE = 1.5  # seconds a seed may see no Raft leader (an election) and stay ready
+SHED_AFTER = 3.0  # seconds not ready (after having been ready) before clients are sent away
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -440,13 +442,27 @@ class GuaranteedMember:
 
     async def _housekeeping_loop(self) -> None:
         reported: str | None = "starting"
+        not_ready_since: float | None = None
+        shed = False
         while True:
             await trio.sleep(0.5)
-            self.publishing.expire(trio.current_time())
+            now = trio.current_time()
+            self.publishing.expire(now)
             reason = self.not_ready_reason()  # also samples how long no leader was seen
             if (reason or "").split(" for ")[0] != (reported or "").split(" for ")[0]:
                 if reason is None:
                     log.info("member %s is ready for clients", self.name)
                 else:
                     log.warning("member %s is not ready: %s", self.name, reason)
-                reported = reason
+            if reason is None:
+                not_ready_since, shed = None, False
+            elif reported is None:
+                not_ready_since = now  # was ready: a member cut off from the cluster
+            reported = reason
+            if not shed and not_ready_since is not None and now - not_ready_since >= SHED_AFTER:
+                shed = True
+                count = self.server.shed_clients(
+                    close_codes.TRY_AGAIN_LATER.code, f"member cut off from the cluster: {reason}"
+                )
+                log.warning("member %s sent %d clients to other members (%s)",
+                            self.name, count, reason)

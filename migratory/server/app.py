@@ -174,6 +174,17 @@ class Server:
             if self.write_immediately:
                 self.flush_dirty()
 
+    def shed_clients(self, code: int, reason: str) -> int:
+        """Close every client session with ``code`` (they reconnect elsewhere); the count."""
+        shed = 0
+        for connection in list(self.connections):
+            session = connection.session
+            if session.is_websocket:
+                session.close(code, reason)
+                shed += 1
+            connection.flush()
+        return shed
+
     async def shutdown(self) -> None:
         """Tell every client we are going away (1001), give them a moment, stop."""
         for connection in list(self.connections):

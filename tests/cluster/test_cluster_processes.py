@@ -3,6 +3,7 @@ member and a non-seed while publishing; nothing acknowledged is lost or duplicat
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -226,3 +227,25 @@ def connected_client(cluster: LocalCluster, index: int) -> RawClient:
     client = RawClient(cluster.port(index), timeout=15)
     client.connect("publisher-after-restart")
     return client
+
+
+def test_a_seed_cut_off_from_the_majority_sends_its_clients_elsewhere(
+    cluster4: LocalCluster,
+) -> None:
+    client = RawClient(cluster4.port(2), timeout=15)
+    client.connect("stranded")
+    others = [cluster4.processes[0], cluster4.processes[1]]
+    for process in others:
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+    try:
+        close = client.recv_close(timeout=15)
+        assert close.code == 1013
+        assert "cut off from the cluster" in close.reason
+        assert not cluster4.ready(2)
+    finally:
+        for process in others:
+            assert process is not None
+            process.send_signal(signal.SIGCONT)
+    cluster4.wait_ready(range(3))
+    assert "sent 1 clients to other members" in cluster4.log(2)
