@@ -50,3 +50,12 @@ def test_env_overrides_use_keys_the_server_knows() -> None:
     from migratory.config import env_overrides
 
     env_overrides({name: "x" for name in names})  # raises on an unknown key
+
+
+def test_cluster_data_dir_is_a_persistent_volume_of_each_pod() -> None:
+    data_dir = parse_config_text(config_file_text(), source="configmap")["ClusterDataDir"]
+    text = MANIFEST.read_text()
+    mount = re.search(r"\{name: (\w+), mountPath: " + re.escape(data_dir) + r"\}", text)
+    assert mount, f"nothing is mounted at ClusterDataDir {data_dir}"
+    claims = text[text.index("volumeClaimTemplates:") :]
+    assert re.search(r"name: " + mount.group(1) + r"\b", claims), "the mount is not a claim"
