@@ -107,10 +107,9 @@ class GuaranteedMember:
         now = time.monotonic()
         if self._leaderless_since is None:
             self._leaderless_since = now
-        elapsed = now - self._leaderless_since
-        if elapsed < LEADERLESS_GRACE:
+        if now - self._leaderless_since < LEADERLESS_GRACE:
             return None
-        return f"member has seen no Raft leader for {elapsed:.1f} s"
+        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {
@@ -188,15 +187,20 @@ class GuaranteedMember:
 
     # --- seeds: Raft submission -----------------------------------------------------
 
-    async def _submit_loop(self) -> None:
-        assert self.raft is not None
+    async def _next_requests(self) -> list[PublishRequest]:
+        """The publishes taken since the last call, after a short linger to batch them."""
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             await trio.sleep(SUBMIT_LINGER)
             requests = self.publishing.take_outgoing()
             if requests:
-                self._submit(requests, reply_to=None)
+                return requests
+
+    async def _submit_loop(self) -> None:
+        assert self.raft is not None
+        while True:
+            self._submit(await self._next_requests(), reply_to=None)
 
     def _submit(self, requests: list[PublishRequest], reply_to: str | None) -> None:
         assert self.raft is not None and self._token is not None
@@ -431,12 +435,7 @@ class GuaranteedMember:
 
     async def _forward_loop(self, channel: LinkChannel) -> None:
         while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            await trio.sleep(SUBMIT_LINGER)
-            requests = self.publishing.take_outgoing()
-            if requests:
-                await channel.send(link.Forward(tuple(requests)))
+            await channel.send(link.Forward(tuple(await self._next_requests())))
 
     # --- both ---------------------------------------------------------------------------
 
@@ -449,7 +448,7 @@ class GuaranteedMember:
             now = trio.current_time()
             self.publishing.expire(now)
             reason = self.not_ready_reason()  # also samples how long no leader was seen
-            if (reason or "").split(" for ")[0] != (reported or "").split(" for ")[0]:
+            if reason != reported:
                 if reason is None:
                     log.info("member %s is ready for clients", self.name)
                 else:

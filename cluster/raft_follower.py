@@ -28,6 +28,7 @@ changes either shows up there.
 from __future__ import annotations
 
 import logging
+import pickle
 from typing import Any
 
 from pysyncobj import SyncObj
@@ -88,9 +89,7 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
             self._SyncObj__recvTransmission = message["data"]
         elif transmission == "process":
             self._SyncObj__recvTransmission += message["data"]
-        elif transmission == "finish":
-            import pickle  # pysyncobj's own framing of one large entry
-
+        elif transmission == "finish":  # pysyncobj's own framing of one large entry
             data = self._SyncObj__recvTransmission + message["data"]
             self._SyncObj__recvTransmission = ""
             return [pickle.loads(data)]

@@ -70,19 +70,7 @@ class DeliveryFault:
                     if sink is held_sink:
                         sink.deliver(held_frame)  # the earlier message arrives after this one
                 return
-        victims = [s for s in sinks if client_name(s).startswith(self.prefix)]
-        if not self.done and victims:
-            self._count += 1
-        if self.done or self._count != self.after or not victims:
-            for sink in sinks:
-                sink.deliver(frame)
-            return
-        self.done = True
-        victim = victims[0]
-        self.report(
-            f"TEST FAULT: {self.kind} of message {self._count} for client "
-            f"{client_name(victim) or '?'}"
-        )
+        victim = None if self.done else self._count_towards_fault(sinks)
         for sink in sinks:
             if sink is not victim:
                 sink.deliver(frame)
@@ -92,3 +80,18 @@ class DeliveryFault:
             elif self.kind == "reorder":
                 self._held = (sink, frame, subject)
             # drop: nothing
+
+    def _count_towards_fault(self, sinks: tuple[Sink, ...]) -> Sink | None:
+        """Count this message if it goes to a possible victim; the victim when it is due."""
+        victim = next((s for s in sinks if client_name(s).startswith(self.prefix)), None)
+        if victim is None:
+            return None
+        self._count += 1
+        if self._count != self.after:
+            return None
+        self.done = True
+        self.report(
+            f"TEST FAULT: {self.kind} of message {self._count} for client "
+            f"{client_name(victim) or '?'}"
+        )
+        return victim
