@@ -1,0 +1,224 @@
+"""Raw WebSocket clients for the load processes: non-blocking sockets, one epoll, no library.
+
+Nothing here uses asyncio, trio or a WebSocket library on the load side: the
+clients are plain non-blocking sockets driven by ``select.epoll``, so that a
+load process spends its CPU on ``recv`` and a few byte operations per frame.
+The HTTP handshake and the (rare) client frames reuse the project's sans-I/O
+codec; the hot paths in the benchmarks walk frame headers themselves.
+
+Every loop here is bounded by a deadline (``time.monotonic``) and by the
+number of connections it handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
+from migratory.protocol.websocket import encode_masked_binary
+
+OPCODE_CLOSE = 0x8
+RECV_SIZE = 32768  # below malloc's mmap threshold: a 256 KiB recv buffer costs an mmap per call
+
+
+def walk_frames(data: bytes, pos: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+    """Complete server frames in ``data[pos:]`` as (opcode, payload start, payload end).
+
+    Server frames are unmasked. Returns the frames and the offset where the
+    first incomplete frame starts (== len(data) when everything was used).
+    """
+    frames = []
+    n = len(data)
+    while n - pos >= 2:
+        length = data[pos + 1] & 0x7F
+        start = pos + 2
+        if length == 126:
+            if n - pos < 4:
+                break
+            length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+            start = pos + 4
+        elif length == 127:
+            if n - pos < 10:
+                break
+            length = int.from_bytes(data[pos + 2 : pos + 10], "big")
+            start = pos + 10
+        end = start + length
+        if end > n:
+            break
+        frames.append((data[pos] & 0x0F, start, end))
+        pos = end
+    return frames, pos
+
+
+def close_code(data: bytes, start: int, end: int) -> int:
+    """The code of a close frame's payload (1005 = none given)."""
+    return int.from_bytes(data[start : start + 2], "big") if end - start >= 2 else 1005
+
+
+@dataclass(slots=True, eq=False)
+class RawConn:
+    """One client socket and the little state a load process keeps for it."""
+
+    index: int
+    sock: socket.socket
+    key: str = ""
+    state: str = "connecting"
+    buf: bytes = b""  # handshake bytes, then the start of an incomplete frame
+    count: int = 0  # frames counted by the benchmark
+    closed: str = ""  # why it ended ("" while open)
+    setup_ns: int = 0  # monotonic_ns when the connection attempt started
+    ready_ns: int = 0  # monotonic_ns when it saw the ready marker
+    last: bytes = b""  # the last chunk received (to tell how the connection ended)
+
+
+@dataclass
+class SetupResult:
+    ready: list[RawConn]
+    failures: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    connect_ms_max: float = 0.0
+
+
+def open_connections(
+    host: str,
+    port: int,
+    indexes: range,
+    frames_for: Callable[[int], bytes],
+    *,
+    ready_marker: bytes,
+    timeout: float,
+    window: int = 256,
+) -> SetupResult:
+    """Open one WebSocket per index, send its first frames, wait for ``ready_marker``.
+
+    ``frames_for(index)`` gives the (masked) frames connection ``index`` sends
+    right after the 101. A connection is ready once a server frame contains
+    ``ready_marker`` (e.g. ``b"SUBSCRIBE_ALLOW"``); bytes after that frame
+    stay in ``conn.buf``. At most ``window`` connections are in their
+    handshake at once (so the listen backlog never overflows). Bounded by
+    ``timeout`` seconds and by ``len(indexes)`` connections.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    ep = select.epoll()
+    live: dict[int, RawConn] = {}
+    result = SetupResult(ready=[])
+    todo = iter(indexes)
+    exhausted = False
+    host_header = f"{host}:{port}"
+
+    def fail(conn: RawConn, why: str) -> None:
+        result.failures[why] += 1
+        conn.closed = why
+        fd = conn.sock.fileno()
+        live.pop(fd, None)
+        with contextlib.suppress(OSError, ValueError):
+            ep.unregister(fd)
+        conn.sock.close()
+
+    def start_more() -> bool:
+        while len(live) < window:
+            index = next(todo, None)
+            if index is None:
+                return True
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = RawConn(index, sock, setup_ns=time.monotonic_ns())
+            code = sock.connect_ex((host, port))
+            if code not in (0, errno.EINPROGRESS):
+                result.failures[f"connect: {errno.errorcode.get(code, code)}"] += 1
+                sock.close()
+                continue
+            live[sock.fileno()] = conn
+            ep.register(sock.fileno(), select.EPOLLOUT)
+        return False
+
+    try:
+        exhausted = start_more()
+        while (live or not exhausted) and time.monotonic() < deadline:
+            events = ep.poll(min(0.2, max(deadline - time.monotonic(), 0.0)))
+            for fd, _mask in events:
+                conn = live.get(fd)
+                if conn is None:
+                    continue
+                if conn.state == "connecting":
+                    err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err:
+                        fail(conn, f"connect: {errno.errorcode.get(err, err)}")
+                        continue
+                    conn.key = new_websocket_key()
+                    conn.sock.send(handshake_request(host_header, "/", conn.key))
+                    conn.state = "handshake"
+                    ep.modify(fd, select.EPOLLIN)
+                    continue
+                try:
+                    data = conn.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    fail(conn, f"{conn.state}: {exc.strerror}")
+                    continue
+                if not data:
+                    fail(conn, f"{conn.state}: connection closed by server")
+                    continue
+                data = conn.buf + data
+                conn.buf = b""
+                if conn.state == "handshake":
+                    try:
+                        used = check_handshake_response(data, conn.key)
+                    except Exception as exc:  # HttpError: the server refused
+                        fail(conn, f"handshake: {exc}")
+                        continue
+                    if used is None:
+                        conn.buf = data
+                        continue
+                    conn.sock.send(frames_for(conn.index))
+                    conn.state = "ops"
+                    data = data[used:]
+                frames, rest = walk_frames(data)
+                for opcode, start, end in frames:
+                    if opcode == OPCODE_CLOSE:
+                        fail(conn, f"closed by server with {close_code(data, start, end)}")
+                        break
+                    if data.find(ready_marker, start, end) >= 0:
+                        conn.state = "ready"
+                        conn.ready_ns = time.monotonic_ns()
+                        conn.buf = data[end:]
+                        del live[fd]
+                        ep.unregister(fd)
+                        result.ready.append(conn)
+                        break
+                else:
+                    conn.buf = data[rest:]
+            if not exhausted:
+                exhausted = start_more()
+        for conn in list(live.values()):
+            fail(conn, f"timeout in {conn.state}")
+        if not exhausted:
+            result.failures["not attempted (timeout)"] += sum(1 for _ in todo)
+    finally:
+        ep.close()
+    result.seconds = time.monotonic() - t0
+    if result.ready:
+        result.connect_ms_max = max(c.ready_ns - c.setup_ns for c in result.ready) / 1e6
+    return result
+
+
+def masked(payload: bytes) -> bytes:
+    """One masked binary frame with a fresh random mask."""
+    return encode_masked_binary(payload, os.urandom(4))
+
+
+def close_all(conns: list[RawConn]) -> None:
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.sock.close()
