@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed-test
+SERVE_STAMP := $(VENV)/.installed-serve
 
 SEED     ?= 1
 DURATION ?= 3m
@@ -10,13 +11,21 @@ RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
 .PHONY: serve test lint typecheck pytest bench chaos clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.created:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $@
 
-serve: $(STAMP)
+# serving needs only the package itself: no test, chaos or Spark extras
+$(SERVE_STAMP): pyproject.toml $(VENV)/.created
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): pyproject.toml $(VENV)/.created
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@ $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
 	$(VENV)/bin/migratory serve $(if $(CONFIG),--config $(CONFIG),)
 
 test: $(STAMP)

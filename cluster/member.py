@@ -27,7 +27,7 @@ from cluster import link
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.link_io import LinkChannel, connect
 from cluster.publishing import ClusterPublishing
-from cluster.raft import RaftCoordination
+from cluster.raft import RaftCoordination, RaftTimings
 from cluster.replica import Offer, Replica
 from migratory.config import Config
 from migratory.model.position import new_epoch
@@ -149,6 +149,10 @@ class GuaranteedMember:
                     password=self.config.cluster_password,
                     on_commit=self._from_raft_thread_commit,
                     data_dir=Path(self.config.cluster_data_dir),
+                    timings=RaftTimings(
+                        compaction_entries=self.config.cluster_log_compaction_entries,
+                        compaction_seconds=self.config.cluster_log_compaction_time,
+                    ),
                 )
                 nursery.start_soon(self._submit_loop)
             else:

@@ -96,6 +96,8 @@ class RaftTimings:
     connection_timeout: float = 1.0
     reconnect: float = 0.3
     use_batch: bool = False
+    compaction_entries: int = 20_000  # ClusterLogCompactionEntries
+    compaction_seconds: float = 120.0  # ClusterLogCompactionTime
 
 
 def _journal_files(data_dir: Path | None) -> dict[str, str]:
@@ -152,8 +154,8 @@ class RaftCoordination:
             leaderFallbackTimeout=max(1.0, 4 * timings.election_max),
             commandsWaitLeader=True,
             onStateChanged=(lambda _old, _new: on_state_changed()) if on_state_changed else None,
-            logCompactionMinEntries=20_000,
-            logCompactionMinTime=120,
+            logCompactionMinEntries=timings.compaction_entries,
+            logCompactionMinTime=timings.compaction_seconds,
             bindAddress=raft_address(bind_address) if bind_address else None,
             **_journal_files(data_dir),
         )

@@ -158,6 +158,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
             "one per member, kept across restarts: a seed that forgets its log may lose "
             "acknowledged messages)."),
+    Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
+            _int(100, unit=" of entries"), "20000",
+            "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
+            "least this many entries and ClusterLogCompactionTime has passed since the last "
+            "compaction."),
+    Setting("ClusterLogCompactionTime", "cluster_log_compaction_time",
+            _int(1, unit=" of seconds"), "120",
+            "Seconds between two Raft log compactions at least (see "
+            "ClusterLogCompactionEntries)."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
@@ -186,6 +195,8 @@ class Config:
     cluster_delivery_mode: str
     cluster_password: str
     cluster_data_dir: str
+    cluster_log_compaction_entries: int
+    cluster_log_compaction_time: int
 
     @property
     def clustered(self) -> bool:
