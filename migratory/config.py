@@ -3,8 +3,11 @@
 Sources, later ones winning: built-in defaults, a config file in the
 MigratoryData ``Key = Value`` style, environment variables
 ``MIGRATORY_CFG_<KEY>`` (key matched case-insensitively), and
-``--set Key=Value`` on the command line. An unknown key or a bad value stops
-start-up with a message naming the key (and where it came from).
+``--set Key=Value`` on the command line. All sources are merged first, then every
+value is parsed and the rules between keys are checked once, on the merged result
+(so the file may list the members and the environment say which one this is). An
+unknown key or a bad value stops start-up with a message naming the key and where
+it came from.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "MIGRATORY_CFG_"
+ORDINAL = "{ordinal}"  # in ClusterMemberTemplate: a member's index in ClusterMembers
 
 
 class ConfigError(ValueError):
@@ -83,6 +87,19 @@ def _optional_address(text: str) -> tuple[str, int] | None:
     return parse_address(text) if text.strip() else None
 
 
+def _member_template(text: str) -> str:
+    if not text:
+        return ""
+    if ORDINAL not in text:
+        raise ValueError(f"expected {ORDINAL} in the host:port template, got {text!r}")
+    parse_address(text.replace(ORDINAL, "0"))
+    return text
+
+
+def _optional_count(text: str) -> int:
+    return _int(1, unit=" of members")(text) if text.strip() else 0
+
+
 def _seed_count(text: str) -> int:
     if not text.strip():
         return 0  # automatic: 3 for clusters of 3-4 members, 5 for 5 or more
@@ -139,6 +156,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
+    Setting("ClusterMemberTemplate", "cluster_member_template", _member_template, "",
+            "Instead of ClusterMembers: one host:port with `{ordinal}` in it, expanded for "
+            "ordinals 0 .. ClusterMemberCount-1 (a StatefulSet: "
+            "`migratory-{ordinal}.migratory-members:9800`)."),
+    Setting("ClusterMemberCount", "cluster_member_count", _optional_count, "",
+            "With ClusterMemberTemplate: how many members the list has (the largest size the "
+            "cluster may scale to, e.g. the HPA's maxReplicas)."),
     Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
             "This member's cluster address; must be one of ClusterMembers."),
     Setting("ClusterMemberBind", "cluster_member_bind", _optional_address, "",
@@ -189,6 +213,8 @@ class Config:
     client_max_pending_bytes: int
     handshake_timeout: int
     cluster_members: tuple[tuple[str, int], ...]
+    cluster_member_template: str
+    cluster_member_count: int
     cluster_member_listen: tuple[str, int] | None
     cluster_member_bind: tuple[str, int] | None
     cluster_seed_member_count: int
@@ -230,28 +256,20 @@ class Config:
     @classmethod
     def from_mapping(cls, values: Mapping[str, str], *, source: str = "setting") -> Config:
         """Build from ``Key -> text`` over the defaults; keys are exact."""
-        raw = {s.key: s.default for s in SETTINGS}
-        for key, text in values.items():
-            raw[_known_key(key, source)] = text
-        return _build(raw, {k: source for k in values})
-
-    def with_overrides(self, values: Mapping[str, str], *, source: str) -> Config:
-        parsed = {}
-        for key, text in values.items():
-            setting = _BY_KEY[_known_key(key, source)]
-            parsed[setting.attr] = _parse(setting, text, source)
-        return _check(replace(self, **parsed))
+        return build_config([Layer(source, values)])
 
     def as_text(self) -> dict[str, str]:
         """Each key's effective value, formatted as it would be written in a file."""
         out = {}
         for setting in SETTINGS:
             value = getattr(self, setting.attr)
-            if setting.attr in ("listen", "cluster_members"):
+            if setting.attr == "cluster_members" and self.cluster_member_template:
+                out[setting.key] = ""  # generated from the template
+            elif setting.attr in ("listen", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
             elif setting.attr in ("cluster_member_listen", "cluster_member_bind"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
-            elif setting.attr == "cluster_seed_member_count":
+            elif setting.attr in ("cluster_seed_member_count", "cluster_member_count"):
                 out[setting.key] = str(value) if value else ""
             elif isinstance(value, bool):
                 out[setting.key] = str(value).lower()
@@ -277,70 +295,126 @@ def _parse(setting: Setting, text: str, source: str) -> Any:
         raise ConfigError(f"{source}: {setting.key}: {exc}") from None
 
 
-def _build(raw: Mapping[str, str], sources: Mapping[str, str]) -> Config:
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One source of settings (a file, the environment, ``--set``): ``Key -> text``."""
+
+    source: str
+    values: Mapping[str, str]
+
+
+class _Origins:
+    """Where each key's effective value came from, to name it in cross-key errors."""
+
+    def __init__(self, sources: Mapping[str, str]) -> None:
+        self._sources = sources
+
+    def __call__(self, key: str) -> str:
+        source = self._sources.get(key)
+        return key if source is None else f"{key} (from {source})"
+
+
+def build_config(layers: Iterable[Layer]) -> Config:
+    """Merge the layers over the defaults (later wins), then parse and check once."""
+    raw = {s.key: s.default for s in SETTINGS}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for key, text in layer.values.items():
+            known = _known_key(key, layer.source)
+            raw[known] = text
+            sources[known] = layer.source
     values = {
         _BY_KEY[key].attr: _parse(_BY_KEY[key], text, sources.get(key, "default"))
         for key, text in raw.items()
     }
-    return _check(Config(**values))
+    return _check(Config(**values), _Origins(sources))
 
 
-def _check(config: Config) -> Config:
-    """Rules that involve more than one key."""
-    config = _check_cluster(config)
+def _check(config: Config, key: _Origins) -> Config:
+    """Rules that involve more than one key, checked once on the merged settings."""
+    config = _check_cluster(_expand_member_template(config, key), key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
-        raise ConfigError("Entitlement = Basic needs EntitlementAllowToken (the publishing token)")
+        raise ConfigError(
+            f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "
+            "(the publishing token)"
+        )
     if config.max_frame_size <= config.max_message_size:
         raise ConfigError(
-            f"MaxFrameSize ({config.max_frame_size}) must be larger than "
-            f"MaxMessageSize ({config.max_message_size})"
+            f"{key('MaxFrameSize')} ({config.max_frame_size}) must be larger than "
+            f"{key('MaxMessageSize')} ({config.max_message_size})"
         )
     return config
 
 
-def _check_cluster(config: Config) -> Config:
+def _expand_member_template(config: Config, key: _Origins) -> Config:
+    """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``."""
+    template, count = config.cluster_member_template, config.cluster_member_count
+    if not template:
+        if count:
+            raise ConfigError(
+                f"{key('ClusterMemberCount')} is set but ClusterMemberTemplate is empty"
+            )
+        return config
+    if config.cluster_members:
+        raise ConfigError(
+            f"set either {key('ClusterMembers')} or {key('ClusterMemberTemplate')}, not both"
+        )
+    if not count:
+        raise ConfigError(f"{key('ClusterMemberTemplate')} is set: ClusterMemberCount is required")
+    members = tuple(
+        parse_address(template.replace(ORDINAL, str(ordinal))) for ordinal in range(count)
+    )
+    return replace(config, cluster_members=members)
+
+
+def _check_cluster(config: Config, key: _Origins) -> Config:
     members = config.cluster_members
     if not members:
-        for key, value in (
+        for name, value in (
             ("ClusterMemberListen", config.cluster_member_listen),
             ("ClusterMemberBind", config.cluster_member_bind),
             ("ClusterSeedMemberCount", config.cluster_seed_member_count),
             ("ClusterDataDir", config.cluster_data_dir),
         ):
             if value:
-                raise ConfigError(f"{key} is set but ClusterMembers is empty")
+                raise ConfigError(f"{key(name)} is set but ClusterMembers is empty")
         if config.cluster_delivery_mode == "Guaranteed":
-            raise ConfigError("ClusterDeliveryMode = Guaranteed needs ClusterMembers")
+            raise ConfigError(
+                f"{key('ClusterDeliveryMode')} = Guaranteed needs ClusterMembers"
+            )
         return config
+    listed = key("ClusterMembers") if config.cluster_member_template == "" else (
+        f"ClusterMembers ({key('ClusterMemberTemplate')})"
+    )
     duplicates = {f"{h}:{p}" for h, p in members if members.count((h, p)) > 1}
     if duplicates:
-        raise ConfigError(f"ClusterMembers lists {', '.join(sorted(duplicates))} more than once")
+        raise ConfigError(f"{listed} lists {', '.join(sorted(duplicates))} more than once")
     listen = config.cluster_member_listen
     if listen is None:
-        raise ConfigError("ClusterMembers is set: ClusterMemberListen must name this member")
+        raise ConfigError(f"{listed} is set: ClusterMemberListen must name this member")
     if listen not in members:
         raise ConfigError(
-            f"ClusterMemberListen {listen[0]}:{listen[1]} is not one of ClusterMembers "
-            f"({', '.join(f'{h}:{p}' for h, p in members)})"
+            f"{key('ClusterMemberListen')} {listen[0]}:{listen[1]} is not one of {listed}: "
+            f"{', '.join(f'{h}:{p}' for h, p in members)}"
         )
     if not config.cluster_password:
-        raise ConfigError("ClusterMembers is set: ClusterPassword is required (members "
+        raise ConfigError(f"{listed} is set: ClusterPassword is required (members "
                           "authenticate each other and Raft must never run without a password)")
     seeds = config.cluster_seed_member_count or (3 if len(members) <= 4 else 5)
     if config.cluster_delivery_mode == "Guaranteed":
+        mode = key("ClusterDeliveryMode")
         if len(members) < 3:
             raise ConfigError(
-                f"ClusterDeliveryMode = Guaranteed needs at least 3 members, "
-                f"ClusterMembers has {len(members)}"
+                f"{mode} = Guaranteed needs at least 3 members, {listed} has {len(members)}"
             )
         if not config.cluster_data_dir.strip():
             raise ConfigError(
-                "ClusterDeliveryMode = Guaranteed needs ClusterDataDir (where seeds keep "
+                f"{mode} = Guaranteed needs ClusterDataDir (where seeds keep "
                 "their Raft log across restarts)"
             )
         if seeds > len(members):
             raise ConfigError(
-                f"ClusterSeedMemberCount = {seeds} but ClusterMembers has only {len(members)}"
+                f"{key('ClusterSeedMemberCount')} = {seeds} but {listed} has only {len(members)}"
             )
     return replace(config, cluster_seed_member_count=min(seeds, len(members)))
 
@@ -393,20 +467,18 @@ def load_config(
     overrides: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Defaults, then the file, then the environment, then ``overrides``."""
-    config = Config.defaults()
+    """Defaults, then the file, then the environment, then ``overrides`` (``--set``):
+    all merged first (later wins), then parsed and checked once."""
+    layers = []
     if path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-        config = config.with_overrides(parse_config_text(text, source=str(path)), source=str(path))
-    env = env_overrides(os.environ if environ is None else environ)
-    if env:
-        config = config.with_overrides(env, source="environment")
-    if overrides:
-        config = config.with_overrides(overrides, source="--set")
-    return config
+        layers.append(Layer(str(path), parse_config_text(text, source=str(path))))
+    layers.append(Layer("environment", env_overrides(os.environ if environ is None else environ)))
+    layers.append(Layer("--set", overrides or {}))
+    return build_config(layers)
 
 
 def reference_markdown() -> str:
@@ -416,8 +488,9 @@ def reference_markdown() -> str:
         "",
         "Set keys in a file (`migratory serve --config FILE`, lines `Key = Value`, `#` comments),",
         f"in the environment (`{ENV_PREFIX}<KEY>`, case-insensitive), or with",
-        "`--set Key=Value`; later sources win. Unknown keys and bad values stop start-up",
-        "with a message naming the key.",
+        "`--set Key=Value`; later sources win. All sources are merged before anything is",
+        "checked, so rules between keys apply to the merged result. Unknown keys and bad",
+        "values stop start-up with a message naming the key and the source it came from.",
         "",
         "| Key | Default | Meaning |",
         "|---|---|---|",

@@ -147,7 +147,7 @@ def test_cluster_config_roles() -> None:
             {"ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110", "ClusterSeedMemberCount": ""},
             "Guaranteed needs at least 3 members",
         ),
-        ({"ClusterSeedMemberCount": "5"}, "= 5 but ClusterMembers has only 4"),
+        ({"ClusterSeedMemberCount": "5"}, r"= 5 but ClusterMembers \(from --set\) has only 4"),
         ({"ClusterMembers": "127.0.0.1:9110, 127.0.0.1:9110, 127.0.0.1:9100"}, "more than once"),
     ],
 )
@@ -180,3 +180,68 @@ def test_serve_with_an_unusable_cluster_data_dir_says_so(tmp_path: Path) -> None
     assert result.returncode == 1
     assert f"ClusterDataDir {blocker / 'raft'}: Not a directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cross_key_rules_run_once_on_all_sources_merged(tmp_path: Path) -> None:
+    """The file names the members, the environment says which one this is, --set the
+    password: each source alone would be refused, together they are a member."""
+    path = tmp_path / "c.conf"
+    path.write_text(
+        f"ClusterMembers = {CLUSTER['ClusterMembers']}\nClusterDeliveryMode = Guaranteed\n"
+        "ClusterDataDir = /var/lib/migratory\n"
+    )
+    environ = {"MIGRATORY_CFG_CLUSTERMEMBERLISTEN": "127.0.0.1:9120"}
+    config = load_config(path, overrides={"ClusterPassword": "pw"}, environ=environ)
+    assert config.member_index == 2
+    with pytest.raises(ConfigError, match=r"ClusterPassword is required"):
+        load_config(path, environ=environ)
+
+
+def test_cross_key_errors_name_where_each_key_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "c.conf"
+    path.write_text(f"ClusterMembers = {CLUSTER['ClusterMembers']}\n")
+    environ = {"MIGRATORY_CFG_CLUSTERMEMBERLISTEN": "127.0.0.1:1"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ=environ)
+    message = str(caught.value)
+    assert "ClusterMemberListen (from environment) 127.0.0.1:1" in message
+    assert f"ClusterMembers (from {path})" in message
+
+
+def test_member_template_expands_to_the_ordered_member_list() -> None:
+    settings = {
+        **CLUSTER,
+        "ClusterMembers": "",
+        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
+        "ClusterMemberCount": "6",
+        "ClusterMemberListen": "m-5.members:9800",
+    }
+    config = load_config(overrides=settings, environ={})
+    assert config.cluster_members == tuple((f"m-{i}.members", 9800) for i in range(6))
+    assert config.member_index == 5 and not config.is_seed
+    assert config.cluster_seed_member_count == 5
+    assert Config.from_mapping(config.as_text()) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ClusterMemberTemplate": "m.members:9800"}, r"Template: expected \{ordinal\}"),
+        ({"ClusterMemberTemplate": "m-{ordinal}"}, "ClusterMemberTemplate: expected host:port"),
+        ({"ClusterMemberCount": ""}, "ClusterMemberCount is required"),
+        ({"ClusterMemberTemplate": ""}, "ClusterMemberCount .* is set but ClusterMemberTemplate"),
+        ({"ClusterMembers": "127.0.0.1:1"}, "either ClusterMembers .* or ClusterMemberTemplate"),
+        ({"ClusterMemberCount": "2"}, r"at least 3 members, ClusterMembers \(ClusterMemberTemp"),
+    ],
+)
+def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -> None:
+    settings = {
+        **CLUSTER,
+        "ClusterMembers": "",
+        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
+        "ClusterMemberCount": "4",
+        "ClusterMemberListen": "m-1.members:9800",
+        **changes,
+    }
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=settings, environ={})

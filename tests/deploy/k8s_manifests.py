@@ -1,0 +1,108 @@
+"""The Kubernetes manifests as the cluster would see them, and a pod's view of them.
+
+``pod_view`` does what the kubelet does for one container of the StatefulSet: the
+pod's name from its ordinal, the environment with ``valueFrom`` and ``$(VAR)``
+references resolved, the command, and the files of each ConfigMap volume.
+Nothing here copies a value out of the manifests by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_DIR = ROOT / "deploy" / "k8s"
+MANIFEST = K8S_DIR / "migratory.yaml"
+
+Document = dict[str, Any]
+
+
+def documents() -> list[Document]:
+    """Every resource of the install."""
+    return [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc]
+
+
+def find(docs: list[Document], kind: str, name: str | None = None) -> Document:
+    matches = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What one container of a StatefulSet pod gets."""
+
+    name: str  # migratory-N
+    hostname: str
+    subdomain: str  # the governing (headless) service
+    command: tuple[str, ...]
+    env: dict[str, str]
+    files: dict[str, dict[str, str]]  # mount path -> file name -> text (ConfigMap volumes)
+    data_mounts: tuple[str, ...]  # mount paths of persistent volume claims
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: defined names are replaced, ``$$`` is ``$``,
+    anything else stays as written."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
+
+
+def pod_view(
+    docs: list[Document], ordinal: int, secrets: dict[tuple[str, str], str]
+) -> PodView:
+    """Pod ``ordinal`` of the StatefulSet; ``secrets[(name, key)]`` stands in for Secrets
+    the install generates."""
+    sts = find(docs, "StatefulSet")
+    name = f"{sts['metadata']['name']}-{ordinal}"
+    spec = sts["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand(str(item["value"]), env)
+        else:
+            env[item["name"]] = _value_from(docs, item["valueFrom"], name, secrets)
+    command = tuple(expand(part, env) for part in container["command"] + container.get("args", []))
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    claims = {c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])}
+    files: dict[str, dict[str, str]] = {}
+    data_mounts = []
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] in claims:
+            data_mounts.append(mount["mountPath"])
+        elif "configMap" in volumes[mount["name"]]:
+            config_map = find(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+            files[mount["mountPath"]] = dict(config_map["data"])
+    return PodView(name, name, sts["spec"]["serviceName"], command, env, files, tuple(data_mounts))
+
+
+def _value_from(
+    docs: list[Document], source: Document, pod: str, secrets: dict[tuple[str, str], str]
+) -> str:
+    if "fieldRef" in source:
+        path = source["fieldRef"]["fieldPath"]
+        assert path == "metadata.name", f"fieldRef {path} not modelled"
+        return pod
+    if "secretKeyRef" in source:
+        ref = source["secretKeyRef"]
+        return secrets[(ref["name"], ref["key"])]
+    if "configMapKeyRef" in source:
+        ref = source["configMapKeyRef"]
+        return str(find(docs, "ConfigMap", ref["name"])["data"][ref["key"]])
+    raise AssertionError(f"valueFrom {source} not modelled")

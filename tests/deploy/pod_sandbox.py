@@ -1,0 +1,142 @@
+"""Run a pod's container command as a local process with the pod's own view of the
+world: its own network namespace (so ``Listen = 0.0.0.0:8800`` is the pod's port),
+its hostname, an ``/etc/hosts`` standing in for cluster DNS, the ConfigMap files
+and the persistent volume bind-mounted at their mount paths. Needs root (unshare).
+The process is the container's main process: a signal to ``pid`` reaches the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+from k8s_manifests import PodView
+
+PROBE = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n"
+    "    r = urllib.request.urlopen(sys.argv[1], timeout=2)\n"
+    "    print(r.status); print(r.read().decode())\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    print(e.code); print(e.read().decode())\n"
+    "except OSError as e:\n"
+    "    print(0); print(e)\n"
+)
+
+
+class PodProcess:
+    """One pod's container, started at once or once ``release()`` is called."""
+
+    def __init__(
+        self,
+        view: PodView,
+        *,
+        pod_dir: Path,
+        bin_dir: Path,
+        hosts: str,
+        held: bool = False,
+    ) -> None:
+        self.view = view
+        self.pod_dir = pod_dir
+        self.log_path = pod_dir / "container.log"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        mounts: list[tuple[Path, str]] = []
+        for index, (mount_path, files) in enumerate(sorted(view.files.items())):
+            source = pod_dir / f"configmap-{index}"
+            source.mkdir(exist_ok=True)
+            for file_name, text in files.items():
+                (source / file_name).write_text(text)
+            mounts.append((source, mount_path))
+        for index, mount_path in enumerate(view.data_mounts):
+            source = pod_dir / f"volume-{index}"  # kept across restarts, as a PVC is
+            source.mkdir(exist_ok=True)
+            mounts.append((source, mount_path))
+        (pod_dir / "hosts").write_text(hosts)
+        self._release = pod_dir / "released"
+        self._release.unlink(missing_ok=True)
+        if not held:
+            self._release.touch()
+        lines = [
+            "set -e",
+            "ip link set lo up",
+            f"hostname {shlex.quote(view.hostname)}",
+            f"mount --bind {shlex.quote(str(pod_dir / 'hosts'))} /etc/hosts",
+        ]
+        for source, target in mounts:
+            lines.append(f"mkdir -p {shlex.quote(target)}")
+            lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        lines.append(f"while [ ! -e {shlex.quote(str(self._release))} ]; do sleep 0.02; done")
+        lines.append('exec "$@"')
+        env = {
+            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            "HOSTNAME": view.hostname,
+            "HOME": "/nonexistent",
+            **view.env,
+        }
+        args = ["unshare", "--net", "--uts", "--mount", "--", "/bin/sh", "-c", "\n".join(lines)]
+        self._log: IO[bytes] = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [*args, view.name, *view.command],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def release(self) -> None:
+        self._release.touch()
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def http_get(self, path: str, port: int = 8800) -> tuple[int, str]:
+        """``GET path`` from inside the pod's network namespace (as a kubelet probe);
+        status 0 when nothing answers."""
+        result = subprocess.run(
+            ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", "python3", "-c", PROBE,
+             f"http://127.0.0.1:{port}{path}"],
+            capture_output=True, text=True, timeout=10,
+        )
+        status, _, body = result.stdout.partition("\n")
+        return int(status or 0), body
+
+    def http_json(self, path: str, port: int = 8800) -> dict[str, object]:
+        status, body = self.http_get(path, port)
+        assert status == 200, (status, body)
+        value: dict[str, object] = json.loads(body)
+        return value
+
+    def wait_http(self, path: str, want: int, timeout: float, port: int = 8800) -> str:
+        deadline = time.monotonic() + timeout
+        last: tuple[int, str] = (0, "")
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"{self.view.name} exited:\n{self.log()}"
+            last = self.http_get(path, port)
+            if last[0] == want:
+                return last[1]
+            time.sleep(0.2)
+        raise AssertionError(f"{self.view.name} {path}: {last}, not {want}\n{self.log()}")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (what the kubelet sends), SIGKILL after ``timeout``; the exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

@@ -1,0 +1,82 @@
+"""Every pod of the StatefulSet gets a config the server accepts, layered as the server
+layers it (the ConfigMap file, then the pod's environment), and a real member process
+started exactly as a pod starts does not exit."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+from k8s_manifests import documents, find, pod_view
+from pod_sandbox import PodProcess
+
+from migratory.config import load_config
+
+DOCS = documents()
+PASSWORD = {("migratory-cluster", "password"): secrets.token_urlsafe(24)}
+
+
+def max_replicas() -> int:
+    return int(find(DOCS, "HorizontalPodAutoscaler")["spec"]["maxReplicas"])
+
+
+def config_path(command: tuple[str, ...]) -> str:
+    return command[command.index("--config") + 1]
+
+
+def write_pod_config(ordinal: int, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    view = pod_view(DOCS, ordinal, PASSWORD)
+    path = Path(config_path(view.command))
+    local = tmp_path / path.name
+    local.write_text(view.files[str(path.parent)][path.name])
+    return local, view.env
+
+
+@pytest.mark.parametrize("ordinal", range(max_replicas()))
+def test_every_pod_gets_a_valid_config(ordinal: int, tmp_path: Path) -> None:
+    path, environ = write_pod_config(ordinal, tmp_path)
+    config = load_config(path, environ=environ)
+    assert config.server_name == f"migratory-{ordinal}"
+    assert config.member_index == ordinal
+    assert config.is_seed == (ordinal < 3)
+    assert len(config.cluster_members) == max_replicas()
+
+
+def test_env_overrides_use_keys_the_server_knows(tmp_path: Path) -> None:
+    view = pod_view(DOCS, 0, PASSWORD)
+    assert any(name.startswith("MIGRATORY_CFG_") for name in view.env)
+    from migratory.config import env_overrides
+
+    env_overrides(view.env)  # raises on an unknown key
+
+
+def test_cluster_data_dir_is_a_persistent_volume_of_each_pod(tmp_path: Path) -> None:
+    path, environ = write_pod_config(0, tmp_path)
+    data_dir = load_config(path, environ=environ).cluster_data_dir
+    assert data_dir in pod_view(DOCS, 0, PASSWORD).data_mounts, "ClusterDataDir is not a claim"
+
+
+def test_a_pod_started_as_the_manifest_says_serves_and_waits_for_its_peers(
+    tmp_path: Path,
+) -> None:
+    """The ConfigMap file at its mount path, the pod's environment, the pod's command, in
+    the pod's own network namespace with its hostname: the member starts, answers
+    /healthz, and stays not ready (a lone seed has no Raft majority) without exiting."""
+    view = pod_view(DOCS, 0, PASSWORD)
+    hosts = f"127.0.0.1 localhost\n127.0.0.1 {view.name}.{view.subdomain} {view.name}\n"
+    pod = PodProcess(view, pod_dir=tmp_path / view.name, bin_dir=Path(sys.executable).parent,
+                     hosts=hosts)
+    try:
+        pod.wait_http("/healthz", 200, timeout=30)
+        reason = pod.wait_http("/readyz", 503, timeout=10)
+        assert reason.strip()
+        status = pod.http_json("/cluster")
+        assert status["role"] == "seed", status
+        assert pod.proc.poll() is None, pod.log()
+        assert "configuration error" not in pod.log()
+    finally:
+        code = pod.stop()
+    assert code == 0, pod.log()
+    assert "Traceback" not in pod.log()
