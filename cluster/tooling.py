@@ -1,4 +1,14 @@
-"""``migratory cluster up`` and ``migratory cluster status``: a local cluster of processes."""
+"""``migratory cluster up`` and ``migratory cluster status``: a local cluster of processes.
+
+``cluster up`` checks everything it can before it starts a process (the seed count,
+each member's configuration, every port a member will bind), starts the members,
+waits until each one accepts clients, and only then prints the banner. A member that
+fails to start, or that is not ready in time, stops the others and the command exits 1
+with the member's own words; nothing is left running. SIGINT, SIGTERM and SIGHUP stop
+every member. The cluster password never appears on a command line (``ps`` shows those
+to every user): it comes from ``MIGRATORY_CFG_CLUSTERPASSWORD`` or a ``--password-file``
+of mode 0600 (else a random one) and reaches each member in its environment.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +16,32 @@ import argparse
 import json
 import os
 import random
-import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from cluster.status_table import format_status_table
+from cluster.up_checks import (
+    PASSWORD_ENV,
+    StartFailed,
+    check_configs,
+    check_ports,
+    check_request,
+    clear_data,
+    port_free,
+    read_password,
+)
+
 DEFAULT_STATE = ".migratory-cluster.json"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +51,10 @@ class LocalMember:
     http_url: str
     cluster_address: str
     pid: int
+
+
+class StopRequested(Exception):
+    """A stop signal (SIGTERM, SIGHUP) arrived; SIGINT is ``KeyboardInterrupt``."""
 
 
 def member_settings(
@@ -64,75 +91,36 @@ def _member_ports(base_port: int, index: int) -> list[int]:
     return [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_base_port(members: int, rng: random.Random | None = None) -> int:
     """A base port (a multiple of 10 in [20000, 40000)) whose ``_member_ports`` are all
     free on 127.0.0.1 for ``members`` members; ``rng`` defaults to the module's."""
     randrange = rng.randrange if rng is not None else random.randrange
     for _ in range(200):
         base = randrange(20_000, 40_000, 10)
-        if all(_port_free(p) for i in range(members) for p in _member_ports(base, i)):
+        if all(port_free(p) for i in range(members) for p in _member_ports(base, i)):
             return base
     raise RuntimeError("no free ports")
 
 
-def start_member(settings: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+def member_command(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a member process: every setting is a ``--set`` except
+    ``ClusterPassword``, which goes in the environment (argv is visible to every user)."""
     args = [sys.executable, "-m", "migratory", "serve"]
+    env = dict(os.environ)
     for key, value in settings.items():
-        args += ["--set", f"{key}={value}"]
+        if key == "ClusterPassword":
+            env[PASSWORD_ENV] = value
+        else:
+            args += ["--set", f"{key}={value}"]
+    return args, env
+
+
+def start_member(settings: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    args, env = member_command(settings)
     with log_path.open("ab") as log:
-        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-
-
-def _up(args: argparse.Namespace) -> int:
-    if args.members < 1 or (args.mode == "guaranteed" and args.members < 3):
-        print("migratory cluster up: Guaranteed mode needs --members 3 or more", file=sys.stderr)
-        return 2
-    mode = "Guaranteed" if args.mode == "guaranteed" else "Standard"
-    password = os.environ.get("MIGRATORY_CLUSTER_PASSWORD") or secrets.token_urlsafe(18)
-    log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    members: list[LocalMember] = []
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for i in range(args.members):
-            settings = member_settings(
-                i, members=args.members, seeds=args.seeds, mode=mode,
-                base_port=args.base_port, password=password, data_dir=log_dir / "data",
-            )
-            process = start_member(settings, log_dir / f"migratory-{i}.log")
-            processes.append(process)
-            host_port = settings["Listen"]
-            members.append(LocalMember(
-                f"migratory-{i}", f"ws://{host_port}", f"http://{host_port}",
-                settings["ClusterMemberListen"], process.pid,
-            ))
-        Path(args.state).write_text(json.dumps([asdict(m) for m in members], indent=2))
-        print(f"{mode} cluster of {args.members} (logs in {log_dir}/):")
-        for member in members:
-            print(f"  {member.name}  {member.client_url}  cluster {member.cluster_address}"
-                  f"  pid {member.pid}")
-        print("servers for clients: " + " ".join(m.client_url for m in members))
-        print("Ctrl-C stops them all.", flush=True)
-        while all(p.poll() is None for p in processes):
-            time.sleep(0.5)
-        dead = [m.name for m, p in zip(members, processes, strict=True) if p.poll() is not None]
-        print(f"member(s) exited: {', '.join(dead)}; stopping the rest", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nstopping the cluster ...", flush=True)
-        return 0
-    finally:
-        stop_all(processes)
-        Path(args.state).unlink(missing_ok=True)
+        return subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env
+        )
 
 
 def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
@@ -148,63 +136,274 @@ def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10.0) ->
             process.wait()
 
 
-def fetch_status(http_url: str, timeout: float = 2.0) -> dict[str, Any]:
+# --- cluster up: processes --------------------------------------------------------------
+
+
+class StopSignals:
+    """While installed, SIGINT, SIGTERM and SIGHUP only take note (nothing is interrupted,
+    so stopping the members cannot be cut short by a second signal); the waiting loops
+    call :meth:`check`, which raises :class:`StopRequested`."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _note(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def install(self) -> None:
+        self._old = {sig: signal.signal(sig, self._note) for sig in STOP_SIGNALS}
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise StopRequested(self.received)
+
+    def sleep(self, seconds: float) -> None:
+        self.check()
+        time.sleep(seconds)
+        self.check()
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLog:
+    """A member's log file and where this run's part of it starts (logs are appended to
+    across runs)."""
+
+    path: Path
+    start: int
+
+    @classmethod
+    def open(cls, path: Path) -> MemberLog:
+        try:
+            return cls(path, path.stat().st_size)
+        except FileNotFoundError:
+            return cls(path, 0)
+
+    def last_words(self) -> str:
+        """What the member said last in this run: its ``migratory: ...`` error line, else
+        its last line."""
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self.start)
+                lines = log.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines[-50:]):
+            if line.startswith("migratory:"):
+                return line
+        return lines[-1] if lines else f"(nothing in {self.path})"
+
+
+def exit_status(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
+def readiness(http_url: str) -> str | None:
+    """None when the member accepts clients, else why not."""
     try:
-        with urllib.request.urlopen(f"{http_url}/cluster", timeout=timeout) as reply:
+        with urllib.request.urlopen(f"{http_url}/readyz", timeout=1):
+            return None
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode(errors="replace").strip() or f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return f"not answering ({exc})"
+
+
+def wait_started(
+    members: Sequence[LocalMember],
+    processes: Sequence[subprocess.Popen[bytes]],
+    logs: Sequence[MemberLog],
+    timeout: float,
+    stop: StopSignals,
+) -> None:
+    """Until every member accepts clients; :class:`StartFailed` if one exits first or
+    some are still not ready after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    waiting: dict[str, str | None] = {m.name: "starting" for m in members}
+    while True:
+        for member, process, log in zip(members, processes, logs, strict=True):
+            if process.poll() is not None:
+                raise StartFailed(
+                    f"{member.name} stopped during start-up ({exit_status(process.returncode)})"
+                    f": {log.last_words()}"
+                )
+            if waiting[member.name] is not None:
+                waiting[member.name] = readiness(member.http_url)
+        if all(reason is None for reason in waiting.values()):
+            return
+        if time.monotonic() >= deadline:
+            late = "; ".join(f"{name}: {why}" for name, why in waiting.items() if why)
+            raise StartFailed(f"not ready after {timeout:g} s ({late})")
+        stop.sleep(0.1)
+
+
+def _up(args: argparse.Namespace) -> int:
+    processes: list[subprocess.Popen[bytes]] = []
+    state = Path(args.state)
+    stop = StopSignals()
+    stop.install()
+    try:
+        return _run_cluster(args, processes, state, stop)
+    except StartFailed as exc:
+        print(f"migratory cluster up: {exc}", file=sys.stderr)
+        return 1 if processes else 2
+    except StopRequested as exc:
+        print(f"\nstopping the cluster ({exc}) ...", flush=True)
+        return 0
+    finally:
+        stop_all(processes)  # a signal now only takes note: this runs to the end
+        if processes:
+            state.unlink(missing_ok=True)
+        stop.restore()
+
+
+def _run_cluster(
+    args: argparse.Namespace,
+    processes: list[subprocess.Popen[bytes]],
+    state: Path,
+    stop: StopSignals,
+) -> int:
+    mode, seeds = check_request(args)
+    password = read_password(args)
+    log_dir = Path(args.log_dir)
+    data_dir = log_dir / "data"
+    settings = [
+        member_settings(
+            i, members=args.members, seeds=seeds, mode=mode,
+            base_port=args.base_port, password=password, data_dir=data_dir,
+        )
+        for i in range(args.members)
+    ]
+    check_configs(settings)
+    check_ports(settings)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if args.fresh:
+            clear_data(data_dir)
+    except OSError as exc:
+        raise StartFailed(f"--log-dir {log_dir}: {exc.strerror or exc}") from None
+    logs = [MemberLog.open(log_dir / f"migratory-{i}.log") for i in range(args.members)]
+    members: list[LocalMember] = []
+    for i, config in enumerate(settings):
+        stop.check()
+        process = start_member(config, logs[i].path)
+        processes.append(process)
+        members.append(LocalMember(
+            f"migratory-{i}", f"ws://{config['Listen']}", f"http://{config['Listen']}",
+            config["ClusterMemberListen"], process.pid,
+        ))
+    what = f"{mode} cluster of {args.members}" + (f" ({seeds} seeds)" if seeds else "")
+    print(f"starting a {what} ...", flush=True)
+    wait_started(members, processes, logs, args.start_timeout, stop)
+    state.write_text(json.dumps([asdict(m) for m in members], indent=2))
+    print(f"{what} ready (logs in {log_dir}/):")
+    for member in members:
+        print(f"  {member.name}  {member.client_url}  cluster {member.cluster_address}"
+              f"  pid {member.pid}")
+    print("servers for clients: " + " ".join(m.client_url for m in members))
+    print("Ctrl-C (or SIGTERM) stops them all.", flush=True)
+    return _watch(members, processes, logs, stop)
+
+
+def _watch(
+    members: Sequence[LocalMember],
+    processes: Sequence[subprocess.Popen[bytes]],
+    logs: Sequence[MemberLog],
+    stop: StopSignals,
+) -> int:
+    """Report each member that exits (the others go on, e.g. to try a failover by hand);
+    return 1 once none is left."""
+    reported: set[str] = set()
+    while len(reported) < len(members):
+        for member, process, log in zip(members, processes, logs, strict=True):
+            if process.poll() is not None and member.name not in reported:
+                reported.add(member.name)
+                print(f"{member.name} (pid {member.pid}) stopped "
+                      f"({exit_status(process.returncode)}): {log.last_words()}",
+                      file=sys.stderr, flush=True)
+        stop.sleep(0.3)
+    print("every member has exited", file=sys.stderr)
+    return 1
+
+
+# --- cluster status -------------------------------------------------------------------
+
+
+def fetch_json(http_url: str, path: str, timeout: float = 2.0) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{http_url}{path}", timeout=timeout) as reply:
             status: dict[str, Any] = json.loads(reply.read())
             return status
     except (OSError, urllib.error.URLError, ValueError) as exc:
         return {"error": str(exc)}
 
 
+def fetch_status(http_url: str, timeout: float = 2.0) -> dict[str, Any]:
+    return fetch_json(http_url, "/cluster", timeout)
+
+
+def read_state(path: Path) -> list[dict[str, Any]]:
+    """The members ``cluster up`` recorded (the fields of :class:`LocalMember`)."""
+    members: list[dict[str, Any]] = json.loads(path.read_text())
+    return members
+
+
 def _status(args: argparse.Namespace) -> int:
+    targets: list[tuple[str | None, str, str | None]]  # name, client URL, cluster address
     if args.server:
-        urls = [u.replace("ws://", "http://") for u in args.server]
-        names = urls
+        targets = [(None, url, None) for url in args.server]
     else:
         try:
-            members = json.loads(Path(args.state).read_text())
-        except OSError:
+            members = read_state(Path(args.state))
+        except (OSError, ValueError):
             print(f"no cluster state file {args.state!r}: is `migratory cluster up` running? "
                   "(or pass --server URL ...)", file=sys.stderr)
             return 2
-        urls = [m["http_url"] for m in members]
-        names = [m["name"] for m in members]
-    print(f"{'member':<14} {'role':<9} {'ready':<6} {'raft':<10} {'leader':<16} "
-          f"{'clsn':>7}  subjects / cache positions")
-    for name, url in zip(names, urls, strict=True):
-        status = fetch_status(url)
-        if "error" in status:
-            print(f"{name:<14} DOWN      ({status['error']})")
-            continue
-        print(f"{name:<14} {status.get('role', '?'):<9} {status.get('ready')!s:<6} "
-              f"{status.get('raft_state') or '-':<10} {status.get('raft_leader') or '-':<16} "
-              f"{status.get('applied_clsn', '-')!s:>7}  {_positions(url)}")
+        targets = [(m["name"], m["client_url"], m["cluster_address"]) for m in members]
+    rows = []
+    for name, client_url, cluster_address in targets:
+        http_url = client_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        status = fetch_status(http_url)
+        stats = fetch_json(http_url, "/stats") if "error" not in status else {}
+        rows.append((name, client_url, cluster_address, status, stats))
+    for line in format_status_table(rows):
+        print(line)
     return 0
-
-
-def _positions(http_url: str) -> str:
-    try:
-        with urllib.request.urlopen(f"{http_url}/stats", timeout=2) as reply:
-            stats = json.loads(reply.read())
-    except (OSError, ValueError):
-        return "?"
-    return f"{stats.get('subjects', 0)} subjects, {stats.get('messages_published', 0)} messages"
 
 
 def add_cluster_commands(commands: Any) -> None:
     cluster = commands.add_parser("cluster", help="run or inspect a local cluster")
     sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND")
-    up = sub.add_parser("up", help="start a cluster of member processes on 127.0.0.1")
+    up = sub.add_parser(
+        "up", help="start a cluster of member processes on 127.0.0.1",
+        description="Start a cluster of member processes on 127.0.0.1 and stop them all on "
+        "Ctrl-C or SIGTERM. The cluster password comes from --password-file, else from "
+        f"{PASSWORD_ENV}, else it is random; it is never put on a command line.",
+    )
     up.add_argument("--members", type=int, default=3)
-    up.add_argument("--seeds", type=int, default=3, choices=(3, 5))
+    up.add_argument("--seeds", type=int, default=None,
+                    help="3 or 5 (default 3 for 3-4 members, 5 for more); Guaranteed only")
     up.add_argument("--mode", choices=("guaranteed", "standard"), default="guaranteed")
     up.add_argument("--base-port", type=int, default=8800,
                     help="member i serves clients on base+10*i, cluster links on base+1000+10*i")
     up.add_argument("--state", default=DEFAULT_STATE, help="where to record the members")
-    up.add_argument("--log-dir", default="cluster-logs")
+    up.add_argument("--log-dir", default="cluster-logs",
+                    help="members' logs, and their Raft data in LOG_DIR/data")
+    up.add_argument("--fresh", action="store_true",
+                    help="start with empty data (remove the members' Raft logs first)")
+    up.add_argument("--password-file", metavar="FILE",
+                    help="a file (mode 0600) holding the cluster password")
+    up.add_argument("--start-timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="how long members may take to accept clients")
     up.set_defaults(func=_up)
-    status = sub.add_parser("status", help="role, leader and positions of each member")
+    status = sub.add_parser("status", help="role, readiness, leader and client URL of each "
+                            "member")
     status.add_argument("--state", default=DEFAULT_STATE)
     status.add_argument("--server", action="append", help="a member's client URL (repeatable)")
     status.set_defaults(func=_status)

@@ -1,0 +1,87 @@
+"""The table ``migratory cluster status`` prints, from each member's ``GET /cluster``.
+
+Members are named ``migratory-N`` by their index in ``ClusterMembers`` (as StatefulSet
+pods are), and so is the Raft leader: a member reports its leader by Raft address
+(cluster port + 1), which the table maps back to the member's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# (name or None, client URL, cluster address or None, GET /cluster, GET /stats)
+StatusRow = tuple[str | None, str, str | None, dict[str, Any], dict[str, Any]]
+
+HEADER = ("member", "role", "ready", "raft", "leader", "clsn", "client URL", "")
+
+
+def member_label(name: str | None, status: dict[str, Any], client_url: str) -> str:
+    if name:
+        return name
+    index = status.get("index")
+    return f"migratory-{index}" if isinstance(index, int) else client_url
+
+
+def raft_address_of(cluster_address: str) -> str:
+    """A seed runs Raft on its cluster port + 1."""
+    host, _, port = cluster_address.rpartition(":")
+    return f"{host}:{int(port) + 1}"
+
+
+def leader_names(rows: Sequence[StatusRow]) -> dict[str, str]:
+    """Raft address -> member name, from the state file's cluster addresses and from what
+    the members themselves report."""
+    names: dict[str, str] = {}
+    for name, client_url, cluster_address, status, _ in rows:
+        label = member_label(name, status, client_url)
+        for address in (cluster_address, status.get("member")):
+            if isinstance(address, str) and ":" in address:
+                try:
+                    names[raft_address_of(address)] = label
+                except ValueError:
+                    continue
+        if isinstance(status.get("raft_address"), str):
+            names[status["raft_address"]] = label
+    return names
+
+
+def _detail(status: dict[str, Any], stats: dict[str, Any]) -> str:
+    reason = status.get("not_ready_reason")
+    if status.get("ready") is False or reason:
+        return f"not ready: {reason or 'no reason given'}"
+    if "subjects" in stats:
+        return f"{stats['subjects']} subjects, {stats.get('messages_published', 0)} messages"
+    return ""
+
+
+def status_cells(row: StatusRow, leaders: dict[str, str]) -> tuple[str, ...]:
+    name, client_url, _, status, stats = row
+    label = member_label(name, status, client_url)
+    if "error" in status:
+        return (label, "DOWN", "-", "-", "-", "-", client_url, f"({status['error']})")
+    leader = status.get("raft_leader")
+    ready = status.get("ready")
+    return (
+        label,
+        str(status.get("role", "?")),
+        "yes" if ready is True else "no" if ready is False else "?",
+        str(status.get("raft_state") or "-"),
+        "-" if not leader else leaders.get(str(leader), str(leader)),
+        str(status.get("applied_clsn", "-")),
+        client_url,
+        _detail(status, stats),
+    )
+
+
+def format_status_table(rows: Iterable[StatusRow]) -> list[str]:
+    rows = list(rows)
+    leaders = leader_names(rows)
+    table = [HEADER] + [status_cells(row, leaders) for row in rows]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(HEADER) - 1)]
+    lines = []
+    for cells in table:
+        head = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
+        head[5] = cells[5].rjust(widths[5])  # clsn, a number
+        lines.append(("  ".join(head) + "  " + cells[-1]).rstrip())
+    return lines

@@ -1,0 +1,166 @@
+"""What ``cluster up`` checks before it starts anything, and the ``cluster status`` table,
+without processes."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.status_table import format_status_table
+from cluster.tooling import free_base_port, member_command, member_settings
+from cluster.up_checks import (
+    PASSWORD_ENV,
+    StartFailed,
+    check_configs,
+    check_ports,
+    check_request,
+    clear_data,
+    read_password,
+)
+
+
+def up_args(**kw: Any) -> argparse.Namespace:
+    values = {"members": 3, "seeds": None, "mode": "guaranteed", "password_file": None}
+    return argparse.Namespace(**{**values, **kw})
+
+
+def settings(members: int = 3, base: int = 8800, password: str = "pw") -> list[dict[str, str]]:
+    return [
+        member_settings(i, members=members, seeds=3, mode="Guaranteed", base_port=base,
+                        password=password, data_dir=Path("data"))
+        for i in range(members)
+    ]
+
+
+def test_seed_count_defaults_as_the_config_does() -> None:
+    assert check_request(up_args(members=4)) == ("Guaranteed", 3)
+    assert check_request(up_args(members=5)) == ("Guaranteed", 5)
+    assert check_request(up_args(members=5, seeds=3)) == ("Guaranteed", 3)
+    assert check_request(up_args(mode="standard", members=2)) == ("Standard", 0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"members": 3, "seeds": 5}, "--seeds 5"),
+        ({"members": 6, "seeds": 4}, "--seeds 4"),
+        ({"members": 2}, "--members 2"),
+        ({"members": 0, "mode": "standard"}, "--members 0"),
+        ({"mode": "standard", "seeds": 3}, "--seeds"),
+    ],
+)
+def test_an_impossible_request_names_the_option(kw: dict[str, Any], named: str) -> None:
+    with pytest.raises(StartFailed, match=named):
+        check_request(up_args(**kw))
+
+
+def test_password_file_must_be_private(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o640)
+    with pytest.raises(StartFailed, match="mode 0640"):
+        read_password(up_args(password_file=str(secret)))
+    secret.chmod(0o600)
+    assert read_password(up_args(password_file=str(secret))) == "s3cret"
+    secret.write_text("\n")
+    with pytest.raises(StartFailed, match="empty"):
+        read_password(up_args(password_file=str(secret)))
+
+
+def test_password_from_the_environment_or_random(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    assert read_password(up_args()) == "from-env"
+    monkeypatch.delenv(PASSWORD_ENV)
+    first, second = read_password(up_args()), read_password(up_args())
+    assert len(first) >= 20 and first != second
+
+
+def test_the_password_goes_in_the_environment_not_argv() -> None:
+    args, env = member_command(settings(password="hunter2")[0])
+    assert not any("hunter2" in a or "ClusterPassword" in a for a in args)
+    assert env[PASSWORD_ENV] == "hunter2"
+    assert "ClusterMemberListen=127.0.0.1:9800" in args
+
+
+def test_each_member_config_is_checked_as_the_member_would() -> None:
+    check_configs(settings())
+    broken = settings()
+    broken[2]["ClusterMemberListen"] = "127.0.0.1:1"
+    with pytest.raises(StartFailed, match="migratory-2: configuration error: ClusterMemberListen"):
+        check_configs(broken)
+
+
+@pytest.mark.parametrize(("offset", "use"), [(20, "clients"), (1020, "cluster"), (1021, "Raft")])
+def test_a_port_in_use_is_named_with_its_member_and_use(offset: int, use: str) -> None:
+    base = free_base_port(3)
+    check_ports(settings(base=base))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + offset))
+        holder.listen()
+        with pytest.raises(StartFailed, match=f"port {base + offset} \\(migratory-2's {use}"):
+            check_ports(settings(base=base))
+
+
+def test_a_non_seed_needs_no_raft_port() -> None:
+    base = free_base_port(4)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 1031))  # member 3's cluster port + 1
+        holder.listen()
+        check_ports(settings(members=4, base=base))
+
+
+def test_fresh_removes_only_the_members_data(tmp_path: Path) -> None:
+    (tmp_path / "migratory-0" / "x").mkdir(parents=True)
+    (tmp_path / "migratory-0" / "x" / "raft.journal").write_bytes(b"log")
+    (tmp_path / "notes").mkdir()
+    clear_data(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+    clear_data(tmp_path / "missing")  # nothing there yet: nothing to do
+
+
+def seed(index: int, leader: int | None, **kw: Any) -> dict[str, Any]:
+    return {
+        "member": f"127.0.0.1:{9800 + 10 * index}",
+        "index": index,
+        "role": "seed",
+        "ready": True,
+        "not_ready_reason": None,
+        "applied_clsn": 7,
+        "raft_address": f"127.0.0.1:{9801 + 10 * index}",
+        "raft_state": "leader" if leader == index else "follower",
+        "raft_leader": None if leader is None else f"127.0.0.1:{9801 + 10 * leader}",
+        **kw,
+    }
+
+
+def test_status_names_the_leader_and_shows_urls_and_reasons() -> None:
+    rows = [
+        ("migratory-0", "ws://h:8800", "127.0.0.1:9800", seed(0, 2), {"subjects": 3}),
+        ("migratory-1", "ws://h:8810", "127.0.0.1:9810", {"error": "refused"}, {}),
+        ("migratory-2", "ws://h:8820", "127.0.0.1:9820", seed(2, 2), {"subjects": 3}),
+        ("migratory-3", "ws://h:8830", "127.0.0.1:9830",
+         {"index": 3, "role": "non-seed", "ready": False, "applied_clsn": 0,
+          "not_ready_reason": "member is syncing its cache"}, {}),
+    ]
+    header, *lines = format_status_table(rows)
+    assert header.split() == ["member", "role", "ready", "raft", "leader", "clsn", "client", "URL"]
+    assert lines[0].split()[:7] == ["migratory-0", "seed", "yes", "follower", "migratory-2", "7",
+                                    "ws://h:8800"]
+    assert lines[1].split()[:2] == ["migratory-1", "DOWN"] and "(refused)" in lines[1]
+    assert lines[2].split()[3:5] == ["leader", "migratory-2"]
+    assert lines[3].split()[:3] == ["migratory-3", "non-seed", "no"]
+    assert lines[3].endswith("not ready: member is syncing its cache")
+
+
+def test_status_without_a_state_file_names_members_by_index() -> None:
+    rows = [(None, f"ws://h:88{i}0", None, seed(i, 1), {}) for i in (0, 1)]
+    lines = format_status_table(rows)[1:]
+    assert [line.split()[0] for line in lines] == ["migratory-0", "migratory-1"]
+    assert {line.split()[4] for line in lines} == {"migratory-1"}
+    # a leader that is not among the members asked is shown by its Raft address
+    rows = [(None, "ws://h:8800", None, seed(0, 2), {})]
+    assert format_status_table(rows)[1].split()[4] == "127.0.0.1:9821"
