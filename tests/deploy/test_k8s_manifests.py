@@ -1,0 +1,159 @@
+"""The install (``kubectl kustomize deploy/k8s``) is valid Kubernetes and has the shape
+the MigratoryData Elasticity guide asks for, checked on the rendered resources."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from k8s_manifests import EXAMPLES, K8S_DIR, documents, find, pod_view, rendered_text
+
+from migratory.config import Config, load_config
+from migratory.server import metrics
+
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # the oldest with preStop sleep, the newest
+DOCS = documents()
+PASSWORD = {("migratory-cluster", "password"): "from-the-generated-secret"}
+
+
+def validate(path: Path, version: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet",
+         "-k", version, str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_strictly(version: str, tmp_path: Path) -> None:
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(rendered_text())
+    files = [rendered, *(K8S_DIR / name for name in EXAMPLES if name.startswith("ingress"))]
+    for path in files:
+        result = validate(path, version)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_strict_validation_catches_a_misspelt_field(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.yaml"
+    planted.write_text(rendered_text().replace("publishNotReadyAddresses", "publishNotReady"))
+    result = validate(planted, KUBERNETES_VERSIONS[-1])
+    assert result.returncode != 0 and "publishNotReady" in result.stdout + result.stderr
+
+
+def test_kustomization_installs_every_manifest_but_the_examples() -> None:
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml", *EXAMPLES}
+    assert listed == on_disk
+    kinds = {d["kind"] for d in DOCS}
+    assert {"StatefulSet", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+            "ConfigMap", "Job"} <= kinds
+
+
+def test_no_password_is_written_in_the_repository() -> None:
+    assert not [d for d in DOCS if d["kind"] == "Secret"], "a Secret with a literal value"
+    job = find(DOCS, "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "migratory.kubernetes_secret"]
+    made = command[command.index("--name") + 1], command[command.index("--key") + 1]
+    refs = re.findall(r"secretKeyRef:\s+key: (\S+)\s+name: (\S+)", rendered_text())
+    assert refs and {(name, key) for key, name in refs} == {made}
+
+
+def test_statefulset_starts_all_pods_at_once_behind_a_headless_service() -> None:
+    sts = find(DOCS, "StatefulSet")
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    members = find(DOCS, "Service", sts["spec"]["serviceName"])
+    assert members["spec"]["clusterIP"] == "None"
+    assert members["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_members_are_generated_from_the_hpa_maximum(tmp_path: Path) -> None:
+    hpa = find(DOCS, "HorizontalPodAutoscaler")
+    largest = hpa["spec"]["maxReplicas"]
+    configs = [member_config(i, tmp_path) for i in range(largest)]
+    expected = tuple((f"migratory-{i}.migratory-members", 9800) for i in range(largest))
+    assert all(c.cluster_members == expected for c in configs)
+    assert [c.member_index for c in configs] == list(range(largest))
+    seeds = configs[0].cluster_seed_member_count
+    assert [c.is_seed for c in configs] == [i < seeds for i in range(largest)]
+    assert hpa["spec"]["minReplicas"] >= seeds
+    assert find(DOCS, "StatefulSet")["spec"]["replicas"] >= seeds
+
+
+def member_config(ordinal: int, tmp_path: Path) -> Config:
+    view = pod_view(DOCS, ordinal, PASSWORD)
+    path = view.command[view.command.index("--config") + 1]
+    local = tmp_path / f"{ordinal}.conf"
+    local.write_text(view.files[str(Path(path).parent)][Path(path).name])
+    return load_config(local, environ=view.env)
+
+
+def test_hpa_scales_on_cpu_and_connections_per_pod() -> None:
+    hpa = find(DOCS, "HorizontalPodAutoscaler")
+    metric_names = {
+        m["resource"]["name"] if m["type"] == "Resource" else m["pods"]["metric"]["name"]
+        for m in hpa["spec"]["metrics"]
+    }
+    rule = yaml.safe_load((K8S_DIR / "prometheus-adapter-rule.yaml").read_text())
+    custom = rule["rules"]["custom"][0]
+    assert metric_names == {"cpu", custom["name"]["as"]}
+    served = re.search(r"^\^(\w+)\$$", custom["name"]["matches"])
+    assert served and served.group(1) in {name for _, name, _, _ in metrics.METRICS}
+    assert served.group(1) in custom["seriesQuery"]
+
+
+def test_pdb_keeps_a_majority_of_the_seeds(tmp_path: Path) -> None:
+    seeds = member_config(0, tmp_path).cluster_seed_member_count
+    pdb = find(DOCS, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == seeds // 2 + 1
+    (index,) = pdb["spec"]["selector"]["matchExpressions"]
+    assert index["key"] == "apps.kubernetes.io/pod-index"
+    assert index["values"] == [str(i) for i in range(seeds)]
+
+
+def test_seeds_are_spread_over_nodes(tmp_path: Path) -> None:
+    seeds = member_config(0, tmp_path).cluster_seed_member_count
+    spec = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]
+    hard = [c for c in spec["topologySpreadConstraints"]
+            if c["whenUnsatisfiable"] == "DoNotSchedule"]
+    assert [c["topologyKey"] for c in hard] == ["kubernetes.io/hostname"]
+    (index,) = hard[0]["labelSelector"]["matchExpressions"]
+    assert index["values"] == [str(i) for i in range(seeds)]
+
+
+def test_pods_run_locked_down_with_resources_and_probes() -> None:
+    spec = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["fsGroup"]
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert "memory" in container["resources"]["limits"]
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert container["lifecycle"]["preStop"]
+    annotations = find(DOCS, "StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_client_service_and_ingress_example_reach_the_client_port() -> None:
+    client = find(DOCS, "Service", "migratory")
+    (port,) = client["spec"]["ports"]
+    assert port["targetPort"] == "ws"
+    ingress = yaml.safe_load((K8S_DIR / "ingress-example.yaml").read_text())
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert (backend["name"], backend["port"]["name"]) == ("migratory", port["name"])
+    timeouts = [v for k, v in ingress["metadata"]["annotations"].items() if "timeout" in k]
+    assert timeouts and all(int(v) >= 600 for v in timeouts)
