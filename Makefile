@@ -9,7 +9,7 @@ SEED     ?= 1
 DURATION ?= 3m
 RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
-.PHONY: serve test lint typecheck pytest bench chaos clean
+.PHONY: serve test lint typecheck pytest bench chaos image clean
 
 $(VENV)/.created:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,23 @@ chaos: $(STAMP)
 	$(PY) -m spark_analysis $(RUN_DIR); status=$$?; \
 	  echo "chaos report: $(RUN_DIR)/report/report.md (JSON: $(RUN_DIR)/report/summary.json)"; \
 	  exit $$status
+
+# The server image (deploy/Dockerfile) with podman or docker, whichever can build here.
+IMAGE ?= migratory:0.1.0
+image:
+	@engine=$$(command -v podman || command -v docker || true); \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: neither podman nor docker is installed; install one to build $(IMAGE)" >&2; \
+	  exit 1; \
+	fi; \
+	if ! $$engine info >/dev/null 2>&1; then \
+	  echo "make image: $$engine is installed but no container engine answers (no daemon or" \
+	       "service running here), so $(IMAGE) was not built. What the image runs is tested" \
+	       "by tests/deploy/test_image.py (the wheel in a fresh venv, started as a pod)." >&2; \
+	  exit 1; \
+	fi; \
+	echo "building $(IMAGE) with $$engine"; \
+	$$engine build -f deploy/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -69,6 +69,7 @@ class PodView:
     files: dict[str, dict[str, str]]  # mount path -> file name -> text (ConfigMap volumes)
     data_mounts: tuple[str, ...]  # mount paths of persistent volume claims
     scratch_mounts: tuple[str, ...]  # mount paths of emptyDir volumes
+    read_only_root: bool  # securityContext.readOnlyRootFilesystem
 
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -118,6 +119,7 @@ def pod_view(
     return PodView(
         name, name, sts["spec"]["serviceName"], command, env, files, tuple(data_mounts),
         tuple(scratch_mounts),
+        bool(container.get("securityContext", {}).get("readOnlyRootFilesystem")),
     )
 
 

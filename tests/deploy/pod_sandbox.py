@@ -80,6 +80,10 @@ class PodProcess:
         for source, target in mounts:
             lines.append(f"mkdir -p {shlex.quote(target)}")
             lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        if view.read_only_root:  # this mount namespace only; the volumes stay writable
+            lines.append("mount -o remount,bind,ro /")
+        for path in view.files:  # ConfigMap volumes are read-only
+            lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
         lines.append('exec "$@"')
         env = {
             "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
