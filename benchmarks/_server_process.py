@@ -1,4 +1,4 @@
-"""The server under test: ``python -m migratory serve`` as a subprocess, and its /stats.
+"""The server under test: ``python -m cluster serve`` as a subprocess, and its /stats.
 
 Its log goes to ``benchmarks/results/``; it is stopped by PID (SIGINT, then
 SIGKILL), and dies with the benchmark (PDEATHSIG).
@@ -25,7 +25,7 @@ _READY_LINE = re.compile(r"^listening ws://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.M
 
 
 class ServerProcess:
-    """``python -m migratory serve`` on 127.0.0.1:<free port>, stdout+stderr to a log file.
+    """``python -m cluster serve`` on 127.0.0.1:<free port>, stdout+stderr to a log file.
 
     Started in its own session so a Ctrl-C in the terminal reaches only the
     benchmark, which then stops the server itself: SIGINT, then SIGKILL.
@@ -48,7 +48,7 @@ class ServerProcess:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "migratory", "serve", "--set", "Listen=127.0.0.1:0"]
+        cmd = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0"]
         for setting in self.settings:
             cmd += ["--set", setting]
         return cmd

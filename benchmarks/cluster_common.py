@@ -1,6 +1,6 @@
 """Shared pieces of the cluster benchmarks: a 3-seed Guaranteed cluster on 127.0.0.1.
 
-Members are real ``python -m migratory serve`` processes configured with
+Members are real ``python -m cluster serve`` processes configured with
 ``cluster.tooling.member_settings``; each gets its own session and a
 parent-death signal, its log goes to ``benchmarks/results/``, and every one is
 stopped by PID (SIGTERM, then SIGKILL) at the end, also on errors.
@@ -52,7 +52,7 @@ class BenchCluster:
                  launcher: list[str] | None = None):
         self.members = members
         # how a member is started; the experiment cluster_patched_member.py replaces it
-        self.launcher = launcher or ["-m", "migratory"]
+        self.launcher = launcher or ["-m", "cluster"]
         self.base = free_base_port(members)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_dir = RESULTS_DIR / f"{name}-{stamp}-{os.getpid()}"

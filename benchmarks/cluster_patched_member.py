@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cluster.coordination as coordination
 import migratory.server.hub as hub
-from migratory.cli import main
+from cluster.cli import main
 from migratory.model.message import Message
 
 _replace = dataclasses.replace

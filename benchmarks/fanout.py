@@ -21,7 +21,7 @@ How it measures:
 * Each subscriber confirms ``SUBSCRIBE_ALLOW`` before the publisher starts;
   after the last publish the subscribers drain for at most ``--drain`` s.
 
-The server runs as a subprocess (``python -m migratory serve``), its log goes to
+The server runs as a subprocess (``python -m cluster serve``), its log goes to
 ``benchmarks/results/``; it is stopped by PID (SIGINT, then SIGKILL) at the end,
 on errors and on Ctrl-C.
 """

@@ -173,6 +173,11 @@ class Coordinator:
             return None
         return Position(self.group_epochs[subject_group(subject)], seq)
 
+    def positions(self) -> dict[str, tuple[int, int]]:
+        """Every numbered subject's ``(epoch, seq)``."""
+        epochs = self.group_epochs
+        return {s: (epochs[subject_group(s)], seq) for s, seq in self.seqs.items()}
+
     def to_state(self) -> dict[str, Any]:
         """The state as a plain dict (copies)."""
         return {

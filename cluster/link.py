@@ -21,10 +21,11 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "ff", "o": [[origin, ref], ...], "r": reason, "u": unknown}   ForwardFailed
     {"t": "rp", "c": from_clsn, "f": full}                     Replicate
     {"t": "b",  "c": clsn, "m": [M, ...], "o": [[origin, ref], ...]}    Batch
-    {"t": "sq"}                                                SyncRequest
+    {"t": "sq", "c": min_clsn}                                 SyncRequest
+    {"t": "sn", "c": clsn, "r": reason}                        SyncRefused
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync
     {"t": "p",  "m": M}                                        StandardPublish
-    {"t": "hb", "c": clsn}                                     Heartbeat
+    {"t": "hb", "c": clsn, "r": ready}                         Heartbeat
 
 A message ``M`` is an 8-item array
 ``[subject, content, fields, flags, closure | null, epoch, seq, type]``: ``content`` a
@@ -66,6 +67,7 @@ from cluster.link_ops import (
     Replicate,
     StandardPublish,
     Sync,
+    SyncRefused,
     SyncRequest,
     _Body,
     _decode,
@@ -90,6 +92,7 @@ __all__ = [
     "Replicate",
     "StandardPublish",
     "Sync",
+    "SyncRefused",
     "SyncRequest",
     "decode_op",
     "encode_frame",
@@ -203,6 +206,13 @@ class LinkConnection:
         if not self.authenticated or self._state is not _State.OPEN:
             raise ValueError(f"cannot send {type(op).__name__}: the link is not authenticated")
         return encode_frame(op)
+
+    def send_encoded(self, frame: bytes) -> bytes:
+        """``frame`` (from :func:`encode_frame`, shared by every link); only once
+        authenticated."""
+        if not self.authenticated or self._state is not _State.OPEN:
+            raise ValueError("cannot send a frame: the link is not authenticated")
+        return frame
 
     def _pop_pending(self) -> LinkEvent:
         event = self._pending.pop(0)

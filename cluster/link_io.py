@@ -12,6 +12,16 @@ from cluster import link
 log = logging.getLogger("migratory.link")
 
 HANDSHAKE_TIMEOUT = 5.0
+
+CONNECT_ERRORS = (
+    OSError,
+    EOFError,
+    link.LinkError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+)
+"""What dialling a member may raise when the member or the network fails."""
 RECV_SIZE = 1 << 16
 
 
@@ -61,6 +71,12 @@ class LinkChannel:
         async with self._send_lock:
             await self.stream.send_all(data)
 
+    async def send_encoded(self, frame: bytes) -> None:
+        """A frame from :func:`cluster.link.encode_frame` (encoded once for every link)."""
+        data = self.codec.send_encoded(frame)
+        async with self._send_lock:
+            await self.stream.send_all(data)
+
     async def receive(self) -> link.LinkOp | None:
         """The next operation, or None when the peer closed the link."""
         try:
@@ -89,6 +105,9 @@ class LinkChannel:
 async def connect(
     address: tuple[str, int], *, member: str, password: str
 ) -> LinkChannel:
+    """An authenticated link to the member at ``address``. Raises OSError,
+    trio.BrokenResourceError (a reset while connecting), EOFError, LinkError or
+    trio.TooSlowError: callers that retry must catch them all (``CONNECT_ERRORS``)."""
     stream = await trio.open_tcp_stream(*address)
     channel = LinkChannel(stream, role="connect", member=member, password=password)
     try:

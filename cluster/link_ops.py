@@ -12,8 +12,8 @@ from typing import Any, Final, assert_never, cast
 
 import cbor2
 
+from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest
-from cluster.replica import CacheSync, SubjectSync
 from migratory.model.message import Message, MessageType, Qos
 
 MAX_FRAME: Final = 64 * 1024 * 1024
@@ -91,7 +91,19 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class SyncRequest:
-    """Non-seed -> seed: send your whole message cache."""
+    """Member -> seed: send your whole message cache, as of batch ``min_clsn`` or later
+    (an older one would move the asking member back)."""
+
+    min_clsn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRefused:
+    """Seed -> member: no cache sync from here now (this member stands at ``clsn``, it
+    is behind the one asked for, or is itself waiting for a sync): ask another."""
+
+    clsn: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +122,24 @@ class StandardPublish:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The sender's last committed clsn; also keeps an idle link alive."""
+    """Seed -> non-seed: the seed's last applied clsn and whether it is ready itself
+    (a seed replaying its log or cut off from the Raft majority is not); sent after
+    the catch-up of a Replicate and every 250 ms of an idle link."""
 
     clsn: int
+    ready: bool = True
 
 
 LinkOp = (
-    Forward | ForwardFailed | Replicate | Batch | SyncRequest | Sync | StandardPublish | Heartbeat
+    Forward
+    | ForwardFailed
+    | Replicate
+    | Batch
+    | SyncRequest
+    | SyncRefused
+    | Sync
+    | StandardPublish
+    | Heartbeat
 )
 LinkEvent = Outgoing | Authenticated | LinkOp
 
@@ -218,14 +241,16 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
         case Batch(batch=b):
             messages = [_message_item(m) for m in b.messages]
             return {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
-        case SyncRequest():
-            return {"t": "sq"}
+        case SyncRequest(min_clsn=min_clsn):
+            return {"t": "sq", "c": min_clsn}
+        case SyncRefused(clsn=clsn, reason=reason):
+            return {"t": "sn", "c": clsn, "r": reason}
         case Sync(sync=sync):
             return {"t": "s", "c": sync.clsn, "s": [_subject_sync_item(s) for s in sync.subjects]}
         case StandardPublish(message=message):
             return {"t": "p", "m": _message_item(message)}
-        case Heartbeat(clsn=clsn):
-            return {"t": "hb", "c": clsn}
+        case Heartbeat(clsn=clsn, ready=ready):
+            return {"t": "hb", "c": clsn, "r": ready}
         case _:
             assert_never(op)
 
@@ -383,10 +408,11 @@ _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "ff": (("o", "r", "u"), _forward_failed),
     "rp": (("c", "f"), lambda r: Replicate(r.uint("c"), r.boolean("f"))),
     "b": (("c", "m", "o"), _batch),
-    "sq": ((), lambda r: SyncRequest()),
+    "sq": (("c",), lambda r: SyncRequest(r.uint("c"))),
+    "sn": (("c", "r"), lambda r: SyncRefused(r.uint("c"), r.text("r"))),
     "s": (("c", "s"), _sync),
     "p": (("m",), lambda r: StandardPublish(r.message("m"))),
-    "hb": (("c",), lambda r: Heartbeat(r.uint("c"))),
+    "hb": (("c", "r"), lambda r: Heartbeat(r.uint("c"), r.boolean("r"))),
 }
 _HANDSHAKE_KEYS: Final = {"challenge": ("n", "m"), "auth": ("m", "n", "mac"), "welcome": ("mac",)}
 

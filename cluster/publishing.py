@@ -9,7 +9,9 @@ when a committed batch carrying one of our references is applied, the client
 gets ``PUBLISH_OK`` with the position the coordination assigned. A definite
 refusal gives ``PUBLISH_FAILED``; an unknown outcome keeps waiting for the
 stream until ``publish_timeout`` and then reports ``PUBLISH_FAILED`` saying
-the outcome is unknown — never a false ``PUBLISH_OK``.
+the outcome is unknown — never a false ``PUBLISH_OK``. At most ``max_pending``
+publishes wait for their commit; one more is refused at once with
+``PUBLISH_FAILED`` ("overloaded") instead of queueing without bound.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class PublishingStatistics:
     acknowledged: int = 0
     failed: int = 0
     unknown_outcome: int = 0
+    overloaded: int = 0
     batches_applied: int = 0
     gaps: int = 0
 
@@ -47,10 +50,20 @@ class PublishingStatistics:
 class ClusterPublishing:
     """The :class:`~migratory.server.context.PublishPath` of a Guaranteed cluster member."""
 
-    def __init__(self, *, origin: str, replica: Replica, publish_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        origin: str,
+        replica: Replica,
+        publish_timeout: float = 10.0,
+        max_pending: int = 50_000,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.origin = origin
         self.replica = replica
         self.publish_timeout = publish_timeout
+        self.max_pending = max_pending
         self._next_ref = 0
         self._pending: dict[int, _Pending] = {}
         self._outgoing: list[PublishRequest] = []
@@ -60,6 +73,19 @@ class ClusterPublishing:
     # --- from clients ---------------------------------------------------------
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        if len(self._pending) >= self.max_pending:
+            self.stats.overloaded += 1
+            if reply is not None:
+                reason = (
+                    f"overloaded: {len(self._pending)} publishes are waiting for their commit "
+                    f"(ClusterMaxPendingPublishes); retry later"
+                )
+                reply.publish_result(
+                    ops.PublishStatus(
+                        ops.Status.PUBLISH_FAILED, message.closure, message.subject, None, reason
+                    )
+                )
+            return
         self._next_ref += 1
         ref = self._next_ref
         self._pending[ref] = _Pending(reply, message.closure, message.subject, now)
@@ -165,6 +191,7 @@ class ClusterPublishing:
             "acknowledged": stats.acknowledged,
             "failed": stats.failed,
             "unknown_outcome": stats.unknown_outcome,
+            "overloaded": stats.overloaded,
             "batches_applied": stats.batches_applied,
             "gaps": stats.gaps,
             "applied_clsn": self.replica.applied_clsn,

@@ -8,6 +8,15 @@ everywhere, and hands the :class:`~cluster.coordination.CommittedBatch` to
 the trio side. pysyncobj runs its own thread: nothing here blocks trio, and
 everything coming back crosses over with ``run_sync_soon``.
 
+The replicated state also holds the message caches
+(:mod:`cluster.replicated_cache`), so a seed restarted from a compacted log -- or
+a follower sent the leader's dump -- gets them back with the numbering
+(``on_restore``) instead of needing a peer's.
+
+The trio side never reads pysyncobj's internals: the Raft thread publishes an
+immutable :class:`RaftStatus` every :data:`STATUS_PERIOD` (and on every state
+change), which the trio side reads as one reference.
+
 pysyncobj's wire format is pickle; it always runs with ``password`` set
 (encrypted, authenticated links), and :class:`RaftCoordination` refuses to
 start without one.
@@ -16,6 +25,7 @@ start without one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +33,10 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
+from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, Qos
 
 log = logging.getLogger("migratory.raft")
@@ -70,20 +82,100 @@ def from_wire(wire: Sequence[WireRequest]) -> list[PublishRequest]:
 
 
 class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
-    """The replicated state machine; only ``coordinator`` is replicated."""
+    """The replicated state machine: ``coordinator`` and ``cache`` are replicated (and
+    dumped at log compaction); the callbacks, set before ``SyncObjConsumer.__init__``,
+    are not."""
 
-    def __init__(self, on_commit: Callable[[CommittedBatch], None]) -> None:
-        # attributes set before SyncObjConsumer.__init__ are not serialized
+    def __init__(
+        self,
+        on_commit: Callable[[CommittedBatch], None],
+        on_restore: Callable[[CacheSync], None] | None = None,
+        max_cached_messages: int = 1000,
+    ) -> None:
         self._on_commit = on_commit
+        self._on_restore = on_restore
         super().__init__()
         self.coordinator = Coordinator()
+        self.cache = ReplicatedCache(max_cached_messages)
 
     @replicated  # type: ignore[untyped-decorator]
     def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
         batch = self.coordinator.apply_wire(epoch_candidate, wire)
+        self.cache.append(batch.messages)
         self._on_commit(batch)
         clsn: int = batch.clsn
         return clsn
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        """pysyncobj loaded a dump (ours at start-up, or the leader's): the state jumped
+        to the dump's batch; hand its caches to the member before any later batch."""
+        super()._deserialize(data)
+        if self._on_restore is not None:
+            coordinator = self.coordinator
+            self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions()))
+
+
+STATUS_PERIOD = 0.05
+"""Seconds between two :class:`RaftStatus` snapshots published by the Raft thread."""
+DIGEST_PERIOD = 1.0
+"""Seconds between two computations of the coordinator digest (O(subjects))."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    """What the Raft thread last saw; read by the trio side as one reference."""
+
+    state: str = "starting"  # follower | candidate | leader | starting
+    leader: str | None = None
+    term: int = 0
+    commit_index: int = 0
+    last_applied: int = 0
+    ready: bool = False
+    clsn: int = 0
+    digest: str = ""
+    at: float = 0.0
+
+    @property
+    def has_leader(self) -> bool:
+        return self.leader is not None
+
+
+class _SeedSyncObj(FollowerSafeSyncObj):
+    """Publishes a :class:`RaftStatus` from the Raft thread after its ticks."""
+
+    def __init__(self, *args: Any, consumer: CoordinationConsumer, **kwargs: Any) -> None:
+        self._status_consumer = consumer
+        self._next_status = 0.0
+        self._next_digest = 0.0
+        self._digest = ""
+        self.status_snapshot = RaftStatus()
+        super().__init__(*args, consumers=[consumer], **kwargs)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        super()._onTick(timeToWait)
+        now = time.monotonic()
+        if now >= self._next_status:
+            self._next_status = now + STATUS_PERIOD
+            self.publish_status(now)
+
+    def publish_status(self, now: float) -> None:
+        coordinator = self._status_consumer.coordinator
+        if now >= self._next_digest:
+            self._next_digest = now + DIGEST_PERIOD
+            self._digest = coordinator.digest()
+        raw = self.getStatus()
+        leader = raw.get("leader")
+        self.status_snapshot = RaftStatus(
+            state={0: "follower", 1: "candidate", 2: "leader"}.get(raw.get("state"), "?"),
+            leader=None if leader is None else str(leader),
+            term=int(raw.get("raft_term") or 0),
+            commit_index=int(raw.get("commit_idx") or 0),
+            last_applied=int(raw.get("last_applied") or 0),
+            ready=bool(self.isReady()),
+            clsn=coordinator.clsn,
+            digest=self._digest,
+            at=now,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,15 +224,18 @@ class RaftCoordination:
         seed_addresses: Sequence[tuple[str, int]],
         password: str,
         on_commit: Callable[[CommittedBatch], None],
+        on_restore: Callable[[CacheSync], None] | None = None,
         on_state_changed: Callable[[], None] | None = None,
         timings: RaftTimings = RaftTimings(),
         data_dir: Path | None = None,
+        max_cached_messages: int = 1000,
     ) -> None:
         """``data_dir`` keeps the Raft log, term and vote across restarts (``None``: memory
-        only, for tests of a single process lifetime)."""
+        only, for tests of a single process lifetime). Builds and starts pysyncobj, which
+        loads its journal and dump: call it off the event loop (``trio.to_thread``)."""
         if not password:
             raise ValueError("Raft must never run without a password (pickle on the wire)")
-        self.consumer = CoordinationConsumer(on_commit)
+        self.consumer = CoordinationConsumer(on_commit, on_restore, max_cached_messages)
         me = raft_address(self_address)
         others = [raft_address(a) for a in seed_addresses if a != self_address]
         conf = SyncObjConf(
@@ -153,14 +248,14 @@ class RaftCoordination:
             appendEntriesUseBatch=timings.use_batch,
             leaderFallbackTimeout=max(1.0, 4 * timings.election_max),
             commandsWaitLeader=True,
-            onStateChanged=(lambda _old, _new: on_state_changed()) if on_state_changed else None,
+            onStateChanged=lambda _old, _new: self._state_changed(on_state_changed),
             logCompactionMinEntries=timings.compaction_entries,
             logCompactionMinTime=timings.compaction_seconds,
             bindAddress=raft_address(bind_address) if bind_address else None,
             **_journal_files(data_dir),
         )
         self.address = me
-        self.syncobj = FollowerSafeSyncObj(me, others, conf=conf, consumers=[self.consumer])
+        self.syncobj = _SeedSyncObj(me, others, conf=conf, consumer=self.consumer)
         if data_dir is not None:
             log.info(
                 "Raft state in %s: term %s, commit index %s",
@@ -168,6 +263,19 @@ class RaftCoordination:
                 self.syncobj.raftCurrentTerm,
                 self.syncobj.raftCommitIndex,
             )
+
+    def _state_changed(self, then: Callable[[], None] | None) -> None:
+        syncobj = getattr(self, "syncobj", None)
+        if syncobj is not None:
+            syncobj.publish_status(time.monotonic())
+        if then is not None:
+            then()
+
+    @property
+    def snapshot(self) -> RaftStatus:
+        """The Raft thread's last published status (never reads pysyncobj from here)."""
+        status: RaftStatus = self.syncobj.status_snapshot
+        return status
 
     def submit(
         self,
@@ -185,28 +293,18 @@ class RaftCoordination:
 
         self.consumer.commit_batch(epoch_candidate, to_wire(requests), callback=callback)
 
-    @property
-    def has_leader(self) -> bool:
-        return self.syncobj._getLeader() is not None
-
-    @property
-    def is_leader(self) -> bool:
-        leader = self.syncobj._getLeader()
-        return leader is not None and str(leader) == self.address
-
     def status(self) -> dict[str, Any]:
-        raw = self.syncobj.getStatus()
-        leader = raw.get("leader")
+        snap = self.snapshot
         return {
             "raft_address": self.address,
-            "raft_state": {0: "follower", 1: "candidate", 2: "leader"}.get(raw.get("state"), "?"),
-            "raft_leader": None if leader is None else str(leader),
-            "raft_term": raw.get("raft_term"),
-            "raft_commit_index": raw.get("commit_idx"),
-            "raft_last_applied": raw.get("last_applied"),
-            "raft_ready": bool(self.syncobj.isReady()),
-            "clsn": self.consumer.coordinator.clsn,
-            "coordinator_digest": self.consumer.coordinator.digest(),
+            "raft_state": snap.state,
+            "raft_leader": snap.leader,
+            "raft_term": snap.term,
+            "raft_commit_index": snap.commit_index,
+            "raft_last_applied": snap.last_applied,
+            "raft_ready": snap.ready,
+            "clsn": snap.clsn,
+            "coordinator_digest": snap.digest,
         }
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ Pure and deterministic. Every member (seed or not) keeps a :class:`Replica` arou
 sequence number (CLSN) order; a batch that does not follow the last applied one is a
 gap: the replica buffers it, applies nothing more and says it needs a cache sync
 from a peer (:meth:`Replica.make_sync` there, :meth:`Replica.install_sync` here). A
-member needing a sync must not serve clients.
+member needing a sync must not serve clients. A sync never moves a replica backwards:
+one older than what it applied is refused, changing nothing.
 
 Every member's hub must be built with ``epoch=UNNUMBERED_EPOCH`` so that a subscriber
 that saw nothing of a subject on one member resumes it on any other without a gap.
@@ -14,13 +15,12 @@ that saw nothing of a subject on one member resumes it on any other without a ga
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
+from cluster.cache_sync import CacheSync, check_sync, export_sync, install_sync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
-from migratory.model.message import Message
-from migratory.server.hub import Hub, SubjectRecord
+from migratory.server.hub import Hub
 
-__all__ = ["CacheSync", "Offer", "Replica", "SubjectSync"]
+__all__ = ["Offer", "Replica"]
 
 DEFAULT_MAX_BUFFERED = 1024
 """Batches kept while waiting for a sync; older ones are dropped first."""
@@ -35,26 +35,6 @@ class Offer(enum.Enum):
     """Already applied (CLSN at or below the applied one): ignored."""
     GAP = "gap"
     """Buffered, not applied: batches are missing before it, or a sync is pending."""
-
-
-@dataclass(frozen=True, slots=True)
-class SubjectSync:
-    """One numbered subject in a cache sync."""
-
-    subject: str
-    epoch: int
-    seq: int
-    snapshot: Message | None
-    cached: tuple[Message, ...]
-    """Cached messages, oldest first, ending at ``seq``."""
-
-
-@dataclass(frozen=True, slots=True)
-class CacheSync:
-    """A peer's subjects as they stood after applying batch ``clsn``."""
-
-    clsn: int
-    subjects: tuple[SubjectSync, ...]
 
 
 class Replica:
@@ -95,6 +75,15 @@ class Replica:
     def needs_sync(self) -> bool:
         """Whether the hub must be synced from a peer before it applies or serves more."""
         return self._needs_sync
+
+    @property
+    def sync_floor(self) -> int:
+        """The oldest clsn a sync must stand at to be of use here: just before the
+        first held-back batch, or the skipped batches, or what is applied."""
+        floor = max(self._applied_clsn, self._skipped_to)
+        if self._buffered:
+            floor = max(floor, min(self._buffered) - 1)
+        return floor
 
     @property
     def buffered(self) -> int:
@@ -142,31 +131,30 @@ class Replica:
         self._applied_clsn = batch.clsn
         return True
 
-    def make_sync(self) -> CacheSync:
-        """The hub's subjects at ``applied_clsn``, for a peer that needs a sync.
-
-        Raises RuntimeError when this replica itself needs a sync.
-        """
+    def make_sync(self) -> CacheSync | None:
+        """The hub's subjects at ``applied_clsn``, for a peer that needs a sync; None
+        while this replica itself needs one (it has nothing whole to give)."""
         if self._needs_sync:
-            raise RuntimeError("a replica that needs a sync cannot give one")
-        return CacheSync(
-            clsn=self._applied_clsn,
-            subjects=tuple(SubjectSync(*record) for record in self._hub.export_subjects()),
-        )
+            return None
+        return export_sync(self._hub, self._applied_clsn)
 
-    def install_sync(self, sync: CacheSync, now: float) -> None:
+    def install_sync(self, sync: CacheSync, now: float) -> bool:
         """Replace the hub's subjects with a peer's, then apply buffered batches after it.
 
-        Still needs a sync afterwards if buffered batches are left that do not follow,
-        or if it stops short of a :meth:`skip_to`. Raises ValueError, changing nothing,
-        for a sync older than ``applied_clsn`` or one the hub rejects.
+        Returns False, changing nothing, for a sync older than ``applied_clsn`` (the peer
+        is behind: installing it would move clients back). Still needs a sync
+        afterwards if buffered batches are left that do not follow, or if it stops
+        short of a :meth:`skip_to`. Raises ValueError, changing nothing, for a sync the
+        hub rejects (a malformed record).
         """
         if sync.clsn < self._applied_clsn:
-            raise ValueError(f"sync at clsn {sync.clsn} is older than applied {self._applied_clsn}")
-        self._hub.install_subjects((SubjectRecord(*_fields(s)) for s in sync.subjects), now)
+            return False
+        check_sync(sync.subjects)
+        install_sync(self._hub, sync.subjects, now)
         self._applied_clsn = sync.clsn
         self._needs_sync = False
         self._catch_up(now)
+        return True
 
     def _catch_up(self, now: float) -> None:
         """Apply the buffered batches that follow ``applied_clsn``; any left mean a gap."""
@@ -179,7 +167,3 @@ class Replica:
                 return
             del buffered[batch.clsn]
         self._needs_sync = bool(buffered) or self._applied_clsn < self._skipped_to
-
-
-def _fields(sync: SubjectSync) -> tuple[str, int, int, Message | None, tuple[Message, ...]]:
-    return (sync.subject, sync.epoch, sync.seq, sync.snapshot, sync.cached)

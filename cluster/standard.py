@@ -17,12 +17,13 @@ from typing import Any
 import trio
 
 from cluster import link
-from cluster.link_io import LinkChannel, connect
-from cluster.member import RETRY_SECONDS, member_name
+from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect
+from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
-from migratory.server.app import Server
+from migratory.server.app import Server, build_hub
 from migratory.server.context import LocalPublishing, PublishReply
+from migratory.server.hub import Hub
 
 log = logging.getLogger("migratory.cluster")
 
@@ -30,8 +31,8 @@ PEER_QUEUE = 1_000
 
 
 class StandardPublishing(LocalPublishing):
-    def __init__(self, member: StandardMember) -> None:
-        super().__init__(member.server.ctx.hub)
+    def __init__(self, hub: Hub, member: StandardNode) -> None:
+        super().__init__(hub)
         self._member = member
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
@@ -42,19 +43,25 @@ class StandardPublishing(LocalPublishing):
         return {"mode": "standard", "forward_dropped": self._member.dropped}
 
 
-class StandardMember:
-    def __init__(self, config: Config, server: Server) -> None:
+class StandardNode:
+    """A Standard-mode member: a server whose publishes are also forwarded to peers."""
+
+    def __init__(self, config: Config) -> None:
         assert config.cluster_member_listen is not None
         self.config = config
-        self.server = server
+        self.hub = build_hub(config)
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
         self.member_names = frozenset(member_name(a) for a in config.cluster_members)
         self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
         self.connected: set[str] = set()
         self.dropped = 0
-        server.ctx.publishing = StandardPublishing(self)
-        server.ctx.cluster_status = self.status
+        self.server = Server(
+            config,
+            hub=self.hub,
+            publishing=StandardPublishing(self.hub, self),
+            cluster_status=self.status,
+        )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -63,7 +70,7 @@ class StandardMember:
             "role": "member",
             "mode": "Standard",
             "ready": True,
-            "epoch": self.server.ctx.hub.epoch,
+            "epoch": self.hub.epoch,
             "forwarding_to": sorted(self.connected),
             "forward_dropped": self.dropped,
         }
@@ -98,14 +105,18 @@ class StandardMember:
             try:
                 channel = await connect(address, member=self.name,
                                         password=self.config.cluster_password)
-            except (OSError, link.LinkError, trio.TooSlowError, EOFError):
+            except CONNECT_ERRORS:
+                await trio.sleep(RETRY_SECONDS)
+                continue
+            except Exception:
+                log.exception("dialling %s failed", name)
                 await trio.sleep(RETRY_SECONDS)
                 continue
             self.connected.add(name)
             try:
                 async for message in queue:
                     await channel.send(link.StandardPublish(message))
-            except (OSError, trio.BrokenResourceError) as exc:
+            except Exception as exc:
                 log.info("forwarding to %s interrupted: %s", name, exc)
             finally:
                 self.connected.discard(name)
@@ -123,8 +134,10 @@ class StandardMember:
                     return
                 if not isinstance(op, link.StandardPublish):
                     raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
-                self.server.ctx.hub.publish(op.message, trio.current_time())
-        except (link.LinkError, trio.TooSlowError, OSError, EOFError) as exc:
+                self.hub.publish(op.message, trio.current_time())
+        except CONNECT_ERRORS as exc:
             log.warning("cluster link from %s ended: %s", channel.peer or "?", exc)
+        except Exception:
+            log.exception("cluster link from %s failed; closing it", channel.peer or "?")
         finally:
             await channel.aclose()

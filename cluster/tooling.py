@@ -105,7 +105,7 @@ def free_base_port(members: int, rng: random.Random | None = None) -> int:
 def member_command(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of a member process: every setting is a ``--set`` except
     ``ClusterPassword``, which goes in the environment (argv is visible to every user)."""
-    args = [sys.executable, "-m", "migratory", "serve"]
+    args = [sys.executable, "-m", "cluster", "serve"]
     env = dict(os.environ)
     for key, value in settings.items():
         if key == "ClusterPassword":

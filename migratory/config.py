@@ -182,6 +182,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
             "one per member, kept across restarts: a seed that forgets its log may lose "
             "acknowledged messages)."),
+    Setting("ClusterMaxPendingPublishes", "cluster_max_pending_publishes",
+            _int(1, unit=" of publishes"), "50000",
+            "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "
+            "one more gets PUBLISH_FAILED (overloaded) at once instead of queueing."),
     Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
             _int(100, unit=" of entries"), "20000",
             "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
@@ -221,6 +225,7 @@ class Config:
     cluster_delivery_mode: str
     cluster_password: str
     cluster_data_dir: str
+    cluster_max_pending_publishes: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
 

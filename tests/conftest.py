@@ -16,7 +16,7 @@ import pytest
 
 class ServerProcess:
     def __init__(self, settings: dict[str, str], log_dir: Path) -> None:
-        args = [sys.executable, "-m", "migratory", "serve", "--set", "Listen=127.0.0.1:0"]
+        args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         self.log_path = log_dir / f"server-{time.monotonic_ns()}.log"

@@ -102,7 +102,7 @@ def test_serve_refuses_a_bad_config_with_a_message_naming_the_key(tmp_path: Path
     path = tmp_path / "bad.conf"
     path.write_text("Listen = 127.0.0.1:0\nMaxCachedMessagesPerSubjet = 10\n")
     result = subprocess.run(
-        [sys.executable, "-m", "migratory", "serve", "--config", str(path)],
+        [sys.executable, "-m", "cluster", "serve", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -173,7 +173,7 @@ def test_serve_with_an_unusable_cluster_data_dir_says_so(tmp_path: Path) -> None
         "ClusterDataDir": str(blocker / "raft"),
         "Listen": "127.0.0.1:0",
     }
-    args = [sys.executable, "-m", "migratory", "serve"]
+    args = [sys.executable, "-m", "cluster", "serve"]
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     result = subprocess.run(args, capture_output=True, text=True, timeout=30)

@@ -7,7 +7,8 @@ import os
 import resource
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import trio
 
@@ -16,7 +17,12 @@ from migratory.entitlement import entitlement_from_config
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server.connection import Connection
-from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
+from migratory.server.context import (
+    LocalPublishing,
+    PublishPath,
+    ServerContext,
+    ServerStatistics,
+)
 from migratory.server.faults import DeliveryFault
 from migratory.server.hub import Hub
 
@@ -62,21 +68,49 @@ def open_listeners(addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
     return listeners
 
 
+def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: bool = False) -> Hub:
+    """The hub ``config`` describes; ``epoch`` defaults to a new random one."""
+    return Hub(
+        epoch=new_epoch() if epoch is None else epoch,
+        max_cached_messages=config.max_cached_messages_per_subject,
+        cache_expire_seconds=config.cache_expire_time,
+        publish_snapshot=config.publish_snapshot_message,
+        numbered_elsewhere=numbered_elsewhere,
+    )
+
+
 class Server:
-    def __init__(self, config: Config, *, epoch: int | None = None) -> None:
+    """Listening sockets, sessions, batching and shutdown around one hub.
+
+    A single node is ``Server(config)``. A cluster member is built by the cluster
+    package with its own ``hub``, ``publishing`` path (publishes go to the cluster),
+    ``readiness`` (why new clients must wait) and ``cluster_status`` (``GET
+    /cluster``): the server is complete when built and nothing is patched later.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        hub: Hub | None = None,
+        publishing: PublishPath | None = None,
+        readiness: Callable[[], str | None] | None = None,
+        cluster_status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.config = config
-        hub = Hub(
-            epoch=new_epoch() if epoch is None else epoch,
-            max_cached_messages=config.max_cached_messages_per_subject,
-            cache_expire_seconds=config.cache_expire_time,
-            publish_snapshot=config.publish_snapshot_message,
-        )
+        hub = build_hub(config) if hub is None else hub
         hub.fault = DeliveryFault.from_environment(os.environ)
         if hub.fault is not None:
             hub.fault.report = log.warning
             log.warning("%s (never use in production)", hub.fault.describe())
         self.ctx = ServerContext(
-            config, hub, entitlement_from_config(config), ServerStatistics(), LocalPublishing(hub)
+            config,
+            hub,
+            entitlement_from_config(config),
+            ServerStatistics(),
+            LocalPublishing(hub) if publishing is None else publishing,
+            readiness=readiness or (lambda: None),
+            cluster_status=cluster_status,
         )
         self.connections: set[Connection] = set()
         self.dirty: set[Connection] = set()
@@ -198,22 +232,22 @@ class Server:
         self.nursery.cancel_scope.cancel()
 
 
-async def run_until_signalled(config: Config, *, ready_line: bool = True) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down cleanly."""
-    limit = raise_open_file_limit()
-    epoch = None
-    if config.clustered and config.cluster_delivery_mode == "Guaranteed":
-        from cluster.coordination import UNNUMBERED_EPOCH
+class Role(Protocol):
+    """Something that runs beside a server for its lifetime (a cluster member's roles)."""
 
-        epoch = UNNUMBERED_EPOCH  # the coordination numbers subjects, not this process
-    server = Server(config, epoch=epoch)
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+async def run_until_signalled(
+    server: Server, *, roles: Sequence[Role] = (), ready_line: bool = True
+) -> None:
+    """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly."""
+    limit = raise_open_file_limit()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(server.serve)
-            if config.clustered:
-                from cluster.runtime import start_member
-
-                await start_member(config, server, nursery)
+            for role in roles:
+                await nursery.start(role.run)
             for host, port in addresses:
                 shown = f"[{host}]" if ":" in host else host
                 log.info("listening on ws://%s:%d/ (open-file limit %d)", shown, port, limit)

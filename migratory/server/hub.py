@@ -10,7 +10,7 @@ subscriber. Conflated subscriptions get their own merged frames on
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -67,17 +67,6 @@ class _Waiting(NamedTuple):
 
     position: Position
     conflation_ms: int
-
-
-class SubjectRecord(NamedTuple):
-    """A numbered subject as a peer needs it to serve it (cluster cache sync)."""
-
-    subject: str
-    epoch: int
-    seq: int
-    snapshot: Message | None
-    cached: tuple[Message, ...]
-    """The cached messages, oldest first; the last one is at ``seq``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,60 +282,50 @@ class Hub:
         """Drop cached messages older than the cache expire time."""
         return sum(state.cache.expire(now) for state in self._subjects.values())
 
-    # --- cluster cache sync -------------------------------------------------
+    # --- repositioning (a cluster member taking a peer's cache) ---------------
 
-    def export_subjects(self) -> list[SubjectRecord]:
-        """Every numbered subject with its position, snapshot and cached messages."""
-        return [
-            SubjectRecord(
-                state.subject,
-                state.epoch,
-                state.seq,
-                state.snapshot,
-                tuple(state.cache.last(len(state.cache))),
-            )
-            for state in self._subjects.values()
-            if state.seq > 0
-        ]
+    def numbered(self) -> Iterator[tuple[str, Position, Message | None, list[Message]]]:
+        """Every subject with a position: ``(subject, position, snapshot, cached)``, the
+        cached messages oldest first."""
+        for state in self._subjects.values():
+            if state.seq > 0:
+                yield state.subject, state.position, state.snapshot, state.cache.last(
+                    len(state.cache)
+                )
 
-    def install_subjects(self, records: Iterable[SubjectRecord], now: float) -> None:
-        """Replace every subject's numbering, snapshot and cache with a peer's ``records``.
+    def reposition(
+        self,
+        subject: str,
+        position: Position,
+        snapshot: Message | None,
+        cached: Sequence[Message],
+        now: float,
+    ) -> None:
+        """Move ``subject`` to ``position`` with ``snapshot`` and ``cached`` (oldest first,
+        ending at ``position``), as a peer holds it; ``position.seq == 0`` makes the subject
+        unnumbered again. Live subscribers get the messages the move jumped over, or the
+        snapshot and ``DATA_RESYNC`` -- never a silent gap. Cached messages count as stored
+        at ``now``. Raises ValueError, changing nothing, when ``cached`` does not fit."""
+        cache = self._cache_of(subject, position, cached, now)
+        state = self._subjects.get(subject)
+        if state is None:
+            if position.seq == 0:
+                return
+            state = self._state(subject)
+        before = state.position if (state.subscribers or state.conflated) else None
+        state.epoch, state.seq = position.epoch, position.seq
+        state.snapshot = snapshot if position.seq else None
+        state.cache = cache
+        if before is not None:
+            self._catch_up_live(state, before)
+        if state.waiting:
+            self._settle_waiting(state, now)
+        if state.idle:
+            del self._subjects[subject]
 
-        Subjects missing from ``records`` become unnumbered again; a subject this hub
-        already has further in the same epoch keeps its own state. Subscriptions are
-        kept, and live ones get what the sync jumped over (or the snapshot and
-        ``DATA_RESYNC``). Cached messages count as stored at ``now``. Raises
-        ValueError, changing nothing, when a record's seq is below 1 or its cached
-        messages are not consecutive messages of its subject and epoch ending at its seq.
-        """
-        caches = {record.subject: (record, self._cache_of(record, now)) for record in records}
-        before = {
-            state.subject: state.position
-            for state in self._subjects.values()
-            if state.subscribers or state.conflated
-        }
-        for state in list(self._subjects.values()):
-            if state.subject not in caches:
-                self._unnumber(state)
-        for record, cache in caches.values():
-            state = self._state(record.subject)
-            if state.epoch == record.epoch and state.seq > record.seq:
-                continue  # ours is ahead in the same lineage (part of the next batch)
-            state.epoch, state.seq = record.epoch, record.seq
-            state.snapshot = record.snapshot
-            state.cache = cache
-        for subject, position in before.items():
-            live = self._subjects.get(subject)
-            if live is not None:
-                self._catch_up_live(live, position, now)
-        for state in list(self._subjects.values()):
-            if state.waiting:
-                self._settle_waiting(state, now)
-
-    def _catch_up_live(self, state: SubjectState, before: Position, now: float) -> None:
-        """Live subscribers were at ``before`` when a sync moved the subject: give them
-        the messages it jumped over, or the snapshot and ``DATA_RESYNC`` — never a
-        silent gap."""
+    def _catch_up_live(self, state: SubjectState, before: Position) -> None:
+        """Live subscribers were at ``before`` when the subject moved: give them the
+        messages it jumped over, or the snapshot and ``DATA_RESYNC``."""
         if state.position == before:
             return
         missed = state.cache.since(before.seq) if state.epoch == before.epoch else None
@@ -368,29 +347,26 @@ class Hub:
             for frame in frames:
                 sink.deliver(frame)
 
-    def _cache_of(self, record: SubjectRecord, now: float) -> SubjectCache:
-        """A cache holding ``record``'s cached messages; ValueError if they do not fit."""
-        subject, cached = record.subject, record.cached
-        if record.seq < 1:
-            raise ValueError(f"record of {subject!r} has seq {record.seq} (must be >= 1)")
-        if cached and cached[-1].seq != record.seq:
-            raise ValueError(f"cached messages of {subject!r} do not end at seq {record.seq}")
-        if any(m.subject != subject or m.epoch != record.epoch for m in cached):
+    def _cache_of(
+        self, subject: str, position: Position, cached: Sequence[Message], now: float
+    ) -> SubjectCache:
+        """A cache holding ``cached``; ValueError if they do not fit ``position``."""
+        if position.seq == 0:
+            if cached:
+                raise ValueError(f"unnumbered {subject!r} cannot have cached messages")
+            return SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire)
+        if cached and cached[-1].seq != position.seq:
+            raise ValueError(f"cached messages of {subject!r} do not end at seq {position.seq}")
+        if any(m.subject != subject or m.epoch != position.epoch for m in cached):
             raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
         cache = SubjectCache(
             max_messages=self._max_cached,
             expire_seconds=self._cache_expire,
-            last_seq_seen=cached[0].seq - 1 if cached else record.seq,
+            last_seq_seen=cached[0].seq - 1 if cached else position.seq,
         )
         for message in cached:
             cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
         return cache
-
-    def _unnumber(self, state: SubjectState) -> None:
-        state.epoch, state.seq, state.snapshot = self.epoch, 0, None
-        state.cache = SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire)
-        if state.idle:
-            del self._subjects[state.subject]
 
     # --- queries ------------------------------------------------------------
 

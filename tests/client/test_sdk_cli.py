@@ -136,7 +136,7 @@ async def test_sub_reports_a_terminal_close() -> None:
 async def test_sub_exits_cleanly_on_ctrl_c() -> None:
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
-        command = [sys.executable, "-m", "migratory", "sub", "/a/b", "--server", server.url]
+        command = [sys.executable, "-m", "cluster", "sub", "/a/b", "--server", server.url]
         process = await trio.lowlevel.open_process(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from cluster.cache_sync import SubjectSync, export_sync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
 from migratory.protocol import ops
-from migratory.server.hub import Hub, SubjectRecord
+from migratory.server.hub import Hub
 from migratory_client.resume import SubjectTracker, Verdict
 
 Key = tuple[str, int, int]
@@ -29,7 +30,7 @@ def message_key(m: Message) -> tuple[object, ...]:
     return (m.subject, m.epoch, m.seq, m.content, tuple(sorted(m.fields.items())), m.retained)
 
 
-def record_key(r: SubjectRecord) -> tuple[object, ...]:
+def record_key(r: SubjectSync) -> tuple[object, ...]:
     snapshot = None if r.snapshot is None else message_key(r.snapshot)
     return (r.subject, r.epoch, r.seq, snapshot, tuple(message_key(m) for m in r.cached))
 
@@ -92,19 +93,19 @@ class CommittedLog:
                 last = messages[-1]
                 snapshot = self.snapshot_at(subject, last.seq)
                 cached = tuple(messages[-max_cached:]) if max_cached else ()
-                record = SubjectRecord(subject, last.epoch, last.seq, snapshot, cached)
+                record = SubjectSync(subject, last.epoch, last.seq, snapshot, cached)
                 out[subject] = record_key(record)
         return out
 
 
 def check_member(name: str, hub: Hub, clsn: int, log: CommittedLog, max_cached: int) -> None:
     """A member that applied batches 1..clsn holds exactly what the log says."""
-    held = {r.subject: record_key(r) for r in hub.export_subjects()}
+    held = {r.subject: record_key(r) for r in export_sync(hub, 0).subjects}
     expected = log.expected_records(clsn, max_cached)
     assert held == expected, f"member {name} at clsn {clsn} differs from the committed log"
 
 
-def resync_cause(position: Position | None, record: SubjectRecord | None) -> str | None:
+def resync_cause(position: Position | None, record: SubjectSync | None) -> str | None:
     """Why resuming from ``position`` on a hub holding ``record`` may be a DATA_RESYNC.
 
     None means it must be a DATA_SYNC: the hub is not behind and its cache reaches back.
@@ -117,7 +118,7 @@ def resync_cause(position: Position | None, record: SubjectRecord | None) -> str
     if seen and position.epoch != record.epoch:
         return "unknown epoch"
     if seen > record.seq:
-        return "lagging"
+        return None  # a lagging member of the same lineage waits, then DATA_SYNC
     first = record.cached[0].seq if record.cached else record.seq + 1
     return "evicted" if first > seen + 1 else None
 

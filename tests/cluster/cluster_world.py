@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from cluster_checker import SubscriberView, resync_cause
 
+from cluster.cache_sync import export_sync
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.replica import Replica
 from migratory.model.message import Message
@@ -65,7 +66,7 @@ class Subscriber:
         """Subscribe, or resume from the tracker's position, as the SDK does."""
         hub, view = member.hub, self.view
         request = view.tracker.request()
-        records = [r for r in hub.export_subjects() if r.subject == view.subject]
+        records = [r for r in export_sync(hub, 0).subjects if r.subject == view.subject]
         view.expected_cause = resync_cause(request.position, records[0] if records else None)
         self.connection = Connection(member)
         for op in hub.subscribe(self.connection, request, now):

@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster import link, link_ops
+from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.link import (
     Batch,
@@ -47,9 +48,9 @@ from cluster.link import (
     Replicate,
     StandardPublish,
     Sync,
+    SyncRefused,
     SyncRequest,
 )
-from cluster.replica import CacheSync, SubjectSync
 from migratory.model.message import Message, MessageType, Qos
 
 # --- operations --------------------------------------------------------------------
@@ -70,6 +71,8 @@ EXAMPLES: list[LinkOp] = [
     Batch(CommittedBatch(12, (msg(1, epoch=5, seq=9, qos=Qos.GUARANTEED),), ((CONNECTOR, 1),))),
     Batch(CommittedBatch(0, (), ())),
     SyncRequest(),
+    SyncRequest(2**40),
+    SyncRefused(7, "this member is waiting for a sync"),
     Sync(CacheSync(3, ())),
     Sync(
         CacheSync(
@@ -82,7 +85,7 @@ EXAMPLES: list[LinkOp] = [
     ),
     StandardPublish(msg(3, retained=True, qos=Qos.GUARANTEED, closure="x")),
     Heartbeat(0),
-    Heartbeat(123456789),
+    Heartbeat(123456789, ready=False),
 ]
 
 
@@ -141,10 +144,11 @@ ops = st.one_of(
     st.builds(
         Batch, st.builds(CommittedBatch, u64, st.lists(messages, max_size=6).map(tuple), origins)
     ),
-    st.just(SyncRequest()),
+    st.builds(SyncRequest, u64),
+    st.builds(SyncRefused, u64, texts),
     st.builds(Sync, st.builds(CacheSync, u64, st.lists(subject_syncs, max_size=4).map(tuple))),
     st.builds(StandardPublish, messages),
-    st.builds(Heartbeat, u64),
+    st.builds(Heartbeat, u64, st.booleans()),
 )
 
 
@@ -209,12 +213,15 @@ GOOD_MESSAGE = ["/a/b", b"x", {}, 0, None, 1, 2, 0]
         (cbor2.dumps([1]), "must be a CBOR map"),
         (cbor2.dumps({"c": 1}), "no text key 't'"),
         (cbor2.dumps({"t": "zz"}), "unknown frame 'zz'"),
-        (cbor2.dumps({"t": "hb"}), r"missing keys \['c'\]"),
-        (cbor2.dumps({"t": "hb", "c": 1, "x": 2}), "1 unknown keys"),
-        (cbor2.dumps({"t": "hb", "c": -1}), "'c' must be an unsigned integer"),
-        (cbor2.dumps({"t": "hb", "c": 2**64}), "'c' must be an unsigned integer"),
-        (cbor2.dumps({"t": "hb", "c": True}), "'c' must be an unsigned integer"),
-        (cbor2.dumps({"t": "hb", "c": 1.0}), "'c' must be an unsigned integer"),
+        (cbor2.dumps({"t": "hb"}), r"missing keys \['c', 'r'\]"),
+        (cbor2.dumps({"t": "hb", "c": 1, "r": True, "x": 2}), "1 unknown keys"),
+        (cbor2.dumps({"t": "hb", "c": -1, "r": True}), "'c' must be an unsigned integer"),
+        (cbor2.dumps({"t": "hb", "c": 2**64, "r": True}), "'c' must be an unsigned integer"),
+        (cbor2.dumps({"t": "hb", "c": True, "r": True}), "'c' must be an unsigned integer"),
+        (cbor2.dumps({"t": "hb", "c": 1.0, "r": True}), "'c' must be an unsigned integer"),
+        (cbor2.dumps({"t": "hb", "c": 1, "r": 1}), "'r' must be a boolean"),
+        (cbor2.dumps({"t": "sq"}), r"missing keys \['c'\]"),
+        (cbor2.dumps({"t": "sn", "c": 1, "r": b"x"}), "'r' must be a text"),
         (cbor2.dumps({"t": "p", "m": GOOD_MESSAGE[:7]}), "array of 8 items, got an array of 7"),
         (cbor2.dumps({"t": "p", "m": {"subject": "/a"}}), "array of 8 items, got dict"),
         (cbor2.dumps({"t": "p", "m": [1, *GOOD_MESSAGE[1:]]}), "subject must be a text"),

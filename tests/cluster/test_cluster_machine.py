@@ -28,6 +28,13 @@ from cluster.replica import Offer, Replica
 from migratory.server.hub import Hub
 from migratory_client.resume import SubjectTracker
 
+
+def install_from(member: Replica, peer: Replica, now: float) -> None:
+    """A cache sync from ``peer`` (never behind ``member``: the rules pick it so)."""
+    sync = peer.make_sync()
+    assert sync is not None, "a peer needing a sync was asked for one"
+    assert member.install_sync(sync, now), "a sync older than the member was installed"
+
 SEEDS = ("seed-0", "seed-1", "seed-2")
 MEMBERS = (*SEEDS, "edge-0", "edge-1")
 SUBJECTS = ("/Stocks/NYSE/IBM", "/Stocks/NASDAQ/GM", "/Scores/NBA/LAL")  # IBM, GM: one group
@@ -229,7 +236,7 @@ class ClusterMachine(RuleBasedStateMachine):
         peers = [p for p in self._serving() if p.replica and p.replica.applied_clsn >= applied]
         peer = self._choose(peers, pick)
         if peer is not None and peer.replica is not None:
-            member.replica.install_sync(peer.replica.make_sync(), self._tick())
+            install_from(member.replica, peer.replica, self._tick())
             if restream:
                 member.feed = member.replica.applied_clsn
 
@@ -378,7 +385,7 @@ class ClusterMachine(RuleBasedStateMachine):
         assert peer.replica is not None
         for member in self._needing_sync():
             assert member.replica is not None
-            member.replica.install_sync(peer.replica.make_sync(), self._tick())
+            install_from(member.replica, peer.replica, self._tick())
             member.feed = member.replica.applied_clsn
 
 

@@ -6,12 +6,13 @@ from dataclasses import replace
 
 import pytest
 
+from cluster.cache_sync import CacheSync, SubjectSync, export_sync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
-from cluster.replica import CacheSync, Offer, Replica, SubjectSync
+from cluster.replica import Offer, Replica
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory.server.hub import Hub, SubjectRecord
+from migratory.server.hub import Hub
 
 IBM = "/Stocks/NYSE/IBM"
 LAL = "/Scores/NBA/LAL"
@@ -46,8 +47,18 @@ def committed(count: int, subjects: tuple[str, ...] = (IBM,)) -> list[CommittedB
     ]
 
 
+def subjects(replica: Replica) -> tuple[SubjectSync, ...]:
+    return export_sync(replica.hub, replica.applied_clsn).subjects
+
+
+def sync_of(replica: Replica) -> CacheSync:
+    sync = replica.make_sync()
+    assert sync is not None
+    return sync
+
+
 def contents(replica: Replica, subject: str = IBM) -> list[bytes]:
-    (record,) = [r for r in replica.hub.export_subjects() if r.subject == subject]
+    (record,) = [r for r in subjects(replica) if r.subject == subject]
     return [m.content for m in record.cached]
 
 
@@ -110,7 +121,7 @@ def test_make_sync_has_positions_snapshots_and_cached_messages() -> None:
     replica = new_replica()
     for b in committed(5, (IBM, LAL)):
         replica.offer(b, 0.0)
-    sync = replica.make_sync()
+    sync = sync_of(replica)
     assert sync.clsn == 5
     by_subject = {s.subject: s for s in sync.subjects}
     assert set(by_subject) == {IBM, LAL}
@@ -122,8 +133,7 @@ def test_make_sync_has_positions_snapshots_and_cached_messages() -> None:
 
 def test_a_replica_needing_a_sync_cannot_give_one() -> None:
     replica = new_replica(skip_to=4)
-    with pytest.raises(RuntimeError):
-        replica.make_sync()
+    assert replica.make_sync() is None
 
 
 def test_install_sync_replaces_subjects_then_applies_buffered_batches() -> None:
@@ -133,11 +143,11 @@ def test_install_sync_replaces_subjects_then_applies_buffered_batches() -> None:
         peer.offer(b, 0.0)
     for b in batches[2:]:
         assert late.offer(b, 0.0) is Offer.GAP
-    late.install_sync(peer.make_sync(), 1.0)
+    late.install_sync(sync_of(peer), 1.0)
     assert not late.needs_sync and late.applied_clsn == 6 and late.buffered == 0
     for b in batches[4:]:
         peer.offer(b, 0.0)
-    assert late.hub.export_subjects() == peer.hub.export_subjects()
+    assert subjects(late) == subjects(peer)
 
 
 def test_install_sync_stays_in_need_when_the_buffer_does_not_follow() -> None:
@@ -145,7 +155,7 @@ def test_install_sync_stays_in_need_when_the_buffer_does_not_follow() -> None:
     batches = committed(6)
     peer.offer(batches[0], 0.0)
     late.offer(batches[4], 0.0)
-    late.install_sync(peer.make_sync(), 0.0)
+    late.install_sync(sync_of(peer), 0.0)
     assert late.needs_sync and late.applied_clsn == 1
     assert late.hub.position(IBM) == Position(700, 1)
 
@@ -154,11 +164,11 @@ def test_install_sync_forgets_subjects_the_peer_does_not_have() -> None:
     replica = new_replica()
     for b in committed(2, (IBM, LAL)):
         replica.offer(b, 0.0)
-    sync = replica.make_sync()
+    sync = sync_of(replica)
     only_ibm = replace(sync, subjects=tuple(s for s in sync.subjects if s.subject == IBM))
     replica.install_sync(only_ibm, 0.0)
     assert replica.hub.position(LAL) is None
-    assert [s.subject for s in replica.make_sync().subjects] == [IBM]
+    assert [s.subject for s in sync_of(replica).subjects] == [IBM]
 
 
 def test_skip_to_needs_a_sync_that_reaches_the_skipped_batches() -> None:
@@ -167,11 +177,11 @@ def test_skip_to_needs_a_sync_that_reaches_the_skipped_batches() -> None:
     for b in batches[:2]:
         peer.offer(b, 0.0)
     assert late.skip_to(3) and late.needs_sync  # batches 1..3 will not be offered
-    late.install_sync(peer.make_sync(), 0.0)  # a peer at 2 is not enough
+    late.install_sync(sync_of(peer), 0.0)  # a peer at 2 is not enough
     assert late.needs_sync and late.applied_clsn == 2
     for b in batches[2:]:
         peer.offer(b, 0.0)
-    late.install_sync(peer.make_sync(), 0.0)
+    late.install_sync(sync_of(peer), 0.0)
     assert not late.needs_sync and late.applied_clsn == 4
 
 
@@ -190,32 +200,46 @@ def test_batches_offered_again_while_waiting_are_kept_once_in_clsn_order() -> No
     for b in (batches[3], batches[4], batches[1], batches[2], batches[3]):
         assert late.offer(b, 0.0) is Offer.GAP  # 4 first: the rest waits for a sync
     assert late.buffered == 4
-    late.install_sync(peer.make_sync(), 0.0)
+    late.install_sync(sync_of(peer), 0.0)
     assert not late.needs_sync and late.applied_clsn == 5
-    assert [m.seq for m in late.make_sync().subjects[0].cached] == [3, 4, 5]
+    assert [m.seq for m in sync_of(late).subjects[0].cached] == [3, 4, 5]
 
 
-def test_an_older_sync_is_refused() -> None:
-    replica = new_replica()
-    for b in committed(2):
+def test_an_older_sync_is_refused_and_changes_nothing() -> None:
+    """A peer behind this member (the lagging seed a non-seed failed over to) must never
+    move it back: the sync is refused, not installed, and nothing is raised."""
+    replica, behind = new_replica(), new_replica()
+    batches = committed(3, (IBM, LAL))
+    for b in batches:
         replica.offer(b, 0.0)
-    with pytest.raises(ValueError, match="older"):
-        replica.install_sync(CacheSync(clsn=1, subjects=()), 0.0)
-    assert replica.applied_clsn == 2
+    behind.offer(batches[0], 0.0)
+    before = subjects(replica)
+    assert replica.install_sync(sync_of(behind), 0.0) is False
+    assert replica.applied_clsn == 3 and subjects(replica) == before
+    assert not replica.needs_sync
+
+
+def test_a_replica_held_back_needs_a_sync_from_its_first_held_batch() -> None:
+    replica = new_replica()
+    batches = committed(6)
+    replica.offer(batches[0], 0.0)
+    replica.offer(batches[4], 0.0)
+    assert replica.sync_floor == 4  # a sync at 4 lets batch 5 follow
+    assert new_replica(skip_to=3).sync_floor == 3
 
 
 def test_a_malformed_sync_changes_nothing() -> None:
     replica = new_replica()
     for b in committed(3):
         replica.offer(b, 0.0)
-    good = replica.make_sync()
+    good = sync_of(replica)
     (ibm,) = good.subjects
     holes = SubjectSync(IBM, 700, 3, None, (ibm.cached[0], ibm.cached[2]))
-    before = replica.hub.export_subjects()
+    before = subjects(replica)
     for bad in (holes, replace(ibm, seq=0), replace(ibm, epoch=701)):
         with pytest.raises(ValueError):
             replica.install_sync(CacheSync(clsn=9, subjects=(bad,)), 0.0)
-    assert replica.hub.export_subjects() == before and replica.applied_clsn == 3
+    assert subjects(replica) == before and replica.applied_clsn == 3
 
 
 # --- resuming on another member (the hub's rules for a cluster) ----------------------
@@ -255,7 +279,3 @@ def test_a_lagging_member_that_has_not_numbered_the_subject_keeps_the_client_pos
         ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, IBM),
         ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, None),
     ]
-
-
-def test_subject_record_and_subject_sync_carry_the_same_fields() -> None:
-    assert SubjectRecord._fields == SubjectSync.__slots__

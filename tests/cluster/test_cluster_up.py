@@ -37,7 +37,7 @@ def clean_env() -> dict[str, str]:
 
 def migratory(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "migratory", *args],
+        [sys.executable, "-m", "cluster", *args],
         cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout,
     )
 
@@ -87,7 +87,7 @@ class ClusterUp:
         self.out = (cwd / "up.out").open("w")
         self.err = (cwd / "up.err").open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "migratory", "cluster", "up", "--base-port", str(base),
+            [sys.executable, "-m", "cluster", "cluster", "up", "--base-port", str(base),
              "--log-dir", "logs", *args],
             cwd=cwd, env=clean_env(), stdout=self.out, stderr=self.err,
         )

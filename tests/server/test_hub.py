@@ -249,12 +249,17 @@ def test_resume_ahead_of_a_lagging_member_waits_then_continues_without_going_bac
     assert hub.statistics().subscriptions == 1
 
 
-def test_waiting_resume_caught_up_by_a_cache_sync_recovers_what_it_missed() -> None:
+def reposition_like(hub: Hub, peer: Hub) -> None:
+    """Move ``hub``'s subject to where ``peer`` has it (what a cluster cache sync does)."""
+    ((subject, position, snapshot, cached),) = list(peer.numbered())
+    hub.reposition(subject, position, snapshot, cached, 0.0)
+
+
+def test_waiting_resume_caught_up_by_a_reposition_recovers_what_it_missed() -> None:
     hub = cluster_hub_at(2)
     sink = OpSink()
     subscribe(hub, sink, position=Position(5, 4))
-    peer = cluster_hub_at(6)
-    hub.install_subjects(peer.export_subjects(), 0.0)
+    reposition_like(hub, cluster_hub_at(6))
     recovered, synced = sink.received()
     assert isinstance(recovered, ops.Deliver)
     assert [(m.seq, m.type) for m in recovered.messages] == [
@@ -283,17 +288,17 @@ def test_a_single_server_ahead_resume_is_a_resync_not_a_wait() -> None:
     assert out[-1] == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 1))
 
 
-def test_a_sync_that_jumps_ahead_gives_live_subscribers_what_it_jumped_over() -> None:
+def test_a_jump_ahead_gives_live_subscribers_what_it_jumped_over() -> None:
     hub = cluster_hub_at(2)
     sink = OpSink()
     subscribe(hub, sink)
     sink.frames.clear()
-    hub.install_subjects(cluster_hub_at(5).export_subjects(), 0.0)
+    reposition_like(hub, cluster_hub_at(5))
     hub.apply(Message(SUBJECT, b"6", epoch=5, seq=6), 0.0)
     assert [m.seq for m in sink.messages_after_statuses()] == [3, 4, 5, 6]
 
 
-def test_a_sync_past_the_cache_tells_live_subscribers_data_resync() -> None:
+def test_a_jump_past_the_cache_tells_live_subscribers_data_resync() -> None:
     hub = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=2)
     hub.apply(Message(SUBJECT, b"1", epoch=5, seq=1, retained=True), 0.0)
     sink = OpSink()
@@ -302,14 +307,23 @@ def test_a_sync_past_the_cache_tells_live_subscribers_data_resync() -> None:
     peer = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=2)
     for n in range(1, 7):
         peer.apply(Message(SUBJECT, str(n).encode(), epoch=5, seq=n, retained=True), 0.0)
-    hub.install_subjects(peer.export_subjects(), 0.0)
+    reposition_like(hub, peer)
     snapshot, resync = sink.received()
     assert isinstance(snapshot, ops.Deliver) and snapshot.messages[0].content == b"6"
     assert resync == ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(5, 6))
 
 
-def test_a_sync_behind_this_hub_keeps_the_hubs_newer_state() -> None:
-    hub = cluster_hub_at(4)
-    hub.install_subjects(cluster_hub_at(3).export_subjects(), 0.0)
-    assert hub.position(SUBJECT) == Position(5, 4)
-    assert not hub.apply(Message(SUBJECT, b"4", epoch=5, seq=4), 0.0)  # already applied
+def test_reposition_to_seq_0_forgets_the_subject_numbering() -> None:
+    hub = cluster_hub_at(3)
+    hub.reposition(SUBJECT, Position(1, 0), None, (), 0.0)
+    assert hub.position(SUBJECT) is None and list(hub.numbered()) == []
+
+
+def test_reposition_with_cached_messages_that_do_not_fit_changes_nothing() -> None:
+    hub = cluster_hub_at(3)
+    ((subject, _, snapshot, cached),) = list(hub.numbered())
+    with pytest.raises(ValueError):
+        hub.reposition(subject, Position(5, 9), snapshot, cached, 0.0)
+    with pytest.raises(ValueError):
+        hub.reposition(subject, Position(6, 3), snapshot, cached, 0.0)
+    assert hub.position(SUBJECT) == Position(5, 3)

@@ -1,8 +1,15 @@
-"""``migratory`` command line: serve, pub, sub."""
+"""The ``migratory`` command: serve, pub, sub, cluster up/status.
+
+This is the outermost layer: ``serve`` builds a single-node server or a cluster
+member (:func:`cluster.node.build_node`) from the configuration. It lives in the
+cluster package because it composes it; nothing under ``migratory/`` imports
+``cluster/``. ``python -m cluster`` runs it too.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 
@@ -22,10 +29,12 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from cluster.node import build_node
     from migratory.server.app import run_until_signalled
 
     try:
-        trio.run(run_until_signalled, config)
+        server, roles = build_node(config)
+        trio.run(functools.partial(run_until_signalled, server, roles=roles))
     except (OSError, BaseExceptionGroup) as exc:
         error = _first_os_error(exc)
         if error is None:

@@ -1,0 +1,50 @@
+"""Forwarding: the publishes a member takes from its clients, on their way to Raft.
+
+Every member queues its clients' publishes in :class:`~cluster.publishing.ClusterPublishing`.
+:class:`Outgoing` hands them out in batches (a short linger lets one Raft command carry
+many); a seed submits them itself (:mod:`cluster.seed`), a non-seed forwards them to
+its upstream seed (:func:`forward_to`), which submits them and answers only failures
+(``ForwardFailed``) -- successes are acknowledged from the committed stream.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from cluster import link
+from cluster.coordination import PublishRequest
+from cluster.link_io import LinkChannel
+from cluster.publishing import ClusterPublishing
+
+SUBMIT_LINGER = 0.001
+"""Seconds publishes wait to share a Raft command."""
+
+
+class Outgoing:
+    """The publishes waiting to be submitted, handed out in batches."""
+
+    def __init__(self, publishing: ClusterPublishing) -> None:
+        self.publishing = publishing
+        self._wake = trio.Event()
+        publishing.on_outgoing = self._wake.set
+
+    async def next_requests(self) -> list[PublishRequest]:
+        """The publishes taken since the last call, after a short linger."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self.publishing.on_outgoing = self._wake.set
+            await trio.sleep(SUBMIT_LINGER)
+            requests = self.publishing.take_outgoing()
+            if requests:
+                return requests
+
+
+async def forward_to(channel: LinkChannel, outgoing: Outgoing) -> None:
+    """A non-seed's publishes to its upstream seed, for as long as the link lasts.
+
+    Requests taken but not written when the link fails are not lost for the client:
+    their outcome is unknown and the publishing timeout reports it (never a false OK).
+    """
+    while True:
+        await channel.send(link.Forward(tuple(await outgoing.next_requests())))

@@ -1,0 +1,134 @@
+"""The accepting side of the cluster link: what a member does for the peers that dial it.
+
+A non-seed dials a seed to replicate the committed stream (``Replicate``), to forward
+its clients' publishes (``Forward``) and, like a seed that found a gap, to ask for a
+cache sync (``SyncRequest``). Each link is one task; whatever goes wrong in it --
+a protocol error, a reset, a bug -- ends that link, logged with the peer's name,
+never the member.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+import trio
+
+from cluster import link
+from cluster.coordination import PublishRequest
+from cluster.link_io import LinkChannel
+from cluster.stream import FOLLOWER_QUEUE, CommittedStream
+
+log = logging.getLogger("migratory.cluster")
+
+HEARTBEAT_SECONDS = 0.25
+"""An idle link gets a heartbeat this often (a non-seed notices a stopped seed by it)."""
+
+TakeForward = Callable[[str, Sequence[PublishRequest]], None]
+
+
+class PeerService:
+    """Serves the cluster links other members open to this one."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        members: frozenset[str],
+        password: str,
+        stream: CommittedStream,
+        take_forward: TakeForward | None,
+    ) -> None:
+        """``take_forward(peer, requests)`` submits a non-seed's publishes (seeds only)."""
+        self.name = name
+        self.members = members
+        self.password = password
+        self.stream = stream
+        self.take_forward = take_forward
+        self.links_ended = 0
+
+    async def run(
+        self,
+        bind: tuple[str, int],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(trio.serve_tcp, host=bind[0]), self.serve_peer, bind[1]
+            )
+            task_status.started()
+
+    async def serve_peer(self, socket_stream: trio.SocketStream) -> None:
+        channel = LinkChannel(
+            socket_stream, role="accept", member=self.name, password=self.password
+        )
+        peer = "?"
+        try:
+            try:
+                peer = await channel.handshake(self.members)
+            except (link.LinkError, trio.TooSlowError, OSError, EOFError,
+                    trio.BrokenResourceError) as exc:
+                log.warning("cluster link refused: %s", exc or type(exc).__name__)
+                return
+            await self._serve(peer, channel)
+        except (link.LinkError, trio.TooSlowError, OSError, EOFError,
+                trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("link from %s ended: %s", peer, exc or type(exc).__name__)
+        except Exception:
+            log.exception("link from %s failed; closing it (the member carries on)", peer)
+        finally:
+            self.links_ended += 1
+            await channel.aclose()
+
+    async def _serve(self, peer: str, channel: LinkChannel) -> None:
+        send, receive = trio.open_memory_channel[bytes](FOLLOWER_QUEUE)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write, channel, receive, nursery.cancel_scope)
+                while True:
+                    op = await channel.receive()
+                    if op is None:
+                        break
+                    self._on_op(peer, op, send)
+                nursery.cancel_scope.cancel()
+        finally:
+            follower = self.stream.followers.get(peer)
+            if follower is not None and follower.queue is send:
+                self.stream.unfollow(peer)
+            send.close()
+
+    async def _write(
+        self,
+        channel: LinkChannel,
+        frames: trio.MemoryReceiveChannel[bytes],
+        scope: trio.CancelScope,
+    ) -> None:
+        """Write queued frames; a heartbeat when none came for HEARTBEAT_SECONDS. Taking
+        a frame and writing it are separate steps: a timeout never drops a frame."""
+        try:
+            async with frames:
+                while True:
+                    frame: bytes | None = None
+                    with trio.move_on_after(HEARTBEAT_SECONDS):
+                        frame = await frames.receive()
+                    await channel.send_encoded(frame if frame is not None else
+                                               self.stream.heartbeat())
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            scope.cancel()
+
+    def _on_op(self, peer: str, op: link.LinkOp, send: trio.MemorySendChannel[bytes]) -> None:
+        if isinstance(op, link.Replicate):
+            self.stream.follow(peer, op.from_clsn, op.full, send)
+        elif isinstance(op, link.Forward):
+            if self.take_forward is None:
+                raise link.LinkError("only seeds take forwarded publishes")
+            if peer not in self.stream.followers:
+                raise link.LinkError("Forward before Replicate")
+            self.take_forward(peer, op.requests)
+        elif isinstance(op, link.SyncRequest):
+            answer = self.stream.sync_for(op.min_clsn)
+            send.send_nowait(link.encode_frame(answer))
+        else:
+            raise link.LinkError(f"unexpected {type(op).__name__} from {peer}")

@@ -1,0 +1,76 @@
+"""Readiness: whether a member may take clients, and sending them away when it may not.
+
+A member is ready when its copy of the committed stream is whole and current: not
+waiting for a cache sync, and -- for a seed -- caught up with Raft and in touch with
+a leader, or -- for a non-seed -- caught up with a ready upstream seed that it has
+heard from recently. Until then new clients are closed with ``1013`` and
+``/readyz`` answers 503 with the reason. A member that was ready and has not been for
+:data:`SHED_AFTER` seconds sends its clients away (``1013``) so they resume on a
+member that can serve them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from cluster.replica import Replica
+
+SHED_AFTER = 3.0
+"""Seconds not ready (after having been ready) before clients are sent away."""
+
+
+class Readiness:
+    """The member's readiness, from its replica and its role's own reason."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        role_reason: Callable[[float], str | None],
+        *,
+        syncing: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float],
+    ) -> None:
+        self.replica = replica
+        self.role_reason = role_reason
+        self.syncing = syncing
+        self.clock = clock
+
+    def reason(self) -> str | None:
+        """Why the member cannot take clients now, or None when it can."""
+        if self.replica.needs_sync or self.syncing():
+            return "member is syncing its cache"
+        return self.role_reason(self.clock())
+
+
+class Change(Enum):
+    NONE = "none"
+    READY = "ready"
+    NOT_READY = "not ready"
+    SHED = "shed"
+
+
+@dataclass(slots=True)
+class ReadinessWatch:
+    """Turns samples of the reason into what to log and when to shed clients. Pure."""
+
+    shed_after: float = SHED_AFTER
+    reported: str | None = "starting"
+    not_ready_since: float | None = None
+    shed: bool = False
+
+    def observe(self, reason: str | None, now: float) -> list[Change]:
+        changes: list[Change] = []
+        if reason != self.reported:
+            changes.append(Change.READY if reason is None else Change.NOT_READY)
+        if reason is None:
+            self.not_ready_since, self.shed = None, False
+        elif self.reported is None:
+            self.not_ready_since = now  # was ready: cut off from the cluster
+        self.reported = reason
+        since = self.not_ready_since
+        if not self.shed and since is not None and now - since >= self.shed_after:
+            self.shed = True
+            changes.append(Change.SHED)
+        return changes

@@ -1,0 +1,271 @@
+"""Seed coordination: a seed member's Raft node and what it submits to it.
+
+A seed runs pysyncobj (:mod:`cluster.raft`), built off the event loop (loading a long
+journal takes time). It submits its own clients' publishes and those non-seeds
+forward to it, a batch per Raft command; the outcome comes from the committed stream
+(acknowledgements) or from Raft's refusal (``PUBLISH_FAILED`` / ``ForwardFailed``).
+When Raft cannot say whether a command committed (its leader died with it in
+flight), a barrier settles it: once an empty command submitted afterwards commits,
+whatever is still pending will never commit.
+
+Committed batches and dumps cross from the Raft thread with ``run_sync_soon``, in
+order. A seed restored from a dump gets the caches from the dump itself
+(:mod:`cluster.replicated_cache`); a seed whose stream still has a gap (which the
+dump makes rare) copies a peer seed's caches, never one older than its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+
+from cluster import link
+from cluster.cache_sync import CacheSync
+from cluster.coordination import CommittedBatch, PublishRequest
+from cluster.forwarding import Outgoing
+from cluster.link_io import CONNECT_ERRORS, connect
+from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
+from cluster.replica import Offer
+from cluster.stream import CommittedStream
+from migratory.config import Config
+from migratory.model.position import new_epoch
+
+log = logging.getLogger("migratory.cluster")
+
+RETRY_SECONDS = 0.3
+MAX_BARRIER_ATTEMPTS = 20
+LEADERLESS_GRACE = 1.5
+"""Seconds a seed may see no Raft leader (an election) and stay ready."""
+
+Origins = list[tuple[str, int]]
+T = TypeVar("T")
+
+
+class SeedCoordination:
+    def __init__(
+        self, *, config: Config, name: str, stream: CommittedStream, outgoing: Outgoing
+    ) -> None:
+        assert config.cluster_member_listen is not None
+        self.config = config
+        self.name = name
+        self.stream = stream
+        self.outgoing = outgoing
+        self.epoch_candidate = new_epoch()
+        self.raft: RaftCoordination | None = None
+        self.syncing = False
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._leaderless_since: float | None = None
+
+    # --- running ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                self.raft = await trio.to_thread.run_sync(self._build_raft)
+                log.info("Raft node %s started", self.raft.address)
+                while True:
+                    self._submit(await self.outgoing.next_requests(), reply_to=None)
+            finally:
+                if self.raft is not None:
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self.raft.close)
+
+    def _build_raft(self) -> RaftCoordination:
+        config = self.config
+        assert config.cluster_member_listen is not None
+        return RaftCoordination(
+            self_address=config.cluster_member_listen,
+            bind_address=config.cluster_bind,
+            seed_addresses=config.seed_members,
+            password=config.cluster_password,
+            on_commit=self._from_raft_thread(self._committed),
+            on_restore=self._from_raft_thread(self._restored),
+            data_dir=Path(config.cluster_data_dir),
+            max_cached_messages=config.max_cached_messages_per_subject,
+            timings=RaftTimings(
+                compaction_entries=config.cluster_log_compaction_entries,
+                compaction_seconds=config.cluster_log_compaction_time,
+            ),
+        )
+
+    def _from_raft_thread(self, handler: Callable[[T], None]) -> Callable[[T], None]:
+        """``handler`` run on the trio thread, in the order the Raft thread calls it."""
+        token = self._token
+        assert token is not None
+
+        def hand_over(item: T) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(handler, item)
+
+        return hand_over
+
+    # --- the committed stream -----------------------------------------------------------
+
+    def _committed(self, batch: CommittedBatch) -> None:
+        offer = self.stream.on_committed(batch, trio.current_time())
+        if offer is Offer.GAP and not self.syncing and self._nursery is not None:
+            self.syncing = True
+            self._nursery.start_soon(self._sync_from_a_peer_seed)
+
+    def _restored(self, sync: CacheSync) -> None:
+        if self.stream.on_restore(sync, trio.current_time()):
+            log.info("caches restored from the Raft dump at clsn %d (%d subjects)",
+                     sync.clsn, len(sync.subjects))
+
+    # --- status and readiness ------------------------------------------------------------
+
+    @property
+    def raft_status(self) -> RaftStatus | None:
+        return None if self.raft is None else self.raft.snapshot
+
+    def not_ready_reason(self) -> str | None:
+        status = self.raft_status
+        if status is None:
+            return "Raft is starting (loading its log)"
+        if not status.ready:
+            return "member has not caught up with Raft yet"
+        if status.has_leader:
+            self._leaderless_since = None
+            return None
+        now = time.monotonic()
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        if now - self._leaderless_since < LEADERLESS_GRACE:
+            return None
+        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
+
+    # --- submitting -------------------------------------------------------------------
+
+    def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> None:
+        """A non-seed's publishes; failures go back to it as ``ForwardFailed``."""
+        if self.raft is None:
+            origins = [(r.origin, r.ref) for r in requests]
+            self._settle(origins, "not published: Raft is starting", peer)
+            return
+        self._submit(list(requests), reply_to=peer)
+
+    def _submit(self, requests: list[PublishRequest], reply_to: str | None) -> None:
+        assert self.raft is not None
+        origins = [(r.origin, r.ref) for r in requests]
+        token = self._token
+        assert token is not None
+
+        def done(clsn: int | None, error: str | None, unknown: bool) -> None:
+            if error is None:
+                return  # acknowledged from the committed stream
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
+
+        self.raft.submit(self.epoch_candidate, requests, done)
+
+    def _submit_failed(
+        self, origins: Origins, error: str, unknown: bool, reply_to: str | None
+    ) -> None:
+        if unknown:
+            # The batch may still commit (the old leader may have replicated it). Once a
+            # barrier submitted now commits, anything before it that will ever commit has
+            # been applied: whatever is still pending then is definitely lost.
+            if reply_to is None:
+                self.stream.publishing.on_failed(
+                    origins, error, unknown=True, now=trio.current_time()
+                )
+            self._submit_barrier(origins, error, reply_to, attempt=1)
+            return
+        self._settle(origins, f"not published: {error}", reply_to)
+
+    def _settle(self, origins: Origins, reason: str, reply_to: str | None) -> None:
+        """Definite failure of whatever of ``origins`` is still pending."""
+        if reply_to is None:
+            self.stream.publishing.on_failed(
+                origins, reason, unknown=False, now=trio.current_time()
+            )
+        else:
+            self.stream.send_to(reply_to, link.ForwardFailed(tuple(origins), reason, False))
+
+    def _submit_barrier(
+        self, origins: Origins, error: str, reply_to: str | None, attempt: int
+    ) -> None:
+        assert self.raft is not None and self._token is not None
+        token = self._token
+
+        def done(clsn: int | None, barrier_error: str | None, unknown: bool) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(
+                    self._barrier_done, origins, error, reply_to, barrier_error, attempt
+                )
+
+        self.raft.submit(self.epoch_candidate, [], done)
+
+    def _barrier_done(
+        self,
+        origins: Origins,
+        error: str,
+        reply_to: str | None,
+        barrier_error: str | None,
+        attempt: int,
+    ) -> None:
+        if barrier_error is None:
+            self._settle(origins, f"the Raft leader changed ({error})", reply_to)
+        elif attempt < MAX_BARRIER_ATTEMPTS and self._nursery is not None:
+            self._nursery.start_soon(self._retry_barrier, origins, error, reply_to, attempt)
+        # else: the publish timeout reports the outcome as unknown
+
+    async def _retry_barrier(
+        self, origins: Origins, error: str, reply_to: str | None, attempt: int
+    ) -> None:
+        await trio.sleep(RETRY_SECONDS / 3)
+        self._submit_barrier(origins, error, reply_to, attempt + 1)
+
+    # --- a gap: a peer seed's caches ----------------------------------------------------
+
+    async def _sync_from_a_peer_seed(self) -> None:
+        """Copy a peer seed's caches, as of at least the batch this seed needs."""
+        replica = self.stream.replica
+        others = [a for a in self.config.seed_members if a != self.config.cluster_member_listen]
+        try:
+            while replica.needs_sync:
+                for address in random.sample(others, len(others)):
+                    await self._sync_from(address)
+                    if not replica.needs_sync:
+                        return
+                await trio.sleep(RETRY_SECONDS)
+        finally:
+            self.syncing = False
+
+    async def _sync_from(self, address: tuple[str, int]) -> None:
+        replica = self.stream.replica
+        peer = f"{address[0]}:{address[1]}"
+        try:
+            with trio.fail_after(10):
+                channel = await connect(address, member=self.name,
+                                        password=self.config.cluster_password)
+                try:
+                    await channel.send(link.SyncRequest(replica.sync_floor))
+                    op = await channel.receive()
+                finally:
+                    await channel.aclose()
+        except CONNECT_ERRORS as exc:
+            log.info("cache sync from %s failed: %s", peer, exc)
+            return
+        except Exception:
+            log.exception("cache sync from %s failed", peer)
+            return
+        if isinstance(op, link.Sync):
+            if replica.install_sync(op.sync, trio.current_time()):
+                self.stream.installed_sync()
+                log.info("cache synced from %s at clsn %d", peer, op.sync.clsn)
+            else:
+                log.info("%s offered an older sync (clsn %d); not installed", peer, op.sync.clsn)
+        elif isinstance(op, link.SyncRefused):
+            log.info("%s cannot give a sync now (at clsn %d): %s", peer, op.clsn, op.reason)

@@ -1,0 +1,193 @@
+"""A member's copy of the committed stream, and the non-seeds that follow it from here.
+
+Every committed batch (from Raft on a seed, from its upstream seed on a non-seed) is
+applied here in CLSN order: to the replica (hub, fan-out), to the publishing
+acknowledgements, to a ring of recent batches, and -- encoded into one link frame
+shared by all of them -- to each follower (a non-seed replicating from this member).
+
+A follower asks to be caught up from its own CLSN. It is never moved backwards:
+
+- behind this member, within the ring: it gets the ring's later batches, then live;
+- behind, beyond the ring, or asking for a full sync: it gets this member's caches
+  (a :class:`~cluster.link.Sync`) as soon as this member is whole and has reached the
+  follower's CLSN, then live batches after it;
+- ahead of this member (it came from a seed further on): it gets only the batches
+  after its CLSN, once this member reaches them.
+
+No I/O here: frames go into each follower's bounded queue of bytes; the link writer
+(:mod:`cluster.peers`) drains it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from cluster import link
+from cluster.cache_sync import CacheSync
+from cluster.coordination import CommittedBatch
+from cluster.publishing import ClusterPublishing
+from cluster.replica import Offer, Replica
+
+log = logging.getLogger("migratory.cluster")
+
+RING_BATCHES = 20_000
+"""Committed batches (encoded) kept to catch up a (re)joining non-seed."""
+FOLLOWER_QUEUE = 50_000
+"""Frames queued for one follower before it is dropped as too slow (it will resume)."""
+
+
+@dataclass(slots=True)
+class Follower:
+    """A non-seed replicating from this member."""
+
+    name: str
+    queue: trio.MemorySendChannel[bytes]
+    after: int
+    """It holds every batch up to here: only later ones are sent."""
+    wants_sync: bool
+    """It gets a whole cache sync once this member is whole and has reached ``after``."""
+
+
+class CommittedStream:
+    def __init__(
+        self,
+        publishing: ClusterPublishing,
+        *,
+        ring_size: int = RING_BATCHES,
+        is_ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.publishing = publishing
+        self.replica: Replica = publishing.replica
+        self.ring: deque[tuple[int, bytes]] = deque(maxlen=ring_size)
+        self.followers: dict[str, Follower] = {}
+        self.is_ready = is_ready
+        """Whether this member's own state is current (a seed with a Raft leader,
+        caught up); sent to followers in heartbeats."""
+
+    # --- the stream ---------------------------------------------------------------
+
+    def on_committed(self, batch: CommittedBatch, now: float) -> Offer:
+        """Apply one committed batch and pass it on to the followers."""
+        offer = self.publishing.on_committed(batch, now)
+        if offer is not Offer.APPLIED:
+            return offer
+        frame = link.encode_frame(link.Batch(batch))
+        self.ring.append((batch.clsn, frame))
+        for follower in list(self.followers.values()):
+            if follower.wants_sync:
+                self._try_sync(follower)
+            elif batch.clsn > follower.after:
+                follower.after = batch.clsn
+                self._send(follower, frame)
+        return offer
+
+    def on_restore(self, sync: CacheSync, now: float) -> bool:
+        """Raft loaded a dump (with the caches) at ``sync.clsn``; False if this member
+        was already further (nothing changes)."""
+        if not self.replica.install_sync(sync, now):
+            return False
+        self.installed_sync()
+        return True
+
+    def installed_sync(self) -> None:
+        """This member jumped to a sync (a peer's, or a Raft dump): the ring no longer
+        leads up to it, and followers behind the jump need it too."""
+        self.ring.clear()
+        applied = self.replica.applied_clsn
+        for follower in self.followers.values():
+            if follower.after < applied:
+                follower.wants_sync = True
+        self._serve_waiting()
+
+    # --- followers ----------------------------------------------------------------
+
+    def follow(
+        self, name: str, from_clsn: int, full: bool, queue: trio.MemorySendChannel[bytes]
+    ) -> None:
+        """``name`` replicates from here, holding every batch up to ``from_clsn``."""
+        self.unfollow(name)
+        applied = self.replica.applied_clsn
+        follower = Follower(name, queue, after=from_clsn, wants_sync=full)
+        self.followers[name] = follower
+        if full or from_clsn >= applied:
+            how = "sync" if full else ("ahead: live only" if from_clsn > applied else "live")
+        elif self.ring and self.ring[0][0] <= from_clsn + 1:
+            how = "from the ring"
+            for clsn, frame in self.ring:
+                if clsn > from_clsn:
+                    self._send(follower, frame)
+            follower.after = applied
+        else:
+            how = "sync (beyond the ring)"
+            follower.wants_sync = True
+        if follower.wants_sync:
+            self._try_sync(follower)
+        self._send(follower, self.heartbeat())
+        log.info("replicating to %s from clsn %d (%s; here %d)", name, from_clsn, how, applied)
+
+    def unfollow(self, name: str) -> None:
+        self.followers.pop(name, None)
+
+    def send_to(self, name: str, op: link.LinkOp) -> bool:
+        """One operation to a follower (a forward's outcome); False if it is gone."""
+        follower = self.followers.get(name)
+        if follower is None:
+            return False
+        self._send(follower, link.encode_frame(op))
+        return True
+
+    def heartbeat(self) -> bytes:
+        return link.encode_frame(link.Heartbeat(self.replica.applied_clsn, self.is_ready()))
+
+    def sync_for(self, min_clsn: int) -> link.Sync | link.SyncRefused:
+        """A whole cache sync at ``min_clsn`` or later, or why not now."""
+        replica = self.replica
+        if replica.needs_sync:
+            return link.SyncRefused(replica.applied_clsn, "this member is waiting for a sync")
+        if replica.applied_clsn < min_clsn:
+            return link.SyncRefused(
+                replica.applied_clsn,
+                f"this member is at clsn {replica.applied_clsn}, behind {min_clsn}",
+            )
+        if not self.is_ready():
+            return link.SyncRefused(replica.applied_clsn, "this member is not ready")
+        sync = replica.make_sync()
+        assert sync is not None
+        return link.Sync(sync)
+
+    def _serve_waiting(self) -> None:
+        for follower in list(self.followers.values()):
+            if follower.wants_sync:
+                self._try_sync(follower)
+
+    def _try_sync(self, follower: Follower) -> None:
+        replica = self.replica
+        if replica.needs_sync or replica.applied_clsn < follower.after:
+            return  # later: once this member is whole and has reached the follower
+        sync = replica.make_sync()
+        assert sync is not None
+        follower.wants_sync = False
+        follower.after = sync.clsn
+        try:
+            frame = link.encode_frame(link.Sync(sync))
+        except link.LinkError as exc:  # larger than a link frame may be
+            log.error("cannot sync %s: %s; dropping its link", follower.name, exc)
+            follower.queue.close()
+            self.unfollow(follower.name)
+            return
+        self._send(follower, frame)
+
+    def _send(self, follower: Follower, frame: bytes) -> None:
+        try:
+            follower.queue.send_nowait(frame)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            log.warning("replica %s too slow or gone; dropping its link (it will resume)",
+                        follower.name)
+            follower.queue.close()
+            if self.followers.get(follower.name) is follower:
+                del self.followers[follower.name]

@@ -1,0 +1,196 @@
+"""Upstream replication: how a non-seed follows the committed stream from one seed.
+
+A non-seed dials one seed at a time (its *upstream*), asks to be caught up from its
+own CLSN (``Replicate``), applies what comes (batches, or a whole cache sync), and
+forwards its clients' publishes over the same link. It leaves that seed and dials
+another when:
+
+- the link fails in any way (reset, refused, protocol error);
+- nothing arrives for :data:`UPSTREAM_SILENCE` seconds (the seed is stopped,
+  SIGSTOPped or cut off -- it would otherwise send a heartbeat every 250 ms);
+- the seed says it is not ready for :data:`UPSTREAM_NOT_READY` seconds (it lost
+  the Raft majority or is replaying its log);
+- the seed offers a cache sync older than what this member has applied (it is
+  behind: installing it would move clients back) -- the sync is refused, never
+  installed;
+- the stream has a gap (then it asks the next seed for a whole sync).
+
+Nothing that goes wrong on one link ends the member: every failure ends the link,
+is logged with the seed's name, and the loop dials on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import trio
+
+from cluster import link
+from cluster.forwarding import Outgoing, forward_to
+from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect
+from cluster.replica import Offer
+from cluster.stream import CommittedStream
+
+log = logging.getLogger("migratory.cluster")
+
+UPSTREAM_SILENCE = 2.0
+UPSTREAM_NOT_READY = 2.0
+RETRY_SECONDS = 0.3
+
+
+class _Leave(Exception):
+    """Leave this upstream seed (and say why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamView:
+    """Where a non-seed stands with its upstream, for readiness and status."""
+
+    seed: str | None = None
+    heartbeat_clsn: int | None = None
+    """The clsn of the seed's last heartbeat on this link (None: none yet)."""
+    seed_ready: bool = False
+    last_heard: float = 0.0
+    """trio time of the last frame from the seed."""
+
+
+def member_name(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+class UpstreamReplication:
+    def __init__(
+        self,
+        *,
+        name: str,
+        seeds: Sequence[tuple[str, int]],
+        password: str,
+        stream: CommittedStream,
+        outgoing: Outgoing,
+    ) -> None:
+        self.name = name
+        self.seeds = list(seeds)
+        self.password = password
+        self.stream = stream
+        self.outgoing = outgoing
+        self.view = UpstreamView()
+        self.switches = 0
+        self._not_ready_since: float | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        seeds = list(self.seeds)
+        random.shuffle(seeds)
+        turn = 0
+        while True:
+            address = seeds[turn % len(seeds)]
+            turn += 1
+            await self._follow(address)
+            if turn % len(seeds) == 0:
+                await trio.sleep(RETRY_SECONDS)
+
+    async def _follow(self, address: tuple[str, int]) -> None:
+        """Replicate from the seed at ``address`` until something ends it; never raises
+        (but for cancellation)."""
+        seed = member_name(address)
+        try:
+            channel = await connect(address, member=self.name, password=self.password)
+        except CONNECT_ERRORS as exc:
+            log.debug("seed %s unreachable: %s", seed, exc)
+            return
+        except Exception:
+            log.exception("dialling seed %s failed", seed)
+            return
+        replica = self.stream.replica
+        log.info("replicating from seed %s at clsn %d%s", seed, replica.applied_clsn,
+                 " (needs a whole sync)" if replica.needs_sync else "")
+        self.view = UpstreamView(seed=seed, last_heard=trio.current_time())
+        self._not_ready_since = None
+        try:
+            await self._replicate(seed, channel)
+        except _Leave as why:
+            log.warning("leaving seed %s: %s", seed, why)
+        except (*CONNECT_ERRORS, trio.EndOfChannel) as exc:
+            log.warning("lost seed %s: %s", seed, exc or type(exc).__name__)
+        except Exception:
+            log.exception("replication from seed %s failed; trying another", seed)
+        finally:
+            self.view = UpstreamView()
+            self.switches += 1
+            await channel.aclose()
+
+    async def _replicate(self, seed: str, channel: LinkChannel) -> None:
+        replica = self.stream.replica
+        await channel.send(link.Replicate(replica.applied_clsn, full=replica.needs_sync))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(forward_to, channel, self.outgoing)
+            while True:
+                op = None
+                with trio.move_on_after(UPSTREAM_SILENCE):
+                    op = await channel.receive()
+                    if op is None:
+                        raise _Leave("the seed closed the link")
+                if op is None:
+                    raise _Leave(f"nothing from it for {UPSTREAM_SILENCE:g} s")
+                self._on_op(seed, op)
+            nursery.cancel_scope.cancel()
+
+    def _on_op(self, seed: str, op: link.LinkOp) -> None:
+        now = trio.current_time()
+        view = self.view
+        self.view = UpstreamView(seed, view.heartbeat_clsn, view.seed_ready, now)
+        replica = self.stream.replica
+        if isinstance(op, link.Batch):
+            if self.stream.on_committed(op.batch, now) is Offer.GAP:
+                raise _Leave(
+                    f"gap in the committed stream at clsn {replica.applied_clsn} (received "
+                    f"batch {op.batch.clsn}); asking for a whole sync"
+                )
+        elif isinstance(op, link.Sync):
+            if not replica.install_sync(op.sync, now):
+                raise _Leave(
+                    f"it offered a cache sync at clsn {op.sync.clsn}, behind the "
+                    f"{replica.applied_clsn} applied here (refused: it would move clients back)"
+                )
+            self.stream.installed_sync()
+            log.info("cache synced from seed %s at clsn %d", seed, op.sync.clsn)
+        elif isinstance(op, link.Heartbeat):
+            self.view = UpstreamView(seed, op.clsn, op.ready, now)
+            self._check_seed_ready(op.ready, now)
+        elif isinstance(op, link.ForwardFailed):
+            self.stream.publishing.on_failed(
+                list(op.origins), op.reason, unknown=op.unknown, now=now
+            )
+        else:
+            raise link.LinkError(f"unexpected {type(op).__name__} from seed {seed}")
+
+    def _check_seed_ready(self, ready: bool, now: float) -> None:
+        if ready:
+            self._not_ready_since = None
+            return
+        if self._not_ready_since is None:
+            self._not_ready_since = now
+        elif now - self._not_ready_since >= UPSTREAM_NOT_READY:
+            raise _Leave(f"it has not been ready for {UPSTREAM_NOT_READY:g} s")
+
+    def not_ready_reason(self, now: float) -> str | None:
+        """Why this non-seed cannot serve clients now, or None."""
+        view, replica = self.view, self.stream.replica
+        if view.seed is None:
+            return "member is not replicating from a seed yet"
+        if view.heartbeat_clsn is None:
+            return f"waiting for seed {view.seed} to catch it up"
+        if not view.seed_ready:
+            return f"seed {view.seed} is not ready"
+        if replica.applied_clsn < view.heartbeat_clsn:
+            return (
+                f"catching up with seed {view.seed} "
+                f"(clsn {replica.applied_clsn} of {view.heartbeat_clsn})"
+            )
+        silent = now - view.last_heard
+        if silent > UPSTREAM_SILENCE / 2:
+            return f"no word from seed {view.seed} for {silent:.1f} s"
+        return None

@@ -1,5 +1,0 @@
-import sys
-
-from migratory.cli import main
-
-sys.exit(main())

@@ -1,0 +1,148 @@
+"""The committed stream and its followers: nobody is ever moved backwards."""
+
+from __future__ import annotations
+
+import trio
+
+from cluster import link
+from cluster.cache_sync import CacheSync
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
+from cluster.publishing import ClusterPublishing
+from cluster.replica import Offer, Replica
+from cluster.stream import CommittedStream
+from migratory.model.message import Message
+from migratory.server.hub import Hub
+
+IBM = "/Stocks/NYSE/IBM"
+
+
+def committed(count: int) -> list[CommittedBatch]:
+    coordinator = Coordinator()
+    return [
+        coordinator.apply_batch(700, [PublishRequest("x", i, Message(IBM, f"{i}".encode()))])
+        for i in range(count)
+    ]
+
+
+def new_stream(*, ring_size: int = 100, ready: bool = True) -> CommittedStream:
+    replica = Replica(Hub(epoch=UNNUMBERED_EPOCH))
+    publishing = ClusterPublishing(origin="me#1", replica=replica)
+    return CommittedStream(publishing, ring_size=ring_size, is_ready=lambda: ready)
+
+
+class Follower:
+    def __init__(self, stream: CommittedStream, name: str, from_clsn: int, full: bool = False):
+        self.send, self.receive = trio.open_memory_channel[bytes](1000)
+        stream.follow(name, from_clsn, full, self.send)
+
+    def ops(self) -> list[link.LinkOp]:
+        out = []
+        while True:
+            try:
+                frame = self.receive.receive_nowait()
+            except trio.WouldBlock:
+                return out
+            out.append(link.decode_op(frame[4:]))
+
+    def batches(self) -> list[int]:
+        return [op.batch.clsn for op in self.ops() if isinstance(op, link.Batch)]
+
+
+def fed(stream: CommittedStream, batches: list[CommittedBatch]) -> CommittedStream:
+    for batch in batches:
+        assert stream.on_committed(batch, 0.0) is Offer.APPLIED
+    return stream
+
+
+def test_a_follower_behind_within_the_ring_gets_the_missed_batches_then_live() -> None:
+    batches = committed(6)
+    stream = fed(new_stream(), batches[:4])
+    follower = Follower(stream, "n1", from_clsn=1)
+    stream.on_committed(batches[4], 0.0)
+    ops = follower.ops()
+    assert [op.batch.clsn for op in ops if isinstance(op, link.Batch)] == [2, 3, 4, 5]
+    assert link.Heartbeat(4, True) in ops  # after the catch-up: ready to compare against
+
+
+def test_a_follower_ahead_of_this_member_is_never_sent_what_it_has() -> None:
+    """The lagging-seed failover: the non-seed applied 5, this seed only 2."""
+    batches = committed(7)
+    stream = fed(new_stream(), batches[:2])
+    follower = Follower(stream, "n1", from_clsn=5)
+    assert not any(isinstance(op, link.Sync | link.Batch) for op in follower.ops())
+    fed(stream, batches[2:])
+    assert follower.batches() == [6, 7]
+
+
+def test_a_full_sync_waits_until_this_member_reaches_the_follower() -> None:
+    batches = committed(6)
+    stream = fed(new_stream(), batches[:2])
+    follower = Follower(stream, "n1", from_clsn=4, full=True)
+    assert not any(isinstance(op, link.Sync) for op in follower.ops())
+    fed(stream, batches[2:4])
+    syncs = [op for op in follower.ops() if isinstance(op, link.Sync)]
+    assert [s.sync.clsn for s in syncs] == [4]
+    fed(stream, batches[4:])
+    assert follower.batches() == [5, 6]
+
+
+def test_beyond_the_ring_a_follower_behind_gets_a_sync_not_a_gap() -> None:
+    batches = committed(8)
+    stream = fed(new_stream(ring_size=2), batches[:6])
+    follower = Follower(stream, "n1", from_clsn=1)
+    syncs = [op.sync.clsn for op in follower.ops() if isinstance(op, link.Sync)]
+    assert syncs == [6]
+
+
+def test_a_restore_from_a_dump_sends_followers_behind_it_a_sync() -> None:
+    batches = committed(5)
+    source = fed(new_stream(), batches)
+    stream = fed(new_stream(), batches[:1])
+    follower = Follower(stream, "n1", from_clsn=1)
+    follower.ops()
+    sync = source.replica.make_sync()
+    assert sync is not None
+    assert stream.on_restore(sync, 0.0)
+    assert [op.sync.clsn for op in follower.ops() if isinstance(op, link.Sync)] == [5]
+
+
+def test_an_older_restore_changes_nothing() -> None:
+    stream = fed(new_stream(), committed(3))
+    assert not stream.on_restore(CacheSync(1, ()), 0.0)
+    assert stream.replica.applied_clsn == 3
+
+
+def test_sync_requests_are_refused_by_a_member_behind_or_not_whole() -> None:
+    batches = committed(4)
+    stream = fed(new_stream(), batches[:2])
+    refused = stream.sync_for(3)
+    assert isinstance(refused, link.SyncRefused) and refused.clsn == 2
+    assert isinstance(stream.sync_for(2), link.Sync)
+    waiting = new_stream()
+    waiting.on_committed(batches[3], 0.0)  # a gap: it needs a sync itself
+    assert isinstance(waiting.sync_for(0), link.SyncRefused)
+    fresh_but_not_ready = new_stream(ready=False)  # a seed at clsn 0 replaying its log
+    assert isinstance(fresh_but_not_ready.sync_for(0), link.SyncRefused)
+
+
+def test_heartbeats_carry_readiness() -> None:
+    assert link.decode_op(new_stream(ready=False).heartbeat()[4:]) == link.Heartbeat(0, False)
+
+
+def test_a_follower_too_slow_is_dropped_not_blocking() -> None:
+    batches = committed(5)
+    stream = fed(new_stream(), batches[:1])
+    send, _receive = trio.open_memory_channel[bytes](2)
+    stream.follow("slow", 1, False, send)  # heartbeat: 1 of 2
+    fed(stream, batches[1:])
+    assert "slow" not in stream.followers
+
+
+def test_each_batch_is_encoded_once_for_every_follower() -> None:
+    batches = committed(3)
+    stream = fed(new_stream(), batches[:1])
+    a, b = Follower(stream, "a", 1), Follower(stream, "b", 1)
+    a.ops(), b.ops()
+    stream.on_committed(batches[1], 0.0)
+    frame_a, frame_b = a.receive.receive_nowait(), b.receive.receive_nowait()
+    assert frame_a is frame_b
