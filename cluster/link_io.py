@@ -25,6 +25,14 @@ CONNECT_ERRORS = (
 RECV_SIZE = 1 << 16
 
 
+def describe(error: BaseException) -> str:
+    """What ended a link, in words: the message of each exception a task group raised
+    (trio wraps whatever crosses a nursery in an ``ExceptionGroup``)."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in error.exceptions)
+    return str(error) or type(error).__name__
+
+
 class LinkChannel:
     """An authenticated link to one peer member."""
 

@@ -17,7 +17,7 @@ import trio
 
 from cluster import link
 from cluster.coordination import PublishRequest
-from cluster.link_io import LinkChannel
+from cluster.link_io import LinkChannel, describe
 from cluster.stream import FOLLOWER_QUEUE, CommittedStream
 
 log = logging.getLogger("migratory.cluster")
@@ -73,10 +73,11 @@ class PeerService:
                 log.warning("cluster link refused: %s", exc or type(exc).__name__)
                 return
             await self._serve(peer, channel)
-        except (link.LinkError, trio.TooSlowError, OSError, EOFError,
-                trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.info("link from %s ended: %s", peer, exc or type(exc).__name__)
-        except Exception:
+        # except*: what ends the link comes out of _serve's nursery as a group
+        except* (link.LinkError, trio.TooSlowError, OSError, EOFError,
+                 trio.BrokenResourceError, trio.ClosedResourceError) as ended:
+            log.info("link from %s ended: %s", peer, describe(ended))
+        except* Exception:
             log.exception("link from %s failed; closing it (the member carries on)", peer)
         finally:
             self.links_ended += 1

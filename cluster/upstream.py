@@ -30,7 +30,7 @@ import trio
 
 from cluster import link
 from cluster.forwarding import Outgoing, forward_to
-from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect
+from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect, describe
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
 
@@ -111,11 +111,12 @@ class UpstreamReplication:
         self._not_ready_since = None
         try:
             await self._replicate(seed, channel)
-        except _Leave as why:
-            log.warning("leaving seed %s: %s", seed, why)
-        except (*CONNECT_ERRORS, trio.EndOfChannel) as exc:
-            log.warning("lost seed %s: %s", seed, exc or type(exc).__name__)
-        except Exception:
+        # except*: what ends the link comes out of _replicate's nursery as a group
+        except* _Leave as why:
+            log.warning("leaving seed %s: %s", seed, describe(why))
+        except* (*CONNECT_ERRORS, trio.EndOfChannel) as lost:
+            log.warning("lost seed %s: %s", seed, describe(lost))
+        except* Exception:
             log.exception("replication from seed %s failed; trying another", seed)
         finally:
             self.view = UpstreamView()

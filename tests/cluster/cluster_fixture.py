@@ -104,6 +104,26 @@ class LocalCluster:
         process.send_signal(sig)
         process.wait(10)
 
+    def exited(self) -> dict[int, int]:
+        """Members whose process has ended: index -> exit status (a member the test
+        killed shows here too: compare with what it killed)."""
+        return {
+            i: code
+            for i, process in enumerate(self.processes)
+            if process is not None and (code := process.poll()) is not None
+        }
+
+    def wait_same_applied(self, indexes: list[int] | range, timeout: float = 20) -> int:
+        """Until every member in ``indexes`` reports the same applied clsn; returns it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            applied = {i: self.status(i)["applied_clsn"] for i in indexes}
+            if len(set(applied.values())) == 1:
+                return next(iter(applied.values()))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"applied clsn differ: {applied}")
+            time.sleep(0.2)
+
     def log(self, index: int) -> str:
         path = self.tmp_path / f"migratory-{index}.log"
         return path.read_text(errors="replace") if path.exists() else ""

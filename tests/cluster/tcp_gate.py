@@ -1,0 +1,106 @@
+"""A TCP forwarder on 127.0.0.1 that a test can close: new connections are then reset
+at once (so a member dialling it moves on at once), and open ones can be reset too.
+
+Used to steer where a non-seed goes next: a seed binds ``ClusterMemberBind`` behind a
+gate on its ``ClusterMemberListen`` port (and one on port + 1 for Raft, always open).
+Threads with blocking sockets, two per connection; every thread ends with its
+connection or with :meth:`TcpGate.shutdown`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+
+
+def _reset(sock: socket.socket, *, close: bool = True) -> None:
+    """End with an RST (SO_LINGER 0) once closed; without ``close``, shut it down so
+    that the threads blocked on it wake up and close it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if close:
+        sock.close()
+    else:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class TcpGate:
+    def __init__(self, listen_port: int, target_port: int) -> None:
+        self.listen_port, self.target_port = listen_port, target_port
+        self.open = True
+        self.refused = 0
+        self._listener = socket.create_server(("127.0.0.1", listen_port))
+        self._listener.settimeout(0.2)
+        self._pairs: set[tuple[socket.socket, socket.socket]] = set()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._accept, daemon=True, name=f"gate-{listen_port}"
+        )
+        self._thread.start()
+
+    def close_gate(self, *, reset_open: bool = False) -> int:
+        """Refuse new connections; with ``reset_open``, reset the open ones too (their
+        count)."""
+        self.open = False
+        if not reset_open:
+            return 0
+        with self._lock:
+            pairs = list(self._pairs)
+        for downstream, upstream in pairs:
+            _reset(downstream, close=False)
+            _reset(upstream, close=False)
+        return len(pairs)
+
+    def open_gate(self) -> None:
+        self.open = True
+
+    def shutdown(self) -> None:
+        self._done.set()
+        self._thread.join(2)
+        self._listener.close()
+        self.close_gate(reset_open=True)
+
+    def _accept(self) -> None:
+        while not self._done.is_set():
+            try:
+                downstream, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self.open:
+                self.refused += 1
+                _reset(downstream)
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
+            except OSError:
+                _reset(downstream)
+                continue
+            downstream.settimeout(None)
+            upstream.settimeout(None)
+            pair = (downstream, upstream)
+            with self._lock:
+                self._pairs.add(pair)
+            for src, dst in (pair, pair[::-1]):
+                threading.Thread(target=self._pump, args=(src, dst, pair), daemon=True).start()
+
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, socket.socket]
+    ) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._pairs.discard(pair)
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
