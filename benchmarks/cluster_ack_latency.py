@@ -99,7 +99,8 @@ def paced(port: int, rate: float, duration: float, size: int, drain: float = 10.
 
 
 def run(args: argparse.Namespace) -> dict:
-    cluster = BenchCluster("cluster-ack-latency")
+    extra = {"GcThresholds": args.gc} if args.gc else None
+    cluster = BenchCluster("cluster-ack-latency", extra=extra)
     results = {}
     try:
         cluster.start_all()
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> dict:
             meter.start()
             r = paced(cluster.port(member), args.rate, args.duration, args.size)
             r["cpu"] = meter.stop()
+            r["gc"] = {i: cluster.stats(i).get("gc") for i in range(cluster.members)}
             r["member"] = member
             r["leader_after"] = cluster.leader()
             r["pass"] = (r["p50"] <= args.p50 and r["p99"] <= args.p99
@@ -128,12 +130,20 @@ def run(args: argparse.Namespace) -> dict:
             "pass": all(r["pass"] for r in results.values())}
 
 
+def gc_summary(per_member: dict) -> str:
+    return ", ".join(
+        f"{i}: {g['collections']}/{g['full_collections']}/{g['max_ms']:.0f}"
+        for i, g in per_member.items() if g
+    )
+
+
 def fmt(r: dict) -> str:
     cpu = ", ".join(f"{k} {v:.0f} %" for k, v in r["cpu"].items() if k.startswith("member"))
     return (f"{r['acked']:,}/{r['sent']:,} acked, p50 {r['p50']:.1f}, p90 {r['p90']:.1f}, "
             f"p99 {r['p99']:.1f}, p99.9 {r['p999']:.1f}, max {r['max']:.1f} ms; "
             f"statuses {r['statuses']}; sender late max {r['late_max_ms']:.1f} ms; CPU {cpu}; "
-            f"machine {r['cpu']['machine']:.0f} %, other {r['cpu']['other']:.0f} % -> "
+            f"machine {r['cpu']['machine']:.0f} %, other {r['cpu']['other']:.0f} %; "
+            f"GC pauses (collections/full/max ms per member) {gc_summary(r['gc'])} -> "
             f"{'PASS' if r['pass'] else 'FAIL'}")
 
 
@@ -145,6 +155,7 @@ def main() -> int:
     p.add_argument("--p50", type=float, default=5.0)
     p.add_argument("--p99", type=float, default=20.0)
     p.add_argument("--p999", type=float, default=30.0)
+    p.add_argument("--gc", help="GcThresholds for the members (default: the server's)")
     p.add_argument("--json")
     args = p.parse_args()
     handle_sigterm()

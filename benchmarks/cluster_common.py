@@ -131,6 +131,10 @@ class BenchCluster:
         with urllib.request.urlopen(f"{self.http(i)}/cluster", timeout=2) as reply:
             return json.loads(reply.read())
 
+    def stats(self, i: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.http(i)}/stats", timeout=2) as reply:
+            return json.loads(reply.read())
+
     def ready(self, i: int) -> bool:
         try:
             with urllib.request.urlopen(f"{self.http(i)}/readyz", timeout=2):

@@ -25,6 +25,7 @@ start without one.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -256,6 +257,11 @@ class RaftCoordination:
         )
         self.address = me
         self.syncobj = _SeedSyncObj(me, others, conf=conf, consumer=self.consumer)
+        # pysyncobj's tick thread stops for good, silently, once the thread that built
+        # the SyncObj has ended (it takes that one for the "main thread"). This is built
+        # in a trio worker thread, which trio ends after ~10 s idle: point it at the
+        # process's main thread (tests/cluster/test_raft_thread.py pins both).
+        self.syncobj._SyncObj__mainThread = threading.main_thread()
         if data_dir is not None:
             log.info(
                 "Raft state in %s: term %s, commit index %s",

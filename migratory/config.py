@@ -100,6 +100,14 @@ def _optional_count(text: str) -> int:
     return _int(1, unit=" of members")(text) if text.strip() else 0
 
 
+def _gc_thresholds(text: str) -> tuple[int, int, int]:
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 3:
+        raise ValueError(f"expected three whole numbers like 20000,20,20, got {text!r}")
+    first = _int(1)(parts[0])
+    return first, _int(1)(parts[1]), _int(1)(parts[2])
+
+
 def _seed_count(text: str) -> int:
     if not text.strip():
         return 0  # automatic: 3 for clusters of 3-4 members, 5 for 5 or more
@@ -153,6 +161,10 @@ SETTINGS: tuple[Setting, ...] = (
             "consumer (close 4500)."),
     Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
             "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
+    Setting("GcThresholds", "gc_thresholds", _gc_thresholds, "20000,20,20",
+            "Python's garbage-collector thresholds (gen0 allocations, gen1, gen2 collections; "
+            "Python's own default is 700,10,10). Higher values make full collections -- which "
+            "stop the server for tens of ms on a large heap -- minutes apart."),
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
@@ -216,6 +228,7 @@ class Config:
     max_frame_size: int
     client_max_pending_bytes: int
     handshake_timeout: int
+    gc_thresholds: tuple[int, int, int]
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int
@@ -278,6 +291,8 @@ class Config:
                 out[setting.key] = str(value) if value else ""
             elif isinstance(value, bool):
                 out[setting.key] = str(value).lower()
+            elif setting.attr == "gc_thresholds":
+                out[setting.key] = ",".join(str(v) for v in value)
             else:
                 out[setting.key] = str(value)
         return out

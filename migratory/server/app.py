@@ -24,6 +24,7 @@ from migratory.server.context import (
     ServerStatistics,
 )
 from migratory.server.faults import DeliveryFault
+from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
 
 log = logging.getLogger("migratory.server")
@@ -243,11 +244,15 @@ async def run_until_signalled(
 ) -> None:
     """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly."""
     limit = raise_open_file_limit()
+    pauses = GcPauses()
+    pauses.install()
+    server.ctx.gc_pauses = pauses.stats
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(server.serve)
             for role in roles:
                 await nursery.start(role.run)
+            tune(server.config.gc_thresholds)  # what start-up built is never scanned again
             for host, port in addresses:
                 shown = f"[{host}]" if ":" in host else host
                 log.info("listening on ws://%s:%d/ (open-file limit %d)", shown, port, limit)

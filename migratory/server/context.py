@@ -73,6 +73,7 @@ class ServerContext:
     # why new clients must wait (a cluster member still syncing), or None when ready
     readiness: Callable[[], str | None] = field(default=lambda: None)
     cluster_status: Callable[[], dict[str, Any]] | None = None
+    gc_pauses: Any = None  # GcPauseStatistics once serving (migratory.server.gc_pauses)
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""
@@ -82,4 +83,5 @@ class ServerContext:
             **asdict(self.stats),
             **asdict(self.hub.statistics()),
             "publishing": self.publishing.statistics(),
+            "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
         }

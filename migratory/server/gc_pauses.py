@@ -1,0 +1,75 @@
+"""Garbage-collection pauses: measured, and made rare.
+
+CPython's cyclic garbage collector stops the whole process while it scans; a
+full (generation 2) collection over a member's heap -- caches, the Raft log,
+trio's and pysyncobj's own objects -- took 20-60 ms on this machine and was the
+p99.9 of acknowledgement latency (docs/benchmarks.md). :func:`tune` moves
+everything alive after start-up out of the collector's sight (``gc.freeze``:
+those objects are never scanned again; reference counting still frees them) and
+sets the thresholds from ``GcThresholds``, so full collections come minutes
+apart instead of seconds. :class:`GcPauses` measures every collection through
+``gc.callbacks`` and logs the long ones, so an operator sees a stall's cause.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("migratory.gc")
+
+LONG_PAUSE_SECONDS = 0.025
+
+
+@dataclass(slots=True)
+class GcPauseStatistics:
+    collections: int = 0
+    full_collections: int = 0
+    total_ms: float = 0.0
+    max_ms: float = 0.0
+    long_pauses: int = 0
+
+
+class GcPauses:
+    """Times every garbage collection (install once per process)."""
+
+    def __init__(self) -> None:
+        self.stats = GcPauseStatistics()
+        self._started: float | None = None
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        if self._started is None:
+            return
+        pause = time.perf_counter() - self._started
+        self._started = None
+        stats = self.stats
+        stats.collections += 1
+        stats.total_ms += pause * 1000
+        stats.max_ms = max(stats.max_ms, pause * 1000)
+        if info.get("generation") == 2:
+            stats.full_collections += 1
+        if pause >= LONG_PAUSE_SECONDS:
+            stats.long_pauses += 1
+            log.info("garbage collection (generation %s) paused the server for %.0f ms",
+                     info.get("generation"), pause * 1000)
+
+
+def tune(thresholds: tuple[int, int, int]) -> None:
+    """Freeze what start-up allocated and set the collector's thresholds."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*thresholds)

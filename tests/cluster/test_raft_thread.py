@@ -1,0 +1,80 @@
+"""pysyncobj's tick thread and the thread that builds it.
+
+A seed builds its Raft node in a trio worker thread (loading a long journal must not
+block the event loop). pysyncobj 0.3.17's tick thread stops, silently, as soon as the
+thread that built the ``SyncObj`` ends -- and trio ends idle worker threads after
+about 10 s: Raft then stops committing for good (seen as every publish stalling ~10 s
+after start). These tests pin pysyncobj's behaviour (so a new version that changes it
+shows up here) and show that :class:`cluster.raft.RaftCoordination` keeps ticking.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from pysyncobj import SyncObj, SyncObjConf
+
+from cluster.raft import RaftCoordination
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def built_in_a_thread(build):  # type: ignore[no-untyped-def]
+    """``build()`` run in a thread that then ends; returns what it built."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(build()))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def tick_thread_alive(syncobj: SyncObj) -> bool:
+    thread = syncobj._SyncObj__thread
+    return bool(thread is not None and thread.is_alive())
+
+
+def test_pysyncobj_stops_ticking_when_its_building_thread_ends() -> None:
+    port = free_port()
+    syncobj = built_in_a_thread(
+        lambda: SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(password="x"))
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while tick_thread_alive(syncobj) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not tick_thread_alive(syncobj), "pysyncobj changed: revisit cluster/raft.py"
+    finally:
+        syncobj.destroy()
+
+
+def test_raft_coordination_keeps_ticking_after_its_building_thread_ends() -> None:
+    port = free_port()
+    committed = []
+    raft = built_in_a_thread(
+        lambda: RaftCoordination(
+            self_address=("127.0.0.1", port),
+            seed_addresses=[("127.0.0.1", port)],
+            password="x",
+            on_commit=committed.append,
+        )
+    )
+    try:
+        time.sleep(1.0)  # the building thread is long gone
+        assert tick_thread_alive(raft.syncobj)
+        done = threading.Event()
+        raft.submit(2, [], lambda clsn, error, unknown: done.set())
+        assert done.wait(10), "Raft stopped committing"
+        assert committed and committed[-1].clsn == 1
+        deadline = time.monotonic() + 5  # the Raft thread publishes its status every 50 ms
+        while raft.snapshot.clsn < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        snapshot = raft.snapshot
+        assert snapshot.clsn == 1 and snapshot.ready and snapshot.state == "leader", snapshot
+    finally:
+        raft.close()
