@@ -343,6 +343,14 @@ class LoadSubscriber(threading.Thread):
             if isinstance(r.op, ops.SubjectStatus) and (not wanted or r.op.status in wanted)
         ]
 
+    def wait_statuses(self, count: int, *wanted: ops.Status, timeout: float) -> None:
+        """Until ``count`` statuses of the ``wanted`` kinds have arrived."""
+        deadline = time.monotonic() + timeout
+        while len(self.statuses(*wanted)) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.tag}: {self.statuses()[-5:]}")
+            time.sleep(0.05)
+
     def wait_for(self, contents: set[bytes], timeout: float) -> None:
         """Until every one of ``contents`` has been delivered (TimeoutError after
         ``timeout`` s)."""
