@@ -256,8 +256,11 @@ class LoadSubscriber(threading.Thread):
         subjects: Sequence[str] = SUBJECTS,
         positions: dict[str, Position] | None = None,
         tag: str = "s",
+        retry: float = 0.2,
     ) -> None:
+        """``retry``: seconds between two attempts to connect."""
         super().__init__(daemon=True, name=f"subscriber-{tag}")
+        self.retry = retry
         self.ports, self.duration, self.subjects, self.tag = list(ports), duration, subjects, tag
         self.positions: dict[str, Position] = dict(positions or {})
         """The last position seen of each subject (where a resume starts)."""
@@ -287,7 +290,7 @@ class LoadSubscriber(threading.Thread):
                 ))])
             except LINK_ERRORS as exc:
                 self.errors.append(f"connecting to {port}: {exc!r}")
-                time.sleep(0.2)
+                time.sleep(self.retry)
                 continue
             self.links.append(port)
             try:
