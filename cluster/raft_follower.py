@@ -23,6 +23,30 @@ The override reaches pysyncobj's private attributes by their mangled names, whic
 the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
 checks both the bug in the base class and the fix, so a new pysyncobj version that
 changes either shows up there.
+
+**An applied entry is never replaced** (docs/cluster.md, "Why an applied Raft entry is
+never replaced", has the argument with its tests), so neither pysyncobj's
+"truncating already-applied log entries" CRITICAL nor this module's "state machine
+diverged" one can be logged:
+
+1. pysyncobj's own AppendEntries handling only ever sees messages of an older term
+   (ignored) and snapshot installs (nothing truncated);
+2. :meth:`FollowerSafeSyncObj._merge` removes entries only from the first index where
+   the leader's entry has another term;
+3. :meth:`FollowerSafeSyncObj._advance_commit` moves the commit index only over entries
+   this message vouched for, so an applied entry is a committed one;
+4. pysyncobj's leader (up-to-date votes, term and vote written before answering,
+   commit by counting only entries of its own term) never sends a different entry at a
+   committed index: so step 2 never removes an applied entry.
+
+``tests/cluster/test_raft_applied_entry.py`` shows what pysyncobj's follower does to an
+applied entry instead (drops it until the re-send completes, and can lose an
+acknowledged command when the leader dies meanwhile); ``test_raft_safety.py`` searches
+schedules of real nodes for any violation.
+
+Large entries: pysyncobj's leader cuts an entry of ``appendEntriesBatchSizeBytes`` or more
+into parts and may mark more than one of them ``finish`` (see :meth:`_received_entries`);
+an entry is taken once its parts unpickle.
 """
 
 from __future__ import annotations
@@ -81,22 +105,41 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
         self._SyncObj__leaderCommitIndex = message["commit_index"]
 
     def _received_entries(self, node: Any, message: dict[str, Any]) -> list[Any] | None:
-        """The message's entries; None while a large entry is still arriving in parts."""
+        """The message's entries; None while a large entry is still arriving in parts.
+
+        pysyncobj's leader cuts an entry of ``appendEntriesBatchSizeBytes`` or more into
+        parts ``start``, ``process`` ..., ``finish``, but it marks a part ``finish`` as soon
+        as the part reaches the length of the entry's *command*, not of the pickled entry,
+        which is longer (protocol 2 pickles each byte >= 0x80 as two): a big binary
+        command comes as ``start``, ``finish``, ``finish``. A ``finish`` whose data does not
+        unpickle yet is therefore one more part; the entry is taken once it unpickles (a
+        strict prefix of a pickle never does: the STOP opcode is its last byte).
+        """
         transmission = message.get("transmission")
         if transmission is None:
             return list(message.get("entries", []))
         if transmission == "start":
-            self._SyncObj__recvTransmission = message["data"]
-        elif transmission == "process":
-            self._SyncObj__recvTransmission += message["data"]
-        elif transmission == "finish":  # pysyncobj's own framing of one large entry
-            data = self._SyncObj__recvTransmission + message["data"]
-            self._SyncObj__recvTransmission = ""
-            return [pickle.loads(data)]
+            received = bytes(message["data"])
+        elif transmission in ("process", "finish"):
+            received = self._received_part() + message["data"]
         else:
             raise ValueError(f"unknown append_entries transmission {transmission!r}")
+        if transmission == "finish":
+            try:
+                entry = pickle.loads(received)
+            except (pickle.UnpicklingError, EOFError):
+                pass  # an early "finish": more parts follow
+            else:
+                self._SyncObj__recvTransmission = b""
+                return [entry]
+        self._SyncObj__recvTransmission = received
         self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
         return None
+
+    def _received_part(self) -> bytes:
+        """What has arrived of a large entry (pysyncobj starts with ``""``)."""
+        received = self._SyncObj__recvTransmission
+        return received if isinstance(received, bytes) else b""
 
     def _append_entries(self, node: Any, message: dict[str, Any]) -> None:
         self._follow(node, message)

@@ -6,21 +6,42 @@ messages a leader would send, then reads its log and commit index.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
+from pysyncobj.transport import Transport
+from raft_planted import CommitsUnvouchedEntries, TruncatesAfterPrevious
+from raft_sim import simulated
 
 from cluster.raft_follower import FollowerSafeSyncObj
 
 LEADER = TCPNode("127.0.0.1:47902")
 
 
+class Unconnected(Transport):  # type: ignore[misc]
+    """No sockets: what the follower sends is kept in ``sent``."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.sent: list[Any] = []
+
+    def send(self, node: Any, message: Any) -> bool:
+        self.sent.append(message)
+        return True
+
+
 def follower(cls: type[Any]) -> Any:
-    conf = SyncObjConf(autoTick=False, password="pw")
-    return cls("127.0.0.1:47901", ["127.0.0.1:47902", "127.0.0.1:47903"], conf=conf)
+    conf = SyncObjConf(autoTick=False)  # no network here, so no password (its key costs 40 ms)
+    return cls(
+        "127.0.0.1:47901", ["127.0.0.1:47902", "127.0.0.1:47903"], conf=conf,
+        transportClass=Unconnected,
+    )
 
 
 @pytest.fixture
@@ -95,3 +116,189 @@ def test_commit_advances_only_as_far_as_the_message_vouched(safe: Any) -> None:
 def test_a_missing_previous_entry_is_refused(safe: Any) -> None:
     append(safe, 4, [(5, 1, b"d")], commit=1)
     assert [idx for idx, _, _ in entries(safe)] == [1]
+
+
+# --- the rule, for any log and any AppendEntries (steps of the proof in docs/cluster.md) ---
+
+Entry = tuple[int, int]  # (index, term); an entry's command is determined by both
+
+
+def command(index: int, term: int) -> bytes:
+    return b"%d/%d" % (index, term)
+
+
+@st.composite
+def follower_and_message(draw: st.DrawFn) -> dict[str, Any]:
+    """A follower's log, commit index and last applied; a leader's log sharing a prefix
+    with it; and one AppendEntries cut from the leader's log (of any term, with any prev)."""
+    held_terms = draw(st.lists(st.integers(1, 3), max_size=7).map(sorted))
+    shared = draw(st.integers(0, len(held_terms)))
+    first_new = held_terms[shared - 1] if shared else 1
+    new_terms = draw(st.lists(st.integers(first_new, 5), max_size=6).map(sorted))
+    leader_terms = held_terms[:shared] + new_terms
+    held = [(1, 0)] + [(i + 2, t) for i, t in enumerate(held_terms)]
+    leader = [(1, 0)] + [(i + 2, t) for i, t in enumerate(leader_terms)]
+    prev = draw(st.integers(1, len(leader)))
+    sent = leader[prev : prev + draw(st.integers(0, len(leader) - prev))]
+    commit = draw(st.integers(1, len(held)))
+    term = max([t for _, t in leader + held] + [1])
+    return {
+        "held": held,
+        "commit": commit,
+        "applied": draw(st.integers(1, commit)),
+        "current_term": draw(st.integers(term - 1, term)),
+        "message_term": draw(st.integers(term - 1, term)),
+        "prev": prev,
+        "prev_term": leader[prev - 1][1],
+        "sent": sent,
+        "leader_commit": draw(st.integers(1, len(leader))),
+    }
+
+
+def receive(cls: type[Any], case: dict[str, Any]) -> tuple[list[Entry], int, list[str], Any]:
+    """Feed the message to a follower in the given state: its log, commit index, CRITICAL
+    lines and reply."""
+    node = follower(cls)
+    try:
+        log = node._SyncObj__raftLog
+        log.clear()
+        for index, term in case["held"]:
+            log.add(command(index, term) if index > 1 else b"\x01", index, term)
+        node._SyncObj__raftCurrentTerm = case["current_term"]
+        node._SyncObj__raftCommitIndex = case["commit"]
+        node._SyncObj__raftLastApplied = case["applied"]
+        replies = node._SyncObj__transport.sent
+        capture = LogLines()
+        logging.getLogger().addHandler(capture)
+        try:
+            node._SyncObj__onMessageReceived(LEADER, {
+                "type": "append_entries",
+                "term": case["message_term"],
+                "commit_index": case["leader_commit"],
+                "entries": [(command(i, t), i, t) for i, t in case["sent"]],
+                "prevLogIdx": case["prev"],
+                "prevLogTerm": case["prev_term"],
+            })
+        finally:
+            logging.getLogger().removeHandler(capture)
+        after = [(index, term) for _, index, term in log[:]]
+        return after, node._SyncObj__raftCommitIndex, capture.critical, replies
+    finally:
+        node.destroy()
+
+
+class LogLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.CRITICAL)
+        self.critical: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.critical.append(record.getMessage())
+
+
+def accepted(case: dict[str, Any]) -> bool:
+    held = dict(case["held"])
+    return (
+        case["message_term"] >= case["current_term"]
+        and held.get(case["prev"]) == case["prev_term"]
+    )
+
+
+def check_truncates_only_at_a_term_conflict(cls: type[Any], case: dict[str, Any]) -> None:
+    after, _, critical, _ = receive(cls, case)
+    if not accepted(case):
+        assert after == case["held"]  # a stale term or a gap: nothing changes
+        return
+    sent = dict(case["sent"])
+    assert set(case["sent"]) <= set(after)  # the follower holds what the leader sent
+    kept = set(after)
+    for index, term in case["held"]:
+        if (index, term) in kept:
+            continue
+        # a held entry goes only at, or after, an entry whose term the leader contradicts
+        assert any(i <= index and sent[i] != t for i, t in case["held"] if i in sent), (
+            f"entry {index} of term {term} dropped without a conflict"
+        )
+    removed = [i for i, t in case["held"] if (i, t) not in kept]
+    assert bool(critical) == (bool(removed) and min(removed) <= case["applied"])
+
+
+def check_commits_only_vouched_entries(cls: type[Any], case: dict[str, Any]) -> None:
+    _, commit, _, replies = receive(cls, case)
+    if not accepted(case):
+        assert commit <= case["commit"]
+        return
+    vouched = case["sent"][-1][0] if case["sent"] else case["prev"]
+    assert commit <= max(case["commit"], min(case["leader_commit"], vouched))
+    assert commit >= min(case["leader_commit"], vouched)  # and it does advance that far
+    assert replies[-1]["success"] and replies[-1]["next_node_idx"] == vouched + 1
+
+
+PROPERTY = settings(max_examples=300, deadline=None, derandomize=True)
+
+
+@PROPERTY
+@given(follower_and_message())
+def test_the_follower_truncates_only_at_a_term_conflict(case: dict[str, Any]) -> None:
+    check_truncates_only_at_a_term_conflict(FollowerSafeSyncObj, case)
+
+
+@PROPERTY
+@given(follower_and_message())
+def test_the_follower_commits_only_entries_the_message_vouched_for(case: dict[str, Any]) -> None:
+    check_commits_only_vouched_entries(FollowerSafeSyncObj, case)
+
+
+@pytest.mark.parametrize(
+    ("planted", "check"),
+    [
+        (TruncatesAfterPrevious, check_truncates_only_at_a_term_conflict),
+        (CommitsUnvouchedEntries, check_commits_only_vouched_entries),
+    ],
+)
+def test_each_property_catches_its_planted_bug(planted: type[Any], check: Any) -> None:
+    @PROPERTY
+    @given(follower_and_message())
+    def run(case: dict[str, Any]) -> None:
+        check(planted, case)
+
+    with pytest.raises(AssertionError):
+        run()
+
+
+# --- large entries, cut into parts by the leader ----------------------------------------------
+
+
+def leader_parts(entry: tuple[bytes, int, int], batch_bytes: int) -> list[dict[str, Any]]:
+    """The AppendEntries a pysyncobj 0.3.17 leader sends for one large entry."""
+    with simulated(2, batch_bytes=batch_bytes) as world:
+        leader, other = world.addresses
+        node = world.nodes[leader]
+        sent: list[dict[str, Any]] = []
+        node._SyncObj__transport.send = lambda _node, message: sent.append(message) or True
+        node._SyncObj__raftLog.add(*entry)
+        node._SyncObj__raftNextIndex[node._SyncObj__transport.peers[other]] = entry[1]
+        node._SyncObj__raftState = 2
+        node._SyncObj__sendAppendEntries()
+    return sent
+
+
+def binary_command(size: int) -> bytes:
+    return b"\x00" + bytes(range(256)) * (size // 256)
+
+
+@pytest.mark.parametrize("size", [3 * 1024, 100 * 1024])
+def test_a_large_binary_entry_arrives_whole(size: int) -> None:
+    """pysyncobj's leader marks a part 'finish' by the command's length, not the pickled
+    entry's (twice as long for binary data): a big entry comes as start, finish, finish."""
+    batch_bytes = 2 * 1024 if size < 2**16 else 2**16
+    entry = (binary_command(size), 2, 1)
+    parts = leader_parts(entry, batch_bytes)
+    assert [p["transmission"] for p in parts].count("finish") > 1  # the leader's quirk
+    node = follower(FollowerSafeSyncObj)
+    try:
+        for part in parts:
+            node._SyncObj__onMessageReceived(LEADER, part)
+        assert node._SyncObj__raftLog[-1] == entry
+    finally:
+        node.destroy()

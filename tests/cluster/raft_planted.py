@@ -1,0 +1,33 @@
+"""Planted Raft bugs: each test of a safety property is shown to catch one of these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.raft_follower import FollowerSafeSyncObj
+
+
+class TruncatesAfterPrevious(FollowerSafeSyncObj):  # type: ignore[misc]
+    """pysyncobj 0.3.17's own rule: drop every entry after prevLogIdx, then append."""
+
+    def _merge(self, held: list[Any], entries: list[Any]) -> None:
+        if held:
+            self._SyncObj__deleteEntriesFrom(held[0][1])
+        for entry in entries:
+            self._SyncObj__raftLog.add(*entry)
+
+
+class CommitsUnvouchedEntries(FollowerSafeSyncObj):  # type: ignore[misc]
+    """Advances the commit index over its whole log, not only what the leader vouched for."""
+
+    def _advance_commit(self, leader_commit: int, vouched: int) -> None:
+        super()._advance_commit(leader_commit, self._SyncObj__getCurrentLogIndex())
+
+
+class VotesForAnyLog(FollowerSafeSyncObj):  # type: ignore[misc]
+    """Grants its vote without checking that the candidate's log is as up to date."""
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == "request_vote":
+            message = {**message, "last_log_term": 10**9, "last_log_index": 10**9}
+        super()._SyncObj__onMessageReceived(node, message)

@@ -1,0 +1,385 @@
+"""Real pysyncobj nodes on a simulated network and clock, driven one step at a time.
+
+Every node is a real ``SyncObj`` (or :class:`~cluster.raft_follower.FollowerSafeSyncObj`)
+with ``autoTick=False`` and its Raft log in a real file journal; only the network and
+the clock are simulated. A test decides when each node ticks, when time passes, which
+message is delivered next on which link, when a link breaks (a broken TCP connection
+loses what was in flight), and when a node crashes (as by SIGKILL: its journal stays)
+and restarts from its journal. Nothing runs in the background, so a schedule replays
+exactly, and hypothesis can search and shrink schedules.
+
+:class:`RaftWorld` also records what the Raft safety argument is about: every entry a
+node has committed, every command a node has applied, every command acknowledged to
+its submitter, every entry a leader holds and sends, and every log line at WARNING or
+above; :meth:`RaftWorld.violations` lists what broke a safety property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import random
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.syncobj as syncobj_module
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.transport import Transport
+
+import cluster.raft_follower as raft_follower_module
+
+LEADER_STATE = 2
+LOGGERS = ("pysyncobj", "migratory.raft")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder(SyncObjConsumer):  # type: ignore[misc]
+    """The replicated state machine: remembers each command with its log index."""
+
+    def __init__(self, on_apply: Callable[[int, bytes], None]) -> None:
+        self._on_apply = on_apply
+        super().__init__()
+        self.applied: list[tuple[int, bytes]] = []
+
+    @replicated  # type: ignore[untyped-decorator]
+    def put(self, value: bytes) -> int:
+        index: int = self._syncObj.raftLastApplied + 1
+        self.applied.append((index, value))
+        self._on_apply(index, value)
+        return index
+
+
+class LogCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+class SimTransport(Transport):  # type: ignore[misc]
+    """One node's end of the simulated network (bound to a world by :meth:`bound`)."""
+
+    world: RaftWorld
+
+    @classmethod
+    def bound(cls, world: RaftWorld) -> type[SimTransport]:
+        return type("BoundSimTransport", (cls,), {"world": world})
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.address = selfNode.id
+        self.peers = {node.id: node for node in otherNodes}
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def send(self, node: Any, message: Any) -> bool:
+        return self.world.send(self.address, node.id, message)
+
+
+class RaftWorld:
+    """``size`` Raft nodes at 127.0.0.1:1, :2, ... ; ``follower_class`` is the class every
+    node runs (a node is leader and follower over its life, as in a real cluster)."""
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        node_class: type[Any] = raft_follower_module.FollowerSafeSyncObj,
+        batch_bytes: int = 2**16,
+        seed: int = 0,
+    ) -> None:
+        """``seed`` seeds the election timeouts (pysyncobj draws them from ``random``)."""
+        self._random_state = random.getstate()
+        random.seed(seed)
+        self.addresses = [f"127.0.0.1:{i + 1}" for i in range(size)]
+        self.node_class = node_class
+        self.batch_bytes = batch_bytes
+        self.clock = Clock()
+        self._patches = [
+            (syncobj_module, "monotonicTime", self.clock),
+            (raft_follower_module, "monotonicTime", self.clock),
+            (syncobj_module, "PIPE_NOTIFIER_ENABLED", False),  # no pipe per node, no wake-up
+        ]
+        self._saved = [(module, name, getattr(module, name)) for module, name, _ in self._patches]
+        for module, name, value in self._patches:
+            setattr(module, name, value)
+        self.logs = LogCapture()
+        for logger in LOGGERS:
+            logging.getLogger(logger).addHandler(self.logs)
+        # the journals are real files (in memory when the machine has a tmpfs)
+        shm = Path("/dev/shm")
+        self.dir = Path(tempfile.mkdtemp(prefix="raft-sim-", dir=shm if shm.is_dir() else None))
+        self.nodes: dict[str, Any] = {}
+        self.recorders: dict[str, Recorder] = {}
+        self.links_down: set[frozenset[str]] = set()
+        self.queues: dict[tuple[str, str], deque[Any]] = {}
+        # what the safety checks look at
+        self.committed: dict[int, tuple[int, bytes]] = {}  # index -> (term, command)
+        # index -> the lowest current term of a node seen holding it committed: every
+        # leader of that term or later must hold the entry (Leader Completeness)
+        self.commit_term: dict[int, int] = {}
+        self.checked_commit: dict[str, int] = {}
+        self.applied: dict[int, bytes] = {}  # index -> value, on any node
+        self.acknowledged: dict[bytes, int] = {}  # value -> index told to its submitter
+        self.problems: list[str] = []
+        self.sent_entries = 0
+        for address in self.addresses:
+            self.start(address)
+
+    # --- nodes --------------------------------------------------------------------------
+
+    def start(self, address: str) -> None:
+        assert address not in self.nodes
+        conf = SyncObjConf(
+            autoTick=False,
+            appendEntriesUseBatch=False,  # as cluster/raft.py runs it
+            raftMinTimeout=0.15,
+            raftMaxTimeout=0.30,
+            appendEntriesPeriod=0.04,
+            leaderFallbackTimeout=1.2,
+            commandsWaitLeader=True,
+            appendEntriesBatchSizeBytes=self.batch_bytes,
+            journalFile=str(self.dir / f"{address.replace(':', '_')}.journal"),
+            logCompactionMinEntries=10**9,
+            logCompactionMinTime=10**9,
+            useFork=False,
+        )
+        recorder = Recorder(lambda index, value: self._applied(address, index, value))
+        others = [a for a in self.addresses if a != address]
+        node = self.node_class(
+            address, others, conf=conf, consumers=[recorder],
+            transportClass=SimTransport.bound(self),
+        )
+        self.nodes[address] = node
+        self.recorders[address] = recorder
+        self.checked_commit[address] = 0
+        for other in others:
+            if other in self.nodes and not self.link_down(address, other):
+                self._connect(address, other)
+
+    def crash(self, address: str) -> None:
+        """As SIGKILL: in-flight messages are lost, the journal on disk stays."""
+        node = self.nodes.pop(address)
+        for other in self.addresses:
+            if other != address and other in self.nodes:
+                self._disconnect(address, other)
+        node._SyncObj__raftLog._destroy()
+
+    def restart(self, address: str) -> None:
+        self.start(address)
+
+    def tick(self, address: str) -> None:
+        node = self.nodes[address]
+        node.doTick(0.0)
+        self._check_node(address)
+
+    def tick_all(self) -> None:
+        for address in list(self.nodes):
+            self.tick(address)
+
+    def leader(self) -> str | None:
+        leaders = [a for a, n in self.nodes.items() if n._SyncObj__raftState == LEADER_STATE]
+        return max(leaders, key=lambda a: self.nodes[a].raftCurrentTerm) if leaders else None
+
+    def submit(self, address: str, value: bytes) -> None:
+        def done(result: Any, error: int) -> None:
+            if error == FAIL_REASON.SUCCESS:
+                self.acknowledged[value] = result
+                self._expect(self.applied.get(result, value) == value,
+                             f"{value!r} acknowledged at {result}, applied there: "
+                             f"{self.applied.get(result)!r}")
+
+        self.recorders[address].put(value, callback=done)
+
+    # --- network ------------------------------------------------------------------------
+
+    def link_down(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) in self.links_down
+
+    def _connect(self, a: str, b: str) -> None:
+        self.queues[(a, b)] = deque()
+        self.queues[(b, a)] = deque()
+        for me, other in ((a, b), (b, a)):
+            transport = self.nodes[me]._SyncObj__transport
+            transport._onNodeConnected(transport.peers[other])
+
+    def _disconnect(self, a: str, b: str) -> None:
+        self.queues.pop((a, b), None)
+        self.queues.pop((b, a), None)
+        for me, other in ((a, b), (b, a)):
+            if me in self.nodes:
+                transport = self.nodes[me]._SyncObj__transport
+                transport._onNodeDisconnected(transport.peers[other])
+
+    def cut(self, a: str, b: str) -> None:
+        """Partition a from b (both directions) until :meth:`heal`."""
+        if a == b or self.link_down(a, b):
+            return
+        self.links_down.add(frozenset((a, b)))
+        if a in self.nodes and b in self.nodes:
+            self._disconnect(a, b)
+
+    def heal(self, a: str, b: str) -> None:
+        if not self.link_down(a, b):
+            return
+        self.links_down.discard(frozenset((a, b)))
+        if a in self.nodes and b in self.nodes:
+            self._connect(a, b)
+
+    def reset(self, a: str, b: str) -> None:
+        """A TCP connection breaks and is re-made: what was in flight is lost."""
+        if (a, b) in self.queues:
+            self._disconnect(a, b)
+            self._connect(a, b)
+
+    def send(self, source: str, target: str, message: Any) -> bool:
+        queue = self.queues.get((source, target))
+        if queue is None:
+            return False
+        if message.get("type") == "append_entries":
+            self._check_sent(source, message)
+        queue.append(pickle.dumps(message))
+        return True
+
+    def deliver(self, source: str, target: str, count: int = 1) -> int:
+        """Deliver up to ``count`` messages in order from source to target."""
+        done = 0
+        queue = self.queues.get((source, target))
+        while queue and done < count:
+            message = pickle.loads(queue.popleft())
+            transport = self.nodes[target]._SyncObj__transport
+            try:
+                transport._onMessageReceived(transport.peers[source], message)
+            except Exception:  # as pysyncobj's tick thread: log it and carry on
+                logging.getLogger("pysyncobj.syncobj").exception(
+                    "failed _onTick in _autoTickThread"
+                )
+            done += 1
+        if done:
+            self._check_node(target)
+        return done
+
+    def deliver_all(self) -> int:
+        total = 0
+        for source, target in list(self.queues):
+            total += self.deliver(source, target, 10**9)
+        return total
+
+    def pending(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def step(self, seconds: float) -> None:
+        """Time passes, every node ticks, every message in flight arrives."""
+        self.clock.now += seconds
+        self.tick_all()
+        while self.deliver_all():
+            pass
+
+    def heal_all(self) -> None:
+        for link in list(self.links_down):
+            self.heal(*sorted(link))
+        for address in self.addresses:
+            if address not in self.nodes:
+                self.restart(address)
+
+    # --- what is checked ----------------------------------------------------------------
+
+    def _expect(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.problems.append(problem)
+
+    def _applied(self, address: str, index: int, value: bytes) -> None:
+        before = self.applied.setdefault(index, value)
+        self._expect(before == value, f"{address} applied {value!r} at {index}, another "
+                     f"node applied {before!r} there: state machines diverged")
+        told = self.acknowledged.get(value)
+        self._expect(told in (None, index), f"{value!r} acknowledged at {told}, {address} "
+                     f"applied it at {index}")
+
+    def _check_node(self, address: str) -> None:
+        """Record what ``address`` has committed; a leader's log must hold every entry
+        committed in its term or before (Leader Completeness)."""
+        node = self.nodes.get(address)
+        if node is None:
+            return
+        log = {index: (term, command) for command, index, term in node._SyncObj__raftLog[:]}
+        commit, term = node.raftCommitIndex, node.raftCurrentTerm
+        self._expect(node.raftLastApplied <= commit, f"{address} applied up to "
+                     f"{node.raftLastApplied} but its commit index fell to {commit}")
+        for index in range(self.checked_commit[address] + 1, commit + 1):
+            if index not in log:
+                continue
+            before = self.committed.setdefault(index, log[index])
+            self._expect(before == log[index], f"{address} committed {log[index][0]}:"
+                         f"{log[index][1][:12]!r} at {index}, {before[0]}:{before[1][:12]!r} "
+                         f"was committed there")
+            self.commit_term[index] = min(self.commit_term.get(index, term), term)
+        self.checked_commit[address] = max(self.checked_commit[address], commit)
+        if node._SyncObj__raftState == LEADER_STATE:
+            for index, entry in self.committed.items():
+                if self.commit_term[index] <= term:
+                    self._expect(log.get(index) == entry,
+                                 f"leader {address} of term {term} holds {log.get(index)} at "
+                                 f"index {index}, committed by term {self.commit_term[index]}: "
+                                 f"{entry}")
+
+    def _check_sent(self, source: str, message: dict[str, Any]) -> None:
+        """No AppendEntries of a term at or after an entry's commit carries a different
+        entry at its index."""
+        for command, index, term in message.get("entries", ()):
+            self.sent_entries += 1
+            entry = self.committed.get(index)
+            if entry is not None and self.commit_term[index] <= message["term"]:
+                self._expect(entry == (term, command),
+                             f"{source} (term {message['term']}) sent entry {index} of term "
+                             f"{term} over the entry of term {entry[0]} committed there")
+
+    def critical_lines(self) -> list[str]:
+        return [r.getMessage() for r in self.logs.records if r.levelno >= logging.ERROR]
+
+    def violations(self) -> list[str]:
+        return self.problems + [f"logged: {line}" for line in self.critical_lines()]
+
+    def converged(self) -> bool:
+        """Every live node has applied every acknowledged command."""
+        for recorder in self.recorders.values():
+            values = {value for _, value in recorder.applied}
+            if not set(self.acknowledged) <= values:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Crash every node, remove the journals, undo the patches."""
+        for address in list(self.nodes):
+            self.crash(address)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for logger in LOGGERS:
+            logging.getLogger(logger).removeHandler(self.logs)
+        for module, name, value in self._saved:
+            setattr(module, name, value)
+        random.setstate(self._random_state)
+
+
+@contextlib.contextmanager
+def simulated(size: int = 3, **kw: Any) -> Iterator[RaftWorld]:
+    world = RaftWorld(size, **kw)
+    try:
+        yield world
+    finally:
+        world.close()
