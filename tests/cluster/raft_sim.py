@@ -292,8 +292,8 @@ class RaftWorld:
             pass
 
     def heal_all(self) -> None:
-        for link in list(self.links_down):
-            self.heal(*sorted(link))
+        for a, b in sorted(sorted(link) for link in self.links_down):  # an order of its own
+            self.heal(a, b)
         for address in self.addresses:
             if address not in self.nodes:
                 self.restart(address)
