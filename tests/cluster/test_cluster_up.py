@@ -39,7 +39,7 @@ def clean_env() -> dict[str, str]:
 MIGRATORY = str(Path(sys.executable).with_name("migratory"))
 
 
-def migratory(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def migratory(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [MIGRATORY, *args],
         cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout,
@@ -58,18 +58,18 @@ def environment(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
-def running_with(text: str) -> list[int]:
-    """PIDs of live processes whose command line contains ``text``."""
+def members_started_in(cwd: Path) -> list[int]:
+    """PIDs of live member processes started from ``cwd`` (where ``cluster up`` ran)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            where = (proc / "cwd").resolve()
         except OSError:
             continue
-        if text in cmdline and state != "Z":
+        if b"serve" in cmdline and where == cwd.resolve() and alive(int(proc.name)):
             found.append(int(proc.name))
     return found
 
@@ -206,8 +206,10 @@ def test_cluster_up_serves_shows_status_and_stops_every_member_on_sigterm(
     (leader,) = [name for name, cells in rows.items() if cells[3] == "leader"]
     assert leaders == {leader}, table.stdout  # every member names the leader: migratory-N
 
+    assert sorted(members_started_in(tmp_path)) == sorted(pids[1:])  # what the check sees
     assert up.stop(signal.SIGTERM) == 0, up.stderr()
     assert not [pid for pid in pids if alive(pid)]
+    assert not members_started_in(tmp_path)
     assert not (tmp_path / ".migratory-cluster.json").exists()
     assert "Traceback" not in up.stderr()
 
@@ -248,7 +250,7 @@ def test_a_port_in_use_is_reported_before_anything_starts(
     assert f"port {port}" in result.stderr and "migratory-1" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert "servers for clients" not in result.stdout
-    assert not running_with(f"Listen=127.0.0.1:{base}")
+    assert not members_started_in(tmp_path)
 
 
 def test_a_member_that_fails_to_start_stops_the_others(tmp_path: Path) -> None:
@@ -262,7 +264,7 @@ def test_a_member_that_fails_to_start_stops_the_others(tmp_path: Path) -> None:
     assert "migratory-1" in result.stderr and "ClusterDataDir" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert "servers for clients" not in result.stdout
-    assert not running_with(f"Listen=127.0.0.1:{base}")
+    assert not members_started_in(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -282,7 +284,7 @@ def test_an_impossible_cluster_is_refused_before_anything_starts(
     assert result.returncode == 2
     assert named in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
-    assert not running_with(f"Listen=127.0.0.1:{base}")
+    assert not members_started_in(tmp_path)
 
 
 def test_status_shows_why_a_member_is_not_ready(tmp_path: Path) -> None:
