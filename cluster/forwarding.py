@@ -29,9 +29,14 @@ class Outgoing:
         publishing.on_outgoing = self._wake.set
 
     async def next_requests(self) -> list[PublishRequest]:
-        """The publishes taken since the last call, after a short linger."""
+        """The publishes taken since the last call, after a short linger.
+
+        Publishes already queued are taken without waiting for a wake-up: the wake-up
+        comes only with the first publish into an empty queue, and a caller cancelled
+        while lingering (its link ended) leaves them queued for the next caller."""
         while True:
-            await self._wake.wait()
+            if not self.publishing.outgoing:
+                await self._wake.wait()
             self._wake = trio.Event()
             self.publishing.on_outgoing = self._wake.set
             await trio.sleep(SUBMIT_LINGER)

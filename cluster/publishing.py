@@ -100,6 +100,11 @@ class ClusterPublishing:
         return outgoing
 
     @property
+    def outgoing(self) -> int:
+        """Publishes queued, not taken yet."""
+        return len(self._outgoing)
+
+    @property
     def pending(self) -> int:
         return len(self._pending)
 

@@ -236,7 +236,10 @@ class SeedCoordination:
         try:
             while replica.needs_sync:
                 for address in random.sample(others, len(others)):
-                    await self._sync_from(address)
+                    try:
+                        await self._sync_from(address)
+                    except Exception:  # one attempt with one peer, never the member
+                        log.exception("cache sync from %s:%d failed", *address)
                     if not replica.needs_sync:
                         return
                 await trio.sleep(RETRY_SECONDS)

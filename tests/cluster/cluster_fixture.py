@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cluster.tooling import free_base_port, member_settings, start_member, stop_all
+from faulty_member import FAULTS_ENV
+
+from cluster.tooling import (
+    free_base_port,
+    member_command,
+    member_settings,
+    start_member,
+    stop_all,
+)
 
 
 class LocalCluster:
@@ -43,11 +52,23 @@ class LocalCluster:
             for i in range(members)
         ]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * members
+        self.faults: dict[int, str] = {}
+        """Member index -> handlers made to fail (``faulty_member.py``'s spec)."""
 
     def start(self, index: int) -> None:
-        self.processes[index] = start_member(
-            self.settings[index], self.tmp_path / f"migratory-{index}.log"
-        )
+        log_path = self.tmp_path / f"migratory-{index}.log"
+        faults = self.faults.get(index)
+        if faults is None:
+            self.processes[index] = start_member(self.settings[index], log_path)
+            return
+        args, env = member_command(self.settings[index])
+        assert args[1:4] == ["-m", "cluster", "serve"], args
+        env[FAULTS_ENV] = faults
+        with log_path.open("ab") as log:
+            self.processes[index] = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("faulty_member.py")), *args[3:]],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
+            )
 
     def start_all(self, indexes: range | list[int] | None = None) -> None:
         for i in indexes if indexes is not None else range(self.members):

@@ -345,3 +345,29 @@ def test_the_old_writer_planted_drops_or_cuts_frames() -> None:
     except link.LinkError:
         return  # half a frame, then the next one: garbage on the wire
     assert batches(ops) != list(range(1, 13))
+
+
+# --- forwarding: a link that ends while publishes wait to be forwarded -------------------
+
+
+def test_publishes_queued_when_a_forwarding_link_ends_go_out_on_the_next_link() -> None:
+    """The link to the seed ends (the forwarding task is cancelled) while it lingers to
+    batch publishes: the next link's forwarding task must still take them. It used to
+    wait for a wake-up that never came (only the first publish into an empty queue
+    wakes it): the member's publishing stalled for good."""
+
+    async def main() -> list[PublishRequest]:
+        stream = new_stream()
+        outgoing = Outgoing(stream.publishing)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outgoing.next_requests)  # the first link's forwarder
+            await trio.sleep(0.01)
+            stream.publishing.submit(Message("/a/b", b"m1"), None, trio.current_time())
+            await trio.sleep(0)  # woken: it lingers to batch more
+            nursery.cancel_scope.cancel()  # the link ends
+        stream.publishing.submit(Message("/a/b", b"m2"), None, trio.current_time())
+        with trio.fail_after(5):
+            return await outgoing.next_requests()  # the next link's forwarder
+
+    requests = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [r.message.content for r in requests] == [b"m1", b"m2"]
