@@ -43,6 +43,10 @@ RETRY_SECONDS = 0.3
 MAX_BARRIER_ATTEMPTS = 20
 LEADERLESS_GRACE = 1.5
 """Seconds a seed may see no Raft leader (an election) and stay ready."""
+RAFT_SILENCE = 2.0
+"""Seconds without a status from the Raft thread (it publishes one every 50 ms) before
+a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
+"ready, with a leader" -- in place for ever."""
 
 Origins = list[tuple[str, int]]
 T = TypeVar("T")
@@ -135,6 +139,9 @@ class SeedCoordination:
             return "Raft is starting (loading its log)"
         if not status.ready:
             return "member has not caught up with Raft yet"
+        silent = time.monotonic() - status.at
+        if silent > RAFT_SILENCE:
+            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
         if status.has_leader:
             self._leaderless_since = None
             return None
