@@ -165,7 +165,9 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             self._next_digest = now + DIGEST_PERIOD
             self._digest = coordinator.digest()
         raw = self.getStatus()
-        leader = raw.get("leader")
+        # pysyncobj keeps the last leader it saw while it is connected to no one (it
+        # holds no election then): without a quorum of connections there is no leader
+        leader = raw.get("leader") if raw.get("has_quorum") else None
         self.status_snapshot = RaftStatus(
             state={0: "follower", 1: "candidate", 2: "leader"}.get(raw.get("state"), "?"),
             leader=None if leader is None else str(leader),

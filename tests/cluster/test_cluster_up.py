@@ -307,3 +307,28 @@ def test_status_shows_why_a_member_is_not_ready(tmp_path: Path) -> None:
     assert row.split()[:3] == ["migratory-0", "seed", "no"], table.stdout
     assert cluster.url(0) in row, table.stdout
     assert f"not ready: {reason}" in row or f"not ready: {after}" in row, table.stdout
+
+
+def test_a_seed_left_alone_is_not_ready_and_says_why(tmp_path: Path) -> None:
+    """pysyncobj keeps the leader it last saw while connected to no one: the member must
+    not take that for a leader."""
+    cluster = LocalCluster(tmp_path, members=3)
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+        leader = cluster.leader()
+        alone = next(i for i in range(3) if i != leader)
+        for i in range(3):
+            if i != alone:
+                cluster.kill(i)
+        deadline = time.monotonic() + 10
+        while cluster.ready(alone) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not cluster.ready(alone), "a seed without its two peers is still ready"
+        reason = cluster.status(alone).get("not_ready_reason")
+        table = migratory("cluster", "status", "--server", cluster.url(alone), cwd=tmp_path)
+    finally:
+        cluster.stop()
+    (row,) = table.stdout.splitlines()[1:]
+    assert row.split()[:5] == [f"migratory-{alone}", "seed", "no", "follower", "-"], row
+    assert f"not ready: {reason}" in row, row
