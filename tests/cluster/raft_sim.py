@@ -139,8 +139,12 @@ class RaftWorld:
         self.acknowledged: dict[bytes, int] = {}  # value -> index told to its submitter
         self.problems: list[str] = []
         self.sent_entries = 0
-        for address in self.addresses:
-            self.start(address)
+        try:
+            for address in self.addresses:
+                self.start(address)
+        except BaseException:
+            self.close()  # undo the patches
+            raise
 
     # --- nodes --------------------------------------------------------------------------
 
