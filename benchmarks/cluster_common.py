@@ -35,7 +35,7 @@ from _loadgen import (
     walk_frames,
 )
 
-from cluster.tooling import free_base_port, member_settings
+from cluster.tooling import free_base_port, member_command, member_settings
 from migratory.protocol.http import (
     check_handshake_response,
     handshake_request,
@@ -72,12 +72,12 @@ class BenchCluster:
     # --- processes ---------------------------------------------------------------------
 
     def start(self, i: int) -> None:
-        args = [sys.executable, *self.launcher, "serve"]
-        for key, value in self.settings[i].items():
-            args += ["--set", f"{key}={value}"]
+        # the password goes in the environment, never on a command line
+        args, env = member_command(self.settings[i])
+        args = [sys.executable, *self.launcher, *args[3:]]  # args[:3]: python -m cluster
         with (self.log_dir / f"migratory-{i}.log").open("ab") as log:
             self.procs[i] = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
                 cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
                 preexec_fn=lambda: die_with_parent(signal.SIGKILL),
             )
