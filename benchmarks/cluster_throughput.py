@@ -1,4 +1,4 @@
-"""Acknowledged publishes/s through a 3-seed Guaranteed cluster (target >= 20,000/s).
+"""Acknowledged publishes/s through a 3-seed Guaranteed cluster (target >= 25,000/s).
 
 Several publisher processes, each with a few raw WebSocket connections spread
 over the members, keep up to --window publishes with closures in flight per
@@ -256,7 +256,7 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--drain", type=float, default=20.0)
-    p.add_argument("--target", type=float, default=20_000)
+    p.add_argument("--target", type=float, default=25_000)
     p.add_argument("--patched", action="store_true",
                    help="EXPERIMENT: run members with cluster_patched_member.py (suggested fixes)")
     p.add_argument("--json")
