@@ -165,6 +165,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Python's garbage-collector thresholds (gen0 allocations, gen1, gen2 collections; "
             "Python's own default is 700,10,10). Higher values make full collections -- which "
             "stop the server for tens of ms on a large heap -- minutes apart."),
+    Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",
+            "On SIGTERM the server drains: no new clients, publishes settled, every client "
+            "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or after this "
+            "many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it below "
+            "terminationGracePeriodSeconds minus the preStop sleep."),
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
@@ -229,6 +234,7 @@ class Config:
     client_max_pending_bytes: int
     handshake_timeout: int
     gc_thresholds: tuple[int, int, int]
+    drain_time: int
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int

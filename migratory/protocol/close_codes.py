@@ -47,6 +47,13 @@ SLOW_CONSUMER = CloseCode(
 CONNECT_TIMEOUT = CloseCode(
     4501, "CONNECT_TIMEOUT", True, "no `connect` operation within HandshakeTimeout"
 )
+DRAINED = CloseCode(
+    4502,
+    "DRAINED",
+    True,
+    "the server is leaving (drained): every publish it took has its status before this close; "
+    "a publish still without one was not taken",
+)
 
 ALL: tuple[CloseCode, ...] = (
     NORMAL,
@@ -63,6 +70,7 @@ ALL: tuple[CloseCode, ...] = (
     CONNECT_DENIED,
     SLOW_CONSUMER,
     CONNECT_TIMEOUT,
+    DRAINED,
 )
 BY_CODE: dict[int, CloseCode] = {c.code: c for c in ALL}
 

@@ -23,6 +23,7 @@ from migratory.server.context import (
     ServerContext,
     ServerStatistics,
 )
+from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
@@ -104,13 +105,14 @@ class Server:
         if hub.fault is not None:
             hub.fault.report = log.warning
             log.warning("%s (never use in production)", hub.fault.describe())
+        self.drain = Drain(config.drain_time)  # SIGTERM: clients leave first (drain.py)
         self.ctx = ServerContext(
             config,
             hub,
             entitlement_from_config(config),
             ServerStatistics(),
-            LocalPublishing(hub) if publishing is None else publishing,
-            readiness=readiness or (lambda: None),
+            self.drain.publishing(LocalPublishing(hub) if publishing is None else publishing),
+            readiness=self.drain.readiness(readiness or (lambda: None)),
             cluster_status=cluster_status,
         )
         self.connections: set[Connection] = set()
@@ -261,6 +263,8 @@ async def run_until_signalled(
             async for signum in signals:
                 log.info("%s received: shutting down", signal.Signals(signum).name)
                 break
+            if signum == signal.SIGTERM:  # Kubernetes, service managers: drain first
+                await server.drain.run(lambda: server.connections)
             await server.shutdown()
             nursery.cancel_scope.cancel()
     stats = server.ctx.statistics()

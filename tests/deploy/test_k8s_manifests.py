@@ -157,3 +157,11 @@ def test_client_service_and_ingress_example_reach_the_client_port() -> None:
     assert (backend["name"], backend["port"]["name"]) == ("migratory", port["name"])
     timeouts = [v for k, v in ingress["metadata"]["annotations"].items() if "timeout" in k]
     assert timeouts and all(int(v) >= 600 for v in timeouts)
+
+
+def test_the_drain_fits_in_the_termination_grace_period(tmp_path: Path) -> None:
+    spec = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]
+    pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = member_config(0, tmp_path).drain_time
+    assert drain > 0
+    assert pre_stop + drain + 5 <= spec["terminationGracePeriodSeconds"]

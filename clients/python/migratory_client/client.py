@@ -292,7 +292,10 @@ class Client:
             end = await session.serve(initial)
         finally:
             self._set_live(None)
-            self._router.session_lost(f"connection to {session.server} lost: {end.describe()}")
+            self._router.session_lost(
+                f"connection to {session.server} lost: {end.describe()}",
+                untaken_failed=end.by_server and end.code == close_codes.DRAINED.code,
+            )
         return end
 
     def _end(self, error: MigratoryError | None) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import trio
 
 from migratory.model.message import Message
-from migratory.protocol.ops import PublishStatus, SubjectStatus, SubscriptionRequest
+from migratory.protocol.ops import PublishStatus, Status, SubjectStatus, SubscriptionRequest
 from migratory_client.errors import MigratoryError
 from migratory_client.events import Notification, NotificationStatus, PublishResult
 from migratory_client.notifications import NotificationQueue
@@ -125,10 +125,17 @@ class Router:
 
     # --- session life ---------------------------------------------------------
 
-    def session_lost(self, reason: str) -> None:
-        """Every publish still waiting has an unknown outcome now."""
+    def session_lost(self, reason: str, *, untaken_failed: bool = False) -> None:
+        """Every publish still waiting has an unknown outcome now, unless the server said
+        (close 4502 DRAINED) that it answered every publish it took: then those still
+        waiting were not taken and fail definitely."""
         for pending in self.pending.values():
-            pending.lost = reason
+            if untaken_failed:
+                pending.result = PublishResult(
+                    Status.PUBLISH_FAILED, pending.subject, None, f"not published: {reason}"
+                )
+            else:
+                pending.lost = reason
             pending.done.set()
         self.pending.clear()
         for tracker in self.trackers.values():

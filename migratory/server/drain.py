@@ -1,0 +1,199 @@
+"""Leaving without costing a client anything: the drain on SIGTERM / SIGINT.
+
+Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
+``preStop`` hook and then sending SIGTERM; ``migratory serve`` then drains:
+
+1. **No new clients.** ``/readyz`` answers 503 ("member is draining") and a new
+   ``connect`` is closed with 1013 TRY_AGAIN_LATER, so the SDK goes elsewhere.
+2. **Every publish gets its outcome here.** From now on a publish that wants an
+   acknowledgement is refused at once with ``PUBLISH_FAILED`` ("member is
+   draining") — definitely not published, so the client can publish it again on
+   another member. Publishes already submitted are settled: a client is told to
+   leave only once each of its publishes has its ``PUBLISH_OK`` (or failure)
+   queued before the close frame. No client is left not knowing whether a publish
+   was acknowledged.
+3. **Every client is told to go elsewhere** with 4502 DRAINED (a reconnect
+   code) once its publishes are settled: the SDK reconnects to another member and
+   resumes every subject from its position (``DATA_SYNC``). The code also says
+   that every publish this member took has its status before the close frame, so
+   the SDK reports a publish still waiting as not published (it arrived after the
+   close was sent and was never read), never as an unknown outcome.
+4. The server stops once its clients have left, or after ``DrainTime`` seconds.
+
+The drain owns two thin wrappers given to the server when it is built — the
+readiness and the publish path — so nothing is patched while serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from migratory.model.message import Message
+from migratory.protocol import close_codes, ops
+from migratory.server.context import PublishPath, PublishReply
+
+log = logging.getLogger("migratory.drain")
+
+DRAINING = "member is draining (shutting down): connect to another member"
+REFUSED = "member is draining: publish again on another member"
+POLL_SECONDS = 0.02
+
+
+class DrainSession(Protocol):
+    """What the drain needs of a client session."""
+
+    @property
+    def is_websocket(self) -> bool: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    def close(self, code: int, reason: str) -> None: ...
+
+
+class DrainConnection(Protocol):
+    @property
+    def session(self) -> Any: ...
+
+    def flush(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    clients_told: int  # sessions closed with DRAINED by the drain
+    clients_left: int  # of all client sessions open at the start, how many had gone
+    clients_remaining: int  # still connected when the drain ended
+    publishes_settled: int  # outcomes delivered to clients after the drain began
+    publishes_refused: int  # publishes refused because the member was draining
+    seconds: float
+    timed_out: bool
+
+
+class _Settling:
+    """One session's publishes still waiting for their outcome (a PublishReply proxy)."""
+
+    __slots__ = ("_drain", "pending", "reply")
+
+    def __init__(self, drain: Drain, reply: PublishReply) -> None:
+        self._drain = drain
+        self.reply = reply
+        self.pending = 0
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        self.pending -= 1
+        self.reply.publish_result(status)
+        self._drain._settled(self)
+
+    def flush(self) -> None:
+        self.reply.flush()
+
+
+class DrainingPublishing:
+    """The server's publish path while it may drain: counts each session's publishes in
+    flight, and once draining refuses new ones with a definite ``PUBLISH_FAILED``."""
+
+    def __init__(self, inner: PublishPath, drain: Drain) -> None:
+        self._inner = inner
+        self._drain = drain
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        drain = self._drain
+        if reply is None:
+            self._inner.submit(message, None, now)
+            return
+        if drain.draining:
+            drain.refused += 1
+            reply.publish_result(
+                ops.PublishStatus(
+                    ops.Status.PUBLISH_FAILED, message.closure, message.subject, None, REFUSED
+                )
+            )
+            return
+        self._inner.submit(message, drain._track(reply), now)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._inner.statistics()
+
+
+class Drain:
+    """The drain of one server: build it first, give the server :meth:`readiness` and
+    :meth:`publishing`, and await :meth:`run` when the server is told to stop."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.draining = False
+        self.refused = 0
+        self.settled = 0
+        self._settling: dict[int, _Settling] = {}  # id(session) -> its proxy
+
+    def readiness(self, inner: Callable[[], str | None]) -> Callable[[], str | None]:
+        def reason() -> str | None:
+            return DRAINING if self.draining else inner()
+
+        return reason
+
+    def publishing(self, inner: PublishPath) -> DrainingPublishing:
+        return DrainingPublishing(inner, self)
+
+    def _track(self, reply: PublishReply) -> _Settling:
+        proxy = self._settling.get(id(reply))
+        if proxy is None:
+            proxy = self._settling[id(reply)] = _Settling(self, reply)
+        proxy.pending += 1
+        return proxy
+
+    def _settled(self, proxy: _Settling) -> None:
+        if self.draining:
+            self.settled += 1
+        if proxy.pending <= 0:
+            self._settling.pop(id(proxy.reply), None)
+
+    def unsettled(self, session: object) -> int:
+        proxy = self._settling.get(id(session))
+        return 0 if proxy is None else proxy.pending
+
+    async def run(self, connections: Callable[[], Iterable[DrainConnection]]) -> DrainReport:
+        """Drain the clients of ``connections()``; returns when they have all left or
+        ``seconds`` have passed."""
+        started = trio.current_time()
+        self.draining = True
+        initial = [c for c in connections() if c.session.is_websocket]
+        log.info("draining %d clients (DrainTime %g s)", len(initial), self.seconds)
+        told = 0
+        timed_out = True
+        with trio.move_on_after(self.seconds):
+            while True:
+                clients = [c for c in connections() if c.session.is_websocket]
+                for connection in clients:
+                    session = connection.session
+                    if not session.closing and self.unsettled(session) == 0:
+                        session.close(close_codes.DRAINED.code, DRAINING)
+                        connection.flush()
+                        told += 1
+                if not clients:
+                    timed_out = False
+                    break
+                await trio.sleep(POLL_SECONDS)
+        remaining = {id(c) for c in connections() if c.session.is_websocket}
+        report = DrainReport(
+            clients_told=told,
+            clients_left=sum(1 for c in initial if id(c) not in remaining),
+            clients_remaining=len(remaining),
+            publishes_settled=self.settled,
+            publishes_refused=self.refused,
+            seconds=round(trio.current_time() - started, 3),
+            timed_out=timed_out,
+        )
+        log.info(
+            "drained in %.1f s: %d clients told to reconnect elsewhere, %d still connected, "
+            "%d publishes settled, %d refused%s",
+            report.seconds, report.clients_told, report.clients_remaining,
+            report.publishes_settled, report.publishes_refused,
+            " (DrainTime reached)" if timed_out else "",
+        )
+        return report
