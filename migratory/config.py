@@ -167,9 +167,9 @@ SETTINGS: tuple[Setting, ...] = (
             "stop the server for tens of ms on a large heap -- minutes apart."),
     Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",
             "On SIGTERM the server drains: no new clients, publishes settled, every client "
-            "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or after this "
-            "many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it below "
-            "terminationGracePeriodSeconds minus the preStop sleep."),
+            "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or "
+            "after this many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it "
+            "below terminationGracePeriodSeconds minus the preStop sleep."),
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
