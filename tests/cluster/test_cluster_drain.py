@@ -182,22 +182,12 @@ def run_disruption(tmp_path: Path, victim: int, *, scale_down_first: bool) -> No
             assert NotificationStatus.DATA_SYNC in sub.statuses, sub.statuses
 
 
-RAFT_STALL = (
-    "since the cluster refactor (6bbfd39) a seed's Raft under this load often stops "
-    "following (a follower's commit index stays behind the leader's for good, or a restarted "
-    "seed stays a candidate), so a subscriber on it misses the last messages; the same run "
-    "passes on 1f59282 and fails after SIGKILL too, so not the drain: reported to the lead"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(reason=RAFT_STALL, strict=False)
 def test_non_seed_scaled_down_up_and_restarted_under_load(tmp_path: Path) -> None:
     run_disruption(tmp_path, NON_SEED, scale_down_first=True)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason=RAFT_STALL, strict=False)
 def test_seed_restarted_under_load(tmp_path: Path) -> None:
     run_disruption(tmp_path, SEED, scale_down_first=False)
 
