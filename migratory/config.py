@@ -203,6 +203,10 @@ SETTINGS: tuple[Setting, ...] = (
             _int(1, unit=" of publishes"), "50000",
             "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "
             "one more gets PUBLISH_FAILED (overloaded) at once instead of queueing."),
+    Setting("ClusterRebalanceRate", "cluster_rebalance_rate", _int(0, 100, " of percent"), "0",
+            "Rebalancing after scale-out: a member with more clients than the cluster's "
+            "average moves up to this percentage of them per second (at least one) to other "
+            "members, never below the average; each resumes there from its position. 0: off."),
     Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
             _int(100, unit=" of entries"), "20000",
             "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
@@ -245,6 +249,7 @@ class Config:
     cluster_password: str
     cluster_data_dir: str
     cluster_max_pending_publishes: int
+    cluster_rebalance_rate: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
 
@@ -401,6 +406,7 @@ def _check_cluster(config: Config, key: _Origins) -> Config:
             ("ClusterMemberBind", config.cluster_member_bind),
             ("ClusterSeedMemberCount", config.cluster_seed_member_count),
             ("ClusterDataDir", config.cluster_data_dir),
+            ("ClusterRebalanceRate", config.cluster_rebalance_rate),
         ):
             if value:
                 raise ConfigError(f"{key(name)} is set but ClusterMembers is empty")

@@ -27,6 +27,7 @@ from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
+from migratory.server.rebalance import Rebalancer
 
 log = logging.getLogger("migratory.server")
 
@@ -140,6 +141,8 @@ class Server:
                 if not self.write_immediately:
                     nursery.start_soon(self._batch_loop)
                 nursery.start_soon(self._tick_loop)
+                if self.config.cluster_rebalance_rate and self.config.clustered:
+                    nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
                 log.info(
                     "epoch %d, batching %s, entitlement %s",
                     self.ctx.hub.epoch,

@@ -21,7 +21,8 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
 4. The server stops once its clients have left, or after ``DrainTime`` seconds.
 
 The drain owns two thin wrappers given to the server when it is built — the
-readiness and the publish path — so nothing is patched while serving.
+readiness and the publish path — so nothing is patched while serving. The same
+steps 2-3 move single clients for the rebalancer (:meth:`Drain.move`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from migratory.server.context import PublishPath, PublishReply
 log = logging.getLogger("migratory.drain")
 
 DRAINING = "member is draining (shutting down): connect to another member"
-REFUSED = "member is draining: publish again on another member"
+MOVED = "member is moving this client to another member (rebalancing)"
+REFUSED = "member is sending this client elsewhere: publish again on another member"
 POLL_SECONDS = 0.02
 
 
@@ -106,7 +108,7 @@ class DrainingPublishing:
         if reply is None:
             self._inner.submit(message, None, now)
             return
-        if drain.draining:
+        if drain.draining or id(reply) in drain.moving:
             drain.refused += 1
             reply.publish_result(
                 ops.PublishStatus(
@@ -130,6 +132,8 @@ class Drain:
         self.refused = 0
         self.settled = 0
         self._settling: dict[int, _Settling] = {}  # id(session) -> its proxy
+        self.moving: dict[int, DrainConnection] = {}  # id(session) -> its connection
+        self.moved = 0
 
     def readiness(self, inner: Callable[[], str | None]) -> Callable[[], str | None]:
         def reason() -> str | None:
@@ -156,6 +160,28 @@ class Drain:
     def unsettled(self, session: object) -> int:
         proxy = self._settling.get(id(session))
         return 0 if proxy is None else proxy.pending
+
+    def move(self, connections: Iterable[DrainConnection]) -> None:
+        """Send these clients to other members, each once its publishes are settled (its
+        new publishes are refused meanwhile); call :meth:`close_settled` until done."""
+        for connection in connections:
+            self.moving[id(connection.session)] = connection
+        self.close_settled()
+
+    def close_settled(self) -> int:
+        """Close the moving clients whose publishes all have their status; how many."""
+        closed = 0
+        for key, connection in list(self.moving.items()):
+            session = connection.session
+            if session.closing:
+                del self.moving[key]
+            elif self.unsettled(session) == 0:
+                del self.moving[key]
+                session.close(close_codes.DRAINED.code, MOVED)
+                connection.flush()
+                closed += 1
+        self.moved += closed
+        return closed
 
     async def run(self, connections: Callable[[], Iterable[DrainConnection]]) -> DrainReport:
         """Drain the clients of ``connections()``; returns when they have all left or

@@ -50,12 +50,20 @@ def servers(cluster: LocalCluster, home: int) -> list[str]:
     return [f"{100 if i == home else 1} {cluster.url(i)}" for i in range(cluster.members)]
 
 
-async def subscribe(cluster: LocalCluster, sub: Subscriber, seed: int, stop: trio.Event) -> None:
+async def subscribe(
+    cluster: LocalCluster,
+    sub: Subscriber,
+    seed: int,
+    stop: trio.Event,
+    clients: list[Client] | None = None,
+) -> None:
     async with (
         connect(servers(cluster, sub.home), reconnect=FAST, rng=random.Random(seed)) as client,
         client.subscribe(SUBJECT) as subscription,
         trio.open_nursery() as nursery,
     ):
+        if clients is not None:
+            clients.append(client)
 
         async def notes() -> None:
             async for note in client.notifications():
