@@ -45,14 +45,25 @@ def main(argv: list[str] | None = None) -> int:
         )
     run.add_argument("--out", required=True, help="run directory")
     run.add_argument(
+        "--only",
+        type=lambda text: tuple(k.strip() for k in text.split(",") if k.strip()),
+        default=(),
+        help="apply only these fault kinds of the schedule (comma-separated, e.g. sync-kill)",
+    )
+    run.add_argument(
         "--fault",
         choices=("drop", "duplicate", "reorder"),
         help="server test fault switch: MIGRATORY_TEST_FAULT=KIND:20:a (the 20th message "
         "fanned out to a raw auditor, on every member process)",
     )
-    run.add_argument("--publishers", type=int, default=4)
-    run.add_argument("--subscribers", type=int, default=4)
-    run.add_argument("--rate", type=float, default=25.0, help="publishes/s, all publishers")
+    run.add_argument("--subjects", type=int, default=50)
+    run.add_argument(
+        "--rate", type=float, default=420.0, help="publishes/s offered, all publishers together"
+    )
+    run.add_argument("--publishers", type=int, default=4, help="SDK publishers")
+    run.add_argument("--raw-publishers", type=int, default=4, help="raw-protocol publishers")
+    run.add_argument("--subscribers", type=int, default=14, help="SDK subscribers")
+    run.add_argument("--auditors", type=int, default=6, help="raw-protocol subscribers")
     args = parser.parse_args(argv)
     if args.command == "replay-schedule":
         sys.stdout.write(
@@ -76,10 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         members=args.members,
         seeds=args.seeds,
         fault=args.fault,
+        only=args.only,
         proxies=not args.no_proxy,
-        publishers=args.publishers,
-        subscribers=args.subscribers,
+        subjects=args.subjects,
         rate=args.rate,
+        publishers=args.publishers,
+        raw_publishers=args.raw_publishers,
+        subscribers=args.subscribers,
+        auditors=args.auditors,
     )
 
 

@@ -1,8 +1,9 @@
 """The nemesis: applies the seeded schedule's faults to member processes and proxies.
 
-Each step is written to the ``nemesis`` history table as it happens. A fault is
-skipped when its member is already faulted, or when it would fault more than a
-minority of the seeds ((seeds - 1) // 2) at once.
+Each step is written to the ``nemesis`` history table as it happens. A single fault
+is skipped when its member is already faulted, or when it would fault more than a
+minority of the seeds ((seeds - 1) // 2) at once. Scenarios (several steps on
+several members, :mod:`chaos.scenarios`) hold their members for their whole course.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import trio
 from chaos.history import History
 from chaos.members import Member
 from chaos.proxy import Proxy
+from chaos.scenarios import run_scenario
 from chaos.schedule import Fault, member
 
 
@@ -38,16 +40,33 @@ class Nemesis:
         self.seeds, self.status, self.h = seeds, status, history
         self.say, self.wait_ready = say, wait_ready
         self.faulted: dict[int, str] = {}  # member index -> the fault it is under
+        self.applied: dict[str, int] = {}  # fault kind -> times applied
+        self.skipped: dict[str, int] = {}  # fault kind -> times skipped
 
     def record(self, fault: str, target: str, phase: str, detail: str = "") -> None:
         self.h.write("nemesis", fault=fault, target=target, phase=phase, detail=detail)
         self.say(f"nemesis {fault} {target} {phase} {detail}".rstrip())
 
-    def current_leader(self) -> int | None:
-        for i, st in self.status.items():
-            if st.get("raft_state") == "leader" and i not in self.faulted:
+    def current_leader(self, *, faulted_too: bool = False) -> int | None:
+        """The member the last samples show as Raft leader (not faulted, unless
+        ``faulted_too``: then any member still up and running)."""
+        for i, st in sorted(self.status.items()):
+            if st.get("raft_state") != "leader":
+                continue
+            if i not in self.faulted or (faulted_too and self.members[i].state == "up"):
                 return i
         return None
+
+    def _free(self, i: int) -> bool:
+        """Member i may take a single fault now: not faulted, and the minority rule."""
+        if i in self.faulted:
+            return False
+        faulted_seeds = sum(1 for k in self.faulted if k < self.seeds)
+        return i >= self.seeds or faulted_seeds < (self.seeds - 1) // 2
+
+    def skip(self, f: Fault, why: str) -> None:
+        self.skipped[f.fault] = self.skipped.get(f.fault, 0) + 1
+        self.say(f"skip {f.fault} {f.target}: {why}")
 
     async def run(self, start: float) -> None:
         """Apply every fault at ``start + fault.at`` (trio time)."""
@@ -57,6 +76,9 @@ class Nemesis:
                 nursery.start_soon(self.apply, f, start)
 
     async def apply(self, f: Fault, start: float) -> None:
+        if f.scenario:
+            await run_scenario(self, f, start)
+            return
         if f.target == "leader":
             i = self.current_leader()
             if i is None:
@@ -66,17 +88,21 @@ class Nemesis:
         else:
             i = int(f.target.rsplit("-", 1)[1])
             detail = f.detail
-        if i in self.faulted:
-            self.say(f"skip {f.fault} {member(i)}: already under {self.faulted[i]}")
-            return
-        if (
-            i < self.seeds
-            and sum(1 for k in self.faulted if k < self.seeds) >= (self.seeds - 1) // 2
-        ):
-            self.say(f"skip {f.fault} {member(i)}: a minority of seeds is already faulted")
-            return
+        if not self._free(i):
+            # another member of the same role (seed / non-seed) takes it, else skipped
+            role = range(self.seeds) if i < self.seeds else range(self.seeds, len(self.members))
+            busy = i
+            order = sorted(role, key=lambda k: (k - busy) % len(self.members))
+            alt = next((k for k in order if self._free(k)), None)
+            if f.target == "leader" or alt is None:
+                why = self.faulted.get(i) or "a minority of the seeds is already faulted"
+                self.skip(f, f"{member(i)} busy ({why})")
+                return
+            detail = f"{detail} (instead of {member(i)}, under {self.faulted[i]})".strip()
+            i = alt
         m, name = self.members[i], member(i)
         self.faulted[i] = f.fault
+        self.applied[f.fault] = self.applied.get(f.fault, 0) + 1
         try:
             await self._start_fault(f.fault, m, detail)
             if f.duration:
@@ -91,14 +117,9 @@ class Nemesis:
     async def _start_fault(self, kind: str, m: Member, detail: str) -> None:
         proxies = self.proxy_of.get(m.index, [])
         if kind == "kill":
-            self.record("kill", m.name, "start", detail)
-            m.signal(signal.SIGKILL)
-            await trio.to_thread.run_sync(m.wait_exit, 10)
-            m.state = "killed"
+            await self.kill(m, detail)
         elif kind == "pause":
-            self.record("pause", m.name, "start", detail)
-            m.signal(signal.SIGSTOP)
-            m.state = "paused"
+            self.pause(m, detail)
         elif kind == "leave":
             self.record("leave", m.name, "start", "graceful SIGTERM " + detail)
             m.signal(signal.SIGTERM)
@@ -129,17 +150,10 @@ class Nemesis:
 
     async def _end_fault(self, kind: str, m: Member, detail: str) -> None:
         if kind == "kill":
-            self.record("kill", m.name, "end", detail)
-            m.start()
-            self.record("restart", m.name, "start", f"pid {m.process.pid if m.process else '?'}")
-            ok = await self.wait_ready([m.index], 30)
-            self.record("restart", m.name, "end", "ready" if ok else "NOT ready after 30 s")
+            self.restart(m, detail)
+            await self.restarted([m], 30)
         elif kind == "pause":
-            m.signal(signal.SIGCONT)
-            m.state = "up"
-            self.record("pause", m.name, "end", detail)
-            self.record("resume", m.name, "start", detail)
-            self.record("resume", m.name, "end", detail)
+            self.resume(m, detail)
         elif kind == "leave":
             await self.join(m)
         elif kind in ("delay", "blackhole", "partition"):
@@ -149,6 +163,48 @@ class Nemesis:
             self.record(kind, target, "end", detail)
             self.record("heal", target, "start", kind)
             self.record("heal", target, "end", kind)
+
+    # --- steps shared with the scenarios ----------------------------------------------
+
+    async def kill(self, m: Member, detail: str) -> None:
+        self.record("kill", m.name, "start", detail)
+        m.signal(signal.SIGKILL)
+        await trio.to_thread.run_sync(m.wait_exit, 10)
+        m.state = "killed"
+
+    def restart(self, m: Member, detail: str) -> None:
+        """Start a killed member again (rows: kill end, restart start); see ``restarted``."""
+        self.record("kill", m.name, "end", detail)
+        m.start()
+        self.record("restart", m.name, "start", f"pid {m.process.pid if m.process else '?'}")
+
+    async def restarted(self, ms: list[Member], timeout: float) -> bool:
+        """Wait for restarted members to be ready; a ``restart end`` row each, as each
+        becomes ready (or does not within ``timeout`` s)."""
+        results: list[bool] = []
+
+        async def one(m: Member) -> None:
+            ok = await self.wait_ready([m.index], timeout)
+            results.append(ok)
+            outcome = "ready" if ok else f"NOT ready after {timeout:g} s"
+            self.record("restart", m.name, "end", outcome)
+
+        async with trio.open_nursery() as nursery:
+            for m in ms:
+                nursery.start_soon(one, m)
+        return all(results)
+
+    def pause(self, m: Member, detail: str) -> None:
+        self.record("pause", m.name, "start", detail)
+        m.signal(signal.SIGSTOP)
+        m.state = "paused"
+
+    def resume(self, m: Member, detail: str) -> None:
+        m.signal(signal.SIGCONT)
+        m.state = "up"
+        self.record("pause", m.name, "end", detail)
+        self.record("resume", m.name, "start", detail)
+        self.record("resume", m.name, "end", detail)
 
     async def join(self, m: Member) -> None:
         m.start()
@@ -161,6 +217,8 @@ class Nemesis:
         """The final heal: every proxy healed, paused members resumed, exited ones started."""
         for i, ps in self.proxy_of.items():
             for p in ps:
+                p.refuse(None)
+                p.follow(None)
                 if p.delay or p.blackhole or p.inbound_dropped:
                     p.heal()
                     self.record("heal", member(i), "start", "final heal")

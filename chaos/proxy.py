@@ -10,14 +10,36 @@ the reply direction. Faults:
 - ``partition``: one-way — only the direction into the member is held (bytes are not
   dropped: a TCP stream cannot lose bytes in the middle, it stalls; dropping them
   corrupted the encrypted Raft stream in early runs);
-- ``reset``: every open connection is closed at once (new ones are accepted).
+- ``reset``: every open connection is closed at once (new ones are accepted), or only
+  those coming from given local ports (one member process's: :func:`local_ports`).
+
+For the scenarios, a proxy can also refuse the connections of one process
+(``refuse``) and count the bytes it forwards to one process (``follow``), e.g. the
+cache sync a seed sends to a restarted non-seed.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import os
 
 import trio
+
+
+class Follow:
+    """Bytes forwarded to one process's connections; ``reached`` is set at ``threshold``."""
+
+    def __init__(self, pid: int, threshold: int) -> None:
+        self.pid, self.threshold = pid, threshold
+        self.bytes = 0
+        self.first: float | None = None  # trio time of its first connection
+        self.reached = trio.Event()
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self.bytes >= self.threshold:
+            self.reached.set()
 
 
 class Proxy:
@@ -28,8 +50,19 @@ class Proxy:
         self.delay = 0.0
         self.blackhole = False
         self.inbound_dropped = False  # one-way partition: into the member (held)
-        self._scopes: set[trio.CancelScope] = set()
+        self._scopes: dict[trio.CancelScope, int] = {}  # -> the connecting peer's port
         self._changed = trio.Event()
+        self.refused_pid: int | None = None
+        self.followed: Follow | None = None
+
+    def refuse(self, pid: int | None) -> None:
+        """Close new connections from process ``pid`` as they are accepted (None: stop)."""
+        self.refused_pid = pid
+
+    def follow(self, pid: int | None, threshold: int = 0) -> Follow | None:
+        """Count the bytes forwarded to connections that process ``pid`` opens from now on."""
+        self.followed = Follow(pid, threshold) if pid is not None else None
+        return self.followed
 
     def set(
         self,
@@ -50,8 +83,9 @@ class Proxy:
     def heal(self) -> None:
         self.set(delay=0.0, blackhole=False, inbound_dropped=False)
 
-    def reset(self) -> int:
-        scopes = list(self._scopes)
+    def reset(self, from_ports: builtins.set[int] | None = None) -> int:
+        """Close the open connections (only those from ``from_ports`` when given)."""
+        scopes = [s for s, port in self._scopes.items() if from_ports is None or port in from_ports]
         for scope in scopes:
             scope.cancel()
         return len(scopes)
@@ -63,19 +97,29 @@ class Proxy:
 
     async def _handle(self, downstream: trio.SocketStream) -> None:
         with trio.CancelScope() as scope:
-            self._scopes.add(scope)
+            try:
+                peer_port = int(downstream.socket.getpeername()[1])
+            except OSError:
+                peer_port = 0
+            self._scopes[scope] = peer_port
+            refused, followed = self.refused_pid, self.followed
+            if refused is not None and peer_port in local_ports(refused):
+                scope.cancel()
+            if followed is not None and peer_port not in local_ports(followed.pid):
+                followed = None
+            if followed is not None and followed.first is None:
+                followed.first = trio.current_time()
             try:
                 try:
                     upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
                 except OSError:
                     return
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, downstream, upstream, True, nursery.cancel_scope)
-                    nursery.start_soon(
-                        self._pump, upstream, downstream, False, nursery.cancel_scope
-                    )
+                    scope_ = nursery.cancel_scope
+                    nursery.start_soon(self._pump, downstream, upstream, True, scope_, None)
+                    nursery.start_soon(self._pump, upstream, downstream, False, scope_, followed)
             finally:
-                self._scopes.discard(scope)
+                self._scopes.pop(scope, None)
         with contextlib.suppress(Exception):
             await trio.aclose_forcefully(downstream)
         with contextlib.suppress(Exception):
@@ -83,7 +127,12 @@ class Proxy:
                 await trio.aclose_forcefully(upstream)
 
     async def _pump(
-        self, src: trio.SocketStream, dst: trio.SocketStream, inbound: bool, scope: trio.CancelScope
+        self,
+        src: trio.SocketStream,
+        dst: trio.SocketStream,
+        inbound: bool,
+        scope: trio.CancelScope,
+        followed: Follow | None,
     ) -> None:
         try:
             while True:
@@ -97,7 +146,25 @@ class Proxy:
                 if self.delay:
                     await trio.sleep(self.delay)
                 await dst.send_all(data)
+                if followed is not None:
+                    followed.add(len(data))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
             scope.cancel()
+
+
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of process ``pid``'s sockets (from /proc; empty if it is gone)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        with open(f"/proc/{pid}/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return set()
+    return {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[9] in inodes}

@@ -1,8 +1,10 @@
-"""A minimal async (trio) raw-protocol client for the auditors: no SDK logic at all.
+"""A minimal async (trio) raw-protocol client for auditors and raw publishers: no SDK
+logic at all.
 
-It subscribes with the positions it is given and yields every server operation as
-it arrives; liveness is a protocol ping every ``ping_every`` s that must be answered
-within ``pong_timeout`` s (so a SIGSTOPped member is noticed).
+It subscribes with the positions it is given, publishes what it is handed, and yields
+every server operation as it arrives; liveness is a protocol ping every ``ping_every`` s
+that must be answered within ``pong_timeout`` s (so a SIGSTOPped member is noticed).
+Sends are serialised by a lock (a publisher sends while its reader answers pings).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import trio
 
+from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
@@ -23,6 +26,7 @@ class RawSession:
     def __init__(self, stream: trio.SocketStream, decoder: ws.FrameDecoder) -> None:
         self.stream, self.decoder = stream, decoder
         self.pings = 0
+        self._sending = trio.Lock()
 
     @classmethod
     async def open(cls, port: int, name: str) -> RawSession:
@@ -58,13 +62,24 @@ class RawSession:
         await trio.aclose_forcefully(self.stream)
 
     async def send(self, op: ops.ClientOp) -> None:
-        await self.stream.send_all(ws.encode_masked_binary(ops.encode_client_op(op), os.urandom(4)))
+        await self._send_bytes(ws.encode_masked_binary(ops.encode_client_op(op), os.urandom(4)))
 
-    async def subscribe(self, subjects: list[tuple[str, tuple[int, int] | None]]) -> None:
+    async def _send_bytes(self, data: bytes) -> None:
+        async with self._sending:
+            await self.stream.send_all(data)
+
+    async def subscribe(
+        self, subjects: list[tuple[str, tuple[int, int] | None]], *, history: int = 0
+    ) -> None:
+        """Subscribe each subject from its position; ``history`` for those without one."""
         requests = tuple(
-            ops.SubscriptionRequest(s, Position(*p) if p else None) for s, p in subjects
+            ops.SubscriptionRequest(s, Position(*p) if p else None, 0 if p else history)
+            for s, p in subjects
         )
         await self.send(ops.Subscribe(requests))
+
+    async def publish(self, message: Message) -> None:
+        await self.send(ops.Publish(message))
 
     async def recv_op(self) -> ops.ServerOp:
         while True:
@@ -80,7 +95,7 @@ class RawSession:
             if isinstance(event, ws.CloseReceived):
                 raise ConnectionError(f"server closed: {event.code} {event.reason}")
             if isinstance(event, ws.Ping):
-                await self.stream.send_all(ws.encode_pong(event.payload, mask=os.urandom(4)))
+                await self._send_bytes(ws.encode_pong(event.payload, mask=os.urandom(4)))
 
     async def ops(self, *, ping_every: float, pong_timeout: float) -> AsyncIterator[ops.ServerOp]:
         last_heard = trio.current_time()

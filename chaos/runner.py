@@ -21,16 +21,22 @@ from typing import Any
 
 import trio
 
+from chaos.cpu import CpuMeter
 from chaos.history import History
 from chaos.members import build_members, http_json
 from chaos.nemesis import Nemesis
+from chaos.plan import SubscriberPlan, plan_workload
+from chaos.raw_workload import raw_auditor, raw_publisher
 from chaos.schedule import generate, member, to_jsonl
-from chaos.workload import SUBJECTS, Workload
+from chaos.workload import Workload
 from cluster.tooling import free_base_port
 
 # --fault: the server's test fault switch hits the 20th message fanned out to a raw
 # auditor (clients named a0, a1) in each member process; the SDK would repair it
 FAULT_AT = "20:a"
+# Raft log compaction early and often, so that a short run restarts seeds that load a
+# compacted log (pysyncobj compacts when either threshold is passed)
+COMPACTION = {"ClusterLogCompactionEntries": "2000", "ClusterLogCompactionTime": "10"}
 
 
 class Runner:
@@ -43,18 +49,34 @@ class Runner:
         members: int = 5,
         seeds: int = 3,
         fault: str | None = None,
+        only: tuple[str, ...] = (),
         proxies: bool = True,
+        subjects: int = 50,
+        rate: float = 420.0,
         publishers: int = 4,
-        subscribers: int = 4,
-        rate: float = 25.0,
+        raw_publishers: int = 4,
+        subscribers: int = 14,
+        auditors: int = 6,
     ) -> None:
         if members < 3 or seeds not in (3, 5) or seeds > members:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
         self.seed, self.duration, self.out = seed, duration, out
         self.n, self.seeds, self.fault, self.proxies = members, seeds, fault, proxies
-        self.n_pub, self.n_sub = publishers, subscribers
+        self.plan = plan_workload(
+            seed,
+            members=members,
+            subjects=subjects,
+            rate=rate,
+            sdk_publishers=publishers,
+            raw_publishers=raw_publishers,
+            sdk_subscribers=subscribers,
+            auditors=auditors,
+        )
+        self.cpu = CpuMeter()
         self.run_id = f"chaos-{seed}-{int(time.time())}"
         self.schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies)
+        if only:
+            self.schedule = [f for f in self.schedule if f.fault in only]
         out.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
         self.base = free_base_port(members, random.Random())
@@ -65,6 +87,8 @@ class Runner:
         self.members, self.proxy_of, self.client_urls = build_members(
             count=members, seeds=seeds, base=self.base, proxies=proxies, out=out, env=env
         )
+        for m in self.members:
+            m.settings.update(COMPACTION)
         raft_ports = {
             int(self.members[i].settings["ClusterMemberListen"].rsplit(":", 1)[1]) + 1: member(i)
             for i in range(members)
@@ -74,12 +98,7 @@ class Runner:
         self.h = History(out, self.run_id, self.t0)
         self.last_status: dict[int, dict[str, Any]] = {}
         self.workload = Workload(
-            seed=seed,
-            client_urls=self.client_urls,
-            history=self.h,
-            say=self.say,
-            publishers=publishers,
-            rate=rate,
+            seed=seed, plan=self.plan, client_urls=self.client_urls, history=self.h, say=self.say
         )
         self.nemesis = Nemesis(
             schedule=self.schedule,
@@ -182,21 +201,20 @@ class Runner:
             self.say("cluster ready")
             async with trio.open_nursery() as work:
                 readies = []
-                for k in range(self.n_sub):
+                for spec in self.plan.subscribers:
                     ev = trio.Event()
-                    readies.append(ev)
-                    work.start_soon(self.supervised, f"s{k}", workload.sdk_subscriber, k, ev)
-                for k in range(2):
-                    ev = trio.Event()
-                    readies.append(ev)
-                    work.start_soon(workload.raw_auditor, k, ev)
+                    if not spec.start_after:
+                        readies.append(ev)
+                    work.start_soon(self.subscriber, spec, ev)
                 with trio.move_on_after(15):
                     for ev in readies:
                         await ev.wait()
                 await trio.sleep(0.5)
-                for k in range(self.n_pub):
-                    work.start_soon(self.supervised, f"p{k}", workload.publisher, k)
                 start = trio.current_time()
+                workload.started = start
+                for pub in self.plan.publishers:
+                    task = workload.sdk_publisher if pub.kind == "sdk" else self.raw_publisher
+                    work.start_soon(self.supervised, pub.name, task, pub)
                 work.start_soon(self.progress)
                 with trio.move_on_after(self.duration):
                     await self.nemesis.run(start)
@@ -218,6 +236,20 @@ class Runner:
             outer.cancel_scope.cancel()
         return 0
 
+    async def subscriber(self, spec: SubscriberPlan, ready: trio.Event) -> None:
+        """One subscriber of the plan, started ``start_after`` s after publishing starts."""
+        if spec.start_after:
+            while self.workload.started is None:
+                await trio.sleep(0.1)
+            await trio.sleep_until(self.workload.started + spec.start_after)
+        if spec.kind == "sdk":
+            await self.supervised(spec.name, self.workload.sdk_subscriber, spec, ready)
+        else:
+            await raw_auditor(self.workload, spec, ready)
+
+    async def raw_publisher(self, spec: Any) -> None:
+        await raw_publisher(self.workload, spec)
+
     async def supervised(self, what: str, fn: Any, *args: Any) -> None:
         """Run a workload task; if the SDK ends it (e.g. a terminal close), log and restart."""
         for attempt in range(1, 51):
@@ -234,11 +266,15 @@ class Runner:
             self.h.flush()
             leader = self.nemesis.current_leader()
             stats = self.workload.stats
+            pids = [m.process.pid for m in self.members if m.process is not None]
+            cpu = self.cpu.sample(pids)
             self.say(
                 f"publishes ok={stats['ok']} fail={stats['fail']} "
                 f"info={stats['info']} deliveries={stats['deliveries']} "
                 f"leader={member(leader) if leader is not None else '?'} "
-                f"faulted={sorted(member(i) for i in self.nemesis.faulted)}"
+                f"faulted={sorted(member(i) for i in self.nemesis.faulted)} "
+                f"cpu: runner {cpu['runner']:.0%} members {cpu['members']:.0%} "
+                f"machine {cpu['machine']:.0%} (of one core)"
             )
 
     def stop(self) -> None:
@@ -277,11 +313,19 @@ class Runner:
             "mode": "Guaranteed",
             "proxies": self.proxies,
             "fault_switch": f"{self.fault}:{FAULT_AT}" if self.fault else None,
-            "subjects": list(SUBJECTS),
-            "publishers": self.n_pub,
-            "subscribers": self.n_sub,
-            "auditors": 2,
+            "subjects": list(self.plan.subjects),
+            "publishers": [p.name for p in self.plan.publishers],
+            "subscribers": [s.name for s in self.plan.subscribers],
+            "workload": asdict(self.plan),
+            "cpu": self.cpu.totals(),
             "schedule": [asdict(f) for f in self.schedule],
+            "faults": {
+                "scheduled": len(self.schedule),
+                "applied": sum(self.nemesis.applied.values()),
+                "skipped": sum(self.nemesis.skipped.values()),
+                "applied_by_kind": dict(sorted(self.nemesis.applied.items())),
+                "skipped_by_kind": dict(sorted(self.nemesis.skipped.items())),
+            },
             "counts": self.h.counts,
             "exit_code": code,
             "wall_seconds": round(wall, 2),
@@ -320,9 +364,12 @@ def run(**kwargs: Any) -> int:
         runner.stop()
         runner.h.close()
         runner.write_run(code, time.monotonic() - wall0)
+    nem = runner.nemesis
     print(
-        f"[chaos] done in {time.monotonic() - wall0:.1f}s, exit {code}; history in "
-        f"{runner.out}: {runner.h.counts}",
+        f"[chaos] done in {time.monotonic() - wall0:.1f}s, exit {code}; faults applied "
+        f"{sum(nem.applied.values())} of {len(runner.schedule)} scheduled "
+        f"({sum(nem.skipped.values())} skipped); history in {runner.out}: {runner.h.counts}; "
+        f"cpu {runner.cpu.totals()}",
         flush=True,
     )
     return code

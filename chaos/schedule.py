@@ -1,9 +1,20 @@
 """The seeded nemesis schedule: generated up front from ``random.Random(seed)``.
 
-Same seed, duration and layout -> the same schedule. At any moment at most a
-minority of the seeds ((seeds - 1) // 2) has an active fault, and a member has
-at most one active fault. Target ``"leader"`` is resolved when the fault is
-applied (the current Raft leader) and counts as a seed fault.
+Same seed, duration and layout -> the same schedule. Two kinds of faults:
+
+- **Single faults** (kill, pause, leave, delay, blackhole, partition, reset) of one
+  member, one every 0.5-1.5 s: a member has at most one at a time, and at most a
+  minority of the seeds ((seeds - 1) // 2) is under one at once.
+- **Scenarios** (:data:`SCENARIOS`), one every ~20 s from 10 s on, aimed at what the
+  minority rule keeps away: a lagging follower when the leader dies, the leader
+  killed while it sends a cache sync, loss of the seed majority, every seed killed
+  and restarted after a Raft log compaction, a non-seed's upstream seed stopped. A
+  scenario's window (its duration plus :data:`SETTLE` s) is its own: no single fault
+  of a seed starts in it, nor one of the non-seed it uses.
+
+Target ``"leader"`` is resolved when the fault is applied (the current Raft leader)
+and counts as a seed; ``"seeds"`` means several seeds, chosen when applied;
+``"upstream-of-migratory-i"`` the seed non-seed i replicates from then.
 """
 
 from __future__ import annotations
@@ -25,13 +36,27 @@ HEAL_OF = {
     "partition": "heal",
     "reset": None,
 }
+# scenario -> what it needs: non-seeds (True) or not
+SCENARIOS = {
+    "lagging-failover": False,  # pause a follower seed, resume it and kill the leader at once
+    "sync-kill": True,  # kill the leader while it sends a cache sync to a restarted non-seed
+    "majority-loss": False,  # a majority of the seeds killed / stopped / cut off for a while
+    "all-seeds-restart": False,  # every seed SIGKILLed and restarted after a log compaction
+    "upstream-stop": True,  # SIGSTOP the seed a non-seed replicates from
+}
+MAJORITY_LOSS = ("kill", "pause", "raft-cut")  # raft-cut: every seed's Raft links held
+SCENARIO_EVERY = 20.0  # seconds between scenario starts (+- 3 s)
+FIRST_SCENARIO = 10.0
+EARLIEST = {"all-seeds-restart": 25.0}  # after the first Raft log compactions
+SETTLE = 4.0  # seconds after a scenario's planned end kept free of seed faults
+SCENARIOS_FROM = 30.0  # shorter runs (the checked fault-switch runs) have single faults only
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
     at: float  # seconds after the workload starts
     fault: str
-    target: str  # "migratory-i" or "leader"
+    target: str  # "migratory-i", "leader", "seeds" or "upstream-of-migratory-i"
     duration: float  # 0 for instantaneous faults (reset)
     detail: str = ""
 
@@ -39,9 +64,81 @@ class Fault:
     def end(self) -> float:
         return self.at + self.duration
 
+    @property
+    def scenario(self) -> bool:
+        return self.fault in SCENARIOS
+
 
 def member(i: int) -> str:
     return f"migratory-{i}"
+
+
+def index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def touches_seeds(f: Fault, seeds: int) -> bool:
+    return f.target in ("leader", "seeds") or f.target.startswith("upstream-of-") or (
+        f.target.startswith("migratory-") and index(f.target) < seeds
+    )
+
+
+def _scenario(rng: random.Random, kind: str, at: float, members: int, seeds: int,
+              proxies: bool) -> Fault:
+    non_seed = member(rng.randrange(seeds, members)) if members > seeds else ""
+    if kind == "lagging-failover":
+        pause, down = round(rng.uniform(2.5, 3.5), 2), round(rng.uniform(1.0, 3.0), 2)
+        return Fault(at, kind, "leader", round(pause + down, 2),
+                     f"follower paused {pause}s, then the leader killed for {down}s")
+    if kind == "sync-kill":
+        down = round(rng.uniform(1.0, 3.0), 2)
+        return Fault(at, kind, "leader", down,
+                     f"{non_seed} restarted; the leader killed for {down}s while syncing it")
+    if kind == "majority-loss":
+        how = rng.choice(MAJORITY_LOSS if proxies else MAJORITY_LOSS[:2])
+        length = round(rng.uniform(6.0, 9.0), 2)
+        if how == "raft-cut":
+            return Fault(at, kind, "seeds", length, "raft-cut: the Raft links of every seed held")
+        return Fault(at, kind, "seeds", length, f"{how} {seeds // 2 + 1} of {seeds} seeds")
+    if kind == "all-seeds-restart":
+        down = round(rng.uniform(1.0, 2.5), 2)
+        return Fault(at, kind, "seeds", down, f"every seed killed for {down}s after compaction")
+    length = round(rng.uniform(3.0, 6.0), 2)
+    return Fault(at, kind, f"upstream-of-{non_seed}", length, f"SIGSTOP for {length}s")
+
+
+def lag_and_down(f: Fault) -> tuple[float, float]:
+    """A lagging-failover's (pause of the follower, downtime of the leader) in seconds."""
+    words = f.detail.split()
+    return float(words[words.index("paused") + 1].rstrip("s,")), float(words[-1].rstrip("s"))
+
+
+def non_seed_of(f: Fault) -> int:
+    """The non-seed a sync-kill restarts or whose upstream an upstream-stop stops."""
+    return index(f.target if f.fault == "upstream-stop" else f.detail.split()[0])
+
+
+def scenarios(
+    rng: random.Random, duration: float, *, members: int, seeds: int, proxies: bool, last: float
+) -> list[Fault]:
+    """The scenario faults: every kind in turn (a seeded order), each once per round."""
+    kinds = [k for k, needs_non_seed in SCENARIOS.items() if members > seeds or not needs_non_seed]
+    out: list[Fault] = []
+    if duration < SCENARIOS_FROM:
+        return out
+    queue: list[str] = []
+    t = FIRST_SCENARIO + rng.uniform(-2.0, 2.0)
+    while t < last:
+        if not queue:
+            queue = rng.sample(kinds, len(kinds))
+        kind = next((k for k in queue if t >= EARLIEST.get(k, 0.0)), None)
+        if kind is not None:
+            f = _scenario(rng, kind, round(t, 3), members, seeds, proxies)
+            if f.end + 1.0 <= last:
+                queue.remove(kind)
+                out.append(f)
+        t += SCENARIO_EVERY + rng.uniform(-3.0, 3.0)
+    return out
 
 
 def generate(
@@ -58,17 +155,19 @@ def generate(
     minority = (seeds - 1) // 2
     kinds = list(PROCESS_FAULTS) + (list(NONSEED_FAULTS) if members > seeds else [])
     kinds += list(PROXY_FAULTS) if proxies else []
+    last = duration - cooldown
+    big = scenarios(
+        random.Random(f"scenarios-{seed}"), duration,
+        members=members, seeds=seeds, proxies=proxies, last=last,
+    )
     out: list[Fault] = []
     t = warmup + rng.uniform(0, 1.0)
-    last = duration - cooldown
     bounded = 0
     while t < last and bounded < 10_000:
         bounded += 1
         active = [f for f in out if f.at <= t < f.end or (f.duration == 0 and f.at == t)]
         busy = {f.target for f in active}
-        seed_busy = sum(
-            1 for f in active if f.target == "leader" or int(f.target.rsplit("-", 1)[1]) < seeds
-        )
+        seed_busy = sum(1 for f in active if touches_seeds(f, seeds))
         kind = rng.choice(kinds)
         length = 0.0 if kind == "reset" else round(rng.uniform(1.0, 4.0), 2)
         length = round(min(length, max(0.0, last - t)), 2)
@@ -79,10 +178,11 @@ def generate(
             if kind in ("kill", "pause"):
                 candidates.append("leader")
         candidates = [c for c in candidates if c not in busy]
-        if seed_busy >= minority or "leader" in busy:
-            candidates = [
-                c for c in candidates if c != "leader" and int(c.rsplit("-", 1)[1]) >= seeds
-            ]
+        # scenario windows overlapping [t, t + length]: no seed, nor their non-seed
+        near = [s for s in big if s.at - 0.5 < t + length and t < s.end + SETTLE]
+        if seed_busy >= minority or "leader" in busy or near:
+            candidates = [c for c in candidates if c != "leader" and index(c) >= seeds]
+        candidates = [c for c in candidates if not any(c in s.detail + s.target for s in near)]
         if candidates:
             target = rng.choice(candidates)
             detail = ""
@@ -94,15 +194,14 @@ def generate(
             elif kind == "partition":
                 detail = f"one-way {links}: into the target held, out of it flows"
             out.append(Fault(round(t, 3), kind, target, length, detail))
-        t += rng.uniform(0.8, 2.5)
-    return out
+        t += rng.uniform(0.5, 1.5)
+    return sorted(out + big, key=lambda f: f.at)
 
 
 def active_seed_faults(schedule: list[Fault], seeds: int, t: float) -> int:
+    """Single faults of seeds active at ``t`` (scenarios excluded: they are exclusive)."""
     return sum(
-        1
-        for f in schedule
-        if f.at <= t < f.end and (f.target == "leader" or int(f.target.rsplit("-", 1)[1]) < seeds)
+        1 for f in schedule if f.at <= t < f.end and not f.scenario and touches_seeds(f, seeds)
     )
 
 

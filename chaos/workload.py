@@ -1,8 +1,10 @@
-"""The recorded workload: SDK publishers, SDK subscribers and raw-protocol auditors.
+"""The recorded workload: its shared state and history rows, and the SDK clients.
 
 Every publish (invoke / ok / fail / info), delivery and subscription event goes to
 the history. A publish's content is ``"<msg_id>|chaos"`` so that any subscriber can
-tell which publish it received (:func:`parse_id`).
+tell which publish it received (:func:`parse_id`). Publishers offer Poisson arrivals
+(open loop: a publish does not wait for the previous one's acknowledgement); the raw
+clients are in :mod:`chaos.raw_workload`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from chaos.history import History
+from chaos.plan import PublisherPlan, SubscriberPlan, WorkloadPlan
 from chaos.schedule import member
 
 if TYPE_CHECKING:
     from migratory.model.message import Message
 
-SUBJECTS = tuple(f"/chaos/s{i}" for i in range(4))
+PUBLISH_TIMEOUT = 5.0  # seconds a publisher waits for its status before "outcome unknown"
+MAX_IN_FLIGHT = 2_000  # publishes one publisher has sent and not heard back about
 
 
 def parse_id(content: bytes) -> str | None:
@@ -29,25 +33,52 @@ def parse_id(content: bytes) -> str | None:
     return head if sep and tail == "chaos" and head.startswith("p") else None
 
 
+class Arrivals:
+    """One publisher's seeded choices: when the next publish comes and what it is."""
+
+    def __init__(self, seed: int, plan: WorkloadPlan, publisher: PublisherPlan) -> None:
+        self.rng = random.Random(f"{seed}-{publisher.name}")
+        self.plan, self.publisher, self.n = plan, publisher, 0
+
+    def gap(self) -> float:
+        return self.rng.expovariate(self.publisher.rate)
+
+    def next(self) -> tuple[str, str, bytes, dict[str, str], bool, bool]:
+        """(msg_id, subject, content, fields, retained, guaranteed qos)."""
+        self.n += 1
+        rng = self.rng
+        msg_id = f"{self.publisher.name}-{self.n}"
+        fields = {"msg_id": msg_id}
+        if rng.random() < self.plan.fields_share:
+            fields |= {"price": f"{rng.uniform(1, 500):.2f}", "seq": str(self.n)}
+        subject = rng.choice(self.plan.subjects)
+        retained = rng.random() < self.plan.retained_share
+        return msg_id, subject, f"{msg_id}|chaos".encode(), fields, retained, rng.random() < 0.5
+
+
 class Workload:
     def __init__(
         self,
         *,
         seed: int,
+        plan: WorkloadPlan,
         client_urls: list[str],
         history: History,
         say: Callable[[str], None],
-        publishers: int,
-        rate: float,
     ) -> None:
-        """``client_urls[i]`` reaches member i; ``rate`` is publishes/s over all publishers."""
-        self.seed, self.client_urls, self.h, self.say = seed, client_urls, history, say
-        self.n, self.n_pub, self.rate = len(client_urls), publishers, rate
+        """``client_urls[i]`` reaches member i."""
+        self.seed, self.plan, self.client_urls, self.h, self.say = (
+            seed, plan, client_urls, history, say
+        )
+        self.n = len(client_urls)
         self.url_to_member = {url: member(i) for i, url in enumerate(client_urls)}
-        self.acked: dict[str, set[str]] = {s: set() for s in SUBJECTS}
+        # subject -> [(invoke time, msg_id)] of acknowledged publishes
+        self.acked: dict[str, list[tuple[float, str]]] = {s: [] for s in plan.subjects}
         self.seen: dict[str, set[str]] = {}  # subscriber -> msg_ids delivered to it
-        self.stats = {"ok": 0, "fail": 0, "info": 0, "deliveries": 0}
+        self.subscribed_at: dict[str, float] = {}  # subscriber -> first subscribe time
+        self.stats = {"ok": 0, "fail": 0, "info": 0, "deliveries": 0, "invoke": 0}
         self.publishing = True
+        self.started: float | None = None  # trio time publishing started
 
     def member_of(self, url: str | None) -> str | None:
         return self.url_to_member.get(url or "", url)
@@ -56,23 +87,34 @@ class Workload:
         return [f"{100 if i == prefer else 10} {u}" for i, u in enumerate(self.client_urls)]
 
     def drained(self) -> bool:
-        """Every acknowledged publish has reached every subscriber and auditor."""
-        want = set().union(*self.acked.values())
-        return all(want <= seen for seen in self.seen.values())
+        """Every acknowledged publish invoked after a subscriber subscribed has reached it."""
+        for sub in self.plan.subscribers:
+            since = self.subscribed_at.get(sub.name)
+            if since is None:
+                continue
+            seen = self.seen.get(sub.name, set())
+            for subject in sub.subjects:
+                if any(t > since and m not in seen for t, m in self.acked[subject]):
+                    return False
+        return True
 
     # --- history -----------------------------------------------------------------------
 
-    def _record_publish(
+    def record_publish(
         self,
         publisher: str,
         event: str,
         msg_id: str,
         subject: str,
         target: str | None,
+        invoked: float | None = None,
         **result: Any,
     ) -> None:
         """A ``publishes`` line: ``event`` is invoke | ok | fail | info; ``result`` holds
-        epoch and seq (ok) or the reason (fail, info)."""
+        epoch and seq (ok) or the reason (fail, info); ``invoked`` the invoke time (ok)."""
+        self.stats[event] += 1
+        if event == "ok" and invoked is not None:
+            self.acked[subject].append((invoked, msg_id))
         self.h.write(
             "publishes",
             publisher=publisher,
@@ -83,7 +125,7 @@ class Workload:
             **result,
         )
 
-    def _record_subscription(
+    def record_subscription(
         self,
         subscriber: str,
         kind: str,
@@ -93,6 +135,8 @@ class Workload:
         epoch: int | None = None,
         seq: int | None = None,
     ) -> None:
+        if event == "subscribed":
+            self.subscribed_at.setdefault(subscriber, self.h.now())
         self.h.write(
             "subscriptions",
             subscriber=subscriber,
@@ -104,12 +148,13 @@ class Workload:
             seq=seq,
         )
 
-    def _record_delivery(
+    def record_delivery(
         self, subscriber: str, kind: str, member_name: str | None, message: Message
     ) -> None:
         msg_id = parse_id(message.content)
         if msg_id:
             self.seen[subscriber].add(msg_id)
+        self.stats["deliveries"] += 1
         self.h.write(
             "deliveries",
             subscriber=subscriber,
@@ -123,72 +168,89 @@ class Workload:
         )
 
     def record_unsubscribed(self) -> None:
-        """The end of the run: every subscriber and auditor unsubscribes from every subject."""
-        for name in self.seen:
-            kind = "raw" if name.startswith("a") else "sdk"
-            for s in SUBJECTS:
-                self._record_subscription(name, kind, s, "unsubscribed", None)
+        """The end of the run: every subscriber unsubscribes from each of its subjects."""
+        for sub in self.plan.subscribers:
+            if sub.name in self.subscribed_at:
+                for s in sub.subjects:
+                    self.record_subscription(sub.name, sub.kind, s, "unsubscribed", None)
 
-    # --- tasks -------------------------------------------------------------------------
+    # --- SDK tasks ---------------------------------------------------------------------
 
-    async def publisher(self, k: int) -> None:
+    async def sdk_publisher(self, spec: PublisherPlan) -> None:
         import migratory_client as mc
 
-        name = f"p{k}"
-        rng = random.Random(self.seed * 1000 + k)
+        arrivals = Arrivals(self.seed, self.plan, spec)
         policy = mc.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, connect_timeout=2.0)
+        in_flight = [0]
+
+        async def publish_one(client: mc.Client, arrival: tuple[Any, ...], target: Any) -> None:
+            msg_id, subject, content, fields, retained, guaranteed = arrival
+            qos = mc.Qos.GUARANTEED if guaranteed else mc.Qos.STANDARD
+            invoked = self.h.now()
+            in_flight[0] += 1
+            try:
+                r = await client.publish(
+                    subject, content, fields, retained=retained, qos=qos, timeout=PUBLISH_TIMEOUT
+                )
+            except mc.PublishOutcomeUnknown as exc:
+                self.record_publish(spec.name, "info", msg_id, subject, target, reason=str(exc))
+            except mc.NotConnectedError as exc:
+                reason = f"not sent: {exc}"
+                self.record_publish(spec.name, "fail", msg_id, subject, target, reason=reason)
+            except trio.Cancelled:
+                reason = "no status before the run ended"
+                self.record_publish(spec.name, "info", msg_id, subject, target, reason=reason)
+                raise
+            else:
+                if r.ok and r.position is not None:
+                    pos = r.position
+                    self.record_publish(
+                        spec.name, "ok", msg_id, subject, target, invoked,
+                        epoch=pos.epoch, seq=pos.seq,
+                    )
+                else:
+                    reason = f"{r.status}: {r.reason}"
+                    self.record_publish(spec.name, "fail", msg_id, subject, target, reason=reason)
+            finally:
+                in_flight[0] -= 1
+
         async with mc.connect(
-            self.servers_for(k % self.n),
-            name=name,
+            self.servers_for(spec.prefer),
+            name=spec.name,
             reconnect=policy,
             keepalive=mc.Keepalive(interval=1.0, timeout=2.0),
-            rng=random.Random(rng.random()),
-        ) as client:
-            n = 0
-            while self.publishing and n < 10_000_000:
-                n += 1
-                msg_id = f"{name}-{n}"
-                subject = rng.choice(SUBJECTS)
+            rng=random.Random(arrivals.rng.random()),
+        ) as client, trio.open_nursery() as nursery:
+            next_at = trio.current_time()
+            while self.publishing:
+                next_at += arrivals.gap()
+                await trio.sleep_until(next_at)
+                arrival = arrivals.next()
                 target = self.member_of(client.server)
-                self._record_publish(name, "invoke", msg_id, subject, target)
-                try:
-                    r = await client.publish(
-                        subject, f"{msg_id}|chaos".encode(), {"msg_id": msg_id}, timeout=5.0
-                    )
-                except mc.PublishOutcomeUnknown as exc:
-                    self.stats["info"] += 1
-                    self._record_publish(name, "info", msg_id, subject, target, reason=str(exc))
-                except mc.NotConnectedError as exc:
-                    self.stats["fail"] += 1
-                    reason = f"not sent: {exc}"
-                    self._record_publish(name, "fail", msg_id, subject, target, reason=reason)
-                else:
-                    if r.ok and r.position is not None:
-                        self.stats["ok"] += 1
-                        self.acked[subject].add(msg_id)
-                        epoch, seq = r.position.epoch, r.position.seq
-                        self._record_publish(
-                            name, "ok", msg_id, subject, target, epoch=epoch, seq=seq
-                        )
-                    else:
-                        self.stats["fail"] += 1
-                        reason = f"{r.status}: {r.reason}"
-                        self._record_publish(name, "fail", msg_id, subject, target, reason=reason)
-                await trio.sleep(rng.expovariate(self.rate / self.n_pub))
+                self.record_publish(spec.name, "invoke", arrival[0], arrival[1], target)
+                if in_flight[0] >= MAX_IN_FLIGHT:
+                    reason = f"not sent: {in_flight[0]} publishes in flight"
+                    self.record_publish(spec.name, "fail", arrival[0], arrival[1], target,
+                                        reason=reason)
+                    continue
+                nursery.start_soon(publish_one, client, arrival, target)
+            with trio.move_on_after(PUBLISH_TIMEOUT + 1):
+                while in_flight[0]:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
 
-    async def sdk_subscriber(self, k: int, ready: trio.Event) -> None:
+    async def sdk_subscriber(self, spec: SubscriberPlan, ready: trio.Event) -> None:
         import migratory_client as mc
 
-        name = f"s{k}"
+        name = spec.name
         self.seen.setdefault(name, set())
         policy = mc.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, connect_timeout=2.0)
-        prefer = (k + 1) % self.n
         async with mc.connect(
-            self.servers_for(prefer),
+            self.servers_for(spec.prefer),
             name=name,
             reconnect=policy,
             keepalive=mc.Keepalive(interval=1.0, timeout=2.0),
-            rng=random.Random(self.seed * 7919 + k),
+            rng=random.Random(f"{self.seed}-{name}"),
         ) as client:
 
             async def notes() -> None:
@@ -196,72 +258,15 @@ class Workload:
                     pos = note.position
                     epoch, seq = (pos.epoch, pos.seq) if pos else (None, None)
                     server = self.member_of(note.server or client.server)
-                    subjects = [note.subject] if note.subject else [None]
-                    for s in subjects:
-                        event = str(note.status)
-                        self._record_subscription(name, "sdk", s, event, server, epoch, seq)
+                    event = str(note.status)
+                    self.record_subscription(name, "sdk", note.subject, event, server, epoch, seq)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(notes)
-                async with client.subscribe(*SUBJECTS) as sub:
-                    for s in SUBJECTS:
-                        self._record_subscription(name, "sdk", s, "subscribed", None)
+                async with client.subscribe(*spec.subjects, history=spec.history) as sub:
+                    for s in spec.subjects:
+                        self.record_subscription(name, "sdk", s, "subscribed", None)
                     ready.set()
                     async for m in sub:
-                        self.stats["deliveries"] += 1
-                        self._record_delivery(name, "sdk", self.member_of(client.server), m)
+                        self.record_delivery(name, "sdk", self.member_of(client.server), m)
                 nursery.cancel_scope.cancel()
-
-    async def raw_auditor(self, k: int, ready: trio.Event) -> None:
-        """Protocol-level subscriber: resume by last position seen, no dedupe, no gap repair."""
-        from chaos.rawtrio import RawSession
-        from migratory.protocol import ops
-
-        name = f"a{k}"
-        self.seen[name] = set()
-        last: dict[str, tuple[int, int]] = {}
-        idx = (self.n - 1 - k) % self.n
-        attempts = 0
-        while attempts < 100_000:
-            attempts += 1
-            url = self.client_urls[idx]
-            mname = member(idx)
-            port = int(url.rsplit(":", 1)[1])
-            try:
-                with trio.fail_after(3):
-                    session = await RawSession.open(port, name)
-            except Exception:  # refused, 1013 while syncing, paused member, ...
-                idx = (idx + 1) % self.n
-                await trio.sleep(0.1)
-                continue
-            self._record_subscription(name, "raw", None, "SERVER_UP", mname)
-            reason = "closed"
-            try:
-                async with session:
-                    await session.subscribe([(s, last.get(s)) for s in SUBJECTS])
-                    for s in SUBJECTS:
-                        e, q = last.get(s, (None, None))
-                        self._record_subscription(name, "raw", s, "subscribed", mname, e, q)
-                    ready.set()
-                    async for op in session.ops(ping_every=1.0, pong_timeout=2.0):
-                        if isinstance(op, ops.Deliver):
-                            for m in op.messages:
-                                # resume from the highest seq seen in the epoch: a late
-                                # (reordered) message must not move the auditor back
-                                seen = last.get(m.subject)
-                                if seen is None or seen[0] != m.epoch or m.seq > seen[1]:
-                                    last[m.subject] = (m.epoch, m.seq)
-                                self._record_delivery(name, "raw", mname, m)
-                        elif isinstance(op, ops.SubjectStatus):
-                            pos = op.position
-                            if op.status.value == "DATA_RESYNC" and pos is not None:
-                                last[op.subject] = (pos.epoch, pos.seq)
-                            e, q = (pos.epoch, pos.seq) if pos else (None, None)
-                            event = op.status.value
-                            self._record_subscription(name, "raw", op.subject, event, mname, e, q)
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-            self._record_subscription(name, "raw", None, "SERVER_DOWN", mname)
-            self.say(f"auditor {name} lost {mname} ({reason[:80]})")
-            idx = (idx + 1) % self.n
-            await trio.sleep(0.1)

@@ -1,0 +1,270 @@
+"""The nemesis scenarios: several steps on several members, aimed at the seeds.
+
+Each one is a schedule fault (:data:`chaos.schedule.SCENARIOS`) applied by
+:func:`run_scenario`. It holds every member it uses (as ``faulted``, so no single
+fault hits them meanwhile), waiting up to :data:`CLAIM_WAIT` s for them to be free,
+else it is skipped. Its steps are written to the nemesis table as the single faults'
+rows (kill / restart, pause / resume, blackhole / heal, reset), each ``detail``
+starting with the scenario's name:
+
+- ``lagging-failover``: SIGSTOP a follower seed under load, SIGCONT it and SIGKILL
+  the leader at once (the follower is now behind the other survivor); restart.
+- ``sync-kill``: SIGKILL and restart a non-seed so that it needs a cache sync; the
+  other seeds' proxies refuse its links, so it replicates from the leader; once the
+  leader has sent it :data:`SYNC_BYTES`, SIGKILL the leader (the non-seed then fails
+  over to the others); restart.
+- ``majority-loss``: a majority of the seeds killed or SIGSTOPped (the leader among
+  them), or every seed's Raft links held, for 6-9 s: no publish may be acknowledged.
+- ``all-seeds-restart``: once every seed has compacted its Raft log (``raft.dump`` in
+  its data dir), SIGKILL every seed, restart them all.
+- ``upstream-stop``: SIGSTOP the seed a non-seed replicates from (its ``/cluster``
+  ``replicating_from``), then SIGCONT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from chaos.members import Member, http_json
+from chaos.schedule import Fault, lag_and_down, member, non_seed_of
+
+if TYPE_CHECKING:
+    from chaos.nemesis import Nemesis
+
+CLAIM_WAIT = 6.0  # seconds a scenario waits for its members to be free of other faults
+LEADER_WAIT = 3.0  # seconds it waits for a known Raft leader
+SYNC_WATCH = 15.0  # seconds sync-kill watches the restarted non-seed
+COMPACTION_WAIT = 20.0  # seconds all-seeds-restart waits for every seed's raft.dump
+READY_WAIT = 30.0
+SYNC_BYTES = 64 * 1024  # the leader has sent this much to the restarted non-seed: kill it
+
+
+async def run_scenario(nem: Nemesis, f: Fault, start: float) -> None:
+    steps = {
+        "lagging-failover": lagging_failover,
+        "sync-kill": sync_kill,
+        "majority-loss": majority_loss,
+        "all-seeds-restart": all_seeds_restart,
+        "upstream-stop": upstream_stop,
+    }
+    try:
+        await steps[f.fault](nem, f, start)
+    except Exception as exc:
+        nem.say(f"scenario {f.fault} failed: {type(exc).__name__}: {exc}")
+
+
+@contextlib.asynccontextmanager
+async def holding(nem: Nemesis, f: Fault, indexes: list[int]) -> AsyncIterator[bool]:
+    """Hold ``indexes`` for the scenario (yields False, holding nothing, if they stay
+    under other faults for :data:`CLAIM_WAIT` s: the scenario is then skipped)."""
+    held = False
+    with trio.move_on_after(CLAIM_WAIT):
+        while any(i in nem.faulted for i in indexes):
+            await trio.sleep(0.1)
+        held = True
+    if not held:
+        busy = sorted(member(i) for i in indexes if i in nem.faulted)
+        nem.skip(f, f"{', '.join(busy)} still under other faults")
+        yield False
+        return
+    for i in indexes:
+        nem.faulted[i] = f.fault
+    nem.applied[f.fault] = nem.applied.get(f.fault, 0) + 1
+    nem.say(f"scenario {f.fault}: {f.detail}")
+    try:
+        yield True
+    finally:
+        for i in indexes:
+            if nem.faulted.get(i) == f.fault:
+                del nem.faulted[i]
+
+
+async def leader(nem: Nemesis) -> int | None:
+    with trio.move_on_after(LEADER_WAIT):
+        while True:
+            i = nem.current_leader(faulted_too=True)
+            if i is not None and i < nem.seeds:
+                return i
+            await trio.sleep(0.1)
+    return None
+
+
+async def cluster_status(m: Member) -> dict[str, Any]:
+    _, st = await trio.to_thread.run_sync(http_json, m.http_port, "/cluster", 0.3)
+    return st if isinstance(st, dict) else {}
+
+
+def member_at(nem: Nemesis, address: Any) -> int | None:
+    for m in nem.members:
+        if m.settings["ClusterMemberListen"] == address:
+            return m.index
+    return None
+
+
+def _leader_word(nem: Nemesis, i: int) -> str:
+    """"leader, " when the last samples show member i as Raft leader (for the checker)."""
+    return "leader, " if nem.current_leader(faulted_too=True) == i else ""
+
+
+async def lagging_failover(nem: Nemesis, f: Fault, start: float) -> None:
+    lag, down = lag_and_down(f)
+    seeds = list(range(nem.seeds))
+    async with holding(nem, f, seeds) as held:
+        lead = await leader(nem) if held else None
+        if lead is None:
+            if held:
+                nem.say("lagging-failover: no Raft leader known; nothing done")
+            return
+        follower = next(i for i in seeds if i != lead)
+        lagging, old = nem.members[follower], nem.members[lead]
+        nem.pause(lagging, f"lagging-failover: follower stopped {lag}s under load")
+        await trio.sleep(lag)
+        nem.resume(lagging, "lagging-failover")
+        await nem.kill(old, f"leader, lagging-failover: killed as {lagging.name} resumed")
+        await trio.sleep(down)
+        nem.restart(old, "lagging-failover")
+        await nem.restarted([old], READY_WAIT)
+
+
+async def sync_kill(nem: Nemesis, f: Fault, start: float) -> None:
+    ns = nem.members[non_seed_of(f)]
+    async with holding(nem, f, [*range(nem.seeds), ns.index]) as held:
+        lead = await leader(nem) if held else None
+        if lead is None:
+            if held:
+                nem.say("sync-kill: no Raft leader known; nothing done")
+            return
+        await nem.kill(ns, "sync-kill: so that it needs a cache sync")
+        nem.restart(ns, "sync-kill")
+        pid = ns.process.pid if ns.process is not None else 0
+        seed = nem.members[lead]
+        try:
+            if nem.proxy_of:
+                why = await _leader_sending(nem, lead, pid)
+            else:
+                why = await _replicating(ns, nem, lead)
+            detail = f"leader, sync-kill: while it sends {ns.name} its catch-up ({why})"
+            await nem.kill(seed, detail)
+        finally:
+            for i in range(nem.seeds):
+                for proxy in nem.proxy_of.get(i, [])[:1]:
+                    proxy.refuse(None)  # the non-seed may now fail over to the others
+                    proxy.follow(None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(nem.restarted, [ns], READY_WAIT)
+            await trio.sleep(f.duration)
+            nem.restart(seed, "sync-kill")
+            await nem.restarted([seed], READY_WAIT)
+
+
+async def _leader_sending(nem: Nemesis, lead: int, pid: int) -> str:
+    """Wait until the leader has sent :data:`SYNC_BYTES` to process ``pid`` (its other
+    seeds refuse ``pid``'s links meanwhile, so it can only replicate from the leader)."""
+    for i in range(nem.seeds):
+        if i != lead:
+            nem.proxy_of[i][0].refuse(pid)
+    follow = nem.proxy_of[lead][0].follow(pid, SYNC_BYTES)
+    assert follow is not None
+    with trio.move_on_after(SYNC_WATCH):
+        await follow.reached.wait()
+    nem.proxy_of[lead][0].follow(None)
+    since = "" if follow.first is None else f" in {trio.current_time() - follow.first:.2f}s"
+    return f"{follow.bytes // 1024} KiB sent{since}"
+
+
+async def _replicating(ns: Member, nem: Nemesis, lead: int) -> str:
+    """Without proxies: wait until ``ns`` says it replicates (from any seed)."""
+    with trio.move_on_after(SYNC_WATCH):
+        while True:
+            st = await cluster_status(ns)
+            upstream = member_at(nem, st.get("replicating_from"))
+            if upstream is not None:
+                where = "from it" if upstream == lead else f"from {member(upstream)}"
+                return f"replicating {where}: {st.get('not_ready_reason') or 'ready'}"
+            await trio.sleep(0.03)
+    return "not replicating yet"
+
+
+async def majority_loss(nem: Nemesis, f: Fault, start: float) -> None:
+    how = f.detail.split()[0].rstrip(":")
+    seeds = list(range(nem.seeds))
+    async with holding(nem, f, seeds) as held:
+        if not held:
+            return
+        detail = f"majority-loss: {f.detail}"
+        if how == "raft-cut":
+            for i in seeds:
+                nem.proxy_of[i][1].set(blackhole=True)
+                nem.record("blackhole", member(i), "start", detail)
+            await trio.sleep(f.duration)
+            for i in seeds:
+                nem.proxy_of[i][1].heal()
+                nem.record("blackhole", member(i), "end", detail)
+                nem.record("heal", member(i), "start", "blackhole")
+                nem.record("heal", member(i), "end", "blackhole")
+            return
+        lead = await leader(nem)
+        order = sorted(seeds, key=lambda i: (i != lead, i))
+        victims = [nem.members[i] for i in order[: nem.seeds // 2 + 1]]
+        for m in victims:
+            if how == "kill":
+                await nem.kill(m, _leader_word(nem, m.index) + detail)
+            else:
+                nem.pause(m, _leader_word(nem, m.index) + detail)
+        await trio.sleep(f.duration)
+        for m in victims:
+            if how == "kill":
+                nem.restart(m, "majority-loss")
+            else:
+                nem.resume(m, "majority-loss")
+        if how == "kill":
+            await nem.restarted(victims, READY_WAIT)
+
+
+def compacted(m: Member) -> bool:
+    data = m.settings.get("ClusterDataDir")
+    return data is not None and bool(data) and (Path(data) / "raft.dump").exists()
+
+
+async def all_seeds_restart(nem: Nemesis, f: Fault, start: float) -> None:
+    seeds = [nem.members[i] for i in range(nem.seeds)]
+    async with holding(nem, f, [m.index for m in seeds]) as held:
+        if not held:
+            return
+        with trio.move_on_after(COMPACTION_WAIT):
+            while not all(compacted(m) for m in seeds):
+                await trio.sleep(0.2)
+        dumps = [m.name for m in seeds if compacted(m)]
+        detail = f"all-seeds-restart: Raft log compacted on {len(dumps)} of {len(seeds)} seeds"
+        for m in seeds:
+            await nem.kill(m, _leader_word(nem, m.index) + detail)
+        await trio.sleep(f.duration)
+        for m in seeds:
+            nem.restart(m, "all-seeds-restart")
+        await nem.restarted(seeds, READY_WAIT)
+
+
+async def upstream_stop(nem: Nemesis, f: Fault, start: float) -> None:
+    ns = nem.members[non_seed_of(f)]
+    upstream = None
+    with trio.move_on_after(3.0):
+        while upstream is None:
+            upstream = member_at(nem, (await cluster_status(ns)).get("replicating_from"))
+            if upstream is None:
+                await trio.sleep(0.1)
+    if upstream is None:
+        nem.skip(f, f"{ns.name} replicates from no seed")
+        return
+    async with holding(nem, f, [upstream, ns.index]) as held:
+        if not held:
+            return
+        seed = nem.members[upstream]
+        word = _leader_word(nem, upstream)
+        nem.pause(seed, f"{word}upstream-stop: the seed {ns.name} replicates from")
+        await trio.sleep(f.duration)
+        nem.resume(seed, "upstream-stop")
