@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
 
-from chaos.schedule import generate, to_jsonl
+from chaos.schedule import Fault, generate, to_jsonl
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -21,6 +22,27 @@ def duration(text: str) -> float:
             f"duration must look like 90, 90s, 5m or 1h (not {text!r})"
         )
     return float(match[1]) * _UNIT_SECONDS[match[2]]
+
+
+def compaction(text: str) -> tuple[int, int]:
+    """``"2000:10"`` -> (2000, 10): Raft log compaction after that many entries or seconds."""
+    entries, sep, seconds = text.partition(":")
+    try:
+        if sep and int(entries) >= 100 and int(seconds) >= 1:
+            return int(entries), int(seconds)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"compaction must look like 2000:10 (>= 100 entries, >= 1 s), not {text!r}"
+    )
+
+
+def read_schedule(path: Path) -> list[Fault]:
+    try:
+        lines = path.read_text().splitlines()
+        return [Fault(**json.loads(line)) for line in lines if line.strip()]
+    except (OSError, ValueError, TypeError) as exc:
+        raise SystemExit(f"--schedule {path}: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
             help="no TCP proxies (and so no delay/blackhole/reset/partition)",
         )
     run.add_argument("--out", required=True, help="run directory")
+    run.add_argument(
+        "--schedule",
+        type=Path,
+        help="apply this schedule (JSON lines as printed by replay-schedule) instead of "
+        "generating one from the seed",
+    )
+    run.add_argument(
+        "--compaction",
+        type=compaction,
+        metavar="ENTRIES:SECONDS",
+        help="members' Raft log compaction thresholds (default: chaos.runner.COMPACTION)",
+    )
     run.add_argument(
         "--only",
         type=lambda text: tuple(k.strip() for k in text.split(",") if k.strip()),
@@ -88,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds=args.seeds,
         fault=args.fault,
         only=args.only,
+        schedule=read_schedule(args.schedule) if args.schedule else None,
+        **({"compaction": args.compaction} if args.compaction else {}),
         proxies=not args.no_proxy,
         subjects=args.subjects,
         rate=args.rate,

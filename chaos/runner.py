@@ -27,16 +27,16 @@ from chaos.members import build_members, http_json
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
-from chaos.schedule import generate, member, to_jsonl
+from chaos.schedule import Fault, generate, member, to_jsonl
 from chaos.workload import Workload
 from cluster.tooling import free_base_port
 
 # --fault: the server's test fault switch hits the 20th message fanned out to a raw
 # auditor (clients named a0, a1) in each member process; the SDK would repair it
 FAULT_AT = "20:a"
-# Raft log compaction early and often, so that a short run restarts seeds that load a
-# compacted log (pysyncobj compacts when either threshold is passed)
-COMPACTION = {"ClusterLogCompactionEntries": "2000", "ClusterLogCompactionTime": "10"}
+# Raft log compaction early and often (entries, seconds), so that a short run restarts
+# seeds that load a compacted log (pysyncobj compacts when either threshold is passed)
+COMPACTION = (2000, 10)
 
 
 class Runner:
@@ -50,6 +50,8 @@ class Runner:
         seeds: int = 3,
         fault: str | None = None,
         only: tuple[str, ...] = (),
+        schedule: list[Fault] | None = None,
+        compaction: tuple[int, int] = COMPACTION,
         proxies: bool = True,
         subjects: int = 50,
         rate: float = 420.0,
@@ -74,7 +76,9 @@ class Runner:
         )
         self.cpu = CpuMeter()
         self.run_id = f"chaos-{seed}-{int(time.time())}"
-        self.schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies)
+        if schedule is None:
+            schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies)
+        self.schedule = schedule
         if only:
             self.schedule = [f for f in self.schedule if f.fault in only]
         out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +92,8 @@ class Runner:
             count=members, seeds=seeds, base=self.base, proxies=proxies, out=out, env=env
         )
         for m in self.members:
-            m.settings.update(COMPACTION)
+            m.settings["ClusterLogCompactionEntries"] = str(compaction[0])
+            m.settings["ClusterLogCompactionTime"] = str(compaction[1])
         raft_ports = {
             int(self.members[i].settings["ClusterMemberListen"].rsplit(":", 1)[1]) + 1: member(i)
             for i in range(members)

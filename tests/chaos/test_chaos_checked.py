@@ -61,9 +61,9 @@ def fault_lines(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -> Path:
     out = tmp_path_factory.mktemp("chaos") / "smoke"
-    chaos_run(out, 11, SMOKE_SECONDS)
+    chaos_run(out, 11, SMOKE_SECONDS, *light_load)
     return out
 
 
@@ -79,10 +79,10 @@ def test_smoke_run_under_every_kind_of_fault_is_clean(spark: Any, smoke_run: Pat
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
 def test_the_report_names_exactly_the_planted_violation(
-    spark: Any, tmp_path: Path, fault: str
+    spark: Any, tmp_path: Path, fault: str, light_load: list[str]
 ) -> None:
     out = tmp_path / fault
-    chaos_run(out, 5, FAULT_SECONDS, "--fault", fault)
+    chaos_run(out, 5, FAULT_SECONDS, "--fault", fault, *light_load)
     code, summary = checked(spark, out)
     violations = found(summary)
     assert code == 1 and not summary["ok"]

@@ -1,0 +1,67 @@
+"""The workload plan: seeded, every subject watched by both kinds, subsets checkable."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.plan import HISTORY, plan_workload
+from chaos.workload import Arrivals, parse_id
+
+
+@pytest.mark.parametrize("seed", [1, 2, 77])
+def test_the_default_plan_is_the_load_asked_for(seed: int) -> None:
+    plan = plan_workload(seed, members=5)
+    assert plan == plan_workload(seed, members=5)
+    assert len(plan.subjects) == len(set(plan.subjects)) == 50
+    assert plan.rate == pytest.approx(420.0)
+    kinds = [p.kind for p in plan.publishers]
+    assert kinds.count("sdk") == 4 and kinds.count("raw") == 4
+    subscribers = plan.subscribers
+    assert len(subscribers) == 20
+    assert {s.kind for s in subscribers} == {"sdk", "raw"}
+    for kind in ("sdk", "raw"):
+        watched = {x for s in subscribers if s.kind == kind for x in s.subjects}
+        assert watched == set(plan.subjects), f"a subject no {kind} subscriber watches"
+    for s in subscribers:
+        assert 2 <= len(s.subjects) < len(plan.subjects) // 2, "a subset, small enough to check"
+        assert set(s.subjects) <= set(plan.subjects)
+    late = [s for s in subscribers if s.history]
+    assert {s.kind for s in late} == {"sdk", "raw"}
+    assert all(s.history == HISTORY and s.start_after > 0 for s in late)
+    assert all(s.start_after == 0 for s in subscribers if not s.history)
+    assert {p.prefer for p in plan.publishers} == set(range(5))
+    assert plan_workload(seed + 1, members=5) != plan
+
+
+def test_names_tell_the_checker_and_the_fault_switch_who_is_who() -> None:
+    plan = plan_workload(3, members=5)
+    assert all(p.name.startswith("p") for p in plan.publishers)  # every msg_id starts with p
+    assert {s.name[0] for s in plan.subscribers if s.kind == "raw"} == {"a"}
+    assert {s.name[0] for s in plan.subscribers if s.kind == "sdk"} == {"s"}
+
+
+def test_arrivals_are_seeded_and_mixed() -> None:
+    plan = plan_workload(5, members=5)
+    pub = plan.publishers[-1]
+    first = Arrivals(5, plan, pub)
+    again = Arrivals(5, plan, pub)
+    picks = [first.next() for _ in range(400)]
+    assert picks == [again.next() for _ in range(400)]
+    assert len({p[0] for p in picks}) == 400
+    assert all(parse_id(content) == msg_id for msg_id, _, content, *_ in picks)
+    assert all(fields["msg_id"] == msg_id for msg_id, _, _, fields, *_ in picks)
+    retained = sum(p[4] for p in picks)
+    with_fields = sum(len(p[3]) > 1 for p in picks)
+    assert 60 < retained < 180 and 140 < with_fields < 260
+    assert {p[1] for p in picks} <= set(plan.subjects)
+
+
+def test_small_plans_for_the_tests() -> None:
+    plan = plan_workload(1, members=3, subjects=6, rate=60, sdk_publishers=1,
+                         raw_publishers=1, sdk_subscribers=2, auditors=1)
+    assert len(plan.subjects) == 6 and len(plan.subscribers) == 3
+    assert {x for s in plan.subscribers if s.kind == "raw" for x in s.subjects} == set(
+        plan.subjects
+    )
+    with pytest.raises(ValueError):
+        plan_workload(1, members=3, subjects=0)

@@ -1,0 +1,134 @@
+"""The chaos proxy's per-process controls (real loopback sockets, one trio run each):
+refuse one process's connections, count what is forwarded to it, reset only its links."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import trio
+
+from chaos.proxy import Proxy, local_ports
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def echo_server(port: int, task_status: trio.TaskStatus[None]) -> None:
+    async def echo(stream: trio.SocketStream) -> None:
+        try:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+    task_status.started()
+    await trio.serve_listeners(echo, listeners)
+
+
+async def closed(stream: trio.SocketStream) -> bool:
+    """The proxy closed this connection (EOF or reset) within 2 s."""
+    with trio.move_on_after(2):
+        try:
+            await stream.send_all(b"ping")
+            while await stream.receive_some(100):
+                pass
+        except trio.BrokenResourceError:
+            pass
+        return True
+    return False
+
+
+def run(test: object) -> None:
+    async def main() -> None:
+        upstream, public = free_port(), free_port()
+        proxy = Proxy("test", public, upstream)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(echo_server, upstream)
+            await nursery.start(proxy.serve)
+            with trio.fail_after(20):
+                await test(proxy, public)  # type: ignore[operator]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_local_ports_are_this_process_sockets_only() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port in local_ports(os.getpid())
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert port not in local_ports(other.pid)
+        finally:
+            other.kill()
+            other.wait()
+    assert local_ports(2**22 + 12345) == set()  # no such process
+
+
+def test_refuse_closes_that_process_connections_only() -> None:
+    async def check(proxy: Proxy, public: int) -> None:
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            proxy.refuse(other.pid)  # another process: ours still pass
+            stream = await trio.open_tcp_stream("127.0.0.1", public)
+            await stream.send_all(b"hello")
+            assert await stream.receive_some(100) == b"hello"
+            proxy.refuse(os.getpid())
+            refused = await trio.open_tcp_stream("127.0.0.1", public)
+            assert await closed(refused)
+            await stream.send_all(b"still")  # refusing is for new connections
+            assert await stream.receive_some(100) == b"still"
+            proxy.refuse(None)
+            again = await trio.open_tcp_stream("127.0.0.1", public)
+            await again.send_all(b"back")
+            assert await again.receive_some(100) == b"back"
+        finally:
+            other.kill()
+            other.wait()
+
+    run(check)
+
+
+def test_follow_counts_the_bytes_forwarded_to_that_process() -> None:
+    async def check(proxy: Proxy, public: int) -> None:
+        follow = proxy.follow(os.getpid(), threshold=100_000)
+        assert follow is not None
+        stream = await trio.open_tcp_stream("127.0.0.1", public)
+        got = 0
+        for rounds in range(1, 21):  # 8000 bytes out, the same 8000 echoed back
+            await stream.send_all(b"x" * 8000)
+            while got < 8000 * rounds:
+                got += len(await stream.receive_some(65536))
+            await trio.sleep(0.01)  # the proxy counts once its send returned
+            if follow.reached.is_set():
+                break
+        assert follow.reached.is_set() and follow.bytes >= 100_000
+        assert follow.bytes == got and follow.first is not None
+        proxy.follow(None)
+        assert proxy.followed is None
+
+    run(check)
+
+
+def test_reset_from_ports_closes_only_those_links() -> None:
+    async def check(proxy: Proxy, public: int) -> None:
+        mine = await trio.open_tcp_stream("127.0.0.1", public)
+        other = await trio.open_tcp_stream("127.0.0.1", public)
+        await trio.sleep(0.1)
+        port = mine.socket.getsockname()[1]
+        assert proxy.reset({port}) == 1
+        assert await closed(mine)
+        await other.send_all(b"alive")
+        assert await other.receive_some(100) == b"alive"
+        assert proxy.reset() == 1
+
+    run(check)

@@ -1,0 +1,136 @@
+"""Every nemesis scenario in one real run (a hand-written schedule, a light load): each
+does what it claims, as the nemesis and cluster tables show, and while the seed
+majority is lost no publish is acknowledged.
+
+This checks the nemesis, not the cluster's safety (the Spark checker does that on the
+smoke run and ``make chaos``); a scenario that finds no Raft leader to aim at fails
+this test, with the member logs' tail in the message.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.schedule import Fault, to_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEDULE = [
+    Fault(4.0, "upstream-stop", "upstream-of-migratory-3", 3.0, "SIGSTOP for 3.0s"),
+    Fault(10.0, "lagging-failover", "leader", 4.5,
+          "follower paused 3.0s, then the leader killed for 1.5s"),
+    Fault(20.0, "sync-kill", "leader", 1.5,
+          "migratory-4 restarted; the leader killed for 1.5s while syncing it"),
+    Fault(29.0, "majority-loss", "seeds", 6.0, "raft-cut: the Raft links of every seed held"),
+    Fault(41.0, "majority-loss", "seeds", 6.0, "kill 2 of 3 seeds"),
+    Fault(53.0, "all-seeds-restart", "seeds", 1.5, "every seed killed for 1.5s after compaction"),
+]
+DURATION = 62
+MARGIN = 0.5  # seconds after a majority is lost in which acks of earlier commits may arrive
+
+
+def rows(run: Path, table: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "history" / f"{table}.jsonl").open()]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -> Path:
+    out = tmp_path_factory.mktemp("scenarios")
+    schedule = out / "schedule-in.jsonl"
+    schedule.write_text(to_jsonl(SCHEDULE))
+    args = [sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", str(DURATION),
+            "--out", str(out / "run"), "--schedule", str(schedule), *light_load]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=DURATION + 200)
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out / "run"
+
+
+def starts(nemesis: list[dict[str, Any]], fault: str, word: str) -> list[dict[str, Any]]:
+    return [n for n in nemesis if n["fault"] == fault and n["phase"] == "start"
+            and word in (n["detail"] or "")]
+
+
+def leader_at(cluster: list[dict[str, Any]], t: float) -> str | None:
+    """The member the last sample before ``t`` showed as Raft leader."""
+    before = [c for c in cluster if c["time"] < t and c["raft_state"] == "leader"]
+    return before[-1]["member"] if before else None
+
+
+def why(run: Path) -> str:
+    logs = sorted((run / "logs").glob("*.log"))
+    return "\n".join(f"{p.name}: {p.read_text()[-600:]}" for p in logs)
+
+
+def test_run_applied_every_scenario(run: Path) -> None:
+    info = json.loads((run / "run.json").read_text())
+    assert info["faults"]["applied"] == len(SCHEDULE), (info["faults"], why(run))
+    assert info["faults"]["skipped"] == 0
+
+
+def test_upstream_stop_stops_a_seed(run: Path) -> None:
+    nemesis = rows(run, "nemesis")
+    (pause,) = starts(nemesis, "pause", "upstream-stop")
+    assert pause["target"] in {"migratory-0", "migratory-1", "migratory-2"}
+    assert any(n["fault"] == "resume" and n["target"] == pause["target"] for n in nemesis)
+
+
+def test_lagging_failover_kills_the_leader_as_the_follower_resumes(run: Path) -> None:
+    nemesis, cluster = rows(run, "nemesis"), rows(run, "cluster")
+    (pause,) = starts(nemesis, "pause", "lagging-failover")
+    resume = next(n for n in nemesis if n["fault"] == "resume" and n["phase"] == "start"
+                  and n["target"] == pause["target"] and n["time"] > pause["time"])
+    assert 2.9 <= resume["time"] - pause["time"] <= 3.6
+    (kill,) = starts(nemesis, "kill", "lagging-failover")
+    assert kill["detail"].startswith("leader")
+    assert kill["target"] != pause["target"]
+    assert 0 <= kill["time"] - resume["time"] < 0.2, "the leader dies as the follower resumes"
+    assert leader_at(cluster, kill["time"]) == kill["target"], why(run)
+
+
+def test_sync_kill_kills_the_leader_while_it_sends_a_catch_up(run: Path) -> None:
+    nemesis, cluster = rows(run, "nemesis"), rows(run, "cluster")
+    (restart,) = starts(nemesis, "kill", "so that it needs a cache sync")
+    assert restart["target"] == "migratory-4"
+    (kill,) = starts(nemesis, "kill", "while it sends migratory-4")
+    assert "KiB sent" in kill["detail"], kill
+    assert int(kill["detail"].split("(")[1].split(" KiB")[0]) >= 64
+    assert leader_at(cluster, kill["time"]) == kill["target"], why(run)
+
+
+def test_a_lost_majority_acknowledges_nothing(run: Path) -> None:
+    nemesis, publishes = rows(run, "nemesis"), rows(run, "publishes")
+    windows = []
+    cut = starts(nemesis, "blackhole", "majority-loss")
+    assert {n["target"] for n in cut} == {"migratory-0", "migratory-1", "migratory-2"}
+    heal = min(n["time"] for n in nemesis if n["fault"] == "blackhole" and n["phase"] == "end"
+               and "majority-loss" in n["detail"])
+    windows.append((max(n["time"] for n in cut), heal))
+    killed = starts(nemesis, "kill", "majority-loss")
+    assert len(killed) == 2 and killed[0]["detail"].startswith("leader")
+    back = min(n["time"] for n in nemesis if n["fault"] == "restart" and n["phase"] == "start"
+               and n["time"] > killed[0]["time"])
+    windows.append((max(n["time"] for n in killed), back))
+    for lo, hi in windows:
+        assert hi - lo >= 5.5
+        acked = [p for p in publishes if p["type"] == "ok" and lo + MARGIN < p["time"] < hi]
+        assert acked == [], f"acknowledged while the seed majority was lost: {acked[:3]}"
+        invoked = {p["msg_id"] for p in publishes if p["type"] == "invoke" and lo < p["time"] < hi}
+        refused = {p["msg_id"] for p in publishes if p["type"] in ("fail", "info")} & invoked
+        assert len(refused) > 20, "publishes in the window must be refused or left unknown"
+
+
+def test_all_seeds_restart_after_compaction(run: Path) -> None:
+    nemesis = rows(run, "nemesis")
+    killed = starts(nemesis, "kill", "all-seeds-restart")
+    assert {n["target"] for n in killed} == {"migratory-0", "migratory-1", "migratory-2"}
+    assert all("compacted on 3 of 3 seeds" in n["detail"] for n in killed), killed
+    assert max(n["time"] for n in killed) - min(n["time"] for n in killed) < 1.0
+    restarts = [n for n in nemesis if n["fault"] == "restart" and n["phase"] == "start"
+                and n["time"] > killed[0]["time"]]
+    assert {n["target"] for n in restarts} >= {"migratory-0", "migratory-1", "migratory-2"}
