@@ -70,8 +70,8 @@ def plan_workload(
 
     Every third subscriber of each kind asks for history and subscribes late (after
     ``late_start`` s and a little more per subscriber), so there is history to give.
-    ``per_subscriber`` subjects each (default: a fifth of them, at least 2); every
-    subject gets at least one subscriber of each kind when there are enough of them.
+    ``per_subscriber`` subjects each (default: an eighth of them, at least 2); every
+    subject gets at least one subscriber of each kind.
     """
     if subjects < 1 or members < 1:
         raise ValueError("need at least one subject and one member")
@@ -79,7 +79,7 @@ def plan_workload(
         raise ValueError("need at least one publisher and one subscriber")
     rng = random.Random(f"workload-{seed}")
     names = tuple(subject_name(i) for i in range(subjects))
-    count = per_subscriber or max(2, subjects // 5)
+    count = per_subscriber or max(2, subjects // 8)
     count = min(count, subjects)
     per_pub = rate / (sdk_publishers + raw_publishers)
     pubs = [PublisherPlan(f"p{k}", "sdk", k % members, per_pub) for k in range(sdk_publishers)]
