@@ -39,6 +39,24 @@ FAULT_AT = "20:a"
 COMPACTION = (2000, 10)
 
 
+def base_port(members: int) -> int:
+    """A free base port whose every port (up to base + 3000 + 10 * members) lies below the
+    kernel's ephemeral range, so that no outgoing connection on the box takes one of
+    them between this choice and the members' start."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.Random()
+    base = free_base_port(members, rng)
+    for _ in range(100):
+        if base + 3000 + 10 * members + 2 < ephemeral:
+            break
+        base = free_base_port(members, rng)
+    return base
+
+
 class Runner:
     def __init__(
         self,
@@ -83,7 +101,7 @@ class Runner:
             self.schedule = [f for f in self.schedule if f.fault in only]
         out.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        self.base = free_base_port(members, random.Random())
+        self.base = base_port(members)
         env = os.environ.copy()
         env.pop("MIGRATORY_TEST_FAULT", None)
         if fault:

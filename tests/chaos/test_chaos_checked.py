@@ -87,14 +87,20 @@ def test_the_report_names_exactly_the_planted_violation(
     violations = found(summary)
     assert code == 1 and not summary["ok"]
     assert violations["sdk"] == {}, summary["examples"]["sdk"]
-    assert set(violations["raw"]) == EXPECTED[fault], summary["examples"]["raw"]
+    if fault == "drop":  # holes always; lost unless every dropped publish went unacknowledged
+        assert "holes" in violations["raw"], summary["examples"]["raw"]
+        assert set(violations["raw"]) <= EXPECTED[fault], summary["examples"]["raw"]
+    else:
+        assert set(violations["raw"]) == EXPECTED[fault], summary["examples"]["raw"]
     planted = fault_lines(out)  # one per member process that applied the switch
     for name, count in violations["raw"].items():
         assert 1 <= count <= planted, (name, count, planted)
-    if fault == "drop":  # the lost message is the hole: same subscriber and position
+    if fault == "drop":
+        # each lost message is a hole: same subscriber and position. A dropped message
+        # whose publish had no acknowledgement (outcome unknown) is a hole only.
         examples = summary["examples"]["raw"]
         where = {
             name: {(e["subscriber"], e["subject"], e["epoch"], e["seq"]) for e in examples[name]}
             for name in ("lost", "holes")
         }
-        assert where["lost"] == where["holes"]
+        assert where["lost"] <= where["holes"]
