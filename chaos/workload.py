@@ -221,6 +221,16 @@ class Workload:
             keepalive=mc.Keepalive(interval=1.0, timeout=2.0),
             rng=random.Random(arrivals.rng.random()),
         ) as client, trio.open_nursery() as nursery:
+
+            async def sessions() -> None:  # progress lines only (not a subscriber's history)
+                async for note in client.notifications():
+                    if note.status in (mc.NotificationStatus.SERVER_UP,
+                                       mc.NotificationStatus.SERVER_DOWN):
+                        where = self.member_of(note.server)
+                        why = note.reason or ""
+                        self.say(f"publisher {spec.name}: {note.status} {where} {why}")
+
+            nursery.start_soon(sessions)
             next_at = trio.current_time()
             while self.publishing:
                 next_at += arrivals.gap()
