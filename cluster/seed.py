@@ -272,8 +272,7 @@ class SeedCoordination:
             log.exception("cache sync from %s failed", peer)
             return
         if isinstance(op, link.Sync):
-            if replica.install_sync(op.sync, trio.current_time()):
-                self.stream.installed_sync()
+            if self.stream.install_sync(op.sync, trio.current_time()):
                 log.info("cache synced from %s at clsn %d", peer, op.sync.clsn)
             else:
                 log.info("%s offered an older sync (clsn %d); not installed", peer, op.sync.clsn)

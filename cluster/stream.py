@@ -89,14 +89,20 @@ class CommittedStream:
     def on_restore(self, sync: CacheSync, now: float) -> bool:
         """Raft loaded a dump (with the caches) at ``sync.clsn``; False if this member
         was already further (nothing changes)."""
+        return self.install_sync(sync, now)
+
+    def install_sync(self, sync: CacheSync, now: float) -> bool:
+        """Jump to ``sync`` (a peer's caches, or a Raft dump's); False, changing
+        nothing, for a sync behind what this member applied (it would move clients
+        back)."""
         if not self.replica.install_sync(sync, now):
             return False
-        self.installed_sync()
+        self._installed_sync()
         return True
 
-    def installed_sync(self) -> None:
-        """This member jumped to a sync (a peer's, or a Raft dump): the ring no longer
-        leads up to it, and followers behind the jump need it too."""
+    def _installed_sync(self) -> None:
+        """This member jumped to a sync: the ring no longer leads up to it, and
+        followers behind the jump need it too."""
         self.ring.clear()
         applied = self.replica.applied_clsn
         for follower in self.followers.values():

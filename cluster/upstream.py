@@ -17,6 +17,10 @@ another when:
 
 Nothing that goes wrong on one link ends the member: every failure ends the link,
 is logged with the seed's name, and the loop dials on.
+
+The decisions are pure, given the time (``start_link``, ``_on_op``, ``end_link``): the
+async loop only does the I/O around them, and the cluster model (``tests/cluster``)
+drives them directly.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ UPSTREAM_NOT_READY = 2.0
 RETRY_SECONDS = 0.3
 
 
-class _Leave(Exception):
+class LeaveUpstream(Exception):
     """Leave this upstream seed (and say why)."""
 
 
@@ -104,28 +108,24 @@ class UpstreamReplication:
         except Exception:
             log.exception("dialling seed %s failed", seed)
             return
-        replica = self.stream.replica
-        log.info("replicating from seed %s at clsn %d%s", seed, replica.applied_clsn,
-                 " (needs a whole sync)" if replica.needs_sync else "")
-        self.view = UpstreamView(seed=seed, last_heard=trio.current_time())
-        self._not_ready_since = None
+        replicate = self.start_link(seed, trio.current_time())
+        log.info("replicating from seed %s at clsn %d%s", seed, replicate.from_clsn,
+                 " (needs a whole sync)" if replicate.full else "")
         try:
-            await self._replicate(seed, channel)
+            await self._replicate(seed, channel, replicate)
         # except*: what ends the link comes out of _replicate's nursery as a group
-        except* _Leave as why:
+        except* LeaveUpstream as why:
             log.warning("leaving seed %s: %s", seed, describe(why))
         except* (*CONNECT_ERRORS, trio.EndOfChannel) as lost:
             log.warning("lost seed %s: %s", seed, describe(lost))
         except* Exception:
             log.exception("replication from seed %s failed; trying another", seed)
         finally:
-            self.view = UpstreamView()
-            self.switches += 1
+            self.end_link()
             await channel.aclose()
 
-    async def _replicate(self, seed: str, channel: LinkChannel) -> None:
-        replica = self.stream.replica
-        await channel.send(link.Replicate(replica.applied_clsn, full=replica.needs_sync))
+    async def _replicate(self, seed: str, channel: LinkChannel, replicate: link.Replicate) -> None:
+        await channel.send(replicate)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forward_to, channel, self.outgoing)
             while True:
@@ -133,30 +133,45 @@ class UpstreamReplication:
                 with trio.move_on_after(UPSTREAM_SILENCE):
                     op = await channel.receive()
                     if op is None:
-                        raise _Leave("the seed closed the link")
+                        raise LeaveUpstream("the seed closed the link")
                 if op is None:
-                    raise _Leave(f"nothing from it for {UPSTREAM_SILENCE:g} s")
-                self._on_op(seed, op)
+                    raise LeaveUpstream(f"nothing from it for {UPSTREAM_SILENCE:g} s")
+                self._on_op(seed, op, trio.current_time())
             nursery.cancel_scope.cancel()
 
-    def _on_op(self, seed: str, op: link.LinkOp) -> None:
-        now = trio.current_time()
+    # --- the decisions (pure, given the time) ----------------------------------------
+
+    def start_link(self, seed: str, now: float) -> link.Replicate:
+        """A link to ``seed`` is up: what to ask it for (every batch after what is
+        applied here, or a whole sync while this member needs one)."""
+        self.view = UpstreamView(seed=seed, last_heard=now)
+        self._not_ready_since = None
+        replica = self.stream.replica
+        return link.Replicate(replica.applied_clsn, full=replica.needs_sync)
+
+    def end_link(self) -> None:
+        """The link to the upstream seed is gone (for whatever reason)."""
+        self.view = UpstreamView()
+        self.switches += 1
+
+    def _on_op(self, seed: str, op: link.LinkOp, now: float) -> None:
+        """One operation from the upstream seed; raises :class:`LeaveUpstream` (or
+        :class:`~cluster.link.LinkError`) when this member must leave it."""
         view = self.view
         self.view = UpstreamView(seed, view.heartbeat_clsn, view.seed_ready, now)
         replica = self.stream.replica
         if isinstance(op, link.Batch):
             if self.stream.on_committed(op.batch, now) is Offer.GAP:
-                raise _Leave(
+                raise LeaveUpstream(
                     f"gap in the committed stream at clsn {replica.applied_clsn} (received "
                     f"batch {op.batch.clsn}); asking for a whole sync"
                 )
         elif isinstance(op, link.Sync):
-            if not replica.install_sync(op.sync, now):
-                raise _Leave(
+            if not self.stream.install_sync(op.sync, now):
+                raise LeaveUpstream(
                     f"it offered a cache sync at clsn {op.sync.clsn}, behind the "
                     f"{replica.applied_clsn} applied here (refused: it would move clients back)"
                 )
-            self.stream.installed_sync()
             log.info("cache synced from seed %s at clsn %d", seed, op.sync.clsn)
         elif isinstance(op, link.Heartbeat):
             self.view = UpstreamView(seed, op.clsn, op.ready, now)
@@ -175,7 +190,7 @@ class UpstreamReplication:
         if self._not_ready_since is None:
             self._not_ready_since = now
         elif now - self._not_ready_since >= UPSTREAM_NOT_READY:
-            raise _Leave(f"it has not been ready for {UPSTREAM_NOT_READY:g} s")
+            raise LeaveUpstream(f"it has not been ready for {UPSTREAM_NOT_READY:g} s")
 
     def not_ready_reason(self, now: float) -> str | None:
         """Why this non-seed cannot serve clients now, or None."""
