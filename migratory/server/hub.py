@@ -328,7 +328,7 @@ class Hub:
         messages it jumped over, or the snapshot and ``DATA_RESYNC``."""
         if state.position == before:
             return
-        missed = state.cache.since(before.seq) if state.epoch == before.epoch else None
+        missed = self._missed(state, before)
         if missed is not None:
             for message in missed:
                 frame = message_frame(message)

@@ -298,6 +298,20 @@ def test_a_jump_ahead_gives_live_subscribers_what_it_jumped_over() -> None:
     assert [m.seq for m in sink.messages_after_statuses()] == [3, 4, 5, 6]
 
 
+def test_a_jump_of_a_subject_not_numbered_here_yet_gives_live_subscribers_all_of_it() -> None:
+    """Found by the cluster model: a subscriber of a subject this member had not numbered
+    yet saw nothing of it; a sync whose cache starts at seq 1 is all it missed."""
+    hub = Hub(epoch=1, numbered_elsewhere=True)
+    sink = OpSink()
+    subscribe(hub, sink)
+    sink.frames.clear()
+    reposition_like(hub, cluster_hub_at(3))
+    assert [(m.seq, m.type) for m in sink.messages_after_statuses()] == [
+        (1, MessageType.UPDATE), (2, MessageType.UPDATE), (3, MessageType.UPDATE)
+    ]
+    assert not any(isinstance(op, ops.SubjectStatus) for op in sink.received())
+
+
 def test_a_jump_past_the_cache_tells_live_subscribers_data_resync() -> None:
     hub = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=2)
     hub.apply(Message(SUBJECT, b"1", epoch=5, seq=1, retained=True), 0.0)
