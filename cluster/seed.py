@@ -158,7 +158,7 @@ class SeedCoordination:
         """A non-seed's publishes; failures go back to it as ``ForwardFailed``."""
         if self.raft is None:
             origins = [(r.origin, r.ref) for r in requests]
-            self._settle(origins, "not published: Raft is starting", peer)
+            self._settle(origins, "Raft is starting", peer)
             return
         self._submit(list(requests), reply_to=peer)
 
@@ -189,7 +189,7 @@ class SeedCoordination:
                 )
             self._submit_barrier(origins, error, reply_to, attempt=1)
             return
-        self._settle(origins, f"not published: {error}", reply_to)
+        self._settle(origins, error, reply_to)
 
     def _settle(self, origins: Origins, reason: str, reply_to: str | None) -> None:
         """Definite failure of whatever of ``origins`` is still pending."""
