@@ -9,9 +9,11 @@ when a committed batch carrying one of our references is applied, the client
 gets ``PUBLISH_OK`` with the position the coordination assigned. A definite
 refusal gives ``PUBLISH_FAILED``; an unknown outcome keeps waiting for the
 stream until ``publish_timeout`` and then reports ``PUBLISH_FAILED`` saying
-the outcome is unknown — never a false ``PUBLISH_OK``. At most ``max_pending``
-publishes wait for their commit; one more is refused at once with
-``PUBLISH_FAILED`` ("overloaded") instead of queueing without bound.
+the outcome is unknown — never a false ``PUBLISH_OK``. A member that jumps to a
+cache sync never sees the batches the sync replaced: what was pending then has an
+unknown outcome too, and no later "definite" failure is believed for it. At
+most ``max_pending`` publishes wait for their commit; one more is refused at
+once with ``PUBLISH_FAILED`` ("overloaded") instead of queueing without bound.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class _Pending:
     subject: str
     submitted_at: float
     unknown_since: float | None = None
+    jumped: bool = False
+    """The member jumped to a cache sync while this waited: it may have been committed
+    in a batch the sync replaced (no acknowledgement from those)."""
 
 
 @dataclass(slots=True)
@@ -147,7 +152,7 @@ class ClusterPublishing:
             pending = self._pending.get(ref)
             if pending is None:
                 continue
-            if unknown:
+            if unknown or pending.jumped:
                 if pending.unknown_since is None:
                     pending.unknown_since = now
                 continue
@@ -155,6 +160,16 @@ class ClusterPublishing:
             self._fail(pending, f"not published: {reason}", replies)
         for reply in replies.values():
             reply.flush()
+
+    def on_jump(self, now: float) -> None:
+        """The member installed a cache sync instead of batches (a peer's, or a Raft
+        dump's): whatever is pending may be committed in a batch it will never see, so
+        its outcome is unknown. A definite failure said later (a barrier settling what
+        Raft could not tell) cannot be trusted for it: it waits for the timeout."""
+        for pending in self._pending.values():
+            pending.jumped = True
+            if pending.unknown_since is None:
+                pending.unknown_since = now
 
     def expire(self, now: float) -> int:
         """Give up on publishes whose commit was not seen within ``publish_timeout``."""

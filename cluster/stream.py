@@ -97,6 +97,7 @@ class CommittedStream:
         back)."""
         if not self.replica.install_sync(sync, now):
             return False
+        self.publishing.on_jump(now)
         self._installed_sync()
         return True
 

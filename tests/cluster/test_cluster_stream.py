@@ -11,6 +11,7 @@ from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
 from cluster.stream import CommittedStream
 from migratory.model.message import Message
+from migratory.protocol import ops
 from migratory.server.hub import Hub
 
 IBM = "/Stocks/NYSE/IBM"
@@ -146,3 +147,46 @@ def test_each_batch_is_encoded_once_for_every_follower() -> None:
     stream.on_committed(batches[1], 0.0)
     frame_a, frame_b = a.receive.receive_nowait(), b.receive.receive_nowait()
     assert frame_a is frame_b
+
+
+class Answers:
+    def __init__(self) -> None:
+        self.results: list[ops.PublishStatus] = []
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        self.results.append(status)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_publish_pending_across_a_jump_is_never_failed_as_not_published() -> None:
+    """Found by the cluster model: this member's publish was committed in a batch that a
+    sync replaced (no acknowledgement from it); a barrier then says "not published"."""
+    stream = new_stream()
+    answers = Answers()
+    stream.publishing.submit(Message(IBM, b"mine"), answers, 0.0)
+    (request,) = stream.publishing.take_outgoing()
+    coordinator = Coordinator()
+    batch = coordinator.apply_batch(700, [request])  # committed, never offered here
+    source = fed(new_stream(), [batch])
+    sync = source.replica.make_sync()
+    assert sync is not None and stream.install_sync(sync, 1.0)
+    origin = [(request.origin, request.ref)]
+    stream.publishing.on_failed(origin, "the Raft leader changed", unknown=False, now=2.0)
+    assert answers.results == []
+    stream.publishing.expire(20.0)
+    (answer,) = answers.results
+    assert answer.status is ops.Status.PUBLISH_FAILED and answer.reason is not None
+    assert answer.reason.startswith("outcome unknown")
+
+
+def test_a_definite_failure_without_a_jump_is_not_published() -> None:
+    stream = fed(new_stream(), committed(1))
+    answers = Answers()
+    stream.publishing.submit(Message(IBM, b"mine"), answers, 0.0)
+    (request,) = stream.publishing.take_outgoing()
+    stream.publishing.on_failed([(request.origin, request.ref)], "MISSING_LEADER",
+                                unknown=False, now=1.0)
+    (answer,) = answers.results
+    assert answer.reason == "not published: MISSING_LEADER"
