@@ -5,8 +5,7 @@ journal takes time). It submits its own clients' publishes and those non-seeds
 forward to it, a batch per Raft command; the outcome comes from the committed stream
 (acknowledgements) or from Raft's refusal (``PUBLISH_FAILED`` / ``ForwardFailed``).
 When Raft cannot say whether a command committed (its leader died with it in
-flight), a barrier settles it: once an empty command submitted afterwards commits,
-whatever is still pending will never commit.
+flight), a barrier settles it (:mod:`cluster.raft_outcomes`).
 
 Committed batches and dumps cross from the Raft thread with ``run_sync_soon``, in
 order. A seed restored from a dump gets the caches from the dump itself
@@ -32,6 +31,7 @@ from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
+from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
 from migratory.config import Config
@@ -48,7 +48,6 @@ RAFT_SILENCE = 2.0
 a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
 "ready, with a leader" -- in place for ever."""
 
-Origins = list[tuple[str, int]]
 T = TypeVar("T")
 
 
@@ -158,7 +157,7 @@ class SeedCoordination:
         """A non-seed's publishes; failures go back to it as ``ForwardFailed``."""
         if self.raft is None:
             origins = [(r.origin, r.ref) for r in requests]
-            self._settle(origins, "Raft is starting", peer)
+            fail(self.stream, origins, "Raft is starting", reply_to=peer, now=trio.current_time())
             return
         self._submit(list(requests), reply_to=peer)
 
@@ -179,26 +178,9 @@ class SeedCoordination:
     def _submit_failed(
         self, origins: Origins, error: str, unknown: bool, reply_to: str | None
     ) -> None:
-        if unknown:
-            # The batch may still commit (the old leader may have replicated it). Once a
-            # barrier submitted now commits, anything before it that will ever commit has
-            # been applied: whatever is still pending then is definitely lost.
-            if reply_to is None:
-                self.stream.publishing.on_failed(
-                    origins, error, unknown=True, now=trio.current_time()
-                )
+        now = trio.current_time()
+        if raft_failed(self.stream, origins, error, unknown=unknown, reply_to=reply_to, now=now):
             self._submit_barrier(origins, error, reply_to, attempt=1)
-            return
-        self._settle(origins, error, reply_to)
-
-    def _settle(self, origins: Origins, reason: str, reply_to: str | None) -> None:
-        """Definite failure of whatever of ``origins`` is still pending."""
-        if reply_to is None:
-            self.stream.publishing.on_failed(
-                origins, reason, unknown=False, now=trio.current_time()
-            )
-        else:
-            self.stream.send_to(reply_to, link.ForwardFailed(tuple(origins), reason, False))
 
     def _submit_barrier(
         self, origins: Origins, error: str, reply_to: str | None, attempt: int
@@ -223,7 +205,9 @@ class SeedCoordination:
         attempt: int,
     ) -> None:
         if barrier_error is None:
-            self._settle(origins, f"the Raft leader changed ({error})", reply_to)
+            barrier_committed(
+                self.stream, origins, error, reply_to=reply_to, now=trio.current_time()
+            )
         elif attempt < MAX_BARRIER_ATTEMPTS and self._nursery is not None:
             self._nursery.start_soon(self._retry_barrier, origins, error, reply_to, attempt)
         # else: the publish timeout reports the outcome as unknown

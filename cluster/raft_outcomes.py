@@ -1,0 +1,59 @@
+"""What a seed tells the publishers of a batch that Raft did not commit. Pure.
+
+Raft refuses a batch for sure (it was never appended), or cannot say (its leader
+changed with the batch in flight): then the batch may still commit. A definite
+refusal fails the publishes at once (``PUBLISH_FAILED``, or ``ForwardFailed`` to the
+non-seed that forwarded them). An unknown outcome keeps them waiting, and the seed
+submits a barrier (an empty batch): once the barrier commits, every batch appended
+before it has been applied, so what is still pending never commits -- provided this
+seed passed every batch before the barrier on: it is whole (it applied them all, its
+followers got them or a sync). Otherwise the outcome stays unknown and the publish
+timeout reports it; never a definite failure for a publish that committed.
+"""
+
+from __future__ import annotations
+
+from cluster import link
+from cluster.stream import CommittedStream
+
+Origins = list[tuple[str, int]]
+
+__all__ = ["barrier_committed", "fail", "raft_failed"]
+
+
+def fail(
+    stream: CommittedStream, origins: Origins, reason: str, *, reply_to: str | None, now: float
+) -> None:
+    """Definite failure of whatever of ``origins`` is still pending: this member's own
+    publishes (``reply_to`` None), or those the non-seed ``reply_to`` forwarded."""
+    if reply_to is None:
+        stream.publishing.on_failed(origins, reason, unknown=False, now=now)
+    else:
+        stream.send_to(reply_to, link.ForwardFailed(tuple(origins), reason, False))
+
+
+def raft_failed(
+    stream: CommittedStream,
+    origins: Origins,
+    error: str,
+    *,
+    unknown: bool,
+    reply_to: str | None,
+    now: float,
+) -> bool:
+    """Raft failed a batch with ``error``; True when a barrier must settle it."""
+    if not unknown:
+        fail(stream, origins, error, reply_to=reply_to, now=now)
+        return False
+    if reply_to is None:
+        stream.publishing.on_failed(origins, error, unknown=True, now=now)
+    return True
+
+
+def barrier_committed(
+    stream: CommittedStream, origins: Origins, error: str, *, reply_to: str | None, now: float
+) -> None:
+    """The barrier submitted after ``error`` committed (and this member applied it)."""
+    if stream.replica.needs_sync:
+        return  # batches before the barrier may not have reached the publishers
+    fail(stream, origins, f"the Raft leader changed ({error})", reply_to=reply_to, now=now)

@@ -1,0 +1,83 @@
+"""What a seed tells publishers when Raft does not commit their batch."""
+
+from __future__ import annotations
+
+import trio
+
+from cluster import link
+from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
+from cluster.publishing import ClusterPublishing
+from cluster.raft_outcomes import barrier_committed, raft_failed
+from cluster.replica import Replica
+from cluster.stream import CommittedStream
+from migratory.model.message import Message
+from migratory.protocol import ops
+from migratory.server.hub import Hub
+
+IBM = "/Stocks/NYSE/IBM"
+
+
+class Answers:
+    def __init__(self) -> None:
+        self.results: list[ops.PublishStatus] = []
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        self.results.append(status)
+
+    def flush(self) -> None:
+        pass
+
+    @property
+    def reasons(self) -> list[str | None]:
+        return [r.reason for r in self.results]
+
+
+def seed_with_a_publish() -> tuple[CommittedStream, Answers, list[tuple[str, int]]]:
+    replica = Replica(Hub(epoch=UNNUMBERED_EPOCH))
+    stream = CommittedStream(ClusterPublishing(origin="seed#1", replica=replica))
+    answers = Answers()
+    stream.publishing.submit(Message(IBM, b"x"), answers, 0.0)
+    (request,) = stream.publishing.take_outgoing()
+    return stream, answers, [(request.origin, request.ref)]
+
+
+def test_a_definite_refusal_fails_the_publish_at_once() -> None:
+    stream, answers, origins = seed_with_a_publish()
+    assert not raft_failed(stream, origins, "QUEUE_FULL", unknown=False, reply_to=None, now=1.0)
+    assert answers.reasons == ["not published: QUEUE_FULL"]
+
+
+def test_a_definite_refusal_of_a_forward_goes_back_to_the_non_seed() -> None:
+    stream, _, _ = seed_with_a_publish()
+    send, receive = trio.open_memory_channel[bytes](10)
+    stream.follow("edge", 0, False, send)
+    receive.receive_nowait()  # the heartbeat after the catch-up
+    origins = [("edge#1", 7)]
+    raft_failed(stream, origins, "MISSING_LEADER", unknown=False, reply_to="edge", now=1.0)
+    op = link.decode_op(receive.receive_nowait()[4:])
+    assert op == link.ForwardFailed((("edge#1", 7),), "MISSING_LEADER", False)
+
+
+def test_an_unknown_outcome_waits_for_a_barrier() -> None:
+    stream, answers, origins = seed_with_a_publish()
+    assert raft_failed(stream, origins, "LEADER_CHANGED", unknown=True, reply_to=None, now=1.0)
+    assert answers.results == []
+    barrier_committed(stream, origins, "LEADER_CHANGED", reply_to=None, now=2.0)
+    assert answers.reasons == ["not published: the Raft leader changed (LEADER_CHANGED)"]
+
+
+def test_a_barrier_says_nothing_while_the_seed_has_a_gap() -> None:
+    """Found by the cluster model: batches before the barrier that this seed could not
+    apply never reached its followers, so one of them may hold a committed publish."""
+    stream, answers, origins = seed_with_a_publish()
+    raft_failed(stream, origins, "NOT_LEADER", unknown=True, reply_to=None, now=1.0)
+    coordinator = Coordinator()
+    other = PublishRequest("edge#1", 1, Message(IBM, b"y"))
+    coordinator.apply_batch(700, [other])
+    stream.on_committed(coordinator.apply_batch(700, []), 1.5)  # batch 2 first: a gap
+    assert stream.replica.needs_sync
+    barrier_committed(stream, origins, "NOT_LEADER", reply_to=None, now=2.0)
+    assert answers.results == []
+    stream.publishing.expire(60.0)
+    (reason,) = answers.reasons
+    assert reason is not None and reason.startswith("outcome unknown")
