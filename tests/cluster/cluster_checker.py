@@ -9,10 +9,10 @@ skip only after a DATA_RESYNC that a cache too short for it explains.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cluster.cache_sync import SubjectSync, export_sync
+from cluster.cache_sync import CacheSync, SubjectSync, export_sync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
@@ -41,6 +41,7 @@ class CommittedLog:
     def __init__(self) -> None:
         self.batches: list[CommittedBatch] = []
         self.by_key: dict[Key, Message] = {}
+        self.by_content: dict[bytes, Key] = {}
         self.history: dict[str, list[tuple[int, Message]]] = {}
         self._publisher_counters: dict[tuple[str, str], int] = {}
 
@@ -71,7 +72,9 @@ class CommittedLog:
             previous = self._publisher_counters.get((publisher, m.subject), -1)
             assert counter and int(counter) > previous, f"{publisher} reordered on {m.subject}"
             self._publisher_counters[(publisher, m.subject)] = int(counter)
+        assert m.content not in self.by_content, f"{m.content!r} committed twice"
         self.by_key[key] = m
+        self.by_content[m.content] = key
         history.append((clsn, m))
 
     def messages(self, subject: str, clsn: int | None = None) -> list[Message]:
@@ -103,6 +106,42 @@ def check_member(name: str, hub: Hub, clsn: int, log: CommittedLog, max_cached: 
     held = {r.subject: record_key(r) for r in export_sync(hub, 0).subjects}
     expected = log.expected_records(clsn, max_cached)
     assert held == expected, f"member {name} at clsn {clsn} differs from the committed log"
+
+
+def check_sync_is_whole(sync: CacheSync, log: CommittedLog, max_cached: int) -> None:
+    """A cache sync labelled ``clsn`` holds exactly what batches 1..clsn leave."""
+    assert 0 <= sync.clsn <= len(log), f"a sync at clsn {sync.clsn} of {len(log)} committed"
+    held = {r.subject: record_key(r) for r in sync.subjects}
+    assert held == log.expected_records(sync.clsn, max_cached), (
+        f"the sync at clsn {sync.clsn} is not what the committed log holds there"
+    )
+
+
+def check_publish_answers(
+    message: Message, results: Sequence[ops.PublishStatus], log: CommittedLog
+) -> None:
+    """At most one answer; PUBLISH_OK names the committed position of this very message;
+    a definite PUBLISH_FAILED ("not published") only for a message that never commits."""
+    content = message.content
+    assert len(results) <= 1, f"{content!r} answered {len(results)} times"
+    for result in results:
+        if result.status is ops.Status.PUBLISH_OK:
+            assert result.position is not None
+            key = (message.subject, result.position.epoch, result.position.seq)
+            committed = log.by_key.get(key)
+            assert committed is not None and committed.content == content, (
+                f"false PUBLISH_OK for {content!r}: {key} is {committed}"
+            )
+            continue
+        assert result.status is ops.Status.PUBLISH_FAILED, result
+        reason = result.reason or ""
+        if reason.startswith("not published"):
+            assert content not in log.by_content, (
+                f"{content!r} committed at {log.by_content[content]} after PUBLISH_FAILED"
+                f" ({reason})"
+            )
+        else:
+            assert reason.startswith("outcome unknown"), f"{content!r}: {reason}"
 
 
 def resync_cause(position: Position | None, record: SubjectSync | None) -> str | None:
@@ -137,7 +176,9 @@ class SubscriberView:
     expected_cause: str | None = None
     needs_resubscribe: bool = False
 
-    def take(self, op: ops.ServerOp) -> None:
+    def take(self, op: ops.ServerOp, cause: str | None) -> None:
+        """``op`` from the hub; ``cause``: why it may be a DATA_RESYNC (None: it may not)."""
+        self.expected_cause = cause
         if isinstance(op, ops.Deliver):
             for message in op.messages:
                 self._take_message(message)

@@ -1,58 +1,126 @@
 """The pieces of the simulated cluster around the code under test (test helper).
 
-Members (a Replica each, or none while down), subscribers that speak to a member's hub
-as the SDK does, and the publishes in flight. ``test_cluster_machine`` drives them.
+Members, each the real composition minus the I/O: a :class:`CommittedStream` around
+its :class:`ClusterPublishing` and :class:`Replica`, and -- on a non-seed -- the real
+:class:`UpstreamReplication` decisions, fed the frames its upstream seed's stream
+queued for it. Subscribers speak to a member's hub as the SDK does; publishes record
+the answers their client gets. ``cluster_machine`` drives them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import trio
 from cluster_checker import SubscriberView, resync_cause
+from cluster_link_contract import LinkContract
+from hypothesis import strategies as st
 
-from cluster.cache_sync import export_sync
-from cluster.coordination import CommittedBatch, PublishRequest
+from cluster import link
+from cluster.cache_sync import CacheSync, export_sync
+from cluster.coordination import CommittedBatch
 from cluster.replica import Replica
+from cluster.stream import CommittedStream
+from cluster.upstream import UpstreamReplication
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.protocol.websocket import BinaryMessage, FrameDecoder
 from migratory.server.hub import Hub
+
+SEEDS = ("seed-0", "seed-1", "seed-2")
+MEMBERS = (*SEEDS, "edge-0", "edge-1")
+SUBJECTS = ("/Stocks/NYSE/IBM", "/Stocks/NASDAQ/GM", "/Scores/NBA/LAL")  # IBM, GM: one group
+PUBLISHERS = (None, "p0", "p1")  # None: a publisher without order to keep
+
+picks = st.integers(0, 1_000)
+publications = st.tuples(st.sampled_from(SUBJECTS), st.sampled_from(PUBLISHERS), st.booleans())
+bursts = st.lists(publications, min_size=1, max_size=4)
+
+T = TypeVar("T")
+
+
+def choose(candidates: Sequence[T], pick: int) -> T | None:
+    return candidates[pick % len(candidates)] if candidates else None
+
+
+@dataclass
+class UpstreamLink:
+    """A non-seed's link to its upstream seed: the frames the seed queued, read later."""
+
+    seed: str
+    send: trio.MemorySendChannel[bytes]
+    receive: trio.MemoryReceiveChannel[bytes]
+    contract: LinkContract
+
+    def close(self) -> None:
+        self.send.close()
+        self.receive.close()
 
 
 @dataclass
 class Member:
     name: str
-    replica: Replica | None = None  # None: down
-    connected: bool = True  # False: cut off from the committed stream
-    feed: int = 0  # how many batches of the log its stream has offered
+    is_seed: bool
+    incarnation: int = 0
+    stream: CommittedStream | None = None  # None: down
+    upstream: UpstreamReplication | None = None  # a non-seed's replication decisions
+    link: UpstreamLink | None = None  # a non-seed's link to its upstream seed
+    connected: bool = True  # False: cut off from Raft (seed) or from every seed (non-seed)
+    feed: int = 0  # a seed: how many batches of the Raft log its stream was offered
+    high_water: int = 0  # the highest clsn applied in this incarnation
+    late: int = 0  # a seed: batches its stream will get late
+    held: list[CommittedBatch] = field(default_factory=list)  # ... and has not got yet
+
+    @property
+    def replica(self) -> Replica | None:
+        return None if self.stream is None else self.stream.replica
+
+    @property
+    def live(self) -> bool:
+        return self.stream is not None
 
     @property
     def serving(self) -> bool:
-        return self.replica is not None and not self.replica.needs_sync
+        return self.stream is not None and not self.stream.replica.needs_sync
+
+    @property
+    def applied(self) -> int:
+        return -1 if self.stream is None else self.stream.replica.applied_clsn
 
     @property
     def hub(self) -> Hub:
-        assert self.replica is not None, f"{self.name} is down"
-        return self.replica.hub
+        assert self.stream is not None, f"{self.name} is down"
+        return self.stream.replica.hub
 
 
 class Connection:
-    """A subscriber's WebSocket to one member: the frames its hub wrote, read later."""
+    """A subscriber's WebSocket to one member: the frames its hub wrote, read later.
+
+    Each frame carries the resync cause the model expected when the hub wrote it
+    (``cause``, set at subscribe and before the member jumps to a sync).
+    """
 
     def __init__(self, member: Member) -> None:
         self.member = member
         self.hub = member.hub
-        self.frames: list[bytes] = []
+        self.cause: str | None = None
+        self.frames: list[tuple[bytes, str | None]] = []
         self._decoder = FrameDecoder(client_frames=False)
 
     def deliver(self, frame: bytes) -> None:
-        self.frames.append(frame)
+        self.frames.append((frame, self.cause))
 
-    def read(self) -> list[ops.ServerOp]:
-        data, self.frames = b"".join(self.frames), []
-        events = self._decoder.events(data)
-        assert all(isinstance(e, BinaryMessage) for e in events)
-        return [ops.decode_server_op(e.data) for e in events if isinstance(e, BinaryMessage)]
+    def read(self) -> list[tuple[ops.ServerOp, str | None]]:
+        frames, self.frames = self.frames, []
+        out: list[tuple[ops.ServerOp, str | None]] = []
+        for frame, cause in frames:
+            (event,) = self._decoder.events(frame)
+            assert isinstance(event, BinaryMessage)
+            out.append((ops.decode_server_op(event.data), cause))
+        return out
 
 
 @dataclass
@@ -61,24 +129,43 @@ class Subscriber:
 
     view: SubscriberView
     connection: Connection | None = None
+    waiting_at: Position | None = None
+    """The position of a resume the hub holds until it catches up (it lags)."""
 
     def connect(self, member: Member, now: float) -> None:
         """Subscribe, or resume from the tracker's position, as the SDK does."""
         hub, view = member.hub, self.view
         request = view.tracker.request()
         records = [r for r in export_sync(hub, 0).subjects if r.subject == view.subject]
-        view.expected_cause = resync_cause(request.position, records[0] if records else None)
+        cause = resync_cause(request.position, records[0] if records else None)
         self.connection = Connection(member)
-        for op in hub.subscribe(self.connection, request, now):
-            view.take(op)
+        self.connection.cause = cause
+        answer = hub.subscribe(self.connection, request, now)
+        self.waiting_at = request.position if len(answer) == 1 and request.position else None
+        for op in answer:
+            view.take(op, cause)
+
+    def expect_jump(self, sync: CacheSync) -> None:
+        """The member is about to jump to ``sync``: what may the hub say about it?"""
+        connection = self.connection
+        if connection is None:
+            return
+        subject = self.view.subject
+        position = connection.hub.position(subject)
+        waiting = self.waiting_at
+        if waiting is not None and position is not None and waiting.epoch == position.epoch \
+                and waiting.seq > position.seq:
+            position = waiting  # still waiting: its own position decides
+        records = [r for r in sync.subjects if r.subject == subject]
+        connection.cause = resync_cause(position, records[0] if records else None)
 
     def read(self, now: float) -> None:
         """Take what the connection holds; on a gap resubscribe from the position."""
         connection = self.connection
         if connection is None:
             return
-        for op in connection.read():
-            self.view.take(op)
+        for op, cause in connection.read():
+            self.view.take(op, cause)
         if self.view.needs_resubscribe:
             self.view.needs_resubscribe = False
             self.connect(connection.member, now)
@@ -92,41 +179,33 @@ class Subscriber:
 
 
 @dataclass
-class Pending:
-    request: PublishRequest
+class Publish:
+    """One client publish and the answers its client got (a PublishReply)."""
+
+    member: str
+    incarnation: int
+    origin: str
     publisher: str | None  # None: a publisher without order to keep
+    message: Message
+    results: list[ops.PublishStatus] = field(default_factory=list)
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        self.results.append(status)
+
+    def flush(self) -> None:
+        pass
 
 
-@dataclass
-class Publishing:
-    """Publishes in flight, acknowledged, or lost with an unknown outcome."""
-
-    pending: list[Pending] = field(default_factory=list)
-    acked: dict[int, Message] = field(default_factory=dict)  # ref -> committed message
-    unknown: set[int] = field(default_factory=set)  # lost in flight: never acknowledged
-    counters: dict[str, int] = field(default_factory=dict)
-    entries: list[tuple[int, tuple[PublishRequest, ...]]] = field(default_factory=list)
-    """The Raft log: (epoch candidate, requests) of every committed batch."""
-
-    def take(self, member: str, subject: str, publisher: str | None, retained: bool) -> None:
-        """A client publishes at ``member``; its content names it uniquely."""
-        name = publisher or "anon"
-        counter = self.counters.get(name, 0)
-        self.counters[name] = counter + 1
-        fields = {"by": name, f"f{counter % 3}": str(counter)}
-        message = Message(subject, f"{name}#{counter}".encode(), fields, retained=retained)
-        request = PublishRequest(member, sum(self.counters.values()), message)
-        self.pending.append(Pending(request, publisher))
-
-    def acknowledge(self, batch: CommittedBatch, chosen: list[Pending]) -> None:
-        """The origins answer PUBLISH_OK with each committed message's position."""
-        for pending, message, origin in zip(chosen, batch.messages, batch.origins, strict=True):
-            request = pending.request
-            assert origin == (request.origin, request.ref)
-            assert message.content == request.message.content
-            self.acked[request.ref] = message
-            self.pending.remove(pending)
-
-    def lose(self, pending: Pending) -> None:
-        self.pending.remove(pending)
-        self.unknown.add(pending.request.ref)
+def frames_of(link_: UpstreamLink, most: int) -> list[link.LinkOp | None]:
+    """Up to ``most`` operations the seed sent on the link; None once it closed."""
+    out: list[link.LinkOp | None] = []
+    for _ in range(most):
+        try:
+            frame = link_.receive.receive_nowait()
+        except trio.WouldBlock:
+            break
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            out.append(None)
+            break
+        out.append(link.decode_op(frame[4:]))
+    return out

@@ -1,4 +1,5 @@
-"""The cluster invariants are shown to fail: on planted bugs, and on hand-made histories."""
+"""The cluster invariants are shown to fail on hand-made histories (planted bugs in the
+machine: ``test_cluster_planted``)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,19 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from cluster_checker import CommittedLog, SubscriberView, check_member, check_subscriber
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
-from test_cluster_machine import ClusterMachine
+from cluster_checker import (
+    CommittedLog,
+    SubscriberView,
+    check_member,
+    check_publish_answers,
+    check_subscriber,
+)
+from cluster_link_contract import LinkContract, check_sync_answer
 
+from cluster import link
+from cluster.cache_sync import CacheSync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
-from cluster.replica import Offer, Replica
+from cluster.replica import Replica
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
@@ -20,58 +27,6 @@ from migratory.server.hub import Hub
 from migratory_client.resume import SubjectTracker
 
 IBM = "/Stocks/NYSE/IBM"
-
-
-class SkippingReplica(Replica):
-    """Planted bug: takes batch 2 as applied without applying it."""
-
-    def offer(self, batch: CommittedBatch, now: float) -> Offer:
-        if batch.clsn == 2 and self.applied_clsn == 1 and not self.needs_sync:
-            self._applied_clsn = 2
-            return Offer.APPLIED
-        return super().offer(batch, now)
-
-
-class SeqReusingCoordinator(Coordinator):
-    """Planted bug: every message of a subject after its second gets seq 2 again."""
-
-    def _number(self, epoch_candidate: int, *args: Any) -> Message:
-        numbered = super()._number(epoch_candidate, *args)
-        if numbered.seq > 2:
-            self.seqs[numbered.subject] = 2
-            return numbered.with_position(numbered.epoch, 2)
-        return numbered
-
-
-class SkippingMachine(ClusterMachine):
-    replica_class = SkippingReplica
-
-
-class SeqReusingMachine(ClusterMachine):
-    coordinator_class = SeqReusingCoordinator
-
-
-PLANTED = settings(
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
-
-
-@pytest.mark.parametrize(
-    ("machine", "complaint"),
-    [
-        (SkippingMachine, "differs from the committed log"),
-        (SeqReusingMachine, "names two messages"),
-    ],
-)
-def test_the_machine_catches_a_planted_bug(machine: type[ClusterMachine], complaint: str) -> None:
-    with pytest.raises(AssertionError, match=complaint):
-        run_state_machine_as_test(machine, settings=PLANTED)
 
 
 # --- hand-made histories -----------------------------------------------------------------
@@ -133,9 +88,11 @@ def test_a_message_that_was_never_committed_fails() -> None:
 
 def test_a_data_resync_while_the_cache_reaches_back_fails() -> None:
     view = SubscriberView("sub", IBM, SubjectTracker(IBM), start_seq=0)
-    view.expected_cause = None
     with pytest.raises(AssertionError, match="cache reaches back"):
-        view.take(ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, Position(700, 3)))
+        view.take(ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, Position(700, 3)), None)
+    view.take(ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, Position(700, 3)), "evicted")
+    with pytest.raises(AssertionError, match="DATA_SYNC but evicted"):
+        view.take(ops.SubjectStatus(ops.Status.DATA_SYNC, IBM, Position(700, 3)), "evicted")
 
 
 def test_the_log_refuses_a_reused_position_a_hole_and_a_reordered_publisher() -> None:
@@ -157,3 +114,76 @@ def test_a_member_that_skipped_a_batch_fails() -> None:
     check_member("m", replica.hub, 1, log, max_cached=1000)
     with pytest.raises(AssertionError, match="differs from the committed log"):
         check_member("m", replica.hub, 2, log, max_cached=1000)
+
+
+# --- links, sync answers, publish answers ------------------------------------------------
+
+
+def hub_sync_at(log: CommittedLog, clsn: int, max_cached: int = 1000) -> CacheSync:
+    replica = Replica(Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=max_cached))
+    for batch in log.batches[:clsn]:
+        replica.offer(batch, 0.0)
+    sync = replica.make_sync()
+    assert sync is not None
+    return sync
+
+
+def test_a_faithful_link_passes() -> None:
+    log = committed_log(5)
+    contract = LinkContract("edge", after=1, max_cached=1000)
+    contract.check(link.Batch(log.batches[1]), log)
+    contract.check(link.Sync(hub_sync_at(log, 4)), log)
+    contract.check(link.Batch(log.batches[4]), log)
+    assert contract.after == 5
+
+
+@pytest.mark.parametrize(
+    ("after", "op", "complaint"),
+    [
+        (2, lambda log: link.Batch(log.batches[1]), "batch 2 again"),
+        (1, lambda log: link.Batch(log.batches[2]), "batch 3 after 1: a hole"),
+        (3, lambda log: link.Sync(hub_sync_at(log, 2)), "sync at clsn 2, behind its 3"),
+        (1, lambda log: link.Sync(CacheSync(3, ())), "not what the committed log holds"),
+        (0, lambda log: link.Batch(replace(log.batches[0], origins=(("x", 9),))),
+         "not the committed one"),
+    ],
+)
+def test_an_unfaithful_link_fails(after: int, op: Any, complaint: str) -> None:
+    log = committed_log(4)
+    with pytest.raises(AssertionError, match=complaint):
+        LinkContract("edge", after=after, max_cached=1000).check(op(log), log)
+
+
+def test_sync_answers() -> None:
+    log = committed_log(4)
+    whole = link.Sync(hub_sync_at(log, 3))
+    check_sync_answer(whole, floor=3, giver_needed_sync=False, log=log, max_cached=1000)
+    check_sync_answer(link.SyncRefused(1, "behind"), floor=3, giver_needed_sync=True,
+                      log=log, max_cached=1000)
+    with pytest.raises(AssertionError, match="needs a sync gave one"):
+        check_sync_answer(whole, floor=3, giver_needed_sync=True, log=log, max_cached=1000)
+    with pytest.raises(AssertionError, match="answers a request for clsn 4"):
+        check_sync_answer(whole, floor=4, giver_needed_sync=False, log=log, max_cached=1000)
+    empty = link.Sync(CacheSync(3, ()))
+    with pytest.raises(AssertionError, match="not what the committed log holds"):
+        check_sync_answer(empty, floor=3, giver_needed_sync=False, log=log, max_cached=1000)
+
+
+def test_publish_answers() -> None:
+    log = committed_log(2)
+    mine, never = Message(IBM, b"anon#1"), Message(IBM, b"anon#9")
+
+    def answer(status: ops.Status, seq: int | None = None, reason: str | None = None) -> Any:
+        position = None if seq is None else Position(700, seq)
+        return ops.PublishStatus(status, None, IBM, position, reason)
+
+    ok, failed = ops.Status.PUBLISH_OK, ops.Status.PUBLISH_FAILED
+    check_publish_answers(mine, [answer(ok, 2)], log)
+    check_publish_answers(mine, [answer(failed, reason="outcome unknown: no commit")], log)
+    check_publish_answers(never, [answer(failed, reason="not published: QUEUE_FULL")], log)
+    with pytest.raises(AssertionError, match="false PUBLISH_OK"):
+        check_publish_answers(mine, [answer(ok, 1)], log)
+    with pytest.raises(AssertionError, match="after PUBLISH_FAILED"):
+        check_publish_answers(mine, [answer(failed, reason="not published: LEADER_CHANGED")], log)
+    with pytest.raises(AssertionError, match="answered 2 times"):
+        check_publish_answers(mine, [answer(ok, 2), answer(ok, 2)], log)
