@@ -138,16 +138,26 @@ class RaftRules:
             self._raft_told(via, entry.reply_to, origins, reason)
 
     @precondition(lambda self: self.raft.quorum and not self.majority_lost)
-    @rule(pick=picks, burst=bursts, survivors=st.integers(0, 1), reason=leader_losses)
+    @rule(pick=picks, burst=bursts, survivors=st.integers(0, 1), reason=leader_losses,
+          compacted=st.booleans())
     def lose_majority(
-        self, pick: int, burst: list[tuple[str, str | None, bool]], survivors: int, reason: int
+        self,
+        pick: int,
+        burst: list[tuple[str, str | None, bool]],
+        survivors: int,
+        reason: int,
+        compacted: bool,
     ) -> None:
         """Under load (``burst`` just submitted), seeds die until at most one is left (once
         a run): nothing commits until a majority is back (restart). The survivor's Raft
-        fails what it had in flight with ``reason``."""
+        fails what it had in flight with ``reason``. ``compacted``: every seed had just
+        compacted its log (so every one restarts from a dump, with the caches in it)."""
         self.majority_lost = True
         if self._serving():
             self.publish(pick, burst, submit=True)
+        if compacted:
+            for seed in self._live(seeds=True):
+                self.raft.dump(seed.name)
         live = self._live(seeds=True)
         k = pick % len(live)
         for seed in (live[k:] + live[:k])[survivors:]:

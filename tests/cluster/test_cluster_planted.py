@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from cluster_machine import ClusterMachine
+from cluster_world import bursts, picks
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 from pysyncobj import FAIL_REASON
 
 from cluster import link
@@ -125,6 +126,18 @@ class CachelessConsumer(CoordinationConsumer):
         return state
 
 
+class EverySeedFromACachelessDump(ClusterMachine):
+    """Every seed compacts, then every seed dies; they restart from their dumps."""
+
+    consumer_class = CachelessConsumer
+    crash = raft_sends_dump = lose_majority = None  # no other restart, no other dump
+
+    @precondition(lambda self: self.raft.quorum and not self.majority_lost)
+    @rule(pick=picks, burst=bursts)
+    def lose_every_seed(self, pick: int, burst: Any) -> None:
+        ClusterMachine.lose_majority(self, pick, burst, 0, FAIL_REASON.LEADER_CHANGED, True)
+
+
 def planted(name: str, *, without: tuple[str, ...] = (), **hooks: Any) -> type[ClusterMachine]:
     """The machine with a planted bug; ``without``: rules taken out, so that the rule
     under test is the only way to the bug."""
@@ -158,8 +171,7 @@ PLANTED = [
     # compact + restart / raft_sends_dump (every seed: lose_majority)
     (planted("CachelessDump", consumer_class=CachelessConsumer),
      "differs from the committed log|is not what the committed log holds"),
-    (planted("CachelessDumpAllSeeds", consumer_class=CachelessConsumer,
-             without=("crash", "raft_sends_dump")),
+    (EverySeedFromACachelessDump,
      "differs from the committed log|is not what the committed log holds"),
 ]
 
