@@ -1,6 +1,8 @@
 """The member processes of a chaos run, their ports and proxies, and their HTTP endpoints.
 
-Every member process is started and stopped by the runner, by PID.
+Every member process is started and stopped by the runner, by PID. A member ended only
+through :meth:`Member.signal` (SIGKILL, SIGTERM or SIGINT) was ended by the runner; any
+other exit is a crash, reported once through ``on_crash`` (:meth:`Member.check_exit`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,9 @@ from chaos.schedule import member
 from cluster.tooling import member_settings, start_member
 
 PASSWORD = "chaos-cluster-password"
+ENDING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+LOG_TAIL_LINES = 20
+LOG_TAIL_BYTES = 16_384
 
 
 class Member:
@@ -30,14 +36,19 @@ class Member:
         http_port: int,
         log: Path,
         env: dict[str, str],
+        on_crash: Callable[[Member, int], None],
     ) -> None:
+        """``on_crash(member, exit_status)``: called once per process that exits on its own."""
         self.index, self.name = index, member(index)
         self.settings, self.client_port, self.http_port = settings, client_port, http_port
-        self.log, self.env = log, env
+        self.log, self.env, self.on_crash = log, env, on_crash
         self.process: subprocess.Popen[bytes] | None = None
-        self.state = "down"  # up | killed | paused | left | down
+        self.state = "down"  # up | killed | paused | left | crashed | down
+        self.ended_by_runner = False  # the runner sent this process an ending signal
+        self.exit_seen = False  # this process's exit was checked (and any crash reported)
 
     def start(self) -> None:
+        self.check_exit()  # a crash of the previous process is reported before it is replaced
         old = os.environ.copy()
         try:
             os.environ.clear()
@@ -47,10 +58,35 @@ class Member:
             os.environ.clear()
             os.environ.update(old)
         self.state = "up"
+        self.ended_by_runner = self.exit_seen = False
 
     def signal(self, sig: int) -> None:
+        """Send ``sig`` if the process runs; SIGKILL/SIGTERM/SIGINT mark its exit as caused."""
         if self.process is not None and self.process.poll() is None:
+            if sig in ENDING_SIGNALS:
+                self.ended_by_runner = True
             self.process.send_signal(sig)
+
+    def check_exit(self) -> None:
+        """If the process has exited and the runner did not end it, report the crash
+        (once per process) and mark the member ``crashed``. Cheap: one ``waitpid``."""
+        p = self.process
+        if p is None or self.exit_seen or p.poll() is None:
+            return
+        self.exit_seen = True
+        if not self.ended_by_runner:
+            self.state = "crashed"
+            self.on_crash(self, p.returncode)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the member's log (its stderr; restarts append)."""
+        try:
+            with self.log.open("rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(log unreadable: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def wait_exit(self, timeout: float) -> None:
         if self.process is None:
@@ -71,10 +107,12 @@ def build_members(
     proxies: bool,
     out: Path,
     env: dict[str, str],
+    on_crash: Callable[[Member, int], None],
 ) -> tuple[list[Member], dict[int, list[Proxy]], list[str]]:
     """The members of a Guaranteed cluster on ports from ``base`` (not started), their
     proxies by member index (cluster, Raft, client; none without ``proxies``) and the
-    client URL of each member (its client proxy's when proxied).
+    client URL of each member (its client proxy's when proxied). ``on_crash``: see
+    :class:`Member`.
 
     Member i serves clients and HTTP on base+10i and is known to its peers at
     base+1000+10i (Raft + 1). Proxied, it binds its cluster links on base+2000+10i and
@@ -107,7 +145,9 @@ def build_members(
             ]
         client_urls.append(f"ws://127.0.0.1:{public}")
         members.append(
-            Member(i, s, client_port, client_port, out / "logs" / f"{member(i)}.log", env)
+            Member(
+                i, s, client_port, client_port, out / "logs" / f"{member(i)}.log", env, on_crash
+            )
         )
     return members, proxy_of, client_urls
 

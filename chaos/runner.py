@@ -23,7 +23,7 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
-from chaos.members import build_members, http_json
+from chaos.members import Member, build_members, http_json
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
@@ -107,7 +107,13 @@ class Runner:
         if fault:
             env["MIGRATORY_TEST_FAULT"] = f"{fault}:{FAULT_AT}"
         self.members, self.proxy_of, self.client_urls = build_members(
-            count=members, seeds=seeds, base=self.base, proxies=proxies, out=out, env=env
+            count=members,
+            seeds=seeds,
+            base=self.base,
+            proxies=proxies,
+            out=out,
+            env=env,
+            on_crash=self.record_crash,
         )
         for m in self.members:
             m.settings["ClusterLogCompactionEntries"] = str(compaction[0])
@@ -139,7 +145,26 @@ class Runner:
 
     # --- cluster ---------------------------------------------------------------------
 
+    def record_crash(self, m: Member, status: int) -> None:
+        """A member exited without the runner ending it: a ``crashes`` row (with the tail
+        of its log) and a progress line. Called by the member, once per process."""
+        tail = m.log_tail()
+        pid = m.process.pid if m.process else None
+        self.h.write("crashes", member=m.name, pid=pid, exit_status=status, log_tail=tail)
+        self.h.flush()
+        last = tail.splitlines()[-1] if tail else ""
+        self.say(f"CRASH: {m.name} (pid {pid}) exited on its own, status {status}: {last}")
+
+    async def watch_members(self) -> None:
+        """Notice every member exit as it happens (``Member.check_exit`` reports crashes)."""
+        while True:
+            for m in self.members:
+                m.check_exit()
+            await trio.sleep(0.1)
+
     async def wait_ready(self, indexes: list[int], timeout: float) -> bool:
+        """Wait for ``/readyz`` of the members; one that is not running (a crash, already
+        recorded by ``check_exit``) is started again."""
         with trio.move_on_after(timeout):
             while True:
                 codes = [
@@ -149,10 +174,11 @@ class Runner:
                 if all(c == 200 for c, _ in codes):
                     return True
                 for i in indexes:
-                    p = self.members[i].process
-                    if p is not None and p.poll() is not None:
-                        self.say(f"{member(i)} exited with {p.returncode}; restarting")
-                        self.members[i].start()
+                    m = self.members[i]
+                    if m.process is not None and m.process.poll() is not None:
+                        m.check_exit()
+                        self.say(f"{m.name} exited with {m.process.returncode}; starting it again")
+                        m.start()
                 await trio.sleep(0.2)
         return False
 
@@ -216,6 +242,7 @@ class Runner:
                     await outer.start(p.serve)
             for m in self.members:
                 m.start()
+            outer.start_soon(self.watch_members)
             outer.start_soon(self.sampler)
             if not await self.wait_ready(list(range(self.n)), 60):
                 self.say("cluster not ready after 60 s")
@@ -301,11 +328,11 @@ class Runner:
             )
 
     def stop(self) -> None:
+        """The final stop: crashes so far recorded, then every member ended by PID."""
         for m in self.members:
-            p = m.process
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
+            m.check_exit()
+            m.signal(signal.SIGCONT)
+            m.signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for m in self.members:
             p = m.process

@@ -11,6 +11,7 @@ A chaos run writes one directory::
         subscriptions.jsonl   # SUBSCRIPTION_FIELDS, subscriber lifecycle and notifications
         nemesis.jsonl         # NEMESIS_FIELDS, each fault as it was applied and healed
         cluster.jsonl         # CLUSTER_FIELDS, periodic samples of each member's Raft view
+        crashes.jsonl         # CRASH_FIELDS, every member exit the runner did not cause
 
 Every line is a JSON object with exactly the fields listed (``None`` → ``null``).
 Times are seconds since the run started (one clock: the runner's
@@ -89,16 +90,30 @@ CLUSTER_FIELDS: tuple[Field, ...] = (
     ("applied_clsn", "long"),
 )
 
+# A member process that exited without the runner ending it (the runner ends members
+# only by SIGKILL, SIGTERM or SIGINT: kill and leave faults, the final stop). A crash
+# found when the runner restarts a member is recorded before the restart.
+CRASH_FIELDS: tuple[Field, ...] = (
+    ("run", "string"),
+    ("time", "double"),  # when the runner saw the exit (polled every 0.1 s)
+    ("member", "string"),
+    ("pid", "long"),
+    ("exit_status", "long"),  # the process's exit code; -N = ended by signal N
+    ("log_tail", "string"),  # the last lines of the member's log (its stderr)
+)
+
 TABLES: dict[str, tuple[Field, ...]] = {
     "publishes": PUBLISH_FIELDS,
     "deliveries": DELIVERY_FIELDS,
     "subscriptions": SUBSCRIPTION_FIELDS,
     "nemesis": NEMESIS_FIELDS,
     "cluster": CLUSTER_FIELDS,
+    "crashes": CRASH_FIELDS,
 }
 
-# The safety violations the checker reports, by name (the JSON summary's keys).
-VIOLATIONS: tuple[str, ...] = (
+# The safety violations the checker reports, by name (the JSON summary's keys): per
+# subscriber kind (sdk, raw) ...
+SUBSCRIBER_VIOLATIONS: tuple[str, ...] = (
     "lost",  # acknowledged, never delivered to a subscriber subscribed throughout
     "unexpected",  # delivered but never published
     "duplicates",  # one subscriber got one msg_id twice (snapshots excepted)
@@ -106,6 +121,11 @@ VIOLATIONS: tuple[str, ...] = (
     "holes",  # seq gap within an epoch not covered by a DATA_RESYNC
     "collisions",  # one (subject, epoch, seq) names two msg_ids
 )
+# ... and for the member processes (summary kind "members")
+MEMBER_VIOLATIONS: tuple[str, ...] = (
+    "unexpected_exits",  # a member exited on its own: a row of the crashes table
+)
+VIOLATIONS: tuple[str, ...] = SUBSCRIBER_VIOLATIONS + MEMBER_VIOLATIONS
 
 
 def record(table: str, **values: Any) -> dict[str, Any]:

@@ -1,7 +1,13 @@
-"""``python -m spark_analysis RUN_DIR [--out REPORT_DIR]``: check a chaos run's history.
+"""``python -m spark_analysis RUN_DIR [--out REPORT_DIR] [--master MASTER]``: check a
+chaos run's history.
 
-Exit 0: no safety violation; 1: at least one; 2: the input is unusable (the message
-names every missing file or table). Phase timings go to stderr.
+RUN_DIR is any directory Spark reads: a local path (default ``--out``: RUN_DIR/report),
+``file://``, ``hdfs://`` or ``s3a://`` (then ``--out``, a local directory, is needed).
+The same file runs under ``spark-submit`` (``spark-submit --py-files
+spark_analysis.zip spark_analysis/__main__.py RUN_DIR --out DIR``; docs/chaos.md).
+
+Exit 0: no violation; 1: at least one; 2: the input is unusable (the message names
+every missing file or table) or a usage error. Phase timings go to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .load import UnusableInput, check_layout
+# absolute imports: spark-submit runs this file as a script
+from spark_analysis.load import UnusableInput, check_layout, is_local, local_path
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -34,9 +41,9 @@ class Phases:
         print(f"[spark_analysis] {name}: {self.seconds[name]:.2f} s", file=sys.stderr)
 
 
-def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[str, Any]:
+def analyse(spark: Any, run_dir: str, out_dir: Path, phases: Phases) -> dict[str, Any]:
     """Run every check, write the report, return the summary (``ok`` is the verdict)."""
-    from . import latency, load, report, safety, timings
+    from spark_analysis import exits, latency, load, report, safety, session, timings
 
     phases.restart()
     history = load.load(spark, run_dir)
@@ -44,6 +51,9 @@ def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[st
     phases.end("load")
     inv = safety.invokes(history)
     violations, examples = safety.check(history, inv)
+    crashes, crash_examples = exits.unexpected_exits(history)
+    violations[exits.KIND] = {"unexpected_exits": crashes}
+    examples[exits.KIND] = {"unexpected_exits": crash_examples}
     phases.end("safety")
     unknown = safety.unknown_outcome(history)
     phases.end("unknown_outcome")
@@ -64,6 +74,7 @@ def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[st
         "failover": failover,
         "latency": lat,
         "counts": counts,
+        "spark": session.describe(spark),
         "analysis_seconds": phases.seconds,
     }
     end = max(
@@ -71,7 +82,7 @@ def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[st
         + [f["time"] for f in faults]
     )
     extra = {
-        "run_dir": str(run_dir),
+        "run_dir": run_dir,
         "faults": faults,
         "schedule": history.schedule,
         "fault_windows": timings.fault_windows(faults, end),
@@ -84,22 +95,42 @@ def analyse(spark: Any, run_dir: Path, out_dir: Path, phases: Phases) -> dict[st
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     """The CLI; ``spark`` (tests) reuses a session, which is then left running."""
-    parser = argparse.ArgumentParser(prog="python -m spark_analysis", description=__doc__)
-    parser.add_argument("run_dir", type=Path, help="chaos run directory (run.json, history/)")
-    parser.add_argument("--out", type=Path, help="report directory (default RUN_DIR/report)")
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_analysis",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "run_dir",
+        help="chaos run directory (run.json, history/): a local path or a URI Spark reads "
+        "(file://, hdfs://, s3a://)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="local report directory (default RUN_DIR/report for a local RUN_DIR)",
+    )
+    parser.add_argument(
+        "--master",
+        help="Spark master (default local[2]; under spark-submit, spark-submit's --master)",
+    )
     args = parser.parse_args(argv)
-    out = args.out or args.run_dir / "report"
+    local = is_local(args.run_dir)
+    if args.out is None and not local:
+        parser.error(f"--out REPORT_DIR is needed: {args.run_dir} is not a local directory")
+    out = args.out or local_path(args.run_dir) / "report"
     try:
-        check_layout(args.run_dir)  # fail fast, before the ~10 s Spark start
+        if local:
+            check_layout(args.run_dir)  # fail fast, before the ~10 s Spark start
     except UnusableInput as exc:
         print(f"spark_analysis: unusable input: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    from .session import spark_session
+    from spark_analysis.session import spark_session
 
     phases = Phases()
     own = spark is None
     if own:
-        spark = spark_session()
+        spark = spark_session(master=args.master)
     phases.end("session")
     try:
         summary = analyse(spark, args.run_dir, out, phases)

@@ -1,5 +1,12 @@
 """Read a chaos run directory into cached Spark DataFrames, one per history table.
 
+Everything in the run directory (``run.json``, ``schedule.jsonl``, ``history/*.jsonl``)
+is read through the Spark session, so ``RUN_DIR`` may be anything its Hadoop file
+systems read: a local directory (the default), ``file:///…``, ``hdfs://…``, or
+``s3a://…`` when the session has the S3A connector. Only :func:`check_layout`, a fast
+check run before the session starts, looks at the local file system, and only for a
+local ``RUN_DIR``.
+
 Missing files, an unreadable ``run.json`` or a run without a single publish make the
 input unusable (:class:`UnusableInput`, exit code 2). Lines that do not parse as JSON
 (a writer killed mid-line) are dropped and counted as ``malformed``.
@@ -13,12 +20,16 @@ because nothing is read from disk twice.)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from chaos.schema import TABLES, spark_schema
 
+T = TypeVar("T")
 REQUIRED_NONEMPTY = ("publishes",)
 # Per table, the columns whose value counts go into ``counts`` (one action per table
 # yields both those counts and the malformed-line tally).
@@ -28,6 +39,7 @@ COUNT_KEYS: dict[str, tuple[str, ...]] = {
     "subscriptions": ("kind", "event"),
     "nemesis": (),
     "cluster": (),
+    "crashes": (),
 }
 
 
@@ -37,7 +49,7 @@ class UnusableInput(Exception):
 
 @dataclass
 class History:
-    run_dir: Path
+    run_dir: str
     run: dict[str, Any]
     frames: dict[str, Any]  # table name -> cached DataFrame (malformed lines removed)
     rows: dict[str, int] = field(default_factory=dict)
@@ -53,36 +65,76 @@ class History:
             frame.unpersist()
 
 
-def check_layout(run_dir: Path) -> dict[str, Any]:
-    """``run.json`` parsed; raises :class:`UnusableInput` naming every missing piece."""
-    if not run_dir.is_dir():
+def is_local(run_dir: str) -> bool:
+    """A plain path or a ``file:`` URI (as opposed to ``hdfs://``, ``s3a://``, …)."""
+    return urlsplit(run_dir).scheme in ("", "file")
+
+
+def local_path(run_dir: str) -> Path:
+    """The local directory of a plain path or ``file:`` URI."""
+    parts = urlsplit(run_dir)
+    return Path(parts.path) if parts.scheme == "file" else Path(run_dir)
+
+
+def check_layout(run_dir: str) -> None:
+    """Fast check of a local ``RUN_DIR`` before Spark starts: raises
+    :class:`UnusableInput` naming every missing file. (Any ``RUN_DIR`` is checked again,
+    through Spark, by :func:`load`.)"""
+    root = local_path(run_dir)
+    if not root.is_dir():
         raise UnusableInput(f"{run_dir}: not a directory")
-    run_json = run_dir / "run.json"
-    missing = [] if run_json.is_file() else ["run.json"]
+    missing = [] if (root / "run.json").is_file() else ["run.json"]
     missing += [
-        f"history/{t}.jsonl" for t in TABLES if not (run_dir / "history" / f"{t}.jsonl").is_file()
+        f"history/{t}.jsonl" for t in TABLES if not (root / "history" / f"{t}.jsonl").is_file()
     ]
     if missing:
         raise UnusableInput(f"{run_dir}: missing {', '.join(missing)}")
+
+
+def _java_reason(exc: Exception) -> str:
+    """The JVM exception behind a py4j error (its first line), else the message's."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _through_spark(uri: str, read: Callable[[], T]) -> T | None:
+    """``read()``; None when Spark says the path does not exist; any other failure
+    (no file system for the scheme, no connector, no access) is unusable input."""
     try:
-        run = json.loads(run_json.read_text())
-    except (OSError, ValueError) as exc:
-        raise UnusableInput(f"{run_json}: not JSON ({exc})") from exc
+        return read()
+    except Exception as exc:
+        condition = getattr(exc, "getCondition", None)
+        if callable(condition) and condition() == "PATH_NOT_FOUND":
+            return None
+        raise UnusableInput(f"{uri}: Spark cannot read it: {_java_reason(exc)}") from exc
+
+
+def read_text(spark: Any, uri: str) -> str | None:
+    """The whole text of one file, read by Spark; None when it does not exist."""
+    rows = _through_spark(uri, lambda: spark.read.text(uri, wholetext=True).collect())
+    return None if rows is None else "".join(r["value"] for r in rows)
+
+
+def parse_run(run_dir: str, text: str) -> dict[str, Any]:
+    try:
+        run = json.loads(text)
+    except ValueError as exc:
+        raise UnusableInput(f"{run_dir}/run.json: not JSON ({exc})") from exc
     if not isinstance(run, dict):
-        raise UnusableInput(f"{run_json}: not a JSON object")
+        raise UnusableInput(f"{run_dir}/run.json: not a JSON object")
     return run
 
 
-def read_schedule(run_dir: Path) -> list[dict[str, Any]] | None:
+def parse_schedule(text: str | None) -> list[dict[str, Any]] | None:
     """``schedule.jsonl`` (the nemesis plan as generated), or None when absent.
 
     Its lines are not a history table (no schema in ``chaos.schema``): kept as parsed.
     """
-    path = run_dir / "schedule.jsonl"
-    if not path.is_file():
+    if text is None:
         return None
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             item = json.loads(line)
         except ValueError:
@@ -92,24 +144,32 @@ def read_schedule(run_dir: Path) -> list[dict[str, Any]] | None:
     return out
 
 
-def load(spark: Any, run_dir: Path) -> History:
+def load(spark: Any, run_dir: str) -> History:
     """Every table read with its schema from ``chaos.schema``, cached, malformed dropped.
 
     ``_line`` (increasing in file order) breaks ties between equal times.
     """
     from pyspark.sql import functions as F
 
-    run = check_layout(run_dir)
-    history = History(run_dir=run_dir, run=run, frames={}, schedule=read_schedule(run_dir))
+    base = run_dir.rstrip("/")
+    run_text = read_text(spark, f"{base}/run.json")
+    missing = [] if run_text is not None else ["run.json"]
+    raws: dict[str, Any] = {}
     for table in TABLES:
-        path = run_dir / "history" / f"{table}.jsonl"
-        raw = (
-            spark.read.schema(spark_schema(table))
-            .option("mode", "PERMISSIVE")
-            .json(str(path))
-            .withColumn("_line", F.monotonically_increasing_id())
-            .cache()
-        )
+        uri = f"{base}/history/{table}.jsonl"
+        reader = spark.read.schema(spark_schema(table)).option("mode", "PERMISSIVE")
+        raw = _through_spark(uri, partial(reader.json, uri))
+        if raw is None:
+            missing.append(f"history/{table}.jsonl")
+        else:
+            raws[table] = raw
+    if run_text is None or missing:
+        raise UnusableInput(f"{run_dir}: missing {', '.join(missing)}")
+    run = parse_run(run_dir, run_text)
+    schedule = parse_schedule(read_text(spark, f"{base}/schedule.jsonl"))
+    history = History(run_dir=run_dir, run=run, frames={}, schedule=schedule)
+    for table, raw in raws.items():
+        raw = raw.withColumn("_line", F.monotonically_increasing_id()).cache()
         # A line that is not JSON parses to all-null fields; every real line has a time.
         keys = COUNT_KEYS[table]
         tally = raw.groupBy(*keys).agg(F.count("*").alias("n"), F.count("time").alias("ok"))

@@ -9,7 +9,9 @@ from typing import Any
 from chaos.schema import VIOLATIONS
 
 from . import plots
+from .exits import KIND
 
+FENCE = "```"
 MAX_ROWS = 300  # fault schedule rows in report.md
 
 
@@ -73,11 +75,15 @@ def safety_section(summary: dict[str, Any]) -> list[str]:
     viol = summary["violations"]
     kinds = list(viol)
     lines = ["## Safety", "", "Counts per subscriber kind (sdk: what the SDK hands the app;"]
-    lines += ["raw: the protocol-level auditor).", ""]
+    lines += ["raw: the protocol-level auditor) and for the member processes (members);"]
+    lines += ["- = does not apply.", ""]
     lines += table(
-        ["violation", *kinds], [[v] + [viol[k].get(v, 0) for k in kinds] for v in VIOLATIONS]
+        ["violation", *kinds], [[v] + [viol[k].get(v) for k in kinds] for v in VIOLATIONS]
     )
     for kind in kinds:
+        if kind == KIND:
+            lines += exits_section(viol[kind], summary["examples"].get(kind, {}))
+            continue
         for name in VIOLATIONS:
             exs = summary["examples"].get(kind, {}).get(name, [])
             if not exs:
@@ -85,6 +91,26 @@ def safety_section(summary: dict[str, Any]) -> list[str]:
             lines += ["", f"### {name} ({kind}): {viol[kind][name]} (first {len(exs)})", ""]
             cols = list(exs[0])
             lines += table(cols, [[e[c] for c in cols] for e in exs])
+    return lines
+
+
+def exits_section(counts: dict[str, int], examples: dict[str, Any]) -> list[str]:
+    """Each unexpected member exit with the last lines of that member's log."""
+    n, exs = counts.get("unexpected_exits", 0), examples.get("unexpected_exits", [])
+    if not n:
+        return []
+    lines = ["", f"### unexpected_exits (members): {n} (first {len(exs)})"]
+    for e in exs:
+        tail = str(e["log_tail"] or "(empty log)").replace(FENCE, "` ` `")
+        lines += [
+            "",
+            f"{e['member']} (pid {e['pid']}) exited on its own with status {e['exit_status']} "
+            f"at {cell(e['time'])} s; the last lines of its log:",
+            "",
+            FENCE + "text",
+            *tail.splitlines(),
+            FENCE,
+        ]
     return lines
 
 

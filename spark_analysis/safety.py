@@ -1,4 +1,5 @@
-"""The safety checks: every name of ``chaos.schema.VIOLATIONS``, per subscriber kind.
+"""The safety checks: every name of ``chaos.schema.SUBSCRIBER_VIOLATIONS``, per subscriber
+kind (member exits: ``exits.py``).
 
 Each check is a small query producing rows of one common shape (:data:`COLUMNS`); the
 six are unioned, cached once, then counted and sampled.
@@ -32,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.schema import VIOLATIONS
+from chaos.schema import SUBSCRIBER_VIOLATIONS as VIOLATIONS
 
 from .load import History
 

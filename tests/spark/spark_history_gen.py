@@ -332,6 +332,15 @@ def plant_resync_elsewhere(syn: Synthetic) -> None:
     _resync_over(syn, ds, len(ds) // 3 + 5)
 
 
+def plant_crash(syn: Synthetic) -> None:
+    """A member that exited on its own in the middle of the run (a ``crashes`` row)."""
+    middle = syn.tables["publishes"][len(syn.tables["publishes"]) // 2]["time"]
+    syn.add("crashes", member=MEMBERS[2], pid=4343, exit_status=1, time=middle,
+            log_tail="INFO replicating\nTraceback (most recent call last):\n"
+                     "ValueError: sync at clsn 13110 is older than applied 14048")
+    syn.facts["crash_time"] = middle
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="write a synthetic chaos history")
     parser.add_argument("out", type=Path)

@@ -21,7 +21,7 @@ import spark_history_gen as gen
 from spark_analysis.__main__ import main
 
 PUBLISHES = 300
-NONE: dict[str, set[str]] = {"sdk": set(), "raw": set()}
+NONE: dict[str, set[str]] = {"sdk": set(), "raw": set(), "members": set()}
 
 
 def _run(spark: Any, syn: gen.Synthetic, tmp_path: Path) -> tuple[int, dict[str, Any], Path]:
@@ -43,8 +43,11 @@ def test_spark_correct_history_passes_with_timings(spark: Any, tmp_path: Path) -
     assert _named(summary) == NONE
     assert set(summary) == {
         "ok", "run", "violations", "examples", "unknown_outcome", "failover", "latency",
-        "counts", "analysis_seconds",
+        "counts", "spark", "analysis_seconds",
     }  # fmt: skip
+    assert summary["violations"]["members"] == {"unexpected_exits": 0}
+    assert summary["counts"]["rows"]["crashes"] == 0
+    assert summary["spark"]["master"] == "local[2]"
     # The resync case is in the history: its skipped messages were really never delivered.
     assert summary["counts"]["subscription_events"]["sdk"]["DATA_RESYNC"] == 2
     assert len(syn.facts["resync_skipped"]) > 2
@@ -76,15 +79,15 @@ def test_spark_correct_history_passes_with_timings(spark: Any, tmp_path: Path) -
 
 
 PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
-    (gen.plant_lost, {"sdk": {"lost", "holes"}, "raw": set()}),
-    (gen.plant_lost_raw, {"sdk": set(), "raw": {"lost", "holes"}}),
-    (gen.plant_duplicate, {"sdk": {"duplicates"}, "raw": set()}),
-    (gen.plant_reorder, {"sdk": {"reorders"}, "raw": set()}),
-    (gen.plant_unexpected, {"sdk": {"unexpected"}, "raw": set()}),
+    (gen.plant_lost, {**NONE, "sdk": {"lost", "holes"}}),
+    (gen.plant_lost_raw, {**NONE, "raw": {"lost", "holes"}}),
+    (gen.plant_duplicate, {**NONE, "sdk": {"duplicates"}}),
+    (gen.plant_reorder, {**NONE, "sdk": {"reorders"}}),
+    (gen.plant_unexpected, {**NONE, "sdk": {"unexpected"}}),
     # acks count for every kind, and the second message reached the auditors as well
-    (gen.plant_collision, {"sdk": {"collisions"}, "raw": {"collisions"}}),
+    (gen.plant_collision, {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}}),
     (gen.plant_resync_gap, NONE),
-    (gen.plant_resync_elsewhere, {"sdk": {"lost", "holes"}, "raw": set()}),
+    (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
 ]
 
 
@@ -112,6 +115,25 @@ def test_spark_planted_violation_is_named_alone(
         md = (out / "report.md").read_text()
         assert "**FAIL**" in md
         assert all(f"### {n} ({k})" in md for k, names in expected.items() for n in names)
+
+
+def test_spark_a_member_crash_is_a_violation_with_its_log(spark: Any, tmp_path: Path) -> None:
+    syn = gen.generate(publishes=PUBLISHES)
+    gen.plant_crash(syn)
+    code, summary, out = _run(spark, syn, tmp_path)
+    assert code == 1 and summary["ok"] is False
+    assert _named(summary) == {**NONE, "members": {"unexpected_exits"}}
+    assert summary["violations"]["members"] == {"unexpected_exits": 1}
+    (crash,) = summary["examples"]["members"]["unexpected_exits"]
+    assert crash["member"] == "migratory-2"
+    assert crash["exit_status"] == 1 and crash["pid"] == 4343
+    assert crash["time"] == pytest.approx(syn.facts["crash_time"])
+    assert crash["log_tail"].endswith("older than applied 14048")
+    md = (out / "report.md").read_text()
+    assert "**FAIL** — unexpected_exits (members: 1)" in md
+    assert "| unexpected_exits | - | - | 1 |" in md
+    assert "migratory-2 (pid 4343) exited on its own with status 1" in md
+    assert "ValueError: sync at clsn 13110 is older than applied 14048\n```" in md
 
 
 def test_spark_malformed_lines_are_counted_not_fatal(spark: Any, tmp_path: Path) -> None:
@@ -144,3 +166,46 @@ def test_spark_cli_exit_2_names_what_is_missing(
     (run_dir / "history" / "publishes.jsonl").write_text("not json\n")
     assert main([str(run_dir), "--out", str(tmp_path / "r")], spark=spark) == 2
     assert "publishes has no usable rows" in capsys.readouterr().err
+
+
+# ---- RUN_DIR as a URI: everything read through Spark ----
+
+
+def test_spark_reads_a_run_dir_given_as_a_uri(spark: Any, tmp_path: Path) -> None:
+    syn = gen.generate(publishes=PUBLISHES)
+    gen.plant_duplicate(syn)
+    uri = syn.write(tmp_path / "run").as_uri()
+    assert uri.startswith("file:///")
+    assert main([uri], spark=spark) == 1  # default --out: the local directory's report/
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    assert summary["run"] == syn.run  # run.json, read through Spark
+    assert summary["violations"]["sdk"]["duplicates"] == 1
+    md = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "faults planned (schedule.jsonl)" in md  # schedule.jsonl, read through Spark
+
+
+def test_spark_load_names_every_missing_file_through_spark(spark: Any, tmp_path: Path) -> None:
+    from spark_analysis.load import UnusableInput, load
+
+    run_dir = gen.generate(publishes=20).write(tmp_path / "run")
+    (run_dir / "run.json").unlink()
+    (run_dir / "history" / "crashes.jsonl").unlink()
+    (run_dir / "schedule.jsonl").unlink()  # optional: not named
+    with pytest.raises(UnusableInput) as info:
+        load(spark, run_dir.as_uri())
+    assert str(info.value).endswith("missing run.json, history/crashes.jsonl")
+
+
+def test_spark_a_uri_spark_cannot_read_is_unusable_input(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["s3a://no-such-bucket/run", "--out", str(tmp_path / "r")], spark=spark) == 2
+    err = capsys.readouterr().err
+    assert "s3a://no-such-bucket/run/run.json: Spark cannot read it" in err
+    assert "S3AFileSystem not found" in err  # this Spark has no S3A connector
+    with pytest.raises(SystemExit) as exit_info:
+        main(["hdfs://namenode/runs/r1"], spark=spark)
+    assert exit_info.value.code == 2
+    assert "--out REPORT_DIR is needed: hdfs://namenode/runs/r1 is not a local" in (
+        capsys.readouterr().err
+    )
