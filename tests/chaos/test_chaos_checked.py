@@ -4,6 +4,8 @@
 - With the server's test-only fault switch on (``--fault``), the report must name exactly
   the planted violation and nothing else: the raw auditors (which neither dedupe nor
   repair) see it, the SDK subscribers (which do) stay clean.
+- A member that exits on its own in the middle of a run (a test-only ``sitecustomize``
+  in ``self_exit/``) is recorded by the runner and reported as ``unexpected_exits``.
 
 Each run is a subprocess that starts and stops its own member processes by PID.
 """
@@ -11,6 +13,7 @@ Each run is a subprocess that starts and stops its own member processes by PID.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,11 +35,13 @@ EXPECTED = {
 }
 
 
-def chaos_run(out: Path, seed: int, duration: int, *extra: str) -> subprocess.CompletedProcess[str]:
+def chaos_run(
+    out: Path, seed: int, duration: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
     args += ["--duration", str(duration), "--out", str(out), *extra]
     done = subprocess.run(
-        args, cwd=ROOT, capture_output=True, text=True, timeout=duration + 150
+        args, cwd=ROOT, capture_output=True, text=True, timeout=duration + 150, env=env
     )
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -69,7 +74,7 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -
 
 def test_smoke_run_under_every_kind_of_fault_is_clean(spark: Any, smoke_run: Path) -> None:
     code, summary = checked(spark, smoke_run)
-    assert found(summary) == {"sdk": {}, "raw": {}}, summary["examples"]
+    assert found(summary) == {"sdk": {}, "raw": {}, "members": {}}, summary["examples"]
     assert code == 0 and summary["ok"]
     assert summary["counts"]["publishes"]["ok"] > 500
     nemesis = [json.loads(line) for line in (smoke_run / "history/nemesis.jsonl").open()]
@@ -87,6 +92,7 @@ def test_the_report_names_exactly_the_planted_violation(
     violations = found(summary)
     assert code == 1 and not summary["ok"]
     assert violations["sdk"] == {}, summary["examples"]["sdk"]
+    assert violations["members"] == {}, summary["examples"]["members"]
     if fault == "drop":  # holes always; lost unless every dropped publish went unacknowledged
         assert "holes" in violations["raw"], summary["examples"]["raw"]
         assert set(violations["raw"]) <= EXPECTED[fault], summary["examples"]["raw"]
@@ -104,3 +110,34 @@ def test_the_report_names_exactly_the_planted_violation(
             for name in ("lost", "holes")
         }
         assert where["lost"] <= where["holes"]
+
+
+def test_a_member_that_exits_on_its_own_is_recorded_and_reported(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Non-seed migratory-3 ends itself (status 3) 12 s after it starts: with seed 6 the
+    schedule gives it no process fault before 18 s of workload, so it is running then."""
+    out, marker = tmp_path / "crash", tmp_path / "self-exit.fired"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "tests" / "chaos" / "self_exit"), env.get("PYTHONPATH", "")]
+    )
+    env["CHAOS_TEST_SELF_EXIT"] = f"migratory-3:12:3:{marker}"
+    done = chaos_run(out, 6, 20, env=env)
+    assert marker.exists(), "the member never exited"
+    crashes = [json.loads(line) for line in (out / "history/crashes.jsonl").open()]
+    assert [(c["member"], c["exit_status"]) for c in crashes] == [("migratory-3", 3)]
+    (crash,) = crashes
+    assert crash["log_tail"].endswith("TEST SELF-EXIT: migratory-3 exits on its own with status 3")
+    assert "CRASH: migratory-3" in done.stdout
+    publishes = [json.loads(line) for line in (out / "history/publishes.jsonl").open()]
+    assert min(p["time"] for p in publishes) < crash["time"], "seen mid-run, by the watcher"
+    # the runner's own kills and leaves are not crashes: this run had some
+    nemesis = [json.loads(line) for line in (out / "history/nemesis.jsonl").open()]
+    assert {n["fault"] for n in nemesis if n["phase"] == "start"} & {"kill", "leave"}
+    code, summary = checked(spark, out)
+    assert code == 1 and not summary["ok"]
+    assert found(summary) == {"sdk": {}, "raw": {}, "members": {"unexpected_exits": 1}}
+    (example,) = summary["examples"]["members"]["unexpected_exits"]
+    assert example["member"] == "migratory-3" and example["exit_status"] == 3
+    assert "migratory-3 (pid" in (out / "report" / "report.md").read_text()

@@ -30,6 +30,9 @@ def test_short_run_writes_every_table(tmp_path: Path, light_load: list[str]) -> 
     assert (out / "schedule.jsonl").read_text() == to_jsonl(generate(4, 15))
     for table, fields in schema.TABLES.items():
         lines = (out / "history" / f"{table}.jsonl").read_text().splitlines()
+        if table == "crashes":  # written, and empty: no member exited on its own
+            assert lines == [], lines
+            continue
         assert lines, f"{table} is empty"
         rows = [json.loads(line) for line in lines]
         assert all(list(row) == [name for name, _ in fields] for row in rows), table
