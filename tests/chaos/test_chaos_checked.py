@@ -5,7 +5,8 @@
   the planted violation and nothing else: the raw auditors (which neither dedupe nor
   repair) see it, the SDK subscribers (which do) stay clean.
 - A member that exits on its own in the middle of a run (a test-only ``sitecustomize``
-  in ``self_exit/``) is recorded by the runner and reported as ``unexpected_exits``.
+  in ``self_exit/``, triggered by the test) is recorded by the runner and reported as
+  ``unexpected_exits``.
 
 Each run is a subprocess that starts and stops its own member processes by PID.
 """
@@ -16,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +37,11 @@ EXPECTED = {
 }
 
 
-def chaos_run(
-    out: Path, seed: int, duration: int, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+def chaos_run(out: Path, seed: int, duration: int, *extra: str) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
     args += ["--duration", str(duration), "--out", str(out), *extra]
     done = subprocess.run(
-        args, cwd=ROOT, capture_output=True, text=True, timeout=duration + 150, env=env
+        args, cwd=ROOT, capture_output=True, text=True, timeout=duration + 150
     )
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -112,24 +112,59 @@ def test_the_report_names_exactly_the_planted_violation(
         assert where["lost"] <= where["holes"]
 
 
+def chaos_run_with_trigger(
+    out: Path, seed: int, duration: int, env: dict[str, str], when: str, trigger: Path
+) -> str:
+    """A chaos run whose progress output is watched: the first line containing ``when``
+    creates the file ``trigger``. Returns the output; the run must exit 0."""
+    args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
+    args += ["--duration", str(duration), "--out", str(out)]
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if when in line and not any(when in seen for seen in lines):
+                trigger.touch()
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=duration + 150)
+    finally:
+        if proc.poll() is None:  # the runner stops its members by PID on SIGTERM
+            proc.terminate()
+            proc.wait(60)
+    reader.join(10)
+    output = "".join(lines)
+    print(output[-3000:])
+    assert code == 0, output[-2000:]
+    return output
+
+
 def test_a_member_that_exits_on_its_own_is_recorded_and_reported(
     spark: Any, tmp_path: Path
 ) -> None:
-    """Non-seed migratory-3 ends itself (status 3) 12 s after it starts: with seed 6 the
-    schedule gives it no process fault before 18 s of workload, so it is running then."""
-    out, marker = tmp_path / "crash", tmp_path / "self-exit.fired"
+    """Non-seed migratory-3 ends itself (status 3) when the runner prints its first
+    progress line (5 s into the workload): with seed 6 the schedule gives it no process
+    fault in the first 18 s of workload, so it is running then."""
+    out, trigger = tmp_path / "crash", tmp_path / "self-exit"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "tests" / "chaos" / "self_exit"), env.get("PYTHONPATH", "")]
     )
-    env["CHAOS_TEST_SELF_EXIT"] = f"migratory-3:12:3:{marker}"
-    done = chaos_run(out, 6, 20, env=env)
-    assert marker.exists(), "the member never exited"
+    env["CHAOS_TEST_SELF_EXIT"] = f"migratory-3:3:{trigger}"
+    output = chaos_run_with_trigger(out, 6, 20, env, "publishes ok=", trigger)
+    assert Path(f"{trigger}.taken").exists(), "the member never exited"
     crashes = [json.loads(line) for line in (out / "history/crashes.jsonl").open()]
     assert [(c["member"], c["exit_status"]) for c in crashes] == [("migratory-3", 3)]
     (crash,) = crashes
     assert crash["log_tail"].endswith("TEST SELF-EXIT: migratory-3 exits on its own with status 3")
-    assert "CRASH: migratory-3" in done.stdout
+    assert "CRASH: migratory-3" in output
     publishes = [json.loads(line) for line in (out / "history/publishes.jsonl").open()]
     assert min(p["time"] for p in publishes) < crash["time"], "seen mid-run, by the watcher"
     # the runner's own kills and leaves are not crashes: this run had some
