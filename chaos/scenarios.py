@@ -121,11 +121,14 @@ async def lagging_failover(nem: Nemesis, f: Fault, start: float) -> None:
                 nem.say("lagging-failover: no Raft leader known; nothing done")
             return
         follower = next(i for i in seeds if i != lead)
-        lagging, old = nem.members[follower], nem.members[lead]
+        lagging = nem.members[follower]
         nem.pause(lagging, f"lagging-failover: follower stopped {lag}s under load")
         await trio.sleep(lag)
+        now = nem.current_leader(faulted_too=True)  # the leader now (rarely another one)
+        old = nem.members[now if now is not None and now != follower else lead]
         nem.resume(lagging, "lagging-failover")
-        await nem.kill(old, f"leader, lagging-failover: killed as {lagging.name} resumed")
+        word = _leader_word(nem, old.index)
+        await nem.kill(old, f"{word}lagging-failover: killed as {lagging.name} resumed")
         await trio.sleep(down)
         nem.restart(old, "lagging-failover")
         await nem.restarted([old], READY_WAIT)
@@ -148,7 +151,8 @@ async def sync_kill(nem: Nemesis, f: Fault, start: float) -> None:
                 why = await _leader_sending(nem, lead, pid)
             else:
                 why = await _replicating(ns, nem, lead)
-            detail = f"leader, sync-kill: while it sends {ns.name} its catch-up ({why})"
+            word = _leader_word(nem, lead)
+            detail = f"{word}sync-kill: while it sends {ns.name} its catch-up ({why})"
             await nem.kill(seed, detail)
         finally:
             for i in range(nem.seeds):
