@@ -42,6 +42,8 @@ class Nemesis:
         self.faulted: dict[int, str] = {}  # member index -> the fault it is under
         self.applied: dict[str, int] = {}  # fault kind -> times applied
         self.skipped: dict[str, int] = {}  # fault kind -> times skipped
+        # (from, to, what): history times during which a majority of the seeds was lost
+        self.majority_lost: list[tuple[float, float, str]] = []
 
     def record(self, fault: str, target: str, phase: str, detail: str = "") -> None:
         self.h.write("nemesis", fault=fault, target=target, phase=phase, detail=detail)

@@ -368,6 +368,7 @@ class Runner:
             "subscribers": [s.name for s in self.plan.subscribers],
             "workload": asdict(self.plan),
             "cpu": self.cpu.totals(),
+            "majority_loss": self.workload.majority_loss(self.nemesis.majority_lost),
             "schedule": [asdict(f) for f in self.schedule],
             "faults": {
                 "scheduled": len(self.schedule),
@@ -415,6 +416,13 @@ def run(**kwargs: Any) -> int:
         runner.h.close()
         runner.write_run(code, time.monotonic() - wall0)
     nem = runner.nemesis
+    for w in runner.workload.majority_loss(nem.majority_lost):
+        print(
+            f"[chaos] no seed majority {w['from']}-{w['to']} s ({w['what']}): "
+            f"{w['invoked']} publishes invoked, {w['acknowledged_inside']} acknowledged "
+            f"inside (must be 0)",
+            flush=True,
+        )
     print(
         f"[chaos] done in {time.monotonic() - wall0:.1f}s, exit {code}; faults applied "
         f"{sum(nem.applied.values())} of {len(runner.schedule)} scheduled "

@@ -205,7 +205,9 @@ async def majority_loss(nem: Nemesis, f: Fault, start: float) -> None:
             for i in seeds:
                 nem.proxy_of[i][1].set(blackhole=True)
                 nem.record("blackhole", member(i), "start", detail)
+            lost = nem.h.now()
             await trio.sleep(f.duration)
+            nem.majority_lost.append((lost, nem.h.now(), f.detail))
             for i in seeds:
                 nem.proxy_of[i][1].heal()
                 nem.record("blackhole", member(i), "end", detail)
@@ -220,7 +222,9 @@ async def majority_loss(nem: Nemesis, f: Fault, start: float) -> None:
                 await nem.kill(m, _leader_word(nem, m.index) + detail)
             else:
                 nem.pause(m, _leader_word(nem, m.index) + detail)
+        lost = nem.h.now()
         await trio.sleep(f.duration)
+        nem.majority_lost.append((lost, nem.h.now(), f.detail))
         for m in victims:
             if how == "kill":
                 nem.restart(m, "majority-loss")
@@ -247,7 +251,9 @@ async def all_seeds_restart(nem: Nemesis, f: Fault, start: float) -> None:
         detail = f"all-seeds-restart: Raft log compacted on {len(dumps)} of {len(seeds)} seeds"
         for m in seeds:
             await nem.kill(m, _leader_word(nem, m.index) + detail)
+        lost = nem.h.now()
         await trio.sleep(f.duration)
+        nem.majority_lost.append((lost, nem.h.now(), "every seed killed"))
         for m in seeds:
             nem.restart(m, "all-seeds-restart")
         await nem.restarted(seeds, READY_WAIT)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 PUBLISH_TIMEOUT = 5.0  # seconds a publisher waits for its status before "outcome unknown"
 MAX_IN_FLIGHT = 2_000  # publishes one publisher has sent and not heard back about
+ACK_MARGIN = 0.1  # s: a publish invoked this long after a seed majority is lost cannot commit
 
 
 def parse_id(content: bytes) -> str | None:
@@ -77,6 +78,8 @@ class Workload:
         self.seen: dict[str, set[str]] = {}  # subscriber -> msg_ids delivered to it
         self.subscribed_at: dict[str, float] = {}  # subscriber -> first subscribe time
         self.stats = {"ok": 0, "fail": 0, "info": 0, "deliveries": 0, "invoke": 0}
+        self.invoked: list[float] = []  # times of the invoke rows
+        self.ack_times: list[tuple[float, float]] = []  # (invoke, ack) times of the ok rows
         self.publishing = True
         self.started: float | None = None  # trio time publishing started
 
@@ -98,6 +101,18 @@ class Workload:
                     return False
         return True
 
+    def majority_loss(self, windows: list[tuple[float, float, str]]) -> list[dict[str, Any]]:
+        """Per window without a seed majority: the publishes invoked in it, and how many of
+        those (invoked :data:`ACK_MARGIN` s or more after it began) were acknowledged before
+        it ended: none can have been committed, so any is a false OK."""
+        out = []
+        for lo, hi, what in windows:
+            invoked = sum(lo < t < hi for t in self.invoked)
+            acked = sum(lo + ACK_MARGIN < t and a < hi for t, a in self.ack_times)
+            out.append({"from": round(lo, 3), "to": round(hi, 3), "what": what,
+                        "invoked": invoked, "acknowledged_inside": acked})
+        return out
+
     # --- history -----------------------------------------------------------------------
 
     def record_publish(
@@ -113,7 +128,10 @@ class Workload:
         """A ``publishes`` line: ``event`` is invoke | ok | fail | info; ``result`` holds
         epoch and seq (ok) or the reason (fail, info); ``invoked`` the invoke time (ok)."""
         self.stats[event] += 1
+        if event == "invoke":
+            self.invoked.append(self.h.now())
         if event == "ok" and invoked is not None:
+            self.ack_times.append((invoked, self.h.now()))
             self.acked[subject].append((invoked, msg_id))
         self.h.write(
             "publishes",
