@@ -34,6 +34,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
+from cluster import dump_fork
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -238,6 +239,7 @@ class RaftCoordination:
         loads its journal and dump: call it off the event loop (``trio.to_thread``)."""
         if not password:
             raise ValueError("Raft must never run without a password (pickle on the wire)")
+        dump_fork.register()  # pysyncobj's dump child holds none of our ports
         self.consumer = CoordinationConsumer(on_commit, on_restore, max_cached_messages)
         me = raft_address(self_address)
         others = [raft_address(a) for a in seed_addresses if a != self_address]
