@@ -117,6 +117,8 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
             self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions()))
 
 
+DNS_CACHE_SECONDS = 1.0
+"""How long pysyncobj may reuse a peer's resolved address (or a failed lookup)."""
 STATUS_PERIOD = 0.05
 """Seconds between two :class:`RaftStatus` snapshots published by the Raft thread."""
 DIGEST_PERIOD = 1.0
@@ -250,6 +252,11 @@ class RaftCoordination:
             appendEntriesPeriod=timings.heartbeat,
             connectionTimeout=timings.connection_timeout,
             connectionRetryTime=timings.reconnect,
+            # a restarted pod comes back with a new IP under the same name: pysyncobj's
+            # default (600 s) kept dialling the old one, and a seed restarted after two
+            # others stayed cut off (tests/deploy/rehearsal.py found it)
+            dnsCacheTime=DNS_CACHE_SECONDS,
+            dnsFailCacheTime=DNS_CACHE_SECONDS,
             appendEntriesUseBatch=timings.use_batch,
             leaderFallbackTimeout=max(1.0, 4 * timings.election_max),
             commandsWaitLeader=True,

@@ -1,0 +1,308 @@
+"""A local stand-in for the parts of Kubernetes a StatefulSet rehearsal needs.
+
+Run inside a private network namespace (``unshare --net``): a bridge stands for the
+pod network (10.244.0.0/24, this process at .1), each pod is a :class:`PodProcess`
+in its own namespaces with a veth on the bridge and a new IP each time it is
+created, ``/etc/hosts`` of every pod lists every existing pod under the headless
+service's names (``publishNotReadyAddresses``), a kubelet loop runs the readiness
+and liveness probes from the manifest, and a TCP proxy on 10.244.0.1:80 stands for
+the client Service (ready pods only). Deleting a pod does what the kubelet does:
+out of the Service, the ``preStop`` hook, SIGTERM, SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from k8s_manifests import Document, find, pod_view
+from pod_sandbox import PodProcess
+
+SUBNET = "10.244.0"
+GATEWAY = f"{SUBNET}.1"
+SERVICE_PORT = 80
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class Pod:
+    ordinal: int
+    name: str
+    ip: str
+    process: PodProcess
+    ready: bool = False
+    started: bool = False  # the startup probe passed
+    deleting: bool = False
+    liveness_failures: int = 0
+
+
+@dataclass
+class Events:
+    violations: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.log.append(f"{trio.current_time():8.2f} {text}")
+        print(self.log[-1], flush=True)
+
+
+class LocalStatefulSet:
+    def __init__(
+        self, docs: list[Document], root: Path, password: str, *, time_scale: float = 1.0
+    ) -> None:
+        self.docs = docs
+        self.root = root
+        self.secrets = {("migratory-cluster", "password"): password}
+        self.time_scale = time_scale
+        sts = find(docs, "StatefulSet")
+        self.spec = sts["spec"]["template"]["spec"]
+        self.container = self.spec["containers"][0]
+        self.pods: dict[int, Pod] = {}
+        self.events = Events()
+        self._next_ip = 10
+        self._generation = 0
+        self._bin = Path(sys.executable).parent
+
+    # --- the pod network ----------------------------------------------------------
+
+    @staticmethod
+    def make_network() -> None:
+        sh("ip", "link", "set", "lo", "up")
+        sh("ip", "link", "add", "br0", "type", "bridge")
+        sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", "br0")
+        sh("ip", "link", "set", "br0", "up")
+
+    def _attach(self, pod: Pod) -> None:
+        mine, theirs = "/proc/self/ns/net", f"/proc/{pod.process.pid}/ns/net"
+        deadline = time.monotonic() + 10
+        while os.readlink(theirs) == os.readlink(mine):  # not unshared yet
+            assert time.monotonic() < deadline, f"{pod.name} got no network namespace"
+            time.sleep(0.005)
+        self._generation += 1
+        veth = f"v{pod.ordinal}g{self._generation}"
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns",
+           str(pod.process.pid))
+        sh("ip", "link", "set", veth, "master", "br0")
+        sh("ip", "link", "set", veth, "up")
+        inside = ["nsenter", f"--net=/proc/{pod.process.pid}/ns/net", "--"]
+        sh(*inside, "ip", "addr", "add", f"{pod.ip}/24", "dev", "eth0")
+        sh(*inside, "ip", "link", "set", "eth0", "up")
+
+    def hosts(self) -> str:
+        """Cluster DNS as /etc/hosts: every existing pod under the headless names."""
+        subdomain = find(self.docs, "StatefulSet")["spec"]["serviceName"]
+        lines = ["127.0.0.1 localhost"]
+        for pod in self.pods.values():
+            lines.append(f"{pod.ip} {pod.name}.{subdomain}.default.svc.cluster.local "
+                         f"{pod.name}.{subdomain} {pod.name}")
+        return "\n".join(lines) + "\n"
+
+    def _publish_dns(self) -> None:
+        text = self.hosts()
+        for pod in self.pods.values():
+            with (pod.process.pod_dir / "hosts").open("r+") as file:  # same inode: the
+                file.truncate(0)  # bind mount in the pod sees the new records
+                file.write(text)
+
+    # --- pods -----------------------------------------------------------------------
+
+    def create(self, ordinal: int) -> Pod:
+        assert ordinal not in self.pods
+        view = pod_view(self.docs, ordinal, self.secrets)
+        ip = f"{SUBNET}.{self._next_ip}"
+        self._next_ip += 1
+        process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
+                             hosts="", held=True)
+        pod = Pod(ordinal, view.name, ip, process)
+        self.pods[ordinal] = pod
+        self._attach(pod)
+        self._publish_dns()
+        process.release()
+        self.events.note(f"created {pod.name} at {ip}")
+        return pod
+
+    async def delete(self, ordinal: int, *, delete_volume: bool = False) -> None:
+        """Graceful deletion: out of the Service, preStop, SIGTERM, SIGKILL after the
+        grace period (a violation: the drain must fit in it)."""
+        pod = self.pods[ordinal]
+        pod.deleting, pod.ready = True, False
+        started = trio.current_time()
+        grace = float(self.spec.get("terminationGracePeriodSeconds", 30)) * self.time_scale
+        pre_stop = self.container.get("lifecycle", {}).get("preStop", {})
+        await trio.sleep(float(pre_stop.get("sleep", {}).get("seconds", 0)) * self.time_scale)
+        process = pod.process.proc
+        process.terminate()
+        remaining = max(0.1, started + grace - trio.current_time())
+        code = await trio.to_thread.run_sync(_wait, process, remaining)
+        if code is None:
+            self.events.violations.append(f"{pod.name} needed SIGKILL after the grace period")
+            process.kill()
+            code = await trio.to_thread.run_sync(_wait, process, 10)
+        if code != 0:
+            self.events.violations.append(f"{pod.name} exited {code} on SIGTERM")
+        pod.process.stop()
+        del self.pods[ordinal]
+        self._publish_dns()
+        if delete_volume:
+            for volume in pod.process.pod_dir.glob("volume-*"):
+                shutil.rmtree(volume)
+        self.events.note(f"deleted {pod.name} in {trio.current_time() - started:.1f} s"
+                         f"{' with its volume' if delete_volume else ''}")
+
+    def stop_all(self) -> None:
+        for pod in list(self.pods.values()):
+            pod.deleting = True
+            pod.process.stop(timeout=10)
+        self.pods.clear()
+
+    async def wait_ready(self, ordinals: list[int] | range, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            while not all(o in self.pods and self.pods[o].ready for o in ordinals):
+                await trio.sleep(0.1)
+            self.events.note(f"ready: {[self.pods[o].name for o in ordinals]}")
+            return
+        states = [f"{p.name} ready={p.ready} {await http_body(p.ip, 8800, '/cluster')}"
+                  for p in self.pods.values()]
+        spy = Path(sys.executable).parent / "py-spy"
+        for pod in self.pods.values():  # the threads of each member, when py-spy is there
+            if spy.exists():
+                dump = subprocess.run([str(spy), "dump", "--pid", str(pod.process.pid)],
+                                      capture_output=True, text=True, timeout=30)
+                (pod.process.pod_dir / "py-spy.txt").write_text(dump.stdout + dump.stderr)
+        raise TimeoutError(f"pods {list(ordinals)} not ready in {timeout} s:\n" +
+                           "\n".join(states))
+
+    # --- the kubelet's probes and the client Service ----------------------------------
+
+    async def kubelet(self) -> None:
+        readiness = self.container["readinessProbe"]
+        period = float(readiness.get("periodSeconds", 10)) * self.time_scale
+        while True:
+            for pod in list(self.pods.values()):
+                if pod.deleting:
+                    continue
+                if pod.process.proc.poll() is not None:
+                    self.events.violations.append(
+                        f"{pod.name} exited on its own ({pod.process.proc.returncode})")
+                    pod.deleting, pod.ready = True, False
+                    continue
+                await self._probe(pod)
+            await trio.sleep(period)
+
+    def _port(self, probe: Document) -> int:
+        port = probe["httpGet"]["port"]
+        if isinstance(port, int):
+            return port
+        return int(next(p["containerPort"] for p in self.container["ports"]
+                        if p["name"] == port))
+
+    async def _get(self, pod: Pod, kind: str) -> int:
+        probe = self.container[kind]
+        return await http_status(pod.ip, self._port(probe), probe)
+
+    async def _probe(self, pod: Pod) -> None:
+        if not pod.started:
+            pod.started = await self._get(pod, "startupProbe") == 200
+            if not pod.started:
+                return
+        was_ready = pod.ready
+        pod.ready = await self._get(pod, "readinessProbe") == 200 and not pod.deleting
+        if pod.ready != was_ready:
+            self.events.note(f"{pod.name} {'ready' if pod.ready else 'not ready'}")
+            if not pod.ready:  # what it is connected to: shown when the rehearsal fails
+                self.events.note(f"{pod.name} Raft connections: {raft_sockets(pod)}")
+        if await self._get(pod, "livenessProbe") != 200:
+            pod.liveness_failures += 1
+            if pod.liveness_failures >= self.container["livenessProbe"].get(
+                "failureThreshold", 3
+            ):
+                self.events.violations.append(f"{pod.name} failed its liveness probe")
+        else:
+            pod.liveness_failures = 0
+
+    async def service(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                      ) -> None:
+        """The client Service: each connection to a random ready pod."""
+        port = self.container["ports"][0]["containerPort"]
+
+        async def forward(client: trio.SocketStream) -> None:
+            ready = [p for p in self.pods.values() if p.ready]
+            if not ready:
+                await client.aclose()
+                return
+            try:
+                upstream = await trio.open_tcp_stream(random.choice(ready).ip, port)
+            except OSError:
+                await client.aclose()
+                return
+            async with client, upstream, trio.open_nursery() as nursery:
+                nursery.start_soon(_pipe, client, upstream, nursery.cancel_scope)
+                nursery.start_soon(_pipe, upstream, client, nursery.cancel_scope)
+
+        await trio.serve_tcp(forward, SERVICE_PORT, host=GATEWAY, task_status=task_status)
+
+
+async def _pipe(source: trio.SocketStream, sink: trio.SocketStream,
+                scope: trio.CancelScope) -> None:
+    try:
+        while data := await source.receive_some(65536):
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    scope.cancel()
+
+
+async def http_status(ip: str, port: int, probe: Document) -> int:
+    """A kubelet httpGet probe: the status, 0 when nothing answers in time."""
+    path = probe["httpGet"]["path"]
+    with trio.move_on_after(float(probe.get("timeoutSeconds", 1))):
+        try:
+            stream = await trio.open_tcp_stream(ip, port)
+            async with stream:
+                await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {ip}\r\n\r\n".encode())
+                head = await stream.receive_some(4096)
+            return int(head.split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError, trio.BrokenResourceError):
+            return 0
+    return 0
+
+
+async def http_body(ip: str, port: int, path: str) -> str:
+    with trio.move_on_after(3):
+        try:
+            stream = await trio.open_tcp_stream(ip, port)
+            async with stream:
+                await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {ip}\r\n\r\n".encode())
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+            return data.partition(b"\r\n\r\n")[2].decode(errors="replace").strip()
+        except (OSError, trio.BrokenResourceError):
+            return "(no answer)"
+    return "(timeout)"
+
+
+def raft_sockets(pod: Pod) -> str:
+    result = subprocess.run(
+        ["nsenter", f"--net=/proc/{pod.process.pid}/ns/net", "--", "ss", "-Htn",
+         "( sport = :9801 or dport = :9801 )"],
+        capture_output=True, text=True, timeout=10,
+    )
+    return " | ".join(" ".join(line.split()[3:5]) for line in result.stdout.splitlines())
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> int | None:
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None

@@ -1,0 +1,270 @@
+"""A local StatefulSet rehearsal of deploy/k8s, under publish load with SDK clients.
+
+    unshare --net -- .venv/bin/python tests/deploy/rehearsal.py --out DIR
+
+(root: pods are network namespaces; see k8s_local.py). Reads the rendered install
+(``kubectl kustomize deploy/k8s``), starts the StatefulSet's pods as local processes
+with each pod's hostname, environment, config and volume, and performs, while SDK
+publishers and subscribers go through the client Service:
+
+1. the first start: all pods at once (``Parallel``);
+2. HPA scale 3 -> 6 -> 3, removing the highest ordinal first, one at a time, each
+   with the preStop hook and the drain (non-seed volumes deleted, ``whenScaled``);
+3. a rolling restart of every pod in reverse ordinal order, one at a time, each
+   waiting for the previous to be ready and never taking a seed while the PDB would
+   be broken;
+4. a seed pod deleted and recreated with its volume (and a new IP).
+
+It checks that no pod exits on its own or needs SIGKILL, that no acknowledged publish
+is lost, that every subscriber that was moved resumed with DATA_SYNC and none got
+DATA_RESYNC, and that no publish outcome was left unknown. Writes ``summary.json``
+into DIR and exits 1 on a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+from k8s_local import GATEWAY, SERVICE_PORT, LocalStatefulSet
+from k8s_manifests import documents, find
+
+from migratory.model.message import MessageType
+from migratory.model.position import Position
+from migratory.server.drain import REFUSED
+from migratory_client import (
+    Client,
+    NotConnectedError,
+    NotificationStatus,
+    PublishOutcomeUnknown,
+    ReconnectPolicy,
+    connect,
+)
+
+SUBJECT = "/Rehearsal/StatefulSet/A"
+SERVICE = f"ws://{GATEWAY}:{SERVICE_PORT}"
+POLICY = ReconnectPolicy(initial_delay=0.1, max_delay=1.0, connect_timeout=5.0)
+
+
+@dataclass
+class Subscriber:
+    received: list[tuple[bytes, MessageType, Position]] = field(default_factory=list)
+    statuses: list[NotificationStatus] = field(default_factory=list)
+
+
+@dataclass
+class Load:
+    acked: dict[bytes, Position] = field(default_factory=dict)
+    republished: int = 0
+    failed: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    not_connected: int = 0  # publishes not sent: no session within their timeout
+
+
+async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
+    async with (
+        connect([SERVICE], reconnect=POLICY) as client,
+        client.subscribe(SUBJECT) as subscription,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def notes() -> None:
+            async for note in client.notifications():
+                sub.statuses.append(note.status)
+
+        nursery.start_soon(notes)
+        while not stop.is_set():
+            with trio.move_on_after(0.2):
+                message = await subscription.__anext__()
+                sub.received.append((message.content, message.type, message.position))
+        nursery.cancel_scope.cancel()
+
+
+async def publisher(client: Client, name: str, load: Load, stop: trio.Event) -> None:
+    number = 0
+    while not stop.is_set():
+        content = f"{name}-{number:06d}".encode()
+        try:
+            result = await client.publish(SUBJECT, content, timeout=20)
+        except PublishOutcomeUnknown as exc:
+            load.unknown.append(f"{content!r}: {exc}")
+            number += 1
+            continue
+        except NotConnectedError:  # no ready member behind the Service: not sent
+            load.not_connected += 1
+            continue
+        if result.ok:
+            assert result.position is not None
+            load.acked[content] = result.position
+            number += 1
+        elif result.reason == REFUSED or "DRAINED" in (result.reason or ""):
+            load.republished += 1  # definitely not published: publish it again
+        else:
+            load.failed.append(f"{content!r}: {result.reason}")
+            number += 1
+        await trio.sleep(0.02)
+
+
+async def publishing_client(*, task_status: trio.TaskStatus[Client] = trio.TASK_STATUS_IGNORED
+                            ) -> None:
+    async with connect([SERVICE], reconnect=POLICY) as client:
+        await client.wait_connected()
+        task_status.started(client)
+        await trio.sleep_forever()
+
+
+async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> None:
+    hpa = find(sts.docs, "HorizontalPodAutoscaler")["spec"]
+    pdb = find(sts.docs, "PodDisruptionBudget")["spec"]
+    seeds = [int(v) for v in pdb["selector"]["matchExpressions"][0]["values"]]
+    start, low = find(sts.docs, "StatefulSet")["spec"]["replicas"], hpa["minReplicas"]
+    high = min(hpa["maxReplicas"], 6)
+
+    async def phase(name: str, body: object) -> None:
+        began = trio.current_time()
+        sts.events.note(f"phase: {name}")
+        await body  # type: ignore[misc]
+        phases.append({"phase": name, "seconds": round(trio.current_time() - began, 1)})
+
+    async def scale_up() -> None:
+        for ordinal in range(len(sts.pods), high):
+            sts.create(ordinal)
+        await sts.wait_ready(range(high), 90)
+
+    async def scale_down() -> None:
+        for ordinal in range(high - 1, low - 1, -1):  # highest ordinal first
+            await sts.delete(ordinal, delete_volume=True)
+            await trio.sleep(1)
+
+    async def rolling_restart() -> None:
+        for ordinal in sorted(sts.pods, reverse=True):
+            if ordinal in seeds:  # the PDB: the other seeds must be ready
+                others = sum(1 for s in seeds if s != ordinal and sts.pods[s].ready)
+                assert others >= pdb["minAvailable"], f"PDB would be broken by {ordinal}"
+            await sts.delete(ordinal)
+            sts.create(ordinal)
+            await sts.wait_ready([ordinal], 90)
+
+    async def seed_recreated() -> None:
+        await sts.delete(seeds[1])
+        sts.create(seeds[1])
+        await sts.wait_ready(range(low), 90)
+
+    await phase(f"HPA scale {start} -> {high}", scale_up())
+    await trio.sleep(3)
+    await phase(f"HPA scale {high} -> {low}", scale_down())
+    await trio.sleep(2)
+    await phase("rolling restart, reverse ordinal order", rolling_restart())
+    await trio.sleep(2)
+    await phase(f"seed pod {seeds[1]} deleted and recreated", seed_recreated())
+    await trio.sleep(2)
+
+
+async def rehearse(out: Path, time_scale: float) -> dict[str, object]:
+    LocalStatefulSet.make_network()
+    docs = documents()
+    sts = LocalStatefulSet(docs, out / "pods", secrets.token_urlsafe(24), time_scale=time_scale)
+    subscribers = [Subscriber() for _ in range(8)]
+    load = Load()
+    phases: list[dict[str, object]] = []
+    try:
+        async with trio.open_nursery() as cluster:
+            cluster.start_soon(sts.kubelet)
+            await cluster.start(sts.service)
+            began = trio.current_time()
+            replicas = find(docs, "StatefulSet")["spec"]["replicas"]
+            for ordinal in range(replicas):  # Parallel: all at once
+                sts.create(ordinal)
+            await sts.wait_ready(range(replicas), 90)
+            phases.append({"phase": f"first start, {replicas} pods at once",
+                           "seconds": round(trio.current_time() - began, 1)})
+            stop_subscribers, stop_publishers = trio.Event(), trio.Event()
+            async with trio.open_nursery() as subs:
+                for sub in subscribers:
+                    subs.start_soon(subscriber, sub, stop_subscribers)
+                await trio.sleep(2)
+                async with trio.open_nursery() as clients:
+                    async with trio.open_nursery() as pubs:
+                        for n in range(2):
+                            client = await clients.start(publishing_client)
+                            for task in range(2):
+                                pubs.start_soon(publisher, client, f"p{n}{task}", load,
+                                                stop_publishers)
+                        await scenario(sts, phases)
+                        stop_publishers.set()
+                    clients.cancel_scope.cancel()
+                with trio.move_on_after(30):
+                    while not all(set(load.acked) <= {c for c, _, _ in s.received}
+                                  for s in subscribers):
+                        await trio.sleep(0.2)
+                stop_subscribers.set()
+            cluster.cancel_scope.cancel()
+    finally:
+        sts.stop_all()
+    return check(sts, subscribers, load, phases)
+
+
+def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
+          phases: list[dict[str, object]]) -> dict[str, object]:
+    violations = list(sts.events.violations)
+    if load.unknown:
+        violations.append(f"{len(load.unknown)} publish outcomes unknown: {load.unknown[:3]}")
+    if len(load.acked) < 100:
+        violations.append(f"only {len(load.acked)} publishes acknowledged")
+    moved = 0
+    for n, sub in enumerate(subscribers):
+        updates = [(c, p) for c, kind, p in sub.received if kind is not MessageType.SNAPSHOT]
+        contents = [c for c, _ in updates]
+        positions = [p for _, p in updates]
+        lost = set(load.acked) - set(contents)
+        if lost:
+            violations.append(f"subscriber {n}: {len(lost)} acknowledged publishes lost")
+        if len(contents) != len(set(contents)) or positions != sorted(positions):
+            violations.append(f"subscriber {n}: a duplicate or out-of-order delivery")
+        if NotificationStatus.DATA_RESYNC in sub.statuses:
+            violations.append(f"subscriber {n}: DATA_RESYNC")
+        if NotificationStatus.SERVER_DOWN in sub.statuses:
+            moved += 1
+            if NotificationStatus.DATA_SYNC not in sub.statuses:
+                violations.append(f"subscriber {n}: moved without DATA_SYNC")
+    return {
+        "violations": violations,
+        "phases": phases,
+        "acknowledged": len(load.acked),
+        "republished_after_refusal": load.republished,
+        "not_sent_no_member_ready": load.not_connected,
+        "failed": load.failed[:10],
+        "subscribers": len(subscribers),
+        "subscriber_moves": sum(s.statuses.count(NotificationStatus.SERVER_DOWN)
+                                for s in subscribers),
+        "subscribers_moved": moved,
+        "data_sync": sum(s.statuses.count(NotificationStatus.DATA_SYNC) for s in subscribers),
+        "data_resync": sum(s.statuses.count(NotificationStatus.DATA_RESYNC)
+                           for s in subscribers),
+        "events": sts.events.log,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="multiply the manifest's probe periods, preStop and grace")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    summary = trio.run(rehearse, args.out, args.time_scale)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k != "events"}, indent=2))
+    return 1 if summary["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
