@@ -53,7 +53,7 @@ class UpstreamLinks:
                 else:
                     member.upstream._on_op(link_.seed, op, self._tick())
             except LeaveUpstream:
-                if member.replica is not None and member.replica.needs_sync:
+                if self.shed_at_gap and member.replica is not None and member.replica.needs_sync:
                     self._fail_over(member, pick)
                 self._leave(member)
                 return

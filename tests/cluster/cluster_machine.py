@@ -95,6 +95,7 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
         self.subscribers: list[Subscriber] = []
         self.settle_at: dict[int, list[Barrier]] = {}  # barrier batch clsn -> barriers
         self.max_cached = 1000
+        self.shed_at_gap = True
         self.now = 0.0
 
     def _make_consumer(
@@ -104,9 +105,11 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
         consumer.coordinator = self.coordinator_class()
         return consumer
 
-    @initialize(max_cached=st.sampled_from([2, 1000]))
-    def start_cluster(self, max_cached: int) -> None:
-        self.max_cached = max_cached
+    @initialize(max_cached=st.sampled_from([2, 1000]), shed_at_gap=st.booleans())
+    def start_cluster(self, max_cached: int, shed_at_gap: bool = True) -> None:
+        """``shed_at_gap``: a member that finds a gap sends its clients away at once
+        (else they stay through the sync -- the product sheds them after 3 s)."""
+        self.max_cached, self.shed_at_gap = max_cached, shed_at_gap
         for member in self.members.values():
             self._start(member)
             if member.is_seed:
@@ -265,7 +268,8 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
     def _offer(self, member: Member, batch: CommittedBatch, pick: int) -> None:
         assert member.stream is not None
         if member.stream.on_committed(batch, self._tick()) is Offer.GAP:
-            self._fail_over(member, pick)  # the member sheds its clients (1013)
+            if self.shed_at_gap:
+                self._fail_over(member, pick)  # the member sheds its clients (1013)
             peer = choose([m for m in self._live(seeds=True) if m is not member], pick)
             if peer is not None:  # cluster/seed.py: it asks a peer seed at once
                 self._ask_for_sync(member, peer)

@@ -158,9 +158,9 @@ class RaftRules:
         if compacted:
             for seed in self._live(seeds=True):
                 self.raft.dump(seed.name)
-        live = self._live(seeds=True)
-        k = pick % len(live)
-        for seed in (live[k:] + live[:k])[survivors:]:
+        busy = {entry.via for entry in self.raft.in_flight}
+        live = sorted(self._live(seeds=True), key=lambda m: m.name not in busy)
+        for seed in live[survivors:]:  # a seed with entries in flight survives if one does
             self._crash(seed, pick)
         for entry in [e for e in self.raft.in_flight if not e.in_doubt]:
             if self.members[entry.via].live:

@@ -12,7 +12,7 @@ from cluster_machine import ClusterMachine
 from hypothesis import HealthCheck, settings
 
 ClusterMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=100,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
