@@ -36,7 +36,7 @@ from chaos.schedule import Fault, lag_and_down, member, non_seed_of
 if TYPE_CHECKING:
     from chaos.nemesis import Nemesis
 
-CLAIM_WAIT = 6.0  # seconds a scenario waits for its members to be free of other faults
+CLAIM_WAIT = 12.0  # seconds a scenario waits for its members to be free of other faults
 LEADER_WAIT = 3.0  # seconds it waits for a known Raft leader
 SYNC_WATCH = 15.0  # seconds sync-kill watches the restarted non-seed
 COMPACTION_WAIT = 20.0  # seconds all-seeds-restart waits for every seed's raft.dump

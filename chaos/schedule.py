@@ -9,8 +9,9 @@ Same seed, duration and layout -> the same schedule. Two kinds of faults:
   minority rule keeps away: a lagging follower when the leader dies, the leader
   killed while it sends a cache sync, loss of the seed majority, every seed killed
   and restarted after a Raft log compaction, a non-seed's upstream seed stopped. A
-  scenario's window (its duration plus :data:`SETTLE` s) is its own: no single fault
-  of a seed starts in it, nor one of the non-seed it uses.
+  scenario's window (:data:`LEAD` s before it, its duration and :data:`SETTLE` s
+  after) is its own: no single fault of a seed is active in it, nor one of the
+  non-seed it uses (so that restarts from earlier kills are over when it starts).
 
 Target ``"leader"`` is resolved when the fault is applied (the current Raft leader)
 and counts as a seed; ``"seeds"`` means several seeds, chosen when applied;
@@ -49,6 +50,7 @@ SCENARIO_EVERY = 20.0  # seconds between scenario starts (+- 3 s)
 FIRST_SCENARIO = 10.0
 EARLIEST = {"all-seeds-restart": 25.0}  # after the first Raft log compactions
 SETTLE = 4.0  # seconds after a scenario's planned end kept free of seed faults
+LEAD = 4.0  # seconds before a scenario by which single faults of its members have ended
 SCENARIOS_FROM = 30.0  # shorter runs (the checked fault-switch runs) have single faults only
 
 
@@ -165,6 +167,7 @@ def generate(
     bounded = 0
     while t < last and bounded < 10_000:
         bounded += 1
+        t = round(t, 3)  # the start as stored: the checks below see what the schedule says
         active = [f for f in out if f.at <= t < f.end or (f.duration == 0 and f.at == t)]
         busy = {f.target for f in active}
         seed_busy = sum(1 for f in active if touches_seeds(f, seeds))
@@ -179,7 +182,7 @@ def generate(
                 candidates.append("leader")
         candidates = [c for c in candidates if c not in busy]
         # scenario windows overlapping [t, t + length]: no seed, nor their non-seed
-        near = [s for s in big if s.at - 0.5 < t + length and t < s.end + SETTLE]
+        near = [s for s in big if s.at - LEAD < t + length and t < s.end + SETTLE]
         if seed_busy >= minority or "leader" in busy or near:
             candidates = [c for c in candidates if c != "leader" and index(c) >= seeds]
         candidates = [c for c in candidates if not any(c in s.detail + s.target for s in near)]

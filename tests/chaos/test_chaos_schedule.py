@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chaos.schedule import (
+    LEAD,
     SCENARIOS,
     SCENARIOS_FROM,
     SETTLE,
@@ -63,15 +64,16 @@ def test_single_faults_minority_of_seeds_and_one_fault_per_member(
 @pytest.mark.parametrize("seed", range(20))
 def test_a_scenario_window_is_its_own(seed: int, members: int, seeds: int) -> None:
     """No single fault of a seed (nor of the scenario's non-seed) overlaps a scenario
-    window (its duration plus SETTLE s), and scenarios never overlap each other."""
+    window (LEAD s before it, its duration, SETTLE s after), and scenarios never overlap
+    each other."""
     schedule = generate(seed, 300, members=members, seeds=seeds)
     big = [f for f in schedule if f.scenario]
     for s in big:
-        lo, hi = s.at, s.end + SETTLE
+        lo, hi = s.at - LEAD, s.end + SETTLE
         for g in schedule:
             if g is s or not (g.at < hi and lo < max(g.end, g.at + 0.001)):
                 continue
-            assert not g.scenario, (s, g)
+            assert not g.scenario or g.at < s.at - LEAD, (s, g)
             assert not touches_seeds(g, seeds), (s, g)
             if s.fault in ("sync-kill", "upstream-stop"):
                 assert g.target != f"migratory-{non_seed_of(s)}", (s, g)
