@@ -18,7 +18,7 @@ import trio
 from chaos.plan import PublisherPlan, SubscriberPlan
 from chaos.rawtrio import RawSession
 from chaos.schedule import member
-from chaos.workload import MAX_IN_FLIGHT, PUBLISH_TIMEOUT, Arrivals, Workload
+from chaos.workload import MAX_IN_FLIGHT, PUBLISH_TIMEOUT, Workload
 from migratory.model.message import Message, Qos
 from migratory.protocol import ops
 
@@ -33,7 +33,7 @@ def _port(url: str) -> int:
 class RawPublisher:
     def __init__(self, workload: Workload, spec: PublisherPlan) -> None:
         self.w, self.spec = workload, spec
-        self.arrivals = Arrivals(workload.seed, workload.plan, spec)
+        self.arrivals = workload.arrivals(spec)
         self.session: RawSession | None = None
         self.mname: str | None = None
         # closure -> (msg_id, subject, member, invoke time, deadline)
@@ -59,10 +59,8 @@ class RawPublisher:
 
     async def _arrivals(self) -> None:
         name, w = self.spec.name, self.w
-        next_at = trio.current_time()
         while w.publishing:
-            next_at += self.arrivals.gap()
-            await trio.sleep_until(next_at)
+            await trio.sleep_until(self.arrivals.due(trio.current_time()))
             msg_id, subject, content, fields, retained, guaranteed = self.arrivals.next()
             session, target = self.session, self.mname
             w.record_publish(name, "invoke", msg_id, subject, target)

@@ -321,6 +321,7 @@ class Runner:
             self.say(
                 f"publishes ok={stats['ok']} fail={stats['fail']} "
                 f"info={stats['info']} deliveries={stats['deliveries']} "
+                f"late={self.workload.late} "
                 f"leader={member(leader) if leader is not None else '?'} "
                 f"faulted={sorted(member(i) for i in self.nemesis.faulted)} "
                 f"cpu: runner {cpu['runner']:.0%} members {cpu['members']:.0%} "
@@ -368,6 +369,7 @@ class Runner:
             "subscribers": [s.name for s in self.plan.subscribers],
             "workload": asdict(self.plan),
             "cpu": self.cpu.totals(),
+            "arrivals_dropped_late": self.workload.late,
             "majority_loss": self.workload.majority_loss(self.nemesis.majority_lost),
             "schedule": [asdict(f) for f in self.schedule],
             "faults": {

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 PUBLISH_TIMEOUT = 5.0  # seconds a publisher waits for its status before "outcome unknown"
 MAX_IN_FLIGHT = 2_000  # publishes one publisher has sent and not heard back about
+LATE = 1.0  # s behind its schedule after which a publisher drops arrivals (counted)
 ACK_MARGIN = 0.1  # s: a publish invoked this long after a seed majority is lost cannot commit
 
 
@@ -35,14 +36,28 @@ def parse_id(content: bytes) -> str | None:
 
 
 class Arrivals:
-    """One publisher's seeded choices: when the next publish comes and what it is."""
+    """One publisher's seeded choices: when the next publish comes and what it is.
+
+    Open loop: arrival times are a Poisson process of their own; an arrival the
+    publisher reaches more than :data:`LATE` s after its time is dropped and counted in
+    ``late`` (the load generator could not keep up: a figure to watch, not a fault)."""
 
     def __init__(self, seed: int, plan: WorkloadPlan, publisher: PublisherPlan) -> None:
         self.rng = random.Random(f"{seed}-{publisher.name}")
+        self.times = random.Random(f"{seed}-{publisher.name}-times")
         self.plan, self.publisher, self.n = plan, publisher, 0
+        self.at: float | None = None
+        self.late = 0
 
-    def gap(self) -> float:
-        return self.rng.expovariate(self.publisher.rate)
+    def due(self, now: float) -> float:
+        """The (trio) time of the next arrival, at least ``now - LATE``."""
+        at = now if self.at is None else self.at
+        at += self.times.expovariate(self.publisher.rate)
+        while at < now - LATE:
+            self.late += 1
+            at += self.times.expovariate(self.publisher.rate)
+        self.at = at
+        return at
 
     def next(self) -> tuple[str, str, bytes, dict[str, str], bool, bool]:
         """(msg_id, subject, content, fields, retained, guaranteed qos)."""
@@ -81,7 +96,18 @@ class Workload:
         self.invoked: list[float] = []  # times of the invoke rows
         self.ack_times: list[tuple[float, float]] = []  # (invoke, ack) times of the ok rows
         self.publishing = True
+        self._arrivals: dict[str, Arrivals] = {}
         self.started: float | None = None  # trio time publishing started
+
+    def arrivals(self, spec: PublisherPlan) -> Arrivals:
+        """The publisher's arrivals, one for the whole run (a restarted publisher goes on
+        numbering its msg_ids where it stopped)."""
+        return self._arrivals.setdefault(spec.name, Arrivals(self.seed, self.plan, spec))
+
+    @property
+    def late(self) -> int:
+        """Arrivals dropped because a publisher was more than LATE s behind its schedule."""
+        return sum(a.late for a in self._arrivals.values())
 
     def member_of(self, url: str | None) -> str | None:
         return self.url_to_member.get(url or "", url)
@@ -197,7 +223,7 @@ class Workload:
     async def sdk_publisher(self, spec: PublisherPlan) -> None:
         import migratory_client as mc
 
-        arrivals = Arrivals(self.seed, self.plan, spec)
+        arrivals = self.arrivals(spec)
         policy = mc.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, connect_timeout=2.0)
         in_flight = [0]
 
@@ -249,10 +275,8 @@ class Workload:
                         self.say(f"publisher {spec.name}: {note.status} {where} {why}")
 
             nursery.start_soon(sessions)
-            next_at = trio.current_time()
             while self.publishing:
-                next_at += arrivals.gap()
-                await trio.sleep_until(next_at)
+                await trio.sleep_until(arrivals.due(trio.current_time()))
                 arrival = arrivals.next()
                 target = self.member_of(client.server)
                 self.record_publish(spec.name, "invoke", arrival[0], arrival[1], target)

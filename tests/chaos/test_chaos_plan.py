@@ -65,3 +65,24 @@ def test_small_plans_for_the_tests() -> None:
     )
     with pytest.raises(ValueError):
         plan_workload(1, members=3, subjects=0)
+
+
+def test_arrivals_keep_their_rate_and_drop_what_the_generator_is_late_for() -> None:
+    plan = plan_workload(2, members=5, rate=800)  # 100/s for each of the 8 publishers
+    arrivals = Arrivals(2, plan, plan.publishers[0])
+    now, times = 0.0, []
+    for _ in range(2000):  # a publisher that is always on time
+        now = arrivals.due(now)
+        times.append(now)
+    assert arrivals.late == 0
+    assert 18.0 < times[-1] < 22.0, "2,000 arrivals at 100/s take about 20 s"
+    stalled = times[-1] + 5.0  # the generator was stuck for 5 s
+    nxt = arrivals.due(stalled)
+    assert nxt >= stalled - 1.0
+    assert 300 < arrivals.late < 500, "about 4 s of arrivals dropped, the last 1 s kept"
+    fresh, timed = Arrivals(2, plan, plan.publishers[0]), Arrivals(2, plan, plan.publishers[0])
+    timed.due(0.0)
+    timed.due(100.0)  # late: arrivals dropped
+    assert [fresh.next() for _ in range(5)] == [timed.next() for _ in range(5)], (
+        "what is published does not depend on timing"
+    )
