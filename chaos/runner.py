@@ -93,6 +93,7 @@ class Runner:
             auditors=auditors,
         )
         self.cpu = CpuMeter()
+        self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
         self.run_id = f"chaos-{seed}-{int(time.time())}"
         if schedule is None:
             schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies)
@@ -266,6 +267,7 @@ class Runner:
                     task = workload.sdk_publisher if pub.kind == "sdk" else self.raw_publisher
                     work.start_soon(self.supervised, pub.name, task, pub)
                 work.start_soon(self.progress)
+                work.start_soon(self.loop_lag)
                 with trio.move_on_after(self.duration):
                     await self.nemesis.run(start)
                     await trio.sleep_forever()
@@ -310,6 +312,15 @@ class Runner:
                 self.say(f"{what} ended with {type(exc).__name__}: {exc}; restart #{attempt}")
                 await trio.sleep(0.5)
 
+    async def loop_lag(self) -> None:
+        """How late this runner's own event loop wakes up (a 50 ms sleep, measured):
+        ``lag`` is the worst since the last progress line. Late wake-ups with the runner's
+        CPU low mean the machine, not the runner, is the bottleneck."""
+        while True:
+            before = trio.current_time()
+            await trio.sleep(0.05)
+            self.lag = max(self.lag, trio.current_time() - before - 0.05)
+
     async def progress(self) -> None:
         while True:
             await trio.sleep(5)
@@ -321,12 +332,13 @@ class Runner:
             self.say(
                 f"publishes ok={stats['ok']} fail={stats['fail']} "
                 f"info={stats['info']} deliveries={stats['deliveries']} "
-                f"late={self.workload.late} "
+                f"late={self.workload.late} loop-lag={self.lag * 1000:.0f}ms "
                 f"leader={member(leader) if leader is not None else '?'} "
                 f"faulted={sorted(member(i) for i in self.nemesis.faulted)} "
                 f"cpu: runner {cpu['runner']:.0%} members {cpu['members']:.0%} "
                 f"machine {cpu['machine']:.0%} (of one core)"
             )
+            self.lag = 0.0
 
     def stop(self) -> None:
         """The final stop: crashes so far recorded, then every member ended by PID."""
