@@ -19,102 +19,28 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from migratory.config_values import (
+    ORDINAL,
+    _addresses,
+    _bool,
+    _choice,
+    _gc_thresholds,
+    _int,
+    _member_template,
+    _optional_address,
+    _optional_addresses,
+    _optional_count,
+    _seed_count,
+    _text,
+    parse_address,
+)
+
 ENV_PREFIX = "MIGRATORY_CFG_"
-ORDINAL = "{ordinal}"  # in ClusterMemberTemplate: a member's index in ClusterMembers
+
 
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the key and the source."""
-
-
-def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.replace("_", ""), 10)
-        except ValueError:
-            raise ValueError(f"expected a whole number{unit}, got {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            upper = "" if maximum is None else f" and <= {maximum}"
-            raise ValueError(f"must be >= {minimum}{upper}{unit}, got {value}")
-        return value
-
-    return parse
-
-
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "yes", "on", "1"):
-        return True
-    if lowered in ("false", "no", "off", "0"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        for choice in choices:
-            if text.lower() == choice.lower():
-                return choice
-        raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
-
-    return parse
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected host:port, got {text!r}")
-    port = _int(0, 65535)(port_text)
-    return host.strip("[]"), port
-
-
-def _addresses(text: str) -> tuple[tuple[str, int], ...]:
-    items = [item for item in (part.strip() for part in text.split(",")) if item]
-    if not items:
-        raise ValueError("expected at least one host:port")
-    return tuple(parse_address(item) for item in items)
-
-
-def _text(text: str) -> str:
-    return text
-
-
-def _optional_addresses(text: str) -> tuple[tuple[str, int], ...]:
-    return _addresses(text) if text.strip() else ()
-
-
-def _optional_address(text: str) -> tuple[str, int] | None:
-    return parse_address(text) if text.strip() else None
-
-
-def _member_template(text: str) -> str:
-    if not text:
-        return ""
-    if ORDINAL not in text:
-        raise ValueError(f"expected {ORDINAL} in the host:port template, got {text!r}")
-    parse_address(text.replace(ORDINAL, "0"))
-    return text
-
-
-def _optional_count(text: str) -> int:
-    return _int(1, unit=" of members")(text) if text.strip() else 0
-
-
-def _gc_thresholds(text: str) -> tuple[int, int, int]:
-    parts = [part.strip() for part in text.split(",")]
-    if len(parts) != 3:
-        raise ValueError(f"expected three whole numbers like 20000,20,20, got {text!r}")
-    first = _int(1)(parts[0])
-    return first, _int(1)(parts[1]), _int(1)(parts[2])
-
-
-def _seed_count(text: str) -> int:
-    if not text.strip():
-        return 0  # automatic: 3 for clusters of 3-4 members, 5 for 5 or more
-    value = _int(0)(text)
-    if value not in (3, 5):
-        raise ValueError(f"must be 3 or 5 (an odd quorum), got {value}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
