@@ -153,7 +153,23 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         self._next_digest = 0.0
         self._digest = ""
         self.status_snapshot = RaftStatus()
+        self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
         super().__init__(*args, consumers=[consumer], **kwargs)
+        self._func_names.update(self._SyncObj__currentVersionFuncNames)
+
+    def _getFuncName(self, funcName: Any) -> str:
+        """The versioned name of a replicated method, safe from any thread.
+
+        The trio thread submits (calls ``commit_batch``), which looks this up, while the
+        Raft thread may be loading a dump: pysyncobj then empties the table and refills
+        it, and a submit in between died with ``KeyError: (id, 'commit_batch')`` (the
+        chaos suite hit it). The names never change here (code version 0 only), so the
+        table taken at start-up answers while pysyncobj's is being rebuilt.
+        """
+        name = self._SyncObj__currentVersionFuncNames.get(funcName)
+        if name is None:
+            name = self._func_names[funcName]
+        return str(name)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         if not clearJournal:

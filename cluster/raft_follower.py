@@ -18,6 +18,16 @@ message. The chaos suite found exactly that (two messages at one position).
 - the commit index advances only up to the last entry this message vouched for, so
   an unverified tail is never applied.
 
+It handles the leader's dump (InstallSnapshot) too. pysyncobj 0.3.17 sends a dump as
+AppendEntries without ``prevLogIdx``, in parts (or, while the dump is being written, with
+``serialized: None``), and its follower moves the commit index to ``min(leader's commit,
+own log end)`` on *every* such message: a deposed leader whose log still ends in entries
+of its own term that never committed -- the usual reason it needs the dump -- applies
+them, and hands their positions to its clients, before the dump replaces them. The chaos
+suite found that (an acknowledged position later delivered with another message, right
+after a leader change). Here such a message vouches for no entry: the commit index moves
+only once the dump is loaded, to the dump's last entry, which the leader had committed.
+
 Every other message (votes, snapshots, commands, replies) goes to pysyncobj unchanged.
 The override reaches pysyncobj's private attributes by their mangled names, which is why
 the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
@@ -30,7 +40,7 @@ never replaced", has the argument with its tests), so neither pysyncobj's
 diverged" one can be logged:
 
 1. pysyncobj's own AppendEntries handling only ever sees messages of an older term
-   (ignored) and snapshot installs (nothing truncated);
+   (ignored); a dump replaces the whole state at once, with entries the leader committed;
 2. :meth:`FollowerSafeSyncObj._merge` removes entries only from the first index where
    the leader's entry has another term;
 3. :meth:`FollowerSafeSyncObj._advance_commit` moves the commit index only over entries
@@ -71,6 +81,7 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
     _SyncObj__transferInProgress: bool
     _SyncObj__leaderCommitIndex: int | None
     _SyncObj__recvTransmission: Any
+    _SyncObj__serializer: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         conf = kwargs.get("conf")
@@ -81,10 +92,12 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         if (
             message.get("type") == "append_entries"
-            and "prevLogIdx" in message
             and message["term"] >= self._SyncObj__raftCurrentTerm
         ):
-            self._append_entries(node, message)
+            if "prevLogIdx" in message:
+                self._append_entries(node, message)
+            else:
+                self._install_dump(node, message)
             return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
@@ -158,6 +171,20 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
         vouched = entries[-1][1] if entries else prev_idx
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
         self._advance_commit(message["commit_index"], vouched)
+
+    def _install_dump(self, node: Any, message: dict[str, Any]) -> None:
+        """A part of the leader's dump, or word that it is still being written.
+
+        Nothing this follower holds is vouched for until the whole dump is loaded; then
+        the log is the dump's last two entries, committed by the leader.
+        """
+        self._follow(node, message)
+        serialized = message.get("serialized")
+        if serialized is None or not self._SyncObj__serializer.setTransmissionData(serialized):
+            return
+        self._SyncObj__loadDumpFile(clearJournal=True)
+        self._SyncObj__sendNextNodeIdx(node, success=True)
+        self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
 
     def _merge(self, held: list[Any], entries: list[Any]) -> None:
         """Keep what matches, truncate at the first conflict, append the rest."""
