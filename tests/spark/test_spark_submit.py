@@ -2,7 +2,7 @@
 docs/chaos.md runs it on a Spark cluster: the project's code shipped as a zip with
 ``--py-files``, ``spark_analysis/__main__.py`` as the application, RUN_DIR a URI.
 
-Two separate spark-submit processes (each starts its own JVM): a clean history with
+Two spark-submit processes at once (each starts its own JVM): a clean history with
 spark-submit's master, and a planted crash with this program's ``--master``.
 """
 
@@ -36,7 +36,8 @@ def code_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def spark_submit(
     code_zip: Path, submit_args: list[str], app_args: list[str], cwd: Path
-) -> subprocess.CompletedProcess[str]:
+) -> subprocess.Popen[str]:
+    """Start one spark-submit (its own JVM); :func:`finished` waits for it."""
     env = dict(os.environ)
     env["PYSPARK_PYTHON"] = sys.executable  # the driver's Python (this venv: matplotlib)
     env["SPARK_CONF_DIR"] = str(ROOT / "spark_analysis" / "conf")  # quiet logs
@@ -45,39 +46,51 @@ def spark_submit(
     # (measured: 70 s -> 39 s of CPU per run); nothing the checker does depends on it
     args += ["--driver-java-options", "-XX:TieredStopAtLevel=1"]
     args += [str(ROOT / "spark_analysis" / "__main__.py"), *app_args]
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    print(done.stdout[-3000:], done.stderr[-3000:])
-    return done
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-def test_spark_submit_checks_a_history_uri_with_its_own_master(
-    code_zip: Path, tmp_path: Path
-) -> None:
-    uri = gen.generate(publishes=200).write(tmp_path / "run").as_uri()
-    report = tmp_path / "report"
-    done = spark_submit(
-        code_zip, ["--master", "local[1]"], [uri, "--out", str(report)], tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "OK: no safety violation" in done.stdout
-    summary = json.loads((report / "summary.json").read_text())
-    assert summary["ok"] is True
-    assert summary["spark"]["master"] == "local[1]"  # spark-submit's, not our default
-    assert summary["counts"]["publishes"]["ok"] == 200
-    assert "**PASS**" in (report / "report.md").read_text()
+def finished(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    print(stdout[-3000:], stderr[-3000:])
+    return proc.returncode, stdout, stderr
 
 
-def test_spark_submit_fails_on_a_planted_violation(code_zip: Path, tmp_path: Path) -> None:
+def test_spark_submit_checks_histories_with_either_master(code_zip: Path, tmp_path: Path) -> None:
+    """Both runs at once (two JVMs starting together cost far less wall time than one
+    after the other): a clean history given as a URI, checked on spark-submit's master;
+    a planted crash and lost message, checked on this program's ``--master``."""
+    clean_uri = gen.generate(publishes=200).write(tmp_path / "clean").as_uri()
+    clean_report = tmp_path / "clean-report"
     syn = gen.generate(publishes=200)
     gen.plant_crash(syn)
     gen.plant_lost(syn)
-    run_dir = syn.write(tmp_path / "run")
-    done = spark_submit(code_zip, [], [str(run_dir), "--master", "local[2]"], tmp_path)
-    assert done.returncode == 1, done.stderr[-2000:]
-    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    planted = syn.write(tmp_path / "planted")
+    clean = spark_submit(
+        code_zip, ["--master", "local[1]"], [clean_uri, "--out", str(clean_report)], tmp_path
+    )
+    failing = spark_submit(code_zip, [], [str(planted), "--master", "local[2]"], tmp_path)
+    clean_code, clean_out, clean_err = finished(clean)
+    failing_code, failing_out, failing_err = finished(failing)
+
+    assert clean_code == 0, clean_err[-2000:]
+    assert "OK: no safety violation" in clean_out
+    summary = json.loads((clean_report / "summary.json").read_text())
+    assert summary["ok"] is True
+    assert summary["spark"]["master"] == "local[1]"  # spark-submit's, not our default
+    assert summary["counts"]["publishes"]["ok"] == 200
+    assert "**PASS**" in (clean_report / "report.md").read_text()
+
+    assert failing_code == 1, failing_err[-2000:]
+    summary = json.loads((planted / "report" / "summary.json").read_text())
     assert summary["spark"]["master"] == "local[2]"  # --master of the checker wins
     assert summary["violations"]["members"] == {"unexpected_exits": 1}
     assert summary["violations"]["sdk"]["lost"] == 1
     assert "VIOLATIONS: {'sdk.lost': 1, 'sdk.holes': 1, 'members.unexpected_exits': 1}" in (
-        done.stdout
+        failing_out
     )
