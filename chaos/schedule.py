@@ -3,7 +3,7 @@
 Same seed, duration and layout -> the same schedule. Two kinds of faults:
 
 - **Single faults** (kill, pause, leave, delay, blackhole, partition, reset) of one
-  member, one every 0.3-1.0 s: a member has at most one at a time, and at most a
+  member, one every 0.25-0.85 s: a member has at most one at a time, and at most a
   minority of the seeds ((seeds - 1) // 2) is under one at once.
 - **Scenarios** (:data:`SCENARIOS`), one every ~20 s from 10 s on, aimed at what the
   minority rule keeps away: a lagging follower when the leader dies, the leader
@@ -197,7 +197,7 @@ def generate(
             elif kind == "partition":
                 detail = f"one-way {links}: into the target held, out of it flows"
             out.append(Fault(round(t, 3), kind, target, length, detail))
-        t += rng.uniform(0.3, 1.0)
+        t += rng.uniform(0.25, 0.85)
     return sorted(out + big, key=lambda f: f.at)
 
 
