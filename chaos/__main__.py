@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from chaos.schedule import Fault, generate, to_jsonl
+from migratory.server.faults import KINDS as FAULT_KINDS
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -43,6 +44,16 @@ def read_schedule(path: Path) -> list[Fault]:
         return [Fault(**json.loads(line)) for line in lines if line.strip()]
     except (OSError, ValueError, TypeError) as exc:
         raise SystemExit(f"--schedule {path}: {exc}") from exc
+
+
+def fault_kinds(text: str) -> str:
+    kinds = [k.strip() for k in text.split(",")]
+    bad = [k for k in kinds if k not in FAULT_KINDS]
+    if bad or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(
+            f"--fault takes distinct kinds among {', '.join(FAULT_KINDS)}, got {text!r}"
+        )
+    return ",".join(kinds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,9 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--fault",
-        choices=("drop", "duplicate", "reorder"),
-        help="server test fault switch: MIGRATORY_TEST_FAULT=KIND:20:a (the 20th message "
-        "fanned out to a raw auditor, on every member process)",
+        type=fault_kinds,
+        metavar="KIND[,KIND...]",
+        help="server test fault switch, KIND drop, duplicate or reorder: the 20th message "
+        "fanned out to a raw auditor, on every member process (MIGRATORY_TEST_FAULT="
+        "KIND:20:a); several kinds: kind i hits auditor a<i> (KIND:20:a0,KIND:20:a1,...)",
     )
     run.add_argument("--subjects", type=int, default=50)
     run.add_argument(

@@ -32,8 +32,19 @@ from chaos.workload import Workload
 from cluster.tooling import free_base_port
 
 # --fault: the server's test fault switch hits the 20th message fanned out to a raw
-# auditor (clients named a0, a1) in each member process; the SDK would repair it
+# auditor (clients named a0, a1) in each member process; the SDK would repair it.
+# Several kinds at once: kind i hits auditor a<i>.
 FAULT_AT = "20:a"
+
+
+def fault_switch(kinds: str | None) -> str | None:
+    """MIGRATORY_TEST_FAULT for ``--fault`` (one kind, or several comma-separated)."""
+    if not kinds:
+        return None
+    names = kinds.split(",")
+    if len(names) == 1:
+        return f"{kinds}:{FAULT_AT}"
+    return ",".join(f"{kind}:{FAULT_AT}{i}" for i, kind in enumerate(names))
 # Raft log compaction early and often (entries, seconds), so that a short run restarts
 # seeds that load a compacted log (pysyncobj compacts when either threshold is passed)
 COMPACTION = (2000, 10)
@@ -105,8 +116,11 @@ class Runner:
         self.base = base_port(members)
         env = os.environ.copy()
         env.pop("MIGRATORY_TEST_FAULT", None)
-        if fault:
-            env["MIGRATORY_TEST_FAULT"] = f"{fault}:{FAULT_AT}"
+        switch = fault_switch(fault)
+        if switch is not None:
+            if len(switch.split(",")) > auditors:
+                raise SystemExit(f"--fault {fault} needs one raw auditor per kind (--auditors)")
+            env["MIGRATORY_TEST_FAULT"] = switch
         self.members, self.proxy_of, self.client_urls = build_members(
             count=members,
             seeds=seeds,
@@ -375,7 +389,7 @@ class Runner:
             "seeds": self.seeds,
             "mode": "Guaranteed",
             "proxies": self.proxies,
-            "fault_switch": f"{self.fault}:{FAULT_AT}" if self.fault else None,
+            "fault_switch": fault_switch(self.fault),
             "subjects": list(self.plan.subjects),
             "publishers": [p.name for p in self.plan.publishers],
             "subscribers": [s.name for s in self.plan.subscribers],

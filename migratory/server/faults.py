@@ -6,8 +6,11 @@ server starts: ``KIND:N`` or ``KIND:N:PREFIX`` with KIND ``drop``, ``duplicate``
 ``reorder``. The fault hits one subscriber of the N-th message fanned out: the first
 one, or with PREFIX the first whose client name starts with PREFIX (then only messages
 fanned out to such a subscriber count). ``reorder`` holds that delivery back until
-the victim's next message of the same subject. No config key and no client operation
-can turn it on, and the server logs a warning at start when it is on.
+the victim's next message of the same subject. Several faults, comma-separated, each
+with its own PREFIX (``drop:20:a0,duplicate:20:a1``), act at once, each on the
+subscribers its prefix names (the first matching prefix takes a subscriber): one chaos
+run then plants every kind. No config key and no client operation can turn it on, and
+the server logs a warning at start when it is on.
 """
 
 from __future__ import annotations
@@ -41,10 +44,8 @@ class DeliveryFault:
     report: Callable[[str], None] = print  # the server passes a logger (this module is I/O-free)
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> DeliveryFault | None:
-        text = environ.get(ENV)
-        if not text:
-            return None
+    def parse(cls, text: str) -> DeliveryFault:
+        """One fault from ``KIND:N[:PREFIX]``; ValueError naming the variable otherwise."""
         kind, _, rest = text.partition(":")
         after, _, prefix = rest.partition(":")
         if kind not in KINDS or not after.isdigit() or int(after) < 1:
@@ -53,6 +54,23 @@ class DeliveryFault:
                 f":CLIENT_PREFIX, got {text!r}"
             )
         return cls(kind, int(after), prefix)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> DeliveryFault | DeliveryFaults | None:
+        """The switch ``MIGRATORY_TEST_FAULT`` asks for: None (off), one fault, or several."""
+        text = environ.get(ENV)
+        if not text:
+            return None
+        specs = text.split(",")
+        if len(specs) == 1:
+            return cls.parse(text)
+        faults = [cls.parse(spec) for spec in specs]
+        prefixes = [f.prefix for f in faults]
+        if "" in prefixes or len(set(prefixes)) != len(prefixes):
+            raise ValueError(
+                f"{ENV}: several faults need one distinct :CLIENT_PREFIX each, got {text!r}"
+            )
+        return DeliveryFaults(faults)
 
     def describe(self) -> str:
         whom = f" to a client named {self.prefix}*" if self.prefix else ""
@@ -95,3 +113,32 @@ class DeliveryFault:
             f"{client_name(victim) or '?'}"
         )
         return victim
+
+
+@dataclass(slots=True)
+class DeliveryFaults:
+    """Several faults at once, each on the subscribers its prefix names."""
+
+    faults: list[DeliveryFault]
+
+    @property
+    def report(self) -> Callable[[str], None]:
+        return self.faults[0].report
+
+    @report.setter
+    def report(self, report: Callable[[str], None]) -> None:
+        for fault in self.faults:
+            fault.report = report
+
+    def describe(self) -> str:
+        return "; ".join(fault.describe() for fault in self.faults)
+
+    def fan_out(self, frame: bytes, sinks: Iterable[Sink], subject: object = None) -> None:
+        rest = list(sinks)
+        for fault in self.faults:
+            mine = [s for s in rest if client_name(s).startswith(fault.prefix)]
+            if mine:
+                fault.fan_out(frame, mine, subject)
+                rest = [s for s in rest if not client_name(s).startswith(fault.prefix)]
+        for sink in rest:
+            sink.deliver(frame)

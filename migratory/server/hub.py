@@ -21,7 +21,7 @@ from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
 from migratory.protocol import ops
 from migratory.protocol.websocket import encode_binary
-from migratory.server.faults import DeliveryFault
+from migratory.server.faults import DeliveryFault, DeliveryFaults
 
 
 class Sink(Protocol):
@@ -91,7 +91,8 @@ class Hub:
         coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet."""
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
-        self.fault: DeliveryFault | None = None  # test-only, see migratory.server.faults
+        # test-only, see migratory.server.faults
+        self.fault: DeliveryFault | DeliveryFaults | None = None
         self._max_cached = max_cached_messages
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot

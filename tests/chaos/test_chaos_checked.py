@@ -1,12 +1,13 @@
 """Real chaos runs checked by the real Spark job.
 
 - A smoke run under the full nemesis must come out clean.
-- With the server's test-only fault switch on (``--fault``), the report must name exactly
-  the planted violation and nothing else: the raw auditors (which neither dedupe nor
-  repair) see it, the SDK subscribers (which do) stay clean.
-- A member that exits on its own in the middle of a run (a test-only ``sitecustomize``
-  in ``self_exit/``, triggered by the test) is recorded by the runner and reported as
-  ``unexpected_exits``.
+- One run plants every kind of violation at once, and the report must name exactly
+  those and nothing else, each where it was planted: the server's test-only fault
+  switch (``--fault drop,duplicate,reorder``) drops the 20th message fanned out to
+  raw auditor a0, duplicates a1's, reorders a2's (the raw auditors neither dedupe nor
+  repair; the SDK subscribers, which do, stay clean), and a member exits on its own in
+  the middle of the run (a test-only ``sitecustomize`` in ``self_exit/``, triggered by
+  the test): the runner records it, the report calls it ``unexpected_exits``.
 
 Each run is a subprocess that starts and stops its own member processes by PID.
 """
@@ -29,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE_SECONDS = 60
 FAULT_SECONDS = 20
 
-# what one planted fault must look like in the report (raw auditors only)
-EXPECTED = {
+# what each planted fault may look like in the report (raw auditors only); kind i hits
+# raw auditor a<i>
+PLANTED = {
     "drop": {"lost", "holes"},  # an acknowledged message missing: never delivered, a seq gap
     "duplicate": {"duplicates"},
     "reorder": {"reorders"},
@@ -60,9 +62,9 @@ def found(summary: dict[str, Any]) -> dict[str, dict[str, int]]:
     }
 
 
-def fault_lines(run_dir: Path) -> int:
+def fault_lines(run_dir: Path, kind: str) -> int:
     logs = (run_dir / "logs").glob("*.log")
-    return sum(log.read_text().count("TEST FAULT: ") for log in logs)
+    return sum(log.read_text().count(f"TEST FAULT: {kind} of message") for log in logs)
 
 
 @pytest.fixture(scope="module")
@@ -80,36 +82,6 @@ def test_smoke_run_under_every_kind_of_fault_is_clean(spark: Any, smoke_run: Pat
     nemesis = [json.loads(line) for line in (smoke_run / "history/nemesis.jsonl").open()]
     assert {"kill", "pause"} <= {n["fault"] for n in nemesis if n["phase"] == "start"}
     assert (smoke_run / "report" / "report.md").exists()
-
-
-@pytest.mark.parametrize("fault", sorted(EXPECTED))
-def test_the_report_names_exactly_the_planted_violation(
-    spark: Any, tmp_path: Path, fault: str, light_load: list[str]
-) -> None:
-    out = tmp_path / fault
-    chaos_run(out, 5, FAULT_SECONDS, "--fault", fault, *light_load)
-    code, summary = checked(spark, out)
-    violations = found(summary)
-    assert code == 1 and not summary["ok"]
-    assert violations["sdk"] == {}, summary["examples"]["sdk"]
-    assert violations["members"] == {}, summary["examples"]["members"]
-    if fault == "drop":  # holes always; lost unless every dropped publish went unacknowledged
-        assert "holes" in violations["raw"], summary["examples"]["raw"]
-        assert set(violations["raw"]) <= EXPECTED[fault], summary["examples"]["raw"]
-    else:
-        assert set(violations["raw"]) == EXPECTED[fault], summary["examples"]["raw"]
-    planted = fault_lines(out)  # one per member process that applied the switch
-    for name, count in violations["raw"].items():
-        assert 1 <= count <= planted, (name, count, planted)
-    if fault == "drop":
-        # each lost message is a hole: same subscriber and position. A dropped message
-        # whose publish had no acknowledgement (outcome unknown) is a hole only.
-        examples = summary["examples"]["raw"]
-        where = {
-            name: {(e["subscriber"], e["subject"], e["epoch"], e["seq"]) for e in examples[name]}
-            for name in ("lost", "holes")
-        }
-        assert where["lost"] <= where["holes"]
 
 
 def chaos_run_with_trigger(
@@ -152,20 +124,22 @@ def chaos_run_with_trigger(
     return output
 
 
-def test_a_member_that_exits_on_its_own_is_recorded_and_reported(
+def test_the_report_names_exactly_the_planted_violations(
     spark: Any, tmp_path: Path, light_load: list[str]
 ) -> None:
     """Non-seed migratory-3 ends itself (status 3) once the runner has printed its first
     progress line (5 s into the workload): at once if it runs then (seed 6: it does),
-    else as soon as it runs again."""
-    out, trigger = tmp_path / "crash", tmp_path / "self-exit"
+    else as soon as it runs again. Meanwhile every member process drops, duplicates and
+    reorders one message of raw auditors a0, a1 and a2 respectively."""
+    out, trigger = tmp_path / "planted", tmp_path / "self-exit"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "tests" / "chaos" / "self_exit"), env.get("PYTHONPATH", "")]
     )
     env["CHAOS_TEST_SELF_EXIT"] = f"migratory-3:3:{trigger}"
     output = chaos_run_with_trigger(
-        out, 6, 20, *light_load, env=env, when="publishes ok=", trigger=trigger
+        out, 6, FAULT_SECONDS, *light_load, "--auditors", str(len(PLANTED)),
+        "--fault", ",".join(PLANTED), env=env, when="publishes ok=", trigger=trigger,
     )
     assert Path(f"{trigger}.taken").exists(), "the member never exited"
     crashes = [json.loads(line) for line in (out / "history/crashes.jsonl").open()]
@@ -178,9 +152,29 @@ def test_a_member_that_exits_on_its_own_is_recorded_and_reported(
     # the runner's own kills and leaves are not crashes: this run had some
     nemesis = [json.loads(line) for line in (out / "history/nemesis.jsonl").open()]
     assert {n["fault"] for n in nemesis if n["phase"] == "start"} & {"kill", "leave"}
+
     code, summary = checked(spark, out)
+    violations = found(summary)
     assert code == 1 and not summary["ok"]
-    assert found(summary) == {"sdk": {}, "raw": {}, "members": {"unexpected_exits": 1}}
+    assert violations["sdk"] == {}, summary["examples"]["sdk"]
+    assert violations["members"] == {"unexpected_exits": 1}, summary["examples"]["members"]
     (example,) = summary["examples"]["members"]["unexpected_exits"]
     assert example["member"] == "migratory-3" and example["exit_status"] == 3
     assert "migratory-3 (pid" in (out / "report" / "report.md").read_text()
+
+    # each kind named, found on its own auditor only, and no more often than planted
+    raw, examples = violations["raw"], summary["examples"]["raw"]
+    assert {"holes", "duplicates", "reorders"} <= set(raw) <= set().union(*PLANTED.values()), raw
+    for i, (kind, names) in enumerate(PLANTED.items()):
+        planted = fault_lines(out, kind)  # one per member process that applied it
+        for name in names & set(raw):
+            assert 1 <= raw[name] <= planted, (kind, name, raw[name], planted)
+            assert {e["subscriber"] for e in examples[name]} == {f"a{i}"}, examples[name]
+    # each lost message is a hole: same subscriber and position. A dropped message whose
+    # publish had no acknowledgement (outcome unknown) is a hole only.
+    where = {
+        name: {(e["subscriber"], e["subject"], e["epoch"], e["seq"])
+               for e in examples.get(name, [])}
+        for name in ("lost", "holes")
+    }
+    assert where["lost"] <= where["holes"]

@@ -73,7 +73,30 @@ def test_a_client_name_prefix_picks_the_victim_and_what_counts() -> None:
     assert auditor.frames == [b"2"]
 
 
-@pytest.mark.parametrize("text", ["explode:1", "drop", "drop:0", "drop:x", "drop::a"])
+def test_several_faults_each_hit_the_subscribers_of_their_prefix() -> None:
+    faults = DeliveryFault.from_environment(
+        {"MIGRATORY_TEST_FAULT": "drop:2:a0,duplicate:2:a1,reorder:1:a2"}
+    )
+    assert faults is not None
+    sdk, a0, a1, a2 = Sink("s0"), Sink("a0"), Sink("a1"), Sink("a2")
+    for frame in (b"1", b"2", b"3"):
+        faults.fan_out(frame, [sdk, a0, a1, a2], "/a")
+    assert sdk.frames == [b"1", b"2", b"3"]
+    assert a0.frames == [b"1", b"3"]
+    assert a1.frames == [b"1", b"2", b"2", b"3"]
+    assert a2.frames == [b"2", b"1", b"3"]
+    assert faults.describe().count("TEST FAULT SWITCH ON") == 3
+
+
+@pytest.mark.parametrize("text", ["drop:2,duplicate:2", "drop:2:a,duplicate:2:a"])
+def test_several_faults_need_distinct_prefixes(text: str) -> None:
+    with pytest.raises(ValueError, match="distinct :CLIENT_PREFIX"):
+        DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": text})
+
+
+@pytest.mark.parametrize(
+    "text", ["explode:1", "drop", "drop:0", "drop:x", "drop::a", "drop:1:a,explode:1:b"]
+)
 def test_bad_switch_values_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="MIGRATORY_TEST_FAULT"):
         DeliveryFault.from_environment({"MIGRATORY_TEST_FAULT": text})
