@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from migratory.model.message import Message, Qos
 from migratory.model.subject import validate_subject
@@ -46,6 +46,7 @@ from migratory_client.session import (
     SessionEnd,
 )
 from migratory_client.subscription import Subscription
+from migratory_client.transport import run_connection
 
 __all__ = ["Client", "connect"]
 
@@ -256,23 +257,24 @@ class Client:
             await trio.sleep(delay)
 
     async def _attempt(self, server: ServerEntry) -> SessionEnd:
-        end: SessionEnd | None = None
+        async def serve(ws: WebSocketConnection) -> SessionEnd:
+            session_id = next(self._session_ids)
+            session = Session(ws, server.url, session_id, self._router, self._keepalive)
+            return await self._session(session)
+
         try:
-            async with open_websocket_url(
+            return await run_connection(
                 server.url,
+                serve,
                 subprotocols=[SUBPROTOCOL],
                 max_message_size=MAX_FRAME_BYTES,
-                receive_buffer_size=65536,
                 connect_timeout=self._policy.connect_timeout,
-                disconnect_timeout=1.0,
-            ) as ws:
-                session_id = next(self._session_ids)
-                session = Session(ws, server.url, session_id, self._router, self._keepalive)
-                end = await self._session(session)
+            )
+        except trio.TooSlowError:
+            reason = f"no WebSocket connection within {self._policy.connect_timeout} s"
+            return SessionEnd.by_client(f"cannot connect: {reason}")
         except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
-            if end is None:
-                end = SessionEnd.by_client(f"cannot connect: {exc.__cause__ or exc!r}")
-        return end if end is not None else SessionEnd.by_client("session ended")
+            return SessionEnd.by_client(f"cannot connect: {exc.__cause__ or exc!r}")
 
     async def _session(self, session: Session) -> SessionEnd:
         try:
