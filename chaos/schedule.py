@@ -152,13 +152,16 @@ def generate(
     proxies: bool = True,
     warmup: float = 2.0,
     cooldown: float = 1.5,
+    given_scenarios: list[Fault] | None = None,
 ) -> list[Fault]:
+    """The run's schedule: seeded scenarios (or ``given_scenarios``, a written list) and
+    the single faults around them."""
     rng = random.Random(seed)
     minority = (seeds - 1) // 2
     kinds = list(PROCESS_FAULTS) + (list(NONSEED_FAULTS) if members > seeds else [])
     kinds += list(PROXY_FAULTS) if proxies else []
     last = duration - cooldown
-    big = scenarios(
+    big = list(given_scenarios) if given_scenarios is not None else scenarios(
         random.Random(f"scenarios-{seed}"), duration,
         members=members, seeds=seeds, proxies=proxies, last=last,
     )

@@ -1,10 +1,11 @@
-"""Every nemesis scenario in one real run (a hand-written schedule, a light load): each
-does what it claims, as the nemesis and cluster tables show, and while the seed
-majority is lost no publish is acknowledged.
+"""Every nemesis scenario in one real run (a hand-written list of scenarios, the seeded
+single faults around them, a light load): each scenario does what it claims, as the
+nemesis and cluster tables show; while the seed majority is lost no publish is
+acknowledged; and the Spark checker finds the run clean (the smoke test of ``make
+test``: no safety violation, no member exit the runner did not cause).
 
-This checks the nemesis, not the cluster's safety (the Spark checker does that on the
-smoke run and ``make chaos``); a scenario that finds no Raft leader to aim at fails
-this test, with the member logs' tail in the message.
+A scenario that finds no Raft leader to aim at fails this test, with the member logs'
+tail in the message.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from chaos.schedule import Fault, to_jsonl
+from chaos.schedule import SCENARIOS, Fault, generate, to_jsonl
+from spark_analysis.__main__ import main as spark_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULE = [
@@ -31,6 +33,7 @@ SCHEDULE = [
     Fault(53.0, "all-seeds-restart", "seeds", 1.5, "every seed killed for 1.5s after compaction"),
 ]
 DURATION = 62
+SINGLES_SEED = 11  # the single faults: chaos.schedule.generate's, kept clear of the scenarios
 MARGIN = 0.1  # s: a publish invoked this long after the majority is lost cannot commit
 
 
@@ -42,7 +45,7 @@ def rows(run: Path, table: str) -> list[dict[str, Any]]:
 def run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -> Path:
     out = tmp_path_factory.mktemp("scenarios")
     schedule = out / "schedule-in.jsonl"
-    schedule.write_text(to_jsonl(SCHEDULE))
+    schedule.write_text(to_jsonl(generate(SINGLES_SEED, DURATION, given_scenarios=SCHEDULE)))
     args = [sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", str(DURATION),
             "--out", str(out / "run"), "--schedule", str(schedule), *light_load]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=DURATION + 200)
@@ -68,9 +71,25 @@ def why(run: Path) -> str:
 
 
 def test_run_applied_every_scenario(run: Path) -> None:
-    info = json.loads((run / "run.json").read_text())
-    assert info["faults"]["applied"] == len(SCHEDULE), (info["faults"], why(run))
-    assert info["faults"]["skipped"] == 0
+    faults = json.loads((run / "run.json").read_text())["faults"]
+    applied = {k: n for k, n in faults["applied_by_kind"].items() if k in SCENARIOS}
+    assert sum(applied.values()) == len(SCHEDULE), (faults, why(run))
+    assert not set(faults["skipped_by_kind"]) & set(SCENARIOS), faults
+    singles = {k: n for k, n in faults["applied_by_kind"].items() if k not in SCENARIOS}
+    assert {"kill", "pause"} <= set(singles), faults
+
+
+def test_the_run_is_clean(spark: Any, run: Path) -> None:
+    code = spark_check([str(run)], spark=spark)
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    violations = {
+        kind: {name: n for name, n in per.items() if n}
+        for kind, per in summary["violations"].items()
+    }
+    assert violations == {"sdk": {}, "raw": {}, "members": {}}, summary["examples"]
+    assert code == 0 and summary["ok"]
+    assert summary["counts"]["publishes"]["ok"] > 500
+    assert (run / "report" / "report.md").exists()
 
 
 def test_upstream_stop_stops_a_seed(run: Path) -> None:
