@@ -18,7 +18,7 @@ import trio
 from cluster import link
 from cluster.coordination import PublishRequest
 from cluster.link_io import LinkChannel, describe
-from cluster.stream import FOLLOWER_QUEUE, CommittedStream
+from cluster.stream import FOLLOWER_QUEUE, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
 
@@ -84,7 +84,7 @@ class PeerService:
             await channel.aclose()
 
     async def _serve(self, peer: str, channel: LinkChannel) -> None:
-        send, receive = trio.open_memory_channel[bytes](FOLLOWER_QUEUE)
+        send, receive = trio.open_memory_channel[Outbound](FOLLOWER_QUEUE)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, channel, receive, nursery.cancel_scope)
@@ -103,7 +103,7 @@ class PeerService:
     async def _write(
         self,
         channel: LinkChannel,
-        frames: trio.MemoryReceiveChannel[bytes],
+        frames: trio.MemoryReceiveChannel[Outbound],
         scope: trio.CancelScope,
     ) -> None:
         """Write queued frames; a heartbeat when none came for HEARTBEAT_SECONDS. Taking
@@ -111,15 +111,15 @@ class PeerService:
         try:
             async with frames:
                 while True:
-                    frame: bytes | None = None
+                    item: Outbound | None = None
                     with trio.move_on_after(HEARTBEAT_SECONDS):
-                        frame = await frames.receive()
-                    await channel.send_encoded(frame if frame is not None else
+                        item = await frames.receive()
+                    await channel.send_encoded(wire_bytes(item) if item is not None else
                                                self.stream.heartbeat())
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
 
-    def _on_op(self, peer: str, op: link.LinkOp, send: trio.MemorySendChannel[bytes]) -> None:
+    def _on_op(self, peer: str, op: link.LinkOp, send: trio.MemorySendChannel[Outbound]) -> None:
         if isinstance(op, link.Replicate):
             self.stream.follow(peer, op.from_clsn, op.full, send)
         elif isinstance(op, link.Forward):

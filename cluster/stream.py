@@ -2,8 +2,11 @@
 
 Every committed batch (from Raft on a seed, from its upstream seed on a non-seed) is
 applied here in CLSN order: to the replica (hub, fan-out), to the publishing
-acknowledgements, to a ring of recent batches, and -- encoded into one link frame
-shared by all of them -- to each follower (a non-seed replicating from this member).
+acknowledgements, to a ring of recent batches, and to each follower (a non-seed
+replicating from this member). A batch becomes one link frame the first time a
+follower's writer takes it, shared by every follower from then on; a member nobody
+follows (every seed of a cluster without non-seeds) never encodes one -- that was
+12-15 % of a seed's CPU under the throughput benchmark.
 
 A follower asks to be caught up from its own CLSN. It is never moved backwards:
 
@@ -36,9 +39,41 @@ from cluster.replica import Offer, Replica
 log = logging.getLogger("migratory.cluster")
 
 RING_BATCHES = 20_000
-"""Committed batches (encoded) kept to catch up a (re)joining non-seed."""
+"""Committed batches kept to catch up a (re)joining non-seed."""
 FOLLOWER_QUEUE = 50_000
 """Frames queued for one follower before it is dropped as too slow (it will resume)."""
+
+
+class BatchFrame:
+    """A committed batch, encoded into its link frame on first use and kept so."""
+
+    __slots__ = ("_frame", "batch")
+
+    def __init__(self, batch: CommittedBatch) -> None:
+        self.batch = batch
+        self._frame: bytes | None = None
+
+    @property
+    def clsn(self) -> int:
+        return self.batch.clsn
+
+    @property
+    def encoded(self) -> bool:
+        return self._frame is not None
+
+    def frame(self) -> bytes:
+        if self._frame is None:
+            self._frame = link.encode_frame(link.Batch(self.batch))
+        return self._frame
+
+
+Outbound = bytes | BatchFrame
+"""What a follower's queue holds: an encoded frame, or a batch encoded when written."""
+
+
+def wire_bytes(item: Outbound) -> bytes:
+    """The bytes to write for one queued item."""
+    return item.frame() if isinstance(item, BatchFrame) else item
 
 
 @dataclass(slots=True)
@@ -46,7 +81,7 @@ class Follower:
     """A non-seed replicating from this member."""
 
     name: str
-    queue: trio.MemorySendChannel[bytes]
+    queue: trio.MemorySendChannel[Outbound]
     after: int
     """It holds every batch up to here: only later ones are sent."""
     wants_sync: bool
@@ -63,7 +98,7 @@ class CommittedStream:
     ) -> None:
         self.publishing = publishing
         self.replica: Replica = publishing.replica
-        self.ring: deque[tuple[int, bytes]] = deque(maxlen=ring_size)
+        self.ring: deque[BatchFrame] = deque(maxlen=ring_size)
         self.followers: dict[str, Follower] = {}
         self.is_ready = is_ready
         """Whether this member's own state is current (a seed with a Raft leader,
@@ -76,14 +111,14 @@ class CommittedStream:
         offer = self.publishing.on_committed(batch, now)
         if offer is not Offer.APPLIED:
             return offer
-        frame = link.encode_frame(link.Batch(batch))
-        self.ring.append((batch.clsn, frame))
+        item = BatchFrame(batch)
+        self.ring.append(item)
         for follower in list(self.followers.values()):
             if follower.wants_sync:
                 self._try_sync(follower)
             elif batch.clsn > follower.after:
                 follower.after = batch.clsn
-                self._send(follower, frame)
+                self._send(follower, item)
         return offer
 
     def on_restore(self, sync: CacheSync, now: float) -> bool:
@@ -114,7 +149,7 @@ class CommittedStream:
     # --- followers ----------------------------------------------------------------
 
     def follow(
-        self, name: str, from_clsn: int, full: bool, queue: trio.MemorySendChannel[bytes]
+        self, name: str, from_clsn: int, full: bool, queue: trio.MemorySendChannel[Outbound]
     ) -> None:
         """``name`` replicates from here, holding every batch up to ``from_clsn``."""
         self.unfollow(name)
@@ -123,11 +158,11 @@ class CommittedStream:
         self.followers[name] = follower
         if full or from_clsn >= applied:
             how = "sync" if full else ("ahead: live only" if from_clsn > applied else "live")
-        elif self.ring and self.ring[0][0] <= from_clsn + 1:
+        elif self.ring and self.ring[0].clsn <= from_clsn + 1:
             how = "from the ring"
-            for clsn, frame in self.ring:
-                if clsn > from_clsn:
-                    self._send(follower, frame)
+            for item in self.ring:
+                if item.clsn > from_clsn:
+                    self._send(follower, item)
             follower.after = applied
         else:
             how = "sync (beyond the ring)"
@@ -189,9 +224,9 @@ class CommittedStream:
             return
         self._send(follower, frame)
 
-    def _send(self, follower: Follower, frame: bytes) -> None:
+    def _send(self, follower: Follower, item: Outbound) -> None:
         try:
-            follower.queue.send_nowait(frame)
+            follower.queue.send_nowait(item)
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             log.warning("replica %s too slow or gone; dropping its link (it will resume)",
                         follower.name)

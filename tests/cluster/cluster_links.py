@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from cluster import link
+from cluster.stream import Outbound
 from cluster.upstream import LeaveUpstream
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class UpstreamLinks:
         """A non-seed asks ``seed`` to replicate to it (cluster/upstream.py ``_follow``)."""
         assert member.upstream is not None and seed.stream is not None
         replicate = member.upstream.start_link(seed.name, self._tick())
-        send, receive = trio.open_memory_channel[bytes](self.follower_queue)
+        send, receive = trio.open_memory_channel[Outbound](self.follower_queue)
         contract = LinkContract(member.name, member.applied, self.max_cached)
         member.link = UpstreamLink(seed.name, send, receive, contract)
         seed.stream.follow(member.name, replicate.from_clsn, replicate.full, send)

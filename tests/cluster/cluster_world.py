@@ -22,7 +22,7 @@ from cluster import link
 from cluster.cache_sync import CacheSync, export_sync
 from cluster.coordination import CommittedBatch
 from cluster.replica import Replica
-from cluster.stream import CommittedStream
+from cluster.stream import CommittedStream, Outbound, wire_bytes
 from cluster.upstream import UpstreamReplication
 from migratory.model.message import Message
 from migratory.model.position import Position
@@ -51,8 +51,8 @@ class UpstreamLink:
     """A non-seed's link to its upstream seed: the frames the seed queued, read later."""
 
     seed: str
-    send: trio.MemorySendChannel[bytes]
-    receive: trio.MemoryReceiveChannel[bytes]
+    send: trio.MemorySendChannel[Outbound]
+    receive: trio.MemoryReceiveChannel[Outbound]
     contract: LinkContract
 
     def close(self) -> None:
@@ -201,7 +201,7 @@ def frames_of(link_: UpstreamLink, most: int) -> list[link.LinkOp | None]:
     out: list[link.LinkOp | None] = []
     for _ in range(most):
         try:
-            frame = link_.receive.receive_nowait()
+            frame = wire_bytes(link_.receive.receive_nowait())
         except trio.WouldBlock:
             break
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -32,7 +32,7 @@ from cluster.link_io import LinkChannel, connect
 from cluster.peers import HEARTBEAT_SECONDS, PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
-from cluster.stream import CommittedStream
+from cluster.stream import CommittedStream, Outbound, wire_bytes
 from cluster.upstream import UpstreamReplication
 from migratory.model.message import Message
 from migratory.server.hub import Hub
@@ -265,7 +265,7 @@ def committed(count: int) -> list[CommittedBatch]:
 
 
 Writer = Callable[
-    [PeerService, LinkChannel, trio.MemoryReceiveChannel[bytes], trio.CancelScope],
+    [PeerService, LinkChannel, trio.MemoryReceiveChannel[Outbound], trio.CancelScope],
     Awaitable[None],
 ]
 
@@ -273,7 +273,7 @@ Writer = Callable[
 async def planted_old_writer(
     service: PeerService,
     channel: LinkChannel,
-    frames: trio.MemoryReceiveChannel[bytes],
+    frames: trio.MemoryReceiveChannel[Outbound],
     scope: trio.CancelScope,
 ) -> None:
     """The writer before the fix: one deadline over taking a frame and writing it."""
@@ -281,7 +281,7 @@ async def planted_old_writer(
         while True:
             with trio.move_on_after(HEARTBEAT_SECONDS):
                 frame = await frames.receive()
-                await channel.send_encoded(frame)
+                await channel.send_encoded(wire_bytes(frame))
                 continue
             await channel.send_encoded(service.stream.heartbeat())
 
@@ -289,7 +289,7 @@ async def planted_old_writer(
 async def fixed_writer(
     service: PeerService,
     channel: LinkChannel,
-    frames: trio.MemoryReceiveChannel[bytes],
+    frames: trio.MemoryReceiveChannel[Outbound],
     scope: trio.CancelScope,
 ) -> None:
     await service._write(channel, frames, scope)
@@ -306,7 +306,7 @@ async def written_through(writer: Writer, count: int, tick: float) -> list[link.
         name="a:1", members=frozenset(), password=PASSWORD, stream=new_stream(),
         take_forward=None,
     )
-    send, receive = trio.open_memory_channel[bytes](count)
+    send, receive = trio.open_memory_channel[Outbound](count)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer, service, channel, receive, nursery.cancel_scope)
         for i, batch in enumerate(committed(count)):

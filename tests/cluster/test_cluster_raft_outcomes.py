@@ -9,7 +9,7 @@ from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
 from cluster.publishing import ClusterPublishing
 from cluster.raft_outcomes import barrier_committed, raft_failed
 from cluster.replica import Replica
-from cluster.stream import CommittedStream
+from cluster.stream import CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.hub import Hub
@@ -49,12 +49,12 @@ def test_a_definite_refusal_fails_the_publish_at_once() -> None:
 
 def test_a_definite_refusal_of_a_forward_goes_back_to_the_non_seed() -> None:
     stream, _, _ = seed_with_a_publish()
-    send, receive = trio.open_memory_channel[bytes](10)
+    send, receive = trio.open_memory_channel[Outbound](10)
     stream.follow("edge", 0, False, send)
     receive.receive_nowait()  # the heartbeat after the catch-up
     origins = [("edge#1", 7)]
     raft_failed(stream, origins, "MISSING_LEADER", unknown=False, reply_to="edge", now=1.0)
-    op = link.decode_op(receive.receive_nowait()[4:])
+    op = link.decode_op(wire_bytes(receive.receive_nowait())[4:])
     assert op == link.ForwardFailed((("edge#1", 7),), "MISSING_LEADER", False)
 
 

@@ -9,7 +9,7 @@ from cluster.cache_sync import CacheSync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
-from cluster.stream import CommittedStream
+from cluster.stream import CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.hub import Hub
@@ -33,14 +33,14 @@ def new_stream(*, ring_size: int = 100, ready: bool = True) -> CommittedStream:
 
 class Follower:
     def __init__(self, stream: CommittedStream, name: str, from_clsn: int, full: bool = False):
-        self.send, self.receive = trio.open_memory_channel[bytes](1000)
+        self.send, self.receive = trio.open_memory_channel[Outbound](1000)
         stream.follow(name, from_clsn, full, self.send)
 
     def ops(self) -> list[link.LinkOp]:
         out = []
         while True:
             try:
-                frame = self.receive.receive_nowait()
+                frame = wire_bytes(self.receive.receive_nowait())
             except trio.WouldBlock:
                 return out
             out.append(link.decode_op(frame[4:]))
@@ -133,7 +133,7 @@ def test_heartbeats_carry_readiness() -> None:
 def test_a_follower_too_slow_is_dropped_not_blocking() -> None:
     batches = committed(5)
     stream = fed(new_stream(), batches[:1])
-    send, _receive = trio.open_memory_channel[bytes](2)
+    send, _receive = trio.open_memory_channel[Outbound](2)
     stream.follow("slow", 1, False, send)  # heartbeat: 1 of 2
     fed(stream, batches[1:])
     assert "slow" not in stream.followers
@@ -145,8 +145,17 @@ def test_each_batch_is_encoded_once_for_every_follower() -> None:
     a, b = Follower(stream, "a", 1), Follower(stream, "b", 1)
     a.ops(), b.ops()
     stream.on_committed(batches[1], 0.0)
-    frame_a, frame_b = a.receive.receive_nowait(), b.receive.receive_nowait()
-    assert frame_a is frame_b
+    item_a, item_b = a.receive.receive_nowait(), b.receive.receive_nowait()
+    assert item_a is item_b
+    assert wire_bytes(item_a) is wire_bytes(item_b)
+
+
+def test_a_member_nobody_follows_never_encodes_a_batch() -> None:
+    stream = fed(new_stream(), committed(5))
+    assert len(stream.ring) == 5 and not any(item.encoded for item in stream.ring)
+    late = Follower(stream, "late", 2)  # catches up from the ring: 3, 4 and 5
+    assert late.batches() == [3, 4, 5]
+    assert [item.encoded for item in stream.ring] == [False, False, True, True, True]
 
 
 class Answers:
