@@ -18,6 +18,7 @@ from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory_client import (
     Client,
+    Keepalive,
     Notification,
     NotificationStatus,
     ReconnectPolicy,
@@ -29,13 +30,16 @@ FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 class Proxy:
-    """Forwards TCP connections to ``127.0.0.1:upstream``; can cut them and refuse new ones."""
+    """Forwards TCP connections to ``127.0.0.1:upstream``; can cut them, refuse new ones,
+    or hold them: forward nothing either way and close nothing (a network that dropped
+    the connection without telling either end)."""
 
     def __init__(self, upstream: int) -> None:
         self.upstream = upstream
         self.accepting = True
         self.port = 0
         self._streams: list[trio.SocketStream] = []
+        self._released: trio.Event | None = None
 
     async def start(self, nursery: trio.Nursery) -> Proxy:
         listeners = await nursery.start(
@@ -58,10 +62,19 @@ class Proxy:
             nursery.start_soon(self._pipe, downstream, upstream)
             nursery.start_soon(self._pipe, upstream, downstream)
 
-    @staticmethod
-    async def _pipe(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+    def hold(self) -> None:
+        self._released = trio.Event()
+
+    def release(self) -> None:
+        if self._released is not None:
+            self._released.set()
+            self._released = None
+
+    async def _pipe(self, source: trio.SocketStream, sink: trio.SocketStream) -> None:
         try:
             async for chunk in source:
+                while self._released is not None:
+                    await self._released.wait()
                 await sink.send_all(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -183,3 +196,39 @@ async def test_server_restart_resyncs_to_the_new_epoch(start_server: Callable[..
             MessageType.UPDATE,
         )
         assert new.epoch == resync.position.epoch
+
+
+@trio_test
+async def test_a_connection_that_goes_silent_ends_within_the_keepalive_and_resumes(
+    start_server: Callable[..., Any],
+) -> None:
+    keepalive = Keepalive(interval=0.2, timeout=0.3)
+    server = await trio.to_thread.run_sync(functools.partial(start_server, BatchTime="0"))
+    async with trio.open_nursery() as nursery:
+        proxy = await Proxy(server.port).start(nursery)
+        async with (
+            connect(
+                [proxy.url], reconnect=FAST, keepalive=keepalive, message_buffer=1
+            ) as subscriber,
+            connect([server.url], reconnect=FAST) as publisher,
+        ):
+            subscription = subscriber.subscribe("/e2e/d")
+            await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+            await publish(publisher, "/e2e/d", "1", "2", "3")  # the application reads nothing
+            await trio.sleep(0.1)
+            proxy.accepting = False
+            proxy.hold()
+            held_at = trio.current_time()
+            with trio.fail_after(3):
+                down = await wait_for(subscriber, NotificationStatus.SERVER_DOWN)
+            took = trio.current_time() - held_at
+            assert took < keepalive.interval + keepalive.timeout + 0.5, (took, down.reason)
+            missed = await publish(publisher, "/e2e/d", "4", "5")
+            proxy.release()
+            await proxy.cut()
+            proxy.accepting = True
+            got = await take(subscription, 5)
+            assert [m.content for m in got] == [b"1", b"2", b"3", b"4", b"5"]
+            assert [m.position for m in got[3:]] == missed
+            assert {m.type for m in got[1:]} == {MessageType.RECOVERED}
+        nursery.cancel_scope.cancel()

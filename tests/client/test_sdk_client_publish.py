@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from sdk_fake_server import FakeConnection, FakeServer, start_servers, trio_test, update
+from sdk_fake_server import FakeConnection, FakeServer, start_servers, trio_test
 
 from migratory.model.message import Qos
 from migratory.model.position import Position
@@ -151,25 +151,6 @@ async def test_publish_nowait_failures_arrive_as_notifications() -> None:
                 if note.status is NotificationStatus.MESSAGE_SIZE_LIMIT_EXCEEDED:
                     assert (note.subject, note.reason) == ("/a/b", "too big")
                     break
-        nursery.cancel_scope.cancel()
-
-
-@trio_test
-async def test_a_full_subscription_buffer_stops_reading_without_loss() -> None:
-    async with trio.open_nursery() as nursery:
-        (server,) = await start_servers(nursery)
-        async with connect([server.url], reconnect=FAST, message_buffer=2) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 0)
-            for seq in range(1, 51):
-                await conn.deliver(update("/a/b", seq))
-            await trio.sleep(0.05)  # the client waits for the application meanwhile
-            assert [m.seq for m in [await subscription.next_message() for _ in range(50)]] == list(
-                range(1, 51)
-            )
         nursery.cancel_scope.cancel()
 
 

@@ -11,8 +11,16 @@ from sdk_fake_server import trio_test
 from sdk_raw_peer import RawPeer, broken_frame
 
 from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory_client import Client, Notification, NotificationStatus, ReconnectPolicy, connect
+from migratory_client import (
+    Client,
+    Keepalive,
+    Notification,
+    NotificationStatus,
+    ReconnectPolicy,
+    connect,
+)
 
 FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
@@ -50,5 +58,69 @@ async def test_a_session_ended_while_frames_wait_unread_and_the_peer_reset_recon
                 second = await peer.accept()
                 await second.accept_session()
                 await next_note(client, NotificationStatus.SERVER_UP)
+    finally:
+        peer.close()
+
+
+async def silent_after_a_backlog(peer: RawPeer, messages: int, frames: int) -> float:
+    """Accept the session, answer the subscription with ``messages`` in ``frames`` frames,
+    then go silent (read nothing, answer nothing, close nothing); returns when."""
+    link = await peer.accept()
+    await link.accept_session()
+    subscribe = await link.expect(ops.Subscribe)
+    assert isinstance(subscribe, ops.Subscribe)
+    per_frame = messages // frames
+    batches = [
+        ops.Deliver(tuple(message("/a/b", s) for s in range(first, first + per_frame)))
+        for first in range(1, messages + 1, per_frame)
+    ]
+    allow = ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, "/a/b", Position(7, 0))
+    link.write(allow, *batches)
+    return trio.current_time()
+
+
+KEEPALIVE = Keepalive(interval=0.2, timeout=0.3)
+SLACK = 0.5  # scheduling on a busy machine
+
+
+@trio_test
+async def test_a_silent_connection_ends_the_session_while_the_application_does_not_read() -> None:
+    peer = RawPeer()
+    try:
+        async with connect(
+            [peer.url], reconnect=FAST, keepalive=KEEPALIVE, message_buffer=5
+        ) as client:
+            client.subscribe("/a/b")  # and never read
+            silent_since = await silent_after_a_backlog(peer, messages=50, frames=10)
+            with trio.fail_after(3):
+                down = await next_note(client, NotificationStatus.SERVER_DOWN)
+            took = trio.current_time() - silent_since
+            assert took < KEEPALIVE.interval + KEEPALIVE.timeout + SLACK, took
+            assert "no pong" in (down.reason or "")
+    finally:
+        peer.close()
+
+
+@trio_test
+async def test_a_silent_connection_ends_the_session_while_the_application_reads_slowly() -> None:
+    peer = RawPeer()
+    try:
+        async with (
+            connect([peer.url], reconnect=FAST, keepalive=KEEPALIVE, message_buffer=10) as client,
+            trio.open_nursery() as nursery,
+        ):
+            subscription = client.subscribe("/a/b")
+
+            async def slow_application() -> None:
+                async for _ in subscription:
+                    await trio.sleep(0.02)
+
+            nursery.start_soon(slow_application)
+            silent_since = await silent_after_a_backlog(peer, messages=200, frames=40)
+            with trio.fail_after(3):
+                await next_note(client, NotificationStatus.SERVER_DOWN)
+            took = trio.current_time() - silent_since
+            assert took < KEEPALIVE.interval + KEEPALIVE.timeout + SLACK, took
+            nursery.cancel_scope.cancel()
     finally:
         peer.close()

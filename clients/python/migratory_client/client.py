@@ -22,7 +22,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 from migratory.model.message import Message, Qos
 from migratory.model.subject import validate_subject
 from migratory.protocol import close_codes
-from migratory.protocol.ops import Connect, OperationError, Publish, Subscribe, Unsubscribe
+from migratory.protocol.ops import Connect, OperationError, Publish, Unsubscribe
 from migratory_client.backoff import Backoff, ReconnectPolicy
 from migratory_client.errors import (
     ClientClosedError,
@@ -35,7 +35,7 @@ from migratory_client.errors import (
 from migratory_client.events import Notification, NotificationStatus, PublishResult
 from migratory_client.notifications import NotificationQueue
 from migratory_client.resume import SubjectTracker
-from migratory_client.routing import PendingPublish, Router
+from migratory_client.routing import Outlet, PendingPublish, Router
 from migratory_client.servers import ServerEntry, choose_server, parse_servers
 from migratory_client.session import (
     MAX_FRAME_BYTES,
@@ -148,8 +148,11 @@ class Client:
         unique = tuple(dict.fromkeys(validate_subject(s) for s in subjects))
         send, receive = trio.open_memory_channel[Message](self._message_buffer)
         trackers = [SubjectTracker(s, history, conflation_ms) for s in unique]
-        self._router.add(trackers, send)
-        subscription = Subscription(unique, receive, self._unsubscribe, lambda: self._error)
+        outlet = Outlet(send)
+        self._router.add(trackers, outlet)
+        subscription = Subscription(
+            unique, receive, outlet, self._unsubscribe, self._resume, lambda: self._error
+        )
         if self._live is not None and self._nursery is not None:
             self._nursery.start_soon(self._send_subscribe, self._live, unique)
         return subscription
@@ -158,7 +161,16 @@ class Client:
         requests = self._router.requests_for(session.id, subjects)
         if requests and session.is_open:
             with contextlib.suppress(ConnectionClosed):  # else the next session does it
-                await session.send(Subscribe(tuple(requests)))
+                await session.subscribe(requests)
+
+    def _resume(self, outlet: Outlet) -> None:
+        """A paused subscription has room again: subscribe its subjects from their
+        positions, now or on the next session."""
+        if self._closed or self._error is not None:
+            return
+        subjects = self._router.resume(outlet)
+        if subjects and self._live is not None and self._nursery is not None:
+            self._nursery.start_soon(self._send_subscribe, self._live, subjects)
 
     async def _unsubscribe(self, subscription: Subscription) -> None:
         self._router.remove(subscription.subjects)
@@ -290,8 +302,7 @@ class Client:
         self._notifications.put(Notification(NotificationStatus.SERVER_UP, server=session.server))
         end = SessionEnd.by_client("session ended")
         try:
-            initial = Subscribe(tuple(requests)) if requests else None
-            end = await session.serve(initial)
+            end = await session.serve(requests)
         finally:
             self._set_live(None)
             self._router.session_lost(
@@ -349,7 +360,9 @@ async def connect(
     """Open a client; sessions are opened in the background (watch SERVER_UP).
 
     ``servers``: ``"WEIGHT URL"`` or ``"URL"`` (weight 100). ``message_buffer``: messages
-    buffered per subscription before the client stops reading the connection.
+    buffered per subscription; when it is full the subscription pauses (its subjects are
+    left at the server) until the application has taken half, then resumes from where the
+    buffered messages end.
     """
     client = Client(
         parse_servers(servers),

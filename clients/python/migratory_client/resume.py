@@ -14,6 +14,12 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
 * A message of another epoch starts a new lineage and is delivered.
 * ``snapshot`` and ``historical`` messages pass through untouched; their type tells
   the application what they are.
+* ``DATA_SYNC`` / ``DATA_RESYNC`` move ``position`` only when they answer the latest
+  request: the server answers the requests of one connection in order (each with one
+  ``SUBSCRIBE_ALLOW`` or ``SUBSCRIBE_DENY`` first), so while a later request is
+  unanswered, a status belongs to an earlier one, whose messages may have been dropped
+  since (a gap). After messages were skipped (a paused subscription), no status moves
+  ``position`` until a request sent since then is answered.
 """
 
 from __future__ import annotations
@@ -54,6 +60,13 @@ class SubjectTracker:
     """A resubscribe after a gap is under way; later gaps are expected, not new."""
     requested_in: int = -1
     """Id of the session on which this subject was last subscribed."""
+    answers_due: int = 0
+    """Requests sent on session ``due_in`` that the server has not answered yet."""
+    due_in: int = -1
+    skipping: bool = False
+    """Messages after ``position`` were dropped (its subscription paused): no status may
+    move ``position`` until the server answers a request sent since."""
+    asked_since_skip: bool = False
 
     @property
     def conflated(self) -> bool:
@@ -65,15 +78,32 @@ class SubjectTracker:
             return SubscriptionRequest(self.subject, None, self.history, self.conflation_ms)
         return SubscriptionRequest(self.subject, self.position, 0, self.conflation_ms)
 
-    def on_status(self, status: Status, position: Position | None) -> None:
-        """Apply a subject status from the server."""
+    def sent(self, session_id: int) -> None:
+        """A subscription request for this subject went out on session ``session_id``."""
+        if self.due_in != session_id:
+            self.due_in, self.answers_due = session_id, 0
+        self.answers_due += 1
+        self.asked_since_skip = self.skipping
+
+    def skip(self) -> None:
+        """Messages of this subject are being dropped from now on (a paused subscription)."""
+        self.skipping, self.asked_since_skip = True, False
+        self.recovering = False
+
+    def on_status(self, status: Status, position: Position | None, session_id: int = -1) -> None:
+        """Apply a subject status that arrived on session ``session_id``."""
+        awaited = self.due_in == session_id and self.answers_due > 0
+        if status in (Status.SUBSCRIBE_ALLOW, Status.SUBSCRIBE_DENY) and awaited:
+            self.answers_due -= 1
+            if self.answers_due == 0 and self.asked_since_skip:
+                self.skipping = self.asked_since_skip = False
         if status is Status.SUBSCRIBE_DENY:
             self.denied = True
         elif status is Status.SUBSCRIBE_ALLOW:
             self.denied = False
             if self.position is None:  # on a resume, recovered messages come next
                 self.position = position
-        elif status in (Status.DATA_SYNC, Status.DATA_RESYNC):
+        elif status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
             self.recovering = False
             if position is not None:
                 self._continue_from(position)

@@ -1,8 +1,18 @@
 """Where server operations go: subject trackers and subscriptions, publish waiters,
-notifications. Shared by every session of one client; survives reconnects."""
+notifications. Shared by every session of one client; survives reconnects.
+
+The router never waits for the application: a session's reader must keep reading,
+or it would not see the server's pongs, statuses and closes, and a connection that
+died silently would stay "alive" for as long as the application is slow. A message
+for a subscription whose buffer is full is not handed over; the subscription is
+paused instead (its subjects are left at the server, their positions stay where the
+application's messages end) and resumed from those positions once the application
+has taken half of the buffer: the messages come again as ``recovered``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -15,7 +25,7 @@ from migratory_client.events import Notification, NotificationStatus, PublishRes
 from migratory_client.notifications import NotificationQueue
 from migratory_client.resume import SubjectTracker, Verdict
 
-__all__ = ["PendingPublish", "Router"]
+__all__ = ["Outlet", "PendingPublish", "Reaction", "Router"]
 
 
 @dataclass(slots=True)
@@ -29,20 +39,40 @@ class PendingPublish:
     lost: str | None = None
 
 
+@dataclass(eq=False, slots=True)
+class Outlet:
+    """Where the messages of one subscription go: its bounded buffer."""
+
+    channel: trio.MemorySendChannel[Message]
+    paused: bool = False
+    """The buffer was full: the subscription's subjects are left at the server until the
+    application has taken half of it, then they resume from their positions."""
+
+    def full(self) -> bool:
+        stats = self.channel.statistics()
+        return stats.current_buffer_used >= stats.max_buffer_size
+
+
+@dataclass(frozen=True, slots=True)
+class Reaction:
+    """What the session must send after a batch of messages."""
+
+    resubscribe: tuple[SubscriptionRequest, ...] = ()
+    """Subjects with a gap, from their positions."""
+    pause: tuple[str, ...] = ()
+    """Subjects of subscriptions that were just paused (unsubscribe them)."""
+
+
 class Router:
     def __init__(self, notifications: NotificationQueue) -> None:
         self.notifications = notifications
         self.trackers: dict[str, SubjectTracker] = {}
         self.pending: dict[str, PendingPublish] = {}
-        self._outlets: dict[str, trio.MemorySendChannel[Message]] = {}
-        self.delivering = False
-        """True while waiting for the application to take a message (buffer full)."""
+        self._outlets: dict[str, Outlet] = {}
 
     # --- subscriptions -------------------------------------------------------
 
-    def add(
-        self, trackers: Sequence[SubjectTracker], outlet: trio.MemorySendChannel[Message]
-    ) -> None:
+    def add(self, trackers: Sequence[SubjectTracker], outlet: Outlet) -> None:
         taken = [t.subject for t in trackers if t.subject in self.trackers]
         if taken:
             raise ValueError(f"already subscribed: {', '.join(taken)}")
@@ -55,7 +85,7 @@ class Router:
             self.trackers.pop(subject, None)
             outlet = self._outlets.pop(subject, None)
             if outlet is not None:
-                outlet.close()
+                outlet.channel.close()
 
     def requests_for(
         self, session_id: int, subjects: Iterable[str] | None = None
@@ -64,7 +94,8 @@ class Router:
         chosen = self.trackers.values() if subjects is None else self._known(subjects)
         requests = []
         for tracker in chosen:
-            if tracker.requested_in != session_id and not tracker.denied:
+            paused = self._outlets[tracker.subject].paused
+            if tracker.requested_in != session_id and not tracker.denied and not paused:
                 tracker.requested_in = session_id
                 requests.append(tracker.request())
         return requests
@@ -72,39 +103,68 @@ class Router:
     def _known(self, subjects: Iterable[str]) -> list[SubjectTracker]:
         return [self.trackers[s] for s in subjects if s in self.trackers]
 
+    def sent(self, session_id: int, requests: Iterable[SubscriptionRequest]) -> None:
+        """These requests went out on session ``session_id`` (answers are now due)."""
+        for request in requests:
+            tracker = self.trackers.get(request.subject)
+            if tracker is not None:
+                tracker.sent(session_id)
+
+    def resume(self, outlet: Outlet) -> tuple[str, ...]:
+        """The application took half of a paused subscription's buffer: its subjects are
+        to be subscribed again from their positions (returned)."""
+        outlet.paused = False
+        subjects = self._subjects_of(outlet)
+        for subject in subjects:
+            tracker = self.trackers[subject]
+            tracker.recovering = True  # messages sent before the pause may still come
+            tracker.requested_in = -1
+        return subjects
+
+    def _pause(self, outlet: Outlet) -> tuple[str, ...]:
+        outlet.paused = True
+        subjects = self._subjects_of(outlet)
+        for subject in subjects:
+            tracker = self.trackers[subject]
+            tracker.skip()
+            tracker.requested_in = -1
+        return subjects
+
+    def _subjects_of(self, outlet: Outlet) -> tuple[str, ...]:
+        return tuple(s for s, o in self._outlets.items() if o is outlet)
+
     # --- server operations ----------------------------------------------------
 
-    async def on_messages(self, messages: Sequence[Message]) -> list[SubscriptionRequest]:
-        """Deliver what is new; return the resubscriptions that gaps call for."""
-        resubscribe: list[SubscriptionRequest] = []
+    def on_messages(self, messages: Sequence[Message]) -> Reaction:
+        """Hand over what is new, without waiting; say which subjects to resubscribe (a
+        gap) and which to unsubscribe (their subscription's buffer is full)."""
+        resubscribe: dict[str, SubscriptionRequest] = {}
+        pause: list[str] = []
         for message in messages:
             tracker = self.trackers.get(message.subject)
             if tracker is None:
                 continue  # unsubscribed meanwhile
+            outlet = self._outlets[message.subject]
+            if outlet.paused:
+                continue  # comes again, as recovered, when the subscription resumes
+            if outlet.full():
+                pause += self._pause(outlet)
+                continue
             verdict = tracker.on_message(message)
             if verdict is Verdict.DELIVER:
-                await self._hand_over(message)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    outlet.channel.send_nowait(message)  # room checked; gone: unsubscribed
             elif verdict is Verdict.GAP:
-                resubscribe.append(tracker.request())
-        return resubscribe
+                resubscribe[tracker.subject] = tracker.request()
+        for subject in pause:
+            resubscribe.pop(subject, None)
+        return Reaction(tuple(resubscribe.values()), tuple(pause))
 
-    async def _hand_over(self, message: Message) -> None:
-        outlet = self._outlets.get(message.subject)
-        if outlet is None:
-            return
-        self.delivering = True
-        try:
-            await outlet.send(message)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the application unsubscribed while we waited
-        finally:
-            self.delivering = False
-
-    def on_subject_status(self, op: SubjectStatus, server: str) -> None:
+    def on_subject_status(self, op: SubjectStatus, server: str, session_id: int = -1) -> None:
         tracker = self.trackers.get(op.subject)
         if tracker is None:
             return
-        tracker.on_status(op.status, op.position)
+        tracker.on_status(op.status, op.position, session_id)
         self.notifications.put(
             Notification(
                 NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
@@ -145,6 +205,6 @@ class Router:
         """The client ended: subscriptions drain then end (with ``error`` if any)."""
         self.session_lost("the client ended")
         for outlet in {id(o): o for o in self._outlets.values()}.values():
-            outlet.close()
+            outlet.channel.close()
         self._outlets.clear()
         self.notifications.close(error)

@@ -3,10 +3,16 @@
 The session reads server operations and hands them to the :class:`Router`, answers
 gaps with resubscriptions, and keeps the connection alive with protocol ``ping``s.
 Every way the session can end becomes a :class:`SessionEnd`, never an exception.
+
+The reader never waits for the application (the router pauses a subscription whose
+buffer is full instead), so a pong or a close always gets read: a connection that
+stops answering ends the session within the keepalive's ``interval + timeout`` (plus
+the time to read the frames already received), whatever the application is doing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
@@ -24,6 +30,8 @@ from migratory.protocol.ops import (
     PublishStatus,
     SubjectStatus,
     Subscribe,
+    SubscriptionRequest,
+    Unsubscribe,
     decode_server_op,
     encode_client_op,
 )
@@ -137,10 +145,15 @@ class Session:
             return op
         raise HandshakeFailed(f"no 'connected' within {timeout} s")
 
-    async def serve(self, initial: Subscribe | None) -> SessionEnd:
-        """Run until the connection is lost; returns why."""
+    async def subscribe(self, requests: Sequence[SubscriptionRequest]) -> None:
+        """Send subscription requests; raises trio_websocket.ConnectionClosed."""
+        await self.send(Subscribe(tuple(requests)))
+        self._router.sent(self.id, requests)
+
+    async def serve(self, requests: Sequence[SubscriptionRequest]) -> SessionEnd:
+        """Subscribe ``requests`` and run until the connection is lost; returns why."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read, initial, nursery.cancel_scope)
+            nursery.start_soon(self._read, requests, nursery.cancel_scope)
             nursery.start_soon(self._keep_alive, nursery.cancel_scope)
         assert self._end is not None
         return self._end
@@ -160,10 +173,12 @@ class Session:
             self._end = end
         scope.cancel()
 
-    async def _read(self, initial: Subscribe | None, scope: trio.CancelScope) -> None:
+    async def _read(
+        self, requests: Sequence[SubscriptionRequest], scope: trio.CancelScope
+    ) -> None:
         try:
-            if initial is not None:
-                await self.send(initial)
+            if requests:
+                await self.subscribe(requests)
             while True:
                 payload = await self.ws.get_message()
                 self.frames_read += 1
@@ -180,11 +195,13 @@ class Session:
             raise OperationError(close_codes.UNSUPPORTED_DATA, "text frame from the server")
         op = decode_server_op(payload)
         if isinstance(op, Deliver):
-            resubscribe = await self._router.on_messages(op.messages)
-            if resubscribe:
-                await self.send(Subscribe(tuple(resubscribe)))
+            reaction = self._router.on_messages(op.messages)
+            if reaction.pause:
+                await self.send(Unsubscribe(reaction.pause))
+            if reaction.resubscribe:
+                await self.subscribe(reaction.resubscribe)
         elif isinstance(op, SubjectStatus):
-            self._router.on_subject_status(op, self.server)
+            self._router.on_subject_status(op, self.server, self.id)
         elif isinstance(op, PublishStatus):
             self._router.on_publish_status(op, self.server)
         elif isinstance(op, Pong):
@@ -209,9 +226,9 @@ class Session:
             self._finish(SessionEnd.closed(exc), scope)
 
     async def _ping(self, timeout: float) -> bool:
-        """Whether the server is alive: it answered, or frames kept arriving, or the reader
-        is waiting on the application (then it cannot see the pong; the server judges
-        slow consumers)."""
+        """Whether the server is alive: it answered, or frames kept arriving (a large
+        answer ahead of the pong; the reader never waits for the application, so frames
+        stop soon after a connection dies: only what was already buffered is left)."""
         self._ping_id += 1
         await self.send(Ping(self._ping_id))
         while self._pong_id < self._ping_id:
@@ -220,6 +237,6 @@ class Session:
             with trio.move_on_after(timeout):
                 await self._pong.wait()
                 continue
-            if self.frames_read == frames_before and not self._router.delivering:
+            if self.frames_read == frames_before:
                 return False
         return True
