@@ -4,14 +4,23 @@ Every node is a real ``SyncObj`` (or :class:`~cluster.raft_follower.FollowerSafe
 with ``autoTick=False`` and its Raft log in a real file journal; only the network and
 the clock are simulated. A test decides when each node ticks, when time passes, which
 message is delivered next on which link, when a link breaks (a broken TCP connection
-loses what was in flight), and when a node crashes (as by SIGKILL: its journal stays)
-and restarts from its journal. Nothing runs in the background, so a schedule replays
+loses what was in flight), and when a node crashes (as by SIGKILL: its journal and its
+dump stay) and restarts from them. Nothing runs in the background, so a schedule replays
 exactly, and hypothesis can search and shrink schedules.
+
+With ``compaction_entries`` set, every node compacts its log as the seeds do, only
+sooner: once it holds more entries than that, it writes its state to its dump file
+(``useFork=False``: at the end of the tick, synchronously) and trims its journal at its
+next tick (a crash in between leaves both). A leader then sends its dump, in parts of
+``dump_part_bytes``, to a follower behind the start of its log, and the follower jumps
+to the dump's last entry (InstallSnapshot): the entries in between are never applied
+one by one there; the dump carries the state they made.
 
 :class:`RaftWorld` also records what the Raft safety argument is about: every entry a
 node has committed, every command a node has applied, every command acknowledged to
-its submitter, every entry a leader holds and sends, and every log line at WARNING or
-above; :meth:`RaftWorld.violations` lists what broke a safety property.
+its submitter, every entry a leader holds (in its log, or in its state once compacted)
+and sends, the state every loaded dump carries, and every log line at WARNING or above;
+:meth:`RaftWorld.violations` lists what broke a safety property.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any
 
 import pysyncobj.syncobj as syncobj_module
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.transport import Transport
 
 import cluster.raft_follower as raft_follower_module
@@ -46,12 +56,26 @@ class Clock:
 
 
 class Recorder(SyncObjConsumer):  # type: ignore[misc]
-    """The replicated state machine: remembers each command with its log index."""
+    """The replicated state machine: remembers each command with its log index.
 
-    def __init__(self, on_apply: Callable[[int, bytes], None]) -> None:
+    ``applied`` is the replicated state (in every dump); the callbacks, set before
+    ``SyncObjConsumer.__init__``, are not."""
+
+    def __init__(
+        self,
+        on_apply: Callable[[int, bytes], None],
+        on_restore: Callable[[list[tuple[int, bytes]]], None],
+    ) -> None:
         self._on_apply = on_apply
+        self._on_restore = on_restore
         super().__init__()
         self.applied: list[tuple[int, bytes]] = []
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        """A dump was loaded (the node's own at start-up, or its leader's): the state
+        jumped to the dump's, commands applied elsewhere included."""
+        super()._deserialize(data)
+        self._on_restore(list(self.applied))
 
     @replicated  # type: ignore[untyped-decorator]
     def put(self, value: bytes) -> int:
@@ -59,6 +83,16 @@ class Recorder(SyncObjConsumer):  # type: ignore[misc]
         self.applied.append((index, value))
         self._on_apply(index, value)
         return index
+
+
+def command_value(command: bytes) -> bytes | None:
+    """The value of a journal entry that calls ``Recorder.put``; None for pysyncobj's own
+    (no-op) entries."""
+    if command[0] != syncobj_module._COMMAND_TYPE.REGULAR:
+        return None
+    _, args = pysyncobj_pickle.loads(command[1:])[:2]
+    value: bytes = args[0]
+    return value
 
 
 class LogCapture(logging.Handler):
@@ -103,13 +137,18 @@ class RaftWorld:
         node_class: type[Any] = raft_follower_module.FollowerSafeSyncObj,
         batch_bytes: int = 2**16,
         seed: int = 0,
+        compaction_entries: int | None = None,
+        dump_part_bytes: int = 2**16,
     ) -> None:
-        """``seed`` seeds the election timeouts (pysyncobj draws them from ``random``)."""
+        """``seed`` seeds the election timeouts (pysyncobj draws them from ``random``);
+        ``compaction_entries`` (None: never) and ``dump_part_bytes``, see above."""
         self._random_state = random.getstate()
         random.seed(seed)
         self.addresses = [f"127.0.0.1:{i + 1}" for i in range(size)]
         self.node_class = node_class
         self.batch_bytes = batch_bytes
+        self.compaction_entries = compaction_entries
+        self.dump_part_bytes = dump_part_bytes
         self.clock = Clock()
         self._patches = [
             (syncobj_module, "monotonicTime", self.clock),
@@ -139,6 +178,8 @@ class RaftWorld:
         self.acknowledged: dict[bytes, int] = {}  # value -> index told to its submitter
         self.problems: list[str] = []
         self.sent_entries = 0
+        self.dump_parts_sent = 0
+        self.dumps_loaded = 0
         try:
             for address in self.addresses:
                 self.start(address)
@@ -160,11 +201,16 @@ class RaftWorld:
             commandsWaitLeader=True,
             appendEntriesBatchSizeBytes=self.batch_bytes,
             journalFile=str(self.dir / f"{address.replace(':', '_')}.journal"),
-            logCompactionMinEntries=10**9,
+            fullDumpFile=str(self.dir / f"{address.replace(':', '_')}.dump"),
+            logCompactionMinEntries=self.compaction_entries or 10**9,
             logCompactionMinTime=10**9,
+            logCompactionBatchSize=self.dump_part_bytes,
             useFork=False,
         )
-        recorder = Recorder(lambda index, value: self._applied(address, index, value))
+        recorder = Recorder(
+            lambda index, value: self._applied(address, index, value),
+            lambda applied: self._restored(address, applied),
+        )
         others = [a for a in self.addresses if a != address]
         node = self.node_class(
             address, others, conf=conf, consumers=[recorder],
@@ -258,6 +304,7 @@ class RaftWorld:
             return False
         if message.get("type") == "append_entries":
             self._check_sent(source, message)
+            self.dump_parts_sent += message.get("serialized") is not None
         queue.append(pickle.dumps(message))
         return True
 
@@ -315,6 +362,17 @@ class RaftWorld:
         told = self.acknowledged.get(value)
         self._expect(told in (None, index), f"{value!r} acknowledged at {told}, {address} "
                      f"applied it at {index}")
+        entry = self.committed.get(index)
+        self._expect(entry is None or command_value(entry[1]) == value,
+                     f"{address} applied {value!r} at {index}, committed there: {entry}")
+
+    def _restored(self, address: str, applied: list[tuple[int, bytes]]) -> None:
+        """``address`` loaded a dump: its state holds the commands applied up to the
+        dump's last entry, those it never applied itself included. Each must be the
+        one applied (and committed, and acknowledged) at its index everywhere."""
+        self.dumps_loaded += 1
+        for index, value in applied:
+            self._applied(address, index, value)
 
     def _check_node(self, address: str) -> None:
         """Record what ``address`` has committed; a leader's log must hold every entry
@@ -324,8 +382,12 @@ class RaftWorld:
             return
         log = {index: (term, command) for command, index, term in node._SyncObj__raftLog[:]}
         commit, term = node.raftCommitIndex, node.raftCurrentTerm
-        self._expect(node.raftLastApplied <= commit, f"{address} applied up to "
-                     f"{node.raftLastApplied} but its commit index fell to {commit}")
+        # A restarted node may apply further than the commit index it reloads (its dump
+        # is newer than the commit index in its journal's meta, which pysyncobj stores
+        # lazily); what must not happen is the commit index falling below what was applied
+        fell = commit < self.checked_commit[address]
+        self._expect(not fell or node.raftLastApplied <= commit, f"{address} applied up "
+                     f"to {node.raftLastApplied} but its commit index fell to {commit}")
         for index in range(self.checked_commit[address] + 1, commit + 1):
             if index not in log:
                 continue
@@ -336,12 +398,25 @@ class RaftWorld:
             self.commit_term[index] = min(self.commit_term.get(index, term), term)
         self.checked_commit[address] = max(self.checked_commit[address], commit)
         if node._SyncObj__raftState == LEADER_STATE:
-            for index, entry in self.committed.items():
-                if self.commit_term[index] <= term:
-                    self._expect(log.get(index) == entry,
-                                 f"leader {address} of term {term} holds {log.get(index)} at "
-                                 f"index {index}, committed by term {self.commit_term[index]}: "
-                                 f"{entry}")
+            self._check_leader(address, log)
+
+    def _check_leader(self, address: str, log: dict[int, tuple[int, bytes]]) -> None:
+        """A leader holds every entry committed in its term or before: in its log, or, below
+        the start of its compacted log, in the state it applied (its dump's)."""
+        node, first = self.nodes[address], min(log)
+        term, state = node.raftCurrentTerm, None
+        for index, entry in self.committed.items():
+            if self.commit_term[index] > term:
+                continue
+            if index >= first:
+                held: object = log.get(index)
+                ok = held == entry
+            else:
+                state = dict(self.recorders[address].applied) if state is None else state
+                held = f"{state.get(index)!r} in its state (applied up to {node.raftLastApplied})"
+                ok = index <= node.raftLastApplied and state.get(index) == command_value(entry[1])
+            self._expect(ok, f"leader {address} of term {term} holds {held} at index {index}, "
+                         f"committed by term {self.commit_term[index]}: {entry}")
 
     def _check_sent(self, source: str, message: dict[str, Any]) -> None:
         """No AppendEntries of a term at or after an entry's commit carries a different
