@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
 from cluster import dump_fork
 from cluster.cache_sync import CacheSync
@@ -170,41 +170,6 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         if name is None:
             name = self._func_names[funcName]
         return str(name)
-
-    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
-        if not clearJournal:
-            self._keep_journal_after_dump()
-        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-
-    def _keep_journal_after_dump(self) -> None:
-        """Start-up found a dump and a journal that still holds entries before it.
-
-        pysyncobj writes a compaction's dump, and only once it sees the dump written
-        does it drop the journal entries the dump replaces. A seed SIGKILLed in between
-        restarts with both; pysyncobj 0.3.17 then sees a journal that does not start at
-        the dump and *clears it*, dropping every entry after the dump too -- entries
-        this seed had acknowledged to the leader. When every seed is killed during a
-        compaction (they compact at about the same time), a committed publication is
-        lost and its position given to another message (the chaos suite saw exactly
-        that). Here the journal is trimmed to start at the dump, as a finished
-        compaction leaves it, so pysyncobj keeps the entries after it.
-        """
-        journal = self._SyncObj__raftLog
-        try:
-            data = self._SyncObj__serializer.deserialize()
-            before_last, last = data[2], data[1]
-            offset = before_last[1] - journal[0][1]
-        except Exception:  # no readable dump or empty journal: pysyncobj decides
-            return
-        if offset <= 0 or offset + 1 >= len(journal):
-            return
-        if journal[offset] == before_last and journal[offset + 1] == last:
-            log.warning(
-                "Raft: the journal still holds %d entries the dump at %d replaces "
-                "(stopped mid-compaction): dropping those, keeping the %d after it",
-                offset, last[1], len(journal) - offset - 2,
-            )
-            journal.deleteEntriesTo(offset)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         super()._onTick(timeToWait)

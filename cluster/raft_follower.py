@@ -28,6 +28,11 @@ suite found that (an acknowledged position later delivered with another message,
 after a leader change). Here such a message vouches for no entry: the commit index moves
 only once the dump is loaded, to the dump's last entry, which the leader had committed.
 
+At start-up it keeps the journal entries after its own dump (see
+:meth:`FollowerSafeSyncObj._keep_journal_after_dump`): pysyncobj 0.3.17 cleared the whole
+journal when a node had stopped between writing a compaction's dump and trimming its
+journal.
+
 Every other message (votes, snapshots, commands, replies) goes to pysyncobj unchanged.
 The override reaches pysyncobj's private attributes by their mangled names, which is why
 the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
@@ -72,7 +77,8 @@ log = logging.getLogger("migratory.raft")
 
 
 class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
-    """A ``SyncObj`` whose follower never drops entries it holds from the leader."""
+    """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
+    that never drops, at start-up, the entries its journal holds after its dump."""
 
     # pysyncobj's private state this class writes (annotations only, for mypy)
     _SyncObj__raftLeader: Any
@@ -88,6 +94,41 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
         if conf is not None and conf.dynamicMembershipChange:
             raise ValueError("FollowerSafeSyncObj does not support dynamicMembershipChange")
         super().__init__(*args, **kwargs)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        if not clearJournal:
+            self._keep_journal_after_dump()
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+    def _keep_journal_after_dump(self) -> None:
+        """Start-up found a dump and a journal that still holds entries before it.
+
+        pysyncobj writes a compaction's dump, and only once it sees the dump written
+        does it drop the journal entries the dump replaces. A node SIGKILLed in between
+        restarts with both; pysyncobj 0.3.17 then sees a journal that does not start at
+        the dump and *clears it*, dropping every entry after the dump too -- entries
+        this node had acknowledged to the leader. When every seed is killed during a
+        compaction (they compact at about the same time), a committed publication is
+        lost and its position given to another message (the chaos suite saw exactly
+        that). Here the journal is trimmed to start at the dump, as a finished
+        compaction leaves it, so pysyncobj keeps the entries after it.
+        """
+        journal = self._SyncObj__raftLog
+        try:
+            data = self._SyncObj__serializer.deserialize()
+            before_last, last = data[2], data[1]
+            offset = before_last[1] - journal[0][1]
+        except Exception:  # no readable dump or empty journal: pysyncobj decides
+            return
+        if offset <= 0 or offset + 1 >= len(journal):
+            return
+        if journal[offset] == before_last and journal[offset + 1] == last:
+            log.warning(
+                "Raft: the journal still holds %d entries the dump at %d replaces "
+                "(stopped mid-compaction): dropping those, keeping the %d after it",
+                offset, last[1], len(journal) - offset - 2,
+            )
+            journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         if (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pysyncobj import SyncObj
+
 from cluster.raft_follower import FollowerSafeSyncObj
 
 
@@ -31,3 +33,20 @@ class VotesForAnyLog(FollowerSafeSyncObj):  # type: ignore[misc]
         if message.get("type") == "request_vote":
             message = {**message, "last_log_term": 10**9, "last_log_index": 10**9}
         super()._SyncObj__onMessageReceived(node, message)
+
+
+class CommitsOnEveryDumpPart(FollowerSafeSyncObj):  # type: ignore[misc]
+    """pysyncobj 0.3.17's own handling of the leader's dump, as before commit 94114b5:
+    every dump message (each part, or ``serialized: None``) moves the commit index to
+    ``min(leader's commit, own log end)``, over a deposed leader's uncommitted tail."""
+
+    def _install_dump(self, node: Any, message: dict[str, Any]) -> None:
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+
+class ClearsJournalAfterDump(FollowerSafeSyncObj):  # type: ignore[misc]
+    """pysyncobj 0.3.17's own start-up: a node stopped between writing a compaction's dump
+    and trimming its journal clears the whole journal, entries after the dump too."""
+
+    def _keep_journal_after_dump(self) -> None:
+        pass

@@ -16,6 +16,12 @@ next tick (a crash in between leaves both). A leader then sends its dump, in par
 to the dump's last entry (InstallSnapshot): the entries in between are never applied
 one by one there; the dump carries the state they made.
 
+Sending costs time there (``send_seconds`` per message, on the one clock): pysyncobj's
+leader keeps sending to a follower until ``appendEntriesPeriod`` has passed, and while its
+dump is being written (until its next tick here) it tells a follower that needs it so,
+``serialized: None``, again and again: with a clock that never moved, that loop would
+never end.
+
 :class:`RaftWorld` also records what the Raft safety argument is about: every entry a
 node has committed, every command a node has applied, every command acknowledged to
 its submitter, every entry a leader holds (in its log, or in its state once compacted)
@@ -139,9 +145,13 @@ class RaftWorld:
         seed: int = 0,
         compaction_entries: int | None = None,
         dump_part_bytes: int = 2**16,
+        send_seconds: float = 0.0,
     ) -> None:
         """``seed`` seeds the election timeouts (pysyncobj draws them from ``random``);
-        ``compaction_entries`` (None: never) and ``dump_part_bytes``, see above."""
+        ``compaction_entries`` (None: never), ``dump_part_bytes`` and ``send_seconds``
+        (which compaction needs), see above."""
+        if compaction_entries is not None and send_seconds <= 0:
+            raise ValueError("with compaction, sending must cost time (send_seconds)")
         self._random_state = random.getstate()
         random.seed(seed)
         self.addresses = [f"127.0.0.1:{i + 1}" for i in range(size)]
@@ -149,6 +159,7 @@ class RaftWorld:
         self.batch_bytes = batch_bytes
         self.compaction_entries = compaction_entries
         self.dump_part_bytes = dump_part_bytes
+        self.send_seconds = send_seconds
         self.clock = Clock()
         self._patches = [
             (syncobj_module, "monotonicTime", self.clock),
@@ -179,7 +190,9 @@ class RaftWorld:
         self.problems: list[str] = []
         self.sent_entries = 0
         self.dump_parts_sent = 0
-        self.dumps_loaded = 0
+        self.dumps_installed = 0  # a leader's, loaded by a follower
+        self.dumps_reloaded = 0  # a node's own, at start-up
+        self._receiving: str | None = None  # the node handling a message
         try:
             for address in self.addresses:
                 self.start(address)
@@ -299,6 +312,7 @@ class RaftWorld:
             self._connect(a, b)
 
     def send(self, source: str, target: str, message: Any) -> bool:
+        self.clock.now += self.send_seconds
         queue = self.queues.get((source, target))
         if queue is None:
             return False
@@ -309,20 +323,23 @@ class RaftWorld:
         return True
 
     def deliver(self, source: str, target: str, count: int = 1) -> int:
-        """Deliver up to ``count`` messages in order from source to target."""
+        """Deliver up to ``count`` messages in order from source to target (the target
+        is checked after each: what one message does may be undone by the next)."""
         done = 0
         queue = self.queues.get((source, target))
         while queue and done < count:
             message = pickle.loads(queue.popleft())
             transport = self.nodes[target]._SyncObj__transport
+            self._receiving = target
             try:
                 transport._onMessageReceived(transport.peers[source], message)
             except Exception:  # as pysyncobj's tick thread: log it and carry on
                 logging.getLogger("pysyncobj.syncobj").exception(
                     "failed _onTick in _autoTickThread"
                 )
+            finally:
+                self._receiving = None
             done += 1
-        if done:
             self._check_node(target)
         return done
 
@@ -370,7 +387,10 @@ class RaftWorld:
         """``address`` loaded a dump: its state holds the commands applied up to the
         dump's last entry, those it never applied itself included. Each must be the
         one applied (and committed, and acknowledged) at its index everywhere."""
-        self.dumps_loaded += 1
+        if self._receiving == address:
+            self.dumps_installed += 1
+        else:
+            self.dumps_reloaded += 1
         for index, value in applied:
             self._applied(address, index, value)
 

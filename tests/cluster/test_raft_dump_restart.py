@@ -6,6 +6,12 @@ starts before it; pysyncobj 0.3.17 then cleared the whole journal, entries after
 dump included (committed ones this seed had acknowledged). Here the crash window is
 made permanent by never trimming (so the test is deterministic), then the seed
 restarts: every batch must come back.
+
+The same window on simulated nodes (:mod:`raft_sim`, with compaction): a follower that
+has acknowledged two entries writes its dump and is killed before its next tick; once
+the leader is gone too, the safety checks see what pysyncobj's start-up does (a leader
+without two committed entries, an acknowledged command lost) and that
+:class:`~cluster.raft_follower.FollowerSafeSyncObj` keeps them.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from raft_planted import ClearsJournalAfterDump
+from raft_sim import RaftWorld
 
 from cluster.coordination import CommittedBatch
 from cluster.raft import RaftCoordination, RaftTimings
+from cluster.raft_follower import FollowerSafeSyncObj
 
 
 def free_port() -> int:
@@ -93,3 +103,56 @@ def test_entries_after_the_dump_survive_a_stop_mid_compaction(
         assert clsn == total, f"restarted at clsn {clsn}, committed {total}: entries lost"
     else:
         assert clsn < total, "pysyncobj changed: it kept the entries after the dump"
+
+
+def killed_after_its_dump(node_class: type[Any]) -> RaftWorld:
+    """Leader A and follower B commit c1, c2, then e1, e2 (C is cut off from A); B applies
+    c1, c2 and writes its dump there, holding e1, e2 after it, and is killed before its
+    next tick trims its journal; B restarts, then A dies: B and C elect a leader."""
+    world = RaftWorld(3, node_class=node_class, compaction_entries=2, send_seconds=0.001,
+                      seed=1)
+    for _ in range(20):
+        world.step(0.05)
+    a = world.leader()
+    assert a is not None
+    b, c = [address for address in world.addresses if address != a]
+    world.cut(a, c)
+    for values in ((b"c1", b"c2"), (b"e1", b"e2")):
+        for value in values:
+            world.submit(a, value)
+        world.tick(a)  # appended and sent to B
+        world.deliver(a, b, 99)
+        world.deliver(b, a, 99)
+        world.tick(a)  # committed by A and B; B learns of c1, c2's commit with e1, e2
+    assert set(world.acknowledged) == {b"c1", b"c2", b"e1", b"e2"}
+    world.tick(b)  # applies c1, c2; writes its dump at c2 (it trims at its next tick)
+    assert (world.dir / f"{b.replace(':', '_')}.dump").exists()
+    held = [index for _, index, _ in world.nodes[b]._SyncObj__raftLog[:]]
+    assert held[0] < world.acknowledged[b"c1"]  # not trimmed yet
+    assert held[-2:] == [world.acknowledged[b"e1"], world.acknowledged[b"e2"]]
+    world.crash(b)
+    world.restart(b)
+    world.crash(a)
+    for _ in range(40):
+        world.step(0.05)
+    return world
+
+
+@pytest.mark.parametrize(
+    ("node_class", "safe"),
+    [(FollowerSafeSyncObj, True), (ClearsJournalAfterDump, False)],
+    ids=["ours", "pysyncobj"],
+)
+def test_a_node_killed_after_its_dump_keeps_what_it_acknowledged(
+    node_class: type[Any], safe: bool
+) -> None:
+    world = killed_after_its_dump(node_class)
+    try:
+        if safe:
+            assert world.violations() == []
+            assert world.leader() is not None
+            assert world.converged()
+        else:  # the planted start-up: the safety checks must see the loss
+            assert any("committed by term" in line for line in world.violations())
+    finally:
+        world.close()
