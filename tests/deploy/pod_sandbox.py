@@ -43,6 +43,12 @@ class PodProcess:
         hosts: str,
         held: bool = False,
     ) -> None:
+        hidden = [m for m in view.scratch_mounts if bin_dir.is_relative_to(m)]
+        if hidden:
+            raise RuntimeError(
+                f"the pod's emptyDir at {hidden[0]} would hide {bin_dir} (the command's "
+                f"virtual environment): run the tests from a checkout outside {hidden[0]}"
+            )
         self.view = view
         self.pod_dir = pod_dir
         self.log_path = pod_dir / "container.log"
