@@ -138,6 +138,7 @@ class RaftStatus:
     clsn: int = 0
     digest: str = ""
     at: float = 0.0
+    linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
 
     @property
     def has_leader(self) -> bool:
@@ -197,6 +198,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             clsn=coordinator.clsn,
             digest=self._digest,
             at=now,
+            linked=tuple(sorted(str(n.id) for n in self.otherNodes if self.isNodeConnected(n))),
         )
 
 
@@ -338,6 +340,7 @@ class RaftCoordination:
             "raft_ready": snap.ready,
             "clsn": snap.clsn,
             "coordinator_digest": snap.digest,
+            "raft_linked_seeds": list(snap.linked),
         }
 
     def close(self) -> None:
