@@ -38,6 +38,7 @@ from cluster import dump_fork
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, Qos
 
@@ -272,7 +273,8 @@ class RaftCoordination:
             connectionRetryTime=timings.reconnect,
             # a restarted pod comes back with a new IP under the same name: pysyncobj's
             # default (600 s) kept dialling the old one, and a seed restarted after two
-            # others stayed cut off (tests/deploy/rehearsal.py found it)
+            # others stayed cut off (tests/deploy/rehearsal.py found it); a dial that
+            # gets no answer ends after connectionTimeout (cluster/raft_transport.py)
             dnsCacheTime=DNS_CACHE_SECONDS,
             dnsFailCacheTime=DNS_CACHE_SECONDS,
             appendEntriesUseBatch=timings.use_batch,
@@ -285,7 +287,9 @@ class RaftCoordination:
             **_journal_files(data_dir),
         )
         self.address = me
-        self.syncobj = _SeedSyncObj(me, others, conf=conf, consumer=self.consumer)
+        self.syncobj = _SeedSyncObj(
+            me, others, conf=conf, consumer=self.consumer, transportClass=SeedLinkTransport
+        )
         # pysyncobj's tick thread stops for good, silently, once the thread that built
         # the SyncObj has ended (it takes that one for the "main thread"). This is built
         # in a trio worker thread, which trio ends after ~10 s idle: point it at the

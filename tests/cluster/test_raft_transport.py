@@ -1,0 +1,120 @@
+"""A seed's name moves to a new address while a dial to the old one gets no answer.
+
+The StatefulSet case (cluster/raft_transport.py): a seed pod is recreated under the
+same name with a new IP, and the seed dialling it has a dial to the old IP pending that
+nobody answers. Here on loopback: the "old pod" is a listener whose accept queue is
+full (Linux then drops the SYN without answering, as for a vanished pod's IP), the
+"new pod" a real pysyncobj node on another loopback address, and the name resolves to
+one, then the other. pysyncobj is ticked by the test (``autoTick=False``), no threads;
+each node binds its own loopback address (pysyncobj binds 0.0.0.0 otherwise).
+
+These pin pysyncobj 0.3.17's unlimited wait (so a version that changes it shows up
+here) and show that :class:`cluster.raft_transport.SeedLinkTransport` links up.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf, dns_resolver
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
+
+from cluster.raft_transport import SeedLinkTransport
+
+OLD_IP, NEW_IP, DIALLER_IP = "127.0.0.3", "127.0.0.4", "127.0.0.2"
+SEED_A, SEED_B = "seed-a.test", "seed-b.test"  # B > A: B dials A (pysyncobj's rule)
+CONNECTION_TIMEOUT = 1.0
+
+
+class Names:
+    """The names the test's "cluster DNS" resolves, changed as a pod is recreated."""
+
+    def __init__(self) -> None:
+        self.records = {SEED_A: OLD_IP, SEED_B: DIALLER_IP}
+
+
+@pytest.fixture
+def names(monkeypatch: pytest.MonkeyPatch) -> Names:
+    names = Names()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return real(names.records.get(host, host), port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(dns_resolver, "_g_resolver", None)  # nothing cached by another test
+    return names
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on OLD_IP that never answers a SYN: its accept queue is full."""
+    with socket.socket() as listener:
+        listener.bind((OLD_IP, 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection((OLD_IP, port)):  # fills the queue
+            yield port
+
+
+def conf(**extra: object) -> SyncObjConf:
+    return SyncObjConf(
+        password="x", autoTick=False, raftMinTimeout=0.15, raftMaxTimeout=0.3,
+        appendEntriesPeriod=0.04, connectionTimeout=CONNECTION_TIMEOUT,
+        connectionRetryTime=0.3, dnsCacheTime=1.0, dnsFailCacheTime=1.0,
+        maxBindRetries=3, bindRetryTime=0.1, **extra,  # a taken port fails, never spins
+    )
+
+
+def link_to_recreated_seed(port: int, names: Names, transport: type, wait: float
+                           ) -> tuple[float | None, int]:
+    """Seed B dials seed A at its old address; A is recreated at a new one. Returns the
+    seconds until B has a link to A (``None`` if not within ``wait``) and the state of
+    B's connection to A then."""
+    dialler = SyncObj(f"{SEED_B}:{port}", [f"{SEED_A}:{port}"],
+                      conf=conf(bindAddress=f"{DIALLER_IP}:{port}"), transportClass=transport)
+    seed_a = None
+    try:
+        began = time.monotonic()
+        while time.monotonic() < began + 0.5:  # B dials A at the old IP
+            dialler.doTick(0.01)
+        node = next(iter(dialler.otherNodes))
+        connection = dialler._SyncObj__transport._connections[node]
+        assert connection.state == CONNECTION_STATE.CONNECTING
+        names.records[SEED_A] = NEW_IP  # the pod is recreated, at a new IP
+        seed_a = SyncObj(f"{SEED_A}:{port}", [f"{SEED_B}:{port}"],
+                         conf=conf(bindAddress=f"{NEW_IP}:{port}"))
+        recreated = time.monotonic()
+        while time.monotonic() < recreated + wait:
+            dialler.doTick(0.005)
+            seed_a.doTick(0.005)
+            if dialler.isNodeConnected(node):
+                return time.monotonic() - recreated, connection.state
+        return None, dialler._SyncObj__transport._connections[node].state
+    finally:
+        for syncobj in (dialler, seed_a):
+            if syncobj is not None:
+                syncobj.destroy()
+
+
+def test_pysyncobj_waits_on_an_unanswered_dial_without_limit(
+    names: Names, silent_port: int
+) -> None:
+    linked, state = link_to_recreated_seed(silent_port, names, TCPTransport,
+                                           wait=4 * CONNECTION_TIMEOUT)
+    assert linked is None and state == CONNECTION_STATE.CONNECTING, (
+        "pysyncobj changed: it now ends a dial nobody answers; revisit "
+        "cluster/raft_transport.py"
+    )
+
+
+def test_seed_link_transport_dials_the_new_address_in_seconds(
+    names: Names, silent_port: int
+) -> None:
+    linked, _ = link_to_recreated_seed(silent_port, names, SeedLinkTransport,
+                                       wait=4 * CONNECTION_TIMEOUT)
+    assert linked is not None and linked < 3 * CONNECTION_TIMEOUT
