@@ -298,7 +298,9 @@ def raft_sockets(pod: Pod) -> str:
          "( sport = :9801 or dport = :9801 )"],
         capture_output=True, text=True, timeout=10,
     )
-    return " | ".join(" ".join(line.split()[3:5]) for line in result.stdout.splitlines())
+    # state, local address, peer address: a dial nobody answers shows as SYN-SENT
+    return " | ".join(" ".join([line.split()[0], *line.split()[3:5]])
+                      for line in result.stdout.splitlines())
 
 
 def _wait(process: subprocess.Popen[bytes], timeout: float) -> int | None:

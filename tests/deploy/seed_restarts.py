@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import trio
-from k8s_local import LocalStatefulSet, http_body
+from k8s_local import LocalStatefulSet, http_body, raft_sockets
 from k8s_manifests import documents, find
 
 PATIENCE = 40.0
@@ -54,6 +54,8 @@ async def wait_linked(sts: LocalStatefulSet, seeds: list[int], patience: float) 
                 return round(trio.current_time() - began, 1)
             await trio.sleep(0.2)
     sts.events.note(f"seeds not linked after {patience} s: {await linked_seeds(sts, seeds)}")
+    for pod in sts.pods.values():
+        sts.events.note(f"{pod.name} at {pod.ip}, Raft connections: {raft_sockets(pod)}")
     return None
 
 
