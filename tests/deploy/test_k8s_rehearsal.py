@@ -16,13 +16,6 @@ TIME_SCALE = "0.5"  # the manifest's probe periods, preStop sleep and grace peri
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="when the rolling restart recreates the last seed (every seed back with a new IP) "
-    "Raft stays leaderless for 30-70 s or more: the dialling seeds hold established sockets "
-    "to the old pods' IPs; members cut off that long close clients with 1013 and publish "
-    "outcomes are left unknown (deploy/k8s/README.md): reported to the lead",
-)
 def test_statefulset_rehearsal_under_load(tmp_path: Path) -> None:
     assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
     result = subprocess.run(
