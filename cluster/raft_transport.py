@@ -16,13 +16,15 @@ leader until a SYN timed out.
 :class:`SeedLinkTransport` abandons a connection attempt that has not completed within
 the configured ``connectionTimeout`` (the time pysyncobj already allows a silent
 established link); pysyncobj then dials again at once, resolving the name again
-(``dnsCacheTime``), and reaches the new pod. tests/cluster/test_raft_transport.py pins
-pysyncobj's unlimited wait and shows this transport's limit.
+(``dnsCacheTime``), and reaches the new pod. A dial the kernel has already completed
+is left alone even when the Raft thread comes to it late. tests/cluster/
+test_raft_transport.py pins pysyncobj's unlimited wait and shows this transport's limit.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 from typing import Any
 
 from pysyncobj.monotonic import monotonic
@@ -51,7 +53,19 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
             if connection.state != CONNECTION_STATE.CONNECTING:
                 continue
             dialled = self._lastConnectAttempt.get(node)
-            if dialled is not None and now - dialled > limit:
-                log.debug("Raft: %s did not answer in %.1f s: dialling again", node, limit)
-                # pysyncobj's disconnect handler dials again at once, with a fresh lookup
-                connection.disconnect()
+            if dialled is None or now - dialled <= limit or _answered(connection):
+                continue
+            log.debug("Raft: %s did not answer in %.1f s: dialling again", node, limit)
+            # pysyncobj's disconnect handler dials again at once, with a fresh lookup
+            connection.disconnect()
+
+
+def _answered(connection: Any) -> bool:
+    """The kernel has finished the dial (connected or refused) and pysyncobj's poller
+    has not handled it yet (a Raft thread kept off the CPU): leave it to the poller."""
+    fileno = connection.fileno()
+    if fileno is None:
+        return False
+    poller = select.poll()
+    poller.register(fileno, select.POLLOUT)
+    return bool(poller.poll(0))

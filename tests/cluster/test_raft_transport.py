@@ -118,3 +118,31 @@ def test_seed_link_transport_dials_the_new_address_in_seconds(
     linked, _ = link_to_recreated_seed(silent_port, names, SeedLinkTransport,
                                        wait=4 * CONNECTION_TIMEOUT)
     assert linked is not None and linked < 3 * CONNECTION_TIMEOUT
+
+
+def test_a_dial_the_kernel_completed_is_left_to_pysyncobj(names: Names) -> None:
+    """A Raft thread kept off the CPU longer than the limit: the dial has been answered
+    but pysyncobj's poller has not seen it yet. That dial is not abandoned."""
+    with socket.socket() as listener:
+        listener.bind((NEW_IP, 0))
+        listener.listen(5)
+        port = int(listener.getsockname()[1])
+        names.records[SEED_A] = NEW_IP
+        dialler = SyncObj(f"{SEED_B}:{port}", [f"{SEED_A}:{port}"],
+                          conf=conf(bindAddress=f"{DIALLER_IP}:{port}"),
+                          transportClass=SeedLinkTransport)
+        try:
+            transport = dialler._SyncObj__transport
+            node = next(iter(dialler.otherNodes))
+            transport._connectIfNecessary()  # dials, as a tick does before it polls
+            connection = transport._connections[node]
+            dialled = transport._lastConnectAttempt[node]
+            assert connection.state == CONNECTION_STATE.CONNECTING
+            time.sleep(CONNECTION_TIMEOUT + 0.2)  # no tick: the poller never ran
+            transport.abandon_stalled_dials(time.monotonic())
+            assert transport._lastConnectAttempt[node] == dialled  # not dialled again
+            assert connection.state == CONNECTION_STATE.CONNECTING
+            dialler.doTick(0.1)
+            assert connection.state == CONNECTION_STATE.CONNECTED
+        finally:
+            dialler.destroy()
