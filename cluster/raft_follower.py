@@ -88,11 +88,15 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
     _SyncObj__leaderCommitIndex: int | None
     _SyncObj__recvTransmission: Any
     _SyncObj__serializer: Any
+    _SyncObj__raftLog: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         conf = kwargs.get("conf")
         if conf is not None and conf.dynamicMembershipChange:
             raise ValueError("FollowerSafeSyncObj does not support dynamicMembershipChange")
+        # (term, index): in this leader's term, the leader must go back to this index at
+        # least; set before SyncObj.__init__ so that dumps never carry it
+        self._catch_up_floor: tuple[int, int] | None = None
         super().__init__(*args, **kwargs)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
@@ -203,15 +207,50 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
         prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
         held = self._SyncObj__getEntries(prev_idx)
         if not held:
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
+            back = self._go_back(message["term"], self._SyncObj__getCurrentLogIndex() + 1)
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, success=False, reset=True)
             return
         if held[0][2] != prev_term:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx, success=False, reset=True)
+            back = self._go_back(message["term"], self._first_of_term(prev_idx, held[0][2]))
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, success=False, reset=True)
             return
         self._merge(held[1:], entries)
         vouched = entries[-1][1] if entries else prev_idx
+        floor = self._catch_up_floor
+        if floor is not None and (floor[0] != message["term"] or floor[1] <= vouched):
+            self._catch_up_floor = None  # the log matches the leader's past the floor
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
         self._advance_commit(message["commit_index"], vouched)
+
+    def _first_of_term(self, index: int, term: int) -> int:
+        """The first index of the run of ``term`` entries that ends at ``index`` (not
+        below the commit index + 1: committed entries are the leader's too)."""
+        journal = self._SyncObj__raftLog
+        first_held = journal[0][1]
+        lowest = max(first_held + 1, self._SyncObj__raftCommitIndex + 1)
+        first = index
+        while first > lowest and journal[first - 1 - first_held][2] == term:
+            first -= 1
+        return first
+
+    def _go_back(self, term: int, hint: int) -> int:
+        """Where the leader should resend from after a mismatch: ``hint``, never above
+        an earlier mismatch of this leader's term.
+
+        pysyncobj's leader sends everything from ``nextIndex`` on in several messages
+        when it is large, and takes each failure's answer as the new ``nextIndex``: the
+        *last* answer of a round wins. A follower answering each message on its own (as
+        pysyncobj's does) sent it back up past the conflict every round -- a livelock
+        in which a deposed leader never caught up and, with a third seed down, nothing
+        committed until the leader compacted its log (up to 120 s;
+        ``tests/cluster/test_raft_catch_up.py``). A run of entries of one conflicting term
+        is skipped at once (Raft's usual optimisation) instead of one index per round.
+        """
+        floor = self._catch_up_floor
+        if floor is not None and floor[0] == term:
+            hint = min(hint, floor[1])
+        self._catch_up_floor = (term, hint)
+        return hint
 
     def _install_dump(self, node: Any, message: dict[str, Any]) -> None:
         """A part of the leader's dump, or word that it is still being written.

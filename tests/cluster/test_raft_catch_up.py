@@ -22,7 +22,11 @@ at once; not after 20). The seeds compact after 20,000 entries or 120 s
 index could stop commits for up to two minutes with one seed down.
 
 Found by the schedule search (test_raft_safety.py) once a leader could be cut off from
-the others; the search without compaction leaves that action out for this reason.
+the others. :class:`~cluster.raft_follower.FollowerSafeSyncObj` answers a mismatch
+never above an earlier one of the same leader's term, and skips a whole run of entries
+of the conflicting term at once: the deposed leader catches up in a round or two.
+pysyncobj's own follower stays an expected failure (so a pysyncobj that fixes its
+leader shows up here).
 """
 
 from __future__ import annotations
@@ -73,11 +77,17 @@ def deposed_leader_rejoins(node_class: type[Any]) -> tuple[RaftWorld, str]:
     return world, a
 
 
-@pytest.mark.xfail(
+PYSYNCOBJ_LIVELOCK = pytest.mark.xfail(
     strict=True,
-    reason="pysyncobj 0.3.17 leader: the last reply of a round resets nextIndex (livelock)",
+    reason="pysyncobj 0.3.17: the last reply of a round resets nextIndex (livelock)",
 )
-@pytest.mark.parametrize("node_class", [FollowerSafeSyncObj, SyncObj], ids=["ours", "pysyncobj"])
+
+
+@pytest.mark.parametrize(
+    "node_class",
+    [FollowerSafeSyncObj, pytest.param(SyncObj, marks=PYSYNCOBJ_LIVELOCK)],
+    ids=["ours", "pysyncobj"],
+)
 def test_two_live_seeds_commit_after_a_leader_change(node_class: type[Any]) -> None:
     world, deposed = deposed_leader_rejoins(node_class)
     try:

@@ -367,3 +367,47 @@ def test_the_commit_index_stays_within_the_leaders_after_a_dump(safe: Any) -> No
     dump = in_memory_dump((b"w", 8, 2), (b"x", 9, 2))
     safe._SyncObj__onMessageReceived(LEADER, dump_message((dump, True, True), commit=9))
     assert safe._SyncObj__raftCommitIndex == 9
+
+
+# --- where a mismatch sends the leader back to ------------------------------------------
+
+
+def last_reply(node: Any) -> dict[str, Any]:
+    reply: dict[str, Any] = node._SyncObj__transport.sent[-1]
+    return reply
+
+
+def test_a_mismatch_skips_the_whole_run_of_the_conflicting_term(safe: Any) -> None:
+    append(safe, 1, FOUR, commit=1)  # 2..5 of term 1, a deposed leader's own tail
+    safe._SyncObj__onMessageReceived(LEADER, {
+        "type": "append_entries", "term": 3, "commit_index": 1, "entries": [],
+        "prevLogIdx": 5, "prevLogTerm": 2,
+    })
+    assert last_reply(safe) == {"type": "next_node_idx", "next_node_idx": 2, "reset": True,
+                                "success": False}
+
+
+def test_later_answers_of_a_round_never_send_the_leader_back_up(safe: Any) -> None:
+    append(safe, 1, FOUR, commit=1)
+    for prev, prev_term in ((4, 2), (7, 2)):  # a round: a conflict, then beyond the log
+        safe._SyncObj__onMessageReceived(LEADER, {
+            "type": "append_entries", "term": 3, "commit_index": 1, "entries": [],
+            "prevLogIdx": prev, "prevLogTerm": prev_term,
+        })
+    assert last_reply(safe)["next_node_idx"] == 2  # pysyncobj's follower says 6 here
+    append(safe, 1, [(2, 2, b"x"), (3, 2, b"y")], commit=1, term=3)  # the leader's entries
+    assert last_reply(safe)["success"] and last_reply(safe)["next_node_idx"] == 4
+    safe._SyncObj__onMessageReceived(LEADER, {
+        "type": "append_entries", "term": 3, "commit_index": 1, "entries": [],
+        "prevLogIdx": 9, "prevLogTerm": 2,
+    })
+    assert last_reply(safe)["next_node_idx"] == 4  # the floor went with the conflict
+
+
+def test_a_mismatch_never_sends_the_leader_below_the_commit_index(safe: Any) -> None:
+    append(safe, 1, FOUR, commit=3)
+    safe._SyncObj__onMessageReceived(LEADER, {
+        "type": "append_entries", "term": 3, "commit_index": 3, "entries": [],
+        "prevLogIdx": 5, "prevLogTerm": 2,
+    })
+    assert last_reply(safe)["next_node_idx"] == 4
