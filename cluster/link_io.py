@@ -13,6 +13,9 @@ log = logging.getLogger("migratory.link")
 
 HANDSHAKE_TIMEOUT = 5.0
 
+DIAL_TIMEOUT = 2.0
+"""Seconds a TCP dial to another member may take before it counts as failed."""
+
 CONNECT_ERRORS = (
     OSError,
     EOFError,
@@ -115,8 +118,14 @@ async def connect(
 ) -> LinkChannel:
     """An authenticated link to the member at ``address``. Raises OSError,
     trio.BrokenResourceError (a reset while connecting), EOFError, LinkError or
-    trio.TooSlowError: callers that retry must catch them all (``CONNECT_ERRORS``)."""
-    stream = await trio.open_tcp_stream(*address)
+    trio.TooSlowError: callers that retry must catch them all (``CONNECT_ERRORS``).
+
+    The dial itself is bounded by :data:`DIAL_TIMEOUT`: a SYN nobody answers (a seed
+    pod gone with its IP, the name still resolving to it) is retried by the kernel for
+    about two minutes, during which a non-seed would wait for that one seed instead of
+    trying the next."""
+    with trio.fail_after(DIAL_TIMEOUT):
+        stream = await trio.open_tcp_stream(*address)
     channel = LinkChannel(stream, role="connect", member=member, password=password)
     try:
         peer = await channel.handshake()

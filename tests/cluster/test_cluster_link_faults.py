@@ -28,7 +28,7 @@ from cluster_link_pair import open_pair
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.forwarding import Outgoing
-from cluster.link_io import LinkChannel, connect
+from cluster.link_io import DIAL_TIMEOUT, LinkChannel, connect
 from cluster.peers import HEARTBEAT_SECONDS, PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
@@ -371,3 +371,22 @@ def test_publishes_queued_when_a_forwarding_link_ends_go_out_on_the_next_link() 
 
     requests = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert [r.message.content for r in requests] == [b"m1", b"m2"]
+
+
+def test_a_dial_nobody_answers_fails_within_the_dial_timeout() -> None:
+    """A seed pod gone with its IP: the SYN goes unanswered (here: a listener whose
+    accept queue is full drops it) and the kernel would retry for ~2 minutes."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port)):  # fills the accept queue
+
+            async def dial() -> float:
+                start = trio.current_time()
+                with pytest.raises(trio.TooSlowError):
+                    await connect(("127.0.0.1", port), member="m", password="p")
+                return trio.current_time() - start
+
+            waited = trio.run(dial)
+    assert DIAL_TIMEOUT <= waited < DIAL_TIMEOUT + 1.0
