@@ -135,6 +135,8 @@ class RaftStatus:
     term: int = 0
     commit_index: int = 0
     last_applied: int = 0
+    leader_commit: int = 0
+    """The leader's commit index as this seed last heard it (its own when it leads)."""
     ready: bool = False
     clsn: int = 0
     digest: str = ""
@@ -195,6 +197,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             term=int(raw.get("raft_term") or 0),
             commit_index=int(raw.get("commit_idx") or 0),
             last_applied=int(raw.get("last_applied") or 0),
+            leader_commit=int(raw.get("leader_commit_idx") or 0),
             ready=bool(self.isReady()),
             clsn=coordinator.clsn,
             digest=self._digest,
@@ -341,6 +344,7 @@ class RaftCoordination:
             "raft_term": snap.term,
             "raft_commit_index": snap.commit_index,
             "raft_last_applied": snap.last_applied,
+            "raft_leader_commit": snap.leader_commit,
             "raft_ready": snap.ready,
             "clsn": snap.clsn,
             "coordinator_digest": snap.digest,

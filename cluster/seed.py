@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -43,6 +44,9 @@ RETRY_SECONDS = 0.3
 MAX_BARRIER_ATTEMPTS = 20
 LEADERLESS_GRACE = 1.5
 """Seconds a seed may see no Raft leader (an election) and stay ready."""
+BEHIND_SECONDS = 3.0
+"""A seed that has not applied what the leader had committed this long ago is not ready:
+its clients would see the cluster stand still (a follower catching up a long way)."""
 RAFT_SILENCE = 2.0
 """Seconds without a status from the Raft thread (it publishes one every 50 ms) before
 a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
@@ -66,6 +70,7 @@ class SeedCoordination:
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
         self._leaderless_since: float | None = None
+        self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
 
     # --- running ----------------------------------------------------------------------
 
@@ -141,6 +146,9 @@ class SeedCoordination:
         silent = time.monotonic() - status.at
         if silent > RAFT_SILENCE:
             return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
+        behind = self._behind(status)
+        if behind is not None:
+            return behind
         if status.has_leader:
             self._leaderless_since = None
             return None
@@ -150,6 +158,24 @@ class SeedCoordination:
         if now - self._leaderless_since < LEADERLESS_GRACE:
             return None
         return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
+
+    def _behind(self, status: RaftStatus) -> str | None:
+        """Why this seed is behind the leader, if it has not applied what the leader had
+        committed :data:`BEHIND_SECONDS` ago."""
+        commits = self._leader_commits
+        if not commits or commits[-1][0] != status.at:
+            commits.append((status.at, status.leader_commit))
+        then = None
+        while commits and status.at - commits[0][0] >= BEHIND_SECONDS:
+            then = commits.popleft()
+        if then is not None:
+            commits.appendleft(then)  # the newest sample at least BEHIND_SECONDS old
+            if status.last_applied < then[1]:
+                return (
+                    f"member is behind the Raft leader: applied {status.last_applied}, "
+                    f"the leader had committed {then[1]} {status.at - then[0]:.1f} s ago"
+                )
+        return None
 
     # --- submitting -------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from cluster.node import GuaranteedNode
 from cluster.raft import RaftStatus
-from cluster.seed import RAFT_SILENCE, SeedCoordination
+from cluster.seed import BEHIND_SECONDS, RAFT_SILENCE, SeedCoordination
 from cluster.tooling import free_base_port, member_settings
 from migratory.config import load_config
 
@@ -35,3 +35,37 @@ def test_a_status_the_raft_thread_stopped_sending_is_not_ready(tmp_path: Path) -
     status = RaftStatus(state="leader", leader="127.0.0.1:2", ready=True, at=stale)
     reason = seed_with_status(tmp_path, status).not_ready_reason()
     assert reason is not None and "Raft has not reported for" in reason
+
+
+def test_a_seed_that_stopped_applying_what_the_leader_committed_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    now = time.monotonic()
+    seed = seed_with_status(tmp_path, RaftStatus(
+        state="follower", leader="127.0.0.1:2", ready=True, at=now,
+        leader_commit=5000, last_applied=4144,
+    ))
+    assert seed.not_ready_reason() is None  # behind for a moment: fine
+    for later, applied in ((1.0, 4144), (2.0, 4144), (BEHIND_SECONDS + 0.5, 4144)):
+        seed.raft = SimpleNamespace(snapshot=RaftStatus(  # type: ignore[assignment]
+            state="follower", leader="127.0.0.1:2", ready=True, at=now + later,
+            leader_commit=5000 + int(later * 100), last_applied=applied,
+        ))
+        reason = seed.not_ready_reason()
+    assert reason is not None and "behind the Raft leader: applied 4144" in reason
+    seed.raft = SimpleNamespace(snapshot=RaftStatus(  # type: ignore[assignment]
+        state="follower", leader="127.0.0.1:2", ready=True, at=now + BEHIND_SECONDS + 1,
+        leader_commit=5400, last_applied=5390,
+    ))
+    assert seed.not_ready_reason() is None  # caught up with what was committed 3 s ago
+
+
+def test_a_seed_that_keeps_up_under_load_stays_ready(tmp_path: Path) -> None:
+    now = time.monotonic()
+    seed = seed_with_status(tmp_path, RaftStatus())
+    for step in range(20):  # always a few hundred entries behind, never 3 s behind
+        seed.raft = SimpleNamespace(snapshot=RaftStatus(  # type: ignore[assignment]
+            state="follower", leader="127.0.0.1:2", ready=True, at=now + step * 0.5,
+            leader_commit=1000 * step + 300, last_applied=1000 * step,
+        ))
+        assert seed.not_ready_reason() is None
