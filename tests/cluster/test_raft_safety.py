@@ -282,12 +282,10 @@ def raft_machine(
         def leader_crashes(self) -> None:
             self.schedule.leader_crashes()
 
-        @precondition(lambda self: compaction)  # see WITHOUT_CUT_OFF
         @rule()
         def leader_cut_off(self) -> None:
             self.schedule.leader_cut_off()
 
-        @precondition(lambda self: compaction)
         @rule()
         def heal_links(self) -> None:
             self.schedule.heal_links()
@@ -322,11 +320,6 @@ def test_follower_safe_raft_keeps_every_committed_entry_with_compaction() -> Non
 
 # How often each action is drawn, in the order of seeded_actions.
 EVERY_ACTION = (1,) * 17
-# Without compaction, the leader cut off from the others (and the healing of all links)
-# is left out: it runs into pysyncobj's leader livelock (test_raft_catch_up.py, xfail),
-# which a dump ends, and then stops at the check that every node applies every
-# acknowledged command.
-WITHOUT_CUT_OFF = (1,) * 15 + (0, 0)
 # A leader deposed (cut off) while it holds commands of its own, and the others moving
 # on without it: a follower that needs the leader's dump is then likely. No crashes.
 LEADER_CHANGES = (2, 1, 1, 1, 2, 0, 0, 1, 0, 0, 1, 4, 2, 3, 0, 3, 0)
@@ -385,7 +378,7 @@ def seeded_search(
     steps: int = 60,
     *,
     compaction: bool = False,
-    weights: tuple[int, ...] = WITHOUT_CUT_OFF,
+    weights: tuple[int, ...] = EVERY_ACTION,
 ) -> SearchResult:
     """Runs seeds 0, 1, ... until one schedule breaks a property."""
     batch_sizes, command_sizes = sizes
