@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 from cluster_fixture import LocalCluster
+
+from cluster.raft import DIGEST_PERIOD
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient
@@ -39,16 +42,24 @@ def test_a_large_binary_publish_commits_on_every_seed(tmp_path: Path) -> None:
         assert after.status is ops.Status.PUBLISH_OK, after
         client.close()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        for i in range(3):  # every seed applies the large entry (404 until it has)
+            url = f"{cluster.http(i)}/snapshot?subject={SUBJECT}"
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as reply:
+                        assert reply.read() == content
+                        break
+                except urllib.error.HTTPError as exc:
+                    assert exc.code == 404 and time.monotonic() < deadline, (i, exc)
+                    time.sleep(0.2)
+        time.sleep(DIGEST_PERIOD + 0.2)  # digests computed after those applies
+        while time.monotonic() < deadline:  # and every seed agrees on the numbering
             digests = {cluster.status(i).get("coordinator_digest") for i in range(3)}
             if len(digests) == 1:
                 break
             time.sleep(0.2)
         assert len(digests) == 1, digests
         for i in range(3):
-            url = f"{cluster.http(i)}/snapshot?subject={SUBJECT}"
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                assert reply.read() == content
             assert "Traceback" not in cluster.log(i), cluster.log(i)[-3000:]
     finally:
         cluster.stop()
