@@ -17,7 +17,10 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
    resumes every subject from its position (``DATA_SYNC``). The code also says
    that every publish this member took has its status before the close frame, so
    the SDK reports a publish still waiting as not published (it arrived after the
-   close was sent and was never read), never as an unknown outcome.
+   close was sent and was never read) -- provided it read every frame before the
+   close: when its connection broke under a write first, trio-websocket dropped
+   frames it had not handed over yet, and the SDK reports those publishes as
+   outcome unknown (``SessionEnd.read_all``).
 4. The server stops once its clients have left, or after ``DrainTime`` seconds.
 
 The drain owns two thin wrappers given to the server when it is built — the

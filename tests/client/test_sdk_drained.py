@@ -8,13 +8,23 @@ import signal
 import time
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
+from sdk_fake_server import trio_test
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
-from migratory.protocol import close_codes
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.protocol import close_codes, ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import RequestParser, handshake_response
 from migratory.protocol.ops import Status
-from migratory_client import PublishOutcomeUnknown, ReconnectPolicy, connect
+from migratory_client import Keepalive, PublishOutcomeUnknown, ReconnectPolicy, connect
 from migratory_client.notifications import NotificationQueue
-from migratory_client.routing import PendingPublish, Router
+from migratory_client.resume import SubjectTracker
+from migratory_client.routing import Outlet, PendingPublish, Router
+from migratory_client.session import SUBPROTOCOL, Session
 
 
 def test_publishes_waiting_at_a_drained_close_fail_definitely() -> None:
@@ -68,3 +78,152 @@ def test_sigterm_drains_a_publishing_client_without_unknown_outcomes(start_serve
     assert outcomes["ok"] > 10 and outcomes["unknown"] == 0, outcomes
     log = server.log()
     assert "drained in" in log and "closing with 4502" in log, log
+
+
+# --- the statuses before a 4502 must all be read before "not published" is believed ---
+#
+# Chaos run m30 (1547 s): a draining non-seed answered 33 publishes of p1 and closed
+# with 4502, through a proxy that then closed the TCP connection. The publisher's
+# process was busy: trio-websocket had read the statuses and the close frame but handed
+# them over one by one. A publish written meanwhile hit the broken connection;
+# trio-websocket then closes its message channel (frames not handed over are dropped)
+# and, when its reader reaches the close frame, records 4502 as the close reason. The
+# session ended "closed with 4502" and reported 25 publishes the server had
+# acknowledged (subscribers got them) as not published.
+
+CLOSURES = ("c1", "c2", "c3", "c4")
+
+
+def status_frame(closure: str, seq: int) -> bytes:
+    status = ops.PublishStatus(Status.PUBLISH_OK, closure, "/a/b", Position(7, seq))
+    return ws.encode_binary(ops.encode_server_op(status))
+
+
+async def answer_upgrade(stream: trio.abc.Stream) -> None:
+    parser = RequestParser()
+    request = None
+    while request is None:
+        request = parser.receive_data(await stream.receive_some())
+    await stream.send_all(handshake_response(request))
+
+
+DRAINED_CLOSE = ws.encode_close(close_codes.DRAINED.code, "member is draining")
+
+
+async def connection_that_received(
+    nursery: trio.Nursery, data: bytes
+) -> tuple[WebSocketConnection, trio.abc.HalfCloseableStream]:
+    """A client connection over memory streams once trio-websocket has read ``data`` from
+    the server (one write) and handed over what its one-message channel takes."""
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    nursery.start_soon(answer_upgrade, server_stream)
+    connection = await wrap_client_stream(
+        nursery, client_stream, "drained", "/", subprotocols=[SUBPROTOCOL]  # type: ignore[arg-type]
+    )
+    await server_stream.send_all(data)
+    await trio.testing.wait_all_tasks_blocked()
+    return connection, server_stream
+
+
+async def drained_session(
+    nursery: trio.Nursery, router: Router
+) -> tuple[Session, trio.abc.HalfCloseableStream]:
+    """A session whose server answered every publish of CLOSURES and closed with 4502,
+    in one write that the client has read but not handed over."""
+    statuses = b"".join(status_frame(c, seq) for seq, c in enumerate(CLOSURES, 1))
+    connection, server_stream = await connection_that_received(nursery, statuses + DRAINED_CLOSE)
+    return Session(connection, "ws://drained", 1, router, Keepalive()), server_stream
+
+
+def waiting(router: Router) -> list[PendingPublish]:
+    pending = [PendingPublish("/a/b", c) for c in CLOSURES]
+    router.pending.update({p.closure: p for p in pending})
+    return pending
+
+
+def not_published(pending: list[PendingPublish]) -> list[str]:
+    return [
+        p.closure
+        for p in pending
+        if p.result is not None and p.result.status is Status.PUBLISH_FAILED
+    ]
+
+
+@trio_test
+async def test_a_write_that_breaks_before_the_statuses_are_read_makes_them_unknown() -> None:
+    router = Router(NotificationQueue(16))
+    pending = waiting(router)
+    async with trio.open_nursery() as nursery:
+        session, server_stream = await drained_session(nursery, router)
+        await server_stream.aclose()  # the proxy closed the connection: writes fail
+        late = ops.Publish(Message("/a/b", b"late", closure="c9"))
+        with pytest.raises(ConnectionClosed):
+            await session.send(late)
+        end = await session.serve(())
+        router.session_lost(end.describe(), untaken_failed=end.untaken_not_published)
+        nursery.cancel_scope.cancel()
+    assert end.code == close_codes.DRAINED.code  # what the SDK saw in the chaos run
+    assert not_published(pending) == []
+    assert all(p.lost is not None or (p.result and p.result.ok) for p in pending)
+
+
+@trio_test
+async def test_publishes_the_drained_server_did_not_answer_are_not_published() -> None:
+    router = Router(NotificationQueue(16))
+    pending = waiting(router)
+    untaken = PendingPublish("/a/b", "c5")  # written after the close: never read
+    router.pending["c5"] = untaken
+    async with trio.open_nursery() as nursery:
+        session, _ = await drained_session(nursery, router)
+        end = await session.serve(())
+        router.session_lost(end.describe(), untaken_failed=end.untaken_not_published)
+        nursery.cancel_scope.cancel()
+    assert end.read_all and end.untaken_not_published
+    assert all(p.result is not None and p.result.ok for p in pending)
+    assert not_published([untaken]) == ["c5"]
+
+
+async def closed_with_one_status_unread(
+    nursery: trio.Nursery, router: Router, keepalive: Keepalive
+) -> Session:
+    """trio-websocket has read PUBLISH_OK c1 and the 4502 close: c1 waits in its channel,
+    the connection reports itself closed (a send raises ConnectionClosed)."""
+    connection, _ = await connection_that_received(nursery, status_frame("c1", 1) + DRAINED_CLOSE)
+    assert connection.closed is not None
+    return Session(connection, "ws://drained", 1, router, keepalive)
+
+
+@trio_test
+async def test_a_send_by_the_reader_on_a_closed_connection_does_not_skip_unread_statuses() -> None:
+    router = Router(NotificationQueue(16))
+    router.add([SubjectTracker("/x/y")], Outlet(trio.open_memory_channel[Message](8)[0]))
+    first = PendingPublish("/a/b", "c1")
+    router.pending["c1"] = first
+    async with trio.open_nursery() as nursery:
+        session = await closed_with_one_status_unread(nursery, router, Keepalive())
+        end = await session.serve(router.requests_for(1))  # its subscribe cannot be sent
+        nursery.cancel_scope.cancel()
+    assert end.code == close_codes.DRAINED.code and end.read_all
+    assert first.result is not None and first.result.ok
+
+
+@trio_test
+async def test_a_keepalive_ping_on_a_closed_connection_lets_the_reader_finish() -> None:
+    router = Router(NotificationQueue(16))
+    first = PendingPublish("/a/b", "c1")
+    router.pending["c1"] = first
+    keepalive = Keepalive(interval=0.01, timeout=2.0)
+    async with trio.open_nursery() as nursery:
+        session = await closed_with_one_status_unread(nursery, router, keepalive)
+        dispatch = session._dispatch
+
+        async def busy_reader(payload: str | bytes) -> None:  # a busy process
+            await trio.sleep(0.1)  # the keepalive's ping finds the connection closed
+            await dispatch(payload)
+
+        session._dispatch = busy_reader  # type: ignore[method-assign,unused-ignore]
+        with trio.fail_after(1):  # the reader ends the session, not the keepalive timeout
+            end = await session.serve(())
+        nursery.cancel_scope.cancel()
+    assert end.code == close_codes.DRAINED.code and end.read_all
+    assert first.result is not None and first.result.ok

@@ -307,7 +307,7 @@ class Client:
             self._set_live(None)
             self._router.session_lost(
                 f"connection to {session.server} lost: {end.describe()}",
-                untaken_failed=end.by_server and end.code == close_codes.DRAINED.code,
+                untaken_failed=end.untaken_not_published,
             )
         return end
 

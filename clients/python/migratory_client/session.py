@@ -12,7 +12,8 @@ the time to read the frames already received), whatever the application is doing
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -60,23 +61,34 @@ class Keepalive:
 @dataclass(frozen=True, slots=True)
 class SessionEnd:
     """Why a session ended: a close by the server (``code``, its ``reason``), or a loss the
-    client saw or decided (``code`` 1006). ``terminal``: the code forbids retrying."""
+    client saw or decided (``code`` 1006). ``terminal``: the code forbids retrying.
+    ``read_all``: the session handed over every frame the server sent before its close
+    frame (only then does the close say anything about what was not answered)."""
 
     code: int
     reason: str | None
     terminal: bool = False
     by_server: bool = False
+    read_all: bool = False
 
     @classmethod
-    def closed(cls, exc: ConnectionClosed) -> SessionEnd:
+    def closed(cls, exc: ConnectionClosed, *, read_all: bool = False) -> SessionEnd:
         code = exc.reason.code if exc.reason is not None else close_codes.ABNORMAL.code
         reason = exc.reason.reason if exc.reason is not None else None
         terminal = not close_codes.should_reconnect(code)
-        return cls(code, reason, terminal, by_server=code != close_codes.ABNORMAL.code)
+        by_server = code != close_codes.ABNORMAL.code
+        return cls(code, reason, terminal, by_server=by_server, read_all=by_server and read_all)
 
     @classmethod
     def by_client(cls, reason: str) -> SessionEnd:
         return cls(close_codes.ABNORMAL.code, reason)
+
+    @property
+    def untaken_not_published(self) -> bool:
+        """The server closed with 4502 DRAINED -- it answered every publish it took before
+        its close frame -- and the session read every frame up to that close: a publish
+        still waiting was never taken (not published). Otherwise its outcome is unknown."""
+        return self.by_server and self.read_all and self.code == close_codes.DRAINED.code
 
     def describe(self) -> str:
         if not self.by_server:
@@ -110,6 +122,10 @@ class Session:
         self.frames_read = 0
         self._pong = trio.Event()
         self._end: SessionEnd | None = None
+        self.frames_dropped = False
+        """A write broke the connection: trio-websocket then drops the frames it has not
+        handed over yet, and a close frame it reads afterwards still becomes the close
+        reason (0.12.2, ``_abort_web_socket`` closes the message channel)."""
 
     @property
     def is_open(self) -> bool:
@@ -125,7 +141,12 @@ class Session:
         payload = encode_client_op(op)
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._keepalive.timeout):
-                await self.ws.send_message(payload)
+                open_before = self.ws.closed is None
+                try:
+                    await self.ws.send_message(payload)
+                except ConnectionClosed:
+                    self.frames_dropped = self.frames_dropped or open_before
+                    raise
                 return
             reason = f"could not send for {self._keepalive.timeout} s"
             if self._end is None:
@@ -178,13 +199,13 @@ class Session:
     ) -> None:
         try:
             if requests:
-                await self.subscribe(requests)
+                await self._reply(self.subscribe(requests))
             while True:
                 payload = await self.ws.get_message()
                 self.frames_read += 1
                 await self._dispatch(payload)
-        except ConnectionClosed as exc:
-            self._finish(SessionEnd.closed(exc), scope)
+        except ConnectionClosed as exc:  # from get_message: every frame before it was read
+            self._finish(SessionEnd.closed(exc, read_all=not self.frames_dropped), scope)
         except OperationError as exc:
             self._finish(SessionEnd.by_client(f"server broke the protocol: {exc}"), scope)
             with trio.CancelScope(shield=True):
@@ -197,15 +218,23 @@ class Session:
         if isinstance(op, Deliver):
             reaction = self._router.on_messages(op.messages)
             if reaction.pause:
-                await self.send(Unsubscribe(reaction.pause))
+                await self._reply(self.send(Unsubscribe(reaction.pause)))
             if reaction.resubscribe:
-                await self.subscribe(reaction.resubscribe)
+                await self._reply(self.subscribe(reaction.resubscribe))
         elif isinstance(op, SubjectStatus):
             self._router.on_subject_status(op, self.server, self.id)
         elif isinstance(op, PublishStatus):
             self._router.on_publish_status(op, self.server)
         elif isinstance(op, Pong):
             self._on_pong(op.id)
+
+    @staticmethod
+    async def _reply(sending: Awaitable[None]) -> None:
+        """A send by the reader: when the connection is closed, read on -- the frames
+        received before the close (statuses among them) still count, and get_message
+        ends the session once they are all read."""
+        with contextlib.suppress(ConnectionClosed):
+            await sending
 
     def _on_pong(self, ping_id: int | None) -> None:
         self._pong_id = max(self._pong_id, self._ping_id if ping_id is None else ping_id)
@@ -223,6 +252,10 @@ class Session:
                         await self._close_unresponsive(reason)
                     return
         except ConnectionClosed as exc:
+            # The reader ends the session once it has read every frame received before
+            # the close; a reader that cannot (trio-websocket stuck writing its close
+            # reply) is not waited for beyond the timeout, and then nothing is known.
+            await trio.sleep(keepalive.timeout)
             self._finish(SessionEnd.closed(exc), scope)
 
     async def _ping(self, timeout: float) -> bool:
