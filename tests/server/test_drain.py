@@ -9,9 +9,20 @@ from typing import Any
 import trio
 import trio.testing
 
+from migratory.config import Config
+from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
 from migratory.protocol import close_codes, ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import (
+    check_handshake_response,
+    handshake_request,
+    new_websocket_key,
+)
+from migratory.server.app import build_hub
+from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.drain import DRAINING, REFUSED, Drain
+from migratory.server.session import Session
 
 
 @dataclass(eq=False)
@@ -47,9 +58,11 @@ class HeldPublishing:
 
     def __init__(self) -> None:
         self.held: list[tuple[Message, Any]] = []
+        self.submitted: list[str | None] = []
 
     def submit(self, message: Message, reply: Any, now: float) -> None:
         self.held.append((message, reply))
+        self.submitted.append(message.closure)
 
     def settle(self) -> None:
         for message, reply in self.held:
@@ -124,3 +137,80 @@ def test_the_drain_gives_up_after_drain_time() -> None:
         assert report.timed_out and report.clients_remaining == 1 and report.clients_told == 0
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- the promise on the wire, with a real session ------------------------------------
+
+
+class Wire:
+    """A session's link that writes nothing: the test reads the session's outbox."""
+
+    writing = False
+
+    def mark_dirty(self) -> None:
+        pass
+
+    def flush_now(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class WireConnection:
+    session: Session
+
+    def flush(self) -> None:
+        pass
+
+
+def client_frames(*publishes: str) -> bytes:
+    return b"".join(
+        ws.encode_masked_binary(ops.encode_client_op(ops.Publish(message(c))), b"mask")
+        for c in publishes
+    )
+
+
+def test_a_drained_client_gets_every_status_of_what_was_taken_before_the_4502_close() -> None:
+    # What the SDK relies on at a 4502 close (chaos run m30): in the bytes the client
+    # gets, the status of every publish the member read comes before the close frame,
+    # and nothing the member reads after deciding to close is taken.
+    config = Config.defaults()
+    drain, held = Drain(30), HeldPublishing()
+    ctx = ServerContext(
+        config, build_hub(config), entitlement_from_config(config), ServerStatistics(),
+        drain.publishing(held),
+    )
+    session = Session(ctx, Wire(), "127.0.0.1:1")
+    key = new_websocket_key()
+    connect = ws.encode_masked_binary(ops.encode_client_op(ops.Connect("p1")), b"mask")
+    session.receive_data(handshake_request("127.0.0.1", "/", key) + connect, 0.0)
+    session.receive_data(client_frames("c1", "c2"), 0.0)  # taken before the drain
+    connections = {WireConnection(session)}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain.run, lambda: connections)
+            await trio.sleep(1)
+            assert not session.closing  # c1, c2 wait for their commit
+            session.receive_data(client_frames("c3"), 1.0)  # refused: draining
+            held.settle()
+            await trio.sleep(0.1)
+            assert session.close_code == close_codes.DRAINED.code
+            session.receive_data(client_frames("c4"), 1.1)  # after the close: never read
+            connections.clear()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert held.submitted == ["c1", "c2"]
+    written = session.outbox.take()
+    used = check_handshake_response(written, key)
+    assert used is not None
+    events = ws.FrameDecoder(client_frames=False).events(written[used:])
+    assert isinstance(events[-1], ws.CloseReceived)
+    assert events[-1].code == close_codes.DRAINED.code
+    frames = [e.data for e in events[:-1] if isinstance(e, ws.BinaryMessage)]
+    assert len(frames) == len(events) - 1
+    statuses = [ops.decode_server_op(data) for data in frames]
+    assert [(s.closure, s.status) for s in statuses if isinstance(s, ops.PublishStatus)] == [
+        ("c3", ops.Status.PUBLISH_FAILED),
+        ("c1", ops.Status.PUBLISH_OK),
+        ("c2", ops.Status.PUBLISH_OK),
+    ]
