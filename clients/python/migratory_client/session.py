@@ -126,6 +126,9 @@ class Session:
         """A write broke the connection: trio-websocket then drops the frames it has not
         handed over yet, and a close frame it reads afterwards still becomes the close
         reason (0.12.2, ``_abort_web_socket`` closes the message channel)."""
+        self._writing = 0
+        """Writes under way: one may be breaking the connection right now (trio-websocket
+        drops the frames, and the reader may see the end before the write returns)."""
 
     @property
     def is_open(self) -> bool:
@@ -142,11 +145,14 @@ class Session:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._keepalive.timeout):
                 open_before = self.ws.closed is None
+                self._writing += 1
                 try:
                     await self.ws.send_message(payload)
                 except ConnectionClosed:
                     self.frames_dropped = self.frames_dropped or open_before
                     raise
+                finally:
+                    self._writing -= 1
                 return
             reason = f"could not send for {self._keepalive.timeout} s"
             if self._end is None:
@@ -204,8 +210,9 @@ class Session:
                 payload = await self.ws.get_message()
                 self.frames_read += 1
                 await self._dispatch(payload)
-        except ConnectionClosed as exc:  # from get_message: every frame before it was read
-            self._finish(SessionEnd.closed(exc, read_all=not self.frames_dropped), scope)
+        except ConnectionClosed as exc:  # from get_message: every frame it kept was read
+            read_all = not self.frames_dropped and self._writing == 0
+            self._finish(SessionEnd.closed(exc, read_all=read_all), scope)
         except OperationError as exc:
             self._finish(SessionEnd.by_client(f"server broke the protocol: {exc}"), scope)
             with trio.CancelScope(shield=True):
