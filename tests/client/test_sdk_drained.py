@@ -118,10 +118,13 @@ class Writes(trio.abc.SendStream):
     def __init__(self, inner: trio.abc.SendStream) -> None:
         self.inner = inner
         self.broken = False
+        self.held: trio.Event | None = None  # set: writes wait for it (a slow write)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
             raise trio.BrokenResourceError("connection reset by peer")
+        if self.held is not None:
+            await self.held.wait()
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -277,3 +280,34 @@ def test_a_write_that_breaks_while_the_reader_reads_makes_the_statuses_unknown()
         assert failed == [], end
         ends.append(end.code)
     assert close_codes.DRAINED.code in ends  # the chaos run's case was among them
+
+
+@trio_test
+async def test_a_write_under_way_that_succeeds_keeps_the_drained_close_definite() -> None:
+    # A slow write while the server closes: trio-websocket writes its close reply after
+    # it (one lock), so the write is done before the reader sees the end -- nothing was
+    # dropped, and publishes the server did not answer are still definitely not published.
+    router = Router(NotificationQueue(16))
+    pending = waiting(router)
+    untaken = PendingPublish("/a/b", "c5")
+    router.pending["c5"] = untaken
+    async with trio.open_nursery() as nursery:
+        session, writes = await drained_session(nursery, router)
+        writes.held = trio.Event()
+
+        async def publish_late() -> None:
+            await session.send(ops.Publish(Message("/a/b", b"late", closure="c5")))
+
+        async def write_slowly() -> None:  # until the reader has seen the close
+            await trio.testing.wait_all_tasks_blocked()
+            assert writes.held is not None
+            writes.held.set()
+
+        nursery.start_soon(publish_late)
+        nursery.start_soon(write_slowly)
+        end = await session.serve(())
+        router.session_lost(end.describe(), untaken_failed=end.untaken_not_published)
+        nursery.cancel_scope.cancel()
+    assert end.read_all and end.untaken_not_published
+    assert all(p.result is not None and p.result.ok for p in pending)
+    assert not_published([untaken]) == ["c5"]
