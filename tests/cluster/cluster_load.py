@@ -196,20 +196,22 @@ class LoadPublisher(threading.Thread):
     def _on_op(self, op: ops.ServerOp) -> None:
         if not isinstance(op, ops.PublishStatus) or op.closure is None:
             return
-        with self._lock:
+        with self._lock:  # the results are read from the test's thread meanwhile
             self._outstanding.discard(op.closure)
-        if op.status is ops.Status.PUBLISH_OK:
-            assert op.position is not None
-            self.acked[op.closure] = op.position
-        else:
-            self.failed[op.closure] = f"{op.status}: {op.reason}"
+            if op.status is ops.Status.PUBLISH_OK:
+                assert op.position is not None
+                self.acked[op.closure] = op.position
+            else:
+                self.failed[op.closure] = f"{op.status}: {op.reason}"
 
     # --- results -----------------------------------------------------------------------
 
     def acked_messages(self) -> dict[str, list[tuple[bytes, Position]]]:
         """Per subject: (content, position) of every acknowledged publish, by position."""
         out: dict[str, list[tuple[bytes, Position]]] = {s: [] for s in self.subjects}
-        for closure, position in list(self.acked.items()):
+        with self._lock:  # the publisher thread adds acknowledgements meanwhile
+            acked = list(self.acked.items())
+        for closure, position in acked:
             subject, content = self.sent[closure]
             out[subject].append((content, position))
         for acked in out.values():
