@@ -7,16 +7,11 @@ within 40 s after the third (Raft leaderless meanwhile, as in the rehearsal).
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from namespaced import run_namespaced
 
-HERE = Path(__file__).resolve().parent
-TIME_SCALE = "0.5"  # the manifest's probe periods, preStop sleep and grace period, halved
 LINK_LIMIT = 12.0
 """Seconds from a seed pod's recreation until every seed links to every other one: the
 new pod's start-up plus a dial abandoned after 1 s and a new lookup (1.3-1.5 s measured
@@ -25,15 +20,7 @@ alone on the machine)."""
 
 @pytest.mark.slow
 def test_recreated_seed_pods_link_up_again_in_seconds(tmp_path: Path) -> None:
-    assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
-    result = subprocess.run(
-        ["unshare", "--net", "--", sys.executable, str(HERE / "seed_restarts.py"),
-         "--out", str(tmp_path), "--time-scale", TIME_SCALE],
-        capture_output=True, text=True, timeout=400,
-    )
-    summary_path = tmp_path / "summary.json"
-    assert summary_path.exists(), result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads(summary_path.read_text())
+    _, summary = run_namespaced("seed_restarts.py", tmp_path, timeout=400)
     log = "\n".join(summary["events"])
     assert summary["violations"] == [], log
     restarts = summary["restarts"]
