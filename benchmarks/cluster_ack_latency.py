@@ -111,9 +111,17 @@ def run(args: argparse.Namespace) -> dict:
               flush=True)
         for name, member in (("via non-leader seed", follower), ("via leader", leader)):
             meter = CpuMeter({f"member{i}": cluster.pid(i) for i in range(cluster.members)})
+            before = cluster.status(member).get("raft_commands", {})
             meter.start()
             r = paced(cluster.port(member), args.rate, args.duration, args.size)
             r["cpu"] = meter.stop()
+            after = cluster.status(member).get("raft_commands", {})
+            commands = after.get("commands", 0) - before.get("commands", 0)
+            r["raft_commands"] = commands
+            r["publishes_per_command"] = (
+                (after.get("publishes", 0) - before.get("publishes", 0)) / commands
+                if commands else None
+            )
             r["gc"] = {i: cluster.stats(i).get("gc") for i in range(cluster.members)}
             r["member"] = member
             r["leader_after"] = cluster.leader()
@@ -141,7 +149,9 @@ def fmt(r: dict) -> str:
     cpu = ", ".join(f"{k} {v:.0f} %" for k, v in r["cpu"].items() if k.startswith("member"))
     return (f"{r['acked']:,}/{r['sent']:,} acked, p50 {r['p50']:.1f}, p90 {r['p90']:.1f}, "
             f"p99 {r['p99']:.1f}, p99.9 {r['p999']:.1f}, max {r['max']:.1f} ms; "
-            f"statuses {r['statuses']}; sender late max {r['late_max_ms']:.1f} ms; CPU {cpu}; "
+            f"statuses {r['statuses']}; {r['raft_commands']:,} Raft commands "
+            f"({r['publishes_per_command'] or 0:.2f} publishes each); "
+            f"sender late max {r['late_max_ms']:.1f} ms; CPU {cpu}; "
             f"machine {r['cpu']['machine']:.0f} %, other {r['cpu']['other']:.0f} %; "
             f"GC pauses (collections/full/max ms per member) {gc_summary(r['gc'])} -> "
             f"{'PASS' if r['pass'] else 'FAIL'}")

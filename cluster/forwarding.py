@@ -17,7 +17,8 @@ from cluster.link_io import LinkChannel
 from cluster.publishing import ClusterPublishing
 
 SUBMIT_LINGER = 0.001
-"""Seconds publishes wait to share a Raft command."""
+"""Seconds a non-seed's publishes wait to share one forward (a seed does not linger: its
+commit window groups them, :mod:`cluster.commit_window`)."""
 
 
 class Outgoing:
@@ -28,19 +29,30 @@ class Outgoing:
         self._wake = trio.Event()
         publishing.on_outgoing = self._wake.set
 
-    async def next_requests(self) -> list[PublishRequest]:
-        """The publishes taken since the last call, after a short linger.
+    async def wait(self) -> None:
+        """Until at least one publish is queued (at once if one is)."""
+        while not self.publishing.outgoing:
+            await self._wake.wait()
+            if not self.publishing.outgoing:  # a wake-up for publishes already taken
+                self._wake = trio.Event()
+                self.publishing.on_outgoing = self._wake.set
+
+    async def next_requests(
+        self, linger: float = SUBMIT_LINGER, max_bytes: int | None = None
+    ) -> list[PublishRequest]:
+        """The publishes taken since the last call, after ``linger`` seconds (``0``: take
+        what is queued at once), at most ``max_bytes`` of content (always one).
 
         Publishes already queued are taken without waiting for a wake-up: the wake-up
         comes only with the first publish into an empty queue, and a caller cancelled
         while lingering (its link ended) leaves them queued for the next caller."""
         while True:
-            if not self.publishing.outgoing:
-                await self._wake.wait()
+            await self.wait()
             self._wake = trio.Event()
             self.publishing.on_outgoing = self._wake.set
-            await trio.sleep(SUBMIT_LINGER)
-            requests = self.publishing.take_outgoing()
+            if linger > 0:
+                await trio.sleep(linger)
+            requests = self.publishing.take_outgoing(max_bytes)
             if requests:
                 return requests
 

@@ -128,6 +128,7 @@ class GuaranteedNode:
         }
         if self.seed is not None and self.seed.raft is not None:
             status.update(self.seed.raft.status())
+            status["raft_commands"] = self.seed.commit_statistics()
         return status
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

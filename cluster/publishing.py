@@ -99,9 +99,20 @@ class ClusterPublishing:
         self._outgoing.append(PublishRequest(self.origin, ref, message))
         self.stats.submitted += 1
 
-    def take_outgoing(self) -> list[PublishRequest]:
-        """The requests to submit now, in the order clients published them."""
-        outgoing, self._outgoing = self._outgoing, []
+    def take_outgoing(self, max_bytes: int | None = None) -> list[PublishRequest]:
+        """The requests to submit now, in the order clients published them: all of them,
+        or as many as fit in ``max_bytes`` of content (always at least one)."""
+        if max_bytes is None:
+            outgoing, self._outgoing = self._outgoing, []
+            return outgoing
+        size = 0
+        count = 0
+        for request in self._outgoing:
+            size += len(request.message.content)
+            if count and size > max_bytes:
+                break
+            count += 1
+        outgoing, self._outgoing = self._outgoing[:count], self._outgoing[count:]
         return outgoing
 
     @property

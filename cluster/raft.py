@@ -37,6 +37,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 from cluster import dump_fork
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
+from cluster.raft_cipher import RaftCipher
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
@@ -158,8 +159,19 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         self._digest = ""
         self.status_snapshot = RaftStatus()
         self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
+        # before __init__: its tick thread starts connecting inside it
+        self._cipher = RaftCipher(kwargs["conf"].password)
         super().__init__(*args, consumers=[consumer], **kwargs)
         self._func_names.update(self._SyncObj__currentVersionFuncNames)
+
+    @property
+    def encryptor(self) -> RaftCipher:
+        """The seal of every Raft message (AES-GCM, :mod:`cluster.raft_cipher`), in
+        place of pysyncobj's Fernet."""
+        return self._cipher
+
+    def _getEncryptor(self) -> RaftCipher:
+        return self._cipher
 
     def _getFuncName(self, funcName: Any) -> str:
         """The versioned name of a replicated method, safe from any thread.

@@ -28,6 +28,7 @@ import trio
 
 from cluster import link
 from cluster.cache_sync import CacheSync
+from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, connect
@@ -66,6 +67,9 @@ class SeedCoordination:
         self.outgoing = outgoing
         self.epoch_candidate = new_epoch()
         self.raft: RaftCoordination | None = None
+        self.window = CommitWindow()
+        self.commands = 0  # Raft commands of this seed's own publishes
+        self.commanded_publishes = 0  # the publishes they carried
         self.syncing = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -83,7 +87,12 @@ class SeedCoordination:
                 self.raft = await trio.to_thread.run_sync(self._build_raft)
                 log.info("Raft node %s started", self.raft.address)
                 while True:
-                    self._submit(await self.outgoing.next_requests(), reply_to=None)
+                    await self.outgoing.wait()
+                    slot = await self.window.acquire()  # full: the publishes share a command
+                    requests = await self.outgoing.next_requests(0, MAX_COMMAND_BYTES)
+                    self.commands += 1
+                    self.commanded_publishes += len(requests)
+                    self._submit(requests, reply_to=None, slot=slot)
             finally:
                 if self.raft is not None:
                     with trio.CancelScope(shield=True):
@@ -130,6 +139,16 @@ class SeedCoordination:
         if self.stream.on_restore(sync, trio.current_time()):
             log.info("caches restored from the Raft dump at clsn %d (%d subjects)",
                      sync.clsn, len(sync.subjects))
+
+    def commit_statistics(self) -> dict[str, int]:
+        """How this seed's own publishes were grouped into Raft commands."""
+        return {
+            "commands": self.commands,
+            "publishes": self.commanded_publishes,
+            "in_flight": self.window.in_flight,
+            "window": self.window.size,
+            "slots_reclaimed": self.window.reclaimed,
+        }
 
     # --- status and readiness ------------------------------------------------------------
 
@@ -185,19 +204,25 @@ class SeedCoordination:
             origins = [(r.origin, r.ref) for r in requests]
             fail(self.stream, origins, "Raft is starting", reply_to=peer, now=trio.current_time())
             return
-        self._submit(list(requests), reply_to=peer)
+        self._submit(list(requests), reply_to=peer, slot=None)
 
-    def _submit(self, requests: list[PublishRequest], reply_to: str | None) -> None:
+    def _submit(
+        self, requests: list[PublishRequest], reply_to: str | None, slot: int | None
+    ) -> None:
+        """One Raft command; ``slot`` (this seed's own publishes) is given back to the
+        commit window when Raft answers."""
         assert self.raft is not None
         origins = [(r.origin, r.ref) for r in requests]
         token = self._token
         assert token is not None
+        window = self.window
 
         def done(clsn: int | None, error: str | None, unknown: bool) -> None:
-            if error is None:
-                return  # acknowledged from the committed stream
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
+                if slot is not None:
+                    token.run_sync_soon(window.release, slot)
+                if error is not None:  # success is acknowledged from the committed stream
+                    token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
 
         self.raft.submit(self.epoch_candidate, requests, done)
 
