@@ -74,6 +74,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Seconds a cached message is kept at least; older ones are dropped."),
     Setting("BatchTime", "batch_time", _int(0, 10_000, " of milliseconds"), "10",
             "Milliseconds messages wait to be written together to a client (0: write at once)."),
+    Setting("BatchIdleWrite", "batch_idle_write", _bool, "true",
+            "Write at once to a client that has had nothing written for a BatchTime; only "
+            "clients written to within the last BatchTime wait for the next batch (false: "
+            "every message waits for the batch tick)."),
     Setting("MaxBatchingSpace", "max_batching_space", _int(1, unit=" of bytes"), "65536",
             "A client's batch is written as soon as it holds this many bytes."),
     Setting("MaxMessageSize", "max_message_size", _int(1, unit=" of bytes"), "131072",
@@ -158,6 +162,7 @@ class Config:
     max_cached_messages_per_subject: int
     cache_expire_time: int
     batch_time: int
+    batch_idle_write: bool
     max_batching_space: int
     max_message_size: int
     max_frame_size: int

@@ -117,8 +117,19 @@ class Server:
             cluster_status=cluster_status,
         )
         self.connections: set[Connection] = set()
-        self.dirty: set[Connection] = set()
+        self.dirty: set[Connection] = set()  # wait for the batch tick
         self.write_immediately = config.batch_time == 0
+        # adaptive batching (BatchIdleWrite): a connection written to since the batch tick
+        # before last waits for the next tick; any other is written at the end of the
+        # current scheduler pass, so a quiet client gets its message at once and a busy
+        # one still gets at most about one write per BatchTime plus one
+        self.idle_write = config.batch_idle_write and not self.write_immediately
+        self.urgent: set[Connection] = set()
+        # deliveries written (by a tick or an idle write; a client's replies to its own
+        # requests do not count) since the last tick, and in the tick interval before
+        self.written: set[Connection] = set()
+        self.written_before: set[Connection] = set()
+        self._urgent_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.addresses: list[tuple[str, int]] = []
 
@@ -140,6 +151,8 @@ class Server:
                     nursery.start_soon(self._accept_loop, sock)
                 if not self.write_immediately:
                     nursery.start_soon(self._batch_loop)
+                if self.idle_write:
+                    nursery.start_soon(self._idle_write_loop)
                 nursery.start_soon(self._tick_loop)
                 if self.config.cluster_rebalance_rate and self.config.clustered:
                     nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
@@ -178,7 +191,33 @@ class Server:
     def forget(self, connection: Connection) -> None:
         self.connections.discard(connection)
         self.dirty.discard(connection)
+        self.urgent.discard(connection)
+        self.written.discard(connection)
+        self.written_before.discard(connection)
         self.ctx.stats.connections_open = len(self.connections)
+
+    def mark_dirty(self, connection: Connection) -> None:
+        """``connection`` has bytes to write: at the next tick, or at once if it is idle."""
+        if (
+            not self.idle_write
+            or connection in self.written
+            or connection in self.written_before
+        ):
+            self.dirty.add(connection)
+        else:
+            self.urgent.add(connection)
+            self._urgent_wake.set()
+
+    async def _idle_write_loop(self) -> None:
+        """Write to idle connections once the current scheduler pass is done (so what one
+        pass delivers to a client goes out in one write)."""
+        while True:
+            await self._urgent_wake.wait()
+            self._urgent_wake = trio.Event()
+            urgent, self.urgent = self.urgent, set()
+            self.written |= urgent
+            for connection in urgent:
+                connection.flush()
 
     def flush_dirty(self) -> None:
         dirty = self.dirty
@@ -186,6 +225,12 @@ class Server:
             self.dirty = set()
             for connection in dirty:
                 connection.flush()
+
+    def batch_tick(self) -> None:
+        """Write every batch that waits; remember whom (deliveries written by this tick or
+        by idle writes until the next one)."""
+        self.written_before, self.written = self.written, set(self.dirty)
+        self.flush_dirty()
 
     async def _batch_loop(self) -> None:
         """Flush on an absolute schedule, so a batch waits at most BatchTime.
@@ -198,7 +243,7 @@ class Server:
         next_tick = trio.current_time() + interval
         while True:
             await trio.sleep_until(next_tick)
-            self.flush_dirty()
+            self.batch_tick()
             next_tick = max(next_tick + interval, trio.current_time())
 
     async def _tick_loop(self) -> None:

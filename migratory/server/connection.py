@@ -43,7 +43,7 @@ class Connection:
     # --- Link (called by the session) -------------------------------------------
 
     def mark_dirty(self) -> None:
-        self.server.dirty.add(self)
+        self.server.mark_dirty(self)
 
     def flush_now(self) -> None:
         self.flush()
