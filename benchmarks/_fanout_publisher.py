@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 import cbor2
-from _fanout_stamp import MARK, STAMP_END, SUBJECT
+from _fanout_stamp import MARK, STAMP_END, subject_for
 from _procfs import die_with_parent
 from _wsraw import (
     OPCODE_CLOSE,
@@ -30,7 +30,13 @@ from _wsraw import (
 
 
 def publisher_main(
-    ctrl: mpc.Connection, host: str, port: int, size: int, ack: bool, setup_timeout: float
+    ctrl: mpc.Connection,
+    host: str,
+    port: int,
+    size: int,
+    ack: bool,
+    setup_timeout: float,
+    subjects: int = 1,
 ) -> None:
     """Connect, report ready, publish on an absolute schedule when told to go."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -47,16 +53,23 @@ def publisher_main(
         return
     _, rate, duration, drain = msg
     try:
-        result = publish(setup.ready[0], size, ack, rate, duration, drain)
+        result = publish(setup.ready[0], size, ack, rate, duration, drain, subjects)
     finally:
         close_all(setup.ready)
     ctrl.send(("done", result))
 
 
 def publish(
-    conn: RawConn, size: int, ack: bool, rate: float, duration: float, drain: float
+    conn: RawConn,
+    size: int,
+    ack: bool,
+    rate: float,
+    duration: float,
+    drain: float,
+    subjects: int = 1,
 ) -> dict:
     sock = conn.sock
+    subject_names = [subject_for(i, subjects) for i in range(subjects)]
     total = max(1, round(rate * duration))
     period_ns = 1e9 / rate
     padding = b"x" * (size - STAMP_END)
@@ -112,7 +125,7 @@ def publish(
         late_max = max(late_max, late)
         op: dict[str, Any] = {
             "op": "publish",
-            "subject": SUBJECT,
+            "subject": subject_names[sent % subjects],
             "content": MARK + b"%019d" % time.monotonic_ns() + padding,
         }
         if ack:

@@ -6,6 +6,7 @@ import argparse
 import multiprocessing as mp
 from collections import Counter
 
+from _fanout_stamp import expected_for
 from _latency import dense, merge_hist, percentiles_ms
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -18,16 +19,20 @@ def summarise(args: argparse.Namespace, figures: dict) -> dict:
     subscribed = figures["subscribed"]
     hist = merge_hist([dense(r["hist"]) for r in results])
     received = sum(r["received"] for r in results)
-    expected = published["sent"] * subscribed
-    per_conn: Counter[int] = Counter()
+    subjects = getattr(args, "subjects", 1)
+    expected = sum(
+        expected_for(i, subjects, published["sent"]) for i in range(args.subscribers)
+    )
+    per_conn: Counter[int] = Counter()  # received - expected -> subscribers
     closes: Counter[str] = Counter()
     for r in results:
-        per_conn.update({int(k): v for k, v in r["per_conn_counts"].items()})
+        per_conn.update({int(k): v for k, v in r["per_conn_delta"].items()})
         closes.update(r["closes"])
-    short = sum(v for k, v in per_conn.items() if k < published["sent"])
-    extra = sum(v for k, v in per_conn.items() if k > published["sent"])
+    short = sum(v for k, v in per_conn.items() if k < 0)
+    extra = sum(v for k, v in per_conn.items() if k > 0)
     latency = percentiles_ms(hist, QUANTILES)
     latency["max"] = max(r["max_ns"] for r in results) / 1e6
+    gaps = loop_gap_in_window(figures["stats_after"], figures.get("window", (0.0, 0.0)))
     load_cpu = sum(v for k, v in cpu.items() if k.startswith(("subscribers", "publisher")))
     all_delivered = received == expected and short == 0 and subscribed == args.subscribers
     passed = all_delivered and latency["p99"] <= TARGET_P99_MS
@@ -41,6 +46,8 @@ def summarise(args: argparse.Namespace, figures: dict) -> dict:
         "benchmark": "fanout",
         "settings": args.set,
         "subscribers": args.subscribers,
+        "subjects": subjects,
+        "loop_gap_max_ms": gaps,
         "subscribed": subscribed,
         "rate": args.rate,
         "size": args.size,
@@ -54,9 +61,7 @@ def summarise(args: argparse.Namespace, figures: dict) -> dict:
         "deliveries_per_second": received / max(published["seconds"], 1e-9),
         "subscribers_short": short,
         "subscribers_extra": extra,
-        "subscriber_counts_off": {
-            str(k): v for k, v in sorted(per_conn.items()) if k != published["sent"]
-        },
+        "subscriber_counts_off": {str(k): v for k, v in sorted(per_conn.items()) if k != 0},
         "closes": dict(closes),
         "latency_ms": latency,
         "cpu_percent": cpu,
@@ -68,6 +73,15 @@ def summarise(args: argparse.Namespace, figures: dict) -> dict:
         "all_delivered": all_delivered,
         "pass": passed,
     }
+
+
+def loop_gap_in_window(stats: dict, window: tuple[float, float]) -> float | None:
+    """The server's largest event-loop gap (ms) in the publishing window (its /stats keep
+    the largest gap of each monotonic second, migratory/server/loop_gaps.py)."""
+    per_second = (stats.get("loop_gaps") or {}).get("per_second") or []
+    start, end = window
+    inside = [gap for second, gap in per_second if int(start) <= second <= int(end)]
+    return max(inside) if inside else None
 
 
 def report(result: dict) -> None:
@@ -87,6 +101,12 @@ def report(result: dict) -> None:
         f"{result['subscribers_short']} subscribers short, {result['subscribers_extra']} over"
     )
     print("latency ms           : " + ", ".join(f"{k} {v:.1f}" for k, v in lat.items()))
+    gap = result.get("loop_gap_max_ms")
+    print(
+        "longest loop stall   : "
+        + ("not reported by the server" if gap is None else f"{gap:.1f} ms")
+        + f" ({result.get('subjects', 1)} subject(s), {result['subscribers']} subscribers)"
+    )
     if pub["acks"]:
         ack = pub["ack_ms"]
         print(

@@ -16,6 +16,17 @@ from _wsraw import RECV_SIZE
 from migratory.protocol.websocket import encode_binary
 
 SUBJECT = "/bench/fanout"
+
+
+def subject_for(index: int, subjects: int) -> str:
+    """Subscriber ``index``'s subject, and message ``index``'s (round-robin over them)."""
+    return SUBJECT if subjects == 1 else f"{SUBJECT}/{index % subjects}"
+
+
+def expected_for(index: int, subjects: int, sent: int) -> int:
+    """How many of ``sent`` round-robin messages subscriber ``index`` should receive."""
+    return sent // subjects + (1 if index % subjects < sent % subjects else 0)
+
 MARK = b"@@TS"
 STAMP_END = len(MARK) + 19  # the stamp's digits end this far after the marker
 STAMP = re.compile(re.escape(MARK) + rb"(\d{19})")

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 import cbor2
-from _fanout_stamp import SUBJECT, scan_stamps
+from _fanout_stamp import expected_for, scan_stamps, subject_for
 from _latency import BUCKET_NS, BUCKETS, sparse
 from _procfs import die_with_parent, raise_nofile
 from _wsraw import OPCODE_CLOSE, RECV_SIZE, RawConn, close_all, close_code, masked, open_connections
@@ -28,17 +28,19 @@ def subscriber_main(
     count: int,
     setup_timeout: float,
     lifetime: float,
+    subjects: int = 1,
 ) -> None:
     """Open ``count`` subscribers, report ready, count deliveries until told to finish."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     die_with_parent()
     raise_nofile()
     hard_deadline = time.monotonic() + lifetime
-    subscribe = masked(cbor2.dumps({"op": "subscribe", "subjects": [{"subject": SUBJECT}]}))
 
     def frames_for(index: int) -> bytes:
         connect = {"op": "connect", "version": 1, "client": f"bench-{index}"}
-        return masked(cbor2.dumps(connect)) + subscribe
+        subject = subject_for(index, subjects)
+        subscribe = {"op": "subscribe", "subjects": [{"subject": subject}]}
+        return masked(cbor2.dumps(connect)) + masked(cbor2.dumps(subscribe))
 
     setup = open_connections(
         host,
@@ -50,13 +52,15 @@ def subscriber_main(
     )
     ctrl.send(("ready", len(setup.ready), dict(setup.failures), setup.seconds))
     try:
-        result = count_deliveries(setup.ready, ctrl, hard_deadline)
+        result = count_deliveries(setup.ready, ctrl, hard_deadline, subjects)
     finally:
         close_all(setup.ready)
     ctrl.send(("result", result))
 
 
-def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: float) -> dict:
+def count_deliveries(
+    conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: float, subjects: int = 1
+) -> dict:
     """The hot loop: recv, find the stamps, bucket latencies. No CBOR decoding.
 
     One C-level regex scan per ``recv`` (:func:`scan_stamps`) finds every
@@ -77,7 +81,8 @@ def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: 
     max_ns = 0
     total = 0
     closes: Counter[str] = Counter()
-    expected_each: int | None = None
+    expected_total: int | None = None
+    sent = 0
     drain_until = hard_deadline
     open_conns = len(conns)
     recvs = 0
@@ -93,9 +98,7 @@ def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: 
             if now_s >= hard_deadline:
                 closes["load generator lifetime exceeded"] += 1
                 break
-            if expected_each is not None and (
-                now_s >= drain_until or total >= expected_each * open_conns
-            ):
+            if expected_total is not None and (now_s >= drain_until or total >= expected_total):
                 break
             events = ep.poll(0.05)
             polls += 1
@@ -105,7 +108,12 @@ def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: 
                     if fd == ctrl_fd:
                         msg = ctrl.recv()
                         if msg[0] == "finish":
-                            expected_each = msg[1]
+                            sent = msg[1]
+                            expected_total = sum(
+                                expected_for(c.index, subjects, sent)
+                                for c in conns
+                                if c.sock.fileno() in by_fd
+                            )
                             drain_until = min(time.monotonic() + msg[2], hard_deadline)
                     continue
                 try:
@@ -137,13 +145,14 @@ def count_deliveries(conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: 
                 total += got
     finally:
         ep.close()
-    per_conn = Counter(conn.count for conn in conns)
+    # received minus expected, per subscriber: 0 for every one when all arrived once
+    per_conn = Counter(conn.count - expected_for(conn.index, subjects, sent) for conn in conns)
     return {
         "subscribers": len(conns),
         "received": total,
         "max_ns": max_ns,
         "hist": sparse(hist),
-        "per_conn_counts": dict(per_conn),
+        "per_conn_delta": dict(per_conn),
         "closes": dict(closes),
         "recvs": recvs,
         "polls": polls,

@@ -16,6 +16,7 @@ from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
+from migratory.server import loop_gaps
 from migratory.server.connection import Connection
 from migratory.server.context import (
     LocalPublishing,
@@ -116,6 +117,7 @@ class Server:
             readiness=self.drain.readiness(readiness or (lambda: None)),
             cluster_status=cluster_status,
         )
+        self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
         self.dirty: set[Connection] = set()  # wait for the batch tick
         self.write_immediately = config.batch_time == 0
@@ -154,6 +156,7 @@ class Server:
                 if self.idle_write:
                     nursery.start_soon(self._idle_write_loop)
                 nursery.start_soon(self._tick_loop)
+                nursery.start_soon(loop_gaps.probe, self.ctx.loop_gaps)
                 if self.config.cluster_rebalance_rate and self.config.clustered:
                     nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
                 log.info(

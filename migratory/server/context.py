@@ -74,6 +74,7 @@ class ServerContext:
     readiness: Callable[[], str | None] = field(default=lambda: None)
     cluster_status: Callable[[], dict[str, Any]] | None = None
     gc_pauses: Any = None  # GcPauseStatistics once serving (migratory.server.gc_pauses)
+    loop_gaps: Any = None  # LoopGaps once serving (migratory.server.loop_gaps)
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""
@@ -84,4 +85,5 @@ class ServerContext:
             **asdict(self.hub.statistics()),
             "publishing": self.publishing.statistics(),
             "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
+            "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
         }

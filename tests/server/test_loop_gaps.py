@@ -1,0 +1,51 @@
+"""Event-loop gaps: the probe's lateness, kept per second, and a real stall measured."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from migratory.server.loop_gaps import LONG_GAP_SECONDS, LoopGaps, probe
+
+
+def test_the_largest_gap_of_each_second_is_kept() -> None:
+    gaps = LoopGaps(keep=3)
+    gaps.record(100.1, 0.001)
+    gaps.record(100.5, 0.020)
+    gaps.record(100.9, 0.002)
+    gaps.record(101.2, 0.004)
+    assert gaps.statistics()["per_second"] == [[100, 20.0], [101, 4.0]]
+    assert gaps.max_between(101.0, 101.9) == 4.0
+    assert gaps.max_between(100.0, 101.9) == 20.0
+    assert gaps.max_between(50.0, 60.0) is None
+    for second in (102, 103, 104):
+        gaps.record(second + 0.5, 0.001)
+    assert [s for s, _ in gaps.statistics()["per_second"]] == [102, 103, 104]
+    assert gaps.max_ms == 20.0  # since start, whatever was dropped
+
+
+def test_long_gaps_are_counted_and_early_wake_ups_are_not_negative() -> None:
+    gaps = LoopGaps()
+    gaps.record(10.0, LONG_GAP_SECONDS)
+    gaps.record(10.1, LONG_GAP_SECONDS / 2)
+    gaps.record(10.2, -0.001)
+    stats = gaps.statistics()
+    assert stats["long_gaps"] == 1 and stats["probes"] == 3
+    assert stats["per_second"] == [[10, LONG_GAP_SECONDS * 1000]]
+
+
+def test_a_task_that_blocks_the_loop_shows_as_a_gap() -> None:
+    gaps = LoopGaps()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe, gaps)
+            await trio.sleep(0.05)
+            time.sleep(0.12)  # the stall: nothing else runs meanwhile
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert 110 <= gaps.max_ms < 1000
+    assert gaps.long_gaps == 1
