@@ -2,10 +2,36 @@
 
 from collections import deque
 from itertools import islice
+from typing import Any
 
-from migratory.model.message import Message
+from migratory.model.message import Message, MessageType, Qos
 
 __all__ = ["SubjectCache"]
+
+# An entry: (stored at, epoch, seq, subject, content, fields as pairs, retained, qos,
+# closure, type) -- a tuple of immutable atoms only. CPython's collector stops tracking
+# such a tuple the first time it sees it, so a full cache costs the collector nothing;
+# storing ``Message`` objects (two tracked objects per message: the message and its
+# ``(time, message)`` tuple) made every full collection walk every cached message, and
+# with 100,000 cached messages a collection stopped the server for 190-355 ms
+# (docs/benchmarks.md, issue 13). Messages are rebuilt when recovery or history reads.
+_Entry = tuple[Any, ...]
+_AT, _EPOCH, _SEQ = 0, 1, 2
+
+
+def _entry(message: Message, now: float) -> _Entry:
+    return (
+        now, message.epoch, message.seq, message.subject, message.content,
+        tuple(message.fields.items()), message.retained, message.qos.value,
+        message.closure, message.type.value,
+    )
+
+
+def _message(entry: _Entry) -> Message:
+    _, epoch, seq, subject, content, fields, retained, qos, closure, kind = entry
+    return Message(
+        subject, content, dict(fields), retained, Qos(qos), closure, epoch, seq, MessageType(kind)
+    )
 
 
 class SubjectCache:
@@ -36,7 +62,7 @@ class SubjectCache:
         self._max_messages = max_messages
         self._expire_seconds = expire_seconds
         self._last_seq_seen = last_seq_seen
-        self._entries: deque[tuple[float, Message]] = deque(maxlen=max_messages)
+        self._entries: deque[_Entry] = deque(maxlen=max_messages)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -60,12 +86,12 @@ class SubjectCache:
     @property
     def first_seq(self) -> int | None:
         """Seq of the oldest cached message, None when empty."""
-        return self._entries[0][1].seq if self._entries else None
+        return self._entries[0][_SEQ] if self._entries else None
 
     @property
     def last_seq(self) -> int | None:
         """Seq of the newest cached message, None when empty."""
-        return self._entries[-1][1].seq if self._entries else None
+        return self._entries[-1][_SEQ] if self._entries else None
 
     @property
     def last_seq_seen(self) -> int:
@@ -87,12 +113,12 @@ class SubjectCache:
                 )
         elif seq < 1:
             raise ValueError(f"seq must be >= 1, got {seq} for {message.subject!r}")
-        if self._entries and message.epoch != self._entries[-1][1].epoch:
+        if self._entries and message.epoch != self._entries[-1][_EPOCH]:
             raise ValueError(
-                f"epoch {message.epoch} differs from cached epoch {self._entries[-1][1].epoch}"
+                f"epoch {message.epoch} differs from cached epoch {self._entries[-1][_EPOCH]}"
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
-        self._entries.append((now, message))
+        self._entries.append(_entry(message, now))
         self._last_seq_seen = seq
 
     def reset(self) -> None:
@@ -105,7 +131,7 @@ class SubjectCache:
         expire_seconds = self._expire_seconds
         entries = self._entries
         dropped = 0
-        while entries and now - entries[0][0] > expire_seconds:
+        while entries and now - entries[0][_AT] > expire_seconds:
             entries.popleft()
             dropped += 1
         return dropped
@@ -123,7 +149,7 @@ class SubjectCache:
         entries = self._entries
         if not entries:
             return [] if seq == self._last_seq_seen else None
-        start = seq + 1 - entries[0][1].seq
+        start = seq + 1 - entries[0][_SEQ]
         if start < 0:
             return None
         return self._newest(len(entries) - start)
@@ -139,7 +165,7 @@ class SubjectCache:
         entries = self._entries
         skip = len(entries) - count
         if count <= skip:
-            newest = [message for _, message in islice(reversed(entries), count)]
+            newest = [_message(entry) for entry in islice(reversed(entries), count)]
             newest.reverse()
             return newest
-        return [message for _, message in islice(entries, skip, None)]
+        return [_message(entry) for entry in islice(entries, skip, None)]
