@@ -9,7 +9,7 @@ SEED     ?= 1
 DURATION ?= 3m
 RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
-.PHONY: serve test lint typecheck pytest bench chaos image clean
+.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos image clean
 
 $(VENV)/.created:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,17 @@ $(STAMP): pyproject.toml $(VENV)/.created
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/migratory serve $(if $(CONFIG),--config $(CONFIG),)
 
-test: $(STAMP)
+# Debian packages the tests run (mosquitto_pub / mosquitto_sub: independent MQTT clients)
+DEBIAN_TEST_PACKAGES := mosquitto-clients
+debian-test-packages:
+	@command -v mosquitto_sub >/dev/null && command -v mosquitto_pub >/dev/null || { \
+	  echo "installing $(DEBIAN_TEST_PACKAGES) (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    $(DEBIAN_TEST_PACKAGES); }
+
+test: $(STAMP) debian-test-packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest

@@ -56,6 +56,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("Listen", "listen", _addresses, "127.0.0.1:8800",
             "Comma-separated host:port addresses for WebSocket and HTTP clients; port 0 picks "
             "a free port (printed at start)."),
+    Setting("ListenMqtt", "listen_mqtt", _optional_addresses, "",
+            "Comma-separated host:port addresses for MQTT 3.1.1 clients over TCP (see "
+            "docs/mqtt.md; MQTT over WebSocket needs no key: subprotocol `mqtt` on a Listen "
+            "port); empty: no MQTT listener; port 0 picks a free port (printed at start)."),
     Setting("ServerName", "server_name", _text, "migratory",
             "Name sent to clients in `connected` and used in logs."),
     Setting("LogLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
@@ -84,7 +88,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Largest content + subject + fields of a publish; larger ones get "
             "MESSAGE_SIZE_LIMIT_EXCEEDED."),
     Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
-            "Largest WebSocket message a client may send; larger ones close with 1009."),
+            "Largest WebSocket message or MQTT packet a client may send; larger ones close "
+            "the connection (WebSocket: 1009)."),
     Setting("ClientMaxPendingBytes", "client_max_pending_bytes", _int(1024, unit=" of bytes"),
             "4194304",
             "Bytes queued for a client that does not read before it is cut off as a slow "
@@ -154,6 +159,7 @@ _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
 @dataclass(frozen=True, slots=True)
 class Config:
     listen: tuple[tuple[str, int], ...]
+    listen_mqtt: tuple[tuple[str, int], ...]
     server_name: str
     log_level: str
     entitlement: str
@@ -225,7 +231,7 @@ class Config:
             value = getattr(self, setting.attr)
             if setting.attr == "cluster_members" and self.cluster_member_template:
                 out[setting.key] = ""  # generated from the template
-            elif setting.attr in ("listen", "cluster_members"):
+            elif setting.attr in ("listen", "listen_mqtt", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
             elif setting.attr in ("cluster_member_listen", "cluster_member_bind"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
@@ -299,6 +305,12 @@ def _check(config: Config, key: _Origins) -> Config:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "
             "(the publishing token)"
+        )
+    shared = {a for a in config.listen_mqtt if a[1] != 0} & set(config.listen)
+    if shared:
+        raise ConfigError(
+            f"{key('ListenMqtt')} and {key('Listen')} both name "
+            f"{', '.join(f'{h}:{p}' for h, p in sorted(shared))}"
         )
     if config.max_frame_size <= config.max_message_size:
         raise ConfigError(

@@ -29,6 +29,13 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"server did not start: {line!r}\n{self.log()}")
         self.port = int(line.rsplit(":", 1)[1])
+        self.mqtt_port = 0  # with ListenMqtt: its first port (the next ready line)
+        if settings.get("ListenMqtt"):
+            line = self.proc.stdout.readline().decode()
+            if not line.startswith("listening mqtt://"):
+                self.stop()
+                raise RuntimeError(f"no MQTT listener: {line!r}\n{self.log()}")
+            self.mqtt_port = int(line.rsplit(":", 1)[1])
 
     @property
     def url(self) -> str:

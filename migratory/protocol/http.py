@@ -333,8 +333,18 @@ def new_websocket_key() -> str:
     return base64.b64encode(os.urandom(16)).decode("ascii")
 
 
-def handshake_response(request: Request) -> bytes:
-    """The 101 answer to a valid upgrade; echoes ``migratory.cbor`` if the client offered it.
+MQTT_SUBPROTOCOL = "mqtt"
+
+
+def wants_mqtt(request: Request) -> bool:
+    """A WebSocket upgrade offering subprotocol ``mqtt`` and not the native one."""
+    offered = request._tokens("sec-websocket-protocol")
+    return MQTT_SUBPROTOCOL in offered and SUBPROTOCOL not in offered
+
+
+def handshake_response(request: Request, *, subprotocol: str | None = None) -> bytes:
+    """The 101 answer to a valid upgrade; echoes ``migratory.cbor`` if the client offered it
+    (or ``subprotocol``, the one the server chose).
 
     No extension is ever accepted. Raises :class:`HttpError` if ``request`` is
     not a valid WebSocket handshake.
@@ -351,7 +361,9 @@ def handshake_response(request: Request) -> bytes:
         "Connection: Upgrade\r\n",
         f"Sec-WebSocket-Accept: {websocket_accept(key)}\r\n",
     ]
-    if SUBPROTOCOL in request._tokens("sec-websocket-protocol"):
+    if subprotocol is not None:
+        lines.append(f"Sec-WebSocket-Protocol: {subprotocol}\r\n")
+    elif SUBPROTOCOL in request._tokens("sec-websocket-protocol"):
         lines.append(f"Sec-WebSocket-Protocol: {SUBPROTOCOL}\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("ascii")

@@ -28,6 +28,7 @@ from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
+from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.rebalance import Rebalancer
 
 log = logging.getLogger("migratory.server")
@@ -134,6 +135,8 @@ class Server:
         self._urgent_wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.addresses: list[tuple[str, int]] = []
+        self.mqtt_addresses: list[tuple[str, int]] = []
+        self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -145,12 +148,21 @@ class Server:
     ) -> None:
         """Run until cancelled; ``task_status.started`` gets the bound addresses."""
         listeners = open_listeners(self.config.listen)
+        try:
+            mqtt_listeners = open_listeners(self.config.listen_mqtt)
+        except BaseException:
+            for sock in listeners:
+                sock.close()
+            raise
         self.addresses = [sock.getsockname()[:2] for sock in listeners]
+        self.mqtt_addresses = [sock.getsockname()[:2] for sock in mqtt_listeners]
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 for sock in listeners:
-                    nursery.start_soon(self._accept_loop, sock)
+                    nursery.start_soon(self._accept_loop, sock, Connection)
+                for sock in mqtt_listeners:
+                    nursery.start_soon(self._accept_loop, sock, MqttConnection)
                 if not self.write_immediately:
                     nursery.start_soon(self._batch_loop)
                 if self.idle_write:
@@ -167,10 +179,12 @@ class Server:
                 )
                 task_status.started(self.addresses)
         finally:
-            for sock in listeners:
+            for sock in (*listeners, *mqtt_listeners):
                 sock.close()
 
-    async def _accept_loop(self, listener: socket.socket) -> None:
+    async def _accept_loop(
+        self, listener: socket.socket, connection_type: type[Connection]
+    ) -> None:
         stats = self.ctx.stats
         while True:
             await trio.lowlevel.wait_readable(listener)
@@ -185,7 +199,7 @@ class Server:
                     break
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connection = Connection(self, sock, f"{address[0]}:{address[1]}")
+                connection = connection_type(self, sock, f"{address[0]}:{address[1]}")
                 self.connections.add(connection)
                 stats.connections_accepted += 1
                 stats.connections_open = len(self.connections)
@@ -311,6 +325,11 @@ async def run_until_signalled(
                 log.info("listening on ws://%s:%d/ (open-file limit %d)", shown, port, limit)
                 if ready_line:
                     print(f"listening ws://{shown}:{port}", flush=True)
+            for host, port in server.mqtt_addresses:
+                shown = f"[{host}]" if ":" in host else host
+                log.info("listening on mqtt://%s:%d", shown, port)
+                if ready_line:
+                    print(f"listening mqtt://{shown}:{port}", flush=True)
             async for signum in signals:
                 log.info("%s received: shutting down", signal.Signals(signum).name)
                 break

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from migratory.protocol import close_codes
+from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 
 if TYPE_CHECKING:
@@ -35,10 +36,13 @@ class Connection:
     def __init__(self, server: Server, sock: socket.socket, peer: str) -> None:
         self.server = server
         self.sock = sock
-        self.session = Session(server.ctx, self, peer)
+        self.session: Session | MqttSession = self._new_session(peer)
         self.writing = False  # a partial write is pending; a drain task owns the socket
         self._closed = False
         self._read_scope: trio.CancelScope | None = None
+
+    def _new_session(self, peer: str) -> Session | MqttSession:
+        return Session(self.server.ctx, self, peer)
 
     # --- Link (called by the session) -------------------------------------------
 
@@ -115,27 +119,36 @@ class Connection:
             self._abort()
 
     async def _read_until_closing(self) -> None:
-        session = self.session
         try:
             with trio.move_on_after(self.server.ctx.config.handshake_timeout):
-                while not session.connected:
+                while not self.session.connected:
                     if not await self._read_once():
                         return
+            session = self.session  # an MqttSession after a WebSocket upgrade to MQTT
             if not session.connected:
                 if session.is_websocket:
                     session.close(close_codes.CONNECT_TIMEOUT.code, "no connect in time")
                 return
-            while await self._read_once():
-                pass
+            if not isinstance(session, MqttSession) or not session.keep_alive:
+                while await self._read_once():
+                    pass
+                return
+            while True:  # MQTT: cut off after 1.5 x keep-alive without a byte
+                with trio.move_on_after(session.keep_alive * 1.5) as waited:
+                    if not await self._read_once():
+                        return
+                if waited.cancelled_caught:
+                    session.keep_alive_expired()
+                    self.flush()
+                    return
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             raise
         except Exception:
-            log.exception("%s: internal error", session.describe())
-            session.close(close_codes.INTERNAL_ERROR.code, "internal error")
+            log.exception("%s: internal error", self.session.describe())
+            self.session.close(close_codes.INTERNAL_ERROR.code, "internal error")
 
     async def _read_once(self) -> bool:
         """Read and process one chunk; False once the connection is over."""
-        session = self.session
         await trio.lowlevel.wait_readable(self.sock)
         try:
             data = self.sock.recv(RECV_SIZE)
@@ -143,11 +156,30 @@ class Connection:
             return True
         if not data:
             return False
-        session.receive_data(data, trio.current_time())
+        now = trio.current_time()
+        self.session.receive_data(data, now)
+        if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:
+            self._become_mqtt(now)
         self.flush()
         if self.server.write_immediately:
             self.server.flush_dirty()
+        session = self.session
         return not (session.aborted or session.closing)
+
+    def _become_mqtt(self, now: float) -> None:
+        """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over
+        the connection (and the 101 answer queued in the outbox)."""
+        native = self.session
+        assert isinstance(native, Session)
+        trailing = native.mqtt_upgrade or b""
+        native.mqtt_upgrade = None
+        mqtt = MqttSession(
+            self.server.ctx, self, native.peer, self.server.mqtt_sessions, websocket=True
+        )
+        mqtt.outbox = native.outbox
+        self.session = mqtt
+        if trailing:
+            mqtt.receive_data(trailing, now)
 
     async def _finish(self) -> None:
         """Let queued bytes (the close frame) drain, half-close, wait briefly for the peer."""

@@ -59,6 +59,11 @@ class ServerStatistics:
     publishes_refused: int = 0
     protocol_errors: int = 0
     slow_consumers: int = 0
+    mqtt_sessions_opened: int = 0
+    mqtt_sessions_resumed: int = 0  # persistent sessions taken up again (clean session 0)
+    mqtt_protocol_errors: int = 0  # malformed MQTT packets (each closed its connection)
+    mqtt_resyncs: int = 0  # resumed subjects the cache no longer reached: snapshot sent
+    mqtt_wills_published: int = 0
     bytes_written: int = 0
     writes: int = 0
 

@@ -19,6 +19,7 @@ from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
+from migratory.model.topic import FilterIndex, filter_matches
 from migratory.protocol import ops
 from migratory.protocol.websocket import encode_binary
 from migratory.server.faults import DeliveryFault, DeliveryFaults
@@ -26,6 +27,14 @@ from migratory.server.faults import DeliveryFault, DeliveryFaults
 
 class Sink(Protocol):
     def deliver(self, frame: bytes) -> None: ...
+
+
+class MessageSink(Protocol):
+    """A subscriber that encodes messages itself (an MQTT session): the hub hands it the
+    message and the QoS granted to the subscription that matched. The same message may
+    come twice when two of its filters match (the sink drops what it already has)."""
+
+    def deliver_message(self, message: Message, qos: int) -> None: ...
 
 
 def message_frame(message: Message) -> bytes:
@@ -37,7 +46,8 @@ class SubjectState:
     """Everything the hub knows about one subject."""
 
     __slots__ = (
-        "cache", "conflated", "epoch", "seq", "snapshot", "subject", "subscribers", "waiting"
+        "cache", "conflated", "epoch", "listeners", "seq", "snapshot", "subject", "subscribers",
+        "waiting",
     )
 
     def __init__(self, subject: str, epoch: int, cache: SubjectCache) -> None:
@@ -51,6 +61,8 @@ class SubjectState:
         self.conflated: dict[Sink, Conflator] = {}
         # resumes from a position this member has not reached yet (it lags the cluster)
         self.waiting: dict[Sink, _Waiting] = {}
+        # sinks of whole messages subscribed to exactly this subject -> granted QoS
+        self.listeners: dict[MessageSink, int] = {}
 
     @property
     def position(self) -> Position:
@@ -59,7 +71,13 @@ class SubjectState:
     @property
     def idle(self) -> bool:
         """No subscribers and nothing ever published: safe to forget."""
-        return self.seq == 0 and not self.subscribers and not self.conflated and not self.waiting
+        return (
+            self.seq == 0
+            and not self.subscribers
+            and not self.conflated
+            and not self.waiting
+            and not self.listeners
+        )
 
 
 class _Waiting(NamedTuple):
@@ -98,6 +116,7 @@ class Hub:
         self._publish_snapshot = publish_snapshot
         self._subjects: dict[str, SubjectState] = {}
         self._with_conflation: set[SubjectState] = set()
+        self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
         self._published = 0
         self._fanned_out = 0
 
@@ -160,8 +179,21 @@ class Hub:
             self._fanned_out += len(subscribers)
         for conflator in state.conflated.values():
             conflator.offer(message)  # offer() never calls out
+        if state.listeners or self._filters:
+            self._tell_listeners(state, message)
         if state.waiting:
             self._settle_waiting(state, now)
+
+    def _tell_listeners(self, state: SubjectState, message: Message) -> None:
+        told = 0
+        for sink, qos in tuple(state.listeners.items()):
+            sink.deliver_message(message, qos)
+            told += 1
+        if self._filters and not state.subject.startswith("/$"):
+            for sink, qos in list(self._filters.match(state.subject)):
+                sink.deliver_message(message, qos)
+                told += 1
+        self._fanned_out += told
 
     # --- subscribing --------------------------------------------------------
 
@@ -254,6 +286,43 @@ class Hub:
             return state.cache.since(0)
         return None
 
+    # --- message sinks (MQTT) -------------------------------------------------
+
+    def listen(self, sink: MessageSink, subject: str, qos: int) -> None:
+        """Deliver every later message of ``subject`` to ``sink`` (validated, entitled)."""
+        self._state(subject).listeners[sink] = qos
+
+    def unlisten(self, sink: MessageSink, subject: str) -> None:
+        state = self._subjects.get(subject)
+        if state is not None:
+            state.listeners.pop(sink, None)
+            if state.idle:
+                del self._subjects[subject]
+
+    def listen_filter(self, sink: MessageSink, levels: tuple[str, ...], qos: int) -> None:
+        """Deliver every later message of every subject ``levels`` matches to ``sink``."""
+        self._filters.add(levels, sink, qos)
+
+    def unlisten_filter(self, sink: MessageSink, levels: tuple[str, ...]) -> None:
+        self._filters.remove(levels, sink)
+
+    def missed(self, subject: str, position: Position) -> list[Message] | None:
+        """The cached messages of ``subject`` after ``position`` (oldest first), or None
+        when the cache cannot tell them (another epoch, or it no longer reaches back)."""
+        state = self._subjects.get(subject)
+        if state is None:
+            return [] if position.seq == 0 else None
+        return self._missed(state, position)
+
+    def matching(self, levels: tuple[str, ...]) -> list[tuple[str, Position, Message | None]]:
+        """``(subject, position, snapshot)`` of every subject a wildcard filter matches
+        (never ``/$...`` ones)."""
+        return [
+            (state.subject, state.position, state.snapshot)
+            for state in self._subjects.values()
+            if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
+        ]
+
     def unsubscribe(self, sink: Sink, subject: str) -> None:
         state = self._subjects.get(subject)
         if state is None:
@@ -313,7 +382,8 @@ class Hub:
             if position.seq == 0:
                 return
             state = self._state(subject)
-        before = state.position if (state.subscribers or state.conflated) else None
+        live = state.subscribers or state.conflated or state.listeners
+        before = state.position if live else None
         state.epoch, state.seq = position.epoch, position.seq
         state.snapshot = snapshot if position.seq else None
         state.cache = cache
@@ -330,6 +400,10 @@ class Hub:
         if state.position == before:
             return
         missed = self._missed(state, before)
+        for listener, qos in tuple(state.listeners.items()):  # they drop what they have
+            for message in missed if missed is not None else [state.snapshot]:
+                if message is not None:
+                    listener.deliver_message(message, qos)
         if missed is not None:
             for message in missed:
                 frame = message_frame(message)
@@ -382,8 +456,8 @@ class Hub:
     def statistics(self) -> HubStatistics:
         return HubStatistics(
             subjects=len(self._subjects),
-            subscriptions=sum(
-                len(s.subscribers) + len(s.conflated) + len(s.waiting)
+            subscriptions=len(self._filters) + sum(
+                len(s.subscribers) + len(s.conflated) + len(s.waiting) + len(s.listeners)
                 for s in self._subjects.values()
             ),
             messages_published=self._published,

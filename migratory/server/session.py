@@ -21,9 +21,17 @@ from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol import close_codes, ops
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import HttpError, Request, RequestParser, handshake_response
+from migratory.protocol.http import (
+    MQTT_SUBPROTOCOL,
+    HttpError,
+    Request,
+    RequestParser,
+    handshake_response,
+    wants_mqtt,
+)
 from migratory.server import http_routes
 from migratory.server.context import ServerContext
+from migratory.server.mqtt_store import SESSION_PREFIX
 
 log = logging.getLogger("migratory.session")
 
@@ -48,6 +56,7 @@ class Session:
         "close_code",
         "closing",
         "identity",
+        "mqtt_upgrade",
         "outbox",
         "peer",
         "subjects",
@@ -64,6 +73,9 @@ class Session:
         self._parser: RequestParser | None = RequestParser()
         self._decoder: ws.FrameDecoder | None = None
         self.identity: ClientIdentity | None = None
+        # a WebSocket upgrade chose subprotocol ``mqtt``: the bytes after the request,
+        # for the MQTT session that takes over the connection (connection.py)
+        self.mqtt_upgrade: bytes | None = None
         self.subjects: set[str] = set()
         self.closing = False  # write what is queued, then close
         self.aborted = False  # close now, drop what is queued
@@ -141,6 +153,10 @@ class Session:
         if request is None:
             return b""
         self._parser = None
+        if request.is_websocket_upgrade and wants_mqtt(request):
+            self._send_unbounded(handshake_response(request, subprotocol=MQTT_SUBPROTOCOL))
+            self.mqtt_upgrade = parser.trailing
+            return b""
         if request.is_websocket_upgrade:
             self._decoder = ws.FrameDecoder(
                 client_frames=True, max_message_size=self._ctx.config.max_frame_size
@@ -224,6 +240,9 @@ class Session:
         except InvalidSubjectError as exc:
             self._deny(subject, exc.reason)
             return
+        if subject.startswith(SESSION_PREFIX):
+            self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
+            return
         if not self._ctx.entitlement.allow_subscribe(self.identity, subject):
             self._deny(subject, "not entitled to subscribe")
             return
@@ -251,6 +270,8 @@ class Session:
             validate_subject(message.subject)
         except InvalidSubjectError as exc:
             return ops.Status.PUBLISH_FAILED, exc.reason
+        if message.subject.startswith(SESSION_PREFIX):
+            return ops.Status.PUBLISH_DENIED, f"{SESSION_PREFIX} subjects are reserved"
         limit = self._ctx.config.max_message_size
         if message.size() > limit:
             return (

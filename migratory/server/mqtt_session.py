@@ -1,0 +1,498 @@
+"""One MQTT 3.1.1 client's protocol logic, without I/O (see docs/mqtt.md).
+
+Bytes go into :meth:`MqttSession.receive_data`; what to write ends up in
+:attr:`MqttSession.outbox`. The trio adapter (``mqtt_connection``) moves bytes,
+runs the keep-alive timer and obeys ``closing`` / ``aborted``, as for the native
+protocol. Over WebSocket (subprotocol ``mqtt``) the packets travel in binary
+frames; ``websocket=True`` unwraps and wraps them.
+
+Publishes go through the server's publish path like native ones: a QoS 1 PUBACK is
+sent when the path reports ``PUBLISH_OK`` (in a Guaranteed cluster, once a majority
+of seeds holds the message). A refused publish closes the connection (MQTT 3.1.1
+has no negative acknowledgement; acknowledging a message that was not stored would
+be a lie). Subscribers get whole messages from the hub (:class:`MessageSink`) and
+encode them; a QoS 0 PUBLISH is encoded once for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from migratory.entitlement import ClientIdentity
+from migratory.model.message import Message, Qos
+from migratory.model.outbox import Outbox, SlowConsumer
+from migratory.model.position import Position
+from migratory.model.topic import InvalidTopicError, topic_to_subject
+from migratory.protocol import close_codes, mqtt, ops
+from migratory.protocol import websocket as ws
+from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
+from migratory.server.mqtt_subscriptions import Subscriptions
+
+if TYPE_CHECKING:
+    from migratory.server.context import ServerContext
+    from migratory.server.session import Link
+
+log = logging.getLogger("migratory.mqtt")
+
+MAX_CLIENT_ID_BYTES = 256
+MAX_INFLIGHT = 65535  # QoS 1 deliveries not acknowledged yet: every packet id is taken
+
+
+class _SharedFrames:
+    """The QoS 0 frame of the message being fanned out, encoded once for every session."""
+
+    __slots__ = ("message", "plain", "topic_field", "wrapped")
+
+    def __init__(self) -> None:
+        self.message: Message | None = None
+        self.topic_field = b""
+        self.plain = b""
+        self.wrapped = b""
+
+    def topic(self, message: Message) -> bytes:
+        if self.message is not message:
+            self.message = message
+            self.topic_field = mqtt.publish_parts(message.subject[1:], b"")[0]
+            self.plain = mqtt.encode_publish_from_parts(
+                self.topic_field, message.content, qos=0, retain=False, packet_id=None
+            )
+            self.wrapped = b""
+        return self.topic_field
+
+    def qos0(self, message: Message, websocket: bool) -> bytes:
+        self.topic(message)
+        if not websocket:
+            return self.plain
+        if not self.wrapped:
+            self.wrapped = ws.encode_binary(self.plain)
+        return self.wrapped
+
+
+SHARED = _SharedFrames()
+
+
+class MqttSession:
+    """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
+
+    def __init__(
+        self,
+        ctx: ServerContext,
+        link: Link,
+        peer: str,
+        registry: dict[str, MqttSession],
+        *,
+        websocket: bool = False,
+    ) -> None:
+        self._ctx = ctx
+        self._link = link
+        self.peer = peer
+        self._registry = registry
+        self.websocket = websocket
+        config = ctx.config
+        self.outbox = Outbox(
+            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes
+        )
+        self._decoder = mqtt.MqttDecoder(server=True, max_packet_size=config.max_frame_size)
+        self._frames = (
+            ws.FrameDecoder(client_frames=True, max_message_size=config.max_frame_size)
+            if websocket else None
+        )
+        self.identity: ClientIdentity | None = None
+        self.client_id = ""
+        self.keep_alive = 0
+        self.persistent = False
+        self._will: mqtt.Will | None = None
+        self.subscriptions = Subscriptions(self, ctx.hub)
+        self._inflight: dict[int, tuple[str, Position]] = {}  # QoS 1 deliveries
+        self._next_packet_id = 0
+        self._record: SessionRecord | None = None  # persistent sessions only
+        self._saving = False
+        self._save_again = False
+        self._waiting_subacks: list[bytes] = []  # sent once the record is saved
+        self._now = 0.0
+        self._lost = False
+        self.closing = False
+        self.aborted = False
+        self.close_code: int | None = None
+
+    # --- what the connection and the server ask -------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self.identity is not None
+
+    @property
+    def is_websocket(self) -> bool:
+        """A client session the server may close (drain, rebalance, shutdown)."""
+        return True
+
+    def describe(self) -> str:
+        return f"mqtt client {self.client_id or '-'}@{self.peer}"
+
+    def flush(self) -> None:
+        self._link.flush_now()
+
+    # --- input ----------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        if self.closing or self.aborted:
+            return
+        self._now = now
+        try:
+            if self._frames is None:
+                self._decoder.receive_data(data)
+            elif not self._unwrap(data):
+                return
+            while not (self.closing or self.aborted):
+                packet = self._decoder.next_event()
+                if packet is None:
+                    break
+                self._on_packet(packet, now)
+        except mqtt.MqttProtocolError as exc:
+            self._protocol_error(exc.reason)
+        except ws.RemoteProtocolError as exc:
+            self._protocol_error(f"WebSocket: {exc.reason}")
+
+    def _unwrap(self, data: bytes) -> bool:
+        """Feed the MQTT bytes carried in WebSocket frames; False once closing."""
+        frames = self._frames
+        assert frames is not None
+        frames.receive_data(data)
+        while (event := frames.next_event()) is not None:
+            if isinstance(event, ws.BinaryMessage):
+                self._decoder.receive_data(event.data)
+            elif isinstance(event, ws.Ping):
+                self._send_raw(ws.encode_pong(event.payload))
+            elif isinstance(event, ws.CloseReceived):
+                self.close(close_codes.NORMAL.code, "")
+                return False
+            elif isinstance(event, ws.TextMessage):
+                self._protocol_error("WebSocket: MQTT travels in binary frames")
+                return False
+        return True
+
+    def _protocol_error(self, reason: str) -> None:
+        self._ctx.stats.protocol_errors += 1
+        self._ctx.stats.mqtt_protocol_errors += 1
+        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason)
+        self.close(close_codes.PROTOCOL_ERROR.code, reason)
+
+    def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
+        if isinstance(packet, mqtt.Connect):
+            self._on_connect(packet, now)
+        elif isinstance(packet, mqtt.Publish):
+            self._on_publish(packet, now)
+        elif isinstance(packet, mqtt.Puback):
+            self._on_puback(packet.packet_id)
+        elif isinstance(packet, mqtt.Subscribe):
+            self._on_subscribe(packet, now)
+        elif isinstance(packet, mqtt.Unsubscribe):
+            self.subscriptions.remove(packet.filters)
+            self._send(mqtt.encode_packet(mqtt.Unsuback(packet.packet_id)))
+            self._changed()
+        elif isinstance(packet, mqtt.Pingreq):
+            self._send(mqtt.PINGRESP_BYTES)
+        elif isinstance(packet, mqtt.Disconnect):
+            self._will = None  # a clean disconnect: the will is discarded
+            self.close(close_codes.NORMAL.code, "")
+
+    # --- CONNECT --------------------------------------------------------------
+
+    def _refuse(self, code: int, why: str) -> None:
+        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why)
+        self._send(mqtt.encode_packet(mqtt.Connack(False, code)))
+        self.close(close_codes.CONNECT_DENIED.code, why)
+
+    def _on_connect(self, packet: mqtt.Connect, now: float) -> None:
+        if packet.protocol_name != mqtt.PROTOCOL_NAME or packet.level != mqtt.PROTOCOL_LEVEL:
+            self._refuse(mqtt.REFUSED_PROTOCOL_VERSION, "only MQTT 3.1.1 (level 4) is spoken")
+            return
+        client_id = packet.client_id
+        if not client_id:
+            if not packet.clean_session:
+                self._refuse(mqtt.REFUSED_IDENTIFIER, "an empty client id needs clean session")
+                return
+            client_id = "migratory-" + os.urandom(8).hex()
+        if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
+            self._refuse(mqtt.REFUSED_IDENTIFIER, f"client id over {MAX_CLIENT_ID_BYTES} bytes")
+            return
+        self.client_id = client_id
+        if packet.will is not None:
+            try:
+                topic_to_subject(packet.will.topic)
+            except InvalidTopicError as exc:
+                self._protocol_error(f"will: {exc}")
+                return
+        not_ready = self._ctx.readiness()
+        if not_ready is not None:
+            self._refuse(mqtt.REFUSED_SERVER_UNAVAILABLE, not_ready)
+            return
+        try:
+            token = None if packet.password is None else packet.password.decode("utf-8")
+        except UnicodeDecodeError:
+            self._refuse(mqtt.REFUSED_BAD_CREDENTIALS, "the password is not UTF-8")
+            return
+        identity = ClientIdentity(name=(packet.username or client_id)[:200], token=token,
+                                  peer=self.peer)
+        if not self._ctx.entitlement.allow_connect(identity):
+            self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
+            return
+        self._take_over(client_id)
+        self.identity = identity
+        self.keep_alive = packet.keep_alive
+        self._will = packet.will
+        self.persistent = not packet.clean_session
+        self._ctx.stats.sessions_opened += 1
+        self._ctx.stats.mqtt_sessions_opened += 1
+        stored = self.subscriptions.stored(session_subject(client_id))
+        if self.persistent:
+            self._record = stored or SessionRecord()
+        elif stored is not None:  # clean session: the stored one is discarded
+            self._ctx.publishing.submit(
+                Message(session_subject(client_id), b"", retained=True), None, now
+            )
+        self._send(mqtt.encode_packet(mqtt.Connack(self.persistent and stored is not None, 0)))
+        if self.persistent and stored is not None:
+            self.subscriptions.resume(stored, now)
+            self._ctx.stats.mqtt_sessions_resumed += 1
+
+    def _take_over(self, client_id: str) -> None:
+        """A client id connects once per server: the older connection is closed."""
+        older = self._registry.get(client_id)
+        if older is not None and older is not self:
+            log.info("%s: taken over by a new connection", older.describe())
+            older.close(close_codes.NORMAL.code, "taken over")
+            older.flush()
+        self._registry[client_id] = self
+
+    # --- publishing -----------------------------------------------------------
+
+    def _on_publish(self, packet: mqtt.Publish, now: float) -> None:
+        assert self.identity is not None
+        ctx = self._ctx
+        ctx.stats.publishes_received += 1
+        try:
+            subject = topic_to_subject(packet.topic)
+        except InvalidTopicError as exc:
+            self._refused_publish(str(exc))
+            return
+        message = Message(
+            subject,
+            packet.payload,
+            retained=packet.retain,
+            qos=Qos.GUARANTEED if packet.qos else Qos.STANDARD,
+            closure=None if packet.packet_id is None else str(packet.packet_id),
+        )
+        limit = ctx.config.max_message_size
+        if message.size() > limit:
+            self._refused_publish(f"message is {message.size()} bytes, MaxMessageSize is {limit}")
+            return
+        if not ctx.entitlement.allow_publish(self.identity, subject):
+            self._refused_publish(f"not entitled to publish on {packet.topic!r}")
+            return
+        ctx.publishing.submit(message, self if packet.qos else None, now)
+
+    def _refused_publish(self, reason: str) -> None:
+        self._ctx.stats.publishes_refused += 1
+        log.info("%s: publish refused, closing: %s", self.describe(), reason)
+        self.close(close_codes.BAD_OPERATION.code, reason)
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        """The outcome of a QoS 1 publish, or of saving the session record."""
+        if status.closure == SESSION_CLOSURE:
+            self._saved(status)
+            return
+        if self.aborted:
+            return
+        if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
+            self._send(mqtt.encode_packet(mqtt.Puback(int(status.closure))))
+        elif not self.closing:
+            self._refused_publish(f"{status.status.value}: {status.reason or ''}")
+
+    # --- subscribing ----------------------------------------------------------
+
+    def _on_subscribe(self, packet: mqtt.Subscribe, now: float) -> None:
+        assert self.identity is not None
+        codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
+                      for f, qos in packet.requests)
+        suback = mqtt.encode_packet(mqtt.Suback(packet.packet_id, codes))
+        if self._record is None:
+            self._send(suback)
+            return
+        self._waiting_subacks.append(suback)  # the subscription survives a failover first
+        self._changed()
+
+    def entitlement_allows_subscribe(self, subject: str) -> bool:
+        assert self.identity is not None
+        return self._ctx.entitlement.allow_subscribe(self.identity, subject)
+
+    def note_position(self, subject: str, position: Position) -> None:
+        """Where a new subscription of ``subject`` starts."""
+        if position.epoch:
+            self.subscriptions.reached[subject] = position
+        if self._record is not None:
+            self._record.positions[subject] = position
+
+    def resynced(self, subject: str) -> None:
+        """A resume could not tell what was missed on ``subject``: the snapshot follows."""
+        self._ctx.stats.mqtt_resyncs += 1
+        log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
+                    self.describe(), subject)
+
+    def deliver_message(self, message: Message, qos: int) -> None:
+        """A live or recovered message of a subscribed subject (the hub calls this)."""
+        if self.closing or self.aborted:
+            return
+        if not self.subscriptions.take(message):
+            return  # already delivered (two filters match, or a recovery overlap)
+        if qos and message.qos is Qos.GUARANTEED:
+            self._deliver_qos1(message, retain=False)
+        else:
+            self._deliver(SHARED.qos0(message, self.websocket))
+            if self._record is not None:
+                self._record.positions[message.subject] = message.position
+                self._changed()
+
+    def deliver_retained(self, message: Message, qos: int) -> None:
+        """A snapshot sent because of a new subscription: RETAIN set."""
+        if not message.content:
+            return  # an empty retained message deletes it, for MQTT clients
+        self.subscriptions.take(message)
+        if qos and message.qos is Qos.GUARANTEED:
+            self._deliver_qos1(message, retain=True)
+        else:
+            frame = mqtt.encode_publish(message.subject[1:], message.content, retain=True)
+            self._deliver(self._wrap(frame))
+
+    def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
+        if len(self._inflight) >= MAX_INFLIGHT:
+            self._slow_consumer(f"{MAX_INFLIGHT} QoS 1 messages not acknowledged")
+            return
+        packet_id = self._next_free_packet_id()
+        self._inflight[packet_id] = (message.subject, message.position)
+        frame = mqtt.encode_publish_from_parts(
+            SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
+        )
+        self._deliver(self._wrap(frame))
+
+    def _next_free_packet_id(self) -> int:
+        packet_id = self._next_packet_id
+        while True:
+            packet_id = packet_id % 65535 + 1
+            if packet_id not in self._inflight:
+                self._next_packet_id = packet_id
+                return packet_id
+
+    def _on_puback(self, packet_id: int) -> None:
+        delivered = self._inflight.pop(packet_id, None)
+        if delivered is not None and self._record is not None:
+            subject, position = delivered
+            self._record.positions[subject] = position
+            self._changed()
+
+    # --- the persistent session record -----------------------------------------
+
+    def _changed(self) -> None:
+        """The session changed: save its record (one save in flight at a time)."""
+        record = self._record
+        if record is None:
+            return
+        record.filters = self.subscriptions.filters()
+        if self._saving:
+            self._save_again = True
+            return
+        self._saving = True
+        self._save_again = False
+        self.subscriptions.implied_positions(record)
+        self._ctx.publishing.submit(record.message(self.client_id), self, self._now)
+
+    def _saved(self, status: ops.PublishStatus) -> None:
+        """A save's outcome; a later change is saved now (even once the client is gone:
+        its last positions must survive it)."""
+        self._saving = False
+        if status.status is not ops.Status.PUBLISH_OK:
+            if not self.closing:
+                log.info("%s: session not saved (%s): closing", self.describe(), status.reason)
+                self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
+            return
+        subacks, self._waiting_subacks = self._waiting_subacks, []
+        for suback in subacks:
+            self._send(suback)
+        if self._save_again:
+            self._changed()
+        self.flush()
+
+    # --- output ---------------------------------------------------------------
+
+    def _wrap(self, packet: bytes) -> bytes:
+        return ws.encode_binary(packet) if self.websocket else packet
+
+    def _deliver(self, frame: bytes) -> None:
+        try:
+            full = self.outbox.enqueue(frame)
+        except SlowConsumer as exc:
+            self._slow_consumer(str(exc))
+            return
+        if full:
+            self._link.flush_now()
+        else:
+            self._link.mark_dirty()
+
+    def _send(self, packet: bytes) -> None:
+        if not (self.closing or self.aborted):
+            self._send_raw(self._wrap(packet))
+
+    def _send_raw(self, frame: bytes) -> None:
+        self.outbox.enqueue_unbounded(frame)
+
+    def _slow_consumer(self, why: str) -> None:
+        if self.closing or self.aborted:
+            return
+        self._ctx.stats.slow_consumers += 1
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), why)
+        self.outbox.discard(keep_first=self._link.writing)
+        self.close(close_codes.SLOW_CONSUMER.code, "slow consumer")
+        self._link.flush_now()
+
+    def keep_alive_expired(self) -> None:
+        log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
+                 self.keep_alive)
+        self.close(close_codes.GOING_AWAY.code, "keep-alive expired")
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the network connection once what is queued is written (MQTT 3.1.1 has
+        no server DISCONNECT); over WebSocket a close frame goes first."""
+        if self.closing or self.aborted:
+            return
+        self.close_code = code
+        self.connection_lost()
+        if self.websocket:
+            self._send_raw(ws.encode_close(code, reason[:120]))
+        self.closing = True
+
+    def connection_lost(self) -> None:
+        """Idempotent: forget the subscriptions, publish the will, save the positions."""
+        if self.identity is None or self._lost:
+            return
+        self._lost = True
+        self.subscriptions.detach()
+        if self._registry.get(self.client_id) is self:
+            del self._registry[self.client_id]
+        will, self._will = self._will, None
+        if will is not None:
+            self._publish_will(will)
+        if self._record is not None:
+            self._changed()
+
+    def _publish_will(self, will: mqtt.Will) -> None:
+        assert self.identity is not None
+        subject = topic_to_subject(will.topic)  # checked at CONNECT
+        if not self._ctx.entitlement.allow_publish(self.identity, subject):
+            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic)
+            return
+        message = Message(subject, will.payload, retained=will.retain,
+                          qos=Qos.GUARANTEED if will.qos else Qos.STANDARD)
+        self._ctx.publishing.submit(message, None, self._now)
+        self._ctx.stats.mqtt_wills_published += 1

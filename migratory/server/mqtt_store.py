@@ -1,0 +1,71 @@
+"""Where a persistent MQTT session (clean session = 0) lives: a retained message.
+
+The session's subscriptions and, per subject, the position of the last message the
+client has (acknowledged, for QoS 1) are the content of a retained message on the
+subject ``/$mqtt-session/<client id as hex>``. It is published like any message --
+in a Guaranteed cluster acknowledged once a majority of seeds holds it -- so its
+snapshot is on every member, and a client that reconnects anywhere after a failover
+resumes each subject from its position. Clients cannot subscribe or publish to
+``/$...`` subjects (MQTT refuses topics starting with ``$``; the native protocol
+refuses :data:`RESERVED_PREFIX`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from migratory.model.message import Message, Qos
+from migratory.model.position import Position
+
+RESERVED_PREFIX = "/$"
+SESSION_PREFIX = "/$mqtt-session/"
+SESSION_CLOSURE = "$session"  # the closure of a session record's publish
+
+
+def session_subject(client_id: str) -> str:
+    return SESSION_PREFIX + client_id.encode("utf-8").hex()
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """A persistent session: topic filter -> granted QoS, subject -> position."""
+
+    filters: dict[str, int] = field(default_factory=dict)
+    positions: dict[str, Position] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "filters": self.filters,
+                "positions": {s: [p.epoch, p.seq] for s, p in self.positions.items()},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def message(self, client_id: str) -> Message:
+        return Message(
+            session_subject(client_id),
+            self.encode(),
+            retained=True,
+            qos=Qos.GUARANTEED,
+            closure=SESSION_CLOSURE,
+        )
+
+
+def decode_record(snapshot: Message | None) -> SessionRecord | None:
+    """The record a session subject's snapshot holds; None if none (or it is empty or
+    unreadable: a session that was cleaned is stored as an empty record)."""
+    if snapshot is None or not snapshot.content:
+        return None
+    try:
+        body = json.loads(snapshot.content)
+        filters = {str(f): int(q) for f, q in body["filters"].items()}
+        positions = {
+            str(s): Position(int(p[0]), int(p[1])) for s, p in body["positions"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    if not filters:
+        return None
+    return SessionRecord(filters, positions)

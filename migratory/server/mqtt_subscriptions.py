@@ -1,0 +1,194 @@
+"""An MQTT session's subscriptions: topic filters registered with the hub, the
+retained messages a new subscription gets, the position reached on each subject
+(so nothing is delivered twice when two filters match, and a persistent session
+resumes from it), and the resume itself."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from migratory.entitlement import ClientIdentity
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.model.topic import (
+    InvalidTopicError,
+    filter_levels,
+    filter_matches,
+    is_wildcard,
+)
+from migratory.protocol import mqtt
+from migratory.server.hub import Hub
+from migratory.server.mqtt_store import SessionRecord, decode_record
+
+if TYPE_CHECKING:
+    from migratory.server.mqtt_session import MqttSession
+
+log = logging.getLogger("migratory.mqtt")
+
+NOTHING_SEEN = Position(0, 0)
+"""Recorded for a subject that had no message when it was subscribed: on resume, every
+message of it the cache holds is missed."""
+
+
+MAX_IMPLIED = 10_000
+"""Subjects a persistent session's record names at most (see ``implied_positions``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Filter:
+    qos: int
+    levels: tuple[str, ...]
+    subject: str | None  # the subject of a filter without wildcards
+
+
+class Subscriptions:
+    def __init__(self, owner: MqttSession, hub: Hub) -> None:
+        self._owner = owner
+        self._hub = hub
+        self._filters: dict[str, _Filter] = {}
+        self.reached: dict[str, Position] = {}  # subject -> last position delivered
+        self._attached = True
+
+    def filters(self) -> dict[str, int]:
+        return {name: f.qos for name, f in self._filters.items()}
+
+    def stored(self, subject: str) -> SessionRecord | None:
+        return decode_record(self._hub.snapshot(subject))
+
+    def take(self, message: Message) -> bool:
+        """Whether ``message`` is new to this session (then it counts as delivered)."""
+        subject = message.subject
+        reached = self.reached.get(subject)
+        if reached is not None and reached.epoch == message.epoch and message.seq <= reached.seq:
+            return False
+        self.reached[subject] = message.position
+        return True
+
+    # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
+
+    def add(self, name: str, qos: int, identity: ClientIdentity, now: float) -> int:
+        """Subscribe to one filter; the SUBACK return code."""
+        granted = min(qos, 1)
+        try:
+            levels = filter_levels(name)
+        except InvalidTopicError as exc:
+            log.info("%s: SUBSCRIBE refused: %s", self._owner.describe(), exc)
+            return mqtt.SUBACK_FAILURE
+        subject = None if is_wildcard(name) else "/" + name
+        if not self._owner.entitlement_allows_subscribe("/" + name):
+            log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name)
+            return mqtt.SUBACK_FAILURE
+        self._drop(name)
+        entry = _Filter(granted, levels, subject)
+        self._filters[name] = entry
+        self._register(entry)
+        if subject is not None:
+            position = self._hub.position(subject)
+            self._owner.note_position(subject, position or NOTHING_SEEN)
+            snapshot = self._hub.snapshot(subject)
+            retained = [snapshot] if snapshot is not None else []
+        else:
+            retained = [snapshot for _, _, snapshot in self._hub.matching(levels) if snapshot]
+        for message in retained:
+            self._owner.deliver_retained(message, granted)
+        return granted
+
+    def remove(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        entry = self._filters.pop(name, None)
+        if entry is not None and self._attached:
+            self._unregister(entry)
+
+    def _register(self, entry: _Filter) -> None:
+        owner = self._owner
+        if entry.subject is not None:
+            self._hub.listen(owner, entry.subject, entry.qos)
+        else:
+            self._hub.listen_filter(owner, entry.levels, entry.qos)
+
+    def _unregister(self, entry: _Filter) -> None:
+        if entry.subject is not None:
+            self._hub.unlisten(self._owner, entry.subject)
+        else:
+            self._hub.unlisten_filter(self._owner, entry.levels)
+
+    def detach(self) -> None:
+        """Stop every delivery (the connection is gone); the filters are kept."""
+        if self._attached:
+            self._attached = False
+            for entry in self._filters.values():
+                self._unregister(entry)
+
+    # --- resuming a persistent session ---------------------------------------------
+
+    def resume(self, record: SessionRecord, now: float) -> None:
+        """Subscribe again to the record's filters and deliver, per subject, what came
+        after its recorded position (or its snapshot when the cache cannot tell). A
+        subject a wildcard filter matches that the record does not name appeared after
+        the record was saved: all of it the cache holds is missed."""
+        wildcards = []
+        for name, qos in record.filters.items():
+            try:
+                levels = filter_levels(name)
+            except InvalidTopicError:
+                continue
+            entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
+            self._filters[name] = entry
+            self._register(entry)
+            if entry.subject is None:
+                wildcards.append(levels)
+        positions = dict(record.positions)
+        for levels in wildcards:
+            for subject, _, _ in self._hub.matching(levels):
+                positions.setdefault(subject, NOTHING_SEEN)
+        for subject, position in positions.items():
+            granted = self._qos_for(subject)
+            if granted is not None:
+                self._replay(subject, position, granted)
+
+    def implied_positions(self, record: SessionRecord) -> None:
+        """Before a save: the subjects wildcard filters match that this session was
+        never sent a message of are at their current position (up to MAX_IMPLIED); the
+        subjects no filter matches any more are forgotten."""
+        for subject in [s for s in record.positions if self._qos_for(s) is None]:
+            del record.positions[subject]
+        for entry in self._filters.values():
+            if entry.subject is not None:
+                continue
+            for subject, position, _ in self._hub.matching(entry.levels):
+                if len(record.positions) >= MAX_IMPLIED:
+                    return
+                if subject not in record.positions and subject not in self.reached:
+                    record.positions[subject] = position if position.seq else NOTHING_SEEN
+
+    def _qos_for(self, subject: str) -> int | None:
+        best = None
+        for entry in self._filters.values():
+            if entry.subject == subject or (
+                entry.subject is None and filter_matches(entry.levels, subject)
+            ):
+                best = entry.qos if best is None else max(best, entry.qos)
+        return best
+
+    def _replay(self, subject: str, position: Position, qos: int) -> None:
+        hub = self._hub
+        owner = self._owner
+        if position == NOTHING_SEEN:
+            current = hub.position(subject)
+            missed = [] if current is None else hub.missed(subject, Position(current.epoch, 0))
+        else:
+            self.reached[subject] = position
+            missed = hub.missed(subject, position)
+        if missed is None:
+            owner.resynced(subject)
+            snapshot = hub.snapshot(subject)
+            if snapshot is not None:
+                owner.deliver_retained(snapshot, qos)
+            return
+        for message in missed:
+            owner.deliver_message(message, qos)

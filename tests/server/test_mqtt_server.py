@@ -1,0 +1,245 @@
+"""MQTT 3.1.1 against a real server process, with paho-mqtt and mosquitto's clients."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from mqttclient import MqttRawClient
+from paho_client import PahoClient
+from rawclient import RawClient
+
+from migratory.model.message import Message
+from migratory.protocol import mqtt, ops
+
+
+def stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as reply:
+        result: dict[str, Any] = json.loads(reply.read())
+        return result
+
+
+@pytest.fixture
+def server(start_server):  # type: ignore[no-untyped-def]
+    return start_server(ListenMqtt="127.0.0.1:0", BatchTime="0")
+
+
+def test_publish_subscribe_with_wildcards_and_qos(server) -> None:  # type: ignore[no-untyped-def]
+    subscriber = PahoClient(server.mqtt_port, "sub")
+    assert subscriber.subscribe("sensors/+/temp", 1) == [1]
+    assert subscriber.subscribe("alerts/#", 0) == [0]
+    assert subscriber.subscribe("exact/one", 2) == [1]  # QoS 2 is granted as 1
+    publisher = PahoClient(server.mqtt_port, "pub")
+    publisher.publish("sensors/kitchen/temp", b"21.5", qos=1)
+    publisher.publish("sensors/kitchen/humidity", b"40", qos=1)  # matches nothing
+    publisher.publish("alerts/fire/floor2", b"!", qos=0)
+    publisher.publish("exact/one", b"1", qos=1)
+    got = subscriber.receive(3)
+    assert [(m.topic, m.payload, m.qos, m.retain) for m in got] == [
+        ("sensors/kitchen/temp", b"21.5", 1, False),
+        ("alerts/fire/floor2", b"!", 0, False),
+        ("exact/one", b"1", 1, False),
+    ]
+    assert subscriber.nothing_more()
+    publisher.stop()
+    subscriber.stop()
+
+
+def test_overlapping_filters_deliver_once(server) -> None:  # type: ignore[no-untyped-def]
+    subscriber = PahoClient(server.mqtt_port, "overlap")
+    subscriber.subscribe("a/+", 1)
+    subscriber.subscribe("a/#", 1)
+    subscriber.subscribe("a/b", 1)
+    PahoClient(server.mqtt_port, "p").publish("a/b", b"once", qos=1)
+    assert [m.payload for m in subscriber.receive(1)] == [b"once"]
+    assert subscriber.nothing_more()
+
+
+def test_retained_message_is_the_snapshot(server) -> None:  # type: ignore[no-untyped-def]
+    publisher = PahoClient(server.mqtt_port, "pub")
+    publisher.publish("home/door", b"open", qos=1, retain=True)
+    publisher.publish("home/door", b"closed", qos=1, retain=True)
+    publisher.publish("home/door", b"not retained", qos=1)
+    late = PahoClient(server.mqtt_port, "late")
+    late.subscribe("home/#", 1)
+    (message,) = late.receive(1)
+    assert (message.payload, message.retain) == (b"closed", True)
+    # the native protocol sees the same snapshot
+    native = RawClient(server.port)
+    native.connect("native")
+    native.subscribe("/home/door")
+    snapshot = [op for op in native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW, 2)
+                if isinstance(op, ops.Deliver)]
+    assert snapshot and snapshot[0].messages[0].content == b"closed"
+    # an empty retained payload removes it for MQTT subscribers
+    publisher.publish("home/door", b"", qos=1, retain=True)
+    later = PahoClient(server.mqtt_port, "later")
+    later.subscribe("home/door", 1)
+    assert later.nothing_more()
+
+
+def test_cross_protocol_delivery(server) -> None:  # type: ignore[no-untyped-def]
+    mqtt_sub = PahoClient(server.mqtt_port, "mqtt-sub")
+    mqtt_sub.subscribe("Stocks/NYSE/+", 0)
+    native_sub = RawClient(server.port)
+    native_sub.connect("native-sub")
+    native_sub.subscribe("/Stocks/NYSE/IBM")
+    native_sub.recv_op()  # SUBSCRIBE_ALLOW
+    # MQTT -> native and MQTT
+    PahoClient(server.mqtt_port, "mqtt-pub").publish("Stocks/NYSE/IBM", b"from mqtt", qos=1)
+    (native_got,) = native_sub.recv_messages(1)
+    assert (native_got.subject, native_got.content) == ("/Stocks/NYSE/IBM", b"from mqtt")
+    assert native_got.seq == 1
+    # native -> MQTT and native
+    native_pub = RawClient(server.port)
+    native_pub.connect("native-pub")
+    status = native_pub.publish(Message("/Stocks/NYSE/IBM", b"from native", closure="c1"))
+    assert status.status is ops.Status.PUBLISH_OK and status.position is not None
+    assert status.position.seq == 2
+    (second,) = native_sub.recv_messages(1)
+    assert second.content == b"from native"
+    assert [m.payload for m in mqtt_sub.receive(2)] == [b"from mqtt", b"from native"]
+
+
+def test_mosquitto_clients_publish_and_subscribe(server) -> None:  # type: ignore[no-untyped-def]
+    for tool in ("mosquitto_sub", "mosquitto_pub"):
+        assert shutil.which(tool), f"{tool} missing: `make test` installs mosquitto-clients"
+    port = str(server.mqtt_port)
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-h", "127.0.0.1", "-p", port, "-t", "demo/+", "-q", "1",
+         "-C", "2", "-v", "-W", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while stats(server.port)["mqtt_sessions_opened"] < 1:
+            assert time.monotonic() < deadline, "mosquitto_sub did not connect"
+            time.sleep(0.05)
+        time.sleep(0.3)  # its SUBSCRIBE follows the CONNECT
+        for text in ("one", "two"):
+            subprocess.run(
+                ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-t", "demo/x", "-q", "1",
+                 "-m", text], check=True, timeout=10,
+            )
+        out, err = sub.communicate(timeout=15)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    assert sub.returncode == 0, err
+    assert out.decode().splitlines() == ["demo/x one", "demo/x two"]
+
+
+def test_entitlement_gets_username_and_password(start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(ListenMqtt="127.0.0.1:0", Entitlement="Basic",
+                          EntitlementAllowToken="s3cret")
+    subscriber = PahoClient(server.mqtt_port, "anyone")
+    subscriber.subscribe("news/today", 1)
+    allowed = PahoClient(server.mqtt_port, "editor", username="editor", password="s3cret")
+    allowed.publish("news/today", b"allowed", qos=1)
+    refused = MqttRawClient(server.mqtt_port)
+    refused.connect("intruder", username="intruder", password=b"wrong")
+    refused.send(mqtt.Publish("news/today", b"forged", qos=1, packet_id=1))
+    assert refused.closed_by_server(), "a refused publish closes the connection"
+    assert [m.payload for m in subscriber.receive(1)] == [b"allowed"]
+    assert subscriber.nothing_more()
+    assert stats(server.port)["publishes_refused"] == 1
+
+
+def test_will_on_a_dropped_connection_not_on_disconnect(server) -> None:  # type: ignore[no-untyped-def]
+    watcher = PahoClient(server.mqtt_port, "watcher")
+    watcher.subscribe("status/+", 1)
+    polite = PahoClient(server.mqtt_port, "polite", will=("status/polite", b"gone", 1, False))
+    polite.stop()
+    dropped = PahoClient(server.mqtt_port, "dropped", will=("status/dropped", b"lost", 1, True))
+    dropped.drop()
+    (will,) = watcher.receive(1)
+    assert (will.topic, will.payload) == ("status/dropped", b"lost")
+    assert watcher.nothing_more()
+    assert stats(server.port)["mqtt_wills_published"] == 1
+
+
+def test_keep_alive_expiry_closes_and_publishes_the_will(server) -> None:  # type: ignore[no-untyped-def]
+    watcher = PahoClient(server.mqtt_port, "watcher")
+    watcher.subscribe("status/#", 0)
+    silent = MqttRawClient(server.mqtt_port)
+    connack = silent.connect("silent", keep_alive=1, will=mqtt.Will("status/silent", b"x", 0,
+                                                                     False))
+    assert connack == mqtt.Connack(False, 0)
+    started = time.monotonic()
+    assert silent.closed_by_server(timeout=5)
+    assert 1.2 < time.monotonic() - started < 4  # 1.5 x keep-alive
+    assert [m.payload for m in watcher.receive(1)] == [b"x"]
+    # a client that pings is kept
+    pinging = MqttRawClient(server.mqtt_port)
+    pinging.connect("pinging", keep_alive=1)
+    for _ in range(4):
+        time.sleep(0.6)
+        pinging.send(mqtt.Pingreq())
+        assert pinging.recv() == mqtt.Pingresp()
+
+
+def test_connect_refusals(server) -> None:  # type: ignore[no-untyped-def]
+    old = MqttRawClient(server.mqtt_port)
+    assert old.connect("old", protocol_name="MQIsdp", level=3) == mqtt.Connack(False, 1)
+    assert old.closed_by_server()
+    anonymous = MqttRawClient(server.mqtt_port)
+    assert anonymous.connect("", clean_session=False) == mqtt.Connack(False, 2)
+    assert anonymous.closed_by_server()
+
+
+def test_persistent_session_gets_what_it_missed(server) -> None:  # type: ignore[no-untyped-def]
+    device = PahoClient(server.mqtt_port, "device-7", clean_session=False)
+    assert not device.session_present
+    device.subscribe("cmd/device-7/#", 1)
+    publisher = PahoClient(server.mqtt_port, "ctl")
+    publisher.publish("cmd/device-7/a", b"1", qos=1)
+    assert [m.payload for m in device.receive(1)] == [b"1"]
+    time.sleep(0.3)  # the PUBACK reaches the server and the position is saved
+    device.stop()
+    for i in (2, 3, 4):
+        publisher.publish(f"cmd/device-7/{'ab'[i % 2]}", str(i).encode(), qos=1)
+    back = PahoClient(server.mqtt_port, "device-7", clean_session=False)
+    assert back.session_present
+    assert sorted(m.payload for m in back.receive(3)) == [b"2", b"3", b"4"]
+    assert back.nothing_more()
+    publisher.publish("cmd/device-7/a", b"5", qos=1)  # the subscription is live again
+    assert [m.payload for m in back.receive(1)] == [b"5"]
+    back.stop()
+    clean = PahoClient(server.mqtt_port, "device-7", clean_session=True)
+    assert not clean.session_present
+    clean.stop()
+    again = PahoClient(server.mqtt_port, "device-7", clean_session=False)
+    assert not again.session_present  # the clean session discarded it
+
+
+def test_native_clients_cannot_touch_session_subjects(server) -> None:  # type: ignore[no-untyped-def]
+    native = RawClient(server.port)
+    native.connect("native")
+    status = native.publish(Message("/$mqtt-session/00", b"{}", closure="x"))
+    assert status.status is ops.Status.PUBLISH_DENIED
+    native.subscribe("/$mqtt-session/00")
+    deny = native.recv_op()
+    assert isinstance(deny, ops.SubjectStatus) and deny.status is ops.Status.SUBSCRIBE_DENY
+
+
+def test_mqtt_over_websocket_on_the_native_port(server) -> None:  # type: ignore[no-untyped-def]
+    web = PahoClient(server.port, "browser", transport="websockets")
+    assert web.subscribe("ws/+", 1) == [1]
+    tcp = PahoClient(server.mqtt_port, "tcp")
+    tcp.subscribe("ws/#", 1)
+    web.publish("ws/a", b"over websocket", qos=1)
+    tcp.publish("ws/b", b"over tcp", qos=1)
+    assert sorted(m.payload for m in web.receive(2)) == [b"over tcp", b"over websocket"]
+    assert sorted(m.payload for m in tcp.receive(2)) == [b"over tcp", b"over websocket"]
+    native = RawClient(server.port)  # the native protocol still works on the same port
+    native.connect("native")
+    assert native.publish(Message("/ws/c", b"native", closure="n")).status is (
+        ops.Status.PUBLISH_OK
+    )
+    assert [m.payload for m in web.receive(1)] == [b"native"]
