@@ -22,6 +22,7 @@ from _procfs import die_with_parent
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 _READY_LINE = re.compile(r"^listening ws://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.MULTILINE)
+_MQTT_LINE = re.compile(r"^listening mqtt://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.MULTILINE)
 
 
 class ServerProcess:
@@ -40,6 +41,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
         self.port = 0
+        self.mqtt_port = 0  # with a ListenMqtt setting
         self.returncode: int | None = None
 
     @property
@@ -66,10 +68,14 @@ class ServerProcess:
             )
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
-            match = _READY_LINE.search(self.log_path.read_text(errors="replace"))
-            if match:
+            text = self.log_path.read_text(errors="replace")
+            match = _READY_LINE.search(text)
+            wants_mqtt = any(s.startswith("ListenMqtt=") for s in self.settings)
+            mqtt_match = _MQTT_LINE.search(text)
+            if match and (mqtt_match or not wants_mqtt):
                 self.host = match[1].strip("[]")
                 self.port = int(match[2])
+                self.mqtt_port = int(mqtt_match[2]) if mqtt_match else 0
                 return
             if self.proc.poll() is not None:
                 break

@@ -6,6 +6,7 @@ messages/s for 30 s, i.e. 100,000 deliveries/s and 3,000,000 in all. Target:
 every delivery arrives, end-to-end latency p99 <= 50 ms.
 
     .venv/bin/python benchmarks/fanout.py [--duration 30] [--set BatchTime=20] [--json out.json]
+    .venv/bin/python benchmarks/fanout.py --front-end mqtt   # MQTT QoS 0 subscribers
 
 Many subjects (issue 13's shape): ``--subjects N`` puts subscriber i on subject i mod N
 and the publisher goes round-robin over the N subjects, e.g. 10,000 subscribers each on
@@ -57,6 +58,7 @@ from _loadgen import (
     server_stats,
     split,
 )
+from _mqttraw import mqtt_subscriber_main
 
 # --- the parent ----------------------------------------------------------------------------------
 
@@ -65,12 +67,15 @@ def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]
     ctx = mp.get_context("fork")
     lifetime = args.setup_timeout + args.duration * 2 + args.drain + 120
     sub_pipes = []
+    target, port = subscriber_main, server.port
+    if args.front_end == "mqtt":
+        target, port = mqtt_subscriber_main, server.mqtt_port
     for k, (first, count) in enumerate(split(args.subscribers, args.procs)):
         parent_end, child_end = ctx.Pipe()
         proc = ctx.Process(
-            target=subscriber_main,
+            target=target,
             args=(
-                child_end, server.host, server.port, first, count, args.setup_timeout, lifetime,
+                child_end, server.host, port, first, count, args.setup_timeout, lifetime,
                 args.subjects,
             ),
             name=f"subscribers-{k}",
@@ -177,6 +182,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="Key=Value",
         help="server setting, passed through to `migratory serve --set`",
     )
+    parser.add_argument(
+        "--front-end",
+        choices=("native", "mqtt"),
+        default="native",
+        help="the subscribers' protocol: native WebSocket, or MQTT 3.1.1 QoS 0 over TCP "
+        "(raw sockets counting stamps, no decoding; the publisher stays native)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument(
         "--self-test", action="store_true", help="check the stamp scanner offline, then exit"
@@ -198,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         self_test()
         return 0
     raise_nofile()
+    settings = list(args.set)
+    if args.front_end == "mqtt" and not any(s.startswith("ListenMqtt=") for s in settings):
+        settings.append("ListenMqtt=127.0.0.1:0")
     return run_with_server(
-        "fanout", args.set, lambda server, procs: run(args, server, procs), report, args.json
+        f"fanout-{args.front_end}" if args.front_end != "native" else "fanout",
+        settings, lambda server, procs: run(args, server, procs), report, args.json,
     )
 
 

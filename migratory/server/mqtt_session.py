@@ -25,7 +25,7 @@ from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
-from migratory.protocol import close_codes, mqtt, ops
+from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
@@ -54,8 +54,8 @@ class _SharedFrames:
     def topic(self, message: Message) -> bytes:
         if self.message is not message:
             self.message = message
-            self.topic_field = mqtt.publish_parts(message.subject[1:], b"")[0]
-            self.plain = mqtt.encode_publish_from_parts(
+            self.topic_field = mqtt_encode.publish_parts(message.subject[1:], b"")[0]
+            self.plain = mqtt_encode.encode_publish_from_parts(
                 self.topic_field, message.content, qos=0, retain=False, packet_id=None
             )
             self.wrapped = b""
@@ -190,10 +190,10 @@ class MqttSession:
             self._on_subscribe(packet, now)
         elif isinstance(packet, mqtt.Unsubscribe):
             self.subscriptions.remove(packet.filters)
-            self._send(mqtt.encode_packet(mqtt.Unsuback(packet.packet_id)))
+            self._send(mqtt_encode.encode_packet(mqtt.Unsuback(packet.packet_id)))
             self._changed()
         elif isinstance(packet, mqtt.Pingreq):
-            self._send(mqtt.PINGRESP_BYTES)
+            self._send(mqtt_encode.PINGRESP_BYTES)
         elif isinstance(packet, mqtt.Disconnect):
             self._will = None  # a clean disconnect: the will is discarded
             self.close(close_codes.NORMAL.code, "")
@@ -202,7 +202,7 @@ class MqttSession:
 
     def _refuse(self, code: int, why: str) -> None:
         log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why)
-        self._send(mqtt.encode_packet(mqtt.Connack(False, code)))
+        self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
         self.close(close_codes.CONNECT_DENIED.code, why)
 
     def _on_connect(self, packet: mqtt.Connect, now: float) -> None:
@@ -253,7 +253,8 @@ class MqttSession:
             self._ctx.publishing.submit(
                 Message(session_subject(client_id), b"", retained=True), None, now
             )
-        self._send(mqtt.encode_packet(mqtt.Connack(self.persistent and stored is not None, 0)))
+        present = self.persistent and stored is not None
+        self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
             self.subscriptions.resume(stored, now)
             self._ctx.stats.mqtt_sessions_resumed += 1
@@ -307,7 +308,7 @@ class MqttSession:
         if self.aborted:
             return
         if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
-            self._send(mqtt.encode_packet(mqtt.Puback(int(status.closure))))
+            self._send(mqtt_encode.encode_packet(mqtt.Puback(int(status.closure))))
         elif not self.closing:
             self._refused_publish(f"{status.status.value}: {status.reason or ''}")
 
@@ -317,7 +318,7 @@ class MqttSession:
         assert self.identity is not None
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
-        suback = mqtt.encode_packet(mqtt.Suback(packet.packet_id, codes))
+        suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
         if self._record is None:
             self._send(suback)
             return
@@ -357,13 +358,13 @@ class MqttSession:
 
     def deliver_retained(self, message: Message, qos: int) -> None:
         """A snapshot sent because of a new subscription: RETAIN set."""
-        if not message.content:
+        if self.closing or self.aborted or not message.content:
             return  # an empty retained message deletes it, for MQTT clients
         self.subscriptions.take(message)
         if qos and message.qos is Qos.GUARANTEED:
             self._deliver_qos1(message, retain=True)
         else:
-            frame = mqtt.encode_publish(message.subject[1:], message.content, retain=True)
+            frame = mqtt_encode.encode_publish(message.subject[1:], message.content, retain=True)
             self._deliver(self._wrap(frame))
 
     def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
@@ -372,7 +373,7 @@ class MqttSession:
             return
         packet_id = self._next_free_packet_id()
         self._inflight[packet_id] = (message.subject, message.position)
-        frame = mqtt.encode_publish_from_parts(
+        frame = mqtt_encode.encode_publish_from_parts(
             SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
         )
         self._deliver(self._wrap(frame))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import time
 
-from migratory.protocol import mqtt
+from migratory.protocol import mqtt, mqtt_encode
 
 
 class MqttRawClient:
@@ -16,7 +16,7 @@ class MqttRawClient:
         self.timeout = timeout
 
     def send(self, packet: mqtt.Packet) -> None:
-        self.sock.sendall(mqtt.encode_packet(packet))
+        self.sock.sendall(mqtt_encode.encode_packet(packet))
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
