@@ -48,7 +48,10 @@ class Subscriptions:
         self._owner = owner
         self._hub = hub
         self._filters: dict[str, _Filter] = {}
-        self.reached: dict[str, Position] = {}  # subject -> last position delivered
+        # subject -> the last message delivered (or the Position of where it stands):
+        # only its epoch and seq are read -- storing the message saves a Position per
+        # delivery on the fan-out path
+        self.reached: dict[str, Position | Message] = {}
         self._attached = True
 
     def filters(self) -> dict[str, int]:
@@ -63,7 +66,7 @@ class Subscriptions:
         reached = self.reached.get(subject)
         if reached is not None and reached.epoch == message.epoch and message.seq <= reached.seq:
             return False
-        self.reached[subject] = message.position
+        self.reached[subject] = message
         return True
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------

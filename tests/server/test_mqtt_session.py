@@ -1,0 +1,118 @@
+"""MqttSession without I/O: bytes in, the outbox out, a publish path the test settles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from migratory.config import Config
+from migratory.entitlement import entitlement_from_config
+from migratory.model.message import Message
+from migratory.protocol import mqtt, ops
+from migratory.protocol.mqtt_encode import encode_packet
+from migratory.server.app import build_hub
+from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
+from migratory.server.mqtt_session import MqttSession
+
+
+class Wire:
+    writing = False
+
+    def mark_dirty(self) -> None:
+        pass
+
+    def flush_now(self) -> None:
+        pass
+
+
+class HeldPublishing:
+    """Publishes wait until the test settles them (a cluster's commit)."""
+
+    def __init__(self, hub: Any) -> None:
+        self.local = LocalPublishing(hub)
+        self.held: list[tuple[Message, PublishReply | None]] = []
+
+    def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
+        self.held.append((message, reply))
+
+    def settle(self) -> None:
+        held, self.held = self.held, []
+        for message, reply in held:
+            self.local.submit(message, reply, 0.0)
+
+    def statistics(self) -> dict[str, Any]:
+        return {}
+
+
+def make(**settings: str) -> tuple[ServerContext, HeldPublishing]:
+    config = Config.from_mapping(settings)
+    hub = build_hub(config)
+    held = HeldPublishing(hub)
+    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(), held)
+    return ctx, held
+
+
+def session(ctx: ServerContext, client_id: str, registry: dict, **connect: Any) -> MqttSession:
+    s = MqttSession(ctx, Wire(), "127.0.0.1:1", registry)
+    s.receive_data(encode_packet(mqtt.Connect(client_id, **connect)), 0.0)
+    return s
+
+
+def read(s: MqttSession) -> list[mqtt.Packet]:
+    data = s.outbox.take() if s.outbox else b""
+    return mqtt.MqttDecoder(server=False).events(data)
+
+
+def test_puback_only_once_the_publish_path_says_published() -> None:
+    ctx, held = make()
+    registry: dict = {}
+    publisher = session(ctx, "pub", registry)
+    assert read(publisher) == [mqtt.Connack(False, 0)]
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=9)), 0.0)
+    assert read(publisher) == []  # held: not committed yet
+    held.settle()
+    assert read(publisher) == [mqtt.Puback(9)]
+
+
+def test_a_failed_publish_closes_the_connection_without_puback() -> None:
+    ctx, _ = make()
+    s = session(ctx, "pub", {})
+    read(s)
+    s.publish_result(ops.PublishStatus(ops.Status.PUBLISH_FAILED, "3", "/a/b", None, "lost"))
+    assert s.closing and read(s) == []
+    assert ctx.stats.publishes_refused == 1
+
+
+def test_persistent_suback_waits_for_the_saved_record_and_resume_replays() -> None:
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    assert read(device) == [mqtt.Connack(False, 0)]
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    assert read(device) == []  # the SUBACK waits for the record
+    held.settle()
+    assert read(device) == [mqtt.Suback(1, (1,))]
+    publisher = session(ctx, "pub", registry)
+    for i in range(3):
+        publisher.receive_data(
+            encode_packet(mqtt.Publish("a/b", b"%d" % i, qos=1, packet_id=i + 1)), 0.0
+        )
+    held.settle()
+    delivered = [p for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert [p.payload for p in delivered] == [b"0", b"1", b"2"]
+    device.receive_data(encode_packet(mqtt.Puback(delivered[0].packet_id or 0)), 0.0)
+    device.connection_lost()  # gone without DISCONNECT; its last position is saved
+    held.settle()
+    held.settle()
+    back = session(ctx, "dev", registry, clean_session=False)
+    packets = read(back)
+    assert packets[0] == mqtt.Connack(True, 0)
+    assert [p.payload for p in packets[1:] if isinstance(p, mqtt.Publish)] == [b"1", b"2"]
+
+
+def test_second_connect_with_the_same_id_takes_over() -> None:
+    ctx, _ = make()
+    registry: dict = {}
+    first = session(ctx, "same", registry)
+    second = session(ctx, "same", registry)
+    assert first.closing and not second.closing
+    assert registry["same"] is second
