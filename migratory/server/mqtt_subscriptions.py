@@ -89,7 +89,9 @@ class Subscriptions:
         self._register(entry)
         if subject is not None:
             position = self._hub.position(subject)
-            self._owner.note_position(subject, position or NOTHING_SEEN)
+            if position is None or position.seq == 0:
+                position = NOTHING_SEEN
+            self._owner.note_position(subject, position)
             snapshot = self._hub.snapshot(subject)
             retained = [snapshot] if snapshot is not None else []
         else:
