@@ -144,7 +144,7 @@ def test_fuzz_garbage_after_connect_never_escapes(garbage: bytes, chunk: int) ->
             decoder.next_event()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(
         st.one_of(

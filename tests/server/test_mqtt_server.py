@@ -73,9 +73,10 @@ def test_retained_message_is_the_snapshot(server) -> None:  # type: ignore[no-un
     native = RawClient(server.port)
     native.connect("native")
     native.subscribe("/home/door")
-    snapshot = [op for op in native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW, 2)
-                if isinstance(op, ops.Deliver)]
-    assert snapshot and snapshot[0].messages[0].content == b"closed"
+    allow = native.recv_op()
+    assert isinstance(allow, ops.SubjectStatus) and allow.status is ops.Status.SUBSCRIBE_ALLOW
+    (snapshot,) = native.recv_messages(1)
+    assert (snapshot.content, snapshot.seq) == (b"closed", 2)
     # an empty retained payload removes it for MQTT subscribers
     publisher.publish("home/door", b"", qos=1, retain=True)
     later = PahoClient(server.mqtt_port, "later")

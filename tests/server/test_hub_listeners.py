@@ -1,0 +1,49 @@
+"""The hub's message sinks (MQTT sessions): exact and wildcard subscriptions."""
+
+from __future__ import annotations
+
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.model.topic import filter_levels
+from migratory.server.hub import Hub
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, int, int]] = []
+
+    def deliver_message(self, message: Message, qos: int) -> None:
+        self.got.append((message.subject, message.seq, qos))
+
+
+def test_exact_and_wildcard_listeners_get_whole_messages() -> None:
+    hub = Hub(epoch=7)
+    exact, wild, everything = Sink(), Sink(), Sink()
+    hub.listen(exact, "/a/b", 1)
+    hub.listen_filter(wild, filter_levels("a/+"), 0)
+    hub.listen_filter(everything, filter_levels("#"), 1)
+    hub.publish(Message("/a/b", b"1"), 0.0)
+    hub.publish(Message("/a/c/d", b"2"), 0.0)
+    hub.publish(Message("/$mqtt-session/00", b"{}"), 0.0)  # never matched by a wildcard
+    assert exact.got == [("/a/b", 1, 1)]
+    assert wild.got == [("/a/b", 1, 0)]
+    assert everything.got == [("/a/b", 1, 1), ("/a/c/d", 1, 1)]
+    assert hub.statistics().subscriptions == 3
+    hub.unlisten(exact, "/a/b")
+    hub.unlisten_filter(wild, filter_levels("a/+"))
+    hub.publish(Message("/a/b", b"3"), 0.0)
+    assert len(exact.got) == 1 and len(wild.got) == 1
+    assert hub.statistics().subscriptions == 1
+
+
+def test_missed_and_matching() -> None:
+    hub = Hub(epoch=7)
+    for i in range(3):
+        hub.publish(Message("/x/y", b"%d" % i, retained=i == 1), 0.0)
+    missed = hub.missed("/x/y", Position(7, 1))
+    assert missed is not None and [m.seq for m in missed] == [2, 3]
+    assert hub.missed("/x/y", Position(8, 1)) is None  # another lineage
+    assert hub.missed("/never/published", Position(0, 0)) == []
+    ((subject, position, snapshot),) = hub.matching(filter_levels("x/#"))
+    assert (subject, position) == ("/x/y", Position(7, 3))
+    assert snapshot is not None and snapshot.content == b"1"
