@@ -9,7 +9,15 @@ SEED     ?= 1
 DURATION ?= 3m
 RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
-.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos image clean
+.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos image clean js
+
+# The browser client and dashboard (clients/js), bundled once by esbuild into the files
+# the server serves (migratory/server/static/, not committed). Needs node >= 20 and npm.
+JS_DIR     := clients/js
+JS_DEPS    := $(JS_DIR)/node_modules/.package-lock.json
+JS_BUILT   := migratory/server/static/client/migratory.js
+JS_SOURCES := $(wildcard $(JS_DIR)/src/*.js $(JS_DIR)/dashboard/*) $(JS_DIR)/scripts/build.mjs \
+              $(JS_DIR)/scripts/close_codes_js.py migratory/protocol/close_codes.py
 
 $(VENV)/.created:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,22 +33,35 @@ $(STAMP): pyproject.toml $(VENV)/.created
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@ $(SERVE_STAMP)
 
-serve: $(SERVE_STAMP)
+$(JS_DEPS): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
+	cd $(JS_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
+$(JS_BUILT): $(JS_DEPS) $(JS_SOURCES)
+	cd $(JS_DIR) && npm run --silent build
+
+js: $(JS_BUILT)
+
+serve: $(SERVE_STAMP) $(JS_BUILT)
 	$(VENV)/bin/migratory serve $(if $(CONFIG),--config $(CONFIG),)
 
-# Debian packages the tests run (mosquitto_pub / mosquitto_sub: independent MQTT clients)
-DEBIAN_TEST_PACKAGES := mosquitto-clients
+# Debian packages the tests run: mosquitto_pub / mosquitto_sub (independent MQTT clients),
+# chromium and its chromedriver (the browser tests, through selenium)
+DEBIAN_TEST_PACKAGES := mosquitto-clients chromium chromium-driver
+DEBIAN_TEST_COMMANDS := mosquitto_sub mosquitto_pub chromium chromedriver
 debian-test-packages:
-	@command -v mosquitto_sub >/dev/null && command -v mosquitto_pub >/dev/null || { \
+	@missing=; for c in $(DEBIAN_TEST_COMMANDS); do command -v $$c >/dev/null || missing=1; done; \
+	[ -z "$$missing" ] || { \
 	  echo "installing $(DEBIAN_TEST_PACKAGES) (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    $(DEBIAN_TEST_PACKAGES); }
 
-test: $(STAMP) debian-test-packages
+test: $(STAMP) $(JS_BUILT) debian-test-packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	cd $(JS_DIR) && npm test
 	$(PY) -m pytest
 
 bench: $(STAMP)

@@ -1,5 +1,5 @@
 """Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, ``/cluster``,
-``/stats``, ``/metrics``."""
+``/stats``, ``/metrics``, and the JavaScript client at ``/client/migratory.js``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol.http import Request, response
 from migratory.server import metrics
 from migratory.server.context import ServerContext
+from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
 
 def error(status: int, reason: str) -> bytes:
@@ -37,6 +38,9 @@ def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
     if request.path == "/stats":
         body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
         return response(200, body, content_type="application/json")
+    asset = serve_asset(CLIENT_ASSETS, request.path)
+    if asset is not None:
+        return asset
     return error(404, f"no such path {request.path!r}; try /snapshot?subject=/a/b")
 
 

@@ -1,0 +1,293 @@
+// The client: one object per application, sessions come and go underneath.
+//
+// `connect(servers, options)` keeps a session open to one of the servers (weighted
+// random choice, back-off with jitter between attempts, another server preferred after
+// a failure), resubscribes every subject from its last delivered position after each
+// reconnect, and ends with an error when a server closes with a terminal code.
+
+import { Backoff, reconnectPolicy } from "./backoff.js";
+import { Qos } from "./codec.js";
+import {
+  ClientClosedError, ConnectionClosedError, NotConnectedError, PublishOutcomeUnknown,
+  ServerUnavailableError,
+} from "./errors.js";
+import { Notifications } from "./notifications.js";
+import { SubjectTracker } from "./resume.js";
+import { Router, notification } from "./router.js";
+import { chooseServer, parseServers } from "./servers.js";
+import { Session } from "./session.js";
+import { Subscription } from "./subscription.js";
+
+const DEFAULTS = Object.freeze({
+  token: null,
+  name: "",
+  reconnect: {},
+  keepalive: { interval: 15, timeout: 10 },
+  messageBuffer: 10_000,
+  notificationBuffer: 10_000,
+  random: Math.random,
+  WebSocket: undefined,
+});
+const textEncoder = new TextEncoder();
+
+function checkOptions(options) {
+  const unknown = Object.keys(options).filter((k) => !Object.hasOwn(DEFAULTS, k));
+  if (unknown.length) throw new TypeError(`connect: unknown option(s) ${unknown.join(", ")}`);
+  const o = { ...DEFAULTS, ...options };
+  const ka = { ...DEFAULTS.keepalive, ...o.keepalive };
+  if (!(ka.interval > 0 && ka.timeout > 0)) {
+    throw new RangeError("connect: keepalive interval and timeout must be > 0");
+  }
+  if (!(Number.isInteger(o.messageBuffer) && o.messageBuffer >= 1)) {
+    throw new RangeError("connect: messageBuffer must be an integer >= 1");
+  }
+  const WebSocketClass = o.WebSocket ?? globalThis.WebSocket;
+  if (typeof WebSocketClass !== "function") {
+    throw new TypeError("connect: no WebSocket here; pass options.WebSocket (e.g. from 'ws')");
+  }
+  return { ...o, keepalive: Object.freeze(ka), reconnect: reconnectPolicy(o.reconnect),
+    WebSocket: WebSocketClass };
+}
+
+function randomHex(random, bytes) {
+  return Array.from({ length: bytes }, () => Math.floor(random() * 256).toString(16).padStart(2, "0")).join("");
+}
+
+export class Client {
+  constructor(servers, options = {}) {
+    this.options = checkOptions(options);
+    this.servers = parseServers(servers);
+    this.backoff = new Backoff(this.options.reconnect, this.options.random);
+    this.notificationQueue = new Notifications(this.options.notificationBuffer);
+    this.router = new Router((n) => this.notificationQueue.put(n));
+    this.sessionIds = 0;
+    this.closurePrefix = randomHex(this.options.random, 6);
+    this.closures = 0;
+    this.live = null;
+    this.liveWaiters = [];
+    this.error = null;
+    this.closed = false;
+    this.retryTimer = null;
+    this.attempt(null);
+  }
+
+  /** URL of the server of the open session, or null. */
+  get server() {
+    return this.live?.server ?? null;
+  }
+
+  /** Call `listener(notification)` for every notification; returns a function to stop.
+   * Notification: {status, subject, position, reason, server}. */
+  onNotification(listener) {
+    return this.notificationQueue.listen(listener);
+  }
+
+  /** Async iterator of notifications; bounded: when nobody reads, the oldest are dropped. */
+  notifications() {
+    return this.notificationQueue;
+  }
+
+  /** Resolves with the server URL once a session is open. */
+  waitConnected() {
+    return this.waitLive().then((session) => session.server);
+  }
+
+  waitLive() {
+    try {
+      this.raiseIfEnded();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    if (this.live !== null && this.live.isOpen) return Promise.resolve(this.live);
+    return new Promise((resolve, reject) => this.liveWaiters.push({ resolve, reject }));
+  }
+
+  raiseIfEnded() {
+    if (this.error !== null) throw this.error;
+    if (this.closed) throw new ClientClosedError();
+  }
+
+  setLive(session) {
+    this.live = session;
+    if (session === null) return;
+    for (const waiter of this.liveWaiters.splice(0)) waiter.resolve(session);
+  }
+
+  // --- subscribe ----------------------------------------------------------------
+
+  /** Subscribe to `subjects` (a string or an array); sent now or on the next session.
+   * `history`: the last N cached messages first (type historical) instead of the
+   * snapshot; `conflationMs` >= 100: one merged message per period; `onMessage`: a
+   * callback instead of async iteration. A subject belongs to one subscription at a time. */
+  subscribe(subjects, { history = 0, conflationMs = 0, onMessage = undefined } = {}) {
+    this.raiseIfEnded();
+    const list = [...new Set(typeof subjects === "string" ? [subjects] : subjects)];
+    if (!list.length) throw new TypeError("subscribe needs at least one subject");
+    if (!list.every((s) => typeof s === "string")) throw new TypeError("subjects must be strings");
+    if (!(Number.isInteger(history) && history >= 0 && Number.isInteger(conflationMs)
+      && conflationMs >= 0)) {
+      throw new RangeError("history and conflationMs must be integers >= 0");
+    }
+    const subscription = new Subscription({
+      subjects: list,
+      capacity: this.options.messageBuffer,
+      onMessage,
+      unsubscribe: (s) => this.unsubscribe(s),
+      resume: (s) => this.resume(s),
+    });
+    this.router.add(list.map((s) => new SubjectTracker(s, { history, conflationMs })), subscription);
+    if (this.live !== null && this.live.isOpen) {
+      this.live.subscribe(this.router.requestsFor(this.live.id, list));
+    }
+    return subscription;
+  }
+
+  resume(subscription) {
+    if (this.closed || this.error !== null) return;
+    const subjects = this.router.resume(subscription);
+    if (subjects.length && this.live !== null && this.live.isOpen) {
+      this.live.subscribe(this.router.requestsFor(this.live.id, subjects));
+    }
+  }
+
+  async unsubscribe(subscription) {
+    this.router.remove(subscription.subjects);
+    if (this.live !== null && this.live.isOpen) {
+      this.live.send({ op: "unsubscribe", subjects: subscription.subjects });
+    }
+  }
+
+  // --- publish ------------------------------------------------------------------
+
+  /** Publish and wait for the server's status. Resolves {status: "PUBLISH_OK", subject,
+   * position} or rejects: PublishError (PublishFailedError, PublishDeniedError,
+   * MessageSizeLimitExceededError: definitely not published), NotConnectedError (no
+   * session within `timeout` s: not sent), PublishOutcomeUnknown (sent, no status: the
+   * connection dropped or `timeout` passed), ClientClosedError. `content`: string or bytes. */
+  async publish(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD,
+    timeout = 10 } = {}) {
+    this.closures += 1;
+    const closure = `${this.closurePrefix}-${this.closures}`;
+    const op = publishOp(subject, content, fields, retained, qos, closure);
+    const deadline = Date.now() + timeout * 1000;
+    const session = await withTimeout(this.waitLive(), timeout * 1000,
+      () => new NotConnectedError(subject, timeout));
+    const answer = new Promise((resolve, reject) => {
+      this.router.pending.set(closure, { subject, closure, resolve, reject });
+    });
+    if (!session.send(op)) {
+      this.router.pending.delete(closure);
+      throw new PublishOutcomeUnknown(subject, closure, "connection lost while sending");
+    }
+    try {
+      return await withTimeout(answer, Math.max(0, deadline - Date.now()),
+        () => new PublishOutcomeUnknown(subject, closure, `no status in ${timeout} s`));
+    } finally {
+      this.router.pending.delete(closure);
+    }
+  }
+
+  /** Publish without a closure: no PUBLISH_OK; failures arrive as notifications. Waits
+   * for a session; rejects with PublishOutcomeUnknown if it could not be sent. */
+  async publishNoWait(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD } = {}) {
+    const op = publishOp(subject, content, fields, retained, qos, null);
+    const session = await this.waitLive();
+    if (!session.send(op)) throw new PublishOutcomeUnknown(subject, "", "connection lost while sending");
+  }
+
+  // --- sessions -----------------------------------------------------------------
+
+  attempt(failed) {
+    this.retryTimer = null;
+    if (this.closed || this.error !== null) return;
+    const server = chooseServer(this.servers, this.options.random, failed);
+    this.sessionIds += 1;
+    new Session({
+      WebSocket: this.options.WebSocket,
+      server: server.url,
+      id: this.sessionIds,
+      router: this.router,
+      keepalive: this.options.keepalive,
+      connectTimeout: this.options.reconnect.connectTimeout,
+      connectOp: { op: "connect", client: this.options.name, token: this.options.token },
+      onLive: (session) => this.onLive(session),
+      onEnd: (session, end) => this.onSessionEnd(server, session, end),
+    });
+  }
+
+  onLive(session) {
+    if (this.closed) {
+      session.close("client closed");
+      return;
+    }
+    this.backoff.reset();
+    this.setLive(session);
+    this.notificationQueue.put(notification("SERVER_UP", { server: session.server }));
+  }
+
+  onSessionEnd(server, session, end) {
+    if (this.live === session) this.setLive(null);
+    this.router.sessionLost(`connection to ${server.url} lost: ${end.describe()}`,
+      { untakenFailed: end.untakenNotPublished });
+    if (this.closed) return;
+    this.notificationQueue.put(notification("SERVER_DOWN", { reason: end.describe(), server: server.url }));
+    if (end.terminal) {
+      this.end(new ConnectionClosedError(end.code, end.reason, server.url));
+      return;
+    }
+    const delay = this.backoff.nextDelay();
+    if (this.backoff.exhausted()) {
+      this.end(new ServerUnavailableError(this.backoff.failures, end.describe()));
+      return;
+    }
+    this.retryTimer = setTimeout(() => this.attempt(server), delay * 1000);
+  }
+
+  end(error) {
+    if (this.error === null && !this.closed) this.error = error;
+    const reason = this.error ?? new ClientClosedError();
+    for (const waiter of this.liveWaiters.splice(0)) waiter.reject(reason);
+    this.router.close(this.error);
+    this.notificationQueue.close(this.error);
+  }
+
+  /** Close the session (code 1000) and end every subscription and waiter. */
+  async close() {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    const live = this.live;
+    this.setLive(null);
+    if (live !== null) live.close("client closed");
+    this.end(null);
+  }
+}
+
+function publishOp(subject, content, fields, retained, qos, closure) {
+  if (typeof subject !== "string") throw new TypeError("subject must be a string");
+  const bytes = typeof content === "string" ? textEncoder.encode(content)
+    : content instanceof Uint8Array ? content
+      : content instanceof ArrayBuffer ? new Uint8Array(content) : null;
+  if (bytes === null) throw new TypeError("content must be a string, Uint8Array or ArrayBuffer");
+  if (!Object.entries(fields).every(([k, v]) => typeof k === "string" && typeof v === "string")) {
+    throw new TypeError("fields must map strings to strings");
+  }
+  if (qos !== Qos.STANDARD && qos !== Qos.GUARANTEED) {
+    throw new TypeError("qos must be 'standard' or 'guaranteed'");
+  }
+  return { op: "publish", subject, content: bytes, fields, retained, qos, closure };
+}
+
+function withTimeout(promise, ms, makeError) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(makeError()), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** Open a client; sessions are opened in the background (watch SERVER_UP).
+ * `servers`: "WEIGHT URL" or "URL" (weight 100) entries. */
+export function connect(servers, options = {}) {
+  return new Client(servers, options);
+}

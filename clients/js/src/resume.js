@@ -1,0 +1,142 @@
+// Per-subject resume state: what was delivered, what is a duplicate, what is a gap.
+// Sans-I/O, the same rules as the Python SDK (migratory_client/resume.py and
+// docs/protocol.md, "Positions"):
+//
+// * `position` is the last position delivered to the application, or the position to
+//   start from that the server gave (SUBSCRIBE_ALLOW on a first subscribe, DATA_SYNC /
+//   DATA_RESYNC after a resume).
+// * Messages of type update / recovered of the same epoch with seq <= position.seq are
+//   duplicates and dropped; seq == position.seq + 1 is delivered. A higher seq is a gap
+//   (unless the subscription is conflated, where skipping is the point): the message is
+//   not delivered and the subject is resubscribed from `position`, so the missing
+//   messages come back as recovered.
+// * A message of another epoch starts a new lineage and is delivered.
+// * snapshot and historical messages pass through untouched.
+// * DATA_SYNC / DATA_RESYNC move `position` only when they answer the latest request:
+//   the server answers one connection's requests in order (each with one
+//   SUBSCRIBE_ALLOW or SUBSCRIBE_DENY first), so while a later request is unanswered a
+//   status belongs to an earlier one whose messages may have been dropped since. After
+//   messages were skipped (a paused subscription), no status moves `position` until a
+//   request sent since then is answered.
+
+import { MessageType, position as makePosition } from "./codec.js";
+
+export const Verdict = Object.freeze({
+  DELIVER: "deliver",
+  DUPLICATE: "duplicate", // already delivered (or will come again as recovered): drop it
+  GAP: "gap", // messages are missing before this one: drop it, resubscribe from position
+});
+
+const PASS_THROUGH = new Set([MessageType.SNAPSHOT, MessageType.HISTORICAL]);
+const CONFLATION_UNIT_MS = 100;
+
+/** Resume state of one subscribed subject. */
+export class SubjectTracker {
+  constructor(subject, { history = 0, conflationMs = 0, position = null } = {}) {
+    this.subject = subject;
+    this.history = history;
+    this.conflationMs = conflationMs;
+    this.position = position;
+    this.denied = false;
+    /** A resubscribe after a gap is under way; later gaps are expected, not new. */
+    this.recovering = false;
+    /** Id of the session on which this subject was last subscribed. */
+    this.requestedIn = -1;
+    /** Requests sent on session `dueIn` that the server has not answered yet. */
+    this.answersDue = 0;
+    this.dueIn = -1;
+    /** Messages after `position` were dropped (a paused subscription): no status may
+     * move `position` until the server answers a request sent since. */
+    this.skipping = false;
+    this.askedSinceSkip = false;
+  }
+
+  get conflated() {
+    return this.conflationMs >= CONFLATION_UNIT_MS;
+  }
+
+  /** The subscription to send: a resume from `position` once there is one. */
+  request() {
+    if (this.position === null) {
+      return Object.freeze({
+        subject: this.subject, position: null, history: this.history,
+        conflationMs: this.conflationMs,
+      });
+    }
+    return Object.freeze({
+      subject: this.subject, position: this.position, history: 0,
+      conflationMs: this.conflationMs,
+    });
+  }
+
+  /** A subscription request for this subject went out on session `sessionId`. */
+  sent(sessionId) {
+    if (this.dueIn !== sessionId) {
+      this.dueIn = sessionId;
+      this.answersDue = 0;
+    }
+    this.answersDue += 1;
+    this.askedSinceSkip = this.skipping;
+  }
+
+  /** Messages of this subject are being dropped from now on (a paused subscription). */
+  skip() {
+    this.skipping = true;
+    this.askedSinceSkip = false;
+    this.recovering = false;
+  }
+
+  /** Apply a subject status that arrived on session `sessionId`. */
+  onStatus(status, position, sessionId = -1) {
+    const awaited = this.dueIn === sessionId && this.answersDue > 0;
+    if ((status === "SUBSCRIBE_ALLOW" || status === "SUBSCRIBE_DENY") && awaited) {
+      this.answersDue -= 1;
+      if (this.answersDue === 0 && this.askedSinceSkip) {
+        this.skipping = false;
+        this.askedSinceSkip = false;
+      }
+    }
+    if (status === "SUBSCRIBE_DENY") {
+      this.denied = true;
+    } else if (status === "SUBSCRIBE_ALLOW") {
+      this.denied = false;
+      if (this.position === null) this.position = position; // on a resume, recovered come next
+    } else if ((status === "DATA_SYNC" || status === "DATA_RESYNC") && !(awaited || this.skipping)) {
+      this.recovering = false;
+      if (position !== null && position !== undefined) this.continueFrom(position);
+    }
+  }
+
+  continueFrom(position) {
+    // Within one epoch never move back: positions are never reused, so anything at or
+    // below what was delivered is the same message again.
+    const last = this.position;
+    if (last === null || last.epoch !== position.epoch || position.seq > last.seq) {
+      this.position = position;
+    }
+  }
+
+  /** Decide about one message of this subject and advance `position` if delivered. */
+  onMessage(message) {
+    if (PASS_THROUGH.has(message.type)) return Verdict.DELIVER;
+    const arrived = makePosition(message.epoch, message.seq);
+    const last = this.position;
+    if (last === null || arrived.epoch !== last.epoch) {
+      this.position = arrived;
+      return Verdict.DELIVER;
+    }
+    if (arrived.seq <= last.seq) return Verdict.DUPLICATE;
+    if (arrived.seq === last.seq + 1 || this.conflated) {
+      this.position = arrived;
+      return Verdict.DELIVER;
+    }
+    if (this.recovering) return Verdict.DUPLICATE;
+    this.recovering = true;
+    return Verdict.GAP;
+  }
+
+  /** The connection is gone; the next session resubscribes every subject anyway. */
+  onSessionLost() {
+    this.recovering = false;
+  }
+}

@@ -1,0 +1,171 @@
+// Where server operations go: subject trackers and subscriptions, publish waiters,
+// notifications. Shared by every session of one client; survives reconnects.
+//
+// The router never waits for the application: a message for a subscription whose
+// buffer is full is not handed over; the subscription is paused instead (its subjects
+// are left at the server, their positions stay where the application's messages end)
+// and resumed from those positions once the application has taken half of the buffer:
+// the messages come again as recovered (as the Python SDK's routing.py).
+
+import { PublishOutcomeUnknown, publishError } from "./errors.js";
+import { Verdict } from "./resume.js";
+
+/** One client notification; `subject` and `position` are null for server events. */
+export function notification(status, { subject = null, position = null, reason = null,
+  server = null } = {}) {
+  return Object.freeze({ status, subject, position, reason, server });
+}
+
+export class Router {
+  /** `notify(notification)` receives every notification. */
+  constructor(notify) {
+    this.notify = notify;
+    /** @type {Map<string, import("./resume.js").SubjectTracker>} */
+    this.trackers = new Map();
+    /** closure -> {subject, closure, resolve, reject} */
+    this.pending = new Map();
+    /** subject -> subscription (its outlet: paused, full(), push(), end()) */
+    this.outlets = new Map();
+  }
+
+  // --- subscriptions ----------------------------------------------------------
+
+  add(trackers, outlet) {
+    const taken = trackers.filter((t) => this.trackers.has(t.subject)).map((t) => t.subject);
+    if (taken.length) throw new Error(`already subscribed: ${taken.join(", ")}`);
+    for (const tracker of trackers) {
+      this.trackers.set(tracker.subject, tracker);
+      this.outlets.set(tracker.subject, outlet);
+    }
+  }
+
+  remove(subjects) {
+    for (const subject of subjects) {
+      this.trackers.delete(subject);
+      this.outlets.delete(subject);
+    }
+  }
+
+  /** Subscriptions not yet sent on session `sessionId` (all, or of `subjects`); marks
+   * them as requested there. */
+  requestsFor(sessionId, subjects = null) {
+    const chosen = subjects === null
+      ? [...this.trackers.values()]
+      : subjects.filter((s) => this.trackers.has(s)).map((s) => this.trackers.get(s));
+    const requests = [];
+    for (const tracker of chosen) {
+      const paused = this.outlets.get(tracker.subject).paused;
+      if (tracker.requestedIn !== sessionId && !tracker.denied && !paused) {
+        tracker.requestedIn = sessionId;
+        requests.push(tracker.request());
+      }
+    }
+    return requests;
+  }
+
+  /** These requests went out on session `sessionId` (answers are now due). */
+  sent(sessionId, requests) {
+    for (const request of requests) this.trackers.get(request.subject)?.sent(sessionId);
+  }
+
+  /** The application took half of a paused subscription's buffer: its subjects are to
+   * be subscribed again from their positions (returned). */
+  resume(outlet) {
+    outlet.paused = false;
+    const subjects = this.subjectsOf(outlet);
+    for (const subject of subjects) {
+      const tracker = this.trackers.get(subject);
+      tracker.recovering = true; // messages sent before the pause may still come
+      tracker.requestedIn = -1;
+    }
+    return subjects;
+  }
+
+  pause(outlet) {
+    outlet.paused = true;
+    const subjects = this.subjectsOf(outlet);
+    for (const subject of subjects) {
+      const tracker = this.trackers.get(subject);
+      tracker.skip();
+      tracker.requestedIn = -1;
+    }
+    return subjects;
+  }
+
+  subjectsOf(outlet) {
+    return [...this.outlets].filter(([, o]) => o === outlet).map(([s]) => s);
+  }
+
+  // --- server operations ------------------------------------------------------
+
+  /** Hand over what is new, without waiting; returns {resubscribe: requests (gaps),
+   * pause: subjects to unsubscribe (their subscription's buffer is full)}. */
+  onMessages(messages) {
+    const resubscribe = new Map();
+    const pause = [];
+    for (const message of messages) {
+      const tracker = this.trackers.get(message.subject);
+      if (tracker === undefined) continue; // unsubscribed meanwhile
+      const outlet = this.outlets.get(message.subject);
+      if (outlet.paused) continue; // comes again, as recovered, when it resumes
+      if (outlet.full()) {
+        pause.push(...this.pause(outlet));
+        continue;
+      }
+      const verdict = tracker.onMessage(message);
+      if (verdict === Verdict.DELIVER) outlet.push(message);
+      else if (verdict === Verdict.GAP) resubscribe.set(tracker.subject, tracker.request());
+    }
+    for (const subject of pause) resubscribe.delete(subject);
+    return { resubscribe: [...resubscribe.values()], pause };
+  }
+
+  onSubjectStatus(op, server, sessionId = -1) {
+    const tracker = this.trackers.get(op.subject);
+    if (tracker === undefined) return;
+    tracker.onStatus(op.status, op.position, sessionId);
+    this.notify(notification(op.status, {
+      subject: op.subject, position: op.position, reason: op.reason, server,
+    }));
+  }
+
+  onPublishStatus(op, server) {
+    const pending = op.closure === null ? undefined : this.pending.get(op.closure);
+    if (pending === undefined) { // a publish without closure, or one we stopped waiting for
+      this.notify(notification(op.status, {
+        subject: op.subject, position: op.position, reason: op.reason, server,
+      }));
+      return;
+    }
+    this.pending.delete(op.closure);
+    if (op.status === "PUBLISH_OK") {
+      pending.resolve(Object.freeze({ status: op.status, subject: op.subject, position: op.position }));
+    } else {
+      pending.reject(publishError(op.status, op.subject, op.reason));
+    }
+  }
+
+  // --- session life -------------------------------------------------------------
+
+  /** Every publish still waiting has an unknown outcome now, unless the server said
+   * (close 4502 DRAINED, every frame before it read) that it answered every publish it
+   * took: then those still waiting were not taken and fail definitely. */
+  sessionLost(reason, { untakenFailed = false } = {}) {
+    for (const pending of this.pending.values()) {
+      if (untakenFailed) {
+        pending.reject(publishError("PUBLISH_FAILED", pending.subject, `not published: ${reason}`));
+      } else {
+        pending.reject(new PublishOutcomeUnknown(pending.subject, pending.closure, reason));
+      }
+    }
+    this.pending.clear();
+    for (const tracker of this.trackers.values()) tracker.onSessionLost();
+  }
+
+  /** The client ended: subscriptions drain then end (with `error` if any). */
+  close(error) {
+    this.sessionLost("the client ended");
+    for (const outlet of new Set(this.outlets.values())) outlet.end(error);
+    this.outlets.clear();
+  }
+}

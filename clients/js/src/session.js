@@ -1,0 +1,253 @@
+// One session: a WebSocket connection to one server, from `connect` to its loss.
+//
+// The session reads server operations and hands them to the Router, answers gaps with
+// resubscriptions, and keeps the connection alive with protocol pings. Every way the
+// session can end becomes one SessionEnd handed to `onEnd`, never an exception. The
+// reader never waits for the application, so a pong or a close always gets read.
+
+import { CloseCode, describeCloseCode, shouldReconnect } from "./close_codes.js";
+import { SUBPROTOCOL, decodeServerOp, encodeClientOp } from "./codec.js";
+import { ProtocolError } from "./errors.js";
+
+const OPEN = 1;
+
+/** Why a session ended: a close by the server (`code`, its `reason`), or a loss the
+ * client saw or decided (code 1006). `terminal`: the code forbids retrying. `readAll`:
+ * every frame the server sent before its close frame was handed over (a browser
+ * WebSocket dispatches every message before its close event, so a close by the server
+ * always has it). */
+export class SessionEnd {
+  constructor(code, reason, { terminal = false, byServer = false, readAll = false } = {}) {
+    this.code = code;
+    this.reason = reason;
+    this.terminal = terminal;
+    this.byServer = byServer;
+    this.readAll = readAll;
+    Object.freeze(this);
+  }
+
+  static closed(code, reason) {
+    const byServer = code !== CloseCode.ABNORMAL;
+    return new SessionEnd(code, reason || null, {
+      terminal: !shouldReconnect(code), byServer, readAll: byServer,
+    });
+  }
+
+  static byClient(reason) {
+    return new SessionEnd(CloseCode.ABNORMAL, reason);
+  }
+
+  /** The server closed with 4502 DRAINED -- it answered every publish it took before
+   * its close frame -- and every frame up to that close was read: a publish still
+   * waiting was never taken (not published). Otherwise its outcome is unknown. */
+  get untakenNotPublished() {
+    return this.byServer && this.readAll && this.code === CloseCode.DRAINED;
+  }
+
+  describe() {
+    if (!this.byServer) return this.reason || "connection lost without a close frame";
+    return `closed with ${describeCloseCode(this.code)}${this.reason ? `: ${this.reason}` : ""}`;
+  }
+}
+
+export class Session {
+  /**
+   * @param {object} o
+   * @param {typeof WebSocket} o.WebSocket the WebSocket constructor (browser's, or `ws`)
+   * @param {string} o.server the URL
+   * @param {number} o.id
+   * @param {import("./router.js").Router} o.router
+   * @param {{interval: number, timeout: number}} o.keepalive seconds
+   * @param {number} o.connectTimeout seconds
+   * @param {object} o.connectOp {op: "connect", client, token}
+   * @param {(session: Session) => void} o.onLive the server answered `connected`
+   * @param {(session: Session, end: SessionEnd) => void} o.onEnd called once
+   */
+  constructor(o) {
+    Object.assign(this, {
+      server: o.server, id: o.id, router: o.router, keepalive: o.keepalive,
+      onLive: o.onLive, onEnd: o.onEnd,
+    });
+    this.live = false;
+    this.ended = false;
+    this.serverName = "";
+    this.framesRead = 0;
+    this.pingId = 0;
+    this.pongId = 0;
+    this.timers = new Set();
+    this.connectOp = o.connectOp;
+    try {
+      this.ws = new o.WebSocket(o.server, [SUBPROTOCOL]);
+    } catch (error) {
+      this.ws = null;
+      this.later(0, () => this.finish(SessionEnd.byClient(`cannot connect: ${error.message}`)));
+      return;
+    }
+    this.ws.binaryType = "arraybuffer";
+    this.ws.onopen = () => this.send(this.connectOp);
+    this.ws.onmessage = (event) => this.onFrame(event.data);
+    this.ws.onclose = (event) => this.onClose(event);
+    this.ws.onerror = () => {}; // a close event follows
+    this.later(o.connectTimeout, () => {
+      const what = this.ws.readyState === OPEN ? "no 'connected'" : "no WebSocket connection";
+      this.finish(SessionEnd.byClient(`cannot connect: ${what} within ${o.connectTimeout} s`));
+    }, "connect");
+  }
+
+  get isOpen() {
+    return this.live && !this.ended;
+  }
+
+  /** Send one client operation; false when the connection is not open (not sent). */
+  send(op) {
+    if (this.ended || this.ws === null || this.ws.readyState !== OPEN) return false;
+    this.ws.send(encodeClientOp(op));
+    return true;
+  }
+
+  /** Send subscription requests; false when not sent (the next session does it). */
+  subscribe(requests) {
+    if (!requests.length) return true;
+    if (!this.send({ op: "subscribe", subscriptions: requests })) return false;
+    this.router.sent(this.id, requests);
+    return true;
+  }
+
+  /** End the session from the client's side (code 1000, or an application code). */
+  close(reason, code = CloseCode.NORMAL) {
+    this.finish(SessionEnd.byClient(reason), code);
+  }
+
+  // --- reading ------------------------------------------------------------------
+
+  onFrame(data) {
+    if (this.ended) return;
+    this.framesRead += 1;
+    try {
+      if (typeof data === "string") {
+        throw new ProtocolError(CloseCode.UNSUPPORTED_DATA, "text frame from the server");
+      }
+      this.dispatch(decodeServerOp(data));
+    } catch (error) {
+      if (!(error instanceof ProtocolError)) throw error;
+      this.finish(SessionEnd.byClient(`server broke the protocol: ${error.reason}`),
+        error.closeCode);
+    }
+  }
+
+  dispatch(op) {
+    if (!this.live) {
+      if (op.op !== "connected") {
+        this.finish(SessionEnd.byClient(`handshake failed: expected 'connected', got '${op.op}'`),
+          CloseCode.PROTOCOL_ERROR);
+        return;
+      }
+      this.live = true;
+      this.serverName = op.server;
+      this.cancel("connect");
+      const requests = this.router.requestsFor(this.id);
+      this.onLive(this);
+      this.subscribe(requests);
+      this.scheduleKeepalive();
+      return;
+    }
+    switch (op.op) {
+      case "deliver": {
+        const reaction = this.router.onMessages(op.messages);
+        if (reaction.pause.length) this.send({ op: "unsubscribe", subjects: reaction.pause });
+        this.subscribe(reaction.resubscribe);
+        break;
+      }
+      case "status":
+        this.router.onSubjectStatus(op, this.server, this.id);
+        break;
+      case "publish_status":
+        this.router.onPublishStatus(op, this.server);
+        break;
+      case "pong":
+        this.onPong(op.id);
+        break;
+      default: // a second "connected": ignored, as the Python SDK does
+    }
+  }
+
+  onClose(event) {
+    const code = typeof event.code === "number" && event.code > 0 ? event.code : 1005;
+    this.finish(SessionEnd.closed(code, event.reason));
+  }
+
+  // --- keepalive ----------------------------------------------------------------
+
+  scheduleKeepalive() {
+    this.later(this.keepalive.interval, () => this.ping(), "keepalive");
+  }
+
+  ping() {
+    this.pingId += 1;
+    this.send({ op: "ping", id: this.pingId });
+    this.waitPong(this.framesRead);
+  }
+
+  // No pong within `timeout`: lost, unless frames kept arriving meanwhile (a large
+  // answer ahead of the pong), then wait once more.
+  waitPong(framesBefore) {
+    this.later(this.keepalive.timeout, () => {
+      if (this.pongId >= this.pingId) return;
+      if (this.framesRead !== framesBefore) {
+        this.waitPong(this.framesRead);
+        return;
+      }
+      this.finish(SessionEnd.byClient(`no pong within ${this.keepalive.timeout} s`));
+    }, "pong");
+  }
+
+  onPong(id) {
+    this.pongId = Math.max(this.pongId, id === null ? this.pingId : id);
+    if (this.pongId >= this.pingId) {
+      this.cancel("pong");
+      this.scheduleKeepalive();
+    }
+  }
+
+  // --- the end ------------------------------------------------------------------
+
+  later(seconds, callback, name = null) {
+    if (name !== null) this.cancel(name);
+    const timer = { name, handle: null };
+    timer.handle = setTimeout(() => {
+      this.timers.delete(timer);
+      callback();
+    }, seconds * 1000);
+    this.timers.add(timer);
+  }
+
+  cancel(name) {
+    for (const timer of this.timers) {
+      if (timer.name === name) {
+        clearTimeout(timer.handle);
+        this.timers.delete(timer);
+      }
+    }
+  }
+
+  /** End once: stop the timers, let go of the socket (closing it if still open: a
+   * browser sends only 1000 or 3000-4999), tell the client. */
+  finish(end, closeCode = CloseCode.NORMAL) {
+    if (this.ended) return;
+    this.ended = true;
+    for (const timer of this.timers) clearTimeout(timer.handle);
+    this.timers.clear();
+    const ws = this.ws;
+    if (ws !== null) {
+      ws.onopen = ws.onmessage = ws.onclose = null;
+      if (ws.readyState <= OPEN) {
+        const code = closeCode === CloseCode.NORMAL || (closeCode >= 3000 && closeCode <= 4999)
+          ? closeCode : CloseCode.NORMAL;
+        try {
+          ws.close(code, end.describe().slice(0, 120));
+        } catch { /* already closing */ }
+      }
+    }
+    this.onEnd(this, end);
+  }
+}

@@ -1,0 +1,155 @@
+// SubjectTracker: dedupe, gap detection and resume positions, without I/O (the same
+// cases as the Python SDK's tests/client/test_sdk_resume.py).
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import fc from "fast-check";
+
+import { Message, SubjectTracker, Verdict, position } from "../src/index.js";
+
+const SUBJECT = "/a/b";
+const msg = (seq, epoch = 7, type = "update") => new Message({
+  subject: SUBJECT, content: new TextEncoder().encode(String(seq)), epoch, seq, type,
+});
+
+function allowed(at = position(7, 10), options = {}) {
+  const tracker = new SubjectTracker(SUBJECT, options);
+  tracker.onStatus("SUBSCRIBE_ALLOW", at);
+  return tracker;
+}
+
+test("the first request asks for history, later ones resume", () => {
+  const tracker = new SubjectTracker(SUBJECT, { history: 5, conflationMs: 500 });
+  assert.deepEqual(tracker.request(), { subject: SUBJECT, position: null, history: 5, conflationMs: 500 });
+  tracker.onStatus("SUBSCRIBE_ALLOW", position(7, 10));
+  assert.deepEqual(tracker.request(), { subject: SUBJECT, position: position(7, 10), history: 0, conflationMs: 500 });
+});
+
+test("live updates in order are delivered", () => {
+  const tracker = allowed();
+  assert.deepEqual([11, 12, 13].map((s) => tracker.onMessage(msg(s))), Array(3).fill(Verdict.DELIVER));
+  assert.deepEqual(tracker.position, position(7, 13));
+});
+
+test("duplicates are dropped", () => {
+  const tracker = allowed();
+  tracker.onMessage(msg(11));
+  assert.equal(tracker.onMessage(msg(11)), Verdict.DUPLICATE);
+  assert.equal(tracker.onMessage(msg(3, 7, "recovered")), Verdict.DUPLICATE);
+  assert.deepEqual(tracker.position, position(7, 11));
+});
+
+test("snapshot and historical messages pass through without moving the position", () => {
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(10, 7, "snapshot")), Verdict.DELIVER);
+  assert.equal(tracker.onMessage(msg(4, 7, "historical")), Verdict.DELIVER);
+  assert.deepEqual(tracker.position, position(7, 10));
+});
+
+test("a gap is reported once and recovered", () => {
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(13)), Verdict.GAP);
+  assert.deepEqual(tracker.request().position, position(7, 10));
+  assert.equal(tracker.onMessage(msg(14)), Verdict.DUPLICATE); // comes back as recovered
+  tracker.onStatus("SUBSCRIBE_ALLOW", position(7, 14));
+  assert.deepEqual(tracker.position, position(7, 10)); // a resume keeps its own position
+  for (const seq of [11, 12, 13, 14]) assert.equal(tracker.onMessage(msg(seq, 7, "recovered")), Verdict.DELIVER);
+  tracker.onStatus("DATA_SYNC", position(7, 14));
+  assert.equal(tracker.recovering, false);
+  assert.equal(tracker.onMessage(msg(16)), Verdict.GAP);
+});
+
+test("a conflated subscription accepts skips", () => {
+  const tracker = allowed(position(7, 10), { conflationMs: 200 });
+  assert.equal(tracker.onMessage(msg(15)), Verdict.DELIVER);
+  assert.equal(tracker.onMessage(msg(14)), Verdict.DUPLICATE);
+  assert.equal(allowed(position(7, 10), { conflationMs: 99 }).conflated, false);
+});
+
+test("a resync to a new epoch", () => {
+  const tracker = allowed();
+  tracker.onMessage(msg(11));
+  tracker.onStatus("SUBSCRIBE_ALLOW", position(99, 3));
+  assert.equal(tracker.onMessage(msg(3, 99, "snapshot")), Verdict.DELIVER);
+  tracker.onStatus("DATA_RESYNC", position(99, 3));
+  assert.deepEqual(tracker.position, position(99, 3));
+  assert.equal(tracker.onMessage(msg(4, 99)), Verdict.DELIVER);
+});
+
+test("a sync never moves back within an epoch", () => {
+  const tracker = allowed();
+  tracker.onMessage(msg(11));
+  tracker.onStatus("DATA_RESYNC", position(7, 9));
+  assert.deepEqual(tracker.position, position(7, 11));
+  assert.equal(tracker.onMessage(msg(10)), Verdict.DUPLICATE);
+});
+
+test("a message of a new epoch is accepted; a deny marks the subject", () => {
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(1, 8)), Verdict.DELIVER);
+  assert.deepEqual(tracker.position, position(8, 1));
+  const denied = new SubjectTracker(SUBJECT);
+  denied.onStatus("SUBSCRIBE_DENY", null);
+  assert.equal(denied.denied, true);
+  assert.equal(denied.position, null);
+});
+
+test("a status answering an earlier request does not move the position", () => {
+  const tracker = allowed();
+  tracker.sent(1);
+  tracker.sent(1); // two requests out on session 1; the first answer is not the latest
+  tracker.onStatus("SUBSCRIBE_ALLOW", null, 1);
+  tracker.onStatus("DATA_SYNC", position(7, 20), 1);
+  assert.deepEqual(tracker.position, position(7, 10));
+  tracker.onStatus("SUBSCRIBE_ALLOW", null, 1);
+  tracker.onStatus("DATA_SYNC", position(7, 20), 1);
+  assert.deepEqual(tracker.position, position(7, 20));
+});
+
+// Property: whatever the network does (deliver, lose, replay), the application sees
+// every published seq exactly once, in order.
+test("a faulty stream is repaired exactly once", () => {
+  const step = fc.constantFrom("live", "lose", "replay");
+  fc.assert(fc.property(fc.array(step, { maxLength: 80 }), fc.integer({ min: 0, max: 5 }),
+    fc.infiniteStream(fc.tuple(fc.nat(), fc.boolean())), (steps, start, picks) => {
+      const epoch = 42;
+      const tracker = allowed(position(epoch, start));
+      let published = start;
+      const delivered = [];
+      const choices = picks[Symbol.iterator]();
+      const feed = (message) => {
+        const verdict = tracker.onMessage(message);
+        if (verdict === Verdict.DELIVER) delivered.push(message.seq);
+        else if (verdict === Verdict.GAP) resume(tracker.request().position);
+      };
+      const resume = (from) => { // the server: ALLOW, the cached messages after it, DATA_SYNC
+        assert.equal(from.epoch, epoch);
+        tracker.onStatus("SUBSCRIBE_ALLOW", position(epoch, published));
+        for (let seq = from.seq + 1; seq <= published; seq += 1) feed(msg(seq, epoch, "recovered"));
+        tracker.onStatus("DATA_SYNC", position(epoch, published));
+      };
+      for (const s of steps) {
+        if (s === "replay" && published > start) {
+          const [n, recovered] = choices.next().value;
+          feed(msg(start + 1 + (n % (published - start)), epoch, recovered ? "recovered" : "update"));
+          continue;
+        }
+        published += 1;
+        if (s === "live") feed(msg(published, epoch));
+      }
+      tracker.onSessionLost(); // a reconnect at the end fetches whatever was lost last
+      resume(tracker.request().position);
+      assert.deepEqual(delivered, Array.from({ length: published - start }, (_, i) => start + 1 + i));
+    }), { numRuns: 300, seed: 12 });
+});
+
+test("delivered updates strictly increase", () => {
+  fc.assert(fc.property(fc.array(fc.integer({ min: 1, max: 30 }), { maxLength: 60 }),
+    fc.constantFrom(0, 100), (seqs, conflationMs) => {
+      const tracker = allowed(position(1, 0), { conflationMs });
+      const delivered = seqs.filter((s) => tracker.onMessage(msg(s, 1)) === Verdict.DELIVER);
+      assert.deepEqual(delivered, [...new Set(delivered)].sort((a, b) => a - b));
+      if (!conflationMs) assert.deepEqual(delivered, delivered.map((_, i) => i + 1));
+    }), { numRuns: 300, seed: 12 });
+});
