@@ -69,6 +69,7 @@ def test_page_fails_over_and_resumes_without_gap_or_duplicate(
     messages = final["messages"]
     statuses = [n[0] for n in final["notifications"]]
     print("killed member", on, "after", killed_at, "messages; servers", final["servers"])
+    print("notifications", [n for n in final["notifications"] if n[0] == "SERVER_DOWN"])
     print("statuses", statuses)
     print("acked", len(publisher.acked), "failed", publisher.failed[:3])
     seqs = [seq for _, _, _, seq in messages]

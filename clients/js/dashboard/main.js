@@ -11,6 +11,7 @@ const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948
   "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#d62728"];
 const $ = (id) => document.getElementById(id);
 const now = () => Date.now() / 1000;
+const HISTORY = 120; // cached messages asked for per subject on subscribe
 
 const config = await (await fetch("/dashboard/config.json", { cache: "no-store" })).json();
 const view = new ClusterView({ staleAfter: Math.max(3 * config.push_interval, 6) });
@@ -31,7 +32,7 @@ function watch(member) {
   const subject = statsSubject(member);
   if (watched.has(subject)) return;
   watched.add(subject);
-  client.subscribe(subject, { onMessage: onMeta });
+  client.subscribe(subject, { history: HISTORY, onMessage: onMeta });
 }
 
 client.onNotification((n) => {
@@ -39,7 +40,8 @@ client.onNotification((n) => {
   else if (n.status === "SERVER_DOWN") state.connection = `reconnecting: ${n.reason}`;
   else if (n.status === "SUBSCRIBE_DENY") state.denied = `${n.subject}: ${n.reason}`;
 });
-client.subscribe(CLUSTER_SUBJECT, { onMessage: onMeta });
+// the cached messages first: every member's latest view and the charts' recent past
+client.subscribe(CLUSTER_SUBJECT, { history: 3 * HISTORY, onMessage: onMeta });
 if (config.member) watch(config.member);
 
 // --- rendering ------------------------------------------------------------------------

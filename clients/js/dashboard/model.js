@@ -42,8 +42,9 @@ export class ClusterView {
     return entry;
   }
 
-  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text);
-   * returns the member it was about, or null when it is not one the dashboard reads. */
+  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text),
+   * received at `now` (seconds since the epoch); returns the member it was about, or
+   * null when it is not one the dashboard reads. */
   onMessage(subject, text, now) {
     let body;
     try {
@@ -52,15 +53,19 @@ export class ClusterView {
       return null;
     }
     if (body === null || typeof body !== "object" || typeof body.member !== "string") return null;
+    // when the member said it (its wall clock): a cached (historical) message is old news
+    const said = number(body.time) ?? now;
     if (subject === CLUSTER_SUBJECT && body.kind === "cluster") {
       const entry = this.member(body.member);
+      if (entry.clusterAt !== null && said < entry.clusterAt) return body.member;
       entry.cluster = body.status ?? {};
-      entry.clusterAt = now;
+      entry.clusterAt = said;
     } else if (subject.startsWith("/migratory/stats/") && body.kind === "stats") {
       const entry = this.member(body.member);
+      if (entry.statsAt !== null && said < entry.statsAt) return body.member;
       entry.stats = body;
-      entry.statsAt = now;
-      this.record(body.member, number(body.time) ?? now, body.windows?.last_sample ?? {});
+      entry.statsAt = said;
+      this.record(body.member, said, body.windows?.last_sample ?? {});
     } else {
       return null;
     }

@@ -64,6 +64,8 @@ export class Client {
     this.closurePrefix = randomHex(this.options.random, 6);
     this.closures = 0;
     this.live = null;
+    /** The latest session, open or still opening. */
+    this.session = null;
     this.liveWaiters = [];
     this.error = null;
     this.closed = false;
@@ -170,14 +172,17 @@ export class Client {
     const closure = `${this.closurePrefix}-${this.closures}`;
     const op = publishOp(subject, content, fields, retained, qos, closure);
     const deadline = Date.now() + timeout * 1000;
-    const session = await withTimeout(this.waitLive(), timeout * 1000,
-      () => new NotConnectedError(subject, timeout));
+    let pending;
     const answer = new Promise((resolve, reject) => {
-      this.router.pending.set(closure, { subject, closure, resolve, reject });
+      pending = { subject, closure, resolve, reject };
     });
-    if (!session.send(op)) {
+    for (;;) { // a session that ended before the send did not take it: wait for the next
+      const session = await withTimeout(this.waitLive(), Math.max(0, deadline - Date.now()),
+        () => new NotConnectedError(subject, timeout));
+      this.router.pending.set(closure, pending);
+      if (session.send(op)) break;
       this.router.pending.delete(closure);
-      throw new PublishOutcomeUnknown(subject, closure, "connection lost while sending");
+      await new Promise((resolve) => { setTimeout(resolve, 50); }); // it is closing: its end is near
     }
     try {
       return await withTimeout(answer, Math.max(0, deadline - Date.now()),
@@ -202,7 +207,7 @@ export class Client {
     if (this.closed || this.error !== null) return;
     const server = chooseServer(this.servers, this.options.random, failed);
     this.sessionIds += 1;
-    new Session({
+    this.session = new Session({
       WebSocket: this.options.WebSocket,
       server: server.url,
       id: this.sessionIds,
@@ -256,9 +261,8 @@ export class Client {
     if (this.closed) return;
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
-    const live = this.live;
     this.setLive(null);
-    if (live !== null) live.close("client closed");
+    this.session?.close("client closed");
     this.end(null);
   }
 }

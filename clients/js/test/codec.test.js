@@ -4,7 +4,7 @@ import { test } from "node:test";
 import { Encoder, decode } from "cbor-x";
 
 import {
-  Message, ProtocolError, decodeServerOp, encodeClientOp, position,
+  CloseCode, Message, ProtocolError, decodeServerOp, encodeClientOp, position, shouldReconnect,
 } from "../src/index.js";
 import { protocolExamples } from "./support/protocol_doc.js";
 
@@ -71,8 +71,10 @@ const SERVER_OPS = {
 
 const plain = (op) => JSON.parse(JSON.stringify(op, (k, v) => (v instanceof Uint8Array ? [...v] : v)));
 
+const operations = () => protocolExamples().filter((e) => e.opcode === 2);
+
 test("every example of docs/protocol.md is covered", () => {
-  const examples = protocolExamples();
+  const examples = operations();
   assert.equal(examples.length, 16);
   const titles = (d) => examples.filter((e) => e.direction === d).map((e) => e.title).sort();
   assert.deepEqual(titles("client"), Object.keys(CLIENT_OPS).sort());
@@ -80,20 +82,31 @@ test("every example of docs/protocol.md is covered", () => {
 });
 
 test("client operations encode to the documented bytes exactly", () => {
-  for (const example of protocolExamples().filter((e) => e.direction === "client")) {
+  for (const example of operations().filter((e) => e.direction === "client")) {
     const encoded = encodeClientOp(CLIENT_OPS[example.title]);
     assert.deepEqual([...encoded], [...example.payload], example.title);
   }
 });
 
 test("server operations decode from the documented bytes", () => {
-  for (const example of protocolExamples().filter((e) => e.direction === "server")) {
+  for (const example of operations().filter((e) => e.direction === "server")) {
     const op = decodeServerOp(example.payload);
     assert.deepEqual(plain(op), plain(SERVER_OPS[example.title]), example.title);
     assert.ok(Object.isFrozen(op), example.title);
   }
-  const [snapshot] = decodeServerOp(protocolExamples()[7].payload).messages;
+  const example = operations().find((e) => e.title === "message (snapshot)");
+  const [snapshot] = decodeServerOp(example.payload).messages;
   assert.equal(snapshot.text, "193");
+});
+
+test("the documented close frame carries a code of the shared table that asks to reconnect", () => {
+  const closes = protocolExamples().filter((e) => e.opcode === 8);
+  assert.deepEqual(closes.map((e) => e.title), ["close 4500 SLOW_CONSUMER"]);
+  const { payload } = closes[0];
+  const code = (payload[0] << 8) | payload[1];
+  assert.equal(code, CloseCode.SLOW_CONSUMER);
+  assert.equal(new TextDecoder().decode(payload.subarray(2)), "slow consumer");
+  assert.equal(shouldReconnect(code), true);
 });
 
 test("decoding also takes an ArrayBuffer (what a browser WebSocket hands over)", () => {

@@ -29,10 +29,10 @@ test("rows: one per member in index order, with role, Raft state and figures", (
   const view = new ClusterView({ staleAfter: 5 });
   for (let i = 9; i >= 0; i -= 1) {
     const member = `127.0.0.1:210${i}0`;
-    assert.equal(view.onMessage(CLUSTER_SUBJECT, cluster(member, i), 100), member);
-    assert.equal(view.onMessage(statsSubject(member), stats(member, 1000 + i, i), 100), member);
+    assert.equal(view.onMessage(CLUSTER_SUBJECT, cluster(member, i), 2000), member);
+    assert.equal(view.onMessage(statsSubject(member), stats(member, 1000, i), 2000), member);
   }
-  const rows = view.rows(102);
+  const rows = view.rows(1002);
   assert.equal(rows.length, 10);
   assert.deepEqual(rows.map((r) => r.index), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
   assert.deepEqual(
@@ -43,7 +43,10 @@ test("rows: one per member in index order, with role, Raft state and figures", (
   );
   assert.equal(rows[1].age, 2);
   assert.equal(view.leader(), "127.0.0.1:21010");
-  assert.equal(view.rows(106)[0].silent, true, "no message for longer than staleAfter");
+  assert.equal(view.rows(1006)[0].silent, true, "no message for longer than staleAfter");
+  // an older (cached) message arriving later does not replace a newer one
+  view.onMessage(statsSubject("127.0.0.1:21000"), stats("127.0.0.1:21000", 990, 77), 2000);
+  assert.equal(view.rows(1002)[0].messagesIn, 0);
 });
 
 test("charts: aligned on whole seconds, null where a member had no sample", () => {

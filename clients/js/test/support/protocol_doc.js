@@ -35,10 +35,12 @@ export function protocolExamples() {
   const examples = [];
   const pattern = /^### (client → server|server → client): (.+)\n\n```\n([0-9a-f \n]+)```/gm;
   for (const match of section.matchAll(pattern)) {
+    const frame = hex(match[3]);
     examples.push({
       direction: match[1].startsWith("client") ? "client" : "server",
       title: match[2].trim(),
-      payload: framePayload(hex(match[3])),
+      opcode: frame[0] & 0x0f, // 2: binary (one CBOR operation), 8: close
+      payload: framePayload(frame),
     });
   }
   return examples;
