@@ -4,8 +4,25 @@ what was expected. Used by :mod:`migratory.config` for every setting."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 ORDINAL = "{ordinal}"  # in ClusterMemberTemplate: a member's index in ClusterMembers
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the source."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One config key: its attribute on Config, its parser, default text and doc line."""
+
+    key: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: str
+    doc: str
 
 
 def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[str], int]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from migratory.protocol import close_codes
+from migratory.server.metrics import BatchSizes
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 
@@ -27,7 +28,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
+BATCH_LIMIT = BatchSizes.LIMIT
 CLOSE_LINGER_SECONDS = 5.0
+
+
+def _client_fields(session: object) -> dict[str, object]:
+    """The client as fields of a log record (a native session names itself fully)."""
+    fields = getattr(session, "log_fields", None)
+    return fields() if fields is not None else {"peer": getattr(session, "peer", None)}
 
 
 class Connection:
@@ -71,6 +79,12 @@ class Connection:
     def _write(self) -> bool:
         """One ``send`` of everything pending; True when all of it went out."""
         outbox = self.session.outbox
+        ctx = self.server.ctx
+        frames = len(outbox)
+        if frames <= BATCH_LIMIT:  # BatchSizes.observe inlined: once per write
+            ctx.batch_sizes.sizes[frames] += 1
+        else:
+            ctx.batch_sizes.observe(frames)
         batch = outbox.take()
         try:
             sent = self.sock.send(batch)
@@ -79,7 +93,7 @@ class Connection:
         except OSError:
             self._abort()
             return True
-        stats = self.server.ctx.stats
+        stats = ctx.stats
         stats.writes += 1
         stats.bytes_written += sent
         if sent < len(batch):
@@ -113,9 +127,12 @@ class Connection:
         except (trio.ClosedResourceError, OSError):
             pass
         except Exception:
-            log.exception("%s: internal error", session.describe())
+            log.exception("%s: internal error", session.describe(), extra=_client_fields(session))
         finally:
-            session.connection_lost()
+            if isinstance(session, Session):
+                session.finished()  # audits the disconnect
+            else:
+                session.connection_lost()
             self._abort()
 
     async def _read_until_closing(self) -> None:
@@ -144,7 +161,8 @@ class Connection:
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             raise
         except Exception:
-            log.exception("%s: internal error", self.session.describe())
+            log.exception("%s: internal error", self.session.describe(),
+                          extra=_client_fields(self.session))
             self.session.close(close_codes.INTERNAL_ERROR.code, "internal error")
 
     async def _read_once(self) -> bool:
@@ -156,6 +174,7 @@ class Connection:
             return True
         if not data:
             return False
+        self.server.ctx.stats.bytes_read += len(data)
         now = trio.current_time()
         self.session.receive_data(data, now)
         if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:

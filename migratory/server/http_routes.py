@@ -1,14 +1,12 @@
-"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, ``/cluster``,
-``/stats``, ``/metrics``, and the JavaScript client at ``/client/migratory.js``."""
+"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, the
+JavaScript client at ``/client/migratory.js``, and ``/cluster``, ``/stats``, ``/metrics``
+unless a monitoring listener serves those (``migratory.server.monitor``)."""
 
 from __future__ import annotations
-
-import json
 
 from migratory.entitlement import ClientIdentity
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol.http import Request, response
-from migratory.server import metrics
 from migratory.server.context import ServerContext
 from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
@@ -27,17 +25,11 @@ def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
     if request.path == "/readyz":
         reason = ctx.readiness()
         return response(200, b"ready\n") if reason is None else error(503, reason)
-    if request.path == "/cluster":
-        if ctx.cluster_status is None:
-            return error(404, "not a cluster member")
-        body = json.dumps(ctx.cluster_status(), sort_keys=True, default=str).encode() + b"\n"
-        return response(200, body, content_type="application/json")
-    if request.path == "/metrics":
-        body = metrics.render(ctx.statistics(), ready=ctx.readiness() is None)
-        return response(200, body, content_type=metrics.CONTENT_TYPE)
-    if request.path == "/stats":
-        body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
-        return response(200, body, content_type="application/json")
+    monitoring = None if ctx.monitor is None else ctx.monitor.route(
+        request, monitoring_listener=False
+    )
+    if monitoring is not None:
+        return monitoring
     asset = serve_asset(CLIENT_ASSETS, request.path)
     if asset is not None:
         return asset
@@ -55,6 +47,7 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> bytes:
         return error(400, str(exc))
     identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
     if not ctx.entitlement.allow_subscribe(identity, subject):
+        ctx.stats.count(ctx.stats.entitlement_denials, "subscribe")
         return error(403, f"not entitled to subscribe to {subject!r}")
     message = ctx.hub.snapshot(subject)
     if message is None:

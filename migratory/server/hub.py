@@ -93,6 +93,7 @@ class HubStatistics:
     subscriptions: int
     messages_published: int
     frames_fanned_out: int
+    cached_messages: int
 
 
 class Hub:
@@ -462,6 +463,7 @@ class Hub:
             ),
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,
+            cached_messages=sum(len(s.cache) for s in self._subjects.values()),
         )
 
     def _state(self, subject: str) -> SubjectState:
