@@ -186,10 +186,10 @@ class Hub:
             self._settle_waiting(state, now)
 
     def _tell_listeners(self, state: SubjectState, message: Message) -> None:
-        told = 0
-        for sink, qos in tuple(state.listeners.items()):
+        listeners = state.listeners
+        told = len(listeners)
+        for sink, qos in tuple(listeners.items()):
             sink.deliver_message(message, qos)
-            told += 1
         if self._filters and not state.subject.startswith("/$"):
             for sink, qos in list(self._filters.match(state.subject)):
                 sink.deliver_message(message, qos)

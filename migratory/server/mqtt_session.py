@@ -105,6 +105,7 @@ class MqttSession:
         self.persistent = False
         self._will: mqtt.Will | None = None
         self.subscriptions = Subscriptions(self, ctx.hub)
+        self._reached = self.subscriptions.reached
         self._inflight: dict[int, tuple[str, Position]] = {}  # QoS 1 deliveries
         self._next_packet_id = 0
         self._record: SessionRecord | None = None  # persistent sessions only
@@ -343,18 +344,35 @@ class MqttSession:
                     self.describe(), subject)
 
     def deliver_message(self, message: Message, qos: int) -> None:
-        """A live or recovered message of a subscribed subject (the hub calls this)."""
+        """A live or recovered message of a subscribed subject (the hub calls this for
+        every subscriber: the fan-out path, kept to plain dict and attribute reads)."""
         if self.closing or self.aborted:
             return
-        if not self.subscriptions.take(message):
+        reached = self._reached
+        last = reached.get(message.subject)
+        if last is not None and last.epoch == message.epoch and message.seq <= last.seq:
             return  # already delivered (two filters match, or a recovery overlap)
+        reached[message.subject] = message
         if qos and message.qos is Qos.GUARANTEED:
             self._deliver_qos1(message, retain=False)
+            return
+        shared = SHARED
+        if shared.message is message and not self.websocket:
+            frame = shared.plain
         else:
-            self._deliver(SHARED.qos0(message, self.websocket))
-            if self._record is not None:
-                self._record.positions[message.subject] = message.position
-                self._changed()
+            frame = shared.qos0(message, self.websocket)
+        try:
+            full = self.outbox.enqueue(frame)
+        except SlowConsumer as exc:
+            self._slow_consumer(str(exc))
+            return
+        if full:
+            self._link.flush_now()
+        else:
+            self._link.mark_dirty()
+        if self._record is not None:
+            self._record.positions[message.subject] = message.position
+            self._changed()
 
     def deliver_retained(self, message: Message, qos: int) -> None:
         """A snapshot sent because of a new subscription: RETAIN set."""
