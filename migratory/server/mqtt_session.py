@@ -27,6 +27,7 @@ from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
+from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
 
@@ -37,40 +38,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.mqtt")
 
 MAX_CLIENT_ID_BYTES = 256
+# closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
+_MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 MAX_INFLIGHT = 65535  # QoS 1 deliveries not acknowledged yet: every packet id is taken
 
 
-class _SharedFrames:
-    """The QoS 0 frame of the message being fanned out, encoded once for every session."""
-
-    __slots__ = ("message", "plain", "topic_field", "wrapped")
-
-    def __init__(self) -> None:
-        self.message: Message | None = None
-        self.topic_field = b""
-        self.plain = b""
-        self.wrapped = b""
-
-    def topic(self, message: Message) -> bytes:
-        if self.message is not message:
-            self.message = message
-            self.topic_field = mqtt_encode.publish_parts(message.subject[1:], b"")[0]
-            self.plain = mqtt_encode.encode_publish_from_parts(
-                self.topic_field, message.content, qos=0, retain=False, packet_id=None
-            )
-            self.wrapped = b""
-        return self.topic_field
-
-    def qos0(self, message: Message, websocket: bool) -> bytes:
-        self.topic(message)
-        if not websocket:
-            return self.plain
-        if not self.wrapped:
-            self.wrapped = ws.encode_binary(self.plain)
-        return self.wrapped
-
-
-SHARED = _SharedFrames()
 
 
 class MqttSession:
@@ -478,7 +450,7 @@ class MqttSession:
     def keep_alive_expired(self) -> None:
         log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
                  self.keep_alive)
-        self.close(close_codes.GOING_AWAY.code, "keep-alive expired")
+        self.close(close_codes.CONNECT_TIMEOUT.code, "keep-alive expired")
 
     def close(self, code: int, reason: str) -> None:
         """Close the network connection once what is queued is written (MQTT 3.1.1 has
@@ -486,6 +458,8 @@ class MqttSession:
         if self.closing or self.aborted:
             return
         self.close_code = code
+        if code in _MOVED:
+            self._will = None  # the client is fine: it is sent to another member
         self.connection_lost()
         if self.websocket:
             self._send_raw(ws.encode_close(code, reason[:120]))
