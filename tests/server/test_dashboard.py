@@ -1,0 +1,51 @@
+"""/dashboard/config.json: where the dashboard page subscribes, and with which token."""
+
+from __future__ import annotations
+
+import json
+
+from migratory.server.dashboard import CONFIG_PATH, DashboardConfig, answer_dashboard
+
+
+def config_json(config: DashboardConfig, host: str | None) -> dict[str, object]:
+    answer = answer_dashboard(CONFIG_PATH, config, host)
+    assert answer is not None
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert b"Content-Type: application/json" in head
+    assert b"Cache-Control: no-store" in head
+    result: dict[str, object] = json.loads(body)
+    return result
+
+
+def test_the_page_gets_the_bound_client_addresses_token_and_member() -> None:
+    config = DashboardConfig(
+        client_addresses=[("127.0.0.1", 28800), ("10.0.0.5", 28801)],
+        token="dash",
+        push_interval=1,
+        member="127.0.0.1:29800",
+    )
+    assert config_json(config, "127.0.0.1:9100") == {
+        "servers": ["ws://127.0.0.1:28800", "ws://10.0.0.5:28801"],
+        "token": "dash",
+        "push_interval": 1,
+        "member": "127.0.0.1:29800",
+    }
+
+
+def test_a_wildcard_listener_is_reached_on_the_page_host() -> None:
+    config = DashboardConfig([("0.0.0.0", 8800), ("::", 8801)], "", 5, "m")
+    got = config_json(config, "monitor.example:9100")
+    assert got["servers"] == ["ws://monitor.example:8800", "ws://monitor.example:8801"]
+    assert got["token"] is None
+    assert config_json(config, "[::1]:9100")["servers"] == ["ws://[::1]:8800", "ws://[::1]:8801"]
+    assert config_json(config, None)["servers"] == ["ws://127.0.0.1:8800", "ws://127.0.0.1:8801"]
+
+
+def test_other_paths_are_not_the_dashboard_s() -> None:
+    config = DashboardConfig([("127.0.0.1", 1)], "", 5, "m")
+    assert answer_dashboard("/metrics", config, None) is None
+    assert answer_dashboard("/dashboard/other.js", config, None) is None
+    page = answer_dashboard("/dashboard", config, None)  # built by make test
+    assert page is not None and page.startswith(b"HTTP/1.1 200 OK")
+    assert b'src="/dashboard/dashboard.js"' in page
