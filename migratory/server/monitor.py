@@ -22,6 +22,7 @@ import trio
 from migratory.model.stat_windows import RateMeter, StatisticsWindows
 from migratory.protocol.http import Request, response
 from migratory.server import metrics
+from migratory.server.dashboard import DashboardConfig
 from migratory.server.meta_subjects import CLUSTER_SUBJECT, meta_message, stats_subject
 from migratory.server.mqtt_session import MqttSession
 
@@ -132,6 +133,15 @@ class Monitor:
         if status is None:
             return _error(404, "not a cluster member")
         return _json(status())
+
+    def dashboard_config(self) -> DashboardConfig:
+        """What the dashboard page needs (:mod:`migratory.server.dashboard`)."""
+        return DashboardConfig(
+            client_addresses=list(self._server.addresses),
+            token=self._config.monitor_token,
+            push_interval=self._config.monitor_push_interval,
+            member=self.member(),
+        )
 
     # --- push monitoring ----------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The monitoring listener (``MonitorListen``): its own port for /metrics, /stats,
-/cluster, /healthz and /readyz, with optional HTTP basic authentication
-(``MonitorUser`` / ``MonitorPassword``), as the seed's "HTTP monitoring" port.
+/cluster, /healthz, /readyz and the live dashboard (/dashboard), with optional HTTP
+basic authentication (``MonitorUser`` / ``MonitorPassword``), as the seed's "HTTP
+monitoring" port.
 
 One request per connection, answered and closed, like the client port's plain HTTP.
 A failure while serving one request ends that connection, logged; never the server.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from migratory.protocol.http import HttpError, Request, RequestParser, response
+from migratory.server.dashboard import answer_dashboard
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -62,13 +64,20 @@ def answer(ctx: ServerContext, request: Request) -> bytes:
         return response(200, b"ready\n") if reason is None else response(
             503, (reason + "\n").encode()
         )
+    if ctx.monitor is not None:  # the live dashboard: /dashboard, /dashboard/config.json
+        page = answer_dashboard(
+            request.path, ctx.monitor.dashboard_config(), request.header("host")
+        )
+        if page is not None:
+            return page
     routed = None if ctx.monitor is None else ctx.monitor.route(
         request, monitoring_listener=True
     )
     if routed is not None:
         return routed
     return response(
-        404, f"no such path {request.path!r}; try /metrics, /stats, /cluster\n".encode()
+        404,
+        f"no such path {request.path!r}; try /metrics, /stats, /cluster, /dashboard\n".encode(),
     )
 
 

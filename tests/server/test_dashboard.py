@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from test_monitor_listener import get, monitoring_url
 
 from migratory.server.dashboard import CONFIG_PATH, DashboardConfig, answer_dashboard
 
@@ -49,3 +52,28 @@ def test_other_paths_are_not_the_dashboard_s() -> None:
     page = answer_dashboard("/dashboard", config, None)  # built by make test
     assert page is not None and page.startswith(b"HTTP/1.1 200 OK")
     assert b'src="/dashboard/dashboard.js"' in page
+
+
+def test_the_monitoring_listener_serves_the_dashboard_behind_its_basic_auth(
+    start_server: Any,
+) -> None:
+    server = start_server(
+        MonitorListen="127.0.0.1:0", MonitorUser="ops", MonitorPassword="pw",
+        MonitorToken="dash", MonitorPushInterval="2", ServerName="solo",
+    )
+    base = monitoring_url(server)
+    for path in ("/dashboard", CONFIG_PATH, "/dashboard/dashboard.js"):
+        assert get(f"{base}{path}")[0] == 401, path
+    status, headers, page = get(f"{base}/dashboard", ("ops", "pw"))
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert b'src="/dashboard/dashboard.js"' in page
+    status, headers, script = get(f"{base}/dashboard/dashboard.js", ("ops", "pw"))
+    assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
+    assert len(script) > 10_000  # the client, uPlot and the page's code, bundled
+    status, _, body = get(f"{base}{CONFIG_PATH}", ("ops", "pw"))
+    assert status == 200
+    assert json.loads(body) == {
+        "servers": [server.url], "token": "dash", "push_interval": 2, "member": "solo",
+    }
+    client = server.url.replace("ws://", "http://")
+    assert get(f"{client}/dashboard")[0] == 404  # only on the monitoring listener
