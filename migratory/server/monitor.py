@@ -24,7 +24,6 @@ from migratory.protocol.http import Request, response
 from migratory.server import metrics
 from migratory.server.dashboard import DashboardConfig
 from migratory.server.meta_subjects import CLUSTER_SUBJECT, meta_message, stats_subject
-from migratory.server.mqtt_session import MqttSession
 
 if TYPE_CHECKING:
     from migratory.server.app import Server
@@ -189,8 +188,6 @@ class Monitor:
 
 
 def _frontend(session: Any) -> str:
-    if isinstance(session, MqttSession):
-        return "mqtt"
     return str(getattr(session, "frontend", "websocket"))
 
 

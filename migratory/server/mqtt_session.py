@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity
 from migratory.model.message import Message, Qos
@@ -30,6 +30,7 @@ from migratory.protocol import websocket as ws
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.session import new_connection_id
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -89,6 +90,7 @@ class MqttSession:
         self.closing = False
         self.aborted = False
         self.close_code: int | None = None
+        self.connection_id = new_connection_id()
 
     # --- what the connection and the server ask -------------------------------
 
@@ -101,8 +103,19 @@ class MqttSession:
         """A client session the server may close (drain, rebalance, shutdown)."""
         return True
 
+    @property
+    def frontend(self) -> str:
+        """The front end this connection speaks, as GET /metrics labels it."""
+        return "mqtt"
+
     def describe(self) -> str:
-        return f"mqtt client {self.client_id or '-'}@{self.peer}"
+        """How log lines name this client: client id, address and connection id."""
+        return f"mqtt client {self.client_id or '-'}@{self.peer} #{self.connection_id}"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The client as fields of a log record (JSON log lines show them)."""
+        return {"client": self.client_id or None, "peer": self.peer,
+                "connection_id": self.connection_id}
 
     def flush(self) -> None:
         self._link.flush_now()
@@ -147,9 +160,12 @@ class MqttSession:
         return True
 
     def _protocol_error(self, reason: str) -> None:
-        self._ctx.stats.protocol_errors += 1
-        self._ctx.stats.mqtt_protocol_errors += 1
-        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason)
+        stats = self._ctx.stats
+        stats.protocol_errors += 1
+        stats.mqtt_protocol_errors += 1
+        stats.count(stats.protocol_error_kinds, "mqtt")  # GET /metrics: kind="mqtt"
+        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason,
+                 extra=self.log_fields())
         self.close(close_codes.PROTOCOL_ERROR.code, reason)
 
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
@@ -174,7 +190,8 @@ class MqttSession:
     # --- CONNECT --------------------------------------------------------------
 
     def _refuse(self, code: int, why: str) -> None:
-        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why)
+        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why,
+                 extra=self.log_fields())
         self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
         self.close(close_codes.CONNECT_DENIED.code, why)
 
@@ -236,7 +253,8 @@ class MqttSession:
         """A client id connects once per server: the older connection is closed."""
         older = self._registry.get(client_id)
         if older is not None and older is not self:
-            log.info("%s: taken over by a new connection", older.describe())
+            log.info("%s: taken over by a new connection", older.describe(),
+                     extra=older.log_fields())
             older.close(close_codes.NORMAL.code, "taken over")
             older.flush()
         self._registry[client_id] = self
@@ -270,7 +288,8 @@ class MqttSession:
 
     def _refused_publish(self, reason: str) -> None:
         self._ctx.stats.publishes_refused += 1
-        log.info("%s: publish refused, closing: %s", self.describe(), reason)
+        log.info("%s: publish refused, closing: %s", self.describe(), reason,
+                 extra=self.log_fields())
         self.close(close_codes.BAD_OPERATION.code, reason)
 
     def publish_result(self, status: ops.PublishStatus) -> None:
@@ -313,7 +332,7 @@ class MqttSession:
         """A resume could not tell what was missed on ``subject``: the snapshot follows."""
         self._ctx.stats.mqtt_resyncs += 1
         log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
-                    self.describe(), subject)
+                    self.describe(), subject, extra=self.log_fields())
 
     def deliver_message(self, message: Message, qos: int) -> None:
         """A live or recovered message of a subscribed subject (the hub calls this for
@@ -405,7 +424,8 @@ class MqttSession:
         self._saving = False
         if status.status is not ops.Status.PUBLISH_OK:
             if not self.closing:
-                log.info("%s: session not saved (%s): closing", self.describe(), status.reason)
+                log.info("%s: session not saved (%s): closing", self.describe(), status.reason,
+                         extra=self.log_fields())
                 self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
             return
         subacks, self._waiting_subacks = self._waiting_subacks, []
@@ -442,14 +462,14 @@ class MqttSession:
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), why)
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), why, extra=self.log_fields())
         self.outbox.discard(keep_first=self._link.writing)
         self.close(close_codes.SLOW_CONSUMER.code, "slow consumer")
         self._link.flush_now()
 
     def keep_alive_expired(self) -> None:
         log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
-                 self.keep_alive)
+                 self.keep_alive, extra=self.log_fields())
         self.close(close_codes.CONNECT_TIMEOUT.code, "keep-alive expired")
 
     def close(self, code: int, reason: str) -> None:
@@ -483,7 +503,8 @@ class MqttSession:
         assert self.identity is not None
         subject = topic_to_subject(will.topic)  # checked at CONNECT
         if not self._ctx.entitlement.allow_publish(self.identity, subject):
-            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic)
+            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic,
+                     extra=self.log_fields())
             return
         message = Message(subject, will.payload, retained=will.retain,
                           qos=Qos.GUARANTEED if will.qos else Qos.STANDARD)

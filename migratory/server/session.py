@@ -39,6 +39,11 @@ log = logging.getLogger("migratory.session")
 _connection_ids = itertools.count(1)  # names a connection in logs and audit events
 
 
+def new_connection_id() -> int:
+    """A number naming one client connection (any front end) in logs and audit events."""
+    return next(_connection_ids)
+
+
 class Link(Protocol):
     """What a session asks of its transport."""
 
@@ -86,7 +91,7 @@ class Session:
         self.aborted = False  # close now, drop what is queued
         self.close_code: int | None = None
         self.close_reason = ""
-        self.connection_id = next(_connection_ids)
+        self.connection_id = new_connection_id()
 
     @property
     def connected(self) -> bool:

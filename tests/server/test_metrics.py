@@ -197,3 +197,21 @@ def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
     }
     assert cumulative["1.0"] == 2 and cumulative["2.0"] == 2 and cumulative["4.0"] == 3
     assert cumulative["1024.0"] == 3 and cumulative["+Inf"] == 4
+
+
+def test_mqtt_connections_and_protocol_errors_are_labelled_mqtt(start_server: Any) -> None:
+    from paho_client import PahoClient
+
+    server = start_server(ListenMqtt="127.0.0.1:0")
+    http = server.url.replace("ws://", "http://")
+    client = PahoClient(server.mqtt_port, "metered")
+    try:
+        with socket.create_connection(("127.0.0.1", server.mqtt_port), timeout=5) as bad:
+            bad.sendall(b"\xf0\x00")  # packet type 15 is reserved: malformed
+            while bad.recv(4096):
+                pass
+        after = scrape(http)
+        assert value(after, "migratory_frontend_connections", frontend="mqtt") == 1
+        assert value(after, "migratory_protocol_errors_total", kind="mqtt") == 1
+    finally:
+        client.stop()
