@@ -7,6 +7,7 @@ every delivery arrives, end-to-end latency p99 <= 50 ms.
 
     .venv/bin/python benchmarks/fanout.py [--duration 30] [--set BatchTime=20] [--json out.json]
     .venv/bin/python benchmarks/fanout.py --front-end mqtt   # MQTT QoS 0 subscribers
+    .venv/bin/python benchmarks/fanout.py --front-end sse [--tls]   # Server-Sent Events (https)
 
 Many subjects (issue 13's shape): ``--subjects N`` puts subscriber i on subject i mod N
 and the publisher goes round-robin over the N subjects, e.g. 10,000 subscribers each on
@@ -59,6 +60,7 @@ from _loadgen import (
     split,
 )
 from _mqttraw import mqtt_subscriber_main
+from _sse_subscriber import sse_subscriber_main
 
 # --- the parent ----------------------------------------------------------------------------------
 
@@ -68,15 +70,18 @@ def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]
     lifetime = args.setup_timeout + args.duration * 2 + args.drain + 120
     sub_pipes = []
     target, port = subscriber_main, server.port
+    extra: tuple[object, ...] = ()
     if args.front_end == "mqtt":
         target, port = mqtt_subscriber_main, server.mqtt_port
+    elif args.front_end == "sse":  # with --tls: https on the ListenEncrypted port
+        target, port, extra = sse_subscriber_main, args.tls_port or server.port, (args.ca_file,)
     for k, (first, count) in enumerate(split(args.subscribers, args.procs)):
         parent_end, child_end = ctx.Pipe()
         proc = ctx.Process(
             target=target,
             args=(
                 child_end, server.host, port, first, count, args.setup_timeout, lifetime,
-                args.subjects,
+                args.subjects, *extra,
             ),
             name=f"subscribers-{k}",
             daemon=True,
@@ -184,10 +189,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--front-end",
-        choices=("native", "mqtt"),
+        choices=("native", "mqtt", "sse"),
         default="native",
-        help="the subscribers' protocol: native WebSocket, or MQTT 3.1.1 QoS 0 over TCP "
-        "(raw sockets counting stamps, no decoding; the publisher stays native)",
+        help="the subscribers' protocol: native WebSocket, MQTT 3.1.1 QoS 0 over TCP, or "
+        "Server-Sent Events (GET /events) (raw sockets counting stamps, no decoding; the "
+        "publisher stays native)",
+    )
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="with --front-end sse: subscribers over TLS on a ListenEncrypted listener "
+        "(certificates made with trustme)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument(
@@ -201,7 +212,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.subjects <= args.subscribers:
         parser.error("--subjects must be between 1 and --subscribers")
     args.procs = min(args.procs, args.subscribers)
+    if args.tls and args.front_end != "sse":
+        parser.error("--tls needs --front-end sse (raw WebSocket and MQTT subscribers are plain)")
+    args.tls_port, args.ca_file = 0, None
+    if args.tls:
+        args.tls_port, args.ca_file, tls_settings = tls_setup()
+        args.set = [*args.set, *tls_settings]
     return args
+
+
+def tls_setup() -> tuple[int, str, list[str]]:
+    """A CA and a localhost certificate (trustme), a free port: the server settings."""
+    import socket
+    import tempfile
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    folder = tempfile.mkdtemp(prefix="migratory-bench-tls-")
+    ca_file, cert_file, key_file = (f"{folder}/{n}.pem" for n in ("ca", "cert", "key"))
+    ca.cert_pem.write_to_path(ca_file)
+    cert.private_key_pem.write_to_path(key_file)
+    with open(cert_file, "wb") as out:
+        for blob in cert.cert_chain_pems:
+            out.write(blob.bytes())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = [f"ListenEncrypted=127.0.0.1:{port}", f"TlsCertificate={cert_file}",
+                f"TlsKey={key_file}"]
+    return port, ca_file, settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,10 @@ def _add_connection_options(parser: argparse.ArgumentParser) -> None:
         help=f"'URL' or 'WEIGHT URL', repeatable (default {DEFAULT_SERVER})",
     )
     parser.add_argument("--token", default=None, help="entitlement token")
+    parser.add_argument(
+        "--ca-file", default=None, metavar="PEM",
+        help="CA certificate(s) that sign the server's certificate (wss://)",
+    )
 
 
 def _field(text: str) -> tuple[str, str]:
@@ -119,7 +123,8 @@ def run_pub(args: argparse.Namespace) -> int:
 async def _publish(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         async with connect(
-            _servers(args), token=args.token, name="migratory-pub", reconnect=PUB_POLICY
+            _servers(args), token=args.token, name="migratory-pub", reconnect=PUB_POLICY,
+            ca_file=getattr(args, "ca_file", None),
         ) as client:
             result = await client.publish(
                 args.subject,
@@ -129,7 +134,7 @@ async def _publish(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 qos=Qos(args.qos),
                 timeout=args.timeout,
             )
-    except (MigratoryError, ValueError) as exc:
+    except (MigratoryError, ValueError, OSError) as exc:
         print(f"migratory pub: {exc}", file=err)
         return 1
     line = f"{result.status.value} {result.subject}"
@@ -172,7 +177,10 @@ async def _subscribe_until_interrupted(args: argparse.Namespace, out: TextIO, er
 async def subscribe_and_print(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Print messages on ``out`` and notifications on ``err``; returns the exit code."""
     try:
-        async with connect(_servers(args), token=args.token, name="migratory-sub") as client:
+        async with connect(
+            _servers(args), token=args.token, name="migratory-sub",
+            ca_file=getattr(args, "ca_file", None),
+        ) as client:
             subscription = client.subscribe(
                 *args.subjects, history=args.history, conflation_ms=args.conflation
             )
@@ -180,7 +188,7 @@ async def subscribe_and_print(args: argparse.Namespace, out: TextIO, err: TextIO
                 nursery.start_soon(_print_notifications, client.notifications(), err)
                 exit_code = await _print_messages(subscription, args.count, out, err)
                 nursery.cancel_scope.cancel()
-    except (MigratoryError, ValueError) as exc:
+    except (MigratoryError, ValueError, OSError) as exc:
         print(f"migratory sub: {exc}", file=err, flush=True)
         return 1
     return exit_code

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
+from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
 from migratory.config_values import (
     ORDINAL,
     Setting,
@@ -50,6 +50,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated host:port addresses for MQTT 3.1.1 clients over TCP (see "
             "docs/mqtt.md; MQTT over WebSocket needs no key: subprotocol `mqtt` on a Listen "
             "port); empty: no MQTT listener; port 0 picks a free port (printed at start)."),
+    *LISTENER_SETTINGS,
     Setting("ServerName", "server_name", _text, "migratory",
             "Name sent to clients in `connected` and used in logs."),
     Setting("LogLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
@@ -141,7 +142,6 @@ SETTINGS: tuple[Setting, ...] = (
             _int(1, unit=" of seconds"), "120",
             "Seconds between two Raft log compactions at least (see "
             "ClusterLogCompactionEntries)."),
-    *MONITOR_SETTINGS,
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
@@ -151,6 +151,15 @@ _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
 class Config:
     listen: tuple[tuple[str, int], ...]
     listen_mqtt: tuple[tuple[str, int], ...]
+    listen_encrypted: tuple[tuple[str, int], ...]
+    listener_roles: tuple[ListenerRole, ...]
+    tls_certificate: str
+    tls_key: str
+    tls_client_ca: str
+    tls_minimum_version: str
+    tls_ciphers: str
+    http_cors_origins: tuple[str, ...]
+    sse_heartbeat_interval: int
     server_name: str
     log_level: str
     entitlement: str
@@ -180,18 +189,6 @@ class Config:
     cluster_rebalance_rate: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
-    monitor_listen: tuple[str, int] | None
-    monitor_user: str
-    monitor_password: str
-    monitor_token: str
-    monitor_push_interval: int
-    log_format: str
-    audit_log_file: str
-    audit_access: bool
-    audit_message: bool
-    audit_cache: bool
-    audit_log_max_bytes: int
-    audit_log_backups: int
 
     @property
     def clustered(self) -> bool:
@@ -234,14 +231,18 @@ class Config:
             value = getattr(self, setting.attr)
             if setting.attr == "cluster_members" and self.cluster_member_template:
                 out[setting.key] = ""  # generated from the template
-            elif setting.attr in ("listen", "listen_mqtt", "cluster_members"):
+            elif setting.attr in ("listen", "listen_mqtt", "listen_encrypted", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
-            elif setting.attr in ("cluster_member_listen", "cluster_member_bind", "monitor_listen"):
+            elif setting.attr in ("cluster_member_listen", "cluster_member_bind"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
             elif setting.attr in ("cluster_seed_member_count", "cluster_member_count"):
                 out[setting.key] = str(value) if value else ""
             elif isinstance(value, bool):
                 out[setting.key] = str(value).lower()
+            elif setting.attr == "listener_roles":
+                out[setting.key] = "; ".join(role.as_text() for role in value)
+            elif setting.attr == "http_cors_origins":
+                out[setting.key] = ", ".join(value)
             elif setting.attr == "gc_thresholds":
                 out[setting.key] = ",".join(str(v) for v in value)
             else:
@@ -304,7 +305,7 @@ def build_config(layers: Iterable[Layer]) -> Config:
 def _check(config: Config, key: _Origins) -> Config:
     """Rules that involve more than one key, checked once on the merged settings."""
     config = _check_cluster(_expand_member_template(config, key), key)
-    check_monitoring(config, key)
+    check_listeners(config, key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "

@@ -15,7 +15,7 @@ import pytest
 
 
 class ServerProcess:
-    def __init__(self, settings: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1) -> None:
         args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
@@ -29,6 +29,9 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"server did not start: {line!r}\n{self.log()}")
         self.port = int(line.rsplit(":", 1)[1])
+        self.urls = [line.split()[1]]  # one per listener: ws://host:port, wss://host:port
+        while len(self.urls) < listeners:
+            self.urls.append(self.proc.stdout.readline().decode().split()[1])
         self.mqtt_port = 0  # with ListenMqtt: its first port (the next ready line)
         if settings.get("ListenMqtt"):
             line = self.proc.stdout.readline().decode()
@@ -63,8 +66,8 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     started: list[ServerProcess] = []
 
 
-    def start(**settings: str) -> ServerProcess:
-        server = ServerProcess(settings, tmp_path)
+    def start(*, listeners: int = 1, **settings: str) -> ServerProcess:
+        server = ServerProcess(settings, tmp_path, listeners)
         started.append(server)
         return server
 

@@ -245,3 +245,44 @@ def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -
     }
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=settings, environ={})
+
+
+def test_listener_roles_map_each_listener_to_its_protocols_and_publishing() -> None:
+    from migratory.listeners import client_listeners
+
+    config = Config.from_mapping({
+        "Listen": "0.0.0.0:80, 192.168.1.1:8801",
+        "ListenerRoles": "0.0.0.0:80 subscribe; 192.168.1.1:8801 publish native,http,mqtt",
+    })
+    public, lan = client_listeners(config)
+    assert (public.publish, public.protocols) == (False, frozenset({"native", "http", "mqtt"}))
+    assert (lan.publish, lan.protocols) == (True, frozenset({"native", "http", "mqtt"}))
+    assert Config.from_mapping(config.as_text()) == config
+
+
+@pytest.mark.parametrize(
+    ("roles", "message"),
+    [
+        ("127.0.0.1:9999 publish", "127.0.0.1:9999 is not in Listen, ListenEncrypted"),
+        ("127.0.0.1:8800 everything", "expected publish or subscribe"),
+        ("127.0.0.1:8800 publish smtp", "unknown protocol 'smtp'"),
+        ("127.0.0.1:8800", "expected 'host:port publish|subscribe"),
+        ("127.0.0.1:8800 publish; 127.0.0.1:8800 subscribe", "named twice"),
+    ],
+)
+def test_bad_listener_roles_are_refused(roles: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.from_mapping({"ListenerRoles": roles})
+
+
+def test_cors_origins_and_heartbeat() -> None:
+    config = Config.from_mapping({"HttpCorsOrigins": "https://a.example, http://b.example:8080",
+                                  "SseHeartbeatInterval": "5"})
+    assert config.http_cors_origins == ("https://a.example", "http://b.example:8080")
+    assert config.sse_heartbeat_interval == 5
+    for bad, message in [("a.example", "expected \\* or origins"),
+                         ("*, https://a", "'\\*' allows every origin")]:
+        with pytest.raises(ConfigError, match=f"HttpCorsOrigins: {message}"):
+            Config.from_mapping({"HttpCorsOrigins": bad})
+    with pytest.raises(ConfigError, match="SseHeartbeatInterval: must be >= 1"):
+        Config.from_mapping({"SseHeartbeatInterval": "0"})

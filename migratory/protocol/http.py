@@ -1,10 +1,11 @@
-"""Minimal HTTP/1.1, sans-I/O: the request head of a GET, the WebSocket handshake.
+"""HTTP/1.1 pieces, sans-I/O: the request, the WebSocket handshake, error responses.
 
-The server only ever serves ``GET`` requests without a body (the WebSocket
-upgrade, ``GET /snapshot?subject=…``) and answers each with one response and
-``Connection: close``. So the parser reads exactly one request head and
-rejects anything with a body; the bytes after the head (a client may pipeline
-its first WebSocket frame right behind the handshake) are kept in
+Requests are parsed by h11 (:mod:`migratory.protocol.http_server`); this module
+holds what h11 does not: the :class:`Request` with its decoded path and query,
+the WebSocket opening handshake (both sides), and complete ``Connection: close``
+responses for errors. :class:`RequestParser` reads one request head for peers
+that need only a handshake; the bytes after the head (a client may pipeline its
+first WebSocket frame right behind the handshake) are kept in
 :attr:`RequestParser.trailing`.
 
 Errors are :class:`HttpError` carrying the status to answer with;
@@ -33,6 +34,7 @@ __all__ = [
     "handshake_request",
     "handshake_response",
     "new_websocket_key",
+    "request_from_head",
     "response",
     "websocket_accept",
 ]
@@ -79,6 +81,12 @@ class Request:
     query: dict[str, str]
     headers: tuple[tuple[str, str], ...]
     http_version: str = "1.1"
+    body: bytes = b""
+    params: tuple[tuple[str, str], ...] = ()  # every query parameter, in order
+
+    def query_values(self, name: str) -> list[str]:
+        """Every value of query parameter ``name`` (``?subject=a&subject=b``)."""
+        return [value for key, value in self.params if key == name]
 
     def header(self, name: str) -> str | None:
         """The value of header ``name``; repeated headers joined with ``", "``."""
@@ -141,19 +149,21 @@ def _is_valid_key(key: str) -> bool:
 
 
 class RequestParser:
-    """Reads one request head from a byte stream.
+    """Reads one request head from a byte stream (on h11, see ``http_server``).
 
     :meth:`receive_data` returns the :class:`Request` once the head (up to the
     blank line) is complete, None before; it raises :class:`HttpError` for a
-    malformed or oversized head, or a request with a body.
+    malformed or oversized head, or a request with a body. For peers that read
+    one handshake (test servers, tools); the server itself uses
+    :class:`~migratory.protocol.http_server.HttpServer`.
     """
 
-    __slots__ = ("_buffer", "_error", "_max_header_bytes", "_request", "_scanned", "_trailing")
+    __slots__ = ("_error", "_http", "_request", "_trailing")
 
     def __init__(self, max_header_bytes: int = 16384) -> None:
-        self._max_header_bytes = max_header_bytes
-        self._buffer = bytearray()
-        self._scanned = 0  # the blank line cannot end before this offset
+        from migratory.protocol.http_server import HttpServer
+
+        self._http = HttpServer(max_body=0, max_head=max_header_bytes)
         self._request: Request | None = None
         self._trailing = b""
         self._error: HttpError | None = None
@@ -172,64 +182,33 @@ class RequestParser:
 
         After an :class:`HttpError` every call raises the same error.
         """
+        from migratory.protocol.http_server import RequestReceived, UpgradeRequested
+
         if self._request is not None:
             self._trailing += bytes(data)
             return self._request
         if self._error is not None:
             raise self._error
         try:
-            return self._receive(data)
+            self._http.receive_data(bytes(data))
+            event = self._http.next_event()
         except HttpError as exc:
             self._error = exc
-            self._buffer = bytearray()
             raise
-
-    def _receive(self, data: bytes | bytearray | memoryview) -> Request | None:
-        buf = self._buffer
-        buf += data
-        while buf.startswith(b"\r\n"):  # RFC 9112 §2.2: ignore blank lines before a request
-            del buf[:2]
-            self._scanned = 0
-        end = buf.find(b"\r\n\r\n", max(0, self._scanned - 3))
-        if end < 0:
-            self._scanned = len(buf)
-            if len(buf) > self._max_header_bytes:
-                raise self._oversize(buf)
-            return None
-        if end + 4 > self._max_header_bytes:
-            raise self._oversize(buf)
-        self._request = _parse_head(bytes(buf[:end]))
-        self._trailing = bytes(buf[end + 4 :])
-        self._buffer = bytearray()
+        if isinstance(event, UpgradeRequested):
+            self._request, self._trailing = event.request, event.trailing
+        elif isinstance(event, RequestReceived):
+            self._request, self._trailing = event.request, self._http.take_over()
         return self._request
 
-    def _oversize(self, buf: bytearray) -> HttpError:
-        if buf.find(b"\r\n", 0, self._max_header_bytes) < 0:
-            return HttpError(414, "request line too long")
-        return HttpError(431, f"request head larger than {self._max_header_bytes} bytes")
 
-
-def _parse_head(head: bytes) -> Request:
-    lines = head.split(b"\r\n")
-    method, target, version = _parse_request_line(lines[0])
-    headers = tuple(_parse_header_line(line) for line in lines[1:])
-    path, query = _split_target(method, target)
-    request = Request(method, target, path, query, headers, version)
-    _check_framing(request)
-    return request
-
-
-def _parse_request_line(line: bytes) -> tuple[str, str, str]:
-    parts = line.split(b" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
-        raise HttpError(400, "malformed request line")
-    version = _VERSION.fullmatch(parts[2])
-    if version is None:
-        raise HttpError(400, "malformed HTTP version")
-    if version[1] != b"1":
-        raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are supported")
-    minor = "1" if version[2] != b"0" else "0"
-    return parts[0].decode("ascii"), parts[1].decode("ascii"), "1." + minor
+def request_from_head(
+    method: str, target: str, headers: Sequence[tuple[str, str]], http_version: str
+) -> Request:
+    """A :class:`Request` from a parsed head (h11's); header names lower-cased."""
+    path, query, params = _split_target(method, target)
+    lowered = tuple((name.lower(), value) for name, value in headers)
+    return Request(method, target, path, query, lowered, http_version, params=params)
 
 
 def _parse_header_line(line: bytes) -> tuple[str, str]:
@@ -243,9 +222,11 @@ def _parse_header_line(line: bytes) -> tuple[str, str]:
     return name.decode("ascii").lower(), value.decode("latin-1")
 
 
-def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
+def _split_target(
+    method: str, target: str
+) -> tuple[str, dict[str, str], tuple[tuple[str, str], ...]]:
     if target == "*" and method == "OPTIONS":
-        return "*", {}
+        return "*", {}, ()
     try:
         if target.startswith("/"):
             raw_path, _, raw_query = target.partition("?")
@@ -255,27 +236,13 @@ def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
         else:
             raise HttpError(400, "malformed request target")
         path = unquote(raw_path, errors="strict")
+        params = tuple(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
         query: dict[str, str] = {}
-        for key, value in parse_qsl(raw_query, keep_blank_values=True, errors="strict"):
+        for key, value in params:
             query.setdefault(key, value)
     except ValueError:  # also UnicodeDecodeError, and urlsplit's bad IPv6 literal
         raise HttpError(400, "request target is not a valid percent-encoded UTF-8 URL") from None
-    return path, query
-
-
-def _check_framing(request: Request) -> None:
-    if request.http_version == "1.1" and sum(1 for n, _ in request.headers if n == "host") != 1:
-        raise HttpError(400, "an HTTP/1.1 request needs exactly one Host header")
-    lengths = {value for name, value in request.headers if name == "content-length"}
-    chunked = request.header("transfer-encoding") is not None
-    if lengths and chunked:
-        raise HttpError(400, "both Content-Length and Transfer-Encoding")
-    if len(lengths) > 1 or any(not value.isdigit() or not value.isascii() for value in lengths):
-        raise HttpError(400, "invalid Content-Length")
-    if chunked or (lengths and lengths.pop().strip("0")):
-        if request.method != "GET":
-            raise HttpError(405, "only GET is supported", headers=[("Allow", "GET")])
-        raise HttpError(413, "requests with a body are not accepted")
+    return path, query, params
 
 
 # --- responses ----------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -14,10 +15,10 @@ import trio
 
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
+from migratory.listeners import Listener, bound, client_listeners
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server import loop_gaps
-from migratory.server.audit import Audit
 from migratory.server.connection import Connection
 from migratory.server.context import (
     LocalPublishing,
@@ -29,12 +30,9 @@ from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
-from migratory.server.meta_subjects import MetaSubjectEntitlement
-from migratory.server.metrics import ClusterMetrics
-from migratory.server.monitor import Monitor
-from migratory.server.monitor_listener import serve_monitoring
 from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.rebalance import Rebalancer
+from migratory.tls import server_context
 
 log = logging.getLogger("migratory.server")
 
@@ -94,9 +92,8 @@ class Server:
 
     A single node is ``Server(config)``. A cluster member is built by the cluster
     package with its own ``hub``, ``publishing`` path (publishes go to the cluster),
-    ``readiness`` (why new clients must wait), ``cluster_status`` (``GET
-    /cluster``) and ``cluster_metrics`` (Raft and links in ``GET /metrics``): the
-    server is complete when built and nothing is patched later.
+    ``readiness`` (why new clients must wait) and ``cluster_status`` (``GET
+    /cluster``): the server is complete when built and nothing is patched later.
     """
 
     def __init__(
@@ -107,7 +104,6 @@ class Server:
         publishing: PublishPath | None = None,
         readiness: Callable[[], str | None] | None = None,
         cluster_status: Callable[[], dict[str, Any]] | None = None,
-        cluster_metrics: Callable[[], ClusterMetrics | None] | None = None,
     ) -> None:
         self.config = config
         hub = build_hub(config) if hub is None else hub
@@ -116,20 +112,14 @@ class Server:
             hub.fault.report = log.warning
             log.warning("%s (never use in production)", hub.fault.describe())
         self.drain = Drain(config.drain_time)  # SIGTERM: clients leave first (drain.py)
-        if publishing is None:
-            publishing = LocalPublishing(hub, clock=trio.current_time)
-        self.monitor = Monitor(self, cluster_metrics=cluster_metrics)
         self.ctx = ServerContext(
             config,
             hub,
-            # meta-subjects (/migratory/...): only MonitorToken holders may subscribe
-            MetaSubjectEntitlement(entitlement_from_config(config), config.monitor_token),
+            entitlement_from_config(config),
             ServerStatistics(),
-            self.drain.publishing(publishing),
+            self.drain.publishing(LocalPublishing(hub) if publishing is None else publishing),
             readiness=self.drain.readiness(readiness or (lambda: None)),
             cluster_status=cluster_status,
-            audit=Audit.from_config(config),
-            monitor=self.monitor,
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
@@ -150,7 +140,8 @@ class Server:
         self.addresses: list[tuple[str, int]] = []
         self.mqtt_addresses: list[tuple[str, int]] = []
         self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
-        self.monitor_address: tuple[str, int] | None = None
+        self.listeners: list[Listener] = []  # as bound (port 0 resolved)
+        self._tls: ssl.SSLContext | None = None
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -161,33 +152,27 @@ class Server:
         self, *, task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run until cancelled; ``task_status.started`` gets the bound addresses."""
-        listeners = open_listeners(self.config.listen)
-        try:
-            mqtt_listeners = open_listeners(self.config.listen_mqtt)
-        except BaseException:
-            for sock in listeners:
-                sock.close()
-            raise
-        self.addresses = [sock.getsockname()[:2] for sock in listeners]
-        self.mqtt_addresses = [sock.getsockname()[:2] for sock in mqtt_listeners]
+        specs = client_listeners(self.config)
+        if any(spec.encrypted for spec in specs):
+            self._tls = server_context(self.config)
+        listeners = open_listeners([spec.address for spec in specs])
+        bound_addresses = [sock.getsockname()[:2] for sock in listeners]
+        self.listeners = [
+            bound(spec, address) for spec, address in zip(specs, bound_addresses, strict=True)
+        ]
+        self.addresses = [lst.address for lst in self.listeners if not lst.mqtt_tcp]
+        self.mqtt_addresses = [lst.address for lst in self.listeners if lst.mqtt_tcp]
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for sock in listeners:
-                    nursery.start_soon(self._accept_loop, sock, Connection)
-                for sock in mqtt_listeners:
-                    nursery.start_soon(self._accept_loop, sock, MqttConnection)
+                for sock, listener in zip(listeners, self.listeners, strict=True):
+                    nursery.start_soon(self._accept_loop, sock, listener)
                 if not self.write_immediately:
                     nursery.start_soon(self._batch_loop)
                 if self.idle_write:
                     nursery.start_soon(self._idle_write_loop)
                 nursery.start_soon(self._tick_loop)
                 nursery.start_soon(loop_gaps.probe, self.ctx.loop_gaps)
-                nursery.start_soon(self.monitor.run)
-                if self.config.monitor_listen is not None:
-                    self.monitor_address = await nursery.start(
-                        serve_monitoring, self.ctx, self.config.monitor_listen
-                    )
                 if self.config.cluster_rebalance_rate and self.config.clustered:
                     nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
                 log.info(
@@ -198,13 +183,12 @@ class Server:
                 )
                 task_status.started(self.addresses)
         finally:
-            for sock in (*listeners, *mqtt_listeners):
+            for sock in listeners:
                 sock.close()
 
-    async def _accept_loop(
-        self, listener: socket.socket, connection_type: type[Connection]
-    ) -> None:
+    async def _accept_loop(self, listener: socket.socket, spec: Listener) -> None:
         stats = self.ctx.stats
+        tls = self._tls if spec.encrypted else None
         while True:
             await trio.lowlevel.wait_readable(listener)
             for _ in range(64):
@@ -218,7 +202,8 @@ class Server:
                     break
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connection = connection_type(self, sock, f"{address[0]}:{address[1]}")
+                kind = MqttConnection if spec.mqtt_tcp else Connection
+                connection = kind(self, sock, f"{address[0]}:{address[1]}", spec, tls)
                 self.connections.add(connection)
                 stats.connections_accepted += 1
                 stats.connections_open = len(self.connections)
@@ -291,24 +276,16 @@ class Server:
             hub.tick(now)
             ticks += 1
             if ticks % EXPIRE_EVERY_TICKS == 0:
-                self._expire(now)
+                hub.expire(now)
             if self.write_immediately:
                 self.flush_dirty()
-
-    def _expire(self, now: float) -> None:
-        expired = self.ctx.hub.expire(now)
-        if expired:
-            self.ctx.stats.cache_expired += expired
-            audit = self.ctx.audit
-            if audit is not None and audit.cache:
-                audit.event("cache", "expired", messages=expired)
 
     def shed_clients(self, code: int, reason: str) -> int:
         """Close every client session with ``code`` (they reconnect elsewhere); the count."""
         shed = 0
         for connection in list(self.connections):
             session = connection.session
-            if session.is_websocket:
+            if session.is_websocket or getattr(session, "is_stream", False):
                 session.close(code, reason)
                 shed += 1
             connection.flush()
@@ -318,7 +295,7 @@ class Server:
         """Tell every client we are going away (1001), give them a moment, stop."""
         for connection in list(self.connections):
             session = connection.session
-            if session.is_websocket:
+            if session.is_websocket or getattr(session, "is_stream", False):
                 session.close(close_codes.GOING_AWAY.code, "server shutting down")
             connection.flush()
         with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
@@ -343,25 +320,14 @@ async def run_until_signalled(
     server.ctx.gc_pauses = pauses.stats
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(server.serve)
+            await nursery.start(server.serve)
             for role in roles:
                 await nursery.start(role.run)
             tune(server.config.gc_thresholds)  # what start-up built is never scanned again
-            for host, port in addresses:
-                shown = f"[{host}]" if ":" in host else host
-                log.info("listening on ws://%s:%d/ (open-file limit %d)", shown, port, limit)
-                if ready_line:
-                    print(f"listening ws://{shown}:{port}", flush=True)
-            for host, port in server.mqtt_addresses:
-                shown = f"[{host}]" if ":" in host else host
-                log.info("listening on mqtt://%s:%d", shown, port)
-                if ready_line:
-                    print(f"listening mqtt://{shown}:{port}", flush=True)
-            if server.monitor_address is not None:
-                host, port = server.monitor_address
-                log.info("monitoring on http://%s:%d/ (/metrics, /stats, /cluster)", host, port)
-                if ready_line:
-                    print(f"monitoring http://{host}:{port}", flush=True)
+            for listener in server.listeners:
+                log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
+                if ready_line:  # tests and tools read these lines
+                    print(f"listening {listener.url().rstrip('/')}", flush=True)
             async for signum in signals:
                 log.info("%s received: shutting down", signal.Signals(signum).name)
                 break
@@ -378,5 +344,3 @@ async def run_until_signalled(
         stats["frames_fanned_out"],
         stats["slow_consumers"],
     )
-    if server.ctx.audit is not None:
-        server.ctx.audit.close()

@@ -7,20 +7,27 @@ writability. One reader task per socket waits for readability and feeds the
 session; when the session wants to close, the reader stops reading, lets the
 queued bytes (the close frame) drain, half-closes, waits briefly for the
 peer, and closes.
+
+On an encrypted listener a :class:`~migratory.server.tls_link.TlsLink` sits
+between the socket and the session: bytes read are decrypted before the
+session sees them, a batch is encrypted before its ``send``, and a partly sent
+encrypted batch waits in ``_cipher`` (at most one batch) before the next is taken.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 import trio
 
+from migratory.listeners import Listener
 from migratory.protocol import close_codes
-from migratory.server.metrics import BatchSizes
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
+from migratory.server.tls_link import TlsFailed, TlsLink
 
 if TYPE_CHECKING:
     from migratory.server.app import Server
@@ -28,29 +35,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
-BATCH_LIMIT = BatchSizes.LIMIT
 CLOSE_LINGER_SECONDS = 5.0
 
 
-def _client_fields(session: object) -> dict[str, object]:
-    """The client as fields of a log record (a native session names itself fully)."""
-    fields = getattr(session, "log_fields", None)
-    return fields() if fields is not None else {"peer": getattr(session, "peer", None)}
-
-
 class Connection:
-    __slots__ = ("_closed", "_read_scope", "server", "session", "sock", "writing")
+    __slots__ = (
+        "_cipher", "_closed", "_read_scope", "_tls", "listener", "server", "session", "sock",
+        "writing",
+    )
 
-    def __init__(self, server: Server, sock: socket.socket, peer: str) -> None:
+    def __init__(
+        self,
+        server: Server,
+        sock: socket.socket,
+        peer: str,
+        listener: Listener,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.server = server
         self.sock = sock
+        self.listener = listener
+        self._tls = None if tls is None else TlsLink(tls)
+        self._cipher = b""  # encrypted bytes of a batch the socket took only part of
         self.session: Session | MqttSession = self._new_session(peer)
         self.writing = False  # a partial write is pending; a drain task owns the socket
         self._closed = False
         self._read_scope: trio.CancelScope | None = None
 
     def _new_session(self, peer: str) -> Session | MqttSession:
-        return Session(self.server.ctx, self, peer)
+        return Session(self.server.ctx, self, peer, self.listener)
+
+    def _requests_answered(self) -> int:
+        session = self.session
+        return session.requests_answered if isinstance(session, Session) else 0
 
     # --- Link (called by the session) -------------------------------------------
 
@@ -70,21 +87,21 @@ class Connection:
         if session.aborted:
             self._abort()
             return
-        if not self.writing and session.outbox and not self._write():
+        if not self.writing and self._pending() and not self._write():
             self.writing = True
             self.server.nursery.start_soon(self._drain)
         if session.closing and self._read_scope is not None:
             self._read_scope.cancel()  # the reader task finishes the close
 
+    def _pending(self) -> bool:
+        tls = self._tls
+        return bool(self.session.outbox or self._cipher or (tls is not None and tls.has_output))
+
     def _write(self) -> bool:
         """One ``send`` of everything pending; True when all of it went out."""
+        if self._tls is not None:
+            return self._write_encrypted()
         outbox = self.session.outbox
-        ctx = self.server.ctx
-        frames = len(outbox)
-        if frames <= BATCH_LIMIT:  # BatchSizes.observe inlined: once per write
-            ctx.batch_sizes.sizes[frames] += 1
-        else:
-            ctx.batch_sizes.observe(frames)
         batch = outbox.take()
         try:
             sent = self.sock.send(batch)
@@ -93,7 +110,7 @@ class Connection:
         except OSError:
             self._abort()
             return True
-        stats = ctx.stats
+        stats = self.server.ctx.stats
         stats.writes += 1
         stats.bytes_written += sent
         if sent < len(batch):
@@ -101,12 +118,40 @@ class Connection:
             return False
         return True
 
+    def _write_encrypted(self) -> bool:
+        tls = self._tls
+        assert tls is not None
+        if not self._cipher and self.session.outbox and tls.ready:
+            try:
+                tls.encrypt(self.session.outbox.take())
+            except TlsFailed:
+                self._abort()
+                return True
+        data = self._cipher + tls.take_output()
+        self._cipher = b""
+        if not data:
+            return True
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._abort()
+            return True
+        stats = self.server.ctx.stats
+        stats.writes += 1
+        stats.bytes_written += sent
+        if sent < len(data):
+            self._cipher = data[sent:]
+            return False
+        return not self.session.outbox or not tls.ready
+
     async def _drain(self) -> None:
         """Wait for writability until the outbox is empty (the kernel buffer was full)."""
         try:
             while not self._closed:
                 await trio.lowlevel.wait_writable(self.sock)
-                if self._closed or not self.session.outbox or self._write():
+                if self._closed or not self._pending() or self._write():
                     break
         except (trio.ClosedResourceError, OSError):
             self._abort()
@@ -127,20 +172,22 @@ class Connection:
         except (trio.ClosedResourceError, OSError):
             pass
         except Exception:
-            log.exception("%s: internal error", session.describe(), extra=_client_fields(session))
+            log.exception("%s: internal error", session.describe())
         finally:
-            if isinstance(session, Session):
-                session.finished()  # audits the disconnect
-            else:
-                session.connection_lost()
+            session.connection_lost()
             self._abort()
 
     async def _read_until_closing(self) -> None:
+        timeout = self.server.ctx.config.handshake_timeout
         try:
-            with trio.move_on_after(self.server.ctx.config.handshake_timeout):
+            # HTTP requests, then the handshake and `connect`, each within the timeout
+            with trio.move_on_after(timeout) as deadline:
                 while not self.session.connected:
+                    answered = self._requests_answered()
                     if not await self._read_once():
                         return
+                    if self._requests_answered() != answered:
+                        deadline.deadline = trio.current_time() + timeout
             session = self.session  # an MqttSession after a WebSocket upgrade to MQTT
             if not session.connected:
                 if session.is_websocket:
@@ -161,24 +208,37 @@ class Connection:
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             raise
         except Exception:
-            log.exception("%s: internal error", self.session.describe(),
-                          extra=_client_fields(self.session))
+            log.exception("%s: internal error", self.session.describe())
             self.session.close(close_codes.INTERNAL_ERROR.code, "internal error")
 
     async def _read_once(self) -> bool:
         """Read and process one chunk; False once the connection is over."""
-        await trio.lowlevel.wait_readable(self.sock)
+        session = self.session
+        if not isinstance(session, Session) or session.heartbeat_interval is None:
+            await trio.lowlevel.wait_readable(self.sock)
+        else:
+            with trio.move_on_after(session.heartbeat_interval) as idle:
+                await trio.lowlevel.wait_readable(self.sock)
+            if idle.cancelled_caught:
+                session.heartbeat()
+                self.flush()
+                return not (session.aborted or session.closing)
         try:
             data = self.sock.recv(RECV_SIZE)
         except BlockingIOError:
             return True
-        if not data:
+        if self._tls is not None:
+            plain = self._decrypt(data)
+            if plain is None:
+                return False
+            data = plain
+        elif not data:
             return False
-        self.server.ctx.stats.bytes_read += len(data)
-        now = trio.current_time()
-        self.session.receive_data(data, now)
-        if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:
-            self._become_mqtt(now)
+        if data:
+            now = trio.current_time()
+            self.session.receive_data(data, now)
+            if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:
+                self._become_mqtt(now)
         self.flush()
         if self.server.write_immediately:
             self.server.flush_dirty()
@@ -200,11 +260,27 @@ class Connection:
         if trailing:
             mqtt.receive_data(trailing, now)
 
+    def _decrypt(self, data: bytes) -> bytes | None:
+        """The plaintext in ``data``; None once the connection is over."""
+        tls = self._tls
+        assert tls is not None
+        if not data:
+            return None  # the peer closed (with or without a close_notify)
+        try:
+            plain = tls.receive(data)
+        except TlsFailed as exc:
+            log.info("%s: TLS failed: %s", self.session.describe(), exc)
+            self.server.ctx.stats.protocol_errors += 1
+            return None
+        if tls.has_output:
+            self.flush()  # handshake records for the peer
+        return plain
+
     async def _finish(self) -> None:
         """Let queued bytes (the close frame) drain, half-close, wait briefly for the peer."""
         with trio.move_on_after(CLOSE_LINGER_SECONDS):
             self.flush()
-            while (self.writing or self.session.outbox) and not self._closed:
+            while (self.writing or self._pending()) and not self._closed:
                 await trio.sleep(0.01)
             if self._closed:
                 return

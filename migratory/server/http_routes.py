@@ -1,43 +1,78 @@
-"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, the
-JavaScript client at ``/client/migratory.js``, and ``/cluster``, ``/stats``, ``/metrics``
-unless a monitoring listener serves those (``migratory.server.monitor``)."""
+"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, ``/cluster``,
+``/stats``, ``/metrics``, and the JavaScript client at ``/client/migratory.js``.
+``/publish`` and ``/events`` live in ``http_front``."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 from migratory.entitlement import ClientIdentity
 from migratory.model.subject import InvalidSubjectError, validate_subject
-from migratory.protocol.http import Request, response
+from migratory.protocol.http import Request
+from migratory.protocol.http_api import json_body, message_json
+from migratory.server import metrics
 from migratory.server.context import ServerContext
 from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
+JSON = "application/json"
+MONITORING = frozenset({"/healthz", "/readyz", "/cluster", "/metrics", "/stats"})
 
-def error(status: int, reason: str) -> bytes:
-    return response(status, (reason + "\n").encode())
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+    raw: bytes = b""  # a complete response built elsewhere (Connection: close)
 
 
-def route(ctx: ServerContext, request: Request, peer: str) -> bytes:
+def error(status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(status, (reason + "\n").encode(), headers=headers)
+
+
+def route(ctx: ServerContext, request: Request, peer: str, *, api: bool) -> Reply:
+    """``api``: the listener speaks the HTTP API (``/snapshot``, the JavaScript client);
+    monitoring paths always."""
+    if request.path not in MONITORING and not api:
+        return error(404, f"no such path {request.path!r} on this listener (ListenerRoles)")
     if request.method not in ("GET", "HEAD"):
-        return error(405, f"method {request.method} not allowed; use GET")
-    if request.path == "/snapshot":
+        return error(405, f"method {request.method} not allowed; use GET", (("Allow", "GET"),))
+    if request.path == "/snapshot" and api:
         return snapshot(ctx, request, peer)
     if request.path == "/healthz":
-        return response(200, b"ok\n")
+        return Reply(200, b"ok\n")
     if request.path == "/readyz":
         reason = ctx.readiness()
-        return response(200, b"ready\n") if reason is None else error(503, reason)
-    monitoring = None if ctx.monitor is None else ctx.monitor.route(
-        request, monitoring_listener=False
-    )
-    if monitoring is not None:
-        return monitoring
+        return Reply(200, b"ready\n") if reason is None else error(503, reason)
+    if request.path == "/cluster":
+        if ctx.cluster_status is None:
+            return error(404, "not a cluster member")
+        body = json.dumps(ctx.cluster_status(), sort_keys=True, default=str).encode() + b"\n"
+        return Reply(200, body, JSON)
+    if request.path == "/metrics":
+        body = metrics.render(ctx.statistics(), ready=ctx.readiness() is None)
+        return Reply(200, body, metrics.CONTENT_TYPE)
+    if request.path == "/stats":
+        body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
+        return Reply(200, body, JSON)
     asset = serve_asset(CLIENT_ASSETS, request.path)
     if asset is not None:
-        return asset
+        return Reply(0, raw=asset)
     return error(404, f"no such path {request.path!r}; try /snapshot?subject=/a/b")
 
 
-def snapshot(ctx: ServerContext, request: Request, peer: str) -> bytes:
-    """``GET /snapshot?subject=X[&token=U]``: the snapshot's content (no fields, as the seed)."""
+def wants_json(request: Request) -> bool:
+    return request.query.get("format") == "json" or JSON in (request.header("accept") or "")
+
+
+def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
+    """``GET /snapshot?subject=X[&token=U][&format=json]``: the subject's snapshot.
+
+    The content as the body, its position and fields in ``X-Migratory-*`` headers;
+    with ``format=json`` (or ``Accept: application/json``) the whole message as JSON.
+    """
     subject = request.query.get("subject")
     if subject is None:
         return error(400, "missing query parameter 'subject'")
@@ -47,14 +82,16 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> bytes:
         return error(400, str(exc))
     identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
     if not ctx.entitlement.allow_subscribe(identity, subject):
-        ctx.stats.count(ctx.stats.entitlement_denials, "subscribe")
         return error(403, f"not entitled to subscribe to {subject!r}")
     message = ctx.hub.snapshot(subject)
     if message is None:
         return error(404, f"no snapshot for {subject!r}")
+    if wants_json(request):
+        return Reply(200, json_body(message_json(message)), JSON)
     headers = (
         ("X-Migratory-Subject", subject.encode().decode("latin-1")),
         ("X-Migratory-Epoch", str(message.epoch)),
         ("X-Migratory-Seq", str(message.seq)),
+        ("X-Migratory-Fields", json.dumps(dict(message.fields), sort_keys=True)),
     )
-    return response(200, message.content, content_type="application/octet-stream", headers=headers)
+    return Reply(200, message.content, "application/octet-stream", headers)

@@ -21,12 +21,15 @@ from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
 from migratory.model.topic import FilterIndex, filter_matches
 from migratory.protocol import ops
-from migratory.protocol.websocket import encode_binary
 from migratory.server.faults import DeliveryFault, DeliveryFaults
-
-
-class Sink(Protocol):
-    def deliver(self, frame: bytes) -> None: ...
+from migratory.server.format_sink import (
+    AnySink,
+    FormatSink,
+    Sink,
+    message_frame,
+    send_message,
+    send_op,
+)
 
 
 class MessageSink(Protocol):
@@ -37,17 +40,15 @@ class MessageSink(Protocol):
     def deliver_message(self, message: Message, qos: int) -> None: ...
 
 
-def message_frame(message: Message) -> bytes:
-    """One message as a complete server WebSocket frame."""
-    return encode_binary(ops.encode_message(message))
+__all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
 
 
 class SubjectState:
     """Everything the hub knows about one subject."""
 
     __slots__ = (
-        "cache", "conflated", "epoch", "listeners", "seq", "snapshot", "subject", "subscribers",
-        "waiting",
+        "cache", "conflated", "epoch", "formatted", "listeners", "seq", "snapshot", "subject",
+        "subscribers", "waiting",
     )
 
     def __init__(self, subject: str, epoch: int, cache: SubjectCache) -> None:
@@ -58,9 +59,10 @@ class SubjectState:
         self.snapshot: Message | None = None
         # dicts used as insertion-ordered sets: deterministic fan-out order
         self.subscribers: dict[Sink, None] = {}
-        self.conflated: dict[Sink, Conflator] = {}
+        self.formatted: dict[FormatSink, None] = {}  # SSE streams: their own encoding
+        self.conflated: dict[AnySink, Conflator] = {}
         # resumes from a position this member has not reached yet (it lags the cluster)
-        self.waiting: dict[Sink, _Waiting] = {}
+        self.waiting: dict[AnySink, _Waiting] = {}
         # sinks of whole messages subscribed to exactly this subject -> granted QoS
         self.listeners: dict[MessageSink, int] = {}
 
@@ -74,6 +76,7 @@ class SubjectState:
         return (
             self.seq == 0
             and not self.subscribers
+            and not self.formatted
             and not self.conflated
             and not self.waiting
             and not self.listeners
@@ -93,7 +96,6 @@ class HubStatistics:
     subscriptions: int
     messages_published: int
     frames_fanned_out: int
-    cached_messages: int
 
 
 class Hub:
@@ -178,6 +180,8 @@ class Hub:
                 for sink in tuple(subscribers):
                     sink.deliver(frame)
             self._fanned_out += len(subscribers)
+        if state.formatted:
+            self._fan_out_formatted(state, message)
         for conflator in state.conflated.values():
             conflator.offer(message)  # offer() never calls out
         if state.listeners or self._filters:
@@ -185,11 +189,17 @@ class Hub:
         if state.waiting:
             self._settle_waiting(state, now)
 
+    def _fan_out_formatted(self, state: SubjectState, message: Message) -> None:
+        frames: dict[object, bytes] = {}
+        for sink in tuple(state.formatted):
+            sink.deliver_formatted(message, frames)
+        self._fanned_out += len(state.formatted)
+
     def _tell_listeners(self, state: SubjectState, message: Message) -> None:
-        listeners = state.listeners
-        told = len(listeners)
-        for sink, qos in tuple(listeners.items()):
+        told = 0
+        for sink, qos in tuple(state.listeners.items()):
             sink.deliver_message(message, qos)
+            told += 1
         if self._filters and not state.subject.startswith("/$"):
             for sink, qos in list(self._filters.match(state.subject)):
                 sink.deliver_message(message, qos)
@@ -199,7 +209,7 @@ class Hub:
     # --- subscribing --------------------------------------------------------
 
     def subscribe(
-        self, sink: Sink, request: ops.SubscriptionRequest, now: float
+        self, sink: AnySink, request: ops.SubscriptionRequest, now: float
     ) -> list[ops.ServerOp]:
         """Register ``sink`` and return what it must receive first, in order.
 
@@ -226,10 +236,14 @@ class Hub:
             self.numbered_elsewhere and position.epoch == state.epoch and position.seq > state.seq
         )
 
-    def _add_subscription(self, state: SubjectState, sink: Sink, period: int, now: float) -> None:
+    def _add_subscription(
+        self, state: SubjectState, sink: AnySink, period: int, now: float
+    ) -> None:
         if period:
             state.conflated[sink] = Conflator(period_ms=period, start=now)
             self._with_conflation.add(state)
+        elif isinstance(sink, FormatSink):
+            state.formatted[sink] = None
         else:
             state.subscribers[sink] = None
 
@@ -241,7 +255,7 @@ class Hub:
             del state.waiting[sink]
             self._add_subscription(state, sink, waiting.conflation_ms, now)
             for op in self._resume(state, waiting.position):
-                sink.deliver(encode_binary(ops.encode_server_op(op)))
+                send_op(sink, op)
 
     def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
         out: list[ops.ServerOp] = [
@@ -324,7 +338,7 @@ class Hub:
             if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
         ]
 
-    def unsubscribe(self, sink: Sink, subject: str) -> None:
+    def unsubscribe(self, sink: AnySink, subject: str) -> None:
         state = self._subjects.get(subject)
         if state is None:
             return
@@ -332,8 +346,11 @@ class Hub:
         if state.idle:
             del self._subjects[subject]
 
-    def _drop_subscription(self, state: SubjectState, sink: Sink) -> None:
-        state.subscribers.pop(sink, None)
+    def _drop_subscription(self, state: SubjectState, sink: AnySink) -> None:
+        if isinstance(sink, FormatSink):
+            state.formatted.pop(sink, None)
+        else:
+            state.subscribers.pop(sink, None)
         state.waiting.pop(sink, None)
         if state.conflated.pop(sink, None) is not None and not state.conflated:
             self._with_conflation.discard(state)
@@ -346,7 +363,7 @@ class Hub:
             for sink, conflator in list(state.conflated.items()):
                 merged = conflator.poll(now)
                 if merged is not None:
-                    sink.deliver(message_frame(merged))
+                    send_message(sink, merged, {})
                     self._fanned_out += 1
 
     def expire(self, now: float) -> int:
@@ -383,7 +400,7 @@ class Hub:
             if position.seq == 0:
                 return
             state = self._state(subject)
-        live = state.subscribers or state.conflated or state.listeners
+        live = state.subscribers or state.formatted or state.conflated or state.listeners
         before = state.position if live else None
         state.epoch, state.seq = position.epoch, position.seq
         state.snapshot = snapshot if position.seq else None
@@ -407,10 +424,11 @@ class Hub:
                     listener.deliver_message(message, qos)
         if missed is not None:
             for message in missed:
-                frame = message_frame(message)
-                for sink in tuple(state.subscribers):
-                    sink.deliver(frame)
-                self._fanned_out += len(state.subscribers)
+                frames: dict[object, bytes] = {}
+                live_sinks: tuple[AnySink, ...] = (*state.subscribers, *state.formatted)
+                for sink in live_sinks:
+                    send_message(sink, message, frames)
+                self._fanned_out += len(live_sinks)
                 for conflator in state.conflated.values():
                     conflator.offer(message)
             return
@@ -418,10 +436,9 @@ class Hub:
         if state.snapshot is not None:
             resync.append(ops.Deliver((state.snapshot,)))
         resync.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
-        frames = [encode_binary(ops.encode_server_op(op)) for op in resync]
-        for sink in (*state.subscribers, *state.conflated):
-            for frame in frames:
-                sink.deliver(frame)
+        for sink in (*state.subscribers, *state.formatted, *state.conflated):
+            for op in resync:
+                send_op(sink, op)
 
     def _cache_of(
         self, subject: str, position: Position, cached: Sequence[Message], now: float
@@ -458,12 +475,12 @@ class Hub:
         return HubStatistics(
             subjects=len(self._subjects),
             subscriptions=len(self._filters) + sum(
-                len(s.subscribers) + len(s.conflated) + len(s.waiting) + len(s.listeners)
+                len(s.subscribers) + len(s.formatted) + len(s.conflated) + len(s.waiting)
+                + len(s.listeners)
                 for s in self._subjects.values()
             ),
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,
-            cached_messages=sum(len(s.cache) for s in self._subjects.values()),
         )
 
     def _state(self, subject: str) -> SubjectState:

@@ -5,43 +5,34 @@ write ends up in :attr:`Session.outbox`, already framed. The trio adapter
 (``migratory.server.connection``) only moves bytes and obeys
 :attr:`Session.closing` / :attr:`Session.aborted`.
 
-Phases: HTTP request (a WebSocket upgrade, or a plain ``GET /snapshot``,
-``/healthz``, ``/stats``) → WebSocket open, waiting for ``connect`` →
-connected → closing.
+Phases: HTTP requests on h11 (``http_front``: keep-alive, ``/publish``,
+``/snapshot``, monitoring) → a WebSocket (waiting for ``connect`` → connected)
+or a Server-Sent Events stream (``sse_stream``) → closing. The connection's
+:class:`~migratory.listeners.Listener` says which of those it may do.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from migratory.entitlement import ClientIdentity
+from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.subject import InvalidSubjectError, validate_subject
-from migratory.protocol import close_codes, ops
+from migratory.protocol import close_codes, ops, sse
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import (
-    MQTT_SUBPROTOCOL,
-    HttpError,
-    Request,
-    RequestParser,
-    handshake_response,
-    wants_mqtt,
-)
-from migratory.server import http_routes
+from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
 from migratory.server.context import ServerContext
+from migratory.server.http_front import HttpFront
 from migratory.server.mqtt_store import SESSION_PREFIX
+from migratory.server.publish_rules import check_publish
+from migratory.server.sse_stream import SseStream
 
 log = logging.getLogger("migratory.session")
 
-_connection_ids = itertools.count(1)  # names a connection in logs and audit events
-
-
-def new_connection_id() -> int:
-    """A number naming one client connection (any front end) in logs and audit events."""
-    return next(_connection_ids)
+RECONNECT_MS = 1000  # how long a browser waits before reconnecting a stream
 
 
 class Link(Protocol):
@@ -58,30 +49,34 @@ class Session:
     __slots__ = (
         "_ctx",
         "_decoder",
+        "_http",
         "_link",
-        "_parser",
+        "_stream",
         "aborted",
         "close_code",
-        "close_reason",
         "closing",
-        "connection_id",
         "identity",
+        "listener",
         "mqtt_upgrade",
         "outbox",
         "peer",
         "subjects",
     )
 
-    def __init__(self, ctx: ServerContext, link: Link, peer: str) -> None:
+    def __init__(
+        self, ctx: ServerContext, link: Link, peer: str, listener: Listener = OPEN_LISTENER
+    ) -> None:
         self._ctx = ctx
         self._link = link
         self.peer = peer
+        self.listener = listener
         config = ctx.config
         self.outbox = Outbox(
             batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes
         )
-        self._parser: RequestParser | None = RequestParser()
+        self._http: HttpFront | None = HttpFront(self, ctx, listener)
         self._decoder: ws.FrameDecoder | None = None
+        self._stream: SseStream | None = None
         self.identity: ClientIdentity | None = None
         # a WebSocket upgrade chose subprotocol ``mqtt``: the bytes after the request,
         # for the MQTT session that takes over the connection (connection.py)
@@ -90,8 +85,6 @@ class Session:
         self.closing = False  # write what is queued, then close
         self.aborted = False  # close now, drop what is queued
         self.close_code: int | None = None
-        self.close_reason = ""
-        self.connection_id = new_connection_id()
 
     @property
     def connected(self) -> bool:
@@ -102,9 +95,32 @@ class Session:
         return self._decoder is not None
 
     @property
-    def frontend(self) -> str:
-        """The front end this connection speaks, as GET /metrics labels it."""
-        return "websocket" if self._decoder is not None else "http"
+    def is_stream(self) -> bool:
+        """A Server-Sent Events stream."""
+        return self._stream is not None
+
+    @property
+    def is_client(self) -> bool:
+        """A subscriber connection (WebSocket or SSE), not a plain HTTP exchange."""
+        return self._decoder is not None or self._stream is not None
+
+    @property
+    def in_http(self) -> bool:
+        """Still reading HTTP requests (no WebSocket or stream yet)."""
+        return self._http is not None
+
+    @property
+    def requests_answered(self) -> int:
+        return 0 if self._http is None else self._http.requests
+
+    @property
+    def heartbeat_interval(self) -> float | None:
+        """Seconds between heartbeats of an idle stream; None: not a stream."""
+        return None if self._stream is None else float(self._ctx.config.sse_heartbeat_interval)
+
+    def heartbeat(self) -> None:
+        if self._stream is not None:
+            self._send(sse.comment())
 
     # --- fan-out (hot path) ---------------------------------------------------
 
@@ -126,13 +142,11 @@ class Session:
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
-        self.close_reason = "slow consumer"
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc,
-                    extra=self.log_fields())
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc)
         self.connection_lost()
         self.outbox.discard(keep_first=self._link.writing)
         self.close_code = close_codes.SLOW_CONSUMER.code
-        self._send_unbounded(ws.encode_close(self.close_code, "slow consumer"))
+        self._send_last_word(self.close_code, "slow consumer")
         self.closing = True
         self._link.flush_now()
 
@@ -141,10 +155,13 @@ class Session:
     def receive_data(self, data: bytes, now: float) -> None:
         if self.closing or self.aborted:
             return
-        if self._parser is not None:
-            data = self._receive_http(data)
-            if not data or self._decoder is None:
-                return
+        if self._http is not None:
+            self._http.receive(data, now)
+        elif self._decoder is not None:
+            self._receive_websocket(data, now)
+        # an SSE stream reads nothing more from its client
+
+    def _receive_websocket(self, data: bytes, now: float) -> None:
         decoder = self._decoder
         assert decoder is not None
         decoder.receive_data(data)
@@ -155,51 +172,54 @@ class Session:
                     break
                 self._on_event(event, now)
         except ws.RemoteProtocolError as exc:
-            self._protocol_error("frame")
+            self._ctx.stats.protocol_errors += 1
             self.close(exc.code, exc.reason)
         except ops.OperationError as exc:
-            self._protocol_error("operation")
+            self._ctx.stats.protocol_errors += 1
             self.close(exc.close.code, exc.reason)
 
-    def _protocol_error(self, kind: str) -> None:
-        stats = self._ctx.stats
-        stats.protocol_errors += 1
-        stats.count(stats.protocol_error_kinds, kind)
+    # --- leaving HTTP (called by http_front) -------------------------------------------
 
-    def _receive_http(self, data: bytes) -> bytes:
-        parser = self._parser
-        assert parser is not None
-        try:
-            request = parser.receive_data(data)
-        except HttpError as exc:
-            self._protocol_error("http")
-            self._http_reply(http_routes.error(exc.status, exc.reason))
-            return b""
-        if request is None:
-            return b""
-        self._parser = None
-        if request.is_websocket_upgrade and wants_mqtt(request):
+    def start_websocket(self, request: Request, trailing: bytes, now: float) -> None:
+        """Answer the upgrade and read WebSocket frames from then on (or, offered
+        subprotocol ``mqtt``, leave the connection to an MQTT session: connection.py)."""
+        self._http = None
+        if wants_mqtt(request):
             self._send_unbounded(handshake_response(request, subprotocol=MQTT_SUBPROTOCOL))
-            self.mqtt_upgrade = parser.trailing
-            return b""
-        if request.is_websocket_upgrade:
-            self._decoder = ws.FrameDecoder(
-                client_frames=True, max_message_size=self._ctx.config.max_frame_size
-            )
-            self._send_unbounded(handshake_response(request))
-            return parser.trailing
-        self._http_reply(self._route(request))
-        return b""
+            self.mqtt_upgrade = trailing
+            return
+        self._decoder = ws.FrameDecoder(
+            client_frames=True, max_message_size=self._ctx.config.max_frame_size
+        )
+        self._send_unbounded(handshake_response(request))
+        if trailing:
+            self._receive_websocket(trailing, now)
 
-    def _route(self, request: Request) -> bytes:
-        upgrade_error = request.websocket_upgrade_error()
-        if upgrade_error is not None:
-            return http_routes.error(upgrade_error.status, upgrade_error.reason)
-        return http_routes.route(self._ctx, request, self.peer)
+    def start_stream(
+        self,
+        identity: ClientIdentity,
+        subjects: list[str],
+        requests: list[ops.SubscriptionRequest | str],
+        headers: tuple[tuple[str, str], ...],
+        now: float,
+    ) -> None:
+        """Become a Server-Sent Events stream of ``subjects`` (http_front checked them)."""
+        self._http = None
+        self.identity = identity
+        self._ctx.stats.sessions_opened += 1
+        self._send_unbounded(sse.stream_head(headers) + sse.retry(RECONNECT_MS))
+        stream = self._stream = SseStream(self, subjects)
+        stream.start(self._ctx.hub, requests, now)
+        self.flush()
 
-    def _http_reply(self, response: bytes) -> None:
+    def reply_and_close(self, response: bytes) -> None:
+        """Write a complete HTTP response and close."""
         self._send_unbounded(response)
         self.closing = True
+        self.flush()
+
+    def send_unbounded(self, data: bytes) -> None:
+        self._send_unbounded(data)
 
     def _on_event(self, event: ws.Event, now: float) -> None:
         if isinstance(event, ws.BinaryMessage):
@@ -249,18 +269,12 @@ class Session:
             self.close(close_codes.TRY_AGAIN_LATER.code, not_ready)
             return
         identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
-        audit = self._ctx.audit
         if not self._ctx.entitlement.allow_connect(identity):
-            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
-            if audit is not None and audit.access:
-                audit.event("access", "connect", self._client(identity), outcome="denied")
             self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
             return
         self.identity = identity
         self._ctx.stats.sessions_opened += 1
-        if audit is not None and audit.access:
-            audit.event("access", "connect", self.audit_client(), outcome="allowed")
-        log.debug("%s: connected", self.describe(), extra=self.log_fields())
+        log.debug("%s: connected", self.describe())
         self._send_op(ops.Connected(server=self._ctx.config.server_name))
 
     def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
@@ -275,77 +289,25 @@ class Session:
             self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
             return
         if not self._ctx.entitlement.allow_subscribe(self.identity, subject):
-            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
             self._deny(subject, "not entitled to subscribe")
             return
         self.subjects.add(subject)
-        audit = self._ctx.audit
-        if audit is not None and audit.access:
-            audit.event("access", "subscribe", self.audit_client(), subject=subject,
-                        outcome="allowed", position=request.position)
         for op in self._ctx.hub.subscribe(self, request, now):
-            if isinstance(op, ops.SubjectStatus) and request.position is not None:
-                self._resumed(op, request.position)
             self._send_op(op)
 
-    def _resumed(self, op: ops.SubjectStatus, position: object) -> None:
-        """Count (and audit) a resume's outcome: DATA_SYNC or DATA_RESYNC."""
-        if op.status is ops.Status.DATA_SYNC:
-            outcome = "sync"
-        elif op.status is ops.Status.DATA_RESYNC:
-            outcome = "resync"
-        else:
-            return
-        stats = self._ctx.stats
-        stats.count(stats.resumes, outcome)
-        audit = self._ctx.audit
-        if audit is not None and audit.cache:
-            audit.event("cache", "resume", self.audit_client(), subject=op.subject,
-                        outcome=outcome, from_position=position, position=op.position)
-
     def _deny(self, subject: str, reason: str) -> None:
-        audit = self._ctx.audit
-        if audit is not None and audit.access:
-            audit.event("access", "subscribe", self.audit_client(), subject=subject,
-                        outcome="denied", reason=reason)
         self._send_op(ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, reason=reason))
 
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None
         ctx = self._ctx
         ctx.stats.publishes_received += 1
-        status, reason = self._check_publish(message)
-        audit = ctx.audit
-        if audit is not None and audit.message:
-            audit.event("message", "publish", self.audit_client(), subject=message.subject,
-                        size=message.size(), retained=message.retained,
-                        closure=message.closure,
-                        outcome="submitted" if status is None else status.name, reason=reason)
+        status, reason = check_publish(ctx, self.listener, self.identity, message)
         if status is not None:
             ctx.stats.publishes_refused += 1
-            if status is ops.Status.PUBLISH_DENIED:
-                ctx.stats.count(ctx.stats.entitlement_denials, "publish")
             self._send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
             return
         ctx.publishing.submit(message, self if message.closure is not None else None, now)
-
-    def _check_publish(self, message: Message) -> tuple[ops.Status | None, str | None]:
-        assert self.identity is not None
-        try:
-            validate_subject(message.subject)
-        except InvalidSubjectError as exc:
-            return ops.Status.PUBLISH_FAILED, exc.reason
-        if message.subject.startswith(SESSION_PREFIX):
-            return ops.Status.PUBLISH_DENIED, f"{SESSION_PREFIX} subjects are reserved"
-        limit = self._ctx.config.max_message_size
-        if message.size() > limit:
-            return (
-                ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
-                f"message is {message.size()} bytes, MaxMessageSize is {limit}",
-            )
-        if not self._ctx.entitlement.allow_publish(self.identity, message.subject):
-            return ops.Status.PUBLISH_DENIED, "not entitled to publish"
-        return None, None
 
     # --- output ---------------------------------------------------------------
 
@@ -372,14 +334,18 @@ class Session:
         if self.closing or self.aborted:
             return
         self.close_code = code
-        self.close_reason = self.close_reason or reason
         if code not in (close_codes.NORMAL.code, close_codes.GOING_AWAY.code):
-            log.info("%s: closing with %d %s", self.describe(), code, reason,
-                     extra=self.log_fields())
+            log.info("%s: closing with %d %s", self.describe(), code, reason)
         self.connection_lost()
+        self._send_last_word(code, reason)
+        self.closing = True
+
+    def _send_last_word(self, code: int, reason: str) -> None:
+        """The close frame of a WebSocket, the ``close`` event of a stream."""
         if self._decoder is not None:
             self._send_unbounded(ws.encode_close(code, reason))
-        self.closing = True
+        elif self._stream is not None:
+            self._send_unbounded(self._stream.close_event(code, reason))
 
     def _send_unbounded(self, frame: bytes) -> None:
         """Queue a frame the session must send whatever the outbox limit (replies, closes)."""
@@ -391,32 +357,9 @@ class Session:
         for subject in self.subjects:
             hub.unsubscribe(self, subject)
         self.subjects.clear()
-
-    def finished(self) -> None:
-        """The connection is over: audit the disconnect of a connected client."""
-        self.connection_lost()
-        audit = self._ctx.audit
-        if audit is not None and audit.access and self.identity is not None:
-            reason = self.close_reason or ("" if self.close_code else "connection lost")
-            audit.event("access", "disconnect", self.audit_client(), code=self.close_code,
-                        reason=reason)
+        if self._stream is not None:
+            self._stream.stop(hub)
 
     def describe(self) -> str:
-        """How log lines name this client: name, address and connection id."""
         name = self.identity.name if self.identity is not None else ""
-        return f"client {name or '-'}@{self.peer} #{self.connection_id}"
-
-    def log_fields(self) -> dict[str, Any]:
-        """The client as fields of a log record (JSON log lines show them)."""
-        name = self.identity.name if self.identity is not None else None
-        return {"client": name, "peer": self.peer, "connection_id": self.connection_id}
-
-    def audit_client(self) -> dict[str, Any]:
-        return self._client(self.identity)
-
-    def _client(self, identity: ClientIdentity | None) -> dict[str, Any]:
-        return {
-            "name": None if identity is None else identity.name,
-            "peer": self.peer,
-            "connection_id": self.connection_id,
-        }
+        return f"client {name or '-'}@{self.peer}"

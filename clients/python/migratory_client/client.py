@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import random
 import secrets
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
@@ -67,10 +68,12 @@ class Client:
         keepalive: Keepalive,
         message_buffer: int,
         rng: random.Random,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if message_buffer < 1:
             raise ValueError("message_buffer must be >= 1")
         self._servers = servers
+        self._tls = tls
         self._connect_op = Connect(client=name, token=token)
         self._policy = reconnect
         self._keepalive = keepalive
@@ -281,6 +284,7 @@ class Client:
                 subprotocols=[SUBPROTOCOL],
                 max_message_size=MAX_FRAME_BYTES,
                 connect_timeout=self._policy.connect_timeout,
+                tls=self._tls,
             )
         except trio.TooSlowError:
             reason = f"no WebSocket connection within {self._policy.connect_timeout} s"
@@ -356,14 +360,20 @@ async def connect(
     keepalive: Keepalive | None = None,
     message_buffer: int = DEFAULT_MESSAGE_BUFFER,
     rng: random.Random | None = None,
+    ca_file: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Client]:
     """Open a client; sessions are opened in the background (watch SERVER_UP).
 
     ``servers``: ``"WEIGHT URL"`` or ``"URL"`` (weight 100). ``message_buffer``: messages
     buffered per subscription; when it is full the subscription pauses (its subjects are
     left at the server) until the application has taken half, then resumes from where the
-    buffered messages end.
+    buffered messages end. ``wss://`` servers are verified against the system's CAs,
+    or against ``ca_file`` (a PEM file) when given; ``tls`` replaces the whole context
+    (client certificates for mutual TLS).
     """
+    if tls is None and ca_file is not None:
+        tls = ssl.create_default_context(cafile=ca_file)
     client = Client(
         parse_servers(servers),
         token=token,
@@ -372,6 +382,7 @@ async def connect(
         keepalive=keepalive or Keepalive(),
         message_buffer=message_buffer,
         rng=rng or random.Random(),
+        tls=tls,
     )
     try:
         async with trio.open_nursery() as nursery:

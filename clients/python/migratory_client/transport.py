@@ -55,9 +55,12 @@ class Endpoint:
         default = 443 if self.secure else 80
         return self.host if self.port == default else f"{self.host}:{self.port}"
 
-    async def open_stream(self) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+    async def open_stream(
+        self, tls: ssl.SSLContext | None = None
+    ) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+        """``tls``: the context for ``wss://`` (default: the system's CAs)."""
         if self.secure:
-            context = ssl.create_default_context()
+            context = tls or ssl.create_default_context()
             return await trio.open_ssl_over_tcp_stream(
                 self.host, self.port, ssl_context=context, https_compatible=True
             )
@@ -71,6 +74,7 @@ async def run_connection(
     subprotocols: Sequence[str],
     max_message_size: int,
     connect_timeout: float,
+    tls: ssl.SSLContext | None = None,
 ) -> T:
     """Open a WebSocket connection to ``url`` and return what ``serve(connection)``
     returns; the connection is gone when this returns or raises.
@@ -84,7 +88,7 @@ async def run_connection(
             opened: list[trio.abc.Stream] = []
             try:
                 with trio.fail_after(connect_timeout):
-                    stream = await endpoint.open_stream()
+                    stream = await endpoint.open_stream(tls)
                     opened.append(stream)
                     connection = await wrap_client_stream(
                         nursery,

@@ -1,0 +1,229 @@
+"""The HTTP phase of a client connection: requests on h11, keep-alive, CORS,
+``POST /publish``, and the switch to a WebSocket or a Server-Sent Events stream.
+
+The session feeds bytes in; responses go out through the session's outbox. A
+publish waits for its outcome (in a cluster, the Raft commit) before the next
+pipelined request is read: responses keep the requests' order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from migratory.entitlement import ClientIdentity
+from migratory.listeners import Listener
+from migratory.model.position import Position
+from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.protocol import ops, sse
+from migratory.protocol.http import HttpError, Request, wants_mqtt
+from migratory.protocol.http_api import parse_publish, publish_reply
+from migratory.protocol.http_server import (
+    ClientClosed,
+    HttpServer,
+    UpgradeRequested,
+)
+from migratory.server import http_routes
+from migratory.server.context import ServerContext
+from migratory.server.http_routes import JSON, Reply, error
+from migratory.server.mqtt_store import SESSION_PREFIX
+from migratory.server.publish_rules import check_publish
+
+if TYPE_CHECKING:
+    from migratory.server.session import Session
+
+MAX_STREAM_SUBJECTS = 100
+HTTP_CLOSURE = "http"  # the closure of an HTTP publish: its reply is this exchange
+_CORS_METHODS = "GET, POST, OPTIONS"
+
+
+class HttpFront:
+    __slots__ = ("_cors", "_ctx", "_http", "_listener", "_now", "_session", "requests")
+
+    def __init__(self, session: Session, ctx: ServerContext, listener: Listener) -> None:
+        self._session = session
+        self._ctx = ctx
+        self._listener = listener
+        self._http = HttpServer(max_body=ctx.config.max_frame_size)
+        self._now = 0.0
+        self._cors: tuple[tuple[str, str], ...] = ()
+        self.requests = 0  # requests answered: the connection's idle deadline restarts
+
+    # --- input ----------------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float) -> None:
+        self._now = now
+        self._http.receive_data(data)
+        self._process()
+
+    def _process(self) -> None:
+        session = self._session
+        while session.in_http and not (session.closing or session.aborted):
+            try:
+                event = self._http.next_event()
+            except HttpError as exc:
+                self._ctx.stats.protocol_errors += 1
+                session.reply_and_close(exc.encode())
+                return
+            early = self._http.data_to_send()  # 100 Continue
+            if early:
+                session.send_unbounded(early)
+            if event is None:
+                return
+            if isinstance(event, ClientClosed):
+                session.closing = True
+                return
+            if isinstance(event, UpgradeRequested):
+                protocol = "mqtt" if wants_mqtt(event.request) else "native"
+                if self._listener.speaks(protocol):
+                    session.start_websocket(event.request, event.trailing, self._now)
+                else:
+                    self._respond(error(404, f"this listener does not speak {protocol} "
+                                        "over WebSocket (ListenerRoles)"))
+                return
+            self._on_request(event.request)
+
+    def _on_request(self, request: Request) -> None:
+        self._cors = self._cors_headers(request)
+        api = self._listener.speaks("http")
+        if request.method == "OPTIONS" and api:
+            self._respond(self._preflight(request))
+        elif request.path == "/publish" and api:
+            self._publish(request)
+        elif request.path == "/events" and api and request.method == "GET":
+            self._events(request)
+        else:
+            upgrade_error = request.websocket_upgrade_error()
+            if upgrade_error is not None:
+                self._respond(error(upgrade_error.status, upgrade_error.reason,
+                                    upgrade_error.headers))
+            else:
+                self._respond(http_routes.route(self._ctx, request, self._session.peer, api=api))
+
+    # --- CORS ---------------------------------------------------------------------
+
+    def _cors_headers(self, request: Request) -> tuple[tuple[str, str], ...]:
+        origins = self._ctx.config.http_cors_origins
+        origin = request.header("origin")
+        if not origins or origin is None:
+            return ()
+        if origins == ("*",):
+            return (("Access-Control-Allow-Origin", "*"),)
+        if origin in origins:
+            return (("Access-Control-Allow-Origin", origin), ("Vary", "Origin"))
+        return ()
+
+    def _preflight(self, request: Request) -> Reply:
+        if not self._cors:
+            return Reply(204, headers=(("Allow", _CORS_METHODS),))
+        asked = request.header("access-control-request-headers")
+        headers = (
+            ("Access-Control-Allow-Methods", _CORS_METHODS),
+            ("Access-Control-Allow-Headers", asked or "Content-Type, Last-Event-ID"),
+            ("Access-Control-Max-Age", "600"),
+        )
+        return Reply(204, headers=headers)
+
+    # --- output ---------------------------------------------------------------------
+
+    def _respond(self, reply: Reply) -> None:
+        session = self._session
+        if reply.raw:
+            self.requests += 1
+            session.reply_and_close(reply.raw)
+            return
+        data = self._http.respond(
+            reply.status, reply.body, content_type=reply.content_type,
+            headers=reply.headers + self._cors,
+        )
+        self.requests += 1
+        session.send_unbounded(data)
+        if self._http.must_close:
+            session.closing = True
+        session.flush()
+
+    # --- POST /publish ----------------------------------------------------------------
+
+    def _publish(self, request: Request) -> None:
+        if request.method != "POST":
+            self._respond(error(405, "use POST with a JSON body", (("Allow", "POST"),)))
+            return
+        try:
+            parsed = parse_publish(request.body, HTTP_CLOSURE)
+        except HttpError as exc:
+            self._respond(error(exc.status, exc.reason))
+            return
+        ctx, message = self._ctx, parsed.message
+        identity = ClientIdentity(name="http", token=parsed.token, peer=self._session.peer)
+        ctx.stats.publishes_received += 1
+        status, reason = check_publish(ctx, self._listener, identity, message)
+        if status is None and ctx.readiness() is not None:
+            status, reason = ops.Status.PUBLISH_FAILED, ctx.readiness()
+        if status is not None:
+            ctx.stats.publishes_refused += 1
+            refused = ops.PublishStatus(status, HTTP_CLOSURE, message.subject, None, reason)
+            code, body = publish_reply(refused, refused=True)
+            self._respond(Reply(code, body, JSON))
+            return
+        ctx.publishing.submit(message, self, self._now)  # answered in publish_result
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        """The outcome of the pending publish (PublishReply): answer, then read on."""
+        session = self._session
+        if session.closing or session.aborted or not self._http.responding:
+            return
+        code, body = publish_reply(status)
+        self._respond(Reply(code, body, JSON))
+        self._process()  # requests that arrived meanwhile
+
+    def flush(self) -> None:
+        self._session.flush()
+
+    # --- GET /events ------------------------------------------------------------------
+
+    def _events(self, request: Request) -> None:
+        subjects = request.query_values("subject")
+        problem = _stream_problem(subjects)
+        if problem is not None:
+            self._respond(error(400, problem))
+            return
+        not_ready = self._ctx.readiness()
+        if not_ready is not None:
+            self._respond(error(503, not_ready, (("Retry-After", "1"),)))
+            return
+        name = request.query.get("client", "sse")[:200]
+        identity = ClientIdentity(name=name, token=request.query.get("token"),
+                                  peer=self._session.peer)
+        entitlement = self._ctx.entitlement
+        if not entitlement.allow_connect(identity):
+            self._respond(error(403, "entitlement refused the connection"))
+            return
+        last = request.header("last-event-id") or request.query.get("lastEventId")
+        positions: list[Position | None] = [None] * len(subjects)
+        if last is not None:
+            parsed = sse.parse_event_id(last, len(subjects))
+            # an id we cannot read: every subject resyncs (snapshot + resync), never a gap
+            positions = parsed if parsed is not None else [Position(0, 0)] * len(subjects)
+        requests: list[ops.SubscriptionRequest | str] = [
+            ops.SubscriptionRequest(subject, position)
+            if entitlement.allow_subscribe(identity, subject) else "not entitled to subscribe"
+            for subject, position in zip(subjects, positions, strict=True)
+        ]
+        self.requests += 1
+        self._session.start_stream(identity, subjects, requests, self._cors, self._now)
+
+
+def _stream_problem(subjects: list[str]) -> str | None:
+    if not subjects:
+        return "give one or more subjects: /events?subject=/a/b&subject=/c/d"
+    if len(subjects) > MAX_STREAM_SUBJECTS:
+        return f"at most {MAX_STREAM_SUBJECTS} subjects per stream"
+    if len(set(subjects)) != len(subjects):
+        return "a subject is given twice"
+    for subject in subjects:
+        try:
+            validate_subject(subject)
+        except InvalidSubjectError as exc:
+            return str(exc)
+        if subject.startswith(SESSION_PREFIX):
+            return f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)"
+    return None

@@ -1,0 +1,38 @@
+"""What every front end checks before a publish goes to the publishing path."""
+
+from __future__ import annotations
+
+from migratory.entitlement import ClientIdentity
+from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
+from migratory.model.message import Message
+from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.protocol import ops
+from migratory.server.context import ServerContext
+from migratory.server.mqtt_store import SESSION_PREFIX
+
+
+def check_publish(
+    ctx: ServerContext, listener: Listener, identity: ClientIdentity, message: Message
+) -> tuple[ops.Status | None, str | None]:
+    """``(status, reason)`` refusing ``message``, or ``(None, None)`` to go ahead.
+
+    In order: the listener's role, the subject (MQTT's reserved session subjects too),
+    the size limit, entitlement.
+    """
+    if not listener.publish:
+        return ops.Status.PUBLISH_DENIED, PUBLISH_REFUSED_REASON
+    try:
+        validate_subject(message.subject)
+    except InvalidSubjectError as exc:
+        return ops.Status.PUBLISH_FAILED, exc.reason
+    if message.subject.startswith(SESSION_PREFIX):
+        return ops.Status.PUBLISH_DENIED, f"{SESSION_PREFIX} subjects are reserved"
+    limit = ctx.config.max_message_size
+    if message.size() > limit:
+        return (
+            ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
+            f"message is {message.size()} bytes, MaxMessageSize is {limit}",
+        )
+    if not ctx.entitlement.allow_publish(identity, message.subject):
+        return ops.Status.PUBLISH_DENIED, "not entitled to publish"
+    return None, None

@@ -1,0 +1,106 @@
+"""One Server-Sent Events stream: a hub subscriber writing ``text/event-stream``.
+
+The stream is a :class:`~migratory.server.format_sink.FormatSink`: a message's
+``event``/``data`` lines are encoded once per fan-out and shared by every
+stream; each stream ends the event with its own ``id`` -- the positions of all
+its subjects (see :mod:`migratory.protocol.sse`). Bytes go through the session's
+outbox, so batching and the slow-consumer cut-off are the WebSocket ones.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import ops, sse
+from migratory.server.format_sink import FormatSink
+from migratory.server.hub import Hub
+
+SSE_FORMAT = "sse"  # this format's key in a fan-out's shared frames
+# Types that move a subject's position forward (a snapshot or history does not).
+_ADVANCING = frozenset({MessageType.UPDATE, MessageType.RECOVERED})
+_STATUS_EVENTS = {
+    ops.Status.SUBSCRIBE_ALLOW: "subscribe",
+    ops.Status.SUBSCRIBE_DENY: "deny",
+    ops.Status.DATA_SYNC: "sync",
+    ops.Status.DATA_RESYNC: "resync",
+}
+
+
+class Output(Protocol):
+    """Where the stream writes (the session): bounded, and unbounded for the last word."""
+
+    def deliver(self, frame: bytes) -> None: ...
+
+    def send_unbounded(self, data: bytes) -> None: ...
+
+
+class SseStream(FormatSink):
+    __slots__ = ("_index", "_output", "positions", "subjects")
+
+    def __init__(self, output: Output, subjects: list[str]) -> None:
+        self._output = output
+        self.subjects = subjects
+        self._index = {subject: i for i, subject in enumerate(subjects)}
+        self.positions: list[Position | None] = [None] * len(subjects)
+
+    # --- MessageSink (the hub) ---------------------------------------------------
+
+    def deliver_formatted(self, message: Message, frames: dict[object, bytes]) -> None:
+        lines = frames.get(SSE_FORMAT)
+        if lines is None:
+            lines = frames[SSE_FORMAT] = sse.message_lines(message)
+        self._advance(message)
+        self._output.deliver(lines + sse.event_id(self.positions))
+
+    def deliver_op(self, op: ops.ServerOp) -> None:
+        if isinstance(op, ops.Deliver):
+            for message in op.messages:
+                self._advance(message)
+                self._output.deliver(sse.message_lines(message) + sse.event_id(self.positions))
+        elif isinstance(op, ops.SubjectStatus):
+            name = _STATUS_EVENTS.get(op.status)
+            if name is None:
+                return
+            index = self._index.get(op.subject)
+            if index is not None and op.position is not None:
+                self.positions[index] = op.position
+            payload: dict[str, object] = {"subject": op.subject}
+            if op.position is not None:
+                payload.update(epoch=op.position.epoch, seq=op.position.seq)
+            if op.reason:
+                payload["reason"] = op.reason
+            self._output.deliver(sse.event(name, payload) + sse.event_id(self.positions))
+
+    def _advance(self, message: Message) -> None:
+        if message.type in _ADVANCING:
+            index = self._index.get(message.subject)
+            if index is not None:
+                self.positions[index] = message.position
+
+    # --- the session ---------------------------------------------------------------
+
+    def start(
+        self, hub: Hub, requests: list[ops.SubscriptionRequest | str], now: float
+    ) -> None:
+        """Subscribe every subject in order; a ``str`` is a subject refused with that
+        reason (SUBSCRIBE_DENY)."""
+        for subject, request in zip(self.subjects, requests, strict=True):
+            if isinstance(request, str):
+                denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
+                self.deliver_op(denied)
+                continue
+            if request.position is not None and request.position.epoch:
+                index = self._index[subject]
+                self.positions[index] = request.position  # kept until the hub says more
+            for op in hub.subscribe(self, request, now):
+                self.deliver_op(op)
+
+    def stop(self, hub: Hub) -> None:
+        for subject in self.subjects:
+            hub.unsubscribe(self, subject)
+
+    def close_event(self, code: int, reason: str) -> bytes:
+        """The last event of a stream the server ends."""
+        return sse.event("close", {"code": code, "reason": reason}) + sse.event_id(self.positions)

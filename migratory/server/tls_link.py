@@ -1,0 +1,61 @@
+"""TLS for one client connection, on memory buffers.
+
+The connection keeps writing pre-encoded batches with one non-blocking
+``sock.send`` (see ``connection``); with TLS each batch is encrypted first.
+:class:`TlsLink` wraps an :class:`ssl.SSLObject` between two
+:class:`ssl.MemoryBIO`: ciphertext from the socket goes in with
+:meth:`receive` (plaintext out), plaintext goes in with :meth:`encrypt`, and
+whatever the socket must carry -- handshake records or encrypted data -- comes
+out of :meth:`take_output`. No I/O here.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+
+class TlsFailed(Exception):
+    """The peer broke the TLS handshake or a record; close the connection."""
+
+
+class TlsLink:
+    __slots__ = ("_in", "_out", "_tls", "ready")
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_side=True)
+        self.ready = False  # handshake done: application data may flow
+
+    @property
+    def has_output(self) -> bool:
+        return self._out.pending > 0
+
+    def receive(self, data: bytes) -> bytes:
+        """Feed ciphertext (``b""``: the peer closed); the plaintext it carried."""
+        if data:
+            self._in.write(data)
+        else:
+            self._in.write_eof()
+        chunks: list[bytes] = []
+        try:
+            if not self.ready:
+                self._tls.do_handshake()
+                self.ready = True
+            while True:
+                chunks.append(self._tls.read(65536))
+        except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+            return b"".join(chunks)
+        except ssl.SSLError as exc:
+            raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
+
+    def encrypt(self, data: bytes) -> None:
+        """Queue ``data`` for the peer (handshake done); take it with :meth:`take_output`."""
+        try:
+            self._tls.write(data)
+        except ssl.SSLError as exc:
+            raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
+
+    def take_output(self) -> bytes:
+        """Ciphertext waiting for the socket."""
+        return self._out.read()

@@ -1,0 +1,62 @@
+"""TLS for the client listeners: the server's ``ssl.SSLContext`` from the config.
+
+Only :mod:`ssl`, no sockets: the connection adapter runs the TLS state machine on
+memory buffers (:class:`ssl.SSLObject`), see ``migratory.server.tls_link``.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from migratory.config import Config
+
+TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class TlsSetupError(ValueError):
+    """The TLS keys do not make a usable context; ``key`` names the config key at fault."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, ssl.SSLError):
+        return f"cannot read {exc.filename!r}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(getattr(exc, "reason", None) or exc)
+
+
+def server_context(config: Config) -> ssl.SSLContext:
+    """The context for ``ListenEncrypted``: certificate, key, client CA, version, ciphers."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[config.tls_minimum_version]
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    try:
+        context.set_ciphers(config.tls_ciphers)
+    except ssl.SSLError:
+        raise TlsSetupError("TlsCiphers", f"no usable cipher in {config.tls_ciphers!r}") from None
+    for key, path in (
+        ("TlsCertificate", config.tls_certificate),
+        ("TlsKey", config.tls_key),
+        ("TlsClientCa", config.tls_client_ca),
+    ):
+        if path and not os.path.isfile(path):
+            raise TlsSetupError(key, f"no such file {path!r}")
+    try:
+        context.load_cert_chain(config.tls_certificate, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsSetupError(
+            "TlsCertificate", f"cannot load the certificate and key: {_reason(exc)}"
+        ) from None
+    if config.tls_client_ca:
+        try:
+            context.load_verify_locations(cafile=config.tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsSetupError("TlsClientCa", _reason(exc)) from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -1,0 +1,153 @@
+"""The HTTP API on a real server: POST /publish, GET /snapshot with fields,
+keep-alive, CORS, listener roles, and delivery across front ends."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.request
+from typing import Any
+
+import pytest
+from httpclient import HttpClient, SseClient, header
+from rawclient import RawClient
+
+from migratory.model.message import Message
+from migratory.protocol import ops
+from migratory.protocol.http import HttpError
+
+SUBJECT = "/Stocks/NYSE/IBM"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_publish_answers_with_the_position_and_the_snapshot_has_the_fields(
+    start_server: Any,
+) -> None:
+    server = start_server()
+    client = HttpClient(server.port)
+    status, body = client.publish(subject=SUBJECT, content="193", fields={"volume": "6.62M"},
+                                  retained=True)
+    assert status == 200 and body["status"] == "PUBLISH_OK" and body["seq"] == 1
+    status, second = client.publish(subject=SUBJECT, content_base64="MTk0",
+                                    fields={"bid": "194"}, retained=True)
+    assert status == 200 and second["seq"] == 2 and second["epoch"] == body["epoch"]
+    response, data = client.request("GET", f"/snapshot?subject={SUBJECT}&format=json")
+    assert response.status_code == 200  # same connection: keep-alive
+    snapshot = json.loads(data)
+    assert snapshot["content"] == "194" and snapshot["seq"] == 2
+    assert snapshot["fields"] == {"volume": "6.62M", "bid": "194"}
+    response, data = client.request("GET", f"/snapshot?subject={SUBJECT}")
+    assert data == b"194"
+    assert json.loads(header(response, "X-Migratory-Fields") or "") == snapshot["fields"]
+    client.close()
+
+
+def test_bad_publishes_get_a_status_and_the_connection_lives_on(start_server: Any) -> None:
+    server = start_server(MaxMessageSize="100")
+    client = HttpClient(server.port)
+    response, data = client.request("POST", "/publish", b"{not json")
+    assert response.status_code == 400 and b"JSON" in data
+    status, body = client.publish(subject="no/slash", content="x")
+    assert status == 400 and body["status"] == "PUBLISH_FAILED"
+    status, body = client.publish(subject=SUBJECT, content="x" * 200)
+    assert status == 413 and body["status"] == "MESSAGE_SIZE_LIMIT_EXCEEDED"
+    response, _ = client.request("GET", "/publish")
+    assert response.status_code == 405 and header(response, "Allow") == "POST"
+    status, body = client.publish(subject=SUBJECT, content="fine")
+    assert status == 200
+    client.close()
+
+
+def test_pipelined_requests_are_answered_in_order(start_server: Any) -> None:
+    server = start_server()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    body = json.dumps({"subject": SUBJECT, "content": "x"}).encode()
+    post = (f"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            .encode() + body)
+    sock.sendall(post * 3 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    seqs = [int(seq) for seq in re.findall(rb'"seq": (\d+)', data)]
+    assert seqs == [1, 2, 3]
+    assert data.count(b"HTTP/1.1 200") == 4 and data.endswith(b"ok\n")
+
+
+def test_cors_allows_only_the_configured_origins(start_server: Any) -> None:
+    server = start_server(HttpCorsOrigins="https://app.example")
+    client = HttpClient(server.port)
+    response, _ = client.request("GET", "/healthz", headers=[("Origin", "https://app.example")])
+    assert header(response, "Access-Control-Allow-Origin") == "https://app.example"
+    response, _ = client.request("GET", "/healthz", headers=[("Origin", "https://evil.example")])
+    assert header(response, "Access-Control-Allow-Origin") is None
+    response, _ = client.request("OPTIONS", "/publish", headers=[
+        ("Origin", "https://app.example"), ("Access-Control-Request-Method", "POST"),
+        ("Access-Control-Request-Headers", "content-type")])
+    assert response.status_code == 204
+    assert "POST" in (header(response, "Access-Control-Allow-Methods") or "")
+    assert header(response, "Access-Control-Allow-Headers") == "content-type"
+    client.close()
+
+
+def test_listener_roles_refuse_publishes_and_protocols(start_server: Any) -> None:
+    public, lan, api_only = free_port(), free_port(), free_port()
+    server = start_server(
+        listeners=3,
+        Listen=f"127.0.0.1:{public}, 127.0.0.1:{lan}, 127.0.0.1:{api_only}",
+        ListenerRoles=f"127.0.0.1:{public} subscribe; 127.0.0.1:{lan} publish native; "
+                      f"127.0.0.1:{api_only} publish http",
+    )
+    assert server.urls == [f"ws://127.0.0.1:{p}" for p in (public, lan, api_only)]
+    subscriber = RawClient(public)
+    subscriber.connect()
+    subscriber.subscribe(SUBJECT)
+    subscriber.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    refused = subscriber.publish(Message(SUBJECT, b"no", closure="1"))
+    assert refused.status is ops.Status.PUBLISH_DENIED and "ListenerRoles" in (refused.reason or "")
+    status, body = HttpClient(public).publish(subject=SUBJECT, content="no")
+    assert (status, body["status"]) == (403, "PUBLISH_DENIED")
+    assert "ListenerRoles" in body["reason"]
+    publisher = RawClient(lan)
+    publisher.connect()
+    assert publisher.publish(Message(SUBJECT, b"yes", closure="2")).status is ops.Status.PUBLISH_OK
+    [message] = subscriber.recv_messages(1)
+    assert message.content == b"yes"
+    response, _ = HttpClient(lan).request("POST", "/publish", b"{}")
+    assert response.status_code == 404  # the LAN port speaks only the native protocol
+    status, body = HttpClient(api_only).publish(subject=SUBJECT, content="api")
+    assert status == 200 and body["seq"] == 2
+    with pytest.raises(HttpError) as refused_upgrade:
+        RawClient(api_only)
+    assert refused_upgrade.value.status == 404
+
+
+def test_a_message_published_anywhere_reaches_every_front_end(start_server: Any) -> None:
+    server = start_server(BatchTime="0")
+    native = RawClient(server.port)
+    native.connect()
+    native.subscribe(SUBJECT)
+    native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    stream = SseClient(server.port, [SUBJECT])
+    assert stream.next_event()["event"] == "subscribe"  # type: ignore[index]
+    publisher = RawClient(server.port)
+    publisher.connect()
+    publisher.publish(Message(SUBJECT, b"native", closure="1"))
+    HttpClient(server.port).publish(subject=SUBJECT, content="http")
+    with urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/publish", method="POST",
+        data=json.dumps({"subject": SUBJECT, "content": "urllib"}).encode()), timeout=5) as r:
+        assert json.loads(r.read())["seq"] == 3
+    got = [(m.content, m.seq) for m in native.recv_messages(3)]
+    assert got == [(b"native", 1), (b"http", 2), (b"urllib", 3)]
+    events = [stream.next_event() for _ in range(3)]
+    assert [(e["data"]["content"], e["data"]["seq"]) for e in events if e] == [
+        ("native", 1), ("http", 2), ("urllib", 3)]
+    epoch = got[0][1] and events[0]["data"]["epoch"]  # type: ignore[index]
+    assert [e["id"] for e in events if e] == [f"{epoch}:{n}" for n in (1, 2, 3)]

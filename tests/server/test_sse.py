@@ -1,0 +1,137 @@
+"""Server-Sent Events on a real server: ids are positions, exact resume with
+Last-Event-ID, resync when it cannot be exact, heartbeats, slow readers cut off."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from httpclient import HttpClient, SseClient, message_ids
+
+A, B = "/Stocks/NYSE/IBM", "/Stocks/NYSE/MSFT"
+
+
+def publish(port: int, subject: str, *contents: str, retained: bool = False) -> list[int]:
+    client = HttpClient(port)
+    seqs = []
+    for content in contents:
+        status, body = client.publish(subject=subject, content=content, retained=retained)
+        assert status == 200, body
+        seqs.append(body["seq"])
+    client.close()
+    return seqs
+
+
+def test_stream_ids_carry_every_subject_position(start_server: Any) -> None:
+    server = start_server(BatchTime="0")
+    publish(server.port, A, "a1", retained=True)
+    stream = SseClient(server.port, [A, B])
+    first = stream.events_until("subscribe")  # A's allow
+    epoch = first[-1]["data"]["epoch"]
+    assert first[-1]["id"].startswith(f"{epoch}:1,")
+    snapshot = stream.next_event()
+    assert snapshot
+    assert (snapshot["data"]["type"], snapshot["data"]["content"]) == ("snapshot", "a1")
+    stream.events_until("subscribe")  # B's allow
+    publish(server.port, B, "b1")
+    publish(server.port, A, "a2")
+    b1, a2 = stream.next_event(), stream.next_event()
+    assert b1 and a2
+    b_epoch = b1["data"]["epoch"]
+    assert b1["id"] == f"{epoch}:1,{b_epoch}:1"
+    assert a2["id"] == f"{epoch}:2,{b_epoch}:1"
+    stream.close()
+
+
+def test_resume_with_last_event_id_gets_exactly_the_missed_messages(start_server: Any) -> None:
+    server = start_server(BatchTime="0")
+    publish(server.port, A, "1", "2")
+    publish(server.port, B, "x")
+    stream = SseClient(server.port, [A, B])
+    stream.events_until("subscribe")
+    stream.events_until("subscribe")
+    publish(server.port, A, "3")
+    events = stream.events_until("message")
+    while not (events[-1]["event"] == "message" and events[-1]["data"]["content"] == "3"):
+        events.append(stream.next_event())  # type: ignore[arg-type]
+    last_id = stream.last_id
+    stream.close()
+    publish(server.port, A, "4", "5")
+    publish(server.port, B, "y")
+    resumed = SseClient(server.port, [A, B], last_event_id=last_id)
+    got = resumed.events_until("sync") + resumed.events_until("sync")
+    assert message_ids(got) == [("recovered", 4), ("recovered", 5), ("recovered", 2)]
+    assert [e["data"]["content"] for e in got if e["event"] == "message"] == ["4", "5", "y"]
+    assert not any(e["data"].get("type") == "snapshot" for e in got)
+    publish(server.port, A, "6")
+    live = resumed.next_event()
+    assert live and live["data"]["seq"] == 6 and live["data"]["type"] == "update"
+    resumed.close()
+
+
+def test_an_unknown_or_unreadable_id_gives_the_snapshot_and_resync(start_server: Any) -> None:
+    server = start_server(BatchTime="0")
+    publish(server.port, A, "s1", "s2", retained=True)
+    for last_id in ("12345:1", "garbage"):
+        stream = SseClient(server.port, [A], last_event_id=last_id)
+        got = stream.events_until("resync")
+        assert [e["event"] for e in got] == ["subscribe", "message", "resync"], got
+        assert got[1]["data"]["type"] == "snapshot" and got[1]["data"]["content"] == "s2"
+        assert got[-1]["data"]["seq"] == 2
+        stream.close()
+
+
+def test_resume_past_the_cache_resyncs(start_server: Any) -> None:
+    server = start_server(BatchTime="0", MaxCachedMessagesPerSubject="2")
+    publish(server.port, A, "1", retained=True)
+    stream = SseClient(server.port, [A])
+    stream.events_until("message")
+    last_id = stream.last_id
+    stream.close()
+    publish(server.port, A, "2", "3", "4", retained=True)
+    got = SseClient(server.port, [A], last_event_id=last_id).events_until("resync")
+    assert [e["event"] for e in got] == ["subscribe", "message", "resync"]
+    assert got[1]["data"]["content"] == "4"
+
+
+def test_idle_streams_get_heartbeat_comments(start_server: Any) -> None:
+    server = start_server(SseHeartbeatInterval="1")
+    stream = SseClient(server.port, [A])
+    stream.events_until("subscribe")
+    started = time.monotonic()
+    block = stream.next_block(timeout=3)
+    assert block == b": heartbeat\n\n" and time.monotonic() - started < 2.5
+
+
+def test_bad_stream_requests_are_refused(start_server: Any) -> None:
+    server = start_server()
+    client = HttpClient(server.port)
+    for target in ("/events", "/events?subject=bad", f"/events?subject={A}&subject={A}"):
+        response, _ = client.request("GET", target)
+        assert response.status_code == 400, target
+    client.close()
+
+
+def test_a_slow_reader_is_cut_off_and_others_keep_receiving(start_server: Any) -> None:
+    server = start_server(BatchTime="0", ClientMaxPendingBytes="65536")
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect(("127.0.0.1", server.port))
+    slow.sendall(f"GET /events?subject={A} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    fast = SseClient(server.port, [A])
+    fast.events_until("subscribe")
+    client = HttpClient(server.port)
+    for i in range(400):  # 400 x 64 kB = 25.6 MB: far more than kernel buffers + limit
+        client.publish(subject=A, content=f"{i:04d}" + "x" * 64_000)
+        event = fast.next_event()
+        assert event and event["data"]["seq"] == i + 1
+    _, data = client.request("GET", "/stats")
+    assert b'"slow_consumers": 1' in data, data
+    slow.settimeout(5)
+    received = b""
+    while chunk := slow.recv(1 << 20):  # the server closed it: the stream ends
+        received += chunk
+    assert len(received) < 400 * 64_000
+    assert b"event: close" in received and b'"code":4500' in received
+    slow.close()
