@@ -77,9 +77,10 @@ chaos: $(STAMP)
 	  echo "chaos report: $(RUN_DIR)/report/report.md (JSON: $(RUN_DIR)/report/summary.json)"; \
 	  exit $$status
 
-# The server image (deploy/Dockerfile) with podman or docker, whichever can build here.
+# The server image (deploy/Dockerfile) with podman or docker, whichever can build here;
+# the browser files are built first so that the wheel in the image carries them.
 IMAGE ?= migratory:0.1.0
-image:
+image: $(JS_BUILT)
 	@engine=$$(command -v podman || command -v docker || true); \
 	if [ -z "$$engine" ]; then \
 	  echo "make image: neither podman nor docker is installed; install one to build $(IMAGE)" >&2; \

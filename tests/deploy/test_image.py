@@ -85,6 +85,23 @@ def test_the_wheel_installs_without_test_extras(image_env: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_wheel_carries_the_browser_files(image_env: Path) -> None:
+    """make image builds them first (as make test does): the dashboard and
+    /client/migratory.js work from the installed wheel."""
+    code = (
+        "from migratory.server.web_assets import CLIENT_ASSETS, DASHBOARD_ASSETS, STATIC_DIR;"
+        "print(all((STATIC_DIR / a.file).is_file() for a in "
+        "[*CLIENT_ASSETS.values(), *DASHBOARD_ASSETS.values()]), STATIC_DIR)"
+    )
+    found = subprocess.run(
+        [str(image_env / "bin" / "python"), "-c", code],
+        check=True, capture_output=True, text=True, timeout=60, cwd=image_env,
+    )
+    assert found.stdout.startswith("True "), found.stdout
+    assert str(image_env) in found.stdout  # the installed copy, not the source tree
+
+
+@pytest.mark.slow
 def test_the_image_entrypoint_is_the_pods_command() -> None:
     sts = find(documents(), "StatefulSet")
     command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
