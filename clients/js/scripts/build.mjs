@@ -21,6 +21,7 @@ const common = {
   platform: "browser",
   minify: true,
   legalComments: "eof",
+  keepNames: true, // error classes keep their names (error.name, instanceof messages)
   logLevel: "warning",
 };
 
