@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import sys
 
 import trio
 
 from migratory.config import ConfigError, load_config, parse_set_options
+from migratory.logs import configure_logging
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -24,11 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"migratory: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(config.log_level, config.log_format)
     from cluster.node import build_node
     from migratory.server.app import run_until_signalled
 

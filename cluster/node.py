@@ -26,6 +26,7 @@ import trio
 
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
+from cluster.monitoring import guaranteed_metrics
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.readiness import Change, Readiness, ReadinessWatch
@@ -100,6 +101,7 @@ class GuaranteedNode:
             publishing=self.publishing,
             readiness=self.readiness.reason,
             cluster_status=self.status,
+            cluster_metrics=lambda: guaranteed_metrics(self),
         )
 
     def _role_reason(self, now: float) -> str | None:

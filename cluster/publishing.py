@@ -27,6 +27,7 @@ from cluster.replica import Offer, Replica
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.context import PublishReply
+from migratory.server.metrics import PublishTimings
 
 
 @dataclass(slots=True)
@@ -73,6 +74,7 @@ class ClusterPublishing:
         self._pending: dict[int, _Pending] = {}
         self._outgoing: list[PublishRequest] = []
         self.stats = PublishingStatistics()
+        self.timings = PublishTimings()  # submit -> applied here / acknowledged (/metrics)
         self.on_outgoing: Callable[[], None] | None = None  # first request queued
 
     # --- from clients ---------------------------------------------------------
@@ -141,7 +143,10 @@ class ClusterPublishing:
             if pending is None:
                 continue
             self.stats.acknowledged += 1
+            elapsed = now - pending.submitted_at  # one per publish, not per delivery
+            self.timings.fanout.observe(elapsed)
             if pending.reply is not None:
+                self.timings.ack.observe(elapsed)
                 pending.reply.publish_result(
                     ops.PublishStatus(
                         ops.Status.PUBLISH_OK, pending.closure, pending.subject, message.position

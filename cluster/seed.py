@@ -38,6 +38,7 @@ from cluster.replica import Offer
 from cluster.stream import CommittedStream
 from migratory.config import Config
 from migratory.model.position import new_epoch
+from migratory.server.metrics import LATENCY_BOUNDS, Buckets
 
 log = logging.getLogger("migratory.cluster")
 
@@ -70,6 +71,7 @@ class SeedCoordination:
         self.window = CommitWindow()
         self.commands = 0  # Raft commands of this seed's own publishes
         self.commanded_publishes = 0  # the publishes they carried
+        self.commit_latency = Buckets(LATENCY_BOUNDS)  # own commands: submit -> commit
         self.syncing = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -216,11 +218,15 @@ class SeedCoordination:
         token = self._token
         assert token is not None
         window = self.window
+        submitted = time.monotonic()
 
         def done(clsn: int | None, error: str | None, unknown: bool) -> None:
             with contextlib.suppress(trio.RunFinishedError):
                 if slot is not None:
                     token.run_sync_soon(window.release, slot)
+                    if error is None:
+                        elapsed = time.monotonic() - submitted
+                        token.run_sync_soon(self.commit_latency.observe, elapsed)
                 if error is not None:  # success is acknowledged from the committed stream
                     token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
 

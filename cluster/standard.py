@@ -18,6 +18,7 @@ import trio
 
 from cluster import link
 from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect
+from cluster.monitoring import standard_metrics
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -32,7 +33,7 @@ PEER_QUEUE = 1_000
 
 class StandardPublishing(LocalPublishing):
     def __init__(self, hub: Hub, member: StandardNode) -> None:
-        super().__init__(hub)
+        super().__init__(hub, clock=trio.current_time)
         self._member = member
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
@@ -61,6 +62,7 @@ class StandardNode:
             hub=self.hub,
             publishing=StandardPublishing(self.hub, self),
             cluster_status=self.status,
+            cluster_metrics=lambda: standard_metrics(self),
         )
 
     def status(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
+from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
 from migratory.config_values import (
     ORDINAL,
     Setting,
@@ -142,6 +143,7 @@ SETTINGS: tuple[Setting, ...] = (
             _int(1, unit=" of seconds"), "120",
             "Seconds between two Raft log compactions at least (see "
             "ClusterLogCompactionEntries)."),
+    *MONITOR_SETTINGS,
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
@@ -189,6 +191,18 @@ class Config:
     cluster_rebalance_rate: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
+    monitor_listen: tuple[str, int] | None
+    monitor_user: str
+    monitor_password: str
+    monitor_token: str
+    monitor_push_interval: int
+    log_format: str
+    audit_log_file: str
+    audit_access: bool
+    audit_message: bool
+    audit_cache: bool
+    audit_log_max_bytes: int
+    audit_log_backups: int
 
     @property
     def clustered(self) -> bool:
@@ -233,7 +247,7 @@ class Config:
                 out[setting.key] = ""  # generated from the template
             elif setting.attr in ("listen", "listen_mqtt", "listen_encrypted", "cluster_members"):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
-            elif setting.attr in ("cluster_member_listen", "cluster_member_bind"):
+            elif setting.attr in ("cluster_member_listen", "cluster_member_bind", "monitor_listen"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
             elif setting.attr in ("cluster_seed_member_count", "cluster_member_count"):
                 out[setting.key] = str(value) if value else ""
@@ -306,6 +320,7 @@ def _check(config: Config, key: _Origins) -> Config:
     """Rules that involve more than one key, checked once on the merged settings."""
     config = _check_cluster(_expand_member_template(config, key), key)
     check_listeners(config, key)
+    check_monitoring(config, key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "

@@ -19,6 +19,7 @@ from migratory.listeners import Listener, bound, client_listeners
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server import loop_gaps
+from migratory.server.audit import Audit
 from migratory.server.connection import Connection
 from migratory.server.context import (
     LocalPublishing,
@@ -30,6 +31,10 @@ from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
+from migratory.server.meta_subjects import MetaSubjectEntitlement
+from migratory.server.metrics import ClusterMetrics
+from migratory.server.monitor import Monitor
+from migratory.server.monitor_listener import serve_monitoring
 from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.rebalance import Rebalancer
 from migratory.tls import server_context
@@ -92,8 +97,9 @@ class Server:
 
     A single node is ``Server(config)``. A cluster member is built by the cluster
     package with its own ``hub``, ``publishing`` path (publishes go to the cluster),
-    ``readiness`` (why new clients must wait) and ``cluster_status`` (``GET
-    /cluster``): the server is complete when built and nothing is patched later.
+    ``readiness`` (why new clients must wait), ``cluster_status`` (``GET
+    /cluster``) and ``cluster_metrics`` (Raft and links in ``GET /metrics``): the
+    server is complete when built and nothing is patched later.
     """
 
     def __init__(
@@ -104,6 +110,7 @@ class Server:
         publishing: PublishPath | None = None,
         readiness: Callable[[], str | None] | None = None,
         cluster_status: Callable[[], dict[str, Any]] | None = None,
+        cluster_metrics: Callable[[], ClusterMetrics | None] | None = None,
     ) -> None:
         self.config = config
         hub = build_hub(config) if hub is None else hub
@@ -112,14 +119,20 @@ class Server:
             hub.fault.report = log.warning
             log.warning("%s (never use in production)", hub.fault.describe())
         self.drain = Drain(config.drain_time)  # SIGTERM: clients leave first (drain.py)
+        if publishing is None:
+            publishing = LocalPublishing(hub, clock=trio.current_time)
+        self.monitor = Monitor(self, cluster_metrics=cluster_metrics)
         self.ctx = ServerContext(
             config,
             hub,
-            entitlement_from_config(config),
+            # meta-subjects (/migratory/...): only MonitorToken holders may subscribe
+            MetaSubjectEntitlement(entitlement_from_config(config), config.monitor_token),
             ServerStatistics(),
-            self.drain.publishing(LocalPublishing(hub) if publishing is None else publishing),
+            self.drain.publishing(publishing),
             readiness=self.drain.readiness(readiness or (lambda: None)),
             cluster_status=cluster_status,
+            audit=Audit.from_config(config),
+            monitor=self.monitor,
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
@@ -142,6 +155,7 @@ class Server:
         self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
         self.listeners: list[Listener] = []  # as bound (port 0 resolved)
         self._tls: ssl.SSLContext | None = None
+        self.monitor_address: tuple[str, int] | None = None
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -173,6 +187,11 @@ class Server:
                     nursery.start_soon(self._idle_write_loop)
                 nursery.start_soon(self._tick_loop)
                 nursery.start_soon(loop_gaps.probe, self.ctx.loop_gaps)
+                nursery.start_soon(self.monitor.run)
+                if self.config.monitor_listen is not None:
+                    self.monitor_address = await nursery.start(
+                        serve_monitoring, self.ctx, self.config.monitor_listen
+                    )
                 if self.config.cluster_rebalance_rate and self.config.clustered:
                     nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
                 log.info(
@@ -276,9 +295,17 @@ class Server:
             hub.tick(now)
             ticks += 1
             if ticks % EXPIRE_EVERY_TICKS == 0:
-                hub.expire(now)
+                self._expire(now)
             if self.write_immediately:
                 self.flush_dirty()
+
+    def _expire(self, now: float) -> None:
+        expired = self.ctx.hub.expire(now)
+        if expired:
+            self.ctx.stats.cache_expired += expired
+            audit = self.ctx.audit
+            if audit is not None and audit.cache:
+                audit.event("cache", "expired", messages=expired)
 
     def shed_clients(self, code: int, reason: str) -> int:
         """Close every client session with ``code`` (they reconnect elsewhere); the count."""
@@ -328,6 +355,11 @@ async def run_until_signalled(
                 log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
                 if ready_line:  # tests and tools read these lines
                     print(f"listening {listener.url().rstrip('/')}", flush=True)
+            if server.monitor_address is not None:
+                host, port = server.monitor_address
+                log.info("monitoring on http://%s:%d/ (/metrics, /stats, /cluster)", host, port)
+                if ready_line:
+                    print(f"monitoring http://{host}:{port}", flush=True)
             async for signum in signals:
                 log.info("%s received: shutting down", signal.Signals(signum).name)
                 break
@@ -344,3 +376,5 @@ async def run_until_signalled(
         stats["frames_fanned_out"],
         stats["slow_consumers"],
     )
+    if server.ctx.audit is not None:
+        server.ctx.audit.close()

@@ -25,6 +25,7 @@ import trio
 
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
+from migratory.server.metrics import BatchSizes
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 from migratory.server.tls_link import TlsFailed, TlsLink
@@ -35,7 +36,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
+BATCH_LIMIT = BatchSizes.LIMIT
 CLOSE_LINGER_SECONDS = 5.0
+
+
+def _client_fields(session: object) -> dict[str, object]:
+    """The client as fields of a log record (a native session names itself fully)."""
+    fields = getattr(session, "log_fields", None)
+    return fields() if fields is not None else {"peer": getattr(session, "peer", None)}
 
 
 class Connection:
@@ -102,6 +110,12 @@ class Connection:
         if self._tls is not None:
             return self._write_encrypted()
         outbox = self.session.outbox
+        ctx = self.server.ctx
+        frames = len(outbox)
+        if frames <= BATCH_LIMIT:  # BatchSizes.observe inlined: once per write
+            ctx.batch_sizes.sizes[frames] += 1
+        else:
+            ctx.batch_sizes.observe(frames)
         batch = outbox.take()
         try:
             sent = self.sock.send(batch)
@@ -110,7 +124,7 @@ class Connection:
         except OSError:
             self._abort()
             return True
-        stats = self.server.ctx.stats
+        stats = ctx.stats
         stats.writes += 1
         stats.bytes_written += sent
         if sent < len(batch):
@@ -172,9 +186,12 @@ class Connection:
         except (trio.ClosedResourceError, OSError):
             pass
         except Exception:
-            log.exception("%s: internal error", session.describe())
+            log.exception("%s: internal error", session.describe(), extra=_client_fields(session))
         finally:
-            session.connection_lost()
+            if isinstance(session, Session):
+                session.finished()  # audits the disconnect
+            else:
+                session.connection_lost()
             self._abort()
 
     async def _read_until_closing(self) -> None:
@@ -208,7 +225,8 @@ class Connection:
         except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
             raise
         except Exception:
-            log.exception("%s: internal error", self.session.describe())
+            log.exception("%s: internal error", self.session.describe(),
+                          extra=_client_fields(self.session))
             self.session.close(close_codes.INTERNAL_ERROR.code, "internal error")
 
     async def _read_once(self) -> bool:
@@ -235,6 +253,7 @@ class Connection:
         elif not data:
             return False
         if data:
+            self.server.ctx.stats.bytes_read += len(data)
             now = trio.current_time()
             self.session.receive_data(data, now)
             if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:
@@ -270,7 +289,9 @@ class Connection:
             plain = tls.receive(data)
         except TlsFailed as exc:
             log.info("%s: TLS failed: %s", self.session.describe(), exc)
-            self.server.ctx.stats.protocol_errors += 1
+            stats = self.server.ctx.stats
+            stats.protocol_errors += 1
+            stats.count(stats.protocol_error_kinds, "tls")
             return None
         if tls.has_output:
             self.flush()  # handshake records for the peer

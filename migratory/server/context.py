@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from migratory.config import Config
 from migratory.entitlement import Entitlement
 from migratory.model.message import Message
 from migratory.protocol import ops
+from migratory.server.audit import Audit
 from migratory.server.hub import Hub
+from migratory.server.metrics import BatchSizes, PublishTimings
+
+if TYPE_CHECKING:
+    from migratory.server.monitor import Monitor
 
 
 class PublishReply(Protocol):
@@ -24,19 +29,35 @@ class PublishReply(Protocol):
 class PublishPath(Protocol):
     """Where validated, entitled publishes go: the local hub, or the cluster."""
 
+    timings: PublishTimings  # latencies of this member's own publishes (GET /metrics)
+
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None: ...
 
     def statistics(self) -> dict[str, Any]: ...
 
 
 class LocalPublishing:
-    """A single node numbers messages itself: acknowledged at once."""
+    """A single node numbers messages itself: acknowledged at once.
 
-    def __init__(self, hub: Hub) -> None:
+    ``clock`` (the clock of ``now``, trio's) times each publish for ``timings``;
+    without it nothing is timed."""
+
+    def __init__(self, hub: Hub, *, clock: Callable[[], float] | None = None) -> None:
         self._hub = hub
+        self._clock = clock
+        self.timings = PublishTimings()
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
         positioned = self._hub.publish(message, now)
+        if self._clock is not None:
+            try:
+                elapsed = self._clock() - now
+            except RuntimeError:  # trio's clock outside a trio run: an in-process harness
+                self._clock = None
+            else:
+                self.timings.fanout.observe(elapsed)
+                if reply is not None:
+                    self.timings.ack.observe(elapsed)
         if reply is not None:
             reply.publish_result(
                 ops.PublishStatus(
@@ -66,6 +87,15 @@ class ServerStatistics:
     mqtt_wills_published: int = 0
     bytes_written: int = 0
     writes: int = 0
+    bytes_read: int = 0
+    cache_expired: int = 0
+    # {kind: count}: http, frame, operation (GET /metrics labels them)
+    protocol_error_kinds: dict[str, int] = field(default_factory=dict)
+    entitlement_denials: dict[str, int] = field(default_factory=dict)  # {action: count}
+    resumes: dict[str, int] = field(default_factory=dict)  # {sync | resync: count}
+
+    def count(self, table: dict[str, int], key: str) -> None:
+        table[key] = table.get(key, 0) + 1
 
 
 @dataclass(slots=True)
@@ -80,6 +110,10 @@ class ServerContext:
     cluster_status: Callable[[], dict[str, Any]] | None = None
     gc_pauses: Any = None  # GcPauseStatistics once serving (migratory.server.gc_pauses)
     loop_gaps: Any = None  # LoopGaps once serving (migratory.server.loop_gaps)
+    # frames per socket write, counted once per write (GET /metrics)
+    batch_sizes: BatchSizes = field(default_factory=BatchSizes)
+    audit: Audit | None = None  # None: nothing audited
+    monitor: Monitor | None = None  # /metrics, /stats with windows, /cluster, meta-subjects
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""

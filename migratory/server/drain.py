@@ -105,6 +105,7 @@ class DrainingPublishing:
     def __init__(self, inner: PublishPath, drain: Drain) -> None:
         self._inner = inner
         self._drain = drain
+        self.timings = inner.timings
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
         drain = self._drain

@@ -61,7 +61,9 @@ class HttpFront:
             try:
                 event = self._http.next_event()
             except HttpError as exc:
-                self._ctx.stats.protocol_errors += 1
+                stats = self._ctx.stats
+                stats.protocol_errors += 1
+                stats.count(stats.protocol_error_kinds, "http")
                 session.reply_and_close(exc.encode())
                 return
             early = self._http.data_to_send()  # 100 Continue

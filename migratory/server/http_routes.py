@@ -1,6 +1,7 @@
-"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, ``/cluster``,
-``/stats``, ``/metrics``, and the JavaScript client at ``/client/migratory.js``.
-``/publish`` and ``/events`` live in ``http_front``."""
+"""Plain HTTP on the client port: ``/snapshot``, ``/healthz``, ``/readyz``, the
+JavaScript client at ``/client/migratory.js``, and ``/cluster``, ``/stats``, ``/metrics``
+unless a monitoring listener serves those (``migratory.server.monitor``). ``/publish``
+and ``/events`` live in ``http_front``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from migratory.entitlement import ClientIdentity
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol.http import Request
 from migratory.protocol.http_api import json_body, message_json
-from migratory.server import metrics
 from migratory.server.context import ServerContext
 from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
@@ -46,17 +46,11 @@ def route(ctx: ServerContext, request: Request, peer: str, *, api: bool) -> Repl
     if request.path == "/readyz":
         reason = ctx.readiness()
         return Reply(200, b"ready\n") if reason is None else error(503, reason)
-    if request.path == "/cluster":
-        if ctx.cluster_status is None:
-            return error(404, "not a cluster member")
-        body = json.dumps(ctx.cluster_status(), sort_keys=True, default=str).encode() + b"\n"
-        return Reply(200, body, JSON)
-    if request.path == "/metrics":
-        body = metrics.render(ctx.statistics(), ready=ctx.readiness() is None)
-        return Reply(200, body, metrics.CONTENT_TYPE)
-    if request.path == "/stats":
-        body = json.dumps(ctx.statistics(), sort_keys=True).encode() + b"\n"
-        return Reply(200, body, JSON)
+    monitoring = None if ctx.monitor is None else ctx.monitor.route(
+        request, monitoring_listener=False
+    )
+    if monitoring is not None:
+        return Reply(0, raw=monitoring)  # a complete response (Connection: close)
     asset = serve_asset(CLIENT_ASSETS, request.path)
     if asset is not None:
         return Reply(0, raw=asset)
@@ -82,6 +76,7 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
         return error(400, str(exc))
     identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
     if not ctx.entitlement.allow_subscribe(identity, subject):
+        ctx.stats.count(ctx.stats.entitlement_denials, "subscribe")
         return error(403, f"not entitled to subscribe to {subject!r}")
     message = ctx.hub.snapshot(subject)
     if message is None:

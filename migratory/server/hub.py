@@ -96,6 +96,7 @@ class HubStatistics:
     subscriptions: int
     messages_published: int
     frames_fanned_out: int
+    cached_messages: int
 
 
 class Hub:
@@ -196,10 +197,10 @@ class Hub:
         self._fanned_out += len(state.formatted)
 
     def _tell_listeners(self, state: SubjectState, message: Message) -> None:
-        told = 0
-        for sink, qos in tuple(state.listeners.items()):
+        listeners = state.listeners
+        told = len(listeners)
+        for sink, qos in tuple(listeners.items()):
             sink.deliver_message(message, qos)
-            told += 1
         if self._filters and not state.subject.startswith("/$"):
             for sink, qos in list(self._filters.match(state.subject)):
                 sink.deliver_message(message, qos)
@@ -481,6 +482,7 @@ class Hub:
             ),
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,
+            cached_messages=sum(len(s.cache) for s in self._subjects.values()),
         )
 
     def _state(self, subject: str) -> SubjectState:

@@ -1,61 +1,356 @@
-"""``GET /metrics``: the server's counters in the Prometheus text format (0.0.4).
+"""``GET /metrics``: the server's figures for Prometheus, exposed by ``prometheus_client``.
+
+Nothing here runs per delivery. The server keeps plain counters (``ServerStatistics``,
+the hub's figures) and cheap bucket counts (:class:`Buckets`: one ``bisect`` and two
+additions per observation, once per publish or per socket write, never per
+subscriber); a :class:`ServerCollector` turns them into metric families only when
+Prometheus scrapes. ``prometheus_client`` writes the exposition format.
 
 ``migratory_connections_open`` is what the HPA's custom metric scales on
 (deploy/k8s/prometheus-adapter-rule.yaml turns it into ``migratory_connections``).
+docs/monitoring.md describes every metric.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
-# statistics key -> (metric name, type, help)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# seconds: publish -> fan-out, publish -> acknowledgement, Raft commit
+LATENCY_BOUNDS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)  # frames in one socket write
+
+
+class Buckets:
+    """Observations counted per bucket, for a Prometheus histogram.
+
+    No lock: every observation happens on the trio thread. ``bounds`` are the upper
+    bounds (inclusive, as Prometheus' ``le``); one more bucket counts the rest.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            cumulative += count
+            buckets.append((_bound_text(bound), cumulative))
+        buckets.append(("+Inf", cumulative + self.counts[-1]))
+        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
+
+
+def _bound_text(bound: float) -> str:
+    return repr(float(bound))
+
+
+class BatchSizes:
+    """Frames per socket write, counted on the write path at the lowest cost: one list
+    slot per size (``sizes[n] += 1``, ~0.1 us), grouped into :data:`BATCH_BOUNDS`
+    buckets only when Prometheus scrapes."""
+
+    __slots__ = ("large_count", "large_sum", "sizes")
+
+    LIMIT = BATCH_BOUNDS[-1]
+
+    def __init__(self) -> None:
+        self.sizes = [0] * (self.LIMIT + 1)  # sizes[n]: writes of n frames, n <= LIMIT
+        self.large_count = 0  # writes of more than LIMIT frames
+        self.large_sum = 0
+
+    def observe(self, frames: int) -> None:
+        if frames <= self.LIMIT:
+            self.sizes[frames] += 1
+        else:
+            self.large_count += 1
+            self.large_sum += frames
+
+    @property
+    def count(self) -> int:
+        return sum(self.sizes) + self.large_count
+
+    def buckets(self) -> Buckets:
+        grouped = Buckets(BATCH_BOUNDS)
+        for frames, count in enumerate(self.sizes):
+            if count:
+                grouped.counts[bisect_left(BATCH_BOUNDS, frames)] += count
+                grouped.sum += frames * count
+        grouped.counts[-1] += self.large_count
+        grouped.sum += self.large_sum
+        return grouped
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        return self.buckets().family(name, documentation)
+
+
+@dataclass(slots=True)
+class PublishTimings:
+    """Latencies of this member's own publishes, from the moment a client's publish was
+    read: until the hub handed the message to the subscribers' outboxes (``fanout``)
+    and until its ``PUBLISH_OK`` was queued (``ack``)."""
+
+    fanout: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS))
+    ack: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS))
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLink:
+    """One link of a cluster member to another, as the cluster package sees it."""
+
+    peer: str
+    kind: str  # raft (seed to seed) | upstream (non-seed to its seed) | follower | forward
+    up: bool
+    lag: int | None = None  # committed batches (clsn) the far side of the link is behind
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetrics:
+    """What a cluster member reports about its place in the cluster (filled by the
+    cluster package, which this package never imports)."""
+
+    member: str
+    role: str  # seed | non-seed | member (Standard mode)
+    raft_state: str | None = None  # leader | follower | candidate | starting
+    raft_term: int | None = None
+    raft_commit_index: int | None = None
+    raft_last_applied: int | None = None
+    applied_clsn: int | None = None
+    links: tuple[PeerLink, ...] = ()
+    commit_latency: Buckets | None = None
+
+
+class MetricsSource(Protocol):
+    """What the collector reads at scrape time (the server's :class:`Monitor`)."""
+
+    @property
+    def timings(self) -> PublishTimings: ...
+
+    @property
+    def batch_sizes(self) -> BatchSizes: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+    def ready(self) -> bool: ...
+
+    def frontends(self) -> tuple[dict[str, int], int, int]:
+        """Connections per front end, outbox bytes pending in all, the largest outbox."""
+        ...
+
+    def cluster_metrics(self) -> ClusterMetrics | None: ...
+
+
+# statistics key -> (metric name, type, help); counters are exposed with ``_total``
 METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("connections_open", "migratory_connections_open", "gauge",
-     "Client connections open now (WebSocket and HTTP)."),
+     "Client connections open now (every front end)."),
     ("subjects", "migratory_subjects", "gauge", "Subjects with a cache or a snapshot."),
     ("subscriptions", "migratory_subscriptions", "gauge", "Live subscriptions."),
-    ("connections_accepted", "migratory_connections_accepted_total", "counter",
+    ("cached_messages", "migratory_cache_messages", "gauge",
+     "Messages held in the subject caches."),
+    ("connections_accepted", "migratory_connections_accepted", "counter",
      "Connections accepted."),
-    ("sessions_opened", "migratory_sessions_opened_total", "counter",
+    ("sessions_opened", "migratory_sessions_opened", "counter",
      "Clients that completed `connect`."),
-    ("publishes_received", "migratory_publishes_received_total", "counter",
-     "Publish operations received from clients."),
-    ("publishes_refused", "migratory_publishes_refused_total", "counter",
+    ("publishes_received", "migratory_publishes_received", "counter",
+     "Publish operations received from clients (messages in)."),
+    ("publishes_refused", "migratory_publishes_refused", "counter",
      "Publishes refused before they were submitted (invalid, too large, denied)."),
-    ("messages_published", "migratory_messages_published_total", "counter",
+    ("bytes_read", "migratory_bytes_received", "counter", "Bytes read from clients (bytes in)."),
+    ("messages_published", "migratory_messages_published", "counter",
      "Messages numbered into this member's caches."),
-    ("frames_fanned_out", "migratory_deliveries_total", "counter",
-     "Messages delivered to subscribers."),
-    ("slow_consumers", "migratory_slow_consumers_total", "counter",
-     "Clients cut off for reading too slowly."),
-    ("protocol_errors", "migratory_protocol_errors_total", "counter",
-     "Clients closed for breaking the protocol."),
-    ("mqtt_sessions_opened", "migratory_mqtt_sessions_opened_total", "counter",
+    ("frames_fanned_out", "migratory_deliveries", "counter",
+     "Messages delivered to subscribers (messages out)."),
+    ("bytes_written", "migratory_bytes_written", "counter",
+     "Bytes written to clients (bytes out)."),
+    ("writes", "migratory_socket_writes", "counter", "Socket writes to clients."),
+    ("slow_consumers", "migratory_slow_consumers", "counter",
+     "Clients cut off for reading too slowly (close 4500)."),
+    ("cache_expired", "migratory_cache_expired", "counter",
+     "Cached messages dropped for being older than CacheExpireTime."),
+    ("mqtt_sessions_opened", "migratory_mqtt_sessions_opened", "counter",
      "MQTT clients whose CONNECT was accepted."),
-    ("mqtt_sessions_resumed", "migratory_mqtt_sessions_resumed_total", "counter",
+    ("mqtt_sessions_resumed", "migratory_mqtt_sessions_resumed", "counter",
      "MQTT persistent sessions (clean session 0) taken up again."),
-    ("mqtt_protocol_errors", "migratory_mqtt_protocol_errors_total", "counter",
+    ("mqtt_protocol_errors", "migratory_mqtt_protocol_errors", "counter",
      "MQTT connections closed for a malformed packet."),
-    ("mqtt_resyncs", "migratory_mqtt_resyncs_total", "counter",
+    ("mqtt_resyncs", "migratory_mqtt_resyncs", "counter",
      "Resumed MQTT subjects the cache no longer reached (the snapshot was sent)."),
-    ("mqtt_wills_published", "migratory_mqtt_wills_published_total", "counter",
+    ("mqtt_wills_published", "migratory_mqtt_wills_published", "counter",
      "MQTT will messages published."),
-    ("bytes_written", "migratory_bytes_written_total", "counter", "Bytes written to clients."),
-    ("writes", "migratory_socket_writes_total", "counter", "Socket writes to clients."),
+)
+
+# statistics key of a {label value: count} map -> (metric name, label, help)
+LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
+    ("protocol_error_kinds", "migratory_protocol_errors", "kind",
+     "Clients closed for breaking the protocol, by kind (http, frame, operation, ...)."),
+    ("entitlement_denials", "migratory_entitlement_denials", "action",
+     "Requests the entitlement refused, by action (connect, subscribe, publish)."),
+    ("resumes", "migratory_resumes", "outcome",
+     "Subscribes that resumed from a position, by outcome (sync: every missed message "
+     "recovered; resync: snapshot and DATA_RESYNC)."),
 )
 
 
-def render(statistics: dict[str, Any], *, ready: bool) -> bytes:
-    lines = [
-        "# HELP migratory_ready 1 when the member accepts clients (as /readyz).",
-        "# TYPE migratory_ready gauge",
-        f"migratory_ready {int(ready)}",
-    ]
+class ServerCollector(Collector):
+    """Builds the metric families from a :class:`MetricsSource` on each scrape."""
+
+    def __init__(self, source: MetricsSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._source
+        stats = source.statistics()
+        yield _gauge("migratory_ready", "1 when the member accepts clients (as /readyz).",
+                     int(source.ready()))
+        yield from _plain(stats)
+        yield from _labelled(stats)
+        by_frontend, outbox_bytes, outbox_max = source.frontends()
+        connections = GaugeMetricFamily(
+            "migratory_frontend_connections", "Client connections open now, by front end.",
+            labels=["frontend"],
+        )
+        for frontend, count in sorted(by_frontend.items()):
+            connections.add_metric([frontend], count)
+        yield connections
+        yield _gauge("migratory_outbox_bytes", "Bytes queued for clients, not written yet.",
+                     outbox_bytes)
+        yield _gauge("migratory_outbox_bytes_max", "The largest single client's queued bytes.",
+                     outbox_max)
+        timings = source.timings
+        yield timings.fanout.family(
+            "migratory_publish_fanout_seconds",
+            "From reading a client's publish to handing the message to its subscribers "
+            "(this member's own publishes).",
+        )
+        yield timings.ack.family(
+            "migratory_publish_ack_seconds",
+            "From reading a client's publish to queueing its PUBLISH_OK.",
+        )
+        yield source.batch_sizes.family(
+            "migratory_write_batch_frames", "Frames written to a client in one socket write."
+        )
+        cluster = source.cluster_metrics()
+        if cluster is not None:
+            yield from cluster_families(cluster)
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _plain(stats: dict[str, Any]) -> Iterator[Metric]:
     for key, name, kind, doc in METRICS:
-        value = statistics.get(key)
-        if not isinstance(value, int):
+        value = stats.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
             continue
-        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {value}"]
-    return ("\n".join(lines) + "\n").encode()
+        if kind == "counter":
+            yield CounterMetricFamily(name, doc, value=value)
+        else:
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _labelled(stats: dict[str, Any]) -> Iterator[Metric]:
+    for key, name, label, doc in LABELLED_COUNTERS:
+        counts = stats.get(key)
+        family = CounterMetricFamily(name, doc, labels=[label])
+        if isinstance(counts, dict):
+            for value, count in sorted(counts.items()):
+                family.add_metric([str(value)], count)
+        yield family
+
+
+def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
+    role = GaugeMetricFamily(
+        "migratory_cluster_role", "1 for this member's role in the cluster.", labels=["role"]
+    )
+    role.add_metric([cluster.role], 1)
+    yield role
+    if cluster.applied_clsn is not None:
+        yield _gauge("migratory_cluster_applied_clsn",
+                     "Committed batches this member has applied to its caches.",
+                     cluster.applied_clsn)
+    if cluster.raft_state is not None:
+        state = GaugeMetricFamily(
+            "migratory_raft_state", "1 for this seed's Raft state.", labels=["state"]
+        )
+        for name in ("leader", "follower", "candidate", "starting"):
+            state.add_metric([name], int(cluster.raft_state == name))
+        yield state
+    for attr, name, doc in (
+        ("raft_term", "migratory_raft_term", "This seed's current Raft term."),
+        ("raft_commit_index", "migratory_raft_commit_index", "Raft log index known committed."),
+        ("raft_last_applied", "migratory_raft_last_applied", "Raft log index applied here."),
+    ):
+        value = getattr(cluster, attr)
+        if value is not None:
+            yield _gauge(name, doc, value)
+    if cluster.commit_latency is not None:
+        yield cluster.commit_latency.family(
+            "migratory_raft_commit_seconds",
+            "From submitting a Raft command of this seed's publishes to its commit.",
+        )
+    up = GaugeMetricFamily("migratory_cluster_link_up", "1 when the link to a peer is up.",
+                           labels=["peer", "kind"])
+    lag = GaugeMetricFamily("migratory_cluster_link_lag",
+                            "Committed batches (clsn) the far side of a link is behind.",
+                            labels=["peer", "kind"])
+    for link in cluster.links:
+        up.add_metric([link.peer, link.kind], int(link.up))
+        if link.lag is not None:
+            lag.add_metric([link.peer, link.kind], link.lag)
+    yield up
+    yield lag
+
+
+def registry_for(source: MetricsSource) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default) holding the server's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(source))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
+
+
+def frontend_counts(
+    sessions: Iterable[Any], frontend_of: Callable[[Any], str]
+) -> tuple[dict[str, int], int, int]:
+    """Per front end connection counts and outbox totals over ``sessions`` (at scrape)."""
+    counts: dict[str, int] = {}
+    total = largest = 0
+    for session in sessions:
+        kind = frontend_of(session)
+        counts[kind] = counts.get(kind, 0) + 1
+        pending = session.outbox.pending_bytes
+        total += pending
+        largest = max(largest, pending)
+    return counts, total, largest

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity
 from migratory.model.message import Message, Qos
@@ -27,8 +27,10 @@ from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
+from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.session import new_connection_id
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -37,40 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.mqtt")
 
 MAX_CLIENT_ID_BYTES = 256
+# closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
+_MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 MAX_INFLIGHT = 65535  # QoS 1 deliveries not acknowledged yet: every packet id is taken
 
 
-class _SharedFrames:
-    """The QoS 0 frame of the message being fanned out, encoded once for every session."""
-
-    __slots__ = ("message", "plain", "topic_field", "wrapped")
-
-    def __init__(self) -> None:
-        self.message: Message | None = None
-        self.topic_field = b""
-        self.plain = b""
-        self.wrapped = b""
-
-    def topic(self, message: Message) -> bytes:
-        if self.message is not message:
-            self.message = message
-            self.topic_field = mqtt_encode.publish_parts(message.subject[1:], b"")[0]
-            self.plain = mqtt_encode.encode_publish_from_parts(
-                self.topic_field, message.content, qos=0, retain=False, packet_id=None
-            )
-            self.wrapped = b""
-        return self.topic_field
-
-    def qos0(self, message: Message, websocket: bool) -> bytes:
-        self.topic(message)
-        if not websocket:
-            return self.plain
-        if not self.wrapped:
-            self.wrapped = ws.encode_binary(self.plain)
-        return self.wrapped
-
-
-SHARED = _SharedFrames()
 
 
 class MqttSession:
@@ -105,6 +78,7 @@ class MqttSession:
         self.persistent = False
         self._will: mqtt.Will | None = None
         self.subscriptions = Subscriptions(self, ctx.hub)
+        self._reached = self.subscriptions.reached
         self._inflight: dict[int, tuple[str, Position]] = {}  # QoS 1 deliveries
         self._next_packet_id = 0
         self._record: SessionRecord | None = None  # persistent sessions only
@@ -116,6 +90,7 @@ class MqttSession:
         self.closing = False
         self.aborted = False
         self.close_code: int | None = None
+        self.connection_id = new_connection_id()
 
     # --- what the connection and the server ask -------------------------------
 
@@ -128,8 +103,19 @@ class MqttSession:
         """A client session the server may close (drain, rebalance, shutdown)."""
         return True
 
+    @property
+    def frontend(self) -> str:
+        """The front end this connection speaks, as GET /metrics labels it."""
+        return "mqtt"
+
     def describe(self) -> str:
-        return f"mqtt client {self.client_id or '-'}@{self.peer}"
+        """How log lines name this client: client id, address and connection id."""
+        return f"mqtt client {self.client_id or '-'}@{self.peer} #{self.connection_id}"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The client as fields of a log record (JSON log lines show them)."""
+        return {"client": self.client_id or None, "peer": self.peer,
+                "connection_id": self.connection_id}
 
     def flush(self) -> None:
         self._link.flush_now()
@@ -174,9 +160,12 @@ class MqttSession:
         return True
 
     def _protocol_error(self, reason: str) -> None:
-        self._ctx.stats.protocol_errors += 1
-        self._ctx.stats.mqtt_protocol_errors += 1
-        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason)
+        stats = self._ctx.stats
+        stats.protocol_errors += 1
+        stats.mqtt_protocol_errors += 1
+        stats.count(stats.protocol_error_kinds, "mqtt")  # GET /metrics: kind="mqtt"
+        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason,
+                 extra=self.log_fields())
         self.close(close_codes.PROTOCOL_ERROR.code, reason)
 
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
@@ -201,7 +190,8 @@ class MqttSession:
     # --- CONNECT --------------------------------------------------------------
 
     def _refuse(self, code: int, why: str) -> None:
-        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why)
+        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why,
+                 extra=self.log_fields())
         self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
         self.close(close_codes.CONNECT_DENIED.code, why)
 
@@ -263,7 +253,8 @@ class MqttSession:
         """A client id connects once per server: the older connection is closed."""
         older = self._registry.get(client_id)
         if older is not None and older is not self:
-            log.info("%s: taken over by a new connection", older.describe())
+            log.info("%s: taken over by a new connection", older.describe(),
+                     extra=older.log_fields())
             older.close(close_codes.NORMAL.code, "taken over")
             older.flush()
         self._registry[client_id] = self
@@ -297,7 +288,8 @@ class MqttSession:
 
     def _refused_publish(self, reason: str) -> None:
         self._ctx.stats.publishes_refused += 1
-        log.info("%s: publish refused, closing: %s", self.describe(), reason)
+        log.info("%s: publish refused, closing: %s", self.describe(), reason,
+                 extra=self.log_fields())
         self.close(close_codes.BAD_OPERATION.code, reason)
 
     def publish_result(self, status: ops.PublishStatus) -> None:
@@ -340,21 +332,38 @@ class MqttSession:
         """A resume could not tell what was missed on ``subject``: the snapshot follows."""
         self._ctx.stats.mqtt_resyncs += 1
         log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
-                    self.describe(), subject)
+                    self.describe(), subject, extra=self.log_fields())
 
     def deliver_message(self, message: Message, qos: int) -> None:
-        """A live or recovered message of a subscribed subject (the hub calls this)."""
+        """A live or recovered message of a subscribed subject (the hub calls this for
+        every subscriber: the fan-out path, kept to plain dict and attribute reads)."""
         if self.closing or self.aborted:
             return
-        if not self.subscriptions.take(message):
+        reached = self._reached
+        last = reached.get(message.subject)
+        if last is not None and last.epoch == message.epoch and message.seq <= last.seq:
             return  # already delivered (two filters match, or a recovery overlap)
+        reached[message.subject] = message
         if qos and message.qos is Qos.GUARANTEED:
             self._deliver_qos1(message, retain=False)
+            return
+        shared = SHARED
+        if shared.message is message and not self.websocket:
+            frame = shared.plain
         else:
-            self._deliver(SHARED.qos0(message, self.websocket))
-            if self._record is not None:
-                self._record.positions[message.subject] = message.position
-                self._changed()
+            frame = shared.qos0(message, self.websocket)
+        try:
+            full = self.outbox.enqueue(frame)
+        except SlowConsumer as exc:
+            self._slow_consumer(str(exc))
+            return
+        if full:
+            self._link.flush_now()
+        else:
+            self._link.mark_dirty()
+        if self._record is not None:
+            self._record.positions[message.subject] = message.position
+            self._changed()
 
     def deliver_retained(self, message: Message, qos: int) -> None:
         """A snapshot sent because of a new subscription: RETAIN set."""
@@ -415,7 +424,8 @@ class MqttSession:
         self._saving = False
         if status.status is not ops.Status.PUBLISH_OK:
             if not self.closing:
-                log.info("%s: session not saved (%s): closing", self.describe(), status.reason)
+                log.info("%s: session not saved (%s): closing", self.describe(), status.reason,
+                         extra=self.log_fields())
                 self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
             return
         subacks, self._waiting_subacks = self._waiting_subacks, []
@@ -452,15 +462,15 @@ class MqttSession:
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), why)
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), why, extra=self.log_fields())
         self.outbox.discard(keep_first=self._link.writing)
         self.close(close_codes.SLOW_CONSUMER.code, "slow consumer")
         self._link.flush_now()
 
     def keep_alive_expired(self) -> None:
         log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
-                 self.keep_alive)
-        self.close(close_codes.GOING_AWAY.code, "keep-alive expired")
+                 self.keep_alive, extra=self.log_fields())
+        self.close(close_codes.CONNECT_TIMEOUT.code, "keep-alive expired")
 
     def close(self, code: int, reason: str) -> None:
         """Close the network connection once what is queued is written (MQTT 3.1.1 has
@@ -468,6 +478,8 @@ class MqttSession:
         if self.closing or self.aborted:
             return
         self.close_code = code
+        if code in _MOVED:
+            self._will = None  # the client is fine: it is sent to another member
         self.connection_lost()
         if self.websocket:
             self._send_raw(ws.encode_close(code, reason[:120]))
@@ -491,7 +503,8 @@ class MqttSession:
         assert self.identity is not None
         subject = topic_to_subject(will.topic)  # checked at CONNECT
         if not self._ctx.entitlement.allow_publish(self.identity, subject):
-            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic)
+            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic,
+                     extra=self.log_fields())
             return
         message = Message(subject, will.payload, retained=will.retain,
                           qos=Qos.GUARANTEED if will.qos else Qos.STANDARD)

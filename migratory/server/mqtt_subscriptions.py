@@ -77,11 +77,13 @@ class Subscriptions:
         try:
             levels = filter_levels(name)
         except InvalidTopicError as exc:
-            log.info("%s: SUBSCRIBE refused: %s", self._owner.describe(), exc)
+            log.info("%s: SUBSCRIBE refused: %s", self._owner.describe(), exc,
+                     extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         subject = None if is_wildcard(name) else "/" + name
         if not self._owner.entitlement_allows_subscribe("/" + name):
-            log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name)
+            log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name,
+                     extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         self._drop(name)
         entry = _Filter(granted, levels, subject)

@@ -13,8 +13,9 @@ or a Server-Sent Events stream (``sse_stream``) → closing. The connection's
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import OPEN_LISTENER, Listener
@@ -33,6 +34,13 @@ from migratory.server.sse_stream import SseStream
 log = logging.getLogger("migratory.session")
 
 RECONNECT_MS = 1000  # how long a browser waits before reconnecting a stream
+
+_connection_ids = itertools.count(1)  # names a connection in logs and audit events
+
+
+def new_connection_id() -> int:
+    """A number naming one client connection (any front end) in logs and audit events."""
+    return next(_connection_ids)
 
 
 class Link(Protocol):
@@ -54,7 +62,9 @@ class Session:
         "_stream",
         "aborted",
         "close_code",
+        "close_reason",
         "closing",
+        "connection_id",
         "identity",
         "listener",
         "mqtt_upgrade",
@@ -85,6 +95,8 @@ class Session:
         self.closing = False  # write what is queued, then close
         self.aborted = False  # close now, drop what is queued
         self.close_code: int | None = None
+        self.close_reason = ""
+        self.connection_id = new_connection_id()
 
     @property
     def connected(self) -> bool:
@@ -122,6 +134,13 @@ class Session:
         if self._stream is not None:
             self._send(sse.comment())
 
+    @property
+    def frontend(self) -> str:
+        """The front end this connection speaks, as GET /metrics labels it."""
+        if self._decoder is not None:
+            return "websocket"
+        return "sse" if self._stream is not None else "http"
+
     # --- fan-out (hot path) ---------------------------------------------------
 
     def deliver(self, frame: bytes) -> None:
@@ -142,7 +161,9 @@ class Session:
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc)
+        self.close_reason = "slow consumer"
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc,
+                    extra=self.log_fields())
         self.connection_lost()
         self.outbox.discard(keep_first=self._link.writing)
         self.close_code = close_codes.SLOW_CONSUMER.code
@@ -172,11 +193,16 @@ class Session:
                     break
                 self._on_event(event, now)
         except ws.RemoteProtocolError as exc:
-            self._ctx.stats.protocol_errors += 1
+            self._protocol_error("frame")
             self.close(exc.code, exc.reason)
         except ops.OperationError as exc:
-            self._ctx.stats.protocol_errors += 1
+            self._protocol_error("operation")
             self.close(exc.close.code, exc.reason)
+
+    def _protocol_error(self, kind: str) -> None:
+        stats = self._ctx.stats
+        stats.protocol_errors += 1
+        stats.count(stats.protocol_error_kinds, kind)
 
     # --- leaving HTTP (called by http_front) -------------------------------------------
 
@@ -269,12 +295,18 @@ class Session:
             self.close(close_codes.TRY_AGAIN_LATER.code, not_ready)
             return
         identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
+        audit = self._ctx.audit
         if not self._ctx.entitlement.allow_connect(identity):
+            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
+            if audit is not None and audit.access:
+                audit.event("access", "connect", self._client(identity), outcome="denied")
             self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
             return
         self.identity = identity
         self._ctx.stats.sessions_opened += 1
-        log.debug("%s: connected", self.describe())
+        if audit is not None and audit.access:
+            audit.event("access", "connect", self.audit_client(), outcome="allowed")
+        log.debug("%s: connected", self.describe(), extra=self.log_fields())
         self._send_op(ops.Connected(server=self._ctx.config.server_name))
 
     def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
@@ -289,13 +321,39 @@ class Session:
             self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
             return
         if not self._ctx.entitlement.allow_subscribe(self.identity, subject):
+            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
             self._deny(subject, "not entitled to subscribe")
             return
         self.subjects.add(subject)
+        audit = self._ctx.audit
+        if audit is not None and audit.access:
+            audit.event("access", "subscribe", self.audit_client(), subject=subject,
+                        outcome="allowed", position=request.position)
         for op in self._ctx.hub.subscribe(self, request, now):
+            if isinstance(op, ops.SubjectStatus) and request.position is not None:
+                self._resumed(op, request.position)
             self._send_op(op)
 
+    def _resumed(self, op: ops.SubjectStatus, position: object) -> None:
+        """Count (and audit) a resume's outcome: DATA_SYNC or DATA_RESYNC."""
+        if op.status is ops.Status.DATA_SYNC:
+            outcome = "sync"
+        elif op.status is ops.Status.DATA_RESYNC:
+            outcome = "resync"
+        else:
+            return
+        stats = self._ctx.stats
+        stats.count(stats.resumes, outcome)
+        audit = self._ctx.audit
+        if audit is not None and audit.cache:
+            audit.event("cache", "resume", self.audit_client(), subject=op.subject,
+                        outcome=outcome, from_position=position, position=op.position)
+
     def _deny(self, subject: str, reason: str) -> None:
+        audit = self._ctx.audit
+        if audit is not None and audit.access:
+            audit.event("access", "subscribe", self.audit_client(), subject=subject,
+                        outcome="denied", reason=reason)
         self._send_op(ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, reason=reason))
 
     def _on_publish(self, message: Message, now: float) -> None:
@@ -303,8 +361,16 @@ class Session:
         ctx = self._ctx
         ctx.stats.publishes_received += 1
         status, reason = check_publish(ctx, self.listener, self.identity, message)
+        audit = ctx.audit
+        if audit is not None and audit.message:
+            audit.event("message", "publish", self.audit_client(), subject=message.subject,
+                        size=message.size(), retained=message.retained,
+                        closure=message.closure,
+                        outcome="submitted" if status is None else status.name, reason=reason)
         if status is not None:
             ctx.stats.publishes_refused += 1
+            if status is ops.Status.PUBLISH_DENIED:
+                ctx.stats.count(ctx.stats.entitlement_denials, "publish")
             self._send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
             return
         ctx.publishing.submit(message, self if message.closure is not None else None, now)
@@ -334,8 +400,10 @@ class Session:
         if self.closing or self.aborted:
             return
         self.close_code = code
+        self.close_reason = self.close_reason or reason
         if code not in (close_codes.NORMAL.code, close_codes.GOING_AWAY.code):
-            log.info("%s: closing with %d %s", self.describe(), code, reason)
+            log.info("%s: closing with %d %s", self.describe(), code, reason,
+                     extra=self.log_fields())
         self.connection_lost()
         self._send_last_word(code, reason)
         self.closing = True
@@ -360,6 +428,31 @@ class Session:
         if self._stream is not None:
             self._stream.stop(hub)
 
+    def finished(self) -> None:
+        """The connection is over: audit the disconnect of a connected client."""
+        self.connection_lost()
+        audit = self._ctx.audit
+        if audit is not None and audit.access and self.identity is not None:
+            reason = self.close_reason or ("" if self.close_code else "connection lost")
+            audit.event("access", "disconnect", self.audit_client(), code=self.close_code,
+                        reason=reason)
+
     def describe(self) -> str:
+        """How log lines name this client: name, address and connection id."""
         name = self.identity.name if self.identity is not None else ""
-        return f"client {name or '-'}@{self.peer}"
+        return f"client {name or '-'}@{self.peer} #{self.connection_id}"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The client as fields of a log record (JSON log lines show them)."""
+        name = self.identity.name if self.identity is not None else None
+        return {"client": name, "peer": self.peer, "connection_id": self.connection_id}
+
+    def audit_client(self) -> dict[str, Any]:
+        return self._client(self.identity)
+
+    def _client(self, identity: ClientIdentity | None) -> dict[str, Any]:
+        return {
+            "name": None if identity is None else identity.name,
+            "peer": self.peer,
+            "connection_id": self.connection_id,
+        }

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-from k8s_manifests import Document, find, pod_view
+from k8s_manifests import MONITOR_PORT, Document, find, pod_view
 from pod_sandbox import PodProcess
 
 SUBNET = "10.244.0"
@@ -171,7 +171,7 @@ class LocalStatefulSet:
                 await trio.sleep(0.1)
             self.events.note(f"ready: {[self.pods[o].name for o in ordinals]}")
             return
-        states = [f"{p.name} ready={p.ready} {await http_body(p.ip, 8800, '/cluster')}"
+        states = [f"{p.name} ready={p.ready} {await http_body(p.ip, MONITOR_PORT, '/cluster')}"
                   for p in self.pods.values()]
         spy = Path(sys.executable).parent / "py-spy"
         for pod in self.pods.values():  # the threads of each member, when py-spy is there

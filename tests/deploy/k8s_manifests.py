@@ -21,7 +21,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"
-EXAMPLES = ("ingress-example.yaml", "prometheus-adapter-rule.yaml")  # not installed
+EXAMPLES = (  # not installed by kustomization.yaml
+    "ingress-example.yaml", "prometheus-adapter-rule.yaml", "servicemonitor.yaml"
+)
+MONITOR_PORT = 8900  # MonitorListen in deploy/k8s/migratory.conf: /metrics, /stats, /cluster
 
 Document = dict[str, Any]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import trio
 from k8s_local import LocalStatefulSet, http_body, raft_sockets
-from k8s_manifests import documents, find
+from k8s_manifests import MONITOR_PORT, documents, find
 
 PATIENCE = 40.0
 """Seconds to wait for the seeds to link up after a recreation before giving up."""
@@ -35,7 +35,7 @@ async def linked_seeds(sts: LocalStatefulSet, seeds: list[int]) -> dict[str, lis
         if pod is None:
             continue
         try:
-            status = json.loads(await http_body(pod.ip, 8800, "/cluster"))
+            status = json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster"))
         except ValueError:
             status = {}
         links[pod.name] = list(status.get("raft_linked_seeds") or [])

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8s_manifests import ROOT, documents, find, pod_view
+from k8s_manifests import MONITOR_PORT, ROOT, documents, find, pod_view
 from pod_sandbox import PodProcess
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -122,7 +122,7 @@ def test_a_pod_runs_from_the_installed_wheel(image_env: Path, tmp_path: Path) ->
     try:
         pod.wait_http("/healthz", 200, timeout=60)
         pod.wait_http("/readyz", 503, timeout=10)  # a lone seed: no Raft majority
-        status, body = pod.http_get("/metrics")
+        status, body = pod.http_get("/metrics", MONITOR_PORT)
         assert status == 200 and "migratory_connections_open" in body
         assert pod.proc.poll() is None
     finally:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from k8s_manifests import documents, find, pod_view
+from k8s_manifests import MONITOR_PORT, documents, find, pod_view
 from pod_sandbox import PodProcess
 
 from migratory.config import load_config
@@ -72,7 +72,7 @@ def test_a_pod_started_as_the_manifest_says_serves_and_waits_for_its_peers(
         pod.wait_http("/healthz", 200, timeout=30)
         reason = pod.wait_http("/readyz", 503, timeout=10)
         assert reason.strip()
-        status = pod.http_json("/cluster")
+        status = pod.http_json("/cluster", MONITOR_PORT)
         assert status["role"] == "seed", status
         assert pod.proc.poll() is None, pod.log()
         assert "configuration error" not in pod.log()

@@ -22,6 +22,7 @@ from migratory.protocol.http import (
 from migratory.server.app import build_hub
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.drain import DRAINING, REFUSED, Drain
+from migratory.server.metrics import PublishTimings
 from migratory.server.session import Session
 
 
@@ -59,6 +60,7 @@ class HeldPublishing:
     def __init__(self) -> None:
         self.held: list[tuple[Message, Any]] = []
         self.submitted: list[str | None] = []
+        self.timings = PublishTimings()
 
     def submit(self, message: Message, reply: Any, now: float) -> None:
         self.held.append((message, reply))

@@ -1,41 +1,217 @@
-"""``GET /metrics`` is valid Prometheus text and counts what the server did."""
+"""``GET /metrics``: Prometheus text from prometheus_client, parsed with its own parser,
+moving as a scripted workload says it must."""
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rawclient import RawClient
 
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.protocol import ops
 from migratory.server import metrics
 
+SUBJECT = "/metrics/test/a"
 
-def scrape(url: str) -> dict[str, float]:
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``{(sample name, sorted labels): value}`` of one scrape."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as reply:
         assert reply.headers["Content-Type"] == metrics.CONTENT_TYPE
         text = reply.read().decode()
     return {
-        sample.name: sample.value
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_metrics_are_prometheus_text_with_the_connection_gauge(start_server: Any) -> None:
     server = start_server()
     http = server.url.replace("ws://", "http://")
     first = scrape(http)
-    assert first["migratory_ready"] == 1
-    assert first["migratory_connections_open"] == 1  # the scrape itself
+    assert value(first, "migratory_ready") == 1
+    assert value(first, "migratory_connections_open") == 1  # the scrape itself
     second = scrape(http)
-    assert second["migratory_connections_accepted_total"] == first[
-        "migratory_connections_accepted_total"
-    ] + 1
+    assert value(second, "migratory_connections_accepted_total") == value(
+        first, "migratory_connections_accepted_total"
+    ) + 1
 
 
-def test_render_skips_what_is_not_a_number() -> None:
-    text = metrics.render({"connections_open": 3, "subjects": "x"}, ready=False).decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert families["migratory_ready"].samples[0].value == 0
-    assert families["migratory_connections_open"].samples[0].value == 3
-    assert "migratory_subjects" not in families
+def test_a_scripted_workload_moves_the_metrics_it_should(start_server: Any) -> None:
+    server = start_server()
+    http = server.url.replace("ws://", "http://")
+    subscribers = [RawClient(server.port) for _ in range(3)]
+    for number, client in enumerate(subscribers):
+        client.connect(f"sub-{number}")
+        client.subscribe(SUBJECT)
+        client.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    publisher = RawClient(server.port)
+    publisher.connect("pub")
+    before = scrape(http)
+    for number in range(10):
+        status = publisher.publish(Message(SUBJECT, b"x" * 50, closure=str(number)))
+        assert status.status is ops.Status.PUBLISH_OK
+    last = status.position
+    for client in subscribers:
+        assert len(client.recv_messages(10)) == 10
+    # a denied subscribe (a meta-subject without the monitoring token), a resume that
+    # recovers from the cache, a publish under /migratory/ and a broken HTTP request
+    publisher.subscribe("/migratory/stats/x")
+    deny = publisher.recv_op()
+    assert isinstance(deny, ops.SubjectStatus) and deny.status is ops.Status.SUBSCRIBE_DENY
+    assert last is not None
+    resumer = RawClient(server.port)
+    resumer.connect("resumer")
+    resumer.subscribe(SUBJECT, position=Position(last.epoch, last.seq - 2))
+    resumer.recv_ops_until_status(ops.Status.DATA_SYNC)
+    refused = publisher.publish(Message("/migratory/stats/x", b"fake", closure="f"))
+    assert refused.status is ops.Status.PUBLISH_DENIED
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as bad:
+        bad.sendall(b"NOT HTTP\r\n\r\n")
+        while bad.recv(4096):
+            pass
+    after = scrape(http)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("migratory_publishes_received_total") == 11
+    assert moved("migratory_publishes_refused_total") == 1
+    assert moved("migratory_messages_published_total") == 10
+    assert moved("migratory_deliveries_total") == 30
+    assert moved("migratory_publish_ack_seconds_count") == 10
+    assert moved("migratory_publish_fanout_seconds_count") == 10
+    assert moved("migratory_entitlement_denials_total", action="subscribe") == 1
+    assert moved("migratory_entitlement_denials_total", action="publish") == 1
+    assert moved("migratory_resumes_total", outcome="sync") == 1
+    assert moved("migratory_protocol_errors_total", kind="http") == 1
+    assert moved("migratory_bytes_written_total") >= 30 * 50
+    assert moved("migratory_bytes_received_total") >= 10 * 50
+    assert value(after, "migratory_subscriptions") == 4
+    assert value(after, "migratory_subjects") == 1
+    assert value(after, "migratory_cache_messages") == 10
+    assert value(after, "migratory_frontend_connections", frontend="websocket") == 5
+    # every socket write is one observation of the batch-size histogram
+    writes = value(after, "migratory_socket_writes_total")
+    assert writes > 0
+    assert value(after, "migratory_write_batch_frames_count") == writes
+    assert value(after, "migratory_write_batch_frames_bucket", le="+Inf") == writes
+
+
+class FakeSource:
+    def __init__(self, cluster: metrics.ClusterMetrics | None) -> None:
+        self.timings = metrics.PublishTimings()
+        self.batch_sizes = metrics.BatchSizes()
+        self._cluster = cluster
+
+    def statistics(self) -> dict[str, Any]:
+        return {"connections_open": 3, "subjects": "not a number", "slow_consumers": 2,
+                "protocol_error_kinds": {"frame": 4}}
+
+    def ready(self) -> bool:
+        return False
+
+    def frontends(self) -> tuple[dict[str, int], int, int]:
+        return {"websocket": 2, "http": 1}, 300, 200
+
+    def cluster_metrics(self) -> metrics.ClusterMetrics | None:
+        return self._cluster
+
+
+def families(source: FakeSource) -> dict[str, Any]:
+    text = metrics.render(metrics.registry_for(source)).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_the_collector_reads_the_source_at_scrape_time() -> None:
+    source = FakeSource(None)
+    for seconds in (0.0004, 0.003, 0.003, 7.0, 60.0):
+        source.timings.ack.observe(seconds)
+    found = families(source)
+    assert found["migratory_ready"].samples[0].value == 0
+    assert found["migratory_connections_open"].samples[0].value == 3
+    assert "migratory_subjects" not in found  # not a number: left out
+    assert found["migratory_slow_consumers"].samples[0].value == 2
+    (errors,) = found["migratory_protocol_errors"].samples
+    assert errors.labels == {"kind": "frame"} and errors.value == 4
+    ack = {(s.name, s.labels.get("le")): s.value
+           for s in found["migratory_publish_ack_seconds"].samples}
+    assert ack[("migratory_publish_ack_seconds_bucket", "0.0005")] == 1
+    assert ack[("migratory_publish_ack_seconds_bucket", "0.005")] == 3
+    assert ack[("migratory_publish_ack_seconds_bucket", "10.0")] == 4
+    assert ack[("migratory_publish_ack_seconds_bucket", "+Inf")] == 5
+    assert ack[("migratory_publish_ack_seconds_count", None)] == 5
+    assert ack[("migratory_publish_ack_seconds_sum", None)] == pytest.approx(67.0064)
+    assert found["migratory_outbox_bytes"].samples[0].value == 300
+    assert "migratory_raft_term" not in found  # not a cluster member
+
+
+def test_cluster_metrics_come_from_the_member() -> None:
+    latency = metrics.Buckets(metrics.LATENCY_BOUNDS)
+    latency.observe(0.002)
+    source = FakeSource(metrics.ClusterMetrics(
+        member="m1:9800", role="seed", raft_state="leader", raft_term=7,
+        raft_commit_index=120, raft_last_applied=119, applied_clsn=118,
+        links=(metrics.PeerLink("m2:9801", "raft", True),
+               metrics.PeerLink("m3:9801", "raft", False),
+               metrics.PeerLink("m4:9800", "follower", True, lag=5)),
+        commit_latency=latency,
+    ))
+    found = families(source)
+    states = {s.labels["state"]: s.value for s in found["migratory_raft_state"].samples}
+    assert states == {"leader": 1, "follower": 0, "candidate": 0, "starting": 0}
+    assert found["migratory_raft_term"].samples[0].value == 7
+    assert found["migratory_raft_commit_index"].samples[0].value == 120
+    assert found["migratory_cluster_applied_clsn"].samples[0].value == 118
+    up = {(s.labels["peer"], s.labels["kind"]): s.value
+          for s in found["migratory_cluster_link_up"].samples}
+    assert up == {("m2:9801", "raft"): 1, ("m3:9801", "raft"): 0, ("m4:9800", "follower"): 1}
+    (lag,) = found["migratory_cluster_link_lag"].samples
+    assert lag.labels == {"peer": "m4:9800", "kind": "follower"} and lag.value == 5
+    commit = {s.name: s.value for s in found["migratory_raft_commit_seconds"].samples
+              if s.name.endswith("_count")}
+    assert commit == {"migratory_raft_commit_seconds_count": 1}
+
+
+def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
+    sizes = metrics.BatchSizes()
+    for frames in (1, 1, 3, 2000):
+        sizes.observe(frames)
+    grouped = sizes.buckets()
+    assert sizes.count == grouped.count == 4
+    assert grouped.sum == 2005
+    cumulative = {
+        s.labels["le"]: s.value
+        for s in sizes.family("b", "doc").samples
+        if s.name == "b_bucket"
+    }
+    assert cumulative["1.0"] == 2 and cumulative["2.0"] == 2 and cumulative["4.0"] == 3
+    assert cumulative["1024.0"] == 3 and cumulative["+Inf"] == 4
+
+
+def test_mqtt_connections_and_protocol_errors_are_labelled_mqtt(start_server: Any) -> None:
+    from paho_client import PahoClient
+
+    server = start_server(ListenMqtt="127.0.0.1:0")
+    http = server.url.replace("ws://", "http://")
+    client = PahoClient(server.mqtt_port, "metered")
+    try:
+        with socket.create_connection(("127.0.0.1", server.mqtt_port), timeout=5) as bad:
+            bad.sendall(b"\xf0\x00")  # packet type 15 is reserved: malformed
+            while bad.recv(4096):
+                pass
+        after = scrape(http)
+        assert value(after, "migratory_frontend_connections", frontend="mqtt") == 1
+        assert value(after, "migratory_protocol_errors_total", kind="mqtt") == 1
+    finally:
+        client.stop()

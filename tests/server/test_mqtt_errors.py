@@ -3,6 +3,7 @@ bystander subscriber keeps receiving."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import urllib.request
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 from mqttclient import MqttRawClient
 from paho_client import PahoClient
 
-from migratory.protocol import mqtt, mqtt_encode
+from migratory.protocol import close_codes, mqtt, mqtt_encode
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import handshake_request, new_websocket_key
 
 CONNECT = mqtt_encode.encode_packet(mqtt.Connect("bad"))
 
@@ -88,3 +91,35 @@ def test_fuzz_garbage_never_hurts_the_bystander(served, garbage: bytes,  # type:
         except (ConnectionResetError, TimeoutError):
             pass
     still_served(served, garbage[:50] or b"-")
+
+
+@pytest.mark.parametrize(
+    ("frames", "logged"),
+    [
+        (ws.encode_frame(ws.TEXT, b"hello", mask=b"mask"), "MQTT travels in binary frames"),
+        (ws.encode_masked_binary(b"\xc1\x00", b"mask"), "PINGREQ before CONNECT"),
+        (bytes([0x82, 0x02]) + b"\x10\x00", "WebSocket: client frame is not masked"),
+    ],
+)
+def test_malformed_mqtt_over_websocket_closes_only_its_connection(  # type: ignore[no-untyped-def]
+    served, frames: bytes, logged: str
+) -> None:
+    server = served[0]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        key = new_websocket_key()
+        sock.sendall(handshake_request("127.0.0.1", "/mqtt", key, subprotocol="mqtt"))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+        assert b"Sec-WebSocket-Protocol: mqtt" in head
+        sock.sendall(frames)
+        decoder = ws.FrameDecoder(client_frames=False)
+        closed = None
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while (data := sock.recv(65536)):
+                for event in decoder.events(data):
+                    if isinstance(event, ws.CloseReceived):
+                        closed = event
+    assert closed is not None and closed.code == close_codes.PROTOCOL_ERROR.code
+    assert logged in server.log()
+    still_served(served, logged.encode())

@@ -7,7 +7,7 @@ from typing import Any
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
-from migratory.protocol import mqtt, ops
+from migratory.protocol import close_codes, mqtt, ops
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
@@ -116,3 +116,19 @@ def test_second_connect_with_the_same_id_takes_over() -> None:
     second = session(ctx, "same", registry)
     assert first.closing and not second.closing
     assert registry["same"] is second
+
+
+def test_will_is_published_on_failure_not_when_the_server_moves_the_client() -> None:
+    ctx, held = make()
+    will = mqtt.Will("dev/status", b"offline", 1, True)
+    moved = session(ctx, "moved", {}, will=will)
+    moved.close(close_codes.DRAINED.code, "draining")
+    assert held.held == []
+    failed = session(ctx, "failed", {}, will=will)
+    failed.receive_data(b"\xc1\x00", 0.0)  # PINGREQ with reserved flags: malformed
+    assert failed.closing
+    ((message, reply),) = held.held
+    assert (message.subject, message.content, message.retained) == (
+        "/dev/status", b"offline", True,
+    )
+    assert reply is None and ctx.stats.mqtt_wills_published == 1

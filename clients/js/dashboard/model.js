@@ -36,7 +36,9 @@ export class ClusterView {
   member(name) {
     let entry = this.members.get(name);
     if (entry === undefined) {
-      entry = { member: name, cluster: null, stats: null, clusterAt: null, statsAt: null };
+      entry = {
+        member: name, cluster: null, stats: null, clusterAt: null, statsAt: null, statsCount: 0,
+      };
       this.members.set(name, entry);
     }
     return entry;
@@ -65,6 +67,7 @@ export class ClusterView {
       if (entry.statsAt !== null && said < entry.statsAt) return body.member;
       entry.stats = body;
       entry.statsAt = said;
+      entry.statsCount += 1;
       this.record(body.member, said, body.windows?.last_sample ?? {});
     } else {
       return null;
@@ -118,6 +121,7 @@ export class ClusterView {
         slowConsumers: number(counters.slow_consumers),
         appliedClsn: number(cluster.applied_clsn),
         age: Number.isFinite(heard) ? now - heard : null,
+        statsCount: entry.statsCount,
         silent: !Number.isFinite(heard) || now - heard > this.staleAfter,
       };
     });

@@ -39,7 +39,8 @@ test("rows: one per member in index order, with role, Raft state and figures", (
     { ...rows[1], age: undefined },
     { member: "127.0.0.1:21010", index: 1, server: "migratory-1", role: "seed", raft: "leader",
       ready: true, notReadyReason: null, connections: 4, messagesIn: 1, messagesOut: 2,
-      bytesOut: 100, latencyMs: 1.5, slowConsumers: 1, appliedClsn: 41, age: undefined, silent: false },
+      bytesOut: 100, latencyMs: 1.5, slowConsumers: 1, appliedClsn: 41, age: undefined,
+      statsCount: 1, silent: false },
   );
   assert.equal(rows[1].age, 2);
   assert.equal(view.leader(), "127.0.0.1:21010");

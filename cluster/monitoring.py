@@ -1,0 +1,59 @@
+"""What a cluster member reports to the server's ``GET /metrics``: its role, Raft
+state, links and how far behind each is (:class:`migratory.server.metrics.ClusterMetrics`).
+
+The server never imports the cluster package: a member gives its server a callable
+built here (``Server(..., cluster_metrics=...)``), read when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from migratory.server.metrics import ClusterMetrics, PeerLink
+
+if TYPE_CHECKING:
+    from cluster.node import GuaranteedNode
+    from cluster.standard import StandardNode
+
+
+def _raft_address(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1] + 1}"  # a seed's Raft port is its cluster port + 1
+
+
+def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
+    applied = node.replica.applied_clsn
+    links: list[PeerLink] = []
+    raft = None if node.seed is None else node.seed.raft_status
+    if node.seed is not None:
+        own = node.config.cluster_member_listen
+        linked = set() if raft is None else set(raft.linked)
+        for address in node.config.seed_members:
+            if address != own:
+                peer = _raft_address(address)
+                links.append(PeerLink(peer, "raft", peer in linked))
+    if node.upstream is not None:
+        view = node.upstream.view
+        if view.seed is not None:
+            lag = None if view.heartbeat_clsn is None else max(view.heartbeat_clsn - applied, 0)
+            links.append(PeerLink(view.seed, "upstream", True, lag))
+    for follower in sorted(node.stream.followers):
+        links.append(PeerLink(follower, "follower", True))
+    return ClusterMetrics(
+        member=node.name,
+        role="seed" if node.is_seed else "non-seed",
+        raft_state=None if raft is None else raft.state,
+        raft_term=None if raft is None else raft.term,
+        raft_commit_index=None if raft is None else raft.commit_index,
+        raft_last_applied=None if raft is None else raft.last_applied,
+        applied_clsn=applied,
+        links=tuple(links),
+        commit_latency=None if node.seed is None else node.seed.commit_latency,
+    )
+
+
+def standard_metrics(node: StandardNode) -> ClusterMetrics:
+    links = tuple(
+        PeerLink(peer, "forward", peer in node.connected)
+        for peer in sorted(node.member_names - {node.name})
+    )
+    return ClusterMetrics(member=node.name, role="member", links=links)

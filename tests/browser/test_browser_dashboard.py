@@ -1,0 +1,118 @@
+"""The dashboard (/dashboard on the monitoring listener) in a real Chromium against a
+10-member Guaranteed cluster pushing its meta-subjects every second: it shows the
+members with their roles and the Raft leader, stays readable with 10 members, updates
+at least every 2 s, and its numbers move when a workload runs. The screenshot is kept
+in runs/browser/."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from browser import OUTPUT, Browser
+from cluster_fixture import LocalCluster
+from test_cluster_processes import Publisher
+
+from cluster.tooling import port_free
+
+MEMBERS = 10
+TOKEN = "dashboard-test-token"
+
+ROWS = """
+return [...document.querySelectorAll('#members tbody tr')].map((tr) => Object.fromEntries(
+  [...tr.cells].map((td) => [td.dataset.column, td.textContent])));
+"""
+LAYOUT = """
+const table = document.getElementById('members').getBoundingClientRect();
+const rows = [...document.querySelectorAll('#members tbody tr')];
+return {
+  tableRight: table.right, tableBottom: table.bottom,
+  width: window.innerWidth, height: window.innerHeight,
+  legends: [...document.querySelectorAll('#charts .u-legend')].map((l) =>
+    [...l.querySelectorAll('.u-series .u-label')].map((e) => e.textContent)
+      .filter((label) => label.startsWith('127.0.0.1:'))),
+  charts: document.querySelectorAll('#charts .uplot').length,
+  rowsShown: rows.filter((r) => r.getBoundingClientRect().height > 0).length,
+};
+"""
+
+
+def monitored_cluster(tmp_path: Path) -> tuple[LocalCluster, list[int]]:
+    cluster = LocalCluster(
+        tmp_path, members=MEMBERS, seeds=3, MonitorToken=TOKEN, MonitorPushInterval="1"
+    )
+    ports = [cluster.base + 10 * i + 5 for i in range(MEMBERS)]
+    assert all(port_free(p) for p in ports)
+    for settings, port in zip(cluster.settings, ports, strict=True):
+        settings["MonitorListen"] = f"127.0.0.1:{port}"
+    return cluster, ports
+
+
+def raft_leader(monitor_ports: list[int]) -> str:
+    """The member that says it is the Raft leader (GET /cluster, monitoring listener)."""
+    for port in monitor_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/cluster", timeout=5) as reply:
+            status = json.loads(reply.read())
+        if status.get("raft_state") == "leader":
+            return str(status["member"])
+    raise AssertionError("no member says it is the Raft leader")
+
+
+def test_dashboard_shows_the_members_and_moves_with_a_workload(
+    tmp_path: Path, browser: Browser
+) -> None:
+    cluster, monitor_ports = monitored_cluster(tmp_path)
+    cluster.start_all()
+    try:
+        cluster.wait_ready(timeout=90)
+        browser.open(f"http://127.0.0.1:{monitor_ports[0]}/dashboard")
+        rows = lambda: browser.run(ROWS)  # noqa: E731
+
+        def all_ready() -> list[dict[str, str]] | None:
+            now = rows()
+            ready = len(now) == MEMBERS and all(r["ready"] == "ready" for r in now)
+            return now if ready else None
+
+        shown = browser.wait_for("10 ready members on the dashboard", all_ready, 60)
+        names = [f"127.0.0.1:{cluster.base + 1000 + 10 * i}" for i in range(MEMBERS)]
+        assert [r["member"] for r in shown] == names
+        assert [r["role"] for r in shown] == ["seed"] * 3 + ["non-seed"] * 7
+        leader = raft_leader(monitor_ports)
+        browser.wait_for("the Raft leader", lambda: browser.run(
+            "return document.getElementById('leader').textContent") == leader, 10)
+        assert [r["raft"] for r in shown].count("leader") == 1
+
+        # at least one update every 2 s: count each member's stats messages over 6 s
+        count = "return window.dashboard.view.rows(Date.now() / 1000).map((r) => r.statsCount)"
+        before, renders = browser.run(count), browser.run("return window.dashboard.renders")
+        time.sleep(6)
+        after = browser.run(count)
+        assert all(b - a >= 3 for a, b in zip(before, after, strict=True)), (before, after)
+        assert browser.run("return window.dashboard.renders") - renders >= 5
+
+        def publishing_member_in() -> float:
+            value = rows()[4]["msgs in/s"].replace(",", "")
+            return float(value) if value not in ("\u2013", "") else 0.0  # an en dash: none yet
+
+        idle = publishing_member_in()
+        publisher = Publisher(cluster, 4, count=400, pause=0.005)
+        publisher.start()
+        moved = browser.wait_for(
+            "messages in/s moving on the publishing member",
+            lambda: (v := publishing_member_in()) > max(5.0, 2 * idle) and v, 30)
+        layout: dict[str, Any] = browser.run(LAYOUT)
+        shot = browser.screenshot(OUTPUT / "dashboard-10-members.png")
+        print("screenshot", shot, "messages in/s", idle, "->", moved, "layout", layout)
+        publisher.join(60)
+    finally:
+        cluster.stop()
+    # readable with 10 members: every row on screen, nothing wider than the window,
+    # one legend entry per member on each of the four charts
+    assert layout["rowsShown"] == MEMBERS
+    assert layout["tableRight"] <= layout["width"]
+    assert layout["tableBottom"] <= layout["height"]
+    assert layout["charts"] == 4 and layout["legends"] == [names] * 4
+    assert len(publisher.acked) == 400

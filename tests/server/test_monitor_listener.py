@@ -1,0 +1,111 @@
+"""The monitoring listener: its own port, basic authentication, and the client port no
+longer answering the monitoring paths; /stats carries the statistics windows."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from migratory.config import Config, ConfigError
+from migratory.protocol.http import Request
+from migratory.server.monitor_listener import basic_auth_ok
+
+
+def monitoring_url(server: Any) -> str:
+    line = server.proc.stdout.readline().decode()
+    assert line.startswith("monitoring http://"), line
+    return line.split(" ", 1)[1].strip()
+
+
+def get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_monitoring_port_with_basic_auth(start_server: Any) -> None:
+    server = start_server(MonitorListen="127.0.0.1:0", MonitorUser="ops",
+                          MonitorPassword="pa:ss word")
+    base = monitoring_url(server)
+    status, headers, _ = get(f"{base}/metrics")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm=")
+    assert get(f"{base}/metrics", ("ops", "wrong"))[0] == 401
+    assert get(f"{base}/metrics", ("other", "pa:ss word"))[0] == 401
+    status, _, body = get(f"{base}/metrics", ("ops", "pa:ss word"))
+    assert status == 200
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert {"migratory_connections_open", "migratory_deliveries"} <= names
+    assert get(f"{base}/healthz", ("ops", "pa:ss word"))[0] == 200
+    assert get(f"{base}/readyz", ("ops", "pa:ss word"))[0] == 200
+    assert get(f"{base}/cluster", ("ops", "pa:ss word"))[0] == 404  # not a cluster member
+    # the client port keeps /healthz but no longer answers the monitoring paths
+    client = server.url.replace("ws://", "http://")
+    assert get(f"{client}/healthz")[0] == 200
+    for path in ("/metrics", "/stats", "/cluster"):
+        status, _, body = get(f"{client}{path}")
+        assert status == 404 and b"monitoring listener" in body
+
+
+def test_stats_carry_the_statistics_windows(start_server: Any) -> None:
+    server = start_server(MonitorListen="127.0.0.1:0")
+    base = monitoring_url(server)
+    status, _, body = get(f"{base}/stats")
+    assert status == 200
+    stats = json.loads(body)
+    assert stats["connections_accepted"] >= 0
+    windows = stats["windows"]["indicators"]
+    assert set(windows["bytes_out_per_second"]) == {"1m", "5m", "15m", "1h", "1d"}
+    assert set(windows["clients"]["1m"]) == {"samples", "max", "avg", "stddev"}
+
+
+def test_basic_auth_header_parsing() -> None:
+    def request(value: str | None) -> Request:
+        headers = () if value is None else (("authorization", value),)
+        return Request("GET", "/metrics", "/metrics", {}, headers)
+
+    good = base64.b64encode(b"u:p:q").decode()
+    assert basic_auth_ok(request(f"Basic {good}"), "u", "p:q")
+    assert basic_auth_ok(request(f"basic {good}"), "u", "p:q")
+    assert not basic_auth_ok(request(None), "u", "p:q")
+    assert not basic_auth_ok(request(f"Bearer {good}"), "u", "p:q")
+    assert not basic_auth_ok(request("Basic not-base64!"), "u", "p:q")
+    assert not basic_auth_ok(request(f"Basic {good}"), "u", "p")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"MonitorUser": "a"}, "MonitorPassword is required"),
+    ({"MonitorUser": "a", "MonitorPassword": "b"}, "MonitorListen is empty"),
+    ({"MonitorListen": "127.0.0.1:8800"}, "also a client listener"),
+    ({"AuditAccess": "true"}, "AuditLogFile is required"),
+    ({"AuditLogFile": "/tmp/x"}, "no audit category"),
+    ({"MonitorPushInterval": "0"}, "MonitorPushInterval"),
+    ({"LogFormat": "xml"}, "LogFormat"),
+    ({"MonitorTokens": "x"}, "did you mean 'MonitorToken'"),
+])
+def test_monitoring_keys_are_checked(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.from_mapping(settings)
+
+
+def test_monitoring_keys_parse() -> None:
+    config = Config.from_mapping({
+        "MonitorListen": "0.0.0.0:8900", "MonitorUser": "u", "MonitorPassword": "p",
+        "MonitorToken": "t", "MonitorPushInterval": "10", "LogFormat": "json",
+        "AuditLogFile": "/var/log/audit.jsonl", "AuditMessage": "true",
+    })
+    assert config.monitor_listen == ("0.0.0.0", 8900)
+    assert config.monitor_push_interval == 10
+    assert config.audit_message and not config.audit_access
+    assert Config.from_mapping(config.as_text()) == config

@@ -1,0 +1,35 @@
+"""ListenMqtt: parsed, checked against Listen, documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migratory.config import Config, ConfigError
+
+
+def test_listen_mqtt_defaults_to_none_and_parses_addresses() -> None:
+    assert Config.defaults().listen_mqtt == ()
+    config = Config.from_mapping({"ListenMqtt": "127.0.0.1:1883, [::1]:1884"})
+    assert config.listen_mqtt == (("127.0.0.1", 1883), ("::1", 1884))
+    assert config.as_text()["ListenMqtt"] == "127.0.0.1:1883, ::1:1884"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"ListenMqtt": "127.0.0.1"}, "ListenMqtt"),
+        ({"ListenMqtt": "127.0.0.1:99999"}, "ListenMqtt"),
+        ({"ListenMqtt": "127.0.0.1:8800", "Listen": "127.0.0.1:8800"}, "both name 127.0.0.1:8800"),
+        ({"ListenMQTT": "127.0.0.1:1883"}, "unknown key 'ListenMQTT'"),
+    ],
+)
+def test_bad_listen_mqtt_is_refused_naming_the_key(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.from_mapping(settings)
+
+
+def test_listen_mqtt_is_in_the_reference() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    assert "| `ListenMqtt` |" in text
