@@ -30,7 +30,11 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         for address in node.config.seed_members:
             if address != own:
                 peer = _raft_address(address)
-                links.append(PeerLink(peer, "raft", peer in linked))
+                # the link to the leader: Raft entries committed there, not applied here
+                lag = None
+                if raft is not None and raft.leader == peer:
+                    lag = max(raft.leader_commit - raft.last_applied, 0)
+                links.append(PeerLink(peer, "raft", peer in linked, lag))
     if node.upstream is not None:
         view = node.upstream.view
         if view.seed is not None:

@@ -65,6 +65,11 @@ def test_raft_and_link_metrics_and_pushed_cluster_views(cluster4: LocalCluster) 
     terms = {s[("migratory_raft_term", ())] for s in scraped[:3]}
     assert len(terms) == 1 and terms.pop() >= 1
     assert all(s[("migratory_raft_commit_index", ())] >= 1 for s in scraped[:3])
+    for seed, is_leader in zip(scraped[:3], leaders, strict=True):
+        raft_lag = [v for (name, labels), v in seed.items()
+                    if name == "migratory_cluster_link_lag" and ("kind", "raft") in labels]
+        # a follower reports how far it is behind on its link to the leader; the leader none
+        assert len(raft_lag) == (0 if is_leader else 1) and all(v >= 0 for v in raft_lag)
     assert scraped[3].get(("migratory_cluster_role", (("role", "non-seed"),))) == 1
     assert ("migratory_raft_term", ()) not in scraped[3]
     upstream = [(labels, v) for (name, labels), v in scraped[3].items()
