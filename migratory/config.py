@@ -192,6 +192,7 @@ class Config:
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
     monitor_listen: tuple[str, int] | None
+    monitor_encrypted: bool
     monitor_user: str
     monitor_password: str
     monitor_token: str

@@ -159,18 +159,22 @@ def check_listeners(config: Config, key: Callable[[str], str]) -> None:
 
 
 def _check_tls(config: Config, key: Callable[[str], str]) -> None:
-    if not config.listen_encrypted:
+    # the monitoring listener (MonitorEncrypted) uses the same certificate and key
+    if not config.listen_encrypted and not config.monitor_encrypted:
         for name, value in (
             ("TlsCertificate", config.tls_certificate),
             ("TlsKey", config.tls_key),
             ("TlsClientCa", config.tls_client_ca),
         ):
             if value:
-                raise ConfigError(f"{key(name)} is set but ListenEncrypted is empty")
+                raise ConfigError(
+                    f"{key(name)} is set but ListenEncrypted is empty (and MonitorEncrypted off)"
+                )
         return
+    wants = "ListenEncrypted" if config.listen_encrypted else "MonitorEncrypted"
     for name, value in (("TlsCertificate", config.tls_certificate), ("TlsKey", config.tls_key)):
         if not value:
-            raise ConfigError(f"{key('ListenEncrypted')} is set: {name} is required")
+            raise ConfigError(f"{key(wants)} is set: {name} is required")
     from migratory.tls import TlsSetupError, server_context  # ssl only, no I/O
 
     try:

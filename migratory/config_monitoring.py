@@ -24,6 +24,9 @@ MONITOR_SETTINGS: tuple[Setting, ...] = (
             "host:port of the monitoring listener (HTTP: /metrics, /stats, /cluster, /healthz, "
             "/readyz); empty: those paths are answered on the client listeners instead. Set, "
             "the client listeners no longer answer /metrics, /stats and /cluster."),
+    Setting("MonitorEncrypted", "monitor_encrypted", _bool, "false",
+            "TLS on the monitoring listener (https://), with TlsCertificate and TlsKey (and "
+            "TlsClientCa: client certificates required) as the encrypted client listeners."),
     Setting("MonitorUser", "monitor_user", _text, "",
             "User name of HTTP basic authentication on the monitoring listener (with "
             "MonitorPassword); empty: no authentication."),
@@ -70,6 +73,8 @@ def check_monitoring(config: Config, key: Callable[[str], str]) -> None:
             f"{key('MonitorUser')} is set but MonitorListen is empty (basic authentication "
             "protects the monitoring listener only)"
         )
+    if config.monitor_encrypted and config.monitor_listen is None:
+        raise ConfigError(f"{key('MonitorEncrypted')} is on but MonitorListen is empty")
     if ":" in config.monitor_user:
         raise ConfigError(f"{key('MonitorUser')}: a basic-auth user name cannot contain ':'")
     categories = [

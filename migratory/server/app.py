@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
@@ -34,7 +35,7 @@ from migratory.server.hub import Hub
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
-from migratory.server.monitor_listener import serve_monitoring
+from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.rebalance import Rebalancer
 from migratory.tls import server_context
@@ -190,7 +191,11 @@ class Server:
                 nursery.start_soon(self.monitor.run)
                 if self.config.monitor_listen is not None:
                     self.monitor_address = await nursery.start(
-                        serve_monitoring, self.ctx, self.config.monitor_listen
+                        functools.partial(
+                            serve_monitoring, wrap=monitoring_tls(self.config)
+                        ),
+                        self.ctx,
+                        self.config.monitor_listen,
                     )
                 if self.config.cluster_rebalance_rate and self.config.clustered:
                     nursery.start_soon(Rebalancer.for_server(self).run)  # rebalance.py
@@ -357,9 +362,11 @@ async def run_until_signalled(
                     print(f"listening {listener.url().rstrip('/')}", flush=True)
             if server.monitor_address is not None:
                 host, port = server.monitor_address
-                log.info("monitoring on http://%s:%d/ (/metrics, /stats, /cluster)", host, port)
+                scheme = "https" if server.config.monitor_encrypted else "http"
+                log.info("monitoring on %s://%s:%d/ (/metrics, /stats, /cluster)",
+                         scheme, host, port)
                 if ready_line:
-                    print(f"monitoring http://{host}:{port}", flush=True)
+                    print(f"monitoring {scheme}://{host}:{port}", flush=True)
             async for signum in signals:
                 log.info("%s received: shutting down", signal.Signals(signum).name)
                 break

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from migratory.config import Config
 from migratory.protocol.http import HttpError, Request, RequestParser, response
 from migratory.server.dashboard import answer_dashboard
+from migratory.tls import server_context
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -106,6 +108,19 @@ async def serve_one(ctx: ServerContext, stream: trio.abc.Stream) -> None:
     finally:
         with trio.move_on_after(1):
             await stream.aclose()
+
+
+def monitoring_tls(config: Config) -> Callable[[trio.SocketStream], trio.abc.Stream] | None:
+    """With ``MonitorEncrypted``: wrap each accepted stream in TLS (the encrypted client
+    listeners' certificate and key, :func:`migratory.tls.server_context`)."""
+    if not config.monitor_encrypted:
+        return None
+    context = server_context(config)
+
+    def wrap(stream: trio.SocketStream) -> trio.abc.Stream:
+        return trio.SSLStream(stream, context, server_side=True)
+
+    return wrap
 
 
 async def serve_monitoring(

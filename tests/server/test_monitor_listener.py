@@ -19,7 +19,7 @@ from migratory.server.monitor_listener import basic_auth_ok
 
 def monitoring_url(server: Any) -> str:
     line = server.proc.stdout.readline().decode()
-    assert line.startswith("monitoring http://"), line
+    assert line.startswith(("monitoring http://", "monitoring https://")), line
     return line.split(" ", 1)[1].strip()
 
 
@@ -92,6 +92,8 @@ def test_basic_auth_header_parsing() -> None:
     ({"AuditLogFile": "/tmp/x"}, "no audit category"),
     ({"MonitorPushInterval": "0"}, "MonitorPushInterval"),
     ({"LogFormat": "xml"}, "LogFormat"),
+    ({"MonitorEncrypted": "true"}, "MonitorEncrypted.* is set: TlsCertificate is required"),
+    ({"MonitorListen": "127.0.0.1:0", "MonitorEncrypted": "true"}, "TlsCertificate is required"),
     ({"MonitorTokens": "x"}, "did you mean 'MonitorToken'"),
 ])
 def test_monitoring_keys_are_checked(settings: dict[str, str], message: str) -> None:
@@ -109,3 +111,40 @@ def test_monitoring_keys_parse() -> None:
     assert config.monitor_push_interval == 10
     assert config.audit_message and not config.audit_access
     assert Config.from_mapping(config.as_text()) == config
+
+
+def test_the_monitoring_listener_speaks_tls_with_monitor_encrypted(
+    start_server: Any, tmp_path: Any
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    key_file, cert_file, ca_file = tmp_path / "key.pem", tmp_path / "cert.pem", tmp_path / "ca.pem"
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    with pytest.raises(ConfigError, match=r"MonitorEncrypted.* is on but MonitorListen is empty"):
+        Config.from_mapping({"MonitorEncrypted": "true", "TlsCertificate": str(cert_file),
+                             "TlsKey": str(key_file)})
+    server = start_server(MonitorListen="127.0.0.1:0", MonitorEncrypted="true",
+                          TlsCertificate=str(cert_file), TlsKey=str(key_file),
+                          MonitorUser="ops", MonitorPassword="pw")
+    base = monitoring_url(server)
+    assert base.startswith("https://127.0.0.1:")
+    trusted = ssl.create_default_context(cafile=str(ca_file))
+    request = urllib.request.Request(f"{base}/metrics")
+    request.add_header("Authorization", "Basic " + base64.b64encode(b"ops:pw").decode())
+    with urllib.request.urlopen(request, timeout=5, context=trusted) as reply:
+        names = {f.name for f in text_string_to_metric_families(reply.read().decode())}
+    assert "migratory_ready" in names
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP: no answer
+        urllib.request.urlopen(f"{base.replace('https', 'http')}/metrics", timeout=5)
+    with pytest.raises(urllib.error.URLError):  # a client that does not trust the CA
+        urllib.request.urlopen(f"{base}/metrics", timeout=5,
+                               context=ssl.create_default_context())
+    # the server is still up and serving after the failed handshakes
+    with urllib.request.urlopen(request, timeout=5, context=trusted) as reply:
+        assert reply.status == 200
