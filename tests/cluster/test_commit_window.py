@@ -130,6 +130,16 @@ class FakeRaft:
         pass
 
 
+def seed_with_fake_raft(tmp_path: Path) -> tuple[Any, Any, FakeRaft]:
+    """A seed member's publishing and seed role, its Raft replaced by a :class:`FakeRaft`."""
+    node = node_at(tmp_path)
+    seed = node.seed
+    assert seed is not None
+    raft = FakeRaft()
+    seed._build_raft = lambda: raft  # type: ignore[assignment,return-value]
+    return node.publishing, seed, raft
+
+
 async def raft_built(seed: Any) -> None:
     with trio.fail_after(5):
         while seed.raft is None:
@@ -150,12 +160,7 @@ def test_publishes_arriving_while_a_command_is_in_flight_share_the_next_one(
 
 async def publishes_share_the_next_command(tmp_path: Path) -> None:
     assert COMMIT_WINDOW == 1  # the measured choice (docs/benchmarks.md)
-    node = node_at(tmp_path)
-    seed = node.seed
-    assert seed is not None
-    raft = FakeRaft()
-    seed._build_raft = lambda: raft  # type: ignore[assignment,return-value]
-    publishing = node.publishing
+    publishing, seed, raft = seed_with_fake_raft(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(seed.run)
         await raft_built(seed)
@@ -180,12 +185,7 @@ def test_one_command_carries_at_most_max_command_bytes(tmp_path: Path) -> None:
 
 
 async def one_command_carries_at_most_max_command_bytes(tmp_path: Path) -> None:
-    node = node_at(tmp_path)
-    seed = node.seed
-    assert seed is not None
-    raft = FakeRaft()
-    seed._build_raft = lambda: raft  # type: ignore[assignment,return-value]
-    publishing = node.publishing
+    publishing, seed, raft = seed_with_fake_raft(tmp_path)
     big = b"x" * (MAX_COMMAND_BYTES // 2 + 1)
     async with trio.open_nursery() as nursery:
         await nursery.start(seed.run)
