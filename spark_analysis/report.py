@@ -53,10 +53,27 @@ def verdict(summary: dict[str, Any]) -> str:
     return "**FAIL** — " + ", ".join(bad)
 
 
+def interrupted_note(run: dict[str, Any]) -> list[str]:
+    """A run stopped before its end (Ctrl-C: exit 130) skipped the final heal and
+    catch-up, so messages acknowledged in its last seconds can count as lost although no
+    subscriber was given the time to recover them: say so next to the verdict (the
+    counts stay as found)."""
+    code = run.get("exit_code")
+    if code in (None, 0):
+        return []
+    return [
+        f"**The run did not finish (runner exit {code}).** It skipped the final heal and "
+        "catch-up: a message acknowledged in its last seconds counts as lost if a "
+        "subscriber was still recovering when it stopped. Judge only a run that finished.",
+        "",
+    ]
+
+
 def markdown(summary: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     run = summary.get("run") or {}
     lines = [f"# Chaos run report: {run.get('run', extra.get('run_dir', ''))}", ""]
     lines += [verdict(summary), ""]
+    lines += interrupted_note(run)
     flat = {k: v for k, v in run.items() if not isinstance(v, dict | list)}
     if flat:
         lines += ["Run: " + ", ".join(f"{k}={cell(v)}" for k, v in flat.items()), ""]
