@@ -160,6 +160,14 @@ class HttpFront:
         status, reason = check_publish(ctx, self._listener, identity, message)
         if status is None and ctx.readiness() is not None:
             status, reason = ops.Status.PUBLISH_FAILED, ctx.readiness()
+        audit = ctx.audit
+        if audit is not None and audit.message:
+            audit.event("message", "publish", self._session.audit_client_as(identity),
+                        subject=message.subject, size=message.size(),
+                        retained=message.retained, closure=None,
+                        outcome="submitted" if status is None else status.name, reason=reason)
+        if status is ops.Status.PUBLISH_DENIED:
+            ctx.stats.count(ctx.stats.entitlement_denials, "publish")
         if status is not None:
             ctx.stats.publishes_refused += 1
             refused = ops.PublishStatus(status, HTTP_CLOSURE, message.subject, None, reason)
@@ -195,8 +203,12 @@ class HttpFront:
         name = request.query.get("client", "sse")[:200]
         identity = ClientIdentity(name=name, token=request.query.get("token"),
                                   peer=self._session.peer)
-        entitlement = self._ctx.entitlement
+        entitlement, stats, audit = self._ctx.entitlement, self._ctx.stats, self._ctx.audit
         if not entitlement.allow_connect(identity):
+            stats.count(stats.entitlement_denials, "connect")
+            if audit is not None and audit.access:
+                audit.event("access", "connect", self._session.audit_client_as(identity),
+                            outcome="denied")
             self._respond(error(403, "entitlement refused the connection"))
             return
         last = request.header("last-event-id") or request.query.get("lastEventId")
@@ -210,6 +222,16 @@ class HttpFront:
             if entitlement.allow_subscribe(identity, subject) else "not entitled to subscribe"
             for subject, position in zip(subjects, positions, strict=True)
         ]
+        if audit is not None and audit.access:
+            audit.event("access", "connect", self._session.audit_client_as(identity),
+                        outcome="allowed")
+        for subject, allowed in zip(subjects, requests, strict=True):
+            if isinstance(allowed, str):
+                stats.count(stats.entitlement_denials, "subscribe")
+            if audit is not None and audit.access:
+                audit.event("access", "subscribe", self._session.audit_client_as(identity),
+                            subject=subject, outcome="denied" if isinstance(allowed, str)
+                            else "allowed")
         self.requests += 1
         self._session.start_stream(identity, subjects, requests, self._cors, self._now)
 

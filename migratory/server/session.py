@@ -450,6 +450,10 @@ class Session:
     def audit_client(self) -> dict[str, Any]:
         return self._client(self.identity)
 
+    def audit_client_as(self, identity: ClientIdentity) -> dict[str, Any]:
+        """This connection under ``identity`` (an HTTP request carries its own)."""
+        return self._client(identity)
+
     def _client(self, identity: ClientIdentity | None) -> dict[str, Any]:
         return {
             "name": None if identity is None else identity.name,

@@ -127,3 +127,32 @@ def test_json_log_lines_name_the_client(start_server: Any) -> None:
     assert "bad-app" in closing["message"] and f"#{closing['connection_id']}" in (
         closing["message"]
     )
+
+
+def test_the_http_front_counts_and_audits_denials(start_server: Any, tmp_path: Path) -> None:
+    import urllib.request
+
+    from httpclient import HttpClient, SseClient
+
+    audit = tmp_path / "audit.jsonl"
+    server = start_server(AuditLogFile=str(audit), AuditAccess="true", AuditMessage="true")
+    client = HttpClient(server.port)
+    status, _ = client.publish(subject="/migratory/stats/x", content="forged")
+    assert status == 403
+    status, _ = client.publish(subject=SUBJECT, content="fine")
+    assert status == 200
+    stream = SseClient(server.port, ["/migratory/cluster", SUBJECT], extra="&client=watcher")
+    events = read_events(audit, lambda es: len(of(es, "access", "subscribe")) >= 2)
+    stream.close()
+    publishes = of(events, "message", "publish")
+    assert [(e["subject"], e["outcome"]) for e in publishes] == [
+        ("/migratory/stats/x", "PUBLISH_DENIED"), (SUBJECT, "submitted")
+    ]
+    assert publishes[0]["client"]["peer"].startswith("127.0.0.1:")
+    subscribes = of(events, "access", "subscribe")
+    assert [(e["subject"], e["outcome"], e["client"]["name"]) for e in subscribes] == [
+        ("/migratory/cluster", "denied", "watcher"), (SUBJECT, "allowed", "watcher")
+    ]
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/stats", timeout=5) as reply:
+        denials = json.loads(reply.read())["entitlement_denials"]
+    assert denials == {"publish": 1, "subscribe": 1}
