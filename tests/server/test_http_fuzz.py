@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
+from typing import Any
 
-from conftest import ServerProcess
 from httpclient import HttpClient, SseClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -56,40 +55,36 @@ def fire(port: int, data: bytes, pieces: int) -> None:
             pass  # reset or timeout: the server chose to close or wait, both fine
 
 
-def test_http_fuzz_with_bystanders(tmp_path: Path) -> None:
-    server = ServerProcess({"BatchTime": "0", "HandshakeTimeout": "1",
-                            "ListenerRoles": ""}, tmp_path)
-    try:
-        port = server.port
-        native = RawClient(port)
-        native.connect()
-        native.subscribe(SUBJECT)
-        native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
-        stream = SseClient(port, [SUBJECT])
-        stream.events_until("subscribe")
-        publisher = HttpClient(port)
-        sent = 0
+def test_http_fuzz_with_bystanders(start_server: Any) -> None:
+    server = start_server(BatchTime="0", HandshakeTimeout="1")
+    port = server.port
+    native = RawClient(port)
+    native.connect()
+    native.subscribe(SUBJECT)
+    native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    stream = SseClient(port, [SUBJECT])
+    stream.events_until("subscribe")
+    publisher = HttpClient(port)
+    sent = 0
 
-        @settings(max_examples=150, deadline=None,
-                  suppress_health_check=[HealthCheck.too_slow])
-        @given(requests, st.integers(1, 5))
-        def fuzz(data: bytes, pieces: int) -> None:
-            nonlocal sent
-            fire(port, data, pieces)
-            sent += 1
-            status, body = publisher.publish(subject=SUBJECT, content=f"after {sent}")
-            assert status == 200, body
-            [message] = native.recv_messages(1)
-            assert message.content == f"after {sent}".encode()
-            event = stream.next_event()
-            assert event and event["data"]["content"] == f"after {sent}"
+    @settings(max_examples=150, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(requests, st.integers(1, 5))
+    def fuzz(data: bytes, pieces: int) -> None:
+        nonlocal sent
+        fire(port, data, pieces)
+        sent += 1
+        status, body = publisher.publish(subject=SUBJECT, content=f"after {sent}")
+        assert status == 200, body
+        [message] = native.recv_messages(1)
+        assert message.content == f"after {sent}".encode()
+        event = stream.next_event()
+        assert event and event["data"]["content"] == f"after {sent}"
 
-        fuzz()
-        assert server.proc.poll() is None, server.log()
-        assert "Traceback" not in server.log(), server.log()
-        other = RawClient(port)
-        other.connect()
-        assert other.publish(Message(SUBJECT, b"end", closure="e")).status is ops.Status.PUBLISH_OK
-        assert [m.content for m in native.recv_messages(1)] == [b"end"]
-    finally:
-        server.stop()
+    fuzz()
+    assert server.proc.poll() is None, server.log()
+    assert "Traceback" not in server.log(), server.log()
+    other = RawClient(port)
+    other.connect()
+    assert other.publish(Message(SUBJECT, b"end", closure="e")).status is ops.Status.PUBLISH_OK
+    assert [m.content for m in native.recv_messages(1)] == [b"end"]
