@@ -51,6 +51,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated host:port addresses for MQTT 3.1.1 clients over TCP (see "
             "docs/mqtt.md; MQTT over WebSocket needs no key: subprotocol `mqtt` on a Listen "
             "port); empty: no MQTT listener; port 0 picks a free port (printed at start)."),
+    Setting("ListenMqttEncrypted", "listen_mqtt_encrypted", _optional_addresses, "",
+            "Comma-separated host:port addresses for MQTT 3.1.1 over TLS (mqtts://, usually "
+            "port 8883); needs TlsCertificate and TlsKey like ListenEncrypted (and TlsClientCa "
+            "for mutual TLS)."),
     *LISTENER_SETTINGS,
     Setting("ServerName", "server_name", _text, "migratory",
             "Name sent to clients in `connected` and used in logs."),
@@ -153,6 +157,7 @@ _BY_LOWER = {s.key.lower(): s for s in SETTINGS}
 class Config:
     listen: tuple[tuple[str, int], ...]
     listen_mqtt: tuple[tuple[str, int], ...]
+    listen_mqtt_encrypted: tuple[tuple[str, int], ...]
     listen_encrypted: tuple[tuple[str, int], ...]
     listener_roles: tuple[ListenerRole, ...]
     tls_certificate: str
@@ -246,7 +251,10 @@ class Config:
             value = getattr(self, setting.attr)
             if setting.attr == "cluster_members" and self.cluster_member_template:
                 out[setting.key] = ""  # generated from the template
-            elif setting.attr in ("listen", "listen_mqtt", "listen_encrypted", "cluster_members"):
+            elif setting.attr in (
+                "listen", "listen_mqtt", "listen_mqtt_encrypted", "listen_encrypted",
+                "cluster_members",
+            ):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
             elif setting.attr in ("cluster_member_listen", "cluster_member_bind", "monitor_listen"):
                 out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
@@ -327,18 +335,30 @@ def _check(config: Config, key: _Origins) -> Config:
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "
             "(the publishing token)"
         )
-    shared = {a for a in config.listen_mqtt if a[1] != 0} & set(config.listen)
-    if shared:
-        raise ConfigError(
-            f"{key('ListenMqtt')} and {key('Listen')} both name "
-            f"{', '.join(f'{h}:{p}' for h, p in sorted(shared))}"
-        )
+    _check_listener_clash(config, key)
     if config.max_frame_size <= config.max_message_size:
         raise ConfigError(
             f"{key('MaxFrameSize')} ({config.max_frame_size}) must be larger than "
             f"{key('MaxMessageSize')} ({config.max_message_size})"
         )
     return config
+
+
+def _check_listener_clash(config: Config, key: _Origins) -> None:
+    """One address (port 0 aside) belongs to one listener key."""
+    seen: dict[tuple[str, int], str] = {}
+    for name, addresses in (
+        ("Listen", config.listen),
+        ("ListenEncrypted", config.listen_encrypted),
+        ("ListenMqtt", config.listen_mqtt),
+        ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
+    ):
+        for address in addresses:
+            other = seen.setdefault(address, name)
+            if address[1] and other != name:
+                raise ConfigError(
+                    f"{key(other)} and {key(name)} both name {address[0]}:{address[1]}"
+                )
 
 
 def _expand_member_template(config: Config, key: _Origins) -> Config:

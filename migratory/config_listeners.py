@@ -140,7 +140,10 @@ def check_listeners(config: Config, key: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{host}:{port} is in both {key('Listen')} and {key('ListenEncrypted')}"
         )
-    everywhere = config.listen + config.listen_encrypted + config.listen_mqtt
+    everywhere = (
+        config.listen + config.listen_encrypted + config.listen_mqtt
+        + config.listen_mqtt_encrypted
+    )
     seen: set[tuple[str, int]] = set()
     for role in config.listener_roles:
         host, port = role.address
@@ -151,7 +154,7 @@ def check_listeners(config: Config, key: Callable[[str], str]) -> None:
         if count == 0:
             raise ConfigError(
                 f"{key('ListenerRoles')}: {host}:{port} is not in Listen, ListenEncrypted "
-                "or ListenMqtt"
+                "ListenMqtt or ListenMqttEncrypted"
             )
         if count > 1:
             raise ConfigError(f"{key('ListenerRoles')}: {host}:{port} names several listeners")
@@ -160,7 +163,15 @@ def check_listeners(config: Config, key: Callable[[str], str]) -> None:
 
 def _check_tls(config: Config, key: Callable[[str], str]) -> None:
     # the monitoring listener (MonitorEncrypted) uses the same certificate and key
-    if not config.listen_encrypted and not config.monitor_encrypted:
+    encrypted = next(
+        (name for name, on in (
+            ("ListenEncrypted", config.listen_encrypted),
+            ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
+            ("MonitorEncrypted", config.monitor_encrypted),
+        ) if on),
+        None,
+    )
+    if encrypted is None:
         for name, value in (
             ("TlsCertificate", config.tls_certificate),
             ("TlsKey", config.tls_key),
@@ -168,13 +179,13 @@ def _check_tls(config: Config, key: Callable[[str], str]) -> None:
         ):
             if value:
                 raise ConfigError(
-                    f"{key(name)} is set but ListenEncrypted is empty (and MonitorEncrypted off)"
+                    f"{key(name)} is set but ListenEncrypted is empty (and ListenMqttEncrypted, "
+                    "MonitorEncrypted off)"
                 )
         return
-    wants = "ListenEncrypted" if config.listen_encrypted else "MonitorEncrypted"
     for name, value in (("TlsCertificate", config.tls_certificate), ("TlsKey", config.tls_key)):
         if not value:
-            raise ConfigError(f"{key(wants)} is set: {name} is required")
+            raise ConfigError(f"{key(encrypted)} is set: {name} is required")
     from migratory.tls import TlsSetupError, server_context  # ssl only, no I/O
 
     try:

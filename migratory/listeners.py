@@ -48,14 +48,15 @@ OPEN_LISTENER = Listener(("", 0), encrypted=False, protocols=DEFAULT_PROTOCOLS, 
 
 
 def client_listeners(config: Config) -> tuple[Listener, ...]:
-    """One :class:`Listener` per address of Listen, ListenEncrypted and ListenMqtt (in
-    that order), roles applied."""
+    """One :class:`Listener` per address of Listen, ListenEncrypted, ListenMqtt and
+    ListenMqttEncrypted (in that order), roles applied."""
     roles = {role.address: role for role in config.listener_roles}
     listeners = []
     for addresses, encrypted, default in (
         (config.listen, False, DEFAULT_PROTOCOLS),
         (config.listen_encrypted, True, DEFAULT_PROTOCOLS),
         (config.listen_mqtt, False, MQTT_PROTOCOLS),
+        (config.listen_mqtt_encrypted, True, MQTT_PROTOCOLS),
     ):
         for address in addresses:
             role = roles.get(address)

@@ -33,12 +33,14 @@ class ServerProcess:
         while len(self.urls) < listeners:
             self.urls.append(self.proc.stdout.readline().decode().split()[1])
         self.mqtt_port = 0  # with ListenMqtt: its first port (the next ready line)
-        if settings.get("ListenMqtt"):
-            line = self.proc.stdout.readline().decode()
-            if not line.startswith("listening mqtt://"):
-                self.stop()
-                raise RuntimeError(f"no MQTT listener: {line!r}\n{self.log()}")
-            self.mqtt_port = int(line.rsplit(":", 1)[1])
+        self.mqtts_port = 0  # with ListenMqttEncrypted: its first port (the line after)
+        for key, scheme in (("ListenMqtt", "mqtt"), ("ListenMqttEncrypted", "mqtts")):
+            if settings.get(key):
+                line = self.proc.stdout.readline().decode()
+                if not line.startswith(f"listening {scheme}://"):
+                    self.stop()
+                    raise RuntimeError(f"no {key} listener: {line!r}\n{self.log()}")
+                setattr(self, f"{scheme}_port", int(line.rsplit(":", 1)[1]))
 
     @property
     def url(self) -> str:

@@ -272,7 +272,8 @@ class Connection:
         trailing = native.mqtt_upgrade or b""
         native.mqtt_upgrade = None
         mqtt = MqttSession(
-            self.server.ctx, self, native.peer, self.server.mqtt_sessions, websocket=True
+            self.server.ctx, self, native.peer, self.server.mqtt_sessions, self.listener,
+            websocket=True,
         )
         mqtt.outbox = native.outbox
         self.session = mqtt

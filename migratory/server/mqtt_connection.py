@@ -12,4 +12,6 @@ class MqttConnection(Connection):
     __slots__ = ()
 
     def _new_session(self, peer: str) -> MqttSession:
-        return MqttSession(self.server.ctx, self, peer, self.server.mqtt_sessions)
+        return MqttSession(
+            self.server.ctx, self, peer, self.server.mqtt_sessions, self.listener
+        )

@@ -21,6 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity
+from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
@@ -30,6 +31,7 @@ from migratory.protocol import websocket as ws
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.publish_rules import check_publish
 from migratory.server.session import new_connection_id
 
 if TYPE_CHECKING:
@@ -55,10 +57,12 @@ class MqttSession:
         link: Link,
         peer: str,
         registry: dict[str, MqttSession],
+        listener: Listener = OPEN_LISTENER,
         *,
         websocket: bool = False,
     ) -> None:
         self._ctx = ctx
+        self.listener = listener  # its role: may this connection publish?
         self._link = link
         self.peer = peer
         self._registry = registry
@@ -277,12 +281,9 @@ class MqttSession:
             qos=Qos.GUARANTEED if packet.qos else Qos.STANDARD,
             closure=None if packet.packet_id is None else str(packet.packet_id),
         )
-        limit = ctx.config.max_message_size
-        if message.size() > limit:
-            self._refused_publish(f"message is {message.size()} bytes, MaxMessageSize is {limit}")
-            return
-        if not ctx.entitlement.allow_publish(self.identity, subject):
-            self._refused_publish(f"not entitled to publish on {packet.topic!r}")
+        status, reason = check_publish(ctx, self.listener, self.identity, message)
+        if status is not None:
+            self._refused_publish(f"{status.value}: {reason}")
             return
         ctx.publishing.submit(message, self if packet.qos else None, now)
 
@@ -502,11 +503,12 @@ class MqttSession:
     def _publish_will(self, will: mqtt.Will) -> None:
         assert self.identity is not None
         subject = topic_to_subject(will.topic)  # checked at CONNECT
-        if not self._ctx.entitlement.allow_publish(self.identity, subject):
-            log.info("%s: will on %r not entitled: dropped", self.describe(), will.topic,
-                     extra=self.log_fields())
-            return
         message = Message(subject, will.payload, retained=will.retain,
                           qos=Qos.GUARANTEED if will.qos else Qos.STANDARD)
+        status, reason = check_publish(self._ctx, self.listener, self.identity, message)
+        if status is not None:
+            log.info("%s: will on %r refused (%s: %s): dropped", self.describe(), will.topic,
+                     status.value, reason, extra=self.log_fields())
+            return
         self._ctx.publishing.submit(message, None, self._now)
         self._ctx.stats.mqtt_wills_published += 1

@@ -32,6 +32,7 @@ class PahoClient:
         keepalive: int = 30,
         transport: str = "tcp",
         will: tuple[str, bytes, int, bool] | None = None,
+        ca_file: str | None = None,
         timeout: float = 10.0,
     ) -> None:
         self.timeout = timeout
@@ -52,6 +53,8 @@ class PahoClient:
             client.username_pw_set(username, password)
         if will is not None:
             client.will_set(will[0], will[1], will[2], will[3])
+        if ca_file is not None:
+            client.tls_set(ca_certs=ca_file)
         client.on_connect = self._on_connect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
