@@ -15,11 +15,14 @@ import multiprocessing.connection as mpc
 import select
 import signal
 import socket
+import ssl
 import time
+from collections import Counter
 
 from _fanout_stamp import subject_for
 from _fanout_subscriber import count_deliveries
 from _procfs import die_with_parent, raise_nofile
+from _sse_subscriber import TlsRecv
 from _wsraw import RawConn, SetupResult, close_all
 
 from migratory.protocol import mqtt, mqtt_encode
@@ -124,6 +127,44 @@ def open_mqtt_connections(
     return result
 
 
+def open_tls_connection(
+    host: str, port: int, index: int, subjects: int, tls: ssl.SSLContext, deadline: float
+) -> RawConn:
+    """One MQTT connection over TLS (blocking until its SUBACK), then non-blocking."""
+    sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wrapped = tls.wrap_socket(sock, server_hostname="localhost")
+    wrapped.sendall(first_packets(index, subjects))
+    buf = b""
+    while (at := buf.find(SUBACK_HEADER)) < 0:
+        data = wrapped.recv(65536)
+        if not data:
+            raise ConnectionError("closed before SUBACK")
+        buf += data
+    if buf[:4] != bytes((mqtt.CONNACK << 4, 2, 0, 0)):
+        raise ConnectionError(f"CONNACK refused: {buf[:4].hex()}")
+    wrapped.setblocking(False)
+    return RawConn(index, TlsRecv(wrapped), state="ready", buf=buf[at + 5 :])  # type: ignore[arg-type]
+
+
+def open_tls_connections(
+    host: str, port: int, indexes: range, *, timeout: float, subjects: int, ca_file: str
+) -> SetupResult:
+    started = time.monotonic()
+    deadline = started + timeout
+    tls = ssl.create_default_context(cafile=ca_file)
+    result = SetupResult(ready=[], failures=Counter())
+    for index in indexes:
+        try:
+            result.ready.append(open_tls_connection(host, port, index, subjects, tls, deadline))
+        except (OSError, ValueError) as exc:
+            result.failures[f"setup: {exc}"] += 1
+        if time.monotonic() > deadline:
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
 def mqtt_subscriber_main(
     ctrl: mpc.Connection,
     host: str,
@@ -133,15 +174,23 @@ def mqtt_subscriber_main(
     setup_timeout: float,
     lifetime: float,
     subjects: int = 1,
+    ca_file: str | None = None,
 ) -> None:
-    """As ``subscriber_main``, over MQTT: open, report ready, count until told to finish."""
+    """As ``subscriber_main``, over MQTT (over TLS with ``ca_file``): open, report
+    ready, count until told to finish."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     raise_nofile()
     hard_deadline = time.monotonic() + lifetime
-    setup = open_mqtt_connections(
-        host, port, range(first, first + count), timeout=setup_timeout, subjects=subjects
-    )
+    indexes = range(first, first + count)
+    if ca_file:
+        setup = open_tls_connections(
+            host, port, indexes, timeout=setup_timeout, subjects=subjects, ca_file=ca_file
+        )
+    else:
+        setup = open_mqtt_connections(
+            host, port, indexes, timeout=setup_timeout, subjects=subjects
+        )
     ctrl.send(("ready", len(setup.ready), dict(setup.failures), setup.seconds))
     try:
         result = count_deliveries(setup.ready, ctrl, hard_deadline, subjects)

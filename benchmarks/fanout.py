@@ -6,7 +6,7 @@ messages/s for 30 s, i.e. 100,000 deliveries/s and 3,000,000 in all. Target:
 every delivery arrives, end-to-end latency p99 <= 50 ms.
 
     .venv/bin/python benchmarks/fanout.py [--duration 30] [--set BatchTime=20] [--json out.json]
-    .venv/bin/python benchmarks/fanout.py --front-end mqtt   # MQTT QoS 0 subscribers
+    .venv/bin/python benchmarks/fanout.py --front-end mqtt [--tls]   # MQTT QoS 0 subscribers
     .venv/bin/python benchmarks/fanout.py --front-end sse [--tls]   # Server-Sent Events (https)
 
 Many subjects (issue 13's shape): ``--subjects N`` puts subscriber i on subject i mod N
@@ -71,8 +71,9 @@ def run(args: argparse.Namespace, server: ServerProcess, procs: list[mp.Process]
     sub_pipes = []
     target, port = subscriber_main, server.port
     extra: tuple[object, ...] = ()
-    if args.front_end == "mqtt":
-        target, port = mqtt_subscriber_main, server.mqtt_port
+    if args.front_end == "mqtt":  # with --tls: MQTT over TLS on ListenMqttEncrypted
+        target, port = mqtt_subscriber_main, args.tls_port or server.mqtt_port
+        extra = (args.ca_file,)
     elif args.front_end == "sse":  # with --tls: https on the ListenEncrypted port
         target, port, extra = sse_subscriber_main, args.tls_port or server.port, (args.ca_file,)
     for k, (first, count) in enumerate(split(args.subscribers, args.procs)):
@@ -197,8 +198,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--tls", action="store_true",
-        help="with --front-end sse: subscribers over TLS on a ListenEncrypted listener "
-        "(certificates made with trustme)",
+        help="with --front-end sse or mqtt: subscribers over TLS on a ListenEncrypted "
+        "(sse) or ListenMqttEncrypted (mqtt) listener (certificates made with trustme)",
     )
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument(
@@ -212,16 +213,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.subjects <= args.subscribers:
         parser.error("--subjects must be between 1 and --subscribers")
     args.procs = min(args.procs, args.subscribers)
-    if args.tls and args.front_end != "sse":
-        parser.error("--tls needs --front-end sse (raw WebSocket and MQTT subscribers are plain)")
+    if args.tls and args.front_end not in ("sse", "mqtt"):
+        parser.error("--tls needs --front-end sse or mqtt (raw WebSocket subscribers are plain)")
     args.tls_port, args.ca_file = 0, None
     if args.tls:
-        args.tls_port, args.ca_file, tls_settings = tls_setup()
+        key = "ListenMqttEncrypted" if args.front_end == "mqtt" else "ListenEncrypted"
+        args.tls_port, args.ca_file, tls_settings = tls_setup(key)
         args.set = [*args.set, *tls_settings]
     return args
 
 
-def tls_setup() -> tuple[int, str, list[str]]:
+def tls_setup(listen_key: str = "ListenEncrypted") -> tuple[int, str, list[str]]:
     """A CA and a localhost certificate (trustme), a free port: the server settings."""
     import socket
     import tempfile
@@ -240,7 +242,7 @@ def tls_setup() -> tuple[int, str, list[str]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = [f"ListenEncrypted=127.0.0.1:{port}", f"TlsCertificate={cert_file}",
+    settings = [f"{listen_key}=127.0.0.1:{port}", f"TlsCertificate={cert_file}",
                 f"TlsKey={key_file}"]
     return port, ca_file, settings
 
