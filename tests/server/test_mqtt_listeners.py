@@ -71,19 +71,25 @@ def test_mqtt_over_websocket_only_where_the_listener_speaks_mqtt(start_server: A
     assert b"does not speak mqtt" in head or b"ListenerRoles" in head
 
 
-def test_mqtt_over_tls_with_paho_and_mosquitto(
+def test_mqtt_over_tls_and_wss_with_paho_and_mosquitto(
     start_server: Any, tls_files: dict[str, str]
 ) -> None:
     server = start_server(
+        listeners=2, ListenEncrypted="127.0.0.1:0",
         ListenMqtt="127.0.0.1:0", ListenMqttEncrypted="127.0.0.1:0", BatchTime="0",
         TlsCertificate=tls_files["TlsCertificate"], TlsKey=tls_files["TlsKey"],
     )
     assert server.mqtts_port and server.mqtts_port != server.mqtt_port
     secure = PahoClient(server.mqtts_port, "secure", ca_file=tls_files["ca"])
     assert secure.subscribe("vault/#", 1) == [1]
+    assert server.urls[1].startswith("wss://")
+    wss = int(server.urls[1].rsplit(":", 1)[1])  # MQTT over WebSocket over TLS
+    browser = PahoClient(wss, "browser", transport="websockets", ca_file=tls_files["ca"])
+    assert browser.subscribe("vault/+", 1) == [1]
     plain = PahoClient(server.mqtt_port, "plain")
     plain.publish("vault/door", b"opened", qos=1)
     assert [m.payload for m in secure.receive(1)] == [b"opened"]
+    assert [m.payload for m in browser.receive(1)] == [b"opened"]
     # mosquitto's clients over TLS, checking the certificate against the CA
     assert shutil.which("mosquitto_sub") and shutil.which("mosquitto_pub")
     port = str(server.mqtts_port)
