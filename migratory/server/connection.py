@@ -289,7 +289,8 @@ class Connection:
         try:
             plain = tls.receive(data)
         except TlsFailed as exc:
-            log.info("%s: TLS failed: %s", self.session.describe(), exc)
+            log.info("%s: TLS failed: %s", self.session.describe(), exc,
+                     extra=_client_fields(self.session))
             stats = self.server.ctx.stats
             stats.protocol_errors += 1
             stats.count(stats.protocol_error_kinds, "tls")
