@@ -1,7 +1,5 @@
 """The per-connection outbox that batches ready-to-write frames (sans-I/O)."""
 
-from collections import deque
-
 __all__ = ["Outbox", "SlowConsumer"]
 
 
@@ -34,7 +32,11 @@ class Outbox:
             raise ValueError(f"max_pending must be > 0, got {max_pending}")
         self._batch_space = batch_space
         self._max_pending = max_pending
-        self._frames: deque[bytes] = deque()
+        # a list, not a deque: an empty deque holds a 64-slot block (760 bytes per idle
+        # connection, measured with tracemalloc); an emptied list holds none. Frames are
+        # only appended and taken all at once, so nothing pops from the front but a
+        # requeued tail (the list is empty then) or a discard.
+        self._frames: list[bytes] = []
         self._pending_bytes = 0
 
     def __bool__(self) -> bool:
@@ -74,11 +76,8 @@ class Outbox:
     def take(self) -> bytes:
         """All pending frames as one bytes object (the frame itself if only one), emptied."""
         frames = self._frames
-        if len(frames) == 1:
-            batch = frames.popleft()
-        else:
-            batch = b"".join(frames)
-            frames.clear()
+        batch = frames[0] if len(frames) == 1 else b"".join(frames)
+        frames.clear()
         self._pending_bytes = 0
         return batch
 
@@ -88,7 +87,7 @@ class Outbox:
         Those bytes were already accepted, so this never raises SlowConsumer.
         """
         if rest:
-            self._frames.appendleft(rest)
+            self._frames.insert(0, rest)
             self._pending_bytes += len(rest)
 
     def discard(self, *, keep_first: bool = False) -> int:
@@ -98,7 +97,7 @@ class Outbox:
         wire (a close frame) still lines up with frame boundaries.
         """
         frames = self._frames
-        first = frames.popleft() if keep_first and frames else None
+        first = frames.pop(0) if keep_first and frames else None
         dropped = self._pending_bytes - (len(first) if first is not None else 0)
         frames.clear()
         self._pending_bytes = 0
