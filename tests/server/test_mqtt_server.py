@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -227,6 +228,14 @@ def test_native_clients_cannot_touch_session_subjects(server) -> None:  # type: 
     native.subscribe("/$mqtt-session/00")
     deny = native.recv_op()
     assert isinstance(deny, ops.SubjectStatus) and deny.status is ops.Status.SUBSCRIBE_DENY
+    # nor HTTP: a persistent session's record is not served by GET /snapshot
+    PahoClient(server.mqtt_port, "kept", clean_session=False).subscribe("a/b", 1)
+    subject = "/$mqtt-session/" + b"kept".hex()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(
+            f"http://127.0.0.1:{server.port}/snapshot?subject={subject}", timeout=5
+        )
+    assert refused.value.code == 403
 
 
 def test_mqtt_over_websocket_on_the_native_port(server) -> None:  # type: ignore[no-untyped-def]
