@@ -212,3 +212,18 @@ def test_kubernetes_scrapes_the_monitoring_port_of_every_member(tmp_path: Path) 
     assert not wanted.items() <= client["metadata"].get("labels", {}).items()
     (endpoint,) = service_monitor["spec"]["endpoints"]
     assert endpoint["port"] == "monitor" and endpoint["path"] == "/metrics"
+
+
+def test_every_exported_metric_is_documented() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = metrics.render(metrics.registry_for(_Source())).decode()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    counters = {f.name for f in text_string_to_metric_families(text) if f.type == "counter"}
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    missing = sorted(
+        name for name in families
+        if f"`{name}_total`" not in doc and f"`{name}`" not in doc
+    )
+    assert not missing, f"not in docs/monitoring.md: {missing}"
+    assert all(f"`{name}_total`" in doc for name in counters)
