@@ -253,3 +253,30 @@ def test_mqtt_over_websocket_on_the_native_port(server) -> None:  # type: ignore
         ops.Status.PUBLISH_OK
     )
     assert [m.payload for m in web.receive(1)] == [b"native"]
+
+
+def test_every_front_end_reaches_mqtt_and_mqtt_reaches_every_front_end(server) -> None:  # type: ignore[no-untyped-def]
+    """Published via native, HTTP and MQTT; received on native, SSE and MQTT, with the
+    same positions."""
+    from httpclient import HttpClient, SseClient
+
+    subject, topic = "/Stocks/NYSE/IBM", "Stocks/NYSE/IBM"
+    mqtt_sub = PahoClient(server.mqtt_port, "everywhere")
+    mqtt_sub.subscribe(topic, 1)
+    native = RawClient(server.port)
+    native.connect("native")
+    native.subscribe(subject)
+    native.recv_op()  # SUBSCRIBE_ALLOW
+    stream = SseClient(server.port, [subject])
+    assert stream.next_event()["event"] == "subscribe"  # type: ignore[index]
+    publisher = RawClient(server.port)
+    publisher.connect("native-pub")
+    publisher.publish(Message(subject, b"native", closure="1"))
+    status, body = HttpClient(server.port).publish(subject=subject, content="http")
+    assert status == 200 and body["seq"] == 2
+    PahoClient(server.mqtt_port, "mqtt-pub").publish(topic, b"mqtt", qos=1)
+    expected = [(b"native", 1), (b"http", 2), (b"mqtt", 3)]
+    assert [(m.content, m.seq) for m in native.recv_messages(3)] == expected
+    events = [stream.next_event() for _ in range(3)]
+    assert [(e["data"]["content"].encode(), e["data"]["seq"]) for e in events if e] == expected
+    assert [m.payload for m in mqtt_sub.receive(3)] == [b"native", b"http", b"mqtt"]
