@@ -47,3 +47,23 @@ def test_missed_and_matching() -> None:
     ((subject, position, snapshot),) = hub.matching(filter_levels("x/#"))
     assert (subject, position) == ("/x/y", Position(7, 3))
     assert snapshot is not None and snapshot.content == b"1"
+
+
+def test_a_reposition_gives_listeners_what_it_jumped_over_or_the_snapshot() -> None:
+    source = Hub(epoch=7)
+    for i in range(5):
+        source.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
+    ((_, position, snapshot, cached),) = list(source.numbered())
+    behind = Hub(epoch=7)
+    for i in range(2):
+        behind.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
+    sink = Sink()
+    behind.listen(sink, "/s/t", 1)
+    behind.reposition("/s/t", position, snapshot, cached, 0.0)
+    assert sink.got == [("/s/t", 3, 1), ("/s/t", 4, 1), ("/s/t", 5, 1)]
+    other = Hub(epoch=9)  # another lineage: the cache cannot tell, the snapshot comes
+    other.publish(Message("/s/t", b"x", retained=True), 0.0)
+    lost = Sink()
+    other.listen(lost, "/s/t", 0)
+    other.reposition("/s/t", position, snapshot, cached, 0.0)
+    assert lost.got == [("/s/t", 5, 0)]
