@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from cluster_fixture import LocalCluster
-from test_cluster_processes import Publisher
+from test_cluster_processes import SUBJECT, Publisher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from httpclient import HttpClient, SseClient
-
-SUBJECT = "/Scores/NBA/BOS"
 
 
 def test_sse_stream_resumes_on_another_member_without_gap_or_duplicate(tmp_path: Path) -> None:
