@@ -317,7 +317,7 @@ class Server:
         shed = 0
         for connection in list(self.connections):
             session = connection.session
-            if session.is_websocket or getattr(session, "is_stream", False):
+            if session.is_websocket:
                 session.close(code, reason)
                 shed += 1
             connection.flush()
@@ -327,7 +327,7 @@ class Server:
         """Tell every client we are going away (1001), give them a moment, stop."""
         for connection in list(self.connections):
             session = connection.session
-            if session.is_websocket or getattr(session, "is_stream", False):
+            if session.is_websocket:
                 session.close(close_codes.GOING_AWAY.code, "server shutting down")
             connection.flush()
         with trio.move_on_after(SHUTDOWN_GRACE_SECONDS):

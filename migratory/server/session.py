@@ -104,17 +104,15 @@ class Session:
 
     @property
     def is_websocket(self) -> bool:
-        return self._decoder is not None
+        """A client session the server may close (drain, rebalance, shutdown): a WebSocket
+        or a Server-Sent Events stream (whose close is a ``close`` event), as
+        ``MqttSession.is_websocket``; not a plain HTTP exchange."""
+        return self._decoder is not None or self._stream is not None
 
     @property
     def is_stream(self) -> bool:
         """A Server-Sent Events stream."""
         return self._stream is not None
-
-    @property
-    def is_client(self) -> bool:
-        """A subscriber connection (WebSocket or SSE), not a plain HTTP exchange."""
-        return self._decoder is not None or self._stream is not None
 
     @property
     def in_http(self) -> bool:

@@ -3,6 +3,7 @@ Last-Event-ID, resync when it cannot be exact, heartbeats, slow readers cut off.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from typing import Any
@@ -135,3 +136,13 @@ def test_a_slow_reader_is_cut_off_and_others_keep_receiving(start_server: Any) -
     assert len(received) < 400 * 64_000
     assert b"event: close" in received and b'"code":4500' in received
     slow.close()
+
+
+def test_a_draining_server_tells_streams_to_reconnect_elsewhere(start_server: Any) -> None:
+    server = start_server(DrainTime="5")
+    stream = SseClient(server.port, [A])
+    stream.events_until("subscribe")
+    server.proc.send_signal(signal.SIGTERM)
+    closing = stream.events_until("close", timeout=5)[-1]
+    assert closing["data"]["code"] == 4502, closing
+    assert server.proc.wait(10) == 0
