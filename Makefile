@@ -96,4 +96,4 @@ image: $(JS_BUILT)
 	$$engine build -f deploy/Dockerfile -t $(IMAGE) .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(JS_DIR)/node_modules migratory/server/static

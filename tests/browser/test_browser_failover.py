@@ -71,6 +71,10 @@ def test_page_fails_over_and_resumes_without_gap_or_duplicate(
     print("killed member", on, "after", killed_at, "messages; servers", final["servers"])
     print("notifications", [n for n in final["notifications"] if n[0] == "SERVER_DOWN"])
     print("statuses", statuses)
+    down = next(n[4] for n in final["notifications"] if n[0] == "SERVER_DOWN")
+    synced = [n[4] for n in final["notifications"] if n[0] == "DATA_SYNC" and n[4] > down]
+    if synced:
+        print(f"failover: SERVER_DOWN to DATA_SYNC in {synced[0] - down:.0f} ms")
     print("acked", len(publisher.acked), "failed", publisher.failed[:3])
     seqs = [seq for _, _, _, seq in messages]
     assert len({epoch for _, _, epoch, _ in messages}) == 1
