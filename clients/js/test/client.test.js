@@ -255,3 +255,52 @@ test("bad options are refused, naming the key", () => {
   }
   assert.throws(() => connect("http://a", { WebSocket: FakeWebSocket }), /scheme/);
 });
+
+test("publishNoWait sends no closure; a failure without closure is a notification", async () => {
+  const { client, notes } = open();
+  const ws = FakeWebSocket.last();
+  ws.accept();
+  await client.publishNoWait(SUBJECT, "x", { qos: "guaranteed" });
+  const [sent] = ws.take("publish");
+  assert.equal(sent.closure, undefined);
+  assert.equal(sent.qos, "guaranteed");
+  ws.receive({ op: "publish_status", status: "PUBLISH_FAILED", subject: SUBJECT, reason: "bad" });
+  assert.deepEqual([notes.at(-1).status, notes.at(-1).reason], ["PUBLISH_FAILED", "bad"]);
+  await client.close();
+});
+
+test("notifications() is bounded: when nobody reads, the oldest are dropped", async () => {
+  const { client } = open({ notificationBuffer: 2 });
+  const ws = FakeWebSocket.last();
+  ws.accept(); // SERVER_UP
+  ws.drop(); // SERVER_DOWN
+  mock.timers.tick(100);
+  FakeWebSocket.last().accept("m2"); // SERVER_UP: three put, room for two
+  const queue = client.notifications();
+  assert.equal(queue.dropped, 1);
+  assert.deepEqual([(await queue.next()).value.status, (await queue.next()).value.status],
+    ["SERVER_DOWN", "SERVER_UP"]);
+  await client.close();
+  assert.deepEqual(await queue.next(), { value: undefined, done: true });
+});
+
+test("leaving a for-await loop unsubscribes; the subject can be subscribed again", async () => {
+  const { client } = open();
+  const subscription = client.subscribe(SUBJECT);
+  const ws = FakeWebSocket.last();
+  ws.accept();
+  ws.take("subscribe");
+  ws.receive(status("SUBSCRIBE_ALLOW", SUBJECT, 7, 0));
+  ws.receive(message(SUBJECT, 1));
+  for await (const m of subscription) {
+    assert.equal(m.seq, 1);
+    break;
+  }
+  assert.deepEqual(ws.take("unsubscribe"), [{ op: "unsubscribe", subjects: [SUBJECT] }]);
+  assert.equal(subscription.active, false);
+  ws.receive(message(SUBJECT, 2)); // in flight before the unsubscribe: dropped
+  assert.deepEqual(await subscription.next(), { value: undefined, done: true });
+  client.subscribe(SUBJECT, { onMessage: () => {} });
+  assert.equal(ws.take("subscribe").length, 1);
+  await client.close();
+});
