@@ -3,8 +3,11 @@ send: malformed packets, silence past the keep-alive, a connection dropped mid-w
 
 from __future__ import annotations
 
+import json
 import socket
 import time
+import urllib.request
+from typing import Any
 
 from migratory.protocol import mqtt, mqtt_encode
 
@@ -73,3 +76,17 @@ class MqttRawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as reply:
+        result: dict[str, Any] = json.loads(reply.read())
+        return result
+
+
+def wait_subscriptions(port: int, count: int, timeout: float = 15) -> None:
+    """Until the server holds ``count`` subscriptions (a client's SUBSCRIBE arrived)."""
+    deadline = time.monotonic() + timeout
+    while stats(port)["subscriptions"] < count:
+        assert time.monotonic() < deadline, f"fewer than {count} subscriptions"
+        time.sleep(0.05)

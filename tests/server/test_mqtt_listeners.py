@@ -7,13 +7,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
-from mqttclient import MqttRawClient
+from mqttclient import MqttRawClient, wait_subscriptions
 from paho_client import PahoClient
 
 from migratory.config import Config, ConfigError
@@ -99,7 +98,7 @@ def test_mqtt_over_tls_and_wss_with_paho_and_mosquitto(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        time.sleep(1.0)  # its CONNECT and SUBSCRIBE
+        wait_subscriptions(server.port, 3)  # secure, browser and mosquitto_sub
         subprocess.run(
             ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "--cafile", tls_files["ca"],
              "-t", "vault/window", "-q", "1", "-m", "closed"], check=True, timeout=10,

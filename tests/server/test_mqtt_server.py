@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 import pytest
-from mqttclient import MqttRawClient
+from mqttclient import MqttRawClient, stats, wait_subscriptions
 from paho_client import PahoClient
 from rawclient import RawClient
 
 from migratory.model.message import Message
 from migratory.protocol import mqtt, ops
-
-
-def stats(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as reply:
-        result: dict[str, Any] = json.loads(reply.read())
-        return result
 
 
 @pytest.fixture
@@ -118,11 +110,7 @@ def test_mosquitto_clients_publish_and_subscribe(server) -> None:  # type: ignor
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 10
-        while stats(server.port)["mqtt_sessions_opened"] < 1:
-            assert time.monotonic() < deadline, "mosquitto_sub did not connect"
-            time.sleep(0.05)
-        time.sleep(0.3)  # its SUBSCRIBE follows the CONNECT
+        wait_subscriptions(server.port, 1)
         for text in ("one", "two"):
             subprocess.run(
                 ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-t", "demo/x", "-q", "1",
@@ -174,8 +162,8 @@ def test_keep_alive_expiry_closes_and_publishes_the_will(server) -> None:  # typ
                                                                      False))
     assert connack == mqtt.Connack(False, 0)
     started = time.monotonic()
-    assert silent.closed_by_server(timeout=5)
-    assert 1.2 < time.monotonic() - started < 4  # 1.5 x keep-alive
+    assert silent.closed_by_server(timeout=10)
+    assert 1.2 < time.monotonic() - started < 8  # 1.5 x keep-alive (a busy machine: later)
     assert [m.payload for m in watcher.receive(1)] == [b"x"]
     # a client that pings is kept
     pinging = MqttRawClient(server.mqtt_port)
@@ -202,13 +190,16 @@ def test_persistent_session_gets_what_it_missed(server) -> None:  # type: ignore
     publisher = PahoClient(server.mqtt_port, "ctl")
     publisher.publish("cmd/device-7/a", b"1", qos=1)
     assert [m.payload for m in device.receive(1)] == [b"1"]
-    time.sleep(0.3)  # the PUBACK reaches the server and the position is saved
     device.stop()
     for i in (2, 3, 4):
         publisher.publish(f"cmd/device-7/{'ab'[i % 2]}", str(i).encode(), qos=1)
     back = PahoClient(server.mqtt_port, "device-7", clean_session=False)
     assert back.session_present
-    assert sorted(m.payload for m in back.receive(3)) == [b"2", b"3", b"4"]
+    got: list[bytes] = []
+    while not {b"2", b"3", b"4"} <= set(got):
+        got += [m.payload for m in back.receive(1)]
+    # at least once: "1" comes again only if its PUBACK lost the race with DISCONNECT
+    assert sorted(set(got)) in ([b"2", b"3", b"4"], [b"1", b"2", b"3", b"4"]), got
     assert back.nothing_more()
     publisher.publish("cmd/device-7/a", b"5", qos=1)  # the subscription is live again
     assert [m.payload for m in back.receive(1)] == [b"5"]
