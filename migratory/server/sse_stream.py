@@ -17,7 +17,8 @@ from migratory.protocol import ops, sse
 from migratory.server.format_sink import FormatSink
 from migratory.server.hub import Hub
 
-SSE_FORMAT = "sse"  # this format's key in a fan-out's shared frames
+SSE_FORMAT = "sse"  # this format's key in a fan-out's shared frames: event + data lines
+SSE_SINGLE = "sse-one-subject"  # the whole event of one-subject streams (id included)
 # Types that move a subject's position forward (a snapshot or history does not).
 _ADVANCING = frozenset({MessageType.UPDATE, MessageType.RECOVERED})
 _STATUS_EVENTS = {
@@ -48,11 +49,23 @@ class SseStream(FormatSink):
     # --- MessageSink (the hub) ---------------------------------------------------
 
     def deliver_formatted(self, message: Message, frames: dict[object, bytes]) -> None:
+        self._advance(message)
+        if len(self.positions) == 1:  # the id is the message's position: the whole event
+            event = frames.get(SSE_SINGLE)  # is the same for every one-subject stream
+            if event is None:
+                event = frames[SSE_SINGLE] = self._lines(message, frames) + sse.event_id(
+                    self.positions
+                )
+            self._output.deliver(event)
+            return
+        self._output.deliver(self._lines(message, frames) + sse.event_id(self.positions))
+
+    @staticmethod
+    def _lines(message: Message, frames: dict[object, bytes]) -> bytes:
         lines = frames.get(SSE_FORMAT)
         if lines is None:
             lines = frames[SSE_FORMAT] = sse.message_lines(message)
-        self._advance(message)
-        self._output.deliver(lines + sse.event_id(self.positions))
+        return lines
 
     def deliver_op(self, op: ops.ServerOp) -> None:
         if isinstance(op, ops.Deliver):
