@@ -1,8 +1,8 @@
 """The dashboard (/dashboard on the monitoring listener) in a real Chromium against a
 10-member Guaranteed cluster pushing its meta-subjects every second: it shows the
 members with their roles and the Raft leader, stays readable with 10 members, updates
-at least every 2 s, and its numbers move when a workload runs. The screenshot is kept
-in runs/browser/."""
+at least every 2 s, its numbers move when a workload runs, and a member that is killed
+goes grey. The screenshot is kept in runs/browser/."""
 
 from __future__ import annotations
 
@@ -107,6 +107,12 @@ def test_dashboard_shows_the_members_and_moves_with_a_workload(
         shot = browser.screenshot(OUTPUT / "dashboard-10-members.png")
         print("screenshot", shot, "messages in/s", idle, "->", moved, "layout", layout)
         publisher.join(60)
+        # a member that dies goes grey within a few push intervals; the others stay live
+        cluster.kill(9)
+        silent = "return [...document.querySelectorAll('#members tbody tr')].map((tr) => " \
+                 "tr.classList.contains('silent'))"
+        went_grey = browser.wait_for("the killed member greyed", lambda: (
+            (now := browser.run(silent))[9] and now), 20)
     finally:
         cluster.stop()
     # readable with 10 members: every row on screen, nothing wider than the window,
@@ -116,3 +122,4 @@ def test_dashboard_shows_the_members_and_moves_with_a_workload(
     assert layout["tableBottom"] <= layout["height"]
     assert layout["charts"] == 4 and layout["legends"] == [names] * 4
     assert len(publisher.acked) == 400
+    assert went_grey == [False] * 9 + [True]
