@@ -123,6 +123,7 @@ class Hub:
         self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
         self._published = 0
         self._fanned_out = 0
+        self.subjects_created = 0  # grows whenever a subject is added (MQTT sessions scan)
 
     # --- publishing ---------------------------------------------------------
 
@@ -492,4 +493,5 @@ class Hub:
                 max_messages=self._max_cached, expire_seconds=self._cache_expire
             )
             state = self._subjects[subject] = SubjectState(subject, self.epoch, cache)
+            self.subjects_created += 1
         return state

@@ -34,6 +34,11 @@ message of it the cache holds is missed."""
 
 MAX_IMPLIED = 10_000
 """Subjects a persistent session's record names at most (see ``implied_positions``)."""
+MAX_FILTERS = 1000
+"""Topic filters one session holds at most; a SUBSCRIBE beyond gets 0x80 for them."""
+MAX_WILDCARD_FILTERS = 100
+"""Of which with ``+`` or ``#`` (each one is matched against every new subject, and a
+new one against every subject for its retained messages)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,8 @@ class Subscriptions:
         # delivery on the fan-out path
         self.reached: dict[str, Position | Message] = {}
         self._attached = True
+        self._filters_changed = True  # since the last implied_positions
+        self._scanned_at = -1  # hub.subjects_created at the last implied_positions
 
     def filters(self) -> dict[str, int]:
         return {name: f.qos for name, f in self._filters.items()}
@@ -81,6 +88,15 @@ class Subscriptions:
                      extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         subject = None if is_wildcard(name) else "/" + name
+        if name not in self._filters:
+            wildcards = sum(1 for f in self._filters.values() if f.subject is None)
+            if len(self._filters) >= MAX_FILTERS or (
+                subject is None and wildcards >= MAX_WILDCARD_FILTERS
+            ):
+                log.info("%s: SUBSCRIBE refused: at most %d filters, %d with wildcards",
+                         self._owner.describe(), MAX_FILTERS, MAX_WILDCARD_FILTERS,
+                         extra=self._owner.log_fields())
+                return mqtt.SUBACK_FAILURE
         if not self._owner.entitlement_allows_subscribe("/" + name):
             log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name,
                      extra=self._owner.log_fields())
@@ -88,6 +104,7 @@ class Subscriptions:
         self._drop(name)
         entry = _Filter(granted, levels, subject)
         self._filters[name] = entry
+        self._filters_changed = True
         self._register(entry)
         if subject is not None:
             position = self._hub.position(subject)
@@ -108,6 +125,7 @@ class Subscriptions:
 
     def _drop(self, name: str) -> None:
         entry = self._filters.pop(name, None)
+        self._filters_changed = True
         if entry is not None and self._attached:
             self._unregister(entry)
 
@@ -161,9 +179,17 @@ class Subscriptions:
     def implied_positions(self, record: SessionRecord) -> None:
         """Before a save: the subjects wildcard filters match that this session was
         never sent a message of are at their current position (up to MAX_IMPLIED); the
-        subjects no filter matches any more are forgotten."""
-        for subject in [s for s in record.positions if self._qos_for(s) is None]:
-            del record.positions[subject]
+        subjects no filter matches any more are forgotten. Scans only when the filters
+        changed or the hub has new subjects: a subject recorded once keeps a valid
+        position until a message of it reaches this session."""
+        created = self._hub.subjects_created
+        if self._filters_changed:
+            for subject in [s for s in record.positions if self._qos_for(s) is None]:
+                del record.positions[subject]
+        elif created == self._scanned_at:
+            return
+        self._filters_changed = False
+        self._scanned_at = created
         for entry in self._filters.values():
             if entry.subject is not None:
                 continue

@@ -132,3 +132,48 @@ def test_will_is_published_on_failure_not_when_the_server_moves_the_client() -> 
         "/dev/status", b"offline", True,
     )
     assert reply is None and ctx.stats.mqtt_wills_published == 1
+
+
+def test_filters_per_session_are_bounded() -> None:
+    from migratory.server.mqtt_subscriptions import MAX_FILTERS, MAX_WILDCARD_FILTERS
+
+    ctx, _ = make()
+    s = session(ctx, "greedy", {})
+    read(s)
+    wild = tuple((f"w{i}/+", 0) for i in range(MAX_WILDCARD_FILTERS + 1))
+    s.receive_data(encode_packet(mqtt.Subscribe(1, wild)), 0.0)
+    (suback,) = read(s)
+    assert isinstance(suback, mqtt.Suback)
+    assert suback.return_codes == (0,) * MAX_WILDCARD_FILTERS + (mqtt.SUBACK_FAILURE,)
+    exact = tuple((f"e/{i}", 0) for i in range(MAX_FILTERS))
+    s.receive_data(encode_packet(mqtt.Subscribe(2, exact)), 0.0)
+    (suback,) = read(s)
+    assert isinstance(suback, mqtt.Suback)
+    allowed = MAX_FILTERS - MAX_WILDCARD_FILTERS
+    assert suback.return_codes == (0,) * allowed + (mqtt.SUBACK_FAILURE,) * (MAX_FILTERS - allowed)
+    assert ctx.hub.statistics().subscriptions == MAX_FILTERS
+
+
+def test_resume_of_a_wildcard_starts_where_the_session_stood_on_older_subjects() -> None:
+    ctx, held = make()
+    registry: dict = {}
+    publisher = session(ctx, "pub", registry)
+
+    def publish(payload: bytes) -> None:
+        publisher.receive_data(encode_packet(mqtt.Publish("a/x", payload, qos=0)), 0.0)
+        held.settle()
+
+    for old in (b"old1", b"old2", b"old3"):
+        publish(old)  # before the subscription: never owed to the session
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    read(device)
+    device.connection_lost()
+    held.settle()
+    publish(b"new1")
+    publish(b"new2")
+    back = session(ctx, "dev", registry, clean_session=False)
+    packets = read(back)
+    assert packets[0] == mqtt.Connack(True, 0)
+    assert [p.payload for p in packets[1:] if isinstance(p, mqtt.Publish)] == [b"new1", b"new2"]
