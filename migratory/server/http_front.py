@@ -58,6 +58,10 @@ class HttpFront:
     def _process(self) -> None:
         session = self._session
         while session.in_http and not (session.closing or session.aborted):
+            if session.outbox.pending_bytes > self._ctx.config.client_max_pending_bytes:
+                # pipelined requests whose responses are not read: bound, then work
+                session.cut_off("HTTP responses not read")
+                return
             try:
                 event = self._http.next_event()
             except HttpError as exc:

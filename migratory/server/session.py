@@ -154,6 +154,14 @@ class Session:
         else:
             self._link.mark_dirty()
 
+    def cut_off(self, why: str) -> None:
+        """Close at once, dropping what is queued: a client that does not read."""
+        self._ctx.stats.slow_consumers += 1
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), why)
+        self.connection_lost()
+        self.aborted = True
+        self._link.flush_now()
+
     def _slow_consumer(self, exc: SlowConsumer) -> None:
         """Drop what is queued, try to say 4500, and let the transport close."""
         if self.closing or self.aborted:

@@ -151,3 +151,22 @@ def test_a_message_published_anywhere_reaches_every_front_end(start_server: Any)
         ("native", 1), ("http", 2), ("urllib", 3)]
     epoch = got[0][1] and events[0]["data"]["epoch"]  # type: ignore[index]
     assert [e["id"] for e in events if e] == [f"{epoch}:{n}" for n in (1, 2, 3)]
+
+
+def test_pipelined_requests_whose_answers_are_not_read_are_cut_off(start_server: Any) -> None:
+    server = start_server(ClientMaxPendingBytes="65536")
+    flood = socket.socket()
+    flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    flood.connect(("127.0.0.1", server.port))
+    flood.settimeout(10)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"  # answers pile up unread
+    try:
+        for _ in range(20_000):
+            flood.sendall(request * 10)
+    except OSError:
+        pass  # reset: the server dropped the connection
+    flood.close()
+    client = HttpClient(server.port)  # the server is fine and counted the cut-off
+    _, data = client.request("GET", "/stats")
+    assert json.loads(data)["slow_consumers"] == 1
+    assert "HTTP responses not read" in server.log()
