@@ -231,6 +231,7 @@ class MqttSession:
         identity = ClientIdentity(name=(packet.username or client_id)[:200], token=token,
                                   peer=self.peer)
         if not self._ctx.entitlement.allow_connect(identity):
+            self._denied("connect")
             self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
             return
         self._take_over(client_id)
@@ -283,6 +284,8 @@ class MqttSession:
         )
         status, reason = check_publish(ctx, self.listener, self.identity, message)
         if status is not None:
+            if status is ops.Status.PUBLISH_DENIED:
+                self._denied("publish")
             self._refused_publish(f"{status.value}: {reason}")
             return
         ctx.publishing.submit(message, self if packet.qos else None, now)
@@ -320,7 +323,15 @@ class MqttSession:
 
     def entitlement_allows_subscribe(self, subject: str) -> bool:
         assert self.identity is not None
-        return self._ctx.entitlement.allow_subscribe(self.identity, subject)
+        allowed = self._ctx.entitlement.allow_subscribe(self.identity, subject)
+        if not allowed:
+            self._denied("subscribe")
+        return allowed
+
+    def _denied(self, action: str) -> None:
+        """An entitlement refusal, for GET /metrics (migratory_entitlement_denials_total)."""
+        stats = self._ctx.stats
+        stats.count(stats.entitlement_denials, action)
 
     def note_position(self, subject: str, position: Position) -> None:
         """Where a new subscription of ``subject`` starts."""

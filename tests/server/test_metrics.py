@@ -210,8 +210,10 @@ def test_mqtt_connections_and_protocol_errors_are_labelled_mqtt(start_server: An
             bad.sendall(b"\xf0\x00")  # packet type 15 is reserved: malformed
             while bad.recv(4096):
                 pass
+        assert client.subscribe("migratory/cluster", 0) == [0x80]  # no monitoring token
         after = scrape(http)
         assert value(after, "migratory_frontend_connections", frontend="mqtt") == 1
         assert value(after, "migratory_protocol_errors_total", kind="mqtt") == 1
+        assert value(after, "migratory_entitlement_denials_total", action="subscribe") == 1
     finally:
         client.stop()
