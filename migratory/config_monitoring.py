@@ -36,9 +36,10 @@ MONITOR_SETTINGS: tuple[Setting, ...] = (
             "Entitlement token that lets a client subscribe to the meta-subjects under "
             "/migratory/ (push monitoring); empty: nobody may, and nothing is pushed. No "
             "client may publish under /migratory/."),
-    Setting("MonitorPushInterval", "monitor_push_interval", _int(1, 3600, " of seconds"), "5",
+    Setting("MonitorPushInterval", "monitor_push_interval", _int(1, 3600, " of seconds"), "1",
             "Seconds between two publications of the meta-subjects /migratory/stats/<member> "
-            "and /migratory/cluster (when MonitorToken is set)."),
+            "and /migratory/cluster (when MonitorToken is set); at most 2 keeps the dashboard "
+            "at /dashboard updating at least every 2 s."),
     Setting("LogFormat", "log_format", _choice("text", "json"), "text",
             "text: one readable line per event; json: one JSON object per line (time, level, "
             "logger, message, and client, peer, connection_id when the line is about a "

@@ -38,6 +38,7 @@ export class ClusterView {
     if (entry === undefined) {
       entry = {
         member: name, cluster: null, stats: null, clusterAt: null, statsAt: null, statsCount: 0,
+        heard: [], // when its last stats messages arrived here (receive time), newest last
       };
       this.members.set(name, entry);
     }
@@ -68,6 +69,8 @@ export class ClusterView {
       entry.stats = body;
       entry.statsAt = said;
       entry.statsCount += 1;
+      entry.heard.push(now);
+      if (entry.heard.length > 60) entry.heard.shift();
       this.record(body.member, said, body.windows?.last_sample ?? {});
     } else {
       return null;
