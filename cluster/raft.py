@@ -34,7 +34,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
-from cluster import dump_fork
+from cluster import dump_fork, raft_unpickler
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
@@ -44,6 +44,7 @@ from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, Qos
 
 log = logging.getLogger("migratory.raft")
+raft_unpickler.install()  # pysyncobj unpickles only our types and its own (raft_unpickler.py)
 
 # (origin, ref, subject, content, fields, retained, guaranteed): plain tuples pickle fast
 WireRequest = tuple[str, int, str, bytes, dict[str, str], bool, bool]

@@ -73,6 +73,8 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
+from cluster import raft_unpickler
+
 log = logging.getLogger("migratory.raft")
 
 
@@ -184,7 +186,7 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
             raise ValueError(f"unknown append_entries transmission {transmission!r}")
         if transmission == "finish":
             try:
-                entry = pickle.loads(received)
+                entry = raft_unpickler.loads(received)
             except (pickle.UnpicklingError, EOFError):
                 pass  # an early "finish": more parts follow
             else:

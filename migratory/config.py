@@ -16,11 +16,13 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any
 
 from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
+from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS
 from migratory.config_values import (
     ORDINAL,
     Setting,
@@ -60,11 +62,14 @@ SETTINGS: tuple[Setting, ...] = (
             "Name sent to clients in `connected` and used in logs."),
     Setting("LogLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO",
             "Logging threshold."),
-    Setting("Entitlement", "entitlement", _choice("None", "Basic"), "None",
+    Setting("Entitlement", "entitlement", _choice("None", "Basic", "Token", "Custom"), "None",
             "None: anyone may connect, subscribe and publish. Basic: anyone may subscribe; only "
-            "clients whose token equals EntitlementAllowToken may publish."),
+            "clients whose token equals EntitlementAllowToken may publish. Token: a JWT lists "
+            "the subjects a client may subscribe to and publish on. Custom: a Python plugin "
+            "(EntitlementPlugin). See docs/security.md."),
     Setting("EntitlementAllowToken", "entitlement_allow_token", _text, "",
             "The publishing token for Entitlement = Basic (required then)."),
+    *ENTITLEMENT_SETTINGS,
     Setting("PublishSnapshotMessage", "publish_snapshot_message", _bool, "true",
             "Send the subject's snapshot first on every subscribe."),
     Setting("MaxCachedMessagesPerSubject", "max_cached_messages_per_subject",
@@ -101,6 +106,7 @@ SETTINGS: tuple[Setting, ...] = (
             "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or "
             "after this many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it "
             "below terminationGracePeriodSeconds minus the preStop sleep."),
+    *LIMIT_SETTINGS,
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
@@ -171,6 +177,13 @@ class Config:
     log_level: str
     entitlement: str
     entitlement_allow_token: str
+    entitlement_token_algorithm: str
+    entitlement_token_key_file: str
+    entitlement_token_jwks_file: str
+    entitlement_token_issuer: str
+    entitlement_token_audience: str
+    entitlement_plugin: str
+    entitlement_plugin_options: str
     publish_snapshot_message: bool
     max_cached_messages_per_subject: int
     cache_expire_time: int
@@ -183,6 +196,16 @@ class Config:
     handshake_timeout: int
     gc_thresholds: tuple[int, int, int]
     drain_time: int
+    max_connections: int
+    file_descriptor_reserve: int
+    max_connections_per_address: int
+    max_handshakes_per_address: int
+    max_subscriptions_per_connection: int
+    max_subjects_per_subscribe: int
+    max_publishes_per_second: int
+    max_fragments_per_message: int
+    incomplete_frame_budget: int
+    publish_allow_from_address_list: tuple[IPv4Network | IPv6Network, ...]
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int
@@ -266,7 +289,7 @@ class Config:
                 out[setting.key] = "; ".join(role.as_text() for role in value)
             elif setting.attr == "http_cors_origins":
                 out[setting.key] = ", ".join(value)
-            elif setting.attr == "gc_thresholds":
+            elif setting.attr in ("gc_thresholds", "publish_allow_from_address_list"):
                 out[setting.key] = ",".join(str(v) for v in value)
             else:
                 out[setting.key] = str(value)
@@ -336,6 +359,17 @@ def _check(config: Config, key: _Origins) -> Config:
             "(the publishing token)"
         )
     _check_listener_clash(config, key)
+    if config.entitlement == "Token" and (
+        bool(config.entitlement_token_key_file) == bool(config.entitlement_token_jwks_file)
+    ):
+        raise ConfigError(
+            f"{key('Entitlement')} = Token needs exactly one of "
+            f"{key('EntitlementTokenKeyFile')} and {key('EntitlementTokenJwksFile')}"
+        )
+    if config.entitlement == "Custom" and not config.entitlement_plugin:
+        raise ConfigError(
+            f"{key('Entitlement')} = Custom needs {key('EntitlementPlugin')} (module:Class)"
+        )
     if config.max_frame_size <= config.max_message_size:
         raise ConfigError(
             f"{key('MaxFrameSize')} ({config.max_frame_size}) must be larger than "

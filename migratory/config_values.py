@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any
 
 ORDINAL = "{ordinal}"  # in ClusterMemberTemplate: a member's index in ClusterMembers
@@ -113,3 +114,16 @@ def _seed_count(text: str) -> int:
     if value not in (3, 5):
         raise ValueError(f"must be 3 or 5 (an odd quorum), got {value}")
     return value
+
+
+def _networks(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
+    """Comma-separated addresses or CIDR networks; empty: none (no restriction)."""
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"expected an IP address or CIDR network, got {item!r}") from None
+    return tuple(out)

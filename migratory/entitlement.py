@@ -1,8 +1,9 @@
 """Entitlement: who may connect, subscribe and publish.
 
 ``Entitlement = None`` allows everything; ``Basic`` lets anyone subscribe and
-only holders of ``EntitlementAllowToken`` publish. Token and Custom (a Python
-plugin implementing :class:`Entitlement`) plug in behind the same interface.
+only holders of ``EntitlementAllowToken`` publish; ``Token`` verifies a JWT
+(:mod:`migratory.entitlement_token`); ``Custom`` asks a Python plugin
+(:mod:`migratory.entitlement_custom`). All behind the same interface.
 Denials become statuses (``SUBSCRIBE_DENY``, ``PUBLISH_DENIED``) or the close
 code ``4003 CONNECT_DENIED``; they are never silent.
 """
@@ -13,7 +14,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
-from migratory.config import Config
+from migratory.config import Config, ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +35,16 @@ class Entitlement(Protocol):
 
     def allow_publish(self, client: ClientIdentity, subject: str) -> bool: ...
 
+    def expiry(self, client: ClientIdentity) -> float | None:
+        """When the client's rights end (seconds since the epoch), or None."""
+        ...
+
 
 class NoEntitlement:
     name = "None"
+
+    def expiry(self, client: ClientIdentity) -> float | None:
+        return None
 
     def allow_connect(self, client: ClientIdentity) -> bool:
         return True
@@ -56,6 +64,9 @@ class BasicEntitlement:
             raise ValueError("Basic entitlement needs a non-empty allow token")
         self._allow_token = allow_token.encode()
 
+    def expiry(self, client: ClientIdentity) -> float | None:
+        return None
+
     def allow_connect(self, client: ClientIdentity) -> bool:
         return True
 
@@ -68,6 +79,32 @@ class BasicEntitlement:
 
 
 def entitlement_from_config(config: Config) -> Entitlement:
+    """The configured entitlement; ConfigError when its key file or plugin cannot load."""
     if config.entitlement == "Basic":
         return BasicEntitlement(config.entitlement_allow_token)
+    if config.entitlement == "Token":
+        from migratory.entitlement_token import TokenEntitlement, load_keys
+
+        try:
+            keys = load_keys(
+                config.entitlement_token_algorithm,
+                config.entitlement_token_key_file,
+                config.entitlement_token_jwks_file,
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"Entitlement = Token: {exc}") from None
+        return TokenEntitlement(
+            algorithm=config.entitlement_token_algorithm,
+            keys=keys,
+            issuer=config.entitlement_token_issuer,
+            audience=config.entitlement_token_audience,
+        )
+    if config.entitlement == "Custom":
+        from migratory.entitlement_custom import CustomEntitlement, load_plugin
+
+        try:
+            plugin = load_plugin(config.entitlement_plugin, config.entitlement_plugin_options)
+        except ValueError as exc:
+            raise ConfigError(f"EntitlementPlugin: {exc}") from None
+        return CustomEntitlement(plugin)
     return NoEntitlement()

@@ -53,7 +53,7 @@ def test_unknown_key_names_the_key_line_and_a_suggestion() -> None:
         ("PublishSnapshotMessage", "maybe", "PublishSnapshotMessage: expected true or false"),
         ("Listen", "localhost", "Listen: expected host:port"),
         ("Listen", "127.0.0.1:70000", "Listen: must be >= 0 and <= 65535"),
-        ("Entitlement", "Token", "Entitlement: expected one of None, Basic"),
+        ("Entitlement", "Kerberos", "Entitlement: expected one of None, Basic, Token, Custom"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: str, message: str) -> None:

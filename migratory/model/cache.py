@@ -6,29 +6,39 @@ from typing import Any
 
 from migratory.model.message import Message, MessageType, Qos
 
-__all__ = ["SubjectCache"]
+__all__ = ["SubjectCache", "encoded_bound"]
+
+FIELD_OVERHEAD = 6
+"""CBOR header bytes of one field's name and value, at most, for fields under 64 KiB."""
+
+
+def encoded_bound(message: Message) -> int:
+    """:meth:`Message.size` plus the CBOR headers of its fields: what the cache counts."""
+    return message.size() + FIELD_OVERHEAD * len(message.fields)
+
 
 # An entry: (stored at, epoch, seq, subject, content, fields as pairs, retained, qos,
-# closure, type) -- a tuple of immutable atoms only. CPython's collector stops tracking
-# such a tuple the first time it sees it, so a full cache costs the collector nothing;
+# closure, type, encoded bound) -- a tuple of immutable atoms only. CPython's collector
+# stops tracking such a tuple the first time it sees it, so a full cache costs the
+# collector nothing;
 # storing ``Message`` objects (two tracked objects per message: the message and its
 # ``(time, message)`` tuple) made every full collection walk every cached message, and
 # with 100,000 cached messages a collection stopped the server for 190-355 ms
 # (docs/benchmarks.md, issue 13). Messages are rebuilt when recovery or history reads.
 _Entry = tuple[Any, ...]
-_AT, _EPOCH, _SEQ = 0, 1, 2
+_AT, _EPOCH, _SEQ, _BOUND = 0, 1, 2, 10
 
 
 def _entry(message: Message, now: float) -> _Entry:
     return (
         now, message.epoch, message.seq, message.subject, message.content,
         tuple(message.fields.items()), message.retained, message.qos.value,
-        message.closure, message.type.value,
+        message.closure, message.type.value, encoded_bound(message),
     )
 
 
 def _message(entry: _Entry) -> Message:
-    _, epoch, seq, subject, content, fields, retained, qos, closure, kind = entry
+    _, epoch, seq, subject, content, fields, retained, qos, closure, kind, _ = entry
     return Message(
         subject, content, dict(fields), retained, Qos(qos), closure, epoch, seq, MessageType(kind)
     )
@@ -44,7 +54,14 @@ class SubjectCache:
     ``reset``. Times are seconds on any monotonic clock the caller chooses.
     """
 
-    __slots__ = ("_entries", "_expire_seconds", "_last_seq_seen", "_max_messages")
+    __slots__ = (
+        "_bytes",
+        "_entries",
+        "_expire_seconds",
+        "_largest",
+        "_last_seq_seen",
+        "_max_messages",
+    )
 
     def __init__(
         self,
@@ -63,6 +80,22 @@ class SubjectCache:
         self._expire_seconds = expire_seconds
         self._last_seq_seen = last_seq_seen
         self._entries: deque[_Entry] = deque(maxlen=max_messages)
+        self._bytes = 0  # sum of encoded_bound() of the cached messages
+        self._largest = 0  # largest encoded_bound() cached since the last reset
+
+    @property
+    def bytes(self) -> int:
+        """The sum of :func:`encoded_bound` over the cached messages."""
+        return self._bytes
+
+    def bytes_of_newest(self, count: int) -> int:
+        """An upper bound, in O(1), of the size of the newest ``count`` cached messages:
+        what a subscriber asking for them makes the server encode."""
+        if count <= 0:
+            return 0
+        if count >= len(self._entries):
+            return self._bytes
+        return min(self._bytes, count * self._largest)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -118,13 +151,21 @@ class SubjectCache:
                 f"epoch {message.epoch} differs from cached epoch {self._entries[-1][_EPOCH]}"
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
-        self._entries.append(_entry(message, now))
+        entries = self._entries
+        if len(entries) == self._max_messages and entries:
+            self._bytes -= entries[0][_BOUND]  # the deque drops it
+        entry = _entry(message, now)
+        if self._max_messages:
+            self._bytes += entry[_BOUND]
+            self._largest = max(self._largest, entry[_BOUND])
+        entries.append(entry)
         self._last_seq_seen = seq
 
     def reset(self) -> None:
         """Forget every message and the last seq seen (for a new epoch)."""
         self._entries.clear()
         self._last_seq_seen = 0
+        self._bytes = self._largest = 0
 
     def expire(self, now: float) -> int:
         """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
@@ -132,8 +173,10 @@ class SubjectCache:
         entries = self._entries
         dropped = 0
         while entries and now - entries[0][_AT] > expire_seconds:
-            entries.popleft()
+            self._bytes -= entries.popleft()[_BOUND]
             dropped += 1
+        if not entries:
+            self._bytes = self._largest = 0
         return dropped
 
     def since(self, seq: int) -> list[Message] | None:

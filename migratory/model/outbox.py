@@ -23,7 +23,7 @@ class Outbox:
     timer handles the batch time. Pending bytes never exceed ``max_pending``.
     """
 
-    __slots__ = ("_batch_space", "_frames", "_max_pending", "_pending_bytes")
+    __slots__ = ("_batch_space", "_frames", "_max_pending", "_pending_bytes", "_taken")
 
     def __init__(self, *, batch_space: int, max_pending: int) -> None:
         if batch_space <= 0:
@@ -38,6 +38,7 @@ class Outbox:
         # requeued tail (the list is empty then) or a discard.
         self._frames: list[bytes] = []
         self._pending_bytes = 0
+        self._taken: list[bytes] | None = None  # the frames of the last batch taken
 
     def __bool__(self) -> bool:
         return bool(self._frames)
@@ -47,6 +48,11 @@ class Outbox:
 
     def __repr__(self) -> str:
         return f"<Outbox {len(self._frames)} frames, {self._pending_bytes} bytes>"
+
+    @property
+    def max_pending(self) -> int:
+        """The most bytes that may wait (more make the client a slow consumer)."""
+        return self._max_pending
 
     @property
     def pending_bytes(self) -> int:
@@ -76,19 +82,39 @@ class Outbox:
     def take(self) -> bytes:
         """All pending frames as one bytes object (the frame itself if only one), emptied."""
         frames = self._frames
-        batch = frames[0] if len(frames) == 1 else b"".join(frames)
-        frames.clear()
+        if len(frames) == 1:
+            batch = frames[0]
+            frames.clear()
+            self._taken = None
+        else:
+            batch = b"".join(frames)
+            self._taken = frames  # where its frames end, should it be written in part
+            self._frames = []
         self._pending_bytes = 0
         return batch
 
     def requeue_unsent(self, rest: bytes) -> None:
         """Put the unwritten tail of a taken batch back in front of the queue.
 
-        Those bytes were already accepted, so this never raises SlowConsumer.
+        Those bytes were already accepted, so this never raises SlowConsumer. The tail of
+        the frame cut by the write is queued apart from the whole frames after it, so
+        that ``discard(keep_first=True)`` keeps no more than that tail.
         """
-        if rest:
+        taken, self._taken = self._taken, None
+        if not rest:
+            return
+        self._pending_bytes += len(rest)
+        if taken is None:  # the batch was one frame
             self._frames.insert(0, rest)
-            self._pending_bytes += len(rest)
+            return
+        sent = sum(map(len, taken)) - len(rest)
+        end = 0
+        for frame in taken:
+            end += len(frame)
+            if end > sent:
+                break
+        cut = end - sent  # bytes left of the frame the write stopped in
+        self._frames[0:0] = [rest[:cut], rest[cut:]] if cut < len(rest) else [rest]
 
     def discard(self, *, keep_first: bool = False) -> int:
         """Drop pending frames (all, or all but the first); return the bytes dropped.

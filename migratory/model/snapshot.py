@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from migratory.model.message import Message, MessageType
 
-__all__ = ["merge_snapshot"]
+__all__ = ["merge_snapshot", "merged_size"]
 
 
 def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
@@ -27,3 +27,24 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
         fields = dict(previous.fields)
         fields.update(incoming.fields)
     return replace(incoming, fields=fields, type=MessageType.SNAPSHOT, closure=None)
+
+
+def merged_size(previous: Message | None, incoming: Message) -> int:
+    """``merge_snapshot(previous, incoming).size()`` (0 for a non-retained ``incoming``),
+    in time proportional to ``incoming``'s fields only: MaxMessageSize applies to the
+    merged snapshot, checked before the publish is taken."""
+    if not incoming.retained:
+        return 0
+    size = incoming.size()
+    if previous is None or not previous.fields:
+        return size
+    extra = previous.size() - len(previous.content) - _text_size(previous.subject)
+    for name in incoming.fields:
+        old = previous.fields.get(name)
+        if old is not None:
+            extra -= _text_size(name) + _text_size(old)
+    return size + extra
+
+
+def _text_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

@@ -29,10 +29,17 @@ ABNORMAL = CloseCode(1006, "ABNORMAL", True, "connection lost without a close fr
 INVALID_PAYLOAD = CloseCode(
     1007, "INVALID_PAYLOAD", False, "frame payload is not one well-formed CBOR item"
 )
+POLICY_VIOLATION = CloseCode(
+    1008, "POLICY_VIOLATION", False, "a message in more than MaxFragmentsPerMessage fragments"
+)
 MESSAGE_TOO_BIG = CloseCode(1009, "MESSAGE_TOO_BIG", False, "a frame larger than MaxFrameSize")
 INTERNAL_ERROR = CloseCode(1011, "INTERNAL_ERROR", True, "unexpected server error (logged)")
 TRY_AGAIN_LATER = CloseCode(
-    1013, "TRY_AGAIN_LATER", True, "the server cannot take clients yet (starting, syncing)"
+    1013,
+    "TRY_AGAIN_LATER",
+    True,
+    "the server cannot take clients yet (starting, syncing), or holds too many incomplete "
+    "frames (IncompleteFrameBudget)",
 )
 BAD_OPERATION = CloseCode(
     4000, "BAD_OPERATION", False, "CBOR is valid but not a valid operation (reason names the key)"
@@ -54,6 +61,12 @@ DRAINED = CloseCode(
     "the server is leaving (drained): every publish it took has its status before this close; "
     "a publish still without one was not taken",
 )
+TOKEN_EXPIRED = CloseCode(
+    4503,
+    "TOKEN_EXPIRED",
+    True,
+    "Entitlement = Token: the session's token expired; reconnect with a fresh one",
+)
 
 ALL: tuple[CloseCode, ...] = (
     NORMAL,
@@ -62,6 +75,7 @@ ALL: tuple[CloseCode, ...] = (
     UNSUPPORTED_DATA,
     ABNORMAL,
     INVALID_PAYLOAD,
+    POLICY_VIOLATION,
     MESSAGE_TOO_BIG,
     INTERNAL_ERROR,
     TRY_AGAIN_LATER,
@@ -71,6 +85,7 @@ ALL: tuple[CloseCode, ...] = (
     SLOW_CONSUMER,
     CONNECT_TIMEOUT,
     DRAINED,
+    TOKEN_EXPIRED,
 )
 BY_CODE: dict[int, CloseCode] = {c.code: c for c in ALL}
 

@@ -11,6 +11,7 @@ with and a reason that names the offending key.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,6 +21,7 @@ import cbor2
 
 from migratory.model.message import Message, MessageType, Qos
 from migratory.model.position import Position
+from migratory.model.subject import MAX_SUBJECT_BYTES
 from migratory.protocol import close_codes
 
 PROTOCOL_VERSION = 1
@@ -236,9 +238,53 @@ def _bad(reason: str) -> OperationError:
     return OperationError(close_codes.BAD_OPERATION, reason)
 
 
-def _load_map(payload: bytes) -> dict[Any, Any]:
+MAX_SUBSCRIPTIONS_PER_OP = 10_000
+MAX_INTEGER = 2**63 - 1
+MAX_CONFLATION_MS = 3_600_000
+"""A conflation period longer than an hour is refused (4000)."""
+
+
+def _refuse_tag(decoder: Any) -> Any:
+    raise ValueError("CBOR tags are not allowed in operations")
+
+
+# Tags a client never needs and an attacker would use: shared values and string
+# references (a small frame that decodes to megabytes). Bignums stay: an integer of
+# 10**400 is then refused by the key that reads it (4000), naming the key.
+_REFUSED_TAGS = {tag: _refuse_tag for tag in (25, 28, 29, 256)}
+_MAX_DEPTH = 8  # an operation map, an array of subscription maps, a fields map
+# Decoders are reused (building one costs as much as a decode); a pop/append pool gives
+# each concurrent caller its own (list.pop and list.append are atomic).
+_decoders: list[cbor2.CBORDecoder] = []
+
+
+def _strict_decoder() -> cbor2.CBORDecoder:
     try:
-        item = cbor2.loads(payload)
+        return _decoders.pop()
+    except IndexError:
+        return cbor2.CBORDecoder(
+            io.BytesIO(b""),
+            semantic_decoders=_REFUSED_TAGS,
+            max_depth=_MAX_DEPTH,
+            strict_hashable_types=True,
+        )
+
+
+def _load_map(payload: bytes, *, whole: bool = False) -> dict[Any, Any]:
+    """The one CBOR map of a frame; ``whole`` (client frames): strictly decoded, and
+    nothing may follow the item (1007)."""
+    try:
+        if whole:
+            decoder = _strict_decoder()
+            decoder.fp = fp = io.BytesIO(payload)
+            try:
+                item = decoder.decode()
+            finally:
+                _decoders.append(decoder)
+            if fp.tell() != len(payload):
+                raise ValueError(f"{len(payload) - fp.tell()} bytes follow the CBOR item")
+        else:
+            item = cbor2.loads(payload)
     except Exception as exc:  # cbor2 raises several types; all mean "not CBOR"
         raise OperationError(close_codes.INVALID_PAYLOAD, f"not a CBOR item: {exc}") from None
     if not isinstance(item, dict):
@@ -268,14 +314,23 @@ class _Reader:
     def text(self, key: str, default: Any = None) -> Any:
         return self._get(key, str, "a text string", default)
 
+    def subject(self) -> str:
+        """The ``subject`` key; one obviously too long is refused before anything reads it."""
+        value: str = self._get("subject", str, "a text string", _REQUIRED)
+        if len(value) > MAX_SUBJECT_BYTES:
+            raise _bad(f"{self.where}: key 'subject' is longer than {MAX_SUBJECT_BYTES} bytes")
+        return value
+
     def bytes_(self, key: str) -> bytes:
         value: bytes = self._get(key, bytes, "a byte string", _REQUIRED)
         return value
 
-    def integer(self, key: str, default: Any = None, *, minimum: int = 0) -> Any:
+    def integer(
+        self, key: str, default: Any = None, *, minimum: int = 0, maximum: int = MAX_INTEGER
+    ) -> Any:
         value = self._get(key, int, "an integer", default)
-        if isinstance(value, int) and value < minimum:
-            raise _bad(f"{self.where}: key {key!r} must be >= {minimum}")
+        if isinstance(value, int) and not minimum <= value <= maximum:
+            raise _bad(f"{self.where}: key {key!r} must be >= {minimum} and <= {maximum}")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -301,12 +356,11 @@ class _Reader:
 
 
 _REQUIRED = object()
-MAX_SUBSCRIPTIONS_PER_OP = 10_000
 
 
 def decode_client_op(payload: bytes) -> ClientOp:
     """Decode one client frame payload; raises :class:`OperationError`."""
-    body = _load_map(payload)
+    body = _load_map(payload, whole=True)
     name = body.get("op")
     if not isinstance(name, str):
         raise _bad("missing text key 'op'")
@@ -316,7 +370,7 @@ def decode_client_op(payload: bytes) -> ClientOp:
         if qos_name not in ("standard", "guaranteed"):
             raise _bad("publish: key 'qos' must be 'standard' or 'guaranteed'")
         message = Message(
-            subject=r.text("subject", _REQUIRED),
+            subject=r.subject(),
             content=r.bytes_("content"),
             fields=r.fields("fields"),
             retained=r.boolean("retained", False),
@@ -328,8 +382,11 @@ def decode_client_op(payload: bytes) -> ClientOp:
         return Subscribe(tuple(_decode_subscription(item) for item in _bounded(r, "subjects")))
     if name == "unsubscribe":
         subjects = _bounded(r, "subjects")
-        if not all(isinstance(s, str) for s in subjects):
-            raise _bad("unsubscribe: key 'subjects' must be an array of text strings")
+        if not all(isinstance(s, str) and len(s) <= MAX_SUBJECT_BYTES for s in subjects):
+            raise _bad(
+                "unsubscribe: key 'subjects' must be an array of text strings of at most "
+                f"{MAX_SUBJECT_BYTES} bytes"
+            )
         return Unsubscribe(tuple(subjects))
     if name == "connect":
         return Connect(
@@ -356,10 +413,10 @@ def _decode_subscription(item: Any) -> SubscriptionRequest:
         raise _bad("subscribe: each entry of 'subjects' must be a map")
     r = _Reader(item, "subscribe")
     return SubscriptionRequest(
-        subject=r.text("subject", _REQUIRED),
+        subject=r.subject(),
         position=r.position(),
         history=r.integer("history", 0),
-        conflation_ms=r.integer("conflation", 0),
+        conflation_ms=r.integer("conflation", 0, maximum=MAX_CONFLATION_MS),
     )
 
 

@@ -209,6 +209,7 @@ class FrameDecoder:
         "_error",
         "_fragments",
         "_mask_bit",
+        "_max_fragments",
         "_max_message_size",
         "_message_opcode",
         "_message_size",
@@ -217,9 +218,16 @@ class FrameDecoder:
         "_text_decoder",
     )
 
-    def __init__(self, *, client_frames: bool = True, max_message_size: int = 1 << 20) -> None:
-        if max_message_size < 0:
-            raise LocalProtocolError("max_message_size must not be negative")
+    def __init__(
+        self,
+        *,
+        client_frames: bool = True,
+        max_message_size: int = 1 << 20,
+        max_fragments: int = 1024,
+    ) -> None:
+        if max_message_size < 0 or max_fragments < 1:
+            raise LocalProtocolError("max_message_size must be >= 0, max_fragments >= 1")
+        self._max_fragments = max_fragments
         self._buffer = bytearray()
         self._offset = 0
         self._mask_bit = 0x80 if client_frames else 0
@@ -238,6 +246,11 @@ class FrameDecoder:
         return bool(self._mask_bit)
 
     @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame or message (the peer can pin this much)."""
+        return len(self._buffer) - self._offset + self._message_size
+
+    @property
     def closed(self) -> bool:
         """Whether a close frame has been received (or the peer broke the protocol)."""
         return self._closed
@@ -251,6 +264,13 @@ class FrameDecoder:
             del self._buffer[: self._offset]
             self._offset = 0
         self._buffer += data
+
+    def discard(self) -> None:
+        """Stop reading: free what is buffered; later data is ignored."""
+        self._closed = True
+        self._buffer = bytearray()
+        self._offset = 0
+        self._reset_message()
 
     def events(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """Feed ``data`` and drain every complete event.
@@ -356,6 +376,8 @@ class FrameDecoder:
                 self._text_decoder = _Utf8Decoder()
         self._message_size += len(payload)
         decoder = self._text_decoder
+        if len(self._fragments) + len(self._text) >= self._max_fragments:
+            raise _fail(POLICY_VIOLATION, f"message in more than {self._max_fragments} fragments")
         if decoder is None:
             self._fragments.append(payload)
             if not final:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -9,6 +10,7 @@ import resource
 import signal
 import socket
 import ssl
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -32,6 +34,8 @@ from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, tune
 from migratory.server.hub import Hub
+from migratory.server.limits import ConnectionLimits, refusal_response
+from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
@@ -137,6 +141,8 @@ class Server:
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
+        self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)
+        self._trim = MemoryTrim()  # memory.py
         self.dirty: set[Connection] = set()  # wait for the batch tick
         self.write_immediately = config.batch_time == 0
         # adaptive batching (BatchIdleWrite): a connection written to since the batch tick
@@ -171,6 +177,7 @@ class Server:
         if any(spec.encrypted for spec in specs):
             self._tls = server_context(self.config)
         listeners = open_listeners([spec.address for spec in specs])
+        self.admission = ConnectionLimits(self.config)  # the open-file limit as it is now
         bound_addresses = [sock.getsockname()[:2] for sock in listeners]
         self.listeners = [
             bound(spec, address) for spec, address in zip(specs, bound_addresses, strict=True)
@@ -225,6 +232,10 @@ class Server:
                     await trio.sleep(0.1)
                     break
                 sock.setblocking(False)
+                refusal = self.admission.admit(address[0])
+                if refusal is not None:
+                    self._refuse(sock, refusal)
+                    continue
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 kind = MqttConnection if spec.mqtt_tcp else Connection
                 connection = kind(self, sock, f"{address[0]}:{address[1]}", spec, tls)
@@ -233,7 +244,20 @@ class Server:
                 stats.connections_open = len(self.connections)
                 self.nursery.start_soon(connection.run)
 
+    def _refuse(self, sock: socket.socket, reason: str) -> None:
+        """Say 503 (one non-blocking send; a client that does not read misses it), close."""
+        stats = self.ctx.stats
+        stats.connections_refused += 1
+        if stats.connections_refused % 1000 == 1:
+            log.warning("connection refused: %s (%d so far)", reason, stats.connections_refused)
+        with contextlib.suppress(OSError):
+            sock.send(refusal_response(reason))
+        sock.close()
+
     def forget(self, connection: Connection) -> None:
+        if connection in self.connections:
+            self.admission.release(connection)
+            self._trim.closed()
         self.connections.discard(connection)
         self.dirty.discard(connection)
         self.urgent.discard(connection)
@@ -301,6 +325,8 @@ class Server:
             ticks += 1
             if ticks % EXPIRE_EVERY_TICKS == 0:
                 self._expire(now)
+                self._trim.maybe_trim(now)
+                self._close_expired_sessions()
             if self.write_immediately:
                 self.flush_dirty()
 
@@ -311,6 +337,19 @@ class Server:
             audit = self.ctx.audit
             if audit is not None and audit.cache:
                 audit.event("cache", "expired", messages=expired)
+
+    def _close_expired_sessions(self) -> None:
+        """Sessions whose token expired: close 4503 (the SDK reconnects with a fresh one)."""
+        if self.ctx.entitlement.name in ("None", "Basic"):
+            return  # no rights that end
+        wall = time.time()
+        for connection in list(self.connections):
+            session = connection.session
+            expires_at = getattr(session, "expires_at", None)
+            if expires_at is not None and expires_at <= wall:
+                session.expires_at = None  # type: ignore[union-attr]
+                session.close(close_codes.TOKEN_EXPIRED.code, "the token expired")
+                connection.flush()
 
     def shed_clients(self, code: int, reason: str) -> int:
         """Close every client session with ``code`` (they reconnect elsewhere); the count."""

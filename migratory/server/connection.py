@@ -38,6 +38,9 @@ log = logging.getLogger("migratory.connection")
 RECV_SIZE = 65536
 BATCH_LIMIT = BatchSizes.LIMIT
 CLOSE_LINGER_SECONDS = 5.0
+OPERATIONS_PER_TURN = 64
+"""Operations one connection may have processed before the others get a turn: one
+client delays the others by milliseconds, whatever it sends (docs/security.md)."""
 
 
 def _client_fields(session: object) -> dict[str, object]:
@@ -48,8 +51,8 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection:
     __slots__ = (
-        "_cipher", "_closed", "_read_scope", "_tls", "listener", "server", "session", "sock",
-        "writing",
+        "_cipher", "_closed", "_held", "_read_scope", "_tls", "address", "handshaking",
+        "listener", "server", "session", "sock", "writing",
     )
 
     def __init__(
@@ -67,6 +70,9 @@ class Connection:
         self._cipher = b""  # encrypted bytes of a batch the socket took only part of
         self.session: Session | MqttSession = self._new_session(peer)
         self.writing = False  # a partial write is pending; a drain task owns the socket
+        self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
+        self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
+        self._held = 0  # bytes of incomplete frames counted in the server's budget
         self._closed = False
         self._read_scope: trio.CancelScope | None = None
 
@@ -252,17 +258,49 @@ class Connection:
             data = plain
         elif not data:
             return False
+        more = False
         if data:
             self.server.ctx.stats.bytes_read += len(data)
             now = trio.current_time()
-            self.session.receive_data(data, now)
-            if isinstance(self.session, Session) and self.session.mqtt_upgrade is not None:
-                self._become_mqtt(now)
+            native = self.session
+            if isinstance(native, Session):
+                more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+                if native.mqtt_upgrade is not None:
+                    self._become_mqtt(now)
+                    more = False
+            else:
+                native.receive_data(data, now)
+        self._after_processing()
+        while more:
+            await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
+            native = self.session
+            assert isinstance(native, Session)
+            more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
+            self._after_processing()
+        session = self.session
+        return not (session.aborted or session.closing)
+
+    def _after_processing(self) -> None:
+        """Account the handshake and the incomplete frames (limits.py), then write."""
+        session = self.session
+        limits = self.server.admission
+        if self.handshaking and session.connected:
+            self.handshaking = False
+            limits.handshake_done(self)
+        held = session.buffered_bytes if isinstance(session, Session) else 0
+        if held != self._held:
+            if not limits.hold_incomplete(held - self._held):
+                assert isinstance(session, Session)
+                session.close(
+                    close_codes.TRY_AGAIN_LATER.code,
+                    "the server holds too many incomplete frames (IncompleteFrameBudget)",
+                )
+                held = 0  # closing freed what the decoder held
+                limits.hold_incomplete(-self._held)
+            self._held = held
         self.flush()
         if self.server.write_immediately:
             self.server.flush_dirty()
-        session = self.session
-        return not (session.aborted or session.closing)
 
     def _become_mqtt(self, now: float) -> None:
         """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over
@@ -317,6 +355,10 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        self.server.admission.hold_incomplete(-self._held)
+        self._held = 0
+        if isinstance(self.session, Session):
+            self.session.release()
         self.server.forget(self)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()

@@ -79,6 +79,8 @@ class ServerStatistics:
     publishes_received: int = 0
     publishes_refused: int = 0
     protocol_errors: int = 0
+    subscribes_refused: int = 0  # whole subscribes whose answer would not fit (admission.py)
+    connections_refused: int = 0  # over MaxConnections / per address / handshakes in flight
     slow_consumers: int = 0
     mqtt_sessions_opened: int = 0
     mqtt_sessions_resumed: int = 0  # persistent sessions taken up again (clean session 0)

@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
-from migratory.model.cache import SubjectCache
+from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType
-from migratory.model.position import Position
+from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
 from migratory.model.topic import FilterIndex, filter_matches
 from migratory.protocol import ops
@@ -30,6 +30,10 @@ from migratory.server.format_sink import (
     send_message,
     send_op,
 )
+
+MESSAGE_OVERHEAD = 96
+"""Bytes a delivered message adds to its ``encoded_bound`` on the wire, at most (its CBOR
+keys, epoch, seq, type and the frame header), for the answer-size bound."""
 
 
 class MessageSink(Protocol):
@@ -82,6 +86,20 @@ class SubjectState:
             and not self.listeners
         )
 
+    @property
+    def spent(self) -> bool:
+        """Numbered, but nothing left to serve: no subscriber, no snapshot, nothing cached
+        (a one-off subject whose messages expired)."""
+        return (
+            self.snapshot is None
+            and not self.cache
+            and not self.subscribers
+            and not self.formatted
+            and not self.conflated
+            and not self.waiting
+            and not self.listeners
+        )
+
 
 class _Waiting(NamedTuple):
     """A resume that waits until this member reaches the client's ``position``."""
@@ -124,6 +142,7 @@ class Hub:
         self._published = 0
         self._fanned_out = 0
         self.subjects_created = 0  # grows whenever a subject is added (MQTT sessions scan)
+        self._forgotten = 0  # spent subjects forgotten (see expire)
 
     # --- publishing ---------------------------------------------------------
 
@@ -340,6 +359,25 @@ class Hub:
             if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
         ]
 
+    def answer_bytes(self, request: ops.SubscriptionRequest) -> int:
+        """An upper bound, in O(1) and without changing anything, of the bytes of the
+        messages :meth:`subscribe` would answer ``request`` with (a session checks it
+        before it subscribes: bound, then work)."""
+        state = self._subjects.get(request.subject)
+        if state is None:
+            return 0
+        snapshot = 0 if state.snapshot is None else encoded_bound(state.snapshot) + MESSAGE_OVERHEAD
+        position = request.position
+        if position is None:
+            if request.history > 0:
+                count = min(request.history, len(state.cache))
+                return state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
+            return snapshot if self._publish_snapshot else 0
+        if position.epoch == state.epoch and state.seq - position.seq >= 0:
+            count = min(state.seq - position.seq, len(state.cache))
+            return state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
+        return max(snapshot, state.cache.bytes + len(state.cache) * MESSAGE_OVERHEAD)
+
     def unsubscribe(self, sink: AnySink, subject: str) -> None:
         state = self._subjects.get(subject)
         if state is None:
@@ -369,8 +407,20 @@ class Hub:
                     self._fanned_out += 1
 
     def expire(self, now: float) -> int:
-        """Drop cached messages older than the cache expire time."""
-        return sum(state.cache.expire(now) for state in self._subjects.values())
+        """Drop cached messages older than the cache expire time; forget the subjects
+        left with nothing to serve (unless positions come from elsewhere, a Guaranteed
+        member, whose coordination owns them). A subject created after one was forgotten
+        starts a new epoch, so a position is never reused for another message."""
+        dropped = 0
+        spent: list[str] = []
+        for subject, state in self._subjects.items():
+            dropped += state.cache.expire(now)
+            if state.seq and not self.numbered_elsewhere and state.spent:
+                spent.append(subject)
+        for subject in spent:
+            del self._subjects[subject]
+        self._forgotten += len(spent)
+        return dropped
 
     # --- repositioning (a cluster member taking a peer's cache) ---------------
 
@@ -492,6 +542,7 @@ class Hub:
             cache = SubjectCache(
                 max_messages=self._max_cached, expire_seconds=self._cache_expire
             )
-            state = self._subjects[subject] = SubjectState(subject, self.epoch, cache)
+            epoch = self.epoch if not self._forgotten else new_epoch()
+            state = self._subjects[subject] = SubjectState(subject, epoch, cache)
             self.subjects_created += 1
         return state

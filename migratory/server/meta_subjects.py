@@ -46,6 +46,9 @@ class MetaSubjectEntitlement:
     def allow_connect(self, client: ClientIdentity) -> bool:
         return self._inner.allow_connect(client)
 
+    def expiry(self, client: ClientIdentity) -> float | None:
+        return self._inner.expiry(client)
+
     def allow_subscribe(self, client: ClientIdentity, subject: str) -> bool:
         if not is_meta_subject(subject):
             return self._inner.allow_subscribe(client, subject)

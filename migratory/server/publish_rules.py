@@ -5,8 +5,10 @@ from __future__ import annotations
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
 from migratory.model.message import Message
+from migratory.model.snapshot import merged_size
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol import ops
+from migratory.server.admission import address_allowed
 from migratory.server.context import ServerContext
 from migratory.server.mqtt_store import SESSION_PREFIX
 
@@ -17,7 +19,8 @@ def check_publish(
     """``(status, reason)`` refusing ``message``, or ``(None, None)`` to go ahead.
 
     In order: the listener's role, the subject (MQTT's reserved session subjects too),
-    the size limit, entitlement.
+    the size limit (of the message, and of the merged snapshot a retained one makes),
+    PublishAllowFromAddressList, entitlement.
     """
     if not listener.publish:
         return ops.Status.PUBLISH_DENIED, PUBLISH_REFUSED_REASON
@@ -33,6 +36,16 @@ def check_publish(
             ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
             f"message is {message.size()} bytes, MaxMessageSize is {limit}",
         )
+    if message.retained:
+        merged = merged_size(ctx.hub.snapshot(message.subject), message)
+        if merged > limit:
+            return (
+                ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
+                f"the merged snapshot would be {merged} bytes, MaxMessageSize is {limit}",
+            )
+    allowed = ctx.config.publish_allow_from_address_list
+    if allowed and not address_allowed(allowed, identity.peer):
+        return ops.Status.PUBLISH_DENIED, "PublishAllowFromAddressList excludes this address"
     if not ctx.entitlement.allow_publish(identity, message.subject):
         return ops.Status.PUBLISH_DENIED, "not entitled to publish"
     return None, None

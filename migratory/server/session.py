@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+from collections import deque
 from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
@@ -25,6 +27,7 @@ from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
+from migratory.server import admission
 from migratory.server.context import ServerContext
 from migratory.server.http_front import HttpFront
 from migratory.server.mqtt_store import SESSION_PREFIX
@@ -59,12 +62,15 @@ class Session:
         "_decoder",
         "_http",
         "_link",
+        "_publish_rate",
+        "_queued",
         "_stream",
         "aborted",
         "close_code",
         "close_reason",
         "closing",
         "connection_id",
+        "expires_at",
         "identity",
         "listener",
         "mqtt_upgrade",
@@ -97,6 +103,10 @@ class Session:
         self.close_code: int | None = None
         self.close_reason = ""
         self.connection_id = new_connection_id()
+        # subscribe entries taken but not answered yet (a few per loop turn: process)
+        self._queued: deque[ops.SubscriptionRequest] = deque()
+        self._publish_rate = admission.PublishRate(config.max_publishes_per_second, 0.0)
+        self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
 
     @property
     def connected(self) -> bool:
@@ -179,24 +189,45 @@ class Session:
 
     # --- input ----------------------------------------------------------------
 
-    def receive_data(self, data: bytes, now: float) -> None:
+    def receive_data(self, data: bytes, now: float, *, budget: int | None = None) -> bool:
+        """Take bytes from the socket and process them: everything (``budget`` None) or
+        about ``budget`` operations. True when more is waiting (call :meth:`process`
+        again on a later loop turn, before reading more)."""
         if self.closing or self.aborted:
-            return
+            return False
         if self._http is not None:
-            self._http.receive(data, now)
+            self._http.receive(data, now)  # may start a WebSocket (start_websocket)
         elif self._decoder is not None:
-            self._receive_websocket(data, now)
+            self._decoder.receive_data(data)
         # an SSE stream reads nothing more from its client
+        return self.process(now, budget)
 
-    def _receive_websocket(self, data: bytes, now: float) -> None:
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for incomplete WebSocket frames or messages."""
+        return 0 if self._decoder is None else self._decoder.buffered
+
+    def process(self, now: float, budget: int | None = None) -> bool:
+        """Handle the WebSocket operations already received, at most about ``budget`` of
+        them (a subscribe entry counts one per 16 KiB of its answer). True when more is
+        waiting."""
         decoder = self._decoder
-        assert decoder is not None
-        decoder.receive_data(data)
+        if decoder is None:
+            return False
+        done = 0
         try:
             while not (self.closing or self.aborted):
+                if budget is not None and done >= budget:
+                    return True
+                if self._queued:
+                    request = self._queued.popleft()
+                    done += admission.work_units(self._ctx.hub, request)
+                    self._on_subscribe(request, now)
+                    continue
                 event = decoder.next_event()
                 if event is None:
-                    break
+                    return False
+                done += 1
                 self._on_event(event, now)
         except ws.RemoteProtocolError as exc:
             self._protocol_error("frame")
@@ -204,6 +235,7 @@ class Session:
         except ops.OperationError as exc:
             self._protocol_error("operation")
             self.close(exc.close.code, exc.reason)
+        return False
 
     def _protocol_error(self, kind: str) -> None:
         stats = self._ctx.stats
@@ -220,12 +252,15 @@ class Session:
             self._send_unbounded(handshake_response(request, subprotocol=MQTT_SUBPROTOCOL))
             self.mqtt_upgrade = trailing
             return
+        config = self._ctx.config
         self._decoder = ws.FrameDecoder(
-            client_frames=True, max_message_size=self._ctx.config.max_frame_size
+            client_frames=True,
+            max_message_size=config.max_frame_size,
+            max_fragments=config.max_fragments_per_message,
         )
         self._send_unbounded(handshake_response(request))
         if trailing:
-            self._receive_websocket(trailing, now)
+            self._decoder.receive_data(trailing)  # processed by receive_data, bounded
 
     def start_stream(
         self,
@@ -277,8 +312,7 @@ class Session:
         if isinstance(op, ops.Publish):
             self._on_publish(op.message, now)
         elif isinstance(op, ops.Subscribe):
-            for request in op.subscriptions:
-                self._on_subscribe(request, now)
+            self._take_subscribe(op.subscriptions)
         elif isinstance(op, ops.Unsubscribe):
             for subject in op.subjects:
                 if subject in self.subjects:
@@ -302,22 +336,56 @@ class Session:
             return
         identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
         audit = self._ctx.audit
-        if not self._ctx.entitlement.allow_connect(identity):
+        entitlement = self._ctx.entitlement
+        if not entitlement.allow_connect(identity):
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
             if audit is not None and audit.access:
                 audit.event("access", "connect", self._client(identity), outcome="denied")
-            self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
+            expiry = entitlement.expiry(identity)
+            if expiry is not None and expiry <= time.time():
+                self.close(close_codes.TOKEN_EXPIRED.code, "the token expired")
+            else:
+                self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
             return
         self.identity = identity
+        self.expires_at = entitlement.expiry(identity)
         self._ctx.stats.sessions_opened += 1
         if audit is not None and audit.access:
             audit.event("access", "connect", self.audit_client(), outcome="allowed")
         log.debug("%s: connected", self.describe(), extra=self.log_fields())
         self._send_op(ops.Connected(server=self._ctx.config.server_name))
 
+    def _take_subscribe(self, requests: tuple[ops.SubscriptionRequest, ...]) -> None:
+        """Check the whole subscribe before any of it is answered: its size, then what
+        its answer would cost (admission.py). The entries are answered by
+        :meth:`process`, a few per loop turn."""
+        limit = self._ctx.config.max_subjects_per_subscribe
+        if len(requests) > limit:
+            raise ops.OperationError(
+                close_codes.BAD_OPERATION,
+                f"subscribe: {len(requests)} entries, MaxSubjectsPerSubscribe is {limit}",
+            )
+        # (nothing is queued here: operations are read only once the queue is empty)
+        room = self.outbox.max_pending - self.outbox.pending_bytes
+        refusal = admission.subscribe_refusal(self._ctx.hub, requests, room)
+        if refusal is not None:
+            self._ctx.stats.subscribes_refused += 1
+            log.info("%s: %s", self.describe(), refusal, extra=self.log_fields())
+            short = admission.SUBSCRIBE_TOO_LARGE
+            for number, request in enumerate(requests):  # the reason in full once
+                self._send_op(ops.SubjectStatus(
+                    ops.Status.SUBSCRIBE_DENY, request.subject, reason=short if number else refusal
+                ))
+            return
+        self._queued.extend(requests)
+
     def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
         assert self.identity is not None
         subject = request.subject
+        limit = self._ctx.config.max_subscriptions_per_connection
+        if subject not in self.subjects and len(self.subjects) >= limit:
+            self._deny(subject, f"MaxSubscriptionsPerConnection ({limit}) reached")
+            return
         try:
             validate_subject(subject)
         except InvalidSubjectError as exc:
@@ -367,6 +435,9 @@ class Session:
         ctx = self._ctx
         ctx.stats.publishes_received += 1
         status, reason = check_publish(ctx, self.listener, self.identity, message)
+        if status is None and not self._publish_rate.take(now):
+            limit = ctx.config.max_publishes_per_second
+            status, reason = ops.Status.PUBLISH_FAILED, f"over MaxPublishesPerSecond ({limit})"
         audit = ctx.audit
         if audit is not None and audit.message:
             audit.event("message", "publish", self.audit_client(), subject=message.subject,
@@ -412,6 +483,8 @@ class Session:
                      extra=self.log_fields())
         self.connection_lost()
         self._send_last_word(code, reason)
+        if self._decoder is not None:
+            self._decoder.discard()  # nothing more is read: free what it held
         self.closing = True
 
     def _send_last_word(self, code: int, reason: str) -> None:
@@ -425,8 +498,17 @@ class Session:
         """Queue a frame the session must send whatever the outbox limit (replies, closes)."""
         self.outbox.enqueue_unbounded(frame)
 
+    def release(self) -> None:
+        """The connection is gone: free the buffers now (the session and its connection
+        refer to each other, so only a full garbage collection, minutes apart, would
+        free them otherwise)."""
+        if self._decoder is not None:
+            self._decoder.discard()
+        self.outbox.discard()
+
     def connection_lost(self) -> None:
         """Forget every subscription (idempotent)."""
+        self._queued.clear()
         hub = self._ctx.hub
         for subject in self.subjects:
             hub.unsubscribe(self, subject)

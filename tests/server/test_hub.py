@@ -131,6 +131,7 @@ def test_resume_that_cannot_be_served_gets_snapshot_and_data_resync(position: Po
 
 def test_expired_cache_means_resync() -> None:
     hub = Hub(epoch=1, cache_expire_seconds=10)
+    subscribe(hub, RecordingSink())  # (a subject nobody holds is forgotten: test_hub_forget)
     publish(hub, "a", now=0.0)
     publish(hub, "b", now=0.0)
     hub.expire(now=11.0)

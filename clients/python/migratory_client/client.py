@@ -10,11 +10,12 @@ exception when a server closes with a terminal code.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import random
 import secrets
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import trio
@@ -55,6 +56,9 @@ DEFAULT_MESSAGE_BUFFER = 10_000
 DEFAULT_NOTIFICATION_BUFFER = 10_000
 
 
+TokenProvider = Callable[[], "str | Awaitable[str | None] | None"]
+
+
 class Client:
     """Use :func:`connect` to get one."""
 
@@ -65,6 +69,7 @@ class Client:
         token: str | None,
         name: str,
         reconnect: ReconnectPolicy,
+        token_provider: TokenProvider | None = None,
         keepalive: Keepalive,
         message_buffer: int,
         rng: random.Random,
@@ -75,6 +80,7 @@ class Client:
         self._servers = servers
         self._tls = tls
         self._connect_op = Connect(client=name, token=token)
+        self._token_provider = token_provider
         self._policy = reconnect
         self._keepalive = keepalive
         self._message_buffer = message_buffer
@@ -292,9 +298,20 @@ class Client:
         except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
             return SessionEnd.by_client(f"cannot connect: {exc.__cause__ or exc!r}")
 
+    async def _connect(self) -> Connect:
+        """The ``connect`` operation of a new session: with a fresh token from the token
+        provider when there is one (a session closed 4503 TOKEN_EXPIRED reconnects)."""
+        provider = self._token_provider
+        if provider is None:
+            return self._connect_op
+        token = provider()
+        if inspect.isawaitable(token):
+            token = await token
+        return Connect(client=self._connect_op.client, token=token)
+
     async def _session(self, session: Session) -> SessionEnd:
         try:
-            await session.handshake(self._connect_op, self._policy.connect_timeout)
+            await session.handshake(await self._connect(), self._policy.connect_timeout)
         except ConnectionClosed as exc:
             return SessionEnd.closed(exc)
         except (HandshakeFailed, OperationError) as exc:
@@ -355,6 +372,7 @@ async def connect(
     servers: Iterable[str] | str,
     *,
     token: str | None = None,
+    token_provider: TokenProvider | None = None,
     name: str = "",
     reconnect: ReconnectPolicy | None = None,
     keepalive: Keepalive | None = None,
@@ -371,12 +389,16 @@ async def connect(
     buffered messages end. ``wss://`` servers are verified against the system's CAs,
     or against ``ca_file`` (a PEM file) when given; ``tls`` replaces the whole context
     (client certificates for mutual TLS).
+    ``token_provider`` (a function, plain or async, returning the
+    entitlement token) is called for every new session instead of using ``token``: a
+    session whose token expired (close 4503) reconnects with a fresh one.
     """
     if tls is None and ca_file is not None:
         tls = ssl.create_default_context(cafile=ca_file)
     client = Client(
         parse_servers(servers),
         token=token,
+        token_provider=token_provider,
         name=name,
         reconnect=reconnect or ReconnectPolicy(),
         keepalive=keepalive or Keepalive(),

@@ -1,0 +1,70 @@
+"""The configuration keys of security: entitlement (Token, Custom) and the limits that
+bound what clients may make the server hold or do.
+
+Each limit refuses with a documented status or close code; docs/security.md says which
+attack each one stops and docs/config.md (generated) lists them with the other keys.
+"""
+
+from __future__ import annotations
+
+from migratory.config_values import Setting, _choice, _int, _networks, _text
+
+_UNITS = {"c": " of connections", "b": " of bytes", "s": " of subjects", "p": " of publishes"}
+
+LIMIT_SETTINGS: tuple[Setting, ...] = (
+    Setting("MaxConnections", "max_connections", _int(0, unit=_UNITS["c"]), "0",
+            "Client connections open at once; one more is answered 503 and closed. 0: the "
+            "open-file limit minus FileDescriptorReserve."),
+    Setting("FileDescriptorReserve", "file_descriptor_reserve", _int(16, unit=" of files"),
+            "512",
+            "File descriptors kept free for Raft, cluster links and files whatever clients do "
+            "(used when MaxConnections = 0)."),
+    Setting("MaxConnectionsPerAddress", "max_connections_per_address", _int(0, unit=_UNITS["c"]),
+            "1000",
+            "Client connections open at once from one IP address (0: no limit; raise it "
+            "behind a proxy or NAT that gathers many clients on one address)."),
+    Setting("MaxHandshakesPerAddress", "max_handshakes_per_address", _int(0, unit=_UNITS["c"]),
+            "100",
+            "Connections from one IP address that have not finished `connect` yet (0: no "
+            "limit); one more is answered 503 and closed."),
+    Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
+            _int(1, unit=_UNITS["s"]), "10000",
+            "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),
+    Setting("MaxSubjectsPerSubscribe", "max_subjects_per_subscribe", _int(1, 10_000, _UNITS["s"]),
+            "1000",
+            "Entries one `subscribe` operation may carry; more close the session with 4000."),
+    Setting("MaxPublishesPerSecond", "max_publishes_per_second", _int(0, unit=_UNITS["p"]),
+            "50000",
+            "Publishes one connection may send per second (a burst of one second's worth is "
+            "allowed); more get PUBLISH_FAILED at once. 0: no limit."),
+    Setting("MaxFragmentsPerMessage", "max_fragments_per_message", _int(1, unit=" of frames"),
+            "1024",
+            "WebSocket frames one client message may be split into; more close with 1008."),
+    Setting("IncompleteFrameBudget", "incomplete_frame_budget", _int(1 << 20, unit=_UNITS["b"]),
+            "67108864",
+            "Bytes all client connections together may hold in frames not yet complete; the "
+            "connection that would pass it is closed with 1013."),
+    Setting("PublishAllowFromAddressList", "publish_allow_from_address_list", _networks, "",
+            "Comma-separated addresses or CIDR networks (`10.0.0.0/8, ::1`) publishes are "
+            "accepted from; others get PUBLISH_DENIED. Empty: any address."),
+)
+
+ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
+    Setting("EntitlementTokenAlgorithm", "entitlement_token_algorithm",
+            _choice("HS256", "RS256", "ES256"), "HS256",
+            "Entitlement = Token: the JWT signature algorithm accepted (one)."),
+    Setting("EntitlementTokenKeyFile", "entitlement_token_key_file", _text, "",
+            "Entitlement = Token: a file with the HS256 secret (32 bytes or more) or the "
+            "RS256/ES256 public key (PEM). Keep it mode 0600."),
+    Setting("EntitlementTokenJwksFile", "entitlement_token_jwks_file", _text, "",
+            "Entitlement = Token: instead of EntitlementTokenKeyFile, a JWKS file of RS256/ES256 "
+            "public keys, chosen by the token's `kid`."),
+    Setting("EntitlementTokenIssuer", "entitlement_token_issuer", _text, "",
+            "Entitlement = Token: when set, tokens must carry this `iss`."),
+    Setting("EntitlementTokenAudience", "entitlement_token_audience", _text, "",
+            "Entitlement = Token: when set, tokens must carry this `aud`."),
+    Setting("EntitlementPlugin", "entitlement_plugin", _text, "",
+            "Entitlement = Custom: the plugin class as `module:Class` (see docs/security.md)."),
+    Setting("EntitlementPluginOptions", "entitlement_plugin_options", _text, "",
+            "Entitlement = Custom: one text passed to the plugin's constructor."),
+)

@@ -1,0 +1,87 @@
+"""What a session checks before it does work a client asks for: bound, then work.
+
+Sans-I/O helpers of :mod:`migratory.server.session`: the answer-size check of a
+``subscribe`` (refused before anything is encoded), the per-connection publish rate,
+and ``PublishAllowFromAddressList``. docs/security.md lists every limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from ipaddress import IPv4Network, IPv6Network, ip_address
+
+from migratory.protocol import ops
+from migratory.server.hub import Hub
+
+STATUS_OVERHEAD = 64
+"""Bytes of one ``status`` answer besides its subject (CBOR keys, position, frame)."""
+
+SUBSCRIBE_TOO_LARGE = "subscribe answer too large"
+"""How a ``SUBSCRIBE_DENY`` reason starts when the whole subscribe was refused because
+its answer would pass the client's ``ClientMaxPendingBytes``."""
+
+WORK_UNIT_BYTES = 16_384
+"""A subscribe entry counts one operation per this many bytes of its answer, against
+the operations a connection may have processed per loop turn."""
+
+
+def subscribe_answer_bytes(hub: Hub, requests: Sequence[ops.SubscriptionRequest]) -> int:
+    """An upper bound of the bytes answering ``requests`` takes, in O(len(requests))."""
+    total = 0
+    for request in requests:
+        total += STATUS_OVERHEAD * 2 + len(request.subject) * 2 + hub.answer_bytes(request)
+    return total
+
+
+def subscribe_refusal(
+    hub: Hub, requests: Sequence[ops.SubscriptionRequest], room: int
+) -> str | None:
+    """Why the whole subscribe is refused (its answer would not fit in ``room`` bytes of
+    the client's outbox), or None."""
+    needed = subscribe_answer_bytes(hub, requests)
+    if needed <= room:
+        return None
+    return (
+        f"{SUBSCRIBE_TOO_LARGE}: about {needed} bytes, {max(room, 0)} fit in the client's "
+        "outbox (ClientMaxPendingBytes); ask for less history or fewer subjects at once"
+    )
+
+
+def work_units(hub: Hub, request: ops.SubscriptionRequest) -> int:
+    """How many operations one subscribe entry counts for (see WORK_UNIT_BYTES)."""
+    return 1 + hub.answer_bytes(request) // WORK_UNIT_BYTES
+
+
+class PublishRate:
+    """A token bucket: ``rate`` publishes per second, bursts of one second's worth."""
+
+    __slots__ = ("_last", "_rate", "_tokens")
+
+    def __init__(self, rate: int, now: float) -> None:
+        self._rate = rate
+        self._tokens = float(rate)
+        self._last = now
+
+    def take(self, now: float) -> bool:
+        """Whether one more publish is allowed at ``now`` (0: no limit)."""
+        if not self._rate:
+            return True
+        tokens = min(float(self._rate), self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return False
+        self._tokens = tokens - 1.0
+        return True
+
+
+def address_allowed(networks: Sequence[IPv4Network | IPv6Network], peer: str) -> bool:
+    """Whether ``peer`` (``host:port``) is in one of ``networks`` (empty: any address)."""
+    if not networks:
+        return True
+    host = peer.rsplit(":", 1)[0].strip("[]")
+    try:
+        address = ip_address(host)
+    except ValueError:
+        return False
+    return any(address in network for network in networks)

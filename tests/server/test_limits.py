@@ -1,0 +1,85 @@
+"""Connection limits without sockets (migratory/server/limits.py) and their config keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from migratory.config import Config, ConfigError
+from migratory.server.limits import ConnectionLimits, connection_cap, refusal_response
+
+
+@dataclass
+class Conn:
+    address: str
+    handshaking: bool = True
+
+
+def test_the_cap_keeps_a_reserve_below_the_open_file_limit() -> None:
+    config = Config.defaults()
+    assert config.file_descriptor_reserve == 512 and config.max_connections == 0
+    assert connection_cap(config, 20_000) == 20_000 - 512
+    assert connection_cap(config, 600) == 300  # never less than half
+    assert connection_cap(Config.from_mapping({"MaxConnections": "50"}), 20_000) == 50
+
+
+def test_total_per_address_and_handshake_limits() -> None:
+    config = Config.from_mapping(
+        {"MaxConnections": "5", "MaxConnectionsPerAddress": "3", "MaxHandshakesPerAddress": "2"}
+    )
+    limits = ConnectionLimits(config)
+    a1, a2 = Conn("10.0.0.1"), Conn("10.0.0.1")
+    assert limits.admit("10.0.0.1") is None and limits.admit("10.0.0.1") is None
+    refusal = limits.admit("10.0.0.1")
+    assert refusal is not None and "MaxHandshakesPerAddress" in refusal
+    limits.handshake_done(a1)
+    a1.handshaking = False
+    assert limits.admit("10.0.0.1") is None  # a3, handshaking
+    refusal = limits.admit("10.0.0.1")
+    assert refusal is not None and "MaxConnectionsPerAddress" in refusal
+    assert limits.admit("10.0.0.2") is None and limits.admit("10.0.0.3") is None
+    refusal = limits.admit("10.0.0.4")
+    assert refusal is not None and "MaxConnections" in refusal
+    limits.release(a2)  # closed while handshaking: both counts drop
+    assert limits.open == 4
+    assert limits.admit("10.0.0.4") is None
+
+
+def test_the_incomplete_frame_budget() -> None:
+    limits = ConnectionLimits(Config.from_mapping({"IncompleteFrameBudget": "2097152"}))
+    assert limits.hold_incomplete(2_000_000)
+    assert not limits.hold_incomplete(100_000)
+    assert limits.incomplete_bytes == 2_000_000
+    assert limits.hold_incomplete(-1_000_000) and limits.hold_incomplete(100_000)
+
+
+def test_refusal_is_a_503() -> None:
+    reply = refusal_response("too many connections")
+    assert reply.startswith(b"HTTP/1.1 503 ") and reply.endswith(b"too many connections\n")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("MaxConnectionsPerAddress", "-1"),
+        ("FileDescriptorReserve", "2"),
+        ("MaxSubjectsPerSubscribe", "20000"),
+        ("MaxFragmentsPerMessage", "0"),
+        ("IncompleteFrameBudget", "1000"),
+        ("PublishAllowFromAddressList", "10.0.0.0/33"),
+        ("PublishAllowFromAddressList", "example.com"),
+    ],
+)
+def test_bad_limit_values_name_the_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        Config.from_mapping({key: value})
+
+
+def test_limit_keys_round_trip_as_text() -> None:
+    config = Config.from_mapping({"PublishAllowFromAddressList": "10.0.0.0/8,::1"})
+    text = config.as_text()
+    assert text["PublishAllowFromAddressList"] == "10.0.0.0/8,::1/128"
+    assert Config.from_mapping(text).publish_allow_from_address_list == (
+        config.publish_allow_from_address_list
+    )

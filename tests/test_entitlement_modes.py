@@ -1,0 +1,215 @@
+"""Entitlement = Token (JWT through PyJWT: HS256, RS256, ES256, key file or JWKS file,
+subject patterns, exp) and Entitlement = Custom (a plugin that may fail)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from migratory.config import Config, ConfigError
+from migratory.entitlement import ClientIdentity, entitlement_from_config
+from migratory.entitlement_token import SubjectPatterns
+
+SECRET = "s" * 40
+ALICE = ClientIdentity("alice", None, "127.0.0.1:1")
+
+
+def who(token: str | None) -> ClientIdentity:
+    return ClientIdentity("alice", token, "127.0.0.1:1")
+
+
+def claims(**extra: Any) -> dict[str, Any]:
+    return {
+        "sub": "alice",
+        "exp": int(time.time()) + 600,
+        "subscribe": ["/Stocks/**", "/News/*/Headlines"],
+        "publish": ["/Chat/alice"],
+        **extra,
+    }
+
+
+def token_config(tmp_path: Path, **settings: str) -> Config:
+    return Config.from_mapping({"Entitlement": "Token", **settings})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("/a/b", "/a/b", True),
+        ("/a/b", "/a/c", False),
+        ("/a/*", "/a/b", True),
+        ("/a/*", "/a/b/c", False),
+        ("/a/**", "/a/b", True),
+        ("/a/**", "/a/b/c/d", True),
+        ("/a/**", "/a", False),
+        ("/a/**", "/b/c", False),
+        ("/*/x/**", "/q/x/y", True),
+        ("/*/x/**", "/q/z/y", False),
+    ],
+)
+def test_subject_patterns(pattern: str, subject: str, expected: bool) -> None:
+    assert SubjectPatterns.parse([pattern]).match(subject) is expected
+
+
+def test_bad_patterns_are_refused() -> None:
+    for claim in (["a/b"], ["/a/**/b"], "/a/b", [1]):
+        with pytest.raises(ValueError):
+            SubjectPatterns.parse(claim)
+
+
+def test_hs256_token(tmp_path: Path) -> None:
+    key_file = tmp_path / "secret"
+    key_file.write_text(SECRET)
+    entitlement = entitlement_from_config(
+        token_config(tmp_path, EntitlementTokenKeyFile=str(key_file))
+    )
+    token = jwt.encode(claims(), SECRET, algorithm="HS256")
+    client = who(token)
+    assert entitlement.allow_connect(client)
+    assert entitlement.allow_subscribe(client, "/Stocks/NYSE/IBM")
+    assert entitlement.allow_subscribe(client, "/News/World/Headlines")
+    assert not entitlement.allow_subscribe(client, "/News/World/Sport")
+    assert entitlement.allow_publish(client, "/Chat/alice")
+    assert not entitlement.allow_publish(client, "/Chat/bob")
+    assert entitlement.expiry(client) == claims()["exp"] or entitlement.expiry(client)
+    # wrong secret, no token, garbage, no exp, another algorithm: all refused
+    for bad in (
+        jwt.encode(claims(), "t" * 40, algorithm="HS256"),
+        None,
+        "not.a.token",
+        jwt.encode({"sub": "x", "subscribe": ["/a/**"]}, SECRET, algorithm="HS256"),
+        jwt.encode(claims(), SECRET, algorithm="HS512"),
+    ):
+        assert not entitlement.allow_connect(who(bad))
+        assert not entitlement.allow_subscribe(who(bad), "/Stocks/NYSE/IBM")
+
+
+def test_an_expired_token_is_refused_and_says_when(tmp_path: Path) -> None:
+    key_file = tmp_path / "secret"
+    key_file.write_text(SECRET)
+    entitlement = entitlement_from_config(
+        token_config(tmp_path, EntitlementTokenKeyFile=str(key_file))
+    )
+    exp = int(time.time()) - 5
+    token = jwt.encode(claims(exp=exp), SECRET, algorithm="HS256")
+    assert not entitlement.allow_connect(who(token))
+    assert entitlement.expiry(who(token)) == exp
+
+
+def test_rs256_key_file_and_es256_jwks(tmp_path: Path) -> None:
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "rsa.pem"
+    pem.write_bytes(
+        rsa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    entitlement = entitlement_from_config(
+        token_config(tmp_path, EntitlementTokenAlgorithm="RS256", EntitlementTokenKeyFile=str(pem))
+    )
+    assert entitlement.allow_connect(who(jwt.encode(claims(), rsa_key, algorithm="RS256")))
+    assert not entitlement.allow_connect(who(jwt.encode(claims(), SECRET, algorithm="HS256")))
+
+    keys = {kid: ec.generate_private_key(ec.SECP256R1()) for kid in ("k1", "k2")}
+    jwks = {
+        "keys": [
+            {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(k.public_key())), "kid": kid}
+            for kid, k in keys.items()
+        ]
+    }
+    jwks_file = tmp_path / "keys.json"
+    jwks_file.write_text(json.dumps(jwks))
+    entitlement = entitlement_from_config(
+        token_config(
+            tmp_path, EntitlementTokenAlgorithm="ES256", EntitlementTokenJwksFile=str(jwks_file)
+        )
+    )
+    for kid, key in keys.items():
+        token = jwt.encode(claims(), key, algorithm="ES256", headers={"kid": kid})
+        assert entitlement.allow_subscribe(who(token), "/Stocks/X/Y")
+    stranger = ec.generate_private_key(ec.SECP256R1())
+    forged = jwt.encode(claims(), stranger, algorithm="ES256", headers={"kid": "k1"})
+    assert not entitlement.allow_connect(who(forged))
+    unknown = jwt.encode(claims(), keys["k1"], algorithm="ES256", headers={"kid": "k9"})
+    assert not entitlement.allow_connect(who(unknown))
+
+
+def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="EntitlementTokenKeyFile"):
+        Config.from_mapping({"Entitlement": "Token"})
+    short = tmp_path / "short"
+    short.write_text("tiny")
+    config = token_config(tmp_path, EntitlementTokenKeyFile=str(short))
+    with pytest.raises(ConfigError, match="at least 32 bytes"):
+        entitlement_from_config(config)
+    missing = token_config(tmp_path, EntitlementTokenKeyFile=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="Token"):
+        entitlement_from_config(missing)
+
+
+PLUGIN = '''
+class Rules:
+    def __init__(self, options):
+        self.options = options
+        self.calls = 0
+
+    def allow_connect(self, client):
+        return client.token == self.options
+
+    def allow_subscribe(self, client, subject):
+        self.calls += 1
+        if subject.startswith("/Boom/"):
+            raise RuntimeError("plugin bug")
+        return subject.startswith("/Open/")
+
+    def allow_publish(self, client, subject):
+        return "yes"  # not True: denied
+
+
+class Broken:
+    def __init__(self, options):
+        raise OSError("cannot reach the rules service")
+'''
+
+
+def test_custom_plugin_decides_caches_and_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_rules.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = Config.from_mapping(
+        {
+            "Entitlement": "Custom",
+            "EntitlementPlugin": "my_rules:Rules",
+            "EntitlementPluginOptions": "letmein",
+        }
+    )
+    entitlement = entitlement_from_config(config)
+    client = who("letmein")
+    assert entitlement.allow_connect(client) and not entitlement.allow_connect(who("x"))
+    assert entitlement.allow_subscribe(client, "/Open/a")
+    assert entitlement.allow_subscribe(client, "/Open/a")  # cached
+    assert not entitlement.allow_subscribe(client, "/Closed/a")
+    assert not entitlement.allow_subscribe(client, "/Boom/a")  # raised: denied
+    assert not entitlement.allow_publish(client, "/Open/a")
+    plugin = entitlement._plugin  # type: ignore[attr-defined]
+    assert plugin.calls == 3
+    assert entitlement.failures == 1  # type: ignore[attr-defined]
+    for spec, message in (
+        ("my_rules:Broken", "cannot reach"),
+        ("my_rules:Missing", "Missing"),
+        ("no_such_module:X", "no_such_module"),
+        ("my_rules", "module:Class"),
+    ):
+        bad = Config.from_mapping({"Entitlement": "Custom", "EntitlementPlugin": spec})
+        with pytest.raises(ConfigError, match=message):
+            entitlement_from_config(bad)
+    sys.modules.pop("my_rules", None)
