@@ -271,7 +271,7 @@ def test_small_ones_close_with_the_documented_code(
 def test_head_has_no_body(start_server: Any) -> None:
     server = start_server()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     reply = b""
     while chunk := sock.recv(4096):
         reply += chunk
