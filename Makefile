@@ -9,7 +9,7 @@ SEED     ?= 1
 DURATION ?= 3m
 RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
-.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos image clean js
+.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos fuzz image clean js
 
 # The browser client and dashboard (clients/js), bundled once by esbuild into the files
 # the server serves (migratory/server/static/, not committed). Needs node >= 20 and npm.
@@ -76,6 +76,12 @@ chaos: $(STAMP)
 	$(PY) -m spark_analysis $(RUN_DIR); status=$$?; \
 	  echo "chaos report: $(RUN_DIR)/report/report.md (JSON: $(RUN_DIR)/report/summary.json)"; \
 	  exit $$status
+
+# Time-bounded fuzzing of each client decoder (WebSocket, CBOR operations, HTTP, MQTT)
+# against a live server with a bystander (docs/security.md); `make test` runs a few
+# seconds of each, `make fuzz DURATION=10m` shares the duration between them.
+fuzz: $(STAMP)
+	MIGRATORY_FUZZ_DURATION=$(DURATION) $(PY) -m pytest -s tests/server/test_fuzz_live.py
 
 # The server image (deploy/Dockerfile) with podman or docker, whichever can build here;
 # the browser files are built first so that the wheel in the image carries them.
