@@ -29,6 +29,7 @@ from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.server.mqtt_frames import SHARED
+from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
 from migratory.server.mqtt_subscriptions import Subscriptions
 from migratory.server.publish_rules import check_publish
@@ -43,9 +44,6 @@ log = logging.getLogger("migratory.mqtt")
 MAX_CLIENT_ID_BYTES = 256
 # closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
-MAX_INFLIGHT = 65535  # QoS 1 deliveries not acknowledged yet: every packet id is taken
-
-
 
 
 class MqttSession:
@@ -83,8 +81,7 @@ class MqttSession:
         self._will: mqtt.Will | None = None
         self.subscriptions = Subscriptions(self, ctx.hub)
         self._reached = self.subscriptions.reached
-        self._inflight: dict[int, tuple[str, Position]] = {}  # QoS 1 deliveries
-        self._next_packet_id = 0
+        self._inflight = Inflight()  # QoS 1 deliveries not acknowledged yet
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
         self._save_again = False
@@ -373,7 +370,8 @@ class MqttSession:
             self._link.flush_now()
         else:
             self._link.mark_dirty()
-        if self._record is not None:
+        if self._record is not None and not self._inflight.outstanding(message.subject):
+            # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
             self._record.positions[message.subject] = message.position
             self._changed()
 
@@ -389,26 +387,17 @@ class MqttSession:
             self._deliver(self._wrap(frame))
 
     def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
-        if len(self._inflight) >= MAX_INFLIGHT:
+        if self._inflight.full():
             self._slow_consumer(f"{MAX_INFLIGHT} QoS 1 messages not acknowledged")
             return
-        packet_id = self._next_free_packet_id()
-        self._inflight[packet_id] = (message.subject, message.position)
+        packet_id = self._inflight.add(message.subject, message.position)
         frame = mqtt_encode.encode_publish_from_parts(
             SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
         )
         self._deliver(self._wrap(frame))
 
-    def _next_free_packet_id(self) -> int:
-        packet_id = self._next_packet_id
-        while True:
-            packet_id = packet_id % 65535 + 1
-            if packet_id not in self._inflight:
-                self._next_packet_id = packet_id
-                return packet_id
-
     def _on_puback(self, packet_id: int) -> None:
-        delivered = self._inflight.pop(packet_id, None)
+        delivered = self._inflight.acknowledge(packet_id)
         if delivered is not None and self._record is not None:
             subject, position = delivered
             self._record.positions[subject] = position

@@ -177,3 +177,40 @@ def test_resume_of_a_wildcard_starts_where_the_session_stood_on_older_subjects()
     packets = read(back)
     assert packets[0] == mqtt.Connack(True, 0)
     assert [p.payload for p in packets[1:] if isinstance(p, mqtt.Publish)] == [b"new1", b"new2"]
+
+
+def test_an_unacknowledged_qos1_message_is_not_skipped_by_a_later_qos0_one() -> None:
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    held.settle()
+    read(device)
+    publisher = session(ctx, "pub", registry)
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"q1", qos=1, packet_id=1)), 0.0)
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"q0", qos=0)), 0.0)
+    held.settle()
+    sent = [p for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert [(p.payload, p.qos) for p in sent] == [(b"q1", 1), (b"q0", 0)]
+    device.connection_lost()  # q1 never acknowledged
+    held.settle()
+    held.settle()
+    back = session(ctx, "dev", registry, clean_session=False)
+    replayed = [p.payload for p in read(back) if isinstance(p, mqtt.Publish)]
+    assert replayed == [b"q1", b"q0"]
+
+
+def test_inflight_packet_ids_skip_outstanding_ones_and_wrap() -> None:
+    from migratory.model.position import Position
+    from migratory.server.mqtt_inflight import Inflight
+
+    inflight = Inflight()
+    first = inflight.add("/a/b", Position(1, 1))
+    second = inflight.add("/a/b", Position(1, 2))
+    assert (first, second) == (1, 2) and inflight.outstanding("/a/b")
+    assert inflight.acknowledge(first) == ("/a/b", Position(1, 1))
+    assert inflight.outstanding("/a/b") and inflight.acknowledge(first) is None
+    assert inflight.acknowledge(second) == ("/a/b", Position(1, 2))
+    assert not inflight.outstanding("/a/b") and len(inflight) == 0
+    inflight._next = 65534
+    assert [inflight.add("/x/y", Position(1, n)) for n in range(3)] == [65535, 1, 2]
