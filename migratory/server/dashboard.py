@@ -25,23 +25,24 @@ _ANY_HOST = ("", "0.0.0.0", "::")
 
 @dataclass(frozen=True, slots=True)
 class DashboardConfig:
-    """What the page needs: the client addresses this server listens on (bound), the
-    monitoring token, the push interval, and the member name its stats are pushed under."""
+    """What the page needs: the client listeners speaking the native protocol, as bound
+    (host, port, encrypted), the monitoring token, the push interval, and the member name
+    its stats are pushed under."""
 
-    client_addresses: Sequence[tuple[str, int]]
+    client_listeners: Sequence[tuple[str, int, bool]]
     token: str
     push_interval: int
     member: str
 
     def servers(self, page_host: str) -> list[str]:
-        """WebSocket URLs of the client listeners; a wildcard address is reached on the
-        host the page itself was loaded from."""
+        """WebSocket URLs of the client listeners (``wss`` when encrypted); a wildcard
+        address is reached on the host the page itself was loaded from."""
         urls = []
-        for host, port in self.client_addresses:
+        for host, port, encrypted in self.client_listeners:
             shown = page_host if host in _ANY_HOST else host
             if ":" in shown and not shown.startswith("["):
                 shown = f"[{shown}]"
-            urls.append(f"ws://{shown}:{port}")
+            urls.append(f"{'wss' if encrypted else 'ws'}://{shown}:{port}")
         return urls
 
 

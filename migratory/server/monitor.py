@@ -136,7 +136,11 @@ class Monitor:
     def dashboard_config(self) -> DashboardConfig:
         """What the dashboard page needs (:mod:`migratory.server.dashboard`)."""
         return DashboardConfig(
-            client_addresses=list(self._server.addresses),
+            client_listeners=[
+                (*listener.address, listener.encrypted)
+                for listener in self._server.listeners
+                if not listener.mqtt_tcp and listener.speaks("native")
+            ],
             token=self._config.monitor_token,
             push_interval=self._config.monitor_push_interval,
             member=self.member(),
