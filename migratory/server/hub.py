@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
-from migratory.model.topic import FilterIndex, filter_matches
+from migratory.model.topic import FilterIndex
 from migratory.protocol import ops
 from migratory.server.faults import DeliveryFault, DeliveryFaults
 from migratory.server.format_sink import (
@@ -30,18 +30,11 @@ from migratory.server.format_sink import (
     send_message,
     send_op,
 )
+from migratory.server.hub_sinks import MessageSink, MessageSinks
 
 MESSAGE_OVERHEAD = 96
 """Bytes a delivered message adds to its ``encoded_bound`` on the wire, at most (its CBOR
 keys, epoch, seq, type and the frame header), for the answer-size bound."""
-
-
-class MessageSink(Protocol):
-    """A subscriber that encodes messages itself (an MQTT session): the hub hands it the
-    message and the QoS granted to the subscription that matched. The same message may
-    come twice when two of its filters match (the sink drops what it already has)."""
-
-    def deliver_message(self, message: Message, qos: int) -> None: ...
 
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
@@ -117,7 +110,7 @@ class HubStatistics:
     cached_messages: int
 
 
-class Hub:
+class Hub(MessageSinks):
     def __init__(
         self,
         *,
@@ -216,17 +209,6 @@ class Hub:
             sink.deliver_formatted(message, frames)
         self._fanned_out += len(state.formatted)
 
-    def _tell_listeners(self, state: SubjectState, message: Message) -> None:
-        listeners = state.listeners
-        told = len(listeners)
-        for sink, qos in tuple(listeners.items()):
-            sink.deliver_message(message, qos)
-        if self._filters and not state.subject.startswith("/$"):
-            for sink, qos in list(self._filters.match(state.subject)):
-                sink.deliver_message(message, qos)
-                told += 1
-        self._fanned_out += told
-
     # --- subscribing --------------------------------------------------------
 
     def subscribe(
@@ -321,43 +303,6 @@ class Hub:
             # subscribed (a cluster peer sharing this hub's epoch): all of it is missed.
             return state.cache.since(0)
         return None
-
-    # --- message sinks (MQTT) -------------------------------------------------
-
-    def listen(self, sink: MessageSink, subject: str, qos: int) -> None:
-        """Deliver every later message of ``subject`` to ``sink`` (validated, entitled)."""
-        self._state(subject).listeners[sink] = qos
-
-    def unlisten(self, sink: MessageSink, subject: str) -> None:
-        state = self._subjects.get(subject)
-        if state is not None:
-            state.listeners.pop(sink, None)
-            if state.idle:
-                del self._subjects[subject]
-
-    def listen_filter(self, sink: MessageSink, levels: tuple[str, ...], qos: int) -> None:
-        """Deliver every later message of every subject ``levels`` matches to ``sink``."""
-        self._filters.add(levels, sink, qos)
-
-    def unlisten_filter(self, sink: MessageSink, levels: tuple[str, ...]) -> None:
-        self._filters.remove(levels, sink)
-
-    def missed(self, subject: str, position: Position) -> list[Message] | None:
-        """The cached messages of ``subject`` after ``position`` (oldest first), or None
-        when the cache cannot tell them (another epoch, or it no longer reaches back)."""
-        state = self._subjects.get(subject)
-        if state is None:
-            return [] if position.seq == 0 else None
-        return self._missed(state, position)
-
-    def matching(self, levels: tuple[str, ...]) -> list[tuple[str, Position, Message | None]]:
-        """``(subject, position, snapshot)`` of every subject a wildcard filter matches
-        (never ``/$...`` ones)."""
-        return [
-            (state.subject, state.position, state.snapshot)
-            for state in self._subjects.values()
-            if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
-        ]
 
     def answer_bytes(self, request: ops.SubscriptionRequest) -> int:
         """An upper bound, in O(1) and without changing anything, of the bytes of the

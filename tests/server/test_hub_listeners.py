@@ -67,3 +67,15 @@ def test_a_reposition_gives_listeners_what_it_jumped_over_or_the_snapshot() -> N
     other.listen(lost, "/s/t", 0)
     other.reposition("/s/t", position, snapshot, cached, 0.0)
     assert lost.got == [("/s/t", 5, 0)]
+
+
+def test_overlapping_subscriptions_deliver_once_at_the_highest_qos() -> None:
+    hub = Hub(epoch=7)
+    sink = Sink()
+    hub.listen(sink, "/a/b", 0)
+    hub.listen_filter(sink, filter_levels("a/+"), 1)
+    hub.listen_filter(sink, filter_levels("#"), 0)
+    hub.publish(Message("/a/b", b"1"), 0.0)
+    hub.publish(Message("/a/c", b"2"), 0.0)
+    assert sink.got == [("/a/b", 1, 1), ("/a/c", 1, 1)]
+    assert hub.statistics().frames_fanned_out == 2

@@ -1,0 +1,85 @@
+"""The hub's message sinks: subscribers that encode whole messages themselves (MQTT
+sessions), on exact subjects and on wildcard topic filters. A mixin of
+:class:`~migratory.server.hub.Hub`, kept apart so that each file reads alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.model.topic import FilterIndex, filter_matches
+
+if TYPE_CHECKING:
+    from migratory.server.hub import SubjectState
+
+
+class MessageSink(Protocol):
+    """A subscriber that encodes messages itself (an MQTT session): the hub hands it the
+    message once, at the highest QoS granted to the subscriptions that match it."""
+
+    def deliver_message(self, message: Message, qos: int) -> None: ...
+
+
+class MessageSinks:
+    """Hub methods for :class:`MessageSink` subscribers."""
+
+    _subjects: dict[str, SubjectState]
+    _filters: FilterIndex[MessageSink]
+    _fanned_out: int
+
+    def _state(self, subject: str) -> SubjectState:
+        raise NotImplementedError
+
+    def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
+        raise NotImplementedError
+
+    def _tell_listeners(self, state: SubjectState, message: Message) -> None:
+        """Each message sink once, at the highest QoS of its matching subscriptions."""
+        listeners = state.listeners
+        if not self._filters or state.subject.startswith("/$"):
+            granted = tuple(listeners.items())
+        else:
+            best = dict(listeners)
+            for sink, qos in self._filters.match(state.subject):
+                if best.get(sink, -1) < qos:
+                    best[sink] = qos
+            granted = tuple(best.items())
+        for sink, qos in granted:
+            sink.deliver_message(message, qos)
+        self._fanned_out += len(granted)
+
+    def listen(self, sink: MessageSink, subject: str, qos: int) -> None:
+        """Deliver every later message of ``subject`` to ``sink`` (validated, entitled)."""
+        self._state(subject).listeners[sink] = qos
+
+    def unlisten(self, sink: MessageSink, subject: str) -> None:
+        state = self._subjects.get(subject)
+        if state is not None:
+            state.listeners.pop(sink, None)
+            if state.idle:
+                del self._subjects[subject]
+
+    def listen_filter(self, sink: MessageSink, levels: tuple[str, ...], qos: int) -> None:
+        """Deliver every later message of every subject ``levels`` matches to ``sink``."""
+        self._filters.add(levels, sink, qos)
+
+    def unlisten_filter(self, sink: MessageSink, levels: tuple[str, ...]) -> None:
+        self._filters.remove(levels, sink)
+
+    def missed(self, subject: str, position: Position) -> list[Message] | None:
+        """The cached messages of ``subject`` after ``position`` (oldest first), or None
+        when the cache cannot tell them (another epoch, or it no longer reaches back)."""
+        state = self._subjects.get(subject)
+        if state is None:
+            return [] if position.seq == 0 else None
+        return self._missed(state, position)
+
+    def matching(self, levels: tuple[str, ...]) -> list[tuple[str, Position, Message | None]]:
+        """``(subject, position, snapshot)`` of every subject a wildcard filter matches
+        (never ``/$...`` ones)."""
+        return [
+            (state.subject, state.position, state.snapshot)
+            for state in self._subjects.values()
+            if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
+        ]
