@@ -63,6 +63,10 @@ class BenchCluster:
                     i, members=members, seeds=seeds, mode="Guaranteed",
                     base_port=self.base, password=PASSWORD, data_dir=self.log_dir / "data",
                 ),
+                # the load comes from 127.0.0.1: no per-address or rate limits here
+                "MaxConnectionsPerAddress": "0",
+                "MaxHandshakesPerAddress": "0",
+                "MaxPublishesPerSecond": "0",
                 **(extra or {}),
             }
             for i in range(members)
