@@ -324,7 +324,9 @@ class Server:
             hub.tick(now)
             ticks += 1
             if ticks % EXPIRE_EVERY_TICKS == 0:
+                forgotten = hub.forgotten
                 self._expire(now)
+                self._trim.closed((hub.forgotten - forgotten) // 1000)
                 self._trim.maybe_trim(now)
                 self._close_expired_sessions()
             if self.write_immediately:

@@ -364,8 +364,15 @@ class Hub(MessageSinks):
                 spent.append(subject)
         for subject in spent:
             del self._subjects[subject]
+        if len(spent) > len(self._subjects):  # a dict never shrinks its table by itself
+            self._subjects = dict(self._subjects)
         self._forgotten += len(spent)
         return dropped
+
+    @property
+    def forgotten(self) -> int:
+        """Spent subjects forgotten so far (see :meth:`expire`)."""
+        return self._forgotten
 
     # --- repositioning (a cluster member taking a peer's cache) ---------------
 

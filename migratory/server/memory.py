@@ -40,9 +40,10 @@ class MemoryTrim:
         self._closed = 0
         self._last = float("-inf")
 
-    def closed(self) -> None:
-        """A connection closed."""
-        self._closed += 1
+    def closed(self, count: int = 1) -> None:
+        """A connection closed (or ``count`` of them; a thousand forgotten subjects count
+        as one)."""
+        self._closed += count
 
     def maybe_trim(self, now: float) -> bool:
         """Trim when enough connections closed since the last trim; True if it did."""
