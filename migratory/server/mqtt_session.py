@@ -1,23 +1,17 @@
 """One MQTT 3.1.1 client's protocol logic, without I/O (see docs/mqtt.md).
 
 Bytes go into :meth:`MqttSession.receive_data`; what to write ends up in
-:attr:`MqttSession.outbox`. The trio adapter (``mqtt_connection``) moves bytes,
-runs the keep-alive timer and obeys ``closing`` / ``aborted``, as for the native
-protocol. Over WebSocket (subprotocol ``mqtt``) the packets travel in binary
-frames; ``websocket=True`` unwraps and wraps them.
-
-Publishes go through the server's publish path like native ones: a QoS 1 PUBACK is
-sent when the path reports ``PUBLISH_OK`` (in a Guaranteed cluster, once a majority
-of seeds holds the message). A refused publish closes the connection (MQTT 3.1.1
-has no negative acknowledgement; acknowledging a message that was not stored would
-be a lie). Subscribers get whole messages from the hub (:class:`MessageSink`) and
-encode them; a QoS 0 PUBLISH is encoded once for all of them.
+:attr:`MqttSession.outbox` (wrapped in binary WebSocket frames with
+``websocket=True``). The trio adapter moves bytes, runs the keep-alive timer and obeys
+``closing`` / ``aborted``. Publishes take the server's publish path: a QoS 1 PUBACK
+waits for ``PUBLISH_OK`` (in a Guaranteed cluster, a majority of seeds); a refused
+publish closes the connection (MQTT 3.1.1 has no negative acknowledgement). The hub
+hands subscribers whole messages; a QoS 0 PUBLISH is encoded once for all of them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity
@@ -28,9 +22,16 @@ from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
+from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
-from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject
+from migratory.server.mqtt_store import (
+    SESSION_CLOSURE,
+    SessionRecord,
+    decode_record,
+    session_subject,
+    stored_generation,
+)
 from migratory.server.mqtt_subscriptions import Subscriptions
 from migratory.server.publish_rules import check_publish
 from migratory.server.session import new_connection_id
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
-MAX_CLIENT_ID_BYTES = 256
 # closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
@@ -197,36 +197,19 @@ class MqttSession:
         self.close(close_codes.CONNECT_DENIED.code, why)
 
     def _on_connect(self, packet: mqtt.Connect, now: float) -> None:
-        if packet.protocol_name != mqtt.PROTOCOL_NAME or packet.level != mqtt.PROTOCOL_LEVEL:
-            self._refuse(mqtt.REFUSED_PROTOCOL_VERSION, "only MQTT 3.1.1 (level 4) is spoken")
-            return
-        client_id = packet.client_id
-        if not client_id:
-            if not packet.clean_session:
-                self._refuse(mqtt.REFUSED_IDENTIFIER, "an empty client id needs clean session")
-                return
-            client_id = "migratory-" + os.urandom(8).hex()
-        if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
-            self._refuse(mqtt.REFUSED_IDENTIFIER, f"client id over {MAX_CLIENT_ID_BYTES} bytes")
-            return
-        self.client_id = client_id
         if packet.will is not None:
             try:
                 topic_to_subject(packet.will.topic)
             except InvalidTopicError as exc:
                 self._protocol_error(f"will: {exc}")
                 return
-        not_ready = self._ctx.readiness()
-        if not_ready is not None:
-            self._refuse(mqtt.REFUSED_SERVER_UNAVAILABLE, not_ready)
+        checked = check_connect(packet, self.peer, self._ctx.readiness)
+        if isinstance(checked, Refusal):
+            self.client_id = packet.client_id
+            self._refuse(checked.code, checked.reason)
             return
-        try:
-            token = None if packet.password is None else packet.password.decode("utf-8")
-        except UnicodeDecodeError:
-            self._refuse(mqtt.REFUSED_BAD_CREDENTIALS, "the password is not UTF-8")
-            return
-        identity = ClientIdentity(name=(packet.username or client_id)[:200], token=token,
-                                  peer=self.peer)
+        client_id, identity = checked
+        self.client_id = client_id
         if not self._ctx.entitlement.allow_connect(identity):
             self._denied("connect")
             self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
@@ -238,18 +221,20 @@ class MqttSession:
         self.persistent = not packet.clean_session
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
-        stored = self.subscriptions.stored(session_subject(client_id))
+        snapshot = self._ctx.hub.snapshot(session_subject(client_id))
+        stored, generation = decode_record(snapshot), stored_generation(snapshot) + 1
         if self.persistent:
             self._record = stored or SessionRecord()
+            self._record.generation = generation
         elif stored is not None:  # clean session: the stored one is discarded
-            self._ctx.publishing.submit(
-                Message(session_subject(client_id), b"", retained=True), None, now
-            )
+            cleaned = SessionRecord(generation=generation).message(client_id)
+            self._ctx.publishing.submit(cleaned, None, now)
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
             self.subscriptions.resume(stored, now)
             self._ctx.stats.mqtt_sessions_resumed += 1
+            self._changed()  # this connection's generation holds the session now
 
     def _take_over(self, client_id: str) -> None:
         """A client id connects once per server: the older connection is closed."""
@@ -409,6 +394,12 @@ class MqttSession:
         """The session changed: save its record (one save in flight at a time)."""
         record = self._record
         if record is None:
+            return
+        latest = stored_generation(self._ctx.hub.snapshot(session_subject(self.client_id)))
+        if latest > record.generation:
+            log.info("%s: the session was taken up by a later connection: not saved",
+                     self.describe(), extra=self.log_fields())
+            self._record = None
             return
         record.filters = self.subscriptions.filters()
         if self._saving:

@@ -29,14 +29,20 @@ def session_subject(client_id: str) -> str:
 
 @dataclass(slots=True)
 class SessionRecord:
-    """A persistent session: topic filter -> granted QoS, subject -> position."""
+    """A persistent session: topic filter -> granted QoS, subject -> position.
+
+    ``generation`` counts the connections that took the session up: a connection saves
+    only while the stored record is not of a later generation (a connection that was
+    taken over on another member must not overwrite its successor's record)."""
 
     filters: dict[str, int] = field(default_factory=dict)
     positions: dict[str, Position] = field(default_factory=dict)
+    generation: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(
             {
+                "generation": self.generation,
                 "filters": self.filters,
                 "positions": {s: [p.epoch, p.seq] for s, p in self.positions.items()},
             },
@@ -51,6 +57,16 @@ class SessionRecord:
             qos=Qos.GUARANTEED,
             closure=SESSION_CLOSURE,
         )
+
+
+def stored_generation(snapshot: Message | None) -> int:
+    """The generation of the record a session subject's snapshot holds (0: none)."""
+    if snapshot is None or not snapshot.content:
+        return 0
+    try:
+        return int(json.loads(snapshot.content).get("generation", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def decode_record(snapshot: Message | None) -> SessionRecord | None:
@@ -68,4 +84,4 @@ def decode_record(snapshot: Message | None) -> SessionRecord | None:
         return None
     if not filters:
         return None
-    return SessionRecord(filters, positions)
+    return SessionRecord(filters, positions, stored_generation(snapshot))

@@ -20,7 +20,7 @@ from migratory.model.topic import (
 )
 from migratory.protocol import mqtt
 from migratory.server.hub import Hub
-from migratory.server.mqtt_store import SessionRecord, decode_record
+from migratory.server.mqtt_store import SessionRecord
 
 if TYPE_CHECKING:
     from migratory.server.mqtt_session import MqttSession
@@ -63,9 +63,6 @@ class Subscriptions:
 
     def filters(self) -> dict[str, int]:
         return {name: f.qos for name, f in self._filters.items()}
-
-    def stored(self, subject: str) -> SessionRecord | None:
-        return decode_record(self._hub.snapshot(subject))
 
     def take(self, message: Message) -> bool:
         """Whether ``message`` is new to this session (then it counts as delivered)."""

@@ -214,3 +214,26 @@ def test_inflight_packet_ids_skip_outstanding_ones_and_wrap() -> None:
     assert not inflight.outstanding("/a/b") and len(inflight) == 0
     inflight._next = 65534
     assert [inflight.add("/x/y", Position(1, n)) for n in range(3)] == [65535, 1, 2]
+
+
+def test_a_connection_taken_over_elsewhere_does_not_overwrite_its_successor() -> None:
+    """Two registries on one hub stand for two members: the client reconnected to the
+    second while the first still holds a half-open connection of it."""
+    from migratory.server.mqtt_store import decode_record, session_subject
+
+    ctx, held = make()
+    stale = session(ctx, "dev", {}, clean_session=False)
+    stale.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1), ("b/+", 1)))), 0.0)
+    held.settle()
+    fresh = session(ctx, "dev", {}, clean_session=False)  # the other member
+    assert read(fresh)[0] == mqtt.Connack(True, 0)
+    held.settle()
+    fresh.receive_data(encode_packet(mqtt.Unsubscribe(2, ("b/+",))), 0.0)
+    held.settle()
+    stale.receive_data(encode_packet(mqtt.Unsubscribe(3, ("a/+",))), 0.0)  # stale view
+    stale.connection_lost()
+    held.settle()
+    held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert record is not None and record.filters == {"a/+": 1}
+    assert record.generation == 2
