@@ -10,6 +10,7 @@ Figures depend on the machine's load: run it on a quiet machine (``uptime``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -66,6 +67,8 @@ def measured(server: Server, attack: Callable[[dict[str, Any]], None], settle: f
     peak.append(server.rss())
     result = bystander.stop()
     time.sleep(settle)
+    with contextlib.suppress(OSError, ValueError):  # the server's own longest loop gap
+        figures["server_loop_gap_max_ms"] = server.stats()["loop_gaps"]["max_ms"]
     figures.update(
         bystander_p50_ms=result["p50_ms"], bystander_max_ms=result["max_ms"],
         bystander_lost=result["lost"], rss_peak_kib=max([*peak, figures.get("rss_peak_kib", 0)]),

@@ -48,6 +48,7 @@ log = logging.getLogger("migratory.server")
 
 TICK_SECONDS = 0.1  # conflation periods are multiples of 100 ms
 EXPIRE_EVERY_TICKS = 10
+EXPIRE_SUBJECTS_PER_TICK = 2000  # subjects an expiry tick looks at (a few ms at most)
 SHUTDOWN_GRACE_SECONDS = 1.0
 
 
@@ -323,17 +324,17 @@ class Server:
             now = trio.current_time()
             hub.tick(now)
             ticks += 1
+            forgotten = hub.forgotten
+            self._expire(now)  # a slice of the subjects each tick
+            self._trim.forgot(hub.forgotten - forgotten)
             if ticks % EXPIRE_EVERY_TICKS == 0:
-                forgotten = hub.forgotten
-                self._expire(now)
-                self._trim.closed((hub.forgotten - forgotten) // 1000)
                 self._trim.maybe_trim(now)
                 self._close_expired_sessions()
             if self.write_immediately:
                 self.flush_dirty()
 
     def _expire(self, now: float) -> None:
-        expired = self.ctx.hub.expire(now)
+        expired = self.ctx.hub.expire(now, budget=EXPIRE_SUBJECTS_PER_TICK)
         if expired:
             self.ctx.stats.cache_expired += expired
             audit = self.ctx.audit

@@ -19,6 +19,8 @@ log = logging.getLogger("migratory.memory")
 TRIM_INTERVAL = 2.0
 CLOSED_BEFORE_TRIM = 16
 """Connections closed since the last trim before another one is worth its cost."""
+FORGOTTEN_BEFORE_TRIM = 16_000
+"""Subjects forgotten since the last trim before another one is worth its cost."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -33,25 +35,29 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 class MemoryTrim:
-    __slots__ = ("_closed", "_last", "_trim")
+    __slots__ = ("_closed", "_forgotten", "_last", "_trim")
 
     def __init__(self) -> None:
         self._trim = _malloc_trim()
         self._closed = 0
+        self._forgotten = 0
         self._last = float("-inf")
 
-    def closed(self, count: int = 1) -> None:
-        """A connection closed (or ``count`` of them; a thousand forgotten subjects count
-        as one)."""
-        self._closed += count
+    def closed(self) -> None:
+        """A connection closed."""
+        self._closed += 1
+
+    def forgot(self, subjects: int) -> None:
+        """The hub forgot ``subjects`` subjects."""
+        self._forgotten += subjects
 
     def maybe_trim(self, now: float) -> bool:
         """Trim when enough connections closed since the last trim; True if it did."""
-        if self._trim is None or self._closed < CLOSED_BEFORE_TRIM:
+        if self._trim is None or now - self._last < TRIM_INTERVAL:
             return False
-        if now - self._last < TRIM_INTERVAL:
+        if self._closed < CLOSED_BEFORE_TRIM and self._forgotten < FORGOTTEN_BEFORE_TRIM:
             return False
-        self._closed = 0
+        self._closed = self._forgotten = 0
         self._last = now
         self._trim(0)
         return True

@@ -66,3 +66,18 @@ def test_a_member_numbered_elsewhere_forgets_nothing() -> None:
     hub.apply(Message("/one/off", b"x", epoch=9, seq=1), now=0.0)
     hub.expire(11.0)
     assert hub.position("/one/off") == Position(9, 1)
+
+
+def test_a_budgeted_expiry_sweeps_a_slice_per_call_and_goes_round() -> None:
+    hub = Hub(epoch=7, cache_expire_seconds=10)
+    for i in range(1000):
+        hub.publish(Message(f"/one/off{i}", b"x"), now=0.0)
+    remaining = []
+    for _ in range(4):
+        hub.expire(11.0, budget=300)
+        remaining.append(hub.statistics().subjects)
+    assert remaining == [700, 400, 100, 0]
+    for i in range(10):
+        hub.publish(Message(f"/two/s{i}", b"x"), now=20.0)
+    hub.expire(31.0, budget=300)  # a new sweep: the subjects as they are now
+    assert hub.statistics().subjects == 0 and hub.forgotten == 1010
