@@ -20,6 +20,7 @@ import { Subscription } from "./subscription.js";
 
 const DEFAULTS = Object.freeze({
   token: null,
+  tokenProvider: null,
   name: "",
   reconnect: {},
   keepalive: { interval: 15, timeout: 10 },
@@ -40,6 +41,9 @@ function checkOptions(options) {
   }
   if (!(Number.isInteger(o.messageBuffer) && o.messageBuffer >= 1)) {
     throw new RangeError("connect: messageBuffer must be an integer >= 1");
+  }
+  if (o.tokenProvider !== null && typeof o.tokenProvider !== "function") {
+    throw new TypeError("connect: tokenProvider must be a function returning the token");
   }
   const WebSocketClass = o.WebSocket ?? globalThis.WebSocket;
   if (typeof WebSocketClass !== "function") {
@@ -206,6 +210,26 @@ export class Client {
     this.retryTimer = null;
     if (this.closed || this.error !== null) return;
     const server = chooseServer(this.servers, this.options.random, failed);
+    const provider = this.options.tokenProvider;
+    if (provider === null) {
+      this.openSession(server, this.options.token);
+      return;
+    }
+    // a fresh token for every session: one whose token expired (4503) reconnects with it
+    Promise.resolve().then(() => provider()).then(
+      (token) => {
+        if (!this.closed && this.error === null) this.openSession(server, token ?? null);
+      },
+      (error) => {
+        if (this.closed || this.error !== null) return;
+        const reason = `token provider failed: ${error?.message ?? error}`;
+        this.notificationQueue.put(notification("SERVER_DOWN", { reason, server: server.url }));
+        this.retryTimer = setTimeout(() => this.attempt(server), this.backoff.nextDelay() * 1000);
+      },
+    );
+  }
+
+  openSession(server, token) {
     this.sessionIds += 1;
     this.session = new Session({
       WebSocket: this.options.WebSocket,
@@ -214,7 +238,7 @@ export class Client {
       router: this.router,
       keepalive: this.options.keepalive,
       connectTimeout: this.options.reconnect.connectTimeout,
-      connectOp: { op: "connect", client: this.options.name, token: this.options.token },
+      connectOp: { op: "connect", client: this.options.name, token },
       onLive: (session) => this.onLive(session),
       onEnd: (session, end) => this.onSessionEnd(server, session, end),
     });

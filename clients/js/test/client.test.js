@@ -304,3 +304,22 @@ test("leaving a for-await loop unsubscribes; the subject can be subscribed again
   assert.equal(ws.take("subscribe").length, 1);
   await client.close();
 });
+
+test("a token provider gives every session a fresh token; 4503 TOKEN_EXPIRED reconnects", async () => {
+  let issued = 0;
+  const { client, notes } = open({ tokenProvider: async () => `token-${++issued}` });
+  await flush();
+  const first = FakeWebSocket.last();
+  first.open();
+  assert.deepEqual(first.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-1" }]);
+  first.receive({ op: "connected", server: "m1", version: 1 });
+  first.drop(4503, "the token expired");
+  mock.timers.tick(100);
+  await flush();
+  const second = FakeWebSocket.last();
+  assert.notEqual(second, first);
+  second.open();
+  assert.deepEqual(second.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-2" }]);
+  assert.ok(notes.some((n) => n.status === "SERVER_DOWN" && /4503/.test(n.reason)));
+  await client.close();
+});

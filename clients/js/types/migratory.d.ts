@@ -80,6 +80,9 @@ export function reconnectPolicy(options?: ReconnectOptions): ReconnectPolicy;
 export interface ConnectOptions {
   /** Entitlement token sent with `connect`. */
   token?: string | null;
+  /** Asked for the token of every new session instead of `token` (a session closed
+   * 4503 TOKEN_EXPIRED reconnects with a fresh one). */
+  tokenProvider?: (() => string | null | Promise<string | null>) | null;
   /** A name for the server's logs. */
   name?: string;
   reconnect?: ReconnectOptions;
