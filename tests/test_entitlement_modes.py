@@ -213,3 +213,21 @@ def test_custom_plugin_decides_caches_and_fails_closed(
         with pytest.raises(ConfigError, match=message):
             entitlement_from_config(bad)
     sys.modules.pop("my_rules", None)
+
+
+def test_issuer_and_audience_when_set_are_required(tmp_path: Path) -> None:
+    key_file = tmp_path / "secret"
+    key_file.write_text(SECRET)
+    entitlement = entitlement_from_config(
+        token_config(
+            tmp_path,
+            EntitlementTokenKeyFile=str(key_file),
+            EntitlementTokenIssuer="https://auth.example",
+            EntitlementTokenAudience="migratory",
+        )
+    )
+    good = claims(iss="https://auth.example", aud="migratory")
+    assert entitlement.allow_connect(who(jwt.encode(good, SECRET, algorithm="HS256")))
+    for bad in (claims(), claims(iss="https://other", aud="migratory"),
+                claims(iss="https://auth.example", aud="someone-else")):
+        assert not entitlement.allow_connect(who(jwt.encode(bad, SECRET, algorithm="HS256")))

@@ -37,7 +37,7 @@ def fuzz_seconds() -> float:
     """Seconds for each decoder: MIGRATORY_FUZZ_DURATION shared by the decoders."""
     text = os.environ.get("MIGRATORY_FUZZ_DURATION", "")
     if not text:
-        return 4.0
+        return 3.0
     units = {"s": 1, "m": 60, "h": 3600}
     total = float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     return max(1.0, total / len(DECODERS))
