@@ -205,6 +205,7 @@ class Config:
     max_publishes_per_second: int
     max_fragments_per_message: int
     incomplete_frame_budget: int
+    outbox_memory_budget: int
     publish_allow_from_address_list: tuple[IPv4Network | IPv6Network, ...]
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str

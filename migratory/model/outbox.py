@@ -1,6 +1,6 @@
 """The per-connection outbox that batches ready-to-write frames (sans-I/O)."""
 
-__all__ = ["Outbox", "SlowConsumer"]
+__all__ = ["Outbox", "OutboxBudget", "SlowConsumer"]
 
 
 class SlowConsumer(Exception):
@@ -16,6 +16,22 @@ class SlowConsumer(Exception):
         return f"slow consumer: {self.pending_bytes} bytes pending exceed the limit of {self.limit}"
 
 
+class OutboxBudget:
+    """Bytes all the outboxes of a server may hold together (``OutboxMemoryBudget``).
+
+    Past it, an outbox that holds more than a sixteenth of its own limit takes no more:
+    its client is the slow consumer; a client that keeps up (little pending) is never cut
+    off because of the others."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"limit must be > 0, got {limit}")
+        self.limit = limit
+        self.used = 0
+
+
 class Outbox:
     """Frames waiting to be written to one connection, taken as one batch per write.
 
@@ -23,9 +39,13 @@ class Outbox:
     timer handles the batch time. Pending bytes never exceed ``max_pending``.
     """
 
-    __slots__ = ("_batch_space", "_frames", "_max_pending", "_pending_bytes", "_taken")
+    __slots__ = (
+        "_batch_space", "_budget", "_frames", "_max_pending", "_pending_bytes", "_taken"
+    )
 
-    def __init__(self, *, batch_space: int, max_pending: int) -> None:
+    def __init__(
+        self, *, batch_space: int, max_pending: int, budget: OutboxBudget | None = None
+    ) -> None:
         if batch_space <= 0:
             raise ValueError(f"batch_space must be > 0, got {batch_space}")
         if max_pending <= 0:
@@ -39,6 +59,7 @@ class Outbox:
         self._frames: list[bytes] = []
         self._pending_bytes = 0
         self._taken: list[bytes] | None = None  # the frames of the last batch taken
+        self._budget = budget
 
     def __bool__(self) -> bool:
         return bool(self._frames)
@@ -68,6 +89,12 @@ class Outbox:
         pending = self._pending_bytes + len(frame)
         if pending > self._max_pending:
             raise SlowConsumer(pending, self._max_pending)
+        budget = self._budget
+        if budget is not None:
+            used = budget.used + len(frame)
+            if used > budget.limit and pending > self._max_pending >> 4:
+                raise SlowConsumer(used, budget.limit)
+            budget.used = used
         if frame:
             self._frames.append(frame)
             self._pending_bytes = pending
@@ -78,6 +105,8 @@ class Outbox:
         if frame:
             self._frames.append(frame)
             self._pending_bytes += len(frame)
+            if self._budget is not None:
+                self._budget.used += len(frame)
 
     def take(self) -> bytes:
         """All pending frames as one bytes object (the frame itself if only one), emptied."""
@@ -90,6 +119,8 @@ class Outbox:
             batch = b"".join(frames)
             self._taken = frames  # where its frames end, should it be written in part
             self._frames = []
+        if self._budget is not None:
+            self._budget.used -= self._pending_bytes
         self._pending_bytes = 0
         return batch
 
@@ -104,6 +135,8 @@ class Outbox:
         if not rest:
             return
         self._pending_bytes += len(rest)
+        if self._budget is not None:
+            self._budget.used += len(rest)
         if taken is None:  # the batch was one frame
             self._frames.insert(0, rest)
             return
@@ -130,4 +163,6 @@ class Outbox:
         if first is not None:
             frames.append(first)
             self._pending_bytes = len(first)
+        if self._budget is not None:
+            self._budget.used -= dropped
         return dropped

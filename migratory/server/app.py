@@ -19,6 +19,7 @@ import trio
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.listeners import Listener, bound, client_listeners
+from migratory.model.outbox import OutboxBudget
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server import loop_gaps
@@ -139,6 +140,9 @@ class Server:
             cluster_status=cluster_status,
             audit=Audit.from_config(config),
             monitor=self.monitor,
+            outbox_budget=(
+                OutboxBudget(config.outbox_memory_budget) if config.outbox_memory_budget else None
+            ),
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()

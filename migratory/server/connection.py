@@ -359,6 +359,8 @@ class Connection:
         self._held = 0
         if isinstance(self.session, Session):
             self.session.release()
+        else:
+            self.session.outbox.discard()  # its bytes leave the OutboxMemoryBudget
         self.server.forget(self)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from migratory.config import Config
 from migratory.entitlement import Entitlement
 from migratory.model.message import Message
+from migratory.model.outbox import OutboxBudget
 from migratory.protocol import ops
 from migratory.server.audit import Audit
 from migratory.server.hub import Hub
@@ -116,6 +117,7 @@ class ServerContext:
     batch_sizes: BatchSizes = field(default_factory=BatchSizes)
     audit: Audit | None = None  # None: nothing audited
     monitor: Monitor | None = None  # /metrics, /stats with windows, /cluster, meta-subjects
+    outbox_budget: OutboxBudget | None = None  # OutboxMemoryBudget, shared by every outbox
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""
@@ -127,4 +129,5 @@ class ServerContext:
             "publishing": self.publishing.statistics(),
             "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
             "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
+            "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
         }

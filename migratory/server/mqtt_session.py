@@ -67,7 +67,8 @@ class MqttSession:
         self.websocket = websocket
         config = ctx.config
         self.outbox = Outbox(
-            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes
+            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes,
+            budget=ctx.outbox_budget,
         )
         self._decoder = mqtt.MqttDecoder(server=True, max_packet_size=config.max_frame_size)
         self._frames = (

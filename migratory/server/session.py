@@ -88,7 +88,8 @@ class Session:
         self.listener = listener
         config = ctx.config
         self.outbox = Outbox(
-            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes
+            batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes,
+            budget=ctx.outbox_budget,
         )
         self._http: HttpFront | None = HttpFront(self, ctx, listener)
         self._decoder: ws.FrameDecoder | None = None

@@ -3,12 +3,13 @@ outbox that keeps only the cut frame's tail when a slow consumer is dropped."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.message import Message
-from migratory.model.outbox import Outbox
+from migratory.model.outbox import Outbox, OutboxBudget, SlowConsumer
 from migratory.model.snapshot import merge_snapshot, merged_size
 from migratory.protocol import websocket as ws
 
@@ -68,3 +69,42 @@ def test_a_cut_batch_keeps_only_the_tail_of_the_cut_frame() -> None:
         events = decoder.events(batch[:sent] + tail)
         assert decoder.buffered == 0 and 1 <= len(events) <= 5
         assert len(tail) <= 1004
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["enqueue", "unbounded", "take",
+                                                               "requeue", "discard"]),
+                          st.integers(0, 3000)), max_size=60))
+def test_the_outbox_budget_counts_what_every_outbox_holds(steps: list[tuple[int, str, int]]
+                                                          ) -> None:
+    budget = OutboxBudget(1 << 30)
+    outboxes = [Outbox(batch_space=4096, max_pending=1 << 20, budget=budget) for _ in range(3)]
+    for index, action, size in steps:
+        outbox = outboxes[index]
+        if action == "enqueue":
+            outbox.enqueue(ws.encode_binary(b"x" * size))
+        elif action == "unbounded":
+            outbox.enqueue_unbounded(ws.encode_binary(b"y" * size))
+        elif action == "take":
+            outbox.take()
+        elif action == "requeue" and outbox:
+            batch = outbox.take()
+            outbox.requeue_unsent(batch[min(size, len(batch)):])
+        elif action == "discard":
+            outbox.discard(keep_first=size % 2 == 1)
+        assert budget.used == sum(o.pending_bytes for o in outboxes)
+
+
+def test_past_the_budget_only_a_client_that_is_behind_is_cut_off() -> None:
+    budget = OutboxBudget(100_000)
+    behind = Outbox(batch_space=1 << 20, max_pending=160_000, budget=budget)
+    keeping_up = Outbox(batch_space=1 << 20, max_pending=160_000, budget=budget)
+    frame = ws.encode_binary(b"z" * 9_000)
+    for _ in range(11):
+        behind.enqueue(frame)  # 99 kB: the budget is nearly spent
+    with pytest.raises(SlowConsumer):
+        behind.enqueue(frame)
+    keeping_up.enqueue(frame)  # 9 kB pending, under a sixteenth of its limit: taken
+    assert budget.used == behind.pending_bytes + keeping_up.pending_bytes > budget.limit
+    behind.discard()
+    behind.enqueue(frame)
+    assert budget.used == 2 * len(frame)

@@ -277,3 +277,33 @@ def test_head_has_no_body(start_server: Any) -> None:
         reply += chunk
     assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"\r\n\r\n")
 
+
+
+def test_the_outbox_budget_cuts_off_the_clients_that_are_behind(start_server: Any) -> None:
+    server = start_server(OutboxMemoryBudget="2097152", ClientMaxPendingBytes="8388608")
+    stuck = []
+    for i in range(4):  # together they could hold 32 MB; the budget is 2 MB
+        client = RawClient(server.port)
+        client.connect(f"stuck{i}")
+        client.subscribe("/Budget/s")
+        client.recv_op()
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.append(client)
+    reader = RawClient(server.port, timeout=30)
+    reader.connect("reader")
+    reader.subscribe("/Budget/s")
+    reader.recv_op()
+    publisher = RawClient(server.port, timeout=30)
+    publisher.connect("publisher")
+    peak = 0
+    for i in range(200):
+        status = publisher.publish(Message("/Budget/s", b"b" * 64_000, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+        [message] = reader.recv_messages(1)
+        assert message.seq == i + 1  # the reader keeps up and gets every message
+        if i % 20 == 0:
+            peak = max(peak, stats(server.port)["outbox_bytes"])
+    figures = stats(server.port)
+    assert figures["slow_consumers"] == 4
+    assert peak <= 2_097_152 + 65_000
+    assert figures["outbox_bytes"] < 100_000
