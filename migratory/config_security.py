@@ -30,6 +30,9 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
     Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
             _int(1, unit=_UNITS["s"]), "10000",
             "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),
+    Setting("MaxSubscriptions", "max_subscriptions", _int(0, unit=_UNITS["s"]), "1000000",
+            "Subscriptions of all WebSocket clients together; more get SUBSCRIBE_DENY. "
+            "0: no limit."),
     Setting("MaxSubjectsPerSubscribe", "max_subjects_per_subscribe", _int(1, 10_000, _UNITS["s"]),
             "1000",
             "Entries one `subscribe` operation may carry; more close the session with 4000."),

@@ -80,6 +80,7 @@ class ServerStatistics:
     publishes_received: int = 0
     publishes_refused: int = 0
     protocol_errors: int = 0
+    subscriptions_open: int = 0  # native WebSocket sessions' subjects (MaxSubscriptions)
     subscribes_refused: int = 0  # whole subscribes whose answer would not fit (admission.py)
     connections_refused: int = 0  # over MaxConnections / per address / handshakes in flight
     slow_consumers: int = 0

@@ -318,6 +318,7 @@ class Session:
             for subject in op.subjects:
                 if subject in self.subjects:
                     self.subjects.discard(subject)
+                    self._ctx.stats.subscriptions_open -= 1
                     self._ctx.hub.unsubscribe(self, subject)
         elif isinstance(op, ops.Ping):
             self._send_op(ops.Pong(op.id))
@@ -383,10 +384,15 @@ class Session:
     def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
         assert self.identity is not None
         subject = request.subject
-        limit = self._ctx.config.max_subscriptions_per_connection
-        if subject not in self.subjects and len(self.subjects) >= limit:
-            self._deny(subject, f"MaxSubscriptionsPerConnection ({limit}) reached")
-            return
+        config, stats = self._ctx.config, self._ctx.stats
+        if subject not in self.subjects:
+            if len(self.subjects) >= config.max_subscriptions_per_connection:
+                limit = config.max_subscriptions_per_connection
+                self._deny(subject, f"MaxSubscriptionsPerConnection ({limit}) reached")
+                return
+            if config.max_subscriptions and stats.subscriptions_open >= config.max_subscriptions:
+                self._deny(subject, f"MaxSubscriptions ({config.max_subscriptions}) reached")
+                return
         try:
             validate_subject(subject)
         except InvalidSubjectError as exc:
@@ -399,6 +405,8 @@ class Session:
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
             self._deny(subject, "not entitled to subscribe")
             return
+        if subject not in self.subjects:
+            stats.subscriptions_open += 1
         self.subjects.add(subject)
         audit = self._ctx.audit
         if audit is not None and audit.access:
@@ -513,6 +521,7 @@ class Session:
         hub = self._ctx.hub
         for subject in self.subjects:
             hub.unsubscribe(self, subject)
+        self._ctx.stats.subscriptions_open -= len(self.subjects)
         self.subjects.clear()
         if self._stream is not None:
             self._stream.stop(hub)

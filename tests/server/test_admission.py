@@ -246,3 +246,27 @@ def test_refusing_a_huge_subscribe_costs_little(count: int) -> None:
     assert all(isinstance(op, ops.SubjectStatus) for op in answer)
     assert sum(len(ops.encode_server_op(op)) for op in answer) < 100 * count  # type: ignore[arg-type]
     assert elapsed < 0.5, elapsed
+
+
+def test_subscriptions_of_all_connections_are_capped() -> None:
+    first, ctx, key = new_session(MaxSubscriptions="4")
+    written(first, key)
+    second = Session(ctx, Wire(), "127.0.0.1:2")
+    second_key = new_websocket_key()
+    connect = ws.encode_masked_binary(ops.encode_client_op(ops.Connect("c2")), b"mask")
+    second.receive_data(handshake_request("127.0.0.1", "/", second_key) + connect, 0.0)
+    written(second, second_key)
+    first.receive_data(frame(history_subscribe(3, 0)), 1.0)
+    second.receive_data(frame(history_subscribe(3, 0)), 1.0)  # room for one more
+    denied = [
+        op.reason for op in written(second)
+        if isinstance(op, ops.SubjectStatus) and op.status is ops.Status.SUBSCRIBE_DENY
+    ]
+    assert denied == ["MaxSubscriptions (4) reached"] * 2
+    assert ctx.stats.subscriptions_open == 4 and second.subjects == {"/Big/S0"}
+    first.receive_data(frame(ops.Unsubscribe(("/Big/S0",))), 2.0)
+    second.receive_data(frame(history_subscribe(3, 0)), 2.0)  # S0 again (held), S1 fits
+    assert second.subjects == {"/Big/S0", "/Big/S1"} and ctx.stats.subscriptions_open == 4
+    first.connection_lost()
+    second.connection_lost()
+    assert ctx.stats.subscriptions_open == 0
