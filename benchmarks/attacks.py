@@ -212,7 +212,7 @@ def one_off_subjects(count: int = 200_000) -> dict[str, Any]:
             figures["subjects_at_peak"] = server.stats()["subjects"]
             figures["rss_peak_kib"] = server.rss()
 
-        figures = measured(server, attack, settle=8.0)
+        figures = measured(server, attack, settle=20.0)
         figures["subjects_after"] = server.stats()["subjects"]
         return figures
     finally:
