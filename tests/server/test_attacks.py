@@ -159,7 +159,7 @@ def test_partial_frames_cannot_pin_more_than_the_budget(start_server: Any) -> No
         figures["rss_peak_kib"] = rss_kib(server.proc.pid)
         closed = 0
         for sock, data in held:
-            sock.settimeout(0.5)
+            sock.settimeout(0.1)
             try:
                 while len(ws.FrameDecoder(client_frames=False).events(data)) < 2:
                     chunk = sock.recv(65536)
