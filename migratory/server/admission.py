@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from ipaddress import IPv4Network, IPv6Network, ip_address
+from typing import TYPE_CHECKING
 
-from migratory.protocol import ops
+from migratory.model.outbox import Outbox
+from migratory.protocol import close_codes, ops
 from migratory.server.hub import Hub
+
+if TYPE_CHECKING:
+    from migratory.server.context import ServerContext
 
 STATUS_OVERHEAD = 64
 """Bytes of one ``status`` answer besides its subject (CBOR keys, position, frame)."""
@@ -45,6 +50,42 @@ def subscribe_refusal(
         f"{SUBSCRIBE_TOO_LARGE}: about {needed} bytes, {max(room, 0)} fit in the client's "
         "outbox (ClientMaxPendingBytes); ask for less history or fewer subjects at once"
     )
+
+
+def refuse_subscribe(
+    ctx: ServerContext, outbox: Outbox, requests: Sequence[ops.SubscriptionRequest]
+) -> list[ops.SubjectStatus] | None:
+    """The ``SUBSCRIBE_DENY`` of every entry when the whole subscribe is refused (its
+    answer would not fit in ``outbox``), else None. More entries than
+    MaxSubjectsPerSubscribe raise OperationError (close 4000)."""
+    limit = ctx.config.max_subjects_per_subscribe
+    if len(requests) > limit:
+        raise ops.OperationError(
+            close_codes.BAD_OPERATION,
+            f"subscribe: {len(requests)} entries, MaxSubjectsPerSubscribe is {limit}",
+        )
+    refusal = subscribe_refusal(ctx.hub, requests, outbox.max_pending - outbox.pending_bytes)
+    if refusal is None:
+        return None
+    ctx.stats.subscribes_refused += 1
+    return [  # the reason in full once
+        ops.SubjectStatus(
+            ops.Status.SUBSCRIBE_DENY, r.subject, reason=SUBSCRIBE_TOO_LARGE if n else refusal
+        )
+        for n, r in enumerate(requests)
+    ]
+
+
+def subscription_limit(ctx: ServerContext, subjects: set[str], subject: str) -> str | None:
+    """Why a client holding ``subjects`` may not add ``subject`` (a limit), or None."""
+    if subject in subjects:
+        return None
+    config = ctx.config
+    if len(subjects) >= config.max_subscriptions_per_connection:
+        return f"MaxSubscriptionsPerConnection ({config.max_subscriptions_per_connection}) reached"
+    if config.max_subscriptions and ctx.stats.subscriptions_open >= config.max_subscriptions:
+        return f"MaxSubscriptions ({config.max_subscriptions}) reached"
+    return None
 
 
 def work_units(hub: Hub, request: ops.SubscriptionRequest) -> int:

@@ -361,38 +361,23 @@ class Session:
         """Check the whole subscribe before any of it is answered: its size, then what
         its answer would cost (admission.py). The entries are answered by
         :meth:`process`, a few per loop turn."""
-        limit = self._ctx.config.max_subjects_per_subscribe
-        if len(requests) > limit:
-            raise ops.OperationError(
-                close_codes.BAD_OPERATION,
-                f"subscribe: {len(requests)} entries, MaxSubjectsPerSubscribe is {limit}",
-            )
         # (nothing is queued here: operations are read only once the queue is empty)
-        room = self.outbox.max_pending - self.outbox.pending_bytes
-        refusal = admission.subscribe_refusal(self._ctx.hub, requests, room)
-        if refusal is not None:
-            self._ctx.stats.subscribes_refused += 1
-            log.info("%s: %s", self.describe(), refusal, extra=self.log_fields())
-            short = admission.SUBSCRIBE_TOO_LARGE
-            for number, request in enumerate(requests):  # the reason in full once
-                self._send_op(ops.SubjectStatus(
-                    ops.Status.SUBSCRIBE_DENY, request.subject, reason=short if number else refusal
-                ))
+        denials = admission.refuse_subscribe(self._ctx, self.outbox, requests)
+        if denials is None:
+            self._queued.extend(requests)
             return
-        self._queued.extend(requests)
+        log.info("%s: %s", self.describe(), denials[0].reason, extra=self.log_fields())
+        for denial in denials:
+            self._send_op(denial)
 
     def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
         assert self.identity is not None
         subject = request.subject
-        config, stats = self._ctx.config, self._ctx.stats
-        if subject not in self.subjects:
-            if len(self.subjects) >= config.max_subscriptions_per_connection:
-                limit = config.max_subscriptions_per_connection
-                self._deny(subject, f"MaxSubscriptionsPerConnection ({limit}) reached")
-                return
-            if config.max_subscriptions and stats.subscriptions_open >= config.max_subscriptions:
-                self._deny(subject, f"MaxSubscriptions ({config.max_subscriptions}) reached")
-                return
+        stats = self._ctx.stats
+        over = admission.subscription_limit(self._ctx, self.subjects, subject)
+        if over is not None:
+            self._deny(subject, over)
+            return
         try:
             validate_subject(subject)
         except InvalidSubjectError as exc:
