@@ -182,18 +182,22 @@ class Connection:
 
     async def run(self) -> None:
         """Serve the connection until it closes; never raises on client errors."""
-        session = self.session
         try:
             with trio.CancelScope() as self._read_scope:
                 await self._read_until_closing()
             self._read_scope = None
-            if session.closing and not session.aborted:
+            if self.session.closing and not self.session.aborted:
                 await self._finish()
         except (trio.ClosedResourceError, OSError):
             pass
         except Exception:
-            log.exception("%s: internal error", session.describe(), extra=_client_fields(session))
+            log.exception("%s: internal error", self.session.describe(),
+                          extra=_client_fields(self.session))
         finally:
+            # self.session, not the one the connection started with: a WebSocket upgrade
+            # with subprotocol mqtt hands the connection to an MqttSession, whose will and
+            # subscriptions must end with it
+            session = self.session
             if isinstance(session, Session):
                 session.finished()  # audits the disconnect
             else:

@@ -154,6 +154,27 @@ def test_will_on_a_dropped_connection_not_on_disconnect(server) -> None:  # type
     assert stats(server.port)["mqtt_wills_published"] == 1
 
 
+def test_a_dropped_mqtt_over_websocket_connection_publishes_its_will_and_unsubscribes(
+    server,  # type: ignore[no-untyped-def]
+) -> None:
+    """The connection upgraded to MQTT by WebSocket subprotocol: when it drops, the MQTT
+    session (not the WebSocket session it replaced) is told -- its will is published and
+    its subscription leaves the hub."""
+    watcher = PahoClient(server.mqtt_port, "watcher")
+    watcher.subscribe("status/+", 1)
+    web = PahoClient(server.port, "web", transport="websockets",
+                     will=("status/web", b"lost", 1, False))
+    assert web.subscribe("ws/+", 1) == [1]
+    before = stats(server.port)["subscriptions"]
+    web.drop()
+    (will,) = watcher.receive(1)
+    assert (will.topic, will.payload) == ("status/web", b"lost")
+    deadline = time.monotonic() + 5
+    while stats(server.port)["subscriptions"] != before - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats(server.port)["subscriptions"] == before - 1
+
+
 def test_keep_alive_expiry_closes_and_publishes_the_will(server) -> None:  # type: ignore[no-untyped-def]
     watcher = PahoClient(server.mqtt_port, "watcher")
     watcher.subscribe("status/#", 0)
