@@ -241,6 +241,8 @@ class Connection:
 
     async def _read_once(self) -> bool:
         """Read and process one chunk; False once the connection is over."""
+        if self._closed:
+            return False
         session = self.session
         if not isinstance(session, Session) or session.heartbeat_interval is None:
             await trio.lowlevel.wait_readable(self.sock)
@@ -277,6 +279,8 @@ class Connection:
         self._after_processing()
         while more:
             await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
+            if self._closed:  # aborted meanwhile (a failed write): its socket is gone
+                return False
             native = self.session
             assert isinstance(native, Session)
             more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
