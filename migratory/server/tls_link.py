@@ -43,11 +43,15 @@ class TlsLink:
                 self._tls.do_handshake()
                 self.ready = True
             while True:
-                chunks.append(self._tls.read(65536))
+                chunk = self._tls.read(65536)
+                if not chunk:  # the session is over (after a close_notify read() returns
+                    break  # b"" for ever: looping on it hung the whole server)
+                chunks.append(chunk)
         except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
-            return b"".join(chunks)
+            pass
         except ssl.SSLError as exc:
             raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
+        return b"".join(chunks)
 
     def encrypt(self, data: bytes) -> None:
         """Queue ``data`` for the peer (handshake done); take it with :meth:`take_output`."""
