@@ -347,15 +347,8 @@ class MqttSession:
             frame = shared.plain
         else:
             frame = shared.qos0(message, self.websocket)
-        try:
-            full = self.outbox.enqueue(frame)
-        except SlowConsumer as exc:
-            self._slow_consumer(str(exc))
+        if not self._deliver(frame):
             return
-        if full:
-            self._link.flush_now()
-        else:
-            self._link.mark_dirty()
         if self._record is not None and not self._inflight.outstanding(message.subject):
             # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
             self._record.positions[message.subject] = message.position
@@ -433,16 +426,18 @@ class MqttSession:
     def _wrap(self, packet: bytes) -> bytes:
         return ws.encode_binary(packet) if self.websocket else packet
 
-    def _deliver(self, frame: bytes) -> None:
+    def _deliver(self, frame: bytes) -> bool:
+        """Queue ``frame``; False when the client was cut off as a slow consumer."""
         try:
             full = self.outbox.enqueue(frame)
         except SlowConsumer as exc:
             self._slow_consumer(str(exc))
-            return
+            return False
         if full:
             self._link.flush_now()
         else:
             self._link.mark_dirty()
+        return True
 
     def _send(self, packet: bytes) -> None:
         if not (self.closing or self.aborted):
