@@ -14,6 +14,7 @@ import sys
 
 import trio
 
+from migratory.config import Config as ConfigType
 from migratory.config import ConfigError, load_config, parse_set_options
 from migratory.logs import configure_logging
 
@@ -29,6 +30,10 @@ def _serve(args: argparse.Namespace) -> int:
     from migratory.server.app import run_until_signalled
 
     try:
+        if args.worker_index is not None:
+            return _serve_worker(args, config)
+        if config.workers > 1:
+            return _supervise(args, config)
         server, roles = build_node(config)
         trio.run(functools.partial(run_until_signalled, server, roles=roles))
     except (OSError, BaseExceptionGroup) as exc:
@@ -37,6 +42,44 @@ def _serve(args: argparse.Namespace) -> int:
             raise
         print(f"migratory: {error.strerror or error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _supervise(args: argparse.Namespace, config: ConfigType) -> int:
+    """``Workers`` > 1: this process sequences, N worker processes serve (docs/workers.md)."""
+    from cluster.workers import WorkerFailed, serve_args, supervise
+
+    error = None
+    try:
+        trio.run(supervise, config, serve_args(args.config, args.set))
+    except* WorkerFailed as failed:
+        error = str(failed.exceptions[0])
+    except* trio.TooSlowError:
+        error = "the workers were not ready within 60 s"
+    if error is not None:
+        print(f"migratory: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
+    """One worker, started by the supervising process (never by hand)."""
+    import os
+
+    from cluster.worker import WorkerNode
+    from cluster.workers import SECRET_ENV
+    from migratory.config_values import parse_address
+    from migratory.server.app import run_until_signalled
+
+    secret = os.environ.pop(SECRET_ENV, "")
+    if not secret:
+        print(f"migratory: --worker-index needs {SECRET_ENV} (set by the supervisor)",
+              file=sys.stderr)
+        return 2
+    node = WorkerNode(config, index=args.worker_index,
+                      sequencer=parse_address(args.worker_sequencer), password=secret)
+    # the worker prints its "listening" lines itself, once it has caught up
+    trio.run(functools.partial(run_until_signalled, node.server, roles=[node], ready_line=False))
     return 0
 
 
@@ -67,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="override one config key (repeatable); see docs/config.md",
     )
+    # a worker of a server with Workers > 1, started by its supervisor (cluster/workers.py)
+    serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-sequencer", default="", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     from cluster.tooling import add_cluster_commands
     from migratory.cli_client import add_client_commands

@@ -40,6 +40,7 @@ from migratory.config_values import (
     parse_address,
 )
 from migratory.config_values import ConfigError as ConfigError  # re-exported
+from migratory.config_workers import WORKER_SETTINGS, check_workers
 
 ENV_PREFIX = "MIGRATORY_CFG_"
 
@@ -107,6 +108,7 @@ SETTINGS: tuple[Setting, ...] = (
             "after this many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it "
             "below terminationGracePeriodSeconds minus the preStop sleep."),
     *LIMIT_SETTINGS,
+    *WORKER_SETTINGS,
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
             "every member; empty: a single node. Seeds also use port + 1 for Raft."),
@@ -208,6 +210,7 @@ class Config:
     incomplete_frame_budget: int
     outbox_memory_budget: int
     publish_allow_from_address_list: tuple[IPv4Network | IPv6Network, ...]
+    workers: int
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int
@@ -355,6 +358,7 @@ def _check(config: Config, key: _Origins) -> Config:
     config = _check_cluster(_expand_member_template(config, key), key)
     check_listeners(config, key)
     check_monitoring(config, key)
+    check_workers(config, key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "

@@ -66,7 +66,11 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-def open_listeners(addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+def open_listeners(
+    addresses: Sequence[tuple[str, int]], *, reuse_port: bool = False
+) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets; ``reuse_port``: SO_REUSEPORT, so several
+    worker processes listen on one port and the kernel spreads connections over them."""
     listeners = []
     try:
         for host, port in addresses:
@@ -74,6 +78,8 @@ def open_listeners(addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
             sock = socket.socket(family, socket.SOCK_STREAM)
             listeners.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             try:
                 sock.bind((host, port))
             except OSError as exc:
@@ -181,7 +187,9 @@ class Server:
         specs = client_listeners(self.config)
         if any(spec.encrypted for spec in specs):
             self._tls = server_context(self.config)
-        listeners = open_listeners([spec.address for spec in specs])
+        listeners = open_listeners(
+            [spec.address for spec in specs], reuse_port=self.config.workers > 1
+        )
         self.admission = ConnectionLimits(self.config)  # the open-file limit as it is now
         bound_addresses = [sock.getsockname()[:2] for sock in listeners]
         self.listeners = [

@@ -1,0 +1,149 @@
+"""One worker process of a server with ``Workers = N > 1`` (docs/workers.md).
+
+A worker serves clients on the shared ports (SO_REUSEPORT) and numbers nothing: it is
+a non-seed whose only seed is the sequencer of its supervising process
+(:mod:`cluster.sequencer`). It forwards its clients' publishes there and applies the
+numbered stream that comes back -- the same :class:`~cluster.upstream.UpstreamReplication`,
+:class:`~cluster.stream.CommittedStream` and readiness as a cluster's non-seed, so a
+worker's crash is a non-seed's crash: its clients reconnect (through the same port, to
+another worker) and resume from their positions with ``DATA_SYNC``.
+
+It tells its supervisor it is ready (the ``listening`` lines on stdout) only once it
+has caught up with the sequencer, and stops (as on SIGINT) when its supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from cluster.coordination import UNNUMBERED_EPOCH
+from cluster.forwarding import Outgoing
+from cluster.publishing import ClusterPublishing
+from cluster.readiness import Change, Readiness, ReadinessWatch
+from cluster.replica import Replica
+from cluster.sequencer import worker_name
+from cluster.stream import CommittedStream
+from cluster.upstream import UpstreamReplication
+from migratory.config import Config
+from migratory.protocol import close_codes
+from migratory.server.app import Server, build_hub
+
+log = logging.getLogger("migratory.workers")
+
+HOUSEKEEPING_SECONDS = 0.5
+READY_LOG_SECONDS = 5.0
+
+
+def worker_config(config: Config, index: int) -> Config:
+    """A worker's configuration: its own server name (in ``connected``, /stats, logs)."""
+    return replace(config, server_name=f"{config.server_name}-{worker_name(index)}")
+
+
+class WorkerNode:
+    """A worker: a server whose positions come from the sequencer at ``sequencer``."""
+
+    def __init__(
+        self, config: Config, *, index: int, sequencer: tuple[str, int], password: str
+    ) -> None:
+        self.config = config = worker_config(config, index)
+        self.index = index
+        self.name = worker_name(index)
+        self.parent = os.getppid()
+        hub = build_hub(config, epoch=UNNUMBERED_EPOCH, numbered_elsewhere=True)
+        self.replica = Replica(hub)
+        self.publishing = ClusterPublishing(
+            origin=f"{self.name}#{secrets.token_hex(4)}",
+            replica=self.replica,
+            max_pending=config.cluster_max_pending_publishes,
+        )
+        self.stream = CommittedStream(self.publishing, is_ready=self._is_ready)
+        self.upstream = UpstreamReplication(
+            name=self.name,
+            seeds=[sequencer],
+            password=password,
+            stream=self.stream,
+            outgoing=Outgoing(self.publishing),
+        )
+        self.readiness = Readiness(
+            self.replica, self.upstream.not_ready_reason, clock=trio.current_time
+        )
+        self.server = Server(
+            config,
+            hub=hub,
+            publishing=self.publishing,
+            readiness=self.readiness.reason,
+            cluster_status=self.status,
+        )
+
+    def _is_ready(self) -> bool:
+        return self.readiness.reason() is None
+
+    def status(self) -> dict[str, Any]:
+        reason = self.readiness.reason()
+        return {
+            "member": self.config.server_name,
+            "server_name": self.config.server_name,
+            "mode": "Workers",
+            "role": "worker",
+            "worker": self.index,
+            "workers": self.config.workers,
+            "pid": os.getpid(),
+            "ready": reason is None,
+            "not_ready_reason": reason,
+            "applied_clsn": self.replica.applied_clsn,
+            "publishing": self.publishing.statistics(),
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Replicate from the sequencer and watch the supervisor."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.upstream.run)
+            nursery.start_soon(self._watch_parent)
+            nursery.start_soon(self._announce_when_ready)
+            nursery.start_soon(self._housekeeping)
+            task_status.started()
+
+    async def _announce_when_ready(self) -> None:
+        """Print the ``listening`` lines (the supervisor waits for them) once this worker
+        has caught up with the sequencer."""
+        waited = 0.0
+        while (reason := self.readiness.reason()) is not None:
+            await trio.sleep(0.02)
+            waited += 0.02
+            if waited >= READY_LOG_SECONDS:
+                log.info("%s not ready yet: %s", self.name, reason)
+                waited = 0.0
+        for listener in self.server.listeners:
+            print(f"listening {listener.url().rstrip('/')}", flush=True)
+
+    async def _watch_parent(self) -> None:
+        """Stop, as on Ctrl-C, once the supervisor is gone (its sequencer with it)."""
+        while os.getppid() == self.parent:
+            await trio.sleep(HOUSEKEEPING_SECONDS)
+        log.error("%s: the supervising process %d is gone; stopping", self.name, self.parent)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    async def _housekeeping(self) -> None:
+        watch = ReadinessWatch()
+        while True:
+            await trio.sleep(HOUSEKEEPING_SECONDS)
+            now = trio.current_time()
+            self.publishing.expire(now)
+            reason = self.readiness.reason()
+            for change in watch.observe(reason, now):
+                if change is Change.READY:
+                    log.info("%s is ready for clients", self.name)
+                elif change is Change.NOT_READY:
+                    log.warning("%s is not ready: %s", self.name, reason)
+                elif change is Change.SHED:
+                    count = self.server.shed_clients(
+                        close_codes.TRY_AGAIN_LATER.code, f"worker cut off: {reason}"
+                    )
+                    log.warning("%s sent %d clients away (%s)", self.name, count, reason)

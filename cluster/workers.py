@@ -1,0 +1,250 @@
+"""The supervising process of a server with ``Workers = N > 1`` (docs/workers.md).
+
+It does no client I/O. It
+
+- holds each client port (an SO_REUSEPORT socket bound, never listening, so the port
+  stays the server's while a worker restarts; port 0 is chosen here, once, for all);
+- runs the :class:`~cluster.sequencer.Sequencer` (the one source of positions);
+- starts N worker processes (``migratory serve`` with the same configuration, plus
+  ``--worker-index`` / ``--worker-sequencer``; the link secret in the environment),
+  each in its own session so a terminal's Ctrl-C reaches them only through here;
+- prints ``listening URL`` once every worker has caught up (tests and tools read it),
+  and ``worker I pid P`` for every worker it starts;
+- restarts a worker that stops on its own (logged, with a back-off if it keeps dying);
+- on SIGINT or SIGTERM passes the signal on to every worker, waits for them (SIGTERM:
+  up to DrainTime, as each drains), SIGKILLs any left, and stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from cluster.sequencer import Sequencer
+from migratory.config import Config
+from migratory.listeners import client_listeners
+
+log = logging.getLogger("migratory.workers")
+
+SECRET_ENV = "MIGRATORY_WORKER_SECRET"
+START_TIMEOUT = 60.0
+RESTART_DELAY = 0.2
+RESTART_DELAY_MAX = 5.0
+QUICK_DEATH = 5.0
+"""A worker that dies this soon after it started is restarted after a growing delay."""
+STOP_GRACE = 5.0
+
+
+class WorkerFailed(Exception):
+    """A worker stopped before it was ready the first time: the server does not start."""
+
+
+@dataclass(slots=True)
+class WorkerSlot:
+    index: int
+    process: trio.Process | None = None
+    listening: list[str] = field(default_factory=list)
+    ready: trio.Event = field(default_factory=trio.Event)
+    restarts: int = 0
+
+
+def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
+    """One bound SO_REUSEPORT socket per client listener (never listening: the kernel
+    gives connections only to the workers'), and the ``--set`` overrides that give the
+    workers the ports chosen for port 0."""
+    held: list[socket.socket] = []
+    overrides: dict[str, str] = {}
+    try:
+        for key, addresses in (
+            ("Listen", config.listen),
+            ("ListenEncrypted", config.listen_encrypted),
+            ("ListenMqtt", config.listen_mqtt),
+            ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
+        ):
+            resolved = []
+            for host, port in addresses:
+                sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+                held.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                try:
+                    sock.bind((host, port))
+                except OSError as exc:
+                    raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
+                                  ) from None
+                bound = sock.getsockname()[1]
+                resolved.append(f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}")
+            if any(port == 0 for _, port in addresses):
+                overrides[key] = ", ".join(resolved)
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return held, overrides
+
+
+def monitor_override(config: Config, index: int) -> dict[str, str]:
+    """Worker ``index`` answers MonitorListen's port + index (port 0: its own free port)."""
+    if config.monitor_listen is None or config.monitor_listen[1] == 0:
+        return {}
+    host, port = config.monitor_listen
+    return {"MonitorListen": f"{host}:{port + index}"}
+
+
+class Supervisor:
+    def __init__(self, config: Config, serve_args: Sequence[str]) -> None:
+        """``serve_args``: the ``migratory serve`` options to start each worker with."""
+        self.config = config
+        self.serve_args = list(serve_args)
+        self.secret = secrets.token_hex(24)
+        self.sequencer = Sequencer(config, workers=config.workers, password=self.secret)
+        self.slots = [WorkerSlot(i) for i in range(config.workers)]
+        self.stopping = False
+        self._overrides: dict[str, str] = {}
+        self._sequencer_address = ("127.0.0.1", 0)
+
+    async def run(self) -> None:
+        held, self._overrides = hold_ports(self.config)
+        try:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    self._sequencer_address = await nursery.start(self.sequencer.run)
+                    for slot in self.slots:
+                        nursery.start_soon(self._keep, slot)
+                    await self._wait_ready()
+                    signum = await signals.__anext__()
+                    await self._stop(signal.Signals(signum))
+                    nursery.cancel_scope.cancel()
+        finally:
+            for sock in held:
+                sock.close()
+
+    async def _wait_ready(self) -> None:
+        with trio.fail_after(START_TIMEOUT):
+            for slot in self.slots:
+                await slot.ready.wait()
+        for line in self.slots[0].listening:
+            print(line, flush=True)
+        log.info("%d workers ready: pids %s", len(self.slots),
+                 ", ".join(str(s.process.pid) for s in self.slots if s.process is not None))
+
+    def _command(self, index: int) -> list[str]:
+        overrides = {**self._overrides, **monitor_override(self.config, index)}
+        host, port = self._sequencer_address
+        return [
+            sys.executable, "-m", "cluster", "serve", *self.serve_args,
+            *[f"--set={key}={value}" for key, value in overrides.items()],
+            "--worker-index", str(index), "--worker-sequencer", f"{host}:{port}",
+        ]
+
+    async def _keep(self, slot: WorkerSlot) -> None:
+        """Run worker ``slot.index`` for as long as the server runs; restart it when it
+        stops on its own."""
+        delay = RESTART_DELAY
+        while not self.stopping:
+            started = trio.current_time()
+            code = await self._run_once(slot)
+            if self.stopping:
+                return
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            if not slot.ready.is_set():
+                raise WorkerFailed(f"worker {slot.index} stopped during start-up ({how})")
+            slot.restarts += 1
+            delay = delay * 2 if trio.current_time() - started < QUICK_DEATH else RESTART_DELAY
+            delay = min(delay, RESTART_DELAY_MAX)
+            log.warning("worker %d stopped (%s); restarting it in %.1f s (restart %d)",
+                        slot.index, how, delay, slot.restarts)
+            await trio.sleep(delay)
+
+    async def _run_once(self, slot: WorkerSlot) -> int:
+        env = {**os.environ, SECRET_ENV: self.secret}
+        process = await trio.lowlevel.open_process(
+            self._command(slot.index), stdout=subprocess.PIPE, env=env, start_new_session=True
+        )
+        slot.process = process
+        print(f"worker {slot.index} pid {process.pid}", flush=True)
+        log.info("worker %d started (pid %d)", slot.index, process.pid)
+        try:
+            assert process.stdout is not None
+            await self._relay(slot, process.stdout)
+            return await process.wait()
+        finally:
+            if self.stopping or process.returncode is None:
+                with trio.CancelScope(shield=True):
+                    await self._end(process)
+
+    async def _relay(self, slot: WorkerSlot, stdout: trio.abc.ReceiveStream) -> None:
+        """The worker's stdout: its ``listening`` lines mark it ready; the rest is
+        passed on (``monitoring URL`` lines, one per worker)."""
+        buffer = b""
+        first_start = not slot.ready.is_set()
+        listening: list[str] = []
+        async for chunk in stdout:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.startswith("listening "):
+                    listening.append(line)
+                    if len(listening) == len(client_listeners(self.config)):
+                        slot.listening = listening
+                        if first_start:
+                            slot.ready.set()
+                        else:
+                            log.info("worker %d is back", slot.index)
+                else:
+                    print(line, flush=True)
+
+    async def _end(self, process: trio.Process) -> None:
+        """Make sure ``process`` is gone (the supervisor is stopping or failed)."""
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+            with trio.move_on_after(STOP_GRACE):
+                await process.wait()
+        if process.returncode is None:
+            log.warning("worker pid %d did not stop; killing it", process.pid)
+            process.kill()
+            await process.wait()
+
+    async def _stop(self, signum: signal.Signals) -> None:
+        """Pass ``signum`` on to every worker and wait for them to stop."""
+        log.info("%s received: stopping %d workers", signum.name, len(self.slots))
+        self.stopping = True
+        live = [s.process for s in self.slots
+                if s.process is not None and s.process.returncode is None]
+        for process in live:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+        grace = STOP_GRACE + (self.config.drain_time if signum == signal.SIGTERM else 0)
+        with trio.move_on_after(grace):
+            for process in live:
+                await process.wait()
+        for process in live:
+            if process.returncode is None:
+                log.warning("worker pid %d did not stop in %.0f s; killing it",
+                            process.pid, grace)
+                process.kill()
+                await process.wait()
+        log.info("stopped: %d workers (%d restarts)", len(self.slots),
+                 sum(s.restarts for s in self.slots))
+
+
+def serve_args(config_path: str | None, sets: Sequence[str]) -> list[str]:
+    """The ``serve`` options a worker is started with: the supervisor's own."""
+    args = [] if config_path is None else ["--config", config_path]
+    return args + [f"--set={item}" for item in sets]
+
+
+async def supervise(config: Config, args: Sequence[str]) -> None:
+    await Supervisor(config, args).run()
