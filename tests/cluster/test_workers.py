@@ -1,0 +1,242 @@
+"""Workers = N with real processes on 127.0.0.1: a supervisor (the sequencer) and worker
+processes sharing one port (SO_REUSEPORT); see docs/workers.md."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from rawclient import RawClient, delivered
+
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position
+from migratory.protocol import close_codes, ops
+
+SUBJECT = "/Workers/Test/Subject"
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT balancing is Linux")
+
+
+class WorkersServer:
+    """``migratory serve`` with ``Workers = n``; stdout read by a thread."""
+
+    def __init__(self, tmp_path: Path, workers: int = 2, **settings: str) -> None:
+        args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0",
+                "--set", f"Workers={workers}"]
+        for key, value in settings.items():
+            args += ["--set", f"{key}={value}"]
+        self.log_path = tmp_path / f"workers-{time.monotonic_ns()}.log"
+        self._log = self.log_path.open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line.startswith("listening ws://"):
+                self.port = int(line.rsplit(":", 1)[1])
+                break
+        assert len(self.pids) == workers, self.pids
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line.startswith("worker "):
+                _, index, _, pid = line.split()
+                self.pids[int(index)] = int(pid)
+            self.lines.put(line)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            assert time.monotonic() < deadline, f"{text!r} not logged:\n{self.log()[-3000:]}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for pid in self.pids.values():  # never leave a worker behind
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[WorkersServer]:
+    started = WorkersServer(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+        print(started.log()[-4000:])
+
+
+def connect(port: int, name: str, timeout: float = 10) -> tuple[RawClient, str]:
+    """A connected client and the server name (worker) that answered; a worker not ready
+    yet closes with 1013, one just killed resets: the client tries again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, "no worker took the client"
+        try:
+            client = RawClient(port, timeout=5)
+            client.send_op(ops.Connect(client=name))
+            event = client.recv_event()
+        except (OSError, AssertionError):  # reset by a dying worker, closed in the handshake
+            time.sleep(0.05)
+            continue
+        if hasattr(event, "data"):
+            reply = ops.decode_server_op(event.data)
+            assert isinstance(reply, ops.Connected), reply
+            return client, reply.server
+        client.close()
+        assert getattr(event, "code", None) == close_codes.TRY_AGAIN_LATER.code, event
+        time.sleep(0.05)
+
+
+def clients_on_every_worker(port: int, workers: int, per_worker: int) -> dict[str, list[RawClient]]:
+    """Connect until every worker serves ``per_worker`` clients (the kernel spreads them)."""
+    on: dict[str, list[RawClient]] = {}
+    for attempt in range(200):
+        client, worker = connect(port, f"c{attempt}")
+        if len(on.setdefault(worker, [])) < per_worker:
+            on[worker].append(client)
+        else:
+            client.close()
+        if len(on) == workers and all(len(c) == per_worker for c in on.values()):
+            return on
+    raise AssertionError(f"connections did not reach every worker: {sorted(on)}")
+
+
+def updates(client: RawClient, count: int) -> list[Message]:
+    got: list[Message] = []
+    while len(got) < count:
+        got += [m for m in delivered([client.recv_op(timeout=10)])
+                if m.type is not MessageType.SNAPSHOT]
+    return got
+
+
+def test_messages_published_on_any_worker_reach_every_worker_with_one_position(
+    server: WorkersServer,
+) -> None:
+    on = clients_on_every_worker(server.port, workers=2, per_worker=3)
+    assert sorted(on) == ["migratory-worker-0", "migratory-worker-1"]
+    subscribers = [c for clients in on.values() for c in clients[:2]]
+    for client in subscribers:
+        client.subscribe(SUBJECT)
+        client.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW, timeout=10)
+    publishers = [on[name][2] for name in sorted(on)]  # one on each worker
+    acked: list[Position] = []
+    for i in range(20):
+        status = publishers[i % 2].publish(Message(SUBJECT, f"m{i}".encode(), closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK, status
+        assert status.position is not None
+        acked.append(status.position)
+    epochs = {p.epoch for p in acked}
+    assert len(epochs) == 1 and [p.seq for p in acked] == list(range(1, 21))
+    for client in subscribers:
+        got = updates(client, 20)
+        assert [m.content for m in got] == [f"m{i}".encode() for i in range(20)]
+        assert [m.position for m in got] == acked, "a worker numbered on its own"
+    server.wait_log("2 workers ready")
+    assert "Traceback" not in server.log()
+
+
+def test_a_killed_worker_is_restarted_and_its_client_resumes_on_another_with_data_sync(
+    server: WorkersServer,
+) -> None:
+    on = clients_on_every_worker(server.port, workers=2, per_worker=1)
+    victim_name = "migratory-worker-1"
+    subscriber, publisher = on[victim_name][0], on["migratory-worker-0"][0]
+    subscriber.subscribe(SUBJECT)
+    subscriber.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW, timeout=10)
+    acked: list[tuple[bytes, Position]] = []
+
+    def publish(i: int) -> None:
+        status = publisher.publish(Message(SUBJECT, f"m{i}".encode(), closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK, status
+        assert status.position is not None
+        acked.append((f"m{i}".encode(), status.position))
+
+    for i in range(10):
+        publish(i)
+    seen = updates(subscriber, 10)
+    last = seen[-1].position
+    victim = server.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    for i in range(10, 30):  # published while the subscriber is away
+        publish(i)
+    resumed, worker = connect(server.port, "resumed")
+    resumed.send_op(ops.Subscribe((ops.SubscriptionRequest(SUBJECT, position=last),)))
+    got = resumed.recv_ops_until_status(ops.Status.DATA_SYNC, timeout=10)
+    statuses = [op.status for op in got if isinstance(op, ops.SubjectStatus)]
+    assert ops.Status.DATA_RESYNC not in statuses, statuses
+    recovered = delivered(got)
+    assert all(m.type is MessageType.RECOVERED for m in recovered), recovered
+    for i in range(30, 35):  # and live after it
+        publish(i)
+    later = updates(resumed, 35 - 10 - len(recovered))
+    positions = [m.position for m in seen + recovered + later]
+    assert positions == [p for _, p in acked], "gap or duplicate across the worker crash"
+    assert [m.content for m in seen + recovered + later] == [c for c, _ in acked]
+    server.wait_log("worker 1 stopped (signal SIGKILL); restarting it")
+    server.wait_log("worker 1 is back")
+    assert server.pids[1] != victim and alive(server.pids[1])
+    print("resumed on", worker)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_supervisor_stops_every_worker(tmp_path: Path, sig: int) -> None:
+    server = WorkersServer(tmp_path, workers=2, DrainTime="2")
+    try:
+        client, _ = connect(server.port, "c")
+        workers = list(server.pids.values())
+        server.proc.send_signal(sig)
+        assert server.proc.wait(15) == 0
+        assert not any(alive(pid) for pid in workers), "a worker outlived its supervisor"
+        assert "stopped: 2 workers" in server.log()
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    server = WorkersServer(tmp_path, workers=2)
+    try:
+        workers = list(server.pids.values())
+        server.proc.kill()
+        server.proc.wait(5)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "orphaned workers kept the port"
+            time.sleep(0.1)
+    finally:
+        server.stop()
