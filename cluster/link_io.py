@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Literal
+import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
 from cluster import link
+
+if TYPE_CHECKING:
+    from migratory.config import Config
 
 log = logging.getLogger("migratory.link")
 
@@ -28,6 +33,41 @@ CONNECT_ERRORS = (
 RECV_SIZE = 1 << 16
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterTls:
+    """Mutual TLS for the cluster links (ClusterTlsCertificate, ClusterTlsKey,
+    ClusterTlsCa): both sides present a certificate the cluster CA signed."""
+
+    accepting: ssl.SSLContext
+    dialling: ssl.SSLContext
+
+    @classmethod
+    def from_config(cls, config: Config) -> ClusterTls | None:
+        """None when the ClusterTls* keys are empty (plain TCP links)."""
+        if not config.cluster_tls_certificate:
+            return None
+        from migratory.tls import cluster_contexts
+
+        accepting, dialling = cluster_contexts(
+            config.cluster_tls_certificate, config.cluster_tls_key, config.cluster_tls_ca
+        )
+        return cls(accepting, dialling)
+
+    def wrap(
+        self, stream: trio.abc.Stream, *, server_side: bool
+    ) -> trio.SSLStream[trio.abc.Stream]:
+        context = self.accepting if server_side else self.dialling
+        return trio.SSLStream(stream, context, server_side=server_side)
+
+
+def secured(
+    stream: trio.abc.Stream, tls: ClusterTls | None, *, server_side: bool
+) -> trio.abc.Stream:
+    """``stream`` inside TLS when the cluster has certificates; the TLS handshake runs
+    first thing in :meth:`LinkChannel.handshake`, within its time limit."""
+    return stream if tls is None else tls.wrap(stream, server_side=server_side)
+
+
 def describe(error: BaseException) -> str:
     """What ended a link, in words: the message of each exception a task group raised
     (trio wraps whatever crosses a nursery in an ``ExceptionGroup``)."""
@@ -41,7 +81,7 @@ class LinkChannel:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         *,
         role: Literal["accept", "connect"],
         member: str,
@@ -63,6 +103,8 @@ class LinkChannel:
         return peer
 
     async def _authenticate(self) -> str:
+        if isinstance(self.stream, trio.SSLStream):
+            await self._tls_handshake(self.stream)
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             first = self.codec.initiate()
             if first:
@@ -76,6 +118,21 @@ class LinkChannel:
                     return event.peer
                 else:
                     raise link.LinkError(f"unexpected {type(event).__name__} before auth")
+
+    @staticmethod
+    async def _tls_handshake(stream: trio.SSLStream[trio.abc.Stream]) -> None:
+        """Certificates both ways before any byte of the link protocol; a peer without a
+        certificate of the cluster CA (or not speaking TLS) ends here."""
+        with trio.move_on_after(HANDSHAKE_TIMEOUT) as waited:
+            try:
+                await stream.do_handshake()
+            except trio.BrokenResourceError as exc:
+                reason = describe(exc.__cause__ or exc)
+                raise link.LinkError(f"TLS handshake failed: {reason}") from exc
+        if waited.cancelled_caught:
+            raise link.LinkError(
+                f"TLS handshake failed: not finished within {HANDSHAKE_TIMEOUT:g} s"
+            )
 
     async def send(self, op: link.LinkOp) -> None:
         data = self.codec.send(op)
@@ -106,7 +163,7 @@ class LinkChannel:
             data = await self.stream.receive_some(RECV_SIZE)
             if not data:
                 raise EOFError("peer closed the link")
-            self.codec.receive_data(data)
+            self.codec.receive_data(bytes(data))
 
     async def aclose(self) -> None:
         with trio.move_on_after(1):
@@ -114,7 +171,7 @@ class LinkChannel:
 
 
 async def connect(
-    address: tuple[str, int], *, member: str, password: str
+    address: tuple[str, int], *, member: str, password: str, tls: ClusterTls | None = None
 ) -> LinkChannel:
     """An authenticated link to the member at ``address``. Raises OSError,
     trio.BrokenResourceError (a reset while connecting), EOFError, LinkError or
@@ -126,7 +183,9 @@ async def connect(
     trying the next."""
     with trio.fail_after(DIAL_TIMEOUT):
         stream = await trio.open_tcp_stream(*address)
-    channel = LinkChannel(stream, role="connect", member=member, password=password)
+    channel = LinkChannel(
+        secured(stream, tls, server_side=False), role="connect", member=member, password=password
+    )
     try:
         peer = await channel.handshake()
         if peer != f"{address[0]}:{address[1]}":

@@ -26,6 +26,7 @@ import trio
 
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
+from cluster.link_io import ClusterTls
 from cluster.monitoring import guaranteed_metrics
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
@@ -79,6 +80,7 @@ class GuaranteedNode:
                 name=self.name,
                 seeds=config.seed_members,
                 password=config.cluster_password,
+                tls=ClusterTls.from_config(config),
                 stream=self.stream,
                 outgoing=self.outgoing,
             )
@@ -86,6 +88,7 @@ class GuaranteedNode:
             name=self.name,
             members=frozenset(member_name(a) for a in config.cluster_members),
             password=config.cluster_password,
+            tls=ClusterTls.from_config(config),
             stream=self.stream,
             take_forward=None if self.seed is None else self.seed.take_forward,
         )

@@ -17,7 +17,7 @@ import trio
 
 from cluster import link
 from cluster.coordination import PublishRequest
-from cluster.link_io import LinkChannel, describe
+from cluster.link_io import ClusterTls, LinkChannel, describe, secured
 from cluster.stream import FOLLOWER_QUEUE, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
@@ -37,6 +37,7 @@ class PeerService:
         name: str,
         members: frozenset[str],
         password: str,
+        tls: ClusterTls | None = None,
         stream: CommittedStream,
         take_forward: TakeForward | None,
     ) -> None:
@@ -44,6 +45,7 @@ class PeerService:
         self.name = name
         self.members = members
         self.password = password
+        self.tls = tls
         self.stream = stream
         self.take_forward = take_forward
         self.links_ended = 0
@@ -62,7 +64,10 @@ class PeerService:
 
     async def serve_peer(self, socket_stream: trio.SocketStream) -> None:
         channel = LinkChannel(
-            socket_stream, role="accept", member=self.name, password=self.password
+            secured(socket_stream, self.tls, server_side=True),
+            role="accept",
+            member=self.name,
+            password=self.password,
         )
         peer = "?"
         try:

@@ -31,7 +31,7 @@ from cluster.cache_sync import CacheSync
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
-from cluster.link_io import CONNECT_ERRORS, connect
+from cluster.link_io import CONNECT_ERRORS, ClusterTls, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.replica import Offer
@@ -63,6 +63,7 @@ class SeedCoordination:
     ) -> None:
         assert config.cluster_member_listen is not None
         self.config = config
+        self.tls = ClusterTls.from_config(config)
         self.name = name
         self.stream = stream
         self.outgoing = outgoing
@@ -300,7 +301,7 @@ class SeedCoordination:
         try:
             with trio.fail_after(10):
                 channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password)
+                                        password=self.config.cluster_password, tls=self.tls)
                 try:
                     await channel.send(link.SyncRequest(replica.sync_floor))
                     op = await channel.receive()

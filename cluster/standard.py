@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from cluster import link
-from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect
+from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect, secured
 from cluster.monitoring import standard_metrics
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
@@ -50,6 +50,7 @@ class StandardNode:
     def __init__(self, config: Config) -> None:
         assert config.cluster_member_listen is not None
         self.config = config
+        self.tls = ClusterTls.from_config(config)
         self.hub = build_hub(config)
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
@@ -106,7 +107,7 @@ class StandardNode:
         while True:
             try:
                 channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password)
+                                        password=self.config.cluster_password, tls=self.tls)
             except CONNECT_ERRORS:
                 await trio.sleep(RETRY_SECONDS)
                 continue
@@ -126,7 +127,10 @@ class StandardNode:
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
         channel = LinkChannel(
-            stream, role="accept", member=self.name, password=self.config.cluster_password
+            secured(stream, self.tls, server_side=True),
+            role="accept",
+            member=self.name,
+            password=self.config.cluster_password,
         )
         try:
             await channel.handshake(self.member_names)

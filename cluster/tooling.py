@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from cluster.certificates import make_cluster_certificates
 from cluster.status_table import format_status_table
 from cluster.up_checks import (
     PASSWORD_ENV,
@@ -280,10 +281,18 @@ def _run_cluster(
         )
         for i in range(args.members)
     ]
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if args.cluster_tls:
+            hosts = {f"migratory-{i}": ["127.0.0.1"] for i in range(args.members)}
+            certificates = make_cluster_certificates(log_dir / "cluster-tls", hosts)
+            for i, member_config in enumerate(settings):
+                member_config.update(certificates[f"migratory-{i}"].settings())
+    except OSError as exc:
+        raise StartFailed(f"--log-dir {log_dir}: {exc.strerror or exc}") from None
     check_configs(settings)
     check_ports(settings)
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
         if args.fresh:
             clear_data(data_dir)
     except OSError as exc:
@@ -399,6 +408,9 @@ def add_cluster_commands(commands: Any) -> None:
                     help="start with empty data (remove the members' Raft logs first)")
     up.add_argument("--password-file", metavar="FILE",
                     help="a file (mode 0600) holding the cluster password")
+    up.add_argument("--no-cluster-tls", dest="cluster_tls", action="store_false",
+                    help="plain TCP cluster links (default: mutual TLS with a new cluster CA "
+                    "and member certificates in LOG_DIR/cluster-tls)")
     up.add_argument("--start-timeout", type=float, default=60.0, metavar="SECONDS",
                     help="how long members may take to accept clients")
     up.set_defaults(func=_up)

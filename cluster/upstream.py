@@ -34,7 +34,7 @@ import trio
 
 from cluster import link
 from cluster.forwarding import Outgoing, forward_to
-from cluster.link_io import CONNECT_ERRORS, LinkChannel, connect, describe
+from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect, describe
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
 
@@ -72,12 +72,14 @@ class UpstreamReplication:
         name: str,
         seeds: Sequence[tuple[str, int]],
         password: str,
+        tls: ClusterTls | None = None,
         stream: CommittedStream,
         outgoing: Outgoing,
     ) -> None:
         self.name = name
         self.seeds = list(seeds)
         self.password = password
+        self.tls = tls
         self.stream = stream
         self.outgoing = outgoing
         self.view = UpstreamView()
@@ -101,7 +103,9 @@ class UpstreamReplication:
         (but for cancellation)."""
         seed = member_name(address)
         try:
-            channel = await connect(address, member=self.name, password=self.password)
+            channel = await connect(
+                address, member=self.name, password=self.password, tls=self.tls
+            )
         except CONNECT_ERRORS as exc:
             log.debug("seed %s unreachable: %s", seed, exc)
             return

@@ -22,7 +22,12 @@ from typing import Any
 
 from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
-from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS
+from migratory.config_security import (
+    CLUSTER_TLS_SETTINGS,
+    ENTITLEMENT_SETTINGS,
+    LIMIT_SETTINGS,
+    check_cluster_tls,
+)
 from migratory.config_values import (
     ORDINAL,
     Setting,
@@ -134,6 +139,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterPassword", "cluster_password", _text, "",
             "Shared secret that members authenticate each other with (required for a cluster; "
             "also Raft's password)."),
+    *CLUSTER_TLS_SETTINGS,
     Setting("ClusterDataDir", "cluster_data_dir", _text, "",
             "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
             "one per member, kept across restarts: a seed that forgets its log may lose "
@@ -219,6 +225,9 @@ class Config:
     cluster_seed_member_count: int
     cluster_delivery_mode: str
     cluster_password: str
+    cluster_tls_certificate: str
+    cluster_tls_key: str
+    cluster_tls_ca: str
     cluster_data_dir: str
     cluster_max_pending_publishes: int
     cluster_rebalance_rate: int
@@ -359,6 +368,7 @@ def _check(config: Config, key: _Origins) -> Config:
     check_listeners(config, key)
     check_monitoring(config, key)
     check_workers(config, key)
+    check_cluster_tls(config, key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "

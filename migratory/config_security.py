@@ -7,7 +7,13 @@ attack each one stops and docs/config.md (generated) lists them with the other k
 
 from __future__ import annotations
 
-from migratory.config_values import Setting, _choice, _int, _networks, _text
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from migratory.config_values import ConfigError, Setting, _choice, _int, _networks, _text
+
+if TYPE_CHECKING:
+    from migratory.config import Config
 
 _UNITS = {"c": " of connections", "b": " of bytes", "s": " of subjects", "p": " of publishes"}
 
@@ -76,3 +82,37 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
     Setting("EntitlementPluginOptions", "entitlement_plugin_options", _text, "",
             "Entitlement = Custom: one text passed to the plugin's constructor."),
 )
+
+CLUSTER_TLS_SETTINGS: tuple[Setting, ...] = (
+    Setting("ClusterTlsCertificate", "cluster_tls_certificate", _text, "",
+            "PEM: this member's certificate, signed by ClusterTlsCa; set with ClusterTlsKey "
+            "and ClusterTlsCa, cluster links run over mutual TLS 1.3 (`migratory cluster up "
+            "--cluster-tls` makes them). Empty: links are plain TCP, password-authenticated."),
+    Setting("ClusterTlsKey", "cluster_tls_key", _text, "",
+            "PEM: the private key of ClusterTlsCertificate (keep it mode 0600)."),
+    Setting("ClusterTlsCa", "cluster_tls_ca", _text, "",
+            "PEM: the cluster CA; a peer must present a certificate it signed."),
+)
+
+
+def check_cluster_tls(config: Config, key: Callable[[str], str]) -> None:
+    """All three ClusterTls* keys or none, only in a cluster, and files that load."""
+    values = {
+        "ClusterTlsCertificate": config.cluster_tls_certificate,
+        "ClusterTlsKey": config.cluster_tls_key,
+        "ClusterTlsCa": config.cluster_tls_ca,
+    }
+    given = [name for name, value in values.items() if value]
+    if not given:
+        return
+    if not config.cluster_members:
+        raise ConfigError(f"{key(given[0])} is set but ClusterMembers is empty")
+    missing = [name for name, value in values.items() if not value]
+    if missing:
+        raise ConfigError(f"{key(given[0])} is set: {missing[0]} is required too")
+    from migratory.tls import TlsSetupError, cluster_contexts  # ssl only, no I/O
+
+    try:
+        cluster_contexts(*values.values())
+    except TlsSetupError as exc:
+        raise ConfigError(f"{key(exc.key)}: {exc.reason}") from None

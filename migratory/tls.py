@@ -60,3 +60,40 @@ def server_context(config: Config) -> ssl.SSLContext:
             raise TlsSetupError("TlsClientCa", _reason(exc)) from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def cluster_contexts(
+    certificate: str, key: str, ca: str
+) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The (accepting, dialling) contexts of the cluster links: TLS 1.3 only, each side
+    presents ``certificate`` and requires a peer certificate signed by the cluster CA
+    ``ca`` (mutual TLS). Raises :class:`TlsSetupError` naming the ``ClusterTls*`` key.
+
+    Host names are not checked: the CA signs member certificates only, so a certificate
+    it signed is what makes a peer a member (a StatefulSet's pods share one); the
+    password challenge inside the TLS session then names the member."""
+    for name, path in (
+        ("ClusterTlsCertificate", certificate),
+        ("ClusterTlsKey", key),
+        ("ClusterTlsCa", ca),
+    ):
+        if not os.path.isfile(path):
+            raise TlsSetupError(name, f"no such file {path!r}")
+    contexts = []
+    for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+        context = ssl.SSLContext(purpose)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_cert_chain(certificate, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsSetupError(
+                "ClusterTlsCertificate", f"cannot load the certificate and key: {_reason(exc)}"
+            ) from None
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsSetupError("ClusterTlsCa", _reason(exc)) from None
+        contexts.append(context)
+    return contexts[0], contexts[1]
