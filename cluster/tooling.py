@@ -28,7 +28,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cluster.certificates import make_cluster_certificates
 from cluster.status_table import format_status_table
 from cluster.up_checks import (
     PASSWORD_ENV,
@@ -40,6 +39,7 @@ from cluster.up_checks import (
     port_free,
     read_password,
 )
+from migratory.certificates import make_cluster_certificates
 
 DEFAULT_STATE = ".migratory-cluster.json"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

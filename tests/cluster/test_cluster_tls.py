@@ -18,7 +18,7 @@ from cluster_fixture import LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
 
-from cluster.certificates import make_cluster_certificates
+from migratory.certificates import make_cluster_certificates
 from migratory.config import Config, ConfigError
 from migratory.model.message import Message, MessageType
 from migratory.protocol import ops

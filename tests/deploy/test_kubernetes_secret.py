@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from migratory.kubernetes_secret import ApiServer, ensure_secret
+from migratory.kubernetes_secret import ApiServer, ensure_secret, ensure_tls_secret
+from migratory.tls import cluster_contexts
 
 TOKEN = "service-account-token"
 
@@ -107,3 +110,20 @@ def test_passwords_differ_between_installs(api: tuple[ApiServer, type[FakeApi]])
     ensure_secret(server, "a", "password")
     ensure_secret(server, "b", "password")
     assert handler.secrets["a"]["data"] != handler.secrets["b"]["data"]
+
+
+def test_creates_the_cluster_tls_secret_once(
+    api: tuple[ApiServer, type[FakeApi]], tmp_path: Path
+) -> None:
+    """The files make working mutual-TLS contexts: what a member loads from the mount."""
+    server, handler = api
+    assert ensure_tls_secret(server, "migratory-cluster-tls", ["*.migratory-members"]) == "created"
+    secret = handler.secrets["migratory-cluster-tls"]
+    for name, encoded in secret["data"].items():  # type: ignore[attr-defined]
+        (tmp_path / name).write_bytes(base64.b64decode(encoded))
+    accepting, dialling = cluster_contexts(
+        str(tmp_path / "member.pem"), str(tmp_path / "member-key.pem"), str(tmp_path / "ca.pem")
+    )
+    assert accepting.verify_mode is ssl.CERT_REQUIRED and dialling.verify_mode is ssl.CERT_REQUIRED
+    assert ensure_tls_secret(server, "migratory-cluster-tls", ["x"]) == "exists"
+    assert handler.secrets["migratory-cluster-tls"] is secret

@@ -1,8 +1,8 @@
 """A cluster CA and member certificates for mutual TLS on the cluster links.
 
-``migratory cluster up`` makes them for its loopback members, and ``migratory cluster
-certs`` writes a set for a deployment (a Kubernetes Secret, see deploy/k8s/README.md):
-the CA's certificate (``ca.pem``), and per member a certificate and its key. The CA's
+``migratory cluster up`` makes them for its loopback members; on Kubernetes the
+install's Job makes a set once and keeps it in a Secret (``migratory.kubernetes_secret
+--tls-secret``): the CA's certificate, and a certificate and its key. The CA's
 own key is not kept: nothing can sign another member later, so adding members means a
 new set (and a rolling restart). Private keys are written mode 0600.
 
@@ -64,12 +64,12 @@ def _write(path: Path, data: bytes, *, private: bool) -> None:
     os.chmod(path, mode)  # an existing file keeps its old mode through O_CREAT
 
 
-def make_cluster_certificates(
-    directory: Path, members: dict[str, list[str]]
-) -> dict[str, MemberCertificate]:
+def issue_cluster_certificates(
+    members: dict[str, list[str]],
+) -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
     """A new CA and, for each member name, a certificate valid for its ``hosts`` (IP
-    addresses or DNS names, wildcards allowed), both for serving and dialling links."""
-    directory.mkdir(parents=True, exist_ok=True)
+    addresses or DNS names, wildcards allowed), both for serving and dialling links:
+    ``(ca_pem, {member: (certificate_pem, key_pem)})``. Nothing is written."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("migratory cluster CA")
@@ -92,9 +92,7 @@ def make_cluster_certificates(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    ca_path = directory / "ca.pem"
-    _write(ca_path, ca.public_bytes(serialization.Encoding.PEM), private=False)
-    made: dict[str, MemberCertificate] = {}
+    issued: dict[str, tuple[bytes, bytes]] = {}
     for member, hosts in members.items():
         key = ec.generate_private_key(ec.SECP256R1())
         certificate = (
@@ -117,17 +115,31 @@ def make_cluster_certificates(
             )
             .sign(ca_key, hashes.SHA256())
         )
-        cert_path = directory / f"{member}.pem"
-        key_path = directory / f"{member}-key.pem"
-        _write(cert_path, certificate.public_bytes(serialization.Encoding.PEM), private=False)
-        _write(
-            key_path,
+        issued[member] = (
+            certificate.public_bytes(serialization.Encoding.PEM),
             key.private_bytes(
                 serialization.Encoding.PEM,
                 serialization.PrivateFormat.PKCS8,
                 serialization.NoEncryption(),
             ),
-            private=True,
         )
+    return ca.public_bytes(serialization.Encoding.PEM), issued
+
+
+def make_cluster_certificates(
+    directory: Path, members: dict[str, list[str]]
+) -> dict[str, MemberCertificate]:
+    """:func:`issue_cluster_certificates` written in ``directory``: ``ca.pem``,
+    ``MEMBER.pem`` and ``MEMBER-key.pem`` (mode 0600)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_pem, issued = issue_cluster_certificates(members)
+    ca_path = directory / "ca.pem"
+    _write(ca_path, ca_pem, private=False)
+    made: dict[str, MemberCertificate] = {}
+    for member, (certificate_pem, key_pem) in issued.items():
+        cert_path = directory / f"{member}.pem"
+        key_path = directory / f"{member}-key.pem"
+        _write(cert_path, certificate_pem, private=False)
+        _write(key_path, key_pem, private=True)
         made[member] = MemberCertificate(cert_path, key_path, ca_path)
     return made
