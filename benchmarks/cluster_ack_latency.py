@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contextlib
 
-from _loadgen import CpuMeter, handle_sigterm, machine_description
 from cluster_common import BenchCluster, decode_frames, open_raw, pct, publish_frame
+
+from migratory.bench.procfs import CpuMeter, handle_sigterm, machine_description
 
 
 def paced(port: int, rate: float, duration: float, size: int, drain: float = 10.0) -> dict:

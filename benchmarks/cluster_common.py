@@ -4,7 +4,7 @@ Members are real ``python -m cluster serve`` processes configured with
 ``cluster.tooling.member_settings``; each gets its own session and a
 parent-death signal, its log goes to ``benchmarks/results/``, and every one is
 stopped by PID (SIGTERM, then SIGKILL) at the end, also on errors.
-Raw client connections reuse ``_loadgen``'s handshake and framing.
+Raw client connections reuse ``migratory.bench``'s handshake and framing.
 """
 
 from __future__ import annotations
@@ -26,16 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cbor2
-from _loadgen import (
-    OPCODE_CLOSE,
-    RESULTS_DIR,
-    close_code,
-    die_with_parent,
-    masked,
-    walk_frames,
-)
 
 from cluster.tooling import free_base_port, member_command, member_settings
+from migratory.bench.procfs import die_with_parent
+from migratory.bench.server_process import RESULTS_DIR
+from migratory.bench.wsraw import OPCODE_CLOSE, close_code, masked, walk_frames
 from migratory.protocol.http import (
     check_handshake_response,
     handshake_request,

@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 import itertools
 
-from _loadgen import handle_sigterm, machine_description, masked
 from cluster_common import BenchCluster, decode_frames, open_raw, publish_frame
+
+from migratory.bench.procfs import handle_sigterm, machine_description
+from migratory.bench.wsraw import masked
 
 
 class Publisher(threading.Thread):

@@ -40,10 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _loadgen import RESULTS_DIR, die_with_parent, machine_description
 from cluster_common import BenchCluster, open_raw, publish_frame
 
 from cluster.tooling import free_base_port
+from migratory.bench.procfs import die_with_parent, machine_description
+from migratory.bench.server_process import RESULTS_DIR
 
 OK, FAILED = b"PUBLISH_OK", b"PUBLISH_FAILED"
 PATTERNS = {

@@ -18,15 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _loadgen import (
-    CpuMeter,
-    die_with_parent,
-    handle_sigterm,
-    machine_description,
-    receive,
-    stop_processes,
-)
 from cluster_common import BenchCluster, open_raw, publish_frame
+
+from migratory.bench.loadgen import receive, stop_processes
+from migratory.bench.procfs import CpuMeter, die_with_parent, handle_sigterm, machine_description
 
 OK = b"PUBLISH_OK"
 FAILED = b"PUBLISH_FAILED"

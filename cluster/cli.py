@@ -1,4 +1,4 @@
-"""The ``migratory`` command: serve, pub, sub, cluster up/status.
+"""The ``migratory`` command: serve, pub, sub, bench, cluster up/status.
 
 This is the outermost layer: ``serve`` builds a single-node server or a cluster
 member (:func:`cluster.node.build_node`) from the configuration. It lives in the
@@ -115,9 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-sequencer", default="", help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     from cluster.tooling import add_cluster_commands
+    from migratory.bench.cli import add_bench_command
     from migratory.cli_client import add_client_commands
 
     add_client_commands(commands)
+    add_bench_command(commands)
     add_cluster_commands(commands)
     return parser
 

@@ -1,7 +1,8 @@
-"""The server under test: ``python -m cluster serve`` as a subprocess, and its /stats.
+"""The server under test when the bench starts it: ``python -m cluster serve``, and /stats.
 
-Its log goes to ``benchmarks/results/``; it is stopped by PID (SIGINT, then
-SIGKILL), and dies with the benchmark (PDEATHSIG).
+Its log goes to ``benchmarks/results/`` in a source checkout (a temporary folder
+otherwise); it is stopped by PID (SIGINT, then SIGKILL), and dies with the
+benchmark (PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from _procfs import die_with_parent
+from migratory.bench.procfs import die_with_parent
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = (
+    REPO / "benchmarks" / "results"
+    if (REPO / "benchmarks").is_dir()
+    else Path(tempfile.gettempdir()) / "migratory-bench"
+)
 _READY_LINE = re.compile(r"^listening ws://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.MULTILINE)
 _MQTT_LINE = re.compile(r"^listening mqtt://(\[[^\]]+\]|[^:\s]+):(\d+)\s*$", re.MULTILINE)
 
@@ -62,7 +69,6 @@ class ServerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=REPO,
                 start_new_session=True,
                 preexec_fn=lambda: die_with_parent(signal.SIGINT),
             )
@@ -143,7 +149,7 @@ class ServerProcess:
         }
 
 
-def server_stats(host: str, port: int, timeout: float = 5.0) -> dict | None:
+def server_stats(host: str, port: int, timeout: float = 5.0) -> dict[str, Any] | None:
     """The server's ``GET /stats`` counters, or None if it does not answer with JSON."""
     request = f"GET /stats HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
     chunks = []

@@ -151,3 +151,36 @@ def machine_description() -> dict[str, str]:
         "python": sys.version.split()[0],
         "kernel": os.uname().release,
     }
+
+
+def pid_listening_on(port: int) -> int:
+    """The PID of the process listening on TCP ``port`` on this machine, 0 if not found.
+
+    Reads the listening sockets' inodes from /proc/net/tcp{,6}, then looks for a
+    process holding one of them (only processes this user may inspect).
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{inode}]")
+        except OSError:
+            continue
+    if not inodes:
+        return 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
+                        return int(entry)
+        except OSError:
+            continue
+    return 0

@@ -11,8 +11,8 @@ import random
 import re
 
 import cbor2
-from _wsraw import RECV_SIZE
 
+from migratory.bench.wsraw import RECV_SIZE
 from migratory.protocol.websocket import encode_binary
 
 SUBJECT = "/bench/fanout"

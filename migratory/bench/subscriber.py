@@ -12,12 +12,22 @@ import select
 import signal
 import time
 from collections import Counter
+from typing import Any
 
 import cbor2
-from _fanout_stamp import expected_for, scan_stamps, subject_for
-from _latency import BUCKET_NS, BUCKETS, sparse
-from _procfs import die_with_parent, raise_nofile
-from _wsraw import OPCODE_CLOSE, RECV_SIZE, RawConn, close_all, close_code, masked, open_connections
+
+from migratory.bench.latency import BUCKET_NS, BUCKETS, sparse
+from migratory.bench.procfs import die_with_parent, raise_nofile
+from migratory.bench.stamp import expected_for, scan_stamps, subject_for
+from migratory.bench.wsraw import (
+    OPCODE_CLOSE,
+    RECV_SIZE,
+    RawConn,
+    close_all,
+    close_code,
+    masked,
+    open_connections,
+)
 
 
 def subscriber_main(
@@ -60,7 +70,7 @@ def subscriber_main(
 
 def count_deliveries(
     conns: list[RawConn], ctrl: mpc.Connection, hard_deadline: float, subjects: int = 1
-) -> dict:
+) -> dict[str, Any]:
     """The hot loop: recv, find the stamps, bucket latencies. No CBOR decoding.
 
     One C-level regex scan per ``recv`` (:func:`scan_stamps`) finds every
@@ -103,8 +113,8 @@ def count_deliveries(
             events = ep.poll(0.05)
             polls += 1
             for fd, _ev in events:
-                conn = by_fd.get(fd)
-                if conn is None:
+                found = by_fd.get(fd)
+                if found is None:
                     if fd == ctrl_fd:
                         msg = ctrl.recv()
                         if msg[0] == "finish":
@@ -116,6 +126,7 @@ def count_deliveries(
                             )
                             drain_until = min(time.monotonic() + msg[2], hard_deadline)
                     continue
+                conn = found
                 try:
                     data = conn.sock.recv(RECV_SIZE)
                 except BlockingIOError:

@@ -19,12 +19,11 @@ import ssl
 import time
 from collections import Counter
 
-from _fanout_stamp import subject_for
-from _fanout_subscriber import count_deliveries
-from _procfs import die_with_parent, raise_nofile
-from _sse_subscriber import TlsRecv
-from _wsraw import RawConn, SetupResult, close_all
-
+from migratory.bench.procfs import die_with_parent, raise_nofile
+from migratory.bench.sse import TlsRecv
+from migratory.bench.stamp import subject_for
+from migratory.bench.subscriber import count_deliveries
+from migratory.bench.wsraw import RawConn, SetupResult, close_all
 from migratory.protocol import mqtt, mqtt_encode
 
 SUBACK_HEADER = bytes((mqtt.SUBACK << 4, 3))

@@ -16,10 +16,10 @@ import ssl
 import time
 from collections import Counter
 
-from _fanout_stamp import subject_for
-from _fanout_subscriber import count_deliveries
-from _procfs import die_with_parent, raise_nofile
-from _wsraw import RECV_SIZE, RawConn, close_all
+from migratory.bench.procfs import die_with_parent, raise_nofile
+from migratory.bench.stamp import subject_for
+from migratory.bench.subscriber import count_deliveries
+from migratory.bench.wsraw import RECV_SIZE, RawConn, close_all
 
 READY = b"event: subscribe"
 
@@ -104,7 +104,7 @@ def sse_subscriber_main(
             break
     ctrl.send(("ready", len(ready), dict(failures), time.monotonic() - started))
     try:
-        result = count_deliveries(ready, ctrl, hard_deadline)
+        result = count_deliveries(ready, ctrl, hard_deadline, subjects)
     finally:
         close_all(ready)
     ctrl.send(("result", result))

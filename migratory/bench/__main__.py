@@ -1,0 +1,5 @@
+import sys
+
+from migratory.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""The message patterns: fan-out, many subjects, publish-with-ack.
+
+One publisher process (raw socket, absolute schedule, stamped contents) and
+``--procs`` subscriber processes (raw sockets in one epoll each, stamps counted
+in the byte stream, never decoded). Subscriber i takes subject i mod N and the
+publisher goes round-robin over the N subjects, so:
+
+* fan-out: N = 1, every subscriber on one subject;
+* many-subjects: N = subscribers (one subject each) or subscribers / K (K per subject);
+* publish-with-ack: no subscribers, every publish acknowledged (``PUBLISH_OK``
+  natively, PUBACK over MQTT); the latency is the acknowledgement's.
+
+Each subscriber confirms its subscription before the publisher starts; after the
+last publish the subscribers drain for at most ``--drain`` s. The server's CPU
+and RSS are read from /proc when its process is on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from migratory.bench.fanout_report import summarise
+from migratory.bench.loadgen import receive, split
+from migratory.bench.mqttraw import mqtt_subscriber_main
+from migratory.bench.procfs import CpuMeter, rss_kib
+from migratory.bench.progress import Progress
+from migratory.bench.publisher import publisher_main
+from migratory.bench.server_process import server_stats
+from migratory.bench.sse import sse_subscriber_main
+from migratory.bench.subscriber import subscriber_main
+from migratory.bench.target import Target
+
+
+def start_subscribers(
+    args: argparse.Namespace, target: Target, procs: list[BaseProcess], lifetime: float
+) -> list[mpc.Connection]:
+    ctx = mp.get_context("fork")
+    front_end = "mqtt" if target.protocol == "mqtt" else args.front_end
+    port = target.subscriber_port(front_end)
+    main: Callable[..., None] = subscriber_main
+    extra: tuple[Any, ...] = ()
+    if front_end == "mqtt":
+        main, extra = mqtt_subscriber_main, (args.ca_file,)
+    elif front_end == "sse":
+        main, extra = sse_subscriber_main, (args.ca_file,)
+    if args.tls_port:
+        port = args.tls_port
+    pipes = []
+    for k, (first, count) in enumerate(split(args.subscribers, args.procs)):
+        parent_end, child_end = ctx.Pipe()
+        proc = ctx.Process(
+            target=main,
+            args=(child_end, target.host, port, first, count, args.setup_timeout, lifetime,
+                  args.subjects, *extra),
+            name=f"subscribers-{k}",
+            daemon=True,
+        )
+        proc.start()
+        child_end.close()
+        procs.append(proc)
+        pipes.append(parent_end)
+    return pipes
+
+
+def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> dict[str, Any]:
+    """One run of the pattern in ``args`` against ``target``; the result (summarised)."""
+    ctx = mp.get_context("fork")
+    lifetime = args.setup_timeout + args.duration * 2 + args.drain + 120
+    sub_pipes = start_subscribers(args, target, procs, lifetime) if args.subscribers else []
+    pub_pipe, child_end = ctx.Pipe()
+    pub = ctx.Process(
+        target=publisher_main,
+        args=(child_end, target.host, target.port, args.size, args.ack, args.setup_timeout,
+              args.subjects, target.protocol),
+        name="publisher",
+        daemon=True,
+    )
+    pub.start()
+    child_end.close()
+    procs.append(pub)
+
+    t_setup = time.monotonic()
+    ready = receive(sub_pipes, "ready", args.setup_timeout + 30)
+    (pub_ready,) = receive([pub_pipe], "ready", args.setup_timeout + 30)
+    subscribed = sum(r[1] for r in ready)
+    setup_failures: Counter[str] = Counter()
+    for r in [*ready, pub_ready]:
+        setup_failures.update(r[2])
+    setup_seconds = time.monotonic() - t_setup
+    print(
+        f"{target.name}: {subscribed}/{args.subscribers} subscribers confirmed in "
+        f"{setup_seconds:.1f} s; publisher {'ready' if pub_ready[1] else 'FAILED'}"
+        + (f"; failures {dict(setup_failures)}" if setup_failures else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if not pub_ready[1]:
+        raise RuntimeError(f"publisher could not connect: {pub_ready[2]}")
+
+    pids = {"server": target.pid} if target.pid else {}
+    pids["publisher"] = pub.pid or 0
+    pids.update({proc.name: proc.pid or 0 for proc in procs if proc is not pub})
+
+    def stats() -> dict[str, Any]:
+        return (server_stats(target.host, target.port) if target.stats else None) or {}
+
+    meter = CpuMeter(pids)
+    figures: dict[str, Any] = {
+        "subscribed": subscribed,
+        "setup_failures": dict(setup_failures),
+        "setup_seconds": setup_seconds,
+        "rss_before": rss_kib(target.pid) if target.pid else None,
+        "stats_before": stats(),
+    }
+    meter.start()
+    window_start = time.monotonic()
+    pub_pipe.send(("go", args.rate, args.duration, args.drain))
+    label = f"{target.name} {args.pattern}: {args.rate:g} msg/s x {args.size} B"
+    progress = Progress(args.duration, label, enabled=None if args.progress else False)
+    deadline = window_start + args.duration * 2 + args.drain + 60
+    try:
+        while not pub_pipe.poll(0.25) and time.monotonic() < deadline:
+            progress.update()
+    finally:
+        progress.close()
+    (done,) = receive([pub_pipe], "done", max(deadline - time.monotonic(), 1.0))
+    figures["cpu"] = meter.stop()
+    figures["window"] = (window_start, time.monotonic())
+    figures["stats_after"] = stats()
+    figures["published"] = done[1]
+    for pipe in sub_pipes:
+        pipe.send(("finish", done[1]["sent"], args.drain))
+    figures["results"] = [r[1] for r in receive(sub_pipes, "result", args.drain + 30)]
+    figures["rss_after"] = rss_kib(target.pid) if target.pid else None
+    for proc in procs:
+        proc.join(5)
+    return summarise(args, figures)
