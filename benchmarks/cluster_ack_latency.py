@@ -11,91 +11,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import select
 import sys
-import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import contextlib
 
-from cluster_common import BenchCluster, decode_frames, open_raw, pct, publish_frame
+from cluster_common import BenchCluster
 
 from migratory.bench.procfs import CpuMeter, handle_sigterm, machine_description
+from migratory.bench.publisher import publish_paced
 
 
 def paced(port: int, rate: float, duration: float, size: int, drain: float = 10.0) -> dict:
-    sock, buf = open_raw(port, "lat")
-    sock.setblocking(False)
-    ep = select.epoll()
-    ep.register(sock.fileno(), select.EPOLLIN)
-    total = int(rate * duration)
-    period = 1e9 / rate
-    sent_at: dict[str, int] = {}
-    lat: list[float] = []
-    statuses: Counter[str] = Counter()
-    late_max = 0
-    out = bytearray()
-    pad = b"x" * max(0, size - 8)
-    t0 = time.monotonic_ns() + 5_000_000
-    hard = time.monotonic() + duration * 2 + drain + 10
-
-    def read(timeout: float) -> None:
-        nonlocal buf
-        for _fd, _ev in ep.poll(timeout):
-            try:
-                data = sock.recv(262144)
-            except BlockingIOError:
-                continue
-            now = time.monotonic_ns()
-            if not data:
-                statuses["connection closed"] += 1
-                ep.unregister(sock.fileno())
-                return
-            ops_, buf = decode_frames(buf + data)
-            for op in ops_:
-                if isinstance(op, tuple):
-                    statuses[f"close {op[1]}"] += 1
-                    continue
-                if op.get("op") != "publish_status":
-                    continue
-                status = op.get("status", "?")
-                statuses[status if status == "PUBLISH_OK" else f"{status}: {op.get('reason')}"] += 1
-                t = sent_at.pop(op.get("closure", ""), None)
-                if t is not None and status == "PUBLISH_OK":
-                    lat.append((now - t) / 1e6)
-
-    sent = 0
-    try:
-        while sent < total and time.monotonic() < hard:
-            due = t0 + int(sent * period)
-            now = time.monotonic_ns()
-            if now < due:
-                read((due - now) / 1e9)
-                continue
-            late_max = max(late_max, now - due)
-            closure = str(sent)
-            out += publish_frame(f"/bench/lat{sent % 16}", b"%08d" % sent + pad, closure)
-            sent_at[closure] = time.monotonic_ns()
-            with contextlib.suppress(BlockingIOError):
-                del out[: sock.send(out)]
-            sent += 1
-        end = time.monotonic() + drain
-        while sent_at and time.monotonic() < min(end, hard):
-            if out:
-                with contextlib.suppress(BlockingIOError):
-                    del out[: sock.send(out)]
-            read(0.05)
-    finally:
-        ep.close()
-        sock.close()
+    """``migratory bench``'s paced publisher (closures, absolute schedule) on one member."""
+    r = publish_paced("127.0.0.1", port, rate=rate, duration=duration, size=size, subjects=16,
+                      drain=drain)
+    ack = r["ack_ms"]
     return {
-        "sent": sent, "acked": len(lat), "unanswered": len(sent_at),
-        "statuses": dict(statuses), "late_max_ms": late_max / 1e6,
-        "p50": pct(lat, 0.50), "p90": pct(lat, 0.90), "p99": pct(lat, 0.99),
-        "p999": pct(lat, 0.999), "max": max(lat) if lat else float("nan"),
+        "sent": r["sent"], "acked": r["acks"], "unanswered": r["unanswered"],
+        "statuses": r["statuses"], "late_max_ms": r["late_max_ms"],
+        "p50": ack["p50"], "p90": ack["p90"], "p99": ack["p99"], "p999": ack["p99.9"],
+        "max": ack["max"],
     }
 
 

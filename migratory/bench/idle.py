@@ -256,6 +256,10 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
         "benchmark": "idle_connections",
         "pattern": "idle-connections",
         "kib_per_connection": per_conn,
+        "counted": pinged["answered"],  # sessions that answered the ping after the hold
+        "expected": args.connections,
+        "latency_ms": {},
+        "hist": {},
         "cpu_percent": {"server": setup_cpu["server"]} if "server" in setup_cpu else {},
         "settings": args.set,
         "connections": args.connections,

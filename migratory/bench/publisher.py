@@ -35,6 +35,7 @@ from migratory.protocol import mqtt, mqtt_encode
 
 ACK_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 PUBACK = mqtt.PUBACK << 4
+ACCEPTED = frozenset({"PUBLISH_OK", "PUBACK"})  # the acknowledgements whose latency counts
 
 # (content, message index) -> (bytes to send, key of the acknowledgement or None)
 Encoder = Callable[[bytes, int], tuple[bytes, Any]]
@@ -60,7 +61,10 @@ def native_wire(subjects: int, ack: bool) -> tuple[Encoder, ReplyReader]:
                 continue
             reply = cbor2.loads(data[start:end])
             if reply.get("op") == "publish_status":
-                out.append((reply.get("status", "?"), reply.get("closure")))
+                status = reply.get("status", "?")
+                if status != "PUBLISH_OK" and reply.get("reason"):
+                    status = f"{status}: {reply['reason']}"
+                out.append((status, reply.get("closure")))
         return out, data[rest:]
 
     return encode, replies
@@ -162,6 +166,35 @@ def publisher_main(
     ctrl.send(("done", result))
 
 
+def publish_paced(
+    host: str,
+    port: int,
+    *,
+    rate: float,
+    duration: float,
+    size: int,
+    subjects: int = 1,
+    drain: float = 10.0,
+    setup_timeout: float = 10.0,
+) -> dict[str, Any]:
+    """In this process: one native connection, acknowledged publishes at ``rate``.
+
+    For benchmarks that drive a server they started themselves (a cluster member).
+    """
+    hello = masked(cbor2.dumps({"op": "connect", "version": 1, "client": "bench-publisher"}))
+    setup = open_connections(
+        host, port, range(1), lambda _i: hello, ready_marker=b"connected", timeout=setup_timeout
+    )
+    if not setup.ready:
+        raise RuntimeError(f"publisher could not connect: {dict(setup.failures)}")
+    conn = setup.ready[0]
+    try:
+        return publish(conn.sock, conn.buf, native_wire(subjects, True), size, True, rate,
+                       duration, drain)
+    finally:
+        conn.sock.close()
+
+
 def publish(
     sock: socket.socket,
     pending: bytes,
@@ -207,7 +240,7 @@ def publish(
             for status, key in found:
                 statuses[status] += 1
                 stamp = sent_at.pop(key, None)
-                if stamp is not None:
+                if stamp is not None and status in ACCEPTED:
                     lat = now - stamp
                     ack_hist[min(lat // BUCKET_NS, BUCKETS - 1)] += 1
                     ack_max_ns = max(ack_max_ns, lat)
@@ -251,7 +284,7 @@ def publish(
         "late_mean_ms": late_sum / max(sent, 1) / 1e6,
         "blocked_sends": blocked_sends,
         "statuses": dict(statuses),
-        "acks": acks,
+        "acks": acks,  # acknowledged with PUBLISH_OK / PUBACK
         "unanswered": len(sent_at),
         "ack_ms": ack_ms,
         "ack_hist": sparse(ack_hist),
