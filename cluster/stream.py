@@ -2,7 +2,8 @@
 
 Every committed batch (from Raft on a seed, from its upstream seed on a non-seed) is
 applied here in CLSN order: to the replica (hub, fan-out), to the publishing
-acknowledgements, to a ring of recent batches, and to each follower (a non-seed
+acknowledgements, to a ring of recent batches (:mod:`cluster.batch_ring`), and to each
+follower (a non-seed
 replicating from this member). A batch becomes one link frame the first time a
 follower's writer takes it, shared by every follower from then on; a member nobody
 follows (every seed of a cluster without non-seeds) never encodes one -- that was
@@ -24,13 +25,13 @@ No I/O here: frames go into each follower's bounded queue of bytes; the link wri
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from cluster import link
+from cluster.batch_ring import RING_BATCHES, RING_MESSAGES, BatchRing
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch
 from cluster.publishing import ClusterPublishing
@@ -38,8 +39,6 @@ from cluster.replica import Offer, Replica
 
 log = logging.getLogger("migratory.cluster")
 
-RING_BATCHES = 20_000
-"""Committed batches kept to catch up a (re)joining non-seed."""
 FOLLOWER_QUEUE = 50_000
 """Frames queued for one follower before it is dropped as too slow (it will resume)."""
 
@@ -94,11 +93,12 @@ class CommittedStream:
         publishing: ClusterPublishing,
         *,
         ring_size: int = RING_BATCHES,
+        ring_messages: int = RING_MESSAGES,
         is_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.publishing = publishing
         self.replica: Replica = publishing.replica
-        self.ring: deque[BatchFrame] = deque(maxlen=ring_size)
+        self.ring = BatchRing(max_batches=ring_size, max_messages=ring_messages)
         self.followers: dict[str, Follower] = {}
         self.is_ready = is_ready
         """Whether this member's own state is current (a seed with a Raft leader,
@@ -111,8 +111,8 @@ class CommittedStream:
         offer = self.publishing.on_committed(batch, now)
         if offer is not Offer.APPLIED:
             return offer
+        self.ring.append(batch)
         item = BatchFrame(batch)
-        self.ring.append(item)
         for follower in list(self.followers.values()):
             if follower.wants_sync:
                 self._try_sync(follower)
@@ -158,11 +158,10 @@ class CommittedStream:
         self.followers[name] = follower
         if full or from_clsn >= applied:
             how = "sync" if full else ("ahead: live only" if from_clsn > applied else "live")
-        elif self.ring and self.ring[0].clsn <= from_clsn + 1:
+        elif (first := self.ring.first_clsn) is not None and first <= from_clsn + 1:
             how = "from the ring"
-            for item in self.ring:
-                if item.clsn > from_clsn:
-                    self._send(follower, item)
+            for batch in self.ring.after(from_clsn):
+                self._send(follower, BatchFrame(batch))
             follower.after = applied
         else:
             how = "sync (beyond the ring)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from cluster import link
@@ -150,12 +151,27 @@ def test_each_batch_is_encoded_once_for_every_follower() -> None:
     assert wire_bytes(item_a) is wire_bytes(item_b)
 
 
-def test_a_member_nobody_follows_never_encodes_a_batch() -> None:
+def test_a_member_nobody_follows_never_encodes_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoded: list[int] = []
+    encode = link.encode_frame
+
+    def counting(op: link.LinkOp) -> bytes:
+        if isinstance(op, link.Batch):
+            encoded.append(op.batch.clsn)
+        return encode(op)
+
+    monkeypatch.setattr(link, "encode_frame", counting)
     stream = fed(new_stream(), committed(5))
-    assert len(stream.ring) == 5 and not any(item.encoded for item in stream.ring)
+    assert len(stream.ring) == 5 and encoded == []
     late = Follower(stream, "late", 2)  # catches up from the ring: 3, 4 and 5
     assert late.batches() == [3, 4, 5]
-    assert [item.encoded for item in stream.ring] == [False, False, True, True, True]
+    assert encoded == [3, 4, 5]
+
+
+def test_the_ring_gives_back_the_committed_batches_it_kept() -> None:
+    batches = committed(6)
+    stream = fed(new_stream(), batches)
+    assert list(stream.ring.after(3)) == batches[3:]
 
 
 class Answers:

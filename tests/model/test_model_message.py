@@ -1,9 +1,12 @@
 import dataclasses
+import gc
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from migratory.model.message import Message, MessageType, Qos
+from migratory.model.message import PACKED_EPOCH, Message, MessageType, Qos, pack, unpack
 from migratory.model.position import EPOCH_LIMIT, Position, new_epoch
 
 
@@ -61,3 +64,31 @@ def test_new_epoch_range() -> None:
     assert all(0 < epoch < EPOCH_LIMIT == 2**48 for epoch in epochs)
     assert len(set(epochs)) == len(epochs)
     assert 0 < new_epoch() < 2**48
+
+
+messages = st.builds(
+    Message,
+    subject=st.text(min_size=1, max_size=20),
+    content=st.binary(max_size=50),
+    fields=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=4),
+    retained=st.booleans(),
+    qos=st.sampled_from(Qos),
+    closure=st.none() | st.text(max_size=8),
+    epoch=st.integers(0, 2**48 - 1),
+    seq=st.integers(0, 2**62),
+    type=st.sampled_from(MessageType),
+)
+
+
+@given(messages)
+def test_pack_unpack_round_trip(message: Message) -> None:
+    assert unpack(pack(message)) == message
+    assert pack(message)[PACKED_EPOCH] == message.epoch
+
+
+def test_a_packed_message_is_not_tracked_by_the_collector() -> None:
+    message = Message("/a/b", b"x" * 10, {"k": "v"}, True, Qos.GUARANTEED, "c1", 7, 9)
+    packed = pack(message)
+    gc.collect()  # untracks tuples of atoms
+    assert gc.is_tracked(message)
+    assert not gc.is_tracked(packed)

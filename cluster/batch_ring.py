@@ -1,0 +1,75 @@
+"""The recent committed batches a member keeps to catch up a (re)joining non-seed.
+
+Bounded by batches and by messages (a ring of 20,000 batches of 300 messages each
+would be millions of messages), and kept packed: each batch is a tuple of
+:func:`~migratory.model.message.pack`-ed messages, which CPython's collector stops
+tracking. Kept as ``CommittedBatch`` objects, the ring was most of a seed's
+long-lived objects (one tracked ``Message`` per message, ~50,000 at 1,000
+publishes/s) and every full collection walked them: ~180 ms pauses on the leader,
+the p99.9 of acknowledgement latency (docs/benchmarks.md, issue 8). Batches are
+rebuilt only to catch a follower up, which is rare.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from cluster.coordination import CommittedBatch
+from migratory.model.message import PackedMessage, pack, unpack
+
+RING_BATCHES = 20_000
+"""Committed batches kept at most."""
+RING_MESSAGES = 100_000
+"""Messages kept at most, over all kept batches."""
+
+_Entry = tuple[int, tuple[PackedMessage, ...], tuple[tuple[str, int], ...]]
+
+
+class BatchRing:
+    """The last committed batches, oldest first, in CLSN order with no holes."""
+
+    __slots__ = ("_entries", "_max_batches", "_max_messages", "_messages")
+
+    def __init__(
+        self, *, max_batches: int = RING_BATCHES, max_messages: int = RING_MESSAGES
+    ) -> None:
+        if max_batches < 1 or max_messages < 1:
+            raise ValueError(
+                f"a ring keeps at least one batch and one message, got {max_batches}"
+                f" batches and {max_messages} messages"
+            )
+        self._entries: deque[_Entry] = deque()
+        self._max_batches = max_batches
+        self._max_messages = max_messages
+        self._messages = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def first_clsn(self) -> int | None:
+        """The CLSN of the oldest batch kept, or None when empty."""
+        return self._entries[0][0] if self._entries else None
+
+    def append(self, batch: CommittedBatch) -> None:
+        """The next committed batch (CLSN one more than the last one kept)."""
+        entries = self._entries
+        if entries and batch.clsn != entries[-1][0] + 1:
+            self.clear()  # a jump (a sync): older batches no longer lead up to it
+        entries.append((batch.clsn, tuple(map(pack, batch.messages)), batch.origins))
+        self._messages += len(batch.messages)
+        while len(entries) > 1 and (
+            len(entries) > self._max_batches or self._messages > self._max_messages
+        ):
+            self._messages -= len(entries.popleft()[1])
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._messages = 0
+
+    def after(self, clsn: int) -> Iterator[CommittedBatch]:
+        """The kept batches after ``clsn``, rebuilt, oldest first."""
+        for batch_clsn, messages, origins in self._entries:
+            if batch_clsn > clsn:
+                yield CommittedBatch(batch_clsn, tuple(map(unpack, messages)), origins)
