@@ -33,10 +33,10 @@ from migratory.bench.mqttraw import mqtt_subscriber_main
 from migratory.bench.procfs import CpuMeter, rss_kib
 from migratory.bench.progress import Progress
 from migratory.bench.publisher import publisher_main
-from migratory.bench.server_process import server_stats
 from migratory.bench.sse import sse_subscriber_main
 from migratory.bench.subscriber import subscriber_main
 from migratory.bench.target import Target
+from migratory.bench.workers import all_workers_stats, worker_pids
 
 
 def start_subscribers(
@@ -106,18 +106,28 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
         raise RuntimeError(f"publisher could not connect: {pub_ready[2]}")
 
     pids = {"server": target.pid} if target.pid else {}
+    if target.pid:  # Workers > 1: the worker processes under the server (docs/workers.md)
+        pids.update(worker_pids(target.pid))
+    workers = max(1, sum(name.startswith("server-worker") for name in pids))
     pids["publisher"] = pub.pid or 0
     pids.update({proc.name: proc.pid or 0 for proc in procs if proc is not pub})
 
     def stats() -> dict[str, Any]:
-        return (server_stats(target.host, target.port) if target.stats else None) or {}
+        if not target.stats:
+            return {}
+        return all_workers_stats(target.host, target.port, workers) or {}
+
+    def server_rss() -> int | None:
+        if not target.pid:
+            return None
+        return sum(rss_kib(pid) for name, pid in pids.items() if name.startswith("server"))
 
     meter = CpuMeter(pids)
     figures: dict[str, Any] = {
         "subscribed": subscribed,
         "setup_failures": dict(setup_failures),
         "setup_seconds": setup_seconds,
-        "rss_before": rss_kib(target.pid) if target.pid else None,
+        "rss_before": server_rss(),
         "stats_before": stats(),
     }
     meter.start()
@@ -139,7 +149,7 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     for pipe in sub_pipes:
         pipe.send(("finish", done[1]["sent"], args.drain))
     figures["results"] = [r[1] for r in receive(sub_pipes, "result", args.drain + 30)]
-    figures["rss_after"] = rss_kib(target.pid) if target.pid else None
+    figures["rss_after"] = server_rss()
     for proc in procs:
         proc.join(5)
     return summarise(args, figures)

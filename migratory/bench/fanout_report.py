@@ -145,9 +145,14 @@ def report(result: dict[str, Any]) -> None:
         )
     print(f"publish statuses     : {pub['statuses']}")
     if "server" in cpu:
+        workers = {k[7:]: v for k, v in cpu.items() if k.startswith("server-worker")}
         print(
-            f"server CPU           : {cpu['server']:.0f} %  (RSS "
-            f"{result['server_rss_kib']['before']} -> {result['server_rss_kib']['after']} KiB)"
+            f"server CPU           : {sum(v for k, v in cpu.items() if k.startswith('server')):.0f}"
+            " %" + (f" (supervisor {cpu['server']:.0f}, "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in workers.items()) + ")"
+                    if workers else "")
+            + f"  (RSS {result['server_rss_kib']['before']} -> "
+            f"{result['server_rss_kib']['after']} KiB)"
         )
     else:
         print("server CPU           : not measured (its process is not on this machine)")

@@ -27,7 +27,10 @@ def _ms(value: float | None) -> str:
 def row(result: dict[str, Any]) -> list[str]:
     """One table row: what was sent, what was counted, latency in ms."""
     lat = result.get("latency_ms") or {}
-    cpu = (result.get("cpu_percent") or {}).get("server")
+    figures = result.get("cpu_percent") or {}
+    # the server's processes: one, or a supervisor and its workers (docs/workers.md)
+    cpu = sum(v for k, v in figures.items() if k.startswith("server")) if "server" in figures \
+        else None
     if result["pattern"] == "idle-connections":
         counted = f"{result['opened']}/{result['connections']} open"
         rate = f"{result.get('kib_per_connection', float('nan')):.2f} KiB/conn"
