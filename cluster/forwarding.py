@@ -57,11 +57,14 @@ class Outgoing:
                 return requests
 
 
-async def forward_to(channel: LinkChannel, outgoing: Outgoing) -> None:
-    """A non-seed's publishes to its upstream seed, for as long as the link lasts.
+async def forward_to(
+    channel: LinkChannel, outgoing: Outgoing, linger: float = SUBMIT_LINGER
+) -> None:
+    """A non-seed's publishes to its upstream seed, for as long as the link lasts
+    (``linger``: see :meth:`Outgoing.next_requests`; a worker's local link uses 0).
 
     Requests taken but not written when the link fails are not lost for the client:
     their outcome is unknown and the publishing timeout reports it (never a false OK).
     """
     while True:
-        await channel.send(link.Forward(tuple(await outgoing.next_requests())))
+        await channel.send(link.Forward(tuple(await outgoing.next_requests(linger))))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import trio
 
 from cluster import link
-from cluster.forwarding import Outgoing, forward_to
+from cluster.forwarding import SUBMIT_LINGER, Outgoing, forward_to
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect, describe
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
@@ -75,8 +75,11 @@ class UpstreamReplication:
         tls: ClusterTls | None = None,
         stream: CommittedStream,
         outgoing: Outgoing,
+        forward_linger: float = SUBMIT_LINGER,
     ) -> None:
+        """``forward_linger``: seconds publishes wait to share one forward."""
         self.name = name
+        self.forward_linger = forward_linger
         self.seeds = list(seeds)
         self.password = password
         self.tls = tls
@@ -131,7 +134,7 @@ class UpstreamReplication:
     async def _replicate(self, seed: str, channel: LinkChannel, replicate: link.Replicate) -> None:
         await channel.send(replicate)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(forward_to, channel, self.outgoing)
+            nursery.start_soon(forward_to, channel, self.outgoing, self.forward_linger)
             while True:
                 op = None
                 with trio.move_on_after(UPSTREAM_SILENCE):

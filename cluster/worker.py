@@ -70,6 +70,9 @@ class WorkerNode:
             password=password,
             stream=self.stream,
             outgoing=Outgoing(self.publishing),
+            # a loopback link: no linger; what arrives while a forward is written shares
+            # the next one
+            forward_linger=0,
         )
         self.readiness = Readiness(
             self.replica, self.upstream.not_ready_reason, clock=trio.current_time
