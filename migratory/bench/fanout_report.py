@@ -58,7 +58,8 @@ def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, An
         for key in ("writes", "bytes_written", "frames_fanned_out", "slow_consumers")
         if key in after
     }
-    seconds = max(published["seconds"], 1e-9)
+    # from the first send to one period after the last: ``sent`` periods
+    seconds = max(published["seconds"] + 1 / args.rate, 1e-9)
     return {
         "benchmark": "fanout",
         "pattern": args.pattern,

@@ -3,7 +3,7 @@
 Each process opens its share of ``GET /events?subject=…`` streams (plain or,
 with ``--tls``, https verified against the benchmark's own CA), waits for each
 stream's ``subscribe`` event, then counts the stamps in the raw bytes exactly
-like the WebSocket subscribers (``_fanout_subscriber.count_deliveries``): no
+like the WebSocket subscribers (``migratory.bench.subscriber.count_deliveries``): no
 SSE or JSON parsing, one regex scan per ``recv``.
 """
 
