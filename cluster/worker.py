@@ -125,6 +125,10 @@ class WorkerNode:
                 waited = 0.0
         for listener in self.server.listeners:
             print(f"listening {listener.url().rstrip('/')}", flush=True)
+        if self.server.monitor_address is not None:
+            host, port = self.server.monitor_address
+            scheme = "https" if self.config.monitor_encrypted else "http"
+            print(f"monitoring {scheme}://{host}:{port}", flush=True)
 
     async def _watch_parent(self) -> None:
         """Stop, as on Ctrl-C, once the supervisor is gone (its sequencer with it)."""

@@ -3,6 +3,7 @@ processes sharing one port (SO_REUSEPORT); see docs/workers.md."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class WorkersServer:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
+        self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + 60
         while True:
@@ -57,6 +60,8 @@ class WorkersServer:
             if line.startswith("worker "):
                 _, index, _, pid = line.split()
                 self.pids[int(index)] = int(pid)
+            elif line.startswith("monitoring "):
+                self.monitoring.append(line.split()[1])
             self.lines.put(line)
 
     def log(self) -> str:
@@ -92,7 +97,7 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[WorkersServer]:
-    started = WorkersServer(tmp_path)
+    started = WorkersServer(tmp_path, MonitorListen="127.0.0.1:0")
     try:
         yield started
     finally:
@@ -166,7 +171,11 @@ def test_messages_published_on_any_worker_reach_every_worker_with_one_position(
         got = updates(client, 20)
         assert [m.content for m in got] == [f"m{i}".encode() for i in range(20)]
         assert [m.position for m in got] == acked, "a worker numbered on its own"
-    server.wait_log("2 workers ready")
+    # each worker answers on its own monitoring port: both applied the same stream
+    statuses = [json.loads(urllib.request.urlopen(f"{url}/cluster", timeout=5).read())
+                for url in server.monitoring]
+    assert sorted(s["worker"] for s in statuses) == [0, 1]
+    assert len({s["applied_clsn"] for s in statuses}) == 1 and statuses[0]["applied_clsn"] > 0
     assert "Traceback" not in server.log()
 
 
