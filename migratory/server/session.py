@@ -16,22 +16,20 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
-from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
 from migratory.server import admission
 from migratory.server.context import ServerContext
 from migratory.server.http_front import HttpFront
-from migratory.server.mqtt_store import SESSION_PREFIX
 from migratory.server.publish_rules import check_publish
+from migratory.server.session_subscriptions import Subscriptions
 from migratory.server.sse_stream import SseStream
 
 log = logging.getLogger("migratory.session")
@@ -63,8 +61,8 @@ class Session:
         "_http",
         "_link",
         "_publish_rate",
-        "_queued",
         "_stream",
+        "_subscriptions",
         "aborted",
         "close_code",
         "close_reason",
@@ -76,7 +74,6 @@ class Session:
         "mqtt_upgrade",
         "outbox",
         "peer",
-        "subjects",
     )
 
     def __init__(
@@ -98,16 +95,19 @@ class Session:
         # a WebSocket upgrade chose subprotocol ``mqtt``: the bytes after the request,
         # for the MQTT session that takes over the connection (connection.py)
         self.mqtt_upgrade: bytes | None = None
-        self.subjects: set[str] = set()
+        self._subscriptions = Subscriptions(self, ctx)
         self.closing = False  # write what is queued, then close
         self.aborted = False  # close now, drop what is queued
         self.close_code: int | None = None
         self.close_reason = ""
         self.connection_id = new_connection_id()
-        # subscribe entries taken but not answered yet (a few per loop turn: process)
-        self._queued: deque[ops.SubscriptionRequest] = deque()
         self._publish_rate = admission.PublishRate(config.max_publishes_per_second, 0.0)
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
+
+    @property
+    def subjects(self) -> set[str]:
+        """The subjects this client is subscribed to."""
+        return self._subscriptions.subjects
 
     @property
     def connected(self) -> bool:
@@ -220,10 +220,8 @@ class Session:
             while not (self.closing or self.aborted):
                 if budget is not None and done >= budget:
                     return True
-                if self._queued:
-                    request = self._queued.popleft()
-                    done += admission.work_units(self._ctx.hub, request)
-                    self._on_subscribe(request, now)
+                if self._subscriptions.waiting:
+                    done += self._subscriptions.answer_next(now)
                     continue
                 event = decoder.next_event()
                 if event is None:
@@ -313,15 +311,11 @@ class Session:
         if isinstance(op, ops.Publish):
             self._on_publish(op.message, now)
         elif isinstance(op, ops.Subscribe):
-            self._take_subscribe(op.subscriptions)
+            self._subscriptions.take(op.subscriptions)
         elif isinstance(op, ops.Unsubscribe):
-            for subject in op.subjects:
-                if subject in self.subjects:
-                    self.subjects.discard(subject)
-                    self._ctx.stats.subscriptions_open -= 1
-                    self._ctx.hub.unsubscribe(self, subject)
+            self._subscriptions.unsubscribe(op.subjects)
         elif isinstance(op, ops.Ping):
-            self._send_op(ops.Pong(op.id))
+            self.send_op(ops.Pong(op.id))
 
     def _on_connect(self, op: ops.Connect) -> None:
         if self.identity is not None:
@@ -355,74 +349,7 @@ class Session:
         if audit is not None and audit.access:
             audit.event("access", "connect", self.audit_client(), outcome="allowed")
         log.debug("%s: connected", self.describe(), extra=self.log_fields())
-        self._send_op(ops.Connected(server=self._ctx.config.server_name))
-
-    def _take_subscribe(self, requests: tuple[ops.SubscriptionRequest, ...]) -> None:
-        """Check the whole subscribe before any of it is answered: its size, then what
-        its answer would cost (admission.py). The entries are answered by
-        :meth:`process`, a few per loop turn."""
-        # (nothing is queued here: operations are read only once the queue is empty)
-        denials = admission.refuse_subscribe(self._ctx, self.outbox, requests)
-        if denials is None:
-            self._queued.extend(requests)
-            return
-        log.info("%s: %s", self.describe(), denials[0].reason, extra=self.log_fields())
-        for denial in denials:
-            self._send_op(denial)
-
-    def _on_subscribe(self, request: ops.SubscriptionRequest, now: float) -> None:
-        assert self.identity is not None
-        subject = request.subject
-        stats = self._ctx.stats
-        over = admission.subscription_limit(self._ctx, self.subjects, subject)
-        if over is not None:
-            self._deny(subject, over)
-            return
-        try:
-            validate_subject(subject)
-        except InvalidSubjectError as exc:
-            self._deny(subject, exc.reason)
-            return
-        if subject.startswith(SESSION_PREFIX):
-            self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
-            return
-        if not self._ctx.entitlement.allow_subscribe(self.identity, subject):
-            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
-            self._deny(subject, "not entitled to subscribe")
-            return
-        if subject not in self.subjects:
-            stats.subscriptions_open += 1
-        self.subjects.add(subject)
-        audit = self._ctx.audit
-        if audit is not None and audit.access:
-            audit.event("access", "subscribe", self.audit_client(), subject=subject,
-                        outcome="allowed", position=request.position)
-        for op in self._ctx.hub.subscribe(self, request, now):
-            if isinstance(op, ops.SubjectStatus) and request.position is not None:
-                self._resumed(op, request.position)
-            self._send_op(op)
-
-    def _resumed(self, op: ops.SubjectStatus, position: object) -> None:
-        """Count (and audit) a resume's outcome: DATA_SYNC or DATA_RESYNC."""
-        if op.status is ops.Status.DATA_SYNC:
-            outcome = "sync"
-        elif op.status is ops.Status.DATA_RESYNC:
-            outcome = "resync"
-        else:
-            return
-        stats = self._ctx.stats
-        stats.count(stats.resumes, outcome)
-        audit = self._ctx.audit
-        if audit is not None and audit.cache:
-            audit.event("cache", "resume", self.audit_client(), subject=op.subject,
-                        outcome=outcome, from_position=position, position=op.position)
-
-    def _deny(self, subject: str, reason: str) -> None:
-        audit = self._ctx.audit
-        if audit is not None and audit.access:
-            audit.event("access", "subscribe", self.audit_client(), subject=subject,
-                        outcome="denied", reason=reason)
-        self._send_op(ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, reason=reason))
+        self.send_op(ops.Connected(server=self._ctx.config.server_name))
 
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None
@@ -442,7 +369,7 @@ class Session:
             ctx.stats.publishes_refused += 1
             if status is ops.Status.PUBLISH_DENIED:
                 ctx.stats.count(ctx.stats.entitlement_denials, "publish")
-            self._send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
+            self.send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
             return
         ctx.publishing.submit(message, self if message.closure is not None else None, now)
 
@@ -450,12 +377,12 @@ class Session:
 
     def publish_result(self, status: ops.PublishStatus) -> None:
         """Queue the outcome of a publish; the publish path flushes (see ``flush``)."""
-        self._send_op(status)
+        self.send_op(status)
 
     def flush(self) -> None:
         self._link.flush_now()
 
-    def _send_op(self, op: ops.ServerOp) -> None:
+    def send_op(self, op: ops.ServerOp) -> None:
         self._send(ws.encode_binary(ops.encode_server_op(op)))
 
     def _send(self, frame: bytes) -> None:
@@ -502,14 +429,9 @@ class Session:
 
     def connection_lost(self) -> None:
         """Forget every subscription (idempotent)."""
-        self._queued.clear()
-        hub = self._ctx.hub
-        for subject in self.subjects:
-            hub.unsubscribe(self, subject)
-        self._ctx.stats.subscriptions_open -= len(self.subjects)
-        self.subjects.clear()
+        self._subscriptions.forget()
         if self._stream is not None:
-            self._stream.stop(hub)
+            self._stream.stop(self._ctx.hub)
 
     def finished(self) -> None:
         """The connection is over: audit the disconnect of a connected client."""

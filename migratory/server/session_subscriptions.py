@@ -1,0 +1,156 @@
+"""A WebSocket session's subscriptions: the subjects it holds and the subscribe entries
+taken but not answered yet.
+
+A subscribe is checked whole when it arrives (its size, what its answer would cost:
+``admission``); its entries are then answered a few per loop turn, each one checked (the
+subscription limit, the subject, the reserved MQTT-session prefix, entitlement) and
+answered by the hub: the snapshot, or the recovered messages and DATA_SYNC /
+DATA_RESYNC of a resume, which is counted and audited.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Protocol
+
+from migratory.entitlement import ClientIdentity
+from migratory.model.outbox import Outbox
+from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.protocol import ops
+from migratory.server import admission
+from migratory.server.context import ServerContext
+from migratory.server.mqtt_store import SESSION_PREFIX
+
+log = logging.getLogger("migratory.session")
+
+
+class Subscriber(Protocol):
+    """What the subscriptions ask of their session (which is also the hub's sink)."""
+
+    @property
+    def identity(self) -> ClientIdentity | None: ...
+
+    @property
+    def outbox(self) -> Outbox: ...
+
+    def deliver(self, frame: bytes) -> None: ...
+
+    def send_op(self, op: ops.ServerOp) -> None: ...
+
+    def describe(self) -> str: ...
+
+    def log_fields(self) -> dict[str, Any]: ...
+
+    def audit_client(self) -> dict[str, Any]: ...
+
+
+class Subscriptions:
+    __slots__ = ("_ctx", "_queued", "_session", "subjects")
+
+    def __init__(self, session: Subscriber, ctx: ServerContext) -> None:
+        self._session = session
+        self._ctx = ctx
+        self.subjects: set[str] = set()
+        # subscribe entries taken but not answered yet (a few per loop turn: Session.process)
+        self._queued: deque[ops.SubscriptionRequest] = deque()
+
+    @property
+    def waiting(self) -> bool:
+        """Entries of a subscribe are still to be answered."""
+        return bool(self._queued)
+
+    def take(self, requests: tuple[ops.SubscriptionRequest, ...]) -> None:
+        """Check the whole subscribe before any of it is answered: its size, then what
+        its answer would cost (admission.py). The entries are answered by
+        :meth:`answer_next`, a few per loop turn."""
+        # (nothing is queued here: operations are read only once the queue is empty)
+        session = self._session
+        denials = admission.refuse_subscribe(self._ctx, session.outbox, requests)
+        if denials is None:
+            self._queued.extend(requests)
+            return
+        log.info("%s: %s", session.describe(), denials[0].reason, extra=session.log_fields())
+        for denial in denials:
+            session.send_op(denial)
+
+    def answer_next(self, now: float) -> int:
+        """Answer the first entry waiting; the work it counts for (one per 16 KiB of
+        its answer: admission.work_units)."""
+        request = self._queued.popleft()
+        units = admission.work_units(self._ctx.hub, request)
+        self._answer(request, now)
+        return units
+
+    def _answer(self, request: ops.SubscriptionRequest, now: float) -> None:
+        session = self._session
+        assert session.identity is not None
+        subject = request.subject
+        stats = self._ctx.stats
+        over = admission.subscription_limit(self._ctx, self.subjects, subject)
+        if over is not None:
+            self._deny(subject, over)
+            return
+        try:
+            validate_subject(subject)
+        except InvalidSubjectError as exc:
+            self._deny(subject, exc.reason)
+            return
+        if subject.startswith(SESSION_PREFIX):
+            self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
+            return
+        if not self._ctx.entitlement.allow_subscribe(session.identity, subject):
+            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
+            self._deny(subject, "not entitled to subscribe")
+            return
+        if subject not in self.subjects:
+            stats.subscriptions_open += 1
+        self.subjects.add(subject)
+        audit = self._ctx.audit
+        if audit is not None and audit.access:
+            audit.event("access", "subscribe", session.audit_client(), subject=subject,
+                        outcome="allowed", position=request.position)
+        for op in self._ctx.hub.subscribe(session, request, now):
+            if isinstance(op, ops.SubjectStatus) and request.position is not None:
+                self._resumed(op, request.position)
+            session.send_op(op)
+
+    def _resumed(self, op: ops.SubjectStatus, position: object) -> None:
+        """Count (and audit) a resume's outcome: DATA_SYNC or DATA_RESYNC."""
+        if op.status is ops.Status.DATA_SYNC:
+            outcome = "sync"
+        elif op.status is ops.Status.DATA_RESYNC:
+            outcome = "resync"
+        else:
+            return
+        stats = self._ctx.stats
+        stats.count(stats.resumes, outcome)
+        audit = self._ctx.audit
+        if audit is not None and audit.cache:
+            audit.event("cache", "resume", self._session.audit_client(), subject=op.subject,
+                        outcome=outcome, from_position=position, position=op.position)
+
+    def _deny(self, subject: str, reason: str) -> None:
+        audit = self._ctx.audit
+        if audit is not None and audit.access:
+            audit.event("access", "subscribe", self._session.audit_client(), subject=subject,
+                        outcome="denied", reason=reason)
+        self._session.send_op(
+            ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, reason=reason)
+        )
+
+    def unsubscribe(self, subjects: tuple[str, ...]) -> None:
+        for subject in subjects:
+            if subject in self.subjects:
+                self.subjects.discard(subject)
+                self._ctx.stats.subscriptions_open -= 1
+                self._ctx.hub.unsubscribe(self._session, subject)
+
+    def forget(self) -> None:
+        """Forget every subscription and every entry waiting (idempotent)."""
+        self._queued.clear()
+        hub = self._ctx.hub
+        for subject in self.subjects:
+            hub.unsubscribe(self._session, subject)
+        self._ctx.stats.subscriptions_open -= len(self.subjects)
+        self.subjects.clear()
