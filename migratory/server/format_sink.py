@@ -1,4 +1,5 @@
-"""Subscribers with their own wire format that subscribe like native sessions.
+"""The hub's kinds of subscriber: native sessions (:class:`Sink`), subscribers with
+their own wire format that subscribe like native sessions, and whole-message sinks.
 
 A :class:`FormatSink` (a Server-Sent Events stream) gets the native
 subscribe semantics from the hub -- snapshot, resume from a position with
@@ -10,7 +11,7 @@ its format's key, the others reuse it (encode once per format). Statuses come
 through :meth:`FormatSink.deliver_op`.
 
 (MQTT sessions are the hub's other kind of whole-message subscriber,
-``hub.MessageSink``: they keep their own resume logic and take the message with
+:class:`MessageSink`: they keep their own resume logic and take the message with
 the QoS granted.)
 """
 
@@ -40,6 +41,13 @@ class FormatSink:
 
 
 AnySink = Sink | FormatSink
+
+
+class MessageSink(Protocol):
+    """A subscriber that encodes messages itself (an MQTT session): the hub hands it the
+    message once, at the highest QoS granted to the subscriptions that match it."""
+
+    def deliver_message(self, message: Message, qos: int) -> None: ...
 
 
 def message_frame(message: Message) -> bytes:

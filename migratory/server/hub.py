@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.conflation import Conflator, round_conflation_ms
@@ -25,12 +24,14 @@ from migratory.server.faults import DeliveryFault, DeliveryFaults
 from migratory.server.format_sink import (
     AnySink,
     FormatSink,
+    MessageSink,
     Sink,
     message_frame,
     send_message,
     send_op,
 )
-from migratory.server.hub_sinks import MessageSink, MessageSinks
+from migratory.server.hub_sinks import MessageSinks
+from migratory.server.subject_state import SubjectState, WaitingResume
 
 MESSAGE_OVERHEAD = 96
 """Bytes a delivered message adds to its ``encoded_bound`` on the wire, at most (its CBOR
@@ -38,67 +39,6 @@ keys, epoch, seq, type and the frame header), for the answer-size bound."""
 
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
-
-
-class SubjectState:
-    """Everything the hub knows about one subject."""
-
-    __slots__ = (
-        "cache", "conflated", "epoch", "formatted", "listeners", "seq", "snapshot", "subject",
-        "subscribers", "waiting",
-    )
-
-    def __init__(self, subject: str, epoch: int, cache: SubjectCache) -> None:
-        self.subject = subject
-        self.epoch = epoch
-        self.seq = 0
-        self.cache = cache
-        self.snapshot: Message | None = None
-        # dicts used as insertion-ordered sets: deterministic fan-out order
-        self.subscribers: dict[Sink, None] = {}
-        self.formatted: dict[FormatSink, None] = {}  # SSE streams: their own encoding
-        self.conflated: dict[AnySink, Conflator] = {}
-        # resumes from a position this member has not reached yet (it lags the cluster)
-        self.waiting: dict[AnySink, _Waiting] = {}
-        # sinks of whole messages subscribed to exactly this subject -> granted QoS
-        self.listeners: dict[MessageSink, int] = {}
-
-    @property
-    def position(self) -> Position:
-        return Position(self.epoch, self.seq)
-
-    @property
-    def idle(self) -> bool:
-        """No subscribers and nothing ever published: safe to forget."""
-        return (
-            self.seq == 0
-            and not self.subscribers
-            and not self.formatted
-            and not self.conflated
-            and not self.waiting
-            and not self.listeners
-        )
-
-    @property
-    def spent(self) -> bool:
-        """Numbered, but nothing left to serve: no subscriber, no snapshot, nothing cached
-        (a one-off subject whose messages expired)."""
-        return (
-            self.snapshot is None
-            and not self.cache
-            and not self.subscribers
-            and not self.formatted
-            and not self.conflated
-            and not self.waiting
-            and not self.listeners
-        )
-
-
-class _Waiting(NamedTuple):
-    """A resume that waits until this member reaches the client's ``position``."""
-
-    position: Position
-    conflation_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +168,7 @@ class Hub(MessageSinks):
         if position is not None and self._ahead(state, position):
             # A member lagging behind the cluster: answering now would move the client
             # back. Nothing until this member reaches the client's position.
-            state.waiting[sink] = _Waiting(position, period)
+            state.waiting[sink] = WaitingResume(position, period)
             return [allow]
         self._add_subscription(state, sink, period, now)
         if position is None:

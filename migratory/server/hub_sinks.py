@@ -4,21 +4,11 @@ sessions), on exact subjects and on wildcard topic filters. A mixin of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.model.topic import FilterIndex, filter_matches
-
-if TYPE_CHECKING:
-    from migratory.server.hub import SubjectState
-
-
-class MessageSink(Protocol):
-    """A subscriber that encodes messages itself (an MQTT session): the hub hands it the
-    message once, at the highest QoS granted to the subscriptions that match it."""
-
-    def deliver_message(self, message: Message, qos: int) -> None: ...
+from migratory.server.format_sink import MessageSink
+from migratory.server.subject_state import SubjectState
 
 
 class MessageSinks:
