@@ -28,9 +28,9 @@ from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
 from migratory.server.mqtt_store import (
     SESSION_CLOSURE,
     SessionRecord,
-    decode_record,
     session_subject,
     stored_generation,
+    take_up,
 )
 from migratory.server.mqtt_subscriptions import Subscriptions
 from migratory.server.publish_rules import check_publish
@@ -223,13 +223,10 @@ class MqttSession:
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
         snapshot = self._ctx.hub.snapshot(session_subject(client_id))
-        stored, generation = decode_record(snapshot), stored_generation(snapshot) + 1
-        if self.persistent:
-            self._record = stored or SessionRecord()
-            self._record.generation = generation
-        elif stored is not None:  # clean session: the stored one is discarded
-            cleaned = SessionRecord(generation=generation).message(client_id)
-            self._ctx.publishing.submit(cleaned, None, now)
+        taken = take_up(snapshot, client_id, persistent=self.persistent)
+        self._record, stored = taken.record, taken.stored
+        if taken.discard is not None:
+            self._ctx.publishing.submit(taken.discard, None, now)
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:

@@ -85,3 +85,26 @@ def decode_record(snapshot: Message | None) -> SessionRecord | None:
     if not filters:
         return None
     return SessionRecord(filters, positions, stored_generation(snapshot))
+
+
+@dataclass(frozen=True, slots=True)
+class TakenUp:
+    """A CONNECT's view of the client id's stored session (see :func:`take_up`)."""
+
+    stored: SessionRecord | None  # the session as stored; None: none (or cleaned)
+    record: SessionRecord | None  # what this connection keeps and saves (persistent only)
+    discard: Message | None  # clean session over a stored one: the empty record to publish
+
+
+def take_up(snapshot: Message | None, client_id: str, *, persistent: bool) -> TakenUp:
+    """A new connection of ``client_id`` takes up the session that ``snapshot`` (its
+    session subject's) stores, one generation later: a persistent session keeps it (or
+    a new one); a clean session has a stored one discarded."""
+    stored, generation = decode_record(snapshot), stored_generation(snapshot) + 1
+    if persistent:
+        record = stored or SessionRecord()
+        record.generation = generation
+        return TakenUp(stored, record, None)
+    if stored is not None:
+        return TakenUp(stored, None, SessionRecord(generation=generation).message(client_id))
+    return TakenUp(None, None, None)

@@ -1,0 +1,36 @@
+"""Where a persistent MQTT session lives (migratory/server/mqtt_store.py): taking up
+the stored session at CONNECT."""
+
+from __future__ import annotations
+
+from migratory.model.position import Position
+from migratory.server.mqtt_store import SessionRecord, decode_record, take_up
+
+
+def stored(generation: int) -> SessionRecord:
+    return SessionRecord({"a/+": 1}, {"/a/b": Position(7, 3)}, generation)
+
+
+def test_a_persistent_connection_keeps_the_stored_session_one_generation_later() -> None:
+    snapshot = stored(4).message("dev")
+    taken = take_up(snapshot, "dev", persistent=True)
+    assert taken.stored is not None and taken.stored.filters == {"a/+": 1}
+    assert taken.record is not None and taken.record.generation == 5
+    assert taken.record.positions == {"/a/b": Position(7, 3)}
+    assert taken.discard is None
+
+
+def test_a_persistent_connection_without_a_stored_session_starts_a_new_one() -> None:
+    taken = take_up(None, "dev", persistent=True)
+    assert taken.stored is None and taken.discard is None
+    assert taken.record == SessionRecord(generation=1)
+
+
+def test_a_clean_session_discards_the_stored_one_and_keeps_nothing() -> None:
+    taken = take_up(stored(2).message("dev"), "dev", persistent=False)
+    assert taken.record is None and taken.discard is not None
+    assert taken.discard.retained and decode_record(taken.discard) is None  # emptied
+    assert SessionRecord(generation=3).message("dev") == taken.discard
+    assert take_up(None, "dev", persistent=False) == take_up(
+        taken.discard, "dev", persistent=False
+    ) == type(taken)(None, None, None)
