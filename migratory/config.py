@@ -15,36 +15,26 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any
 
+from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_member_template
 from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
-from migratory.config_security import (
-    CLUSTER_TLS_SETTINGS,
-    ENTITLEMENT_SETTINGS,
-    LIMIT_SETTINGS,
-    check_cluster_tls,
-)
+from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
+from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
-    ORDINAL,
     Setting,
     _addresses,
     _bool,
     _choice,
     _gc_thresholds,
     _int,
-    _member_template,
-    _optional_address,
     _optional_addresses,
-    _optional_count,
-    _seed_count,
     _text,
-    parse_address,
 )
-from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_workers import WORKER_SETTINGS, check_workers
 
 ENV_PREFIX = "MIGRATORY_CFG_"
@@ -114,53 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
             "below terminationGracePeriodSeconds minus the preStop sleep."),
     *LIMIT_SETTINGS,
     *WORKER_SETTINGS,
-    Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
-            "Ordered, comma-separated host:port cluster addresses of all members, identical on "
-            "every member; empty: a single node. Seeds also use port + 1 for Raft."),
-    Setting("ClusterMemberTemplate", "cluster_member_template", _member_template, "",
-            "Instead of ClusterMembers: one host:port with `{ordinal}` in it, expanded for "
-            "ordinals 0 .. ClusterMemberCount-1 (a StatefulSet: "
-            "`migratory-{ordinal}.migratory-members:9800`)."),
-    Setting("ClusterMemberCount", "cluster_member_count", _optional_count, "",
-            "With ClusterMemberTemplate: how many members the list has (the largest size the "
-            "cluster may scale to, e.g. the HPA's maxReplicas)."),
-    Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
-            "This member's cluster address; must be one of ClusterMembers."),
-    Setting("ClusterMemberBind", "cluster_member_bind", _optional_address, "",
-            "Where this member really listens for cluster links (Raft on port + 1) when peers "
-            "reach it through another address (a proxy, NAT); empty: ClusterMemberListen."),
-    Setting("ClusterSeedMemberCount", "cluster_seed_member_count", _seed_count, "",
-            "3 or 5: the first members of ClusterMembers that run Raft; empty: 3 for clusters "
-            "of 3-4 members, 5 for 5 or more."),
-    Setting("ClusterDeliveryMode", "cluster_delivery_mode", _choice("Standard", "Guaranteed"),
-            "Standard",
-            "Standard: members forward publications, failover gives the snapshot. Guaranteed: "
-            "seeds number messages through Raft, failover recovers every acknowledged message."),
-    Setting("ClusterPassword", "cluster_password", _text, "",
-            "Shared secret that members authenticate each other with (required for a cluster; "
-            "also Raft's password)."),
-    *CLUSTER_TLS_SETTINGS,
-    Setting("ClusterDataDir", "cluster_data_dir", _text, "",
-            "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
-            "one per member, kept across restarts: a seed that forgets its log may lose "
-            "acknowledged messages)."),
-    Setting("ClusterMaxPendingPublishes", "cluster_max_pending_publishes",
-            _int(1, unit=" of publishes"), "50000",
-            "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "
-            "one more gets PUBLISH_FAILED (overloaded) at once instead of queueing."),
-    Setting("ClusterRebalanceRate", "cluster_rebalance_rate", _int(0, 100, " of percent"), "0",
-            "Rebalancing after scale-out: a member with more clients than the cluster's "
-            "average moves up to this percentage of them per second (at least one) to other "
-            "members, never below the average; each resumes there from its position. 0: off."),
-    Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
-            _int(100, unit=" of entries"), "20000",
-            "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
-            "least this many entries and ClusterLogCompactionTime has passed since the last "
-            "compaction."),
-    Setting("ClusterLogCompactionTime", "cluster_log_compaction_time",
-            _int(1, unit=" of seconds"), "120",
-            "Seconds between two Raft log compactions at least (see "
-            "ClusterLogCompactionEntries)."),
+    *CLUSTER_SETTINGS,
     *MONITOR_SETTINGS,
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -364,7 +308,7 @@ def build_config(layers: Iterable[Layer]) -> Config:
 
 def _check(config: Config, key: _Origins) -> Config:
     """Rules that involve more than one key, checked once on the merged settings."""
-    config = _check_cluster(_expand_member_template(config, key), key)
+    config = check_cluster(expand_member_template(config, key), key)
     check_listeners(config, key)
     check_monitoring(config, key)
     check_workers(config, key)
@@ -409,80 +353,6 @@ def _check_listener_clash(config: Config, key: _Origins) -> None:
                 raise ConfigError(
                     f"{key(other)} and {key(name)} both name {address[0]}:{address[1]}"
                 )
-
-
-def _expand_member_template(config: Config, key: _Origins) -> Config:
-    """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``."""
-    template, count = config.cluster_member_template, config.cluster_member_count
-    if not template:
-        if count:
-            raise ConfigError(
-                f"{key('ClusterMemberCount')} is set but ClusterMemberTemplate is empty"
-            )
-        return config
-    if config.cluster_members:
-        raise ConfigError(
-            f"set either {key('ClusterMembers')} or {key('ClusterMemberTemplate')}, not both"
-        )
-    if not count:
-        raise ConfigError(f"{key('ClusterMemberTemplate')} is set: ClusterMemberCount is required")
-    members = tuple(
-        parse_address(template.replace(ORDINAL, str(ordinal))) for ordinal in range(count)
-    )
-    return replace(config, cluster_members=members)
-
-
-def _check_cluster(config: Config, key: _Origins) -> Config:
-    members = config.cluster_members
-    if not members:
-        for name, value in (
-            ("ClusterMemberListen", config.cluster_member_listen),
-            ("ClusterMemberBind", config.cluster_member_bind),
-            ("ClusterSeedMemberCount", config.cluster_seed_member_count),
-            ("ClusterDataDir", config.cluster_data_dir),
-            ("ClusterRebalanceRate", config.cluster_rebalance_rate),
-        ):
-            if value:
-                raise ConfigError(f"{key(name)} is set but ClusterMembers is empty")
-        if config.cluster_delivery_mode == "Guaranteed":
-            raise ConfigError(
-                f"{key('ClusterDeliveryMode')} = Guaranteed needs ClusterMembers"
-            )
-        return config
-    listed = key("ClusterMembers") if config.cluster_member_template == "" else (
-        f"ClusterMembers ({key('ClusterMemberTemplate')})"
-    )
-    duplicates = {f"{h}:{p}" for h, p in members if members.count((h, p)) > 1}
-    if duplicates:
-        raise ConfigError(f"{listed} lists {', '.join(sorted(duplicates))} more than once")
-    listen = config.cluster_member_listen
-    if listen is None:
-        raise ConfigError(f"{listed} is set: ClusterMemberListen must name this member")
-    if listen not in members:
-        raise ConfigError(
-            f"{key('ClusterMemberListen')} {listen[0]}:{listen[1]} is not one of {listed}: "
-            f"{', '.join(f'{h}:{p}' for h, p in members)}"
-        )
-    if not config.cluster_password:
-        raise ConfigError(f"{listed} is set: ClusterPassword is required (members "
-                          "authenticate each other and Raft must never run without a password)")
-    seeds = config.cluster_seed_member_count or (3 if len(members) <= 4 else 5)
-    if config.cluster_delivery_mode == "Guaranteed":
-        mode = key("ClusterDeliveryMode")
-        if len(members) < 3:
-            raise ConfigError(
-                f"{mode} = Guaranteed needs at least 3 members, {listed} has {len(members)}"
-            )
-        if not config.cluster_data_dir.strip():
-            raise ConfigError(
-                f"{mode} = Guaranteed needs ClusterDataDir (where seeds keep "
-                "their Raft log across restarts)"
-            )
-        if seeds > len(members):
-            raise ConfigError(
-                f"{key('ClusterSeedMemberCount')} = {seeds} but {listed} has only {len(members)}"
-            )
-    return replace(config, cluster_seed_member_count=min(seeds, len(members)))
 
 
 def parse_config_text(text: str, *, source: str) -> dict[str, str]:

@@ -113,73 +113,7 @@ def test_serve_refuses_a_bad_config_with_a_message_naming_the_key(tmp_path: Path
     assert "Traceback" not in result.stderr
 
 
-CLUSTER = {
-    "ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110, 127.0.0.1:9120, 127.0.0.1:9130",
-    "ClusterMemberListen": "127.0.0.1:9110",
-    "ClusterPassword": "s3cret-s3cret",
-    "ClusterDeliveryMode": "Guaranteed",
-    "ClusterDataDir": "/var/lib/migratory",
-}
-
-
-def test_cluster_config_roles() -> None:
-    config = load_config(overrides=CLUSTER, environ={})
-    assert config.clustered and config.is_seed and config.member_index == 1
-    assert config.cluster_seed_member_count == 3  # automatic for 3-4 members
-    assert config.seed_members == config.cluster_members[:3]
-    last = load_config(overrides={**CLUSTER, "ClusterMemberListen": "127.0.0.1:9130"}, environ={})
-    assert not last.is_seed
-    five = ", ".join(f"127.0.0.1:{9100 + 10 * i}" for i in range(6))
-    assert load_config(
-        overrides={**CLUSTER, "ClusterMembers": five}, environ={}
-    ).cluster_seed_member_count == 5
-
-
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
-        ({"ClusterSeedMemberCount": "4"}, "ClusterSeedMemberCount: must be 3 or 5"),
-        ({"ClusterMemberListen": "127.0.0.1:9999"}, "not one of ClusterMembers"),
-        ({"ClusterMemberListen": ""}, "ClusterMemberListen must name this member"),
-        ({"ClusterPassword": ""}, "ClusterPassword is required"),
-        ({"ClusterDataDir": ""}, "Guaranteed needs ClusterDataDir"),
-        (
-            {"ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110", "ClusterSeedMemberCount": ""},
-            "Guaranteed needs at least 3 members",
-        ),
-        ({"ClusterSeedMemberCount": "5"}, r"= 5 but ClusterMembers \(from --set\) has only 4"),
-        ({"ClusterMembers": "127.0.0.1:9110, 127.0.0.1:9110, 127.0.0.1:9100"}, "more than once"),
-    ],
-)
-def test_bad_cluster_config_is_refused_with_a_clear_message(
-    changes: dict[str, str], message: str
-) -> None:
-    with pytest.raises(ConfigError, match=message):
-        load_config(overrides={**CLUSTER, **changes}, environ={})
-
-
-def test_guaranteed_without_members_is_refused() -> None:
-    with pytest.raises(ConfigError, match="Guaranteed needs ClusterMembers"):
-        load_config(overrides={"ClusterDeliveryMode": "Guaranteed"}, environ={})
-
-
-def test_serve_with_an_unusable_cluster_data_dir_says_so(tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    settings = {
-        **CLUSTER,
-        "ClusterMembers": "127.0.0.1:0, 127.0.0.1:1, 127.0.0.1:2",
-        "ClusterMemberListen": "127.0.0.1:0",
-        "ClusterDataDir": str(blocker / "raft"),
-        "Listen": "127.0.0.1:0",
-    }
-    args = [sys.executable, "-m", "cluster", "serve"]
-    for key, value in settings.items():
-        args += ["--set", f"{key}={value}"]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1
-    assert f"ClusterDataDir {blocker / 'raft'}: Not a directory" in result.stderr
-    assert "Traceback" not in result.stderr
+MEMBERS = "127.0.0.1:9100, 127.0.0.1:9110, 127.0.0.1:9120, 127.0.0.1:9130"
 
 
 def test_cross_key_rules_run_once_on_all_sources_merged(tmp_path: Path) -> None:
@@ -187,7 +121,7 @@ def test_cross_key_rules_run_once_on_all_sources_merged(tmp_path: Path) -> None:
     password: each source alone would be refused, together they are a member."""
     path = tmp_path / "c.conf"
     path.write_text(
-        f"ClusterMembers = {CLUSTER['ClusterMembers']}\nClusterDeliveryMode = Guaranteed\n"
+        f"ClusterMembers = {MEMBERS}\nClusterDeliveryMode = Guaranteed\n"
         "ClusterDataDir = /var/lib/migratory\n"
     )
     environ = {"MIGRATORY_CFG_CLUSTERMEMBERLISTEN": "127.0.0.1:9120"}
@@ -199,52 +133,13 @@ def test_cross_key_rules_run_once_on_all_sources_merged(tmp_path: Path) -> None:
 
 def test_cross_key_errors_name_where_each_key_came_from(tmp_path: Path) -> None:
     path = tmp_path / "c.conf"
-    path.write_text(f"ClusterMembers = {CLUSTER['ClusterMembers']}\n")
+    path.write_text(f"ClusterMembers = {MEMBERS}\n")
     environ = {"MIGRATORY_CFG_CLUSTERMEMBERLISTEN": "127.0.0.1:1"}
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ=environ)
     message = str(caught.value)
     assert "ClusterMemberListen (from environment) 127.0.0.1:1" in message
     assert f"ClusterMembers (from {path})" in message
-
-
-def test_member_template_expands_to_the_ordered_member_list() -> None:
-    settings = {
-        **CLUSTER,
-        "ClusterMembers": "",
-        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
-        "ClusterMemberCount": "6",
-        "ClusterMemberListen": "m-5.members:9800",
-    }
-    config = load_config(overrides=settings, environ={})
-    assert config.cluster_members == tuple((f"m-{i}.members", 9800) for i in range(6))
-    assert config.member_index == 5 and not config.is_seed
-    assert config.cluster_seed_member_count == 5
-    assert Config.from_mapping(config.as_text()) == config
-
-
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
-        ({"ClusterMemberTemplate": "m.members:9800"}, r"Template: expected \{ordinal\}"),
-        ({"ClusterMemberTemplate": "m-{ordinal}"}, "ClusterMemberTemplate: expected host:port"),
-        ({"ClusterMemberCount": ""}, "ClusterMemberCount is required"),
-        ({"ClusterMemberTemplate": ""}, "ClusterMemberCount .* is set but ClusterMemberTemplate"),
-        ({"ClusterMembers": "127.0.0.1:1"}, "either ClusterMembers .* or ClusterMemberTemplate"),
-        ({"ClusterMemberCount": "2"}, r"at least 3 members, ClusterMembers \(ClusterMemberTemp"),
-    ],
-)
-def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -> None:
-    settings = {
-        **CLUSTER,
-        "ClusterMembers": "",
-        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
-        "ClusterMemberCount": "4",
-        "ClusterMemberListen": "m-1.members:9800",
-        **changes,
-    }
-    with pytest.raises(ConfigError, match=message):
-        load_config(overrides=settings, environ={})
 
 
 def test_listener_roles_map_each_listener_to_its_protocols_and_publishing() -> None:

@@ -1,0 +1,152 @@
+"""Config keys of the cluster: the member list (or its StatefulSet template), this
+member's address, seeds, delivery mode, password (and the links' TLS, config_security),
+Raft data and compaction, and the rules between them (docs/cluster.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from migratory.config_security import CLUSTER_TLS_SETTINGS
+from migratory.config_values import (
+    ORDINAL,
+    ConfigError,
+    Setting,
+    _choice,
+    _int,
+    _member_template,
+    _optional_address,
+    _optional_addresses,
+    _optional_count,
+    _seed_count,
+    _text,
+    parse_address,
+)
+
+if TYPE_CHECKING:
+    from migratory.config import Config
+
+CLUSTER_SETTINGS: tuple[Setting, ...] = (
+    Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
+            "Ordered, comma-separated host:port cluster addresses of all members, identical on "
+            "every member; empty: a single node. Seeds also use port + 1 for Raft."),
+    Setting("ClusterMemberTemplate", "cluster_member_template", _member_template, "",
+            "Instead of ClusterMembers: one host:port with `{ordinal}` in it, expanded for "
+            "ordinals 0 .. ClusterMemberCount-1 (a StatefulSet: "
+            "`migratory-{ordinal}.migratory-members:9800`)."),
+    Setting("ClusterMemberCount", "cluster_member_count", _optional_count, "",
+            "With ClusterMemberTemplate: how many members the list has (the largest size the "
+            "cluster may scale to, e.g. the HPA's maxReplicas)."),
+    Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
+            "This member's cluster address; must be one of ClusterMembers."),
+    Setting("ClusterMemberBind", "cluster_member_bind", _optional_address, "",
+            "Where this member really listens for cluster links (Raft on port + 1) when peers "
+            "reach it through another address (a proxy, NAT); empty: ClusterMemberListen."),
+    Setting("ClusterSeedMemberCount", "cluster_seed_member_count", _seed_count, "",
+            "3 or 5: the first members of ClusterMembers that run Raft; empty: 3 for clusters "
+            "of 3-4 members, 5 for 5 or more."),
+    Setting("ClusterDeliveryMode", "cluster_delivery_mode", _choice("Standard", "Guaranteed"),
+            "Standard",
+            "Standard: members forward publications, failover gives the snapshot. Guaranteed: "
+            "seeds number messages through Raft, failover recovers every acknowledged message."),
+    Setting("ClusterPassword", "cluster_password", _text, "",
+            "Shared secret that members authenticate each other with (required for a cluster; "
+            "also Raft's password)."),
+    *CLUSTER_TLS_SETTINGS,
+    Setting("ClusterDataDir", "cluster_data_dir", _text, "",
+            "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
+            "one per member, kept across restarts: a seed that forgets its log may lose "
+            "acknowledged messages)."),
+    Setting("ClusterMaxPendingPublishes", "cluster_max_pending_publishes",
+            _int(1, unit=" of publishes"), "50000",
+            "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "
+            "one more gets PUBLISH_FAILED (overloaded) at once instead of queueing."),
+    Setting("ClusterRebalanceRate", "cluster_rebalance_rate", _int(0, 100, " of percent"), "0",
+            "Rebalancing after scale-out: a member with more clients than the cluster's "
+            "average moves up to this percentage of them per second (at least one) to other "
+            "members, never below the average; each resumes there from its position. 0: off."),
+    Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
+            _int(100, unit=" of entries"), "20000",
+            "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
+            "least this many entries and ClusterLogCompactionTime has passed since the last "
+            "compaction."),
+    Setting("ClusterLogCompactionTime", "cluster_log_compaction_time",
+            _int(1, unit=" of seconds"), "120",
+            "Seconds between two Raft log compactions at least (see "
+            "ClusterLogCompactionEntries)."),
+)
+
+
+def expand_member_template(config: Config, key: Callable[[str], str]) -> Config:
+    """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``."""
+    template, count = config.cluster_member_template, config.cluster_member_count
+    if not template:
+        if count:
+            raise ConfigError(
+                f"{key('ClusterMemberCount')} is set but ClusterMemberTemplate is empty"
+            )
+        return config
+    if config.cluster_members:
+        raise ConfigError(
+            f"set either {key('ClusterMembers')} or {key('ClusterMemberTemplate')}, not both"
+        )
+    if not count:
+        raise ConfigError(f"{key('ClusterMemberTemplate')} is set: ClusterMemberCount is required")
+    members = tuple(
+        parse_address(template.replace(ORDINAL, str(ordinal))) for ordinal in range(count)
+    )
+    return replace(config, cluster_members=members)
+
+
+def check_cluster(config: Config, key: Callable[[str], str]) -> Config:
+    members = config.cluster_members
+    if not members:
+        for name, value in (
+            ("ClusterMemberListen", config.cluster_member_listen),
+            ("ClusterMemberBind", config.cluster_member_bind),
+            ("ClusterSeedMemberCount", config.cluster_seed_member_count),
+            ("ClusterDataDir", config.cluster_data_dir),
+            ("ClusterRebalanceRate", config.cluster_rebalance_rate),
+        ):
+            if value:
+                raise ConfigError(f"{key(name)} is set but ClusterMembers is empty")
+        if config.cluster_delivery_mode == "Guaranteed":
+            raise ConfigError(
+                f"{key('ClusterDeliveryMode')} = Guaranteed needs ClusterMembers"
+            )
+        return config
+    listed = key("ClusterMembers") if config.cluster_member_template == "" else (
+        f"ClusterMembers ({key('ClusterMemberTemplate')})"
+    )
+    duplicates = {f"{h}:{p}" for h, p in members if members.count((h, p)) > 1}
+    if duplicates:
+        raise ConfigError(f"{listed} lists {', '.join(sorted(duplicates))} more than once")
+    listen = config.cluster_member_listen
+    if listen is None:
+        raise ConfigError(f"{listed} is set: ClusterMemberListen must name this member")
+    if listen not in members:
+        raise ConfigError(
+            f"{key('ClusterMemberListen')} {listen[0]}:{listen[1]} is not one of {listed}: "
+            f"{', '.join(f'{h}:{p}' for h, p in members)}"
+        )
+    if not config.cluster_password:
+        raise ConfigError(f"{listed} is set: ClusterPassword is required (members "
+                          "authenticate each other and Raft must never run without a password)")
+    seeds = config.cluster_seed_member_count or (3 if len(members) <= 4 else 5)
+    if config.cluster_delivery_mode == "Guaranteed":
+        mode = key("ClusterDeliveryMode")
+        if len(members) < 3:
+            raise ConfigError(
+                f"{mode} = Guaranteed needs at least 3 members, {listed} has {len(members)}"
+            )
+        if not config.cluster_data_dir.strip():
+            raise ConfigError(
+                f"{mode} = Guaranteed needs ClusterDataDir (where seeds keep "
+                "their Raft log across restarts)"
+            )
+        if seeds > len(members):
+            raise ConfigError(
+                f"{key('ClusterSeedMemberCount')} = {seeds} but {listed} has only {len(members)}"
+            )
+    return replace(config, cluster_seed_member_count=min(seeds, len(members)))
