@@ -27,8 +27,8 @@ import cbor2
 
 from migratory.bench.loadgen import receive, split
 from migratory.bench.procfs import CpuMeter, die_with_parent, raise_nofile, rss_kib
-from migratory.bench.server_process import server_stats
 from migratory.bench.target import Target
+from migratory.bench.workers import all_workers_stats, worker_pids
 from migratory.bench.wsraw import (
     OPCODE_CLOSE,
     RECV_SIZE,
@@ -192,9 +192,20 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     ctx = mp.get_context("fork")
     lifetime = args.setup_timeout + args.hold + args.ping_timeout + 300
     time.sleep(SETTLE_SECONDS)
-    rss_start = rss(target)
+    # the server's processes: one, or a supervisor and its workers (docs/workers.md)
+    servers = {"server": target.pid, **worker_pids(target.pid)} if target.pid else {}
+    workers = max(1, len(servers) - 1)
+
+    def rss() -> int:
+        return sum(rss_kib(pid) for pid in servers.values())
+
+    def stats() -> dict[str, Any]:
+        return (all_workers_stats(target.host, target.port, workers) if target.stats
+                else None) or {}
+
+    rss_start = rss()
     pipes = []
-    meter = CpuMeter({"server": target.pid} if target.pid else {})
+    meter = CpuMeter(dict(servers))
     meter.start()
     t0 = time.monotonic()
     for k, (first, count) in enumerate(split(args.connections, args.procs)):
@@ -227,7 +238,7 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     failures: Counter[str] = Counter()
     for r in ready:
         failures.update(r[2])
-    rss_connected = rss(target)
+    rss_connected = rss()
     print(
         f"setup: {opened}/{args.connections} sessions connected in {setup_seconds:.1f} s "
         f"({opened / max(setup_seconds, 1e-9):,.0f}/s, slowest {max(r[4] for r in ready):.0f} ms)"
@@ -237,17 +248,17 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     )
     print(f"holding {args.hold:g} s ...", file=sys.stderr, flush=True)
     held = broadcast(pipes, ("hold", args.hold), "held", args.hold + 60)
-    rss_held = rss(target)
-    stats_held = (server_stats(target.host, target.port) if target.stats else None) or {}
+    rss_held = rss()
+    stats_held = stats()
     pinged = broadcast(pipes, ("ping", args.ping_timeout), "pinged", args.ping_timeout + 60)
-    rss_pinged = rss(target)
+    rss_pinged = rss()
     for pipe in pipes:
         pipe.send(("close",))
     for holder in procs:
         holder.join(10)
     time.sleep(SETTLE_SECONDS)
-    rss_closed = rss(target)
-    stats_closed = (server_stats(target.host, target.port) if target.stats else None) or {}
+    rss_closed = rss()
+    stats_closed = stats()
 
     per_conn = (rss_held - rss_start) / max(opened, 1) if target.pid else None
     all_open = opened == args.connections and held["open"] == opened
@@ -260,7 +271,7 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
         "expected": args.connections,
         "latency_ms": {},
         "hist": {},
-        "cpu_percent": {"server": setup_cpu["server"]} if "server" in setup_cpu else {},
+        "cpu_percent": {k: v for k, v in setup_cpu.items() if k.startswith("server")},
         "settings": args.set,
         "connections": args.connections,
         "procs": args.procs,
@@ -299,12 +310,13 @@ def report(result: dict[str, Any]) -> None:
     pinged = result["pinged"]
     cpu = result["setup_cpu_percent"]
     load_cpu = sum(v for k, v in cpu.items() if k.startswith("holders"))
+    server_cpu = sum(v for k, v in cpu.items() if k.startswith("server"))
     print()
     print(f"settings             : {' '.join(result['settings']) or '(defaults)'}")
     print(
         f"sessions             : {result['opened']} / {result['connections']} connected in "
         f"{result['setup_seconds']:.1f} s ({result['setup_rate_per_second']:,.0f}/s; server CPU "
-        f"{cpu.get('server', float('nan')):.0f} %, load generator {load_cpu:.0f} %)"
+        f"{server_cpu:.0f} %, load generator {load_cpu:.0f} %)"
     )
     print(
         f"after {held['seconds']:.1f} s hold    : {held['open']} open; "
@@ -343,6 +355,3 @@ def report(result: dict[str, Any]) -> None:
 
 
 
-
-def rss(target: Target) -> int:
-    return rss_kib(target.pid) if target.pid else 0

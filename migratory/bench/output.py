@@ -15,7 +15,8 @@ from typing import Any
 
 from migratory.bench.latency import BUCKET_NS
 
-COLUMNS = ("target", "pattern", "rate", "counted", "p50", "p99", "p99.9", "max", "server CPU")
+COLUMNS = ("target", "pattern", "rate", "counted", "p50", "p99", "p99.9", "max", "loop stall",
+           "server CPU")
 
 
 def _ms(value: float | None) -> str:
@@ -33,7 +34,8 @@ def row(result: dict[str, Any]) -> list[str]:
         else None
     if result["pattern"] == "idle-connections":
         counted = f"{result['opened']}/{result['connections']} open"
-        rate = f"{result.get('kib_per_connection', float('nan')):.2f} KiB/conn"
+        kib = result.get("kib_per_connection")
+        rate = "RSS not measured" if kib is None else f"{kib:.2f} KiB/conn"
     else:
         counted = f"{result['counted']:,}/{result['expected']:,}"
         rate = f"{result.get('messages_per_second', 0):,.0f} msg/s"
@@ -46,6 +48,7 @@ def row(result: dict[str, Any]) -> list[str]:
         _ms(lat.get("p99")),
         _ms(lat.get("p99.9")),
         _ms(lat.get("max")),
+        _ms(result.get("loop_gap_max_ms")),  # the server's longest event-loop gap (/stats)
         "-" if cpu is None else f"{cpu:.0f} %",
     ]
 
@@ -58,7 +61,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                        for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines) + "\n(latencies in ms)"
+    return "\n".join(lines) + "\n(latencies and the server's longest loop stall in ms)"
 
 
 def write_json(path: str, results: Sequence[dict[str, Any]]) -> None:

@@ -173,6 +173,7 @@ def pid_listening_on(port: int) -> int:
             continue
     if not inodes:
         return 0
+    holders: dict[int, int] = {}  # pid -> parent pid, of the processes holding one
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -180,7 +181,20 @@ def pid_listening_on(port: int) -> int:
             for fd in os.listdir(f"/proc/{entry}/fd"):
                 with contextlib.suppress(OSError):
                     if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
-                        return int(entry)
+                        holders[int(entry)] = parent_pid(int(entry))
+                        break
         except OSError:
             continue
-    return 0
+    top = {pid: parent for pid, parent in holders.items() if parent not in holders}
+    if len(top) > 1 and len(set(top.values())) == 1:
+        return next(iter(top.values()))  # Workers > 1: the workers' supervisor
+    return min(top) if top else 0
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])

@@ -97,6 +97,28 @@ def test_the_server_process_is_found_by_its_port() -> None:
     assert pid_listening_on(port) == 0
 
 
+def test_workers_are_found_through_their_supervisor() -> None:
+    """Workers = N: only the workers hold the port; the bench must find their parent."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    stop = ctx.Event()
+    workers = [ctx.Process(target=stop.wait, args=(10,), daemon=True) for _ in range(2)]
+    for worker in workers:
+        worker.start()  # each inherits the listening socket
+    listener.close()
+    try:
+        assert pid_listening_on(port) == os.getpid()
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(5)
+
+
 def test_bad_options_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, word in (
         (["ack", "--subscribers", "5"], "no subscribers"),
