@@ -95,8 +95,9 @@ def event(name: str, payload: object) -> bytes:
     return f"event: {name}\n".encode("ascii") + _data(payload)
 
 
-def event_id(positions: Sequence[Position | None]) -> bytes:
-    """The ``id`` line ending an event, and the blank line that dispatches it."""
+def event_id(positions: Sequence[Position | Message | None]) -> bytes:
+    """The ``id`` line ending an event, and the blank line that dispatches it (a message
+    stands for its own position)."""
     text = ",".join("-" if p is None else f"{p.epoch}:{p.seq}" for p in positions)
     return b"id: " + text.encode("ascii") + b"\n\n"
 

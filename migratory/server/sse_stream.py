@@ -38,27 +38,38 @@ class Output(Protocol):
 
 
 class SseStream(FormatSink):
-    __slots__ = ("_index", "_output", "positions", "subjects")
+    __slots__ = ("_index", "_marks", "_output", "_single", "subjects")
 
     def __init__(self, output: Output, subjects: list[str]) -> None:
         self._output = output
         self.subjects = subjects
         self._index = {subject: i for i, subject in enumerate(subjects)}
-        self.positions: list[Position | None] = [None] * len(subjects)
+        self._single = len(subjects) == 1
+        # each subject's position, or the last message that moved it: a fan-out stores
+        # the message it shares rather than build a Position per stream (that cost SSE
+        # ~2 us per delivery, benchmarks/frontend_cpu.py)
+        self._marks: list[Position | Message | None] = [None] * len(subjects)
+
+    @property
+    def positions(self) -> list[Position | None]:
+        """Every subject's position, in the URL's order (None: none yet)."""
+        return [m.position if isinstance(m, Message) else m for m in self._marks]
 
     # --- MessageSink (the hub) ---------------------------------------------------
 
     def deliver_formatted(self, message: Message, frames: dict[object, bytes]) -> None:
-        self._advance(message)
-        if len(self.positions) == 1:  # the id is the message's position: the whole event
+        # the hub gives a stream messages of its own subjects only
+        if self._single and message.type in _ADVANCING:
+            self._marks[0] = message  # the id is the message's position: the whole event
             event = frames.get(SSE_SINGLE)  # is the same for every one-subject stream
             if event is None:
                 event = frames[SSE_SINGLE] = self._lines(message, frames) + sse.event_id(
-                    self.positions
+                    (message,)
                 )
             self._output.deliver(event)
             return
-        self._output.deliver(self._lines(message, frames) + sse.event_id(self.positions))
+        self._advance(message)
+        self._output.deliver(self._lines(message, frames) + sse.event_id(self._marks))
 
     @staticmethod
     def _lines(message: Message, frames: dict[object, bytes]) -> bytes:
@@ -71,26 +82,26 @@ class SseStream(FormatSink):
         if isinstance(op, ops.Deliver):
             for message in op.messages:
                 self._advance(message)
-                self._output.deliver(sse.message_lines(message) + sse.event_id(self.positions))
+                self._output.deliver(sse.message_lines(message) + sse.event_id(self._marks))
         elif isinstance(op, ops.SubjectStatus):
             name = _STATUS_EVENTS.get(op.status)
             if name is None:
                 return
             index = self._index.get(op.subject)
             if index is not None and op.position is not None:
-                self.positions[index] = op.position
+                self._marks[index] = op.position
             payload: dict[str, object] = {"subject": op.subject}
             if op.position is not None:
                 payload.update(epoch=op.position.epoch, seq=op.position.seq)
             if op.reason:
                 payload["reason"] = op.reason
-            self._output.deliver(sse.event(name, payload) + sse.event_id(self.positions))
+            self._output.deliver(sse.event(name, payload) + sse.event_id(self._marks))
 
     def _advance(self, message: Message) -> None:
         if message.type in _ADVANCING:
             index = self._index.get(message.subject)
             if index is not None:
-                self.positions[index] = message.position
+                self._marks[index] = message
 
     # --- the session ---------------------------------------------------------------
 
@@ -106,7 +117,7 @@ class SseStream(FormatSink):
                 continue
             if request.position is not None and request.position.epoch:
                 index = self._index[subject]
-                self.positions[index] = request.position  # kept until the hub says more
+                self._marks[index] = request.position  # kept until the hub says more
             for op in hub.subscribe(self, request, now):
                 self.deliver_op(op)
 
@@ -116,4 +127,4 @@ class SseStream(FormatSink):
 
     def close_event(self, code: int, reason: str) -> bytes:
         """The last event of a stream the server ends."""
-        return sse.event("close", {"code": code, "reason": reason}) + sse.event_id(self.positions)
+        return sse.event("close", {"code": code, "reason": reason}) + sse.event_id(self._marks)

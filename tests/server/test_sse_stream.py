@@ -1,0 +1,117 @@
+"""SseStream on the real hub, no sockets: the exact bytes each stream gets, the event
+encoded once and shared by every one-subject stream, ids that follow each stream's own
+positions (Last-Event-ID resume, several subjects, the close event)."""
+
+from __future__ import annotations
+
+import json
+
+from migratory.config import Config
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.server.app import build_hub
+from migratory.server.hub import Hub
+from migratory.server.sse_stream import SseStream
+
+A, B = "/Stocks/NYSE/IBM", "/Stocks/NYSE/MSFT"
+EPOCH = 7
+
+
+class Output:
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+
+    def deliver(self, frame: bytes) -> None:
+        self.events.append(frame)
+
+    def send_unbounded(self, data: bytes) -> None:
+        self.events.append(data)
+
+
+def new_hub() -> Hub:
+    return build_hub(Config.from_mapping({}), epoch=EPOCH)
+
+
+def open_stream(
+    hub: Hub, subjects: list[str], positions: list[Position | None] | None = None
+) -> tuple[SseStream, Output]:
+    output = Output()
+    stream = SseStream(output, subjects)
+    positions = positions or [None] * len(subjects)
+    requests: list[ops.SubscriptionRequest | str] = [
+        ops.SubscriptionRequest(s, p) for s, p in zip(subjects, positions, strict=True)
+    ]
+    stream.start(hub, requests, 0.0)
+    return stream, output
+
+
+def message_event(subject: str, content: str, seq: int, kind: str, event_id: str) -> bytes:
+    data = {"subject": subject, "content": content, "fields": {}, "retained": False,
+            "epoch": EPOCH, "seq": seq, "type": kind}
+    return (b"event: message\ndata: " + json.dumps(data, separators=(",", ":")).encode()
+            + b"\nid: " + event_id.encode() + b"\n\n")
+
+
+def test_one_subject_streams_share_one_encoded_event_with_the_right_id() -> None:
+    hub = new_hub()
+    (one, out1), (two, out2) = open_stream(hub, [A]), open_stream(hub, [A])
+    out1.events.clear()
+    out2.events.clear()
+    hub.publish(Message(A, b"a1"), 0.0)
+    hub.publish(Message(A, b"a2"), 0.0)
+    assert out1.events == [
+        message_event(A, "a1", 1, "update", f"{EPOCH}:1"),
+        message_event(A, "a2", 2, "update", f"{EPOCH}:2"),
+    ]
+    assert out2.events == out1.events
+    assert all(x is y for x, y in zip(out1.events, out2.events, strict=True))  # encoded once
+    assert one.positions == two.positions == [Position(EPOCH, 2)]
+
+
+def test_a_stream_of_several_subjects_gets_its_own_id_after_the_shared_lines() -> None:
+    hub = new_hub()
+    _single, single_out = open_stream(hub, [A])
+    both, both_out = open_stream(hub, [A, B])
+    hub.publish(Message(B, b"b1"), 0.0)
+    both_out.events.clear()
+    single_out.events.clear()
+    hub.publish(Message(A, b"a1"), 0.0)
+    assert single_out.events == [message_event(A, "a1", 1, "update", f"{EPOCH}:1")]
+    assert both_out.events == [message_event(A, "a1", 1, "update", f"{EPOCH}:1,{EPOCH}:1")]
+    assert both.positions == [Position(EPOCH, 1), Position(EPOCH, 1)]
+    closing = both.close_event(1001, "bye")
+    assert closing.endswith(f"id: {EPOCH}:1,{EPOCH}:1\n\n".encode())
+
+
+def test_a_resumed_stream_gets_the_missed_messages_then_sync_then_live_ids() -> None:
+    hub = new_hub()
+    for content in (b"1", b"2", b"3"):
+        hub.publish(Message(A, content), 0.0)
+    _live, live_out = open_stream(hub, [A])
+    resumed, out = open_stream(hub, [A], [Position(EPOCH, 1)])  # Last-Event-ID 7:1
+    assert out.events[0].startswith(b"event: subscribe\n")
+    assert out.events[0].endswith(f"id: {EPOCH}:1\n\n".encode())
+    assert out.events[1:3] == [
+        message_event(A, "2", 2, "recovered", f"{EPOCH}:2"),
+        message_event(A, "3", 3, "recovered", f"{EPOCH}:3"),
+    ]
+    assert [e.split(b"\n")[0] for e in out.events[3:]] == [b"event: sync"]
+    assert out.events[-1].endswith(f"id: {EPOCH}:3\n\n".encode())
+    out.events.clear()
+    live_out.events.clear()
+    hub.publish(Message(A, b"4"), 0.0)
+    assert out.events == live_out.events == [message_event(A, "4", 4, "update", f"{EPOCH}:4")]
+    assert resumed.close_event(1001, "bye").endswith(f"id: {EPOCH}:4\n\n".encode())
+
+
+def test_a_snapshot_does_not_move_a_stream_id() -> None:
+    hub = new_hub()
+    hub.publish(Message(A, b"r", retained=True), 0.0)
+    stream, out = open_stream(hub, [A, B])
+    kinds = [json.loads(e.split(b"\n")[1][6:]).get("type") for e in out.events
+             if e.startswith(b"event: message")]
+    assert kinds == ["snapshot"]
+    # from the SUBSCRIBE_ALLOWs: B has no message yet
+    assert stream.positions == [Position(EPOCH, 1), Position(EPOCH, 0)]
+    assert all(e.endswith(b"\n\n") and b"\nid: " in e for e in out.events)
