@@ -4,7 +4,8 @@ Members are real ``python -m cluster serve`` processes configured with
 ``cluster.tooling.member_settings``; each gets its own session and a
 parent-death signal, its log goes to ``benchmarks/results/``, and every one is
 stopped by PID (SIGTERM, then SIGKILL) at the end, also on errors.
-Raw client connections reuse ``migratory.bench``'s handshake and framing.
+Raw client connections: ``migratory.bench.wsraw`` (``open_raw``, ``publish_frame``,
+``decode_frames``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import cbor2
 
 from cluster.tooling import free_base_port, member_command, member_settings
 from migratory.bench.procfs import die_with_parent
 from migratory.bench.server_process import RESULTS_DIR
-from migratory.bench.wsraw import OPCODE_CLOSE, close_code, masked, walk_frames
-from migratory.protocol.http import (
-    check_handshake_response,
-    handshake_request,
-    new_websocket_key,
-)
 
 PASSWORD = "bench-cluster-password"
 
@@ -181,69 +174,3 @@ class BenchCluster:
                 elif line.startswith("Traceback"):
                     counts["traceback"] += 1
         return counts
-
-
-# --- raw connections -------------------------------------------------------------------
-
-
-def open_raw(port: int, client: str, timeout: float = 5.0) -> tuple[socket.socket, bytes]:
-    """Blocking handshake + ``connect`` → ``connected``; return (socket, leftover bytes)."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        key = new_websocket_key()
-        sock.sendall(handshake_request(f"127.0.0.1:{port}", "/", key))
-        buf = b""
-        deadline = time.monotonic() + timeout
-        used = None
-        while used is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("handshake timeout")
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed during handshake")
-            buf += chunk
-            used = check_handshake_response(buf, key)
-        buf = buf[used:]
-        sock.sendall(masked(cbor2.dumps({"op": "connect", "version": 1, "client": client})))
-        while time.monotonic() < deadline:
-            frames, _rest = walk_frames(buf)
-            for opcode, start, end in frames:
-                if opcode == OPCODE_CLOSE:
-                    raise ConnectionError(f"closed with {close_code(buf, start, end)}")
-                if cbor2.loads(buf[start:end]).get("op") == "connected":
-                    return sock, buf[end:]
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("closed before connected")
-            buf += chunk
-        raise TimeoutError("no 'connected'")
-    except BaseException:
-        sock.close()
-        raise
-
-
-def publish_frame(subject: str, content: bytes, closure: str | None) -> bytes:
-    op: dict[str, Any] = {"op": "publish", "subject": subject, "content": content}
-    if closure is not None:
-        op["closure"] = closure
-    return masked(cbor2.dumps(op))
-
-
-def decode_frames(buf: bytes) -> tuple[list[Any], bytes]:
-    """Decoded server ops in ``buf`` (close frames as ("close", code)), and the rest."""
-    frames, rest = walk_frames(buf)
-    out = []
-    for opcode, start, end in frames:
-        if opcode == OPCODE_CLOSE:
-            out.append(("close", close_code(buf, start, end)))
-        elif opcode in (0x1, 0x2):
-            out.append(cbor2.loads(buf[start:end]))
-    return out, buf[rest:]
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]

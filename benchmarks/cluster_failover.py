@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 import itertools
 
-from cluster_common import BenchCluster, decode_frames, open_raw, publish_frame
+from cluster_common import BenchCluster
 
 from migratory.bench.procfs import handle_sigterm, machine_description
-from migratory.bench.wsraw import masked
+from migratory.bench.wsraw import decode_frames, masked, open_raw, publish_frame
 
 
 class Publisher(threading.Thread):

@@ -40,11 +40,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_common import BenchCluster, open_raw, publish_frame
+from cluster_common import BenchCluster
 
 from cluster.tooling import free_base_port
 from migratory.bench.procfs import die_with_parent, machine_description
 from migratory.bench.server_process import RESULTS_DIR
+from migratory.bench.wsraw import open_raw, publish_frame
 
 OK, FAILED = b"PUBLISH_OK", b"PUBLISH_FAILED"
 PATTERNS = {

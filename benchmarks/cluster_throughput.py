@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_common import BenchCluster, open_raw, publish_frame
+from cluster_common import BenchCluster
 
 from migratory.bench.loadgen import receive, stop_processes
 from migratory.bench.procfs import CpuMeter, die_with_parent, handle_sigterm, machine_description
+from migratory.bench.wsraw import open_raw, publish_frame
 
 OK = b"PUBLISH_OK"
 FAILED = b"PUBLISH_FAILED"

@@ -29,6 +29,7 @@ from migratory.bench.wsraw import (
     close_code,
     masked,
     open_connections,
+    publish_frame,
     walk_frames,
 )
 from migratory.protocol import mqtt, mqtt_encode
@@ -47,10 +48,8 @@ def native_wire(subjects: int, ack: bool) -> tuple[Encoder, ReplyReader]:
     names = [subject_for(i, subjects) for i in range(subjects)]
 
     def encode(content: bytes, i: int) -> tuple[bytes, Any]:
-        op: dict[str, Any] = {"op": "publish", "subject": names[i % subjects], "content": content}
-        if ack:
-            op["closure"] = str(i)
-        return masked(cbor2.dumps(op)), op.get("closure")
+        closure = str(i) if ack else None
+        return publish_frame(names[i % subjects], content, closure), closure
 
     def replies(data: bytes) -> tuple[list[tuple[str, Any]], bytes]:
         frames, rest = walk_frames(data)

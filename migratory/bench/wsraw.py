@@ -21,6 +21,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
 
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 from migratory.protocol.websocket import encode_masked_binary
@@ -222,3 +225,68 @@ def close_all(conns: list[RawConn]) -> None:
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.sock.close()
+
+
+# --- a few blocking native sessions (cluster benchmarks), decoded replies -------------
+
+
+
+
+def open_raw(
+    port: int, client: str, timeout: float = 5.0, *, host: str = "127.0.0.1"
+) -> tuple[socket.socket, bytes]:
+    """One blocking native session: handshake + ``connect`` -> ``connected``; the socket
+    and the bytes after ``connected``. For benchmarks with a few connections."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        key = new_websocket_key()
+        sock.sendall(handshake_request(f"{host}:{port}", "/", key))
+        buf = b""
+        deadline = time.monotonic() + timeout
+        used = None
+        while used is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("handshake timeout")
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed during handshake")
+            buf += chunk
+            used = check_handshake_response(buf, key)
+        buf = buf[used:]
+        sock.sendall(masked(cbor2.dumps({"op": "connect", "version": 1, "client": client})))
+        while time.monotonic() < deadline:
+            frames, _rest = walk_frames(buf)
+            for opcode, start, end in frames:
+                if opcode == OPCODE_CLOSE:
+                    raise ConnectionError(f"closed with {close_code(buf, start, end)}")
+                if cbor2.loads(buf[start:end]).get("op") == "connected":
+                    return sock, buf[end:]
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed before connected")
+            buf += chunk
+        raise TimeoutError("no 'connected'")
+    except BaseException:
+        sock.close()
+        raise
+
+
+def publish_frame(subject: str, content: bytes, closure: str | None) -> bytes:
+    """A native ``publish`` (with a closure: acknowledged), masked."""
+    op: dict[str, Any] = {"op": "publish", "subject": subject, "content": content}
+    if closure is not None:
+        op["closure"] = closure
+    return masked(cbor2.dumps(op))
+
+
+def decode_frames(buf: bytes) -> tuple[list[Any], bytes]:
+    """Decoded server ops in ``buf`` (close frames as ("close", code)), and the rest."""
+    frames, rest = walk_frames(buf)
+    out = []
+    for opcode, start, end in frames:
+        if opcode == OPCODE_CLOSE:
+            out.append(("close", close_code(buf, start, end)))
+        elif opcode in (0x1, 0x2):
+            out.append(cbor2.loads(buf[start:end]))
+    return out, buf[rest:]
