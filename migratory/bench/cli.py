@@ -69,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="publish without acknowledgements (closures / QoS 1)")
     load.add_argument("--front-end", choices=("native", "mqtt", "sse"), default="native",
                       help="the subscribers' protocol (the publisher speaks the URL's)")
+    load.add_argument("--publisher", choices=("native", "mqtt"), default="native",
+                      help="the publisher's protocol on a migratory server (mqtt: its MQTT "
+                      "listener, QoS 1 acknowledgements); brokers are always mqtt")
     load.add_argument("--tls", action="store_true",
                       help="local server, --front-end sse or mqtt: subscribers over TLS")
     load.add_argument("--target-p99", type=float, metavar="MS",
@@ -181,7 +184,7 @@ def run_one(args: argparse.Namespace, target: Target | None) -> dict[str, Any] |
         functools.partial(module.run, pattern_args),
         kind=f"bench-{args.pattern}",
         settings=args.set,
-        mqtt=args.front_end == "mqtt" and args.pattern != "idle",
+        mqtt="mqtt" in (args.front_end, args.publisher) and args.pattern != "idle",
     )
     if result is not None:
         (idle.report if args.pattern == "idle" else fanout_report)(result)

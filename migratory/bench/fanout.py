@@ -44,7 +44,7 @@ def start_subscribers(
 ) -> list[mpc.Connection]:
     ctx = mp.get_context("fork")
     front_end = "mqtt" if target.protocol == "mqtt" else args.front_end
-    port = target.subscriber_port(front_end)
+    port = target.port_for(front_end)
     main: Callable[..., None] = subscriber_main
     extra: tuple[Any, ...] = ()
     if front_end == "mqtt":
@@ -75,11 +75,15 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     ctx = mp.get_context("fork")
     lifetime = args.setup_timeout + args.duration * 2 + args.drain + 120
     sub_pipes = start_subscribers(args, target, procs, lifetime) if args.subscribers else []
+    pub_protocol = "mqtt" if target.protocol == "mqtt" else args.publisher
+    pub_port = target.port_for(pub_protocol)  # the same listeners as subscribers
+    args.publisher = pub_protocol
+    args.front_end = "mqtt" if target.protocol == "mqtt" else args.front_end
     pub_pipe, child_end = ctx.Pipe()
     pub = ctx.Process(
         target=publisher_main,
-        args=(child_end, target.host, target.port, args.size, args.ack, args.setup_timeout,
-              args.subjects, target.protocol),
+        args=(child_end, target.host, pub_port, args.size, args.ack, args.setup_timeout,
+              args.subjects, pub_protocol),
         name="publisher",
         daemon=True,
     )

@@ -64,6 +64,7 @@ def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, An
         "benchmark": "fanout",
         "pattern": args.pattern,
         "front_end": args.front_end,
+        "publisher": args.publisher,
         "settings": args.set,
         "subscribers": args.subscribers,
         "subjects": subjects,

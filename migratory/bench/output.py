@@ -15,8 +15,8 @@ from typing import Any
 
 from migratory.bench.latency import BUCKET_NS
 
-COLUMNS = ("target", "pattern", "rate", "counted", "p50", "p99", "p99.9", "max", "loop stall",
-           "server CPU")
+COLUMNS = ("target", "pattern", "pub/sub", "rate", "counted", "p50", "p99", "p99.9", "max",
+           "loop stall", "server CPU")
 
 
 def _ms(value: float | None) -> str:
@@ -39,9 +39,14 @@ def row(result: dict[str, Any]) -> list[str]:
     else:
         counted = f"{result['counted']:,}/{result['expected']:,}"
         rate = f"{result.get('messages_per_second', 0):,.0f} msg/s"
+    protocols = ("native" if result["pattern"] == "idle-connections" else
+                 f"{result.get('publisher', '?')}/{result.get('front_end', '?')}")
+    if result["pattern"] == "publish-with-ack":
+        protocols = result.get("publisher", "?")
     return [
         result.get("target", {}).get("name", "?"),
         result["pattern"],
+        protocols,
         rate,
         counted,
         _ms(lat.get("p50")),
@@ -57,7 +62,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     """The results as a plain-text table (latencies in ms)."""
     rows = [list(COLUMNS), *(row(r) for r in results)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.rjust(w) if i >= 2 else cell.ljust(w)
+    lines = ["  ".join(cell.rjust(w) if i >= 3 else cell.ljust(w)
                        for i, (cell, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -39,13 +39,13 @@ class Target:
         scheme = "ws" if self.protocol == "native" else "mqtt"
         return f"{scheme}://{self.host}:{self.port}"
 
-    def subscriber_port(self, front_end: str) -> int:
-        """The port subscribers of ``front_end`` connect to (raises if there is none)."""
+    def port_for(self, protocol: str) -> int:
+        """The port clients of ``protocol`` (native, mqtt, sse) connect to (raises if none)."""
         if self.protocol == "mqtt":
-            if front_end != "mqtt":
-                raise TargetError(f"{self.url} is an MQTT broker: subscribers must use mqtt")
+            if protocol != "mqtt":
+                raise TargetError(f"{self.url} is an MQTT broker: its clients must use mqtt")
             return self.port
-        if front_end == "mqtt":
+        if protocol == "mqtt":
             if not self.mqtt_port:
                 raise TargetError(f"{self.url}: give its MQTT listener with --mqtt mqtt://HOST:PORT")
             return self.mqtt_port

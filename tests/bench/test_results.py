@@ -50,7 +50,8 @@ def figures(per_subscriber: list[int], sent: int) -> dict[str, Any]:
 
 def args(subscribers: int) -> argparse.Namespace:
     return argparse.Namespace(
-        subjects=1, subscribers=subscribers, pattern="fan-out", front_end="native", set=[],
+        subjects=1, subscribers=subscribers, pattern="fan-out", front_end="native",
+        publisher="native", set=[],
         rate=10.0, size=100, duration=1.0, procs=1, target_p99=None,
     )
 
@@ -79,11 +80,11 @@ def test_urls() -> None:
     assert (ws.protocol, ws.host, ws.port, ws.stats) == ("native", "127.0.0.1", 8899, True)
     mqtt = target_from_url("mqtt://localhost", pid=1)
     assert (mqtt.protocol, mqtt.port, mqtt.stats) == ("mqtt", 1883, False)
-    assert mqtt.subscriber_port("mqtt") == 1883
+    assert mqtt.port_for("mqtt") == 1883
     with pytest.raises(TargetError, match="MQTT broker"):
-        mqtt.subscriber_port("native")
+        mqtt.port_for("native")
     with pytest.raises(TargetError, match="--mqtt"):
-        ws.subscriber_port("mqtt")
+        ws.port_for("mqtt")
     with pytest.raises(TargetError, match="http://x"):
         target_from_url("http://x:1")
 

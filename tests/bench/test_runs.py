@@ -102,16 +102,19 @@ def test_publish_with_ack_measures_every_ack(server: ServerProcess, tmp_path: Pa
     assert code == 0
 
 
-def test_mqtt_subscribers_on_the_servers_mqtt_listener(
+def test_mqtt_publisher_and_subscribers_on_the_servers_mqtt_listener(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    code, data, _ = bench(
+    code, data, stdout = bench(
         "fanout", "--url", f"ws://127.0.0.1:{server.port}",
         "--mqtt", f"mqtt://127.0.0.1:{server.mqtt_port}", "--front-end", "mqtt",
-        "--subscribers", "20", "--rate", "30", *SHORT, json_path=tmp_path / "out.json",
+        "--publisher", "mqtt", "--subscribers", "20", "--rate", "30", *SHORT,
+        json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
     every_message_counted(result, 20 * 30)
+    assert result["published"]["statuses"] == {"PUBACK": 30}  # QoS 1, acknowledged
+    assert "mqtt/mqtt" in stdout
     assert code == 0
 
 
