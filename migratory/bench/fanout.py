@@ -31,7 +31,7 @@ from migratory.bench.fanout_report import summarise
 from migratory.bench.loadgen import receive, split
 from migratory.bench.mqttraw import mqtt_subscriber_main
 from migratory.bench.procfs import CpuMeter, rss_kib
-from migratory.bench.progress import Progress
+from migratory.bench.progress import Progress, wait_for_all
 from migratory.bench.publisher import publisher_main
 from migratory.bench.sse import sse_subscriber_main
 from migratory.bench.subscriber import subscriber_main
@@ -140,11 +140,7 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     label = f"{target.name} {args.pattern}: {args.rate:g} msg/s x {args.size} B"
     progress = Progress(args.duration, label, enabled=None if args.progress else False)
     deadline = window_start + args.duration * 2 + args.drain + 60
-    try:
-        while not pub_pipe.poll(0.25) and time.monotonic() < deadline:
-            progress.update()
-    finally:
-        progress.close()
+    wait_for_all([pub_pipe], progress, deadline - window_start)
     (done,) = receive([pub_pipe], "done", max(deadline - time.monotonic(), 1.0))
     figures["cpu"] = meter.stop()
     figures["window"] = (window_start, time.monotonic())

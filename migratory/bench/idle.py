@@ -27,6 +27,7 @@ import cbor2
 
 from migratory.bench.loadgen import receive, split
 from migratory.bench.procfs import CpuMeter, die_with_parent, raise_nofile, rss_kib
+from migratory.bench.progress import Progress, wait_for_all
 from migratory.bench.target import Target
 from migratory.bench.workers import all_workers_stats, worker_pids
 from migratory.bench.wsraw import (
@@ -169,11 +170,17 @@ def watch(conns: list[RawConn], seconds: float, ping: bytes | None) -> dict[str,
 
 
 def broadcast(
-    pipes: list[mpc.Connection], command: tuple[Any, ...], kind: str, timeout: float
+    pipes: list[mpc.Connection],
+    command: tuple[Any, ...],
+    kind: str,
+    timeout: float,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Send ``command`` to every load process and add up their ``kind`` answers."""
     for pipe in pipes:
         pipe.send(command)
+    if progress is not None:
+        wait_for_all(pipes, progress, timeout)
     total: dict[str, Any] = {"open": 0, "answered": 0, "send_errors": 0, "seconds": 0.0}
     closes: Counter[str] = Counter()
     frames: Counter[str] = Counter()
@@ -247,7 +254,9 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
         flush=True,
     )
     print(f"holding {args.hold:g} s ...", file=sys.stderr, flush=True)
-    held = broadcast(pipes, ("hold", args.hold), "held", args.hold + 60)
+    progress = Progress(args.hold, f"{target.name}: {opened:,} idle sessions",
+                        enabled=None if args.progress else False)
+    held = broadcast(pipes, ("hold", args.hold), "held", args.hold + 60, progress)
     rss_held = rss()
     stats_held = stats()
     pinged = broadcast(pipes, ("ping", args.ping_timeout), "pinged", args.ping_timeout + 60)

@@ -69,9 +69,22 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n(latencies and the server's longest loop stall in ms)"
 
 
+def without_nan(value: Any) -> Any:
+    """``value`` with every NaN (a figure that has no value, e.g. no acks) as None."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nan(v) for v in value]
+    return value
+
+
 def write_json(path: str, results: Sequence[dict[str, Any]]) -> None:
+    """Strict JSON (no NaN: a figure without a value is null)."""
     with open(path, "w") as f:
-        json.dump({"schema": 1, "results": list(results)}, f, indent=2, sort_keys=True)
+        json.dump({"schema": 1, "results": without_nan(list(results))}, f, indent=2,
+                  sort_keys=True, allow_nan=False)
 
 
 def write_plot(path: str, results: Sequence[dict[str, Any]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.connection as mpc
 import sys
 import time
 from typing import TextIO
@@ -42,3 +43,16 @@ class Progress:
         if self.enabled:
             self.stream.write("\r" + " " * (self.WIDTH + 40 + len(self.label)) + "\r")
             self.stream.flush()
+
+
+def wait_for_all(pipes: list[mpc.Connection], progress: Progress, timeout: float) -> None:
+    """Redraw ``progress`` until every pipe has something to read (or ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    waiting = list(pipes)
+    try:
+        while waiting and time.monotonic() < deadline:
+            ready = mpc.wait(waiting, 0.25)
+            waiting = [pipe for pipe in waiting if pipe not in ready]
+            progress.update()
+    finally:
+        progress.close()

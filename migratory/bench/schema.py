@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 _MS = {"type": "number"}
+_MS_OR_NONE = {"type": ["number", "null"]}  # null: no value (no delivery, no ack)
 
 RESULT: dict[str, Any] = {
     "type": "object",
@@ -28,7 +29,7 @@ RESULT: dict[str, Any] = {
         "expected": {"type": "integer", "minimum": 0},
         "latency_ms": {
             "type": "object",
-            "properties": {key: _MS for key in ("p50", "p90", "p99", "p99.9", "max")},
+            "properties": {key: _MS_OR_NONE for key in ("p50", "p90", "p99", "p99.9", "max")},
             "additionalProperties": False,
         },
         # 0.1 ms bucket index (a string in JSON) -> count
