@@ -29,11 +29,11 @@ _Entry = tuple[Any, ...]
 _AT, _EPOCH, _SEQ, _BOUND = 0, 1, 2, 10
 
 
-def _entry(message: Message, now: float) -> _Entry:
+def _entry(message: Message, now: float) -> _Entry:  # ``_value_``: ``.value`` costs ~0.4 µs
     return (
         now, message.epoch, message.seq, message.subject, message.content,
-        tuple(message.fields.items()), message.retained, message.qos.value,
-        message.closure, message.type.value, encoded_bound(message),
+        tuple(message.fields.items()), message.retained, message.qos._value_,
+        message.closure, message.type._value_, encoded_bound(message),
     )
 
 

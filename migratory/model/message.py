@@ -101,8 +101,8 @@ _PACKED_FIELDS = 8
 def pack(message: Message) -> PackedMessage:
     """``message`` as a tuple the collector does not track."""
     packed = (
-        message.subject, message.content, message.retained, message.qos.value,
-        message.closure, message.epoch, message.seq, message.type.value,
+        message.subject, message.content, message.retained, message.qos._value_,
+        message.closure, message.epoch, message.seq, message.type._value_,
     )
     if message.fields:
         return packed + tuple(chain.from_iterable(message.fields.items()))

@@ -84,8 +84,9 @@ class Hub(MessageSinks):
     def publish(self, message: Message, now: float) -> Message:
         """Number ``message`` with its subject's next position and fan it out."""
         state = self._state(message.subject)
-        positioned = replace(
-            message, epoch=state.epoch, seq=state.seq + 1, type=MessageType.UPDATE, closure=None
+        positioned = Message(  # not dataclasses.replace: ~3 % of a publish's CPU
+            message.subject, message.content, message.fields, message.retained, message.qos,
+            None, state.epoch, state.seq + 1, MessageType.UPDATE,
         )
         self._apply(state, positioned, now)
         return positioned

@@ -6,7 +6,7 @@ import contextlib
 
 import cbor2
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from migratory.model.message import Message, MessageType, Qos
@@ -115,3 +115,62 @@ def test_reconnect_rule() -> None:
     assert not close_codes.should_reconnect(4499)
     assert not close_codes.should_reconnect(1000)
     assert not close_codes.should_reconnect(1002)
+
+
+_odd_values = st.sampled_from(["best", "x" * 1100, "/a/b", 1, None]) | st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=4) | st.binary(
+    max_size=4) | st.lists(st.integers(), max_size=2) | st.dictionaries(
+    st.text(max_size=2) | st.integers(0, 2), st.text(max_size=2) | st.integers(0, 2), max_size=2
+)
+_valid_publish = st.fixed_dictionaries(
+    {"op": st.just("publish"), "subject": st.sampled_from(["/a/b", "/c/d/e"]),
+     "content": st.binary(max_size=8)},
+    optional={
+        "fields": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=3),
+        "retained": st.booleans(),
+        "qos": st.sampled_from(["standard", "guaranteed"]),
+        "closure": st.text(max_size=4),
+    },
+)
+_DROP = object()
+
+
+@st.composite
+def _publish_keys(draw: st.DrawFn) -> dict[str, object]:
+    """A valid publish with at most one key dropped or given an odd value."""
+    body = draw(_valid_publish)
+    key = draw(st.sampled_from(["", "subject", "content", "fields", "retained", "qos", "closure"]))
+    if key:
+        value = draw(_odd_values | st.just(_DROP))
+        if value is _DROP:
+            body.pop(key, None)
+        else:
+            body[key] = value
+    return body
+
+
+def _outcome(payload: bytes) -> object:
+    try:
+        return ops.decode_client_op(payload)
+    except ops.OperationError as exc:
+        return ("refused", exc.close, exc.reason)
+
+
+@settings(max_examples=400)
+@given(_publish_keys())
+@example({"op": "publish", "subject": "/a/b", "content": b"", "qos": "best"})
+@example({"op": "publish", "subject": "/a/b", "content": b"", "retained": 1})
+@example({"op": "publish", "subject": "/a/b", "content": b"", "closure": None})
+@example({"op": "publish", "subject": "/a/b", "content": b"", "fields": {"a": 1}})
+@example({"op": "publish", "subject": "x" * 1100, "content": b""})
+def test_the_fast_publish_decoder_agrees_with_the_checked_one(body: dict[str, object]) -> None:
+    """The publish fast path (a few lookups) decodes exactly what the key-by-key checks
+    accept, and leaves everything else to them (same refusal, same close code)."""
+    payload = cbor2.dumps(body)
+    fast = _outcome(payload)
+    original = ops._fast_publish
+    ops._fast_publish = lambda body: None  # type: ignore[assignment]
+    try:
+        checked = _outcome(payload)
+    finally:
+        ops._fast_publish = original
+    assert fast == checked
