@@ -117,9 +117,18 @@ def test_reconnect_rule() -> None:
     assert not close_codes.should_reconnect(1002)
 
 
-_odd_values = st.sampled_from(["best", "x" * 1100, "/a/b", 1, None]) | st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=4) | st.binary(
-    max_size=4) | st.lists(st.integers(), max_size=2) | st.dictionaries(
-    st.text(max_size=2) | st.integers(0, 2), st.text(max_size=2) | st.integers(0, 2), max_size=2
+_odd_values = (
+    st.sampled_from(["best", "x" * 1100, "/a/b", 1, None])
+    | st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(
+        st.text(max_size=2) | st.integers(0, 2), st.text(max_size=2) | st.integers(0, 2),
+        max_size=2,
+    )
 )
 _valid_publish = st.fixed_dictionaries(
     {"op": st.just("publish"), "subject": st.sampled_from(["/a/b", "/c/d/e"]),
