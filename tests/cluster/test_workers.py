@@ -249,3 +249,114 @@ def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
             time.sleep(0.1)
     finally:
         server.stop()
+
+
+class ReconnectingPublisher(threading.Thread):
+    """Publishes numbered messages through the shared port until stopped, reconnecting
+    when its worker dies; a publish whose reply was lost is recorded as unknown."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.stop = threading.Event()
+        self.acked: list[tuple[bytes, Position]] = []
+        self.unknown: list[bytes] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._publish()
+        except BaseException as exc:  # the test fails on it, not on a silent thread
+            self.error = exc
+            raise
+
+    def _publish(self) -> None:
+        client, _ = connect(self.port, "publisher")
+        for i in range(3000):
+            if self.stop.is_set():
+                break
+            content = f"m{i:04d}".encode()
+            try:
+                status = client.publish(Message(SUBJECT, content, closure=str(i)))
+            except (OSError, AssertionError):  # the worker died under it
+                self.unknown.append(content)
+                client.close()
+                client, _ = connect(self.port, "publisher")
+                continue
+            assert status.status is ops.Status.PUBLISH_OK, status
+            assert status.position is not None
+            self.acked.append((content, status.position))
+            time.sleep(0.01)
+        client.close()
+
+
+def test_the_sdk_survives_the_crash_of_its_worker_and_resumes_without_gap(
+    server: WorkersServer,
+) -> None:
+    """Each worker SIGKILLed in turn while publishing goes on (so one of them is the SDK
+    subscriber's): the SDK reconnects through the same port and resumes with DATA_SYNC;
+    every numbered message arrives once, in order (contiguous seqs), every acknowledged
+    one among them."""
+    import trio
+
+    from migratory_client import NotificationStatus, ReconnectPolicy
+    from migratory_client import connect as sdk_connect
+
+    fast = ReconnectPolicy(initial_delay=0.05, max_delay=0.2, connect_timeout=3.0)
+    publisher = ReconnectingPublisher(server.port)
+    received: list[Message] = []
+    statuses: list[NotificationStatus] = []
+
+    def kill(worker: int) -> None:
+        print(f"killing worker {worker} (pid {server.pids[worker]}) after {len(received)} "
+              f"messages; SDK events so far {statuses}")
+        os.kill(server.pids[worker], signal.SIGKILL)
+
+    async def main() -> None:
+        async with (
+            sdk_connect([f"ws://127.0.0.1:{server.port}"], reconnect=fast) as client,
+            client.subscribe(SUBJECT) as subscription,
+        ):
+
+            async def notes() -> None:
+                async for note in client.notifications():
+                    statuses.append(note.status)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(notes)
+                await client.wait_connected()
+                await trio.sleep(0.3)
+                publisher.start()
+                first_killed = False
+                second_kill_at: int | None = None
+                with trio.fail_after(60):
+                    while publisher.is_alive() or not {c for c, _ in publisher.acked} <= {
+                        m.content for m in received
+                    }:
+                        with trio.move_on_after(0.2):
+                            received.append(await subscription.__anext__())
+                        if not first_killed and len(received) >= 30:
+                            first_killed = True
+                            kill(0)
+                        elif (first_killed and second_kill_at is None
+                              and "worker 0 is back" in server.log()):
+                            second_kill_at = len(received)
+                            kill(1)  # worker 0 is back: the SDK has a worker to go to
+                        elif second_kill_at is not None and len(received) >= second_kill_at + 40:
+                            publisher.stop.set()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    publisher.join(10)
+    assert publisher.error is None, repr(publisher.error)
+    seqs = [m.seq for m in received]
+    print("received", len(received), "statuses", statuses, "unknown", publisher.unknown)
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "gap or duplicate"
+    assert len({m.epoch for m in received}) == 1
+    by_content = {m.content: m.position for m in received}
+    for content, position in publisher.acked:
+        assert by_content.get(content) == position, f"acknowledged {content!r} lost"
+    assert NotificationStatus.SERVER_DOWN in statuses
+    assert NotificationStatus.DATA_SYNC in statuses
+    assert NotificationStatus.DATA_RESYNC not in statuses
+    server.wait_log("worker 1 is back")
