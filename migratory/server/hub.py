@@ -78,6 +78,10 @@ class Hub(MessageSinks):
         self._forgotten = 0  # spent subjects forgotten (see expire)
         self._forgotten_since_shrink = 0
         self._expire_queue: list[str] = []  # subjects an expire sweep has yet to look at
+        # kept as they change, so statistics() is O(1) whatever the number of subjects
+        # (summing over 200,000 subjects once a second stopped the loop ~50 ms)
+        self._sinks = 0  # SubjectState.sinks over every subject
+        self._cached = 0  # len(SubjectState.cache) over every subject
 
     # --- publishing ---------------------------------------------------------
 
@@ -109,6 +113,7 @@ class Hub(MessageSinks):
                 )
         else:
             state.epoch = message.epoch
+            self._cached -= len(state.cache)
             state.cache.reset()
             if message.seq != 1:
                 state.cache = SubjectCache(
@@ -123,7 +128,9 @@ class Hub(MessageSinks):
 
     def _apply(self, state: SubjectState, message: Message, now: float) -> None:
         state.seq = message.seq
+        cached = len(state.cache)
         state.cache.append(message, now)
+        self._cached += len(state.cache) - cached
         if message.retained:
             state.snapshot = merge_snapshot(state.snapshot, message)
         self._published += 1
@@ -162,6 +169,15 @@ class Hub(MessageSinks):
         The subject must already be validated and entitled by the caller.
         """
         state = self._state(request.subject)
+        sinks = state.sinks
+        try:
+            return self._subscribe(state, sink, request, now)
+        finally:
+            self._sinks += state.sinks - sinks
+
+    def _subscribe(
+        self, state: SubjectState, sink: AnySink, request: ops.SubscriptionRequest, now: float
+    ) -> list[ops.ServerOp]:
         self._drop_subscription(state, sink)
         period = round_conflation_ms(request.conflation_ms)
         position = request.position
@@ -270,7 +286,9 @@ class Hub(MessageSinks):
         state = self._subjects.get(subject)
         if state is None:
             return
+        sinks = state.sinks
         self._drop_subscription(state, sink)
+        self._sinks += state.sinks - sinks
         if state.idle:
             del self._subjects[subject]
 
@@ -320,6 +338,7 @@ class Hub(MessageSinks):
             if state.seq and not self.numbered_elsewhere and state.spent:
                 del self._subjects[subject]
                 spent += 1
+        self._cached -= dropped
         self._forgotten += spent
         self._forgotten_since_shrink += spent
         if self._forgotten_since_shrink > len(self._subjects):  # a dict never shrinks itself
@@ -366,6 +385,7 @@ class Hub(MessageSinks):
         before = state.position if live else None
         state.epoch, state.seq = position.epoch, position.seq
         state.snapshot = snapshot if position.seq else None
+        self._cached += len(cache) - len(state.cache)
         state.cache = cache
         if before is not None:
             self._catch_up_live(state, before)
@@ -434,16 +454,13 @@ class Hub(MessageSinks):
         return None if state is None else state.position
 
     def statistics(self) -> HubStatistics:
+        """O(1): the counts are kept as subscriptions and caches change."""
         return HubStatistics(
             subjects=len(self._subjects),
-            subscriptions=len(self._filters) + sum(
-                len(s.subscribers) + len(s.formatted) + len(s.conflated) + len(s.waiting)
-                + len(s.listeners)
-                for s in self._subjects.values()
-            ),
+            subscriptions=len(self._filters) + self._sinks,
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,
-            cached_messages=sum(len(s.cache) for s in self._subjects.values()),
+            cached_messages=self._cached,
         )
 
     def _state(self, subject: str) -> SubjectState:

@@ -17,6 +17,7 @@ class MessageSinks:
     _subjects: dict[str, SubjectState]
     _filters: FilterIndex[MessageSink]
     _fanned_out: int
+    _sinks: int  # subscriptions to exact subjects, every kind (Hub.statistics)
 
     def _state(self, subject: str) -> SubjectState:
         raise NotImplementedError
@@ -41,12 +42,16 @@ class MessageSinks:
 
     def listen(self, sink: MessageSink, subject: str, qos: int) -> None:
         """Deliver every later message of ``subject`` to ``sink`` (validated, entitled)."""
-        self._state(subject).listeners[sink] = qos
+        state = self._state(subject)
+        sinks = len(state.listeners)
+        state.listeners[sink] = qos
+        self._sinks += len(state.listeners) - sinks
 
     def unlisten(self, sink: MessageSink, subject: str) -> None:
         state = self._subjects.get(subject)
         if state is not None:
-            state.listeners.pop(sink, None)
+            if state.listeners.pop(sink, None) is not None:
+                self._sinks -= 1
             if state.idle:
                 del self._subjects[subject]
 

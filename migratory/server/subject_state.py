@@ -49,6 +49,14 @@ class SubjectState:
         return Position(self.epoch, self.seq)
 
     @property
+    def sinks(self) -> int:
+        """Subscriptions to exactly this subject, of every kind."""
+        return (
+            len(self.subscribers) + len(self.formatted) + len(self.conflated)
+            + len(self.waiting) + len(self.listeners)
+        )
+
+    @property
     def idle(self) -> bool:
         """No subscribers and nothing ever published: safe to forget."""
         return (
