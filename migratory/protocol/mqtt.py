@@ -230,6 +230,11 @@ class MqttDecoder:
         self._connected = not server
         self._error: MqttProtocolError | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for packets not handled yet (the peer can pin this much)."""
+        return len(self._buffer) - self._offset
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self._error is not None:
             return

@@ -275,14 +275,13 @@ class Connection:
                     self._become_mqtt(now)
                     more = False
             else:
-                native.receive_data(data, now)
+                more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
         self._after_processing()
         while more:
             await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
             if self._closed:  # aborted meanwhile (a failed write): its socket is gone
                 return False
             native = self.session
-            assert isinstance(native, Session)
             more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
             self._after_processing()
         session = self.session
@@ -295,10 +294,9 @@ class Connection:
         if self.handshaking and session.connected:
             self.handshaking = False
             limits.handshake_done(self)
-        held = session.buffered_bytes if isinstance(session, Session) else 0
+        held = session.buffered_bytes
         if held != self._held:
             if not limits.hold_incomplete(held - self._held):
-                assert isinstance(session, Session)
                 session.close(
                     close_codes.TRY_AGAIN_LATER.code,
                     "the server holds too many incomplete frames (IncompleteFrameBudget)",
@@ -324,7 +322,7 @@ class Connection:
         mqtt.outbox = native.outbox
         self.session = mqtt
         if trailing:
-            mqtt.receive_data(trailing, now)
+            mqtt.receive_data(trailing, now)  # bytes of one read: bounded
 
     def _decrypt(self, data: bytes) -> bytes | None:
         """The plaintext in ``data``; None once the connection is over."""

@@ -22,9 +22,11 @@ from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
+from migratory.server.admission import PublishRate
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
+from migratory.server.mqtt_input import MqttInput
 from migratory.server.mqtt_store import (
     SESSION_CLOSURE,
     SessionRecord,
@@ -46,7 +48,7 @@ log = logging.getLogger("migratory.mqtt")
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
 
-class MqttSession:
+class MqttSession(MqttInput):
     """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
 
     def __init__(
@@ -80,7 +82,10 @@ class MqttSession:
         self.keep_alive = 0
         self.persistent = False
         self._will: mqtt.Will | None = None
-        self.subscriptions = Subscriptions(self, ctx.hub)
+        self.subscriptions = Subscriptions(
+            self, ctx.hub, max_filters=config.max_subscriptions_per_connection
+        )
+        self._publish_rate = PublishRate(config.max_publishes_per_second, 0.0)
         self._reached = self.subscriptions.reached
         self._inflight = Inflight()  # QoS 1 deliveries not acknowledged yet
         self._record: SessionRecord | None = None  # persistent sessions only
@@ -123,52 +128,6 @@ class MqttSession:
         self._link.flush_now()
 
     # --- input ----------------------------------------------------------------
-
-    def receive_data(self, data: bytes, now: float) -> None:
-        if self.closing or self.aborted:
-            return
-        self._now = now
-        try:
-            if self._frames is None:
-                self._decoder.receive_data(data)
-            elif not self._unwrap(data):
-                return
-            while not (self.closing or self.aborted):
-                packet = self._decoder.next_event()
-                if packet is None:
-                    break
-                self._on_packet(packet, now)
-        except mqtt.MqttProtocolError as exc:
-            self._protocol_error(exc.reason)
-        except ws.RemoteProtocolError as exc:
-            self._protocol_error(f"WebSocket: {exc.reason}")
-
-    def _unwrap(self, data: bytes) -> bool:
-        """Feed the MQTT bytes carried in WebSocket frames; False once closing."""
-        frames = self._frames
-        assert frames is not None
-        frames.receive_data(data)
-        while (event := frames.next_event()) is not None:
-            if isinstance(event, ws.BinaryMessage):
-                self._decoder.receive_data(event.data)
-            elif isinstance(event, ws.Ping):
-                self._send_raw(ws.encode_pong(event.payload))
-            elif isinstance(event, ws.CloseReceived):
-                self.close(close_codes.NORMAL.code, "")
-                return False
-            elif isinstance(event, ws.TextMessage):
-                self._protocol_error("WebSocket: MQTT travels in binary frames")
-                return False
-        return True
-
-    def _protocol_error(self, reason: str) -> None:
-        stats = self._ctx.stats
-        stats.protocol_errors += 1
-        stats.mqtt_protocol_errors += 1
-        stats.count(stats.protocol_error_kinds, "mqtt")  # GET /metrics: kind="mqtt"
-        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason,
-                 extra=self.log_fields())
-        self.close(close_codes.PROTOCOL_ERROR.code, reason)
 
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
         if isinstance(packet, mqtt.Connect):
@@ -263,6 +222,9 @@ class MqttSession:
             closure=None if packet.packet_id is None else str(packet.packet_id),
         )
         status, reason = check_publish(ctx, self.listener, self.identity, message)
+        if status is None and not self._publish_rate.take(now):
+            status = ops.Status.PUBLISH_FAILED
+            reason = f"MaxPublishesPerSecond ({ctx.config.max_publishes_per_second}) exceeded"
         if status is not None:
             if status is ops.Status.PUBLISH_DENIED:
                 self._denied("publish")
@@ -272,8 +234,11 @@ class MqttSession:
 
     def _refused_publish(self, reason: str) -> None:
         self._ctx.stats.publishes_refused += 1
-        log.info("%s: publish refused, closing: %s", self.describe(), reason,
-                 extra=self.log_fields())
+        self._refused(f"publish refused: {reason}")
+
+    def _refused(self, reason: str) -> None:
+        """MQTT 3.1.1 has no negative acknowledgement: a refused operation closes."""
+        log.info("%s: %s: closing", self.describe(), reason, extra=self.log_fields())
         self.close(close_codes.BAD_OPERATION.code, reason)
 
     def publish_result(self, status: ops.PublishStatus) -> None:
@@ -292,6 +257,12 @@ class MqttSession:
 
     def _on_subscribe(self, packet: mqtt.Subscribe, now: float) -> None:
         assert self.identity is not None
+        limit = self._ctx.config.max_subjects_per_subscribe
+        if len(packet.requests) > limit:  # bound, then work
+            self._ctx.stats.subscribes_refused += 1
+            self._refused(f"SUBSCRIBE of {len(packet.requests)} filters: more than "
+                          f"MaxSubjectsPerSubscribe ({limit})")
+            return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
         suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))

@@ -49,9 +49,11 @@ class _Filter:
 
 
 class Subscriptions:
-    def __init__(self, owner: MqttSession, hub: Hub) -> None:
+    def __init__(self, owner: MqttSession, hub: Hub, *, max_filters: int = MAX_FILTERS) -> None:
+        """``max_filters``: MaxSubscriptionsPerConnection, never more than MAX_FILTERS."""
         self._owner = owner
         self._hub = hub
+        self._max_filters = min(max_filters, MAX_FILTERS)
         self._filters: dict[str, _Filter] = {}
         # subject -> the last message delivered (or the Position of where it stands):
         # only its epoch and seq are read -- storing the message saves a Position per
@@ -87,11 +89,12 @@ class Subscriptions:
         subject = None if is_wildcard(name) else "/" + name
         if name not in self._filters:
             wildcards = sum(1 for f in self._filters.values() if f.subject is None)
-            if len(self._filters) >= MAX_FILTERS or (
+            if len(self._filters) >= self._max_filters or (
                 subject is None and wildcards >= MAX_WILDCARD_FILTERS
             ):
-                log.info("%s: SUBSCRIBE refused: at most %d filters, %d with wildcards",
-                         self._owner.describe(), MAX_FILTERS, MAX_WILDCARD_FILTERS,
+                log.info("%s: SUBSCRIBE refused: at most %d filters "
+                         "(MaxSubscriptionsPerConnection), %d with wildcards",
+                         self._owner.describe(), self._max_filters, MAX_WILDCARD_FILTERS,
                          extra=self._owner.log_fields())
                 return mqtt.SUBACK_FAILURE
         if not self._owner.entitlement_allows_subscribe("/" + name):

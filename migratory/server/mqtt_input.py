@@ -1,0 +1,108 @@
+"""The input side of an MQTT session: bytes (raw, or inside WebSocket frames) into
+packets, at most a budget of packets per call, malformed input closing the connection.
+A mixin of :class:`~migratory.server.mqtt_session.MqttSession`, kept apart so that each
+file reads alone."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from migratory.protocol import close_codes, mqtt
+from migratory.protocol import websocket as ws
+
+if TYPE_CHECKING:
+    from migratory.server.context import ServerContext
+
+log = logging.getLogger("migratory.mqtt")
+
+
+class MqttInput:
+    _ctx: ServerContext
+    _decoder: mqtt.MqttDecoder
+    _frames: ws.FrameDecoder | None
+    _now: float
+    closing: bool
+    aborted: bool
+
+    def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
+        raise NotImplementedError
+
+    def _send_raw(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self, code: int, reason: str) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def log_fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for incomplete packets (and WebSocket frames): IncompleteFrameBudget."""
+        frames = 0 if self._frames is None else self._frames.buffered
+        return self._decoder.buffered + frames
+
+    def receive_data(self, data: bytes, now: float, budget: int | None = None) -> bool:
+        """Take ``data`` and handle at most ``budget`` packets of it (None: all); True
+        when complete packets are left for :meth:`process` (one client's flood waits
+        for the others' turn)."""
+        if self.closing or self.aborted:
+            return False
+        self._now = now
+        try:
+            if self._frames is None:
+                self._decoder.receive_data(data)
+            elif not self._unwrap(data):
+                return False
+        except ws.RemoteProtocolError as exc:
+            self._protocol_error(f"WebSocket: {exc.reason}")
+            return False
+        return self.process(now, budget)
+
+    def process(self, now: float, budget: int | None = None) -> bool:
+        """Handle the packets already received, at most ``budget``; True if more wait."""
+        self._now = now
+        handled = 0
+        try:
+            while not (self.closing or self.aborted):
+                if budget is not None and handled >= budget:
+                    return True
+                packet = self._decoder.next_event()
+                if packet is None:
+                    break
+                self._on_packet(packet, now)
+                handled += 1
+        except mqtt.MqttProtocolError as exc:
+            self._protocol_error(exc.reason)
+        return False
+
+    def _unwrap(self, data: bytes) -> bool:
+        """Feed the MQTT bytes carried in WebSocket frames; False once closing."""
+        frames = self._frames
+        assert frames is not None
+        frames.receive_data(data)
+        while (event := frames.next_event()) is not None:
+            if isinstance(event, ws.BinaryMessage):
+                self._decoder.receive_data(event.data)
+            elif isinstance(event, ws.Ping):
+                self._send_raw(ws.encode_pong(event.payload))
+            elif isinstance(event, ws.CloseReceived):
+                self.close(close_codes.NORMAL.code, "")
+                return False
+            elif isinstance(event, ws.TextMessage):
+                self._protocol_error("WebSocket: MQTT travels in binary frames")
+                return False
+        return True
+
+    def _protocol_error(self, reason: str) -> None:
+        stats = self._ctx.stats
+        stats.protocol_errors += 1
+        stats.mqtt_protocol_errors += 1
+        stats.count(stats.protocol_error_kinds, "mqtt")  # GET /metrics: kind="mqtt"
+        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason,
+                 extra=self.log_fields())
+        self.close(close_codes.PROTOCOL_ERROR.code, reason)

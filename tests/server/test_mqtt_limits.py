@@ -1,0 +1,166 @@
+"""The per-connection limits hold for MQTT connections as for native WebSocket ones
+(issue 14): publishes per second, subscriptions per connection, filters per SUBSCRIBE,
+bytes held before a packet is complete, packets handled per turn. Over-limit traffic
+comes from a raw socket and from paho-mqtt; the refusal is the documented one (a closed
+connection -- MQTT 3.1.1 has no negative acknowledgement -- or SUBACK 0x80), and a
+bystander client in its own process keeps receiving within 100 ms."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from bystander import Bystander, rss_kib
+from mqttclient import MqttRawClient
+from paho_client import PahoClient
+
+from migratory.protocol import mqtt, mqtt_encode
+
+MAX_BYSTANDER_DELAY_MS = 100.0
+
+pytestmark = pytest.mark.slow
+
+
+def stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as reply:
+        result: dict[str, Any] = json.loads(reply.read())
+        return result
+
+
+@contextmanager
+def bystander(server: Any) -> Iterator[dict[str, Any]]:
+    figures: dict[str, Any] = {"rss_before_kib": rss_kib(server.proc.pid)}
+    watcher = Bystander(server.port)
+    try:
+        yield figures
+    finally:
+        figures.update(watcher.stop())
+        print(f"bystander p50 {figures['p50_ms']} ms max {figures['max_ms']} ms over "
+              f"{figures['count']} messages, lost {figures['lost']}")
+    assert figures["count"] >= 10 and figures["lost"] == 0, figures
+    assert figures["max_ms"] <= MAX_BYSTANDER_DELAY_MS, figures
+
+
+def publish_packets(count: int, topic: str = "flood/a", size: int = 10) -> bytes:
+    return mqtt_encode.encode_packet(mqtt.Publish(topic, b"p" * size)) * count
+
+
+def test_publishing_faster_than_the_limit_closes_the_connection(start_server: Any) -> None:
+    server = start_server(ListenMqtt="127.0.0.1:0", MaxPublishesPerSecond="100")
+    watcher = PahoClient(server.mqtt_port, "watcher")
+    watcher.subscribe("flood/#")
+    calm = PahoClient(server.mqtt_port, "calm")
+    with bystander(server):
+        for i in range(20):  # within the limit: every one delivered
+            calm.publish("flood/calm", str(i).encode(), qos=1)
+        attacker = MqttRawClient(server.mqtt_port)
+        attacker.connect("flooder")
+        attacker.send_raw(publish_packets(5_000))  # one burst: 50 times the limit
+        assert attacker.closed_by_server(), "the flooder was not cut off"
+    assert stats(server.port)["publishes_refused"] == 1
+    got = watcher.receive(20)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(20)]
+    flooded = [m for m in drain(watcher) if m.topic == "flood/a"]
+    assert 90 <= len(flooded) <= 110, len(flooded)  # one second's worth, then closed
+    assert not calm.disconnected.is_set()
+
+
+def drain(client: PahoClient, wait: float = 1.0) -> list[Any]:
+    """Every message until none came for ``wait`` seconds."""
+    out = []
+    while True:
+        try:
+            out.append(client.messages.get(timeout=wait))
+        except queue.Empty:
+            return out
+
+
+def test_paho_publishing_past_the_limit_is_disconnected(start_server: Any) -> None:
+    server = start_server(ListenMqtt="127.0.0.1:0", MaxPublishesPerSecond="50")
+    client = PahoClient(server.mqtt_port, "eager")
+    with bystander(server):
+        for i in range(500):
+            if client.disconnected.is_set():
+                break
+            client.client.publish("eager/topic", str(i).encode())
+        assert client.disconnected.wait(5), "paho was not disconnected"
+    assert stats(server.port)["publishes_refused"] == 1
+
+
+def test_subscriptions_per_connection(start_server: Any) -> None:
+    server = start_server(ListenMqtt="127.0.0.1:0", MaxSubscriptionsPerConnection="5")
+    client = PahoClient(server.mqtt_port, "collector")
+    assert [client.subscribe(f"many/t{i}")[0] for i in range(5)] == [0] * 5
+    assert client.subscribe("many/t5") == [mqtt.SUBACK_FAILURE]  # 0x80
+    assert client.subscribe("many/t0") == [0]  # the same filter again is no new one
+    assert not client.disconnected.is_set()
+    publisher = PahoClient(server.mqtt_port, "p")
+    publisher.publish("many/t5", b"not for it", qos=1)
+    publisher.publish("many/t4", b"for it", qos=1)
+    assert [m.payload for m in client.receive(1)] == [b"for it"]
+    assert client.nothing_more()
+
+
+def test_too_many_filters_in_one_subscribe_close_before_any_work(start_server: Any) -> None:
+    server = start_server(ListenMqtt="127.0.0.1:0", MaxSubjectsPerSubscribe="100")
+    with bystander(server):
+        attacker = MqttRawClient(server.mqtt_port)
+        attacker.connect("greedy")
+        attacker.send(mqtt.Subscribe(1, tuple((f"g/{i}", 0) for i in range(101))))
+        assert attacker.closed_by_server()
+        client = PahoClient(server.mqtt_port, "paho-greedy")
+        client.client.subscribe([(f"p/{i}", 0) for i in range(101)])
+        assert client.disconnected.wait(5)
+    body = stats(server.port)
+    assert body["subscribes_refused"] == 2 and body["subscriptions"] == 0
+    fine = MqttRawClient(server.mqtt_port)
+    fine.connect("modest")
+    assert fine.subscribe(*(f"g/{i}" for i in range(100))).return_codes == (0,) * 100
+
+
+def test_bytes_held_before_a_complete_packet(start_server: Any) -> None:
+    """Connections each holding most of a 1 MiB PUBLISH: past IncompleteFrameBudget
+    (4 MiB here) the next one is closed, and the memory goes when they leave."""
+    server = start_server(ListenMqtt="127.0.0.1:0", IncompleteFrameBudget=str(4 << 20))
+    body = b"t" * ((1 << 20) - 64)
+    packet = mqtt_encode.encode_packet(mqtt.Publish("held/a", body))
+    sockets: list[socket.socket] = []
+    closed = 0
+    with bystander(server):
+        for i in range(8):
+            raw = MqttRawClient(server.mqtt_port)
+            raw.connect(f"holder{i}")
+            raw.send_raw(packet[:-1])  # all but the last byte
+            time.sleep(0.2)
+            if raw.closed_by_server(timeout=0.5):
+                closed += 1
+            sockets.append(raw.sock)
+    assert 3 <= 8 - closed <= 4, closed  # about 4 MiB held, the others refused
+    # a packet bigger than MaxFrameSize is refused from its header alone
+    big = MqttRawClient(server.mqtt_port)
+    big.connect("big")
+    big.send_raw(mqtt_encode.encode_packet(mqtt.Publish("held/b", b"x" * (2 << 20)))[:16])
+    assert big.closed_by_server()
+    for sock in sockets:
+        sock.close()
+
+
+def test_a_packet_flood_waits_for_the_others_turn(start_server: Any) -> None:
+    """200,000 PINGREQs in one go are handled 64 per turn: the others are served between."""
+    server = start_server(ListenMqtt="127.0.0.1:0")
+    with bystander(server):
+        attacker = MqttRawClient(server.mqtt_port, timeout=30)
+        attacker.connect("pinger")
+        attacker.send_raw(mqtt_encode.encode_packet(mqtt.Pingreq()) * 200_000)
+        answered = 0
+        while answered < 200_000:
+            packet = attacker.recv()
+            assert isinstance(packet, mqtt.Pingresp)
+            answered += 1
