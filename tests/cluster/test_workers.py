@@ -40,7 +40,10 @@ class WorkersServer:
         self.log_path = tmp_path / f"workers-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        # its own session, as a server started from a terminal: a signal to pytest's group
+        # never reaches it, and its workers stop only through it
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env,
+                                     start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
         self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
@@ -228,8 +231,13 @@ def test_a_signal_to_the_supervisor_stops_every_worker(tmp_path: Path, sig: int)
     try:
         client, _ = connect(server.port, "c")
         workers = list(server.pids.values())
+        started = time.monotonic()
         server.proc.send_signal(sig)
+        # the client is told, as by a single server: going away (SIGINT) or drained (SIGTERM)
+        expected = close_codes.GOING_AWAY if sig == signal.SIGINT else close_codes.DRAINED
+        assert client.recv_close(timeout=10).code == expected.code
         assert server.proc.wait(15) == 0
+        assert time.monotonic() - started < 10
         assert not any(alive(pid) for pid in workers), "a worker outlived its supervisor"
         assert "stopped: 2 workers" in server.log()
         client.close()
