@@ -2,7 +2,7 @@
 """Server CPU per delivery on each front end: native WebSocket, SSE, MQTT, each plain and TLS.
 
 The real server (``Server``: listeners, connections, sessions, hub, outboxes, TLS) runs in
-this process; the fan-out benchmark's own subscriber processes (``fanout.py``'s raw
+this process; the fan-out benchmark's own subscriber processes (migratory/bench/: raw
 sockets counting stamps) connect to it. Nothing publishes over the network: the loop
 calls ``hub.publish`` ``--per-write`` times, then the batch tick (``Server.batch_tick``,
 one write per connection), then sleeps ``--pause`` ms so the subscribers keep up. The
@@ -27,14 +27,14 @@ import time
 from dataclasses import dataclass
 
 import trio
-from _fanout_stamp import MARK, STAMP_END, SUBJECT
-from _fanout_subscriber import subscriber_main
-from _loadgen import receive, split, stop_processes
-from _mqttraw import mqtt_subscriber_main
-from _procfs import raise_nofile
-from _sse_subscriber import sse_subscriber_main
-from fanout import tls_setup
 
+from migratory.bench.cli import tls_setup
+from migratory.bench.loadgen import receive, split, stop_processes
+from migratory.bench.mqttraw import mqtt_subscriber_main
+from migratory.bench.procfs import raise_nofile
+from migratory.bench.sse import sse_subscriber_main
+from migratory.bench.stamp import MARK, STAMP_END, SUBJECT
+from migratory.bench.subscriber import subscriber_main
 from migratory.config import Config
 from migratory.model.message import Message
 from migratory.server.app import Server

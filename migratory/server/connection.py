@@ -51,7 +51,7 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection:
     __slots__ = (
-        "_cipher", "_closed", "_held", "_read_scope", "_tls", "address", "handshaking",
+        "_cipher", "_closed", "_held", "_marked", "_read_scope", "_tls", "address", "handshaking",
         "listener", "server", "session", "sock", "writing",
     )
 
@@ -74,6 +74,7 @@ class Connection:
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
         self._held = 0  # bytes of incomplete frames counted in the server's budget
         self._closed = False
+        self._marked = False  # told the server since the last flush (mark_dirty)
         self._read_scope: trio.CancelScope | None = None
 
     def _new_session(self, peer: str) -> Session | MqttSession:
@@ -86,7 +87,11 @@ class Connection:
     # --- Link (called by the session) -------------------------------------------
 
     def mark_dirty(self) -> None:
-        self.server.mark_dirty(self)
+        """Bytes wait: tell the server once per batch, not once per frame (every flush
+        writes all that waits, or leaves it to a drain task that does)."""
+        if not self._marked:
+            self._marked = True
+            self.server.mark_dirty(self)
 
     def flush_now(self) -> None:
         self.flush()
@@ -95,6 +100,7 @@ class Connection:
 
     def flush(self) -> None:
         """Write the pending batch with one ``send``; leave the rest to a drain task."""
+        self._marked = False
         if self._closed:
             return
         session = self.session
@@ -141,14 +147,17 @@ class Connection:
     def _write_encrypted(self) -> bool:
         tls = self._tls
         assert tls is not None
-        if not self._cipher and self.session.outbox and tls.ready:
+        if self._cipher:  # the rest of a batch first, then whatever TLS queued meanwhile
+            data = self._cipher + tls.take_output()
+            self._cipher = b""
+        elif self.session.outbox and tls.ready:  # the usual case: one batch, one TLS write
             try:
-                tls.encrypt(self.session.outbox.take())
+                data = tls.seal(self.session.outbox.take())
             except TlsFailed:
                 self._abort()
                 return True
-        data = self._cipher + tls.take_output()
-        self._cipher = b""
+        else:
+            data = tls.take_output()  # handshake records
         if not data:
             return True
         try:

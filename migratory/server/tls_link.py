@@ -60,6 +60,15 @@ class TlsLink:
         except ssl.SSLError as exc:
             raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
 
+    def seal(self, data: bytes) -> bytes:
+        """``data`` encrypted (handshake done), after any record already waiting: what
+        the socket must carry now. One call per batch: one TLS write, one buffer read."""
+        try:
+            self._tls.write(data)
+        except ssl.SSLError as exc:
+            raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
+        return self._out.read()
+
     def take_output(self) -> bytes:
         """Ciphertext waiting for the socket."""
         return self._out.read()

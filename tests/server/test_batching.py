@@ -91,3 +91,33 @@ def test_without_idle_write_a_message_waits_for_the_tick(start_server: Any) -> N
     server = start_server(BatchTime="4000", BatchIdleWrite="false")
     _first, second = _updates_after_publishes(server.port)
     assert second > 3.0
+
+
+def test_a_connection_tells_the_server_once_per_batch() -> None:
+    """Session.deliver marks its connection dirty for every frame: the connection tells
+    the server the first time only, and again once a flush has written what waited."""
+    import socket
+
+    from migratory.listeners import client_listeners
+    from migratory.server.connection import Connection
+
+    server = Server(load_config(overrides={"Listen": "127.0.0.1:0"}, environ={}))
+    told: list[object] = []
+    server.mark_dirty = told.append  # type: ignore[method-assign]
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        connection = Connection(server, ours, "127.0.0.1:1", client_listeners(server.config)[0])
+        for frame in (b"one", b"two", b"three"):
+            connection.session.deliver(frame)
+        assert told == [connection]
+        connection.flush()
+        assert theirs.recv(100) == b"onetwothree"
+        connection.session.deliver(b"four")
+        connection.session.deliver(b"five")
+        assert told == [connection, connection]
+        connection.flush()
+        assert theirs.recv(100) == b"fourfive"
+    finally:
+        ours.close()
+        theirs.close()

@@ -65,3 +65,19 @@ def test_a_close_notify_ends_the_session_without_spinning() -> None:
         client.unwrap()  # sends close_notify
     assert _within(2, lambda: link.receive(to_server.read())) == b"last words"
     assert _within(2, lambda: link.receive(b"")) == b""  # then the TCP end
+
+
+def test_seal_gives_what_waited_then_the_batch_in_one_piece() -> None:
+    link, client, to_server, to_client = _pair()
+    _handshake(link, client, to_server, to_client)
+    client.write(b"hello server")
+    assert link.receive(to_server.read()) == b"hello server"
+    sealed = link.seal(b"first batch")  # after any record the server still had queued
+    assert not link.has_output
+    to_client.write(sealed)
+    to_client.write(link.seal(b"second batch"))
+    got = b""
+    with contextlib.suppress(ssl.SSLWantReadError):
+        while len(got) < len(b"first batchsecond batch"):
+            got += client.read(65536)
+    assert got == b"first batchsecond batch"
