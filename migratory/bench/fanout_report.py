@@ -14,6 +14,16 @@ QUANTILES = (0.5, 0.9, 0.99, 0.999)
 TARGET_P99_MS = 50.0
 
 
+def cpu_per_delivery(cpu: dict[str, float], counters: dict[str, int]) -> float | None:
+    """Server CPU microseconds per delivery over the publishing window (the server's CPU
+    seconds / its deliveries): unlike latency, it holds on a busy machine."""
+    fanned = counters.get("frames_fanned_out", 0)
+    server = sum(v for k, v in cpu.items() if k.startswith("server"))
+    if not fanned or not server:
+        return None
+    return server / 100 * cpu["wall_seconds"] * 1e6 / fanned
+
+
 def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, Any]:
     """Merge the load processes' histograms and counts into the figures we report.
 
@@ -96,6 +106,7 @@ def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, An
         "subscriber_polls": sum(r["polls"] for r in results),
         "server_rss_kib": {"before": figures["rss_before"], "after": figures["rss_after"]},
         "server_counters": server_counters,
+        "server_cpu_us_per_delivery": cpu_per_delivery(cpu, server_counters),
         "all_delivered": all_counted,
         "target_p99_ms": target_p99,
         "pass": passed,
@@ -166,6 +177,9 @@ def report(result: dict[str, Any]) -> None:
         )
         + ")"
     )
+    per_delivery = result.get("server_cpu_us_per_delivery")
+    if per_delivery is not None:
+        print(f"server CPU/delivery  : {per_delivery:.2f} us")
     counters = result["server_counters"]
     if counters.get("writes"):
         print(
