@@ -8,8 +8,9 @@ It does no client I/O. It
 - starts N worker processes (``migratory serve`` with the same configuration, plus
   ``--worker-index`` / ``--worker-sequencer``; the link secret in the environment),
   each in its own session so a terminal's Ctrl-C reaches them only through here;
-- prints ``listening URL`` once every worker has caught up (tests and tools read it),
-  and ``worker I pid P`` for every worker it starts;
+- prints ``listening URL`` once every worker has caught up (tests and tools read it,
+  first, as from a single server), then the workers' ``monitoring URL`` lines and
+  ``worker I pid P`` for each, and ``worker I pid P`` again for every restart;
 - restarts a worker that stops on its own (logged, with a back-off if it keeps dying);
 - on SIGINT or SIGTERM passes the signal on to every worker, waits for them (SIGTERM:
   up to DrainTime, as each drains), SIGKILLs any left, and stops.
@@ -54,6 +55,8 @@ class WorkerSlot:
     index: int
     process: trio.Process | None = None
     listening: list[str] = field(default_factory=list)
+    held_lines: list[str] = field(default_factory=list)
+    """Other stdout lines of its first start, printed after the ``listening`` lines."""
     ready: trio.Event = field(default_factory=trio.Event)
     restarts: int = 0
 
@@ -110,6 +113,8 @@ class Supervisor:
         self.sequencer = Sequencer(config, workers=config.workers, password=self.secret)
         self.slots = [WorkerSlot(i) for i in range(config.workers)]
         self.stopping = False
+        self.announced = False
+        """The ``listening`` lines are out: from now on worker lines are passed on at once."""
         self._overrides: dict[str, str] = {}
         self._sequencer_address = ("127.0.0.1", 0)
 
@@ -135,6 +140,12 @@ class Supervisor:
                 await slot.ready.wait()
         for line in self.slots[0].listening:
             print(line, flush=True)
+        for slot in self.slots:
+            for line in slot.held_lines:
+                print(line, flush=True)
+            assert slot.process is not None
+            print(f"worker {slot.index} pid {slot.process.pid}", flush=True)
+        self.announced = True
         log.info("%d workers ready: pids %s", len(self.slots),
                  ", ".join(str(s.process.pid) for s in self.slots if s.process is not None))
 
@@ -172,7 +183,8 @@ class Supervisor:
             self._command(slot.index), stdout=subprocess.PIPE, env=env, start_new_session=True
         )
         slot.process = process
-        print(f"worker {slot.index} pid {process.pid}", flush=True)
+        if self.announced:  # a restart (the first start's line follows "listening")
+            print(f"worker {slot.index} pid {process.pid}", flush=True)
         log.info("worker %d started (pid %d)", slot.index, process.pid)
         try:
             assert process.stdout is not None
@@ -202,6 +214,8 @@ class Supervisor:
                             slot.ready.set()
                         else:
                             log.info("worker %d is back", slot.index)
+                elif not self.announced:
+                    slot.held_lines.append(line)
                 else:
                     print(line, flush=True)
 

@@ -49,12 +49,11 @@ class WorkersServer:
         self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + 60
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line.startswith("listening ws://"):
-                self.port = int(line.rsplit(":", 1)[1])
-                break
-        assert len(self.pids) == workers, self.pids
+        first = self.lines.get(timeout=60)  # as from a single server: "listening" first
+        assert first.startswith("listening ws://"), first
+        self.port = int(first.rsplit(":", 1)[1])
+        while len(self.pids) < workers:  # then the workers' pids
+            self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
