@@ -4,7 +4,9 @@ import random
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["EPOCH_LIMIT", "Position", "new_epoch"]
+from migratory.model.frozen import positional_constructor
+
+__all__ = ["EPOCH_LIMIT", "Position", "new_epoch", "new_position"]
 
 EPOCH_LIMIT: Final = 2**48
 """Epochs are positive integers below this bound."""
@@ -29,3 +31,8 @@ class Position:
 def new_epoch(rng: random.Random | None = None) -> int:
     """A random epoch in ``[1, 2**48)``; uses the OS entropy source when ``rng`` is None."""
     return (rng if rng is not None else _system_random).randrange(1, EPOCH_LIMIT)
+
+
+new_position = positional_constructor(Position)
+"""``Position(epoch, seq)`` without its generated frozen ``__init__`` (see
+:mod:`migratory.model.frozen`): for the publish path."""

@@ -19,7 +19,8 @@ from typing import Any, Final
 
 import cbor2
 
-from migratory.model.message import Message, MessageType, Qos
+from migratory.model.frozen import positional_constructor
+from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.model.subject import MAX_SUBJECT_BYTES
 from migratory.protocol import close_codes
@@ -88,6 +89,9 @@ class Publish:
     message: Message
 
 
+new_publish = positional_constructor(Publish)
+
+
 @dataclass(frozen=True, slots=True)
 class Ping:
     id: int | None = None
@@ -125,6 +129,11 @@ class PublishStatus:
     subject: str
     position: Position | None = None
     reason: str | None = None
+
+
+new_publish_status = positional_constructor(PublishStatus)
+"""``PublishStatus(...)`` with all five fields, for the publish path (see
+:mod:`migratory.model.frozen`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +441,8 @@ def _fast_publish(body: dict[Any, Any]) -> Publish | None:
         return None
     if type(retained) is not bool or qos is None:
         return None
-    return Publish(Message(subject, content, fields, retained, qos, closure))
+    return new_publish(new_message(subject, content, fields, retained, qos, closure, 0, 0,
+                                   MessageType.UPDATE))
 
 
 def _bounded(r: _Reader, key: str) -> list[Any]:

@@ -61,8 +61,9 @@ class LocalPublishing:
                     self.timings.ack.observe(elapsed)
         if reply is not None:
             reply.publish_result(
-                ops.PublishStatus(
-                    ops.Status.PUBLISH_OK, message.closure, message.subject, positioned.position
+                ops.new_publish_status(
+                    ops.Status.PUBLISH_OK, message.closure, message.subject,
+                    positioned.position, None,
                 )
             )
 

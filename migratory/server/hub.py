@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.conflation import Conflator, round_conflation_ms
-from migratory.model.message import Message, MessageType
+from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
 from migratory.model.topic import FilterIndex
@@ -88,7 +88,7 @@ class Hub(MessageSinks):
     def publish(self, message: Message, now: float) -> Message:
         """Number ``message`` with its subject's next position and fan it out."""
         state = self._state(message.subject)
-        positioned = Message(  # not dataclasses.replace: ~3 % of a publish's CPU
+        positioned = new_message(  # not dataclasses.replace: ~3 % of a publish's CPU
             message.subject, message.content, message.fields, message.retained, message.qos,
             None, state.epoch, state.seq + 1, MessageType.UPDATE,
         )
