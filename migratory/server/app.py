@@ -33,7 +33,7 @@ from migratory.server.context import (
 )
 from migratory.server.drain import Drain
 from migratory.server.faults import DeliveryFault
-from migratory.server.gc_pauses import GcPauses, tune
+from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
 from migratory.server.limits import ConnectionLimits, refusal_response
 from migratory.server.memory import MemoryTrim
@@ -410,6 +410,8 @@ async def run_until_signalled(
             for role in roles:
                 await nursery.start(role.run)
             tune(server.config.gc_thresholds)  # what start-up built is never scanned again
+            hub = server.ctx.hub
+            nursery.start_soon(collect_when_idle, lambda: hub.activity, pauses.stats)
             for listener in server.listeners:
                 log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
                 if ready_line:  # tests and tools read these lines

@@ -453,6 +453,11 @@ class Hub(MessageSinks):
         state = self._subjects.get(subject)
         return None if state is None else state.position
 
+    @property
+    def activity(self) -> int:
+        """Grows with every message published or fanned out: unchanged means idle."""
+        return self._published + self._fanned_out
+
     def statistics(self) -> HubStatistics:
         """O(1): the counts are kept as subscriptions and caches change."""
         return HubStatistics(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterator
 
 import pytest
+import trio
+import trio.testing
 
 from migratory.config import Config, ConfigError
 from migratory.server import gc_pauses
@@ -56,3 +59,59 @@ def test_gc_thresholds_key_is_validated() -> None:
         Config.from_mapping({"GcThresholds": "700,10"})
     with pytest.raises(ConfigError, match="GcThresholds"):
         Config.from_mapping({"GcThresholds": "0,10,10"})
+
+
+@pytest.fixture
+def no_automatic_collections() -> Iterator[None]:
+    """Only the collections a test asks for (and the collector under test runs)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def _run_collector(activity: list[int], seconds: float) -> gc_pauses.GcPauseStatistics:
+    stats = gc_pauses.GcPauseStatistics()
+    with trio.move_on_after(seconds):
+        await gc_pauses.collect_when_idle(lambda: activity[0], stats)
+    return stats
+
+
+def _run(activity: list[int], seconds: float, *, busy: bool) -> gc_pauses.GcPauseStatistics:
+    async def main() -> gc_pauses.GcPauseStatistics:
+        async with trio.open_nursery() as nursery:
+            if busy:
+                async def publish() -> None:
+                    while True:
+                        activity[0] += 1
+                        await trio.sleep(0.1)
+                nursery.start_soon(publish)
+            stats = await _run_collector(activity, seconds)
+            nursery.cancel_scope.cancel()
+        return stats
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.usefixtures("no_automatic_collections")
+def test_an_idle_server_runs_the_pending_full_collection_once() -> None:
+    gc.collect(1)  # a generation-1 collection since the last full one: one is pending
+    stats = _run([0], 3.5, busy=False)
+    assert stats.idle_collections == 1  # then nothing is pending any more
+    assert gc.get_count()[2] == 0
+
+
+@pytest.mark.usefixtures("no_automatic_collections")
+def test_a_busy_server_is_left_to_the_collector_s_own_schedule() -> None:
+    gc.collect(1)
+    stats = _run([0], 3.5, busy=True)
+    assert stats.idle_collections == 0
+    assert gc.get_count()[2] > 0
+
+
+@pytest.mark.usefixtures("no_automatic_collections")
+def test_nothing_pending_nothing_done() -> None:
+    gc.collect()
+    stats = _run([0], 3.5, busy=False)
+    assert stats.idle_collections == 0
