@@ -61,6 +61,12 @@ class WorkerSlot:
     restarts: int = 0
 
 
+def say(line: str) -> None:
+    """One line on stdout; a reader that went away (a closed pipe) never stops the server."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
 def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
     """One bound SO_REUSEPORT socket per client listener (never listening: the kernel
     gives connections only to the workers'), and the ``--set`` overrides that give the
@@ -139,12 +145,12 @@ class Supervisor:
             for slot in self.slots:
                 await slot.ready.wait()
         for line in self.slots[0].listening:
-            print(line, flush=True)
+            say(line)
         for slot in self.slots:
             for line in slot.held_lines:
-                print(line, flush=True)
+                say(line)
             assert slot.process is not None
-            print(f"worker {slot.index} pid {slot.process.pid}", flush=True)
+            say(f"worker {slot.index} pid {slot.process.pid}")
         self.announced = True
         log.info("%d workers ready: pids %s", len(self.slots),
                  ", ".join(str(s.process.pid) for s in self.slots if s.process is not None))
@@ -184,7 +190,7 @@ class Supervisor:
         )
         slot.process = process
         if self.announced:  # a restart (the first start's line follows "listening")
-            print(f"worker {slot.index} pid {process.pid}", flush=True)
+            say(f"worker {slot.index} pid {process.pid}")
         log.info("worker %d started (pid %d)", slot.index, process.pid)
         try:
             assert process.stdout is not None
@@ -217,7 +223,7 @@ class Supervisor:
                 elif not self.announced:
                     slot.held_lines.append(line)
                 else:
-                    print(line, flush=True)
+                    say(line)
 
     async def _end(self, process: trio.Process) -> None:
         """Make sure ``process`` is gone (the supervisor is stopping or failed)."""
