@@ -291,9 +291,16 @@ class MqttSession(MqttInput):
         if self._record is not None:
             self._record.positions[subject] = position
 
+    def synced(self, subject: str) -> None:
+        """A resume of ``subject`` from its recorded position gets every missed message."""
+        stats = self._ctx.stats
+        stats.count(stats.resumes, "sync")
+
     def resynced(self, subject: str) -> None:
         """A resume could not tell what was missed on ``subject``: the snapshot follows."""
-        self._ctx.stats.mqtt_resyncs += 1
+        stats = self._ctx.stats
+        stats.mqtt_resyncs += 1
+        stats.count(stats.resumes, "resync")
         log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
                     self.describe(), subject, extra=self.log_fields())
 

@@ -223,5 +223,7 @@ class Subscriptions:
             if snapshot is not None:
                 owner.deliver_retained(snapshot, qos)
             return
+        if position != NOTHING_SEEN:
+            owner.synced(subject)
         for message in missed:
             owner.deliver_message(message, qos)

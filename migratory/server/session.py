@@ -275,7 +275,9 @@ class Session:
         self._ctx.stats.sessions_opened += 1
         self._send_unbounded(sse.stream_head(headers) + sse.retry(RECONNECT_MS))
         stream = self._stream = SseStream(self, subjects)
-        stream.start(self._ctx.hub, requests, now)
+        stats = self._ctx.stats
+        for outcome in stream.start(self._ctx.hub, requests, now):
+            stats.count(stats.resumes, outcome)  # migratory_resumes_total, as native resumes
         self.flush()
 
     def reply_and_close(self, response: bytes) -> None:

@@ -28,6 +28,8 @@ _STATUS_EVENTS = {
     ops.Status.DATA_RESYNC: "resync",
 }
 
+_RESUME_OUTCOMES = {ops.Status.DATA_SYNC: "sync", ops.Status.DATA_RESYNC: "resync"}
+
 
 class Output(Protocol):
     """Where the stream writes (the session): bounded, and unbounded for the last word."""
@@ -107,9 +109,11 @@ class SseStream(FormatSink):
 
     def start(
         self, hub: Hub, requests: list[ops.SubscriptionRequest | str], now: float
-    ) -> None:
+    ) -> list[str]:
         """Subscribe every subject in order; a ``str`` is a subject refused with that
-        reason (SUBSCRIBE_DENY)."""
+        reason (SUBSCRIBE_DENY). Returns the outcome of each subject resumed from a
+        position (``Last-Event-ID``): ``sync`` or ``resync``, for the statistics."""
+        resumed: list[str] = []
         for subject, request in zip(self.subjects, requests, strict=True):
             if isinstance(request, str):
                 denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
@@ -119,7 +123,12 @@ class SseStream(FormatSink):
                 index = self._index[subject]
                 self._marks[index] = request.position  # kept until the hub says more
             for op in hub.subscribe(self, request, now):
+                if request.position is not None and isinstance(op, ops.SubjectStatus):
+                    outcome = _RESUME_OUTCOMES.get(op.status)
+                    if outcome is not None:
+                        resumed.append(outcome)
                 self.deliver_op(op)
+        return resumed
 
     def stop(self, hub: Hub) -> None:
         for subject in self.subjects:

@@ -107,6 +107,7 @@ def test_persistent_suback_waits_for_the_saved_record_and_resume_replays() -> No
     packets = read(back)
     assert packets[0] == mqtt.Connack(True, 0)
     assert [p.payload for p in packets[1:] if isinstance(p, mqtt.Publish)] == [b"1", b"2"]
+    assert ctx.stats.resumes == {"sync": 1}  # migratory_resumes_total, as native resumes
 
 
 def test_second_connect_with_the_same_id_takes_over() -> None:

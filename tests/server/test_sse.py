@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from httpclient import HttpClient, SseClient, message_ids
+from mqttclient import stats
 
 A, B = "/Stocks/NYSE/IBM", "/Stocks/NYSE/MSFT"
 
@@ -63,6 +64,7 @@ def test_resume_with_last_event_id_gets_exactly_the_missed_messages(start_server
     resumed = SseClient(server.port, [A, B], last_event_id=last_id)
     got = resumed.events_until("sync") + resumed.events_until("sync")
     assert message_ids(got) == [("recovered", 4), ("recovered", 5), ("recovered", 2)]
+    assert stats(server.port)["resumes"] == {"sync": 2}  # migratory_resumes_total
     assert [e["data"]["content"] for e in got if e["event"] == "message"] == ["4", "5", "y"]
     assert not any(e["data"].get("type") == "snapshot" for e in got)
     publish(server.port, A, "6")
@@ -94,6 +96,7 @@ def test_resume_past_the_cache_resyncs(start_server: Any) -> None:
     got = SseClient(server.port, [A], last_event_id=last_id).events_until("resync")
     assert [e["event"] for e in got] == ["subscribe", "message", "resync"]
     assert got[1]["data"]["content"] == "4"
+    assert stats(server.port)["resumes"] == {"resync": 1}
 
 
 def test_idle_streams_get_heartbeat_comments(start_server: Any) -> None:
