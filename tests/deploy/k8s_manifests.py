@@ -104,7 +104,9 @@ def pod_view(
         if "value" in item:
             env[item["name"]] = expand(str(item["value"]), env)
         else:
-            env[item["name"]] = _value_from(docs, item["valueFrom"], name, secrets)
+            value = _value_from(docs, item["valueFrom"], name, secrets)
+            if value is not None:  # None: an optional Secret that does not exist
+                env[item["name"]] = value
     command = tuple(expand(part, env) for part in container["command"] + container.get("args", []))
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     claims = {c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])}
@@ -128,13 +130,15 @@ def pod_view(
 
 def _value_from(
     docs: list[Document], source: Document, pod: str, secrets: dict[tuple[str, str], str]
-) -> str:
+) -> str | None:
     if "fieldRef" in source:
         path = source["fieldRef"]["fieldPath"]
         assert path == "metadata.name", f"fieldRef {path} not modelled"
         return pod
     if "secretKeyRef" in source:
         ref = source["secretKeyRef"]
+        if ref.get("optional") and (ref["name"], ref["key"]) not in secrets:
+            return None  # Kubernetes leaves the variable unset
         return secrets[(ref["name"], ref["key"])]
     if "configMapKeyRef" in source:
         ref = source["configMapKeyRef"]

@@ -61,8 +61,13 @@ def test_no_password_is_written_in_the_repository() -> None:
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["python", "-m", "migratory.kubernetes_secret"]
     made = command[command.index("--name") + 1], command[command.index("--key") + 1]
-    refs = re.findall(r"secretKeyRef:\s+key: (\S+)\s+name: (\S+)", rendered_text())
-    assert refs and {(name, key) for key, name in refs} == {made}
+    refs = re.findall(r"secretKeyRef:\s+key: (\S+)\s+name: (\S+)(\s+optional: true)?",
+                      rendered_text())
+    required = {(name, key) for key, name, optional in refs if not optional}
+    assert required == {made}  # a pod never waits for a Secret nobody creates
+    # the only other one: the operator's optional monitoring token (push monitoring off
+    # while it does not exist)
+    assert {(n, k) for k, n, o in refs if o} == {("migratory-monitoring", "token")}
 
 
 def test_statefulset_starts_all_pods_at_once_behind_a_headless_service() -> None:
@@ -165,3 +170,13 @@ def test_the_drain_fits_in_the_termination_grace_period(tmp_path: Path) -> None:
     drain = member_config(0, tmp_path).drain_time
     assert drain > 0
     assert pre_stop + drain + 5 <= spec["terminationGracePeriodSeconds"]
+
+
+def test_push_monitoring_is_on_once_the_operator_creates_its_token(tmp_path: Path) -> None:
+    view = pod_view(DOCS, 0, PASSWORD)
+    path = view.command[view.command.index("--config") + 1]
+    local = tmp_path / "0.conf"
+    local.write_text(view.files[str(Path(path).parent)][Path(path).name])
+    assert load_config(local, environ=view.env).monitor_token == ""  # no Secret: off
+    with_token = pod_view(DOCS, 0, {**PASSWORD, ("migratory-monitoring", "token"): "t0k3n"})
+    assert load_config(local, environ=with_token.env).monitor_token == "t0k3n"
