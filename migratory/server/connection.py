@@ -147,10 +147,12 @@ class Connection:
     def _write_encrypted(self) -> bool:
         tls = self._tls
         assert tls is not None
+        frames = 0
         if self._cipher:  # the rest of a batch first, then whatever TLS queued meanwhile
             data = self._cipher + tls.take_output()
             self._cipher = b""
         elif self.session.outbox and tls.ready:  # the usual case: one batch, one TLS write
+            frames = len(self.session.outbox)
             try:
                 data = tls.seal(self.session.outbox.take())
             except TlsFailed:
@@ -160,6 +162,7 @@ class Connection:
             data = tls.take_output()  # handshake records
         if not data:
             return True
+        self.server.ctx.batch_sizes.observe(frames)  # 0: the rest of a batch, or handshake
         try:
             sent = self.sock.send(data)
         except BlockingIOError:

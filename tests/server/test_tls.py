@@ -7,6 +7,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import trio
 import trustme
 from httpclient import HttpClient, SseClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from migratory.config import Config, ConfigError
 
@@ -70,6 +72,12 @@ def test_https_publish_snapshot_and_sse_over_tls(
     plain = HttpClient(server.port)  # the plain listener serves the same hub
     response, data = plain.request("GET", f"/snapshot?subject={SUBJECT}")
     assert data == b"m3" * 3000
+    # TLS writes are in the batch histogram too: one observation per socket write
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+        samples = {s.name: s.value for f in text_string_to_metric_families(reply.read().decode())
+                   for s in f.samples if not s.labels or s.name.endswith("_count")}
+    assert samples["migratory_write_batch_frames_count"] == samples[
+        "migratory_socket_writes_total"]
 
 
 def test_plain_bytes_on_the_tls_port_close_only_that_connection(
