@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-from k8s_manifests import MONITOR_PORT, Document, find, pod_view
+from k8s_manifests import MONITOR_PORT, Document, find, generated_secrets, pod_view
 from pod_sandbox import PodProcess
 
 SUBNET = "10.244.0"
@@ -62,7 +62,7 @@ class LocalStatefulSet:
     ) -> None:
         self.docs = docs
         self.root = root
-        self.secrets = {("migratory-cluster", "password"): password}
+        self.secrets = generated_secrets(password)
         self.time_scale = time_scale
         sts = find(docs, "StatefulSet")
         self.spec = sts["spec"]["template"]["spec"]

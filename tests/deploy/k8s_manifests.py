@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from migratory.config import Config, load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"
 EXAMPLES = (  # not installed by kustomization.yaml
@@ -69,7 +71,7 @@ class PodView:
     subdomain: str  # the governing (headless) service
     command: tuple[str, ...]
     env: dict[str, str]
-    files: dict[str, dict[str, str]]  # mount path -> file name -> text (ConfigMap volumes)
+    files: dict[str, dict[str, str]]  # mount path -> file name -> text (ConfigMap, Secret)
     data_mounts: tuple[str, ...]  # mount paths of persistent volume claims
     scratch_mounts: tuple[str, ...]  # mount paths of emptyDir volumes
     read_only_root: bool  # securityContext.readOnlyRootFilesystem
@@ -88,6 +90,36 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(match.group(1), match.group(0))
 
     return _REFERENCE.sub(replace, text)
+
+
+def generated_secrets(password: str) -> dict[tuple[str, str], str]:
+    """What the install's Job generates (``migratory.kubernetes_secret``): the password
+    and the cluster TLS files, as ``(secret, key) -> text``."""
+    from migratory.kubernetes_secret import cluster_tls_files
+
+    tls = cluster_tls_files(["*.migratory-members"])
+    return {
+        ("migratory-cluster", "password"): password,
+        **{("migratory-cluster-tls", name): data.decode() for name, data in tls.items()},
+    }
+
+
+def load_pod_config(view: PodView, local_dir: Path) -> Config:
+    """The pod's config as the server loads it, with its mounted files written under
+    ``local_dir`` and their mount paths in the config pointed there."""
+    config_file = view.command[view.command.index("--config") + 1]
+    text = view.files[str(Path(config_file).parent)][Path(config_file).name]
+    env = dict(view.env)
+    for index, (mount_path, files) in enumerate(sorted(view.files.items())):
+        local = local_dir / f"mount-{index}"
+        local.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            (local / name).write_text(content)
+        text = text.replace(mount_path + "/", f"{local}/")
+        env = {key: value.replace(mount_path + "/", f"{local}/") for key, value in env.items()}
+    path = local_dir / "pod.conf"
+    path.write_text(text)
+    return load_config(path, environ=env)
 
 
 def pod_view(
@@ -121,6 +153,12 @@ def pod_view(
         elif "configMap" in volumes[mount["name"]]:
             config_map = find(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
             files[mount["mountPath"]] = dict(config_map["data"])
+        elif "secret" in volumes[mount["name"]]:
+            secret = volumes[mount["name"]]["secret"]
+            files[mount["mountPath"]] = {
+                item["path"]: secrets[(secret["secretName"], item["key"])]
+                for item in secret["items"]
+            }
     return PodView(
         name, name, sts["spec"]["serviceName"], command, env, files, tuple(data_mounts),
         tuple(scratch_mounts),

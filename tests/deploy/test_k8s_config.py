@@ -9,13 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from k8s_manifests import MONITOR_PORT, documents, find, pod_view
+from k8s_manifests import (
+    MONITOR_PORT,
+    documents,
+    find,
+    generated_secrets,
+    load_pod_config,
+    pod_view,
+)
 from pod_sandbox import PodProcess
 
-from migratory.config import load_config
-
 DOCS = documents()
-PASSWORD = {("migratory-cluster", "password"): secrets.token_urlsafe(24)}
+PASSWORD = generated_secrets(secrets.token_urlsafe(24))
 
 
 def max_replicas() -> int:
@@ -26,18 +31,10 @@ def config_path(command: tuple[str, ...]) -> str:
     return command[command.index("--config") + 1]
 
 
-def write_pod_config(ordinal: int, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    view = pod_view(DOCS, ordinal, PASSWORD)
-    path = Path(config_path(view.command))
-    local = tmp_path / path.name
-    local.write_text(view.files[str(path.parent)][path.name])
-    return local, view.env
-
-
 @pytest.mark.parametrize("ordinal", range(max_replicas()))
 def test_every_pod_gets_a_valid_config(ordinal: int, tmp_path: Path) -> None:
-    path, environ = write_pod_config(ordinal, tmp_path)
-    config = load_config(path, environ=environ)
+    config = load_pod_config(pod_view(DOCS, ordinal, PASSWORD), tmp_path)
+    assert config.cluster_tls_certificate  # the links' mutual TLS, from the Secret
     assert config.server_name == f"migratory-{ordinal}"
     assert config.member_index == ordinal
     assert config.is_seed == (ordinal < 3)
@@ -53,8 +50,7 @@ def test_env_overrides_use_keys_the_server_knows(tmp_path: Path) -> None:
 
 
 def test_cluster_data_dir_is_a_persistent_volume_of_each_pod(tmp_path: Path) -> None:
-    path, environ = write_pod_config(0, tmp_path)
-    data_dir = load_config(path, environ=environ).cluster_data_dir
+    data_dir = load_pod_config(pod_view(DOCS, 0, PASSWORD), tmp_path).cluster_data_dir
     assert data_dir in pod_view(DOCS, 0, PASSWORD).data_mounts, "ClusterDataDir is not a claim"
 
 

@@ -10,14 +10,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_manifests import EXAMPLES, K8S_DIR, documents, find, pod_view, rendered_text
+from k8s_manifests import (
+    EXAMPLES,
+    K8S_DIR,
+    documents,
+    find,
+    generated_secrets,
+    load_pod_config,
+    pod_view,
+    rendered_text,
+)
 
-from migratory.config import Config, load_config
+from migratory.config import Config
 from migratory.server import metrics
 
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # the oldest with preStop sleep, the newest
 DOCS = documents()
-PASSWORD = {("migratory-cluster", "password"): "from-the-generated-secret"}
+PASSWORD = generated_secrets("from-the-generated-secret")
 
 
 def validate(path: Path, version: str) -> subprocess.CompletedProcess[str]:
@@ -92,11 +101,7 @@ def test_members_are_generated_from_the_hpa_maximum(tmp_path: Path) -> None:
 
 
 def member_config(ordinal: int, tmp_path: Path) -> Config:
-    view = pod_view(DOCS, ordinal, PASSWORD)
-    path = view.command[view.command.index("--config") + 1]
-    local = tmp_path / f"{ordinal}.conf"
-    local.write_text(view.files[str(Path(path).parent)][Path(path).name])
-    return load_config(local, environ=view.env)
+    return load_pod_config(pod_view(DOCS, ordinal, PASSWORD), tmp_path / str(ordinal))
 
 
 def test_hpa_scales_on_cpu_and_connections_per_pod() -> None:

@@ -13,9 +13,17 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_manifests import K8S_DIR, MONITOR_PORT, ROOT, documents, find, pod_view
+from k8s_manifests import (
+    K8S_DIR,
+    MONITOR_PORT,
+    ROOT,
+    documents,
+    find,
+    generated_secrets,
+    load_pod_config,
+    pod_view,
+)
 
-from migratory.config import load_config
 from migratory.server import metrics
 
 MONITORING = ROOT / "deploy" / "monitoring"
@@ -195,11 +203,7 @@ def test_kubernetes_scrapes_the_monitoring_port_of_every_member(tmp_path: Path) 
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["monitor"] == MONITOR_PORT
     assert template["metadata"]["annotations"]["prometheus.io/port"] == str(MONITOR_PORT)
-    view = pod_view(docs, 0, {("migratory-cluster", "password"): "x"})
-    path = view.command[view.command.index("--config") + 1]
-    local = tmp_path / "member.conf"
-    local.write_text(view.files[str(Path(path).parent)][Path(path).name])
-    config = load_config(local, environ=view.env)
+    config = load_pod_config(pod_view(docs, 0, generated_secrets("x")), tmp_path)
     assert config.monitor_listen == ("0.0.0.0", MONITOR_PORT)
     members = find(docs, "Service", "migratory-members")
     (monitor,) = [p for p in members["spec"]["ports"] if p["name"] == "monitor"]

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from k8s_manifests import documents, pod_view
+from k8s_manifests import documents, generated_secrets, pod_view
 from pod_sandbox import PodProcess
 
 PROBE = """
@@ -20,7 +20,7 @@ done
 
 
 def test_pod_sees_its_hostname_and_only_its_volumes_are_writable(tmp_path: Path) -> None:
-    view = pod_view(documents(), 2, {("migratory-cluster", "password"): "x"})
+    view = pod_view(documents(), 2, generated_secrets("x"))
     assert view.read_only_root
     probe = dataclasses.replace(view, command=("sh", "-c", PROBE))
     pod = PodProcess(probe, pod_dir=tmp_path / view.name, bin_dir=Path(sys.executable).parent,
