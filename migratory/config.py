@@ -93,10 +93,15 @@ SETTINGS: tuple[Setting, ...] = (
             "consumer (close 4500)."),
     Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
             "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
-    Setting("GcThresholds", "gc_thresholds", _gc_thresholds, "20000,20,20",
+    Setting("GcThresholds", "gc_thresholds", _gc_thresholds, "20000,2,200",
             "Python's garbage-collector thresholds (gen0 allocations, gen1, gen2 collections; "
-            "Python's own default is 700,10,10). Higher values make full collections -- which "
-            "stop the server for tens of ms on a large heap -- minutes apart."),
+            "Python's own default is 700,10,10). A high gen0 x gen2 product keeps full "
+            "collections -- which stop the server for tens of ms on a large heap (~190 ms at "
+            "10,000 connections) -- minutes apart; a low gen1 keeps the middle generation "
+            "small (20000,20,20 let it reach 400,000 objects: 90 ms pauses while 200,000 "
+            "subjects were created). Besides, a server that published and fanned out nothing "
+            "for a whole second runs the full collection Python has pending then, not later "
+            "under load (`gc.idle_collections` in `/stats`; `migratory/server/gc_pauses.py`)."),
     Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",
             "On SIGTERM the server drains: no new clients, publishes settled, every client "
             "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or "
