@@ -1,7 +1,8 @@
 """The per-subject message cache that recovery and history read."""
 
 from collections import deque
-from itertools import islice
+from collections.abc import Mapping, Sequence
+from itertools import chain, islice
 from typing import Any
 
 from migratory.model.message import Message, MessageType, Qos
@@ -17,10 +18,13 @@ def encoded_bound(message: Message) -> int:
     return message.size() + FIELD_OVERHEAD * len(message.fields)
 
 
-# An entry: (stored at, epoch, seq, subject, content, fields as pairs, retained, qos,
-# closure, type, encoded bound) -- a tuple of immutable atoms only. CPython's collector
-# stops tracking such a tuple the first time it sees it, so a full cache costs the
-# collector nothing;
+# An entry: (stored at, epoch, seq, subject, content, fields flat as name, value, name,
+# value..., retained, qos, closure, type, encoded bound) -- a tuple of immutable atoms
+# only. CPython's collector stops tracking such a tuple the first time it sees it, so a
+# full cache costs the collector nothing. (Fields as pairs were a tuple of tuples that
+# ``tuple()`` allocates before its items: the collector saw the outer one while the
+# pairs were still tracked, kept it -- and the entry -- tracked, and they went on to the
+# old generations tracked: ~1.4 more tracked objects per cached message with fields);
 # storing ``Message`` objects (two tracked objects per message: the message and its
 # ``(time, message)`` tuple) made every full collection walk every cached message, and
 # with 100,000 cached messages a collection stopped the server for 190-355 ms
@@ -32,15 +36,20 @@ _AT, _EPOCH, _SEQ, _BOUND = 0, 1, 2, 10
 def _entry(message: Message, now: float) -> _Entry:  # ``_value_``: ``.value`` costs ~0.4 µs
     return (
         now, message.epoch, message.seq, message.subject, message.content,
-        tuple(message.fields.items()), message.retained, message.qos._value_,
+        _flat(message.fields), message.retained, message.qos._value_,
         message.closure, message.type._value_, encoded_bound(message),
     )
 
 
+def _flat(fields: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(chain.from_iterable(fields.items())) if fields else ()
+
+
 def _message(entry: _Entry) -> Message:
-    _, epoch, seq, subject, content, fields, retained, qos, closure, kind, _ = entry
+    _, epoch, seq, subject, content, flat, retained, qos, closure, kind, _ = entry
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
     return Message(
-        subject, content, dict(fields), retained, Qos(qos), closure, epoch, seq, MessageType(kind)
+        subject, content, fields, retained, Qos(qos), closure, epoch, seq, MessageType(kind)
     )
 
 
@@ -61,6 +70,7 @@ class SubjectCache:
         "_largest",
         "_last_seq_seen",
         "_max_messages",
+        "_one",
     )
 
     def __init__(
@@ -79,11 +89,12 @@ class SubjectCache:
         self._max_messages = max_messages
         self._expire_seconds = expire_seconds
         self._last_seq_seen = last_seq_seen
-        # A tuple of at most one entry until a second message comes: a one-off subject
-        # then costs the collector no deque (issue 14: 200,000 one-off subjects were
-        # 600,000 tracked objects, a full collection over them ~150 ms); an entry tuple
-        # is untracked the first time the collector sees it.
-        self._entries: deque[_Entry] | tuple[_Entry, ...] = ()
+        # One entry is held as it is, a deque only from the second: a one-off subject
+        # then costs the collector no deque and no wrapper (issue 14: 200,000 one-off
+        # subjects were 600,000 tracked objects, a full collection over them ~150 ms); an
+        # entry is untracked the first time the collector sees it.
+        self._one: _Entry | None = None
+        self._entries: deque[_Entry] | None = None
         self._bytes = 0  # sum of encoded_bound() of the cached messages
         self._largest = 0  # largest encoded_bound() cached since the last reset
 
@@ -97,16 +108,25 @@ class SubjectCache:
         what a subscriber asking for them makes the server encode."""
         if count <= 0:
             return 0
-        if count >= len(self._entries):
+        if count >= len(self):
             return self._bytes
         return min(self._bytes, count * self._largest)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        if self._entries is not None:
+            return len(self._entries)
+        return 0 if self._one is None else 1
+
+    @property
+    def _all(self) -> Sequence[_Entry]:
+        """The entries, oldest first (a one-tuple made for the read when there is one)."""
+        if self._entries is not None:
+            return self._entries
+        return () if self._one is None else (self._one,)
 
     def __repr__(self) -> str:
         return (
-            f"<SubjectCache {len(self._entries)} messages, seq {self.first_seq}..{self.last_seq},"
+            f"<SubjectCache {len(self)} messages, seq {self.first_seq}..{self.last_seq},"
             f" last_seq_seen={self._last_seq_seen}>"
         )
 
@@ -123,12 +143,14 @@ class SubjectCache:
     @property
     def first_seq(self) -> int | None:
         """Seq of the oldest cached message, None when empty."""
-        return self._entries[0][_SEQ] if self._entries else None
+        entries = self._all
+        return entries[0][_SEQ] if entries else None
 
     @property
     def last_seq(self) -> int | None:
         """Seq of the newest cached message, None when empty."""
-        return self._entries[-1][_SEQ] if self._entries else None
+        entries = self._all
+        return entries[-1][_SEQ] if entries else None
 
     @property
     def last_seq_seen(self) -> int:
@@ -150,47 +172,49 @@ class SubjectCache:
                 )
         elif seq < 1:
             raise ValueError(f"seq must be >= 1, got {seq} for {message.subject!r}")
-        if self._entries and message.epoch != self._entries[-1][_EPOCH]:
+        entries = self._all
+        if entries and message.epoch != entries[-1][_EPOCH]:
             raise ValueError(
-                f"epoch {message.epoch} differs from cached epoch {self._entries[-1][_EPOCH]}"
+                f"epoch {message.epoch} differs from cached epoch {entries[-1][_EPOCH]}"
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
-        entries = self._entries
         if len(entries) == self._max_messages and entries:
             self._bytes -= entries[0][_BOUND]  # the deque drops it
         entry = _entry(message, now)
         if self._max_messages:
             self._bytes += entry[_BOUND]
             self._largest = max(self._largest, entry[_BOUND])
-        if isinstance(entries, deque):
-            entries.append(entry)
-        elif not entries or self._max_messages == 1:
-            self._entries = (entry,) if self._max_messages else ()
+        if self._entries is not None:
+            self._entries.append(entry)
+        elif self._one is None or self._max_messages == 1:
+            self._one = entry if self._max_messages else None
         else:
-            self._entries = deque((*entries, entry), maxlen=self._max_messages)
+            self._entries = deque((self._one, entry), maxlen=self._max_messages)
+            self._one = None
         self._last_seq_seen = seq
 
     def reset(self) -> None:
         """Forget every message and the last seq seen (for a new epoch)."""
-        self._entries = ()
+        self._one = self._entries = None
         self._last_seq_seen = 0
         self._bytes = self._largest = 0
 
     def expire(self, now: float) -> int:
         """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
         expire_seconds = self._expire_seconds
-        entries = self._entries
         dropped = 0
-        if isinstance(entries, tuple):
-            if entries and now - entries[0][_AT] > expire_seconds:
-                self._entries = ()
+        entries = self._entries
+        if entries is None:
+            if self._one is not None and now - self._one[_AT] > expire_seconds:
+                self._one = None
                 dropped = 1
         else:
             while entries and now - entries[0][_AT] > expire_seconds:
                 self._bytes -= entries.popleft()[_BOUND]
                 dropped += 1
-        if not self._entries or not entries:
-            self._entries = ()  # an emptied deque goes too
+            if not entries:
+                self._entries = None  # an emptied deque goes too
+        if self._one is None and self._entries is None:
             self._bytes = self._largest = 0
         return dropped
 
@@ -204,7 +228,7 @@ class SubjectCache:
             raise ValueError(f"seq must be >= 0, got {seq}")
         if seq > self._last_seq_seen:
             return None
-        entries = self._entries
+        entries = self._all
         if not entries:
             return [] if seq == self._last_seq_seen else None
         start = seq + 1 - entries[0][_SEQ]
@@ -216,11 +240,11 @@ class SubjectCache:
         """The newest ``n`` cached messages (fewer if fewer are cached), oldest first."""
         if n <= 0:
             return []
-        return self._newest(min(n, len(self._entries)))
+        return self._newest(min(n, len(self)))
 
     def _newest(self, count: int) -> list[Message]:
         """The newest ``count`` messages, oldest first, walking from the nearer end."""
-        entries = self._entries
+        entries = self._all
         skip = len(entries) - count
         if count <= skip:
             newest = [_message(entry) for entry in islice(reversed(entries), count)]

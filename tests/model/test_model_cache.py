@@ -227,11 +227,25 @@ def test_a_one_message_cache_holds_no_deque() -> None:
     one-off subjects were 600,000 tracked objects, a full collection ~150 ms)."""
     cache = SubjectCache(max_messages=10, expire_seconds=5)
     cache.append(msg(1), now=0.0)
-    gc.collect()  # untracks tuples of atoms the first time it sees them: the entry,
-    gc.collect()  # then the tuple holding it
+    gc.collect()  # untracks a tuple of atoms (the entry) the first time it sees it
     held = [r for r in gc.get_referents(cache) if not isinstance(r, type)]
     assert not [r for r in held if gc.is_tracked(r)]
     cache.append(msg(2), now=1.0)
     assert [r for r in gc.get_referents(cache) if isinstance(r, deque)]
     assert cache.expire(10.0) == 2
     assert not [r for r in gc.get_referents(cache) if isinstance(r, deque)]  # it went
+
+
+def test_a_cached_message_with_fields_is_untracked_by_two_young_collections() -> None:
+    """Fields are kept flat, so an entry is untracked by its second collection -- the
+    generation-1 one, before it reaches the old generation (fields as pairs needed three,
+    and a wrapper around the entry a fourth)."""
+    cache = SubjectCache(max_messages=10, expire_seconds=5)
+    message = Message("/a/b", b"x", {"n": "1", "m": "2"}, epoch=3, seq=1)
+    cache.append(message, now=0.0)
+    gc.collect(0)  # the collector reaches the fields through the entry: they go first
+    gc.collect(1)
+    (entry,) = [r for r in gc.get_referents(cache) if isinstance(r, tuple)]
+    assert entry[3] == "/a/b"  # the entry itself, no wrapper around it
+    assert not gc.is_tracked(entry)
+    assert cache.last(1) == [message]
