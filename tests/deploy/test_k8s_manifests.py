@@ -179,9 +179,6 @@ def test_the_drain_fits_in_the_termination_grace_period(tmp_path: Path) -> None:
 
 def test_push_monitoring_is_on_once_the_operator_creates_its_token(tmp_path: Path) -> None:
     view = pod_view(DOCS, 0, PASSWORD)
-    path = view.command[view.command.index("--config") + 1]
-    local = tmp_path / "0.conf"
-    local.write_text(view.files[str(Path(path).parent)][Path(path).name])
-    assert load_config(local, environ=view.env).monitor_token == ""  # no Secret: off
+    assert load_pod_config(view, tmp_path / "a").monitor_token == ""  # no Secret: off
     with_token = pod_view(DOCS, 0, {**PASSWORD, ("migratory-monitoring", "token"): "t0k3n"})
-    assert load_config(local, environ=with_token.env).monitor_token == "t0k3n"
+    assert load_pod_config(with_token, tmp_path / "b").monitor_token == "t0k3n"
