@@ -241,8 +241,10 @@ class ChunkedStream(trio.abc.SendStream):
     def __init__(self, tick: float) -> None:
         self.tick = tick
         self.written = bytearray()
+        self.writes = 0
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes += 1
         for start in range(0, len(data), 100):
             await trio.sleep(self.tick)
             self.written += data[start : start + 100]
@@ -337,6 +339,32 @@ def test_every_queued_frame_is_written_once_in_order_even_when_slow(tick: float)
     ops = on_mock_clock(fixed_writer, 12, tick)
     assert batches(ops) == list(range(1, 13))
     assert any(isinstance(op, link.Heartbeat) for op in ops)  # idle gaps were filled
+
+
+def test_frames_queued_together_go_out_in_one_write() -> None:
+    async def main() -> tuple[list[object], int]:
+        acceptor, connector = open_pair()
+        out = ChunkedStream(0.0)
+        channel = LinkChannel(out, role="accept", member="a:1", password=PASSWORD)  # type: ignore[arg-type]
+        channel.codec = acceptor
+        service = PeerService(name="a:1", members=frozenset(), password=PASSWORD,
+                              stream=new_stream(), take_forward=None)
+        send, receive = trio.open_memory_channel[Outbound](10)
+        for batch in committed(5):  # queued before the writer runs
+            send.send_nowait(link.encode_frame(link.Batch(batch)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service._write, channel, receive, nursery.cancel_scope)
+            await trio.sleep(HEARTBEAT_SECONDS / 2)
+            nursery.cancel_scope.cancel()
+        connector.receive_data(bytes(out.written))
+        ops: list[object] = []
+        while (event := connector.next_event()) is not None:
+            ops.append(event)
+        return ops, out.writes
+
+    ops, writes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [op.batch.clsn for op in ops if isinstance(op, link.Batch)] == [1, 2, 3, 4, 5]
+    assert writes == 1
 
 
 def test_the_old_writer_planted_drops_or_cuts_frames() -> None:
