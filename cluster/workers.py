@@ -34,6 +34,7 @@ import trio
 from cluster.sequencer import Sequencer
 from migratory.config import Config
 from migratory.listeners import client_listeners
+from migratory.server.gc_pauses import tune
 
 log = logging.getLogger("migratory.workers")
 
@@ -130,6 +131,7 @@ class Supervisor:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as nursery:
                     self._sequencer_address = await nursery.start(self.sequencer.run)
+                    tune(self.config.gc_thresholds)  # the caches live here: as a server does
                     for slot in self.slots:
                         nursery.start_soon(self._keep, slot)
                     await self._wait_ready()
