@@ -48,6 +48,10 @@ def fault_switch(kinds: str | None) -> str | None:
 # Raft log compaction early and often (entries, seconds), so that a short run restarts
 # seeds that load a compacted log (pysyncobj compacts when either threshold is passed)
 COMPACTION = (2000, 10)
+DRAIN_SECONDS = 10.0  # the subscribers' drain after the final heal, at most
+# ... and no longer than this without a delivery: a half-dead connection is found within
+# PING_EVERY + PONG_TIMEOUT (3 s) and its subscriber reconnects in under 2.5 s more
+DRAIN_QUIET = 5.0
 
 
 def base_port(members: int) -> int:
@@ -292,15 +296,26 @@ class Runner:
                 ready = await self.wait_ready(list(range(self.n)), 60)
                 caught = await self.wait_caught_up(15)
                 self.say(f"after heal: ready={ready} caught_up={caught}; draining subscribers")
-                with trio.move_on_after(10):
-                    while not workload.drained():
-                        await trio.sleep(0.2)
-                self.say(f"drained={workload.drained()}")
+                await self.drain(workload)
                 self.h.flush()
                 workload.record_unsubscribed()
                 work.cancel_scope.cancel()
             outer.cancel_scope.cancel()
         return 0
+
+    async def drain(self, workload: Workload) -> None:
+        """Let the subscribers drain: until each has seen every acknowledged message it is
+        owed, at most :data:`DRAIN_SECONDS`, and no longer than :data:`DRAIN_QUIET` s
+        without a delivery (what a resync skipped, or a raw auditor lost, never comes)."""
+        deliveries, quiet_since = workload.stats["deliveries"], trio.current_time()
+        with trio.move_on_after(DRAIN_SECONDS):
+            while not workload.drained():
+                await trio.sleep(0.2)
+                if workload.stats["deliveries"] != deliveries:
+                    deliveries, quiet_since = workload.stats["deliveries"], trio.current_time()
+                elif trio.current_time() - quiet_since >= DRAIN_QUIET:
+                    break
+        self.say(f"drained={workload.drained()}")
 
     async def subscriber(self, spec: SubscriberPlan, ready: trio.Event) -> None:
         """One subscriber of the plan, started ``start_after`` s after publishing starts."""
