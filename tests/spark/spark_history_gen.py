@@ -341,6 +341,31 @@ def plant_crash(syn: Synthetic) -> None:
     syn.facts["crash_time"] = middle
 
 
+def in_namespace(syn: Synthetic, tag: str) -> Synthetic:
+    """``syn`` with its subjects, subscribers, publishers and msg_ids renamed into their own
+    namespace ``tag`` (``/chaos/s0`` -> ``/tag/chaos/s0``, ``s0`` -> ``tag:s0``), so that
+    several histories can be checked in one run without touching each other."""
+    for table in ("publishes", "deliveries", "subscriptions"):
+        for row in syn.tables[table]:
+            if row.get("subject") is not None:
+                row["subject"] = f"/{tag}{row['subject']}"
+            for key in ("subscriber", "publisher", "msg_id"):
+                if row.get(key) is not None:
+                    row[key] = f"{tag}:{row[key]}"
+    return syn
+
+
+def merged(histories: list[Synthetic]) -> Synthetic:
+    """One run holding the clients' tables of every history (each in its own namespace:
+    :func:`in_namespace`); the run, its cluster samples, faults and crashes are the first's
+    (the same for histories generated with the same arguments)."""
+    first, *rest = histories
+    for syn in rest:
+        for table in ("publishes", "deliveries", "subscriptions"):
+            first.tables[table].extend(syn.tables[table])
+    return first
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="write a synthetic chaos history")
     parser.add_argument("out", type=Path)

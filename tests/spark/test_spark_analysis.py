@@ -91,29 +91,35 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
 ]
 
 
-@pytest.mark.parametrize(("plant", "expected"), PLANTED, ids=[p.__name__ for p, _ in PLANTED])
-def test_spark_planted_violation_is_named_alone(
-    spark: Any,
-    tmp_path: Path,
-    plant: Callable[[gen.Synthetic], None],
-    expected: dict[str, set[str]],
-) -> None:
-    syn = gen.generate(publishes=PUBLISHES)
-    plant(syn)
-    code, summary, out = _run(spark, syn, tmp_path)
-    assert _named(summary) == expected
-    assert code == (1 if expected != NONE else 0)
-    assert summary["ok"] is (expected == NONE)
-    for kind, names in expected.items():
-        for name in names:
-            assert summary["violations"][kind][name] == 1, (kind, name, summary["violations"])
-            (ex,) = summary["examples"][kind][name]
-            assert ex["subject"] == "/chaos/s0"
-            if name != "collisions":
-                assert ex["subscriber"] == ("s0" if kind == "sdk" else "a0")
-    if expected != NONE:
-        md = (out / "report.md").read_text()
-        assert "**FAIL**" in md
+def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path) -> None:
+    """Every plant in its own namespace of one run (one Spark job instead of one each):
+    each is reported as exactly its own violation(s), once, where it was planted, and
+    nothing else is found in its namespace (the resync gap: nothing at all)."""
+    histories = []
+    for plant, _ in PLANTED:
+        syn = gen.generate(publishes=PUBLISHES)
+        plant(syn)
+        histories.append(gen.in_namespace(syn, plant.__name__))
+    code, summary, out = _run(spark, gen.merged(histories), tmp_path)
+    assert code == 1 and summary["ok"] is False
+    found: dict[str, dict[str, set[str]]] = {
+        plant.__name__: {kind: set() for kind in NONE} for plant, _ in PLANTED
+    }
+    for kind in ("sdk", "raw"):
+        for name, examples in summary["examples"][kind].items():
+            assert len(examples) == summary["violations"][kind][name] < 20  # every one listed
+            for ex in examples:
+                tag = ex["subject"].split("/")[1]
+                assert ex["subject"] == f"/{tag}/chaos/s0", ex
+                if name != "collisions":
+                    assert ex["subscriber"] == f"{tag}:" + ("s0" if kind == "sdk" else "a0"), ex
+                assert name not in found[tag][kind], ("more than once", tag, kind, name, ex)
+                found[tag][kind].add(name)
+    assert found == {p.__name__: expected for p, expected in PLANTED}
+    assert summary["violations"]["members"] == {"unexpected_exits": 0}
+    md = (out / "report.md").read_text()
+    assert "**FAIL**" in md
+    for _, expected in PLANTED:
         assert all(f"### {n} ({k})" in md for k, names in expected.items() for n in names)
 
 
