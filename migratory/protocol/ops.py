@@ -11,8 +11,6 @@ with and a reason that names the offending key.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -23,18 +21,11 @@ from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.model.subject import MAX_SUBJECT_BYTES
-from migratory.protocol import close_codes
+from migratory.protocol.cbor_reader import MAX_INTEGER as MAX_INTEGER  # re-exported
+from migratory.protocol.cbor_reader import REQUIRED, Reader, bad, load_map
+from migratory.protocol.cbor_reader import OperationError as OperationError  # re-exported
 
 PROTOCOL_VERSION = 1
-
-
-class OperationError(Exception):
-    """The peer sent a frame that is not a valid operation."""
-
-    def __init__(self, close: close_codes.CloseCode, reason: str) -> None:
-        super().__init__(reason)
-        self.close = close
-        self.reason = reason
 
 
 class Status(StrEnum):
@@ -243,145 +234,26 @@ def _subscription_map(request: SubscriptionRequest) -> dict[str, Any]:
 # --- decoding ---------------------------------------------------------------
 
 
-def _bad(reason: str) -> OperationError:
-    return OperationError(close_codes.BAD_OPERATION, reason)
-
-
 MAX_SUBSCRIPTIONS_PER_OP = 10_000
-MAX_INTEGER = 2**63 - 1
 MAX_CONFLATION_MS = 3_600_000
 """A conflation period longer than an hour is refused (4000)."""
 
 
-def _refuse_tag(decoder: Any) -> Any:
-    raise ValueError("CBOR tags are not allowed in operations")
-
-
-# Tags a client never needs and an attacker would use: shared values and string
-# references (a small frame that decodes to megabytes). Bignums stay: an integer of
-# 10**400 is then refused by the key that reads it (4000), naming the key.
-_REFUSED_TAGS = {tag: _refuse_tag for tag in (25, 28, 29, 256)}
-_MAX_DEPTH = 8  # an operation map, an array of subscription maps, a fields map
-# Decoders are reused (building one costs as much as a decode); a pop/append pool gives
-# each concurrent caller its own (list.pop and list.append are atomic).
-_decoders: list[cbor2.CBORDecoder] = []
-
-
-def _strict_decoder() -> cbor2.CBORDecoder:
-    try:
-        return _decoders.pop()
-    except IndexError:
-        return cbor2.CBORDecoder(
-            io.BytesIO(b""),
-            semantic_decoders=_REFUSED_TAGS,
-            max_depth=_MAX_DEPTH,
-            strict_hashable_types=True,
-        )
-
-
-def _load_map(payload: bytes, *, whole: bool = False) -> dict[Any, Any]:
-    """The one CBOR map of a frame; ``whole`` (client frames): strictly decoded, and
-    nothing may follow the item (1007)."""
-    try:
-        if whole:
-            decoder = _strict_decoder()
-            decoder.fp = fp = io.BytesIO(payload)
-            try:
-                item = decoder.decode()
-            finally:
-                _decoders.append(decoder)
-            if fp.tell() != len(payload):
-                raise ValueError(f"{len(payload) - fp.tell()} bytes follow the CBOR item")
-        else:
-            item = cbor2.loads(payload)
-    except Exception as exc:  # cbor2 raises several types; all mean "not CBOR"
-        raise OperationError(close_codes.INVALID_PAYLOAD, f"not a CBOR item: {exc}") from None
-    if not isinstance(item, dict):
-        raise _bad(f"expected a CBOR map, got {type(item).__name__}")
-    return item
-
-
-class _Reader:
-    """Typed access to one operation map; errors name the key."""
-
-    __slots__ = ("body", "where")
-
-    def __init__(self, body: Mapping[Any, Any], where: str) -> None:
-        self.body = body
-        self.where = where
-
-    def _get(self, key: str, kinds: type | tuple[type, ...], kind_name: str, default: Any) -> Any:
-        if key not in self.body:
-            if default is _REQUIRED:
-                raise _bad(f"{self.where}: missing key {key!r}")
-            return default
-        value = self.body[key]
-        if not isinstance(value, kinds) or (kinds is int and isinstance(value, bool)):
-            raise _bad(f"{self.where}: key {key!r} must be {kind_name}")
-        return value
-
-    def text(self, key: str, default: Any = None) -> Any:
-        return self._get(key, str, "a text string", default)
-
-    def subject(self) -> str:
-        """The ``subject`` key; one obviously too long is refused before anything reads it."""
-        value: str = self._get("subject", str, "a text string", _REQUIRED)
-        if len(value) > MAX_SUBJECT_BYTES:
-            raise _bad(f"{self.where}: key 'subject' is longer than {MAX_SUBJECT_BYTES} bytes")
-        return value
-
-    def bytes_(self, key: str) -> bytes:
-        value: bytes = self._get(key, bytes, "a byte string", _REQUIRED)
-        return value
-
-    def integer(
-        self, key: str, default: Any = None, *, minimum: int = 0, maximum: int = MAX_INTEGER
-    ) -> Any:
-        value = self._get(key, int, "an integer", default)
-        if isinstance(value, int) and not minimum <= value <= maximum:
-            raise _bad(f"{self.where}: key {key!r} must be >= {minimum} and <= {maximum}")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value: bool = self._get(key, bool, "a boolean", default)
-        return value
-
-    def fields(self, key: str) -> dict[str, str]:
-        value = self._get(key, dict, "a map of text to text", {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise _bad(f"{self.where}: key {key!r} must be a map of text to text")
-        return dict(value)
-
-    def position(self) -> Position | None:
-        epoch = self.integer("epoch")
-        seq = self.integer("seq")
-        if (epoch is None) != (seq is None):
-            raise _bad(f"{self.where}: 'epoch' and 'seq' must be given together")
-        return None if epoch is None else Position(epoch, seq)
-
-    def array(self, key: str) -> list[Any]:
-        value: list[Any] = self._get(key, list, "an array", _REQUIRED)
-        return value
-
-
-_REQUIRED = object()
-
-
 def decode_client_op(payload: bytes) -> ClientOp:
     """Decode one client frame payload; raises :class:`OperationError`."""
-    body = _load_map(payload, whole=True)
+    body = load_map(payload, whole=True)
     name = body.get("op")
     if not isinstance(name, str):
-        raise _bad("missing text key 'op'")
+        raise bad("missing text key 'op'")
     if name == "publish":
         fast = _fast_publish(body)
         if fast is not None:
             return fast
-    r = _Reader(body, name)
+    r = Reader(body, name)
     if name == "publish":
         qos_name = r.text("qos", "standard")
         if qos_name not in ("standard", "guaranteed"):
-            raise _bad("publish: key 'qos' must be 'standard' or 'guaranteed'")
+            raise bad("publish: key 'qos' must be 'standard' or 'guaranteed'")
         message = Message(
             subject=r.subject(),
             content=r.bytes_("content"),
@@ -396,7 +268,7 @@ def decode_client_op(payload: bytes) -> ClientOp:
     if name == "unsubscribe":
         subjects = _bounded(r, "subjects")
         if not all(isinstance(s, str) and len(s) <= MAX_SUBJECT_BYTES for s in subjects):
-            raise _bad(
+            raise bad(
                 "unsubscribe: key 'subjects' must be an array of text strings of at most "
                 f"{MAX_SUBJECT_BYTES} bytes"
             )
@@ -409,7 +281,7 @@ def decode_client_op(payload: bytes) -> ClientOp:
         )
     if name == "ping":
         return Ping(r.integer("id"))
-    raise _bad(f"unknown op {name!r}")
+    raise bad(f"unknown op {name!r}")
 
 
 _QOS_BY_NAME: Final = {"standard": Qos.STANDARD, "guaranteed": Qos.GUARANTEED}
@@ -445,19 +317,19 @@ def _fast_publish(body: dict[Any, Any]) -> Publish | None:
                                    MessageType.UPDATE))
 
 
-def _bounded(r: _Reader, key: str) -> list[Any]:
+def _bounded(r: Reader, key: str) -> list[Any]:
     items = r.array(key)
     if not items:
-        raise _bad(f"{r.where}: key {key!r} must not be empty")
+        raise bad(f"{r.where}: key {key!r} must not be empty")
     if len(items) > MAX_SUBSCRIPTIONS_PER_OP:
-        raise _bad(f"{r.where}: key {key!r} has more than {MAX_SUBSCRIPTIONS_PER_OP} entries")
+        raise bad(f"{r.where}: key {key!r} has more than {MAX_SUBSCRIPTIONS_PER_OP} entries")
     return items
 
 
 def _decode_subscription(item: Any) -> SubscriptionRequest:
     if not isinstance(item, dict):
-        raise _bad("subscribe: each entry of 'subjects' must be a map")
-    r = _Reader(item, "subscribe")
+        raise bad("subscribe: each entry of 'subjects' must be a map")
+    r = Reader(item, "subscribe")
     return SubscriptionRequest(
         subject=r.subject(),
         position=r.position(),
@@ -468,27 +340,27 @@ def _decode_subscription(item: Any) -> SubscriptionRequest:
 
 def decode_server_op(payload: bytes) -> ServerOp:
     """Decode one server frame payload (used by SDKs and tests)."""
-    body = _load_map(payload)
+    body = load_map(payload)
     name = body.get("op")
     if not isinstance(name, str):
-        raise _bad("missing text key 'op'")
-    r = _Reader(body, name)
+        raise bad("missing text key 'op'")
+    r = Reader(body, name)
     if name == "message":
         return Deliver((_decode_message(body),))
     if name == "batch":
         return Deliver(tuple(_decode_message(m) for m in r.array("messages")))
     if name == "status":
         return SubjectStatus(
-            status=_status(r.text("status", _REQUIRED)),
-            subject=r.text("subject", _REQUIRED),
+            status=_status(r.text("status", REQUIRED)),
+            subject=r.text("subject", REQUIRED),
             position=r.position(),
             reason=r.text("reason"),
         )
     if name == "publish_status":
         return PublishStatus(
-            status=_status(r.text("status", _REQUIRED)),
+            status=_status(r.text("status", REQUIRED)),
             closure=r.text("closure"),
-            subject=r.text("subject", _REQUIRED),
+            subject=r.text("subject", REQUIRED),
             position=r.position(),
             reason=r.text("reason"),
         )
@@ -496,29 +368,29 @@ def decode_server_op(payload: bytes) -> ServerOp:
         return Connected(server=r.text("server", ""), version=r.integer("version", 1))
     if name == "pong":
         return Pong(r.integer("id"))
-    raise _bad(f"unknown op {name!r}")
+    raise bad(f"unknown op {name!r}")
 
 
 def _status(name: str) -> Status:
     try:
         return Status(name)
     except ValueError:
-        raise _bad(f"unknown status {name!r}") from None
+        raise bad(f"unknown status {name!r}") from None
 
 
 def _decode_message(item: Any) -> Message:
     if not isinstance(item, dict):
-        raise _bad("message: expected a map")
-    r = _Reader(item, "message")
+        raise bad("message: expected a map")
+    r = Reader(item, "message")
     type_name = r.text("type", "update")
     qos_name = r.text("qos", "standard")
     try:
         message_type = MessageType(type_name)
         qos = Qos(qos_name)
     except ValueError:
-        raise _bad(f"message: unknown type {type_name!r} or qos {qos_name!r}") from None
+        raise bad(f"message: unknown type {type_name!r} or qos {qos_name!r}") from None
     return Message(
-        subject=r.text("subject", _REQUIRED),
+        subject=r.text("subject", REQUIRED),
         content=r.bytes_("content"),
         fields=r.fields("fields"),
         retained=r.boolean("retained", False),
