@@ -172,25 +172,32 @@ class SubjectCache:
                 )
         elif seq < 1:
             raise ValueError(f"seq must be >= 1, got {seq} for {message.subject!r}")
-        entries = self._all
-        if entries and message.epoch != entries[-1][_EPOCH]:
+        entries = self._entries
+        newest = self._one if entries is None else (entries[-1] if entries else None)
+        if newest is not None and message.epoch != newest[_EPOCH]:
             raise ValueError(
-                f"epoch {message.epoch} differs from cached epoch {entries[-1][_EPOCH]}"
+                f"epoch {message.epoch} differs from cached epoch {newest[_EPOCH]}"
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
-        if len(entries) == self._max_messages and entries:
-            self._bytes -= entries[0][_BOUND]  # the deque drops it
         entry = _entry(message, now)
-        if self._max_messages:
-            self._bytes += entry[_BOUND]
-            self._largest = max(self._largest, entry[_BOUND])
-        if self._entries is not None:
-            self._entries.append(entry)
-        elif self._one is None or self._max_messages == 1:
-            self._one = entry if self._max_messages else None
+        if entries is not None:  # the usual case of a busy subject: first, and cheap
+            if len(entries) == self._max_messages:
+                self._bytes -= entries[0][_BOUND]  # the deque drops it
+            entries.append(entry)
+        elif not self._max_messages:
+            self._last_seq_seen = seq
+            return
+        elif self._one is None:
+            self._one = entry
+        elif self._max_messages == 1:
+            self._bytes -= self._one[_BOUND]
+            self._one = entry
         else:
             self._entries = deque((self._one, entry), maxlen=self._max_messages)
             self._one = None
+        self._bytes += entry[_BOUND]
+        if entry[_BOUND] > self._largest:
+            self._largest = entry[_BOUND]
         self._last_seq_seen = seq
 
     def reset(self) -> None:
