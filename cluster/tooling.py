@@ -285,7 +285,7 @@ def _run_cluster(
         log_dir.mkdir(parents=True, exist_ok=True)
         if args.cluster_tls:
             hosts = {f"migratory-{i}": ["127.0.0.1"] for i in range(args.members)}
-            certificates = make_cluster_certificates(log_dir / "cluster-tls", hosts)
+            certificates = make_cluster_certificates((log_dir / "cluster-tls").resolve(), hosts)
             for i, member_config in enumerate(settings):
                 member_config.update(certificates[f"migratory-{i}"].settings())
     except OSError as exc:

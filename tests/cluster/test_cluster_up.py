@@ -192,6 +192,13 @@ def test_cluster_up_serves_shows_status_and_stops_every_member_on_sigterm(
     for pid in pids[1:]:
         assert environment(pid)["MIGRATORY_CFG_CLUSTERPASSWORD"] == password
 
+    # the cluster links run over mutual TLS, with a CA and certificates made for this run
+    tls = (tmp_path / "logs" / "cluster-tls").resolve()
+    keys = sorted(tls.glob("*-key.pem"))
+    assert len(keys) == 3 and all(key.stat().st_mode & 0o077 == 0 for key in keys), keys
+    for pid in pids[1:]:
+        assert f"ClusterTlsCa={tls / 'ca.pem'}" in command_line(pid)
+
     status = publish_retained(base, b"first")
     assert status.status is ops.Status.PUBLISH_OK, status
 
