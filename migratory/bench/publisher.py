@@ -245,6 +245,13 @@ def publish(
                     ack_max_ns = max(ack_max_ns, lat)
                     acks += 1
 
+    def wait_writable() -> None:
+        """Until the socket takes more, reading replies meanwhile: a publisher that stops
+        reading while the server waits for it to read is cut off as a slow consumer."""
+        readable, _, _ = select.select([sock], [sock], [], 1.0)
+        if readable:
+            read_replies(0)
+
     while sent < total and time.monotonic() < hard_deadline:
         due = t0 + int(sent * period_ns)
         now = time.monotonic_ns()
@@ -262,11 +269,13 @@ def publish(
             del out[: sock.send(out)]
         if out:
             blocked_sends += 1
-            select.select([], [sock], [], 1.0)
+            wait_writable()
+        elif sent % 64 == 0:  # behind schedule it never waits: read the replies anyway
+            read_replies(0)
         sent += 1
     finished = time.monotonic_ns()
     while out and time.monotonic() < hard_deadline:
-        select.select([], [sock], [], 1.0)
+        wait_writable()
         with contextlib.suppress(BlockingIOError):
             del out[: sock.send(out)]
     drain_deadline = time.monotonic() + drain
