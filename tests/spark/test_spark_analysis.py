@@ -1,7 +1,9 @@
-"""spark_analysis end to end on synthetic histories: a correct run, then one planted fault
-each, through the CLI (exit code, summary.json, report.md).
+"""spark_analysis end to end on synthetic histories: a correct run, then every planted
+fault in one run (each in its own namespace), through the CLI (exit code, summary.json,
+report.md).
 
-One SparkSession for the module (its start costs ~10 s). Every planted variant must be
+One SparkSession for the session (its start costs ~10 s), and as few analyses as the
+checks allow (each costs several seconds on 2 cores). Every planted variant must be
 reported as exactly its own violation(s), for the kind it was planted on, and nothing else.
 """
 
@@ -36,11 +38,19 @@ def _named(summary: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def test_spark_correct_history_passes_with_timings(spark: Any, tmp_path: Path) -> None:
+    """A correct history passes; a line torn at its end (a writer killed mid-line) is
+    counted, not fatal."""
     syn = gen.generate(publishes=PUBLISHES)
-    code, summary, out = _run(spark, syn, tmp_path)
+    run_dir = syn.write(tmp_path / "run")
+    with (run_dir / "history" / "deliveries.jsonl").open("a") as fh:
+        fh.write('{"run": "synthetic", "subscriber": "s0", "ki\n')  # a writer killed mid-line
+    out = tmp_path / "report"
+    code = main([str(run_dir), "--out", str(out)], spark=spark)
+    summary = json.loads((out / "summary.json").read_text())
     assert code == 0
     assert summary["ok"] is True
     assert _named(summary) == NONE
+    assert summary["counts"]["malformed_lines"]["deliveries"] == 1
     assert set(summary) == {
         "ok", "run", "violations", "examples", "unknown_outcome", "failover", "latency",
         "counts", "spark", "analysis_seconds",
@@ -94,14 +104,22 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
 def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path) -> None:
     """Every plant in its own namespace of one run (one Spark job instead of one each):
     each is reported as exactly its own violation(s), once, where it was planted, and
-    nothing else is found in its namespace (the resync gap: nothing at all)."""
+    nothing else is found in its namespace (the resync gap: nothing at all). The run dir
+    is given as a URI: everything is read through Spark, the report goes to the local
+    directory's report/ (the default --out)."""
     histories = []
     for plant, _ in PLANTED:
         syn = gen.generate(publishes=PUBLISHES)
         plant(syn)
         histories.append(gen.in_namespace(syn, plant.__name__))
-    code, summary, out = _run(spark, gen.merged(histories), tmp_path)
+    run = gen.merged(histories)
+    uri = run.write(tmp_path / "run").as_uri()
+    assert uri.startswith("file:///")
+    code = main([uri], spark=spark)
+    out = tmp_path / "run" / "report"
+    summary = json.loads((out / "summary.json").read_text())
     assert code == 1 and summary["ok"] is False
+    assert summary["run"] == run.run  # run.json, read through Spark
     found: dict[str, dict[str, set[str]]] = {
         plant.__name__: {kind: set() for kind in NONE} for plant, _ in PLANTED
     }
@@ -119,6 +137,7 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md
+    assert "faults planned (schedule.jsonl)" in md  # schedule.jsonl, read through Spark
     for _, expected in PLANTED:
         assert all(f"### {n} ({k})" in md for k, names in expected.items() for n in names)
 
@@ -140,17 +159,6 @@ def test_spark_a_member_crash_is_a_violation_with_its_log(spark: Any, tmp_path: 
     assert "| unexpected_exits | - | - | 1 |" in md
     assert "migratory-2 (pid 4343) exited on its own with status 1" in md
     assert "ValueError: sync at clsn 13110 is older than applied 14048\n```" in md
-
-
-def test_spark_malformed_lines_are_counted_not_fatal(spark: Any, tmp_path: Path) -> None:
-    syn = gen.generate(publishes=PUBLISHES)
-    run_dir = syn.write(tmp_path / "run")
-    with (run_dir / "history" / "deliveries.jsonl").open("a") as fh:
-        fh.write('{"run": "synthetic", "subscriber": "s0", "ki\n')  # a writer killed mid-line
-    code = main([str(run_dir), "--out", str(tmp_path / "report")], spark=spark)
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert code == 0
-    assert summary["counts"]["malformed_lines"]["deliveries"] == 1
 
 
 def test_spark_cli_exit_2_names_what_is_missing(
@@ -175,19 +183,6 @@ def test_spark_cli_exit_2_names_what_is_missing(
 
 
 # ---- RUN_DIR as a URI: everything read through Spark ----
-
-
-def test_spark_reads_a_run_dir_given_as_a_uri(spark: Any, tmp_path: Path) -> None:
-    syn = gen.generate(publishes=PUBLISHES)
-    gen.plant_duplicate(syn)
-    uri = syn.write(tmp_path / "run").as_uri()
-    assert uri.startswith("file:///")
-    assert main([uri], spark=spark) == 1  # default --out: the local directory's report/
-    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
-    assert summary["run"] == syn.run  # run.json, read through Spark
-    assert summary["violations"]["sdk"]["duplicates"] == 1
-    md = (tmp_path / "run" / "report" / "report.md").read_text()
-    assert "faults planned (schedule.jsonl)" in md  # schedule.jsonl, read through Spark
 
 
 def test_spark_load_names_every_missing_file_through_spark(spark: Any, tmp_path: Path) -> None:
