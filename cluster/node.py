@@ -30,13 +30,12 @@ from cluster.link_io import ClusterTls
 from cluster.monitoring import guaranteed_metrics
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
-from cluster.readiness import Change, Readiness, ReadinessWatch
+from cluster.readiness import Readiness, keep_house
 from cluster.replica import Replica
 from cluster.seed import SeedCoordination
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
 from migratory.config import Config
-from migratory.protocol import close_codes
 from migratory.server.app import Role, Server, build_hub
 
 log = logging.getLogger("migratory.cluster")
@@ -45,7 +44,6 @@ log = logging.getLogger("migratory.cluster")
 # every batch back and forth; CPython's default 5 ms GIL switch interval made each
 # hand-off wait. Measured: 25.5k acks/s with 0.5 ms against 15.7-18.1k with the default.
 GIL_SWITCH_INTERVAL = 0.0005
-HOUSEKEEPING_SECONDS = 0.5
 
 
 def member_name(address: tuple[str, int]) -> str:
@@ -143,28 +141,10 @@ class GuaranteedNode:
             log.info("cluster link on %s (%s)", self.name, "seed" if self.is_seed else "non-seed")
             role: Role = self.seed if self.seed is not None else self.upstream  # type: ignore[assignment]
             await nursery.start(role.run)
-            nursery.start_soon(self._housekeeping)
+            nursery.start_soon(
+                keep_house, f"member {self.name}", self.publishing, self.readiness, self.server
+            )
             task_status.started()
-
-    async def _housekeeping(self) -> None:
-        watch = ReadinessWatch()
-        while True:
-            await trio.sleep(HOUSEKEEPING_SECONDS)
-            now = trio.current_time()
-            self.publishing.expire(now)
-            reason = self.readiness.reason()
-            for change in watch.observe(reason, now):
-                if change is Change.READY:
-                    log.info("member %s is ready for clients", self.name)
-                elif change is Change.NOT_READY:
-                    log.warning("member %s is not ready: %s", self.name, reason)
-                elif change is Change.SHED:
-                    count = self.server.shed_clients(
-                        close_codes.TRY_AGAIN_LATER.code,
-                        f"member cut off from the cluster: {reason}",
-                    )
-                    log.warning("member %s sent %d clients to other members (%s)",
-                                self.name, count, reason)
 
 
 def build_node(config: Config) -> tuple[Server, list[Role]]:

@@ -11,14 +11,26 @@ member that can serve them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+import trio
 
 from cluster.replica import Replica
+from migratory.protocol import close_codes
+
+if TYPE_CHECKING:
+    from cluster.publishing import ClusterPublishing
+    from migratory.server.app import Server
+
+log = logging.getLogger("migratory.cluster")
 
 SHED_AFTER = 3.0
 """Seconds not ready (after having been ready) before clients are sent away."""
+HOUSEKEEPING_SECONDS = 0.5
 
 
 class Readiness:
@@ -74,3 +86,33 @@ class ReadinessWatch:
             self.shed = True
             changes.append(Change.SHED)
         return changes
+
+
+async def keep_house(
+    who: str,
+    publishing: ClusterPublishing,
+    readiness: Readiness,
+    server: Server,
+    *,
+    cut_off: str = "member cut off from the cluster",
+    sent_to: str = "to other members",
+) -> None:
+    """Every :data:`HOUSEKEEPING_SECONDS`: expire stale publish outcomes, log readiness
+    changes of ``who`` (a member, a worker), and send its clients away once it has not
+    been ready for :data:`SHED_AFTER` seconds."""
+    watch = ReadinessWatch()
+    while True:
+        await trio.sleep(HOUSEKEEPING_SECONDS)
+        now = trio.current_time()
+        publishing.expire(now)
+        reason = readiness.reason()
+        for change in watch.observe(reason, now):
+            if change is Change.READY:
+                log.info("%s is ready for clients", who)
+            elif change is Change.NOT_READY:
+                log.warning("%s is not ready: %s", who, reason)
+            elif change is Change.SHED:
+                count = server.shed_clients(
+                    close_codes.TRY_AGAIN_LATER.code, f"{cut_off}: {reason}"
+                )
+                log.warning("%s sent %d clients %s (%s)", who, count, sent_to, reason)

@@ -14,6 +14,7 @@ has caught up with the sequencer, and stops (as on SIGINT) when its supervisor i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -26,18 +27,16 @@ import trio
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
 from cluster.publishing import ClusterPublishing
-from cluster.readiness import Change, Readiness, ReadinessWatch
+from cluster.readiness import HOUSEKEEPING_SECONDS, Readiness, keep_house
 from cluster.replica import Replica
 from cluster.sequencer import worker_name
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
 from migratory.config import Config
-from migratory.protocol import close_codes
 from migratory.server.app import Server, build_hub
 
 log = logging.getLogger("migratory.workers")
 
-HOUSEKEEPING_SECONDS = 0.5
 READY_LOG_SECONDS = 5.0
 
 
@@ -110,7 +109,12 @@ class WorkerNode:
             await nursery.start(self.upstream.run)
             nursery.start_soon(self._watch_parent)
             nursery.start_soon(self._announce_when_ready)
-            nursery.start_soon(self._housekeeping)
+            nursery.start_soon(
+                functools.partial(
+                    keep_house, self.name, self.publishing, self.readiness, self.server,
+                    cut_off="worker cut off", sent_to="away",
+                )
+            )
             task_status.started()
 
     async def _announce_when_ready(self) -> None:
@@ -136,21 +140,3 @@ class WorkerNode:
             await trio.sleep(HOUSEKEEPING_SECONDS)
         log.error("%s: the supervising process %d is gone; stopping", self.name, self.parent)
         os.kill(os.getpid(), signal.SIGINT)
-
-    async def _housekeeping(self) -> None:
-        watch = ReadinessWatch()
-        while True:
-            await trio.sleep(HOUSEKEEPING_SECONDS)
-            now = trio.current_time()
-            self.publishing.expire(now)
-            reason = self.readiness.reason()
-            for change in watch.observe(reason, now):
-                if change is Change.READY:
-                    log.info("%s is ready for clients", self.name)
-                elif change is Change.NOT_READY:
-                    log.warning("%s is not ready: %s", self.name, reason)
-                elif change is Change.SHED:
-                    count = self.server.shed_clients(
-                        close_codes.TRY_AGAIN_LATER.code, f"worker cut off: {reason}"
-                    )
-                    log.warning("%s sent %d clients away (%s)", self.name, count, reason)
