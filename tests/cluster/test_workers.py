@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
 
+from migratory.bench.procfs import die_with_parent
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import close_codes, ops
@@ -42,8 +43,11 @@ class WorkersServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
         # its own session, as a server started from a terminal: a signal to pytest's group
         # never reaches it, and its workers stop only through it
+        # and it dies with pytest even when pytest is killed (leftovers seen: supervisors
+        # and their workers running on, orphaned, after a timed-out run)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: die_with_parent(signal.SIGINT))
         self.lines: queue.Queue[str] = queue.Queue()
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
         self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
