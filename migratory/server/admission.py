@@ -8,6 +8,7 @@ and ``PublishAllowFromAddressList``. docs/security.md lists every limit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import TYPE_CHECKING
 
@@ -76,7 +77,9 @@ def refuse_subscribe(
     ]
 
 
-def subscription_limit(ctx: ServerContext, subjects: set[str], subject: str) -> str | None:
+def subscription_limit(
+    ctx: ServerContext, subjects: AbstractSet[str], subject: str
+) -> str | None:
     """Why a client holding ``subjects`` may not add ``subject`` (a limit), or None."""
     if subject in subjects:
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
@@ -105,7 +106,7 @@ class Session:
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
 
     @property
-    def subjects(self) -> set[str]:
+    def subjects(self) -> AbstractSet[str]:
         """The subjects this client is subscribed to."""
         return self._subscriptions.subjects
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
@@ -45,15 +46,24 @@ class Subscriber(Protocol):
     def audit_client(self) -> dict[str, Any]: ...
 
 
+_NO_SUBJECTS: frozenset[str] = frozenset()
+
+
 class Subscriptions:
-    __slots__ = ("_ctx", "_queued", "_session", "subjects")
+    __slots__ = ("_ctx", "_queued", "_session", "_subjects")
 
     def __init__(self, session: Subscriber, ctx: ServerContext) -> None:
         self._session = session
         self._ctx = ctx
-        self.subjects: set[str] = set()
-        # subscribe entries taken but not answered yet (a few per loop turn: Session.process)
-        self._queued: deque[ops.SubscriptionRequest] = deque()
+        self._subjects: set[str] | None = None  # made at the first subscription (216 bytes)
+        # subscribe entries taken but not answered yet (a few per loop turn: Session.process);
+        # made only when a subscribe waits: an empty deque is 760 bytes per idle connection
+        self._queued: deque[ops.SubscriptionRequest] | None = None
+
+    @property
+    def subjects(self) -> AbstractSet[str]:
+        """The subjects subscribed to (read-only: they change through this object)."""
+        return self._subjects if self._subjects is not None else _NO_SUBJECTS
 
     @property
     def waiting(self) -> bool:
@@ -68,7 +78,10 @@ class Subscriptions:
         session = self._session
         denials = admission.refuse_subscribe(self._ctx, session.outbox, requests)
         if denials is None:
-            self._queued.extend(requests)
+            if self._queued is None:
+                self._queued = deque(requests)
+            else:
+                self._queued.extend(requests)
             return
         log.info("%s: %s", session.describe(), denials[0].reason, extra=session.log_fields())
         for denial in denials:
@@ -77,7 +90,11 @@ class Subscriptions:
     def answer_next(self, now: float) -> int:
         """Answer the first entry waiting; the work it counts for (one per 16 KiB of
         its answer: admission.work_units)."""
-        request = self._queued.popleft()
+        queued = self._queued
+        assert queued is not None, "answer_next without an entry waiting"
+        request = queued.popleft()
+        if not queued:
+            self._queued = None
         units = admission.work_units(self._ctx.hub, request)
         self._answer(request, now)
         return units
@@ -105,7 +122,9 @@ class Subscriptions:
             return
         if subject not in self.subjects:
             stats.subscriptions_open += 1
-        self.subjects.add(subject)
+        if self._subjects is None:
+            self._subjects = set()
+        self._subjects.add(subject)
         audit = self._ctx.audit
         if audit is not None and audit.access:
             audit.event("access", "subscribe", session.audit_client(), subject=subject,
@@ -141,16 +160,16 @@ class Subscriptions:
 
     def unsubscribe(self, subjects: tuple[str, ...]) -> None:
         for subject in subjects:
-            if subject in self.subjects:
-                self.subjects.discard(subject)
+            if self._subjects is not None and subject in self._subjects:
+                self._subjects.discard(subject)
                 self._ctx.stats.subscriptions_open -= 1
                 self._ctx.hub.unsubscribe(self._session, subject)
 
     def forget(self) -> None:
         """Forget every subscription and every entry waiting (idempotent)."""
-        self._queued.clear()
+        self._queued = None
         hub = self._ctx.hub
         for subject in self.subjects:
             hub.unsubscribe(self._session, subject)
         self._ctx.stats.subscriptions_open -= len(self.subjects)
-        self.subjects.clear()
+        self._subjects = None
