@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8s_manifests import MONITOR_PORT, ROOT, documents, find, pod_view
+from k8s_manifests import MONITOR_PORT, ROOT, documents, find, generated_secrets, pod_view
 from pod_sandbox import PodProcess
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -114,7 +114,7 @@ def test_the_image_entrypoint_is_the_pods_command() -> None:
 @pytest.mark.slow
 def test_a_pod_runs_from_the_installed_wheel(image_env: Path, tmp_path: Path) -> None:
     docs = documents()
-    view = pod_view(docs, 0, {("migratory-cluster", "password"): "a-generated-password"})
+    view = pod_view(docs, 0, generated_secrets("a-generated-password"))  # + cluster TLS
     view.env.update(dockerfile_env())
     hosts = f"127.0.0.1 localhost\n127.0.0.1 {view.name}.{view.subdomain} {view.name}\n"
     pod = PodProcess(view, pod_dir=tmp_path / view.name, bin_dir=image_env / "bin",
