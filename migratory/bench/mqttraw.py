@@ -23,7 +23,7 @@ from migratory.bench.procfs import die_with_parent, raise_nofile
 from migratory.bench.sse import TlsRecv
 from migratory.bench.stamp import subject_for
 from migratory.bench.subscriber import count_deliveries
-from migratory.bench.wsraw import RawConn, SetupResult, close_all
+from migratory.bench.wsraw import RawConn, SetupResult, close_all, setup_read
 from migratory.protocol import mqtt, mqtt_encode
 
 SUBACK_HEADER = bytes((mqtt.SUBACK << 4, 3))
@@ -88,17 +88,9 @@ def open_mqtt_connections(
                     conn.state = "subscribing"
                     ep.modify(fd, select.EPOLLIN)
                     continue
-                try:
-                    data = conn.sock.recv(65536)
-                except BlockingIOError:
+                data = setup_read(conn, fail)
+                if data is None:
                     continue
-                except OSError as exc:
-                    fail(conn, f"{conn.state}: {exc.strerror}")
-                    continue
-                if not data:
-                    fail(conn, f"{conn.state}: connection closed by server")
-                    continue
-                data = conn.buf + data
                 at = data.find(SUBACK_HEADER)
                 if at < 0:
                     conn.buf = data

@@ -90,6 +90,22 @@ class SetupResult:
     connect_ms_max: float = 0.0
 
 
+def setup_read(conn: RawConn, fail: Callable[[RawConn, str], None]) -> bytes | None:
+    """What arrived on a connection being set up, after what it already held; None when
+    nothing did or it failed (``fail`` was told why)."""
+    try:
+        data = conn.sock.recv(65536)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        fail(conn, f"{conn.state}: {exc.strerror}")
+        return None
+    if not data:
+        fail(conn, f"{conn.state}: connection closed by server")
+        return None
+    return conn.buf + data
+
+
 def open_connections(
     host: str,
     port: int,
@@ -163,17 +179,9 @@ def open_connections(
                     conn.state = "handshake"
                     ep.modify(fd, select.EPOLLIN)
                     continue
-                try:
-                    data = conn.sock.recv(65536)
-                except BlockingIOError:
+                data = setup_read(conn, fail)
+                if data is None:
                     continue
-                except OSError as exc:
-                    fail(conn, f"{conn.state}: {exc.strerror}")
-                    continue
-                if not data:
-                    fail(conn, f"{conn.state}: connection closed by server")
-                    continue
-                data = conn.buf + data
                 conn.buf = b""
                 if conn.state == "handshake":
                     try:
