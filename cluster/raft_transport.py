@@ -21,49 +21,105 @@ established link); pysyncobj then dials again at once, resolving the name again
 is left alone even when the Raft thread comes to it late. tests/cluster/
 test_raft_transport.py pins pysyncobj's unlimited wait and shows this transport's limit.
 
-An incoming connection is *unauthenticated* until it has proved the cluster password
-(its first message decrypts) and named a seed. pysyncobj keeps such a connection open
-as long as it sends nothing (300 idle ones held 300 descriptors), reads whatever it
+The Raft port trusts no unauthenticated byte. pysyncobj alone reads whatever anyone
 sends into one growing buffer (60 MB of garbage, re-copied on every read, starved the
-Raft thread until leadership changed), and, if its listening socket fails once (EMFILE),
-never listens again. This transport closes an unauthenticated connection after
-``UNAUTHENTICATED_SECONDS``, or as soon as it has sent more than
-``MAX_UNAUTHENTICATED_BYTES``, and listens again when its listener was lost
-(tests/cluster/test_raft_port.py).
+Raft thread until leadership changed), keeps a connection that sends nothing open for
+ever (300 idle ones held 300 descriptors), and, if its listening socket fails once
+(EMFILE), never listens again. Here:
+
+- the listener is :class:`cluster.raft_front_server.FrontServer`, not pysyncobj's
+  ``TcpServer``: it accepts a connection, reads exactly the :mod:`cluster.raft_front`
+  preamble (64 bytes, never more: what follows stays in the kernel) and only if the
+  preamble proves the cluster password builds pysyncobj's ``TcpConnection`` for the
+  socket, as ``TcpServer`` would. It closes a connection whose preamble is wrong (at
+  its first wrong label byte), that is not complete within ``UNAUTHENTICATED_SECONDS``,
+  or, past ``MAX_PENDING`` connections waiting, the oldest. A dialling seed writes its
+  preamble before any byte of pysyncobj's (:meth:`SeedLinkTransport._onOutgoingConnected`),
+  so every seed must run this code (as for the cipher, cluster/raft_cipher.py);
+- a connection past the front is still *unidentified* until pysyncobj's own handshake
+  (the first message decrypts, then names a seed): it too is closed after
+  ``UNAUTHENTICATED_SECONDS``, or once more than ``MAX_UNAUTHENTICATED_BYTES`` wait in
+  its buffer;
+- a lost listener listens again (tests/cluster/test_raft_port.py, test_raft_front_port.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
+import time
 from typing import Any
 
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from cluster.raft_front import NONCE_SIZE, PreambleGate, derive_key, encode_preamble
+from cluster.raft_front_server import UNAUTHENTICATED_SECONDS, FrontServer, FrontStatistics
+
+__all__ = ["MAX_UNAUTHENTICATED_BYTES", "UNAUTHENTICATED_SECONDS", "SeedLinkTransport"]
+
 log = logging.getLogger("migratory.raft")
 
-UNAUTHENTICATED_SECONDS = 3.0
 MAX_UNAUTHENTICATED_BYTES = 65_536
 """An authenticated peer's first messages (a sealed random key, its address) are ~200 B."""
 
 
 class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
-    """``TCPTransport`` whose connection attempts end after ``conf.connectionTimeout``."""
+    """``TCPTransport`` behind the front, whose connection attempts end after
+    ``conf.connectionTimeout``."""
 
     # pysyncobj's state this class reads (annotations only, for mypy)
     _syncObj: Any
     _connections: dict[Any, Any]  # node -> TcpConnection
     _lastConnectAttempt: dict[Any, float]  # node -> monotonic time of the last dial
     _unknownConnections: set[Any]  # incoming connections not identified yet
-    _server: Any  # pysyncobj's TcpServer
+    _server: FrontServer | None  # pysyncobj's TcpServer, replaced (_createServer)
+    _selfNode: Any  # pysyncobj's TCPNode of this seed (None: a read-only node)
     _ready: bool  # pysyncobj: the listener is bound (it never unsets it)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._arrived: dict[Any, float] = {}  # unauthenticated connection -> when
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        self._arrived: dict[Any, float] = {}  # unidentified connection -> when
         self._destroyed = False
-        super().__init__(*args, **kwargs)
+        # before TCPTransport.__init__: it creates the server
+        self._front_key = derive_key(syncObj.conf.password or "")
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _createServer(self) -> None:
+        """pysyncobj's ``TCPTransport._createServer`` (same address rules), building a
+        :class:`FrontServer` in place of its ``TcpServer``."""
+        conf = self._syncObj.conf
+        if conf.bindAddress is not None:
+            host, port = conf.bindAddress.rsplit(":", 1)
+        else:
+            host, port = self._selfNode.address.rsplit(":", 1)
+            host = "::" if ":" in host else "0.0.0.0"
+        if host != "0.0.0.0":
+            host = globalDnsResolver().resolve(host)
+        gate = PreambleGate(self._front_key, address=self._selfNode.address)
+        self._server = FrontServer(
+            self._syncObj._poller, host, int(port), self._onNewIncomingConnection,
+            gate=gate, send_buffer_size=conf.sendBufferSize,
+            recv_buffer_size=conf.recvBufferSize, connection_timeout=conf.connectionTimeout,
+        )
+
+    def front_statistics(self) -> FrontStatistics:
+        return FrontStatistics() if self._server is None else self._server.statistics()
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        """The dial completed: the preamble goes first, before pysyncobj's first message
+        (which ``TCPTransport._onOutgoingConnected`` queues and sends)."""
+        node = self._connToNode(conn)
+        if node is not None:
+            preamble = encode_preamble(
+                self._front_key, target=node.address, now=time.time(),
+                nonce=os.urandom(NONCE_SIZE),
+            )
+            # connect() emptied the buffer; nothing is queued on a dial not yet complete
+            conn._TcpConnection__writeBuffer = preamble + conn._TcpConnection__writeBuffer
+        super()._onOutgoingConnected(conn)
 
     def _onTick(self) -> None:
         """Runs on every Raft tick (pysyncobj registers it in ``__init__``)."""
@@ -74,10 +130,14 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         now = monotonic()
         self.abandon_stalled_dials(now)
         self.drop_unauthenticated(now)
+        if self._server is not None:
+            self._server.expire(now)
 
     def destroy(self) -> None:
         self._destroyed = True
         super().destroy()
+        if self._server is not None:
+            self._server.close_waiting()
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         super()._onNewIncomingConnection(conn)
@@ -88,7 +148,7 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         def bounded_read() -> bool:
             more: bool = read()
             if conn in unknown and len(conn._TcpConnection__readBuffer) > MAX_UNAUTHENTICATED_BYTES:
-                log.warning("Raft: an unauthenticated peer sent too much: disconnected")
+                log.warning("Raft: an unidentified peer sent too much: disconnected")
                 conn.disconnect()
                 return False
             return more
@@ -97,20 +157,21 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         conn._TcpConnection__processRead = bounded_read
 
     def drop_unauthenticated(self, now: float) -> None:
-        """Close incoming connections still unauthenticated after UNAUTHENTICATED_SECONDS."""
+        """Close incoming connections past the front but still unidentified (pysyncobj's
+        handshake not done) UNAUTHENTICATED_SECONDS after they passed it."""
         for conn, arrived in list(self._arrived.items()):
             if conn not in self._unknownConnections:
                 del self._arrived[conn]
             elif now - arrived > UNAUTHENTICATED_SECONDS:
                 del self._arrived[conn]
-                log.info("Raft: an unauthenticated connection timed out: disconnected")
+                log.info("Raft: an unidentified connection timed out: disconnected")
                 conn.disconnect()
 
     def _listen_again_if_lost(self) -> None:
         """pysyncobj unbinds its listener when ``accept`` fails (EMFILE) and, having set
         ``_ready`` once, never binds it again: bind again (after bindRetryTime)."""
         server = self._server
-        if self._ready and server is not None and server._TcpServer__fileno is None:
+        if self._ready and server is not None and server.fileno is None:
             log.warning("Raft: the listening socket was lost: listening again")
             self._ready = False
 

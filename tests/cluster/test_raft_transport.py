@@ -86,8 +86,8 @@ def link_to_recreated_seed(port: int, names: Names, transport: type, wait: float
         connection = dialler._SyncObj__transport._connections[node]
         assert connection.state == CONNECTION_STATE.CONNECTING
         names.records[SEED_A] = NEW_IP  # the pod is recreated, at a new IP
-        seed_a = SyncObj(f"{SEED_A}:{port}", [f"{SEED_B}:{port}"],
-                         conf=conf(bindAddress=f"{NEW_IP}:{port}"))
+        seed_a = SyncObj(f"{SEED_A}:{port}", [f"{SEED_B}:{port}"],  # both sides the same code
+                         conf=conf(bindAddress=f"{NEW_IP}:{port}"), transportClass=transport)
         recreated = time.monotonic()
         while time.monotonic() < recreated + wait:
             dialler.doTick(0.005)

@@ -1,0 +1,241 @@
+"""The Raft port's listener: pysyncobj's ``TcpServer`` with the front in front of it.
+
+Thin poller glue around the sans-I/O :mod:`cluster.raft_front`; it runs on the Raft
+thread, driven by pysyncobj's poller like the ``TcpServer`` it replaces (same
+``bind``/``unbind``, same socket options, same ``TcpConnection`` handed to the same
+callback). The difference is when: an accepted socket first waits here, registered
+with the poller under :meth:`FrontServer._on_preamble_bytes`, which reads at most the
+rest of the preamble per ``recv``. pysyncobj sees the socket only once its preamble was
+admitted, with the bytes that follow still unread in the kernel. A connection still
+waiting after ``UNAUTHENTICATED_SECONDS`` (:meth:`FrontServer.expire`, every tick) or
+with a wrong preamble is closed; so is the oldest waiting one when ``MAX_PENDING``
+wait. Its memory is one 64-byte buffer per waiting connection.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import TcpConnection, _getAddrType
+
+from cluster.raft_front import PreambleGate, PreambleReader, Refusal, Verdict
+
+log = logging.getLogger("migratory.raft")
+
+UNAUTHENTICATED_SECONDS = 3.0
+"""An incoming connection has this long to prove the password (and then as long again
+to finish pysyncobj's handshake, cluster/raft_transport.py)."""
+MAX_PENDING = 128
+"""Connections waiting for their preamble; the oldest is closed for a newer one."""
+_WARN_EVERY = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class FrontStatistics:
+    """What the front did since it was built (``SeedLinkTransport.front_statistics``)."""
+
+    admitted: int = 0
+    """Connections handed to pysyncobj: the only ones for which a TcpConnection exists."""
+    not_a_preamble: int = 0
+    bad_mac: int = 0
+    stale: int = 0
+    replayed: int = 0
+    closed_early: int = 0  # the peer closed (or failed) before a whole preamble
+    timed_out: int = 0
+    evicted: int = 0  # closed for a newer one past MAX_PENDING
+    pending: int = 0
+
+
+class _Waiting:
+    """One accepted socket waiting for its preamble."""
+
+    __slots__ = ("arrived", "reader", "sock")
+
+    def __init__(self, sock: socket.socket, arrived: float) -> None:
+        self.sock = sock
+        self.arrived = arrived
+        self.reader = PreambleReader()
+
+
+class FrontServer:
+    """pysyncobj's ``TcpServer`` interface (``bind``, ``unbind``), behind the front."""
+
+    def __init__(
+        self,
+        poller: Any,
+        host: str,
+        port: int,
+        on_new_connection: Callable[[TcpConnection], None],
+        *,
+        gate: PreambleGate,
+        send_buffer_size: int,
+        recv_buffer_size: int,
+        connection_timeout: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._poller = poller
+        self._host = host
+        self._port = int(port)
+        self._on_new_connection = on_new_connection
+        self._gate = gate
+        self._send_buffer_size = send_buffer_size
+        self._recv_buffer_size = recv_buffer_size
+        self._connection_timeout = connection_timeout
+        self._clock = clock
+        self._socket: socket.socket | None = None
+        self.fileno: int | None = None
+        """The listening descriptor; ``None`` when not listening (never bound, or lost)."""
+        self._waiting: dict[int, _Waiting] = {}  # fileno -> socket (insertion: oldest first)
+        self._counts: dict[str, int] = {}
+        self._warned: dict[Refusal, float] = {}
+
+    def statistics(self) -> FrontStatistics:
+        return FrontStatistics(pending=len(self._waiting), **self._counts)
+
+    def _count(self, what: str) -> None:
+        self._counts[what] = self._counts.get(what, 0) + 1
+
+    def bind(self) -> None:
+        """As ``TcpServer.bind``: raises if the address cannot be bound."""
+        sock = socket.socket(_getAddrType(self._host), socket.SOCK_STREAM)
+        try:
+            self._set_options(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._host, self._port))
+            sock.listen(5)
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self.fileno = sock.fileno()
+        self._poller.subscribe(
+            self.fileno, self._on_accept, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        )
+
+    def unbind(self) -> None:
+        """Stop listening (connections waiting for their preamble stay: ``close_waiting``)."""
+        if self.fileno is not None:
+            self._poller.unsubscribe(self.fileno)
+            self.fileno = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def close_waiting(self) -> None:
+        for fileno in list(self._waiting):
+            self._close(fileno)
+
+    def expire(self, now: float) -> None:
+        """Close connections still without a whole preamble ``UNAUTHENTICATED_SECONDS``
+        after they were accepted (``now``: monotonic)."""
+        for fileno, waiting in list(self._waiting.items()):
+            if now - waiting.arrived <= UNAUTHENTICATED_SECONDS:
+                break  # oldest first: the rest are younger
+            self._count("timed_out")
+            self._close(fileno)
+
+    def _set_options(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer_size)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._recv_buffer_size)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+
+    def _on_accept(self, descr: int, event: int) -> None:
+        if event & POLL_EVENT_TYPE.READ and self._socket is not None:
+            try:
+                sock, _ = self._socket.accept()
+                self._set_options(sock)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    log.warning("Raft: accept failed (%s): listening again later", exc)
+                    self.unbind()  # as TcpServer: the transport binds again
+                return
+            if len(self._waiting) >= MAX_PENDING:
+                self._count("evicted")
+                self._close(next(iter(self._waiting)))
+            fileno = sock.fileno()
+            self._waiting[fileno] = _Waiting(sock, time.monotonic())
+            self._poller.subscribe(
+                fileno, self._on_preamble_bytes, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+            )
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()
+
+    def _on_preamble_bytes(self, descr: int, event: int) -> None:
+        waiting = self._waiting.get(descr)
+        if waiting is None:  # closed earlier in this same poll round
+            self._poller.unsubscribe(descr)
+            return
+        try:
+            data = waiting.sock.recv(waiting.reader.wanted)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._count("closed_early")
+            self._close(descr)
+            return
+        outcome = waiting.reader.receive(data)
+        if outcome is None:
+            return
+        if isinstance(outcome, Refusal):
+            self._refuse(descr, Verdict(outcome))
+            return
+        verdict = self._gate.verify(outcome, self._clock())
+        if not verdict.admitted:
+            self._refuse(descr, verdict)
+            return
+        self._admit(descr, waiting.sock)
+
+    def _refuse(self, fileno: int, verdict: Verdict) -> None:
+        refusal = verdict.refusal
+        assert refusal is not None
+        self._count(refusal.name.lower())
+        self._close(fileno)
+        if refusal in (Refusal.STALE, Refusal.REPLAYED):
+            self._warn(refusal, verdict.skew)
+        else:
+            log.debug("Raft: an incoming connection refused: %s", refusal.value)
+
+    def _warn(self, refusal: Refusal, skew: float) -> None:
+        """A good MAC refused: a seed's clock is off, or someone replays a seed's bytes."""
+        now = time.monotonic()
+        if now - self._warned.get(refusal, -_WARN_EVERY) < _WARN_EVERY:
+            return
+        self._warned[refusal] = now
+        if refusal is Refusal.STALE:
+            log.warning(
+                "Raft: a seed's preamble is %+.1f s off this clock (the limit is %.0f s): "
+                "refused; check the seeds' clocks (NTP)", skew, self._gate.window,
+            )
+        else:
+            log.warning("Raft: a preamble was replayed: refused")
+
+    def _admit(self, fileno: int, sock: socket.socket) -> None:
+        """Hand the socket to pysyncobj as ``TcpServer`` does on accept."""
+        del self._waiting[fileno]
+        self._poller.unsubscribe(fileno)
+        self._count("admitted")
+        conn = TcpConnection(
+            poller=self._poller,
+            socket=sock,
+            timeout=self._connection_timeout,
+            sendBufferSize=self._send_buffer_size,
+            recvBufferSize=self._recv_buffer_size,
+            keepalive=None,  # as TcpServer: the transport gives it none
+        )
+        self._on_new_connection(conn)
+
+    def _close(self, fileno: int) -> None:
+        waiting = self._waiting.pop(fileno, None)
+        self._poller.unsubscribe(fileno)
+        if waiting is not None:
+            waiting.sock.close()

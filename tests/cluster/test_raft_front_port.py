@@ -1,0 +1,275 @@
+"""The Raft port's front on real sockets (cluster/raft_front_server.py): pysyncobj gets a
+connection -- a ``TcpConnection`` -- only after its preamble proved the password.
+
+Real pysyncobj on loopback, ticked by the test (``autoTick=False``) except for the
+seeds of :func:`test_three_seeds_link_through_the_front_elect_commit_and_fail_over`.
+Every ``TcpConnection`` built for an accepted socket is counted (``incoming``,
+tests/cluster/raft_port_probe.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.poller import createPoller
+from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_server import TcpServer
+from pysyncobj.transport import TCPTransport
+from raft_port_probe import count_incoming
+
+from cluster.coordination import CommittedBatch
+from cluster.raft import RaftCoordination
+from cluster.raft_front import (
+    NONCE_SIZE,
+    PREAMBLE_SIZE,
+    PreambleGate,
+    derive_key,
+    encode_preamble,
+)
+from cluster.raft_front_server import MAX_PENDING
+from cluster.raft_transport import UNAUTHENTICATED_SECONDS, SeedLinkTransport
+
+PASSWORD = "cluster-password"
+
+
+def conf(**extra: object) -> SyncObjConf:
+    return SyncObjConf(
+        password=PASSWORD, autoTick=False, raftMinTimeout=0.15, raftMaxTimeout=0.3,
+        appendEntriesPeriod=0.04, connectionTimeout=1.0, connectionRetryTime=0.3,
+        maxBindRetries=3, bindRetryTime=0.1, **extra,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def incoming(monkeypatch: pytest.MonkeyPatch) -> list[TcpConnection]:
+    return count_incoming(monkeypatch)
+
+
+@pytest.fixture
+def seed() -> Iterator[tuple[SyncObj, str]]:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    node = SyncObj(address, [], conf=conf(), transportClass=SeedLinkTransport)
+    try:
+        tick(node, 0.2)
+        yield node, address
+    finally:
+        node.destroy()
+
+
+def tick(node: SyncObj, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        node.doTick(0.01)
+
+
+def closed_within(node: SyncObj, sock: socket.socket, seconds: float) -> float | None:
+    """Ticks ``node`` until the peer sees ``sock`` closed: how long that took."""
+    sock.settimeout(0)
+    began = time.monotonic()
+    while time.monotonic() < began + seconds:
+        node.doTick(0.01)
+        try:
+            if sock.recv(1 << 16) == b"":
+                return time.monotonic() - began
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            return time.monotonic() - began
+    return None
+
+
+def connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def valid_preamble(address: str, password: str = PASSWORD) -> bytes:
+    return encode_preamble(derive_key(password), target=address, now=time.time(),
+                           nonce=os.urandom(NONCE_SIZE))
+
+
+def test_a_garbage_peer_never_reaches_pysyncobj(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    node, address = seed
+    with connect(address) as sock:
+        sock.sendall(os.urandom(1 << 16))  # no label: refused at its first byte
+        took = closed_within(node, sock, 2.0)
+    assert took is not None and took < 1.0
+    assert incoming == []
+
+
+def test_a_preamble_sealed_with_another_password_is_refused(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    node, address = seed
+    with connect(address) as sock:
+        sock.sendall(valid_preamble(address, "not the password") + b"\x10\x00\x00\x00" * 8)
+        assert closed_within(node, sock, 2.0) is not None
+    assert incoming == []
+
+
+def test_a_replayed_preamble_is_refused(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    node, address = seed
+    captured = valid_preamble(address)
+    with connect(address) as first:
+        first.sendall(captured)
+        tick(node, 0.2)
+        assert len(incoming) == 1  # the seed's own connection reaches pysyncobj
+        with connect(address) as replay:
+            replay.sendall(captured)
+            assert closed_within(node, replay, 2.0) is not None
+    assert len(incoming) == 1
+
+
+def test_an_idle_connection_is_closed_before_pysyncobj_sees_it(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    node, address = seed
+    with connect(address) as idle, connect(address) as almost:
+        almost.sendall(valid_preamble(address)[: PREAMBLE_SIZE - 1])  # one byte short
+        took = closed_within(node, idle, UNAUTHENTICATED_SECONDS + 2.0)
+        assert took is not None and took < UNAUTHENTICATED_SECONDS + 1.0
+        assert closed_within(node, almost, 0.5) is not None
+    assert incoming == []
+
+
+def test_connections_waiting_for_a_preamble_are_bounded(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    node, address = seed
+    idle = []
+    try:
+        for _ in range(MAX_PENDING + 20):  # pysyncobj's backlog is 5: accept as we go
+            idle.append(connect(address))
+            node.doTick(0.002)
+        tick(node, 0.3)
+        stats = node._SyncObj__transport.front_statistics()
+        assert stats.pending <= MAX_PENDING
+        assert stats.evicted >= 20 - 5
+        with connect(address) as late:  # a newcomer still gets its turn
+            late.sendall(valid_preamble(address))
+            tick(node, 0.2)
+        assert len(incoming) == 1
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_dialling_seed_writes_its_preamble_first() -> None:
+    """Seed B dials A (pysyncobj: the greater address dials); what A's port receives
+    first is a preamble for A, then pysyncobj's first frame."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        a_address = f"127.0.0.1:{listener.getsockname()[1]}"
+        b = SyncObj(f"127.0.0.2:{free_port()}", [a_address], transportClass=SeedLinkTransport,
+                    conf=conf(bindAddress="127.0.0.2:0"))
+        try:
+            b._SyncObj__transport._connectIfNecessary()
+            accepted, _ = listener.accept()
+            with accepted:
+                accepted.settimeout(0)
+                received = b""
+                deadline = time.monotonic() + 2
+                while len(received) < PREAMBLE_SIZE + 4 and time.monotonic() < deadline:
+                    b.doTick(0.01)
+                    with contextlib.suppress(BlockingIOError):
+                        received += accepted.recv(1024)
+        finally:
+            b.destroy()
+    gate = PreambleGate(derive_key(PASSWORD), address=a_address)
+    assert gate.verify(received[:PREAMBLE_SIZE], time.time()).admitted
+    assert len(received) > PREAMBLE_SIZE  # pysyncobj's own bytes follow
+
+
+ACCEPT_PATH = "eb2f93a2"
+CREATE_SERVER = "df2c7dd8"
+
+
+def digest(function: Any) -> str:
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:8]
+
+
+def test_canary_the_pysyncobj_code_the_front_stands_in_for() -> None:
+    """FrontServer does what TcpServer's accept does, SeedLinkTransport._createServer what
+    TCPTransport's does, and the preamble goes into TcpConnection's write buffer. If this
+    fails, pysyncobj changed: re-check cluster/raft_front_server.py and raft_transport.py."""
+    assert digest(TcpServer._TcpServer__onNewConnection) == ACCEPT_PATH
+    assert digest(TCPTransport._createServer) == CREATE_SERVER
+    connect_source = inspect.getsource(TcpConnection.connect)
+    assert "self.__writeBuffer = bytes()" in connect_source
+    conn = TcpConnection(poller=createPoller("auto"))
+    conn.send("m")  # not connected: queued
+    assert zlib.decompress(conn._TcpConnection__writeBuffer[4:])  # the frame is there
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_three_seeds_link_through_the_front_elect_commit_and_fail_over(
+    incoming: list[TcpConnection],
+) -> None:
+    # RaftCoordination binds only the Raft port, the cluster port + 1
+    addresses = [("127.0.0.1", free_port() - 1) for _ in range(3)]
+    committed: list[list[CommittedBatch]] = [[], [], []]
+    seeds = [
+        RaftCoordination(self_address=a, seed_addresses=addresses, password=PASSWORD,
+                         on_commit=committed[i].append)
+        for i, a in enumerate(addresses)
+    ]
+    alive = list(range(3))
+    try:
+        def leader() -> int | None:
+            leaders = {seeds[i].snapshot.leader for i in alive}
+            if len(leaders) != 1 or None in leaders:
+                return None
+            (address,) = leaders  # None while the survivors still name the one closed
+            return next((i for i in alive if seeds[i].address == address), None)
+
+        def commit_everywhere(count: int) -> None:
+            wait_for(lambda: leader() is not None, 15, "no leader")
+            done = threading.Event()
+            seeds[leader()].submit(2, [], lambda *_: done.set())  # type: ignore[index]
+            assert done.wait(10), "no commit"
+            wait_for(lambda: all(len(committed[i]) >= count for i in alive), 10,
+                     "not applied everywhere")
+
+        commit_everywhere(1)
+        fronts = [s.syncobj._SyncObj__transport.front_statistics() for s in seeds]
+        assert sum(f.admitted for f in fronts) >= 3  # every link came through the front
+        assert len(incoming) == sum(f.admitted for f in fronts)
+        first = leader()
+        assert first is not None
+        seeds[first].close()
+        alive.remove(first)
+        commit_everywhere(2)
+        assert leader() != first
+    finally:
+        for i in alive:
+            seeds[i].close()
