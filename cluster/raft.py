@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, Qos
@@ -128,6 +129,9 @@ DIGEST_PERIOD = 1.0
 """Seconds between two computations of the coordinator digest (O(subjects))."""
 
 
+_NO_FRONT = FrontStatistics()
+
+
 @dataclass(frozen=True, slots=True)
 class RaftStatus:
     """What the Raft thread last saw; read by the trio side as one reference."""
@@ -144,6 +148,7 @@ class RaftStatus:
     digest: str = ""
     at: float = 0.0
     linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
+    front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
 
     @property
     def has_leader(self) -> bool:
@@ -216,6 +221,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             digest=self._digest,
             at=now,
             linked=tuple(sorted(str(n.id) for n in self.otherNodes if self.isNodeConnected(n))),
+            front=self._SyncObj__transport.front_statistics(),
         )
 
 
@@ -362,6 +368,7 @@ class RaftCoordination:
             "clsn": snap.clsn,
             "coordinator_digest": snap.digest,
             "raft_linked_seeds": list(snap.linked),
+            "raft_front": asdict(snap.front),
         }
 
     def close(self) -> None:
