@@ -9,7 +9,9 @@ rest of the preamble per ``recv``. pysyncobj sees the socket only once its pream
 admitted, with the bytes that follow still unread in the kernel. A connection still
 waiting after ``UNAUTHENTICATED_SECONDS`` (:meth:`FrontServer.expire`, every tick) or
 with a wrong preamble is closed; so is the oldest waiting one when ``MAX_PENDING``
-wait. Its memory is one 64-byte buffer per waiting connection.
+wait. Its memory is one 64-byte buffer per waiting connection. Unlike ``TcpServer`` it
+accepts up to ``ACCEPTS_PER_WAKEUP`` connections per poll and listens with a backlog of
+``MAX_PENDING``, so a seed's dial does not queue behind an attacker's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ UNAUTHENTICATED_SECONDS = 3.0
 """An incoming connection has this long to prove the password (and then as long again
 to finish pysyncobj's handshake, cluster/raft_transport.py)."""
 MAX_PENDING = 128
-"""Connections waiting for their preamble; the oldest is closed for a newer one."""
+"""Connections waiting for their preamble; the oldest is closed for a newer one. Also the
+listen backlog (TcpServer's 5 was full as soon as 5 peers connected between two ticks)."""
+ACCEPTS_PER_WAKEUP = 16
+"""TcpServer accepts one connection per poll; a flood of connections then starves a seed."""
 _WARN_EVERY = 10.0
 
 
@@ -109,7 +114,7 @@ class FrontServer:
             self._set_options(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self._host, self._port))
-            sock.listen(5)
+            sock.listen(MAX_PENDING)  # TcpServer: 5, which a few idle peers fill
         except OSError:
             sock.close()
             raise
@@ -148,25 +153,32 @@ class FrontServer:
         sock.setblocking(False)
 
     def _on_accept(self, descr: int, event: int) -> None:
-        if event & POLL_EVENT_TYPE.READ and self._socket is not None:
-            try:
-                sock, _ = self._socket.accept()
-                self._set_options(sock)
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    log.warning("Raft: accept failed (%s): listening again later", exc)
-                    self.unbind()  # as TcpServer: the transport binds again
-                return
-            if len(self._waiting) >= MAX_PENDING:
-                self._count("evicted")
-                self._close(next(iter(self._waiting)))
-            fileno = sock.fileno()
-            self._waiting[fileno] = _Waiting(sock, time.monotonic())
-            self._poller.subscribe(
-                fileno, self._on_preamble_bytes, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
-            )
+        if event & POLL_EVENT_TYPE.READ:
+            for _ in range(ACCEPTS_PER_WAKEUP):
+                if self._socket is None or not self._accept_one(self._socket):
+                    break
         if event & POLL_EVENT_TYPE.ERROR:
             self.unbind()
+
+    def _accept_one(self, listener: socket.socket) -> bool:
+        """Accept one connection to wait for its preamble; False when none is left."""
+        try:
+            sock, _ = listener.accept()
+            self._set_options(sock)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                log.warning("Raft: accept failed (%s): listening again later", exc)
+                self.unbind()  # as TcpServer: the transport binds again
+            return False
+        if len(self._waiting) >= MAX_PENDING:
+            self._count("evicted")
+            self._close(next(iter(self._waiting)))
+        fileno = sock.fileno()
+        self._waiting[fileno] = _Waiting(sock, time.monotonic())
+        self._poller.subscribe(
+            fileno, self._on_preamble_bytes, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        )
+        return True
 
     def _on_preamble_bytes(self, descr: int, event: int) -> None:
         waiting = self._waiting.get(descr)
