@@ -18,10 +18,10 @@ log = logging.getLogger("migratory.mqtt")
 
 
 class MqttInput:
+    __slots__ = ("_now",)  # the rest are MqttSession's
     _ctx: ServerContext
     _decoder: mqtt.MqttDecoder
     _frames: ws.FrameDecoder | None
-    _now: float
     closing: bool
     aborted: bool
 

@@ -238,3 +238,20 @@ def test_a_connection_taken_over_elsewhere_does_not_overwrite_its_successor() ->
     record = decode_record(ctx.hub.snapshot(session_subject("dev")))
     assert record is not None and record.filters == {"a/+": 1}
     assert record.generation == 2
+
+
+def test_fan_out_queues_one_shared_publish_and_sessions_keep_no_instance_dict() -> None:
+    """The fan-out path (``deliver_message``) queues the same QoS 0 PUBLISH bytes object in
+    every session, and a session is a slotted object (no ``__dict__`` to look through for
+    each delivery, benchmarks/mqtt_fanout_cpu.py)."""
+    ctx, _held = make()
+    registry: dict[str, MqttSession] = {}
+    sessions = [session(ctx, f"c{i}", registry) for i in range(3)]
+    for s in sessions:
+        s.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 0),))), 0.0)
+        s.outbox.take()
+    ctx.hub.publish(Message("/a/b", b"payload"), 0.0)
+    frames = [s.outbox.take() for s in sessions]
+    assert all(frame is frames[0] for frame in frames)
+    assert read(sessions[0]) == [] and frames[0].endswith(b"a/bpayload")
+    assert not hasattr(sessions[0], "__dict__")
