@@ -31,7 +31,7 @@ import trio
 from migratory.bench.cli import tls_setup
 from migratory.bench.loadgen import receive, split, stop_processes
 from migratory.bench.mqttraw import mqtt_subscriber_main
-from migratory.bench.procfs import raise_nofile
+from migratory.bench.procfs import cpu_seconds, raise_nofile
 from migratory.bench.sse import sse_subscriber_main
 from migratory.bench.stamp import MARK, STAMP_END, SUBJECT
 from migratory.bench.subscriber import subscriber_main
@@ -39,7 +39,7 @@ from migratory.config import Config
 from migratory.model.message import Message
 from migratory.server.app import Server
 
-FRONT_ENDS = ("native", "sse", "mqtt", "sse-tls", "mqtt-tls")
+FRONT_ENDS = ("native", "sse", "mqtt", "native-tls", "sse-tls", "mqtt-tls")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Figure:
     fan_out_us: float  # CPU per delivery in hub.publish (hub, sessions, outboxes)
     write_us: float  # CPU per delivery in the batch tick (joining, TLS, send)
     total_us: float  # CPU per delivery over the whole loop (sleeps' scheduling included)
+    load_us: float  # the subscriber processes' CPU per delivery over the loop (/proc)
     writes: int
     delivered: bool
 
@@ -93,14 +94,13 @@ async def measure(args: argparse.Namespace, front_end: str) -> list[Figure]:
             port = server.addresses[0][1]
         target = {"native": subscriber_main, "sse": sse_subscriber_main,
                   "mqtt": mqtt_subscriber_main}[front_end.removesuffix("-tls")]
-        extra = () if front_end == "native" else (ca_file,)
         ctx = mp.get_context("fork")
         pipes = []
         for first, count in split(args.subscribers, args.procs):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
                 target=target,
-                args=(child_end, host, port, first, count, 60.0, 600.0, 1, *extra),
+                args=(child_end, host, port, first, count, 60.0, 600.0, 1, ca_file),
                 daemon=True,
             )
             proc.start()
@@ -116,7 +116,9 @@ async def measure(args: argparse.Namespace, front_end: str) -> list[Figure]:
             figures = []
             sent = 0
             for per_write in args.per_write:
-                figure, published = await loop(args, server, front_end, per_write)
+                figure, published = await loop(
+                    args, server, front_end, per_write, [p.pid or 0 for p in procs]
+                )
                 sent += published
                 figures.append(figure)
             for pipe in pipes:
@@ -134,7 +136,7 @@ async def measure(args: argparse.Namespace, front_end: str) -> list[Figure]:
 
 
 async def loop(
-    args: argparse.Namespace, server: Server, front_end: str, per_write: int
+    args: argparse.Namespace, server: Server, front_end: str, per_write: int, load: list[int]
 ) -> tuple[Figure, int]:
     hub = server.ctx.hub
     stats = server.ctx.stats
@@ -142,6 +144,7 @@ async def loop(
     writes = stats.writes
     profile = cProfile.Profile() if args.profile else None
     clock = time.process_time
+    load_started = sum(map(cpu_seconds, load))
     started = clock()
     for _ in range(args.batches):
         if profile is not None:
@@ -158,11 +161,14 @@ async def loop(
         write_cpu += t2 - t1
         await trio.sleep(args.pause / 1000)
     total = clock() - started
+    await trio.sleep(0.2)  # the subscribers read the last batch
+    load_cpu = sum(map(cpu_seconds, load)) - load_started
     published = args.batches * per_write
     deliveries = published * args.subscribers
     figure = Figure(
         front_end, per_write, deliveries, 1e6 * publish_cpu / deliveries,
-        1e6 * write_cpu / deliveries, 1e6 * total / deliveries, stats.writes - writes, True,
+        1e6 * write_cpu / deliveries, 1e6 * total / deliveries, 1e6 * load_cpu / deliveries,
+        stats.writes - writes, True,
     )
     if profile is not None:
         print(f"--- profile: {front_end}, {per_write} per write", flush=True)
@@ -196,10 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     raise_nofile()
     figures = trio.run(run_all, args)
     print(f"{'front end':10} {'msgs/write':>10} {'deliveries':>10} {'fan-out':>8} "
-          f"{'write':>8} {'total':>8}  us CPU per delivery; writes; all delivered")
+          f"{'write':>8} {'total':>8} {'load':>8}  us CPU per delivery (load: the subscriber "
+          "processes); writes; all delivered")
     for f in figures:
         print(f"{f.front_end:10} {f.per_write:>10} {f.deliveries:>10} {f.fan_out_us:8.2f} "
-              f"{f.write_us:8.2f} {f.total_us:8.2f}  {f.writes}; {f.delivered}")
+              f"{f.write_us:8.2f} {f.total_us:8.2f} {f.load_us:8.2f}  {f.writes}; {f.delivered}")
     return 0 if all(f.delivered for f in figures) else 1
 
 

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="the publisher's protocol on a migratory server (mqtt: its MQTT "
                       "listener, QoS 1 acknowledgements); brokers are always mqtt")
     load.add_argument("--tls", action="store_true",
-                      help="local server, --front-end sse or mqtt: subscribers over TLS")
+                      help="local server: subscribers over TLS (wss://, https:// or mqtts://)")
     load.add_argument("--target-p99", type=float, metavar="MS",
                       help="fail the run if the p99 latency is above this")
     load.add_argument("--self-test", action="store_true",
@@ -130,8 +130,6 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--subjects must be between 1 and --subscribers")
     args.procs = max(1, min(args.procs, args.subscribers or 1))
     if args.tls:
-        if args.front_end not in ("sse", "mqtt"):
-            parser.error("--tls needs --front-end sse or mqtt (WebSocket subscribers are plain)")
         if args.url or args.mqtt or args.compare:
             parser.error("--tls: only with a server the bench starts (no --url/--mqtt/--compare)")
         key = "ListenMqttEncrypted" if args.front_end == "mqtt" else "ListenEncrypted"

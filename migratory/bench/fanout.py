@@ -45,12 +45,9 @@ def start_subscribers(
     ctx = mp.get_context("fork")
     front_end = "mqtt" if target.protocol == "mqtt" else args.front_end
     port = target.port_for(front_end)
-    main: Callable[..., None] = subscriber_main
-    extra: tuple[Any, ...] = ()
-    if front_end == "mqtt":
-        main, extra = mqtt_subscriber_main, (args.ca_file,)
-    elif front_end == "sse":
-        main, extra = sse_subscriber_main, (args.ca_file,)
+    main: Callable[..., None] = {"mqtt": mqtt_subscriber_main, "sse": sse_subscriber_main}.get(
+        front_end, subscriber_main
+    )
     if args.tls_port:
         port = args.tls_port
     pipes = []
@@ -59,7 +56,7 @@ def start_subscribers(
         proc = ctx.Process(
             target=main,
             args=(child_end, target.host, port, first, count, args.setup_timeout, lifetime,
-                  args.subjects, *extra),
+                  args.subjects, args.ca_file),
             name=f"subscribers-{k}",
             daemon=True,
         )

@@ -24,6 +24,17 @@ def cpu_per_delivery(cpu: dict[str, float], counters: dict[str, int]) -> float |
     return server / 100 * cpu["wall_seconds"] * 1e6 / fanned
 
 
+def load_cpu_per_delivery(cpu: dict[str, float], received: int) -> float | None:
+    """The subscriber processes' CPU microseconds per delivery they counted (their CPU
+    seconds over the publishing window / deliveries): what the load generator spends on
+    its side of each delivery (``recv``, TLS decryption, counting), on the same cores
+    as the server when the server is local."""
+    subscribers = sum(v for k, v in cpu.items() if k.startswith("subscribers"))
+    if not received or not subscribers or "wall_seconds" not in cpu:
+        return None
+    return subscribers / 100 * cpu["wall_seconds"] * 1e6 / received
+
+
 def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, Any]:
     """Merge the load processes' histograms and counts into the figures we report.
 
@@ -107,6 +118,7 @@ def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, An
         "server_rss_kib": {"before": figures["rss_before"], "after": figures["rss_after"]},
         "server_counters": server_counters,
         "server_cpu_us_per_delivery": cpu_per_delivery(cpu, server_counters),
+        "load_cpu_us_per_delivery": load_cpu_per_delivery(cpu, received),
         "all_delivered": all_counted,
         "target_p99_ms": target_p99,
         "pass": passed,
@@ -179,7 +191,9 @@ def report(result: dict[str, Any]) -> None:
     )
     per_delivery = result.get("server_cpu_us_per_delivery")
     if per_delivery is not None:
-        print(f"server CPU/delivery  : {per_delivery:.2f} us")
+        load = result.get("load_cpu_us_per_delivery")
+        print(f"server CPU/delivery  : {per_delivery:.2f} us"
+              + ("" if load is None else f" (subscriber processes: {load:.2f} us)"))
     counters = result["server_counters"]
     if counters.get("writes"):
         print(

@@ -20,9 +20,9 @@ import time
 from collections import Counter
 
 from migratory.bench.procfs import die_with_parent, raise_nofile
-from migratory.bench.sse import TlsRecv
 from migratory.bench.stamp import subject_for
 from migratory.bench.subscriber import count_deliveries
+from migratory.bench.tlsraw import tls_connect
 from migratory.bench.wsraw import RawConn, SetupResult, close_all, setup_read
 from migratory.protocol import mqtt, mqtt_encode
 
@@ -122,20 +122,22 @@ def open_tls_connection(
     host: str, port: int, index: int, subjects: int, tls: ssl.SSLContext, deadline: float
 ) -> RawConn:
     """One MQTT connection over TLS (blocking until its SUBACK), then non-blocking."""
-    sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    wrapped = tls.wrap_socket(sock, server_hostname="localhost")
-    wrapped.sendall(first_packets(index, subjects))
-    buf = b""
-    while (at := buf.find(SUBACK_HEADER)) < 0:
-        data = wrapped.recv(65536)
-        if not data:
-            raise ConnectionError("closed before SUBACK")
-        buf += data
-    if buf[:4] != bytes((mqtt.CONNACK << 4, 2, 0, 0)):
-        raise ConnectionError(f"CONNACK refused: {buf[:4].hex()}")
-    wrapped.setblocking(False)
-    return RawConn(index, TlsRecv(wrapped), state="ready", buf=buf[at + 5 :])  # type: ignore[arg-type]
+    conn = tls_connect(host, port, tls, deadline)
+    try:
+        conn.sendall(first_packets(index, subjects))
+        buf = b""
+        while (at := buf.find(SUBACK_HEADER)) < 0:
+            data = conn.recv_blocking(deadline)
+            if not data:
+                raise ConnectionError("closed before SUBACK")
+            buf += data
+        if buf[:4] != bytes((mqtt.CONNACK << 4, 2, 0, 0)):
+            raise ConnectionError(f"CONNACK refused: {buf[:4].hex()}")
+        conn.sock.setblocking(False)
+    except BaseException:
+        conn.close()
+        raise
+    return RawConn(index, conn, state="ready", buf=buf[at + 5 :])  # type: ignore[arg-type]
 
 
 def open_tls_connections(

@@ -37,6 +37,7 @@ RESULT: dict[str, Any] = {
         "messages_per_second": _MS,
         "kib_per_connection": {"type": ["number", "null"]},
         "server_cpu_us_per_delivery": {"type": ["number", "null"]},
+        "load_cpu_us_per_delivery": {"type": ["number", "null"]},
         "pass": {"type": "boolean"},
         "all_delivered": {"type": "boolean"},
         "machine": {"type": "object", "required": ["nproc", "cpu"]},

@@ -19,58 +19,38 @@ from collections import Counter
 from migratory.bench.procfs import die_with_parent, raise_nofile
 from migratory.bench.stamp import subject_for
 from migratory.bench.subscriber import count_deliveries
+from migratory.bench.tlsraw import TlsConn, tls_connect
 from migratory.bench.wsraw import RECV_SIZE, RawConn, close_all
 
 READY = b"event: subscribe"
 
 
-class TlsRecv:
-    """An ``SSLSocket`` that reads like a non-blocking plain one: ``recv`` returns
-    every decrypted byte available and raises BlockingIOError when there is none."""
-
-    def __init__(self, sock: ssl.SSLSocket) -> None:
-        self.tls = sock
-
-    def fileno(self) -> int:
-        return self.tls.fileno()
-
-    def recv(self, size: int) -> bytes:
-        chunks = []
-        try:
-            while True:
-                chunk = self.tls.recv(size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                if not self.tls.pending():
-                    break
-        except ssl.SSLWantReadError:
-            if not chunks:
-                raise BlockingIOError from None
-        return b"".join(chunks)
-
-    def close(self) -> None:
-        self.tls.close()
-
-
 def open_stream(
     host: str, port: int, subject: str, tls: ssl.SSLContext | None, deadline: float
 ) -> RawConn:
-    sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    request = f"GET /events?subject={subject} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     if tls is not None:
-        sock = tls.wrap_socket(sock, server_hostname="localhost")
-    sock.sendall(f"GET /events?subject={subject} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-    buf = b""
-    while READY not in buf:
-        data = sock.recv(RECV_SIZE)
-        if not data:
-            raise ConnectionError("closed before the subscribe event")
-        buf += data
-    end = buf.index(b"\n\n", buf.index(READY)) + 2
-    sock.setblocking(False)
-    reader = TlsRecv(sock) if isinstance(sock, ssl.SSLSocket) else sock
-    return RawConn(0, reader, state="open", buf=buf[end:])  # type: ignore[arg-type]
+        conn: socket.socket | TlsConn = tls_connect(host, port, tls, deadline)
+    else:
+        conn = socket.create_connection(
+            (host, port), timeout=max(0.1, deadline - time.monotonic())
+        )
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        conn.sendall(request)
+        buf = b""
+        while READY not in buf:
+            data = (conn.recv_blocking(deadline) if isinstance(conn, TlsConn)
+                    else conn.recv(RECV_SIZE))
+            if not data:
+                raise ConnectionError("closed before the subscribe event")
+            buf += data
+        end = buf.index(b"\n\n", buf.index(READY)) + 2
+        (conn.sock if isinstance(conn, TlsConn) else conn).setblocking(False)
+    except BaseException:
+        conn.close()
+        raise
+    return RawConn(0, conn, state="open", buf=buf[end:])  # type: ignore[arg-type]
 
 
 def sse_subscriber_main(

@@ -27,6 +27,7 @@ from migratory.bench.wsraw import (
     close_code,
     masked,
     open_connections,
+    open_tls_connections,
 )
 
 
@@ -39,8 +40,10 @@ def subscriber_main(
     setup_timeout: float,
     lifetime: float,
     subjects: int = 1,
+    ca_file: str | None = None,
 ) -> None:
-    """Open ``count`` subscribers, report ready, count deliveries until told to finish."""
+    """Open ``count`` subscribers (over TLS, verified with ``ca_file``, when given),
+    report ready, count deliveries until told to finish."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     die_with_parent()
     raise_nofile()
@@ -52,14 +55,14 @@ def subscriber_main(
         subscribe = {"op": "subscribe", "subjects": [{"subject": subject}]}
         return masked(cbor2.dumps(connect)) + masked(cbor2.dumps(subscribe))
 
-    setup = open_connections(
-        host,
-        port,
-        range(first, first + count),
-        frames_for,
-        ready_marker=b"SUBSCRIBE_ALLOW",
-        timeout=setup_timeout,
-    )
+    indexes = range(first, first + count)
+    if ca_file:
+        setup = open_tls_connections(host, port, indexes, frames_for,
+                                     ready_marker=b"SUBSCRIBE_ALLOW", timeout=setup_timeout,
+                                     ca_file=ca_file)
+    else:
+        setup = open_connections(host, port, indexes, frames_for,
+                                 ready_marker=b"SUBSCRIBE_ALLOW", timeout=setup_timeout)
     ctrl.send(("ready", len(setup.ready), dict(setup.failures), setup.seconds))
     try:
         result = count_deliveries(setup.ready, ctrl, hard_deadline, subjects)

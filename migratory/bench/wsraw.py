@@ -17,6 +17,7 @@ import errno
 import os
 import select
 import socket
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from typing import Any
 
 import cbor2
 
+from migratory.bench.tlsraw import tls_connect
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 from migratory.protocol.websocket import encode_masked_binary
 
@@ -221,6 +223,73 @@ def open_connections(
     result.seconds = time.monotonic() - t0
     if result.ready:
         result.connect_ms_max = max(c.ready_ns - c.setup_ns for c in result.ready) / 1e6
+    return result
+
+
+def open_tls_connection(
+    host: str,
+    port: int,
+    index: int,
+    frames_for: Callable[[int], bytes],
+    *,
+    ready_marker: bytes,
+    tls: ssl.SSLContext,
+    deadline: float,
+) -> RawConn:
+    """One WebSocket over TLS (``wss://``), blocking until ``ready_marker`` arrived as in
+    :func:`open_connections`, then non-blocking; its ``sock`` is a ``TlsConn``."""
+    conn = tls_connect(host, port, tls, deadline)
+    try:
+        key = new_websocket_key()
+        conn.sendall(handshake_request(f"{host}:{port}", "/", key))
+        data = b""
+        while (used := check_handshake_response(data, key)) is None:
+            data += conn.recv_blocking(deadline)
+        conn.sendall(frames_for(index))
+        data = data[used:]
+        while True:
+            frames, _rest = walk_frames(data)
+            for opcode, start, end in frames:
+                if opcode == OPCODE_CLOSE:
+                    raise ConnectionError(f"closed by server with {close_code(data, start, end)}")
+                if data.find(ready_marker, start, end) >= 0:
+                    conn.sock.setblocking(False)
+                    return RawConn(index, conn, state="ready", buf=data[end:])  # type: ignore[arg-type]
+            chunk = conn.recv_blocking(deadline)
+            if not chunk:
+                raise ConnectionError("closed by server before it was ready")
+            data += chunk
+    except BaseException:
+        conn.close()
+        raise
+
+
+def open_tls_connections(
+    host: str,
+    port: int,
+    indexes: range,
+    frames_for: Callable[[int], bytes],
+    *,
+    ready_marker: bytes,
+    timeout: float,
+    ca_file: str,
+) -> SetupResult:
+    """:func:`open_connections` over TLS, one connection at a time."""
+    started = time.monotonic()
+    deadline = started + timeout
+    tls = ssl.create_default_context(cafile=ca_file)
+    result = SetupResult(ready=[])
+    for index in indexes:
+        try:
+            result.ready.append(open_tls_connection(
+                host, port, index, frames_for, ready_marker=ready_marker, tls=tls,
+                deadline=deadline,
+            ))
+        except (OSError, ValueError) as exc:
+            result.failures[f"setup: {exc}"] += 1
+        if time.monotonic() > deadline:
+            break
+    result.seconds = time.monotonic() - started
     return result
 
 

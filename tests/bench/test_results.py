@@ -155,3 +155,16 @@ def test_progress_bar_only_on_a_terminal() -> None:
     bar = Progress(10, "run", stream=shown, enabled=True)
     bar.update(5)
     assert "[###############...............]   5.0/10 s  run" in shown.getvalue()
+
+
+def test_server_and_load_generator_cpu_per_delivery() -> None:
+    """Both sides of a delivery in CPU microseconds: the server's over what it fanned
+    out, the subscriber processes' (not the publisher's) over what they counted."""
+    measured = figures([10, 10, 10], sent=10)
+    measured["cpu"] = {"server": 50.0, "subscribers-0": 30.0, "subscribers-1": 10.0,
+                       "publisher": 90.0, "machine": 100.0, "wall_seconds": 2.0}
+    measured["stats_after"] = {"frames_fanned_out": 30}
+    result = summarise(args(3), measured)
+    assert result["server_cpu_us_per_delivery"] == pytest.approx(0.5 * 2.0 * 1e6 / 30)
+    assert result["load_cpu_us_per_delivery"] == pytest.approx(0.4 * 2.0 * 1e6 / 30)
+    assert summarise(args(3), figures([10, 10, 10], sent=10))["load_cpu_us_per_delivery"] is None

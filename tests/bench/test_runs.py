@@ -145,6 +145,22 @@ def test_local_server_json_and_plot(tmp_path: Path) -> None:
     assert code == 0, stdout
 
 
+@pytest.mark.parametrize("front_end", ["native", "sse", "mqtt"])
+def test_tls_subscribers_on_every_front_end(front_end: str, tmp_path: Path) -> None:
+    """``--tls``: the bench's own CA, the local server's encrypted listener, and
+    subscribers that decrypt on memory buffers (wss://, https://, mqtts://); every
+    delivery counted."""
+    code, data, stdout = bench(
+        "fanout", "--front-end", front_end, "--tls", "--subscribers", "10", "--rate", "30",
+        *SHORT, json_path=tmp_path / "out.json",
+    )
+    (result,) = data["results"]
+    every_message_counted(result, 300)
+    assert result["setup_failures"] == {}
+    assert "load_cpu_us_per_delivery" in result  # None when the processes used < 1 tick
+    assert code == 0, stdout
+
+
 @pytest.mark.skipif(
     find_binary("mosquitto") is None or find_binary("nats-server") is None,
     reason="mosquitto / nats-server not installed (make test installs them)",
