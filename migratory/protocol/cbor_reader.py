@@ -48,38 +48,55 @@ def _refuse_tag(decoder: Any) -> Any:
 # 10**400 is then refused by the key that reads it (4000), naming the key.
 _REFUSED_TAGS = {tag: _refuse_tag for tag in (25, 28, 29, 256)}
 _MAX_DEPTH = 8  # an operation map, an array of subscription maps, a fields map
-# Decoders are reused (building one costs as much as a decode); a pop/append pool gives
-# each concurrent caller its own (list.pop and list.append are atomic).
-_decoders: list[cbor2.CBORDecoder] = []
+# Decoders are reused (building one costs as much as a decode), each with its own input
+# buffer, re-filled in place for the next frame: giving a decoder a new ``BytesIO``
+# (``decoder.fp = ...``) cost ~0.4 of a publish's ~1.2 µs of decoding. After a failed
+# decode the decoder's own read-ahead state is stale (cbor2 6 then panics on the next
+# input), so it gets a fresh buffer through ``fp``, which resets it. A pop/append pool
+# gives each concurrent caller its own (list.pop and list.append are atomic).
+_Pooled = tuple[cbor2.CBORDecoder, io.BytesIO]
+_decoders: list[_Pooled] = []
 
 
-def _strict_decoder() -> cbor2.CBORDecoder:
+def _strict_decoder() -> _Pooled:
     try:
         return _decoders.pop()
     except IndexError:
-        return cbor2.CBORDecoder(
-            io.BytesIO(b""),
+        fp = io.BytesIO(b"")
+        decoder = cbor2.CBORDecoder(
+            fp,
             semantic_decoders=_REFUSED_TAGS,
             max_depth=_MAX_DEPTH,
             strict_hashable_types=True,
         )
+        return decoder, fp
+
+
+def _strict_load(payload: bytes) -> Any:
+    pooled = decoder, fp = _strict_decoder()
+    fp.__init__(payload)  # type: ignore[misc]  # refill in place: see _decoders
+    try:
+        item = decoder.decode()
+    except BaseException as exc:
+        decoder.fp = fp = io.BytesIO(b"")  # reset the decoder's read-ahead state
+        pooled = decoder, fp
+        if isinstance(exc, Exception | KeyboardInterrupt | SystemExit):
+            raise
+        # a Rust panic inside cbor2 is a BaseException: still only "not CBOR"
+        raise ValueError(f"the CBOR decoder failed: {exc}") from None
+    finally:
+        _decoders.append(pooled)
+    end = fp.tell()
+    if end != len(payload):
+        raise ValueError(f"{len(payload) - end} bytes follow the CBOR item")
+    return item
 
 
 def load_map(payload: bytes, *, whole: bool = False) -> dict[Any, Any]:
     """The one CBOR map of a frame; ``whole`` (client frames): strictly decoded, and
     nothing may follow the item (1007)."""
     try:
-        if whole:
-            decoder = _strict_decoder()
-            decoder.fp = fp = io.BytesIO(payload)
-            try:
-                item = decoder.decode()
-            finally:
-                _decoders.append(decoder)
-            if fp.tell() != len(payload):
-                raise ValueError(f"{len(payload) - fp.tell()} bytes follow the CBOR item")
-        else:
-            item = cbor2.loads(payload)
+        item = _strict_load(payload) if whole else cbor2.loads(payload)
     except Exception as exc:  # cbor2 raises several types; all mean "not CBOR"
         raise OperationError(close_codes.INVALID_PAYLOAD, f"not a CBOR item: {exc}") from None
     if not isinstance(item, dict):

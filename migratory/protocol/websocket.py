@@ -25,6 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from migratory.model.frozen import positional_constructor
 from migratory.protocol.masking import apply_mask
 
 __all__ = [
@@ -103,6 +104,10 @@ class BinaryMessage:
     """A complete binary message (fragments already joined)."""
 
     data: bytes
+
+
+_new_binary = positional_constructor(BinaryMessage)
+"""``BinaryMessage(data)`` at half the cost, for every frame a client publishes with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +335,7 @@ class FrameDecoder:
                 payload = bytes(buf[start:end])
             self._offset = end
             if b0 == 0x82:  # FIN + BINARY, the common case: a whole binary message
-                return BinaryMessage(payload)
+                return _new_binary(payload)
             if b0 == 0x81:
                 try:
                     return TextMessage(payload.decode("utf-8"))

@@ -26,6 +26,7 @@ from migratory.server import loop_gaps
 from migratory.server.audit import Audit
 from migratory.server.connection import Connection
 from migratory.server.context import (
+    TRIO_CLOCK,
     LocalPublishing,
     PublishPath,
     ServerContext,
@@ -133,7 +134,7 @@ class Server:
             log.warning("%s (never use in production)", hub.fault.describe())
         self.drain = Drain(config.drain_time)  # SIGTERM: clients leave first (drain.py)
         if publishing is None:
-            publishing = LocalPublishing(hub, clock=trio.current_time)
+            publishing = LocalPublishing(hub, clock=TRIO_CLOCK)
         self.monitor = Monitor(self, cluster_metrics=cluster_metrics)
         self.ctx = ServerContext(
             config,
