@@ -33,7 +33,9 @@ At start-up it keeps the journal entries after its own dump (see
 journal when a node had stopped between writing a compaction's dump and trimming its
 journal.
 
-Every other message (votes, snapshots, commands, replies) goes to pysyncobj unchanged.
+A seed that started on an empty disk grants no vote that could lose what it had
+acknowledged before (:mod:`cluster.raft_votes`). Every other message (votes, snapshots,
+commands, replies) goes to pysyncobj unchanged.
 The override reaches pysyncobj's private attributes by their mangled names, which is why
 the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
 checks both the bug in the base class and the fix, so a new pysyncobj version that
@@ -74,6 +76,7 @@ from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_unpickler
+from cluster.raft_votes import EmptyStart
 
 log = logging.getLogger("migratory.raft")
 
@@ -99,8 +102,17 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
         # (term, index): in this leader's term, the leader must go back to this index at
         # least; set before SyncObj.__init__ so that dumps never carry it
         self._catch_up_floor: tuple[int, int] | None = None
+        # looked at before pysyncobj creates the journal (cluster/raft_votes.py)
+        self._empty_start = EmptyStart(None if conf is None else conf.journalFile)
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
+        self._caught_up()  # a dump loaded at start-up
+
+    def _caught_up(self) -> None:
+        if self._empty_start.active:
+            self._empty_start.caught_up(
+                self._SyncObj__getCurrentLogTerm(), self._SyncObj__raftCurrentTerm
+            )
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         if not clearJournal:
@@ -138,14 +150,18 @@ class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
             journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
-        if (
-            message.get("type") == "append_entries"
-            and message["term"] >= self._SyncObj__raftCurrentTerm
-        ):
+        if self._empty_start.active:  # a follower sent entries, or this leader wrote its own
+            self._caught_up()
+        kind = message.get("type")
+        if kind == "append_entries" and message["term"] >= self._SyncObj__raftCurrentTerm:
             if "prevLogIdx" in message:
                 self._append_entries(node, message)
             else:
                 self._install_dump(node, message)
+            self._caught_up()
+            return
+        if kind == "request_vote" and not self._empty_start.may_vote(message):
+            self._empty_start.refused(node, message)  # as if the request was lost
             return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 

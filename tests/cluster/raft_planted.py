@@ -29,6 +29,10 @@ class CommitsUnvouchedEntries(FollowerSafeSyncObj):  # type: ignore[misc]
 class VotesForAnyLog(FollowerSafeSyncObj):  # type: ignore[misc]
     """Grants its vote without checking that the candidate's log is as up to date."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._empty_start.active = False  # and without cluster/raft_votes.py's rule
+
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         if message.get("type") == "request_vote":
             message = {**message, "last_log_term": 10**9, "last_log_index": 10**9}

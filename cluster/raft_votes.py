@@ -1,0 +1,104 @@
+"""A seed that starts on an empty disk votes only once it holds the cluster's log again.
+
+Raft's safety rests on every seed remembering, across restarts, its log and the vote it
+gave in each term. A seed whose ``ClusterDataDir`` was lost (a deleted volume, a disk
+replaced, a pod rescheduled without its claim) comes back empty: it may have been one of
+the majority that acknowledged a publication, and now holds nothing. If another seed is
+down at that moment (the one that also held the publication), the empty seed's vote lets
+the third seed -- which never received it -- become leader: an acknowledged message is
+lost and its position given to another one. ``docs/cluster.md`` told operators never to
+do that; :class:`EmptyStart` makes the seed refuse instead:
+
+- a seed is *empty-started* when it starts without a journal (or with the marker file
+  this module leaves until it has caught up, so a crash in between changes nothing);
+- while empty-started it grants its vote only to a candidate whose log is empty too
+  (last log term 0): a brand-new cluster, where every seed starts empty, still elects;
+- it has caught up once its log holds an entry of a leader (last log term > 0): the
+  leader that sent it holds every committed entry. From then on it votes as Raft says,
+  except in the terms it may have voted in before it lost its disk (up to the term at
+  which it caught up), where it might vote twice.
+
+The cost: with one seed of three down and another one empty-started, the cluster stays
+without a leader (publishes fail, nothing acknowledged is lost) until the seed that was
+down comes back. A seed that joins for the very first time after the others have
+elected is empty-started too, for the fraction of a second until the leader reaches it
+(it cannot tell a new disk from a lost one). Pure bookkeeping, no pysyncobj:
+:class:`cluster.raft_follower.FollowerSafeSyncObj` asks it about each vote
+(``tests/cluster/test_raft_votes.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("migratory.raft")
+
+MARKER_SUFFIX = ".empty-start"
+
+
+class EmptyStart:
+    """Whether this seed started on an empty disk and has not caught up since."""
+
+    def __init__(self, journal_file: str | None) -> None:
+        """``journal_file``: pysyncobj's journal, looked at *before* pysyncobj opens it
+        (None: an in-memory journal, which starts empty every time)."""
+        self.marker = None if journal_file is None else journal_file + MARKER_SUFFIX
+        self.active = (
+            journal_file is None
+            or not os.path.exists(journal_file)
+            or os.path.exists(journal_file + MARKER_SUFFIX)
+        )
+        self.vote_floor = 0  # no vote in a term at or below this one
+        self.refusals = 0
+        self._refused_terms: set[int] = set()
+        if self.active and self.marker is not None:
+            with open(self.marker, "wb") as f:
+                f.write(b"this seed started without a Raft journal and has not caught up\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def caught_up(self, last_log_term: int, current_term: int) -> None:
+        """Called while :attr:`active` with the log's last term after a message (or a
+        dump loaded at start-up)."""
+        if not self.active or last_log_term <= 0:
+            return
+        self.active = False
+        self.vote_floor = current_term
+        if self.marker is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.marker)
+        if self.refusals:
+            log.warning(
+                "Raft: this seed has caught up with the cluster's log (term %d) after "
+                "starting empty; it votes again from term %d on",
+                current_term, current_term + 1,
+            )
+
+    def may_vote(self, request: dict[str, Any]) -> bool:
+        """Whether to answer this ``request_vote`` as pysyncobj would."""
+        if self.active:
+            return bool(request.get("last_log_term", 0) == 0)
+        return bool(request.get("term", 0) > self.vote_floor)
+
+    def refused(self, candidate: Any, request: dict[str, Any]) -> None:
+        self.refusals += 1
+        term = request.get("term", 0)
+        if term in self._refused_terms or len(self._refused_terms) > 1000:
+            return
+        self._refused_terms.add(term)
+        if self.active:
+            log.warning(
+                "Raft: this seed started with an empty ClusterDataDir and holds nothing of "
+                "the cluster's log yet: it does not vote for %s (term %s), which may lack "
+                "what this seed acknowledged before; it votes once a leader has sent it "
+                "the log (with a seed down as well, the cluster waits for that seed)",
+                candidate, term,
+            )
+        else:
+            log.warning(
+                "Raft: no vote for %s in term %s: this seed may have voted in that term "
+                "before it lost its disk", candidate, term,
+            )

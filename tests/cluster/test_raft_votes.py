@@ -1,0 +1,126 @@
+"""A seed that lost its ClusterDataDir does not vote its way into losing what it had
+acknowledged (cluster/raft_votes.py): the rule alone, then real pysyncobj nodes on the
+simulated network of :mod:`raft_sim`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raft_sim import RaftWorld
+
+from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
+
+
+def vote(term: int, last_log_term: int) -> dict[str, Any]:
+    return {"type": "request_vote", "term": term, "last_log_index": 5,
+            "last_log_term": last_log_term}
+
+
+def test_a_seed_with_a_journal_votes_as_raft_says(tmp_path: Path) -> None:
+    journal = tmp_path / "raft.journal"
+    journal.write_bytes(b"held")
+    start = EmptyStart(str(journal))
+    assert not start.active
+    assert start.may_vote(vote(7, 3)) and start.may_vote(vote(1, 0))
+    assert not (tmp_path / ("raft.journal" + MARKER_SUFFIX)).exists()
+
+
+def test_an_empty_start_votes_only_for_an_empty_log_until_it_caught_up(tmp_path: Path) -> None:
+    journal = tmp_path / "raft.journal"
+    start = EmptyStart(str(journal))
+    marker = Path(str(journal) + MARKER_SUFFIX)
+    assert start.active and marker.exists()
+    assert start.may_vote(vote(1, 0))  # a brand-new cluster still elects
+    assert not start.may_vote(vote(9, 4))  # a log with entries of a leader: maybe not ours
+    start.caught_up(last_log_term=0, current_term=9)  # nothing of a leader yet
+    assert start.active
+    journal.write_bytes(b"pysyncobj's journal")
+    assert EmptyStart(str(journal)).active, "restarted before catching up: still empty"
+    start.caught_up(last_log_term=4, current_term=9)
+    assert not start.active and not marker.exists()
+    assert not start.may_vote(vote(9, 4)), "it may have voted in term 9 before"
+    assert start.may_vote(vote(10, 4))
+    assert not EmptyStart(str(journal)).active
+
+
+class VotesWithAnEmptyDisk(FollowerSafeSyncObj):
+    """The planted bug: pysyncobj's own voting after a lost disk."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._empty_start.active = False
+
+
+def lose_the_disk(world: RaftWorld, address: str) -> None:
+    world.crash(address)
+    for path in world.dir.glob(address.replace(":", "_") + "*"):
+        path.unlink()
+    world.restart(address)
+
+
+def seed_loses_its_disk_while_another_is_down(node_class: type[Any]) -> tuple[RaftWorld, str]:
+    """Leader A and follower B commit e1, e2 (C is cut off from A). B's disk is lost and
+    B restarts empty; A is down: only B and C are up, and C never had e1, e2."""
+    world = RaftWorld(3, node_class=node_class, seed=1)
+    for _ in range(20):
+        world.step(0.05)
+    a = world.leader()
+    assert a is not None
+    b, c = [address for address in world.addresses if address != a]
+    world.cut(a, c)
+    for value in (b"e1", b"e2"):
+        world.submit(a, value)
+    world.tick(a)
+    world.deliver(a, b, 99)
+    world.deliver(b, a, 99)
+    world.tick(a)
+    assert set(world.acknowledged) == {b"e1", b"e2"}
+    world.crash(a)
+    lose_the_disk(world, b)
+    for _ in range(60):
+        world.step(0.05)
+    return world, a
+
+
+def test_with_a_seed_down_the_empty_seed_waits_instead_of_losing_what_was_acknowledged() -> None:
+    world, _ = seed_loses_its_disk_while_another_is_down(FollowerSafeSyncObj)
+    try:
+        assert world.violations() == []
+        assert world.leader() is None, "a leader without e1, e2"
+        world.heal_all()  # A comes back: it holds e1, e2
+        for _ in range(60):
+            world.step(0.05)
+        assert world.leader() is not None
+        assert world.violations() == []
+        assert world.converged(), "every seed has e1, e2 again"
+        assert all(not node._empty_start.active for node in world.nodes.values())
+    finally:
+        world.close()
+
+
+def test_pysyncobj_alone_loses_the_acknowledged_entries() -> None:
+    world, _ = seed_loses_its_disk_while_another_is_down(VotesWithAnEmptyDisk)
+    try:
+        assert world.leader() is not None
+        assert world.violations(), "the planted bug must be seen"
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_a_brand_new_cluster_of_empty_seeds_elects(size: int) -> None:
+    world = RaftWorld(size, seed=2)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        assert world.leader() is not None
+        world.submit(world.leader(), b"x")
+        for _ in range(5):
+            world.step(0.05)
+        assert world.acknowledged and world.violations() == []
+        assert all(not node._empty_start.active for node in world.nodes.values())
+    finally:
+        world.close()
