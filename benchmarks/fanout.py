@@ -9,6 +9,7 @@ subscribers of ``/bench/fanout``, 100-byte contents at 100 messages/s for 30 s, 
     .venv/bin/python benchmarks/fanout.py [--duration 30] [--set BatchTime=20] [--json out.json]
     .venv/bin/python benchmarks/fanout.py --front-end mqtt [--tls]   # MQTT QoS 0 subscribers
     .venv/bin/python benchmarks/fanout.py --front-end sse [--tls]   # Server-Sent Events (https)
+    .venv/bin/python benchmarks/fanout.py --tls   # native WebSocket subscribers over wss://
     .venv/bin/python benchmarks/fanout.py --subscribers 10000 --subjects 10000 --rate 20000
 
 ``--subjects N`` puts subscriber i on subject i mod N and the publisher goes
