@@ -76,12 +76,13 @@ from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_unpickler
+from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_votes import EmptyStart
 
 log = logging.getLogger("migratory.raft")
 
 
-class FollowerSafeSyncObj(SyncObj):  # type: ignore[misc]
+class FollowerSafeSyncObj(CompactionWaitsForDumps):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
     that never drops, at start-up, the entries its journal holds after its dump."""
 

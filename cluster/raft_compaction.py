@@ -1,0 +1,78 @@
+"""A leader does not compact its log while its dump is on its way to a follower.
+
+A seed too far behind the leader's log (it was down or cut off while the leader
+compacted) can only catch up from the leader's dump, sent in parts over several rounds.
+pysyncobj 0.3.17 drops every transmission in progress whenever the leader finishes a
+new dump (``Serializer.checkSerializing``: ``__transmissions = {}``), and sends nothing
+to anyone while it writes one. A leader that compacts more often than a dump takes to
+send -- a large state, a slow link, or small ``ClusterLogCompactionEntries`` under
+load -- restarts the same follower's transmission for ever: the seed never catches up,
+keeps starting elections, and deposes leaders (``tests/cluster/test_raft_compaction.py``
+shows it on real pysyncobj nodes: 6,400 parts sent, no dump ever installed).
+
+:class:`CompactionWaitsForDumps` starts no new compaction on a leader while a dump
+transmission is in progress, for at most :data:`MAX_WAIT_SECONDS` (and while its log
+holds no more than :data:`MAX_LOG_FACTOR` times ``logCompactionMinEntries``), so a
+transmission that can finish does; a follower that never takes its parts cannot keep
+the log growing for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pysyncobj import SyncObj
+from pysyncobj import syncobj as pysyncobj_syncobj
+from pysyncobj.syncobj import _RAFT_STATE
+
+log = logging.getLogger("migratory.raft")
+
+MAX_WAIT_SECONDS = 60.0
+MAX_LOG_FACTOR = 4
+
+
+class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
+    """``SyncObj`` whose leader postpones compaction while a dump is being sent."""
+
+    _SyncObj__serializer: Any
+    _SyncObj__raftState: int
+    _SyncObj__raftLog: Any
+    _SyncObj__conf: Any
+
+    _waiting_since: float | None = None  # class default: set before SyncObj.__init__ runs
+
+    def _SyncObj__tryLogCompaction(self) -> None:
+        if self._dump_on_its_way():
+            return
+        SyncObj._SyncObj__tryLogCompaction(self)
+
+    def _dump_on_its_way(self) -> bool:
+        """True while compaction should wait: this leader is sending its dump and is not
+        writing one (a finished dump still gets its journal trimmed)."""
+        serializer = self._SyncObj__serializer
+        sending = (
+            self._SyncObj__raftState == _RAFT_STATE.LEADER
+            and serializer._Serializer__pid == 0
+            and bool(serializer._Serializer__transmissions)
+        )
+        if not sending:
+            self._waiting_since = None
+            return False
+        now = pysyncobj_syncobj.monotonicTime()  # the Raft clock (simulated in tests)
+        if self._waiting_since is None:
+            self._waiting_since = now
+        conf = self._SyncObj__conf
+        if (
+            now - self._waiting_since > MAX_WAIT_SECONDS
+            or len(self._SyncObj__raftLog) > MAX_LOG_FACTOR * conf.logCompactionMinEntries
+        ):
+            log.warning(
+                "Raft: compacting the log although a dump is still being sent to "
+                "%d follower(s) (waited %.0f s, %d entries)",
+                len(serializer._Serializer__transmissions), now - self._waiting_since,
+                len(self._SyncObj__raftLog),
+            )
+            self._waiting_since = None
+            return False
+        return True

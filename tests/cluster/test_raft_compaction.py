@@ -1,0 +1,87 @@
+"""A leader that compacts more often than its dump takes to send (cluster/raft_compaction.py):
+real pysyncobj nodes on the simulated network of :mod:`raft_sim`."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from raft_sim import RaftWorld
+
+from cluster import raft_compaction
+from cluster.raft_follower import FollowerSafeSyncObj
+
+
+class CompactsWhileSending(FollowerSafeSyncObj):
+    """pysyncobj's own leader: a new dump restarts every transmission in progress."""
+
+    def _dump_on_its_way(self) -> bool:
+        return False
+
+
+def cut_off_then_back_under_load(node_class: type[Any]) -> tuple[RaftWorld, str]:
+    """C is cut off while 60 entries of 400 random bytes commit (a dump of ~100 parts of
+    256 B; a round sends ~10); back, it needs the dump, while the leader goes on
+    committing -- and compacting every 6 entries."""
+    rnd = random.Random(5)
+    world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
+                      dump_part_bytes=256, send_seconds=0.004)
+    for _ in range(20):
+        world.step(0.05)
+    leader = world.leader()
+    assert leader is not None
+    c = next(address for address in world.addresses if address != leader)
+    for other in world.addresses:
+        world.cut(c, other)
+    for i in range(60):
+        if world.leader():
+            world.submit(world.leader(), b"v%03d" % i + rnd.randbytes(400))
+        world.step(0.05)
+    for other in world.addresses:
+        world.heal(c, other)
+    for i in range(150):
+        if world.leader():
+            world.submit(world.leader(), b"w%03d" % i + rnd.randbytes(400))
+        world.step(0.05)
+    return world, c
+
+
+def applied(world: RaftWorld, address: str) -> int:
+    return len(world.recorders[address].applied)
+
+
+def test_the_cut_off_seed_catches_up_from_one_dump() -> None:
+    world, c = cut_off_then_back_under_load(FollowerSafeSyncObj)
+    try:
+        assert world.violations() == []
+        assert world.dumps_installed >= 1
+        most = max(applied(world, a) for a in world.addresses)
+        assert applied(world, c) >= most - 2, (applied(world, c), most)
+    finally:
+        world.close()
+
+
+def test_with_pysyncobj_s_compaction_it_never_does() -> None:
+    """The livelock (chaos seed 4 showed its real-process form, docs/cluster.md)."""
+    world, c = cut_off_then_back_under_load(CompactsWhileSending)
+    try:
+        assert world.dumps_installed == 0
+        assert world.dump_parts_sent > 500
+        assert applied(world, c) == 0
+    finally:
+        world.close()
+
+
+def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transmission that cannot finish does not keep the log growing for ever."""
+    monkeypatch.setattr(raft_compaction, "MAX_WAIT_SECONDS", 0.1)
+    world, _ = cut_off_then_back_under_load(FollowerSafeSyncObj)
+    try:
+        warned = [r for r in world.logs.records if "although a dump is still" in r.getMessage()]
+        assert warned, "the leader compacts once it has waited long enough"
+        leader = world.leader()
+        assert leader is not None
+        assert len(world.nodes[leader]._SyncObj__raftLog) <= 4 * 6 + 2
+    finally:
+        world.close()
