@@ -54,7 +54,7 @@ class MqttSession(MqttInput):
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
-        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost",
+        "_ctx", "_decoder", "_frames", "_hot", "_hot_subject", "_inflight", "_link", "_lost",
         "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving",
         "_waiting_subacks", "_will", "aborted", "client_id", "close_code", "closing",
         "connection_id", "identity", "keep_alive", "listener", "outbox", "peer", "persistent",
@@ -97,6 +97,10 @@ class MqttSession(MqttInput):
         )
         self._publish_rate = PublishRate(config.max_publishes_per_second, 0.0)
         self._reached = self.subscriptions.reached
+        # the subject of the last delivery and the message (or Position) it reached: its
+        # entry in _reached is stale while it is here (see settle_reached)
+        self._hot_subject: str | None = None
+        self._hot: Position | Message | None = None
         self._inflight = Inflight()  # QoS 1 deliveries not acknowledged yet
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
@@ -294,10 +298,21 @@ class MqttSession(MqttInput):
         stats = self._ctx.stats
         stats.count(stats.entitlement_denials, action)
 
+    def settle_reached(self) -> dict[str, Position | Message]:
+        """The position reached on each subject, whole: the last delivery's subject is kept
+        apart by ``deliver_message`` (one subject's deliveries then touch no dictionary);
+        anything else that reads or writes the positions settles it first."""
+        subject = self._hot_subject
+        if subject is not None:
+            if self._hot is not None:
+                self._reached[subject] = self._hot
+            self._hot_subject = self._hot = None
+        return self._reached
+
     def note_position(self, subject: str, position: Position) -> None:
         """Where a new subscription of ``subject`` starts."""
         if position.epoch:
-            self.subscriptions.reached[subject] = position
+            self.settle_reached()[subject] = position
         if self._record is not None:
             self._record.positions[subject] = position
 
@@ -321,12 +336,16 @@ class MqttSession(MqttInput):
         if self.closing or self.aborted:
             return
         subject = message.subject
-        reached = self._reached
-        last = reached.get(subject)
+        if subject == self._hot_subject:  # the usual case: no dictionary to touch
+            last = self._hot
+        else:
+            last = self.settle_reached().get(subject)
+            self._hot_subject = subject
+            self._hot = last
         # seq first: a live message is always past ``last``, so one comparison decides
         if last is not None and message.seq <= last.seq and last.epoch == message.epoch:
             return  # already delivered (two filters match, or a recovery overlap)
-        reached[subject] = message
+        self._hot = message
         if qos and message.qos is Qos.GUARANTEED:
             self._deliver_qos1(message, retain=False)
             return

@@ -57,7 +57,8 @@ class Subscriptions:
         self._filters: dict[str, _Filter] = {}
         # subject -> the last message delivered (or the Position of where it stands):
         # only its epoch and seq are read -- storing the message saves a Position per
-        # delivery on the fan-out path
+        # delivery on the fan-out path. Read it through owner.settle_reached(): the
+        # owner keeps its last delivery's subject apart
         self.reached: dict[str, Position | Message] = {}
         self._attached = True
         self._filters_changed = True  # since the last implied_positions
@@ -69,10 +70,11 @@ class Subscriptions:
     def take(self, message: Message) -> bool:
         """Whether ``message`` is new to this session (then it counts as delivered)."""
         subject = message.subject
-        reached = self.reached.get(subject)
+        positions = self._owner.settle_reached()
+        reached = positions.get(subject)
         if reached is not None and reached.epoch == message.epoch and message.seq <= reached.seq:
             return False
-        self.reached[subject] = message
+        positions[subject] = message
         return True
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------
@@ -190,13 +192,14 @@ class Subscriptions:
             return
         self._filters_changed = False
         self._scanned_at = created
+        reached = self._owner.settle_reached()
         for entry in self._filters.values():
             if entry.subject is not None:
                 continue
             for subject, position, _ in self._hub.matching(entry.levels):
                 if len(record.positions) >= MAX_IMPLIED:
                     return
-                if subject not in record.positions and subject not in self.reached:
+                if subject not in record.positions and subject not in reached:
                     record.positions[subject] = position if position.seq else NOTHING_SEEN
 
     def _qos_for(self, subject: str) -> int | None:
@@ -215,7 +218,7 @@ class Subscriptions:
             current = hub.position(subject)
             missed = [] if current is None else hub.missed(subject, Position(current.epoch, 0))
         else:
-            self.reached[subject] = position
+            owner.settle_reached()[subject] = position
             missed = hub.missed(subject, position)
         if missed is None:
             owner.resynced(subject)

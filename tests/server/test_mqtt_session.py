@@ -12,6 +12,7 @@ from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
+from migratory.server.mqtt_store import decode_record, session_subject
 
 
 class Wire:
@@ -220,8 +221,6 @@ def test_inflight_packet_ids_skip_outstanding_ones_and_wrap() -> None:
 def test_a_connection_taken_over_elsewhere_does_not_overwrite_its_successor() -> None:
     """Two registries on one hub stand for two members: the client reconnected to the
     second while the first still holds a half-open connection of it."""
-    from migratory.server.mqtt_store import decode_record, session_subject
-
     ctx, held = make()
     stale = session(ctx, "dev", {}, clean_session=False)
     stale.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1), ("b/+", 1)))), 0.0)
@@ -255,3 +254,30 @@ def test_fan_out_queues_one_shared_publish_and_sessions_keep_no_instance_dict() 
     assert all(frame is frames[0] for frame in frames)
     assert read(sessions[0]) == [] and frames[0].endswith(b"a/bpayload")
     assert not hasattr(sessions[0], "__dict__")
+
+
+def test_a_message_offered_twice_is_delivered_once_whichever_subject_came_last() -> None:
+    """The fan-out keeps the last delivery's subject apart from the session's dictionary
+    of positions; a message offered again (a recovery overlap, a catch-up) is still
+    recognised as delivered, on that subject and on the one before it, and the positions
+    a persistent session saves are the last delivered. (A refactor's guard: passes
+    before and after it; fails if the subject kept apart is not written back.)"""
+    ctx, held = make()
+    registry: dict[str, MqttSession] = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 0),))), 0.0)
+    held.settle()
+    read(device)
+    messages = {}
+    for subject in ("/a/x", "/a/y", "/a/x", "/a/y"):
+        messages[subject] = ctx.hub.publish(Message(subject, subject.encode()), 0.0)
+    assert len([p for p in read(device) if isinstance(p, mqtt.Publish)]) == 4
+    for message in (messages["/a/x"], messages["/a/y"], messages["/a/x"]):
+        device.deliver_message(message, 0)  # already delivered: dropped
+    assert read(device) == []
+    device.connection_lost()
+    held.settle()
+    held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert record is not None
+    assert {s: p.seq for s, p in record.positions.items()} == {"/a/x": 2, "/a/y": 2}
