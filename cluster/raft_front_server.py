@@ -164,12 +164,22 @@ class FrontServer:
         """Accept one connection to wait for its preamble; False when none is left."""
         try:
             sock, _ = listener.accept()
-            self._set_options(sock)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                log.warning("Raft: accept failed (%s): listening again later", exc)
-                self.unbind()  # as TcpServer: the transport binds again
+        except (BlockingIOError, InterruptedError):
             return False
+        except ConnectionAbortedError:  # the peer gave up before we took it: the next one
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return False
+            log.warning("Raft: accept failed (%s): listening again later", exc)
+            self.unbind()  # as TcpServer (EMFILE...): the transport binds again
+            return False
+        try:
+            self._set_options(sock)
+        except OSError:  # this connection is already gone; the listener is fine
+            sock.close()
+            self._count("closed_early")
+            return True
         if len(self._waiting) >= MAX_PENDING:
             self._count("evicted")
             self._close(next(iter(self._waiting)))

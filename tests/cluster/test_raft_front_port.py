@@ -294,3 +294,51 @@ def test_three_seeds_link_through_the_front_elect_commit_and_fail_over(
     finally:
         for i in alive:
             seeds[i].close()
+
+
+class _FlakyListener:
+    """A listening socket whose first accept fails as ``errors`` say, then works."""
+
+    def __init__(self, real: socket.socket, errors: list[OSError]) -> None:
+        self._real = real
+        self._errors = errors
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self._errors:
+            raise self._errors.pop(0)
+        return self._real.accept()
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def close(self) -> None:
+        self._real.close()
+
+
+def test_a_connection_aborted_before_accept_does_not_stop_the_listener() -> None:
+    """Only a failure of the listener itself (EMFILE...) makes it listen again later; a
+    peer that connected and reset before it was accepted is skipped (it was unbound)."""
+    from cluster.raft_front_server import FrontServer
+
+    poller = createPoller("auto")
+    server = FrontServer(
+        poller, "127.0.0.1", free_port(), lambda connection: None,
+        gate=PreambleGate(b"k" * 32, address="127.0.0.1:1"),
+        send_buffer_size=2**16, recv_buffer_size=2**16, connection_timeout=3.0,
+    )
+    server.bind()
+    try:
+        assert server._socket is not None
+        real = server._socket
+        server._socket = _FlakyListener(real, [ConnectionAbortedError(103, "aborted")])  # type: ignore[assignment]
+        with socket.create_connection(("127.0.0.1", server._port)):
+            time.sleep(0.05)
+            server._on_accept(server.fileno or 0, 1)  # POLL_EVENT_TYPE.READ
+            assert server.fileno is not None, "the listener was dropped"
+            assert server.statistics().pending == 1, "the next connection was taken"
+        server._socket = _FlakyListener(real, [OSError(24, "Too many open files")])  # type: ignore[assignment]
+        server._on_accept(server.fileno, 1)
+        assert server.fileno is None  # EMFILE: unbound, the transport binds again
+    finally:
+        server.close_waiting()
+        server.unbind()
