@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Server CPU per delivery on each front end: native WebSocket, SSE, MQTT, each plain and TLS.
+"""Server and subscriber CPU per delivery on each front end (native, SSE, MQTT; plain, TLS).
 
 The real server (``Server``: listeners, connections, sessions, hub, outboxes, TLS) runs in
 this process; the fan-out benchmark's own subscriber processes (migratory/bench/: raw
@@ -7,7 +7,9 @@ sockets counting stamps) connect to it. Nothing publishes over the network: the 
 calls ``hub.publish`` ``--per-write`` times, then the batch tick (``Server.batch_tick``,
 one write per connection), then sleeps ``--pause`` ms so the subscribers keep up. The
 figure is this process's CPU time (``time.process_time``) over the loop divided by the
-deliveries: it holds on a busy machine, unlike a latency figure. BatchTime is set out of
+deliveries: it holds on a busy machine, unlike a latency figure. The ``load`` column is
+the subscriber processes' CPU time (from /proc) over the same loop, per delivery: the
+load generator's side of each delivery. BatchTime is set out of
 the way (10 s) and BatchIdleWrite off, so the loop alone decides what one write carries:
 at the product's BatchTime of 10 ms, 100 and 400 messages/s to one subject are about 1
 and 4 messages per write. Every subscriber must receive every message (checked).
