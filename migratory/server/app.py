@@ -163,6 +163,10 @@ class Server:
         # one still gets at most about one write per BatchTime plus one
         self.idle_write = config.batch_idle_write and not self.write_immediately
         self.urgent: set[Connection] = set()
+        # the connection whose input is being processed (Connection._read_once): the idle
+        # writes its processing causes are written when it is done, by that same task
+        # (write_urgent), without waking the idle-write task; None: nobody, wake it
+        self.processing: Connection | None = None
         # deliveries written (by a tick or an idle write; a client's replies to its own
         # requests do not count) since the last tick, and in the tick interval before
         self.written: set[Connection] = set()
@@ -289,18 +293,31 @@ class Server:
             self.dirty.add(connection)
         else:
             self.urgent.add(connection)
+            if self.processing is None:
+                self._urgent_wake.set()
+
+    def write_urgent(self) -> None:
+        """Write to the idle connections that have bytes waiting (each once, whatever it
+        was given since the last call: what one client's input delivers goes out in one
+        write per subscriber)."""
+        urgent, self.urgent = self.urgent, set()
+        self.written |= urgent
+        for connection in urgent:
+            connection.flush()
+
+    def wake_idle_writes(self) -> None:
+        """Have the idle-write task write what waits (processing ended without doing so)."""
+        if self.urgent:
             self._urgent_wake.set()
 
     async def _idle_write_loop(self) -> None:
-        """Write to idle connections once the current scheduler pass is done (so what one
-        pass delivers to a client goes out in one write)."""
+        """Write to idle connections once the current scheduler pass is done, for what
+        did not come from a client's input (a cluster peer's messages, conflation ticks):
+        input is followed by :meth:`write_urgent` in its own task."""
         while True:
             await self._urgent_wake.wait()
             self._urgent_wake = trio.Event()
-            urgent, self.urgent = self.urgent, set()
-            self.written |= urgent
-            for connection in urgent:
-                connection.flush()
+            self.write_urgent()
 
     def flush_dirty(self) -> None:
         dirty = self.dirty

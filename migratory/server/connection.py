@@ -91,7 +91,9 @@ class Connection:
         writes all that waits, or leaves it to a drain task that does)."""
         if not self._marked:
             self._marked = True
-            self.server.mark_dirty(self)
+            server = self.server
+            if server.processing is not self:  # else it flushes itself when done
+                server.mark_dirty(self)
 
     def flush_now(self) -> None:
         self.flush()
@@ -277,32 +279,52 @@ class Connection:
         elif not data:
             return False
         more = False
+        server = self.server
         if data:
-            self.server.ctx.stats.bytes_read += len(data)
+            server.ctx.stats.bytes_read += len(data)
             now = trio.current_time()
             native = self.session
-            if isinstance(native, Session):
-                more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
-                if native.mqtt_upgrade is not None:
-                    self._become_mqtt(now)
-                    more = False
-            else:
-                more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+            server.processing = self  # idle writes wait for _after_processing
+            try:
+                if isinstance(native, Session):
+                    more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+                    if native.mqtt_upgrade is not None:
+                        self._become_mqtt(now)
+                        more = False
+                else:
+                    more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+            except BaseException:
+                self._processing_failed()
+                raise
         self._after_processing()
         while more:
             await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
             if self._closed:  # aborted meanwhile (a failed write): its socket is gone
                 return False
             native = self.session
-            more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
+            server.processing = self
+            try:
+                more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
+            except BaseException:
+                self._processing_failed()
+                raise
             self._after_processing()
         session = self.session
         return not (session.aborted or session.closing)
 
+    def _processing_failed(self) -> None:
+        server = self.server
+        server.processing = None
+        server.wake_idle_writes()  # what the processing delivered before it failed
+
     def _after_processing(self) -> None:
-        """Account the handshake and the incomplete frames (limits.py), then write."""
+        """Account the handshake and the incomplete frames (limits.py), then write: this
+        client's replies, then every idle subscriber the processing delivered to (in this
+        task, at once: no wake-up of another task for them)."""
+        server = self.server
+        server.processing = None
         session = self.session
-        limits = self.server.admission
+        limits = server.admission
         if self.handshaking and session.connected:
             self.handshaking = False
             limits.handshake_done(self)
@@ -317,8 +339,10 @@ class Connection:
                 limits.hold_incomplete(-self._held)
             self._held = held
         self.flush()
-        if self.server.write_immediately:
-            self.server.flush_dirty()
+        if server.write_immediately:
+            server.flush_dirty()
+        elif server.urgent:
+            server.write_urgent()
 
     def _become_mqtt(self, now: float) -> None:
         """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over
