@@ -347,6 +347,10 @@ class Hub(MessageSinks):
         return dropped
 
     @property
+    def subject_count(self) -> int:
+        return len(self._subjects)
+
+    @property
     def forgotten(self) -> int:
         """Spent subjects forgotten so far (see :meth:`expire`)."""
         return self._forgotten
