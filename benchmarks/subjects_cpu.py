@@ -12,17 +12,22 @@ server's CPU time (utime + stime from /proc) over the publishing, divided by the
 it holds on a busy machine, unlike a latency or a rate. ``--idle`` seconds first measure
 what the server costs per second with the subscribers connected and nothing published
 (its fixed costs: expiry sweep, ticks, probes), reported apart. Every subscriber must
-receive every message (checked).
+receive every message (checked). ``--breakdown`` runs the server under
+``benchmarks/serve_breakdown.py`` and splits its CPU per message into parts.
 
     .venv/bin/python benchmarks/subjects_cpu.py            # 10,000 subjects, bursts of 1 and 16
     .venv/bin/python benchmarks/subjects_cpu.py --burst 1 --messages 20000 --set BatchTime=0
+    .venv/bin/python benchmarks/subjects_cpu.py --breakdown      # where the CPU goes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
+import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -83,6 +88,44 @@ def publish_bursts(
     return acked
 
 
+class BreakdownServer(ServerProcess):
+    """The server under ``benchmarks/serve_breakdown.py``; it writes its JSON to ``out``."""
+
+    def __init__(self, settings: list[str]) -> None:
+        super().__init__("subjects-cpu", settings)
+        self.out = self.log_path.with_suffix(".breakdown.json")
+        os.environ["BREAKDOWN_OUT"] = str(self.out)  # inherited by the server process
+
+    def command(self) -> list[str]:
+        python, _m, _cluster, *rest = super().command()
+        return [python, str(Path(__file__).resolve().parent / "serve_breakdown.py"), *rest]
+
+
+def read_breakdown(server: BreakdownServer, messages: int) -> str:
+    """What the server's trio thread spent per message, by part (see serve_breakdown)."""
+    server.out.unlink(missing_ok=True)
+    os.kill(server.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while not server.out.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    f = json.loads(server.out.read_text())
+    n = max(messages, 1)
+    writes = f.get("write", 0.0)
+    outside = writes - f.get("write_in_after_processing", 0.0)
+    after = f.get("after_processing", 0.0) - f.get("write_in_after_processing", 0.0)
+    rest = (f["total"] - f["io_wait"] - f.get("receive_data", 0.0) - after - writes
+            - f.get("gc", 0.0))
+    part = {
+        "input processed": f.get("receive_data", 0.0), "sends": writes, "after input": after,
+        "epoll waits": f["io_wait"], "gc": f.get("gc", 0.0), "rest": rest,
+    }
+    shown = ", ".join(f"{name} {1e6 * v / n:.1f}" for name, v in part.items())
+    return (f"{shown}; total {1e6 * f['total'] / n:.1f} ({f['passes'] / n:.2f} loop passes, "
+            f"{f.get('write_calls', 0) / n:.2f} sends per message, of them "
+            f"{1e6 * outside / n:.1f} us outside input)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--subscribers", type=int, default=10000)
@@ -94,10 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle measure")
     parser.add_argument("--set", action="append", default=[], metavar="Key=Value")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="run the server under benchmarks/serve_breakdown.py and show "
+                             "where its CPU goes per message")
     args = parser.parse_args(argv)
     bursts = args.burst or [1, 16]
     raise_nofile()
-    server = ServerProcess("subjects-cpu", [*UNLIMITED, "LogLevel=WARNING", *args.set])
+    settings = [*UNLIMITED, "LogLevel=WARNING", *args.set]
+    server = (
+        BreakdownServer(settings) if args.breakdown else ServerProcess("subjects-cpu", settings)
+    )
     procs: list[mp.Process] = []
     server.start()
     try:
@@ -133,11 +182,16 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         sent = 0
         rows = []
+        breakdowns: dict[int, str] = {}
         for burst in bursts:
+            if args.breakdown:
+                os.kill(server.pid, signal.SIGUSR1)
             c0, t0 = cpu_seconds(server.pid), time.monotonic()
             acked = publish_bursts(conn.sock, conn.buf, args.subscribers, sent, args.messages,
                                    burst, args.size, 300.0)
             c1, t1 = cpu_seconds(server.pid), time.monotonic()
+            if args.breakdown:
+                breakdowns[burst] = read_breakdown(server, acked)
             conn.buf = b""
             sent += acked
             rate = acked / (t1 - t0)
@@ -153,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'burst':>5} {'messages':>9} {'msg/s':>8} {'us CPU/msg':>11} {'less idle':>10}")
         for burst, acked, rate, per, net in rows:
             print(f"{burst:>5} {acked:>9} {rate:>8.0f} {per:>11.1f} {net:>10.1f}")
+        for burst, line in breakdowns.items():
+            print(f"burst {burst:>3}, us of the trio thread's CPU per message: {line}")
         print(f"every message delivered: {delivered} ({received} of {sent})")
         return 0 if delivered else 1
     finally:
