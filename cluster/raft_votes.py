@@ -25,6 +25,12 @@ elected is empty-started too, for the fraction of a second until the leader reac
 (it cannot tell a new disk from a lost one). Pure bookkeeping, no pysyncobj:
 :class:`cluster.raft_follower.FollowerSafeSyncObj` asks it about each vote
 (``tests/cluster/test_raft_votes.py``).
+
+Test-only switch: with ``MIGRATORY_TEST_RAFT=votes-on-empty-disk`` in the environment
+of a member process, this rule is off and an empty-started seed votes as pysyncobj does
+(logged as a warning at start, "never use in production"). It exists so that the tests
+and the chaos checker can be shown to catch the loss the rule prevents
+(``tests/cluster/test_cluster_lost_disk.py``, docs/chaos.md); no config key turns it on.
 """
 
 from __future__ import annotations
@@ -32,19 +38,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("migratory.raft")
 
 MARKER_SUFFIX = ".empty-start"
+TEST_SWITCH = "MIGRATORY_TEST_RAFT"
+VOTES_ON_EMPTY_DISK = "votes-on-empty-disk"
+
+
+def votes_on_empty_disk(environ: Mapping[str, str]) -> bool:
+    """Whether the test-only switch turns this module's rule off (ValueError on any
+    other value, so that a typo does not silently test the rule)."""
+    value = environ.get(TEST_SWITCH, "")
+    if value not in ("", VOTES_ON_EMPTY_DISK):
+        raise ValueError(f"{TEST_SWITCH} must be {VOTES_ON_EMPTY_DISK!r} or unset, got {value!r}")
+    return value == VOTES_ON_EMPTY_DISK
 
 
 class EmptyStart:
     """Whether this seed started on an empty disk and has not caught up since."""
 
-    def __init__(self, journal_file: str | None) -> None:
+    def __init__(
+        self, journal_file: str | None, environ: Mapping[str, str] | None = None
+    ) -> None:
         """``journal_file``: pysyncobj's journal, looked at *before* pysyncobj opens it
-        (None: an in-memory journal, which starts empty every time)."""
+        (None: an in-memory journal, which starts empty every time); ``environ``
+        (default ``os.environ``): where the test-only switch is read."""
+        self.planted = votes_on_empty_disk(os.environ if environ is None else environ)
+        if self.planted:
+            log.warning(
+                "TEST RAFT SWITCH ON (%s=%s): a seed that starts with an empty "
+                "ClusterDataDir votes as pysyncobj does and can lose acknowledged "
+                "publications (never use in production)", TEST_SWITCH, VOTES_ON_EMPTY_DISK,
+            )
         self.marker = None if journal_file is None else journal_file + MARKER_SUFFIX
         self.active = (
             journal_file is None
@@ -79,6 +107,8 @@ class EmptyStart:
 
     def may_vote(self, request: dict[str, Any]) -> bool:
         """Whether to answer this ``request_vote`` as pysyncobj would."""
+        if self.planted:
+            return True
         if self.active:
             return bool(request.get("last_log_term", 0) == 0)
         return bool(request.get("term", 0) > self.vote_floor)

@@ -11,7 +11,13 @@ import pytest
 from raft_sim import RaftWorld
 
 from cluster.raft_follower import FollowerSafeSyncObj
-from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
+from cluster.raft_votes import (
+    MARKER_SUFFIX,
+    TEST_SWITCH,
+    VOTES_ON_EMPTY_DISK,
+    EmptyStart,
+    votes_on_empty_disk,
+)
 
 
 def vote(term: int, last_log_term: int) -> dict[str, Any]:
@@ -44,6 +50,17 @@ def test_an_empty_start_votes_only_for_an_empty_log_until_it_caught_up(tmp_path:
     assert not start.may_vote(vote(9, 4)), "it may have voted in term 9 before"
     assert start.may_vote(vote(10, 4))
     assert not EmptyStart(str(journal)).active
+
+
+def test_the_test_switch_votes_as_pysyncobj_does(tmp_path: Path) -> None:
+    """``MIGRATORY_TEST_RAFT=votes-on-empty-disk`` (test_cluster_lost_disk.py plants the
+    loss with it in member processes): the rule off; any other value is refused."""
+    planted = EmptyStart(str(tmp_path / "raft.journal"), {TEST_SWITCH: VOTES_ON_EMPTY_DISK})
+    assert planted.active and planted.may_vote(vote(9, 4))
+    assert not EmptyStart(str(tmp_path / "other.journal"), {}).may_vote(vote(9, 4))
+    assert not votes_on_empty_disk({TEST_SWITCH: ""})
+    with pytest.raises(ValueError, match=TEST_SWITCH):
+        votes_on_empty_disk({TEST_SWITCH: "votes-on-empty"})
 
 
 class VotesWithAnEmptyDisk(FollowerSafeSyncObj):
