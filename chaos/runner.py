@@ -120,6 +120,9 @@ class Runner:
         self.base = base_port(members)
         env = os.environ.copy()
         env.pop("MIGRATORY_TEST_FAULT", None)
+        # the Raft test switch (cluster/raft_votes.py) passes through from this
+        # environment, so that a planted run is one the runner says it is
+        self.raft_switch = env.get("MIGRATORY_TEST_RAFT") or None
         switch = fault_switch(fault)
         if switch is not None:
             if len(switch.split(",")) > auditors:
@@ -254,6 +257,7 @@ class Runner:
             f"seed {self.seed}: {len(self.schedule)} faults scheduled over {self.duration}s; "
             f"{self.n} members ({self.seeds} seeds), base port {self.base}, "
             f"proxies {'on' if self.proxies else 'off'}, fault switch {self.fault or 'off'}"
+            + (f", RAFT TEST SWITCH {self.raft_switch}" if self.raft_switch else "")
         )
         async with trio.open_nursery() as outer:
             for ps in self.proxy_of.values():
@@ -405,6 +409,7 @@ class Runner:
             "mode": "Guaranteed",
             "proxies": self.proxies,
             "fault_switch": fault_switch(self.fault),
+            "raft_switch": self.raft_switch,
             "subjects": list(self.plan.subjects),
             "publishers": [p.name for p in self.plan.publishers],
             "subscribers": [s.name for s in self.plan.subscribers],

@@ -19,11 +19,20 @@ starting with the scenario's name:
   its data dir), SIGKILL every seed, restart them all.
 - ``upstream-stop``: SIGSTOP the seed a non-seed replicates from (its ``/cluster``
   ``replicating_from``), then SIGCONT.
+- ``lose-disk``: SIGKILL a seed, delete its ``ClusterDataDir``, start it again. Alone,
+  the two other seeds are up: it catches up from the leader. Combined: a follower
+  killed first (so it lacks what is committed next), then the leader killed or
+  SIGSTOPped and at once the other follower loses its disk; both followers restart at
+  once, the leader comes back after 4-6 s. Until then the seeds up are an empty one and
+  one that is behind: a leader among them would lack acknowledged publications, so the
+  empty seed does not vote (``cluster/raft_votes.py``) and the window counts as a lost
+  majority (no publish acknowledged in it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from chaos.members import Member, http_json
-from chaos.schedule import Fault, lag_and_down, member, non_seed_of
+from chaos.schedule import Fault, index, lag_and_down, lose_disk_plan, member, non_seed_of
 
 if TYPE_CHECKING:
     from chaos.nemesis import Nemesis
@@ -51,6 +60,7 @@ async def run_scenario(nem: Nemesis, f: Fault, start: float) -> None:
         "majority-loss": majority_loss,
         "all-seeds-restart": all_seeds_restart,
         "upstream-stop": upstream_stop,
+        "lose-disk": lose_disk,
     }
     try:
         await steps[f.fault](nem, f, start)
@@ -278,3 +288,57 @@ async def upstream_stop(nem: Nemesis, f: Fault, start: float) -> None:
         nem.pause(seed, f"{word}upstream-stop: the seed {ns.name} replicates from")
         await trio.sleep(f.duration)
         nem.resume(seed, "upstream-stop")
+
+
+def delete_data_dir(m: Member) -> int:
+    """Delete the (stopped) member's ``ClusterDataDir``; the number of files it held."""
+    data = Path(m.settings["ClusterDataDir"])
+    files = sum(1 for p in data.rglob("*") if p.is_file()) if data.is_dir() else 0
+    shutil.rmtree(data, ignore_errors=True)
+    return files
+
+
+async def lose_disk(nem: Nemesis, f: Fault, start: float) -> None:
+    plan = lose_disk_plan(f)
+    seeds = list(range(nem.seeds))
+    async with holding(nem, f, seeds) as held:
+        if not held:
+            return
+        if plan is None:
+            victim = nem.members[index(f.target)]
+            files = await _wipe(nem, victim, _leader_word(nem, victim.index) + "lose-disk: alone")
+            nem.restart(victim, f"lose-disk: ClusterDataDir deleted ({files} files)")
+            await nem.restarted([victim], READY_WAIT)
+            return
+        how, down, lag = plan
+        lead = await leader(nem)
+        if lead is None:
+            nem.say("lose-disk: no Raft leader known; nothing done")
+            return
+        keeper = nem.members[lead]
+        wiped, behind = (nem.members[(lead + k) % nem.seeds] for k in (1, 2))
+        # no "leader" in the followers' rows: the checker takes such rows for leader faults
+        await nem.kill(behind, f"lose-disk: killed {lag}s early, so that it lags")
+        await trio.sleep(lag)
+        detail = f"leader, lose-disk: {how} for {down}s as {wiped.name} loses its disk"
+        if how == "kill":
+            await nem.kill(keeper, detail)
+        else:
+            nem.pause(keeper, detail)
+        lost = nem.h.now()
+        files = await _wipe(nem, wiped, f"lose-disk: while {keeper.name} (which led) is down")
+        nem.restart(wiped, f"lose-disk: ClusterDataDir deleted ({files} files)")
+        nem.restart(behind, "lose-disk")
+        await trio.sleep(down)
+        nem.majority_lost.append((lost, nem.h.now(), f"lose-disk: {f.detail}"))
+        if how == "kill":
+            nem.restart(keeper, "lose-disk")
+        else:
+            nem.resume(keeper, "lose-disk")
+        await nem.restarted([wiped, behind] + ([keeper] if how == "kill" else []), READY_WAIT)
+
+
+async def _wipe(nem: Nemesis, m: Member, detail: str) -> int:
+    """SIGKILL ``m`` and delete its ClusterDataDir; the number of files deleted."""
+    await nem.kill(m, detail)
+    return await trio.to_thread.run_sync(delete_data_dir, m)

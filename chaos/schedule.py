@@ -8,7 +8,8 @@ Same seed, duration and layout -> the same schedule. Two kinds of faults:
 - **Scenarios** (:data:`SCENARIOS`), one every ~20 s from 10 s on, aimed at what the
   minority rule keeps away: a lagging follower when the leader dies, the leader
   killed while it sends a cache sync, loss of the seed majority, every seed killed
-  and restarted after a Raft log compaction, a non-seed's upstream seed stopped. A
+  and restarted after a Raft log compaction, a non-seed's upstream seed stopped, a
+  seed's data directory lost (every other time while the leader is down). A
   scenario's window (:data:`LEAD` s before it, its duration and :data:`SETTLE` s
   after) is its own: no single fault of a seed is active in it, nor one of the
   non-seed it uses (so that restarts from earlier kills are over when it starts).
@@ -44,8 +45,10 @@ SCENARIOS = {
     "majority-loss": False,  # a majority of the seeds killed / stopped / cut off for a while
     "all-seeds-restart": False,  # every seed SIGKILLed and restarted after a log compaction
     "upstream-stop": True,  # SIGSTOP the seed a non-seed replicates from
+    "lose-disk": False,  # a seed SIGKILLed, its ClusterDataDir deleted, restarted
 }
 MAJORITY_LOSS = ("kill", "pause", "raft-cut")  # raft-cut: every seed's Raft links held
+LOSE_DISK_WITH = ("kill", "pause")  # what happens to the leader while a seed loses its disk
 SCENARIO_EVERY = 20.0  # seconds between scenario starts (+- 3 s)
 FIRST_SCENARIO = 10.0
 EARLIEST = {"all-seeds-restart": 25.0}  # after the first Raft log compactions
@@ -86,7 +89,8 @@ def touches_seeds(f: Fault, seeds: int) -> bool:
 
 
 def _scenario(rng: random.Random, kind: str, at: float, members: int, seeds: int,
-              proxies: bool) -> Fault:
+              proxies: bool, combined: bool = True) -> Fault:
+    """One scenario fault; ``combined``: a lose-disk while the leader is down too."""
     non_seed = member(rng.randrange(seeds, members)) if members > seeds else ""
     if kind == "lagging-failover":
         pause, down = round(rng.uniform(2.5, 3.5), 2), round(rng.uniform(1.0, 3.0), 2)
@@ -105,8 +109,36 @@ def _scenario(rng: random.Random, kind: str, at: float, members: int, seeds: int
     if kind == "all-seeds-restart":
         down = round(rng.uniform(1.0, 2.5), 2)
         return Fault(at, kind, "seeds", down, f"every seed killed for {down}s after compaction")
+    if kind == "lose-disk":
+        return _lose_disk(rng, at, seeds, combined)
     length = round(rng.uniform(3.0, 6.0), 2)
     return Fault(at, kind, f"upstream-of-{non_seed}", length, f"SIGSTOP for {length}s")
+
+
+def _lose_disk(rng: random.Random, at: float, seeds: int, combined: bool) -> Fault:
+    """Alone: one seed (any, the leader too) SIGKILLed, its ClusterDataDir deleted,
+    restarted at once. Combined: a follower seed killed for ``lag`` s (it misses what is
+    committed meanwhile), then the leader killed or paused for ``down`` s, and as the
+    leader goes the other follower loses its disk: the two seeds up are one that is
+    behind and one that is empty, and only the leader holds everything."""
+    if not combined:
+        return Fault(at, "lose-disk", member(rng.randrange(seeds)), 1.0,
+                     "alone: SIGKILL, ClusterDataDir deleted, restart")
+    how = rng.choice(LOSE_DISK_WITH)
+    lag, down = round(rng.uniform(1.5, 2.5), 2), round(rng.uniform(4.0, 6.0), 2)
+    return Fault(at, "lose-disk", "seeds", round(lag + down, 2),
+                 f"leader {how} for {down}s while a follower loses its ClusterDataDir; "
+                 f"the other follower killed {lag}s before")
+
+
+def lose_disk_plan(f: Fault) -> tuple[str, float, float] | None:
+    """A combined lose-disk's (what happens to the leader, its downtime, the lagging
+    follower's head start) in (str, s, s); None for one alone."""
+    if not f.detail.startswith("leader "):
+        return None
+    words = f.detail.split()
+    down, lag = float(words[3].rstrip("s")), float(words[words.index("killed") + 1].rstrip("s"))
+    return words[1], down, lag
 
 
 def lag_and_down(f: Fault) -> tuple[float, float]:
@@ -123,22 +155,27 @@ def non_seed_of(f: Fault) -> int:
 def scenarios(
     rng: random.Random, duration: float, *, members: int, seeds: int, proxies: bool, last: float
 ) -> list[Fault]:
-    """The scenario faults: every kind in turn (a seeded order), each once per round."""
+    """The scenario faults: every kind in turn (a seeded order), each once per round;
+    lose-disk combined with the leader down in its 1st, 3rd ... occurrence, alone in the
+    others."""
     kinds = [k for k, needs_non_seed in SCENARIOS.items() if members > seeds or not needs_non_seed]
     out: list[Fault] = []
     if duration < SCENARIOS_FROM:
         return out
     queue: list[str] = []
+    lost_disks = 0
     t = FIRST_SCENARIO + rng.uniform(-2.0, 2.0)
     while t < last:
         if not queue:
             queue = rng.sample(kinds, len(kinds))
         kind = next((k for k in queue if t >= EARLIEST.get(k, 0.0)), None)
         if kind is not None:
-            f = _scenario(rng, kind, round(t, 3), members, seeds, proxies)
+            combined = lost_disks % 2 == 0
+            f = _scenario(rng, kind, round(t, 3), members, seeds, proxies, combined)
             if f.end + 1.0 <= last:
                 queue.remove(kind)
                 out.append(f)
+                lost_disks += kind == "lose-disk"
         t += SCENARIO_EVERY + rng.uniform(-3.0, 3.0)
     return out
 

@@ -1,6 +1,7 @@
 """Every nemesis scenario in one real run (a hand-written list of scenarios, the seeded
 single faults around them, a light load): each scenario does what it claims, as the
-nemesis and cluster tables show; while the seed majority is lost no publish is
+nemesis and cluster tables show; while the seed majority is lost (or the only seed up
+to date is down, the others being empty or behind: lose-disk) no publish is
 acknowledged; and the Spark checker finds the run clean (the smoke test of ``make
 test``: no safety violation, no member exit the runner did not cause).
 
@@ -24,12 +25,16 @@ from spark_analysis.__main__ import main as spark_check
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULE = [
     Fault(4.0, "upstream-stop", "upstream-of-migratory-3", 3.0, "SIGSTOP for 3.0s"),
+    Fault(7.5, "lose-disk", "migratory-1", 1.0, "alone: SIGKILL, ClusterDataDir deleted, restart"),
     Fault(10.0, "lagging-failover", "leader", 4.5,
           "follower paused 3.0s, then the leader killed for 1.5s"),
     Fault(20.0, "sync-kill", "leader", 1.5,
           "migratory-4 restarted; the leader killed for 1.5s while syncing it"),
     Fault(29.0, "majority-loss", "seeds", 6.0, "raft-cut: the Raft links of every seed held"),
-    Fault(41.0, "majority-loss", "seeds", 6.0, "kill 2 of 3 seeds"),
+    # a lost majority by kills too: the leader and both followers, one of them on an empty
+    # ClusterDataDir after it, the other one behind (it was down before)
+    Fault(41.0, "lose-disk", "seeds", 7.0, "leader kill for 5.5s while a follower loses its "
+          "ClusterDataDir; the other follower killed 1.5s before"),
     Fault(53.0, "all-seeds-restart", "seeds", 1.5, "every seed killed for 1.5s after compaction"),
 ]
 DURATION = 62
@@ -130,11 +135,10 @@ def test_a_lost_majority_acknowledges_nothing(run: Path) -> None:
     heal = min(n["time"] for n in nemesis if n["fault"] == "blackhole" and n["phase"] == "end"
                and "majority-loss" in n["detail"])
     windows.append((max(n["time"] for n in cut), heal))
-    killed = starts(nemesis, "kill", "majority-loss")
-    assert len(killed) == 2 and killed[0]["detail"].startswith("leader")
+    (killed,) = starts(nemesis, "kill", "lose-disk: kill for")  # the one seed up to date
     back = min(n["time"] for n in nemesis if n["fault"] == "restart" and n["phase"] == "start"
-               and n["time"] > killed[0]["time"])
-    windows.append((max(n["time"] for n in killed), back))
+               and n["target"] == killed["target"] and n["time"] > killed["time"])
+    windows.append((killed["time"], back))
     invoke = {p["msg_id"]: p["time"] for p in publishes if p["type"] == "invoke"}
     for lo, hi in windows:
         assert hi - lo >= 5.5
@@ -146,8 +150,31 @@ def test_a_lost_majority_acknowledges_nothing(run: Path) -> None:
         assert len(refused) > 20, "publishes in the window must be refused or left unknown"
     # the runner's own count (run.json) agrees: three windows, nothing acknowledged inside
     counted = json.loads((run / "run.json").read_text())["majority_loss"]
-    assert [w["what"].split()[0] for w in counted] == ["raft-cut:", "kill", "every"]
+    assert [w["what"].split()[0] for w in counted] == ["raft-cut:", "lose-disk:", "every"]
     assert all(w["acknowledged_inside"] == 0 and w["invoked"] > 20 for w in counted), counted
+
+
+def test_lose_disk_wipes_a_seed_alone_and_while_the_leader_is_down(run: Path) -> None:
+    nemesis, cluster = rows(run, "nemesis"), rows(run, "cluster")
+    kills = starts(nemesis, "kill", "lose-disk")
+    assert [k["target"] for k in kills[:1]] == ["migratory-1"] and "alone" in kills[0]["detail"]
+    early, lead, wiped = kills[1:]
+    assert "so that it lags" in early["detail"] and "leader" not in early["detail"]
+    assert lead["detail"].startswith("leader, ") and leader_at(cluster, lead["time"]) == lead[
+        "target"], why(run)
+    assert 1.4 <= lead["time"] - early["time"] <= 2.5
+    assert len({early["target"], lead["target"], wiped["target"]}) == 3
+    # each wiped seed's data directory held its journal, and it came back ready
+    for target in ("migratory-1", wiped["target"]):
+        deleted = [n for n in nemesis if n["fault"] == "kill" and n["phase"] == "end"
+                   and n["target"] == target and "ClusterDataDir deleted" in n["detail"]]
+        assert deleted and all(int(n["detail"].split("(")[1].split()[0]) > 0 for n in deleted)
+    restarted = {n["target"] for n in nemesis if n["fault"] == "restart" and n["phase"] == "end"
+                 and n["detail"] == "ready" and n["time"] > lead["time"]}
+    assert {early["target"], lead["target"], wiped["target"]} <= restarted
+    # the empty seed refused to vote for the one that lagged (cluster/raft_votes.py)
+    log = (run / "logs" / f"{wiped['target']}.log").read_text(errors="replace")
+    assert "started with an empty ClusterDataDir" in log
 
 
 def test_all_seeds_restart_after_compaction(run: Path) -> None:

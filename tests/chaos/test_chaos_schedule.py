@@ -20,6 +20,7 @@ from chaos.schedule import (
     generate,
     index,
     lag_and_down,
+    lose_disk_plan,
     non_seed_of,
     to_jsonl,
     touches_seeds,
@@ -94,6 +95,17 @@ def test_a_three_minute_run_has_every_scenario_and_over_a_hundred_faults(seed: i
             assert 2.5 <= lag <= 3.5 and lag + down == pytest.approx(f.duration)
         if f.fault in ("sync-kill", "upstream-stop"):
             assert non_seed_of(f) >= 3
+    lost = [f for f in schedule if f.fault == "lose-disk"]
+    assert lose_disk_plan(lost[0]) is not None, "the first lost disk: with the leader down"
+    for k, f in enumerate(lost):
+        plan = lose_disk_plan(f)
+        assert (plan is None) == (k % 2 == 1), lost
+        if plan is None:
+            assert f.target in ("migratory-0", "migratory-1", "migratory-2")
+        else:
+            how, down, lag = plan
+            assert how in ("kill", "pause") and f.target == "seeds"
+            assert down >= 4.0 and lag + down == pytest.approx(f.duration)
 
 
 def test_short_runs_have_single_faults_only() -> None:
@@ -113,7 +125,7 @@ def test_no_proxy_schedule_has_process_faults_only() -> None:
 def test_without_non_seeds_no_scenario_needs_one() -> None:
     kinds = {f.fault for s in range(20) for f in generate(s, 180, members=3, seeds=3)}
     assert "sync-kill" not in kinds and "upstream-stop" not in kinds
-    assert {"lagging-failover", "majority-loss", "all-seeds-restart"} <= kinds
+    assert {"lagging-failover", "majority-loss", "all-seeds-restart", "lose-disk"} <= kinds
 
 
 def test_scenario_details_parse_back() -> None:
@@ -122,6 +134,11 @@ def test_scenario_details_parse_back() -> None:
     assert lag_and_down(f) == (3.0, 1.5)
     assert non_seed_of(Fault(1.0, "upstream-stop", "upstream-of-migratory-4", 3.0)) == 4
     assert non_seed_of(Fault(1.0, "sync-kill", "leader", 2.0, "migratory-3 restarted; x")) == 3
+    combined = Fault(1.0, "lose-disk", "seeds", 6.5, "leader pause for 4.5s while a follower "
+                     "loses its ClusterDataDir; the other follower killed 2.0s before")
+    assert lose_disk_plan(combined) == ("pause", 4.5, 2.0)
+    alone = Fault(1.0, "lose-disk", "migratory-1", 1.0, "alone: SIGKILL, ClusterDataDir deleted")
+    assert lose_disk_plan(alone) is None
 
 
 def test_replay_schedule_cli_prints_the_schedule() -> None:
