@@ -58,7 +58,9 @@ class LostDisk:
         self.cluster = LocalCluster(tmp_path, members=3, seeds=3)
         self.tmp_path = tmp_path
 
-    def run(self) -> None:
+    def run(self, *, wait_for_a_leader: float = 0.0) -> None:
+        """``wait_for_a_leader``: seconds to wait, after the window, for B or C to lead
+        before A is started again (the planted run: a slow box does not hide the loss)."""
         cluster = self.cluster
         cluster.start_all()
         cluster.wait_ready(timeout=30)  # a brand-new cluster of empty seeds elects
@@ -76,9 +78,11 @@ class LostDisk:
         cluster.start(b)
         cluster.start(c)
         self.window = publish(cluster, [cluster.port(b), cluster.port(c)], WINDOW, "w")
-        self.leaders_in_window = [
-            i for i in (b, c) if self._state(i) == "leader"
-        ]
+        deadline = time.monotonic() + wait_for_a_leader
+        self.leaders_in_window = [i for i in (b, c) if self._state(i) == "leader"]
+        while not self.leaders_in_window and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self.leaders_in_window = [i for i in (b, c) if self._state(i) == "leader"]
         cluster.start(a)
 
     def _state(self, i: int) -> str | None:
@@ -131,8 +135,9 @@ def test_planted_pysyncobj_voting_loses_what_was_acknowledged(
     monkeypatch.setenv(TEST_SWITCH, VOTES_ON_EMPTY_DISK)  # the member processes inherit it
     run = LostDisk(tmp_path)
     try:
-        run.run()
+        run.run(wait_for_a_leader=10.0)
         assert "TEST RAFT SWITCH ON" in run.cluster.log(run.b)
+        assert run.leaders_in_window, "B or C led without the last batch"
         assert EMPTY_LOG not in run.cluster.log(run.b)
         deadline = time.monotonic() + 20
         while not all(run.cluster.ready(i) for i in (run.b, run.c)):
