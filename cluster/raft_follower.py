@@ -95,6 +95,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
     _SyncObj__recvTransmission: Any
     _SyncObj__serializer: Any
     _SyncObj__raftLog: Any
+    _SyncObj__raftState: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         conf = kwargs.get("conf")
@@ -107,13 +108,36 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._empty_start = EmptyStart(None if conf is None else conf.journalFile)
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
-        self._caught_up()  # a dump loaded at start-up
 
     def _caught_up(self) -> None:
+        """This empty-started seed holds what it may have acknowledged before: it is
+        the leader (elected while its log was empty: a brand-new cluster), or it was
+        told so by :meth:`_holds_the_leaders_commit`."""
         if self._empty_start.active:
             self._empty_start.caught_up(
                 self._SyncObj__getCurrentLogTerm(), self._SyncObj__raftCurrentTerm
             )
+
+    def _holds_the_leaders_commit(self, message: dict[str, Any], vouched: int) -> None:
+        """An empty-started seed has caught up once its log matches the leader's up to
+        the leader's commit index *and* the entry there is of the leader's term.
+
+        Holding *an* entry of a leader is not enough: the leader sends the log from the
+        start in several messages (``appendEntriesBatchSizeBytes``), or its dump and then
+        the entries after it; a seed that voted after the first of them, while it held
+        only a prefix, let a seed without what it had acknowledged before its disk was
+        lost become leader (``test_raft_votes.py``,
+        ``test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_vote``). A leader
+        that committed an entry of its own term holds every entry committed before its
+        term, below that entry; an entry of its term that this seed acknowledged before
+        is below the leader's commit index once the leader counted it.
+        """
+        if not self._empty_start.active:
+            return
+        commit, term = message["commit_index"], message["term"]
+        held = self._SyncObj__getEntries(commit, 1) if vouched >= commit else []
+        if held and held[0][2] == term:
+            self._caught_up()
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         if not clearJournal:
@@ -151,15 +175,14 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             journal.deleteEntriesTo(offset)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
-        if self._empty_start.active:  # a follower sent entries, or this leader wrote its own
-            self._caught_up()
+        if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            self._caught_up()  # a leader holds its own log (once it wrote an entry)
         kind = message.get("type")
         if kind == "append_entries" and message["term"] >= self._SyncObj__raftCurrentTerm:
             if "prevLogIdx" in message:
                 self._append_entries(node, message)
             else:
                 self._install_dump(node, message)
-            self._caught_up()
             return
         if kind == "request_vote" and not self._empty_start.may_vote(message):
             self._empty_start.refused(node, message)  # as if the request was lost
@@ -241,6 +264,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             self._catch_up_floor = None  # the log matches the leader's past the floor
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
         self._advance_commit(message["commit_index"], vouched)
+        self._holds_the_leaders_commit(message, vouched)
 
     def _first_of_term(self, index: int, term: int) -> int:
         """The first index of the run of ``term`` entries that ends at ``index`` (not
@@ -285,6 +309,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._SyncObj__loadDumpFile(clearJournal=True)
         self._SyncObj__sendNextNodeIdx(node, success=True)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
+        self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())
 
     def _merge(self, held: list[Any], entries: list[Any]) -> None:
         """Keep what matches, truncate at the first conflict, append the rest."""

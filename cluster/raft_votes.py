@@ -13,10 +13,15 @@ do that; :class:`EmptyStart` makes the seed refuse instead:
   this module leaves until it has caught up, so a crash in between changes nothing);
 - while empty-started it grants its vote only to a candidate whose log is empty too
   (last log term 0): a brand-new cluster, where every seed starts empty, still elects;
-- it has caught up once its log holds an entry of a leader (last log term > 0): the
-  leader that sent it holds every committed entry. From then on it votes as Raft says,
-  except in the terms it may have voted in before it lost its disk (up to the term at
-  which it caught up), where it might vote twice.
+- it has caught up once its log matches a leader's up to the leader's commit index and
+  the entry there is of the leader's term (or it is itself the leader of a brand-new
+  cluster): such a leader has committed every entry of the terms before its own, and an
+  entry of its term once it counted this seed's lost acknowledgement. Holding merely
+  *an* entry of a leader is not enough: the leader resends the log in several messages,
+  or its dump then the entries after it, and a seed holding only a prefix must not vote
+  (:meth:`cluster.raft_follower.FollowerSafeSyncObj._holds_the_leaders_commit`). From
+  then on it votes as Raft says, except in the terms it may have voted in before it lost
+  its disk (up to the term at which it caught up), where it might vote twice.
 
 The cost: with one seed of three down and another one empty-started, the cluster stays
 without a leader (publishes fail, nothing acknowledged is lost) until the seed that was
@@ -89,8 +94,8 @@ class EmptyStart:
                 os.fsync(f.fileno())
 
     def caught_up(self, last_log_term: int, current_term: int) -> None:
-        """Called while :attr:`active` with the log's last term after a message (or a
-        dump loaded at start-up)."""
+        """Called once the seed holds its leader's log up to the leader's commit index
+        (see the module docstring), with the log's last term."""
         if not self.active or last_log_term <= 0:
             return
         self.active = False

@@ -141,3 +141,89 @@ def test_a_brand_new_cluster_of_empty_seeds_elects(size: int) -> None:
         assert all(not node._empty_start.active for node in world.nodes.values())
     finally:
         world.close()
+
+
+def empty_seed_fed_one_message_at_a_time(world: RaftWorld, rounds: int) -> tuple[str, str, str]:
+    """Leader A and follower B commit 20 entries, then e1 (C is cut off from A and lacks
+    e1). B loses its disk and restarts; A sends it the log again, from the start, in
+    messages of 300 bytes: ``rounds`` of them reach B. Then A dies."""
+    for _ in range(20):
+        world.step(0.05)
+    a = world.leader()
+    assert a is not None
+    b, c = [address for address in world.addresses if address != a]
+    for i in range(20):
+        world.submit(a, b"old%02d" % i + b"x" * 40)
+    for _ in range(10):
+        world.step(0.05)
+    world.cut(a, c)
+    world.submit(a, b"e1")
+    world.tick(a)
+    world.deliver(a, b, 99)
+    world.deliver(b, a, 99)
+    world.tick(a)
+    assert b"e1" in world.acknowledged
+    lose_the_disk(world, b)
+    for _ in range(rounds):
+        world.clock.now += 0.05
+        world.tick(a)
+        world.deliver(a, b, 1)
+        world.tick(b)
+        world.deliver(b, a, 99)
+    return a, b, c
+
+
+@pytest.mark.parametrize("rounds", [2, 4, 6])
+def test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_vote(rounds: int) -> None:
+    """B holds entries of the leader, but not e1 yet: it must not vote for C (which
+    lacks e1) when A dies. Before the fix, B counted as caught up at its first entry of
+    a leader's term and C was elected over e1 (entry 23 committed twice)."""
+    world = RaftWorld(3, seed=1, batch_bytes=300)
+    try:
+        a, b, _ = empty_seed_fed_one_message_at_a_time(world, rounds)
+        world.crash(a)
+        for _ in range(60):
+            world.step(0.05)
+        assert world.violations()[:1] == []
+        assert world.leader() is None, "a leader without e1"
+        assert world.nodes[b]._empty_start.active
+    finally:
+        world.close()
+
+
+def test_an_empty_seed_that_received_the_whole_log_votes_again() -> None:
+    """Liveness: once B holds the leader's log up to its commit index, B votes again, and
+    B and C elect a leader (with e1) when A dies."""
+    world = RaftWorld(3, seed=1, batch_bytes=300)
+    try:
+        a, b, _ = empty_seed_fed_one_message_at_a_time(world, 12)
+        assert not world.nodes[b]._empty_start.active
+        world.crash(a)
+        for _ in range(60):
+            world.step(0.05)
+        assert world.leader() is not None and world.violations() == []
+    finally:
+        world.close()
+
+
+def test_an_empty_seed_catches_up_while_commands_keep_coming() -> None:
+    """Liveness under load: every heartbeat of the leader carries new entries (never an
+    empty AppendEntries); the empty seed still catches up, and votes when A dies."""
+    world = RaftWorld(3, seed=3, batch_bytes=300)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        a = world.leader()
+        assert a is not None
+        b = next(address for address in world.addresses if address != a)
+        lose_the_disk(world, b)
+        for i in range(40):
+            world.submit(a, b"load%03d" % i)
+            world.step(0.05)
+        assert not world.nodes[b]._empty_start.active
+        world.crash(a)
+        for _ in range(60):
+            world.step(0.05)
+        assert world.leader() is not None and world.violations() == []
+    finally:
+        world.close()
