@@ -54,3 +54,11 @@ class ClearsJournalAfterDump(FollowerSafeSyncObj):  # type: ignore[misc]
 
     def _keep_journal_after_dump(self) -> None:
         pass
+
+
+class VotesWithAnEmptyDisk(FollowerSafeSyncObj):  # type: ignore[misc]
+    """pysyncobj's own voting after a lost disk (cluster/raft_votes.py's rule off)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._empty_start.active = False

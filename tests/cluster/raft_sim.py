@@ -247,6 +247,15 @@ class RaftWorld:
     def restart(self, address: str) -> None:
         self.start(address)
 
+    def lose_disk(self, address: str) -> None:
+        """SIGKILL (if up), every file of the node deleted (journal, its meta, dump,
+        marker), restart: a lost ClusterDataDir."""
+        if address in self.nodes:
+            self.crash(address)
+        for path in self.dir.glob(address.replace(":", "_") + ".*"):
+            path.unlink()
+        self.start(address)
+
     def tick(self, address: str) -> None:
         node = self.nodes[address]
         node.doTick(0.0)

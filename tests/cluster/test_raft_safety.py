@@ -2,8 +2,9 @@
 
 Three real nodes (:mod:`raft_sim`: simulated network and clock, real file journals)
 run interleavings of ticks, elapsed time, message deliveries, partitions, broken
-connections, crashes (as SIGKILL) and restarts, with commands of every size submitted
-at any node, with ``appendEntriesUseBatch=False`` as the seeds run it, and
+connections, crashes (as SIGKILL) and restarts, a seed losing its disk (SIGKILL, every
+file deleted, restart: once per schedule; cluster/raft_votes.py), with commands of
+every size submitted at any node, with ``appendEntriesUseBatch=False`` as the seeds run it, and
 AppendEntries cut small (``appendEntriesBatchSizeBytes``) so that re-sends overlap and
 large entries arrive in parts. Besides actions by node number, actions by role (the
 leader ticks, sends a heartbeat, takes commands, gets one reply, reaches one follower,
@@ -56,7 +57,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from pysyncobj import SyncObj
-from raft_planted import CommitsOnEveryDumpPart, VotesForAnyLog
+from raft_planted import CommitsOnEveryDumpPart, VotesForAnyLog, VotesWithAnEmptyDisk
 from raft_sim import RaftWorld
 
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -81,6 +82,7 @@ class Schedule:
         for _ in range(20):  # a cluster that has elected its first leader
             self.world.step(0.05)
         self.submitted = 0
+        self.disk_lost = False
 
     def address(self, index: int) -> str:
         return self.world.addresses[index]
@@ -137,6 +139,14 @@ class Schedule:
     def restart(self, index: int) -> None:
         if not self.live(index):
             self.world.restart(self.address(index))
+
+    def lose_disk(self, index: int) -> None:
+        """SIGKILL, the node's files deleted, restart; once per schedule (a second
+        seed losing its disk before the first caught up is a lost majority, which no
+        rule makes safe; once is what a planted class needs to show)."""
+        if not self.disk_lost:
+            self.disk_lost = True
+            self.world.lose_disk(self.address(index))
 
     # by role
 
@@ -205,7 +215,8 @@ SEARCH = settings(
 
 
 def raft_machine(
-    node_class: type[Any], sizes: Sizes = LARGE, compaction: bool = False
+    node_class: type[Any], sizes: Sizes = LARGE, compaction: bool = False,
+    lost_disks: bool = False,
 ) -> type[RuleBasedStateMachine]:
     batch_sizes, command_sizes = sizes
 
@@ -290,6 +301,11 @@ def raft_machine(
         def heal_links(self) -> None:
             self.schedule.heal_links()
 
+        @precondition(lambda self: lost_disks)
+        @rule(index=NODES)
+        def lose_disk(self, index: int) -> None:
+            self.schedule.lose_disk(index)
+
         @invariant()
         def safe(self) -> None:
             assert self.schedule.world.violations() == []
@@ -305,12 +321,14 @@ def raft_machine(
 
 
 def test_follower_safe_raft_keeps_every_committed_entry() -> None:
-    run_state_machine_as_test(raft_machine(FollowerSafeSyncObj), settings=SEARCH)
+    run_state_machine_as_test(
+        raft_machine(FollowerSafeSyncObj, lost_disks=True), settings=SEARCH
+    )
 
 
 def test_follower_safe_raft_keeps_every_committed_entry_with_compaction() -> None:
     run_state_machine_as_test(
-        raft_machine(FollowerSafeSyncObj, compaction=True),
+        raft_machine(FollowerSafeSyncObj, compaction=True, lost_disks=True),
         settings=settings(SEARCH, max_examples=100),
     )
 
@@ -319,10 +337,13 @@ def test_follower_safe_raft_keeps_every_committed_entry_with_compaction() -> Non
 
 
 # How often each action is drawn, in the order of seeded_actions.
-EVERY_ACTION = (1,) * 17
+# (lose_disk last, 0 in the first two: their schedules are those from before it came)
+EVERY_ACTION = (1,) * 17 + (0,)
 # A leader deposed (cut off) while it holds commands of its own, and the others moving
 # on without it: a follower that needs the leader's dump is then likely. No crashes.
-LEADER_CHANGES = (2, 1, 1, 1, 2, 0, 0, 1, 0, 0, 1, 4, 2, 3, 0, 3, 0)
+LEADER_CHANGES = (2, 1, 1, 1, 2, 0, 0, 1, 0, 0, 1, 4, 2, 3, 0, 3, 0, 0)
+# Every action, and a seed losing its disk (cluster/raft_votes.py) twice as often.
+LOST_DISKS = (1,) * 17 + (2,)
 
 
 def seeded_actions(
@@ -349,6 +370,7 @@ def seeded_actions(
         lambda s: s.leader_crashes(),
         lambda s: s.leader_cut_off(),
         lambda s: s.heal_links(),
+        lambda s: s.lose_disk(node()),
     ]
     assert len(weights) == len(actions)
 
@@ -423,6 +445,15 @@ def test_seeded_search_with_compaction_finds_nothing_wrong(
     assert result.dumps_reloaded >= reloaded
 
 
+@pytest.mark.parametrize("compaction", [False, True], ids=["log", "compaction"])
+def test_seeded_search_with_lost_disks_finds_nothing_wrong(compaction: bool) -> None:
+    """A seed SIGKILLed, its files deleted, restarted (once per schedule), among every
+    other action: cluster/raft_votes.py's rule keeps every acknowledged command."""
+    result = seeded_search(FollowerSafeSyncObj, LARGE, runs=100, compaction=compaction,
+                           weights=LOST_DISKS)
+    assert result.problems == []
+
+
 @pytest.mark.parametrize(
     ("planted", "sizes", "search", "expected"),
     [
@@ -430,8 +461,10 @@ def test_seeded_search_with_compaction_finds_nothing_wrong(
         (SyncObj, LARGE, {}, "failed _onTick"),
         (CommitsOnEveryDumpPart, LARGE, {"compaction": True, "weights": LEADER_CHANGES},
          "was committed there"),
+        (VotesWithAnEmptyDisk, LARGE, {"weights": LOST_DISKS}, "committed there"),
     ],
-    ids=["votes-for-any-log", "pysyncobj-large-entries", "commits-on-every-dump-part"],
+    ids=["votes-for-any-log", "pysyncobj-large-entries", "commits-on-every-dump-part",
+         "votes-with-an-empty-disk"],
 )
 def test_the_seeded_search_finds_a_planted_bug(
     planted: type[Any], sizes: Sizes, search: dict[str, Any], expected: str
@@ -439,6 +472,7 @@ def test_the_seeded_search_finds_a_planted_bug(
     """A vote for a candidate whose log lacks a committed entry; pysyncobj's own follower,
     which cannot take a large binary entry (see test_raft_follower.py); pysyncobj's own
     follower on the leader's dump messages, which commits a deposed leader's own tail
-    before the dump replaces it (the bug fixed in 94114b5)."""
+    before the dump replaces it (the bug fixed in 94114b5); a seed that lost its disk
+    voting as pysyncobj does (cluster/raft_votes.py's rule off)."""
     problems = seeded_search(planted, sizes, runs=150, **search).problems
     assert any(expected in problem for problem in problems), problems

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from raft_planted import VotesWithAnEmptyDisk
 from raft_sim import RaftWorld
 
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -63,19 +64,8 @@ def test_the_test_switch_votes_as_pysyncobj_does(tmp_path: Path) -> None:
         votes_on_empty_disk({TEST_SWITCH: "votes-on-empty"})
 
 
-class VotesWithAnEmptyDisk(FollowerSafeSyncObj):
-    """The planted bug: pysyncobj's own voting after a lost disk."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._empty_start.active = False
-
-
 def lose_the_disk(world: RaftWorld, address: str) -> None:
-    world.crash(address)
-    for path in world.dir.glob(address.replace(":", "_") + "*"):
-        path.unlink()
-    world.restart(address)
+    world.lose_disk(address)
 
 
 def seed_loses_its_disk_while_another_is_down(node_class: type[Any]) -> tuple[RaftWorld, str]:
