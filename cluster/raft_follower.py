@@ -104,6 +104,9 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         # (term, index): in this leader's term, the leader must go back to this index at
         # least; set before SyncObj.__init__ so that dumps never carry it
         self._catch_up_floor: tuple[int, int] | None = None
+        # (leader, term) whose dump this follower is receiving, from its first part on
+        # this link; None: no part but a first one is taken (see _install_dump)
+        self._dump_source: tuple[Any, int] | None = None
         # looked at before pysyncobj creates the journal (cluster/raft_votes.py)
         self._empty_start = EmptyStart(None if conf is None else conf.journalFile)
         super().__init__(*args, **kwargs)
@@ -304,12 +307,43 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         """
         self._follow(node, message)
         serialized = message.get("serialized")
-        if serialized is None or not self._SyncObj__serializer.setTransmissionData(serialized):
+        if serialized is None or not self._part_of_the_dump_begun(node, message):
             return
+        if not self._SyncObj__serializer.setTransmissionData(serialized):
+            return
+        self._dump_source = None
         self._SyncObj__loadDumpFile(clearJournal=True)
         self._SyncObj__sendNextNodeIdx(node, success=True)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
         self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())
+
+    def _part_of_the_dump_begun(self, node: Any, message: dict[str, Any]) -> bool:
+        """Whether this part continues the dump whose first part came from the same
+        leader, in the same term, on a link not broken since.
+
+        pysyncobj's follower appends every part that is not a first one to the file it
+        is receiving, whatever sent it, and its leader keeps its place in a follower's
+        transmission when the link breaks and is made again between two of its rounds
+        (it cancels one only if the follower is disconnected when it sends), or when it
+        leads again after another leader began sending its own dump. The parts lost in
+        flight, or another dump's start, were then spliced in: "failed to load full
+        dump", the follower's dump file replaced by the corrupt one, and the follower
+        answering success and moving its commit index over its own log
+        (``tests/cluster/test_raft_dump_chunks.py``). A part that does not continue is
+        dropped; the leader finishes that transmission and starts a new one, from its
+        first part, at its next round.
+        """
+        serialized = message["serialized"]
+        source = (node, message["term"])
+        if serialized[1]:  # the first part
+            self._dump_source = source
+            return True
+        return self._dump_source == source
+
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:
+        if self._dump_source is not None and self._dump_source[0] == node:
+            self._dump_source = None
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
 
     def _merge(self, held: list[Any], entries: list[Any]) -> None:
         """Keep what matches, truncate at the first conflict, append the rest."""

@@ -1,4 +1,5 @@
-"""A leader's dump reaches a follower whole in one round: its last data chunk is the last.
+"""A leader's dump reaches a follower whole in one round: its last data chunk is the last;
+and a dump cut by a broken link is never spliced together at the follower.
 
 pysyncobj marked only an extra, empty chunk as last; a leader that compacted often
 never sent it to a deposed seed, which then never caught up (chaos seed 4, see
@@ -8,12 +9,15 @@ never sent it to a deposed seed, which then never caught up (chaos seed 4, see
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pysyncobj.serializer import Serializer
+from raft_sim import RaftWorld
 
-from cluster.raft_follower import mark_the_last_chunk
+from cluster.raft_follower import FollowerSafeSyncObj, mark_the_last_chunk
 
 CHUNK = 1000
 
@@ -76,3 +80,61 @@ def test_a_transmission_cut_short_by_a_new_dump_starts_again_whole(tmp_path: Pat
     leader._Serializer__transmissions = {}  # what pysyncobj does when a dump is written
     again = chunks_of_one_round(leader)
     assert again[0][1] and b"".join(d for d, _, _ in again) == dump.read_bytes()
+
+
+class SplicesDumpParts(FollowerSafeSyncObj):
+    """pysyncobj's follower: any part that is not a first one is appended."""
+
+    def _part_of_the_dump_begun(self, node: Any, message: dict[str, Any]) -> bool:
+        return True
+
+
+def dump_cut_by_a_reset(node_class: type[Any]) -> RaftWorld:
+    """C is cut off while 30 entries of 200 random bytes commit (compaction every 6), so
+    it needs the leader's dump: ~40 parts of 64 B go out in one round, 3 arrive, then the
+    link breaks and is made again before the leader's next round (the rest is lost)."""
+    rnd = random.Random(1)
+    world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
+                      dump_part_bytes=64, send_seconds=0.001)
+    for _ in range(20):
+        world.step(0.05)
+    leader = world.leader()
+    assert leader is not None
+    c = next(address for address in world.addresses if address != leader)
+    for other in world.addresses:
+        world.cut(c, other)
+    for i in range(30):
+        world.submit(leader, b"v%03d" % i + rnd.randbytes(200))
+        world.step(0.05)
+    for other in world.addresses:
+        world.heal(c, other)
+    world.clock.now += 0.05
+    world.tick(leader)
+    assert world.dump_parts_sent > 10
+    world.deliver(leader, c, 3)
+    world.reset(leader, c)
+    for _ in range(20):
+        world.step(0.05)
+    return world
+
+
+def test_a_dump_cut_by_a_broken_link_is_sent_again_from_its_start() -> None:
+    """The leader keeps its place in the transmission across the reset; the follower
+    drops the parts that do not continue what it received and takes the next whole
+    dump. Before the fix: "failed to load full dump" (the parts lost in flight were
+    spliced out)."""
+    world = dump_cut_by_a_reset(FollowerSafeSyncObj)
+    try:
+        assert world.violations() == []
+        assert world.dumps_installed >= 1
+        assert world.converged()
+    finally:
+        world.close()
+
+
+def test_pysyncobj_s_follower_splices_the_parts() -> None:
+    world = dump_cut_by_a_reset(SplicesDumpParts)
+    try:
+        assert "logged: failed to load full dump" in world.violations()
+    finally:
+        world.close()
