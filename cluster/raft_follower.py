@@ -81,6 +81,9 @@ from cluster.raft_votes import EmptyStart
 
 log = logging.getLogger("migratory.raft")
 
+NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this term)"
+"""Recorded as the vote of the term in which an empty-started seed caught up."""
+
 
 class FollowerSafeSyncObj(CompactionWaitsForDumps):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
@@ -96,6 +99,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
     _SyncObj__serializer: Any
     _SyncObj__raftLog: Any
     _SyncObj__raftState: int
+    _SyncObj__votedForNodeId: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         conf = kwargs.get("conf")
@@ -117,9 +121,12 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         the leader (elected while its log was empty: a brand-new cluster), or it was
         told so by :meth:`_holds_the_leaders_commit`."""
         if self._empty_start.active:
-            self._empty_start.caught_up(
-                self._SyncObj__getCurrentLogTerm(), self._SyncObj__raftCurrentTerm
-            )
+            term = self._SyncObj__raftCurrentTerm
+            self._empty_start.caught_up(self._SyncObj__getCurrentLogTerm(), term)
+            if not self._empty_start.active and self._SyncObj__votedForNodeId is None:
+                # the vote floor, on disk: no vote in this term after a restart either
+                # (pysyncobj grants none while a vote is recorded for the current term)
+                self._SyncObj__setCurrentTerm(term, NO_VOTE_AFTER_EMPTY_START)
 
     def _holds_the_leaders_commit(self, message: dict[str, Any], vouched: int) -> None:
         """An empty-started seed has caught up once its log matches the leader's up to

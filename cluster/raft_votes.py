@@ -21,7 +21,8 @@ do that; :class:`EmptyStart` makes the seed refuse instead:
   or its dump then the entries after it, and a seed holding only a prefix must not vote
   (:meth:`cluster.raft_follower.FollowerSafeSyncObj._holds_the_leaders_commit`). From
   then on it votes as Raft says, except in the terms it may have voted in before it lost
-  its disk (up to the term at which it caught up), where it might vote twice.
+  its disk (up to the term at which it caught up), where it might vote twice; the
+  follower records a vote for no one in that term, so a restart keeps the floor.
 
 The cost: with one seed of three down and another one empty-started, the cluster stays
 without a leader (publishes fail, nothing acknowledged is lost) until the seed that was

@@ -4,6 +4,7 @@ simulated network of :mod:`raft_sim`."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -260,5 +261,37 @@ def test_an_empty_seed_does_not_make_a_majority_for_a_deposed_leader() -> None:
         for _ in range(6):
             world.step(0.02)
         assert world.violations()[:1] == []
+    finally:
+        world.close()
+
+
+def test_the_vote_floor_survives_a_restart_after_catching_up() -> None:
+    """B loses its disk and catches up in term T (no vote in T: it may have voted in T
+    before). Then an ordinary crash and restart (journal kept, marker gone): still no
+    vote in T. Before the fix the floor lived in memory only and B granted it."""
+    world = RaftWorld(3, seed=3, batch_bytes=300)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        a = world.leader()
+        assert a is not None
+        b, c = [address for address in world.addresses if address != a]
+        world.lose_disk(b)
+        for i in range(5):
+            world.submit(a, b"x%d" % i)
+            world.step(0.05)
+        assert not world.nodes[b]._empty_start.active
+        term = world.nodes[b].raftCurrentTerm
+        world.crash(b)
+        world.restart(b)
+        world.cut(a, b)
+        transport = world.nodes[b]._SyncObj__transport
+        sent = len(world.queues[(b, c)])
+        transport._onMessageReceived(transport.peers[c], {
+            "type": "request_vote", "term": term, "last_log_term": 10**6,
+            "last_log_index": 10**6,
+        })
+        answers = [pickle.loads(m)["type"] for m in list(world.queues[(b, c)])[sent:]]
+        assert "response_vote" not in answers
     finally:
         world.close()
