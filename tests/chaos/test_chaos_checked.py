@@ -6,7 +6,8 @@ message fanned out to raw auditor a0, duplicates a1's, reorders a2's (the raw au
 neither dedupe nor repair; the SDK subscribers, which do, stay clean), and a member
 exits on its own in the middle of the run (a test-only ``sitecustomize`` in
 ``self_exit/``, triggered by the test): the runner records it, the report calls it
-``unexpected_exits``.
+``unexpected_exits``. The run also has every history table written, with the schema's
+fields (``run_tables.py``: what a short run of its own used to show).
 
 The run is a subprocess that starts and stops its own member processes by PID.
 """
@@ -18,13 +19,21 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from run_tables import check_every_table_written
+
+from chaos.schedule import generate, to_jsonl
 from spark_analysis.__main__ import main as spark_check
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SECONDS = 20
+SEED = 6
+# the runner's own time around the faults (cluster start, heal, catch-up, the subscribers'
+# drain): at most this (as when a 15 s run had to end within 60 s)
+OVERHEAD_SECONDS = 45
 
 # what each planted fault may look like in the report (raw auditors only); kind i hits
 # raw auditor a<i>
@@ -105,9 +114,16 @@ def test_the_report_names_exactly_the_planted_violations(
         [str(ROOT / "tests" / "chaos" / "self_exit"), env.get("PYTHONPATH", "")]
     )
     env["CHAOS_TEST_SELF_EXIT"] = f"migratory-3:3:{trigger}"
+    started = time.monotonic()
     output = chaos_run_with_trigger(
-        out, 6, FAULT_SECONDS, *light_load, "--auditors", str(len(PLANTED)),
+        out, SEED, FAULT_SECONDS, *light_load, "--auditors", str(len(PLANTED)),
         "--fault", ",".join(PLANTED), env=env, when="publishes ok=", trigger=trigger,
+    )
+    wall = time.monotonic() - started
+    assert wall <= FAULT_SECONDS + OVERHEAD_SECONDS, f"took {wall:.1f} s"
+    check_every_table_written(
+        out, seed=SEED, duration=FAULT_SECONDS, schedule=to_jsonl(generate(SEED, FAULT_SECONDS)),
+        crashes=1, stdout=output,
     )
     assert Path(f"{trigger}.taken").exists(), "the member never exited"
     crashes = [json.loads(line) for line in (out / "history/crashes.jsonl").open()]

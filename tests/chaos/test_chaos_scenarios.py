@@ -2,8 +2,9 @@
 single faults around them, a light load): each scenario does what it claims, as the
 nemesis and cluster tables show; while the seed majority is lost (or the only seed up
 to date is down, the others being empty or behind: lose-disk) no publish is
-acknowledged; and the Spark checker finds the run clean (the smoke test of ``make
-test``: no safety violation, no member exit the runner did not cause).
+acknowledged; the Spark checker finds the run clean (the smoke test of ``make test``:
+no safety violation, no member exit the runner did not cause); and every history table
+is written with the schema's fields (``run_tables.py``).
 
 A scenario that finds no Raft leader to aim at fails this test, with the member logs'
 tail in the message.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_tables import check_every_table_written
 
 from chaos.schedule import SCENARIOS, Fault, generate, to_jsonl
 from spark_analysis.__main__ import main as spark_check
@@ -38,6 +40,7 @@ SCHEDULE = [
     Fault(53.0, "all-seeds-restart", "seeds", 1.5, "every seed killed for 1.5s after compaction"),
 ]
 DURATION = 62
+SEED = 3
 SINGLES_SEED = 11  # the single faults: chaos.schedule.generate's, kept clear of the scenarios
 MARGIN = 0.1  # s: a publish invoked this long after the majority is lost cannot commit
 
@@ -51,11 +54,12 @@ def run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -> Path
     out = tmp_path_factory.mktemp("scenarios")
     schedule = out / "schedule-in.jsonl"
     schedule.write_text(to_jsonl(generate(SINGLES_SEED, DURATION, given_scenarios=SCHEDULE)))
-    args = [sys.executable, "-m", "chaos", "run", "--seed", "3", "--duration", str(DURATION),
+    args = [sys.executable, "-m", "chaos", "run", "--seed", str(SEED), "--duration", str(DURATION),
             "--out", str(out / "run"), "--schedule", str(schedule), *light_load]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=DURATION + 200)
     print(done.stdout[-6000:], done.stderr[-3000:])
     assert done.returncode == 0, done.stderr[-2000:]
+    (out / "stdout.txt").write_text(done.stdout)
     return out / "run"
 
 
@@ -82,6 +86,13 @@ def test_run_applied_every_scenario(run: Path) -> None:
     assert not set(faults["skipped_by_kind"]) & set(SCENARIOS), faults
     singles = {k: n for k, n in faults["applied_by_kind"].items() if k not in SCENARIOS}
     assert {"kill", "pause"} <= set(singles), faults
+
+
+def test_run_writes_every_table(run: Path) -> None:
+    check_every_table_written(
+        run, seed=SEED, duration=DURATION, schedule=(run.parent / "schedule-in.jsonl").read_text(),
+        crashes=0, stdout=(run.parent / "stdout.txt").read_text(),
+    )
 
 
 def test_the_run_is_clean(spark: Any, run: Path) -> None:
