@@ -78,11 +78,25 @@ def start_server(tmp_path: Path) -> Iterator[object]:
         server.stop()
 
 
+# The tests' JVM checks small histories for a few minutes: with the C1 JIT alone it
+# spends far less CPU compiling (tests/spark/test_spark_submit.py runs its JVMs the
+# same way); what the checker computes does not depend on it
+TEST_JVM_OPTIONS = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One local Spark session for every test that checks histories (start ~10 s)."""
     from spark_analysis.session import spark_session
 
-    session = spark_session("migratory-tests")
+    given = os.environ.get("SA_CONF")  # spark_session's extra settings, read at start
+    os.environ["SA_CONF"] = ";".join(filter(None, [TEST_JVM_OPTIONS, given]))
+    try:
+        session = spark_session("migratory-tests")
+    finally:
+        if given is None:
+            del os.environ["SA_CONF"]
+        else:
+            os.environ["SA_CONF"] = given
     yield session
     session.stop()
