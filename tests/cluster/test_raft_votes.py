@@ -295,3 +295,36 @@ def test_the_vote_floor_survives_a_restart_after_catching_up() -> None:
         assert "response_vote" not in answers
     finally:
         world.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open finding (same root as the deposed leader): an empty-started seed votes "
+    "for an empty-log candidate, which is safe only in a brand-new cluster; it cannot "
+    "tell one from a seed that never heard from the others",
+)
+def test_an_empty_seed_does_not_elect_a_seed_that_never_had_a_log() -> None:
+    """A is cut off from the start and never holds an entry; B (leader) and C commit e.
+    B loses its disk, C goes down, A-B heals: A (empty log) asks, B (empty-started)
+    votes for an empty log -- A leads without e ("committed there" by term 1)."""
+    world = RaftWorld(3, seed=1)
+    try:
+        a, b, c = world.addresses
+        world.cut(a, b)
+        world.cut(a, c)
+        for _ in range(30):
+            world.step(0.05)
+        leader = world.leader()
+        assert leader in (b, c)
+        world.submit(leader, b"e")
+        for _ in range(5):
+            world.step(0.05)
+        assert b"e" in world.acknowledged
+        world.lose_disk(b)
+        world.crash(c)
+        world.heal(a, b)
+        for _ in range(40):
+            world.step(0.05)
+        assert world.violations()[:1] == []
+    finally:
+        world.close()
