@@ -138,3 +138,50 @@ def test_pysyncobj_s_follower_splices_the_parts() -> None:
         assert "logged: failed to load full dump" in world.violations()
     finally:
         world.close()
+
+
+def test_a_dump_that_fails_to_load_vouches_for_nothing() -> None:
+    """A deposed leader holds 3 commands of its own term nobody else has; the others
+    commit 30 and compact, so it needs the new leader's dump -- whose first load fails
+    (as on a read error). pysyncobj logs and carries on; the follower must not answer
+    success nor move its commit index over its own tail. Before the fix it committed
+    the 3 at 3..5, over entries committed there ("committed 1:... at 3, 2:... was
+    committed there")."""
+    rnd = random.Random(1)
+    world = RaftWorld(3, seed=3, compaction_entries=6, dump_part_bytes=64, send_seconds=0.001)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        deposed = world.leader()
+        assert deposed is not None
+        for other in world.addresses:
+            world.cut(deposed, other)
+        for i in range(3):
+            world.submit(deposed, b"tail%d" % i)
+        world.tick(deposed)
+        for _ in range(40):
+            world.step(0.05)
+            leader = world.leader()
+            if leader is not None and leader != deposed:
+                break
+        assert leader is not None and leader != deposed
+        for i in range(30):
+            world.submit(leader, b"v%03d" % i + rnd.randbytes(100))
+            world.step(0.05)
+        serializer = world.nodes[deposed]._SyncObj__serializer
+        read, failures = serializer.deserialize, [1]
+
+        def fails_once() -> Any:
+            if failures.pop() if failures else False:
+                raise OSError("simulated: the dump could not be read")
+            return read()
+
+        serializer.deserialize = fails_once
+        world.heal_all()
+        for _ in range(40):
+            world.step(0.05)
+        assert not failures, "the failure happened"
+        assert world.violations() == ["logged: failed to load full dump"]
+        assert world.converged()
+    finally:
+        world.close()
