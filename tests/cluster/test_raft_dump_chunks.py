@@ -185,3 +185,28 @@ def test_a_dump_that_fails_to_load_vouches_for_nothing() -> None:
         assert world.converged()
     finally:
         world.close()
+
+
+def test_a_part_from_a_leader_that_leads_again_is_not_spliced_in() -> None:
+    """X sent the first parts of its dump, then Y (a later term) began its own; X, leading
+    again in a third term, resumes its old transmission (pysyncobj keeps it) with a part
+    that is not a first one: dropped, as is a part from X after its link broke."""
+    world = RaftWorld(3, seed=3)
+    try:
+        follower, x, y = world.addresses
+        node = world.nodes[follower]
+        peers = node._SyncObj__transport.peers
+
+        def part(sender: str, term: int, first: bool) -> bool:
+            message = {"type": "append_entries", "term": term, "commit_index": 0,
+                       "serialized": (b"part", first, False)}
+            return bool(node._part_of_the_dump_begun(peers[sender], message))
+
+        assert part(x, 2, True) and part(x, 2, False)
+        assert part(y, 3, True) and part(y, 3, False)
+        assert not part(x, 4, False), "X's old transmission, Y's file"
+        assert part(x, 4, True) and part(x, 4, False)
+        world.reset(follower, x)
+        assert not part(x, 4, False), "the parts in flight were lost"
+    finally:
+        world.close()
