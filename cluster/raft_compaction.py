@@ -51,6 +51,8 @@ class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
         """True while compaction should wait: this leader is sending its dump and is not
         writing one (a finished dump still gets its journal trimmed)."""
         serializer = self._SyncObj__serializer
+        if self._SyncObj__raftState != _RAFT_STATE.LEADER:
+            self._forget_transmissions(serializer)
         sending = (
             self._SyncObj__raftState == _RAFT_STATE.LEADER
             and serializer._Serializer__pid == 0
@@ -76,3 +78,18 @@ class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
             self._waiting_since = None
             return False
         return True
+
+    @staticmethod
+    def _forget_transmissions(serializer: Any) -> None:
+        """A node that no longer leads drops the dump transmissions it had begun.
+
+        pysyncobj keeps them (it cancels one only when it sends as leader to a follower
+        that is disconnected): led again, the node would resume a follower's stale
+        transmission where it stopped, and wait up to :data:`MAX_WAIT_SECONDS` for it
+        before compacting (``tests/cluster/test_raft_compaction.py``).
+        """
+        transmissions = serializer._Serializer__transmissions
+        for transmission in transmissions.values():
+            if "file" in transmission:
+                transmission["file"].close()
+        transmissions.clear()

@@ -85,3 +85,40 @@ def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(world.nodes[leader]._SyncObj__raftLog) <= 4 * 6 + 2
     finally:
         world.close()
+
+
+def test_a_leader_that_steps_down_mid_transmission_forgets_it() -> None:
+    """The leader has begun sending C its dump when it is cut off from B and deposed
+    (B and C elect; C, still linked to it, tells it the new term): its transmissions
+    are dropped (pysyncobj kept them: led again, it resumed C's stale one
+    and postponed its compaction for it)."""
+    rnd = random.Random(5)
+    world = RaftWorld(3, seed=3, compaction_entries=6, dump_part_bytes=64, send_seconds=0.001)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        leader = world.leader()
+        assert leader is not None
+        c = next(address for address in world.addresses if address != leader)
+        for other in world.addresses:
+            world.cut(c, other)
+        for i in range(30):
+            world.submit(leader, b"v%03d" % i + rnd.randbytes(200))
+            world.step(0.05)
+        for other in world.addresses:
+            world.heal(c, other)
+        world.clock.now += 0.05
+        world.tick(leader)
+        serializer = world.nodes[leader]._SyncObj__serializer
+        assert serializer._Serializer__transmissions, "C's dump is on its way"
+        b = next(address for address in world.addresses if address not in (leader, c))
+        world.cut(leader, b)  # B and C elect a leader; C tells the old one (still linked)
+        for _ in range(60):
+            world.step(0.05)
+            if world.nodes[leader]._SyncObj__raftState != 2:
+                break
+        assert world.nodes[leader]._SyncObj__raftState != 2, "it stepped down"
+        world.tick(leader)
+        assert not serializer._Serializer__transmissions
+    finally:
+        world.close()
