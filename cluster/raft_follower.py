@@ -75,7 +75,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
-from cluster import raft_unpickler
+from cluster import raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_votes import EmptyStart
 
@@ -113,6 +113,11 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._dump_source: tuple[Any, int] | None = None
         # looked at before pysyncobj creates the journal (cluster/raft_votes.py)
         self._empty_start = EmptyStart(None if conf is None else conf.journalFile)
+        others = args[1] if len(args) > 1 else kwargs.get("otherNodes", ())
+        self._term_quorum = raft_term_query.TermQuorum(  # (not with the test-only switch)
+            others=len(others),
+            waiting=self._empty_start.active and not self._empty_start.planted,
+        )
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
         self._last_dump_entry: Any = None  # the last entry of the dump read last
@@ -194,7 +199,39 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             )
             journal.deleteEntriesTo(offset)
 
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        quorum = self._term_quorum
+        if quorum.waiting:  # an empty-started seed asks for the current term
+            for node in quorum.due(monotonicTime(), self._SyncObj__connectedNodes):
+                self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
+        super()._onTick(timeToWait)
+
+    def _term_message(self, node: Any, message: dict[str, Any]) -> bool:
+        """Handle the term query and its answer (cluster/raft_term_query.py); True when
+        ``message`` is done with: one of those, or one a seed still waiting ignores."""
+        kind = message.get("type")
+        if kind == raft_term_query.QUERY:
+            self._SyncObj__transport.send(node, {
+                "type": raft_term_query.ANSWER,
+                "term": self._SyncObj__raftCurrentTerm,
+                "last_log_term": self._SyncObj__getCurrentLogTerm(),
+            })
+            return True
+        quorum = self._term_quorum
+        if kind == raft_term_query.ANSWER:
+            term = quorum.hear(node, message)
+            if term is not None and term > self._SyncObj__raftCurrentTerm:
+                self._SyncObj__setCurrentTerm(term, None)
+                self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+                self._SyncObj__raftLeader = None
+            return True
+        # not part of the cluster before it knows the current term: a deposed leader's
+        # AppendEntries would find this seed at term 0
+        return quorum.waiting and kind in ("append_entries", "request_vote")
+
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
+        if self._term_message(node, message):
+            return
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
             self._caught_up()  # a leader holds its own log (once it wrote an entry)
         kind = message.get("type")

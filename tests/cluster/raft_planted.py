@@ -57,8 +57,10 @@ class ClearsJournalAfterDump(FollowerSafeSyncObj):  # type: ignore[misc]
 
 
 class VotesWithAnEmptyDisk(FollowerSafeSyncObj):  # type: ignore[misc]
-    """pysyncobj's own voting after a lost disk (cluster/raft_votes.py's rule off)."""
+    """pysyncobj's own voting after a lost disk (cluster/raft_votes.py's rule off, and
+    cluster/raft_term_query.py's wait for the current term)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._empty_start.active = False
+        self._term_quorum.waiting = False

@@ -41,10 +41,15 @@ class Unconnected(Transport):  # type: ignore[misc]
 
 def follower(cls: type[Any]) -> Any:
     conf = SyncObjConf(autoTick=False)  # no network here, so no password (its key costs 40 ms)
-    return cls(
+    node = cls(
         "127.0.0.1:47901", ["127.0.0.1:47902", "127.0.0.1:47903"], conf=conf,
         transportClass=Unconnected,
     )
+    # an in-memory journal starts empty; no seed here answers the term query
+    # (cluster/raft_term_query.py): this follower already knows the current term
+    if isinstance(node, FollowerSafeSyncObj):
+        node._term_quorum.waiting = False
+    return node
 
 
 @pytest.fixture
