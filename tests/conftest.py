@@ -6,10 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -84,19 +85,62 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 TEST_JVM_OPTIONS = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """One local Spark session for every test that checks histories (start ~10 s)."""
-    from spark_analysis.session import spark_session
+class SparkStarting:
+    """The tests' one local Spark session, started in a thread on :meth:`start`, so that
+    a test can go on while the JVM starts (8-28 s: the planted chaos run starts it once
+    its cluster is up); :meth:`get` starts it if need be, waits for it, and raises what
+    starting it raised."""
 
-    given = os.environ.get("SA_CONF")  # spark_session's extra settings, read at start
-    os.environ["SA_CONF"] = ";".join(filter(None, [TEST_JVM_OPTIONS, given]))
-    try:
-        session = spark_session("migratory-tests")
-    finally:
-        if given is None:
-            del os.environ["SA_CONF"]
-        else:
-            os.environ["SA_CONF"] = given
-    yield session
-    session.stop()
+    def __init__(self) -> None:
+        self._session: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread.ident is None:
+                self._thread.start()
+
+    def _start(self) -> None:
+        from spark_analysis.session import spark_session
+
+        given = os.environ.get("SA_CONF")  # spark_session's extra settings, read at start
+        os.environ["SA_CONF"] = ";".join(filter(None, [TEST_JVM_OPTIONS, given]))
+        try:
+            self._session = spark_session("migratory-tests")
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            if given is None:
+                del os.environ["SA_CONF"]
+            else:
+                os.environ["SA_CONF"] = given
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def get(self, timeout: float = 300) -> Any:
+        self.start()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the Spark session did not start in {timeout:g} s")
+        if self._error is not None:
+            raise RuntimeError("the Spark session did not start") from self._error
+        return self._session
+
+
+@pytest.fixture(scope="session")
+def spark_starting() -> Iterator[SparkStarting]:
+    """The Spark session, to start early (``start()``) and get (``get()``) when needed."""
+    starting = SparkStarting()
+    yield starting
+    if starting.started:
+        starting.get().stop()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_starting: SparkStarting) -> object:
+    """One local Spark session for every test that checks histories (start 8-28 s)."""
+    return spark_starting.get()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,11 @@ def chaos_run_with_trigger(
     env: dict[str, str],
     when: str,
     trigger: Path,
+    on_ready: Callable[[], None],
 ) -> str:
     """A chaos run whose progress output is watched: the first line containing ``when``
-    creates the file ``trigger``. Returns the output; the run must exit 0."""
+    creates the file ``trigger``; ``on_ready`` is called once the cluster is ready.
+    Returns the output; the run must exit 0."""
     args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
     args += ["--duration", str(duration), "--out", str(out), *extra]
     proc = subprocess.Popen(
@@ -84,6 +87,8 @@ def chaos_run_with_trigger(
         for line in proc.stdout:
             if when in line and not any(when in seen for seen in lines):
                 trigger.touch()
+            if "cluster ready" in line:
+                on_ready()
             lines.append(line)
 
     reader = threading.Thread(target=read, daemon=True)
@@ -102,7 +107,7 @@ def chaos_run_with_trigger(
 
 
 def test_the_report_names_exactly_the_planted_violations(
-    spark: Any, tmp_path: Path, light_load: list[str]
+    spark_starting: Any, tmp_path: Path, light_load: list[str]
 ) -> None:
     """Non-seed migratory-3 ends itself (status 3) once the runner has printed its first
     progress line (5 s into the workload): at once if it runs then (seed 6: it does),
@@ -118,6 +123,7 @@ def test_the_report_names_exactly_the_planted_violations(
     output = chaos_run_with_trigger(
         out, SEED, FAULT_SECONDS, *light_load, "--auditors", str(len(PLANTED)),
         "--fault", ",".join(PLANTED), env=env, when="publishes ok=", trigger=trigger,
+        on_ready=spark_starting.start,  # the JVM starts while the faults run, not before
     )
     wall = time.monotonic() - started
     assert wall <= FAULT_SECONDS + OVERHEAD_SECONDS, f"took {wall:.1f} s"
@@ -137,7 +143,7 @@ def test_the_report_names_exactly_the_planted_violations(
     nemesis = [json.loads(line) for line in (out / "history/nemesis.jsonl").open()]
     assert {n["fault"] for n in nemesis if n["phase"] == "start"} & {"kill", "leave"}
 
-    code, summary = checked(spark, out)
+    code, summary = checked(spark_starting.get(), out)  # started during the run
     violations = found(summary)
     assert code == 1 and not summary["ok"]
     assert violations["sdk"] == {}, summary["examples"]["sdk"]
