@@ -24,9 +24,8 @@ from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.server.admission import PublishRate
 from migratory.server.mqtt_connect import Refusal, check_connect
-from migratory.server.mqtt_frames import SHARED
-from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
-from migratory.server.mqtt_input import MqttInput
+from migratory.server.mqtt_delivery import MqttDelivery
+from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_store import (
     SESSION_CLOSURE,
     SessionRecord,
@@ -48,13 +47,13 @@ log = logging.getLogger("migratory.mqtt")
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
 
-class MqttSession(MqttInput):
+class MqttSession(MqttDelivery):
     """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
 
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
-        "_ctx", "_decoder", "_frames", "_hot", "_hot_subject", "_inflight", "_link", "_lost",
+        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost",
         "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving",
         "_waiting_subacks", "_will", "aborted", "client_id", "close_code", "closing",
         "connection_id", "identity", "keep_alive", "listener", "outbox", "peer", "persistent",
@@ -297,104 +296,6 @@ class MqttSession(MqttInput):
         """An entitlement refusal, for GET /metrics (migratory_entitlement_denials_total)."""
         stats = self._ctx.stats
         stats.count(stats.entitlement_denials, action)
-
-    def settle_reached(self) -> dict[str, Position | Message]:
-        """The position reached on each subject, whole: the last delivery's subject is kept
-        apart by ``deliver_message`` (one subject's deliveries then touch no dictionary);
-        anything else that reads or writes the positions settles it first."""
-        subject = self._hot_subject
-        if subject is not None:
-            if self._hot is not None:
-                self._reached[subject] = self._hot
-            self._hot_subject = self._hot = None
-        return self._reached
-
-    def note_position(self, subject: str, position: Position) -> None:
-        """Where a new subscription of ``subject`` starts."""
-        if position.epoch:
-            self.settle_reached()[subject] = position
-        if self._record is not None:
-            self._record.positions[subject] = position
-
-    def synced(self, subject: str) -> None:
-        """A resume of ``subject`` from its recorded position gets every missed message."""
-        stats = self._ctx.stats
-        stats.count(stats.resumes, "sync")
-
-    def resynced(self, subject: str) -> None:
-        """A resume could not tell what was missed on ``subject``: the snapshot follows."""
-        stats = self._ctx.stats
-        stats.mqtt_resyncs += 1
-        stats.count(stats.resumes, "resync")
-        log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
-                    self.describe(), subject, extra=self.log_fields())
-
-    def deliver_message(self, message: Message, qos: int) -> None:
-        """A live or recovered message of a subscribed subject (the hub calls this for
-        every subscriber: the fan-out path, kept to plain dict and attribute reads, with
-        the queueing inlined -- ``benchmarks/mqtt_fanout_cpu.py``)."""
-        if self.closing or self.aborted:
-            return
-        subject = message.subject
-        if subject == self._hot_subject:  # the usual case: no dictionary to touch
-            last = self._hot
-        else:
-            last = self.settle_reached().get(subject)
-            self._hot_subject = subject
-            self._hot = last
-        # seq first: a live message is always past ``last``, so one comparison decides
-        if last is not None and message.seq <= last.seq and last.epoch == message.epoch:
-            return  # already delivered (two filters match, or a recovery overlap)
-        self._hot = message
-        if qos and message.qos is Qos.GUARANTEED:
-            self._deliver_qos1(message, retain=False)
-            return
-        shared = SHARED
-        if shared.message is message and not self.websocket:
-            frame = shared.plain
-        else:
-            frame = shared.qos0(message, self.websocket)
-        try:  # _deliver, inlined
-            full = self.outbox.enqueue(frame)
-        except SlowConsumer as exc:
-            self._slow_consumer(str(exc))
-            return
-        if full:
-            self._link.flush_now()
-        else:
-            self._link.mark_dirty()
-        if self._record is not None and not self._inflight.outstanding(subject):
-            # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
-            self._record.positions[subject] = message.position
-            self._changed()
-
-    def deliver_retained(self, message: Message, qos: int) -> None:
-        """A snapshot sent because of a new subscription: RETAIN set."""
-        if self.closing or self.aborted or not message.content:
-            return  # an empty retained message deletes it, for MQTT clients
-        self.subscriptions.take(message)
-        if qos and message.qos is Qos.GUARANTEED:
-            self._deliver_qos1(message, retain=True)
-        else:
-            frame = mqtt_encode.encode_publish(message.subject[1:], message.content, retain=True)
-            self._deliver(self._wrap(frame))
-
-    def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
-        if self._inflight.full():
-            self._slow_consumer(f"{MAX_INFLIGHT} QoS 1 messages not acknowledged")
-            return
-        packet_id = self._inflight.add(message.subject, message.position)
-        frame = mqtt_encode.encode_publish_from_parts(
-            SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
-        )
-        self._deliver(self._wrap(frame))
-
-    def _on_puback(self, packet_id: int) -> None:
-        delivered = self._inflight.acknowledge(packet_id)
-        if delivered is not None and self._record is not None:
-            subject, position = delivered
-            self._record.positions[subject] = position
-            self._changed()
 
     # --- the persistent session record -----------------------------------------
 
