@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import pytest
-from raft_sim import RaftWorld
+from raft_sim import RaftWorld, left_behind
 
 from cluster import raft_compaction
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -24,22 +24,10 @@ def cut_off_then_back_under_load(node_class: type[Any]) -> tuple[RaftWorld, str]
     """C is cut off while 60 entries of 400 random bytes commit (a dump of ~100 parts of
     256 B; a round sends ~10); back, it needs the dump, while the leader goes on
     committing -- and compacting every 6 entries."""
-    rnd = random.Random(5)
     world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
                       dump_part_bytes=256, send_seconds=0.004)
-    for _ in range(20):
-        world.step(0.05)
-    leader = world.leader()
-    assert leader is not None
-    c = next(address for address in world.addresses if address != leader)
-    for other in world.addresses:
-        world.cut(c, other)
-    for i in range(60):
-        if world.leader():
-            world.submit(world.leader(), b"v%03d" % i + rnd.randbytes(400))
-        world.step(0.05)
-    for other in world.addresses:
-        world.heal(c, other)
+    _, c = left_behind(world, entries=60, size=400, seed=5)
+    rnd = random.Random(6)
     for i in range(150):
         if world.leader():
             world.submit(world.leader(), b"w%03d" % i + rnd.randbytes(400))
@@ -92,21 +80,9 @@ def test_a_leader_that_steps_down_mid_transmission_forgets_it() -> None:
     (B and C elect; C, still linked to it, tells it the new term): its transmissions
     are dropped (pysyncobj kept them: led again, it resumed C's stale one
     and postponed its compaction for it)."""
-    rnd = random.Random(5)
     world = RaftWorld(3, seed=3, compaction_entries=6, dump_part_bytes=64, send_seconds=0.001)
     try:
-        for _ in range(20):
-            world.step(0.05)
-        leader = world.leader()
-        assert leader is not None
-        c = next(address for address in world.addresses if address != leader)
-        for other in world.addresses:
-            world.cut(c, other)
-        for i in range(30):
-            world.submit(leader, b"v%03d" % i + rnd.randbytes(200))
-            world.step(0.05)
-        for other in world.addresses:
-            world.heal(c, other)
+        leader, c = left_behind(world, entries=30, size=200, seed=5)
         world.clock.now += 0.05
         world.tick(leader)
         serializer = world.nodes[leader]._SyncObj__serializer

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from pysyncobj.serializer import Serializer
-from raft_sim import RaftWorld
+from raft_sim import RaftWorld, left_behind
 
 from cluster.raft_follower import FollowerSafeSyncObj, mark_the_last_chunk
 
@@ -93,21 +93,9 @@ def dump_cut_by_a_reset(node_class: type[Any]) -> RaftWorld:
     """C is cut off while 30 entries of 200 random bytes commit (compaction every 6), so
     it needs the leader's dump: ~40 parts of 64 B go out in one round, 3 arrive, then the
     link breaks and is made again before the leader's next round (the rest is lost)."""
-    rnd = random.Random(1)
     world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
                       dump_part_bytes=64, send_seconds=0.001)
-    for _ in range(20):
-        world.step(0.05)
-    leader = world.leader()
-    assert leader is not None
-    c = next(address for address in world.addresses if address != leader)
-    for other in world.addresses:
-        world.cut(c, other)
-    for i in range(30):
-        world.submit(leader, b"v%03d" % i + rnd.randbytes(200))
-        world.step(0.05)
-    for other in world.addresses:
-        world.heal(c, other)
+    leader, c = left_behind(world, entries=30, size=200, seed=1)
     world.clock.now += 0.05
     world.tick(leader)
     assert world.dump_parts_sent > 10
