@@ -7,7 +7,8 @@ import random
 from typing import Any
 
 import pytest
-from raft_sim import RaftWorld, left_behind
+from raft_schedules import left_behind
+from raft_sim import RaftWorld
 
 from cluster import raft_compaction
 from cluster.raft_follower import FollowerSafeSyncObj

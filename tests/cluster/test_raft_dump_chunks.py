@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from pysyncobj.serializer import Serializer
-from raft_sim import RaftWorld, left_behind
+from raft_schedules import left_behind
+from raft_sim import RaftWorld
 
 from cluster.raft_follower import FollowerSafeSyncObj, mark_the_last_chunk
 
