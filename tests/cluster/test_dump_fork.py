@@ -59,6 +59,39 @@ def test_with_the_handler_the_port_is_free_once_the_member_lets_go() -> None:
     assert port_after_fork("register") == "free"
 
 
+NICENESS = """
+import os, sys
+from cluster import dump_fork
+if sys.argv[1] == "register":
+    dump_fork.register()
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(write, str(os.getpriority(os.PRIO_PROCESS, 0)).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+print(os.getpriority(os.PRIO_PROCESS, 0), int(os.read(read, 16)))
+"""
+
+
+def niceness_after_fork(mode: str) -> tuple[int, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", NICENESS, mode], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    parent, child = done.stdout.split()
+    return int(parent), int(child)
+
+
+def test_the_dump_writer_yields_the_cpu_to_the_members() -> None:
+    """Every seed forks its dump writer at the same log index; at the member's own
+    priority the writers took the CPU from the members (ack p99.9 misses)."""
+    parent, child = niceness_after_fork("register")
+    assert parent < dump_fork.DUMP_WRITER_NICENESS
+    assert child == dump_fork.DUMP_WRITER_NICENESS
+    assert niceness_after_fork("plain") == (parent, parent)
+
+
 def test_the_child_dies_with_its_parent() -> None:
     read, write = os.pipe()
     middle = os.fork()
