@@ -169,6 +169,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="Key=Value")
     parser.add_argument("--json", metavar="FILE")
     options = parser.parse_args()
+    if any(s.split("=", 1)[0] == "Workers" and s != "Workers=1" for s in options.set):
+        parser.error("one server process only: the probes live in the process this starts")
     from migratory.bench.server_process import ServerProcess
 
     class ProbedServer(ServerProcess):
