@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
-from migratory.model.message import Message, MessageType, Qos
+from migratory.model.frozen import positional_constructor
+from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import EPOCH_LIMIT, Position
 
 __all__ = [
@@ -58,6 +59,10 @@ class PublishRequest:
     origin: str
     ref: int
     message: Message
+
+
+new_publish_request = positional_constructor(PublishRequest)
+"""``PublishRequest(origin, ref, message)`` at half the cost (decoding a ``Forward``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +159,10 @@ class Coordinator:
         epoch = self.group_epochs.setdefault(subject_group(subject), epoch_candidate)
         seq = self.seqs.get(subject, 0) + 1
         self.seqs[subject] = seq
-        return Message(subject, content, fields, retained, qos, None, epoch, seq,
-                       MessageType.UPDATE)
+        # new_message, not Message(): a frozen dataclass's __init__ was ~16 % of the
+        # sequencer's CPU with Workers = 2 (py-spy, many subjects at 40,000 msg/s)
+        return new_message(subject, content, fields, retained, qos, None, epoch, seq,
+                           MessageType.UPDATE)
 
     def digest(self) -> str:
         """A fingerprint of the whole replicated state: equal on seeds that agree.

@@ -13,8 +13,8 @@ from typing import Any, Final, assert_never, cast
 import cbor2
 
 from cluster.cache_sync import CacheSync, SubjectSync
-from cluster.coordination import CommittedBatch, PublishRequest
-from migratory.model.message import Message, MessageType, Qos
+from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
+from migratory.model.message import Message, MessageType, Qos, new_message
 
 MAX_FRAME: Final = 64 * 1024 * 1024
 """Largest frame payload, in bytes."""
@@ -183,7 +183,7 @@ def _message(item: Any, where: str) -> Message:
         ):
             qos = Qos.GUARANTEED if flags & _GUARANTEED else Qos.STANDARD
             retained = bool(flags & _RETAINED)
-            return Message(
+            return new_message(  # not Message(): ~1 us less per message (see _number)
                 subject, content, fields, retained, qos, closure, epoch, seq, _TYPES[code]
             )
     raise LinkError(f"{where}: {_message_fault(item)}")
@@ -368,7 +368,7 @@ def _forward(r: _Body) -> Forward:
         origin, ref, message = item
         if not _is_u64(ref):
             raise LinkError("'fw' frame: 'r': ref must be an unsigned integer < 2**64")
-        requests.append(PublishRequest(origin, ref, _message(message, "'fw' frame: 'r'")))
+        requests.append(new_publish_request(origin, ref, _message(message, "'fw' frame: 'r'")))
     return Forward(tuple(requests))
 
 
