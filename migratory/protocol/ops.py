@@ -166,6 +166,8 @@ def _position_keys(body: dict[str, Any], position: Position | None) -> None:
 
 
 def encode_server_op(op: ServerOp) -> bytes:
+    if type(op) is PublishStatus:  # the most frequent (one per acknowledged publish)
+        return _encode_publish_status(op)
     body: dict[str, Any]
     match op:
         case Connected(server=server, version=version):
@@ -179,17 +181,26 @@ def encode_server_op(op: ServerOp) -> bytes:
             _position_keys(body, position)
             if reason is not None:
                 body["reason"] = reason
-        case PublishStatus(status=status, closure=closure, subject=subject):
-            body = {"op": "publish_status", "status": status._value_, "subject": subject}
-            if closure is not None:
-                body["closure"] = closure
-            _position_keys(body, op.position)
-            if op.reason is not None:
-                body["reason"] = op.reason
+        case PublishStatus():
+            return _encode_publish_status(op)
         case Pong(id=ping_id):
             body = {"op": "pong"}
             if ping_id is not None:
                 body["id"] = ping_id
+    return cbor2.dumps(body)
+
+
+def _encode_publish_status(op: PublishStatus) -> bytes:
+    body: dict[str, Any] = {"op": "publish_status", "status": op.status._value_,
+                            "subject": op.subject}
+    if op.closure is not None:
+        body["closure"] = op.closure
+    position = op.position
+    if position is not None:
+        body["epoch"] = position.epoch
+        body["seq"] = position.seq
+    if op.reason is not None:
+        body["reason"] = op.reason
     return cbor2.dumps(body)
 
 

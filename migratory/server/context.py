@@ -50,6 +50,10 @@ class LocalPublishing:
     ``clock`` (the clock of ``now``: trio's, or :data:`TRIO_CLOCK`) times each publish for
     ``timings``; without it nothing is timed."""
 
+    settles_at_once = True
+    """Every publish has its outcome before :meth:`submit` returns: a drain has nothing in
+    flight to wait for (:class:`~migratory.server.drain.DrainingPublishing` counts nothing)."""
+
     def __init__(self, hub: Hub, *, clock: Callable[[], float] | object | None = None) -> None:
         self._hub = hub
         self._clock = clock
