@@ -34,6 +34,7 @@ from migratory.server.context import (
     ServerStatistics,
 )
 from migratory.server.drain import Drain
+from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encrypted_batch
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
@@ -173,6 +174,11 @@ class Server:
         # current scheduler pass, so a quiet client gets its message at once and a busy
         # one still gets at most about one write per BatchTime plus one
         self.idle_write = config.batch_idle_write and not self.write_immediately
+        # clients of encrypted listeners: a batch every few ticks (encrypted_batching.py)
+        every = ticks_per_encrypted_batch(config.batch_time, config.encrypted_batch_time)
+        self.encrypted: EncryptedBatches[Connection] | None = (
+            EncryptedBatches(every, idle_write=self.idle_write) if every > 1 else None
+        )
         self.urgent: set[Connection] = set()
         # the connection whose input is being processed (Connection._read_once): the idle
         # writes its processing causes are written when it is done, by that same task
@@ -292,10 +298,19 @@ class Server:
         self.urgent.discard(connection)
         self.written.discard(connection)
         self.written_before.discard(connection)
+        if self.encrypted is not None:
+            self.encrypted.forget(connection)
         self.ctx.stats.connections_open = len(self.connections)
 
     def mark_dirty(self, connection: Connection) -> None:
         """``connection`` has bytes to write: at the next tick, or at once if it is idle."""
+        if connection.batch_slowly:  # an encrypted listener's client
+            assert self.encrypted is not None
+            if self.encrypted.mark(connection):
+                self.urgent.add(connection)
+                if self.processing is None:
+                    self._urgent_wake.set()
+            return
         if (
             not self.idle_write
             or connection in self.written
@@ -342,6 +357,10 @@ class Server:
         by idle writes until the next one)."""
         self.written_before, self.written = self.written, set(self.dirty)
         self.flush_dirty()
+        encrypted = self.encrypted
+        if encrypted is not None:
+            for connection in encrypted.tick():
+                connection.flush()
 
     async def _batch_loop(self) -> None:
         """Flush on an absolute schedule, so a batch waits at most BatchTime.

@@ -51,8 +51,8 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection:
     __slots__ = (
-        "_cipher", "_closed", "_held", "_marked", "_read_scope", "_tls", "address", "handshaking",
-        "listener", "server", "session", "sock", "writing",
+        "_cipher", "_closed", "_held", "_marked", "_read_scope", "_tls", "address",
+        "batch_slowly", "handshaking", "listener", "server", "session", "sock", "writing",
     )
 
     def __init__(
@@ -67,6 +67,8 @@ class Connection:
         self.sock = sock
         self.listener = listener
         self._tls = None if tls is None else TlsLink(tls)
+        # written every EncryptedBatchTime, not every BatchTime (encrypted_batching.py)
+        self.batch_slowly = tls is not None and server.encrypted is not None
         self._cipher = b""  # encrypted bytes of a batch the socket took only part of
         self.session: Session | MqttSession = self._new_session(peer)
         self.writing = False  # a partial write is pending; a drain task owns the socket

@@ -23,6 +23,8 @@ SUBJECT = "/batching/idle"
 class Link:
     """Stands in for a Connection: the batch tick flushes it."""
 
+    batch_slowly = False  # a plain listener's client
+
     def __init__(self) -> None:
         self.flushes = 0
 
