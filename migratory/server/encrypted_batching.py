@@ -3,12 +3,12 @@
 A TLS record costs about 4 us of CPU on each side whatever it carries: OpenSSL's
 per-record work on a connection state that has left the CPU caches in the 10 ms
 since that connection's last record (docs/benchmarks.md, "where the TLS p99 cost
-comes from"). At one message per write, 1,000 TLS subscribers of a subject
-publishing 100 messages/s asked more CPU of two cores than plain ones by half, and
-both sides waited for it: TLS p99 +50-60 %. Writing a busy encrypted client every
-``EncryptedBatchTime`` (a whole number of ``BatchTime`` ticks, 2 by default) halves
-its records and costs no latency at the median (the sweep over 1,000 sockets is
-what a message waits for there).
+comes from"). Writing a busy encrypted client every ``EncryptedBatchTime`` (a
+whole number of ``BatchTime`` ticks; off by default) cuts its records: with 1,000 TLS
+subscribers of a subject at 100 messages/s, 20 ms (2 ticks) cut the server's CPU per
+delivery by 13-15 % for 2-4 ms more at the median and the same p99 on a quiet
+machine (docs/benchmarks.md, "EncryptedBatchTime"). A deployment short of CPU for
+its TLS clients can take that trade.
 
 The rule is the server's adaptive batching (``BatchIdleWrite``, ``Server.mark_dirty``)
 over the longer period: a connection written within the last two periods waits for

@@ -75,7 +75,7 @@ def _server(**settings: str) -> Server:
 
 
 def test_the_server_writes_a_busy_tls_client_every_other_tick_and_a_plain_one_every_tick() -> None:
-    server = _server()  # defaults: BatchTime 10, EncryptedBatchTime 20
+    server = _server(EncryptedBatchTime="20")  # BatchTime 10 (the default)
     plain, encrypted = Link(encrypted=False), Link(encrypted=True)
     for link in (plain, encrypted):
         server.mark_dirty(link)  # type: ignore[arg-type]
@@ -101,4 +101,5 @@ def test_encrypted_batch_time_at_most_batch_time_batches_like_the_rest() -> None
 def test_the_setting_is_validated() -> None:
     with pytest.raises(ValueError, match="EncryptedBatchTime"):
         load_config(overrides={"EncryptedBatchTime": "-1"}, environ={})
-    assert load_config(overrides={}, environ={}).encrypted_batch_time == 20
+    assert load_config(overrides={}, environ={}).encrypted_batch_time == 0  # off
+    assert _server().encrypted is None
