@@ -77,6 +77,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
+from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import EmptyStart
 
 log = logging.getLogger("migratory.raft")
@@ -230,6 +231,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         return quorum.waiting and kind in ("append_entries", "request_vote")
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == KEEPALIVE:  # its arrival was the point (raft_transport.py)
+            return
         if self._term_message(node, message):
             return
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
