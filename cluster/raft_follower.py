@@ -77,6 +77,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
+from cluster.raft_election_timer import poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import EmptyStart
 
@@ -205,7 +206,12 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         if quorum.waiting:  # an empty-started seed asks for the current term
             for node in quorum.due(monotonicTime(), self._SyncObj__connectedNodes):
                 self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
-        super()._onTick(timeToWait)
+        # pysyncobj checks the election deadline first, then polls: wake just past it
+        # (cluster/raft_election_timer.py)
+        super()._onTick(poll_timeout(
+            timeToWait, self._SyncObj__raftElectionDeadline, monotonicTime(),
+            leader=self._SyncObj__raftState == _RAFT_STATE.LEADER,
+        ))
 
     def _term_message(self, node: Any, message: dict[str, Any]) -> bool:
         """Handle the term query and its answer (cluster/raft_term_query.py); True when
