@@ -38,6 +38,7 @@ from cluster import dump_fork, raft_unpickler
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
+from cluster.raft_compaction import compaction_stagger
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
@@ -286,6 +287,7 @@ class RaftCoordination:
         self.consumer = CoordinationConsumer(on_commit, on_restore, max_cached_messages)
         me = raft_address(self_address)
         others = [raft_address(a) for a in seed_addresses if a != self_address]
+        stagger = compaction_stagger(me)  # cluster/raft_compaction.py
         conf = SyncObjConf(
             password=password,
             raftMinTimeout=timings.election_min,
@@ -303,8 +305,9 @@ class RaftCoordination:
             leaderFallbackTimeout=max(1.0, 4 * timings.election_max),
             commandsWaitLeader=True,
             onStateChanged=lambda _old, _new: self._state_changed(on_state_changed),
-            logCompactionMinEntries=timings.compaction_entries,
-            logCompactionMinTime=timings.compaction_seconds,
+            # each seed its own thresholds: no two fork their dump writers together
+            logCompactionMinEntries=int(timings.compaction_entries * stagger),
+            logCompactionMinTime=timings.compaction_seconds * stagger,
             bindAddress=raft_address(bind_address) if bind_address else None,
             **_journal_files(data_dir),
         )

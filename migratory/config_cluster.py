@@ -68,12 +68,13 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "members, never below the average; each resumes there from its position. 0: off."),
     Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
             _int(100, unit=" of entries"), "20000",
-            "A seed compacts its Raft log (writes a dump, drops the entries) once it holds at "
-            "least this many entries and ClusterLogCompactionTime has passed since the last "
-            "compaction."),
+            "A seed compacts its Raft log (writes a dump, drops the entries) once it holds "
+            "more than this many entries, or ClusterLogCompactionTime after the last "
+            "compaction. Each seed multiplies both by its own factor between 1 and 1.5 "
+            "(drawn from its address), so no two seeds compact at the same moment."),
     Setting("ClusterLogCompactionTime", "cluster_log_compaction_time",
             _int(1, unit=" of seconds"), "120",
-            "Seconds between two Raft log compactions at least (see "
+            "Seconds after which a seed compacts its Raft log even with fewer entries (see "
             "ClusterLogCompactionEntries)."),
 )
 

@@ -99,3 +99,33 @@ def test_a_leader_that_steps_down_mid_transmission_forgets_it() -> None:
         assert not serializer._Serializer__transmissions
     finally:
         world.close()
+
+
+def test_each_seed_has_its_own_compaction_factor() -> None:
+    """Seeds with one threshold compacted at the same index and forked their dump
+    writers together: every member stalled in that second."""
+    seeds = [f"127.0.0.1:{port}" for port in (7101, 7111, 7121)]
+    seeds += [f"migratory-{i}.migratory.default.svc:8801" for i in range(3)]
+    factors = [raft_compaction.compaction_stagger(seed) for seed in seeds]
+    assert all(1.0 <= f <= 1.0 + raft_compaction.STAGGER for f in factors)
+    assert len(set(factors)) == len(factors)
+    assert factors == [raft_compaction.compaction_stagger(seed) for seed in seeds]
+
+
+def test_a_seed_raft_node_compacts_at_its_own_thresholds() -> None:
+    from cluster.raft import RaftCoordination, RaftTimings, raft_address
+    from cluster.tooling import free_base_port
+
+    address = ("127.0.0.1", free_base_port(1))
+    node = RaftCoordination(
+        self_address=address, seed_addresses=[address], password="compaction",
+        on_commit=lambda _batch: None,
+        timings=RaftTimings(compaction_entries=2000, compaction_seconds=10.0),
+    )
+    try:
+        factor = raft_compaction.compaction_stagger(raft_address(address))
+        conf = node.syncobj._SyncObj__conf
+        assert conf.logCompactionMinEntries == int(2000 * factor)
+        assert conf.logCompactionMinTime == pytest.approx(10.0 * factor)
+    finally:
+        node.close()
