@@ -77,7 +77,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
-from cluster.raft_election_timer import poll_timeout
+from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import EmptyStart
 
@@ -95,6 +95,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
     _SyncObj__raftLeader: Any
     _SyncObj__raftCommitIndex: int
     _SyncObj__raftElectionDeadline: float
+    _SyncObj__connectedNodes: set[Any]
+    _linked_once = False  # a link has come up since this process started (class default)
     _SyncObj__transferInProgress: bool
     _SyncObj__leaderCommitIndex: int | None
     _SyncObj__recvTransmission: Any
@@ -212,6 +214,16 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             timeToWait, self._SyncObj__raftElectionDeadline, monotonicTime(),
             leader=self._SyncObj__raftState == _RAFT_STATE.LEADER,
         ))
+
+    def _SyncObj__onNodeConnected(self, node: Any) -> None:
+        SyncObj._SyncObj__onNodeConnected(self, node)
+        self._SyncObj__raftElectionDeadline = deadline_after_joining(  # raft_election_timer
+            self._SyncObj__raftElectionDeadline, monotonicTime(),
+            self._SyncObj__generateRaftTimeout(), links=len(self._SyncObj__connectedNodes),
+            first=not self._linked_once,
+            follower=self._SyncObj__raftState == _RAFT_STATE.FOLLOWER,
+        )
+        self._linked_once = True
 
     def _term_message(self, node: Any, message: dict[str, Any]) -> bool:
         """Handle the term query and its answer (cluster/raft_term_query.py); True when

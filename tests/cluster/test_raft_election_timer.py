@@ -11,7 +11,7 @@ from pysyncobj import SyncObjConf
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 from test_raft_follower import Unconnected
 
-from cluster.raft_election_timer import PAST_DEADLINE, poll_timeout
+from cluster.raft_election_timer import PAST_DEADLINE, deadline_after_joining, poll_timeout
 from cluster.raft_follower import FollowerSafeSyncObj
 
 
@@ -42,5 +42,45 @@ def test_the_seed_node_polls_until_its_deadline() -> None:
         node._onTick(0.05)
         assert node._SyncObj__raftState == _RAFT_STATE.FOLLOWER
         assert waits and 0.015 < waits[-1] < 0.021
+    finally:
+        node.destroy()
+
+
+@pytest.mark.parametrize(
+    ("links", "follower", "first", "expected"),
+    [
+        (1, True, True, 10.2),  # its first link since it started: listen a timeout first
+        (2, True, True, 9.5),  # linked already: unchanged
+        (1, False, True, 9.5),  # a candidate or leader: unchanged
+        (1, True, False, 9.5),  # linked before (a heal, not a restart): unchanged
+    ],
+)
+def test_deadline_after_joining(links: int, follower: bool, first: bool, expected: float) -> None:
+    assert deadline_after_joining(
+        9.5, 10.0, 0.2, links=links, follower=follower, first=first
+    ) == expected
+
+
+def test_a_started_seed_listens_on_its_first_link_before_it_stands() -> None:
+    """A restarted seed stood the millisecond its first link came up, before the live
+    leader's AppendEntries reached it, and its higher term deposed the leader."""
+    node: Any = FollowerSafeSyncObj(
+        "127.0.0.1:47921", ["127.0.0.1:47922", "127.0.0.1:47923"],
+        conf=SyncObjConf(autoTick=False, raftMinTimeout=0.15, raftMaxTimeout=0.3,
+                         appendEntriesPeriod=0.04),
+        transportClass=Unconnected,
+    )
+    try:
+        node._term_quorum.waiting = False
+        first, second = sorted(node.otherNodes, key=str)
+        node._SyncObj__raftElectionDeadline = monotonicTime() - 5  # long past
+        node._SyncObj__onNodeConnected(first)
+        assert node._SyncObj__raftElectionDeadline > monotonicTime() + 0.1
+        node._onTick(0)
+        assert node._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # not standing yet
+        node._SyncObj__onNodeDisconnected(first)
+        node._SyncObj__raftElectionDeadline = monotonicTime() - 5
+        node._SyncObj__onNodeConnected(second)  # linked before: no more waiting
+        assert node._SyncObj__raftElectionDeadline < monotonicTime()
     finally:
         node.destroy()
