@@ -17,7 +17,7 @@ had long passed when its first link came up, and it stood in that very milliseco
 before the live leader's first AppendEntries could reach it (traced: "node connected"
 and "candidate" in the same ms). With a stale log it cannot win, but its higher term
 made the others drop the leader: an election, and publishes failed with
-LEADER_CHANGED, at every seed restart. :func:`deadline_after_joining` gives it one
+LEADER_CHANGED, at such a seed restart. :func:`deadline_after_joining` gives it one
 election timeout of listening first; a whole cluster starting together elects one
 timeout later, a failover (the survivors are linked already) not at all.
 """
