@@ -22,7 +22,7 @@ from migratory.bench.subscriber import count_deliveries
 from migratory.bench.tlsraw import TlsConn, tls_connect
 from migratory.bench.wsraw import RECV_SIZE, RawConn, close_all
 
-READY = b"event: subscribe"
+READY = b"event:subscribe"
 
 
 def open_stream(

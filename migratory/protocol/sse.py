@@ -9,15 +9,21 @@ to the same URL, and the server resumes every subject from it.
 
 Events (``data`` is one line of JSON):
 
-- ``message`` -- a message: subject, content (text) or content_base64, fields,
-  retained, epoch, seq, type (update, recovered, snapshot, historical);
+- ``message`` -- a message (written without an ``event`` line: ``message`` is
+  the type EventSource gives an event that names none): subject, content
+  (text) or content_base64, fields, retained, epoch, seq, type (update,
+  recovered, snapshot, historical);
 - ``subscribe`` / ``deny`` -- SUBSCRIBE_ALLOW / SUBSCRIBE_DENY of a subject;
 - ``sync`` / ``resync`` -- DATA_SYNC / DATA_RESYNC after a resume;
 - ``close`` -- the server ends the stream (code and reason, as a WebSocket close);
 - comments (``: heartbeat``) keep idle connections open through proxies.
 
-A message's ``event``/``data`` lines are the same for every stream and are
-encoded once (:func:`message_lines`); each stream adds its own ``id`` line.
+A message's ``data`` line is the same for every stream and is encoded once
+(:func:`message_lines`); each stream adds its own ``id`` line. Fields are
+written ``name:value`` without the optional space after the colon: the format
+allows both, and a message event is then ~17 bytes shorter (about 7 % of a
+100-byte message's event), which every delivery pays on the wire and on both
+sides' CPU.
 """
 
 from __future__ import annotations
@@ -82,24 +88,25 @@ def message_json(message: Message) -> dict[str, object]:
 
 def _data(payload: object) -> bytes:
     # json.dumps escapes every line break: one data line
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n"
+    return b"data:" + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 def message_lines(message: Message) -> bytes:
-    """``event: message`` and its ``data`` line; the caller adds the ``id`` line."""
-    return b"event: message\n" + _data(message_json(message))
+    """A message event's ``data`` line (no ``event`` line: ``message`` is the default
+    type); the caller adds the ``id`` line."""
+    return _data(message_json(message))
 
 
 def event(name: str, payload: object) -> bytes:
     """Any other event's ``event`` and ``data`` lines; the caller adds the ``id`` line."""
-    return f"event: {name}\n".encode("ascii") + _data(payload)
+    return f"event:{name}\n".encode("ascii") + _data(payload)
 
 
 def event_id(positions: Sequence[Position | Message | None]) -> bytes:
     """The ``id`` line ending an event, and the blank line that dispatches it (a message
     stands for its own position)."""
     text = ",".join("-" if p is None else f"{p.epoch}:{p.seq}" for p in positions)
-    return b"id: " + text.encode("ascii") + b"\n\n"
+    return b"id:" + text.encode("ascii") + b"\n\n"
 
 
 def parse_event_id(text: str, subjects: int) -> list[Position | None] | None:

@@ -13,12 +13,14 @@ from migratory.protocol import sse
 
 
 def parse_events(data: bytes) -> list[dict[str, str]]:
-    """A minimal EventSource parser (the WHATWG algorithm's field handling)."""
-    events, current = [], {}
+    """A minimal EventSource parser (the WHATWG algorithm's field handling; an event
+    without an ``event`` field has the type ``message``)."""
+    events: list[dict[str, str]] = []
+    current: dict[str, str] = {}
     for line in data.decode("utf-8").split("\n"):
         if not line:
             if current:
-                events.append(current)
+                events.append({"event": "message", **current})
             current = {}
             continue
         if line.startswith(":"):
@@ -39,6 +41,16 @@ def test_message_event_carries_the_message_and_the_stream_position() -> None:
     assert (body["epoch"], body["seq"], body["type"]) == (7, 3, "update")
 
 
+def test_a_message_event_is_its_data_and_id_lines_only() -> None:
+    """No ``event: message`` line (the default type) and no space after a field's colon:
+    17 bytes less on every delivery; EventSource reads both forms alike."""
+    message = Message("/a/b", b"x", epoch=7, seq=3)
+    data = sse.message_lines(message) + sse.event_id([message])
+    assert data.startswith(b'data:{"subject":"/a/b",') and data.endswith(b"}\nid:7:3\n\n")
+    assert data.count(b"\n") == 3
+    assert sse.event("sync", {}) == b"event:sync\ndata:{}\n"
+
+
 def test_binary_content_is_base64() -> None:
     message = Message("/a/b", b"\xff\x00", type=MessageType.SNAPSHOT)
     body = json.loads(parse_events(sse.message_lines(message) + b"\n")[0]["data"])
@@ -49,7 +61,7 @@ def test_binary_content_is_base64() -> None:
                 min_size=1, max_size=5))
 def test_event_id_round_trips(positions: list[Position | None]) -> None:
     line = sse.event_id(positions)
-    text = line.decode()[len("id: "):].rstrip("\n")
+    text = line.decode()[len("id:"):].rstrip("\n")
     assert sse.parse_event_id(text, len(positions)) == positions
 
 

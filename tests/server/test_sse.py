@@ -137,7 +137,7 @@ def test_a_slow_reader_is_cut_off_and_others_keep_receiving(start_server: Any) -
     while chunk := slow.recv(1 << 20):  # the server closed it: the stream ends
         received += chunk
     assert len(received) < 400 * 64_000
-    assert b"event: close" in received and b'"code":4500' in received
+    assert b"event:close" in received and b'"code":4500' in received
     slow.close()
 
 

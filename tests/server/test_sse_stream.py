@@ -49,8 +49,8 @@ def open_stream(
 def message_event(subject: str, content: str, seq: int, kind: str, event_id: str) -> bytes:
     data = {"subject": subject, "content": content, "fields": {}, "retained": False,
             "epoch": EPOCH, "seq": seq, "type": kind}
-    return (b"event: message\ndata: " + json.dumps(data, separators=(",", ":")).encode()
-            + b"\nid: " + event_id.encode() + b"\n\n")
+    return (b"data:" + json.dumps(data, separators=(",", ":")).encode()
+            + b"\nid:" + event_id.encode() + b"\n\n")
 
 
 def test_one_subject_streams_share_one_encoded_event_with_the_right_id() -> None:
@@ -81,7 +81,7 @@ def test_a_stream_of_several_subjects_gets_its_own_id_after_the_shared_lines() -
     assert both_out.events == [message_event(A, "a1", 1, "update", f"{EPOCH}:1,{EPOCH}:1")]
     assert both.positions == [Position(EPOCH, 1), Position(EPOCH, 1)]
     closing = both.close_event(1001, "bye")
-    assert closing.endswith(f"id: {EPOCH}:1,{EPOCH}:1\n\n".encode())
+    assert closing.endswith(f"id:{EPOCH}:1,{EPOCH}:1\n\n".encode())
 
 
 def test_a_resumed_stream_gets_the_missed_messages_then_sync_then_live_ids() -> None:
@@ -90,28 +90,28 @@ def test_a_resumed_stream_gets_the_missed_messages_then_sync_then_live_ids() -> 
         hub.publish(Message(A, content), 0.0)
     _live, live_out = open_stream(hub, [A])
     resumed, out = open_stream(hub, [A], [Position(EPOCH, 1)])  # Last-Event-ID 7:1
-    assert out.events[0].startswith(b"event: subscribe\n")
-    assert out.events[0].endswith(f"id: {EPOCH}:1\n\n".encode())
+    assert out.events[0].startswith(b"event:subscribe\n")
+    assert out.events[0].endswith(f"id:{EPOCH}:1\n\n".encode())
     assert out.events[1:3] == [
         message_event(A, "2", 2, "recovered", f"{EPOCH}:2"),
         message_event(A, "3", 3, "recovered", f"{EPOCH}:3"),
     ]
-    assert [e.split(b"\n")[0] for e in out.events[3:]] == [b"event: sync"]
-    assert out.events[-1].endswith(f"id: {EPOCH}:3\n\n".encode())
+    assert [e.split(b"\n")[0] for e in out.events[3:]] == [b"event:sync"]
+    assert out.events[-1].endswith(f"id:{EPOCH}:3\n\n".encode())
     out.events.clear()
     live_out.events.clear()
     hub.publish(Message(A, b"4"), 0.0)
     assert out.events == live_out.events == [message_event(A, "4", 4, "update", f"{EPOCH}:4")]
-    assert resumed.close_event(1001, "bye").endswith(f"id: {EPOCH}:4\n\n".encode())
+    assert resumed.close_event(1001, "bye").endswith(f"id:{EPOCH}:4\n\n".encode())
 
 
 def test_a_snapshot_does_not_move_a_stream_id() -> None:
     hub = new_hub()
     hub.publish(Message(A, b"r", retained=True), 0.0)
     stream, out = open_stream(hub, [A, B])
-    kinds = [json.loads(e.split(b"\n")[1][6:]).get("type") for e in out.events
-             if e.startswith(b"event: message")]
+    kinds = [json.loads(e.split(b"\n")[0][5:]).get("type") for e in out.events
+             if e.startswith(b"data:")]
     assert kinds == ["snapshot"]
     # from the SUBSCRIBE_ALLOWs: B has no message yet
     assert stream.positions == [Position(EPOCH, 1), Position(EPOCH, 0)]
-    assert all(e.endswith(b"\n\n") and b"\nid: " in e for e in out.events)
+    assert all(e.endswith(b"\n\n") and b"\nid:" in e for e in out.events)
