@@ -39,9 +39,8 @@ import cbor2
 
 from migratory.bench.loadgen import UNLIMITED, receive, split, stop_processes
 from migratory.bench.procfs import cpu_seconds, raise_nofile
-from migratory.bench.publisher import native_wire
+from migratory.bench.publish_wire import native_wire
 from migratory.bench.server_process import ServerProcess
-from migratory.bench.stamp import MARK, STAMP_END
 from migratory.bench.subscriber import subscriber_main
 from migratory.bench.wsraw import RECV_SIZE, masked, open_connections
 
@@ -52,8 +51,7 @@ def publish_bursts(
 ) -> int:
     """``count`` acknowledged publishes from message ``start`` on, ``burst`` per send, each
     burst's acknowledgements awaited; the number acknowledged."""
-    encode, replies = native_wire(subjects, True)
-    padding = b"x" * (size - STAMP_END)
+    encode, replies = native_wire(subjects, True, size)
     ep = select.epoll()
     ep.register(sock.fileno(), select.EPOLLIN)
     deadline = time.monotonic() + timeout
@@ -62,10 +60,9 @@ def publish_bursts(
     try:
         while i < start + count and time.monotonic() < deadline:
             n = min(burst, start + count - i)
-            out = b"".join(
-                encode(MARK + b"%019d" % time.monotonic_ns() + padding, i + k)[0]
-                for k in range(n)
-            )
+            out = bytearray()
+            for k in range(n):
+                encode(out, i + k, time.monotonic_ns())
             sock.setblocking(True)
             sock.sendall(out)
             sock.setblocking(False)

@@ -1,7 +1,9 @@
 """The publisher process: one raw connection, stamped publishes on an absolute schedule.
 
-Message i is due at t0 + i/rate (no drift); the stamp is read just before the
-send. Natively a publish with a closure gets a ``publish_status`` back; over
+Message i is due at t0 + i/rate (no drift); every message due is written
+into one buffer, each stamped as it is (``migratory.bench.publish_wire``: a
+pre-encoded frame per subject, the stamp written in), and the buffer goes out
+in one ``send``. Natively a publish with a closure gets a ``publish_status`` back; over
 MQTT a QoS 1 PUBLISH gets a PUBACK. With acknowledgements on (the default) the
 round trip of each is measured into a 0.1 ms histogram.
 """
@@ -15,88 +17,19 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import cbor2
 
 from migratory.bench.latency import BUCKET_NS, BUCKETS, percentiles_ms, sparse
 from migratory.bench.procfs import die_with_parent
-from migratory.bench.stamp import MARK, STAMP_END, subject_for
-from migratory.bench.wsraw import (
-    OPCODE_CLOSE,
-    RECV_SIZE,
-    close_code,
-    masked,
-    open_connections,
-    publish_frame,
-    walk_frames,
-)
+from migratory.bench.publish_wire import Encoder, ReplyReader, mqtt_wire, native_wire
+from migratory.bench.wsraw import RECV_SIZE, masked, open_connections
 from migratory.protocol import mqtt, mqtt_encode
 
 ACK_QUANTILES = (0.5, 0.9, 0.99, 0.999)
-PUBACK = mqtt.PUBACK << 4
+BURST_BYTES = 64 * 1024  # the most written at once when behind schedule
 ACCEPTED = frozenset({"PUBLISH_OK", "PUBACK"})  # the acknowledgements whose latency counts
-
-# (content, message index) -> (bytes to send, key of the acknowledgement or None)
-Encoder = Callable[[bytes, int], tuple[bytes, Any]]
-# received bytes -> ([(status, key)], bytes to keep for the next chunk)
-ReplyReader = Callable[[bytes], tuple[list[tuple[str, Any]], bytes]]
-
-
-def native_wire(subjects: int, ack: bool) -> tuple[Encoder, ReplyReader]:
-    names = [subject_for(i, subjects) for i in range(subjects)]
-
-    def encode(content: bytes, i: int) -> tuple[bytes, Any]:
-        closure = str(i) if ack else None
-        return publish_frame(names[i % subjects], content, closure), closure
-
-    def replies(data: bytes) -> tuple[list[tuple[str, Any]], bytes]:
-        frames, rest = walk_frames(data)
-        out: list[tuple[str, Any]] = []
-        for opcode, start, end in frames:
-            if opcode == OPCODE_CLOSE:
-                out.append((f"close frame {close_code(data, start, end)}", None))
-                continue
-            reply = cbor2.loads(data[start:end])
-            if reply.get("op") == "publish_status":
-                status = reply.get("status", "?")
-                if status != "PUBLISH_OK" and reply.get("reason"):
-                    status = f"{status}: {reply['reason']}"
-                out.append((status, reply.get("closure")))
-        return out, data[rest:]
-
-    return encode, replies
-
-
-def mqtt_wire(subjects: int, ack: bool) -> tuple[Encoder, ReplyReader]:
-    topics = [mqtt_encode.publish_parts(subject_for(i, subjects)[1:], b"")[0]
-              for i in range(subjects)]
-
-    def encode(content: bytes, i: int) -> tuple[bytes, Any]:
-        packet_id = i % 65535 + 1 if ack else None
-        frame = mqtt_encode.encode_publish_from_parts(
-            topics[i % subjects], content, qos=1 if ack else 0, retain=False,
-            packet_id=packet_id,
-        )
-        return frame, packet_id
-
-    def replies(data: bytes) -> tuple[list[tuple[str, Any]], bytes]:
-        out: list[tuple[str, Any]] = []
-        pos = 0
-        while len(data) - pos >= 2:
-            length = data[pos + 1]
-            if length & 0x80:  # a broker sends us only short packets; stop on anything else
-                out.append((f"unexpected packet {data[pos]:#x}", None))
-                return out, b""
-            if len(data) - pos < 2 + length:
-                break
-            if data[pos] == PUBACK and length == 2:
-                out.append(("PUBACK", int.from_bytes(data[pos + 2 : pos + 4], "big")))
-            pos += 2 + length
-        return out, data[pos:]
-
-    return encode, replies
 
 
 def connect_mqtt(host: str, port: int, timeout: float) -> tuple[socket.socket, bytes]:
@@ -137,7 +70,7 @@ def publisher_main(
             return
         socks = [sock]
         ctrl.send(("ready", 1, {}, 0.0))
-        wire = mqtt_wire(subjects, ack)
+        wire = mqtt_wire(subjects, ack, size)
     else:
         hello = masked(cbor2.dumps({"op": "connect", "version": 1, "client": "bench-publisher"}))
         setup = open_connections(
@@ -149,7 +82,7 @@ def publisher_main(
             return
         sock, pending = setup.ready[0].sock, setup.ready[0].buf
         socks = [sock]
-        wire = native_wire(subjects, ack)
+        wire = native_wire(subjects, ack, size)
     try:
         if not ctrl.poll(setup_timeout + 60):
             return
@@ -157,7 +90,7 @@ def publisher_main(
         if msg[0] != "go":
             return
         _, rate, duration, drain = msg
-        result = publish(sock, pending, wire, size, ack, rate, duration, drain)
+        result = publish(sock, pending, wire, ack, rate, duration, drain)
     finally:
         for s in socks:
             with contextlib.suppress(OSError):
@@ -188,7 +121,7 @@ def publish_paced(
         raise RuntimeError(f"publisher could not connect: {dict(setup.failures)}")
     conn = setup.ready[0]
     try:
-        return publish(conn.sock, conn.buf, native_wire(subjects, True), size, True, rate,
+        return publish(conn.sock, conn.buf, native_wire(subjects, True, size), True, rate,
                        duration, drain)
     finally:
         conn.sock.close()
@@ -198,7 +131,6 @@ def publish(
     sock: socket.socket,
     pending: bytes,
     wire: tuple[Encoder, ReplyReader],
-    size: int,
     ack: bool,
     rate: float,
     duration: float,
@@ -207,7 +139,6 @@ def publish(
     encode, replies = wire
     total = max(1, round(rate * duration))
     period_ns = 1e9 / rate
-    padding = b"x" * (size - STAMP_END)
     ep = select.epoll()
     ep.register(sock.fileno(), select.EPOLLIN)
     out = bytearray()
@@ -252,27 +183,38 @@ def publish(
         if readable:
             read_replies(0)
 
+    monotonic_ns = time.monotonic_ns
+    writes = 0
     while sent < total and time.monotonic() < hard_deadline:
         due = t0 + int(sent * period_ns)
-        now = time.monotonic_ns()
+        now = monotonic_ns()
         if now < due:
             read_replies((due - now) / 1e9)
             continue
-        late = now - due
-        late_sum += late
-        late_max = max(late_max, late)
-        frame, key = encode(MARK + b"%019d" % time.monotonic_ns() + padding, sent)
-        out += frame
-        if key is not None:
-            sent_at[key] = time.monotonic_ns()
+        # every message due by now, in one write (each stamped as it is written)
+        while True:
+            late = now - due
+            late_sum += late
+            late_max = max(late_max, late)
+            key = encode(out, sent, monotonic_ns())
+            if key is not None:
+                sent_at[key] = monotonic_ns()
+            sent += 1
+            if sent >= total or len(out) >= BURST_BYTES:
+                break
+            due = t0 + int(sent * period_ns)
+            now = monotonic_ns()
+            if now < due:
+                break
         with contextlib.suppress(BlockingIOError):
             del out[: sock.send(out)]
         if out:
             blocked_sends += 1
             wait_writable()
-        elif sent % 64 == 0:  # behind schedule it never waits: read the replies anyway
-            read_replies(0)
-        sent += 1
+        else:
+            writes += 1
+            if writes % 16 == 0:  # behind schedule it never waits: read the replies anyway
+                read_replies(0)
     finished = time.monotonic_ns()
     while out and time.monotonic() < hard_deadline:
         wait_writable()
