@@ -48,11 +48,16 @@ serve: $(SERVE_STAMP) $(JS_BUILT)
 # Debian packages the tests run: mosquitto_pub / mosquitto_sub (independent MQTT clients),
 # chromium and its chromedriver (the browser tests, through selenium), the mosquitto and
 # nats-server brokers (`migratory bench --compare`, tests/bench; their binaries are in /usr/sbin)
-DEBIAN_TEST_PACKAGES := mosquitto-clients chromium chromium-driver mosquitto nats-server
-DEBIAN_TEST_COMMANDS := mosquitto_sub mosquitto_pub chromium chromedriver mosquitto nats-server
+# gcc and libssl-dev: the benchmark's C subscriber swarm (migratory/bench/swarm.c)
+DEBIAN_TEST_PACKAGES := mosquitto-clients chromium chromium-driver mosquitto nats-server \
+  gcc libssl-dev
+DEBIAN_TEST_COMMANDS := mosquitto_sub mosquitto_pub chromium chromedriver mosquitto nats-server \
+  gcc
+DEBIAN_TEST_FILES := /usr/include/openssl/ssl.h
 debian-test-packages:
 	@missing=; for c in $(DEBIAN_TEST_COMMANDS); do \
 	  command -v $$c >/dev/null || test -x /usr/sbin/$$c || missing=1; done; \
+	for f in $(DEBIAN_TEST_FILES); do test -f $$f || missing=1; done; \
 	[ -z "$$missing" ] || { \
 	  echo "installing $(DEBIAN_TEST_PACKAGES) (apt-get)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

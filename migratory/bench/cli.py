@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from migratory.bench import fanout, idle
+from migratory.bench import fanout, idle, swarm
 from migratory.bench.brokers import Broker
 from migratory.bench.fanout_report import report as fanout_report
 from migratory.bench.loadgen import run_against
 from migratory.bench.output import table, write_json, write_plot
 from migratory.bench.procfs import raise_nofile
 from migratory.bench.stamp import STAMP_END, self_test
+from migratory.bench.swarm import SwarmUnavailable
 from migratory.bench.target import Target, TargetError, target_from_url, with_mqtt_listener
 
 PATTERNS = ("fanout", "subjects", "ack", "idle")
@@ -85,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conns.add_argument("--ping-timeout", type=float, default=30.0)
     out = parser.add_argument_group("load processes and output")
     out.add_argument("--procs", type=int, default=2, help="load processes")
+    out.add_argument("--swarm", choices=("c", "python"),
+                     help="the subscriber processes: the C swarm (default when it builds: "
+                     "gcc, libssl-dev) or the Python ones")
     out.add_argument("--setup-timeout", type=float)
     out.add_argument("--json", metavar="FILE", help="write the results as JSON")
     out.add_argument("--plot", metavar="FILE.png", help="plot the latency distribution (PNG)")
@@ -129,12 +134,31 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.subscribers and not 1 <= args.subjects <= args.subscribers:
         parser.error("--subjects must be between 1 and --subscribers")
     args.procs = max(1, min(args.procs, args.subscribers or 1))
+    choose_swarm(parser, args)
     if args.tls:
         if args.url or args.mqtt or args.compare:
             parser.error("--tls: only with a server the bench starts (no --url/--mqtt/--compare)")
         key = "ListenMqttEncrypted" if args.front_end == "mqtt" else "ListenEncrypted"
         args.tls_port, args.ca_file, tls_settings = tls_setup(key)
         args.set = [*args.set, *tls_settings]
+
+
+def choose_swarm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The C swarm when asked for, or by default when it builds; else the Python one."""
+    args.swarm_binary = None
+    if args.swarm == "python" or not args.subscribers:
+        args.swarm = "python" if args.subscribers else None
+        return
+    try:
+        args.swarm_binary = str(swarm.build())
+    except (SwarmUnavailable, OSError, subprocess.SubprocessError) as exc:
+        if args.swarm == "c":
+            parser.error(f"--swarm c: {exc}")
+        print(f"migratory bench: Python subscribers, the C swarm is unavailable: {exc}",
+              file=sys.stderr)
+        args.swarm = "python"
+        return
+    args.swarm = "c"
 
 
 def tls_setup(listen_key: str = "ListenEncrypted") -> tuple[int, str, list[str]]:

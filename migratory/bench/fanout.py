@@ -18,6 +18,7 @@ and RSS are read from /proc when its process is on this machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import sys
@@ -35,6 +36,7 @@ from migratory.bench.progress import Progress, wait_for_all
 from migratory.bench.publisher import publisher_main
 from migratory.bench.sse import sse_subscriber_main
 from migratory.bench.subscriber import subscriber_main
+from migratory.bench.swarm import swarm_main
 from migratory.bench.target import Target
 from migratory.bench.workers import all_workers_stats, worker_pids
 
@@ -50,6 +52,8 @@ def start_subscribers(
     )
     if args.tls_port:
         port = args.tls_port
+    if getattr(args, "swarm", None) == "c":
+        main = functools.partial(swarm_main, front_end=front_end, binary=args.swarm_binary)
     pipes = []
     for k, (first, count) in enumerate(split(args.subscribers, args.procs)):
         parent_end, child_end = ctx.Pipe()
@@ -112,6 +116,9 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     workers = max(1, sum(name.startswith("server-worker") for name in pids))
     pids["publisher"] = pub.pid or 0
     pids.update({proc.name: proc.pid or 0 for proc in procs if proc is not pub})
+    for k, r in enumerate(ready):  # the C swarm's binary, under each subscriber process
+        if len(r) > 4:
+            pids[f"subscribers-c-{k}"] = r[4]
 
     def stats() -> dict[str, Any]:
         if not target.stats:

@@ -95,6 +95,7 @@ def summarise(args: argparse.Namespace, figures: dict[str, Any]) -> dict[str, An
         "size": args.size,
         "duration": args.duration,
         "procs": args.procs,
+        "swarm": getattr(args, "swarm", None),
         "setup_seconds": figures["setup_seconds"],
         "setup_failures": figures["setup_failures"],
         "published": published,
@@ -183,6 +184,7 @@ def report(result: dict[str, Any]) -> None:
         print("server CPU           : not measured (its process is not on this machine)")
     print(
         f"load generator CPU   : {result['load_generator_cpu_percent']:.0f} % "
+        + (f"({result['swarm']} swarm) " if result.get("swarm") else "")
         + "("
         + ", ".join(
             f"{k} {v:.0f}" for k, v in cpu.items() if k.startswith(("subscribers", "publisher"))
@@ -192,8 +194,10 @@ def report(result: dict[str, Any]) -> None:
     per_delivery = result.get("server_cpu_us_per_delivery")
     if per_delivery is not None:
         load = result.get("load_cpu_us_per_delivery")
+        swarm = result.get("swarm")
         print(f"server CPU/delivery  : {per_delivery:.2f} us"
-              + ("" if load is None else f" (subscriber processes: {load:.2f} us)"))
+              + ("" if load is None else f" (subscriber processes: {load:.2f} us"
+                 + (f", {swarm} swarm)" if swarm else ")")))
     counters = result["server_counters"]
     if counters.get("writes"):
         print(

@@ -25,10 +25,15 @@ from migratory.bench.wsraw import RECV_SIZE, RawConn, close_all
 READY = b"event:subscribe"
 
 
+def stream_request(host: str, subject: str) -> bytes:
+    """The ``GET /events`` of one subject's stream."""
+    return f"GET /events?subject={subject} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+
 def open_stream(
     host: str, port: int, subject: str, tls: ssl.SSLContext | None, deadline: float
 ) -> RawConn:
-    request = f"GET /events?subject={subject} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    request = stream_request(host, subject)
     if tls is not None:
         conn: socket.socket | TlsConn = tls_connect(host, port, tls, deadline)
     else:

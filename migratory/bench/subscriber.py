@@ -31,6 +31,13 @@ from migratory.bench.wsraw import (
 )
 
 
+def first_frames(index: int, subjects: int) -> bytes:
+    """Subscriber ``index``'s ``connect`` and ``subscribe``, masked, sent after the 101."""
+    connect = {"op": "connect", "version": 1, "client": f"bench-{index}"}
+    subscribe = {"op": "subscribe", "subjects": [{"subject": subject_for(index, subjects)}]}
+    return masked(cbor2.dumps(connect)) + masked(cbor2.dumps(subscribe))
+
+
 def subscriber_main(
     ctrl: mpc.Connection,
     host: str,
@@ -50,10 +57,7 @@ def subscriber_main(
     hard_deadline = time.monotonic() + lifetime
 
     def frames_for(index: int) -> bytes:
-        connect = {"op": "connect", "version": 1, "client": f"bench-{index}"}
-        subject = subject_for(index, subjects)
-        subscribe = {"op": "subscribe", "subjects": [{"subject": subject}]}
-        return masked(cbor2.dumps(connect)) + masked(cbor2.dumps(subscribe))
+        return first_frames(index, subjects)
 
     indexes = range(first, first + count)
     if ca_file:
