@@ -38,6 +38,7 @@ RESULT: dict[str, Any] = {
         "kib_per_connection": {"type": ["number", "null"]},
         "server_cpu_us_per_delivery": {"type": ["number", "null"]},
         "load_cpu_us_per_delivery": {"type": ["number", "null"]},
+        "swarm": {"enum": ["c", "python", None]},  # the subscribers: C swarm or Python
         "pass": {"type": "boolean"},
         "all_delivered": {"type": "boolean"},
         "machine": {"type": "object", "required": ["nproc", "cpu"]},

@@ -7,9 +7,9 @@
  *                 conn INDEX SEND_HEX MARKER_HEX [SEND_HEX MARKER_HEX ...]   (- = no bytes)
  *                 go
  *                 ... later: finish SENT DRAIN_S
- * stdout (lines): failure N REASON ... ready N SECONDS, then after finish:
- *                 stat received|max_ns|recvs|polls N, hist BUCKET N, conn INDEX COUNT,
- *                 close N REASON, end
+ * stdout (lines): failure REASON ... ready N SECONDS, then (during and) after finish:
+ *                 close REASON, stat received|max_ns|recvs|polls N, hist BUCKET N,
+ *                 conn INDEX COUNT, end
  * Each connection sends its steps' bytes one after the other, each once the previous
  * step's marker arrived; after the last marker it is ready and the bytes after the
  * marker go to the stamp counter. A stamp is "@@TS" + 19 ASCII digits of
@@ -19,13 +19,10 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +39,6 @@
 #define STAMP_END 23 /* "@@TS" + 19 digits */
 #define LAST_KEEP 127 /* a close frame's header + its longest payload */
 #define SETUP_BUF_MAX 65536
-#define MAX_REASONS 64
 
 enum { CONNECTING, HANDSHAKE, SENDING, WAITING, READY, FAILED };
 static const char *STATE_NAMES[] = {"connecting", "tls handshake", "sending", "waiting", "ready",
@@ -51,7 +47,7 @@ static const char *STATE_NAMES[] = {"connecting", "tls handshake", "sending", "w
 struct step { unsigned char *send, *marker; size_t send_len, marker_len; };
 
 struct conn {
-    int fd, state, step, nsteps, open, want_write;
+    int fd, state, step, nsteps, open;
     long index;
     SSL *ssl;
     struct step *steps;
@@ -65,8 +61,6 @@ struct conn {
     long long count;
 };
 
-struct reasons { char *text[MAX_REASONS]; long n[MAX_REASONS]; int used; };
-
 static struct conn *conns;
 static long nconns, conns_cap;
 static char host[256];
@@ -76,7 +70,6 @@ static double setup_s = 60, lifetime_s = 300;
 static char ca_file[4096];
 static SSL_CTX *tls;
 static struct sockaddr_in addr; /* host:port, resolved once */
-static struct reasons failures, closes;
 static unsigned long long hist[BUCKETS];
 static long long received, max_ns, recvs, polls;
 static unsigned char rbuf[STAMP_END + RECV_SIZE];
@@ -89,14 +82,8 @@ static long long now_ns(void) {
 
 static void die(const char *what) { fprintf(stderr, "swarm: %s\n", what); exit(2); }
 
-static void note(struct reasons *r, const char *text) {
-    for (int i = 0; i < r->used; i++)
-        if (!strcmp(r->text[i], text)) { r->n[i]++; return; }
-    int i = r->used < MAX_REASONS ? r->used++ : MAX_REASONS - 1; /* the last slot: "other" */
-    if (i == MAX_REASONS - 1 && r->text[i]) { r->n[i]++; return; }
-    r->text[i] = strdup(text);
-    r->n[i] = 1;
-}
+/* One line per failed set-up or ended connection; swarm.py counts them by reason. */
+static void note(const char *kind, const char *text) { printf("%s %s\n", kind, text); }
 
 static long expected_for(long index, long sent) {
     return sent / subjects + (index % subjects < sent % subjects ? 1 : 0);
@@ -162,15 +149,6 @@ static void read_setup(void) {
         }
     }
     die("stdin ended before go");
-}
-
-static void tls_setup(void) {
-    tls = SSL_CTX_new(TLS_client_method());
-    if (!tls) die("SSL_CTX_new failed");
-    if (SSL_CTX_load_verify_locations(tls, ca_file, NULL) != 1) die("cannot load the CA file");
-    SSL_CTX_set_verify(tls, SSL_VERIFY_PEER, NULL);
-    SSL_CTX_set_options(tls, SSL_OP_IGNORE_UNEXPECTED_EOF);
-    SSL_CTX_set_read_ahead(tls, 1);
 }
 
 static void tls_start(struct conn *c) {
@@ -269,7 +247,7 @@ static long scan(struct conn *c, const unsigned char *d, size_t n, long long now
 static void setup_fail(int ep, struct conn *c, const char *why) {
     char text[300];
     snprintf(text, sizeof text, "%s: %s", STATE_NAMES[c->state], why);
-    note(&failures, text);
+    note("failure", text);
     close_conn(ep, c);
     c->state = FAILED;
 }
@@ -416,11 +394,11 @@ static double setup_all(int ep, long long hard_deadline) {
     }
     for (long i = 0; i < nconns; i++) {
         struct conn *c = &conns[i];
-        if (i >= next) note(&failures, "not attempted (timeout)");
+        if (i >= next) note("failure", "not attempted (timeout)");
         else if (c->state != READY && c->state != FAILED) {
             char why[64];
             snprintf(why, sizeof why, "timeout in %s", STATE_NAMES[c->state]);
-            note(&failures, why);
+            note("failure", why);
             close_conn(ep, c);
             c->state = FAILED;
         }
@@ -464,7 +442,7 @@ static void count_read(int ep, struct conn *c) {
         if (n == 0) {
             char ended[64];
             ended_with(c, ended, sizeof ended);
-            note(&closes, why ? why : ended);
+            note("close", why ? why : ended);
             close_conn(ep, c);
             return;
         }
@@ -508,7 +486,7 @@ static void count_all(int ep, long long hard_deadline) {
     long long expected = -1, drain_until = hard_deadline;
     for (;;) {
         long long now = now_ns();
-        if (now >= hard_deadline) { note(&closes, "load generator lifetime exceeded"); return; }
+        if (now >= hard_deadline) { note("close", "load generator lifetime exceeded"); return; }
         if (expected >= 0 && (now >= drain_until || received >= expected)) return;
         int n = epoll_wait(ep, events, 256, 50);
         polls++;
@@ -531,10 +509,6 @@ static void count_all(int ep, long long hard_deadline) {
     }
 }
 
-static void print_reasons(const char *kind, const struct reasons *r) {
-    for (int i = 0; i < r->used; i++) printf("%s %ld %s\n", kind, r->n[i], r->text[i]);
-}
-
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -554,13 +528,18 @@ int main(int argc, char **argv) {
     addr.sin_port = htons(port);
     freeaddrinfo(found);
     long long hard_deadline = now_ns() + (long long)(lifetime_s * 1e9);
-    if (ca_file[0]) tls_setup();
+    if (ca_file[0]) { /* verified against the CA, the host name or IP checked */
+        if (!(tls = SSL_CTX_new(TLS_client_method()))) die("SSL_CTX_new failed");
+        if (SSL_CTX_load_verify_locations(tls, ca_file, NULL) != 1) die("cannot load the CA");
+        SSL_CTX_set_verify(tls, SSL_VERIFY_PEER, NULL);
+        SSL_CTX_set_options(tls, SSL_OP_IGNORE_UNEXPECTED_EOF);
+        SSL_CTX_set_read_ahead(tls, 1);
+    }
     int ep = epoll_create1(0);
     if (ep < 0) die("epoll_create1 failed");
     double seconds = setup_all(ep, hard_deadline);
     long ready = 0;
     for (long i = 0; i < nconns; i++) ready += conns[i].state == READY;
-    print_reasons("failure", &failures);
     printf("ready %ld %.6f\n", ready, seconds);
     fflush(stdout);
     count_all(ep, hard_deadline);
@@ -570,7 +549,6 @@ int main(int argc, char **argv) {
         if (hist[i]) printf("hist %ld %llu\n", i, hist[i]);
     for (long i = 0; i < nconns; i++)
         if (conns[i].state == READY) printf("conn %ld %lld\n", conns[i].index, conns[i].count);
-    print_reasons("close", &closes);
     printf("end\n");
     fflush(stdout);
     return 0;

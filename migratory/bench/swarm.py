@@ -163,7 +163,7 @@ class Swarm:
         failures: Counter[str] = Counter()
         for words in self._lines("ready"):
             if words[0] == "failure":
-                failures[words[2]] += int(words[1])
+                failures[" ".join(words[1:])] += 1
             elif words[0] == "ready":
                 return int(words[1]), dict(failures), float(words[2])
         raise AssertionError("unreachable")
@@ -185,7 +185,7 @@ class Swarm:
             elif words[0] == "conn":
                 counts[int(words[1])] = int(words[2])
             elif words[0] == "close":
-                closes[words[2]] += int(words[1])
+                closes[" ".join(words[1:])] += 1
         self.stop()
         per_conn = Counter(n - expected_for(i, self.subjects, sent) for i, n in counts.items())
         return {"subscribers": len(counts), "received": stats["received"],

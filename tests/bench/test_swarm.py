@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -29,12 +30,14 @@ from migratory.bench.swarm import Swarm, build
 SHORT = ["--duration", "1", "--drain", "3", "--setup-timeout", "15", "--procs", "2"]
 
 
-def bench(*args: str, json_path: Path) -> dict[str, Any]:
+def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migratory.bench", "fanout", *args],
+                          capture_output=True, timeout=60, text=True, env=env)
+
+
+def bench(*args: str, json_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """``migratory bench fanout ARGS``: its one result (the run must pass)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "migratory.bench", "fanout", *args, "--json", str(json_path)],
-        capture_output=True, timeout=60, text=True,
-    )
+    done = run_bench(*args, "--json", str(json_path), env=env)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     (result,) = json.loads(json_path.read_text())["results"]
     return result  # type: ignore[no-any-return]
@@ -80,10 +83,20 @@ def test_the_c_swarm_over_tls(front_end: str, tmp_path: Path) -> None:
     counted_exactly(result, 10, 200)
 
 
-def test_the_python_swarm_is_still_there(server: ServerProcess, tmp_path: Path) -> None:
-    result = bench("--url", f"ws://127.0.0.1:{server.port}", "--swarm", "python",
-                   "--subscribers", "10", "--rate", "100", *SHORT,
-                   json_path=tmp_path / "out.json")
+def test_without_a_compiler_the_python_subscribers_count(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The default falls back to the Python subscribers, saying why; ``--swarm c`` fails."""
+    env = {**os.environ, "CC": str(tmp_path / "no-cc"), "XDG_CACHE_HOME": str(tmp_path)}
+    url = f"ws://127.0.0.1:{server.port}"
+    refused = run_bench("--url", url, "--swarm", "c", env=env)
+    assert refused.returncode == 2 and "apt-get install gcc libssl-dev" in refused.stderr
+    json_path = tmp_path / "out.json"
+    done = run_bench("--url", url, "--subscribers", "10", "--rate", "100", *SHORT,
+                     "--json", str(json_path), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Python subscribers, the C swarm is unavailable" in done.stderr
+    (result,) = json.loads(json_path.read_text())["results"]
     assert result["swarm"] == "python"
     counted_exactly(result, 10, 100)
 
