@@ -113,15 +113,19 @@ class SseStream(FormatSink):
         """Subscribe every subject in order; a ``str`` is a subject refused with that
         reason (SUBSCRIBE_DENY). Returns the outcome of each subject resumed from a
         position (``Last-Event-ID``): ``sync`` or ``resync``, for the statistics."""
+        # every subject's position first, kept until the hub says more: the events of
+        # the first subjects' resume carry the later ones' positions in their ids, so a
+        # stream cut halfway through its resume resumes the rest from where they were
+        for index, request in enumerate(requests):
+            position = None if isinstance(request, str) else request.position
+            if position is not None and position.epoch:
+                self._marks[index] = position
         resumed: list[str] = []
         for subject, request in zip(self.subjects, requests, strict=True):
             if isinstance(request, str):
                 denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
                 self.deliver_op(denied)
                 continue
-            if request.position is not None and request.position.epoch:
-                index = self._index[subject]
-                self._marks[index] = request.position  # kept until the hub says more
             for op in hub.subscribe(self, request, now):
                 if request.position is not None and isinstance(op, ops.SubjectStatus):
                     outcome = _RESUME_OUTCOMES.get(op.status)

@@ -73,6 +73,34 @@ def test_resume_with_last_event_id_gets_exactly_the_missed_messages(start_server
     resumed.close()
 
 
+def test_a_stream_cut_during_its_resume_still_resumes_every_subject(start_server: Any) -> None:
+    # the first subject's resumed events carry the later subjects' positions too: cut
+    # after A's sync, the browser's Last-Event-ID must still hold B's position, or B
+    # would come back as a fresh subscribe without its missed messages and no resync
+    server = start_server(BatchTime="0")
+    publish(server.port, A, "1")
+    publish(server.port, B, "x")
+    stream = SseClient(server.port, [A, B])
+    stream.events_until("subscribe")
+    stream.events_until("subscribe")
+    first_id = stream.last_id
+    stream.close()
+    publish(server.port, A, "2")
+    publish(server.port, B, "y")
+    resumed = SseClient(server.port, [A, B], last_event_id=first_id)
+    resumed.events_until("sync")  # A's: its missed message, then the stream is cut
+    cut_id = resumed.last_id
+    resumed.close()
+    assert cut_id is not None and first_id is not None
+    assert cut_id.split(",")[1] == first_id.split(",")[1]  # B's position kept
+    publish(server.port, B, "z")
+    again = SseClient(server.port, [A, B], last_event_id=cut_id)
+    got = again.events_until("sync") + again.events_until("sync")
+    assert message_ids(got) == [("recovered", 2), ("recovered", 3)]
+    assert [e["data"]["content"] for e in got if e["event"] == "message"] == ["y", "z"]
+    again.close()
+
+
 def test_an_unknown_or_unreadable_id_gives_the_snapshot_and_resync(start_server: Any) -> None:
     server = start_server(BatchTime="0")
     publish(server.port, A, "s1", "s2", retained=True)

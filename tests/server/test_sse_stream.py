@@ -105,6 +105,24 @@ def test_a_resumed_stream_gets_the_missed_messages_then_sync_then_live_ids() -> 
     assert resumed.close_event(1001, "bye").endswith(f"id:{EPOCH}:4\n\n".encode())
 
 
+def test_a_resumed_stream_of_several_subjects_keeps_every_position_in_its_ids() -> None:
+    hub = new_hub()
+    hub.publish(Message(A, b"1"), 0.0)
+    hub.publish(Message(A, b"2"), 0.0)
+    hub.publish(Message(B, b"x"), 0.0)
+    # Last-Event-ID 7:1,7:1: A's missed message comes before B is subscribed again, and
+    # its id still says B's position (a cut there resumes B from it, not afresh)
+    _stream, out = open_stream(hub, [A, B], [Position(EPOCH, 1), Position(EPOCH, 1)])
+    assert [e.split(b"\n")[0][:15] for e in out.events] == [
+        b"event:subscribe", b'data:{"subject"', b"event:sync", b"event:subscribe", b"event:sync",
+    ]
+    assert [e.rsplit(b"id:", 1)[1] for e in out.events] == [
+        f"{EPOCH}:1,{EPOCH}:1\n\n".encode(), f"{EPOCH}:2,{EPOCH}:1\n\n".encode(),
+        f"{EPOCH}:2,{EPOCH}:1\n\n".encode(), f"{EPOCH}:2,{EPOCH}:1\n\n".encode(),
+        f"{EPOCH}:2,{EPOCH}:1\n\n".encode(),
+    ]
+
+
 def test_a_snapshot_does_not_move_a_stream_id() -> None:
     hub = new_hub()
     hub.publish(Message(A, b"r", retained=True), 0.0)
