@@ -85,6 +85,9 @@ def build(compiler: str | None = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    for old in binary.parent.glob("swarm-*"):  # earlier versions' binaries
+        if old != binary:
+            old.unlink(missing_ok=True)
     return binary
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from migratory.bench.loadgen import local_server
 from migratory.bench.server_process import ServerProcess
-from migratory.bench.swarm import Swarm, build
+from migratory.bench.swarm import Swarm, SwarmUnavailable, build
 
 SHORT = ["--duration", "1", "--drain", "3", "--setup-timeout", "15", "--procs", "2"]
 
@@ -99,6 +99,22 @@ def test_without_a_compiler_the_python_subscribers_count(
     (result,) = json.loads(json_path.read_text())["results"]
     assert result["swarm"] == "python"
     counted_exactly(result, 10, 100)
+
+
+def test_missing_openssl_headers_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that cannot find openssl/ssl.h: the error says what to install, and
+    nothing is left in the cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'swarm.c:1: fatal error: openssl/ssl.h: No such file' >&2\n"
+                  "exit 1\n")
+    cc.chmod(0o755)
+    with pytest.raises(SwarmUnavailable, match="OpenSSL headers missing: apt-get install gcc "
+                       "libssl-dev"):
+        build(str(cc))
+    assert list((tmp_path / "migratory").iterdir()) == []
 
 
 # --- a fake server: the stamped stream cut where it hurts ---------------------------
