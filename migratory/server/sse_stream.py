@@ -115,10 +115,13 @@ class SseStream(FormatSink):
         position (``Last-Event-ID``): ``sync`` or ``resync``, for the statistics."""
         # every subject's position first, kept until the hub says more: the events of
         # the first subjects' resume carry the later ones' positions in their ids, so a
-        # stream cut halfway through its resume resumes the rest from where they were
+        # stream cut halfway through its resume resumes the rest from where they were.
+        # An unreadable Last-Event-ID comes as epoch 0 (unknown: snapshot and resync),
+        # kept as ``0:0`` too: cut halfway, the rest resync again instead of starting
+        # afresh without a resync event
         for index, request in enumerate(requests):
             position = None if isinstance(request, str) else request.position
-            if position is not None and position.epoch:
+            if position is not None:
                 self._marks[index] = position
         resumed: list[str] = []
         for subject, request in zip(self.subjects, requests, strict=True):

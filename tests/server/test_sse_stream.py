@@ -9,7 +9,7 @@ import json
 from migratory.config import Config
 from migratory.model.message import Message
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import ops, sse
 from migratory.server.app import build_hub
 from migratory.server.hub import Hub
 from migratory.server.sse_stream import SseStream
@@ -121,6 +121,28 @@ def test_a_resumed_stream_of_several_subjects_keeps_every_position_in_its_ids() 
         f"{EPOCH}:2,{EPOCH}:1\n\n".encode(), f"{EPOCH}:2,{EPOCH}:1\n\n".encode(),
         f"{EPOCH}:2,{EPOCH}:1\n\n".encode(),
     ]
+
+
+def test_an_unreadable_id_keeps_every_subject_resyncing_until_its_resync() -> None:
+    """Last-Event-ID unreadable: every subject comes as epoch 0 (resync). Until B's resync,
+    the ids say 0:0 for B, so a cut there resyncs B again rather than subscribing it
+    afresh (a snapshot without a resync event: a gap nobody was told of)."""
+    hub = new_hub()
+    hub.publish(Message(A, b"a", retained=True), 0.0)
+    hub.publish(Message(B, b"b", retained=True), 0.0)
+    _stream, out = open_stream(hub, [A, B], [Position(0, 0), Position(0, 0)])
+    kinds = [e.split(b"\n")[0][:15] for e in out.events]
+    assert kinds == [b"event:subscribe", b'data:{"subject"', b"event:resync",
+                     b"event:subscribe", b'data:{"subject"', b"event:resync"]
+    ids = [e.rsplit(b"id:", 1)[1] for e in out.events]
+    assert ids[:3] == [b"0:0,0:0\n\n", b"0:0,0:0\n\n", f"{EPOCH}:1,0:0\n\n".encode()]
+    assert ids[-1] == f"{EPOCH}:1,{EPOCH}:1\n\n".encode()
+    # the id of a cut after A's resync, read back: B resyncs again
+    text = ids[2].decode().strip()
+    _again, out2 = open_stream(hub, [A, B], sse.parse_event_id(text, 2))
+    assert [e.split(b"\n")[0][:15] for e in out2.events] == [
+        b"event:subscribe", b"event:sync", b"event:subscribe", b'data:{"subject"',
+        b"event:resync"]
 
 
 def test_a_snapshot_does_not_move_a_stream_id() -> None:
