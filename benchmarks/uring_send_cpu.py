@@ -1,0 +1,483 @@
+#!/usr/bin/env python3
+"""Sends off the event loop's thread: plain ``send`` against io_uring SQPOLL (issue 13).
+
+For N loopback TCP connections (default 10,000, then 1,000) drained by reader processes
+(one epoll each, counting every byte per connection), the sending thread delivers a
+150-byte frame per send in two shapes:
+
+- ``paced``: ``--rate`` sends/s (40,000) round-robin over the connections for
+  ``--duration`` s, due sends written every ~1 ms pass -- the many-subjects shape, where
+  every delivery is its own ``send``;
+- ``sweep``: ``--rounds`` rounds ``--interval`` s apart, one send to every connection
+  per round -- the one-subject floor's shape, each send waking a sleeping reader.
+
+and three ways:
+
+- ``send``: ``sock.send(frame)`` on non-blocking sockets, what the server does today; a
+  partial send or ``EAGAIN`` keeps the rest in an outbox retried each pass (counted);
+- ``sqpoll``: io_uring with ``IORING_SETUP_SQPOLL`` (``benchmarks/uring_ring.py``,
+  ctypes, no liburing): the thread writes ``IORING_OP_SEND`` SQEs and bumps the tail once
+  per pass; the kernel's ``iou-sqp`` thread does the sends; completions are reaped once
+  per pass. At most one send in flight per connection (frames due meanwhile are queued
+  and sent as one buffer after its CQE); buffers are referenced until their CQE; a short
+  completion is resubmitted for the rest, a ``-EAGAIN`` resubmitted, both counted;
+- ``uring``: the same without SQPOLL, one ``io_uring_enter`` per pass (the sends run
+  inside it, on the sending thread).
+
+Reported per delivery: the sending thread's CPU (``time.thread_time``), the process's
+(``time.process_time``: every task of the thread group, the ``iou-sqp`` thread included),
+the SQ thread's alone (``/proc/self/task/*/stat``, 10 ms ticks) and the ring's own
+``SqWorkTime`` / ``SqTotalTime`` (fdinfo: the time it did work / was awake, polling
+included), the readers', and the machine's CPU (``/proc/stat``, % of one core, 200 %
+here); for the sweep also the time from the round's start until the last reader had
+its frame. Every run checks that every connection received exactly the bytes sent.
+
+    .venv/bin/python benchmarks/uring_send_cpu.py [--connections 10000 1000]
+        [--rate 40000] [--duration 4] [--rounds 20] [--interval 0.1]
+        [--methods send sqpoll uring] [--sq-idle-ms 10] [--sq-cpu K] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import json
+import multiprocessing as mp
+import os
+import resource
+import select
+import socket
+import statistics
+import sys
+import time
+from collections import Counter
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from uring_ring import Ring, RingError
+
+FRAME = b"\x82\x7e\x00\x96" + b"x" * 150  # a 154-byte binary WebSocket frame
+TICK = 0.001  # the sending loop's pass, as an event loop's
+READER_LIFETIME = 600.0
+CHECK_TIMEOUT = 15.0
+DRAIN_TIMEOUT = 10.0
+
+
+def _reader(port: int, count: int, control: Connection) -> None:
+    """Connect ``count`` sockets, count the bytes each receives, answer the parent."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    poller = select.epoll()
+    by_fd, port_of, got = {}, {}, {}
+    for sock in socks:
+        sock.setblocking(False)
+        poller.register(sock.fileno(), select.EPOLLIN)
+        by_fd[sock.fileno()] = sock
+        port_of[sock.fileno()] = sock.getsockname()[1]
+        got[sock.fileno()] = 0
+    poller.register(control.fileno(), select.EPOLLIN)
+    control.send(("ready", [sock.getsockname()[1] for sock in socks]))
+    buffer = bytearray(1 << 16)
+    total, marks, mark_times, closed = 0, [], [], 0
+    check: tuple[dict[int, int], int, float] | None = None
+    deadline = time.monotonic() + READER_LIFETIME
+    while time.monotonic() < deadline:
+        for fd, _event in poller.poll(0.2):
+            if fd == control.fileno():
+                command = control.recv()
+                if command[0] == "stop":
+                    return
+                if command[0] == "marks":
+                    marks, mark_times = command[1], []
+                elif command[0] == "check":
+                    by_port = command[1]
+                    want = {f: by_port[p] for f, p in port_of.items()}
+                    check = (want, sum(want.values()), time.monotonic() + CHECK_TIMEOUT)
+                continue
+            try:
+                size = by_fd[fd].recv_into(buffer)
+            except BlockingIOError:
+                continue
+            if size == 0:
+                poller.unregister(fd)
+                closed += 1
+                continue
+            got[fd] += size
+            total += size
+            while len(mark_times) < len(marks) and total >= marks[len(mark_times)]:
+                mark_times.append(time.monotonic())
+        if check is not None and (total >= check[1] or time.monotonic() > check[2]):
+            want = check[0]
+            wrong = [(port_of[f], got[f], want[f]) for f in want if got[f] != want[f]]
+            control.send(("checked", total, len(wrong), wrong[:5], mark_times, closed))
+            check = None
+
+
+def _ticks(path: str) -> int:
+    with open(path) as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
+
+
+def _sq_threads() -> list[str]:
+    tasks = Path("/proc/self/task")
+    return [
+        str(task / "stat") for task in tasks.iterdir()
+        if (task / "comm").read_text().startswith("iou-sqp")
+    ]  # fmt: skip
+
+
+def _machine_busy() -> tuple[int, int]:
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values[:8]) - idle, sum(values[:8])
+
+
+class Meter:
+    """CPU of the sending thread, the process, its SQ thread, the readers and the box."""
+
+    def __init__(self, readers: list[int]) -> None:
+        self.readers = readers
+        self.sq = _sq_threads()
+        self.start = self._sample()
+
+    def _sample(self) -> dict[str, float]:
+        busy, total = _machine_busy()
+        return {
+            "thread": time.thread_time(), "process": time.process_time(),
+            "wall": time.perf_counter(), "busy": busy, "total": total,
+            "sq": sum(_ticks(p) for p in self.sq) / os.sysconf("SC_CLK_TCK"),
+            "readers": sum(_ticks(f"/proc/{pid}/stat") for pid in self.readers)
+            / os.sysconf("SC_CLK_TCK"),
+        }  # fmt: skip
+
+    def stop(self, deliveries: int) -> dict[str, float]:
+        end, start = self._sample(), self.start
+        d = {key: end[key] - start[key] for key in end}
+        per = 1e6 / max(deliveries, 1)
+        return {
+            "thread_us": d["thread"] * per, "process_us": d["process"] * per,
+            "sq_thread_us": d["sq"] * per, "readers_us": d["readers"] * per,
+            "machine_pct": 100 * (os.cpu_count() or 1) * d["busy"] / max(d["total"], 1),
+            "wall_s": d["wall"],
+        }  # fmt: skip
+
+
+class PlainSender:
+    """``sock.send`` on non-blocking sockets; the rest of a short send waits in an outbox."""
+
+    name = "send"
+
+    def __init__(self, socks: list[socket.socket]) -> None:
+        self.socks = socks
+        self.outbox: dict[int, bytes] = {}
+        self.counts: Counter[str] = Counter()
+
+    def send(self, index: int) -> None:
+        if index in self.outbox:
+            self.outbox[index] += FRAME
+            self.counts["queued"] += 1
+            return
+        self._write(index, FRAME)
+
+    def _write(self, index: int, data: bytes) -> None:
+        try:
+            size = self.socks[index].send(data)
+        except BlockingIOError:
+            size = 0
+            self.counts["eagain"] += 1
+        if size < len(data):
+            self.outbox[index] = data[size:]
+            self.counts["partial" if size else "blocked"] += 1
+        else:
+            self.outbox.pop(index, None)
+
+    def flush(self) -> None:
+        for index, rest in list(self.outbox.items()):
+            self._write(index, rest)
+
+    def idle(self) -> bool:
+        self.flush()
+        return not self.outbox
+
+    def close(self) -> dict[str, Any]:
+        return dict(self.counts)
+
+
+class UringSender:
+    """SEND SQEs through a ``Ring``; one send in flight per connection, buffers referenced
+    until their completion, short and ``-EAGAIN`` completions resubmitted (counted)."""
+
+    def __init__(self, socks: list[socket.socket], ring: Ring) -> None:
+        self.name = "sqpoll" if ring.sqpoll else "uring"
+        self.ring = ring
+        self.fds = [sock.fileno() for sock in socks]
+        self.frame = ctypes.create_string_buffer(FRAME, len(FRAME))
+        # per connection: (buffer kept alive, its address, bytes done, length) or None
+        self.in_flight: list[tuple[Any, int, int, int] | None] = [None] * len(socks)
+        self.flying = 0
+        self.queued: dict[int, int] = {}  # frames due while a send was in flight
+        self.completions: list[tuple[int, int]] = []
+        self.counts: Counter[str] = Counter()
+
+    def send(self, index: int) -> None:
+        if self.in_flight[index] is not None:
+            self.queued[index] = self.queued.get(index, 0) + 1
+            self.counts["queued"] += 1
+            return
+        self._start(index, self.frame, ctypes.addressof(self.frame), 0, len(FRAME))
+
+    def _start(self, index: int, buffer: Any, address: int, done: int, length: int) -> None:
+        self.in_flight[index] = (buffer, address, done, length)
+        self.flying += 1
+        self.ring.prepare_send(self.fds[index], address + done, length - done, index)
+
+    def reap(self) -> None:
+        completions = self.completions
+        completions.clear()
+        self.ring.reap(completions)
+        for index, res in completions:
+            flight = self.in_flight[index]
+            assert flight is not None, f"a completion for connection {index} with no send"
+            self.in_flight[index] = None
+            self.flying -= 1
+            buffer, address, done, length = flight
+            if res < 0:
+                self.counts["eagain" if res == -errno.EAGAIN else f"errno {-res}"] += 1
+                if res == -errno.EAGAIN:
+                    self._start(index, buffer, address, done, length)
+                continue
+            if done + res < length:
+                self.counts["partial"] += 1
+                self._start(index, buffer, address, done + res, length)
+            elif index in self.queued:
+                frames = FRAME * self.queued.pop(index)
+                joined = ctypes.create_string_buffer(frames, len(frames))
+                self._start(index, joined, ctypes.addressof(joined), 0, len(frames))
+
+    def flush(self) -> None:
+        self.reap()
+        self.ring.submit()
+
+    def idle(self) -> bool:
+        self.ring.run_task_work()
+        self.flush()
+        return not self.flying and not self.queued
+
+    def close(self) -> dict[str, Any]:
+        info = self.ring.fdinfo()
+        counts: dict[str, Any] = dict(self.counts)
+        counts.update(wakeups=self.ring.wakeups, enters=self.ring.enters,
+                      sq_full_waits=self.ring.sq_full_waits,
+                      overflow_flushes=self.ring.overflow_flushes)  # fmt: skip
+        counts.update({k: v for k, v in info.items() if k in ("SqTotalTime", "SqWorkTime")})
+        self.ring.close()
+        return counts
+
+
+class Harness:
+    """N accepted connections, their readers, and what each connection was sent."""
+
+    def __init__(self, count: int, readers: int) -> None:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4096)
+        port = listener.getsockname()[1]
+        shares = [count // readers + (i < count % readers) for i in range(readers)]
+        self.controls: list[Connection] = []
+        self.processes: list[mp.Process] = []
+        for share in shares:
+            mine, theirs = mp.Pipe()
+            process = mp.Process(target=_reader, args=(port, share, theirs), daemon=True)
+            process.start()
+            self.controls.append(mine)
+            self.processes.append(process)
+        self.socks: list[socket.socket] = []
+        listener.settimeout(60)
+        while len(self.socks) < count:
+            sock, _address = listener.accept()
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socks.append(sock)
+        listener.close()
+        index_of = {sock.getpeername()[1]: i for i, sock in enumerate(self.socks)}
+        self.ports: list[list[int]] = []
+        for control in self.controls:
+            if not control.poll(60):
+                raise TimeoutError("a reader did not connect")
+            self.ports.append(control.recv()[1])
+        self.indexes = [[index_of[p] for p in ports] for ports in self.ports]
+        self.sent = [0] * count  # bytes each connection was sent, cumulative
+
+    def close(self) -> None:
+        for control in self.controls:
+            control.send(("stop",))
+        for process in self.processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()  # by PID: only the readers this script started
+                process.join(5)
+        for sock in self.socks:
+            sock.close()
+
+    def sender(self, method: str, options: argparse.Namespace) -> PlainSender | UringSender:
+        if method == "send":
+            return PlainSender(self.socks)
+        entries = 1 << max(len(self.socks) - 1, 1).bit_length()
+        ring = Ring(min(entries, 32768), min(2 * entries, 65536), sqpoll=method == "sqpoll",
+                    sq_idle_ms=options.sq_idle_ms, sq_cpu=options.sq_cpu)  # fmt: skip
+        return UringSender(self.socks, ring)
+
+    def check(self) -> tuple[bool, list[Any]]:
+        """Wait until every reader has every byte sent (or the timeout); the mark times."""
+        for control, ports, indexes in zip(self.controls, self.ports, self.indexes, strict=True):
+            control.send(("check", {p: self.sent[i] for p, i in zip(ports, indexes, strict=True)}))
+        ok, marks = True, []
+        for control in self.controls:
+            _tag, total, wrong, sample, mark_times, closed = control.recv()
+            if wrong or closed:
+                print(f"  reader: {wrong} connections wrong (port, got, sent): {sample}, "
+                      f"{closed} closed, {total} bytes")  # fmt: skip
+                ok = False
+            marks.append(mark_times)
+        return ok, marks
+
+    def _drain(self, sender: PlainSender | UringSender) -> None:
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        while not sender.idle() and time.monotonic() < deadline:
+            time.sleep(TICK)
+
+    def paced(self, sender: PlainSender | UringSender, rate: int, duration: float) -> dict:
+        count, total = len(self.socks), int(rate * duration)
+        meter = Meter([p.pid for p in self.processes if p.pid is not None])
+        start, done, cursor, behind = time.perf_counter(), 0, 0, 0.0
+        while done < total and time.perf_counter() - start < duration + 30:
+            now = time.perf_counter() - start
+            due = min(int(now * rate), total) - done
+            behind = max(behind, now - done / rate)
+            for _ in range(due):
+                sender.send(cursor)
+                self.sent[cursor] += len(FRAME)
+                cursor = cursor + 1 if cursor + 1 < count else 0
+            sender.flush()
+            done += due
+            time.sleep(TICK)
+        self._drain(sender)
+        result = meter.stop(done) | {"deliveries": done, "behind_max_ms": behind * 1e3}
+        result["counts"] = sender.close()
+        result["complete"], _marks = self.check()
+        return result
+
+    def sweep(self, sender: PlainSender | UringSender, rounds: int, interval: float) -> dict:
+        count = len(self.socks)
+        bases = [sum(self.sent[i] for i in indexes) for indexes in self.indexes]
+        for control, base, indexes in zip(self.controls, bases, self.indexes, strict=True):
+            step = len(indexes) * len(FRAME)
+            control.send(("marks", [base + (k + 1) * step for k in range(rounds)]))
+        time.sleep(0.2)
+        meter = Meter([p.pid for p in self.processes if p.pid is not None])
+        starts, walls, cpu = [], [], 0.0
+        begin = time.monotonic()
+        for k in range(rounds):
+            time.sleep(max(0.0, begin + k * interval - time.monotonic()))
+            c0, t0 = time.thread_time(), time.monotonic()
+            sender.flush()  # the previous round's completions (uring), its outbox (send)
+            for index in range(count):
+                sender.send(index)
+                self.sent[index] += len(FRAME)
+            sender.flush()
+            walls.append(time.monotonic() - t0)
+            cpu += time.thread_time() - c0
+            starts.append(t0)
+        time.sleep(interval)
+        c0 = time.thread_time()
+        self._drain(sender)
+        cpu += time.thread_time() - c0
+        result = meter.stop(rounds * count) | {"deliveries": rounds * count}
+        result["thread_us_in_sweeps"] = cpu * 1e6 / (rounds * count)
+        result["counts"] = sender.close()
+        result["complete"], marks = self.check()
+        spans = [
+            max(times[k] for times in marks) - starts[k]
+            for k in range(rounds) if all(len(times) > k for times in marks)
+        ]  # fmt: skip
+        result["submit_wall_us"] = statistics.median(walls) * 1e6 / count
+        result["last_reader_ms"] = [
+            statistics.median(spans) * 1e3, max(spans) * 1e3
+        ] if spans else None  # fmt: skip
+        return result
+
+
+def _line(result: dict[str, Any]) -> str:
+    text = (
+        f"{result['shape']:>5} {result['connections']:>6} {result['method']:>6}: "
+        f"thread {result['thread_us']:5.2f} us/delivery, process {result['process_us']:5.2f}, "
+        f"SQ thread {result['sq_thread_us']:5.2f}, readers {result['readers_us']:5.2f}, "
+        f"machine {result['machine_pct']:3.0f} %"
+    )
+    if result["shape"] == "sweep":
+        spans = result["last_reader_ms"]
+        text += (
+            f"; in sweeps {result['thread_us_in_sweeps']:5.2f} us, submit wall "
+            f"{result['submit_wall_us']:5.2f} us/conn, last reader "
+            + (f"p50 {spans[0]:.1f} max {spans[1]:.1f} ms" if spans else "n/a")
+        )
+    else:
+        text += f"; behind schedule max {result['behind_max_ms']:.1f} ms"
+    complete = "all bytes arrived" if result["complete"] else "BYTES MISSING"
+    return f"{text}; {complete}; {result['counts']}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, nargs="+", default=[10000, 1000])
+    parser.add_argument("--rate", type=int, default=40000)
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--methods", nargs="+", default=["send", "sqpoll", "uring"],
+                        choices=["send", "sqpoll", "uring"])  # fmt: skip
+    parser.add_argument("--shapes", nargs="+", default=["paced", "sweep"],
+                        choices=["paced", "sweep"])  # fmt: skip
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--sq-idle-ms", type=int, default=10)
+    parser.add_argument("--sq-cpu", type=int, default=None, help="pin the SQ thread")
+    parser.add_argument("--json", type=Path, default=None)
+    options = parser.parse_args()
+    options.duration = min(options.duration, 20.0)
+    options.rounds = min(options.rounds, 200)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    results = []
+    for count in options.connections:
+        harness = Harness(count, options.readers)
+        try:
+            time.sleep(0.5)
+            for shape in options.shapes:
+                for method in options.methods:
+                    try:
+                        sender = harness.sender(method, options)
+                    except RingError as error:
+                        print(f"{shape:>5} {count:>6} {method:>6}: io_uring unavailable: "
+                              f"errno {error.errno} {error}")  # fmt: skip
+                        continue
+                    if shape == "paced":
+                        result = harness.paced(sender, options.rate, options.duration)
+                    else:
+                        result = harness.sweep(sender, options.rounds, options.interval)
+                    result.update(shape=shape, connections=count, method=method)
+                    print(_line(result), flush=True)
+                    results.append(result)
+                    time.sleep(0.3)
+        finally:
+            harness.close()
+    if options.json:
+        options.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
