@@ -1,6 +1,7 @@
 """A minimal io_uring for socket sends, in ctypes: raw syscalls, no liburing.
 
-Used by ``benchmarks/uring_send_cpu.py`` (issue 13). Only what sending needs:
+Used by ``benchmarks/uring_send_cpu.py`` (issue 13), with its ``UringSender`` (one send in
+flight per connection, buffers referenced until their completion). Only what sending needs:
 ``io_uring_setup`` (syscall 425) with or without ``IORING_SETUP_SQPOLL``, one ``mmap``
 of the SQ and CQ rings (``IORING_FEAT_SINGLE_MMAP``) and one of the SQE array,
 ``IORING_OP_SEND`` entries and the completions read back from the CQ ring;
@@ -31,11 +32,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import platform
+import socket
 import struct
+from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 SYS_IO_URING_SETUP = 425
 SYS_IO_URING_ENTER = 426
@@ -164,7 +169,7 @@ class Ring:
         self._sqes = mmap.mmap(
             self.fd, SQE_SIZE * layout.sq_entries, share, prot, offset=IORING_OFF_SQES
         )
-        self._words = memoryview(self._rings).cast("I")  # type: ignore[arg-type]
+        self._words = memoryview(self._rings).cast("I")
         for index in range(layout.sq_entries):  # the SQ array maps slot i to SQE i, once
             self._words[layout.sq_array // 4 + index] = index
         self.sq_mask = self._words[layout.sq_mask // 4]
@@ -257,3 +262,75 @@ class Ring:
         self._rings.close()
         self._sqes.close()
         os.close(self.fd)
+
+
+class UringSender:
+    """SEND SQEs through a ``Ring``; one send in flight per connection, buffers referenced
+    until their completion, short and ``-EAGAIN`` completions resubmitted (counted)."""
+
+    def __init__(self, socks: list[socket.socket], ring: Ring, frame: bytes) -> None:
+        self.name = "sqpoll" if ring.sqpoll else "uring"
+        self.ring = ring
+        self.fds = [sock.fileno() for sock in socks]
+        self.frame_bytes = frame
+        self.frame = ctypes.create_string_buffer(frame, len(frame))
+        # per connection: (buffer kept alive, its address, bytes done, length) or None
+        self.in_flight: list[tuple[Any, int, int, int] | None] = [None] * len(socks)
+        self.flying = 0
+        self.queued: dict[int, int] = {}  # frames due while a send was in flight
+        self.completions: list[tuple[int, int]] = []
+        self.counts: Counter[str] = Counter()
+
+    def send(self, index: int) -> None:
+        if self.in_flight[index] is not None:
+            self.queued[index] = self.queued.get(index, 0) + 1
+            self.counts["queued"] += 1
+            return
+        self._start(index, self.frame, ctypes.addressof(self.frame), 0, len(self.frame_bytes))
+
+    def _start(self, index: int, buffer: Any, address: int, done: int, length: int) -> None:
+        self.in_flight[index] = (buffer, address, done, length)
+        self.flying += 1
+        self.ring.prepare_send(self.fds[index], address + done, length - done, index)
+
+    def reap(self) -> None:
+        completions = self.completions
+        completions.clear()
+        self.ring.reap(completions)
+        for index, res in completions:
+            flight = self.in_flight[index]
+            assert flight is not None, f"a completion for connection {index} with no send"
+            self.in_flight[index] = None
+            self.flying -= 1
+            buffer, address, done, length = flight
+            if res < 0:
+                self.counts["eagain" if res == -errno.EAGAIN else f"errno {-res}"] += 1
+                if res == -errno.EAGAIN:
+                    self._start(index, buffer, address, done, length)
+                continue
+            if done + res < length:
+                self.counts["partial"] += 1
+                self._start(index, buffer, address, done + res, length)
+            elif index in self.queued:
+                frames = self.frame_bytes * self.queued.pop(index)
+                joined = ctypes.create_string_buffer(frames, len(frames))
+                self._start(index, joined, ctypes.addressof(joined), 0, len(frames))
+
+    def flush(self) -> None:
+        self.reap()
+        self.ring.submit()
+
+    def idle(self) -> bool:
+        self.ring.run_task_work()
+        self.flush()
+        return not self.flying and not self.queued
+
+    def close(self) -> dict[str, Any]:
+        info = self.ring.fdinfo()
+        counts: dict[str, Any] = dict(self.counts)
+        counts.update(wakeups=self.ring.wakeups, enters=self.ring.enters,
+                      sq_full_waits=self.ring.sq_full_waits,
+                      overflow_flushes=self.ring.overflow_flushes)  # fmt: skip
+        counts.update({k: v for k, v in info.items() if k in ("SqTotalTime", "SqWorkTime")})
+        self.ring.close()
+        return counts

@@ -26,22 +26,25 @@ and three ways:
 
 Reported per delivery: the sending thread's CPU (``time.thread_time``), the process's
 (``time.process_time``: every task of the thread group, the ``iou-sqp`` thread included),
-the SQ thread's alone (``/proc/self/task/*/stat``, 10 ms ticks) and the ring's own
+the difference being the SQ thread's (the only other thread of this process; its
+``/proc/self/task/<tid>/stat`` ticks proved unreliable here) and the ring's own
 ``SqWorkTime`` / ``SqTotalTime`` (fdinfo: the time it did work / was awake, polling
 included), the readers', and the machine's CPU (``/proc/stat``, % of one core, 200 %
 here); for the sweep also the time from the round's start until the last reader had
 its frame. Every run checks that every connection received exactly the bytes sent.
 
     .venv/bin/python benchmarks/uring_send_cpu.py [--connections 10000 1000]
-        [--rate 40000] [--duration 4] [--rounds 20] [--interval 0.1]
-        [--methods send sqpoll uring] [--sq-idle-ms 10] [--sq-cpu K] [--json out.json]
+        [--rate 40000] [--duration 4] [--rounds 15] [--interval 0.25]
+        [--methods send sqpoll uring] [--shapes paced sweep] [--sq-idle-ms 10]
+        [--sq-cpu K] [--work-us 0] [--json out.json]
+
+``--work-us W`` adds W us of other Python work per delivery on the sending thread (a
+stand-in for the rest of the server's per-message cost) to see whether the rate holds.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
 import json
 import multiprocessing as mp
 import os
@@ -58,7 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from uring_ring import Ring, RingError
+from uring_ring import Ring, RingError, UringSender
 
 FRAME = b"\x82\x7e\x00\x96" + b"x" * 150  # a 154-byte binary WebSocket frame
 TICK = 0.001  # the sending loop's pass, as an event loop's
@@ -81,7 +84,9 @@ def _reader(port: int, count: int, control: Connection) -> None:
     poller.register(control.fileno(), select.EPOLLIN)
     control.send(("ready", [sock.getsockname()[1] for sock in socks]))
     buffer = bytearray(1 << 16)
-    total, marks, mark_times, closed = 0, [], [], 0
+    total, closed = 0, 0
+    marks: list[int] = []
+    mark_times: list[float] = []
     check: tuple[dict[int, int], int, float] | None = None
     deadline = time.monotonic() + READER_LIFETIME
     while time.monotonic() < deadline:
@@ -116,18 +121,24 @@ def _reader(port: int, count: int, control: Connection) -> None:
             check = None
 
 
+def _burn(iterations: int) -> int:
+    """Stand-in for the server's other per-message work (decode, hub, acknowledgement)."""
+    total = 0
+    for i in range(iterations):
+        total += i
+    return total
+
+
+def _iterations_per_us() -> float:
+    start = time.thread_time()
+    _burn(2_000_000)
+    return 2_000_000 / ((time.thread_time() - start) * 1e6)
+
+
 def _ticks(path: str) -> int:
     with open(path) as stat:
         fields = stat.read().rpartition(")")[2].split()
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
-
-
-def _sq_threads() -> list[str]:
-    tasks = Path("/proc/self/task")
-    return [
-        str(task / "stat") for task in tasks.iterdir()
-        if (task / "comm").read_text().startswith("iou-sqp")
-    ]  # fmt: skip
 
 
 def _machine_busy() -> tuple[int, int]:
@@ -142,7 +153,6 @@ class Meter:
 
     def __init__(self, readers: list[int]) -> None:
         self.readers = readers
-        self.sq = _sq_threads()
         self.start = self._sample()
 
     def _sample(self) -> dict[str, float]:
@@ -150,18 +160,19 @@ class Meter:
         return {
             "thread": time.thread_time(), "process": time.process_time(),
             "wall": time.perf_counter(), "busy": busy, "total": total,
-            "sq": sum(_ticks(p) for p in self.sq) / os.sysconf("SC_CLK_TCK"),
             "readers": sum(_ticks(f"/proc/{pid}/stat") for pid in self.readers)
             / os.sysconf("SC_CLK_TCK"),
         }  # fmt: skip
 
-    def stop(self, deliveries: int) -> dict[str, float]:
+    def stop(self, deliveries: int) -> dict[str, Any]:
         end, start = self._sample(), self.start
         d = {key: end[key] - start[key] for key in end}
         per = 1e6 / max(deliveries, 1)
         return {
             "thread_us": d["thread"] * per, "process_us": d["process"] * per,
-            "sq_thread_us": d["sq"] * per, "readers_us": d["readers"] * per,
+            # the process's other threads: here only the kernel's iou-sqp thread
+            "sq_thread_us": max(0.0, d["process"] - d["thread"]) * per,
+            "readers_us": d["readers"] * per,
             "machine_pct": 100 * (os.cpu_count() or 1) * d["busy"] / max(d["total"], 1),
             "wall_s": d["wall"],
         }  # fmt: skip
@@ -206,77 +217,6 @@ class PlainSender:
 
     def close(self) -> dict[str, Any]:
         return dict(self.counts)
-
-
-class UringSender:
-    """SEND SQEs through a ``Ring``; one send in flight per connection, buffers referenced
-    until their completion, short and ``-EAGAIN`` completions resubmitted (counted)."""
-
-    def __init__(self, socks: list[socket.socket], ring: Ring) -> None:
-        self.name = "sqpoll" if ring.sqpoll else "uring"
-        self.ring = ring
-        self.fds = [sock.fileno() for sock in socks]
-        self.frame = ctypes.create_string_buffer(FRAME, len(FRAME))
-        # per connection: (buffer kept alive, its address, bytes done, length) or None
-        self.in_flight: list[tuple[Any, int, int, int] | None] = [None] * len(socks)
-        self.flying = 0
-        self.queued: dict[int, int] = {}  # frames due while a send was in flight
-        self.completions: list[tuple[int, int]] = []
-        self.counts: Counter[str] = Counter()
-
-    def send(self, index: int) -> None:
-        if self.in_flight[index] is not None:
-            self.queued[index] = self.queued.get(index, 0) + 1
-            self.counts["queued"] += 1
-            return
-        self._start(index, self.frame, ctypes.addressof(self.frame), 0, len(FRAME))
-
-    def _start(self, index: int, buffer: Any, address: int, done: int, length: int) -> None:
-        self.in_flight[index] = (buffer, address, done, length)
-        self.flying += 1
-        self.ring.prepare_send(self.fds[index], address + done, length - done, index)
-
-    def reap(self) -> None:
-        completions = self.completions
-        completions.clear()
-        self.ring.reap(completions)
-        for index, res in completions:
-            flight = self.in_flight[index]
-            assert flight is not None, f"a completion for connection {index} with no send"
-            self.in_flight[index] = None
-            self.flying -= 1
-            buffer, address, done, length = flight
-            if res < 0:
-                self.counts["eagain" if res == -errno.EAGAIN else f"errno {-res}"] += 1
-                if res == -errno.EAGAIN:
-                    self._start(index, buffer, address, done, length)
-                continue
-            if done + res < length:
-                self.counts["partial"] += 1
-                self._start(index, buffer, address, done + res, length)
-            elif index in self.queued:
-                frames = FRAME * self.queued.pop(index)
-                joined = ctypes.create_string_buffer(frames, len(frames))
-                self._start(index, joined, ctypes.addressof(joined), 0, len(frames))
-
-    def flush(self) -> None:
-        self.reap()
-        self.ring.submit()
-
-    def idle(self) -> bool:
-        self.ring.run_task_work()
-        self.flush()
-        return not self.flying and not self.queued
-
-    def close(self) -> dict[str, Any]:
-        info = self.ring.fdinfo()
-        counts: dict[str, Any] = dict(self.counts)
-        counts.update(wakeups=self.ring.wakeups, enters=self.ring.enters,
-                      sq_full_waits=self.ring.sq_full_waits,
-                      overflow_flushes=self.ring.overflow_flushes)  # fmt: skip
-        counts.update({k: v for k, v in info.items() if k in ("SqTotalTime", "SqWorkTime")})
-        self.ring.close()
-        return counts
 
 
 class Harness:
@@ -330,7 +270,7 @@ class Harness:
         entries = 1 << max(len(self.socks) - 1, 1).bit_length()
         ring = Ring(min(entries, 32768), min(2 * entries, 65536), sqpoll=method == "sqpoll",
                     sq_idle_ms=options.sq_idle_ms, sq_cpu=options.sq_cpu)  # fmt: skip
-        return UringSender(self.socks, ring)
+        return UringSender(self.socks, ring, FRAME)
 
     def check(self) -> tuple[bool, list[Any]]:
         """Wait until every reader has every byte sent (or the timeout); the mark times."""
@@ -351,28 +291,38 @@ class Harness:
         while not sender.idle() and time.monotonic() < deadline:
             time.sleep(TICK)
 
-    def paced(self, sender: PlainSender | UringSender, rate: int, duration: float) -> dict:
+    def paced(
+        self, sender: PlainSender | UringSender, rate: int, duration: float, work: int
+    ) -> dict[str, Any]:
+        """``rate`` sends/s for ``duration`` s (fewer if the thread cannot keep up), and
+        ``work`` loop iterations of other Python work per delivery (``--work-us``)."""
         count, total = len(self.socks), int(rate * duration)
         meter = Meter([p.pid for p in self.processes if p.pid is not None])
         start, done, cursor, behind = time.perf_counter(), 0, 0, 0.0
-        while done < total and time.perf_counter() - start < duration + 30:
-            now = time.perf_counter() - start
+        while done < total and (now := time.perf_counter() - start) < duration:
             due = min(int(now * rate), total) - done
             behind = max(behind, now - done / rate)
+            if work:
+                _burn(due * work)
             for _ in range(due):
                 sender.send(cursor)
                 self.sent[cursor] += len(FRAME)
                 cursor = cursor + 1 if cursor + 1 < count else 0
             sender.flush()
             done += due
-            time.sleep(TICK)
+            if now - done / rate < TICK:  # on schedule: the loop waits, as in epoll
+                time.sleep(TICK)
+        elapsed = time.perf_counter() - start
         self._drain(sender)
         result = meter.stop(done) | {"deliveries": done, "behind_max_ms": behind * 1e3}
+        result["rate"] = done / elapsed
         result["counts"] = sender.close()
         result["complete"], _marks = self.check()
         return result
 
-    def sweep(self, sender: PlainSender | UringSender, rounds: int, interval: float) -> dict:
+    def sweep(
+        self, sender: PlainSender | UringSender, rounds: int, interval: float
+    ) -> dict[str, Any]:
         count = len(self.socks)
         bases = [sum(self.sent[i] for i in indexes) for indexes in self.indexes]
         for control, base, indexes in zip(self.controls, bases, self.indexes, strict=True):
@@ -416,7 +366,7 @@ def _line(result: dict[str, Any]) -> str:
     text = (
         f"{result['shape']:>5} {result['connections']:>6} {result['method']:>6}: "
         f"thread {result['thread_us']:5.2f} us/delivery, process {result['process_us']:5.2f}, "
-        f"SQ thread {result['sq_thread_us']:5.2f}, readers {result['readers_us']:5.2f}, "
+        f"other threads (SQ) {result['sq_thread_us']:5.2f}, readers {result['readers_us']:5.2f}, "
         f"machine {result['machine_pct']:3.0f} %"
     )
     if result["shape"] == "sweep":
@@ -427,7 +377,17 @@ def _line(result: dict[str, Any]) -> str:
             + (f"p50 {spans[0]:.1f} max {spans[1]:.1f} ms" if spans else "n/a")
         )
     else:
-        text += f"; behind schedule max {result['behind_max_ms']:.1f} ms"
+        text += (
+            f"; {result['rate']:,.0f} sends/s, behind schedule max "
+            f"{result['behind_max_ms']:.1f} ms"
+        )
+    counts = result["counts"]
+    if result["method"] == "sqpoll" and "SqTotalTime" in counts:  # us since the ring was set up
+        per = result["deliveries"]
+        text += (
+            f"; SQ thread awake {int(counts['SqTotalTime']) / per:5.2f} us/delivery, "
+            f"working {int(counts['SqWorkTime']) / per:5.2f}"
+        )
     complete = "all bytes arrived" if result["complete"] else "BYTES MISSING"
     return f"{text}; {complete}; {result['counts']}"
 
@@ -437,8 +397,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, nargs="+", default=[10000, 1000])
     parser.add_argument("--rate", type=int, default=40000)
     parser.add_argument("--duration", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--methods", nargs="+", default=["send", "sqpoll", "uring"],
                         choices=["send", "sqpoll", "uring"])  # fmt: skip
     parser.add_argument("--shapes", nargs="+", default=["paced", "sweep"],
@@ -446,12 +406,15 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--sq-idle-ms", type=int, default=10)
     parser.add_argument("--sq-cpu", type=int, default=None, help="pin the SQ thread")
+    parser.add_argument("--work-us", type=float, default=0.0,
+                        help="other Python work per delivery on the sending thread (paced)")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
     options.duration = min(options.duration, 20.0)
     options.rounds = min(options.rounds, 200)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    work = round(options.work_us * _iterations_per_us()) if options.work_us else 0
     results = []
     for count in options.connections:
         harness = Harness(count, options.readers)
@@ -466,7 +429,7 @@ def main() -> None:
                               f"errno {error.errno} {error}")  # fmt: skip
                         continue
                     if shape == "paced":
-                        result = harness.paced(sender, options.rate, options.duration)
+                        result = harness.paced(sender, options.rate, options.duration, work)
                     else:
                         result = harness.sweep(sender, options.rounds, options.interval)
                     result.update(shape=shape, connections=count, method=method)
