@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import time
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
@@ -35,7 +36,12 @@ from migratory.server.sse_stream import SseStream
 
 log = logging.getLogger("migratory.session")
 
-RECONNECT_MS = 1000  # how long a browser waits before reconnecting a stream
+# How long a browser waits before reconnecting a stream: RECONNECT_MS plus up to
+# RECONNECT_JITTER_MS, drawn per stream, so the streams of a member that goes away do not
+# all come back in the same millisecond (a burst of set-ups costs the member they come
+# to full garbage collections: docs/benchmarks.md)
+RECONNECT_MS = 1000
+RECONNECT_JITTER_MS = 1000
 
 _connection_ids = itertools.count(1)  # names a connection in logs and audit events
 
@@ -274,7 +280,8 @@ class Session:
         self._http = None
         self.identity = identity
         self._ctx.stats.sessions_opened += 1
-        self._send_unbounded(sse.stream_head(headers) + sse.retry(RECONNECT_MS))
+        retry = RECONNECT_MS + random.randrange(RECONNECT_JITTER_MS)
+        self._send_unbounded(sse.stream_head(headers) + sse.retry(retry))
         stream = self._stream = SseStream(self, subjects)
         stats = self._ctx.stats
         for outcome in stream.start(self._ctx.hub, requests, now):

@@ -177,3 +177,18 @@ def test_a_draining_server_tells_streams_to_reconnect_elsewhere(start_server: An
     closing = stream.events_until("close", timeout=5)[-1]
     assert closing["data"]["code"] == 4502, closing
     assert server.proc.wait(10) == 0
+
+
+def test_each_stream_gets_its_own_reconnect_delay(start_server: Any) -> None:
+    """retry: 1000-1999 ms, drawn per stream: the streams of a member that goes away do
+    not all come back in the same millisecond."""
+    server = start_server()
+    delays = []
+    for _ in range(12):
+        stream = SseClient(server.port, [A])
+        block = stream.next_block()
+        assert block is not None and block.startswith(b"retry:"), block
+        delays.append(int(block[len(b"retry:"):]))
+        stream.close()
+    assert all(1000 <= d < 2000 for d in delays), delays
+    assert len(set(delays)) > 1, delays
