@@ -16,6 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from httpclient import HttpClient, SseClient
 
 
+def resume(port: int, last_id: str | None, attempts: int = 10) -> SseClient:
+    """The stream again with ``Last-Event-ID``, as a client following ``Retry-After``
+    does: a member that is briefly not ready (its upstream seed or the Raft leader just
+    went away) answers 503 with ``Retry-After: 1``."""
+    for _ in range(attempts):
+        stream = SseClient(port, [SUBJECT], last_event_id=last_id)
+        if stream.wait_head() != 503:
+            return stream
+        stream.close()
+        time.sleep(1.0)
+    raise AssertionError(f"the member on port {port} was not ready after {attempts} tries")
+
+
 def test_sse_stream_resumes_on_another_member_without_gap_or_duplicate(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, members=4, seeds=3)
     cluster.start_all()
@@ -34,7 +47,7 @@ def test_sse_stream_resumes_on_another_member_without_gap_or_duplicate(tmp_path:
         cluster.kill(1)
         stream.close()
         time.sleep(0.3)
-        resumed = SseClient(cluster.port(3), [SUBJECT], last_event_id=last_id)
+        resumed = resume(cluster.port(3), last_id)
         after = resumed.events_until("sync", timeout=15)
         assert not any(e["event"] == "resync" for e in after), after
         pub.join(60)

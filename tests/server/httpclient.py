@@ -146,11 +146,25 @@ class SseClient:
             return {"event": fields.get("event", "message"), "id": fields.get("id"),
                     "data": json.loads(fields["data"])}
 
+    @property
+    def status(self) -> int | None:
+        """The response's status (None before its head came)."""
+        return int(self.head.split(b" ", 2)[1]) if self.head else None
+
+    def wait_head(self, timeout: float = 5.0) -> int | None:
+        """The response's status once its head came (None: no head in time)."""
+        deadline = time.monotonic() + timeout
+        while not self.head and not self.closed and time.monotonic() < deadline:
+            self._fill(deadline)
+        return self.status
+
     def events_until(self, name: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         out = []
         while True:
             event = self.next_event(timeout)
-            assert event is not None, f"no {name!r} event; got {out}"
+            assert event is not None, (
+                f"no {name!r} event; got {out}; response {self.head[:200]!r}, "
+                f"then {self.buffer[:300]!r}, closed: {self.closed}")
             out.append(event)
             if event["event"] == name:
                 return out
