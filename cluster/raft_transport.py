@@ -77,10 +77,11 @@ __all__ = [
 log = logging.getLogger("migratory.raft")
 
 MAX_UNAUTHENTICATED_BYTES = 65_536
+"""An authenticated peer's first messages (a sealed random key, its address) are ~200 B."""
 KEEPALIVE = "migratory_keepalive"
 """The type of the message that keeps an idle Raft link alive (no other content)."""
 KEEPALIVES_PER_TIMEOUT = 4
-"""An authenticated peer's first messages (a sealed random key, its address) are ~200 B."""
+"""Keepalives sent on each idle link per ``connectionTimeout``."""
 
 
 class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
