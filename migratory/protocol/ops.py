@@ -21,6 +21,7 @@ from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.model.subject import MAX_SUBJECT_BYTES
+from migratory.protocol import cbor_splice
 from migratory.protocol.cbor_reader import MAX_INTEGER as MAX_INTEGER  # re-exported
 from migratory.protocol.cbor_reader import REQUIRED, Reader, bad, load_map
 from migratory.protocol.cbor_reader import OperationError as OperationError  # re-exported
@@ -155,8 +156,13 @@ def message_map(message: Message) -> dict[str, Any]:
 
 def encode_message(message: Message) -> bytes:
     """One delivered message as a frame payload: the server's hot path, done once."""
-    body = message_map(message)
-    return cbor2.dumps({"op": "message", **body})
+    if not message.fields and not message.retained and message.qos is Qos.STANDARD:
+        spliced = cbor_splice.plain_message(
+            message.subject, message.content, message.epoch, message.seq, message.type._value_
+        )
+        if spliced is not None:
+            return spliced
+    return cbor2.dumps({"op": "message", **message_map(message)})
 
 
 def _position_keys(body: dict[str, Any], position: Position | None) -> None:
@@ -191,6 +197,17 @@ def encode_server_op(op: ServerOp) -> bytes:
 
 
 def _encode_publish_status(op: PublishStatus) -> bytes:
+    position = op.position
+    spliced = cbor_splice.publish_status(
+        op.status._value_, op.subject, op.closure,
+        None if position is None else position.epoch, 0 if position is None else position.seq,
+        op.reason,
+    )
+    return cbor2.dumps(publish_status_map(op)) if spliced is None else spliced
+
+
+def publish_status_map(op: PublishStatus) -> dict[str, Any]:
+    """The CBOR map of a ``publish_status`` (what :func:`_encode_publish_status` splices)."""
     body: dict[str, Any] = {"op": "publish_status", "status": op.status._value_,
                             "subject": op.subject}
     if op.closure is not None:
@@ -201,7 +218,7 @@ def _encode_publish_status(op: PublishStatus) -> bytes:
         body["seq"] = position.seq
     if op.reason is not None:
         body["reason"] = op.reason
-    return cbor2.dumps(body)
+    return body
 
 
 def encode_client_op(op: ClientOp) -> bytes:
