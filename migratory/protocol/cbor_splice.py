@@ -71,6 +71,18 @@ _EPOCH: Final = _key("epoch")
 _SEQ: Final = _key("seq")
 _TYPE: Final = _key("type")
 _TYPE_VALUES: dict[str, bytes] = {}
+_EPOCH_PARTS: dict[int, bytes] = {}  # epoch -> its key and value, and the key of seq
+_EPOCH_PARTS_LIMIT: Final = 4096  # a hub has one epoch, more only as subjects restart
+
+
+def _position(epoch: int, seq: int) -> bytes:
+    """``"epoch": epoch, "seq": seq`` (both in ``[0, 2**64)``)."""
+    part = _EPOCH_PARTS.get(epoch)
+    if part is None:
+        if len(_EPOCH_PARTS) >= _EPOCH_PARTS_LIMIT:
+            _EPOCH_PARTS.clear()
+        part = _EPOCH_PARTS[epoch] = _EPOCH + uint(epoch) + _SEQ
+    return part + (_UINT_HEADS[seq] if seq < 0x100 else _head(_UINT, seq))
 
 
 def plain_message(subject: str, content: bytes, epoch: int, seq: int, kind: str) -> bytes | None:
@@ -87,7 +99,7 @@ def plain_message(subject: str, content: bytes, epoch: int, seq: int, kind: str)
         return None
     return b"".join((
         _MESSAGE_HEAD, subject_bytes, _CONTENT, _byte_string_head(len(content)), content,
-        _EPOCH, uint(epoch), _SEQ, uint(seq), kind_bytes,
+        _position(epoch, seq), kind_bytes,
     ))
 
 
@@ -110,20 +122,30 @@ def publish_status(
     status_bytes = _STATUS_VALUES.get(status)
     if status_bytes is None:
         status_bytes = _STATUS_VALUES[status] = cbor2.dumps(status)
+    if epoch is not None and not (0 <= epoch < _UINT64_LIMIT and 0 <= seq < _UINT64_LIMIT):
+        return None
+    if closure is not None and epoch is not None and reason is None:  # PUBLISH_OK
+        try:
+            return b"".join((
+                b"\xa6", _STATUS_HEAD, status_bytes, _SUBJECT, text(subject), _CLOSURE,
+                text(closure), _position(epoch, seq),
+            ))
+        except UnicodeEncodeError:
+            return None
+    pairs = 3  # op, status, subject
     parts = [b"", _STATUS_HEAD, status_bytes, _SUBJECT]
     try:
         parts.append(text(subject))
         if closure is not None:
-            parts.append(_CLOSURE)
-            parts.append(text(closure))
+            parts += (_CLOSURE, text(closure))
+            pairs += 1
         if epoch is not None:
-            if not 0 <= epoch < _UINT64_LIMIT or not 0 <= seq < _UINT64_LIMIT:
-                return None
-            parts += (_EPOCH, uint(epoch), _SEQ, uint(seq))
+            parts.append(_position(epoch, seq))
+            pairs += 2
         if reason is not None:
-            parts.append(_REASON)
-            parts.append(text(reason))
+            parts += (_REASON, text(reason))
+            pairs += 1
     except UnicodeEncodeError:
         return None
-    parts[0] = _MAP_HEADS[(len(parts) + 1) >> 1]  # 3 pairs, and one per 2 parts added
+    parts[0] = _MAP_HEADS[pairs]
     return b"".join(parts)

@@ -100,3 +100,10 @@ def test_the_map_heads_count_the_keys() -> None:
         "op": "publish_status", "status": "PUBLISH_FAILED", "subject": "/a/b",
         "closure": "c", "epoch": 7, "seq": 8, "reason": "why",
     }
+
+
+def test_past_the_remembered_epochs_positions_are_still_right() -> None:
+    for epoch in range(1, 2 * cbor_splice._EPOCH_PARTS_LIMIT, 7):
+        message = Message("/a/b", b"x", epoch=epoch * 65_537, seq=epoch)
+        assert ops.encode_message(message) == _message_payload(message)
+    assert len(cbor_splice._EPOCH_PARTS) <= cbor_splice._EPOCH_PARTS_LIMIT
