@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -156,4 +157,7 @@ class ServerContext:
             "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
             "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
             "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
+            # memory blocks the interpreter holds (objects and its own small allocations;
+            # not OpenSSL's or the kernel's): what grows if client state outlives clients
+            "python_allocated_blocks": sys.getallocatedblocks(),
         }

@@ -1,0 +1,214 @@
+"""Connection churn: clients of every front end come and go -- cleanly, by reset, halfway
+through a handshake, with garbage -- round after round, and the server gives back what
+each one held. A server in production sees millions of such connections; a file
+descriptor, a subscription or a session that outlives its client is a slow death.
+
+After every round the server must be back where it was after the first one: no open
+connection, no subscription (the hub's and the native sessions'), nothing queued in an
+outbox, the same number of open file descriptors, the per-address connection count
+given back (the limit is set just above one round's worth: a count that leaked would
+refuse the next round), and no more memory blocks held by the interpreter than the
+noise of its collector (``python_allocated_blocks`` in ``/stats``).
+
+Resident memory is not the measure: glibc and OpenSSL keep freed pages, so the RSS
+moves by megabytes either way with TLS clients (measured: 30,000 native WebSocket
+clients leave it +1.9 MiB, flat after the first 5,000; 15,000 wss:// clients move it
+between +9 and +16 MiB)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from httpclient import SseClient
+from mqttclient import MqttRawClient, stats
+from rawclient import RawClient
+
+from migratory.model.message import Message
+from migratory.protocol import mqtt
+from migratory.protocol.http import handshake_request, new_websocket_key
+
+ROUNDS = 3
+PER_KIND = 60  # clients of each kind per round
+SUBJECTS = [f"/churn/s/{n}" for n in range(10)]
+AT_ONCE = 5 * PER_KIND + 10
+"""Connections open at once in a round, the broken ones the server has not seen close yet
+included (and /stats): MaxConnectionsPerAddress is this plus
+a few, so a per-address count that is not given back refuses the next round."""
+BLOCKS_GROWTH_LIMIT = 8_000
+"""Interpreter memory blocks the server may hold more after rounds 2 and 3 than after round
+1 (GcThresholds low, so little garbage waits for the collector). Without a leak the
+figure wanders and does not grow: -2,200 to +2,300 in these rounds, at most +4,500 over
+14 rounds (trio's timer heap, the /stats windows, garbage not reached yet). Every closed
+connection kept alive (planted in Server.forget): +13,443 for 527 clients."""
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, str]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    paths = {"TlsCertificate": tmp_path / "cert.pem", "TlsKey": tmp_path / "key.pem",
+             "ca": tmp_path / "ca.pem"}
+    cert.private_key_pem.write_to_path(str(paths["TlsKey"]))
+    with paths["TlsCertificate"].open("wb") as out:
+        for blob in cert.cert_chain_pems:
+            out.write(blob.bytes())
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    return {key: str(path) for key, path in paths.items()}
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0): what a crashed client or a NAT timeout does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def end(sock: socket.socket, n: int) -> None:
+    if n % 2:
+        reset(sock)
+    else:
+        sock.close()
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled_fds(pid: int, limit: int | None = None, timeout: float = 10.0) -> int:
+    """The server's open file descriptors once the last ``/stats`` request's own
+    connection is gone too (it may outlive the answer by a moment): at most ``limit``."""
+    deadline = time.monotonic() + timeout
+    count = open_fds(pid)
+    while (limit is None or count > limit) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        previous, count = count, open_fds(pid)
+        if limit is None and count == previous:
+            break
+    return count
+
+
+def wait_settled(port: int, timeout: float = 20.0) -> dict[str, Any]:
+    """Until the server holds no client connection and no subscription."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = stats(port)
+        held = {key: counters[key] for key in ("subscriptions", "subscriptions_open",
+                                                "outbox_bytes")}
+        held["connections_open"] = counters["connections_open"] - 1  # this request's own
+        if not any(held.values()):
+            return counters
+        assert time.monotonic() < deadline, f"still held after every client left: {held}"
+        time.sleep(0.1)
+
+
+def native_clients(port: int, tls: ssl.SSLContext | None, tls_port: int) -> list[Any]:
+    clients = []
+    for n in range(PER_KIND):
+        client = RawClient(port)
+        client.connect(f"churn-{n}")
+        client.subscribe(SUBJECTS[n % len(SUBJECTS)])
+        clients.append(client)
+    assert tls is not None
+    for _ in range(PER_KIND // 3):  # wss://: the TLS handshake, then the WebSocket one
+        raw = socket.create_connection(("127.0.0.1", tls_port), timeout=5)
+        wrapped = tls.wrap_socket(raw, server_hostname="localhost")
+        wrapped.sendall(handshake_request("localhost", "/", new_websocket_key()))
+        assert wrapped.recv(4096).startswith(b"HTTP/1.1 101")
+        clients.append(wrapped)
+    return clients
+
+
+def sse_clients(port: int) -> list[SseClient]:
+    streams = []
+    for n in range(PER_KIND):
+        stream = SseClient(port, [SUBJECTS[n % len(SUBJECTS)], SUBJECTS[(n + 1) % 10]])
+        assert stream.wait_head() == 200
+        streams.append(stream)
+    return streams
+
+
+def mqtt_clients(port: int, round_no: int) -> list[MqttRawClient]:
+    clients = []
+    for n in range(PER_KIND):
+        client = MqttRawClient(port)
+        will = mqtt.Will(topic="churn/will", payload=b"gone", qos=0, retain=False) if n % 5 == 0 \
+            else None
+        # a few persistent sessions, the same client ids every round: kept, not multiplied
+        persistent = n < 3
+        client.connect(f"churn-{n if persistent else f'{round_no}-{n}'}",
+                       clean_session=not persistent, will=will)
+        client.subscribe(f"churn/s/{n % 10}", "churn/+/9")
+        clients.append(client)
+    return clients
+
+
+def broken_clients(port: int, tls_port: int) -> None:
+    """Connections that never become clients: half a request, half a TLS hello, garbage."""
+    for n in range(PER_KIND):
+        target = tls_port if n % 3 == 0 else port
+        sock = socket.create_connection(("127.0.0.1", target), timeout=5)
+        if n % 3 == 0:
+            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + os.urandom(20))
+        elif n % 3 == 1:
+            sock.sendall(b"GET /events?subject=/churn/s/1 HTTP/1.1\r\nHost: loc")
+        else:
+            sock.sendall(os.urandom(64))
+        end(sock, n)
+
+
+def one_round(server: Any, tls: ssl.SSLContext, tls_port: int, round_no: int) -> None:
+    natives = native_clients(server.port, tls, tls_port)
+    streams = sse_clients(server.port)
+    devices = mqtt_clients(server.mqtt_port, round_no)
+    broken_clients(server.port, tls_port)
+    publisher = RawClient(server.port)
+    publisher.connect("churn-publisher")
+    for subject in SUBJECTS:  # deliveries into connections about to go
+        status = publisher.publish(Message(subject=subject, content=b"x" * 200, closure="c"))
+        assert status.status.name == "PUBLISH_OK"
+    publisher.close()
+    for n, native in enumerate(natives):
+        end(native.sock if isinstance(native, RawClient) else native, n)
+    for n, stream in enumerate(streams):
+        end(stream.sock, n)
+    for n, device in enumerate(devices):
+        if n % 3 == 0:
+            device.send(mqtt.Disconnect())
+        end(device.sock, n)
+
+
+def test_clients_that_come_and_go_leave_nothing_behind(
+    start_server: Any, tls_files: dict[str, str]
+) -> None:
+    server = start_server(
+        listeners=2, ListenEncrypted="127.0.0.1:0", TlsCertificate=tls_files["TlsCertificate"],
+        TlsKey=tls_files["TlsKey"], ListenMqtt="127.0.0.1:0", BatchTime="0",
+        HandshakeTimeout="2", GcThresholds="100,1,1",
+        MaxConnectionsPerAddress=str(AT_ONCE + 5),
+    )
+    tls_port = int(server.urls[1].rsplit(":", 1)[1])
+    tls = ssl.create_default_context(cafile=tls_files["ca"])
+    pid = server.proc.pid
+    one_round(server, tls, tls_port, 1)
+    first = wait_settled(server.port)
+    fds = settled_fds(pid)
+    for round_no in range(2, ROUNDS + 1):
+        one_round(server, tls, tls_port, round_no)
+        wait_settled(server.port)
+        count = settled_fds(pid, fds)
+        assert count <= fds, f"round {round_no}: {count} file descriptors open, not {fds}"
+    counters = wait_settled(server.port)
+    clients = counters["connections_accepted"] - first["connections_accepted"]
+    assert clients >= (ROUNDS - 1) * PER_KIND * 4, counters  # the rounds did connect
+    grown = counters["python_allocated_blocks"] - first["python_allocated_blocks"]
+    assert grown < BLOCKS_GROWTH_LIMIT, f"{grown} blocks more after {clients} clients"
+    assert counters["connections_refused"] == 0
+    assert counters["subjects"] == first["subjects"]
+    assert server.proc.poll() is None
