@@ -157,8 +157,9 @@ class SubjectCache:
         """Seq of the last message ever appended since the last reset (0 if none is known)."""
         return self._last_seq_seen
 
-    def append(self, message: Message, now: float) -> None:
-        """Cache ``message``, stored at time ``now``.
+    def append(self, message: Message, now: float) -> int:
+        """Cache ``message``, stored at time ``now``; return how many more messages the
+        cache holds (1, or 0 when the oldest made room or nothing is kept).
 
         Its seq must be exactly ``last_seq_seen + 1`` once any seq is known (and at least 1
         otherwise), and its epoch that of the cached messages; else ValueError.
@@ -180,18 +181,21 @@ class SubjectCache:
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
         entry = _entry(message, now)
+        grown = 1
         if entries is not None:  # the usual case of a busy subject: first, and cheap
             if len(entries) == self._max_messages:
                 self._bytes -= entries[0][_BOUND]  # the deque drops it
+                grown = 0
             entries.append(entry)
         elif not self._max_messages:
             self._last_seq_seen = seq
-            return
+            return 0
         elif self._one is None:
             self._one = entry
         elif self._max_messages == 1:
             self._bytes -= self._one[_BOUND]
             self._one = entry
+            grown = 0
         else:
             self._entries = deque((self._one, entry), maxlen=self._max_messages)
             self._one = None
@@ -199,6 +203,7 @@ class SubjectCache:
         if entry[_BOUND] > self._largest:
             self._largest = entry[_BOUND]
         self._last_seq_seen = seq
+        return grown
 
     def reset(self) -> None:
         """Forget every message and the last seq seen (for a new epoch)."""

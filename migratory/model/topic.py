@@ -108,10 +108,10 @@ class FilterIndex(Generic[Sink]):
 
     def __init__(self) -> None:
         self._root: _Node[Sink] = _Node()
-        self._count = 0
+        self.count = 0  # filters held (read it; the hub tests it per message)
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def add(self, levels: tuple[str, ...], sink: Sink, value: int) -> None:
         node = self._root
@@ -119,7 +119,7 @@ class FilterIndex(Generic[Sink]):
             node = node.children.setdefault(level, _Node())
         table = node.rest if levels[-1] == "#" else node.here
         if sink not in table:
-            self._count += 1
+            self.count += 1
         table[sink] = value
 
     def remove(self, levels: tuple[str, ...], sink: Sink) -> None:
@@ -131,7 +131,7 @@ class FilterIndex(Generic[Sink]):
             path.append(child)
         table = path[-1].rest if levels[-1] == "#" else path[-1].here
         if table.pop(sink, None) is not None:
-            self._count -= 1
+            self.count -= 1
         names = [lv for lv in (levels[:-1] if levels[-1] == "#" else levels)]
         for depth in range(len(path) - 1, 0, -1):  # prune empty branches
             node = path[depth]

@@ -128,9 +128,7 @@ class Hub(MessageSinks):
 
     def _apply(self, state: SubjectState, message: Message, now: float) -> None:
         state.seq = message.seq
-        cached = len(state.cache)
-        state.cache.append(message, now)
-        self._cached += len(state.cache) - cached
+        self._cached += state.cache.append(message, now)
         if message.retained:
             state.snapshot = merge_snapshot(state.snapshot, message)
         self._published += 1
@@ -146,9 +144,10 @@ class Hub(MessageSinks):
             self._fanned_out += len(subscribers)
         if state.formatted:
             self._fan_out_formatted(state, message)
-        for conflator in state.conflated.values():
-            conflator.offer(message)  # offer() never calls out
-        if state.listeners or self._filters:
+        if state.conflated:
+            for conflator in state.conflated.values():
+                conflator.offer(message)  # offer() never calls out
+        if state.listeners or self._filters.count:  # (its __len__ is a call)
             self._tell_listeners(state, message)
         if state.waiting:
             self._settle_waiting(state, now)

@@ -249,3 +249,12 @@ def test_a_cached_message_with_fields_is_untracked_by_two_young_collections() ->
     assert entry[3] == "/a/b"  # the entry itself, no wrapper around it
     assert not gc.is_tracked(entry)
     assert cache.last(1) == [message]
+
+
+@pytest.mark.parametrize("max_messages", [0, 1, 2, 3])
+def test_append_says_how_much_the_cache_grew(max_messages: int) -> None:
+    """The hub counts cached messages from what append returns (no len() before and after)."""
+    cache = SubjectCache(max_messages=max_messages)
+    for seq in range(1, 6):
+        before = len(cache)
+        assert cache.append(msg(seq), 0.0) == len(cache) - before
