@@ -110,7 +110,10 @@ class PublishRate:
         """Whether one more publish is allowed at ``now`` (0: no limit)."""
         if not self._rate:
             return True
-        tokens = min(float(self._rate), self._tokens + (now - self._last) * self._rate)
+        rate = self._rate
+        tokens = self._tokens + (now - self._last) * rate
+        if tokens > rate:
+            tokens = float(rate)
         self._last = now
         if tokens < 1.0:
             self._tokens = tokens

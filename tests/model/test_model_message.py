@@ -92,3 +92,12 @@ def test_a_packed_message_is_not_tracked_by_the_collector() -> None:
     gc.collect()  # untracks tuples of atoms
     assert gc.is_tracked(message)
     assert not gc.is_tracked(packed)
+
+
+@pytest.mark.parametrize("subject", ["/a/b", "/a/é", "/a/\u4e2d\u6587"])
+@pytest.mark.parametrize("fields", [{}, {"k": "v"}, {"é": "ü"}])
+def test_size_with_and_without_fields(subject: str, fields: dict[str, str]) -> None:
+    """The ASCII subject is counted inline (the publish path's case): same figure."""
+    expected = 3 + len(subject.encode()) + sum(len(k.encode()) + len(v.encode())
+                                               for k, v in fields.items())
+    assert Message(subject, b"abc", fields).size() == expected
