@@ -206,6 +206,20 @@ def _encode_publish_status(op: PublishStatus) -> bytes:
     return cbor2.dumps(publish_status_map(op)) if spliced is None else spliced
 
 
+def encode_publish_ok(closure: str | None, subject: str, epoch: int, seq: int) -> bytes:
+    """``encode_server_op(PublishStatus(PUBLISH_OK, closure, subject, Position(epoch,
+    seq)))`` without making the status and its position (the local publish path's
+    acknowledgement, once per publish)."""
+    spliced = cbor_splice.publish_status(
+        "PUBLISH_OK", subject, closure, epoch, seq, None
+    )
+    if spliced is not None:
+        return spliced
+    return _encode_publish_status(
+        PublishStatus(Status.PUBLISH_OK, closure, subject, Position(epoch, seq))
+    )
+
+
 def publish_status_map(op: PublishStatus) -> dict[str, Any]:
     """The CBOR map of a ``publish_status`` (what :func:`_encode_publish_status` splices)."""
     body: dict[str, Any] = {"op": "publish_status", "status": op.status._value_,

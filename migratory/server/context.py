@@ -13,6 +13,7 @@ from migratory.config import Config
 from migratory.entitlement import Entitlement
 from migratory.model.message import Message
 from migratory.model.outbox import OutboxBudget
+from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.server.audit import Audit
 from migratory.server.hub import Hub
@@ -27,7 +28,17 @@ class PublishReply(Protocol):
 
     def publish_result(self, status: ops.PublishStatus) -> None: ...
 
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        """``publish_result(PublishStatus(PUBLISH_OK, closure, subject, Position(epoch,
+        seq)))``: what the local path says of each acknowledged publish (a session
+        encodes it without making the status)."""
+
     def flush(self) -> None: ...
+
+
+def publish_ok_status(closure: str | None, subject: str, epoch: int, seq: int) -> ops.PublishStatus:
+    """The status :meth:`PublishReply.publish_ok` stands for."""
+    return ops.PublishStatus(ops.Status.PUBLISH_OK, closure, subject, Position(epoch, seq))
 
 
 class PublishPath(Protocol):
@@ -85,12 +96,7 @@ class LocalPublishing:
                 if reply is not None:
                     self.timings.ack.observe(elapsed)
         if reply is not None:
-            reply.publish_result(
-                ops.new_publish_status(
-                    ops.Status.PUBLISH_OK, message.closure, message.subject,
-                    positioned.position, None,
-                )
-            )
+            reply.publish_ok(message.closure, message.subject, positioned.epoch, positioned.seq)
 
     def statistics(self) -> dict[str, Any]:
         return {"mode": "single"}

@@ -39,7 +39,7 @@ import trio
 
 from migratory.model.message import Message
 from migratory.protocol import close_codes, ops
-from migratory.server.context import PublishPath, PublishReply
+from migratory.server.context import PublishPath, PublishReply, publish_ok_status
 
 log = logging.getLogger("migratory.drain")
 
@@ -93,6 +93,9 @@ class _Settling:
         self.pending -= 1
         self.reply.publish_result(status)
         self._drain._settled(self)
+
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        self.publish_result(publish_ok_status(closure, subject, epoch, seq))
 
     def flush(self) -> None:
         self.reply.flush()

@@ -23,7 +23,7 @@ from migratory.protocol.http_server import (
     UpgradeRequested,
 )
 from migratory.server import http_routes
-from migratory.server.context import ServerContext
+from migratory.server.context import ServerContext, publish_ok_status
 from migratory.server.http_routes import JSON, Reply, error
 from migratory.server.mqtt_store import SESSION_PREFIX
 from migratory.server.publish_rules import check_publish
@@ -188,6 +188,9 @@ class HttpFront:
         code, body = publish_reply(status)
         self._respond(Reply(code, body, JSON))
         self._process()  # requests that arrived meanwhile
+
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        self.publish_result(publish_ok_status(closure, subject, epoch, seq))
 
     def flush(self) -> None:
         self._session.flush()

@@ -23,6 +23,7 @@ from migratory.model.topic import InvalidTopicError, topic_to_subject
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.server.admission import PublishRate
+from migratory.server.context import publish_ok_status
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import MqttDelivery
 from migratory.server.mqtt_inflight import Inflight
@@ -253,6 +254,9 @@ class MqttSession(MqttDelivery):
         """MQTT 3.1.1 has no negative acknowledgement: a refused operation closes."""
         log.info("%s: %s: closing", self.describe(), reason, extra=self.log_fields())
         self.close(close_codes.BAD_OPERATION.code, reason)
+
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        self.publish_result(publish_ok_status(closure, subject, epoch, seq))
 
     def publish_result(self, status: ops.PublishStatus) -> None:
         """The outcome of a QoS 1 publish, or of saving the session record."""

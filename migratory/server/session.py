@@ -389,6 +389,10 @@ class Session:
         """Queue the outcome of a publish; the publish path flushes (see ``flush``)."""
         self.send_op(status)
 
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        """A ``PUBLISH_OK`` (PublishReply), its frame encoded straight from the fields."""
+        self._send(ws.encode_binary(ops.encode_publish_ok(closure, subject, epoch, seq)))
+
     def flush(self) -> None:
         self._link.flush_now()
 

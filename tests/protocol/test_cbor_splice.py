@@ -107,3 +107,16 @@ def test_past_the_remembered_epochs_positions_are_still_right() -> None:
         message = Message("/a/b", b"x", epoch=epoch * 65_537, seq=epoch)
         assert ops.encode_message(message) == _message_payload(message)
     assert len(cbor_splice._EPOCH_PARTS) <= cbor_splice._EPOCH_PARTS_LIMIT
+
+
+@settings(max_examples=200)
+@given(closure=st.none() | any_text, subject=any_text, epoch=integers | st.just(2**64),
+       seq=integers)
+def test_publish_ok_is_the_publish_status_it_stands_for(
+    closure: str | None, subject: str, epoch: int, seq: int
+) -> None:
+    op = ops.PublishStatus(ops.Status.PUBLISH_OK, closure, subject, Position(epoch, seq))
+    _same_or_same_error(
+        lambda: ops.encode_publish_ok(closure, subject, epoch, seq),
+        lambda: ops.encode_server_op(op),
+    )

@@ -9,15 +9,20 @@ from migratory.config import load_config
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.app import build_hub
-from migratory.server.context import TRIO_CLOCK, LocalPublishing
+from migratory.server.context import TRIO_CLOCK, LocalPublishing, publish_ok_status
 
 
 class Reply:
     def __init__(self) -> None:
         self.results: list[ops.PublishStatus] = []
+        self.oks: list[tuple[str | None, str, int, int]] = []
 
     def publish_result(self, status: ops.PublishStatus) -> None:
         self.results.append(status)
+
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        self.oks.append((closure, subject, epoch, seq))
+        self.publish_result(publish_ok_status(closure, subject, epoch, seq))
 
     def flush(self) -> None:
         pass
@@ -49,3 +54,16 @@ def test_outside_trio_nothing_is_timed_and_publishes_still_go_through() -> None:
     assert publishing.timings.ack.count == 0
     assert reply.results[0].status is ops.Status.PUBLISH_OK
     assert reply.results[0].position.seq == 1
+
+
+def test_an_acknowledged_publish_is_told_with_publish_ok_at_its_position() -> None:
+    """The local path acknowledges with ``publish_ok`` (no PublishStatus made), the
+    closure the client gave and the position the hub gave."""
+    hub = build_hub(load_config())
+    publishing = LocalPublishing(hub)
+    reply = Reply()
+    publishing.submit(Message("/a/b", b"x", closure="c1"), reply, 0.0)
+    publishing.submit(Message("/a/b", b"y", closure="c2"), reply, 0.0)
+    position = hub.position("/a/b")
+    assert position is not None
+    assert reply.oks == [("c1", "/a/b", position.epoch, 1), ("c2", "/a/b", position.epoch, 2)]
