@@ -38,12 +38,16 @@ import os
 import platform
 import socket
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 SYS_IO_URING_SETUP = 425
 SYS_IO_URING_ENTER = 426
+SYS_IO_URING_REGISTER = 427
+
+IORING_REGISTER_IOWQ_MAX_WORKERS = 19
 
 IORING_SETUP_SQPOLL = 1 << 1
 IORING_SETUP_SQ_AFF = 1 << 2
@@ -64,6 +68,8 @@ IORING_SQ_CQ_OVERFLOW = 1 << 1
 IORING_OFF_SQ_RING = 0
 IORING_OFF_SQES = 0x10000000
 
+IOSQE_ASYNC = 1 << 4  # always punt the request to an io-wq worker thread
+
 IORING_OP_SEND = 26
 MSG_NOSIGNAL = 0x4000
 
@@ -79,10 +85,13 @@ PARAMS = struct.Struct("<10I8IQ8IQ")
 assert SQE_HEAD.size == 40 and PARAMS.size == 120 and CQE.size == CQE_SIZE
 
 
-def pack_send_sqe(fd: int, address: int, length: int, user_data: int) -> bytes:
+def pack_send_sqe(fd: int, address: int, length: int, user_data: int, sqe_flags: int = 0) -> bytes:
     """The first 40 bytes of an ``IORING_OP_SEND`` SQE (MSG_NOSIGNAL, no MSG_DONTWAIT:
-    a send the socket cannot take now is retried by the kernel when it is writable)."""
-    return SQE_HEAD.pack(IORING_OP_SEND, 0, 0, fd, 0, address, length, MSG_NOSIGNAL, user_data)
+    a send the socket cannot take now is retried by the kernel when it is writable);
+    ``sqe_flags`` such as ``IOSQE_ASYNC``."""
+    return SQE_HEAD.pack(
+        IORING_OP_SEND, sqe_flags, 0, fd, 0, address, length, MSG_NOSIGNAL, user_data
+    )
 
 
 @dataclass(frozen=True)
@@ -130,11 +139,13 @@ class RingError(OSError):
 
 class Ring:
     """One io_uring: ``prepare_send`` writes SQEs, ``submit`` publishes them (and wakes
-    or enters the kernel), ``reap`` returns the completions as (user_data, res)."""
+    or enters the kernel), ``reap`` returns the completions as (user_data, res).
+    ``sqe_flags`` go on every SQE (``IOSQE_ASYNC``: the kernel hands each send to its
+    io-wq worker threads instead of trying it inline in ``io_uring_enter``)."""
 
     def __init__(
         self, sq_entries: int, cq_entries: int, *, sqpoll: bool, sq_idle_ms: int = 10,
-        sq_cpu: int | None = None,
+        sq_cpu: int | None = None, sqe_flags: int = 0,
     ) -> None:  # fmt: skip
         if platform.machine() != "x86_64":
             raise RingError(0, "the memory-ordering assumptions hold on x86-64 only")
@@ -146,6 +157,7 @@ class Ring:
         self._xchg.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int]
         self._xchg.restype = ctypes.c_uint32
         self.sqpoll = sqpoll
+        self.sqe_flags = sqe_flags
         flags = IORING_SETUP_CQSIZE | IORING_SETUP_SINGLE_ISSUER
         flags |= IORING_SETUP_SQPOLL if sqpoll else IORING_SETUP_COOP_TASKRUN
         if sqpoll and sq_cpu is not None:
@@ -196,7 +208,8 @@ class Ring:
         slot = self._tail & self.sq_mask
         SQE_HEAD.pack_into(
             self._sqes, slot * SQE_SIZE,
-            IORING_OP_SEND, 0, 0, fd, 0, address, length, MSG_NOSIGNAL, user_data,
+            IORING_OP_SEND, self.sqe_flags, 0, fd, 0, address, length, MSG_NOSIGNAL,
+            user_data,
         )  # fmt: skip
         self._tail = (self._tail + 1) & 0xFFFFFFFF
 
@@ -236,6 +249,18 @@ class Ring:
         if not self.sqpoll:
             self._enter(0, 0, IORING_ENTER_GETEVENTS)
 
+    def max_workers(self, bounded: int, unbounded: int) -> tuple[int, int]:
+        """Cap this task's io-wq workers (``IORING_REGISTER_IOWQ_MAX_WORKERS``; 0 leaves a
+        cap as it is; sends to sockets go to the unbounded pool); the previous caps."""
+        values = (ctypes.c_uint32 * 2)(bounded, unbounded)
+        result = self._libc.syscall(
+            SYS_IO_URING_REGISTER, self.fd, IORING_REGISTER_IOWQ_MAX_WORKERS, values, 2
+        )
+        if result < 0:
+            err = ctypes.get_errno()
+            raise RingError(err, f"IORING_REGISTER_IOWQ_MAX_WORKERS: {os.strerror(err)}")
+        return values[0], values[1]
+
     def fdinfo(self) -> dict[str, str]:
         """The kernel's own account of the ring (``SqThreadCpu``, ``SqTotalTime`` ...)."""
         info = {}
@@ -266,10 +291,18 @@ class Ring:
 
 class UringSender:
     """SEND SQEs through a ``Ring``; one send in flight per connection, buffers referenced
-    until their completion, short and ``-EAGAIN`` completions resubmitted (counted)."""
+    until their completion, short and ``-EAGAIN`` completions resubmitted (counted).
+    ``submit_every`` (s): ``flush`` reaps every call but publishes the prepared SQEs only
+    that long after the last publication (unless forced; ``idle`` always does), so an SQ
+    thread with a shorter idle time sleeps in between."""
 
-    def __init__(self, socks: list[socket.socket], ring: Ring, frame: bytes) -> None:
-        self.name = "sqpoll" if ring.sqpoll else "uring"
+    def __init__(
+        self, socks: list[socket.socket], ring: Ring, frame: bytes, *,
+        name: str | None = None, submit_every: float = 0.0,
+    ) -> None:  # fmt: skip
+        self.name = name or ("sqpoll" if ring.sqpoll else "uring")
+        self.submit_every = submit_every
+        self.submitted_at = 0.0
         self.ring = ring
         self.fds = [sock.fileno() for sock in socks]
         self.frame_bytes = frame
@@ -316,13 +349,19 @@ class UringSender:
                 joined = ctypes.create_string_buffer(frames, len(frames))
                 self._start(index, joined, ctypes.addressof(joined), 0, len(frames))
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
         self.reap()
+        if self.submit_every and not force:
+            now = time.monotonic()
+            if now - self.submitted_at < self.submit_every:
+                return
+            self.submitted_at = now
         self.ring.submit()
 
     def idle(self) -> bool:
         self.ring.run_task_work()
-        self.flush()
+        self.reap()
+        self.ring.submit()
         return not self.flying and not self.queued
 
     def close(self) -> dict[str, Any]:

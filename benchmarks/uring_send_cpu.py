@@ -11,7 +11,7 @@ For N loopback TCP connections (default 10,000, then 1,000) drained by reader pr
 - ``sweep``: ``--rounds`` rounds ``--interval`` s apart, one send to every connection
   per round -- the one-subject floor's shape, each send waking a sleeping reader.
 
-and three ways:
+and five ways:
 
 - ``send``: ``sock.send(frame)`` on non-blocking sockets, what the server does today; a
   partial send or ``EAGAIN`` keeps the rest in an outbox retried each pass (counted);
@@ -22,12 +22,24 @@ and three ways:
   and sent as one buffer after its CQE); buffers are referenced until their CQE; a short
   completion is resubmitted for the rest, a ``-EAGAIN`` resubmitted, both counted;
 - ``uring``: the same without SQPOLL, one ``io_uring_enter`` per pass (the sends run
-  inside it, on the sending thread).
+  inside it, on the sending thread);
+- ``async``: ``uring`` with every SEND SQE flagged ``IOSQE_ASYNC``: the kernel hands
+  each send to its io-wq worker threads (``iou-wrk-*``, threads of this process that
+  sleep when idle) instead of doing it inside ``io_uring_enter``; ``--iowq-workers N``
+  caps them (``IORING_REGISTER_IOWQ_MAX_WORKERS``; sends go to the unbounded pool),
+  ``--async-submit-ms T`` submits only every T ms (bigger batches per enter);
+- ``sqpoll-lazy``: ``sqpoll`` with the tail published only every ``--lazy-submit-ms``
+  (5) and ``sq_thread_idle`` ``--lazy-idle-ms`` (1), so the SQ thread can sleep between
+  submissions (woken with ``IORING_ENTER_SQ_WAKEUP`` when it set ``NEED_WAKEUP``); the
+  loop's passes stay ~1 ms, a send waits up to the submit interval before it goes out.
 
 Reported per delivery: the sending thread's CPU (``time.thread_time``), the process's
-(``time.process_time``: every task of the thread group, the ``iou-sqp`` thread included),
-the difference being the SQ thread's (the only other thread of this process; its
-``/proc/self/task/<tid>/stat`` ticks proved unreliable here) and the ring's own
+(``time.process_time``: every task of the thread group, the ``iou-sqp`` and ``iou-wrk``
+threads included), the difference being the kernel threads' ("other"), split by name
+from each task's ``/proc/self/task/<tid>/schedstat`` (ns of CPU; the ``stat`` ticks
+proved unreliable here): ``iou-sqp``, ``iou-wrk`` and "exited" (threads gone by the
+end of the run, io-wq workers retire after ~5 s idle: process - thread - live others),
+and the ring's own
 ``SqWorkTime`` / ``SqTotalTime`` (fdinfo: the time it did work / was awake, polling
 included), the readers', and the machine's CPU (``/proc/stat``, % of one core, 200 %
 here); for the sweep also the time from the round's start until the last reader had
@@ -35,8 +47,10 @@ its frame. Every run checks that every connection received exactly the bytes sen
 
     .venv/bin/python benchmarks/uring_send_cpu.py [--connections 10000 1000]
         [--rate 40000] [--duration 4] [--rounds 15] [--interval 0.25]
-        [--methods send sqpoll uring] [--shapes paced sweep] [--sq-idle-ms 10]
-        [--sq-cpu K] [--work-us 0] [--json out.json]
+        [--methods send sqpoll uring async sqpoll-lazy] [--shapes paced sweep]
+        [--sq-idle-ms 10] [--sq-cpu K] [--iowq-workers 0] [--lazy-submit-ms 5]
+        [--async-submit-ms 0]
+        [--lazy-idle-ms 1] [--work-us 0] [--json out.json]
 
 ``--work-us W`` adds W us of other Python work per delivery on the sending thread (a
 stand-in for the rest of the server's per-message cost) to see whether the rate holds.
@@ -53,6 +67,7 @@ import select
 import socket
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from multiprocessing.connection import Connection
@@ -61,7 +76,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from uring_ring import Ring, RingError, UringSender
+from uring_ring import IOSQE_ASYNC, Ring, RingError, UringSender
 
 FRAME = b"\x82\x7e\x00\x96" + b"x" * 150  # a 154-byte binary WebSocket frame
 TICK = 0.001  # the sending loop's pass, as an event loop's
@@ -148,11 +163,42 @@ def _machine_busy() -> tuple[int, int]:
     return sum(values[:8]) - idle, sum(values[:8])
 
 
+def _tasks() -> dict[int, tuple[str, int]]:
+    """This process's threads: tid -> (name, ns of CPU from ``schedstat``)."""
+    tasks = {}
+    for entry in os.scandir("/proc/self/task"):
+        try:
+            with open(f"{entry.path}/comm") as comm, open(f"{entry.path}/schedstat") as stat:
+                tasks[int(entry.name)] = (comm.read().strip(), int(stat.read().split()[0]))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread exited meanwhile
+    return tasks
+
+
+def thread_split(
+    start: dict[int, tuple[str, int]], end: dict[int, tuple[str, int]], loop_tid: int,
+    others_s: float,
+) -> dict[str, float]:  # fmt: skip
+    """Seconds of CPU of the threads other than the loop's, by kind: ``iou-sqp``,
+    ``iou-wrk``, ``other`` (any other name) among the threads alive at the end, and
+    ``exited``: ``others_s`` (process - loop thread) minus those."""
+    split = {"iou-sqp": 0.0, "iou-wrk": 0.0, "other": 0.0}
+    for tid, (name, ns) in end.items():
+        if tid == loop_tid:
+            continue
+        kind = name[:7] if name[:7] in ("iou-sqp", "iou-wrk") else "other"
+        split[kind] += (ns - start.get(tid, (name, 0))[1]) / 1e9
+    split["exited"] = max(0.0, others_s - sum(split.values()))
+    return split
+
+
 class Meter:
-    """CPU of the sending thread, the process, its SQ thread, the readers and the box."""
+    """CPU of the sending thread, the process, its kernel threads, the readers, the box."""
 
     def __init__(self, readers: list[int]) -> None:
         self.readers = readers
+        self.loop_tid = threading.get_native_id()
+        self.tasks = _tasks()
         self.start = self._sample()
 
     def _sample(self) -> dict[str, float]:
@@ -166,14 +212,22 @@ class Meter:
 
     def stop(self, deliveries: int) -> dict[str, Any]:
         end, start = self._sample(), self.start
+        tasks = _tasks()
         d = {key: end[key] - start[key] for key in end}
         per = 1e6 / max(deliveries, 1)
+        split = thread_split(self.tasks, tasks, self.loop_tid, d["process"] - d["thread"])
+        workers = sum(1 for name, _ns in tasks.values() if name.startswith("iou-wrk"))
         return {
+            **{f"{kind}_us": seconds * per for kind, seconds in split.items()},
+            "iou_wrk_alive": workers,
             "thread_us": d["thread"] * per, "process_us": d["process"] * per,
-            # the process's other threads: here only the kernel's iou-sqp thread
+            # the process's other threads: the kernel's iou-sqp / iou-wrk threads
             "sq_thread_us": max(0.0, d["process"] - d["thread"]) * per,
             "readers_us": d["readers"] * per,
             "machine_pct": 100 * (os.cpu_count() or 1) * d["busy"] / max(d["total"], 1),
+            # this benchmark's own share (the sending process and its readers), which
+            # other load on a shared machine does not inflate
+            "ours_pct": 100 * (d["process"] + d["readers"]) / max(d["wall"], 1e-9),
             "wall_s": d["wall"],
         }  # fmt: skip
 
@@ -207,7 +261,7 @@ class PlainSender:
         else:
             self.outbox.pop(index, None)
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
         for index, rest in list(self.outbox.items()):
             self._write(index, rest)
 
@@ -268,9 +322,17 @@ class Harness:
         if method == "send":
             return PlainSender(self.socks)
         entries = 1 << max(len(self.socks) - 1, 1).bit_length()
-        ring = Ring(min(entries, 32768), min(2 * entries, 65536), sqpoll=method == "sqpoll",
-                    sq_idle_ms=options.sq_idle_ms, sq_cpu=options.sq_cpu)  # fmt: skip
-        return UringSender(self.socks, ring, FRAME)
+        lazy = method == "sqpoll-lazy"
+        ring = Ring(
+            min(entries, 32768), min(2 * entries, 65536), sqpoll=method.startswith("sqpoll"),
+            sq_idle_ms=options.lazy_idle_ms if lazy else options.sq_idle_ms,
+            sq_cpu=options.sq_cpu, sqe_flags=IOSQE_ASYNC if method == "async" else 0,
+        )  # fmt: skip
+        if method == "async" and options.iowq_workers:
+            ring.max_workers(options.iowq_workers, options.iowq_workers)
+        every_ms = {"sqpoll-lazy": options.lazy_submit_ms, "async": options.async_submit_ms}
+        submit_every = every_ms.get(method, 0.0) / 1e3
+        return UringSender(self.socks, ring, FRAME, name=method, submit_every=submit_every)
 
     def check(self) -> tuple[bool, list[Any]]:
         """Wait until every reader has every byte sent (or the timeout); the mark times."""
@@ -339,7 +401,7 @@ class Harness:
             for index in range(count):
                 sender.send(index)
                 self.sent[index] += len(FRAME)
-            sender.flush()
+            sender.flush(force=True)
             walls.append(time.monotonic() - t0)
             cpu += time.thread_time() - c0
             starts.append(t0)
@@ -366,8 +428,10 @@ def _line(result: dict[str, Any]) -> str:
     text = (
         f"{result['shape']:>5} {result['connections']:>6} {result['method']:>6}: "
         f"thread {result['thread_us']:5.2f} us/delivery, process {result['process_us']:5.2f}, "
-        f"other threads (SQ) {result['sq_thread_us']:5.2f}, readers {result['readers_us']:5.2f}, "
-        f"machine {result['machine_pct']:3.0f} %"
+        f"other threads {result['sq_thread_us']:5.2f} (iou-sqp {result['iou-sqp_us']:.2f}, "
+        f"iou-wrk {result['iou-wrk_us']:.2f}, exited {result['exited_us']:.2f}, "
+        f"{result['iou_wrk_alive']} iou-wrk alive), readers {result['readers_us']:5.2f}, "
+        f"machine {result['machine_pct']:3.0f} % (this benchmark {result['ours_pct']:3.0f} %)"
     )
     if result["shape"] == "sweep":
         spans = result["last_reader_ms"]
@@ -378,11 +442,10 @@ def _line(result: dict[str, Any]) -> str:
         )
     else:
         text += (
-            f"; {result['rate']:,.0f} sends/s, behind schedule max "
-            f"{result['behind_max_ms']:.1f} ms"
+            f"; {result['rate']:,.0f} sends/s, behind schedule max {result['behind_max_ms']:.1f} ms"
         )
     counts = result["counts"]
-    if result["method"] == "sqpoll" and "SqTotalTime" in counts:  # us since the ring was set up
+    if result["method"].startswith("sqpoll") and "SqTotalTime" in counts:  # us since set-up
         per = result["deliveries"]
         text += (
             f"; SQ thread awake {int(counts['SqTotalTime']) / per:5.2f} us/delivery, "
@@ -400,14 +463,35 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--methods", nargs="+", default=["send", "sqpoll", "uring"],
-                        choices=["send", "sqpoll", "uring"])  # fmt: skip
+                        choices=["send", "sqpoll", "uring", "async", "sqpoll-lazy"])  # fmt: skip
     parser.add_argument("--shapes", nargs="+", default=["paced", "sweep"],
                         choices=["paced", "sweep"])  # fmt: skip
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--sq-idle-ms", type=int, default=10)
     parser.add_argument("--sq-cpu", type=int, default=None, help="pin the SQ thread")
-    parser.add_argument("--work-us", type=float, default=0.0,
-                        help="other Python work per delivery on the sending thread (paced)")
+    parser.add_argument(
+        "--iowq-workers",
+        type=int,
+        default=0,
+        help="async: cap the io-wq workers (0: the kernel's default)",
+    )
+    parser.add_argument(
+        "--lazy-submit-ms",
+        type=float,
+        default=5.0,
+        help="sqpoll-lazy: publish the SQ tail this often",
+    )
+    parser.add_argument(
+        "--async-submit-ms", type=float, default=0.0,
+        help="async: enter the kernel only this often (0: every ~1 ms pass)",
+    )  # fmt: skip
+    parser.add_argument("--lazy-idle-ms", type=int, default=1, help="sqpoll-lazy: sq_thread_idle")
+    parser.add_argument(
+        "--work-us",
+        type=float,
+        default=0.0,
+        help="other Python work per delivery on the sending thread (paced)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args()
     options.duration = min(options.duration, 20.0)

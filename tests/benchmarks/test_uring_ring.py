@@ -14,7 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from uring_ring import Ring, RingError, RingLayout, pack_send_sqe, setup_params
+from uring_ring import (
+    IOSQE_ASYNC,
+    Ring,
+    RingError,
+    RingLayout,
+    UringSender,
+    pack_send_sqe,
+    setup_params,
+)
 
 
 def test_send_sqe_fields_sit_at_the_kernel_offsets() -> None:
@@ -29,6 +37,19 @@ def test_send_sqe_fields_sit_at_the_kernel_offsets() -> None:
     assert struct.unpack_from("<Q", sqe, 16) == (0x1122334455667788,)
     assert struct.unpack_from("<II", sqe, 24) == (154, 0x4000)  # MSG_NOSIGNAL, no DONTWAIT
     assert struct.unpack_from("<Q", sqe, 32) == (9999,)
+
+
+def test_send_sqe_carries_its_flags_in_byte_one() -> None:
+    sqe = pack_send_sqe(fd=7, address=64, length=2, user_data=1, sqe_flags=IOSQE_ASYNC)
+    assert sqe[1] == 0x10  # IOSQE_ASYNC_BIT 4: punt to io-wq
+    assert sqe[0] == 26 and struct.unpack_from("<i", sqe, 4) == (7,)
+
+
+def _ring(sq_entries: int, cq_entries: int, **options: object) -> Ring:
+    try:
+        return Ring(sq_entries, cq_entries, **options)  # type: ignore[arg-type]
+    except RingError as error:
+        pytest.skip(f"io_uring not allowed here: errno {error.errno} {error}")
 
 
 def test_params_round_trip_the_setup_fields_and_offsets() -> None:
@@ -48,12 +69,15 @@ def test_params_round_trip_the_setup_fields_and_offsets() -> None:
     assert (layout.cq_overflow, layout.cqes) == (44, 64)
 
 
-@pytest.mark.parametrize("sqpoll", [True, False], ids=["sqpoll", "enter"])
-def test_a_ring_sends_every_byte_and_completes_each_send_once(sqpoll: bool) -> None:
-    try:
-        ring = Ring(8, 16, sqpoll=sqpoll, sq_idle_ms=1)
-    except RingError as error:
-        pytest.skip(f"io_uring not allowed here: errno {error.errno} {error}")
+@pytest.mark.parametrize(
+    ("sqpoll", "sqe_flags"),
+    [(True, 0), (False, 0), (False, IOSQE_ASYNC)],
+    ids=["sqpoll", "enter", "async"],
+)
+def test_a_ring_sends_every_byte_and_completes_each_send_once(sqpoll: bool, sqe_flags: int) -> None:
+    ring = _ring(8, 16, sqpoll=sqpoll, sq_idle_ms=1, sqe_flags=sqe_flags)
+    if sqe_flags:
+        ring.max_workers(1, 1)  # one io-wq worker does every send
     left, right = socket.socketpair()
     right.settimeout(5)
     buffers = [ctypes.create_string_buffer(b"%02d" % i, 2) for i in range(20)]
@@ -76,3 +100,33 @@ def test_a_ring_sends_every_byte_and_completes_each_send_once(sqpoll: bool) -> N
         right.close()
     assert received == b"".join(b"%02d" % i for i in range(20))
     assert sorted(completions) == [(100 + i, 2) for i in range(20)]
+
+
+def test_io_wq_worker_caps_are_set_and_read_back() -> None:
+    ring = _ring(8, 16, sqpoll=False)
+    try:
+        ring.max_workers(2, 1)
+        assert ring.max_workers(0, 0) == (2, 1)  # 0 changes nothing, answers the caps
+    finally:
+        ring.close()
+
+
+def test_a_sender_with_a_submit_interval_publishes_only_when_due_or_forced() -> None:
+    ring = _ring(8, 16, sqpoll=False)
+    left, right = socket.socketpair()
+    right.settimeout(0.2)
+    sender = UringSender([left], ring, b"ab", submit_every=60.0)
+    try:
+        sender.flush()  # the first flush is due: nothing to publish, the clock starts
+        sender.send(0)
+        sender.flush()  # not due for 60 s: the SQE stays unpublished
+        with pytest.raises(TimeoutError):
+            right.recv(8)
+        assert sender.ring.enters == 0
+        sender.flush(force=True)
+        assert right.recv(8) == b"ab"
+        assert sender.ring.enters == 1
+    finally:
+        sender.close()
+        left.close()
+        right.close()
