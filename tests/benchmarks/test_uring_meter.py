@@ -1,4 +1,4 @@
-"""benchmarks/uring_send_cpu.py: the CPU of the process's other threads, split by kind."""
+"""benchmarks/uring_meter.py: the CPU of the process's other threads, split by kind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from uring_send_cpu import thread_split
+from uring_meter import thread_split
 
 
 def test_other_threads_are_split_by_name_and_the_rest_counted_as_exited() -> None:
