@@ -87,6 +87,16 @@ SETTINGS: tuple[Setting, ...] = (
             "carries: 20 (with BatchTime 10) cut the server's CPU per TLS delivery by 13-15 % "
             "at 100,000 deliveries/s for 2-4 ms more at the median, p99 unchanged "
             "(docs/tls.md). An idle client is still written at once (BatchIdleWrite)."),
+    Setting("SendPath", "send_path", _choice("socket", "io_uring"), "socket",
+            "How batches are written to clients. socket: a non-blocking send() on the event "
+            "loop's thread. io_uring (Linux 5.19+, x86-64): each write goes to the kernel's "
+            "io-wq worker threads (IOSQE_ASYNC), so the send's kernel work (~7-10 us a write) "
+            "runs on another core and the loop thread keeps ~2-3 us of it; it pays when one "
+            "core is the limit and another has room (many subjects at high rates), and costs "
+            "a few us more per write when the server is not busy. TLS clients keep send(). "
+            "Where io_uring is refused (Docker's default seccomp profile, "
+            "kernel.io_uring_disabled) the server logs a warning and uses send(). See "
+            "docs/benchmarks.md, \"io_uring without a polling core\"."),
     Setting("MaxBatchingSpace", "max_batching_space", _int(1, unit=" of bytes"), "65536",
             "A client's batch is written as soon as it holds this many bytes."),
     Setting("MaxMessageSize", "max_message_size", _int(1, unit=" of bytes"), "131072",
@@ -155,6 +165,7 @@ class Config:
     batch_time: int
     batch_idle_write: bool
     encrypted_batch_time: int
+    send_path: str
     max_batching_space: int
     max_message_size: int
     max_frame_size: int

@@ -40,7 +40,8 @@ class Outbox:
     """
 
     __slots__ = (
-        "_batch_space", "_budget", "_frames", "_max_pending", "_pending_bytes", "_taken"
+        "_batch_space", "_budget", "_frames", "_max_pending", "_partial_head",
+        "_pending_bytes", "_taken", "_taken_bytes",
     )
 
     def __init__(
@@ -59,6 +60,8 @@ class Outbox:
         self._frames: list[bytes] = []
         self._pending_bytes = 0
         self._taken: list[bytes] | None = None  # the frames of the last batch taken
+        self._taken_bytes = 0  # its length
+        self._partial_head = False  # the first frame is the unwritten rest of a frame
         self._budget = budget
 
     def __bool__(self) -> bool:
@@ -122,6 +125,8 @@ class Outbox:
         if self._budget is not None:
             self._budget.used -= self._pending_bytes
         self._pending_bytes = 0
+        self._taken_bytes = len(batch)
+        self._partial_head = False
         return batch
 
     def requeue_unsent(self, rest: bytes) -> None:
@@ -139,6 +144,7 @@ class Outbox:
             self._budget.used += len(rest)
         if taken is None:  # the batch was one frame
             self._frames.insert(0, rest)
+            self._partial_head = len(rest) < self._taken_bytes
             return
         sent = sum(map(len, taken)) - len(rest)
         end = 0
@@ -148,15 +154,18 @@ class Outbox:
                 break
         cut = end - sent  # bytes left of the frame the write stopped in
         self._frames[0:0] = [rest[:cut], rest[cut:]] if cut < len(rest) else [rest]
+        self._partial_head = cut < len(frame)
 
     def discard(self, *, keep_first: bool = False) -> int:
         """Drop pending frames (all, or all but the first); return the bytes dropped.
 
         ``keep_first`` keeps a partially written frame so that what follows it on the
-        wire (a close frame) still lines up with frame boundaries.
+        wire (a close frame) still lines up with frame boundaries; a first frame none of
+        which was written is dropped like the others.
         """
         frames = self._frames
-        first = frames.pop(0) if keep_first and frames else None
+        first = frames.pop(0) if keep_first and self._partial_head and frames else None
+        self._partial_head = first is not None
         dropped = self._pending_bytes - (len(first) if first is not None else 0)
         frames.clear()
         self._pending_bytes = 0

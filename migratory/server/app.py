@@ -46,6 +46,7 @@ from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.rebalance import Rebalancer
+from migratory.server.uring_writer import UringWriter, open_send_path
 from migratory.tls import server_context
 
 log = logging.getLogger("migratory.server")
@@ -196,6 +197,8 @@ class Server:
         self.listeners: list[Listener] = []  # as bound (port 0 resolved)
         self._tls: ssl.SSLContext | None = None
         self.monitor_address: tuple[str, int] | None = None
+        # SendPath = io_uring: the writes of plain connections (uring_writer.py); None: send()
+        self.uring: UringWriter | None = None
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -222,6 +225,9 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                self.uring = open_send_path(self.config.send_path)  # uring_writer.py
+                if self.uring is not None:
+                    nursery.start_soon(self.uring.run)
                 for sock, listener in zip(listeners, self.listeners, strict=True):
                     nursery.start_soon(self._accept_loop, sock, listener)
                 if not self.write_immediately:
@@ -328,8 +334,18 @@ class Server:
         write per subscriber)."""
         urgent, self.urgent = self.urgent, set()
         self.written |= urgent
-        for connection in urgent:
-            connection.flush()
+        self._flush_each(urgent)
+
+    def _flush_each(self, connections: set[Connection]) -> None:
+        uring = self.uring
+        if uring is not None:
+            uring.hold()  # their sends in one submission
+        try:
+            for connection in connections:
+                connection.flush()
+        finally:
+            if uring is not None:
+                uring.release()
 
     def wake_idle_writes(self) -> None:
         """Have the idle-write task write what waits (processing ended without doing so)."""
@@ -347,10 +363,10 @@ class Server:
 
     def flush_dirty(self) -> None:
         dirty = self.dirty
-        if dirty:
-            self.dirty = set()
-            for connection in dirty:
-                connection.flush()
+        if not dirty:
+            return
+        self.dirty = set()
+        self._flush_each(dirty)
 
     def batch_tick(self) -> None:
         """Write every batch that waits; remember whom (deliveries written by this tick or

@@ -16,6 +16,8 @@ encrypted batch waits in ``_cipher`` (at most one batch) before the next is take
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import socket
 import ssl
@@ -51,8 +53,9 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection:
     __slots__ = (
-        "_cipher", "_closed", "_held", "_marked", "_read_scope", "_tls", "address",
-        "batch_slowly", "handshaking", "listener", "server", "session", "sock", "writing",
+        "_cipher", "_closed", "_fd", "_flying", "_held", "_marked", "_read_scope", "_tls",
+        "address", "batch_slowly", "handshaking", "listener", "server", "session", "sock",
+        "writing",
     )
 
     def __init__(
@@ -72,6 +75,8 @@ class Connection:
         self._cipher = b""  # encrypted bytes of a batch the socket took only part of
         self.session: Session | MqttSession = self._new_session(peer)
         self.writing = False  # a partial write is pending; a drain task owns the socket
+        self._flying = False  # a send through the server's io_uring is in flight (SendPath)
+        self._fd = sock.fileno()
         self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
         self._held = 0  # bytes of incomplete frames counted in the server's budget
@@ -133,6 +138,11 @@ class Connection:
         else:
             ctx.batch_sizes.observe(frames)
         batch = outbox.take()
+        uring = self.server.uring
+        if uring is not None:  # SendPath = io_uring: sent() follows
+            self.writing = self._flying = True
+            uring.send(self._fd, batch, self)
+            return True
         try:
             sent = self.sock.send(batch)
         except BlockingIOError:
@@ -182,6 +192,32 @@ class Connection:
             return False
         return not self.session.outbox or not tls.ready
 
+    def sent(self, batch: bytes, result: int) -> None:
+        """The io_uring's send of ``batch`` completed (``SendPath = io_uring``): bytes
+        written, or ``-errno``. The rest of a short send goes back in front of the
+        outbox; what was queued meanwhile is written now."""
+        self._flying = False
+        self.writing = False
+        if self._closed:
+            self.sock.close()  # _abort left it open while the send was in flight
+            return
+        outbox = self.session.outbox
+        if result < 0:
+            if result != -errno.EAGAIN:
+                self._abort()
+                return
+            outbox.requeue_unsent(batch)  # the socket was full: wait until it is not
+            self.writing = True
+            self.server.nursery.start_soon(self._drain)
+            return
+        stats = self.server.ctx.stats
+        stats.writes += 1
+        stats.bytes_written += result
+        if result < len(batch):
+            outbox.requeue_unsent(batch[result:])
+        if self._pending():
+            self.flush()
+
     async def _drain(self) -> None:
         """Wait for writability until the outbox is empty (the kernel buffer was full)."""
         try:
@@ -192,7 +228,7 @@ class Connection:
         except (trio.ClosedResourceError, OSError):
             self._abort()
         finally:
-            self.writing = False
+            self.writing = self._flying  # its last write may have gone to the io_uring
 
     # --- reading ------------------------------------------------------------------
 
@@ -340,11 +376,18 @@ class Connection:
                 held = 0  # closing freed what the decoder held
                 limits.hold_incomplete(-self._held)
             self._held = held
-        self.flush()
-        if server.write_immediately:
-            server.flush_dirty()
-        elif server.urgent:
-            server.write_urgent()
+        uring = server.uring
+        if uring is not None:
+            uring.hold()  # this client's replies and its deliveries: one submission
+        try:
+            self.flush()
+            if server.write_immediately:
+                server.flush_dirty()
+            elif server.urgent:
+                server.write_urgent()
+        finally:
+            if uring is not None:
+                uring.release()
 
     def _become_mqtt(self, now: float) -> None:
         """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over
@@ -407,4 +450,10 @@ class Connection:
             self.session.outbox.discard()  # its bytes leave the OutboxMemoryBudget
         self.server.forget(self)
         trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
+        if not self._flying:
+            self.sock.close()
+            return
+        # a send in flight through the io_uring names the fd: sent() closes the socket once
+        # it completes, and a send waiting for room (a reader that stopped) ends at once
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)

@@ -63,11 +63,14 @@ def test_a_cut_batch_keeps_only_the_tail_of_the_cut_frame() -> None:
         assert outbox.pending_bytes == len(batch) - sent
         outbox.discard(keep_first=True)
         tail = outbox.take()
-        assert tail  # a frame was cut: its tail stays so a close frame lines up
+        if sent % len(frames[0]):
+            assert tail  # a frame was cut: its tail stays so a close frame lines up
+        else:
+            assert not tail  # the write ended on a boundary: no frame begun, none kept
         # what was sent plus the tail ends on a frame boundary
         decoder = ws.FrameDecoder(client_frames=False)
         events = decoder.events(batch[:sent] + tail)
-        assert decoder.buffered == 0 and 1 <= len(events) <= 5
+        assert decoder.buffered == 0 and (1 if sent else 0) <= len(events) <= 5
         assert len(tail) <= 1004
 
 

@@ -116,3 +116,30 @@ def test_discard_all_or_all_but_the_partially_written_first() -> None:
     outbox.enqueue(b"dd")
     assert outbox.discard() == 2
     assert not outbox and outbox.pending_bytes == 0
+
+
+def test_discard_keeps_no_first_frame_of_which_nothing_was_written() -> None:
+    # a write that took nothing (the socket full), or frames queued while a write of
+    # their own is in flight (SendPath = io_uring): the close frame may follow at once
+    outbox = Outbox(batch_space=100, max_pending=1000)
+    outbox.enqueue(b"aaaa")
+    outbox.enqueue(b"bbbb")
+    batch = outbox.take()
+    outbox.requeue_unsent(batch)  # nothing written
+    assert outbox.discard(keep_first=True) == 8
+    assert not outbox
+    outbox.enqueue(b"cccc")  # queued behind a batch still in flight
+    assert outbox.discard(keep_first=True) == 4
+    outbox.enqueue(b"dddd")
+    batch = outbox.take()
+    outbox.requeue_unsent(batch)  # one frame, nothing written
+    assert outbox.discard(keep_first=True) == 4
+
+
+def test_discard_keeps_the_rest_of_a_single_frame_written_in_part() -> None:
+    outbox = Outbox(batch_space=100, max_pending=1000)
+    outbox.enqueue(b"abcdef")
+    outbox.requeue_unsent(outbox.take()[2:])
+    outbox.enqueue(b"gh")
+    assert outbox.discard(keep_first=True) == 2
+    assert outbox.take() == b"cdef"

@@ -77,6 +77,20 @@ def end(sock: socket.socket, n: int) -> None:
         sock.close()
 
 
+def require_io_uring(server: Any) -> None:
+    """The server writes through io_uring (SendPath = io_uring), or the test is skipped
+    with the reason it logged (a kernel or seccomp profile without io_uring)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        log = server.log()
+        if "through io_uring" in log:
+            return
+        if "SendPath = io_uring is not available" in log:
+            pytest.skip(log[log.index("SendPath = io_uring is not available"):].splitlines()[0])
+        time.sleep(0.05)
+    raise AssertionError(f"the server said nothing of its send path:\n{server.log()}")
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -184,15 +198,18 @@ def one_round(server: Any, tls: ssl.SSLContext, tls_port: int, round_no: int) ->
         end(device.sock, n)
 
 
+@pytest.mark.parametrize("send_path", ["socket", "io_uring"])
 def test_clients_that_come_and_go_leave_nothing_behind(
-    start_server: Any, tls_files: dict[str, str]
+    start_server: Any, tls_files: dict[str, str], send_path: str
 ) -> None:
-    server = start_server(
+    server = start_server(SendPath=send_path,
         listeners=2, ListenEncrypted="127.0.0.1:0", TlsCertificate=tls_files["TlsCertificate"],
         TlsKey=tls_files["TlsKey"], ListenMqtt="127.0.0.1:0", BatchTime="0",
         HandshakeTimeout="2", GcThresholds="100,1,1",
         MaxConnectionsPerAddress=str(AT_ONCE + 5),
     )
+    if send_path == "io_uring":
+        require_io_uring(server)
     tls_port = int(server.urls[1].rsplit(":", 1)[1])
     tls = ssl.create_default_context(cafile=tls_files["ca"])
     pid = server.proc.pid
