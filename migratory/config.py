@@ -93,7 +93,9 @@ SETTINGS: tuple[Setting, ...] = (
             "io-wq worker threads (IOSQE_ASYNC), so the send's kernel work (~7-10 us a write) "
             "runs on another core and the loop thread keeps ~2-3 us of it; it pays when one "
             "core is the limit and another has room (many subjects at high rates), and costs "
-            "a few us more per write when the server is not busy. TLS clients keep send(). "
+            "a few us more per write when the server is not busy. Above 30,000 writes/s the "
+            "writes of up to 10 ms go to the kernel together (a write waits at most that "
+            "long); below, each at once. TLS clients keep send(). "
             "Where io_uring is refused (Docker's default seccomp profile, "
             "kernel.io_uring_disabled) the server logs a warning and uses send(). See "
             "docs/benchmarks.md, \"io_uring without a polling core\"."),

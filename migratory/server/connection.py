@@ -116,7 +116,8 @@ class Connection:
         if session.aborted:
             self._abort()
             return
-        if not self.writing and self._pending() and not self._write():
+        pending = session.outbox if self._tls is None else self._pending()
+        if pending and not self.writing and not self._write():
             self.writing = True
             self.server.nursery.start_soon(self._drain)
         if session.closing and self._read_scope is not None:
@@ -196,12 +197,18 @@ class Connection:
         """The io_uring's send of ``batch`` completed (``SendPath = io_uring``): bytes
         written, or ``-errno``. The rest of a short send goes back in front of the
         outbox; what was queued meanwhile is written now."""
-        self._flying = False
-        self.writing = False
+        self._flying = self.writing = False
         if self._closed:
             self.sock.close()  # _abort left it open while the send was in flight
             return
         outbox = self.session.outbox
+        if result == len(batch):  # the usual case
+            stats = self.server.ctx.stats
+            stats.writes += 1
+            stats.bytes_written += result
+            if outbox:
+                self.flush()
+            return
         if result < 0:
             if result != -errno.EAGAIN:
                 self._abort()

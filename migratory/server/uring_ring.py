@@ -75,6 +75,7 @@ CQE_SIZE = 16
 # fd, off, addr, len, msg_flags, user_data.
 SQE_HEAD = struct.Struct("<BBHiQQIIQ")
 CQE = struct.Struct("<QiI")  # user_data, res, flags
+CQE_RESULT = struct.Struct("<Qi4x")  # user_data, res (flags skipped)
 # struct io_uring_params: 10 u32 (sq_entries .. resv[3]), then io_sqring_offsets and
 # io_cqring_offsets (8 u32 + one u64 each): 120 bytes.
 PARAMS = struct.Struct("<10I8IQ8IQ")
@@ -209,6 +210,11 @@ class Ring:
         )  # fmt: skip
         self._tail = (self._tail + 1) & 0xFFFFFFFF
 
+    @property
+    def prepared(self) -> int:
+        """SQEs written and not submitted yet."""
+        return (self._tail - self._published) & 0xFFFFFFFF
+
     def submit(self) -> None:
         """Publish the prepared SQEs: one tail store with a full barrier (see the module
         doc), then wake the SQ thread if it sleeps, or enter the kernel without SQPOLL."""
@@ -233,11 +239,15 @@ class Ring:
             self.overflow_flushes += 1
         head = words[layout.cq_head // 4]
         tail = words[layout.cq_tail // 4]  # acquire: loads are not reordered on x86-64
-        mask, base, rings = self.cq_mask, layout.cqes, self._rings
-        while head != tail:
-            user_data, res, _flags = CQE.unpack_from(rings, base + (head & mask) * CQE_SIZE)
-            out.append((user_data, res))
-            head = (head + 1) & 0xFFFFFFFF
+        count = (tail - head) & 0xFFFFFFFF
+        base, rings = layout.cqes, self._rings
+        while count:  # at most twice: up to the end of the ring, then from its start
+            start = head & self.cq_mask
+            run = min(count, self.cq_mask + 1 - start)
+            offset = base + start * CQE_SIZE
+            out.extend(CQE_RESULT.iter_unpack(rings[offset : offset + run * CQE_SIZE]))
+            head = (head + run) & 0xFFFFFFFF
+            count -= run
         words[layout.cq_head // 4] = head  # release: after the CQE loads, by TSO
 
     def run_task_work(self) -> None:

@@ -136,7 +136,7 @@ def test_the_completions_wake_the_writer_task(writer: UringWriter) -> None:
 def test_where_io_uring_is_refused_the_server_writes_with_send(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def refuse() -> UringWriter:
+    def refuse(**_options: float) -> UringWriter:
         raise UringUnavailable("io_uring_setup: Operation not permitted")
 
     monkeypatch.setattr(UringWriter, "open", staticmethod(refuse))
