@@ -30,6 +30,7 @@ import trustme
 from httpclient import SseClient
 from mqttclient import MqttRawClient, stats
 from rawclient import RawClient
+from tls_files import write_tls_files
 
 from migratory.model.message import Message
 from migratory.protocol import mqtt
@@ -52,16 +53,7 @@ connection kept alive (planted in Server.forget): +13,443 for 527 clients."""
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> dict[str, str]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"TlsCertificate": tmp_path / "cert.pem", "TlsKey": tmp_path / "key.pem",
-             "ca": tmp_path / "ca.pem"}
-    cert.private_key_pem.write_to_path(str(paths["TlsKey"]))
-    with paths["TlsCertificate"].open("wb") as out:
-        for blob in cert.cert_chain_pems:
-            out.write(blob.bytes())
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    return {key: str(path) for key, path in paths.items()}
+    return write_tls_files(trustme.CA(), tmp_path)
 
 
 def reset(sock: socket.socket) -> None:

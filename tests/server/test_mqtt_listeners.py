@@ -15,6 +15,7 @@ import pytest
 import trustme
 from mqttclient import MqttRawClient, wait_subscriptions
 from paho_client import PahoClient
+from tls_files import write_tls_files
 
 from migratory.config import Config, ConfigError
 from migratory.protocol import mqtt
@@ -23,16 +24,7 @@ from migratory.protocol.http import handshake_request, new_websocket_key
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> dict[str, str]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"TlsCertificate": tmp_path / "cert.pem", "TlsKey": tmp_path / "key.pem",
-             "ca": tmp_path / "ca.pem"}
-    cert.private_key_pem.write_to_path(str(paths["TlsKey"]))
-    with paths["TlsCertificate"].open("wb") as out:
-        for blob in cert.cert_chain_pems:
-            out.write(blob.bytes())
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    return {key: str(path) for key, path in paths.items()}
+    return write_tls_files(trustme.CA(), tmp_path)
 
 
 def test_subscribe_only_mqtt_port_refuses_publishes(start_server: Any, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import trio
 import trustme
 from httpclient import HttpClient, SseClient
 from prometheus_client.parser import text_string_to_metric_families
+from tls_files import write_tls_files
 
 from migratory.config import Config, ConfigError
 
@@ -30,15 +31,7 @@ def ca() -> trustme.CA:
 
 @pytest.fixture
 def tls_files(ca: trustme.CA, tmp_path: Path) -> dict[str, str]:
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"TlsCertificate": tmp_path / "cert.pem", "TlsKey": tmp_path / "key.pem",
-             "ca": tmp_path / "ca.pem"}
-    cert.private_key_pem.write_to_path(str(paths["TlsKey"]))
-    with paths["TlsCertificate"].open("wb") as out:
-        for blob in cert.cert_chain_pems:
-            out.write(blob.bytes())
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    return {key: str(path) for key, path in paths.items()}
+    return write_tls_files(ca, tmp_path)
 
 
 def start_tls(start_server: Any, files: dict[str, str], **settings: str) -> tuple[Any, int]:
