@@ -62,6 +62,9 @@ class NullSocket:
         self.sent = 0
         self.writes = 0
 
+    def fileno(self) -> int:
+        return -1
+
     def send(self, data: bytes) -> int:
         self.writes += 1
         self.sent += len(data)
