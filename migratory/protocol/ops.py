@@ -210,9 +210,7 @@ def encode_publish_ok(closure: str | None, subject: str, epoch: int, seq: int) -
     """``encode_server_op(PublishStatus(PUBLISH_OK, closure, subject, Position(epoch,
     seq)))`` without making the status and its position (the local publish path's
     acknowledgement, once per publish)."""
-    spliced = cbor_splice.publish_status(
-        "PUBLISH_OK", subject, closure, epoch, seq, None
-    )
+    spliced = cbor_splice.publish_ok(closure, subject, epoch, seq)
     if spliced is not None:
         return spliced
     return _encode_publish_status(

@@ -120,3 +120,19 @@ def test_publish_ok_is_the_publish_status_it_stands_for(
         lambda: ops.encode_publish_ok(closure, subject, epoch, seq),
         lambda: ops.encode_server_op(op),
     )
+
+
+@pytest.mark.parametrize("seq", [0, 23, 24, 255, 256, 65536, 2**64 - 1])
+def test_a_remembered_epoch_splices_the_same_bytes_as_a_new_one(seq: int) -> None:
+    # the message and PUBLISH_OK splices write the remembered epoch's part inline
+    epoch = 2**40 + seq % 1000
+    cbor_splice._EPOCH_PARTS.pop(epoch, None)
+    message = Message("/a/b", b"x", epoch=epoch, seq=seq)
+    op = ops.PublishStatus(ops.Status.PUBLISH_OK, "c", "/a/b", Position(epoch, seq))
+    for _ in ("new", "remembered"):
+        assert ops.encode_message(message) == _message_payload(message)
+        assert cbor_splice.publish_ok("c", "/a/b", epoch, seq) == cbor2.dumps(
+            ops.publish_status_map(op)
+        )
+    assert epoch in cbor_splice._EPOCH_PARTS
+    assert cbor_splice.publish_ok(None, "/a/b", epoch, seq) is None  # no closure: the map
