@@ -180,7 +180,14 @@ class SubjectCache:
                 f"epoch {message.epoch} differs from cached epoch {newest[_EPOCH]}"
                 f" of {message.subject!r}; reset the cache for a new epoch"
             )
-        entry = _entry(message, now)
+        if message.fields:
+            entry = _entry(message, now)
+        else:  # _entry written out for the usual message (three calls less per publish)
+            entry = (
+                now, message.epoch, seq, message.subject, message.content, (),
+                message.retained, message.qos._value_, message.closure, message.type._value_,
+                message.size(),
+            )
         grown = 1
         if entries is not None:  # the usual case of a busy subject: first, and cheap
             if len(entries) == self._max_messages:

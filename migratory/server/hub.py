@@ -87,7 +87,9 @@ class Hub(MessageSinks):
 
     def publish(self, message: Message, now: float) -> Message:
         """Number ``message`` with its subject's next position and fan it out."""
-        state = self._state(message.subject)
+        state = self._subjects.get(message.subject)  # (_state's lookup inline: per publish)
+        if state is None:
+            state = self._state(message.subject)
         positioned = new_message(  # not dataclasses.replace: ~3 % of a publish's CPU
             message.subject, message.content, message.fields, message.retained, message.qos,
             None, state.epoch, state.seq + 1, MessageType.UPDATE,

@@ -258,3 +258,24 @@ def test_append_says_how_much_the_cache_grew(max_messages: int) -> None:
     for seq in range(1, 6):
         before = len(cache)
         assert cache.append(msg(seq), 0.0) == len(cache) - before
+
+
+def test_a_message_without_fields_is_stored_as_any_other_and_read_back_whole() -> None:
+    # append writes the entry of a message without fields out inline; every kind of one
+    # must come back the message it was, and count its encoded bound
+    from migratory.model.cache import _entry
+    from migratory.model.message import MessageType, Qos
+
+    cache = SubjectCache(max_messages=10)
+    messages = [
+        Message(SUBJECT, b"a", epoch=7, seq=1),
+        Message(SUBJECT, b"b", {"k": "v"}, epoch=7, seq=2),
+        Message(SUBJECT, b"c", retained=True, qos=Qos.GUARANTEED, closure="c3", epoch=7,
+                seq=3, type=MessageType.SNAPSHOT),
+        Message("/é/ü", b"\xff" * 300, closure="c4", epoch=7, seq=4),
+    ]
+    for now, message in enumerate(messages):
+        cache.append(message, float(now))
+        assert cache._all[-1] == _entry(message, float(now))
+    assert cache.last(10) == messages
+    assert cache.bytes == sum(encoded_bound(m) for m in messages)
