@@ -141,6 +141,57 @@ def test_the_drain_gives_up_after_drain_time() -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+class AtOncePublishing:
+    """A path that settles each publish before submit returns (LocalPublishing's way)."""
+
+    settles_at_once = True
+
+    def __init__(self) -> None:
+        self.submitted: list[str | None] = []
+        self.timings = PublishTimings()
+
+    def submit(self, message: Message, reply: Any, now: float) -> None:
+        self.submitted.append(message.closure)
+        if reply is not None:
+            reply.publish_result(
+                ops.PublishStatus(ops.Status.PUBLISH_OK, message.closure, message.subject)
+            )
+
+    def statistics(self) -> dict[str, Any]:
+        return {}
+
+
+def test_an_at_once_path_is_called_directly_until_a_move_or_the_drain_starts() -> None:
+    drain, inner = Drain(30), AtOncePublishing()
+    publishing = drain.publishing(inner)
+    assert publishing.submit == inner.submit  # nothing to check: no wrapper per publish
+    moved, stays = FakeSession(), FakeSession()
+    drain.move([FakeConnection(moved)])  # c1 has nothing in flight: closed at once
+    assert moved.close_code == close_codes.DRAINED.code
+    assert publishing.submit == inner.submit
+    held, waits = FakeSession(), HeldPublishing()
+    drain.publishing(waits).submit(message("c1"), held, 0.0)  # in flight: its move waits
+    drain.move([FakeConnection(held)])
+    assert held.close_code is None and drain.moving
+    assert publishing.submit != inner.submit
+    publishing.submit(message("c2"), held, 0.0)
+    publishing.submit(message("c3"), stays, 0.0)
+    assert [(r.closure, r.status) for r in held.results] == [("c2", ops.Status.PUBLISH_FAILED)]
+    assert held.results[0].reason == REFUSED
+    assert [r.status for r in stays.results] == [ops.Status.PUBLISH_OK]
+    waits.settle()
+    drain.close_settled()  # held has nothing in flight: closed, the path steps aside again
+    assert held.close_code == close_codes.DRAINED.code and not drain.moving
+    assert publishing.submit == inner.submit
+    drain.draining = True
+    publishing.submit(message("c4"), stays, 0.0)
+    assert stays.results[-1].status is ops.Status.PUBLISH_FAILED
+    assert inner.submitted == ["c3"]
+    late = drain.publishing(AtOncePublishing())  # made while draining: checks from the start
+    late.submit(message("c5"), stays, 0.0)
+    assert stays.results[-1].reason == REFUSED and drain.refused == 3
+
+
 # --- the promise on the wire, with a real session ------------------------------------
 
 
