@@ -16,13 +16,13 @@ without two committed entries, an acknowledged command lost) and that
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from listen_ports import listen_port
 from raft_planted import ClearsJournalAfterDump
 from raft_sim import RaftWorld
 
@@ -32,9 +32,7 @@ from cluster.raft_follower import FollowerSafeSyncObj
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return listen_port()  # below the ephemeral range: see listen_ports.py
 
 
 def seed(

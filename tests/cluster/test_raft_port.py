@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from listen_ports import listen_port
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
@@ -92,9 +93,7 @@ def conf(**extra: object) -> SyncObjConf:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return listen_port()  # below the ephemeral range: see listen_ports.py
 
 
 @pytest.fixture(params=[SeedLinkTransport, TCPTransport], ids=["ours", "pysyncobj"])

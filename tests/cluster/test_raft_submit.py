@@ -9,20 +9,14 @@ half-built state and submit.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
+from listen_ports import listen_port
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from cluster.raft import RaftCoordination
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Counter(SyncObjConsumer):  # type: ignore[misc]
@@ -39,7 +33,7 @@ class Counter(SyncObjConsumer):  # type: ignore[misc]
 def test_pysyncobj_itself_fails_a_submit_while_its_names_are_rebuilt() -> None:
     """Why the override exists; if this fails, pysyncobj changed."""
     counter = Counter()
-    syncobj = SyncObj(f"127.0.0.1:{free_port()}", [], conf=SyncObjConf(autoTick=False),
+    syncobj = SyncObj(f"127.0.0.1:{listen_port()}", [], conf=SyncObjConf(autoTick=False),
                       consumers=[counter])
     try:
         syncobj._SyncObj__currentVersionFuncNames = {}  # mid-rebuild, as a dump loads
@@ -50,7 +44,7 @@ def test_pysyncobj_itself_fails_a_submit_while_its_names_are_rebuilt() -> None:
 
 
 def test_a_submit_while_a_dump_loads_still_commits() -> None:
-    port = free_port()
+    port = listen_port()
     committed = []
     raft = RaftCoordination(
         self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],

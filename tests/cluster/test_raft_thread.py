@@ -10,19 +10,17 @@ shows up here) and show that :class:`cluster.raft.RaftCoordination` keeps tickin
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
+from listen_ports import listen_port
 from pysyncobj import SyncObj, SyncObjConf
 
 from cluster.raft import RaftCoordination
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return listen_port()  # below the ephemeral range: see listen_ports.py
 
 
 def built_in_a_thread(build):  # type: ignore[no-untyped-def]

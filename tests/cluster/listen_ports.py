@@ -1,0 +1,33 @@
+"""A port for a test's listener that no outgoing connection can take meanwhile.
+
+``bind(("127.0.0.1", 0))`` hands out a port from the kernel's ephemeral range -- the
+range every outgoing connection's local port comes from. Between the probe closing
+and the code under test binding it, any process's ``connect`` may take that number
+(pysyncobj then retries its bind and, unbound, never elects itself: a test's submit
+"never completed" once in CI). A port below the ephemeral range is only ever taken by
+a listener that asks for it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from cluster.up_checks import port_free
+
+
+def ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def listen_port() -> int:
+    """A free port on 127.0.0.1 below the ephemeral range (10000 up to it)."""
+    top = max(ephemeral_low(), 10_001)
+    for _ in range(200):
+        port = random.randrange(10_000, top)
+        if port_free(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
