@@ -1,11 +1,12 @@
 """A port for a test's listener that no outgoing connection can take meanwhile.
 
 ``bind(("127.0.0.1", 0))`` hands out a port from the kernel's ephemeral range -- the
-range every outgoing connection's local port comes from. Between the probe closing
-and the code under test binding it, any process's ``connect`` may take that number
-(pysyncobj then retries its bind and, unbound, never elects itself: a test's submit
-"never completed" once in CI). A port below the ephemeral range is only ever taken by
-a listener that asks for it.
+range every outgoing connection's local port comes from -- so between the probe
+closing and the code under test binding it, any process's ``connect`` may take that
+number. A port below the ephemeral range is only ever taken by a listener that asks
+for it. (Put in after ``test_a_submit_while_a_dump_loads_still_commits`` failed once in
+CI with "the submit never completed"; that was NOT this race: our Raft transport elects
+itself even with its port taken, checked with a squatting listener. Its cause is open.)
 """
 
 from __future__ import annotations
