@@ -30,6 +30,23 @@ class Counter(SyncObjConsumer):  # type: ignore[misc]
         return self.value
 
 
+def raft_state(raft: RaftCoordination) -> dict[str, object]:
+    """What a submit that never completes leaves to look at (it failed once in CI, not
+    since): pysyncobj's own status, its transport, its queue and tick thread."""
+    syncobj = raft.syncobj
+    status = syncobj.getStatus()
+    thread = getattr(syncobj, "_SyncObj__thread", None)
+    return {
+        "state": status.get("state"), "leader": status.get("leader"),
+        "term": status.get("raft_term"), "has_quorum": status.get("has_quorum"),
+        "commit_idx": status.get("commit_idx"), "last_applied": status.get("last_applied"),
+        "transport_ready": syncobj._SyncObj__transport.ready,
+        "queued_commands": len(syncobj._SyncObj__commandsQueue._FastQueue__queue),
+        "tick_thread_alive": None if thread is None else thread.is_alive(),
+        "names": dict(syncobj._SyncObj__currentVersionFuncNames),
+    }
+
+
 def test_pysyncobj_itself_fails_a_submit_while_its_names_are_rebuilt() -> None:
     """Why the override exists; if this fails, pysyncobj changed."""
     counter = Counter()
@@ -56,7 +73,7 @@ def test_a_submit_while_a_dump_loads_still_commits() -> None:
         outcome: list[object] = []
         raft.submit(2, [], lambda clsn, error, unknown: (outcome.append((clsn, error)),
                                                            done.set()))
-        assert done.wait(10), "the submit never completed"
+        assert done.wait(10), f"the submit never completed: {raft_state(raft)}"
         assert outcome == [(1, None)]
         deadline = time.monotonic() + 5
         while not committed and time.monotonic() < deadline:
