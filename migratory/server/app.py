@@ -7,7 +7,6 @@ import functools
 import logging
 import math
 import os
-import resource
 import signal
 import socket
 import ssl
@@ -39,6 +38,7 @@ from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
 from migratory.server.limits import ConnectionLimits, refusal_response
+from migratory.server.listen_sockets import open_listeners, raise_open_file_limit
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
@@ -65,47 +65,6 @@ def expire_budget(subjects: int, expire_seconds: float) -> int:
     second, ~7 ms of CPU per second for nothing: their messages last 180 s.)"""
     per_tick = math.ceil(subjects * TICK_SECONDS * EXPIRE_SWEEPS / expire_seconds)
     return max(1, min(EXPIRE_SUBJECTS_PER_TICK, per_tick))
-
-
-def raise_open_file_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; return the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return target
-        except (ValueError, OSError):
-            return soft
-    return soft
-
-
-def open_listeners(
-    addresses: Sequence[tuple[str, int]], *, reuse_port: bool = False
-) -> list[socket.socket]:
-    """Bound, listening, non-blocking sockets; ``reuse_port``: SO_REUSEPORT, so several
-    worker processes listen on one port and the kernel spreads connections over them."""
-    listeners = []
-    try:
-        for host, port in addresses:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            listeners.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                sock.bind((host, port))
-            except OSError as exc:
-                message = f"cannot listen on {host}:{port}: {exc.strerror}"
-                raise OSError(exc.errno, message) from None
-            sock.listen(4096)
-            sock.setblocking(False)
-    except BaseException:
-        for sock in listeners:
-            sock.close()
-        raise
-    return listeners
 
 
 def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: bool = False) -> Hub:
