@@ -63,9 +63,12 @@ class CountingSink:
         self.frames += 1
 
 
-def frames(count: int, subjects: int, ack: bool, chunk: int) -> list[bytes]:
-    """The publish frames, joined ``chunk`` at a time (one ``recv`` each)."""
-    mask = os.urandom(4)
+def frames(
+    count: int, subjects: int, ack: bool, chunk: int, mask: bytes | None = None
+) -> list[bytes]:
+    """The publish frames (closure = the publish's number when ``ack``), joined ``chunk``
+    at a time (one ``recv`` each), masked with ``mask`` (a random one by default)."""
+    mask = os.urandom(4) if mask is None else mask
     out: list[bytes] = []
     batch = bytearray()
     for i in range(count):

@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cbor2
+from publish_path_cpu import frames
 
 from migratory.config import load_config
 from migratory.listeners import OPEN_LISTENER
@@ -94,18 +95,7 @@ def connect(server: Server, mask: bytes, name: str) -> Connection:
 
 def publish_chunks(count: int, subjects: int, chunk: int, mask: bytes) -> list[bytes]:
     """Acknowledged publishes (closure = the publish's number), ``chunk`` per bytes."""
-    out: list[bytes] = []
-    batch = bytearray()
-    for i in range(count):
-        op = {"op": "publish", "subject": f"/bench/s/{i % subjects}", "content": b"x" * 100,
-              "closure": str(i)}
-        batch += ws.encode_masked_binary(cbor2.dumps(op), mask)
-        if (i + 1) % chunk == 0:
-            out.append(bytes(batch))
-            batch.clear()
-    if batch:
-        out.append(bytes(batch))
-    return out
+    return frames(count, subjects, True, chunk, mask)
 
 
 def build(subscribers: int) -> tuple[Server, Connection, list[Connection], bytes]:
