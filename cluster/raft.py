@@ -150,6 +150,8 @@ class RaftStatus:
     at: float = 0.0
     linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
     front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
+    listen_error: str | None = None
+    """Why the Raft port cannot be bound (pysyncobj retries it; no election meanwhile)."""
 
     @property
     def has_leader(self) -> bool:
@@ -207,6 +209,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             self._next_digest = now + DIGEST_PERIOD
             self._digest = coordinator.digest()
         raw = self.getStatus()
+        transport = self._SyncObj__transport
         # pysyncobj keeps the last leader it saw while it is connected to no one (it
         # holds no election then): without a quorum of connections there is no leader
         leader = raw.get("leader") if raw.get("has_quorum") else None
@@ -222,7 +225,8 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             digest=self._digest,
             at=now,
             linked=tuple(sorted(str(n.id) for n in self.otherNodes if self.isNodeConnected(n))),
-            front=self._SyncObj__transport.front_statistics(),
+            front=transport.front_statistics(),
+            listen_error=transport.listen_error(),
         )
 
 
@@ -372,6 +376,7 @@ class RaftCoordination:
             "coordinator_digest": snap.digest,
             "raft_linked_seeds": list(snap.linked),
             "raft_front": asdict(snap.front),
+            "raft_listen_error": snap.listen_error,
         }
 
     def close(self) -> None:

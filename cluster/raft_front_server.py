@@ -40,6 +40,8 @@ listen backlog (TcpServer's 5 was full as soon as 5 peers connected between two 
 ACCEPTS_PER_WAKEUP = 16
 """TcpServer accepts one connection per poll; a flood of connections then starves a seed."""
 _WARN_EVERY = 10.0
+BIND_LOG_EVERY = 30.0
+"""Seconds between two log lines about a Raft port that still cannot be bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,10 @@ class FrontServer:
         self._waiting: dict[int, _Waiting] = {}  # fileno -> socket (insertion: oldest first)
         self._counts: dict[str, int] = {}
         self._warned: dict[Refusal, float] = {}
+        self.bind_error: str | None = None
+        """Why the last attempt to listen failed (``None``: listening, or not tried yet)."""
+        self._bind_failures = 0
+        self._bind_logged = 0.0
 
     def statistics(self) -> FrontStatistics:
         return FrontStatistics(pending=len(self._waiting), **self._counts)
@@ -108,21 +114,45 @@ class FrontServer:
         self._counts[what] = self._counts.get(what, 0) + 1
 
     def bind(self) -> None:
-        """As ``TcpServer.bind``: raises if the address cannot be bound."""
+        """As ``TcpServer.bind``: raises if the address cannot be bound.
+
+        pysyncobj swallows that error and tries again every ``bindRetryTime``, without a
+        word, while the seed holds no election and commits nothing: a Raft port held by
+        another process left a seed silently out of its cluster (and a test's submit
+        waiting for ever). Here each failure is kept in :attr:`bind_error` (the seed's
+        readiness reports it) and logged: the first at once, then every
+        :data:`BIND_LOG_EVERY` seconds while it lasts."""
         sock = socket.socket(_getAddrType(self._host), socket.SOCK_STREAM)
         try:
             self._set_options(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self._host, self._port))
             sock.listen(MAX_PENDING)  # TcpServer: 5, which a few idle peers fill
-        except OSError:
+        except OSError as exc:
             sock.close()
+            self._bind_failed(exc)
             raise
+        if self._bind_failures:
+            log.warning("Raft: listening on %s:%d at last, after %d failed attempts",
+                        self._host, self._port, self._bind_failures)
+        self.bind_error, self._bind_failures = None, 0
         self._socket = sock
         self.fileno = sock.fileno()
         self._poller.subscribe(
             self.fileno, self._on_accept, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         )
+
+    def _bind_failed(self, exc: OSError) -> None:
+        self.bind_error = f"cannot listen on {self._host}:{self._port}: {exc.strerror or exc}"
+        self._bind_failures += 1
+        now = time.monotonic()
+        if self._bind_failures == 1 or now - self._bind_logged >= BIND_LOG_EVERY:
+            self._bind_logged = now
+            log.error(
+                "Raft: %s (attempt %d); this seed takes no part in Raft until it can: "
+                "the Raft port is the cluster port + 1, stop what holds it",
+                self.bind_error, self._bind_failures,
+            )
 
     def unbind(self) -> None:
         """Stop listening (connections waiting for their preamble stay: ``close_waiting``)."""

@@ -126,6 +126,12 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
     def front_statistics(self) -> FrontStatistics:
         return FrontStatistics() if self._server is None else self._server.statistics()
 
+    def listen_error(self) -> str | None:
+        """Why the Raft port is not listening, while it is not (``None`` otherwise)."""
+        if self._ready or self._server is None:
+            return None
+        return self._server.bind_error
+
     def _onOutgoingConnected(self, conn: Any) -> None:
         """The dial completed: the preamble goes first, before pysyncobj's first message
         (which ``TCPTransport._onOutgoingConnected`` queues and sends)."""

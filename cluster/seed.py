@@ -163,6 +163,8 @@ class SeedCoordination:
         status = self.raft_status
         if status is None:
             return "Raft is starting (loading its log)"
+        if status.listen_error is not None:
+            return f"Raft {status.listen_error} (retrying)"
         if not status.ready:
             return "member has not caught up with Raft yet"
         silent = time.monotonic() - status.at

@@ -24,11 +24,18 @@ def ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
-def listen_port() -> int:
-    """A free port on 127.0.0.1 below the ephemeral range (10000 up to it)."""
-    top = max(ephemeral_low(), 10_001)
+def listen_port(span: int = 1) -> int:
+    """A free port on 127.0.0.1 below the ephemeral range (10000 up to it), and the
+    ``span - 1`` ports after it free too."""
+    top = max(ephemeral_low() - span, 10_001)
     for _ in range(200):
         port = random.randrange(10_000, top)
-        if port_free(port):
+        if all(port_free(port + i) for i in range(span)):
             return port
     raise RuntimeError("no free port below the ephemeral range")
+
+
+def seed_port() -> int:
+    """A cluster port for a :class:`~cluster.raft.RaftCoordination`: it and its Raft
+    port (the next one) free."""
+    return listen_port(span=2)

@@ -69,3 +69,9 @@ def test_a_seed_that_keeps_up_under_load_stays_ready(tmp_path: Path) -> None:
             leader_commit=1000 * step + 300, last_applied=1000 * step,
         ))
         assert seed.not_ready_reason() is None
+
+
+def test_a_seed_that_cannot_bind_its_raft_port_says_why(tmp_path: Path) -> None:
+    error = "cannot listen on 127.0.0.1:9002: Address already in use"
+    status = RaftStatus(state="follower", at=time.monotonic(), listen_error=error)
+    assert seed_with_status(tmp_path, status).not_ready_reason() == f"Raft {error} (retrying)"

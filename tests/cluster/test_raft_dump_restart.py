@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from listen_ports import listen_port
+from listen_ports import seed_port
 from raft_planted import ClearsJournalAfterDump
 from raft_sim import RaftWorld
 
@@ -32,7 +32,7 @@ from cluster.raft_follower import FollowerSafeSyncObj
 
 
 def free_port() -> int:
-    return listen_port()  # below the ephemeral range: see listen_ports.py
+    return seed_port()  # it and its Raft port below the ephemeral range: listen_ports.py
 
 
 def seed(

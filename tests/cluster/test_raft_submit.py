@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from listen_ports import listen_port
+from listen_ports import listen_port, seed_port
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from cluster.raft import RaftCoordination
@@ -61,7 +61,7 @@ def test_pysyncobj_itself_fails_a_submit_while_its_names_are_rebuilt() -> None:
 
 
 def test_a_submit_while_a_dump_loads_still_commits() -> None:
-    port = listen_port()
+    port = seed_port()
     committed = []
     raft = RaftCoordination(
         self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],

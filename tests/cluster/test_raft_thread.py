@@ -13,14 +13,14 @@ from __future__ import annotations
 import threading
 import time
 
-from listen_ports import listen_port
+from listen_ports import seed_port
 from pysyncobj import SyncObj, SyncObjConf
 
 from cluster.raft import RaftCoordination
 
 
 def free_port() -> int:
-    return listen_port()  # below the ephemeral range: see listen_ports.py
+    return seed_port()  # it and its Raft port below the ephemeral range: listen_ports.py
 
 
 def built_in_a_thread(build):  # type: ignore[no-untyped-def]
