@@ -424,6 +424,22 @@ def parse_set_options(items: Iterable[str]) -> dict[str, str]:
     return values
 
 
+def read_config_file(path: str | os.PathLike[str]) -> str:
+    """The file's text: UTF-8, with or without the byte-order mark some editors write;
+    anything else is a :class:`ConfigError` naming the file and the line."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -434,10 +450,7 @@ def load_config(
     all merged first (later wins), then parsed and checked once."""
     layers = []
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        text = read_config_file(path)
         layers.append(Layer(str(path), parse_config_text(text, source=str(path))))
     layers.append(Layer("environment", env_overrides(os.environ if environ is None else environ)))
     layers.append(Layer("--set", overrides or {}))

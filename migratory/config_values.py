@@ -34,7 +34,10 @@ def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[
             raise ValueError(f"expected a whole number{unit}, got {text!r}") from None
         if value < minimum or (maximum is not None and value > maximum):
             upper = "" if maximum is None else f" and <= {maximum}"
-            raise ValueError(f"must be >= {minimum}{upper}{unit}, got {value}")
+            noun = unit.removeprefix(" of ")
+            raise ValueError(
+                f"must be >= {minimum}{upper}{f' ({noun})' if noun else ''}, got {value}"
+            )
         return value
 
     return parse

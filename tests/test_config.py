@@ -181,3 +181,24 @@ def test_cors_origins_and_heartbeat() -> None:
             Config.from_mapping({"HttpCorsOrigins": bad})
     with pytest.raises(ConfigError, match="SseHeartbeatInterval: must be >= 1"):
         Config.from_mapping({"SseHeartbeatInterval": "0"})
+
+
+def test_a_file_with_a_byte_order_mark_reads_as_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "bom.conf"  # Notepad and some editors start UTF-8 files with a BOM
+    path.write_bytes(b"\xef\xbb\xbfListen = 127.0.0.1:9100\nServerName = caf\xc3\xa9\n")
+    config = load_config(path, environ={})
+    assert config.listen == (("127.0.0.1", 9100),)
+    assert config.server_name == "café"
+
+
+def test_a_file_not_in_utf8_is_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.conf"
+    path.write_bytes(b"Listen = 127.0.0.1:9100\nServerName = caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1.conf:2: not UTF-8 \(byte 0xe9\)"):
+        load_config(path, environ={})
+
+
+def test_a_range_error_names_the_unit() -> None:
+    with pytest.raises(ConfigError, match=r"BatchTime: must be >= 0 and <= 10000 "
+                                          r"\(milliseconds\), got -5"):
+        load_config(overrides={"BatchTime": "-5"}, environ={})
