@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 import trio
@@ -33,7 +34,8 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     pub.add_argument("--field", action="append", default=[], type=_field, metavar="K=V")
     pub.add_argument("--retained", action="store_true", help="make it the subject's snapshot")
     pub.add_argument("--qos", choices=[q.value for q in Qos], default=Qos.STANDARD.value)
-    pub.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the status")
+    pub.add_argument("--timeout", type=_positive_seconds, default=10.0,
+                     help="seconds to wait for the status")
     _add_connection_options(pub)
     pub.set_defaults(func=run_pub)
 
@@ -44,9 +46,12 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         "CONTENT is the text, or hex when it is not printable UTF-8.",
     )
     sub.add_argument("subjects", nargs="+", metavar="SUBJECT")
-    sub.add_argument("--history", type=int, default=0, metavar="N", help="last N cached first")
-    sub.add_argument("--conflation", type=int, default=0, metavar="MS", help="conflation period")
-    sub.add_argument("--count", type=int, default=None, metavar="N", help="stop after N messages")
+    sub.add_argument("--history", type=_count(0), default=0, metavar="N",
+                     help="last N cached first")
+    sub.add_argument("--conflation", type=_count(0), default=0, metavar="MS",
+                     help="conflation period")
+    sub.add_argument("--count", type=_count(1), default=None, metavar="N",
+                     help="stop after N messages")
     _add_connection_options(sub)
     sub.set_defaults(func=run_sub)
 
@@ -71,6 +76,29 @@ def _field(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"field {text!r} must be NAME=VALUE")
     return name, value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return seconds
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {minimum} or more")
+        return value
+
+    return parse
 
 
 def _servers(args: argparse.Namespace) -> list[str]:

@@ -7,7 +7,9 @@ import io
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import trio
 from sdk_fake_server import start_servers, trio_test, update
 
@@ -160,3 +162,29 @@ async def test_sub_exits_cleanly_on_ctrl_c() -> None:
                 process.kill()
                 await process.wait()
         nursery.cancel_scope.cancel()
+
+
+def test_bad_numbers_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in (
+        (("pub", "/a/b", "x", "--timeout", "-1"), "--timeout: '-1': must be more than 0"),
+        (("pub", "/a/b", "x", "--timeout", "nan"), "--timeout: 'nan': must be more than 0"),
+        (("sub", "/a/b", "--history", "-1"), "--history: '-1': must be 0 or more"),
+        (("sub", "/a/b", "--count", "0"), "--count: '0': must be 1 or more"),
+        (("sub", "/a/b", "--conflation", "soon"), "--conflation: 'soon' is not a whole"),
+    ):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+        assert message in capsys.readouterr().err
+
+
+@trio_test
+async def test_a_ca_file_that_is_missing_or_holds_no_certificate_is_named(tmp_path: Path) -> None:
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("just text\n")
+    for path, reason in ((str(not_pem), "no PEM certificate in it"),
+                         ("/nonexistent/ca.pem", "No such file or directory")):
+        out, err = io.StringIO(), io.StringIO()
+        args = parse("pub", "/a/b", "x", "--server", "wss://127.0.0.1:1", "--ca-file", path)
+        assert await _publish(args, out, err) == 1
+        assert err.getvalue() == f"migratory pub: CA file {path!r}: {reason}" + (
+            " (NO_CERTIFICATE_OR_CRL_FOUND)\n" if path == str(not_pem) else "\n")

@@ -394,7 +394,7 @@ async def connect(
     session whose token expired (close 4503) reconnects with a fresh one.
     """
     if tls is None and ca_file is not None:
-        tls = ssl.create_default_context(cafile=ca_file)
+        tls = _ca_context(ca_file)
     client = Client(
         parse_servers(servers),
         token=token,
@@ -426,3 +426,14 @@ def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:
         if not isinstance(only, BaseExceptionGroup):
             raise only from None
     raise group
+
+
+def _ca_context(ca_file: str) -> ssl.SSLContext:
+    """A context that trusts the PEM certificates in ``ca_file``; a file that cannot be
+    read or holds no certificate is a ``ValueError`` naming it."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except ssl.SSLError as exc:  # before OSError: it is one
+        raise ValueError(f"CA file {ca_file!r}: no PEM certificate in it ({exc.reason})") from None
+    except OSError as exc:
+        raise ValueError(f"CA file {ca_file!r}: {exc.strerror or exc}") from None
