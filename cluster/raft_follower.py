@@ -75,11 +75,11 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
-from cluster import raft_term_query, raft_unpickler
+from cluster import raft_data_dir, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
-from cluster.raft_votes import EmptyStart
+from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
 
 log = logging.getLogger("migratory.raft")
 
@@ -115,8 +115,11 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         # (leader, term) whose dump this follower is receiving, from its first part on
         # this link; None: no part but a first one is taken (see _install_dump)
         self._dump_source: tuple[Any, int] | None = None
+        journal = None if conf is None else conf.journalFile
+        if conf is not None and journal is not None:  # damage refused (raft_data_dir.py)
+            self._check_data_dir(journal, conf.fullDumpFile)
         # looked at before pysyncobj creates the journal (cluster/raft_votes.py)
-        self._empty_start = EmptyStart(None if conf is None else conf.journalFile)
+        self._empty_start = EmptyStart(journal)
         others = args[1] if len(args) > 1 else kwargs.get("otherNodes", ())
         self._term_quorum = raft_term_query.TermQuorum(  # (not with the test-only switch)
             others=len(others),
@@ -134,6 +137,9 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             return data
 
         self._SyncObj__serializer.deserialize = deserialize
+
+    def _check_data_dir(self, journal_file: str, dump_file: str | None) -> None:
+        raft_data_dir.check(journal_file, dump_file, journal_file + MARKER_SUFFIX)
 
     def _caught_up(self) -> None:
         """This empty-started seed holds what it may have acknowledged before: it is

@@ -5,6 +5,7 @@ simulated network of :mod:`raft_sim`."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,12 @@ def lose_the_disk(world: RaftWorld, address: str) -> None:
     world.lose_disk(address)
 
 
-def seed_loses_its_disk_while_another_is_down(node_class: type[Any]) -> tuple[RaftWorld, str]:
+def seed_loses_its_disk_while_another_is_down(
+    node_class: type[Any], lose: Callable[[RaftWorld, str], None] = lose_the_disk
+) -> tuple[RaftWorld, str]:
     """Leader A and follower B commit e1, e2 (C is cut off from A). B's disk is lost and
-    B restarts empty; A is down: only B and C are up, and C never had e1, e2."""
+    B restarts empty (or ``lose`` does something else to B); A is down: only B and C are
+    up, and C never had e1, e2."""
     world = RaftWorld(3, node_class=node_class, seed=1)
     for _ in range(20):
         world.step(0.05)
@@ -87,7 +91,7 @@ def seed_loses_its_disk_while_another_is_down(node_class: type[Any]) -> tuple[Ra
     world.tick(a)
     assert set(world.acknowledged) == {b"e1", b"e2"}
     world.crash(a)
-    lose_the_disk(world, b)
+    lose(world, b)
     for _ in range(60):
         world.step(0.05)
     return world, a
