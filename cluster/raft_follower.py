@@ -33,9 +33,9 @@ At start-up it keeps the journal entries after its own dump (see
 journal when a node had stopped between writing a compaction's dump and trimming its
 journal.
 
-A seed that started on an empty disk grants no vote that could lose what it had
-acknowledged before (:mod:`cluster.raft_votes`). Every other message (votes, snapshots,
-commands, replies) goes to pysyncobj unchanged.
+A seed that started on an empty disk grants no vote, and stands for no election, that
+could lose what it had acknowledged before (:mod:`cluster.raft_votes`). Every other
+message (votes, snapshots, commands, replies) goes to pysyncobj unchanged.
 The override reaches pysyncobj's private attributes by their mangled names, which is why
 the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
 checks both the bug in the base class and the fix, so a new pysyncobj version that
@@ -214,6 +214,11 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         if quorum.waiting:  # an empty-started seed asks for the current term
             for node in quorum.due(monotonicTime(), self._SyncObj__connectedNodes):
                 self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
+        if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            self._caught_up()  # a leader holds its own log (once it wrote an entry)
+        elif not self._empty_start.may_stand(self._SyncObj__getCurrentLogTerm()):
+            self._SyncObj__raftElectionDeadline = max(  # no candidacy (raft_votes.py)
+                self._SyncObj__raftElectionDeadline, monotonicTime() + 0.1)
         # pysyncobj checks the election deadline first, then polls: wake just past it
         # (cluster/raft_election_timer.py)
         super()._onTick(poll_timeout(
@@ -259,8 +264,6 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             return
         if self._term_message(node, message):
             return
-        if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
-            self._caught_up()  # a leader holds its own log (once it wrote an entry)
         kind = message.get("type")
         if kind == "append_entries" and message["term"] >= self._SyncObj__raftCurrentTerm:
             if "prevLogIdx" in message:

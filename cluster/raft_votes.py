@@ -13,6 +13,10 @@ do that; :class:`EmptyStart` makes the seed refuse instead:
   this module leaves until it has caught up, so a crash in between changes nothing);
 - while empty-started it grants its vote only to a candidate whose log is empty too
   (last log term 0): a brand-new cluster, where every seed starts empty, still elects;
+  and it stands for election only while its own log is empty: holding part of the
+  leader's log (the leader died while resending it), it was as long as the log of a
+  seed that lacks what this one had acknowledged, which then voted for it
+  (``test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_stand``);
 - it has caught up once its log matches a leader's up to the leader's commit index and
   the entry there is of the leader's term (or it is itself the leader of a brand-new
   cluster): such a leader has committed every entry of the terms before its own, and an
@@ -88,6 +92,7 @@ class EmptyStart:
         self.vote_floor = 0  # no vote in a term at or below this one
         self.refusals = 0
         self._refused_terms: set[int] = set()
+        self._held_back = False  # logged that it does not stand for election
         if self.active and self.marker is not None:
             with open(self.marker, "wb") as f:
                 f.write(b"this seed started without a Raft journal and has not caught up\n")
@@ -118,6 +123,23 @@ class EmptyStart:
         if self.active:
             return bool(request.get("last_log_term", 0) == 0)
         return bool(request.get("term", 0) > self.vote_floor)
+
+    def may_stand(self, last_log_term: int) -> bool:
+        """Whether to stand for election: not while empty-started with entries of a
+        leader's term in the log -- a prefix of it, maybe without what this seed had
+        acknowledged, yet as long as a seed's that lacks it, whose vote would elect it.
+        An empty log may stand (a brand-new cluster); it wins no vote from a seed with
+        entries."""
+        if self.planted or not self.active or last_log_term == 0:
+            return True
+        if not self._held_back:
+            self._held_back = True
+            log.warning(
+                "Raft: this seed started with an empty ClusterDataDir and holds only part "
+                "of the cluster's log: it does not stand for election until a leader has "
+                "sent it the rest (with the leader down as well, the cluster waits for it)"
+            )
+        return False
 
     def refused(self, candidate: Any, request: dict[str, Any]) -> None:
         self.refusals += 1

@@ -64,3 +64,12 @@ class VotesWithAnEmptyDisk(FollowerSafeSyncObj):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._empty_start.active = False
         self._term_quorum.waiting = False
+
+
+class StandsWithAPrefix(FollowerSafeSyncObj):  # type: ignore[misc]
+    """An empty-started seed that stands for election with part of the log (before
+    cluster/raft_votes.py's ``may_stand``); it still votes only for an empty log."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._empty_start.may_stand = lambda last_log_term: True

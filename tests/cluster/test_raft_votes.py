@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from raft_planted import VotesWithAnEmptyDisk
+from raft_planted import StandsWithAPrefix, VotesWithAnEmptyDisk
 from raft_sim import RaftWorld
 
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -195,6 +195,30 @@ def test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_vote(rounds: int)
         assert world.violations()[:1] == []
         assert world.leader() is None, "a leader without e1"
         assert world.nodes[b]._empty_start.active
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize("node_class", [FollowerSafeSyncObj, StandsWithAPrefix],
+                         ids=["ours", "planted"])
+def test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_stand(
+    node_class: type[Any],
+) -> None:
+    """B holds every entry C holds, but not e1, when A dies: not voting is not enough.
+    B stood for election, C voted for it (B's log is as long as its own), and B led
+    without e1 (entry 23 committed twice; found with these world seeds)."""
+    world = RaftWorld(3, node_class=node_class, seed=20, batch_bytes=450)
+    try:
+        a, b, c = empty_seed_fed_one_message_at_a_time(world, 5)
+        log_end = [world.nodes[x]._SyncObj__raftLog[-1][1] for x in (b, c)]
+        assert world.nodes[b]._empty_start.active and log_end[0] == log_end[1]
+        world.crash(a)
+        for _ in range(100):
+            world.step(0.05)
+        if node_class is FollowerSafeSyncObj:
+            assert world.leader() is None and world.violations() == []
+        else:
+            assert world.leader() == b and world.violations(), "the planted bug must be seen"
     finally:
         world.close()
 
