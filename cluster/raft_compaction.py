@@ -26,16 +26,26 @@ own factor between 1 and 1 + :data:`STAGGER` on both thresholds, fixed by its ad
 with one seed compacting at a time, the other two still commit, and the leader's own
 compaction stalled nothing measurable (traced: p99.9 9.5 ms in a window with all three
 compactions, 8 s apart).
+
+Once the dump is written, the journal drops the entries it holds in one step
+(:func:`trimmed`). pysyncobj 0.3.17 rewrote the journal in place -- the header's end of
+records set back to the start, then each kept entry added again -- so a seed killed
+during that rewrite (thousands of entries under load) restarted with only the first of
+the entries after the dump: a shorter log than it had acknowledged, without a word
+(``tests/cluster/test_raft_compaction.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj import syncobj as pysyncobj_syncobj
+from pysyncobj.journal import FileJournal
 from pysyncobj.syncobj import _RAFT_STATE
 
 log = logging.getLogger("migratory.raft")
@@ -51,6 +61,27 @@ def compaction_stagger(address: str) -> float:
     return 1.0 + STAGGER * random.Random(address).random()
 
 
+TRIM_SUFFIX = ".trim"
+
+
+def trimmed(journal: FileJournal, drop: int, path: str) -> FileJournal:
+    """``journal`` (pysyncobj's file journal at ``path``) without its first ``drop``
+    entries, written whole to ``path`` + :data:`TRIM_SUFFIX` and renamed over ``path``: a
+    process killed at any moment leaves the old journal or the new one, never a part."""
+    journal.onOneSecondTimer()  # the term, vote and commit index on disk (the .meta file)
+    kept = journal[drop:]
+    temporary = path + TRIM_SUFFIX
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(temporary)  # a trim killed before
+    trim = FileJournal(temporary)  # (no .meta of its own: it never stores one)
+    for entry in kept:
+        trim.add(*entry)
+    trim._destroy()
+    journal._destroy()
+    os.replace(temporary, path)
+    return FileJournal(path)
+
+
 class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
     """``SyncObj`` whose leader postpones compaction while a dump is being sent."""
 
@@ -60,6 +91,17 @@ class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
     _SyncObj__conf: Any
 
     _waiting_since: float | None = None  # class default: set before SyncObj.__init__ runs
+
+    def _SyncObj__deleteEntriesTo(self, to_index: int) -> None:
+        """The journal without its entries before ``to_index`` (the dump holds them)."""
+        journal = self._SyncObj__raftLog
+        drop = to_index - journal[0][1]
+        if drop <= 0:
+            return
+        if isinstance(journal, FileJournal):
+            self._SyncObj__raftLog = trimmed(journal, drop, self._SyncObj__conf.journalFile)
+        else:
+            journal.deleteEntriesTo(drop)
 
     def _SyncObj__tryLogCompaction(self) -> None:
         if self._dump_on_its_way():

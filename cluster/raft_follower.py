@@ -207,7 +207,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
                 "(stopped mid-compaction): dropping those, keeping the %d after it",
                 offset, last[1], len(journal) - offset - 2,
             )
-            journal.deleteEntriesTo(offset)
+            self._SyncObj__deleteEntriesTo(journal[offset][1])  # (raft_compaction.py)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         quorum = self._term_quorum

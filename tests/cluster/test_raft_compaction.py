@@ -3,10 +3,13 @@ real pysyncobj nodes on the simulated network of :mod:`raft_sim`."""
 
 from __future__ import annotations
 
+import pickle
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.journal import FileJournal
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 
@@ -129,3 +132,65 @@ def test_a_seed_raft_node_compacts_at_its_own_thresholds() -> None:
         assert conf.logCompactionMinTime == pytest.approx(10.0 * factor)
     finally:
         node.close()
+
+
+def journal_of(path: Path, entries: int) -> FileJournal:
+    journal = FileJournal(str(path))
+    for index in range(1, entries + 1):
+        journal.add(b"\x00" + pickle.dumps(("v", index), protocol=2), index, 2)
+    journal.setCurrentTerm(3, "127.0.0.1:2")
+    journal.setRaftCommitIndex(90)
+    return journal
+
+
+class Killed(Exception):
+    """The process stopped here (as by SIGKILL: what was written stays written)."""
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["ours", "pysyncobj"])
+def test_a_trim_killed_midway_leaves_a_whole_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ours: bool
+) -> None:
+    """100 entries, the first 50 dropped (a dump holds them); killed after 10 of the
+    entries kept were written. pysyncobj's rewrite in place restarted with 10 entries:
+    51..60, where the seed had acknowledged up to 100."""
+    path = tmp_path / "raft.journal"
+    journal = journal_of(path, 100)
+    written = 0
+    add = FileJournal.add
+
+    def add_then_die(self: FileJournal, *entry: Any) -> None:
+        nonlocal written
+        if written == 10:
+            raise Killed
+        written += 1
+        add(self, *entry)
+
+    monkeypatch.setattr(FileJournal, "add", add_then_die)
+    with pytest.raises(Killed):
+        if ours:
+            raft_compaction.trimmed(journal, 50, str(path))
+        else:
+            journal.deleteEntriesTo(50)
+    monkeypatch.undo()
+    again = FileJournal(str(path))
+    indices = [entry[1] for entry in again[:]]
+    if ours:
+        assert indices == list(range(1, 101)), "the journal before the trim"
+    else:
+        assert indices == list(range(51, 61)), "pysyncobj changed its trim"
+
+
+def test_a_trim_keeps_the_entries_after_it_and_the_term_and_vote(tmp_path: Path) -> None:
+    path = tmp_path / "raft.journal"
+    journal = journal_of(path, 100)
+    kept = journal[50:]
+    after = raft_compaction.trimmed(journal, 50, str(path))
+    assert after[:] == kept
+    after.add(b"\x01", 101, 3)
+    after._destroy()
+    again = FileJournal(str(path))
+    assert again[:] == [*kept, (b"\x01", 101, 3)]
+    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "127.0.0.1:2")
+    assert again.getRaftCommitIndex() == 90
+    assert not Path(str(path) + raft_compaction.TRIM_SUFFIX).exists()

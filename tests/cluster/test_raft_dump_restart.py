@@ -69,9 +69,11 @@ def test_entries_after_the_dump_survive_a_stop_mid_compaction(
     port = free_port()
     committed: list[CommittedBatch] = []
     # 1. compact at 50 entries, but never trim the journal: the crash window, for ever
-    from pysyncobj import SyncObj
+    from cluster.raft_compaction import CompactionWaitsForDumps
 
-    monkeypatch.setattr(SyncObj, "_SyncObj__deleteEntriesTo", lambda self, to: None)
+    monkeypatch.setattr(
+        CompactionWaitsForDumps, "_SyncObj__deleteEntriesTo", lambda self, to: None
+    )
     raft = seed(tmp_path, port, committed, compaction_entries=50, compaction_seconds=0.2)
     try:
         commit(raft, 120)
