@@ -98,12 +98,14 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         on_commit: Callable[[CommittedBatch], None],
         on_restore: Callable[[CacheSync], None] | None = None,
         max_cached_messages: int = 1000,
+        cache_budget: int = 0,
     ) -> None:
         self._on_commit = on_commit
         self._on_restore = on_restore
+        self._cache_budget = cache_budget
         super().__init__()
         self.coordinator = Coordinator()
-        self.cache = ReplicatedCache(max_cached_messages)
+        self.cache = ReplicatedCache(max_cached_messages, cache_budget)
 
     @replicated  # type: ignore[untyped-decorator]
     def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
@@ -117,6 +119,7 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         """pysyncobj loaded a dump (ours at start-up, or the leader's): the state jumped
         to the dump's batch; hand its caches to the member before any later batch."""
         super()._deserialize(data)
+        self.cache.set_budget(self._cache_budget)  # this seed's, not the dump writer's
         if self._on_restore is not None:
             coordinator = self.coordinator
             self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions()))
@@ -281,6 +284,7 @@ class RaftCoordination:
         timings: RaftTimings = RaftTimings(),
         data_dir: Path | None = None,
         max_cached_messages: int = 1000,
+        cache_budget: int = 0,
     ) -> None:
         """``data_dir`` keeps the Raft log, term and vote across restarts (``None``: memory
         only, for tests of a single process lifetime). Builds and starts pysyncobj, which
@@ -288,7 +292,9 @@ class RaftCoordination:
         if not password:
             raise ValueError("Raft must never run without a password (pickle on the wire)")
         dump_fork.register()  # pysyncobj's dump child holds none of our ports
-        self.consumer = CoordinationConsumer(on_commit, on_restore, max_cached_messages)
+        self.consumer = CoordinationConsumer(
+            on_commit, on_restore, max_cached_messages, cache_budget
+        )
         me = raft_address(self_address)
         others = [raft_address(a) for a in seed_addresses if a != self_address]
         stagger = compaction_stagger(me)  # cluster/raft_compaction.py

@@ -14,53 +14,127 @@ every seed. Cached messages are kept packed (:func:`~migratory.model.message.pac
 tuples the garbage collector stops tracking): as ``Message`` objects, a seed's
 50,000 cached messages made every full collection stop it for ~180 ms. Unlike the
 hub's cache there is no time-based expiry here (a seed restored from a dump may
-recover more than ``CacheExpireTime`` back, never less).
+recover more than ``CacheExpireTime`` back, never less); what bounds it, beside the
+count per subject, is ``CacheMemoryBudget`` (:mod:`migratory.model.cache_budget`):
+without it a seed kept ~360 bytes for each of the last 1,000 messages of every subject
+ever published, for ever. The budget drops the oldest messages in commit order, so every
+seed drops the same ones, and its order goes into the dump with the caches.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cluster.cache_sync import CacheSync, SubjectSync
+from migratory.model.cache_budget import ENTRY_OVERHEAD, BudgetedQueue, CacheBudget
 from migratory.model.message import PACKED_EPOCH, Message, PackedMessage, pack, unpack
 from migratory.model.snapshot import merge_snapshot
 
-__all__ = ["ReplicatedCache"]
+__all__ = ["ReplicatedCache", "packed_size"]
+
+_PACKED_FIELDS = 8
+
+
+def packed_size(packed: PackedMessage) -> int:
+    """What a packed message counts against the budget: content, subject and field
+    lengths (characters for the text: deterministic, and close enough)."""
+    size = len(packed[1]) + len(packed[0])
+    for text in packed[_PACKED_FIELDS:]:
+        size += len(text)
+    return size
+
+
+class _Queue(deque[PackedMessage]):
+    """One subject's cached messages, oldest first, as the budget sees them."""
+
+    __slots__ = ("stale", "subject")
+
+    def __init__(self, subject: str, maxlen: int, items: Iterable[PackedMessage] = ()) -> None:
+        super().__init__(items, maxlen=maxlen)
+        self.subject = subject
+        self.stale = 0
+
+    def drop_oldest(self) -> int:
+        return packed_size(self.popleft()) if self else 0
 
 
 class ReplicatedCache:
-    """Per subject: its snapshot and last ``max_messages`` committed messages."""
+    """Per subject: its snapshot and last ``max_messages`` committed messages, all of
+    them within ``budget_bytes`` (0: no budget)."""
 
-    __slots__ = ("_cached", "_max_messages", "_snapshots")
+    __slots__ = ("_budget", "_cached", "_max_messages", "_snapshots")
 
-    def __init__(self, max_messages: int = 1000) -> None:
+    def __init__(self, max_messages: int = 1000, budget_bytes: int = 0) -> None:
         if max_messages < 0:
             raise ValueError(f"max_messages must be >= 0, got {max_messages}")
         self._max_messages = max_messages
-        self._cached: dict[str, deque[PackedMessage]] = {}
+        self._cached: dict[str, _Queue] = {}
         self._snapshots: dict[str, Message] = {}
+        self._budget = CacheBudget(budget_bytes) if budget_bytes else None
 
     def __repr__(self) -> str:
         return f"<ReplicatedCache {len(self._cached)} subjects, max {self._max_messages}>"
 
+    @property
+    def budget(self) -> CacheBudget | None:
+        return self._budget
+
     def append(self, messages: Iterable[Message]) -> None:
         """Committed, numbered messages, in commit order."""
         cached, snapshots, limit = self._cached, self._snapshots, self._max_messages
+        budget = self._budget
         for message in messages:
             subject = message.subject
             queue = cached.get(subject)
             if queue is None:
-                queue = cached[subject] = deque(maxlen=limit)
+                queue = cached[subject] = _Queue(subject, limit)
             elif queue and queue[-1][PACKED_EPOCH] != message.epoch:
+                if budget is not None:
+                    budget.dropped(queue, sum(map(packed_size, queue)), len(queue))
                 queue.clear()  # a new lineage: older messages are not its history
                 snapshots.pop(subject, None)
-            queue.append(pack(message))
+            packed = pack(message)
+            if budget is not None and limit:
+                if len(queue) == limit:  # the deque drops its oldest
+                    budget.dropped(queue, packed_size(queue[0]))
+                budget.added(queue, packed_size(packed))
+            queue.append(packed)
             if message.retained:
                 merged = merge_snapshot(snapshots.get(subject), message)
                 if merged is not None:
                     snapshots[subject] = merged
+        if budget is not None and budget.bytes > budget.limit:
+            budget.evict()
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Take this seed's ``CacheMemoryBudget`` (a dump carries the one of the seed that
+        wrote it): the FIFO keeps its order, and the oldest go if the new one is smaller."""
+        current = self._budget
+        if (current.limit if current else 0) == budget_bytes:
+            return
+        order = list(current.live_order()) if current is not None else None
+        self._budget = self._rebuilt_budget(budget_bytes, order)
+
+    def _rebuilt_budget(
+        self, budget_bytes: int, order: Sequence[BudgetedQueue] | None
+    ) -> CacheBudget | None:
+        """A budget over the cached messages: ``order`` (one entry per cached message,
+        oldest first) or, without one, subject after subject."""
+        for queue in self._cached.values():
+            queue.stale = 0
+        if not budget_bytes:
+            return None
+        budget = CacheBudget(budget_bytes)
+        if order is None or len(order) != sum(map(len, self._cached.values())):
+            order = [q for q in self._cached.values() for _ in range(len(q))]  # subject-wise
+        budget.order.extend(order)
+        budget.live = len(order)
+        sizes = sum(packed_size(m) for q in self._cached.values() for m in q)
+        budget.bytes = sizes + budget.live * ENTRY_OVERHEAD
+        budget.evict()
+        return budget
 
     def to_sync(self, clsn: int, positions: dict[str, tuple[int, int]]) -> CacheSync:
         """The caches as a cache sync after batch ``clsn``; ``positions`` maps each
@@ -79,21 +153,28 @@ class ReplicatedCache:
         return CacheSync(clsn, tuple(subjects))
 
     # pickled into pysyncobj's dump: plain tuples, no deques (a dump written before the
-    # cache was packed holds Message objects: they are packed on load)
+    # cache was packed holds Message objects: they are packed on load); the budget's FIFO
+    # as subject names, one per cached message (a dump written before the budget has none)
     def __getstate__(self) -> dict[str, Any]:
+        budget = self._budget
         return {
             "max_messages": self._max_messages,
             "cached": {s: tuple(q) for s, q in self._cached.items()},
             "snapshots": dict(self._snapshots),
+            "budget": 0 if budget is None else budget.limit,
+            "order": () if budget is None else tuple(
+                q.subject for q in budget.live_order() if isinstance(q, _Queue)
+            ),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._max_messages = state["max_messages"]
+        self._max_messages = limit = state["max_messages"]
         self._cached = {
-            s: deque(
-                (pack(m) if isinstance(m, Message) else m for m in messages),
-                maxlen=self._max_messages,
-            )
+            s: _Queue(s, limit, (pack(m) if isinstance(m, Message) else m for m in messages))
             for s, messages in state["cached"].items()
         }
         self._snapshots = dict(state["snapshots"])
+        cached = self._cached
+        names = state.get("order", ())
+        order = [cached[n] for n in names if n in cached] if names else None
+        self._budget = self._rebuilt_budget(state.get("budget", 0), order)

@@ -113,6 +113,7 @@ class SeedCoordination:
             on_restore=self._from_raft_thread(self._restored),
             data_dir=Path(config.cluster_data_dir),
             max_cached_messages=config.max_cached_messages_per_subject,
+            cache_budget=config.cache_memory_budget,
             timings=RaftTimings(
                 compaction_entries=config.cluster_log_compaction_entries,
                 compaction_seconds=config.cluster_log_compaction_time,

@@ -72,7 +72,16 @@ SETTINGS: tuple[Setting, ...] = (
             _int(0, unit=" of messages"), "1000",
             "Messages kept per subject for recovery and history."),
     Setting("CacheExpireTime", "cache_expire_time", _int(1, unit=" of seconds"), "180",
-            "Seconds a cached message is kept at least; older ones are dropped."),
+            "Seconds a cached message is kept at least, unless MaxCachedMessagesPerSubject "
+            "or CacheMemoryBudget drops it sooner; older ones are dropped."),
+    Setting("CacheMemoryBudget", "cache_memory_budget", _int(0, unit=" of bytes"),
+            "268435456",
+            "Bytes all subjects' cached messages together may take (their content, subject "
+            "and fields, plus 270 bytes of bookkeeping each: about the memory they use); "
+            "past it the oldest cached messages are dropped first, whatever their subject "
+            "and age, and a client resuming from one gets the snapshot and DATA_RESYNC. A "
+            "Guaranteed seed holds two caches of this size (its own and the Raft state's). "
+            "0: no budget."),
     Setting("BatchTime", "batch_time", _int(0, 10_000, " of milliseconds"), "10",
             "Milliseconds messages wait to be written together to a client (0: write at once)."),
     Setting("BatchIdleWrite", "batch_idle_write", _bool, "true",
@@ -164,6 +173,7 @@ class Config:
     publish_snapshot_message: bool
     max_cached_messages_per_subject: int
     cache_expire_time: int
+    cache_memory_budget: int
     batch_time: int
     batch_idle_write: bool
     encrypted_batch_time: int

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain, islice
 from typing import Any
 
+from migratory.model.cache_budget import CacheBudget
 from migratory.model.message import Message, MessageType, Qos
 
 __all__ = ["SubjectCache", "encoded_bound"]
@@ -64,6 +65,7 @@ class SubjectCache:
     """
 
     __slots__ = (
+        "_budget",
         "_bytes",
         "_entries",
         "_expire_seconds",
@@ -71,6 +73,7 @@ class SubjectCache:
         "_last_seq_seen",
         "_max_messages",
         "_one",
+        "stale",
     )
 
     def __init__(
@@ -79,7 +82,11 @@ class SubjectCache:
         max_messages: int = 1000,
         expire_seconds: float = 180.0,
         last_seq_seen: int = 0,
+        budget: CacheBudget | None = None,
     ) -> None:
+        """``budget``: the memory budget shared with other subjects' caches
+        (:mod:`migratory.model.cache_budget`), which this cache tells of every message it
+        takes or drops; the budget's owner calls its ``evict``."""
         if max_messages < 0:
             raise ValueError(f"max_messages must be >= 0, got {max_messages}")
         if expire_seconds < 0:
@@ -97,6 +104,8 @@ class SubjectCache:
         self._entries: deque[_Entry] | None = None
         self._bytes = 0  # sum of encoded_bound() of the cached messages
         self._largest = 0  # largest encoded_bound() cached since the last reset
+        self._budget = budget
+        self.stale = 0  # the budget's: FIFO entries of messages dropped here
 
     @property
     def bytes(self) -> int:
@@ -189,10 +198,14 @@ class SubjectCache:
                 message.size(),
             )
         grown = 1
+        budget = self._budget
         if entries is not None:  # the usual case of a busy subject: first, and cheap
             if len(entries) == self._max_messages:
-                self._bytes -= entries[0][_BOUND]  # the deque drops it
+                oldest = entries[0][_BOUND]
+                self._bytes -= oldest  # the deque drops it
                 grown = 0
+                if budget is not None:
+                    budget.dropped(self, oldest)
             entries.append(entry)
         elif not self._max_messages:
             self._last_seq_seen = seq
@@ -200,28 +213,60 @@ class SubjectCache:
         elif self._one is None:
             self._one = entry
         elif self._max_messages == 1:
-            self._bytes -= self._one[_BOUND]
+            oldest = self._one[_BOUND]
+            self._bytes -= oldest
             self._one = entry
             grown = 0
+            if budget is not None:
+                budget.dropped(self, oldest)
         else:
             self._entries = deque((self._one, entry), maxlen=self._max_messages)
             self._one = None
-        self._bytes += entry[_BOUND]
-        if entry[_BOUND] > self._largest:
-            self._largest = entry[_BOUND]
+        bound = entry[_BOUND]
+        self._bytes += bound
+        if bound > self._largest:
+            self._largest = bound
         self._last_seq_seen = seq
+        if budget is not None:
+            budget.added(self, bound)
         return grown
 
     def reset(self) -> None:
         """Forget every message and the last seq seen (for a new epoch)."""
-        self._one = self._entries = None
+        self.release()
         self._last_seq_seen = 0
+
+    def release(self) -> None:
+        """Drop every message (the last seq seen stays): the cache is emptied or thrown
+        away, and its budget gets their bytes back."""
+        if self._budget is not None:
+            self._budget.dropped(self, self._bytes, len(self))
+        self._one = self._entries = None
         self._bytes = self._largest = 0
+
+    def drop_oldest(self) -> int:
+        """Drop the oldest message for the budget (which counts it itself); its
+        :func:`encoded_bound`, 0 when empty."""
+        entries = self._entries
+        if entries is None:
+            if self._one is None:
+                return 0
+            bound: int = self._one[_BOUND]
+            self._one = None
+        else:
+            bound = entries.popleft()[_BOUND]
+            if not entries:
+                self._entries = None
+        self._bytes -= bound
+        if self._one is None and self._entries is None:
+            self._bytes = self._largest = 0
+        return bound
 
     def expire(self, now: float) -> int:
         """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
         expire_seconds = self._expire_seconds
         dropped = 0
+        before = self._bytes
         entries = self._entries
         if entries is None:
             if self._one is not None and now - self._one[_AT] > expire_seconds:
@@ -235,6 +280,8 @@ class SubjectCache:
                 self._entries = None  # an emptied deque goes too
         if self._one is None and self._entries is None:
             self._bytes = self._largest = 0
+        if dropped and self._budget is not None:
+            self._budget.dropped(self, before - self._bytes, dropped)
         return dropped
 
     def since(self, seq: int) -> list[Message] | None:

@@ -73,6 +73,7 @@ def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: b
         epoch=new_epoch() if epoch is None else epoch,
         max_cached_messages=config.max_cached_messages_per_subject,
         cache_expire_seconds=config.cache_expire_time,
+        cache_memory_budget=config.cache_memory_budget,
         publish_snapshot=config.publish_snapshot_message,
         numbered_elsewhere=numbered_elsewhere,
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from migratory.model.cache import SubjectCache, encoded_bound
+from migratory.model.cache_budget import CacheBudget
 from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
@@ -48,6 +49,10 @@ class HubStatistics:
     messages_published: int
     frames_fanned_out: int
     cached_messages: int
+    cache_bytes: int
+    """What the caches count against ``CacheMemoryBudget`` (0 without a budget)."""
+    cache_evicted: int
+    """Cached messages dropped by ``CacheMemoryBudget`` so far."""
 
 
 class Hub(MessageSinks):
@@ -59,9 +64,12 @@ class Hub(MessageSinks):
         cache_expire_seconds: float = 180.0,
         publish_snapshot: bool = True,
         numbered_elsewhere: bool = False,
+        cache_memory_budget: int = 0,
     ) -> None:
         """``numbered_elsewhere``: a cluster member whose positions come from the
-        coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet."""
+        coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet.
+        ``cache_memory_budget``: bytes every subject's cache together may count (0: no
+        budget; :mod:`migratory.model.cache_budget`)."""
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
         # test-only, see migratory.server.faults
@@ -82,6 +90,7 @@ class Hub(MessageSinks):
         # (summing over 200,000 subjects once a second stopped the loop ~50 ms)
         self._sinks = 0  # SubjectState.sinks over every subject
         self._cached = 0  # len(SubjectState.cache) over every subject
+        self._budget = CacheBudget(cache_memory_budget) if cache_memory_budget else None
 
     # --- publishing ---------------------------------------------------------
 
@@ -122,6 +131,7 @@ class Hub(MessageSinks):
                     max_messages=self._max_cached,
                     expire_seconds=self._cache_expire,
                     last_seq_seen=message.seq - 1,
+                    budget=self._budget,
                 )
         if message.type is not MessageType.UPDATE or message.closure is not None:
             message = replace(message, type=MessageType.UPDATE, closure=None)
@@ -131,6 +141,9 @@ class Hub(MessageSinks):
     def _apply(self, state: SubjectState, message: Message, now: float) -> None:
         state.seq = message.seq
         self._cached += state.cache.append(message, now)
+        budget = self._budget
+        if budget is not None and budget.bytes > budget.limit:
+            self._cached -= budget.evict()
         if message.retained:
             state.snapshot = merge_snapshot(state.snapshot, message)
         self._published += 1
@@ -391,7 +404,11 @@ class Hub(MessageSinks):
         state.epoch, state.seq = position.epoch, position.seq
         state.snapshot = snapshot if position.seq else None
         self._cached += len(cache) - len(state.cache)
+        state.cache.release()
         state.cache = cache
+        budget = self._budget
+        if budget is not None and budget.bytes > budget.limit:
+            self._cached -= budget.evict()
         if before is not None:
             self._catch_up_live(state, before)
         if state.waiting:
@@ -434,7 +451,8 @@ class Hub(MessageSinks):
         if position.seq == 0:
             if cached:
                 raise ValueError(f"unnumbered {subject!r} cannot have cached messages")
-            return SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire)
+            return SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire,
+                                budget=self._budget)
         if cached and cached[-1].seq != position.seq:
             raise ValueError(f"cached messages of {subject!r} do not end at seq {position.seq}")
         if any(m.subject != subject or m.epoch != position.epoch for m in cached):
@@ -443,9 +461,14 @@ class Hub(MessageSinks):
             max_messages=self._max_cached,
             expire_seconds=self._cache_expire,
             last_seq_seen=cached[0].seq - 1 if cached else position.seq,
+            budget=self._budget,
         )
-        for message in cached:
-            cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
+        try:
+            for message in cached:
+                cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
+        except ValueError:
+            cache.release()  # not taken: its messages leave the budget
+            raise
         return cache
 
     # --- queries ------------------------------------------------------------
@@ -471,13 +494,16 @@ class Hub(MessageSinks):
             messages_published=self._published,
             frames_fanned_out=self._fanned_out,
             cached_messages=self._cached,
+            cache_bytes=0 if self._budget is None else self._budget.bytes,
+            cache_evicted=0 if self._budget is None else self._budget.evicted,
         )
 
     def _state(self, subject: str) -> SubjectState:
         state = self._subjects.get(subject)
         if state is None:
             cache = SubjectCache(
-                max_messages=self._max_cached, expire_seconds=self._cache_expire
+                max_messages=self._max_cached, expire_seconds=self._cache_expire,
+                budget=self._budget,
             )
             epoch = self.epoch if not self._forgotten else new_epoch()
             state = self._subjects[subject] = SubjectState(subject, epoch, cache)

@@ -64,3 +64,66 @@ def test_cached_messages_are_not_tracked_by_the_collector() -> None:
     cache.append([message(f"/s/{i % 10}", i // 10 + 1, retained=False) for i in range(5000)])
     gc.collect()
     assert sum(isinstance(o, Message) for o in gc.get_objects()) == before
+
+
+def cached(cache: ReplicatedCache, positions: dict[str, tuple[int, int]]) -> dict[str, list[int]]:
+    return {s.subject: [m.seq for m in s.cached] for s in cache.to_sync(1, positions).subjects}
+
+
+def commits(start: int, count: int) -> list[list[Message]]:
+    """Batches over three subjects of uneven traffic, a new epoch on /c/d midway."""
+    batches = []
+    for i in range(start, start + count):
+        subject = ("/a/b", "/a/b", "/b/c", "/c/d")[i % 4]
+        seq = i // 4 * 2 + i % 4 + 1 if i % 4 < 2 else i // 4 + 1
+        epoch = 3
+        if subject == "/c/d" and i >= 40:  # /c/d restarts at seq 1 in epoch 4 from i = 43
+            epoch, seq = 4, (i - 43) // 4 + 1
+        batches.append([message(subject, seq, epoch=epoch)])
+    return batches
+
+
+def positions(count: int) -> dict[str, tuple[int, int]]:
+    """Every subject's position after ``commits(0, count)``."""
+    return {b[0].subject: (b[0].epoch, b[0].seq) for b in commits(0, count)}
+
+
+POSITIONS = {"/a/b": (3, 36), "/b/c": (3, 17), "/c/d": (4, 7)}
+assert positions(70) == POSITIONS
+
+
+def test_the_budget_drops_the_same_messages_on_every_seed_and_after_a_dump() -> None:
+    from migratory.model.cache_budget import ENTRY_OVERHEAD
+
+    budget = 9 * (ENTRY_OVERHEAD + 12)
+    steady, restored = ReplicatedCache(5, budget), ReplicatedCache(5, budget)
+    for batch in commits(0, 30):
+        steady.append(batch)
+        restored.append(batch)
+    restored = pickle.loads(pickle.dumps(restored))  # a dump taken, and loaded
+    for done, batch in enumerate(commits(30, 40), start=31):
+        steady.append(batch)
+        restored.append(batch)
+        assert cached(steady, positions(done)) == cached(restored, positions(done))
+    kept = cached(steady, POSITIONS)
+    assert sum(map(len, kept.values())) < 15  # the budget, not the count cap (5 each)
+    assert steady.budget is not None and steady.budget.bytes <= budget
+    # the newest messages of all are the ones kept
+    assert kept["/a/b"] == list(range(36 - len(kept["/a/b"]) + 1, 37))
+
+
+def test_a_dump_from_before_the_budget_takes_this_seeds_budget() -> None:
+    from migratory.model.cache_budget import ENTRY_OVERHEAD
+
+    old = ReplicatedCache(5)
+    for batch in commits(0, 70):
+        old.append(batch)
+    state = old.__getstate__()
+    del state["budget"], state["order"]  # as a dump written before the budget
+    loaded = ReplicatedCache.__new__(ReplicatedCache)
+    loaded.__setstate__(state)
+    assert cached(loaded, POSITIONS) == cached(old, POSITIONS)  # nothing dropped yet
+    loaded.set_budget(4 * (ENTRY_OVERHEAD + 12))
+    assert sum(map(len, cached(loaded, POSITIONS).values())) == 4
+    loaded.set_budget(0)
+    assert loaded.budget is None

@@ -1,0 +1,83 @@
+"""Memory of the message caches: bytes of RSS per cached message, and what
+``CacheMemoryBudget`` bounds (migratory/model/cache_budget.py).
+
+Fills a hub (as a member's) or a seed's replicated cache with ``--messages`` messages of
+``--size`` bytes round-robin over ``--subjects`` subjects (``MaxCachedMessagesPerSubject``
+1000, no expiry within the run), in this process, and reports the RSS it grew by,
+per message cached, with the budget's own count beside it::
+
+    .venv/bin/python benchmarks/cache_memory.py --cache hub --budget 0
+    .venv/bin/python benchmarks/cache_memory.py --cache hub --budget 268435456
+    .venv/bin/python benchmarks/cache_memory.py --cache replicated --budget 268435456
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import time
+
+from cluster.replicated_cache import ReplicatedCache
+from migratory.model.message import Message, Qos
+from migratory.server.hub import Hub
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", choices=["hub", "replicated"], default="hub")
+    parser.add_argument("--messages", type=int, default=2_000_000)
+    parser.add_argument("--subjects", type=int, default=10_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--budget", type=int, default=0, help="CacheMemoryBudget (0: none)")
+    args = parser.parse_args()
+    subjects = [f"/market/symbol/{i}" for i in range(args.subjects)]
+    filler = os.urandom(args.size + 64)
+
+    def content(i: int) -> bytes:  # a bytes object of its own, as a decoded publish has
+        return filler[i % 64:i % 64 + args.size]
+
+    def subject(i: int) -> str:  # a str of its own, as a decoded publish has
+        return "".join((subjects[i % args.subjects], ""))[:]
+
+    gc.collect()
+    gc.freeze()
+    base = rss()
+    started = time.process_time()
+    if args.cache == "hub":
+        hub = Hub(epoch=7, cache_memory_budget=args.budget)
+        for i in range(args.messages):
+            hub.publish(Message(subject(i), content(i)), 0.0)
+        stats = hub.statistics()
+        cached, counted, evicted = stats.cached_messages, stats.cache_bytes, stats.cache_evicted
+    else:
+        replicated = ReplicatedCache(1000, args.budget)
+        seqs = [0] * args.subjects
+        for i in range(args.messages):
+            s = i % args.subjects
+            seqs[s] += 1
+            replicated.append([Message(subject(i), content(i), {}, False,
+                                       Qos.GUARANTEED, None, 7, seqs[s])])
+        budget = replicated.budget
+        cached = sum(len(s.cached) for s in replicated.to_sync(
+            0, {subject: (7, seqs[i]) for i, subject in enumerate(subjects)}).subjects)
+        counted = 0 if budget is None else budget.bytes
+        evicted = 0 if budget is None else budget.evicted
+    cpu = time.process_time() - started
+    grown = rss() - base
+    print(f"{args.cache} cache, budget {args.budget or 'none'}: {args.messages:,} messages of "
+          f"{args.size} B over {args.subjects:,} subjects -> {cached:,} cached, {evicted:,} "
+          f"dropped by the budget; RSS +{grown / 2**20:,.0f} MiB ({grown / max(cached, 1):.0f} "
+          f"B per cached message), budget count {counted / 2**20:,.0f} MiB; "
+          f"{cpu / args.messages * 1e6:.2f} us of CPU per message")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""A memory budget over every subject's cache: past it, the oldest cached messages go
+first, whichever subject holds them. Pure.
+
+Without it the caches are bounded only per subject (``MaxCachedMessagesPerSubject``)
+and, in the hub, by ``CacheExpireTime``; a Raft seed's replicated caches never expire
+at all. A cached 100-byte message takes ~370 bytes of memory
+(``benchmarks/cache_memory.py``), so 10,000 busy subjects of 1,000 messages each are
+~3.7 GB per cache, and a seed holds two (its hub's and the Raft state's): a
+market-data load would take a server past its container's memory limit (2 GiB in
+deploy/k8s), and every seed at about the same moment. ``CacheMemoryBudget`` bounds
+each cache; a subscriber that resumes from a message the budget dropped gets the
+snapshot and ``DATA_RESYNC``, as for an expired one -- never a silent gap
+(``last_seq_seen`` survives every drop).
+
+How: every message a cache takes is appended to one FIFO of *queues* (a reference to
+the subject's queue, 8 bytes; not the message), in the order the messages came. A
+queue that drops messages itself -- its count cap, its expiry, a new epoch -- always
+drops its oldest, so the FIFO's entries for them are that queue's earliest ones: the
+queue counts them (``stale``) instead of the FIFO searching for them. Over the budget,
+the FIFO is popped from the left: a stale entry is skipped (its queue's count goes
+down), any other one is its queue's oldest message, which the queue drops. When stale
+entries outnumber live ones the FIFO is rebuilt without them, so it holds at most about
+twice the cached messages. Every step depends only on the order of the appends: the
+replicated cache, fed in commit order, drops the same messages on every seed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+__all__ = ["ENTRY_OVERHEAD", "BudgetedQueue", "CacheBudget"]
+
+ENTRY_OVERHEAD = 270
+"""Bytes counted per cached message beyond its own (content, subject, fields): its entry
+tuple, the content's and the subject's object headers, its deque slot and FIFO entry.
+Measured: 356-369 bytes of memory per cached 100-byte message with a subject of 18
+characters (benchmarks/cache_memory.py, --budget 0), 387-396 under a budget."""
+COMPACT_SLACK = 4096
+
+
+class BudgetedQueue(Protocol):
+    """One subject's cache, as the budget sees it."""
+
+    stale: int
+    """The budget's FIFO entries of messages this queue dropped itself (its oldest)."""
+
+    def drop_oldest(self) -> int:
+        """Drop the oldest cached message (the budget's choice); its size, as counted
+        when it was added (0 if the queue is empty)."""
+        ...
+
+
+class CacheBudget:
+    """``limit`` bytes (sizes plus :data:`ENTRY_OVERHEAD` each) over many queues."""
+
+    __slots__ = ("bytes", "evicted", "limit", "live", "order")
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"a cache budget is a positive number of bytes, got {limit}")
+        self.limit = limit
+        self.bytes = 0
+        self.live = 0  # messages cached under this budget
+        self.evicted = 0  # messages dropped by the budget, in all
+        self.order: deque[BudgetedQueue] = deque()
+
+    def __repr__(self) -> str:
+        return (f"<CacheBudget {self.bytes}/{self.limit} bytes, {self.live} messages, "
+                f"{len(self.order) - self.live} stale entries>")
+
+    def added(self, queue: BudgetedQueue, size: int) -> None:
+        """``queue`` took a message of ``size`` bytes (its newest)."""
+        self.order.append(queue)
+        self.bytes += size + ENTRY_OVERHEAD
+        self.live += 1
+
+    def dropped(self, queue: BudgetedQueue, size: int, count: int = 1) -> None:
+        """``queue`` dropped its ``count`` oldest messages, of ``size`` bytes together."""
+        if count <= 0:
+            return
+        queue.stale += count
+        self.bytes -= size + count * ENTRY_OVERHEAD
+        self.live -= count
+        if len(self.order) > 2 * self.live + COMPACT_SLACK:
+            self.compact()
+
+    @property
+    def over(self) -> bool:
+        return self.bytes > self.limit
+
+    def evict(self) -> int:
+        """Drop the oldest messages until within the limit; how many were dropped."""
+        order, evicted = self.order, 0
+        while self.bytes > self.limit and order:
+            queue = order.popleft()
+            if queue.stale:
+                queue.stale -= 1
+                continue
+            self.bytes -= queue.drop_oldest() + ENTRY_OVERHEAD
+            self.live -= 1
+            evicted += 1
+        self.evicted += evicted
+        return evicted
+
+    def compact(self) -> None:
+        """Rebuild the FIFO without its stale entries (every queue's stale back to 0)."""
+        kept: deque[BudgetedQueue] = deque()
+        append = kept.append
+        for queue in self.order:
+            if queue.stale:
+                queue.stale -= 1
+            else:
+                append(queue)
+        self.order = kept
+
+    def live_order(self) -> Iterator[BudgetedQueue]:
+        """The FIFO's live entries, oldest first, changing nothing (for a dump, which may
+        be taken in a forked child)."""
+        skipped: dict[int, int] = {}
+        for queue in self.order:
+            done = skipped.get(id(queue), 0)
+            if done < queue.stale:
+                skipped[id(queue)] = done + 1
+            else:
+                yield queue
