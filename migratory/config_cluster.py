@@ -57,7 +57,9 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterDataDir", "cluster_data_dir", _text, "",
             "Directory where a seed keeps its Raft log and term (required for Guaranteed mode; "
             "one per member, kept across restarts: a seed that forgets its log may lose "
-            "acknowledged messages)."),
+            "acknowledged messages). A seed does not start on damaged Raft files there: it "
+            "names the file; move the directory aside to rejoin as a seed that lost its disk "
+            "(docs/cluster.md, \"A damaged ClusterDataDir\")."),
     Setting("ClusterMaxPendingPublishes", "cluster_max_pending_publishes",
             _int(1, unit=" of publishes"), "50000",
             "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "
