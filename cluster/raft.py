@@ -34,7 +34,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
-from cluster import dump_fork, raft_unpickler
+from cluster import dump_fork, raft_disk, raft_unpickler
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
@@ -47,6 +47,7 @@ from migratory.model.message import Message, Qos
 
 log = logging.getLogger("migratory.raft")
 raft_unpickler.install()  # pysyncobj unpickles only our types and its own (raft_unpickler.py)
+raft_disk.install()  # a full disk stops the seed with a message, not SIGBUS (raft_disk.py)
 
 # (origin, ref, subject, content, fields, retained, guaranteed): plain tuples pickle fast
 WireRequest = tuple[str, int, str, bytes, dict[str, str], bool, bool]
@@ -155,6 +156,8 @@ class RaftStatus:
     front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
     listen_error: str | None = None
     """Why the Raft port cannot be bound (pysyncobj retries it; no election meanwhile)."""
+    stopped: str | None = None
+    """Why this seed stopped taking part in Raft: a file it could not write (raft_disk.py)."""
 
     @property
     def has_leader(self) -> bool:
@@ -170,6 +173,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         self._next_digest = 0.0
         self._digest = ""
         self.status_snapshot = RaftStatus()
+        self.stopped: str | None = None
         self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
@@ -200,7 +204,19 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         return str(name)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
-        super()._onTick(timeToWait)
+        if self.stopped is not None:  # handles no message, sends none
+            time.sleep(timeToWait)
+        else:
+            try:
+                super()._onTick(timeToWait)
+            except raft_disk.RaftDiskFailure as exc:
+                self.stopped = str(exc)
+                log.critical(
+                    "Raft: %s: this seed stops taking part in Raft (it must not acknowledge "
+                    "or vote on what it cannot keep); its files are whole, the write that "
+                    "failed was not made. Free space in ClusterDataDir and start it again",
+                    exc,
+                )
         now = time.monotonic()
         if now >= self._next_status:
             self._next_status = now + STATUS_PERIOD
@@ -230,6 +246,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             linked=tuple(sorted(str(n.id) for n in self.otherNodes if self.isNodeConnected(n))),
             front=transport.front_statistics(),
             listen_error=transport.listen_error(),
+            stopped=self.stopped,
         )
 
 
@@ -383,6 +400,7 @@ class RaftCoordination:
             "raft_linked_seeds": list(snap.linked),
             "raft_front": asdict(snap.front),
             "raft_listen_error": snap.listen_error,
+            "raft_stopped": snap.stopped,
         }
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ dump makes rare) copies a peer seed's caches, never one older than its own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import random
 import time
@@ -54,6 +55,9 @@ RAFT_SILENCE = 2.0
 a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
 "ready, with a leader" -- in place for ever."""
 
+RAFT_STOPPED_POLL = 0.1
+"""Seconds between two looks at whether the Raft node stopped (its disk is full)."""
+
 T = TypeVar("T")
 
 
@@ -89,6 +93,7 @@ class SeedCoordination:
             try:
                 self.raft = await trio.to_thread.run_sync(self._build_raft)
                 log.info("Raft node %s started", self.raft.address)
+                nursery.start_soon(self._exit_when_raft_stops)
                 while True:
                     await self.outgoing.wait()
                     slot = await self.window.acquire()  # full: the publishes share a command
@@ -100,6 +105,15 @@ class SeedCoordination:
                 if self.raft is not None:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self.raft.close)
+
+    async def _exit_when_raft_stops(self) -> None:
+        """A Raft node that cannot write its files stops (cluster/raft_disk.py); so does
+        the member, with the reason (``migratory: Raft stopped: ...``, exit 1)."""
+        while True:
+            await trio.sleep(RAFT_STOPPED_POLL)
+            status = self.raft_status
+            if status is not None and status.stopped is not None:
+                raise OSError(errno.EIO, f"Raft stopped: {status.stopped}")
 
     def _build_raft(self) -> RaftCoordination:
         config = self.config
@@ -164,6 +178,8 @@ class SeedCoordination:
         status = self.raft_status
         if status is None:
             return "Raft is starting (loading its log)"
+        if status.stopped is not None:
+            return f"Raft stopped: {status.stopped}"
         if status.listen_error is not None:
             return f"Raft {status.listen_error} (retrying)"
         if not status.ready:

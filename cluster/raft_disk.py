@@ -1,0 +1,107 @@
+"""A seed whose ClusterDataDir cannot be written (disk full) stops, saying so.
+
+pysyncobj 0.3.17 writes its journal through ``mmap`` into a file it grows with
+``ftruncate``: a sparse file, whose blocks the kernel allocates when a page is first
+written. On a full disk that write raised SIGBUS and the member died on the spot ("Bus
+error", no log line; measured on a 128 KiB tmpfs): nothing unwritten was acknowledged,
+but nothing said why, and it died again at each restart. Its term-and-vote file, and
+this seed's journal trim (:mod:`cluster.raft_compaction`), write with plain ``write``:
+``OSError`` on pysyncobj's Raft thread, logged as a traceback and retried every tick --
+with the entry already in pysyncobj's log in memory, not on disk.
+
+:func:`install` makes every such write raise :class:`RaftDiskFailure` instead: the
+journal's blocks are allocated (``posix_fallocate``) when pysyncobj opens or grows the
+file, before any byte is written there, so a full disk is an error at that moment and
+the write that failed is not made. :class:`cluster.raft._SeedSyncObj` then stops taking
+part in Raft (no tick handles another message: it neither acknowledges nor votes on what
+it could not keep) and reports it; the member exits with the message
+(:mod:`cluster.seed`). Its files are left whole; freed space, it starts again.
+
+A journal grows by doubling: it needs as much free space as its size to grow once more.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pysyncobj import journal as pysyncobj_journal
+
+UNSUPPORTED = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # no fallocate there: as before
+
+
+class RaftDiskFailure(OSError):
+    """A Raft file could not be written: this seed must stop taking part in Raft."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(error.errno, f"cannot write {path} ({error.strerror or error})")
+        self.path = path
+
+
+def allocate(fd: int, offset: int, length: int) -> None:
+    """Blocks for ``[offset, offset + length)`` (the file grows to its end if shorter)."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in UNSUPPORTED:
+            raise
+
+
+def _resizable_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def init(self: Any, fileName: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            original(self, fileName, *args, **kwargs)
+            allocate(self._ResizableFile__f.fileno(), 0, self._ResizableFile__mm.size())
+        except OSError as exc:
+            raise RaftDiskFailure(fileName, exc) from exc
+    return init
+
+
+def _resizable_write(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def write(self: Any, offset: int, values: bytes) -> None:
+        mapped = self._ResizableFile__mm
+        size, end = len(mapped), offset + len(values)  # (its size(): an fstat per write)
+        if end > size:  # grown here as pysyncobj would, then its blocks allocated
+            grown = max(int(size * self._ResizableFile__resizeFactor), end)
+            try:
+                mapped.resize(grown)
+            except (SystemError, OSError):
+                pass  # pysyncobj's own fallback grows the file (unallocated, as before)
+            else:
+                try:
+                    allocate(self._ResizableFile__f.fileno(), size, grown - size)
+                except OSError as exc:
+                    raise RaftDiskFailure(self._ResizableFile__fileName, exc) from exc
+        original(self, offset, values)
+    return write
+
+
+def _store_meta(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def store(self: Any, meta: dict[str, Any]) -> None:
+        try:
+            original(self, meta)
+        except OSError as exc:
+            raise RaftDiskFailure(self.getPath(), exc) from exc
+    return store
+
+
+_installed = False
+
+
+def install() -> None:
+    """Patch pysyncobj's journal file and term-and-vote file (once)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    resizable = pysyncobj_journal.ResizableFile
+    resizable.__init__ = _resizable_init(resizable.__init__)
+    resizable.write = _resizable_write(resizable.write)
+    storer = pysyncobj_journal.MetaStorer
+    storer.storeMeta = _store_meta(storer.storeMeta)

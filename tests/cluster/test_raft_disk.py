@@ -1,0 +1,123 @@
+"""A seed whose ClusterDataDir cannot be written stops with one line, its files whole
+(cluster/raft_disk.py), on a real single-seed Raft node.
+
+A full disk is made here by failing ``posix_fallocate`` with ENOSPC (a full filesystem
+needs a mount): what pysyncobj alone did on a real one -- a 128 KiB tmpfs -- was SIGBUS
+in its journal's ``mmap`` write, the process gone without a line (cluster/raft_disk.py).
+The term-and-vote file's failure is a real one: a directory where it writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import trio
+from listen_ports import listen_port
+
+from cluster import raft_data_dir
+from cluster.coordination import CommittedBatch, PublishRequest
+from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
+from cluster.raft_votes import MARKER_SUFFIX
+from migratory.model.message import Message
+
+BIG = [PublishRequest("o", 1, Message("/disk/full", b"x" * 3000, {}, False))]
+
+
+def seed(data_dir: Path, port: int, committed: list[CommittedBatch]) -> RaftCoordination:
+    return RaftCoordination(
+        self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
+        password="x", on_commit=committed.append, data_dir=data_dir,
+        timings=RaftTimings(compaction_entries=10**6, compaction_seconds=3600),
+    )
+
+
+def submit(raft: RaftCoordination, timeout: float) -> bool:
+    done = threading.Event()
+    raft.submit(2, BIG, lambda clsn, error, unknown: done.set() if error is None else None)
+    return done.wait(timeout)
+
+
+def wait_for(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def no_space(fd: int, offset: int, length: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def meta_not_writable(data_dir: Path) -> None:
+    (data_dir / "raft.journal.meta.tmp").mkdir()
+
+
+@pytest.mark.parametrize(("fill", "file", "why"), [
+    ("journal", "raft.journal", "No space left on device"),
+    ("meta", "raft.journal.meta", "Is a directory"),
+])
+def test_a_seed_that_cannot_write_stops_with_one_line_and_whole_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    fill: str, file: str, why: str,
+) -> None:
+    port, committed = listen_port(), []  # type: ignore[var-annotated]
+    raft = seed(tmp_path, port, committed)
+    try:
+        wait_for(lambda: raft.snapshot.ready)
+        assert submit(raft, 5)
+        if fill == "journal":
+            monkeypatch.setattr(os, "posix_fallocate", no_space)
+        else:
+            meta_not_writable(tmp_path)
+        for _ in range(20):  # until the journal grows, or the term-and-vote file is stored
+            if not submit(raft, 0.5):
+                break
+        wait_for(lambda: raft.snapshot.stopped is not None)
+        stopped = raft.snapshot.stopped
+        assert stopped is not None and f"{tmp_path / file} ({why})" in stopped
+        acknowledged = committed[-1].clsn
+        assert not submit(raft, 0.3), "a stopped seed acknowledges nothing"
+    finally:
+        raft.close()
+    monkeypatch.undo()
+    critical = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(critical) == 1 and "stops taking part in Raft" in critical[0].getMessage()
+    if fill == "meta":
+        (tmp_path / "raft.journal.meta.tmp").rmdir()
+    journal = str(tmp_path / "raft.journal")
+    raft_data_dir.check(journal, str(tmp_path / "raft.dump"), journal + MARKER_SUFFIX)
+    again: list[CommittedBatch] = []
+    raft = seed(tmp_path, port, again)
+    try:  # space again: everything acknowledged is there, and it commits
+        wait_for(lambda: raft.snapshot.ready and raft.snapshot.clsn >= acknowledged)
+        assert submit(raft, 5) and again[-1].clsn > acknowledged  # (+1: an unacknowledged
+        # entry the stopped seed had written may commit now -- an unknown outcome)
+    finally:
+        raft.close()
+
+
+def test_the_member_exits_when_its_raft_node_stops(tmp_path: Path) -> None:
+    """The seed's task raises the reason: the member prints it and exits 1 (cluster/cli.py
+    prints an OSError that ends start-up or the run as ``migratory: ...``)."""
+    from test_cluster_seed_readiness import seed_with_status
+
+    stopped = "[Errno 28] cannot write /d/raft.journal (No space left on device)"
+    seed_coordination = seed_with_status(tmp_path, RaftStatus(stopped=stopped))
+    assert seed_coordination.not_ready_reason() == f"Raft stopped: {stopped}"
+    with pytest.raises(OSError, match=r"Raft stopped: \[Errno 28\] cannot write /d/raft"):
+        trio.run(seed_coordination._exit_when_raft_stops)
+    seed_coordination.raft = SimpleNamespace(snapshot=RaftStatus())  # type: ignore[assignment]
+
+    async def still_running() -> bool:
+        with trio.move_on_after(0.3) as waited:
+            await seed_coordination._exit_when_raft_stops()
+        return waited.cancelled_caught
+
+    assert trio.run(still_running), "a Raft node that did not stop ends nothing"
