@@ -182,7 +182,9 @@ def check(journal_file: str, dump_file: str | None, marker: str) -> None:
     if summary.first_index > 1 and not has_dump:
         raise DamagedRaftData(journal_file, f"starts at entry {summary.first_index}, but "
                               f"there is no {dump_file or 'dump'} with the state before it")
-    if summary.entries == 0 and not os.path.exists(marker):
+    if summary.entries == 0 and not (has_dump or os.path.exists(marker)):
+        # (beside a dump: pysyncobj empties the journal, then writes the dump's last two
+        # entries; beside the marker: it writes its first entry after creating the file)
         raise DamagedRaftData(journal_file, "holds no entry at all")
     if has_dump:
         assert dump_file is not None

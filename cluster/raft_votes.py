@@ -51,6 +51,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.raft_disk import RaftDiskFailure
+
 log = logging.getLogger("migratory.raft")
 
 MARKER_SUFFIX = ".empty-start"
@@ -94,10 +96,13 @@ class EmptyStart:
         self._refused_terms: set[int] = set()
         self._held_back = False  # logged that it does not stand for election
         if self.active and self.marker is not None:
-            with open(self.marker, "wb") as f:
-                f.write(b"this seed started without a Raft journal and has not caught up\n")
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(self.marker, "wb") as f:
+                    f.write(b"this seed started without a Raft journal and has not caught up\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:  # (a full disk: the member says which file)
+                raise RaftDiskFailure(self.marker, exc) from exc
 
     def caught_up(self, last_log_term: int, current_term: int) -> None:
         """Called once the seed holds its leader's log up to the leader's commit index

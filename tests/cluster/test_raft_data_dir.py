@@ -266,6 +266,20 @@ def test_a_journal_removed_beside_its_dump_is_refused(data_dir: Path) -> None:
         run_check(data_dir)
 
 
+def test_a_journal_emptied_beside_its_dump_starts_from_the_dump(data_dir: Path) -> None:
+    """pysyncobj empties the journal, then writes the dump's last two entries (loading
+    a leader's dump, or its own at start-up): a kill in between leaves no entry, and the
+    dump it loads next holds the state. Without a dump, no entry is damage."""
+    compacted(data_dir)
+    journal = FileJournal(str(data_dir / "raft.journal"))
+    journal.clear()
+    journal._destroy()
+    run_check(data_dir)
+    (data_dir / "raft.dump").unlink()
+    with pytest.raises(DamagedRaftData, match="holds no entry at all"):
+        run_check(data_dir)
+
+
 def test_a_journal_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "raft.journal").mkdir()
     with pytest.raises(DamagedRaftData, match="cannot be opened"):

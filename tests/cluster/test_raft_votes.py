@@ -13,6 +13,7 @@ import pytest
 from raft_planted import StandsWithAPrefix, VotesWithAnEmptyDisk
 from raft_sim import RaftWorld
 
+from cluster.raft_disk import RaftDiskFailure
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_votes import (
     MARKER_SUFFIX,
@@ -53,6 +54,14 @@ def test_an_empty_start_votes_only_for_an_empty_log_until_it_caught_up(tmp_path:
     assert not start.may_vote(vote(9, 4)), "it may have voted in term 9 before"
     assert start.may_vote(vote(10, 4))
     assert not EmptyStart(str(journal)).active
+
+
+def test_a_marker_that_cannot_be_written_names_itself(tmp_path: Path) -> None:
+    """A full disk at start-up: the member's one line says which file (was a bare
+    'No space left on device')."""
+    journal = tmp_path / "gone" / "raft.journal"
+    with pytest.raises(RaftDiskFailure, match=f"cannot write {journal}{MARKER_SUFFIX}"):
+        EmptyStart(str(journal))
 
 
 def test_the_test_switch_votes_as_pysyncobj_does(tmp_path: Path) -> None:
