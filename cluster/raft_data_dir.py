@@ -33,19 +33,30 @@ from __future__ import annotations
 
 import errno
 import gzip
+import mmap
 import os
 import struct
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from pysyncobj.journal import APP_NAME, FIRST_RECORD_OFFSET, JOURNAL_FORMAT_VERSION, NAME_SIZE
+from pysyncobj.journal import (
+    APP_NAME,
+    FIRST_RECORD_OFFSET,
+    JOURNAL_FORMAT_VERSION,
+    NAME_SIZE,
+    FileJournal,
+)
 
 from cluster import raft_unpickler
 
 HEADER = FIRST_RECORD_OFFSET  # name (24) + version (8) + format (4) + records' end (4)
 COMMAND_TYPES = {0: "regular", 1: "no-op", 2: "membership", 3: "version"}
 PICKLED_TYPES = (0, 3)  # the type byte, then a pickle of protocol 2: 0x80 0x02 ... "."
+TERM_STORED = "setCurrentTerm" in vars(FileJournal)
+"""Whether the installed pysyncobj keeps the term and vote in the meta file (this
+0.3.17 build does, synchronously; a build that does not would fail the term checks of
+every restart: they are skipped then, and ``test_raft_data_dir.py`` fails its canary)."""
 REMEDY = (
     "the seed does not start on it (it could come back with less than it acknowledged). "
     "Move the directory aside and start the seed on an empty one: it rejoins as a seed "
@@ -71,7 +82,7 @@ class JournalSummary:
     last_term: int
 
 
-def read_journal(data: bytes) -> JournalSummary:
+def read_journal(data: bytes | mmap.mmap) -> JournalSummary:
     """What a journal holds; ``ValueError`` naming the first thing wrong in it."""
     if len(data) < HEADER:
         raise ValueError(f"{len(data)} bytes, shorter than the {HEADER}-byte header")
@@ -164,18 +175,20 @@ def check(journal_file: str, dump_file: str | None, marker: str) -> None:
     is the first start killed while pysyncobj created the file: removed, the seed starts
     empty as it was going to.
     """
-    journal, meta = _read(journal_file, "r+b"), _read(journal_file + ".meta")
+    journal = _read(journal_file, "r+b", size=0)  # (pysyncobj writes it in place)
+    meta = _read(journal_file + ".meta")
     has_dump = dump_file is not None and _read(dump_file, size=0) is not None
     if journal is None:
         if has_dump or meta is not None:
             kept = dump_file if has_dump else journal_file + ".meta"
             raise DamagedRaftData(journal_file, f"missing, while {kept} is there")
         return
-    if not journal and os.path.exists(marker) and meta is None and not has_dump:
+    empty = os.path.getsize(journal_file) == 0
+    if empty and os.path.exists(marker) and meta is None and not has_dump:
         os.remove(journal_file)
         return
     try:
-        summary = read_journal(journal)
+        summary = read_journal(b"") if empty else _map_and_read(journal_file)
     except ValueError as exc:
         raise DamagedRaftData(journal_file, str(exc)) from None
     _check_against_meta(journal_file, summary, meta)
@@ -194,12 +207,18 @@ def check(journal_file: str, dump_file: str | None, marker: str) -> None:
             raise DamagedRaftData(dump_file, str(exc)) from None
 
 
+def _map_and_read(journal_file: str) -> JournalSummary:
+    """:func:`read_journal` over the file mapped, not copied (it can be large)."""
+    with open(journal_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return read_journal(data)
+
+
 def _check_against_meta(
     journal_file: str, summary: JournalSummary, meta_bytes: bytes | None
 ) -> None:
     path = journal_file + ".meta"
     if meta_bytes is None:
-        if summary.last_term > 0:  # a term was stored before any entry of it was written
+        if TERM_STORED and summary.last_term > 0:  # stored before any entry of its term
             raise DamagedRaftData(path, f"missing, while {journal_file} holds entries "
                                   f"of term {summary.last_term} (the vote is lost)")
         return
@@ -208,7 +227,7 @@ def _check_against_meta(
     except ValueError as exc:
         raise DamagedRaftData(path, f"{exc} (the term and vote are lost)") from None
     term, commit = meta.get("currentTerm", 0), meta.get("raftCommitIndex", 1)
-    if summary.last_term > term:
+    if TERM_STORED and summary.last_term > term:
         raise DamagedRaftData(path, f"current term {term}, but {journal_file} holds "
                               f"entries of term {summary.last_term}")
     if summary.entries and commit > summary.last_index:

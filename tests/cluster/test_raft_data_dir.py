@@ -25,6 +25,7 @@ from pysyncobj.journal import FileJournal
 from raft_sim import RaftWorld
 from test_raft_votes import seed_loses_its_disk_while_another_is_down
 
+from cluster import raft_data_dir
 from cluster.raft_data_dir import DamagedRaftData, check
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_votes import MARKER_SUFFIX
@@ -91,6 +92,16 @@ def data_dir(tmp_path: Path) -> Path:
 def run_check(data_dir: Path, dump: bool = True) -> None:
     journal = str(data_dir / "raft.journal")
     check(journal, str(data_dir / "raft.dump") if dump else None, journal + MARKER_SUFFIX)
+
+
+def test_canary_the_installed_pysyncobj_stores_term_and_vote_at_once(tmp_path: Path) -> None:
+    """The term checks rest on it (raft_data_dir.TERM_STORED; docs/cluster.md)."""
+    journal = FileJournal(str(tmp_path / "raft.journal"))
+    journal.setCurrentTerm(4, "127.0.0.1:3")  # no onOneSecondTimer: on disk at once
+    meta = pickle.loads((tmp_path / "raft.journal.meta").read_bytes())
+    journal._destroy()
+    assert raft_data_dir.TERM_STORED
+    assert (meta["currentTerm"], meta["votedForNodeId"]) == (4, "127.0.0.1:3")
 
 
 def test_a_whole_journal_passes(data_dir: Path) -> None:
