@@ -115,6 +115,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         # (leader, term) whose dump this follower is receiving, from its first part on
         # this link; None: no part but a first one is taken (see _install_dump)
         self._dump_source: tuple[Any, int] | None = None
+        self._last_dump_entry: Any = None  # of the dump read last (set here: dumps carry
+        # what is set after SyncObj.__init__, and every dump then looked not loaded)
         journal = None if conf is None else conf.journalFile
         if conf is not None and journal is not None:  # damage refused (raft_data_dir.py)
             self._check_data_dir(journal, conf.fullDumpFile)
@@ -127,7 +129,6 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         )
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
-        self._last_dump_entry: Any = None  # the last entry of the dump read last
         read_dump = self._SyncObj__serializer.deserialize
 
         def deserialize() -> Any:

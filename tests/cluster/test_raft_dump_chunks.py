@@ -199,3 +199,20 @@ def test_a_part_from_a_leader_that_leads_again_is_not_spliced_in() -> None:
         assert not part(x, 4, False), "the parts in flight were lost"
     finally:
         world.close()
+
+
+def test_a_dump_loaded_is_answered_at_once() -> None:
+    """The follower's note of the dump it read (``_last_dump_entry``) was set after
+    SyncObj.__init__, so every dump carried the leader's (None) over it: each dump
+    loaded looked not loaded ("could not be loaded: asking for it again"), and was
+    answered only by the next AppendEntries."""
+    world = RaftWorld(3, seed=3, compaction_entries=6, dump_part_bytes=256, send_seconds=0.004)
+    try:
+        left_behind(world, entries=30, size=100, seed=5)
+        for _ in range(60):
+            world.step(0.05)
+        assert world.dumps_installed >= 1
+        assert not [r for r in world.logs.records if "could not be loaded" in r.getMessage()]
+        assert world.violations() == [] and world.converged()
+    finally:
+        world.close()
