@@ -22,10 +22,11 @@ A journal grows by doubling: it needs as much free space as its size to grow onc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pysyncobj import journal as pysyncobj_journal
@@ -39,6 +40,25 @@ class RaftDiskFailure(OSError):
     def __init__(self, path: str, error: OSError) -> None:
         super().__init__(error.errno, f"cannot write {path} ({error.strerror or error})")
         self.path = path
+        global _last_failure
+        _last_failure = self
+
+
+_last_failure: RaftDiskFailure | None = None  # the last one made in this process
+
+
+@contextlib.contextmanager
+def not_swallowed() -> Iterator[None]:
+    """Raise again a :class:`RaftDiskFailure` that the code in this block caught.
+
+    pysyncobj loads a dump (its own at start-up, or a leader's) under a bare ``except``
+    that logs and goes on: a journal write that failed there -- with the entry already
+    in its log in memory -- was followed by a success answer to the leader for it.
+    """
+    before = _last_failure
+    yield
+    if _last_failure is not before and _last_failure is not None:
+        raise _last_failure
 
 
 def allocate(fd: int, offset: int, length: int) -> None:

@@ -75,7 +75,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
-from cluster import raft_data_dir, raft_term_query, raft_unpickler
+from cluster import raft_data_dir, raft_disk, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
@@ -178,7 +178,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         if not clearJournal:
             self._keep_journal_after_dump()
-        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        with raft_disk.not_swallowed():  # pysyncobj logs any error of it and goes on
+            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
 
     def _keep_journal_after_dump(self) -> None:
         """Start-up found a dump and a journal that still holds entries before it.

@@ -16,14 +16,21 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
 from listen_ports import listen_port
+from pysyncobj import SyncObj
+from pysyncobj.journal import FileJournal
+from raft_schedules import left_behind
+from raft_sim import RaftWorld
 
 from cluster import raft_data_dir
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
+from cluster.raft_disk import RaftDiskFailure
+from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_votes import MARKER_SUFFIX
 from migratory.model.message import Message
 
@@ -121,3 +128,77 @@ def test_the_member_exits_when_its_raft_node_stops(tmp_path: Path) -> None:
         return waited.cancelled_caught
 
     assert trio.run(still_running), "a Raft node that did not stop ends nothing"
+
+
+class SwallowsDiskFailures(FollowerSafeSyncObj):  # type: ignore[misc]
+    """Loads dumps as pysyncobj does: any error logged ("failed to load full dump")."""
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        if not clearJournal:
+            self._keep_journal_after_dump()
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+
+@pytest.mark.parametrize("node_class", [FollowerSafeSyncObj, SwallowsDiskFailures],
+                         ids=["ours", "pysyncobj"])
+def test_a_failed_write_while_loading_the_leaders_dump_is_not_acknowledged(
+    node_class: type[FollowerSafeSyncObj],
+) -> None:
+    """A seed left behind gets the leader's dump; writing its last entry into the journal
+    fails (disk full: pysyncobj has put it in its log in memory already). pysyncobj's
+    dump loading logs the error and goes on, and the seed answered success for an entry
+    its journal lacks. Here the failure reaches the tick (the seed stops there)."""
+    world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
+                      dump_part_bytes=256, send_seconds=0.004)
+    try:
+        _, behind = left_behind(world, entries=30, size=100, seed=5)
+        node = world.nodes[behind]
+        serializer = node._SyncObj__serializer
+        read, adds, answered = serializer.deserialize, [], []
+
+        def arm() -> Any:  # the journal of the moment (a trim replaces it)
+            journal = node._SyncObj__raftLog
+
+            def full_at_the_second_entry(command: bytes, index: int, term: int) -> None:
+                adds.append(index)
+                if len(adds) == 2:  # in memory first, as pysyncobj's FileJournal.add does
+                    journal._FileJournal__journal.append((command, index, term))
+                    answered.append(True)
+                    raise RaftDiskFailure("raft.journal", OSError(errno.ENOSPC, "full"))
+                FileJournal.add(journal, command, index, term)
+
+            journal.add = full_at_the_second_entry
+            return read()
+
+        serializer.deserialize = arm
+        send, sent, stopped = world.send, [], []
+
+        def record(source: str, target: str, message: Any) -> bool:
+            if answered and not stopped and source == behind:  # what the seed said then
+                sent.append(message)
+            return send(source, target, message)
+
+        world.send = record  # type: ignore[method-assign]
+        transport = node._SyncObj__transport
+        received = transport._onMessageReceived
+
+        def receive(peer: Any, message: Any) -> None:
+            try:
+                received(peer, message)
+            except RaftDiskFailure:
+                stopped.append(True)  # a seed stops here (cluster/raft.py)
+                raise
+
+        transport._onMessageReceived = receive
+        for _ in range(60):
+            world.step(0.05)
+            if answered:
+                break
+        assert answered, "the dump was loaded"
+        success = [m for m in sent if m.get("type") == "next_node_idx" and m["success"]]
+        if node_class is FollowerSafeSyncObj:
+            assert stopped and not success
+        else:
+            assert success and not stopped, "pysyncobj changed its dump loading"
+    finally:
+        world.close()
