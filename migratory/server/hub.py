@@ -49,10 +49,8 @@ class HubStatistics:
     messages_published: int
     frames_fanned_out: int
     cached_messages: int
-    cache_bytes: int
-    """What the caches count against ``CacheMemoryBudget`` (0 without a budget)."""
-    cache_evicted: int
-    """Cached messages dropped by ``CacheMemoryBudget`` so far."""
+    cache_bytes: int  # what the caches count against CacheMemoryBudget (0: no budget)
+    cache_evicted: int  # cached messages CacheMemoryBudget dropped so far
 
 
 class Hub(MessageSinks):

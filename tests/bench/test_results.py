@@ -99,25 +99,31 @@ def test_the_server_process_is_found_by_its_port() -> None:
 
 
 def test_workers_are_found_through_their_supervisor() -> None:
-    """Workers = N: only the workers hold the port; the bench must find their parent."""
-    import multiprocessing as mp
+    """Workers = N: only the workers hold the port; the bench must find their parent.
 
-    ctx = mp.get_context("fork")
+    The workers are subprocesses handed the listening socket (``pass_fds``), not forks:
+    once any test of this process has built a Raft node, every ``os.fork`` child closes
+    its sockets at once (cluster/dump_fork.py, for pysyncobj's dump writer), and a run
+    in another order failed here."""
+    import subprocess
+    import sys
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    stop = ctx.Event()
-    workers = [ctx.Process(target=stop.wait, args=(10,), daemon=True) for _ in range(2)]
-    for worker in workers:
-        worker.start()  # each inherits the listening socket
+    workers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"],
+                         pass_fds=(listener.fileno(),))
+        for _ in range(2)
+    ]
     listener.close()
     try:
         assert pid_listening_on(port) == os.getpid()
     finally:
-        stop.set()
         for worker in workers:
-            worker.join(5)
+            worker.kill()
+            worker.wait(5)
 
 
 def test_bad_options_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
