@@ -218,9 +218,10 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
                 self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
             self._caught_up()  # a leader holds its own log (once it wrote an entry)
-        elif not self._empty_start.may_stand(self._SyncObj__getCurrentLogTerm()):
-            self._SyncObj__raftElectionDeadline = max(  # no candidacy (raft_votes.py)
-                self._SyncObj__raftElectionDeadline, monotonicTime() + 0.1)
+        elif self._SyncObj__raftElectionDeadline < monotonicTime() and not (
+            self._empty_start.may_stand(self._SyncObj__getCurrentLogTerm())
+        ):  # it would stand now: not with part of the log (raft_votes.py)
+            self._SyncObj__raftElectionDeadline = monotonicTime() + 0.1
         # pysyncobj checks the election deadline first, then polls: wake just past it
         # (cluster/raft_election_timer.py)
         super()._onTick(poll_timeout(

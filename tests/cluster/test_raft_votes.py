@@ -143,6 +143,8 @@ def test_a_brand_new_cluster_of_empty_seeds_elects(size: int) -> None:
             world.step(0.05)
         assert world.acknowledged and world.violations() == []
         assert all(not node._empty_start.active for node in world.nodes.values())
+        held_back = [r for r in world.logs.records if "does not stand" in r.getMessage()]
+        assert held_back == [], "a follower of a live leader stands for nothing anyway"
     finally:
         world.close()
 
