@@ -28,7 +28,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cluster.cache_sync import CacheSync, SubjectSync
-from migratory.model.cache_budget import ENTRY_OVERHEAD, BudgetedQueue, CacheBudget
+from migratory.model.cache_budget import (
+    ENTRY_OVERHEAD,
+    QUEUE_OVERHEAD,
+    BudgetedQueue,
+    CacheBudget,
+)
 from migratory.model.message import PACKED_EPOCH, Message, PackedMessage, pack, unpack
 from migratory.model.snapshot import merge_snapshot
 
@@ -49,15 +54,28 @@ def packed_size(packed: PackedMessage) -> int:
 class _Queue(deque[PackedMessage]):
     """One subject's cached messages, oldest first, as the budget sees them."""
 
-    __slots__ = ("stale", "subject")
+    __slots__ = ("owner", "stale", "subject")
 
-    def __init__(self, subject: str, maxlen: int, items: Iterable[PackedMessage] = ()) -> None:
+    def __init__(
+        self, subject: str, maxlen: int, owner: dict[str, _Queue],
+        items: Iterable[PackedMessage] = (),
+    ) -> None:
         super().__init__(items, maxlen=maxlen)
         self.subject = subject
+        self.owner = owner
         self.stale = 0
 
     def drop_oldest(self) -> int:
-        return packed_size(self.popleft()) if self else 0
+        """The budget's drop; a queue it empties leaves the caches (an empty deque is
+        ~760 bytes: a million subjects emptied by the budget would be 760 MB of them). It
+        has no entry left in the budget's FIFO then: its stale ones came first."""
+        if not self:
+            return 0
+        size = packed_size(self.popleft())
+        if not self and self.owner.get(self.subject) is self:
+            del self.owner[self.subject]
+            size += QUEUE_OVERHEAD
+        return size
 
 
 class ReplicatedCache:
@@ -89,7 +107,9 @@ class ReplicatedCache:
             subject = message.subject
             queue = cached.get(subject)
             if queue is None:
-                queue = cached[subject] = _Queue(subject, limit)
+                queue = cached[subject] = _Queue(subject, limit, cached)
+                if budget is not None and limit:
+                    budget.bytes += QUEUE_OVERHEAD
             elif queue and queue[-1][PACKED_EPOCH] != message.epoch:
                 if budget is not None:
                     budget.dropped(queue, sum(map(packed_size, queue)), len(queue))
@@ -132,7 +152,8 @@ class ReplicatedCache:
         budget.order.extend(order)
         budget.live = len(order)
         sizes = sum(packed_size(m) for q in self._cached.values() for m in q)
-        budget.bytes = sizes + budget.live * ENTRY_OVERHEAD
+        queues = sum(1 for q in self._cached.values() if q)
+        budget.bytes = sizes + budget.live * ENTRY_OVERHEAD + queues * QUEUE_OVERHEAD
         budget.evict()
         return budget
 
@@ -169,12 +190,15 @@ class ReplicatedCache:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._max_messages = limit = state["max_messages"]
-        self._cached = {
-            s: _Queue(s, limit, (pack(m) if isinstance(m, Message) else m for m in messages))
-            for s, messages in state["cached"].items()
-        }
+        cached: dict[str, _Queue] = {}  # each queue knows the dict it is in
+        self._cached = cached
+        for s, messages in state["cached"].items():
+            if not messages:
+                continue  # a queue comes with a subject's first cached message
+            cached[s] = _Queue(
+                s, limit, cached, (pack(m) if isinstance(m, Message) else m for m in messages)
+            )
         self._snapshots = dict(state["snapshots"])
-        cached = self._cached
         names = state.get("order", ())
         order = [cached[n] for n in names if n in cached] if names else None
         self._budget = self._rebuilt_budget(state.get("budget", 0), order)

@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain, islice
 from typing import Any
 
-from migratory.model.cache_budget import CacheBudget
+from migratory.model.cache_budget import QUEUE_OVERHEAD, CacheBudget
 from migratory.model.message import Message, MessageType, Qos
 
 __all__ = ["SubjectCache", "encoded_bound"]
@@ -222,6 +222,8 @@ class SubjectCache:
         else:
             self._entries = deque((self._one, entry), maxlen=self._max_messages)
             self._one = None
+            if budget is not None:
+                budget.bytes += QUEUE_OVERHEAD
         bound = entry[_BOUND]
         self._bytes += bound
         if bound > self._largest:
@@ -240,7 +242,8 @@ class SubjectCache:
         """Drop every message (the last seq seen stays): the cache is emptied or thrown
         away, and its budget gets their bytes back."""
         if self._budget is not None:
-            self._budget.dropped(self, self._bytes, len(self))
+            queue = 0 if self._entries is None else QUEUE_OVERHEAD
+            self._budget.dropped(self, self._bytes + queue, len(self))
         self._one = self._entries = None
         self._bytes = self._largest = 0
 
@@ -255,8 +258,13 @@ class SubjectCache:
             self._one = None
         else:
             bound = entries.popleft()[_BOUND]
-            if not entries:
+            if len(entries) <= 1:  # one left is held as it is, as after a first append
+                self._one = entries[0] if entries else None
                 self._entries = None
+                self._bytes -= bound
+                if self._one is None:
+                    self._bytes = self._largest = 0
+                return bound + QUEUE_OVERHEAD
         self._bytes -= bound
         if self._one is None and self._entries is None:
             self._bytes = self._largest = 0
@@ -268,6 +276,8 @@ class SubjectCache:
         dropped = 0
         before = self._bytes
         entries = self._entries
+        if entries is not None:
+            before += QUEUE_OVERHEAD
         if entries is None:
             if self._one is not None and now - self._one[_AT] > expire_seconds:
                 self._one = None
@@ -281,7 +291,8 @@ class SubjectCache:
         if self._one is None and self._entries is None:
             self._bytes = self._largest = 0
         if dropped and self._budget is not None:
-            self._budget.dropped(self, before - self._bytes, dropped)
+            after = self._bytes + (0 if self._entries is None else QUEUE_OVERHEAD)
+            self._budget.dropped(self, before - after, dropped)
         return dropped
 
     def since(self, seq: int) -> list[Message] | None:

@@ -12,6 +12,9 @@ each cache; a subscriber that resumes from a message the budget dropped gets the
 snapshot and ``DATA_RESYNC``, as for an expired one -- never a silent gap
 (``last_seq_seen`` survives every drop).
 
+It bounds cached messages (and, in the replicated cache, each subject's queue of them),
+not subjects: a Guaranteed member's per-subject state is outside it.
+
 How: every message a cache takes is appended to one FIFO of *queues* (a reference to
 the subject's queue, 8 bytes; not the message), in the order the messages came. A
 queue that drops messages itself -- its count cap, its expiry, a new epoch -- always
@@ -30,13 +33,16 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["ENTRY_OVERHEAD", "BudgetedQueue", "CacheBudget"]
+__all__ = ["ENTRY_OVERHEAD", "QUEUE_OVERHEAD", "BudgetedQueue", "CacheBudget"]
 
 ENTRY_OVERHEAD = 270
 """Bytes counted per cached message beyond its own (content, subject, fields): its entry
 tuple, the content's and the subject's object headers, its deque slot and FIFO entry.
 Measured: 356-369 bytes of memory per cached 100-byte message with a subject of 18
 characters (benchmarks/cache_memory.py, --budget 0), 387-396 under a budget."""
+QUEUE_OVERHEAD = 760
+"""Bytes counted for a subject's queue of cached messages while it exists (an empty
+``collections.deque`` is 760 bytes): one-off subjects by the million are mostly queues."""
 COMPACT_SLACK = 4096
 
 
@@ -48,7 +54,8 @@ class BudgetedQueue(Protocol):
 
     def drop_oldest(self) -> int:
         """Drop the oldest cached message (the budget's choice); its size, as counted
-        when it was added (0 if the queue is empty)."""
+        when it was added, plus :data:`QUEUE_OVERHEAD` if the queue goes with it (0 if
+        the queue is empty)."""
         ...
 
 
@@ -77,11 +84,12 @@ class CacheBudget:
         self.live += 1
 
     def dropped(self, queue: BudgetedQueue, size: int, count: int = 1) -> None:
-        """``queue`` dropped its ``count`` oldest messages, of ``size`` bytes together."""
+        """``queue`` dropped its ``count`` oldest messages, of ``size`` bytes together
+        (its own :data:`QUEUE_OVERHEAD` included if it let its queue go)."""
+        self.bytes -= size + count * ENTRY_OVERHEAD
         if count <= 0:
             return
         queue.stale += count
-        self.bytes -= size + count * ENTRY_OVERHEAD
         self.live -= count
         if len(self.order) > 2 * self.live + COMPACT_SLACK:
             self.compact()

@@ -93,9 +93,9 @@ assert positions(70) == POSITIONS
 
 
 def test_the_budget_drops_the_same_messages_on_every_seed_and_after_a_dump() -> None:
-    from migratory.model.cache_budget import ENTRY_OVERHEAD
+    from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD
 
-    budget = 9 * (ENTRY_OVERHEAD + 12)
+    budget = 9 * (ENTRY_OVERHEAD + 12) + 3 * QUEUE_OVERHEAD  # 9 messages over 3 subjects
     steady, restored = ReplicatedCache(5, budget), ReplicatedCache(5, budget)
     for batch in commits(0, 30):
         steady.append(batch)
@@ -113,7 +113,7 @@ def test_the_budget_drops_the_same_messages_on_every_seed_and_after_a_dump() -> 
 
 
 def test_a_dump_from_before_the_budget_takes_this_seeds_budget() -> None:
-    from migratory.model.cache_budget import ENTRY_OVERHEAD
+    from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD
 
     old = ReplicatedCache(5)
     for batch in commits(0, 70):
@@ -123,7 +123,24 @@ def test_a_dump_from_before_the_budget_takes_this_seeds_budget() -> None:
     loaded = ReplicatedCache.__new__(ReplicatedCache)
     loaded.__setstate__(state)
     assert cached(loaded, POSITIONS) == cached(old, POSITIONS)  # nothing dropped yet
-    loaded.set_budget(4 * (ENTRY_OVERHEAD + 12))
-    assert sum(map(len, cached(loaded, POSITIONS).values())) == 4
+    limit = 4 * (ENTRY_OVERHEAD + 12) + 3 * QUEUE_OVERHEAD
+    loaded.set_budget(limit)  # no order in the dump: subject after subject
+    assert loaded.budget is not None and loaded.budget.bytes <= limit
+    assert 4 <= sum(map(len, cached(loaded, POSITIONS).values())) < 15
     loaded.set_budget(0)
     assert loaded.budget is None
+
+
+def test_a_subject_the_budget_emptied_leaves_no_queue_behind() -> None:
+    from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD
+
+    cache = ReplicatedCache(5, 3 * (ENTRY_OVERHEAD + 12 + QUEUE_OVERHEAD))
+    for i in range(1000):  # one-off subjects: each queue emptied by the budget later
+        cache.append([message(f"/one/{i:03d}", 1)])
+    assert len(cache._cached) == 3  # not 1,000 empty deques (~760 bytes each)
+    (kept,) = cache.to_sync(1, {"/one/999": (3, 1)}).subjects
+    assert [m.seq for m in kept.cached] == [1]
+    (gone,) = cache.to_sync(1, {"/one/000": (3, 1)}).subjects
+    assert gone.cached == () and gone.snapshot is not None  # positions, snapshots stay
+    cache.append([message("/one/000", 2)])  # the subject goes on in a queue of its own
+    assert [m.seq for m in cache.to_sync(1, {"/one/000": (3, 2)}).subjects[0].cached] == [2]

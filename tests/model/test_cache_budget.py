@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from migratory.model.cache import SubjectCache, encoded_bound
-from migratory.model.cache_budget import ENTRY_OVERHEAD, CacheBudget
+from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD, CacheBudget
 from migratory.model.message import Message
 
 
@@ -36,7 +36,9 @@ class World:
     def check(self) -> None:
         budget, live = self.budget, list(self.caches.values())
         assert budget.live == sum(len(c) for c in live)
-        assert budget.bytes == sum(c.bytes + len(c) * ENTRY_OVERHEAD for c in live)
+        assert budget.bytes == sum(
+            c.bytes + len(c) * ENTRY_OVERHEAD + (0 if c._entries is None else QUEUE_OVERHEAD)
+            for c in live)
         every = live + self.thrown_away
         assert len(budget.order) == budget.live + sum(c.stale for c in every)
         assert len(budget.order) <= 2 * budget.live + 4096 + 1
@@ -105,7 +107,7 @@ def test_a_budget_needs_a_positive_limit() -> None:
 
 
 def test_a_cache_emptied_by_the_budget_still_tells_a_gap_from_up_to_date() -> None:
-    budget = CacheBudget(3 * (ENTRY_OVERHEAD + 12))
+    budget = CacheBudget(3 * (ENTRY_OVERHEAD + 12) + QUEUE_OVERHEAD)
     cold = SubjectCache(budget=budget)
     hot = SubjectCache(budget=budget)
     cold.append(Message("/cold/a", b"1234567", epoch=1, seq=1), 0.0)
@@ -124,7 +126,8 @@ def test_every_way_a_cache_drops_messages_is_counted(max_messages: int) -> None:
     cache = SubjectCache(max_messages=max_messages, expire_seconds=10.0, budget=budget)
 
     def counted() -> tuple[int, int]:
-        return budget.live, budget.bytes - len(cache) * ENTRY_OVERHEAD
+        queue = 0 if cache._entries is None else QUEUE_OVERHEAD
+        return budget.live, budget.bytes - len(cache) * ENTRY_OVERHEAD - queue
 
     for seq in range(1, 6):  # past the count cap
         cache.append(Message("/a/b", b"x" * seq, epoch=1, seq=seq), float(seq))
