@@ -1,0 +1,253 @@
+"""Agreement: the settings two members must share, compared whenever a link is set up.
+
+Pure: no sockets, no trio (``cluster/link_io.py`` exchanges the settings, right after
+authentication; ``cluster/agreement_probe.py`` asks the seeds). Members that do not
+agree refuse the link, and each says why, naming the key and both values.
+
+What must be equal on both sides of a link (:func:`disagreement`):
+
+- ``ClusterDeliveryMode``: a Standard member forwards publications that a Guaranteed
+  member would never number, and the other way round;
+- ``ClusterSeedMemberCount`` (as applied: empty means 3 for 3-4 members, 5 for more)
+  and the seeds themselves, in order: they are the Raft members, and a member that
+  counts another seed dials a member that cannot number its publishes (Guaranteed
+  mode only: Standard members have no seeds but to ask about their settings);
+- ``ClusterMembers``, except that one list may extend the other at its end: raising
+  ``ClusterMemberCount`` (``maxReplicas`` on Kubernetes) rolls the longer list out one
+  pod at a time, and the pods already rolled must keep linking with those not yet
+  rolled (deploy/k8s/README.md, Scaling). Any other difference -- a member missing in
+  the middle, another order -- is refused;
+- the subject group count (a code constant: only members of migratory versions that
+  hash subjects differently disagree on it);
+- who a member is: a link from a process that claims this member's own
+  ``ClusterMemberListen`` is refused (two members configured with one address).
+
+What may differ, and is only logged (:func:`soft_differences`): the extension of
+``ClusterMembers`` above and ``MaxCachedMessagesPerSubject`` (a change of either rolls
+out pod by pod; until it has, a client resuming on the member with the smaller cache
+may get ``DATA_RESYNC`` where it would have got ``DATA_SYNC``). Two members with one
+``ServerName`` get a warning (:func:`name_clash`): nothing routes by it.
+
+:class:`SeedAgreement` turns what a member learnt from the seeds into its readiness: a
+member that a majority of the seeds disagree with (or that found another process at
+its own address) is not ready, so a rolling change that breaks the rule stalls at the
+first pod instead of serving clients from a member that routes differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cluster.coordination import GROUP_COUNT
+
+if TYPE_CHECKING:
+    from migratory.config import Config
+
+SHOWN_MEMBERS = 12
+"""Members of a list written out in a log line; more are counted."""
+
+
+def _name(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSettings:
+    """What one member tells the other at link set-up."""
+
+    member: str
+    """Its ClusterMemberListen, host:port."""
+    members: tuple[str, ...]
+    seed_count: int
+    delivery_mode: str
+    max_cached: int
+    incarnation: str
+    """Random per process: tells two processes with one member name apart."""
+    group_count: int = GROUP_COUNT
+    server_name: str = ""
+    """Its ServerName (logs, audit, the clients' ``connected``): only compared to warn."""
+
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        return self.members[: self.seed_count]
+
+    @classmethod
+    def from_config(cls, config: Config, incarnation: str) -> MemberSettings:
+        assert config.cluster_member_listen is not None
+        return cls(
+            member=_name(config.cluster_member_listen),
+            members=tuple(_name(a) for a in config.cluster_members),
+            seed_count=config.cluster_seed_member_count,
+            delivery_mode=config.cluster_delivery_mode,
+            max_cached=config.max_cached_messages_per_subject,
+            incarnation=incarnation,
+            server_name=config.server_name,
+        )
+
+
+def _listed(members: Sequence[str]) -> str:
+    shown = ", ".join(members[:SHOWN_MEMBERS])
+    more = len(members) - SHOWN_MEMBERS
+    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def _extends(longer: Sequence[str], shorter: Sequence[str]) -> bool:
+    return len(longer) >= len(shorter) and tuple(longer[: len(shorter)]) == tuple(shorter)
+
+
+def disagreement(mine: MemberSettings, theirs: MemberSettings) -> str | None:
+    """Why this member (``mine``) must refuse a link with ``theirs``, or None.
+
+    Symmetric in what it refuses; the text names the key, this member's value
+    ("here") and the peer's ("there")."""
+    peer = theirs.member
+    if theirs.member == mine.member and theirs.incarnation != mine.incarnation:
+        return (
+            f"another process (incarnation {theirs.incarnation}) claims {peer}, this "
+            f"member's ClusterMemberListen (this one is {mine.incarnation}): two members "
+            "configured with the same address"
+        )
+    if mine.member not in theirs.members:
+        return (
+            f"this member ({mine.member}) is not one of {peer}'s ClusterMembers: "
+            f"there {_listed(theirs.members)}"
+        )
+    if peer not in mine.members:
+        return f"{peer} is not one of ClusterMembers here: {_listed(mine.members)}"
+    if theirs.delivery_mode != mine.delivery_mode:
+        return (
+            f"ClusterDeliveryMode differs from {peer}'s: {mine.delivery_mode} here, "
+            f"{theirs.delivery_mode} there"
+        )
+    guaranteed = mine.delivery_mode == "Guaranteed"  # Standard members have no Raft
+    if guaranteed and theirs.seed_count != mine.seed_count:
+        return (
+            f"ClusterSeedMemberCount differs from {peer}'s: {mine.seed_count} here, "
+            f"{theirs.seed_count} there (as applied: empty is 3 for 3-4 members, 5 for more)"
+        )
+    if theirs.group_count != mine.group_count:
+        return (
+            f"the subject group count differs from {peer}'s: {mine.group_count} here, "
+            f"{theirs.group_count} there (another migratory version)"
+        )
+    if theirs.members == mine.members:
+        return None
+    seeds_differ = guaranteed and theirs.seeds != mine.seeds
+    what = "the seeds differ" if seeds_differ else (
+        "only members added or removed at the end may differ while a change rolls out"
+    )
+    if seeds_differ or not (
+        _extends(mine.members, theirs.members) or _extends(theirs.members, mine.members)
+    ):
+        return (
+            f"ClusterMembers differ from {peer}'s ({what}): here {_listed(mine.members)}, "
+            f"there {_listed(theirs.members)}"
+        )
+    return None
+
+
+def soft_differences(mine: MemberSettings, theirs: MemberSettings) -> tuple[str, ...]:
+    """What differs between two members that agree, and is allowed (to be logged)."""
+    peer = theirs.member
+    found = []
+    if theirs.members != mine.members:
+        found.append(
+            f"ClusterMembers of {peer} has {len(theirs.members)} members, "
+            f"{len(mine.members)} here (one extends the other: a change of "
+            "ClusterMemberCount rolling out)"
+        )
+    if theirs.max_cached != mine.max_cached:
+        found.append(
+            f"MaxCachedMessagesPerSubject differs from {peer}'s: {mine.max_cached} here, "
+            f"{theirs.max_cached} there (allowed while a change rolls out: a client that "
+            "resumes on the member with the smaller cache may get DATA_RESYNC)"
+        )
+    return tuple(found)
+
+
+def name_clash(mine: MemberSettings, theirs: MemberSettings) -> str | None:
+    """Two members with one ServerName: allowed (nothing routes by it), but their
+    logs, audit lines and the clients' ``connected`` cannot be told apart."""
+    if theirs.member == mine.member or not mine.server_name:
+        return None
+    if theirs.server_name != mine.server_name:
+        return None
+    return (
+        f"ServerName {mine.server_name!r} is also {theirs.member}'s: two members with one "
+        "name in logs, audit and the clients' connected (set ServerName per member)"
+    )
+
+
+@dataclass(slots=True)
+class SeedAgreement:
+    """What this member learnt from the seeds and from its own address; its readiness.
+
+    Each seed's latest verdict: None (agrees), a reason (disagrees); a seed that could
+    not be asked counts for nothing. Not ready: until the first round of questions has
+    been answered, when another process answers at this member's own address, or when
+    a majority of the seeds disagree with it (this member agreeing with itself, if it
+    is a seed). A minority that disagrees is the odd one out: this member stays ready.
+    A Guaranteed member starts its role only once :meth:`settled` (a majority linked).
+    """
+
+    me: str
+    seeds: tuple[str, ...]
+    verdicts: dict[str, str | None] = field(default_factory=dict)
+    own_address: str | None = None
+    """Why the process answering at this member's own address is not this one."""
+    rounds: int = 0
+
+    def record(self, seed: str, verdict: str | None) -> None:
+        """``seed`` linked (None: agrees, or is too old to compare) or refused (why)."""
+        self.verdicts[seed] = verdict
+
+    def forget(self, seed: str) -> None:
+        """``seed`` could not be asked (down, unreachable, an older version)."""
+        self.verdicts.pop(seed, None)
+
+    def against(self) -> dict[str, str]:
+        """The seeds that disagree with this member, and why."""
+        return {s: r for s in self.seeds if s != self.me and (r := self.verdicts.get(s))}
+
+    def settled(self) -> bool:
+        """Whether this member may start its role: nothing against it, and a majority of
+        the seeds (itself, if a seed) linked with it -- agreeing, or too old to compare."""
+        if self.reason() is not None:
+            return False
+        linked = sum(1 for s in self.seeds if s == self.me or (
+            s in self.verdicts and self.verdicts[s] is None))
+        return linked >= len(self.seeds) // 2 + 1
+
+    def reason(self) -> str | None:
+        """Why this member must not take clients (or run its role), or None."""
+        if self.own_address is not None:
+            return self.own_address
+        against = self.against()
+        if len(against) >= len(self.seeds) // 2 + 1:
+            first = next(iter(against.values()))
+            return f"{len(against)} of the {len(self.seeds)} seeds disagree: {first}"
+        if self.rounds == 0:
+            return "member is comparing its cluster settings with the seeds'"
+        return None
+
+
+@dataclass(slots=True)
+class Repeats:
+    """Which refusals to log at warning: each (peer, reason) once every ``every`` seconds
+    (a refused member redials every 0.3 s; its log must stay readable)."""
+
+    every: float = 60.0
+    last: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def first(self, peer: str, reason: str, now: float) -> bool:
+        """Whether this refusal is worth a warning now."""
+        key = (peer, reason)
+        then = self.last.get(key)
+        if then is not None and now - then < self.every:
+            return False
+        if len(self.last) >= 1024:
+            self.last.clear()
+        self.last[key] = now
+        return True
