@@ -26,6 +26,13 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync
     {"t": "p",  "m": M}                                        StandardPublish
     {"t": "hb", "c": clsn, "r": ready}                         Heartbeat
+    {"t": "cf", "m": member, "l": [member, ...], "k": seed_count, "d": delivery_mode,
+     "g": group_count, "c": max_cached, "i": incarnation, "n": server_name}  Settings
+
+``Settings`` is the first operation each side sends (the connector first, the acceptor
+in answer); each compares the other's with its own (:func:`cluster.agreement.disagreement`)
+and closes the link when they disagree. An acceptor takes a link whose first operation
+is another one as from an older migratory (nothing compared).
 
 A message ``M`` is an 8-item array
 ``[subject, content, fields, flags, closure | null, epoch, seq, type]``: ``content`` a
@@ -65,6 +72,7 @@ from cluster.link_ops import (
     LinkOp,
     Outgoing,
     Replicate,
+    Settings,
     StandardPublish,
     Sync,
     SyncRefused,
@@ -90,6 +98,7 @@ __all__ = [
     "LinkOp",
     "Outgoing",
     "Replicate",
+    "Settings",
     "StandardPublish",
     "Sync",
     "SyncRefused",
@@ -274,7 +283,7 @@ class LinkConnection:
         member_c, nonce_c = r.member("m"), r.binary("n", NONCE_SIZE)
         expected = _mac(self._key, _MAC_ACCEPT, self._nonce, member_c)
         if not hmac.compare_digest(r.binary("mac", _MAC_SIZE), expected):
-            raise LinkError(f"bad mac from {member_c[:80]!r} (wrong password or replay)")
+            raise LinkError(f"bad mac from {member_c[:80]!r} (wrong ClusterPassword or replay)")
         mac = _mac(self._key, _MAC_CONNECT, nonce_c, self.member)
         self._pending += [Outgoing(_frame({"t": "welcome", "mac": mac})), Authenticated(member_c)]
 
@@ -282,5 +291,7 @@ class LinkConnection:
         """Connector: check the acceptor's proof."""
         expected = _mac(self._key, _MAC_CONNECT, self._nonce, self._challenger)
         if not hmac.compare_digest(r.binary("mac", _MAC_SIZE), expected):
-            raise LinkError(f"bad mac from {self._challenger[:80]!r} (wrong password or replay)")
+            raise LinkError(
+                f"bad mac from {self._challenger[:80]!r} (wrong ClusterPassword or replay)"
+            )
         self._pending.append(Authenticated(self._challenger))

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import trio
 
 from cluster import link
+from cluster.agreement import (
+    MemberSettings,
+    Repeats,
+    disagreement,
+    name_clash,
+    soft_differences,
+)
 
 if TYPE_CHECKING:
     from migratory.config import Config
@@ -31,6 +39,20 @@ CONNECT_ERRORS = (
 )
 """What dialling a member may raise when the member or the network fails."""
 RECV_SIZE = 1 << 16
+
+
+_NOTED = Repeats(every=600.0)
+"""Allowed differences already logged (each once per peer every 10 minutes)."""
+
+
+class Disagreement(link.LinkError):
+    """The peer is not the member this one expects, or its cluster settings disagree
+    with this member's (:func:`cluster.agreement.disagreement`): the link is refused."""
+
+
+class OlderPeer(link.LinkError):
+    """The peer closed the link on receiving this member's settings: a migratory that
+    does not know them (or an acceptor that refused this member before reading them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,33 +108,86 @@ class LinkChannel:
         role: Literal["accept", "connect"],
         member: str,
         password: str,
+        settings: MemberSettings | None = None,
     ) -> None:
+        """``settings``: this member's, exchanged with the peer's after authentication
+        (None: nothing exchanged, as an older migratory)."""
         self.stream = stream
         self.codec = link.LinkConnection(role=role, member=member, password=password)
         self._send_lock = trio.Lock()
         self.peer: str | None = None
+        self.settings = settings
+        self.peer_settings: MemberSettings | None = None
+        """The peer's settings once exchanged (None: not exchanged, an older peer)."""
+        self._first: link.LinkOp | None = None  # an older connector's first operation
 
     async def handshake(self, members: frozenset[str] | None = None) -> str:
-        """Authenticate both ways; returns the peer's member name.
+        """Authenticate both ways, then exchange and compare the members' settings;
+        returns the peer's member name. Raises :class:`Disagreement` when they disagree
+        (after the acceptor sent its own, so both sides can say why).
 
         An acceptor also checks that the peer is one of ``members`` (ClusterMembers).
         """
         peer = await self._authenticate()
+        if self.settings is not None:
+            # no time limit: the peer is authenticated, and an older one sends its first
+            # operation only when it has one (a Standard forwarder, its first publish)
+            await self._agree(peer, self.settings)
         if members is not None and peer not in members:
-            raise link.LinkError(f"peer {peer!r} is not one of ClusterMembers")
+            raise Disagreement(f"peer {peer!r} is not one of ClusterMembers")
         return peer
 
-    async def _authenticate(self) -> str:
+    async def _agree(self, peer: str, mine: MemberSettings) -> None:
+        if self.codec.role == "connect":
+            await self.send(link.Settings(mine))
+            op = await self.receive()
+            if op is None:
+                raise OlderPeer(f"{peer} closed the link on receiving this member's settings")
+        else:
+            op = await self.receive()
+            if op is None:
+                raise EOFError("peer closed the link")
+            if not isinstance(op, link.Settings):
+                self._first = op  # an older migratory: nothing to compare
+                return
+            await self.send(link.Settings(mine))
+        if not isinstance(op, link.Settings):
+            raise link.LinkError(f"{peer} answered {type(op).__name__} to Settings")
+        theirs = op.settings
+        if theirs.member != peer:
+            raise Disagreement(f"{peer}'s settings name another member, {theirs.member}")
+        self.peer_settings = theirs
+        reason = disagreement(mine, theirs)
+        if reason is not None:
+            raise Disagreement(reason)
+        for note in soft_differences(mine, theirs):
+            if _NOTED.first(peer, note, time.monotonic()):
+                log.info("cluster settings: %s", note)
+        clash = name_clash(mine, theirs)
+        if clash is not None and _NOTED.first(peer, clash, time.monotonic()):
+            log.warning("cluster settings: %s", clash)
+
+    async def _authenticate(self, dialled: str = "the peer") -> str:
         if isinstance(self.stream, trio.SSLStream):
             await self._tls_handshake(self.stream)
+        proved = False
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             first = self.codec.initiate()
             if first:
                 await self.stream.send_all(first)
             while True:
-                event = await self._next_event()
+                try:
+                    event = await self._next_event()
+                except (EOFError, trio.BrokenResourceError) as exc:
+                    if not proved:
+                        raise
+                    raise Disagreement(
+                        f"authentication failed: {dialled} closed the link on this member's "
+                        "proof (a different ClusterPassword?)"
+                    ) from exc
                 if isinstance(event, link.Outgoing):
                     await self.stream.send_all(event.data)
+                    proved = self.codec.role == "connect"
                 elif isinstance(event, link.Authenticated):
                     self.peer = event.peer
                     return event.peer
@@ -126,9 +201,9 @@ class LinkChannel:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as waited:
             try:
                 await stream.do_handshake()
-            except trio.BrokenResourceError as exc:
+            except trio.BrokenResourceError as exc:  # a certificate refused, or no TLS
                 reason = describe(exc.__cause__ or exc)
-                raise link.LinkError(f"TLS handshake failed: {reason}") from exc
+                raise Disagreement(f"TLS handshake failed: {reason}") from exc
         if waited.cancelled_caught:
             raise link.LinkError(
                 f"TLS handshake failed: not finished within {HANDSHAKE_TIMEOUT:g} s"
@@ -147,6 +222,9 @@ class LinkChannel:
 
     async def receive(self) -> link.LinkOp | None:
         """The next operation, or None when the peer closed the link."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         try:
             event = await self._next_event()
         except (trio.BrokenResourceError, trio.ClosedResourceError, EOFError):
@@ -171,25 +249,56 @@ class LinkChannel:
 
 
 async def connect(
-    address: tuple[str, int], *, member: str, password: str, tls: ClusterTls | None = None
+    address: tuple[str, int],
+    *,
+    member: str,
+    password: str,
+    tls: ClusterTls | None = None,
+    settings: MemberSettings | None = None,
 ) -> LinkChannel:
     """An authenticated link to the member at ``address``. Raises OSError,
-    trio.BrokenResourceError (a reset while connecting), EOFError, LinkError or
-    trio.TooSlowError: callers that retry must catch them all (``CONNECT_ERRORS``).
+    trio.BrokenResourceError (a reset while connecting), EOFError, LinkError (and its
+    :class:`Disagreement`) or trio.TooSlowError: callers that retry must catch them all
+    (``CONNECT_ERRORS``).
+
+    With ``settings``, the members compare theirs first (:class:`Disagreement` when
+    they disagree); a peer that closes the link on receiving them (an older migratory)
+    is dialled again without them, and the link comes back with ``peer_settings`` None.
 
     The dial itself is bounded by :data:`DIAL_TIMEOUT`: a SYN nobody answers (a seed
     pod gone with its IP, the name still resolving to it) is retried by the kernel for
     about two minutes, during which a non-seed would wait for that one seed instead of
     trying the next."""
+    try:
+        return await _dial(address, member, password, tls, settings)
+    except OlderPeer as exc:
+        log.info("%s: linking without comparing settings (an older migratory?)", exc)
+        return await _dial(address, member, password, tls, None)
+
+
+async def _dial(
+    address: tuple[str, int],
+    member: str,
+    password: str,
+    tls: ClusterTls | None,
+    settings: MemberSettings | None,
+) -> LinkChannel:
     with trio.fail_after(DIAL_TIMEOUT):
         stream = await trio.open_tcp_stream(*address)
     channel = LinkChannel(
-        secured(stream, tls, server_side=False), role="connect", member=member, password=password
+        secured(stream, tls, server_side=False),
+        role="connect",
+        member=member,
+        password=password,
+        settings=settings,
     )
     try:
-        peer = await channel.handshake()
+        peer = await channel._authenticate(f"{address[0]}:{address[1]}")
         if peer != f"{address[0]}:{address[1]}":
-            raise link.LinkError(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
+            raise Disagreement(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
+        if settings is not None:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await channel._agree(peer, settings)
     except BaseException:
         await channel.aclose()
         raise

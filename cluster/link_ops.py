@@ -12,6 +12,7 @@ from typing import Any, Final, assert_never, cast
 
 import cbor2
 
+from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
 from migratory.model.message import Message, MessageType, Qos, new_message
@@ -130,8 +131,17 @@ class Heartbeat:
     ready: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Either side, first thing after authentication: the cluster settings the two
+    members must agree on (:mod:`cluster.agreement`)."""
+
+    settings: MemberSettings
+
+
 LinkOp = (
-    Forward
+    Settings
+    | Forward
     | ForwardFailed
     | Replicate
     | Batch
@@ -251,6 +261,10 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             return {"t": "p", "m": _message_item(message)}
         case Heartbeat(clsn=clsn, ready=ready):
             return {"t": "hb", "c": clsn, "r": ready}
+        case Settings(settings=m):
+            return {"t": "cf", "m": m.member, "l": list(m.members), "k": m.seed_count,
+                    "d": m.delivery_mode, "g": m.group_count, "c": m.max_cached,
+                    "i": m.incarnation, "n": m.server_name}
         case _:
             assert_never(op)
 
@@ -403,6 +417,17 @@ def _forward_failed(r: _Body) -> ForwardFailed:
     return ForwardFailed(origins=r.origins("o"), reason=r.text("r"), unknown=r.boolean("u"))
 
 
+def _settings(r: _Body) -> Settings:
+    members = r.array("l")
+    if not all(type(m) is str and m for m in members):
+        raise LinkError("'cf' frame: 'l' must hold member names")
+    return Settings(MemberSettings(
+        member=r.member("m"), members=tuple(members), seed_count=r.uint("k"),
+        delivery_mode=r.text("d"), max_cached=r.uint("c"), incarnation=r.text("i"),
+        group_count=r.uint("g"), server_name=r.text("n"),
+    ))
+
+
 _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "fw": (("r",), _forward),
     "ff": (("o", "r", "u"), _forward_failed),
@@ -413,6 +438,7 @@ _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "s": (("c", "s"), _sync),
     "p": (("m",), lambda r: StandardPublish(r.message("m"))),
     "hb": (("c", "r"), lambda r: Heartbeat(r.uint("c"), r.boolean("r"))),
+    "cf": (("m", "l", "k", "d", "g", "c", "i", "n"), _settings),
 }
 _HANDSHAKE_KEYS: Final = {"challenge": ("n", "m"), "auth": ("m", "n", "mac"), "welcome": ("mac",)}
 

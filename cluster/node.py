@@ -24,6 +24,8 @@ from typing import Any
 
 import trio
 
+from cluster.agreement import MemberSettings
+from cluster.agreement_probe import AgreementProbe
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
 from cluster.link_io import ClusterTls
@@ -67,33 +69,44 @@ class GuaranteedNode:
         )
         self.stream = CommittedStream(self.publishing, is_ready=self._is_ready)
         self.outgoing = Outgoing(self.publishing)
+        settings = MemberSettings.from_config(config, incarnation=secrets.token_hex(4))
+        tls = ClusterTls.from_config(config)
+        self.agreement = AgreementProbe(
+            settings=settings, seeds=config.seed_members, own=config.cluster_member_listen,
+            password=config.cluster_password, tls=tls,
+        )
+        self._role_started = False
         self.seed: SeedCoordination | None = None
         self.upstream: UpstreamReplication | None = None
         if self.is_seed:
             self.seed = SeedCoordination(
-                config=config, name=self.name, stream=self.stream, outgoing=self.outgoing
+                config=config, name=self.name, stream=self.stream, outgoing=self.outgoing,
+                settings=settings,
             )
         else:
             self.upstream = UpstreamReplication(
                 name=self.name,
                 seeds=config.seed_members,
                 password=config.cluster_password,
-                tls=ClusterTls.from_config(config),
+                tls=tls,
                 stream=self.stream,
                 outgoing=self.outgoing,
+                settings=settings,
             )
         self.peers = PeerService(
             name=self.name,
             members=frozenset(member_name(a) for a in config.cluster_members),
             password=config.cluster_password,
-            tls=ClusterTls.from_config(config),
+            tls=tls,
             stream=self.stream,
             take_forward=None if self.seed is None else self.seed.take_forward,
+            settings=settings,
         )
         self.readiness = Readiness(
             self.replica,
             self._role_reason,
             syncing=lambda: self.seed is not None and self.seed.syncing,
+            agreement=self.agreement.reason,
             clock=trio.current_time,
         )
         self.server = Server(
@@ -106,6 +119,8 @@ class GuaranteedNode:
         )
 
     def _role_reason(self, now: float) -> str | None:
+        if not self._role_started:
+            return "member is waiting for a majority of the seeds to compare cluster settings"
         if self.seed is not None:
             return self.seed.not_ready_reason()
         assert self.upstream is not None
@@ -127,6 +142,7 @@ class GuaranteedNode:
             "applied_clsn": self.replica.applied_clsn,
             "replicating_from": None if self.upstream is None else self.upstream.view.seed,
             "replicas_served": sorted(self.stream.followers),
+            "seeds_disagreeing": self.agreement.agreement.against(),
             "publishing": self.publishing.statistics(),
         }
         if self.seed is not None and self.seed.raft is not None:
@@ -134,13 +150,24 @@ class GuaranteedNode:
             status["raft_commands"] = self.seed.commit_statistics()
         return status
 
+    async def _start_role(self, nursery: trio.Nursery) -> None:
+        """Raft (a seed) or replication from a seed (a non-seed), once the seeds agree
+        with this member: never under a name another process holds, nor with settings
+        the seeds refuse (the readiness says why meanwhile)."""
+        await self.agreement.wait_agreed()
+        self._role_started = True
+        role: Role = self.seed if self.seed is not None else self.upstream  # type: ignore[assignment]
+        await nursery.start(role.run)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.peers.run, self.config.cluster_bind)
             log.info("cluster link on %s (%s)", self.name, "seed" if self.is_seed else "non-seed")
-            role: Role = self.seed if self.seed is not None else self.upstream  # type: ignore[assignment]
-            await nursery.start(role.run)
+            if self.seed is not None:
+                await self.seed.check_data_dir()
+            await nursery.start(self.agreement.run)
+            nursery.start_soon(self._start_role, nursery)
             nursery.start_soon(
                 keep_house, f"member {self.name}", self.publishing, self.readiness, self.server
             )

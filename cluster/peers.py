@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 import trio
 
 from cluster import link
+from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest
-from cluster.link_io import ClusterTls, LinkChannel, describe, secured
+from cluster.link_io import ClusterTls, Disagreement, LinkChannel, describe, secured
 from cluster.stream import FOLLOWER_QUEUE, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
@@ -44,8 +45,12 @@ class PeerService:
         tls: ClusterTls | None = None,
         stream: CommittedStream,
         take_forward: TakeForward | None,
+        settings: MemberSettings | None = None,
     ) -> None:
-        """``take_forward(peer, requests)`` submits a non-seed's publishes (seeds only)."""
+        """``take_forward(peer, requests)`` submits a non-seed's publishes (seeds only);
+        ``settings``: this member's, compared with each peer's (:mod:`cluster.agreement`)."""
+        self.settings = settings
+        self.refusals = Repeats()
         self.name = name
         self.members = members
         self.password = password
@@ -72,11 +77,17 @@ class PeerService:
             role="accept",
             member=self.name,
             password=self.password,
+            settings=self.settings,
         )
         peer = "?"
         try:
             try:
                 peer = await channel.handshake(self.members)
+            except Disagreement as exc:
+                who = f"from {channel.peer} " if channel.peer else ""
+                if self.refusals.first(who, exc.reason, trio.current_time()):
+                    log.warning("cluster link %srefused: %s", who, exc.reason)
+                return
             except (link.LinkError, trio.TooSlowError, OSError, EOFError,
                     trio.BrokenResourceError) as exc:
                 log.warning("cluster link refused: %s", exc or type(exc).__name__)

@@ -264,7 +264,7 @@ class RaftTimings:
     compaction_seconds: float = 120.0  # ClusterLogCompactionTime
 
 
-def _journal_files(data_dir: Path | None) -> dict[str, str]:
+def journal_files(data_dir: Path | None) -> dict[str, str]:
     """pysyncobj's journal (log, term, vote) and its compaction dump under ``data_dir``."""
     if data_dir is None:
         return {}
@@ -336,7 +336,7 @@ class RaftCoordination:
             logCompactionMinEntries=int(timings.compaction_entries * stagger),
             logCompactionMinTime=timings.compaction_seconds * stagger,
             bindAddress=raft_address(bind_address) if bind_address else None,
-            **_journal_files(data_dir),
+            **journal_files(data_dir),
         )
         self.address = me
         self.syncobj = _SeedSyncObj(

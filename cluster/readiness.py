@@ -42,15 +42,21 @@ class Readiness:
         role_reason: Callable[[float], str | None],
         *,
         syncing: Callable[[], bool] = lambda: False,
+        agreement: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float],
     ) -> None:
+        """``agreement``: why the seeds refuse this member (:mod:`cluster.agreement`)."""
         self.replica = replica
         self.role_reason = role_reason
         self.syncing = syncing
+        self.agreement = agreement
         self.clock = clock
 
     def reason(self) -> str | None:
         """Why the member cannot take clients now, or None when it can."""
+        disagreed = self.agreement()
+        if disagreed is not None:
+            return disagreed
         if self.replica.needs_sync or self.syncing():
             return "member is syncing its cache"
         return self.role_reason(self.clock())

@@ -28,12 +28,13 @@ from typing import TypeVar
 import trio
 
 from cluster import link
+from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, connect
-from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
+from cluster.raft import RaftCoordination, RaftStatus, RaftTimings, journal_files
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
@@ -63,10 +64,18 @@ T = TypeVar("T")
 
 class SeedCoordination:
     def __init__(
-        self, *, config: Config, name: str, stream: CommittedStream, outgoing: Outgoing
+        self,
+        *,
+        config: Config,
+        name: str,
+        stream: CommittedStream,
+        outgoing: Outgoing,
+        settings: MemberSettings | None = None,
     ) -> None:
+        """``settings``: this member's, compared with the seed a sync comes from."""
         assert config.cluster_member_listen is not None
         self.config = config
+        self.settings = settings
         self.tls = ClusterTls.from_config(config)
         self.name = name
         self.stream = stream
@@ -84,6 +93,12 @@ class SeedCoordination:
         self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
 
     # --- running ----------------------------------------------------------------------
+
+    async def check_data_dir(self) -> None:
+        """Raises OSError naming ClusterDataDir when it cannot hold the Raft log: checked
+        at start-up, before Raft waits for the seeds (:mod:`cluster.agreement_probe`), so
+        an unusable directory still stops the member at once."""
+        await trio.to_thread.run_sync(journal_files, Path(self.config.cluster_data_dir))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -320,7 +335,8 @@ class SeedCoordination:
         try:
             with trio.fail_after(10):
                 channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password, tls=self.tls)
+                                        password=self.config.cluster_password, tls=self.tls,
+                                        settings=self.settings)
                 try:
                     await channel.send(link.SyncRequest(replica.sync_floor))
                     op = await channel.receive()

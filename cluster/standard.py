@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 from typing import Any
 
 import trio
 
 from cluster import link
-from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect, secured
+from cluster.agreement import MemberSettings, Repeats
+from cluster.agreement_probe import AgreementProbe
+from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChannel, connect, secured
 from cluster.monitoring import standard_metrics
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
@@ -58,10 +61,17 @@ class StandardNode:
         self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
         self.connected: set[str] = set()
         self.dropped = 0
+        self.settings = MemberSettings.from_config(config, incarnation=secrets.token_hex(4))
+        self.agreement = AgreementProbe(
+            settings=self.settings, seeds=config.seed_members, own=self.address,
+            password=config.cluster_password, tls=self.tls,
+        )
+        self.refusals = Repeats()
         self.server = Server(
             config,
             hub=self.hub,
             publishing=StandardPublishing(self.hub, self),
+            readiness=self.agreement.reason,
             cluster_status=self.status,
             cluster_metrics=lambda: standard_metrics(self),
         )
@@ -72,7 +82,9 @@ class StandardNode:
             "index": self.config.member_index,
             "role": "member",
             "mode": "Standard",
-            "ready": True,
+            "ready": self.agreement.reason() is None,
+            "not_ready_reason": self.agreement.reason(),
+            "seeds_disagreeing": self.agreement.agreement.against(),
             "epoch": self.hub.epoch,
             "forwarding_to": sorted(self.connected),
             "forward_dropped": self.dropped,
@@ -98,6 +110,7 @@ class StandardNode:
                     self.queues[member_name(address)] = send
                     nursery.start_soon(self._forward_to, address, receive)
             log.info("cluster link on %s (Standard mode)", self.name)
+            nursery.start_soon(self.agreement.run)
             task_status.started()
 
     async def _forward_to(
@@ -107,7 +120,13 @@ class StandardNode:
         while True:
             try:
                 channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password, tls=self.tls)
+                                        password=self.config.cluster_password, tls=self.tls,
+                                        settings=self.settings)
+            except Disagreement as exc:
+                if self.refusals.first(name, exc.reason, trio.current_time()):
+                    log.warning("not forwarding to %s: %s", name, exc.reason)
+                await trio.sleep(RETRY_SECONDS)
+                continue
             except CONNECT_ERRORS:
                 await trio.sleep(RETRY_SECONDS)
                 continue
@@ -131,6 +150,7 @@ class StandardNode:
             role="accept",
             member=self.name,
             password=self.config.cluster_password,
+            settings=self.settings,
         )
         try:
             await channel.handshake(self.member_names)
@@ -141,6 +161,10 @@ class StandardNode:
                 if not isinstance(op, link.StandardPublish):
                     raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
                 self.hub.publish(op.message, trio.current_time())
+        except Disagreement as exc:
+            who = f"from {channel.peer} " if channel.peer else ""
+            if self.refusals.first(who, exc.reason, trio.current_time()):
+                log.warning("cluster link %srefused: %s", who, exc.reason)
         except CONNECT_ERRORS as exc:
             log.warning("cluster link from %s ended: %s", channel.peer or "?", exc)
         except Exception:

@@ -33,8 +33,16 @@ from dataclasses import dataclass
 import trio
 
 from cluster import link
+from cluster.agreement import MemberSettings, Repeats
 from cluster.forwarding import SUBMIT_LINGER, Outgoing, forward_to
-from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect, describe
+from cluster.link_io import (
+    CONNECT_ERRORS,
+    ClusterTls,
+    Disagreement,
+    LinkChannel,
+    connect,
+    describe,
+)
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
 
@@ -76,8 +84,12 @@ class UpstreamReplication:
         stream: CommittedStream,
         outgoing: Outgoing,
         forward_linger: float = SUBMIT_LINGER,
+        settings: MemberSettings | None = None,
     ) -> None:
-        """``forward_linger``: seconds publishes wait to share one forward."""
+        """``forward_linger``: seconds publishes wait to share one forward; ``settings``:
+        this member's, compared with each seed's (:mod:`cluster.agreement`)."""
+        self.settings = settings
+        self.refusals = Repeats()
         self.name = name
         self.forward_linger = forward_linger
         self.seeds = list(seeds)
@@ -107,8 +119,13 @@ class UpstreamReplication:
         seed = member_name(address)
         try:
             channel = await connect(
-                address, member=self.name, password=self.password, tls=self.tls
+                address, member=self.name, password=self.password, tls=self.tls,
+                settings=self.settings,
             )
+        except Disagreement as exc:
+            if self.refusals.first(seed, exc.reason, trio.current_time()):
+                log.warning("not replicating from seed %s: %s", seed, exc.reason)
+            return
         except CONNECT_ERRORS as exc:
             log.debug("seed %s unreachable: %s", seed, exc)
             return

@@ -178,6 +178,9 @@ def test_a_failure_while_copying_a_peer_seeds_caches_ends_only_that_attempt(
 
     monkeypatch.setattr("cluster.seed.SeedCoordination._sync_from", failing_sync_from)
     monkeypatch.setattr("cluster.seed.RETRY_SECONDS", 0.05)
+    # a lone seed starts Raft only once a peer seed has compared settings with it (the
+    # agreement probe): none runs here
+    monkeypatch.setattr("cluster.agreement.SeedAgreement.settled", lambda self: True)
     node = GuaranteedNode(seed_config(tmp_path))
     coordinator = Coordinator()
     batches = [
@@ -191,6 +194,9 @@ def test_a_failure_while_copying_a_peer_seeds_caches_ends_only_that_attempt(
             await nursery.start(node.server.serve)
             await nursery.start(node.run)
             assert node.seed is not None
+            with trio.fail_after(5):  # the role starts once the agreement has settled
+                while node.seed._nursery is None:
+                    await trio.sleep(0.01)
             node.seed._committed(batches[1])  # batch 1 never came: a gap
             with trio.fail_after(10):
                 while len(attempts) < 4:

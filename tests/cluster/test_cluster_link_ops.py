@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster import link, link_ops
+from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.link import (
@@ -46,6 +47,7 @@ from cluster.link import (
     LinkError,
     LinkOp,
     Replicate,
+    Settings,
     StandardPublish,
     Sync,
     SyncRefused,
@@ -86,6 +88,9 @@ EXAMPLES: list[LinkOp] = [
     StandardPublish(msg(3, retained=True, qos=Qos.GUARANTEED, closure="x")),
     Heartbeat(0),
     Heartbeat(123456789, ready=False),
+    Settings(MemberSettings(CONNECTOR, (ACCEPTOR, CONNECTOR), 3, "Guaranteed", 1000, "ab12",
+                            server_name="migratory-1")),
+    Settings(MemberSettings(ACCEPTOR, (), 0, "", 0, "", group_count=2**64 - 1)),
 ]
 
 
@@ -149,6 +154,11 @@ ops = st.one_of(
     st.builds(Sync, st.builds(CacheSync, u64, st.lists(subject_syncs, max_size=4).map(tuple))),
     st.builds(StandardPublish, messages),
     st.builds(Heartbeat, u64, st.booleans()),
+    st.builds(Settings, st.builds(
+        MemberSettings, st.text(min_size=1, max_size=12),
+        st.lists(st.text(min_size=1, max_size=12), max_size=4).map(tuple), u64, texts, u64,
+        texts, u64, texts,
+    )),
 )
 
 

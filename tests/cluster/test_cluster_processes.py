@@ -195,9 +195,17 @@ def test_member_with_wrong_cluster_password_is_refused(tmp_path: Path) -> None:
         cluster.wait_ready(range(3))
         time.sleep(2)
         assert not cluster.ready(3)
-        assert "not replicating from a seed" in cluster.status(3)["not_ready_reason"]
+        reason = cluster.status(3)["not_ready_reason"]
+        assert reason.startswith("3 of the 3 seeds disagree: authentication failed: "), reason
+        assert reason.endswith("closed the link on this member's proof (a different "
+                               "ClusterPassword?)"), reason
         seed_logs = "".join(cluster.log(i) for i in range(3))
-        assert "cluster link refused: authentication failed" in seed_logs
+        assert "cluster link refused: authentication failed: bad mac from " in seed_logs
+        assert "(wrong ClusterPassword or replay)" in seed_logs
+        assert "replicating from seed" not in cluster.log(3)  # its role never started
+        started = time.monotonic()
+        cluster.kill(3, signal.SIGTERM)  # a member the seeds refuse still stops when told
+        assert time.monotonic() - started < 5
     finally:
         cluster.stop()
 

@@ -1,0 +1,117 @@
+"""The agreement probe: a member asks every seed, and its own address, whether they
+agree with its cluster settings (the rule is :mod:`cluster.agreement`; this is the I/O).
+
+A round dials them all at once (each a link set up and closed at once), records each
+seed's verdict in :class:`~cluster.agreement.SeedAgreement`, and is repeated every
+:data:`PROBE_SECONDS` (every :data:`RETRY_SECONDS` while a seed could not be asked: a
+member started before the seeds learns their verdict soon after they are up).
+
+The member's readiness includes the agreement's reason, and a Guaranteed member starts
+its role (Raft, or replication from a seed) only once the agreement has none
+(:meth:`AgreementProbe.wait_agreed`) and a majority of the seeds linked with it: a
+member that the seeds' majority refuses, or that finds another process at its own
+address, never runs Raft under a name that is not its own nor follows a seed in another
+member's place -- not even when it starts before the seeds can answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import trio
+
+from cluster.agreement import MemberSettings, Repeats, SeedAgreement
+from cluster.link_io import (
+    CONNECT_ERRORS,
+    DIAL_TIMEOUT,
+    HANDSHAKE_TIMEOUT,
+    ClusterTls,
+    Disagreement,
+    connect,
+)
+
+log = logging.getLogger("migratory.cluster")
+
+PROBE_SECONDS = 10.0
+"""Seconds between two rounds of questions to the seeds."""
+RETRY_SECONDS = 0.3
+"""Seconds to the next round when a seed could not be asked (down, still starting)."""
+ASK_TIMEOUT = DIAL_TIMEOUT + 2 * HANDSHAKE_TIMEOUT
+"""A seed that has not answered within this long counts for nothing this round."""
+
+
+def _name(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
+
+
+class AgreementProbe:
+    """Asks the seeds and this member's own address; holds the verdicts."""
+
+    def __init__(
+        self,
+        *,
+        settings: MemberSettings,
+        seeds: Sequence[tuple[str, int]],
+        own: tuple[str, int],
+        password: str,
+        tls: ClusterTls | None = None,
+        period: float = PROBE_SECONDS,
+    ) -> None:
+        self.settings = settings
+        self.agreement = SeedAgreement(me=settings.member, seeds=settings.seeds)
+        self.targets = [own, *(a for a in seeds if a != own)]
+        self.password = password
+        self.tls = tls
+        self.period = period
+        self.refusals = Repeats()
+        self._round_done = trio.Event()
+        self._unasked = 0
+
+    def reason(self) -> str | None:
+        return self.agreement.reason()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self._unasked = 0
+            async with trio.open_nursery() as nursery:
+                for address in self.targets:
+                    nursery.start_soon(self._ask, address)
+            self.agreement.rounds += 1
+            self._round_done.set()
+            self._round_done = trio.Event()
+            await trio.sleep(min(self.period, RETRY_SECONDS) if self._unasked else self.period)
+
+    async def wait_agreed(self) -> None:
+        """Until a round has ended with a majority of the seeds linked and nothing
+        against this member (:meth:`~cluster.agreement.SeedAgreement.settled`)."""
+        while not self.agreement.settled():
+            await self._round_done.wait()
+
+    async def _ask(self, address: tuple[str, int]) -> None:
+        name = _name(address)
+        verdict: str | None = None
+        asked = False
+        try:
+            with trio.fail_after(ASK_TIMEOUT):
+                channel = await connect(address, member=self.settings.member,
+                                        password=self.password, tls=self.tls,
+                                        settings=self.settings)
+                await channel.aclose()
+            asked = True  # agrees (or, peer_settings None, too old to compare)
+        except Disagreement as exc:
+            verdict, asked = exc.reason, True
+        except (*CONNECT_ERRORS, trio.TooSlowError) as exc:
+            log.debug("agreement probe: %s not asked: %s", name, exc)
+        except Exception:  # one question to one member, never the member
+            log.exception("agreement probe: asking %s failed", name)
+        if verdict is not None and self.refusals.first(name, verdict, trio.current_time()):
+            log.warning("cluster settings: %s", verdict)
+        if address == self.targets[0]:
+            self.agreement.own_address = verdict
+        elif asked:
+            self.agreement.record(name, verdict)
+        else:
+            self.agreement.forget(name)
+            self._unasked += 1
