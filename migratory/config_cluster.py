@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
-            "every member; empty: a single node. Seeds also use port + 1 for Raft."),
+            "every member; empty: a single node. Seeds also use port + 1 for Raft. Members "
+            "compare it when they link: only a list that extends another at its end (a "
+            "scale-up rolling out) is accepted, any other difference is refused and the "
+            "member the seeds refuse is not ready (docs/cluster.md, \"Members must agree\")."),
     Setting("ClusterMemberTemplate", "cluster_member_template", _member_template, "",
             "Instead of ClusterMembers: one host:port with `{ordinal}` in it, expanded for "
             "ordinals 0 .. ClusterMemberCount-1 (a StatefulSet: "
