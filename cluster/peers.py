@@ -9,9 +9,10 @@ never the member.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
@@ -31,6 +32,18 @@ COALESCE_BYTES = 1 << 20
 trio write costs ~50-100 us whatever it carries)."""
 
 TakeForward = Callable[[str, Sequence[PublishRequest]], None]
+
+
+@contextlib.contextmanager
+def bind_error(bind: tuple[str, int]) -> Iterator[None]:
+    """A cluster port that cannot be bound says which and the likely why (two members
+    configured with one address on one host): the member does not start."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, f"cluster link {bind[0]}:{bind[1]}: {exc.strerror} "
+                      "(ClusterMemberBind / ClusterMemberListen: another member with this "
+                      "address on this host?)") from exc
 
 
 class PeerService:
@@ -66,9 +79,10 @@ class PeerService:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(trio.serve_tcp, host=bind[0]), self.serve_peer, bind[1]
-            )
+            with bind_error(bind):
+                await nursery.start(
+                    functools.partial(trio.serve_tcp, host=bind[0]), self.serve_peer, bind[1]
+                )
             task_status.started()
 
     async def serve_peer(self, socket_stream: trio.SocketStream) -> None:

@@ -22,6 +22,7 @@ from cluster.agreement import MemberSettings, Repeats
 from cluster.agreement_probe import AgreementProbe
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChannel, connect, secured
 from cluster.monitoring import standard_metrics
+from cluster.peers import bind_error
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -99,11 +100,12 @@ class StandardNode:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(trio.serve_tcp, host=self.config.cluster_bind[0]),
-                self._serve_peer,
-                self.config.cluster_bind[1],
-            )
+            with bind_error(self.config.cluster_bind):
+                await nursery.start(
+                    functools.partial(trio.serve_tcp, host=self.config.cluster_bind[0]),
+                    self._serve_peer,
+                    self.config.cluster_bind[1],
+                )
             for address in self.config.cluster_members:
                 if address != self.address:
                     send, receive = trio.open_memory_channel[Message](PEER_QUEUE)

@@ -239,6 +239,25 @@ def test_another_process_at_a_members_own_address_keeps_it_from_agreeing(
         "impostor)" in " ".join(warnings(caplog))
 
 
+def test_a_second_member_with_one_address_on_one_host_does_not_start(ports: list[int]) -> None:
+    """Before: "migratory: Address already in use", naming nothing."""
+    settings = settings_of(ports[3], ports)
+
+    async def body() -> str:
+        errors: list[str] = []
+        try:
+            await service(ports[3], settings).run(address(ports[3]))
+        except* OSError as group:
+            errors += [str(e) for e in group.exceptions]
+        return errors[0] if errors else "started"
+
+    assert trio.run(with_services, [(ports[3], service(ports[3], settings))], body) == (
+        f"[Errno 98] cluster link 127.0.0.1:{ports[3]}: Address already in use "
+        "(ClusterMemberBind / ClusterMemberListen: another member with this address on "
+        "this host?)"
+    )
+
+
 @pytest.mark.parametrize(("odd_seeds", "ready"), [(0, True), (1, True), (2, False), (3, False)])
 def test_the_probe_follows_the_majority_of_the_seeds(
     ports: list[int], odd_seeds: int, ready: bool
