@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import trio
 
-from cluster import link
+from cluster import link, raft_data_dir
 from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
@@ -36,6 +36,7 @@ from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings, journal_files
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
+from cluster.raft_votes import MARKER_SUFFIX
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
 from migratory.config import Config
@@ -95,10 +96,17 @@ class SeedCoordination:
     # --- running ----------------------------------------------------------------------
 
     async def check_data_dir(self) -> None:
-        """Raises OSError naming ClusterDataDir when it cannot hold the Raft log: checked
+        """Raises OSError naming ClusterDataDir when it cannot hold the Raft log or holds
+        a damaged one (:mod:`cluster.raft_data_dir`; checked again when Raft opens it):
         at start-up, before Raft waits for the seeds (:mod:`cluster.agreement_probe`), so
-        an unusable directory still stops the member at once."""
-        await trio.to_thread.run_sync(journal_files, Path(self.config.cluster_data_dir))
+        such a directory still stops the member at once."""
+
+        def check() -> None:
+            files = journal_files(Path(self.config.cluster_data_dir))
+            journal = files["journalFile"]
+            raft_data_dir.check(journal, files["fullDumpFile"], journal + MARKER_SUFFIX)
+
+        await trio.to_thread.run_sync(check)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._token = trio.lowlevel.current_trio_token()
