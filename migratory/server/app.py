@@ -428,9 +428,8 @@ async def run_until_signalled(
     """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly."""
     limit = raise_open_file_limit()
     pauses = GcPauses()
-    pauses.install()
     server.ctx.gc_pauses = pauses.stats
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with pauses, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             for role in roles:

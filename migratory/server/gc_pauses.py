@@ -60,6 +60,15 @@ class GcPauses:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
+    def __enter__(self) -> GcPauses:
+        """Installed while the server runs: a collection after it stopped (the error
+        path, the interpreter's exit) is not one of its pauses, nor logged."""
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
