@@ -189,7 +189,7 @@ class SeedAgreement:
     been answered, when another process answers at this member's own address, or when
     a majority of the seeds disagree with it (this member agreeing with itself, if it
     is a seed). A minority that disagrees is the odd one out: this member stays ready.
-    A Guaranteed member starts its role only once :meth:`settled` (a majority linked).
+    A Guaranteed member starts its role only once :meth:`settled`.
     """
 
     me: str
@@ -211,11 +211,16 @@ class SeedAgreement:
         """The seeds that disagree with this member, and why."""
         return {s: r for s in self.seeds if s != self.me and (r := self.verdicts.get(s))}
 
-    def settled(self) -> bool:
-        """Whether this member may start its role: nothing against it, and a majority of
-        the seeds (itself, if a seed) linked with it -- agreeing, or too old to compare."""
+    def settled(self, *, majority: bool) -> bool:
+        """Whether this member may start its role: nothing against it and, with
+        ``majority`` (a seed, before it runs Raft), a majority of the seeds (itself
+        included) linked with it -- agreeing, or too old to compare. A non-seed needs no
+        majority: each of its links compares settings anyway, and one seed it can reach
+        is enough to serve from (a partial partition)."""
         if self.reason() is not None:
             return False
+        if not majority:
+            return True
         linked = sum(1 for s in self.seeds if s == self.me or (
             s in self.verdicts and self.verdicts[s] is None))
         return linked >= len(self.seeds) // 2 + 1

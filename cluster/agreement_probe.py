@@ -8,10 +8,12 @@ member started before the seeds learns their verdict soon after they are up).
 
 The member's readiness includes the agreement's reason, and a Guaranteed member starts
 its role (Raft, or replication from a seed) only once the agreement has none
-(:meth:`AgreementProbe.wait_agreed`) and a majority of the seeds linked with it: a
-member that the seeds' majority refuses, or that finds another process at its own
-address, never runs Raft under a name that is not its own nor follows a seed in another
-member's place -- not even when it starts before the seeds can answer.
+(:meth:`AgreementProbe.wait_agreed`): a member that the seeds' majority refuses, or that
+finds another process at its own address, never runs Raft under a name that is not its
+own nor follows a seed in another member's place. A seed waits besides for a majority
+of the seeds to have linked with it, so it does not run Raft even when it starts before
+the seeds can answer; a non-seed does not (one seed it reaches is enough to serve from,
+and every link it opens compares the settings).
 """
 
 from __future__ import annotations
@@ -83,10 +85,11 @@ class AgreementProbe:
             self._round_done = trio.Event()
             await trio.sleep(min(self.period, RETRY_SECONDS) if self._unasked else self.period)
 
-    async def wait_agreed(self) -> None:
-        """Until a round has ended with a majority of the seeds linked and nothing
-        against this member (:meth:`~cluster.agreement.SeedAgreement.settled`)."""
-        while not self.agreement.settled():
+    async def wait_agreed(self, *, majority: bool) -> None:
+        """Until a round has ended with nothing against this member and, with
+        ``majority``, a majority of the seeds linked
+        (:meth:`~cluster.agreement.SeedAgreement.settled`)."""
+        while not self.agreement.settled(majority=majority):
             await self._round_done.wait()
 
     async def _ask(self, address: tuple[str, int]) -> None:

@@ -120,7 +120,7 @@ class GuaranteedNode:
 
     def _role_reason(self, now: float) -> str | None:
         if not self._role_started:
-            return "member is waiting for a majority of the seeds to compare cluster settings"
+            return "member is comparing cluster settings with the seeds"
         if self.seed is not None:
             return self.seed.not_ready_reason()
         assert self.upstream is not None
@@ -151,10 +151,10 @@ class GuaranteedNode:
         return status
 
     async def _start_role(self, nursery: trio.Nursery) -> None:
-        """Raft (a seed) or replication from a seed (a non-seed), once the seeds agree
-        with this member: never under a name another process holds, nor with settings
-        the seeds refuse (the readiness says why meanwhile)."""
-        await self.agreement.wait_agreed()
+        """Raft (a seed, once a majority of the seeds linked) or replication from a seed
+        (a non-seed), once nothing stands against this member: never under a name another
+        process holds, nor with settings the seeds refuse (the readiness says why)."""
+        await self.agreement.wait_agreed(majority=self.is_seed)
         self._role_started = True
         role: Role = self.seed if self.seed is not None else self.upstream  # type: ignore[assignment]
         await nursery.start(role.run)

@@ -164,23 +164,25 @@ def test_readiness_follows_the_majority_of_the_seeds() -> None:
     assert agreement.reason() == agreement.own_address
 
 
-def test_a_member_starts_its_role_once_a_majority_of_the_seeds_linked() -> None:
-    """Readiness is lenient with seeds that could not be asked; starting Raft or
-    replication is not: a member started before the seeds waits for their verdict."""
-    non_seed = SeedAgreement(me=N3, seeds=(S0, S1, S2), rounds=1)
-    assert non_seed.reason() is None and not non_seed.settled()
-    non_seed.record(S0, None)
-    assert not non_seed.settled()
-    non_seed.record(S1, None)  # agrees, or too old to compare
-    assert non_seed.settled()
-    non_seed.record(S2, "differs")
-    assert non_seed.settled()
+def test_a_seed_starts_raft_once_a_majority_of_the_seeds_linked() -> None:
+    """Readiness is lenient with seeds that could not be asked; a seed starting Raft is
+    not: started before the others, it waits for their verdict. A non-seed only waits
+    for nothing to stand against it (one seed it reaches is enough to serve from)."""
     seed = SeedAgreement(me=S0, seeds=(S0, S1, S2), rounds=1)
-    assert not seed.settled()
-    seed.record(S2, None)
-    assert seed.settled()  # itself and S2
+    assert seed.reason() is None and not seed.settled(majority=True)
+    seed.record(S1, "differs")
+    assert not seed.settled(majority=True)
+    seed.record(S2, None)  # agrees, or too old to compare
+    assert seed.settled(majority=True)  # itself and S2
     seed.own_address = "another process ..."
-    assert not seed.settled()
+    assert not seed.settled(majority=True)
+    non_seed = SeedAgreement(me=N3, seeds=(S0, S1, S2))
+    assert not non_seed.settled(majority=False)  # no round yet
+    non_seed.rounds = 1
+    assert non_seed.settled(majority=False)
+    non_seed.record(S0, "differs")
+    non_seed.record(S1, "differs")
+    assert not non_seed.settled(majority=False)
 
 
 def test_a_seed_counts_itself_as_agreeing() -> None:

@@ -180,7 +180,8 @@ def test_a_failure_while_copying_a_peer_seeds_caches_ends_only_that_attempt(
     monkeypatch.setattr("cluster.seed.RETRY_SECONDS", 0.05)
     # a lone seed starts Raft only once a peer seed has compared settings with it (the
     # agreement probe): none runs here
-    monkeypatch.setattr("cluster.agreement.SeedAgreement.settled", lambda self: True)
+    monkeypatch.setattr("cluster.agreement.SeedAgreement.settled",
+                        lambda self, majority: True)
     node = GuaranteedNode(seed_config(tmp_path))
     coordinator = Coordinator()
     batches = [

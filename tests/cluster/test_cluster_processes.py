@@ -202,7 +202,6 @@ def test_member_with_wrong_cluster_password_is_refused(tmp_path: Path) -> None:
         seed_logs = "".join(cluster.log(i) for i in range(3))
         assert "cluster link refused: authentication failed: bad mac from " in seed_logs
         assert "(wrong ClusterPassword or replay)" in seed_logs
-        assert "replicating from seed" not in cluster.log(3)  # its role never started
         started = time.monotonic()
         cluster.kill(3, signal.SIGTERM)  # a member the seeds refuse still stops when told
         assert time.monotonic() - started < 5
