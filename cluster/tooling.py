@@ -92,12 +92,27 @@ def _member_ports(base_port: int, index: int) -> list[int]:
     return [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
 
 
+def ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections' local ports."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_base_port(members: int, rng: random.Random | None = None) -> int:
-    """A base port (a multiple of 10 in [20000, 40000)) whose ``_member_ports`` are all
-    free on 127.0.0.1 for ``members`` members; ``rng`` defaults to the module's."""
+    """A base port (a multiple of 10 from 20000) whose ``_member_ports`` are all free on
+    127.0.0.1 for ``members`` members, all below the ephemeral range: a port found free
+    there could be taken by any outgoing connection before the member binds it (a
+    member failed with "Address already in use" at a test's start); ``rng`` defaults
+    to the module's."""
     randrange = rng.randrange if rng is not None else random.randrange
+    top = ephemeral_low() - 3010 - 10 * members
+    if top <= 21_000:  # an ephemeral range that starts low: the old range, and the race
+        top = 40_000
     for _ in range(200):
-        base = randrange(20_000, 40_000, 10)
+        base = randrange(20_000, top, 10)
         if all(port_free(p) for i in range(members) for p in _member_ports(base, i)):
             return base
     raise RuntimeError("no free ports")

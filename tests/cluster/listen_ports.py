@@ -13,15 +13,8 @@ from __future__ import annotations
 
 import random
 
+from cluster.tooling import ephemeral_low
 from cluster.up_checks import port_free
-
-
-def ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            return int(ports.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
 
 
 def listen_port(span: int = 1) -> int:

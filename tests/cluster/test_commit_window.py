@@ -14,6 +14,7 @@ import trio.testing
 from cluster.commit_window import COMMIT_WINDOW, MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import PublishRequest
 from cluster.node import GuaranteedNode
+from cluster.raft import RaftStatus
 from cluster.tooling import free_base_port, member_settings
 from migratory.config import load_config
 from migratory.model.message import Message
@@ -122,6 +123,7 @@ class FakeRaft:
     def __init__(self) -> None:
         self.commands: list[tuple[list[int], Any]] = []
         self.address = "fake"
+        self.snapshot = RaftStatus()  # what the seed polls (a Raft that stopped: never)
 
     def submit(self, epoch: int, requests: list[PublishRequest], on_done: Any) -> None:
         self.commands.append(([r.ref for r in requests], on_done))
