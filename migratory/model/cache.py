@@ -1,7 +1,10 @@
 """The per-subject message cache that recovery and history read."""
 
+from __future__ import annotations
+
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from itertools import chain, islice
 from typing import Any
 
@@ -106,6 +109,33 @@ class SubjectCache:
         self._largest = 0  # largest encoded_bound() cached since the last reset
         self._budget = budget
         self.stale = 0  # the budget's: FIFO entries of messages dropped here
+
+    @classmethod
+    def holding(
+        cls, subject: str, epoch: int, seq: int, cached: Sequence[Message], now: float, *,
+        max_messages: int, expire_seconds: float, budget: CacheBudget | None,
+    ) -> SubjectCache:
+        """A cache of ``subject`` at ``(epoch, seq)`` holding ``cached`` (oldest first, as a
+        peer holds them; stored at ``now``); ValueError if they do not fit the position."""
+        if seq == 0:
+            if cached:
+                raise ValueError(f"unnumbered {subject!r} cannot have cached messages")
+            return cls(max_messages=max_messages, expire_seconds=expire_seconds, budget=budget)
+        if cached and cached[-1].seq != seq:
+            raise ValueError(f"cached messages of {subject!r} do not end at seq {seq}")
+        if any(m.subject != subject or m.epoch != epoch for m in cached):
+            raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
+        cache = cls(
+            max_messages=max_messages, expire_seconds=expire_seconds,
+            last_seq_seen=cached[0].seq - 1 if cached else seq, budget=budget,
+        )
+        try:
+            for message in cached:
+                cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
+        except ValueError:
+            cache.release()  # not taken: its messages leave the budget
+            raise
+        return cache
 
     @property
     def bytes(self) -> int:

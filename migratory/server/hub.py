@@ -391,7 +391,10 @@ class Hub(MessageSinks):
         unnumbered again. Live subscribers get the messages the move jumped over, or the
         snapshot and ``DATA_RESYNC`` -- never a silent gap. Cached messages count as stored
         at ``now``. Raises ValueError, changing nothing, when ``cached`` does not fit."""
-        cache = self._cache_of(subject, position, cached, now)
+        cache = SubjectCache.holding(  # ValueError if ``cached`` does not fit ``position``
+            subject, position.epoch, position.seq, cached, now, max_messages=self._max_cached,
+            expire_seconds=self._cache_expire, budget=self._budget,
+        )
         state = self._subjects.get(subject)
         if state is None:
             if position.seq == 0:
@@ -441,33 +444,6 @@ class Hub(MessageSinks):
         for sink in (*state.subscribers, *state.formatted, *state.conflated):
             for op in resync:
                 send_op(sink, op)
-
-    def _cache_of(
-        self, subject: str, position: Position, cached: Sequence[Message], now: float
-    ) -> SubjectCache:
-        """A cache holding ``cached``; ValueError if they do not fit ``position``."""
-        if position.seq == 0:
-            if cached:
-                raise ValueError(f"unnumbered {subject!r} cannot have cached messages")
-            return SubjectCache(max_messages=self._max_cached, expire_seconds=self._cache_expire,
-                                budget=self._budget)
-        if cached and cached[-1].seq != position.seq:
-            raise ValueError(f"cached messages of {subject!r} do not end at seq {position.seq}")
-        if any(m.subject != subject or m.epoch != position.epoch for m in cached):
-            raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
-        cache = SubjectCache(
-            max_messages=self._max_cached,
-            expire_seconds=self._cache_expire,
-            last_seq_seen=cached[0].seq - 1 if cached else position.seq,
-            budget=self._budget,
-        )
-        try:
-            for message in cached:
-                cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
-        except ValueError:
-            cache.release()  # not taken: its messages leave the budget
-            raise
-        return cache
 
     # --- queries ------------------------------------------------------------
 

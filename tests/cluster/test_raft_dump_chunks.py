@@ -3,7 +3,7 @@ and a dump cut by a broken link is never spliced together at the follower.
 
 pysyncobj marked only an extra, empty chunk as last; a leader that compacted often
 never sent it to a deposed seed, which then never caught up (chaos seed 4, see
-``cluster.raft_follower.mark_the_last_chunk``).
+``cluster.raft_dump_chunks.mark_the_last_chunk``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pysyncobj.serializer import Serializer
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 
-from cluster.raft_follower import FollowerSafeSyncObj, mark_the_last_chunk
+from cluster.raft_dump_chunks import mark_the_last_chunk
+from cluster.raft_follower import FollowerSafeSyncObj
 
 CHUNK = 1000
 
