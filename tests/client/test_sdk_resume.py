@@ -96,6 +96,27 @@ def test_message_of_a_new_epoch_is_accepted() -> None:
     assert tracker.position == Position(8, 1)
 
 
+def test_a_new_epoch_that_does_not_start_at_seq_1_is_a_gap() -> None:
+    # A member that moved the subject to another lineage fans the next message out as it
+    # is (Hub.apply): delivering it would skip the epoch's messages before it in silence.
+    tracker = allowed()
+    assert tracker.on_message(msg(5, epoch=8)) is Verdict.GAP
+    assert tracker.request().position == Position(7, 10)
+    assert tracker.on_message(msg(6, epoch=8)) is Verdict.DUPLICATE  # still recovering
+    tracker.on_status(Status.DATA_RESYNC, Position(8, 6))  # the resume's answer
+    assert tracker.on_message(msg(7, epoch=8)) is Verdict.DELIVER
+    assert tracker.position == Position(8, 7)
+
+
+def test_a_stale_message_of_an_epoch_left_behind_is_not_delivered() -> None:
+    tracker = allowed()
+    tracker.on_status(Status.DATA_RESYNC, Position(8, 3))
+    assert tracker.on_message(msg(11)) is Verdict.GAP  # epoch 7: no flip-flop back to it
+    assert tracker.position == Position(8, 3)
+    conflated = allowed(conflation_ms=100)
+    assert conflated.on_message(msg(5, epoch=8)) is Verdict.DELIVER  # merged: any seq
+
+
 def test_deny() -> None:
     tracker = SubjectTracker(SUBJECT)
     tracker.on_status(Status.SUBSCRIBE_DENY, None)

@@ -10,7 +10,11 @@
 //   (unless the subscription is conflated, where skipping is the point): the message is
 //   not delivered and the subject is resubscribed from `position`, so the missing
 //   messages come back as recovered.
-// * A message of another epoch starts a new lineage and is delivered.
+// * A message of another epoch starts a new lineage and is delivered when it is that
+//   lineage's first (seq 1; any seq on a conflated subscription). Further on, the
+//   messages before it are missing, or it is a stale one of a lineage left behind: a
+//   gap, as above, and the resume from `position` gets the server's DATA_SYNC or snapshot
+//   and DATA_RESYNC, never a silent jump into the middle of an epoch.
 // * snapshot and historical messages pass through untouched.
 // * DATA_SYNC / DATA_RESYNC move `position` only when they answer the latest request:
 //   the server answers one connection's requests in order (each with one
@@ -121,8 +125,13 @@ export class SubjectTracker {
     if (PASS_THROUGH.has(message.type)) return Verdict.DELIVER;
     const arrived = makePosition(message.epoch, message.seq);
     const last = this.position;
-    if (last === null || arrived.epoch !== last.epoch) {
+    if (last === null) {
       this.position = arrived;
+      return Verdict.DELIVER;
+    }
+    if (arrived.epoch !== last.epoch) {
+      if (arrived.seq !== 1 && !this.conflated) return this.gap();
+      this.position = arrived; // a new lineage, from its start
       return Verdict.DELIVER;
     }
     if (arrived.seq <= last.seq) return Verdict.DUPLICATE;
@@ -130,6 +139,10 @@ export class SubjectTracker {
       this.position = arrived;
       return Verdict.DELIVER;
     }
+    return this.gap();
+  }
+
+  gap() {
     if (this.recovering) return Verdict.DUPLICATE;
     this.recovering = true;
     return Verdict.GAP;

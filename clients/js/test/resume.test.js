@@ -95,6 +95,27 @@ test("a message of a new epoch is accepted; a deny marks the subject", () => {
   assert.equal(denied.position, null);
 });
 
+test("a new epoch that does not start at seq 1 is a gap", () => {
+  // a member that moved the subject to another lineage fans the next message out as it
+  // is (Hub.apply): delivering it would skip the epoch's messages before it in silence
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(5, 8)), Verdict.GAP);
+  assert.deepEqual(tracker.request().position, position(7, 10));
+  assert.equal(tracker.onMessage(msg(6, 8)), Verdict.DUPLICATE); // still recovering
+  tracker.onStatus("DATA_RESYNC", position(8, 6)); // the resume's answer
+  assert.equal(tracker.onMessage(msg(7, 8)), Verdict.DELIVER);
+  assert.deepEqual(tracker.position, position(8, 7));
+});
+
+test("a stale message of an epoch left behind is not delivered", () => {
+  const tracker = allowed();
+  tracker.onStatus("DATA_RESYNC", position(8, 3));
+  assert.equal(tracker.onMessage(msg(11)), Verdict.GAP); // epoch 7: no flip-flop back to it
+  assert.deepEqual(tracker.position, position(8, 3));
+  const conflated = allowed(position(7, 10), { conflationMs: 100 });
+  assert.equal(conflated.onMessage(msg(5, 8)), Verdict.DELIVER); // merged: any seq
+});
+
 test("a status answering an earlier request does not move the position", () => {
   const tracker = allowed();
   tracker.sent(1);

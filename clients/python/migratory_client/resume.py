@@ -11,7 +11,11 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
   gap (unless the subscription is conflated, where skipping is the point): the message
   is not delivered and the subject is resubscribed from ``position``, so the missing
   messages come back as ``recovered``.
-* A message of another epoch starts a new lineage and is delivered.
+* A message of another epoch starts a new lineage and is delivered when it is that
+  lineage's first (seq 1; any seq on a conflated subscription). Further on, the
+  messages before it are missing, or it is a stale one of a lineage left behind: a gap,
+  as above, and the resume from ``position`` gets the server's ``DATA_SYNC`` or
+  snapshot and ``DATA_RESYNC``, never a silent jump into the middle of an epoch.
 * ``snapshot`` and ``historical`` messages pass through untouched; their type tells
   the application what they are.
 * ``DATA_SYNC`` / ``DATA_RESYNC`` move ``position`` only when they answer the latest
@@ -122,14 +126,22 @@ class SubjectTracker:
             return Verdict.DELIVER
         arrived = Position(message.epoch, message.seq)
         last = self.position
-        if last is None or arrived.epoch != last.epoch:
+        if last is None:
             self.position = arrived
             return Verdict.DELIVER
+        if arrived.epoch != last.epoch:
+            if arrived.seq == 1 or self.conflated:  # a new lineage, from its start
+                self.position = arrived
+                return Verdict.DELIVER
+            return self._gap()
         if arrived.seq <= last.seq:
             return Verdict.DUPLICATE
         if arrived.seq == last.seq + 1 or self.conflated:
             self.position = arrived
             return Verdict.DELIVER
+        return self._gap()
+
+    def _gap(self) -> Verdict:
         if self.recovering:
             return Verdict.DUPLICATE
         self.recovering = True
