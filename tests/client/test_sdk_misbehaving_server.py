@@ -5,13 +5,16 @@ no duplicate, and fail over rather than give up."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 from sdk_fake_server import start_servers, trio_test, update
+from sdk_raw_peer import RawPeer, frame
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory_client import Client, NotificationStatus, ReconnectPolicy, connect
+from migratory_client import client as client_module
 
 FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
@@ -52,3 +55,40 @@ async def test_an_epoch_change_in_the_middle_of_a_lineage_is_resumed_not_deliver
             ]
             assert NotificationStatus.DATA_RESYNC in await statuses(client, 4)
         nursery.cancel_scope.cancel()
+
+
+# Frames trio-websocket refuses by itself: it reports them as a close reason, as if
+# the server had sent it (1002, 1007; 1009 for a message over the client's limit).
+BAD_FRAMES = {
+    "masked": bytes([0x82, 0x82, 1, 2, 3, 4, 0, 0]),
+    "reserved bits": bytes([0xF2, 0x00]),
+    "unknown opcode": bytes([0x83, 0x00]),
+    "invalid UTF-8": bytes([0x81, 0x02, 0xFF, 0xFE]),
+    "too large": frame(ops.Connected("x" * 2000)),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_FRAMES.values(), ids=BAD_FRAMES.keys())
+@trio_test
+async def test_a_frame_the_websocket_layer_refuses_fails_over_instead_of_ending(
+    bad: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "MAX_FRAME_BYTES", 1000)
+    peer = RawPeer()
+    try:
+        async with connect([peer.url], reconnect=FAST) as client:
+            link = await peer.accept()
+            await link.accept_session()
+            await client.wait_connected()
+            link.write(bad)
+            again = await peer.accept()  # was: the client ended with 1002/1007/1009
+            await again.accept_session()
+            assert await client.wait_connected() == peer.url
+            assert client.error is None
+            async for note in client.notifications():
+                if note.status is NotificationStatus.SERVER_DOWN:
+                    assert note.reason is not None
+                    assert note.reason.startswith("bad frame from the server (10")
+                    break
+    finally:
+        peer.close()

@@ -313,7 +313,7 @@ class Client:
         try:
             await session.handshake(await self._connect(), self._policy.connect_timeout)
         except ConnectionClosed as exc:
-            return SessionEnd.closed(exc)
+            return session.ended_by(exc)
         except (HandshakeFailed, OperationError) as exc:
             await session.close(close_codes.PROTOCOL_ERROR.code, "expected 'connected'")
             return SessionEnd.by_client(f"handshake failed: {exc}")

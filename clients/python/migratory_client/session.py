@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
+from wsproto.connection import ConnectionState
 
 from migratory.protocol import close_codes
 from migratory.protocol.ops import (
@@ -72,9 +73,18 @@ class SessionEnd:
     read_all: bool = False
 
     @classmethod
-    def closed(cls, exc: ConnectionClosed, *, read_all: bool = False) -> SessionEnd:
+    def closed(
+        cls, exc: ConnectionClosed, *, read_all: bool = False, server_sent: bool = True
+    ) -> SessionEnd:
+        """``server_sent``: the close reason is the server's close frame (see
+        :func:`server_sent_close`); else it is the client's verdict on a frame the server
+        sent, which ends this session but says nothing against the next server."""
         code = exc.reason.code if exc.reason is not None else close_codes.ABNORMAL.code
         reason = exc.reason.reason if exc.reason is not None else None
+        if not server_sent and code != close_codes.ABNORMAL.code:
+            known = close_codes.BY_CODE.get(code)
+            name = f" {known.name}" if known else ""
+            return cls.by_client(f"bad frame from the server ({code}{name}: {reason or '-'})")
         terminal = not close_codes.should_reconnect(code)
         by_server = code != close_codes.ABNORMAL.code
         return cls(code, reason, terminal, by_server=by_server, read_all=by_server and read_all)
@@ -96,6 +106,19 @@ class SessionEnd:
         known = close_codes.BY_CODE.get(self.code)
         name = f" {known.name}" if known else ""
         return f"closed with {self.code}{name}" + (f": {self.reason}" if self.reason else "")
+
+
+def server_sent_close(ws: WebSocketConnection) -> bool:
+    """Whether ``ws.closed`` is the server's close frame rather than trio-websocket's own
+    verdict on what the server sent, which it reports alike (0.12.2): a frame wsproto
+    cannot parse (masked, reserved bits, unknown opcode, invalid UTF-8) becomes a close
+    reason 1002 / 1007 as if received, while wsproto's state stays OPEN; a message over
+    ``max_message_size`` one of 1009 that the client sends (LOCAL_CLOSING). Only a close
+    frame from the server moves the state to REMOTE_CLOSING, then CLOSED. Taken as
+    the server's code, these ended the whole client (1002, 1007, 1009 are terminal)
+    instead of failing over; test_sdk_misbehaving_server pins the library's behaviour."""
+    state = getattr(getattr(ws, "_wsproto", None), "state", None)
+    return state is None or state in (ConnectionState.REMOTE_CLOSING, ConnectionState.CLOSED)
 
 
 class HandshakeFailed(Exception):
@@ -133,6 +156,10 @@ class Session:
     @property
     def is_open(self) -> bool:
         return self.ws.closed is None and self._end is None
+
+    def ended_by(self, exc: ConnectionClosed, *, read_all: bool = False) -> SessionEnd:
+        """The end that ``exc`` (the connection is closed) means for this session."""
+        return SessionEnd.closed(exc, read_all=read_all, server_sent=server_sent_close(self.ws))
 
     async def send(self, op: ClientOp) -> None:
         """Send one operation; raises trio_websocket.ConnectionClosed if the connection is gone.
@@ -212,7 +239,7 @@ class Session:
                 await self._dispatch(payload)
         except ConnectionClosed as exc:  # from get_message: every frame it kept was read
             read_all = not self.frames_dropped and self._writing == 0
-            self._finish(SessionEnd.closed(exc, read_all=read_all), scope)
+            self._finish(self.ended_by(exc, read_all=read_all), scope)
         except OperationError as exc:
             self._finish(SessionEnd.by_client(f"server broke the protocol: {exc}"), scope)
             with trio.CancelScope(shield=True):
@@ -263,7 +290,7 @@ class Session:
             # the close; a reader that cannot (trio-websocket stuck writing its close
             # reply) is not waited for beyond the timeout, and then nothing is known.
             await trio.sleep(keepalive.timeout)
-            self._finish(SessionEnd.closed(exc), scope)
+            self._finish(self.ended_by(exc), scope)
 
     async def _ping(self, timeout: float) -> bool:
         """Whether the server is alive: it answered, or frames kept arriving (a large
