@@ -13,7 +13,13 @@ from sdk_raw_peer import RawPeer, frame
 from migratory.model.message import MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory_client import Client, NotificationStatus, ReconnectPolicy, connect
+from migratory_client import (
+    Client,
+    NotificationStatus,
+    ReconnectPolicy,
+    ServerUnavailableError,
+    connect,
+)
 from migratory_client import client as client_module
 
 FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
@@ -92,3 +98,48 @@ async def test_a_frame_the_websocket_layer_refuses_fails_over_instead_of_ending(
                     break
     finally:
         peer.close()
+
+
+@trio_test
+async def test_a_token_provider_that_fails_or_hangs_is_a_failed_attempt_retried() -> None:
+    calls = 0
+
+    async def provider() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("auth server down")  # was: raised out of connect()
+        if calls == 2:
+            await trio.sleep_forever()  # was: no session ever again
+        return "fresh"
+
+    policy = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=0.2)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=policy, token_provider=provider) as client:
+            conn = await server.next_connection()
+            assert (await conn.accept_session()).token == "fresh"
+            assert server.accepted == 1  # asked before connecting
+            reasons = []
+            async for note in client.notifications():
+                if note.status is NotificationStatus.SERVER_UP:
+                    break
+                reasons.append(note.reason)
+            assert reasons == [
+                "token provider failed: RuntimeError('auth server down')",
+                "token provider gave no token within 0.2 s",
+            ]
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_token_provider_that_keeps_failing_counts_towards_max_attempts() -> None:
+    def provider() -> str:
+        raise RuntimeError("no token")
+
+    policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, max_attempts=2)
+    async with connect(["ws://127.0.0.1:9"], reconnect=policy, token_provider=provider) as client:
+        with pytest.raises(ServerUnavailableError) as info:
+            await client.wait_connected()
+        assert info.value.attempts == 2
+        assert "no token" in str(info.value)

@@ -278,10 +278,18 @@ class Client:
             await trio.sleep(delay)
 
     async def _attempt(self, server: ServerEntry) -> SessionEnd:
+        try:
+            connect_op = await self._connect()
+        except trio.TooSlowError:
+            timeout = self._policy.connect_timeout
+            return SessionEnd.by_client(f"token provider gave no token within {timeout} s")
+        except Exception as exc:  # the application's code: a failed attempt, retried
+            return SessionEnd.by_client(f"token provider failed: {exc!r}")
+
         async def serve(ws: WebSocketConnection) -> SessionEnd:
             session_id = next(self._session_ids)
             session = Session(ws, server.url, session_id, self._router, self._keepalive)
-            return await self._session(session)
+            return await self._session(session, connect_op)
 
         try:
             return await run_connection(
@@ -300,18 +308,21 @@ class Client:
 
     async def _connect(self) -> Connect:
         """The ``connect`` operation of a new session: with a fresh token from the token
-        provider when there is one (a session closed 4503 TOKEN_EXPIRED reconnects)."""
+        provider when there is one (a session closed 4503 TOKEN_EXPIRED reconnects),
+        asked before the connection opens. Raises what the provider raises, or
+        trio.TooSlowError after ``connect_timeout`` s."""
         provider = self._token_provider
         if provider is None:
             return self._connect_op
-        token = provider()
-        if inspect.isawaitable(token):
-            token = await token
+        with trio.fail_after(self._policy.connect_timeout):
+            token = provider()
+            if inspect.isawaitable(token):
+                token = await token
         return Connect(client=self._connect_op.client, token=token)
 
-    async def _session(self, session: Session) -> SessionEnd:
+    async def _session(self, session: Session, connect_op: Connect) -> SessionEnd:
         try:
-            await session.handshake(await self._connect(), self._policy.connect_timeout)
+            await session.handshake(connect_op, self._policy.connect_timeout)
         except ConnectionClosed as exc:
             return session.ended_by(exc)
         except (HandshakeFailed, OperationError) as exc:
@@ -391,7 +402,9 @@ async def connect(
     (client certificates for mutual TLS).
     ``token_provider`` (a function, plain or async, returning the
     entitlement token) is called for every new session instead of using ``token``: a
-    session whose token expired (close 4503) reconnects with a fresh one.
+    session whose token expired (close 4503) reconnects with a fresh one. A provider that
+    raises, or gives nothing within ``connect_timeout``, is a failed attempt: SERVER_DOWN
+    with the reason, back-off, and it counts towards ``max_attempts``.
     """
     if tls is None and ca_file is not None:
         tls = _ca_context(ca_file)
