@@ -215,16 +215,19 @@ export class Client {
       this.openSession(server, this.options.token);
       return;
     }
-    // a fresh token for every session: one whose token expired (4503) reconnects with it
-    Promise.resolve().then(() => provider()).then(
+    // a fresh token for every session: one whose token expired (4503) reconnects with it;
+    // a provider that fails or does not answer within connectTimeout is a failed attempt
+    const seconds = this.options.reconnect.connectTimeout;
+    const late = new Error(`gave no token within ${seconds} s`);
+    withTimeout(Promise.resolve().then(() => provider()), seconds * 1000, () => late).then(
       (token) => {
         if (!this.closed && this.error === null) this.openSession(server, token ?? null);
       },
       (error) => {
         if (this.closed || this.error !== null) return;
-        const reason = `token provider failed: ${error?.message ?? error}`;
-        this.notificationQueue.put(notification("SERVER_DOWN", { reason, server: server.url }));
-        this.retryTimer = setTimeout(() => this.attempt(server), this.backoff.nextDelay() * 1000);
+        const reason = error === late ? `token provider ${late.message}`
+          : `token provider failed: ${error?.message ?? error}`;
+        this.retry(server, reason);
       },
     );
   }
@@ -259,14 +262,21 @@ export class Client {
     this.router.sessionLost(`connection to ${server.url} lost: ${end.describe()}`,
       { untakenFailed: end.untakenNotPublished });
     if (this.closed) return;
-    this.notificationQueue.put(notification("SERVER_DOWN", { reason: end.describe(), server: server.url }));
     if (end.terminal) {
+      this.notificationQueue.put(notification("SERVER_DOWN", { reason: end.describe(), server: server.url }));
       this.end(new ConnectionClosedError(end.code, end.reason, server.url));
       return;
     }
+    this.retry(server, end.describe());
+  }
+
+  /** An attempt on `server` failed (or its session ended) for `reason`: SERVER_DOWN,
+   * then the next attempt after the back-off, unless maxAttempts are spent. */
+  retry(server, reason) {
+    this.notificationQueue.put(notification("SERVER_DOWN", { reason, server: server.url }));
     const delay = this.backoff.nextDelay();
     if (this.backoff.exhausted()) {
-      this.end(new ServerUnavailableError(this.backoff.failures, end.describe()));
+      this.end(new ServerUnavailableError(this.backoff.failures, reason));
       return;
     }
     this.retryTimer = setTimeout(() => this.attempt(server), delay * 1000);

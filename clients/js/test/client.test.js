@@ -323,3 +323,45 @@ test("a token provider gives every session a fresh token; 4503 TOKEN_EXPIRED rec
   assert.ok(notes.some((n) => n.status === "SERVER_DOWN" && /4503/.test(n.reason)));
   await client.close();
 });
+
+test("a token provider that fails or hangs is a failed attempt, retried with back-off", async () => {
+  let calls = 0;
+  const { client, notes } = open({
+    tokenProvider: () => {
+      calls += 1;
+      if (calls === 1) throw new Error("auth server down");
+      if (calls === 2) return new Promise(() => {}); // was: no session ever again
+      return "fresh";
+    },
+  });
+  await flush();
+  assert.equal(FakeWebSocket.instances.length, 0); // asked before connecting
+  mock.timers.tick(100); // the back-off after the failure
+  await flush();
+  mock.timers.tick(1000); // connectTimeout: the provider did not answer
+  await flush();
+  mock.timers.tick(200); // the back-off after that
+  await flush();
+  const socket = FakeWebSocket.last();
+  socket.open();
+  assert.deepEqual(socket.take("connect"), [{ op: "connect", version: 1, client: "", token: "fresh" }]);
+  assert.deepEqual(notes.filter((n) => n.status === "SERVER_DOWN").map((n) => n.reason), [
+    "token provider failed: auth server down",
+    "token provider gave no token within 1 s",
+  ]);
+  await client.close();
+});
+
+test("a token provider that keeps failing counts towards maxAttempts", async () => {
+  const { client } = open({
+    reconnect: { ...FAST, maxAttempts: 2 },
+    tokenProvider: async () => { throw new Error("no token"); },
+  });
+  const ended = assert.rejects(client.waitConnected(), (error) =>
+    error instanceof ServerUnavailableError && /no token/.test(error.message));
+  await flush();
+  mock.timers.tick(100);
+  await flush();
+  await ended; // was: retried for ever
+  assert.equal(FakeWebSocket.instances.length, 0);
+});
