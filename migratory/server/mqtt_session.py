@@ -188,7 +188,7 @@ class MqttSession(MqttDelivery):
             self._denied("connect")
             self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
             return
-        self._take_over(client_id)
+        live = self._take_over(client_id)
         self.identity = identity
         self.keep_alive = packet.keep_alive
         self._will = packet.will
@@ -196,7 +196,7 @@ class MqttSession(MqttDelivery):
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
         snapshot = self._ctx.hub.snapshot(session_subject(client_id))
-        taken = take_up(snapshot, client_id, persistent=self.persistent)
+        taken = take_up(snapshot, client_id, persistent=self.persistent, live=live)
         self._record, stored = taken.record, taken.stored
         if taken.discard is not None:
             self._ctx.publishing.submit(taken.discard, None, now)
@@ -207,15 +207,21 @@ class MqttSession(MqttDelivery):
             self._ctx.stats.mqtt_sessions_resumed += 1
             self._changed()  # this connection's generation holds the session now
 
-    def _take_over(self, client_id: str) -> None:
-        """A client id connects once per server: the older connection is closed."""
+    def _take_over(self, client_id: str) -> SessionRecord | None:
+        """A client id connects once per server: the older connection is closed. Returns
+        its persistent session's record, which it saves no more (this one takes it up:
+        a save of it still in flight must not land after this connection's own)."""
         older = self._registry.get(client_id)
+        live = None
         if older is not None and older is not self:
             log.info("%s: taken over by a new connection", older.describe(),
                      extra=older.log_fields())
             older.close(close_codes.NORMAL.code, "taken over")
             older.flush()
+            live, older._record = older._record, None
+            older._save_again = False
         self._registry[client_id] = self
+        return live
 
     # --- publishing -----------------------------------------------------------
 

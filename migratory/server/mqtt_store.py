@@ -96,15 +96,30 @@ class TakenUp:
     discard: Message | None  # clean session over a stored one: the empty record to publish
 
 
-def take_up(snapshot: Message | None, client_id: str, *, persistent: bool) -> TakenUp:
+def take_up(
+    snapshot: Message | None,
+    client_id: str,
+    *,
+    persistent: bool,
+    live: SessionRecord | None = None,
+) -> TakenUp:
     """A new connection of ``client_id`` takes up the session that ``snapshot`` (its
     session subject's) stores, one generation later: a persistent session keeps it (or
-    a new one); a clean session has a stored one discarded."""
-    stored, generation = decode_record(snapshot), stored_generation(snapshot) + 1
+    a new one); a clean session has a stored one discarded.
+
+    ``live``: the record of the client's connection this one just took over on this
+    member. Its saves may still be in flight (a Guaranteed cluster's commit), so the
+    snapshot can be older than it: the later of the two is taken up, and a clean
+    session discards whatever those saves will store."""
+    stored, generation = decode_record(snapshot), stored_generation(snapshot)
+    if live is not None and live.generation >= generation:
+        stored = SessionRecord(dict(live.filters), dict(live.positions)) if live.filters else None
+        generation = live.generation
+    generation += 1
     if persistent:
         record = stored or SessionRecord()
         record.generation = generation
         return TakenUp(stored, record, None)
-    if stored is not None:
+    if stored is not None or live is not None:
         return TakenUp(stored, None, SessionRecord(generation=generation).message(client_id))
     return TakenUp(None, None, None)

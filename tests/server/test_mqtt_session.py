@@ -281,3 +281,38 @@ def test_a_message_offered_twice_is_delivered_once_whichever_subject_came_last()
     record = decode_record(ctx.hub.snapshot(session_subject("dev")))
     assert record is not None
     assert {s: p.seq for s, p in record.positions.items()} == {"/a/x": 2, "/a/y": 2}
+
+
+def test_a_clean_takeover_discards_a_session_whose_save_is_still_in_flight() -> None:
+    """The same client id connects again, clean session 1, while its persistent
+    connection's record is still being saved (a cluster's commit): the session is gone
+    once everything settles, not brought back by the save that lands late."""
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)  # saving
+    clean = session(ctx, "dev", registry, clean_session=True)
+    assert device.closing and read(clean) == [mqtt.Connack(False, 0)]
+    for _ in range(3):
+        held.settle()
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
+    clean.close(close_codes.NORMAL.code, "")
+    held.settle()
+    again = session(ctx, "dev", registry, clean_session=False)
+    assert read(again) == [mqtt.Connack(False, 0)]
+
+
+def test_a_persistent_takeover_resumes_the_live_session_not_the_older_snapshot() -> None:
+    """Taken over on the same member while its record's save is in flight, the session
+    goes on from the live record (session present, its filter), one generation later,
+    and the older connection saves nothing after it."""
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)  # saving
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(True, 0)]
+    for _ in range(3):
+        held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert record is not None and record.filters == {"a/+": 1} and record.generation == 2
