@@ -51,8 +51,9 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "WebSocket frames one client message may be split into; more close with 1008."),
     Setting("IncompleteFrameBudget", "incomplete_frame_budget", _int(1 << 20, unit=_UNITS["b"]),
             "67108864",
-            "Bytes all client connections together may hold in frames not yet complete; the "
-            "connection that would pass it is closed with 1013."),
+            "Bytes all client connections together may hold in frames, MQTT packets and HTTP "
+            "request bodies not yet complete; the connection that would pass it is closed "
+            "with 1013 (an HTTP request: 503)."),
     Setting("OutboxMemoryBudget", "outbox_memory_budget", _int(0, unit=_UNITS["b"]),
             "1073741824",
             "Bytes the outboxes of all clients together may hold; past it, a client with more "

@@ -98,6 +98,12 @@ class HttpServer:
         return out
 
     @property
+    def buffered(self) -> int:
+        """Bytes held for the body of a request not complete yet (counted with the
+        incomplete WebSocket frames in the server's IncompleteFrameBudget)."""
+        return len(self._body)
+
+    @property
     def responding(self) -> bool:
         """A request is out and waits for :meth:`respond`."""
         return self._responding

@@ -50,6 +50,11 @@ class HttpFront:
 
     # --- input ----------------------------------------------------------------------
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a request body not complete yet."""
+        return self._http.buffered
+
     def receive(self, data: bytes, now: float) -> None:
         self._now = now
         self._http.receive_data(data)

@@ -26,7 +26,13 @@ from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
+from migratory.protocol.http import (
+    MQTT_SUBPROTOCOL,
+    HttpError,
+    Request,
+    handshake_response,
+    wants_mqtt,
+)
 from migratory.server import admission
 from migratory.server.context import ServerContext
 from migratory.server.http_front import HttpFront
@@ -212,8 +218,11 @@ class Session:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes held for incomplete WebSocket frames or messages."""
-        return 0 if self._decoder is None else self._decoder.buffered
+        """Bytes held for incomplete WebSocket frames or messages, or for the body of an
+        HTTP request (``POST /publish``) not complete yet."""
+        if self._decoder is not None:
+            return self._decoder.buffered
+        return 0 if self._http is None else self._http.buffered
 
     def process(self, now: float, budget: int | None = None) -> bool:
         """Handle the WebSocket operations already received, at most about ``budget`` of
@@ -423,11 +432,17 @@ class Session:
         self.closing = True
 
     def _send_last_word(self, code: int, reason: str) -> None:
-        """The close frame of a WebSocket, the ``close`` event of a stream."""
+        """The close frame of a WebSocket, the ``close`` event of a stream, an HTTP
+        error response before either (503 for 1013 TRY_AGAIN_LATER: a request body
+        over IncompleteFrameBudget)."""
         if self._decoder is not None:
             self._send_unbounded(ws.encode_close(code, reason))
         elif self._stream is not None:
             self._send_unbounded(self._stream.close_event(code, reason))
+        elif self._http is not None:
+            status = 503 if code == close_codes.TRY_AGAIN_LATER.code else 500
+            self._http = None  # nothing more is read: free the body it held
+            self._send_unbounded(HttpError(status, reason).encode())
 
     def _send_unbounded(self, frame: bytes) -> None:
         """Queue a frame the session must send whatever the outbox limit (replies, closes)."""

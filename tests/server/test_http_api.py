@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import urllib.request
 from typing import Any
 
@@ -170,3 +171,43 @@ def test_pipelined_requests_whose_answers_are_not_read_are_cut_off(start_server:
     _, data = client.request("GET", "/stats")
     assert json.loads(data)["slow_consumers"] == 1
     assert "HTTP responses not read" in server.log()
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """What the server writes until it closes (or 5 s pass)."""
+    sock.settimeout(5)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def test_request_bodies_count_in_the_incomplete_frame_budget(start_server: Any) -> None:
+    """Unfinished POST /publish bodies are held like incomplete WebSocket frames: the
+    request that would pass IncompleteFrameBudget gets 503 naming it, the one already
+    held goes on, and what a finished body held is free again."""
+    server = start_server(IncompleteFrameBudget="1048576")
+    head = b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+    body = json.dumps({"subject": SUBJECT, "content": "x" * 999_950}).encode()
+    body += b" " * (1_000_000 - len(body))
+    holding = socket.create_connection(("127.0.0.1", server.port))
+    holding.sendall(head + body[:700_000])
+    time.sleep(0.2)
+    over = socket.create_connection(("127.0.0.1", server.port))
+    over.sendall(head + body[:700_000])
+    answer = _read_answer(over)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"IncompleteFrameBudget" in answer
+    holding.sendall(body[700_000:])  # the held request goes on: too large to publish
+    holding.settimeout(5)
+    assert holding.recv(65536).startswith(b"HTTP/1.1 413 ")
+    again = socket.create_connection(("127.0.0.1", server.port))  # the budget is free
+    again.sendall(head + body[:700_000])
+    time.sleep(0.2)
+    again.sendall(body[700_000:])
+    again.settimeout(5)
+    assert again.recv(65536).startswith(b"HTTP/1.1 413 ")
+    for sock in (holding, over, again):
+        sock.close()
