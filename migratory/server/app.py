@@ -386,9 +386,9 @@ class Server:
         wall = time.time()
         for connection in list(self.connections):
             session = connection.session
-            expires_at = getattr(session, "expires_at", None)
+            expires_at = session.expires_at
             if expires_at is not None and expires_at <= wall:
-                session.expires_at = None  # type: ignore[union-attr]
+                session.expires_at = None
                 session.close(close_codes.TOKEN_EXPIRED.code, "the token expired")
                 connection.flush()
 

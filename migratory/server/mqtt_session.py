@@ -57,8 +57,8 @@ class MqttSession(MqttDelivery):
         "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost",
         "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving",
         "_waiting_subacks", "_will", "aborted", "client_id", "close_code", "closing",
-        "connection_id", "identity", "keep_alive", "listener", "outbox", "peer", "persistent",
-        "subscriptions", "websocket",
+        "connection_id", "expires_at", "identity", "keep_alive", "listener", "outbox", "peer",
+        "persistent", "subscriptions", "websocket",
     )
 
     def __init__(
@@ -112,6 +112,7 @@ class MqttSession(MqttDelivery):
         self.aborted = False
         self.close_code: int | None = None
         self.connection_id = new_connection_id()
+        self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
 
     # --- what the connection and the server ask -------------------------------
 
@@ -190,6 +191,7 @@ class MqttSession(MqttDelivery):
             return
         live = self._take_over(client_id)
         self.identity = identity
+        self.expires_at = self._ctx.entitlement.expiry(identity)  # closed then (app.py)
         self.keep_alive = packet.keep_alive
         self._will = packet.will
         self.persistent = not packet.clean_session

@@ -288,6 +288,7 @@ class Session:
         """Become a Server-Sent Events stream of ``subjects`` (http_front checked them)."""
         self._http = None
         self.identity = identity
+        self.expires_at = self._ctx.entitlement.expiry(identity)  # closed 4503 then
         self._ctx.stats.sessions_opened += 1
         retry = RECONNECT_MS + random.randrange(RECONNECT_JITTER_MS)
         self._send_unbounded(sse.stream_head(headers) + sse.retry(retry))

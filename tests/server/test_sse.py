@@ -6,10 +6,14 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
+import jwt
 from httpclient import HttpClient, SseClient, message_ids
-from mqttclient import stats
+from mqttclient import MqttRawClient, stats
+
+from migratory.protocol import close_codes
 
 A, B = "/Stocks/NYSE/IBM", "/Stocks/NYSE/MSFT"
 
@@ -192,3 +196,33 @@ def test_each_stream_gets_its_own_reconnect_delay(start_server: Any) -> None:
         stream.close()
     assert all(1000 <= d < 2000 for d in delays), delays
     assert len(set(delays)) > 1, delays
+
+
+def test_a_token_that_expires_ends_streams_and_mqtt_sessions_too(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """Entitlement = Token: an SSE stream and an MQTT connection whose token expires are
+    ended within a second (the stream with a ``close`` event 4503), as a native session
+    is, instead of receiving for as long as they stay connected."""
+    secret = "k" * 48
+    key_file = tmp_path / "jwt.secret"
+    key_file.write_text(secret)
+    key_file.chmod(0o600)
+    server = start_server(Entitlement="Token", EntitlementTokenKeyFile=str(key_file),
+                          BatchTime="0", ListenMqtt="127.0.0.1:0")
+    token = jwt.encode({"sub": "t", "exp": time.time() + 1.0, "subscribe": ["/Stocks/**"]},
+                       secret, algorithm="HS256")
+    stream = SseClient(server.port, [A], extra=f"&token={token}")
+    stream.events_until("subscribe")
+    device = MqttRawClient(server.mqtt_port)
+    assert device.connect("dev", username="dev", password=token.encode()).return_code == 0
+    assert device.subscribe("Stocks/+/IBM").return_codes == (0,)
+    closed = stream.events_until("close", timeout=4.0)[-1]
+    assert closed["data"]["code"] == close_codes.TOKEN_EXPIRED.code
+    assert device.closed_by_server(timeout=3.0)
+    stream.close()
+    device.close()
+    deadline = time.monotonic() + 3.0
+    while (open_now := stats(server.port)["connections_open"]) > 1:  # /stats' own
+        assert time.monotonic() < deadline, open_now
+        time.sleep(0.05)
