@@ -15,6 +15,7 @@ from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory_client import (
     Client,
+    Keepalive,
     NotificationStatus,
     ReconnectPolicy,
     ServerUnavailableError,
@@ -143,3 +144,40 @@ async def test_a_token_provider_that_keeps_failing_counts_towards_max_attempts()
             await client.wait_connected()
         assert info.value.attempts == 2
         assert "no token" in str(info.value)
+
+
+@trio_test
+async def test_sessions_the_server_ends_at_once_back_off_and_count_as_failed_attempts() -> None:
+    # A member that answers 'connected' and then closes (a crash on the resubscribe, an
+    # INTERNAL_ERROR loop): the back-off was reset by every handshake, so the client
+    # came back every initial_delay for ever, and max_attempts never ended it.
+    policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, max_attempts=3)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=policy) as client:
+            for _ in range(3):
+                conn = await server.next_connection()
+                await conn.accept_session()
+                await conn.close(1011, "internal error")
+            with pytest.raises(ServerUnavailableError) as info:
+                await client.wait_connected()
+            assert info.value.attempts == 3
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_session_that_answered_a_ping_resets_the_back_off() -> None:
+    policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, max_attempts=2)
+    keepalive = Keepalive(interval=0.02, timeout=1.0)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=policy, keepalive=keepalive) as client:
+            for _ in range(4):  # more sessions than max_attempts: each one was good
+                conn = await server.next_connection()
+                await conn.accept_session()
+                ping = ops.decode_client_op(await conn.ws.get_message())
+                assert isinstance(ping, ops.Ping)
+                await conn.send(ops.Pong(ping.id))  # read before the close frame
+                await conn.close(1011, "internal error")
+            assert client.error is None
+        nursery.cancel_scope.cancel()

@@ -1,4 +1,6 @@
-// Reconnect policy: exponential back-off with jitter, bounded, reset after a good session.
+// Reconnect policy: exponential back-off with jitter, bounded, reset after a good session
+// (one that answered a keepalive ping: a server that drops every session at once is backed
+// off from, and such sessions count towards maxAttempts).
 // Pure: no I/O; the random source (a function returning [0, 1)) is injected.
 
 const DEFAULT_POLICY = Object.freeze({
@@ -46,7 +48,8 @@ export class Backoff {
     return base * (1 - this.policy.jitter * this.random());
   }
 
-  /** A session came up: the next failure starts from initialDelay again. */
+  /** A session proved good (it answered a ping): the next failure starts from
+   * initialDelay again. */
   reset() {
     this.base = this.policy.initialDelay;
     this.failures = 0;

@@ -252,7 +252,6 @@ export class Client {
       session.close("client closed");
       return;
     }
-    this.backoff.reset();
     this.setLive(session);
     this.notificationQueue.put(notification("SERVER_UP", { server: session.server }));
   }
@@ -262,6 +261,7 @@ export class Client {
     this.router.sessionLost(`connection to ${server.url} lost: ${end.describe()}`,
       { untakenFailed: end.untakenNotPublished });
     if (this.closed) return;
+    if (session.answeredPing) this.backoff.reset(); // else ended at once: a failed attempt
     if (end.terminal) {
       this.notificationQueue.put(notification("SERVER_DOWN", { reason: end.describe(), server: server.url }));
       this.end(new ConnectionClosedError(end.code, end.reason, server.url));

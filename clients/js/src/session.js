@@ -94,6 +94,12 @@ export class Session {
     }, "connect");
   }
 
+  /** The server answered a keepalive ping: the session was good, not a server that
+   * takes a connection only to drop it (the reconnect back-off starts over). */
+  get answeredPing() {
+    return this.pongId > 0;
+  }
+
   get isOpen() {
     return this.live && !this.ended;
   }

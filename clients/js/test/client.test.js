@@ -188,6 +188,42 @@ test("maxAttempts failed attempts in a row end the client with ServerUnavailable
   assert.equal(FakeWebSocket.instances.length, 3);
 });
 
+test("sessions the server ends at once back off and count as failed attempts", async () => {
+  // a member that answers 'connected' and then closes (a crash loop): the back-off was
+  // reset by every handshake, so the client came back every initialDelay for ever
+  const { client } = open({ reconnect: { ...FAST, maxDelay: 1, multiplier: 2, maxAttempts: 3 } });
+  FakeWebSocket.last().accept();
+  FakeWebSocket.last().drop(1011, "internal error");
+  mock.timers.tick(100);
+  FakeWebSocket.last().accept();
+  FakeWebSocket.last().drop(1011, "internal error");
+  mock.timers.tick(100);
+  assert.equal(FakeWebSocket.instances.length, 2, "the second delay is twice the first");
+  mock.timers.tick(100);
+  FakeWebSocket.last().accept();
+  FakeWebSocket.last().drop(1011, "internal error");
+  assert.ok(client.error instanceof ServerUnavailableError);
+  assert.equal(FakeWebSocket.instances.length, 3);
+});
+
+test("a session that answered a ping resets the back-off", async () => {
+  const { client } = open({
+    reconnect: { ...FAST, maxDelay: 1, multiplier: 2, maxAttempts: 2 },
+    keepalive: { interval: 1, timeout: 0.5 },
+  });
+  for (let i = 1; i <= 4; i += 1) { // more sessions than maxAttempts: each one was good
+    const ws = FakeWebSocket.last();
+    ws.accept();
+    mock.timers.tick(1000);
+    ws.receive({ op: "pong", id: ws.take("ping")[0].id });
+    ws.drop(1011, "internal error");
+    mock.timers.tick(100); // initialDelay again
+    assert.equal(FakeWebSocket.instances.length, i + 1);
+  }
+  assert.equal(client.error, null);
+  await client.close();
+});
+
 test("a connection that stops answering pings is given up and replaced", async () => {
   const { client } = open({ keepalive: { interval: 1, timeout: 0.5 } });
   const ws = FakeWebSocket.last();

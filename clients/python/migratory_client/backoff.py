@@ -1,4 +1,5 @@
-"""Reconnect policy: exponential back-off with jitter, bounded, reset after a good session.
+"""Reconnect policy: exponential back-off with jitter, bounded, reset after a good session
+(one that answered a keepalive ping).
 
 Pure: no I/O; the random source is injected.
 """
@@ -18,8 +19,10 @@ class ReconnectPolicy:
     The n-th consecutive retry waits ``min(max_delay, initial_delay * multiplier**n)``
     shortened by a random fraction up to ``jitter`` (0 = none, 1 = anywhere down to 0).
     ``max_attempts`` consecutive failed attempts (None = never) end the client with
-    ``ServerUnavailableError``. ``connect_timeout`` bounds the WebSocket handshake plus
-    the ``connect``/``connected`` exchange.
+    ``ServerUnavailableError``. An attempt fails unless its session answers a keepalive
+    ping: a server that answers ``connected`` and drops the session at once (a crash
+    loop) is backed off from like one that cannot be reached. ``connect_timeout`` bounds
+    the WebSocket handshake plus the ``connect``/``connected`` exchange.
     """
 
     initial_delay: float = 0.5
@@ -62,7 +65,8 @@ class Backoff:
         return base * (1.0 - self._policy.jitter * self._rng.random())
 
     def reset(self) -> None:
-        """A session came up: the next failure starts from ``initial_delay`` again."""
+        """A session proved good (it answered a ping): the next failure starts from
+        ``initial_delay`` again."""
         self._base = self._policy.initial_delay
         self.failures = 0
 

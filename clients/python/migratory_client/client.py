@@ -328,7 +328,6 @@ class Client:
         except (HandshakeFailed, OperationError) as exc:
             await session.close(close_codes.PROTOCOL_ERROR.code, "expected 'connected'")
             return SessionEnd.by_client(f"handshake failed: {exc}")
-        self._backoff.reset()
         requests = self._router.requests_for(session.id)
         self._set_live(session)
         self._notifications.put(Notification(NotificationStatus.SERVER_UP, server=session.server))
@@ -336,6 +335,8 @@ class Client:
         try:
             end = await session.serve(requests)
         finally:
+            if session.answered_ping:  # else a session ended at once is a failed attempt
+                self._backoff.reset()
             self._set_live(None)
             self._router.session_lost(
                 f"connection to {session.server} lost: {end.describe()}",

@@ -154,6 +154,12 @@ class Session:
         drops the frames, and the reader may see the end before the write returns)."""
 
     @property
+    def answered_ping(self) -> bool:
+        """The server answered a keepalive ping: the session was good, not a server that
+        takes a connection only to drop it (the reconnect back-off starts over)."""
+        return self._pong_id > 0
+
+    @property
     def is_open(self) -> bool:
         return self.ws.closed is None and self._end is None
 
