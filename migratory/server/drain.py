@@ -5,10 +5,11 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
 
 1. **No new clients.** ``/readyz`` answers 503 ("member is draining") and a new
    ``connect`` is closed with 1013 TRY_AGAIN_LATER, so the SDK goes elsewhere.
-2. **Every publish gets its outcome here.** From now on a publish that wants an
-   acknowledgement is refused at once with ``PUBLISH_FAILED`` ("member is
+2. **Every publish gets its outcome here.** From now on a client's publish that wants
+   an acknowledgement is refused at once with ``PUBLISH_FAILED`` ("member is
    draining") — definitely not published, so the client can publish it again on
-   another member. Publishes already submitted are settled: a client is told to
+   another member (the server's own records on ``/$`` subjects, an MQTT session's,
+   go on). Publishes already submitted are settled: a client is told to
    leave only once each of its publishes has its ``PUBLISH_OK`` (or failure)
    queued before the close frame. No client is left not knowing whether a publish
    was acknowledged.
@@ -40,6 +41,7 @@ import trio
 from migratory.model.message import Message
 from migratory.protocol import close_codes, ops
 from migratory.server.context import PublishPath, PublishReply, publish_ok_status
+from migratory.server.mqtt_store import RESERVED_PREFIX
 
 log = logging.getLogger("migratory.drain")
 
@@ -129,8 +131,11 @@ class DrainingPublishing:
 
     def _checked(self, message: Message, reply: PublishReply | None, now: float) -> None:
         drain = self._drain
-        if reply is None:
-            self._inner.submit(message, None, now)
+        if reply is None or message.subject.startswith(RESERVED_PREFIX):
+            # nobody to answer, or the server's own record (an MQTT session's saved
+            # positions, most needed as the client is sent away): never refused, and not
+            # waited for (a busy session saves again as each save lands)
+            self._inner.submit(message, reply, now)
             return
         if drain.draining or id(reply) in drain.moving:
             drain.refused += 1

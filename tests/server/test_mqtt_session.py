@@ -11,6 +11,8 @@ from migratory.protocol import close_codes, mqtt, ops
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
+from migratory.server.drain import Drain
+from migratory.server.metrics import PublishTimings
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
 
@@ -31,6 +33,7 @@ class HeldPublishing:
     def __init__(self, hub: Any) -> None:
         self.local = LocalPublishing(hub)
         self.held: list[tuple[Message, PublishReply | None]] = []
+        self.timings = PublishTimings()
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
         self.held.append((message, reply))
@@ -316,3 +319,37 @@ def test_a_persistent_takeover_resumes_the_live_session_not_the_older_snapshot()
         held.settle()
     record = decode_record(ctx.hub.snapshot(session_subject("dev")))
     assert record is not None and record.filters == {"a/+": 1} and record.generation == 2
+
+
+def test_a_draining_member_still_saves_persistent_sessions_and_sends_them_away_without_will() -> (
+    None
+):
+    """While the member drains (or moves clients), client publishes are refused; the
+    session records the server saves for itself are not: a persistent session that gets
+    a message meanwhile is not closed as 'session not saved' with its will published, and
+    the positions it reached when it is sent away are saved."""
+    config = Config.from_mapping({})
+    hub = build_hub(config)
+    held = HeldPublishing(hub)
+    drain = Drain(5)
+    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
+                        drain.publishing(held))
+    registry: dict = {}
+    will = mqtt.Will("dev/status", b"offline", 0, False)
+    device = session(ctx, "dev", registry, clean_session=False, will=will)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 0),))), 0.0)
+    held.settle()
+    publisher = session(ctx, "pub", registry)
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"0", qos=0)), 0.0)
+    held.settle()  # delivered; the device's save of its position is in flight
+    drain.draining = True
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"1", qos=0)), 0.0)
+    held.settle()
+    held.settle()
+    assert not device.closing
+    device.close(close_codes.DRAINED.code, "draining")  # what the drain does next
+    held.settle()
+    held.settle()
+    record = decode_record(hub.snapshot(session_subject("dev")))
+    assert record is not None and record.positions["/a/b"].seq == 2
+    assert hub.snapshot("/dev/status") is None and ctx.stats.mqtt_wills_published == 0
