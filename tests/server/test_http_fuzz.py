@@ -64,7 +64,6 @@ def test_http_fuzz_with_bystanders(start_server: Any) -> None:
     native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
     stream = SseClient(port, [SUBJECT])
     stream.events_until("subscribe")
-    publisher = HttpClient(port)
     sent = 0
 
     @settings(max_examples=150, deadline=None,
@@ -74,7 +73,11 @@ def test_http_fuzz_with_bystanders(start_server: Any) -> None:
         nonlocal sent
         fire(port, data, pieces)
         sent += 1
+        # a new connection each time: HandshakeTimeout=1 closes a keep-alive connection
+        # idle for 1 s, and an example (or the machine) can take longer than that
+        publisher = HttpClient(port)
         status, body = publisher.publish(subject=SUBJECT, content=f"after {sent}")
+        publisher.close()
         assert status == 200, body
         [message] = native.recv_messages(1)
         assert message.content == f"after {sent}".encode()
