@@ -87,10 +87,10 @@ class HttpFront:
                 protocol = "mqtt" if wants_mqtt(event.request) else "native"
                 if self._listener.speaks(protocol):
                     session.start_websocket(event.request, event.trailing, self._now)
-                else:
-                    self._respond(error(404, f"this listener does not speak {protocol} "
-                                        "over WebSocket (ListenerRoles)"))
-                return
+                    return
+                self._respond(error(404, f"this listener does not speak {protocol} "
+                                    "over WebSocket (ListenerRoles)"))
+                continue  # the connection stays HTTP: requests sent after it are answered
             self._on_request(event.request)
 
     def _on_request(self, request: Request) -> None:
