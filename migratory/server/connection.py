@@ -53,7 +53,8 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection:
     __slots__ = (
-        "_cipher", "_closed", "_fd", "_flying", "_held", "_marked", "_read_scope", "_tls",
+        "_answered", "_cipher", "_closed", "_fd", "_flying", "_held", "_marked", "_read_scope",
+        "_tls",
         "address", "batch_slowly", "handshaking", "listener", "server", "session", "sock",
         "writing",
     )
@@ -83,6 +84,7 @@ class Connection:
         self._closed = False
         self._marked = False  # told the server since the last flush (mark_dirty)
         self._read_scope: trio.CancelScope | None = None
+        self._answered: trio.Event | None = None  # set once an HTTP request is answered
 
     def _new_session(self, peer: str) -> Session | MqttSession:
         return Session(self.server.ctx, self, peer, self.listener)
@@ -110,6 +112,8 @@ class Connection:
     def flush(self) -> None:
         """Write the pending batch with one ``send``; leave the rest to a drain task."""
         self._marked = False
+        if self._answered is not None:
+            self._answered.set()  # the reader looks whether its request was answered
         if self._closed:
             return
         session = self.session
@@ -303,6 +307,10 @@ class Connection:
         if self._closed:
             return False
         session = self.session
+        if isinstance(session, Session) and session.awaiting_answer:
+            await self._wait_for_answer(session)
+            if self._closed or session.closing or session.aborted:
+                return False
         if not isinstance(session, Session) or session.heartbeat_interval is None:
             await trio.lowlevel.wait_readable(self.sock)
         else:
@@ -356,6 +364,19 @@ class Connection:
             self._after_processing()
         session = self.session
         return not (session.aborted or session.closing)
+
+    async def _wait_for_answer(self, session: Session) -> None:
+        """An HTTP request waits for its answer (a publish for its commit): nothing more is
+        read until then, so pipelined bytes wait in the kernel (TCP flow control holds
+        the client back) instead of piling up in the parser. The handshake deadline
+        bounds the wait."""
+        while session.awaiting_answer and not (self._closed or session.closing or
+                                               session.aborted):
+            self._answered = trio.Event()
+            try:
+                await self._answered.wait()
+            finally:
+                self._answered = None
 
     def _processing_failed(self) -> None:
         server = self.server
@@ -449,6 +470,8 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        if self._answered is not None:
+            self._answered.set()
         self.server.admission.hold_incomplete(-self._held)
         self._held = 0
         if isinstance(self.session, Session):

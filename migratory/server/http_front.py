@@ -14,7 +14,7 @@ from migratory.entitlement import ClientIdentity
 from migratory.listeners import Listener
 from migratory.model.position import Position
 from migratory.model.subject import InvalidSubjectError, validate_subject
-from migratory.protocol import ops, sse
+from migratory.protocol import close_codes, ops, sse
 from migratory.protocol.http import HttpError, Request, wants_mqtt
 from migratory.protocol.http_api import parse_publish, publish_reply
 from migratory.protocol.http_server import (
@@ -49,6 +49,12 @@ class HttpFront:
         self.requests = 0  # requests answered: the connection's idle deadline restarts
 
     # --- input ----------------------------------------------------------------------
+
+    @property
+    def awaiting_answer(self) -> bool:
+        """A request was handed out and has no answer yet (a publish waits for its
+        outcome): the connection reads nothing more meanwhile."""
+        return self._http.responding
 
     @property
     def buffered(self) -> int:
@@ -135,6 +141,13 @@ class HttpFront:
         return Reply(204, headers=headers)
 
     # --- output ---------------------------------------------------------------------
+
+    @staticmethod
+    def refusal(code: int, reason: str) -> bytes:
+        """The response of a connection the server closes in its HTTP phase: 503 for
+        1013 TRY_AGAIN_LATER (a body over IncompleteFrameBudget), else 500."""
+        status = 503 if code == close_codes.TRY_AGAIN_LATER.code else 500
+        return HttpError(status, reason).encode()
 
     def _respond(self, reply: Reply) -> None:
         session = self._session

@@ -26,13 +26,7 @@ from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import (
-    MQTT_SUBPROTOCOL,
-    HttpError,
-    Request,
-    handshake_response,
-    wants_mqtt,
-)
+from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
 from migratory.server import admission
 from migratory.server.context import ServerContext
 from migratory.server.http_front import HttpFront
@@ -142,6 +136,11 @@ class Session:
     def in_http(self) -> bool:
         """Still reading HTTP requests (no WebSocket or stream yet)."""
         return self._http is not None
+
+    @property
+    def awaiting_answer(self) -> bool:
+        """An HTTP request waits for its answer (``POST /publish``, its commit)."""
+        return self._http is not None and self._http.awaiting_answer
 
     @property
     def requests_answered(self) -> int:
@@ -441,9 +440,8 @@ class Session:
         elif self._stream is not None:
             self._send_unbounded(self._stream.close_event(code, reason))
         elif self._http is not None:
-            status = 503 if code == close_codes.TRY_AGAIN_LATER.code else 500
+            self._send_unbounded(self._http.refusal(code, reason))
             self._http = None  # nothing more is read: free the body it held
-            self._send_unbounded(HttpError(status, reason).encode())
 
     def _send_unbounded(self, frame: bytes) -> None:
         """Queue a frame the session must send whatever the outbox limit (replies, closes)."""

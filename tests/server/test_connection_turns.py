@@ -5,19 +5,24 @@ quietly: the reader must not wait on the closed socket (chaos run, seed 3: Value
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+from typing import Any
 
 import pytest
 import trio
 
 from migratory.config import Config
 from migratory.listeners import OPEN_LISTENER
+from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import handshake_request, new_websocket_key
-from migratory.server.app import Server
-from migratory.server.connection import OPERATIONS_PER_TURN, Connection
+from migratory.server.app import Server, build_hub
+from migratory.server.connection import OPERATIONS_PER_TURN, RECV_SIZE, Connection
+from migratory.server.context import LocalPublishing
+from migratory.server.metrics import PublishTimings
 
 
 def test_an_abort_between_two_turns_ends_the_reader_quietly(
@@ -54,3 +59,81 @@ def test_an_abort_between_two_turns_ends_the_reader_quietly(
         trio.run(main)
     theirs.close()
     assert "internal error" not in caplog.text, caplog.text
+
+
+class HeldPublishing:
+    """Publishes wait until the test settles them (a cluster's commit)."""
+
+    def __init__(self, hub: Any) -> None:
+        self.local = LocalPublishing(hub)
+        self.held: list[tuple[Message, Any]] = []
+        self.timings = PublishTimings()
+
+    def submit(self, message: Message, reply: Any, now: float) -> None:
+        self.held.append((message, reply))
+
+    def settle(self) -> None:
+        held, self.held = self.held, []
+        for message, reply in held:
+            self.local.submit(message, reply, 0.0)
+
+    def statistics(self) -> dict[str, Any]:
+        return {}
+
+
+def test_a_request_waiting_for_its_answer_holds_the_reading_back() -> None:
+    """POST /publish waits for its commit; what the client pipelines behind it stays in
+    the kernel (TCP flow control) instead of piling up in the server's HTTP parser, and
+    is read and answered, in order, once the publish has its answer."""
+    config = Config.defaults()
+    hub = build_hub(config)
+    held = HeldPublishing(hub)
+    server = Server(config, hub=hub, publishing=held)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    body = b'{"subject": "/a/b", "content": "x"}'
+    publish = b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body), body)
+    padded = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 8000 + b"\r\n\r\n"
+    pipelined = publish + padded * 128  # 1 MiB behind the publish
+    answers = bytearray()
+
+    async def pump(seconds: float) -> int:
+        """Send what the kernel takes for ``seconds`` (or until all is sent)."""
+        sent = 0
+        with trio.move_on_after(seconds):
+            while sent < len(pipelined):
+                try:
+                    sent += theirs.send(pipelined[sent:])
+                except BlockingIOError:
+                    await trio.sleep(0.01)
+                with contextlib.suppress(BlockingIOError):
+                    answers.extend(theirs.recv(65536))
+        return sent
+
+    async def main() -> None:
+        nonlocal pipelined
+        async with trio.open_nursery() as nursery:
+            server._nursery = nursery
+            connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
+            server.connections.add(connection)
+            nursery.start_soon(connection.run)
+            sent = await pump(0.3)
+            assert len(held.held) == 1  # the publish waits for its commit
+            assert sent > 2 * RECV_SIZE  # the kernel took more than one read of it
+            assert server.ctx.stats.bytes_read <= RECV_SIZE  # the server read one chunk
+            held.settle()
+            pipelined = pipelined[sent:]
+            await pump(5.0)
+            with trio.move_on_after(5):
+                while answers.count(b"HTTP/1.1 200 ") < 129:
+                    with contextlib.suppress(BlockingIOError):
+                        answers.extend(theirs.recv(65536))
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    theirs.close()
+    assert answers.count(b"HTTP/1.1 200 ") == 129
+    assert answers.startswith(b"HTTP/1.1 200 ") and b'"PUBLISH_OK"' in answers[:400]
