@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.monitor")
 
 REQUEST_TIMEOUT = 10.0
+MAX_CONNECTIONS = 64
+"""Monitoring connections served at once; one more is answered 503 and closed at once.
+They are not client connections (MaxConnections): unbounded, idle ones held for
+REQUEST_TIMEOUT each could take the file descriptors FileDescriptorReserve keeps for
+Raft and the cluster links."""
+REFUSAL_SECONDS = 0.1
 READ_SIZE = 16384
 REALM = "migratory monitoring"
 
@@ -110,6 +116,22 @@ async def serve_one(ctx: ServerContext, stream: trio.abc.Stream) -> None:
             await stream.aclose()
 
 
+async def refuse(stream: trio.SocketStream, *, plain: bool) -> None:
+    """Over MAX_CONNECTIONS: say 503 (in clear text only: no TLS handshake is spent on
+    it) if the socket takes it at once, and close."""
+    try:
+        if plain:
+            with trio.move_on_after(REFUSAL_SECONDS):
+                await stream.send_all(response(
+                    503, f"too many monitoring connections ({MAX_CONNECTIONS})\n".encode(),
+                    headers=(("Retry-After", "1"),)))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        with trio.move_on_after(1):
+            await stream.aclose()
+
+
 def monitoring_tls(config: Config) -> Callable[[trio.SocketStream], trio.abc.Stream] | None:
     """With ``MonitorEncrypted``: wrap each accepted stream in TLS (the encrypted client
     listeners' certificate and key, :func:`migratory.tls.server_context`)."""
@@ -135,8 +157,18 @@ async def serve_monitoring(
     host, port = address
     listeners = await trio.open_tcp_listeners(port, host=host)
 
+    serving = 0
+
     async def handle(stream: trio.SocketStream) -> None:
-        await serve_one(ctx, stream if wrap is None else wrap(stream))
+        nonlocal serving
+        if serving >= MAX_CONNECTIONS:
+            await refuse(stream, plain=wrap is None)
+            return
+        serving += 1
+        try:
+            await serve_one(ctx, stream if wrap is None else wrap(stream))
+        finally:
+            serving -= 1
 
     bound = listeners[0].socket.getsockname()
     task_status.started((bound[0], bound[1]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from migratory.config import Config, ConfigError
 from migratory.protocol.http import Request
-from migratory.server.monitor_listener import basic_auth_ok
+from migratory.server.monitor_listener import MAX_CONNECTIONS, basic_auth_ok
 
 
 def monitoring_url(server: Any) -> str:
@@ -148,3 +150,29 @@ def test_the_monitoring_listener_speaks_tls_with_monitor_encrypted(
     # the server is still up and serving after the failed handshakes
     with urllib.request.urlopen(request, timeout=5, context=trusted) as reply:
         assert reply.status == 200
+
+
+def test_idle_monitoring_connections_are_capped(start_server: Any) -> None:
+    """Connections to the monitoring port are not client connections (MaxConnections):
+    beyond MAX_CONNECTIONS held at once, one more is answered 503 and closed, so idle
+    ones cannot take the descriptors kept for Raft and the cluster links; once they
+    leave, the port answers again."""
+    server = start_server(MonitorListen="127.0.0.1:0")
+    host, port = monitoring_url(server).removeprefix("http://").rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(MAX_CONNECTIONS)]
+    time.sleep(0.2)
+    extra = socket.create_connection((host, int(port)), timeout=5)
+    answer = extra.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"too many monitoring" in answer
+    assert extra.recv(4096) == b""  # and closed
+    extra.close()
+    for sock in idle:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert get(f"http://{host}:{port}/healthz")[0] == 200
+            break
+        except (OSError, AssertionError):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
