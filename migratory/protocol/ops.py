@@ -47,6 +47,11 @@ SUBJECT_STATUSES = frozenset(
 )
 PUBLISH_STATUSES = frozenset(Status) - SUBJECT_STATUSES
 
+SUBSCRIBE_TOO_LARGE = "subscribe answer too large"
+"""How a ``SUBSCRIBE_DENY`` reason starts when the whole subscribe was refused because
+its answer would not fit in the client's outbox: not a refusal of the subject, so the
+SDKs ask again for one subject at a time (docs/protocol.md)."""
+
 
 # --- client -> server -------------------------------------------------------
 

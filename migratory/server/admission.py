@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from migratory.model.outbox import Outbox
 from migratory.protocol import close_codes, ops
+from migratory.protocol.ops import SUBSCRIBE_TOO_LARGE
 from migratory.server.hub import Hub
 
 if TYPE_CHECKING:
@@ -22,9 +23,6 @@ if TYPE_CHECKING:
 STATUS_OVERHEAD = 64
 """Bytes of one ``status`` answer besides its subject (CBOR keys, position, frame)."""
 
-SUBSCRIBE_TOO_LARGE = "subscribe answer too large"
-"""How a ``SUBSCRIBE_DENY`` reason starts when the whole subscribe was refused because
-its answer would pass the client's ``ClientMaxPendingBytes``."""
 
 WORK_UNIT_BYTES = 16_384
 """A subscribe entry counts one operation per this many bytes of its answer, against

@@ -232,3 +232,42 @@ async def test_a_connection_that_goes_silent_ends_within_the_keepalive_and_resum
             assert [m.position for m in got[3:]] == missed
             assert {m.type for m in got[1:]} == {MessageType.RECOVERED}
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_resume_too_large_for_the_outbox_at_once_still_recovers_every_subject(
+    start_server: Callable[..., Any],
+) -> None:
+    # Together the two subjects' missed messages pass ClientMaxPendingBytes, so the
+    # server refuses the reconnect's subscribe whole ("subscribe answer too large");
+    # each alone fits. Was: both subjects denied for good, nothing more delivered.
+    server = await trio.to_thread.run_sync(
+        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536")
+    )
+    subjects = ("/e2e/big/a", "/e2e/big/b")
+    async with trio.open_nursery() as nursery:
+        proxy = await Proxy(server.port).start(nursery)
+        async with (
+            connect([proxy.url], reconnect=FAST) as subscriber,
+            connect([server.url], reconnect=FAST) as publisher,
+        ):
+            subscription = subscriber.subscribe(*subjects)
+            for _ in subjects:
+                await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+            proxy.accepting = False
+            await proxy.cut()
+            await wait_for(subscriber, NotificationStatus.SERVER_DOWN)
+            for n in range(10):  # 10 x 4 kB each: 88 kB together, 44 kB alone
+                for subject in subjects:
+                    content = f"{n:04d}" + "x" * 4000
+                    if n < 9:
+                        await publisher.publish_nowait(subject, content)
+                    else:  # acknowledged after those before it, on one connection
+                        await publish(publisher, subject, content)
+            proxy.accepting = True
+            got = await take(subscription, 20)
+            for subject in subjects:
+                contents = [m.content[:4] for m in got if m.subject == subject]
+                assert contents == [f"{n:04d}".encode() for n in range(10)]
+            assert {m.type for m in got} == {MessageType.RECOVERED}
+        nursery.cancel_scope.cancel()

@@ -181,3 +181,56 @@ async def test_a_session_that_answered_a_ping_resets_the_back_off() -> None:
                 await conn.close(1011, "internal error")
             assert client.error is None
         nursery.cancel_scope.cancel()
+
+
+def too_large(subject: str) -> ops.SubjectStatus:
+    return ops.SubjectStatus(
+        ops.Status.SUBSCRIBE_DENY, subject, reason=f"{ops.SUBSCRIBE_TOO_LARGE}: about 9 bytes"
+    )
+
+
+@trio_test
+async def test_a_resume_refused_whole_as_too_large_is_asked_for_one_subject_at_a_time() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=FAST) as client:
+            subscription = client.subscribe("/a/b", "/c/d", "/e/f")
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            for subject in ("/a/b", "/c/d", "/e/f"):
+                await conn.allow(subject, 7, 10)
+            await conn.drop()
+
+            conn = await server.next_connection()
+            await conn.accept_session()
+            assert len((await conn.expect(ops.Subscribe)).subscriptions) == 3
+            for subject in ("/a/b", "/c/d", "/e/f"):  # was: all three denied for good
+                await conn.send(too_large(subject))
+            for subject in ("/a/b", "/c/d"):  # each once the answer before is complete
+                again = await conn.expect(ops.Subscribe)
+                assert again.subscriptions == (
+                    ops.SubscriptionRequest(subject, Position(7, 10)),
+                )
+                await conn.send(ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, subject, None))
+                await conn.deliver(update(subject, 11, kind=MessageType.RECOVERED))
+                await conn.send(ops.SubjectStatus(ops.Status.DATA_SYNC, subject, Position(7, 11)))
+            alone = await conn.expect(ops.Subscribe)
+            assert [r.subject for r in alone.subscriptions] == ["/e/f"]
+            await conn.send(too_large("/e/f"))  # too large alone: denied
+            got = [await subscription.next_message() for _ in range(2)]
+            assert [(m.subject, m.seq) for m in got] == [("/a/b", 11), ("/c/d", 11)]
+            await conn.drop()
+
+            conn = await server.next_connection()
+            await conn.accept_session()
+            request = await conn.expect(ops.Subscribe)
+            assert [r.subject for r in request.subscriptions] == ["/a/b", "/c/d"]
+            denials = []
+            async for note in client.notifications():
+                if note.status is NotificationStatus.SUBSCRIBE_DENY:
+                    denials.append(note.subject)
+                if note.status is NotificationStatus.SERVER_UP and denials:
+                    break
+            assert denials == ["/e/f"]  # the refusals of the whole subscribe are not told
+        nursery.cancel_scope.cancel()

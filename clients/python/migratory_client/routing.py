@@ -8,6 +8,12 @@ for a subscription whose buffer is full is not handed over; the subscription is
 paused instead (its subjects are left at the server, their positions stay where the
 application's messages end) and resumed from those positions once the application
 has taken half of the buffer: the messages come again as ``recovered``.
+
+A subscribe the server refuses whole because its answer would not fit in the client's
+outbox (``SUBSCRIBE_DENY`` "subscribe answer too large" for every entry: a reconnect
+that resumes many subjects with much to recover) does not deny those subjects: they
+are asked for again one at a time, each once the answer before it is complete. Only a
+subject refused so when asked for alone is denied.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from dataclasses import dataclass, field
 import trio
 
 from migratory.model.message import Message
-from migratory.protocol.ops import PublishStatus, Status, SubjectStatus, SubscriptionRequest
+from migratory.protocol.ops import (
+    SUBSCRIBE_TOO_LARGE,
+    PublishStatus,
+    Status,
+    SubjectStatus,
+    SubscriptionRequest,
+)
 from migratory_client.errors import MigratoryError
 from migratory_client.events import Notification, NotificationStatus, PublishResult
 from migratory_client.notifications import NotificationQueue
@@ -69,6 +81,10 @@ class Router:
         self.trackers: dict[str, SubjectTracker] = {}
         self.pending: dict[str, PendingPublish] = {}
         self._outlets: dict[str, Outlet] = {}
+        self._alone: list[str] = []
+        """Subjects of a subscribe refused whole as too large, to ask for one at a time."""
+        self._alone_due: str | None = None
+        """The subject asked for alone whose answer is not complete yet."""
 
     # --- subscriptions -------------------------------------------------------
 
@@ -160,16 +176,41 @@ class Router:
             resubscribe.pop(subject, None)
         return Reaction(tuple(resubscribe.values()), tuple(pause))
 
-    def on_subject_status(self, op: SubjectStatus, server: str, session_id: int = -1) -> None:
+    def on_subject_status(
+        self, op: SubjectStatus, server: str, session_id: int = -1
+    ) -> tuple[SubscriptionRequest, ...]:
+        """Apply a subject status; returns the subscription to send next, if any (a
+        subject of a subscribe refused as too large, asked for alone)."""
         tracker = self.trackers.get(op.subject)
+        lone = op.subject == self._alone_due
+        if lone and (tracker is None or _answer_complete(op, tracker)):
+            self._alone_due = None
         if tracker is None:
-            return
+            return self.next_alone(session_id)
         tracker.on_status(op.status, op.position, session_id)
-        self.notifications.put(
-            Notification(
-                NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
+        too_large = op.status is Status.SUBSCRIBE_DENY and _too_large(op.reason)
+        if too_large and not lone:
+            tracker.denied = False  # not refused: asked for again, alone
+            self._alone.append(op.subject)
+        else:
+            self.notifications.put(
+                Notification(
+                    NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
+                )
             )
-        )
+        return self.next_alone(session_id)
+
+    def next_alone(self, session_id: int) -> tuple[SubscriptionRequest, ...]:
+        """The next subject to ask for alone, once the answer before it is complete."""
+        while self._alone_due is None and self._alone:
+            subject = self._alone.pop(0)
+            tracker = self.trackers.get(subject)
+            if tracker is None or tracker.denied or self._outlets[subject].paused:
+                continue  # unsubscribed, or asked for again when it resumes
+            tracker.requested_in = session_id
+            self._alone_due = subject
+            return (tracker.request(),)
+        return ()
 
     def on_publish_status(self, op: PublishStatus, server: str) -> None:
         pending = self.pending.pop(op.closure, None) if op.closure is not None else None
@@ -198,6 +239,8 @@ class Router:
                 pending.lost = reason
             pending.done.set()
         self.pending.clear()
+        self._alone.clear()  # the next session asks for every subject again
+        self._alone_due = None
         for tracker in self.trackers.values():
             tracker.on_session_lost()
 
@@ -208,3 +251,16 @@ class Router:
             outlet.channel.close()
         self._outlets.clear()
         self.notifications.close(error)
+
+
+def _too_large(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(SUBSCRIBE_TOO_LARGE)
+
+
+def _answer_complete(op: SubjectStatus, tracker: SubjectTracker) -> bool:
+    """Whether ``op`` ends the answer to a subscription of ``tracker``'s subject: its
+    ``DATA_SYNC`` / ``DATA_RESYNC`` on a resume, a deny, or -- on a first subscribe, whose
+    messages follow it at once -- the ``SUBSCRIBE_ALLOW``."""
+    if op.status is Status.SUBSCRIBE_ALLOW:
+        return tracker.position is None
+    return True

@@ -262,7 +262,9 @@ class Session:
             if reaction.resubscribe:
                 await self._reply(self.subscribe(reaction.resubscribe))
         elif isinstance(op, SubjectStatus):
-            self._router.on_subject_status(op, self.server, self.id)
+            requests = self._router.on_subject_status(op, self.server, self.id)
+            if requests:
+                await self._reply(self.subscribe(requests))
         elif isinstance(op, PublishStatus):
             self._router.on_publish_status(op, self.server)
         elif isinstance(op, Pong):
