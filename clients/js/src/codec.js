@@ -19,6 +19,10 @@ export const MessageType = Object.freeze({
   HISTORICAL: "historical",
 });
 export const Qos = Object.freeze({ STANDARD: "standard", GUARANTEED: "guaranteed" });
+/** How a SUBSCRIBE_DENY reason starts when the whole subscribe was refused because its
+ * answer would not fit in the client's outbox: not a refusal of the subject, so it is
+ * asked for again alone (migratory.protocol.ops.SUBSCRIBE_TOO_LARGE, docs/protocol.md). */
+export const SUBSCRIBE_TOO_LARGE = "subscribe answer too large";
 export const SUBJECT_STATUSES = Object.freeze([
   "DATA_SYNC", "DATA_RESYNC", "SUBSCRIBE_ALLOW", "SUBSCRIBE_DENY",
 ]);

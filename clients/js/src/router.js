@@ -6,7 +6,14 @@
 // are left at the server, their positions stay where the application's messages end)
 // and resumed from those positions once the application has taken half of the buffer:
 // the messages come again as recovered (as the Python SDK's routing.py).
+//
+// A subscribe the server refuses whole because its answer would not fit in the client's
+// outbox (SUBSCRIBE_DENY "subscribe answer too large" for every entry: a reconnect that
+// resumes many subjects with much to recover) does not deny those subjects: they are
+// asked for again one at a time, each once the answer before it is complete. Only a
+// subject refused so when asked for alone is denied.
 
+import { SUBSCRIBE_TOO_LARGE } from "./codec.js";
 import { PublishOutcomeUnknown, publishError } from "./errors.js";
 import { Verdict } from "./resume.js";
 
@@ -26,6 +33,10 @@ export class Router {
     this.pending = new Map();
     /** subject -> subscription (its outlet: paused, full(), push(), end()) */
     this.outlets = new Map();
+    /** Subjects of a subscribe refused whole as too large, to ask for one at a time. */
+    this.alone = [];
+    /** The subject asked for alone whose answer is not complete yet. */
+    this.aloneDue = null;
   }
 
   // --- subscriptions ----------------------------------------------------------
@@ -120,13 +131,38 @@ export class Router {
     return { resubscribe: [...resubscribe.values()], pause };
   }
 
+  /** Apply a subject status; returns the requests to send next (a subject of a
+   * subscribe refused as too large, asked for alone), maybe none. */
   onSubjectStatus(op, server, sessionId = -1) {
     const tracker = this.trackers.get(op.subject);
-    if (tracker === undefined) return;
+    const lone = op.subject === this.aloneDue;
+    if (lone && (tracker === undefined || answerComplete(op, tracker))) this.aloneDue = null;
+    if (tracker === undefined) return this.nextAlone(sessionId);
     tracker.onStatus(op.status, op.position, sessionId);
-    this.notify(notification(op.status, {
-      subject: op.subject, position: op.position, reason: op.reason, server,
-    }));
+    const tooLarge = op.status === "SUBSCRIBE_DENY"
+      && typeof op.reason === "string" && op.reason.startsWith(SUBSCRIBE_TOO_LARGE);
+    if (tooLarge && !lone) {
+      tracker.denied = false; // not refused: asked for again, alone
+      this.alone.push(op.subject);
+    } else {
+      this.notify(notification(op.status, {
+        subject: op.subject, position: op.position, reason: op.reason, server,
+      }));
+    }
+    return this.nextAlone(sessionId);
+  }
+
+  /** The next subject to ask for alone, once the answer before it is complete. */
+  nextAlone(sessionId) {
+    while (this.aloneDue === null && this.alone.length) {
+      const subject = this.alone.shift();
+      const tracker = this.trackers.get(subject);
+      if (tracker === undefined || tracker.denied || this.outlets.get(subject).paused) continue;
+      tracker.requestedIn = sessionId;
+      this.aloneDue = subject;
+      return [tracker.request()];
+    }
+    return [];
   }
 
   onPublishStatus(op, server) {
@@ -159,6 +195,8 @@ export class Router {
       }
     }
     this.pending.clear();
+    this.alone = []; // the next session asks for every subject again
+    this.aloneDue = null;
     for (const tracker of this.trackers.values()) tracker.onSessionLost();
   }
 
@@ -168,4 +206,11 @@ export class Router {
     for (const outlet of new Set(this.outlets.values())) outlet.end(error);
     this.outlets.clear();
   }
+}
+
+/** Whether `op` ends the answer to a subscription of `tracker`'s subject: its DATA_SYNC /
+ * DATA_RESYNC on a resume, a deny, or -- on a first subscribe, whose messages follow it
+ * at once -- the SUBSCRIBE_ALLOW. */
+function answerComplete(op, tracker) {
+  return op.status !== "SUBSCRIBE_ALLOW" || tracker.position === null;
 }

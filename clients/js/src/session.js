@@ -165,7 +165,7 @@ export class Session {
         break;
       }
       case "status":
-        this.router.onSubjectStatus(op, this.server, this.id);
+        this.subscribe(this.router.onSubjectStatus(op, this.server, this.id));
         break;
       case "publish_status":
         this.router.onPublishStatus(op, this.server);

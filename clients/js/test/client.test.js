@@ -401,3 +401,35 @@ test("a token provider that keeps failing counts towards maxAttempts", async () 
   await ended; // was: retried for ever
   assert.equal(FakeWebSocket.instances.length, 0);
 });
+
+test("a resume refused whole as too large is asked for one subject at a time", async () => {
+  const { client, notes } = open();
+  const subscription = client.subscribe(["/a/b", "/c/d", "/e/f"]);
+  const first = FakeWebSocket.last();
+  first.accept();
+  for (const subject of ["/a/b", "/c/d", "/e/f"]) first.receive(status("SUBSCRIBE_ALLOW", subject, 7, 10));
+  first.drop();
+  mock.timers.tick(100);
+  const second = FakeWebSocket.last();
+  second.accept();
+  assert.equal(second.take("subscribe")[0].subjects.length, 3);
+  const tooLarge = (subject) => ({ ...status("SUBSCRIBE_DENY", subject),
+    reason: "subscribe answer too large: about 9 bytes" });
+  for (const subject of ["/a/b", "/c/d", "/e/f"]) second.receive(tooLarge(subject)); // was: all denied for good
+  for (const subject of ["/a/b", "/c/d"]) { // each once the answer before it is complete
+    assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject, epoch: 7, seq: 10 }] }]);
+    second.receive(status("SUBSCRIBE_ALLOW", subject));
+    second.receive(batch([update(subject, 11, { type: "recovered" })]));
+    second.receive(status("DATA_SYNC", subject, 7, 11));
+  }
+  assert.deepEqual(second.take("subscribe").map((op) => op.subjects.map((s) => s.subject)), [["/e/f"]]);
+  second.receive(tooLarge("/e/f")); // too large alone: denied
+  assert.deepEqual((await take(subscription, 2)).map((m) => [m.subject, m.seq]), [["/a/b", 11], ["/c/d", 11]]);
+  second.drop();
+  mock.timers.tick(100);
+  const third = FakeWebSocket.last();
+  third.accept();
+  assert.deepEqual(third.take("subscribe")[0].subjects.map((s) => s.subject), ["/a/b", "/c/d"]);
+  assert.deepEqual(notes.filter((n) => n.status === "SUBSCRIBE_DENY").map((n) => n.subject), ["/e/f"]);
+  await client.close();
+});
