@@ -35,7 +35,11 @@ def server_context(config: Config) -> ssl.SSLContext:
     """The context for ``ListenEncrypted``: certificate, key, client CA, version, ciphers."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[config.tls_minimum_version]
-    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # no renegotiation: OpenSSL 3 refuses a client's by default, 1.1.1 accepts it (a
+    # handshake's CPU on demand, over and over, on one connection)
+    context.options |= (
+        ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
+    )
     try:
         context.set_ciphers(config.tls_ciphers)
     except ssl.SSLError:
