@@ -24,6 +24,7 @@ from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.server.admission import PublishRate
 from migratory.server.context import publish_ok_status
+from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import MqttDelivery
 from migratory.server.mqtt_inflight import Inflight
@@ -275,6 +276,11 @@ class MqttSession(MqttDelivery):
             return
         if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
             self._send(mqtt_encode.encode_packet(mqtt.Puback(int(status.closure))))
+        elif status.reason == SENT_ELSEWHERE:
+            # the member drains or moves this client: not published, no PUBACK (the
+            # client publishes it again where it goes); the drain closes the connection
+            # (4502, no will) once the earlier publishes have their PUBACK
+            pass
         elif not self.closing:
             self._refused_publish(f"{status.status.value}: {status.reason or ''}")
 

@@ -7,6 +7,7 @@ from typing import Any
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt, ops
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
@@ -353,3 +354,32 @@ def test_a_draining_member_still_saves_persistent_sessions_and_sends_them_away_w
     record = decode_record(hub.snapshot(session_subject("dev")))
     assert record is not None and record.positions["/a/b"].seq == 2
     assert hub.snapshot("/dev/status") is None and ctx.stats.mqtt_wills_published == 0
+
+
+def test_a_publish_refused_because_the_member_drains_does_not_cost_the_client_its_will() -> (
+    None
+):
+    """Draining, with a QoS 1 publish of the device still waiting for its commit: the
+    next one is refused (not published, no PUBACK: the device publishes it again
+    elsewhere), the connection is not closed as a refused publish (its will published),
+    the first one still gets its PUBACK, and the drain then sends the device away."""
+    config = Config.from_mapping({})
+    hub = build_hub(config)
+    held = HeldPublishing(hub)
+    drain = Drain(5)
+    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
+                        drain.publishing(held))
+    will = mqtt.Will("dev/status", b"offline", 0, False)
+    device = session(ctx, "dev", {}, will=will)
+    read(device)
+    device.receive_data(encode_packet(mqtt.Publish("a/b", b"1", qos=1, packet_id=1)), 0.0)
+    drain.draining = True
+    device.receive_data(encode_packet(mqtt.Publish("a/b", b"2", qos=1, packet_id=2)), 0.0)
+    assert not device.closing
+    held.settle()
+    assert read(device) == [mqtt.Puback(1)]
+    assert drain.unsettled(device) == 0
+    device.close(close_codes.DRAINED.code, "draining")  # what the drain does next
+    assert hub.snapshot("/dev/status") is None and ctx.stats.mqtt_wills_published == 0
+    assert [m.content for m in hub.missed("/a/b", Position(hub.position("/a/b").epoch, 0))
+            ] == [b"1"]
