@@ -272,6 +272,34 @@ async def test_subscribe_while_connected_and_unsubscribe_on_exit() -> None:
 
 
 @trio_test
+async def test_subscribing_again_right_after_unsubscribing_gets_no_update_of_the_old_one() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=FAST) as client:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            async with client.subscribe("/a/b") as old:
+                await conn.expect(ops.Subscribe)
+                await conn.allow("/a/b", 7, 10)
+                await conn.deliver(update("/a/b", 11))
+                assert (await old.next_message()).seq == 11
+            again = client.subscribe("/a/b", history=2)
+            await conn.expect(ops.Unsubscribe)
+            await conn.expect(ops.Subscribe)
+            await conn.deliver(update("/a/b", 12))  # sent before the server read the unsubscribe
+            await conn.allow("/a/b", 7, 12)
+            await conn.deliver(*(update("/a/b", s, kind=MessageType.HISTORICAL) for s in (11, 12)))
+            await conn.deliver(update("/a/b", 13))
+            got = await take(again, 3)  # was: update 12 first, then history 11 and 12 again
+            assert [(m.type, m.seq) for m in got] == [
+                (MessageType.HISTORICAL, 11),
+                (MessageType.HISTORICAL, 12),
+                (MessageType.UPDATE, 13),
+            ]
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
 async def test_close_ends_iteration_quietly() -> None:
     finished = False
     async with trio.open_nursery() as nursery:

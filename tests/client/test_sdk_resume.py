@@ -117,6 +117,18 @@ def test_a_stale_message_of_an_epoch_left_behind_is_not_delivered() -> None:
     assert conflated.on_message(msg(5, epoch=8)) is Verdict.DELIVER  # merged: any seq
 
 
+def test_an_update_before_the_first_subscribes_answer_is_left() -> None:
+    # subscribed again just after an unsubscribe: an update the server sent for the
+    # earlier subscription, before it read the unsubscribe, arrives first
+    tracker = SubjectTracker(SUBJECT, history=3)
+    tracker.sent(session_id=1)
+    assert tracker.on_message(msg(11)) is Verdict.DUPLICATE
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(7, 11), session_id=1)
+    for seq in (9, 10, 11):
+        assert tracker.on_message(msg(seq, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
+    assert tracker.on_message(msg(12)) is Verdict.DELIVER
+
+
 def test_deny() -> None:
     tracker = SubjectTracker(SUBJECT)
     tracker.on_status(Status.SUBSCRIBE_DENY, None)

@@ -16,6 +16,9 @@
 //   gap, as above, and the resume from `position` gets the server's DATA_SYNC or snapshot
 //   and DATA_RESYNC, never a silent jump into the middle of an epoch.
 // * snapshot and historical messages pass through untouched.
+// * Before the SUBSCRIBE_ALLOW of a first subscribe (no position yet), an update is
+//   dropped: the server answers first, so it belongs to an earlier subscription of the
+//   subject on this connection, unsubscribed since.
 // * DATA_SYNC / DATA_RESYNC move `position` only when they answer the latest request:
 //   the server answers one connection's requests in order (each with one
 //   SUBSCRIBE_ALLOW or SUBSCRIBE_DENY first), so while a later request is unanswered a
@@ -126,6 +129,9 @@ export class SubjectTracker {
     const arrived = makePosition(message.epoch, message.seq);
     const last = this.position;
     if (last === null) {
+      // before the first subscribe's SUBSCRIBE_ALLOW: a message of an earlier
+      // subscription of the subject, unsubscribed since
+      if (this.answersDue > 0) return Verdict.DUPLICATE;
       this.position = arrived;
       return Verdict.DELIVER;
     }

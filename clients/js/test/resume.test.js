@@ -116,6 +116,17 @@ test("a stale message of an epoch left behind is not delivered", () => {
   assert.equal(conflated.onMessage(msg(5, 8)), Verdict.DELIVER); // merged: any seq
 });
 
+test("an update before the first subscribe's answer is left", () => {
+  // subscribed again just after an unsubscribe: an update the server sent for the
+  // earlier subscription, before it read the unsubscribe, arrives first
+  const tracker = new SubjectTracker(SUBJECT, { history: 3 });
+  tracker.sent(1);
+  assert.equal(tracker.onMessage(msg(11)), Verdict.DUPLICATE);
+  tracker.onStatus("SUBSCRIBE_ALLOW", position(7, 11), 1);
+  for (const seq of [9, 10, 11]) assert.equal(tracker.onMessage(msg(seq, 7, "historical")), Verdict.DELIVER);
+  assert.equal(tracker.onMessage(msg(12)), Verdict.DELIVER);
+});
+
 test("a status answering an earlier request does not move the position", () => {
   const tracker = allowed();
   tracker.sent(1);

@@ -18,6 +18,10 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
   snapshot and ``DATA_RESYNC``, never a silent jump into the middle of an epoch.
 * ``snapshot`` and ``historical`` messages pass through untouched; their type tells
   the application what they are.
+* Before the ``SUBSCRIBE_ALLOW`` of a first subscribe (no ``position`` yet), an update
+  is dropped: the server answers first, so it belongs to an earlier subscription of the
+  subject on this connection, unsubscribed since (the application would see it, then
+  the snapshot or history it is part of).
 * ``DATA_SYNC`` / ``DATA_RESYNC`` move ``position`` only when they answer the latest
   request: the server answers the requests of one connection in order (each with one
   ``SUBSCRIBE_ALLOW`` or ``SUBSCRIBE_DENY`` first), so while a later request is
@@ -127,6 +131,8 @@ class SubjectTracker:
         arrived = Position(message.epoch, message.seq)
         last = self.position
         if last is None:
+            if self.answers_due > 0:  # before the first subscribe's SUBSCRIBE_ALLOW: a
+                return Verdict.DUPLICATE  # message of an earlier subscription, left
             self.position = arrived
             return Verdict.DELIVER
         if arrived.epoch != last.epoch:
