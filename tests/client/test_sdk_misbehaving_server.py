@@ -234,3 +234,29 @@ async def test_a_resume_refused_whole_as_too_large_is_asked_for_one_subject_at_a
                     break
             assert denials == ["/e/f"]  # the refusals of the whole subscribe are not told
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_server_that_never_answers_connect_or_answers_something_else_is_left() -> None:
+    policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, connect_timeout=0.2)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=policy) as client:
+            silent = await server.next_connection()
+            await silent.expect(ops.Connect)  # and no answer
+            wrong = await server.next_connection()
+            await wrong.expect(ops.Connect)
+            await wrong.send(ops.Pong(1))
+            good = await server.next_connection()
+            await good.accept_session()
+            assert await client.wait_connected() == server.url
+            reasons = []
+            async for note in client.notifications():
+                if note.status is NotificationStatus.SERVER_UP:
+                    break
+                reasons.append(note.reason)
+            assert reasons == [
+                "handshake failed: no 'connected' within 0.2 s",
+                "handshake failed: expected 'connected', got Pong(id=1)",
+            ]
+        nursery.cancel_scope.cancel()
