@@ -133,6 +133,8 @@ async def test_invalid_subject_and_no_server() -> None:
         with pytest.raises(NotConnectedError) as info:
             await client.publish("/a/b", b"x", timeout=0.1)
         assert info.value.timeout == 0.1
+        with pytest.raises(NotConnectedError):  # was: waited for a session for ever
+            await client.publish_nowait("/a/b", b"x", timeout=0.1)
 
 
 @trio_test

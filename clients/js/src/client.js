@@ -98,14 +98,25 @@ export class Client {
     return this.waitLive().then((session) => session.server);
   }
 
-  waitLive() {
+  /** The open session; with `seconds`, rejects with `makeError()` after that long and
+   * lets go of its waiter (publishes while every server is down must not pile up). */
+  waitLive(seconds = null, makeError = null) {
     try {
       this.raiseIfEnded();
     } catch (error) {
       return Promise.reject(error);
     }
     if (this.live !== null && this.live.isOpen) return Promise.resolve(this.live);
-    return new Promise((resolve, reject) => this.liveWaiters.push({ resolve, reject }));
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject, timer: null };
+      this.liveWaiters.push(waiter);
+      if (seconds === null) return;
+      waiter.timer = setTimeout(() => {
+        const at = this.liveWaiters.indexOf(waiter);
+        if (at >= 0) this.liveWaiters.splice(at, 1);
+        reject(makeError());
+      }, seconds * 1000);
+    });
   }
 
   raiseIfEnded() {
@@ -116,7 +127,10 @@ export class Client {
   setLive(session) {
     this.live = session;
     if (session === null) return;
-    for (const waiter of this.liveWaiters.splice(0)) waiter.resolve(session);
+    for (const waiter of this.liveWaiters.splice(0)) {
+      clearTimeout(waiter.timer);
+      waiter.resolve(session);
+    }
   }
 
   // --- subscribe ----------------------------------------------------------------
@@ -181,7 +195,7 @@ export class Client {
       pending = { subject, closure, resolve, reject };
     });
     for (;;) { // a session that ended before the send did not take it: wait for the next
-      const session = await withTimeout(this.waitLive(), Math.max(0, deadline - Date.now()),
+      const session = await this.waitLive(Math.max(0, deadline - Date.now()) / 1000,
         () => new NotConnectedError(subject, timeout));
       this.router.pending.set(closure, pending);
       if (session.send(op)) break;
@@ -197,10 +211,12 @@ export class Client {
   }
 
   /** Publish without a closure: no PUBLISH_OK; failures arrive as notifications. Waits
-   * for a session; rejects with PublishOutcomeUnknown if it could not be sent. */
-  async publishNoWait(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD } = {}) {
+   * up to `timeout` s for a session (then NotConnectedError: not sent, nothing piles up
+   * while every server is down); rejects with PublishOutcomeUnknown if it could not be sent. */
+  async publishNoWait(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD,
+    timeout = 10 } = {}) {
     const op = publishOp(subject, content, fields, retained, qos, null);
-    const session = await this.waitLive();
+    const session = await this.waitLive(timeout, () => new NotConnectedError(subject, timeout));
     if (!session.send(op)) throw new PublishOutcomeUnknown(subject, "", "connection lost while sending");
   }
 
@@ -285,7 +301,10 @@ export class Client {
   end(error) {
     if (this.error === null && !this.closed) this.error = error;
     const reason = this.error ?? new ClientClosedError();
-    for (const waiter of this.liveWaiters.splice(0)) waiter.reject(reason);
+    for (const waiter of this.liveWaiters.splice(0)) {
+      clearTimeout(waiter.timer);
+      waiter.reject(reason);
+    }
     this.router.close(this.error);
     this.notificationQueue.close(this.error);
   }

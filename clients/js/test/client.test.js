@@ -162,6 +162,19 @@ test("no session within the timeout: NotConnectedError, not sent", async () => {
   await assert.rejects(client.publish(SUBJECT, "x"), ClientClosedError);
 });
 
+test("publishes while no server answers give up after their timeout and are let go", async () => {
+  const { client } = open();
+  const waiting = [];
+  for (let i = 0; i < 100; i += 1) {
+    waiting.push(assert.rejects(client.publish(SUBJECT, "x", { timeout: 0.5 }), NotConnectedError));
+    waiting.push(assert.rejects(client.publishNoWait(SUBJECT, "x", { timeout: 0.5 }), NotConnectedError));
+  }
+  mock.timers.tick(500);
+  await Promise.all(waiting); // publishNoWait was: pending for ever
+  assert.equal(client.liveWaiters.length, 0); // was: 200 waiters held until a session came
+  await client.close();
+});
+
 test("a terminal close code ends the client with ConnectionClosedError", async () => {
   const { client, notes } = open();
   const subscription = client.subscribe(SUBJECT);

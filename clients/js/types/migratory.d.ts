@@ -142,7 +142,7 @@ export class Client {
     options?: PublishOptions): Promise<PublishResult>;
   /** No closure, no PUBLISH_OK: failures arrive as notifications. */
   publishNoWait(subject: string, content: string | Uint8Array | ArrayBuffer,
-    options?: Omit<PublishOptions, "timeout">): Promise<void>;
+    options?: PublishOptions): Promise<void>;
   close(): Promise<void>;
 }
 

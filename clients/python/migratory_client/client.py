@@ -236,13 +236,19 @@ class Client:
         *,
         retained: bool = False,
         qos: Qos = Qos.STANDARD,
+        timeout: float = 10.0,
     ) -> None:
         """Publish without a closure: no PUBLISH_OK; failures arrive as notifications.
 
-        Waits for a session if there is none; raises PublishOutcomeUnknown if the
-        connection drops while sending."""
+        Waits up to ``timeout`` s for a session if there is none, then raises
+        NotConnectedError (not sent: nothing piles up while every server is down);
+        raises PublishOutcomeUnknown if the connection drops while sending."""
         message = _message(subject, content, fields, retained, qos, None)
-        session = await self._wait_live()
+        session: Session | None = None
+        with trio.move_on_after(timeout):
+            session = await self._wait_live()
+        if session is None:
+            raise NotConnectedError(subject, timeout)
         try:
             await session.send(Publish(message))
         except ConnectionClosed:
