@@ -4,6 +4,8 @@ sessions), on exact subjects and on wildcard topic filters. A mixin of
 
 from __future__ import annotations
 
+from typing import Any
+
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.model.topic import FilterIndex, filter_matches
@@ -78,3 +80,26 @@ class MessageSinks:
             for state in self._subjects.values()
             if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
         ]
+
+    def matching_any(
+        self, index: FilterIndex[Any], *, retained: bool = False
+    ) -> list[tuple[str, Position, Message | None, int]]:
+        """``(subject, position, snapshot, value)`` of every subject one of ``index``'s
+        filters matches, ``value`` the highest of theirs (never ``/$...`` subjects;
+        ``retained``: only subjects with a snapshot). One pass over the subjects for all
+        the filters (a SUBSCRIBE of 100 wildcard filters scanned them 100 times: 2.6 s
+        of a stopped server with 50,000 subjects)."""
+        found = []
+        for state in self._subjects.values():
+            if retained and state.snapshot is None:
+                continue
+            subject = state.subject
+            if subject.startswith("/$"):
+                continue
+            best = -1
+            for _, value in index.match(subject):
+                if value > best:
+                    best = value
+            if best >= 0:
+                found.append((subject, state.position, state.snapshot, best))
+        return found

@@ -17,8 +17,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.mqtt")
 
 
+SCAN_UNIT = 1000
+"""Subjects matched against wildcard filters (a SUBSCRIBE's retained messages, a
+resumed session's subjects) that count as one more packet of the per-turn budget: one
+client's wildcard SUBSCRIBEs on a server of many subjects wait for the others' turn."""
+
+
 class MqttInput:
-    __slots__ = ("_now",)  # the rest are MqttSession's
+    __slots__ = ("_now", "_work")  # the rest are MqttSession's
     _ctx: ServerContext
     _decoder: mqtt.MqttDecoder
     _frames: ws.FrameDecoder | None
@@ -74,8 +80,9 @@ class MqttInput:
                 packet = self._decoder.next_event()
                 if packet is None:
                     break
+                self._work = 0
                 self._on_packet(packet, now)
-                handled += 1
+                handled += 1 + self._work // SCAN_UNIT
         except mqtt.MqttProtocolError as exc:
             self._protocol_error(exc.reason)
         return False

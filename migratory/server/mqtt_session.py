@@ -108,6 +108,7 @@ class MqttSession(MqttDelivery):
         self._save_again = False
         self._waiting_subacks: list[bytes] = []  # sent once the record is saved
         self._now = 0.0
+        self._work = 0  # subjects the last packet scanned (mqtt_input.SCAN_UNIT)
         self._lost = False
         self.closing = False
         self.aborted = False
@@ -206,7 +207,7 @@ class MqttSession(MqttDelivery):
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
-            self.subscriptions.resume(stored, now)
+            self._work = self.subscriptions.resume(stored, now)
             self._ctx.stats.mqtt_sessions_resumed += 1
             self._changed()  # this connection's generation holds the session now
 
@@ -296,6 +297,7 @@ class MqttSession(MqttDelivery):
             return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
+        self._work = self.subscriptions.send_retained()  # one pass for all the wildcards
         suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
         if self._record is None:
             self._send(suback)

@@ -13,6 +13,7 @@ from migratory.entitlement import ClientIdentity
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.model.topic import (
+    FilterIndex,
     InvalidTopicError,
     filter_levels,
     filter_matches,
@@ -61,6 +62,9 @@ class Subscriptions:
         # owner keeps its last delivery's subject apart
         self.reached: dict[str, Position | Message] = {}
         self._attached = True
+        # wildcard filters just added whose retained messages are still to be sent
+        # (send_retained: one pass over the subjects for all of a SUBSCRIBE's filters)
+        self._retain_due: FilterIndex[str] | None = None
         self._filters_changed = True  # since the last implied_positions
         self._scanned_at = -1  # hub.subjects_created at the last implied_positions
 
@@ -114,12 +118,25 @@ class Subscriptions:
                 position = NOTHING_SEEN
             self._owner.note_position(subject, position)
             snapshot = self._hub.snapshot(subject)
-            retained = [snapshot] if snapshot is not None else []
+            if snapshot is not None:
+                self._owner.deliver_retained(snapshot, granted)
         else:
-            retained = [snapshot for _, _, snapshot in self._hub.matching(levels) if snapshot]
-        for message in retained:
-            self._owner.deliver_retained(message, granted)
+            if self._retain_due is None:
+                self._retain_due = FilterIndex()
+            self._retain_due.add(levels, name, granted)
         return granted
+
+    def send_retained(self) -> int:
+        """The retained messages of the wildcard filters just added (:meth:`add`): one
+        pass over the subjects for all of them, each subject once, at the highest QoS
+        granted. Returns the subjects looked at (0: no pass)."""
+        due, self._retain_due = self._retain_due, None
+        if due is None:
+            return 0
+        for _, _, snapshot, qos in self._hub.matching_any(due, retained=True):
+            if snapshot is not None:
+                self._owner.deliver_retained(snapshot, qos)
+        return self._hub.subject_count
 
     def remove(self, names: tuple[str, ...]) -> None:
         for name in names:
@@ -153,12 +170,13 @@ class Subscriptions:
 
     # --- resuming a persistent session ---------------------------------------------
 
-    def resume(self, record: SessionRecord, now: float) -> None:
+    def resume(self, record: SessionRecord, now: float) -> int:
         """Subscribe again to the record's filters and deliver, per subject, what came
         after its recorded position (or its snapshot when the cache cannot tell). A
         subject a wildcard filter matches that the record does not name appeared after
-        the record was saved: all of it the cache holds is missed."""
-        wildcards = []
+        the record was saved: all of it the cache holds is missed. Returns the subjects
+        the wildcard filters were matched against (0: none)."""
+        wildcards: FilterIndex[str] = FilterIndex()
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
@@ -168,15 +186,18 @@ class Subscriptions:
             self._filters[name] = entry
             self._register(entry)
             if entry.subject is None:
-                wildcards.append(levels)
+                wildcards.add(levels, name, qos)
         positions = dict(record.positions)
-        for levels in wildcards:
-            for subject, _, _ in self._hub.matching(levels):
+        scanned = 0
+        if wildcards.count:
+            for subject, _, _, _ in self._hub.matching_any(wildcards):
                 positions.setdefault(subject, NOTHING_SEEN)
+            scanned = self._hub.subject_count
         for subject, position in positions.items():
             granted = self._qos_for(subject)
             if granted is not None:
                 self._replay(subject, position, granted)
+        return scanned
 
     def implied_positions(self, record: SessionRecord) -> None:
         """Before a save: the subjects wildcard filters match that this session was
@@ -193,14 +214,17 @@ class Subscriptions:
         self._filters_changed = False
         self._scanned_at = created
         reached = self._owner.settle_reached()
-        for entry in self._filters.values():
-            if entry.subject is not None:
-                continue
-            for subject, position, _ in self._hub.matching(entry.levels):
-                if len(record.positions) >= MAX_IMPLIED:
-                    return
-                if subject not in record.positions and subject not in reached:
-                    record.positions[subject] = position if position.seq else NOTHING_SEEN
+        wildcards: FilterIndex[str] = FilterIndex()
+        for name, entry in self._filters.items():
+            if entry.subject is None:
+                wildcards.add(entry.levels, name, entry.qos)
+        if not wildcards.count:
+            return
+        for subject, position, _, _ in self._hub.matching_any(wildcards):
+            if len(record.positions) >= MAX_IMPLIED:
+                return
+            if subject not in record.positions and subject not in reached:
+                record.positions[subject] = position if position.seq else NOTHING_SEEN
 
     def _qos_for(self, subject: str) -> int | None:
         best = None
