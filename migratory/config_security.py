@@ -41,7 +41,9 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "0: no limit."),
     Setting("MaxSubjectsPerSubscribe", "max_subjects_per_subscribe", _int(1, 10_000, _UNITS["s"]),
             "1000",
-            "Entries one `subscribe` operation may carry; more close the session with 4000."),
+            "Entries one `subscribe` operation may carry; more close the session with 4000. "
+            "Told to clients in `connected`: the SDKs split a larger subscribe (a reconnect "
+            "resubscribes every subject at once)."),
     Setting("MaxPublishesPerSecond", "max_publishes_per_second", _int(0, unit=_UNITS["p"]),
             "50000",
             "Publishes one connection may send per second (a burst of one second's worth is "

@@ -104,6 +104,9 @@ ClientOp = Connect | Subscribe | Unsubscribe | Publish | Ping
 class Connected:
     server: str
     version: int = PROTOCOL_VERSION
+    max_subjects_per_subscribe: int | None = None
+    """The server's ``MaxSubjectsPerSubscribe``: a client sends no more entries in one
+    ``subscribe`` (a reconnect resubscribes every subject), or it is closed with 4000."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +184,10 @@ def encode_server_op(op: ServerOp) -> bytes:
         return _encode_publish_status(op)
     body: dict[str, Any]
     match op:
-        case Connected(server=server, version=version):
+        case Connected(server=server, version=version, max_subjects_per_subscribe=most):
             body = {"op": "connected", "server": server, "version": version}
+            if most is not None:
+                body["max_subjects_per_subscribe"] = most
         case Deliver(messages=(single,)):
             return encode_message(single)
         case Deliver(messages=messages):
@@ -410,7 +415,11 @@ def decode_server_op(payload: bytes) -> ServerOp:
             reason=r.text("reason"),
         )
     if name == "connected":
-        return Connected(server=r.text("server", ""), version=r.integer("version", 1))
+        return Connected(
+            server=r.text("server", ""),
+            version=r.integer("version", 1),
+            max_subjects_per_subscribe=r.integer("max_subjects_per_subscribe", minimum=1),
+        )
     if name == "pong":
         return Pong(r.integer("id"))
     raise bad(f"unknown op {name!r}")

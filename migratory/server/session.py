@@ -368,7 +368,8 @@ class Session:
         if audit is not None and audit.access:
             audit.event("access", "connect", self.audit_client(), outcome="allowed")
         log.debug("%s: connected", self.describe(), extra=self.log_fields())
-        self.send_op(ops.Connected(server=self._ctx.config.server_name))
+        config, most = self._ctx.config, self._ctx.config.max_subjects_per_subscribe
+        self.send_op(ops.Connected(server=config.server_name, max_subjects_per_subscribe=most))
 
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None

@@ -271,3 +271,34 @@ async def test_a_resume_too_large_for_the_outbox_at_once_still_recovers_every_su
                 assert contents == [f"{n:04d}".encode() for n in range(10)]
             assert {m.type for m in got} == {MessageType.RECOVERED}
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_more_subjects_than_one_subscribe_may_carry_are_subscribed_and_resumed(
+    start_server: Callable[..., Any],
+) -> None:
+    # Every subject not yet subscribed goes out when a session opens: was one subscribe
+    # of 6 entries, closed with 4000 (terminal) -- the client ended, at its first session.
+    server = await trio.to_thread.run_sync(
+        functools.partial(start_server, BatchTime="0", MaxSubjectsPerSubscribe="4")
+    )
+    subjects = [f"/e2e/many/{n}" for n in range(6)]
+    async with trio.open_nursery() as nursery:
+        proxy = await Proxy(server.port).start(nursery)
+        async with (
+            connect([proxy.url], reconnect=FAST) as subscriber,
+            connect([server.url], reconnect=FAST) as publisher,
+        ):
+            first = subscriber.subscribe(*subjects[:3])
+            second = subscriber.subscribe(*subjects[3:])
+            for _ in subjects:
+                await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+            await proxy.cut()
+            for subject in subjects:
+                await publish(publisher, subject, subject)
+            for _ in subjects:
+                await wait_for(subscriber, NotificationStatus.DATA_SYNC)
+            got = await take(first, 3) + await take(second, 3)
+            assert sorted(m.content.decode() for m in got) == subjects
+            assert subscriber.error is None
+        nursery.cancel_scope.cancel()

@@ -260,3 +260,23 @@ async def test_a_server_that_never_answers_connect_or_answers_something_else_is_
                 "handshake failed: expected 'connected', got Pong(id=1)",
             ]
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_subscribe_is_split_to_the_servers_limit_or_else_to_100_entries() -> None:
+    subjects = [f"/a/{n}" for n in range(150)]
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=FAST) as client:
+            client.subscribe(*subjects)
+            conn = await server.next_connection()
+            await conn.accept_session()  # says no limit
+            sizes = [len((await conn.expect(ops.Subscribe)).subscriptions) for _ in range(2)]
+            assert sizes == [100, 50]
+            await conn.drop()
+            conn = await server.next_connection()
+            await conn.expect(ops.Connect)
+            await conn.send(ops.Connected("fake", max_subjects_per_subscribe=60))
+            sizes = [len((await conn.expect(ops.Subscribe)).subscriptions) for _ in range(3)]
+            assert sizes == [60, 60, 30]
+        nursery.cancel_scope.cancel()

@@ -223,7 +223,7 @@ function loadMap(payload) {
 }
 
 /** Decode one server frame payload (Uint8Array or ArrayBuffer) into an operation:
- * {op: "connected", server, version} | {op: "deliver", messages: Message[]} |
+ * {op: "connected", server, version, maxSubjectsPerSubscribe} | {op: "deliver", messages: Message[]} |
  * {op: "status", status, subject, position, reason} |
  * {op: "publish_status", status, subject, closure, position, reason} | {op: "pong", id}.
  * Throws ProtocolError. */
@@ -253,6 +253,7 @@ export function decodeServerOp(payload) {
     case "connected":
       return Object.freeze({
         op: "connected", server: r.text("server", ""), version: r.integer("version", 1),
+        maxSubjectsPerSubscribe: r.integer("max_subjects_per_subscribe"),
       });
     case "pong":
       return Object.freeze({ op: "pong", id: r.integer("id") });

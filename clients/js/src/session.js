@@ -10,6 +10,9 @@ import { SUBPROTOCOL, decodeServerOp, encodeClientOp } from "./codec.js";
 import { ProtocolError } from "./errors.js";
 
 const OPEN = 1;
+/** Most entries in one subscribe when the server does not say its MaxSubjectsPerSubscribe
+ * in `connected` (more close the session with 4000). */
+export const SUBSCRIBE_CHUNK = 100;
 
 /** Why a session ended: a close by the server (`code`, its `reason`), or a loss the
  * client saw or decided (code 1006). `terminal`: the code forbids retrying. `readAll`:
@@ -71,6 +74,7 @@ export class Session {
     this.live = false;
     this.ended = false;
     this.serverName = "";
+    this.subscribeChunk = SUBSCRIBE_CHUNK;
     this.framesRead = 0;
     this.pingId = 0;
     this.pongId = 0;
@@ -111,11 +115,15 @@ export class Session {
     return true;
   }
 
-  /** Send subscription requests; false when not sent (the next session does it). */
+  /** Send subscription requests, in as many subscribe operations as the server's limit
+   * asks (a reconnect resubscribes every subject at once); false when not sent (the
+   * next session does it). */
   subscribe(requests) {
-    if (!requests.length) return true;
-    if (!this.send({ op: "subscribe", subscriptions: requests })) return false;
-    this.router.sent(this.id, requests);
+    for (let start = 0; start < requests.length; start += this.subscribeChunk) {
+      const part = requests.slice(start, start + this.subscribeChunk);
+      if (!this.send({ op: "subscribe", subscriptions: part })) return false;
+      this.router.sent(this.id, part);
+    }
     return true;
   }
 
@@ -150,6 +158,7 @@ export class Session {
       }
       this.live = true;
       this.serverName = op.server;
+      this.subscribeChunk = op.maxSubjectsPerSubscribe || SUBSCRIBE_CHUNK;
       this.cancel("connect");
       const requests = this.router.requestsFor(this.id);
       this.onLive(this);

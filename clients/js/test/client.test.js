@@ -446,3 +446,19 @@ test("a resume refused whole as too large is asked for one subject at a time", a
   assert.deepEqual(notes.filter((n) => n.status === "SUBSCRIBE_DENY").map((n) => n.subject), ["/e/f"]);
   await client.close();
 });
+
+test("a subscribe is split to the server's limit, or else to 100 entries", async () => {
+  const { client } = open();
+  const subjects = Array.from({ length: 150 }, (_, n) => `/a/${n}`);
+  client.subscribe(subjects);
+  const first = FakeWebSocket.last();
+  first.accept(); // says no limit; was: one subscribe of 150 (closed 4000 by a server whose limit is lower)
+  assert.deepEqual(first.take("subscribe").map((op) => op.subjects.length), [100, 50]);
+  first.drop();
+  mock.timers.tick(100);
+  const second = FakeWebSocket.last();
+  second.open();
+  second.receive({ op: "connected", server: "m", version: 1, max_subjects_per_subscribe: 60 });
+  assert.deepEqual(second.take("subscribe").map((op) => op.subjects.length), [60, 60, 30]);
+  await client.close();
+});

@@ -236,7 +236,8 @@ export type ClientOp =
       retained?: boolean; qos?: QosName; closure?: string | null }
   | { op: "ping"; id?: number | null };
 export type ServerOp =
-  | { readonly op: "connected"; readonly server: string; readonly version: number }
+  | { readonly op: "connected"; readonly server: string; readonly version: number;
+      readonly maxSubjectsPerSubscribe: number | null }
   | { readonly op: "deliver"; readonly messages: readonly Message[] }
   | { readonly op: "status"; readonly status: SubjectStatus; readonly subject: string;
       readonly position: Position | null; readonly reason: string | null }

@@ -45,6 +45,9 @@ SUBPROTOCOL = "migratory.cbor"
 MAX_FRAME_BYTES = 64 * 2**20
 """Largest server frame accepted: a recovery batch can hold a whole subject cache."""
 CLOSE_TIMEOUT = 2.0
+SUBSCRIBE_CHUNK = 100
+"""Most entries in one ``subscribe`` when the server does not say its
+``MaxSubjectsPerSubscribe`` in ``connected`` (more close the session with 4000)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,7 @@ class Session:
         self.server = server
         self.id = session_id
         self.server_name = ""
+        self.subscribe_chunk = SUBSCRIBE_CHUNK
         self._router = router
         self._ping_id = 0
         self._pong_id = 0
@@ -202,13 +206,19 @@ class Session:
             if not isinstance(op, Connected):
                 raise HandshakeFailed(f"expected 'connected', got {op or payload!r}")
             self.server_name = op.server
+            self.subscribe_chunk = op.max_subjects_per_subscribe or SUBSCRIBE_CHUNK
             return op
         raise HandshakeFailed(f"no 'connected' within {timeout} s")
 
     async def subscribe(self, requests: Sequence[SubscriptionRequest]) -> None:
-        """Send subscription requests; raises trio_websocket.ConnectionClosed."""
-        await self.send(Subscribe(tuple(requests)))
-        self._router.sent(self.id, requests)
+        """Send subscription requests, in as many ``subscribe`` operations as the server's
+        limit asks (a reconnect resubscribes every subject at once); raises
+        trio_websocket.ConnectionClosed."""
+        chunk = self.subscribe_chunk
+        for start in range(0, len(requests), chunk):
+            part = requests[start : start + chunk]
+            await self.send(Subscribe(tuple(part)))
+            self._router.sent(self.id, part)
 
     async def serve(self, requests: Sequence[SubscriptionRequest]) -> SessionEnd:
         """Subscribe ``requests`` and run until the connection is lost; returns why."""
