@@ -133,9 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
             "under load (`gc.idle_collections` in `/stats`; `migratory/server/gc_pauses.py`)."),
     Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",
             "On SIGTERM the server drains: no new clients, publishes settled, every client "
-            "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left or "
-            "after this many seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it "
-            "below terminationGracePeriodSeconds minus the preStop sleep."),
+            "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left "
+            "and every publish taken has its answer (HTTP ones too), or after this many "
+            "seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it below "
+            "terminationGracePeriodSeconds minus the preStop sleep."),
     *LIMIT_SETTINGS,
     *WORKER_SETTINGS,
     *CLUSTER_SETTINGS,

@@ -22,7 +22,8 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
    close: when its connection broke under a write first, trio-websocket dropped
    frames it had not handed over yet, and the SDK reports those publishes as
    outcome unknown (``SessionEnd.read_all``).
-4. The server stops once its clients have left, or after ``DrainTime`` seconds.
+4. The server stops once its clients have left and every publish taken has its
+   outcome (an HTTP ``POST /publish`` too), or after ``DrainTime`` seconds.
 
 The drain owns two thin wrappers given to the server when it is built — the
 readiness and the publish path — so nothing is patched while serving. The same
@@ -252,7 +253,9 @@ class Drain:
                         session.close(close_codes.DRAINED.code, DRAINING)
                         connection.flush()
                         told += 1
-                if not clients:
+                if not clients and not self._settling:
+                    # (a publish of no client to tell, an HTTP POST /publish, still gets
+                    # its answer before the server stops)
                     timed_out = False
                     break
                 await trio.sleep(POLL_SECONDS)

@@ -267,3 +267,34 @@ def test_a_drained_client_gets_every_status_of_what_was_taken_before_the_4502_cl
         ("c1", ops.Status.PUBLISH_OK),
         ("c2", ops.Status.PUBLISH_OK),
     ]
+
+
+def test_the_drain_waits_for_the_answer_of_an_http_publish() -> None:
+    """An HTTP POST /publish taken before the drain (its connection is no client to
+    tell, is_websocket False) still gets its answer before the drain ends and the
+    server stops: 'nothing acknowledged is lost' includes not leaving a publisher
+    without its outcome."""
+    drain = Drain(30)
+    inner = HeldPublishing()
+    publishing = drain.publishing(inner)
+    http = FakeSession(is_websocket=False)
+    publishing.submit(message("http"), http, 0.0)
+    reports = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                reports.append(await drain.run(lambda: {FakeConnection(http)}))
+
+            nursery.start_soon(run)
+            await trio.sleep(1)
+            assert not reports  # still waiting for the publish's outcome
+            inner.settle()
+            await trio.sleep(0.1)
+            assert reports
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    (report,) = reports
+    assert not report.timed_out and report.publishes_settled == 1
+    assert [r.status for r in http.results] == [ops.Status.PUBLISH_OK]
