@@ -280,3 +280,34 @@ async def test_a_subscribe_is_split_to_the_servers_limit_or_else_to_100_entries(
             sizes = [len((await conn.expect(ops.Subscribe)).subscriptions) for _ in range(3)]
             assert sizes == [60, 60, 30]
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_data_sync_past_the_recovered_messages_is_told_as_a_resync() -> None:
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=FAST) as client:
+            subscription = client.subscribe("/a/b")
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            await conn.allow("/a/b", 7, 10)
+            await conn.drop()
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            await conn.send(ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, "/a/b", None))
+            await conn.deliver(update("/a/b", 11, kind=MessageType.RECOVERED))  # 12-14 lost
+            await conn.send(ops.SubjectStatus(ops.Status.DATA_SYNC, "/a/b", Position(7, 14)))
+            await conn.deliver(update("/a/b", 15))
+            got = [await subscription.next_message() for _ in range(2)]
+            assert [m.seq for m in got] == [11, 15]
+            async for note in client.notifications():  # was: DATA_SYNC, a silent gap
+                assert note.status is not NotificationStatus.DATA_SYNC
+                if note.status is NotificationStatus.DATA_RESYNC:
+                    assert note.position == Position(7, 14)
+                    assert note.reason == (
+                        "DATA_SYNC at 7:14 but the last message delivered was 7:11"
+                    )
+                    break
+        nursery.cancel_scope.cancel()

@@ -129,6 +129,19 @@ def test_an_update_before_the_first_subscribes_answer_is_left() -> None:
     assert tracker.on_message(msg(12)) is Verdict.DELIVER
 
 
+def test_a_data_sync_past_messages_never_delivered_is_reported() -> None:
+    tracker = allowed()
+    tracker.on_message(msg(11))
+    assert tracker.on_status(Status.DATA_SYNC, Position(7, 14))  # 12-14 never came
+    assert tracker.position == Position(7, 14)
+    assert not tracker.on_status(Status.DATA_SYNC, Position(7, 14))
+    assert not tracker.on_status(Status.DATA_SYNC, Position(7, 12))  # behind: nothing lost
+    assert not tracker.on_status(Status.DATA_RESYNC, Position(7, 20))  # says so itself
+    assert not tracker.on_status(Status.DATA_SYNC, Position(8, 0))  # a lineage, empty yet
+    assert tracker.on_status(Status.DATA_SYNC, Position(9, 3))
+    assert not allowed(conflation_ms=100).on_status(Status.DATA_SYNC, Position(7, 14))
+
+
 def test_deny() -> None:
     tracker = SubjectTracker(SUBJECT)
     tracker.on_status(Status.SUBSCRIBE_DENY, None)

@@ -19,6 +19,9 @@
 // * Before the SUBSCRIBE_ALLOW of a first subscribe (no position yet), an update is
 //   dropped: the server answers first, so it belongs to an earlier subscription of the
 //   subject on this connection, unsubscribed since.
+// * A DATA_SYNC says every message up to its position was sent: one that moves
+//   `position` past messages never delivered (a server that lost some) is told to the
+//   application as DATA_RESYNC, never a silent gap.
 // * DATA_SYNC / DATA_RESYNC move `position` only when they answer the latest request:
 //   the server answers one connection's requests in order (each with one
 //   SUBSCRIBE_ALLOW or SUBSCRIBE_DENY first), so while a later request is unanswered a
@@ -93,7 +96,9 @@ export class SubjectTracker {
     this.recovering = false;
   }
 
-  /** Apply a subject status that arrived on session `sessionId`. */
+  /** Apply a subject status that arrived on session `sessionId`. Returns true for a
+   * DATA_SYNC that moved `position` past messages never delivered (the server said it
+   * sent every message up to it, and did not): a gap to announce. */
   onStatus(status, position, sessionId = -1) {
     const awaited = this.dueIn === sessionId && this.answersDue > 0;
     if ((status === "SUBSCRIBE_ALLOW" || status === "SUBSCRIBE_DENY") && awaited) {
@@ -110,8 +115,20 @@ export class SubjectTracker {
       if (this.position === null) this.position = position; // on a resume, recovered come next
     } else if ((status === "DATA_SYNC" || status === "DATA_RESYNC") && !(awaited || this.skipping)) {
       this.recovering = false;
-      if (position !== null && position !== undefined) this.continueFrom(position);
+      if (position !== null && position !== undefined) {
+        const skipped = status === "DATA_SYNC" && this.skipsTo(position);
+        this.continueFrom(position);
+        return skipped;
+      }
     }
+    return false;
+  }
+
+  skipsTo(position) {
+    const last = this.position;
+    if (last === null || this.conflated) return false;
+    if (last.epoch !== position.epoch) return position.seq > 0; // its messages never came
+    return position.seq > last.seq;
   }
 
   continueFrom(position) {

@@ -138,17 +138,22 @@ export class Router {
     const lone = op.subject === this.aloneDue;
     if (lone && (tracker === undefined || answerComplete(op, tracker))) this.aloneDue = null;
     if (tracker === undefined) return this.nextAlone(sessionId);
-    tracker.onStatus(op.status, op.position, sessionId);
+    const before = tracker.position;
+    const skipped = tracker.onStatus(op.status, op.position, sessionId);
     const tooLarge = op.status === "SUBSCRIBE_DENY"
       && typeof op.reason === "string" && op.reason.startsWith(SUBSCRIBE_TOO_LARGE);
     if (tooLarge && !lone) {
       tracker.denied = false; // not refused: asked for again, alone
       this.alone.push(op.subject);
-    } else {
-      this.notify(notification(op.status, {
+      return this.nextAlone(sessionId);
+    }
+    const at = (p) => `${p.epoch}:${p.seq}`;
+    this.notify(skipped // the server lost messages: say so, as a resync does
+      ? notification("DATA_RESYNC", { subject: op.subject, position: op.position, server,
+        reason: `DATA_SYNC at ${at(op.position)} but the last message delivered was ${at(before)}` })
+      : notification(op.status, {
         subject: op.subject, position: op.position, reason: op.reason, server,
       }));
-    }
     return this.nextAlone(sessionId);
   }
 

@@ -462,3 +462,25 @@ test("a subscribe is split to the server's limit, or else to 100 entries", async
   assert.deepEqual(second.take("subscribe").map((op) => op.subjects.length), [60, 60, 30]);
   await client.close();
 });
+
+test("a DATA_SYNC past the recovered messages is told as a DATA_RESYNC", async () => {
+  const { client, notes } = open();
+  const subscription = client.subscribe(SUBJECT);
+  const first = FakeWebSocket.last();
+  first.accept();
+  first.receive(status("SUBSCRIBE_ALLOW", SUBJECT, 7, 10));
+  first.drop();
+  mock.timers.tick(100);
+  const second = FakeWebSocket.last();
+  second.accept();
+  second.receive(status("SUBSCRIBE_ALLOW", SUBJECT));
+  second.receive(batch([update(SUBJECT, 11, { type: "recovered" })])); // 12-14 lost
+  second.receive(status("DATA_SYNC", SUBJECT, 7, 14));
+  second.receive(message(SUBJECT, 15));
+  assert.deepEqual((await take(subscription, 2)).map((m) => m.seq), [11, 15]);
+  const sync = notes.filter((n) => n.status.startsWith("DATA_"));
+  assert.deepEqual(sync.map((n) => [n.status, n.reason]), [
+    ["DATA_RESYNC", "DATA_SYNC at 7:14 but the last message delivered was 7:11"], // was: DATA_SYNC
+  ]);
+  await client.close();
+});

@@ -127,6 +127,19 @@ test("an update before the first subscribe's answer is left", () => {
   assert.equal(tracker.onMessage(msg(12)), Verdict.DELIVER);
 });
 
+test("a DATA_SYNC past messages never delivered is reported", () => {
+  const tracker = allowed();
+  tracker.onMessage(msg(11));
+  assert.equal(tracker.onStatus("DATA_SYNC", position(7, 14)), true); // 12-14 never came
+  assert.deepEqual(tracker.position, position(7, 14));
+  assert.equal(tracker.onStatus("DATA_SYNC", position(7, 14)), false);
+  assert.equal(tracker.onStatus("DATA_SYNC", position(7, 12)), false); // behind: nothing lost
+  assert.equal(tracker.onStatus("DATA_RESYNC", position(7, 20)), false); // says so itself
+  assert.equal(tracker.onStatus("DATA_SYNC", position(8, 0)), false); // a lineage, empty yet
+  assert.equal(tracker.onStatus("DATA_SYNC", position(9, 3)), true);
+  assert.equal(allowed(position(7, 10), { conflationMs: 100 }).onStatus("DATA_SYNC", position(7, 14)), false);
+});
+
 test("a status answering an earlier request does not move the position", () => {
   const tracker = allowed();
   tracker.sent(1);

@@ -22,6 +22,9 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
   is dropped: the server answers first, so it belongs to an earlier subscription of the
   subject on this connection, unsubscribed since (the application would see it, then
   the snapshot or history it is part of).
+* A ``DATA_SYNC`` says every message up to its position was sent: one that moves
+  ``position`` past messages never delivered (a server that lost some) is told to the
+  application as ``DATA_RESYNC``, never a silent gap.
 * ``DATA_SYNC`` / ``DATA_RESYNC`` move ``position`` only when they answer the latest
   request: the server answers the requests of one connection in order (each with one
   ``SUBSCRIBE_ALLOW`` or ``SUBSCRIBE_DENY`` first), so while a later request is
@@ -98,8 +101,10 @@ class SubjectTracker:
         self.skipping, self.asked_since_skip = True, False
         self.recovering = False
 
-    def on_status(self, status: Status, position: Position | None, session_id: int = -1) -> None:
-        """Apply a subject status that arrived on session ``session_id``."""
+    def on_status(self, status: Status, position: Position | None, session_id: int = -1) -> bool:
+        """Apply a subject status that arrived on session ``session_id``. Returns True
+        for a ``DATA_SYNC`` that moved ``position`` past messages never delivered (the
+        server said it sent every message up to it, and did not): a gap to announce."""
         awaited = self.due_in == session_id and self.answers_due > 0
         if status in (Status.SUBSCRIBE_ALLOW, Status.SUBSCRIBE_DENY) and awaited:
             self.answers_due -= 1
@@ -114,7 +119,18 @@ class SubjectTracker:
         elif status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
             self.recovering = False
             if position is not None:
+                skipped = status is Status.DATA_SYNC and self._skips_to(position)
                 self._continue_from(position)
+                return skipped
+        return False
+
+    def _skips_to(self, position: Position) -> bool:
+        last = self.position
+        if last is None or self.conflated:
+            return False
+        if last.epoch != position.epoch:
+            return position.seq > 0  # the epoch's messages up to it never came
+        return position.seq > last.seq
 
     def _continue_from(self, position: Position) -> None:
         # Within one epoch never move back: positions are never reused, so anything

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import trio
 
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol.ops import (
     SUBSCRIBE_TOO_LARGE,
     PublishStatus,
@@ -187,17 +188,21 @@ class Router:
             self._alone_due = None
         if tracker is None:
             return self.next_alone(session_id)
-        tracker.on_status(op.status, op.position, session_id)
+        before = tracker.position
+        skipped = tracker.on_status(op.status, op.position, session_id)
         too_large = op.status is Status.SUBSCRIBE_DENY and _too_large(op.reason)
         if too_large and not lone:
             tracker.denied = False  # not refused: asked for again, alone
             self._alone.append(op.subject)
-        else:
-            self.notifications.put(
-                Notification(
-                    NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
-                )
+            return self.next_alone(session_id)
+        status, reason = NotificationStatus.of(op.status), op.reason
+        if skipped:  # the server lost messages: say so, as a resync does
+            status = NotificationStatus.DATA_RESYNC
+            reason = (
+                f"DATA_SYNC at {_at(op.position)} but the last message delivered was "
+                f"{_at(before)}"
             )
+        self.notifications.put(Notification(status, op.subject, op.position, reason, server))
         return self.next_alone(session_id)
 
     def next_alone(self, session_id: int) -> tuple[SubscriptionRequest, ...]:
@@ -264,3 +269,7 @@ def _answer_complete(op: SubjectStatus, tracker: SubjectTracker) -> bool:
     if op.status is Status.SUBSCRIBE_ALLOW:
         return tracker.position is None
     return True
+
+
+def _at(position: Position | None) -> str:
+    return "-" if position is None else f"{position.epoch}:{position.seq}"
