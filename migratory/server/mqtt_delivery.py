@@ -40,7 +40,7 @@ class MqttDelivery(MqttInput):
     subscriptions: Subscriptions
     websocket: bool
 
-    def _changed(self) -> None:
+    def _changed(self, *, positions: bool = False) -> None:
         raise NotImplementedError
 
     def _wrap(self, packet: bytes) -> bytes:
@@ -120,7 +120,7 @@ class MqttDelivery(MqttInput):
         if self._record is not None and not self._inflight.outstanding(subject):
             # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
             self._record.positions[subject] = message.position
-            self._changed()
+            self._changed(positions=True)
 
     def deliver_retained(self, message: Message, qos: int) -> None:
         """A snapshot sent because of a new subscription: RETAIN set."""
@@ -148,4 +148,4 @@ class MqttDelivery(MqttInput):
         if delivered is not None and self._record is not None:
             subject, position = delivered
             self._record.positions[subject] = position
-            self._changed()
+            self._changed(positions=True)

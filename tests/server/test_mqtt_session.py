@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt, ops
 from migratory.protocol.mqtt_encode import encode_packet
+from migratory.server import mqtt_session
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
 from migratory.server.drain import Drain
@@ -434,5 +437,52 @@ def test_a_persistent_wildcard_session_does_not_rescan_the_subjects_at_each_save
     spent = time.thread_time() - started
     assert len(read(device)) == 50
     assert spent < 0.25, spent  # 50 scans of 20,000 subjects took ~0.8 s here
+    device.connection_lost()
+    held.settle()
     record = decode_record(ctx.hub.snapshot(session_subject("dev")))
     assert record is not None and record.positions["/new/n49"].seq == 1
+
+
+def test_positions_alone_are_saved_at_most_once_per_save_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each save is the whole record; a persistent '+/+' session on 20,000 subjects has
+    10,000 positions in it (330 kB): saved at every delivery, 50 deliveries cost ~0.8 s of
+    CPU. Positions alone are saved once per SAVE_INTERVAL (the next delivery after it),
+    filters at once, and the connection's end saves where it stood."""
+    now = [100.0]
+    monkeypatch.setattr(mqtt_session, "clock", lambda: now[0])
+    ctx, held = make(MaxPublishesPerSecond="0")
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(20_000)), 0.0)
+    held.settle()
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("+/+", 0),))), 0.0)
+    held.settle()
+    assert read(device)[-1] == mqtt.Suback(1, (0,))  # filters: saved at once
+    started = time.thread_time()
+    for i in range(50):
+        publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"%d" % i)), 0.0)
+        held.settle()
+    assert time.thread_time() - started < 0.25
+    assert len(read(device)) == 50
+
+    def saved() -> Position | None:
+        record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+        assert record is not None
+        return record.positions.get("/new/a")
+
+    assert saved() is None  # within SAVE_INTERVAL of the SUBACK's save
+    now[0] += mqtt_session.SAVE_INTERVAL
+    publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"50")), 0.0)
+    held.settle()  # the publish, then the save it caused
+    held.settle()
+    assert saved() == ctx.hub.position("/new/a")  # the first delivery after it saves
+    publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"51")), 0.0)
+    held.settle()
+    held.settle()
+    assert saved() != ctx.hub.position("/new/a")
+    device.connection_lost()
+    held.settle()
+    assert saved() == ctx.hub.position("/new/a")  # the end saves where it stood
