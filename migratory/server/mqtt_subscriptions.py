@@ -16,7 +16,6 @@ from migratory.model.topic import (
     FilterIndex,
     InvalidTopicError,
     filter_levels,
-    filter_matches,
     is_wildcard,
 )
 from migratory.protocol import mqtt
@@ -56,6 +55,8 @@ class Subscriptions:
         self._hub = hub
         self._max_filters = min(max_filters, MAX_FILTERS)
         self._filters: dict[str, _Filter] = {}
+        # the wildcard ones of _filters, as a tree: which match a subject, in O(levels)
+        self._wildcards: FilterIndex[str] = FilterIndex()
         # subject -> the last message delivered (or the Position of where it stands):
         # only its epoch and seq are read -- storing the message saves a Position per
         # delivery on the fan-out path. Read it through owner.settle_reached(): the
@@ -92,24 +93,22 @@ class Subscriptions:
                      extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         subject = None if is_wildcard(name) else "/" + name
-        if name not in self._filters:
-            wildcards = sum(1 for f in self._filters.values() if f.subject is None)
-            if len(self._filters) >= self._max_filters or (
-                subject is None and wildcards >= MAX_WILDCARD_FILTERS
-            ):
-                log.info("%s: SUBSCRIBE refused: at most %d filters "
-                         "(MaxSubscriptionsPerConnection), %d with wildcards",
-                         self._owner.describe(), self._max_filters, MAX_WILDCARD_FILTERS,
-                         extra=self._owner.log_fields())
-                return mqtt.SUBACK_FAILURE
+        if name not in self._filters and (
+            len(self._filters) >= self._max_filters
+            or (subject is None and self._wildcards.count >= MAX_WILDCARD_FILTERS)
+        ):
+            log.info("%s: SUBSCRIBE refused: at most %d filters "
+                     "(MaxSubscriptionsPerConnection), %d with wildcards",
+                     self._owner.describe(), self._max_filters, MAX_WILDCARD_FILTERS,
+                     extra=self._owner.log_fields())
+            return mqtt.SUBACK_FAILURE
         if not self._owner.entitlement_allows_subscribe("/" + name):
             log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name,
                      extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         self._drop(name)
         entry = _Filter(granted, levels, subject)
-        self._filters[name] = entry
-        self._filters_changed = True
+        self._put(name, entry)
         self._register(entry)
         if subject is not None:
             position = self._hub.position(subject)
@@ -144,8 +143,16 @@ class Subscriptions:
     def _drop(self, name: str) -> None:
         entry = self._filters.pop(name, None)
         self._filters_changed = True
+        if entry is not None and entry.subject is None:
+            self._wildcards.remove(entry.levels, name)
         if entry is not None and self._attached:
             self._unregister(entry)
+
+    def _put(self, name: str, entry: _Filter) -> None:
+        self._filters[name] = entry
+        self._filters_changed = True
+        if entry.subject is None:
+            self._wildcards.add(entry.levels, name, entry.qos)
 
     def _register(self, entry: _Filter) -> None:
         owner = self._owner
@@ -175,21 +182,18 @@ class Subscriptions:
         subject a wildcard filter matches that the record does not name appeared after
         the record was saved: all of it the cache holds is missed. Returns the subjects
         the wildcard filters were matched against (0: none)."""
-        wildcards: FilterIndex[str] = FilterIndex()
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
             except InvalidTopicError:
                 continue
             entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
-            self._filters[name] = entry
+            self._put(name, entry)
             self._register(entry)
-            if entry.subject is None:
-                wildcards.add(levels, name, qos)
         positions = dict(record.positions)
         scanned = 0
-        if wildcards.count:
-            for subject, _, _, _ in self._hub.matching_any(wildcards):
+        if self._wildcards.count:
+            for subject, _, _, _ in self._hub.matching_any(self._wildcards):
                 positions.setdefault(subject, NOTHING_SEEN)
             scanned = self._hub.subject_count
         for subject, position in positions.items():
@@ -214,25 +218,23 @@ class Subscriptions:
             del record.positions[subject]
         self._filters_changed = False
         reached = self._owner.settle_reached()
-        wildcards: FilterIndex[str] = FilterIndex()
-        for name, entry in self._filters.items():
-            if entry.subject is None:
-                wildcards.add(entry.levels, name, entry.qos)
-        if not wildcards.count:
+        if not self._wildcards.count:
             return
-        for subject, position, _, _ in self._hub.matching_any(wildcards):
+        for subject, position, _, _ in self._hub.matching_any(self._wildcards):
             if len(record.positions) >= MAX_IMPLIED:
                 return
             if subject not in record.positions and subject not in reached:
                 record.positions[subject] = position if position.seq else NOTHING_SEEN
 
     def _qos_for(self, subject: str) -> int | None:
-        best = None
-        for entry in self._filters.values():
-            if entry.subject == subject or (
-                entry.subject is None and filter_matches(entry.levels, subject)
-            ):
-                best = entry.qos if best is None else max(best, entry.qos)
+        """The highest QoS of the filters matching ``subject`` (None: none), in O(levels):
+        looking at every filter cost 1.3 s to resume a session of 1,000 filters and
+        10,000 positions, and 0.6 s at each change of its filters."""
+        exact = self._filters.get(subject[1:])
+        best = exact.qos if exact is not None and exact.subject is not None else None
+        for _, qos in self._wildcards.match(subject):
+            if best is None or qos > best:
+                best = qos
         return best
 
     def _replay(self, subject: str, position: Position, qos: int) -> None:

@@ -486,3 +486,36 @@ def test_positions_alone_are_saved_at_most_once_per_save_interval(
     device.connection_lost()
     held.settle()
     assert saved() == ctx.hub.position("/new/a")  # the end saves where it stood
+
+
+def test_a_session_of_many_filters_and_positions_resumes_without_looking_at_each_filter() -> (
+    None
+):
+    """Which filters match a subject is a lookup (exact filters) and a tree walk
+    (wildcards), not a look at every filter: resuming a session of 1,000 filters and
+    5,000 positions, and each change of its filters, looked at every filter for every
+    position (0.6 s of CPU per CONNECT here, 0.3 s per UNSUBSCRIBE)."""
+    ctx, held = make(MaxPublishesPerSecond="0")
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(5_000)), 0.0)
+    held.settle()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    filters = tuple((f"e{k}/x", 0) for k in range(900)) + tuple(
+        (f"s{k}/+", 0) for k in range(100))
+    device.receive_data(encode_packet(mqtt.Subscribe(1, filters)), 0.0)
+    held.settle()
+    assert read(device)[-1] == mqtt.Suback(1, (0,) * 1000)
+    started = time.thread_time()
+    device.receive_data(encode_packet(mqtt.Unsubscribe(2, ("e0/x",))), 0.0)
+    held.settle()
+    unsubscribe = time.thread_time() - started
+    device.connection_lost()
+    held.settle()
+    held.settle()
+    started = time.thread_time()
+    back = session(ctx, "dev", registry, clean_session=False)
+    resume = time.thread_time() - started
+    assert read(back)[0] == mqtt.Connack(True, 0)
+    assert unsubscribe < 0.15 and resume < 0.3, (unsubscribe, resume)
