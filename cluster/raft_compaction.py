@@ -48,6 +48,8 @@ from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.journal import FileJournal
 from pysyncobj.syncobj import _RAFT_STATE
 
+from cluster import raft_durability
+
 log = logging.getLogger("migratory.raft")
 
 MAX_WAIT_SECONDS = 60.0
@@ -76,9 +78,11 @@ def trimmed(journal: FileJournal, drop: int, path: str) -> FileJournal:
     trim = FileJournal(temporary)  # (no .meta of its own: it never stores one)
     for entry in kept:
         trim.add(*entry)
+    raft_durability.journal_durable(trim)  # whole on the disk before it is the journal
     trim._destroy()
     journal._destroy()
     os.replace(temporary, path)
+    raft_durability.sync_directory(os.path.dirname(path))
     return FileJournal(path)
 
 

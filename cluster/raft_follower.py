@@ -75,7 +75,7 @@ from typing import Any
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
-from cluster import raft_data_dir, raft_disk, raft_term_query, raft_unpickler
+from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import mark_the_last_chunk
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
@@ -123,6 +123,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             self._check_data_dir(journal, conf.fullDumpFile)
         # looked at before pysyncobj creates the journal (cluster/raft_votes.py)
         self._empty_start = EmptyStart(journal)
+        raft_durability.install()  # (once) what it answers is on the disk first
         others = args[1] if len(args) > 1 else kwargs.get("otherNodes", ())
         self._term_quorum = raft_term_query.TermQuorum(  # (not with the test-only switch)
             others=len(others),
@@ -213,6 +214,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             self._SyncObj__deleteEntriesTo(journal[offset][1])  # (raft_compaction.py)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
+        # a leader counts its own entries towards a commit in this tick: on the disk first
+        raft_durability.journal_durable(self._SyncObj__raftLog)
         quorum = self._term_quorum
         if quorum.waiting:  # an empty-started seed asks for the current term
             for node in quorum.due(monotonicTime(), self._SyncObj__connectedNodes):
@@ -353,6 +356,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         floor = self._catch_up_floor
         if floor is not None and (floor[0] != message["term"] or floor[1] <= vouched):
             self._catch_up_floor = None  # the log matches the leader's past the floor
+        raft_durability.journal_durable(self._SyncObj__raftLog)  # before "I hold them"
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
         self._advance_commit(message["commit_index"], vouched)
         self._holds_the_leaders_commit(message, vouched)
@@ -409,6 +413,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             # its dump again (tests/cluster/test_raft_dump_chunks.py)
             log.warning("Raft: the leader's dump could not be loaded: asking for it again")
             return
+        raft_durability.journal_durable(self._SyncObj__raftLog)  # (the dump is, its replace)
         self._SyncObj__sendNextNodeIdx(node, success=True)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
         self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())

@@ -51,6 +51,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from cluster import raft_durability
 from cluster.raft_disk import RaftDiskFailure
 
 log = logging.getLogger("migratory.raft")
@@ -101,6 +102,7 @@ class EmptyStart:
                     f.write(b"this seed started without a Raft journal and has not caught up\n")
                     f.flush()
                     os.fsync(f.fileno())
+                raft_durability.sync_directory(os.path.dirname(self.marker))  # (its name)
             except OSError as exc:  # (a full disk: the member says which file)
                 raise RaftDiskFailure(self.marker, exc) from exc
 
@@ -114,6 +116,10 @@ class EmptyStart:
         if self.marker is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.marker)
+            # gone on the disk too: back after a power loss, it would keep this seed out
+            # of elections it must stand in (tests/cluster/test_raft_power_loss.py)
+            with contextlib.suppress(OSError):
+                raft_durability.sync_directory(os.path.dirname(self.marker))
         if self.refusals:
             log.warning(
                 "Raft: this seed has caught up with the cluster's log (term %d) after "
