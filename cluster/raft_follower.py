@@ -233,6 +233,12 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             leader=self._SyncObj__raftState == _RAFT_STATE.LEADER,
         ))
 
+    def _checkCommandsToApply(self) -> None:
+        super()._checkCommandsToApply()
+        # a leader's new entries are on their way to the followers (sent at once):
+        # synced meanwhile, so the next tick's count does not wait for this disk
+        raft_durability.journal_durable(self._SyncObj__raftLog)
+
     def _SyncObj__onNodeConnected(self, node: Any) -> None:
         SyncObj._SyncObj__onNodeConnected(self, node)
         self._SyncObj__raftElectionDeadline = deadline_after_joining(  # raft_election_timer
