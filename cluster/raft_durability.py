@@ -32,6 +32,7 @@ nodes through power losses that keep only what was synced.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from pysyncobj import serializer as pysyncobj_serializer
 
 from cluster.raft_disk import RaftDiskFailure
 
+DIRECTORY_SYNC_UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
 PENDING = "_migratory_unsynced"  # set on a ResizableFile written since its last sync
 
 
@@ -51,10 +53,17 @@ def sync_file(fd: int) -> None:
 
 
 def sync_directory(path: str) -> None:
-    """The names in directory ``path`` on the disk (creations, renames, removals)."""
+    """The names in directory ``path`` on the disk (creations, renames, removals).
+
+    A file system that cannot sync a directory (EINVAL, EOPNOTSUPP: some network and
+    FUSE file systems) is let be, as PostgreSQL does: it orders names by itself or not
+    at all, and refusing to run there would be worse."""
     fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in DIRECTORY_SYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 
