@@ -218,7 +218,7 @@ class MqttSession(MqttDelivery):
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
-            self._work = self.subscriptions.resume(stored, now)
+            self._work += self.subscriptions.resume(stored, now)
             self._ctx.stats.mqtt_sessions_resumed += 1
             self._changed()  # this connection's generation holds the session now
 
@@ -308,7 +308,7 @@ class MqttSession(MqttDelivery):
             return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
-        self._work = self.subscriptions.send_retained()  # one pass for all the wildcards
+        self._work += self.subscriptions.send_retained()  # one pass for all the wildcards
         suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
         if self._record is None:
             self._send(suback)
@@ -355,7 +355,7 @@ class MqttSession(MqttDelivery):
         self._saving = True
         self._save_again = self._urgent = False
         self._next_save = clock() + SAVE_INTERVAL
-        self.subscriptions.implied_positions(record)
+        self._work += self.subscriptions.implied_positions(record)  # counted in the turn
         self._ctx.publishing.submit(record.message(self.client_id), self, self._now)
 
     def _saved(self, status: ops.PublishStatus) -> None:

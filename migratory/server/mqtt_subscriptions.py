@@ -202,7 +202,7 @@ class Subscriptions:
                 self._replay(subject, position, granted)
         return scanned
 
-    def implied_positions(self, record: SessionRecord) -> None:
+    def implied_positions(self, record: SessionRecord) -> int:
         """Before a save: the subjects wildcard filters match that this session was
         never sent a message of are at their current position (up to MAX_IMPLIED); the
         subjects no filter matches any more are forgotten. Scans only when the filters
@@ -211,20 +211,23 @@ class Subscriptions:
         its messages delivered (their positions recorded) or has none to miss -- a
         resume replays a subject the record does not name from the start of its cache.
         (Rescanning whenever the hub had a new subject cost a pass over every subject at
-        each save: 73 ms per one-off publish to a persistent '+/+' session at 20,000.)"""
+        each save: 73 ms per one-off publish to a persistent '+/+' session at 20,000.)
+        Returns the positions and subjects looked at (mqtt_input.SCAN_UNIT)."""
         if not self._filters_changed:
-            return
+            return 0
+        looked = len(record.positions)
         for subject in [s for s in record.positions if self._qos_for(s) is None]:
             del record.positions[subject]
         self._filters_changed = False
         reached = self._owner.settle_reached()
         if not self._wildcards.count:
-            return
+            return looked
         for subject, position, _, _ in self._hub.matching_any(self._wildcards):
             if len(record.positions) >= MAX_IMPLIED:
-                return
+                break
             if subject not in record.positions and subject not in reached:
                 record.positions[subject] = position if position.seq else NOTHING_SEEN
+        return looked + self._hub.subject_count
 
     def _qos_for(self, subject: str) -> int | None:
         """The highest QoS of the filters matching ``subject`` (None: none), in O(levels):

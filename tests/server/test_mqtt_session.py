@@ -519,3 +519,26 @@ def test_a_session_of_many_filters_and_positions_resumes_without_looking_at_each
     resume = time.thread_time() - started
     assert read(back)[0] == mqtt.Connack(True, 0)
     assert unsubscribe < 0.15 and resume < 0.3, (unsubscribe, resume)
+
+
+def test_a_flood_of_filter_changes_of_a_persistent_session_waits_for_the_others_turn() -> None:
+    """Each change of a persistent session's filters looks at its recorded positions
+    and, with wildcard filters, at every subject (implied_positions): that work counts
+    in the packets a connection may have handled per loop turn (SCAN_UNIT), so 64
+    SUBSCRIBE/UNSUBSCRIBE packets are not all handled in one turn (a single server:
+    each save, and its scan, happens as the packet is handled)."""
+    config = Config.from_mapping({"MaxPublishesPerSecond": "0"})
+    hub = build_hub(config)
+    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
+                        LocalPublishing(hub))
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(5_000)), 0.0)
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("s1/+", 0), ("s2/+", 0)))), 0.0)
+    read(device)
+    flood = b"".join(
+        encode_packet(mqtt.Subscribe(n, (("x/y", 0),)) if n % 2
+                      else mqtt.Unsubscribe(n, ("x/y",))) for n in range(2, 66))
+    assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
+    assert len(read(device)) == 64 // (1 + 5_000 // SCAN_UNIT) + 1
