@@ -32,7 +32,11 @@ _RESUME_OUTCOMES = {ops.Status.DATA_SYNC: "sync", ops.Status.DATA_RESYNC: "resyn
 
 
 class Output(Protocol):
-    """Where the stream writes (the session): bounded, and unbounded for the last word."""
+    """Where the stream writes (the session): bounded, and unbounded for the last word;
+    ``closing`` or ``aborted`` once it takes nothing more (a slow consumer cut off)."""
+
+    closing: bool
+    aborted: bool
 
     def deliver(self, frame: bytes) -> None: ...
 
@@ -82,7 +86,10 @@ class SseStream(FormatSink):
 
     def deliver_op(self, op: ops.ServerOp) -> None:
         if isinstance(op, ops.Deliver):
+            output = self._output
             for message in op.messages:
+                if output.closing or output.aborted:
+                    return  # cut off (the resume passed ClientMaxPendingBytes): encode no more
                 self._advance(message)
                 self._output.deliver(sse.message_lines(message) + sse.event_id(self._marks))
         elif isinstance(op, ops.SubjectStatus):
@@ -124,7 +131,10 @@ class SseStream(FormatSink):
             if position is not None:
                 self._marks[index] = position
         resumed: list[str] = []
+        output = self._output
         for subject, request in zip(self.subjects, requests, strict=True):
+            if output.closing or output.aborted:
+                break  # cut off as a slow consumer: the client resumes the rest from its id
             if isinstance(request, str):
                 denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
                 self.deliver_op(denied)

@@ -19,11 +19,19 @@ EPOCH = 7
 
 
 class Output:
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.events: list[bytes] = []
+        self.closing = self.aborted = False
+        self._limit = limit  # bytes before it is cut off, as ClientMaxPendingBytes does
+        self._bytes = 0
 
     def deliver(self, frame: bytes) -> None:
+        if self.closing:
+            return
         self.events.append(frame)
+        self._bytes += len(frame)
+        if self._limit is not None and self._bytes > self._limit:
+            self.closing = True
 
     def send_unbounded(self, data: bytes) -> None:
         self.events.append(data)
@@ -155,3 +163,34 @@ def test_a_snapshot_does_not_move_a_stream_id() -> None:
     # from the SUBSCRIBE_ALLOWs: B has no message yet
     assert stream.positions == [Position(EPOCH, 1), Position(EPOCH, 0)]
     assert all(e.endswith(b"\n\n") and b"\nid:" in e for e in out.events)
+
+
+def test_a_resume_cut_off_as_a_slow_consumer_stops_encoding_and_subscribing() -> None:
+    """A resume whose missed messages pass ClientMaxPendingBytes cuts the stream off;
+    the events of the rest were encoded all the same (and thrown away) and the later
+    subjects subscribed: 15 s of a stopped server for 5 such requests of 100 subjects x
+    1,000 cached 1 kB messages. Now the stream stops at the cut (the client resumes the
+    rest from the id it got)."""
+    hub = new_hub()
+    subjects = [f"/r/s{n}" for n in range(20)]
+    for subject in subjects:
+        for _ in range(200):
+            hub.publish(Message(subject, b"y" * 1000), 0.0)
+    output = Output(limit=300_000)
+    stream = SseStream(output, subjects)
+    encoded = []
+    original = sse.message_lines
+
+    def counting(message: Message) -> bytes:
+        encoded.append(message)
+        return original(message)
+
+    sse_message_lines, sse.message_lines = sse.message_lines, counting
+    try:
+        stream.start(hub, [ops.SubscriptionRequest(s, Position(EPOCH, 1)) for s in subjects],
+                     0.0)
+    finally:
+        sse.message_lines = sse_message_lines
+    assert output.closing
+    assert len(encoded) < 400  # ~300 kB of events, not the 4,000 messages missed
+    assert hub.statistics().subscriptions <= 2  # the later subjects were not subscribed
