@@ -8,10 +8,13 @@ files; the checks below catch that with the durability patch planted away.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pysyncobj import journal as pysyncobj_journal
+from pysyncobj.journal import MetaStorer
 from raft_power import SyncedDisk
 from raft_sim import RaftWorld, simulated
 from test_raft_safety import LARGE, seeded_search
@@ -98,6 +101,25 @@ def test_the_check_sees_a_journal_that_is_never_synced(
             assert "holds no entry at all" in str(refused)
         else:
             assert kept < 12
+
+
+def test_the_check_sees_a_term_and_vote_file_never_synced(
+    disk: SyncedDisk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj's own term-and-vote store (written, renamed, never synced): after the
+    power loss the file is there, empty -- refused at start rather than read as "no
+    vote" (which would let the seed vote a second time in a term)."""
+
+    def store(storer: MetaStorer, meta: dict[str, Any]) -> None:
+        path = storer.getPath()
+        with open(path + ".tmp", "wb") as f:
+            f.write(pysyncobj_journal.dumps(meta))
+        os.replace(path + ".tmp", path)
+
+    monkeypatch.setattr(MetaStorer, "storeMeta", store)
+    with simulated(3, node_class=FollowerSafeSyncObj) as world:
+        with pytest.raises(DamagedRaftData, match=r"\.meta"):
+            commit_then_lose_power_everywhere(world, 3)
 
 
 def answers_before_its_journal_is_synced(monkeypatch: pytest.MonkeyPatch) -> None:
