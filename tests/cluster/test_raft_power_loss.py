@@ -117,9 +117,10 @@ def test_the_check_sees_a_term_and_vote_file_never_synced(
         os.replace(path + ".tmp", path)
 
     monkeypatch.setattr(MetaStorer, "storeMeta", store)
-    with simulated(3, node_class=FollowerSafeSyncObj) as world:
-        with pytest.raises(DamagedRaftData, match=r"\.meta"):
-            commit_then_lose_power_everywhere(world, 3)
+    with simulated(3, node_class=FollowerSafeSyncObj) as world, pytest.raises(
+        DamagedRaftData, match=r"\.meta"
+    ):
+        commit_then_lose_power_everywhere(world, 3)
 
 
 def answers_before_its_journal_is_synced(monkeypatch: pytest.MonkeyPatch) -> None:
