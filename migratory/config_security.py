@@ -31,8 +31,9 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "behind a proxy or NAT that gathers many clients on one address)."),
     Setting("MaxHandshakesPerAddress", "max_handshakes_per_address", _int(0, unit=_UNITS["c"]),
             "100",
-            "Connections from one IP address that have not finished `connect` yet (0: no "
-            "limit); one more is answered 503 and closed."),
+            "Connections from one IP address that have not finished `connect` (MQTT "
+            "CONNECT) nor had an HTTP request answered yet (0: no limit); one more is "
+            "answered 503 and closed."),
     Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
             _int(1, unit=_UNITS["s"]), "10000",
             "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),

@@ -391,7 +391,10 @@ class Connection:
         server.processing = None
         session = self.session
         limits = server.admission
-        if self.handshaking and session.connected:
+        # the handshake is over at `connect` (or CONNECT), or once an HTTP request was
+        # answered: a keep-alive connection of the HTTP API (a publisher's pool) no longer
+        # counts in MaxHandshakesPerAddress, only in MaxConnectionsPerAddress
+        if self.handshaking and (session.connected or self._requests_answered()):
             self.handshaking = False
             limits.handshake_done(self)
         held = session.buffered_bytes

@@ -211,3 +211,25 @@ def test_request_bodies_count_in_the_incomplete_frame_budget(start_server: Any) 
     assert again.recv(65536).startswith(b"HTTP/1.1 413 ")
     for sock in (holding, over, again):
         sock.close()
+
+
+def test_keep_alive_connections_of_the_http_api_leave_the_handshake_count(
+    start_server: Any,
+) -> None:
+    """MaxHandshakesPerAddress bounds connections that have not shown they are clients;
+    a keep-alive connection whose request was answered (an HTTP publisher's pool) no
+    longer counts: it held its slot for as long as it stayed open, and the address's
+    next connection got 503."""
+    server = start_server(MaxHandshakesPerAddress="3")
+    pool = [HttpClient(server.port) for _ in range(3)]
+    for client in pool:
+        assert client.publish(subject=SUBJECT, content="pooled")[0] == 200
+    another = HttpClient(server.port)
+    assert another.publish(subject=SUBJECT, content="one more")[0] == 200
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+    refused = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    assert refused.recv(4096).startswith(b"HTTP/1.1 503 ")  # idle ones still count
+    for sock in (*idle, refused):
+        sock.close()
+    for client in (*pool, another):
+        client.close()
