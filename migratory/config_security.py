@@ -51,7 +51,8 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "allowed); more get PUBLISH_FAILED at once. 0: no limit."),
     Setting("MaxFragmentsPerMessage", "max_fragments_per_message", _int(1, unit=" of frames"),
             "1024",
-            "WebSocket frames one client message may be split into; more close with 1008."),
+            "WebSocket frames one client message may be split into (MQTT over WebSocket "
+            "too); more close with 1008 (MQTT over WebSocket: the connection is closed)."),
     Setting("IncompleteFrameBudget", "incomplete_frame_budget", _int(1 << 20, unit=_UNITS["b"]),
             "67108864",
             "Bytes all client connections together may hold in frames, MQTT packets and HTTP "

@@ -94,7 +94,8 @@ class MqttSession(MqttDelivery):
         )
         self._decoder = mqtt.MqttDecoder(server=True, max_packet_size=config.max_frame_size)
         self._frames = (
-            ws.FrameDecoder(client_frames=True, max_message_size=config.max_frame_size)
+            ws.FrameDecoder(client_frames=True, max_message_size=config.max_frame_size,
+                            max_fragments=config.max_fragments_per_message)
             if websocket else None
         )
         self.identity: ClientIdentity | None = None

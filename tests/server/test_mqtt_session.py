@@ -12,6 +12,7 @@ from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt, ops
+from migratory.protocol import websocket as ws
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server import mqtt_session
 from migratory.server.app import build_hub
@@ -542,3 +543,20 @@ def test_a_flood_of_filter_changes_of_a_persistent_session_waits_for_the_others_
                       else mqtt.Unsubscribe(n, ("x/y",))) for n in range(2, 66))
     assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
     assert len(read(device)) == 64 // (1 + 5_000 // SCAN_UNIT) + 1
+
+
+def test_mqtt_over_websocket_honours_max_fragments_per_message() -> None:
+    """MaxFragmentsPerMessage bounds the frames one WebSocket message may be split into
+    for MQTT over WebSocket as for the native protocol (it kept the decoder's default,
+    1,024, whatever the key said)."""
+    ctx, _ = make(MaxFragmentsPerMessage="4")
+    mask = b"mask"
+    packet = encode_packet(mqtt.Connect("frag"))
+    pieces = [packet[i:i + 1] for i in range(5)] + [packet[5:]]
+    frames = [ws.encode_frame(ws.BINARY, pieces[0], fin=False, mask=mask)] + [
+        ws.encode_frame(ws.CONTINUATION, p, fin=n == len(pieces) - 1, mask=mask)
+        for n, p in enumerate(pieces[1:], 1)]
+    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
+    device.receive_data(b"".join(frames), 0.0)
+    assert device.closing and device.identity is None
+    assert ctx.stats.mqtt_protocol_errors == 1
