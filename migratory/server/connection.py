@@ -363,6 +363,8 @@ class Connection:
                 raise
             self._after_processing()
         session = self.session
+        if self._tls is not None and self._tls.closed:
+            return False  # the peer's close_notify: a TCP end, once what it sent is handled
         return not (session.aborted or session.closing)
 
     async def _wait_for_answer(self, session: Session) -> None:

@@ -19,13 +19,14 @@ class TlsFailed(Exception):
 
 
 class TlsLink:
-    __slots__ = ("_in", "_out", "_tls", "ready")
+    __slots__ = ("_in", "_out", "_tls", "closed", "ready")
 
     def __init__(self, context: ssl.SSLContext) -> None:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._in, self._out, server_side=True)
         self.ready = False  # handshake done: application data may flow
+        self.closed = False  # the peer sent its close_notify: it sends nothing more
 
     @property
     def has_output(self) -> bool:
@@ -45,9 +46,12 @@ class TlsLink:
             while True:
                 chunk = self._tls.read(65536)
                 if not chunk:  # the session is over (after a close_notify read() returns
-                    break  # b"" for ever: looping on it hung the whole server)
+                    self.closed = True  # b"" for ever: looping on it hung the whole server)
+                    break
                 chunks.append(chunk)
-        except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+        except ssl.SSLZeroReturnError:
+            self.closed = True  # as a TCP end: the connection is over once this is read
+        except ssl.SSLWantReadError:
             pass
         except ssl.SSLError as exc:
             raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None

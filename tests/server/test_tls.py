@@ -3,10 +3,13 @@ TLS, minimum version, and the SDK and CLI with a CA file. Certificates by trustm
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -170,3 +173,27 @@ def test_the_server_context_refuses_renegotiation(tls_files: dict[str, str]) -> 
         "ListenEncrypted": "127.0.0.1:0", "TlsCertificate": tls_files["TlsCertificate"],
         "TlsKey": tls_files["TlsKey"]})
     assert server_context(config).options & ssl.OP_NO_RENEGOTIATION
+
+
+def test_a_close_notify_ends_a_stream_whose_client_keeps_the_tcp_connection(
+    start_server: Any, tls_files: dict[str, str]
+) -> None:
+    """A TLS client's close_notify says it sends nothing more, as a TCP end does on a
+    plain port: the server ends the connection (and the stream's subscription) instead
+    of keeping it for as long as the client keeps the TCP connection open."""
+    server, tls_port = start_tls(start_server, tls_files)
+    stream = SseClient(tls_port, [SUBJECT], tls=client_context(tls_files))
+    stream.events_until("subscribe")
+    assert isinstance(stream.sock, ssl.SSLSocket)
+    stream.sock.settimeout(5)
+    with contextlib.suppress(OSError, ssl.SSLError):
+        stream.sock.unwrap()  # close_notify; returns once the server closes its side
+    deadline = time.monotonic() + 3
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/stats", timeout=5) as r:
+            counters = json.loads(r.read())
+        if counters["connections_open"] == 1 and counters["subscriptions"] == 0:
+            break
+        assert time.monotonic() < deadline, counters
+        time.sleep(0.05)
+    stream.close()

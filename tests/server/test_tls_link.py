@@ -64,6 +64,7 @@ def test_a_close_notify_ends_the_session_without_spinning() -> None:
     with contextlib.suppress(ssl.SSLWantReadError):
         client.unwrap()  # sends close_notify
     assert _within(2, lambda: link.receive(to_server.read())) == b"last words"
+    assert link.closed  # the connection treats it as the TCP end
     assert _within(2, lambda: link.receive(b"")) == b""  # then the TCP end
 
 
