@@ -107,6 +107,14 @@ def test_garbage_never_raises_anything_but_operation_error(data: bytes) -> None:
         ops.decode_client_op(data)
 
 
+@given(st.binary(max_size=200))
+def test_server_garbage_never_raises_anything_but_operation_error(data: bytes) -> None:
+    # the SDK's reader ends the session on an OperationError; anything else would end
+    # the whole client with an exception out of connect()
+    with contextlib.suppress(ops.OperationError):
+        ops.decode_server_op(data)
+
+
 def test_reconnect_rule() -> None:
     assert close_codes.should_reconnect(None)
     assert close_codes.should_reconnect(1005)
@@ -115,6 +123,11 @@ def test_reconnect_rule() -> None:
     assert not close_codes.should_reconnect(4499)
     assert not close_codes.should_reconnect(1000)
     assert not close_codes.should_reconnect(1002)
+    # codes no table names: the ranges decide
+    assert close_codes.should_reconnect(1012)  # service restart
+    assert close_codes.should_reconnect(3000)
+    assert close_codes.should_reconnect(4999)
+    assert not close_codes.should_reconnect(4100)
 
 
 _odd_values = (
