@@ -484,3 +484,31 @@ test("a DATA_SYNC past the recovered messages is told as a DATA_RESYNC", async (
   ]);
   await client.close();
 });
+
+test("an onMessage that throws is reported; the session, its position and other subscriptions go on", async () => {
+  const reported = [];
+  const before = globalThis.reportError;
+  globalThis.reportError = (error) => reported.push(error.message);
+  try {
+    const { client } = open();
+    const other = [];
+    client.subscribe(SUBJECT, { onMessage: (m) => { throw new Error(`bug at ${m.seq}`); } });
+    client.subscribe("/a/b", { onMessage: (m) => other.push(m.seq) });
+    const ws = FakeWebSocket.last();
+    ws.accept();
+    ws.receive(status("SUBSCRIBE_ALLOW", SUBJECT, 7, 10));
+    ws.receive(status("SUBSCRIBE_ALLOW", "/a/b", 7, 0));
+    ws.receive(batch([update(SUBJECT, 11), update("/a/b", 1), update(SUBJECT, 12), update("/a/b", 2)]));
+    assert.deepEqual(reported, ["bug at 11", "bug at 12"]);
+    assert.deepEqual(other, [1, 2]);
+    ws.drop();
+    mock.timers.tick(100);
+    const next = FakeWebSocket.last();
+    next.accept(); // handed over, so not asked for again: resumes after 12
+    assert.deepEqual(next.take("subscribe")[0].subjects.find((s) => s.subject === SUBJECT),
+      { subject: SUBJECT, epoch: 7, seq: 12 });
+    await client.close();
+  } finally {
+    globalThis.reportError = before;
+  }
+});
