@@ -311,3 +311,23 @@ async def test_a_data_sync_past_the_recovered_messages_is_told_as_a_resync() -> 
                     )
                     break
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_pong_for_a_ping_not_sent_yet_does_not_keep_a_dead_connection_alive() -> None:
+    keepalive = Keepalive(interval=0.05, timeout=0.1)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=FAST, keepalive=keepalive) as client:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.send(ops.Pong(10**6))  # was: pings 1..10**6 counted as answered
+            conn.auto_pong = False
+            nursery.start_soon(conn.closed_by_client)
+            again = await server.next_connection()  # within interval + timeout
+            await again.accept_session()
+            async for note in client.notifications():
+                if note.status is NotificationStatus.SERVER_DOWN:
+                    assert note.reason is not None and "pong" in note.reason
+                    break
+        nursery.cancel_scope.cancel()

@@ -217,7 +217,9 @@ export class Session {
   }
 
   onPong(id) {
-    this.pongId = Math.max(this.pongId, id === null ? this.pingId : id);
+    // a pong answers at most the last ping sent: one with a later id (a server's bug)
+    // must not stand for pings not sent yet, or a dead connection would go unnoticed
+    this.pongId = Math.max(this.pongId, id === null ? this.pingId : Math.min(id, this.pingId));
     if (this.pongId >= this.pingId) {
       this.cancel("pong");
       this.scheduleKeepalive();

@@ -512,3 +512,16 @@ test("an onMessage that throws is reported; the session, its position and other 
     globalThis.reportError = before;
   }
 });
+
+test("a pong for a ping not sent yet does not keep a dead connection alive", async () => {
+  const { client } = open({ keepalive: { interval: 1, timeout: 0.5 } });
+  const ws = FakeWebSocket.last();
+  ws.accept();
+  ws.receive({ op: "pong", id: 1000000 }); // was: pings 1..1000000 counted as answered
+  mock.timers.tick(1000);
+  assert.equal(ws.take("ping").length, 1);
+  mock.timers.tick(500); // no pong
+  assert.equal(ws.closedWith.code, 1000);
+  assert.equal(client.server, null);
+  await client.close();
+});

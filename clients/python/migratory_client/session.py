@@ -289,7 +289,10 @@ class Session:
             await sending
 
     def _on_pong(self, ping_id: int | None) -> None:
-        self._pong_id = max(self._pong_id, self._ping_id if ping_id is None else ping_id)
+        # a pong answers at most the last ping sent: one with a later id (a server's bug)
+        # must not stand for pings not sent yet, or a dead connection would go unnoticed
+        answered = self._ping_id if ping_id is None else min(ping_id, self._ping_id)
+        self._pong_id = max(self._pong_id, answered)
         self._pong.set()
 
     async def _keep_alive(self, scope: trio.CancelScope) -> None:
