@@ -560,3 +560,15 @@ def test_mqtt_over_websocket_honours_max_fragments_per_message() -> None:
     device.receive_data(b"".join(frames), 0.0)
     assert device.closing and device.identity is None
     assert ctx.stats.mqtt_protocol_errors == 1
+
+
+def test_replies_a_client_does_not_read_are_bounded_by_client_max_pending_bytes() -> None:
+    """PINGREQ (or QoS 1 PUBLISH, SUBSCRIBE...) sent without reading the replies: they
+    count against ClientMaxPendingBytes like deliveries, and the client is cut off as a
+    slow consumer, instead of the replies piling up without bound."""
+    ctx, _ = make(ClientMaxPendingBytes="4096")
+    device = session(ctx, "flood", {})
+    device.receive_data(b"\xc0\x00" * 10_000, 0.0)  # 10,000 PINGREQ, nothing read
+    assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
+    assert device.outbox.pending_bytes <= 4096
+    assert ctx.stats.slow_consumers == 1
