@@ -36,7 +36,7 @@ class MqttInput:
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
         raise NotImplementedError
 
-    def _send_raw(self, frame: bytes) -> None:
+    def _send_frame(self, frame: bytes) -> None:
         raise NotImplementedError
 
     def close(self, code: int, reason: str) -> None:
@@ -95,10 +95,12 @@ class MqttInput:
         assert frames is not None
         frames.receive_data(data)
         while (event := frames.next_event()) is not None:
+            if self.closing or self.aborted:
+                return False  # cut off meanwhile (pongs not read)
             if isinstance(event, ws.BinaryMessage):
                 self._decoder.receive_data(event.data)
             elif isinstance(event, ws.Ping):
-                self._send_raw(ws.encode_pong(event.payload))
+                self._send_frame(ws.encode_pong(event.payload))  # bounded: pings not read
             elif isinstance(event, ws.CloseReceived):
                 self.close(close_codes.NORMAL.code, "")
                 return False

@@ -398,10 +398,14 @@ class MqttSession(MqttDelivery):
         """A reply (CONNACK, PUBACK, SUBACK, PINGRESP...), bounded as deliveries are: a
         client that sends requests without reading the replies is a slow consumer (queued
         without bound, 20 MB of PINGREQ not read left 14 MB in its outbox, RSS +55 MB)."""
+        self._send_frame(self._wrap(packet))
+
+    def _send_frame(self, frame: bytes) -> None:
+        """A reply already framed (over WebSocket, a pong too), bounded (see _send)."""
         if self.closing or self.aborted:
             return
         try:
-            self.outbox.enqueue(self._wrap(packet))
+            self.outbox.enqueue(frame)
         except SlowConsumer as exc:
             self._slow_consumer(f"replies not read: {exc}")
 

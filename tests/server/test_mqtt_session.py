@@ -572,3 +572,16 @@ def test_replies_a_client_does_not_read_are_bounded_by_client_max_pending_bytes(
     assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
     assert device.outbox.pending_bytes <= 4096
     assert ctx.stats.slow_consumers == 1
+
+
+def test_websocket_pings_of_an_mqtt_client_that_does_not_read_are_bounded() -> None:
+    """Over WebSocket, the pongs answering a client's pings count against
+    ClientMaxPendingBytes like MQTT replies (they were queued without bound)."""
+    ctx, _ = make(ClientMaxPendingBytes="4096")
+    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
+    ping = ws.encode_frame(ws.PING, b"p" * 100, mask=b"mask")
+    device.receive_data(ws.encode_masked_binary(encode_packet(mqtt.Connect("ws")), b"mask"),
+                        0.0)
+    device.receive_data(ping * 1_000, 0.0)  # pings alone, no MQTT packet
+    assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
+    assert device.outbox.pending_bytes <= 4096 + 200  # and its close frame
