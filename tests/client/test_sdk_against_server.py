@@ -302,3 +302,37 @@ async def test_more_subjects_than_one_subscribe_may_carry_are_subscribed_and_res
             assert sorted(m.content.decode() for m in got) == subjects
             assert subscriber.error is None
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_resume_that_can_never_fit_in_the_outbox_restarts_from_the_snapshot(
+    start_server: Callable[..., Any],
+) -> None:
+    # 20 missed 4 kB messages pass ClientMaxPendingBytes even alone: was denied for good
+    server = await trio.to_thread.run_sync(
+        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536")
+    )
+    async with trio.open_nursery() as nursery:
+        proxy = await Proxy(server.port).start(nursery)
+        async with (
+            connect([proxy.url], reconnect=FAST) as subscriber,
+            connect([server.url], reconnect=FAST) as publisher,
+        ):
+            subscription = subscriber.subscribe("/e2e/huge")
+            await wait_for(subscriber, NotificationStatus.SUBSCRIBE_ALLOW)
+            proxy.accepting = False
+            await proxy.cut()
+            await wait_for(subscriber, NotificationStatus.SERVER_DOWN)
+            for n in range(19):
+                await publisher.publish_nowait("/e2e/huge", f"{n:04d}" + "x" * 4000, retained=True)
+            (last,) = await publish(publisher, "/e2e/huge", "0019" + "x" * 4000)
+            proxy.accepting = True
+            resync = await wait_for(subscriber, NotificationStatus.DATA_RESYNC)
+            assert resync.position == last
+            assert resync.reason is not None and "too large" in resync.reason
+            snapshot = await subscription.next_message()
+            assert (snapshot.type, snapshot.position) == (MessageType.SNAPSHOT, last)
+            (after,) = await publish(publisher, "/e2e/huge", "after")
+            message = await subscription.next_message()
+            assert (message.type, message.position) == (MessageType.UPDATE, after)
+        nursery.cancel_scope.cancel()

@@ -201,11 +201,12 @@ async def test_a_resume_refused_whole_as_too_large_is_asked_for_one_subject_at_a
             for subject in ("/a/b", "/c/d", "/e/f"):
                 await conn.allow(subject, 7, 10)
             await conn.drop()
+            fresh = client.subscribe("/g/h", history=5)  # first subscribed by the next session
 
             conn = await server.next_connection()
             await conn.accept_session()
-            assert len((await conn.expect(ops.Subscribe)).subscriptions) == 3
-            for subject in ("/a/b", "/c/d", "/e/f"):  # was: all three denied for good
+            assert len((await conn.expect(ops.Subscribe)).subscriptions) == 4
+            for subject in ("/a/b", "/c/d", "/e/f", "/g/h"):  # was: all denied for good
                 await conn.send(too_large(subject))
             for subject in ("/a/b", "/c/d"):  # each once the answer before is complete
                 again = await conn.expect(ops.Subscribe)
@@ -216,23 +217,40 @@ async def test_a_resume_refused_whole_as_too_large_is_asked_for_one_subject_at_a
                 await conn.deliver(update(subject, 11, kind=MessageType.RECOVERED))
                 await conn.send(ops.SubjectStatus(ops.Status.DATA_SYNC, subject, Position(7, 11)))
             alone = await conn.expect(ops.Subscribe)
-            assert [r.subject for r in alone.subscriptions] == ["/e/f"]
-            await conn.send(too_large("/e/f"))  # too large alone: denied
-            got = [await subscription.next_message() for _ in range(2)]
-            assert [(m.subject, m.seq) for m in got] == [("/a/b", 11), ("/c/d", 11)]
+            assert alone.subscriptions == (ops.SubscriptionRequest("/e/f", Position(7, 10)),)
+            await conn.send(too_large("/e/f"))  # a resume too large alone: from the snapshot
+            restart = await conn.expect(ops.Subscribe)
+            assert restart.subscriptions == (ops.SubscriptionRequest("/e/f", None, 0),)
+            await conn.allow("/e/f", 7, 30)
+            await conn.deliver(update("/e/f", 30, kind=MessageType.SNAPSHOT))
+            alone = await conn.expect(ops.Subscribe)
+            assert alone.subscriptions == (ops.SubscriptionRequest("/g/h", None, 5),)
+            await conn.send(too_large("/g/h"))  # a first subscribe too large alone: denied
+            await conn.deliver(update("/e/f", 31))
+            got = [await subscription.next_message() for _ in range(4)]
+            assert [(m.subject, m.type, m.seq) for m in got] == [
+                ("/a/b", MessageType.RECOVERED, 11),
+                ("/c/d", MessageType.RECOVERED, 11),
+                ("/e/f", MessageType.SNAPSHOT, 30),
+                ("/e/f", MessageType.UPDATE, 31),
+            ]
             await conn.drop()
 
             conn = await server.next_connection()
             await conn.accept_session()
             request = await conn.expect(ops.Subscribe)
-            assert [r.subject for r in request.subscriptions] == ["/a/b", "/c/d"]
-            denials = []
+            assert [r.subject for r in request.subscriptions] == ["/a/b", "/c/d", "/e/f"]
+            told, kinds = [], (NotificationStatus.SUBSCRIBE_DENY, NotificationStatus.DATA_RESYNC)
             async for note in client.notifications():
-                if note.status is NotificationStatus.SUBSCRIBE_DENY:
-                    denials.append(note.subject)
-                if note.status is NotificationStatus.SERVER_UP and denials:
+                if note.status in kinds:
+                    told.append((note.status, note.subject))
+                if note.status is NotificationStatus.SERVER_UP and told:
                     break
-            assert denials == ["/e/f"]  # the refusals of the whole subscribe are not told
+            assert told == [  # the refusals of the whole subscribe are not told
+                (NotificationStatus.DATA_RESYNC, "/e/f"),
+                (NotificationStatus.SUBSCRIBE_DENY, "/g/h"),
+            ]
+            assert fresh.active
         nursery.cancel_scope.cancel()
 
 

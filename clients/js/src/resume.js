@@ -59,6 +59,9 @@ export class SubjectTracker {
      * move `position` until the server answers a request sent since. */
     this.skipping = false;
     this.askedSinceSkip = false;
+    /** The resume's answer could never fit in the client's outbox: the subject starts
+     * again from the snapshot (a first subscribe without history), a resync to announce. */
+    this.restarting = false;
   }
 
   get conflated() {
@@ -69,7 +72,7 @@ export class SubjectTracker {
   request() {
     if (this.position === null) {
       return Object.freeze({
-        subject: this.subject, position: null, history: this.history,
+        subject: this.subject, position: null, history: this.restarting ? 0 : this.history,
         conflationMs: this.conflationMs,
       });
     }
@@ -87,6 +90,13 @@ export class SubjectTracker {
     }
     this.answersDue += 1;
     this.askedSinceSkip = this.skipping;
+  }
+
+  /** Give up the resume: subscribe again from the snapshot (see `restarting`). */
+  restart() {
+    this.position = null;
+    this.restarting = true;
+    this.recovering = false;
   }
 
   /** Messages of this subject are being dropped from now on (a paused subscription). */

@@ -10,8 +10,9 @@
 // A subscribe the server refuses whole because its answer would not fit in the client's
 // outbox (SUBSCRIBE_DENY "subscribe answer too large" for every entry: a reconnect that
 // resumes many subjects with much to recover) does not deny those subjects: they are
-// asked for again one at a time, each once the answer before it is complete. Only a
-// subject refused so when asked for alone is denied.
+// asked for again one at a time, each once the answer before it is complete. A resume
+// refused so when alone could never be answered: the subject starts again from its
+// snapshot, announced as DATA_RESYNC. Only a first subscribe refused so alone is denied.
 
 import { SUBSCRIBE_TOO_LARGE } from "./codec.js";
 import { PublishOutcomeUnknown, publishError } from "./errors.js";
@@ -139,12 +140,18 @@ export class Router {
     if (lone && (tracker === undefined || answerComplete(op, tracker))) this.aloneDue = null;
     if (tracker === undefined) return this.nextAlone(sessionId);
     const before = tracker.position;
+    const restarting = tracker.restarting;
     const skipped = tracker.onStatus(op.status, op.position, sessionId);
     const tooLarge = op.status === "SUBSCRIBE_DENY"
       && typeof op.reason === "string" && op.reason.startsWith(SUBSCRIBE_TOO_LARGE);
-    if (tooLarge && !lone) {
+    if (tooLarge && (!lone || before !== null)) {
       tracker.denied = false; // not refused: asked for again, alone
-      this.alone.push(op.subject);
+      if (lone) { // a resume that can never fit: from the snapshot instead, next
+        tracker.restart();
+        this.alone.unshift(op.subject);
+      } else {
+        this.alone.push(op.subject);
+      }
       return this.nextAlone(sessionId);
     }
     const at = (p) => `${p.epoch}:${p.seq}`;
@@ -154,6 +161,11 @@ export class Router {
       : notification(op.status, {
         subject: op.subject, position: op.position, reason: op.reason, server,
       }));
+    if (restarting && op.status === "SUBSCRIBE_ALLOW") { // from the snapshot: say so
+      tracker.restarting = false;
+      this.notify(notification("DATA_RESYNC", { subject: op.subject, position: op.position, server,
+        reason: `${SUBSCRIBE_TOO_LARGE} to resume: the messages missed are left out` }));
+    }
     return this.nextAlone(sessionId);
   }
 

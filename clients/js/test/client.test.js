@@ -422,28 +422,38 @@ test("a resume refused whole as too large is asked for one subject at a time", a
   first.accept();
   for (const subject of ["/a/b", "/c/d", "/e/f"]) first.receive(status("SUBSCRIBE_ALLOW", subject, 7, 10));
   first.drop();
+  client.subscribe("/g/h", { history: 5, onMessage: () => {} }); // first subscribed by the next session
   mock.timers.tick(100);
   const second = FakeWebSocket.last();
   second.accept();
-  assert.equal(second.take("subscribe")[0].subjects.length, 3);
+  assert.equal(second.take("subscribe")[0].subjects.length, 4);
   const tooLarge = (subject) => ({ ...status("SUBSCRIBE_DENY", subject),
     reason: "subscribe answer too large: about 9 bytes" });
-  for (const subject of ["/a/b", "/c/d", "/e/f"]) second.receive(tooLarge(subject)); // was: all denied for good
+  for (const subject of ["/a/b", "/c/d", "/e/f", "/g/h"]) second.receive(tooLarge(subject)); // was: all denied for good
   for (const subject of ["/a/b", "/c/d"]) { // each once the answer before it is complete
     assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject, epoch: 7, seq: 10 }] }]);
     second.receive(status("SUBSCRIBE_ALLOW", subject));
     second.receive(batch([update(subject, 11, { type: "recovered" })]));
     second.receive(status("DATA_SYNC", subject, 7, 11));
   }
-  assert.deepEqual(second.take("subscribe").map((op) => op.subjects.map((s) => s.subject)), [["/e/f"]]);
-  second.receive(tooLarge("/e/f")); // too large alone: denied
-  assert.deepEqual((await take(subscription, 2)).map((m) => [m.subject, m.seq]), [["/a/b", 11], ["/c/d", 11]]);
+  assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/e/f", epoch: 7, seq: 10 }] }]);
+  second.receive(tooLarge("/e/f")); // a resume too large alone: from the snapshot
+  assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/e/f" }] }]);
+  second.receive(status("SUBSCRIBE_ALLOW", "/e/f", 7, 30));
+  second.receive(batch([update("/e/f", 30, { type: "snapshot" })]));
+  assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/g/h", history: 5 }] }]);
+  second.receive(tooLarge("/g/h")); // a first subscribe too large alone: denied
+  second.receive(message("/e/f", 31));
+  assert.deepEqual((await take(subscription, 4)).map((m) => [m.subject, m.type, m.seq]), [
+    ["/a/b", "recovered", 11], ["/c/d", "recovered", 11], ["/e/f", "snapshot", 30], ["/e/f", "update", 31],
+  ]);
   second.drop();
   mock.timers.tick(100);
   const third = FakeWebSocket.last();
   third.accept();
-  assert.deepEqual(third.take("subscribe")[0].subjects.map((s) => s.subject), ["/a/b", "/c/d"]);
-  assert.deepEqual(notes.filter((n) => n.status === "SUBSCRIBE_DENY").map((n) => n.subject), ["/e/f"]);
+  assert.deepEqual(third.take("subscribe")[0].subjects.map((s) => s.subject), ["/a/b", "/c/d", "/e/f"]);
+  assert.deepEqual(notes.filter((n) => n.status === "SUBSCRIBE_DENY" || n.status === "DATA_RESYNC")
+    .map((n) => [n.status, n.subject]), [["DATA_RESYNC", "/e/f"], ["SUBSCRIBE_DENY", "/g/h"]]);
   await client.close();
 });
 

@@ -78,6 +78,9 @@ class SubjectTracker:
     """Messages after ``position`` were dropped (its subscription paused): no status may
     move ``position`` until the server answers a request sent since."""
     asked_since_skip: bool = False
+    restarting: bool = False
+    """The resume's answer could never fit in the client's outbox: the subject starts
+    again from the snapshot (a first subscribe without history), a resync to announce."""
 
     @property
     def conflated(self) -> bool:
@@ -86,7 +89,8 @@ class SubjectTracker:
     def request(self) -> SubscriptionRequest:
         """The subscription to send: a resume from ``position`` once there is one."""
         if self.position is None:
-            return SubscriptionRequest(self.subject, None, self.history, self.conflation_ms)
+            history = 0 if self.restarting else self.history
+            return SubscriptionRequest(self.subject, None, history, self.conflation_ms)
         return SubscriptionRequest(self.subject, self.position, 0, self.conflation_ms)
 
     def sent(self, session_id: int) -> None:
@@ -95,6 +99,10 @@ class SubjectTracker:
             self.due_in, self.answers_due = session_id, 0
         self.answers_due += 1
         self.asked_since_skip = self.skipping
+
+    def restart(self) -> None:
+        """Give up the resume: subscribe again from the snapshot (see ``restarting``)."""
+        self.position, self.restarting, self.recovering = None, True, False
 
     def skip(self) -> None:
         """Messages of this subject are being dropped from now on (a paused subscription)."""

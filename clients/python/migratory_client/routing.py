@@ -12,8 +12,10 @@ has taken half of the buffer: the messages come again as ``recovered``.
 A subscribe the server refuses whole because its answer would not fit in the client's
 outbox (``SUBSCRIBE_DENY`` "subscribe answer too large" for every entry: a reconnect
 that resumes many subjects with much to recover) does not deny those subjects: they
-are asked for again one at a time, each once the answer before it is complete. Only a
-subject refused so when asked for alone is denied.
+are asked for again one at a time, each once the answer before it is complete. A resume
+refused so when alone could never be answered: the subject starts again from its
+snapshot, announced as ``DATA_RESYNC`` (as when the cache no longer reaches back). Only
+a first subscribe refused so when alone is denied.
 """
 
 from __future__ import annotations
@@ -188,12 +190,16 @@ class Router:
             self._alone_due = None
         if tracker is None:
             return self.next_alone(session_id)
-        before = tracker.position
+        before, restarting = tracker.position, tracker.restarting
         skipped = tracker.on_status(op.status, op.position, session_id)
         too_large = op.status is Status.SUBSCRIBE_DENY and _too_large(op.reason)
-        if too_large and not lone:
+        if too_large and (not lone or before is not None):
             tracker.denied = False  # not refused: asked for again, alone
-            self._alone.append(op.subject)
+            if lone:  # a resume that can never fit: from the snapshot instead, next
+                tracker.restart()
+                self._alone.insert(0, op.subject)
+            else:
+                self._alone.append(op.subject)
             return self.next_alone(session_id)
         status, reason = NotificationStatus.of(op.status), op.reason
         if skipped:  # the server lost messages: say so, as a resync does
@@ -203,6 +209,11 @@ class Router:
                 f"{_at(before)}"
             )
         self.notifications.put(Notification(status, op.subject, op.position, reason, server))
+        if restarting and op.status is Status.SUBSCRIBE_ALLOW:  # from the snapshot: say so
+            tracker.restarting = False
+            reason = f"{SUBSCRIBE_TOO_LARGE} to resume: the messages missed are left out"
+            resync = NotificationStatus.DATA_RESYNC
+            self.notifications.put(Notification(resync, op.subject, op.position, reason, server))
         return self.next_alone(session_id)
 
     def next_alone(self, session_id: int) -> tuple[SubscriptionRequest, ...]:
