@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
-
-import pytest
 
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt, ops
-from migratory.protocol import websocket as ws
 from migratory.protocol.mqtt_encode import encode_packet
-from migratory.server import mqtt_session
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
 from migratory.server.drain import Drain
 from migratory.server.metrics import PublishTimings
-from migratory.server.mqtt_input import SCAN_UNIT
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
 
@@ -389,199 +383,3 @@ def test_a_publish_refused_because_the_member_drains_does_not_cost_the_client_it
     assert hub.snapshot("/dev/status") is None and ctx.stats.mqtt_wills_published == 0
     assert [m.content for m in hub.missed("/a/b", Position(hub.position("/a/b").epoch, 0))
             ] == [b"1"]
-
-
-def test_wildcard_subscribes_scan_the_subjects_once_and_count_in_the_turn() -> None:
-    """A SUBSCRIBE of 100 wildcard filters matching nothing, on a server of 20,000
-    retained subjects: one pass over the subjects for all of them (each filter scanning
-    them cost 2.4 s of a stopped server at 50,000), and a flood of such SUBSCRIBEs waits
-    for the others' turn: the pass counts in the per-turn budget (SCAN_UNIT)."""
-    ctx, held = make(MaxPublishesPerSecond="0")
-    publisher = session(ctx, "pub", {})
-    publisher.receive_data(b"".join(
-        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x", retain=True))
-        for i in range(20_000)), 0.0)
-    held.settle()
-    assert ctx.hub.subject_count == 20_000
-    device = session(ctx, "dev", {})
-    read(device)
-    filters = tuple((f"+/nothing{k}/#", 0) for k in range(100))
-    started = time.thread_time()
-    device.receive_data(encode_packet(mqtt.Subscribe(1, filters)), 0.0)
-    spent = time.thread_time() - started
-    assert read(device) == [mqtt.Suback(1, (0,) * 100)]
-    assert spent < 0.3, spent  # 100 passes took > 1 s here
-    flood = b"".join(encode_packet(mqtt.Subscribe(n, filters)) for n in range(2, 66))
-    assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
-    assert len(read(device)) == 64 // (1 + 20_000 // SCAN_UNIT) + 1
-
-
-def test_a_persistent_wildcard_session_does_not_rescan_the_subjects_at_each_save() -> None:
-    """Each message delivered to a persistent session saves its record; a one-off
-    subject's message made that save scan every subject again for the record's implied
-    positions (16 ms per publish at 20,000 subjects). The scan is for a change of the
-    filters; what a new subject brings is delivered, its position recorded."""
-    ctx, held = make(MaxPublishesPerSecond="0")
-    publisher = session(ctx, "pub", {})
-    publisher.receive_data(b"".join(
-        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(20_000)), 0.0)
-    held.settle()
-    device = session(ctx, "dev", {}, clean_session=False)
-    device.receive_data(encode_packet(mqtt.Subscribe(1, (("new/+", 0),))), 0.0)
-    held.settle()
-    read(device)
-    started = time.thread_time()
-    for i in range(50):
-        publisher.receive_data(encode_packet(mqtt.Publish(f"new/n{i}", b"%d" % i)), 0.0)
-        held.settle()
-        held.settle()
-    spent = time.thread_time() - started
-    assert len(read(device)) == 50
-    assert spent < 0.25, spent  # 50 scans of 20,000 subjects took ~0.8 s here
-    device.connection_lost()
-    held.settle()
-    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
-    assert record is not None and record.positions["/new/n49"].seq == 1
-
-
-def test_positions_alone_are_saved_at_most_once_per_save_interval(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each save is the whole record; a persistent '+/+' session on 20,000 subjects has
-    10,000 positions in it (330 kB): saved at every delivery, 50 deliveries cost ~0.8 s of
-    CPU. Positions alone are saved once per SAVE_INTERVAL (the next delivery after it),
-    filters at once, and the connection's end saves where it stood."""
-    now = [100.0]
-    monkeypatch.setattr(mqtt_session, "clock", lambda: now[0])
-    ctx, held = make(MaxPublishesPerSecond="0")
-    publisher = session(ctx, "pub", {})
-    publisher.receive_data(b"".join(
-        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(20_000)), 0.0)
-    held.settle()
-    device = session(ctx, "dev", {}, clean_session=False)
-    device.receive_data(encode_packet(mqtt.Subscribe(1, (("+/+", 0),))), 0.0)
-    held.settle()
-    assert read(device)[-1] == mqtt.Suback(1, (0,))  # filters: saved at once
-    started = time.thread_time()
-    for i in range(50):
-        publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"%d" % i)), 0.0)
-        held.settle()
-    assert time.thread_time() - started < 0.25
-    assert len(read(device)) == 50
-
-    def saved() -> Position | None:
-        record = decode_record(ctx.hub.snapshot(session_subject("dev")))
-        assert record is not None
-        return record.positions.get("/new/a")
-
-    assert saved() is None  # within SAVE_INTERVAL of the SUBACK's save
-    now[0] += mqtt_session.SAVE_INTERVAL
-    publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"50")), 0.0)
-    held.settle()  # the publish, then the save it caused
-    held.settle()
-    assert saved() == ctx.hub.position("/new/a")  # the first delivery after it saves
-    publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"51")), 0.0)
-    held.settle()
-    held.settle()
-    assert saved() != ctx.hub.position("/new/a")
-    device.connection_lost()
-    held.settle()
-    assert saved() == ctx.hub.position("/new/a")  # the end saves where it stood
-
-
-def test_a_session_of_many_filters_and_positions_resumes_without_looking_at_each_filter() -> (
-    None
-):
-    """Which filters match a subject is a lookup (exact filters) and a tree walk
-    (wildcards), not a look at every filter: resuming a session of 1,000 filters and
-    5,000 positions, and each change of its filters, looked at every filter for every
-    position (0.6 s of CPU per CONNECT here, 0.3 s per UNSUBSCRIBE)."""
-    ctx, held = make(MaxPublishesPerSecond="0")
-    publisher = session(ctx, "pub", {})
-    publisher.receive_data(b"".join(
-        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(5_000)), 0.0)
-    held.settle()
-    registry: dict = {}
-    device = session(ctx, "dev", registry, clean_session=False)
-    filters = tuple((f"e{k}/x", 0) for k in range(900)) + tuple(
-        (f"s{k}/+", 0) for k in range(100))
-    device.receive_data(encode_packet(mqtt.Subscribe(1, filters)), 0.0)
-    held.settle()
-    assert read(device)[-1] == mqtt.Suback(1, (0,) * 1000)
-    started = time.thread_time()
-    device.receive_data(encode_packet(mqtt.Unsubscribe(2, ("e0/x",))), 0.0)
-    held.settle()
-    unsubscribe = time.thread_time() - started
-    device.connection_lost()
-    held.settle()
-    held.settle()
-    started = time.thread_time()
-    back = session(ctx, "dev", registry, clean_session=False)
-    resume = time.thread_time() - started
-    assert read(back)[0] == mqtt.Connack(True, 0)
-    assert unsubscribe < 0.15 and resume < 0.3, (unsubscribe, resume)
-
-
-def test_a_flood_of_filter_changes_of_a_persistent_session_waits_for_the_others_turn() -> None:
-    """Each change of a persistent session's filters looks at its recorded positions
-    and, with wildcard filters, at every subject (implied_positions): that work counts
-    in the packets a connection may have handled per loop turn (SCAN_UNIT), so 64
-    SUBSCRIBE/UNSUBSCRIBE packets are not all handled in one turn (a single server:
-    each save, and its scan, happens as the packet is handled)."""
-    config = Config.from_mapping({"MaxPublishesPerSecond": "0"})
-    hub = build_hub(config)
-    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
-                        LocalPublishing(hub))
-    publisher = session(ctx, "pub", {})
-    publisher.receive_data(b"".join(
-        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(5_000)), 0.0)
-    device = session(ctx, "dev", {}, clean_session=False)
-    device.receive_data(encode_packet(mqtt.Subscribe(1, (("s1/+", 0), ("s2/+", 0)))), 0.0)
-    read(device)
-    flood = b"".join(
-        encode_packet(mqtt.Subscribe(n, (("x/y", 0),)) if n % 2
-                      else mqtt.Unsubscribe(n, ("x/y",))) for n in range(2, 66))
-    assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
-    assert len(read(device)) == 64 // (1 + 5_000 // SCAN_UNIT) + 1
-
-
-def test_mqtt_over_websocket_honours_max_fragments_per_message() -> None:
-    """MaxFragmentsPerMessage bounds the frames one WebSocket message may be split into
-    for MQTT over WebSocket as for the native protocol (it kept the decoder's default,
-    1,024, whatever the key said)."""
-    ctx, _ = make(MaxFragmentsPerMessage="4")
-    mask = b"mask"
-    packet = encode_packet(mqtt.Connect("frag"))
-    pieces = [packet[i:i + 1] for i in range(5)] + [packet[5:]]
-    frames = [ws.encode_frame(ws.BINARY, pieces[0], fin=False, mask=mask)] + [
-        ws.encode_frame(ws.CONTINUATION, p, fin=n == len(pieces) - 1, mask=mask)
-        for n, p in enumerate(pieces[1:], 1)]
-    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
-    device.receive_data(b"".join(frames), 0.0)
-    assert device.closing and device.identity is None
-    assert ctx.stats.mqtt_protocol_errors == 1
-
-
-def test_replies_a_client_does_not_read_are_bounded_by_client_max_pending_bytes() -> None:
-    """PINGREQ (or QoS 1 PUBLISH, SUBSCRIBE...) sent without reading the replies: they
-    count against ClientMaxPendingBytes like deliveries, and the client is cut off as a
-    slow consumer, instead of the replies piling up without bound."""
-    ctx, _ = make(ClientMaxPendingBytes="4096")
-    device = session(ctx, "flood", {})
-    device.receive_data(b"\xc0\x00" * 10_000, 0.0)  # 10,000 PINGREQ, nothing read
-    assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
-    assert device.outbox.pending_bytes <= 4096
-    assert ctx.stats.slow_consumers == 1
-
-
-def test_websocket_pings_of_an_mqtt_client_that_does_not_read_are_bounded() -> None:
-    """Over WebSocket, the pongs answering a client's pings count against
-    ClientMaxPendingBytes like MQTT replies (they were queued without bound)."""
-    ctx, _ = make(ClientMaxPendingBytes="4096")
-    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
-    ping = ws.encode_frame(ws.PING, b"p" * 100, mask=b"mask")
-    device.receive_data(ws.encode_masked_binary(encode_packet(mqtt.Connect("ws")), b"mask"),
-                        0.0)
-    device.receive_data(ping * 1_000, 0.0)  # pings alone, no MQTT packet
-    assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
-    assert device.outbox.pending_bytes <= 4096 + 200  # and its close frame
