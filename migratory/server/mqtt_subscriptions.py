@@ -196,7 +196,10 @@ class Subscriptions:
             for subject, _, _, _ in self._hub.matching_any(self._wildcards):
                 positions.setdefault(subject, NOTHING_SEEN)
             scanned = self._hub.subject_count
+        owner = self._owner
         for subject, position in positions.items():
+            if owner.closing or owner.aborted:
+                break  # cut off (what it missed passed ClientMaxPendingBytes): no more work
             granted = self._qos_for(subject)
             if granted is not None:
                 self._replay(subject, position, granted)
@@ -258,4 +261,6 @@ class Subscriptions:
         if position != NOTHING_SEEN:
             owner.synced(subject)
         for message in missed:
+            if owner.closing:
+                return
             owner.deliver_message(message, qos)
