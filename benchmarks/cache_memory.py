@@ -9,6 +9,15 @@ per message cached, with the budget's own count beside it::
     .venv/bin/python benchmarks/cache_memory.py --cache hub --budget 0
     .venv/bin/python benchmarks/cache_memory.py --cache hub --budget 268435456
     .venv/bin/python benchmarks/cache_memory.py --cache replicated --budget 268435456
+
+``--guaranteed`` fills a Guaranteed member's hub instead (positions numbered by the
+seeds, taken with ``apply``); ``--rate R`` spreads the messages over simulated time at R
+per second and runs the server's expiry sweep every simulated second
+(``CacheExpireTime`` 180 s), so one-off subjects (``--subjects`` = ``--messages``) come
+and go as they would in a day of notifications; the peak of subjects held is reported::
+
+    .venv/bin/python benchmarks/cache_memory.py --guaranteed --messages 1000000 \
+        --subjects 1000000 --rate 2000 --budget 268435456
 """
 
 from __future__ import annotations
@@ -20,7 +29,11 @@ import time
 
 from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, Qos
+from migratory.server.app import TICK_SECONDS, expire_budget
 from migratory.server.hub import Hub
+
+EXPIRE_SECONDS = 180.0  # CacheExpireTime's default
+TICKS_PER_SECOND = round(1 / TICK_SECONDS)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -37,6 +50,11 @@ def main() -> None:
     parser.add_argument("--subjects", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--budget", type=int, default=0, help="CacheMemoryBudget (0: none)")
+    parser.add_argument("--guaranteed", action="store_true",
+                        help="a Guaranteed member's hub (positions numbered elsewhere)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="messages per simulated second, with the expiry sweep (0: "
+                             "all at once, no expiry)")
     args = parser.parse_args()
     subjects = [f"/market/symbol/{i}" for i in range(args.subjects)]
     filler = os.urandom(args.size + 64)
@@ -51,10 +69,26 @@ def main() -> None:
     gc.freeze()
     base = rss()
     started = time.process_time()
+    peak = 0
     if args.cache == "hub":
-        hub = Hub(epoch=7, cache_memory_budget=args.budget)
+        hub = Hub(epoch=1 if args.guaranteed else 7, cache_memory_budget=args.budget,
+                  numbered_elsewhere=args.guaranteed, cache_expire_seconds=EXPIRE_SECONDS)
+        seqs = [0] * args.subjects
+        next_sweep = 1.0
         for i in range(args.messages):
-            hub.publish(Message(subject(i), content(i)), 0.0)
+            now = i / args.rate if args.rate else 0.0
+            if args.rate and now >= next_sweep:
+                for _ in range(TICKS_PER_SECOND):  # the server sweeps a slice each tick
+                    hub.expire(now, budget=expire_budget(hub.subject_count, EXPIRE_SECONDS))
+                peak = max(peak, hub.subject_count)
+                next_sweep += 1.0
+            if args.guaranteed:
+                s = i % args.subjects
+                seqs[s] += 1
+                hub.apply(Message(subject(i), content(i), epoch=7, seq=seqs[s]), now)
+            else:
+                hub.publish(Message(subject(i), content(i)), now)
+        peak = max(peak, hub.subject_count)
         stats = hub.statistics()
         cached, counted, evicted = stats.cached_messages, stats.cache_bytes, stats.cache_evicted
     else:
@@ -72,6 +106,11 @@ def main() -> None:
         evicted = 0 if budget is None else budget.evicted
     cpu = time.process_time() - started
     grown = rss() - base
+    if args.cache == "hub":
+        print(f"{'Guaranteed member' if args.guaranteed else 'single server'} hub"
+              f"{f', {args.rate:,.0f} messages/s with expiry' if args.rate else ''}: "
+              f"peak {peak:,} subjects held, {hub.subject_count:,} at the end "
+              f"({hub.forgotten:,} forgotten)")
     print(f"{args.cache} cache, budget {args.budget or 'none'}: {args.messages:,} messages of "
           f"{args.size} B over {args.subjects:,} subjects -> {cached:,} cached, {evicted:,} "
           f"dropped by the budget; RSS +{grown / 2**20:,.0f} MiB ({grown / max(cached, 1):.0f} "

@@ -199,6 +199,13 @@ class Hub(MessageSinks):
             # back. Nothing until this member reaches the client's position.
             state.waiting[sink] = WaitingResume(position, period)
             return [allow]
+        if position is not None and self._unplaced(state, position):
+            # No position here for a subject the client has one of: this member lags
+            # (not numbered here yet) or forgot it (spent, see expire). DATA_RESYNC now,
+            # the client's position kept; it waits as above, so that a lagging member
+            # does not repeat what the client has when it catches up.
+            state.waiting[sink] = WaitingResume(position, period)
+            return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
         self._add_subscription(state, sink, period, now)
         if position is None:
             return self._fresh(state, request.history)
@@ -208,6 +215,12 @@ class Hub(MessageSinks):
         """``position`` is later than this member's position of the same lineage."""
         return (
             self.numbered_elsewhere and position.epoch == state.epoch and position.seq > state.seq
+        )
+
+    def _unplaced(self, state: SubjectState, position: Position) -> bool:
+        """Nothing numbered here yet and the client is in a lineage we do not know."""
+        return (
+            self.numbered_elsewhere and state.seq == 0 and position.epoch != state.epoch
         )
 
     def _add_subscription(
@@ -224,7 +237,7 @@ class Hub(MessageSinks):
     def _settle_waiting(self, state: SubjectState, now: float) -> None:
         """Start the waiting resumes this member has now caught up with."""
         for sink, waiting in list(state.waiting.items()):
-            if self._ahead(state, waiting.position):
+            if self._ahead(state, waiting.position) or self._unplaced(state, waiting.position):
                 continue
             del state.waiting[sink]
             self._add_subscription(state, sink, waiting.conflation_ms, now)
@@ -252,12 +265,8 @@ class Hub(MessageSinks):
         if missed is None:
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
-            # Nothing numbered here yet and the client is in a lineage we do not know
-            # (a member lagging behind the cluster): keep the client's position.
-            unplaced = (
-                self.numbered_elsewhere and state.seq == 0 and position.epoch != state.epoch
-            )
-            current = None if unplaced else state.position
+            # (unplaced: keep the client's position)
+            current = None if self._unplaced(state, position) else state.position
             out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, current))
             return out
         if missed:
@@ -326,9 +335,10 @@ class Hub(MessageSinks):
 
     def expire(self, now: float, *, budget: int | None = None) -> int:
         """Drop cached messages older than the cache expire time; forget the subjects
-        left with nothing to serve (unless positions come from elsewhere, a Guaranteed
-        member, whose coordination owns them). A subject created after one was forgotten
-        starts a new epoch, so a position is never reused for another message.
+        left with nothing to serve. A subject created after one was forgotten starts a
+        new epoch, so a position is never reused for another message; on a cluster
+        member (positions numbered elsewhere) its next message brings its position back,
+        and a resume meanwhile is told DATA_RESYNC and waits for it (``_unplaced``).
 
         ``budget``: look at no more than that many subjects, going on from where the last
         call stopped (a sweep of 200,000 subjects in one call stopped the loop ~200 ms);
@@ -347,7 +357,7 @@ class Hub(MessageSinks):
             if state is None:
                 continue
             dropped += state.cache.expire(now)
-            if state.seq and not self.numbered_elsewhere and state.spent:
+            if state.seq and state.spent:
                 del self._subjects[subject]
                 spent += 1
         self._cached -= dropped

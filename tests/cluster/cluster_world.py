@@ -144,6 +144,11 @@ class Subscriber:
         self.waiting_at = request.position if len(answer) == 1 and request.position else None
         for op in answer:
             view.take(op, cause)
+        if cause == "lagging":
+            # not numbered on this member yet: DATA_RESYNC now, then the hub holds the
+            # resume until it reaches the client's position, and DATA_SYNC then
+            self.waiting_at = request.position
+            self.connection.cause = None
 
     def expect_jump(self, sync: CacheSync) -> None:
         """The member is about to jump to ``sync``: what may the hub say about it?"""
@@ -153,8 +158,8 @@ class Subscriber:
         subject = self.view.subject
         position = connection.hub.position(subject)
         waiting = self.waiting_at
-        if waiting is not None and position is not None and waiting.epoch == position.epoch \
-                and waiting.seq > position.seq:
+        if waiting is not None and (position is None or position.seq == 0 or (
+                waiting.epoch == position.epoch and waiting.seq > position.seq)):
             position = waiting  # still waiting: its own position decides
         records = [r for r in sync.subjects if r.subject == subject]
         connection.cause = resync_cause(position, records[0] if records else None)
