@@ -51,6 +51,7 @@ class HubStatistics:
     cached_messages: int
     cache_bytes: int  # what the caches count against CacheMemoryBudget (0: no budget)
     cache_evicted: int  # cached messages CacheMemoryBudget dropped so far
+    subjects_forgotten: int  # spent subjects forgotten so far (see Hub.expire)
 
 
 class Hub(MessageSinks):
@@ -480,6 +481,7 @@ class Hub(MessageSinks):
             cached_messages=self._cached,
             cache_bytes=0 if self._budget is None else self._budget.bytes,
             cache_evicted=0 if self._budget is None else self._budget.evicted,
+            subjects_forgotten=self._forgotten,
         )
 
     def _state(self, subject: str) -> SubjectState:

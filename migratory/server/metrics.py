@@ -179,6 +179,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "What the subject caches count against CacheMemoryBudget (0 without a budget)."),
     ("cache_evicted", "migratory_cache_evicted", "counter",
      "Cached messages dropped to stay within CacheMemoryBudget."),
+    ("subjects_forgotten", "migratory_subjects_forgotten", "counter",
+     "Subjects forgotten once nothing was left to serve (no subscriber, snapshot or "
+     "cached message)."),
     ("connections_accepted", "migratory_connections_accepted", "counter",
      "Connections accepted."),
     ("sessions_opened", "migratory_sessions_opened", "counter",

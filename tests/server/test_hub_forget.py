@@ -80,7 +80,7 @@ def test_a_member_numbered_elsewhere_forgets_a_spent_subject_until_its_next_mess
     for seq in (1, 2, 3):
         hub.apply(Message("/one/off", b"x", epoch=9, seq=seq), now=0.0)
     hub.expire(11.0)
-    assert hub.position("/one/off") is None and hub.forgotten == 1
+    assert hub.position("/one/off") is None and hub.statistics().subjects_forgotten == 1
     # a client resuming meanwhile is told DATA_RESYNC (its position kept) and waits
     sink = OpSink()
     answer = hub.subscribe(sink, ops.SubscriptionRequest("/one/off", Position(9, 3)), 12.0)
