@@ -25,9 +25,10 @@ before responding to RPCs):
   empty-start marker) is named in its synced directory.
 
 ``fdatasync`` releases the GIL, so the trio thread does not wait for the disk; ``msync``
-(``mmap.flush``) would not. On this machine one costs ~0.1 ms (docs/benchmarks.md,
-"Raft on the disk"). ``tests/cluster/test_raft_power_loss.py`` drives real pysyncobj
-nodes through power losses that keep only what was synced.
+(``mmap.flush``) would not. On this machine one costs ~0.1-0.4 ms, +0.8 ms on the
+median acknowledgement (docs/benchmarks.md, "Raft on the disk: what the syncs cost").
+``tests/cluster/test_raft_power_loss.py`` drives real pysyncobj nodes through power
+losses that keep only what was synced.
 """
 
 from __future__ import annotations
