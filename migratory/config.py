@@ -53,6 +53,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated host:port addresses for MQTT 3.1.1 over TLS (mqtts://, usually "
             "port 8883); needs TlsCertificate and TlsKey like ListenEncrypted (and TlsClientCa "
             "for mutual TLS)."),
+    Setting("MqttSessionExpiry", "mqtt_session_expiry", _int(0, unit=" of seconds"), "604800",
+            "Seconds a persistent MQTT session (clean session 0) is kept while its client "
+            "is not connected (default 7 days, as mosquitto's persistent_client_expiration); "
+            "then its record is discarded on every member and a reconnect gets session "
+            "present 0 (docs/mqtt.md, \"Session expiry\"). 0: kept for ever."),
     *LISTENER_SETTINGS,
     Setting("ServerName", "server_name", _text, "migratory",
             "Name sent to clients in `connected` and used in logs."),
@@ -151,6 +156,7 @@ class Config:
     listen: tuple[tuple[str, int], ...]
     listen_mqtt: tuple[tuple[str, int], ...]
     listen_mqtt_encrypted: tuple[tuple[str, int], ...]
+    mqtt_session_expiry: int
     listen_encrypted: tuple[tuple[str, int], ...]
     listener_roles: tuple[ListenerRole, ...]
     tls_certificate: str

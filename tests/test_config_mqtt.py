@@ -33,3 +33,12 @@ def test_bad_listen_mqtt_is_refused_naming_the_key(settings: dict[str, str], mes
 def test_listen_mqtt_is_in_the_reference() -> None:
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     assert "| `ListenMqtt` |" in text
+
+
+def test_mqtt_session_expiry_defaults_to_seven_days_and_zero_is_never() -> None:
+    assert Config.defaults().mqtt_session_expiry == 604800
+    assert Config.from_mapping({"MqttSessionExpiry": "0"}).mqtt_session_expiry == 0
+    with pytest.raises(ConfigError, match="MqttSessionExpiry"):
+        Config.from_mapping({"MqttSessionExpiry": "-1"})
+    text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    assert "| `MqttSessionExpiry` |" in text

@@ -121,6 +121,7 @@ class ServerStatistics:
     mqtt_protocol_errors: int = 0  # malformed MQTT packets (each closed its connection)
     mqtt_resyncs: int = 0  # resumed subjects the cache no longer reached: snapshot sent
     mqtt_wills_published: int = 0
+    mqtt_sessions_expired: int = 0  # persistent sessions discarded after MqttSessionExpiry
     bytes_written: int = 0
     writes: int = 0
     bytes_read: int = 0

@@ -212,6 +212,8 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Resumed MQTT subjects the cache no longer reached (the snapshot was sent)."),
     ("mqtt_wills_published", "migratory_mqtt_wills_published", "counter",
      "MQTT will messages published."),
+    ("mqtt_sessions_expired", "migratory_mqtt_sessions_expired", "counter",
+     "MQTT persistent sessions discarded for being away longer than MqttSessionExpiry."),
 )
 
 # statistics key of a {label value: count} map -> (metric name, label, help)

@@ -212,16 +212,23 @@ class MqttSession(MqttDelivery):
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
         snapshot = self._ctx.hub.snapshot(session_subject(client_id))
-        taken = take_up(snapshot, client_id, persistent=self.persistent, live=live)
+        taken = take_up(snapshot, client_id, persistent=self.persistent, live=live,
+                        expiry=self._ctx.config.mqtt_session_expiry)
         self._record, stored = taken.record, taken.stored
         if taken.discard is not None:
             self._ctx.publishing.submit(taken.discard, None, now)
+        if taken.expired:
+            self._ctx.stats.mqtt_sessions_expired += 1
+            log.info("%s: stored session not connected for more than MqttSessionExpiry: "
+                     "discarded", self.describe(), extra=self.log_fields())
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
             self._work += self.subscriptions.resume(stored, now)
             self._ctx.stats.mqtt_sessions_resumed += 1
             self._changed()  # this connection's generation holds the session now
+        elif taken.expired and self._record is not None:
+            self._changed()  # the fresh (empty) record replaces the expired one at once
 
     def _take_over(self, client_id: str) -> SessionRecord | None:
         """A client id connects once per server: the older connection is closed. Returns
@@ -330,6 +337,13 @@ class MqttSession(MqttDelivery):
         stats.count(stats.entitlement_denials, action)
 
     # --- the persistent session record -----------------------------------------
+
+    def save_record(self) -> None:
+        """Save the persistent session's record now: the expiry sweep saves a connected
+        session at least every half MqttSessionExpiry, so no member takes it for gone
+        (one without filters has nothing to keep)."""
+        if self._record is not None and self._record.filters:
+            self._changed()
 
     def _changed(self, *, positions: bool = False) -> None:
         """The session changed: save its record (one save in flight at a time). A change

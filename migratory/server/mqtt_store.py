@@ -8,11 +8,18 @@ snapshot is on every member, and a client that reconnects anywhere after a failo
 resumes each subject from its position. Clients cannot subscribe or publish to
 ``/$...`` subjects (MQTT refuses topics starting with ``$``; the native protocol
 refuses :data:`RESERVED_PREFIX`).
+
+A record carries, as the field :data:`SAVED_AT`, the wall-clock second it was saved
+(an empty record: ""). A session not saved for ``MqttSessionExpiry`` seconds is
+expired (see :mod:`migratory.server.mqtt_expiry`): a connected one is saved at least
+every half of that, and its connection's end saves it, so only a session whose client
+has been away that long is.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from migratory.model.message import Message, Qos
@@ -21,6 +28,8 @@ from migratory.model.position import Position
 RESERVED_PREFIX = "/$"
 SESSION_PREFIX = "/$mqtt-session/"
 SESSION_CLOSURE = "$session"  # the closure of a session record's publish
+SAVED_AT = "saved_at"  # the field of the wall-clock second a record was saved ("": empty)
+wall_clock = time.time  # the clock of SAVED_AT (tests replace it)
 
 
 def session_subject(client_id: str) -> str:
@@ -50,9 +59,12 @@ class SessionRecord:
         ).encode()
 
     def message(self, client_id: str) -> Message:
+        # an empty record says "" explicitly: a snapshot keeps the fields it is not given
+        saved_at = str(int(wall_clock())) if self.filters else ""
         return Message(
             session_subject(client_id),
             self.encode(),
+            {SAVED_AT: saved_at},
             retained=True,
             qos=Qos.GUARANTEED,
             closure=SESSION_CLOSURE,
@@ -67,6 +79,23 @@ def stored_generation(snapshot: Message | None) -> int:
         return int(json.loads(snapshot.content).get("generation", 0))
     except (ValueError, TypeError, AttributeError):
         return 0
+
+
+def saved_at(snapshot: Message | None) -> int | None:
+    """When the record a session subject's snapshot holds was saved (wall-clock seconds);
+    None for no record, an empty one, or one saved before records said it."""
+    if snapshot is None:
+        return None
+    try:
+        return int(snapshot.fields.get(SAVED_AT, ""))
+    except ValueError:
+        return None
+
+
+def expired(snapshot: Message | None, now: float, expiry: int) -> bool:
+    """The record was saved more than ``expiry`` seconds before ``now`` (0: never)."""
+    saved = saved_at(snapshot)
+    return expiry > 0 and saved is not None and now - saved > expiry
 
 
 def decode_record(snapshot: Message | None) -> SessionRecord | None:
@@ -94,6 +123,7 @@ class TakenUp:
     stored: SessionRecord | None  # the session as stored; None: none (or cleaned)
     record: SessionRecord | None  # what this connection keeps and saves (persistent only)
     discard: Message | None  # clean session over a stored one: the empty record to publish
+    expired: bool = False  # the stored session was older than MqttSessionExpiry: not taken up
 
 
 def take_up(
@@ -102,6 +132,7 @@ def take_up(
     *,
     persistent: bool,
     live: SessionRecord | None = None,
+    expiry: int = 0,
 ) -> TakenUp:
     """A new connection of ``client_id`` takes up the session that ``snapshot`` (its
     session subject's) stores, one generation later: a persistent session keeps it (or
@@ -110,16 +141,24 @@ def take_up(
     ``live``: the record of the client's connection this one just took over on this
     member. Its saves may still be in flight (a Guaranteed cluster's commit), so the
     snapshot can be older than it: the later of the two is taken up, and a clean
-    session discards whatever those saves will store."""
+    session discards whatever those saves will store.
+
+    ``expiry`` (MqttSessionExpiry): a stored session saved longer ago than that is
+    expired -- whether or not a sweep has discarded it yet --, a persistent session
+    starts afresh (session present 0) and saves over it."""
     stored, generation = decode_record(snapshot), stored_generation(snapshot)
+    stale = False
     if live is not None and live.generation >= generation:
         stored = SessionRecord(dict(live.filters), dict(live.positions)) if live.filters else None
         generation = live.generation
+    elif stored is not None and expired(snapshot, wall_clock(), expiry):
+        stored, stale = None, True
     generation += 1
     if persistent:
         record = stored or SessionRecord()
         record.generation = generation
-        return TakenUp(stored, record, None)
-    if stored is not None or live is not None:
-        return TakenUp(stored, None, SessionRecord(generation=generation).message(client_id))
+        return TakenUp(stored, record, None, stale)
+    if stored is not None or live is not None or stale:
+        discard = SessionRecord(generation=generation).message(client_id)
+        return TakenUp(stored, None, discard, stale)
     return TakenUp(None, None, None)

@@ -3,8 +3,18 @@ the stored session at CONNECT."""
 
 from __future__ import annotations
 
+import pytest
+
 from migratory.model.position import Position
-from migratory.server.mqtt_store import SessionRecord, decode_record, take_up
+from migratory.server import mqtt_store
+from migratory.server.mqtt_store import (
+    SAVED_AT,
+    SessionRecord,
+    decode_record,
+    expired,
+    saved_at,
+    take_up,
+)
 
 
 def stored(generation: int) -> SessionRecord:
@@ -34,3 +44,21 @@ def test_a_clean_session_discards_the_stored_one_and_keeps_nothing() -> None:
     assert take_up(None, "dev", persistent=False) == take_up(
         taken.discard, "dev", persistent=False
     ) == type(taken)(None, None, None)
+
+
+def test_a_record_says_when_it_was_saved_and_an_empty_one_says_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1000.7)
+    saved = stored(1).message("dev")
+    assert saved.fields == {SAVED_AT: "1000"} and saved_at(saved) == 1000
+    empty = SessionRecord(generation=2).message("dev")
+    assert empty.fields == {SAVED_AT: ""} and saved_at(empty) is None  # replaces the field
+    assert expired(saved, 1000 + 60, 60) is False  # the same second as the expiry: kept
+    assert expired(saved, 1000 + 61, 60) and not expired(saved, 1e12, 0)
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1061.0)
+    taken = take_up(saved, "dev", persistent=True, expiry=60)
+    assert taken.expired and taken.stored is None
+    assert taken.record == SessionRecord(generation=2)
+    live = take_up(saved, "dev", persistent=True, live=stored(1), expiry=60)
+    assert not live.expired and live.stored is not None  # a connection here: never stale
