@@ -45,6 +45,7 @@ from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_connection import MqttConnection
+from migratory.server.mqtt_expiry import SessionExpiry
 from migratory.server.rebalance import Rebalancer
 from migratory.server.uring_writer import UringWriter, open_send_path
 from migratory.tls import server_context
@@ -154,6 +155,7 @@ class Server:
         self.addresses: list[tuple[str, int]] = []
         self.mqtt_addresses: list[tuple[str, int]] = []
         self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
+        self._mqtt_expiry = SessionExpiry(self.ctx, self.mqtt_sessions)  # mqtt_expiry.py
         self.listeners: list[Listener] = []  # as bound (port 0 resolved)
         self._tls: ssl.SSLContext | None = None
         self.monitor_address: tuple[str, int] | None = None
@@ -363,6 +365,7 @@ class Server:
             forgotten = hub.forgotten
             self._expire(now)  # a slice of the subjects each tick
             self._trim.forgot(hub.forgotten - forgotten)
+            self._mqtt_expiry.sweep(now, SessionExpiry.budget(hub.subject_count, TICK_SECONDS))
             if ticks % EXPIRE_EVERY_TICKS == 0:
                 self._trim.maybe_trim(now)
                 self._close_expired_sessions()

@@ -64,6 +64,10 @@ class MessageSinks:
     def unlisten_filter(self, sink: MessageSink, levels: tuple[str, ...]) -> None:
         self._filters.remove(levels, sink)
 
+    def subject_names(self) -> list[str]:
+        """Every subject's name, a copy (one C-level pass: a sweep over them in slices)."""
+        return list(self._subjects)
+
     def missed(self, subject: str, position: Position) -> list[Message] | None:
         """The cached messages of ``subject`` after ``position`` (oldest first), or None
         when the cache cannot tell them (another epoch, or it no longer reaches back)."""

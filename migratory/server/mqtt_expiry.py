@@ -1,0 +1,83 @@
+"""Persistent MQTT sessions whose client has been away longer than MqttSessionExpiry
+are discarded, as a clean-session CONNECT discards one: an empty record, one generation
+later, is published on the session subject (in a Guaranteed cluster, a Raft entry every
+member applies). See docs/mqtt.md, "Session expiry".
+
+Every member sweeps the session subjects it holds, a slice per tick (every subject once
+per :data:`SWEEP_SECONDS`, at most :data:`MAX_SUBJECTS_PER_TICK` per tick). A record is
+stale when it was saved (its ``saved_at`` field, wall-clock seconds) more than
+MqttSessionExpiry ago. A session connected to this member is never discarded here:
+when its record is older than half MqttSessionExpiry (or was emptied: another member's
+discard crossed its take-up) it is saved again, so no other member takes it for stale.
+Two members that discard one record publish the same empty record (idempotent). A
+CONNECT takes the expiry as the sweep does (``take_up``), so a client gets its whole
+session or a fresh one, whether or not a sweep got there first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from migratory.server import mqtt_store
+from migratory.server.mqtt_store import SESSION_PREFIX, SessionRecord, saved_at, stored_generation
+
+if TYPE_CHECKING:
+    from migratory.server.context import ServerContext
+    from migratory.server.mqtt_session import MqttSession
+
+log = logging.getLogger("migratory.mqtt")
+
+SWEEP_SECONDS = 60.0  # every subject is looked at once per this long
+MAX_SUBJECTS_PER_TICK = 2000  # the most subjects one tick looks at (well under a ms)
+
+
+class SessionExpiry:
+    """The expiry sweep of one member's persistent MQTT sessions."""
+
+    def __init__(self, ctx: ServerContext, registry: dict[str, MqttSession]) -> None:
+        self._ctx = ctx
+        self._registry = registry  # the MQTT clients connected to this member
+        self._queue: list[str] = []  # subjects left to look at in this sweep
+
+    @staticmethod
+    def budget(subjects: int, tick_seconds: float) -> int:
+        """Subjects one tick looks at: all of them once per SWEEP_SECONDS, bounded."""
+        per_tick = math.ceil(subjects * tick_seconds / SWEEP_SECONDS)
+        return max(1, min(MAX_SUBJECTS_PER_TICK, per_tick))
+
+    def sweep(self, now: float, budget: int) -> int:
+        """Look at up to ``budget`` subjects, going on from where the last call stopped;
+        discard the stale sessions among them. Returns how many were discarded."""
+        expiry = self._ctx.config.mqtt_session_expiry
+        if not expiry:
+            return 0
+        hub = self._ctx.hub
+        if not self._queue:
+            self._queue = hub.subject_names()  # one C-level copy per sweep
+        subjects = self._queue[-budget:]
+        del self._queue[-budget:]
+        wall = mqtt_store.wall_clock()
+        discarded = 0
+        for subject in subjects:
+            if not subject.startswith(SESSION_PREFIX):
+                continue
+            snapshot = hub.snapshot(subject)
+            saved = saved_at(snapshot)  # None: empty (discarded), or of an older version
+            client_id = bytes.fromhex(subject[len(SESSION_PREFIX):]).decode("utf-8")
+            connected = self._registry.get(client_id)
+            if connected is not None:
+                # (empty: another member's discard crossed this connection's take-up)
+                if saved is None or wall - saved > expiry / 2:
+                    connected.save_record()
+                continue
+            if saved is not None and wall - saved > expiry:
+                record = SessionRecord(generation=stored_generation(snapshot) + 1)
+                self._ctx.publishing.submit(record.message(client_id), None, now)
+                discarded += 1
+                log.info("mqtt client %s: persistent session not connected for more than "
+                         "MqttSessionExpiry (%d s): discarded", client_id, expiry,
+                         extra={"client": client_id})
+        self._ctx.stats.mqtt_sessions_expired += discarded
+        return discarded

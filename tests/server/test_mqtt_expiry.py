@@ -1,0 +1,189 @@
+"""Persistent MQTT sessions expire (migratory/server/mqtt_expiry.py, MqttSessionExpiry):
+the sweep discards a session whose client has been away too long, a CONNECT takes the
+expiry as the sweep does, a connected session is saved again rather than discarded."""
+
+from __future__ import annotations
+
+import pytest
+from test_mqtt_session import HeldPublishing, make, read, session
+
+from migratory.protocol import mqtt
+from migratory.protocol.mqtt_encode import encode_packet
+from migratory.server import mqtt_store
+from migratory.server.context import ServerContext
+from migratory.server.mqtt_expiry import MAX_SUBJECTS_PER_TICK, SessionExpiry
+from migratory.server.mqtt_session import MqttSession
+from migratory.server.mqtt_store import (
+    SessionRecord,
+    decode_record,
+    saved_at,
+    session_subject,
+    stored_generation,
+)
+
+EXPIRY = 3600
+T0 = 1_800_000_000
+
+
+@pytest.fixture
+def wall(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [float(T0)]
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: now[0])
+    return now
+
+
+def left_session(
+    ctx: ServerContext, held: HeldPublishing, registry: dict, client_id: str = "dev"
+) -> None:
+    """A persistent session subscribed to a/+ whose client went away at T0."""
+    device = session(ctx, client_id, registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    device.connection_lost()
+    held.settle()
+    assert saved_at(ctx.hub.snapshot(session_subject(client_id))) == T0
+
+
+def gets_publish(ctx: ServerContext, held: HeldPublishing, registry: dict, s: MqttSession) -> bool:
+    publisher = session(ctx, "pub", registry)
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=1)), 0.0)
+    held.settle()
+    return any(isinstance(p, mqtt.Publish) for p in read(s))
+
+
+def test_a_session_left_alone_past_the_expiry_is_discarded_once(wall: list[float]) -> None:
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    expiry = SessionExpiry(ctx, registry)
+    wall[0] = T0 + EXPIRY
+    assert expiry.sweep(0.0, 100) == 0 and held.held == []  # not older than the expiry
+    wall[0] = T0 + EXPIRY + 1
+    assert expiry.sweep(0.0, 100) == 1
+    held.settle()
+    subject = session_subject("dev")
+    assert decode_record(ctx.hub.snapshot(subject)) is None
+    assert saved_at(ctx.hub.snapshot(subject)) is None  # an empty record: not swept again
+    assert expiry.sweep(0.0, 100) == 0 and held.held == []
+    assert ctx.stats.mqtt_sessions_expired == 1  # GET /stats, migratory_mqtt_sessions_expired
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(False, 0)]
+    assert not gets_publish(ctx, held, registry, back)  # no old subscription
+
+
+def test_a_session_that_reconnects_at_the_expiry_keeps_everything(wall: list[float]) -> None:
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    wall[0] = T0 + EXPIRY  # the same second as the expiry: still kept
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(True, 0)]
+    assert gets_publish(ctx, held, registry, back)
+    assert ctx.stats.mqtt_sessions_expired == 0
+
+
+def test_a_connect_past_the_expiry_before_any_sweep_gets_a_fresh_session(
+    wall: list[float],
+) -> None:
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    wall[0] = T0 + EXPIRY + 1
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(False, 0)]
+    held.settle()  # the fresh, empty record replaces the expired one at once
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
+    assert not gets_publish(ctx, held, registry, back)
+    assert ctx.stats.mqtt_sessions_expired == 1
+
+
+def test_a_connect_racing_the_sweeps_discard_gets_a_whole_fresh_session(
+    wall: list[float],
+) -> None:
+    """The sweep's discard is published but not applied yet (a cluster's commit) when
+    the client connects: the CONNECT takes the expiry too (session present 0), and what
+    the client subscribes then is saved over the discard."""
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    wall[0] = T0 + EXPIRY + 1
+    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 1
+    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 1  # a second member: the same
+    assert held.held[0] == held.held[1]
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(False, 0)]
+    back.receive_data(encode_packet(mqtt.Subscribe(2, (("c/+", 1),))), 0.0)
+    held.settle()
+    held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert record is not None and record.filters == {"c/+": 1}  # the new one, whole
+
+
+def test_a_connected_session_is_saved_again_never_discarded(wall: list[float]) -> None:
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    expiry = SessionExpiry(ctx, registry)
+    wall[0] = T0 + EXPIRY // 2
+    assert expiry.sweep(0.0, 100) == 0 and held.held == []
+    wall[0] = T0 + EXPIRY // 2 + 1  # older than half the expiry: saved again
+    assert expiry.sweep(0.0, 100) == 0
+    held.settle()
+    assert saved_at(ctx.hub.snapshot(session_subject("dev"))) == T0 + EXPIRY // 2 + 1
+    wall[0] = T0 + 2 * EXPIRY  # the member saw no sweep for long: still not discarded
+    assert expiry.sweep(0.0, 100) == 0
+    held.settle()
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is not None
+
+
+def test_the_sweep_looks_at_a_budget_of_subjects_per_call(wall: list[float]) -> None:
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    for i in range(3):
+        left_session(ctx, held, registry, f"dev{i}")
+    wall[0] = T0 + EXPIRY + 1
+    expiry = SessionExpiry(ctx, registry)
+    found = [expiry.sweep(0.0, 1) for _ in range(ctx.hub.subject_count)]
+    assert max(found) == 1 and sum(found) == 3
+    assert SessionExpiry.budget(1_000_000, 0.1) == 1667  # every subject once a minute
+    assert SessionExpiry.budget(10_000_000, 0.1) == MAX_SUBJECTS_PER_TICK
+    assert SessionExpiry.budget(0, 0.1) == 1
+
+
+def test_expiry_zero_keeps_sessions_for_ever(wall: list[float]) -> None:
+    ctx, held = make(MqttSessionExpiry="0")
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    wall[0] = T0 + 10 * 365 * 86400
+    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(True, 0)]
+
+
+def test_a_connected_session_whose_record_another_member_emptied_saves_it_again(
+    wall: list[float],
+) -> None:
+    """Clocks apart: a member discarded the record while the client took it up here
+    (session present 1). This member's next sweep saves the whole session again."""
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    back = session(ctx, "dev", registry, clean_session=False)
+    assert read(back) == [mqtt.Connack(True, 0)]
+    held.settle()
+    discard = SessionRecord(generation=stored_generation(ctx.hub.snapshot(session_subject("dev"))))
+    held.local.submit(discard.message("dev"), None, 0.0)  # the other member's, applied last
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
+    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0
+    held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert record is not None and record.filters == {"a/+": 1}
+    quiet = session(ctx, "quiet", registry, clean_session=False)  # no filters: no saves
+    quiet.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    quiet.receive_data(encode_packet(mqtt.Unsubscribe(2, ("a/+",))), 0.0)
+    held.settle()
+    assert saved_at(ctx.hub.snapshot(session_subject("quiet"))) is None
+    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0 and held.held == []
