@@ -23,6 +23,7 @@ from typing import Any
 from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_member_template
 from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
+from migratory.config_mqtt import MQTT_SESSION_SETTINGS
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
 from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
@@ -53,11 +54,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated host:port addresses for MQTT 3.1.1 over TLS (mqtts://, usually "
             "port 8883); needs TlsCertificate and TlsKey like ListenEncrypted (and TlsClientCa "
             "for mutual TLS)."),
-    Setting("MqttSessionExpiry", "mqtt_session_expiry", _int(0, unit=" of seconds"), "604800",
-            "Seconds a persistent MQTT session (clean session 0) is kept while its client "
-            "is not connected (default 7 days, as mosquitto's persistent_client_expiration); "
-            "then its record is discarded on every member and a reconnect gets session "
-            "present 0 (docs/mqtt.md, \"Session expiry\"). 0: kept for ever."),
+    *MQTT_SESSION_SETTINGS,
     *LISTENER_SETTINGS,
     Setting("ServerName", "server_name", _text, "migratory",
             "Name sent to clients in `connected` and used in logs."),
@@ -157,6 +154,7 @@ class Config:
     listen_mqtt: tuple[tuple[str, int], ...]
     listen_mqtt_encrypted: tuple[tuple[str, int], ...]
     mqtt_session_expiry: int
+    mqtt_max_sessions: int
     listen_encrypted: tuple[tuple[str, int], ...]
     listener_roles: tuple[ListenerRole, ...]
     tls_certificate: str

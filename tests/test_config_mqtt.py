@@ -42,3 +42,12 @@ def test_mqtt_session_expiry_defaults_to_seven_days_and_zero_is_never() -> None:
         Config.from_mapping({"MqttSessionExpiry": "-1"})
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     assert "| `MqttSessionExpiry` |" in text
+
+
+def test_mqtt_max_sessions_defaults_to_no_cap() -> None:
+    assert Config.defaults().mqtt_max_sessions == 0
+    assert Config.from_mapping({"MqttMaxSessions": "5000"}).mqtt_max_sessions == 5000
+    with pytest.raises(ConfigError, match="MqttMaxSessions"):
+        Config.from_mapping({"MqttMaxSessions": "-1"})
+    text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    assert "| `MqttMaxSessions` |" in text

@@ -122,6 +122,7 @@ class ServerStatistics:
     mqtt_resyncs: int = 0  # resumed subjects the cache no longer reached: snapshot sent
     mqtt_wills_published: int = 0
     mqtt_sessions_expired: int = 0  # persistent sessions discarded after MqttSessionExpiry
+    mqtt_sessions_stored: int = 0  # as of the last sweep, plus those created here since
     bytes_written: int = 0
     writes: int = 0
     bytes_read: int = 0

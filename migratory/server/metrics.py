@@ -212,6 +212,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Resumed MQTT subjects the cache no longer reached (the snapshot was sent)."),
     ("mqtt_wills_published", "migratory_mqtt_wills_published", "counter",
      "MQTT will messages published."),
+    ("mqtt_sessions_stored", "migratory_mqtt_sessions_stored", "gauge",
+     "MQTT persistent sessions stored (as of the last sweep, once a minute, plus those "
+     "this member created since)."),
     ("mqtt_sessions_expired", "migratory_mqtt_sessions_expired", "counter",
      "MQTT persistent sessions discarded for being away longer than MqttSessionExpiry."),
 )

@@ -20,10 +20,20 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from migratory.protocol import mqtt
 from migratory.server import mqtt_store
-from migratory.server.mqtt_store import SESSION_PREFIX, SessionRecord, saved_at, stored_generation
+from migratory.server.mqtt_connect import Refusal
+from migratory.server.mqtt_store import (
+    SESSION_PREFIX,
+    SessionRecord,
+    expired,
+    holds_session,
+    saved_at,
+    stored_generation,
+)
 
 if TYPE_CHECKING:
+    from migratory.model.message import Message
     from migratory.server.context import ServerContext
     from migratory.server.mqtt_session import MqttSession
 
@@ -40,6 +50,8 @@ class SessionExpiry:
         self._ctx = ctx
         self._registry = registry  # the MQTT clients connected to this member
         self._queue: list[str] = []  # subjects left to look at in this sweep
+        self._counted = 0  # sessions stored, counted so far in this sweep
+        self._at_start: int | None = None  # stats.mqtt_sessions_stored when it started
 
     @staticmethod
     def budget(subjects: int, tick_seconds: float) -> int:
@@ -50,11 +62,17 @@ class SessionExpiry:
     def sweep(self, now: float, budget: int) -> int:
         """Look at up to ``budget`` subjects, going on from where the last call stopped;
         discard the stale sessions among them. Returns how many were discarded."""
-        expiry = self._ctx.config.mqtt_session_expiry
-        if not expiry:
+        config, stats = self._ctx.config, self._ctx.stats
+        expiry = config.mqtt_session_expiry
+        if not expiry and not config.mqtt_max_sessions:
             return 0
         hub = self._ctx.hub
         if not self._queue:
+            if self._at_start is not None:  # a sweep ended: its count, plus the sessions
+                # created meanwhile (new subjects, not in its copy of the names)
+                created = stats.mqtt_sessions_stored - self._at_start
+                stats.mqtt_sessions_stored = self._counted + created
+            self._counted, self._at_start = 0, stats.mqtt_sessions_stored
             self._queue = hub.subject_names()  # one C-level copy per sweep
         subjects = self._queue[-budget:]
         del self._queue[-budget:]
@@ -65,6 +83,8 @@ class SessionExpiry:
                 continue
             snapshot = hub.snapshot(subject)
             saved = saved_at(snapshot)  # None: empty (discarded), or of an older version
+            if saved is not None:
+                self._counted += 1
             client_id = bytes.fromhex(subject[len(SESSION_PREFIX):]).decode("utf-8")
             connected = self._registry.get(client_id)
             if connected is not None:
@@ -72,12 +92,35 @@ class SessionExpiry:
                 if saved is None or wall - saved > expiry / 2:
                     connected.save_record()
                 continue
-            if saved is not None and wall - saved > expiry:
+            if saved is not None and expiry and wall - saved > expiry:
+                self._counted -= 1
                 record = SessionRecord(generation=stored_generation(snapshot) + 1)
                 self._ctx.publishing.submit(record.message(client_id), None, now)
                 discarded += 1
                 log.info("mqtt client %s: persistent session not connected for more than "
                          "MqttSessionExpiry (%d s): discarded", client_id, expiry,
                          extra={"client": client_id})
-        self._ctx.stats.mqtt_sessions_expired += discarded
+        stats.mqtt_sessions_expired += discarded
         return discarded
+
+
+def max_sessions_refusal(
+    ctx: ServerContext, registry: dict[str, MqttSession], client_id: str,
+    snapshot: Message | None,
+) -> Refusal | None:
+    """A persistent CONNECT that would create a session past MqttMaxSessions: its
+    refusal (CONNACK 3, server unavailable). One that has its session (stored and not
+    expired, or live on this member) goes on; a new one is counted until the next sweep
+    counts it. ``snapshot``: the client's session subject's."""
+    cap, stats = ctx.config.mqtt_max_sessions, ctx.stats
+    if not cap or client_id in registry:
+        return None
+    if holds_session(snapshot) and not expired(
+        snapshot, mqtt_store.wall_clock(), ctx.config.mqtt_session_expiry
+    ):
+        return None
+    if stats.mqtt_sessions_stored >= cap:
+        return Refusal(mqtt.REFUSED_SERVER_UNAVAILABLE,
+                       f"MqttMaxSessions ({cap}) persistent sessions are stored")
+    stats.mqtt_sessions_stored += 1
+    return None

@@ -28,6 +28,7 @@ from migratory.server.context import publish_ok_status
 from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import MqttDelivery
+from migratory.server.mqtt_expiry import max_sessions_refusal
 from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_store import (
     SESSION_CLOSURE,
@@ -203,6 +204,12 @@ class MqttSession(MqttDelivery):
             self._denied("connect")
             self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
             return
+        snapshot = self._ctx.hub.snapshot(session_subject(client_id))
+        over = None if packet.clean_session else max_sessions_refusal(
+            self._ctx, self._registry, client_id, snapshot)
+        if over is not None:
+            self._refuse(over.code, over.reason)
+            return
         live = self._take_over(client_id)
         self.identity = identity
         self.expires_at = self._ctx.entitlement.expiry(identity)  # closed then (app.py)
@@ -211,7 +218,6 @@ class MqttSession(MqttDelivery):
         self.persistent = not packet.clean_session
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
-        snapshot = self._ctx.hub.snapshot(session_subject(client_id))
         taken = take_up(snapshot, client_id, persistent=self.persistent, live=live,
                         expiry=self._ctx.config.mqtt_session_expiry)
         self._record, stored = taken.record, taken.stored

@@ -92,6 +92,16 @@ def saved_at(snapshot: Message | None) -> int | None:
         return None
 
 
+def holds_session(snapshot: Message | None) -> bool:
+    """The snapshot holds a session (not none, not an empty record); from its fields, with
+    no JSON decoding, except for a record of a version before SAVED_AT."""
+    if snapshot is None:
+        return False
+    if SAVED_AT in snapshot.fields:
+        return bool(snapshot.fields[SAVED_AT])
+    return decode_record(snapshot) is not None
+
+
 def expired(snapshot: Message | None, now: float, expiry: int) -> bool:
     """The record was saved more than ``expiry`` seconds before ``now`` (0: never)."""
     saved = saved_at(snapshot)

@@ -4,6 +4,8 @@ expiry as the sweep does, a connected session is saved again rather than discard
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from test_mqtt_session import HeldPublishing, make, read, session
 
@@ -187,3 +189,48 @@ def test_a_connected_session_whose_record_another_member_emptied_saves_it_again(
     held.settle()
     assert saved_at(ctx.hub.snapshot(session_subject("quiet"))) is None
     assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0 and held.held == []
+
+
+def test_a_connect_that_would_pass_max_sessions_is_refused_naming_the_setting(
+    wall: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="migratory.mqtt")
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY), MqttMaxSessions="2")
+    registry: dict = {}
+    left_session(ctx, held, registry, "dev0")
+    left_session(ctx, held, registry, "dev1")
+    expiry = SessionExpiry(ctx, registry)
+    for _ in range(3):  # a whole sweep (and the start of the next) counts them
+        expiry.sweep(0.0, 100)
+    assert ctx.stats.mqtt_sessions_stored == 2  # GET /stats, migratory_mqtt_sessions_stored
+    third = session(ctx, "dev2", registry, clean_session=False)
+    assert read(third) == [mqtt.Connack(False, mqtt.REFUSED_SERVER_UNAVAILABLE)]
+    assert third.closing and "dev2" not in registry
+    assert "MqttMaxSessions (2)" in caplog.text
+    back = session(ctx, "dev0", registry, clean_session=False)  # has its session: goes on
+    assert read(back) == [mqtt.Connack(True, 0)]
+    clean = session(ctx, "dev3", registry)  # clean session: no session to keep
+    assert read(clean) == [mqtt.Connack(False, 0)]
+    wall[0] = T0 + EXPIRY + 1  # dev1 expires: room for one more
+    for _ in range(2):  # one sweep discards it (not counted), the next call ends it
+        expiry.sweep(0.0, 100)
+        held.settle()
+    assert ctx.stats.mqtt_sessions_stored == 1
+    assert read(session(ctx, "dev2", registry, clean_session=False)) == [mqtt.Connack(False, 0)]
+    assert ctx.stats.mqtt_sessions_stored == 2  # counted until the next sweep counts it
+    assert read(session(ctx, "dev4", registry, clean_session=False)) == [
+        mqtt.Connack(False, mqtt.REFUSED_SERVER_UNAVAILABLE)
+    ]
+
+
+def test_the_count_keeps_the_sessions_created_while_a_sweep_ran(wall: list[float]) -> None:
+    ctx, held = make(MqttMaxSessions="10")
+    registry: dict = {}
+    left_session(ctx, held, registry, "dev0")
+    expiry = SessionExpiry(ctx, registry)
+    expiry.sweep(0.0, 100)  # a sweep starts and counts dev0
+    left_session(ctx, held, registry, "dev1")  # a new subject: not in that sweep
+    expiry.sweep(0.0, 100)  # the sweep ends
+    assert ctx.stats.mqtt_sessions_stored == 2
+    expiry.sweep(0.0, 100)
+    assert ctx.stats.mqtt_sessions_stored == 2  # the next one counted both
