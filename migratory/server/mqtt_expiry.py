@@ -85,12 +85,16 @@ class SessionExpiry:
             saved = saved_at(snapshot)  # None: empty (discarded), or of an older version
             if saved is not None:
                 self._counted += 1
+                if not expiry or wall - saved <= expiry / 2:
+                    continue  # fresh: nothing to do (most records; no decoding)
+            elif not expiry or not self._registry:
+                continue
             client_id = bytes.fromhex(subject[len(SESSION_PREFIX):]).decode("utf-8")
             connected = self._registry.get(client_id)
             if connected is not None:
-                # (empty: another member's discard crossed this connection's take-up)
-                if saved is None or wall - saved > expiry / 2:
-                    connected.save_record()
+                # older than half the expiry, or empty: another member's discard crossed
+                # this connection's take-up
+                connected.save_record()
                 continue
             if saved is not None and expiry and wall - saved > expiry:
                 self._counted -= 1

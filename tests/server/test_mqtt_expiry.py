@@ -155,11 +155,15 @@ def test_the_sweep_looks_at_a_budget_of_subjects_per_call(wall: list[float]) -> 
 
 
 def test_expiry_zero_keeps_sessions_for_ever(wall: list[float]) -> None:
-    ctx, held = make(MqttSessionExpiry="0")
+    ctx, held = make(MqttSessionExpiry="0", MqttMaxSessions="10")  # the sweep counts
     registry: dict = {}
     left_session(ctx, held, registry)
+    online = session(ctx, "online", registry, clean_session=False)
+    online.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
     wall[0] = T0 + 10 * 365 * 86400
     assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0
+    assert held.held == []  # nor is a connected one saved again
     back = session(ctx, "dev", registry, clean_session=False)
     assert read(back) == [mqtt.Connack(True, 0)]
 
