@@ -3,15 +3,16 @@ are discarded, as a clean-session CONNECT discards one: an empty record, one gen
 later, is published on the session subject (in a Guaranteed cluster, a Raft entry every
 member applies). See docs/mqtt.md, "Session expiry".
 
-Every member sweeps the session subjects it holds, a slice per tick (every subject once
-per :data:`SWEEP_SECONDS`, at most :data:`MAX_SUBJECTS_PER_TICK` per tick). A record is
-stale when it was saved (its ``saved_at`` field, wall-clock seconds) more than
-MqttSessionExpiry ago. A session connected to this member is never discarded here:
-when its record is older than half MqttSessionExpiry (or was emptied: another member's
-discard crossed its take-up) it is saved again, so no other member takes it for stale.
-Two members that discard one record publish the same empty record (idempotent). A
-CONNECT takes the expiry as the sweep does (``take_up``), so a client gets its whole
-session or a fresh one, whether or not a sweep got there first.
+Every ready member (not one that syncs) sweeps the session subjects it holds, a slice
+per tick (every subject once per :data:`SWEEP_SECONDS`, at most
+:data:`MAX_SUBJECTS_PER_TICK` per tick). A record is stale when it was saved (its
+``saved_at`` field, wall-clock seconds) more than MqttSessionExpiry ago. A session
+connected to this member is never discarded here: when its record is older than half
+MqttSessionExpiry (or was emptied: another member's discard crossed its take-up) it is
+saved again, so no other member takes it for stale. Two members that discard one record
+publish the same empty record (idempotent). A CONNECT takes the expiry as the sweep does
+(``take_up``), so a client gets its whole session or a fresh one, whether or not a sweep
+got there first.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class SessionExpiry:
         expiry = config.mqtt_session_expiry
         if not expiry and not config.mqtt_max_sessions:
             return 0
+        if self._ctx.readiness() is not None:
+            return 0  # syncing: its records may be older than the cluster's
         hub = self._ctx.hub
         if not self._queue:
             if self._at_start is not None:  # a sweep ended: its count, plus the sessions
