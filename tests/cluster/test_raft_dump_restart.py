@@ -49,10 +49,14 @@ def seed(
 
 
 def commit(raft: RaftCoordination, count: int) -> None:
-    for _ in range(count):
-        done = threading.Event()
+    """``count`` commands submitted at once (one at a time took ~60 ms each), then
+    every one committed."""
+    events = [threading.Event() for _ in range(count)]
+    for done in events:
         raft.submit(2, [], lambda clsn, error, unknown, done=done: done.set())
-        assert done.wait(10), "Raft did not commit"
+    deadline = time.monotonic() + 20
+    for done in events:
+        assert done.wait(max(0.0, deadline - time.monotonic())), "Raft did not commit"
 
 
 def wait_for(predicate, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
