@@ -301,8 +301,13 @@ class Hub(MessageSinks):
             return snapshot if self._publish_snapshot else 0
         if position.epoch == state.epoch and state.seq - position.seq >= 0:
             count = min(state.seq - position.seq, len(state.cache))
-            return state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
-        return max(snapshot, state.cache.bytes + len(state.cache) * MESSAGE_OVERHEAD)
+            return max(snapshot, state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD)
+        if position == Position(self.epoch, 0):  # saw nothing: all of it is missed (_missed)
+            return max(snapshot, state.cache.bytes + len(state.cache) * MESSAGE_OVERHEAD)
+        # ahead of this hub (a lagging member: nothing now) or an epoch the subject no
+        # longer has: the snapshot and DATA_RESYNC (sizing it as the whole cache refused
+        # resumes whose answer is one message: "subscribe answer too large")
+        return snapshot
 
     def unsubscribe(self, sink: AnySink, subject: str) -> None:
         state = self._subjects.get(subject)

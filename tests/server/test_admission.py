@@ -270,3 +270,22 @@ def test_subscriptions_of_all_connections_are_capped() -> None:
     first.connection_lost()
     second.connection_lost()
     assert ctx.stats.subscriptions_open == 0
+
+
+def test_a_resume_from_an_epoch_the_subject_no_longer_has_is_sized_as_its_snapshot() -> None:
+    """Its answer is the snapshot and DATA_RESYNC; sized as the whole cache, it was
+    refused ("subscribe answer too large") on a client whose pending limit the cache
+    passes: the SDK then had to give the subject up (helper-38's report)."""
+    session, ctx, key = new_session(ClientMaxPendingBytes="65536")
+    fill(ctx, "/A/b", 400, 300)  # ~120 kB cached: more than the client may have pending
+    ctx.hub.publish(Message("/A/b", b"s" * 100, retained=True), 0.0)
+    written(session, key)
+    stale = Position(ctx.hub.epoch + 1, 3)
+    request = ops.SubscriptionRequest("/A/b", position=stale)
+    assert ctx.hub.answer_bytes(request) < 1000
+    session.receive_data(frame(ops.Subscribe((request,))), 1.0)
+    answer = written(session)
+    statuses = [op.status for op in answer if isinstance(op, ops.SubjectStatus)]
+    assert statuses == [ops.Status.SUBSCRIBE_ALLOW, ops.Status.DATA_RESYNC], answer
+    (snapshot,) = [m for op in answer if isinstance(op, ops.Deliver) for m in op.messages]
+    assert snapshot.content == b"s" * 100
