@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from migratory.model.cache import SubjectCache, encoded_bound
+from migratory.model.cache import SubjectCache
 from migratory.model.cache_budget import CacheBudget
 from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
@@ -21,6 +21,7 @@ from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
 from migratory.model.topic import FilterIndex
 from migratory.protocol import ops
+from migratory.server.answer_bound import answer_bytes
 from migratory.server.faults import DeliveryFault, DeliveryFaults
 from migratory.server.format_sink import (
     AnySink,
@@ -33,11 +34,6 @@ from migratory.server.format_sink import (
 )
 from migratory.server.hub_sinks import MessageSinks
 from migratory.server.subject_state import SubjectState, WaitingResume
-
-MESSAGE_OVERHEAD = 96
-"""Bytes a delivered message adds to its ``encoded_bound`` on the wire, at most (its CBOR
-keys, epoch, seq, type and the frame header), for the answer-size bound."""
-
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
 
@@ -266,9 +262,8 @@ class Hub(MessageSinks):
         if missed is None:
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
-            # (unplaced: keep the client's position)
-            current = None if self._unplaced(state, position) else state.position
-            out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, current))
+            # (never unplaced here: such a resume waits, see _subscribe)
+            out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
             return out
         if missed:
             out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
@@ -286,28 +281,11 @@ class Hub(MessageSinks):
         return None
 
     def answer_bytes(self, request: ops.SubscriptionRequest) -> int:
-        """An upper bound, in O(1) and without changing anything, of the bytes of the
-        messages :meth:`subscribe` would answer ``request`` with (a session checks it
-        before it subscribes: bound, then work)."""
-        state = self._subjects.get(request.subject)
-        if state is None:
-            return 0
-        snapshot = 0 if state.snapshot is None else encoded_bound(state.snapshot) + MESSAGE_OVERHEAD
-        position = request.position
-        if position is None:
-            if request.history > 0:
-                count = min(request.history, len(state.cache))
-                return state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
-            return snapshot if self._publish_snapshot else 0
-        if position.epoch == state.epoch and state.seq - position.seq >= 0:
-            count = min(state.seq - position.seq, len(state.cache))
-            return max(snapshot, state.cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD)
-        if position == Position(self.epoch, 0):  # saw nothing: all of it is missed (_missed)
-            return max(snapshot, state.cache.bytes + len(state.cache) * MESSAGE_OVERHEAD)
-        # ahead of this hub (a lagging member: nothing now) or an epoch the subject no
-        # longer has: the snapshot and DATA_RESYNC (sizing it as the whole cache refused
-        # resumes whose answer is one message: "subscribe answer too large")
-        return snapshot
+        """An upper bound of the bytes :meth:`subscribe` would answer ``request`` with
+        (:mod:`migratory.server.answer_bound`)."""
+        return answer_bytes(self._subjects.get(request.subject), request,
+                            unnumbered=Position(self.epoch, 0),
+                            publish_snapshot=self._publish_snapshot)
 
     def unsubscribe(self, sink: AnySink, subject: str) -> None:
         state = self._subjects.get(subject)
