@@ -17,6 +17,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
+from migratory_client import ReconnectPolicy
 
 T = TypeVar("T")
 TEST_TIMEOUT = 5.0
@@ -138,3 +139,20 @@ class FakeServer:
 
 async def start_servers(nursery: trio.Nursery, count: int = 1) -> list[FakeServer]:
     return [await FakeServer().start(nursery) for _ in range(count)]
+
+
+FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
+"""The reconnect policy of these tests: retries in tens of milliseconds."""
+
+
+async def subscribed_at(
+    server: FakeServer, client: Any, subject: str, epoch: int, seq: int
+) -> tuple[Any, FakeConnection]:
+    """``client`` subscribes to ``subject``; the server's next connection takes the
+    session and allows the subject at ``(epoch, seq)``: (subscription, connection)."""
+    subscription = client.subscribe(subject)
+    conn = await server.next_connection()
+    await conn.accept_session()
+    await conn.expect(ops.Subscribe)
+    await conn.allow(subject, epoch, seq)
+    return subscription, conn

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from sdk_fake_server import trio_test
+from sdk_fake_server import FAST, trio_test
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
@@ -21,12 +21,9 @@ from migratory_client import (
     Keepalive,
     Notification,
     NotificationStatus,
-    ReconnectPolicy,
     Subscription,
     connect,
 )
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 class Proxy:

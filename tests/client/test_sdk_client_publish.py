@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from sdk_fake_server import FakeConnection, FakeServer, start_servers, trio_test
+from sdk_fake_server import FAST, FakeConnection, FakeServer, start_servers, trio_test
 
 from migratory.model.message import Qos
 from migratory.model.position import Position
@@ -19,12 +19,9 @@ from migratory_client import (
     Publisher,
     PublishOutcomeUnknown,
     PublishResult,
-    ReconnectPolicy,
     Status,
     connect,
 )
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 def ok(publish: ops.Publish, seq: int) -> ops.PublishStatus:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import trio
-from sdk_fake_server import start_servers, trio_test, update
+from sdk_fake_server import FAST, start_servers, subscribed_at, trio_test, update
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
@@ -22,8 +22,6 @@ from migratory_client import (
     Subscription,
     connect,
 )
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 async def take(subscription: Subscription, count: int) -> list[Message]:
@@ -101,11 +99,7 @@ async def test_duplicates_are_never_delivered() -> None:
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 10)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 10)
             await conn.deliver(update("/a/b", 10, 7, MessageType.SNAPSHOT))
             await conn.deliver(update("/a/b", 11))
             await conn.deliver(update("/a/b", 11))
@@ -154,11 +148,7 @@ async def test_new_epoch_after_resync_is_delivered() -> None:
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 3)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 3)
             await conn.deliver(update("/a/b", 4))
             await take(subscription, 1)
             await conn.close(1001, "restarting")
@@ -305,11 +295,7 @@ async def test_close_ends_iteration_quietly() -> None:
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 0)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 0)
             await conn.deliver(update("/a/b", 1))
             await client.wait_connected()
             await client.aclose()

@@ -7,7 +7,7 @@ Chaos run ``fix1`` (seed 1): an SDK subscriber whose connection had been reset s
 from __future__ import annotations
 
 import trio
-from sdk_fake_server import trio_test
+from sdk_fake_server import FAST, trio_test
 from sdk_raw_peer import RawPeer, broken_frame
 
 from migratory.model.message import Message, MessageType
@@ -18,11 +18,8 @@ from migratory_client import (
     Keepalive,
     Notification,
     NotificationStatus,
-    ReconnectPolicy,
     connect,
 )
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 def message(subject: str, seq: int, epoch: int = 7) -> Message:

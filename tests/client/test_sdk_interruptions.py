@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 import trio
-from sdk_fake_server import start_servers, trio_test, update
+from sdk_fake_server import FAST, start_servers, subscribed_at, trio_test, update
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory_client import ClientClosedError, NotificationStatus, ReconnectPolicy, connect
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 @trio_test
@@ -21,11 +19,7 @@ async def test_a_connection_lost_in_a_recovered_burst_resumes_after_its_last() -
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 10)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 10)
             await conn.drop()
             conn = await server.next_connection()
             await conn.accept_session()

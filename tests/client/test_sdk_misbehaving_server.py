@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from sdk_fake_server import start_servers, trio_test, update
+from sdk_fake_server import FAST, start_servers, subscribed_at, trio_test, update
 from sdk_raw_peer import RawPeer, frame
 
 from migratory.model.message import MessageType
@@ -22,8 +22,6 @@ from migratory_client import (
     connect,
 )
 from migratory_client import client as client_module
-
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 
 
 async def statuses(client: Client, count: int) -> list[NotificationStatus]:
@@ -40,11 +38,7 @@ async def test_an_epoch_change_in_the_middle_of_a_lineage_is_resumed_not_deliver
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 10)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 10)
             await conn.deliver(update("/a/b", 11))
             # the member moved /a/b to epoch 8 at seq 4 and fans out seq 5 as it is
             await conn.deliver(update("/a/b", 5, epoch=8), update("/a/b", 6, epoch=8))
@@ -305,11 +299,7 @@ async def test_a_data_sync_past_the_recovered_messages_is_told_as_a_resync() -> 
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 10)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 10)
             await conn.drop()
             conn = await server.next_connection()
             await conn.accept_session()

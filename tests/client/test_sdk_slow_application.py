@@ -9,15 +9,14 @@ closes keep being read.
 from __future__ import annotations
 
 import trio
-from sdk_fake_server import FakeConnection, start_servers, trio_test, update
+from sdk_fake_server import FAST, FakeConnection, start_servers, subscribed_at, trio_test, update
 from trio_websocket import ConnectionClosed
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory_client import NotificationStatus, ReconnectPolicy, Status, connect
+from migratory_client import NotificationStatus, Status, connect
 
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
 LAST = 30
 
 
@@ -87,11 +86,7 @@ async def test_a_frame_of_many_messages_is_handed_over_in_one_reader_step() -> N
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=FAST) as client:
-            subscription = client.subscribe("/a/b")
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 0)
+            subscription, conn = await subscribed_at(server, client, "/a/b", 7, 0)
             await trio.sleep(0.1)
             counter = ReaderSteps()
             trio.lowlevel.add_instrument(counter)

@@ -13,18 +13,16 @@ from typing import Any
 
 import jwt
 import trio
+from sdk_fake_server import FAST
 
 from migratory.protocol import close_codes, ops
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from rawclient import RawClient
 
-from migratory_client import NotificationStatus, ReconnectPolicy, connect
+from migratory_client import NotificationStatus, connect
 
 SECRET = "k" * 48
-FAST = ReconnectPolicy(initial_delay=0.02, max_delay=0.1, connect_timeout=2.0)
-
-
 def token(seconds: float, **grant: list[str]) -> str:
     claims = {"sub": "t", "exp": int(time.time() + seconds), **grant}
     return jwt.encode(claims, SECRET, algorithm="HS256")
