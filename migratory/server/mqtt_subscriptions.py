@@ -180,12 +180,18 @@ class Subscriptions:
         """Subscribe again to the record's filters and deliver, per subject, what came
         after its recorded position (or its snapshot when the cache cannot tell). A
         subject a wildcard filter matches that the record does not name appeared after
-        the record was saved: all of it the cache holds is missed. Returns the subjects
-        the wildcard filters were matched against (0: none)."""
+        the record was saved: all of it the cache holds is missed. A filter the
+        entitlement no longer allows (the client came back with another token) is
+        dropped, logged and counted: it gets nothing, not even what it missed. Returns
+        the subjects the wildcard filters were matched against (0: none)."""
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
             except InvalidTopicError:
+                continue
+            if not self._owner.entitlement_allows_subscribe("/" + name):
+                log.info("%s: resumed session: no longer entitled to %r: filter dropped",
+                         self._owner.describe(), name, extra=self._owner.log_fields())
                 continue
             entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
             self._put(name, entry)
