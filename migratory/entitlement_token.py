@@ -7,10 +7,12 @@ keys (a PEM file, or a JWKS file whose keys are chosen by the token's ``kid``). 
      "subscribe": ["/Stocks/**", "/News/*/Headlines"], "publish": ["/Chat/alice"]}
 
 Patterns: an exact subject; ``*`` as a whole segment matches one segment; a final
-``**`` matches one or more segments (``/a/**`` is the subtree below ``/a``). A token
-past its ``exp`` is refused at ``connect`` and, later, ends the session with close
-``4503 TOKEN_EXPIRED`` (the SDK asks its token provider for a fresh one and resumes).
-Verified tokens are cached (bounded), so a session's checks cost a dictionary lookup.
+``**`` matches one or more segments (``/a/**`` is the subtree below ``/a``). An MQTT
+topic filter is allowed only when one pattern covers everything it can match
+(``/a/*`` allows ``a/+``, not ``a/#``). A token past its ``exp`` is refused at
+``connect`` and, later, ends the session with close ``4503 TOKEN_EXPIRED`` (the SDK
+asks its token provider for a fresh one and resumes). Verified tokens are cached
+(bounded), so a session's checks cost a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -63,15 +65,24 @@ class SubjectPatterns:
 
 
 def _match(pattern: tuple[str, ...], segments: Sequence[str]) -> bool:
-    if pattern and pattern[-1] == "**":
-        head = pattern[:-1]
-        if len(segments) <= len(head):
+    """Whether ``pattern`` covers every subject ``segments`` names: a subject, or an MQTT
+    topic filter (``+`` one level, a final ``#`` any depth), which only ``*`` and a
+    ``**`` tail cover -- a filter wider than the pattern would receive subjects the
+    token does not grant."""
+    tail = bool(pattern) and pattern[-1] == "**"
+    head = pattern[:-1] if tail else pattern
+    depth = len(head)
+    for i, segment in enumerate(segments):
+        if i == depth:
+            # below the head only a '**' tail covers; a '#' here also matches the
+            # subject of `depth` levels itself, which '**' does not (subjects have 2+)
+            return tail and not (segment == "#" and depth >= 2)
+        if segment == "#":
+            return False  # any depth from here, which no pattern before a '**' covers
+        allowed = head[i]
+        if allowed != "*" and (allowed != segment or segment == "+"):
             return False
-        segments = segments[: len(head)]
-        pattern = head
-    elif len(pattern) != len(segments):
-        return False
-    return all(p == "*" or p == s for p, s in zip(pattern, segments, strict=True))
+    return len(segments) == depth and not tail
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,18 @@ def token_config(tmp_path: Path, **settings: str) -> Config:
         ("/a/**", "/b/c", False),
         ("/*/x/**", "/q/x/y", True),
         ("/*/x/**", "/q/z/y", False),
+        # MQTT topic filters: allowed only when the pattern covers all they can match
+        ("/a/*", "/a/+", True),
+        ("/a/*", "/a/#", False),
+        ("/a/b", "/a/+", False),
+        ("/a/*/c", "/a/#", False),
+        ("/*/b", "/+/b", True),
+        ("/a/**", "/a/#", True),
+        ("/a/**", "/a/+/#", True),
+        ("/a/b/**", "/a/b/#", False),  # '#' matches /a/b itself too
+        ("/a/b/**", "/a/b/c/#", True),
+        ("/**", "/#", True),
+        ("/*/*", "/#", False),
     ],
 )
 def test_subject_patterns(pattern: str, subject: str, expected: bool) -> None:

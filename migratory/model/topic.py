@@ -32,6 +32,11 @@ __all__ = [
 
 Sink = TypeVar("Sink")
 
+META_LEVEL = "migratory"
+"""The first level of the meta-subjects (``/migratory/...``, server/meta_subjects.py),
+which only holders of the MonitorToken may read: as MQTT's ``$SYS`` topics, a filter
+whose first level is a wildcard (``#``, ``+/stats/+``) never matches them."""
+
 
 class InvalidTopicError(ValueError):
     def __init__(self, topic: str, reason: str) -> None:
@@ -143,6 +148,9 @@ class FilterIndex(Generic[Sink]):
         """Every (sink, value) whose filter matches ``subject`` (a sink may come twice)."""
         levels = subject[1:].split("/")
         stack = [(self._root, 0)]
+        if levels[0] == META_LEVEL:  # no first-level wildcard (META_LEVEL)
+            child = self._root.children.get(META_LEVEL)
+            stack = [] if child is None else [(child, 1)]
         last = len(levels)
         while stack:
             node, depth = stack.pop()
@@ -159,6 +167,8 @@ class FilterIndex(Generic[Sink]):
 def filter_matches(levels: tuple[str, ...], subject: str) -> bool:
     """Whether a filter (its levels) matches ``subject``."""
     names = subject[1:].split("/")
+    if names[0] == META_LEVEL and levels[0] in ("+", "#"):
+        return False
     for i, level in enumerate(levels):
         if level == "#":
             return True

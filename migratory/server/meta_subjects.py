@@ -5,7 +5,8 @@ The server publishes, every ``MonitorPushInterval`` seconds, ``/migratory/stats/
 (its view of the cluster). Clients subscribe to them like to any subject, under the
 entitlement rules (the seed's PUSH monitoring): the server's entitlement is wrapped so
 that only holders of ``MonitorToken`` may subscribe to a meta-subject (none when it is
-empty) and nobody may publish one. docs/monitoring.md describes the content (JSON).
+empty) and nobody may publish one; an MQTT filter whose first level is a wildcard never
+matches them (model/topic.py ``META_LEVEL``). docs/monitoring.md describes the content (JSON).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 from migratory.entitlement import ClientIdentity, Entitlement
 from migratory.model.message import Message
+from migratory.model.topic import META_LEVEL
 
-PREFIX = "/migratory/"
+PREFIX = f"/{META_LEVEL}/"
 CLUSTER_SUBJECT = "/migratory/cluster"
 FORMAT = 1  # the "format" field of every meta-subject message; bumped on incompatible change
 

@@ -11,15 +11,17 @@ import jwt
 from test_mqtt_session import HeldPublishing, Wire, read
 
 from migratory.config import Config
+from migratory.entitlement import NoEntitlement
 from migratory.entitlement_token import TokenEntitlement
 from migratory.protocol import mqtt
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import ServerContext, ServerStatistics
-from migratory.server.meta_subjects import MetaSubjectEntitlement
+from migratory.server.meta_subjects import MetaSubjectEntitlement, meta_message, stats_subject
 from migratory.server.mqtt_session import MqttSession
 
 SECRET = b"s" * 40
+MONITOR_TOKEN = "mon"
 
 
 def token(subscribe: list[str], publish: list[str] | None = None) -> str:
@@ -31,7 +33,7 @@ def make(entitlement: Any) -> tuple[ServerContext, HeldPublishing]:
     config = Config.from_mapping({})
     hub = build_hub(config)
     held = HeldPublishing(hub)
-    ctx = ServerContext(config, hub, MetaSubjectEntitlement(entitlement, ""),
+    ctx = ServerContext(config, hub, MetaSubjectEntitlement(entitlement, MONITOR_TOKEN),
                         ServerStatistics(), held)
     return ctx, held
 
@@ -75,3 +77,39 @@ def test_a_persistent_session_resumed_with_a_token_that_lost_a_right_drops_that_
     held.settle()
     assert published(back) == []
 
+
+def test_a_wildcard_filter_reaches_no_meta_subject_nor_another_clients_session() -> None:
+    ctx, held = make(NoEntitlement())
+    registry: dict = {}
+    spy = connect(ctx, "spy", registry, "")  # not the MonitorToken
+    spy.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 0), ("+/stats/+", 0)))), 0.0)
+    assert read(spy)[-1] == mqtt.Suback(1, (0, 0))
+    monitor = connect(ctx, "monitor", registry, MONITOR_TOKEN)
+    monitor.receive_data(encode_packet(mqtt.Subscribe(1, (("migratory/stats/+", 0),))), 0.0)
+    assert read(monitor)[-1] == mqtt.Suback(1, (0,))
+    ctx.publishing.submit(meta_message(stats_subject("m1"), "stats", "m1", {}), None, 0.0)
+    device = connect(ctx, "dev", registry, "", clean_session=False)  # saves a /$ record
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    publisher = connect(ctx, "pub", registry, "")
+    publisher.receive_data(encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=1)), 0.0)
+    held.settle()
+    assert published(spy) == [("a/b", b"x")]
+    assert [topic for topic, _ in published(monitor)] == ["migratory/stats/m1"]
+    late = connect(ctx, "late", registry, "")  # retained messages of a new '#' filter
+    late.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 0),))), 0.0)
+    assert published(late) == []  # a/b was not retained
+
+
+def test_an_mqtt_wildcard_filter_wider_than_the_tokens_pattern_is_refused() -> None:
+    ctx, held = make(TokenEntitlement(algorithm="HS256", keys=SECRET))
+    registry: dict = {}
+    client = connect(ctx, "c", registry, token(["/Stocks/*"]))
+    client.receive_data(encode_packet(mqtt.Subscribe(1, (("Stocks/#", 0), ("Stocks/+", 0)))),
+                        0.0)
+    assert read(client)[-1] == mqtt.Suback(1, (mqtt.SUBACK_FAILURE, 0))
+    publisher = connect(ctx, "pub", registry, token([], ["/Stocks/**"]))
+    for topic in ("Stocks/NYSE/IBM", "Stocks/IBM"):
+        publisher.receive_data(encode_packet(mqtt.Publish(topic, b"x", qos=1, packet_id=1)),
+                               0.0)
+    held.settle()
+    assert published(client) == [("Stocks/IBM", b"x")]
