@@ -17,8 +17,10 @@ asks its token provider for a fresh one and resumes). Verified tokens are cached
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -33,6 +35,10 @@ log = logging.getLogger("migratory.entitlement")
 ALGORITHMS = ("HS256", "RS256", "ES256")
 MAX_CACHED_TOKENS = 10_000
 MAX_PATTERNS = 1000
+MAX_TOKEN_CHARS = 65_536
+"""A longer token is refused unread (1,000 patterns fit in ~40 kB)."""
+NOT_BEFORE_LEEWAY = 30.0
+"""Seconds an ``nbf`` may lie ahead of this server's clock (the issuer's runs ahead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,16 @@ class Grant:
     subscribe: SubjectPatterns
     publish: SubjectPatterns
     expires_at: float | None  # seconds since the epoch (the ``exp`` claim)
+    not_before: float | None = None  # the ``nbf`` claim: refused until then
+
+
+def _time_claim(claims: dict[str, Any], name: str) -> float | None:
+    value = claims.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name!r} is not a finite number")
+    return float(value)
 
 
 def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
@@ -130,18 +146,23 @@ class TokenEntitlement:
         self._issuer = issuer or None
         self._audience = audience or None
         self._clock = clock
-        self._grants: OrderedDict[str, Grant | None] = OrderedDict()
+        # keyed by the token's SHA-256: 10,000 junk tokens of 64 kB cost 32 bytes each
+        self._grants: OrderedDict[bytes, Grant | None] = OrderedDict()
 
     def grant(self, token: str | None) -> Grant | None:
         """The verified grant of ``token`` (expired or not), None when it is not valid."""
         if not token:
             return None
-        cached = self._grants.get(token, False)
+        if len(token) > MAX_TOKEN_CHARS:
+            log.info("token refused: longer than %d characters", MAX_TOKEN_CHARS)
+            return None
+        digest = hashlib.sha256(token.encode(errors="surrogatepass")).digest()
+        cached = self._grants.get(digest, False)
         if cached is not False:
-            self._grants.move_to_end(token)
+            self._grants.move_to_end(digest)
             return cached  # type: ignore[return-value]
         grant = self._verify(token)
-        self._grants[token] = grant
+        self._grants[digest] = grant
         if len(self._grants) > MAX_CACHED_TOKENS:
             self._grants.popitem(last=False)
         return grant
@@ -158,15 +179,16 @@ class TokenEntitlement:
                 algorithms=[self._algorithm],
                 issuer=self._issuer,
                 audience=self._audience,
-                options={"verify_exp": False, "require": ["exp"]},
+                # exp and nbf are checked at each use (_live), never cached as a
+                # refusal; iat says nothing of validity (an issuer's clock ahead of ours)
+                options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
+                         "require": ["exp"]},
             )
-            exp = claims["exp"]
-            if not isinstance(exp, int | float):
-                raise ValueError("'exp' is not a number")
             return Grant(
                 SubjectPatterns.parse(claims.get("subscribe")),
                 SubjectPatterns.parse(claims.get("publish")),
-                float(exp),
+                _time_claim(claims, "exp"),
+                _time_claim(claims, "nbf"),
             )
         except (jwt.PyJWTError, ValueError, StopIteration, KeyError, TypeError) as exc:
             log.info("token refused: %s", exc or type(exc).__name__)
@@ -174,7 +196,12 @@ class TokenEntitlement:
 
     def _live(self, token: str | None) -> Grant | None:
         grant = self.grant(token)
-        if grant is None or (grant.expires_at is not None and grant.expires_at <= self._clock()):
+        if grant is None:
+            return None
+        now = self._clock()
+        if grant.expires_at is not None and grant.expires_at <= now:
+            return None
+        if grant.not_before is not None and grant.not_before > now + NOT_BEFORE_LEEWAY:
             return None
         return grant
 

@@ -243,3 +243,64 @@ def test_issuer_and_audience_when_set_are_required(tmp_path: Path) -> None:
     for bad in (claims(), claims(iss="https://other", aud="migratory"),
                 claims(iss="https://auth.example", aud="someone-else")):
         assert not entitlement.allow_connect(who(jwt.encode(bad, SECRET, algorithm="HS256")))
+
+
+def signed(payload: str, secret: str = SECRET) -> str:
+    """An HS256 JWT of a payload text as given (PyJWT would not encode NaN)."""
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(data: bytes) -> bytes:
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+    signing_input = b64(b'{"alg":"HS256","typ":"JWT"}') + b"." + b64(payload.encode())
+    signature = hmac.new(secret.encode(), signing_input, hashlib.sha256).digest()
+    return (signing_input + b"." + b64(signature)).decode()
+
+
+def test_clock_skew_a_token_not_yet_valid_is_refused_until_then_not_for_ever() -> None:
+    from migratory.entitlement_token import NOT_BEFORE_LEEWAY, TokenEntitlement
+
+    now = [1_800_000_000.0]
+    entitlement = TokenEntitlement(algorithm="HS256", keys=SECRET.encode(),
+                                   clock=lambda: now[0])
+    exp = int(now[0]) + 600
+    # the issuer's clock runs a few seconds ahead: iat and nbf just ahead of ours
+    ahead = jwt.encode(claims(exp=exp, iat=int(now[0]) + 5, nbf=int(now[0]) + 5), SECRET,
+                       algorithm="HS256")
+    assert entitlement.allow_connect(who(ahead))
+    later = jwt.encode(claims(exp=exp, nbf=int(now[0]) + 100), SECRET, algorithm="HS256")
+    assert not entitlement.allow_connect(who(later))
+    assert not entitlement.allow_subscribe(who(later), "/Stocks/a")
+    now[0] += 100 - NOT_BEFORE_LEEWAY
+    assert entitlement.allow_connect(who(later))  # the first refusal was not kept
+    assert entitlement.allow_subscribe(who(later), "/Stocks/a")
+
+
+def test_garbage_time_claims_are_refused() -> None:
+    from migratory.entitlement_token import TokenEntitlement
+
+    entitlement = TokenEntitlement(algorithm="HS256", keys=SECRET.encode())
+    exp = int(time.time()) + 600
+    assert entitlement.allow_connect(who(signed(f'{{"exp": {exp}}}')))  # the encoder works
+    # NaN and Infinity compare false with every time: such a token never expired
+    for payload in ('{"exp": NaN}', '{"exp": Infinity}', '{"exp": 1e400}', '{"exp": true}',
+                    '{"exp": "never"}', '{"exp": null}', f'{{"exp": {exp}, "nbf": NaN}}',
+                    f'{{"exp": {exp}, "subscribe": "/a/b"}}', '[1, 2]', '"x"'):
+        assert not entitlement.allow_connect(who(signed(payload))), payload
+
+
+def test_huge_and_many_junk_tokens_cost_bounded_memory() -> None:
+    from migratory.entitlement_token import MAX_TOKEN_CHARS, TokenEntitlement
+
+    entitlement = TokenEntitlement(algorithm="HS256", keys=SECRET.encode())
+    assert not entitlement.allow_connect(who("x" * (MAX_TOKEN_CHARS + 1)))
+    for i in range(50):  # junk of 60 kB each, all different
+        junk = f"{i}." + "y" * 60_000
+        assert not entitlement.allow_connect(who(junk))
+        assert not entitlement.allow_subscribe(who(junk), "/Stocks/a")
+    grants = entitlement._grants  # type: ignore[attr-defined]
+    assert len(grants) == 50
+    assert sum(len(key) for key in grants) == 50 * 32  # a digest each, not the token
+    assert not entitlement.allow_connect(who("\udcff"))  # not UTF-8 encodable: refused
