@@ -40,6 +40,12 @@ class Entitlement(Protocol):
         ...
 
 
+def token_bytes(token: str) -> bytes:
+    """A token as bytes to compare: a lone surrogate (JSON's ``"\\udcff"``) never matches
+    a configured token, and must not raise."""
+    return token.encode("utf-8", "surrogatepass")
+
+
 class NoEntitlement:
     name = "None"
 
@@ -75,7 +81,7 @@ class BasicEntitlement:
 
     def allow_publish(self, client: ClientIdentity, subject: str) -> bool:
         token = client.token
-        return token is not None and hmac.compare_digest(token.encode(), self._allow_token)
+        return token is not None and hmac.compare_digest(token_bytes(token), self._allow_token)
 
 
 def entitlement_from_config(config: Config) -> Entitlement:

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from migratory.entitlement import ClientIdentity, Entitlement
+from migratory.entitlement import ClientIdentity, Entitlement, token_bytes
 from migratory.model.message import Message
 from migratory.model.topic import META_LEVEL
 
@@ -58,7 +58,7 @@ class MetaSubjectEntitlement:
         return (
             bool(self._token)
             and token is not None
-            and hmac.compare_digest(token.encode(), self._token)
+            and hmac.compare_digest(token_bytes(token), self._token)
         )
 
     def allow_publish(self, client: ClientIdentity, subject: str) -> bool:

@@ -113,3 +113,30 @@ def test_an_mqtt_wildcard_filter_wider_than_the_tokens_pattern_is_refused() -> N
                                0.0)
     held.settle()
     assert published(client) == [("Stocks/IBM", b"x")]
+
+
+def test_a_json_token_with_a_lone_surrogate_is_denied_not_an_internal_error() -> None:
+    """``"\\udcff"`` is valid JSON and not UTF-8: comparing it with the Basic allow token
+    raised UnicodeEncodeError, the request went unanswered and the connection closed."""
+    from test_http_front import NullLink
+
+    from migratory.config import load_config
+    from migratory.entitlement import ClientIdentity
+    from migratory.listeners import Listener
+    from migratory.server.app import Server
+    from migratory.server.session import Session
+
+    server = Server(load_config(overrides={
+        "Listen": "127.0.0.1:0", "Entitlement": "Basic", "EntitlementAllowToken": "pub",
+        "MonitorToken": MONITOR_TOKEN}, environ={}))
+    listener = Listener(("127.0.0.1", 1), encrypted=False, protocols=frozenset({"http"}),
+                        publish=True)
+    session = Session(server.ctx, NullLink(), "127.0.0.1:5", listener)
+    body = b'{"subject": "/a/b", "content": "x", "token": "\\udcff"}'
+    session.receive_data(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 0.0)
+    answers = session.outbox.take()
+    assert answers.startswith(b"HTTP/1.1 403 ") and b"PUBLISH_DENIED" in answers
+    assert answers.endswith(b"\r\n\r\nok\n") and not session.closing
+    odd = ClientIdentity("x", "\udcff", "127.0.0.1:5")
+    assert not server.ctx.entitlement.allow_subscribe(odd, "/migratory/cluster")
