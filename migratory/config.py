@@ -175,6 +175,7 @@ class Config:
     entitlement_token_audience: str
     entitlement_plugin: str
     entitlement_plugin_options: str
+    entitlement_plugin_timeout: int
     publish_snapshot_message: bool
     max_cached_messages_per_subject: int
     cache_expire_time: int

@@ -86,6 +86,11 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
             "Entitlement = Custom: the plugin class as `module:Class` (see docs/security.md)."),
     Setting("EntitlementPluginOptions", "entitlement_plugin_options", _text, "",
             "Entitlement = Custom: one text passed to the plugin's constructor."),
+    Setting("EntitlementPluginTimeout", "entitlement_plugin_timeout",
+            _int(1, 10_000, " of milliseconds"), "500",
+            "Entitlement = Custom: how long the server waits for one answer of the plugin "
+            "(it runs in a thread of its own; the event loop waits meanwhile). Later: that "
+            "decision is denied, and so is every uncached one until the late call returns."),
 )
 
 CLUSTER_TLS_SETTINGS: tuple[Setting, ...] = (

@@ -112,5 +112,5 @@ def entitlement_from_config(config: Config) -> Entitlement:
             plugin = load_plugin(config.entitlement_plugin, config.entitlement_plugin_options)
         except ValueError as exc:
             raise ConfigError(f"EntitlementPlugin: {exc}") from None
-        return CustomEntitlement(plugin)
+        return CustomEntitlement(plugin, timeout=config.entitlement_plugin_timeout / 1000)
     return NoEntitlement()

@@ -1,0 +1,151 @@
+"""Entitlement = Custom attacked: a plugin that blocks, raises SystemExit, answers
+something not a bool or is async; clients whose tokens are 64 kB; identities built to
+collide in the decision cache."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import warnings
+from typing import Any
+
+import pytest
+
+from migratory.entitlement import ClientIdentity
+from migratory.entitlement_custom import CustomEntitlement, load_plugin
+
+
+def who(name: str = "alice", token: str | None = "t", peer: str = "127.0.0.1:1") -> ClientIdentity:
+    return ClientIdentity(name, token, peer)
+
+
+class Gated:
+    """Subscribes wait for the gate (at most 2 s: without a timeout on our side, the
+    first check would wait for it and then allow)."""
+
+    def __init__(self, options: str) -> None:
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def allow_connect(self, client: Any) -> bool:
+        self.calls += 1
+        return True
+
+    def allow_subscribe(self, client: Any, subject: str) -> bool:
+        self.calls += 1
+        self.gate.wait(2.0)
+        return True
+
+    def allow_publish(self, client: Any, subject: str) -> bool:
+        self.calls += 1
+        return True
+
+
+def test_a_plugin_that_blocks_is_denied_at_the_timeout_and_fails_closed_until_it_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    plugin = Gated("")
+    entitlement = CustomEntitlement(plugin, timeout=0.05)
+    try:
+        assert not entitlement.allow_subscribe(who(), "/a/b")  # the plugin is still waiting
+        assert plugin.calls == 1 and entitlement.failures == 1
+        # while that call runs, nothing uncached is asked: denied at once, whoever asks
+        assert not entitlement.allow_subscribe(who("bob"), "/a/c")
+        assert not entitlement.allow_connect(who("carol"))
+        assert plugin.calls == 1 and entitlement.failures == 3
+        assert "test_entitlement_custom:Gated" in caplog.text
+        assert "EntitlementPluginTimeout" in caplog.text
+    finally:
+        plugin.gate.set()
+    late = entitlement._running  # type: ignore[attr-defined]
+    assert late is not None
+    late.result(timeout=5)  # the late call returns (its answer is not used)
+    assert entitlement.allow_subscribe(who("bob"), "/a/c")
+    assert entitlement.allow_subscribe(who(), "/a/b")  # the timed-out one was not cached
+    assert plugin.calls == 3
+
+
+class Odd:
+    def __init__(self, options: str) -> None:
+        self.calls = 0
+
+    def allow_connect(self, client: Any) -> Any:
+        self.calls += 1
+        raise SystemExit(3)  # a plugin calling sys.exit() must not stop the server
+
+    def allow_subscribe(self, client: Any, subject: str) -> Any:
+        self.calls += 1
+        return {"/a/1": 1, "/a/2": "yes", "/a/3": None, "/a/4": [True]}.get(subject, True)
+
+    def allow_publish(self, client: Any, subject: str) -> Any:
+        async def later() -> bool:
+            return True
+
+        return later()  # a coroutine, never awaited
+
+
+def test_a_plugin_that_exits_or_answers_garbage_denies_and_is_named_once_per_method(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entitlement = CustomEntitlement(Odd(""), timeout=5)
+    caplog.set_level(logging.WARNING, "migratory.entitlement")
+    assert not entitlement.allow_connect(who())
+    assert entitlement.failures == 1 and "SystemExit" in caplog.text
+    assert [entitlement.allow_subscribe(who(), f"/a/{i}") for i in range(1, 6)] == [
+        False, False, False, False, True]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not entitlement.allow_publish(who(), "/a/1")
+        assert not entitlement.allow_publish(who(), "/a/2")
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    odd = [r.getMessage() for r in caplog.records if "not a bool" in r.getMessage()]
+    assert len(odd) == 2  # allow_subscribe once, allow_publish once: not one per call
+    assert all("test_entitlement_custom:Odd" in line for line in odd)
+
+
+def test_an_async_plugin_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    module = types.ModuleType("async_rules")
+
+    class Rules(Gated):
+        async def allow_subscribe(self, client: Any, subject: str) -> bool:  # type: ignore[override]
+            return True
+
+    module.Rules = Rules  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, "async_rules", module)
+    with pytest.raises(ValueError, match="allow_subscribe must be plain functions"):
+        load_plugin("async_rules:Rules", "")
+
+
+class ByToken:
+    def __init__(self, options: str) -> None:
+        self.calls = 0
+
+    def allow_connect(self, client: Any) -> bool:
+        self.calls += 1
+        return client.token == "good"
+
+    def allow_subscribe(self, client: Any, subject: str) -> bool:
+        return client.name == "a"
+
+    def allow_publish(self, client: Any, subject: str) -> bool:
+        return False
+
+
+def test_decisions_are_cached_by_digest_and_identities_do_not_collide() -> None:
+    plugin = ByToken("")
+    entitlement = CustomEntitlement(plugin)
+    for i in range(100):  # clients with 60 kB tokens each
+        assert not entitlement.allow_connect(who(token=f"{i}" + "x" * 60_000))
+    decisions = entitlement._decisions  # type: ignore[attr-defined]
+    assert len(decisions) == 100 and all(len(key) == 32 for key in decisions)
+    # the same strings split differently between the fields are other identities
+    assert entitlement.allow_subscribe(who("a", "b\0c"), "/s/t")
+    assert not entitlement.allow_subscribe(who("a\0b", "c"), "/s/t")
+    assert entitlement.allow_connect(who(token="good"))
+    assert not entitlement.allow_connect(who(token=None))
+    assert not entitlement.allow_connect(who(token="None"))
+    assert not entitlement.allow_connect(who(token="\udcff"))  # not UTF-8: asked, denied
