@@ -3,7 +3,8 @@
 It does no client I/O. It
 
 - holds each client port (an SO_REUSEPORT socket bound, never listening, so the port
-  stays the server's while a worker restarts; port 0 is chosen here, once, for all);
+  stays the server's while a worker restarts; port 0 is chosen here, once, for all),
+  and refuses one that something listens on already (:func:`refuse_if_listened`);
 - runs the :class:`~cluster.sequencer.Sequencer` (the one source of positions);
 - starts N worker processes (``migratory serve`` with the same configuration, plus
   ``--worker-index`` / ``--worker-sequencer``; the link secret in the environment),
@@ -89,10 +90,11 @@ def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 try:
                     sock.bind((host, port))
+                    bound = sock.getsockname()[1]
+                    refuse_if_listened(sock.family, host, bound)
                 except OSError as exc:
                     raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
                                   ) from None
-                bound = sock.getsockname()[1]
                 resolved.append(f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}")
             if any(port == 0 for _, port in addresses):
                 overrides[key] = ", ".join(resolved)
@@ -101,6 +103,20 @@ def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
             sock.close()
         raise
     return held, overrides
+
+
+def refuse_if_listened(family: socket.AddressFamily, host: str, port: int) -> None:
+    """OSError (EADDRINUSE) if a socket listens on ``host:port`` already.
+
+    The held socket's SO_REUSEPORT would let it join the listeners of any process of
+    the same user -- another server with workers started on the same port, or the
+    orphaned workers of a killed one -- and the kernel would then split the clients
+    between two servers that know nothing of each other's messages. A probe without
+    SO_REUSEPORT (with SO_REUSEADDR: connections in TIME_WAIT and this server's own
+    bound, never listening sockets do not count) cannot bind beside a listener."""
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def monitor_override(config: Config, index: int) -> dict[str, str]:

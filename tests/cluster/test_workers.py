@@ -228,6 +228,22 @@ def test_a_killed_worker_is_restarted_and_its_client_resumes_on_another_with_dat
     print("resumed on", worker)
 
 
+def test_a_second_server_is_refused_the_port_of_a_running_one(server: WorkersServer) -> None:
+    """SO_REUSEPORT lets any process of the same user join a port's listeners: a second
+    server with workers on the port of a running one would start, and the kernel would
+    split the clients between two servers that never see each other's messages."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+    second = subprocess.run(
+        [sys.executable, "-m", "cluster", "serve", "--set", f"Listen=127.0.0.1:{server.port}",
+         "--set", "Workers=2"], capture_output=True, env=env, timeout=30,
+    )
+    assert second.returncode == 1, second.stdout.decode()
+    assert (f"cannot listen on 127.0.0.1:{server.port}: Address already in use"
+            in second.stderr.decode()), second.stderr.decode()
+    _, worker = connect(server.port, "after")  # the first one serves on
+    assert worker.startswith("migratory-worker-")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_the_supervisor_stops_every_worker(tmp_path: Path, sig: int) -> None:
     server = WorkersServer(tmp_path, workers=2, DrainTime="2")
