@@ -15,13 +15,14 @@ import sys
 import trio
 
 from migratory.config import Config as ConfigType
-from migratory.config import ConfigError, load_config, parse_set_options
+from migratory.config import ConfigError, load_config, parse_set_options, read_config_file
 from migratory.logs import configure_logging
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config, overrides=parse_set_options(args.set))
+        text = _config_text(args)
+        config = load_config(args.config, text=text, overrides=parse_set_options(args.set))
     except ConfigError as exc:
         print(f"migratory: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -33,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.worker_index is not None:
             return _serve_worker(args, config)
         if config.workers > 1:
-            return _supervise(args, config)
+            return _supervise(args, config, text)
         server, roles = build_node(config)
         trio.run(functools.partial(run_until_signalled, server, roles=roles))
     except (OSError, BaseExceptionGroup) as exc:
@@ -45,13 +46,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, config: ConfigType) -> int:
+def _config_text(args: argparse.Namespace) -> str | None:
+    """The config file's text. A worker reads it on its stdin: the file as its
+    supervisor read it at start-up (cluster/workers.py), not as it may be now."""
+    if args.config is None:
+        return None
+    if args.worker_index is not None:
+        return sys.stdin.buffer.read().decode()
+    return read_config_file(args.config)
+
+
+def _supervise(args: argparse.Namespace, config: ConfigType, config_text: str | None) -> int:
     """``Workers`` > 1: this process sequences, N worker processes serve (docs/workers.md)."""
     from cluster.workers import WorkerFailed, serve_args, supervise
 
     error = None
     try:
-        trio.run(supervise, config, serve_args(args.config, args.set))
+        trio.run(supervise, config, serve_args(args.config, args.set), config_text)
     except* WorkerFailed as failed:
         error = str(failed.exceptions[0])
     except* trio.TooSlowError:

@@ -128,10 +128,15 @@ def monitor_override(config: Config, index: int) -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, config: Config, serve_args: Sequence[str]) -> None:
-        """``serve_args``: the ``migratory serve`` options to start each worker with."""
+    def __init__(
+        self, config: Config, serve_args: Sequence[str], config_text: str | None = None
+    ) -> None:
+        """``serve_args``: the ``migratory serve`` options to start each worker with;
+        ``config_text``: the text of their ``--config`` file as read at start-up, given
+        to every worker (restarted ones too) on its stdin."""
         self.config = config
         self.serve_args = list(serve_args)
+        self.config_text = config_text
         self.secret = secrets.token_hex(24)
         self.sequencer = Sequencer(config, workers=config.workers, password=self.secret)
         self.slots = [WorkerSlot(i) for i in range(config.workers)]
@@ -204,13 +209,15 @@ class Supervisor:
     async def _run_once(self, slot: WorkerSlot) -> int:
         env = {**os.environ, SECRET_ENV: self.secret}
         process = await trio.lowlevel.open_process(
-            self._command(slot.index), stdout=subprocess.PIPE, env=env, start_new_session=True
+            self._command(slot.index), stdout=subprocess.PIPE, env=env, start_new_session=True,
+            stdin=None if self.config_text is None else subprocess.PIPE,
         )
         slot.process = process
         if self.announced:  # a restart (the first start's line follows "listening")
             say(f"worker {slot.index} pid {process.pid}")
         log.info("worker %d started (pid %d)", slot.index, process.pid)
         try:
+            await self._give_config(process)
             assert process.stdout is not None
             await self._relay(slot, process.stdout)
             return await process.wait()
@@ -218,6 +225,17 @@ class Supervisor:
             if self.stopping or process.returncode is None:
                 with trio.CancelScope(shield=True):
                     await self._end(process)
+
+    async def _give_config(self, process: trio.Process) -> None:
+        """The config file's text as the server started with it: a worker restarted
+        after the file was edited (or removed) runs as its peers and the sequencer do,
+        not with settings they never read, or not at all."""
+        if process.stdin is None or self.config_text is None:
+            return
+        # a worker that died at once: its exit code says so
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await process.stdin.send_all(self.config_text.encode())
+        await process.stdin.aclose()
 
     async def _relay(self, slot: WorkerSlot, stdout: trio.abc.ReceiveStream) -> None:
         """The worker's stdout: its ``listening`` lines mark it ready; the rest is
@@ -284,5 +302,5 @@ def serve_args(config_path: str | None, sets: Sequence[str]) -> list[str]:
     return args + [f"--set={item}" for item in sets]
 
 
-async def supervise(config: Config, args: Sequence[str]) -> None:
-    await Supervisor(config, args).run()
+async def supervise(config: Config, args: Sequence[str], config_text: str | None = None) -> None:
+    await Supervisor(config, args, config_text).run()

@@ -461,12 +461,15 @@ def load_config(
     *,
     overrides: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    text: str | None = None,
 ) -> Config:
     """Defaults, then the file, then the environment, then ``overrides`` (``--set``):
-    all merged first (later wins), then parsed and checked once."""
+    all merged first (later wins), then parsed and checked once. ``text``: the file's
+    text, read already (a worker gets its supervisor's, :mod:`cluster.workers`)."""
     layers = []
     if path is not None:
-        text = read_config_file(path)
+        if text is None:
+            text = read_config_file(path)
         layers.append(Layer(str(path), parse_config_text(text, source=str(path))))
     layers.append(Layer("environment", env_overrides(os.environ if environ is None else environ)))
     layers.append(Layer("--set", overrides or {}))

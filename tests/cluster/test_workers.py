@@ -33,9 +33,13 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT ba
 class WorkersServer:
     """``migratory serve`` with ``Workers = n``; stdout read by a thread."""
 
-    def __init__(self, tmp_path: Path, workers: int = 2, **settings: str) -> None:
+    def __init__(
+        self, tmp_path: Path, workers: int = 2, config: Path | None = None, **settings: str
+    ) -> None:
         args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0",
                 "--set", f"Workers={workers}"]
+        if config is not None:
+            args += ["--config", str(config)]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         self.log_path = tmp_path / f"workers-{time.monotonic_ns()}.log"
@@ -242,6 +246,26 @@ def test_a_second_server_is_refused_the_port_of_a_running_one(server: WorkersSer
             in second.stderr.decode()), second.stderr.decode()
     _, worker = connect(server.port, "after")  # the first one serves on
     assert worker.startswith("migratory-worker-")
+
+
+def test_a_restarted_worker_runs_with_the_configuration_the_server_started_with(
+    tmp_path: Path,
+) -> None:
+    """The config file edited (here: broken) while the server runs: a worker restarted
+    then runs as its peers and the sequencer do, with the file as the server read it --
+    not with settings nobody else read, nor in a restart loop on a file it refuses."""
+    path = tmp_path / "migratory.conf"
+    path.write_text("ServerName = edge\n")
+    server = WorkersServer(tmp_path, config=path)
+    try:
+        path.write_text("ServerName = edited\nNoSuchKey = 1\n")
+        os.kill(server.pids[1], signal.SIGKILL)
+        server.wait_log("worker 1 is back")
+        assert "configuration error" not in server.log()
+        on = clients_on_every_worker(server.port, workers=2, per_worker=1)
+        assert sorted(on) == ["edge-worker-0", "edge-worker-1"]
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
