@@ -179,7 +179,11 @@ class HttpFront:
         ctx, message = self._ctx, parsed.message
         identity = ClientIdentity(name="http", token=parsed.token, peer=self._session.peer)
         ctx.stats.publishes_received += 1
-        status, reason = check_publish(ctx, self._listener, identity, message)
+        connects = ctx.entitlement.allow_connect(identity)  # each request, as /events
+        if connects:
+            status, reason = check_publish(ctx, self._listener, identity, message)
+        else:
+            status, reason = ops.Status.PUBLISH_DENIED, "entitlement refused the connection"
         if status is None and ctx.readiness() is not None:
             status, reason = ops.Status.PUBLISH_FAILED, ctx.readiness()
         audit = ctx.audit
@@ -189,7 +193,7 @@ class HttpFront:
                         retained=message.retained, closure=None,
                         outcome="submitted" if status is None else status.name, reason=reason)
         if status is ops.Status.PUBLISH_DENIED:
-            ctx.stats.count(ctx.stats.entitlement_denials, "publish")
+            ctx.stats.count(ctx.stats.entitlement_denials, "publish" if connects else "connect")
         if status is not None:
             ctx.stats.publishes_refused += 1
             refused = ops.PublishStatus(status, HTTP_CLOSURE, message.subject, None, reason)

@@ -78,6 +78,9 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
     if subject.startswith(SESSION_PREFIX):
         return error(403, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
     identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
+    if not ctx.entitlement.allow_connect(identity):  # each request connects, as /events
+        ctx.stats.count(ctx.stats.entitlement_denials, "connect")
+        return error(403, "entitlement refused the connection")
     if not ctx.entitlement.allow_subscribe(identity, subject):
         ctx.stats.count(ctx.stats.entitlement_denials, "subscribe")
         return error(403, f"not entitled to subscribe to {subject!r}")

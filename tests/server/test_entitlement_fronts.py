@@ -4,6 +4,7 @@ patterns or reaching the meta-subjects."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -140,3 +141,60 @@ def test_a_json_token_with_a_lone_surrogate_is_denied_not_an_internal_error() ->
     assert answers.endswith(b"\r\n\r\nok\n") and not session.closing
     odd = ClientIdentity("x", "\udcff", "127.0.0.1:5")
     assert not server.ctx.entitlement.allow_subscribe(odd, "/migratory/cluster")
+
+
+BANNING_PLUGIN = '''
+class Rules:
+    """Bans the token "banned" at connect; subjects are open to all."""
+    def __init__(self, options):
+        pass
+    def allow_connect(self, client):
+        return client.token != "banned"
+    def allow_subscribe(self, client, subject):
+        return True
+    def allow_publish(self, client, subject):
+        return True
+'''
+
+
+def test_a_client_refused_at_connect_is_refused_by_every_http_request_too(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """POST /publish and GET /snapshot asked only allow_publish / allow_subscribe: a
+    client a Custom plugin refuses at connect (native, MQTT, /events) published and
+    read snapshots over HTTP."""
+    from test_http_front import NullLink
+
+    from migratory.config import load_config
+    from migratory.listeners import Listener
+    from migratory.server.app import Server
+    from migratory.server.session import Session
+
+    (tmp_path / "banning_rules.py").write_text(BANNING_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    server = Server(load_config(overrides={
+        "Listen": "127.0.0.1:0", "Entitlement": "Custom",
+        "EntitlementPlugin": "banning_rules:Rules"}, environ={}))
+    listener = Listener(("127.0.0.1", 1), encrypted=False, protocols=frozenset({"http"}),
+                        publish=True)
+
+    def ask(request: bytes) -> bytes:
+        session = Session(server.ctx, NullLink(), "127.0.0.1:5", listener)
+        session.receive_data(request, 0.0)
+        return session.outbox.take()
+
+    def publish(token: str) -> bytes:
+        body = b'{"subject": "/a/b", "content": "x", "token": "%s"}' % token.encode()
+        return ask(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                   % len(body) + body)
+
+    def get(path: str) -> bytes:
+        return ask(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+
+    assert publish("banned").startswith(b"HTTP/1.1 403 ")
+    assert get("/snapshot?subject=/a/b&token=banned").startswith(b"HTTP/1.1 403 ")
+    assert get("/events?subject=/a/b&token=banned").startswith(b"HTTP/1.1 403 ")
+    assert not publish("ok").startswith(b"HTTP/1.1 403 ")
+    assert get("/snapshot?subject=/a/b&token=ok").startswith(b"HTTP/1.1 404 ")
+    assert server.ctx.stats.entitlement_denials == {"connect": 3}
+    sys.modules.pop("banning_rules", None)
