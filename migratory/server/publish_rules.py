@@ -12,13 +12,18 @@ from migratory.server.admission import address_allowed
 from migratory.server.context import ServerContext
 from migratory.server.mqtt_store import SESSION_PREFIX
 
+RESERVED_PREFIX = "/$"
+"""Subjects the server publishes itself (MQTT sessions, the rebalancer's load reports):
+a client's publish there is refused, whatever its entitlement -- a forged load report
+made members move their clients away (server/rebalance.py)."""
+
 
 def check_publish(
     ctx: ServerContext, listener: Listener, identity: ClientIdentity, message: Message
 ) -> tuple[ops.Status | None, str | None]:
     """``(status, reason)`` refusing ``message``, or ``(None, None)`` to go ahead.
 
-    In order: the listener's role, the subject (MQTT's reserved session subjects too),
+    In order: the listener's role, the subject (``/$...`` ones are the server's),
     the size limit (of the message, and of the merged snapshot a retained one makes),
     PublishAllowFromAddressList, entitlement.
     """
@@ -30,6 +35,8 @@ def check_publish(
         return ops.Status.PUBLISH_FAILED, exc.reason
     if message.subject.startswith(SESSION_PREFIX):
         return ops.Status.PUBLISH_DENIED, f"{SESSION_PREFIX} subjects are reserved"
+    if message.subject.startswith(RESERVED_PREFIX):  # /$migratory/load/: the rebalancer's
+        return ops.Status.PUBLISH_DENIED, f"{RESERVED_PREFIX} subjects are the server's"
     limit = ctx.config.max_message_size
     if message.size() > limit:
         return (

@@ -15,8 +15,9 @@ closes it (its publishes settled first, then 4502 DRAINED, a reconnect code): th
 SDK reconnects to another member and resumes every subject from its position
 (``DATA_SYNC``).
 
-Anyone entitled to publish may publish on ``/$migratory/load/...``; a report that is
-not one this module wrote is ignored, and the move rate stays bounded either way.
+No client may publish on ``/$migratory/load/...`` (``/$`` subjects are the server's:
+publish_rules.py); a report that does not decode is ignored, and the move rate stays
+bounded either way.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ patterns or reaching the meta-subjects."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -198,3 +199,28 @@ def test_a_client_refused_at_connect_is_refused_by_every_http_request_too(
     assert get("/snapshot?subject=/a/b&token=ok").startswith(b"HTTP/1.1 404 ")
     assert server.ctx.stats.entitlement_denials == {"connect": 3}
     sys.modules.pop("banning_rules", None)
+
+
+def test_no_client_publishes_a_load_report_for_the_rebalancer() -> None:
+    """``/$migratory/load/<member>`` steers ClusterRebalanceRate: a forged report of 0
+    clients for every peer made a member move its clients away, second after second."""
+    from test_http_front import NullLink
+
+    from migratory.config import load_config
+    from migratory.listeners import Listener
+    from migratory.server.app import Server
+    from migratory.server.rebalance import LoadReport, load_subject
+    from migratory.server.session import Session
+
+    server = Server(load_config(overrides={"Listen": "127.0.0.1:0"}, environ={}))
+    listener = Listener(("127.0.0.1", 1), encrypted=False, protocols=frozenset({"http"}),
+                        publish=True)
+    session = Session(server.ctx, NullLink(), "127.0.0.1:5", listener)
+    content = LoadReport(clients=0, serial=10**9).encode().decode()
+    body = json.dumps({"subject": load_subject(("10.0.0.2", 8800)), "content": content,
+                       "retained": True}).encode()
+    session.receive_data(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body, 0.0)
+    answer = session.outbox.take()
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"PUBLISH_DENIED" in answer, answer
+    assert server.ctx.hub.snapshot(load_subject(("10.0.0.2", 8800))) is None
