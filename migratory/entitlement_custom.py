@@ -14,7 +14,8 @@ plugin is called only on connect, subscribe and publish checks -- never on the f
 path -- and each decision is cached per client identity and subject (bounded, keyed by
 a digest: a client's token may be 64 kB), so a plugin is asked once per session and
 subject. A plugin that raises (``SystemExit`` too), or answers anything but ``True``,
-denies; the error is logged naming the plugin and counted, and the server carries on.
+denies; the error is logged naming the plugin (at most once per 10 s, the others
+counted in the next line) and counted, and the server carries on.
 
 The plugin runs in one thread of its own, one call at a time, while the event loop waits
 for its answer at most ``EntitlementPluginTimeout``: a call that takes longer denies, and
@@ -30,6 +31,7 @@ import inspect
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +41,9 @@ from typing import Any
 log = logging.getLogger("migratory.entitlement")
 
 MAX_CACHED_DECISIONS = 100_000
+FAILURE_LOG_INTERVAL = 10.0
+"""Seconds between two logged failures (the others are counted in the next line): a
+client whose every subscribe makes the plugin raise must not flood the log."""
 METHODS = ("allow_connect", "allow_subscribe", "allow_publish")
 
 
@@ -105,6 +110,8 @@ class CustomEntitlement:
         self._decisions: OrderedDict[bytes, bool] = OrderedDict()
         self._odd_answers: set[str] = set()  # methods that answered something not a bool
         self.failures = 0
+        self._unlogged = 0  # failures since the last one logged
+        self._log_after = 0.0  # time.monotonic() from which the next failure is logged
         """Calls that raised, timed out or were not made while one ran late (each denied)."""
 
     def _ask(self, method: str, client: Any, *subject: str) -> bool:
@@ -117,9 +124,7 @@ class CustomEntitlement:
         except BaseException as exc:  # a failing plugin denies, never crashes the server
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            self.failures += 1
-            log.warning("entitlement plugin %s: %s failed (denied): %r", self._plugin_name,
-                        method, exc)
+            self._failed(method, exc)
             return False  # not cached: a transient failure is asked again
         decision = answer is True
         if not isinstance(answer, bool):
@@ -144,6 +149,17 @@ class CustomEntitlement:
             raise TimeoutError(f"no answer within EntitlementPluginTimeout "
                                f"({self._timeout * 1000:.0f} ms); decisions are denied "
                                "until it returns") from None
+
+    def _failed(self, method: str, exc: BaseException) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if now < self._log_after:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more failures not logged)" if self._unlogged else ""
+        self._unlogged, self._log_after = 0, now + FAILURE_LOG_INTERVAL
+        log.warning("entitlement plugin %s: %s failed (denied): %r%s", self._plugin_name,
+                    method, exc, more)
 
     def _odd_answer(self, method: str, answer: Any) -> None:
         if inspect.iscoroutine(answer):

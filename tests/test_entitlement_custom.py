@@ -149,3 +149,28 @@ def test_decisions_are_cached_by_digest_and_identities_do_not_collide() -> None:
     assert not entitlement.allow_connect(who(token=None))
     assert not entitlement.allow_connect(who(token="None"))
     assert not entitlement.allow_connect(who(token="\udcff"))  # not UTF-8: asked, denied
+
+
+class Raising:
+    def __init__(self, options: str) -> None:
+        pass
+
+    def allow_connect(self, client: Any) -> bool:
+        return True
+
+    def allow_subscribe(self, client: Any, subject: str) -> bool:
+        raise KeyError(subject)  # a subject the rules never expected, every time
+
+    def allow_publish(self, client: Any, subject: str) -> bool:
+        return True
+
+
+def test_a_plugin_failing_on_every_call_does_not_flood_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entitlement = CustomEntitlement(Raising(""))
+    caplog.set_level(logging.WARNING, "migratory.entitlement")
+    denied = sum(not entitlement.allow_subscribe(who(), f"/odd/{i}") for i in range(500))
+    assert denied == 500 and entitlement.failures == 500  # every one denied and counted
+    logged = [r for r in caplog.records if "failed (denied)" in r.getMessage()]
+    assert 1 <= len(logged) <= 2  # one per FAILURE_LOG_INTERVAL (10 s), not one per call
