@@ -5,8 +5,9 @@ The server publishes, every ``MonitorPushInterval`` seconds, ``/migratory/stats/
 (its view of the cluster). Clients subscribe to them like to any subject, under the
 entitlement rules (the seed's PUSH monitoring): the server's entitlement is wrapped so
 that only holders of ``MonitorToken`` may subscribe to a meta-subject (none when it is
-empty) and nobody may publish one; an MQTT filter whose first level is a wildcard never
-matches them (model/topic.py ``META_LEVEL``). docs/monitoring.md describes the content (JSON).
+empty) -- and may connect to do so whatever the Entitlement -- and nobody may publish
+one; an MQTT filter whose first level is a wildcard never matches them (model/topic.py
+``META_LEVEL``). docs/monitoring.md describes the content (JSON).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class MetaSubjectEntitlement:
         self.name = inner.name
 
     def allow_connect(self, client: ClientIdentity) -> bool:
-        return self._inner.allow_connect(client)
+        # the MonitorToken is no JWT and no plugin knows it: its holder (the dashboard)
+        # connects whatever the Entitlement, and reads meta-subjects only -- every other
+        # subject, and every publish, is still the inner entitlement's
+        return self._holds_token(client) or self._inner.allow_connect(client)
 
     def expiry(self, client: ClientIdentity) -> float | None:
         return self._inner.expiry(client)
@@ -54,6 +58,9 @@ class MetaSubjectEntitlement:
     def allow_subscribe(self, client: ClientIdentity, subject: str) -> bool:
         if not is_meta_subject(subject):
             return self._inner.allow_subscribe(client, subject)
+        return self._holds_token(client)
+
+    def _holds_token(self, client: ClientIdentity) -> bool:
         token = client.token
         return (
             bool(self._token)

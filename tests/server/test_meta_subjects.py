@@ -37,6 +37,24 @@ def test_only_the_token_holder_subscribes_and_nobody_publishes_meta_subjects() -
     assert entitlement.allow_publish(client(None), "/any/subject")
 
 
+def test_the_token_holder_connects_under_token_entitlement_and_reads_meta_subjects_only(
+) -> None:
+    """The MonitorToken is no JWT: under Entitlement = Token the dashboard was refused at
+    connect (4003) and push monitoring could not be read at all."""
+    from migratory.entitlement_token import TokenEntitlement
+
+    entitlement = MetaSubjectEntitlement(TokenEntitlement(algorithm="HS256", keys=b"s" * 40),
+                                         TOKEN)
+    assert entitlement.allow_connect(client(TOKEN))
+    assert entitlement.allow_subscribe(client(TOKEN), CLUSTER_SUBJECT)
+    assert entitlement.expiry(client(TOKEN)) is None  # never closed as expired
+    assert not entitlement.allow_subscribe(client(TOKEN), "/any/subject")
+    assert not entitlement.allow_publish(client(TOKEN), "/any/subject")
+    assert not entitlement.allow_connect(client("wrong"))
+    assert not MetaSubjectEntitlement(TokenEntitlement(algorithm="HS256", keys=b"s" * 40),
+                                      "").allow_connect(client(""))
+
+
 def test_without_a_token_nobody_reads_meta_subjects() -> None:
     entitlement = MetaSubjectEntitlement(NoEntitlement(), "")
     assert not entitlement.allow_subscribe(client(""), CLUSTER_SUBJECT)
