@@ -40,6 +40,11 @@ class Entitlement(Protocol):
         ...
 
 
+MAX_TOKEN_CHARS = 65_536
+"""A longer token is refused unread by Token and Custom (a JWT of 1,000 patterns fits in
+~40 kB): a 1 MiB token on a native connect would otherwise be hashed at each decision."""
+
+
 def token_bytes(token: str) -> bytes:
     """A token as bytes to compare: a lone surrogate (JSON's ``"\\udcff"``) never matches
     a configured token, and must not raise."""

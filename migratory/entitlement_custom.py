@@ -13,9 +13,10 @@ without ``name``)::
 plugin is called only on connect, subscribe and publish checks -- never on the fan-out
 path -- and each decision is cached per client identity and subject (bounded, keyed by
 a digest: a client's token may be 64 kB), so a plugin is asked once per session and
-subject. A plugin that raises (``SystemExit`` too), or answers anything but ``True``,
-denies; the error is logged naming the plugin (at most once per 10 s, the others
-counted in the next line) and counted, and the server carries on.
+subject; a token over 64 KiB is denied without asking. A plugin that raises
+(``SystemExit`` too), or answers anything but ``True``, denies; the error is logged
+naming the plugin (at most once per 10 s, the others counted in the next line) and
+counted, and the server carries on.
 
 The plugin runs in one thread of its own, one call at a time, while the event loop waits
 for its answer at most ``EntitlementPluginTimeout``: a call that takes longer denies, and
@@ -37,6 +38,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
+
+from migratory.entitlement import MAX_TOKEN_CHARS
 
 log = logging.getLogger("migratory.entitlement")
 
@@ -115,6 +118,8 @@ class CustomEntitlement:
         """Calls that raised, timed out or were not made while one ran late (each denied)."""
 
     def _ask(self, method: str, client: Any, *subject: str) -> bool:
+        if client.token is not None and len(client.token) > MAX_TOKEN_CHARS:
+            return False  # not asked, not hashed at each decision: refused unread
         key = _decision_key(method, client, *subject)
         cached = self._decisions.get(key)
         if cached is not None:

@@ -30,13 +30,13 @@ from typing import Any
 
 import jwt
 
+from migratory.entitlement import MAX_TOKEN_CHARS
+
 log = logging.getLogger("migratory.entitlement")
 
 ALGORITHMS = ("HS256", "RS256", "ES256")
 MAX_CACHED_TOKENS = 10_000
 MAX_PATTERNS = 1000
-MAX_TOKEN_CHARS = 65_536
-"""A longer token is refused unread (1,000 patterns fit in ~40 kB)."""
 NOT_BEFORE_LEEWAY = 30.0
 """Seconds an ``nbf`` may lie ahead of this server's clock (the issuer's runs ahead)."""
 
