@@ -23,6 +23,7 @@ from migratory.model.subject import InvalidSubjectError, validate_subject
 
 __all__ = [
     "FilterIndex",
+    "FilterNode",
     "InvalidTopicError",
     "filter_levels",
     "is_wildcard",
@@ -99,11 +100,14 @@ def filter_levels(topic_filter: str) -> tuple[str, ...]:
     return levels
 
 
-class _Node(Generic[Sink]):
+class FilterNode(Generic[Sink]):
+    """One level of a :class:`FilterIndex`: read by
+    :class:`migratory.model.subject_index.SubjectIndex`, changed only by the index."""
+
     __slots__ = ("children", "here", "rest")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[Sink]] = {}
+        self.children: dict[str, FilterNode[Sink]] = {}
         self.here: dict[Sink, int] = {}  # filters ending at this level
         self.rest: dict[Sink, int] = {}  # filters ending in '#' below this level
 
@@ -112,16 +116,20 @@ class FilterIndex(Generic[Sink]):
     """Wildcard filters -> subscribers with a value (their granted QoS)."""
 
     def __init__(self) -> None:
-        self._root: _Node[Sink] = _Node()
+        self._root: FilterNode[Sink] = FilterNode()
         self.count = 0  # filters held (read it; the hub tests it per message)
 
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def root(self) -> FilterNode[Sink]:
+        return self._root
+
     def add(self, levels: tuple[str, ...], sink: Sink, value: int) -> None:
         node = self._root
         for level in levels[:-1] if levels[-1] == "#" else levels:
-            node = node.children.setdefault(level, _Node())
+            node = node.children.setdefault(level, FilterNode())
         table = node.rest if levels[-1] == "#" else node.here
         if sink not in table:
             self.count += 1

@@ -19,6 +19,7 @@ from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
+from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex
 from migratory.protocol import ops
 from migratory.server.answer_bound import answer_bytes
@@ -73,6 +74,8 @@ class Hub(MessageSinks):
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot
         self._subjects: dict[str, SubjectState] = {}
+        self._index: SubjectIndex[SubjectState] = SubjectIndex()  # the same, by levels
+        self.subjects_visited = 0  # by wildcard scans (hub_sinks.SubjectScan)
         self._with_conflation: set[SubjectState] = set()
         self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
         self._published = 0
@@ -295,7 +298,7 @@ class Hub(MessageSinks):
         self._drop_subscription(state, sink)
         self._sinks += state.sinks - sinks
         if state.idle:
-            del self._subjects[subject]
+            self._forget(state)
 
     def _drop_subscription(self, state: SubjectState, sink: AnySink) -> None:
         if isinstance(sink, FormatSink):
@@ -342,7 +345,7 @@ class Hub(MessageSinks):
                 continue
             dropped += state.cache.expire(now)
             if state.seq and state.spent:
-                del self._subjects[subject]
+                self._forget(state)
                 spent += 1
         self._cached -= dropped
         self._forgotten += spent
@@ -409,7 +412,7 @@ class Hub(MessageSinks):
         if state.waiting:
             self._settle_waiting(state, now)
         if state.idle:
-            del self._subjects[subject]
+            self._forget(state)
 
     def _catch_up_live(self, state: SubjectState, before: Position) -> None:
         """Live subscribers were at ``before`` when the subject moved: give them the
@@ -476,5 +479,10 @@ class Hub(MessageSinks):
             )
             epoch = self.epoch if not self._forgotten else new_epoch()
             state = self._subjects[subject] = SubjectState(subject, epoch, cache)
+            self._index.add(subject, state)
             self.subjects_created += 1
         return state
+
+    def _forget(self, state: SubjectState) -> None:
+        del self._subjects[state.subject]
+        self._index.remove(state.subject)

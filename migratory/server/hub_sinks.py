@@ -4,11 +4,13 @@ sessions), on exact subjects and on wildcard topic filters. A mixin of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from migratory.model.message import Message
 from migratory.model.position import Position
-from migratory.model.topic import FilterIndex, filter_matches
+from migratory.model.subject_index import SubjectIndex
+from migratory.model.topic import FilterIndex
 from migratory.server.format_sink import MessageSink
 from migratory.server.subject_state import SubjectState
 
@@ -18,10 +20,15 @@ class MessageSinks:
 
     _subjects: dict[str, SubjectState]
     _filters: FilterIndex[MessageSink]
+    _index: SubjectIndex[SubjectState]
+    subjects_visited: int  # by SubjectScan, every one so far (tests count the work)
     _fanned_out: int
     _sinks: int  # subscriptions to exact subjects, every kind (Hub.statistics)
 
     def _state(self, subject: str) -> SubjectState:
+        raise NotImplementedError
+
+    def _forget(self, state: SubjectState) -> None:
         raise NotImplementedError
 
     def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
@@ -55,7 +62,7 @@ class MessageSinks:
             if state.listeners.pop(sink, None) is not None:
                 self._sinks -= 1
             if state.idle:
-                del self._subjects[subject]
+                self._forget(state)
 
     def listen_filter(self, sink: MessageSink, levels: tuple[str, ...], qos: int) -> None:
         """Deliver every later message of every subject ``levels`` matches to ``sink``."""
@@ -76,34 +83,57 @@ class MessageSinks:
             return [] if position.seq == 0 else None
         return self._missed(state, position)
 
-    def matching(self, levels: tuple[str, ...]) -> list[tuple[str, Position, Message | None]]:
-        """``(subject, position, snapshot)`` of every subject a wildcard filter matches
-        (never ``/$...`` ones)."""
-        return [
-            (state.subject, state.position, state.snapshot)
-            for state in self._subjects.values()
-            if not state.subject.startswith("/$") and filter_matches(levels, state.subject)
-        ]
+    def matching_any(self, filters: FilterIndex[Any], *, retained: bool = False) -> SubjectScan:
+        """The subjects one of ``filters`` matches (never ``/$...`` ones; ``retained``: only
+        those with a snapshot), to be taken in slices of bounded work
+        (:class:`SubjectScan`): the walk visits only the levels the filters can match
+        (:mod:`migratory.model.subject_index`), not every subject -- a pass over all of
+        them stopped the server 65 ms per SUBSCRIBE at 50,000 subjects, 670 ms at 500,000."""
+        return SubjectScan(self, self._index.match(filters), retained=retained)
 
-    def matching_any(
-        self, index: FilterIndex[Any], *, retained: bool = False
-    ) -> list[tuple[str, Position, Message | None, int]]:
-        """``(subject, position, snapshot, value)`` of every subject one of ``index``'s
-        filters matches, ``value`` the highest of theirs (never ``/$...`` subjects;
-        ``retained``: only subjects with a snapshot). One pass over the subjects for all
-        the filters (a SUBSCRIBE of 100 wildcard filters scanned them 100 times: 2.6 s
-        of a stopped server with 50,000 subjects)."""
+
+class SubjectScan:
+    """A pass over the subjects some filters match, in slices: :meth:`take` works at most
+    ``limit`` visits (levels and subjects looked at) and may be called again, at a later
+    turn of the loop, until :attr:`done`. A slice sees each subject as it stands then."""
+
+    __slots__ = ("_found", "_sinks", "done", "retained", "visited")
+
+    def __init__(
+        self, sinks: MessageSinks, found: Iterator[tuple[SubjectState, int] | int],
+        *, retained: bool,
+    ) -> None:
+        self._sinks = sinks
+        self._found = found
+        self.retained = retained
+        self.done = False
+        self.visited = 0
+
+    def take(self, limit: int) -> list[tuple[str, Position, Message | None, int]]:
+        """``(subject, position, snapshot, value)`` of the next subjects found within
+        ``limit`` visits, ``value`` the highest of the filters matching it."""
         found = []
-        for state in self._subjects.values():
-            if retained and state.snapshot is None:
-                continue
-            subject = state.subject
-            if subject.startswith("/$"):
-                continue
-            best = -1
-            for _, value in index.match(subject):
-                if value > best:
-                    best = value
-            if best >= 0:
-                found.append((subject, state.position, state.snapshot, best))
+        visits = 0
+        retained = self.retained
+        for item in self._found:
+            if isinstance(item, int):
+                visits += item
+            else:
+                visits += 1
+                state, value = item
+                if not retained or state.snapshot is not None:
+                    found.append((state.subject, state.position, state.snapshot, value))
+            if visits >= limit:
+                break
+        else:
+            self.done = True
+        self.visited += visits
+        self._sinks.subjects_visited += visits
+        return found
+
+    def rest(self) -> list[tuple[str, Position, Message | None, int]]:
+        """All the subjects left, whatever the work (tests; a bounded caller uses take)."""
+        found = []
+        while not self.done:
+            found += self.take(1 << 30)
         return found

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
+from migratory.server.mqtt_subscriptions import SCAN_SLICE
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
+    from migratory.server.mqtt_subscriptions import Subscriptions
 
 log = logging.getLogger("migratory.mqtt")
 
@@ -22,7 +24,7 @@ SCAN_UNIT = 250
 retained messages, a resumed session's subjects, a persistent session's record after a
 change of its filters -- that count as one more packet of the per-turn budget (~1 ms of
 CPU): one client's SUBSCRIBE / UNSUBSCRIBE flood on a server of many subjects waits for
-the others' turn."""
+the others' turn. A SUBSCRIBE's retained messages are sent a slice (SCAN_SLICE) per turn."""
 
 
 class MqttInput:
@@ -30,10 +32,14 @@ class MqttInput:
     _ctx: ServerContext
     _decoder: mqtt.MqttDecoder
     _frames: ws.FrameDecoder | None
+    subscriptions: Subscriptions
     closing: bool
     aborted: bool
 
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
+        raise NotImplementedError
+
+    def _subscribed(self) -> None:
         raise NotImplementedError
 
     def _send_frame(self, frame: bytes) -> None:
@@ -75,10 +81,20 @@ class MqttInput:
         """Handle the packets already received, at most ``budget``; True if more wait."""
         self._now = now
         handled = 0
+        scanned = 0  # visits of SUBSCRIBEs' retained messages in this turn
         try:
             while not (self.closing or self.aborted):
                 if budget is not None and handled >= budget:
                     return True
+                if self.subscriptions.retaining:  # a SUBSCRIBE's retained messages
+                    if scanned >= SCAN_SLICE and budget is not None:
+                        return True  # a slice per turn at most: the others' turn first
+                    self._work = self.subscriptions.send_retained(SCAN_SLICE - scanned)
+                    scanned += self._work
+                    handled += 1 + self._work // SCAN_UNIT
+                    if not self.subscriptions.retaining:
+                        self._subscribed()  # its SUBACK, after the retained messages
+                    continue
                 packet = self._decoder.next_event()
                 if packet is None:
                     break

@@ -66,10 +66,10 @@ class MqttSession(MqttDelivery):
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
         "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost", "_next_save",
-        "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving", "_urgent",
-        "_waiting_subacks", "_will", "aborted", "client_id", "close_code", "closing",
-        "connection_id", "expires_at", "identity", "keep_alive", "listener", "outbox", "peer",
-        "persistent", "subscriptions", "websocket",
+        "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving",
+        "_suback", "_urgent", "_waiting_subacks", "_will", "aborted", "client_id", "close_code",
+        "closing", "connection_id", "expires_at", "identity", "keep_alive", "listener", "outbox",
+        "peer", "persistent", "subscriptions", "websocket",
     )
 
     def __init__(
@@ -122,6 +122,7 @@ class MqttSession(MqttDelivery):
         self._waiting_subacks: list[bytes] = []  # sent once the record is saved
         self._now = 0.0
         self._work = 0  # subjects the last packet scanned (mqtt_input.SCAN_UNIT)
+        self._suback = b""  # of the SUBSCRIBE whose retained messages are being sent
         self._lost = False
         self.closing = False
         self.aborted = False
@@ -322,8 +323,14 @@ class MqttSession(MqttDelivery):
             return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
-        self._work += self.subscriptions.send_retained()  # one pass for all the wildcards
-        suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
+        self.subscriptions.start_retained()  # one scan for all the wildcards, in slices
+        self._suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
+        if not self.subscriptions.retaining:
+            self._subscribed()
+
+    def _subscribed(self) -> None:
+        """A SUBSCRIBE's retained messages are sent: its SUBACK (mqtt_input.process)."""
+        suback, self._suback = self._suback, b""
         if self._record is None:
             self._send(suback)
             return

@@ -20,6 +20,7 @@ from migratory.model.topic import (
 )
 from migratory.protocol import mqtt
 from migratory.server.hub import Hub
+from migratory.server.hub_sinks import SubjectScan
 from migratory.server.mqtt_store import SessionRecord
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ message of it the cache holds is missed."""
 
 MAX_IMPLIED = 10_000
 """Subjects a persistent session's record names at most (see ``implied_positions``)."""
+MAX_SCAN = 2 * MAX_IMPLIED
+"""Levels and subjects a resume or a save looks at at most to find the subjects wildcard
+filters match (:meth:`Hub.matching_any`): what one CONNECT or one save may cost."""
+SCAN_SLICE = 2000
+"""Visits per slice of a scan: a SUBSCRIBE's retained messages are sent one slice per
+turn of the loop (:meth:`Subscriptions.send_retained`), the other clients' turn between."""
 MAX_FILTERS = 1000
 """Topic filters one session holds at most; a SUBSCRIBE beyond gets 0x80 for them."""
 MAX_WILDCARD_FILTERS = 100
@@ -66,6 +73,9 @@ class Subscriptions:
         # wildcard filters just added whose retained messages are still to be sent
         # (send_retained: one pass over the subjects for all of a SUBSCRIBE's filters)
         self._retain_due: FilterIndex[str] | None = None
+        self._retaining: SubjectScan | None = None  # their scan (send_retained)
+        # the positions reached when that scan's first slice ended (send_retained)
+        self._reached_before: dict[str, Position | Message] | None = None
         self._filters_changed = True  # since the last implied_positions
 
     def filters(self) -> dict[str, int]:
@@ -124,17 +134,44 @@ class Subscriptions:
             self._retain_due.add(levels, name, granted)
         return granted
 
-    def send_retained(self) -> int:
-        """The retained messages of the wildcard filters just added (:meth:`add`): one
-        pass over the subjects for all of them, each subject once, at the highest QoS
-        granted. Returns the subjects looked at (0: no pass)."""
+    def start_retained(self) -> None:
+        """Start sending the retained messages of the wildcard filters just added
+        (:meth:`add`): one scan for all of them, each subject once, at the highest QoS
+        granted, in slices (:meth:`send_retained`) while :attr:`retaining`."""
         due, self._retain_due = self._retain_due, None
-        if due is None:
+        if due is not None:
+            self._retaining = self._hub.matching_any(due, retained=True)
+            self._reached_before = None
+
+    @property
+    def retaining(self) -> bool:
+        """A SUBSCRIBE's retained messages are still being sent (its SUBACK waits)."""
+        return self._retaining is not None
+
+    def send_retained(self, limit: int) -> int:
+        """Send the next retained messages of the scan :meth:`start_retained` began,
+        within ``limit`` visits; returns the visits. A subject that had a live message
+        meanwhile (between two slices) gets no older retained message after it."""
+        scan = self._retaining
+        if scan is None:
             return 0
-        for _, _, snapshot, qos in self._hub.matching_any(due, retained=True):
-            if snapshot is not None:
-                self._owner.deliver_retained(snapshot, qos)
-        return self._hub.subject_count
+        owner = self._owner
+        before = self._reached_before
+        reached = owner.settle_reached() if before is not None else None
+        visited = scan.visited
+        for subject, _, snapshot, qos in scan.take(limit):
+            if snapshot is None or owner.closing:
+                continue
+            if reached is not None and before is not None and (
+                reached.get(subject) is not before.get(subject)
+            ):
+                continue  # delivered live since the scan began: newer than this
+            owner.deliver_retained(snapshot, qos)
+        if scan.done or owner.closing or owner.aborted:
+            self._retaining = self._reached_before = None
+        elif before is None:  # to tell, at the next slices, what came live meanwhile
+            self._reached_before = dict(owner.settle_reached())
+        return scan.visited - visited
 
     def remove(self, names: tuple[str, ...]) -> None:
         for name in names:
@@ -199,9 +236,20 @@ class Subscriptions:
         positions = dict(record.positions)
         scanned = 0
         if self._wildcards.count:
-            for subject, _, _, _ in self._hub.matching_any(self._wildcards):
-                positions.setdefault(subject, NOTHING_SEEN)
-            scanned = self._hub.subject_count
+            scan = self._hub.matching_any(self._wildcards)
+            unnamed = 0
+            while not scan.done and unnamed < MAX_IMPLIED and scan.visited < MAX_SCAN:
+                for subject, _, _, _ in scan.take(SCAN_SLICE):
+                    if subject not in positions and unnamed < MAX_IMPLIED:
+                        positions[subject] = NOTHING_SEEN
+                        unnamed += 1
+            if not scan.done:
+                log.info("%s: resumed: the wildcard filters match more subjects than "
+                         "the %d not in the record (or %d visits) a resume looks at: "
+                         "the others get their live messages only",
+                         self._owner.describe(), MAX_IMPLIED, MAX_SCAN,
+                         extra=self._owner.log_fields())
+            scanned = scan.visited
         owner = self._owner
         for subject, position in positions.items():
             if owner.closing or owner.aborted:
@@ -231,12 +279,14 @@ class Subscriptions:
         reached = self._owner.settle_reached()
         if not self._wildcards.count:
             return looked
-        for subject, position, _, _ in self._hub.matching_any(self._wildcards):
-            if len(record.positions) >= MAX_IMPLIED:
-                break
-            if subject not in record.positions and subject not in reached:
-                record.positions[subject] = position if position.seq else NOTHING_SEEN
-        return looked + self._hub.subject_count
+        scan = self._hub.matching_any(self._wildcards)
+        while not scan.done and len(record.positions) < MAX_IMPLIED and scan.visited < MAX_SCAN:
+            for subject, position, _, _ in scan.take(SCAN_SLICE):
+                if len(record.positions) >= MAX_IMPLIED:
+                    break
+                if subject not in record.positions and subject not in reached:
+                    record.positions[subject] = position if position.seq else NOTHING_SEEN
+        return looked + scan.visited
 
     def _qos_for(self, subject: str) -> int | None:
         """The highest QoS of the filters matching ``subject`` (None: none), in O(levels):

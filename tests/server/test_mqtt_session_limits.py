@@ -24,14 +24,14 @@ from migratory.server.mqtt_delivery import MqttDelivery
 from migratory.server.mqtt_input import SCAN_UNIT
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
-from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.mqtt_subscriptions import SCAN_SLICE, Subscriptions
 
 
 def count_subject_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the hub's passes over every subject (``matching``, ``matching_any``): the
-    work these tests bound, counted rather than timed."""
+    """Counts the hub's scans of the subjects wildcard filters match (``matching_any``):
+    the work these tests bound, counted rather than timed."""
     passes = [0]
-    for name in ("matching", "matching_any"):
+    for name in ("matching_any",):
         original = getattr(Hub, name)
 
         def counted(self: Hub, *args: Any, _original: Any = original, **kw: Any) -> Any:
@@ -60,9 +60,9 @@ def test_wildcard_subscribes_scan_the_subjects_once_and_count_in_the_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A SUBSCRIBE of 100 wildcard filters matching nothing, on a server of 20,000
-    retained subjects: one pass over the subjects for all of them (each filter scanning
-    them cost 2.4 s of a stopped server at 50,000), and a flood of such SUBSCRIBEs waits
-    for the others' turn: the pass counts in the per-turn budget (SCAN_UNIT)."""
+    retained subjects: one scan for all of them (each filter scanning them cost 2.4 s of
+    a stopped server at 50,000), and a flood of such SUBSCRIBEs waits for the others'
+    turn: a turn scans one slice (SCAN_SLICE visits) at most."""
     ctx, held = make(MaxPublishesPerSecond="0")
     publisher = session(ctx, "pub", {})
     publisher.receive_data(b"".join(
@@ -78,8 +78,17 @@ def test_wildcard_subscribes_scan_the_subjects_once_and_count_in_the_turn(
     assert read(device) == [mqtt.Suback(1, (0,) * 100)]
     assert passes[0] == 1  # not one per filter (100 passes took > 1 s here)
     flood = b"".join(encode_packet(mqtt.Subscribe(n, filters)) for n in range(2, 66))
-    assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
-    assert len(read(device)) == 64 // (1 + 20_000 // SCAN_UNIT) + 1
+    visited = ctx.hub.subjects_visited
+    more = device.receive_data(flood, 0.0, budget=64)
+    turns = [ctx.hub.subjects_visited - visited]
+    while more and len(turns) < 1000:
+        visited = ctx.hub.subjects_visited
+        more = device.process(0.0, 64)
+        turns.append(ctx.hub.subjects_visited - visited)
+    assert len(read(device)) == 64
+    # a SUBSCRIBE's scan: the root, 100 first levels, 100 names looked up in each
+    assert sum(turns) == 64 * (1 + 100 + 100 * 100)
+    assert max(turns) <= SCAN_SLICE + 101  # a slice ends after a level's lookups
 
 
 def test_a_persistent_wildcard_session_does_not_rescan_the_subjects_at_each_save(
@@ -196,7 +205,8 @@ def test_a_session_of_many_filters_and_positions_resumes_without_looking_at_each
 
 def test_a_flood_of_filter_changes_of_a_persistent_session_waits_for_the_others_turn() -> None:
     """Each change of a persistent session's filters looks at its recorded positions
-    and, with wildcard filters, at every subject (implied_positions): that work counts
+    and, with wildcard filters, at every subject they match (implied_positions: here
+    all of them, '+/+'): that work counts
     in the packets a connection may have handled per loop turn (SCAN_UNIT), so 64
     SUBSCRIBE/UNSUBSCRIBE packets are not all handled in one turn (a single server:
     each save, and its scan, happens as the packet is handled)."""
@@ -208,13 +218,15 @@ def test_a_flood_of_filter_changes_of_a_persistent_session_waits_for_the_others_
     publisher.receive_data(b"".join(
         encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"x")) for i in range(5_000)), 0.0)
     device = session(ctx, "dev", {}, clean_session=False)
-    device.receive_data(encode_packet(mqtt.Subscribe(1, (("s1/+", 0), ("s2/+", 0)))), 0.0)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("+/+", 0), ("s2/+", 0)))), 0.0)
     read(device)
     flood = b"".join(
         encode_packet(mqtt.Subscribe(n, (("x/y", 0),)) if n % 2
                       else mqtt.Unsubscribe(n, ("x/y",))) for n in range(2, 66))
     assert device.receive_data(flood, 0.0, budget=64)  # more waits for a later turn
-    assert len(read(device)) == 64 // (1 + 5_000 // SCAN_UNIT) + 1
+    # each save: its 5,000 recorded positions and the 5,101 visits of '+/+' (the root,
+    # 100 levels, 5,000 subjects)
+    assert len(read(device)) == 64 // (1 + (5_000 + 5_101) // SCAN_UNIT) + 1
 
 
 def test_mqtt_over_websocket_honours_max_fragments_per_message() -> None:
@@ -290,3 +302,32 @@ def test_a_resume_cut_off_as_a_slow_consumer_stops_replaying(
     back = session(ctx, "dev", registry, clean_session=False)
     assert back.closing and back.close_code == close_codes.SLOW_CONSUMER.code
     assert len(offered) < 200  # ~64 kB of them, not the 20,000 missed
+
+
+def test_the_retained_messages_of_a_subscribe_to_everything_go_out_a_slice_per_turn() -> None:
+    """'#' on a server of 20,000 retained subjects: the retained messages go out at most
+    a slice (SCAN_SLICE visits) per turn of the loop, the other clients' turn between
+    two (all of them in one turn stopped the server 200 ms at 50,000 subjects); the
+    SUBACK follows the last one; a subject published meanwhile gets its live message,
+    not its older retained one after it."""
+    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes="100000000")
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s{i % 100}/n{i}", b"old", retain=True))
+        for i in range(20_000)), 0.0)
+    held.settle()
+    device = session(ctx, "dev", {})
+    read(device)
+    more = device.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 0),))), 0.0, budget=64)
+    per_turn = [read(device)]
+    publisher.receive_data(encode_packet(mqtt.Publish("s99/n19999", b"new")), 0.0)
+    held.settle()  # the last subject the scan reaches, published live meanwhile
+    while more and len(per_turn) < 1000:
+        more = device.process(0.0, 64)
+        per_turn.append(read(device))
+    assert max(len(turn) for turn in per_turn) <= SCAN_SLICE
+    packets = [packet for turn in per_turn for packet in turn]
+    assert packets[-1] == mqtt.Suback(1, (0,))
+    last = [p for p in packets if isinstance(p, mqtt.Publish) and p.topic == "s99/n19999"]
+    assert [(p.payload, p.retain) for p in last] == [(b"new", False)]
+    assert len(packets) == 20_000 + 1
