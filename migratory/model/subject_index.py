@@ -13,8 +13,9 @@ level's names are copied before it is walked (one C-level copy of pointers), so 
 added or removed meanwhile do not break a walk that spans several turns: it skips the
 subjects removed since, and misses those added since to a level it has passed.
 
-Subjects whose first level starts with ``$`` (the server's own: session records,
-meta-subjects) are never matched, as an MQTT wildcard never matches ``$SYS``.
+Subjects whose first level starts with ``$`` (the server's own: session records) are
+never matched; the meta-subjects (first level ``migratory``, :data:`META_LEVEL`) only
+by a filter whose first level is that name, as MQTT's ``$SYS``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from migratory.model.topic import FilterIndex, FilterNode
+from migratory.model.topic import META_LEVEL, FilterIndex, FilterNode
 
 __all__ = ["SubjectIndex"]
 
@@ -121,6 +122,11 @@ class SubjectIndex(Generic[Value]):
             for name in reversed(branches):
                 below = level.branches.get(name)
                 if below is None or (depth == 0 and name.startswith("$")):
+                    continue
+                if depth == 0 and name == META_LEVEL:  # a filter's literal first level only
+                    literal = filters.root.children.get(META_LEVEL)
+                    if literal is not None:
+                        stack.append((below, (literal,), -1, 1))
                     continue
                 deeper = tuple(n for n in _below(nodes, name) if n.children or n.rest)
                 if deeper or inherited >= 0:

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex, filter_levels, filter_matches
 
-LEVELS = st.sampled_from(["a", "b", "c", "$x"])
+LEVELS = st.sampled_from(["a", "b", "c", "$x", "migratory"])
 SUBJECTS = st.lists(LEVELS, min_size=2, max_size=4).map(lambda ls: "/" + "/".join(ls))
 FILTERS = st.sampled_from([
     "a/+", "#", "+/#", "a/#", "+/b/#", "a/b", "+/+", "a/+/c", "+/+/+/+", "b/#", "a/b/#",
-    "+/c", "c/+/+",
+    "+/c", "c/+/+", "migratory/#", "migratory/+", "migratory/a/+",
 ])
 
 
