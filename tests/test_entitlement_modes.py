@@ -13,6 +13,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from migratory.config import Config, ConfigError
 from migratory.entitlement import ClientIdentity, entitlement_from_config
@@ -304,3 +306,39 @@ def test_huge_and_many_junk_tokens_cost_bounded_memory() -> None:
     assert len(grants) == 50
     assert sum(len(key) for key in grants) == 50 * 32  # a digest each, not the token
     assert not entitlement.allow_connect(who("\udcff"))  # not UTF-8 encodable: refused
+
+
+def _expansions(levels: tuple[str, ...]) -> list[str]:
+    """Every subject of levels in {a, b} (at most 4 deep) an MQTT filter matches."""
+    out: list[tuple[str, ...]] = [()]
+    for level in levels:
+        if level == "#":
+            tails = [(), ("a",), ("b",), ("a", "a"), ("b", "a")]
+            out = [head + tail for head in out for tail in tails]
+        elif level == "+":
+            out = [(*head, x) for head in out for x in ("a", "b", "c")]
+        else:
+            out = [(*head, level) for head in out]
+    return ["/" + "/".join(s) for s in out if len(s) >= 2]  # a subject has 2+ segments
+
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pattern=st.lists(st.sampled_from(["a", "b", "*"]), min_size=1, max_size=3).flatmap(
+        lambda head: st.sampled_from([head, [*head, "**"]])),
+    filter_=st.lists(st.sampled_from(["a", "b", "+"]), min_size=0, max_size=3).flatmap(
+        lambda head: st.sampled_from([head, [*head, "#"]])).filter(bool),
+)
+def test_a_pattern_allows_a_filter_only_if_it_allows_every_subject_the_filter_matches(
+    pattern: list[str], filter_: list[str]
+) -> None:
+    """Soundness of the MQTT filter check: never a filter that reaches a subject the
+    token does not grant (and, for filters without '#', exactly those)."""
+    patterns = SubjectPatterns.parse(["/" + "/".join(pattern)])
+    subjects = _expansions(tuple(filter_))
+    allowed = patterns.match("/" + "/".join(filter_))
+    if allowed:
+        assert all(patterns.match(s) for s in subjects), (pattern, filter_)
+    elif "#" not in filter_ and subjects:
+        assert not all(patterns.match(s) for s in subjects), (pattern, filter_)
