@@ -125,6 +125,11 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
         secret = data.strip()
         if len(secret) < 32:
             raise ValueError("an HS256 secret must be at least 32 bytes")
+        try:  # a public key as the HMAC secret: PyJWT refuses it at every token, silently
+            jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(secret)
+        except jwt.InvalidKeyError:
+            raise ValueError("the HS256 secret is a public key (PEM or SSH): set "
+                             "EntitlementTokenAlgorithm to RS256 or ES256 for it") from None
         return secret
     return data  # PEM; PyJWT loads it with cryptography
 

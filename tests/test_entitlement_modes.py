@@ -167,6 +167,14 @@ def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
     missing = token_config(tmp_path, EntitlementTokenKeyFile=str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="Token"):
         entitlement_from_config(missing)
+    # RS256's public key set with HS256 (left at its default): every token was refused,
+    # each with one INFO line; now start-up stops, saying so
+    public = tmp_path / "public.pem"
+    public.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048)
+                       .public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    with pytest.raises(ConfigError, match="public key"):
+        entitlement_from_config(token_config(tmp_path, EntitlementTokenKeyFile=str(public)))
 
 
 PLUGIN = '''
