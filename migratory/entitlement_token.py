@@ -119,7 +119,13 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
     if jwks_file:
         if algorithm == "HS256":
             raise ValueError("a JWKS file holds public keys: use RS256 or ES256")
-        return jwt.PyJWKSet.from_dict(json.loads(Path(jwks_file).read_text()))
+        jwks = json.loads(Path(jwks_file).read_text())
+        if not isinstance(jwks, dict):
+            raise ValueError(f"{jwks_file}: a JWKS is a JSON object with 'keys'")
+        try:
+            return jwt.PyJWKSet.from_dict(jwks)
+        except jwt.PyJWTError as exc:  # no keys, none usable: a traceback at start-up
+            raise ValueError(f"{jwks_file}: {exc}") from None
     data = Path(key_file).read_bytes()
     if algorithm == "HS256":
         secret = data.strip()

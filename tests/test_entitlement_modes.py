@@ -175,6 +175,14 @@ def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
     with pytest.raises(ConfigError, match="public key"):
         entitlement_from_config(token_config(tmp_path, EntitlementTokenKeyFile=str(public)))
+    # a JWKS file without usable keys, or not an object: ConfigError, not a traceback
+    for name, text in (("empty", '{"keys": []}'), ("bad", '{"keys": [{"kty": "RSA"}]}'),
+                       ("list", "[1]")):
+        jwks = tmp_path / f"{name}.jwks"
+        jwks.write_text(text)
+        with pytest.raises(ConfigError, match=f"Entitlement = Token: .*{name}.jwks"):
+            entitlement_from_config(token_config(tmp_path, EntitlementTokenAlgorithm="RS256",
+                                                 EntitlementTokenJwksFile=str(jwks)))
 
 
 PLUGIN = '''
