@@ -128,16 +128,19 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
             raise ValueError(f"{jwks_file}: {exc}") from None
     data = Path(key_file).read_bytes()
     if algorithm == "HS256":
-        secret = data.strip()
-        if len(secret) < 32:
+        data = data.strip()
+        if len(data) < 32:
             raise ValueError("an HS256 secret must be at least 32 bytes")
-        try:  # a public key as the HMAC secret: PyJWT refuses it at every token, silently
-            jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(secret)
-        except jwt.InvalidKeyError:
+    # loaded once here, not at every token -- and a key PyJWT cannot use for the
+    # algorithm (garbage, an EC key for RS256, a public key as the HS256 secret) stops
+    # start-up: at every token it was refused with one INFO line, and nobody connected
+    try:
+        return jwt.get_algorithm_by_name(algorithm).prepare_key(data)
+    except (jwt.InvalidKeyError, ValueError, TypeError):
+        if algorithm == "HS256":
             raise ValueError("the HS256 secret is a public key (PEM or SSH): set "
                              "EntitlementTokenAlgorithm to RS256 or ES256 for it") from None
-        return secret
-    return data  # PEM; PyJWT loads it with cryptography
+        raise ValueError(f"{key_file} holds no {algorithm} public key (PEM)") from None
 
 
 class TokenEntitlement:

@@ -175,6 +175,13 @@ def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
     with pytest.raises(ConfigError, match="public key"):
         entitlement_from_config(token_config(tmp_path, EntitlementTokenKeyFile=str(public)))
+    # a key file PyJWT cannot use for the algorithm: ConfigError at start-up
+    for algorithm, text in (("RS256", "garbage " * 8), ("ES256", public.read_text())):
+        wrong = tmp_path / f"wrong-{algorithm}.pem"
+        wrong.write_text(text)
+        with pytest.raises(ConfigError, match=f"holds no {algorithm} public key"):
+            entitlement_from_config(token_config(tmp_path, EntitlementTokenAlgorithm=algorithm,
+                                                 EntitlementTokenKeyFile=str(wrong)))
     # a JWKS file without usable keys, or not an object: ConfigError, not a traceback
     for name, text in (("empty", '{"keys": []}'), ("bad", '{"keys": [{"kty": "RSA"}]}'),
                        ("list", "[1]")):
