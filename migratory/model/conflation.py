@@ -54,13 +54,17 @@ class Conflator:
         """Whether a message was offered since the last emission."""
         return self._latest is not None
 
-    def offer(self, message: Message) -> None:
-        """Aggregate ``message`` into the current period."""
+    def offer(self, message: Message, now: float | None = None) -> None:
+        """Aggregate ``message`` into the current period. ``now``: a conflator nobody
+        polls while it has nothing pending (the hub's) first moves its deadline past
+        ``now``, as polling would have, so what it emits stays one per period."""
         latest = self._latest
         if latest is not None and latest.subject != message.subject:
             raise ValueError(
                 f"conflator of {latest.subject!r} cannot take a message of {message.subject!r}"
             )
+        if latest is None and now is not None and now >= self.next_deadline:
+            self._move_past(now)
         self._latest = message
         self._fields.update(message.fields)
 
@@ -68,10 +72,7 @@ class Conflator:
         """At or after the deadline: move it past ``now`` and return the aggregate, if any."""
         if now < self.next_deadline:
             return None
-        periods = max(self._periods, int((now - self._start) // self._period))
-        while self._start + periods * self._period <= now:
-            periods += 1
-        self._periods = periods
+        self._move_past(now)
         latest = self._latest
         if latest is None:
             return None
@@ -79,3 +80,9 @@ class Conflator:
         self._latest = None
         self._fields = {}
         return conflated
+
+    def _move_past(self, now: float) -> None:
+        periods = max(self._periods, int((now - self._start) // self._period))
+        while self._start + periods * self._period <= now:
+            periods += 1
+        self._periods = periods

@@ -76,7 +76,9 @@ class Hub(MessageSinks):
         self._subjects: dict[str, SubjectState] = {}
         self._index: SubjectIndex[SubjectState] = SubjectIndex()  # the same, by levels
         self.subjects_visited = 0  # by wildcard scans (hub_sinks.SubjectScan)
-        self._with_conflation: set[SubjectState] = set()
+        # subjects with a conflated message waiting for its period's end: Hub.tick looks
+        # at them only (all conflated subscriptions each tick: 72 ms per 100,000)
+        self._conflating: set[SubjectState] = set()
         self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
         self._published = 0
         self._fanned_out = 0
@@ -159,7 +161,8 @@ class Hub(MessageSinks):
             self._fan_out_formatted(state, message)
         if state.conflated:
             for conflator in state.conflated.values():
-                conflator.offer(message)  # offer() never calls out
+                conflator.offer(message, now)  # offer() never calls out
+            self._conflating.add(state)
         if state.listeners or self._filters.count:  # (its __len__ is a call)
             self._tell_listeners(state, message)
         if state.waiting:
@@ -228,7 +231,6 @@ class Hub(MessageSinks):
     ) -> None:
         if period:
             state.conflated[sink] = Conflator(period_ms=period, start=now)
-            self._with_conflation.add(state)
         elif isinstance(sink, FormatSink):
             state.formatted[sink] = None
         else:
@@ -307,18 +309,25 @@ class Hub(MessageSinks):
             state.subscribers.pop(sink, None)
         state.waiting.pop(sink, None)
         if state.conflated.pop(sink, None) is not None and not state.conflated:
-            self._with_conflation.discard(state)
+            self._conflating.discard(state)
 
     # --- time ---------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Emit due conflated messages."""
-        for state in list(self._with_conflation):
+        """Emit due conflated messages (of the subjects that have some waiting)."""
+        for state in list(self._conflating):
+            waiting = False
             for sink, conflator in list(state.conflated.items()):
+                if not conflator.has_pending:
+                    continue
                 merged = conflator.poll(now)
                 if merged is not None:
                     send_message(sink, merged, {})
                     self._fanned_out += 1
+                else:
+                    waiting = True
+            if not waiting:
+                self._conflating.discard(state)
 
     def expire(self, now: float, *, budget: int | None = None) -> int:
         """Drop cached messages older than the cache expire time; forget the subjects
@@ -408,13 +417,13 @@ class Hub(MessageSinks):
         if budget is not None and budget.bytes > budget.limit:
             self._cached -= budget.evict()
         if before is not None:
-            self._catch_up_live(state, before)
+            self._catch_up_live(state, before, now)
         if state.waiting:
             self._settle_waiting(state, now)
         if state.idle:
             self._forget(state)
 
-    def _catch_up_live(self, state: SubjectState, before: Position) -> None:
+    def _catch_up_live(self, state: SubjectState, before: Position, now: float) -> None:
         """Live subscribers were at ``before`` when the subject moved: give them the
         messages it jumped over, or the snapshot and ``DATA_RESYNC``."""
         if state.position == before:
@@ -432,7 +441,9 @@ class Hub(MessageSinks):
                     send_message(sink, message, frames)
                 self._fanned_out += len(live_sinks)
                 for conflator in state.conflated.values():
-                    conflator.offer(message)
+                    conflator.offer(message, now)
+                if state.conflated:
+                    self._conflating.add(state)
             return
         resync: list[ops.ServerOp] = []
         if state.snapshot is not None:

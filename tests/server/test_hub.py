@@ -5,6 +5,7 @@ from __future__ import annotations
 import cbor2
 import pytest
 
+from migratory.model.conflation import Conflator
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
@@ -166,6 +167,44 @@ def test_conflated_subscription_gets_one_merged_message_per_period() -> None:
     )
     hub.tick(1.0)
     assert len(sink.frames) == 1
+
+
+def test_a_tick_polls_only_the_conflated_subscriptions_with_a_message_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """10,000 idle conflated subscriptions cost a tick nothing (every one was polled at
+    every tick, 100 ms: 72 ms per tick at 100,000); one with a message waiting is polled
+    until its period ends, and still emits once per period, at the period's end, after
+    a long idle stretch."""
+    polls = [0]
+    original = Conflator.poll
+
+    def counted(self: Conflator, now: float) -> Message | None:
+        polls[0] += 1
+        return original(self, now)
+
+    monkeypatch.setattr(Conflator, "poll", counted)
+    hub = Hub(epoch=1)
+    sink = RecordingSink()
+    for i in range(10_000):
+        hub.subscribe(sink, ops.SubscriptionRequest(f"/idle/s{i}", conflation_ms=500), 0.0)
+    hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT, conflation_ms=500), now=0.0)
+    for tick in range(1, 101):
+        hub.tick(tick / 10)
+    assert polls[0] == 0
+    hub.publish(Message(SUBJECT, b"1"), 10.05)  # idle since 0.0: the period ends at 10.5
+    for tick in range(101, 105):
+        hub.tick(tick / 10)
+    assert sink.frames == [] and polls[0] == 4  # 10.1 .. 10.4
+    hub.tick(10.5)
+    assert [m.content for m in sink.messages()] == [b"1"] and polls[0] == 5
+    hub.publish(Message(SUBJECT, b"2"), 10.55)
+    hub.tick(10.6)
+    assert len(sink.frames) == 1  # not before 11.0: one per period
+    hub.tick(11.0)
+    assert [m.content for m in sink.messages()] == [b"1", b"2"]
+    hub.tick(11.1)
+    assert polls[0] == 7
 
 
 def test_positions_survive_unsubscribe_of_everyone() -> None:
