@@ -77,9 +77,14 @@ class Subscriptions:
         # the positions reached when that scan's first slice ended (send_retained)
         self._reached_before: dict[str, Position | Message] | None = None
         self._filters_changed = True  # since the last implied_positions
+        # filters of a resumed record the entitlement refused (another token, a plugin
+        # failing): kept in the record, given nothing, asked again at the next resume --
+        # a plugin's outage at a reconnect must not wipe a device's subscriptions
+        self._dormant: dict[str, int] = {}
 
     def filters(self) -> dict[str, int]:
-        return {name: f.qos for name, f in self._filters.items()}
+        """Every filter of the session, the dormant ones (:meth:`resume`) too."""
+        return {**self._dormant, **{name: f.qos for name, f in self._filters.items()}}
 
     def take(self, message: Message) -> bool:
         """Whether ``message`` is new to this session (then it counts as delivered)."""
@@ -178,6 +183,7 @@ class Subscriptions:
             self._drop(name)
 
     def _drop(self, name: str) -> None:
+        self._dormant.pop(name, None)
         entry = self._filters.pop(name, None)
         self._filters_changed = True
         if entry is not None and entry.subject is None:
@@ -218,17 +224,20 @@ class Subscriptions:
         after its recorded position (or its snapshot when the cache cannot tell). A
         subject a wildcard filter matches that the record does not name appeared after
         the record was saved: all of it the cache holds is missed. A filter the
-        entitlement no longer allows (the client came back with another token) is
-        dropped, logged and counted: it gets nothing, not even what it missed. Returns
-        the subjects the wildcard filters were matched against (0: none)."""
+        entitlement does not allow now (the client came back with another token, a
+        plugin failed) is dormant, logged and counted: it gets nothing, not even what it
+        missed, stays in the record and is asked again at the next resume (a SUBSCRIBE
+        or UNSUBSCRIBE of it decides at once). Returns the subjects the wildcard filters
+        were matched against (0: none)."""
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
             except InvalidTopicError:
                 continue
             if not self._owner.entitlement_allows_subscribe("/" + name):
-                log.info("%s: resumed session: no longer entitled to %r: filter dropped",
+                log.info("%s: resumed session: not entitled to %r: the filter is dormant",
                          self._owner.describe(), name, extra=self._owner.log_fields())
+                self._dormant[name] = qos
                 continue
             entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
             self._put(name, entry)
