@@ -13,8 +13,10 @@ It does no client I/O. It
   first, as from a single server), then the workers' ``monitoring URL`` lines and
   ``worker I pid P`` for each, and ``worker I pid P`` again for every restart;
 - restarts a worker that stops on its own (logged, with a back-off if it keeps dying);
-- on SIGINT or SIGTERM passes the signal on to every worker, waits for them (SIGTERM:
-  up to DrainTime, as each drains), SIGKILLs any left, and stops.
+- on SIGINT or SIGTERM, whenever it comes (during start-up too: then no ``listening``
+  line is printed), passes the signal on to every worker (SIGTERM to one still
+  starting), waits for them (SIGTERM: up to DrainTime, as each drains), SIGKILLs any
+  left, and stops.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class WorkerSlot:
     """Other stdout lines of its first start, printed after the ``listening`` lines."""
     ready: trio.Event = field(default_factory=trio.Event)
     restarts: int = 0
+    serving: bool = False
+    """Its current process has caught up and serves (it would drain on SIGTERM)."""
 
 
 def say(line: str) -> None:
@@ -155,7 +159,8 @@ class Supervisor:
                     tune(self.config.gc_thresholds)  # the caches live here: as a server does
                     for slot in self.slots:
                         nursery.start_soon(self._keep, slot)
-                    await self._wait_ready()
+                    # a signal stops the server whenever it comes, during start-up too
+                    nursery.start_soon(self._announce_when_ready)
                     signum = await signals.__anext__()
                     await self._stop(signal.Signals(signum))
                     nursery.cancel_scope.cancel()
@@ -163,10 +168,14 @@ class Supervisor:
             for sock in held:
                 sock.close()
 
-    async def _wait_ready(self) -> None:
+    async def _announce_when_ready(self) -> None:
+        """Once every worker is ready: the ``listening`` lines, then each worker's; never
+        once the server is stopping (a signal came first)."""
         with trio.fail_after(START_TIMEOUT):
             for slot in self.slots:
                 await slot.ready.wait()
+        if self.stopping:
+            return
         for line in self.slots[0].listening:
             say(line)
         for slot in self.slots:
@@ -213,6 +222,7 @@ class Supervisor:
             stdin=None if self.config_text is None else subprocess.PIPE,
         )
         slot.process = process
+        slot.serving = False
         if self.announced:  # a restart (the first start's line follows "listening")
             say(f"worker {slot.index} pid {process.pid}")
         log.info("worker %d started (pid %d)", slot.index, process.pid)
@@ -252,6 +262,7 @@ class Supervisor:
                     listening.append(line)
                     if len(listening) == len(client_listeners(self.config)):
                         slot.listening = listening
+                        slot.serving = True
                         if first_start:
                             slot.ready.set()
                         else:
@@ -264,8 +275,9 @@ class Supervisor:
     async def _end(self, process: trio.Process) -> None:
         """Make sure ``process`` is gone (the supervisor is stopping or failed)."""
         if process.returncode is None:
+            serving = any(s.process is process and s.serving for s in self.slots)
             with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGINT)
+                process.send_signal(stop_signal(signal.SIGINT, serving=serving))
             with trio.move_on_after(STOP_GRACE):
                 await process.wait()
         if process.returncode is None:
@@ -275,13 +287,15 @@ class Supervisor:
 
     async def _stop(self, signum: signal.Signals) -> None:
         """Pass ``signum`` on to every worker and wait for them to stop."""
-        log.info("%s received: stopping %d workers", signum.name, len(self.slots))
+        log.info("%s received%s: stopping %d workers", signum.name,
+                 "" if self.announced else " during start-up", len(self.slots))
         self.stopping = True
-        live = [s.process for s in self.slots
-                if s.process is not None and s.process.returncode is None]
-        for process in live:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signum)
+        live = []
+        for slot in self.slots:
+            if slot.process is not None and slot.process.returncode is None:
+                live.append(slot.process)
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.send_signal(stop_signal(signum, serving=slot.serving))
         grace = STOP_GRACE + (self.config.drain_time if signum == signal.SIGTERM else 0)
         with trio.move_on_after(grace):
             for process in live:
@@ -294,6 +308,13 @@ class Supervisor:
                 await process.wait()
         log.info("stopped: %d workers (%d restarts)", len(self.slots),
                  sum(s.restarts for s in self.slots))
+
+
+def stop_signal(signum: signal.Signals, *, serving: bool) -> signal.Signals:
+    """What stops a worker: ``signum`` once it serves; SIGTERM while it starts, whose
+    default action ends it silently wherever it is (SIGINT there is a KeyboardInterrupt
+    traceback in the middle of an import), and which has no clients to drain yet."""
+    return signum if serving else signal.SIGTERM
 
 
 def serve_args(config_path: str | None, sets: Sequence[str]) -> list[str]:

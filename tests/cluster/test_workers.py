@@ -3,9 +3,11 @@ processes sharing one port (SO_REUSEPORT); see docs/workers.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -34,8 +36,14 @@ class WorkersServer:
     """``migratory serve`` with ``Workers = n``; stdout read by a thread."""
 
     def __init__(
-        self, tmp_path: Path, workers: int = 2, config: Path | None = None, **settings: str
+        self,
+        tmp_path: Path,
+        workers: int = 2,
+        config: Path | None = None,
+        ready: bool = True,
+        **settings: str,
     ) -> None:
+        """``ready``: wait for the server's ``listening`` line and its workers' pids."""
         args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0",
                 "--set", f"Workers={workers}"]
         if config is not None:
@@ -56,6 +64,10 @@ class WorkersServer:
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
         self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
         threading.Thread(target=self._read, daemon=True).start()
+        if ready:
+            self._wait_ready(workers)
+
+    def _wait_ready(self, workers: int) -> None:
         deadline = time.monotonic() + 60
         first = self.lines.get(timeout=60)  # as from a single server: "listening" first
         assert first.startswith("listening ws://"), first
@@ -284,6 +296,32 @@ def test_a_signal_to_the_supervisor_stops_every_worker(tmp_path: Path, sig: int)
         assert not any(alive(pid) for pid in workers), "a worker outlived its supervisor"
         assert "stopped: 2 workers" in server.log()
         client.close()
+    finally:
+        server.stop()
+
+
+def test_a_signal_during_start_up_stops_the_server_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while the workers are still starting (held here with SIGSTOP, as on a
+    machine too busy to run them): the supervisor acts on it then, not once they are
+    ready; it never says ``listening``, and no worker outlives it or logs a traceback."""
+    server = WorkersServer(tmp_path, workers=2, ready=False)
+    try:
+        for index in (0, 1):
+            server.wait_log(f"worker {index} started (pid ")
+        workers = [int(pid) for pid in re.findall(r"worker \d started \(pid (\d+)\)", server.log())]
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        server.proc.send_signal(signal.SIGINT)
+        server.wait_log("SIGINT received during start-up: stopping 2 workers")
+        for pid in workers:  # (SIGTERM's default action may have ended it, stopped)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        assert server.proc.wait(15) == 0
+        assert not any(alive(pid) for pid in workers), "a worker outlived its supervisor"
+        lines = list(server.lines.queue)
+        assert not [line for line in lines if line.startswith("listening")], lines
+        assert "Traceback" not in server.log()
+        assert "stopped: 2 workers" in server.log()
     finally:
         server.stop()
 
