@@ -20,7 +20,7 @@ from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest
 from cluster.link_io import ClusterTls, Disagreement, LinkChannel, describe, secured
-from cluster.stream import FOLLOWER_QUEUE, CommittedStream, Outbound, wire_bytes
+from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
 
@@ -119,14 +119,16 @@ class PeerService:
 
     async def _serve(self, peer: str, channel: LinkChannel) -> None:
         send, receive = trio.open_memory_channel[Outbound](FOLLOWER_QUEUE)
+        backlog = Backlog()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write, channel, receive, nursery.cancel_scope)
+                backlog.on_drop = nursery.cancel_scope.cancel  # too slow: the link ends
+                nursery.start_soon(self._write, channel, receive, backlog, nursery.cancel_scope)
                 while True:
                     op = await channel.receive()
                     if op is None:
                         break
-                    self._on_op(peer, op, send)
+                    self._on_op(peer, op, send, backlog)
                 nursery.cancel_scope.cancel()
         finally:
             follower = self.stream.followers.get(peer)
@@ -138,6 +140,7 @@ class PeerService:
         self,
         channel: LinkChannel,
         frames: trio.MemoryReceiveChannel[Outbound],
+        backlog: Backlog,
         scope: trio.CancelScope,
     ) -> None:
         """Write queued frames (those queued together in one write); a heartbeat when none
@@ -152,6 +155,7 @@ class PeerService:
                     if item is None:
                         await channel.send_encoded(self.stream.heartbeat())
                         continue
+                    backlog.taken(item)
                     # what queued meanwhile goes in the same write (frames are
                     # length-prefixed: one write of several is the same byte stream)
                     data = [wire_bytes(item)]
@@ -161,15 +165,22 @@ class PeerService:
                             more = frames.receive_nowait()
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
+                        backlog.taken(more)
                         data.append(wire_bytes(more))
                         size += len(data[-1])
                     await channel.send_encoded(data[0] if len(data) == 1 else b"".join(data))
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
 
-    def _on_op(self, peer: str, op: link.LinkOp, send: trio.MemorySendChannel[Outbound]) -> None:
+    def _on_op(
+        self,
+        peer: str,
+        op: link.LinkOp,
+        send: trio.MemorySendChannel[Outbound],
+        backlog: Backlog,
+    ) -> None:
         if isinstance(op, link.Replicate):
-            self.stream.follow(peer, op.from_clsn, op.full, send)
+            self.stream.follow(peer, op.from_clsn, op.full, send, backlog)
         elif isinstance(op, link.Forward):
             if self.take_forward is None:
                 raise link.LinkError("only seeds take forwarded publishes")
@@ -178,6 +189,8 @@ class PeerService:
             self.take_forward(peer, op.requests)
         elif isinstance(op, link.SyncRequest):
             answer = self.stream.sync_for(op.min_clsn)
-            send.send_nowait(link.encode_frame(answer))
+            frame = link.encode_frame(answer)
+            send.send_nowait(frame)
+            backlog.bytes += len(frame)
         else:
             raise link.LinkError(f"unexpected {type(op).__name__} from {peer}")

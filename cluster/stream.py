@@ -41,16 +41,40 @@ log = logging.getLogger("migratory.cluster")
 
 FOLLOWER_QUEUE = 50_000
 """Frames queued for one follower before it is dropped as too slow (it will resume)."""
+FOLLOWER_QUEUE_BYTES = 2 * link.MAX_FRAME
+"""Bytes queued for one follower (its batches' content and subjects, other frames'
+lengths) before it is dropped as too slow: twice the largest frame, so a whole sync
+and what follows it fit. Bounded by frames alone, a follower stopped or cut off while
+large messages flowed held a second copy of each (the ring has the first) until 50,000
+frames had queued: 262 MB more in a sequencer after 300 MB of 100 KiB messages with
+one worker SIGSTOPped. Dropped, it resumes from the ring or a sync."""
 
 
 class BatchFrame:
     """A committed batch, encoded into its link frame on first use and kept so."""
 
-    __slots__ = ("_frame", "batch")
+    __slots__ = ("_frame", "_size", "batch", "live")
 
-    def __init__(self, batch: CommittedBatch) -> None:
+    def __init__(self, batch: CommittedBatch, *, live: bool = True) -> None:
+        """``live``: queued to every follower (not rebuilt from the ring for one)."""
         self.batch = batch
+        self.live = live
         self._frame: bytes | None = None
+        self._size: int | None = None
+
+    @property
+    def size(self) -> int:
+        """What it counts in a follower's backlog: a live batch's encoded frame, made by
+        the first writer that takes it, waits in every slower follower's queue -- its
+        messages' content and subjects (counted once, before it is encoded); one rebuilt
+        from the ring for a catching-up follower is encoded only when its writer takes
+        it (its content is the ring's), so it counts 0."""
+        if self._size is None:
+            self._size = (
+                sum(len(m.content) + len(m.subject) for m in self.batch.messages)
+                if self.live else 0
+            )
+        return self._size
 
     @property
     def clsn(self) -> int:
@@ -75,6 +99,26 @@ def wire_bytes(item: Outbound) -> bytes:
     return item.frame() if isinstance(item, BatchFrame) else item
 
 
+class Backlog:
+    """The bytes queued for one follower's link and not taken by its writer yet: the
+    stream adds what it queues, the writer (:mod:`cluster.peers`) calls :meth:`taken`.
+    ``on_drop`` (set by the link) ends the link when the follower is dropped, so what
+    is still queued goes at once, not when a stopped follower wakes up."""
+
+    __slots__ = ("bytes", "on_drop")
+
+    def __init__(self, on_drop: Callable[[], object] | None = None) -> None:
+        self.bytes = 0
+        self.on_drop = on_drop
+
+    @staticmethod
+    def size(item: Outbound) -> int:
+        return item.size if isinstance(item, BatchFrame) else len(item)
+
+    def taken(self, item: Outbound) -> None:
+        self.bytes -= self.size(item)
+
+
 @dataclass(slots=True)
 class Follower:
     """A non-seed replicating from this member."""
@@ -85,6 +129,7 @@ class Follower:
     """It holds every batch up to here: only later ones are sent."""
     wants_sync: bool
     """It gets a whole cache sync once this member is whole and has reached ``after``."""
+    backlog: Backlog
 
 
 class CommittedStream:
@@ -95,8 +140,11 @@ class CommittedStream:
         ring_size: int = RING_BATCHES,
         ring_messages: int = RING_MESSAGES,
         is_ready: Callable[[], bool] = lambda: True,
+        queue_bytes: int = FOLLOWER_QUEUE_BYTES,
     ) -> None:
+        """``queue_bytes``: a follower's backlog past which it is dropped."""
         self.publishing = publishing
+        self.queue_bytes = queue_bytes
         self.replica: Replica = publishing.replica
         self.ring = BatchRing(max_batches=ring_size, max_messages=ring_messages)
         self.followers: dict[str, Follower] = {}
@@ -149,19 +197,26 @@ class CommittedStream:
     # --- followers ----------------------------------------------------------------
 
     def follow(
-        self, name: str, from_clsn: int, full: bool, queue: trio.MemorySendChannel[Outbound]
+        self,
+        name: str,
+        from_clsn: int,
+        full: bool,
+        queue: trio.MemorySendChannel[Outbound],
+        backlog: Backlog | None = None,
     ) -> None:
-        """``name`` replicates from here, holding every batch up to ``from_clsn``."""
+        """``name`` replicates from here, holding every batch up to ``from_clsn``;
+        ``backlog``: what its writer has not taken from ``queue`` yet (None: a new one)."""
         self.unfollow(name)
         applied = self.replica.applied_clsn
-        follower = Follower(name, queue, after=from_clsn, wants_sync=full)
+        follower = Follower(name, queue, after=from_clsn, wants_sync=full,
+                            backlog=Backlog() if backlog is None else backlog)
         self.followers[name] = follower
         if full or from_clsn >= applied:
             how = "sync" if full else ("ahead: live only" if from_clsn > applied else "live")
         elif (first := self.ring.first_clsn) is not None and first <= from_clsn + 1:
             how = "from the ring"
             for batch in self.ring.after(from_clsn):
-                self._send(follower, BatchFrame(batch))
+                self._send(follower, BatchFrame(batch, live=False))
             follower.after = applied
         else:
             how = "sync (beyond the ring)"
@@ -224,11 +279,19 @@ class CommittedStream:
         self._send(follower, frame)
 
     def _send(self, follower: Follower, item: Outbound) -> None:
+        if self.followers.get(follower.name) is not follower:
+            return  # dropped already (while its catch-up was being queued)
+        backlog, size = follower.backlog, Backlog.size(item)
         try:
+            if backlog.bytes and backlog.bytes + size > self.queue_bytes:
+                raise trio.WouldBlock
             follower.queue.send_nowait(item)
+            backlog.bytes += size
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            log.warning("replica %s too slow or gone; dropping its link (it will resume)",
-                        follower.name)
+            log.warning("replica %s too slow or gone (%d bytes queued); dropping its link "
+                        "(it will resume)", follower.name, backlog.bytes)
             follower.queue.close()
             if self.followers.get(follower.name) is follower:
                 del self.followers[follower.name]
+            if backlog.on_drop is not None:
+                backlog.on_drop()

@@ -10,7 +10,7 @@ from cluster.cache_sync import CacheSync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
-from cluster.stream import CommittedStream, Outbound, wire_bytes
+from cluster.stream import FOLLOWER_QUEUE_BYTES, Backlog, CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.hub import Hub
@@ -35,16 +35,19 @@ def new_stream(*, ring_size: int = 100, ready: bool = True) -> CommittedStream:
 class Follower:
     def __init__(self, stream: CommittedStream, name: str, from_clsn: int, full: bool = False):
         self.send, self.receive = trio.open_memory_channel[Outbound](1000)
-        stream.follow(name, from_clsn, full, self.send)
+        self.backlog = Backlog()
+        stream.follow(name, from_clsn, full, self.send, self.backlog)
 
     def ops(self) -> list[link.LinkOp]:
+        """What its link's writer takes (cluster/peers.py), decoded."""
         out = []
         while True:
             try:
-                frame = wire_bytes(self.receive.receive_nowait())
+                item = self.receive.receive_nowait()
             except trio.WouldBlock:
                 return out
-            out.append(link.decode_op(frame[4:]))
+            self.backlog.taken(item)
+            out.append(link.decode_op(wire_bytes(item)[4:]))
 
     def batches(self) -> list[int]:
         return [op.batch.clsn for op in self.ops() if isinstance(op, link.Batch)]
@@ -138,6 +141,29 @@ def test_a_follower_too_slow_is_dropped_not_blocking() -> None:
     stream.follow("slow", 1, False, send)  # heartbeat: 1 of 2
     fed(stream, batches[1:])
     assert "slow" not in stream.followers
+
+
+def test_a_follower_is_dropped_by_the_bytes_it_has_queued_not_only_by_frames() -> None:
+    """A follower that stopped reading (a SIGSTOPped worker, a cut-off non-seed) while
+    1 MiB messages flow: dropped once its backlog passes FOLLOWER_QUEUE_BYTES (it will
+    resume from the ring or a sync), long before its 1,000 frames are queued; one whose
+    writer keeps taking stays."""
+    content = bytes(1 << 20)  # one object, shared by every message: cheap
+    coordinator = Coordinator()
+    stream = new_stream(ring_size=10)
+    stuck, reading = Follower(stream, "stuck", 0), Follower(stream, "reading", 0)
+    stuck_ops, _ = stuck.ops(), reading.ops()  # their heartbeats; the stuck one reads no more
+    published = 0
+    while "stuck" in stream.followers and published < 500:
+        batch = coordinator.apply_batch(
+            700, [PublishRequest("x", published, Message(IBM, content))]
+        )
+        assert stream.on_committed(batch, 0.0) is Offer.APPLIED
+        published += 1
+        assert len(reading.ops()) == 1
+    assert "stuck" not in stream.followers and stuck_ops
+    assert published == FOLLOWER_QUEUE_BYTES // (len(content) + len(IBM)) + 1
+    assert "reading" in stream.followers and reading.backlog.bytes == 0
 
 
 def test_each_batch_is_encoded_once_for_every_follower() -> None:
