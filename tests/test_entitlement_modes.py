@@ -13,7 +13,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from migratory.config import Config, ConfigError
@@ -365,3 +365,27 @@ def test_a_pattern_allows_a_filter_only_if_it_allows_every_subject_the_filter_ma
         assert all(patterns.match(s) for s in subjects), (pattern, filter_)
     elif "#" not in filter_ and subjects:
         assert not all(patterns.match(s) for s in subjects), (pattern, filter_)
+
+
+@settings(max_examples=300, deadline=None)
+@example(token="\udcff")  # JSON's "\udcff" in POST /publish
+@example(token="x" * 70_000)
+@given(token=st.one_of(
+    st.text(st.characters(exclude_categories=())),
+    st.lists(st.text(alphabet="ABCDEFabcdef0123456789-_=", max_size=40), min_size=1,
+             max_size=4).map(".".join),  # three-part shapes, base64url-ish
+))
+def test_any_text_as_a_token_is_refused_by_every_mode_and_never_raises(token: str) -> None:
+    from migratory.entitlement import BasicEntitlement, NoEntitlement
+    from migratory.entitlement_token import TokenEntitlement
+    from migratory.server.meta_subjects import MetaSubjectEntitlement
+
+    client = who(token)
+    token_mode = TokenEntitlement(algorithm="HS256", keys=SECRET.encode())
+    assert not token_mode.allow_connect(client)
+    assert not token_mode.allow_subscribe(client, "/Stocks/a")
+    assert token_mode.expiry(client) is None
+    assert not BasicEntitlement("p" * 20).allow_publish(client, "/Stocks/a")
+    meta = MetaSubjectEntitlement(NoEntitlement(), "m" * 20)
+    assert not meta.allow_subscribe(client, "/migratory/cluster")
+    assert meta.allow_connect(client)
