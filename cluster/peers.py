@@ -123,7 +123,7 @@ class PeerService:
         try:
             async with trio.open_nursery() as nursery:
                 backlog.on_drop = nursery.cancel_scope.cancel  # too slow: the link ends
-                nursery.start_soon(self._write, channel, receive, backlog, nursery.cancel_scope)
+                nursery.start_soon(self._write, channel, receive, nursery.cancel_scope, backlog)
                 while True:
                     op = await channel.receive()
                     if op is None:
@@ -140,12 +140,13 @@ class PeerService:
         self,
         channel: LinkChannel,
         frames: trio.MemoryReceiveChannel[Outbound],
-        backlog: Backlog,
         scope: trio.CancelScope,
+        backlog: Backlog | None = None,
     ) -> None:
         """Write queued frames (those queued together in one write); a heartbeat when none
         came for HEARTBEAT_SECONDS. Taking a frame and writing it are separate steps: a
         timeout never drops a frame."""
+        backlog = Backlog() if backlog is None else backlog
         try:
             async with frames:
                 while True:
