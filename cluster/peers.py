@@ -19,7 +19,14 @@ import trio
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest
-from cluster.link_io import ClusterTls, Disagreement, LinkChannel, describe, secured
+from cluster.link_io import (
+    HANDSHAKE_TIMEOUT,
+    ClusterTls,
+    Disagreement,
+    LinkChannel,
+    describe,
+    secured,
+)
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
@@ -44,6 +51,14 @@ def bind_error(bind: tuple[str, int]) -> Iterator[None]:
         raise OSError(exc.errno, f"cluster link {bind[0]}:{bind[1]}: {exc.strerror} "
                       "(ClusterMemberBind / ClusterMemberListen: another member with this "
                       "address on this host?)") from exc
+
+
+def remote_host(stream: trio.abc.Stream) -> str:
+    """The address a link came from ("?" when it has none: a test's memory stream)."""
+    try:
+        return str(stream.socket.getpeername()[0])  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return "?"
 
 
 class PeerService:
@@ -86,6 +101,7 @@ class PeerService:
             task_status.started()
 
     async def serve_peer(self, socket_stream: trio.SocketStream) -> None:
+        source = remote_host(socket_stream)  # now: a reset connection has none later
         channel = LinkChannel(
             secured(socket_stream, self.tls, server_side=True),
             role="accept",
@@ -104,7 +120,12 @@ class PeerService:
                 return
             except (link.LinkError, trio.TooSlowError, OSError, EOFError,
                     trio.BrokenResourceError) as exc:
-                log.warning("cluster link refused: %s", exc or type(exc).__name__)
+                # anyone who can reach the port can open these: say what and from where,
+                # once a minute per address and reason, not once per connection
+                reason = (f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
+                          if isinstance(exc, trio.TooSlowError) else describe(exc))
+                if self.refusals.first(source, reason, trio.current_time()):
+                    log.warning("cluster link refused: %s (from %s)", reason, source)
                 return
             await self._serve(peer, channel)
         # except*: what ends the link comes out of _serve's nursery as a group

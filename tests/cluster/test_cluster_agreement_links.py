@@ -192,7 +192,7 @@ def test_a_wrong_password_is_named_on_both_sides(
     )
     assert warnings(caplog) == [
         f"cluster link refused: authentication failed: bad mac from '{name(odd)}' "
-        "(wrong ClusterPassword or replay)"
+        "(wrong ClusterPassword or replay) (from 127.0.0.1)"
     ]
 
 

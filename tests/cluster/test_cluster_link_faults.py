@@ -28,7 +28,7 @@ from cluster_link_pair import open_pair
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.forwarding import Outgoing
-from cluster.link_io import DIAL_TIMEOUT, LinkChannel, connect
+from cluster.link_io import DIAL_TIMEOUT, HANDSHAKE_TIMEOUT, LinkChannel, connect
 from cluster.peers import HEARTBEAT_SECONDS, PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
@@ -418,3 +418,29 @@ def test_a_dial_nobody_answers_fails_within_the_dial_timeout() -> None:
 
             waited = trio.run(dial)
     assert DIAL_TIMEOUT <= waited < DIAL_TIMEOUT + 1.0
+
+
+def test_links_that_never_authenticate_are_refused_saying_why_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connections that send nothing (anyone who reaches a member's or a Workers
+    sequencer's port can open them) end after HANDSHAKE_TIMEOUT, and the warning says
+    so, once for many: it read 'cluster link refused: ' with nothing after it, once per
+    connection (50 idle connections, 50 empty warnings)."""
+    caplog.set_level(logging.INFO)
+    service = PeerService(name="127.0.0.1:2", members=frozenset({NON_SEED}), password=PASSWORD,
+                          stream=new_stream(), take_forward=None)
+
+    async def main() -> None:
+        clients = []  # held open: the server side waits for a handshake that never comes
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                server_side, client_side = trio.testing.memory_stream_pair()
+                clients.append(client_side)
+                nursery.start_soon(service.serve_peer, server_side)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    refused = [r.getMessage() for r in caplog.records if "link refused" in r.getMessage()]
+    assert refused == [f"cluster link refused: no handshake within {HANDSHAKE_TIMEOUT:g} s "
+                       "(from ?)"]
+    assert service.links_ended == 20
