@@ -29,3 +29,28 @@ def check_workers(config: Config, key: Callable[[str], str]) -> None:
             f"{key('Workers')} = {config.workers} with ClusterMembers: a cluster member runs "
             "one process (Workers = 1); run more members instead (docs/workers.md)"
         )
+    check_monitor_ports(config, key)
+
+
+def check_monitor_ports(config: Config, key: Callable[[str], str]) -> None:
+    """With MonitorListen = host:P, worker i answers on P + i: every one of those ports
+    must exist and none may be a client listener's (else the server starts, and fails
+    when that worker does, naming a port nobody configured)."""
+    if config.workers < 2 or config.monitor_listen is None or config.monitor_listen[1] == 0:
+        return
+    host, first = config.monitor_listen
+    last = first + config.workers - 1
+    ports = f"{key('MonitorListen')} {host}:{first} with Workers = {config.workers}"
+    if last > 65535:
+        raise ConfigError(
+            f"{ports}: worker i answers on port {first} + i, up to {last}, past 65535; "
+            "choose a lower port (or port 0: each worker picks a free one)"
+        )
+    clients = (*config.listen, *config.listen_encrypted, *config.listen_mqtt,
+               *config.listen_mqtt_encrypted)
+    for index in range(config.workers):
+        if (host, first + index) in clients:
+            raise ConfigError(
+                f"{ports}: worker {index} would answer on {host}:{first + index}, a client "
+                "listener; choose monitoring ports P..P+Workers-1 clear of the client ports"
+            )

@@ -47,3 +47,26 @@ def test_serve_refuses_workers_in_a_cluster_before_starting_anything() -> None:
     assert result.returncode == 2
     assert "configuration error: Workers (from --set) = 3 with ClusterMembers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("monitor", "refused"),
+    [
+        ("127.0.0.1:65534", r"MonitorListen \(from setting\) 127.0.0.1:65534 with Workers = 3: "
+                            r"worker i answers on port 65534 \+ i, up to 65536, past 65535"),
+        ("127.0.0.1:8798", r"MonitorListen \(from setting\) 127.0.0.1:8798 with Workers = 3: "
+                           r"worker 2 would answer on 127.0.0.1:8800, a client listener"),
+    ],
+)
+def test_monitoring_ports_of_the_workers_are_checked_at_start_up(
+    monitor: str, refused: str
+) -> None:
+    """Worker i answers MonitorListen's port + i: a port past 65535 or a client port
+    among them stopped only that worker's start-up, naming a port nobody configured
+    ('MonitorListen: ... got 65536', 'worker 2 stopped during start-up')."""
+    settings = {"Listen": "127.0.0.1:8800", "ListenMqtt": "127.0.0.1:8803"}
+    assert Config.from_mapping({**settings, "MonitorListen": monitor}).workers == 1
+    assert Config.from_mapping({**settings, "MonitorListen": "127.0.0.1:0",
+                                "Workers": "3"}).workers == 3
+    with pytest.raises(ConfigError, match=refused):
+        Config.from_mapping({**settings, "MonitorListen": monitor, "Workers": "3"})
