@@ -63,6 +63,7 @@ class WorkersServer:
         self.lines: queue.Queue[str] = queue.Queue()
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)
         self.monitoring: list[str] = []  # with MonitorListen: one URL per worker
+        self.listening: list[str] = []  # one URL per client listener
         threading.Thread(target=self._read, daemon=True).start()
         if ready:
             self._wait_ready(workers)
@@ -84,6 +85,8 @@ class WorkersServer:
                 self.pids[int(index)] = int(pid)
             elif line.startswith("monitoring "):
                 self.monitoring.append(line.split()[1])
+            elif line.startswith("listening "):
+                self.listening.append(line.split()[1])
             self.lines.put(line)
 
     def log(self) -> str:
