@@ -88,7 +88,8 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
               file=sys.stderr)
         return 2
     node = WorkerNode(config, index=args.worker_index,
-                      sequencer=parse_address(args.worker_sequencer), password=secret)
+                      sequencer=parse_address(args.worker_sequencer), password=secret,
+                      parent=args.worker_parent)
     # the worker prints its "listening" lines itself, once it has caught up
     trio.run(functools.partial(run_until_signalled, node.server, roles=[node], ready_line=False))
     return 0
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     # a worker of a server with Workers > 1, started by its supervisor (cluster/workers.py)
     serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-sequencer", default="", help=argparse.SUPPRESS)
+    serve.add_argument("--worker-parent", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     from cluster.tooling import add_cluster_commands
     from migratory.bench.cli import add_bench_command

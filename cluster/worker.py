@@ -49,12 +49,21 @@ class WorkerNode:
     """A worker: a server whose positions come from the sequencer at ``sequencer``."""
 
     def __init__(
-        self, config: Config, *, index: int, sequencer: tuple[str, int], password: str
+        self,
+        config: Config,
+        *,
+        index: int,
+        sequencer: tuple[str, int],
+        password: str,
+        parent: int | None = None,
     ) -> None:
+        """``parent``: the supervisor's pid (None: this process's parent now). Given, a
+        supervisor killed while this worker was starting is noticed: the worker's
+        parent is then already another process (init), which it would otherwise watch."""
         self.config = config = worker_config(config, index)
         self.index = index
         self.name = worker_name(index)
-        self.parent = os.getppid()
+        self.parent = os.getppid() if parent is None else parent
         hub = build_hub(config, epoch=UNNUMBERED_EPOCH, numbered_elsewhere=True)
         self.replica = Replica(hub)
         self.publishing = ClusterPublishing(

@@ -7,7 +7,8 @@ It does no client I/O. It
   and refuses one that something listens on already (:func:`refuse_if_listened`);
 - runs the :class:`~cluster.sequencer.Sequencer` (the one source of positions);
 - starts N worker processes (``migratory serve`` with the same configuration, plus
-  ``--worker-index`` / ``--worker-sequencer``; the link secret in the environment),
+  ``--worker-index`` / ``--worker-sequencer`` / ``--worker-parent``; the link secret in
+  the environment),
   each in its own session so a terminal's Ctrl-C reaches them only through here;
 - prints ``listening URL`` once every worker has caught up (tests and tools read it,
   first, as from a single server), then the workers' ``monitoring URL`` lines and
@@ -194,6 +195,9 @@ class Supervisor:
             sys.executable, "-m", "cluster", "serve", *self.serve_args,
             *[f"--set={key}={value}" for key, value in overrides.items()],
             "--worker-index", str(index), "--worker-sequencer", f"{host}:{port}",
+            # its parent by pid: one killed while the worker was still starting is gone
+            # before the worker could ask who its parent is
+            "--worker-parent", str(os.getpid()),
         ]
 
     async def _keep(self, slot: WorkerSlot) -> None:

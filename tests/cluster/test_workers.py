@@ -89,6 +89,10 @@ class WorkersServer:
                 self.listening.append(line.split()[1])
             self.lines.put(line)
 
+    def started(self) -> list[int]:
+        """The pid of every worker the supervisor logged starting (ready or not)."""
+        return [int(pid) for pid in re.findall(r"worker \d+ started \(pid (\d+)\)", self.log())]
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -106,7 +110,7 @@ class WorkersServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        for pid in self.pids.values():  # never leave a worker behind
+        for pid in {*self.pids.values(), *self.started()}:  # never leave a worker behind
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self._log.close()
@@ -311,7 +315,7 @@ def test_a_signal_during_start_up_stops_the_server_at_once(tmp_path: Path) -> No
     try:
         for index in (0, 1):
             server.wait_log(f"worker {index} started (pid ")
-        workers = [int(pid) for pid in re.findall(r"worker \d started \(pid (\d+)\)", server.log())]
+        workers = server.started()
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         server.proc.send_signal(signal.SIGINT)
@@ -329,10 +333,18 @@ def test_a_signal_during_start_up_stops_the_server_at_once(tmp_path: Path) -> No
         server.stop()
 
 
-def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
-    server = WorkersServer(tmp_path, workers=2)
+@pytest.mark.parametrize("when", ["serving", "starting"])
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, when: str) -> None:
+    """Killed while they serve, or while they are still starting: a worker that asked
+    for its parent only once the supervisor was gone watched init and ran on, orphaned,
+    holding the port."""
+    server = WorkersServer(tmp_path, workers=2, ready=when == "serving")
     try:
-        workers = list(server.pids.values())
+        if when == "starting":
+            server.wait_log("worker 1 started (pid ")
+            server.wait_log("worker 0 started (pid ")
+        workers = server.started()
+        assert len(workers) == 2
         server.proc.kill()
         server.proc.wait(5)
         deadline = time.monotonic() + 10
