@@ -131,7 +131,16 @@ DNS_CACHE_SECONDS = 1.0
 STATUS_PERIOD = 0.05
 """Seconds between two :class:`RaftStatus` snapshots published by the Raft thread."""
 DIGEST_PERIOD = 1.0
-"""Seconds between two computations of the coordinator digest (O(subjects))."""
+"""Least seconds between two computations of the coordinator digest (O(subjects))."""
+DIGEST_SHARE = 0.01
+"""Largest share of the Raft thread's time the digest may take: it sorts every subject
+the seeds number (0.4 s of CPU at 1,000,000 subjects), so a large state spaces it out."""
+
+
+def next_digest_at(now: float, took: float) -> float:
+    """When to compute the digest again after one that took ``took`` seconds: after
+    :data:`DIGEST_PERIOD`, or later so that it takes at most :data:`DIGEST_SHARE`."""
+    return now + max(DIGEST_PERIOD, took / DIGEST_SHARE)
 
 
 _NO_FRONT = FrontStatistics()
@@ -225,8 +234,9 @@ class _SeedSyncObj(FollowerSafeSyncObj):
     def publish_status(self, now: float) -> None:
         coordinator = self._status_consumer.coordinator
         if now >= self._next_digest:
-            self._next_digest = now + DIGEST_PERIOD
+            started = time.thread_time()
             self._digest = coordinator.digest()
+            self._next_digest = next_digest_at(now, time.thread_time() - started)
         raw = self.getStatus()
         transport = self._SyncObj__transport
         # pysyncobj keeps the last leader it saw while it is connected to no one (it
