@@ -24,6 +24,7 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "sq", "c": min_clsn}                                 SyncRequest
     {"t": "sn", "c": clsn, "r": reason}                        SyncRefused
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync
+    {"t": "sp", "c": clsn, "s": [...as in "s"...], "l": last}  SyncPart (cluster/link_sync.py)
     {"t": "p",  "m": M}                                        StandardPublish
     {"t": "hb", "c": clsn, "r": ready}                         Heartbeat
     {"t": "cf", "m": member, "l": [member, ...], "k": seed_count, "d": delivery_mode,
@@ -75,6 +76,7 @@ from cluster.link_ops import (
     Settings,
     StandardPublish,
     Sync,
+    SyncPart,
     SyncRefused,
     SyncRequest,
     _Body,
@@ -83,6 +85,7 @@ from cluster.link_ops import (
     decode_op,
     encode_frame,
 )
+from cluster.link_sync import SyncAssembly, sync_frames
 
 __all__ = [
     "MAX_FRAME",
@@ -101,10 +104,12 @@ __all__ = [
     "Settings",
     "StandardPublish",
     "Sync",
+    "SyncPart",
     "SyncRefused",
     "SyncRequest",
     "decode_op",
     "encode_frame",
+    "sync_frames",
 ]
 
 
@@ -165,6 +170,7 @@ class LinkConnection:
         self._peer: str | None = None
         self._challenger = ""
         self._failure: LinkError | None = None
+        self._assembly = SyncAssembly()  # a cache sync in parts (cluster/link_sync.py)
 
     @property
     def authenticated(self) -> bool:
@@ -199,12 +205,22 @@ class LinkConnection:
         if self._state is _State.IDLE:
             raise ValueError("call initiate() before next_event()")
         try:
-            payload = self._next_payload()
-            if payload is None:
-                return None
-            if self._state is _State.OPEN:
-                return decode_op(payload)
-            return self._handshake(payload)
+            while True:
+                payload = self._next_payload()
+                if payload is None:
+                    return None
+                if self._state is not _State.OPEN:
+                    return self._handshake(payload)
+                op = decode_op(payload)
+                if type(op) is not SyncPart:
+                    if self._assembly.open:
+                        raise LinkError(
+                            f"{type(op).__name__} in the middle of a cache sync in parts"
+                        )
+                    return op
+                sync = self._assembly.add(op)  # LinkError if the part does not fit
+                if sync is not None:
+                    return Sync(sync)
         except LinkError as exc:
             self._state = _State.FAILED
             self._failure = exc

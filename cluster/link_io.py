@@ -120,6 +120,9 @@ class LinkChannel:
         self.peer_settings: MemberSettings | None = None
         """The peer's settings once exchanged (None: not exchanged, an older peer)."""
         self._first: link.LinkOp | None = None  # an older connector's first operation
+        self.received = 0
+        """Bytes received so far: an operation still arriving (a cache sync in parts,
+        tens of megabytes) shows it is coming before it is whole."""
 
     async def handshake(self, members: frozenset[str] | None = None) -> str:
         """Authenticate both ways, then exchange and compare the members' settings;
@@ -233,6 +236,16 @@ class LinkChannel:
             raise link.LinkError("handshake event after authentication")
         return event
 
+    async def receive_within(self, silence: float) -> link.LinkOp | None:
+        """:meth:`receive`, or ``trio.TooSlowError`` once ``silence`` seconds pass in
+        which not a byte came: a peer still sending a long operation is not silent."""
+        while True:
+            heard = self.received
+            with trio.move_on_after(silence):
+                return await self.receive()  # a cancelled receive loses no byte
+            if self.received == heard:
+                raise trio.TooSlowError(f"nothing received for {silence:g} s")
+
     async def _next_event(self) -> link.LinkEvent:
         while True:
             event = self.codec.next_event()
@@ -241,6 +254,7 @@ class LinkChannel:
             data = await self.stream.receive_some(RECV_SIZE)
             if not data:
                 raise EOFError("peer closed the link")
+            self.received += len(data)
             self.codec.receive_data(bytes(data))
 
     async def aclose(self) -> None:

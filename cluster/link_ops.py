@@ -115,6 +115,19 @@ class Sync:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncPart:
+    """Seed -> member: one part of a cache sync too large for one frame
+    (:mod:`cluster.link_sync`); the part marked ``last`` completes it. A subject may
+    go on from one part into the next (the same subject, epoch and seq; more cached
+    messages). :class:`~cluster.link.LinkConnection` puts the parts together and
+    yields one :class:`Sync`: no caller sees a part."""
+
+    clsn: int
+    subjects: tuple[SubjectSync, ...]
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StandardPublish:
     """Standard delivery mode: a publication forwarded to every member."""
 
@@ -148,6 +161,7 @@ LinkOp = (
     | SyncRequest
     | SyncRefused
     | Sync
+    | SyncPart
     | StandardPublish
     | Heartbeat
 )
@@ -257,6 +271,9 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             return {"t": "sn", "c": clsn, "r": reason}
         case Sync(sync=sync):
             return {"t": "s", "c": sync.clsn, "s": [_subject_sync_item(s) for s in sync.subjects]}
+        case SyncPart(clsn=clsn, subjects=subjects, last=last):
+            return {"t": "sp", "c": clsn, "s": [_subject_sync_item(s) for s in subjects],
+                    "l": last}
         case StandardPublish(message=message):
             return {"t": "p", "m": _message_item(message)}
         case Heartbeat(clsn=clsn, ready=ready):
@@ -386,15 +403,15 @@ def _forward(r: _Body) -> Forward:
     return Forward(tuple(requests))
 
 
-def _subject_sync(item: Any) -> SubjectSync:
+def _subject_sync(item: Any, tag: str = "s") -> SubjectSync:
+    where = f"{tag!r} frame: 's'"
     if not (type(item) is list and len(item) == 5):
-        raise LinkError("'s' frame: 's' must hold [subject, epoch, seq, snapshot, cached] arrays")
+        raise LinkError(f"{where} must hold [subject, epoch, seq, snapshot, cached] arrays")
     subject, epoch, seq, snapshot, cached = item
     if type(subject) is not str or not _is_u64(epoch) or not _is_u64(seq):
-        raise LinkError("'s' frame: 's': bad subject, epoch or seq")
+        raise LinkError(f"{where}: bad subject, epoch or seq")
     if type(cached) is not list:
-        raise LinkError("'s' frame: 's': cached messages must be an array")
-    where = "'s' frame: 's'"
+        raise LinkError(f"{where}: cached messages must be an array")
     return SubjectSync(
         subject=subject,
         epoch=epoch,
@@ -407,6 +424,11 @@ def _subject_sync(item: Any) -> SubjectSync:
 def _sync(r: _Body) -> Sync:
     subjects = tuple([_subject_sync(item) for item in r.array("s")])
     return Sync(CacheSync(clsn=r.uint("c"), subjects=subjects))
+
+
+def _sync_part(r: _Body) -> SyncPart:
+    subjects = tuple([_subject_sync(item, "sp") for item in r.array("s")])
+    return SyncPart(r.uint("c"), subjects, r.boolean("l"))
 
 
 def _batch(r: _Body) -> Batch:
@@ -436,6 +458,7 @@ _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "sq": (("c",), lambda r: SyncRequest(r.uint("c"))),
     "sn": (("c", "r"), lambda r: SyncRefused(r.uint("c"), r.text("r"))),
     "s": (("c", "s"), _sync),
+    "sp": (("c", "s", "l"), _sync_part),
     "p": (("m",), lambda r: StandardPublish(r.message("m"))),
     "hb": (("c", "r"), lambda r: Heartbeat(r.uint("c"), r.boolean("r"))),
     "cf": (("m", "l", "k", "d", "g", "c", "i", "n"), _settings),

@@ -27,6 +27,7 @@ from cluster.link_io import (
     describe,
     secured,
 )
+from cluster.link_sync import SyncFrames
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
 
 log = logging.getLogger("migratory.cluster")
@@ -177,22 +178,43 @@ class PeerService:
                     if item is None:
                         await channel.send_encoded(self.stream.heartbeat())
                         continue
-                    backlog.taken(item)
-                    # what queued meanwhile goes in the same write (frames are
-                    # length-prefixed: one write of several is the same byte stream)
-                    data = [wire_bytes(item)]
-                    size = len(data[0])
-                    while size < COALESCE_BYTES:
-                        try:
-                            more = frames.receive_nowait()
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                        backlog.taken(more)
-                        data.append(wire_bytes(more))
-                        size += len(data[-1])
-                    await channel.send_encoded(data[0] if len(data) == 1 else b"".join(data))
+                    while item is not None:
+                        item = await self._write_some(channel, frames, item, backlog)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
+
+    @staticmethod
+    async def _write_some(
+        channel: LinkChannel,
+        frames: trio.MemoryReceiveChannel[Outbound],
+        item: Outbound,
+        backlog: Backlog,
+    ) -> Outbound | None:
+        """Write ``item`` and what queued after it, in one write up to COALESCE_BYTES
+        (frames are length-prefixed: one write of several is the same byte stream); a
+        cache sync a part at a time, each built just before it is written, so that the
+        event loop runs between parts. Returns a sync met on the way, to write next."""
+        backlog.taken(item)
+        if isinstance(item, SyncFrames):
+            for frame in item.frames():
+                await channel.send_encoded(frame)
+            return None
+        data = [wire_bytes(item)]
+        size = len(data[0])
+        following: Outbound | None = None
+        while size < COALESCE_BYTES:
+            try:
+                more = frames.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if isinstance(more, SyncFrames):
+                following = more  # taken from the backlog when written
+                break
+            backlog.taken(more)
+            data.append(wire_bytes(more))
+            size += len(data[-1])
+        await channel.send_encoded(data[0] if len(data) == 1 else b"".join(data))
+        return following
 
     def _on_op(
         self,
@@ -211,8 +233,11 @@ class PeerService:
             self.take_forward(peer, op.requests)
         elif isinstance(op, link.SyncRequest):
             answer = self.stream.sync_for(op.min_clsn)
-            frame = link.encode_frame(answer)
-            send.send_nowait(frame)
-            backlog.bytes += len(frame)
+            if isinstance(answer, link.SyncRefused):
+                frame = link.encode_frame(answer)
+                send.send_nowait(frame)
+                backlog.bytes += len(frame)
+            else:  # a sync, built and written in parts by _write (counts no bytes)
+                send.send_nowait(answer)
         else:
             raise link.LinkError(f"unexpected {type(op).__name__} from {peer}")

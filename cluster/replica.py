@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import enum
 
-from cluster.cache_sync import CacheSync, check_sync, export_sync, install_sync
+from cluster.cache_sync import (
+    CacheSync,
+    SyncCapture,
+    capture_sync,
+    check_sync,
+    export_sync,
+    install_sync,
+)
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
 from migratory.server.hub import Hub
 
@@ -130,6 +137,12 @@ class Replica:
             return False
         self._applied_clsn = batch.clsn
         return True
+
+    def capture_sync(self) -> SyncCapture | None:
+        """:meth:`make_sync`, its cached messages rebuilt only when read."""
+        if self._needs_sync:
+            return None
+        return capture_sync(self._hub, self._applied_clsn)
 
     def make_sync(self) -> CacheSync | None:
         """The hub's subjects at ``applied_clsn``, for a peer that needs a sync; None

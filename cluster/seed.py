@@ -49,6 +49,8 @@ RETRY_SECONDS = 0.3
 MAX_BARRIER_ATTEMPTS = 20
 LEADERLESS_GRACE = 1.5
 """Seconds a seed may see no Raft leader (an election) and stay ready."""
+SYNC_SILENCE = 10.0
+"""Seconds a seed waits for a peer seed to connect, or for a byte of the sync it asked."""
 BEHIND_SECONDS = 3.0
 """A seed that has not applied what the leader had committed this long ago is not ready:
 its clients would see the cluster stand still (a follower catching up a long way)."""
@@ -341,15 +343,17 @@ class SeedCoordination:
         replica = self.stream.replica
         peer = f"{address[0]}:{address[1]}"
         try:
-            with trio.fail_after(10):
+            with trio.fail_after(SYNC_SILENCE):
                 channel = await connect(address, member=self.name,
                                         password=self.config.cluster_password, tls=self.tls,
                                         settings=self.settings)
-                try:
+            try:
+                with trio.fail_after(SYNC_SILENCE):
                     await channel.send(link.SyncRequest(replica.sync_floor))
-                    op = await channel.receive()
-                finally:
-                    await channel.aclose()
+                # a large sync comes in parts for longer than that: silence is no byte
+                op = await channel.receive_within(SYNC_SILENCE)
+            finally:
+                await channel.aclose()
         except CONNECT_ERRORS as exc:
             log.info("cache sync from %s failed: %s", peer, exc)
             return

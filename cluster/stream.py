@@ -34,6 +34,7 @@ from cluster import link
 from cluster.batch_ring import RING_BATCHES, RING_MESSAGES, BatchRing
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch
+from cluster.link_sync import SyncFrames
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
 
@@ -90,13 +91,19 @@ class BatchFrame:
         return self._frame
 
 
-Outbound = bytes | BatchFrame
-"""What a follower's queue holds: an encoded frame, or a batch encoded when written."""
+Outbound = bytes | BatchFrame | SyncFrames
+"""What a follower's queue holds: an encoded frame, a batch encoded when written, or a
+cache sync built and written a part at a time (:class:`~cluster.link_sync.SyncFrames`)."""
 
 
 def wire_bytes(item: Outbound) -> bytes:
-    """The bytes to write for one queued item."""
-    return item.frame() if isinstance(item, BatchFrame) else item
+    """The bytes to write for one queued item (all of a sync's frames at once: a link's
+    writer writes those one by one instead)."""
+    if isinstance(item, BatchFrame):
+        return item.frame()
+    if isinstance(item, SyncFrames):
+        return b"".join(item.frames())
+    return item
 
 
 class Backlog:
@@ -113,7 +120,11 @@ class Backlog:
 
     @staticmethod
     def size(item: Outbound) -> int:
-        return item.size if isinstance(item, BatchFrame) else len(item)
+        """A sync counts nothing: it holds references to cached messages, and is built
+        a part at a time as its writer takes it."""
+        if isinstance(item, BatchFrame):
+            return item.size
+        return 0 if isinstance(item, SyncFrames) else len(item)
 
     def taken(self, item: Outbound) -> None:
         self.bytes -= self.size(item)
@@ -240,8 +251,9 @@ class CommittedStream:
     def heartbeat(self) -> bytes:
         return link.encode_frame(link.Heartbeat(self.replica.applied_clsn, self.is_ready()))
 
-    def sync_for(self, min_clsn: int) -> link.Sync | link.SyncRefused:
-        """A whole cache sync at ``min_clsn`` or later, or why not now."""
+    def sync_for(self, min_clsn: int) -> SyncFrames | link.SyncRefused:
+        """A whole cache sync at ``min_clsn`` or later (built as it is written), or why
+        not now."""
         replica = self.replica
         if replica.needs_sync:
             return link.SyncRefused(replica.applied_clsn, "this member is waiting for a sync")
@@ -252,9 +264,9 @@ class CommittedStream:
             )
         if not self.is_ready():
             return link.SyncRefused(replica.applied_clsn, "this member is not ready")
-        sync = replica.make_sync()
-        assert sync is not None
-        return link.Sync(sync)
+        capture = replica.capture_sync()
+        assert capture is not None
+        return SyncFrames(capture)
 
     def _serve_waiting(self) -> None:
         for follower in list(self.followers.values()):
@@ -265,18 +277,12 @@ class CommittedStream:
         replica = self.replica
         if replica.needs_sync or replica.applied_clsn < follower.after:
             return  # later: once this member is whole and has reached the follower
-        sync = replica.make_sync()
-        assert sync is not None
+        capture = replica.capture_sync()
+        assert capture is not None
         follower.wants_sync = False
-        follower.after = sync.clsn
-        try:
-            frame = link.encode_frame(link.Sync(sync))
-        except link.LinkError as exc:  # larger than a link frame may be
-            log.error("cannot sync %s: %s; dropping its link", follower.name, exc)
-            follower.queue.close()
-            self.unfollow(follower.name)
-            return
-        self._send(follower, frame)
+        follower.after = capture.clsn
+        # one queued item, built and written in parts by the link's writer
+        self._send(follower, SyncFrames(capture))
 
     def _send(self, follower: Follower, item: Outbound) -> None:
         if self.followers.get(follower.name) is not follower:

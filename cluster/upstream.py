@@ -153,13 +153,12 @@ class UpstreamReplication:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forward_to, channel, self.outgoing, self.forward_linger)
             while True:
-                op = None
-                with trio.move_on_after(UPSTREAM_SILENCE):
-                    op = await channel.receive()
-                    if op is None:
-                        raise LeaveUpstream("the seed closed the link")
+                try:  # silence is no byte at all: a sync in parts is many seconds of bytes
+                    op = await channel.receive_within(UPSTREAM_SILENCE)
+                except trio.TooSlowError:
+                    raise LeaveUpstream(f"nothing from it for {UPSTREAM_SILENCE:g} s") from None
                 if op is None:
-                    raise LeaveUpstream(f"nothing from it for {UPSTREAM_SILENCE:g} s")
+                    raise LeaveUpstream("the seed closed the link")
                 self._on_op(seed, op, trio.current_time())
             nursery.cancel_scope.cancel()
 

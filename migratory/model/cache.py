@@ -9,7 +9,7 @@ from itertools import chain, islice
 from typing import Any
 
 from migratory.model.cache_budget import QUEUE_OVERHEAD, CacheBudget
-from migratory.model.message import Message, MessageType, Qos
+from migratory.model.message import Message, MessageType, Qos, new_message
 
 __all__ = ["SubjectCache", "encoded_bound"]
 
@@ -49,12 +49,34 @@ def _flat(fields: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(chain.from_iterable(fields.items())) if fields else ()
 
 
+_QOS = {q._value_: q for q in Qos}
+_TYPES = {t._value_: t for t in MessageType}
+
+
 def _message(entry: _Entry) -> Message:
+    # new_message and the lookups, not Message(), Qos() and MessageType(): 4.5 -> ~1.5 us
+    # a message; a cache sync rebuilds every cached message (680,000 of them with the
+    # default CacheMemoryBudget), and a resume every one it recovers
     _, epoch, seq, subject, content, flat, retained, qos, closure, kind, _ = entry
-    fields = dict(zip(flat[::2], flat[1::2], strict=True))
-    return Message(
-        subject, content, fields, retained, Qos(qos), closure, epoch, seq, MessageType(kind)
+    fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+    return new_message(
+        subject, content, fields, retained, _QOS[qos], closure, epoch, seq, _TYPES[kind]
     )
+
+
+class CachedRun:
+    """A subject's cached messages, oldest first, taken at one moment (:meth:`SubjectCache.run`)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: tuple[_Entry, ...]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def messages(self) -> tuple[Message, ...]:
+        return tuple(map(_message, self._entries))
 
 
 class SubjectCache:
@@ -155,6 +177,12 @@ class SubjectCache:
         if self._entries is not None:
             return len(self._entries)
         return 0 if self._one is None else 1
+
+    def run(self) -> CachedRun:
+        """The cached messages as they stand now, kept apart from later changes, rebuilt
+        only when read (:meth:`CachedRun.messages`): taking every subject's run is cheap
+        enough for the event loop, rebuilding them all is not (a cache sync)."""
+        return CachedRun(tuple(self._all))
 
     @property
     def _all(self) -> Sequence[_Entry]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from migratory.model.cache import SubjectCache
+from migratory.model.cache import CachedRun, SubjectCache
 from migratory.model.cache_budget import CacheBudget
 from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
@@ -383,6 +383,13 @@ class Hub(MessageSinks):
                 yield state.subject, state.position, state.snapshot, state.cache.last(
                     len(state.cache)
                 )
+
+    def numbered_runs(self) -> Iterator[tuple[str, Position, Message | None, CachedRun]]:
+        """:meth:`numbered` with each subject's cached messages as a :class:`CachedRun`
+        (rebuilt when read, not now)."""
+        for state in self._subjects.values():
+            if state.seq > 0:
+                yield state.subject, state.position, state.snapshot, state.cache.run()
 
     def reposition(
         self,

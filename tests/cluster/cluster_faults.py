@@ -141,7 +141,10 @@ class FaultRules:
         assert member.replica is not None and member.stream is not None
         assert peer.stream is not None
         stream, floor, needed = member.stream, member.replica.sync_floor, not peer.serving
-        answer = link.decode_op(link.encode_frame(peer.stream.sync_for(floor))[4:])
+        given = peer.stream.sync_for(floor)
+        if not isinstance(given, link.SyncRefused):  # a sync, written in parts
+            given = link.Sync(given.capture.whole())
+        answer = link.decode_op(link.encode_frame(given)[4:])
         check_sync_answer(answer, floor=floor, giver_needed_sync=needed, log=self.log,
                           max_cached=self.max_cached)
         if isinstance(answer, link.Sync):

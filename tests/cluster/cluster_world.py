@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from cluster import link
 from cluster.cache_sync import CacheSync, export_sync
 from cluster.coordination import CommittedBatch
+from cluster.link_sync import SyncAssembly
 from cluster.replica import Replica
 from cluster.stream import CommittedStream, Outbound, wire_bytes
 from cluster.upstream import UpstreamReplication
@@ -212,5 +213,20 @@ def frames_of(link_: UpstreamLink, most: int) -> list[link.LinkOp | None]:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             out.append(None)
             break
-        out.append(link.decode_op(frame[4:]))
+        out.append(_decoded(frame))
     return out
+
+
+def _decoded(data: bytes) -> link.LinkOp:
+    """The one operation in ``data``: a frame, or the frames of a sync in parts."""
+    assembly = SyncAssembly()
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        op, data = link.decode_op(data[4:4 + size]), data[4 + size:]
+        if isinstance(op, link.SyncPart):
+            sync = assembly.add(op)
+            op = link.Sync(sync) if sync is not None else op
+        if not isinstance(op, link.SyncPart):
+            assert not data, "one queued item is one operation"
+            return op
+    raise AssertionError("a sync in parts without its last part")

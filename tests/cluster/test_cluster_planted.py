@@ -20,8 +20,9 @@ from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 from pysyncobj import FAIL_REASON
 
 from cluster import link
-from cluster.cache_sync import CacheSync, export_sync
+from cluster.cache_sync import CacheSync, capture_sync
 from cluster.coordination import CommittedBatch, Coordinator
+from cluster.link_sync import SyncFrames
 from cluster.raft import DEFINITE_FAILURES, CoordinationConsumer
 from cluster.replica import Offer, Replica
 from cluster.stream import CommittedStream
@@ -69,18 +70,18 @@ class OlderSyncReplica(Replica):
 class NeedySyncStream(CommittedStream):
     """Gives its caches when asked even while it needs a sync itself."""
 
-    def sync_for(self, min_clsn: int) -> link.Sync | link.SyncRefused:
+    def sync_for(self, min_clsn: int) -> SyncFrames | link.SyncRefused:
         replica = self.replica
         if replica.applied_clsn < min_clsn:
             return link.SyncRefused(replica.applied_clsn, "behind")
-        return link.Sync(export_sync(replica.hub, replica.applied_clsn))
+        return SyncFrames(capture_sync(replica.hub, replica.applied_clsn))
 
 
 class EmptySyncStream(CommittedStream):
     """Answers a sync request from where it stands, even behind what was asked (a seed
     at clsn 0 gives an empty sync)."""
 
-    def sync_for(self, min_clsn: int) -> link.Sync | link.SyncRefused:
+    def sync_for(self, min_clsn: int) -> SyncFrames | link.SyncRefused:
         return super().sync_for(0)
 
 

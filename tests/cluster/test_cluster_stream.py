@@ -8,6 +8,7 @@ import trio
 from cluster import link
 from cluster.cache_sync import CacheSync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
+from cluster.link_sync import SyncFrames
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
 from cluster.stream import FOLLOWER_QUEUE_BYTES, Backlog, CommittedStream, Outbound, wire_bytes
@@ -122,7 +123,7 @@ def test_sync_requests_are_refused_by_a_member_behind_or_not_whole() -> None:
     stream = fed(new_stream(), batches[:2])
     refused = stream.sync_for(3)
     assert isinstance(refused, link.SyncRefused) and refused.clsn == 2
-    assert isinstance(stream.sync_for(2), link.Sync)
+    assert isinstance(stream.sync_for(2), SyncFrames)
     waiting = new_stream()
     waiting.on_committed(batches[3], 0.0)  # a gap: it needs a sync itself
     assert isinstance(waiting.sync_for(0), link.SyncRefused)
@@ -241,3 +242,44 @@ def test_a_definite_failure_without_a_jump_is_not_published() -> None:
                                 unknown=False, now=1.0)
     (answer,) = answers.results
     assert answer.reason == "not published: MISSING_LEADER"
+
+
+def test_a_sync_larger_than_a_link_frame_reaches_the_follower_in_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was refused ("cannot sync ...: frame exceeds MAX_FRAME"), the follower's link
+    dropped, and the follower asked again for ever: a member joining a cluster whose
+    cache passed 64 MiB never became ready."""
+    from cluster import link_ops
+    from tests.cluster.cluster_link_pair import drain, open_pair
+
+    monkeypatch.setattr(link_ops, "MAX_FRAME", 20_000)
+    coordinator = Coordinator()
+    batches = [
+        coordinator.apply_batch(
+            700, [PublishRequest("x", i, Message(f"/s/{i % 7}", b"c" * 900))]
+        )
+        for i in range(60)
+    ]
+    stream = fed(new_stream(ring_size=2), batches)
+    follower = Follower(stream, "n1", from_clsn=1)
+    queued = []
+    while True:
+        try:
+            queued.append(follower.receive.receive_nowait())
+        except trio.WouldBlock:
+            break
+    assert "n1" in stream.followers  # not dropped
+    # the sync is one queued item, built and written a part at a time
+    (sync_item,) = [item for item in queued if isinstance(item, SyncFrames)]
+    frames = list(sync_item.frames())
+    _, connector = open_pair()
+    events = []
+    for frame in frames:
+        assert len(frame) - 4 <= link_ops.MAX_FRAME
+        connector.receive_data(frame)
+        events += drain(connector)
+    syncs = [e.sync for e in events if isinstance(e, link.Sync)]
+    assert len(frames) > 3 and len(syncs) == 1
+    assert syncs[0].clsn == 60
+    assert sorted(len(r.cached) for r in syncs[0].subjects) == [8, 8, 8, 9, 9, 9, 9]
