@@ -45,10 +45,11 @@ FOLLOWER_QUEUE = 50_000
 FOLLOWER_QUEUE_BYTES = 2 * link.MAX_FRAME
 """Bytes queued for one follower (its batches' content and subjects, other frames'
 lengths) before it is dropped as too slow: twice the largest frame (a whole cache
-sync counts nothing: it is built a part at a time as it is written). Bounded by frames alone, a follower stopped or cut off while
-large messages flowed held a second copy of each (the ring has the first) until 50,000
-frames had queued: 262 MB more in a sequencer after 300 MB of 100 KiB messages with
-one worker SIGSTOPped. Dropped, it resumes from the ring or a sync."""
+sync counts nothing: it is built a part at a time as it is written). Bounded by
+frames alone, a follower stopped or cut off while large messages flowed held a
+second copy of each (the ring has the first) until 50,000 frames had queued: 262 MB
+more in a sequencer after 300 MB of 100 KiB messages with one worker SIGSTOPped.
+Dropped, it resumes from the ring or a sync."""
 
 
 class BatchFrame:
