@@ -1,7 +1,9 @@
 """The recent committed batches a member keeps to catch up a (re)joining non-seed.
 
-Bounded by batches and by messages (a ring of 20,000 batches of 300 messages each
-would be millions of messages), and kept packed: each batch is a tuple of
+Bounded by batches, by messages (a ring of 20,000 batches of 300 messages each
+would be millions of messages) and by bytes (100,000 messages of 128 KiB would be
+12.8 GB, outside every memory budget; a follower the ring no longer reaches gets a
+whole cache sync instead, :mod:`cluster.link_sync`), and kept packed: each batch is a tuple of
 :func:`~migratory.model.message.pack`-ed messages, which CPython's collector stops
 tracking. Kept as ``CommittedBatch`` objects, the ring was most of a seed's
 long-lived objects (one tracked ``Message`` per message, ~50,000 at 1,000
@@ -16,33 +18,50 @@ from collections import deque
 from collections.abc import Iterator
 
 from cluster.coordination import CommittedBatch
-from migratory.model.message import PackedMessage, pack, unpack
+from migratory.model.message import PackedMessage, pack, packed_size, unpack
 
 RING_BATCHES = 20_000
 """Committed batches kept at most."""
 RING_MESSAGES = 100_000
 """Messages kept at most, over all kept batches."""
+RING_BYTES = 64 * 1024 * 1024
+"""Content, subject and field bytes kept at most, over all kept batches (the newest
+batch is kept whatever its size)."""
 
-_Entry = tuple[int, tuple[PackedMessage, ...], tuple[tuple[str, int], ...]]
+# (clsn, packed messages, origins, bytes)
+_Entry = tuple[int, tuple[PackedMessage, ...], tuple[tuple[str, int], ...], int]
 
 
 class BatchRing:
     """The last committed batches, oldest first, in CLSN order with no holes."""
 
-    __slots__ = ("_entries", "_max_batches", "_max_messages", "_messages")
+    __slots__ = (
+        "_bytes", "_entries", "_max_batches", "_max_bytes", "_max_messages", "_messages",
+    )
 
     def __init__(
-        self, *, max_batches: int = RING_BATCHES, max_messages: int = RING_MESSAGES
+        self,
+        *,
+        max_batches: int = RING_BATCHES,
+        max_messages: int = RING_MESSAGES,
+        max_bytes: int = RING_BYTES,
     ) -> None:
-        if max_batches < 1 or max_messages < 1:
+        if max_batches < 1 or max_messages < 1 or max_bytes < 1:
             raise ValueError(
-                f"a ring keeps at least one batch and one message, got {max_batches}"
-                f" batches and {max_messages} messages"
+                f"a ring keeps at least one batch, one message and one byte, got"
+                f" {max_batches} batches, {max_messages} messages and {max_bytes} bytes"
             )
         self._entries: deque[_Entry] = deque()
         self._max_batches = max_batches
         self._max_messages = max_messages
+        self._max_bytes = max_bytes
         self._messages = 0
+        self._bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        """Content, subject and field bytes of the kept batches."""
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -57,19 +76,27 @@ class BatchRing:
         entries = self._entries
         if entries and batch.clsn != entries[-1][0] + 1:
             self.clear()  # a jump (a sync): older batches no longer lead up to it
-        entries.append((batch.clsn, tuple(map(pack, batch.messages)), batch.origins))
-        self._messages += len(batch.messages)
+        packed = tuple(map(pack, batch.messages))
+        size = sum(map(packed_size, packed))
+        entries.append((batch.clsn, packed, batch.origins, size))
+        self._messages += len(packed)
+        self._bytes += size
         while len(entries) > 1 and (
-            len(entries) > self._max_batches or self._messages > self._max_messages
+            len(entries) > self._max_batches
+            or self._messages > self._max_messages
+            or self._bytes > self._max_bytes
         ):
-            self._messages -= len(entries.popleft()[1])
+            _, dropped, _, dropped_size = entries.popleft()
+            self._messages -= len(dropped)
+            self._bytes -= dropped_size
 
     def clear(self) -> None:
         self._entries.clear()
         self._messages = 0
+        self._bytes = 0
 
     def after(self, clsn: int) -> Iterator[CommittedBatch]:
         """The kept batches after ``clsn``, rebuilt, oldest first."""
-        for batch_clsn, messages, origins in self._entries:
+        for batch_clsn, messages, origins, _ in self._entries:
             if batch_clsn > clsn:
                 yield CommittedBatch(batch_clsn, tuple(map(unpack, messages)), origins)

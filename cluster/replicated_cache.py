@@ -34,21 +34,18 @@ from migratory.model.cache_budget import (
     BudgetedQueue,
     CacheBudget,
 )
-from migratory.model.message import PACKED_EPOCH, Message, PackedMessage, pack, unpack
+from migratory.model.message import (
+    PACKED_EPOCH,
+    Message,
+    PackedMessage,
+    pack,
+    packed_size,
+    unpack,
+)
 from migratory.model.snapshot import merge_snapshot
 
 __all__ = ["ReplicatedCache", "packed_size"]
 
-_PACKED_FIELDS = 8
-
-
-def packed_size(packed: PackedMessage) -> int:
-    """What a packed message counts against the budget: content, subject and field
-    lengths (characters for the text: deterministic, and close enough)."""
-    size = len(packed[1]) + len(packed[0])
-    for text in packed[_PACKED_FIELDS:]:
-        size += len(text)
-    return size
 
 
 class _Queue(deque[PackedMessage]):

@@ -120,6 +120,15 @@ def pack(message: Message) -> PackedMessage:
     return packed
 
 
+def packed_size(packed: PackedMessage) -> int:
+    """What a packed message counts against a memory budget: content, subject and field
+    lengths (characters for the text: deterministic, and close enough)."""
+    size = len(packed[1]) + len(packed[0])
+    for text in packed[_PACKED_FIELDS:]:
+        size += len(text)
+    return size
+
+
 def unpack(packed: PackedMessage) -> Message:
     """The message :func:`pack` made ``packed`` from."""
     subject, content, retained, qos, closure, epoch, seq, kind = packed[:_PACKED_FIELDS]

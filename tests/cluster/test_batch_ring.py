@@ -73,3 +73,30 @@ def test_kept_batches_leave_no_tracked_message_behind() -> None:
     after = sum(isinstance(o, Message | CommittedBatch) for o in gc.get_objects())
     assert len(ring) == 500
     assert after - before == 0
+
+
+def big(clsn: int, content: bytes) -> CommittedBatch:
+    message = Message("/big/one", content, {}, False, Qos.GUARANTEED, None, 5, clsn,
+                      MessageType.UPDATE)
+    return CommittedBatch(clsn, (message,), (("m", clsn),))
+
+
+def test_bounded_by_bytes_with_the_default_bounds() -> None:
+    """200 batches of one 1 MiB message were all kept (below 20,000 batches and 100,000
+    messages): 100,000 messages of 128 KiB would have been 12.8 GB on a seed."""
+    ring = BatchRing()
+    content = b"x" * (1 << 20)
+    for clsn in range(1, 201):
+        ring.append(big(clsn, content))
+    assert ring.bytes <= 64 * (1 << 20) + 1000
+    assert len(ring) == 63 and ring.first_clsn == 138  # 1 MiB + 8 subject bytes each
+    assert [b.clsn for b in ring.after(198)] == [199, 200]
+
+
+def test_one_batch_larger_than_the_byte_bound_is_still_kept() -> None:
+    ring = BatchRing(max_bytes=100)
+    ring.append(big(1, b"x" * 500))
+    ring.append(big(2, b"x" * 500))
+    assert len(ring) == 1 and ring.first_clsn == 2 and ring.bytes == 500 + len("/big/one")
+    ring.clear()
+    assert ring.bytes == 0
