@@ -188,12 +188,18 @@ class ClusterPublishing:
                 pending.unknown_since = now
 
     def expire(self, now: float) -> int:
-        """Give up on publishes whose commit was not seen within ``publish_timeout``."""
+        """Give up on publishes whose commit was not seen within ``publish_timeout``.
+        One still queued (never taken: the forward to the upstream seed is stuck) leaves
+        the queue too: it is never submitted, and the queue holds no more than
+        ``max_pending`` publishes, however long nothing takes them."""
         expired = [
             ref
             for ref, pending in self._pending.items()
             if now - pending.submitted_at > self.publish_timeout
         ]
+        if expired and self._outgoing:
+            gone = set(expired)
+            self._outgoing = [r for r in self._outgoing if r.ref not in gone]
         replies: dict[int, PublishReply] = {}
         for ref in expired:
             pending = self._pending.pop(ref)
