@@ -1,0 +1,47 @@
+"""The pod's memory and probes against what a member legitimately does: the budgets of
+``migratory.conf`` must fit the StatefulSet's memory, and the liveness probe must outlast
+the longest stop of the member's event loop that is not a fault (installing a whole
+cache sync). Both are checked on the rendered install, from figures measured with the
+benchmarks named below; nothing here is timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k8s_manifests import documents, find, generated_secrets, load_pod_config, pod_view
+
+from migratory.config import Config
+
+DOCS = documents()
+PASSWORD = generated_secrets("from-the-generated-secret")
+MIB = 1 << 20
+
+INSTALL_STOP_SECONDS = 5.95
+"""The longest stop of a joining member's event loop (/stats ``loop_gaps``) while it
+installed a whole cache sync at the 256 MiB default ``CacheMemoryBudget`` (549,535
+cached 100-byte messages over 10,000 subjects; 2-core machine at load 4.6):
+``benchmarks/cluster_join_sync.py --size 100 --subjects 10000 --rate 20000 --fill 35``.
+The install does not yield (cluster/cache_sync.py ``install_sync``); the stop grows
+with the number of cached messages, so with the budget."""
+INSTALL_BUDGET = 256 * MIB
+STOP_MARGIN = 10
+"""A real node may be slower, throttled or busier than the measuring machine."""
+
+def container() -> dict:
+    (found,) = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def seed_config(tmp_path: Path) -> Config:
+    return load_pod_config(pod_view(DOCS, 0, PASSWORD), tmp_path / "0")
+
+
+def test_liveness_outlasts_the_install_of_a_whole_cache_sync(tmp_path: Path) -> None:
+    """A kubelet restarts a member after ``failureThreshold`` probes in a row got no
+    answer within ``timeoutSeconds``: a loop stopped for longer than that window by an
+    install gets the pod restarted, to sync and install again -- a crash loop."""
+    probe = container()["livenessProbe"]
+    window = probe["periodSeconds"] * (probe["failureThreshold"] - 1) + probe["timeoutSeconds"]
+    stop = INSTALL_STOP_SECONDS * seed_config(tmp_path).cache_memory_budget / INSTALL_BUDGET
+    assert window >= STOP_MARGIN * stop, (window, stop)
+
