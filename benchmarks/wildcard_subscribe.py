@@ -8,7 +8,8 @@ fresh session SUBSCRIBEs once; its input is processed the way the connection doe
 (:data:`OPERATIONS_PER_TURN` packets' worth of work per loop turn, the other clients'
 turn between two), and each turn is timed. The longest turn is the stop every other
 client of the server waited through. Reported per filter: the longest turn, the total,
-the turns, the retained messages delivered and the SUBACK.
+the turns, the retained messages delivered and the SUBACK. Last, a persistent '#'
+session that missed a message on every subject reconnects (``--no-resume``: not).
 
     .venv/bin/python benchmarks/wildcard_subscribe.py [--subjects 50000,500000]
 
@@ -95,10 +96,48 @@ def subscribe_turns(ctx: ServerContext, number: int, topic_filter: str) -> dict[
     }
 
 
+def resume_turns(ctx: ServerContext, subjects: int) -> dict[str, Any]:
+    """A persistent '#' session that missed a message on every subject reconnects: its
+    CONNECT's turns, as subscribe_turns times a SUBSCRIBE's."""
+    registry: dict[str, MqttSession] = {}
+    session = MqttSession(ctx, Link(), "127.0.0.1:1", registry)  # type: ignore[arg-type]
+    session.receive_data(encode_packet(mqtt.Connect("resumer", clean_session=False)), 0.0)
+    more = session.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 0),))), 0.0,
+                                budget=OPERATIONS_PER_TURN)
+    while more:  # its retained messages, read as they come
+        session.outbox.take()
+        more = session.process(0.0, OPERATIONS_PER_TURN)
+    session.outbox.take()
+    session.connection_lost()
+    for i in range(subjects):
+        ctx.hub.publish(Message(f"/g{i % 1000}/d{i}/t", b"y" * 20), 1.0)
+    back = MqttSession(ctx, Link(), "127.0.0.1:1", registry)  # type: ignore[arg-type]
+    turns: list[float] = []
+    delivered = 0
+    data: bytes | None = encode_packet(mqtt.Connect("resumer", clean_session=False))
+    more = True
+    while more and len(turns) < 100_000:
+        started = time.thread_time()
+        if data is not None:
+            more = back.receive_data(data, 0.0, budget=OPERATIONS_PER_TURN)
+            data = None
+        else:
+            more = back.process(0.0, OPERATIONS_PER_TURN)
+        turns.append(time.thread_time() - started)
+        out = back.outbox.take() if back.outbox else b""
+        delivered += sum(isinstance(p, mqtt.Publish)
+                         for p in mqtt.MqttDecoder(server=False).events(out))
+    return {"filter": "# (resume)", "longest_turn_ms": round(max(turns) * 1000, 2),
+            "total_ms": round(sum(turns) * 1000, 1), "turns": len(turns),
+            "missed_delivered": delivered}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--subjects", default="50000,500000")
     parser.add_argument("--filters", default=",".join(FILTERS))
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                        help="also a persistent '#' session resuming (last: it publishes)")
     args = parser.parse_args()
     print(f"# migratory from {migratory.__file__}")
     for subjects in (int(s) for s in args.subjects.split(",")):
@@ -113,6 +152,8 @@ def main() -> None:
         for number, topic_filter in enumerate(args.filters.split(",")):
             print(json.dumps({"subjects": subjects,
                               **subscribe_turns(ctx, number, topic_filter)}))
+        if args.resume:
+            print(json.dumps({"subjects": subjects, **resume_turns(ctx, subjects)}))
         del ctx
         gc.unfreeze()
         gc.collect()

@@ -24,7 +24,8 @@ SCAN_UNIT = 250
 retained messages, a resumed session's subjects, a persistent session's record after a
 change of its filters -- that count as one more packet of the per-turn budget (~1 ms of
 CPU): one client's SUBSCRIBE / UNSUBSCRIBE flood on a server of many subjects waits for
-the others' turn. A SUBSCRIBE's retained messages are sent a slice (SCAN_SLICE) per turn."""
+the others' turn. A SUBSCRIBE's retained messages and a resume's catch-up go a slice
+(SCAN_SLICE) per turn."""
 
 
 class MqttInput:
@@ -39,7 +40,7 @@ class MqttInput:
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:
         raise NotImplementedError
 
-    def _subscribed(self) -> None:
+    def _caught_up(self) -> None:
         raise NotImplementedError
 
     def _send_frame(self, frame: bytes) -> None:
@@ -86,14 +87,15 @@ class MqttInput:
             while not (self.closing or self.aborted):
                 if budget is not None and handled >= budget:
                     return True
-                if self.subscriptions.retaining:  # a SUBSCRIBE's retained messages
+                if self.subscriptions.busy:  # retained messages, or a resume's catch-up
                     if scanned >= SCAN_SLICE and budget is not None:
                         return True  # a slice per turn at most: the others' turn first
-                    self._work = self.subscriptions.send_retained(SCAN_SLICE - scanned)
+                    self._work = self.subscriptions.work(
+                        SCAN_SLICE if budget is None else SCAN_SLICE - scanned)
                     scanned += self._work
                     handled += 1 + self._work // SCAN_UNIT
-                    if not self.subscriptions.retaining:
-                        self._subscribed()  # its SUBACK, after the retained messages
+                    if not self.subscriptions.busy:
+                        self._caught_up()  # a SUBSCRIBE's SUBACK, a resume's save
                     continue
                 packet = self._decoder.next_event()
                 if packet is None:

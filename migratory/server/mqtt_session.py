@@ -231,7 +231,7 @@ class MqttSession(MqttDelivery):
         present = self.persistent and stored is not None
         self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
         if self.persistent and stored is not None:
-            self._work += self.subscriptions.resume(stored, now)
+            self.subscriptions.resume(stored, now)  # caught up in slices (mqtt_input)
             self._ctx.stats.mqtt_sessions_resumed += 1
             self._changed()  # this connection's generation holds the session now
         elif taken.expired and self._record is not None:
@@ -328,8 +328,14 @@ class MqttSession(MqttDelivery):
         if not self.subscriptions.retaining:
             self._subscribed()
 
+    def _caught_up(self) -> None:
+        """Slices over (mqtt_input): a SUBSCRIBE's SUBACK, or a resume's save."""
+        if not self._suback:
+            self._changed()
+            return
+        self._subscribed()
+
     def _subscribed(self) -> None:
-        """A SUBSCRIBE's retained messages are sent: its SUBACK (mqtt_input.process)."""
         suback, self._suback = self._suback, b""
         if self._record is None:
             self._send(suback)

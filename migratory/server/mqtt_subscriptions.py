@@ -19,8 +19,10 @@ from migratory.model.topic import (
     is_wildcard,
 )
 from migratory.protocol import mqtt
+from migratory.server.format_sink import MessageSink
 from migratory.server.hub import Hub
 from migratory.server.hub_sinks import SubjectScan
+from migratory.server.mqtt_resume import NOTHING_SEEN, Resume
 from migratory.server.mqtt_store import SessionRecord
 
 if TYPE_CHECKING:
@@ -28,19 +30,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
-NOTHING_SEEN = Position(0, 0)
-"""Recorded for a subject that had no message when it was subscribed: on resume, every
-message of it the cache holds is missed."""
 
 
 MAX_IMPLIED = 10_000
 """Subjects a persistent session's record names at most (see ``implied_positions``)."""
 MAX_SCAN = 2 * MAX_IMPLIED
-"""Levels and subjects a resume or a save looks at at most to find the subjects wildcard
-filters match (:meth:`Hub.matching_any`): what one CONNECT or one save may cost."""
+"""Levels and subjects a save looks at at most to find the subjects wildcard filters
+match (:meth:`Hub.matching_any`): what one save may cost."""
 SCAN_SLICE = 2000
 """Visits per slice of a scan: a SUBSCRIBE's retained messages are sent one slice per
-turn of the loop (:meth:`Subscriptions.send_retained`), the other clients' turn between."""
+turn of the loop (:meth:`Subscriptions.send_retained`), and a resume's catch-up (its
+units: subjects, messages, visits), the other clients' turn between."""
 MAX_FILTERS = 1000
 """Topic filters one session holds at most; a SUBSCRIBE beyond gets 0x80 for them."""
 MAX_WILDCARD_FILTERS = 100
@@ -59,6 +59,9 @@ class Subscriptions:
     def __init__(self, owner: MqttSession, hub: Hub, *, max_filters: int = MAX_FILTERS) -> None:
         """``max_filters``: MaxSubscriptionsPerConnection, never more than MAX_FILTERS."""
         self._owner = owner
+        self._resume: Resume | None = None  # a resume's catch-up, while it goes on
+        self._dropped = False  # a filter the resume left dormant (not entitled now)
+        self._listener: MessageSink = owner  # the hub's sink: the resume's meanwhile
         self._hub = hub
         self._max_filters = min(max_filters, MAX_FILTERS)
         self._filters: dict[str, _Filter] = {}
@@ -198,7 +201,7 @@ class Subscriptions:
             self._wildcards.add(entry.levels, name, entry.qos)
 
     def _register(self, entry: _Filter) -> None:
-        owner = self._owner
+        owner = self._listener
         if entry.subject is not None:
             self._hub.listen(owner, entry.subject, entry.qos)
         else:
@@ -206,9 +209,9 @@ class Subscriptions:
 
     def _unregister(self, entry: _Filter) -> None:
         if entry.subject is not None:
-            self._hub.unlisten(self._owner, entry.subject)
+            self._hub.unlisten(self._listener, entry.subject)
         else:
-            self._hub.unlisten_filter(self._owner, entry.levels)
+            self._hub.unlisten_filter(self._listener, entry.levels)
 
     def detach(self) -> None:
         """Stop every delivery (the connection is gone); the filters are kept."""
@@ -219,16 +222,19 @@ class Subscriptions:
 
     # --- resuming a persistent session ---------------------------------------------
 
-    def resume(self, record: SessionRecord, now: float) -> int:
+    def resume(self, record: SessionRecord, now: float) -> None:
         """Subscribe again to the record's filters and deliver, per subject, what came
-        after its recorded position (or its snapshot when the cache cannot tell). A
-        subject a wildcard filter matches that the record does not name appeared after
-        the record was saved: all of it the cache holds is missed. A filter the
-        entitlement does not allow now (the client came back with another token, a
-        plugin failed) is dormant, logged and counted: it gets nothing, not even what it
-        missed, stays in the record and is asked again at the next resume (a SUBSCRIBE
-        or UNSUBSCRIBE of it decides at once). Returns the subjects the wildcard filters
-        were matched against (0: none)."""
+        after its recorded position (or its snapshot when the cache cannot tell), in
+        slices while :attr:`busy` (:mod:`migratory.server.mqtt_resume`). A subject a
+        wildcard filter matches that the record does not name appeared after the record
+        was saved: all of it the cache holds is missed. A filter the entitlement does not
+        allow now (the client came back with another token, a plugin failed) is dormant,
+        logged and counted: it gets nothing, not even what it missed, stays in the record
+        and is asked again at the next resume (a SUBSCRIBE or UNSUBSCRIBE of it decides
+        at once)."""
+        self._resume = Resume(self, self._owner, self._hub, dict(record.positions))
+        self._listener = self._resume  # the hub's sink until the catch-up is done
+        self._dropped = False
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
@@ -238,35 +244,44 @@ class Subscriptions:
                 log.info("%s: resumed session: not entitled to %r: the filter is dormant",
                          self._owner.describe(), name, extra=self._owner.log_fields())
                 self._dormant[name] = qos
+                self._dropped = True
                 continue
             entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
             self._put(name, entry)
             self._register(entry)
-        positions = dict(record.positions)
-        scanned = 0
-        if self._wildcards.count:
-            scan = self._hub.matching_any(self._wildcards)
-            unnamed = 0
-            while not scan.done and unnamed < MAX_IMPLIED and scan.visited < MAX_SCAN:
-                for subject, _, _, _ in scan.take(SCAN_SLICE):
-                    if subject not in positions and unnamed < MAX_IMPLIED:
-                        positions[subject] = NOTHING_SEEN
-                        unnamed += 1
-            if not scan.done:
-                log.info("%s: resumed: the wildcard filters match more subjects than "
-                         "the %d not in the record (or %d visits) a resume looks at: "
-                         "the others get their live messages only",
-                         self._owner.describe(), MAX_IMPLIED, MAX_SCAN,
-                         extra=self._owner.log_fields())
-            scanned = scan.visited
-        owner = self._owner
-        for subject, position in positions.items():
-            if owner.closing or owner.aborted:
-                break  # cut off (what it missed passed ClientMaxPendingBytes): no more work
-            granted = self._qos_for(subject)
-            if granted is not None:
-                self._replay(subject, position, granted)
-        return scanned
+
+    @property
+    def busy(self) -> bool:
+        """A SUBSCRIBE's retained messages or a resume's catch-up still to send: the
+        connection's next packets wait (:meth:`work`)."""
+        return self._retaining is not None or self._resume is not None
+
+    def work(self, limit: int) -> int:
+        """The next slice of what :attr:`busy` says, about ``limit`` units of work; the
+        units done. A resume done, the session takes its subscriptions back."""
+        if self._retaining is not None:
+            return self.send_retained(limit)
+        resume = self._resume
+        if resume is None:
+            return 0
+        done = resume.work(limit)
+        if resume.done:
+            self._resume = None
+            # caught up with the record's filters: every subject they match has a
+            # position now, none to imply (a pass over all of them at the next save)
+            self._filters_changed = self._dropped
+            if self._attached:
+                for entry in self._filters.values():  # the session's, then not the resume's
+                    self._listener = self._owner
+                    self._register(entry)
+                    self._listener = resume
+                    self._unregister(entry)
+            self._listener = self._owner
+        return done
+
+    @property
+    def wildcards(self) -> FilterIndex[str]:
+        return self._wildcards
 
     def implied_positions(self, record: SessionRecord) -> int:
         """Before a save: the subjects wildcard filters match that this session was
@@ -279,10 +294,10 @@ class Subscriptions:
         (Rescanning whenever the hub had a new subject cost a pass over every subject at
         each save: 73 ms per one-off publish to a persistent '+/+' session at 20,000.)
         Returns the positions and subjects looked at (mqtt_input.SCAN_UNIT)."""
-        if not self._filters_changed:
-            return 0
+        if not self._filters_changed or self._resume is not None:
+            return 0  # (a resume not caught up yet: its subjects would count as seen)
         looked = len(record.positions)
-        for subject in [s for s in record.positions if self._qos_for(s) is None]:
+        for subject in [s for s in record.positions if self.qos_for(s) is None]:
             del record.positions[subject]
         self._filters_changed = False
         reached = self._owner.settle_reached()
@@ -297,7 +312,7 @@ class Subscriptions:
                     record.positions[subject] = position if position.seq else NOTHING_SEEN
         return looked + scan.visited
 
-    def _qos_for(self, subject: str) -> int | None:
+    def qos_for(self, subject: str) -> int | None:
         """The highest QoS of the filters matching ``subject`` (None: none), in O(levels):
         looking at every filter cost 1.3 s to resume a session of 1,000 filters and
         10,000 positions, and 0.6 s at each change of its filters."""
@@ -307,25 +322,3 @@ class Subscriptions:
             if best is None or qos > best:
                 best = qos
         return best
-
-    def _replay(self, subject: str, position: Position, qos: int) -> None:
-        hub = self._hub
-        owner = self._owner
-        if position == NOTHING_SEEN:
-            current = hub.position(subject)
-            missed = [] if current is None else hub.missed(subject, Position(current.epoch, 0))
-        else:
-            owner.settle_reached()[subject] = position
-            missed = hub.missed(subject, position)
-        if missed is None:
-            owner.resynced(subject)
-            snapshot = hub.snapshot(subject)
-            if snapshot is not None:
-                owner.deliver_retained(snapshot, qos)
-            return
-        if position != NOTHING_SEEN:
-            owner.synced(subject)
-        for message in missed:
-            if owner.closing:
-                return
-            owner.deliver_message(message, qos)

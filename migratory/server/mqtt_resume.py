@@ -1,0 +1,125 @@
+"""A persistent MQTT session's resume, in slices of bounded work.
+
+A session resumed with wildcard filters may have missed messages on every subject of the
+server; replaying them all as its CONNECT was handled stopped the server for everyone
+(1.1 s for a '#' session on 50,000 subjects). :class:`Resume` replays a slice per turn of
+the loop (:meth:`Resume.work`): first the subjects the session's record names, from
+their recorded positions, then the subjects its wildcard filters match that the record
+does not name (they appeared after the save: their whole cache is missed), found by a
+scan of the hub's subject index in slices.
+
+Meanwhile the hub delivers the session's live messages to the :class:`Resume` (it stands
+in for the session with the hub): a live message of a subject not caught up yet first
+catches that subject up, so the session gets its messages in order, none twice, none
+missing. A subject counts as caught up once the session has a position for it
+(``settle_reached``). When the work is done the session takes its subscriptions back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.server.hub import Hub
+from migratory.server.hub_sinks import SubjectScan
+
+if TYPE_CHECKING:
+    from migratory.server.mqtt_session import MqttSession
+    from migratory.server.mqtt_subscriptions import Subscriptions
+
+NOTHING_SEEN = Position(0, 0)
+"""Recorded for a subject that had no message when it was subscribed: on resume, every
+message of it the cache holds is missed."""
+
+SCAN_CHUNK = 256
+"""Visits of the subject index asked for at a time between catch-ups (a slice's bound
+is checked between chunks)."""
+
+
+class Resume:
+    """The catch-up of one resumed session; the hub's sink for it until :attr:`done`."""
+
+    __slots__ = ("_hub", "_owner", "_pending", "_scan", "_subscriptions")
+
+    def __init__(
+        self, subscriptions: Subscriptions, owner: MqttSession, hub: Hub,
+        positions: dict[str, Position],
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._owner = owner
+        self._hub = hub
+        self._pending = positions  # the record's subjects not caught up yet
+        self._scan: SubjectScan | None = None
+
+    @property
+    def done(self) -> bool:
+        owner = self._owner
+        if owner.closing or owner.aborted:
+            return True
+        return not self._pending and self._scan is not None and self._scan.done
+
+    def deliver_message(self, message: Message, qos: int) -> None:
+        """A live message (the hub's call): its subject caught up first."""
+        subject = message.subject
+        if subject not in self._owner.settle_reached():
+            self._catch_up(subject, self._pending.pop(subject, NOTHING_SEEN))
+        self._owner.deliver_message(message, qos)
+
+    def work(self, limit: int) -> int:
+        """Catch up subjects for about ``limit`` units of work (a subject, a message
+        delivered, a visit of the subject index); the units done."""
+        owner = self._owner
+        done = 0
+        pending = self._pending
+        while pending and done < limit:
+            if owner.closing or owner.aborted:
+                return done
+            subject, position = pending.popitem()
+            if subject not in owner.settle_reached():
+                done += self._catch_up(subject, position)
+            done += 1
+        if pending:
+            return done
+        scan = self._scan
+        if scan is None:
+            scan = self._scan = self._hub.matching_any(self._subscriptions.wildcards)
+        while not scan.done and done < limit and not (owner.closing or owner.aborted):
+            visited = scan.visited
+            for subject, _, _, _ in scan.take(min(SCAN_CHUNK, limit - done)):
+                if subject not in owner.settle_reached():
+                    done += self._catch_up(subject, NOTHING_SEEN)
+            done += scan.visited - visited
+        return done
+
+    def _catch_up(self, subject: str, position: Position) -> int:
+        """Deliver what ``subject`` has after ``position`` (its snapshot when the cache
+        cannot tell); the messages delivered."""
+        qos = self._subscriptions.qos_for(subject)
+        if qos is None:
+            return 0  # no filter matches it any more
+        hub = self._hub
+        owner = self._owner
+        reached = owner.settle_reached()
+        if position == NOTHING_SEEN:
+            current = hub.position(subject)
+            if current is None:
+                return 0
+            reached[subject] = Position(current.epoch, 0)  # caught up, from its start
+            missed = hub.missed(subject, Position(current.epoch, 0))
+        else:
+            reached[subject] = position
+            missed = hub.missed(subject, position)
+        if missed is None:
+            owner.resynced(subject)
+            snapshot = hub.snapshot(subject)
+            if snapshot is not None:
+                owner.deliver_retained(snapshot, qos)
+            return 1
+        if position != NOTHING_SEEN:
+            owner.synced(subject)
+        for message in missed:
+            if owner.closing:
+                break
+            owner.deliver_message(message, qos)
+        return len(missed)
