@@ -75,13 +75,15 @@ class MqttDelivery(MqttInput):
         stats = self._ctx.stats
         stats.count(stats.resumes, "sync")
 
-    def resynced(self, subject: str) -> None:
-        """A resume could not tell what was missed on ``subject``: the snapshot follows."""
+    def resynced(self, subject: str, *, quiet: bool = False) -> None:
+        """A resume could not tell what was missed on ``subject``: the snapshot follows
+        (``quiet``: counted, not logged)."""
         stats = self._ctx.stats
         stats.mqtt_resyncs += 1
         stats.count(stats.resumes, "resync")
-        log.warning("%s: %s resumed from its snapshot (the cache no longer reaches back)",
-                    self.describe(), subject, extra=self.log_fields())
+        if not quiet:
+            log.warning("%s: %s resumed from its snapshot (the cache no longer reaches "
+                        "back)", self.describe(), subject, extra=self.log_fields())
 
     def deliver_message(self, message: Message, qos: int) -> None:
         """A live or recovered message of a subscribed subject (the hub calls this for

@@ -372,3 +372,33 @@ def test_a_resumed_wildcard_session_catches_up_a_slice_per_turn_in_order() -> No
            if isinstance(p, mqtt.Publish)]
     assert sorted(got) == sorted([(t, b"2") for t in old + new] + [("new/n7", b"live")])
     assert [payload for topic, payload in got if topic == "new/n7"] == [b"2", b"live"]
+
+
+def test_a_resume_logs_a_few_subjects_resumed_from_their_snapshot_and_counts_all(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A session resumed on 50 subjects whose caches no longer reach back: every one is
+    counted (mqtt_resyncs), ten are logged one by one, then one line for the rest (a
+    warning per subject was 400,000 lines for a '#' session on 500,000 subjects)."""
+    ctx, held = make(MaxPublishesPerSecond="0", MaxCachedMessagesPerSubject="1")
+    registry: dict = {}
+    publisher = session(ctx, "pub", {})
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("s/+", 0),))), 0.0)
+    held.settle()
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s/n{i}", b"1")) for i in range(50)), 0.0)
+    held.settle()
+    device.connection_lost()
+    held.settle()
+    publisher.receive_data(b"".join(
+        encode_packet(mqtt.Publish(f"s/n{i}", b"%d" % k)) for k in (2, 3) for i in range(50)),
+        0.0)
+    held.settle()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="migratory.mqtt"):
+        session(ctx, "dev", registry, clean_session=False)
+    assert ctx.stats.mqtt_resyncs == 50
+    resumed = [r for r in caplog.records if "from their snapshot" in r.getMessage()
+               or "from its snapshot" in r.getMessage()]
+    assert len(resumed) == 10 + 1
