@@ -26,12 +26,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
+PRUNE_FROM = 1024
+"""Subjects a session's positions reach before it first forgets those the hub forgot
+(:meth:`MqttDelivery.settle_reached`); then again each time they have doubled."""
+
 
 class MqttDelivery(MqttInput):
-    __slots__ = ("_hot", "_hot_subject")  # the last delivery's; the rest are MqttSession's
+    # the last delivery's, and when to forget subjects; the rest are MqttSession's
+    __slots__ = ("_hot", "_hot_subject", "_prune_at")
     _ctx: ServerContext
     _hot: Message | Position | None
     _hot_subject: str | None
+    _prune_at: int
     _reached: dict[str, Position | Message]
     _record: SessionRecord | None
     _inflight: Inflight
@@ -61,7 +67,26 @@ class MqttDelivery(MqttInput):
             if self._hot is not None:
                 self._reached[subject] = self._hot
             self._hot_subject = self._hot = None
+            if len(self._reached) > self._prune_at:
+                self._forget_forgotten_subjects()
         return self._reached
+
+    def _forget_forgotten_subjects(self) -> None:
+        """Drop the positions of the subjects the hub has forgotten (spent one-off subjects,
+        :meth:`Hub.expire`): a wildcard session over days of new subjects kept each one's
+        last message, and a persistent one its position in every save of its record. Such
+        a subject, if it comes back, starts a new epoch: no position of it was of use.
+        Amortised: once the positions have doubled since the last time."""
+        known = self._ctx.hub.position
+        reached = self._reached
+        for subject in [s for s in reached if known(s) is None]:
+            del reached[subject]
+        record = self._record
+        if record is not None:
+            positions = record.positions
+            for subject in [s for s in positions if known(s) is None]:
+                del positions[subject]
+        self._prune_at = max(PRUNE_FROM, 2 * len(reached))
 
     def note_position(self, subject: str, position: Position) -> None:
         """Where a new subscription of ``subject`` starts."""

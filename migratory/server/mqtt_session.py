@@ -27,7 +27,7 @@ from migratory.server.admission import PublishRate
 from migratory.server.context import publish_ok_status
 from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
-from migratory.server.mqtt_delivery import MqttDelivery
+from migratory.server.mqtt_delivery import PRUNE_FROM, MqttDelivery
 from migratory.server.mqtt_expiry import max_sessions_refusal
 from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_store import (
@@ -113,6 +113,7 @@ class MqttSession(MqttDelivery):
         # entry in _reached is stale while it is here (see settle_reached)
         self._hot_subject: str | None = None
         self._hot: Position | Message | None = None
+        self._prune_at = PRUNE_FROM  # (settle_reached)
         self._inflight = Inflight()  # QoS 1 deliveries not acknowledged yet
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False

@@ -20,7 +20,7 @@ from migratory.server import mqtt_session
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
 from migratory.server.hub import Hub
-from migratory.server.mqtt_delivery import MqttDelivery
+from migratory.server.mqtt_delivery import PRUNE_FROM, MqttDelivery
 from migratory.server.mqtt_input import SCAN_UNIT
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
@@ -402,3 +402,33 @@ def test_a_resume_logs_a_few_subjects_resumed_from_their_snapshot_and_counts_all
     resumed = [r for r in caplog.records if "from their snapshot" in r.getMessage()
                or "from its snapshot" in r.getMessage()]
     assert len(resumed) == 10 + 1
+
+
+def test_wildcard_sessions_forget_the_subjects_the_hub_forgot() -> None:
+    """Devices come and go: a '#' session over days of one-off subjects (10,000 here,
+    each expired and forgotten by the hub) kept the last message and position of every
+    one of them, clean or persistent (whose record, saved whole every second, grew
+    with them). They are forgotten with the hub's: a session keeps at most about twice
+    what the hub knows, plus PRUNE_FROM."""
+    ctx, held = make(MaxPublishesPerSecond="0", CacheExpireTime="1")
+    publisher = session(ctx, "pub", {})
+    clean = session(ctx, "clean", {})
+    persistent = session(ctx, "kept", {}, clean_session=False)
+    for device in (clean, persistent):
+        device.receive_data(encode_packet(mqtt.Subscribe(1, (("dev/#", 0),))), 0.0)
+    held.settle()
+    read(clean), read(persistent)  # CONNACK, SUBACK
+    for round_ in range(10):
+        publisher.receive_data(b"".join(
+            encode_packet(mqtt.Publish(f"dev/d{round_}-{i}", b"x")) for i in range(1000)), 0.0)
+        held.settle()
+        held.settle()  # the persistent session's save
+        for device in (clean, persistent):
+            assert len(read(device)) == 1000
+        ctx.hub.expire(10.0)  # every message expired: the subjects are forgotten
+        assert ctx.hub.subject_count <= 3  # the session records
+    limit = 2 * 1000 + PRUNE_FROM
+    assert len(clean.settle_reached()) <= limit
+    assert len(persistent.settle_reached()) <= limit
+    record = persistent._record
+    assert record is not None and len(record.positions) <= limit
