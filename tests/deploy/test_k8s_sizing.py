@@ -10,6 +10,7 @@ from pathlib import Path
 
 from k8s_manifests import documents, find, generated_secrets, load_pod_config, pod_view
 
+import cluster.raft_compaction as compaction
 from migratory.config import Config
 
 DOCS = documents()
@@ -82,3 +83,37 @@ def test_memory_is_requested_as_much_as_the_limit() -> None:
     seeds."""
     resources = container()["resources"]
     assert quantity(resources["requests"]["memory"]) == quantity(resources["limits"]["memory"])
+
+
+JOURNAL_BYTES_PER_SECOND = 163 * MIB / 35
+"""A seed's Raft journal grew 163 MiB in 35 s of 20,000 acknowledged 100-byte publishes a
+second (the cluster's ceiling on the measuring machine), with no compaction yet
+(benchmarks/cluster_join_sync.py --size 100 --subjects 10000 --rate 20000 --fill 35:
+raft.journal of each seed's data directory)."""
+JOURNAL_MARGIN = 4
+"""Publishes larger than 100 bytes: four times the bytes at the same rate."""
+DUMP_PER_CACHE_BYTE = 70 / 256
+"""A dump (pickled, gzip) of a Raft state's cache at its 256 MiB budget: 70 MiB
+(1,000,000 random 100-byte messages over 10,000 subjects, pickle.dump into gzip)."""
+FILESYSTEM_SHARE = 0.95
+"""ext4 keeps 5 % for root; the member is not root."""
+
+
+def test_the_volume_holds_the_raft_log_between_two_compactions(tmp_path: Path) -> None:
+    """A seed compacts its log every ``ClusterLogCompactionTime`` times its stagger
+    (up to 1.5), and a leader waits up to ``MAX_WAIT_SECONDS`` more while a follower
+    takes its dump; until then the journal grows with every publish, beside the last
+    dump and the one being written. A full volume stops the seed (``No space left on
+    device``), and the three seeds hold the same log: they fill up together."""
+    config = seed_config(tmp_path)
+    window = (
+        config.cluster_log_compaction_time * (1 + compaction.STAGGER)
+        + compaction.MAX_WAIT_SECONDS
+    )
+    need = (
+        JOURNAL_MARGIN * JOURNAL_BYTES_PER_SECOND * window
+        + 2 * DUMP_PER_CACHE_BYTE * config.cache_memory_budget
+    ) / FILESYSTEM_SHARE
+    (claim,) = find(DOCS, "StatefulSet")["spec"]["volumeClaimTemplates"]
+    volume = quantity(claim["spec"]["resources"]["requests"]["storage"])
+    assert volume >= need, (volume / MIB, need / MIB)
