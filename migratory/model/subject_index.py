@@ -97,40 +97,59 @@ class SubjectIndex(Generic[Value]):
         ``best`` the highest value of the filters matching it; between them, the number
         of other visits (levels entered, names looked up, subjects that no filter
         matches): a matched subject is one visit, an int that many."""
-        stack: list[tuple[_Level[Value], tuple[FilterNode[Any], ...], int, int]] = [
-            (self._root, (filters.root,), -1, 0)
-        ]
+        root = filters.root
+        stack = [self._walk(self._root, (root,), -1, 0)]
         while stack:
-            level, nodes, inherited, depth = stack.pop()
-            for node in nodes:  # a filter ending in '#' here matches all that is below
-                inherited = _best(node.rest, inherited)
-            if inherited >= 0 or any("+" in node.children for node in nodes):
-                subjects = list(level.subjects)  # names: a C-level copy of pointers
-                branches = list(level.branches)
-                looked = 0  # each subject and level counts as it is visited, below
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+            elif isinstance(step, tuple) and isinstance(step[0], _Level):
+                stack.append(self._walk(*step))  # a level below: walked next (depth first)
             else:
-                subjects, branches, looked = _named(level, nodes)
-            yield 1 + looked
-            for name in subjects:
-                value = level.subjects.get(name)
-                if value is None or (depth == 0 and name.startswith("$")):
-                    continue  # removed since the copy; or the server's own
-                best = inherited
-                for node in _below(nodes, name):
-                    best = _best(node.rest, _best(node.here, best))
-                yield 1 if best < 0 else (value, best)
-            for name in reversed(branches):
-                below = level.branches.get(name)
-                if below is None or (depth == 0 and name.startswith("$")):
-                    continue
-                if depth == 0 and name == META_LEVEL:  # a filter's literal first level only
-                    literal = filters.root.children.get(META_LEVEL)
-                    if literal is not None:
-                        stack.append((below, (literal,), -1, 1))
-                    continue
-                deeper = tuple(n for n in _below(nodes, name) if n.children or n.rest)
-                if deeper or inherited >= 0:
-                    stack.append((below, deeper, inherited, depth + 1))
+                yield step
+
+    def _walk(
+        self, level: _Level[Value], nodes: tuple[FilterNode[Any], ...], inherited: int,
+        depth: int,
+    ) -> Iterator[Any]:
+        """One level: its subjects (as :meth:`match` yields them), then each level
+        below that a filter can match, as ``(level, nodes, inherited, depth)`` to walk."""
+        for node in nodes:  # a filter ending in '#' here matches all that is below
+            inherited = _best(node.rest, inherited)
+        if inherited >= 0 or any("+" in node.children for node in nodes):
+            subjects = list(level.subjects)  # names: a C-level copy of pointers
+            branches = list(level.branches)
+            looked = 0  # each subject and level counts as it is visited, below
+        else:
+            subjects, branches, looked = _named(level, nodes)
+        yield 1 + looked
+        for name in subjects:
+            value = level.subjects.get(name)
+            if value is None or (depth == 0 and name.startswith("$")):
+                continue  # removed since the copy; or the server's own
+            best = inherited
+            for node in _below(nodes, name):
+                best = _best(node.rest, _best(node.here, best))
+            yield 1 if best < 0 else (value, best)
+        for name in branches:
+            below = level.branches.get(name)
+            if below is None or (depth == 0 and name.startswith("$")):
+                continue
+            if depth == 0 and name == META_LEVEL:  # a filter's literal first level only
+                literal = self._meta(nodes)
+                if literal is not None:
+                    yield (below, (literal,), -1, 1)
+                continue
+            deeper = tuple(n for n in _below(nodes, name) if n.children or n.rest)
+            if deeper or inherited >= 0:
+                yield (below, deeper, inherited, depth + 1)
+            else:
+                yield 1
+
+    @staticmethod
+    def _meta(nodes: tuple[FilterNode[Any], ...]) -> FilterNode[Any] | None:
+        """The filters' literal first level META_LEVEL (``nodes`` is the root alone)."""
+        return nodes[0].children.get(META_LEVEL)
 
 
 def _named(

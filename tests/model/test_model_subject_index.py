@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from migratory.model import subject_index
 from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex, filter_levels, filter_matches
 
@@ -92,3 +94,27 @@ def test_a_filter_visits_the_levels_it_can_match_not_every_subject() -> None:
     # the root, its 101 levels (1 name looked up in each), in 2 of them the level d5
     # (1 name looked up) and the subject found there
     assert visits == 1 + 101 * (1 + 1) + 2 * (1 + 1 + 1)
+
+
+def test_a_level_of_many_levels_below_is_walked_a_step_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``flat/+/x`` over 10,000 levels under ``flat``: between two items the walk
+    yields, it looks at one level below, not at all 10,000 (they were all put on the
+    walk's stack at once, 10,000 looks before the caller could count one)."""
+    index: SubjectIndex[str] = SubjectIndex()
+    for i in range(10_000):
+        index.add(f"/flat/d{i}/t", "t")
+    looks = [0]
+    original = subject_index._below
+
+    def counted(*args: Any) -> Any:
+        looks[0] += 1
+        return original(*args)
+
+    monkeypatch.setattr(subject_index, "_below", counted)
+    most = 0
+    for _ in index.match(index_of(["flat/+/x"])):
+        most = max(most, looks[0])
+        looks[0] = 0
+    assert most <= 2
