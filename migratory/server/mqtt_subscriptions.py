@@ -44,8 +44,8 @@ units: subjects, messages, visits), the other clients' turn between."""
 MAX_FILTERS = 1000
 """Topic filters one session holds at most; a SUBSCRIBE beyond gets 0x80 for them."""
 MAX_WILDCARD_FILTERS = 100
-"""Of which with ``+`` or ``#`` (each one is matched against every new subject, and a
-new one against every subject for its retained messages)."""
+"""Of which with ``+`` or ``#`` (each one is in the walk of every published message's
+levels, and of the subject index for a SUBSCRIBE's retained messages)."""
 
 
 @dataclass(frozen=True, slots=True)
