@@ -21,6 +21,7 @@ from k8s_manifests import (
     rendered_text,
 )
 
+import cluster.raft as raft
 from migratory.config import Config
 from migratory.server import metrics
 
@@ -125,6 +126,25 @@ def test_pdb_keeps_a_majority_of_the_seeds(tmp_path: Path) -> None:
     (index,) = pdb["spec"]["selector"]["matchExpressions"]
     assert index["key"] == "apps.kubernetes.io/pod-index"
     assert index["values"] == [str(i) for i in range(seeds)]
+
+
+COREDNS_CACHE_SECONDS = 30
+"""The ``cache 30`` (and kubernetes plugin ``ttl 30``) of the usual CoreDNS Corefile: how
+long a seed may still resolve a recreated seed's name to the pod's old IP."""
+
+
+def test_a_rolling_update_waits_out_cluster_dns_before_the_next_seed() -> None:
+    """Seeds dial each other by name (pysyncobj: the higher address dials the lower). A
+    recreated seed that reaches the leader is ready, while a third seed that dials it may
+    still get its old IP from the cluster DNS cache. Taking the next seed then (the
+    leader, or the seed linked to it) leaves the two that cannot reach each other: no
+    majority until the cache expires. The next seed leaves Raft no earlier than
+    ``minReadySeconds`` plus its preStop sleep after the recreated one is ready; by then
+    the cache, pysyncobj's own (``DNS_CACHE_SECONDS``) and an abandoned dial must be over."""
+    spec = find(DOCS, "StatefulSet")["spec"]
+    pre_stop = spec["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]
+    stale = COREDNS_CACHE_SECONDS + raft.DNS_CACHE_SECONDS + raft.RaftTimings().connection_timeout
+    assert spec.get("minReadySeconds", 0) + pre_stop["seconds"] >= stale
 
 
 def test_seeds_are_spread_over_nodes(tmp_path: Path) -> None:
