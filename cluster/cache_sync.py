@@ -72,7 +72,7 @@ def capture_sync(hub: Hub, clsn: int) -> SyncCapture:
     """``hub``'s numbered subjects, labelled as standing after batch ``clsn``, to be
     rebuilt later (0.02 s for 680,000 cached messages where :func:`export_sync` takes
     ~1 s)."""
-    return SyncCapture(clsn, tuple(hub.numbered_runs()))
+    return SyncCapture(clsn, tuple(hub.numbered()))
 
 
 def export_sync(hub: Hub, clsn: int) -> CacheSync:

@@ -375,18 +375,9 @@ class Hub(MessageSinks):
 
     # --- repositioning (a cluster member taking a peer's cache) ---------------
 
-    def numbered(self) -> Iterator[tuple[str, Position, Message | None, list[Message]]]:
+    def numbered(self) -> Iterator[tuple[str, Position, Message | None, CachedRun]]:
         """Every subject with a position: ``(subject, position, snapshot, cached)``, the
-        cached messages oldest first."""
-        for state in self._subjects.values():
-            if state.seq > 0:
-                yield state.subject, state.position, state.snapshot, state.cache.last(
-                    len(state.cache)
-                )
-
-    def numbered_runs(self) -> Iterator[tuple[str, Position, Message | None, CachedRun]]:
-        """:meth:`numbered` with each subject's cached messages as a :class:`CachedRun`
-        (rebuilt when read, not now)."""
+        cached messages as a :class:`CachedRun` (oldest first, rebuilt when read)."""
         for state in self._subjects.values():
             if state.seq > 0:
                 yield state.subject, state.position, state.snapshot, state.cache.run()

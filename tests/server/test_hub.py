@@ -291,8 +291,8 @@ def test_resume_ahead_of_a_lagging_member_waits_then_continues_without_going_bac
 
 def reposition_like(hub: Hub, peer: Hub) -> None:
     """Move ``hub``'s subject to where ``peer`` has it (what a cluster cache sync does)."""
-    ((subject, position, snapshot, cached),) = list(peer.numbered())
-    hub.reposition(subject, position, snapshot, cached, 0.0)
+    ((subject, position, snapshot, run),) = list(peer.numbered())
+    hub.reposition(subject, position, snapshot, run.messages(), 0.0)
 
 
 def test_waiting_resume_caught_up_by_a_reposition_recovers_what_it_missed() -> None:
@@ -375,7 +375,8 @@ def test_reposition_to_seq_0_forgets_the_subject_numbering() -> None:
 
 def test_reposition_with_cached_messages_that_do_not_fit_changes_nothing() -> None:
     hub = cluster_hub_at(3)
-    ((subject, _, snapshot, cached),) = list(hub.numbered())
+    ((subject, _, snapshot, run),) = list(hub.numbered())
+    cached = run.messages()
     with pytest.raises(ValueError):
         hub.reposition(subject, Position(5, 9), snapshot, cached, 0.0)
     with pytest.raises(ValueError):

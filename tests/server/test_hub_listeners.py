@@ -57,7 +57,8 @@ def test_a_reposition_gives_listeners_what_it_jumped_over_or_the_snapshot() -> N
     source = Hub(epoch=7)
     for i in range(5):
         source.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
-    ((_, position, snapshot, cached),) = list(source.numbered())
+    ((_, position, snapshot, run),) = list(source.numbered())
+    cached = run.messages()
     behind = Hub(epoch=7)
     for i in range(2):
         behind.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
