@@ -114,7 +114,9 @@ SETTINGS: tuple[Setting, ...] = (
             "A client's batch is written as soon as it holds this many bytes."),
     Setting("MaxMessageSize", "max_message_size", _int(1, unit=" of bytes"), "131072",
             "Largest content + subject + fields of a publish; larger ones get "
-            "MESSAGE_SIZE_LIMIT_EXCEEDED."),
+            "MESSAGE_SIZE_LIMIT_EXCEEDED. A conflated message stays within it too: when a "
+            "message's fields would make the union of a period's fields pass it, the union "
+            "starts again from that message's fields."),
     Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
             "Largest WebSocket message or MQTT packet a client may send; larger ones close "
             "the connection (WebSocket: 1009)."),

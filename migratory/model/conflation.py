@@ -26,11 +26,17 @@ class Conflator:
     Deadlines fall at ``start + k * period`` (k = 1, 2, ...); times are seconds on the
     caller's clock. The emitted message is the latest one offered, with the union of the
     fields of the messages offered during that period (later values win) and type UPDATE.
+
+    ``max_size`` (MaxMessageSize; 0: none) bounds the emitted message as a publish is
+    bounded: when a message's fields would make the union pass it, the fields gathered so
+    far give way to that message's own. A publisher sending new field names for a period
+    (up to an hour) made every conflated subscriber hold each of them.
     """
 
-    __slots__ = ("_fields", "_latest", "_period", "_periods", "_start")
+    __slots__ = ("_fields", "_fields_size", "_latest", "_max_size", "_period", "_periods",
+                 "_start")
 
-    def __init__(self, *, period_ms: int, start: float) -> None:
+    def __init__(self, *, period_ms: int, start: float, max_size: int = 0) -> None:
         if period_ms <= 0:
             raise ValueError(f"period_ms must be > 0, got {period_ms}")
         self._period = period_ms / 1000
@@ -38,6 +44,8 @@ class Conflator:
         self._periods = 1
         self._latest: Message | None = None
         self._fields: dict[str, str] = {}
+        self._fields_size = 0  # UTF-8 bytes of the names and values in _fields
+        self._max_size = max_size
 
     @property
     def period(self) -> float:
@@ -66,7 +74,26 @@ class Conflator:
         if latest is None and now is not None and now >= self.next_deadline:
             self._move_past(now)
         self._latest = message
-        self._fields.update(message.fields)
+        fields = message.fields
+        if not fields:
+            return
+        if not self._max_size:
+            self._fields.update(fields)
+            return
+        merged = self._fields
+        size = self._fields_size
+        for name, value in fields.items():
+            old = merged.get(name)
+            if old is None:
+                size += _text_size(name) + _text_size(value)
+            else:
+                size += _text_size(value) - _text_size(old)
+        if size + len(message.content) + _text_size(message.subject) > self._max_size:
+            merged = self._fields = dict(fields)
+            size = sum(_text_size(n) + _text_size(v) for n, v in fields.items())
+        else:
+            merged.update(fields)
+        self._fields_size = size
 
     def poll(self, now: float) -> Message | None:
         """At or after the deadline: move it past ``now`` and return the aggregate, if any."""
@@ -79,6 +106,7 @@ class Conflator:
         conflated = replace(latest, fields=self._fields, type=MessageType.UPDATE)
         self._latest = None
         self._fields = {}
+        self._fields_size = 0
         return conflated
 
     def _move_past(self, now: float) -> None:
@@ -86,3 +114,7 @@ class Conflator:
         while self._start + periods * self._period <= now:
             periods += 1
         self._periods = periods
+
+
+def _text_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

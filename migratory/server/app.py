@@ -75,6 +75,7 @@ def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: b
         max_cached_messages=config.max_cached_messages_per_subject,
         cache_expire_seconds=config.cache_expire_time,
         cache_memory_budget=config.cache_memory_budget,
+        max_message_size=config.max_message_size,
         publish_snapshot=config.publish_snapshot_message,
         numbered_elsewhere=numbered_elsewhere,
     )

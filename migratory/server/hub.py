@@ -61,11 +61,13 @@ class Hub(MessageSinks):
         publish_snapshot: bool = True,
         numbered_elsewhere: bool = False,
         cache_memory_budget: int = 0,
+        max_message_size: int = 0,
     ) -> None:
         """``numbered_elsewhere``: a cluster member whose positions come from the
         coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet.
         ``cache_memory_budget``: bytes every subject's cache together may count (0: no
-        budget; :mod:`migratory.model.cache_budget`)."""
+        budget; :mod:`migratory.model.cache_budget`). ``max_message_size``: what a
+        conflated message may reach at most (0: no bound; :class:`Conflator`)."""
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
         # test-only, see migratory.server.faults
@@ -73,6 +75,7 @@ class Hub(MessageSinks):
         self._max_cached = max_cached_messages
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot
+        self._max_message_size = max_message_size
         self._subjects: dict[str, SubjectState] = {}
         self._index: SubjectIndex[SubjectState] = SubjectIndex()  # the same, by levels
         self.subjects_visited = 0  # by wildcard scans (hub_sinks.SubjectScan)
@@ -230,7 +233,9 @@ class Hub(MessageSinks):
         self, state: SubjectState, sink: AnySink, period: int, now: float
     ) -> None:
         if period:
-            state.conflated[sink] = Conflator(period_ms=period, start=now)
+            state.conflated[sink] = Conflator(
+                period_ms=period, start=now, max_size=self._max_message_size
+            )
         elif isinstance(sink, FormatSink):
             state.formatted[sink] = None
         else:

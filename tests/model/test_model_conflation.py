@@ -72,6 +72,24 @@ def test_fields_are_per_period_only() -> None:
     assert (conflated.content, conflated.seq, dict(conflated.fields)) == (b"3", 3, {"b": "3"})
 
 
+def test_the_union_of_fields_stays_within_max_size() -> None:
+    # within the bound the union is whole; a message whose fields would pass it starts
+    # the union again from its own fields (later ones then merge as before)
+    conflator = Conflator(period_ms=1000, start=0.0, max_size=44)
+    conflator.offer(Message(IBM, b"1", {"ask": "192"}, seq=1))  # subject, content: 17 bytes
+    conflator.offer(Message(IBM, b"2", {"ask": "193", "bid": "194"}, seq=2))  # 17 + 12
+    conflator.offer(Message(IBM, b"3", {"ask": "195"}, seq=3))
+    conflated = conflator.poll(1.0)
+    assert conflated is not None and dict(conflated.fields) == {"ask": "195", "bid": "194"}
+    conflator.offer(Message(IBM, b"4", {"ask": "1", "bid": "2"}, seq=4))
+    conflator.offer(Message(IBM, b"5", {"volume": "6.62M", "open": "190.5"}, seq=5))  # 45
+    conflator.offer(Message(IBM, b"6", {"ask": "3"}, seq=6))  # 17 + 20 + 4
+    conflated = conflator.poll(2.0)
+    assert conflated is not None
+    assert dict(conflated.fields) == {"volume": "6.62M", "open": "190.5", "ask": "3"}
+    assert conflated.size() <= 44
+
+
 def test_deadline_skips_whole_periods_from_start() -> None:
     conflator = Conflator(period_ms=500, start=10.0)
     conflator.offer(Message(IBM, b"1", seq=1))

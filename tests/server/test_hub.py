@@ -5,11 +5,13 @@ from __future__ import annotations
 import cbor2
 import pytest
 
+from migratory.config import Config
 from migratory.model.conflation import Conflator
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.protocol.websocket import FrameDecoder
+from migratory.server.app import build_hub
 from migratory.server.hub import Hub
 
 SUBJECT = "/Stocks/NYSE/IBM"
@@ -167,6 +169,21 @@ def test_conflated_subscription_gets_one_merged_message_per_period() -> None:
     )
     hub.tick(1.0)
     assert len(sink.frames) == 1
+
+
+def test_a_conflated_message_is_no_larger_than_max_message_size() -> None:
+    """A publisher sending a new field name in each message (10,000 in one period of an
+    hour) made every conflated subscription hold all of them, and then receive one
+    message of all their fields, far past MaxMessageSize."""
+    hub = build_hub(Config.from_mapping({"MaxMessageSize": "1000"}), epoch=1)
+    sink = RecordingSink()
+    hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT, conflation_ms=3_600_000), now=0.0)
+    for i in range(10_000):
+        hub.publish(Message(SUBJECT, b"x", {f"field{i}": "v"}), 0.1)
+    hub.tick(3600.0)
+    (merged,) = sink.messages()
+    assert merged.size() <= 1000
+    assert len(merged.fields) < 100 and merged.fields["field9999"] == "v"
 
 
 def test_a_tick_polls_only_the_conflated_subscriptions_with_a_message_waiting(
