@@ -199,6 +199,7 @@ class Config:
     max_handshakes_per_address: int
     max_subscriptions_per_connection: int
     max_subscriptions: int
+    max_subjects: int
     max_subjects_per_subscribe: int
     max_publishes_per_second: int
     max_fragments_per_message: int

@@ -40,6 +40,11 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
     Setting("MaxSubscriptions", "max_subscriptions", _int(0, unit=_UNITS["s"]), "1000000",
             "Subscriptions of all WebSocket clients together; more get SUBSCRIBE_DENY. "
             "0: no limit."),
+    Setting("MaxSubjects", "max_subjects", _int(0, unit=_UNITS["s"]), "5000000",
+            "Subjects this server holds at most (~1.3 KB each, more with their cached "
+            "messages); a publish to a new subject past it gets PUBLISH_FAILED. Subjects "
+            "with a snapshot (retained) are kept for good, one-off ones until their "
+            "messages expire. 0: no limit."),
     Setting("MaxSubjectsPerSubscribe", "max_subjects_per_subscribe", _int(1, 10_000, _UNITS["s"]),
             "1000",
             "Entries one `subscribe` operation may carry; more close the session with 4000. "

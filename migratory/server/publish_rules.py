@@ -25,7 +25,7 @@ def check_publish(
 
     In order: the listener's role, the subject (``/$...`` ones are the server's),
     the size limit (of the message, and of the merged snapshot a retained one makes),
-    PublishAllowFromAddressList, entitlement.
+    PublishAllowFromAddressList, entitlement, MaxSubjects (for a subject new here).
     """
     if not listener.publish:
         return ops.Status.PUBLISH_DENIED, PUBLISH_REFUSED_REASON
@@ -55,4 +55,7 @@ def check_publish(
         return ops.Status.PUBLISH_DENIED, "PublishAllowFromAddressList excludes this address"
     if not ctx.entitlement.allow_publish(identity, message.subject):
         return ops.Status.PUBLISH_DENIED, "not entitled to publish"
+    most = ctx.config.max_subjects
+    if most and ctx.hub.subject_count >= most and ctx.hub.position(message.subject) is None:
+        return ops.Status.PUBLISH_FAILED, f"no new subject: MaxSubjects ({most}) reached"
     return None, None
