@@ -54,6 +54,14 @@ def documents() -> list[Document]:
     return [doc for doc in yaml.safe_load_all(rendered_text()) if doc]
 
 
+def running_replicas(docs: list[Document]) -> int:
+    """The pods a fresh install runs: the StatefulSet's ``replicas`` (the API's default,
+    1, when it has none) until the HPA raises it to ``minReplicas`` (at its first sync,
+    without waiting for a metric)."""
+    replicas = find(docs, "StatefulSet")["spec"].get("replicas", 1)
+    return max(replicas, find(docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"])
+
+
 def find(docs: list[Document], kind: str, name: str | None = None) -> Document:
     matches = [
         d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import trio
 from k8s_local import GATEWAY, SERVICE_PORT, LocalStatefulSet
-from k8s_manifests import documents, find
+from k8s_manifests import documents, find, running_replicas
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
@@ -123,7 +123,7 @@ async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> No
     hpa = find(sts.docs, "HorizontalPodAutoscaler")["spec"]
     pdb = find(sts.docs, "PodDisruptionBudget")["spec"]
     seeds = [int(v) for v in pdb["selector"]["matchExpressions"][0]["values"]]
-    start, low = find(sts.docs, "StatefulSet")["spec"]["replicas"], hpa["minReplicas"]
+    start, low = running_replicas(sts.docs), hpa["minReplicas"]
     high = min(hpa["maxReplicas"], 6)
 
     async def phase(name: str, body: object) -> None:
@@ -178,7 +178,7 @@ async def rehearse(out: Path, time_scale: float) -> dict[str, object]:
             cluster.start_soon(sts.kubelet)
             await cluster.start(sts.service)
             began = trio.current_time()
-            replicas = find(docs, "StatefulSet")["spec"]["replicas"]
+            replicas = running_replicas(docs)
             for ordinal in range(replicas):  # Parallel: all at once
                 sts.create(ordinal)
             await sts.wait_ready(range(replicas), 90)

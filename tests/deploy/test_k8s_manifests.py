@@ -19,6 +19,7 @@ from k8s_manifests import (
     load_pod_config,
     pod_view,
     rendered_text,
+    running_replicas,
 )
 
 import cluster.raft as raft
@@ -98,7 +99,15 @@ def test_members_are_generated_from_the_hpa_maximum(tmp_path: Path) -> None:
     seeds = configs[0].cluster_seed_member_count
     assert [c.is_seed for c in configs] == [i < seeds for i in range(largest)]
     assert hpa["spec"]["minReplicas"] >= seeds
-    assert find(DOCS, "StatefulSet")["spec"]["replicas"] >= seeds
+
+
+def test_the_hpa_alone_sets_the_number_of_pods() -> None:
+    """``kubectl apply`` sets every field of the file that differs from the live object:
+    a ``replicas`` in the StatefulSet would take a cluster the HPA scaled out back to that
+    number at every config change or upgrade (Kubernetes' HPA documentation: remove
+    ``spec.replicas`` from the manifest)."""
+    assert "replicas" not in find(DOCS, "StatefulSet")["spec"]
+    assert running_replicas(DOCS) == find(DOCS, "HorizontalPodAutoscaler")["spec"]["minReplicas"]
 
 
 def member_config(ordinal: int, tmp_path: Path) -> Config:
