@@ -30,6 +30,11 @@ STOP_MARGIN = 10
 
 BASELINE = 64 * MIB
 """An idle member's RSS (interpreter, modules, listeners): ~46-60 MB measured."""
+SUBJECT_BYTES = 1400
+"""A subject's own state beside its cached messages: ~1.3 KB in a hub (MaxSubjects,
+docs/config.md; tracemalloc of 100,000 retained subjects), and a seed's Raft state has
+a record per subject too (~60 B beyond its budget: benchmarks/cache_memory.py --cache
+replicated --budget 268435456 --subjects 1000000, +313 MiB)."""
 
 
 def container() -> dict:
@@ -63,16 +68,18 @@ def test_the_memory_limit_holds_every_budget_of_a_seed(tmp_path: Path) -> None:
     """A seed at its bounds: its own cache and its Raft state's (each within
     CacheMemoryBudget; benchmarks/cache_memory.py: +256 and +251 MiB at 10,000 subjects),
     a copy of the Raft state's while the forked dump writer walks it (it touches every
-    object's reference count, so every page is copied), the clients' outboxes and the
-    incomplete frames. Every seed compacts at the same log index: over the limit, all
-    three are OOM-killed at once."""
+    object's reference count, so every page is copied), the clients' outboxes, the
+    incomplete frames, and the subjects themselves (every member holds every subject,
+    as many as a publisher invents, up to MaxSubjects). Every seed compacts at the same
+    log index: over the limit, all three are OOM-killed at once."""
     config = seed_config(tmp_path)
     resources = container()["resources"]
     need = (
         BASELINE + 3 * config.cache_memory_budget + config.outbox_memory_budget
-        + config.incomplete_frame_budget
+        + config.incomplete_frame_budget + SUBJECT_BYTES * config.max_subjects
     )
     assert config.cache_memory_budget and config.outbox_memory_budget  # bounded at all
+    assert config.max_subjects
     assert quantity(resources["limits"]["memory"]) >= need, need / MIB
 
 
