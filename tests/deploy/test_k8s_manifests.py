@@ -156,6 +156,31 @@ def test_a_rolling_update_waits_out_cluster_dns_before_the_next_seed() -> None:
     assert spec.get("minReadySeconds", 0) + pre_stop["seconds"] >= stale
 
 
+def test_a_rolling_update_takes_one_pod_at_a_time() -> None:
+    """The PDB does not gate a rolling update (it is not an eviction): only the
+    StatefulSet's own ``maxUnavailable`` (default 1) keeps two seeds from going at once."""
+    strategy = find(DOCS, "StatefulSet")["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy.get("rollingUpdate", {}).get("maxUnavailable", 1) == 1
+
+
+def test_member_names_are_the_pods_dns_names(tmp_path: Path) -> None:
+    """Every member a pod dials is ``<pod>.<governing service>``: the StatefulSet's name
+    and ``serviceName`` as rendered (a ``namePrefix`` or a rename must move both), and that
+    Service is the headless one publishing not-ready pods."""
+    sts = find(DOCS, "StatefulSet")
+    service = find(DOCS, "Service", sts["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    names = {port["name"]: port["port"] for port in service["spec"]["ports"]}
+    config = member_config(0, tmp_path)
+    hosts = [f"{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}" for i in
+             range(len(config.cluster_members))]
+    assert [host for host, _ in config.cluster_members] == hosts
+    assert {port for _, port in config.cluster_members} == {names["cluster"]}
+    assert names["raft"] == names["cluster"] + 1  # Raft on the cluster port + 1
+
+
 def test_seeds_are_spread_over_nodes(tmp_path: Path) -> None:
     seeds = member_config(0, tmp_path).cluster_seed_member_count
     spec = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]
