@@ -15,7 +15,7 @@ from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.protocol import mqtt_encode
 from migratory.server.mqtt_frames import SHARED
-from migratory.server.mqtt_inflight import MAX_INFLIGHT, Inflight
+from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_input import MqttInput
 from migratory.server.mqtt_store import SessionRecord
 from migratory.server.mqtt_subscriptions import Subscriptions
@@ -162,7 +162,8 @@ class MqttDelivery(MqttInput):
 
     def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
         if self._inflight.full():
-            self._slow_consumer(f"{MAX_INFLIGHT} QoS 1 messages not acknowledged")
+            self._slow_consumer(f"{self._inflight.limit} QoS 1 messages not acknowledged "
+                                "(ClientMaxPendingBytes)")
             return
         packet_id = self._inflight.add(message.subject, message.position)
         frame = mqtt_encode.encode_publish_from_parts(

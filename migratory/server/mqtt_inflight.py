@@ -7,21 +7,32 @@ from __future__ import annotations
 from migratory.model.position import Position
 
 MAX_INFLIGHT = 65535  # every packet identifier taken
+ENTRY_BYTES = 176
+"""Memory one unacknowledged delivery holds here (its packet identifier, subject and
+position; tracemalloc: 65,535 of them 11.5 MB): each counts this much against
+ClientMaxPendingBytes (:func:`inflight_limit`)."""
+
+
+def inflight_limit(max_pending_bytes: int) -> int:
+    """QoS 1 deliveries a session may have unacknowledged: ClientMaxPendingBytes'
+    worth of ENTRY_BYTES (23,831 for 4 MiB), never more than the packet identifiers."""
+    return max(1, min(MAX_INFLIGHT, max_pending_bytes // ENTRY_BYTES))
 
 
 class Inflight:
-    __slots__ = ("_by_id", "_next", "_per_subject")
+    __slots__ = ("_by_id", "_next", "_per_subject", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_INFLIGHT) -> None:
         self._by_id: dict[int, tuple[str, Position]] = {}
         self._per_subject: dict[str, int] = {}
         self._next = 0
+        self.limit = limit
 
     def __len__(self) -> int:
         return len(self._by_id)
 
     def full(self) -> bool:
-        return len(self._by_id) >= MAX_INFLIGHT
+        return len(self._by_id) >= self.limit
 
     def outstanding(self, subject: str) -> bool:
         return subject in self._per_subject

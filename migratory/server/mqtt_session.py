@@ -29,7 +29,7 @@ from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import PRUNE_FROM, MqttDelivery
 from migratory.server.mqtt_expiry import max_sessions_refusal
-from migratory.server.mqtt_inflight import Inflight
+from migratory.server.mqtt_inflight import Inflight, inflight_limit
 from migratory.server.mqtt_store import (
     SESSION_CLOSURE,
     SessionRecord,
@@ -114,7 +114,7 @@ class MqttSession(MqttDelivery):
         self._hot_subject: str | None = None
         self._hot: Position | Message | None = None
         self._prune_at = PRUNE_FROM  # (settle_reached)
-        self._inflight = Inflight()  # QoS 1 deliveries not acknowledged yet
+        self._inflight = Inflight(inflight_limit(config.client_max_pending_bytes))  # unacked
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
         self._save_again = False

@@ -21,6 +21,7 @@ from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
 from migratory.server.hub import Hub
 from migratory.server.mqtt_delivery import PRUNE_FROM, MqttDelivery
+from migratory.server.mqtt_inflight import ENTRY_BYTES
 from migratory.server.mqtt_input import SCAN_UNIT
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
@@ -432,3 +433,26 @@ def test_wildcard_sessions_forget_the_subjects_the_hub_forgot() -> None:
     assert len(persistent.settle_reached()) <= limit
     record = persistent._record
     assert record is not None and len(record.positions) <= limit
+
+
+def test_qos1_messages_a_subscriber_never_acknowledges_are_bounded_by_its_budget() -> None:
+    """A QoS 1 subscriber that reads every message and never sends PUBACK: the session
+    kept each one's packet identifier, subject and position until all 65,535 identifiers
+    were taken -- 11.5 MB per connection, past ClientMaxPendingBytes (4 MiB) and counted
+    nowhere. Each now counts ENTRY_BYTES against ClientMaxPendingBytes."""
+    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes=str(100 * ENTRY_BYTES))
+    publisher = session(ctx, "pub", {})
+    device = session(ctx, "dev", {})
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    held.settle()
+    read(device)
+    delivered = 0
+    for n in range(1, 1001):
+        publisher.receive_data(
+            encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=n)), 0.0)
+        held.settle()
+        read(publisher)
+        delivered += sum(isinstance(p, mqtt.Publish) for p in read(device))
+        if device.closing:
+            break
+    assert device.closing and delivered == 100
