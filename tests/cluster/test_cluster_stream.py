@@ -250,8 +250,9 @@ def test_a_sync_larger_than_a_link_frame_reaches_the_follower_in_parts(
     """It was refused ("cannot sync ...: frame exceeds MAX_FRAME"), the follower's link
     dropped, and the follower asked again for ever: a member joining a cluster whose
     cache passed 64 MiB never became ready."""
+    from cluster_link_pair import drain, open_pair
+
     from cluster import link_ops
-    from tests.cluster.cluster_link_pair import drain, open_pair
 
     monkeypatch.setattr(link_ops, "MAX_FRAME", 20_000)
     coordinator = Coordinator()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from cluster_link_pair import drain, open_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +13,6 @@ from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.link import LinkError
 from cluster.link_sync import SyncAssembly, message_bytes, sync_frames, sync_parts
 from migratory.model.message import Message, MessageType
-from tests.cluster.cluster_link_pair import drain, open_pair
 
 EPOCH = 77
 
