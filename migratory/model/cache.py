@@ -153,7 +153,11 @@ class SubjectCache:
         )
         try:
             for message in cached:
-                cache.append(replace(message, type=MessageType.UPDATE, closure=None), now)
+                if message.type is not MessageType.UPDATE or message.closure is not None:
+                    # (a sync's messages are committed ones: updates without closure;
+                    # replace() on each was 40 % of installing 600,000 of them)
+                    message = replace(message, type=MessageType.UPDATE, closure=None)
+                cache.append(message, now)
         except ValueError:
             cache.release()  # not taken: its messages leave the budget
             raise

@@ -279,3 +279,20 @@ def test_a_message_without_fields_is_stored_as_any_other_and_read_back_whole() -
         assert cache._all[-1] == _entry(message, float(now))
     assert cache.last(10) == messages
     assert cache.bytes == sum(encoded_bound(m) for m in messages)
+
+
+def test_a_cache_holding_a_peers_messages_keeps_them_as_updates_without_closure() -> None:
+    from migratory.model.message import MessageType
+
+    kinds = [MessageType.UPDATE, MessageType.RECOVERED, MessageType.UPDATE]
+    closures = [None, None, "c-1"]
+    cached = [
+        Message("/a/b", b"%d" % seq, {}, epoch=4, seq=seq, type=kind, closure=closure)
+        for seq, kind, closure in zip((1, 2, 3), kinds, closures, strict=True)
+    ]
+    cache = SubjectCache.holding(
+        "/a/b", 4, 3, cached, 0.0, max_messages=10, expire_seconds=60, budget=None
+    )
+    held = cache.last(3)
+    assert [m.content for m in held] == [b"1", b"2", b"3"]
+    assert all(m.type is MessageType.UPDATE and m.closure is None for m in held)
