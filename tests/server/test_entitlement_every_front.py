@@ -19,23 +19,26 @@ from migratory.protocol import ops
 from migratory.protocol import websocket as ws
 
 SECRET = "k" * 40
-NOW = int(time.time())
 
 
-def jwt_token(key: str = SECRET, algorithm: str = "HS256", **claims: Any) -> str:
-    body = {"exp": NOW + 600, "subscribe": ["/T/**"], "publish": ["/T/**"], **claims}
+def jwt_token(now: int, key: str = SECRET, algorithm: str = "HS256", **claims: Any) -> str:
+    body = {"exp": now + 600, "subscribe": ["/T/**"], "publish": ["/T/**"], **claims}
     return jwt.encode(body, key if algorithm != "none" else None, algorithm=algorithm)
 
 
-TOKENS = {
-    "garbage": "not.a.jwt",
-    "alg none": jwt_token(algorithm="none"),
-    "other key": jwt_token(key="o" * 40),
-    "expired": jwt_token(exp=NOW - 5),
-    "not yet valid": jwt_token(nbf=NOW + 3600),
-    "no right": jwt_token(subscribe=["/Other/**"], publish=["/Other/**"]),
-    "right": jwt_token(),
-}
+def tokens() -> dict[str, str]:
+    """Made when the test runs: made at import, the valid ones had expired by the time
+    a full run (over 10 minutes) reached the test."""
+    now = int(time.time())
+    return {
+        "garbage": "not.a.jwt",
+        "alg none": jwt_token(now, algorithm="none"),
+        "other key": jwt_token(now, key="o" * 40),
+        "expired": jwt_token(now, exp=now - 5),
+        "not yet valid": jwt_token(now, nbf=now + 3600),
+        "no right": jwt_token(now, subscribe=["/Other/**"], publish=["/Other/**"]),
+        "right": jwt_token(now),
+    }
 REFUSED = {"native": 4003, "mqtt": 5, "sse": 403, "publish": 403, "snapshot": 403}
 EXPECTED = {
     **{name: REFUSED for name in ("garbage", "alg none", "other key", "not yet valid")},
@@ -109,7 +112,7 @@ def test_the_same_token_gets_the_same_answer_on_every_front_end(
     server = start_server(BatchTime="0", Entitlement="Token", EntitlementTokenKeyFile=str(key),
                           ListenMqtt="127.0.0.1:0")
     got = {}
-    for name, token in TOKENS.items():
+    for name, token in tokens().items():
         published, snapshot = http(server.port, token)
         got[name] = {"native": native(server.port, token),
                      "mqtt": over_mqtt(server.mqtt_port, token),
