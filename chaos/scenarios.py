@@ -316,26 +316,40 @@ async def lose_disk(nem: Nemesis, f: Fault, start: float) -> None:
             nem.say("lose-disk: no Raft leader known; nothing done")
             return
         keeper = nem.members[lead]
-        wiped, behind = (nem.members[(lead + k) % nem.seeds] for k in (1, 2))
+        # Up while the leader is down: the wiped seed and a majority less one of seeds
+        # that lag, so that only the empty seed's vote could make a majority; the others
+        # go down with the leader. With 3 seeds: one behind, none else down. With 5, two
+        # behind and one more down (before, the two untouched seeds and the one behind
+        # were a majority: they committed, legitimately, inside a window the run then
+        # reported as "acknowledged inside (must be 0)").
+        others = [nem.members[(lead + k) % nem.seeds] for k in range(1, nem.seeds)]
+        majority = nem.seeds // 2 + 1
+        wiped, behind, down_too = others[0], others[1:majority], others[majority:]
         # no "leader" in the followers' rows: the checker takes such rows for leader faults
-        await nem.kill(behind, f"lose-disk: killed {lag}s early, so that it lags")
+        for m in behind:
+            await nem.kill(m, f"lose-disk: killed {lag}s early, so that it lags")
         await trio.sleep(lag)
         detail = f"leader, lose-disk: {how} for {down}s as {wiped.name} loses its disk"
-        if how == "kill":
-            await nem.kill(keeper, detail)
-        else:
-            nem.pause(keeper, detail)
+        away = [keeper, *down_too]
+        for m in away:
+            what = detail if m is keeper else f"lose-disk: {how} while {keeper.name} is down"
+            if how == "kill":
+                await nem.kill(m, what)
+            else:
+                nem.pause(m, what)
         lost = nem.h.now()
         files = await _wipe(nem, wiped, f"lose-disk: while {keeper.name} (which led) is down")
         nem.restart(wiped, f"lose-disk: ClusterDataDir deleted ({files} files)")
-        nem.restart(behind, "lose-disk")
+        for m in behind:
+            nem.restart(m, "lose-disk")
         await trio.sleep(down)
         nem.majority_lost.append((lost, nem.h.now(), f"lose-disk: {f.detail}"))
-        if how == "kill":
-            nem.restart(keeper, "lose-disk")
-        else:
-            nem.resume(keeper, "lose-disk")
-        await nem.restarted([wiped, behind] + ([keeper] if how == "kill" else []), READY_WAIT)
+        for m in away:
+            if how == "kill":
+                nem.restart(m, "lose-disk")
+            else:
+                nem.resume(m, "lose-disk")
+        await nem.restarted([wiped, *behind] + (away if how == "kill" else []), READY_WAIT)
 
 
 async def _wipe(nem: Nemesis, m: Member, detail: str) -> int:

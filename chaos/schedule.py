@@ -120,7 +120,9 @@ def _lose_disk(rng: random.Random, at: float, seeds: int, combined: bool) -> Fau
     restarted at once. Combined: a follower seed killed for ``lag`` s (it misses what is
     committed meanwhile), then the leader killed or paused for ``down`` s, and as the
     leader goes the other follower loses its disk: the two seeds up are one that is
-    behind and one that is empty, and only the leader holds everything."""
+    behind and one that is empty, and only the leader holds everything. With 5 seeds,
+    two lag and one more goes down with the leader (chaos/scenarios.py ``lose_disk``):
+    again only the empty seed's vote could make a majority."""
     if not combined:
         return Fault(at, "lose-disk", member(rng.randrange(seeds)), 1.0,
                      "alone: SIGKILL, ClusterDataDir deleted, restart")
