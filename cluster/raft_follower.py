@@ -77,7 +77,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
-from cluster.raft_dump_chunks import mark_the_last_chunk
+from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
@@ -118,6 +118,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._dump_source: tuple[Any, int] | None = None
         self._last_dump_entry: Any = None  # of the dump read last (set here: dumps carry
         # what is set after SyncObj.__init__, and every dump then looked not loaded)
+        self._peeked_dump: Any = None  # a leader's dump read to see where it ends
         journal = None if conf is None else conf.journalFile
         if conf is not None and journal is not None:  # damage refused (raft_data_dir.py)
             self._check_data_dir(journal, conf.fullDumpFile)
@@ -135,7 +136,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
 
         def deserialize() -> Any:
             self._last_dump_entry = None
-            data = read_dump()
+            data, self._peeked_dump = self._peeked_dump or read_dump(), None
             self._last_dump_entry = data[1]
             return data
 
@@ -411,6 +412,14 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
             return
         self._dump_source = None
         self._last_dump_entry = None
+        kept = self._holds_the_dumps_end()
+        if kept == UNREADABLE:
+            return  # vouches for nothing: the leader sends its dump again
+        if kept is not None:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=kept + 1, success=True)
+            self._advance_commit(message["commit_index"], kept)
+            self._holds_the_leaders_commit(message, kept)
+            return
         self._SyncObj__loadDumpFile(clearJournal=True)  # logs and swallows any error
         last = self._last_dump_entry
         if last is None or self._SyncObj__raftLog[-1] != last:
@@ -423,6 +432,10 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._SyncObj__sendNextNodeIdx(node, success=True)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
         self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())
+
+    def _holds_the_dumps_end(self) -> int | None:
+        """:func:`cluster.raft_dump_chunks.held_dump_end` of this follower."""
+        return held_dump_end(self)
 
     def _part_of_the_dump_begun(self, node: Any, message: dict[str, Any]) -> bool:
         """Whether this part continues the dump whose first part came from the same
