@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+from publish_answers import Answers
 
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
@@ -11,25 +12,9 @@ from cluster.raft_outcomes import barrier_committed, raft_failed
 from cluster.replica import Replica
 from cluster.stream import CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
-from migratory.protocol import ops
 from migratory.server.hub import Hub
 
 IBM = "/Stocks/NYSE/IBM"
-
-
-class Answers:
-    def __init__(self) -> None:
-        self.results: list[ops.PublishStatus] = []
-
-    def publish_result(self, status: ops.PublishStatus) -> None:
-        self.results.append(status)
-
-    def flush(self) -> None:
-        pass
-
-    @property
-    def reasons(self) -> list[str | None]:
-        return [r.reason for r in self.results]
 
 
 def seed_with_a_publish() -> tuple[CommittedStream, Answers, list[tuple[str, int]]]:

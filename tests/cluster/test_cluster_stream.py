@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+from publish_answers import Answers
 
 from cluster import link
 from cluster.cache_sync import CacheSync
@@ -199,17 +200,6 @@ def test_the_ring_gives_back_the_committed_batches_it_kept() -> None:
     batches = committed(6)
     stream = fed(new_stream(), batches)
     assert list(stream.ring.after(3)) == batches[3:]
-
-
-class Answers:
-    def __init__(self) -> None:
-        self.results: list[ops.PublishStatus] = []
-
-    def publish_result(self, status: ops.PublishStatus) -> None:
-        self.results.append(status)
-
-    def flush(self) -> None:
-        pass
 
 
 def test_a_publish_pending_across_a_jump_is_never_failed_as_not_published() -> None:

@@ -3,23 +3,14 @@ to Raft."""
 
 from __future__ import annotations
 
+from publish_answers import Answers
+
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.hub import Hub
-
-
-class Answers:
-    def __init__(self) -> None:
-        self.results: list[ops.PublishStatus] = []
-
-    def publish_result(self, status: ops.PublishStatus) -> None:
-        self.results.append(status)
-
-    def flush(self) -> None:
-        pass
 
 
 def test_the_queue_stays_bounded_while_nothing_takes_it() -> None:
