@@ -11,7 +11,7 @@ subscriber. Conflated subscriptions get their own merged frames on
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from migratory.model.cache import CachedRun, SubjectCache
 from migratory.model.cache_budget import CacheBudget
@@ -34,21 +34,10 @@ from migratory.server.format_sink import (
     send_op,
 )
 from migratory.server.hub_sinks import MessageSinks
+from migratory.server.hub_statistics import HubStatistics
 from migratory.server.subject_state import SubjectState, WaitingResume
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
-
-
-@dataclass(frozen=True, slots=True)
-class HubStatistics:
-    subjects: int
-    subscriptions: int
-    messages_published: int
-    frames_fanned_out: int
-    cached_messages: int
-    cache_bytes: int  # what the caches count against CacheMemoryBudget (0: no budget)
-    cache_evicted: int  # cached messages CacheMemoryBudget dropped so far
-    subjects_forgotten: int  # spent subjects forgotten so far (see Hub.expire)
 
 
 class Hub(MessageSinks):
