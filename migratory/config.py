@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_member_template
-from migratory.config_listeners import LISTENER_SETTINGS, ListenerRole, check_listeners
+from migratory.config_listeners import (
+    LISTENER_SETTINGS,
+    ListenerRole,
+    check_listener_clash,
+    check_listeners,
+)
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
 from migratory.config_mqtt import MQTT_SESSION_SETTINGS
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
@@ -364,7 +369,7 @@ def _check(config: Config, key: _Origins) -> Config:
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "
             "(the publishing token)"
         )
-    _check_listener_clash(config, key)
+    check_listener_clash(config, key)
     if config.entitlement == "Token" and (
         bool(config.entitlement_token_key_file) == bool(config.entitlement_token_jwks_file)
     ):
@@ -382,23 +387,6 @@ def _check(config: Config, key: _Origins) -> Config:
             f"{key('MaxMessageSize')} ({config.max_message_size})"
         )
     return config
-
-
-def _check_listener_clash(config: Config, key: _Origins) -> None:
-    """One address (port 0 aside) belongs to one listener key."""
-    seen: dict[tuple[str, int], str] = {}
-    for name, addresses in (
-        ("Listen", config.listen),
-        ("ListenEncrypted", config.listen_encrypted),
-        ("ListenMqtt", config.listen_mqtt),
-        ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
-    ):
-        for address in addresses:
-            other = seen.setdefault(address, name)
-            if address[1] and other != name:
-                raise ConfigError(
-                    f"{key(other)} and {key(name)} both name {address[0]}:{address[1]}"
-                )
 
 
 def parse_config_text(text: str, *, source: str) -> dict[str, str]:

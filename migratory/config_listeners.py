@@ -192,3 +192,20 @@ def _check_tls(config: Config, key: Callable[[str], str]) -> None:
         server_context(config)
     except TlsSetupError as exc:
         raise ConfigError(f"{key(exc.key)}: {exc.reason}") from None
+
+
+def check_listener_clash(config: Config, key: Callable[[str], str]) -> None:
+    """One address (port 0 aside) belongs to one listener key."""
+    seen: dict[tuple[str, int], str] = {}
+    for name, addresses in (
+        ("Listen", config.listen),
+        ("ListenEncrypted", config.listen_encrypted),
+        ("ListenMqtt", config.listen_mqtt),
+        ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
+    ):
+        for address in addresses:
+            other = seen.setdefault(address, name)
+            if address[1] and other != name:
+                raise ConfigError(
+                    f"{key(other)} and {key(name)} both name {address[0]}:{address[1]}"
+                )
