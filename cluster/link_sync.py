@@ -23,23 +23,22 @@ from typing import Final
 from cluster import link_ops
 from cluster.cache_sync import CacheSync, SubjectSync, SyncCapture
 from cluster.link_ops import LinkError, Sync, SyncPart, encode_frame
+from migratory.model.cache import encoded_bound
 from migratory.model.message import Message
 
 __all__ = ["PART_SHARE", "SyncAssembly", "SyncFrames", "iter_parts", "sync_frames", "sync_parts"]
 
 PART_SHARE: Final = 64
 """A sync part is about MAX_FRAME / PART_SHARE (1 MiB, ~20 ms of the event loop to
-build): the estimate counts characters, and a character may take up to four bytes."""
+build)."""
 _ITEM_BYTES: Final = 48
 """A message's or a subject record's CBOR framing, epoch, seq and flags, at most."""
 
 
 def message_bytes(message: Message) -> int:
-    """About what ``message`` takes in a frame."""
-    size = len(message.content) + len(message.subject) + _ITEM_BYTES
-    for name, value in message.fields.items():
-        size += len(name) + len(value) + 2
-    return size
+    """About what ``message`` takes in a frame: what a cache counts for it, and its
+    item's framing."""
+    return encoded_bound(message) + _ITEM_BYTES
 
 
 def _head_bytes(record: SubjectSync, with_snapshot: bool) -> int:
