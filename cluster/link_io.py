@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -124,14 +125,23 @@ class LinkChannel:
         """Bytes received so far: an operation still arriving (a cache sync in parts,
         tens of megabytes) shows it is coming before it is whole."""
 
-    async def handshake(self, members: frozenset[str] | None = None) -> str:
+    async def handshake(
+        self,
+        members: frozenset[str] | None = None,
+        *,
+        authenticated: Callable[[], None] | None = None,
+    ) -> str:
         """Authenticate both ways, then exchange and compare the members' settings;
         returns the peer's member name. Raises :class:`Disagreement` when they disagree
         (after the acceptor sent its own, so both sides can say why).
 
         An acceptor also checks that the peer is one of ``members`` (ClusterMembers).
+        ``authenticated()`` is called as soon as the peer proved the password (the
+        connection no longer counts as a stranger's, cluster/link_accept.py).
         """
         peer = await self._authenticate()
+        if authenticated is not None:
+            authenticated()
         if self.settings is not None:
             # no time limit: the peer is authenticated, and an older one sends its first
             # operation only when it has one (a Standard forwarder, its first publish)

@@ -19,14 +19,8 @@ import trio
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest
-from cluster.link_io import (
-    HANDSHAKE_TIMEOUT,
-    ClusterTls,
-    Disagreement,
-    LinkChannel,
-    describe,
-    secured,
-)
+from cluster.link_accept import HandshakeGate, accept_link
+from cluster.link_io import ClusterTls, LinkChannel, describe, secured
 from cluster.link_sync import SyncFrames
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
 
@@ -80,6 +74,8 @@ class PeerService:
         ``settings``: this member's, compared with each peer's (:mod:`cluster.agreement`)."""
         self.settings = settings
         self.refusals = Repeats()
+        self.handshakes = HandshakeGate()
+        """Connections still proving the password (MAX_PENDING_HANDSHAKES at once)."""
         self.name = name
         self.members = members
         self.password = password
@@ -112,22 +108,11 @@ class PeerService:
         )
         peer = "?"
         try:
-            try:
-                peer = await channel.handshake(self.members)
-            except Disagreement as exc:
-                who = f"from {channel.peer} " if channel.peer else ""
-                if self.refusals.first(who, exc.reason, trio.current_time()):
-                    log.warning("cluster link %srefused: %s", who, exc.reason)
+            accepted = await accept_link(channel, source=source, members=self.members,
+                                         gate=self.handshakes, refusals=self.refusals)
+            if accepted is None:
                 return
-            except (link.LinkError, trio.TooSlowError, OSError, EOFError,
-                    trio.BrokenResourceError) as exc:
-                # anyone who can reach the port can open these: say what and from where,
-                # once a minute per address and reason, not once per connection
-                reason = (f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
-                          if isinstance(exc, trio.TooSlowError) else describe(exc))
-                if self.refusals.first(source, reason, trio.current_time()):
-                    log.warning("cluster link refused: %s (from %s)", reason, source)
-                return
+            peer = accepted
             await self._serve(peer, channel)
         # except*: what ends the link comes out of _serve's nursery as a group
         except* (link.LinkError, trio.TooSlowError, OSError, EOFError,

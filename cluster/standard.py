@@ -20,9 +20,10 @@ import trio
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.agreement_probe import AgreementProbe
+from cluster.link_accept import HandshakeGate, accept_link
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChannel, connect, secured
 from cluster.monitoring import standard_metrics
-from cluster.peers import bind_error
+from cluster.peers import bind_error, remote_host
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -68,6 +69,8 @@ class StandardNode:
             password=config.cluster_password, tls=self.tls,
         )
         self.refusals = Repeats()
+        self.handshakes = HandshakeGate()
+        """Connections still proving the password (MAX_PENDING_HANDSHAKES at once)."""
         self.server = Server(
             config,
             hub=self.hub,
@@ -147,6 +150,7 @@ class StandardNode:
                 await channel.aclose()
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        source = remote_host(stream)
         channel = LinkChannel(
             secured(stream, self.tls, server_side=True),
             role="accept",
@@ -155,7 +159,10 @@ class StandardNode:
             settings=self.settings,
         )
         try:
-            await channel.handshake(self.member_names)
+            peer = await accept_link(channel, source=source, members=self.member_names,
+                                     gate=self.handshakes, refusals=self.refusals)
+            if peer is None:
+                return  # refused, logged
             while True:
                 op = await channel.receive()
                 if op is None:
@@ -163,10 +170,6 @@ class StandardNode:
                 if not isinstance(op, link.StandardPublish):
                     raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
                 self.hub.publish(op.message, trio.current_time())
-        except Disagreement as exc:
-            who = f"from {channel.peer} " if channel.peer else ""
-            if self.refusals.first(who, exc.reason, trio.current_time()):
-                log.warning("cluster link %srefused: %s", who, exc.reason)
         except CONNECT_ERRORS as exc:
             log.warning("cluster link from %s ended: %s", channel.peer or "?", exc)
         except Exception:

@@ -1,0 +1,53 @@
+"""cluster/handshake_slots.py: at most ``limit`` connections of a listener wait for
+their handshake; past it, the oldest of the most crowded address is named to close."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.handshake_slots import Evicted, PendingHandshakes
+
+
+def test_within_the_limit_nothing_is_closed() -> None:
+    pending = PendingHandshakes[int](3)
+    assert [pending.add(i, "a") for i in range(3)] == [None, None, None]
+    assert len(pending) == 3 and pending.evicted == 0
+
+
+def test_past_the_limit_the_oldest_of_the_most_crowded_address_goes() -> None:
+    pending = PendingHandshakes[str](4)
+    for key, address in [("m1", "member"), ("x1", "attacker"), ("x2", "attacker"),
+                         ("x3", "attacker")]:
+        assert pending.add(key, address) is None
+    assert pending.add("m2", "member") == Evicted("x1", "attacker", 3)
+    assert pending.add("x4", "attacker") == Evicted("x2", "attacker", 3)
+    # two each, then a third of the member's: now the member is the most crowded
+    assert pending.add("m3", "member") == Evicted("m1", "member", 3)
+    assert "m2" in pending and "x1" not in pending and pending.evicted == 3
+
+
+def test_one_address_alone_loses_its_oldest_first() -> None:
+    pending = PendingHandshakes[int](2)
+    pending.add(0, "a")
+    pending.add(1, "a")
+    assert pending.add(2, "a") == Evicted(0, "a", 3)
+    assert pending.add(3, "a") == Evicted(1, "a", 3)
+
+
+def test_removed_ones_free_their_place_and_removing_twice_is_harmless() -> None:
+    pending = PendingHandshakes[int](2)
+    pending.add(0, "a")
+    pending.add(1, "b")
+    pending.remove(0)
+    pending.remove(0)
+    assert pending.add(2, "a") is None
+    assert len(pending) == 2
+
+
+def test_misuse_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        PendingHandshakes[int](0)
+    pending = PendingHandshakes[int](2)
+    pending.add(0, "a")
+    with pytest.raises(ValueError):
+        pending.add(0, "a")
