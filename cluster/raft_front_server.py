@@ -63,11 +63,12 @@ class FrontStatistics:
 class _Waiting:
     """One accepted socket waiting for its preamble."""
 
-    __slots__ = ("arrived", "reader", "sock")
+    __slots__ = ("arrived", "reader", "sock", "source")
 
-    def __init__(self, sock: socket.socket, arrived: float) -> None:
+    def __init__(self, sock: socket.socket, arrived: float, source: str) -> None:
         self.sock = sock
         self.arrived = arrived
+        self.source = source
         self.reader = PreambleReader()
 
 
@@ -101,7 +102,8 @@ class FrontServer:
         """The listening descriptor; ``None`` when not listening (never bound, or lost)."""
         self._waiting: dict[int, _Waiting] = {}  # fileno -> socket (insertion: oldest first)
         self._counts: dict[str, int] = {}
-        self._warned: dict[Refusal, float] = {}
+        self._warned: dict[str, float] = {}  # what was refused -> when it was last logged
+        self._unlogged: dict[str, int] = {}  # what was refused -> refusals since then
         self.bind_error: str | None = None
         """Why the last attempt to listen failed (``None``: listening, or not tried yet)."""
         self._bind_failures = 0
@@ -174,6 +176,8 @@ class FrontServer:
             if now - waiting.arrived <= UNAUTHENTICATED_SECONDS:
                 break  # oldest first: the rest are younger
             self._count("timed_out")
+            self._note("timed_out", waiting.source,
+                       f"no preamble within {UNAUTHENTICATED_SECONDS:g} s")
             self._close(fileno)
 
     def _set_options(self, sock: socket.socket) -> None:
@@ -193,7 +197,7 @@ class FrontServer:
     def _accept_one(self, listener: socket.socket) -> bool:
         """Accept one connection to wait for its preamble; False when none is left."""
         try:
-            sock, _ = listener.accept()
+            sock, peer = listener.accept()
         except (BlockingIOError, InterruptedError):
             return False
         except ConnectionAbortedError:  # the peer gave up before we took it: the next one
@@ -212,9 +216,13 @@ class FrontServer:
             return True
         if len(self._waiting) >= MAX_PENDING:
             self._count("evicted")
-            self._close(next(iter(self._waiting)))
+            oldest = next(iter(self._waiting.values()))
+            self._note("evicted", oldest.source, f"{MAX_PENDING} connections waiting for "
+                       "their preamble (MAX_PENDING): the oldest closed")
+            self._close(oldest.sock.fileno())
         fileno = sock.fileno()
-        self._waiting[fileno] = _Waiting(sock, time.monotonic())
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        self._waiting[fileno] = _Waiting(sock, time.monotonic(), source)
         self._poller.subscribe(
             fileno, self._on_preamble_bytes, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         )
@@ -251,25 +259,34 @@ class FrontServer:
         refusal = verdict.refusal
         assert refusal is not None
         self._count(refusal.name.lower())
+        source = self._waiting[fileno].source
         self._close(fileno)
-        if refusal in (Refusal.STALE, Refusal.REPLAYED):
-            self._warn(refusal, verdict.skew)
-        else:
-            log.debug("Raft: an incoming connection refused: %s", refusal.value)
-
-    def _warn(self, refusal: Refusal, skew: float) -> None:
-        """A good MAC refused: a seed's clock is off, or someone replays a seed's bytes."""
-        now = time.monotonic()
-        if now - self._warned.get(refusal, -_WARN_EVERY) < _WARN_EVERY:
-            return
-        self._warned[refusal] = now
         if refusal is Refusal.STALE:
-            log.warning(
-                "Raft: a seed's preamble is %+.1f s off this clock (the limit is %.0f s): "
-                "refused; check the seeds' clocks (NTP)", skew, self._gate.window,
-            )
+            self._note("stale", source, f"its preamble is {verdict.skew:+.1f} s off this "
+                       f"clock (the limit is {self._gate.window:.0f} s); check the seeds' "
+                       "clocks (NTP)")
+        elif refusal is Refusal.REPLAYED:
+            self._note("replayed", source, "a preamble replayed")
+        elif refusal is Refusal.BAD_MAC:
+            self._note("bad_mac", source, "its preamble was made with another password "
+                       "(or for another seed)")
         else:
-            log.warning("Raft: a preamble was replayed: refused")
+            self._note("not_a_preamble", source, "it sent something other than a seed's "
+                       "preamble (not a seed, or a seed of another migratory version)")
+
+    def _note(self, what: str, source: str, why: str) -> None:
+        """A warning naming why a connection was refused, at most one per kind of
+        refusal every ``_WARN_EVERY`` seconds (anyone who reaches the port can make
+        refusals, from as many addresses as they like): the next one says how many
+        were not logged in between."""
+        now = time.monotonic()
+        if now - self._warned.get(what, -_WARN_EVERY) < _WARN_EVERY:
+            self._unlogged[what] = self._unlogged.get(what, 0) + 1
+            return
+        self._warned[what] = now
+        unlogged = self._unlogged.pop(what, 0)
+        more = f" ({unlogged} more refused so since the last such line)" if unlogged else ""
+        log.warning("Raft port: refused a connection from %s: %s%s", source, why, more)
 
     def _admit(self, fileno: int, sock: socket.socket) -> None:
         """Hand the socket to pysyncobj as ``TcpServer`` does on accept."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import logging
 import os
 import socket
 import threading
@@ -173,6 +174,39 @@ def test_connections_waiting_for_a_preamble_are_bounded(
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_every_refusal_is_logged_saying_why_once_per_kind(
+    seed: tuple[SyncObj, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Garbage, a wrong password and MAX_PENDING reached, each five times: one warning
+    per kind, naming why and from where (before: garbage and a wrong password at DEBUG,
+    an eviction not at all)."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    node, address = seed
+    garbage = b"\xff" + os.urandom(63)  # \xff: never the label's first byte
+    for data in [garbage] * 5 + [valid_preamble(address, "not the password")] * 5:
+        with connect(address) as sock:
+            sock.sendall(data)
+            assert closed_within(node, sock, 2.0) is not None
+    idle = []
+    try:
+        for _ in range(MAX_PENDING + 5):
+            idle.append(connect(address))
+            node.doTick(0.002)
+        tick(node, 0.2)
+    finally:
+        for sock in idle:
+            sock.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        "Raft port: refused a connection from 127.0.0.1: it sent something other than a "
+        "seed's preamble (not a seed, or a seed of another migratory version)",
+        "Raft port: refused a connection from 127.0.0.1: its preamble was made with "
+        "another password (or for another seed)",
+        f"Raft port: refused a connection from 127.0.0.1: {MAX_PENDING} connections "
+        "waiting for their preamble (MAX_PENDING): the oldest closed",
+    ]
 
 
 def test_a_seed_is_not_kept_waiting_behind_a_burst_of_connections(
