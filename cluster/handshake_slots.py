@@ -8,11 +8,14 @@ reached its open-file limit the Raft leader could not write its journal and stop
 (800 idle connections against a limit of 600: the seed exited with status 1).
 
 At most :data:`MAX_PENDING_HANDSHAKES` wait at once per listener. One more makes
-:meth:`PendingHandshakes.add` name one to close: the oldest of the address with the
-most waiting. A member's handshake is one round trip and a few HMACs (milliseconds),
-so an attacker must open that many connections within those milliseconds to crowd a
-member out, and one attacking address crowds out itself first. (Refusing the newest
-instead would let ~26 idle connections a second lock every member out for good.)
+:meth:`PendingHandshakes.add` name one to close: the oldest waiting, or, while one
+address holds more than half of them, the oldest of that address. A member's handshake
+is one round trip and a few HMACs (milliseconds), so an attacker must open that many
+connections within those milliseconds to crowd a member out; one attacking address
+crowds out itself first, however fast it opens them. (Refusing the newest instead
+would let ~26 idle connections a second lock every member out for good. Always taking
+the most crowded address would let an attacker spread over many addresses make a
+member dialling twice at once the most crowded one.)
 """
 
 from __future__ import annotations
@@ -65,12 +68,15 @@ class PendingHandshakes(Generic[Key]):
         if len(self._address) <= self.limit:
             return None
         crowded = max(self._by_address, key=lambda a: len(self._by_address[a]))
-        waiting = self._by_address[crowded]
-        count = len(waiting)
-        oldest = next(iter(waiting))
+        if len(self._by_address[crowded]) * 2 > self.limit:
+            oldest = next(iter(self._by_address[crowded]))
+        else:
+            oldest = next(iter(self._address))  # insertion order: the oldest of all
+        address = self._address[oldest]
+        count = len(self._by_address[address])
         self.remove(oldest)
         self.evicted += 1
-        return Evicted(oldest, crowded, count)
+        return Evicted(oldest, address, count)
 
     def remove(self, key: Key) -> None:
         """``key`` authenticated, failed or closed: no longer waiting (idempotent)."""

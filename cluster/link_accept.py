@@ -4,7 +4,8 @@ The trio side of :mod:`cluster.handshake_slots`, shared by the Guaranteed member
 :class:`cluster.peers.PeerService` and the Standard members' listener
 (:mod:`cluster.standard`). Each connection's handshake runs in a cancel scope; when
 more than ``MAX_PENDING_HANDSHAKES`` are still proving the password, one is cancelled
-(the oldest of the most crowded address) and its connection refused, logged.
+(the oldest, or the oldest of an address holding more than half) and its connection
+refused, logged.
 
 Refusals are logged at warning once a minute per address and kind of reason: the
 reasons name what the stranger sent (a frame's size, a member name, a tag), and a

@@ -1,5 +1,5 @@
 """cluster/handshake_slots.py: at most ``limit`` connections of a listener wait for
-their handshake; past it, the oldest of the most crowded address is named to close."""
+their handshake; past it, the oldest (of an address holding more than half, if any) goes."""
 
 from __future__ import annotations
 
@@ -14,16 +14,25 @@ def test_within_the_limit_nothing_is_closed() -> None:
     assert len(pending) == 3 and pending.evicted == 0
 
 
-def test_past_the_limit_the_oldest_of_the_most_crowded_address_goes() -> None:
+def test_past_the_limit_an_address_holding_most_places_loses_its_oldest() -> None:
     pending = PendingHandshakes[str](4)
     for key, address in [("m1", "member"), ("x1", "attacker"), ("x2", "attacker"),
                          ("x3", "attacker")]:
         assert pending.add(key, address) is None
     assert pending.add("m2", "member") == Evicted("x1", "attacker", 3)
     assert pending.add("x4", "attacker") == Evicted("x2", "attacker", 3)
-    # two each, then a third of the member's: now the member is the most crowded
-    assert pending.add("m3", "member") == Evicted("m1", "member", 3)
-    assert "m2" in pending and "x1" not in pending and pending.evicted == 3
+    assert "m1" in pending and "m2" in pending and pending.evicted == 2
+
+
+def test_past_the_limit_without_such_an_address_the_oldest_goes() -> None:
+    """An attacker spread over many addresses: a member dialling twice at once is the
+    most crowded address, yet its handshakes are the youngest and stay."""
+    pending = PendingHandshakes[str](4)
+    for key, address in [("x1", "a"), ("y1", "b"), ("m1", "member"), ("m2", "member")]:
+        assert pending.add(key, address) is None
+    assert pending.add("z1", "c") == Evicted("x1", "a", 1)
+    assert pending.add("w1", "d") == Evicted("y1", "b", 1)
+    assert "m1" in pending and "m2" in pending
 
 
 def test_one_address_alone_loses_its_oldest_first() -> None:
