@@ -148,6 +148,79 @@ def test_refusals_are_logged_once_per_kind_however_the_stranger_varies_them(
     ]
 
 
+async def challenged(port: int) -> trio.SocketStream:
+    """A stranger's connection, the member's challenge read."""
+    stranger = await trio.open_tcp_stream("127.0.0.1", port)
+    await stranger.receive_some(1 << 16)
+    return stranger
+
+
+async def recorded_auth(port: int) -> bytes:
+    """The auth frame a member really sent on an earlier connection."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    me = link.LinkConnection(role="connect", member=NON_SEED, password=PASSWORD)
+    me.initiate()
+    me.receive_data(await stream.receive_some(1 << 16))
+    event = me.next_event()
+    assert isinstance(event, link.Outgoing)
+    await stream.send_all(event.data)
+    await stream.aclose()
+    return event.data
+
+
+BAD_HANDSHAKES = {
+    "garbage": (lambda port: trio.sleep(0), lambda auth: os.urandom(200),
+                "authentication failed: frame of "),
+    "oversize length": (lambda port: trio.sleep(0), lambda auth: b"\xff\xff\xff\xff",
+                        "authentication failed: frame of 4294967295 bytes exceeds the limit"),
+    "truncated auth, then closed": (
+        lambda port: trio.sleep(0), lambda auth: wrong_password_auth(NON_SEED)[:40],
+        "peer closed the link"),
+    "wrong password": (lambda port: trio.sleep(0), lambda auth: wrong_password_auth(NON_SEED),
+                       "authentication failed: bad mac from '127.0.0.1:1' (wrong "
+                       "ClusterPassword or replay)"),
+    "a member's auth replayed": (recorded_auth, lambda auth: auth,
+                                 "authentication failed: bad mac from '127.0.0.1:1' (wrong "
+                                 "ClusterPassword or replay)"),
+}
+
+
+@pytest.mark.parametrize("attack", BAD_HANDSHAKES)
+def test_a_bad_handshake_is_closed_saying_why_and_members_carry_on(
+    attack: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    prepare, data, reason = BAD_HANDSHAKES[attack]
+    port = listen_port()
+    service = peer_service(port)
+
+    async def main() -> None:
+        with trio.fail_after(4):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run, ("127.0.0.1", port))
+                auth = await prepare(port)
+                while service.links_ended < (prepare is recorded_auth):
+                    await trio.sleep(0.005)
+                caplog.clear()  # what the member logged for recorded_auth's connection
+                stranger = await challenged(port)
+                await stranger.send_all(data(auth))
+                if attack.endswith("closed"):
+                    await stranger.aclose()
+                else:  # the member closes it
+                    assert await stranger.receive_some(1 << 16) == b""
+                while service.links_ended < 1 + (prepare is recorded_auth):
+                    await trio.sleep(0.005)
+                channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
+                await channel.send(link.Replicate(0, full=False))
+                assert await channel.receive() == link.Heartbeat(0, True)
+                await channel.aclose()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    logged = refusals(caplog)
+    assert len(logged) == 1 and logged[0].startswith(f"cluster link refused: {reason}"), logged
+
+
 @pytest.mark.parametrize(
     ("reason", "kind"),
     [
