@@ -343,6 +343,38 @@ def test_mutated_frames_raise_only_link_error(op: LinkOp, data: st.DataObject) -
     only_link_errors(open_pair()[1], bytes(wire))
 
 
+def outcome(conn: LinkConnection, chunks: list[bytes]) -> list[Any]:
+    """Events and the final LinkError's reason, feeding ``chunks`` one by one."""
+    seen: list[Any] = []
+    try:
+        for chunk in chunks:
+            conn.receive_data(chunk)
+            while (event := conn.next_event()) is not None:
+                seen.append(type(event) if isinstance(event, link.Outgoing) else event)
+    except LinkError as exc:
+        seen.append(exc.reason)
+    return seen
+
+
+@garbage_settings
+@given(st.sampled_from(["accept", "connect"]), st.binary(max_size=300), st.data())
+def test_a_strangers_bytes_give_the_same_outcome_however_they_are_split(
+    role: Any, data: bytes, draw: st.DataObject
+) -> None:
+    """The handshake side of the decoder, as a stranger meets it: the bytes split at any
+    points (a slow or hostile sender) give the events and the error of the whole."""
+    framed = draw.draw(st.booleans())
+    if framed:  # a length prefix that fits, so the payload reaches the CBOR decoder
+        data = struct.pack(">I", len(data)) + data
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=6)))
+    chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    whole = LinkConnection(role=role, member=ACCEPTOR, password=PASSWORD)
+    split = LinkConnection(role=role, member=ACCEPTOR, password=PASSWORD)
+    whole.initiate()
+    split.initiate()
+    assert outcome(split, chunks) == outcome(whole, [data])
+
+
 # --- micro-benchmark --------------------------------------------------------------------
 
 
