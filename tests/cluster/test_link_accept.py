@@ -12,6 +12,7 @@ import struct
 import cbor2
 import pytest
 import trio
+import trio.testing
 from listen_ports import listen_port
 
 from cluster import link
@@ -22,7 +23,9 @@ from cluster.link_io import connect
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
+from cluster.standard import StandardNode
 from cluster.stream import CommittedStream
+from migratory.config import Config
 from migratory.server.hub import Hub
 
 PASSWORD = "link-accept-password"
@@ -95,6 +98,32 @@ def test_strangers_waiting_for_a_handshake_are_bounded_and_a_member_still_links(
         "authenticating (MAX_PENDING_HANDSHAKES): the oldest from this address closed "
         "(from 127.0.0.1)"
     ]
+
+
+def test_a_standard_members_listener_is_bounded_too() -> None:
+    """Standard members take links through the same gate (cluster/standard.py): 200
+    strangers that send nothing, the oldest 72 closed at once (before: none for 5 s)."""
+    config = Config.from_mapping({
+        "Listen": "127.0.0.1:0", "ClusterDeliveryMode": "Standard", "ClusterPassword": PASSWORD,
+        "ClusterMembers": "127.0.0.1:9001, 127.0.0.1:9002, 127.0.0.1:9003",
+        "ClusterMemberListen": "127.0.0.1:9001",
+    })
+    closed: set[int] = set()
+
+    async def main() -> None:
+        node = StandardNode(config)
+        async with trio.open_nursery() as nursery:
+            for index in range(STRANGERS):
+                server_side, stranger = trio.testing.memory_stream_pair()
+                nursery.start_soon(node._serve_peer, server_side)
+                nursery.start_soon(closed_by_the_server, stranger, index, closed)
+            with trio.move_on_after(1.0):  # well within HANDSHAKE_TIMEOUT
+                while len(closed) < STRANGERS - MAX_PENDING_HANDSHAKES:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(closed) == STRANGERS - MAX_PENDING_HANDSHAKES  # which: as trio started them
 
 
 def frame(body: object) -> bytes:
