@@ -38,6 +38,18 @@ def compaction(text: str) -> tuple[int, int]:
     )
 
 
+def member_overrides(items: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` items as settings for every member; an unknown key or a
+    malformed item ends the command with a message naming it (values and the keys the
+    runner owns are checked by the runner: :func:`chaos.members.check_overrides`)."""
+    from migratory.config import ConfigError, parse_set_options
+
+    try:
+        return parse_set_options(items)
+    except ConfigError as exc:
+        raise SystemExit(f"chaos run: {exc}") from exc
+
+
 def read_schedule(path: Path) -> list[Fault]:
     try:
         lines = path.read_text().splitlines()
@@ -103,6 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         "fanned out to a raw auditor, on every member process (MIGRATORY_TEST_FAULT="
         "KIND:20:a); several kinds: kind i hits auditor a<i> (KIND:20:a0,KIND:20:a1,...)",
     )
+    run.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config setting for every member (repeatable), e.g. --set "
+        "MaxCachedMessagesPerSubject=5 or --set SendPath=io_uring; the keys the runner sets "
+        "itself (ports, cluster, password, data dir, compaction) are refused",
+    )
     run.add_argument("--subjects", type=int, default=50)
     run.add_argument(
         "--rate", type=float, default=420.0, help="publishes/s offered, all publishers together"
@@ -138,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule=read_schedule(args.schedule) if args.schedule else None,
         **({"compaction": args.compaction} if args.compaction else {}),
         proxies=not args.no_proxy,
+        settings=member_overrides(args.settings),
         subjects=args.subjects,
         rate=args.rate,
         publishers=args.publishers,

@@ -13,15 +13,23 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from chaos.proxy import Proxy
 from chaos.schedule import member
 from cluster.tooling import member_settings, start_member
+from migratory.config import Config, ConfigError
 
 PASSWORD = "chaos-cluster-password"
+# the settings the runner gives every member itself (member_settings, the proxies'
+# ClusterMemberBind, the compaction thresholds): ``--set`` may not change them
+RUNNER_KEYS = frozenset({
+    "ServerName", "Listen", "ClusterMembers", "ClusterMemberListen", "ClusterMemberBind",
+    "ClusterSeedMemberCount", "ClusterDeliveryMode", "ClusterPassword", "ClusterDataDir",
+    "ClusterLogCompactionEntries", "ClusterLogCompactionTime",
+})
 ENDING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 16_384
@@ -97,6 +105,18 @@ class Member:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(10)
+
+
+def check_overrides(overrides: Mapping[str, str], settings: Mapping[str, str]) -> None:
+    """End the run before any member starts if ``overrides`` (``--set``) would make a
+    member's config invalid, with the config's own message naming the key."""
+    owned = sorted(set(overrides) & RUNNER_KEYS)
+    if owned:
+        raise SystemExit(f"chaos run: --set {', '.join(owned)}: set by the runner itself")
+    try:
+        Config.from_mapping({**settings, **overrides}, source="--set")
+    except ConfigError as exc:
+        raise SystemExit(f"chaos run: {exc}") from exc
 
 
 def build_members(

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
-from chaos.members import Member, build_members, http_json
+from chaos.members import Member, build_members, check_overrides, http_json
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
@@ -86,6 +87,7 @@ class Runner:
         schedule: list[Fault] | None = None,
         compaction: tuple[int, int] = COMPACTION,
         proxies: bool = True,
+        settings: Mapping[str, str] | None = None,
         subjects: int = 50,
         rate: float = 420.0,
         publishers: int = 4,
@@ -140,6 +142,10 @@ class Runner:
         for m in self.members:
             m.settings["ClusterLogCompactionEntries"] = str(compaction[0])
             m.settings["ClusterLogCompactionTime"] = str(compaction[1])
+        self.overrides = dict(settings or {})
+        check_overrides(self.overrides, self.members[0].settings)
+        for m in self.members:
+            m.settings.update(self.overrides)
         raft_ports = {
             int(self.members[i].settings["ClusterMemberListen"].rsplit(":", 1)[1]) + 1: member(i)
             for i in range(members)
@@ -258,6 +264,7 @@ class Runner:
             f"{self.n} members ({self.seeds} seeds), base port {self.base}, "
             f"proxies {'on' if self.proxies else 'off'}, fault switch {self.fault or 'off'}"
             + (f", RAFT TEST SWITCH {self.raft_switch}" if self.raft_switch else "")
+            + "".join(f", {k} = {v}" for k, v in self.overrides.items())
         )
         async with trio.open_nursery() as outer:
             for ps in self.proxy_of.values():
@@ -410,6 +417,7 @@ class Runner:
             "proxies": self.proxies,
             "fault_switch": fault_switch(self.fault),
             "raft_switch": self.raft_switch,
+            "settings": self.overrides,
             "subjects": list(self.plan.subjects),
             "publishers": [p.name for p in self.plan.publishers],
             "subscribers": [s.name for s in self.plan.subscribers],

@@ -59,3 +59,38 @@ def test_bad_duration_is_a_usage_error(
     assert exit_info.value.code == 2
     assert f"argument --duration: {MESSAGE}" in capsys.readouterr().err
     assert not out.exists(), "nothing started"
+
+
+@pytest.mark.parametrize(
+    "item,message",
+    [
+        ("Bogus=1", "unknown key 'Bogus'"),
+        ("MaxCachedMessagesPerSubject=x", "MaxCachedMessagesPerSubject: expected a whole number"),
+        ("Listen=127.0.0.1:1", "--set Listen: set by the runner itself"),
+        ("ClusterPassword=x", "--set ClusterPassword: set by the runner itself"),
+        ("no-equals", "expected Key=Value"),
+    ],
+)
+def test_a_bad_member_setting_ends_the_run_before_any_member_starts(
+    item: str, message: str, tmp_path: Path
+) -> None:
+    args = ["run", "--seed", "1", "--duration", "5", "--out", str(tmp_path / "r"), "--set", item]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert message in str(exit_info.value.code)
+    assert not (tmp_path / "r" / "data").exists()
+
+
+def test_member_settings_reach_every_member_and_the_run_record(tmp_path: Path) -> None:
+    from chaos.runner import Runner
+
+    runner = Runner(seed=1, duration=5, out=tmp_path / "r", members=4,
+                    settings={"MaxCachedMessagesPerSubject": "5", "BatchTime": "20"})
+    try:
+        for m in runner.members:
+            assert m.settings["MaxCachedMessagesPerSubject"] == "5"
+            assert m.settings["BatchTime"] == "20"
+            assert m.settings["ServerName"] == m.name  # the runner's own keys are kept
+        assert runner.overrides == {"MaxCachedMessagesPerSubject": "5", "BatchTime": "20"}
+    finally:
+        runner.h.close()

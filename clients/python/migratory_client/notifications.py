@@ -3,6 +3,12 @@
 Notifications are informational (the messages carry the guarantee), so an application
 that never reads them must not stall message delivery: when the queue is full the
 oldest notification is discarded and counted in ``dropped``.
+
+The session puts notifications here and messages into their subscriptions in the order
+they came off the wire. A task that reads both can keep that order: :meth:`get` takes a
+notification in the same scheduler step that returns it to the caller, and
+:meth:`get_nowait` takes the ones already waiting (take them before handling a message,
+and every notification that came before the message is handled first).
 """
 
 from __future__ import annotations
@@ -41,18 +47,35 @@ class NotificationQueue:
         self._error = error
         self._waiters.unpark_all()
 
+    @property
+    def pending(self) -> int:
+        """Notifications waiting to be taken."""
+        return len(self._items)
+
     async def get(self) -> Notification:
-        """The next notification; raises StopAsyncIteration (or the client's error) at the end."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        """The next notification; raises StopAsyncIteration (or the client's error) at the end.
+
+        A checkpoint comes before the notification is taken, never after: the caller has
+        it in the scheduler step that took it (see the module's docstring)."""
+        await trio.lowlevel.checkpoint()
         while not self._items:
             if self._closed:
                 if self._error is not None:
                     raise self._error
                 raise StopAsyncIteration
             await self._waiters.park()
-        notification = self._items.popleft()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return notification
+        return self._items.popleft()
+
+    def get_nowait(self) -> Notification:
+        """The next notification if one is waiting; raises trio.WouldBlock if none is,
+        StopAsyncIteration (or the client's error) once closed and drained."""
+        if self._items:
+            return self._items.popleft()
+        if self._closed:
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        raise trio.WouldBlock
 
     def __aiter__(self) -> NotificationQueue:
         return self
