@@ -69,6 +69,15 @@ def interrupted_note(run: dict[str, Any]) -> list[str]:
     ]
 
 
+def settings_note(run: dict[str, Any]) -> list[str]:
+    """The config settings the run gave every member (``chaos run --set``), if any."""
+    settings = run.get("settings")
+    if not isinstance(settings, dict) or not settings:
+        return []
+    shown = ", ".join(f"{k} = {cell(v)}" for k, v in settings.items())
+    return [f"Member settings (`--set`): {shown}", ""]
+
+
 def markdown(summary: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     run = summary.get("run") or {}
     lines = [f"# Chaos run report: {run.get('run', extra.get('run_dir', ''))}", ""]
@@ -77,6 +86,7 @@ def markdown(summary: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     flat = {k: v for k, v in run.items() if not isinstance(v, dict | list)}
     if flat:
         lines += ["Run: " + ", ".join(f"{k}={cell(v)}" for k, v in flat.items()), ""]
+    lines += settings_note(run)
     lines += safety_section(summary)
     lines += outcome_section(summary["unknown_outcome"])
     lines += failover_section(summary["failover"])
