@@ -22,8 +22,8 @@ to another epoch, or without a position, also skips the rest of the old epoch af
 - reorders: a subscriber's seq of a subject went down from one delivery to the next
   within an epoch (deliveries in time order, file order on ties; snapshots excepted).
 - holes: seqs missing between two delivered seqs of one epoch (snapshots excepted),
-  unless one skip of that subscriber and subject covers them all, or it unsubscribed
-  between the two deliveries.
+  unless that subscriber's skips of that subject cover them all (one skip, or several
+  that meet: :func:`joined`), or it unsubscribed between the two deliveries.
 - collisions: one (subject, epoch, seq) names two msg_ids across publish acks and that
   kind's deliveries (acks count for every kind).
 """
@@ -182,8 +182,31 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
     return _shape(found.where(reorder), "reorders", detail=detail), jumps
 
 
-def skip_frame(spark: Any, jumps: list[Jump]) -> Any:
-    rows = [(j.kind, j.subscriber, j.subject, *s) for j in jumps for s in skips(j)]
+SkipRow = tuple[str, str, str, int, int, int | None, float | None]
+
+
+def skip_rows(jumps: list[Jump]) -> list[SkipRow]:
+    return [(j.kind, j.subscriber, j.subject, *s) for j in jumps for s in skips(j)]
+
+
+def joined(rows: list[SkipRow]) -> list[SkipRow]:
+    """The skips of each subscriber's subject and epoch joined where they meet or
+    overlap, whatever their ``before``: what a hole between two deliveries may be
+    covered by. Two resyncs in a row with no delivery between them (a subscriber that
+    fails over twice off the cache) skip ``p+1 .. s1`` and ``s1+1 .. s2``: together
+    they announce the whole hole ``p+1 .. s2``, neither alone does."""
+    out: list[SkipRow] = []
+    for row in sorted(rows, key=lambda r: (r[:4], r[4])):
+        last = out[-1] if out else None
+        if last is not None and last[:4] == row[:4] and (last[5] is None or row[4] <= last[5]):
+            upto = None if last[5] is None or row[5] is None else max(last[5], row[5])
+            out[-1] = (*last[:5], upto, None)
+        else:
+            out.append((*row[:6], None))
+    return out
+
+
+def skip_frame(spark: Any, rows: list[SkipRow]) -> Any:
     return spark.createDataFrame(rows, SKIP_SCHEMA)
 
 
@@ -343,13 +366,14 @@ def check(
     last_ok = ack.agg(F.max("time")).collect()[0][0]
     kinds = sorted({*KINDS, *(str(k[0]) for k, _ in history.values.get("deliveries", []))})
     reorders, jumps = positions(history)
-    skip = skip_frame(history["publishes"].sparkSession, jumps)
+    spark = history["publishes"].sparkSession
+    skip = skip_frame(spark, skip_rows(jumps))
     parts = [
         lost(history, inv, ack, skip, last_ok if last_ok is not None else float("inf")),
         unexpected(history, inv),
         duplicates(history),
         reorders,
-        holes(history, skip),
+        holes(history, skip_frame(spark, joined(skip_rows(jumps)))),
         collisions(history, ack, kinds),
     ]
     found = parts[0]

@@ -324,6 +324,23 @@ def plant_resync_gap(syn: Synthetic) -> None:
     _resync_over(syn, ds, len(ds) // 3)
 
 
+def plant_resync_twice(syn: Synthetic) -> None:
+    """Two deliveries in a row dropped, each announced by its own DATA_RESYNC, nothing
+    delivered between the two (a subscriber failing over twice off the cache): the two
+    resyncs together cover the hole, so not a violation."""
+    ds = _victim(syn)
+    i = len(ds) // 3
+    kind, who, subject = VICTIM
+    first, second, nxt = ds[i], ds[i + 1], ds[i + 2]
+    for gone in (first, second):
+        syn.tables["deliveries"].remove(gone)
+    t = (first["time"] + nxt["time"]) / 2
+    for gone, when in ((first, t), (second, t + 1e-4)):
+        syn.add("subscriptions", subscriber=who, kind=kind, subject=subject,
+                event="DATA_RESYNC", member=MEMBERS[1], epoch=gone["epoch"], seq=gone["seq"],
+                time=when)
+
+
 def plant_resync_elsewhere(syn: Synthetic) -> None:
     """A dropped delivery, and a later DATA_RESYNC that skips only another seq: the
     resync explains its own gap, not the earlier one (one lost, one hole)."""

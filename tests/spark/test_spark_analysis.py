@@ -97,6 +97,7 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     # acks count for every kind, and the second message reached the auditors as well
     (gen.plant_collision, {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}}),
     (gen.plant_resync_gap, NONE),
+    (gen.plant_resync_twice, NONE),
     (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
 ]
 

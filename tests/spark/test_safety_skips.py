@@ -1,0 +1,40 @@
+"""The positions a subscriber was told it will not get (``spark_analysis.safety``): one
+resync's skip, and the skips a hole may be covered by (joined where they meet)."""
+
+from __future__ import annotations
+
+from spark_analysis.safety import Jump, joined, skip_rows
+
+WHO = ("sdk", "s1", "/chaos/s1")
+
+
+def resync(seq: int, prev: int | None, epoch: int = 7, prev_epoch: int | None = 7,
+           time: float = 1.0) -> Jump:
+    return Jump(*WHO, event="DATA_RESYNC", time=time, epoch=epoch, seq=seq,
+                prev_epoch=prev_epoch if prev is not None else None, prev_seq=prev)
+
+
+def test_two_resyncs_in_a_row_cover_the_whole_hole_together() -> None:
+    """122 delivered, resync to 149, resync to 158, 159 delivered: 123..158 announced."""
+    rows = skip_rows([resync(149, 122), resync(158, 149, time=2.0)])
+    assert [r[3:6] for r in rows] == [(7, 122, 149), (7, 149, 158)]
+    assert joined(rows) == [(*WHO, 7, 122, 158, None)]
+
+
+def test_skips_that_do_not_meet_stay_apart() -> None:
+    rows = skip_rows([resync(149, 122), resync(158, 150, time=2.0)])  # 150 delivered between
+    assert joined(rows) == [(*WHO, 7, 122, 149, None), (*WHO, 7, 150, 158, None)]
+
+
+def test_an_open_skip_absorbs_what_follows_it_in_its_epoch_only() -> None:
+    """A resync into another epoch skips the rest of the old one (open-ended)."""
+    rows = skip_rows([resync(5, 40, epoch=9, prev_epoch=7), resync(60, 45, time=2.0)])
+    assert sorted(r[3:6] for r in rows) == [(7, 40, None), (7, 45, 60), (9, 0, 5)]
+    assert joined(rows) == [(*WHO, 7, 40, None, None), (*WHO, 9, 0, 5, None)]
+
+
+def test_other_subscribers_and_subjects_are_not_joined() -> None:
+    a = skip_rows([resync(149, 122)])
+    b = [("sdk", "s2", "/chaos/s1", 7, 149, 158, None),
+         ("sdk", "s1", "/chaos/s2", 7, 149, 158, None)]
+    assert len(joined(a + b)) == 3
