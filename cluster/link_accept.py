@@ -7,9 +7,10 @@ more than ``MAX_PENDING_HANDSHAKES`` are still proving the password, one is canc
 (the oldest, or the oldest of an address holding more than half) and its connection
 refused, logged.
 
-Refusals are logged at warning once a minute per address and kind of reason: the
-reasons name what the stranger sent (a frame's size, a member name, a tag), and a
-stranger who varies it must not get a line per connection.
+Refusals are logged at warning once a minute per address and kind of reason (the
+reasons name what the stranger sent -- a frame's size, a member name, a tag -- and a
+stranger who varies it must not get a line per connection), for at most
+:data:`SOURCES_PER_KIND` addresses per kind a minute (:class:`StrangerRefusals`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,56 @@ log = logging.getLogger("migratory.cluster")
 REFUSED_ERRORS = (link.LinkError, trio.TooSlowError, OSError, EOFError, trio.BrokenResourceError)
 """What a stranger's connection can raise during the handshake (the link is refused)."""
 
-_VARYING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\d+")
+SOURCES_PER_KIND = 10
+"""Addresses a kind of refusal is logged for per minute; the rest are counted."""
+
+_VARYING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|0x[0-9a-f]+|\d+")
+_NOT_CBOR = "not valid CBOR"
 
 
 def reason_kind(reason: str) -> str:
-    """``reason`` without what the peer chose (quoted names, numbers): the key under
-    which a refusal is logged once a minute."""
+    """``reason`` without what the peer chose (quoted names, numbers, the CBOR decoder's
+    account of the bytes): the key under which a refusal is logged once a minute."""
+    cut = reason.find(_NOT_CBOR)
+    if cut >= 0:
+        reason = reason[: cut + len(_NOT_CBOR)]
     return _VARYING.sub("_", reason)
+
+
+@dataclass
+class StrangerRefusals:
+    """Which refusals of a listener's strangers to log: each address and kind of reason
+    once a minute, and each kind for at most ``sources_per_kind`` addresses a minute (a
+    stranger may come from as many as it likes: any of 127.0.0.0/8 on loopback, an IPv6
+    prefix). The refusals not logged are counted; the next line of their kind says how
+    many."""
+
+    every: float = 60.0
+    sources_per_kind: int = SOURCES_PER_KIND
+    _repeats: Repeats = field(init=False)
+    _kinds: dict[str, list[float]] = field(default_factory=dict)
+    """kind -> [start of its minute, addresses logged in it, refusals not logged]"""
+
+    def __post_init__(self) -> None:
+        self._repeats = Repeats(every=self.every)
+
+    def line(self, source: str, kind: str, now: float) -> str | None:
+        """``None``: no line now; else what the line adds ("" or how many refusals of
+        this kind went unlogged since its last line)."""
+        window = self._kinds.get(kind)
+        if window is None or now - window[0] >= self.every:
+            if window is None and len(self._kinds) >= 1024:
+                self._kinds.clear()
+            window = self._kinds[kind] = [now, 0, window[2] if window else 0]
+        if window[1] >= self.sources_per_kind:
+            window[2] += 1
+            return None
+        if not self._repeats.first(source, kind, now):
+            window[2] += 1
+            return None
+        window[1] += 1
+        unlogged, window[2] = int(window[2]), 0
+        return f" ({unlogged} more like it not logged)" if unlogged else ""
 
 
 @dataclass
@@ -57,6 +101,8 @@ class HandshakeGate:
 
     limit: int = MAX_PENDING_HANDSHAKES
     pending: PendingHandshakes[int] = field(init=False)
+    refusals: StrangerRefusals = field(default_factory=StrangerRefusals)
+    """What of its refusals to log."""
     _scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -92,28 +138,32 @@ async def accept_link(
     refusals: Repeats,
 ) -> str | None:
     """The peer's member name once the handshake is done; ``None`` if it was refused
-    (logged). Errors of an authenticated link are the caller's."""
+    (logged). Errors of an authenticated link are the caller's. ``refusals``: which
+    refusals of authenticated peers to log (the gate's own for strangers')."""
     slot = gate.enter(source)
     peer: str | None = None
     try:
         with slot.scope:
             peer = await channel.handshake(members, authenticated=slot.leave)
     except Disagreement as exc:
-        who = f"from {channel.peer} " if channel.peer else ""
-        if refusals.first(who, reason_kind(exc.reason), trio.current_time()):
-            log.warning("cluster link %srefused: %s", who, exc.reason)
+        if channel.peer is None:  # TLS refused: not authenticated
+            _refused(gate, source, exc.reason)
+        elif refusals.first(channel.peer, reason_kind(exc.reason), trio.current_time()):
+            log.warning("cluster link from %s refused: %s", channel.peer, exc.reason)
     except REFUSED_ERRORS as exc:
-        # anyone who can reach the port can open these: say what and from where,
-        # once a minute per address and kind of reason, not once per connection
-        reason = (f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
-                  if isinstance(exc, trio.TooSlowError) else describe(exc))
-        if refusals.first(source, reason_kind(reason), trio.current_time()):
-            log.warning("cluster link refused: %s (from %s)", reason, source)
+        _refused(gate, source, f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
+                 if isinstance(exc, trio.TooSlowError) else describe(exc))
     finally:
         slot.leave()
     if peer is None and slot.scope.cancelled_caught:
-        reason = (f"{gate.limit} connections to this port still authenticating "
-                  "(MAX_PENDING_HANDSHAKES): the oldest from this address closed")
-        if refusals.first(source, reason, trio.current_time()):
-            log.warning("cluster link refused: %s (from %s)", reason, source)
+        _refused(gate, source, f"{gate.limit} connections to this port still authenticating "
+                 "(MAX_PENDING_HANDSHAKES): the oldest from this address closed")
     return peer
+
+
+def _refused(gate: HandshakeGate, source: str, reason: str) -> None:
+    """Anyone who can reach the port can be refused: say what and from where, not once
+    per connection (:class:`StrangerRefusals`)."""
+    more = gate.refusals.line(source, reason_kind(reason), trio.current_time())
+    if more is not None:
+        log.warning("cluster link refused: %s (from %s)%s", reason, source, more)

@@ -18,7 +18,7 @@ from listen_ports import listen_port
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.handshake_slots import MAX_PENDING_HANDSHAKES
-from cluster.link_accept import reason_kind
+from cluster.link_accept import SOURCES_PER_KIND, StrangerRefusals, reason_kind
 from cluster.link_io import connect
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
@@ -259,7 +259,52 @@ def test_a_bad_handshake_is_closed_saying_why_and_members_carry_on(
          "bad mac from _ (wrong ClusterPassword or replay)"),
         ("expected 'auth', got 'it\\'s'", "expected _, got _"),
         ('expected \'auth\', got "x\'y"', "expected _, got _"),
+        ("authentication failed: frame is not valid CBOR: error decoding map: unknown "
+         "unsigned integer subtype 0x1e", "authentication failed: frame is not valid CBOR"),
     ],
 )
 def test_reason_kind_drops_what_the_peer_chose(reason: str, kind: str) -> None:
     assert reason_kind(reason) == kind
+
+
+def test_a_stranger_on_many_addresses_gets_a_few_lines() -> None:
+    """Garbage from 30 loopback addresses (any of 127.0.0.0/8 is ours to connect from):
+    SOURCES_PER_KIND lines (before: one per address, 30)."""
+    port = listen_port()
+    service = peer_service(port)
+
+    async def main() -> None:
+        with trio.fail_after(4):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run, ("127.0.0.1", port))
+                for i in range(30):
+                    stranger = await trio.open_tcp_stream(
+                        "127.0.0.1", port, local_address=f"127.0.0.{i + 2}")
+                    await stranger.send_all(b"\xff\xff\xff\xff")
+                    while await stranger.receive_some(1 << 16):
+                        pass
+                    await stranger.aclose()
+                nursery.cancel_scope.cancel()
+
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("migratory.cluster")
+    logger.addHandler(handler)
+    try:
+        trio.run(main)
+    finally:
+        logger.removeHandler(handler)
+    assert logged == [
+        "cluster link refused: authentication failed: frame of 4294967295 bytes exceeds the "
+        f"limit of 4096 (from 127.0.0.{i + 2})" for i in range(SOURCES_PER_KIND)
+    ]
+
+
+def test_stranger_refusals_count_what_they_do_not_log() -> None:
+    lines = StrangerRefusals(every=60.0, sources_per_kind=2)
+    assert [lines.line(a, "garbage", 0.0) for a in "abcd"] == ["", "", None, None]
+    assert lines.line("a", "garbage", 1.0) is None  # a repeat within the minute
+    assert lines.line("a", "wrong password", 1.0) == ""  # another kind
+    assert lines.line("e", "garbage", 60.0) == " (3 more like it not logged)"
+    assert lines.line("a", "garbage", 61.0) == ""
