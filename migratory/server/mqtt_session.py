@@ -12,7 +12,6 @@ hands subscribers whole messages; a QoS 0 PUBLISH is encoded once for all of the
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity
@@ -27,16 +26,11 @@ from migratory.server.admission import PublishRate
 from migratory.server.context import publish_ok_status
 from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
-from migratory.server.mqtt_delivery import PRUNE_FROM, MqttDelivery
+from migratory.server.mqtt_delivery import PRUNE_FROM
 from migratory.server.mqtt_expiry import max_sessions_refusal
 from migratory.server.mqtt_inflight import Inflight, inflight_limit
-from migratory.server.mqtt_store import (
-    SESSION_CLOSURE,
-    SessionRecord,
-    session_subject,
-    stored_generation,
-    take_up,
-)
+from migratory.server.mqtt_saving import MqttSaving
+from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject, take_up
 from migratory.server.mqtt_subscriptions import Subscriptions
 from migratory.server.publish_rules import check_publish
 from migratory.server.session import new_connection_id
@@ -47,29 +41,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
-SAVE_INTERVAL = 1.0
-"""Seconds a persistent session's record is saved at most once while only its positions
-change: each save is the whole record (up to 10,000 positions, ~330 kB of JSON, 10 ms of
-CPU -- and in a Guaranteed cluster a Raft entry); saved at every delivery it capped a
-persistent '#' subscriber of a busy server at ~60 messages/s. After a member failure the
-resumed session gets at most about this long of messages again (at least once)."""
-clock = time.monotonic  # the clock of SAVE_INTERVAL (tests replace it)
-
 # closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
 
-class MqttSession(MqttDelivery):
+class MqttSession(MqttSaving):
     """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
 
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
-        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost", "_next_save",
-        "_publish_rate", "_reached", "_record", "_registry", "_save_again", "_saving",
-        "_suback", "_urgent", "_waiting_subacks", "_will", "aborted", "client_id", "close_code",
-        "closing", "connection_id", "expires_at", "identity", "keep_alive", "listener", "outbox",
-        "peer", "persistent", "subscriptions", "websocket",
+        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost", "_publish_rate",
+        "_reached", "_registry", "_suback", "_will", "aborted", "client_id",
+        "close_code", "closing", "connection_id", "expires_at", "identity", "keep_alive",
+        "listener", "outbox", "peer", "persistent", "subscriptions", "websocket",
     )
 
     def __init__(
@@ -355,60 +340,6 @@ class MqttSession(MqttDelivery):
         """An entitlement refusal, for GET /metrics (migratory_entitlement_denials_total)."""
         stats = self._ctx.stats
         stats.count(stats.entitlement_denials, action)
-
-    # --- the persistent session record -----------------------------------------
-
-    def save_record(self) -> None:
-        """Save the persistent session's record now: the expiry sweep saves a connected
-        session at least every half MqttSessionExpiry, so no member takes it for gone
-        (one without filters has nothing to keep)."""
-        if self._record is not None and self._record.filters:
-            self._changed()
-
-    def _changed(self, *, positions: bool = False) -> None:
-        """The session changed: save its record (one save in flight at a time). A change
-        of ``positions`` alone (a delivery, a PUBACK) waits until SAVE_INTERVAL after the
-        last save; the next change after it, or the connection's end, saves it."""
-        record = self._record
-        if record is None:
-            return
-        if not positions:
-            self._urgent = True
-        elif not self._urgent and clock() < self._next_save:
-            self._save_again = True
-            return
-        latest = stored_generation(self._ctx.hub.snapshot(session_subject(self.client_id)))
-        if latest > record.generation:
-            log.info("%s: the session was taken up by a later connection: not saved",
-                     self.describe(), extra=self.log_fields())
-            self._record = None
-            return
-        record.filters = self.subscriptions.filters()
-        if self._saving:
-            self._save_again = True
-            return
-        self._saving = True
-        self._save_again = self._urgent = False
-        self._next_save = clock() + SAVE_INTERVAL
-        self._work += self.subscriptions.implied_positions(record)  # counted in the turn
-        self._ctx.publishing.submit(record.message(self.client_id), self, self._now)
-
-    def _saved(self, status: ops.PublishStatus) -> None:
-        """A save's outcome; a later change is saved now (even once the client is gone:
-        its last positions must survive it)."""
-        self._saving = False
-        if status.status is not ops.Status.PUBLISH_OK:
-            if not self.closing:
-                log.info("%s: session not saved (%s): closing", self.describe(), status.reason,
-                         extra=self.log_fields())
-                self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
-            return
-        subacks, self._waiting_subacks = self._waiting_subacks, []
-        for suback in subacks:
-            self._send(suback)
-        if self._save_again:
-            self._changed(positions=True)  # now if urgent, else after SAVE_INTERVAL
-        self.flush()
 
     # --- output ---------------------------------------------------------------
 

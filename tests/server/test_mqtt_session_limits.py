@@ -16,7 +16,7 @@ from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
 from migratory.protocol.mqtt_encode import encode_packet
-from migratory.server import mqtt_session
+from migratory.server import mqtt_saving
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
 from migratory.server.hub import Hub
@@ -129,7 +129,7 @@ def test_positions_alone_are_saved_at_most_once_per_save_interval(
     CPU. Positions alone are saved once per SAVE_INTERVAL (the next delivery after it),
     filters at once, and the connection's end saves where it stood."""
     now = [100.0]
-    monkeypatch.setattr(mqtt_session, "clock", lambda: now[0])
+    monkeypatch.setattr(mqtt_saving, "clock", lambda: now[0])
     ctx, held = make(MaxPublishesPerSecond="0")
     publisher = session(ctx, "pub", {})
     publisher.receive_data(b"".join(
@@ -150,7 +150,7 @@ def test_positions_alone_are_saved_at_most_once_per_save_interval(
         return record.positions.get("/new/a")
 
     assert saved() is None  # within SAVE_INTERVAL of the SUBACK's save
-    now[0] += mqtt_session.SAVE_INTERVAL
+    now[0] += mqtt_saving.SAVE_INTERVAL
     publisher.receive_data(encode_packet(mqtt.Publish("new/a", b"50")), 0.0)
     held.settle()  # the publish, then the save it caused
     held.settle()
