@@ -4,7 +4,13 @@ from dataclasses import replace
 
 from migratory.model.message import Message, MessageType
 
-__all__ = ["merge_snapshot", "merged_size"]
+__all__ = ["RESERVED_PREFIX", "merge_snapshot", "merged_size"]
+
+RESERVED_PREFIX = "/$"
+"""Subjects only the server writes (clients may neither publish nor subscribe to them):
+the persistent MQTT session records. On them, a field whose value is empty is removed
+from the snapshot, so that a record saved in parts -- the positions that changed, as
+fields -- can also forget a position (see migratory/server/mqtt_store.py)."""
 
 
 def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
@@ -12,7 +18,8 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
 
     Only retained messages take part: a non-retained ``incoming`` returns ``previous``
     unchanged. Otherwise the result is ``incoming`` (content, position, qos, retained)
-    with ``previous``'s fields updated by its own, type SNAPSHOT and no closure.
+    with ``previous``'s fields updated by its own, type SNAPSHOT and no closure; on a
+    :data:`RESERVED_PREFIX` subject an empty field of ``incoming`` removes the field.
     Raises ValueError when the two messages have different subjects.
     """
     if previous is not None and previous.subject != incoming.subject:
@@ -26,6 +33,10 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
     else:
         fields = dict(previous.fields)
         fields.update(incoming.fields)
+    if incoming.subject.startswith(RESERVED_PREFIX):
+        for name, value in incoming.fields.items():
+            if not value:
+                del fields[name]
     return replace(incoming, fields=fields, type=MessageType.SNAPSHOT, closure=None)
 
 

@@ -83,9 +83,8 @@ class MqttDelivery(MqttInput):
             del reached[subject]
         record = self._record
         if record is not None:
-            positions = record.positions
-            for subject in [s for s in positions if known(s) is None]:
-                del positions[subject]
+            for subject in [s for s in record.positions if known(s) is None]:
+                record.forget(subject)
         self._prune_at = max(PRUNE_FROM, 2 * len(reached))
 
     def note_position(self, subject: str, position: Position) -> None:
@@ -93,7 +92,7 @@ class MqttDelivery(MqttInput):
         if position.epoch:
             self.settle_reached()[subject] = position
         if self._record is not None:
-            self._record.positions[subject] = position
+            self._record.set_position(subject, position)
 
     def synced(self, subject: str) -> None:
         """A resume of ``subject`` from its recorded position gets every missed message."""
@@ -146,7 +145,7 @@ class MqttDelivery(MqttInput):
             self._link.mark_dirty()
         if self._record is not None and not self._inflight.outstanding(subject):
             # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
-            self._record.positions[subject] = message.position
+            self._record.set_position(subject, message.position)
             self._changed(positions=True)
 
     def deliver_retained(self, message: Message, qos: int) -> None:
@@ -175,5 +174,5 @@ class MqttDelivery(MqttInput):
         delivered = self._inflight.acknowledge(packet_id)
         if delivered is not None and self._record is not None:
             subject, position = delivered
-            self._record.positions[subject] = position
+            self._record.set_position(subject, position)
             self._changed(positions=True)

@@ -26,7 +26,7 @@ from migratory.server import mqtt_store
 from migratory.server.mqtt_connect import Refusal
 from migratory.server.mqtt_store import (
     SESSION_PREFIX,
-    SessionRecord,
+    discard_message,
     expired,
     holds_session,
     saved_at,
@@ -101,8 +101,8 @@ class SessionExpiry:
                 continue
             if saved is not None and expiry and wall - saved > expiry:
                 self._counted -= 1
-                record = SessionRecord(generation=stored_generation(snapshot) + 1)
-                self._ctx.publishing.submit(record.message(client_id), None, now)
+                discard = discard_message(client_id, stored_generation(snapshot) + 1, snapshot)
+                self._ctx.publishing.submit(discard, None, now)
                 discarded += 1
                 log.info("mqtt client %s: persistent session not connected for more than "
                          "MqttSessionExpiry (%d s): discarded", client_id, expiry,

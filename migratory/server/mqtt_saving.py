@@ -4,7 +4,9 @@ A base of :class:`~migratory.server.mqtt_session.MqttSession` (after the deliver
 kept apart so that each file reads alone. One save is in flight at a time; changes made
 meanwhile go into the next. A change of filters (and a take-up, the connection's end)
 is saved at once; a change of positions alone (a delivery, a PUBACK) at most once per
-:data:`SAVE_INTERVAL`.
+:data:`SAVE_INTERVAL`. What a save carries is the record's head and the positions that
+changed since the last save (:mod:`migratory.server.mqtt_store`), so its cost is that
+of the change, not of the session.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ log = logging.getLogger("migratory.mqtt")
 
 SAVE_INTERVAL = 1.0
 """Seconds a persistent session's record is saved at most once while only its positions
-change: each save is the whole record (up to 10,000 positions, ~330 kB of JSON, 10 ms of
-CPU -- and in a Guaranteed cluster a Raft entry); saved at every delivery it capped a
-persistent '#' subscriber of a busy server at ~60 messages/s. After a member failure the
-resumed session gets at most about this long of messages again (at least once)."""
+change: each save is a retained message (in a Guaranteed cluster a Raft entry) carrying
+the positions that changed; saved at every delivery, a persistent '#' subscriber of a
+busy server made a save per message delivered. After a member failure the resumed
+session gets at most about this long of messages again (at least once)."""
 clock = time.monotonic  # the clock of SAVE_INTERVAL (tests replace it)
 
 
@@ -92,9 +94,13 @@ class MqttSaving(MqttDelivery):
 
     def _saved(self, status: ops.PublishStatus) -> None:
         """A save's outcome; a later change is saved now (even once the client is gone:
-        its last positions must survive it)."""
+        its last positions must survive it). A failed save's positions are saved again
+        with the next (the connection's end)."""
         self._saving = False
-        if status.status is not ops.Status.PUBLISH_OK:
+        ok = status.status is ops.Status.PUBLISH_OK
+        if self._record is not None:
+            self._record.saved(ok=ok)
+        if not ok:
             if not self.closing:
                 log.info("%s: session not saved (%s): closing", self.describe(), status.reason,
                          extra=self.log_fields())

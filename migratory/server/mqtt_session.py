@@ -235,7 +235,7 @@ class MqttSession(MqttSaving):
             older.close(close_codes.NORMAL.code, "taken over")
             older.flush()
             live, older._record = older._record, None
-            older._save_again = False
+            older._save_again = False  # (what its saves still carry: live.saving)
         self._registry[client_id] = self
         return live
 

@@ -298,7 +298,7 @@ class Subscriptions:
             return 0  # (a resume not caught up yet: its subjects would count as seen)
         looked = len(record.positions)
         for subject in [s for s in record.positions if self.qos_for(s) is None]:
-            del record.positions[subject]
+            record.forget(subject)
         self._filters_changed = False
         reached = self._owner.settle_reached()
         if not self._wildcards.count:
@@ -309,7 +309,7 @@ class Subscriptions:
                 if len(record.positions) >= MAX_IMPLIED:
                     break
                 if subject not in record.positions and subject not in reached:
-                    record.positions[subject] = position if position.seq else NOTHING_SEEN
+                    record.set_position(subject, position if position.seq else NOTHING_SEEN)
         return looked + scan.visited
 
     def qos_for(self, subject: str) -> int | None:

@@ -94,3 +94,15 @@ def test_snapshot_is_union_of_retained_fields(
     assert snapshot.content == kept[-1][1]
     assert snapshot.seq == kept[-1][0]
     assert snapshot.type is MessageType.SNAPSHOT
+
+
+def test_on_a_reserved_subject_an_empty_field_removes_it() -> None:
+    """The server's /$ subjects (MQTT session records saved in parts) can forget a field;
+    any other subject keeps the seed's rule: an empty value is a value."""
+    record = "/$mqtt-session/6465"
+    first = Message(record, b"h", {"/a/b": "1:2:3", "/a/c": "1:2:4"}, retained=True)
+    second = Message(record, b"h", {"/a/b": ""}, retained=True)
+    merged = merge_snapshot(merge_snapshot(None, first), second)
+    assert merged is not None and merged.fields == {"/a/c": "1:2:4"}
+    ordinary = merge_snapshot(retained(b"1", 1, ask="190"), retained(b"2", 2, ask=""))
+    assert ordinary is not None and ordinary.fields == {"ask": ""}

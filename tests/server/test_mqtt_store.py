@@ -3,16 +3,22 @@ the stored session at CONNECT."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from migratory.model.message import Message
 from migratory.model.position import Position
+from migratory.model.snapshot import merge_snapshot
 from migratory.server import mqtt_store
 from migratory.server.mqtt_store import (
+    GENERATION,
     SAVED_AT,
     SessionRecord,
     decode_record,
     expired,
     saved_at,
+    session_subject,
     take_up,
 )
 
@@ -40,7 +46,7 @@ def test_a_clean_session_discards_the_stored_one_and_keeps_nothing() -> None:
     taken = take_up(stored(2).message("dev"), "dev", persistent=False)
     assert taken.record is None and taken.discard is not None
     assert taken.discard.retained and decode_record(taken.discard) is None  # emptied
-    assert SessionRecord(generation=3).message("dev") == taken.discard
+    assert taken.discard.fields == {SAVED_AT: "", GENERATION: "3", "/a/b": ""}  # positions emptied
     assert take_up(None, "dev", persistent=False) == take_up(
         taken.discard, "dev", persistent=False
     ) == type(taken)(None, None, None)
@@ -51,9 +57,9 @@ def test_a_record_says_when_it_was_saved_and_an_empty_one_says_nothing(
 ) -> None:
     monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1000.7)
     saved = stored(1).message("dev")
-    assert saved.fields == {SAVED_AT: "1000"} and saved_at(saved) == 1000
+    assert saved.fields[SAVED_AT] == "1000" and saved_at(saved) == 1000
     empty = SessionRecord(generation=2).message("dev")
-    assert empty.fields == {SAVED_AT: ""} and saved_at(empty) is None  # replaces the field
+    assert empty.fields[SAVED_AT] == "" and saved_at(empty) is None  # replaces the field
     assert expired(saved, 1000 + 60, 60) is False  # the same second as the expiry: kept
     assert expired(saved, 1000 + 61, 60) and not expired(saved, 1e12, 0)
     monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1061.0)
@@ -62,3 +68,28 @@ def test_a_record_says_when_it_was_saved_and_an_empty_one_says_nothing(
     assert taken.record == SessionRecord(generation=2)
     live = take_up(saved, "dev", persistent=True, live=stored(1), expiry=60)
     assert not live.expired and live.stored is not None  # a connection here: never stale
+
+
+def test_a_record_saved_whole_by_an_earlier_version_is_read_and_written_in_parts() -> None:
+    """Before, the positions were in the content; the first save after taking such a
+    record up writes them all as fields (its content has none any more)."""
+    whole = json.dumps({"generation": 4, "filters": {"a/+": 1},
+                        "positions": {"/a/b": [7, 3], "/a/c": [7, 9]}}).encode()
+    snapshot = Message(session_subject("dev"), whole, {SAVED_AT: "1000"}, retained=True)
+    taken = take_up(snapshot, "dev", persistent=True)
+    assert taken.record is not None and taken.record.generation == 5
+    save = taken.record.message("dev")
+    assert save.fields["/a/b"] == "5:7:3" and save.fields["/a/c"] == "5:7:9"
+    read = decode_record(merge_snapshot(snapshot, save))
+    assert read is not None and read.positions == {"/a/b": Position(7, 3), "/a/c": Position(7, 9)}
+    assert taken.record.message("dev").fields.keys() == {SAVED_AT, GENERATION}  # saved
+
+
+def test_a_discard_empties_every_saved_position() -> None:
+    """The discarded record keeps no position (a few dozen bytes), whichever lineage."""
+    snapshot = merge_snapshot(None, stored(2).message("dev"))
+    discard = take_up(snapshot, "dev", persistent=False).discard
+    assert discard is not None
+    emptied = merge_snapshot(snapshot, discard)
+    assert emptied is not None and emptied.fields == {GENERATION: "3"}
+    assert decode_record(emptied) is None
