@@ -223,8 +223,8 @@ class _SeedSyncObj(FollowerSafeSyncObj):
                 log.critical(
                     "Raft: %s: this seed stops taking part in Raft (it must not acknowledge "
                     "or vote on what it cannot keep); its files are whole, the write that "
-                    "failed was not made. Free space in ClusterDataDir and start it again",
-                    exc,
+                    "failed was not made. To do: %s, then start it again",
+                    exc, raft_disk.remedy(exc),
                 )
         now = time.monotonic()
         if now >= self._next_status:

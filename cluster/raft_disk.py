@@ -18,6 +18,14 @@ it could not keep) and reports it; the member exits with the message
 (:mod:`cluster.seed`). Its files are left whole; freed space, it starts again.
 
 A journal grows by doubling: it needs as much free space as its size to grow once more.
+Growing it can fail before any block is asked for: ``ftruncate`` refuses with EFBIG past
+the process's file-size limit (``RLIMIT_FSIZE``), EROFS on a file system remounted
+read-only after an error, EIO. pysyncobj then fell back to growing the file by appending
+zeros, after closing its mapping: that failed the same way, and every later tick of the
+Raft thread died on the closed file ("I/O operation on closed file", a traceback ten
+times a second), the seed neither stopped nor said why
+(``tests/cluster/test_raft_disk.py``, a seed limited by ``RLIMIT_FSIZE``). Such an
+``OSError`` is a :class:`RaftDiskFailure` too.
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pysyncobj import journal as pysyncobj_journal
+
+log = logging.getLogger("migratory.raft")
 
 UNSUPPORTED = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # no fallocate there: as before
 
@@ -45,6 +56,16 @@ class RaftDiskFailure(OSError):
 
 
 _last_failure: RaftDiskFailure | None = None  # the last one made in this process
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def remedy(failure: OSError) -> str:
+    """What the operator does about ``failure`` (said in the seed's last log line)."""
+    if failure.errno in NO_ROOM:
+        return "free space in ClusterDataDir (or raise its quota or file-size limit)"
+    return ("look at the volume (the kernel log says why: an I/O error, a file system "
+            "remounted read-only), mend or replace it")
 
 
 @contextlib.contextmanager
@@ -86,18 +107,18 @@ def _resizable_write(original: Callable[..., None]) -> Callable[..., None]:
     def write(self: Any, offset: int, values: bytes) -> None:
         mapped = self._ResizableFile__mm
         size, end = len(mapped), offset + len(values)  # (its size(): an fstat per write)
-        if end > size:  # grown here as pysyncobj would, then its blocks allocated
-            grown = max(int(size * self._ResizableFile__resizeFactor), end)
-            try:
-                mapped.resize(grown)
-            except (SystemError, OSError):
-                pass  # pysyncobj's own fallback grows the file (unallocated, as before)
-            else:
+        try:
+            if end > size:  # grown here as pysyncobj would, then its blocks allocated
+                grown = max(int(size * self._ResizableFile__resizeFactor), end)
                 try:
+                    mapped.resize(grown)  # (ftruncate, then mremap)
+                except SystemError:
+                    pass  # no mremap here: pysyncobj's own fallback grows the file
+                else:
                     allocate(self._ResizableFile__f.fileno(), size, grown - size)
-                except OSError as exc:
-                    raise RaftDiskFailure(self._ResizableFile__fileName, exc) from exc
-        original(self, offset, values)
+            original(self, offset, values)
+        except OSError as exc:  # (an OSError of resize: see the module's docstring)
+            raise RaftDiskFailure(self._ResizableFile__fileName, exc) from exc
     return write
 
 
@@ -109,6 +130,22 @@ def _store_meta(original: Callable[..., None]) -> Callable[..., None]:
         except OSError as exc:
             raise RaftDiskFailure(self.getPath(), exc) from exc
     return store
+
+
+def _resizable_destroy(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def destroy(self: Any) -> None:
+        """Closed even when its last flush fails (a seed stopped by its disk ends so):
+        pysyncobj's raised, a traceback as the Raft thread ended, the file left open."""
+        try:
+            original(self)
+        except (OSError, ValueError) as exc:  # (ValueError: a mapping already closed)
+            with contextlib.suppress(OSError, ValueError):
+                self._ResizableFile__mm.close()
+            with contextlib.suppress(OSError, ValueError):
+                self._ResizableFile__f.close()
+            log.warning("Raft: closing %s: %s", self._ResizableFile__fileName, exc)
+    return destroy
 
 
 _installed = False
@@ -123,5 +160,6 @@ def install() -> None:
     resizable = pysyncobj_journal.ResizableFile
     resizable.__init__ = _resizable_init(resizable.__init__)
     resizable.write = _resizable_write(resizable.write)
+    resizable._destroy = _resizable_destroy(resizable._destroy)
     storer = pysyncobj_journal.MetaStorer
     storer.storeMeta = _store_meta(storer.storeMeta)

@@ -4,14 +4,21 @@
 A full disk is made here by failing ``posix_fallocate`` with ENOSPC (a full filesystem
 needs a mount): what pysyncobj alone did on a real one -- a 128 KiB tmpfs -- was SIGBUS
 in its journal's ``mmap`` write, the process gone without a line (cluster/raft_disk.py).
-The term-and-vote file's failure is a real one: a directory where it writes.
+The term-and-vote file's failure is a real one: a directory where it writes; so is a
+journal that cannot grow, in a seed process whose file-size limit (``RLIMIT_FSIZE``)
+makes ``ftruncate`` fail with EFBIG (``limited_seed.py``).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
+import resource
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,7 +33,7 @@ from pysyncobj.journal import FileJournal
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 
-from cluster import raft_data_dir
+from cluster import raft_data_dir, raft_disk
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings
 from cluster.raft_disk import RaftDiskFailure
@@ -202,3 +209,75 @@ def test_a_failed_write_while_loading_the_leaders_dump_is_not_acknowledged(
             assert success and not stopped, "pysyncobj changed its dump loading"
     finally:
         world.close()
+
+
+LIMIT = 64 * 1024
+
+
+def past_the_size_limit() -> None:
+    """In the seed's process before it runs: files may not grow past 64 KiB (EFBIG)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
+
+def test_a_seed_whose_journal_cannot_grow_stops_with_one_line(tmp_path: Path) -> None:
+    """A real failure in a real seed process: its journal may not grow past 64 KiB
+    (``RLIMIT_FSIZE``), so growing it fails in ``ftruncate`` with EFBIG -- as it fails
+    with EROFS or EIO on a file system remounted read-only or failing. pysyncobj's
+    fallback closed the journal's mapping first: every tick after died on the closed
+    file, a traceback ten times a second, and the seed never stopped nor said why."""
+    port = listen_port()
+    seed_process = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("limited_seed.py")), str(tmp_path),
+         str(port)],
+        preexec_fn=past_the_size_limit, capture_output=True, text=True, timeout=30,
+    )
+    assert seed_process.returncode == 0, seed_process.stderr[-3000:]
+    outcome = json.loads(seed_process.stdout)
+    journal = tmp_path / "raft.journal"
+    assert outcome["stopped"] == f"[Errno 27] cannot write {journal} (File too large)", (
+        seed_process.stderr[-3000:])
+    lines = seed_process.stderr.splitlines()
+    assert [line for line in lines if line.startswith(("ERROR", "CRITICAL"))] == [
+        line for line in lines if "this seed stops taking part in Raft" in line], lines[-20:]
+    assert "Traceback" not in seed_process.stderr
+    assert "raise its quota or file-size limit" in seed_process.stderr  # what to do
+    assert outcome["acked"] > 0 and outcome["clsn"] > 0
+    raft_data_dir.check(str(journal), str(tmp_path / "raft.dump"), f"{journal}{MARKER_SUFFIX}")
+    again: list[CommittedBatch] = []
+    raft = seed(tmp_path, port, again)
+    try:  # no limit now: everything acknowledged is there, and it commits
+        wait_for(lambda: raft.snapshot.ready and raft.snapshot.clsn >= outcome["clsn"])
+        assert submit(raft, 5) and again[-1].clsn > outcome["clsn"]
+    finally:
+        raft.close()
+
+
+class FailingMapping:
+    """A journal's mapping on a volume gone bad: its flush fails with EIO."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def flush(self) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_journal_that_cannot_be_flushed_at_the_end_is_closed_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A seed stopped by an I/O error ends with its journal's last flush failing too:
+    pysyncobj's ``_destroy`` raised there (a traceback as the Raft thread ended: 'Exception
+    in thread', seen on an ext4 volume shut down under a seed), its file left open."""
+    journal = FileJournal(str(tmp_path / "raft.journal"))
+    mapping, real = FailingMapping(), journal._FileJournal__journalFile._ResizableFile__mm
+    journal._FileJournal__journalFile._ResizableFile__mm = mapping
+    journal._destroy()
+    real.close()
+    assert mapping.closed and journal._FileJournal__journalFile._ResizableFile__f.closed
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Raft: closing {tmp_path / 'raft.journal'}: [Errno 5] Input/output error"]
+    assert "the kernel log says why" in raft_disk.remedy(OSError(errno.EIO, "EIO"))
