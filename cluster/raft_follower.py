@@ -78,6 +78,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
+from cluster.raft_dump_files import stop_on_disk_failures
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
@@ -132,6 +133,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         )
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
+        stop_on_disk_failures(self._SyncObj__serializer)  # writing or receiving a dump
         read_dump = self._SyncObj__serializer.deserialize
 
         def deserialize() -> Any:

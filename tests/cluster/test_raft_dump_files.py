@@ -1,0 +1,129 @@
+"""A Raft dump that cannot be written stops the seed, naming the file and the reason
+(cluster/raft_dump_files.py): a seed's own dump, written by a forked child, on a real
+single-seed node; the leader's dump, received by a follower, on the Raft simulation."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from listen_ports import listen_port
+from raft_schedules import left_behind
+from raft_sim import RaftWorld
+from test_raft_disk import submit, wait_for
+
+from cluster import raft_dump_files
+from cluster.coordination import CommittedBatch
+from cluster.raft import RaftCoordination, RaftTimings
+from cluster.raft_disk import RaftDiskFailure
+
+
+def compacting_seed(data_dir: Path, port: int, committed: list[CommittedBatch]) -> Any:
+    return RaftCoordination(
+        self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
+        password="x", on_commit=committed.append, data_dir=data_dir,
+        timings=RaftTimings(compaction_entries=10, compaction_seconds=3600),
+    )
+
+
+def a_directory_in_its_place(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (data_dir / "raft.dump.tmp").mkdir()  # open(..., "wb") fails: EISDIR
+
+
+def past_a_size_limit(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dump writer (the forked child, only it) may not write a file past 512 bytes:
+    it fails part-way with EFBIG, as on a full disk with ENOSPC."""
+    write_dump = raft_dump_files.write_dump
+
+    def limited(path: str, data: Any) -> int:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+        return write_dump(path, data)
+
+    monkeypatch.setattr(raft_dump_files, "write_dump", limited)
+
+
+@pytest.mark.parametrize(("fault", "why"), [
+    (a_directory_in_its_place, "[Errno 21] cannot write {} (Is a directory)"),
+    (past_a_size_limit, "[Errno 27] cannot write {} (File too large)"),
+], ids=["directory", "size-limit"])
+def test_a_seed_whose_dump_cannot_be_written_stops_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: Any, why: str,
+) -> None:
+    """pysyncobj's dump writer exits -1 on any error: its parent logged "Failed to store
+    full dump" (no file, no reason) and forked the next writer at the next tick, ten a
+    second (measured: 66 forks in 7 s), leaving its part-written file on the disk."""
+    forks, fork = [], os.fork
+
+    def counted_fork() -> int:
+        pid = fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    fault(tmp_path, monkeypatch)
+    port, committed = listen_port(), []  # type: ignore[var-annotated]
+    raft = compacting_seed(tmp_path, port, committed)
+    try:
+        wait_for(lambda: raft.snapshot.ready)
+        for _ in range(40):  # past the compaction threshold (10 to 15 entries)
+            if raft.snapshot.stopped is not None or not submit(raft, 0.3):
+                break
+        wait_for(lambda: raft.snapshot.stopped is not None)
+        assert raft.snapshot.stopped == why.format(tmp_path / "raft.dump.tmp")
+        acknowledged = committed[-1].clsn
+    finally:
+        raft.close()
+    assert len(forks) == 1, "one dump writer, not one a tick"
+    assert not (tmp_path / "raft.dump").exists()
+    if fault is past_a_size_limit:
+        assert not (tmp_path / "raft.dump.tmp").exists(), "its part-written file removed"
+    else:
+        (tmp_path / "raft.dump.tmp").rmdir()
+    monkeypatch.undo()
+    again: list[CommittedBatch] = []
+    raft = compacting_seed(tmp_path, port, again)
+    try:  # mended: the journal holds everything acknowledged; it commits and compacts
+        wait_for(lambda: raft.snapshot.ready and raft.snapshot.clsn >= acknowledged)
+        for _ in range(20):
+            assert submit(raft, 5)
+        wait_for(lambda: (tmp_path / "raft.dump").exists())
+    finally:
+        raft.close()
+
+
+def test_a_follower_that_cannot_write_the_leaders_dump_stops() -> None:
+    """pysyncobj's follower logged a traceback ("Failed to open file for incoming
+    transition", or "...write incoming transition data") and dropped the dump; the
+    leader sent it again, to fail again. Here the failure reaches the tick (the seed
+    stops there: cluster/raft.py), and the part-written file is removed."""
+    world = RaftWorld(3, seed=3, compaction_entries=6, dump_part_bytes=256,
+                      send_seconds=0.004)
+    try:
+        _, behind = left_behind(world, entries=30, size=100, seed=5)
+        incoming = world.dir / f"{behind.replace(':', '_')}.dump.1.tmp"
+        incoming.mkdir()
+        transport = world.nodes[behind]._SyncObj__transport
+        received, failures = transport._onMessageReceived, []
+
+        def receive(peer: Any, message: Any) -> None:
+            try:
+                received(peer, message)
+            except RaftDiskFailure as exc:
+                failures.append(str(exc))  # a seed stops here (cluster/raft.py)
+                raise
+
+        transport._onMessageReceived = receive
+        for _ in range(60):
+            world.step(0.05)
+            if failures:
+                break
+        assert failures and failures[0] == (
+            f"[Errno 21] cannot write {incoming} (Is a directory)")
+    finally:
+        world.close()
