@@ -32,7 +32,9 @@ Once the dump is written, the journal drops the entries it holds in one step
 records set back to the start, then each kept entry added again -- so a seed killed
 during that rewrite (thousands of entries under load) restarted with only the first of
 the entries after the dump: a shorter log than it had acknowledged, without a word
-(``tests/cluster/test_raft_compaction.py``).
+(``tests/cluster/test_raft_compaction.py``). A trim that fails is a
+:class:`~cluster.raft_disk.RaftDiskFailure`: the seed stops (by then the old journal may
+be closed; a raw ``OSError`` left every later tick failing on it).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pysyncobj.journal import FileJournal
 from pysyncobj.syncobj import _RAFT_STATE
 
 from cluster import raft_durability
+from cluster.raft_disk import RaftDiskFailure
 
 log = logging.getLogger("migratory.raft")
 
@@ -73,16 +76,21 @@ def trimmed(journal: FileJournal, drop: int, path: str) -> FileJournal:
     journal.onOneSecondTimer()  # the term, vote and commit index on disk (the .meta file)
     kept = journal[drop:]
     temporary = path + TRIM_SUFFIX
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(temporary)  # a trim killed before
-    trim = FileJournal(temporary)  # (no .meta of its own: it never stores one)
-    for entry in kept:
-        trim.add(*entry)
-    raft_durability.journal_durable(trim)  # whole on the disk before it is the journal
-    trim._destroy()
-    journal._destroy()
-    os.replace(temporary, path)
-    raft_durability.sync_directory(os.path.dirname(path))
+    try:  # any failure stops the seed (the old journal may be closed already)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)  # a trim killed before
+        trim = FileJournal(temporary)  # (no .meta of its own: it never stores one)
+        for entry in kept:
+            trim.add(*entry)
+        raft_durability.journal_durable(trim)  # whole on the disk before it is the journal
+        trim._destroy()
+        journal._destroy()
+        os.replace(temporary, path)
+        raft_durability.sync_directory(os.path.dirname(path))
+    except RaftDiskFailure:
+        raise
+    except OSError as exc:  # (the rename, the directory's sync: EIO, EROFS)
+        raise RaftDiskFailure(path, exc) from exc
     return FileJournal(path)
 
 

@@ -3,6 +3,8 @@ real pysyncobj nodes on the simulated network of :mod:`raft_sim`."""
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 import random
 from pathlib import Path
@@ -13,7 +15,8 @@ from pysyncobj.journal import FileJournal
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 
-from cluster import raft_compaction
+from cluster import raft_compaction, raft_durability
+from cluster.raft_disk import RaftDiskFailure
 from cluster.raft_follower import FollowerSafeSyncObj
 
 
@@ -194,3 +197,22 @@ def test_a_trim_keeps_the_entries_after_it_and_the_term_and_vote(tmp_path: Path)
     assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "127.0.0.1:2")
     assert again.getRaftCommitIndex() == 90
     assert not Path(str(path) + raft_compaction.TRIM_SUFFIX).exists()
+
+
+def test_a_trim_that_fails_stops_the_seed_and_leaves_a_whole_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename or the directory's sync fails (EIO) after the old journal was closed:
+    a plain ``OSError`` there reached pysyncobj's tick loop, which retried every tick on
+    the closed journal (``I/O operation on closed file``) instead of stopping."""
+    path = tmp_path / "raft.journal"
+    journal = journal_of(path, 100)
+
+    def failing(directory: str) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(raft_durability, "sync_directory", failing)
+    with pytest.raises(RaftDiskFailure, match=r"cannot write .*raft.journal \(Input/output"):
+        raft_compaction.trimmed(journal, 50, str(path))
+    monkeypatch.undo()
+    assert [entry[1] for entry in FileJournal(str(path))[:]] == list(range(51, 101))
