@@ -64,6 +64,8 @@ def remedy(failure: OSError) -> str:
     """What the operator does about ``failure`` (said in the seed's last log line)."""
     if failure.errno in NO_ROOM:
         return "free space in ClusterDataDir (or raise its quota or file-size limit)"
+    if failure.errno in (errno.EMFILE, errno.ENFILE):  # not the disk: no descriptor left
+        return "raise the open-file limit, or find what holds the member's descriptors"
     return ("look at the volume (the kernel log says why: an I/O error, a file system "
             "remounted read-only), mend or replace it")
 

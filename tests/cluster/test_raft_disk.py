@@ -281,3 +281,4 @@ def test_a_journal_that_cannot_be_flushed_at_the_end_is_closed_with_one_line(
     assert [r.getMessage() for r in caplog.records] == [
         f"Raft: closing {tmp_path / 'raft.journal'}: [Errno 5] Input/output error"]
     assert "the kernel log says why" in raft_disk.remedy(OSError(errno.EIO, "EIO"))
+    assert "open-file limit" in raft_disk.remedy(OSError(errno.EMFILE, "EMFILE"))
