@@ -15,7 +15,7 @@ from pysyncobj.journal import FileJournal
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 
-from cluster import raft_compaction, raft_durability
+from cluster import raft_compaction
 from cluster.raft_disk import RaftDiskFailure
 from cluster.raft_follower import FollowerSafeSyncObj
 
@@ -202,17 +202,20 @@ def test_a_trim_keeps_the_entries_after_it_and_the_term_and_vote(tmp_path: Path)
 def test_a_trim_that_fails_stops_the_seed_and_leaves_a_whole_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rename or the directory's sync fails (EIO) after the old journal was closed:
-    a plain ``OSError`` there reached pysyncobj's tick loop, which retried every tick on
-    the closed journal (``I/O operation on closed file``) instead of stopping."""
+    """The rename fails (EIO) after the old journal was closed: a plain ``OSError``
+    there reached pysyncobj's tick loop, which retried every tick on the closed journal
+    (``I/O operation on closed file``) instead of stopping."""
     path = tmp_path / "raft.journal"
     journal = journal_of(path, 100)
+    replace = os.replace
 
-    def failing(directory: str) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    def failing(source: str, target: str) -> None:
+        if str(source).endswith(raft_compaction.TRIM_SUFFIX):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        replace(source, target)
 
-    monkeypatch.setattr(raft_durability, "sync_directory", failing)
+    monkeypatch.setattr(os, "replace", failing)
     with pytest.raises(RaftDiskFailure, match=r"cannot write .*raft.journal \(Input/output"):
         raft_compaction.trimmed(journal, 50, str(path))
     monkeypatch.undo()
-    assert [entry[1] for entry in FileJournal(str(path))[:]] == list(range(51, 101))
+    assert [entry[1] for entry in FileJournal(str(path))[:]] == list(range(1, 101))
