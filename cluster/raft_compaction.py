@@ -87,9 +87,11 @@ def trimmed(journal: FileJournal, drop: int, path: str) -> FileJournal:
         journal._destroy()
         os.replace(temporary, path)
         raft_durability.sync_directory(os.path.dirname(path))
-    except RaftDiskFailure:
-        raise
-    except OSError as exc:  # (the rename, the directory's sync: EIO, EROFS)
+    except OSError as exc:  # (the trim's writes; the rename, the directory's sync: EIO)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)  # its space back for the restart (a full disk)
+        if isinstance(exc, RaftDiskFailure):
+            raise
         raise RaftDiskFailure(path, exc) from exc
     return FileJournal(path)
 

@@ -219,3 +219,4 @@ def test_a_trim_that_fails_stops_the_seed_and_leaves_a_whole_journal(
         raft_compaction.trimmed(journal, 50, str(path))
     monkeypatch.undo()
     assert [entry[1] for entry in FileJournal(str(path))[:]] == list(range(1, 101))
+    assert not Path(str(path) + raft_compaction.TRIM_SUFFIX).exists(), "its space freed"
