@@ -162,6 +162,7 @@ class Config:
     listen_mqtt_encrypted: tuple[tuple[str, int], ...]
     mqtt_session_expiry: int
     mqtt_max_sessions: int
+    mqtt_session_max_subjects: int
     listen_encrypted: tuple[tuple[str, int], ...]
     listener_roles: tuple[ListenerRole, ...]
     tls_certificate: str

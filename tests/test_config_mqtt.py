@@ -51,3 +51,14 @@ def test_mqtt_max_sessions_defaults_to_no_cap() -> None:
         Config.from_mapping({"MqttMaxSessions": "-1"})
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     assert "| `MqttMaxSessions` |" in text
+
+
+def test_mqtt_session_max_subjects_defaults_to_ten_thousand_within_bounds() -> None:
+    assert Config.defaults().mqtt_session_max_subjects == 10_000
+    config = Config.from_mapping({"MqttSessionMaxSubjects": "50_000"})
+    assert config.mqtt_session_max_subjects == 50_000
+    for bad in ("999", "1000001", "0", "many"):
+        with pytest.raises(ConfigError, match="MqttSessionMaxSubjects"):
+            Config.from_mapping({"MqttSessionMaxSubjects": bad})
+    text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    assert "| `MqttSessionMaxSubjects` |" in text

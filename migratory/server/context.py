@@ -123,6 +123,10 @@ class ServerStatistics:
     mqtt_wills_published: int = 0
     mqtt_sessions_expired: int = 0  # persistent sessions discarded after MqttSessionExpiry
     mqtt_sessions_stored: int = 0  # as of the last sweep, plus those created here since
+    # positions persistent session records forgot to stay within MqttSessionMaxSubjects,
+    # and the session connections that did
+    mqtt_session_positions_forgotten: int = 0
+    mqtt_sessions_over_subject_bound: int = 0
     bytes_written: int = 0
     writes: int = 0
     bytes_read: int = 0

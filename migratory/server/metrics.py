@@ -217,6 +217,12 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "this member created since)."),
     ("mqtt_sessions_expired", "migratory_mqtt_sessions_expired", "counter",
      "MQTT persistent sessions discarded for being away longer than MqttSessionExpiry."),
+    ("mqtt_session_positions_forgotten", "migratory_mqtt_session_positions_forgotten",
+     "counter", "Subjects whose position MQTT persistent session records forgot to name "
+     "at most MqttSessionMaxSubjects (a resume replays them from the start of their cache)."),
+    ("mqtt_sessions_over_subject_bound", "migratory_mqtt_sessions_over_subject_bound",
+     "counter", "MQTT persistent session connections whose record reached "
+     "MqttSessionMaxSubjects and forgot positions (each logged once)."),
 )
 
 # statistics key of a {label value: count} map -> (metric name, label, help)

@@ -32,6 +32,33 @@ busy server made a save per message delivered. After a member failure the resume
 session gets at most about this long of messages again (at least once)."""
 clock = time.monotonic  # the clock of SAVE_INTERVAL (tests replace it)
 
+BOUND_LOG_INTERVAL = 10.0
+"""Seconds between two lines, over all sessions, saying a session's record reached
+MqttSessionMaxSubjects (each session's first time only); the next line counts those not
+logged: many '#' sessions reaching it together make one line, not one each."""
+
+
+class _BoundLog:
+    """When a line about a session over its bound may be logged (:data:`BOUND_LOG_INTERVAL`)."""
+
+    __slots__ = ("next_at", "unlogged")
+
+    def __init__(self) -> None:
+        self.next_at = 0.0
+        self.unlogged = 0
+
+    def take(self, now: float) -> int | None:
+        """None: not now (counted); else how many were not logged since the last line."""
+        if now < self.next_at:
+            self.unlogged += 1
+            return None
+        unlogged, self.unlogged = self.unlogged, 0
+        self.next_at = now + BOUND_LOG_INTERVAL
+        return unlogged
+
+
+bound_log = _BoundLog()
+
 
 class MqttSaving(MqttDelivery):
     __slots__ = ("_next_save", "_record", "_save_again", "_saving", "_urgent",
@@ -90,7 +117,32 @@ class MqttSaving(MqttDelivery):
         self._save_again = self._urgent = False
         self._next_save = clock() + SAVE_INTERVAL
         self._work += self.subscriptions.implied_positions(record)  # counted in the turn
+        self._count_forgotten(record)
         self._ctx.publishing.submit(record.message(self.client_id), self, self._now)
+
+    def _count_forgotten(self, record: SessionRecord) -> None:
+        """Bound the record (one read from a record over MqttSessionMaxSubjects), count
+        the positions it forgot since the last save, log the session's first time."""
+        record.bound()
+        forgotten = record.take_forgotten()
+        if not forgotten:
+            return
+        stats = self._ctx.stats
+        stats.mqtt_session_positions_forgotten += forgotten
+        if record.over_bound:
+            return
+        record.over_bound = True
+        stats.mqtt_sessions_over_subject_bound += 1
+        unlogged = bound_log.take(clock())
+        if unlogged is None:
+            return
+        more = f" ({unlogged} more sessions like it not logged)" if unlogged else ""
+        log.warning("%s: the session's record names MqttSessionMaxSubjects (%d) subjects: "
+                    "it forgets the positions of those delivered least recently, which a "
+                    "resume replays from the start of their cache (counted in "
+                    "mqtt_session_positions_forgotten; not logged again for this "
+                    "connection)%s", self.describe(), record.max_subjects, more,
+                    extra=self.log_fields())
 
     def _saved(self, status: ops.PublishStatus) -> None:
         """A save's outcome; a later change is saved now (even once the client is gone:

@@ -205,8 +205,10 @@ class MqttSession(MqttSaving):
         self.persistent = not packet.clean_session
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
+        config = self._ctx.config
         taken = take_up(snapshot, client_id, persistent=self.persistent, live=live,
-                        expiry=self._ctx.config.mqtt_session_expiry)
+                        expiry=config.mqtt_session_expiry,
+                        max_subjects=config.mqtt_session_max_subjects)
         self._record, stored = taken.record, taken.stored
         if taken.discard is not None:
             self._ctx.publishing.submit(taken.discard, None, now)
@@ -309,6 +311,8 @@ class MqttSession(MqttSaving):
             return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)
+        if self._record is not None:  # (which subjects its bound must keep: exact filters)
+            self._record.filters = self.subscriptions.filters()
         self.subscriptions.start_retained()  # one scan for all the wildcards, in slices
         self._suback = mqtt_encode.encode_packet(mqtt.Suback(packet.packet_id, codes))
         if not self.subscriptions.retaining:

@@ -32,11 +32,9 @@ log = logging.getLogger("migratory.mqtt")
 
 
 
-MAX_IMPLIED = 10_000
-"""Subjects a persistent session's record names at most (see ``implied_positions``)."""
-MAX_SCAN = 2 * MAX_IMPLIED
+MAX_SCAN = 20_000
 """Levels and subjects a save looks at at most to find the subjects wildcard filters
-match (:meth:`Hub.matching_any`): what one save may cost."""
+match (:meth:`Hub.matching_any`) for their implied positions: what one save may cost."""
 SCAN_SLICE = 2000
 """Visits per slice of a scan: a SUBSCRIBE's retained messages are sent one slice per
 turn of the loop (:meth:`Subscriptions.send_retained`), and a resume's catch-up (its
@@ -285,8 +283,9 @@ class Subscriptions:
 
     def implied_positions(self, record: SessionRecord) -> int:
         """Before a save: the subjects wildcard filters match that this session was
-        never sent a message of are at their current position (up to MAX_IMPLIED); the
-        subjects no filter matches any more are forgotten. Scans only when the filters
+        never sent a message of are at their current position (while the record names
+        fewer than MqttSessionMaxSubjects, the first it forgets); the subjects no filter
+        matches any more are forgotten. Scans only when the filters
         changed: a subject recorded once keeps a valid position until a message of it
         reaches this session, and a subject created while the session is attached gets
         its messages delivered (their positions recorded) or has none to miss -- a
@@ -304,12 +303,13 @@ class Subscriptions:
         if not self._wildcards.count:
             return looked
         scan = self._hub.matching_any(self._wildcards)
-        while not scan.done and len(record.positions) < MAX_IMPLIED and scan.visited < MAX_SCAN:
+        most = record.max_subjects
+        while not scan.done and len(record.positions) < most and scan.visited < MAX_SCAN:
             for subject, position, _, _ in scan.take(SCAN_SLICE):
-                if len(record.positions) >= MAX_IMPLIED:
+                if len(record.positions) >= most:
                     break
                 if subject not in record.positions and subject not in reached:
-                    record.set_position(subject, position if position.seq else NOTHING_SEEN)
+                    record.imply_position(subject, position if position.seq else NOTHING_SEEN)
         return looked + scan.visited
 
     def qos_for(self, subject: str) -> int | None:

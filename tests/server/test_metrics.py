@@ -116,7 +116,8 @@ class FakeSource:
 
     def statistics(self) -> dict[str, Any]:
         return {"connections_open": 3, "subjects": "not a number", "slow_consumers": 2,
-                "protocol_error_kinds": {"frame": 4}}
+                "protocol_error_kinds": {"frame": 4}, "mqtt_session_positions_forgotten": 500,
+                "mqtt_sessions_over_subject_bound": 1}
 
     def ready(self) -> bool:
         return False
@@ -142,6 +143,9 @@ def test_the_collector_reads_the_source_at_scrape_time() -> None:
     assert found["migratory_connections_open"].samples[0].value == 3
     assert "migratory_subjects" not in found  # not a number: left out
     assert found["migratory_slow_consumers"].samples[0].value == 2
+    # MqttSessionMaxSubjects (docs/mqtt.md): what session records forgot, how many did
+    assert found["migratory_mqtt_session_positions_forgotten"].samples[0].value == 500
+    assert found["migratory_mqtt_sessions_over_subject_bound"].samples[0].value == 1
     (errors,) = found["migratory_protocol_errors"].samples
     assert errors.labels == {"kind": "frame"} and errors.value == 4
     ack = {(s.name, s.labels.get("le")): s.value

@@ -188,3 +188,149 @@ def test_a_damaged_record_is_refused_with_a_warning_not_a_crash(
     torn = session(ctx, "torn", {}, clean_session=False)
     assert read(torn) == [mqtt.Connack(False, 0)] and not torn.closing
     assert f"session record {session_subject('torn')} cannot be read" in caplog.text
+
+
+def _publish_each(ctx: ServerContext, held: HeldPublishing, topics: list[str]) -> None:
+    """One message to each of ``topics`` (by a clean publisher), settled with the saves."""
+    publisher = session(ctx, "pub", {})
+    for start in range(0, len(topics), 1000):
+        publisher.receive_data(b"".join(encode_packet(mqtt.Publish(t, b"x"))
+                                        for t in topics[start:start + 1000]), 0.0)
+        held.settle()
+        held.settle()
+
+
+def _caught_up(device: MqttSession) -> list[mqtt.Packet]:
+    packets = read(device)
+    while device.subscriptions.busy:
+        device.subscriptions.work(1000)
+        packets += read(device)
+    return packets
+
+
+def test_a_wildcard_session_record_names_at_most_MqttSessionMaxSubjects(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A persistent '#' session gained a position for every subject it was delivered,
+    without bound: 10,500 subjects, 10,500 positions in its record and fields in its
+    snapshot, on every member (30,000: 853 kB). At the default MqttSessionMaxSubjects
+    (10,000) it names the 10,000 delivered last; the 500 others are forgotten -- counted,
+    logged once -- and a resume replays them from the start of their cache (at least
+    once), the others from their positions (nothing here)."""
+    monkeypatch.setattr(mqtt_saving, "bound_log", mqtt_saving._BoundLog())
+    caplog.set_level(logging.WARNING, logger="migratory.mqtt")
+    ctx, held = make(MaxPublishesPerSecond="0")
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 0),))), 0.0)
+    held.settle()
+    topics = [f"s{i % 50}/n{i}" for i in range(10_500)]
+    _publish_each(ctx, held, topics)
+    assert len(read(device)) == 2 + 10_500  # CONNACK, SUBACK, every message
+    device.connection_lost()
+    held.settle()
+    record = device._record
+    assert record is not None and len(record.positions) == 10_000  # was 10,500
+    snapshot = ctx.hub.snapshot(session_subject("dev"))
+    assert snapshot is not None
+    assert sum(name.startswith("/") for name in snapshot.fields) == 10_000
+    stored = decode_record(snapshot)
+    assert stored is not None and set(stored.positions) == {"/" + t for t in topics[500:]}
+    assert ctx.stats.mqtt_session_positions_forgotten == 500
+    assert ctx.stats.mqtt_sessions_over_subject_bound == 1
+    lines = [r for r in caplog.records if "MqttSessionMaxSubjects (10000)" in r.getMessage()]
+    assert len(lines) == 1
+
+    back = session(ctx, "dev", registry, clean_session=False)
+    packets = _caught_up(back)
+    assert packets[0] == mqtt.Connack(True, 0)
+    replayed = sorted(p.topic for p in packets if isinstance(p, mqtt.Publish))
+    assert replayed == sorted(topics[:500])  # once each, from the start of the cache
+
+
+def test_the_bound_keeps_the_subjects_named_by_a_filter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subject subscribed to by name (no wildcard) is never forgotten, however quiet: a
+    resume finds the subjects a record does not name through the wildcard filters only,
+    so a forgotten 'alarm/main' would get what it missed only at its next message. The
+    positions delivered least recently go instead, and a message it missed while away
+    comes at the resume."""
+    monkeypatch.setattr(mqtt_saving, "bound_log", mqtt_saving._BoundLog())
+    ctx, held = make(MaxPublishesPerSecond="0", MqttSessionMaxSubjects="1000")
+    registry: dict = {}
+    _publish_each(ctx, held, ["alarm/main"])
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("alarm/main", 0), ("t/#", 0)))), 0.0)
+    held.settle()
+    _publish_each(ctx, held, [f"t/n{i}" for i in range(1100)])
+    device.connection_lost()
+    held.settle()
+    held.settle()
+    stored = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert stored is not None and len(stored.positions) == 1000
+    assert "/alarm/main" in stored.positions and "/t/n100" not in stored.positions
+    _publish_each(ctx, held, ["alarm/main"])  # while the device is away
+    back = session(ctx, "dev", registry, clean_session=False)
+    missed = [p.topic for p in _caught_up(back) if isinstance(p, mqtt.Publish)]
+    assert missed.count("alarm/main") == 1 and len(missed) == 1 + 101  # and t/n0..t/n100
+
+
+def test_a_stored_record_over_the_bound_is_resumed_whole_then_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record saved under a higher MqttSessionMaxSubjects (or by an earlier version,
+    unbounded): the resume goes from every position it names, and its first save here
+    forgets the excess (empty fields: the snapshot then names 1,000)."""
+    monkeypatch.setattr(mqtt_saving, "bound_log", mqtt_saving._BoundLog())
+    ctx, held = make(MaxPublishesPerSecond="0")
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("t/+", 0),))), 0.0)
+    held.settle()
+    _publish_each(ctx, held, [f"t/n{i}" for i in range(1500)])
+    device.connection_lost()
+    held.settle()
+    held.settle()
+
+    lower = ServerContext(Config.from_mapping({"MqttSessionMaxSubjects": "1000"}), ctx.hub,
+                          ctx.entitlement, ServerStatistics(), held)
+    back = session(lower, "dev", registry, clean_session=False)
+    assert [p for p in _caught_up(back) if isinstance(p, mqtt.Publish)] == []  # nothing missed
+    held.settle()
+    snapshot = ctx.hub.snapshot(session_subject("dev"))
+    assert snapshot is not None
+    assert sum(name.startswith("/") for name in snapshot.fields) == 1000
+    assert lower.stats.mqtt_session_positions_forgotten == 500
+
+
+def test_sessions_reaching_the_bound_together_log_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each session's first time is logged, at most one line per BOUND_LOG_INTERVAL over
+    all sessions; the next line counts the sessions not logged. Every one is counted."""
+    now = [100.0]
+    monkeypatch.setattr(mqtt_saving, "clock", lambda: now[0])
+    monkeypatch.setattr(mqtt_saving, "bound_log", mqtt_saving._BoundLog())
+    caplog.set_level(logging.WARNING, logger="migratory.mqtt")
+    ctx, held = make(MaxPublishesPerSecond="0", MqttSessionMaxSubjects="1000")
+    devices = []
+    for n in range(4):
+        device = session(ctx, f"dev{n}", {}, clean_session=False)
+        device.receive_data(encode_packet(mqtt.Subscribe(1, ((f"d{n}/+", 0),))), 0.0)
+        devices.append(device)
+    held.settle()
+    for n in range(3):
+        _publish_each(ctx, held, [f"d{n}/n{i}" for i in range(1001)])
+        devices[n].connection_lost()
+        held.settle()
+    now[0] += mqtt_saving.BOUND_LOG_INTERVAL
+    _publish_each(ctx, held, [f"d3/n{i}" for i in range(1001)])
+    devices[3].connection_lost()
+    held.settle()
+    assert ctx.stats.mqtt_sessions_over_subject_bound == 4
+    assert ctx.stats.mqtt_session_positions_forgotten == 4
+    lines = [r.getMessage() for r in caplog.records if "MqttSessionMaxSubjects" in r.getMessage()]
+    assert len(lines) == 2
+    assert "dev0" in lines[0] and "dev3" in lines[1]
+    assert "(2 more sessions like it not logged)" in lines[1]

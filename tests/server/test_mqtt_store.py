@@ -93,3 +93,31 @@ def test_a_discard_empties_every_saved_position() -> None:
     emptied = merge_snapshot(snapshot, discard)
     assert emptied is not None and emptied.fields == {GENERATION: "3"}
     assert decode_record(emptied) is None
+
+
+def test_a_record_forgets_the_least_recently_delivered_past_its_bound() -> None:
+    """MqttSessionMaxSubjects: a delivery makes a subject the most recent; past the bound
+    the least recent goes -- an implied position (never delivered) first, never a subject
+    a filter names exactly -- and the next save empties its field."""
+    record = SessionRecord({"a/+": 0, "k/x": 0}, max_subjects=3)
+    record.set_position("/k/x", Position(1, 1))  # named by a filter: kept
+    record.set_position("/a/1", Position(1, 1))
+    record.set_position("/a/2", Position(1, 1))
+    record.set_position("/a/1", Position(1, 2))  # /a/1 delivered again: /a/2 is older
+    record.imply_position("/a/0", Position(1, 5))  # never delivered: the first to go
+    assert list(record.positions) == ["/a/0", "/k/x", "/a/2", "/a/1"]  # (bound at a save)
+    assert record.bound() == 1 and list(record.positions) == ["/k/x", "/a/2", "/a/1"]
+    record.set_position("/a/3", Position(1, 1))
+    assert list(record.positions) == ["/a/1", "/a/3", "/k/x"]  # /k/x kept, moved back
+    assert record.take_forgotten() == 2 and record.take_forgotten() == 0
+    save = record.message("dev")
+    assert save.fields["/a/0"] == save.fields["/a/2"] == ""  # removed from the snapshot
+    assert save.fields["/a/1"].endswith(":1:2") and save.fields["/k/x"].endswith(":1:1")
+
+
+def test_take_up_bounds_the_record_it_keeps() -> None:
+    many = SessionRecord({"a/+": 1}, {f"/a/{i}": Position(7, 3) for i in range(1500)}, 2)
+    taken = take_up(many.message("dev"), "dev", persistent=True, max_subjects=1000)
+    assert taken.record is not None and taken.record.max_subjects == 1000
+    assert len(taken.record.positions) == 1500  # resumed whole, bounded at its first save
+    assert taken.record.bound() == 500 and len(taken.record.positions) == 1000
