@@ -40,9 +40,9 @@ from typing import Any, Protocol
 import trio
 
 from migratory.model.message import Message
+from migratory.model.snapshot import RESERVED_PREFIX
 from migratory.protocol import close_codes, ops
 from migratory.server.context import PublishPath, PublishReply, publish_ok_status
-from migratory.server.mqtt_store import RESERVED_PREFIX
 
 log = logging.getLogger("migratory.drain")
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from migratory.model.message import Message
 from migratory.model.position import Position
+from migratory.model.snapshot import RESERVED_PREFIX
 from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex
 from migratory.server.format_sink import MessageSink
@@ -37,7 +38,7 @@ class MessageSinks:
     def _tell_listeners(self, state: SubjectState, message: Message) -> None:
         """Each message sink once, at the highest QoS of its matching subscriptions."""
         listeners = state.listeners
-        if not self._filters or state.subject.startswith("/$"):
+        if not self._filters or state.subject.startswith(RESERVED_PREFIX):
             granted = tuple(listeners.items())
         else:
             best = dict(listeners)

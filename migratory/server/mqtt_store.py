@@ -8,7 +8,7 @@ in a Guaranteed cluster acknowledged once a majority of seeds holds it -- so its
 snapshot is on every member, and a client that reconnects anywhere after a failover
 resumes each subject from its position. Clients cannot subscribe or publish to
 ``/$...`` subjects (MQTT refuses topics starting with ``$``; the native protocol
-refuses :data:`RESERVED_PREFIX`).
+refuses :data:`migratory.model.snapshot.RESERVED_PREFIX`).
 
 A record carries, as the field :data:`SAVED_AT`, the wall-clock second it was saved
 (an empty record: ""). A session not saved for ``MqttSessionExpiry`` seconds is
@@ -58,7 +58,6 @@ from dataclasses import dataclass, field
 from migratory.config_mqtt import SESSION_MAX_SUBJECTS
 from migratory.model.message import Message, Qos
 from migratory.model.position import Position
-from migratory.model.snapshot import RESERVED_PREFIX as RESERVED_PREFIX  # (re-exported)
 
 log = logging.getLogger("migratory.mqtt")
 

@@ -5,17 +5,12 @@ from __future__ import annotations
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
 from migratory.model.message import Message
-from migratory.model.snapshot import merged_size
+from migratory.model.snapshot import RESERVED_PREFIX, merged_size
 from migratory.model.subject import InvalidSubjectError, validate_subject
 from migratory.protocol import ops
 from migratory.server.admission import address_allowed
 from migratory.server.context import ServerContext
 from migratory.server.mqtt_store import SESSION_PREFIX
-
-RESERVED_PREFIX = "/$"
-"""Subjects the server publishes itself (MQTT sessions, the rebalancer's load reports):
-a client's publish there is refused, whatever its entitlement -- a forged load report
-made members move their clients away (server/rebalance.py)."""
 
 
 def check_publish(
