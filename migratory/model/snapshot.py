@@ -3,17 +3,9 @@
 from dataclasses import replace
 
 from migratory.model.message import Message, MessageType
+from migratory.model.subject import RESERVED_PREFIX
 
 __all__ = ["RESERVED_PREFIX", "merge_snapshot", "merged_size"]
-
-RESERVED_PREFIX = "/$"
-"""Subjects only the server writes: the persistent MQTT session records, the rebalancer's
-load reports. A client's publish there is refused whatever its entitlement (a forged load
-report made members move their clients away: server/publish_rules.py, server/rebalance.py),
-and no wildcard matches them. On them, a field whose value is empty is removed from the
-snapshot, so that a record saved in parts -- the positions that changed, as fields -- can
-also forget a position (see migratory/server/mqtt_store.py)."""
-
 
 def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
     """The subject's snapshot after ``incoming``, given its snapshot ``previous``.

@@ -5,13 +5,25 @@ from typing import Final
 
 __all__ = [
     "MAX_SUBJECT_BYTES",
+    "RESERVED_PREFIX",
     "InvalidSubjectError",
     "is_valid_subject",
+    "reserved",
     "validate_subject",
 ]
 
 MAX_SUBJECT_BYTES: Final = 1024
 """Largest subject accepted, counted in UTF-8 bytes."""
+
+RESERVED_PREFIX: Final = "/$"
+"""Subjects only the server writes: the persistent MQTT session records, the rebalancer's
+load reports. No client may publish on them or subscribe to them, whatever its
+entitlement (:func:`reserved`: a forged load report made members move their clients
+away, server/publish_rules.py, server/rebalance.py; a session record or a load report
+read by a client tells it other clients' positions or the cluster's members), and no
+wildcard matches them. On them, a field whose value is empty is removed from the
+snapshot, so that a record saved in parts -- the positions that changed, as fields -- can
+also forget a position (see migratory/model/snapshot.py, migratory/server/mqtt_store.py)."""
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -89,4 +101,11 @@ def _first_violation(subject: str) -> str | None:
             if number == last:
                 return "ends with '/' (last segment is empty)"
             return f"segment {number} is empty"
+    return None
+
+
+def reserved(subject: str) -> str | None:
+    """Why no client may publish on or subscribe to ``subject``; None if it may."""
+    if subject.startswith(RESERVED_PREFIX):
+        return f"{RESERVED_PREFIX} subjects are the server's own (reserved)"
     return None

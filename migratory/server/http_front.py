@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import Listener
 from migratory.model.position import Position
-from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol.http import HttpError, Request, wants_mqtt
 from migratory.protocol.http_api import parse_publish, publish_reply
@@ -25,7 +25,6 @@ from migratory.protocol.http_server import (
 from migratory.server import http_routes
 from migratory.server.context import ServerContext, publish_ok_status
 from migratory.server.http_routes import JSON, Reply, error
-from migratory.server.mqtt_store import SESSION_PREFIX
 from migratory.server.publish_rules import check_publish
 
 if TYPE_CHECKING:
@@ -225,6 +224,10 @@ class HttpFront:
         if problem is not None:
             self._respond(error(400, problem))
             return
+        refusal = next(filter(None, map(reserved, subjects)), None)
+        if refusal is not None:  # 403, as GET /snapshot of the subject
+            self._respond(error(403, refusal))
+            return
         not_ready = self._ctx.readiness()
         if not_ready is not None:
             self._respond(error(503, not_ready, (("Retry-After", "1"),)))
@@ -277,6 +280,4 @@ def _stream_problem(subjects: list[str]) -> str | None:
             validate_subject(subject)
         except InvalidSubjectError as exc:
             return str(exc)
-        if subject.startswith(SESSION_PREFIX):
-            return f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)"
     return None

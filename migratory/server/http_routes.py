@@ -9,11 +9,10 @@ import json
 from dataclasses import dataclass
 
 from migratory.entitlement import ClientIdentity
-from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol.http import Request
 from migratory.protocol.http_api import json_body, message_json
 from migratory.server.context import ServerContext
-from migratory.server.mqtt_store import SESSION_PREFIX
 from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
 JSON = "application/json"
@@ -75,8 +74,9 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
         validate_subject(subject)
     except InvalidSubjectError as exc:
         return error(400, str(exc))
-    if subject.startswith(SESSION_PREFIX):
-        return error(403, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
+    refusal = reserved(subject)
+    if refusal is not None:
+        return error(403, refusal)
     identity = ClientIdentity(name="http", token=request.query.get("token"), peer=peer)
     if not ctx.entitlement.allow_connect(identity):  # each request connects, as /events
         ctx.stats.count(ctx.stats.entitlement_denials, "connect")

@@ -5,12 +5,11 @@ from __future__ import annotations
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
 from migratory.model.message import Message
-from migratory.model.snapshot import RESERVED_PREFIX, merged_size
-from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.model.snapshot import merged_size
+from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import ops
 from migratory.server.admission import address_allowed
 from migratory.server.context import ServerContext
-from migratory.server.mqtt_store import SESSION_PREFIX
 
 
 def check_publish(
@@ -28,10 +27,9 @@ def check_publish(
         validate_subject(message.subject)
     except InvalidSubjectError as exc:
         return ops.Status.PUBLISH_FAILED, exc.reason
-    if message.subject.startswith(SESSION_PREFIX):
-        return ops.Status.PUBLISH_DENIED, f"{SESSION_PREFIX} subjects are reserved"
-    if message.subject.startswith(RESERVED_PREFIX):  # /$migratory/load/: the rebalancer's
-        return ops.Status.PUBLISH_DENIED, f"{RESERVED_PREFIX} subjects are the server's"
+    refusal = reserved(message.subject)  # /$mqtt-session/, /$migratory/load/
+    if refusal is not None:
+        return ops.Status.PUBLISH_DENIED, refusal
     limit = ctx.config.max_message_size
     if message.size() > limit:
         return (

@@ -17,11 +17,10 @@ from typing import Any, Protocol
 
 from migratory.entitlement import ClientIdentity
 from migratory.model.outbox import Outbox
-from migratory.model.subject import InvalidSubjectError, validate_subject
+from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import ops
 from migratory.server import admission
 from migratory.server.context import ServerContext
-from migratory.server.mqtt_store import SESSION_PREFIX
 
 log = logging.getLogger("migratory.session")
 
@@ -113,8 +112,9 @@ class Subscriptions:
         except InvalidSubjectError as exc:
             self._deny(subject, exc.reason)
             return
-        if subject.startswith(SESSION_PREFIX):
-            self._deny(subject, f"{SESSION_PREFIX} subjects hold MQTT sessions (reserved)")
+        refusal = reserved(subject)
+        if refusal is not None:
+            self._deny(subject, refusal)
             return
         if not self._ctx.entitlement.allow_subscribe(session.identity, subject):
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")

@@ -250,6 +250,25 @@ def test_native_clients_cannot_touch_session_subjects(server) -> None:  # type: 
     assert refused.value.code == 403
 
 
+def test_no_client_reads_any_reserved_subject(server) -> None:  # type: ignore[no-untyped-def]
+    """``/$`` subjects are the server's own: the rebalancer's load reports (the cluster's
+    members and their clients) are not for clients to read either, on any front end."""
+    native = RawClient(server.port)
+    native.connect("native")
+    for subject in ("/$migratory/load/10.0.0.2:8800", "/$other/thing"):
+        native.subscribe(subject)
+        deny = native.recv_op()
+        assert isinstance(deny, ops.SubjectStatus), deny
+        assert deny.status is ops.Status.SUBSCRIBE_DENY, deny
+        assert "reserved" in (deny.reason or ""), deny
+        for path in ("snapshot", "events"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{server.port}/{path}?subject={subject}", timeout=5
+                )
+            assert refused.value.code == 403, (path, subject)
+
+
 def test_mqtt_over_websocket_on_the_native_port(server) -> None:  # type: ignore[no-untyped-def]
     web = PahoClient(server.port, "browser", transport="websockets")
     assert web.subscribe("ws/+", 1) == [1]
