@@ -4,9 +4,11 @@ how long does it take, and how long do the seeds' event loops stop meanwhile?
 Starts three seeds, fills their caches (acknowledged publishes of ``--size`` bytes over
 ``--subjects`` subjects at ``--rate`` for ``--fill`` seconds), then starts a fourth
 member (a non-seed), which needs a whole cache sync from a seed before it is ready.
-Reports the time to ready, the messages it then holds, and each seed's largest loop gap
-(/stats loop_gaps) in the seconds of the join. A sync past 64 MiB (MAX_FRAME) was refused
-by the encoder before cluster/link_sync.py: the member never became ready.
+Reports the time to ready, the messages it then holds, each seed's largest loop gap
+(/stats loop_gaps) in the seconds of the join, and the joiner's own (from its start to
+a second after it is ready: receiving and installing the sync, then the batches that came
+meanwhile). A sync past 64 MiB (MAX_FRAME) was refused by the encoder before
+cluster/link_sync.py: the member never became ready.
 
     .venv/bin/python benchmarks/cluster_join_sync.py --size 120000 --rate 200 --fill 3
     .venv/bin/python benchmarks/cluster_join_sync.py --size 100 --subjects 10000 \\
@@ -30,10 +32,15 @@ from migratory.bench.publisher import publish_paced
 JOINER = 3
 
 
+def loop_gaps(stats: dict, start: float, end: float) -> list[float]:
+    """The largest loop gap (ms) of each monotonic second from start to end."""
+    gaps = stats.get("loop_gaps") or {}
+    return [g for s, g in gaps.get("per_second", []) if int(start) <= s <= int(end)]
+
+
 def loop_gap(cluster: BenchCluster, i: int, start: float, end: float) -> float | None:
     """Member ``i``'s largest loop gap (ms) in the monotonic seconds from start to end."""
-    gaps = cluster.stats(i).get("loop_gaps") or {}
-    inside = [g for s, g in gaps.get("per_second", []) if int(start) <= s <= int(end)]
+    inside = loop_gaps(cluster.stats(i), start, end)
     return max(inside) if inside else None
 
 
@@ -59,6 +66,7 @@ def run(args: argparse.Namespace) -> dict:
         ended = time.monotonic()
         time.sleep(1.2)  # the second of the join's end is in the seeds' per-second gaps
         joined = cluster.stats(JOINER) if took is not None else {}
+        joiner_gaps = loop_gaps(joined, started, time.monotonic())
         return {
             "machine": machine_description(),
             "size": args.size,
@@ -68,6 +76,8 @@ def run(args: argparse.Namespace) -> dict:
             "cached_mb": round((cached[0] or 0) * args.size / 1e6, 1),
             "ready_after_s": None if took is None else round(took, 2),
             "joiner_cached_messages": joined.get("cached_messages"),
+            "joiner_max_loop_gap_ms": max(joiner_gaps) if joiner_gaps else None,
+            "joiner_loop_gaps_over_50ms": sorted(g for g in joiner_gaps if g > 50),
             "seed_max_loop_gap_ms": [loop_gap(cluster, i, started, ended) for i in range(3)],
             "seed_max_loop_gap_while_filling_ms": fill_gaps,
             "logs": str(cluster.log_dir),

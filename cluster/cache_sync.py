@@ -5,6 +5,8 @@ late, found a gap, or its upstream no longer has the batches it missed) copies a
 peer's subjects: positions, snapshots and cached messages, as they stood after
 committed batch ``clsn`` (:func:`export_sync` there, :func:`install_sync` here). The
 same record also comes out of a Raft dump (:mod:`cluster.replicated_cache`).
+A large sync is installed a slice at a time (:class:`SyncInstall`), the event loop
+running between slices.
 
 :class:`SubjectSync` is the one record type of a subject's synced state: the link
 codec sends it, the replicated cache produces it, the hub takes its fields.
@@ -13,8 +15,9 @@ codec sends it, the replicated cache produces it, the hub takes its fields.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from migratory.model.cache import CachedRun
 from migratory.model.message import Message
@@ -22,8 +25,8 @@ from migratory.model.position import Position
 from migratory.server.hub import Hub
 
 __all__ = [
-    "CacheSync", "SubjectSync", "SyncCapture", "capture_sync", "check_sync", "export_sync",
-    "install_sync",
+    "SLICE_MESSAGES", "CacheSync", "SubjectSync", "SyncCapture", "SyncInstall", "capture_sync",
+    "check_record", "check_sync", "export_sync", "install_sync",
 ]
 
 
@@ -80,37 +83,109 @@ def export_sync(hub: Hub, clsn: int) -> CacheSync:
     return capture_sync(hub, clsn).whole()
 
 
+SLICE_MESSAGES: Final = 10_000
+"""Cached messages (each subject counting one more) a sliced install takes between two
+turns of the event loop: ~15 ms of CPU on this machine (a whole sync of the default
+CacheMemoryBudget, ~660,000 messages, installed at once stopped the loop ~1-2 s)."""
+
+
+def check_record(record: SubjectSync) -> None:
+    """ValueError when ``record`` cannot be installed."""
+    subject, cached = record.subject, record.cached
+    if record.seq < 1:
+        raise ValueError(f"record of {subject!r} has seq {record.seq} (must be >= 1)")
+    if cached and cached[-1].seq != record.seq:
+        raise ValueError(f"cached messages of {subject!r} do not end at seq {record.seq}")
+    for previous, message in itertools.pairwise(cached):
+        if message.seq != previous.seq + 1:
+            raise ValueError(f"cached messages of {subject!r} are not consecutive")
+    if any(m.subject != subject or m.epoch != record.epoch for m in cached):
+        raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
+
+
 def check_sync(subjects: Iterable[SubjectSync]) -> None:
     """ValueError naming the first record that cannot be installed."""
     for record in subjects:
-        subject, cached = record.subject, record.cached
-        if record.seq < 1:
-            raise ValueError(f"record of {subject!r} has seq {record.seq} (must be >= 1)")
-        if cached and cached[-1].seq != record.seq:
-            raise ValueError(f"cached messages of {subject!r} do not end at seq {record.seq}")
-        for previous, message in itertools.pairwise(cached):
-            if message.seq != previous.seq + 1:
-                raise ValueError(f"cached messages of {subject!r} are not consecutive")
-        if any(m.subject != subject or m.epoch != record.epoch for m in cached):
-            raise ValueError(f"cached messages of {subject!r} are not all of its epoch")
+        check_record(record)
 
 
-def install_sync(hub: Hub, subjects: tuple[SubjectSync, ...], now: float) -> None:
-    """Make ``hub``'s subjects those of ``subjects``.
+class SyncInstall:
+    """Installing a sync into a hub a slice at a time (:meth:`step`), so that the event
+    loop can run between slices.
 
-    Subjects missing from ``subjects`` become unnumbered again; a subject this hub
-    already has further in the same epoch keeps its own state (it is part of a batch
-    after the sync's). Live subscribers get what each move jumped over (the hub's
-    :meth:`~migratory.server.hub.Hub.reposition`). Raises ValueError, changing
-    nothing, for a record that does not fit (see :func:`check_sync`).
+    First every record is checked (ValueError, nothing changed); then the subjects the
+    sync lacks become unnumbered; then each of the sync's subjects takes its state, whole
+    within one slice: a client sees a subject as it was or as the sync has it, never
+    half of it, and live subscribers get what each move jumped over (the hub's
+    :meth:`~migratory.server.hub.Hub.reposition`). A subject this hub already has further
+    in the same epoch keeps its own state (it is part of a batch after the sync's).
+
+    Whoever drives it makes sure nothing else moves the hub's subjects meanwhile (the
+    :class:`~cluster.replica.Replica` holds batches back until it is done).
     """
-    check_sync(subjects)
-    by_subject = {record.subject: record for record in subjects}
-    unnumbered = [s for s, _, _, _ in hub.numbered() if s not in by_subject]
-    for subject in unnumbered:
-        hub.reposition(subject, Position(hub.epoch, 0), None, (), now)
-    for record in by_subject.values():
-        ours = hub.position(record.subject)
-        if ours is not None and ours.epoch == record.epoch and ours.seq > record.seq:
-            continue
-        hub.reposition(record.subject, record.position, record.snapshot, record.cached, now)
+
+    __slots__ = ("_budget", "_hub", "_now", "_spent", "_work", "changed", "clsn", "done",
+                 "slices", "subjects")
+
+    def __init__(self, hub: Hub, subjects: Sequence[SubjectSync], clsn: int = 0) -> None:
+        self._hub = hub
+        self.subjects = subjects
+        self.clsn = clsn
+        self.changed = False
+        """Whether a subject of the hub has been moved yet."""
+        self.done = False
+        self.slices = 0
+        """Calls of :meth:`step` that did some work."""
+        self._now = 0.0
+        self._budget: int | None = None
+        self._spent = 0
+        self._work = self._slices()
+
+    def step(self, now: float, budget: int | None = SLICE_MESSAGES) -> bool:
+        """Install about ``budget`` cached messages' worth (None: all that is left);
+        True once the whole sync is installed. ValueError, having changed nothing, for
+        a record that does not fit (:func:`check_record`)."""
+        if self.done:
+            return True
+        self._now, self._budget, self._spent = now, budget, 0
+        self.slices += 1
+        try:
+            next(self._work)
+        except StopIteration:
+            self.done = True
+        return self.done
+
+    def _spend(self, work: int) -> bool:
+        """Count ``work``; True when the slice is full (time to give the loop a turn)."""
+        self._spent += work
+        return self._budget is not None and self._spent >= self._budget
+
+    def _slices(self) -> Iterator[None]:
+        for record in self.subjects:
+            check_record(record)
+            if self._spend(1 + len(record.cached)):
+                yield
+        hub = self._hub
+        wanted = {record.subject for record in self.subjects}
+        unnumbered = [s for s, _, _, _ in hub.numbered() if s not in wanted]
+        for subject in unnumbered:
+            self.changed = True
+            hub.reposition(subject, Position(hub.epoch, 0), None, (), self._now)
+            if self._spend(1):
+                yield
+        for record in self.subjects:
+            ours = hub.position(record.subject)
+            if ours is None or ours.epoch != record.epoch or ours.seq <= record.seq:
+                self.changed = True
+                hub.reposition(
+                    record.subject, record.position, record.snapshot, record.cached, self._now
+                )
+            if self._spend(1 + len(record.cached)):
+                yield
+
+
+def install_sync(hub: Hub, subjects: Sequence[SubjectSync], now: float) -> None:
+    """Make ``hub``'s subjects those of ``subjects``, all at once (:class:`SyncInstall`
+    says how). Raises ValueError, changing nothing, for a record that does not fit (see
+    :func:`check_sync`)."""
+    SyncInstall(hub, subjects).step(now, budget=None)

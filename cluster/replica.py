@@ -6,7 +6,12 @@ sequence number (CLSN) order; a batch that does not follow the last applied one 
 gap: the replica buffers it, applies nothing more and says it needs a cache sync
 from a peer (:meth:`Replica.make_sync` there, :meth:`Replica.install_sync` here). A
 member needing a sync must not serve clients. A sync never moves a replica backwards:
-one older than what it applied is refused, changing nothing.
+one older than what it applied (or began to install) is refused, changing nothing.
+
+A large sync is installed a slice at a time (:meth:`Replica.begin_install`,
+:meth:`Replica.install_slice`): until the last slice the replica needs a sync still,
+so batches are held back, no peer is given a sync of its half-installed hub, and the
+member serves no new client.
 
 Every member's hub must be built with ``epoch=UNNUMBERED_EPOCH`` so that a subscriber
 that saw nothing of a subject on one member resumes it on any other without a gap.
@@ -17,12 +22,12 @@ from __future__ import annotations
 import enum
 
 from cluster.cache_sync import (
+    SLICE_MESSAGES,
     CacheSync,
     SyncCapture,
+    SyncInstall,
     capture_sync,
-    check_sync,
     export_sync,
-    install_sync,
 )
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
 from migratory.server.hub import Hub
@@ -64,6 +69,11 @@ class Replica:
         self._max_buffered = max_buffered
         self._buffered: dict[int, CommittedBatch] = {}
         """Batches held back until a sync, by CLSN."""
+        self._install: SyncInstall | None = None
+        """The sync being installed a slice at a time (None: none)."""
+        self._begun_clsn = 0
+        """The latest sync that has changed the hub, installed whole or not: an older one
+        would move some subjects back."""
 
     def __repr__(self) -> str:
         state = "needs sync" if self._needs_sync else "in sync"
@@ -80,14 +90,20 @@ class Replica:
 
     @property
     def needs_sync(self) -> bool:
-        """Whether the hub must be synced from a peer before it applies or serves more."""
-        return self._needs_sync
+        """Whether the hub must be synced from a peer before it applies or serves more
+        (true while a sync is being installed)."""
+        return self._needs_sync or self._install is not None
+
+    @property
+    def installing(self) -> SyncInstall | None:
+        """The sync being installed a slice at a time, if any."""
+        return self._install
 
     @property
     def sync_floor(self) -> int:
         """The oldest clsn a sync must stand at to be of use here: just before the
         first held-back batch, or the skipped batches, or what is applied."""
-        floor = max(self._applied_clsn, self._skipped_to)
+        floor = max(self._applied_clsn, self._skipped_to, self._begun_clsn)
         if self._buffered:
             floor = max(floor, min(self._buffered) - 1)
         return floor
@@ -101,7 +117,7 @@ class Replica:
         """Apply ``batch`` if it is the next one; buffer it on a gap."""
         if batch.clsn <= self._applied_clsn:
             return Offer.DUPLICATE
-        if self._needs_sync or batch.clsn != self._applied_clsn + 1:
+        if self.needs_sync or batch.clsn != self._applied_clsn + 1:
             self._hold(batch)
             return Offer.GAP
         if not self._apply(batch, now):
@@ -118,7 +134,7 @@ class Replica:
         if clsn > self._applied_clsn:
             self._skipped_to = max(self._skipped_to, clsn)
             self._needs_sync = True
-        return self._needs_sync
+        return self.needs_sync
 
     def _hold(self, batch: CommittedBatch) -> None:
         self._needs_sync = True
@@ -140,14 +156,14 @@ class Replica:
 
     def capture_sync(self) -> SyncCapture | None:
         """:meth:`make_sync`, its cached messages rebuilt only when read."""
-        if self._needs_sync:
+        if self.needs_sync:
             return None
         return capture_sync(self._hub, self._applied_clsn)
 
     def make_sync(self) -> CacheSync | None:
         """The hub's subjects at ``applied_clsn``, for a peer that needs a sync; None
         while this replica itself needs one (it has nothing whole to give)."""
-        if self._needs_sync:
+        if self.needs_sync:
             return None
         return export_sync(self._hub, self._applied_clsn)
 
@@ -158,13 +174,45 @@ class Replica:
         is behind: installing it would move clients back). Still needs a sync
         afterwards if buffered batches are left that do not follow, or if it stops
         short of a :meth:`skip_to`. Raises ValueError, changing nothing, for a sync the
-        hub rejects (a malformed record).
+        hub rejects (a malformed record). All at once: :meth:`begin_install` for slices.
         """
-        if sync.clsn < self._applied_clsn:
+        install = self.begin_install(sync)
+        if install is None:
             return False
-        check_sync(sync.subjects)
-        install_sync(self._hub, sync.subjects, now)
-        self._applied_clsn = sync.clsn
+        self.install_slice(install, now, budget=None)
+        return True
+
+    def begin_install(self, sync: CacheSync) -> SyncInstall | None:
+        """Start installing ``sync`` a slice at a time (:meth:`install_slice`); None,
+        changing nothing, for a sync older than what this replica applied or began to
+        install. A sync being installed is given up for this one."""
+        if sync.clsn < max(self._applied_clsn, self._begun_clsn):
+            return None
+        self._install = SyncInstall(self._hub, sync.subjects, sync.clsn)
+        return self._install
+
+    def install_slice(
+        self, install: SyncInstall, now: float, budget: int | None = SLICE_MESSAGES
+    ) -> bool:
+        """Install about ``budget`` cached messages of ``install`` (None: the rest); True
+        once it is over: installed whole (this replica is at its clsn, the buffered
+        batches after it applied), or given up for a later one (``install.done`` false).
+        Raises ValueError, changing nothing, for a malformed record (they are all checked
+        before the first change)."""
+        if self._install is not install:
+            return True  # a later sync took its place
+        try:
+            done = install.step(now, budget)
+        except ValueError:
+            self._install = None
+            raise
+        if install.changed:  # half-installed: only a sync as recent makes it whole
+            self._begun_clsn = max(self._begun_clsn, install.clsn)
+            self._needs_sync = True
+        if not done:
+            return False
+        self._install = None
+        self._applied_clsn = install.clsn
         self._needs_sync = False
         self._catch_up(now)
         return True

@@ -361,9 +361,10 @@ class SeedCoordination:
             log.exception("cache sync from %s failed", peer)
             return
         if isinstance(op, link.Sync):
-            if self.stream.install_sync(op.sync, trio.current_time()):
+            if await self.stream.install_sync_in_slices(op.sync):
                 log.info("cache synced from %s at clsn %d", peer, op.sync.clsn)
             else:
-                log.info("%s offered an older sync (clsn %d); not installed", peer, op.sync.clsn)
+                log.info("%s offered a sync at clsn %d, behind this seed (or a Raft dump came "
+                         "first); not installed", peer, op.sync.clsn)
         elif isinstance(op, link.SyncRefused):
             log.info("%s cannot give a sync now (at clsn %d): %s", peer, op.clsn, op.reason)

@@ -32,7 +32,7 @@ import trio
 
 from cluster import link
 from cluster.batch_ring import RING_BATCHES, RING_MESSAGES, BatchRing
-from cluster.cache_sync import CacheSync
+from cluster.cache_sync import SLICE_MESSAGES, CacheSync
 from cluster.coordination import CommittedBatch
 from cluster.link_sync import SyncFrames
 from cluster.publishing import ClusterPublishing
@@ -189,11 +189,37 @@ class CommittedStream:
     def install_sync(self, sync: CacheSync, now: float) -> bool:
         """Jump to ``sync`` (a peer's caches, or a Raft dump's); False, changing
         nothing, for a sync behind what this member applied (it would move clients
-        back)."""
+        back). All at once: :meth:`install_sync_in_slices` keeps the loop turning."""
         if not self.replica.install_sync(sync, now):
             return False
         self.publishing.on_jump(now)
         self._installed_sync()
+        return True
+
+    async def install_sync_in_slices(
+        self, sync: CacheSync, *, slice_messages: int | None = None
+    ) -> bool:
+        """:meth:`install_sync`, ``slice_messages`` cached messages (None:
+        :data:`~cluster.cache_sync.SLICE_MESSAGES`) at a time with a turn
+        of the event loop between slices (:class:`~cluster.cache_sync.SyncInstall`): the
+        default CacheMemoryBudget's ~660,000 messages installed at once stopped the
+        member ~1-2 s. Until the last slice the replica needs a sync (batches held
+        back, not ready, no sync given to others). Shielded from cancellation: the sync
+        is here whole, and a member left half-installed would need another. False,
+        changing nothing, for a sync behind this member; False also when a later sync
+        (a Raft dump) took its place halfway (that one did the rest)."""
+        replica, budget = self.replica, slice_messages or SLICE_MESSAGES
+        install = replica.begin_install(sync)
+        if install is None:
+            return False
+        with trio.CancelScope(shield=True):
+            while not replica.install_slice(install, trio.current_time(), budget):
+                await trio.sleep(0)
+            if not install.done:
+                return False
+            now = trio.current_time()
+            self.publishing.on_jump(now)
+            self._installed_sync()
         return True
 
     def _installed_sync(self) -> None:

@@ -34,6 +34,7 @@ import trio
 
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
+from cluster.cache_sync import CacheSync
 from cluster.forwarding import SUBMIT_LINGER, Outgoing, forward_to
 from cluster.link_io import (
     CONNECT_ERRORS,
@@ -159,7 +160,12 @@ class UpstreamReplication:
                     raise LeaveUpstream(f"nothing from it for {UPSTREAM_SILENCE:g} s") from None
                 if op is None:
                     raise LeaveUpstream("the seed closed the link")
-                self._on_op(seed, op, trio.current_time())
+                if isinstance(op, link.Sync):  # later frames wait on the link meanwhile
+                    self._heard(seed, trio.current_time())
+                    installed = await self.stream.install_sync_in_slices(op.sync)
+                    self._synced(seed, op.sync, installed)
+                else:
+                    self._on_op(seed, op, trio.current_time())
             nursery.cancel_scope.cancel()
 
     # --- the decisions (pure, given the time) ----------------------------------------
@@ -180,8 +186,7 @@ class UpstreamReplication:
     def _on_op(self, seed: str, op: link.LinkOp, now: float) -> None:
         """One operation from the upstream seed; raises :class:`LeaveUpstream` (or
         :class:`~cluster.link.LinkError`) when this member must leave it."""
-        view = self.view
-        self.view = UpstreamView(seed, view.heartbeat_clsn, view.seed_ready, now)
+        self._heard(seed, now)
         replica = self.stream.replica
         if isinstance(op, link.Batch):
             if self.stream.on_committed(op.batch, now) is Offer.GAP:
@@ -189,13 +194,8 @@ class UpstreamReplication:
                     f"gap in the committed stream at clsn {replica.applied_clsn} (received "
                     f"batch {op.batch.clsn}); asking for a whole sync"
                 )
-        elif isinstance(op, link.Sync):
-            if not self.stream.install_sync(op.sync, now):
-                raise LeaveUpstream(
-                    f"it offered a cache sync at clsn {op.sync.clsn}, behind the "
-                    f"{replica.applied_clsn} applied here (refused: it would move clients back)"
-                )
-            log.info("cache synced from seed %s at clsn %d", seed, op.sync.clsn)
+        elif isinstance(op, link.Sync):  # the link installs it in slices (_replicate)
+            self._synced(seed, op.sync, self.stream.install_sync(op.sync, now))
         elif isinstance(op, link.Heartbeat):
             self.view = UpstreamView(seed, op.clsn, op.ready, now)
             self._check_seed_ready(op.ready, now)
@@ -205,6 +205,19 @@ class UpstreamReplication:
             )
         else:
             raise link.LinkError(f"unexpected {type(op).__name__} from seed {seed}")
+
+    def _heard(self, seed: str, now: float) -> None:
+        view = self.view
+        self.view = UpstreamView(seed, view.heartbeat_clsn, view.seed_ready, now)
+
+    def _synced(self, seed: str, sync: CacheSync, installed: bool) -> None:
+        if not installed:
+            raise LeaveUpstream(
+                f"it offered a cache sync at clsn {sync.clsn}, behind the "
+                f"{self.stream.replica.applied_clsn} applied here (refused: it would move "
+                "clients back)"
+            )
+        log.info("cache synced from seed %s at clsn %d", seed, sync.clsn)
 
     def _check_seed_ready(self, ready: bool, now: float) -> None:
         if ready:

@@ -242,6 +242,84 @@ def test_a_malformed_sync_changes_nothing() -> None:
     assert subjects(replica) == before and replica.applied_clsn == 3
 
 
+# --- a sync installed a slice at a time --------------------------------------------
+
+MANY = tuple(f"/s/{i}" for i in range(6))
+
+
+def test_batches_offered_while_a_sync_is_installed_in_slices_wait_for_its_end() -> None:
+    peer, late = new_replica(), new_replica()
+    batches = committed(5, MANY)
+    for b in batches[:4]:
+        peer.offer(b, 0.0)
+    install = late.begin_install(sync_of(peer))
+    assert install is not None
+    turns = 0
+    while not late.install_slice(install, 0.0, budget=4):  # a subject and its 3 messages
+        turns += 1
+        assert late.needs_sync and late.capture_sync() is None  # nothing half given
+        if turns == 8:  # halfway through the installing (after 6 slices of checking)
+            assert late.offer(batches[4], 0.0) is Offer.GAP
+            assert late.sync_floor == 4  # only a sync as recent makes it whole again
+    assert install.done and turns == 12
+    assert not late.needs_sync and late.applied_clsn == 5  # the batch held back, applied
+    peer.offer(batches[4], 0.0)
+    assert subjects(late) == subjects(peer)
+
+
+def test_a_sync_older_than_one_half_installed_is_refused() -> None:
+    peer, older, late = new_replica(), new_replica(), new_replica()
+    batches = committed(4, MANY)
+    for b in batches:
+        peer.offer(b, 0.0)
+    older.offer(batches[0], 0.0)
+    install = late.begin_install(sync_of(peer))
+    assert install is not None
+    while not install.changed:
+        late.install_slice(install, 0.0, budget=4)
+    assert late.begin_install(sync_of(older)) is None  # would move subjects back
+    assert late.install_sync(sync_of(older), 0.0) is False
+    assert late.installing is install
+
+
+def test_a_sync_installed_at_once_takes_the_place_of_one_in_slices() -> None:
+    """A Raft dump loaded while a peer's sync is half installed (a seed)."""
+    peer, late = new_replica(), new_replica()
+    batches = committed(4, MANY)
+    for b in batches[:2]:
+        peer.offer(b, 0.0)
+    first = sync_of(peer)
+    for b in batches[2:]:
+        peer.offer(b, 0.0)
+    install = late.begin_install(first)
+    assert install is not None
+    while not install.changed:
+        late.install_slice(install, 0.0, budget=4)
+    assert late.install_sync(sync_of(peer), 0.0)
+    assert late.install_slice(install, 0.0, budget=4) and not install.done  # given up
+    assert late.applied_clsn == 4 and not late.needs_sync
+    assert subjects(late) == subjects(peer)
+
+
+def test_a_malformed_record_found_in_a_later_slice_changes_nothing() -> None:
+    peer, late = new_replica(), new_replica()
+    batches = committed(3, MANY)
+    for b in batches:
+        peer.offer(b, 0.0)
+    late.offer(batches[0], 0.0)
+    good = sync_of(peer)
+    bad = CacheSync(3, (*good.subjects, replace(good.subjects[0], subject="/t/x")))
+    before = subjects(late)
+    install = late.begin_install(bad)
+    assert install is not None
+    with pytest.raises(ValueError):
+        while not late.install_slice(install, 0.0, budget=4):
+            pass
+    assert install.slices == 7 and not install.changed
+    assert subjects(late) == before and late.applied_clsn == 1 and not late.needs_sync
+    assert late.installing is None
+
+
 # --- resuming on another member (the hub's rules for a cluster) ----------------------
 
 

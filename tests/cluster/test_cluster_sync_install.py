@@ -1,0 +1,143 @@
+"""A member taking a cache sync from a peer over a link: the event loop keeps turning
+while it installs it (cluster/stream.py ``install_sync_in_slices``, cluster/upstream.py).
+
+Counted, not timed: the turns of the event loop seen while the sync was half
+installed, and what every live subscriber received.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from cluster import link
+from cluster.cache_sync import CacheSync
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
+from cluster.forwarding import Outgoing
+from cluster.link_io import LinkChannel
+from cluster.publishing import ClusterPublishing
+from cluster.replica import Offer, Replica
+from cluster.stream import CommittedStream
+from cluster.upstream import LeaveUpstream, UpstreamReplication
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.server.hub import Hub
+
+PASSWORD = "s3cret"
+SUBJECTS = tuple(f"/s/{i}" for i in range(40))
+SYNC_AT = 60  # clsn of the sync: every subject at seq 60, 60 cached messages each
+JOINER_AT = 10  # what the member taking it had applied before
+
+
+def batches(count: int) -> list[CommittedBatch]:
+    """``count`` committed batches, one message of every subject in each."""
+    coordinator = Coordinator()
+    return [
+        coordinator.apply_batch(
+            700, [PublishRequest("a", i, Message(s, b"%d" % i)) for s in SUBJECTS]
+        )
+        for i in range(count)
+    ]
+
+
+def new_stream() -> CommittedStream:
+    replica = Replica(Hub(epoch=UNNUMBERED_EPOCH))
+    return CommittedStream(ClusterPublishing(origin="me#1", replica=replica))
+
+
+def fed(stream: CommittedStream, committed: list[CommittedBatch]) -> CommittedStream:
+    for batch in committed:
+        assert stream.on_committed(batch, 0.0) is Offer.APPLIED
+    return stream
+
+
+def sync_at(committed: list[CommittedBatch]) -> CacheSync:
+    sync = fed(new_stream(), committed).replica.make_sync()
+    assert sync is not None
+    return sync
+
+
+async def channel_pair() -> tuple[LinkChannel, LinkChannel]:
+    left, right = trio.testing.memory_stream_pair()
+    peer = LinkChannel(left, role="accept", member="10.0.0.1:1", password=PASSWORD)
+    member = LinkChannel(right, role="connect", member="10.0.0.2:1", password=PASSWORD)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.handshake)
+        nursery.start_soon(member.handshake)
+    return peer, member
+
+
+class Listener:
+    """A live subscriber of one subject: the seqs it was given, in order."""
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+
+    def deliver_message(self, message: Message, qos: int) -> None:
+        self.seqs.append(message.seq)
+
+
+def test_a_non_seed_installs_a_large_sync_a_slice_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed at once, the default CacheMemoryBudget's ~660,000 cached messages
+    stopped the member's event loop for 0.7-2 s (nothing else ran: no client, no link
+    heartbeat). Now the loop turns between slices; no subject is ever seen half
+    installed, the member stays not whole until the last slice, and the batch sent
+    after the sync is applied after it: every live subscriber gets each seq once, in
+    order. 2,400 cached messages in slices of 100."""
+    monkeypatch.setattr("cluster.stream.SLICE_MESSAGES", 100, raising=False)
+    committed = batches(SYNC_AT + 1)
+    sync = sync_at(committed[:SYNC_AT])
+    stream = new_stream()
+    hub, replica = stream.replica.hub, stream.replica
+    listeners = {s: Listener() for s in SUBJECTS}
+    for subject, listener in listeners.items():
+        hub.listen(listener, subject, 1)
+    fed(stream, committed[:JOINER_AT])
+    upstream = UpstreamReplication(
+        name="10.0.0.2:1", seeds=[("10.0.0.1", 1)], password=PASSWORD, stream=stream,
+        outgoing=Outgoing(stream.publishing),
+    )
+    halfway: list[int] = []  # subjects installed, at each turn of the loop mid-install
+
+    async def watch() -> None:
+        for _ in range(10_000):
+            at = {hub.position(s) for s in SUBJECTS}
+            assert at <= {Position(700, JOINER_AT), Position(700, SYNC_AT),
+                          Position(700, SYNC_AT + 1)}  # each subject whole, before or after
+            installed = sum(hub.position(s) == Position(700, SYNC_AT) for s in SUBJECTS)
+            if 0 < installed < len(SUBJECTS):
+                halfway.append(installed)
+                assert replica.needs_sync and replica.applied_clsn == JOINER_AT
+                assert isinstance(stream.sync_for(0), link.SyncRefused)  # nothing half given
+            if replica.applied_clsn == SYNC_AT + 1:
+                return
+            await trio.sleep(0)
+
+    async def seed(channel: LinkChannel) -> None:
+        assert isinstance(await channel.receive(), link.Replicate)
+        for frame in link.sync_frames(sync):
+            await channel.send_encoded(frame)
+        await channel.send(link.Batch(committed[SYNC_AT]))
+        await channel.send(link.Heartbeat(SYNC_AT + 1, True))
+
+    async def main() -> None:
+        peer, member = await channel_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(seed, peer)
+            nursery.start_soon(watch)
+            replicate = upstream.start_link("10.0.0.1:1", trio.current_time())
+            with pytest.raises(ExceptionGroup) as ended:  # the seed stops talking
+                await upstream._replicate("10.0.0.1:1", member, replicate)
+            assert ended.group_contains(LeaveUpstream)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(halfway) >= 10, halfway  # at once: never seen halfway
+    assert halfway == sorted(halfway)
+    assert replica.applied_clsn == SYNC_AT + 1 and not replica.needs_sync
+    assert upstream.view.heartbeat_clsn == SYNC_AT + 1
+    for subject, listener in listeners.items():
+        assert listener.seqs == list(range(1, SYNC_AT + 2)), subject  # no gap, no repeat
