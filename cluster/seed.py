@@ -33,7 +33,7 @@ from cluster.cache_sync import CacheSync
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
-from cluster.link_io import CONNECT_ERRORS, ClusterTls, connect
+from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings, journal_files
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.raft_votes import MARKER_SUFFIX
@@ -46,6 +46,9 @@ from migratory.server.metrics import LATENCY_BOUNDS, Buckets
 log = logging.getLogger("migratory.cluster")
 
 RETRY_SECONDS = 0.3
+MAX_HEARTBEATS_BEFORE_SYNC = 40
+"""Heartbeats a seed skips waiting for the sync it asked a peer seed for (its link
+writer sends one every 0.25 s until the answer is queued: 10 s of them)."""
 MAX_BARRIER_ATTEMPTS = 20
 LEADERLESS_GRACE = 1.5
 """Seconds a seed may see no Raft leader (an election) and stay ready."""
@@ -350,8 +353,7 @@ class SeedCoordination:
             try:
                 with trio.fail_after(SYNC_SILENCE):
                     await channel.send(link.SyncRequest(replica.sync_floor))
-                # a large sync comes in parts for longer than that: silence is no byte
-                op = await channel.receive_within(SYNC_SILENCE)
+                op = await self._answer(channel, peer)
             finally:
                 await channel.aclose()
         except CONNECT_ERRORS as exc:
@@ -368,3 +370,23 @@ class SeedCoordination:
                          "first); not installed", peer, op.sync.clsn)
         elif isinstance(op, link.SyncRefused):
             log.info("%s cannot give a sync now (at clsn %d): %s", peer, op.clsn, op.reason)
+
+    @staticmethod
+    async def _answer(channel: LinkChannel, peer: str) -> link.Sync | link.SyncRefused | None:
+        """The peer's answer to a ``SyncRequest``, past the heartbeats its link writer
+        sent before it (one every 0.25 s while it had nothing else: taking the first
+        operation for the answer gave up on the peer and tried again
+        :data:`RETRY_SECONDS` later); None (logged) for anything else, or once
+        :data:`MAX_HEARTBEATS_BEFORE_SYNC` heartbeats came first."""
+        for _ in range(MAX_HEARTBEATS_BEFORE_SYNC + 1):
+            # a large sync comes in parts for longer than that: silence is no byte
+            op = await channel.receive_within(SYNC_SILENCE)
+            if isinstance(op, link.Sync | link.SyncRefused):
+                return op
+            if not isinstance(op, link.Heartbeat):
+                what = "closed the link" if op is None else f"sent {type(op).__name__}"
+                log.info("cache sync from %s: it %s instead", peer, what)
+                return None
+        log.info("cache sync from %s: %d heartbeats and no answer", peer,
+                 MAX_HEARTBEATS_BEFORE_SYNC + 1)
+        return None

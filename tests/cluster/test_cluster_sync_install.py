@@ -1,11 +1,17 @@
 """A member taking a cache sync from a peer over a link: the event loop keeps turning
-while it installs it (cluster/stream.py ``install_sync_in_slices``, cluster/upstream.py).
+while it installs it, and a seed asking a peer seed for one skips the heartbeats that
+come first (cluster/stream.py ``install_sync_in_slices``, cluster/upstream.py,
+cluster/seed.py ``_sync_from``).
 
 Counted, not timed: the turns of the event loop seen while the sync was half
 installed, and what every live subscriber received.
 """
 
 from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
 
 import pytest
 import trio
@@ -18,8 +24,11 @@ from cluster.forwarding import Outgoing
 from cluster.link_io import LinkChannel
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Offer, Replica
+from cluster.seed import SeedCoordination
 from cluster.stream import CommittedStream
+from cluster.tooling import free_base_port, member_settings
 from cluster.upstream import LeaveUpstream, UpstreamReplication
+from migratory.config import load_config
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.server.hub import Hub
@@ -141,3 +150,59 @@ def test_a_non_seed_installs_a_large_sync_a_slice_at_a_time(
     assert upstream.view.heartbeat_clsn == SYNC_AT + 1
     for subject, listener in listeners.items():
         assert listener.seqs == list(range(1, SYNC_AT + 2)), subject  # no gap, no repeat
+
+
+def seed_config(tmp_path: Path) -> object:
+    settings = member_settings(
+        0, members=4, seeds=3, mode="Guaranteed", base_port=free_base_port(4),
+        password=PASSWORD, data_dir=tmp_path / "data",
+    )
+    return load_config(overrides=settings, environ={})
+
+
+@pytest.mark.parametrize("heartbeats, installed", [(3, True), (41, False)])
+def test_a_seed_asking_a_peer_for_a_sync_skips_the_heartbeats_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    heartbeats: int, installed: bool,
+) -> None:
+    """The peer's link writer sends a heartbeat every 0.25 s while it has nothing to
+    send; the seed took the first operation after its ``SyncRequest`` for the answer,
+    gave up on a heartbeat and tried again 0.3 s later. Now heartbeats are skipped, up
+    to 40 (10 s of them): past that the attempt ends."""
+    caplog.set_level(logging.INFO, "migratory.cluster")
+    committed = batches(3)
+    sync = sync_at(committed[:2])
+    stream = new_stream()
+    assert stream.on_committed(committed[2], 0.0) is Offer.GAP  # batches 1-2 never came
+    seed = SeedCoordination(config=seed_config(tmp_path), name="10.0.0.2:1", stream=stream,
+                            outgoing=Outgoing(stream.publishing))
+    asked: list[int] = []
+
+    async def peer(channel: LinkChannel) -> None:
+        request = await channel.receive()
+        assert isinstance(request, link.SyncRequest)
+        asked.append(request.min_clsn)
+        with contextlib.suppress(trio.BrokenResourceError):  # the seed gave up first
+            for _ in range(heartbeats):
+                await channel.send(link.Heartbeat(2, True))
+            await channel.send(link.Sync(sync))
+
+    async def main() -> None:
+        channel, member = await channel_pair()
+
+        async def connect(*args: object, **kwargs: object) -> LinkChannel:
+            return member
+
+        monkeypatch.setattr("cluster.seed.connect", connect)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer, channel)
+            await seed._sync_from(("10.0.0.1", 1))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert asked == [2]
+    assert stream.replica.needs_sync is not installed
+    if installed:  # the sync, then the held-back batch after it
+        assert stream.replica.applied_clsn == 3
+    else:
+        assert "41 heartbeats and no answer" in caplog.text
