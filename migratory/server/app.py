@@ -440,7 +440,11 @@ async def run_until_signalled(
                 await nursery.start(role.run)
             tune(server.config.gc_thresholds)  # what start-up built is never scanned again
             hub = server.ctx.hub
-            nursery.start_soon(collect_when_idle, lambda: hub.activity, pauses.stats)
+            ready = server.ctx.readiness
+            nursery.start_soon(functools.partial(
+                collect_when_idle, lambda: hub.activity, pauses.stats,
+                ready=lambda: ready() is None,
+            ))
             for listener in server.listeners:
                 log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
                 if ready_line:  # tests and tools read these lines

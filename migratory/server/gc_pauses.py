@@ -100,16 +100,25 @@ IDLE_CHECK_SECONDS = 1.0
 
 
 async def collect_when_idle(
-    activity: Callable[[], int], stats: GcPauseStatistics, *, every: float = IDLE_CHECK_SECONDS
+    activity: Callable[[], int],
+    stats: GcPauseStatistics,
+    *,
+    every: float = IDLE_CHECK_SECONDS,
+    ready: Callable[[], bool] = lambda: True,
 ) -> None:
     """Run a full collection in each ``every``-second interval in which ``activity()``
     did not change, if at least one generation-1 collection happened since the last full
-    one (else there is nothing new to promote, and nothing is done)."""
+    one (else there is nothing new to promote, and nothing is done).
+
+    Not while ``ready()`` is false: a cluster member joining or syncing its cache
+    publishes nothing, but its heap grows with what it takes in, all of it alive, and a
+    full collection each second walked it all again (100-370 ms a second on a member
+    receiving a 580,000-message cache sync, docs/benchmarks.md)."""
     last = activity()
     while True:
         await trio.sleep(every)
         now = activity()
-        if now == last and gc.get_count()[2] > 0:
+        if now == last and ready() and gc.get_count()[2] > 0:
             started = time.perf_counter()
             gc.collect()
             stats.idle_collections += 1
