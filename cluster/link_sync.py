@@ -130,15 +130,20 @@ class SyncFrames:
 
 
 class SyncAssembly:
-    """The parts of one cache sync, put together (:func:`sync_parts` undone)."""
+    """The parts of one cache sync, put together (:func:`sync_parts` undone). A subject
+    whole in one part keeps the record decoded from it (copying every subject's messages
+    into a new record when the last part came stopped the event loop ~60 ms for
+    500,000 messages); only one that goes on in the next part is joined."""
 
     def __init__(self) -> None:
         self._clsn: int | None = None
-        self._records: list[tuple[SubjectSync, list[Message]]] = []
+        self._records: list[SubjectSync] = []
+        self._more: list[Message] = []
+        """Cached messages of the last record that came in later parts."""
         self._subjects: set[str] = set()
 
     def _reset(self) -> None:
-        self._clsn, self._records, self._subjects = None, [], set()
+        self._clsn, self._records, self._more, self._subjects = None, [], [], set()
 
     @property
     def open(self) -> bool:
@@ -158,28 +163,33 @@ class SyncAssembly:
             self._take(record)
         if not part.last:
             return None
-        sync = CacheSync(
-            self._clsn,
-            tuple(
-                SubjectSync(r.subject, r.epoch, r.seq, r.snapshot, tuple(cached))
-                for r, cached in self._records
-            ),
-        )
+        self._join_more()
+        sync = CacheSync(self._clsn, tuple(self._records))
         self._reset()
         return sync
 
     def _take(self, record: SubjectSync) -> None:
         records = self._records
-        if records and records[-1][0].subject == record.subject:
-            head, cached = records[-1]
+        if records and records[-1].subject == record.subject:
+            head = records[-1]
             if (record.epoch, record.seq) != (head.epoch, head.seq) or record.snapshot is not None:
                 raise LinkError(
                     f"cache sync part: {record.subject!r} goes on with another position "
                     "or a second snapshot"
                 )
-            cached.extend(record.cached)
+            self._more.extend(record.cached)
             return
         if record.subject in self._subjects:
             raise LinkError(f"cache sync part: {record.subject!r} comes twice")
+        self._join_more()
         self._subjects.add(record.subject)
-        records.append((record, list(record.cached)))
+        records.append(record)
+
+    def _join_more(self) -> None:
+        """The last record with the cached messages that came after it."""
+        if self._more:
+            head = self._records[-1]
+            cached = (*head.cached, *self._more)
+            self._records[-1] = SubjectSync(head.subject, head.epoch, head.seq, head.snapshot,
+                                            cached)
+            self._more = []

@@ -86,6 +86,23 @@ def test_parts_put_together_are_the_sync(sync: CacheSync, part_bytes: int) -> No
     assert not assembly.open
 
 
+def test_a_subject_whole_in_one_part_is_not_copied_when_the_parts_are_put_together() -> None:
+    """Rebuilding every subject's record from a list when the last part came stopped the
+    taker's loop ~60 ms for 500,000 cached messages; only a subject split across parts
+    needs joining (here /s/1, across four parts)."""
+    sync = CacheSync(3, (record("/s/0", 4, [100] * 4), record("/s/1", 14, [100] * 14),
+                         record("/s/2", 2, [10] * 2)))
+    parts = sync_parts(sync, 1_000)
+    assert [[(r.subject, len(r.cached)) for r in p.subjects] for p in parts] == [
+        [("/s/0", 4), ("/s/1", 1)], [("/s/1", 5)], [("/s/1", 5)], [("/s/1", 3), ("/s/2", 2)],
+    ]
+    assembly = SyncAssembly()
+    (whole,) = [out for p in parts if (out := assembly.add(p)) is not None]
+    assert whole == sync
+    assert whole.subjects[0] is parts[0].subjects[0]
+    assert whole.subjects[2] is parts[-1].subjects[-1]
+
+
 def test_parts_fed_one_byte_at_a_time_and_followed_by_a_batch() -> None:
     sync = CacheSync(3, tuple(record(f"/s/{i}", 40, [200] * 30) for i in range(5)))
     frames = [link.encode_frame(p) for p in sync_parts(sync, 3_000)]
