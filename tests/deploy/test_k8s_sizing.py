@@ -24,8 +24,8 @@ cached 100-byte messages over 10,000 subjects; 2-core machine at load 4.6):
 ``benchmarks/cluster_join_sync.py --size 100 --subjects 10000 --rate 20000 --fill 35``.
 The install did not yield then; the stop grew with the number of cached messages, so
 with the budget. A sync from a peer is now installed a slice at a time
-(cluster/cache_sync.py ``SyncInstall``: the same benchmark's joiner stopped 0.39 s at
-most, a garbage collection while the sync arrived), but a seed restored from a Raft dump
+(cluster/cache_sync.py ``SyncInstall``: the same benchmark's joiner stopped 0.14 s at
+most, at load 8-10), but a seed restored from a Raft dump
 still installs the dump's caches at once: the window stays sized from this figure."""
 INSTALL_BUDGET = 256 * MIB
 STOP_MARGIN = 10
