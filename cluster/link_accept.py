@@ -1,8 +1,8 @@
 """Taking a cluster link a peer opened: its handshake, bounded and refused in words.
 
-The trio side of :mod:`cluster.handshake_slots`, shared by the Guaranteed members'
-:class:`cluster.peers.PeerService` and the Standard members' listener
-(:mod:`cluster.standard`). Each connection's handshake runs in a cancel scope; when
+The trio side of :mod:`migratory.server.handshake_slots` for cluster links, shared by
+the Guaranteed members' :class:`cluster.peers.PeerService` and the Standard members'
+listener (:mod:`cluster.standard`). Each connection's handshake runs in a cancel scope; when
 more than ``MAX_PENDING_HANDSHAKES`` are still proving the password, one is cancelled
 (the oldest, or the oldest of an address holding more than half) and its connection
 refused, logged.
@@ -19,18 +19,27 @@ import itertools
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Final
 
 import trio
 
 from cluster import link
 from cluster.agreement import Repeats
-from cluster.handshake_slots import MAX_PENDING_HANDSHAKES, PendingHandshakes
 from cluster.link_io import HANDSHAKE_TIMEOUT, Disagreement, LinkChannel, describe
+from migratory.server.handshake_slots import PendingHandshakes
 
 log = logging.getLogger("migratory.cluster")
 
 REFUSED_ERRORS = (link.LinkError, trio.TooSlowError, OSError, EOFError, trio.BrokenResourceError)
 """What a stranger's connection can raise during the handshake (the link is refused)."""
+
+MAX_PENDING_HANDSHAKES: Final = 128
+"""Connections per cluster listener still proving the password (the Raft port's front
+keeps as many, cluster/raft_front_server.py). Both fit in ``FileDescriptorReserve``.
+Unbounded, 2,000 idle connections held 2,017 descriptors of a seed, and once they
+reached its open-file limit the Raft leader could not write its journal and stopped
+(800 idle connections against a limit of 600: the seed exited with status 1). A
+member's handshake is one round trip and a few HMACs (milliseconds)."""
 
 SOURCES_PER_KIND = 10
 """Addresses a kind of refusal is logged for per minute; the rest are counted."""

@@ -17,8 +17,12 @@ from listen_ports import listen_port
 
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH
-from cluster.handshake_slots import MAX_PENDING_HANDSHAKES
-from cluster.link_accept import SOURCES_PER_KIND, StrangerRefusals, reason_kind
+from cluster.link_accept import (
+    MAX_PENDING_HANDSHAKES,
+    SOURCES_PER_KIND,
+    StrangerRefusals,
+    reason_kind,
+)
 from cluster.link_io import connect
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
@@ -64,7 +68,7 @@ def test_strangers_waiting_for_a_handshake_are_bounded_and_a_member_still_links(
     """200 idle connections (none sends a byte): the member keeps 128 waiting and closes
     the oldest 72 at once, not after HANDSHAKE_TIMEOUT (5 s); before, it held all 200
     (2,000 held 2,017 descriptors of a real seed, and past its open-file limit the Raft
-    leader stopped: cluster/handshake_slots.py). A member dialling during the flood
+    leader stopped: cluster/link_accept.py). A member dialling during the flood
     links and replicates."""
     caplog.set_level(logging.INFO)
     port = listen_port()

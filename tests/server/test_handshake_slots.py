@@ -1,11 +1,11 @@
-"""cluster/handshake_slots.py: at most ``limit`` connections of a listener wait for
+"""migratory/server/handshake_slots.py: at most ``limit`` connections of a listener wait for
 their handshake; past it, the oldest (of an address holding more than half, if any) goes."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster.handshake_slots import Evicted, PendingHandshakes
+from migratory.server.handshake_slots import Evicted, PendingHandshakes
 
 
 def test_within_the_limit_nothing_is_closed() -> None:
@@ -60,3 +60,13 @@ def test_misuse_is_a_value_error() -> None:
     pending.add(0, "a")
     with pytest.raises(ValueError):
         pending.add(0, "a")
+
+
+def test_evict_makes_room_by_the_same_rule_and_nothing_when_empty() -> None:
+    pending = PendingHandshakes[str](4)
+    assert pending.evict() is None
+    for key, address in [("a1", "a"), ("b1", "b"), ("b2", "b"), ("b3", "b")]:
+        pending.add(key, address)
+    assert pending.evict() == Evicted("b1", "b", 3)  # b holds more than half
+    assert pending.evict() == Evicted("a1", "a", 1)  # then the oldest
+    assert len(pending) == 2 and pending.evicted == 2

@@ -1,32 +1,31 @@
-"""How many connections to one cluster listener may still be proving the password.
+"""How many connections to one listener may still be in their handshake.
 
-Sans-I/O accounting (no trio, no sockets; ``cluster/link_accept.py`` is the adapter).
-Anyone who reaches a member's cluster port can open connections and never finish the
-handshake; each holds a descriptor (and a task) for up to ``HANDSHAKE_TIMEOUT``.
-Unbounded, 2,000 such connections held 2,017 descriptors of a seed, and once they
-reached its open-file limit the Raft leader could not write its journal and stopped
-(800 idle connections against a limit of 600: the seed exited with status 1).
+Sans-I/O accounting (no trio, no sockets). Anyone who reaches a port can open
+connections and never finish the handshake (slowloris: send nothing, or a request a
+byte at a time, or stall a TLS handshake); each holds a descriptor and a task until its
+handshake deadline. Unbounded, they fill the server: the client ports refused every
+legitimate client once the flood reached ``MaxConnections`` (docs/security.md), and a
+Raft leader whose cluster port was flooded could not write its journal and stopped.
 
-At most :data:`MAX_PENDING_HANDSHAKES` wait at once per listener. One more makes
-:meth:`PendingHandshakes.add` name one to close: the oldest waiting, or, while one
-address holds more than half of them, the oldest of that address. A member's handshake
-is one round trip and a few HMACs (milliseconds), so an attacker must open that many
-connections within those milliseconds to crowd a member out; one attacking address
-crowds out itself first, however fast it opens them. (Refusing the newest instead
-would let ~26 idle connections a second lock every member out for good. Always taking
-the most crowded address would let an attacker spread over many addresses make a
-member dialling twice at once the most crowded one.)
+At most ``limit`` wait at once per listener. One more makes :meth:`PendingHandshakes.add`
+name one to close: the oldest waiting, or, while one address holds more than half of
+them, the oldest of that address (:meth:`PendingHandshakes.evict`). A real handshake
+takes milliseconds, so an attacker must open ``limit`` connections within those
+milliseconds to crowd a client out; one attacking address crowds out itself first,
+however fast it opens them. (Refusing the newest instead would let a few idle
+connections a second lock everyone out for good. Always taking the most crowded address
+would let an attacker spread over many addresses make a client dialling twice at once
+the most crowded one.)
+
+Users: the client listeners (``MaxPendingHandshakes``, :mod:`migratory.server.limits`)
+and the cluster listeners (``cluster/link_accept.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
-
-MAX_PENDING_HANDSHAKES: Final = 128
-"""Connections per cluster listener still proving the password (the Raft port's front
-keeps as many, cluster/raft_front_server.py). Both fit in ``FileDescriptorReserve``."""
+from typing import Generic, TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
 
@@ -42,9 +41,10 @@ class Evicted(Generic[Key]):
 
 
 class PendingHandshakes(Generic[Key]):
-    """The connections of one listener still authenticating, by address, oldest first."""
+    """The connections of one listener still in their handshake, by address, oldest
+    first."""
 
-    def __init__(self, limit: int = MAX_PENDING_HANDSHAKES) -> None:
+    def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError("the limit must be at least 1")
         self.limit = limit
@@ -67,6 +67,13 @@ class PendingHandshakes(Generic[Key]):
         self._by_address.setdefault(address, {})[key] = None
         if len(self._address) <= self.limit:
             return None
+        return self.evict()
+
+    def evict(self) -> Evicted[Key] | None:
+        """The one to close to make room (no longer counted), ``None`` if none waits: the
+        oldest of an address holding more than half of ``limit``, else the oldest."""
+        if not self._address:
+            return None
         crowded = max(self._by_address, key=lambda a: len(self._by_address[a]))
         if len(self._by_address[crowded]) * 2 > self.limit:
             oldest = next(iter(self._by_address[crowded]))
@@ -79,7 +86,8 @@ class PendingHandshakes(Generic[Key]):
         return Evicted(oldest, address, count)
 
     def remove(self, key: Key) -> None:
-        """``key`` authenticated, failed or closed: no longer waiting (idempotent)."""
+        """``key`` finished its handshake, failed or closed: no longer waiting
+        (idempotent)."""
         address = self._address.pop(key, None)
         if address is None:
             return
