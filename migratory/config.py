@@ -205,6 +205,7 @@ class Config:
     file_descriptor_reserve: int
     max_connections_per_address: int
     max_handshakes_per_address: int
+    max_pending_handshakes: int
     max_subscriptions_per_connection: int
     max_subscriptions: int
     max_subjects: int

@@ -34,6 +34,15 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "Connections from one IP address that have not finished `connect` (MQTT "
             "CONNECT) nor had an HTTP request answered yet (0: no limit); one more is "
             "answered 503 and closed."),
+    Setting("MaxPendingHandshakes", "max_pending_handshakes", _int(1, unit=_UNITS["c"]),
+            "1000",
+            "Connections of one listener that have not finished their handshake (TLS, "
+            "WebSocket upgrade or HTTP request, `connect`, MQTT CONNECT) yet; one more "
+            "closes the oldest of them (of an address holding more than half, if any). When "
+            "the server is full (MaxConnections) a newcomer closes the oldest of these "
+            "instead of being refused: connections that send nothing, or a byte at a time "
+            "(slowloris), cannot lock clients out, whose handshake takes milliseconds "
+            "(docs/security.md)."),
     Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
             _int(1, unit=_UNITS["s"]), "10000",
             "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),

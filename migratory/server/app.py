@@ -37,7 +37,13 @@ from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encr
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
-from migratory.server.limits import ConnectionLimits, refusal_response
+from migratory.server.limits import (
+    ConnectionLimits,
+    Eviction,
+    Refusal,
+    RefusalLog,
+    refusal_response,
+)
 from migratory.server.listen_sockets import open_listeners, raise_open_file_limit
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
@@ -129,6 +135,7 @@ class Server:
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
         self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)
+        self._refusal_log = RefusalLog()  # one line per kind of refusal a minute
         self._trim = MemoryTrim()  # memory.py
         self.dirty: set[Connection] = set()  # wait for the batch tick
         self.write_immediately = config.batch_time == 0
@@ -246,21 +253,46 @@ class Server:
                 self.connections.add(connection)
                 stats.connections_accepted += 1
                 stats.connections_open = len(self.connections)
-                self.nursery.start_soon(connection.run)
+                evicted = self.admission.enter(connection, spec)  # limits.py
+                if evicted is not None:
+                    self._evict(evicted)
+                stats.handshakes_pending = self.admission.pending_handshakes
+                if connection in self.connections:  # not the one evicted
+                    self.nursery.start_soon(connection.run)
 
-    def _refuse(self, sock: socket.socket, reason: str) -> None:
+    def _refuse(self, sock: socket.socket, refusal: Refusal) -> None:
         """Say 503 (one non-blocking send; a client that does not read misses it), close."""
+        self.refused(refusal.kind, refusal.reason)
+        with contextlib.suppress(OSError):
+            sock.send(refusal_response(refusal.reason))
+        sock.close()
+
+    def _evict(self, eviction: Eviction) -> None:
+        """Close a connection still in its handshake to make room for a newcomer."""
+        evicted = eviction.evicted
+        connection = evicted.key
+        assert isinstance(connection, Connection)
+        where = "this server" if eviction.kind == "MaxConnections" else connection.listener.url()
+        self.refused(eviction.kind, f"{eviction.limit} connections to {where} and a newcomer "
+                     f"({eviction.kind}): the oldest still in its handshake closed, from "
+                     f"{evicted.address} ({evicted.waiting_from_address} waiting from it)")
+        connection.evict()
+
+    def refused(self, kind: str, reason: str) -> None:
+        """Count a connection refused or closed before its handshake was done (by kind:
+        ``migratory_connections_refused_total``); log one line per kind a minute."""
         stats = self.ctx.stats
         stats.connections_refused += 1
-        if stats.connections_refused % 1000 == 1:
-            log.warning("connection refused: %s (%d so far)", reason, stats.connections_refused)
-        with contextlib.suppress(OSError):
-            sock.send(refusal_response(reason))
-        sock.close()
+        stats.count(stats.refusals, kind)
+        unlogged = self._refusal_log.line(kind, trio.current_time())
+        if unlogged is not None:
+            more = f" ({unlogged} more like it not logged)" if unlogged else ""
+            log.warning("connection refused: %s%s", reason, more)
 
     def forget(self, connection: Connection) -> None:
         if connection in self.connections:
             self.admission.release(connection)
+            self.ctx.stats.handshakes_pending = self.admission.pending_handshakes
             self._trim.closed()
         self.connections.discard(connection)
         self.dirty.discard(connection)

@@ -279,6 +279,9 @@ class Connection:
                     if self._requests_answered() != answered:
                         deadline.deadline = trio.current_time() + timeout
             session = self.session  # an MqttSession after a WebSocket upgrade to MQTT
+            if deadline.cancelled_caught and self.handshaking:
+                self.server.refused("HandshakeTimeout", f"no handshake within {timeout} s "
+                                    f"(HandshakeTimeout), from {self.address}")
             if not session.connected:
                 if session.is_websocket:
                     session.close(close_codes.CONNECT_TIMEOUT.code, "no connect in time")
@@ -399,6 +402,7 @@ class Connection:
         if self.handshaking and (session.connected or self._requests_answered()):
             self.handshaking = False
             limits.handshake_done(self)
+            server.ctx.stats.handshakes_pending = limits.pending_handshakes
         held = session.buffered_bytes
         if held != self._held:
             if not limits.hold_incomplete(held - self._held):
@@ -470,6 +474,11 @@ class Connection:
                 await trio.lowlevel.wait_readable(self.sock)
                 if not self.sock.recv(RECV_SIZE):
                     return
+
+    def evict(self) -> None:
+        """Close at once: the server needs the room for a newcomer (still in the
+        handshake: nothing to say to the peer, nothing of its own to flush)."""
+        self._abort()
 
     def _abort(self) -> None:
         if self._closed:

@@ -115,6 +115,9 @@ class ServerStatistics:
     subscriptions_open: int = 0  # native WebSocket sessions' subjects (MaxSubscriptions)
     subscribes_refused: int = 0  # whole subscribes whose answer would not fit (admission.py)
     connections_refused: int = 0  # over MaxConnections / per address / handshakes in flight
+    # {limit: count}: refused at accept, or closed before the handshake was done
+    refusals: dict[str, int] = field(default_factory=dict)
+    handshakes_pending: int = 0  # connections still in their handshake (MaxPendingHandshakes)
     slow_consumers: int = 0
     mqtt_sessions_opened: int = 0
     mqtt_sessions_resumed: int = 0  # persistent sessions taken up again (clean session 0)

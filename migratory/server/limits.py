@@ -6,21 +6,55 @@ answers a refusal with :func:`refusal_response` (HTTP 503) before closing it. Th
 total is capped below the open-file limit with a reserve (``FileDescriptorReserve``),
 so Raft, cluster links and files always find a descriptor. docs/security.md lists
 every limit.
+
+Connections still in their handshake (TLS, HTTP request or WebSocket upgrade, `connect`,
+MQTT CONNECT) are the ones a stranger can hold for nothing (slowloris): at most
+``MaxPendingHandshakes`` per listener (:mod:`migratory.server.handshake_slots`), and when
+the server is full (``MaxConnections``) a newcomer closes the oldest of them instead of
+being refused (:meth:`ConnectionLimits.enter`). Only a server full of clients that did
+finish their handshake refuses newcomers.
 """
 
 from __future__ import annotations
 
 import resource
 from collections import Counter
-from typing import Protocol
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
 
 from migratory.config import Config
 from migratory.protocol.http import response
+from migratory.server.handshake_slots import Evicted, PendingHandshakes
+
+LOG_EVERY: Final = 60.0
+"""Seconds between two log lines of one kind of refusal (:class:`RefusalLog`)."""
 
 
 class Counted(Protocol):
     address: str
     handshaking: bool
+
+    def __hash__(self) -> int: ...  # by identity: a key of PendingHandshakes
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a new connection is refused: ``kind`` names the limit (the label of
+    ``migratory_connections_refused_total``), ``reason`` says it to the client."""
+
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """A connection still in its handshake to close for a newcomer, and which limit
+    (``kind``, at ``limit``) the newcomer would have passed."""
+
+    kind: str
+    limit: int
+    evicted: Evicted[Counted]
 
 
 def open_file_limit() -> int:
@@ -49,30 +83,57 @@ class ConnectionLimits:
         self.incomplete_bytes = 0
         self._by_address: Counter[str] = Counter()
         self._handshakes: Counter[str] = Counter()
+        self._pending_limit = config.max_pending_handshakes
+        self._pending: dict[Hashable, PendingHandshakes[Counted]] = {}  # by listener
 
-    def admit(self, address: str) -> str | None:
-        """Count a new connection from ``address``, or say why it is refused."""
-        if self.open >= self.max_connections:
-            return f"too many connections ({self.max_connections}, MaxConnections)"
+    @property
+    def pending_handshakes(self) -> int:
+        """Connections counted by :meth:`enter` still in their handshake (every listener)."""
+        return sum(len(pending) for pending in self._pending.values())
+
+    def admit(self, address: str) -> Refusal | None:
+        """Count a new connection from ``address``, or say why it is refused. A full
+        server still admits it while some connection is in its handshake: :meth:`enter`
+        then names one to close."""
+        if self.open >= self.max_connections and not self.pending_handshakes:
+            return Refusal("MaxConnections",
+                           f"too many connections ({self.max_connections}, MaxConnections)")
         if self._per_address and self._by_address[address] >= self._per_address:
-            return (
-                f"too many connections from {address} "
-                f"({self._per_address}, MaxConnectionsPerAddress)"
-            )
+            return Refusal("MaxConnectionsPerAddress",
+                           f"too many connections from {address} "
+                           f"({self._per_address}, MaxConnectionsPerAddress)")
         limit = self._handshakes_per_address
         if limit and self._handshakes[address] >= limit:
-            return (
-                f"too many handshakes in flight from {address} "
-                f"({limit}, MaxHandshakesPerAddress)"
-            )
+            return Refusal("MaxHandshakesPerAddress",
+                           f"too many handshakes in flight from {address} "
+                           f"({limit}, MaxHandshakesPerAddress)")
         self.open += 1
         self._by_address[address] += 1
         self._handshakes[address] += 1
         return None
 
+    def enter(self, connection: Counted, listener: Hashable) -> Eviction | None:
+        """Count ``connection`` (admitted) as in its handshake on ``listener``; the one to
+        close to make room (maybe ``connection`` itself), no longer counted here: past
+        ``MaxPendingHandshakes`` on that listener, the oldest of its handshakes (of an
+        address holding more than half, if any); past ``MaxConnections``, the same rule
+        on the listener with the most handshakes."""
+        pending = self._pending.get(listener)
+        if pending is None:
+            pending = self._pending[listener] = PendingHandshakes(self._pending_limit)
+        evicted = pending.add(connection, connection.address)
+        if evicted is not None:
+            return Eviction("MaxPendingHandshakes", self._pending_limit, evicted)
+        if self.open > self.max_connections:
+            evicted = max(self._pending.values(), key=len).evict()
+            if evicted is not None:
+                return Eviction("MaxConnections", self.max_connections, evicted)
+        return None
+
     def handshake_done(self, connection: Counted) -> None:
         """``connection`` finished its handshake (sent ``connect``)."""
         self._decrement(self._handshakes, connection.address)
+        self._leave(connection)
 
     def release(self, connection: Counted) -> None:
         """``connection`` closed (call once)."""
@@ -81,6 +142,11 @@ class ConnectionLimits:
         if connection.handshaking:
             connection.handshaking = False
             self._decrement(self._handshakes, connection.address)
+            self._leave(connection)
+
+    def _leave(self, connection: Counted) -> None:
+        for pending in self._pending.values():  # one per listener: a few
+            pending.remove(connection)
 
     def hold_incomplete(self, delta: int) -> bool:
         """Add ``delta`` bytes of incomplete frames; False (nothing added) when that would
@@ -102,3 +168,23 @@ class ConnectionLimits:
 def refusal_response(reason: str) -> bytes:
     """What a refused connection is told before it is closed."""
     return response(503, (reason + "\n").encode(), headers=(("Retry-After", "5"),))
+
+
+@dataclass
+class RefusalLog:
+    """Which refusals to log: one line per kind every ``every`` seconds, the next line
+    of a kind saying how many were not logged (a flood of strangers must not flood the
+    log; the counts are in ``migratory_connections_refused_total``)."""
+
+    every: float = LOG_EVERY
+    _kinds: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """kind -> (time of its last line, refusals not logged since)"""
+
+    def line(self, kind: str, now: float) -> int | None:
+        """``None``: no line now; else how many of this kind went unlogged before it."""
+        last = self._kinds.get(kind)
+        if last is not None and now - last[0] < self.every:
+            self._kinds[kind] = (last[0], last[1] + 1)
+            return None
+        self._kinds[kind] = (now, 0)
+        return 0 if last is None else last[1]

@@ -184,6 +184,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "cached message)."),
     ("connections_accepted", "migratory_connections_accepted", "counter",
      "Connections accepted."),
+    ("handshakes_pending", "migratory_handshakes_pending", "gauge",
+     "Client connections still in their handshake (TLS, HTTP or WebSocket upgrade, "
+     "`connect`, MQTT CONNECT), every listener (MaxPendingHandshakes each)."),
     ("sessions_opened", "migratory_sessions_opened", "counter",
      "Clients that completed `connect`."),
     ("publishes_received", "migratory_publishes_received", "counter",
@@ -231,6 +234,11 @@ LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "Clients closed for breaking the protocol, by kind (http, frame, operation, ...)."),
     ("entitlement_denials", "migratory_entitlement_denials", "action",
      "Requests the entitlement refused, by action (connect, subscribe, publish)."),
+    ("refusals", "migratory_connections_refused", "limit",
+     "Client connections refused at accept (503) or closed before their handshake was "
+     "done, by limit: MaxConnections, MaxConnectionsPerAddress, MaxHandshakesPerAddress, "
+     "MaxPendingHandshakes (the oldest closed for a newcomer; MaxConnections too when "
+     "the server was full), HandshakeTimeout."),
     ("resumes", "migratory_resumes", "outcome",
      "Subscribes that resumed from a position, by outcome (sync: every missed message "
      "recovered; resync: snapshot and DATA_RESYNC)."),

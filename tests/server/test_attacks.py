@@ -238,6 +238,8 @@ def test_connections_beyond_the_cap_get_503_and_the_cap_frees_up(start_server: A
     server = start_server(MaxConnections="40")
     with watched(server) as figures:
         held = [RawClient(server.port) for _ in range(39)]  # the bystander is the 40th
+        for i, client in enumerate(held):  # clients, not handshakes (a newcomer closes
+            client.connect(f"held{i}")  # the oldest of those: test_slowloris.py)
         extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         assert extra.recv(4096).startswith(b"HTTP/1.1 503 ")
         for client in held:

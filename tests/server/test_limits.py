@@ -10,7 +10,7 @@ from migratory.config import Config, ConfigError
 from migratory.server.limits import ConnectionLimits, connection_cap, refusal_response
 
 
-@dataclass
+@dataclass(eq=False)
 class Conn:
     address: str
     handshaking: bool = True
@@ -32,15 +32,15 @@ def test_total_per_address_and_handshake_limits() -> None:
     a1, a2 = Conn("10.0.0.1"), Conn("10.0.0.1")
     assert limits.admit("10.0.0.1") is None and limits.admit("10.0.0.1") is None
     refusal = limits.admit("10.0.0.1")
-    assert refusal is not None and "MaxHandshakesPerAddress" in refusal
+    assert refusal is not None and refusal.kind == "MaxHandshakesPerAddress" in refusal.reason
     limits.handshake_done(a1)
     a1.handshaking = False
     assert limits.admit("10.0.0.1") is None  # a3, handshaking
     refusal = limits.admit("10.0.0.1")
-    assert refusal is not None and "MaxConnectionsPerAddress" in refusal
+    assert refusal is not None and refusal.kind == "MaxConnectionsPerAddress" in refusal.reason
     assert limits.admit("10.0.0.2") is None and limits.admit("10.0.0.3") is None
     refusal = limits.admit("10.0.0.4")
-    assert refusal is not None and "MaxConnections" in refusal
+    assert refusal is not None and refusal.kind == "MaxConnections" in refusal.reason
     limits.release(a2)  # closed while handshaking: both counts drop
     assert limits.open == 4
     assert limits.admit("10.0.0.4") is None
@@ -83,3 +83,46 @@ def test_limit_keys_round_trip_as_text() -> None:
     assert Config.from_mapping(text).publish_allow_from_address_list == (
         config.publish_allow_from_address_list
     )
+
+
+def test_a_full_server_closes_the_oldest_handshake_for_a_newcomer() -> None:
+    """MaxConnections reached by connections still in their handshake: a newcomer is
+    admitted and the oldest handshake (of the listener holding most) is named to close;
+    a server full of clients that finished theirs refuses. Before: always refused."""
+    config = Config.from_mapping({"MaxConnections": "3", "MaxHandshakesPerAddress": "0"})
+    limits = ConnectionLimits(config)
+    idle = [Conn(f"10.0.0.{i}") for i in range(3)]
+    for conn in idle:
+        assert limits.admit(conn.address) is None
+        assert limits.enter(conn, "ws") is None
+    newcomer = Conn("10.0.0.9")
+    assert limits.admit(newcomer.address) is None
+    eviction = limits.enter(newcomer, "mqtt")
+    assert eviction is not None and eviction.kind == "MaxConnections"
+    assert eviction.evicted.key is idle[0] and limits.pending_handshakes == 3
+    limits.release(idle[0])  # the server closed it
+    for conn in [*idle[1:], newcomer]:
+        limits.handshake_done(conn)
+        conn.handshaking = False
+    assert limits.pending_handshakes == 0
+    refusal = limits.admit("10.0.0.10")
+    assert refusal is not None and refusal.kind == "MaxConnections"
+
+
+def test_past_max_pending_handshakes_a_listener_closes_its_oldest() -> None:
+    config = Config.from_mapping({"MaxPendingHandshakes": "2", "MaxHandshakesPerAddress": "0"})
+    limits = ConnectionLimits(config)
+    conns = [Conn(f"10.0.0.{i}") for i in range(4)]
+    assert limits.enter(conns[0], "ws") is None and limits.enter(conns[1], "ws") is None
+    assert limits.enter(conns[2], "mqtt") is None  # another listener: its own count
+    eviction = limits.enter(conns[3], "ws")
+    assert eviction is not None and eviction.kind == "MaxPendingHandshakes"
+    assert eviction.evicted.key is conns[0] and eviction.limit == 2
+    limits.release(conns[1])  # closed while in its handshake: no longer counted
+    assert limits.pending_handshakes == 2
+
+
+def test_max_pending_handshakes_is_validated() -> None:
+    assert Config.defaults().max_pending_handshakes == 1000
+    with pytest.raises(ConfigError, match="MaxPendingHandshakes"):
+        Config.from_mapping({"MaxPendingHandshakes": "0"})
