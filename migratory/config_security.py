@@ -37,8 +37,10 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
     Setting("MaxPendingHandshakes", "max_pending_handshakes", _int(1, unit=_UNITS["c"]),
             "1000",
             "Connections of one listener that have not finished their handshake (TLS, "
-            "WebSocket upgrade or HTTP request, `connect`, MQTT CONNECT) yet; one more "
-            "closes the oldest of them (of an address holding more than half, if any). When "
+            "WebSocket upgrade or HTTP request, `connect`, MQTT CONNECT) yet, HTTP "
+            "keep-alive connections between requests included; one more closes the oldest "
+            "of them (of an address holding more than half, if any; never one whose "
+            "request waits for its answer). When "
             "the server is full (MaxConnections) a newcomer closes the oldest of these "
             "instead of being refused: connections that send nothing, or a byte at a time "
             "(slowloris), cannot lock clients out, whose handshake takes milliseconds "

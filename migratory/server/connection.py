@@ -55,7 +55,8 @@ class Connection:
     __slots__ = (
         "_answered", "_cipher", "_closed", "_fd", "_flying", "_held", "_marked", "_read_scope",
         "_tls",
-        "address", "batch_slowly", "handshaking", "listener", "server", "session", "sock",
+        "address", "batch_slowly", "handshaking", "listener", "pending", "server", "session",
+        "sock",
         "writing",
     )
 
@@ -80,6 +81,9 @@ class Connection:
         self._fd = sock.fileno()
         self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
+        # not a client session yet (in its handshake, or HTTP keep-alive between requests):
+        # may be closed to make room for a newcomer (limits.py, MaxPendingHandshakes)
+        self.pending = True
         self._held = 0  # bytes of incomplete frames counted in the server's budget
         self._closed = False
         self._marked = False  # told the server since the last flush (mark_dirty)
@@ -88,6 +92,13 @@ class Connection:
 
     def _new_session(self, peer: str) -> Session | MqttSession:
         return Session(self.server.ctx, self, peer, self.listener)
+
+    @property
+    def busy(self) -> bool:
+        """An HTTP request of it waits for its answer (a publish for its commit): never
+        closed to make room."""
+        session = self.session
+        return isinstance(session, Session) and session.awaiting_answer
 
     def _requests_answered(self) -> int:
         session = self.session
@@ -402,6 +413,9 @@ class Connection:
         if self.handshaking and (session.connected or self._requests_answered()):
             self.handshaking = False
             limits.handshake_done(self)
+        if self.pending and session.connected:  # a client session: never closed for room
+            self.pending = False
+            limits.connected(self)
             server.ctx.stats.handshakes_pending = limits.pending_handshakes
         held = session.buffered_bytes
         if held != self._held:

@@ -58,14 +58,15 @@ class PendingHandshakes(Generic[Key]):
     def __contains__(self, key: object) -> bool:
         return key in self._address
 
-    def add(self, key: Key, address: str) -> Evicted[Key] | None:
+    def add(self, key: Key, address: str, *, make_room: bool = True) -> Evicted[Key] | None:
         """Count ``key`` (a new connection from ``address``) as waiting; past the limit,
-        the one to close (it is no longer counted; it may be ``key`` itself)."""
+        the one to close (it is no longer counted; it may be ``key`` itself), unless
+        ``make_room`` is false (one put back: the limit is passed by one)."""
         if key in self._address:
             raise ValueError(f"{key!r} is already waiting")
         self._address[key] = address
         self._by_address.setdefault(address, {})[key] = None
-        if len(self._address) <= self.limit:
+        if len(self._address) <= self.limit or not make_room:
             return None
         return self.evict()
 

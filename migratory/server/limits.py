@@ -35,6 +35,9 @@ class Counted(Protocol):
     address: str
     handshaking: bool
 
+    @property
+    def busy(self) -> bool: ...  # a request waits for its answer: never closed for room
+
     def __hash__(self) -> int: ...  # by identity: a key of PendingHandshakes
 
 
@@ -121,18 +124,26 @@ class ConnectionLimits:
         pending = self._pending.get(listener)
         if pending is None:
             pending = self._pending[listener] = PendingHandshakes(self._pending_limit)
-        evicted = pending.add(connection, connection.address)
+        evicted = _not_busy(pending, pending.add(connection, connection.address))
         if evicted is not None:
             return Eviction("MaxPendingHandshakes", self._pending_limit, evicted)
         if self.open > self.max_connections:
-            evicted = max(self._pending.values(), key=len).evict()
+            fullest = max(self._pending.values(), key=len)
+            evicted = _not_busy(fullest, fullest.evict())
             if evicted is not None:
                 return Eviction("MaxConnections", self.max_connections, evicted)
         return None
 
     def handshake_done(self, connection: Counted) -> None:
-        """``connection`` finished its handshake (sent ``connect``)."""
+        """``connection`` finished its handshake (sent ``connect``) or had an HTTP request
+        answered: no longer counted in ``MaxHandshakesPerAddress``. An HTTP keep-alive
+        connection may still be closed to make room until it becomes a client session
+        (:meth:`connected`): one request per ``HandshakeTimeout`` would hold it for ever."""
         self._decrement(self._handshakes, connection.address)
+
+    def connected(self, connection: Counted) -> None:
+        """``connection`` is a client session (`connect`, MQTT CONNECT, an SSE stream):
+        never closed to make room."""
         self._leave(connection)
 
     def release(self, connection: Counted) -> None:
@@ -142,7 +153,7 @@ class ConnectionLimits:
         if connection.handshaking:
             connection.handshaking = False
             self._decrement(self._handshakes, connection.address)
-            self._leave(connection)
+        self._leave(connection)
 
     def _leave(self, connection: Counted) -> None:
         for pending in self._pending.values():  # one per listener: a few
@@ -163,6 +174,27 @@ class ConnectionLimits:
             counter[address] = left
         else:
             del counter[address]
+
+
+BUSY_TRIES: Final = 8
+"""Busy connections passed over to find one to close before giving up (the listener is
+then over its bound by one until one leaves)."""
+
+
+def _not_busy(
+    pending: PendingHandshakes[Counted], evicted: Evicted[Counted] | None
+) -> Evicted[Counted] | None:
+    """``evicted``, or, if its request waits for its answer, the next one by the same
+    rule (the busy one counted again, as the newest); ``None`` after :data:`BUSY_TRIES`."""
+    for attempt in range(BUSY_TRIES + 1):
+        if evicted is None or not evicted.key.busy:
+            return evicted
+        pending.evicted -= 1  # not closed after all: back, as the newest
+        pending.add(evicted.key, evicted.address, make_room=False)
+        if attempt == BUSY_TRIES:
+            break
+        evicted = pending.evict()
+    return None
 
 
 def refusal_response(reason: str) -> bytes:

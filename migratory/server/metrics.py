@@ -186,7 +186,8 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "Connections accepted."),
     ("handshakes_pending", "migratory_handshakes_pending", "gauge",
      "Client connections still in their handshake (TLS, HTTP or WebSocket upgrade, "
-     "`connect`, MQTT CONNECT), every listener (MaxPendingHandshakes each)."),
+     "`connect`, MQTT CONNECT) or HTTP keep-alive between requests, every listener "
+     "(MaxPendingHandshakes each): those a newcomer may close to make room."),
     ("sessions_opened", "migratory_sessions_opened", "counter",
      "Clients that completed `connect`."),
     ("publishes_received", "migratory_publishes_received", "counter",

@@ -14,6 +14,7 @@ from migratory.server.limits import ConnectionLimits, connection_cap, refusal_re
 class Conn:
     address: str
     handshaking: bool = True
+    busy: bool = False
 
 
 def test_the_cap_keeps_a_reserve_below_the_open_file_limit() -> None:
@@ -104,6 +105,7 @@ def test_a_full_server_closes_the_oldest_handshake_for_a_newcomer() -> None:
     for conn in [*idle[1:], newcomer]:
         limits.handshake_done(conn)
         conn.handshaking = False
+        limits.connected(conn)
     assert limits.pending_handshakes == 0
     refusal = limits.admit("10.0.0.10")
     assert refusal is not None and refusal.kind == "MaxConnections"
@@ -126,3 +128,30 @@ def test_max_pending_handshakes_is_validated() -> None:
     assert Config.defaults().max_pending_handshakes == 1000
     with pytest.raises(ConfigError, match="MaxPendingHandshakes"):
         Config.from_mapping({"MaxPendingHandshakes": "0"})
+
+
+def test_a_connection_whose_request_waits_for_its_answer_is_never_closed_for_room() -> None:
+    """An HTTP keep-alive connection stays closable after its answers (one request per
+    HandshakeTimeout would hold it for ever) until it becomes a client session, but not
+    while a request of it waits for its answer (a publish for its commit)."""
+    config = Config.from_mapping({"MaxConnections": "3", "MaxHandshakesPerAddress": "0"})
+    limits = ConnectionLimits(config)
+    pool = [Conn("10.0.0.1"), Conn("10.0.0.2"), Conn("10.0.0.3")]
+    for conn in pool:
+        assert limits.admit(conn.address) is None and limits.enter(conn, "ws") is None
+        limits.handshake_done(conn)  # an answered request: still closable
+        conn.handshaking = False
+    pool[0].busy = True
+    newcomer = Conn("10.0.0.9")
+    assert limits.admit(newcomer.address) is None
+    eviction = limits.enter(newcomer, "ws")
+    assert eviction is not None and eviction.evicted.key is pool[1]
+    limits.release(pool[1])
+    limits.connected(newcomer)  # `connect`: a client session, never closed for room
+    for conn in (pool[0], pool[2]):
+        conn.busy = True
+    assert limits.admit("10.0.0.10") is None  # two busy ones still in their handshake
+    last = Conn("10.0.0.10")
+    eviction = limits.enter(last, "ws")  # the only one that may go: the newcomer itself
+    assert eviction is not None and eviction.evicted.key is last
+    assert limits.pending_handshakes == 2

@@ -223,6 +223,33 @@ async def _drip() -> None:
         nursery.cancel_scope.cancel()
 
 
+def test_idle_keep_alive_connections_make_room_for_clients_too() -> None:
+    """One address fills MaxConnections with HTTP keep-alive connections, each with a
+    request answered and then idle (one request per HandshakeTimeout keeps one forever,
+    and MaxHandshakesPerAddress no longer counts it): a newcomer closes the oldest idle
+    one, as it would a handshake (test_limits.py: never one whose request waits for its
+    answer). Before: the newcomer was answered 503."""
+    trio.run(_keep_alive)
+
+
+async def _keep_alive() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, MaxConnections="10")
+        plain = port(server, "ws:")
+        idle = await hold(10, plain, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for stream in idle:
+            assert (await receive(stream)).startswith(b"HTTP/1.1 200 ")
+        assert server.admission.open == 10
+        stream = await trio.open_tcp_stream("127.0.0.1", plain)
+        assert await websocket_connected(stream)
+        assert server.ctx.stats.refusals == {"MaxConnections": 1}
+        assert await closed_by_server(idle[:1]) == 1  # the oldest
+        assert await closed_by_server(idle[1:]) == 0
+        for held in [*idle, stream]:
+            await held.aclose()
+        nursery.cancel_scope.cancel()
+
+
 def test_refusals_are_logged_once_per_kind_and_interval() -> None:
     log = RefusalLog(every=60.0)
     assert log.line("MaxConnections", 0.0) == 0
