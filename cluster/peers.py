@@ -23,6 +23,7 @@ from cluster.link_accept import HandshakeGate, accept_link
 from cluster.link_io import ClusterTls, LinkChannel, describe, secured
 from cluster.link_sync import SyncFrames
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
+from migratory.server.accept import serve_tcp
 
 log = logging.getLogger("migratory.cluster")
 
@@ -93,7 +94,9 @@ class PeerService:
         async with trio.open_nursery() as nursery:
             with bind_error(bind):
                 await nursery.start(
-                    functools.partial(trio.serve_tcp, host=bind[0]), self.serve_peer, bind[1]
+                    functools.partial(serve_tcp, host=bind[0], name="cluster link port"),
+                    self.serve_peer,
+                    bind[1],
                 )
             task_status.started()
 

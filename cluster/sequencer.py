@@ -20,6 +20,7 @@ their parent) and a restarted server starts new epochs, so clients resume with
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from cluster.replica import Replica
 from cluster.stream import CommittedStream
 from migratory.config import Config
 from migratory.model.position import new_epoch
+from migratory.server.accept import serve_listeners
 from migratory.server.app import EXPIRE_SUBJECTS_PER_TICK, build_hub
 
 log = logging.getLogger("migratory.workers")
@@ -80,7 +82,9 @@ class Sequencer:
             take_forward=self.take_forward,
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, peers.serve_peer, listeners)
+            await nursery.start(
+                functools.partial(serve_listeners, name="sequencer"), peers.serve_peer, listeners
+            )
             nursery.start_soon(self._expire)
             log.info("sequencer on %s:%d (epoch candidate %d)", host, port, self.epoch_candidate)
             task_status.started((host, port))

@@ -27,6 +27,7 @@ from cluster.peers import bind_error, remote_host
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
+from migratory.server.accept import serve_tcp
 from migratory.server.app import Server, build_hub
 from migratory.server.context import LocalPublishing, PublishReply
 from migratory.server.hub import Hub
@@ -105,7 +106,9 @@ class StandardNode:
         async with trio.open_nursery() as nursery:
             with bind_error(self.config.cluster_bind):
                 await nursery.start(
-                    functools.partial(trio.serve_tcp, host=self.config.cluster_bind[0]),
+                    functools.partial(
+                        serve_tcp, host=self.config.cluster_bind[0], name="cluster link port"
+                    ),
                     self._serve_peer,
                     self.config.cluster_bind[1],
                 )

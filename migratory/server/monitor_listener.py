@@ -20,6 +20,7 @@ import trio
 
 from migratory.config import Config
 from migratory.protocol.http import HttpError, Request, RequestParser, response
+from migratory.server.accept import serve_listeners
 from migratory.server.dashboard import answer_dashboard
 from migratory.tls import server_context
 
@@ -172,4 +173,4 @@ async def serve_monitoring(
 
     bound = listeners[0].socket.getsockname()
     task_status.started((bound[0], bound[1]))
-    await trio.serve_listeners(handle, listeners)
+    await serve_listeners(handle, listeners, name="monitoring listener")

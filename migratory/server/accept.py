@@ -1,0 +1,90 @@
+"""trio's ``serve_tcp`` / ``serve_listeners``, with the descriptor exhaustion said once.
+
+The same loop as trio's (one task per listener, a handler task per connection closed
+with ``aclose_forcefully`` after it, other ``OSError`` of ``accept`` raised), except
+that an ``accept`` refused for want of a descriptor (:data:`CAPACITY_ERRNOS`) goes to
+an :class:`Exhaustion` per listener -- a WARNING without a traceback that says what to
+do, then one line per :data:`~migratory.server.exhaustion.LOG_EVERY` seconds with a
+count -- instead of trio's ERROR with a traceback every 0.1 s. Used for the cluster
+link port (cluster/peers.py, cluster/standard.py), the Workers sequencer
+(cluster/sequencer.py) and the monitoring listener (monitor_listener.py); the client
+listeners have their own loop (app.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
+
+import trio
+
+from migratory.server.exhaustion import CAPACITY_ERRNOS, RETRY_SECONDS, Exhaustion
+
+log = logging.getLogger("migratory.accept")
+
+Handler = Callable[[trio.SocketStream], Awaitable[object]]
+
+
+def listener_name(name: str, listener: trio.SocketListener) -> str:
+    """``cluster link port 127.0.0.1:9001``."""
+    address = listener.socket.getsockname()
+    return f"{name} {address[0]}:{address[1]}"
+
+
+async def _run_handler(stream: trio.SocketStream, handler: Handler) -> None:
+    try:
+        await handler(stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _serve_one(
+    listener: trio.SocketListener,
+    handler_nursery: trio.Nursery,
+    handler: Handler,
+    exhaustion: Exhaustion,
+) -> NoReturn:
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in CAPACITY_ERRNOS:
+                    raise
+                exhaustion.failed(exc)
+                await trio.sleep(exhaustion.retry)
+            else:
+                exhaustion.succeeded()
+                handler_nursery.start_soon(_run_handler, stream, handler)
+
+
+async def serve_listeners(
+    handler: Handler,
+    listeners: Sequence[trio.SocketListener],
+    *,
+    name: str,
+    retry: float = RETRY_SECONDS,
+    task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Serve ``listeners`` (closed when this ends) as ``trio.serve_listeners`` does;
+    ``name`` begins their log lines (``"monitoring listener"``)."""
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            exhaustion = Exhaustion(log, listener_name(name, listener), retry=retry)
+            nursery.start_soon(_serve_one, listener, nursery, handler, exhaustion)
+        task_status.started(listeners)
+    raise AssertionError("_serve_one never returns")  # pragma: no cover
+
+
+async def serve_tcp(
+    handler: Handler,
+    port: int,
+    *,
+    host: str,
+    name: str,
+    task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """``trio.serve_tcp(handler, port, host=host)`` through :func:`serve_listeners`."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    await serve_listeners(handler, listeners, name=name, task_status=task_status)
