@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from listen_ports import listen_port
 from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.monotonic import monotonic
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import TcpServer
@@ -348,30 +349,59 @@ class _FlakyListener:
         self._real.close()
 
 
-def test_a_connection_aborted_before_accept_does_not_stop_the_listener() -> None:
-    """Only a failure of the listener itself (EMFILE...) makes it listen again later; a
-    peer that connected and reset before it was accepted is skipped (it was unbound)."""
+def front_server(poller: Any) -> Any:
     from cluster.raft_front_server import FrontServer
 
-    poller = createPoller("auto")
     server = FrontServer(
         poller, "127.0.0.1", free_port(), lambda connection: None,
         gate=PreambleGate(b"k" * 32, address="127.0.0.1:1"),
         send_buffer_size=2**16, recv_buffer_size=2**16, connection_timeout=3.0,
     )
     server.bind()
+    return server
+
+
+def test_a_connection_aborted_before_accept_does_not_stop_the_listener() -> None:
+    """Only a failure of the listener itself (EMFILE...) makes it listen again later; a
+    peer that connected and reset before it was accepted is skipped (it was unbound)."""
+    server = front_server(createPoller("auto"))
     try:
         assert server._socket is not None
         real = server._socket
-        server._socket = _FlakyListener(real, [ConnectionAbortedError(103, "aborted")])  # type: ignore[assignment]
+        server._socket = _FlakyListener(real, [ConnectionAbortedError(103, "aborted")])
         with socket.create_connection(("127.0.0.1", server._port)):
             time.sleep(0.05)
             server._on_accept(server.fileno or 0, 1)  # POLL_EVENT_TYPE.READ
             assert server.fileno is not None, "the listener was dropped"
             assert server.statistics().pending == 1, "the next connection was taken"
-        server._socket = _FlakyListener(real, [OSError(24, "Too many open files")])  # type: ignore[assignment]
+        server._socket = _FlakyListener(real, [OSError(24, "Too many open files")])
         server._on_accept(server.fileno, 1)
         assert server.fileno is None  # EMFILE: unbound, the transport binds again
+    finally:
+        server.close_waiting()
+        server.unbind()
+
+
+def test_a_connection_has_its_time_whatever_time_monotonic_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``expire`` is given pysyncobj's clock (CLOCK_MONOTONIC_RAW); an arrival stamped
+    with ``time.monotonic`` (NTP-slewed: the two part by a few ppm of the uptime) was
+    off by their gap: 10 s closed every connection at the first tick, before its
+    preamble could be read (3 s would have been enough)."""
+    server = front_server(createPoller("auto"))
+    try:
+        with socket.create_connection(("127.0.0.1", server._port)):
+            time.sleep(0.05)
+            real = time.monotonic
+            monkeypatch.setattr(time, "monotonic", lambda: real() - 10.0)
+            server._on_accept(server.fileno, 1)
+            monkeypatch.undo()
+            server.expire(monotonic())
+            assert server.statistics().pending == 1
+            assert server.statistics().timed_out == 0
+            server.expire(monotonic() + UNAUTHENTICATED_SECONDS + 0.5)
+            assert server.statistics().timed_out == 1
     finally:
         server.close_waiting()
         server.unbind()
