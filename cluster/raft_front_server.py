@@ -11,7 +11,9 @@ waiting after ``UNAUTHENTICATED_SECONDS`` (:meth:`FrontServer.expire`, every tic
 with a wrong preamble is closed; so is the oldest waiting one when ``MAX_PENDING``
 wait. Its memory is one 64-byte buffer per waiting connection. Unlike ``TcpServer`` it
 accepts up to ``ACCEPTS_PER_WAKEUP`` connections per poll and listens with a backlog of
-``MAX_PENDING``, so a seed's dial does not queue behind an attacker's.
+``MAX_PENDING``, so a seed's dial does not queue behind an attacker's. An accept that
+fails for want of a descriptor (EMFILE...) pauses the listener for a moment, still bound,
+and is said once then counted (:class:`migratory.server.exhaustion.Exhaustion`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import TcpConnection, _getAddrType
 
 from cluster.raft_front import PreambleGate, PreambleReader, Refusal, Verdict
+from migratory.server.exhaustion import CAPACITY_ERRNOS, Exhaustion
 
 log = logging.getLogger("migratory.raft")
 
@@ -109,6 +112,9 @@ class FrontServer:
         """Why the last attempt to listen failed (``None``: listening, or not tried yet)."""
         self._bind_failures = 0
         self._bind_logged = 0.0
+        self.exhaustion = Exhaustion(log, f"Raft port {host}:{port}")
+        """Accepts refused for want of a descriptor (EMFILE...): said once, counted."""
+        self._paused_until: float | None = None  # accepting again from then
 
     def statistics(self) -> FrontStatistics:
         return FrontStatistics(pending=len(self._waiting), **self._counts)
@@ -159,6 +165,7 @@ class FrontServer:
 
     def unbind(self) -> None:
         """Stop listening (connections waiting for their preamble stay: ``close_waiting``)."""
+        self._paused_until = None
         if self.fileno is not None:
             self._poller.unsubscribe(self.fileno)
             self.fileno = None
@@ -208,9 +215,13 @@ class FrontServer:
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 return False
+            if exc.errno in CAPACITY_ERRNOS:
+                self._pause(exc)
+                return False
             log.warning("Raft: accept failed (%s): listening again later", exc)
-            self.unbind()  # as TcpServer (EMFILE...): the transport binds again
+            self.unbind()  # as TcpServer: the transport binds again
             return False
+        self.exhaustion.succeeded()
         try:
             self._set_options(sock)
         except OSError:  # this connection is already gone; the listener is fine
@@ -230,6 +241,28 @@ class FrontServer:
             fileno, self._on_preamble_bytes, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         )
         return True
+
+    def _pause(self, exc: OSError) -> None:
+        """No descriptor left (EMFILE...): stop polling the listener for ``retry``
+        seconds. It stays bound, its backlog kept: TcpServer unbound it (the connections
+        waiting in its backlog reset) and the transport bound it again a second later,
+        two warnings per round while the exhaustion lasted; a listener left polled
+        would wake every poll, its accept failing at once."""
+        self.exhaustion.failed(exc)
+        if self.fileno is not None:
+            self._poller.unsubscribe(self.fileno)
+        self._paused_until = monotonic() + self.exhaustion.retry
+
+    def resume(self, now: float) -> None:
+        """Poll the listener again once its pause is over (``now``: pysyncobj's
+        ``monotonic()``, as :meth:`expire`; the transport calls this every tick)."""
+        if self._paused_until is None or now < self._paused_until:
+            return
+        self._paused_until = None
+        if self.fileno is not None:
+            self._poller.subscribe(
+                self.fileno, self._on_accept, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+            )
 
     def _on_preamble_bytes(self, descr: int, event: int) -> None:
         waiting = self._waiting.get(descr)

@@ -40,7 +40,11 @@ ever (300 idle ones held 300 descriptors), and, if its listening socket fails on
   (the first message decrypts, then names a seed): it too is closed after
   ``UNAUTHENTICATED_SECONDS``, or once more than ``MAX_UNAUTHENTICATED_BYTES`` wait in
   its buffer;
-- a lost listener listens again (tests/cluster/test_raft_port.py, test_raft_front_port.py).
+- a lost listener listens again (tests/cluster/test_raft_port.py, test_raft_front_port.py);
+  with no descriptor left (EMFILE) the listener pauses instead (FrontServer) and a dial
+  is put off to the next ``connectionRetryTime``: each said once, then counted, where
+  pysyncobj's tick ended in a traceback ("failed _onTick in _autoTickThread") at every
+  dial, the rest of its tick (timeouts, keepalives) skipped.
 
 Idle links are kept alive. pysyncobj checks a link's silence only when it sends on it:
 a link that has read nothing for ``connectionTimeout`` is dropped *instead of* sending.
@@ -69,6 +73,7 @@ from pysyncobj.transport import TCPTransport
 
 from cluster.raft_front import NONCE_SIZE, PreambleGate, derive_key, encode_preamble
 from cluster.raft_front_server import UNAUTHENTICATED_SECONDS, FrontServer, FrontStatistics
+from migratory.server.exhaustion import CAPACITY_ERRNOS, Exhaustion
 
 __all__ = [
     "KEEPALIVE", "MAX_UNAUTHENTICATED_BYTES", "UNAUTHENTICATED_SECONDS", "SeedLinkTransport",
@@ -103,6 +108,8 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         self._destroyed = False
         # before TCPTransport.__init__: it creates the server
         self._front_key = derive_key(syncObj.conf.password or "")
+        self.dial_exhaustion = Exhaustion(log, "Raft", retry=syncObj.conf.connectionRetryTime)
+        """Dials refused for want of a descriptor (EMFILE...): said once, counted."""
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _createServer(self) -> None:
@@ -157,6 +164,23 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         self.keep_links_alive(now)
         if self._server is not None:
             self._server.expire(now)
+            self._server.resume(now)
+
+    def _connectIfNecessarySingle(self, node: Any) -> bool:
+        """pysyncobj's, but a dial with no descriptor left (``socket()``: EMFILE) is
+        counted and put off to the next ``connectionRetryTime``, not raised out of the
+        tick (its traceback at ERROR every dial, the rest of the tick not run)."""
+        attempted = self._lastConnectAttempt.get(node)
+        try:
+            dialled: bool = super()._connectIfNecessarySingle(node)
+        except OSError as exc:
+            if exc.errno not in CAPACITY_ERRNOS:
+                raise
+            self.dial_exhaustion.failed(exc, f"dial seed {node.address}")
+            return False
+        if self._lastConnectAttempt.get(node) != attempted:  # a socket was made
+            self.dial_exhaustion.succeeded()
+        return dialled
 
     def destroy(self) -> None:
         self._destroyed = True

@@ -10,6 +10,7 @@ tests/cluster/raft_port_probe.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import inspect
 import logging
@@ -362,8 +363,8 @@ def front_server(poller: Any) -> Any:
 
 
 def test_a_connection_aborted_before_accept_does_not_stop_the_listener() -> None:
-    """Only a failure of the listener itself (EMFILE...) makes it listen again later; a
-    peer that connected and reset before it was accepted is skipped (it was unbound)."""
+    """Only a failure of the listener itself makes it listen again later; a peer that
+    connected and reset before it was accepted is skipped (it was unbound)."""
     server = front_server(createPoller("auto"))
     try:
         assert server._socket is not None
@@ -374,12 +375,66 @@ def test_a_connection_aborted_before_accept_does_not_stop_the_listener() -> None
             server._on_accept(server.fileno or 0, 1)  # POLL_EVENT_TYPE.READ
             assert server.fileno is not None, "the listener was dropped"
             assert server.statistics().pending == 1, "the next connection was taken"
-        server._socket = _FlakyListener(real, [OSError(24, "Too many open files")])
+        server._socket = _FlakyListener(real, [OSError(errno.EINVAL, "Invalid argument")])
         server._on_accept(server.fileno, 1)
-        assert server.fileno is None  # EMFILE: unbound, the transport binds again
+        assert server.fileno is None  # unbound, the transport binds again
     finally:
         server.close_waiting()
         server.unbind()
+
+
+class _Polled:
+    """pysyncobj's poller, remembering which descriptors it polls."""
+
+    def __init__(self) -> None:
+        self.real = createPoller("auto")
+        self.polled: set[int] = set()
+
+    def subscribe(self, fileno: int, callback: Any, events: int) -> None:
+        self.polled.add(fileno)
+        self.real.subscribe(fileno, callback, events)
+
+    def unsubscribe(self, fileno: int) -> None:
+        self.polled.discard(fileno)
+        self.real.unsubscribe(fileno)
+
+
+def test_no_descriptor_left_pauses_the_listener_says_so_once_then_accepts_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """EMFILE: the listener stays bound (its backlog kept) but is not polled until the
+    pause is over (a polled one wakes every poll, its accept failing at once); 50
+    failures make one line, and one more once a connection is accepted. pysyncobj's
+    TcpServer (and this front before) unbound it, to bind it again a second later, two
+    warnings per round."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    poller = _Polled()
+    server = front_server(poller)
+    try:
+        real = server._socket
+        emfile = [OSError(errno.EMFILE, "Too many open files") for _ in range(50)]
+        server._socket = _FlakyListener(real, emfile)
+        listener = server.fileno
+        with socket.create_connection(("127.0.0.1", server._port)):
+            time.sleep(0.05)
+            for _ in range(50):
+                server._on_accept(listener, 1)
+                assert server.fileno == listener, "unbound: its backlog reset"
+                assert listener not in poller.polled, "still polled: woken every poll"
+                server.resume(monotonic())  # the pause is not over
+                assert listener not in poller.polled
+                server.resume(monotonic() + 1.0)
+                assert listener in poller.polled
+            server._on_accept(listener, 1)
+            assert server.statistics().pending == 1, "the waiting connection was not taken"
+    finally:
+        server.close_waiting()
+        server.unbind()
+    lines = [r.getMessage() for r in caplog.records if r.name == "migratory.raft"]
+    assert len(lines) == 2, lines
+    assert "cannot accept a connection: EMFILE" in lines[0] and "ulimit -n" in lines[0]
+    assert "working again after 50 failures" in lines[1]
+    assert not any(r.exc_info for r in caplog.records)
 
 
 def test_a_connection_has_its_time_whatever_time_monotonic_says(

@@ -14,14 +14,21 @@ here) and show that :class:`cluster.raft_transport.SeedLinkTransport` links up.
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from listen_ports import listen_port
 from pysyncobj import SyncObj, SyncObjConf, dns_resolver
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from no_descriptors import no_descriptor_left
 
 from cluster.raft_transport import SeedLinkTransport
 
@@ -146,3 +153,45 @@ def test_a_dial_the_kernel_completed_is_left_to_pysyncobj(names: Names) -> None:
             assert connection.state == CONNECTION_STATE.CONNECTED
         finally:
             dialler.destroy()
+
+
+def test_a_dial_with_no_descriptor_left_is_put_off_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A seed out of descriptors dials a seed: pysyncobj's ``socket()`` raised EMFILE out
+    of the tick (its auto-tick thread logged "failed _onTick in _autoTickThread" with a
+    traceback at each dial, every connectionRetryTime, the rest of the tick skipped).
+    Now the dial is put off to the next connectionRetryTime, said once, counted."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    port = listen_port(span=2)
+    # me > other: this seed dials (pysyncobj's rule); nobody listens there
+    other, me = sorted(f"127.0.0.1:{p}" for p in (port, port + 1))
+    node = SyncObj(me, [other], conf=conf(), transportClass=SeedLinkTransport)
+    transport = node._SyncObj__transport
+    dials: set[float] = set()  # when each dial began (pysyncobj's _lastConnectAttempt)
+
+    def dialled() -> int:
+        """Dials begun since the seed started listening."""
+        dials.update(transport._lastConnectAttempt.values())
+        return len(dials - before)
+
+    try:
+        node.doTick(0.01)  # listening (and maybe a first dial, refused)
+        before = set(transport._lastConnectAttempt.values())
+        with no_descriptor_left():
+            for _ in range(500):  # ~0.3 s apart: 3 dials within ~1 s
+                node.doTick(0.01)
+                if dialled() == 3:
+                    break
+        assert dialled() == 3
+        for _ in range(100):
+            node.doTick(0.01)
+            if dialled() == 4:
+                break  # a dial made a socket again (refused: nobody listens)
+    finally:
+        node.destroy()
+    lines = [r.getMessage() for r in caplog.records if r.name == "migratory.raft"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"Raft: cannot dial seed {other}: EMFILE (Too many open files)")
+    assert "working again after 3 failures" in lines[1]
+    assert not any(r.exc_info for r in caplog.records)
