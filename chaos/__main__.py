@@ -133,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--raw-publishers", type=int, default=4, help="raw-protocol publishers")
     run.add_argument("--subscribers", type=int, default=14, help="SDK subscribers")
     run.add_argument("--auditors", type=int, default=6, help="raw-protocol subscribers")
+    run.add_argument(
+        "--mqtt-subscribers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="MQTT persistent sessions (paho-mqtt, clean session 0, QoS 1) subscribed to "
+        "their plan's subjects on the members' MQTT listeners (default 0: none, and no "
+        "ListenMqtt)",
+    )
     args = parser.parse_args(argv)
     if args.command == "replay-schedule":
         sys.stdout.write(
@@ -167,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_publishers=args.raw_publishers,
         subscribers=args.subscribers,
         auditors=args.auditors,
+        mqtt_subscribers=args.mqtt_subscribers,
     )
 
 

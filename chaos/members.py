@@ -28,8 +28,9 @@ PASSWORD = "chaos-cluster-password"
 RUNNER_KEYS = frozenset({
     "ServerName", "Listen", "ClusterMembers", "ClusterMemberListen", "ClusterMemberBind",
     "ClusterSeedMemberCount", "ClusterDeliveryMode", "ClusterPassword", "ClusterDataDir",
-    "ClusterLogCompactionEntries", "ClusterLogCompactionTime",
+    "ClusterLogCompactionEntries", "ClusterLogCompactionTime", "ListenMqtt",
 })
+MQTT_OFFSET = 5  # a member's MQTT listener (when the run has MQTT subscribers): client port + 5
 ENDING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 16_384
@@ -128,6 +129,7 @@ def build_members(
     out: Path,
     env: dict[str, str],
     on_crash: Callable[[Member, int], None],
+    mqtt: bool = False,
 ) -> tuple[list[Member], dict[int, list[Proxy]], list[str]]:
     """The members of a Guaranteed cluster on ports from ``base`` (not started), their
     proxies by member index (cluster, Raft, client; none without ``proxies``) and the
@@ -136,7 +138,9 @@ def build_members(
 
     Member i serves clients and HTTP on base+10i and is known to its peers at
     base+1000+10i (Raft + 1). Proxied, it binds its cluster links on base+2000+10i and
-    clients reach it through base+3000+10i.
+    clients reach it through base+3000+10i. With ``mqtt``, its MQTT listener is on
+    :data:`MQTT_OFFSET` past its client port, and so is the MQTT port clients reach (a
+    fourth proxy, a client link for the nemesis: :func:`mqtt_port`).
     """
     members: list[Member] = []
     proxy_of: dict[int, list[Proxy]] = {}
@@ -163,6 +167,11 @@ def build_members(
                 Proxy(f"{member(i)}/raft", cl + 1, bind + 1),
                 Proxy(f"{member(i)}/client", public, client_port),
             ]
+            if mqtt:
+                mq = MQTT_OFFSET
+                proxy_of[i].append(Proxy(f"{member(i)}/mqtt", public + mq, client_port + mq))
+        if mqtt:
+            s["ListenMqtt"] = f"127.0.0.1:{client_port + MQTT_OFFSET}"
         client_urls.append(f"ws://127.0.0.1:{public}")
         members.append(
             Member(
@@ -170,6 +179,11 @@ def build_members(
             )
         )
     return members, proxy_of, client_urls
+
+
+def mqtt_port(client_url: str) -> int:
+    """The MQTT port clients reach the member of ``client_url`` on (runs with MQTT)."""
+    return int(client_url.rsplit(":", 1)[1]) + MQTT_OFFSET
 
 
 def http_json(port: int, path: str, timeout: float = 0.6) -> tuple[int, Any]:

@@ -7,7 +7,7 @@ check while every subject is watched by several subscribers of both kinds.
 Names say what a client is: ``p<k>`` SDK publishers, ``pr<k>`` raw-protocol
 publishers (a msg_id starts with its publisher's name, so every one starts with
 ``p``), ``s<k>`` SDK subscribers, ``a<k>`` raw auditors (the server's test fault
-switch aims at client names starting with ``a``).
+switch aims at client names starting with ``a``), ``m<k>`` MQTT persistent sessions.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class PublisherPlan:
 @dataclass(frozen=True, slots=True)
 class SubscriberPlan:
     name: str
-    kind: str  # sdk | raw
+    kind: str  # sdk | raw | mqtt
     prefer: int
     subjects: tuple[str, ...]
     history: int  # 0: the snapshot on the first subscribe; N: the last N cached messages
@@ -63,6 +63,7 @@ def plan_workload(
     raw_publishers: int = 4,
     sdk_subscribers: int = 14,
     auditors: int = 6,
+    mqtt_subscribers: int = 0,
     per_subscriber: int | None = None,
     late_start: float = 8.0,
 ) -> WorkloadPlan:
@@ -71,7 +72,8 @@ def plan_workload(
     Every third subscriber of each kind asks for history and subscribes late (after
     ``late_start`` s and a little more per subscriber), so there is history to give.
     ``per_subscriber`` subjects each (default: an eighth of them, at least 2); every
-    subject gets at least one subscriber of each kind.
+    subject gets at least one subscriber of each kind. MQTT subscribers (none by
+    default: the plan of the other kinds does not change with them) take no history.
     """
     if subjects < 1 or members < 1:
         raise ValueError("need at least one subject and one member")
@@ -88,7 +90,10 @@ def plan_workload(
         for k in range(raw_publishers)
     ]
     subs: list[SubscriberPlan] = []
-    for kind, prefix, n in (("sdk", "s", sdk_subscribers), ("raw", "a", auditors)):
+    kinds = (
+        ("sdk", "s", sdk_subscribers), ("raw", "a", auditors), ("mqtt", "m", mqtt_subscribers)
+    )
+    for kind, prefix, n in kinds:
         chosen = [set(rng.sample(names, count)) for _ in range(n)]
         if n:  # every subject watched by this kind: give the unwatched ones out in turn
             watched = set().union(*chosen)
@@ -100,9 +105,9 @@ def plan_workload(
                 SubscriberPlan(
                     name=f"{prefix}{k}",
                     kind=kind,
-                    prefer=(k + 1 if kind == "sdk" else members - 1 - k) % members,
+                    prefer=(k + 1 if kind != "raw" else members - 1 - k) % members,
                     subjects=tuple(s for s in names if s in chosen[k]),
-                    history=HISTORY if late else 0,
+                    history=HISTORY if late and kind != "mqtt" else 0,
                     start_after=round(late_start + 1.5 * k, 2) if late else 0.0,
                 )
             )

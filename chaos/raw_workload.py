@@ -63,7 +63,8 @@ class RawPublisher:
             await trio.sleep_until(self.arrivals.due(trio.current_time()))
             msg_id, subject, content, fields, retained, guaranteed = self.arrivals.next()
             session, target = self.session, self.mname
-            w.record_publish(name, "invoke", msg_id, subject, target)
+            qos_name = "guaranteed" if guaranteed else "standard"
+            w.record_publish(name, "invoke", msg_id, subject, target, qos=qos_name)
             if session is None or len(self.pending) >= MAX_IN_FLIGHT:
                 why = "no connection" if session is None else f"{len(self.pending)} in flight"
                 w.record_publish(name, "fail", msg_id, subject, target, reason=f"not sent: {why}")

@@ -24,7 +24,8 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
-from chaos.members import Member, build_members, check_overrides, http_json
+from chaos.members import Member, build_members, check_overrides, http_json, mqtt_port
+from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
@@ -94,6 +95,7 @@ class Runner:
         raw_publishers: int = 4,
         subscribers: int = 14,
         auditors: int = 6,
+        mqtt_subscribers: int = 0,
     ) -> None:
         if members < 3 or seeds not in (3, 5) or seeds > members:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
@@ -108,6 +110,7 @@ class Runner:
             raw_publishers=raw_publishers,
             sdk_subscribers=subscribers,
             auditors=auditors,
+            mqtt_subscribers=mqtt_subscribers,
         )
         self.cpu = CpuMeter()
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
@@ -138,6 +141,7 @@ class Runner:
             out=out,
             env=env,
             on_crash=self.record_crash,
+            mqtt=mqtt_subscribers > 0,
         )
         for m in self.members:
             m.settings["ClusterLogCompactionEntries"] = str(compaction[0])
@@ -336,6 +340,9 @@ class Runner:
             await trio.sleep_until(self.workload.started + spec.start_after)
         if spec.kind == "sdk":
             await self.supervised(spec.name, self.workload.sdk_subscriber, spec, ready)
+        elif spec.kind == "mqtt":
+            ports = [mqtt_port(url) for url in self.client_urls]
+            await self.supervised(spec.name, mqtt_subscriber, self.workload, spec, ready, ports)
         else:
             await raw_auditor(self.workload, spec, ready)
 

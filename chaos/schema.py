@@ -38,12 +38,16 @@ PUBLISH_FIELDS: tuple[Field, ...] = (
     ("epoch", "long"),  # ok only
     ("seq", "long"),  # ok only
     ("reason", "string"),  # fail / info only
+    ("qos", "string"),  # invoke only: guaranteed | standard (an MQTT subscriber gets
+    # standard messages at QoS 0, which MQTT may lose)
 )
 
 DELIVERY_FIELDS: tuple[Field, ...] = (
     ("run", "string"),
     ("subscriber", "string"),  # e.g. "s7"
-    ("kind", "string"),  # sdk (what the SDK hands the app) | raw (protocol-level auditor)
+    # sdk (what the SDK hands the app) | raw (protocol-level auditor) | mqtt (a persistent
+    # MQTT session: paho-mqtt; epoch and seq null, the checker takes them from the acks)
+    ("kind", "string"),
     ("member", "string"),  # member the subscriber was connected to
     ("subject", "string"),
     ("epoch", "long"),
@@ -51,6 +55,7 @@ DELIVERY_FIELDS: tuple[Field, ...] = (
     ("msg_id", "string"),  # parsed from the content; null if the content is not ours
     ("type", "string"),  # snapshot | update | recovered | historical
     ("time", "double"),
+    ("connection", "long"),  # mqtt only: the subscriber's connection, 1, 2, ...
 )
 
 SUBSCRIPTION_FIELDS: tuple[Field, ...] = (
@@ -59,7 +64,8 @@ SUBSCRIPTION_FIELDS: tuple[Field, ...] = (
     ("kind", "string"),
     ("subject", "string"),
     # subscribed | unsubscribed | SERVER_UP | SERVER_DOWN | DATA_SYNC | DATA_RESYNC |
-    # SUBSCRIBE_ALLOW | SUBSCRIBE_DENY
+    # SUBSCRIBE_ALLOW | SUBSCRIBE_DENY; mqtt: DATA_RESYNC = a retained message on a resumed
+    # session (the cache no longer reached back), SESSION_LOST = session present 0 on a resume
     ("event", "string"),
     ("member", "string"),
     ("epoch", "long"),
@@ -112,7 +118,7 @@ TABLES: dict[str, tuple[Field, ...]] = {
 }
 
 # The safety violations the checker reports, by name (the JSON summary's keys): per
-# subscriber kind (sdk, raw) ...
+# subscriber kind (sdk, raw, mqtt: spark_analysis/mqtt.py for its rules) ...
 SUBSCRIBER_VIOLATIONS: tuple[str, ...] = (
     "lost",  # acknowledged, never delivered to a subscriber subscribed throughout
     "unexpected",  # delivered but never published
