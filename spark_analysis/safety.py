@@ -26,6 +26,10 @@ to another epoch, or without a position, also skips the rest of the old epoch af
   that meet: :func:`joined`), or it unsubscribed between the two deliveries.
 - collisions: one (subject, epoch, seq) names two msg_ids across publish acks and that
   kind's deliveries (acks count for every kind).
+
+The ``mqtt`` kind (persistent MQTT sessions) takes its positions from the acks and has
+MQTT's rules -- lost only for guaranteed (QoS 1) publishes, duplicates and reorders per
+connection, no holes: ``mqtt.py`` says why.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from chaos.schema import SUBSCRIBER_VIOLATIONS as VIOLATIONS
 
+from . import mqtt
 from .load import History
 
 Examples = dict[str, dict[str, list[dict[str, Any]]]]
@@ -103,14 +108,14 @@ def _shape(frame: Any, violation: str, **cols: Any) -> Any:
 
 
 def invokes(history: History) -> Any:
-    """msg_id -> first invoke time (cached: lost, unexpected and latency read it)."""
+    """msg_id -> first invoke time and qos (cached: lost, unexpected and latency read it)."""
     from pyspark.sql import functions as F
 
     pubs = history["publishes"]
     return (
         pubs.where(F.col("type") == "invoke")
         .groupBy("msg_id")
-        .agg(F.min("time").alias("invoke_time"))
+        .agg(F.min("time").alias("invoke_time"), F.first("qos", ignorenulls=True).alias("qos"))
         .cache()
     )
 
@@ -137,13 +142,14 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
         history["deliveries"]
         .where(F.col("type") != "snapshot")
         .select(*keys, "time", "_line", F.lit(0).alias("ord"), F.col("type").alias("event"),
-                "epoch", "seq", "msg_id")
+                "epoch", "seq", "msg_id", "connection")
     )
     subs = (
         history["subscriptions"]
         .where(F.col("event").isin(*POSITION_STATUSES) & F.col("subject").isNotNull())
         .select(*keys, "time", "_line", F.lit(1).alias("ord"), "event", "epoch", "seq")
-        .withColumn("msg_id", F.lit(None).cast("string"))
+        .withColumns({"msg_id": F.lit(None).cast("string"),
+                      "connection": F.lit(None).cast("long")})
     )
     w = (
         Window.partitionBy(*keys)
@@ -154,11 +160,16 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
     moves = F.col("epoch").isNotNull() & (
         (F.col("ord") == 1) | F.col("event").isin(*POSITION_DELIVERIES)
     )
-    prev_d = F.last(F.when(is_delivery, F.struct("epoch", "seq", "msg_id")), ignorenulls=True)
+    prev_d = F.last(
+        F.when(is_delivery, F.struct("epoch", "seq", "msg_id", "connection")), ignorenulls=True
+    )
     prev_p = F.last(F.when(moves, F.struct("epoch", "seq")), ignorenulls=True)
     stream = dels.unionByName(subs).withColumns({"pd": prev_d.over(w), "pp": prev_p.over(w)})
     reorder = (
-        is_delivery & (F.col("pd.epoch") == F.col("epoch")) & (F.col("seq") < F.col("pd.seq"))
+        is_delivery
+        & (F.col("pd.epoch") == F.col("epoch"))
+        & (F.col("seq") < F.col("pd.seq"))
+        & F.col("pd.connection").eqNullSafe(F.col("connection"))  # mqtt: per connection
     )
     jump = F.col("event").isin("DATA_RESYNC", "SUBSCRIBE_ALLOW")
     found = stream.where(reorder | jump).cache()
@@ -223,7 +234,7 @@ def duplicates(history: History) -> Any:
 
     dels = history["deliveries"].where((F.col("type") != "snapshot") & F.col("msg_id").isNotNull())
     found = (
-        dels.groupBy("kind", "subscriber", "msg_id")
+        dels.groupBy("kind", "subscriber", "msg_id", "connection")  # mqtt: per connection
         .agg(
             F.count("*").alias("n"),
             F.min("time").alias("time"),
@@ -251,6 +262,7 @@ def holes(history: History, skip: Any) -> Any:
     keys = ["kind", "subscriber", "subject", "epoch"]
     dels = history["deliveries"].where(
         (F.col("type") != "snapshot") & F.col("seq").isNotNull() & F.col("epoch").isNotNull()
+        & (F.col("kind") != mqtt.KIND)
     )
     w = Window.partitionBy(*keys).orderBy("seq", "time")
     gaps = (
@@ -310,7 +322,8 @@ def lost(history: History, inv: Any, ack: Any, skip: Any, last_ok: float) -> Any
         "invoke_time", F.coalesce("invoke_time", "time")
     )
     expected = published.join(F.broadcast(eligible(history, last_ok)), "subject").where(
-        F.col("first_sub") < F.col("invoke_time")
+        (F.col("first_sub") < F.col("invoke_time"))
+        & ((F.col("kind") != mqtt.KIND) | F.col("qos").isNull() | (F.col("qos") != "standard"))
     )
     got = history["deliveries"].select("kind", "subscriber", "msg_id")
     missing = expected.join(got, ["kind", "subscriber", "msg_id"], "left_anti")
@@ -362,6 +375,7 @@ def check(
 
     own_inv = inv is None
     inv = invokes(history) if inv is None else inv
+    given, history = history, mqtt.with_positions(history)
     ack = acks(history)
     last_ok = ack.agg(F.max("time")).collect()[0][0]
     kinds = sorted({*KINDS, *(str(k[0]) for k, _ in history.values.get("deliveries", []))})
@@ -380,8 +394,8 @@ def check(
     for part in parts[1:]:
         found = found.unionByName(part)
     found = found.cache()
-    violations: dict[str, dict[str, int]] = {k: dict.fromkeys(VIOLATIONS, 0) for k in KINDS}
-    examples: Examples = {k: {v: [] for v in VIOLATIONS} for k in KINDS}
+    violations: dict[str, dict[str, int]] = {k: dict.fromkeys(VIOLATIONS, 0) for k in kinds}
+    examples: Examples = {k: {v: [] for v in VIOLATIONS} for k in kinds}
     for row in found.groupBy("kind", "violation").count().collect():
         kind = row["kind"] or "unknown"
         violations.setdefault(kind, dict.fromkeys(VIOLATIONS, 0))[row["violation"]] = row["count"]
@@ -395,6 +409,8 @@ def check(
                 {c: row[c] for c in COLUMNS if c not in ("kind", "violation")}
             )
     found.unpersist()
+    if history is not given:
+        history["deliveries"].unpersist()
     if own_inv:
         inv.unpersist()
     return violations, examples

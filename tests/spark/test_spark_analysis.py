@@ -24,6 +24,7 @@ from spark_analysis.__main__ import main
 
 PUBLISHES = 300
 NONE: dict[str, set[str]] = {"sdk": set(), "raw": set(), "members": set()}
+WHO = {"sdk": "s0", "raw": "a0", "mqtt": "m0"}  # where each kind's plants go
 
 
 def _run(spark: Any, syn: gen.Synthetic, tmp_path: Path) -> tuple[int, dict[str, Any], Path]:
@@ -94,11 +95,18 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (gen.plant_duplicate, {**NONE, "sdk": {"duplicates"}}),
     (gen.plant_reorder, {**NONE, "sdk": {"reorders"}}),
     (gen.plant_unexpected, {**NONE, "sdk": {"unexpected"}}),
-    # acks count for every kind, and the second message reached the auditors as well
-    (gen.plant_collision, {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}}),
+    # acks count for every kind (mqtt too: the merged run has mqtt deliveries), and the
+    # second message reached the auditors as well
+    (gen.plant_collision,
+     {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}, "mqtt": {"collisions"}}),
     (gen.plant_resync_gap, NONE),
     (gen.plant_resync_twice, NONE),
     (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
+    # persistent MQTT sessions: replays at a resume, a QoS 0 loss, a resync are allowed
+    (gen.plant_mqtt_allowed, {**NONE, "mqtt": set()}),
+    (gen.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
+    (gen.plant_mqtt_duplicate, {**NONE, "mqtt": {"duplicates"}}),
+    (gen.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
 ]
 
 
@@ -121,20 +129,21 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     summary = json.loads((out / "summary.json").read_text())
     assert code == 1 and summary["ok"] is False
     assert summary["run"] == run.run  # run.json, read through Spark
+    kinds = (*WHO, "members")
     found: dict[str, dict[str, set[str]]] = {
-        plant.__name__: {kind: set() for kind in NONE} for plant, _ in PLANTED
+        plant.__name__: {kind: set() for kind in kinds} for plant, _ in PLANTED
     }
-    for kind in ("sdk", "raw"):
+    for kind in WHO:
         for name, examples in summary["examples"][kind].items():
             assert len(examples) == summary["violations"][kind][name] < 20  # every one listed
             for ex in examples:
                 tag = ex["subject"].split("/")[1]
                 assert ex["subject"] == f"/{tag}/chaos/s0", ex
                 if name != "collisions":
-                    assert ex["subscriber"] == f"{tag}:" + ("s0" if kind == "sdk" else "a0"), ex
+                    assert ex["subscriber"] == f"{tag}:{WHO[kind]}", ex
                 assert name not in found[tag][kind], ("more than once", tag, kind, name, ex)
                 found[tag][kind].add(name)
-    assert found == {p.__name__: expected for p, expected in PLANTED}
+    assert found == {p.__name__: {k: set() for k in kinds} | e for p, e in PLANTED}
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md

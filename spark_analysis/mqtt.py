@@ -1,0 +1,70 @@
+"""The ``mqtt`` subscriber kind: persistent MQTT sessions (chaos/mqtt_workload.py), and
+what our server promises them (docs/mqtt.md), made explicit as the checks' rules.
+
+MQTT carries no position, so an mqtt delivery is recorded with ``epoch`` and ``seq``
+null; :func:`with_positions` takes them from the acknowledged publish of its msg_id
+before any check runs (a message whose publish was never acknowledged, ``info``, keeps
+null ones and takes part in ``lost`` and ``unexpected`` only). Then, in ``safety.py``:
+
+- **lost**: an acknowledged publish that was sent *guaranteed*, never delivered to a
+  persistent session subscribed to its subject throughout, is a violation: the session
+  resumes from its saved position on any member (our server's promise for QoS 1; a
+  guaranteed message goes out at QoS 1). A *standard* publish goes out at QoS 0, which
+  MQTT may lose (a message in flight when the connection drops, its position already
+  passed): not counted. Excused as for the other kinds by a resync (below).
+- **duplicates**: a msg_id delivered twice *on one connection* is a violation (the
+  session records each subject's position, "nothing is delivered twice"). On a later
+  connection it is what the server promises: "at least once, not exactly once: messages
+  delivered after the last save are delivered again after a resume ... they are not
+  marked DUP" (positions are saved about once a second). Snapshots (RETAIN set)
+  excepted, as for the other kinds.
+- **reorders**: a subject's seq going down from one delivery to the next on one
+  connection. The replay at a resume starts again below what the last connection saw,
+  so a new connection starts a new comparison.
+- **holes**: not checked for mqtt. A seq missing between two deliveries may be a QoS 0
+  (standard) message MQTT was allowed to lose, and ``lost`` checks every acknowledged
+  guaranteed one; what ``holes`` adds for the other kinds (a gap of never-acknowledged
+  seqs) cannot be told apart from a permitted QoS 0 loss here.
+- **resync**: MQTT has no DATA_RESYNC. When a resume finds the cache no longer reaching
+  back to the saved position, our server sends the subject's snapshot (a RETAIN-set
+  PUBLISH on a resumed session, which it sends in no other case to a session without
+  wildcard filters), logs the gap and counts it in ``mqtt_resyncs``; the subscriber
+  records it as a ``DATA_RESYNC`` without a position, which excuses what follows the
+  subscriber's last position in that epoch and was invoked before it. (A subject without
+  a snapshot gets nothing at all: its gap stays silent to the client and is reported
+  here as lost; look for "resumed from its snapshot" in the member logs.)
+- **collisions** and **unexpected**: as for the other kinds (an mqtt delivery's
+  position is the acknowledgement's, so it adds no collision of its own).
+- ``SESSION_LOST`` (a resume answered session present 0) is recorded, not itself a
+  violation: what the lost session missed is reported as lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .load import History
+
+KIND = "mqtt"
+
+
+def with_positions(history: History) -> History:
+    """``history`` whose mqtt deliveries carry the epoch and seq of their msg_id's ack
+    (the other rows unchanged); the same object when it has no mqtt delivery."""
+    from pyspark.sql import functions as F
+
+    if not any(key[0] == KIND for key, _ in history.values.get("deliveries", [])):
+        return history
+    dels = history["deliveries"]
+    ack = (
+        history["publishes"]
+        .where(F.col("type") == "ok")
+        .groupBy("msg_id")
+        .agg(F.min("epoch").alias("a_epoch"), F.min("seq").alias("a_seq"))
+    )
+    mq = F.col("kind") == KIND
+    derived = dels.join(ack, "msg_id", "left").withColumns({
+        "epoch": F.when(mq, F.col("a_epoch")).otherwise(F.col("epoch")),
+        "seq": F.when(mq, F.col("a_seq")).otherwise(F.col("seq")),
+    }).select(*dels.columns)
+    return replace(history, frames={**history.frames, "deliveries": derived.cache()})
