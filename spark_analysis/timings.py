@@ -75,7 +75,9 @@ def leader_elections(
 
 def subscriber_resume(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per subscriber kind: each SERVER_DOWN until that subscriber's next DATA_SYNC /
-    DATA_RESYNC (any subject). ``events`` in time order (file order on ties)."""
+    DATA_RESYNC (any subject), or for an MQTT subscriber its next SERVER_UP (a CONNACK
+    with its session: MQTT has no DATA_SYNC). ``events`` in time order (file order on
+    ties)."""
     pending: dict[tuple[str, str], list[float]] = {}
     done: dict[str, list[tuple[str, float, float | None]]] = {"sdk": [], "raw": []}
     for e in events:
@@ -175,7 +177,10 @@ def failover(history: History) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     ]
     conn = (
         history["subscriptions"]
-        .where(F.col("event").isin("SERVER_DOWN", "DATA_SYNC", "DATA_RESYNC"))
+        .where(
+            F.col("event").isin("SERVER_DOWN", "DATA_SYNC", "DATA_RESYNC")
+            | ((F.col("kind") == "mqtt") & (F.col("event") == "SERVER_UP"))
+        )
         .orderBy("time", "_line")
         .select("kind", "subscriber", "event", "time")
         .collect()

@@ -145,6 +145,9 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
                 found[tag][kind].add(name)
     assert found == {p.__name__: {k: set() for k in kinds} | e for p, e in PLANTED}
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
+    # an MQTT subscriber has resumed at its next CONNACK (SERVER_UP): no DATA_SYNC in MQTT
+    mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
+    assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (4, 0)
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md
     assert "faults planned (schedule.jsonl)" in md  # schedule.jsonl, read through Spark
