@@ -25,6 +25,12 @@ from rawclient import RawClient
 from migratory.model.message import Message
 from migratory.protocol import ops
 
+MAX_STALL_MS = 2000.0
+"""The longest a bystander may wait for its own message during an attack: a liveness
+bound, not a speed figure (a client held this long loses its connection to a 2 s
+keep-alive, as the chaos clients use). The delays themselves are measured on a quiet
+machine by ``benchmarks/attacks.py``; a 100 ms bound here failed on a busy box."""
+
 SUBJECT = "/Bystander/Delay"
 PERIOD = 0.02
 

@@ -1,6 +1,8 @@
 """The attacks of issue 14 against a live server, each with a bystander client in its
 own process: the limit holds (the attacker is refused with the documented code), the
-bystander's delay stays <= 100 ms, and the server's memory comes back near its start."""
+bystander gets every message it sends without a stall (``bystander.MAX_STALL_MS``; its
+delays are measured by ``benchmarks/attacks.py``), and the server's memory comes back
+near its start."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import cbor2
 import pytest
-from bystander import Bystander, rss_kib
+from bystander import MAX_STALL_MS, Bystander, rss_kib
 from rawclient import RawClient
 
 from migratory.model.message import Message
@@ -22,8 +24,6 @@ from migratory.protocol import close_codes, ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server.admission import SUBSCRIBE_TOO_LARGE
-
-MAX_BYSTANDER_DELAY_MS = 100.0
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def watched(server: Any, token: str | None = None) -> Iterator[dict[str, Any]]:
 
 def check_bystander(figures: dict[str, Any]) -> None:
     assert figures["count"] >= 10 and figures["lost"] == 0, figures
-    assert figures["max_ms"] <= MAX_BYSTANDER_DELAY_MS, figures
+    assert figures["max_ms"] <= MAX_STALL_MS, figures
 
 
 def settle_rss(server: Any, ceiling_kib: int, seconds: float = 10.0) -> int:
