@@ -7,9 +7,13 @@ does, with the server's garbage-collector settings (start-up frozen, thresholds
 20000,2,200): decodes each part, adds it to the assembly (cluster/link_sync.py), and
 installs the sync a slice at a time (cluster/cache_sync.py ``SyncInstall``). The longest
 of each is how long the taker's loop stops at most for that step; the install at once
-(``install_sync``, what the taker did before) is reported beside it::
+(``install_sync``, what the taker did before) is reported beside it. ``--held N``: the
+taker already holds N subjects the sync lacks, which it makes unnumbered (a member
+re-syncing)::
 
     .venv/bin/python benchmarks/cache_sync_steps.py --messages 550000 --subjects 10000
+    .venv/bin/python benchmarks/cache_sync_steps.py --messages 10000 --subjects 10000 \
+        --held 400000
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ def figures(seconds: list[float]) -> dict[str, float]:
             "total_s": round(sum(ordered), 3), "count": len(ordered)}
 
 
+def new_taker(held: int, content: bytes) -> Hub:
+    """A member's hub; ``held``: subjects of its own the sync lacks (it is re-syncing)."""
+    taker = Hub(epoch=UNNUMBERED_EPOCH, numbered_elsewhere=True, cache_memory_budget=BUDGET)
+    for i in range(held):
+        taker.apply(Message(f"/held/s{i}", content, {}, epoch=4, seq=1), 0.0)
+    return taker
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     giver = Hub(epoch=5, cache_memory_budget=BUDGET)
     content = b"x" * args.size
@@ -58,18 +70,19 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         whole = assembly.add(op)
         adding.append(cpu() - started)
     assert whole is not None
-    taker = Hub(epoch=UNNUMBERED_EPOCH, numbered_elsewhere=True, cache_memory_budget=BUDGET)
+    taker = new_taker(args.held, content)
     install, slices, done = SyncInstall(taker, whole.subjects, whole.clsn), [], False
     while not done:
         started = cpu()
         done = install.step(1.0)
         slices.append(cpu() - started)
-    again = Hub(epoch=UNNUMBERED_EPOCH, numbered_elsewhere=True, cache_memory_budget=BUDGET)
+    again = new_taker(args.held, content)
     started = cpu()
     install_sync(again, whole.subjects, 1.0)
     at_once = cpu() - started
     return {
-        "messages": args.messages, "subjects": args.subjects, "parts": len(frames),
+        "messages": args.messages, "subjects": args.subjects, "held": args.held,
+        "parts": len(frames),
         "decode_a_part": figures(decoding), "assembly_add": figures(adding),
         "install_slices": figures(slices), "install_at_once_s": round(at_once, 3),
     }
@@ -80,6 +93,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=550_000)
     parser.add_argument("--subjects", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--held", type=int, default=0,
+                        help="subjects the taker holds that the sync lacks (a member re-syncing)")
     print(json.dumps(run(parser.parse_args()), indent=2))
 
 

@@ -76,7 +76,7 @@ class Replica:
         would move some subjects back."""
 
     def __repr__(self) -> str:
-        state = "needs sync" if self._needs_sync else "in sync"
+        state = "needs sync" if self.needs_sync else "in sync"
         return f"<Replica at clsn {self._applied_clsn}, {state}, {len(self._buffered)} buffered>"
 
     @property

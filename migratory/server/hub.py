@@ -369,6 +369,10 @@ class Hub(MessageSinks):
 
     # --- repositioning (a cluster member taking a peer's cache) ---------------
 
+    def subject_names(self) -> list[str]:
+        """Every subject held, numbered or not: a copy, taken at C speed."""
+        return list(self._subjects)
+
     def numbered(self) -> Iterator[tuple[str, Position, Message | None, CachedRun]]:
         """Every subject with a position: ``(subject, position, snapshot, cached)``, the
         cached messages as a :class:`CachedRun` (oldest first, rebuilt when read)."""

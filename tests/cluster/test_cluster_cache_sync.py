@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.cache_sync import CacheSync, SubjectSync, check_sync, export_sync, install_sync
+from cluster.cache_sync import (
+    CacheSync,
+    SubjectSync,
+    SyncInstall,
+    check_sync,
+    export_sync,
+    install_sync,
+)
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.server.hub import Hub
@@ -42,6 +49,37 @@ def test_a_sync_behind_this_hub_keeps_the_hubs_newer_state() -> None:
     install_sync(hub, export_sync(hub_at(3), 1).subjects, 0.0)
     assert hub.position(IBM) == Position(5, 4)
     assert not hub.apply(Message(IBM, b"4", epoch=5, seq=4), 0.0)  # already applied
+
+
+def test_subjects_the_sync_lacks_are_unnumbered_a_slice_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member re-syncing that holds many subjects: each subject the sync lacks becomes
+    unnumbered, a slice's worth at a time, and no step reads every subject's cached run
+    (``Hub.numbered()``, which copied them all in one step: ~400,000 runs on a member
+    at the k8s MaxSubjects)."""
+    hub = hub_at(1)
+    for i in range(50):
+        hub_at(2, f"/Other/x/{i}", into=hub)
+    subjects = export_sync(hub_at(3), 3).subjects
+    runs_read: list[str] = []
+    numbered = Hub.numbered
+
+    def counted(self: Hub):  # type: ignore[no-untyped-def]
+        for run in numbered(self):
+            runs_read.append(run[0])
+            yield run
+
+    monkeypatch.setattr(Hub, "numbered", counted)
+    install = SyncInstall(hub, subjects, 3)
+    steps = 0
+    while not install.step(0.0, budget=5):
+        steps += 1
+        assert steps < 100
+    assert runs_read == []
+    assert steps >= 10  # 51 names, 5 a slice
+    assert hub.position(IBM) == Position(5, 3)
+    assert all(hub.position(f"/Other/x/{i}") is None for i in range(50))
 
 
 @pytest.mark.parametrize(
