@@ -78,7 +78,7 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, raft_unpickler
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
-from cluster.raft_dump_files import stop_on_disk_failures
+from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_election_timer import deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
@@ -120,6 +120,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         self._last_dump_entry: Any = None  # of the dump read last (set here: dumps carry
         # what is set after SyncObj.__init__, and every dump then looked not loaded)
         self._peeked_dump: Any = None  # a leader's dump read to see where it ends
+        self._dump_retries = DumpRetries()  # dumps failed, not for the disk (their count)
         journal = None if conf is None else conf.journalFile
         if conf is not None and journal is not None:  # damage refused (raft_data_dir.py)
             self._check_data_dir(journal, conf.fullDumpFile)
@@ -133,7 +134,8 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         )
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
-        stop_on_disk_failures(self._SyncObj__serializer)  # writing or receiving a dump
+        # writing or receiving a dump
+        stop_on_disk_failures(self._SyncObj__serializer, self._dump_retries)
         read_dump = self._SyncObj__serializer.deserialize
 
         def deserialize() -> Any:

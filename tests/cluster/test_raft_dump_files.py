@@ -4,14 +4,19 @@ single-seed node; the leader's dump, received by a follower, on the Raft simulat
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from listen_ports import listen_port
+from pysyncobj import syncobj as pysyncobj_syncobj
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.serializer import Serializer
 from raft_schedules import left_behind
 from raft_sim import RaftWorld
 from test_raft_disk import submit, wait_for
@@ -39,10 +44,10 @@ def past_a_size_limit(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     it fails part-way with EFBIG, as on a full disk with ENOSPC."""
     write_dump = raft_dump_files.write_dump
 
-    def limited(path: str, data: Any) -> int:
+    def limited(path: str, data: Any, **kwargs: Any) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ})
         resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
-        return write_dump(path, data)
+        return write_dump(path, data, **kwargs)
 
     monkeypatch.setattr(raft_dump_files, "write_dump", limited)
 
@@ -127,3 +132,108 @@ def test_a_follower_that_cannot_write_the_leaders_dump_stops() -> None:
             f"[Errno 21] cannot write {incoming} (Is a directory)")
     finally:
         world.close()
+
+
+def test_a_dump_that_fails_not_for_the_disk_is_said_once_then_tried_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dump that cannot be pickled (an attribute set on the node after start: pysyncobj
+    pickles them all) is a bug, not the disk: it was tried again at every tick, a
+    warning each time and pysyncobj's "Failed to store full dump" after it. Now: its
+    traceback once at ERROR, then tries 1, 2, 4 ... up to 60 s apart, each failure one
+    line with its count; the seed runs on (its log uncompacted) and compacts again once
+    the dump can be written."""
+    tries: list[str] = []
+    write_dump = raft_dump_files.write_dump
+
+    def counted(path: str, data: Any, **kwargs: Any) -> int:
+        tries.append(path)
+        return int(write_dump(path, data, **kwargs))
+
+    monkeypatch.setattr(raft_dump_files, "write_dump", counted)
+    world = RaftWorld(3, seed=3, compaction_entries=6, send_seconds=0.004)
+    try:
+        for _ in range(20):
+            world.step(0.05)
+        leader = world.leader()
+        assert leader is not None
+        buggy = next(address for address in world.addresses if address != leader)
+        node = world.nodes[buggy]
+        node.unpicklable = lambda: None  # pickled with the node's other attributes
+        dump = world.dir / f"{buggy.replace(':', '_')}.dump"
+        for i in range(10):  # past compaction_entries: the node tries to compact
+            world.submit(leader, b"v%04d" % i)
+            world.step(0.1)
+        for _ in range(200):  # 20 s
+            world.step(0.1)
+        failed = [path for path in tries if path == str(dump)]
+        assert 4 <= len(failed) <= 6, len(failed)  # at 0, 1, 3, 7, 15 s (before: each tick)
+        assert not dump.exists()
+        lines = world.logs.records  # WARNING and above of pysyncobj and migratory.raft
+        tracebacks = [r for r in lines if r.exc_info]
+        assert len(tracebacks) == 1 and tracebacks[0].levelno == logging.ERROR
+        assert "Can't pickle local object" in tracebacks[0].getMessage()
+        again = [r.getMessage() for r in lines if not r.exc_info]
+        assert len(again) == len(failed), again
+        assert f"failed, {len(failed)} in a row over " in again[-1], again[-1]
+        assert node._dump_retries.total == len(failed)
+        del node.unpicklable  # mended: the next try writes it
+        for _ in range(200):  # the next try, within 16 s
+            world.step(0.1)
+            if dump.exists():
+                break
+        assert dump.exists()
+        assert "written again after" in world.logs.records[-1].getMessage()
+    finally:
+        world.close()
+
+
+def killed(path: str, data: Any, **kwargs: Any) -> int:
+    os.kill(os.getpid(), signal.SIGKILL)  # as by the OOM killer
+    return 0
+
+
+@pytest.mark.parametrize(("writer", "why"), [
+    (None, "not a disk failure but a bug (its traceback logged at the first failure)"),
+    (killed, "its writer was killed by signal SIGKILL (out of memory?)"),
+], ids=["unpicklable", "killed"])
+def test_a_forked_dump_writer_that_fails_not_for_the_disk_is_tried_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    writer: Any, why: str,
+) -> None:
+    """A seed's own dumps are written by a forked child: pysyncobj's serializer asked as
+    its tick does (checkSerializing, then serialize when not serializing), 20 s of ticks
+    on a clock the test moves. Before: a fork at every other tick (~100)."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    if writer is not None:
+        monkeypatch.setattr(raft_dump_files, "write_dump", writer)
+    clock = [1000.0]
+    monkeypatch.setattr(pysyncobj_syncobj, "monotonicTime", lambda: clock[0])
+    forks, fork = [], os.fork
+
+    def counted_fork() -> int:
+        pid = fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    serializer = Serializer(str(tmp_path / "raft.dump"), 2**16, True, None, None, None)
+    raft_dump_files.stop_on_disk_failures(serializer)
+    ends = []  # what checkSerializing told pysyncobj once each writer ended
+    for _ in range(200):
+        serializer.serialize(({"unpicklable": lambda: None}, None, None, None), 1)
+        for _ in range(5000):  # the writer's end: at most ~5 s
+            state, _ = serializer.checkSerializing()
+            if state != SERIALIZER_STATE.SERIALIZING:
+                break
+            time.sleep(0.001)
+        ends.append(state)
+        clock[0] += 0.1
+    assert 4 <= len(forks) <= 6, len(forks)  # at 0, 1, 3, 7, 15 s
+    # not FAILED: pysyncobj's "Failed to store full dump" would follow each
+    assert set(ends) == {SERIALIZER_STATE.NOT_SERIALIZING}
+    lines = [r.getMessage() for r in caplog.records if r.name == "migratory.raft"]
+    assert len(lines) == len(forks), lines
+    assert all(why in line for line in lines), lines
+    assert not (tmp_path / "raft.dump.tmp").exists()
