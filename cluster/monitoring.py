@@ -49,6 +49,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_term=None if raft is None else raft.term,
         raft_commit_index=None if raft is None else raft.commit_index,
         raft_last_applied=None if raft is None else raft.last_applied,
+        raft_dump_failures=None if raft is None else raft.dump_failures,
         applied_clsn=applied,
         links=tuple(links),
         commit_latency=None if node.seed is None else node.seed.commit_latency,

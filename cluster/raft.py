@@ -167,6 +167,8 @@ class RaftStatus:
     """Why the Raft port cannot be bound (pysyncobj retries it; no election meanwhile)."""
     stopped: str | None = None
     """Why this seed stopped taking part in Raft: a file it could not write (raft_disk.py)."""
+    dump_failures: int = 0
+    """Dumps (log compactions) that failed not for the disk: a bug (raft_dump_files.py)."""
 
     @property
     def has_leader(self) -> bool:
@@ -257,6 +259,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             front=transport.front_statistics(),
             listen_error=transport.listen_error(),
             stopped=self.stopped,
+            dump_failures=self._dump_retries.total,
         )
 
 
@@ -411,6 +414,7 @@ class RaftCoordination:
             "raft_front": asdict(snap.front),
             "raft_listen_error": snap.listen_error,
             "raft_stopped": snap.stopped,
+            "raft_dump_failures": snap.dump_failures,
         }
 
     def close(self) -> None:

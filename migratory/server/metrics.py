@@ -142,6 +142,7 @@ class ClusterMetrics:
     raft_term: int | None = None
     raft_commit_index: int | None = None
     raft_last_applied: int | None = None
+    raft_dump_failures: int | None = None
     applied_clsn: int | None = None
     links: tuple[PeerLink, ...] = ()
     commit_latency: Buckets | None = None
@@ -339,6 +340,12 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
         value = getattr(cluster, attr)
         if value is not None:
             yield _gauge(name, doc, value)
+    if cluster.raft_dump_failures is not None:
+        yield CounterMetricFamily(
+            "migratory_raft_dump_failures",
+            "Raft dumps (log compactions) that failed not for the disk: a bug; the log "
+            "grows uncompacted meanwhile.", value=cluster.raft_dump_failures,
+        )
     if cluster.commit_latency is not None:
         yield cluster.commit_latency.family(
             "migratory_raft_commit_seconds",

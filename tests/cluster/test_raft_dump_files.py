@@ -102,6 +102,29 @@ def test_a_seed_whose_dump_cannot_be_written_stops_saying_why(
         raft.close()
 
 
+def test_a_seed_whose_dump_fails_not_for_the_disk_runs_on_and_counts_it(
+    tmp_path: Path,
+) -> None:
+    """A real seed (its dump writer forked): a dump that cannot be pickled does not stop
+    it; it still commits, and GET /cluster counts the failure (/metrics from it:
+    migratory_raft_dump_failures_total)."""
+    port, committed = listen_port(), []  # type: ignore[var-annotated]
+    raft = compacting_seed(tmp_path, port, committed)
+    try:
+        wait_for(lambda: raft.snapshot.ready)
+        raft.syncobj.unpicklable = lambda: None  # pickled with the node's attributes
+        for _ in range(40):  # past the compaction threshold (10 to 15 entries)
+            if raft.status()["raft_dump_failures"] or not submit(raft, 0.3):
+                break
+        wait_for(lambda: raft.status()["raft_dump_failures"] >= 1)
+        assert raft.status()["raft_stopped"] is None
+        assert submit(raft, 5)
+    finally:
+        raft.close()
+    assert not (tmp_path / "raft.dump").exists()
+    assert not (tmp_path / "raft.dump.tmp").exists()
+
+
 def test_a_follower_that_cannot_write_the_leaders_dump_stops() -> None:
     """pysyncobj's follower logged a traceback ("Failed to open file for incoming
     transition", or "...write incoming transition data") and dropped the dump; the

@@ -165,7 +165,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
     latency.observe(0.002)
     source = FakeSource(metrics.ClusterMetrics(
         member="m1:9800", role="seed", raft_state="leader", raft_term=7,
-        raft_commit_index=120, raft_last_applied=119, applied_clsn=118,
+        raft_commit_index=120, raft_last_applied=119, raft_dump_failures=3, applied_clsn=118,
         links=(metrics.PeerLink("m2:9801", "raft", True),
                metrics.PeerLink("m3:9801", "raft", False),
                metrics.PeerLink("m4:9800", "follower", True, lag=5)),
@@ -177,6 +177,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
     assert found["migratory_raft_term"].samples[0].value == 7
     assert found["migratory_raft_commit_index"].samples[0].value == 120
     assert found["migratory_cluster_applied_clsn"].samples[0].value == 118
+    assert found["migratory_raft_dump_failures"].samples[0].value == 3
     up = {(s.labels["peer"], s.labels["kind"]): s.value
           for s in found["migratory_cluster_link_up"].samples}
     assert up == {("m2:9801", "raft"): 1, ("m3:9801", "raft"): 0, ("m4:9800", "follower"): 1}
