@@ -46,6 +46,7 @@ from dataclasses import replace
 from .load import History
 
 KIND = "mqtt"
+NOT_CHECKED = ("holes",)  # left out of the mqtt counts (the report shows "-")
 
 
 def with_positions(history: History) -> History:

@@ -408,6 +408,9 @@ def check(
             per[row["violation"]].append(
                 {c: row[c] for c in COLUMNS if c not in ("kind", "violation")}
             )
+    for name in mqtt.NOT_CHECKED:
+        violations.get(mqtt.KIND, {}).pop(name, None)
+        examples.get(mqtt.KIND, {}).pop(name, None)
     found.unpersist()
     if history is not given:
         history["deliveries"].unpersist()

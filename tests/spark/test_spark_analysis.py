@@ -146,6 +146,8 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     assert found == {p.__name__: {k: set() for k in kinds} | e for p, e in PLANTED}
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
     # an MQTT subscriber has resumed at its next CONNACK (SERVER_UP): no DATA_SYNC in MQTT
+    assert "holes" not in summary["violations"]["mqtt"]  # not checked: "-" in the report
+    assert "\n| holes | - | 1 | 2 | - |\n" in (out / "report.md").read_text()  # mqtt, raw, sdk
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
     assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (4, 0)
     md = (out / "report.md").read_text()
