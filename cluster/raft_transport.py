@@ -71,6 +71,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from cluster import raft_name_lookups
 from cluster.raft_front import NONCE_SIZE, PreambleGate, derive_key, encode_preamble
 from cluster.raft_front_server import UNAUTHENTICATED_SECONDS, FrontServer, FrontStatistics
 from migratory.server.exhaustion import CAPACITY_ERRNOS, Exhaustion
@@ -110,6 +111,7 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         self._front_key = derive_key(syncObj.conf.password or "")
         self.dial_exhaustion = Exhaustion(log, "Raft", retry=syncObj.conf.connectionRetryTime)
         """Dials refused for want of a descriptor (EMFILE...): said once, counted."""
+        raft_name_lookups.install()  # pysyncobj's lines about a name that does not resolve
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _createServer(self) -> None:
