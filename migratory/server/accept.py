@@ -8,14 +8,17 @@ do, then one line per :data:`~migratory.server.exhaustion.LOG_EVERY` seconds wit
 count -- instead of trio's ERROR with a traceback every 0.1 s. Used for the cluster
 link port (cluster/peers.py, cluster/standard.py), the Workers sequencer
 (cluster/sequencer.py) and the monitoring listener (monitor_listener.py); the client
-listeners have their own loop (app.py).
+listeners have their own loop (app.py), which takes its connections from
+:func:`accepted` (the same rule: said once, counted, backed off).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import NoReturn
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, NoReturn
 
 import trio
 
@@ -24,6 +27,32 @@ from migratory.server.exhaustion import CAPACITY_ERRNOS, RETRY_SECONDS, Exhausti
 log = logging.getLogger("migratory.accept")
 
 Handler = Callable[[trio.SocketStream], Awaitable[object]]
+
+
+GONE_BEFORE_ACCEPT = frozenset({errno.ECONNABORTED, errno.EPROTO})
+"""``accept`` errors that concern only the connection it would have returned (reset
+before it was accepted): take the next one."""
+
+
+def accepted(
+    listener: socket.socket, exhaustion: Exhaustion, *, most: int = 64
+) -> Iterator[tuple[socket.socket, Any]]:
+    """Up to ``most`` connections waiting on the non-blocking ``listener`` (stops when
+    none is left). An ``accept`` that fails otherwise stops it too, counted and said by
+    ``exhaustion`` (EMFILE and friends; anything else as well, rather than end the
+    listener): the caller then waits ``exhaustion.retry`` while ``exhaustion.exhausted``."""
+    for _ in range(most):
+        try:
+            connection = listener.accept()
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno in GONE_BEFORE_ACCEPT:
+                continue
+            exhaustion.failed(exc)
+            return
+        exhaustion.succeeded()
+        yield connection
 
 
 def listener_name(name: str, listener: trio.SocketListener) -> str:

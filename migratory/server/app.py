@@ -23,6 +23,7 @@ from migratory.model.outbox import OutboxBudget
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server import loop_gaps
+from migratory.server.accept import accepted
 from migratory.server.audit import Audit
 from migratory.server.connection import Connection
 from migratory.server.context import (
@@ -34,6 +35,7 @@ from migratory.server.context import (
 )
 from migratory.server.drain import Drain
 from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encrypted_batch
+from migratory.server.exhaustion import Exhaustion
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
@@ -231,17 +233,13 @@ class Server:
     async def _accept_loop(self, listener: socket.socket, spec: Listener) -> None:
         stats = self.ctx.stats
         tls = self._tls if spec.encrypted else None
+        host, port = spec.address[:2]
+        exhaustion = Exhaustion(log, f"client listener {host}:{port}")  # EMFILE: said once
         while True:
             await trio.lowlevel.wait_readable(listener)
-            for _ in range(64):
-                try:
-                    sock, address = listener.accept()
-                except BlockingIOError:
-                    break
-                except OSError as exc:  # EMFILE and friends: log, back off, carry on
-                    log.warning("accept failed: %s", exc)
-                    await trio.sleep(0.1)
-                    break
+            if exhaustion.exhausted:
+                await trio.sleep(exhaustion.retry)
+            for sock, address in accepted(listener, exhaustion):
                 sock.setblocking(False)
                 refusal = self.admission.admit(address[0])
                 if refusal is not None:

@@ -1,5 +1,6 @@
-"""The accept loop of the monitoring listener, the cluster link port and the Workers
-sequencer (migratory/server/accept.py) while the process has no descriptor left.
+"""The accept loops of the monitoring listener, the cluster link port and the Workers
+sequencer (migratory/server/accept.py), and the client listeners' (app.py, through
+``accept.accepted``), while the process has no descriptor left.
 
 In-process (no_descriptors.py), while a connection waits in the listener's backlog;
 trio's MockClock jumps over the retries (5 virtual seconds: ~50 accepts that fail with
@@ -57,13 +58,24 @@ async def start_sequencer(nursery: trio.Nursery) -> tuple[str, int]:
     return address
 
 
+async def start_client_listener(nursery: trio.Nursery) -> tuple[str, int]:
+    from migratory.config import load_config
+    from migratory.server.app import Server
+
+    server = Server(load_config(overrides={"Listen": "127.0.0.1:0"}, environ={}))
+    addresses: list[tuple[str, int]] = await nursery.start(server.serve)
+    return addresses[0]
+
+
 def accept_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records
-            if r.name in ("migratory.accept", "trio.serve_listeners")]
+            if r.name in ("migratory.accept", "trio.serve_listeners")
+            or (r.name == "migratory.server" and r.getMessage().startswith("client listener"))]
 
 
-@pytest.mark.parametrize("start", [start_monitoring, start_cluster_link_port, start_sequencer],
-                         ids=["monitoring", "cluster-link-port", "sequencer"])
+@pytest.mark.parametrize(
+    "start", [start_monitoring, start_cluster_link_port, start_sequencer, start_client_listener],
+    ids=["monitoring", "cluster-link-port", "sequencer", "client-listener"])
 def test_no_descriptor_left_is_said_once_without_a_traceback_then_served_again(
     start: Start, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -92,5 +104,5 @@ def test_no_descriptor_left_is_said_once_without_a_traceback_then_served_again(
     assert all(r.levelno == logging.WARNING for r in lines)
     failures = int(again.split(" after ")[1].split()[0])
     assert 40 <= failures <= 60, again  # every 0.1 s for 5 s
-    if start is start_monitoring:  # served once descriptors were back
+    if start in (start_monitoring, start_client_listener):  # served once descriptors were back
         assert answers and answers[0].startswith(b"HTTP/1.1 200"), answers
