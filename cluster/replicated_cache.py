@@ -43,34 +43,43 @@ from migratory.model.message import (
     unpack,
 )
 from migratory.model.snapshot import merge_snapshot
+from migratory.model.untracked import untrack
 
 __all__ = ["ReplicatedCache", "packed_size"]
 
 
 
 class _Queue(deque[PackedMessage]):
-    """One subject's cached messages, oldest first, as the budget sees them."""
+    """One subject's cached messages, oldest first, as the budget sees them.
 
-    __slots__ = ("owner", "stale", "subject")
+    Untracked by the garbage collector (:mod:`migratory.model.untracked`): it holds
+    packed messages (tuples of atoms) and two atoms, and ``emptied``, a list that holds
+    queues only between a budget's eviction and :meth:`ReplicatedCache._forget_emptied`
+    -- no cycle through it outlives one ``append``. (It held the dict of queues, a cycle
+    with every queue: untracked, a dropped cache would never have been freed.)"""
+
+    __slots__ = ("emptied", "stale", "subject")
 
     def __init__(
-        self, subject: str, maxlen: int, owner: dict[str, _Queue],
+        self, subject: str, maxlen: int, emptied: list[_Queue],
         items: Iterable[PackedMessage] = (),
     ) -> None:
         super().__init__(items, maxlen=maxlen)
         self.subject = subject
-        self.owner = owner
+        self.emptied = emptied
         self.stale = 0
+        untrack(self)
 
     def drop_oldest(self) -> int:
         """The budget's drop; a queue it empties leaves the caches (an empty deque is
-        ~760 bytes: a million subjects emptied by the budget would be 760 MB of them). It
-        has no entry left in the budget's FIFO then: its stale ones came first."""
+        ~760 bytes: a million subjects emptied by the budget would be 760 MB of them) once
+        the eviction is over. It has no entry left in the budget's FIFO then: its stale
+        ones came first."""
         if not self:
             return 0
         size = packed_size(self.popleft())
-        if not self and self.owner.get(self.subject) is self:
-            del self.owner[self.subject]
+        if not self:
+            self.emptied.append(self)
             size += QUEUE_OVERHEAD
         return size
 
@@ -79,13 +88,14 @@ class ReplicatedCache:
     """Per subject: its snapshot and last ``max_messages`` committed messages, all of
     them within ``budget_bytes`` (0: no budget)."""
 
-    __slots__ = ("_budget", "_cached", "_max_messages", "_snapshots")
+    __slots__ = ("_budget", "_cached", "_emptied", "_max_messages", "_snapshots")
 
     def __init__(self, max_messages: int = 1000, budget_bytes: int = 0) -> None:
         if max_messages < 0:
             raise ValueError(f"max_messages must be >= 0, got {max_messages}")
         self._max_messages = max_messages
         self._cached: dict[str, _Queue] = {}
+        self._emptied: list[_Queue] = []
         self._snapshots: dict[str, Message] = {}
         self._budget = CacheBudget(budget_bytes) if budget_bytes else None
 
@@ -104,7 +114,7 @@ class ReplicatedCache:
             subject = message.subject
             queue = cached.get(subject)
             if queue is None:
-                queue = cached[subject] = _Queue(subject, limit, cached)
+                queue = cached[subject] = _Queue(subject, limit, self._emptied)
                 if budget is not None and limit:
                     budget.bytes += QUEUE_OVERHEAD
             elif queue and queue[-1][PACKED_EPOCH] != message.epoch:
@@ -124,6 +134,15 @@ class ReplicatedCache:
                     snapshots[subject] = merged
         if budget is not None and budget.bytes > budget.limit:
             budget.evict()
+            self._forget_emptied()
+
+    def _forget_emptied(self) -> None:
+        """Drop from the caches the queues the budget's eviction emptied."""
+        cached = self._cached
+        for queue in self._emptied:
+            if not queue and cached.get(queue.subject) is queue:
+                del cached[queue.subject]
+        self._emptied.clear()
 
     def set_budget(self, budget_bytes: int) -> None:
         """Take this seed's ``CacheMemoryBudget`` (a dump carries the one of the seed that
@@ -152,6 +171,7 @@ class ReplicatedCache:
         queues = sum(1 for q in self._cached.values() if q)
         budget.bytes = sizes + budget.live * ENTRY_OVERHEAD + queues * QUEUE_OVERHEAD
         budget.evict()
+        self._forget_emptied()
         return budget
 
     def to_sync(self, clsn: int, positions: dict[str, tuple[int, int]]) -> CacheSync:
@@ -187,13 +207,15 @@ class ReplicatedCache:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._max_messages = limit = state["max_messages"]
-        cached: dict[str, _Queue] = {}  # each queue knows the dict it is in
+        cached: dict[str, _Queue] = {}
         self._cached = cached
+        emptied: list[_Queue] = []
+        self._emptied = emptied
         for s, messages in state["cached"].items():
             if not messages:
                 continue  # a queue comes with a subject's first cached message
             cached[s] = _Queue(
-                s, limit, cached, (pack(m) if isinstance(m, Message) else m for m in messages)
+                s, limit, emptied, (pack(m) if isinstance(m, Message) else m for m in messages)
             )
         self._snapshots = dict(state["snapshots"])
         names = state.get("order", ())

@@ -10,6 +10,7 @@ from typing import Any
 
 from migratory.model.cache_budget import QUEUE_OVERHEAD, CacheBudget
 from migratory.model.message import Message, MessageType, Qos, new_message
+from migratory.model.untracked import untrack
 
 __all__ = ["SubjectCache", "encoded_bound"]
 
@@ -282,7 +283,8 @@ class SubjectCache:
             if budget is not None:
                 budget.dropped(self, oldest)
         else:
-            self._entries = deque((self._one, entry), maxlen=self._max_messages)
+            # untracked: entries only, so the collector need not walk them (untracked.py)
+            self._entries = untrack(deque((self._one, entry), maxlen=self._max_messages))
             self._one = None
             if budget is not None:
                 budget.bytes += QUEUE_OVERHEAD

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import tracemalloc
 
 from cluster.replicated_cache import ReplicatedCache
 from migratory.model.message import Message, MessageType, Qos
@@ -144,3 +145,36 @@ def test_a_subject_the_budget_emptied_leaves_no_queue_behind() -> None:
     assert gone.cached == () and gone.snapshot is not None  # positions, snapshots stay
     cache.append([message("/one/000", 2)])  # the subject goes on in a queue of its own
     assert [m.seq for m in cache.to_sync(1, {"/one/000": (3, 2)}).subjects[0].cached] == [2]
+
+
+def test_a_full_collection_walks_no_cached_message() -> None:
+    """The queues of packed messages are not tracked (issue 13: walking a seed's ~550,000
+    of them was ~half of a full collection), and hold nothing tracked that could lead
+    back to them: a dropped cache is freed by reference counting, emptied queues too."""
+    cache = ReplicatedCache(max_messages=1000, budget_bytes=20_000)
+    cache.append([message(f"/s/{i % 10}", i // 10 + 1, retained=False) for i in range(5000)])
+    gc.collect()
+    queues = list(cache._cached.values())
+    assert queues
+    assert not [q for q in queues if gc.is_tracked(q)]
+    assert sum(len(gc.get_referents(q)) for q in queues if gc.is_tracked(q)) == 0
+    for queue in queues:  # their references: their class, the (empty) list of emptied
+        held = [r for r in gc.get_referents(queue) if not isinstance(r, type)]  # queues, atoms
+        assert all(r == [] or not gc.is_tracked(r) for r in held)
+    def churn(caches: int) -> None:  # the budget empties queues, and each cache is dropped
+        for _ in range(caches):
+            dropped = ReplicatedCache(max_messages=1000, budget_bytes=20_000)
+            for n in range(40):
+                dropped.append([message(f"/t/{n}/{i}", 1, retained=False) for i in range(50)])
+            del dropped
+
+    churn(2)  # what first use allocates for good
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        churn(20)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000  # one cache alone is ~80 kB: none is left behind
