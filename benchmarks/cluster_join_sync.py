@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> dict:
         )
         cached = [cluster.stats(i).get("cached_messages") for i in range(3)]
         time.sleep(1.2)  # a quiet second before the join
-        fill_gaps = [loop_gap(cluster, i, filling, time.monotonic() - 1.2) for i in range(3)]
+        filled = time.monotonic() - 1.2
+        seed_stats = [cluster.stats(i) for i in range(3)]
+        fill_seconds = [loop_gaps(stats, filling, filled) for stats in seed_stats]
+        fill_gaps = [max(gaps) if gaps else None for gaps in fill_seconds]
         started = time.monotonic()
         cluster.start(JOINER)
         try:
@@ -80,6 +83,10 @@ def run(args: argparse.Namespace) -> dict:
             "joiner_loop_gaps_over_50ms": sorted(g for g in joiner_gaps if g > 50),
             "seed_max_loop_gap_ms": [loop_gap(cluster, i, started, ended) for i in range(3)],
             "seed_max_loop_gap_while_filling_ms": fill_gaps,
+            "seed_loop_gaps_over_50ms_while_filling": [  # largest of each second
+                sorted(g for g in gaps if g > 50) for gaps in fill_seconds
+            ],
+            "seed_gc_after_filling": [stats.get("gc") for stats in seed_stats],
             "logs": str(cluster.log_dir),
         }
 
