@@ -163,6 +163,12 @@ class Subscriber:
                 waiting.epoch == position.epoch and waiting.seq > position.seq)):
             position = waiting  # still waiting: its own position decides
         records = [r for r in sync.subjects if r.subject == subject]
+        if position is waiting and not records:
+            # a resume the hub holds, and the sync does not number the subject (a member
+            # back from a crash jumping to its empty start): it goes on waiting, and gets
+            # DATA_SYNC once the member reaches it (its DATA_RESYNC came at connect)
+            connection.cause = None
+            return
         connection.cause = resync_cause(position, records[0] if records else None)
 
     def read(self, now: float) -> None:

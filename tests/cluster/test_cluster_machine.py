@@ -18,3 +18,34 @@ ClusterMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_cluster_machine = ClusterMachine.TestCase
+
+
+def test_a_resume_held_across_a_crash_gets_data_sync_once_caught_up() -> None:
+    """Found by hypothesis in CI (2026-11-28), the model's mistake, not the hub's: a
+    subscriber resumed on a member that has not numbered its subject (``DATA_RESYNC`` at
+    once, the resume held); the member crashed and jumped to its empty start, the resume
+    still held; once the member caught up it got the missed messages and ``DATA_SYNC``,
+    which the model took for a sync that should not have been."""
+    IBM = "/Stocks/NYSE/IBM"
+    state = ClusterMachine()
+
+    def check() -> None:
+        state.members_hold_the_committed_log()
+        state.members_never_move_back()
+        state.publishes_are_answered_truthfully()
+        state.subscribers_see_the_committed_log()
+
+    state.start_cluster(max_cached=2, shed_at_gap=False)
+    check()
+    state.seed_batches_late(count=1, seeds={"seed-0"})
+    check()
+    state.subscribe(pick=1, subject=IBM)
+    check()
+    state.traffic(behind=set(), epoch_candidate=1, pick=0, rounds=[[(IBM, "p0", False)]])
+    check()
+    state.lose_majority(burst=[(IBM, "p0", False)], compacted=False, pick=1, reason=4,
+                        survivors=1)
+    check()
+    state.crash(pick=0)
+    check()
+    state.teardown()
