@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import os
 import signal
-import socket
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -23,8 +21,8 @@ from migratory.model.outbox import OutboxBudget
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
 from migratory.server import loop_gaps
-from migratory.server.accept import accepted
 from migratory.server.audit import Audit
+from migratory.server.client_accept import accept_clients
 from migratory.server.connection import Connection
 from migratory.server.context import (
     TRIO_CLOCK,
@@ -35,24 +33,16 @@ from migratory.server.context import (
 )
 from migratory.server.drain import Drain
 from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encrypted_batch
-from migratory.server.exhaustion import Exhaustion
 from migratory.server.faults import DeliveryFault
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
-from migratory.server.limits import (
-    ConnectionLimits,
-    Eviction,
-    Refusal,
-    RefusalLog,
-    refusal_response,
-)
+from migratory.server.limits import ConnectionLimits, RefusalLog
 from migratory.server.listen_sockets import open_listeners, raise_open_file_limit
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
-from migratory.server.mqtt_connection import MqttConnection
 from migratory.server.mqtt_expiry import SessionExpiry
 from migratory.server.rebalance import Rebalancer
 from migratory.server.uring_writer import UringWriter, open_send_path
@@ -201,7 +191,10 @@ class Server:
                 if self.uring is not None:
                     nursery.start_soon(self.uring.run)
                 for sock, listener in zip(listeners, self.listeners, strict=True):
-                    nursery.start_soon(self._accept_loop, sock, listener)
+                    nursery.start_soon(
+                        accept_clients, self, sock, listener,
+                        self._tls if listener.encrypted else None,
+                    )
                 if not self.write_immediately:
                     nursery.start_soon(self._batch_loop)
                 if self.idle_write:
@@ -229,52 +222,6 @@ class Server:
         finally:
             for sock in listeners:
                 sock.close()
-
-    async def _accept_loop(self, listener: socket.socket, spec: Listener) -> None:
-        stats = self.ctx.stats
-        tls = self._tls if spec.encrypted else None
-        host, port = spec.address[:2]
-        exhaustion = Exhaustion(log, f"client listener {host}:{port}")  # EMFILE: said once
-        while True:
-            await trio.lowlevel.wait_readable(listener)
-            if exhaustion.exhausted:
-                await trio.sleep(exhaustion.retry)
-            for sock, address in accepted(listener, exhaustion):
-                sock.setblocking(False)
-                refusal = self.admission.admit(address[0])
-                if refusal is not None:
-                    self._refuse(sock, refusal)
-                    continue
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                kind = MqttConnection if spec.mqtt_tcp else Connection
-                connection = kind(self, sock, f"{address[0]}:{address[1]}", spec, tls)
-                self.connections.add(connection)
-                stats.connections_accepted += 1
-                stats.connections_open = len(self.connections)
-                evicted = self.admission.enter(connection, spec)  # limits.py
-                if evicted is not None:
-                    self._evict(evicted)
-                stats.handshakes_pending = self.admission.pending_handshakes
-                if connection in self.connections:  # not the one evicted
-                    self.nursery.start_soon(connection.run)
-
-    def _refuse(self, sock: socket.socket, refusal: Refusal) -> None:
-        """Say 503 (one non-blocking send; a client that does not read misses it), close."""
-        self.refused(refusal.kind, refusal.reason)
-        with contextlib.suppress(OSError):
-            sock.send(refusal_response(refusal.reason))
-        sock.close()
-
-    def _evict(self, eviction: Eviction) -> None:
-        """Close a connection still in its handshake to make room for a newcomer."""
-        evicted = eviction.evicted
-        connection = evicted.key
-        assert isinstance(connection, Connection)
-        where = "this server" if eviction.kind == "MaxConnections" else connection.listener.url()
-        self.refused(eviction.kind, f"{eviction.limit} connections to {where} and a newcomer "
-                     f"({eviction.kind}): the oldest still in its handshake closed, from "
-                     f"{evicted.address} ({evicted.waiting_from_address} waiting from it)")
-        connection.evict()
 
     def refused(self, kind: str, reason: str) -> None:
         """Count a connection refused or closed before its handshake was done (by kind:

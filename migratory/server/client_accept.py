@@ -1,0 +1,82 @@
+"""Accepting clients on a listening socket: admission (limits.py), then a connection.
+
+One loop per client listener (:class:`~migratory.server.app.Server` starts them): the
+connections waiting are taken 64 at a time (:func:`~migratory.server.accept.accepted`,
+which says a want of descriptors once, then counts it); each is admitted or refused
+with a 503 (per-address limits, MaxConnections), becomes a :class:`Connection` (or an
+:class:`MqttConnection` on a ``ListenMqtt`` port) and may make room for itself by
+closing the oldest connection still in its handshake (MaxPendingHandshakes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+import trio
+
+from migratory.listeners import Listener
+from migratory.server.accept import accepted
+from migratory.server.connection import Connection
+from migratory.server.exhaustion import Exhaustion
+from migratory.server.limits import Eviction, Refusal, refusal_response
+from migratory.server.mqtt_connection import MqttConnection
+
+if TYPE_CHECKING:
+    from migratory.server.app import Server
+
+log = logging.getLogger("migratory.server")
+
+
+async def accept_clients(
+    server: Server, listener: socket.socket, spec: Listener, tls: ssl.SSLContext | None
+) -> None:
+    """Accept clients on ``listener`` (the socket of ``spec``) until cancelled."""
+    stats = server.ctx.stats
+    host, port = spec.address[:2]
+    exhaustion = Exhaustion(log, f"client listener {host}:{port}")  # EMFILE: said once
+    while True:
+        await trio.lowlevel.wait_readable(listener)
+        if exhaustion.exhausted:
+            await trio.sleep(exhaustion.retry)
+        for sock, address in accepted(listener, exhaustion):
+            sock.setblocking(False)
+            refusal = server.admission.admit(address[0])
+            if refusal is not None:
+                refuse(server, sock, refusal)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            kind = MqttConnection if spec.mqtt_tcp else Connection
+            connection = kind(server, sock, f"{address[0]}:{address[1]}", spec, tls)
+            server.connections.add(connection)
+            stats.connections_accepted += 1
+            stats.connections_open = len(server.connections)
+            evicted = server.admission.enter(connection, spec)  # limits.py
+            if evicted is not None:
+                evict(server, evicted)
+            stats.handshakes_pending = server.admission.pending_handshakes
+            if connection in server.connections:  # not the one evicted
+                server.nursery.start_soon(connection.run)
+
+
+def refuse(server: Server, sock: socket.socket, refusal: Refusal) -> None:
+    """Say 503 (one non-blocking send; a client that does not read misses it), close."""
+    server.refused(refusal.kind, refusal.reason)
+    with contextlib.suppress(OSError):
+        sock.send(refusal_response(refusal.reason))
+    sock.close()
+
+
+def evict(server: Server, eviction: Eviction) -> None:
+    """Close a connection still in its handshake to make room for a newcomer."""
+    evicted = eviction.evicted
+    connection = evicted.key
+    assert isinstance(connection, Connection)
+    where = "this server" if eviction.kind == "MaxConnections" else connection.listener.url()
+    server.refused(eviction.kind, f"{eviction.limit} connections to {where} and a newcomer "
+                   f"({eviction.kind}): the oldest still in its handshake closed, from "
+                   f"{evicted.address} ({evicted.waiting_from_address} waiting from it)")
+    connection.evict()
