@@ -10,14 +10,13 @@ peer, and closes.
 
 On an encrypted listener a :class:`~migratory.server.tls_link.TlsLink` sits
 between the socket and the session: bytes read are decrypted before the
-session sees them, a batch is encrypted before its ``send``, and a partly sent
-encrypted batch waits in ``_cipher`` (at most one batch) before the next is taken.
+session sees them, a batch is encrypted before its ``send``
+(:mod:`migratory.server.connection_writes`: the writing side).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import socket
 import ssl
@@ -27,7 +26,7 @@ import trio
 
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
-from migratory.server.metrics import BatchSizes
+from migratory.server.connection_writes import ConnectionWrites
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 from migratory.server.tls_link import TlsFailed, TlsLink
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
-BATCH_LIMIT = BatchSizes.LIMIT
 CLOSE_LINGER_SECONDS = 5.0
 OPERATIONS_PER_TURN = 64
 """Operations one connection may have processed before the others get a turn: one
@@ -51,13 +49,11 @@ def _client_fields(session: object) -> dict[str, object]:
     return fields() if fields is not None else {"peer": getattr(session, "peer", None)}
 
 
-class Connection:
+class Connection(ConnectionWrites):
     __slots__ = (
-        "_answered", "_cipher", "_closed", "_fd", "_flying", "_held", "_marked", "_read_scope",
-        "_tls",
+        "_answered", "_closed", "_held", "_read_scope", "_tls",
         "address", "batch_slowly", "handshaking", "listener", "pending", "server", "session",
         "sock",
-        "writing",
     )
 
     def __init__(
@@ -74,11 +70,8 @@ class Connection:
         self._tls = None if tls is None else TlsLink(tls)
         # written every EncryptedBatchTime, not every BatchTime (encrypted_batching.py)
         self.batch_slowly = tls is not None and server.encrypted is not None
-        self._cipher = b""  # encrypted bytes of a batch the socket took only part of
+        self._start_writes(sock)
         self.session: Session | MqttSession = self._new_session(peer)
-        self.writing = False  # a partial write is pending; a drain task owns the socket
-        self._flying = False  # a send through the server's io_uring is in flight (SendPath)
-        self._fd = sock.fileno()
         self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
         # not a client session yet (in its handshake, or HTTP keep-alive between requests):
@@ -86,7 +79,6 @@ class Connection:
         self.pending = True
         self._held = 0  # bytes of incomplete frames counted in the server's budget
         self._closed = False
-        self._marked = False  # told the server since the last flush (mark_dirty)
         self._read_scope: trio.CancelScope | None = None
         self._answered: trio.Event | None = None  # set once an HTTP request is answered
 
@@ -103,154 +95,6 @@ class Connection:
     def _requests_answered(self) -> int:
         session = self.session
         return session.requests_answered if isinstance(session, Session) else 0
-
-    # --- Link (called by the session) -------------------------------------------
-
-    def mark_dirty(self) -> None:
-        """Bytes wait: tell the server once per batch, not once per frame (every flush
-        writes all that waits, or leaves it to a drain task that does)."""
-        if not self._marked:
-            self._marked = True
-            server = self.server
-            if server.processing is not self:  # else it flushes itself when done
-                server.mark_dirty(self)
-
-    def flush_now(self) -> None:
-        self.flush()
-
-    # --- writing ------------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Write the pending batch with one ``send``; leave the rest to a drain task."""
-        self._marked = False
-        if self._answered is not None:
-            self._answered.set()  # the reader looks whether its request was answered
-        if self._closed:
-            return
-        session = self.session
-        if session.aborted:
-            self._abort()
-            return
-        pending = session.outbox if self._tls is None else self._pending()
-        if pending and not self.writing and not self._write():
-            self.writing = True
-            self.server.nursery.start_soon(self._drain)
-        if session.closing and self._read_scope is not None:
-            self._read_scope.cancel()  # the reader task finishes the close
-
-    def _pending(self) -> bool:
-        tls = self._tls
-        return bool(self.session.outbox or self._cipher or (tls is not None and tls.has_output))
-
-    def _write(self) -> bool:
-        """One ``send`` of everything pending; True when all of it went out."""
-        if self._tls is not None:
-            return self._write_encrypted()
-        outbox = self.session.outbox
-        ctx = self.server.ctx
-        frames = len(outbox)
-        if frames <= BATCH_LIMIT:  # BatchSizes.observe inlined: once per write
-            ctx.batch_sizes.sizes[frames] += 1
-        else:
-            ctx.batch_sizes.observe(frames)
-        batch = outbox.take()
-        uring = self.server.uring
-        if uring is not None:  # SendPath = io_uring: sent() follows
-            self.writing = self._flying = True
-            uring.send(self._fd, batch, self)
-            return True
-        try:
-            sent = self.sock.send(batch)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._abort()
-            return True
-        stats = ctx.stats
-        stats.writes += 1
-        stats.bytes_written += sent
-        if sent < len(batch):
-            outbox.requeue_unsent(batch[sent:])
-            return False
-        return True
-
-    def _write_encrypted(self) -> bool:
-        tls = self._tls
-        assert tls is not None
-        frames = 0
-        if self._cipher:  # the rest of a batch first, then whatever TLS queued meanwhile
-            data = self._cipher + tls.take_output()
-            self._cipher = b""
-        elif self.session.outbox and tls.ready:  # the usual case: one batch, one TLS write
-            frames = len(self.session.outbox)
-            try:
-                data = tls.seal(self.session.outbox.take())
-            except TlsFailed:
-                self._abort()
-                return True
-        else:
-            data = tls.take_output()  # handshake records
-        if not data:
-            return True
-        self.server.ctx.batch_sizes.observe(frames)  # 0: the rest of a batch, or handshake
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._abort()
-            return True
-        stats = self.server.ctx.stats
-        stats.writes += 1
-        stats.bytes_written += sent
-        if sent < len(data):
-            self._cipher = data[sent:]
-            return False
-        return not self.session.outbox or not tls.ready
-
-    def sent(self, batch: bytes, result: int) -> None:
-        """The io_uring's send of ``batch`` completed (``SendPath = io_uring``): bytes
-        written, or ``-errno``. The rest of a short send goes back in front of the
-        outbox; what was queued meanwhile is written now."""
-        self._flying = self.writing = False
-        if self._closed:
-            self.sock.close()  # _abort left it open while the send was in flight
-            return
-        outbox = self.session.outbox
-        if result == len(batch):  # the usual case
-            stats = self.server.ctx.stats
-            stats.writes += 1
-            stats.bytes_written += result
-            if outbox:
-                self.flush()
-            return
-        if result < 0:
-            if result != -errno.EAGAIN:
-                self._abort()
-                return
-            outbox.requeue_unsent(batch)  # the socket was full: wait until it is not
-            self.writing = True
-            self.server.nursery.start_soon(self._drain)
-            return
-        stats = self.server.ctx.stats
-        stats.writes += 1
-        stats.bytes_written += result
-        if result < len(batch):
-            outbox.requeue_unsent(batch[result:])
-        if self._pending():
-            self.flush()
-
-    async def _drain(self) -> None:
-        """Wait for writability until the outbox is empty (the kernel buffer was full)."""
-        try:
-            while not self._closed:
-                await trio.lowlevel.wait_writable(self.sock)
-                if self._closed or not self._pending() or self._write():
-                    break
-        except (trio.ClosedResourceError, OSError):
-            self._abort()
-        finally:
-            self.writing = self._flying  # its last write may have gone to the io_uring
 
     # --- reading ------------------------------------------------------------------
 

@@ -1,0 +1,202 @@
+"""The writing side of a client connection (:class:`~migratory.server.connection.Connection`).
+
+Writes go straight to the non-blocking socket (``sock.send``) from whoever triggers
+them -- the batch tick, a full batch, the session's own replies -- one ``send`` per
+batch; only when the kernel buffer is full does a drain task wait for writability.
+With ``SendPath = io_uring`` the batch goes to the server's ring and :meth:`sent`
+follows. On an encrypted listener a batch is sealed into one TLS write, and a partly
+sent encrypted batch waits in ``_cipher`` (at most one batch) before the next is taken.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import TYPE_CHECKING, cast
+
+import trio
+
+from migratory.server.metrics import BatchSizes
+from migratory.server.tls_link import TlsFailed, TlsLink
+
+if TYPE_CHECKING:
+    from migratory.server.app import Server
+    from migratory.server.connection import Connection
+    from migratory.server.mqtt_session import MqttSession
+    from migratory.server.session import Session
+
+BATCH_LIMIT = BatchSizes.LIMIT
+
+
+class ConnectionWrites:
+    """Moving a session's outbox to its socket; the reading side is the subclass's."""
+
+    __slots__ = ("_cipher", "_fd", "_flying", "_marked", "writing")
+
+    # set by the subclass (Connection)
+    server: Server
+    sock: socket.socket
+    session: Session | MqttSession
+    _tls: TlsLink | None
+    _closed: bool
+    _answered: trio.Event | None
+    _read_scope: trio.CancelScope | None
+
+    def _start_writes(self, sock: socket.socket) -> None:
+        self._cipher = b""  # encrypted bytes of a batch the socket took only part of
+        self.writing = False  # a partial write is pending; a drain task owns the socket
+        self._flying = False  # a send through the server's io_uring is in flight (SendPath)
+        self._fd = sock.fileno()
+        self._marked = False  # told the server since the last flush (mark_dirty)
+
+    def _abort(self) -> None:
+        raise NotImplementedError  # Connection: close at once
+
+    # --- Link (called by the session) -------------------------------------------
+
+    def mark_dirty(self) -> None:
+        """Bytes wait: tell the server once per batch, not once per frame (every flush
+        writes all that waits, or leaves it to a drain task that does)."""
+        if not self._marked:
+            self._marked = True
+            server = self.server
+            if server.processing is not self:  # else it flushes itself when done
+                server.mark_dirty(cast("Connection", self))
+
+    def flush_now(self) -> None:
+        self.flush()
+
+    # --- writing ------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write the pending batch with one ``send``; leave the rest to a drain task."""
+        self._marked = False
+        if self._answered is not None:
+            self._answered.set()  # the reader looks whether its request was answered
+        if self._closed:
+            return
+        session = self.session
+        if session.aborted:
+            self._abort()
+            return
+        pending = session.outbox if self._tls is None else self._pending()
+        if pending and not self.writing and not self._write():
+            self.writing = True
+            self.server.nursery.start_soon(self._drain)
+        if session.closing and self._read_scope is not None:
+            self._read_scope.cancel()  # the reader task finishes the close
+
+    def _pending(self) -> bool:
+        tls = self._tls
+        return bool(self.session.outbox or self._cipher or (tls is not None and tls.has_output))
+
+    def _write(self) -> bool:
+        """One ``send`` of everything pending; True when all of it went out."""
+        if self._tls is not None:
+            return self._write_encrypted()
+        outbox = self.session.outbox
+        ctx = self.server.ctx
+        frames = len(outbox)
+        if frames <= BATCH_LIMIT:  # BatchSizes.observe inlined: once per write
+            ctx.batch_sizes.sizes[frames] += 1
+        else:
+            ctx.batch_sizes.observe(frames)
+        batch = outbox.take()
+        uring = self.server.uring
+        if uring is not None:  # SendPath = io_uring: sent() follows
+            self.writing = self._flying = True
+            uring.send(self._fd, batch, self)
+            return True
+        try:
+            sent = self.sock.send(batch)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._abort()
+            return True
+        stats = ctx.stats
+        stats.writes += 1
+        stats.bytes_written += sent
+        if sent < len(batch):
+            outbox.requeue_unsent(batch[sent:])
+            return False
+        return True
+
+    def _write_encrypted(self) -> bool:
+        tls = self._tls
+        assert tls is not None
+        frames = 0
+        if self._cipher:  # the rest of a batch first, then whatever TLS queued meanwhile
+            data = self._cipher + tls.take_output()
+            self._cipher = b""
+        elif self.session.outbox and tls.ready:  # the usual case: one batch, one TLS write
+            frames = len(self.session.outbox)
+            try:
+                data = tls.seal(self.session.outbox.take())
+            except TlsFailed:
+                self._abort()
+                return True
+        else:
+            data = tls.take_output()  # handshake records
+        if not data:
+            return True
+        self.server.ctx.batch_sizes.observe(frames)  # 0: the rest of a batch, or handshake
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._abort()
+            return True
+        stats = self.server.ctx.stats
+        stats.writes += 1
+        stats.bytes_written += sent
+        if sent < len(data):
+            self._cipher = data[sent:]
+            return False
+        return not self.session.outbox or not tls.ready
+
+    def sent(self, batch: bytes, result: int) -> None:
+        """The io_uring's send of ``batch`` completed (``SendPath = io_uring``): bytes
+        written, or ``-errno``. The rest of a short send goes back in front of the
+        outbox; what was queued meanwhile is written now."""
+        self._flying = self.writing = False
+        if self._closed:
+            self.sock.close()  # _abort left it open while the send was in flight
+            return
+        outbox = self.session.outbox
+        if result == len(batch):  # the usual case
+            stats = self.server.ctx.stats
+            stats.writes += 1
+            stats.bytes_written += result
+            if outbox:
+                self.flush()
+            return
+        if result < 0:
+            if result != -errno.EAGAIN:
+                self._abort()
+                return
+            outbox.requeue_unsent(batch)  # the socket was full: wait until it is not
+            self.writing = True
+            self.server.nursery.start_soon(self._drain)
+            return
+        stats = self.server.ctx.stats
+        stats.writes += 1
+        stats.bytes_written += result
+        if result < len(batch):
+            outbox.requeue_unsent(batch[result:])
+        if self._pending():
+            self.flush()
+
+    async def _drain(self) -> None:
+        """Wait for writability until the outbox is empty (the kernel buffer was full)."""
+        try:
+            while not self._closed:
+                await trio.lowlevel.wait_writable(self.sock)
+                if self._closed or not self._pending() or self._write():
+                    break
+        except (trio.ClosedResourceError, OSError):
+            self._abort()
+        finally:
+            self.writing = self._flying  # its last write may have gone to the io_uring
+
