@@ -45,6 +45,14 @@ def peer_service(port: int) -> PeerService:
                        stream=stream, take_forward=lambda peer, requests: None)
 
 
+async def a_member_links(port: int) -> None:
+    """A non-seed authenticates on ``port`` and is answered: the member still links."""
+    channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
+    await channel.send(link.Replicate(0, full=False))
+    assert await channel.receive() == link.Heartbeat(0, True)
+    await channel.aclose()
+
+
 def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.levelno >= logging.WARNING and "refused" in r.getMessage()]
@@ -87,10 +95,7 @@ def test_strangers_waiting_for_a_handshake_are_bounded_and_a_member_still_links(
                 with trio.move_on_after(2.5):  # well within HANDSHAKE_TIMEOUT (5 s)
                     while len(closed) < STRANGERS - MAX_PENDING_HANDSHAKES:
                         await trio.sleep(0.01)
-                channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
-                await channel.send(link.Replicate(0, full=False))
-                assert await channel.receive() == link.Heartbeat(0, True)
-                await channel.aclose()
+                await a_member_links(port)
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -243,10 +248,7 @@ def test_a_bad_handshake_is_closed_saying_why_and_members_carry_on(
                     assert await stranger.receive_some(1 << 16) == b""
                 while service.links_ended < 1 + (prepare is recorded_auth):
                     await trio.sleep(0.005)
-                channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
-                await channel.send(link.Replicate(0, full=False))
-                assert await channel.receive() == link.Heartbeat(0, True)
-                await channel.aclose()
+                await a_member_links(port)
                 nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -27,6 +27,21 @@ from cluster.raft import RaftCoordination, RaftTimings
 from cluster.raft_disk import RaftDiskFailure
 
 
+def counted_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the processes ``os.fork`` makes from now on (pysyncobj's dump writers)."""
+    forks: list[int] = []
+    fork = os.fork
+
+    def counted_fork() -> int:
+        pid = fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    return forks
+
+
 def compacting_seed(data_dir: Path, port: int, committed: list[CommittedBatch]) -> Any:
     return RaftCoordination(
         self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
@@ -62,15 +77,7 @@ def test_a_seed_whose_dump_cannot_be_written_stops_saying_why(
     """pysyncobj's dump writer exits -1 on any error: its parent logged "Failed to store
     full dump" (no file, no reason) and forked the next writer at the next tick, ten a
     second (measured: 66 forks in 7 s), leaving its part-written file on the disk."""
-    forks, fork = [], os.fork
-
-    def counted_fork() -> int:
-        pid = fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", counted_fork)
+    forks = counted_forks(monkeypatch)
     fault(tmp_path, monkeypatch)
     port, committed = listen_port(), []  # type: ignore[var-annotated]
     raft = compacting_seed(tmp_path, port, committed)
@@ -232,15 +239,7 @@ def test_a_forked_dump_writer_that_fails_not_for_the_disk_is_tried_less_often(
         monkeypatch.setattr(raft_dump_files, "write_dump", writer)
     clock = [1000.0]
     monkeypatch.setattr(pysyncobj_syncobj, "monotonicTime", lambda: clock[0])
-    forks, fork = [], os.fork
-
-    def counted_fork() -> int:
-        pid = fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", counted_fork)
+    forks = counted_forks(monkeypatch)
     serializer = Serializer(str(tmp_path / "raft.dump"), 2**16, True, None, None, None)
     raft_dump_files.stop_on_disk_failures(serializer)
     ends = []  # what checkSerializing told pysyncobj once each writer ended
