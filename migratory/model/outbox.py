@@ -1,6 +1,6 @@
 """The per-connection outbox that batches ready-to-write frames (sans-I/O)."""
 
-__all__ = ["Outbox", "OutboxBudget", "SlowConsumer"]
+__all__ = ["PEAK_WINDOW_SECONDS", "Outbox", "OutboxBudget", "SlowConsumer"]
 
 
 class SlowConsumer(Exception):
@@ -21,15 +21,39 @@ class OutboxBudget:
 
     Past it, an outbox that holds more than a sixteenth of its own limit takes no more:
     its client is the slow consumer; a client that keeps up (little pending) is never cut
-    off because of the others."""
+    off because of the others. Without a budget the server keeps one of ``UNLIMITED``
+    bytes: the total is still counted.
 
-    __slots__ = ("limit", "used")
+    It also keeps what ``GET /metrics`` reports without walking the connections: the
+    bytes pending in all (``used``) and the largest single outbox seen (``largest``):
+    an outbox is looked at when a batch is taken for a write and when a frame takes it
+    to its batch space or past (a client whose socket is full), never per frame below
+    that; the figure covers the current window and the one before
+    (:meth:`next_window`, every :data:`PEAK_WINDOW_SECONDS` from the monitor)."""
+
+    __slots__ = ("limit", "peak", "peak_before", "used")
+
+    UNLIMITED = 1 << 62
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
             raise ValueError(f"limit must be > 0, got {limit}")
         self.limit = limit
         self.used = 0
+        self.peak = 0  # the largest outbox seen in the current window
+        self.peak_before = 0  # ... in the window before
+
+    @property
+    def largest(self) -> int:
+        """The largest single outbox seen in this window and the one before."""
+        return max(self.peak, self.peak_before)
+
+    def next_window(self) -> None:
+        self.peak_before, self.peak = self.peak, 0
+
+
+PEAK_WINDOW_SECONDS = 10.0
+"""How long one window of :attr:`OutboxBudget.largest` lasts (it covers 10-20 s)."""
 
 
 class Outbox:
@@ -101,7 +125,11 @@ class Outbox:
         if frame:
             self._frames.append(frame)
             self._pending_bytes = pending
-        return pending >= self._batch_space
+        if pending < self._batch_space:
+            return False
+        if budget is not None and pending > budget.peak:  # (a batch full: not per frame)
+            budget.peak = pending
+        return True
 
     def enqueue_unbounded(self, frame: bytes) -> None:
         """Queue ``frame`` even past ``max_pending`` (a close frame, an HTTP response)."""
@@ -122,8 +150,11 @@ class Outbox:
             batch = b"".join(frames)
             self._taken = frames  # where its frames end, should it be written in part
             self._frames = []
-        if self._budget is not None:
-            self._budget.used -= self._pending_bytes
+        budget = self._budget
+        if budget is not None:
+            budget.used -= self._pending_bytes
+            if self._pending_bytes > budget.peak:
+                budget.peak = self._pending_bytes
         self._pending_bytes = 0
         self._taken_bytes = len(batch)
         self._partial_head = False

@@ -34,6 +34,7 @@ from migratory.server.context import (
 from migratory.server.drain import Drain
 from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encrypted_batch
 from migratory.server.faults import DeliveryFault
+from migratory.server.frontends import FrontendCounts
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
 from migratory.server.limits import ConnectionLimits, RefusalLog
@@ -120,12 +121,13 @@ class Server:
             cluster_status=cluster_status,
             audit=Audit.from_config(config),
             monitor=self.monitor,
-            outbox_budget=(
-                OutboxBudget(config.outbox_memory_budget) if config.outbox_memory_budget else None
-            ),
+            # without OutboxMemoryBudget one that never refuses: GET /metrics reads the
+            # outboxes' total and largest from it
+            outbox_budget=OutboxBudget(config.outbox_memory_budget or OutboxBudget.UNLIMITED),
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
         self.connections: set[Connection] = set()
+        self.frontends = FrontendCounts()  # the connections per front end (GET /metrics)
         self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)
         self._refusal_log = RefusalLog()  # one line per kind of refusal a minute
         self._trim = MemoryTrim()  # memory.py
@@ -236,6 +238,7 @@ class Server:
 
     def forget(self, connection: Connection) -> None:
         if connection in self.connections:
+            self.frontends.closed(connection.frontend)
             self.admission.release(connection)
             self.ctx.stats.handshakes_pending = self.admission.pending_handshakes
             self._trim.closed()

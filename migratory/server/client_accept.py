@@ -52,6 +52,7 @@ async def accept_clients(
             kind = MqttConnection if spec.mqtt_tcp else Connection
             connection = kind(server, sock, f"{address[0]}:{address[1]}", spec, tls)
             server.connections.add(connection)
+            server.frontends.opened(connection.frontend)
             stats.connections_accepted += 1
             stats.connections_open = len(server.connections)
             evicted = server.admission.enter(connection, spec)  # limits.py

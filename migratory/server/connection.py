@@ -52,8 +52,8 @@ def _client_fields(session: object) -> dict[str, object]:
 class Connection(ConnectionWrites):
     __slots__ = (
         "_answered", "_closed", "_held", "_read_scope", "_tls",
-        "address", "batch_slowly", "handshaking", "listener", "pending", "server", "session",
-        "sock",
+        "address", "batch_slowly", "frontend", "handshaking", "listener", "pending", "server",
+        "session", "sock",
     )
 
     def __init__(
@@ -72,6 +72,7 @@ class Connection(ConnectionWrites):
         self.batch_slowly = tls is not None and server.encrypted is not None
         self._start_writes(sock)
         self.session: Session | MqttSession = self._new_session(peer)
+        self.frontend = self.session.frontend  # as the server counts it (frontends.py)
         self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
         # not a client session yet (in its handshake, or HTTP keep-alive between requests):
@@ -250,6 +251,8 @@ class Connection(ConnectionWrites):
         server = self.server
         server.processing = None
         session = self.session
+        if self.pending:  # (a client session's front end no longer changes)
+            self.count_frontend()
         limits = server.admission
         # the handshake is over at `connect` (or CONNECT), or once an HTTP request was
         # answered: a keep-alive connection of the HTTP API (a publisher's pool) no longer
@@ -283,6 +286,14 @@ class Connection(ConnectionWrites):
         finally:
             if uring is not None:
                 uring.release()
+
+    def count_frontend(self) -> None:
+        """Move this connection in the server's count to its session's front end, if
+        that changed (an upgrade, a stream: frontends.py)."""
+        frontend = self.session.frontend
+        if frontend != self.frontend and not self._closed:
+            self.server.frontends.moved(self.frontend, frontend)
+            self.frontend = frontend
 
     def _become_mqtt(self, now: float) -> None:
         """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over

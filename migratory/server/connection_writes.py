@@ -41,6 +41,10 @@ class ConnectionWrites:
     _closed: bool
     _answered: trio.Event | None
     _read_scope: trio.CancelScope | None
+    pending: bool
+
+    def count_frontend(self) -> None:
+        raise NotImplementedError  # Connection: the server's count per front end
 
     def _start_writes(self, sock: socket.socket) -> None:
         self._cipher = b""  # encrypted bytes of a batch the socket took only part of
@@ -75,6 +79,8 @@ class ConnectionWrites:
             self._answered.set()  # the reader looks whether its request was answered
         if self._closed:
             return
+        if self.pending:  # an answer may have started a stream or a WebSocket
+            self.count_frontend()
         session = self.session
         if session.aborted:
             self._abort()

@@ -14,7 +14,7 @@ docs/monitoring.md describes every metric.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -374,17 +374,3 @@ def registry_for(source: MetricsSource) -> CollectorRegistry:
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
-
-def frontend_counts(
-    sessions: Iterable[Any], frontend_of: Callable[[Any], str]
-) -> tuple[dict[str, int], int, int]:
-    """Per front end connection counts and outbox totals over ``sessions`` (at scrape)."""
-    counts: dict[str, int] = {}
-    total = largest = 0
-    for session in sessions:
-        kind = frontend_of(session)
-        counts[kind] = counts.get(kind, 0) + 1
-        pending = session.outbox.pending_bytes
-        total += pending
-        largest = max(largest, pending)
-    return counts, total, largest

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from migratory.model.outbox import PEAK_WINDOW_SECONDS
 from migratory.model.stat_windows import RateMeter, StatisticsWindows
 from migratory.protocol.http import Request, response
 from migratory.server import metrics
@@ -60,6 +61,7 @@ class Monitor:
         self._rates = RateMeter()
         self._latency_seen = (0, 0.0)  # fan-out histogram (count, sum) at the last sample
         self.last_rates: dict[str, float | None] = {}
+        self._next_peak_window = 0.0
         self.registry = metrics.registry_for(self)
         self.pushed = 0
 
@@ -80,10 +82,11 @@ class Monitor:
         return self._server.ctx.readiness() is None
 
     def frontends(self) -> tuple[dict[str, int], int, int]:
-        return metrics.frontend_counts(
-            (c.session for c in self._server.connections),
-            _frontend,
-        )
+        """Kept as connections come and go, never a walk over them (frontends.py)."""
+        server = self._server
+        budget = server.ctx.outbox_budget
+        used, largest = (0, 0) if budget is None else (budget.used, budget.largest)
+        return dict(server.frontends.counts), used, largest
 
     def cluster_metrics(self) -> metrics.ClusterMetrics | None:
         return None if self._cluster_metrics is None else self._cluster_metrics()
@@ -105,6 +108,10 @@ class Monitor:
         )
         self.last_rates = values
         self.windows.sample(values, now)
+        budget = self._server.ctx.outbox_budget
+        if budget is not None and now >= self._next_peak_window:
+            budget.next_window()  # migratory_outbox_bytes_max: the last 10-20 s
+            self._next_peak_window = now + PEAK_WINDOW_SECONDS
 
     def windows_report(self) -> dict[str, Any]:
         return {
@@ -195,10 +202,6 @@ class Monitor:
                     self.push(now)
             except Exception:
                 log.exception("monitoring: sampling or pushing failed; trying again")
-
-
-def _frontend(session: Any) -> str:
-    return str(getattr(session, "frontend", "websocket"))
 
 
 def _json(body: Any) -> bytes:

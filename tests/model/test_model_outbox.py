@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migratory.model.outbox import Outbox, SlowConsumer
+from migratory.model.outbox import Outbox, OutboxBudget, SlowConsumer
 
 
 def test_batch_space_triggers_flush() -> None:
@@ -143,3 +143,27 @@ def test_discard_keeps_the_rest_of_a_single_frame_written_in_part() -> None:
     outbox.enqueue(b"gh")
     assert outbox.discard(keep_first=True) == 2
     assert outbox.take() == b"cdef"
+
+
+def test_the_budget_keeps_the_largest_outbox_seen_at_batches_over_two_windows() -> None:
+    """GET /metrics reads ``largest`` instead of walking every outbox: an outbox is
+    looked at when its batch is taken, and when a frame fills its batch space (a client
+    whose socket is full grows there), never per frame below that."""
+    budget = OutboxBudget(OutboxBudget.UNLIMITED)
+    quick = Outbox(batch_space=100, max_pending=10_000, budget=budget)
+    stuck = Outbox(batch_space=100, max_pending=10_000, budget=budget)
+    quick.enqueue(b"x" * 30)
+    assert budget.largest == 0  # below the batch space: not looked at per frame
+    quick.take()
+    assert budget.largest == 30 and budget.used == 0
+    for _ in range(12):  # never written: it grows past its batch space
+        stuck.enqueue(b"y" * 50)
+    assert budget.largest == 600 and budget.used == 600
+    budget.next_window()
+    assert budget.largest == 600  # the window before still counts
+    quick.enqueue(b"x" * 10)
+    quick.take()
+    budget.next_window()
+    assert budget.largest == 10  # two windows on: only what was seen since
+    budget.next_window()
+    assert budget.largest == 0

@@ -30,6 +30,7 @@ import trustme
 from httpclient import SseClient
 from mqttclient import MqttRawClient, stats
 from rawclient import RawClient
+from test_metrics import scrape
 from tls_files import write_tls_files
 
 from migratory.model.message import Message
@@ -220,4 +221,10 @@ def test_clients_that_come_and_go_leave_nothing_behind(
     assert grown < BLOCKS_GROWTH_LIMIT, f"{grown} blocks more after {clients} clients"
     assert counters["connections_refused"] == 0
     assert counters["subjects"] == first["subjects"]
+    # the per-front-end counts, kept as connections open, upgrade and close (frontends.py):
+    # every churned client counted out again, only the scrape itself is left
+    samples = scrape(server.url.replace("ws://", "http://"))
+    assert {labels: n for (name, labels), n in samples.items()
+            if name == "migratory_frontend_connections"} == {
+        (("frontend", "http"),): samples[("migratory_connections_open", ())]}, samples
     assert server.proc.poll() is None

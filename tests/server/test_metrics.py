@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 from rawclient import RawClient
 
@@ -222,3 +223,88 @@ def test_mqtt_connections_and_protocol_errors_are_labelled_mqtt(start_server: An
         assert value(after, "migratory_entitlement_denials_total", action="subscribe") == 1
     finally:
         client.stop()
+
+
+class WalkCountingSet(set):  # type: ignore[type-arg]
+    """The server's connections, counting the walks over them."""
+
+    walks = 0
+
+    def __iter__(self) -> Any:
+        self.walks += 1
+        return super().__iter__()
+
+
+def test_a_scrape_walks_no_connection_and_counts_each_front_end() -> None:
+    """GET /metrics walked every connection for its per-front-end counts and outbox
+    figures (25-45 ms at 100,000 connections, benchmarks/metrics_scrape.py): they are
+    kept as connections open, upgrade and close. Real connections of each front end."""
+    from migratory.config import load_config
+    from migratory.protocol import mqtt
+    from migratory.protocol import websocket as ws
+    from migratory.protocol.http import (
+        MQTT_SUBPROTOCOL,
+        Request,
+        handshake_request,
+        new_websocket_key,
+    )
+    from migratory.protocol.mqtt_encode import encode_packet
+    from migratory.server.app import Server
+
+    server = Server(load_config(overrides={"Listen": "127.0.0.1:0"}, environ={}))
+    connections = WalkCountingSet()
+    server.connections = connections
+    scrape_request = Request("GET", "/metrics", "/metrics", {}, ())
+    connect = ws.encode_masked_binary(ops.encode_client_op(ops.Connect("m")), b"mask")
+    mqtt_connect = ws.encode_masked_binary(encode_packet(mqtt.Connect("m")), b"mask")
+    heads = {
+        "websocket": handshake_request("127.0.0.1", "/", new_websocket_key()) + connect,
+        "mqtt": handshake_request("127.0.0.1", "/", new_websocket_key(),
+                                  subprotocol=MQTT_SUBPROTOCOL) + mqtt_connect,
+        "sse": b"GET /events?subject=/metrics/test/a HTTP/1.1\r\nHost: x\r\n\r\n",
+        "http": b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    }
+    wanted = {"websocket": 3, "mqtt": 2, "sse": 2, "http": 1}
+
+    def frontends() -> dict[str, float]:
+        walks = connections.walks
+        answer = server.monitor.route(scrape_request, monitoring_listener=True)
+        assert connections.walks == walks, "the scrape walked the connections"
+        assert answer is not None
+        text = answer.split(b"\r\n\r\n", 1)[1].decode()
+        return {sample.labels["frontend"]: sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "migratory_frontend_connections"
+                for sample in family.samples}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            (host, port), *_ = await nursery.start(server.serve)
+            streams = []
+            for frontend, count in wanted.items():
+                for _ in range(count):
+                    stream = await trio.open_tcp_stream(host, port)
+                    await stream.send_all(heads[frontend])
+                    assert await stream.receive_some(65536)  # answered: upgraded, streaming
+                    streams.append(stream)
+            for _ in range(100):  # bounded: the server has processed what each sent
+                if all(c.session.connected or c.session.frontend == "http"
+                       for c in list(server.connections)):
+                    break
+                await trio.sleep(0.01)
+            assert frontends() == wanted
+            walked: dict[str, int] = {}
+            for connection in list(server.connections):
+                walked[connection.session.frontend] = walked.get(connection.session.frontend,
+                                                                 0) + 1
+            assert walked == wanted
+            for stream in streams:
+                await stream.aclose()
+            for _ in range(200):
+                if not server.connections:
+                    break
+                await trio.sleep(0.01)
+            assert frontends() == {}
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
