@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from chaos.schedule import Fault, generate, to_jsonl
+from chaos.schedule import RESTARTS, SCENARIOS, Fault, generate, to_jsonl
 from migratory.server.faults import KINDS as FAULT_KINDS
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh]?)")
@@ -68,6 +68,18 @@ def fault_kinds(text: str) -> str:
     return ",".join(kinds)
 
 
+def scenario_kinds(text: str) -> tuple[str, ...]:
+    """``--scenario``: distinct scenario names, comma-separated."""
+    kinds = tuple(k.strip() for k in text.split(","))
+    known = (*SCENARIOS, *RESTARTS)
+    bad = [k for k in kinds if k not in known]
+    if bad or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(
+            f"--scenario takes distinct names among {', '.join(known)}, got {text!r}"
+        )
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             "--no-proxy",
             action="store_true",
             help="no TCP proxies (and so no delay/blackhole/reset/partition)",
+        )
+        p.add_argument(
+            "--scenario",
+            type=scenario_kinds,
+            default=(),
+            metavar="NAME[,NAME...]",
+            help="scenarios of these kinds only, in turn, the single faults kept around them "
+            "(also in runs under 30 s); the only way to get whole-restart and "
+            "rolling-restart, which the seeded rotation never has",
         )
     run.add_argument("--out", required=True, help="run directory")
     run.add_argument(
@@ -152,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
                     members=args.members,
                     seeds=args.seeds,
                     proxies=not args.no_proxy,
+                    forced=args.scenario,
                 )
             )
         )
         return 0
+    if args.scenario and args.schedule:
+        raise SystemExit("chaos run: --scenario and --schedule: one or the other")
     from chaos.runner import run as run_chaos
 
     return run_chaos(
@@ -166,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds=args.seeds,
         fault=args.fault,
         only=args.only,
+        scenario=args.scenario,
         schedule=read_schedule(args.schedule) if args.schedule else None,
         **({"compaction": args.compaction} if args.compaction else {}),
         proxies=not args.no_proxy,

@@ -52,7 +52,7 @@ class Member:
         self.settings, self.client_port, self.http_port = settings, client_port, http_port
         self.log, self.env, self.on_crash = log, env, on_crash
         self.process: subprocess.Popen[bytes] | None = None
-        self.state = "down"  # up | killed | paused | left | crashed | down
+        self.state = "down"  # up | killed | stopped | paused | left | crashed | down
         self.ended_by_runner = False  # the runner sent this process an ending signal
         self.exit_seen = False  # this process's exit was checked (and any crash reported)
 
@@ -97,15 +97,18 @@ class Member:
             return f"(log unreadable: {exc})"
         return "\n".join(text.splitlines()[-lines:])
 
-    def wait_exit(self, timeout: float) -> None:
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait for the process to exit; SIGKILL it after ``timeout`` s (then False)."""
         if self.process is None:
-            return
+            return True
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(10)
+            return False
+        return True
 
 
 def check_overrides(overrides: Mapping[str, str], settings: Mapping[str, str]) -> None:

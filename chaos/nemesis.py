@@ -17,8 +17,11 @@ import trio
 from chaos.history import History
 from chaos.members import Member
 from chaos.proxy import Proxy
+from chaos.restarts import run_restart
 from chaos.scenarios import run_scenario
-from chaos.schedule import Fault, member
+from chaos.schedule import RESTARTS, Fault, member
+
+STOP_WAIT = 40.0  # s a SIGTERMed member may take to drain and exit (DrainTime 30 s + 10)
 
 
 class Nemesis:
@@ -78,6 +81,9 @@ class Nemesis:
                 nursery.start_soon(self.apply, f, start)
 
     async def apply(self, f: Fault, start: float) -> None:
+        if f.fault in RESTARTS:
+            await run_restart(self, f, start)
+            return
         if f.scenario:
             await run_scenario(self, f, start)
             return
@@ -174,9 +180,24 @@ class Nemesis:
         await trio.to_thread.run_sync(m.wait_exit, 10)
         m.state = "killed"
 
-    def restart(self, m: Member, detail: str) -> None:
-        """Start a killed member again (rows: kill end, restart start); see ``restarted``."""
-        self.record("kill", m.name, "end", detail)
+    async def stop(self, m: Member, detail: str) -> None:
+        """SIGTERM (the member drains, then exits), and wait for its exit (SIGKILL after
+        :data:`STOP_WAIT` s); rows: stop start, stop end (how and when it exited)."""
+        self.record("stop", m.name, "start", detail)
+        sent = self.h.now()
+        m.signal(signal.SIGTERM)
+        clean = await trio.to_thread.run_sync(m.wait_exit, STOP_WAIT)
+        code = m.process.returncode if m.process is not None else None
+        took = f"{self.h.now() - sent:.2f}s"
+        outcome = f"exited {code} after {took}" if clean else f"SIGKILLed after {took}"
+        m.state = "stopped"
+        self.record("stop", m.name, "end", f"{outcome}: {detail}")
+
+    def restart(self, m: Member, detail: str, *, after: str = "kill") -> None:
+        """Start a killed (or stopped: ``after``) member again (rows: kill (stop) end,
+        restart start); see ``restarted``."""
+        if after == "kill":
+            self.record("kill", m.name, "end", detail)
         m.start()
         self.record("restart", m.name, "start", f"pid {m.process.pid if m.process else '?'}")
 

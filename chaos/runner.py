@@ -85,6 +85,7 @@ class Runner:
         seeds: int = 3,
         fault: str | None = None,
         only: tuple[str, ...] = (),
+        scenario: tuple[str, ...] = (),
         schedule: list[Fault] | None = None,
         compaction: tuple[int, int] = COMPACTION,
         proxies: bool = True,
@@ -116,7 +117,9 @@ class Runner:
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
         self.run_id = f"chaos-{seed}-{int(time.time())}"
         if schedule is None:
-            schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies)
+            schedule = generate(
+                seed, duration, members=members, seeds=seeds, proxies=proxies, forced=scenario
+            )
         self.schedule = schedule
         if only:
             self.schedule = [f for f in self.schedule if f.fault in only]

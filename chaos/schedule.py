@@ -13,6 +13,9 @@ Same seed, duration and layout -> the same schedule. Two kinds of faults:
   scenario's window (:data:`LEAD` s before it, its duration and :data:`SETTLE` s
   after) is its own: no single fault of a seed is active in it, nor one of the
   non-seed it uses (so that restarts from earlier kills are over when it starts).
+- **Restarts of every member** (:data:`RESTARTS`: ``whole-restart``, ``rolling-restart``)
+  only when asked for (``--scenario``, :func:`generate`'s ``forced``): they are never in
+  the seeded rotation, so a seed's schedule is the one it always was.
 
 Target ``"leader"`` is resolved when the fault is applied (the current Raft leader)
 and counts as a seed; ``"seeds"`` means several seeds, chosen when applied;
@@ -47,6 +50,18 @@ SCENARIOS = {
     "upstream-stop": True,  # SIGSTOP the seed a non-seed replicates from
     "lose-disk": False,  # a seed SIGKILLed, its ClusterDataDir deleted, restarted
 }
+# opt-in scenarios of every member (target "all"), only with --scenario: what operators do
+# every week. whole-restart: every member SIGKILLed (or SIGTERMed: it drains) at once, all
+# started again; rolling-restart: one member at a time, highest ordinal first (a
+# StatefulSet's rolling update), SIGTERM, its exit, restart, ready, then the next.
+RESTARTS = ("whole-restart", "rolling-restart")
+WHOLE_RESTART_HOW = ("kill", "term")
+# the seconds planned for members to be ready again (the faults' durations; single faults
+# stay out of the window): after a whole restart, and per member of a rolling restart
+# (drain, start, ready). Busy 2-core box (load 15): a cold cluster's members took 12-19 s,
+# each member of a roll 8-15 s
+WHOLE_READY = 12.0
+ROLL_STEP = 12.0
 MAJORITY_LOSS = ("kill", "pause", "raft-cut")  # raft-cut: every seed's Raft links held
 LOSE_DISK_WITH = ("kill", "pause")  # what happens to the leader while a seed loses its disk
 SCENARIO_EVERY = 20.0  # seconds between scenario starts (+- 3 s)
@@ -71,7 +86,7 @@ class Fault:
 
     @property
     def scenario(self) -> bool:
-        return self.fault in SCENARIOS
+        return self.fault in SCENARIOS or self.fault in RESTARTS
 
 
 def member(i: int) -> str:
@@ -83,7 +98,7 @@ def index(name: str) -> int:
 
 
 def touches_seeds(f: Fault, seeds: int) -> bool:
-    return f.target in ("leader", "seeds") or f.target.startswith("upstream-of-") or (
+    return f.target in ("leader", "seeds", "all") or f.target.startswith("upstream-of-") or (
         f.target.startswith("migratory-") and index(f.target) < seeds
     )
 
@@ -111,6 +126,14 @@ def _scenario(rng: random.Random, kind: str, at: float, members: int, seeds: int
         return Fault(at, kind, "seeds", down, f"every seed killed for {down}s after compaction")
     if kind == "lose-disk":
         return _lose_disk(rng, at, seeds, combined)
+    if kind == "whole-restart":
+        how, down = rng.choice(WHOLE_RESTART_HOW), round(rng.uniform(1.0, 3.0), 2)
+        return Fault(at, kind, "all", round(down + WHOLE_READY, 2),
+                     f"{how} every member, all down for {down}s")
+    if kind == "rolling-restart":
+        order = ", ".join(member(i) for i in reversed(range(members)))
+        return Fault(at, kind, "all", ROLL_STEP * members,
+                     f"SIGTERM, exit, restart, ready, one at a time: {order}")
     length = round(rng.uniform(3.0, 6.0), 2)
     return Fault(at, kind, f"upstream-of-{non_seed}", length, f"SIGSTOP for {length}s")
 
@@ -149,20 +172,36 @@ def lag_and_down(f: Fault) -> tuple[float, float]:
     return float(words[words.index("paused") + 1].rstrip("s,")), float(words[-1].rstrip("s"))
 
 
+def whole_restart_plan(f: Fault) -> tuple[str, float]:
+    """A whole-restart's signal, "kill" (SIGKILL) or "term" (SIGTERM, a drain), and how
+    long (s) every member stays down once all have exited."""
+    words = f.detail.split()
+    return words[0], float(words[-1].rstrip("s"))
+
+
+def rolling_order(f: Fault) -> list[int]:
+    """A rolling-restart's members, in the order they restart."""
+    return [index(name) for name in f.detail.split(": ", 1)[1].split(", ")]
+
+
 def non_seed_of(f: Fault) -> int:
     """The non-seed a sync-kill restarts or whose upstream an upstream-stop stops."""
     return index(f.target if f.fault == "upstream-stop" else f.detail.split()[0])
 
 
 def scenarios(
-    rng: random.Random, duration: float, *, members: int, seeds: int, proxies: bool, last: float
+    rng: random.Random, duration: float, *, members: int, seeds: int, proxies: bool, last: float,
+    forced: tuple[str, ...] = (),
 ) -> list[Fault]:
     """The scenario faults: every kind in turn (a seeded order), each once per round;
     lose-disk combined with the leader down in its 1st, 3rd ... occurrence, alone in the
-    others."""
+    others. ``forced``: these kinds only (any length of run), a scenario starting no
+    sooner than :data:`LEAD` + :data:`SETTLE` s after the previous one's end."""
     kinds = [k for k, needs_non_seed in SCENARIOS.items() if members > seeds or not needs_non_seed]
+    if forced:
+        kinds = [k for k in forced if members > seeds or not SCENARIOS.get(k, False)]
     out: list[Fault] = []
-    if duration < SCENARIOS_FROM:
+    if duration < SCENARIOS_FROM and not forced:
         return out
     queue: list[str] = []
     lost_disks = 0
@@ -179,6 +218,8 @@ def scenarios(
                 out.append(f)
                 lost_disks += kind == "lose-disk"
         t += SCENARIO_EVERY + rng.uniform(-3.0, 3.0)
+        if forced and out:  # a long one (a rolling restart) and the next keep apart
+            t = max(t, out[-1].end + SETTLE + LEAD)
     return out
 
 
@@ -192,9 +233,10 @@ def generate(
     warmup: float = 2.0,
     cooldown: float = 1.5,
     given_scenarios: list[Fault] | None = None,
+    forced: tuple[str, ...] = (),
 ) -> list[Fault]:
-    """The run's schedule: seeded scenarios (or ``given_scenarios``, a written list) and
-    the single faults around them."""
+    """The run's schedule: seeded scenarios (or ``given_scenarios``, a written list; or,
+    with ``forced``, scenarios of those kinds only) and the single faults around them."""
     rng = random.Random(seed)
     minority = (seeds - 1) // 2
     kinds = list(PROCESS_FAULTS) + (list(NONSEED_FAULTS) if members > seeds else [])
@@ -202,7 +244,7 @@ def generate(
     last = duration - cooldown
     big = list(given_scenarios) if given_scenarios is not None else scenarios(
         random.Random(f"scenarios-{seed}"), duration,
-        members=members, seeds=seeds, proxies=proxies, last=last,
+        members=members, seeds=seeds, proxies=proxies, last=last, forced=forced,
     )
     out: list[Fault] = []
     t = warmup + rng.uniform(0, 1.0)
@@ -227,6 +269,8 @@ def generate(
         near = [s for s in big if s.at - LEAD < t + length and t < s.end + SETTLE]
         if seed_busy >= minority or "leader" in busy or near:
             candidates = [c for c in candidates if c != "leader" and index(c) >= seeds]
+        if any(s.target == "all" for s in near):
+            candidates = []
         candidates = [c for c in candidates if not any(c in s.detail + s.target for s in near)]
         if candidates:
             target = rng.choice(candidates)

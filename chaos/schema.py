@@ -76,8 +76,8 @@ SUBSCRIPTION_FIELDS: tuple[Field, ...] = (
 NEMESIS_FIELDS: tuple[Field, ...] = (
     ("run", "string"),
     ("time", "double"),
-    # kill | restart | pause | resume | delay | blackhole | reset | partition | heal |
-    # join | leave
+    # kill | stop (SIGTERM, the member drains) | restart | pause | resume | delay |
+    # blackhole | reset | partition | heal | join | leave
     ("fault", "string"),
     ("target", "string"),  # member name, or "a->b" for a link
     ("phase", "string"),  # start | end

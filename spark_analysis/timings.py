@@ -13,7 +13,7 @@ from typing import Any
 
 from .load import History
 
-LEADER_FAULTS = ("kill", "pause")
+LEADER_FAULTS = ("kill", "pause", "stop")  # stop: a SIGTERM (the member drains, exits)
 HEALING = ("restart", "resume", "heal", "join")  # faults that make a target whole again
 UNAVAILABLE_GAP = 0.5  # seconds between consecutive publish oks
 LEADER_LOOKBACK = 5.0  # seconds: the last leader sample before a fault must be this recent
@@ -42,7 +42,7 @@ def stats(values: Sequence[float]) -> dict[str, Any]:
 def leader_elections(
     faults: Sequence[dict[str, Any]], leaders: Sequence[tuple[float, str]]
 ) -> dict[str, Any]:
-    """For each kill/pause start whose target led Raft: seconds until another member leads.
+    """For each kill/pause/stop start whose target led Raft: seconds until another member leads.
 
     ``leaders``: (time, member) of every cluster sample in which that member was up and
     leader, in time order. The target led if the last such sample within
