@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import errno
 import gzip
+import logging
 import mmap
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -49,6 +51,9 @@ from pysyncobj.journal import (
 )
 
 from cluster import raft_unpickler
+from cluster.raft_compaction import TRIM_SUFFIX
+
+log = logging.getLogger("migratory.raft")
 
 HEADER = FIRST_RECORD_OFFSET  # name (24) + version (8) + format (4) + records' end (4)
 COMMAND_TYPES = {0: "regular", 1: "no-op", 2: "membership", 3: "version"}
@@ -167,14 +172,53 @@ def _read(path: str, mode: str = "rb", size: int = -1) -> bytes | None:
     return data
 
 
+def temporary_files(journal_file: str, dump_file: str | None) -> list[str]:
+    """The files a seed writes whole before renaming them into place: a dump (its
+    writer's, and one received from the leader), the term and vote, a trimmed journal.
+    One is left half-written when the seed is killed while writing it."""
+    paths = [journal_file + ".meta.tmp", journal_file + TRIM_SUFFIX]
+    if dump_file is not None:
+        paths += [dump_file + ".tmp", dump_file + ".1.tmp"]
+    return paths
+
+
+def remove_stale(journal_file: str, dump_file: str | None) -> list[str]:
+    """Remove what :func:`temporary_files` a killed seed left, each said in one line; the
+    paths removed. pysyncobj never reads them (it reads the file they would have
+    replaced, whole or not there: the rename is the last step), but a half-written dump
+    took as much space as a dump until the next one replaced it (a full disk stops the
+    seed), and nothing said why it was there."""
+    removed = []
+    for path in temporary_files(journal_file, dump_file):
+        try:
+            found = os.lstat(path)
+            if not stat.S_ISREG(found.st_mode):
+                continue  # not a seed's (a directory: the writer fails on it, saying so)
+            size = found.st_size
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # (a read-only volume stops the seed at its first write)
+            log.warning("ClusterDataDir: %s, left half-written by a seed stopped while "
+                        "writing it, cannot be removed (%s)", path, exc.strerror)
+            continue
+        log.warning("ClusterDataDir: removed %s (%d bytes), left half-written by a seed "
+                    "stopped while writing it; the file it was to replace is used as it "
+                    "is", path, size)
+        removed.append(path)
+    return removed
+
+
 def check(journal_file: str, dump_file: str | None, marker: str) -> None:
     """Raise :class:`DamagedRaftData` unless pysyncobj may open these files.
 
     ``marker``: the empty-start marker (:mod:`cluster.raft_votes`), there until a seed
     that started without a journal has caught up. A journal of 0 bytes next to it alone
     is the first start killed while pysyncobj created the file: removed, the seed starts
-    empty as it was going to.
+    empty as it was going to. The temporary files of a seed killed mid-write are
+    removed first (:func:`remove_stale`).
     """
+    remove_stale(journal_file, dump_file)
     journal = _read(journal_file, "r+b", size=0)  # (pysyncobj writes it in place)
     meta = _read(journal_file + ".meta")
     has_dump = dump_file is not None and _read(dump_file, size=0) is not None

@@ -367,3 +367,30 @@ def test_a_damaged_seed_does_not_come_back_with_a_shorter_log(
             assert world.violations(), "the planted start-up must lose e2"
     finally:
         world.close()
+
+
+def test_what_a_seed_killed_mid_write_left_is_removed_and_said(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGKILL while the dump, a leader's dump, the term and vote or a trimmed journal
+    was being written leaves its temporary file: removed at start-up, one line each;
+    the files pysyncobj reads stay as they were."""
+    dump = compacted(data_dir)
+    kept = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    whole = gzip.compress(pickle.dumps(([{}, {"later": 1}], None, None, set()), protocol=2))
+    left = {
+        "raft.dump.tmp": whole[: len(whole) // 2],  # its writer killed halfway
+        "raft.dump.1.tmp": b"\x1f\x8b" + b"\x00" * 100,  # a leader's dump, one part in
+        "raft.journal.meta.tmp": b"\x80",
+        "raft.journal.trim": b"SYNCOBJ" + b"\x00" * 33,
+    }
+    for name, data in left.items():
+        (data_dir / name).write_bytes(data)
+    with caplog.at_level("WARNING", logger="migratory.raft"):
+        run_check(data_dir)
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == kept
+    said = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
+    assert len(said) == len(left)
+    assert any(f"raft.dump.tmp ({len(whole) // 2} bytes), left half-written" in line
+               for line in said)
+    assert dump.exists()

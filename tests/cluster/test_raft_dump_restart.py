@@ -160,3 +160,34 @@ def test_a_node_killed_after_its_dump_keeps_what_it_acknowledged(
             assert any("committed by term" in line for line in world.violations())
     finally:
         world.close()
+
+
+def test_a_seed_killed_while_writing_its_dump_restarts_from_the_whole_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGKILL while the dump writer (pysyncobj's forked child, which dies with its
+    parent: cluster/dump_fork.py) was writing ``raft.dump.tmp`` leaves it half-written.
+    The restarted seed loads the whole ``raft.dump`` and the journal after it -- every
+    batch back -- and removes the half-written file, saying so."""
+    port = free_port()
+    committed: list[CommittedBatch] = []
+    raft = seed(tmp_path, port, committed, compaction_entries=50, compaction_seconds=0.2)
+    try:
+        commit(raft, 120)
+        wait_for(lambda: (tmp_path / "raft.dump").exists())
+        commit(raft, 30)
+    finally:
+        raft.close()
+    total = committed[-1].clsn
+    dump = (tmp_path / "raft.dump").read_bytes()
+    (tmp_path / "raft.dump.tmp").write_bytes(dump[: len(dump) // 2])  # the writer killed
+    again: list[CommittedBatch] = []
+    with caplog.at_level("WARNING", logger="migratory.raft"):
+        raft = seed(tmp_path, port, again, compaction_entries=100_000, compaction_seconds=3600)
+        try:
+            wait_for(lambda: raft.snapshot.ready and raft.snapshot.clsn >= total)
+        finally:
+            raft.close()
+    assert not (tmp_path / "raft.dump.tmp").exists()
+    assert any("raft.dump.tmp" in r.getMessage() and "half-written" in r.getMessage()
+               for r in caplog.records)
