@@ -20,6 +20,7 @@ from typing import Any
 from chaos.proxy import Proxy
 from chaos.schedule import member
 from cluster.tooling import member_settings, start_member
+from cluster.up_checks import port_free
 from migratory.config import Config, ConfigError
 
 PASSWORD = "chaos-cluster-password"
@@ -182,6 +183,59 @@ def build_members(
             )
         )
     return members, proxy_of, client_urls
+
+
+Built = tuple[list[Member], dict[int, list[Proxy]], list[str]]
+PORT_TRIES = 50
+
+
+def ports_bound(members: list[Member], proxy_of: Mapping[int, list[Proxy]]) -> list[int]:
+    """Every port of 127.0.0.1 the run will bind, read from what binds it: each member's
+    listeners as its config reads them (clients, TLS, MQTT, monitoring), its cluster
+    link port and its Raft port (+ 1), and every proxy's listening port."""
+    ports: list[int] = []
+    for m in members:
+        config = Config.from_mapping(m.settings, source=m.name)
+        for addresses in (config.listen, config.listen_encrypted, config.listen_mqtt,
+                          config.listen_mqtt_encrypted):
+            ports += [port for _, port in addresses]
+        if config.monitor_listen is not None:
+            ports.append(config.monitor_listen[1])
+        link = config.cluster_member_bind or config.cluster_member_listen
+        if link is not None:
+            ports += [link[1], link[1] + 1]
+    ports += [proxy.listen_port for proxies in proxy_of.values() for proxy in proxies]
+    return [port for port in ports if port != 0]
+
+
+def on_free_ports(
+    pick_base: Callable[[], int],
+    build: Callable[[int], Built],
+    settings: Mapping[str, str],
+    overrides: Mapping[str, str],
+) -> tuple[int, Built]:
+    """The base port and the members built on it (``settings``, then ``overrides``
+    (``--set``) given to each) once every port in :func:`ports_bound` is free: a base is
+    picked for the ports of its own formula (``cluster.tooling``), and a member binds
+    more (its MQTT port, ``--set`` listeners). A port two members would bind ends the
+    command."""
+    for _ in range(PORT_TRIES):
+        base = pick_base()
+        built = build(base)
+        members, proxy_of, _ = built
+        for m in members:
+            m.settings.update(settings)
+        check_overrides(overrides, members[0].settings)
+        for m in members:
+            m.settings.update(overrides)
+        ports = ports_bound(members, proxy_of)
+        twice = sorted({port for port in ports if ports.count(port) > 1})
+        if twice:
+            raise SystemExit(f"chaos run: port {', '.join(map(str, twice))} would be bound "
+                             "by two members or proxies (a --set listener with a fixed port?)")
+        if all(port_free(port) for port in ports):
+            return base, built
+    raise SystemExit(f"chaos run: no base port with every port free in {PORT_TRIES} tries")
 
 
 def mqtt_port(client_url: str) -> int:

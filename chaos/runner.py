@@ -24,7 +24,7 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
-from chaos.members import Member, build_members, check_overrides, http_json, mqtt_port
+from chaos.members import Member, build_members, http_json, mqtt_port, on_free_ports
 from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
@@ -125,7 +125,6 @@ class Runner:
             self.schedule = [f for f in self.schedule if f.fault in only]
         out.mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(exist_ok=True)
-        self.base = base_port(members)
         env = os.environ.copy()
         env.pop("MIGRATORY_TEST_FAULT", None)
         # the Raft test switch (cluster/raft_votes.py) passes through from this
@@ -136,23 +135,17 @@ class Runner:
             if len(switch.split(",")) > auditors:
                 raise SystemExit(f"--fault {fault} needs one raw auditor per kind (--auditors)")
             env["MIGRATORY_TEST_FAULT"] = switch
-        self.members, self.proxy_of, self.client_urls = build_members(
-            count=members,
-            seeds=seeds,
-            base=self.base,
-            proxies=proxies,
-            out=out,
-            env=env,
-            on_crash=self.record_crash,
-            mqtt=mqtt_subscribers > 0,
-        )
-        for m in self.members:
-            m.settings["ClusterLogCompactionEntries"] = str(compaction[0])
-            m.settings["ClusterLogCompactionTime"] = str(compaction[1])
         self.overrides = dict(settings or {})
-        check_overrides(self.overrides, self.members[0].settings)
-        for m in self.members:
-            m.settings.update(self.overrides)
+        self.base, (self.members, self.proxy_of, self.client_urls) = on_free_ports(
+            lambda: base_port(members),
+            lambda base: build_members(
+                count=members, seeds=seeds, base=base, proxies=proxies, out=out, env=env,
+                on_crash=self.record_crash, mqtt=mqtt_subscribers > 0,
+            ),
+            {"ClusterLogCompactionEntries": str(compaction[0]),
+             "ClusterLogCompactionTime": str(compaction[1])},
+            self.overrides,
+        )
         raft_ports = {
             int(self.members[i].settings["ClusterMemberListen"].rsplit(":", 1)[1]) + 1: member(i)
             for i in range(members)
