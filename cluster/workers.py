@@ -12,7 +12,8 @@ It does no client I/O. It
   each in its own session so a terminal's Ctrl-C reaches them only through here;
 - prints ``listening URL`` once every worker has caught up (tests and tools read it,
   first, as from a single server), then the workers' ``monitoring URL`` lines and
-  ``worker I pid P`` for each, and ``worker I pid P`` again for every restart;
+  ``worker I pid P`` for each, and ``worker I pid P`` again for every restart (off its
+  event loop: :mod:`cluster.stdout_lines`);
 - restarts a worker that stops on its own (logged, with a back-off if it keeps dying);
 - on SIGINT or SIGTERM, whenever it comes (during start-up too: then no ``listening``
   line is printed), passes the signal on to every worker (SIGTERM to one still
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import trio
 
 from cluster.sequencer import Sequencer
+from cluster.stdout_lines import StdoutLines
 from migratory.config import Config
 from migratory.listeners import client_listeners
 from migratory.server.gc_pauses import tune
@@ -49,6 +51,8 @@ RESTART_DELAY_MAX = 5.0
 QUICK_DEATH = 5.0
 """A worker that dies this soon after it started is restarted after a growing delay."""
 STOP_GRACE = 5.0
+OUTPUT_GRACE = 1.0
+"""Seconds the stopped supervisor waits for its last stdout lines to be read."""
 
 
 class WorkerFailed(Exception):
@@ -66,12 +70,6 @@ class WorkerSlot:
     restarts: int = 0
     serving: bool = False
     """Its current process has caught up and serves (it would drain on SIGTERM)."""
-
-
-def say(line: str) -> None:
-    """One line on stdout; a reader that went away (a closed pipe) never stops the server."""
-    with contextlib.suppress(OSError, ValueError):
-        print(line, flush=True)
 
 
 def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
@@ -150,12 +148,16 @@ class Supervisor:
         """The ``listening`` lines are out: from now on worker lines are passed on at once."""
         self._overrides: dict[str, str] = {}
         self._sequencer_address = ("127.0.0.1", 0)
+        # stdout written off the loop: a reader that reads nothing never stalls the
+        # sequencer (stdout_lines.py)
+        self.output = StdoutLines()
 
     async def run(self) -> None:
         held, self._overrides = hold_ports(self.config)
         try:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.output.run)
                     self._sequencer_address = await nursery.start(self.sequencer.run)
                     tune(self.config.gc_thresholds)  # the caches live here: as a server does
                     for slot in self.slots:
@@ -164,6 +166,8 @@ class Supervisor:
                     nursery.start_soon(self._announce_when_ready)
                     signum = await signals.__anext__()
                     await self._stop(signal.Signals(signum))
+                    with trio.move_on_after(OUTPUT_GRACE):
+                        await self.output.drained()
                     nursery.cancel_scope.cancel()
         finally:
             for sock in held:
@@ -178,12 +182,12 @@ class Supervisor:
         if self.stopping:
             return
         for line in self.slots[0].listening:
-            say(line)
+            self.output.say(line)
         for slot in self.slots:
             for line in slot.held_lines:
-                say(line)
+                self.output.say(line)
             assert slot.process is not None
-            say(f"worker {slot.index} pid {slot.process.pid}")
+            self.output.say(f"worker {slot.index} pid {slot.process.pid}")
         self.announced = True
         log.info("%d workers ready: pids %s", len(self.slots),
                  ", ".join(str(s.process.pid) for s in self.slots if s.process is not None))
@@ -228,7 +232,7 @@ class Supervisor:
         slot.process = process
         slot.serving = False
         if self.announced:  # a restart (the first start's line follows "listening")
-            say(f"worker {slot.index} pid {process.pid}")
+            self.output.say(f"worker {slot.index} pid {process.pid}")
         log.info("worker %d started (pid %d)", slot.index, process.pid)
         try:
             await self._give_config(process)
@@ -274,7 +278,7 @@ class Supervisor:
                 elif not self.announced:
                     slot.held_lines.append(line)
                 else:
-                    say(line)
+                    self.output.say(line)
 
     async def _end(self, process: trio.Process) -> None:
         """Make sure ``process`` is gone (the supervisor is stopping or failed)."""
