@@ -51,7 +51,7 @@ RESTART_DELAY_MAX = 5.0
 QUICK_DEATH = 5.0
 """A worker that dies this soon after it started is restarted after a growing delay."""
 STOP_GRACE = 5.0
-OUTPUT_GRACE = 1.0
+OUTPUT_GRACE = 0.5
 """Seconds the stopped supervisor waits for its last stdout lines to be read."""
 
 
