@@ -1,8 +1,10 @@
 """The attacks of issue 14, as the issue measured them, against one server process:
 for each, the bystander's delay (a client in its own process publishing to itself every
 20 ms), the server's RSS before / at the peak / after, and how the attacker was refused.
+``connection-flood`` instead counts the legitimate TLS clients served during a flood of
+cheap connections (:func:`connection_flood`).
 
-    .venv/bin/python benchmarks/attacks.py [--only NAME ...]
+    .venv/bin/python benchmarks/attacks.py [--only NAME ...] [--set KEY=VALUE ...]
 
 Figures depend on the machine's load: run it on a quiet machine (``uptime``).
 """
@@ -12,11 +14,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import resource
+import signal
 import socket
+import ssl
+import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -25,7 +33,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
 
+import trustme
 from bystander import Bystander, rss_kib
+from client_port_slowloris import (
+    client_hello,
+    mqtt_client,
+    publish_snapshot,
+    start_server,
+    websocket_client,
+)
 from rawclient import RawClient
 
 from migratory.model.message import Message
@@ -219,6 +235,145 @@ def one_off_subjects(count: int = 200_000) -> dict[str, Any]:
         server.stop()
 
 
+FLOOD_SECONDS = 10.0
+FLOOD_PROCESSES = 2
+FLOOD_THREADS = 12  # per process: blocking connects, so a full backlog holds only one
+LEGIT_TIMEOUT = 3.0  # a legitimate client gives up after this long: not served
+LEGIT_EVERY = 0.1
+
+
+def _flood_thread(port: int, source: str, deadline: float, counts: list[int],
+                  payload: bytes) -> None:
+    linger = struct.pack("ii", 1, 0)  # closed with a reset: no TIME_WAIT to run out of ports
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_INET6 if ":" in source else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        sock.settimeout(1.0)
+        try:
+            sock.bind((source, 0))
+            sock.connect(("::1" if ":" in source else "127.0.0.1", port))
+            sock.send(payload)
+            counts[0] += 1
+        except OSError:
+            counts[1] += 1
+        finally:
+            sock.close()
+
+
+def _flood(port: int, sources: list[str], seconds: float, payload: bytes, out: Any) -> None:
+    """One attacking process: FLOOD_THREADS threads that connect (each from one of
+    ``sources``, the first thread from the first), send ``payload`` and reset, as fast
+    as the server takes them, for ``seconds``; puts [connections, failures] to ``out``."""
+    deadline = time.monotonic() + seconds
+    counts = [[0, 0] for _ in range(FLOOD_THREADS)]
+    threads = [threading.Thread(target=_flood_thread,
+                                args=(port, sources[n * FLOOD_PROCESSES % len(sources)],
+                                      deadline, c, payload))
+               for n, c in enumerate(counts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 5)
+    out.put([sum(c[0] for c in counts), sum(c[1] for c in counts)])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _legitimate(checks: dict[str, Callable[[], bool]], seconds: float) -> dict[str, Any]:
+    """Tries each of ``checks`` in turn, then sleeps LEGIT_EVERY s, for ``seconds``: per
+    check, served of attempted and the latency (connect to snapshot) of those served."""
+    latencies: dict[str, list[float]] = {name: [] for name in checks}
+    attempts = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        attempts += 1
+        for name, check in checks.items():
+            started = time.monotonic()
+            if check():
+                latencies[name].append(time.monotonic() - started)
+        time.sleep(LEGIT_EVERY)
+    figures: dict[str, Any] = {}
+    for name, served in latencies.items():
+        ms = sorted(round(x * 1000, 1) for x in served)
+        figures[name] = {"attempts": attempts, "served": len(ms),
+                         "p50_ms": ms[len(ms) // 2] if ms else None,
+                         "max_ms": ms[-1] if ms else None}
+    return figures
+
+
+def connection_flood(settings: dict[str, str], seconds: float = FLOOD_SECONDS,
+                     sources: int = 1, hello: bool = False) -> dict[str, Any]:
+    """A flood of cheap connections -- connect, 64 bytes (garbage, or with ``hello`` a
+    TLS ClientHello: the server's key exchange and signature for nothing), reset --
+    from ``sources`` addresses (127.0.0.2, ...) to the ``ListenEncrypted`` port, as fast
+    as the server takes them, while legitimate clients from 127.0.0.1 try a TLS
+    WebSocket session (wss: upgrade, ``connect``, ``subscribe``, its snapshot) and an
+    MQTT session over TLS (mqtts: CONNECT, SUBSCRIBE, the retained message) in turn,
+    each given LEGIT_TIMEOUT s. Quiet, then flooded: served of attempted and their
+    latency; the flood's connections, the server's CPU seconds, its refusals and log."""
+    work = Path(tempfile.mkdtemp(prefix="flood-"))
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert.private_key_pem.write_to_path(str(work / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(work / "cert.pem"))
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    proc, ports = start_server(files, work / "cert.pem", work / "key.pem", work / "server.log",
+                               {"ListenMqttEncrypted": "127.0.0.1:0", **settings})
+    figures: dict[str, Any] = {"settings": settings, "flood_seconds": seconds,
+                               "sources": sources,
+                               "payload": "ClientHello" if hello else "garbage",
+                               "load_average": os.getloadavg()}
+
+    legitimate: dict[str, Callable[[], bool]] = {
+        "wss": lambda: websocket_client(ports["wss"], client_tls, LEGIT_TIMEOUT),
+        "mqtts": lambda: mqtt_client(ports["mqtts"], LEGIT_TIMEOUT, client_tls),
+    }
+
+    try:
+        publish_snapshot(ports["mqtt"])
+        figures["quiet"] = _legitimate(legitimate, 2.0)
+        out = multiprocessing.get_context("fork").Queue()
+        addresses = [f"127.0.0.{2 + n}" for n in range(sources)]
+        payload = client_hello(client_tls) if hello else os.urandom(64)
+        flooders = [
+            multiprocessing.get_context("fork").Process(
+                target=_flood,
+                args=(ports["wss"], addresses[n:] + addresses[:n], seconds, payload, out))
+            for n in range(FLOOD_PROCESSES)
+        ]
+        for flooder in flooders:
+            flooder.start()
+        cpu = cpu_seconds(proc.pid)
+        time.sleep(0.5)  # the flood is on
+        figures["flooded"] = _legitimate(legitimate, seconds - 1.0)
+        totals = [out.get(timeout=seconds + 10) for _ in flooders]
+        figures["server_cpu_s"] = round(cpu_seconds(proc.pid) - cpu, 2)
+        for flooder in flooders:
+            flooder.join(10)
+        figures["flood_connections"] = sum(t[0] for t in totals)
+        figures["flood_failed"] = sum(t[1] for t in totals)
+        figures["server_cpu_us_per_flood_connection"] = round(
+            figures["server_cpu_s"] / max(1, figures["flood_connections"]) * 1e6, 1)
+        figures["server_alive"] = proc.poll() is None
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['ws']}/stats", timeout=30) as r:
+            figures["refusals"] = json.loads(r.read())["refusals"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    figures["server_log"] = str(work / "server.log")
+    figures["server_log_lines"] = len((work / "server.log").read_bytes().splitlines())
+    return figures
+
+
 ATTACKS: dict[str, Callable[[], dict[str, Any]]] = {
     "amplification-18kb": lambda: amplification(18),
     "amplification-30kb": lambda: amplification(30),
@@ -227,13 +382,23 @@ ATTACKS: dict[str, Callable[[], dict[str, Any]]] = {
     "partial-frames-200": partial_frames,
     "pending-handshakes-15000": pending_handshakes,
     "one-off-subjects-200000": one_off_subjects,
+    "connection-flood": lambda: connection_flood(SETTINGS, sources=SOURCES[0]),
+    "hello-flood": lambda: connection_flood(SETTINGS, sources=SOURCES[0], hello=True),
 }
+SETTINGS: dict[str, str] = {}  # --set KEY=VALUE: connection-flood's server
+SOURCES = [1]  # --sources: connection-flood's attacking addresses
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", choices=sorted(ATTACKS))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the server connection-flood attacks")
+    parser.add_argument("--sources", type=int, default=1,
+                        help="connection-flood: attacking addresses (up to 24)")
     args = parser.parse_args()
+    SOURCES[0] = args.sources
+    SETTINGS.update(item.split("=", 1) for item in args.set)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"load average {os.getloadavg()}", flush=True)

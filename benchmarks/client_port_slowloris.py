@@ -194,10 +194,12 @@ def websocket_client(port: int, tls: ssl.SSLContext | None, timeout: float) -> b
         return False
 
 
-def mqtt_client(port: int, timeout: float) -> bool:
+def mqtt_client(port: int, timeout: float, tls: ssl.SSLContext | None = None) -> bool:
     """CONNECT, SUBSCRIBE: True once the retained PUBLISH arrived."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname="localhost")
+        with sock:
             sock.sendall(mqtt_connect(f"legit{time.monotonic_ns()}"))
             topic = mqtt_str(SUBJECT[1:])
             sock.sendall(mqtt_packet(0x82, (1).to_bytes(2, "big") + topic + b"\x00"))
@@ -210,7 +212,7 @@ def mqtt_client(port: int, timeout: float) -> bool:
                 buf += chunk
                 if CONTENT in buf:
                     return True
-    except OSError:
+    except (OSError, ValueError):
         pass
     return False
 
@@ -233,8 +235,10 @@ class Tally:
 
 
 def start_server(
-    files: int, certificate: Path, key: Path, log: Path
+    files: int, certificate: Path, key: Path, log: Path, settings: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """The server and its ports by scheme (ws, wss, mqtt; mqtts if ``settings`` has
+    ListenMqttEncrypted); ``settings``: more ``--set KEY=VALUE``."""
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
@@ -242,20 +246,23 @@ def start_server(
             "--set", "Listen=127.0.0.1:0", "--set", "ListenEncrypted=127.0.0.1:0",
             "--set", "ListenMqtt=127.0.0.1:0", "--set", f"TlsCertificate={certificate}",
             "--set", f"TlsKey={key}"]
+    for name, value in (settings or {}).items():
+        args += ["--set", f"{name}={value}"]
+    wanted = 4 if "ListenMqttEncrypted" in (settings or {}) else 3
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log.open("wb"),
                             stdin=subprocess.DEVNULL, preexec_fn=limited,
                             start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
     ports: dict[str, int] = {}
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
-    while len(ports) < 3 and time.monotonic() < deadline:
+    while len(ports) < wanted and time.monotonic() < deadline:
         line = proc.stdout.readline().decode()
         if not line:
             break
         if line.startswith("listening "):
             url = line.split()[1]
             ports[url.split(":", 1)[0]] = int(url.rsplit(":", 1)[1].split("/")[0])
-    if len(ports) < 3:
+    if len(ports) < wanted:
         proc.kill()
         raise SystemExit(f"server did not start: {ports} (log {log})")
     return proc, ports
