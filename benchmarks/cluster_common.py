@@ -54,6 +54,7 @@ class BenchCluster:
                 # the load comes from 127.0.0.1: no per-address or rate limits here
                 "MaxConnectionsPerAddress": "0",
                 "MaxHandshakesPerAddress": "0",
+                "MaxConnectionRatePerAddress": "0",
                 "MaxPublishesPerSecond": "0",
                 **(extra or {}),
             }

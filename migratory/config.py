@@ -206,6 +206,8 @@ class Config:
     max_connections_per_address: int
     max_handshakes_per_address: int
     max_pending_handshakes: int
+    max_connection_rate_per_address: int
+    per_address_ipv6_prefix: int
     max_subscriptions_per_connection: int
     max_subscriptions: int
     max_subjects: int

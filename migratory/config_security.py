@@ -45,6 +45,21 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "instead of being refused: connections that send nothing, or a byte at a time "
             "(slowloris), cannot lock clients out, whose handshake takes milliseconds "
             "(docs/security.md)."),
+    Setting("MaxConnectionRatePerAddress", "max_connection_rate_per_address",
+            _int(0, unit=" of connections a second"), "100",
+            "New connections one IP address (an IPv6 address: its PerAddressIPv6Prefix "
+            "network) may open per second on the client ports, bursts of one second's worth; "
+            "one more is closed (reset) as soon as it is accepted, before any TLS or HTTP "
+            "work: a flood of ClientHellos from one address cannot spend the server's CPU "
+            "on handshakes (docs/security.md). 0: no limit (behind a proxy or NAT that "
+            "gathers many clients on one address, raise it or set 0)."),
+    Setting("PerAddressIPv6Prefix", "per_address_ipv6_prefix", _int(1, 128, " of bits"), "64",
+            "The client ports' per-address limits (MaxConnectionsPerAddress, "
+            "MaxHandshakesPerAddress, MaxConnectionRatePerAddress, the MaxPendingHandshakes "
+            "fairness) count an IPv6 address as its network of this many bits: whoever has "
+            "one address of a /64 has 2^64 of them. 128: each address alone. IPv4 "
+            "addresses (also mapped ones, ::ffff:a.b.c.d) count alone. (The cluster link "
+            "port counts by /64.)"),
     Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
             _int(1, unit=_UNITS["s"]), "10000",
             "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),

@@ -25,7 +25,8 @@ from migratory.bench.target import Target
 
 # every load process connects from 127.0.0.1: lift the per-address and rate limits
 # (docs/security.md) of a server the bench starts; later --set values still win
-UNLIMITED = ["MaxConnectionsPerAddress=0", "MaxHandshakesPerAddress=0", "MaxPublishesPerSecond=0"]
+UNLIMITED = ["MaxConnectionsPerAddress=0", "MaxHandshakesPerAddress=0", "MaxPublishesPerSecond=0",
+             "MaxConnectionRatePerAddress=0"]
 
 Pattern = Callable[[Target, list[BaseProcess]], dict[str, Any] | None]
 

@@ -14,9 +14,11 @@ listeners have their own loop (app.py), which takes its connections from
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
+import struct
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -27,6 +29,19 @@ from migratory.server.exhaustion import CAPACITY_ERRNOS, RETRY_SECONDS, Exhausti
 log = logging.getLogger("migratory.accept")
 
 Handler = Callable[[trio.SocketStream], Awaitable[object]]
+Admit = Callable[[trio.SocketStream], bool]
+"""Asked for each accepted connection before its handler starts: False resets it
+(the cluster link port's rate per address, cluster/link_accept.py)."""
+
+RESET = struct.pack("ii", 1, 0)
+"""SO_LINGER on, 0 s: ``close`` resets the connection (no FIN, no TIME_WAIT kept here)."""
+
+
+def reset(sock: socket.socket | trio.socket.SocketType) -> None:
+    """Close ``sock`` with a reset: nothing more to say, nothing to keep."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+    sock.close()
 
 
 GONE_BEFORE_ACCEPT = frozenset({errno.ECONNABORTED, errno.EPROTO})
@@ -73,6 +88,7 @@ async def _serve_one(
     handler_nursery: trio.Nursery,
     handler: Handler,
     exhaustion: Exhaustion,
+    admit: Admit | None,
 ) -> NoReturn:
     async with listener:
         while True:
@@ -85,6 +101,9 @@ async def _serve_one(
                 await trio.sleep(exhaustion.retry)
             else:
                 exhaustion.succeeded()
+                if admit is not None and not admit(stream):
+                    reset(stream.socket)
+                    continue
                 handler_nursery.start_soon(_run_handler, stream, handler)
 
 
@@ -94,14 +113,16 @@ async def serve_listeners(
     *,
     name: str,
     retry: float = RETRY_SECONDS,
+    admit: Admit | None = None,
     task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``listeners`` (closed when this ends) as ``trio.serve_listeners`` does;
-    ``name`` begins their log lines (``"monitoring listener"``)."""
+    ``name`` begins their log lines (``"monitoring listener"``); ``admit``: see
+    :data:`Admit`."""
     async with trio.open_nursery() as nursery:
         for listener in listeners:
             exhaustion = Exhaustion(log, listener_name(name, listener), retry=retry)
-            nursery.start_soon(_serve_one, listener, nursery, handler, exhaustion)
+            nursery.start_soon(_serve_one, listener, nursery, handler, exhaustion, admit)
         task_status.started(listeners)
     raise AssertionError("_serve_one never returns")  # pragma: no cover
 
@@ -112,8 +133,9 @@ async def serve_tcp(
     *,
     host: str,
     name: str,
+    admit: Admit | None = None,
     task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """``trio.serve_tcp(handler, port, host=host)`` through :func:`serve_listeners`."""
     listeners = await trio.open_tcp_listeners(port, host=host)
-    await serve_listeners(handler, listeners, name=name, task_status=task_status)
+    await serve_listeners(handler, listeners, name=name, admit=admit, task_status=task_status)

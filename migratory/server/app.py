@@ -34,6 +34,7 @@ from migratory.server.context import (
 from migratory.server.drain import Drain
 from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encrypted_batch
 from migratory.server.faults import DeliveryFault
+from migratory.server.front_rate import ConnectionRate
 from migratory.server.frontends import FrontendCounts
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.hub import Hub
@@ -129,7 +130,9 @@ class Server:
         self.connections: set[Connection] = set()
         self.frontends = FrontendCounts()  # the connections per front end (GET /metrics)
         self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)
+        self.front_rate = ConnectionRate(config.max_connection_rate_per_address)  # at accept
         self._refusal_log = RefusalLog()  # one line per kind of refusal a minute
+        self.tls_failure_log = RefusalLog()  # a stranger's garbage: one line a minute
         self._trim = MemoryTrim()  # memory.py
         self.dirty: set[Connection] = set()  # wait for the batch tick
         self.write_immediately = config.batch_time == 0

@@ -2,8 +2,11 @@
 
 One loop per client listener (:class:`~migratory.server.app.Server` starts them): the
 connections waiting are taken 64 at a time (:func:`~migratory.server.accept.accepted`,
-which says a want of descriptors once, then counts it); each is admitted or refused
-with a 503 (per-address limits, MaxConnections), becomes a :class:`Connection` (or an
+which says a want of descriptors once, then counts it); each is reset at once past
+``MaxConnectionRatePerAddress`` (:mod:`migratory.server.front_rate`: before any TLS or
+HTTP work), admitted or refused with a 503 (per-address limits, MaxConnections, each
+counted per :func:`~migratory.server.front_rate.address_group`: an IPv6 address by
+its /64), becomes a :class:`Connection` (or an
 :class:`MqttConnection` on a ``ListenMqtt`` port) and may make room for itself by
 closing the oldest connection still in its handshake (MaxPendingHandshakes).
 """
@@ -19,9 +22,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from migratory.listeners import Listener
-from migratory.server.accept import accepted
+from migratory.server.accept import accepted, reset
 from migratory.server.connection import Connection
 from migratory.server.exhaustion import Exhaustion
+from migratory.server.front_rate import address_group
 from migratory.server.limits import Eviction, Refusal, refusal_response
 from migratory.server.mqtt_connection import MqttConnection
 
@@ -38,19 +42,26 @@ async def accept_clients(
     stats = server.ctx.stats
     host, port = spec.address[:2]
     exhaustion = Exhaustion(log, f"client listener {host}:{port}")  # EMFILE: said once
+    prefix = server.config.per_address_ipv6_prefix
     while True:
         await trio.lowlevel.wait_readable(listener)
         if exhaustion.exhausted:
             await trio.sleep(exhaustion.retry)
+        now = trio.current_time()
         for sock, address in accepted(listener, exhaustion):
+            group = address_group(address[0], prefix)  # an IPv6 address: its /64
+            if not server.front_rate.take(group, now):
+                too_fast(server, sock, group)
+                continue
             sock.setblocking(False)
-            refusal = server.admission.admit(address[0])
+            refusal = server.admission.admit(group)
             if refusal is not None:
                 refuse(server, sock, refusal)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             kind = MqttConnection if spec.mqtt_tcp else Connection
-            connection = kind(server, sock, f"{address[0]}:{address[1]}", spec, tls)
+            connection = kind(server, sock, f"{address[0]}:{address[1]}", spec, tls,
+                              address=group)
             server.connections.add(connection)
             server.frontends.opened(connection.frontend)
             stats.connections_accepted += 1
@@ -61,6 +72,17 @@ async def accept_clients(
             stats.handshakes_pending = server.admission.pending_handshakes
             if connection in server.connections:  # not the one evicted
                 server.nursery.start_soon(connection.run)
+
+
+def too_fast(server: Server, sock: socket.socket, group: str) -> None:
+    """Past MaxConnectionRatePerAddress: reset at once, nothing read, nothing said (a
+    503 would be garbage to a TLS client, and costs a send); counted, logged once a
+    minute."""
+    server.refused("MaxConnectionRatePerAddress",
+                   f"more than {server.config.max_connection_rate_per_address} new "
+                   f"connections a second from {group} (MaxConnectionRatePerAddress): "
+                   "reset at accept")
+    reset(sock)
 
 
 def refuse(server: Server, sock: socket.socket, refusal: Refusal) -> None:

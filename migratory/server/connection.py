@@ -63,7 +63,11 @@ class Connection(ConnectionWrites):
         peer: str,
         listener: Listener,
         tls: ssl.SSLContext | None = None,
+        *,
+        address: str | None = None,
     ) -> None:
+        """``address``: what the per-address limits count it as (its IP address's
+        :func:`~migratory.server.front_rate.address_group`; default: its IP address)."""
         self.server = server
         self.sock = sock
         self.listener = listener
@@ -73,7 +77,8 @@ class Connection(ConnectionWrites):
         self._start_writes(sock)
         self.session: Session | MqttSession = self._new_session(peer)
         self.frontend = self.session.frontend  # as the server counts it (frontends.py)
-        self.address = peer.rsplit(":", 1)[0]  # the peer's IP address (per-address limits)
+        # the peer's IP address, or its IPv6 network (per-address limits)
+        self.address = peer.rsplit(":", 1)[0] if address is None else address
         self.handshaking = True  # counted in the server's handshakes in flight (limits.py)
         # not a client session yet (in its handshake, or HTTP keep-alive between requests):
         # may be closed to make room for a newcomer (limits.py, MaxPendingHandshakes)
@@ -320,8 +325,13 @@ class Connection(ConnectionWrites):
         try:
             plain = tls.receive(data)
         except TlsFailed as exc:
-            log.info("%s: TLS failed: %s", self.session.describe(), exc,
-                     extra=_client_fields(self.session))
+            # anyone can send garbage to a TLS port, thousands a second: counted in
+            # migratory_protocol_errors_total{kind="tls"}, said once a minute
+            unlogged = self.server.tls_failure_log.line("tls", trio.current_time())
+            if unlogged is not None:
+                more = f" ({unlogged} more TLS failures not logged)" if unlogged else ""
+                log.info("%s: TLS failed: %s%s", self.session.describe(), exc, more,
+                         extra=_client_fields(self.session))
             stats = self.server.ctx.stats
             stats.protocol_errors += 1
             stats.count(stats.protocol_error_kinds, "tls")

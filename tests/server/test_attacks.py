@@ -152,7 +152,8 @@ def partial_frame_connection(port: int, length: int) -> tuple[socket.socket, byt
 
 def test_partial_frames_cannot_pin_more_than_the_budget(start_server: Any) -> None:
     budget = 32 << 20
-    server = start_server(IncompleteFrameBudget=str(budget), MaxHandshakesPerAddress="0")
+    server = start_server(IncompleteFrameBudget=str(budget), MaxHandshakesPerAddress="0",
+                          MaxConnectionRatePerAddress="0")
     with watched(server) as figures:
         held = [partial_frame_connection(server.port, (1 << 20) - 1) for _ in range(100)]
         time.sleep(1.0)
@@ -182,7 +183,7 @@ def test_partial_frames_cannot_pin_more_than_the_budget(start_server: Any) -> No
 
 
 def test_pending_handshakes_are_capped_per_address(start_server: Any) -> None:
-    server = start_server(MaxHandshakesPerAddress="100")
+    server = start_server(MaxHandshakesPerAddress="100", MaxConnectionRatePerAddress="0")
     with watched(server) as figures:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(300)]
         refused = 0
