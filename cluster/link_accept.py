@@ -5,7 +5,9 @@ the Guaranteed members' :class:`cluster.peers.PeerService` and the Standard memb
 listener (:mod:`cluster.standard`). Each connection's handshake runs in a cancel scope; when
 more than ``MAX_PENDING_HANDSHAKES`` are still proving the password, one is cancelled
 (the oldest, or the oldest of an address holding more than half) and its connection
-refused, logged.
+refused, logged. Before that, at accept, more than ``LINK_CONNECTIONS_PER_SECOND`` new
+connections a second from one address are reset (:meth:`HandshakeGate.admit`: no TLS
+handshake for them). An IPv6 address counts as its /64.
 
 Refusals are logged at warning once a minute per address and kind of reason (the
 reasons name what the stranger sent -- a frame's size, a member name, a tag -- and a
@@ -26,6 +28,7 @@ import trio
 from cluster import link
 from cluster.agreement import Repeats
 from cluster.link_io import HANDSHAKE_TIMEOUT, Disagreement, LinkChannel, describe
+from migratory.server.front_rate import ConnectionRate, address_group
 from migratory.server.handshake_slots import PendingHandshakes
 
 log = logging.getLogger("migratory.cluster")
@@ -40,6 +43,16 @@ Unbounded, 2,000 idle connections held 2,017 descriptors of a seed, and once the
 reached its open-file limit the Raft leader could not write its journal and stopped
 (800 idle connections against a limit of 600: the seed exited with status 1). A
 member's handshake is one round trip and a few HMACs (milliseconds)."""
+
+LINK_CONNECTIONS_PER_SECOND: Final = 100
+"""New connections to a cluster link port per second from one address (an IPv6
+address: its /64, :func:`~migratory.server.front_rate.address_group`), bursts of one
+second's worth; one more is reset as soon as it is accepted, before its handshake. With
+ClusterTls* that handshake is TLS: a key exchange and a signature for the bytes of a
+stranger's ClientHello, who was not rate-limited (a flood from one address could keep
+a member's CPU busy). A member dials a peer once per role (Raft peer, upstream,
+forwarding, settings probe) and again at most every 0.3 s while refused: members of a
+test cluster, all on 127.0.0.1, stay far below it."""
 
 SOURCES_PER_KIND = 10
 """Addresses a kind of refusal is logged for per minute; the rest are counted."""
@@ -109,6 +122,9 @@ class HandshakeGate:
     """The connections of one listener still authenticating (at most ``limit``)."""
 
     limit: int = MAX_PENDING_HANDSHAKES
+    rate: ConnectionRate = field(
+        default_factory=lambda: ConnectionRate(LINK_CONNECTIONS_PER_SECOND))
+    """New connections per second per address (:meth:`admit`)."""
     pending: PendingHandshakes[int] = field(init=False)
     refusals: StrangerRefusals = field(default_factory=StrangerRefusals)
     """What of its refusals to log."""
@@ -123,12 +139,30 @@ class HandshakeGate:
         """Connections closed to keep the limit."""
         return self.pending.evicted
 
+    def refusal_counts(self) -> dict[str, int]:
+        """Connections refused before their handshake was done, by limit (the label of
+        ``migratory_cluster_link_refused_total``)."""
+        return {"MAX_PENDING_HANDSHAKES": self.pending.evicted,
+                "LINK_CONNECTIONS_PER_SECOND": self.rate.refused}
+
+    def admit(self, stream: trio.SocketStream) -> bool:
+        """Whether a connection just accepted may start its handshake (False: past
+        :data:`LINK_CONNECTIONS_PER_SECOND` from its address; the listener resets it)."""
+        source = peer_host(stream)
+        if self.rate.take(address_group(source), trio.current_time()):
+            return True
+        _refused(self, source, f"more than {LINK_CONNECTIONS_PER_SECOND} new connections "
+                 "a second from this address (LINK_CONNECTIONS_PER_SECOND): reset at accept")
+        return False
+
     def enter(self, source: str) -> _Slot:
-        """A new connection from ``source``; cancels the scope of one that must make room."""
+        """A new connection from ``source``; cancels the scope of one that must make room
+        (counted per :func:`~migratory.server.front_rate.address_group`: an IPv6
+        address by its /64)."""
         key = next(self._keys)
         slot = _Slot(key, trio.CancelScope(), self)
         self._scopes[key] = slot.scope
-        evicted = self.pending.add(key, source)
+        evicted = self.pending.add(key, address_group(source))
         if evicted is not None:
             self._scopes.pop(evicted.key).cancel()
         return slot
@@ -168,6 +202,14 @@ async def accept_link(
         _refused(gate, source, f"{gate.limit} connections to this port still authenticating "
                  "(MAX_PENDING_HANDSHAKES): the oldest from this address closed")
     return peer
+
+
+def peer_host(stream: trio.abc.Stream) -> str:
+    """The address a link came from ("?" when it has none: a test's memory stream)."""
+    try:
+        return str(stream.socket.getpeername()[0])  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return "?"
 
 
 def _refused(gate: HandshakeGate, source: str, reason: str) -> None:

@@ -50,6 +50,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_commit_index=None if raft is None else raft.commit_index,
         raft_last_applied=None if raft is None else raft.last_applied,
         raft_dump_failures=None if raft is None else raft.dump_failures,
+        link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
         applied_clsn=applied,
         links=tuple(links),
         commit_latency=None if node.seed is None else node.seed.commit_latency,
@@ -61,4 +62,5 @@ def standard_metrics(node: StandardNode) -> ClusterMetrics:
         PeerLink(peer, "forward", peer in node.connected)
         for peer in sorted(node.member_names - {node.name})
     )
-    return ClusterMetrics(member=node.name, role="member", links=links)
+    return ClusterMetrics(member=node.name, role="member", links=links,
+                          link_refusals=tuple(node.handshakes.refusal_counts().items()))

@@ -19,7 +19,7 @@ import trio
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest
-from cluster.link_accept import HandshakeGate, accept_link
+from cluster.link_accept import HandshakeGate, accept_link, peer_host
 from cluster.link_io import ClusterTls, LinkChannel, describe, secured
 from cluster.link_sync import SyncFrames
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
@@ -47,14 +47,6 @@ def bind_error(bind: tuple[str, int]) -> Iterator[None]:
         raise OSError(exc.errno, f"cluster link {bind[0]}:{bind[1]}: {exc.strerror} "
                       "(ClusterMemberBind / ClusterMemberListen: another member with this "
                       "address on this host?)") from exc
-
-
-def remote_host(stream: trio.abc.Stream) -> str:
-    """The address a link came from ("?" when it has none: a test's memory stream)."""
-    try:
-        return str(stream.socket.getpeername()[0])  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        return "?"
 
 
 class PeerService:
@@ -94,14 +86,15 @@ class PeerService:
         async with trio.open_nursery() as nursery:
             with bind_error(bind):
                 await nursery.start(
-                    functools.partial(serve_tcp, host=bind[0], name="cluster link port"),
+                    functools.partial(serve_tcp, host=bind[0], name="cluster link port",
+                                      admit=self.handshakes.admit),
                     self.serve_peer,
                     bind[1],
                 )
             task_status.started()
 
     async def serve_peer(self, socket_stream: trio.SocketStream) -> None:
-        source = remote_host(socket_stream)  # now: a reset connection has none later
+        source = peer_host(socket_stream)  # now: a reset connection has none later
         channel = LinkChannel(
             secured(socket_stream, self.tls, server_side=True),
             role="accept",

@@ -83,7 +83,9 @@ class Sequencer:
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(
-                functools.partial(serve_listeners, name="sequencer"), peers.serve_peer, listeners
+                functools.partial(serve_listeners, name="sequencer",
+                                  admit=peers.handshakes.admit),
+                peers.serve_peer, listeners,
             )
             nursery.start_soon(self._expire)
             log.info("sequencer on %s:%d (epoch candidate %d)", host, port, self.epoch_candidate)

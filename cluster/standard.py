@@ -20,10 +20,10 @@ import trio
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
 from cluster.agreement_probe import AgreementProbe
-from cluster.link_accept import HandshakeGate, accept_link
+from cluster.link_accept import HandshakeGate, accept_link, peer_host
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChannel, connect, secured
 from cluster.monitoring import standard_metrics
-from cluster.peers import bind_error, remote_host
+from cluster.peers import bind_error
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -107,7 +107,8 @@ class StandardNode:
             with bind_error(self.config.cluster_bind):
                 await nursery.start(
                     functools.partial(
-                        serve_tcp, host=self.config.cluster_bind[0], name="cluster link port"
+                        serve_tcp, host=self.config.cluster_bind[0], name="cluster link port",
+                        admit=self.handshakes.admit,
                     ),
                     self._serve_peer,
                     self.config.cluster_bind[1],
@@ -153,7 +154,7 @@ class StandardNode:
                 await channel.aclose()
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
-        source = remote_host(stream)
+        source = peer_host(stream)
         channel = LinkChannel(
             secured(stream, self.tls, server_side=True),
             role="accept",

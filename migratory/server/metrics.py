@@ -143,6 +143,9 @@ class ClusterMetrics:
     raft_commit_index: int | None = None
     raft_last_applied: int | None = None
     raft_dump_failures: int | None = None
+    link_refusals: tuple[tuple[str, int], ...] = ()
+    """(limit, count): connections to the cluster link port refused before their
+    handshake was done (cluster/link_accept.py)."""
     applied_clsn: int | None = None
     links: tuple[PeerLink, ...] = ()
     commit_latency: Buckets | None = None
@@ -346,6 +349,16 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
             "Raft dumps (log compactions) that failed not for the disk: a bug; the log "
             "grows uncompacted meanwhile.", value=cluster.raft_dump_failures,
         )
+    if cluster.link_refusals:
+        refused = CounterMetricFamily(
+            "migratory_cluster_link_refused",
+            "Connections to the cluster link port refused before their handshake was done, "
+            "by limit (MAX_PENDING_HANDSHAKES, LINK_CONNECTIONS_PER_SECOND).",
+            labels=["limit"],
+        )
+        for limit, count in cluster.link_refusals:
+            refused.add_metric([limit], count)
+        yield refused
     if cluster.commit_latency is not None:
         yield cluster.commit_latency.family(
             "migratory_raft_commit_seconds",

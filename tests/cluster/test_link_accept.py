@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import struct
+from pathlib import Path
 
 import cbor2
 import pytest
@@ -18,31 +20,35 @@ from listen_ports import listen_port
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.link_accept import (
+    LINK_CONNECTIONS_PER_SECOND,
     MAX_PENDING_HANDSHAKES,
     SOURCES_PER_KIND,
     StrangerRefusals,
     reason_kind,
 )
-from cluster.link_io import connect
+from cluster.link_io import ClusterTls, connect
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from cluster.standard import StandardNode
 from cluster.stream import CommittedStream
+from migratory.certificates import make_cluster_certificates
 from migratory.config import Config
+from migratory.server.front_rate import ConnectionRate
 from migratory.server.hub import Hub
+from migratory.tls import cluster_contexts
 
 PASSWORD = "link-accept-password"
 NON_SEED = "127.0.0.1:1"
 STRANGERS = MAX_PENDING_HANDSHAKES + 72
 
 
-def peer_service(port: int) -> PeerService:
+def peer_service(port: int, tls: ClusterTls | None = None) -> PeerService:
     name = f"127.0.0.1:{port}"
     replica = Replica(Hub(epoch=UNNUMBERED_EPOCH))
     stream = CommittedStream(ClusterPublishing(origin="me#1", replica=replica))
     return PeerService(name=name, members=frozenset({name, NON_SEED}), password=PASSWORD,
-                       stream=stream, take_forward=lambda peer, requests: None)
+                       tls=tls, stream=stream, take_forward=lambda peer, requests: None)
 
 
 async def a_member_links(port: int) -> None:
@@ -81,6 +87,7 @@ def test_strangers_waiting_for_a_handshake_are_bounded_and_a_member_still_links(
     caplog.set_level(logging.INFO)
     port = listen_port()
     service = peer_service(port)
+    service.handshakes.rate = ConnectionRate(0)  # 200 at once from 127.0.0.1: not this limit
     closed: set[int] = set()
 
     async def main() -> None:
@@ -314,3 +321,56 @@ def test_stranger_refusals_count_what_they_do_not_log() -> None:
     assert lines.line("a", "wrong password", 1.0) == ""  # another kind
     assert lines.line("e", "garbage", 60.0) == " (3 more like it not logged)"
     assert lines.line("a", "garbage", 61.0) == ""
+
+
+def test_a_client_hello_flood_from_one_address_costs_the_rate_in_tls_handshakes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ClusterTls*, 130 ClientHellos from 127.0.0.2 with the clock standing still:
+    LINK_CONNECTIONS_PER_SECOND (100) TLS handshakes, 30 reset at accept, counted, one
+    line. Before: 130 handshakes (a key exchange and a signature each, for nothing)."""
+    caplog.set_level(logging.INFO)
+    made = make_cluster_certificates(tmp_path, {"m0": ["127.0.0.1"]})["m0"]
+    tls = ClusterTls(*cluster_contexts(str(made.certificate), str(made.key), str(made.ca)))
+    hello_bytes = tls_client_hello()
+    port = listen_port()
+    service = peer_service(port, tls)
+    answered = 0
+
+    async def main() -> None:
+        nonlocal answered
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run, ("127.0.0.1", port))
+            for _ in range(LINK_CONNECTIONS_PER_SECOND + 30):
+                sock = trio.socket.socket()
+                try:
+                    await sock.bind(("127.0.0.2", 0))
+                    await sock.connect(("127.0.0.1", port))
+                    stream = trio.SocketStream(sock)
+                    await stream.send_all(hello_bytes)
+                    answered += (await stream.receive_some(5))[:1] == b"\x16"  # handshake
+                except (OSError, trio.BrokenResourceError):  # reset at accept
+                    pass
+                finally:
+                    sock.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock())  # the clock stands still: no refill
+    assert answered == LINK_CONNECTIONS_PER_SECOND
+    assert service.handshakes.refusal_counts()["LINK_CONNECTIONS_PER_SECOND"] == 30
+    assert [line for line in refusals(caplog) if "LINK_CONNECTIONS_PER_SECOND" in line] == [
+        f"cluster link refused: more than {LINK_CONNECTIONS_PER_SECOND} new connections a "
+        "second from this address (LINK_CONNECTIONS_PER_SECOND): reset at accept "
+        "(from 127.0.0.2)"
+    ]
+
+
+def tls_client_hello() -> bytes:
+    """A stranger's ClientHello (no certificate, no trust: only its first flight)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()

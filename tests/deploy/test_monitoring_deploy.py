@@ -157,6 +157,7 @@ class _Source:
             raft_last_applied=1, applied_clsn=1,
             links=(metrics.PeerLink("p", "raft", True, 0),),
             commit_latency=metrics.Buckets(metrics.LATENCY_BOUNDS),
+            link_refusals=(("LINK_CONNECTIONS_PER_SECOND", 1),),
         )
 
 

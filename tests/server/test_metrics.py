@@ -171,6 +171,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
                metrics.PeerLink("m3:9801", "raft", False),
                metrics.PeerLink("m4:9800", "follower", True, lag=5)),
         commit_latency=latency,
+        link_refusals=(("MAX_PENDING_HANDSHAKES", 2), ("LINK_CONNECTIONS_PER_SECOND", 30)),
     ))
     found = families(source)
     states = {s.labels["state"]: s.value for s in found["migratory_raft_state"].samples}
@@ -187,6 +188,9 @@ def test_cluster_metrics_come_from_the_member() -> None:
     commit = {s.name: s.value for s in found["migratory_raft_commit_seconds"].samples
               if s.name.endswith("_count")}
     assert commit == {"migratory_raft_commit_seconds_count": 1}
+    refused = {s.labels["limit"]: s.value
+               for s in found["migratory_cluster_link_refused"].samples}
+    assert refused == {"MAX_PENDING_HANDSHAKES": 2, "LINK_CONNECTIONS_PER_SECOND": 30}
 
 
 def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
