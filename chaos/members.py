@@ -19,7 +19,7 @@ from typing import Any
 
 from chaos.proxy import Proxy
 from chaos.schedule import member
-from cluster.tooling import member_settings, start_member
+from cluster.tooling import MQTT_OFFSET, member_settings, start_member
 from cluster.up_checks import port_free
 from migratory.config import Config, ConfigError
 
@@ -31,7 +31,6 @@ RUNNER_KEYS = frozenset({
     "ClusterSeedMemberCount", "ClusterDeliveryMode", "ClusterPassword", "ClusterDataDir",
     "ClusterLogCompactionEntries", "ClusterLogCompactionTime", "ListenMqtt",
 })
-MQTT_OFFSET = 5  # a member's MQTT listener (when the run has MQTT subscribers): client port + 5
 ENDING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 16_384

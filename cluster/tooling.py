@@ -83,13 +83,19 @@ def member_settings(
     }
 
 
+MQTT_OFFSET = 5
+"""A member's MQTT listener, when a loopback cluster has one: its client port + 5 (the
+chaos runner's, tests/cluster/test_cluster_mqtt_resume.py)."""
+
+
 def _member_ports(base_port: int, index: int) -> list[int]:
     """Every port member ``index`` of a loopback cluster may use: clients and HTTP on
-    base+10i, cluster links on base+1000+10i and Raft on that + 1; behind the chaos
-    runner's proxies the member really binds base+2000+10i (+ 1 for Raft) and clients
-    reach it on base+3000+10i (+ 1 kept free as well)."""
+    base+10i (MQTT on + 5), cluster links on base+1000+10i and Raft on that + 1; behind
+    the chaos runner's proxies the member really binds base+2000+10i (+ 1 for Raft) and
+    clients reach it on base+3000+10i (+ 1 kept free as well, MQTT on + 5)."""
     client = base_port + 10 * index
-    return [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
+    ports = [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
+    return ports + [client + MQTT_OFFSET, client + 3000 + MQTT_OFFSET]
 
 
 def ephemeral_low() -> int:

@@ -164,3 +164,15 @@ def test_status_without_a_state_file_names_members_by_index() -> None:
     # a leader that is not among the members asked is shown by its Raft address
     rows = [(None, "ws://h:8800", None, seed(0, 2), {})]
     assert format_status_table(rows)[1].split()[4] == "127.0.0.1:9821"
+
+
+def test_a_base_port_whose_mqtt_port_is_held_is_not_chosen() -> None:
+    """A loopback cluster's member may listen for MQTT on its client port + 5 (the chaos
+    runner, test_cluster_mqtt_resume.py): the base port's formula checks it too."""
+    import random
+
+    first = free_base_port(3, random.Random(7))  # the candidate a Random(7) draws first
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", first + 10 + 5))  # member 1's MQTT port
+        holder.listen()
+        assert free_base_port(3, random.Random(7)) != first
