@@ -95,7 +95,7 @@ def _member_ports(base_port: int, index: int) -> list[int]:
     clients reach it on base+3000+10i (+ 1 kept free as well, MQTT on + 5)."""
     client = base_port + 10 * index
     ports = [client] + [client + offset + d for offset in (1000, 2000, 3000) for d in (0, 1)]
-    return ports + [client + MQTT_OFFSET, client + 3000 + MQTT_OFFSET]
+    return [*ports, client + MQTT_OFFSET, client + 3000 + MQTT_OFFSET]
 
 
 def ephemeral_low() -> int:
