@@ -4,6 +4,7 @@ started exactly as a pod starts does not exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sys
 from pathlib import Path
@@ -39,6 +40,18 @@ def test_every_pod_gets_a_valid_config(ordinal: int, tmp_path: Path) -> None:
     assert config.member_index == ordinal
     assert config.is_seed == (ordinal < 3)
     assert len(config.cluster_members) == max_replicas()
+
+
+def test_every_per_address_limit_is_off_behind_the_service(tmp_path: Path) -> None:
+    """Clients reach a pod through the Service's SNAT or an ingress: many share one source
+    address, so a per-address limit would throttle them together (a member's clients
+    failing over at once through one ingress address). Every such limit the server has,
+    found by name, is off in the pod's config."""
+    config = load_pod_config(pod_view(DOCS, 0, PASSWORD), tmp_path)
+    names = [f.name for f in dataclasses.fields(config)]
+    limits = [n for n in names if n.startswith("max_") and "per_address" in n]
+    assert len(limits) >= 3, limits
+    assert {name: getattr(config, name) for name in limits} == dict.fromkeys(limits, 0)
 
 
 def test_env_overrides_use_keys_the_server_knows(tmp_path: Path) -> None:
