@@ -1,8 +1,9 @@
 """The attacks of issue 14, as the issue measured them, against one server process:
 for each, the bystander's delay (a client in its own process publishing to itself every
 20 ms), the server's RSS before / at the peak / after, and how the attacker was refused.
-``connection-flood`` instead counts the legitimate TLS clients served during a flood of
-cheap connections (:func:`connection_flood`).
+``connection-flood`` and ``hello-flood`` instead count the legitimate TLS clients served
+during a flood of cheap connections (:func:`connection_flood`), ``cluster-link-flood``
+the links a member makes to another during such a flood (:func:`cluster_link_flood`).
 
     .venv/bin/python benchmarks/attacks.py [--only NAME ...] [--set KEY=VALUE ...]
 
@@ -374,6 +375,75 @@ def connection_flood(settings: dict[str, str], seconds: float = FLOOD_SECONDS,
     return figures
 
 
+def cluster_link_flood(seconds: float = FLOOD_SECONDS, sources: int = 1) -> dict[str, Any]:
+    """The ClientHello flood of :func:`connection_flood` at a member's cluster link port
+    with ClusterTls* (a Standard member, its one peer absent), while a member with the
+    cluster's certificate and password dials it in turn (each link given LEGIT_TIMEOUT
+    s): links made of attempted and their latency; the member's CPU per flood
+    connection, and its refusals (GET /metrics)."""
+    import trio
+
+    from cluster.link_io import ClusterTls, connect
+    from migratory.certificates import make_cluster_certificates
+    from migratory.tls import cluster_contexts
+
+    work = Path(tempfile.mkdtemp(prefix="link-flood-"))
+    made = make_cluster_certificates(work, {"m0": ["127.0.0.1"], "m1": ["127.0.0.1"]})
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    member, peer = (f"127.0.0.1:{port}" for port in ports)
+    password = "link-flood-password-0123456789"
+    server = Server(ClusterDeliveryMode="Standard", ClusterPassword=password,
+                    ClusterMembers=f"{member},{peer}", ClusterMemberListen=member,
+                    **made["m0"].settings())
+    tls = ClusterTls(*cluster_contexts(*(str(f) for f in (made["m1"].certificate,
+                                                           made["m1"].key, made["m1"].ca))))
+
+    async def dial() -> bool:
+        with trio.move_on_after(LEGIT_TIMEOUT):
+            try:
+                channel = await connect(("127.0.0.1", ports[0]), member=peer,
+                                        password=password, tls=tls)
+            except Exception:  # refused, reset: not linked
+                return False
+            await channel.aclose()
+            return True
+        return False
+
+    figures: dict[str, Any] = {"flood_seconds": seconds, "sources": sources,
+                               "load_average": os.getloadavg()}
+    try:
+        link_made: dict[str, Callable[[], bool]] = {"member_link": lambda: trio.run(dial)}
+        figures["quiet"] = _legitimate(link_made, 2.0)
+        hello = client_hello(ssl.create_default_context())
+        out = multiprocessing.get_context("fork").Queue()
+        addresses = [f"127.0.0.{2 + n}" for n in range(sources)]
+        flooders = [multiprocessing.get_context("fork").Process(
+            target=_flood, args=(ports[0], addresses[n:] + addresses[:n], seconds, hello, out))
+            for n in range(FLOOD_PROCESSES)]
+        for flooder in flooders:
+            flooder.start()
+        cpu = cpu_seconds(server.proc.pid)
+        time.sleep(0.5)
+        figures["flooded"] = _legitimate(link_made, seconds - 1.0)
+        totals = [out.get(timeout=seconds + 10) for _ in flooders]
+        figures["member_cpu_s"] = round(cpu_seconds(server.proc.pid) - cpu, 2)
+        for flooder in flooders:
+            flooder.join(10)
+        figures["flood_connections"] = sum(t[0] for t in totals)
+        figures["member_cpu_us_per_flood_connection"] = round(
+            figures["member_cpu_s"] / max(1, figures["flood_connections"]) * 1e6, 1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as r:
+            figures["refused"] = [line for line in r.read().decode().splitlines()
+                                  if line.startswith("migratory_cluster_link_refused_total")]
+    finally:
+        server.stop()
+    return figures
+
+
 ATTACKS: dict[str, Callable[[], dict[str, Any]]] = {
     "amplification-18kb": lambda: amplification(18),
     "amplification-30kb": lambda: amplification(30),
@@ -384,6 +454,7 @@ ATTACKS: dict[str, Callable[[], dict[str, Any]]] = {
     "one-off-subjects-200000": one_off_subjects,
     "connection-flood": lambda: connection_flood(SETTINGS, sources=SOURCES[0]),
     "hello-flood": lambda: connection_flood(SETTINGS, sources=SOURCES[0], hello=True),
+    "cluster-link-flood": lambda: cluster_link_flood(sources=SOURCES[0]),
 }
 SETTINGS: dict[str, str] = {}  # --set KEY=VALUE: connection-flood's server
 SOURCES = [1]  # --sources: connection-flood's attacking addresses

@@ -145,10 +145,10 @@ class HandshakeGate:
         return {"MAX_PENDING_HANDSHAKES": self.pending.evicted,
                 "LINK_CONNECTIONS_PER_SECOND": self.rate.refused}
 
-    def admit(self, stream: trio.SocketStream) -> bool:
-        """Whether a connection just accepted may start its handshake (False: past
-        :data:`LINK_CONNECTIONS_PER_SECOND` from its address; the listener resets it)."""
-        source = peer_host(stream)
+    def admit(self, source: str) -> bool:
+        """Whether a connection just accepted from ``source`` may start its handshake
+        (False: past :data:`LINK_CONNECTIONS_PER_SECOND` from its address; the listener
+        resets it)."""
         if self.rate.take(address_group(source), trio.current_time()):
             return True
         _refused(self, source, f"more than {LINK_CONNECTIONS_PER_SECOND} new connections "
