@@ -51,6 +51,8 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_last_applied=None if raft is None else raft.last_applied,
         raft_dump_failures=None if raft is None else raft.dump_failures,
         link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
+        raft_subjects=None if raft is None else raft.subjects,
+        raft_snapshots=None if raft is None else raft.snapshots,
         applied_clsn=applied,
         links=tuple(links),
         commit_latency=None if node.seed is None else node.seed.commit_latency,

@@ -43,6 +43,7 @@ from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
+from cluster.subject_count import SubjectCountWarning
 from migratory.model.message import Message, Qos
 
 log = logging.getLogger("migratory.raft")
@@ -169,6 +170,10 @@ class RaftStatus:
     """Why this seed stopped taking part in Raft: a file it could not write (raft_disk.py)."""
     dump_failures: int = 0
     """Dumps (log compactions) that failed not for the disk: a bug (raft_dump_files.py)."""
+    subjects: int = 0
+    """Subjects the replicated numbering holds: every one ever published (subject_count.py)."""
+    snapshots: int = 0
+    """Retained snapshots the replicated caches hold (kept for ever too)."""
 
     @property
     def has_leader(self) -> bool:
@@ -186,6 +191,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
         self.status_snapshot = RaftStatus()
         self.stopped: str | None = None
         self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
+        self._subject_warning = SubjectCountWarning()
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
         super().__init__(*args, consumers=[consumer], **kwargs)
@@ -239,6 +245,11 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             started = time.thread_time()
             self._digest = coordinator.digest()
             self._next_digest = next_digest_at(now, time.thread_time() - started)
+        subjects = len(coordinator.seqs)
+        snapshots = self._status_consumer.cache.snapshot_count
+        warning = self._subject_warning.observe(subjects, snapshots)
+        if warning is not None:
+            log.warning("%s", warning)
         raw = self.getStatus()
         transport = self._SyncObj__transport
         # pysyncobj keeps the last leader it saw while it is connected to no one (it
@@ -260,6 +271,8 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             listen_error=transport.listen_error(),
             stopped=self.stopped,
             dump_failures=self._dump_retries.total,
+            subjects=subjects,
+            snapshots=snapshots,
         )
 
 
@@ -415,6 +428,8 @@ class RaftCoordination:
             "raft_listen_error": snap.listen_error,
             "raft_stopped": snap.stopped,
             "raft_dump_failures": snap.dump_failures,
+            "raft_subjects": snap.subjects,
+            "raft_snapshots": snap.snapshots,
         }
 
     def close(self) -> None:

@@ -106,6 +106,11 @@ class ReplicatedCache:
     def budget(self) -> CacheBudget | None:
         return self._budget
 
+    @property
+    def snapshot_count(self) -> int:
+        """Subjects holding a snapshot (kept for ever, like the numbering)."""
+        return len(self._snapshots)
+
     def append(self, messages: Iterable[Message]) -> None:
         """Committed, numbered messages, in commit order."""
         cached, snapshots, limit = self._cached, self._snapshots, self._max_messages

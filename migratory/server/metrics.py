@@ -146,6 +146,8 @@ class ClusterMetrics:
     link_refusals: tuple[tuple[str, int], ...] = ()
     """(limit, count): connections to the cluster link port refused before their
     handshake was done (cluster/link_accept.py)."""
+    raft_subjects: int | None = None  # subjects the seeds' numbering holds (for ever)
+    raft_snapshots: int | None = None  # retained snapshots the seeds' caches hold
     applied_clsn: int | None = None
     links: tuple[PeerLink, ...] = ()
     commit_latency: Buckets | None = None
@@ -339,6 +341,10 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
         ("raft_term", "migratory_raft_term", "This seed's current Raft term."),
         ("raft_commit_index", "migratory_raft_commit_index", "Raft log index known committed."),
         ("raft_last_applied", "migratory_raft_last_applied", "Raft log index applied here."),
+        ("raft_subjects", "migratory_raft_subjects",
+         "Subjects the seeds' replicated numbering holds: every subject ever published."),
+        ("raft_snapshots", "migratory_raft_snapshots",
+         "Retained snapshots the seeds' replicated caches hold (kept for ever)."),
     ):
         value = getattr(cluster, attr)
         if value is not None:

@@ -65,6 +65,9 @@ def test_raft_and_link_metrics_and_pushed_cluster_views(cluster4: LocalCluster) 
     terms = {s[("migratory_raft_term", ())] for s in scraped[:3]}
     assert len(terms) == 1 and terms.pop() >= 1
     assert all(s[("migratory_raft_commit_index", ())] >= 1 for s in scraped[:3])
+    # the subjects the seeds number for ever (cluster/subject_count.py): a gauge per seed
+    assert all(s[("migratory_raft_subjects", ())] >= 0 for s in scraped[:3])
+    assert all(("migratory_raft_snapshots", ()) in s for s in scraped[:3])
     for seed, is_leader in zip(scraped[:3], leaders, strict=True):
         raft_lag = [v for (name, labels), v in seed.items()
                     if name == "migratory_cluster_link_lag" and ("kind", "raft") in labels]
@@ -72,6 +75,7 @@ def test_raft_and_link_metrics_and_pushed_cluster_views(cluster4: LocalCluster) 
         assert len(raft_lag) == (0 if is_leader else 1) and all(v >= 0 for v in raft_lag)
     assert scraped[3].get(("migratory_cluster_role", (("role", "non-seed"),))) == 1
     assert ("migratory_raft_term", ()) not in scraped[3]
+    assert ("migratory_raft_subjects", ()) not in scraped[3]
     upstream = [(labels, v) for (name, labels), v in scraped[3].items()
                 if name == "migratory_cluster_link_up" and ("kind", "upstream") in labels]
     assert len(upstream) == 1 and upstream[0][1] == 1

@@ -167,6 +167,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
     source = FakeSource(metrics.ClusterMetrics(
         member="m1:9800", role="seed", raft_state="leader", raft_term=7,
         raft_commit_index=120, raft_last_applied=119, raft_dump_failures=3, applied_clsn=118,
+        raft_subjects=1_000_000, raft_snapshots=400_000,
         links=(metrics.PeerLink("m2:9801", "raft", True),
                metrics.PeerLink("m3:9801", "raft", False),
                metrics.PeerLink("m4:9800", "follower", True, lag=5)),
@@ -180,6 +181,8 @@ def test_cluster_metrics_come_from_the_member() -> None:
     assert found["migratory_raft_commit_index"].samples[0].value == 120
     assert found["migratory_cluster_applied_clsn"].samples[0].value == 118
     assert found["migratory_raft_dump_failures"].samples[0].value == 3
+    assert found["migratory_raft_subjects"].samples[0].value == 1_000_000
+    assert found["migratory_raft_snapshots"].samples[0].value == 400_000
     up = {(s.labels["peer"], s.labels["kind"]): s.value
           for s in found["migratory_cluster_link_up"].samples}
     assert up == {("m2:9801", "raft"): 1, ("m3:9801", "raft"): 0, ("m4:9800", "follower"): 1}
