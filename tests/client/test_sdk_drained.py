@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import time
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from sdk_fake_server import trio_test
+from sdk_fake_server import FAST, FakeServer, trio_test
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 from migratory.model.message import Message
@@ -21,11 +22,17 @@ from migratory.protocol import close_codes, ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import RequestParser, handshake_response
 from migratory.protocol.ops import Status
-from migratory_client import Keepalive, PublishOutcomeUnknown, ReconnectPolicy, connect
+from migratory_client import (
+    Keepalive,
+    PublishOutcomeUnknown,
+    PublishResult,
+    ReconnectPolicy,
+    connect,
+)
 from migratory_client.notifications import NotificationQueue
 from migratory_client.resume import SubjectTracker
 from migratory_client.routing import Outlet, PendingPublish, Router
-from migratory_client.session import SUBPROTOCOL, Session, SessionEnd
+from migratory_client.session import SUBPROTOCOL, NotSent, Session, SessionEnd
 
 
 def test_publishes_waiting_at_a_drained_close_fail_definitely() -> None:
@@ -311,3 +318,130 @@ async def test_a_write_under_way_that_succeeds_keeps_the_drained_close_definite(
     assert end.read_all and end.untaken_not_published
     assert all(p.result is not None and p.result.ok for p in pending)
     assert not_published([untaken]) == ["c5"]
+
+
+# --- a publish the session ended before writing is not sent, and goes out again --------
+#
+# Chaos rolling restart (seed 32, 2026-11-28): SDK publishers, open loop, 1,992
+# publishes "outcome unknown: connection lost while sending" while one member at a time
+# drained or a stalled connection was given up. Most had never been written: they waited
+# behind another write for trio-websocket's lock, their frame already made, and were
+# then written after the server's close (and discarded) or failed on the broken stream.
+
+
+async def open_connection(
+    nursery: trio.Nursery,
+) -> tuple[WebSocketConnection, Writes, trio.StapledStream[Any, Any]]:
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    writes = Writes(client_stream.send_stream)
+    stream = trio.StapledStream(writes, client_stream.receive_stream)
+    nursery.start_soon(answer_upgrade, server_stream)
+    connection = await wrap_client_stream(
+        nursery, stream, "queued", "/", subprotocols=[SUBPROTOCOL]  # type: ignore[arg-type]
+    )
+    return connection, writes, server_stream
+
+
+def publish_op(closure: str) -> ops.Publish:
+    return ops.Publish(Message("/a/b", b"x", closure=closure))
+
+
+async def send_all_three(session: Session, outcomes: dict[str, str]) -> None:
+    """c1, c2, c3 sent at once (c1 first: its write holds the lock); their outcomes."""
+
+    async def send(closure: str) -> None:
+        try:
+            await session.send(publish_op(closure))
+            outcomes[closure] = "written"
+        except NotSent:
+            outcomes[closure] = "not sent"
+        except ConnectionClosed:
+            outcomes[closure] = "lost"
+
+    async with trio.open_nursery() as nursery:
+        for closure in ("c1", "c2", "c3"):
+            nursery.start_soon(send, closure)
+            await trio.testing.wait_all_tasks_blocked()
+
+
+@trio_test
+async def test_sends_queued_behind_a_write_when_the_server_closes_are_not_sent() -> None:
+    router = Router(NotificationQueue(16))
+    outcomes: dict[str, str] = {}
+    async with trio.open_nursery() as nursery:
+        connection, writes, server_stream = await open_connection(nursery)
+        session = Session(connection, "ws://queued", 1, router, Keepalive())
+        writes.held = trio.Event()  # c1's write waits: c2 and c3 queue behind it
+        nursery.start_soon(send_all_three, session, outcomes)
+        await trio.testing.wait_all_tasks_blocked()
+        await server_stream.send_all(DRAINED_CLOSE)  # the drain's close arrives
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.closed is not None
+        writes.held.set()
+        end = await session.serve(())
+        nursery.cancel_scope.cancel()
+    # before: c2 was written after the close (the server never reads it: unknown), c3
+    # failed on the stream trio-websocket closed after its close reply ("lost": unknown)
+    assert outcomes == {"c1": "written", "c2": "not sent", "c3": "not sent"}
+    assert end.code == close_codes.DRAINED.code and end.untaken_not_published
+
+
+def test_sends_queued_behind_a_stalled_write_are_not_sent() -> None:
+    async def main() -> None:
+        router = Router(NotificationQueue(16))
+        outcomes: dict[str, str] = {}
+        async with trio.open_nursery() as nursery:
+            connection, writes, _ = await open_connection(nursery)
+            session = Session(connection, "ws://stalled", 1, router, Keepalive(timeout=2.0))
+            writes.held = trio.Event()  # never set: the server reads nothing
+            await send_all_three(session, outcomes)
+            nursery.cancel_scope.cancel()
+        # before: all three "lost" (c2 and c3 failed on the stream given up, unwritten)
+        assert outcomes == {"c1": "lost", "c2": "not sent", "c3": "not sent"}
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@trio_test
+async def test_a_publish_not_sent_goes_out_on_the_next_session() -> None:
+    """The first server reads nothing (a stalled member): the 12 MiB written first fills
+    the connection, the small publish behind it waits; the session is given up after the
+    keepalive timeout, and the small publish is published on the next session, once.
+    Before: PublishOutcomeUnknown ("connection lost while sending")."""
+    big = b"x" * (4 * 2**20)
+    results: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        server = await FakeServer(max_message_size=2**26).start(nursery)
+        keepalive = Keepalive(interval=30.0, timeout=1.0)
+        async with connect([server.url], reconnect=FAST, keepalive=keepalive) as client:
+            stalled = await server.next_connection()
+            await stalled.accept_session()
+            # a small receive buffer, not grown by the kernel: the 12 MiB cannot all fit
+            sock = stalled.ws._stream.socket  # type: ignore[attr-defined]  # test-only
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+
+            async def publish(name: str, content: bytes) -> None:
+                try:
+                    results[name] = await client.publish("/a/b", content, timeout=4)
+                except PublishOutcomeUnknown as exc:
+                    results[name] = exc
+
+            for i in range(3):
+                nursery.start_soon(publish, f"big{i}", big)
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(publish, "small", b"small")
+            second = await server.next_connection()
+            await second.accept_session()
+            publish_op = None
+            with trio.move_on_after(2):
+                publish_op = await second.expect(ops.Publish)
+            assert publish_op is not None, results.get("small")
+            assert publish_op.message.content == b"small"
+            await second.send(ops.PublishStatus(Status.PUBLISH_OK, publish_op.message.closure,
+                                                "/a/b", Position(3, 1)))
+            with trio.fail_after(2):
+                while "small" not in results:
+                    await trio.sleep(0.01)
+            stalled.released.set()
+        nursery.cancel_scope.cancel()
+    assert isinstance(results["small"], PublishResult) and results["small"].ok

@@ -44,6 +44,7 @@ from migratory_client.session import (
     SUBPROTOCOL,
     HandshakeFailed,
     Keepalive,
+    NotSent,
     Session,
     SessionEnd,
 )
@@ -54,6 +55,9 @@ __all__ = ["Client", "connect"]
 
 DEFAULT_MESSAGE_BUFFER = 10_000
 DEFAULT_NOTIFICATION_BUFFER = 10_000
+SEND_ATTEMPTS = 100
+"""Sessions a publish may be handed to in turn while each ends before it is written
+(NotSent; besides its timeout, what bounds the loop)."""
 
 
 TokenProvider = Callable[[], "str | Awaitable[str | None] | None"]
@@ -205,22 +209,29 @@ class Client:
 
         Raises InvalidSubjectError before sending, NotConnectedError if no session came up
         within ``timeout`` (not sent), PublishOutcomeUnknown if it was sent but the status
-        did not come back (connection lost or timeout).
+        did not come back (connection lost or timeout). A publish the session ended before
+        writing (it waited behind other writes; a drain's close, a stalled connection)
+        goes out on the next session: it cannot have been published twice.
         """
         closure = f"{self._closure_prefix}-{next(self._closures)}"
         message = _message(subject, content, fields, retained, qos, closure)
         pending = PendingPublish(subject, closure)
         sent = False
         with trio.move_on_after(timeout):
-            session = await self._wait_live()
-            self._router.pending[closure] = pending
-            sent = True
-            try:
-                await session.send(Publish(message))
-            except ConnectionClosed:
-                pending.lost = "connection lost while sending"
-                pending.done.set()
-            await pending.done.wait()
+            for _ in range(SEND_ATTEMPTS):
+                session = await self._wait_live()
+                pending = self._router.pending[closure] = PendingPublish(subject, closure)
+                try:
+                    await session.send(Publish(message))
+                except NotSent:  # never written: on the next session (waits for one)
+                    continue
+                except ConnectionClosed:
+                    pending.lost = "connection lost while sending"
+                    pending.done.set()
+                sent = True
+                break
+            if sent:
+                await pending.done.wait()
         self._router.pending.pop(closure, None)
         if pending.result is not None:
             return pending.result
@@ -244,15 +255,19 @@ class Client:
         NotConnectedError (not sent: nothing piles up while every server is down);
         raises PublishOutcomeUnknown if the connection drops while sending."""
         message = _message(subject, content, fields, retained, qos, None)
-        session: Session | None = None
         with trio.move_on_after(timeout):
-            session = await self._wait_live()
-        if session is None:
-            raise NotConnectedError(subject, timeout)
-        try:
-            await session.send(Publish(message))
-        except ConnectionClosed:
-            raise PublishOutcomeUnknown(subject, "", "connection lost while sending") from None
+            for _ in range(SEND_ATTEMPTS):
+                session = await self._wait_live()
+                try:
+                    await session.send(Publish(message))
+                except NotSent:  # never written: on the next session (waits for one)
+                    continue
+                except ConnectionClosed:
+                    raise PublishOutcomeUnknown(
+                        subject, "", "connection lost while sending"
+                    ) from None
+                return
+        raise NotConnectedError(subject, timeout)
 
     # --- sessions -------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from migratory.protocol.ops import (
 )
 from migratory_client.routing import Router
 
-__all__ = ["Keepalive", "Session", "SessionEnd"]
+__all__ = ["Keepalive", "NotSent", "Session", "SessionEnd"]
 
 SUBPROTOCOL = "migratory.cbor"
 MAX_FRAME_BYTES = 64 * 2**20
@@ -124,6 +124,11 @@ def server_sent_close(ws: WebSocketConnection) -> bool:
     return state is None or state in (ConnectionState.REMOTE_CLOSING, ConnectionState.CLOSED)
 
 
+class NotSent(ConnectionClosed):
+    """The session ended before the operation's first byte was written: the server never
+    got it (a publish may go out again on the next session, no duplicate possible)."""
+
+
 class HandshakeFailed(Exception):
     """The server did not answer ``connect`` with ``connected`` in time."""
 
@@ -156,6 +161,11 @@ class Session:
         self._writing = 0
         """Writes under way: one may be breaking the connection right now (trio-websocket
         drops the frames, and the reader may see the end before the write returns)."""
+        self._send_lock = trio.Lock()
+        """One write at a time, taken before trio-websocket's own lock: an operation
+        waiting for it has produced no byte yet, so once the session has ended it is
+        known to be not sent (:class:`NotSent`). Behind trio-websocket's lock it would
+        be written after the close (or fail on the broken stream) and count as unknown."""
 
     @property
     def answered_ping(self) -> bool:
@@ -172,30 +182,35 @@ class Session:
         return SessionEnd.closed(exc, read_all=read_all, server_sent=server_sent_close(self.ws))
 
     async def send(self, op: ClientOp) -> None:
-        """Send one operation; raises trio_websocket.ConnectionClosed if the connection is gone.
+        """Send one operation; raises trio_websocket.ConnectionClosed if the connection is
+        gone, :class:`NotSent` (a ConnectionClosed) when not one byte of it was written.
 
         The write is shielded from the caller's cancellation, because a half-written frame
         would corrupt the connection; a write that cannot finish within the keepalive
         timeout (the server does not read) ends the session instead.
         """
         payload = encode_client_op(op)
+        started = False
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._keepalive.timeout):
-                open_before = self.ws.closed is None
-                self._writing += 1
-                try:
-                    await self.ws.send_message(payload)
-                except ConnectionClosed:
-                    self.frames_dropped = self.frames_dropped or open_before
-                    raise
-                finally:
-                    self._writing -= 1
+                async with self._send_lock:
+                    if not self.is_open:  # ended while this waited: nothing written
+                        raise NotSent(self.ws.closed)
+                    started = True
+                    self._writing += 1
+                    try:
+                        await self.ws.send_message(payload)
+                    except ConnectionClosed:
+                        self.frames_dropped = True
+                        raise
+                    finally:
+                        self._writing -= 1
                 return
             reason = f"could not send for {self._keepalive.timeout} s"
             if self._end is None:
                 self._end = SessionEnd.by_client(reason)
             await self._close_unresponsive(reason)
-        raise ConnectionClosed(self.ws.closed)
+        raise ConnectionClosed(self.ws.closed) if started else NotSent(self.ws.closed)
 
     async def handshake(self, connect: Connect, timeout: float) -> Connected:
         """Send ``connect``, wait for ``connected``; raises HandshakeFailed, ConnectionClosed."""
