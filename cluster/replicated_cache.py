@@ -58,7 +58,7 @@ class _Queue(deque[PackedMessage]):
     -- no cycle through it outlives one ``append``. (It held the dict of queues, a cycle
     with every queue: untracked, a dropped cache would never have been freed.)"""
 
-    __slots__ = ("emptied", "stale", "subject")
+    __slots__ = ("emptied", "fifo_entries", "fifo_key", "stale", "subject")
 
     def __init__(
         self, subject: str, maxlen: int, emptied: list[_Queue],
@@ -67,7 +67,7 @@ class _Queue(deque[PackedMessage]):
         super().__init__(items, maxlen=maxlen)
         self.subject = subject
         self.emptied = emptied
-        self.stale = 0
+        self.stale = self.fifo_key = self.fifo_entries = 0
         untrack(self)
 
     def drop_oldest(self) -> int:
@@ -164,14 +164,13 @@ class ReplicatedCache:
         """A budget over the cached messages: ``order`` (one entry per cached message,
         oldest first) or, without one, subject after subject."""
         for queue in self._cached.values():
-            queue.stale = 0
+            queue.stale = queue.fifo_entries = 0
         if not budget_bytes:
             return None
         budget = CacheBudget(budget_bytes)
         if order is None or len(order) != sum(map(len, self._cached.values())):
             order = [q for q in self._cached.values() for _ in range(len(q))]  # subject-wise
-        budget.order.extend(order)
-        budget.live = len(order)
+        budget.extend(order)
         sizes = sum(packed_size(m) for q in self._cached.values() for m in q)
         queues = sum(1 for q in self._cached.values() if q)
         budget.bytes = sizes + budget.live * ENTRY_OVERHEAD + queues * QUEUE_OVERHEAD

@@ -99,6 +99,8 @@ class SubjectCache:
         "_last_seq_seen",
         "_max_messages",
         "_one",
+        "fifo_entries",
+        "fifo_key",
         "stale",
     )
 
@@ -132,6 +134,7 @@ class SubjectCache:
         self._largest = 0  # largest encoded_bound() cached since the last reset
         self._budget = budget
         self.stale = 0  # the budget's: FIFO entries of messages dropped here
+        self.fifo_key = self.fifo_entries = 0  # the budget's too (cache_budget.py)
 
     @classmethod
     def holding(

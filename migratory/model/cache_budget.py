@@ -15,23 +15,36 @@ snapshot and ``DATA_RESYNC``, as for an expired one -- never a silent gap
 It bounds cached messages (and, in the replicated cache, each subject's queue of them),
 not subjects: a Guaranteed member's per-subject state is outside it.
 
-How: every message a cache takes is appended to one FIFO of *queues* (a reference to
-the subject's queue, 8 bytes; not the message), in the order the messages came. A
-queue that drops messages itself -- its count cap, its expiry, a new epoch -- always
-drops its oldest, so the FIFO's entries for them are that queue's earliest ones: the
-queue counts them (``stale``) instead of the FIFO searching for them. Over the budget,
-the FIFO is popped from the left: a stale entry is skipped (its queue's count goes
-down), any other one is its queue's oldest message, which the queue drops. When stale
-entries outnumber live ones the FIFO is rebuilt without them, so it holds at most about
-twice the cached messages. Every step depends only on the order of the appends: the
-replicated cache, fed in commit order, drops the same messages on every seed.
+How: every message a cache takes is appended to one FIFO of *queue keys* (a
+reference to the subject's queue's key, 8 bytes; not the message), in the order the
+messages came. A queue that drops messages itself -- its count cap, its expiry, a new
+epoch -- always drops its oldest, so the FIFO's entries for them are that queue's
+earliest ones: the queue counts them (``stale``) instead of the FIFO searching for them.
+Over the budget, the FIFO is popped from the left: a stale entry is skipped (its queue's
+count goes down), any other one is its queue's oldest message, which the queue drops.
+When stale entries outnumber live ones the FIFO is rebuilt without them, so it holds at
+most about twice the cached messages. Every step depends only on the order of the
+appends: the replicated cache, fed in commit order, drops the same messages on every
+seed.
+
+The FIFO holds keys (ints), not the queues, and is untracked by the garbage collector
+(:mod:`migratory.model.untracked`): a full collection visits every item of a tracked
+container, and a FIFO of queues was ~2.5 visits per cached message on a seed (its two
+caches' budgets), ~45 ms of a 155 ms collection (docs/benchmarks.md, issue 13). It could
+not simply be untracked while it held the queues: a hub's caches refer to their budget,
+so the cycle cache -> budget -> FIFO -> cache would have kept a dropped hub alive for
+ever. The queues are held by key in a dict (one entry per queue that has entries in the
+FIFO, not one per message), which the collector sees whole.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
+
+from migratory.model.untracked import untrack
 
 __all__ = ["ENTRY_OVERHEAD", "QUEUE_OVERHEAD", "BudgetedQueue", "CacheBudget"]
 
@@ -45,12 +58,19 @@ QUEUE_OVERHEAD = 760
 ``collections.deque`` is 760 bytes): one-off subjects by the million are mostly queues."""
 COMPACT_SLACK = 4096
 
+_KEYS = itertools.count(1)
+"""Queue keys, unique in the process (a queue keeps its key from one budget to the next)."""
+
 
 class BudgetedQueue(Protocol):
     """One subject's cache, as the budget sees it."""
 
     stale: int
     """The budget's FIFO entries of messages this queue dropped itself (its oldest)."""
+    fifo_key: int
+    """Its key in the budget's FIFO (0: none given yet)."""
+    fifo_entries: int
+    """The budget's FIFO entries for it, live and stale (0 to start with)."""
 
     def drop_oldest(self) -> int:
         """Drop the oldest cached message (the budget's choice); its size, as counted
@@ -62,7 +82,7 @@ class BudgetedQueue(Protocol):
 class CacheBudget:
     """``limit`` bytes (sizes plus :data:`ENTRY_OVERHEAD` each) over many queues."""
 
-    __slots__ = ("bytes", "evicted", "limit", "live", "order")
+    __slots__ = ("bytes", "evicted", "limit", "live", "order", "queues")
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
@@ -71,7 +91,10 @@ class CacheBudget:
         self.bytes = 0
         self.live = 0  # messages cached under this budget
         self.evicted = 0  # messages dropped by the budget, in all
-        self.order: deque[BudgetedQueue] = deque()
+        self.order: deque[int] = untrack(deque())
+        """The FIFO: a queue's key per message it took, oldest first (ints only)."""
+        self.queues: dict[int, BudgetedQueue] = {}
+        """Each queue with entries in the FIFO, by key."""
 
     def __repr__(self) -> str:
         return (f"<CacheBudget {self.bytes}/{self.limit} bytes, {self.live} messages, "
@@ -79,9 +102,29 @@ class CacheBudget:
 
     def added(self, queue: BudgetedQueue, size: int) -> None:
         """``queue`` took a message of ``size`` bytes (its newest)."""
-        self.order.append(queue)
+        entries = queue.fifo_entries
+        if entries:
+            self.order.append(queue.fifo_key)
+        else:
+            key = queue.fifo_key or next(_KEYS)
+            queue.fifo_key = key
+            self.queues[key] = queue
+            self.order.append(key)
+        queue.fifo_entries = entries + 1
         self.bytes += size + ENTRY_OVERHEAD
         self.live += 1
+
+    def extend(self, queues: Iterable[BudgetedQueue]) -> None:
+        """Entries for messages ``queues`` already hold, oldest first, one per message
+        (the caller counts their bytes); for a budget made over full caches."""
+        for queue in queues:
+            if not queue.fifo_entries:
+                if not queue.fifo_key:
+                    queue.fifo_key = next(_KEYS)
+                self.queues[queue.fifo_key] = queue
+            queue.fifo_entries += 1
+            self.order.append(queue.fifo_key)
+            self.live += 1
 
     def dropped(self, queue: BudgetedQueue, size: int, count: int = 1) -> None:
         """``queue`` dropped its ``count`` oldest messages, of ``size`` bytes together
@@ -99,10 +142,15 @@ class CacheBudget:
         return self.bytes > self.limit
 
     def evict(self) -> int:
-        """Drop the oldest messages until within the limit; how many were dropped."""
-        order, evicted = self.order, 0
+        """Drop the oldest messages until within the limit; how many were dropped. (A
+        queue leaves :attr:`queues` with its last FIFO entry.)"""
+        order, queues, evicted = self.order, self.queues, 0
         while self.bytes > self.limit and order:
-            queue = order.popleft()
+            key = order.popleft()
+            queue = queues[key]
+            queue.fifo_entries -= 1
+            if not queue.fifo_entries:
+                del queues[key]
             if queue.stale:
                 queue.stale -= 1
                 continue
@@ -114,22 +162,28 @@ class CacheBudget:
 
     def compact(self) -> None:
         """Rebuild the FIFO without its stale entries (every queue's stale back to 0)."""
-        kept: deque[BudgetedQueue] = deque()
-        append = kept.append
-        for queue in self.order:
+        kept: deque[int] = untrack(deque())
+        append, queues = kept.append, self.queues
+        for key in self.order:
+            queue = queues[key]
             if queue.stale:
                 queue.stale -= 1
+                queue.fifo_entries -= 1
+                if not queue.fifo_entries:
+                    del queues[key]
             else:
-                append(queue)
+                append(key)
         self.order = kept
 
     def live_order(self) -> Iterator[BudgetedQueue]:
         """The FIFO's live entries, oldest first, changing nothing (for a dump, which may
         be taken in a forked child)."""
         skipped: dict[int, int] = {}
-        for queue in self.order:
-            done = skipped.get(id(queue), 0)
+        queues = self.queues
+        for key in self.order:
+            queue = queues[key]
+            done = skipped.get(key, 0)
             if done < queue.stale:
-                skipped[id(queue)] = done + 1
+                skipped[key] = done + 1
             else:
                 yield queue
