@@ -29,7 +29,7 @@ import trio
 
 from cluster import link, raft_data_dir
 from cluster.agreement import MemberSettings
-from cluster.cache_sync import CacheSync
+from cluster.cache_sync import CacheSync, SyncInstall
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
@@ -177,14 +177,31 @@ class SeedCoordination:
 
     def _committed(self, batch: CommittedBatch) -> None:
         offer = self.stream.on_committed(batch, trio.current_time())
-        if offer is Offer.GAP and not self.syncing and self._nursery is not None:
+        if offer is Offer.GAP and self.stream.replica.installing is None:
+            self._sync_if_needed()  # (held behind a dump being installed: not a gap)
+
+    def _sync_if_needed(self) -> None:
+        if self.stream.replica.needs_sync and not self.syncing and self._nursery is not None:
             self.syncing = True
             self._nursery.start_soon(self._sync_from_a_peer_seed)
 
     def _restored(self, sync: CacheSync) -> None:
-        if self.stream.on_restore(sync, trio.current_time()):
-            log.info("caches restored from the Raft dump at clsn %d (%d subjects)",
-                     sync.clsn, len(sync.subjects))
+        """Raft loaded a dump: its install is begun here, in the order the Raft thread
+        handed it over, so the batches after it are held back behind it; it is installed
+        a slice at a time (the default CacheMemoryBudget's ~660,000 messages at once
+        stopped the seed's loop ~1 s: docs/benchmarks.md)."""
+        install = self.stream.replica.begin_install(sync)
+        if install is not None and self._nursery is not None:
+            self._nursery.start_soon(self._install_dump, install)
+
+    async def _install_dump(self, install: SyncInstall) -> None:
+        try:
+            if await self.stream.finish_install(install):
+                log.info("caches restored from the Raft dump at clsn %d (%d subjects, %d "
+                         "slices)", install.clsn, len(install.subjects), install.slices)
+        except Exception:  # a dump the hub refuses: a bug; a peer seed's caches instead
+            log.exception("the Raft dump at clsn %d could not be installed", install.clsn)
+        self._sync_if_needed()  # batches held behind it that do not follow it
 
     def commit_statistics(self) -> dict[str, int]:
         """How this seed's own publishes were grouped into Raft commands."""

@@ -32,7 +32,7 @@ import trio
 
 from cluster import link
 from cluster.batch_ring import RING_BATCHES, RING_MESSAGES, BatchRing
-from cluster.cache_sync import SLICE_MESSAGES, CacheSync
+from cluster.cache_sync import SLICE_MESSAGES, CacheSync, SyncInstall
 from cluster.coordination import CommittedBatch
 from cluster.link_sync import SyncFrames
 from cluster.publishing import ClusterPublishing
@@ -208,10 +208,19 @@ class CommittedStream:
         is here whole, and a member left half-installed would need another. False,
         changing nothing, for a sync behind this member; False also when a later sync
         (a Raft dump) took its place halfway (that one did the rest)."""
-        replica, budget = self.replica, slice_messages or SLICE_MESSAGES
-        install = replica.begin_install(sync)
+        install = self.replica.begin_install(sync)
         if install is None:
             return False
+        return await self.finish_install(install, slice_messages=slice_messages)
+
+    async def finish_install(
+        self, install: SyncInstall, *, slice_messages: int | None = None
+    ) -> bool:
+        """The slices of an install begun with ``replica.begin_install`` (from the
+        moment it is begun, later batches are held back behind it: a seed begins the
+        install of a Raft dump in the callback that hands it over, before the batches
+        after the dump); as :meth:`install_sync_in_slices`."""
+        replica, budget = self.replica, slice_messages or SLICE_MESSAGES
         with trio.CancelScope(shield=True):
             while not replica.install_slice(install, trio.current_time(), budget):
                 await trio.sleep(0)
