@@ -7,8 +7,9 @@ member (a non-seed), which needs a whole cache sync from a seed before it is rea
 Reports the time to ready, the messages it then holds, each seed's largest loop gap
 (/stats loop_gaps) in the seconds of the join, and the joiner's own (from its start to
 a second after it is ready: receiving and installing the sync, then the batches that came
-meanwhile). A sync past 64 MiB (MAX_FRAME) was refused by the encoder before
-cluster/link_sync.py: the member never became ready.
+meanwhile); and what the seeds' gaps over 50 ms during the fill were made of (loop CPU,
+waiting for a core, other threads' CPU, collections). A sync past 64 MiB (MAX_FRAME)
+was refused by the encoder before cluster/link_sync.py: the member never became ready.
 
     .venv/bin/python benchmarks/cluster_join_sync.py --size 120000 --rate 200 --fill 3
     .venv/bin/python benchmarks/cluster_join_sync.py --size 100 --subjects 10000 \\
@@ -44,11 +45,23 @@ def loop_gap(cluster: BenchCluster, i: int, start: float, end: float) -> float |
     return max(inside) if inside else None
 
 
+def long_gap_parts(before: dict, after: dict) -> dict:
+    """What the member's loop gaps over 50 ms between two /stats were made of, in ms
+    (migratory/server/loop_gaps.py GapParts): loop CPU, waiting for a core, other
+    threads' CPU, collections."""
+    was = (before.get("loop_gaps") or {})
+    now = (after.get("loop_gaps") or {})
+    parts = {k: round(v - (was.get("long_gap_parts_ms") or {}).get(k, 0.0))
+             for k, v in (now.get("long_gap_parts_ms") or {}).items()}
+    return {"gaps": now.get("long_gaps", 0) - was.get("long_gaps", 0), **parts}
+
+
 def run(args: argparse.Namespace) -> dict:
     with BenchCluster("join-sync", members=4, seeds=3) as cluster:
         for i in range(3):
             cluster.start(i)
         cluster.wait_ready([0, 1, 2], timeout=60)
+        before_fill = [cluster.stats(i) for i in range(3)]
         filling = time.monotonic()
         fill = publish_paced(
             "127.0.0.1", cluster.port(0), rate=args.rate, duration=args.fill,
@@ -85,6 +98,10 @@ def run(args: argparse.Namespace) -> dict:
             "seed_max_loop_gap_while_filling_ms": fill_gaps,
             "seed_loop_gaps_over_50ms_while_filling": [  # largest of each second
                 sorted(g for g in gaps if g > 50) for gaps in fill_seconds
+            ],
+            "seed_long_gap_parts_while_filling_ms": [
+                long_gap_parts(before, after)
+                for before, after in zip(before_fill, seed_stats, strict=True)
             ],
             "seed_gc_after_filling": [stats.get("gc") for stats in seed_stats],
             "logs": str(cluster.log_dir),

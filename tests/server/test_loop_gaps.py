@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import trio
 
-from migratory.server.loop_gaps import LONG_GAP_SECONDS, LoopGaps, probe
+from migratory.server.loop_gaps import (
+    LONG_GAP_SECONDS,
+    GapParts,
+    LoopGaps,
+    parse_schedstat,
+    probe,
+)
 
 
 def test_the_largest_gap_of_each_second_is_kept() -> None:
@@ -49,3 +56,44 @@ def test_a_task_that_blocks_the_loop_shows_as_a_gap() -> None:
     trio.run(main)
     assert 110 <= gaps.max_ms < 1000
     assert gaps.long_gaps == 1
+
+
+def test_what_long_gaps_were_made_of_is_summed_and_the_longest_kept() -> None:
+    gaps = LoopGaps()
+    busy = GapParts(loop_cpu_ms=70.0, waiting_for_core_ms=5.0, other_threads_cpu_ms=1.0,
+                    gc_ms=40.0)
+    starved = GapParts(loop_cpu_ms=10.0, waiting_for_core_ms=90.0, other_threads_cpu_ms=0.0,
+                       gc_ms=0.0)
+    gaps.record(10.0, 0.075, busy)
+    gaps.record(10.1, 0.001, GapParts(1.0, 1.0, 1.0, 1.0))  # not a long gap: not summed
+    gaps.record(10.2, 0.100, starved)
+    stats = gaps.statistics()
+    assert stats["long_gap_parts_ms"] == {"loop_cpu_ms": 80.0, "waiting_for_core_ms": 95.0,
+                                          "other_threads_cpu_ms": 1.0, "gc_ms": 40.0}
+    assert stats["longest_gap_parts_ms"]["waiting_for_core_ms"] == 90.0
+
+
+def test_schedstat_gives_cpu_and_waiting_in_seconds() -> None:
+    assert parse_schedstat(b"123000000 45000000 7\n") == (0.123, 0.045)
+
+
+def test_a_stall_of_loop_work_and_a_collection_is_told_apart() -> None:
+    """The probe says what the longest gap was made of: here the loop's own CPU (a busy
+    pass) and a garbage collection, each counted, not timed."""
+    gaps = LoopGaps()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe, gaps)
+            await trio.sleep(0.05)
+            gc.collect()
+            spun, started = 0, time.thread_time()
+            while time.thread_time() - started < 0.1 and spun < 10**8:  # a busy pass
+                spun += 1
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    parts = gaps.statistics()["longest_gap_parts_ms"]
+    assert parts is not None and parts["loop_cpu_ms"] > 0 and parts["gc_ms"] > 0
+    assert gaps.statistics()["long_gap_parts_ms"]["loop_cpu_ms"] > 0
