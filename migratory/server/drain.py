@@ -22,8 +22,10 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
    close: when its connection broke under a write first, trio-websocket dropped
    frames it had not handed over yet, and the SDK reports those publishes as
    outcome unknown (``SessionEnd.read_all``).
-4. The server stops once its clients have left and every publish taken has its
-   outcome (an HTTP ``POST /publish`` too), or after ``DrainTime`` seconds.
+4. The server stops once the clients it had have left and every publish taken has
+   its outcome (an HTTP ``POST /publish`` too), or after ``DrainTime`` seconds. A
+   client that connects during the drain (every member draining at once: the others
+   send theirs here) is told to go and not waited for.
 
 The drain owns two thin wrappers given to the server when it is built — the
 readiness and the publish path — so nothing is patched while serving. The same
@@ -236,11 +238,12 @@ class Drain:
         return closed
 
     async def run(self, connections: Callable[[], Iterable[DrainConnection]]) -> DrainReport:
-        """Drain the clients of ``connections()``; returns when they have all left or
-        ``seconds`` have passed."""
+        """Drain the clients of ``connections()``; returns when those there at the start
+        have all left (newcomers told to go) or ``seconds`` have passed."""
         started = trio.current_time()
         self.draining = True
         initial = [c for c in connections() if c.session.is_websocket]
+        began = {id(c) for c in initial}  # (``initial`` holds them: no id reused)
         log.info("draining %d clients (DrainTime %g s)", len(initial), self.seconds)
         told = 0
         timed_out = True
@@ -253,9 +256,13 @@ class Drain:
                         session.close(close_codes.DRAINED.code, DRAINING)
                         connection.flush()
                         told += 1
-                if not clients and not self._settling:
-                    # (a publish of no client to tell, an HTTP POST /publish, still gets
-                    # its answer before the server stops)
+                # done once the clients it began with have left and no publish waits
+                # for its status (an HTTP POST /publish's too); clients that came since
+                # (every member draining at once: those the others sent away) are told
+                # and not waited for: the shutdown flushes their close frames
+                if not self._settling and all(
+                    id(c) not in began and c.session.closing for c in clients
+                ):
                     timed_out = False
                     break
                 await trio.sleep(POLL_SECONDS)

@@ -298,3 +298,51 @@ def test_the_drain_waits_for_the_answer_of_an_http_publish() -> None:
     (report,) = reports
     assert not report.timed_out and report.publishes_settled == 1
     assert [r.status for r in http.results] == [ops.Status.PUBLISH_OK]
+
+
+def test_clients_arriving_during_the_drain_do_not_hold_it_up() -> None:
+    """Every member told to stop at once (a whole restart): the clients each one sends
+    away try the others, which are draining too, so a member keeps getting newcomers
+    it must close. Chaos whole-restart (seed 33, 2026-11-28): the last member up drained
+    for 10.5 s, 52 newcomers told, where the others took 0.6-0.9 s. The drain ends once
+    the clients it began with have left and nothing waits for a status: a newcomer is
+    told (4502) and the shutdown flushes its close frame; it is not waited for."""
+    drain = Drain(30)
+    first = FakeConnection(FakeSession())
+    connections = {first}
+    reports = []
+
+    async def newcomers() -> None:  # one every 0.1 s, each gone 0.25 s after it is told
+        async def one() -> None:
+            c = FakeConnection(FakeSession())
+            connections.add(c)
+            while not c.session.closing:
+                await trio.sleep(0.01)
+            await trio.sleep(0.25)
+            connections.discard(c)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                nursery.start_soon(one)
+                await trio.sleep(0.1)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(newcomers)
+            await trio.sleep(0.05)
+
+            async def leave() -> None:  # the client it began with goes as it is told
+                while not first.session.closing:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.3)
+                connections.discard(first)
+
+            nursery.start_soon(leave)
+            reports.append(await drain.run(lambda: list(connections)))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    (report,) = reports
+    # before: timed out after DrainTime (30 s, mock time), newcomers always there
+    assert not report.timed_out and report.seconds < 1.0, report
+    assert report.clients_left == 2  # the first one and the newcomer already there
