@@ -101,3 +101,31 @@ def test_size_with_and_without_fields(subject: str, fields: dict[str, str]) -> N
     expected = 3 + len(subject.encode()) + sum(len(k.encode()) + len(v.encode())
                                                for k, v in fields.items())
     assert Message(subject, b"abc", fields).size() == expected
+
+
+def test_unpacking_looks_the_enums_up_instead_of_calling_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seed taking a Raft dump unpacks every cached message (660,000 with the default
+    CacheMemoryBudget) on its Raft thread, sharing the GIL with the event loop; calling
+    ``Qos(...)`` and ``MessageType(...)`` was ~1.5 us of each ~2.8. Counted: enum calls
+    while 100 messages are unpacked (200 before), and a bad value is still a ValueError."""
+    import enum
+
+    packed = [pack(Message("/a/b", b"x", {"k": "v"} if i % 2 else {}, epoch=3, seq=i + 1,
+                           qos=Qos.GUARANTEED, type=MessageType.RECOVERED))
+              for i in range(100)]
+    calls = []
+    enum_call = enum.EnumType.__call__
+
+    def counted(cls: type, *args: object, **kwargs: object) -> object:
+        calls.append(cls)
+        return enum_call(cls, *args, **kwargs)
+
+    monkeypatch.setattr(enum.EnumType, "__call__", counted)
+    unpacked = [unpack(p) for p in packed]
+    assert calls == []
+    assert [m.seq for m in unpacked] == list(range(1, 101))
+    assert {(m.qos, m.type) for m in unpacked} == {(Qos.GUARANTEED, MessageType.RECOVERED)}
+    with pytest.raises(ValueError, match="not a packed message"):
+        unpack((*packed[0][:3], "premium", *packed[0][4:]))
