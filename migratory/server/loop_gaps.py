@@ -66,10 +66,7 @@ class LoopClocks:
     it on the loop thread (``/proc/thread-self`` is the thread that opens it)."""
 
     def __init__(self) -> None:
-        try:
-            self._schedstat: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:  # not Linux: the loop's CPU from its clock, no waiting measured
-            self._schedstat = None
+        self._schedstat = schedstat_file()
         self._gc_seconds = 0.0
         self._gc_started = 0.0
         gc.callbacks.append(self._collection)
@@ -94,6 +91,23 @@ class LoopClocks:
         else:
             cpu, waiting = time.thread_time(), 0.0
         return cpu, waiting, time.process_time(), self._gc_seconds
+
+
+def schedstat_file() -> int | None:
+    """The calling thread's ``schedstat``, open; None where there is none (not Linux) or
+    it says nothing (a kernel without schedstats): the loop's CPU is then taken from its
+    clock, and its waiting for a core is not measured."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if parse_schedstat(os.pread(fd, 128, 0))[0] > 0:
+            return fd
+    except (OSError, ValueError):
+        pass
+    os.close(fd)
+    return None
 
 
 def parse_schedstat(line: bytes) -> tuple[float, float]:

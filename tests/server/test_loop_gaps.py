@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import time
 
+import pytest
 import trio
 
 from migratory.server.loop_gaps import (
@@ -97,3 +98,18 @@ def test_a_stall_of_loop_work_and_a_collection_is_told_apart() -> None:
     parts = gaps.statistics()["longest_gap_parts_ms"]
     assert parts is not None and parts["loop_cpu_ms"] > 0 and parts["gc_ms"] > 0
     assert gaps.statistics()["long_gap_parts_ms"]["loop_cpu_ms"] > 0
+
+
+def test_a_kernel_without_schedstats_falls_back_to_the_thread_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its schedstat says zeros: the loop's CPU would read 0 for every gap."""
+    from migratory.server import loop_gaps
+
+    monkeypatch.setattr(loop_gaps.os, "pread", lambda fd, size, offset: b"0 0 0\n")
+    assert loop_gaps.schedstat_file() is None
+    clocks = loop_gaps.LoopClocks()
+    try:
+        assert clocks.read()[0] > 0 and clocks.read()[1] == 0.0  # the thread's clock
+    finally:
+        clocks.close()
