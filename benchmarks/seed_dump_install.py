@@ -8,7 +8,8 @@ thread -- it loads the dump (``raft_unpickler``, as pysyncobj's ``deserialize``)
 the cache sync of it (``ReplicatedCache.to_sync``) and hands it to the seed's trio
 thread (``run_sync_soon`` of ``SeedCoordination._restored``) -- and the seed installs it
 into its hub. Reported: the loop's longest gap and its gaps over 50 ms, while the Raft
-thread works and while the seed installs; the CPU time of each step and of each slice of
+thread works and while the seed installs (GIL switch interval 0.5 ms, as a member
+runs); the CPU time of each step and of each slice of
 the install (thread time: it holds on a busy machine); the garbage collections of each
 phase (``gc.callbacks``). The gaps are wall clock on the machine as it is: take them as
 indicative on a busy one::
@@ -25,6 +26,7 @@ import gzip
 import io
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -37,6 +39,7 @@ import trio
 from cluster import raft_unpickler
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
+from cluster.node import GIL_SWITCH_INTERVAL
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from cluster.replicated_cache import ReplicatedCache
@@ -188,6 +191,7 @@ def main() -> None:
         gc.collect()
         gc.freeze()  # as the server does after start-up, with its thresholds
         gc.set_threshold(20_000, 2, 200)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL)  # as a member runs (cluster/node.py)
         result = trio.run(take_dump, dump, positions, seed)
     result["dump_bytes"] = len(dump)
     print(json.dumps(result))
