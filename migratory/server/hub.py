@@ -341,7 +341,6 @@ class Hub(MessageSinks):
             subjects = self._expire_queue[-budget:]
             del self._expire_queue[-budget:]
         dropped = 0
-        spent = 0
         for subject in subjects:
             state = self._subjects.get(subject)
             if state is None:
@@ -349,14 +348,20 @@ class Hub(MessageSinks):
             dropped += state.cache.expire(now)
             if state.seq and state.spent:
                 self._forget(state)
-                spent += 1
         self._cached -= dropped
-        self._forgotten += spent
-        self._forgotten_since_shrink += spent
         if self._forgotten_since_shrink > len(self._subjects):  # a dict never shrinks itself
             self._subjects = dict(self._subjects)
             self._forgotten_since_shrink = 0
         return dropped
+
+    def forget_unserved(self, subject: str) -> bool:
+        """Forget ``subject`` as :meth:`expire` forgets a spent one, but for its snapshot,
+        which its owner knows serves no one (an MQTT session's empty record: mqtt_expiry)."""
+        state = self._subjects.get(subject)
+        if state is None or not state.seq or state.cache or state.sinks:
+            return False
+        self._forget(state)
+        return True
 
     @property
     def subject_count(self) -> int:
@@ -493,3 +498,6 @@ class Hub(MessageSinks):
     def _forget(self, state: SubjectState) -> None:
         del self._subjects[state.subject]
         self._index.remove(state.subject)
+        if state.seq:  # numbered: a subject made again starts a new epoch (_state)
+            self._forgotten += 1
+            self._forgotten_since_shrink += 1

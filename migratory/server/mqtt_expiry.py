@@ -12,7 +12,9 @@ MqttSessionExpiry (or was emptied: another member's discard crossed its take-up)
 saved again, so no other member takes it for stale. Two members that discard one record
 publish the same empty record (idempotent). A CONNECT takes the expiry as the sweep does
 (``take_up``), so a client gets its whole session or a fresh one, whether or not a sweep
-got there first.
+got there first. An empty record whose client is not connected here is forgotten once its
+cache has expired (:meth:`Hub.forget_unserved`): kept, every client id that ever had a
+persistent session held a subject for good (``benchmarks/soak.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from migratory.server.mqtt_store import (
     discard_message,
     expired,
     holds_session,
+    is_empty_record,
     saved_at,
     stored_generation,
 )
@@ -65,8 +68,6 @@ class SessionExpiry:
         discard the stale sessions among them. Returns how many were discarded."""
         config, stats = self._ctx.config, self._ctx.stats
         expiry = config.mqtt_session_expiry
-        if not expiry and not config.mqtt_max_sessions:
-            return 0
         if self._ctx.readiness() is not None:
             return 0  # syncing: its records may be older than the cluster's
         hub = self._ctx.hub
@@ -86,11 +87,12 @@ class SessionExpiry:
                 continue
             snapshot = hub.snapshot(subject)
             saved = saved_at(snapshot)  # None: empty (discarded), or of an older version
+            empty = saved is None and is_empty_record(snapshot)
             if saved is not None:
                 self._counted += 1
                 if not expiry or wall - saved <= expiry / 2:
                     continue  # fresh: nothing to do (most records; no decoding)
-            elif not expiry or not self._registry:
+            elif not empty and (not expiry or not self._registry):
                 continue
             client_id = bytes.fromhex(subject[len(SESSION_PREFIX):]).decode("utf-8")
             connected = self._registry.get(client_id)
@@ -98,6 +100,9 @@ class SessionExpiry:
                 # older than half the expiry, or empty: another member's discard crossed
                 # this connection's take-up
                 connected.save_record()
+                continue
+            if empty:  # once its cache expired, a discarded session's subject goes
+                hub.forget_unserved(subject)
                 continue
             if saved is not None and expiry and wall - saved > expiry:
                 self._counted -= 1

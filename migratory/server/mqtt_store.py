@@ -259,6 +259,18 @@ def holds_session(snapshot: Message | None) -> bool:
     return decode_record(snapshot) is not None
 
 
+def is_empty_record(snapshot: Message | None) -> bool:
+    """The snapshot is an empty record -- a session discarded, or left with no filter --:
+    no SAVED_AT (its "" removed the field) and a head that names no filter. Not logged
+    when the head cannot be read (then False: a record kept, as before)."""
+    if snapshot is None or snapshot.fields.get(SAVED_AT):
+        return False
+    try:
+        return json.loads(snapshot.content)["filters"] == {}  # type: ignore[no-any-return]
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def expired(snapshot: Message | None, now: float, expiry: int) -> bool:
     """The record was saved more than ``expiry`` seconds before ``now`` (0: never)."""
     saved = saved_at(snapshot)

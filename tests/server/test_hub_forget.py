@@ -147,3 +147,22 @@ def test_a_budgeted_expiry_sweeps_a_slice_per_call_and_goes_round() -> None:
         hub.publish(Message(f"/two/s{i}", b"x"), now=20.0)
     hub.expire(31.0, budget=300)  # a new sweep: the subjects as they are now
     assert hub.statistics().subjects == 0 and hub.forgotten == 1010
+
+
+def test_forget_unserved_leaves_what_still_serves_and_the_next_epoch_is_new() -> None:
+    """Hub.forget_unserved: a snapshot its owner knows serves no one (an MQTT session's
+    empty record, mqtt_expiry) does not keep its subject for good."""
+    hub = Hub(epoch=7, cache_expire_seconds=10)
+    hub.publish(Message("/kept/cached", b"c", retained=True), now=10.0)
+    hub.publish(Message("/kept/watched", b"w", retained=True), now=0.0)
+    hub.subscribe(Sink(), ops.SubscriptionRequest("/kept/watched"), now=0.0)
+    hub.subscribe(Sink(), ops.SubscriptionRequest("/kept/unnumbered"), now=0.0)
+    hub.publish(Message("/gone/record", b"r", retained=True), now=0.0)
+    hub.expire(11.0)
+    assert [hub.forget_unserved(s) for s in hub.subject_names()] == [
+        False, False, False, True]
+    assert hub.forget_unserved("/never/seen") is False
+    assert hub.subject_names() == ["/kept/cached", "/kept/watched", "/kept/unnumbered"]
+    assert hub.statistics().subjects_forgotten == 1
+    again = hub.publish(Message("/gone/record", b"r2", retained=True), now=12.0)
+    assert again.seq == 1 and again.epoch != 7

@@ -241,3 +241,58 @@ def test_the_count_keeps_the_sessions_created_while_a_sweep_ran(wall: list[float
     assert ctx.stats.mqtt_sessions_stored == 2
     expiry.sweep(0.0, 100)
     assert ctx.stats.mqtt_sessions_stored == 2  # the next one counted both
+
+
+def test_a_discarded_sessions_subject_is_forgotten_once_its_cache_has_expired(
+    wall: list[float],
+) -> None:
+    """A discarded session leaves an empty record, one generation later, so that a late
+    save of an older connection is not taken for the session. Kept for good, every
+    client id that ever had a persistent session held a subject on every member:
+    benchmarks/soak.py counted 2 more subjects per cycle, 120 after 60 cycles. Once the
+    empty record's cache has expired (CacheExpireTime: no save is that late) and its
+    client is not connected here, the sweep forgets the subject."""
+    ctx, held = make(MqttSessionExpiry=str(EXPIRY), CacheExpireTime="10")
+    registry: dict = {}
+    for i in range(20):
+        left_session(ctx, held, registry, f"dev{i}")
+    clean = session(ctx, "dev0", registry)  # a clean session discards dev0's at once
+    held.settle()
+    wall[0] = T0 + EXPIRY + 1
+    expiry = SessionExpiry(ctx, registry)
+    assert expiry.sweep(0.0, 100) == 19  # the others expire
+    held.settle()
+    assert ctx.hub.subject_count == 20  # their empty records, cached (at time 0.0)
+    for _ in range(2):
+        expiry.sweep(5.0, 100)
+    assert ctx.hub.subject_count == 20  # kept while the discard is cached
+    ctx.hub.expire(11.0)
+    for _ in range(2):
+        expiry.sweep(11.0, 100)
+    assert ctx.hub.subject_names() == [session_subject("dev0")]  # its client is here
+    clean.connection_lost()
+    for _ in range(2):
+        expiry.sweep(11.0, 100)
+    assert ctx.hub.subject_count == 0
+    assert ctx.hub.statistics().subjects_forgotten == 20
+    back = session(ctx, "dev1", registry, clean_session=False)  # a fresh session
+    assert read(back) == [mqtt.Connack(False, 0)]
+    back.receive_data(encode_packet(mqtt.Subscribe(1, (("c/+", 1),))), 0.0)
+    held.settle()
+    record = decode_record(ctx.hub.snapshot(session_subject("dev1")))
+    assert record is not None and record.filters == {"c/+": 1} and record.generation == 1
+
+
+def test_with_expiry_zero_the_sweep_still_forgets_discarded_sessions(
+    wall: list[float],
+) -> None:
+    ctx, held = make(MqttSessionExpiry="0", CacheExpireTime="10")
+    registry: dict = {}
+    left_session(ctx, held, registry)
+    session(ctx, "dev", registry).connection_lost()  # clean: discards the session
+    held.settle()
+    ctx.hub.expire(11.0)
+    expiry = SessionExpiry(ctx, registry)
+    for _ in range(2):
+        assert expiry.sweep(11.0, 100) == 0
+    assert ctx.hub.subject_count == 0
