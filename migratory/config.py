@@ -28,7 +28,7 @@ from migratory.config_listeners import (
     check_listeners,
 )
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
-from migratory.config_mqtt import MQTT_SESSION_SETTINGS
+from migratory.config_mqtt import MQTT_SESSION_SETTINGS, check_mqtt_sessions
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
 from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
@@ -370,6 +370,7 @@ def _check(config: Config, key: _Origins) -> Config:
     check_monitoring(config, key)
     check_workers(config, key)
     check_cluster_tls(config, key)
+    check_mqtt_sessions(config, key)
     if config.entitlement == "Basic" and not config.entitlement_allow_token:
         raise ConfigError(
             f"{key('Entitlement')} = Basic needs {key('EntitlementAllowToken')} "

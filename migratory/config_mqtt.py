@@ -4,7 +4,13 @@ session record names")."""
 
 from __future__ import annotations
 
-from migratory.config_values import Setting, _int
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from migratory.config_values import ConfigError, Setting, _int
+
+if TYPE_CHECKING:
+    from migratory.config import Config
 
 SESSION_MAX_SUBJECTS = 10_000
 """The default of MqttSessionMaxSubjects (what a record is bounded by when not told)."""
@@ -13,12 +19,27 @@ SESSION_MAX_SUBJECTS_RANGE = (1000, 1_000_000)
 most 1,000 filters) always keep their positions; at most 1,000,000 (each save merges the
 record's fields into its snapshot on every member: ~0.2 ms per 10,000 positions)."""
 
+SESSION_SWEEP_SECONDS = 60.0
+"""The expiry sweep looks at every subject once per this long (at most 2,000 a tick, so
+longer past 1,200,000 subjects): :mod:`migratory.server.mqtt_expiry`."""
+CLUSTER_MIN_SESSION_EXPIRY = 600
+"""MqttSessionExpiry in a cluster, at least (or 0). A member saves the record of a client
+connected to it when its sweep finds it older than half the expiry, and another member
+discards a record older than the expiry: the sweep's period must fit twice in the expiry.
+At 2 s (benchmarks/soak.py --cluster) the members discarded the sessions of clients
+connected to other members, which then stopped saving them ("taken up by a later
+connection"). 600: twice a sweep of the 5,000,000 subjects MaxSubjects allows by default
+(250 s at 2,000 a tick), and 100 s for clock skew and commits."""
+
 MQTT_SESSION_SETTINGS: tuple[Setting, ...] = (
     Setting("MqttSessionExpiry", "mqtt_session_expiry", _int(0, unit=" of seconds"), "604800",
             "Seconds a persistent MQTT session (clean session 0) is kept while its client "
             "is not connected (default 7 days, as mosquitto's persistent_client_expiration); "
             "then its record is discarded on every member and a reconnect gets session "
-            "present 0 (docs/mqtt.md, \"Session expiry\"). 0: kept for ever."),
+            "present 0 (docs/mqtt.md, \"Session expiry\"). 0: kept for ever. In a cluster "
+            f"0 or at least {CLUSTER_MIN_SESSION_EXPIRY}: a member keeps the records of its "
+            "own clients fresh when its once-a-minute sweep comes by, and a shorter expiry "
+            "lets another member discard the session of a connected client."),
     Setting("MqttMaxSessions", "mqtt_max_sessions", _int(0, unit=" of sessions"), "0",
             "Persistent MQTT sessions the server keeps at most: a CONNECT with clean "
             "session 0 that would create one more is refused (CONNACK 3, server "
@@ -35,3 +56,15 @@ MQTT_SESSION_SETTINGS: tuple[Setting, ...] = (
             "migratory_mqtt_session_positions_forgotten_total (docs/mqtt.md, \"Subjects a "
             "session record names\")."),
 )
+
+
+def check_mqtt_sessions(config: Config, key: Callable[[str], str]) -> None:
+    """MqttSessionExpiry in a cluster: 0 or at least :data:`CLUSTER_MIN_SESSION_EXPIRY`."""
+    expiry = config.mqtt_session_expiry
+    if config.cluster_members and 0 < expiry < CLUSTER_MIN_SESSION_EXPIRY:
+        raise ConfigError(
+            f"{key('MqttSessionExpiry')} = {expiry}: in a cluster it is 0 or at least "
+            f"{CLUSTER_MIN_SESSION_EXPIRY} seconds (a member keeps the records of its own "
+            "clients fresh only when its expiry sweep comes by, once a minute; shorter, "
+            "another member discards the session of a client connected here)"
+        )

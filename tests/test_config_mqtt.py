@@ -62,3 +62,24 @@ def test_mqtt_session_max_subjects_defaults_to_ten_thousand_within_bounds() -> N
             Config.from_mapping({"MqttSessionMaxSubjects": bad})
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     assert "| `MqttSessionMaxSubjects` |" in text
+
+
+CLUSTER = {
+    "ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110, 127.0.0.1:9120",
+    "ClusterMemberListen": "127.0.0.1:9100",
+    "ClusterPassword": "a-long-enough-cluster-password",
+}
+
+
+def test_in_a_cluster_mqtt_session_expiry_is_zero_or_long_enough_for_the_sweep() -> None:
+    """A member saves its own clients' records again when its expiry sweep comes by
+    (every subject once a minute): a shorter expiry let another member discard the
+    session of a client connected to it (benchmarks/soak.py --cluster at 2 s)."""
+    from migratory.config_mqtt import CLUSTER_MIN_SESSION_EXPIRY, SESSION_SWEEP_SECONDS
+
+    assert CLUSTER_MIN_SESSION_EXPIRY > 2 * SESSION_SWEEP_SECONDS
+    with pytest.raises(ConfigError, match=r"MqttSessionExpiry.* = 60: in a cluster it is 0"):
+        Config.from_mapping({**CLUSTER, "MqttSessionExpiry": "60"})
+    for fine in ("0", str(CLUSTER_MIN_SESSION_EXPIRY)):
+        assert Config.from_mapping({**CLUSTER, "MqttSessionExpiry": fine})
+    assert Config.from_mapping({"MqttSessionExpiry": "2"}).mqtt_session_expiry == 2  # alone

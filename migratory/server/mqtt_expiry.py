@@ -23,6 +23,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from migratory.config_mqtt import SESSION_SWEEP_SECONDS
 from migratory.protocol import mqtt
 from migratory.server import mqtt_store
 from migratory.server.mqtt_connect import Refusal
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
-SWEEP_SECONDS = 60.0  # every subject is looked at once per this long
+SWEEP_SECONDS = SESSION_SWEEP_SECONDS  # every subject is looked at once per this long
 MAX_SUBJECTS_PER_TICK = 2000  # the most subjects one tick looks at (well under a ms)
 
 
