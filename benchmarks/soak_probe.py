@@ -35,25 +35,21 @@ _count = [0]
 
 
 def census() -> dict[str, object]:
-    """Objects by type after a full collection (and the traced growth, if tracing)."""
-    gc.unfreeze()  # the server froze what it made at start-up: count that too
-    gc.collect()
-    objects = gc.get_objects()
-    by_type = Counter(type(o).__qualname__ for o in objects)
-    _count[0] += 1
-    out: dict[str, object] = {"census": _count[0], "objects": dict(by_type),
-                              "blocks": sys.getallocatedblocks()}  # after the collection
-    wanted = set(filter(None, os.environ.get("MIGRATORY_SOAK_REFERRERS", "").split(",")))
-    if wanted:
-        out["referrers"] = referrers(objects, wanted)
-    hubs = [o for o in objects if type(o).__qualname__ == "Hub"]
-    out["subjects"] = {
-        "/".join(subject.split("/")[:3]): count
-        for hub in hubs
-        for subject, count in Counter(
-            "/".join(s.split("/")[:3]) for s in hub.subject_names()
-        ).items()
-    }
+    """Objects by type after a full collection (and the traced growth, if tracing).
+
+    ``gc.get_objects()`` may list a tuple another thread is still building (a cluster
+    member's Raft thread): if that thread ran while the list holds it, its resize would
+    fail (``SystemError``, seen once with a probe in a ``gc.callbacks`` hook,
+    docs/benchmarks.md). So no other thread is let run while the list exists: the switch
+    interval is raised for the census, and every reference to the objects is dropped
+    before it is set back. (The Raft thread waits meanwhile, ~0.1-1 s: a census may cost
+    the cluster an election; take it between measurements, as soak.py does.)"""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        out = _objects_census()
+    finally:
+        sys.setswitchinterval(interval)
     if tracemalloc.is_tracing():
         snapshot = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__),)
@@ -66,6 +62,30 @@ def census() -> dict[str, object]:
         ]
         out["tracemalloc_total"] = [sum(s.size_diff for s in by_line),
                                     sum(s.count_diff for s in by_line)]
+    return out
+
+
+def _objects_census() -> dict[str, object]:
+    """The census proper; its list of every object goes when it returns."""
+    gc.unfreeze()  # the server froze what it made at start-up: count that too
+    gc.collect()
+    objects = gc.get_objects()
+    by_type = Counter(type(o).__qualname__ for o in objects)
+    _count[0] += 1
+    out: dict[str, object] = {"census": _count[0], "objects": dict(by_type),
+                              "blocks": sys.getallocatedblocks()}  # after the collection
+    wanted = set(filter(None, os.environ.get("MIGRATORY_SOAK_REFERRERS", "").split(",")))
+    if wanted:
+        out["referrers"] = referrers(objects, wanted)
+    hubs = [o for o in objects if type(o).__qualname__ == "Hub"]
+    del objects
+    out["subjects"] = {
+        "/".join(subject.split("/")[:3]): count
+        for hub in hubs
+        for subject, count in Counter(
+            "/".join(s.split("/")[:3]) for s in hub.subject_names()
+        ).items()
+    }
     return out
 
 
