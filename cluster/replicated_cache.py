@@ -40,6 +40,7 @@ from migratory.model.message import (
     PackedMessage,
     pack,
     packed_size,
+    packed_sizes,
     unpack,
 )
 from migratory.model.snapshot import merge_snapshot
@@ -124,7 +125,7 @@ class ReplicatedCache:
                     budget.bytes += QUEUE_OVERHEAD
             elif queue and queue[-1][PACKED_EPOCH] != message.epoch:
                 if budget is not None:
-                    budget.dropped(queue, sum(map(packed_size, queue)), len(queue))
+                    budget.dropped(queue, packed_sizes(queue), len(queue))
                 queue.clear()  # a new lineage: older messages are not its history
                 snapshots.pop(subject, None)
             packed = pack(message)
@@ -171,7 +172,7 @@ class ReplicatedCache:
         if order is None or len(order) != sum(map(len, self._cached.values())):
             order = [q for q in self._cached.values() for _ in range(len(q))]  # subject-wise
         budget.extend(order)
-        sizes = sum(packed_size(m) for q in self._cached.values() for m in q)
+        sizes = sum(map(packed_sizes, self._cached.values()))
         queues = sum(1 for q in self._cached.values() if q)
         budget.bytes = sizes + budget.live * ENTRY_OVERHEAD + queues * QUEUE_OVERHEAD
         budget.evict()

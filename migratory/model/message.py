@@ -1,9 +1,10 @@
 """Messages: subject, content, fields, and the position the server gives them."""
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from migratory.model.frozen import positional_constructor
@@ -131,6 +132,16 @@ def packed_size(packed: PackedMessage) -> int:
 
 _QOS = {q._value_: q for q in Qos}
 _TYPES = {t._value_: t for t in MessageType}
+
+
+def packed_sizes(packed: Sequence[PackedMessage]) -> int:
+    """``sum(map(packed_size, packed))``, most of it in C (a seed loading a Raft dump sums
+    the sizes of every cached message, 660,000 of them, on its Raft thread): the same
+    integer, so every seed's budget counts the same bytes."""
+    size = sum(map(len, map(itemgetter(1), packed))) + sum(map(len, map(itemgetter(0), packed)))
+    if max(map(len, packed), default=0) > _PACKED_FIELDS:  # some have fields
+        size += sum(len(text) for one in packed for text in one[_PACKED_FIELDS:])
+    return size
 
 
 def unpack(packed: PackedMessage) -> Message:

@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migratory.model.message import PACKED_EPOCH, Message, MessageType, Qos, pack, unpack
+from migratory.model.message import (
+    PACKED_EPOCH,
+    Message,
+    MessageType,
+    Qos,
+    pack,
+    packed_size,
+    packed_sizes,
+    unpack,
+)
 from migratory.model.position import EPOCH_LIMIT, Position, new_epoch
 
 
@@ -78,6 +87,12 @@ messages = st.builds(
     seq=st.integers(0, 2**62),
     type=st.sampled_from(MessageType),
 )
+
+
+@given(st.lists(messages, max_size=20))
+def test_the_sizes_of_many_packed_messages_are_their_sum(batch: list[Message]) -> None:
+    packed = [pack(m) for m in batch]
+    assert packed_sizes(packed) == sum(map(packed_size, packed))
 
 
 @given(messages)
