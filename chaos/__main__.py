@@ -163,6 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         "their plan's subjects on the members' MQTT listeners (default 0: none, and no "
         "ListenMqtt)",
     )
+    run.add_argument(
+        "--sse-subscribers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Server-Sent Events streams (GET /events of their plan's subjects, reconnected "
+        "to the next member with Last-Event-ID as EventSource does; default 0: none, and "
+        "the members keep their SseHeartbeatInterval)",
+    )
     args = parser.parse_args(argv)
     if args.command == "replay-schedule":
         sys.stdout.write(
@@ -202,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         subscribers=args.subscribers,
         auditors=args.auditors,
         mqtt_subscribers=args.mqtt_subscribers,
+        sse_subscribers=args.sse_subscribers,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import urllib.error
@@ -19,7 +20,7 @@ from typing import Any
 
 from chaos.proxy import Proxy
 from chaos.schedule import member
-from cluster.tooling import MQTT_OFFSET, member_settings, start_member
+from cluster.tooling import MQTT_OFFSET, free_base_port, member_settings, start_member
 from cluster.up_checks import port_free
 from migratory.config import Config, ConfigError
 
@@ -251,3 +252,21 @@ def http_json(port: int, path: str, timeout: float = 0.6) -> tuple[int, Any]:
         return exc.code, None
     except (OSError, ValueError):
         return 0, None
+
+
+def base_port(members: int) -> int:
+    """A free base port whose every port (up to base + 3000 + 10 * members) lies below the
+    kernel's ephemeral range, so that no outgoing connection on the box takes one of
+    them between this choice and the members' start."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.Random()
+    base = free_base_port(members, rng)
+    for _ in range(100):
+        if base + 3000 + 10 * members + 2 < ephemeral:
+            break
+        base = free_base_port(members, rng)
+    return base

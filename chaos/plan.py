@@ -7,7 +7,8 @@ check while every subject is watched by several subscribers of both kinds.
 Names say what a client is: ``p<k>`` SDK publishers, ``pr<k>`` raw-protocol
 publishers (a msg_id starts with its publisher's name, so every one starts with
 ``p``), ``s<k>`` SDK subscribers, ``a<k>`` raw auditors (the server's test fault
-switch aims at client names starting with ``a``), ``m<k>`` MQTT persistent sessions.
+switch aims at client names starting with ``a``), ``m<k>`` MQTT persistent sessions,
+``e<k>`` Server-Sent Events streams (EventSource).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class PublisherPlan:
 @dataclass(frozen=True, slots=True)
 class SubscriberPlan:
     name: str
-    kind: str  # sdk | raw | mqtt
+    kind: str  # sdk | raw | mqtt | sse
     prefer: int
     subjects: tuple[str, ...]
     history: int  # 0: the snapshot on the first subscribe; N: the last N cached messages
@@ -64,6 +65,7 @@ def plan_workload(
     sdk_subscribers: int = 14,
     auditors: int = 6,
     mqtt_subscribers: int = 0,
+    sse_subscribers: int = 0,
     per_subscriber: int | None = None,
     late_start: float = 8.0,
 ) -> WorkloadPlan:
@@ -72,8 +74,9 @@ def plan_workload(
     Every third subscriber of each kind asks for history and subscribes late (after
     ``late_start`` s and a little more per subscriber), so there is history to give.
     ``per_subscriber`` subjects each (default: an eighth of them, at least 2); every
-    subject gets at least one subscriber of each kind. MQTT subscribers (none by
-    default: the plan of the other kinds does not change with them) take no history.
+    subject gets at least one subscriber of each kind. MQTT and SSE subscribers (none by
+    default: the plan of the other kinds does not change with them) take no history
+    (neither MQTT nor ``GET /events`` asks for any).
     """
     if subjects < 1 or members < 1:
         raise ValueError("need at least one subject and one member")
@@ -91,7 +94,8 @@ def plan_workload(
     ]
     subs: list[SubscriberPlan] = []
     kinds = (
-        ("sdk", "s", sdk_subscribers), ("raw", "a", auditors), ("mqtt", "m", mqtt_subscribers)
+        ("sdk", "s", sdk_subscribers), ("raw", "a", auditors), ("mqtt", "m", mqtt_subscribers),
+        ("sse", "e", sse_subscribers),
     )
     for kind, prefix, n in kinds:
         chosen = [set(rng.sample(names, count)) for _ in range(n)]
@@ -107,7 +111,7 @@ def plan_workload(
                     kind=kind,
                     prefer=(k + 1 if kind != "raw" else members - 1 - k) % members,
                     subjects=tuple(s for s in names if s in chosen[k]),
-                    history=HISTORY if late and kind != "mqtt" else 0,
+                    history=HISTORY if late and kind in ("sdk", "raw") else 0,
                     start_after=round(late_start + 1.5 * k, 2) if late else 0.0,
                 )
             )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -24,14 +23,14 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
-from chaos.members import Member, build_members, http_json, mqtt_port, on_free_ports
+from chaos.members import Member, base_port, build_members, http_json, mqtt_port, on_free_ports
 from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
 from chaos.schedule import Fault, generate, member, to_jsonl
+from chaos.sse_workload import HEARTBEAT, sse_subscriber, stall_after
 from chaos.workload import Workload
-from cluster.tooling import free_base_port
 
 # --fault: the server's test fault switch hits the 20th message fanned out to a raw
 # auditor (clients named a0, a1) in each member process; the SDK would repair it.
@@ -54,24 +53,6 @@ DRAIN_SECONDS = 10.0  # the subscribers' drain after the final heal, at most
 # ... and no longer than this without a delivery: a half-dead connection is found within
 # PING_EVERY + PONG_TIMEOUT (3 s) and its subscriber reconnects in under 2.5 s more
 DRAIN_QUIET = 5.0
-
-
-def base_port(members: int) -> int:
-    """A free base port whose every port (up to base + 3000 + 10 * members) lies below the
-    kernel's ephemeral range, so that no outgoing connection on the box takes one of
-    them between this choice and the members' start."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    rng = random.Random()
-    base = free_base_port(members, rng)
-    for _ in range(100):
-        if base + 3000 + 10 * members + 2 < ephemeral:
-            break
-        base = free_base_port(members, rng)
-    return base
 
 
 class Runner:
@@ -97,6 +78,7 @@ class Runner:
         subscribers: int = 14,
         auditors: int = 6,
         mqtt_subscribers: int = 0,
+        sse_subscribers: int = 0,
     ) -> None:
         if members < 3 or seeds not in (3, 5) or seeds > members:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
@@ -112,6 +94,7 @@ class Runner:
             sdk_subscribers=subscribers,
             auditors=auditors,
             mqtt_subscribers=mqtt_subscribers,
+            sse_subscribers=sse_subscribers,
         )
         self.cpu = CpuMeter()
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
@@ -143,7 +126,9 @@ class Runner:
                 on_crash=self.record_crash, mqtt=mqtt_subscribers > 0,
             ),
             {"ClusterLogCompactionEntries": str(compaction[0]),
-             "ClusterLogCompactionTime": str(compaction[1])},
+             "ClusterLogCompactionTime": str(compaction[1]),
+             # SSE clients' watchdog: a stream heard every second (--set may say otherwise)
+             **({"SseHeartbeatInterval": str(HEARTBEAT)} if sse_subscribers else {})},
             self.overrides,
         )
         raft_ports = {
@@ -339,6 +324,11 @@ class Runner:
         elif spec.kind == "mqtt":
             ports = [mqtt_port(url) for url in self.client_urls]
             await self.supervised(spec.name, mqtt_subscriber, self.workload, spec, ready, ports)
+        elif spec.kind == "sse":
+            ports = [int(url.rsplit(":", 1)[1]) for url in self.client_urls]
+            heartbeat = float(self.members[0].settings.get("SseHeartbeatInterval", HEARTBEAT))
+            await self.supervised(spec.name, sse_subscriber, self.workload, spec, ready, ports,
+                                  stall_after(heartbeat))
         else:
             await raw_auditor(self.workload, spec, ready)
 

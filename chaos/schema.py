@@ -46,7 +46,8 @@ DELIVERY_FIELDS: tuple[Field, ...] = (
     ("run", "string"),
     ("subscriber", "string"),  # e.g. "s7"
     # sdk (what the SDK hands the app) | raw (protocol-level auditor) | mqtt (a persistent
-    # MQTT session: paho-mqtt; epoch and seq null, the checker takes them from the acks)
+    # MQTT session: paho-mqtt; epoch and seq null, the checker takes them from the acks) |
+    # sse (a GET /events stream, resumed with Last-Event-ID: chaos/sse_workload.py)
     ("kind", "string"),
     ("member", "string"),  # member the subscriber was connected to
     ("subject", "string"),
@@ -118,7 +119,7 @@ TABLES: dict[str, tuple[Field, ...]] = {
 }
 
 # The safety violations the checker reports, by name (the JSON summary's keys): per
-# subscriber kind (sdk, raw, mqtt: spark_analysis/mqtt.py for its rules) ...
+# subscriber kind (sdk, raw, sse; mqtt: spark_analysis/mqtt.py for its rules) ...
 SUBSCRIBER_VIOLATIONS: tuple[str, ...] = (
     "lost",  # acknowledged, never delivered to a subscriber subscribed throughout
     "unexpected",  # delivered but never published

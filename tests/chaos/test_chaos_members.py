@@ -35,13 +35,14 @@ def test_a_base_whose_mqtt_port_is_taken_is_not_picked(
 ) -> None:
     """The base port's formula leaves client port + 5 out: a run with MQTT subscribers
     started a member on a port another process held ("Address already in use")."""
+    import chaos.members
     import chaos.runner
 
     taken, free = free_base_port(5), free_base_port(5)
     while free == taken:
         free = free_base_port(5)
     bases = iter([taken, free])
-    monkeypatch.setattr(chaos.runner, "free_base_port", lambda members, rng=None: next(bases))
+    monkeypatch.setattr(chaos.members, "free_base_port", lambda members, rng=None: next(bases))
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", taken + MQTT_OFFSET))  # member 0's MQTT port
         holder.listen()
