@@ -103,7 +103,8 @@ def safety_section(summary: dict[str, Any]) -> list[str]:
     kinds = list(viol)
     lines = ["## Safety", "", "Counts per subscriber kind (sdk: what the SDK hands the app;"]
     lines += ["raw: the protocol-level auditor; mqtt: persistent MQTT sessions, held to MQTT's"]
-    lines += ["rules: spark_analysis/mqtt.py) and for the member processes (members);"]
+    lines += ["rules: spark_analysis/mqtt.py; sse: Server-Sent Events streams resumed with"]
+    lines += ["Last-Event-ID, held to the sdk/raw rules) and for the member processes (members);"]
     lines += ["- = does not apply.", ""]
     lines += table(
         ["violation", *kinds], [[v] + [viol[k].get(v) for k in kinds] for v in VIOLATIONS]

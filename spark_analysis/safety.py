@@ -27,6 +27,11 @@ to another epoch, or without a position, also skips the rest of the old epoch af
 - collisions: one (subject, epoch, seq) names two msg_ids across publish acks and that
   kind's deliveries (acks count for every kind).
 
+The ``sse`` kind (``GET /events`` streams, chaos/sse_workload.py) is held to exactly these
+rules: its events carry each message's position and the ``sync`` / ``resync`` statuses
+with theirs, and a stream resumed from its ``Last-Event-ID`` promises what a native
+resume does.
+
 The ``mqtt`` kind (persistent MQTT sessions) takes its positions from the acks and has
 MQTT's rules -- lost only for guaranteed (QoS 1) publishes, duplicates and reorders per
 connection, no holes: ``mqtt.py`` says why.

@@ -418,6 +418,42 @@ def plant_mqtt_reorder(syn: Synthetic) -> None:
     a["msg_id"], b["msg_id"] = b["msg_id"], a["msg_id"]
 
 
+# ---- a Server-Sent Events subscriber, added by its plants only ----
+
+SSE_VICTIM = ("sse", "e0", "/chaos/s0")
+
+
+def add_sse(syn: Synthetic) -> None:
+    """An sse subscriber e0 that mirrors s0 row for row (its subscriptions, statuses and
+    messages, positions included): a stream that fails over with s0 and resumes from its
+    Last-Event-ID with the missed messages (recovered) and a DATA_SYNC."""
+    for table in ("subscriptions", "deliveries"):
+        rows = syn.tables[table]
+        rows += [dict(r, subscriber="e0", kind="sse") for r in list(rows)
+                 if r["subscriber"] == "s0"]
+
+
+def plant_sse_lost(syn: Synthetic) -> None:
+    """One message missing from a stream, no resync: the checker must name it (sse)."""
+    add_sse(syn)
+    ds = _victim(syn, SSE_VICTIM)
+    syn.tables["deliveries"].remove(ds[len(ds) // 3])
+
+
+def plant_sse_resync(syn: Synthetic) -> None:
+    """Two messages missing from a stream, announced by a DATA_RESYNC (the snapshot
+    instead of the missed messages): allowed, nothing to name."""
+    add_sse(syn)
+    ds = _victim(syn, SSE_VICTIM)
+    i = len(ds) // 3
+    for gone in ds[i : i + 2]:
+        syn.tables["deliveries"].remove(gone)
+    _, who, subject = SSE_VICTIM
+    syn.add("subscriptions", subscriber=who, kind="sse", subject=subject, event="DATA_RESYNC",
+            member=MEMBERS[1], epoch=ds[i + 1]["epoch"], seq=ds[i + 1]["seq"],
+            time=(ds[i + 1]["time"] + ds[i + 2]["time"]) / 2)
+
+
 def plant_crash(syn: Synthetic) -> None:
     """A member that exited on its own in the middle of the run (a ``crashes`` row)."""
     middle = syn.tables["publishes"][len(syn.tables["publishes"]) // 2]["time"]

@@ -24,7 +24,7 @@ from spark_analysis.__main__ import main
 
 PUBLISHES = 300
 NONE: dict[str, set[str]] = {"sdk": set(), "raw": set(), "members": set()}
-WHO = {"sdk": "s0", "raw": "a0", "mqtt": "m0"}  # where each kind's plants go
+WHO = {"sdk": "s0", "raw": "a0", "mqtt": "m0", "sse": "e0"}  # where each kind's plants go
 
 
 def _run(spark: Any, syn: gen.Synthetic, tmp_path: Path) -> tuple[int, dict[str, Any], Path]:
@@ -95,10 +95,10 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (gen.plant_duplicate, {**NONE, "sdk": {"duplicates"}}),
     (gen.plant_reorder, {**NONE, "sdk": {"reorders"}}),
     (gen.plant_unexpected, {**NONE, "sdk": {"unexpected"}}),
-    # acks count for every kind (mqtt too: the merged run has mqtt deliveries), and the
-    # second message reached the auditors as well
-    (gen.plant_collision,
-     {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}, "mqtt": {"collisions"}}),
+    # acks count for every kind (mqtt and sse too: the merged run has their deliveries),
+    # and the second message reached the auditors as well
+    (gen.plant_collision, {**NONE, "sdk": {"collisions"}, "raw": {"collisions"},
+                           "mqtt": {"collisions"}, "sse": {"collisions"}}),
     (gen.plant_resync_gap, NONE),
     (gen.plant_resync_twice, NONE),
     (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
@@ -107,6 +107,9 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (gen.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
     (gen.plant_mqtt_duplicate, {**NONE, "mqtt": {"duplicates"}}),
     (gen.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
+    # Server-Sent Events streams: the native rules (positions in their events' ids)
+    (gen.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
+    (gen.plant_sse_resync, NONE),
 ]
 
 
@@ -147,7 +150,8 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
     # an MQTT subscriber has resumed at its next CONNACK (SERVER_UP): no DATA_SYNC in MQTT
     assert "holes" not in summary["violations"]["mqtt"]  # not checked: "-" in the report
-    assert "\n| holes | - | 1 | 2 | - |\n" in (out / "report.md").read_text()  # mqtt, raw, sdk
+    # mqtt, raw, sdk, sse, members
+    assert "\n| holes | - | 1 | 2 | 1 | - |\n" in (out / "report.md").read_text()
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
     assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (4, 0)
     md = (out / "report.md").read_text()
