@@ -11,7 +11,11 @@ every status that carries one (``SUBSCRIBE_ALLOW``, ``DATA_SYNC``, ``DATA_RESYNC
 ``(e, s)`` after position ``(e, p)`` skips seqs ``p+1 .. s`` of epoch ``e`` (``1 .. s``
 when the previous position was in another epoch or there was none); a ``DATA_RESYNC``
 to another epoch, or without a position, also skips the rest of the old epoch after
-``p`` -- for messages invoked before it. ``DATA_SYNC`` skips nothing.
+``p`` -- for messages invoked before it; one without a position after ``(e, 0)`` (the
+position of a subject not numbered yet where the subscriber subscribed: it has seen
+nothing of its lineage) skips every epoch's messages invoked before it, for ``lost``
+(a hole lies between two deliveries of one epoch: the skips of that epoch cover it).
+``DATA_SYNC`` skips nothing.
 
 - lost: a publish acknowledged ok, not delivered (any type) to a subscriber subscribed
   to its subject throughout (``subscribed`` before the invoke; no ``unsubscribed`` /
@@ -75,8 +79,9 @@ class Jump:
     prev_seq: int | None
 
 
-# (epoch, after (exclusive), upto (inclusive; None = open), before (invoked before; None))
-Skip = tuple[int, int, int | None, float | None]
+# (epoch (None = every epoch), after (exclusive), upto (inclusive; None = open),
+#  before (invoked before; None))
+Skip = tuple[int | None, int, int | None, float | None]
 
 
 def skips(jump: Jump) -> list[Skip]:
@@ -91,6 +96,11 @@ def skips(jump: Jump) -> list[Skip]:
         return out
     if jump.epoch is None or jump.epoch != jump.prev_epoch:
         out.append((jump.prev_epoch, jump.prev_seq, None, jump.time))
+    if jump.epoch is None and jump.prev_seq == 0:
+        # it had seen nothing numbered: whatever the subject's lineage turned out to be
+        # (its first messages expired and the subject forgotten before the resume), the
+        # resync announces every message invoked before it
+        out.append((None, 0, None, jump.time))
     return out
 
 
@@ -198,7 +208,7 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
     return _shape(found.where(reorder), "reorders", detail=detail), jumps
 
 
-SkipRow = tuple[str, str, str, int, int, int | None, float | None]
+SkipRow = tuple[str, str, str, int | None, int, int | None, float | None]
 
 
 def skip_rows(jumps: list[Jump]) -> list[SkipRow]:
@@ -212,6 +222,7 @@ def joined(rows: list[SkipRow]) -> list[SkipRow]:
     fails over twice off the cache) skip ``p+1 .. s1`` and ``s1+1 .. s2``: together
     they announce the whole hole ``p+1 .. s2``, neither alone does."""
     out: list[SkipRow] = []
+    rows = [r for r in rows if r[3] is not None]  # every-epoch skips are for lost only
     for row in sorted(rows, key=lambda r: (r[:4], r[4])):
         last = out[-1] if out else None
         if last is not None and last[:4] == row[:4] and (last[5] is None or row[4] <= last[5]):
@@ -334,7 +345,7 @@ def lost(history: History, inv: Any, ack: Any, skip: Any, last_ok: float) -> Any
     missing = expected.join(got, ["kind", "subscriber", "msg_id"], "left_anti")
     excused = (
         _same_stream(missing, skip)
-        & (skip["r_epoch"] == missing["epoch"])
+        & (skip["r_epoch"].isNull() | (skip["r_epoch"] == missing["epoch"]))
         & (missing["seq"] > skip["r_after"])
         & (skip["r_upto"].isNull() | (missing["seq"] <= skip["r_upto"]))
         & (skip["r_before"].isNull() | (missing["invoke_time"] <= skip["r_before"]))

@@ -349,6 +349,18 @@ def plant_resync_elsewhere(syn: Synthetic) -> None:
     _resync_over(syn, ds, len(ds) // 3 + 5)
 
 
+def plant_resync_unnumbered(syn: Synthetic) -> None:
+    """The first message of a subject never delivered, then a DATA_RESYNC without a
+    position while the subscriber is still at (1, 0), where it subscribed before the
+    subject was numbered (the message expired and the subject was forgotten before the
+    resume): announced, so not a violation."""
+    kind, who, subject = VICTIM
+    first, second = _victim(syn)[:2]
+    syn.tables["deliveries"].remove(first)
+    syn.add("subscriptions", subscriber=who, kind=kind, subject=subject, event="DATA_RESYNC",
+            member=MEMBERS[1], time=(first["time"] + second["time"]) / 2)
+
+
 # ---- an mqtt subscriber (persistent MQTT session), added by its plants only ----
 
 MQTT_VICTIM = ("mqtt", "m0", "/chaos/s0")

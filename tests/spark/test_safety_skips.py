@@ -8,7 +8,8 @@ from spark_analysis.safety import Jump, joined, skip_rows
 WHO = ("sdk", "s1", "/chaos/s1")
 
 
-def resync(seq: int, prev: int | None, epoch: int = 7, prev_epoch: int | None = 7,
+def resync(seq: int | None, prev: int | None, epoch: int | None = 7,
+           prev_epoch: int | None = 7,
            time: float = 1.0) -> Jump:
     return Jump(*WHO, event="DATA_RESYNC", time=time, epoch=epoch, seq=seq,
                 prev_epoch=prev_epoch if prev is not None else None, prev_seq=prev)
@@ -38,3 +39,20 @@ def test_other_subscribers_and_subjects_are_not_joined() -> None:
     b = [("sdk", "s2", "/chaos/s1", 7, 149, 158, None),
          ("sdk", "s1", "/chaos/s2", 7, 149, 158, None)]
     assert len(joined(a + b)) == 3
+
+
+def test_a_resync_without_a_position_after_nothing_numbered_skips_every_epoch() -> None:
+    """A subscriber at the position of a subject not numbered yet where it subscribed
+    ((1, 0)) resumes after the subject's first messages expired and it was forgotten:
+    DATA_RESYNC without a position announces every message invoked before it, whatever
+    its epoch (chaos seed 43 with CacheExpireTime=1: seq 1 of new epochs reported lost);
+    for lost only: holes are judged within one epoch."""
+    rows = skip_rows([resync(None, 0, epoch=None, prev_epoch=1, time=3.0)])
+    assert sorted(r[3:] for r in rows if r[3] is not None) == [(1, 0, None, 3.0)]
+    assert (*WHO, None, 0, None, 3.0) in rows
+    assert joined(rows) == [(*WHO, 1, 0, None, None)]
+
+
+def test_a_resync_without_a_position_after_a_numbered_one_keeps_to_its_epoch() -> None:
+    rows = skip_rows([resync(None, 40, epoch=None, prev_epoch=7, time=3.0)])
+    assert rows == [(*WHO, 7, 40, None, 3.0)]

@@ -102,6 +102,7 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (gen.plant_resync_gap, NONE),
     (gen.plant_resync_twice, NONE),
     (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
+    (gen.plant_resync_unnumbered, NONE),
     # persistent MQTT sessions: replays at a resume, a QoS 0 loss, a resync are allowed
     (gen.plant_mqtt_allowed, {**NONE, "mqtt": set()}),
     (gen.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
