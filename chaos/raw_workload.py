@@ -4,7 +4,8 @@
   msg_id), matches each ``PublishStatus`` by closure, and on a lost connection records
   every unanswered publish as outcome unknown (``info``) before moving to the next
   member. An arrival while it has no connection is recorded ``fail`` (not sent).
-- A raw auditor subscribes with the last (epoch, seq) it saw per subject, records
+- A raw auditor subscribes with the last (epoch, seq) it saw per subject (a message's,
+  a resync's, or its fresh subscribe's; none at first), records
   every delivered message and subject status as it arrived, with no dedupe, no
   ordering and no gap repair, so any server fault stays visible.
 
@@ -23,6 +24,7 @@ from migratory.model.message import Message, Qos
 from migratory.protocol import ops
 
 PING_EVERY, PONG_TIMEOUT = 1.0, 2.0
+JUMPS = ("DATA_RESYNC", "SUBSCRIBE_ALLOW")  # statuses whose position an auditor resumes from
 LINK_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -176,7 +178,9 @@ async def raw_auditor(w: Workload, spec: SubscriberPlan, ready: trio.Event) -> N
                             w.record_delivery(name, "raw", mname, m)
                     elif isinstance(op, ops.SubjectStatus):
                         pos = op.position
-                        if op.status.value == "DATA_RESYNC" and pos is not None:
+                        # a resync's position, and a fresh subscribe's (a resume's
+                        # SUBSCRIBE_ALLOW has none): resumed from, as the SDK does
+                        if op.status.value in JUMPS and pos is not None:
                             last[op.subject] = (pos.epoch, pos.seq)
                         e, q = (pos.epoch, pos.seq) if pos else (None, None)
                         event = op.status.value
