@@ -63,24 +63,9 @@ class Link(Protocol):
 
 class Session:
     __slots__ = (
-        "_ctx",
-        "_decoder",
-        "_http",
-        "_link",
-        "_publish_rate",
-        "_stream",
-        "_subscriptions",
-        "aborted",
-        "close_code",
-        "close_reason",
-        "closing",
-        "connection_id",
-        "expires_at",
-        "identity",
-        "listener",
-        "mqtt_upgrade",
-        "outbox",
-        "peer",
+        "_ctx", "_decoder", "_http", "_link", "_publish_rate", "_stream", "_stream_starting",
+        "_subscriptions", "aborted", "close_code", "close_reason", "closing", "connection_id",
+        "expires_at", "identity", "listener", "mqtt_upgrade", "outbox", "peer",
     )
 
     def __init__(
@@ -98,6 +83,7 @@ class Session:
         self._http: HttpFront | None = HttpFront(self, ctx, listener)
         self._decoder: ws.FrameDecoder | None = None
         self._stream: SseStream | None = None
+        self._stream_starting = False
         self.identity: ClientIdentity | None = None
         # a WebSocket upgrade chose subprotocol ``mqtt``: the bytes after the request,
         # for the MQTT session that takes over the connection (connection.py)
@@ -194,9 +180,13 @@ class Session:
         log.warning("%s: slow consumer cut off (%s)", self.describe(), exc,
                     extra=self.log_fields())
         self.connection_lost()
-        self.outbox.discard(keep_first=self._link.writing)
+        # a stream cut in its resume keeps what it queued (<= the limit) for the browser
+        # to resume after it (dropped, the same resume came back and was cut forever)
+        kept = self._stream_starting
+        if not kept:
+            self.outbox.discard(keep_first=self._link.writing)
         self.close_code = close_codes.SLOW_CONSUMER.code
-        self._send_last_word(self.close_code, "slow consumer")
+        self._send_last_word(self.close_code, "slow consumer", position=kept)
         self.closing = True
         self._link.flush_now()
 
@@ -293,8 +283,12 @@ class Session:
         self._send_unbounded(sse.stream_head(headers) + sse.retry(retry))
         stream = self._stream = SseStream(self, subjects)
         stats = self._ctx.stats
-        for outcome in stream.start(self._ctx.hub, requests, now):
-            stats.count(stats.resumes, outcome)  # migratory_resumes_total, as native resumes
+        self._stream_starting = True  # cut off meanwhile: what was queued is kept
+        try:
+            for outcome in stream.start(self._ctx.hub, requests, now):
+                stats.count(stats.resumes, outcome)  # migratory_resumes_total, as native
+        finally:
+            self._stream_starting = False
         self.flush()
 
     def reply_and_close(self, response: bytes) -> None:
@@ -432,14 +426,14 @@ class Session:
             self._decoder.discard()  # nothing more is read: free what it held
         self.closing = True
 
-    def _send_last_word(self, code: int, reason: str) -> None:
-        """The close frame of a WebSocket, the ``close`` event of a stream, an HTTP
-        error response before either (503 for 1013 TRY_AGAIN_LATER: a request body
-        over IncompleteFrameBudget)."""
+    def _send_last_word(self, code: int, reason: str, *, position: bool = True) -> None:
+        """The close frame of a WebSocket, the ``close`` event of a stream (no id if not
+        ``position``: events were dropped), an HTTP error response before either (503 for
+        1013 TRY_AGAIN_LATER: a request body over IncompleteFrameBudget)."""
         if self._decoder is not None:
             self._send_unbounded(ws.encode_close(code, reason))
         elif self._stream is not None:
-            self._send_unbounded(self._stream.close_event(code, reason))
+            self._send_unbounded(self._stream.close_event(code, reason, with_id=position))
         elif self._http is not None:
             self._send_unbounded(self._http.refusal(code, reason))
             self._http = None  # nothing more is read: free the body it held

@@ -64,7 +64,9 @@ class SseStream(FormatSink):
     # --- MessageSink (the hub) ---------------------------------------------------
 
     def deliver_formatted(self, message: Message, frames: dict[object, bytes]) -> None:
-        # the hub gives a stream messages of its own subjects only
+        # the hub gives a stream messages of its own subjects only. Live: an event the
+        # output refuses cuts the stream off with what waits dropped, and its close event
+        # names no position (close_event), so the marks may run ahead here
         if self._single and message.type in _ADVANCING:
             self._marks[0] = message  # the id is the message's position: the whole event
             event = frames.get(SSE_SINGLE)  # is the same for every one-subject stream
@@ -85,26 +87,45 @@ class SseStream(FormatSink):
         return lines
 
     def deliver_op(self, op: ops.ServerOp) -> None:
+        """A resume's events and the statuses. A mark moves only once the output took its
+        event: cut off during a resume, the stream sends what it took, then a close event
+        whose id the browser resumes from, which must claim nothing it did not get."""
         if isinstance(op, ops.Deliver):
             output = self._output
             for message in op.messages:
                 if output.closing or output.aborted:
                     return  # cut off (the resume passed ClientMaxPendingBytes): encode no more
-                self._advance(message)
-                self._output.deliver(sse.message_lines(message) + sse.event_id(self._marks))
+                index = self._index.get(message.subject) if message.type in _ADVANCING else None
+                self._deliver_marked(sse.message_lines(message), index, message)
         elif isinstance(op, ops.SubjectStatus):
             name = _STATUS_EVENTS.get(op.status)
             if name is None:
                 return
-            index = self._index.get(op.subject)
-            if index is not None and op.position is not None:
-                self._marks[index] = op.position
+            index = self._index.get(op.subject) if op.position is not None else None
             payload: dict[str, object] = {"subject": op.subject}
             if op.position is not None:
                 payload.update(epoch=op.position.epoch, seq=op.position.seq)
             if op.reason:
                 payload["reason"] = op.reason
-            self._output.deliver(sse.event(name, payload) + sse.event_id(self._marks))
+            self._deliver_marked(sse.event(name, payload), index, op.position)
+
+    def _deliver_marked(
+        self, lines: bytes, index: int | None, mark: Position | Message | None
+    ) -> None:
+        """``lines`` and the id with ``mark`` at ``index`` (None: the marks as they are);
+        the mark kept only if the output took the event."""
+        output = self._output
+        if index is None:
+            output.deliver(lines + sse.event_id(self._marks))
+            return
+        marks = self._marks
+        before = marks[index]
+        marks[index] = mark
+        event = lines + sse.event_id(marks)
+        marks[index] = before  # until taken: a refusal's close event must not name it
+        output.deliver(event)
+        if not (output.closing or output.aborted):
+            marks[index] = mark
 
     def _advance(self, message: Message) -> None:
         if message.type in _ADVANCING:
@@ -151,6 +172,9 @@ class SseStream(FormatSink):
         for subject in self.subjects:
             hub.unsubscribe(self, subject)
 
-    def close_event(self, code: int, reason: str) -> bytes:
-        """The last event of a stream the server ends."""
-        return sse.event("close", {"code": code, "reason": reason}) + sse.event_id(self._marks)
+    def close_event(self, code: int, reason: str, *, with_id: bool = True) -> bytes:
+        """The last event of a stream the server ends. ``with_id`` False when events that
+        were queued for the client were dropped (a live slow consumer): no ``id`` line,
+        so the browser keeps the id of the last event it got whole."""
+        event = sse.event("close", {"code": code, "reason": reason})
+        return event + (sse.event_id(self._marks) if with_id else b"\n")

@@ -3,6 +3,7 @@ Last-Event-ID, resync when it cannot be exact, heartbeats, slow readers cut off.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -170,7 +171,69 @@ def test_a_slow_reader_is_cut_off_and_others_keep_receiving(start_server: Any) -
         received += chunk
     assert len(received) < 400 * 64_000
     assert b"event:close" in received and b'"code":4500' in received
+    # what waited was dropped: the id a browser holds after the close event must be the
+    # last message it got, or its resume skips the dropped ones without a resync
+    held, last_seq = browser_id(received.partition(b"\r\n\r\n")[2])
+    assert last_seq is not None and held == f"{server_epoch(server.port, A)}:{last_seq}"
     slow.close()
+
+
+def browser_id(body: bytes) -> tuple[str | None, int | None]:
+    """The last event id a browser holds after reading ``body`` (its complete events;
+    the id buffer kept from event to event), and the seq of the last message in it."""
+    held = buffer = None
+    seq = None
+    for block in body.split(b"\n\n")[:-1]:
+        fields = [line.partition(b":") for line in block.split(b"\n") if line[:1] != b":"]
+        values = {name: value for name, _, value in fields}
+        buffer = values[b"id"].decode() if b"id" in values else buffer
+        if b"data" in values:
+            held = buffer
+            if b"event" not in values:
+                seq = json.loads(values[b"data"])["seq"]
+    return held, seq
+
+
+def server_epoch(port: int, subject: str) -> int:
+    stream = SseClient(port, [subject])
+    (allow,) = stream.events_until("subscribe")
+    stream.close()
+    return int(allow["data"]["epoch"])
+
+
+def test_a_resume_past_the_client_limit_moves_on_at_every_connection(
+    start_server: Any,
+) -> None:
+    """A resume whose missed messages pass ClientMaxPendingBytes is cut: what fits is
+    sent, then close 4500 naming the last of it, so each connection moves the browser on
+    until its sync. The head and the events used to be dropped with the cut: every
+    reconnection asked the same resume and was cut the same way, forever (a chaos SSE
+    subscriber with ClientMaxPendingBytes=32768 got nothing more for 60 s)."""
+    server = start_server(BatchTime="0", ClientMaxPendingBytes="4096")
+    publish(server.port, A, "first")
+    stream = SseClient(server.port, [A])
+    stream.events_until("subscribe")
+    last = stream.last_id
+    stream.close()
+    seqs = publish(server.port, A, *[f"{n:03d}" + "m" * 300 for n in range(40)])
+    got: list[int] = []
+    connections = 0
+    for _ in range(20):
+        connections += 1
+        resumed = SseClient(server.port, [A], last_event_id=last)
+        assert resumed.wait_head() == 200
+        events = []
+        while (event := resumed.next_event()) is not None:
+            events.append(event)
+            if event["event"] in ("sync", "close"):
+                break
+        resumed.close()
+        got += [e["data"]["seq"] for e in events if e["event"] == "message"]
+        last = resumed.last_id
+        if events[-1]["event"] == "sync":
+            break
+        assert events[-1]["data"]["code"] == close_codes.SLOW_CONSUMER.code
+    assert got == seqs and connections > 2
 
 
 def test_a_draining_server_tells_streams_to_reconnect_elsewhere(start_server: Any) -> None:
