@@ -116,8 +116,13 @@ class Proxy:
                     return
                 async with trio.open_nursery() as nursery:
                     scope_ = nursery.cancel_scope
-                    nursery.start_soon(self._pump, downstream, upstream, True, scope_, None)
-                    nursery.start_soon(self._pump, upstream, downstream, False, scope_, followed)
+                    ends = [0]  # directions at their end of stream
+                    nursery.start_soon(
+                        self._pump, downstream, upstream, True, scope_, None, ends
+                    )
+                    nursery.start_soon(
+                        self._pump, upstream, downstream, False, scope_, followed, ends
+                    )
             finally:
                 self._scopes.pop(scope, None)
         with contextlib.suppress(Exception):
@@ -133,11 +138,24 @@ class Proxy:
         inbound: bool,
         scope: trio.CancelScope,
         followed: Follow | None,
+        ends: list[int],
     ) -> None:
+        """Forward ``src`` to ``dst``. At the end of ``src``'s stream (its peer shut down
+        writing: a server that sent its close frame and lingers) ``dst`` is half-closed
+        and the other direction goes on, as through a plain TCP path: closing both at
+        once reset a client still sending and dropped what it had not read yet (a
+        drain's statuses and 4502 close frame). An error ends both directions."""
+        half_closed = False
         try:
             while True:
                 data = await src.receive_some(65536)
                 if not data:
+                    ends[0] += 1
+                    if ends[0] < 2:
+                        with contextlib.suppress(trio.BrokenResourceError,
+                                                 trio.ClosedResourceError, OSError):
+                            await dst.send_eof()
+                            half_closed = True  # the other direction goes on
                     break
                 while self.blackhole:  # hold the bytes until healed (or reset)
                     await self._changed.wait()
@@ -151,7 +169,8 @@ class Proxy:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            scope.cancel()
+            if not half_closed:
+                scope.cancel()
 
 
 def local_ports(pid: int) -> set[int]:

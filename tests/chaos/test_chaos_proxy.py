@@ -132,3 +132,44 @@ def test_reset_from_ports_closes_only_those_links() -> None:
         assert proxy.reset() == 1
 
     run(check)
+
+
+def test_a_half_close_passes_through_and_the_other_direction_goes_on() -> None:
+    """A server that sends its last bytes and shuts down writing (a draining member's
+    4502 close frame, then its linger) while the client still sends: the client reads
+    every byte, then the end of stream, and what it sends afterwards still reaches the
+    server, as on a plain TCP path. Before: the proxy closed both sides at the server's
+    end of stream (the server never got "late"; a client slow to read could lose the
+    last bytes to the reset)."""
+
+    async def main() -> None:
+        upstream, public = free_port(), free_port()
+        proxy = Proxy("half", public, upstream)
+        got: list[bytes] = []
+
+        async def server(stream: trio.SocketStream) -> None:
+            await stream.send_all(b"bye")
+            await stream.send_eof()
+            with trio.move_on_after(2):
+                while data := await stream.receive_some(100):
+                    got.append(data)
+
+        async with trio.open_nursery() as nursery:
+            listeners = await trio.open_tcp_listeners(upstream, host="127.0.0.1")
+            nursery.start_soon(trio.serve_listeners, server, listeners)
+            await nursery.start(proxy.serve)
+            with trio.fail_after(10):
+                client = await trio.open_tcp_stream("127.0.0.1", public)
+                received = b""
+                while data := await client.receive_some(100):
+                    received += data
+                assert received == b"bye"  # then the end of stream
+                await client.send_all(b"late")
+                await client.aclose()
+                with trio.move_on_after(2):
+                    while b"".join(got) != b"late":
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert b"".join(got) == b"late"
+
+    trio.run(main)
