@@ -135,6 +135,14 @@ def comment(text: str = "heartbeat") -> bytes:
     return b": " + text.replace("\n", " ").replace("\r", " ").encode("utf-8") + b"\n\n"
 
 
-def retry(milliseconds: int) -> bytes:
-    """How long a browser waits before reconnecting."""
-    return f"retry: {int(milliseconds)}\n\n".encode("ascii")
+def retry(milliseconds: int, resumed_from: Sequence[Position | None] | None = None) -> bytes:
+    """How long a browser waits before reconnecting, the first block of a stream; a
+    resumed stream's also names the positions it resumes from (the ``Last-Event-ID`` it
+    was asked with) in an ``id`` line. Every blank line dispatches, and the standard
+    (WHATWG HTML, "dispatch the event") then sets the browser's last event id to this
+    connection's id buffer, which starts empty: without the ``id`` line, this block or
+    a heartbeat before the first event would leave a client that follows it to the
+    letter with no id, and its next reconnect would start afresh, silently past what
+    it missed. (Chromium carries the old id into the new connection.)"""
+    line = f"retry: {int(milliseconds)}\n".encode("ascii")
+    return line + (b"\n" if resumed_from is None else event_id(resumed_from))

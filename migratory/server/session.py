@@ -280,7 +280,9 @@ class Session:
         self.expires_at = self._ctx.entitlement.expiry(identity)  # closed 4503 then
         self._ctx.stats.sessions_opened += 1
         retry = RECONNECT_MS + random.randrange(RECONNECT_JITTER_MS)
-        self._send_unbounded(sse.stream_head(headers) + sse.retry(retry))
+        asked = [r.position if isinstance(r, ops.SubscriptionRequest) else None for r in requests]
+        resumed_from = asked if any(p is not None for p in asked) else None
+        self._send_unbounded(sse.stream_head(headers) + sse.retry(retry, resumed_from))
         stream = self._stream = SseStream(self, subjects)
         stats = self._ctx.stats
         self._stream_starting = True  # cut off meanwhile: what was queued is kept

@@ -289,3 +289,44 @@ def test_a_token_that_expires_ends_streams_and_mqtt_sessions_too(
     while (open_now := stats(server.port)["connections_open"]) > 1:  # /stats' own
         assert time.monotonic() < deadline, open_now
         time.sleep(0.05)
+
+
+def literal_last_ids(blocks: list[bytes]) -> list[str]:
+    """The browser's last event id after each dispatch, as the standard has it (WHATWG
+    HTML, "interpreting an event stream"): each connection's id buffer starts empty, an
+    ``id`` field sets it, and every blank line -- an event, a ``retry`` alone, a
+    heartbeat comment -- sets the last event id to the buffer."""
+    buffer, held = "", []
+    for block in blocks:
+        for line in block.split(b"\n"):
+            name, _, value = line.partition(b":")
+            if name == b"id":
+                buffer = value.removeprefix(b" ").decode()
+        held.append(buffer)
+    return held
+
+
+def test_a_resumed_stream_keeps_the_id_for_a_client_that_follows_the_standard(
+    start_server: Any,
+) -> None:
+    """Resumed with nothing missed, the stream's first blocks are its retry and a
+    heartbeat: after each, a client reading the standard to the letter must still hold
+    the id it resumed from, or its next reconnect starts afresh past what it missed."""
+    server = start_server(BatchTime="0", SseHeartbeatInterval="1")
+    stream = SseClient(server.port, [A])
+    stream.events_until("subscribe")
+    publish(server.port, A, "1")
+    assert stream.events_until("message")
+    last_id = stream.last_id
+    stream.close()
+    resumed = SseClient(server.port, [A], last_event_id=last_id)
+    blocks = [resumed.next_block(timeout=5)]
+    for _ in range(20):  # up to the first heartbeat (1 s)
+        if blocks[-1] in (None, b": heartbeat\n\n"):
+            break
+        blocks.append(resumed.next_block(timeout=5))
+    resumed.close()
+    assert blocks[-1] == b": heartbeat\n\n", blocks
+    assert blocks[0].startswith(b"retry: ")
+    held = literal_last_ids([b for b in blocks if b is not None])
+    assert held == [last_id] * len(held), (blocks, held)
