@@ -69,7 +69,7 @@ test: $(STAMP) $(JS_BUILT) debian-test-packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	cd $(JS_DIR) && npm test
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 bench: $(STAMP)
 	$(PY) benchmarks/fanout.py

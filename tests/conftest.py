@@ -14,6 +14,27 @@ from typing import IO, Any
 
 import pytest
 
+CLUSTER_SIZED = ("bench", "browser", "chaos", "cluster", "deploy", "spark")
+"""The test directories whose tests start clusters of member processes, Spark's JVM, a
+browser or a load generator: ``make test`` (``-n 2``) runs them one after another on
+one xdist worker -- their timings assume the machine's cores are theirs, as without
+xdist -- while the other worker runs the rest, a test file at a time."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with one scope for every cluster-sized test (its
+    ``loadgroup`` marks do not reach pytest 9's node ids) and one per other file."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterSizedApart(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = path.split("/")
+            if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
+                return "cluster-sized"
+            return path
+
+    return ClusterSizedApart(config, log)
 
 class ServerProcess:
     def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1) -> None:
