@@ -40,7 +40,6 @@ from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
 from cluster.raft_compaction import compaction_stagger
 from cluster.raft_follower import FollowerSafeSyncObj
-from cluster.raft_forward import ForwardedCommandsFailFast
 from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
@@ -181,7 +180,7 @@ class RaftStatus:
         return self.leader is not None
 
 
-class _SeedSyncObj(ForwardedCommandsFailFast, FollowerSafeSyncObj):
+class _SeedSyncObj(FollowerSafeSyncObj):
     """Publishes a :class:`RaftStatus` from the Raft thread after its ticks."""
 
     def __init__(self, *args: Any, consumer: CoordinationConsumer, **kwargs: Any) -> None:
