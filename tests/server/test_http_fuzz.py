@@ -56,7 +56,8 @@ def fire(port: int, data: bytes, pieces: int) -> None:
 
 
 def test_http_fuzz_with_bystanders(start_server: Any) -> None:
-    server = start_server(BatchTime="0", HandshakeTimeout="1")
+    # every input on a new connection from 127.0.0.1, far past 100 a second
+    server = start_server(BatchTime="0", HandshakeTimeout="1", MaxConnectionRatePerAddress="0")
     port = server.port
     native = RawClient(port)
     native.connect()
