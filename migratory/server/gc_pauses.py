@@ -97,12 +97,6 @@ def tune(thresholds: tuple[int, int, int]) -> None:
 
 
 IDLE_CHECK_SECONDS = 1.0
-IDLE_CPU_SHARE = 0.1
-"""An interval in which the process used more CPU than this share of it is not idle,
-whatever the hub saw: a seed working flat out can apply no message for a second (its
-Raft commits come late on an overloaded machine), and its "idle" full collections
-walked every pending publish -- 4 to 13 per seed during a 30 s fill at 20,000 msg/s,
-each a loop stop of 100-1,000 ms there (docs/benchmarks.md)."""
 
 
 async def collect_when_idle(
@@ -111,26 +105,23 @@ async def collect_when_idle(
     *,
     every: float = IDLE_CHECK_SECONDS,
     ready: Callable[[], bool] = lambda: True,
-    cpu_seconds: Callable[[], float] = time.process_time,
 ) -> None:
     """Run a full collection in each ``every``-second interval in which ``activity()``
-    did not change and the process used at most :data:`IDLE_CPU_SHARE` of it in CPU
-    (``cpu_seconds``), if at least one generation-1 collection happened since the last
-    full one (else there is nothing new to promote, and nothing is done).
+    did not change, if at least one generation-1 collection happened since the last full
+    one (else there is nothing new to promote, and nothing is done).
 
     Not while ``ready()`` is false: a cluster member joining or syncing its cache
     publishes nothing, but its heap grows with what it takes in, all of it alive, and a
     full collection each second walked it all again (100-370 ms a second on a member
     receiving a 580,000-message cache sync, docs/benchmarks.md)."""
-    last, cpu, since = activity(), cpu_seconds(), trio.current_time()
+    last = activity()
     while True:
         await trio.sleep(every)
-        now, used = activity(), cpu_seconds() - cpu
-        quiet = used <= (trio.current_time() - since) * IDLE_CPU_SHARE
-        if now == last and quiet and ready() and gc.get_count()[2] > 0:
+        now = activity()
+        if now == last and ready() and gc.get_count()[2] > 0:
             started = time.perf_counter()
             gc.collect()
             stats.idle_collections += 1
             log.info("full garbage collection while idle: %.0f ms",
                      (time.perf_counter() - started) * 1000)
-        last, cpu, since = activity(), cpu_seconds(), trio.current_time()
+        last = activity()
