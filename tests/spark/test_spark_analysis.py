@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 import spark_history_gen as gen
+import spark_history_kinds as kinds
 
 from spark_analysis.__main__ import main
 
@@ -104,13 +105,13 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (gen.plant_resync_elsewhere, {**NONE, "sdk": {"lost", "holes"}}),
     (gen.plant_resync_unnumbered, NONE),
     # persistent MQTT sessions: replays at a resume, a QoS 0 loss, a resync are allowed
-    (gen.plant_mqtt_allowed, {**NONE, "mqtt": set()}),
-    (gen.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
-    (gen.plant_mqtt_duplicate, {**NONE, "mqtt": {"duplicates"}}),
-    (gen.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
+    (kinds.plant_mqtt_allowed, {**NONE, "mqtt": set()}),
+    (kinds.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
+    (kinds.plant_mqtt_duplicate, {**NONE, "mqtt": {"duplicates"}}),
+    (kinds.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
     # Server-Sent Events streams: the native rules (positions in their events' ids)
-    (gen.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
-    (gen.plant_sse_resync, NONE),
+    (kinds.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
+    (kinds.plant_sse_resync, NONE),
 ]
 
 

@@ -1,0 +1,110 @@
+"""The MQTT and SSE subscriber kinds of the synthetic chaos histories
+(:mod:`spark_history_gen`), and the violations planted in them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_history_gen import MEMBERS, Synthetic, _victim
+
+MQTT_VICTIM = ("mqtt", "m0", "/chaos/s0")
+
+
+def add_mqtt(syn: Synthetic) -> float:
+    """An mqtt subscriber m0 that mirrors s0 (its subjects, subscriptions and messages; no
+    epoch or seq: the checker takes them from the acks), on connection 1 until s0's
+    failover and on connection 2 after it, where the resume first delivers again the last
+    two messages of each subject it had (what MQTT QoS 1 and our server allow). Returns
+    the time of the second connection."""
+    subs, dels = syn.tables["subscriptions"], syn.tables["deliveries"]
+    up = next(r["time"] for r in subs if r["subscriber"] == "s0" and r["event"] == "SERVER_UP")
+    events = ("subscribed", "unsubscribed", "SERVER_UP", "SERVER_DOWN")
+    subs += [dict(r, subscriber="m0", kind="mqtt") for r in list(subs)
+             if r["subscriber"] == "s0" and r["event"] in events]
+    mine = [d for d in dels if d["subscriber"] == "s0"]
+    mqtt = dict(subscriber="m0", kind="mqtt", epoch=None, seq=None, type="update")
+    dels += [dict(d, **mqtt, connection=1 if d["time"] < up else 2) for d in mine]
+    for subject in sorted({d["subject"] for d in mine}):
+        had = sorted((d for d in mine if d["subject"] == subject and d["time"] < up),
+                     key=lambda d: d["time"])[-2:]
+        dels += [dict(d, **mqtt, connection=2, time=up + 1e-4 * (k + 1))
+                 for k, d in enumerate(had)]
+    return up
+
+
+def _mqtt_first(syn: Synthetic) -> list[dict[str, Any]]:
+    return [d for d in _victim(syn, MQTT_VICTIM) if d["connection"] == 1]
+
+
+def plant_mqtt_allowed(syn: Synthetic) -> None:
+    """What MQTT and our server allow an mqtt subscriber, none a violation: the messages
+    delivered again at a resume (add_mqtt), a standard (QoS 0) message never delivered,
+    and a message skipped by a resync (a retained message on the resumed session)."""
+    up = add_mqtt(syn)
+    ds = _mqtt_first(syn)
+    gone = ds[len(ds) // 3]
+    syn.tables["deliveries"].remove(gone)
+    for p in syn.tables["publishes"]:
+        if p["msg_id"] == gone["msg_id"] and p["type"] == "invoke":
+            p["qos"] = "standard"
+    later = [d for d in _victim(syn, MQTT_VICTIM) if d["time"] > up + 0.5]
+    skipped = later[len(later) // 2]
+    syn.tables["deliveries"].remove(skipped)
+    syn.add("subscriptions", subscriber="m0", kind="mqtt", subject=skipped["subject"],
+            event="DATA_RESYNC", member=MEMBERS[1], time=skipped["time"])
+
+
+def plant_mqtt_lost(syn: Synthetic) -> None:
+    add_mqtt(syn)
+    ds = _mqtt_first(syn)
+    syn.tables["deliveries"].remove(ds[len(ds) // 3])
+
+
+def plant_mqtt_duplicate(syn: Synthetic) -> None:
+    """One message twice on one connection (not a resume's replay)."""
+    add_mqtt(syn)
+    d = _mqtt_first(syn)[len(_mqtt_first(syn)) // 3]
+    syn.tables["deliveries"].append(dict(d, time=d["time"] + 1e-5))
+
+
+def plant_mqtt_reorder(syn: Synthetic) -> None:
+    add_mqtt(syn)
+    ds = _mqtt_first(syn)
+    a, b = ds[len(ds) // 3], ds[len(ds) // 3 + 1]
+    a["msg_id"], b["msg_id"] = b["msg_id"], a["msg_id"]
+
+
+# ---- a Server-Sent Events subscriber, added by its plants only ----
+
+SSE_VICTIM = ("sse", "e0", "/chaos/s0")
+
+
+def add_sse(syn: Synthetic) -> None:
+    """An sse subscriber e0 that mirrors s0 row for row (its subscriptions, statuses and
+    messages, positions included): a stream that fails over with s0 and resumes from its
+    Last-Event-ID with the missed messages (recovered) and a DATA_SYNC."""
+    for table in ("subscriptions", "deliveries"):
+        rows = syn.tables[table]
+        rows += [dict(r, subscriber="e0", kind="sse") for r in list(rows)
+                 if r["subscriber"] == "s0"]
+
+
+def plant_sse_lost(syn: Synthetic) -> None:
+    """One message missing from a stream, no resync: the checker must name it (sse)."""
+    add_sse(syn)
+    ds = _victim(syn, SSE_VICTIM)
+    syn.tables["deliveries"].remove(ds[len(ds) // 3])
+
+
+def plant_sse_resync(syn: Synthetic) -> None:
+    """Two messages missing from a stream, announced by a DATA_RESYNC (the snapshot
+    instead of the missed messages): allowed, nothing to name."""
+    add_sse(syn)
+    ds = _victim(syn, SSE_VICTIM)
+    i = len(ds) // 3
+    for gone in ds[i : i + 2]:
+        syn.tables["deliveries"].remove(gone)
+    _, who, subject = SSE_VICTIM
+    syn.add("subscriptions", subscriber=who, kind="sse", subject=subject, event="DATA_RESYNC",
+            member=MEMBERS[1], epoch=ds[i + 1]["epoch"], seq=ds[i + 1]["seq"],
+            time=(ds[i + 1]["time"] + ds[i + 2]["time"]) / 2)
