@@ -4,16 +4,14 @@ history rows, the paho callbacks' events, the plan, the members' MQTT ports and 
 
 from __future__ import annotations
 
-import json
 import queue
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from offline_workload import history_rows, offline_workload
 
 from chaos import __main__ as cli
-from chaos.history import History
 from chaos.members import build_members, mqtt_port
 from chaos.mqtt_workload import MqttRecorder, paho_client
 from chaos.plan import SubscriberPlan, plan_workload
@@ -21,17 +19,10 @@ from chaos.workload import Workload
 
 
 def _workload(tmp_path: Path, mqtt: int = 1) -> Workload:
-    plan = plan_workload(3, members=3, subjects=4, sdk_subscribers=1, auditors=1,
-                         mqtt_subscribers=mqtt, per_subscriber=2)
-    h = History(tmp_path, "r", time.monotonic())
-    return Workload(seed=3, plan=plan, client_urls=["ws://127.0.0.1:1"] * 3, history=h,
-                    say=lambda text: None)
+    return offline_workload(tmp_path, mqtt_subscribers=mqtt)
 
 
-def _rows(w: Workload, table: str) -> list[dict[str, Any]]:
-    w.h.flush()
-    lines = Path(w.h.files[table].name).read_text().splitlines()
-    return [json.loads(line) for line in lines]
+_rows = history_rows
 
 
 def test_the_recorder_numbers_connections_and_tells_a_resync_from_a_first_snapshot(

@@ -5,14 +5,13 @@ the members' heartbeats and the ``--sse-subscribers`` option. No member process.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from offline_workload import history_rows, offline_workload
 
 from chaos import __main__ as cli
-from chaos.history import History
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.sse_workload import Ended, Event, EventStream, Head, SseRecorder, stall_after
 from chaos.workload import Workload
@@ -102,17 +101,10 @@ def test_an_answer_other_than_200_is_a_head_and_an_end_and_no_event() -> None:
 
 
 def _workload(tmp_path: Path) -> Workload:
-    plan = plan_workload(3, members=3, subjects=4, sdk_subscribers=1, auditors=1,
-                         sse_subscribers=1, per_subscriber=2)
-    h = History(tmp_path, "r", time.monotonic())
-    return Workload(seed=3, plan=plan, client_urls=["ws://127.0.0.1:1"] * 3, history=h,
-                    say=lambda text: None)
+    return offline_workload(tmp_path, sse_subscribers=1)
 
 
-def _rows(w: Workload, table: str) -> list[dict[str, Any]]:
-    w.h.flush()
-    lines = Path(w.h.files[table].name).read_text().splitlines()
-    return [json.loads(line) for line in lines]
+_rows = history_rows
 
 
 def test_bytes_in_history_rows_out(tmp_path: Path) -> None:
