@@ -116,6 +116,7 @@ class GuaranteedNode:
             readiness=self.readiness.reason,
             cluster_status=self.status,
             cluster_metrics=lambda: guaranteed_metrics(self),
+            forwarded_publishes=None if self.seed is None else self._forwarded_publishes,
         )
 
     def _role_reason(self, now: float) -> str | None:
@@ -125,6 +126,10 @@ class GuaranteedNode:
             return self.seed.not_ready_reason()
         assert self.upstream is not None
         return self.upstream.not_ready_reason(now)
+
+    def _forwarded_publishes(self) -> int:
+        assert self.seed is not None
+        return self.seed.forwarded_publishes
 
     def _is_ready(self) -> bool:
         return self.readiness.reason() is None

@@ -91,6 +91,7 @@ class SeedCoordination:
         self.window = CommitWindow()
         self.commands = 0  # Raft commands of this seed's own publishes
         self.commanded_publishes = 0  # the publishes they carried
+        self.forwarded_publishes = 0  # non-seeds' publishes taken (the server's activity)
         self.commit_latency = Buckets(LATENCY_BOUNDS)  # own commands: submit -> commit
         self.syncing = False
         self._token: trio.lowlevel.TrioToken | None = None
@@ -267,6 +268,7 @@ class SeedCoordination:
 
     def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> None:
         """A non-seed's publishes; failures go back to it as ``ForwardFailed``."""
+        self.forwarded_publishes += len(requests)
         if self.raft is None:
             origins = [(r.origin, r.ref) for r in requests]
             fail(self.stream, origins, "Raft is starting", reply_to=peer, now=trio.current_time())

@@ -137,9 +137,9 @@ SETTINGS: tuple[Setting, ...] = (
             "collections -- which stop the server for tens of ms on a large heap (~190 ms at "
             "10,000 connections) -- minutes apart; a low gen1 keeps the middle generation "
             "small (20000,20,20 let it reach 400,000 objects: 90 ms pauses while 200,000 "
-            "subjects were created). Besides, a ready server that published and fanned out "
-            "nothing for a whole second runs the full collection Python has pending then, not "
-            "later under load (`gc.idle_collections` in `/stats`; "
+            "subjects were created). Besides, a ready server that received, published and "
+            "fanned out nothing for a whole second runs the full collection Python has "
+            "pending then, not later under load (`gc.idle_collections` in `/stats`; "
             "`migratory/server/gc_pauses.py`); a cluster member not ready (taking a cache "
             "sync) is not idle."),
     Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",

@@ -87,8 +87,9 @@ class Server:
     A single node is ``Server(config)``. A cluster member is built by the cluster
     package with its own ``hub``, ``publishing`` path (publishes go to the cluster),
     ``readiness`` (why new clients must wait), ``cluster_status`` (``GET
-    /cluster``) and ``cluster_metrics`` (Raft and links in ``GET /metrics``): the
-    server is complete when built and nothing is patched later.
+    /cluster``), ``cluster_metrics`` (Raft and links in ``GET /metrics``) and
+    ``forwarded_publishes`` (the count of publishes other members forwarded to it, for
+    :meth:`activity`): the server is complete when built and nothing is patched later.
     """
 
     def __init__(
@@ -100,8 +101,10 @@ class Server:
         readiness: Callable[[], str | None] | None = None,
         cluster_status: Callable[[], dict[str, Any]] | None = None,
         cluster_metrics: Callable[[], ClusterMetrics | None] | None = None,
+        forwarded_publishes: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
+        self._forwarded_publishes = forwarded_publishes or (lambda: 0)
         hub = build_hub(config) if hub is None else hub
         hub.fault = DeliveryFault.from_environment(os.environ)
         if hub.fault is not None:
@@ -227,6 +230,19 @@ class Server:
         finally:
             for sock in listeners:
                 sock.close()
+
+    def activity(self) -> int:
+        """Grows with every publish received -- from a client, or forwarded by another
+        member -- and every message the hub published or fanned out: unchanged over a
+        second means idle (:func:`~migratory.server.gc_pauses.collect_when_idle`).
+
+        Received, not only published: a seed of an overloaded cluster can apply nothing
+        for a second (its Raft commits come late) while publishes pour in, and its
+        "idle" full collection walked every one waiting for its commit (100-1,000 ms
+        loop stops, docs/benchmarks.md). Received, not CPU: the second after a burst of
+        connections is busy but publish-less, and its collection is the one wanted."""
+        stats = self.ctx.stats
+        return self.ctx.hub.activity + stats.publishes_received + self._forwarded_publishes()
 
     def refused(self, kind: str, reason: str) -> None:
         """Count a connection refused or closed before its handshake was done (by kind:
@@ -422,10 +438,9 @@ async def run_until_signalled(
             for role in roles:
                 await nursery.start(role.run)
             tune(server.config.gc_thresholds)  # what start-up built is never scanned again
-            hub = server.ctx.hub
             ready = server.ctx.readiness
             nursery.start_soon(functools.partial(
-                collect_when_idle, lambda: hub.activity, pauses.stats,
+                collect_when_idle, server.activity, pauses.stats,
                 ready=lambda: ready() is None,
             ))
             for listener in server.listeners:

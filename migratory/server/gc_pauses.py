@@ -14,7 +14,8 @@ A full collection walks every tracked object: ~40 per connection, so ~190 ms at
 10,000 connections. CPython starts one when the objects promoted since the last one
 pass a quarter of the long-lived heap -- typically just after a burst of new
 connections, once messages flow again. :func:`collect_when_idle` runs that collection
-early, in a second in which the server published and fanned out nothing, so the
+early, in a second in which the server received, published and fanned out nothing
+(``Server.activity``: a publish waiting for a late Raft commit is activity too), so the
 pause falls where no message waits for it; after it, the next full collection
 needs the heap to grow by another quarter.
 """

@@ -6,14 +6,22 @@ import functools
 import gc
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from migratory.config import Config, ConfigError
+from migratory.config import Config, ConfigError, load_config
+from migratory.model.message import Message
+from migratory.protocol import ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server import gc_pauses
+from migratory.server.app import Server
 from migratory.server.gc_pauses import GcPauses, tune
+from migratory.server.metrics import PublishTimings
+from migratory.server.session import Session
 
 
 def test_every_collection_is_timed_and_full_ones_counted() -> None:
@@ -140,3 +148,116 @@ def test_a_server_not_ready_is_not_idle() -> None:
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert stats.idle_collections == 1
+
+
+# --- what counts as activity: a real server's sessions ----------------------------------
+
+
+class HeldPublishing:
+    """A publish path whose commits never come in the test (a seed of an overloaded
+    cluster: its Raft commits come late), so the hub publishes nothing."""
+
+    def __init__(self) -> None:
+        self.held: list[Message] = []
+        self.timings = PublishTimings()
+
+    def submit(self, message: Message, reply: Any, now: float) -> None:
+        self.held.append(message)
+
+    def statistics(self) -> dict[str, Any]:
+        return {}
+
+
+class Wire:
+    """A session's link that writes nothing."""
+
+    writing = False
+
+    def mark_dirty(self) -> None:
+        pass
+
+    def flush_now(self) -> None:
+        pass
+
+
+def masked(*client_ops: ops.ClientOp) -> bytes:
+    return b"".join(ws.encode_masked_binary(ops.encode_client_op(op), b"mask") for op in client_ops)
+
+
+def connected_session(server: Server, client: str, now: float) -> Session:
+    session = Session(server.ctx, Wire(), "127.0.0.1:1")
+    request = handshake_request("127.0.0.1", "/", new_websocket_key())
+    session.receive_data(request + masked(ops.Connect(client)), now)
+    assert session.connected
+    return session
+
+
+def serve(publishing: HeldPublishing | None = None) -> Server:
+    config = load_config(overrides={"Listen": "127.0.0.1:0"}, environ={})
+    return Server(config, publishing=publishing)
+
+
+@pytest.mark.usefixtures("no_automatic_collections")
+def test_a_server_receiving_publishes_whose_commits_are_late_is_not_idle() -> None:
+    """helper-57's case: a seed of an overloaded Guaranteed cluster applied no message for
+    a second now and then (its Raft commits came late) while its clients' publishes
+    poured in, and its "idle" full collection walked every publish waiting for its commit
+    (100-1,000 ms loop stops at 20,000 msg/s over 10,000 subjects). The publishes it
+    received are activity: no collection. (On the code before, the hub's activity alone:
+    1 idle collection here, the hub having published nothing.)"""
+    gc.collect(1)  # a full collection is pending
+    held = HeldPublishing()
+    server = serve(held)
+    publisher = connected_session(server, "publisher", 0.0)
+    stats = gc_pauses.GcPauseStatistics()
+    hub_activity = server.ctx.hub.activity
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                gc_pauses.collect_when_idle, server.activity, stats
+            ))
+            for n in range(35):  # 3.5 s, one publish every 0.1 s, none committed
+                message = Message(f"/load/{n % 7}", b"x", closure=str(n))
+                publisher.receive_data(masked(ops.Publish(message)), trio.current_time())
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(held.held) == 35 and server.ctx.hub.activity == hub_activity
+    assert stats.idle_collections == 0
+    assert gc.get_count()[2] > 0  # still pending: left to the collector's own schedule
+
+
+@pytest.mark.usefixtures("no_automatic_collections")
+def test_a_server_after_a_burst_of_connections_without_publishes_still_collects() -> None:
+    """The collection collect_when_idle exists for: the second right after a burst of new
+    connections, busy (handshakes, subscribes) but publish-less. Connections and
+    subscribes are not activity: the pending full collection runs there, once, before
+    messages flow (57ccafb's CPU rule had stopped it: p99.9 of 20,000 msg/s over 10,000
+    subjects 20 -> 35-50 ms)."""
+    server = serve(HeldPublishing())
+    stats = gc_pauses.GcPauseStatistics()
+    sessions: list[Session] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                gc_pauses.collect_when_idle, server.activity, stats
+            ))
+            for burst in range(5):  # 500 connections in the first half second
+                for n in range(100):
+                    session = connected_session(server, f"c{burst}-{n}", trio.current_time())
+                    request = ops.SubscriptionRequest(f"/burst/{n}")
+                    session.receive_data(masked(ops.Subscribe((request,))), trio.current_time())
+                    sessions.append(session)
+                await trio.sleep(0.1)
+            gc.collect(1)  # the young collections the burst caused: a full one is pending
+            await trio.sleep(3)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert server.ctx.stats.sessions_opened == 500
+    assert server.ctx.hub.statistics().subscriptions == 500
+    assert stats.idle_collections == 1
+    assert gc.get_count()[2] == 0
