@@ -16,7 +16,13 @@ import trio
 
 from migratory.config import Config as ConfigType
 from migratory.config import ConfigError, load_config, parse_set_options, read_config_file
-from migratory.logs import configure_logging
+from migratory.logs import configure_logging, write_directly
+
+
+def _error(message: str) -> None:
+    """``migratory: MESSAGE`` on stderr, after every log line written before it."""
+    write_directly()
+    print(f"migratory: {message}", file=sys.stderr)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -27,6 +33,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"migratory: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format)
+    try:
+        return _serve_configured(args, config, text)
+    finally:
+        write_directly()  # (a traceback, if any, comes after the log lines)
+
+
+def _serve_configured(args: argparse.Namespace, config: ConfigType, text: str | None) -> int:
     from cluster.node import build_node
     from migratory.server.app import run_until_signalled
 
@@ -41,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         error = _first_os_error(exc)
         if error is None:
             raise
-        print(f"migratory: {error.strerror or error}", file=sys.stderr)
+        _error(error.strerror or str(error))
         return 1
     return 0
 
@@ -68,7 +81,7 @@ def _supervise(args: argparse.Namespace, config: ConfigType, config_text: str | 
     except* trio.TooSlowError:
         error = "the workers were not ready within 60 s"
     if error is not None:
-        print(f"migratory: {error}", file=sys.stderr)
+        _error(error)
         return 1
     return 0
 
@@ -84,8 +97,7 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
 
     secret = os.environ.pop(SECRET_ENV, "")
     if not secret:
-        print(f"migratory: --worker-index needs {SECRET_ENV} (set by the supervisor)",
-              file=sys.stderr)
+        _error(f"--worker-index needs {SECRET_ENV} (set by the supervisor)")
         return 2
     node = WorkerNode(config, index=args.worker_index,
                       sequencer=parse_address(args.worker_sequencer), password=secret,
