@@ -55,6 +55,7 @@ class BenchCluster:
                 "MaxConnectionsPerAddress": "0",
                 "MaxHandshakesPerAddress": "0",
                 "MaxConnectionRatePerAddress": "0",
+                "MaxTlsHandshakeRate": "0",
                 "MaxPublishesPerSecond": "0",
                 **(extra or {}),
             }

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 STAMP = re.compile(rb"@@TS(\d{19})")
 MAX_MESSAGES = 2000  # messages followed (every write's time is kept: a tool for low rates)
 UNLIMITED = ["MaxConnectionsPerAddress=0", "MaxHandshakesPerAddress=0", "MaxPublishesPerSecond=0",
-             "MaxConnectionRatePerAddress=0"]
+             "MaxConnectionRatePerAddress=0", "MaxTlsHandshakeRate=0"]
 
 # --- server side: the probes -------------------------------------------------------
 

@@ -61,7 +61,7 @@ def settings_for(front_end: str, tls: tuple[int, list[str]] | None) -> dict[str,
     settings = {
         "Listen": "127.0.0.1:0", "BatchTime": "10000", "BatchIdleWrite": "false",
         "MaxConnectionsPerAddress": "0", "MaxHandshakesPerAddress": "0",
-        "MaxConnectionRatePerAddress": "0",
+        "MaxConnectionRatePerAddress": "0", "MaxTlsHandshakeRate": "0",
         "MaxPublishesPerSecond": "0", "LogLevel": "WARNING",
     }
     if front_end.startswith("mqtt"):

@@ -128,7 +128,8 @@ def main() -> int:
         server_pid = None
     else:
         settings = ["MaxPublishesPerSecond=0", "MaxConnectionsPerAddress=0",
-                    "MaxHandshakesPerAddress=0", "MaxConnectionRatePerAddress=0", *args.set]
+                    "MaxHandshakesPerAddress=0", "MaxConnectionRatePerAddress=0",
+                    "MaxTlsHandshakeRate=0", *args.set]
         server = ServerProcess("publish-ceiling", settings)
         try:
             server.start()

@@ -7,7 +7,9 @@ more than ``MAX_PENDING_HANDSHAKES`` are still proving the password, one is canc
 (the oldest, or the oldest of an address holding more than half) and its connection
 refused, logged. Before that, at accept, more than ``LINK_CONNECTIONS_PER_SECOND`` new
 connections a second from one address are reset (:meth:`HandshakeGate.admit`: no TLS
-handshake for them). An IPv6 address counts as its /64.
+handshake for them), and so are those past their address's share of
+``LINK_HANDSHAKES_PER_SECOND`` for all addresses together (a flood from many
+addresses). An IPv6 address counts as its /64.
 
 Refusals are logged at warning once a minute per address and kind of reason (the
 reasons name what the stranger sent -- a frame's size, a member name, a tag -- and a
@@ -29,6 +31,7 @@ from cluster import link
 from cluster.agreement import Repeats
 from cluster.link_io import HANDSHAKE_TIMEOUT, Disagreement, LinkChannel, describe
 from migratory.server.front_rate import ConnectionRate, address_group
+from migratory.server.handshake_share import HandshakeShare
 from migratory.server.handshake_slots import PendingHandshakes
 
 log = logging.getLogger("migratory.cluster")
@@ -53,6 +56,16 @@ stranger's ClientHello, who was not rate-limited (a flood from one address could
 a member's CPU busy). A member dials a peer once per role (Raft peer, upstream,
 forwarding, settings probe) and again at most every 0.3 s while refused: members of a
 test cluster, all on 127.0.0.1, stay far below it."""
+
+LINK_HANDSHAKES_PER_SECOND: Final = 200
+"""New connections to a cluster link port per second from all addresses together,
+shared between them (:class:`~migratory.server.handshake_share.HandshakeShare`: an
+address under its share, 200 / (addresses seen in the last second + 1), first; one
+over it only while half a second's worth is left); one more is reset at accept. The
+per-address rate above binds first for one address; this bounds a flood from many,
+each under it (20 addresses x 100 a second were ~2,000 TLS handshakes a second asked
+of a member), and keeps a member's dial, a few a second from its own address, under
+its share whatever the number of flooding addresses."""
 
 SOURCES_PER_KIND = 10
 """Addresses a kind of refusal is logged for per minute; the rest are counted."""
@@ -125,6 +138,9 @@ class HandshakeGate:
     rate: ConnectionRate = field(
         default_factory=lambda: ConnectionRate(LINK_CONNECTIONS_PER_SECOND))
     """New connections per second per address (:meth:`admit`)."""
+    share: HandshakeShare = field(
+        default_factory=lambda: HandshakeShare(LINK_HANDSHAKES_PER_SECOND))
+    """New connections per second of all addresses, shared between them (:meth:`admit`)."""
     pending: PendingHandshakes[int] = field(init=False)
     refusals: StrangerRefusals = field(default_factory=StrangerRefusals)
     """What of its refusals to log."""
@@ -143,17 +159,25 @@ class HandshakeGate:
         """Connections refused before their handshake was done, by limit (the label of
         ``migratory_cluster_link_refused_total``)."""
         return {"MAX_PENDING_HANDSHAKES": self.pending.evicted,
-                "LINK_CONNECTIONS_PER_SECOND": self.rate.refused}
+                "LINK_CONNECTIONS_PER_SECOND": self.rate.refused,
+                "LINK_HANDSHAKES_PER_SECOND": self.share.refused}
 
     def admit(self, source: str) -> bool:
         """Whether a connection just accepted from ``source`` may start its handshake
-        (False: past :data:`LINK_CONNECTIONS_PER_SECOND` from its address; the listener
-        resets it)."""
-        if self.rate.take(address_group(source), trio.current_time()):
-            return True
-        _refused(self, source, f"more than {LINK_CONNECTIONS_PER_SECOND} new connections "
-                 "a second from this address (LINK_CONNECTIONS_PER_SECOND): reset at accept")
-        return False
+        (False: past :data:`LINK_CONNECTIONS_PER_SECOND` from its address, or past its
+        share of :data:`LINK_HANDSHAKES_PER_SECOND`; the listener resets it)."""
+        group, now = address_group(source), trio.current_time()
+        if not self.rate.take(group, now):
+            _refused(self, source, f"more than {LINK_CONNECTIONS_PER_SECOND} new "
+                     "connections a second from this address (LINK_CONNECTIONS_PER_SECOND): "
+                     "reset at accept")
+            return False
+        if not self.share.take(group, now):
+            _refused(self, source, f"past this address's share of "
+                     f"{LINK_HANDSHAKES_PER_SECOND} new connections a second "
+                     "(LINK_HANDSHAKES_PER_SECOND): reset at accept")
+            return False
+        return True
 
     def enter(self, source: str) -> _Slot:
         """A new connection from ``source``; cancels the scope of one that must make room

@@ -207,6 +207,7 @@ class Config:
     max_handshakes_per_address: int
     max_pending_handshakes: int
     max_connection_rate_per_address: int
+    max_tls_handshake_rate: int
     per_address_ipv6_prefix: int
     max_subscriptions_per_connection: int
     max_subscriptions: int

@@ -53,6 +53,17 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "work: a flood of ClientHellos from one address cannot spend the server's CPU "
             "on handshakes (docs/security.md). 0: no limit (behind a proxy or NAT that "
             "gathers many clients on one address, raise it or set 0)."),
+    Setting("MaxTlsHandshakeRate", "max_tls_handshake_rate",
+            _int(0, unit=" of connections a second"), "500",
+            "New connections the encrypted client ports (ListenEncrypted, "
+            "ListenMqttEncrypted) take per second, all addresses together (each a TLS "
+            "handshake, ~0.3 ms of CPU), bursts of one second's worth, shared between "
+            "the addresses connecting: an address under its share (this rate / (the "
+            "addresses seen in the last second + 1)) is admitted first, one over it only "
+            "while half a second's worth is left. One more is reset as soon as it is "
+            "accepted, before any TLS work: a ClientHello flood from many addresses "
+            "cannot starve a client from its own address (docs/security.md). From one "
+            "address alone (a TCP load balancer's) a plain bound. 0: no limit."),
     Setting("PerAddressIPv6Prefix", "per_address_ipv6_prefix", _int(1, 128, " of bits"), "64",
             "The client ports' per-address limits (MaxConnectionsPerAddress, "
             "MaxHandshakesPerAddress, MaxConnectionRatePerAddress, the MaxPendingHandshakes "

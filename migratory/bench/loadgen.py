@@ -26,7 +26,7 @@ from migratory.bench.target import Target
 # every load process connects from 127.0.0.1: lift the per-address and rate limits
 # (docs/security.md) of a server the bench starts; later --set values still win
 UNLIMITED = ["MaxConnectionsPerAddress=0", "MaxHandshakesPerAddress=0", "MaxPublishesPerSecond=0",
-             "MaxConnectionRatePerAddress=0"]
+             "MaxConnectionRatePerAddress=0", "MaxTlsHandshakeRate=0"]
 
 Pattern = Callable[[Target, list[BaseProcess]], dict[str, Any] | None]
 

@@ -37,6 +37,7 @@ from migratory.server.faults import DeliveryFault
 from migratory.server.front_rate import ConnectionRate
 from migratory.server.frontends import FrontendCounts
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
+from migratory.server.handshake_share import HandshakeShare
 from migratory.server.hub import Hub
 from migratory.server.limits import ConnectionLimits, RefusalLog
 from migratory.server.listen_sockets import open_listeners, raise_open_file_limit
@@ -134,6 +135,7 @@ class Server:
         self.frontends = FrontendCounts()  # the connections per front end (GET /metrics)
         self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)
         self.front_rate = ConnectionRate(config.max_connection_rate_per_address)  # at accept
+        self.tls_share = HandshakeShare(config.max_tls_handshake_rate)  # the TLS ports'
         self._refusal_log = RefusalLog()  # one line per kind of refusal a minute
         self.tls_failure_log = RefusalLog()  # a stranger's garbage: one line a minute
         self._trim = MemoryTrim()  # memory.py

@@ -4,9 +4,11 @@ One loop per client listener (:class:`~migratory.server.app.Server` starts them)
 connections waiting are taken 64 at a time (:func:`~migratory.server.accept.accepted`,
 which says a want of descriptors once, then counts it); each is reset at once past
 ``MaxConnectionRatePerAddress`` (:mod:`migratory.server.front_rate`: before any TLS or
-HTTP work), admitted or refused with a 503 (per-address limits, MaxConnections, each
-counted per :func:`~migratory.server.front_rate.address_group`: an IPv6 address by
-its /64), becomes a :class:`Connection` (or an
+HTTP work) and, on an encrypted port, past its share of ``MaxTlsHandshakeRate``
+(:mod:`migratory.server.handshake_share`: the TLS handshakes a second of every address
+together, shared between them), admitted or refused with a 503 (per-address limits,
+MaxConnections, each counted per :func:`~migratory.server.front_rate.address_group`:
+an IPv6 address by its /64), becomes a :class:`Connection` (or an
 :class:`MqttConnection` on a ``ListenMqtt`` port) and may make room for itself by
 closing the oldest connection still in its handshake (MaxPendingHandshakes).
 """
@@ -53,6 +55,9 @@ async def accept_clients(
             if not server.front_rate.take(group, now):
                 too_fast(server, sock, group)
                 continue
+            if tls is not None and not server.tls_share.take(group, now):
+                over_share(server, sock, group)
+                continue
             sock.setblocking(False)
             refusal = server.admission.admit(group)
             if refusal is not None:
@@ -82,6 +87,17 @@ def too_fast(server: Server, sock: socket.socket, group: str) -> None:
                    f"more than {server.config.max_connection_rate_per_address} new "
                    f"connections a second from {group} (MaxConnectionRatePerAddress): "
                    "reset at accept")
+    reset(sock)
+
+
+def over_share(server: Server, sock: socket.socket, group: str) -> None:
+    """Past MaxTlsHandshakeRate (handshake_share.py): reset at once, as too_fast."""
+    share = server.tls_share
+    server.refused("MaxTlsHandshakeRate",
+                   f"a new TLS connection from {group} past its share of "
+                   f"{server.config.max_tls_handshake_rate} a second "
+                   f"(MaxTlsHandshakeRate; {share.share():.1f} a second each, "
+                   f"{len(share)} addresses connecting): reset at accept")
     reset(sock)
 
 

@@ -243,7 +243,8 @@ LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "Requests the entitlement refused, by action (connect, subscribe, publish)."),
     ("refusals", "migratory_connections_refused", "limit",
      "Client connections refused at accept (503) or closed before their handshake was "
-     "done, by limit: MaxConnections, MaxConnectionsPerAddress, MaxHandshakesPerAddress, "
+     "done, by limit: MaxConnectionRatePerAddress and MaxTlsHandshakeRate (reset at "
+     "accept), MaxConnections, MaxConnectionsPerAddress, MaxHandshakesPerAddress, "
      "MaxPendingHandshakes (the oldest closed for a newcomer; MaxConnections too when "
      "the server was full), HandshakeTimeout."),
     ("resumes", "migratory_resumes", "outcome",
@@ -359,7 +360,8 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
         refused = CounterMetricFamily(
             "migratory_cluster_link_refused",
             "Connections to the cluster link port refused before their handshake was done, "
-            "by limit (MAX_PENDING_HANDSHAKES, LINK_CONNECTIONS_PER_SECOND).",
+            "by limit (MAX_PENDING_HANDSHAKES, LINK_CONNECTIONS_PER_SECOND, "
+            "LINK_HANDSHAKES_PER_SECOND).",
             labels=["limit"],
         )
         for limit, count in cluster.link_refusals:

@@ -21,6 +21,7 @@ from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.link_accept import (
     LINK_CONNECTIONS_PER_SECOND,
+    LINK_HANDSHAKES_PER_SECOND,
     MAX_PENDING_HANDSHAKES,
     SOURCES_PER_KIND,
     StrangerRefusals,
@@ -35,6 +36,7 @@ from cluster.stream import CommittedStream
 from migratory.certificates import make_cluster_certificates
 from migratory.config import Config
 from migratory.server.front_rate import ConnectionRate
+from migratory.server.handshake_share import HandshakeShare
 from migratory.server.hub import Hub
 from migratory.tls import cluster_contexts
 
@@ -88,6 +90,7 @@ def test_strangers_waiting_for_a_handshake_are_bounded_and_a_member_still_links(
     port = listen_port()
     service = peer_service(port)
     service.handshakes.rate = ConnectionRate(0)  # 200 at once from 127.0.0.1: not this limit
+    service.handshakes.share = HandshakeShare(0)  # nor this one
     closed: set[int] = set()
 
     async def main() -> None:
@@ -330,11 +333,7 @@ def test_a_client_hello_flood_from_one_address_costs_the_rate_in_tls_handshakes(
     LINK_CONNECTIONS_PER_SECOND (100) TLS handshakes, 30 reset at accept, counted, one
     line. Before: 130 handshakes (a key exchange and a signature each, for nothing)."""
     caplog.set_level(logging.INFO)
-    made = make_cluster_certificates(tmp_path, {"m0": ["127.0.0.1"]})["m0"]
-    tls = ClusterTls(*cluster_contexts(str(made.certificate), str(made.key), str(made.ca)))
-    hello_bytes = tls_client_hello()
-    port = listen_port()
-    service = peer_service(port, tls)
+    service, port, hello_bytes = tls_peer_service(tmp_path)
     answered = 0
 
     async def main() -> None:
@@ -342,17 +341,7 @@ def test_a_client_hello_flood_from_one_address_costs_the_rate_in_tls_handshakes(
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run, ("127.0.0.1", port))
             for _ in range(LINK_CONNECTIONS_PER_SECOND + 30):
-                sock = trio.socket.socket()
-                try:
-                    await sock.bind(("127.0.0.2", 0))
-                    await sock.connect(("127.0.0.1", port))
-                    stream = trio.SocketStream(sock)
-                    await stream.send_all(hello_bytes)
-                    answered += (await stream.receive_some(5))[:1] == b"\x16"  # handshake
-                except (OSError, trio.BrokenResourceError):  # reset at accept
-                    pass
-                finally:
-                    sock.close()
+                answered += await tls_answers(port, "127.0.0.2", hello_bytes)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock())  # the clock stands still: no refill
@@ -363,6 +352,61 @@ def test_a_client_hello_flood_from_one_address_costs_the_rate_in_tls_handshakes(
         "second from this address (LINK_CONNECTIONS_PER_SECOND): reset at accept "
         "(from 127.0.0.2)"
     ]
+
+
+def test_a_client_hello_flood_from_many_addresses_leaves_a_newcomer_its_handshake(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ClusterTls*, ClientHellos from 4 addresses in turn, 60 each, the clock
+    standing still (each address under LINK_CONNECTIONS_PER_SECOND): 160 TLS handshakes
+    (40 each: LINK_HANDSHAKES_PER_SECOND / (4 + 1)), 80 reset at accept; a fifth
+    address still gets its handshake. Before: 240 handshakes (only the per-address
+    rate, 100 each)."""
+    caplog.set_level(logging.INFO)
+    service, port, hello_bytes = tls_peer_service(tmp_path)
+    answered: dict[str, int] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run, ("127.0.0.1", port))
+            for _ in range(60):
+                for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+                    got = await tls_answers(port, source, hello_bytes)
+                    answered[source] = answered.get(source, 0) + got
+            answered["127.0.0.6"] = await tls_answers(port, "127.0.0.6", hello_bytes)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock())  # the clock stands still: no refill
+    assert LINK_HANDSHAKES_PER_SECOND // 5 == 40
+    assert answered == {"127.0.0.2": 40, "127.0.0.3": 40, "127.0.0.4": 40, "127.0.0.5": 40,
+                        "127.0.0.6": 1}
+    counts = service.handshakes.refusal_counts()
+    assert (counts["LINK_HANDSHAKES_PER_SECOND"], counts["LINK_CONNECTIONS_PER_SECOND"]) == (80, 0)
+    assert len([line for line in refusals(caplog) if "LINK_HANDSHAKES_PER_SECOND" in line]) == 4
+
+
+def tls_peer_service(tmp_path: Path) -> tuple[PeerService, int, bytes]:
+    """A member's service with ClusterTls* on a free port, and a stranger's ClientHello."""
+    made = make_cluster_certificates(tmp_path, {"m0": ["127.0.0.1"]})["m0"]
+    tls = ClusterTls(*cluster_contexts(str(made.certificate), str(made.key), str(made.ca)))
+    port = listen_port()
+    return peer_service(port, tls), port, tls_client_hello()
+
+
+async def tls_answers(port: int, source: str, hello_bytes: bytes) -> int:
+    """1 if a connection from ``source`` sending ``hello_bytes`` got the member's TLS
+    handshake back, 0 if it was reset."""
+    sock = trio.socket.socket()
+    try:
+        await sock.bind((source, 0))
+        await sock.connect(("127.0.0.1", port))
+        stream = trio.SocketStream(sock)
+        await stream.send_all(hello_bytes)
+        return int((await stream.receive_some(5))[:1] == b"\x16")  # a handshake record
+    except (OSError, trio.BrokenResourceError):  # reset at accept
+        return 0
+    finally:
+        sock.close()
 
 
 def tls_client_hello() -> bytes:

@@ -229,6 +229,34 @@ def test_a_seed_is_not_kept_waiting_behind_a_burst_of_connections(
             sock.close()
 
 
+def test_a_seed_outlives_idle_connections_from_many_addresses(
+    seed: tuple[SyncObj, str], incoming: list[TcpConnection]
+) -> None:
+    """No per-address fairness is needed here: idle connections from 20 addresses in
+    turn, MAX_PENDING + 60 of them, a seed's dial in their midst: MAX_PENDING closes
+    the oldest, and a seed, whose preamble comes with its connect, is never the
+    oldest long enough, whatever the number of addresses (nothing here costs more per
+    connection than its accept and close)."""
+    node, address = seed
+    host, port = address.rsplit(":", 1)
+    idle = []
+    try:
+        for n in range(MAX_PENDING + 60):
+            idle.append(socket.create_connection((host, int(port)), timeout=5,
+                                                 source_address=(f"127.0.0.{2 + n % 20}", 0)))
+            node.doTick(0.002)
+            if n == MAX_PENDING:
+                dial = connect(address)
+                dial.sendall(valid_preamble(address))
+                idle.append(dial)
+        tick(node, 0.2)
+        assert node._SyncObj__transport.front_statistics().evicted >= 60
+        assert len(incoming) == 1
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_a_dialling_seed_writes_its_preamble_first() -> None:
     """Seed B dials A (pysyncobj: the greater address dials); what A's port receives
     first is a preamble for A, then pysyncobj's first frame."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tls_files import write_tls_files
 from migratory.config import ConfigError, load_config
 from migratory.server.app import Server
 from migratory.server.front_rate import ConnectionRate, address_group
+from migratory.server.handshake_share import HandshakeShare
 
 
 @pytest.mark.parametrize(("host", "prefix", "group"), [
@@ -57,10 +59,14 @@ def test_the_bucket_refills_at_its_rate_up_to_one_second_worth() -> None:
         ConnectionRate(-1)
 
 
-def test_buckets_are_forgotten_once_full_again() -> None:
-    """Memory: as many buckets as groups seen within the last second, however many
-    groups came before."""
-    rate = ConnectionRate(5)
+@pytest.mark.parametrize("make", [lambda: ConnectionRate(5), lambda: HandshakeShare(100)],
+                         ids=["ConnectionRate", "HandshakeShare"])
+def test_buckets_are_forgotten_once_full_again(
+    make: Callable[[], ConnectionRate | HandshakeShare],
+) -> None:
+    """Memory: as many buckets (handshake_share.py: records) as groups seen within the
+    last second, however many groups came before."""
+    rate = make()
     for n in range(10_000):
         rate.take(f"10.0.{n // 256}.{n % 256}", n / 1000)  # 1,000 new addresses a second
     assert len(rate) <= 1_001
@@ -86,6 +92,19 @@ def client_hello() -> bytes:
     with pytest.raises(ssl.SSLWantReadError):
         obj.do_handshake()
     return outgoing.read()
+
+
+def tls_settings(tls: dict[str, str], **extra: str) -> dict[str, str]:
+    """A plain and an encrypted listener on 127.0.0.1, and ``extra``."""
+    return {"Listen": "127.0.0.1:0", "ListenEncrypted": "127.0.0.1:0",
+            "TlsCertificate": tls["TlsCertificate"], "TlsKey": tls["TlsKey"], **extra}
+
+
+def the_one_line(caplog: pytest.LogCaptureFixture, key: str) -> str:
+    """The only log line naming ``key``."""
+    lines = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 async def server_hellos(port: int, source: str, count: int) -> int:
@@ -117,9 +136,7 @@ def test_a_client_hello_flood_from_one_address_costs_no_handshake_past_the_rate(
     caplog.set_level(logging.WARNING, "migratory.server")
 
     async def main() -> None:
-        settings = {"Listen": "127.0.0.1:0", "ListenEncrypted": "127.0.0.1:0",
-                    "TlsCertificate": tls["TlsCertificate"], "TlsKey": tls["TlsKey"],
-                    "MaxConnectionRatePerAddress": "5"}
+        settings = tls_settings(tls, MaxConnectionRatePerAddress="5")
         server = Server(load_config(overrides=settings, environ={}))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
@@ -130,9 +147,7 @@ def test_a_client_hello_flood_from_one_address_costs_no_handshake_past_the_rate(
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock())  # the clock stands still
-    lines = [r for r in caplog.records if "MaxConnectionRatePerAddress" in r.getMessage()]
-    assert len(lines) == 1
-    assert "from 127.0.0.2" in lines[0].getMessage()
+    assert "from 127.0.0.2" in the_one_line(caplog, "MaxConnectionRatePerAddress")
 
 
 def test_ipv6_clients_count_by_their_64(caplog: pytest.LogCaptureFixture) -> None:
