@@ -17,8 +17,9 @@ measures, each step in this process's CPU time (the box may be busy):
   bytes, and the CPU of pickle + gzip (done in a forked child by the seed: the whole
   state is pickled at each compaction);
 - ``catch_up``: what a seed that lost its disk runs once the leader's dump arrived:
-  gunzip + unpickle (``cluster.raft_unpickler``), ``_deserialize`` (which builds the
-  cache sync of every subject), and the install of that sync into its hub;
+  gunzip + unpickle (``cluster.raft_unpickler``), ``_deserialize`` (which copies the
+  numbering and the packed caches), and the install of that sync into its hub (which
+  builds each subject's record, its messages unpacked, as it reads it);
 - ``digest``: the coordinator's fingerprint the Raft thread computes (spaced out to
   1 % of its time, ``cluster/raft.py`` ``DIGEST_SHARE``).
 

@@ -5,7 +5,8 @@ In this process, as a seed does it: a replicated cache of ``--messages`` message
 written as pysyncobj writes a dump (gzip, pickle protocol 2); then, while a trio task
 ticks every millisecond and records the gaps between its ticks, a thread plays the Raft
 thread -- it loads the dump (``raft_unpickler``, as pysyncobj's ``deserialize``), makes
-the cache sync of it (``ReplicatedCache.to_sync``) and hands it to the seed's trio
+the cache sync of it (``ReplicatedCache.to_sync``: copies; the seed builds the records
+as it installs them) and hands it to the seed's trio
 thread (``run_sync_soon`` of ``SeedCoordination._restored``) -- and the seed installs it
 into its hub. Reported: the loop's longest gap and its gaps over 50 ms, while the Raft
 thread works and while the seed installs (GIL switch interval 0.5 ms, as a member

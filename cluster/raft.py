@@ -124,7 +124,9 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         self.cache.set_budget(self._cache_budget)  # this seed's, not the dump writer's
         if self._on_restore is not None:
             coordinator = self.coordinator
-            self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions()))
+            # copies, no record built here (replicated_cache.DumpRecords): the member
+            # builds them a slice at a time, and this thread goes on with Raft
+            self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions_now()))
 
 
 DNS_CACHE_SECONDS = 1.0

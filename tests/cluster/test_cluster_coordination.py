@@ -76,6 +76,17 @@ def test_same_batches_give_same_numbering_on_every_seed() -> None:
     assert seeds[0].to_state() == seeds[1].to_state() == seeds[2].to_state()
 
 
+def test_positions_now_are_the_positions_as_they_stood() -> None:
+    """The Raft thread takes them when it loads a dump and goes on numbering."""
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "a"), request(LAL, "b"), request(IBM, "c")])
+    now = coordinator.positions_now()
+    assert dict(now) == coordinator.positions() == {IBM: now[IBM], LAL: now[LAL]}
+    assert len(now) == 2 and now[IBM][1] == 2
+    coordinator.apply_batch(22, [request(IBM, "d"), request(GM, "e")])
+    assert dict(now) != coordinator.positions() and now[IBM][1] == 2 and GM not in now
+
+
 def test_a_leader_change_does_not_renumber_a_restored_state() -> None:
     old_leader = Coordinator()
     old_leader.apply_batch(11, [request(IBM, "a"), request(IBM, "b")])
