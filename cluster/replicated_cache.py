@@ -283,9 +283,9 @@ class ReplicatedCache:
         for s, messages in state["cached"].items():
             if not messages:
                 continue  # a queue comes with a subject's first cached message
-            cached[s] = _Queue(
-                s, limit, emptied, (pack(m) if isinstance(m, Message) else m for m in messages)
-            )
+            if isinstance(messages[0], Message):  # a dump from before packing: all are
+                messages = map(pack, messages)
+            cached[s] = _Queue(s, limit, emptied, messages)  # packed: taken in C
         self._snapshots = dict(state["snapshots"])
         names = state.get("order", ())
         order = [cached[n] for n in names if n in cached] if names else None
