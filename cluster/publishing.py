@@ -126,6 +126,16 @@ class ClusterPublishing:
     def pending(self) -> int:
         return len(self._pending)
 
+    def oldest_submitted(self, origins: list[tuple[str, int]]) -> float | None:
+        """When the oldest of this member's publishes among ``origins`` still waiting was
+        submitted (``None``: none waits any more)."""
+        times = [
+            p.submitted_at
+            for origin, ref in origins
+            if origin == self.origin and (p := self._pending.get(ref)) is not None
+        ]
+        return min(times, default=None)
+
     # --- from the coordination --------------------------------------------------
 
     def on_committed(self, batch: CommittedBatch, now: float) -> Offer:

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.raft_cipher import RaftCipher
 from cluster.raft_compaction import compaction_stagger
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
 from cluster.replicated_cache import ReplicatedCache
@@ -60,6 +61,7 @@ DEFINITE_FAILURES = frozenset(
         FAIL_REASON.MISSING_LEADER,
         FAIL_REASON.REQUEST_DENIED,
         FAIL_REASON.DISCARDED,  # another entry took its log index: it will never commit
+        NOT_SENT,  # held, never sent to any leader (cluster/raft_forward.py)
     }
 )
 
@@ -176,14 +178,17 @@ class RaftStatus:
     """Subjects the replicated numbering holds: every one ever published (subject_count.py)."""
     snapshots: int = 0
     """Retained snapshots the replicated caches hold (kept for ever too)."""
+    forward_hold: dict[str, int] = field(default_factory=dict)
+    """Commands held while the link to the leader was down (cluster/raft_forward.py)."""
 
     @property
     def has_leader(self) -> bool:
         return self.leader is not None
 
 
-class _SeedSyncObj(FollowerSafeSyncObj):
-    """Publishes a :class:`RaftStatus` from the Raft thread after its ticks."""
+class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
+    """Publishes a :class:`RaftStatus` from the Raft thread after its ticks; holds a
+    command it cannot forward to the leader (cluster/raft_forward.py)."""
 
     def __init__(self, *args: Any, consumer: CoordinationConsumer, **kwargs: Any) -> None:
         self._status_consumer = consumer
@@ -275,6 +280,7 @@ class _SeedSyncObj(FollowerSafeSyncObj):
             dump_failures=self._dump_retries.total,
             subjects=subjects,
             snapshots=snapshots,
+            forward_hold=self.forward_hold.statistics(),
         )
 
 
@@ -401,8 +407,12 @@ class RaftCoordination:
         epoch_candidate: int,
         requests: Sequence[PublishRequest],
         on_done: Callable[[int | None, str | None, bool], None],
+        *,
+        send_by: float | None = None,
     ) -> None:
-        """Replicate one batch; ``on_done(clsn, error, unknown)`` on the pysyncobj thread."""
+        """Replicate one batch; ``on_done(clsn, error, unknown)`` on the pysyncobj thread.
+        ``send_by`` (``time.monotonic``): if the link to the leader is down, the batch is
+        held until then at most, and never sent after it (cluster/raft_forward.py)."""
 
         def callback(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS:
@@ -410,7 +420,11 @@ class RaftCoordination:
             else:
                 on_done(None, _fail_name(error), error not in DEFINITE_FAILURES)
 
-        self.consumer.commit_batch(epoch_candidate, to_wire(requests), callback=callback)
+        wire = to_wire(requests)
+        if send_by is None:
+            self.consumer.commit_batch(epoch_candidate, wire, callback=callback)
+        else:
+            self.consumer.commit_batch(epoch_candidate, wire, callback=SendBy(callback, send_by))
 
     def status(self) -> dict[str, Any]:
         snap = self.snapshot
@@ -432,6 +446,7 @@ class RaftCoordination:
             "raft_dump_failures": snap.dump_failures,
             "raft_subjects": snap.subjects,
             "raft_snapshots": snap.snapshots,
+            "raft_forward_hold": dict(snap.forward_hold),
         }
 
     def close(self) -> None:
@@ -439,6 +454,8 @@ class RaftCoordination:
 
 
 def _fail_name(code: int) -> str:
+    if code == NOT_SENT:
+        return NOT_SENT_NAME
     for name in dir(FAIL_REASON):
         if not name.startswith("_") and getattr(FAIL_REASON, name) == code:
             return name

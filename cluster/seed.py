@@ -35,6 +35,7 @@ from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings, journal_files
+from cluster.raft_forward import hold_deadline
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.raft_votes import MARKER_SUFFIX
 from cluster.replica import Offer
@@ -297,7 +298,22 @@ class SeedCoordination:
                 if error is not None:  # success is acknowledged from the committed stream
                     token.run_sync_soon(self._submit_failed, origins, error, unknown, reply_to)
 
-        self.raft.submit(self.epoch_candidate, requests, done)
+        self.raft.submit(
+            self.epoch_candidate, requests, done, send_by=self._send_by(origins, reply_to)
+        )
+
+    def _send_by(self, origins: Origins, reply_to: str | None) -> float:
+        """The ``time.monotonic`` after which the command, if held for want of a link to
+        the leader, is never sent: before its publishes time out (cluster/raft_forward.py)."""
+        publishing = self.stream.publishing
+        now = trio.current_time()
+        deadline = hold_deadline(
+            now=now,
+            oldest_submitted=None if reply_to else publishing.oldest_submitted(origins),
+            publish_timeout=publishing.publish_timeout,
+            forwarded=reply_to is not None,
+        )
+        return time.monotonic() + (deadline - now)
 
     def _submit_failed(
         self, origins: Origins, error: str, unknown: bool, reply_to: str | None

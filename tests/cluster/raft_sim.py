@@ -131,6 +131,10 @@ class SimTransport(Transport):  # type: ignore[misc]
     def send(self, node: Any, message: Any) -> bool:
         return self.world.send(self.address, node.id, message)
 
+    def link_up(self, node: Any) -> bool:
+        """Whether :meth:`send` would deliver (cluster/raft_forward.py asks first)."""
+        return (self.address, node.id) in self.world.queues
+
 
 class RaftWorld:
     """``size`` Raft nodes at 127.0.0.1:1, :2, ... ; ``follower_class`` is the class every

@@ -4,6 +4,7 @@ publishes that arrive meanwhile share the next command (group commit)."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from cluster.commit_window import COMMIT_WINDOW, MAX_COMMAND_BYTES, CommitWindow
 from cluster.coordination import PublishRequest
 from cluster.node import GuaranteedNode
 from cluster.raft import RaftStatus
+from cluster.raft_forward import HOLD_MARGIN
 from cluster.tooling import free_base_port, member_settings
 from migratory.config import load_config
 from migratory.model.message import Message
@@ -122,11 +124,16 @@ class FakeRaft:
 
     def __init__(self) -> None:
         self.commands: list[tuple[list[int], Any]] = []
+        self.send_by: list[float | None] = []
         self.address = "fake"
         self.snapshot = RaftStatus()  # what the seed polls (a Raft that stopped: never)
 
-    def submit(self, epoch: int, requests: list[PublishRequest], on_done: Any) -> None:
+    def submit(
+        self, epoch: int, requests: list[PublishRequest], on_done: Any,
+        *, send_by: float | None = None,
+    ) -> None:
         self.commands.append(([r.ref for r in requests], on_done))
+        self.send_by.append(send_by)
 
     def close(self) -> None:
         pass
@@ -198,4 +205,27 @@ async def one_command_carries_at_most_max_command_bytes(tmp_path: Path) -> None:
             await trio.sleep(0.05)
             assert raft.commands[-1][0] == expected
             answer(raft.commands[-1][1])
+        nursery.cancel_scope.cancel()
+
+
+def test_a_command_is_never_sent_after_its_oldest_publish_timed_out(tmp_path: Path) -> None:
+    trio.run(a_command_is_never_sent_late, tmp_path)
+
+
+async def a_command_is_never_sent_late(tmp_path: Path) -> None:
+    """The seed gives each command the time after which, held for want of a link to the
+    Raft leader, it is never sent (cluster/raft_forward.py): HOLD_MARGIN before the
+    publish timeout of its oldest publish, on the Raft thread's clock."""
+    publishing, seed, raft = seed_with_fake_raft(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(seed.run)
+        await raft_built(seed)
+        # published 4 s ago (as by a client whose publish waited): 5 s of its 10 left
+        publishing.submit(Message("/a/b", b"1"), None, trio.current_time() - 4.0)
+        await trio.testing.wait_all_tasks_blocked()
+        send_by = raft.send_by[0]
+        assert send_by is not None
+        left = send_by - time.monotonic()  # the clocks differ: trio's is not monotonic()
+        expected = publishing.publish_timeout - 4.0 - HOLD_MARGIN
+        assert expected - 1.0 < left <= expected
         nursery.cancel_scope.cancel()
