@@ -7,6 +7,15 @@ order. The coordinator gives each message its subject group's epoch and the next
 of its subject, so every seed numbers every message the same way and positions
 survive a change of Raft leader by construction.
 
+Each member's publishes are numbered in the order it took them (its ``ref`` order):
+a request older than one already numbered from its origin is dropped, never numbered
+(:meth:`Coordinator.in_origin_order`). A non-seed forwards its publishes to one seed at a
+time, but what it forwarded to a seed it then left -- a stalled link, a stopped seed --
+can still reach that seed, and be submitted, after the publishes it forwarded through
+the next seed were numbered: numbered then, a publisher's older message came after its
+newer one, and became the subject's snapshot. The origin is not answered for a dropped
+request: its publish times out as an unknown outcome (it was not published).
+
 The coordinator holds only plain data (ints and dicts of ints) so that pysyncobj can
 pickle it into its log snapshots; :meth:`Coordinator.to_state` /
 :meth:`Coordinator.from_state` give the same data as a plain dict.
@@ -17,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard
+from typing import Any, Final, TypeGuard, TypeVar
 
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
@@ -33,6 +42,8 @@ __all__ = [
     "subject_group",
 ]
 
+T = TypeVar("T")
+
 GROUP_COUNT: Final = 64
 """Subjects hash into this many subject groups; each group has one epoch."""
 
@@ -42,6 +53,11 @@ UNNUMBERED_EPOCH: Final = 1
 A subscriber that saw nothing of such a subject resumes from ``(UNNUMBERED_EPOCH, 0)``
 on any member. The coordinator never gives this epoch to a subject group.
 """
+
+
+ORIGINS_KEPT: Final = 10_000
+"""The origins whose last numbered ref the coordinator keeps (those numbered most lately;
+an origin is a member's process, so a new one comes with each member's restart)."""
 
 
 def subject_group(subject: str) -> int:
@@ -103,13 +119,21 @@ class Coordinator:
     """Replicated numbering state: the cluster log sequence number, epochs and seqs.
 
     ``clsn`` counts applied batches (1, 2, 3, ...); ``group_epochs`` maps a subject
-    group to its epoch; ``seqs`` maps a subject to the seq of its last message.
+    group to its epoch; ``seqs`` maps a subject to the seq of its last message;
+    ``origin_refs`` maps an origin to the ref of its last numbered request (the
+    :data:`ORIGINS_KEPT` most lately numbered, oldest first).
     """
 
     def __init__(self) -> None:
         self.clsn: int = 0
         self.group_epochs: dict[int, int] = {}
         self.seqs: dict[str, int] = {}
+        self.origin_refs: dict[str, int] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A coordinator pickled before ``origin_refs`` (an older dump) has none yet."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("origin_refs", {})
 
     def __repr__(self) -> str:
         return (
@@ -132,6 +156,7 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
+        requests = self.in_origin_order(requests, [(r.origin, r.ref) for r in requests])
         messages = tuple(
             self._number(
                 epoch_candidate, m.subject, m.content, m.fields, m.retained, m.qos
@@ -157,6 +182,7 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
+        wire = self.in_origin_order(wire, [(w[0], w[1]) for w in wire])
         number = self._number
         messages = tuple(
             number(epoch_candidate, subject, content, fields, retained,
@@ -167,6 +193,28 @@ class Coordinator:
         return CommittedBatch(
             clsn=self.clsn, messages=messages, origins=tuple((w[0], w[1]) for w in wire)
         )
+
+    def in_origin_order(self, items: Sequence[T], keys: Sequence[tuple[str, int]]) -> list[T]:
+        """``items`` (``keys[i]`` the ``(origin, ref)`` of ``items[i]``) without those
+        whose ref is not above the last one numbered from their origin; records the
+        last ref of each origin kept."""
+        refs = self.origin_refs
+        last: dict[str, int] = {}
+        kept: list[T] = []
+        for item, (origin, ref) in zip(items, keys, strict=True):
+            before = last.get(origin)
+            if before is None:
+                before = refs.get(origin)
+            if before is not None and ref <= before:
+                continue  # an older publish of this origin, overtaken
+            last[origin] = ref
+            kept.append(item)
+        for origin, ref in last.items():
+            refs.pop(origin, None)  # the most lately numbered last
+            refs[origin] = ref
+        while len(refs) > ORIGINS_KEPT:
+            del refs[next(iter(refs))]
+        return kept
 
     def _number(
         self,
@@ -191,7 +239,8 @@ class Coordinator:
         pysyncobj 0.3.17 may log "truncating already-applied log entries" under load;
         tests compare digests across seeds to show the state machine did not diverge.
         """
-        state = repr((self.clsn, sorted(self.group_epochs.items()), sorted(self.seqs.items())))
+        state = repr((self.clsn, sorted(self.group_epochs.items()), sorted(self.seqs.items()),
+                      list(self.origin_refs.items())))
         return f"{self.clsn}:{zlib.crc32(state.encode()):08x}"
 
     def position(self, subject: str) -> Position | None:
@@ -218,14 +267,17 @@ class Coordinator:
             "clsn": self.clsn,
             "group_epochs": dict(self.group_epochs),
             "seqs": dict(self.seqs),
+            "origin_refs": dict(self.origin_refs),
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Coordinator:
-        """A coordinator from :meth:`to_state`'s dict; ValueError if it is malformed."""
+        """A coordinator from :meth:`to_state`'s dict (without ``origin_refs``: none yet,
+        as an older version wrote it); ValueError if it is malformed."""
         clsn: object = state.get("clsn")
         group_epochs: object = state.get("group_epochs")
         seqs: object = state.get("seqs")
+        origin_refs: object = state.get("origin_refs", {})
         if not _is_count(clsn):
             raise ValueError(f"clsn must be an int >= 0, got {clsn!r}")
         if not isinstance(group_epochs, Mapping) or not all(
@@ -238,10 +290,16 @@ class Coordinator:
             for s, n in seqs.items()
         ):
             raise ValueError(f"malformed seqs: {seqs!r}")
+        if not isinstance(origin_refs, Mapping) or not all(
+            isinstance(o, str) and isinstance(r, int) and not isinstance(r, bool)
+            for o, r in origin_refs.items()
+        ):
+            raise ValueError(f"malformed origin_refs: {origin_refs!r}")
         coordinator = cls()
         coordinator.clsn = clsn
         coordinator.group_epochs = dict(group_epochs)
         coordinator.seqs = dict(seqs)
+        coordinator.origin_refs = dict(origin_refs)
         return coordinator
 
 

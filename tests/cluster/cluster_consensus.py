@@ -63,6 +63,9 @@ class InFlight:
     """The non-seed that forwarded it to ``via`` (None: ``via``'s own client)."""
     in_doubt: bool = False
     """Raft told ``via`` it cannot say whether it commits."""
+    overtaken: bool = False
+    """Forwarded to a seed its non-seed has left since, it reaches that seed only now
+    (a stalled link, a stopped seed): after what the non-seed forwarded next."""
 
 
 @dataclass
@@ -115,13 +118,14 @@ class Consensus:
 
     def committable(self, take: Callable[[InFlight], bool]) -> list[InFlight]:
         """Entries in flight that ``take`` says yes to, in order; each publisher's are a
-        prefix of its own (an entry not taken holds back the later ones)."""
+        prefix of its own (an entry not taken holds back the later ones), but for those
+        overtaken (at the end: they hold back nothing)."""
         chosen: list[InFlight] = []
         blocked: set[str | None] = set()
         for entry in self.in_flight:
             if entry.publisher not in blocked and take(entry):
                 chosen.append(entry)
-            elif entry.publisher is not None:
+            elif entry.publisher is not None and not entry.overtaken:
                 blocked.add(entry.publisher)
         return chosen
 

@@ -13,6 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
+from cluster_consensus import InFlight
 from cluster_link_contract import LinkContract
 from cluster_world import UpstreamLink, choose, frames_of, picks
 from hypothesis import strategies as st
@@ -107,3 +108,24 @@ class UpstreamLinks:
         if seed is not None and member.live and member.connected:
             self._dial(member, seed)
 
+
+    def _overtakable(self) -> list[InFlight]:
+        """Forwards in flight through a seed their non-seed has left since."""
+        out = []
+        for entry in self.raft.in_flight:
+            if entry.reply_to is None or entry.overtaken:
+                continue
+            link_ = self.members[entry.reply_to].link
+            if link_ is None or link_.seed != entry.via:
+                out.append(entry)
+        return out
+
+    @precondition(lambda self: self._overtakable())
+    @rule()
+    def forwards_overtaken(self) -> None:
+        """What a non-seed forwarded to a seed it has left since reaches that seed late (a
+        stalled link, a stopped seed), after what it forwarded next through another seed:
+        Raft may take them after the newer ones."""
+        for entry in self._overtakable():
+            entry.overtaken = True
+        self.raft.in_flight.sort(key=self._raft_order)

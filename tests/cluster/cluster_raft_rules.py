@@ -61,11 +61,15 @@ class RaftRules:
         entries = [self._in_flight(r, via.name, reply_to) for r in requests]
         if refusal is None or refusal not in NEVER_COMMITS:
             self.raft.in_flight.extend(entries)
-            self.raft.in_flight.sort(key=lambda e: self.publish_order[e.request.message.content])
+            self.raft.in_flight.sort(key=self._raft_order)
         if refusal is not None:
             for entry in entries:
                 entry.in_doubt = True
             self._raft_told(via, reply_to, [(r.origin, r.ref) for r in requests], refusal)
+
+    def _raft_order(self, entry: InFlight) -> tuple[bool, int]:
+        """Raft takes entries in publish order, those overtaken last."""
+        return entry.overtaken, self.publish_order[entry.request.message.content]
 
     def _in_flight(self, request: PublishRequest, via: str, reply_to: str | None) -> InFlight:
         publisher = self.publishes[request.message.content].publisher

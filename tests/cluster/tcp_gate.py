@@ -5,6 +5,11 @@ Used to steer where a non-seed goes next: a seed binds ``ClusterMemberBind`` beh
 gate on its ``ClusterMemberListen`` port (and one on port + 1 for Raft, always open).
 Threads with blocking sockets, two per connection; every thread ends with its
 connection or with :meth:`TcpGate.shutdown`.
+
+:meth:`TcpGate.hold` stalls the open connections instead (a stalled network path: what
+was sent waits, in both directions, nothing is lost) until :meth:`TcpGate.release`, which
+delivers what waited towards the target first: a peer that gave up meanwhile and closed
+its end has its last bytes delivered after the fact, then the end.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 
 def _reset(sock: socket.socket, *, close: bool = True) -> None:
@@ -37,6 +43,10 @@ class TcpGate:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self._towards_target = threading.Event()
+        self._towards_dialler = threading.Event()
+        self._towards_target.set()
+        self._towards_dialler.set()
         self._thread = threading.Thread(
             target=self._accept, daemon=True, name=f"gate-{listen_port}"
         )
@@ -57,6 +67,19 @@ class TcpGate:
 
     def open_gate(self) -> None:
         self.open = True
+
+    def hold(self) -> None:
+        """Stall every connection through the gate, both ways (new ones too)."""
+        self._towards_target.clear()
+        self._towards_dialler.clear()
+
+    def release(self, settle: float = 0.5) -> None:
+        """Deliver what waited: towards the target first, then (``settle`` s later, so
+        that a dialler's last bytes and its close reach the target before anything of
+        the target's reaches the closed dialler) back."""
+        self._towards_target.set()
+        time.sleep(settle)
+        self._towards_dialler.set()
 
     def shutdown(self) -> None:
         self._done.set()
@@ -86,14 +109,26 @@ class TcpGate:
             pair = (downstream, upstream)
             with self._lock:
                 self._pairs.add(pair)
-            for src, dst in (pair, pair[::-1]):
-                threading.Thread(target=self._pump, args=(src, dst, pair), daemon=True).start()
+            for src, dst, flowing in (
+                (downstream, upstream, self._towards_target),
+                (upstream, downstream, self._towards_dialler),
+            ):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, pair, flowing), daemon=True
+                ).start()
 
     def _pump(
-        self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, socket.socket]
+        self,
+        src: socket.socket,
+        dst: socket.socket,
+        pair: tuple[socket.socket, socket.socket],
+        flowing: threading.Event,
     ) -> None:
         try:
             while data := src.recv(1 << 16):
+                while not flowing.wait(0.2):
+                    if self._done.is_set():
+                        return
                 dst.sendall(data)
         except OSError:
             pass

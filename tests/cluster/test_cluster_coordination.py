@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import zlib
 
 import pytest
 
+from cluster import coordination
 from cluster.coordination import (
     GROUP_COUNT,
     UNNUMBERED_EPOCH,
@@ -22,7 +24,15 @@ GM = "/Stocks/NASDAQ/GM"  # same subject group as IBM
 LAL = "/Scores/NBA/LAL"
 
 
-def request(subject: str, content: str, ref: int = 0, origin: str = "a") -> PublishRequest:
+REFS = itertools.count(1)
+
+
+def request(
+    subject: str, content: str, ref: int | None = None, origin: str = "a"
+) -> PublishRequest:
+    """A publish request; ``ref``: the next of this module's refs (an origin's refs grow
+    as it takes publishes: the coordinator drops one not above the last it numbered)."""
+    ref = next(REFS) if ref is None else ref
     message = Message(subject, content.encode(), closure=f"c{ref}", epoch=9, seq=99)
     return PublishRequest(origin, ref, message)
 
@@ -107,7 +117,9 @@ def test_bad_epoch_candidate_raises_and_changes_nothing(candidate: int) -> None:
     coordinator = Coordinator()
     with pytest.raises(ValueError, match="epoch candidate"):
         coordinator.apply_batch(candidate, [request(IBM, "a")])
-    assert coordinator.to_state() == {"clsn": 0, "group_epochs": {}, "seqs": {}}
+    assert coordinator.to_state() == {
+        "clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": {}
+    }
 
 
 def test_pickle_round_trip_keeps_numbering() -> None:
@@ -115,16 +127,16 @@ def test_pickle_round_trip_keeps_numbering() -> None:
     coordinator.apply_batch(11, [request(IBM, "a"), request(LAL, "b")])
     restored = pickle.loads(pickle.dumps(coordinator))
     assert restored.to_state() == coordinator.to_state()
-    assert restored.apply_batch(5, [request(IBM, "c")]) == coordinator.apply_batch(
-        5, [request(IBM, "c")]
-    )
+    again = request(IBM, "c")
+    assert restored.apply_batch(5, [again]) == coordinator.apply_batch(5, [again])
 
 
 def test_state_is_plain_data() -> None:
     coordinator = Coordinator()
-    coordinator.apply_batch(11, [request(IBM, "a")])
+    coordinator.apply_batch(11, [request(IBM, "a", 7)])
     state = coordinator.to_state()
-    assert state == {"clsn": 1, "group_epochs": {subject_group(IBM): 11}, "seqs": {IBM: 1}}
+    assert state == {"clsn": 1, "group_epochs": {subject_group(IBM): 11}, "seqs": {IBM: 1},
+                     "origin_refs": {"a": 7}}
     assert vars(coordinator) == state  # nothing else is replicated
     state["seqs"][IBM] = 42  # a copy
     assert coordinator.seqs[IBM] == 1
@@ -140,6 +152,8 @@ def test_state_is_plain_data() -> None:
         {"clsn": 0, "group_epochs": {1: 0}, "seqs": {}},
         {"clsn": 0, "group_epochs": {}, "seqs": {IBM: 1}},  # a seq without its group's epoch
         {"clsn": 0, "group_epochs": {subject_group(IBM): 5}, "seqs": {IBM: "1"}},
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": {"a": "1"}},
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": [("a", 1)]},
     ],
 )
 def test_malformed_state_is_rejected(state: dict[str, object]) -> None:
@@ -161,3 +175,59 @@ def test_apply_wire_numbers_exactly_as_apply_batch() -> None:
     left, right = Coordinator(), Coordinator()
     assert left.apply_wire(777, wire) == right.apply_batch(777, requests)
     assert left.to_state() == right.to_state()
+
+
+def test_a_request_older_than_one_numbered_from_its_origin_is_dropped() -> None:
+    """A non-seed's forwards to a seed it left reach that seed late (a stalled link, a
+    stopped seed) and are submitted after what it forwarded through the next seed:
+    numbered, a publisher's older message came after its newer one (and became the
+    subject's snapshot; test_cluster_fault_combinations.py,
+    test_a_non_seeds_forwards_delivered_late_after_it_moved_on)."""
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "1", 1, "n"), request(IBM, "2", 2, "n")])
+    newer = coordinator.apply_batch(11, [request(IBM, "5", 5, "n"), request(LAL, "x", 3, "s")])
+    assert [m.content for m in newer.messages] == [b"5", b"x"]
+    late = coordinator.apply_batch(
+        11, [request(IBM, "3", 3, "n"), request(IBM, "4", 4, "n"), request(IBM, "y", 4, "s"),
+             request(IBM, "6", 6, "n"), request(IBM, "5 again", 5, "n")],
+    )
+    assert [(m.content, m.seq) for m in late.messages] == [(b"y", 4), (b"6", 5)]
+    assert late.origins == (("s", 4), ("n", 6))
+    assert late.clsn == 3  # the batch counts, whatever it kept
+    assert coordinator.origin_refs == {"s": 4, "n": 6}  # the most lately numbered last
+
+
+def test_apply_wire_drops_what_apply_batch_drops() -> None:
+    from cluster.raft import to_wire
+
+    batches = [[request(IBM, "1", 4, "n")], [request(IBM, "2", 2, "n"), request(IBM, "3", 9, "n")]]
+    left, right = Coordinator(), Coordinator()
+    for requests in batches:
+        assert left.apply_wire(5, to_wire(requests)) == right.apply_batch(5, requests)
+    assert left.to_state() == right.to_state()
+    assert left.digest() == right.digest()
+
+
+def test_the_origins_kept_are_bounded_the_oldest_forgotten_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coordination, "ORIGINS_KEPT", 3)
+    coordinator = Coordinator()
+    for origin in "abcd":
+        coordinator.apply_batch(5, [request(IBM, origin, 10, origin)])
+    coordinator.apply_batch(5, [request(IBM, "b", 11, "b")])  # b numbered again: kept longest
+    coordinator.apply_batch(5, [request(IBM, "e", 1, "e")])
+    assert list(coordinator.origin_refs) == ["d", "b", "e"]
+
+
+def test_a_coordinator_pickled_before_origin_refs_loads_without_them() -> None:
+    """A seed restarted on a dump an older version wrote."""
+    old = Coordinator()
+    old.apply_batch(11, [request(IBM, "a", 1)])
+    del old.origin_refs
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.origin_refs == {}
+    assert restored.apply_batch(11, [request(IBM, "b", 1)]).messages[0].seq == 2
+    state = Coordinator().to_state()
+    del state["origin_refs"]
+    assert Coordinator.from_state(state).origin_refs == {}

@@ -53,6 +53,14 @@ class SeqReusingCoordinator(Coordinator):
         return numbered
 
 
+class OriginUnorderedCoordinator(Coordinator):
+    """Numbers a member's publishes in the order they commit, as before
+    ``in_origin_order``: an overtaken forward after the newer ones."""
+
+    def in_origin_order(self, items: Any, keys: Any) -> Any:
+        return list(items)
+
+
 # --- a sync from a peer that is behind ---------------------------------------------
 
 
@@ -155,6 +163,8 @@ PLANTED = [
     (planted("Skipping", replica_class=SkippingReplica),
      "differs from the committed log|is not what the committed log holds"),
     (planted("SeqReusing", coordinator_class=SeqReusingCoordinator), "names two messages"),
+    # switch_upstream + forwards_overtaken
+    (planted("OriginUnordered", coordinator_class=OriginUnorderedCoordinator), "reordered"),
     # offer_stale_sync
     (planted("OlderSync", replica_class=OlderSyncReplica), "older than|old sync|moved back"),
     # seed_batches_late + seed_asks_for_sync

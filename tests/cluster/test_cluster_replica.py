@@ -39,8 +39,9 @@ def committed(count: int, subjects: tuple[str, ...] = (IBM,)) -> list[CommittedB
         coordinator.apply_batch(
             700,
             [
-                PublishRequest("a", i, Message(s, f"{s}:{i}".encode(), retained=i % 2 == 0))
-                for s in subjects
+                PublishRequest("a", i * len(subjects) + k,
+                               Message(s, f"{s}:{i}".encode(), retained=i % 2 == 0))
+                for k, s in enumerate(subjects)
             ],
         )
         for i in range(count)

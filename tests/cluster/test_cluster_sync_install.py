@@ -44,7 +44,8 @@ def batches(count: int) -> list[CommittedBatch]:
     coordinator = Coordinator()
     return [
         coordinator.apply_batch(
-            700, [PublishRequest("a", i, Message(s, b"%d" % i)) for s in SUBJECTS]
+            700, [PublishRequest("a", i * len(SUBJECTS) + k, Message(s, b"%d" % i))
+                  for k, s in enumerate(SUBJECTS)]
         )
         for i in range(count)
     ]
