@@ -6,6 +6,10 @@ batch; only when the kernel buffer is full does a drain task wait for writabilit
 With ``SendPath = io_uring`` the batch goes to the server's ring and :meth:`sent`
 follows. On an encrypted listener a batch is sealed into one TLS write, and a partly
 sent encrypted batch waits in ``_cipher`` (at most one batch) before the next is taken.
+
+A Server-Sent Events stream catching up has a backlog that goes into its outbox only as
+the socket drains (``Session.refill``, sse_stream.py): each write tops the outbox up
+first, and while a backlog waits the drain task carries on after the socket took all.
 """
 
 from __future__ import annotations
@@ -85,10 +89,14 @@ class ConnectionWrites:
         if session.aborted:
             self._abort()
             return
-        pending = session.outbox if self._tls is None else self._pending()
-        if pending and not self.writing and not self._write():
-            self.writing = True
-            self.server.nursery.start_soon(self._drain)
+        if not self.writing:
+            more = session.refill()  # a stream catching up: its backlog, as room allows
+            pending = session.outbox if self._tls is None else self._pending()
+            if (pending and not self._write()) or (more and not self.writing):
+                # the socket is full, or took everything and a backlog waits: the drain
+                # task writes (and refills) each time the socket has room
+                self.writing = True
+                self.server.nursery.start_soon(self._drain)
         if session.closing and self._read_scope is not None:
             self._read_scope.cancel()  # the reader task finishes the close
 
@@ -175,7 +183,7 @@ class ConnectionWrites:
             stats = self.server.ctx.stats
             stats.writes += 1
             stats.bytes_written += result
-            if outbox:
+            if outbox or self.session.catching_up:
                 self.flush()
             return
         if result < 0:
@@ -191,16 +199,24 @@ class ConnectionWrites:
         stats.bytes_written += result
         if result < len(batch):
             outbox.requeue_unsent(batch[result:])
-        if self._pending():
+        if self._pending() or self.session.catching_up:
             self.flush()
 
     async def _drain(self) -> None:
-        """Wait for writability until the outbox is empty (the kernel buffer was full)."""
+        """Wait for writability until the outbox is empty (the kernel buffer was full),
+        and a stream's backlog is sent (it is refilled each time the socket has room)."""
         try:
             while not self._closed:
                 await trio.lowlevel.wait_writable(self.sock)
-                if self._closed or not self._pending() or self._write():
+                if self._closed:
                     break
+                more = self.session.refill()
+                if not self._pending():
+                    if more:
+                        continue
+                    break
+                if self._write() and (not more or self._flying):
+                    break  # (through the io_uring: sent() carries on)
         except (trio.ClosedResourceError, OSError):
             self._abort()
         finally:

@@ -144,6 +144,11 @@ class MqttSession(MqttSaving):
     def flush(self) -> None:
         self._link.flush_now()
 
+    catching_up = False  # (an SSE stream's catch-up: session.py)
+
+    def refill(self) -> bool:
+        return False
+
     # --- input ----------------------------------------------------------------
 
     def _on_packet(self, packet: mqtt.Packet, now: float) -> None:

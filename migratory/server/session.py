@@ -31,17 +31,11 @@ from migratory.server import admission
 from migratory.server.context import ServerContext
 from migratory.server.http_front import HttpFront
 from migratory.server.publish_rules import check_publish
+from migratory.server.session_stream import RECONNECT_JITTER_MS, RECONNECT_MS, StreamSession
 from migratory.server.session_subscriptions import Subscriptions
 from migratory.server.sse_stream import SseStream
 
 log = logging.getLogger("migratory.session")
-
-# How long a browser waits before reconnecting a stream: RECONNECT_MS plus up to
-# RECONNECT_JITTER_MS, drawn per stream, so the streams of a member that goes away do not
-# all come back in the same millisecond (a burst of set-ups costs the member they come
-# to full garbage collections: docs/benchmarks.md)
-RECONNECT_MS = 1000
-RECONNECT_JITTER_MS = 1000
 
 _connection_ids = itertools.count(1)  # names a connection in logs and audit events
 
@@ -61,9 +55,9 @@ class Link(Protocol):
     def flush_now(self) -> None: ...
 
 
-class Session:
+class Session(StreamSession):
     __slots__ = (
-        "_ctx", "_decoder", "_http", "_link", "_publish_rate", "_stream", "_stream_starting",
+        "_ctx", "_decoder", "_http", "_link", "_publish_rate", "_stream",
         "_subscriptions", "aborted", "close_code", "close_reason", "closing", "connection_id",
         "expires_at", "identity", "listener", "mqtt_upgrade", "outbox", "peer",
     )
@@ -83,7 +77,6 @@ class Session:
         self._http: HttpFront | None = HttpFront(self, ctx, listener)
         self._decoder: ws.FrameDecoder | None = None
         self._stream: SseStream | None = None
-        self._stream_starting = False
         self.identity: ClientIdentity | None = None
         # a WebSocket upgrade chose subprotocol ``mqtt``: the bytes after the request,
         # for the MQTT session that takes over the connection (connection.py)
@@ -133,15 +126,6 @@ class Session:
         return 0 if self._http is None else self._http.requests
 
     @property
-    def heartbeat_interval(self) -> float | None:
-        """Seconds between heartbeats of an idle stream; None: not a stream."""
-        return None if self._stream is None else float(self._ctx.config.sse_heartbeat_interval)
-
-    def heartbeat(self) -> None:
-        if self._stream is not None:
-            self._send(sse.comment())
-
-    @property
     def frontend(self) -> str:
         """The front end this connection speaks, as GET /metrics labels it."""
         if self._decoder is not None:
@@ -171,18 +155,19 @@ class Session:
         self.aborted = True
         self._link.flush_now()
 
-    def _slow_consumer(self, exc: SlowConsumer) -> None:
+    def _slow_consumer(self, why: SlowConsumer | str) -> None:
         """Drop what is queued, try to say 4500, and let the transport close."""
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
         self.close_reason = "slow consumer"
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), exc,
+        log.warning("%s: slow consumer cut off (%s)", self.describe(), why,
                     extra=self.log_fields())
+        # a stream cut in its catch-up keeps what it queued (<= the limit: the marks of
+        # its ids moved only with what was queued) for the browser to resume after it
+        # (dropped, the same resume came back and was cut forever)
+        kept = self.catching_up
         self.connection_lost()
-        # a stream cut in its resume keeps what it queued (<= the limit) for the browser
-        # to resume after it (dropped, the same resume came back and was cut forever)
-        kept = self._stream_starting
         if not kept:
             self.outbox.discard(keep_first=self._link.writing)
         self.close_code = close_codes.SLOW_CONSUMER.code
@@ -284,13 +269,8 @@ class Session:
         resumed_from = asked if any(p is not None for p in asked) else None
         self._send_unbounded(sse.stream_head(headers) + sse.retry(retry, resumed_from))
         stream = self._stream = SseStream(self, subjects)
-        stats = self._ctx.stats
-        self._stream_starting = True  # cut off meanwhile: what was queued is kept
-        try:
-            for outcome in stream.start(self._ctx.hub, requests, now):
-                stats.count(stats.resumes, outcome)  # migratory_resumes_total, as native
-        finally:
-            self._stream_starting = False
+        stream.start(self._ctx.hub, requests, now)
+        self.refill()  # the first events at once; the rest as the socket drains
         self.flush()
 
     def reply_and_close(self, response: bytes) -> None:

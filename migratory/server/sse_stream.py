@@ -5,11 +5,25 @@ The stream is a :class:`~migratory.server.format_sink.FormatSink`: a message's
 stream; each stream ends the event with its own ``id`` -- the positions of all
 its subjects (see :mod:`migratory.protocol.sse`). Bytes go through the session's
 outbox, so batching and the slow-consumer cut-off are the WebSocket ones.
+
+Catch-up is paced by the socket: what the hub answers a subscribe with (the snapshot,
+or a resume's recovered messages and its ``sync``/``resync``) waits in the stream's
+backlog and is encoded only as the socket drains (:meth:`SseStream.refill`, called by
+the writer whenever the outbox has room); the subjects of the URL are subscribed one by
+one as the backlog empties, so a stream holds the answer of one subject at a time. Live
+messages that arrive meanwhile wait behind the backlog, and only they count against
+``ClientMaxPendingBytes`` (with what the outbox holds): a reader that keeps reading
+catches up however far behind it resumed, one that stops is cut off by the live
+messages it does not take (or, with none, by :meth:`SseStream.stalled`). A resume
+answered whole, as it used to be, passed the limit at once when it was larger: cut,
+retried 1-2 s later from a little further, cut again -- behind a stream of 420 msg/s,
+forever (chaos ``--sse-subscribers``, docs/chaos.md).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import deque
+from typing import Protocol, TypeAlias
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
@@ -29,6 +43,11 @@ _STATUS_EVENTS = {
 }
 
 _RESUME_OUTCOMES = {ops.Status.DATA_SYNC: "sync", ops.Status.DATA_RESYNC: "resync"}
+ID_BYTES_PER_SUBJECT = 24  # what a live event held is counted for its id, per subject
+
+# What waits in a backlog: a message the hub answered with (encoded when it is sent), a
+# status, or a live message that came meanwhile with its shared lines (counted bytes)
+Waiting: TypeAlias = Message | ops.SubjectStatus | tuple[Message, bytes]
 
 
 class Output(Protocol):
@@ -38,16 +57,40 @@ class Output(Protocol):
     closing: bool
     aborted: bool
 
-    def deliver(self, frame: bytes) -> None: ...
+    def deliver(self, frame: bytes) -> None:
+        """A live event (written at the next batch, or at once when a batch is full)."""
+
+    def queue(self, frame: bytes) -> None:
+        """An event of the backlog (the writer that asked for it writes it)."""
 
     def send_unbounded(self, data: bytes) -> None: ...
 
+    def backlog_grew(self, held: int) -> None:
+        """The backlog grew: ``held`` bytes of live events wait in it, counted against
+        the client's limit with what the output holds (past it: a slow consumer)."""
+
+    def resumed(self, outcome: str) -> None:
+        """A subject resumed from a position: ``sync`` or ``resync`` (statistics)."""
+
 
 class SseStream(FormatSink):
-    __slots__ = ("_index", "_marks", "_output", "_single", "subjects")
+    __slots__ = (
+        "_backlog", "_held", "_hub", "_idle", "_index", "_marks", "_now", "_output",
+        "_pending_seen", "_progress", "_progress_seen", "_single", "_unsubscribed", "subjects",
+    )
 
     def __init__(self, output: Output, subjects: list[str]) -> None:
         self._output = output
+        # the events still to send before live ones (None: caught up, the usual case)
+        self._backlog: deque[Waiting] | None = None
+        self._held = 0  # bytes counted for the live events in the backlog
+        # the URL's subjects not subscribed yet, subscribed as the backlog empties
+        self._unsubscribed: deque[tuple[str, ops.SubscriptionRequest | str]] = deque()
+        self._hub: Hub | None = None
+        self._now = 0.0  # when the stream started (a stream's subscriptions conflate none)
+        self._progress = self._progress_seen = 0  # refills that sent something
+        self._pending_seen = 0  # the output's bytes waiting, at the last stalled()
+        self._idle = 0  # stalled() calls in a row with no progress
         self.subjects = subjects
         self._index = {subject: i for i, subject in enumerate(subjects)}
         self._single = len(subjects) == 1
@@ -67,6 +110,13 @@ class SseStream(FormatSink):
         # the hub gives a stream messages of its own subjects only. Live: an event the
         # output refuses cuts the stream off with what waits dropped, and its close event
         # names no position (close_event), so the marks may run ahead here
+        backlog = self._backlog
+        if backlog is not None:  # catching up: after the backlog, counted
+            lines = self._lines(message, frames)
+            backlog.append((message, lines))
+            self._held += len(lines) + ID_BYTES_PER_SUBJECT * len(self.subjects)
+            self._output.backlog_grew(self._held)
+            return
         if self._single and message.type in _ADVANCING:
             self._marks[0] = message  # the id is the message's position: the whole event
             event = frames.get(SSE_SINGLE)  # is the same for every one-subject stream
@@ -87,45 +137,123 @@ class SseStream(FormatSink):
         return lines
 
     def deliver_op(self, op: ops.ServerOp) -> None:
-        """A resume's events and the statuses. A mark moves only once the output took its
-        event: cut off during a resume, the stream sends what it took, then a close event
-        whose id the browser resumes from, which must claim nothing it did not get."""
+        """A subscribe's answer (recovered messages, statuses): after what waits, sent as
+        the socket drains. A status outside a catch-up goes out at once."""
         if isinstance(op, ops.Deliver):
-            output = self._output
-            for message in op.messages:
-                if output.closing or output.aborted:
-                    return  # cut off (the resume passed ClientMaxPendingBytes): encode no more
-                index = self._index.get(message.subject) if message.type in _ADVANCING else None
-                self._deliver_marked(sse.message_lines(message), index, message)
-        elif isinstance(op, ops.SubjectStatus):
-            name = _STATUS_EVENTS.get(op.status)
-            if name is None:
+            if self._backlog is None:
+                self._backlog = deque()
+            self._backlog.extend(op.messages)
+        elif isinstance(op, ops.SubjectStatus) and op.status in _STATUS_EVENTS:
+            if self._backlog is None:
+                self._send_status(op, queued=False)
                 return
-            index = self._index.get(op.subject) if op.position is not None else None
-            payload: dict[str, object] = {"subject": op.subject}
-            if op.position is not None:
-                payload.update(epoch=op.position.epoch, seq=op.position.seq)
-            if op.reason:
-                payload["reason"] = op.reason
-            self._deliver_marked(sse.event(name, payload), index, op.position)
+            self._backlog.append(op)
+        else:
+            return
+        self._output.backlog_grew(self._held)
+
+    @property
+    def catching_up(self) -> bool:
+        """Events or subjects wait to be sent (:meth:`refill`)."""
+        return self._backlog is not None or bool(self._unsubscribed)
+
+    def refill(self, room: int) -> bool:
+        """Send about ``room`` bytes of the backlog (subscribing the next subjects as it
+        empties); True while more waits. A mark moves only once the output took its
+        event: cut off meanwhile, the stream's close event names what it took."""
+        output = self._output
+        sent = 0
+        while sent < room and not (output.closing or output.aborted):
+            backlog = self._backlog
+            if backlog:
+                sent += self._send(backlog.popleft())
+            elif self._unsubscribed:
+                self._subscribe_next()
+            else:
+                self._backlog = None
+                break
+        if sent:
+            self._progress += 1
+        return self.catching_up
+
+    def stalled(self, pending: int) -> bool:
+        """Catching up, and nothing moved for two calls in a row (heartbeat intervals):
+        no refill sent anything and the output's ``pending`` bytes did not go down (the
+        socket took none). A reader that stopped, holding its backlog: cut it off. (Two:
+        a slow reader sees the socket writable only once the kernel's buffer is half
+        empty, tens of seconds apart at tens of kB/s.)"""
+        moved = self._progress != self._progress_seen or pending < self._pending_seen
+        self._progress_seen, self._pending_seen = self._progress, pending
+        if moved or not self.catching_up:
+            self._idle = 0
+            return False
+        self._idle += 1
+        return self._idle >= 2
+
+    def _subscribe_next(self) -> None:
+        subject, request = self._unsubscribed.popleft()
+        if isinstance(request, str):
+            denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
+            self._queue_status(denied)
+            return
+        assert self._hub is not None
+        if self._backlog is None:
+            self._backlog = deque()  # its answer waits there, statuses too
+        for op in self._hub.subscribe(self, request, self._now):
+            if request.position is not None and isinstance(op, ops.SubjectStatus):
+                outcome = _RESUME_OUTCOMES.get(op.status)
+                if outcome is not None:
+                    self._output.resumed(outcome)
+            self.deliver_op(op)
+
+    def _queue_status(self, op: ops.SubjectStatus) -> None:
+        if self._backlog is None:
+            self._backlog = deque()
+        self._backlog.append(op)
+
+    def _send(self, item: Waiting) -> int:
+        """One event of the backlog to the output; its bytes."""
+        if isinstance(item, ops.SubjectStatus):
+            return self._send_status(item, queued=True)
+        if isinstance(item, tuple):
+            message, lines = item
+            self._held -= len(lines) + ID_BYTES_PER_SUBJECT * len(self.subjects)
+        else:
+            message, lines = item, sse.message_lines(item)
+        index = self._index.get(message.subject) if message.type in _ADVANCING else None
+        return self._deliver_marked(lines, index, message, queued=True)
+
+    def _send_status(self, op: ops.SubjectStatus, *, queued: bool) -> int:
+        index = self._index.get(op.subject) if op.position is not None else None
+        payload: dict[str, object] = {"subject": op.subject}
+        if op.position is not None:
+            payload.update(epoch=op.position.epoch, seq=op.position.seq)
+        if op.reason:
+            payload["reason"] = op.reason
+        name = _STATUS_EVENTS[op.status]
+        return self._deliver_marked(sse.event(name, payload), index, op.position, queued=queued)
 
     def _deliver_marked(
-        self, lines: bytes, index: int | None, mark: Position | Message | None
-    ) -> None:
+        self, lines: bytes, index: int | None, mark: Position | Message | None, *,
+        queued: bool,
+    ) -> int:
         """``lines`` and the id with ``mark`` at ``index`` (None: the marks as they are);
-        the mark kept only if the output took the event."""
+        the mark kept only if the output took the event. The event's bytes."""
         output = self._output
+        write = output.queue if queued else output.deliver
         if index is None:
-            output.deliver(lines + sse.event_id(self._marks))
-            return
+            event = lines + sse.event_id(self._marks)
+            write(event)
+            return len(event)
         marks = self._marks
         before = marks[index]
         marks[index] = mark
         event = lines + sse.event_id(marks)
         marks[index] = before  # until taken: a refusal's close event must not name it
-        output.deliver(event)
+        write(event)
         if not (output.closing or output.aborted):
             marks[index] = mark
+        return len(event)
 
     def _advance(self, message: Message) -> None:
         if message.type in _ADVANCING:
@@ -137,10 +265,10 @@ class SseStream(FormatSink):
 
     def start(
         self, hub: Hub, requests: list[ops.SubscriptionRequest | str], now: float
-    ) -> list[str]:
-        """Subscribe every subject in order; a ``str`` is a subject refused with that
-        reason (SUBSCRIBE_DENY). Returns the outcome of each subject resumed from a
-        position (``Last-Event-ID``): ``sync`` or ``resync``, for the statistics."""
+    ) -> None:
+        """Take the subscriptions, in the URL's order; a ``str`` is a subject refused
+        with that reason (SUBSCRIBE_DENY). Each subject is subscribed when the backlog
+        before it is sent (:meth:`refill`); resumes are told to the output (resumed)."""
         # every subject's position first, kept until the hub says more: the events of
         # the first subjects' resume carry the later ones' positions in their ids, so a
         # stream cut halfway through its resume resumes the rest from where they were.
@@ -151,24 +279,14 @@ class SseStream(FormatSink):
             position = None if isinstance(request, str) else request.position
             if position is not None:
                 self._marks[index] = position
-        resumed: list[str] = []
-        output = self._output
-        for subject, request in zip(self.subjects, requests, strict=True):
-            if output.closing or output.aborted:
-                break  # cut off as a slow consumer: the client resumes the rest from its id
-            if isinstance(request, str):
-                denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
-                self.deliver_op(denied)
-                continue
-            for op in hub.subscribe(self, request, now):
-                if request.position is not None and isinstance(op, ops.SubjectStatus):
-                    outcome = _RESUME_OUTCOMES.get(op.status)
-                    if outcome is not None:
-                        resumed.append(outcome)
-                self.deliver_op(op)
-        return resumed
+        self._hub, self._now = hub, now
+        self._unsubscribed.extend(zip(self.subjects, requests, strict=True))
 
     def stop(self, hub: Hub) -> None:
+        """Unsubscribe, and drop what waits (the close event names what was sent)."""
+        self._backlog = None
+        self._held = 0
+        self._unsubscribed.clear()
         for subject in self.subjects:
             hub.unsubscribe(self, subject)
 

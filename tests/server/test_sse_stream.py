@@ -24,6 +24,8 @@ class Output:
         self.closing = self.aborted = False
         self._limit = limit  # bytes before it is cut off, as ClientMaxPendingBytes does
         self._bytes = 0
+        self.held: list[int] = []  # live bytes behind the backlog, at each backlog_grew
+        self.outcomes: list[str] = []
 
     def deliver(self, frame: bytes) -> None:
         if self.closing:
@@ -33,8 +35,17 @@ class Output:
         if self._limit is not None and self._bytes > self._limit:
             self.closing = True
 
+    def queue(self, frame: bytes) -> None:
+        self.deliver(frame)
+
     def send_unbounded(self, data: bytes) -> None:
         self.events.append(data)
+
+    def backlog_grew(self, held: int) -> None:
+        self.held.append(held)
+
+    def resumed(self, outcome: str) -> None:
+        self.outcomes.append(outcome)
 
 
 def new_hub() -> Hub:
@@ -51,6 +62,7 @@ def open_stream(
         ops.SubscriptionRequest(s, p) for s, p in zip(subjects, positions, strict=True)
     ]
     stream.start(hub, requests, 0.0)
+    assert not stream.refill(1 << 30)  # the socket takes all at once
     return stream, output
 
 
@@ -165,18 +177,18 @@ def test_a_snapshot_does_not_move_a_stream_id() -> None:
     assert all(e.endswith(b"\n\n") and b"\nid:" in e for e in out.events)
 
 
-def test_a_resume_cut_off_as_a_slow_consumer_stops_encoding_and_subscribing() -> None:
-    """A resume whose missed messages pass ClientMaxPendingBytes cuts the stream off;
-    the events of the rest were encoded all the same (and thrown away) and the later
-    subjects subscribed: 15 s of a stopped server for 5 such requests of 100 subjects x
-    1,000 cached 1 kB messages. Now the stream stops at the cut (the client resumes the
-    rest from the id it got)."""
+def test_a_resume_is_encoded_and_subscribed_only_as_the_socket_takes_it() -> None:
+    """A resume of 20 subjects x 200 missed 1 kB messages: each refill encodes about the
+    room it is given, and subscribes the next subject only when the backlog before it is
+    sent (a stream holds one subject's answer at a time). Answered whole, it encoded
+    ~4 MB at once and, past ClientMaxPendingBytes, was cut (15 s of a stopped server
+    for 5 such requests of 100 subjects x 1,000 cached 1 kB messages)."""
     hub = new_hub()
     subjects = [f"/r/s{n}" for n in range(20)]
     for subject in subjects:
         for _ in range(200):
             hub.publish(Message(subject, b"y" * 1000), 0.0)
-    output = Output(limit=300_000)
+    output = Output()
     stream = SseStream(output, subjects)
     encoded = []
     original = sse.message_lines
@@ -189,11 +201,48 @@ def test_a_resume_cut_off_as_a_slow_consumer_stops_encoding_and_subscribing() ->
     try:
         stream.start(hub, [ops.SubscriptionRequest(s, Position(EPOCH, 1)) for s in subjects],
                      0.0)
+        assert not encoded and hub.statistics().subscriptions == 0
+        assert stream.refill(300_000)  # more waits
+        assert 250 < len(encoded) < 300  # ~300 kB of events, not the 3,980 missed
+        assert hub.statistics().subscriptions == 2
+        refills = 1
+        while stream.refill(300_000):
+            refills += 1
+            assert refills < 20
     finally:
         sse.message_lines = sse_message_lines
-    assert output.closing
-    assert len(encoded) < 400  # ~300 kB of events, not the 4,000 messages missed
-    assert hub.statistics().subscriptions <= 2  # the later subjects were not subscribed
+    assert len(encoded) == 20 * 199 and hub.statistics().subscriptions == 20
+    assert output.outcomes == ["sync"] * 20 and not stream.catching_up
+    assert stream.positions == [Position(EPOCH, 200)] * 20
+
+
+def test_live_messages_wait_behind_the_backlog_and_count_against_the_limit() -> None:
+    """Live messages that come while a resume is sent go after it (each subject's order,
+    each id naming what was sent before it); only they are counted (backlog_grew)."""
+    hub = new_hub()
+    for n in range(50):
+        hub.publish(Message(A, f"{n}".encode() + b"x" * 100), 0.0)
+    output = Output()
+    stream = SseStream(output, [A])
+    stream.start(hub, [ops.SubscriptionRequest(A, Position(EPOCH, 1))], 0.0)
+    assert stream.refill(1_000)  # the subscribe, then ~1 kB of the 49 missed
+    assert set(output.held) == {0}  # the resume is not counted
+    output.held.clear()
+    hub.publish(Message(A, b"live51"), 0.0)
+    hub.publish(Message(A, b"live52"), 0.0)
+    event_bytes = len(sse.message_lines(Message(A, b"live51", epoch=EPOCH, seq=51)))
+    assert output.held == [event_bytes + 24, 2 * (event_bytes + 24)]
+    while stream.refill(1_000):
+        pass
+    blocks = [e for e in output.events if e.startswith(b"data:")]
+    seqs = [json.loads(b.split(b"\n")[0][5:])["seq"] for b in blocks]
+    assert seqs == list(range(2, 53))
+    assert [b.rsplit(b"id:", 1)[1] for b in blocks] == [
+        f"{EPOCH}:{n}\n\n".encode() for n in range(2, 53)]
+    sync = next(e for e in output.events if e.startswith(b"event:sync"))
+    assert output.events.index(sync) == 50  # after the 49 recovered, before the live
+    hub.publish(Message(A, b"live53"), 0.0)  # caught up: straight to the output
+    assert output.events[-1] == message_event(A, "live53", 53, "update", f"{EPOCH}:53")
 
 
 class RefusingOutput(Output):
@@ -201,6 +250,9 @@ class RefusingOutput(Output):
     taken stays, and the stream's close event ends the output (its last word)."""
 
     stream: SseStream
+
+    def queue(self, frame: bytes) -> None:
+        self.deliver(frame)
 
     def deliver(self, frame: bytes) -> None:
         if self.closing:
@@ -227,6 +279,7 @@ def test_the_close_event_of_a_cut_resume_names_the_last_event_taken() -> None:
         stream = output.stream = SseStream(output, [A])
         stream.start(hub, [ops.SubscriptionRequest(A, Position(*map(int, last.split(":"))))],
                      0.0)
+        stream.refill(1 << 30)
         stream.stop(hub)
         blocks = [e for e in output.events if b"\ndata:" in b"\n" + e]
         seqs = [json.loads(b.split(b"\n")[0][5:])["seq"] for b in blocks
@@ -239,3 +292,25 @@ def test_the_close_event_of_a_cut_resume_names_the_last_event_taken() -> None:
         assert ids[-1] == ids[-2] == f"{EPOCH}:{seqs[-1]}"  # the close names the last taken
         last = ids[-1]
     assert got == list(range(2, 41))
+
+
+def test_a_catch_up_is_stalled_after_two_calls_without_progress() -> None:
+    """stalled(pending), called every heartbeat interval: a refill that sent something,
+    or fewer bytes pending (the socket took some), is progress; two calls in a row
+    without either mean a reader that stopped. A stream caught up is never stalled."""
+    hub = new_hub()
+    for n in range(50):
+        hub.publish(Message(A, f"{n}".encode() + b"x" * 100), 0.0)
+    output = Output()
+    stream = SseStream(output, [A])
+    stream.start(hub, [ops.SubscriptionRequest(A, Position(EPOCH, 1))], 0.0)
+    assert stream.refill(500)
+    assert not stream.stalled(500)  # the refill
+    assert not stream.stalled(400)  # the socket took 100 bytes
+    assert not stream.stalled(400)  # one interval without progress
+    assert stream.stalled(400)  # two
+    assert stream.refill(500)
+    assert not stream.stalled(900)
+    while stream.refill(1 << 20):
+        pass
+    assert not stream.stalled(900) and not stream.stalled(900) and not stream.stalled(900)

@@ -1,0 +1,112 @@
+"""A native session's Server-Sent Events side: starting a stream, its heartbeats, and
+its catch-up paced by the socket. A mixin of :class:`~migratory.server.session.Session`,
+kept apart so that each file reads alone (``Session.start_stream`` starts one).
+
+A stream's backlog (what the hub answered its subscribes with, then the live events
+that came meanwhile: :mod:`~migratory.server.sse_stream`) goes into the outbox only as
+the socket drains: the writer calls :meth:`StreamSession.refill` before each write, so
+the recovered messages never count against ClientMaxPendingBytes; the live events
+waiting behind them do (:meth:`StreamSession.backlog_grew`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from migratory.model.outbox import Outbox, SlowConsumer
+from migratory.protocol import sse
+from migratory.server.context import ServerContext
+from migratory.server.sse_stream import SseStream
+
+if TYPE_CHECKING:
+    from migratory.server.session import Link
+
+# How long a browser waits before reconnecting a stream: RECONNECT_MS plus up to
+# RECONNECT_JITTER_MS, drawn per stream, so the streams of a member that goes away do not
+# all come back in the same millisecond (a burst of set-ups costs the member they come
+# to full garbage collections: docs/benchmarks.md)
+RECONNECT_MS = 1000
+RECONNECT_JITTER_MS = 1000
+# A stream catching up (sse_stream.py) gets its backlog encoded into its outbox as the
+# socket drains: at most this many bytes per refill, and never past a quarter of its
+# ClientMaxPendingBytes (the rest is the room of the live events meanwhile)
+REFILL_BYTES = 65_536
+
+
+class StreamSession:
+    """Session methods of a Server-Sent Events stream."""
+
+    __slots__ = ()
+
+    _ctx: ServerContext
+    _link: Link
+    _stream: SseStream | None
+    outbox: Outbox
+    closing: bool
+    aborted: bool
+
+    def _send(self, frame: bytes) -> None:
+        raise NotImplementedError  # Session: bounded, a slow consumer past the limit
+
+    def _slow_consumer(self, why: SlowConsumer | str) -> None:
+        raise NotImplementedError  # Session
+
+    @property
+    def heartbeat_interval(self) -> float | None:
+        """Seconds between heartbeats of an idle stream; None: not a stream."""
+        return None if self._stream is None else float(self._ctx.config.sse_heartbeat_interval)
+
+    def heartbeat(self) -> None:
+        """An idle interval of a stream: a comment, or, for a stream whose catch-up moved
+        nothing for two intervals in a row (its reader stopped), the cut-off."""
+        stream = self._stream
+        if stream is None:
+            return
+        if stream.stalled(self.outbox.pending_bytes):
+            self._slow_consumer("catching up, nothing taken for two heartbeat intervals")
+            return
+        self._send(sse.comment())
+
+    # --- a stream's catch-up (sse_stream.py) ------------------------------------------
+
+    @property
+    def catching_up(self) -> bool:
+        """A stream's backlog waits (the writer calls :meth:`refill` as it drains)."""
+        stream = self._stream
+        return stream is not None and stream.catching_up
+
+    def refill(self) -> bool:
+        """Top the outbox up from a stream's backlog (the socket took what it held); True
+        while more waits. A WebSocket or a stream caught up: nothing, False."""
+        stream = self._stream
+        if stream is None or self.closing or self.aborted or not stream.catching_up:
+            return False
+        outbox = self.outbox
+        room = min(REFILL_BYTES, (outbox.max_pending >> 2) - outbox.pending_bytes)
+        if room <= 0:
+            return True
+        return stream.refill(room)
+
+    def queue(self, frame: bytes) -> None:
+        """An event of a stream's backlog (refill's caller writes it)."""
+        self._send(frame)
+
+    def backlog_grew(self, held: int) -> None:
+        """A stream's backlog grew, ``held`` bytes of live events in it: past
+        ClientMaxPendingBytes with what the outbox holds, a slow consumer; else the
+        writer is told (it refills as the socket drains)."""
+        if self.closing or self.aborted:
+            return
+        outbox = self.outbox
+        if outbox.pending_bytes + held > outbox.max_pending:
+            self._slow_consumer(
+                f"catching up: {held} bytes of live events wait behind the backlog, "
+                f"{outbox.pending_bytes} queued, ClientMaxPendingBytes {outbox.max_pending}"
+            )
+            return
+        self._link.mark_dirty()
+
+    def resumed(self, outcome: str) -> None:
+        """A stream's subject resumed: migratory_resumes_total, as native."""
+        stats = self._ctx.stats
+        stats.count(stats.resumes, outcome)
