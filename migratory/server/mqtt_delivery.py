@@ -31,6 +31,23 @@ PRUNE_FROM = 1024
 (:meth:`MqttDelivery.settle_reached`); then again each time they have doubled."""
 
 
+class _LastSettled:
+    """The position of the last message a session settled, shared by the sessions that
+    settle it next: a fan-out hands one message to every session in turn, and each
+    settles it at its next delivery of another subject -- one Position for all of them
+    (building one per session cost a '#' subscriber ~0.3 us of its ~0.5 us per
+    delivery when each delivery is of another subject)."""
+
+    __slots__ = ("message", "position")
+
+    def __init__(self) -> None:
+        self.message: Message | None = None
+        self.position = Position(0, 0)
+
+
+_SETTLED = _LastSettled()
+
+
 class MqttDelivery(MqttInput):
     # the last delivery's, and when to forget subjects; the rest are MqttSession's
     __slots__ = ("_hot", "_hot_subject", "_prune_at")
@@ -60,12 +77,24 @@ class MqttDelivery(MqttInput):
 
     def settle_reached(self) -> dict[str, Position | Message]:
         """The position reached on each subject, whole: the last delivery's subject is kept
-        apart by ``deliver_message`` (one subject's deliveries then touch no dictionary);
-        anything else that reads or writes the positions settles it first."""
+        apart by ``deliver_message`` (one subject's deliveries then touch no dictionary,
+        and the message stands for its position until then); anything else that reads or
+        writes the positions settles it first, as a Position: kept, the message held its
+        content after the hub dropped it (expired, or forgotten with its subject) -- a
+        session's last message of every subject, up to PRUNE_FROM of them and more
+        between prunes: 1 GB for 1,024 subjects of 1 MB messages. A session now holds
+        ~100 bytes per subject whatever its messages' size, plus the one message here."""
         subject = self._hot_subject
         if subject is not None:
-            if self._hot is not None:
-                self._reached[subject] = self._hot
+            hot = self._hot
+            if hot is not None:
+                if isinstance(hot, Message):  # its position (_LastSettled), inlined
+                    settled = _SETTLED
+                    if settled.message is not hot:
+                        settled.message = hot
+                        settled.position = hot.position
+                    hot = settled.position
+                self._reached[subject] = hot
             self._hot_subject = self._hot = None
             if len(self._reached) > self._prune_at:
                 self._forget_forgotten_subjects()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_mqtt_delivery import wildcard_sessions
 from test_mqtt_session import Wire, make, read, session
 
 from migratory.config import Config
@@ -413,13 +414,7 @@ def test_wildcard_sessions_forget_the_subjects_the_hub_forgot() -> None:
     with them). They are forgotten with the hub's: a session keeps at most about twice
     what the hub knows, plus PRUNE_FROM."""
     ctx, held = make(MaxPublishesPerSecond="0", CacheExpireTime="1")
-    publisher = session(ctx, "pub", {})
-    clean = session(ctx, "clean", {})
-    persistent = session(ctx, "kept", {}, clean_session=False)
-    for device in (clean, persistent):
-        device.receive_data(encode_packet(mqtt.Subscribe(1, (("dev/#", 0),))), 0.0)
-    held.settle()
-    read(clean), read(persistent)  # CONNACK, SUBACK
+    publisher, clean, persistent = wildcard_sessions(ctx, held)
     for round_ in range(10):
         publisher.receive_data(b"".join(
             encode_packet(mqtt.Publish(f"dev/d{round_}-{i}", b"x")) for i in range(1000)), 0.0)
