@@ -4,6 +4,11 @@ ones, in process: real sessions and the real hub, no sockets (the outboxes are e
 every 20 messages). CPU time, so the figure holds on a busy machine.
 
     .venv/bin/python benchmarks/mqtt_fanout_cpu.py [--subscribers 1000] [--messages 500]
+        [--subjects N]
+
+``--subjects N`` (N > 1): the MQTT subscribers take ``bench/#`` and the messages go
+round-robin over N subjects, so every delivery is of another subject than the last
+(``MqttSession.settle_reached`` on each).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ class Wire:
         pass
 
 
-def build(subscribers: int) -> tuple[ServerContext, list[Any], list[Any]]:
+def build(
+    subscribers: int, topic: str = "bench/mqtt"
+) -> tuple[ServerContext, list[Any], list[Any]]:
     config = Config.from_mapping({"ClientMaxPendingBytes": str(1 << 30)})
     hub = build_hub(config)
     ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
@@ -49,16 +56,19 @@ def build(subscribers: int) -> tuple[ServerContext, list[Any], list[Any]]:
     for i in range(subscribers):
         session = MqttSession(ctx, Wire(), "bench", registry)
         session.receive_data(encode_packet(mqtt.Connect(f"c{i}")), 0.0)
-        session.receive_data(encode_packet(mqtt.Subscribe(1, (("bench/mqtt", 0),))), 0.0)
+        session.receive_data(encode_packet(mqtt.Subscribe(1, ((topic, 0),))), 0.0)
         session.outbox.take()
         mqtts.append(session)
     return ctx, natives, mqtts
 
 
-def per_delivery_us(ctx: ServerContext, subject: str, sinks: list[Any], messages: int) -> float:
+def per_delivery_us(
+    ctx: ServerContext, subject: str, sinks: list[Any], messages: int, subjects: int = 1
+) -> float:
+    names = [subject] if subjects <= 1 else [f"{subject}/s{n}" for n in range(subjects)]
     started = time.process_time()
     for i in range(messages):
-        ctx.hub.publish(Message(subject, b"x" * 100), 0.0)
+        ctx.hub.publish(Message(names[i % len(names)], b"x" * 100), 0.0)
         if i % 20 == 19:
             for sink in sinks:
                 sink.outbox.take()
@@ -70,13 +80,17 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=1000)
     parser.add_argument("--messages", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--subjects", type=int, default=1,
+                        help="MQTT: 'bench/#' over this many subjects, round-robin")
     args = parser.parse_args()
-    ctx, natives, mqtts = build(args.subscribers)
+    wildcard = args.subjects > 1
+    ctx, natives, mqtts = build(args.subscribers, "bench/#" if wildcard else "bench/mqtt")
     for _ in range(args.rounds):
         native = per_delivery_us(ctx, "/bench/native", natives, args.messages)
-        mqtt_us = per_delivery_us(ctx, "/bench/mqtt", mqtts, args.messages)
+        mqtt_us = per_delivery_us(ctx, "/bench/mqtt", mqtts, args.messages, args.subjects)
+        over = f", MQTT '#' over {args.subjects} subjects" if wildcard else ""
         print(f"CPU per delivery: native {native:.3f} us, MQTT QoS 0 {mqtt_us:.3f} us "
-              f"({args.subscribers} subscribers, {args.messages} messages)")
+              f"({args.subscribers} subscribers, {args.messages} messages{over})")
 
 
 if __name__ == "__main__":
