@@ -147,20 +147,27 @@ class PeerService:
         backlog: Backlog | None = None,
     ) -> None:
         """Write queued frames (those queued together in one write); a heartbeat when none
-        came for HEARTBEAT_SECONDS. Taking a frame and writing it are separate steps: a
-        timeout never drops a frame."""
+        came for HEARTBEAT_SECONDS, and one at least that often on a busy link too, once
+        what is queued is written: heartbeats are what tells a non-seed this seed is ready
+        (a link that never idled under load kept a non-seed "not ready" for as long as
+        the load lasted when it had linked while this seed was not). Taking a frame and
+        writing it are separate steps: a timeout never drops a frame."""
         backlog = Backlog() if backlog is None else backlog
         try:
             async with frames:
+                last_beat = trio.current_time()
                 while True:
                     item: Outbound | None = None
                     with trio.move_on_after(HEARTBEAT_SECONDS):
                         item = await frames.receive()
-                    if item is None:
-                        await channel.send_encoded(self.stream.heartbeat())
-                        continue
                     while item is not None:
                         item = await self._write_some(channel, frames, item, backlog)
+                    # with nothing queued, every batch this seed applied is written (or
+                    # held for a sync): the heartbeat's clsn is the follower's to reach
+                    if (trio.current_time() - last_beat >= HEARTBEAT_SECONDS
+                            and not frames.statistics().current_buffer_used):
+                        await channel.send_encoded(self.stream.heartbeat())
+                        last_beat = trio.current_time()
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
 

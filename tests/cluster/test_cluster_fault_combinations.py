@@ -20,12 +20,17 @@ published them.
   seed submitted those late forwards and they were numbered after the newer publishes the
   non-seed had forwarded through the next seed (a publisher's 2056th message after its
   4580th, its older value the subject's snapshot); the same with the seed SIGSTOPped for
-  3 s instead, in about half the runs.
+  3 s instead, in about half the runs;
+- every Raft link between the seeds, and the leader's cluster links, stalled 3 s under
+  load, then delivering everything at once. Before a busy link carried heartbeats
+  (cluster/peers.py), the non-seed, having linked to a seed while it was not ready,
+  stayed not ready for as long as the load lasted (30 s, about one run in three).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import time
 from collections.abc import Iterable
@@ -297,6 +302,66 @@ def test_a_non_seeds_forwards_delivered_late_after_it_moved_on(tmp_path: Path) -
         publisher.stop()
         check_everything(cluster, [publisher], [watcher], set())
         print(f"{publisher.summary()}; failures {failure_reasons(publisher)}")
+    finally:
+        cluster.stop()
+        for pair in gates.values():
+            for gate in pair:
+                gate.shutdown()
+
+
+@pytest.mark.slow
+def test_every_raft_link_stalled_then_delivered_late_under_load(tmp_path: Path) -> None:
+    """Every Raft connection between the seeds stalls both ways for 3 s (nothing lost,
+    nothing delivered: the followers time out, stand, and their votes and the leader's
+    appends wait in the stalled links), with the leader's cluster links stalled too (its
+    non-seed leaves it); then everything held is delivered at once, old terms mixed with
+    new ones. Publishes go on through both seeds' links and the non-seed throughout."""
+    cluster = LocalCluster(tmp_path, members=4, seeds=3, MaxCachedMessagesPerSubject=CACHE)
+    gates = behind_gates(cluster)
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=40)
+        leader = cluster.leader()
+        others = [i for i in SEEDS if i != leader]
+        subscribers = [
+            LoadSubscriber([cluster.port(i) for i in [NON_SEED, *others]], tag="non-seed",
+                           duration=60),
+            LoadSubscriber([cluster.port(i) for i in [leader, *others]], tag="leader",
+                           duration=60),
+        ]
+        for subscriber in subscribers:
+            subscriber.start()
+            subscriber.wait_subscribed(10)
+        publishers = [
+            LoadPublisher([cluster.port(i) for i in [NON_SEED, *others]], rate=400,
+                          duration=40, tag="n"),
+            LoadPublisher([cluster.port(i) for i in [leader, *others]], rate=400,
+                          duration=40, tag="l"),
+        ]
+        for publisher in publishers:
+            publisher.start()
+            publisher.wait_acked(800, timeout=15)
+        held = [gates[i][1] for i in SEEDS] + [gates[leader][0]]
+        for gate in held:
+            gate.hold()
+        try:
+            time.sleep(3.0)
+        finally:
+            for gate in held:
+                gate.release(settle=0.0)
+        try:
+            cluster.wait_ready(timeout=30)
+        except TimeoutError:
+            raise AssertionError(json.dumps(
+                {i: cluster.status(i) for i in range(4)}, indent=1, default=str)) from None
+        for publisher in publishers:
+            publisher.wait_acked(len(publisher.acked) + 800, timeout=20)
+        for publisher in publishers:
+            publisher.stop()
+        check_everything(cluster, publishers, subscribers, set())
+        cluster.wait_same_applied(range(4))
+        print(f"leader {leader}; " + "; ".join(
+            f"{p.summary()} {failure_reasons(p)}" for p in publishers))
     finally:
         cluster.stop()
         for pair in gates.values():

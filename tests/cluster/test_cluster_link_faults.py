@@ -341,6 +341,43 @@ def test_every_queued_frame_is_written_once_in_order_even_when_slow(tick: float)
     assert any(isinstance(op, link.Heartbeat) for op in ops)  # idle gaps were filled
 
 
+def test_a_busy_link_carries_heartbeats_and_the_seeds_readiness_changes() -> None:
+    """A batch every 0.1 s for 4 s, the seed not ready for the first second: heartbeats
+    are the only carrier of its readiness. The writer sent one only after a quarter
+    second with nothing queued, never under such load, so a non-seed that linked while
+    its seed was not ready stayed "not ready" (every client turned away) for as long as
+    the load lasted (test_cluster_fault_combinations.py, every Raft link stalled: 30 s)."""
+    async def main() -> list[link.LinkOp]:
+        acceptor, connector = open_pair()
+        out = ChunkedStream(0.0)
+        channel = LinkChannel(out, role="accept", member="a:1", password=PASSWORD)  # type: ignore[arg-type]
+        channel.codec = acceptor
+        ready = False
+        stream = new_stream()
+        stream.is_ready = lambda: ready
+        service = PeerService(name="a:1", members=frozenset(), password=PASSWORD,
+                              stream=stream, take_forward=None)
+        send, receive = trio.open_memory_channel[Outbound](100)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service._write, channel, receive, nursery.cancel_scope)
+            for i, batch in enumerate(committed(40)):
+                send.send_nowait(link.encode_frame(link.Batch(batch)))
+                ready = i >= 10
+                await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+        connector.receive_data(bytes(out.written))
+        ops = []
+        while (event := connector.next_event()) is not None:
+            ops.append(event)
+        return ops
+
+    ops = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [op.batch.clsn for op in ops if isinstance(op, link.Batch)] == list(range(1, 41))
+    beats = [op for op in ops if isinstance(op, link.Heartbeat)]
+    assert len(beats) >= 3.0 / HEARTBEAT_SECONDS, len(beats)
+    assert not beats[0].ready and beats[-1].ready
+
+
 def test_frames_queued_together_go_out_in_one_write() -> None:
     async def main() -> tuple[list[object], int]:
         acceptor, connector = open_pair()
