@@ -30,6 +30,7 @@ from migratory.config_listeners import (
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
 from migratory.config_mqtt import MQTT_SESSION_SETTINGS, check_mqtt_sessions
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
+from migratory.config_sizes import check_sizes
 from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
     Setting,
@@ -128,7 +129,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ClientMaxPendingBytes", "client_max_pending_bytes", _int(1024, unit=" of bytes"),
             "4194304",
             "Bytes queued for a client that does not read before it is cut off as a slow "
-            "consumer (close 4500)."),
+            "consumer (close 4500). At least 2 x MaxMessageSize (room for the largest "
+            "message, encoded)."),
     Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
             "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
     Setting("GcThresholds", "gc_thresholds", _gc_thresholds, "20000,2,200",
@@ -389,11 +391,7 @@ def _check(config: Config, key: _Origins) -> Config:
         raise ConfigError(
             f"{key('Entitlement')} = Custom needs {key('EntitlementPlugin')} (module:Class)"
         )
-    if config.max_frame_size <= config.max_message_size:
-        raise ConfigError(
-            f"{key('MaxFrameSize')} ({config.max_frame_size}) must be larger than "
-            f"{key('MaxMessageSize')} ({config.max_message_size})"
-        )
+    check_sizes(config, key)
     return config
 
 

@@ -68,6 +68,20 @@ def test_cross_key_rules() -> None:
         load_config(overrides={"MaxFrameSize": "2048", "MaxMessageSize": "4096"}, environ={})
 
 
+def test_a_client_may_have_the_largest_message_waiting() -> None:
+    """A message larger than ClientMaxPendingBytes cut off every client it was delivered
+    to, and each again at every resume (an SSE stream, an MQTT session: for ever)."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides={"ClientMaxPendingBytes": "65536"}, environ={})
+    message = str(refused.value)
+    assert "ClientMaxPendingBytes (from --set) (65536) must be at least 2 x" in message
+    assert "MaxMessageSize" in message
+    assert "(131072)" in message
+    load_config(overrides={"ClientMaxPendingBytes": "262144"}, environ={})
+    load_config(overrides={"ClientMaxPendingBytes": "65536", "MaxMessageSize": "32768"},
+                environ={})
+
+
 def test_precedence_file_then_environment_then_set(tmp_path: Path) -> None:
     path = tmp_path / "c.conf"
     path.write_text("BatchTime = 1\nMaxBatchingSpace = 100\nServerName = file\n")

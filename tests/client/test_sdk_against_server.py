@@ -239,7 +239,8 @@ async def test_a_resume_too_large_for_the_outbox_at_once_still_recovers_every_su
     # server refuses the reconnect's subscribe whole ("subscribe answer too large");
     # each alone fits. Was: both subjects denied for good, nothing more delivered.
     server = await trio.to_thread.run_sync(
-        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536")
+        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536",
+                          MaxMessageSize="32768")
     )
     subjects = ("/e2e/big/a", "/e2e/big/b")
     async with trio.open_nursery() as nursery:
@@ -307,7 +308,8 @@ async def test_a_resume_that_can_never_fit_in_the_outbox_restarts_from_the_snaps
 ) -> None:
     # 20 missed 4 kB messages pass ClientMaxPendingBytes even alone: was denied for good
     server = await trio.to_thread.run_sync(
-        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536")
+        functools.partial(start_server, BatchTime="0", ClientMaxPendingBytes="65536",
+                          MaxMessageSize="32768")
     )
     async with trio.open_nursery() as nursery:
         proxy = await Proxy(server.port).start(nursery)

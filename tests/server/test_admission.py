@@ -287,7 +287,7 @@ def test_a_resume_from_an_epoch_the_subject_no_longer_has_is_sized_as_its_snapsh
     """Its answer is the snapshot and DATA_RESYNC; sized as the whole cache, it was
     refused ("subscribe answer too large") on a client whose pending limit the cache
     passes: the SDK then had to give the subject up (helper-38's report)."""
-    session, ctx, key = new_session(ClientMaxPendingBytes="65536")
+    session, ctx, key = new_session(ClientMaxPendingBytes="65536", MaxMessageSize="32768")
     fill(ctx, "/A/b", 400, 300)  # ~120 kB cached: more than the client may have pending
     ctx.hub.publish(Message("/A/b", b"s" * 100, retained=True), 0.0)
     written(session, key)

@@ -155,7 +155,7 @@ def test_a_message_published_anywhere_reaches_every_front_end(start_server: Any)
 
 
 def test_pipelined_requests_whose_answers_are_not_read_are_cut_off(start_server: Any) -> None:
-    server = start_server(ClientMaxPendingBytes="65536")
+    server = start_server(ClientMaxPendingBytes="65536", MaxMessageSize="32768")
     flood = socket.socket()
     flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     flood.connect(("127.0.0.1", server.port))

@@ -255,7 +255,7 @@ def test_replies_a_client_does_not_read_are_bounded_by_client_max_pending_bytes(
     """PINGREQ (or QoS 1 PUBLISH, SUBSCRIBE...) sent without reading the replies: they
     count against ClientMaxPendingBytes like deliveries, and the client is cut off as a
     slow consumer, instead of the replies piling up without bound."""
-    ctx, _ = make(ClientMaxPendingBytes="4096")
+    ctx, _ = make(ClientMaxPendingBytes="4096", MaxMessageSize="2048")
     device = session(ctx, "flood", {})
     device.receive_data(b"\xc0\x00" * 10_000, 0.0)  # 10,000 PINGREQ, nothing read
     assert device.closing and device.close_code == close_codes.SLOW_CONSUMER.code
@@ -266,7 +266,7 @@ def test_replies_a_client_does_not_read_are_bounded_by_client_max_pending_bytes(
 def test_websocket_pings_of_an_mqtt_client_that_does_not_read_are_bounded() -> None:
     """Over WebSocket, the pongs answering a client's pings count against
     ClientMaxPendingBytes like MQTT replies (they were queued without bound)."""
-    ctx, _ = make(ClientMaxPendingBytes="4096")
+    ctx, _ = make(ClientMaxPendingBytes="4096", MaxMessageSize="2048")
     device = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
     ping = ws.encode_frame(ws.PING, b"p" * 100, mask=b"mask")
     device.receive_data(ws.encode_masked_binary(encode_packet(mqtt.Connect("ws")), b"mask"),
@@ -283,7 +283,8 @@ def test_a_resume_cut_off_as_a_slow_consumer_stops_replaying(
     it is replayed; the replay went on offering every remaining missed message to the
     closed session (273 ms of CPU for 100 subjects x 1,000 missed 1 kB messages, per
     CONNECT). It stops at the cut; the client resumes from its saved positions."""
-    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes="65536")
+    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes="65536",
+                     MaxMessageSize="32768")
     registry: dict = {}
     device = session(ctx, "dev", registry, clean_session=False)
     device.receive_data(encode_packet(mqtt.Subscribe(1, tuple(
@@ -436,7 +437,8 @@ def test_qos1_messages_a_subscriber_never_acknowledges_are_bounded_by_its_budget
     kept each one's packet identifier, subject and position until all 65,535 identifiers
     were taken -- 11.5 MB per connection, past ClientMaxPendingBytes (4 MiB) and counted
     nowhere. Each now counts ENTRY_BYTES against ClientMaxPendingBytes."""
-    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes=str(100 * ENTRY_BYTES))
+    ctx, held = make(MaxPublishesPerSecond="0", ClientMaxPendingBytes=str(100 * ENTRY_BYTES),
+                     MaxMessageSize="4096")
     publisher = session(ctx, "pub", {})
     device = session(ctx, "dev", {})
     device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)

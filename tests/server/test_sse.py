@@ -151,7 +151,8 @@ def test_bad_stream_requests_are_refused(start_server: Any) -> None:
 
 
 def test_a_slow_reader_is_cut_off_and_others_keep_receiving(start_server: Any) -> None:
-    server = start_server(BatchTime="0", ClientMaxPendingBytes="65536")
+    server = start_server(BatchTime="0", ClientMaxPendingBytes="131072",
+                          MaxMessageSize="65536")
     slow = socket.socket()
     slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     slow.connect(("127.0.0.1", server.port))
@@ -208,7 +209,8 @@ def test_a_resume_past_the_client_limit_is_sent_whole_as_the_reader_takes_it(
     goes out as the socket drains: one connection gets all of it, then its sync. It
     used to be cut at the limit, the browser moving on a little at each reconnection
     (and never catching up behind a busy subject: test_sse_catch_up.py)."""
-    server = start_server(BatchTime="0", ClientMaxPendingBytes="4096")
+    server = start_server(BatchTime="0", ClientMaxPendingBytes="4096",
+                          MaxMessageSize="2048")
     last, seqs = missed_after_first(server.port, 40)
     resumed = SseClient(server.port, [A], last_event_id=last)
     events = resumed.events_until("sync")

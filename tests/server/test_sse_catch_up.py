@@ -28,7 +28,8 @@ def test_a_resume_far_behind_catches_up_while_publishing_goes_on(start_server: A
     little the kernel's buffers hold, within the 3 kB left beside the outbox's 1 kB. (A
     reader hardly faster than the publisher, one published per 4 events read, is cut,
     as it should be.)"""
-    server = start_server(BatchTime="0", ClientMaxPendingBytes="4096")
+    server = start_server(BatchTime="0", ClientMaxPendingBytes="4096",
+                          MaxMessageSize="2048")
     last, missed = missed_after_first(server.port, 400)
     publisher = HttpClient(server.port)
     resumed = SseClient(server.port, [A], last_event_id=last)
