@@ -106,6 +106,20 @@ class RawLink:
                 raise EOFError("the client closed the connection")
             self._events += self._decoder.events(data)
 
+    async def closed_by_client(self) -> int | None:
+        """Read on (operations are dropped) until the client's close frame; answer it, as a
+        polite server does, and return its code."""
+        while True:
+            while self._events:
+                event = self._events.pop(0)
+                if isinstance(event, ws.CloseReceived):
+                    self._write(ws.encode_close(event.code or 1000))
+                    return event.code
+            data = await self._recv()
+            if not data:
+                raise EOFError("the client closed the connection without a close frame")
+            self._events += self._decoder.events(data)
+
     async def expect(self, kind: type[ops.ClientOp]) -> ops.ClientOp:
         op = await self.receive()
         assert isinstance(op, kind), f"expected {kind.__name__}, got {op!r}"

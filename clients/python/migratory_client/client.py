@@ -43,6 +43,7 @@ from migratory_client.session import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
     HandshakeFailed,
+    HandshakeTimeout,
     Keepalive,
     NotSent,
     Session,
@@ -237,6 +238,8 @@ class Client:
             return pending.result
         if not sent:
             raise NotConnectedError(subject, timeout)
+        if pending.lost is None:  # its status may still come: told as a notification
+            self._router.given_up(closure)
         raise PublishOutcomeUnknown(subject, closure, pending.lost or f"no status in {timeout} s")
 
     async def publish_nowait(
@@ -347,7 +350,10 @@ class Client:
         except ConnectionClosed as exc:
             return session.ended_by(exc)
         except (HandshakeFailed, OperationError) as exc:
-            await session.close(close_codes.PROTOCOL_ERROR.code, "expected 'connected'")
+            # one silent for connect_timeout will not answer the close either: the next
+            # member is tried now, not after the closing handshake's CLOSE_TIMEOUT
+            wait = 0.0 if isinstance(exc, HandshakeTimeout) else None
+            await session.close(close_codes.PROTOCOL_ERROR.code, "expected 'connected'", wait)
             return SessionEnd.by_client(f"handshake failed: {exc}")
         requests = self._router.requests_for(session.id)
         self._set_live(session)

@@ -35,13 +35,16 @@ class NotificationStatus(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Notification:
-    """One client notification; ``subject`` and ``position`` are None for server events."""
+    """One client notification; ``subject`` and ``position`` are None for server events.
+    ``closure`` is set on the status of a publish that :meth:`Client.publish` gave up
+    waiting for (the closure of its ``PublishOutcomeUnknown``): its outcome after all."""
 
     status: NotificationStatus
     subject: str | None = None
     position: Position | None = None
     reason: str | None = None
     server: str | None = None
+    closure: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,9 @@ from migratory_client.resume import SubjectTracker, Verdict
 
 __all__ = ["Outlet", "PendingPublish", "Reaction", "Router"]
 
+GIVEN_UP_REMEMBERED = 10_000
+"""Closures of publishes given up (timed out) whose late status is still told."""
+
 
 @dataclass(slots=True)
 class PendingPublish:
@@ -83,6 +86,9 @@ class Router:
         self.notifications = notifications
         self.trackers: dict[str, SubjectTracker] = {}
         self.pending: dict[str, PendingPublish] = {}
+        self._given_up: dict[str, None] = {}
+        """Closures of publishes whose ``publish()`` gave up waiting, oldest first."""
+        self.stray_publish_statuses = 0
         self._outlets: dict[str, Outlet] = {}
         self._alone: list[str] = []
         """Subjects of a subscribe refused whole as too large, to ask for one at a time."""
@@ -228,17 +234,32 @@ class Router:
             return (tracker.request(),)
         return ()
 
+    def given_up(self, closure: str) -> None:
+        """:meth:`Client.publish` stopped waiting for ``closure``'s status (its timeout):
+        should it come after all, it is told once, as a notification carrying the closure."""
+        self._given_up[closure] = None
+        while len(self._given_up) > GIVEN_UP_REMEMBERED:
+            del self._given_up[next(iter(self._given_up))]
+
     def on_publish_status(self, op: PublishStatus, server: str) -> None:
-        pending = self.pending.pop(op.closure, None) if op.closure is not None else None
-        if pending is None:  # a publish without closure, or one we stopped waiting for
-            self.notifications.put(
-                Notification(
-                    NotificationStatus.of(op.status), op.subject, op.position, op.reason, server
-                )
-            )
+        """The one status of a publish: its ``publish()``'s result; a notification for a
+        publish without closure (``publish_nowait``), or once for one given up. A status
+        for a closure already answered, or never made by this client, is a server's
+        mistake: dropped (counted in ``stray_publish_statuses``), never a second status."""
+        closure = op.closure
+        pending = self.pending.pop(closure, None) if closure is not None else None
+        if pending is not None:
+            pending.result = PublishResult(op.status, op.subject, op.position, op.reason)
+            pending.done.set()
             return
-        pending.result = PublishResult(op.status, op.subject, op.position, op.reason)
-        pending.done.set()
+        if closure is not None:
+            if closure not in self._given_up:
+                self.stray_publish_statuses += 1
+                return
+            del self._given_up[closure]  # told once
+        status = NotificationStatus.of(op.status)
+        note = Notification(status, op.subject, op.position, op.reason, server, closure)
+        self.notifications.put(note)
 
     # --- session life ---------------------------------------------------------
 

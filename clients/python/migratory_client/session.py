@@ -39,7 +39,7 @@ from migratory.protocol.ops import (
 )
 from migratory_client.routing import Router
 
-__all__ = ["Keepalive", "NotSent", "Session", "SessionEnd"]
+__all__ = ["HandshakeFailed", "HandshakeTimeout", "Keepalive", "NotSent", "Session", "SessionEnd"]
 
 SUBPROTOCOL = "migratory.cbor"
 MAX_FRAME_BYTES = 64 * 2**20
@@ -133,6 +133,10 @@ class HandshakeFailed(Exception):
     """The server did not answer ``connect`` with ``connected`` in time."""
 
 
+class HandshakeTimeout(HandshakeFailed):
+    """The server said nothing within the time limit: it will not answer a close either."""
+
+
 class Session:
     def __init__(
         self,
@@ -223,7 +227,7 @@ class Session:
             self.server_name = op.server
             self.subscribe_chunk = op.max_subjects_per_subscribe or SUBSCRIBE_CHUNK
             return op
-        raise HandshakeFailed(f"no 'connected' within {timeout} s")
+        raise HandshakeTimeout(f"no 'connected' within {timeout} s")
 
     async def subscribe(self, requests: Sequence[SubscriptionRequest]) -> None:
         """Send subscription requests, in as many ``subscribe`` operations as the server's
@@ -243,9 +247,10 @@ class Session:
         assert self._end is not None
         return self._end
 
-    async def close(self, code: int, reason: str, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Close with ``code``; give up on the closing handshake after ``timeout`` s."""
-        with trio.move_on_after(timeout):
+    async def close(self, code: int, reason: str, timeout: float | None = None) -> None:
+        """Close with ``code``; give up on the closing handshake after ``timeout`` s
+        (default ``CLOSE_TIMEOUT``)."""
+        with trio.move_on_after(CLOSE_TIMEOUT if timeout is None else timeout):
             await self.ws.aclose(code, reason)
 
     async def _close_unresponsive(self, reason: str) -> None:
