@@ -194,30 +194,46 @@ export class Client {
     const answer = new Promise((resolve, reject) => {
       pending = { subject, closure, resolve, reject };
     });
-    for (;;) { // a session that ended before the send did not take it: wait for the next
-      const session = await this.waitLive(Math.max(0, deadline - Date.now()) / 1000,
-        () => new NotConnectedError(subject, timeout));
-      this.router.pending.set(closure, pending);
-      if (session.send(op)) break;
-      this.router.pending.delete(closure);
-      await new Promise((resolve) => { setTimeout(resolve, 50); }); // it is closing: its end is near
-    }
+    await this.sendPublish(op, subject, timeout, deadline);
+    this.router.pending.set(closure, pending); // no frame is read before this: same turn
+    let timedOut = false;
     try {
-      return await withTimeout(answer, Math.max(0, deadline - Date.now()),
-        () => new PublishOutcomeUnknown(subject, closure, `no status in ${timeout} s`));
+      return await withTimeout(answer, Math.max(0, deadline - Date.now()), () => {
+        timedOut = true;
+        return new PublishOutcomeUnknown(subject, closure, `no status in ${timeout} s`);
+      });
     } finally {
       this.router.pending.delete(closure);
+      if (timedOut) this.router.givenUp(closure); // its status may still come: told once
+    }
+  }
+
+  /** Send a publish on the open session once its WebSocket has room (MAX_BUFFERED_BYTES);
+   * a session that ends first did not take it: the next one does. NotConnectedError
+   * (not sent) at `deadline`. */
+  async sendPublish(op, subject, timeout, deadline) {
+    for (;;) {
+      const session = await this.waitLive(Math.max(0, deadline - Date.now()) / 1000,
+        () => new NotConnectedError(subject, timeout));
+      const congested = session.congested;
+      if (!congested && session.send(op)) return;
+      if (Date.now() >= deadline) {
+        throw new NotConnectedError(subject, timeout,
+          `the connection to ${session.server} took nothing more within ${timeout} s`);
+      }
+      // full: a browser has no event for "written", so look again soon; closing: its end is near
+      await new Promise((resolve) => { setTimeout(resolve, congested ? 10 : 50); });
     }
   }
 
   /** Publish without a closure: no PUBLISH_OK; failures arrive as notifications. Waits
-   * up to `timeout` s for a session (then NotConnectedError: not sent, nothing piles up
-   * while every server is down); rejects with PublishOutcomeUnknown if it could not be sent. */
+   * up to `timeout` s for a session whose WebSocket has room (MAX_BUFFERED_BYTES), then
+   * rejects with NotConnectedError: not sent (nothing piles up while every server is
+   * down or one stopped reading). */
   async publishNoWait(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD,
     timeout = 10 } = {}) {
     const op = publishOp(subject, content, fields, retained, qos, null);
-    const session = await this.waitLive(timeout, () => new NotConnectedError(subject, timeout));
-    if (!session.send(op)) throw new PublishOutcomeUnknown(subject, "", "connection lost while sending");
+    await this.sendPublish(op, subject, timeout, Date.now() + timeout * 1000);
   }
 
   // --- sessions -----------------------------------------------------------------

@@ -36,12 +36,14 @@ export class ClientClosedError extends MigratoryError {
   }
 }
 
-/** No session came up within `timeout` seconds: the message was **not** sent. */
+/** No session came up within `timeout` seconds, or none whose WebSocket had room
+ * (a server that stopped reading): the message was **not** sent. */
 export class NotConnectedError extends MigratoryError {
-  constructor(subject, timeout) {
-    super(`not published to ${subject}: no server session within ${timeout} s`);
+  constructor(subject, timeout, reason = `no server session within ${timeout} s`) {
+    super(`not published to ${subject}: ${reason}`);
     this.subject = subject;
     this.timeout = timeout;
+    this.reason = reason;
   }
 }
 

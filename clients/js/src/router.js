@@ -20,9 +20,12 @@ import { Verdict } from "./resume.js";
 
 /** One client notification; `subject` and `position` are null for server events. */
 export function notification(status, { subject = null, position = null, reason = null,
-  server = null } = {}) {
-  return Object.freeze({ status, subject, position, reason, server });
+  server = null, closure = null } = {}) {
+  return Object.freeze({ status, subject, position, reason, server, closure });
 }
+
+/** Closures of publishes given up (timed out) whose late status is still told. */
+export const GIVEN_UP_REMEMBERED = 10_000;
 
 export class Router {
   /** `notify(notification)` receives every notification. */
@@ -32,6 +35,9 @@ export class Router {
     this.trackers = new Map();
     /** closure -> {subject, closure, resolve, reject} */
     this.pending = new Map();
+    /** Closures of publishes whose publish() gave up waiting, oldest first. */
+    this.givenUpClosures = new Set();
+    this.strayPublishStatuses = 0;
     /** subject -> subscription (its outlet: paused, full(), push(), end()) */
     this.outlets = new Map();
     /** Subjects of a subscribe refused whole as too large, to ask for one at a time. */
@@ -182,11 +188,29 @@ export class Router {
     return [];
   }
 
+  /** publish() stopped waiting for `closure`'s status (its timeout): should it come
+   * after all, it is told once, as a notification carrying the closure. */
+  givenUp(closure) {
+    this.givenUpClosures.add(closure);
+    for (const oldest of this.givenUpClosures) {
+      if (this.givenUpClosures.size <= GIVEN_UP_REMEMBERED) break;
+      this.givenUpClosures.delete(oldest);
+    }
+  }
+
+  /** The one status of a publish: its publish()'s result; a notification for a publish
+   * without closure (publishNoWait), or once for one given up. A status for a closure
+   * already answered, or never made by this client, is a server's mistake: dropped
+   * (counted in strayPublishStatuses), never a second status. */
   onPublishStatus(op, server) {
     const pending = op.closure === null ? undefined : this.pending.get(op.closure);
-    if (pending === undefined) { // a publish without closure, or one we stopped waiting for
+    if (pending === undefined) {
+      if (op.closure !== null && !this.givenUpClosures.delete(op.closure)) {
+        this.strayPublishStatuses += 1;
+        return;
+      }
       this.notify(notification(op.status, {
-        subject: op.subject, position: op.position, reason: op.reason, server,
+        subject: op.subject, position: op.position, reason: op.reason, server, closure: op.closure,
       }));
       return;
     }

@@ -13,6 +13,13 @@ const OPEN = 1;
 /** Most entries in one subscribe when the server does not say its MaxSubjectsPerSubscribe
  * in `connected` (more close the session with 4000). */
 export const SUBSCRIBE_CHUNK = 100;
+/** Bytes a session's WebSocket may hold unsent before a publish waits for room: a server
+ * that stops reading must not make the client buffer every publish the application
+ * makes (a browser WebSocket takes them all; nothing else bounds it). */
+export const MAX_BUFFERED_BYTES = 8 * 2 ** 20;
+/** Largest server frame accepted (the Python SDK's MAX_FRAME_BYTES): a larger one loses
+ * the session before it is decoded (a browser has received it whole by then). */
+export const MAX_FRAME_BYTES = 64 * 2 ** 20;
 
 /** Why a session ended: a close by the server (`code`, its `reason`), or a loss the
  * client saw or decided (code 1006). `terminal`: the code forbids retrying. `readAll`:
@@ -78,6 +85,8 @@ export class Session {
     this.framesRead = 0;
     this.pingId = 0;
     this.pongId = 0;
+    /** Payload bytes handed to the WebSocket: with its bufferedAmount, whether it moved. */
+    this.bytesQueued = 0;
     this.timers = new Set();
     this.connectOp = o.connectOp;
     try {
@@ -108,10 +117,17 @@ export class Session {
     return this.live && !this.ended;
   }
 
+  /** Whether the WebSocket holds MAX_BUFFERED_BYTES not yet written: a publish waits. */
+  get congested() {
+    return this.ws !== null && this.ws.bufferedAmount >= MAX_BUFFERED_BYTES;
+  }
+
   /** Send one client operation; false when the connection is not open (not sent). */
   send(op) {
     if (this.ended || this.ws === null || this.ws.readyState !== OPEN) return false;
-    this.ws.send(encodeClientOp(op));
+    const bytes = encodeClientOp(op);
+    this.ws.send(bytes);
+    this.bytesQueued += bytes.length;
     return true;
   }
 
@@ -137,6 +153,12 @@ export class Session {
   onFrame(data) {
     if (this.ended) return;
     this.framesRead += 1;
+    const size = typeof data === "string" ? data.length : data.byteLength;
+    if (size > MAX_FRAME_BYTES) {
+      this.finish(SessionEnd.byClient(`bad frame from the server (${CloseCode.MESSAGE_TOO_BIG} `
+        + `MESSAGE_TOO_BIG: ${size} bytes, more than ${MAX_FRAME_BYTES})`));
+      return;
+    }
     try {
       if (typeof data === "string") {
         throw new ProtocolError(CloseCode.UNSUPPORTED_DATA, "text frame from the server");
@@ -204,16 +226,28 @@ export class Session {
   }
 
   // No pong within `timeout`: lost, unless frames kept arriving meanwhile (a large
-  // answer ahead of the pong), then wait once more.
-  waitPong(framesBefore) {
+  // answer ahead of the pong), then wait once more -- but not while the WebSocket wrote
+  // nothing of what it holds (a server that stopped reading, as the Python SDK's send
+  // that cannot finish within the timeout).
+  waitPong(framesBefore, queuedBefore = this.bytesQueued, bufferedBefore = this.buffered()) {
     this.later(this.keepalive.timeout, () => {
       if (this.pongId >= this.pingId) return;
+      const buffered = this.buffered();
+      const written = bufferedBefore + (this.bytesQueued - queuedBefore) - buffered;
+      if (buffered > 0 && written <= 0) {
+        this.finish(SessionEnd.byClient(`could not send for ${this.keepalive.timeout} s`));
+        return;
+      }
       if (this.framesRead !== framesBefore) {
         this.waitPong(this.framesRead);
         return;
       }
       this.finish(SessionEnd.byClient(`no pong within ${this.keepalive.timeout} s`));
     }, "pong");
+  }
+
+  buffered() {
+    return this.ws?.bufferedAmount ?? 0;
   }
 
   onPong(id) {

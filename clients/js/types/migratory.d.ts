@@ -52,6 +52,9 @@ export interface Notification {
   readonly reason: string | null;
   /** URL of the server it came from. */
   readonly server: string | null;
+  /** Set on the status of a publish whose `publish()` timed out (the closure of its
+   * PublishOutcomeUnknown): its outcome after all. */
+  readonly closure: string | null;
 }
 
 export interface PublishResult {
@@ -175,6 +178,8 @@ export class ClientClosedError extends MigratoryError {}
 export class NotConnectedError extends MigratoryError {
   readonly subject: string;
   readonly timeout: number;
+  /** Why it was not sent: no session, or one whose WebSocket took nothing more. */
+  readonly reason: string;
 }
 export class PublishOutcomeUnknown extends MigratoryError {
   readonly subject: string;
