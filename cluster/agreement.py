@@ -225,6 +225,21 @@ class SeedAgreement:
             s in self.verdicts and self.verdicts[s] is None))
         return linked >= len(self.seeds) // 2 + 1
 
+    def waiting(self) -> str:
+        """Why a member not yet :meth:`settled` waits, with what it has learnt so far: a
+        seed whose seeds do not all exist (``ClusterSeedMemberCount`` raised on it alone)
+        never hears a majority, and must still say which setting the others refuse."""
+        text = "member is comparing cluster settings with the seeds"
+        against = self.against()
+        unreached = sum(1 for s in self.seeds if s != self.me and s not in self.verdicts)
+        found = []
+        if against:
+            found.append(f"{len(against)} of the {len(self.seeds)} seeds disagree so far: "
+                         f"{next(iter(against.values()))}")
+        if self.rounds and unreached:
+            found.append(f"{unreached} of the {len(self.seeds)} seeds not reached")
+        return "; ".join([text, *found])
+
     def reason(self) -> str | None:
         """Why this member must not take clients (or run its role), or None."""
         if self.own_address is not None:

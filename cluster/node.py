@@ -121,7 +121,7 @@ class GuaranteedNode:
 
     def _role_reason(self, now: float) -> str | None:
         if not self._role_started:
-            return "member is comparing cluster settings with the seeds"
+            return self.agreement.agreement.waiting()
         if self.seed is not None:
             return self.seed.not_ready_reason()
         assert self.upstream is not None

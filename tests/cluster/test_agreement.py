@@ -185,6 +185,24 @@ def test_a_seed_starts_raft_once_a_majority_of_the_seeds_linked() -> None:
     assert not non_seed.settled(majority=False)
 
 
+def test_a_seed_that_waits_says_what_it_learnt() -> None:
+    """A seed rolled alone onto ClusterSeedMemberCount = 5 counts seeds that do not
+    exist: the two that answer refuse it, a minority of five, so no reason() -- but its
+    readiness must still name the setting (deploy/k8s/README.md, Scaling)."""
+    five = (S0, S1, S2, N3, N4)
+    seed = SeedAgreement(me=S2, seeds=five)
+    assert seed.waiting() == "member is comparing cluster settings with the seeds"
+    seed.rounds = 1
+    seed.record(S0, "ClusterSeedMemberCount differs: 5 here, 3 there")
+    seed.record(S1, "ClusterSeedMemberCount differs: 5 here, 3 there")
+    assert seed.reason() is None and not seed.settled(majority=True)
+    assert seed.waiting() == (
+        "member is comparing cluster settings with the seeds; 2 of the 5 seeds disagree "
+        "so far: ClusterSeedMemberCount differs: 5 here, 3 there; 2 of the 5 seeds not "
+        "reached"
+    )
+
+
 def test_a_seed_counts_itself_as_agreeing() -> None:
     agreement = SeedAgreement(me=S0, seeds=(S0, S1, S2), rounds=1)
     agreement.record(S1, "differs")
