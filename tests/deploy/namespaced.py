@@ -14,13 +14,13 @@ TIME_SCALE = "0.5"  # the manifest's probe periods, preStop sleep and grace peri
 
 
 def run_namespaced(
-    script: str, out: Path, timeout: float
+    script: str, out: Path, timeout: float, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """Run ``tests/deploy/<script>`` under ``unshare --net`` with ``--out out``; its
-    result and the ``summary.json`` it wrote (asserted to exist)."""
+    """Run ``tests/deploy/<script> *args`` under ``unshare --net`` with ``--out out``;
+    its result and the ``summary.json`` it wrote (asserted to exist)."""
     assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
     result = subprocess.run(
-        ["unshare", "--net", "--", sys.executable, str(HERE / script),
+        ["unshare", "--net", "--", sys.executable, str(HERE / script), *args,
          "--out", str(out), "--time-scale", TIME_SCALE],
         capture_output=True, text=True, timeout=timeout,
     )

@@ -4,6 +4,7 @@ started exactly as a pod starts does not exit."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import secrets
 import sys
@@ -89,3 +90,27 @@ def test_a_pod_started_as_the_manifest_says_serves_and_waits_for_its_peers(
         code = pod.stop()
     assert code == 0, pod.log()
     assert "Traceback" not in pod.log()
+
+
+def test_a_member_template_renamed_in_the_configmap_alone_stops_the_rolled_pod(
+    tmp_path: Path,
+) -> None:
+    """Each pod's own address (ClusterMemberListen) comes from statefulset.yaml, the list
+    from the ConfigMap's ClusterMemberTemplate: renaming the members in the ConfigMap
+    alone (fully qualified names, another service, another port) leaves the first pod
+    rolled out of its own list. It must stop at start naming both keys -- the rollout
+    stalls on a crash-looping pod whose log says why (deploy/k8s/README.md, Scaling) --
+    not serve under an address the others do not list."""
+    from migratory.config import ConfigError
+
+    docs = copy.deepcopy(DOCS)
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    text = config_map["data"]["migratory.conf"]
+    short = "migratory-{ordinal}.migratory-members:9800"
+    assert short in text
+    config_map["data"]["migratory.conf"] = text.replace(
+        short, "migratory-{ordinal}.migratory-members.default.svc.cluster.local:9800")
+    with pytest.raises(ConfigError) as refused:
+        load_pod_config(pod_view(docs, 2, PASSWORD), tmp_path)
+    assert "ClusterMemberListen (from environment) migratory-2.migratory-members:9800 is " \
+        "not one of ClusterMembers (ClusterMemberTemplate" in str(refused.value)

@@ -236,3 +236,32 @@ def test_push_monitoring_is_on_once_the_operator_creates_its_token(tmp_path: Pat
     assert load_pod_config(view, tmp_path / "a").monitor_token == ""  # no Secret: off
     with_token = pod_view(DOCS, 0, {**PASSWORD, ("migratory-monitoring", "token"): "t0k3n"})
     assert load_pod_config(with_token, tmp_path / "b").monitor_token == "t0k3n"
+
+
+def test_the_readmes_kubectl_steps_name_the_installs_resources() -> None:
+    """Each resource a kubectl step of deploy/k8s/README.md names is one the install
+    makes: the StatefulSet, its pods (migratory-N), their claims (<template>-<pod>), the
+    optional Secret and its key the pods read."""
+    sts = find(DOCS, "StatefulSet")
+    name = sts["metadata"]["name"]
+    (claim,) = (c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"])
+    env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
+    secret_keys = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+                   for e in env if "secretKeyRef" in e.get("valueFrom", {})}
+    text = (K8S_DIR / "README.md").read_text()
+    steps = [*re.findall(r"`(kubectl [^`]*)`", text),  # in the text, in code blocks:
+             *re.findall(r"^\s*(kubectl (?:[^\n]*\\\n)*[^\n]*)", text, re.MULTILINE)]
+    named = []
+    for step in steps:
+        for kind, ref in re.findall(r"\b(statefulset|pvc|pod|logs)[/ \n]+([A-Za-z0-9-]+)", step):
+            named.append(ref)
+            expected = {"statefulset": name, "pvc": f"{claim}-{name}-N",
+                        "pod": f"{name}-N", "logs": f"{name}-N"}[kind]
+            assert ref == expected, (step, ref, expected)
+        for secret, key in re.findall(r"secret generic ([a-z0-9-]+)[^`]*?--from-literal=(\w+)=",
+                                      step):
+            named.append(secret)
+            assert (secret, key) in secret_keys, (step, secret_keys)
+    # the patterns still find the README's steps
+    assert {"migratory", "data-migratory-N", "migratory-N", "migratory-monitoring"} <= set(
+        named), named
