@@ -59,9 +59,9 @@ async def test_a_session_ended_while_frames_wait_unread_and_the_peer_reset_recon
         peer.close()
 
 
-async def silent_after_a_backlog(peer: RawPeer, messages: int, frames: int) -> float:
+async def silent_after_a_backlog(peer: RawPeer, messages: int, frames: int) -> None:
     """Accept the session, answer the subscription with ``messages`` in ``frames`` frames,
-    then go silent (read nothing, answer nothing, close nothing); returns when."""
+    then go silent (read nothing, answer nothing, close nothing)."""
     link = await peer.accept()
     await link.accept_session()
     subscribe = await link.expect(ops.Subscribe)
@@ -73,11 +73,12 @@ async def silent_after_a_backlog(peer: RawPeer, messages: int, frames: int) -> f
     ]
     allow = ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, "/a/b", Position(7, 0))
     link.write(allow, *batches)
-    return trio.current_time()
 
 
 KEEPALIVE = Keepalive(interval=0.2, timeout=0.3)
-SLACK = 0.5  # scheduling on a busy machine
+"""The peer goes silent and closes nothing: only the keepalive can end the session. What
+the tests claim is that it does ("no pong"), and before the application has read the
+backlog -- not how many seconds it took (the test's hang guard bounds that)."""
 
 
 @trio_test
@@ -88,12 +89,9 @@ async def test_a_silent_connection_ends_the_session_while_the_application_does_n
             [peer.url], reconnect=FAST, keepalive=KEEPALIVE, message_buffer=5
         ) as client:
             client.subscribe("/a/b")  # and never read
-            silent_since = await silent_after_a_backlog(peer, messages=50, frames=10)
-            with trio.fail_after(3):
-                down = await next_note(client, NotificationStatus.SERVER_DOWN)
-            took = trio.current_time() - silent_since
-            assert took < KEEPALIVE.interval + KEEPALIVE.timeout + SLACK, took
-            assert "no pong" in (down.reason or "")
+            await silent_after_a_backlog(peer, messages=50, frames=10)
+            down = await next_note(client, NotificationStatus.SERVER_DOWN)
+            assert "no pong" in (down.reason or ""), down
     finally:
         peer.close()
 
@@ -103,21 +101,22 @@ async def test_a_silent_connection_ends_the_session_while_the_application_reads_
     peer = RawPeer()
     try:
         async with (
-            connect([peer.url], reconnect=FAST, keepalive=KEEPALIVE, message_buffer=10) as client,
+            connect([peer.url], reconnect=FAST, keepalive=KEEPALIVE, message_buffer=200) as client,
             trio.open_nursery() as nursery,
         ):
             subscription = client.subscribe("/a/b")
+            read: list[Message] = []
 
             async def slow_application() -> None:
-                async for _ in subscription:
-                    await trio.sleep(0.02)
+                async for m in subscription:
+                    read.append(m)
+                    await trio.sleep(0.02)  # 200 messages held: 4 s of reading, 8 x the keepalive
 
             nursery.start_soon(slow_application)
-            silent_since = await silent_after_a_backlog(peer, messages=200, frames=40)
-            with trio.fail_after(3):
-                await next_note(client, NotificationStatus.SERVER_DOWN)
-            took = trio.current_time() - silent_since
-            assert took < KEEPALIVE.interval + KEEPALIVE.timeout + SLACK, took
+            await silent_after_a_backlog(peer, messages=200, frames=40)
+            down = await next_note(client, NotificationStatus.SERVER_DOWN)
+            assert "no pong" in (down.reason or ""), down
+            assert len(read) < 200, "ended only once the application had caught up"
             nursery.cancel_scope.cancel()
     finally:
         peer.close()
