@@ -183,14 +183,17 @@ def test_keep_alive_expiry_closes_and_publishes_the_will(server) -> None:  # typ
                                                                      False))
     assert connack == mqtt.Connack(False, 0)
     started = time.monotonic()
-    assert silent.closed_by_server(timeout=10)
-    assert 1.2 < time.monotonic() - started < 8  # 1.5 x keep-alive (a busy machine: later)
+    assert silent.closed_by_server(timeout=60)  # a hang guard, not the claim
+    # not before 1.5 x keep-alive (the server's wait began before the CONNACK was sent;
+    # a busy box can only make it later, so no upper bound but the guard)
+    assert time.monotonic() - started > 1.2
+    assert "nothing received for 1.5 x keep-alive 1 s" in server.log()
     assert [m.payload for m in watcher.receive(1)] == [b"x"]
-    # a client that pings is kept
+    # a client that pings is kept: 2.4 s, past 1.5 x keep-alive, a ping every 0.2 s
     pinging = MqttRawClient(server.mqtt_port)
     pinging.connect("pinging", keep_alive=1)
-    for _ in range(4):
-        time.sleep(0.6)
+    for _ in range(12):
+        time.sleep(0.2)
         pinging.send(mqtt.Pingreq())
         assert pinging.recv() == mqtt.Pingresp()
 
