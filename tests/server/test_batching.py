@@ -4,8 +4,8 @@ waits for the next tick, so a busy client still gets about one write per BatchTi
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +18,7 @@ from migratory.server.app import Server
 from tests.server.rawclient import RawClient
 
 SUBJECT = "/batching/idle"
+T = TypeVar("T")
 
 
 class Link:
@@ -65,38 +66,79 @@ def test_without_idle_write_everything_waits_for_the_tick() -> None:
     assert server.dirty == {quiet} and not server.urgent
 
 
-def _updates_after_publishes(port: int) -> tuple[float, float]:
-    """Seconds from publish to delivery for two publishes, the second sent as soon as
-    the first arrived."""
-    subscriber = RawClient(port, timeout=12)
+HANG_GUARD = 30.0  # s: only against a hang, never the claim
+
+
+def _with_ticks_held(
+    overrides: dict[str, str], steps: Callable[[int, Callable[[], None]], T]
+) -> tuple[T, int]:
+    """Runs ``steps(port, release)`` (in a thread) against an in-process server whose
+    batch ticks write nothing until ``release()``; returns its result and how many ticks
+    were held. With the ticks held, what a client gets came by an idle write or not at
+    all -- however slow the box, no tick can deliver it meanwhile."""
+    server = Server(load_config(
+        overrides={"Listen": "127.0.0.1:0", "BatchTime": "200", **overrides}, environ={},
+    ))
+    batch_tick, held = server.batch_tick, []
+
+    def release() -> None:
+        server.batch_tick = batch_tick  # type: ignore[method-assign]
+
+    server.batch_tick = lambda: held.append(1)  # type: ignore[method-assign]
+    results: list[T] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ((_host, port), *_) = await nursery.start(server.serve)
+            results.append(await trio.to_thread.run_sync(steps, port, release))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return results[0], len(held)
+
+
+def _publish_to_a_quiet_subscriber(port: int) -> RawClient:
+    subscriber = RawClient(port, timeout=HANG_GUARD)
     subscriber.connect("subscriber")
     subscriber.subscribe(SUBJECT)
     while not isinstance(subscriber.recv_op(), ops.SubjectStatus):
         pass
     publisher = RawClient(port)
     publisher.connect("publisher")
-    waited = []
-    for content in (b"first", b"second"):
-        started = time.monotonic()
-        publisher.send_op(ops.Publish(Message(SUBJECT, content)))
-        while not isinstance(subscriber.recv_op(), ops.Deliver):
-            pass
-        waited.append(time.monotonic() - started)
-    return waited[0], waited[1]
+    publisher.send_op(ops.Publish(Message(SUBJECT, b"first")))
+    return subscriber
 
 
-def test_a_quiet_subscriber_does_not_wait_for_batch_time(start_server: Any) -> None:
-    server = start_server(BatchTime="2000")
-    first, _second = _updates_after_publishes(server.port)
-    assert first < 0.5  # the tick is 2 s apart
+def _delivered(subscriber: RawClient, timeout: float) -> list[bytes]:
+    try:
+        op = subscriber.recv_op(timeout)
+    except TimeoutError:
+        return []
+    assert isinstance(op, ops.Deliver), op
+    return [m.content for m in op.messages]
 
 
-def test_without_idle_write_a_message_waits_for_the_tick(start_server: Any) -> None:
-    """The control: the first update arrives with a tick, the second one a whole
-    BatchTime later (so the test above does tell the two apart)."""
-    server = start_server(BatchTime="2000", BatchIdleWrite="false")
-    _first, second = _updates_after_publishes(server.port)
-    assert second > 1.5
+def test_a_quiet_subscriber_does_not_wait_for_batch_time() -> None:
+    def steps(port: int, release: Callable[[], None]) -> list[bytes]:
+        return _delivered(_publish_to_a_quiet_subscriber(port), HANG_GUARD)
+
+    delivered, _held = _with_ticks_held({}, steps)
+    assert delivered == [b"first"]  # by an idle write: every tick was held
+
+
+def test_without_idle_write_a_message_waits_for_the_tick() -> None:
+    """The control: without idle writes nothing comes while the ticks are held (so the
+    test above does tell the two apart), and the next tick delivers it."""
+
+    def steps(port: int, release: Callable[[], None]) -> tuple[list[bytes], list[bytes]]:
+        subscriber = _publish_to_a_quiet_subscriber(port)
+        while_held = _delivered(subscriber, 1.0)  # 5 ticks of 200 ms, all held
+        release()
+        return while_held, _delivered(subscriber, HANG_GUARD)
+
+    (while_held, after), held = _with_ticks_held({"BatchIdleWrite": "false"}, steps)
+    assert while_held == [] and held > 0
+    assert after == [b"first"]
 
 
 def test_a_connection_tells_the_server_once_per_batch() -> None:
