@@ -30,16 +30,26 @@ from cluster_load import LoadPublisher, LoadSubscriber, delivery_problems
 from cluster.raft_votes import TEST_SWITCH, VOTES_ON_EMPTY_DISK
 from migratory.model.position import Position
 
-WINDOW = 4.0
-"""Seconds with A down, B empty and C behind (publishes offered meanwhile)."""
 EMPTY_LOG = "started with an empty ClusterDataDir"
+ELECTIONS = 3
+"""The window with A down lasts until C has stood for election this many times (its Raft
+term went up as often) and B, which knows no term of the others, helped none of them to
+win: elections counted, not seconds, so a slow box cannot end the window before the rule
+was put to the test."""
+LEADER_ACKS = 10
+"""...or until B or C leads (the planted run) and it acknowledged this many publishes."""
+HANG_GUARD = 90.0  # s: only against a hang, never the claim
 
 
-def publish(cluster: LocalCluster, ports: list[int], seconds: float, tag: str) -> LoadPublisher:
-    publisher = LoadPublisher(ports, rate=300, duration=seconds, tag=tag)
+def publish(ports: list[int], count: int, tag: str) -> LoadPublisher:
+    """Publishes until ``count`` are acknowledged (a batch of that size, whatever the
+    box's speed)."""
+    publisher = LoadPublisher(ports, rate=300, duration=HANG_GUARD, tag=tag)
     publisher.start()
-    publisher.join(seconds + 20)
-    assert not publisher.is_alive()
+    try:
+        publisher.wait_acked(count, HANG_GUARD)
+    finally:
+        publisher.stop()
     return publisher
 
 
@@ -58,32 +68,51 @@ class LostDisk:
         self.cluster = LocalCluster(tmp_path, members=3, seeds=3)
         self.tmp_path = tmp_path
 
-    def run(self, *, wait_for_a_leader: float = 0.0) -> None:
-        """``wait_for_a_leader``: seconds to wait, after the window, for B or C to lead
-        before A is started again (the planted run: a slow box does not hide the loss)."""
+    def run(self) -> None:
         cluster = self.cluster
         cluster.start_all()
-        cluster.wait_ready(timeout=30)  # a brand-new cluster of empty seeds elects
+        cluster.wait_ready(timeout=HANG_GUARD)  # a brand-new cluster of empty seeds elects
         a = cluster.leader()
         b, c = (a + 1) % 3, (a + 2) % 3
         self.a, self.b, self.c = a, b, c
-        self.before = publish(cluster, [cluster.port(a)], 1.0, "a")
-        assert len(self.before.acked) > 150, self.before.summary()
+        self.before = publish([cluster.port(a)], 150, "a")
         cluster.kill(c)
-        self.without_c = publish(cluster, [cluster.port(a)], 1.0, "b")
-        assert len(self.without_c.acked) > 150, self.without_c.summary()
+        self.without_c = publish([cluster.port(a)], 150, "b")
         cluster.kill(a)
         cluster.kill(b)
         shutil.rmtree(self.tmp_path / "data" / f"migratory-{b}")
         cluster.start(b)
         cluster.start(c)
-        self.window = publish(cluster, [cluster.port(b), cluster.port(c)], WINDOW, "w")
-        deadline = time.monotonic() + wait_for_a_leader
-        self.leaders_in_window = [i for i in (b, c) if self._state(i) == "leader"]
-        while not self.leaders_in_window and time.monotonic() < deadline:
+        deadline = time.monotonic() + HANG_GUARD
+        while self._state(b) is None or self._state(c) is None:  # both serve clients
+            assert time.monotonic() < deadline, "B and C did not start"
             time.sleep(0.1)
-            self.leaders_in_window = [i for i in (b, c) if self._state(i) == "leader"]
+        self.first_term = self._term(c)
+        self.window = LoadPublisher([cluster.port(b), cluster.port(c)], rate=300,
+                                    duration=HANG_GUARD, tag="w")
+        self.window.start()
+        try:
+            while not self._window_over():
+                assert time.monotonic() < deadline, (
+                    f"no leader, C's terms {self.first_term}-{self._term(self.c)}, "
+                    f"window: {self.window.summary()}, {self.turned_away()} turned away")
+                time.sleep(0.1)
+        finally:
+            self.window.stop()
         cluster.start(a)
+
+    def _window_over(self) -> bool:
+        self.leaders_in_window = [i for i in (self.b, self.c) if self._state(i) == "leader"]
+        self.elections = self._term(self.c) - self.first_term
+        if self.leaders_in_window:
+            return len(self.window.acked) >= LEADER_ACKS
+        return self.elections >= ELECTIONS and bool(self.turned_away())
+
+    def turned_away(self) -> int:
+        """Publishes of the window B and C refused or left unanswered, or their links
+        turned away (1013, not caught up with Raft)."""
+        turned_away = sum("not caught up with Raft" in e for e in self.window.errors)
+        return turned_away + len(self.window.failed) + len(self.window.unanswered)
 
     def _state(self, i: int) -> str | None:
         try:
@@ -91,17 +120,22 @@ class LostDisk:
         except OSError:
             return None
 
-    def problems(self, member: int) -> list[str]:
+    def _term(self, i: int) -> int:
+        return int(self.cluster.status(i).get("raft_term") or 0)
+
+    def problems(self, member: int, wait: float) -> list[str]:
         """What a subscriber on ``member``, resuming from the first acknowledged
-        position of each subject, finds wrong against every acknowledged publish."""
+        position of each subject, finds wrong against every acknowledged publish (waiting
+        at most ``wait`` s for them all)."""
         acked = acked_of([self.before, self.without_c, self.window])
         positions = {s: messages[0][1] for s, messages in self.before.acked_messages().items()}
-        resumer = LoadSubscriber([self.cluster.port(member)], positions=positions, duration=20)
+        resumer = LoadSubscriber([self.cluster.port(member)], positions=positions,
+                                 duration=wait + 10)
         resumer.start()
         wanted = {content for messages in acked.values() for content, _ in messages}
         wanted -= {messages[0][0] for messages in self.before.acked_messages().values()}
         with contextlib.suppress(TimeoutError):  # the problems say what is missing
-            resumer.wait_for(wanted, 8)
+            resumer.wait_for(wanted, wait)
         resumer.stop()
         return delivery_problems(resumer.messages(), acked, after=positions)
 
@@ -112,16 +146,14 @@ def test_an_empty_seed_does_not_vote_while_the_leader_is_down(tmp_path: Path) ->
     try:
         run.run()
         assert run.leaders_in_window == []
+        assert run.elections >= ELECTIONS, run.cluster.log(run.c)[-3000:]
         assert run.window.acked == {}, "acknowledged while only A held the last batch"
         # B and C turn clients away meanwhile (1013, not caught up with Raft) or fail them
-        turned_away = any("not caught up with Raft" in e for e in run.window.errors)
-        refused = len(run.window.failed) + len(run.window.unanswered)
-        assert turned_away or refused, (run.window.summary(), run.window.errors[-3:])
+        assert run.turned_away(), (run.window.summary(), run.window.errors[-3:])
         assert EMPTY_LOG in run.cluster.log(run.b)
-        run.cluster.wait_ready(timeout=30)
-        assert run.problems(run.b) == []
-        after = publish(run.cluster, [run.cluster.port(run.b)], 0.5, "z")
-        assert len(after.acked) > 50, after.summary()
+        run.cluster.wait_ready(timeout=HANG_GUARD)
+        assert run.problems(run.b, wait=HANG_GUARD) == []  # ends once all came
+        publish([run.cluster.port(run.b)], 50, "z")  # the cluster acknowledges again
         assert run.cluster.exited() == {}
         print(f"A={run.a} B={run.b} C={run.c}; window: {run.window.summary()}")
     finally:
@@ -135,15 +167,15 @@ def test_planted_pysyncobj_voting_loses_what_was_acknowledged(
     monkeypatch.setenv(TEST_SWITCH, VOTES_ON_EMPTY_DISK)  # the member processes inherit it
     run = LostDisk(tmp_path)
     try:
-        run.run(wait_for_a_leader=10.0)
+        run.run()
         assert "TEST RAFT SWITCH ON" in run.cluster.log(run.b)
         assert run.leaders_in_window, "B or C led without the last batch"
         assert EMPTY_LOG not in run.cluster.log(run.b)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_GUARD
         while not all(run.cluster.ready(i) for i in (run.b, run.c)):
             assert time.monotonic() < deadline, "B and C not ready"
             time.sleep(0.1)
-        problems = run.problems(run.c)
+        problems = run.problems(run.c, wait=8)  # what C gave away is lost for good
         print(f"A={run.a} B={run.b} C={run.c}; window: {run.window.summary()}; "
               f"leaders in the window: {run.leaders_in_window}; {len(problems)} problems, "
               f"first {problems[:3]}")
