@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +107,8 @@ def test_mqtt_over_tls_and_wss_with_paho_and_mosquitto(
     # (a TLS session read after its close_notify used to spin the event loop for ever)
     plain.publish("vault/after", b"still here", qos=1)
     assert [m.payload for m in secure.receive(1)] == [b"still here"]
-    started = time.monotonic()
-    assert server.stop() == 0 and time.monotonic() - started < 5  # SIGINT: a clean stop
+    # SIGINT: a clean stop (a server that does not stop is SIGKILLed after the hang guard)
+    assert server.stop(timeout=30) == 0
     # a client that does not trust the certificate never gets in
     refused = subprocess.run(
         ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "--cafile", tls_files["TlsCertificate"]
