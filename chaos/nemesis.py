@@ -47,6 +47,9 @@ class Nemesis:
         self.skipped: dict[str, int] = {}  # fault kind -> times skipped
         # (from, to, what): history times during which a majority of the seeds was lost
         self.majority_lost: list[tuple[float, float, str]] = []
+        self.closing = False  # the run's duration is over: no fault starts any more
+        self.scenarios_under_way = 0
+        self.scenarios_waiting: list[Fault] = []  # for their members, in schedule order
 
     def record(self, fault: str, target: str, phase: str, detail: str = "") -> None:
         self.h.write("nemesis", fault=fault, target=target, phase=phase, detail=detail)
@@ -61,6 +64,11 @@ class Nemesis:
             if i not in self.faulted or (faulted_too and self.members[i].state == "up"):
                 return i
         return None
+
+    def leaders(self) -> set[int]:
+        """Every member whose last sample shows it as Raft leader (two while a deposed
+        leader has not noticed yet)."""
+        return {i for i, st in self.status.items() if st.get("raft_state") == "leader"}
 
     def _free(self, i: int) -> bool:
         """Member i may take a single fault now: not faulted, and the minority rule."""
@@ -78,14 +86,29 @@ class Nemesis:
         async with trio.open_nursery() as nursery:
             for f in self.schedule:
                 await trio.sleep_until(start + f.at)
+                if self.closing:
+                    return
                 nursery.start_soon(self.apply, f, start)
+
+    async def finish_scenarios(self, timeout: float) -> None:
+        """The run's duration is over: start no fault, and wait (at most ``timeout`` s)
+        for the scenarios under way to end whole -- their windows and restarts. On a busy
+        box each scenario waits for the one before, so the last ones start late."""
+        self.closing = True
+        with trio.move_on_after(timeout):
+            while self.scenarios_under_way:
+                await trio.sleep(0.1)
 
     async def apply(self, f: Fault, start: float) -> None:
         if f.fault in RESTARTS:
             await run_restart(self, f, start)
             return
         if f.scenario:
-            await run_scenario(self, f, start)
+            self.scenarios_under_way += 1
+            try:
+                await run_scenario(self, f, start)
+            finally:
+                self.scenarios_under_way -= 1
             return
         if f.target == "leader":
             i = self.current_leader()

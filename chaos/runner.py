@@ -49,6 +49,7 @@ def fault_switch(kinds: str | None) -> str | None:
 # Raft log compaction early and often (entries, seconds), so that a short run restarts
 # seeds that load a compacted log (pysyncobj compacts when either threshold is passed)
 COMPACTION = (2000, 10)
+SCENARIO_GRACE = 120.0  # s after the duration for the scenarios under way to end whole
 DRAIN_SECONDS = 10.0  # the subscribers' drain after the final heal, at most
 # ... and no longer than this without a delivery: a half-dead connection is found within
 # PING_EVERY + PONG_TIMEOUT (3 s) and its subscriber reconnects in under 2.5 s more
@@ -282,9 +283,11 @@ class Runner:
                     work.start_soon(self.supervised, pub.name, task, pub)
                 work.start_soon(self.progress)
                 work.start_soon(self.loop_lag)
-                with trio.move_on_after(self.duration):
-                    await self.nemesis.run(start)
-                    await trio.sleep_forever()
+                async with trio.open_nursery() as faults:
+                    faults.start_soon(self.nemesis.run, start)
+                    await trio.sleep(self.duration)
+                    await self.nemesis.finish_scenarios(SCENARIO_GRACE)
+                    faults.cancel_scope.cancel()
                 self.say("duration over: stopping publishers, healing")
                 workload.publishing = False
                 await trio.sleep(1.0)

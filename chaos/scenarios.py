@@ -12,7 +12,8 @@ starting with the scenario's name:
 - ``sync-kill``: SIGKILL and restart a non-seed so that it needs a cache sync; the
   other seeds' proxies refuse its links, so it replicates from the leader; once the
   leader has sent it :data:`SYNC_BYTES`, SIGKILL the leader (the non-seed then fails
-  over to the others); restart.
+  over to the others); restart. If the leader moved meanwhile (an election on a busy
+  box), all over again with the new one (:data:`SYNC_ATTEMPTS` in all).
 - ``majority-loss``: a majority of the seeds killed or SIGSTOPped (the leader among
   them), or every seed's Raft links held, for 6-9 s: no publish may be acknowledged.
 - ``all-seeds-restart``: once every seed has compacted its Raft log (``raft.dump`` in
@@ -40,7 +41,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from chaos.members import Member, http_json
-from chaos.schedule import Fault, index, lag_and_down, lose_disk_plan, member, non_seed_of
+from chaos.schedule import (
+    SCENARIOS,
+    Fault,
+    index,
+    lag_and_down,
+    lose_disk_plan,
+    member,
+    non_seed_of,
+)
 
 if TYPE_CHECKING:
     from chaos.nemesis import Nemesis
@@ -51,6 +60,7 @@ SYNC_WATCH = 15.0  # seconds sync-kill watches the restarted non-seed
 COMPACTION_WAIT = 20.0  # seconds all-seeds-restart waits for every seed's raft.dump
 READY_WAIT = 30.0
 SYNC_BYTES = 64 * 1024  # the leader has sent this much to the restarted non-seed: kill it
+SYNC_ATTEMPTS = 3  # sync-kill again when the leader moved during the catch-up
 
 
 async def run_scenario(nem: Nemesis, f: Fault, start: float) -> None:
@@ -71,12 +81,26 @@ async def run_scenario(nem: Nemesis, f: Fault, start: float) -> None:
 @contextlib.asynccontextmanager
 async def holding(nem: Nemesis, f: Fault, indexes: list[int]) -> AsyncIterator[bool]:
     """Hold ``indexes`` for the scenario (yields False, holding nothing, if they stay
-    under other faults for :data:`CLAIM_WAIT` s: the scenario is then skipped)."""
+    under other faults for :data:`CLAIM_WAIT` s: the scenario is then skipped).
+
+    Scenarios go one after another in the schedule's order: while an earlier scenario
+    holds or waits for members, this one waits (its CLAIM_WAIT counts from then), so a
+    busy box that makes a scenario late delays the next ones, never skips them."""
     held = False
-    with trio.move_on_after(CLAIM_WAIT):
-        while any(i in nem.faulted for i in indexes):
-            await trio.sleep(0.1)
-        held = True
+    nem.scenarios_waiting.append(f)
+    try:
+        with trio.move_on_after(CLAIM_WAIT) as claim:
+            while True:
+                earlier = [w for w in nem.scenarios_waiting if w.at < f.at]
+                scenario_busy = [i for i in indexes if nem.faulted.get(i) in SCENARIOS]
+                if earlier or scenario_busy:
+                    claim.deadline = trio.current_time() + CLAIM_WAIT
+                elif not any(i in nem.faulted for i in indexes):
+                    held = True
+                    break
+                await trio.sleep(0.1)
+    finally:
+        nem.scenarios_waiting.remove(f)
     if not held:
         busy = sorted(member(i) for i in indexes if i in nem.faulted)
         nem.skip(f, f"{', '.join(busy)} still under other faults")
@@ -147,33 +171,52 @@ async def lagging_failover(nem: Nemesis, f: Fault, start: float) -> None:
 async def sync_kill(nem: Nemesis, f: Fault, start: float) -> None:
     ns = nem.members[non_seed_of(f)]
     async with holding(nem, f, [*range(nem.seeds), ns.index]) as held:
-        lead = await leader(nem) if held else None
-        if lead is None:
-            if held:
-                nem.say("sync-kill: no Raft leader known; nothing done")
-            return
-        await nem.kill(ns, "sync-kill: so that it needs a cache sync")
-        nem.restart(ns, "sync-kill")
-        pid = ns.process.pid if ns.process is not None else 0
-        seed = nem.members[lead]
-        try:
-            if nem.proxy_of:
-                why = await _leader_sending(nem, lead, pid)
-            else:
-                why = await _replicating(ns, nem, lead)
-            word = _leader_word(nem, lead)
-            detail = f"{word}sync-kill: while it sends {ns.name} its catch-up ({why})"
-            await nem.kill(seed, detail)
-        finally:
-            for i in range(nem.seeds):
-                for proxy in nem.proxy_of.get(i, [])[:1]:
-                    proxy.refuse(None)  # the non-seed may now fail over to the others
-                    proxy.follow(None)
+        seed = None
+        for attempt in range(1, SYNC_ATTEMPTS + 1):
+            lead = await leader(nem) if held else None
+            if lead is None:
+                if held:
+                    nem.say("sync-kill: no Raft leader known; nothing done")
+                return
+            seed = await _sync_then_kill(nem, ns, lead, last=attempt == SYNC_ATTEMPTS)
+            if seed is not None:
+                break
+            await nem.restarted([ns], READY_WAIT)  # and again, from the new leader
         async with trio.open_nursery() as nursery:
             nursery.start_soon(nem.restarted, [ns], READY_WAIT)
             await trio.sleep(f.duration)
-            nem.restart(seed, "sync-kill")
-            await nem.restarted([seed], READY_WAIT)
+            if seed is not None:
+                nem.restart(seed, "sync-kill")
+                await nem.restarted([seed], READY_WAIT)
+
+
+async def _sync_then_kill(nem: Nemesis, ns: Member, lead: int, *, last: bool) -> Member | None:
+    """Restart ``ns`` so that it syncs from ``lead``, then SIGKILL ``lead`` while it sends
+    the catch-up -- if the samples still show ``lead`` alone as Raft leader then (or on
+    the ``last`` attempt); else None: the leader moved meanwhile (an election on a busy
+    box), and the scenario is tried again with the new one."""
+    await nem.kill(ns, "sync-kill: so that it needs a cache sync")
+    nem.restart(ns, "sync-kill")
+    pid = ns.process.pid if ns.process is not None else 0
+    seed = nem.members[lead]
+    try:
+        if nem.proxy_of:
+            why = await _leader_sending(nem, lead, pid)
+        else:
+            why = await _replicating(ns, nem, lead)
+        if nem.leaders() != {lead} and not last:
+            now = sorted(member(i) for i in nem.leaders())
+            nem.say(f"sync-kill: {seed.name} no longer leads ({now}) after {why}; again")
+            return None
+        word = _leader_word(nem, lead)
+        detail = f"{word}sync-kill: while it sends {ns.name} its catch-up ({why})"
+        await nem.kill(seed, detail)
+        return seed
+    finally:
+        for i in range(nem.seeds):
+            for proxy in nem.proxy_of.get(i, [])[:1]:
+                proxy.refuse(None)  # the non-seed may now fail over to the others
+                proxy.follow(None)
 
 
 async def _leader_sending(nem: Nemesis, lead: int, pid: int) -> str:
