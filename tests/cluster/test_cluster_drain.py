@@ -164,10 +164,13 @@ def run_disruption(tmp_path: Path, victim: int, *, scale_down_first: bool) -> No
         cluster.stop()
         time.sleep(0.1)
 
-    for code, seconds in exits:
+    for code, _seconds in exits:
         assert code == 0, cluster.log(victim)
-        assert seconds < 20, f"member {victim} took {seconds:.1f} s to drain"
-    assert cluster.log(victim).count("drained in") >= len(exits)
+    # each drain ended because its clients left and its publishes settled, not by
+    # DrainTime (30 s): the member's own drain line says which, whatever the box's speed
+    drains = [line for line in cluster.log(victim).splitlines() if "drained in" in line]
+    assert len(drains) >= len(exits)
+    assert [d for d in drains if "DrainTime reached" in d] == [], drains
     assert not publishing.unknown, publishing.unknown[:5]
     assert len(publishing.acked) > 100
     for sub in subscribers:
