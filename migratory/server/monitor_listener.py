@@ -56,6 +56,9 @@ def basic_auth_ok(request: Request, user: str, password: str) -> bool:
 def answer(ctx: ServerContext, request: Request) -> bytes:
     """The response of the monitoring listener to one parsed request."""
     config = ctx.config
+    if request.path == "/healthz" and request.method in ("GET", "HEAD"):
+        # no password: a kubelet's liveness probe has none to send, and "ok" tells nothing
+        return response(200, b"ok\n")
     if config.monitor_user and not basic_auth_ok(
         request, config.monitor_user, config.monitor_password
     ):
@@ -66,8 +69,6 @@ def answer(ctx: ServerContext, request: Request) -> bytes:
         )
     if request.method not in ("GET", "HEAD"):
         return response(405, b"use GET\n", headers=(("Allow", "GET, HEAD"),))
-    if request.path == "/healthz":
-        return response(200, b"ok\n")
     if request.path == "/readyz":
         reason = ctx.readiness()
         return response(200, b"ready\n") if reason is None else response(

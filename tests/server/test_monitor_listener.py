@@ -50,6 +50,9 @@ def test_monitoring_port_with_basic_auth(start_server: Any) -> None:
     names = {f.name for f in text_string_to_metric_families(body.decode())}
     assert {"migratory_connections_open", "migratory_deliveries"} <= names
     assert get(f"{base}/healthz", ("ops", "pa:ss word"))[0] == 200
+    # a liveness probe has no password to send (deploy/k8s probes this port): "ok" only
+    assert get(f"{base}/healthz")[0] == 200
+    assert get(f"{base}/readyz")[0] == 401  # its reason names members: behind the password
     assert get(f"{base}/readyz", ("ops", "pa:ss word"))[0] == 200
     assert get(f"{base}/cluster", ("ops", "pa:ss word"))[0] == 404  # not a cluster member
     # the client port keeps /healthz but no longer answers the monitoring paths
