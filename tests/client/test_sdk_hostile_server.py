@@ -411,3 +411,35 @@ async def test_publishes_to_a_server_that_stops_reading_each_get_one_outcome_the
             nursery.cancel_scope.cancel()
     finally:
         peer.close()
+
+
+@trio_test
+async def test_a_snapshot_or_history_outside_a_subscribes_answer_is_not_delivered() -> None:
+    peer = RawPeer()
+    try:
+        async with connect([peer.url], reconnect=FAST) as client:
+            subscription = client.subscribe(SUBJECT, history=2)
+            link = await peer.accept()
+            await link.accept_session()
+            await link.expect(ops.Subscribe)
+            snapshot, historical = MessageType.SNAPSHOT, MessageType.HISTORICAL
+            link.write(
+                ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT, Position(7, 10)),
+                ops.Deliver(
+                    (update(SUBJECT, 9, kind=historical), update(SUBJECT, 10, kind=historical))
+                ),
+                ops.Deliver((update(SUBJECT, 10, kind=historical),)),  # the history again
+                ops.Deliver((update(SUBJECT, 11), update(SUBJECT, 12))),
+                ops.Deliver((update(SUBJECT, 5, kind=snapshot),)),  # an old snapshot
+                ops.Deliver((update(SUBJECT, 3, kind=historical), update(SUBJECT, 13))),
+            )
+            got = [await subscription.next_message() for _ in range(5)]
+            assert [(m.type, m.seq) for m in got] == [  # was: 10, 5, 3 among them
+                (historical, 9),
+                (historical, 10),
+                (MessageType.UPDATE, 11),
+                (MessageType.UPDATE, 12),
+                (MessageType.UPDATE, 13),
+            ]
+    finally:
+        peer.close()

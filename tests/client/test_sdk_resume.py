@@ -47,8 +47,42 @@ def test_duplicates_are_dropped() -> None:
 def test_snapshot_and_historical_pass_through_without_moving() -> None:
     tracker = allowed()
     assert tracker.on_message(msg(10, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
-    assert tracker.on_message(msg(4, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
     assert tracker.position == Position(7, 10)
+    history = allowed(history=2)
+    assert history.on_message(msg(9, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
+    assert history.on_message(msg(10, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
+    assert history.position == Position(7, 10)
+
+
+def test_only_a_subscribes_answer_has_a_snapshot_or_history() -> None:
+    # was: every snapshot and historical message delivered, whenever it came: an old
+    # message after newer ones, or the same one twice
+    tracker = allowed()
+    assert tracker.on_message(msg(10, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    assert tracker.on_message(msg(10, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    assert tracker.on_message(msg(4, kind=MessageType.HISTORICAL)) is Verdict.DUPLICATE
+    assert tracker.on_message(msg(11)) is Verdict.DELIVER
+    assert tracker.on_message(msg(11, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    late = allowed()
+    assert late.on_message(msg(11)) is Verdict.DELIVER
+    assert late.on_message(msg(10, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    history = allowed(history=3)
+    assert history.on_message(msg(8, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    for seq, verdict in (
+        (8, Verdict.DELIVER),
+        (8, Verdict.DUPLICATE),
+        (7, Verdict.DUPLICATE),
+        (9, Verdict.DELIVER),
+        (10, Verdict.DELIVER),
+        (11, Verdict.DUPLICATE),
+    ):
+        assert history.on_message(msg(seq, kind=MessageType.HISTORICAL)) is verdict
+    resumed = allowed()  # a resume: the snapshot comes before DATA_RESYNC, not after it
+    resumed.on_status(Status.SUBSCRIBE_ALLOW, None)
+    assert resumed.on_message(msg(30, epoch=8, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    resumed.on_status(Status.DATA_RESYNC, Position(8, 30))
+    assert resumed.on_message(msg(30, epoch=8, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    assert resumed.on_message(msg(31, epoch=8)) is Verdict.DELIVER
 
 
 def test_gap_is_reported_once_and_recovered() -> None:

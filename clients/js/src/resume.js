@@ -15,7 +15,12 @@
 //   messages before it are missing, or it is a stale one of a lineage left behind: a
 //   gap, as above, and the resume from `position` gets the server's DATA_SYNC or snapshot
 //   and DATA_RESYNC, never a silent jump into the middle of an epoch.
-// * snapshot and historical messages pass through untouched.
+// * snapshot and historical messages do not move `position`. They belong to the answer
+//   to a subscribe, which a SUBSCRIBE_ALLOW opens and the first update / recovered or
+//   DATA_SYNC / DATA_RESYNC closes: one snapshot, or up to `history` historical messages
+//   (a first subscribe), in order. Any other (a server's mistake: a snapshot again
+//   mid-stream, a history replayed) is dropped, or the application would get an old
+//   message after newer ones, or one twice.
 // * Before the SUBSCRIBE_ALLOW of a first subscribe (no position yet), an update is
 //   dropped: the server answers first, so it belongs to an earlier subscription of the
 //   subject on this connection, unsubscribed since.
@@ -62,6 +67,11 @@ export class SubjectTracker {
     /** The resume's answer could never fit in the client's outbox: the subject starts
      * again from the snapshot (a first subscribe without history), a resync to announce. */
     this.restarting = false;
+    /** A subscribe's answer is open and has not had its snapshot yet. */
+    this.snapshotDue = false;
+    /** Historical messages the open answer may still bring, and the last one's position. */
+    this.historicalDue = 0;
+    this.lastHistorical = null;
   }
 
   get conflated() {
@@ -122,8 +132,16 @@ export class SubjectTracker {
       this.denied = true;
     } else if (status === "SUBSCRIBE_ALLOW") {
       this.denied = false;
-      if (this.position === null) this.position = position; // on a resume, recovered come next
-    } else if ((status === "DATA_SYNC" || status === "DATA_RESYNC") && !(awaited || this.skipping)) {
+      const fresh = this.position === null;
+      const history = fresh && !this.restarting ? this.history : 0;
+      this.snapshotDue = history === 0;
+      this.historicalDue = history;
+      this.lastHistorical = null;
+      if (fresh) this.position = position; // on a resume, recovered come next
+    } else if (status === "DATA_SYNC" || status === "DATA_RESYNC") {
+      this.closeAnswer();
+    }
+    if ((status === "DATA_SYNC" || status === "DATA_RESYNC") && !(awaited || this.skipping)) {
       this.recovering = false;
       if (position !== null && position !== undefined) {
         const skipped = status === "DATA_SYNC" && this.skipsTo(position);
@@ -150,9 +168,32 @@ export class SubjectTracker {
     }
   }
 
+  closeAnswer() {
+    this.snapshotDue = false;
+    this.historicalDue = 0;
+  }
+
+  /** A snapshot or historical message: delivered only as part of an open answer. */
+  answerMessage(message) {
+    if (message.type === MessageType.SNAPSHOT) {
+      if (!this.snapshotDue) return Verdict.DUPLICATE;
+      this.snapshotDue = false;
+      return Verdict.DELIVER;
+    }
+    const last = this.lastHistorical;
+    if (this.historicalDue === 0
+      || (last !== null && last.epoch === message.epoch && message.seq <= last.seq)) {
+      return Verdict.DUPLICATE;
+    }
+    this.historicalDue -= 1;
+    this.lastHistorical = makePosition(message.epoch, message.seq);
+    return Verdict.DELIVER;
+  }
+
   /** Decide about one message of this subject and advance `position` if delivered. */
   onMessage(message) {
-    if (PASS_THROUGH.has(message.type)) return Verdict.DELIVER;
+    if (PASS_THROUGH.has(message.type)) return this.answerMessage(message);
+    this.closeAnswer(); // what belongs to the answer comes before any update
     const arrived = makePosition(message.epoch, message.seq);
     const last = this.position;
     if (last === null) {

@@ -313,3 +313,30 @@ test("a DATA_SYNC before any recovered message moves nothing, or is told as a re
     server.close();
   }
 });
+
+test("a snapshot or history outside a subscribe's answer is not delivered", GUARD, async () => {
+  const server = await FakeServer.start();
+  const { client } = open([server.url]);
+  try {
+    const subscription = client.subscribe(SUBJECT, { history: 2 });
+    const conn = await server.nextConnection();
+    await conn.acceptSession();
+    await conn.expect("subscribe");
+    const historical = (seq) => update(SUBJECT, seq, { type: "historical" });
+    conn.send(
+      status("SUBSCRIBE_ALLOW", SUBJECT, 7, 10),
+      batch([historical(9), historical(10)]),
+      batch([historical(10)]), // the history again
+      batch([update(SUBJECT, 11), update(SUBJECT, 12)]),
+      batch([update(SUBJECT, 5, { type: "snapshot" })]), // an old snapshot
+      batch([historical(3), update(SUBJECT, 13)]),
+    );
+    assert.deepEqual(await seqs(subscription, 5), [ // was: 10, 5, 3 among them
+      "/a/b historical 9", "/a/b historical 10", "/a/b update 11", "/a/b update 12",
+      "/a/b update 13",
+    ]);
+  } finally {
+    await client.close();
+    server.close();
+  }
+});

@@ -43,8 +43,37 @@ test("duplicates are dropped", () => {
 test("snapshot and historical messages pass through without moving the position", () => {
   const tracker = allowed();
   assert.equal(tracker.onMessage(msg(10, 7, "snapshot")), Verdict.DELIVER);
-  assert.equal(tracker.onMessage(msg(4, 7, "historical")), Verdict.DELIVER);
   assert.deepEqual(tracker.position, position(7, 10));
+  const history = allowed(position(7, 10), { history: 2 });
+  assert.equal(history.onMessage(msg(9, 7, "historical")), Verdict.DELIVER);
+  assert.equal(history.onMessage(msg(10, 7, "historical")), Verdict.DELIVER);
+  assert.deepEqual(history.position, position(7, 10));
+});
+
+test("only a subscribe's answer has a snapshot or history", () => {
+  // was: every snapshot and historical message delivered, whenever it came: an old
+  // message after newer ones, or the same one twice
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(10, 7, "snapshot")), Verdict.DELIVER);
+  assert.equal(tracker.onMessage(msg(10, 7, "snapshot")), Verdict.DUPLICATE);
+  assert.equal(tracker.onMessage(msg(4, 7, "historical")), Verdict.DUPLICATE);
+  assert.equal(tracker.onMessage(msg(11)), Verdict.DELIVER);
+  assert.equal(tracker.onMessage(msg(11, 7, "snapshot")), Verdict.DUPLICATE);
+  const late = allowed();
+  assert.equal(late.onMessage(msg(11)), Verdict.DELIVER);
+  assert.equal(late.onMessage(msg(10, 7, "snapshot")), Verdict.DUPLICATE);
+  const history = allowed(position(7, 10), { history: 3 });
+  assert.equal(history.onMessage(msg(8, 7, "snapshot")), Verdict.DUPLICATE);
+  assert.deepEqual([8, 8, 7, 9, 10, 11].map((s) => history.onMessage(msg(s, 7, "historical"))), [
+    Verdict.DELIVER, Verdict.DUPLICATE, Verdict.DUPLICATE, Verdict.DELIVER, Verdict.DELIVER,
+    Verdict.DUPLICATE,
+  ]);
+  const resumed = allowed(); // a resume: the snapshot comes before DATA_RESYNC, not after it
+  resumed.onStatus("SUBSCRIBE_ALLOW", null);
+  assert.equal(resumed.onMessage(msg(30, 8, "snapshot")), Verdict.DELIVER);
+  resumed.onStatus("DATA_RESYNC", position(8, 30));
+  assert.equal(resumed.onMessage(msg(30, 8, "snapshot")), Verdict.DUPLICATE);
+  assert.equal(resumed.onMessage(msg(31, 8)), Verdict.DELIVER);
 });
 
 test("a gap is reported once and recovered", () => {

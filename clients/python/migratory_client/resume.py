@@ -16,8 +16,13 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
   messages before it are missing, or it is a stale one of a lineage left behind: a gap,
   as above, and the resume from ``position`` gets the server's ``DATA_SYNC`` or
   snapshot and ``DATA_RESYNC``, never a silent jump into the middle of an epoch.
-* ``snapshot`` and ``historical`` messages pass through untouched; their type tells
-  the application what they are.
+* ``snapshot`` and ``historical`` messages do not move ``position``; their type tells
+  the application what they are. They belong to the answer to a subscribe, which a
+  ``SUBSCRIBE_ALLOW`` opens and the first ``update`` / ``recovered`` or ``DATA_SYNC`` /
+  ``DATA_RESYNC`` closes: one snapshot, or up to ``history`` historical messages (a first
+  subscribe), in order. Any other (a server's mistake: a snapshot again mid-stream, a
+  history replayed) is dropped, or the application would get an old message after newer
+  ones, or one twice.
 * Before the ``SUBSCRIBE_ALLOW`` of a first subscribe (no ``position`` yet), an update
   is dropped: the server answers first, so it belongs to an earlier subscription of the
   subject on this connection, unsubscribed since (the application would see it, then
@@ -81,6 +86,11 @@ class SubjectTracker:
     restarting: bool = False
     """The resume's answer could never fit in the client's outbox: the subject starts
     again from the snapshot (a first subscribe without history), a resync to announce."""
+    snapshot_due: bool = False
+    """A subscribe's answer is open and has not had its snapshot yet."""
+    historical_due: int = 0
+    """Historical messages the open answer may still bring."""
+    last_historical: Position | None = None
 
     @property
     def conflated(self) -> bool:
@@ -122,9 +132,15 @@ class SubjectTracker:
             self.denied = True
         elif status is Status.SUBSCRIBE_ALLOW:
             self.denied = False
-            if self.position is None:  # on a resume, recovered messages come next
+            fresh = self.position is None
+            history = self.history if fresh and not self.restarting else 0
+            self.snapshot_due, self.historical_due = history == 0, history
+            self.last_historical = None
+            if fresh:  # on a resume, recovered messages come next
                 self.position = position
-        elif status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
+        elif status in (Status.DATA_SYNC, Status.DATA_RESYNC):
+            self._close_answer()
+        if status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
             self.recovering = False
             if position is not None:
                 skipped = status is Status.DATA_SYNC and self._skips_to(position)
@@ -148,10 +164,30 @@ class SubjectTracker:
         else:
             self.position = max(self.position, position)
 
+    def _close_answer(self) -> None:
+        self.snapshot_due, self.historical_due = False, 0
+
+    def _answer_message(self, message: Message) -> Verdict:
+        """A snapshot or historical message: delivered only as part of an open answer."""
+        if message.type is MessageType.SNAPSHOT:
+            if not self.snapshot_due:
+                return Verdict.DUPLICATE
+            self.snapshot_due = False
+            return Verdict.DELIVER
+        arrived, last = Position(message.epoch, message.seq), self.last_historical
+        if self.historical_due == 0 or (
+            last is not None and last.epoch == arrived.epoch and arrived.seq <= last.seq
+        ):
+            return Verdict.DUPLICATE
+        self.historical_due -= 1
+        self.last_historical = arrived
+        return Verdict.DELIVER
+
     def on_message(self, message: Message) -> Verdict:
         """Decide about one message of this subject and advance ``position`` if delivered."""
         if message.type in _PASS_THROUGH:
-            return Verdict.DELIVER
+            return self._answer_message(message)
+        self._close_answer()  # what belongs to the answer comes before any update
         arrived = Position(message.epoch, message.seq)
         last = self.position
         if last is None:
