@@ -26,6 +26,7 @@ import gc
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -176,16 +177,16 @@ class LoopGaps:
         }
 
 
-async def probe(gaps: LoopGaps) -> None:
+async def probe(gaps: LoopGaps, *, clock: Callable[[], float] = time.monotonic) -> None:
     """Wake every :data:`PROBE_SECONDS` and record how late each wake-up was, and what
-    the interval was made of."""
+    the interval was made of. ``clock``: the loop's clock (tests: trio's, mocked)."""
     clocks = LoopClocks()
     try:
         before = clocks.read()
         while True:
-            due = time.monotonic() + PROBE_SECONDS
+            due = clock() + PROBE_SECONDS
             await trio.sleep(PROBE_SECONDS)
-            now = time.monotonic()
+            now = clock()
             after, gap = clocks.read(), now - due
             if gap >= LONG_GAP_SECONDS or gap * 1000 > gaps.max_ms:  # (the usual: neither)
                 gaps.record(now, gap, parts_between(before, after))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
+from collections.abc import Callable
 
 import pytest
 import trio
+import trio.testing
 
 from migratory.server.loop_gaps import (
     LONG_GAP_SECONDS,
@@ -43,19 +46,30 @@ def test_long_gaps_are_counted_and_early_wake_ups_are_not_negative() -> None:
     assert stats["per_second"] == [[10, LONG_GAP_SECONDS * 1000]]
 
 
-def test_a_task_that_blocks_the_loop_shows_as_a_gap() -> None:
-    gaps = LoopGaps()
+def run_with_a_stall(gaps: LoopGaps, stall: Callable[[], None], seconds: float) -> None:
+    """The probe on trio's mocked clock, and one stall of ``seconds`` on it (``stall()``
+    runs meanwhile, the loop held): on a loaded box no other gap can show, and the stall's
+    is exactly as long as planted (real time measured 110-1000 ms and counted the box's
+    own gaps too)."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe, gaps)
+            nursery.start_soon(functools.partial(probe, gaps, clock=trio.current_time))
             await trio.sleep(0.05)
-            time.sleep(0.12)  # the stall: nothing else runs meanwhile
+            stall()  # nothing else runs meanwhile
+            clock.jump(seconds)
             await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
-    assert 110 <= gaps.max_ms < 1000
+    trio.run(main, clock=clock)
+
+
+def test_a_task_that_blocks_the_loop_shows_as_a_gap() -> None:
+    gaps = LoopGaps()
+    run_with_a_stall(gaps, lambda: None, 0.12)
+    # 120 ms, less what was left of the probe's 5 ms sleep when the stall began
+    assert 114.9 <= gaps.max_ms <= 120.1
     assert gaps.long_gaps == 1
 
 
@@ -83,18 +97,14 @@ def test_a_stall_of_loop_work_and_a_collection_is_told_apart() -> None:
     pass) and a garbage collection, each counted, not timed."""
     gaps = LoopGaps()
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe, gaps)
-            await trio.sleep(0.05)
-            gc.collect()
-            spun, started = 0, time.thread_time()
-            while time.thread_time() - started < 0.1 and spun < 10**8:  # a busy pass
-                spun += 1
-            await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+    def collect_and_spin() -> None:
+        gc.collect()
+        spun, started = 0, time.thread_time()
+        while time.thread_time() - started < 0.1 and spun < 10**8:  # a busy pass
+            spun += 1
 
-    trio.run(main)
+    run_with_a_stall(gaps, collect_and_spin, 0.1)
+    assert gaps.long_gaps == 1  # the planted one is the longest, whatever the box does
     parts = gaps.statistics()["longest_gap_parts_ms"]
     assert parts is not None and parts["loop_cpu_ms"] > 0 and parts["gc_ms"] > 0
     assert gaps.statistics()["long_gap_parts_ms"]["loop_cpu_ms"] > 0
