@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 import urllib.request
 from typing import Any
 
@@ -25,7 +23,8 @@ def _stats(port: int) -> dict[str, Any]:
 
 
 def test_slow_consumer_is_cut_off_while_others_keep_up(start_server: Any) -> None:
-    server = start_server(ClientMaxPendingBytes="262144", BatchTime="10")
+    server = start_server(ClientMaxPendingBytes="262144", BatchTime="10",
+                          OutboxMemoryBudget="1000000000")  # (for outbox_bytes)
 
     stuck = RawClient(server.port)
     stuck.connect("stuck")
@@ -37,26 +36,23 @@ def test_slow_consumer_is_cut_off_while_others_keep_up(start_server: Any) -> Non
     fast.subscribe(SUBJECT)
     assert isinstance(fast.recv_op(), ops.SubjectStatus)
 
-    sent_at: dict[int, float] = {}
-    latencies: list[float] = []
-
-    def read_all() -> None:
-        for message in fast.recv_messages(COUNT, timeout=20):
-            latencies.append(time.monotonic() - sent_at[message.seq])
-
-    reader = threading.Thread(target=read_all)
+    # One publish at a time, each read by the fast subscriber before the next: whenever
+    # the fast one has a message while the stuck one's bytes wait in its outbox and it
+    # is not cut off yet, the fast one was served past the stuck one -- counted, not
+    # timed (it asserted every latency under 2 s).
     publisher = RawClient(server.port)
     publisher.connect("publisher")
-    reader.start()
+    served_past_the_stuck_one = 0
     for i in range(COUNT):
-        sent_at[i + 1] = time.monotonic()
         status = publisher.publish(Message(SUBJECT, CONTENT, closure=str(i)))
         assert status.status is ops.Status.PUBLISH_OK
-    reader.join(30)
-    assert not reader.is_alive()
-
-    assert len(latencies) == COUNT  # every message reached the reading subscriber
-    assert max(latencies) < 2.0  # never stuck behind the slow one (generous bound)
+        (message,) = fast.recv_messages(1, timeout=30)  # a hang guard
+        assert message.seq == i + 1  # every message reaches the reading subscriber
+        stats = _stats(server.port)
+        if not stats["slow_consumers"] and stats["outbox_bytes"] > 0:
+            served_past_the_stuck_one += 1
+    # (62-65 of 400 here: the stuck one's kernel buffers full, its outbox filling)
+    assert served_past_the_stuck_one >= 2, served_past_the_stuck_one
     assert _stats(server.port)["slow_consumers"] == 1
     assert "slow consumer cut off" in server.log()
     # Reading again, the stuck client gets what the kernel held, then the 4500 close
