@@ -30,6 +30,8 @@ const DEFAULTS = Object.freeze({
   WebSocket: undefined,
 });
 const textEncoder = new TextEncoder();
+/** How often publishes waiting for room look again. */
+const OUTGOING_POLL_MS = 10;
 
 function checkOptions(options) {
   const unknown = Object.keys(options).filter((k) => !Object.hasOwn(DEFAULTS, k));
@@ -71,6 +73,9 @@ export class Client {
     /** The latest session, open or still opening. */
     this.session = null;
     this.liveWaiters = [];
+    /** Publishes waiting for a session with room, in the order they were made. */
+    this.outgoing = [];
+    this.outgoingTimer = null;
     this.error = null;
     this.closed = false;
     this.retryTimer = null;
@@ -131,6 +136,7 @@ export class Client {
       clearTimeout(waiter.timer);
       waiter.resolve(session);
     }
+    this.sendOutgoing();
   }
 
   // --- subscribe ----------------------------------------------------------------
@@ -208,21 +214,50 @@ export class Client {
     }
   }
 
-  /** Send a publish on the open session once its WebSocket has room (MAX_BUFFERED_BYTES);
-   * a session that ends first did not take it: the next one does. NotConnectedError
-   * (not sent) at `deadline`. */
-  async sendPublish(op, subject, timeout, deadline) {
-    for (;;) {
-      const session = await this.waitLive(Math.max(0, deadline - Date.now()) / 1000,
-        () => new NotConnectedError(subject, timeout));
-      const congested = session.congested;
-      if (!congested && session.send(op)) return;
-      if (Date.now() >= deadline) {
-        throw new NotConnectedError(subject, timeout,
-          `the connection to ${session.server} took nothing more within ${timeout} s`);
-      }
-      // full: a browser has no event for "written", so look again soon; closing: its end is near
-      await new Promise((resolve) => { setTimeout(resolve, congested ? 10 : 50); });
+  /** Send a publish on the open session once its WebSocket has room (MAX_BUFFERED_BYTES),
+   * in the order publishes were made: one that finds others waiting waits behind them.
+   * A session that ends first did not take it: the next one does. Rejects with
+   * NotConnectedError (not sent) at `deadline`, or the client's end. */
+  sendPublish(op, subject, timeout, deadline) {
+    try {
+      this.raiseIfEnded();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    if (this.outgoing.length === 0 && this.trySend(op)) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const entry = { op, resolve, reject, timer: null };
+      entry.timer = setTimeout(() => {
+        this.outgoing.splice(this.outgoing.indexOf(entry), 1);
+        const session = this.live;
+        reject(new NotConnectedError(subject, timeout, session?.isOpen
+          ? `the connection to ${session.server} took nothing more within ${timeout} s`
+          : undefined));
+      }, Math.max(0, deadline - Date.now()));
+      this.outgoing.push(entry);
+      this.sendOutgoing();
+    });
+  }
+
+  trySend(op) {
+    const session = this.live;
+    return session !== null && session.isOpen && !session.congested && session.send(op);
+  }
+
+  /** Send the publishes waiting, first first, while there is room; look again soon while
+   * some wait on an open session (a browser has no event for "the WebSocket wrote what it
+   * held"); without one, the next session's start sends them. */
+  sendOutgoing() {
+    while (this.outgoing.length && this.trySend(this.outgoing[0].op)) {
+      const entry = this.outgoing.shift();
+      clearTimeout(entry.timer);
+      entry.resolve();
+    }
+    if (this.outgoing.length && this.outgoingTimer === null && this.live?.isOpen) {
+      this.outgoingTimer = setTimeout(() => {
+        this.outgoingTimer = null;
+        this.sendOutgoing();
+      }, OUTGOING_POLL_MS);
     }
   }
 
@@ -317,10 +352,12 @@ export class Client {
   end(error) {
     if (this.error === null && !this.closed) this.error = error;
     const reason = this.error ?? new ClientClosedError();
-    for (const waiter of this.liveWaiters.splice(0)) {
+    for (const waiter of [...this.liveWaiters.splice(0), ...this.outgoing.splice(0)]) {
       clearTimeout(waiter.timer);
       waiter.reject(reason);
     }
+    clearTimeout(this.outgoingTimer);
+    this.outgoingTimer = null;
     this.router.close(this.error);
     this.notificationQueue.close(this.error);
   }

@@ -22,6 +22,7 @@ test("publishes while no server answers give up after their timeout and are let 
   mock.timers.tick(500);
   await Promise.all(waiting); // publishNoWait was: pending for ever
   assert.equal(client.liveWaiters.length, 0); // was: 200 waiters held until a session came
+  assert.equal(client.outgoing.length, 0);
   await client.close();
 });
 

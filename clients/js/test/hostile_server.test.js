@@ -197,6 +197,30 @@ test("publishes to a server that stops reading are held back, then go out on the
   }
 });
 
+test("publishes held back by a server that stops reading go out in the order they were made", GUARD, async () => {
+  const server = await FakeServer.start();
+  const { client } = open([server.url], { keepalive: { interval: 60, timeout: 60 } });
+  try {
+    const conn = await server.nextConnection();
+    await conn.acceptSession();
+    await client.waitConnected();
+    conn.stopReading();
+    const all = [];
+    for (let i = 0; i < 80; i += 1) {
+      all.push(client.publishNoWait(SUBJECT, new Uint8Array(2 ** 18), { fields: { i: String(i) } }));
+      if (i % 20 === 19) await pause(30); // some wait for room while later ones are made
+    }
+    conn.resumeReading();
+    await Promise.all(all);
+    const order = [];
+    for (let i = 0; i < 80; i += 1) order.push(Number((await conn.expect("publish")).fields.i));
+    assert.deepEqual(order, Array.from({ length: 80 }, (_, i) => i));
+  } finally {
+    await client.close();
+    server.close();
+  }
+});
+
 test("a publish that finds no room within its timeout is not sent", GUARD, async () => {
   const server = await FakeServer.start();
   const { client } = open([server.url], { keepalive: { interval: 60, timeout: 60 } });

@@ -185,6 +185,10 @@ export class FakeConnection {
   stopReading() {
     this.socket.pause();
   }
+
+  resumeReading() {
+    this.socket.resume();
+  }
 }
 
 /** The first frame of `buffer`, or the number of bytes it needs to be whole. */
