@@ -27,6 +27,11 @@ publish load with SDK clients going through the client Service.
     ``maxReplicas`` raised (a longer member list in every pod), rolled one pod at a
     time onto half the pods (a non-seed and a seed): old and new lists must keep
     linking.
+``seed-roll-dns``
+    seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
+    between pods) while cluster DNS answers a recreated name with its old IP for 30 s
+    (CoreDNS's ``cache 30``; ``--plant no-min-ready-seconds`` takes the next pod as
+    soon as the previous one is ready).
 
 For each: no pod exits on its own or needs SIGKILL, no acknowledged publish is lost,
 no subscriber sees a duplicate or a position out of order, a subscriber that moved
@@ -165,24 +170,76 @@ async def members_extended(sts: LocalStatefulSet, observed: Observed) -> None:
             "raft_linked_seeds") for o, pod in sorted(sts.pods.items()) if o in SEEDS}
 
 
+CLUSTER_DNS_CACHE = 30.0
+"""Seconds CoreDNS's usual ``cache 30`` may answer a recreated pod's name with its old
+IP (README, "Not tried on a real cluster")."""
+
+
+async def seed_roll_dns(sts: LocalStatefulSet, observed: Observed) -> None:
+    """Seeds 1 then 0 rolled as the StatefulSet controller does, the next pod taken once
+    the previous has been ready ``minReadySeconds``, while cluster DNS answers each
+    recreated name with the old IP for ``CLUSTER_DNS_CACHE`` (both scaled). Seed 2, the
+    roll's first, is left out: the seeds with higher addresses dial the lower ones, so
+    no seed dials 2 (its old IP is harmless); 1 is dialled by 2, which may still hold
+    1's old IP when 0 is taken."""
+    spec = find(sts.docs, "StatefulSet")["spec"]
+    min_ready = float(spec.get("minReadySeconds", 0)) * sts.time_scale
+    sts.dns_cache = CLUSTER_DNS_CACHE * sts.time_scale
+    await trio.sleep(2)
+    down = 0.0
+
+    async def watch() -> None:
+        nonlocal down
+        while True:
+            if sum(1 for o in SEEDS if o in sts.pods and sts.pods[o].ready) < 2:
+                down += 0.25
+            await trio.sleep(0.25)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        for ordinal in (1, 0):
+            await sts.delete(ordinal)
+            sts.create(ordinal)
+            await sts.wait_ready([ordinal], 90)
+            await trio.sleep(min_ready)
+        await sts.wait_ready(SEEDS, 90)
+        nursery.cancel_scope.cancel()
+    observed["min_ready_seconds"] = min_ready
+    observed["dns_cache_seconds"] = sts.dns_cache
+    observed["seconds_without_a_ready_seed_majority"] = down
+
+
 SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "whole-restart": (4, whole_restart),
     "lost-volume": (3, lost_volume),
     "drift-refused": (3, drift_refused),
     "members-extended": (4, members_extended),
+    "seed-roll-dns": (3, seed_roll_dns),
 }
 UNAVAILABLE = {"lost-volume"}  # no Raft majority for a while: outcomes may be unknown
-PLANTS = {"votes-on-empty-disk": ("MIGRATORY_TEST_RAFT", "votes-on-empty-disk")}
+
+
+def _votes_on_empty_disk(docs: list[Document]) -> None:
+    container = find(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "MIGRATORY_TEST_RAFT", "value": "votes-on-empty-disk"})
+
+
+def _no_min_ready_seconds(docs: list[Document]) -> None:
+    del find(docs, "StatefulSet")["spec"]["minReadySeconds"]
+
+
+PLANTS: dict[str, Callable[[list[Document]], None]] = {
+    "votes-on-empty-disk": _votes_on_empty_disk,  # cluster/raft_votes.py's rule off
+    "no-min-ready-seconds": _no_min_ready_seconds,  # the rollout takes the next pod at once
+}
 
 
 def planted(docs: list[Document], plant: str | None) -> list[Document]:
-    """The install with a test-only switch in every pod's environment."""
+    """The install with a plant: the bug a scenario must catch."""
     if plant is None:
         return docs
     changed = copy.deepcopy(docs)
-    name, value = PLANTS[plant]
-    container = find(changed, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
-    container["env"].append({"name": name, "value": value})
+    PLANTS[plant](changed)
     return changed
 
 
@@ -205,6 +262,7 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
     try:
         async with trio.open_nursery() as cluster:
             cluster.start_soon(sts.kubelet)
+            cluster.start_soon(sts.dns)
             await cluster.start(sts.service)
             began = trio.current_time()
             for ordinal in range(pods):  # Parallel: all at once

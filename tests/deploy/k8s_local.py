@@ -68,6 +68,10 @@ class LocalStatefulSet:
         self.spec = sts["spec"]["template"]["spec"]
         self.container = self.spec["containers"][0]
         self.pods: dict[int, Pod] = {}
+        self.dns_cache = 0.0
+        """Seconds a cluster DNS cache may keep answering a name as it stood before it
+        changed (CoreDNS's ``cache 30``): 0, every pod sees each change at once."""
+        self._records: dict[str, list[tuple[float, str | None]]] = {}  # name: (since, ip)
         self.events = Events()
         self._next_ip = 10
         self._generation = 0
@@ -98,21 +102,39 @@ class LocalStatefulSet:
         sh(*inside, "ip", "addr", "add", f"{pod.ip}/24", "dev", "eth0")
         sh(*inside, "ip", "link", "set", "eth0", "up")
 
-    def hosts(self) -> str:
-        """Cluster DNS as /etc/hosts: every existing pod under the headless names."""
+    def hosts(self, pod: Pod | None = None) -> str:
+        """Cluster DNS as /etc/hosts: every existing pod under the headless names, as
+        ``pod`` sees them: with ``dns_cache``, a name as it stood that long ago when it
+        changed since (the worst a cache does); its own name always as it is."""
         subdomain = find(self.docs, "StatefulSet")["spec"]["serviceName"]
         lines = ["127.0.0.1 localhost"]
-        for pod in self.pods.values():
-            lines.append(f"{pod.ip} {pod.name}.{subdomain}.default.svc.cluster.local "
-                         f"{pod.name}.{subdomain} {pod.name}")
+        then = trio.current_time() - self.dns_cache
+        for name, history in sorted(self._records.items()):
+            ip = history[-1][1]
+            if pod is None or name != pod.name:
+                ip = next((ip for since, ip in reversed(history) if since <= then), ip)
+            if ip is not None:
+                lines.append(f"{ip} {name}.{subdomain}.default.svc.cluster.local "
+                             f"{name}.{subdomain} {name}")
         return "\n".join(lines) + "\n"
 
+    def _record(self, name: str, ip: str | None) -> None:
+        self._records.setdefault(name, []).append((trio.current_time(), ip))
+
     def _publish_dns(self) -> None:
-        text = self.hosts()
         for pod in self.pods.values():
+            text = self.hosts(pod)
             with (pod.process.pod_dir / "hosts").open("r+") as file:  # same inode: the
-                file.truncate(0)  # bind mount in the pod sees the new records
-                file.write(text)
+                if file.read() != text:  # bind mount in the pod sees the new records
+                    file.seek(0)
+                    file.truncate(0)
+                    file.write(text)
+
+    async def dns(self) -> None:
+        """Cached records expiring: each pod's view brought up to date as time passes."""
+        while True:
+            self._publish_dns()
+            await trio.sleep(0.2)
 
     # --- pods -----------------------------------------------------------------------
 
@@ -126,6 +148,7 @@ class LocalStatefulSet:
         pod = Pod(ordinal, view.name, ip, process)
         self.pods[ordinal] = pod
         self._attach(pod)
+        self._record(pod.name, ip)
         self._publish_dns()
         process.release()
         self.events.note(f"created {pod.name} at {ip}")
@@ -152,6 +175,7 @@ class LocalStatefulSet:
             self.events.violations.append(f"{pod.name} exited {code} on SIGTERM")
         pod.process.stop()
         del self.pods[ordinal]
+        self._record(pod.name, None)
         self._publish_dns()
         if delete_volume:
             for volume in pod.process.pod_dir.glob("volume-*"):

@@ -14,14 +14,14 @@ TIME_SCALE = "0.5"  # the manifest's probe periods, preStop sleep and grace peri
 
 
 def run_namespaced(
-    script: str, out: Path, timeout: float, *args: str
+    script: str, out: Path, timeout: float, *args: str, time_scale: str = TIME_SCALE
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """Run ``tests/deploy/<script> *args`` under ``unshare --net`` with ``--out out``;
     its result and the ``summary.json`` it wrote (asserted to exist)."""
     assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
     result = subprocess.run(
         ["unshare", "--net", "--", sys.executable, str(HERE / script), *args,
-         "--out", str(out), "--time-scale", TIME_SCALE],
+         "--out", str(out), "--time-scale", time_scale],
         capture_output=True, text=True, timeout=timeout,
     )
     summary_path = out / "summary.json"
