@@ -33,6 +33,7 @@ from cluster.sequencer import worker_name
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
 from migratory.config import Config
+from migratory.logs import print_line
 from migratory.server.app import Server, build_hub
 
 log = logging.getLogger("migratory.workers")
@@ -137,7 +138,7 @@ class WorkerNode:
                 log.info("%s not ready yet: %s", self.name, reason)
                 waited = 0.0
         for listener in self.server.listeners:
-            print(f"listening {listener.url().rstrip('/')}", flush=True)
+            print_line(f"listening {listener.url().rstrip('/')}")
         if self.server.monitor_address is not None:
             host, port = self.server.monitor_address
             scheme = "https" if self.config.monitor_encrypted else "http"

@@ -3,13 +3,17 @@
 ``connection_id`` (the session passes them as ``extra``); in text they are part of the
 message itself (``client NAME@ADDRESS #ID``).
 
-A serving process never waits for its log's reader. Each line is formatted where it is
-logged and handed to one writer thread (the standard library's ``QueueHandler`` and
-``QueueListener``); a ``logging.StreamHandler`` on the event loop blocked the whole
-server -- every client, the sequencer, the Raft callbacks -- once a reader that stopped
-reading (a full pipe: ``migratory serve 2>&1 | head``, a stuck log collector) let 64 KiB
-pile up. Up to :data:`MAX_WAITING_LINES` lines wait for the reader; past them new lines
-are dropped and counted, and a WARNING says how many once lines flow again. At exit the
+A serving process never waits for its log's reader. Written to a pipe or a socket (a
+container runtime's log collector, ``migratory serve 2>&1 | head``), each line is
+formatted where it is logged and handed to one writer thread (the standard library's
+``QueueHandler`` and ``QueueListener``): a ``logging.StreamHandler`` on the event loop
+blocked the whole server -- every client, the sequencer, the Raft callbacks -- once a
+reader that stopped reading let 64 KiB pile up. To a file or a terminal, which have no
+reader to wait for, lines are written at once, in the order of everything else the
+process writes there (a test reading the log right after an event finds its line).
+
+Up to :data:`MAX_WAITING_LINES` lines wait for the reader; past them new lines are
+dropped and counted, and a WARNING says how many once lines flow again. At exit the
 writer gets :data:`EXIT_FLUSH_SECONDS` to write what waits.
 """
 
@@ -20,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import stat
 import sys
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
@@ -150,15 +155,41 @@ atexit.register(_stop_writer)
 os.register_at_fork(after_in_child=_direct)  # the Raft dump writer: no writer thread
 
 
+def has_a_reader(stream: TextIO) -> bool:
+    """Whether ``stream`` is a pipe or a socket: a reader at the other end may stop."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation: ValueError)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 def configure_logging(level: str, log_format: str, stream: TextIO | None = None) -> None:
-    """Set up the root logger for a serving process (``LogLevel``, ``LogFormat``): lines
-    written by the writer thread (this module's docstring)."""
+    """Set up the root logger for a serving process (``LogLevel``, ``LogFormat``): to a
+    pipe or a socket through the writer thread, else at once (this module's docstring)."""
     global _writer
     json_lines = log_format == "json"
     formatter = JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT)
     if _writer is not None:
         _writer.stop()
-    _writer = LogWriter(sys.stderr if stream is None else stream, formatter)
+        _writer = None
+    target = sys.stderr if stream is None else stream
+    handler: logging.Handler
+    if has_a_reader(target):
+        _writer = LogWriter(target, formatter)
+        handler = _writer.handler
+    else:
+        handler = logging.StreamHandler(target)
+        handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [_writer.handler]
+    root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def print_line(text: str) -> None:
+    """``text`` and its newline on stdout in one write, flushed: the ``listening URL``
+    lines tools read. ``print`` writes the newline separately, and with stdout and
+    stderr the same pipe (``2>&1``) a log line from the writer thread could land
+    between them, splitting the line a reader waits for."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

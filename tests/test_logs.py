@@ -8,6 +8,8 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -64,29 +66,70 @@ def test_a_reader_that_stops_reading_does_not_stop_the_server(restore_root: None
     assert kept + dropped == 30_000  # every line written or counted
 
 
-def test_text_and_json_lines_are_as_before(restore_root: None) -> None:
-    for log_format in ("text", "json"):
-        stream = io.StringIO()
-        logs.configure_logging("INFO", log_format, stream)
-        log = logging.getLogger("migratory.test")
-        log.debug("not at INFO")
-        log.info("client %s", "c1", extra={"client": "c1", "peer": "127.0.0.1:5"})
-        try:
-            raise ValueError("boom")
-        except ValueError:
-            log.exception("it failed")
-        assert logs._writer is not None
+class Piped:
+    """A pipe as the log's stream, its reader draining it in a thread."""
+
+    def __init__(self) -> None:
+        read_end, write_end = os.pipe()
+        self._read_end = read_end
+        self.stream = os.fdopen(write_end, "w")
+        self.got = bytearray()
+        self._reader = threading.Thread(target=drain, args=(read_end, self.got), daemon=True)
+        self._reader.start()
+
+    def text(self) -> str:
+        """Everything written, once the writer has stopped."""
+        self.stream.close()
+        self._reader.join(60)
+        os.close(self._read_end)
+        return self.got.decode()
+
+
+def log_three(log_format: str, stream: TextIO) -> None:
+    logs.configure_logging("INFO", log_format, stream)
+    log = logging.getLogger("migratory.test")
+    log.debug("not at INFO")
+    log.info("client %s", "c1", extra={"client": "c1", "peer": "127.0.0.1:5"})
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("it failed")
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize("to", ["pipe", "file"])
+def test_text_and_json_lines_are_as_before(restore_root: None, log_format: str,
+                                           to: str) -> None:
+    if to == "pipe":
+        piped = Piped()
+        log_three(log_format, piped.stream)
+        assert logs._writer is not None  # through the writer thread
         logs._writer.stop()
+        lines = piped.text().splitlines()
+    else:
+        stream = io.StringIO()
+        log_three(log_format, stream)
+        assert logs._writer is None  # written at once
         lines = stream.getvalue().splitlines()
-        if log_format == "json":
-            records = [json.loads(line) for line in lines]
-            assert [r["message"] for r in records] == ["client c1", "it failed"]
-            assert records[0]["client"] == "c1" and records[0]["peer"] == "127.0.0.1:5"
-            assert "ValueError: boom" in records[1]["exception"]
-        else:
-            assert lines[0].endswith(" INFO migratory.test: client c1")
-            assert lines[1].endswith(" ERROR migratory.test: it failed")
-            assert lines[-1] == "ValueError: boom"
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]
+        assert [r["message"] for r in records] == ["client c1", "it failed"]
+        assert records[0]["client"] == "c1" and records[0]["peer"] == "127.0.0.1:5"
+        assert "ValueError: boom" in records[1]["exception"]
+    else:
+        assert lines[0].endswith(" INFO migratory.test: client c1")
+        assert lines[1].endswith(" ERROR migratory.test: it failed")
+        assert lines[-1] == "ValueError: boom"
+
+
+def test_a_file_gets_each_line_before_the_call_returns(restore_root: None,
+                                                        tmp_path: Path) -> None:
+    """A server's log in a file (tests read it right after an event): no writer thread."""
+    with open(tmp_path / "server.log", "w") as stream:
+        logs.configure_logging("INFO", "text", stream)
+        assert logs._writer is None
+        logging.getLogger("migratory.test").warning("malformed MQTT, closing: x")
+        assert "malformed MQTT, closing: x" in (tmp_path / "server.log").read_text()
 
 
 def test_a_forked_child_writes_its_lines_itself(restore_root: None) -> None:
@@ -117,15 +160,31 @@ def test_a_forked_child_writes_its_lines_itself(restore_root: None) -> None:
 def test_last_words_come_after_the_log_lines(restore_root: None) -> None:
     """``migratory: <error>`` (cluster/cli.py) is printed after :func:`write_directly`:
     the last line on stderr, after every log line logged before it."""
-    stream = io.StringIO()
-    logs.configure_logging("INFO", "text", stream)
+    piped = Piped()
+    logs.configure_logging("INFO", "text", piped.stream)
     log = logging.getLogger("migratory.test")
     for index in range(2_000):
         log.info("line %d", index)
     logs.write_directly()
-    print("migratory: the last words", file=stream)
+    print("migratory: the last words", file=piped.stream, flush=True)
     log.info("logged after")  # written at once, on this thread
-    lines = stream.getvalue().splitlines()
+    lines = piped.text().splitlines()
     assert len(lines) == 2_002
     assert lines[-2] == "migratory: the last words"
     assert lines[-1].endswith("INFO migratory.test: logged after")
+
+
+def test_a_listening_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout and stderr one pipe (``2>&1``): a log line from the writer thread could
+    land between ``print``'s text and its newline; :func:`print_line` writes both at
+    once (the bench's "server did not start" with ``listening ws://...2026-11-28 ...``)."""
+    writes: list[str] = []
+
+    class Stdout(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr("sys.stdout", Stdout())
+    logs.print_line("listening ws://127.0.0.1:8800")
+    assert writes == ["listening ws://127.0.0.1:8800\n"]

@@ -17,6 +17,7 @@ import trio
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.listeners import Listener, bound, client_listeners
+from migratory.logs import print_line
 from migratory.model.outbox import OutboxBudget
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
@@ -448,7 +449,7 @@ async def run_until_signalled(
             for listener in server.listeners:
                 log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
                 if ready_line:  # tests and tools read these lines
-                    print(f"listening {listener.url().rstrip('/')}", flush=True)
+                    print_line(f"listening {listener.url().rstrip('/')}")
             if server.monitor_address is not None:
                 host, port = server.monitor_address
                 scheme = "https" if server.config.monitor_encrypted else "http"

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.raft import CoordinationConsumer, _SeedSyncObj
+from cluster.raft_forward import ForwardHold
 from cluster.raft_front_server import FrontStatistics
 from cluster.subject_count import SUBJECTS_WARNING, SubjectCountWarning
 
@@ -49,7 +50,7 @@ def seed_with(subjects: int, retained: int) -> Any:
         _subject_warning=SubjectCountWarning(first=3), stopped=None,
         getStatus=lambda: {"state": 0, "has_quorum": False}, _SyncObj__transport=transport,
         isReady=lambda: True, otherNodes=(), isNodeConnected=lambda node: False,
-        _dump_retries=SimpleNamespace(total=0),
+        _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(),
     )
 
 
