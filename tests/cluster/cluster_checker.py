@@ -2,7 +2,8 @@
 
 Pure: the committed log is the truth. Everything a member holds or a subscriber sees
 must be the log's message at that position (so no position ever names two messages);
-the log itself numbers each subject with no hole and keeps each publisher's order;
+the log itself numbers each subject with no hole and keeps each publisher's order
+through each member process (its origin);
 each subscriber sees every message after its start exactly once, in order, and may
 skip only after a DATA_RESYNC that a cache too short for it explains.
 """
@@ -43,7 +44,7 @@ class CommittedLog:
         self.by_key: dict[Key, Message] = {}
         self.by_content: dict[bytes, Key] = {}
         self.history: dict[str, list[tuple[int, Message]]] = {}
-        self._publisher_counters: dict[tuple[str, str], int] = {}
+        self._publisher_counters: dict[tuple[str, str, str], int] = {}
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -51,11 +52,11 @@ class CommittedLog:
     def append(self, batch: CommittedBatch) -> None:
         assert batch.clsn == len(self.batches) + 1, f"clsn {batch.clsn} after {len(self)}"
         assert len(batch.origins) == len(batch.messages)
-        for message in batch.messages:
-            self._index(batch.clsn, message)
+        for message, (origin, _) in zip(batch.messages, batch.origins, strict=True):
+            self._index(batch.clsn, message, origin)
         self.batches.append(batch)
 
-    def _index(self, clsn: int, m: Message) -> None:
+    def _index(self, clsn: int, m: Message, origin: str) -> None:
         key = (m.subject, m.epoch, m.seq)
         assert key not in self.by_key, f"position {key} names two messages"
         assert m.type is MessageType.UPDATE and m.closure is None, f"{key} is not a plain update"
@@ -69,9 +70,15 @@ class CommittedLog:
             assert m.seq == 1, f"epoch {m.epoch} of {m.subject} starts at seq {m.seq}"
         publisher, counter = m.content.decode().split("#")
         if publisher != "anon":
-            previous = self._publisher_counters.get((publisher, m.subject), -1)
+            # Per origin: the cluster numbers each member process's publishes in the
+            # order it took them. A publisher leaves its member only when that one dies,
+            # and what it had published there unanswered (outcome unknown) may still
+            # commit after what it publishes next through another member: a forward that
+            # the dead non-seed's seed receives late (forwards_overtaken).
+            through = (publisher, origin, m.subject)
+            previous = self._publisher_counters.get(through, -1)
             assert counter and int(counter) > previous, f"{publisher} reordered on {m.subject}"
-            self._publisher_counters[(publisher, m.subject)] = int(counter)
+            self._publisher_counters[through] = int(counter)
         assert m.content not in self.by_content, f"{m.content!r} committed twice"
         self.by_key[key] = m
         self.by_content[m.content] = key

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cluster_consensus import FAILURES, NEVER_COMMITS, Barrier, InFlight
+from cluster_faults import _state
 from cluster_world import SEEDS, bursts, choose, picks
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -193,13 +194,23 @@ class RaftRules:
     @rule(pick=picks)
     def raft_sends_dump(self, pick: int) -> None:
         """The leader sends a lagging seed its dump instead of the log it compacted: the
-        seed jumps to the dump's caches, then takes the batches after it."""
+        seed jumps to the dump's caches, then takes the batches after it. A seed whose
+        stream is already past the dump (its Raft log lagged; at a gap its stream took a
+        peer seed's caches) refuses it, changing nothing: it would move its clients
+        back."""
         pairs = self._behind_a_dump()
         member, leader = pairs[pick % len(pairs)]
         assert member.stream is not None
         stream, dump = member.stream, self.raft.dumps[leader]
         sync = self.raft.restore(member.name, dump)
         assert sync is not None
-        assert self._jump(member, sync, lambda: stream.on_restore(sync, self._tick()))
+        before, ahead = _state(member), member.applied > sync.clsn
+        installed = self._jump(member, sync, lambda: stream.on_restore(sync, self._tick()))
+        assert installed != ahead, (
+            f"{member.name} at clsn {member.applied} {'took' if installed else 'refused'} "
+            f"the Raft dump at clsn {sync.clsn}"
+        )
+        if not installed:
+            assert _state(member) == before, f"{member.name} changed on a dump behind it"
         member.feed = dump[0]
 
