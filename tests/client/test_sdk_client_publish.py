@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import trio
+import trio.testing
 from sdk_fake_server import FAST, FakeConnection, FakeServer, start_servers, trio_test
 
 from migratory.model.message import Qos
@@ -204,3 +207,35 @@ async def next_down(client: Client) -> Notification:
         if note.status is NotificationStatus.SERVER_DOWN:
             return note
     raise AssertionError("no SERVER_DOWN")
+
+
+@trio_test
+async def test_publishes_cancelled_while_waiting_to_write_end_cancelled() -> None:
+    """The application cancels its publishing tasks and the client's own task together
+    (a nursery cancelled), as tests/cluster/test_cluster_rebalance.py does at the end of
+    its load: a publish waiting (shielded) behind a stalled write is not sent once the
+    client closes, and must then end with the cancellation, not go round for a session
+    and raise ClientClosedError (the cluster test failed so in CI)."""
+    big = b"x" * (4 * 2**20)
+    keepalive = Keepalive(interval=30.0, timeout=1.0)
+    async with trio.open_nursery() as nursery:
+        server = await FakeServer(max_message_size=2**26).start(nursery)
+
+        async def run_client(*, task_status: trio.TaskStatus[Client]) -> None:
+            async with connect([server.url], reconnect=FAST, keepalive=keepalive) as client:
+                task_status.started(client)
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as application:
+            client = await application.start(run_client)
+            stalled = await server.next_connection()
+            await stalled.accept_session()
+            sock = stalled.ws._stream.socket  # type: ignore[attr-defined]  # test-only
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            for content in (big, big, big, b"small"):  # the first write fills the link
+                application.start_soon(client.publish, "/a/b", content)
+                await trio.testing.wait_all_tasks_blocked()
+            application.cancel_scope.cancel()
+        # before: ExceptionGroup([ClientClosedError(...), ...]) out of the nursery above
+        stalled.released.set()
+        nursery.cancel_scope.cancel()

@@ -198,9 +198,19 @@ class Session:
 
         The write is shielded from the caller's cancellation, because a half-written frame
         would corrupt the connection; a write that cannot finish within the keepalive
-        timeout (the server does not read) ends the session instead.
+        timeout (the server does not read) ends the session instead. A caller cancelled
+        meanwhile gets its Cancelled once nothing was written: not NotSent, which would
+        send it round for another session (and, the client closed by that same
+        cancellation, raise ClientClosedError from a cancelled task).
         """
         payload = encode_client_op(op)
+        try:
+            await self._write(payload)
+        except NotSent:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            raise
+
+    async def _write(self, payload: bytes) -> None:
         started = False
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._keepalive.timeout):
