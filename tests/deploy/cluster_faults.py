@@ -216,7 +216,12 @@ SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "members-extended": (4, members_extended),
     "seed-roll-dns": (3, seed_roll_dns),
 }
-UNAVAILABLE = {"lost-volume"}  # no Raft majority for a while: outcomes may be unknown
+UNAVAILABLE = {"lost-volume", "whole-restart"}
+"""Plays that leave the cluster without a Raft majority for a while: a publish in flight
+then may have no answer (its outcome unknown), never a wrong one. whole-restart: every
+pod is deleted at once, so the last member draining can lose its Raft leader with a
+publish still unsettled (CI on 35cc607: one, closed 1013 after 1.5 s without a leader,
+its pod 12.8 s in deletion)."""
 
 
 def _votes_on_empty_disk(docs: list[Document]) -> None:

@@ -27,7 +27,11 @@ def play(scenario: str, out: Path, time_scale: str = TIME_SCALE) -> dict[str, An
 @pytest.mark.slow
 def test_every_pod_deleted_at_once_and_back_in_another_order(tmp_path: Path) -> None:
     summary = play("whole-restart", tmp_path)
-    assert summary["unknown"] == 0
+    # a publish in flight when the last seed lost its majority may be unknown (never
+    # wrong: lost, duplicated or reordered deliveries are violations above); each of
+    # the two publishers publishes one at a time, so at most one such per outage window
+    # (the deletion, the restart) each
+    assert summary["unknown"] <= 4, summary["unknown"]
     # every subscriber lost its member and resumed from its position
     assert summary["subscribers_moved"] == summary["subscribers"]
     assert summary["data_sync"] >= summary["subscribers"]
