@@ -1,10 +1,9 @@
 """The Raft port's front on real sockets (cluster/raft_front_server.py): pysyncobj gets a
 connection -- a ``TcpConnection`` -- only after its preamble proved the password.
 
-Real pysyncobj on loopback, ticked by the test (``autoTick=False``) except for the
-seeds of :func:`test_three_seeds_link_through_the_front_elect_commit_and_fail_over`.
-Every ``TcpConnection`` built for an accepted socket is counted (``incoming``,
-tests/cluster/raft_port_probe.py).
+Real pysyncobj on loopback, ticked by the test (``autoTick=False``) except for the seeds of
+:func:`test_three_seeds_link_through_the_front_elect_commit_and_fail_over`. Every
+``TcpConnection`` built for an accepted socket is counted (raft_port_probe.py ``incoming``).
 """
 
 from __future__ import annotations
