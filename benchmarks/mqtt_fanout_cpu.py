@@ -17,6 +17,8 @@ import argparse
 import time
 from typing import Any
 
+from mqtt_wire import Wire
+
 from migratory.config import Config
 from migratory.entitlement import ClientIdentity, entitlement_from_config
 from migratory.model.message import Message
@@ -26,16 +28,6 @@ from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
-
-
-class Wire:
-    writing = False
-
-    def mark_dirty(self) -> None:
-        pass
-
-    def flush_now(self) -> None:
-        pass
 
 
 def build(

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import trio
+from mqtt_wire import Wire
 
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
@@ -40,16 +41,6 @@ from migratory.server.context import LocalPublishing, PublishReply, ServerContex
 from migratory.server.mqtt_session import MqttSession
 
 SESSION_PREFIX = "/$mqtt-session/"
-
-
-class Wire:
-    writing = False
-
-    def mark_dirty(self) -> None:
-        pass
-
-    def flush_now(self) -> None:
-        pass
 
 
 class CountingPublishing(LocalPublishing):

@@ -12,6 +12,8 @@ import argparse
 import gc
 import tracemalloc
 
+from mqtt_wire import Wire
+
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.protocol import mqtt
@@ -19,16 +21,6 @@ from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
-
-
-class Wire:
-    writing = False
-
-    def mark_dirty(self) -> None:
-        pass
-
-    def flush_now(self) -> None:
-        pass
 
 
 def main() -> None:
