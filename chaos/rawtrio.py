@@ -91,7 +91,10 @@ class RawSession:
                 self.decoder.receive_data(chunk)
                 continue
             if isinstance(event, ws.BinaryMessage):
-                return ops.decode_server_op(event.data)
+                op = ops.decode_server_op(event.data)
+                if isinstance(op, ops.UnknownOp):  # this server speaks only known ones
+                    raise ConnectionError(f"server sent an unknown op {op.name!r}")
+                return op
             if isinstance(event, ws.CloseReceived):
                 raise ConnectionError(f"server closed: {event.code} {event.reason}")
             if isinstance(event, ws.Ping):

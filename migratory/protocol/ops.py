@@ -27,6 +27,15 @@ from migratory.protocol.cbor_reader import REQUIRED, Reader, bad, load_map
 from migratory.protocol.cbor_reader import OperationError as OperationError  # re-exported
 
 PROTOCOL_VERSION = 1
+"""The highest version this code speaks. A session speaks the lower of the client's
+``connect`` version and the server's (``connected`` says which)."""
+
+SERVER_OPS_BY_VERSION: Final[dict[int, frozenset[str]]] = {
+    1: frozenset({"connected", "message", "batch", "status", "publish_status", "pong"}),
+}
+"""The server operations of each protocol version: a server sends a session only those
+of the version it negotiated (tests/protocol/test_ops_versions.py pins it), and a
+client ignores any other ``op`` (counted), rather than losing its session over it."""
 
 
 class Status(StrEnum):
@@ -142,6 +151,15 @@ class Pong:
 
 
 ServerOp = Connected | Deliver | SubjectStatus | PublishStatus | Pong
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownOp:
+    """A server operation that is not of this version (decoded, never sent): a client
+    ignores it, as a newer server's new operation must not cost an older client its
+    session (it would come again on the next one: a reconnect loop)."""
+
+    name: str
 
 
 # --- encoding ---------------------------------------------------------------
@@ -388,8 +406,10 @@ def _decode_subscription(item: Any) -> SubscriptionRequest:
     )
 
 
-def decode_server_op(payload: bytes) -> ServerOp:
-    """Decode one server frame payload (used by SDKs and tests)."""
+def decode_server_op(payload: bytes) -> ServerOp | UnknownOp:
+    """Decode one server frame payload (used by SDKs and tests). An ``op`` that is not
+    of :data:`PROTOCOL_VERSION` is an :class:`UnknownOp`; a known one that is malformed
+    raises :class:`OperationError`."""
     body = load_map(payload)
     name = body.get("op")
     if not isinstance(name, str):
@@ -422,7 +442,7 @@ def decode_server_op(payload: bytes) -> ServerOp:
         )
     if name == "pong":
         return Pong(r.integer("id"))
-    raise bad(f"unknown op {name!r}")
+    return UnknownOp(name[:40])
 
 
 def _status(name: str) -> Status:

@@ -315,12 +315,6 @@ class Session(StreamSession):
     def _on_connect(self, op: ops.Connect) -> None:
         if self.identity is not None:
             raise ops.OperationError(close_codes.NOT_CONNECTED, "already connected")
-        if op.version != ops.PROTOCOL_VERSION:
-            raise ops.OperationError(
-                close_codes.BAD_OPERATION,
-                f"connect: protocol version {op.version} is not supported "
-                f"(this server speaks {ops.PROTOCOL_VERSION})",
-            )
         not_ready = self._ctx.readiness()
         if not_ready is not None:
             self.close(close_codes.TRY_AGAIN_LATER.code, not_ready)
@@ -345,7 +339,10 @@ class Session(StreamSession):
             audit.event("access", "connect", self.audit_client(), outcome="allowed")
         log.debug("%s: connected", self.describe(), extra=self.log_fields())
         config, most = self._ctx.config, self._ctx.config.max_subjects_per_subscribe
-        self.send_op(ops.Connected(server=config.server_name, max_subjects_per_subscribe=most))
+        # A newer client is answered with this server's version (the lower one): the
+        # session speaks it, and only its operations are sent (SERVER_OPS_BY_VERSION).
+        version = min(op.version, ops.PROTOCOL_VERSION)
+        self.send_op(ops.Connected(config.server_name, version, max_subjects_per_subscribe=most))
 
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None

@@ -32,6 +32,7 @@ from migratory_client import (
     ReconnectPolicy,
     Subscription,
     connect,
+    routing,
 )
 from migratory_client import client as client_module
 from migratory_client import session as session_module
@@ -74,7 +75,6 @@ def recovered(*seqs: int) -> ops.Deliver:
 NOT_OPERATIONS = {
     "not CBOR": b"\xff\x00 not cbor",
     "CBOR, not a map": cbor2.dumps([1, 2, 3]),
-    "unknown op": cbor2.dumps({"op": "teleport", "subject": SUBJECT}),
     "unknown status": cbor2.dumps({"op": "status", "status": "MAYBE", "subject": SUBJECT}),
     "seq not an integer": cbor2.dumps(
         {"op": "message", "subject": SUBJECT, "content": b"x", "epoch": 7, "seq": "11"}
@@ -114,6 +114,52 @@ async def test_a_frame_that_is_not_an_operation_ends_the_session_not_the_client(
             assert client.error is None
     finally:
         peer.close()
+
+
+@trio_test
+async def test_an_op_of_no_protocol_version_it_knows_is_ignored_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # was: the session closed ("server broke the protocol: unknown op 'teleport'"); a
+    # newer server sending it on every session made the client reconnect in a loop
+    def unknown(name: str) -> bytes:
+        return ws.encode_binary(cbor2.dumps({"op": name, "subject": SUBJECT, "messages": [1]}))
+
+    peer = RawPeer()
+    try:
+        async with connect([peer.url], reconnect=FAST) as client:
+            subscription = client.subscribe(SUBJECT)
+            link = await peer.accept()
+            await link.expect(ops.Connect)
+            link.write(unknown("hello"), ops.Connected("raw"))
+            await link.expect(ops.Subscribe)
+            link.write(
+                ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT, Position(7, 10)),
+                ops.Deliver((update(SUBJECT, 11),)), unknown("teleport"),
+                ops.Deliver((update(SUBJECT, 12),)), unknown("teleport"),
+                ops.Deliver((update(SUBJECT, 13),)),
+            )
+            got = [(await subscription.next_message()).seq for _ in range(3)]
+            assert got == [11, 12, 13]
+            assert client.unknown_ops == {"hello": 1, "teleport": 2}
+            warned = [r.getMessage() for r in caplog.records if r.name == "migratory_client"]
+            assert len(warned) == 2
+            assert warned[1].endswith("no protocol version 1 knows: 'teleport'")
+            notes = client.notifications()
+            statuses = [notes.get_nowait().status for _ in range(notes.pending)]
+            assert statuses == [NotificationStatus.SERVER_UP, NotificationStatus.SUBSCRIBE_ALLOW]
+    finally:
+        peer.close()
+
+
+def test_unknown_ops_beyond_the_named_are_counted_together() -> None:
+    router = routing.Router(client_module.NotificationQueue(10))
+    for i in range(routing.UNKNOWN_OPS_NAMED + 5):
+        router.on_unknown_op(f"op{i}", "s")
+    router.on_unknown_op("op0", "s")
+    assert len(router.unknown_ops) == routing.UNKNOWN_OPS_NAMED + 1
+    assert router.unknown_ops["op0"] == 2
+    assert router.unknown_ops[routing.OTHER_UNKNOWN_OPS] == 5
 
 
 @trio_test

@@ -225,8 +225,11 @@ function loadMap(payload) {
 /** Decode one server frame payload (Uint8Array or ArrayBuffer) into an operation:
  * {op: "connected", server, version, maxSubjectsPerSubscribe} | {op: "deliver", messages: Message[]} |
  * {op: "status", status, subject, position, reason} |
- * {op: "publish_status", status, subject, closure, position, reason} | {op: "pong", id}.
- * Throws ProtocolError. */
+ * {op: "publish_status", status, subject, closure, position, reason} | {op: "pong", id} |
+ * {op: "unknown", name}: an op of no protocol version this client speaks, which the
+ * session ignores (migratory.protocol.ops.SERVER_OPS_BY_VERSION: a server sends only the
+ * operations of the version it answered `connect` with). Throws ProtocolError for a
+ * frame that is no operation, or a known one that is malformed. */
 export function decodeServerOp(payload) {
   const body = loadMap(payload instanceof Uint8Array ? payload : new Uint8Array(payload));
   const name = body.op;
@@ -257,7 +260,7 @@ export function decodeServerOp(payload) {
       });
     case "pong":
       return Object.freeze({ op: "pong", id: r.integer("id") });
-    default:
-      throw bad(`unknown op '${name}'`);
+    default: // of no version this client speaks: ignored (SERVER_OPS_BY_VERSION)
+      return Object.freeze({ op: "unknown", name: name.slice(0, 40) });
   }
 }

@@ -14,7 +14,7 @@
 // refused so when alone could never be answered: the subject starts again from its
 // snapshot, announced as DATA_RESYNC. Only a first subscribe refused so alone is denied.
 
-import { SUBSCRIBE_TOO_LARGE } from "./codec.js";
+import { PROTOCOL_VERSION, SUBSCRIBE_TOO_LARGE } from "./codec.js";
 import { PublishOutcomeUnknown, publishError } from "./errors.js";
 import { Verdict } from "./resume.js";
 
@@ -26,6 +26,9 @@ export function notification(status, { subject = null, position = null, reason =
 
 /** Closures of publishes given up (timed out) whose late status is still told. */
 export const GIVEN_UP_REMEMBERED = 10_000;
+/** Distinct unknown operations counted by name; any further are counted together. */
+export const UNKNOWN_OPS_NAMED = 50;
+export const OTHER_UNKNOWN_OPS = "(others)";
 
 export class Router {
   /** `notify(notification)` receives every notification. */
@@ -38,6 +41,8 @@ export class Router {
     /** Closures of publishes whose publish() gave up waiting, oldest first. */
     this.givenUpClosures = new Set();
     this.strayPublishStatuses = 0;
+    /** Server operations of no protocol version this client knows, by op: ignored. */
+    this.unknownOps = new Map();
     /** subject -> subscription (its outlet: paused, full(), push(), end()) */
     this.outlets = new Map();
     /** Subjects of a subscribe refused whole as too large, to ask for one at a time. */
@@ -195,6 +200,22 @@ export class Router {
     for (const oldest of this.givenUpClosures) {
       if (this.givenUpClosures.size <= GIVEN_UP_REMEMBERED) break;
       this.givenUpClosures.delete(oldest);
+    }
+  }
+
+  /** A server operation of no version this client speaks: counted, logged the first
+   * time, otherwise ignored -- the session goes on (closing it would bring the same
+   * operation on the next session: a reconnect loop). Nothing is lost by it unnoticed:
+   * a message it carried would leave a gap in its subject's positions, which resumes
+   * the subject. */
+  onUnknownOp(name, server) {
+    const key = this.unknownOps.has(name) || this.unknownOps.size < UNKNOWN_OPS_NAMED
+      ? name : OTHER_UNKNOWN_OPS;
+    const seen = this.unknownOps.get(key) ?? 0;
+    this.unknownOps.set(key, seen + 1);
+    if (seen === 0) {
+      console.warn(`${server}: ignored a server operation of no protocol version `
+        + `${PROTOCOL_VERSION} knows: '${key}'`);
     }
   }
 

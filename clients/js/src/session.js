@@ -172,6 +172,10 @@ export class Session {
   }
 
   dispatch(op) {
+    if (op.op === "unknown") {
+      this.router.onUnknownOp(op.name, this.server);
+      return;
+    }
     if (!this.live) {
       if (op.op !== "connected") {
         this.finish(SessionEnd.byClient(`handshake failed: expected 'connected', got '${op.op}'`),

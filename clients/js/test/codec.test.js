@@ -138,11 +138,19 @@ function rejects(payload, closeCode, reasonPart) {
 
 const raw = new Encoder({ useRecords: false, variableMapSize: true, tagUint8Array: false });
 
+test("an op of no protocol version it knows decodes as unknown, not as an error", () => {
+  // was: ProtocolError "unknown op 'unsubscribe'", and the session closed over it
+  assert.deepEqual(decodeServerOp(raw.encode({ op: "unsubscribe", subjects: ["/a/b"] })),
+    { op: "unknown", name: "unsubscribe" });
+  assert.deepEqual(decodeServerOp(raw.encode({ op: "x".repeat(1000) })),
+    { op: "unknown", name: "x".repeat(40) });
+  rejects(raw.encode({ op: "batch", messages: "no" }), 4000, /batch: key 'messages'/);
+});
+
 test("bad frames are ProtocolErrors with the close code and a reason naming the key", () => {
   rejects(Uint8Array.of(0xa2, 0x62), 1007, /not a CBOR item/);
   rejects(Uint8Array.of(0x83, 1, 2, 3), 4000, /expected a CBOR map, got an array/);
   rejects(raw.encode({ kind: "pong" }), 4000, /missing text key 'op'/);
-  rejects(raw.encode({ op: "unsubscribe", subjects: ["/a/b"] }), 4000, /unknown op 'unsubscribe'/);
   rejects(raw.encode({ op: "status", status: "DATA_SYNC", subject: 5 }), 4000,
     /status: key 'subject' must be a text string/);
   rejects(raw.encode({ op: "status", status: "PUBLISH_OK", subject: "/a/b" }), 4000,

@@ -12,6 +12,7 @@ import { test } from "node:test";
 import { Encoder } from "cbor-x";
 
 import { NotConnectedError, PublishOutcomeUnknown, connect } from "../src/index.js";
+import { Router, UNKNOWN_OPS_NAMED } from "../src/router.js";
 import { MAX_BUFFERED_BYTES, MAX_FRAME_BYTES } from "../src/session.js";
 import { FakeServer, bigEndian64, closeFrame, frame, opFrame } from "./support/fake_server.js";
 import { batch, message, status, update } from "./support/fake_websocket.js";
@@ -68,7 +69,6 @@ const seqs = async (subscription, count) => {
 const NOT_OPERATIONS = {
   "not CBOR": frame(Buffer.from([0xff, 0x00, 0x20, 0x6e])),
   "CBOR, not a map": frame(encoder.encode([1, 2, 3])),
-  "unknown op": opFrame({ op: "teleport", subject: SUBJECT }),
   "unknown status": opFrame({ op: "status", status: "MAYBE", subject: SUBJECT }),
   "seq not an integer": opFrame({ ...message(SUBJECT, 11), seq: "11" }),
   "a text frame": frame(Buffer.from("hello"), 0x1),
@@ -94,6 +94,53 @@ for (const [name, bad] of Object.entries(NOT_OPERATIONS)) {
     }
   });
 }
+
+test("an op of no protocol version it knows is ignored and counted, the session goes on", GUARD, async () => {
+  // was: closed the session ("server broke the protocol: unknown op 'teleport'"); a newer
+  // server sending it on every session would have made the client reconnect in a loop
+  const server = await FakeServer.start();
+  const { client, notes } = open([server.url]);
+  const warned = [];
+  const warn = console.warn;
+  console.warn = (line) => warned.push(line);
+  try {
+    const subscription = client.subscribe(SUBJECT);
+    const conn = await server.nextConnection();
+    await conn.expect("connect");
+    conn.send({ op: "hello", from: "the future" }, { op: "connected", server: "fake", version: 1 });
+    await conn.expect("subscribe");
+    conn.send(
+      status("SUBSCRIBE_ALLOW", SUBJECT, 7, 10), message(SUBJECT, 11),
+      { op: "teleport", subject: SUBJECT, messages: [1, 2] }, message(SUBJECT, 12),
+      { op: "teleport" }, batch([update(SUBJECT, 13)]),
+    );
+    assert.deepEqual(await seqs(subscription, 3), [11, 12, 13].map((s) => `/a/b update ${s}`));
+    assert.deepEqual([...client.router.unknownOps], [["hello", 1], ["teleport", 2]]);
+    assert.equal(warned.length, 2);
+    assert.match(warned[1], /ignored a server operation of no protocol version 1 knows: 'teleport'/);
+    assert.deepEqual(notes.map((n) => n.status), ["SERVER_UP", "SUBSCRIBE_ALLOW"]);
+    assert.equal(server.connections.length, 1);
+  } finally {
+    console.warn = warn;
+    await client.close();
+    server.close();
+  }
+});
+
+test("unknown ops beyond the named are counted together", () => {
+  const router = new Router(() => {});
+  const warn = console.warn;
+  console.warn = () => {};
+  try {
+    for (let i = 0; i < UNKNOWN_OPS_NAMED + 5; i += 1) router.onUnknownOp(`op${i}`, "s");
+    router.onUnknownOp("op0", "s");
+  } finally {
+    console.warn = warn;
+  }
+  assert.equal(router.unknownOps.size, UNKNOWN_OPS_NAMED + 1);
+  assert.equal(router.unknownOps.get("op0"), 2);
+  assert.equal(router.unknownOps.get("(others)"), 5);
+});
 
 test("messages never subscribed, back in time or after a skip are not delivered", GUARD, async () => {
   const server = await FakeServer.start();

@@ -248,6 +248,8 @@ export type ServerOp =
       readonly position: Position | null; readonly reason: string | null }
   | { readonly op: "publish_status"; readonly status: PublishStatus; readonly subject: string;
       readonly closure: string | null; readonly position: Position | null; readonly reason: string | null }
-  | { readonly op: "pong"; readonly id: number | null };
+  | { readonly op: "pong"; readonly id: number | null }
+  /** an op of no protocol version this client speaks: the session ignores it */
+  | { readonly op: "unknown"; readonly name: string };
 export function encodeClientOp(op: ClientOp): Uint8Array;
 export function decodeServerOp(payload: Uint8Array | ArrayBuffer): ServerOp;

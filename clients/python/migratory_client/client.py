@@ -117,6 +117,12 @@ class Client:
         """Why the client ended, if it ended by itself."""
         return self._error
 
+    @property
+    def unknown_ops(self) -> Mapping[str, int]:
+        """Server operations of no protocol version this client speaks, by ``op``, with
+        how many came: each was ignored (logged the first time), the session went on."""
+        return dict(self._router.unknown_ops)
+
     def notifications(self) -> NotificationQueue:
         """Async iterator of :class:`Notification`. Never blocks the client: when nobody
         reads, the oldest are dropped (``.dropped`` counts them)."""

@@ -21,6 +21,7 @@ a first subscribe refused so when alone is denied.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ import trio
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol.ops import (
+    PROTOCOL_VERSION,
     SUBSCRIBE_TOO_LARGE,
     PublishStatus,
     Status,
@@ -39,6 +41,12 @@ from migratory_client.errors import MigratoryError
 from migratory_client.events import Notification, NotificationStatus, PublishResult
 from migratory_client.notifications import NotificationQueue
 from migratory_client.resume import SubjectTracker, Verdict
+
+log = logging.getLogger("migratory_client")
+
+UNKNOWN_OPS_NAMED = 50
+"""Distinct unknown operations counted by name; any further are counted together."""
+OTHER_UNKNOWN_OPS = "(others)"
 
 __all__ = ["Outlet", "PendingPublish", "Reaction", "Router"]
 
@@ -89,6 +97,9 @@ class Router:
         self._given_up: dict[str, None] = {}
         """Closures of publishes whose ``publish()`` gave up waiting, oldest first."""
         self.stray_publish_statuses = 0
+        self.unknown_ops: dict[str, int] = {}
+        """Server operations of no protocol version this client knows, by ``op``:
+        ignored (a newer server's; see :meth:`on_unknown_op`)."""
         self._outlets: dict[str, Outlet] = {}
         self._alone: list[str] = []
         """Subjects of a subscribe refused whole as too large, to ask for one at a time."""
@@ -240,6 +251,20 @@ class Router:
         self._given_up[closure] = None
         while len(self._given_up) > GIVEN_UP_REMEMBERED:
             del self._given_up[next(iter(self._given_up))]
+
+    def on_unknown_op(self, name: str, server: str) -> None:
+        """A server operation of no version this client speaks: counted, logged the first
+        time, otherwise ignored -- the session goes on (closing it would bring the same
+        operation on the next session: a reconnect loop). Nothing can be lost by it
+        unnoticed: a message it carried would leave a gap in its subject's positions,
+        and a gap resumes the subject."""
+        if name not in self.unknown_ops and len(self.unknown_ops) >= UNKNOWN_OPS_NAMED:
+            name = OTHER_UNKNOWN_OPS  # a server making up names: bounded
+        seen = self.unknown_ops.get(name, 0)
+        self.unknown_ops[name] = seen + 1
+        if not seen:
+            log.warning("%s: ignored a server operation of no protocol version %d knows: %r",
+                        server, PROTOCOL_VERSION, name)
 
     def on_publish_status(self, op: PublishStatus, server: str) -> None:
         """The one status of a publish: its ``publish()``'s result; a notification for a

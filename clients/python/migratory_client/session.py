@@ -13,6 +13,7 @@ the time to read the frames already received), whatever the application is doing
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from migratory.protocol.ops import (
     SubjectStatus,
     Subscribe,
     SubscriptionRequest,
+    UnknownOp,
     Unsubscribe,
     decode_server_op,
     encode_client_op,
@@ -41,6 +43,8 @@ from migratory.protocol.ops import (
 from migratory_client.routing import Router
 
 __all__ = ["HandshakeFailed", "HandshakeTimeout", "Keepalive", "NotSent", "Session", "SessionEnd"]
+
+log = logging.getLogger("migratory_client")
 
 SUBPROTOCOL = "migratory.cbor"
 MAX_FRAME_BYTES = 64 * 2**20
@@ -237,10 +241,14 @@ class Session:
         """Send ``connect``, wait for ``connected``; raises HandshakeFailed, ConnectionClosed."""
         await self.send(connect)
         with trio.move_on_after(timeout):
-            payload = await self.ws.get_message()
-            op = decode_server_op(payload) if isinstance(payload, bytes) else None
+            op: object = None
+            while op is None or isinstance(op, UnknownOp):
+                payload = await self.ws.get_message()
+                op = decode_server_op(payload) if isinstance(payload, bytes) else payload
+                if isinstance(op, UnknownOp):
+                    self._router.on_unknown_op(op.name, self.server)
             if not isinstance(op, Connected):
-                raise HandshakeFailed(f"expected 'connected', got {op or payload!r}")
+                raise HandshakeFailed(f"expected 'connected', got {op!r}")
             self.server_name = op.server
             self.subscribe_chunk = op.max_subjects_per_subscribe or SUBSCRIBE_CHUNK
             return op
@@ -318,6 +326,8 @@ class Session:
             self._router.on_publish_status(op, self.server)
         elif isinstance(op, Pong):
             self._on_pong(op.id)
+        elif isinstance(op, UnknownOp):
+            self._router.on_unknown_op(op.name, self.server)
 
     async def _deliver(self, messages: Sequence[Message]) -> None:
         reaction = self._router.on_messages(messages)
