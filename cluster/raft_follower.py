@@ -151,8 +151,7 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
 
     def _caught_up(self) -> None:
         """This empty-started seed holds what it may have acknowledged before: it is
-        the leader (elected while its log was empty: a brand-new cluster), or it was
-        told so by :meth:`_holds_the_leaders_commit`."""
+        the leader (elected with an empty log), or :meth:`_holds_the_leaders_commit`."""
         if self._empty_start.active:
             term = self._SyncObj__raftCurrentTerm
             self._empty_start.caught_up(self._SyncObj__getCurrentLogTerm(), term)
@@ -268,13 +267,14 @@ class FollowerSafeSyncObj(CompactionWaitsForDumps):
         quorum = self._term_quorum
         if kind == raft_term_query.ANSWER:
             term = quorum.hear(node, message)
+            if term is not None and quorum.new_cluster:  # nothing to protect (raft_votes.py)
+                self._empty_start.joined_a_new_cluster(max(term, self._SyncObj__raftCurrentTerm))
             if term is not None and term > self._SyncObj__raftCurrentTerm:
                 self._SyncObj__setCurrentTerm(term, None)
                 self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
                 self._SyncObj__raftLeader = None
             return True
-        # not part of the cluster before it knows the current term: a deposed leader's
-        # AppendEntries would find this seed at term 0
+        # not in the cluster before it knows the term: a deposed leader would find term 0
         return quorum.waiting and kind in ("append_entries", "request_vote")
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:

@@ -21,7 +21,10 @@ ignores AppendEntries and RequestVote until the answers settle it:
   leader's messages are refused as Raft refuses them;
 - or answers from ``floor(n / 2)`` of the others whose logs hold nothing of a leader
   (last log term 0): a brand-new cluster, where every seed starts empty, so that two of
-  three new seeds still form a cluster without waiting for the third.
+  three new seeds still form a cluster without waiting for the third. With this seed, a
+  majority holds nothing: nothing was acknowledged that this seed could have lost (or
+  the cluster lost it already), so the seed is done with its empty start at once
+  (:meth:`cluster.raft_votes.EmptyStart.joined_a_new_cluster`): it votes as Raft says.
 
 Until then the seed is not part of the cluster (it cannot be elected either: its log is
 empty). Every seed must run this version: an older one ignores the query, and an
@@ -52,6 +55,7 @@ class TermQuorum:
         self.others = others
         self.waiting = waiting and others > 0
         self.heard: dict[Any, tuple[int, int]] = {}  # seed -> (current term, last log term)
+        self.new_cluster = False  # settled by seeds none of which holds a log
         self._next_query = 0.0
         self._next_warning = 0.0
 
@@ -91,7 +95,8 @@ class TermQuorum:
             return None
         self.waiting = False
         highest = max(term for term, _ in self.heard.values())
-        if all(last == 0 for _, last in self.heard.values()):
+        self.new_cluster = all(last == 0 for _, last in self.heard.values())
+        if self.new_cluster:
             log.info("Raft: a new cluster (%d other seed(s) answered, none holds a log)",
                      len(self.heard))
         else:

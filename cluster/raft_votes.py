@@ -12,7 +12,9 @@ do that; :class:`EmptyStart` makes the seed refuse instead:
 - a seed is *empty-started* when it starts without a journal (or with the marker file
   this module leaves until it has caught up, so a crash in between changes nothing);
 - while empty-started it grants its vote only to a candidate whose log is empty too
-  (last log term 0): a brand-new cluster, where every seed starts empty, still elects;
+  (last log term 0); a brand-new cluster, where every seed starts empty, is told apart
+  by the term query (:mod:`cluster.raft_term_query`: a majority holds nothing) and its
+  seeds vote as Raft says from the start;
   and it stands for election only while its own log is empty: holding part of the
   leader's log (the leader died while resending it), it was as long as the log of a
   seed that lacks what this one had acknowledged, which then voted for it
@@ -111,6 +113,28 @@ class EmptyStart:
         (see the module docstring), with the log's last term."""
         if not self.active or last_log_term <= 0:
             return
+        self._done(current_term)
+        if self.refusals:
+            log.warning(
+                "Raft: this seed has caught up with the cluster's log (term %d) after "
+                "starting empty; it votes again from term %d on",
+                current_term, current_term + 1,
+            )
+
+    def joined_a_new_cluster(self, current_term: int) -> None:
+        """The term query settled on a brand-new cluster: with this seed, a majority of
+        the seeds holds nothing of a leader (cluster/raft_term_query.py). Any entry
+        acknowledged before was held by a majority, so at least one of those seeds held
+        it and lost it as well: there is nothing this seed could still protect, and
+        waiting for a leader to catch it up could wait for ever -- the first leader of a
+        new cluster of five, deposed before its followers caught up, stood with its
+        entries and the empty-started seeds refused it while they held only part of its
+        log (``test_a_new_cluster_whose_first_leader_is_deposed_elects_again``). So
+        it votes as Raft says from the next term on, as a seed with its disk does."""
+        if self.active and not self.planted:
+            self._done(current_term)
+
+    def _done(self, current_term: int) -> None:
         self.active = False
         self.vote_floor = current_term
         if self.marker is not None:
@@ -120,12 +144,6 @@ class EmptyStart:
             # of elections it must stand in (tests/cluster/test_raft_power_loss.py)
             with contextlib.suppress(OSError):
                 raft_durability.sync_directory(os.path.dirname(self.marker))
-        if self.refusals:
-            log.warning(
-                "Raft: this seed has caught up with the cluster's log (term %d) after "
-                "starting empty; it votes again from term %d on",
-                current_term, current_term + 1,
-            )
 
     def may_vote(self, request: dict[str, Any]) -> bool:
         """Whether to answer this ``request_vote`` as pysyncobj would."""

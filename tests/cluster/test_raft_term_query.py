@@ -31,10 +31,12 @@ def test_a_new_cluster_forms_without_its_last_seed() -> None:
     five = TermQuorum(others=4, waiting=True)
     assert five.hear("A", answer(1, 0)) is None
     assert five.hear("B", answer(0, 0)) == 1
+    assert three.new_cluster and five.new_cluster
     five_with_history = TermQuorum(others=4, waiting=True)
     five_with_history.hear("A", answer(3, 0))
     assert five_with_history.hear("B", answer(3, 2)) is None
     assert five_with_history.hear("C", answer(4, 3)) == 4
+    assert not five_with_history.new_cluster  # a seed that lost its disk catches up
 
 
 def test_queries_go_to_the_seeds_not_heard_at_most_every_period() -> None:

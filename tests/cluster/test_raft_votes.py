@@ -149,6 +149,44 @@ def test_a_brand_new_cluster_of_empty_seeds_elects(size: int) -> None:
         world.close()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_new_cluster_whose_first_leader_is_deposed_elects_again(seed: int) -> None:
+    """Five new seeds elect A; A's first entry reaches only B, then A is cut off from
+    everyone long enough to step down. Healed, A stands with its entry. Before the fix
+    the three seeds still empty-started refused A (its log is not empty), refused each
+    other (B holds more) and B, holding part of A's log, did not stand: no leader ever
+    again -- a new chaos cluster of five sat 60 s without one (seed 2811, a busy box).
+    Now the term query's "a new cluster" ends their empty start at once."""
+    world = RaftWorld(5, seed=seed)
+    try:
+        for _ in range(200):
+            world.step(0.05)
+            if world.leader() is not None:
+                break
+        a = world.leader()
+        assert a is not None
+        b, *rest = [address for address in world.addresses if address != a]
+        for other in rest:
+            world.cut(a, other)
+        world.submit(a, b"x")
+        world.tick(a)
+        assert world.deliver(a, b, 1) == 1
+        world.cut(a, b)
+        for _ in range(60):  # A alone: it steps down; the others elect no one without it
+            world.step(0.05)
+        world.heal_all()
+        for _ in range(100):
+            world.step(0.05)
+        assert world.leader() is not None
+        assert all(not node._empty_start.active for node in world.nodes.values())
+        world.submit(world.leader(), b"y")
+        for _ in range(5):
+            world.step(0.05)
+        assert b"y" in world.acknowledged and world.violations() == []
+    finally:
+        world.close()
+
+
 def ask_the_term(world: RaftWorld, empty: str) -> None:
     """The empty-started seed asks the others their term and has their answers
     (cluster/raft_term_query.py), before anything else reaches it."""
