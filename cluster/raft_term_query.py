@@ -21,10 +21,9 @@ ignores AppendEntries and RequestVote until the answers settle it:
   leader's messages are refused as Raft refuses them;
 - or answers from ``floor(n / 2)`` of the others whose logs hold nothing of a leader
   (last log term 0): a brand-new cluster, where every seed starts empty, so that two of
-  three new seeds still form a cluster without waiting for the third. With this seed, a
-  majority holds nothing: nothing was acknowledged that this seed could have lost (or
-  the cluster lost it already), so the seed is done with its empty start at once
-  (:meth:`cluster.raft_votes.EmptyStart.joined_a_new_cluster`): it votes as Raft says.
+  three new seeds still form a cluster without waiting for the third. The seed is then
+  done with its empty start at once and votes as Raft says
+  (:meth:`cluster.raft_votes.EmptyStart.joined_a_new_cluster` says why that is safe).
 
 Until then the seed is not part of the cluster (it cannot be elected either: its log is
 empty). Every seed must run this version: an older one ignores the query, and an

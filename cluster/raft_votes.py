@@ -122,15 +122,20 @@ class EmptyStart:
             )
 
     def joined_a_new_cluster(self, current_term: int) -> None:
-        """The term query settled on a brand-new cluster: with this seed, a majority of
-        the seeds holds nothing of a leader (cluster/raft_term_query.py). Any entry
-        acknowledged before was held by a majority, so at least one of those seeds held
-        it and lost it as well: there is nothing this seed could still protect, and
-        waiting for a leader to catch it up could wait for ever -- the first leader of a
-        new cluster of five, deposed before its followers caught up, stood with its
-        entries and the empty-started seeds refused it while they held only part of its
-        log (``test_a_new_cluster_whose_first_leader_is_deposed_elects_again``). So
-        it votes as Raft says from the next term on, as a seed with its disk does."""
+        """The term query settled on a brand-new cluster: the seeds that answered hold
+        nothing of a leader, and with this one they are a majority
+        (cluster/raft_term_query.py). Voting as Raft says from now on elects nothing
+        the empty-start rule lets through already: an entry this seed acknowledged
+        before its disk was lost is held by a majority with it, so every seed without
+        it is among those that answered (with one seed lost; two lost are beyond what
+        the rule holds off) -- their logs empty, a candidate lacking the entry has an
+        empty log too, which the rule grants (the open finding of
+        ``test_an_empty_seed_does_not_elect_a_seed_that_never_had_a_log``), or a log
+        from a leader elected that way. Waiting instead could wait for ever: the
+        first leader of a new cluster of five, deposed before its followers caught up,
+        stood with its entries; the empty-started seeds refused it, refused each other
+        and those holding part of its log did not stand
+        (``test_a_new_cluster_whose_first_leader_is_deposed_elects_again``)."""
         if self.active and not self.planted:
             self._done(current_term)
 
