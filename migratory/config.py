@@ -47,7 +47,6 @@ from migratory.config_workers import WORKER_SETTINGS, check_workers
 ENV_PREFIX = "MIGRATORY_CFG_"
 
 
-
 SETTINGS: tuple[Setting, ...] = (
     Setting("Listen", "listen", _addresses, "127.0.0.1:8800",
             "Comma-separated host:port addresses for WebSocket and HTTP clients; port 0 picks "
@@ -224,6 +223,7 @@ class Config:
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int
+    cluster_member_ordinal: int | None
     cluster_member_listen: tuple[str, int] | None
     cluster_member_bind: tuple[str, int] | None
     cluster_seed_member_count: int
@@ -290,15 +290,17 @@ class Config:
         out = {}
         for setting in SETTINGS:
             value = getattr(self, setting.attr)
-            if setting.attr == "cluster_members" and self.cluster_member_template:
-                out[setting.key] = ""  # generated from the template
+            derived = {"cluster_members": bool(self.cluster_member_template),
+                       "cluster_member_listen": self.cluster_member_ordinal is not None}
+            if value is None or derived.get(setting.attr):  # unset, or from the template
+                out[setting.key] = ""
             elif setting.attr in (
                 "listen", "listen_mqtt", "listen_mqtt_encrypted", "listen_encrypted",
                 "cluster_members",
             ):
                 out[setting.key] = ", ".join(f"{h}:{p}" for h, p in value)
             elif setting.attr in ("cluster_member_listen", "cluster_member_bind", "monitor_listen"):
-                out[setting.key] = "" if value is None else f"{value[0]}:{value[1]}"
+                out[setting.key] = f"{value[0]}:{value[1]}"
             elif setting.attr in ("cluster_seed_member_count", "cluster_member_count"):
                 out[setting.key] = str(value) if value else ""
             elif isinstance(value, bool):

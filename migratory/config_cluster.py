@@ -19,6 +19,7 @@ from migratory.config_values import (
     _optional_address,
     _optional_addresses,
     _optional_count,
+    _optional_ordinal,
     _seed_count,
     _text,
     parse_address,
@@ -42,7 +43,13 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "With ClusterMemberTemplate: how many members the list has (the largest size the "
             "cluster may scale to, e.g. the HPA's maxReplicas)."),
     Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
-            "This member's cluster address; must be one of ClusterMembers."),
+            "This member's cluster address; must be one of ClusterMembers. With "
+            "ClusterMemberTemplate, set ClusterMemberOrdinal instead."),
+    Setting("ClusterMemberOrdinal", "cluster_member_ordinal", _optional_ordinal, "",
+            "With ClusterMemberTemplate: this member's ordinal (a StatefulSet pod's "
+            "`apps.kubernetes.io/pod-index` label); its ClusterMemberListen is the template "
+            "expanded for it, so the two cannot name different addresses. Set one of "
+            "ClusterMemberOrdinal and ClusterMemberListen, not both."),
     Setting("ClusterMemberBind", "cluster_member_bind", _optional_address, "",
             "Where this member really listens for cluster links (Raft on port + 1) when peers "
             "reach it through another address (a proxy, NAT); empty: ClusterMemberListen."),
@@ -85,13 +92,15 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
 
 
 def expand_member_template(config: Config, key: Callable[[str], str]) -> Config:
-    """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``."""
+    """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``, and
+    ``ClusterMemberOrdinal`` -> ``ClusterMemberListen`` (one source: the template)."""
     template, count = config.cluster_member_template, config.cluster_member_count
+    ordinal = config.cluster_member_ordinal
     if not template:
-        if count:
-            raise ConfigError(
-                f"{key('ClusterMemberCount')} is set but ClusterMemberTemplate is empty"
-            )
+        for name, unset in (("ClusterMemberCount", not count),
+                            ("ClusterMemberOrdinal", ordinal is None)):
+            if not unset:
+                raise ConfigError(f"{key(name)} is set but ClusterMemberTemplate is empty")
         return config
     if config.cluster_members:
         raise ConfigError(
@@ -99,10 +108,23 @@ def expand_member_template(config: Config, key: Callable[[str], str]) -> Config:
         )
     if not count:
         raise ConfigError(f"{key('ClusterMemberTemplate')} is set: ClusterMemberCount is required")
-    members = tuple(
-        parse_address(template.replace(ORDINAL, str(ordinal))) for ordinal in range(count)
-    )
-    return replace(config, cluster_members=members)
+    members = tuple(parse_address(template.replace(ORDINAL, str(n))) for n in range(count))
+    if ordinal is None:
+        return replace(config, cluster_members=members)
+    if config.cluster_member_listen is not None:
+        listen = config.cluster_member_listen
+        raise ConfigError(
+            f"{key('ClusterMemberListen')} = {listen[0]}:{listen[1]} and "
+            f"{key('ClusterMemberOrdinal')} = {ordinal} are both set: set one (the ordinal "
+            f"gives this member's address from {key('ClusterMemberTemplate')})"
+        )
+    if ordinal >= count:
+        raise ConfigError(
+            f"{key('ClusterMemberOrdinal')} = {ordinal} is past the member list: "
+            f"{key('ClusterMemberCount')} = {count} lists ordinals 0 .. {count - 1} (on "
+            "Kubernetes: a pod beyond the HPA's maxReplicas; raise maxReplicas instead)"
+        )
+    return replace(config, cluster_members=members, cluster_member_listen=members[ordinal])
 
 
 def check_cluster(config: Config, key: Callable[[str], str]) -> Config:
@@ -130,7 +152,8 @@ def check_cluster(config: Config, key: Callable[[str], str]) -> Config:
         raise ConfigError(f"{listed} lists {', '.join(sorted(duplicates))} more than once")
     listen = config.cluster_member_listen
     if listen is None:
-        raise ConfigError(f"{listed} is set: ClusterMemberListen must name this member")
+        raise ConfigError(f"{listed} is set: ClusterMemberListen must name this member "
+                          "(or, with a ClusterMemberTemplate, ClusterMemberOrdinal)")
     if listen not in members:
         raise ConfigError(
             f"{key('ClusterMemberListen')} {listen[0]}:{listen[1]} is not one of {listed}: "

@@ -102,6 +102,10 @@ def _optional_count(text: str) -> int:
     return _int(1, unit=" of members")(text) if text.strip() else 0
 
 
+def _optional_ordinal(text: str) -> int | None:
+    return _int(0)(text) if text.strip() else None
+
+
 def _gc_thresholds(text: str) -> tuple[int, int, int]:
     parts = [part.strip() for part in text.split(",")]
     if len(parts) != 3:

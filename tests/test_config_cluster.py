@@ -117,3 +117,53 @@ def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -
     }
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=settings, environ={})
+
+
+def test_member_ordinal_gives_the_listen_address_from_the_template() -> None:
+    """One source for a member's address: the template, for its ordinal (a StatefulSet
+    pod's pod-index label) -- not a second spelling of it kept equal by hand."""
+    settings = {
+        **CLUSTER,
+        "ClusterMembers": "",
+        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
+        "ClusterMemberCount": "6",
+        "ClusterMemberListen": "",
+        "ClusterMemberOrdinal": "5",
+    }
+    config = load_config(overrides=settings, environ={})
+    assert config.cluster_member_listen == ("m-5.members", 9800)
+    assert config.member_index == 5 and not config.is_seed
+    assert config.as_text()["ClusterMemberListen"] == ""  # derived, as ClusterMembers
+    assert Config.from_mapping(config.as_text()) == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ClusterMemberListen": "m-1.members:9800"},
+         r"ClusterMemberListen \(from --set\) = m-1.members:9800 and "
+         r"ClusterMemberOrdinal \(from --set\) = 1 are both set"),
+        ({"ClusterMemberOrdinal": "4"},
+         r"ClusterMemberOrdinal \(from --set\) = 4 is past the member list: "
+         r"ClusterMemberCount \(from --set\) = 4 lists ordinals 0 \.\. 3"),
+        ({"ClusterMemberOrdinal": "-1"}, "ClusterMemberOrdinal: must be >= 0"),
+        ({"ClusterMemberTemplate": "", "ClusterMemberCount": "", "ClusterMembers": "a:1,b:2,c:3"},
+         r"ClusterMemberOrdinal \(from --set\) is set but ClusterMemberTemplate is empty"),
+        ({"ClusterMemberOrdinal": ""}, "ClusterMemberListen must name this member .or, with a "
+         "ClusterMemberTemplate, ClusterMemberOrdinal."),
+    ],
+)
+def test_bad_member_ordinal_is_refused_naming_both_keys(
+    changes: dict[str, str], message: str
+) -> None:
+    settings = {
+        **CLUSTER,
+        "ClusterMembers": "",
+        "ClusterMemberTemplate": "m-{ordinal}.members:9800",
+        "ClusterMemberCount": "4",
+        "ClusterMemberListen": "",
+        "ClusterMemberOrdinal": "1",
+        **changes,
+    }
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=settings, environ={})

@@ -144,7 +144,7 @@ def pod_view(
         if "value" in item:
             env[item["name"]] = expand(str(item["value"]), env)
         else:
-            value = _value_from(docs, item["valueFrom"], name, secrets)
+            value = _value_from(docs, item["valueFrom"], pod_labels(sts, ordinal), secrets)
             if value is not None:  # None: an optional Secret that does not exist
                 env[item["name"]] = value
     command = tuple(expand(part, env) for part in container["command"] + container.get("args", []))
@@ -174,13 +174,34 @@ def pod_view(
     )
 
 
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # Kubernetes >= 1.28 (beta), 1.32 GA
+
+
+def pod_labels(sts: Document, ordinal: int) -> dict[str, str]:
+    """The labels the StatefulSet controller gives pod ``ordinal``: its template's, and
+    the pod's name and index."""
+    return {
+        **sts["spec"]["template"]["metadata"].get("labels", {}),
+        POD_NAME_LABEL: f"{sts['metadata']['name']}-{ordinal}",
+        POD_INDEX_LABEL: str(ordinal),
+    }
+
+
+_LABEL_REF = re.compile(r"metadata\.labels\['([^']+)'\]")
+
+
 def _value_from(
-    docs: list[Document], source: Document, pod: str, secrets: dict[tuple[str, str], str]
+    docs: list[Document], source: Document, labels: dict[str, str],
+    secrets: dict[tuple[str, str], str],
 ) -> str | None:
     if "fieldRef" in source:
         path = source["fieldRef"]["fieldPath"]
-        assert path == "metadata.name", f"fieldRef {path} not modelled"
-        return pod
+        if path == "metadata.name":
+            return labels[POD_NAME_LABEL]
+        label = _LABEL_REF.fullmatch(path)
+        assert label, f"fieldRef {path} not modelled"
+        return labels.get(label.group(1), "")  # Kubernetes: empty for a missing label
     if "secretKeyRef" in source:
         ref = source["secretKeyRef"]
         if ref.get("optional") and (ref["name"], ref["key"]) not in secrets:

@@ -9,6 +9,7 @@ import dataclasses
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from k8s_manifests import (
@@ -92,25 +93,46 @@ def test_a_pod_started_as_the_manifest_says_serves_and_waits_for_its_peers(
     assert "Traceback" not in pod.log()
 
 
-def test_a_member_template_renamed_in_the_configmap_alone_stops_the_rolled_pod(
-    tmp_path: Path,
-) -> None:
-    """Each pod's own address (ClusterMemberListen) comes from statefulset.yaml, the list
-    from the ConfigMap's ClusterMemberTemplate: renaming the members in the ConfigMap
-    alone (fully qualified names, another service, another port) leaves the first pod
-    rolled out of its own list. It must stop at start naming both keys -- the rollout
-    stalls on a crash-looping pod whose log says why (deploy/k8s/README.md, Scaling) --
-    not serve under an address the others do not list."""
-    from migratory.config import ConfigError
-
-    docs = copy.deepcopy(DOCS)
+def renamed_members(docs: list[dict[str, Any]], new: str) -> list[dict[str, Any]]:
+    """The install with ClusterMemberTemplate changed in the ConfigMap alone."""
+    docs = copy.deepcopy(docs)
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
     text = config_map["data"]["migratory.conf"]
     short = "migratory-{ordinal}.migratory-members:9800"
-    assert short in text
-    config_map["data"]["migratory.conf"] = text.replace(
-        short, "migratory-{ordinal}.migratory-members.default.svc.cluster.local:9800")
+    assert f"ClusterMemberTemplate = {short}\n" in text
+    config_map["data"]["migratory.conf"] = text.replace(short, new)
+    return docs
+
+
+@pytest.mark.parametrize("ordinal", [0, 2, 7])
+def test_a_pods_address_is_its_ordinal_in_the_member_template(
+    ordinal: int, tmp_path: Path
+) -> None:
+    """One source for a pod's cluster address: ClusterMemberTemplate (the ConfigMap) for
+    the pod's ordinal (its pod-index label). Before, statefulset.yaml spelt the address a
+    second time (ClusterMemberListen = $(POD_NAME).migratory-members:9800), and renaming
+    the members in the ConfigMap alone (fully qualified names, another service or port)
+    left every pod out of its own list: each crash-looped at start. Now the address
+    follows the template; a rename is then a list the old pods refuse at link time
+    (README, Scaling), not a pod that cannot start."""
+    fqdn = "migratory-{ordinal}.migratory-members.default.svc.cluster.local:9800"
+    view = pod_view(renamed_members(DOCS, fqdn), ordinal, PASSWORD)
+    assert not any("CLUSTERMEMBERLISTEN" in name for name in view.env), view.env
+    config = load_pod_config(view, tmp_path)
+    assert config.cluster_member_listen == (
+        f"migratory-{ordinal}.migratory-members.default.svc.cluster.local", 9800)
+    assert config.member_index == ordinal
+
+
+def test_a_pod_beyond_the_member_list_stops_naming_both_keys(tmp_path: Path) -> None:
+    """A pod whose ordinal the list does not reach (``kubectl scale`` past the HPA's
+    maxReplicas, or a ClusterMemberCount set by hand below it) must stop at start with
+    a line naming the ordinal and the count -- not serve under an address no other
+    member lists. Its pod-index label is the one fact it is given."""
+    from migratory.config import ConfigError
+
+    ordinal = max_replicas()
     with pytest.raises(ConfigError) as refused:
-        load_pod_config(pod_view(docs, 2, PASSWORD), tmp_path)
-    assert "ClusterMemberListen (from environment) migratory-2.migratory-members:9800 is " \
-        "not one of ClusterMembers (ClusterMemberTemplate" in str(refused.value)
+        load_pod_config(pod_view(DOCS, ordinal, PASSWORD), tmp_path)
+    assert f"ClusterMemberOrdinal (from environment) = {ordinal} is past the member " \
+        f"list: ClusterMemberCount (from environment) = {ordinal}" in str(refused.value)
