@@ -23,6 +23,7 @@ from pathlib import Path
 
 import trio
 from k8s_manifests import MONITOR_PORT, Document, find, generated_secrets, pod_view
+from kubelet_probes import ProbeState
 from pod_sandbox import PodProcess
 
 SUBNET = "10.244.0"
@@ -44,6 +45,7 @@ class Pod:
     started: bool = False  # the startup probe passed
     deleting: bool = False
     liveness_failures: int = 0
+    readiness: ProbeState | None = None  # the kubelet's count for the readiness probe
 
 
 @dataclass
@@ -240,7 +242,10 @@ class LocalStatefulSet:
             if not pod.started:
                 return
         was_ready = pod.ready
-        pod.ready = await self._get(pod, "readinessProbe") == 200 and not pod.deleting
+        if pod.readiness is None:
+            pod.readiness = ProbeState.of(self.container["readinessProbe"])
+        answered = await self._get(pod, "readinessProbe") == 200
+        pod.ready = pod.readiness.observe(answered) and not pod.deleting
         if pod.ready != was_ready:
             self.events.note(f"{pod.name} {'ready' if pod.ready else 'not ready'}")
             if not pod.ready:  # what it is connected to: shown when the rehearsal fails

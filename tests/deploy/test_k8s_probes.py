@@ -6,6 +6,10 @@ listeners are laid out as the pod's config lays them (client port, monitoring po
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +17,7 @@ from typing import Any
 
 import trio
 from k8s_manifests import documents, find, generated_secrets, load_pod_config, pod_view
+from kubelet_probes import ProbeState
 
 from migratory_client import connect
 
@@ -20,9 +25,9 @@ DOCS = documents()
 CONTAINER = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
 
 
-def status(url: str) -> int:
+def status(url: str, timeout: float = 5) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
             return int(reply.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -70,3 +75,61 @@ def test_liveness_and_startup_answer_a_member_full_of_clients(
     assert answers["startupProbe"] == 200 and answers["livenessProbe"] == 200, answers
     # readiness on the client port: a full member leaves the Service until it has room
     assert answers["readinessProbe"] == 503, answers
+
+
+SCALE = 0.25
+"""The stall tests run the manifest's probe timings at a quarter (periods, timeouts and
+the stalls alike): what counts is their ratios, not the wall time."""
+
+
+def kubelet_readiness(url: str, pid: int, stall: float, window: float) -> list[bool]:
+    """The manifest's readiness probe, asked of ``url`` every ``periodSeconds`` with its
+    ``timeoutSeconds`` (both scaled), while the member's process is stopped for ``stall``
+    seconds a period in: its event loop stalled (the kernel still accepts the probe's
+    connection; the member answers once it runs again). The pod's readiness after each
+    probe, as the kubelet counts it (``failureThreshold`` failures in a row)."""
+    probe = CONTAINER["readinessProbe"]
+    period = probe["periodSeconds"] * SCALE
+    timeout = probe.get("timeoutSeconds", 1) * SCALE
+    state = ProbeState.of(probe)
+    states = []
+    while not state.observe(status(url, timeout) == 200):  # ready first
+        time.sleep(period)
+    resume = threading.Timer(period + stall, os.kill, (pid, signal.SIGCONT))
+    threading.Timer(period, os.kill, (pid, signal.SIGSTOP)).start()
+    resume.start()
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < window:
+            tick = time.monotonic()
+            states.append(state.observe(status(url, timeout) == 200))
+            time.sleep(max(0.0, tick + period - time.monotonic()))
+    finally:
+        resume.join()
+    return states
+
+
+def test_an_event_loop_stall_of_seconds_keeps_the_pod_in_the_service(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """/readyz is answered by the member's event loop (on the client port: O(1), the
+    readiness reason already kept), so a loop stopped for S seconds answers the probes of
+    those S seconds only when it runs again. Before, the probe had ``failureThreshold: 1``
+    and a 1 s timeout: a stall of just over 1 s (a seed loading a Raft dump shares the GIL
+    1.1-1.2 s) took the pod out of the Service and restarted its ``minReadySeconds``
+    (a rolling update waiting 30 s more). Now a 3 s stall keeps it ready; a member stalled
+    for 12 s still leaves the Service (a hung member must not get clients), and comes
+    back once it answers."""
+    server = start_server()
+    url = server.url.replace("ws://", "http://") + "/readyz"
+    assert server.proc.poll() is None
+    assert all(kubelet_readiness(url, server.proc.pid, 3 * SCALE, 6 * SCALE))
+    hung = kubelet_readiness(url, server.proc.pid, 12 * SCALE, 18 * SCALE)
+    assert not all(hung) and hung[-1], hung  # out of the Service, then back
+
+
+def test_the_kubelet_model_counts_failures_in_a_row() -> None:
+    state = ProbeState(failure_threshold=3)
+    assert [state.observe(ok) for ok in (False, True, False, False, True, False, False,
+                                         False, False, True)] == [
+        False, True, True, True, True, True, True, False, False, True]
