@@ -27,6 +27,11 @@ publish load with SDK clients going through the client Service.
     ``maxReplicas`` raised (a longer member list in every pod), rolled one pod at a
     time onto half the pods (a non-seed and a seed): old and new lists must keep
     linking.
+``scale-down-seed-restart``
+    the HPA scaling non-seed 3 away while the Raft leader's pod restarts.
+``ip-reused``
+    seed 1 and non-seed 3 rescheduled at once, 3 at 1's old IP, while cluster DNS
+    still answers ``migratory-1`` with it (30 s, scaled).
 ``seed-roll-dns``
     seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
     between pods) while cluster DNS answers a recreated name with its old IP for 30 s
@@ -209,12 +214,75 @@ async def seed_roll_dns(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["seconds_without_a_ready_seed_majority"] = down
 
 
+async def raft_leader(sts: LocalStatefulSet) -> int:
+    """The ordinal of the seed the others follow (seed 0's view), or 0 if unknown."""
+    status = json.loads(await http_body(sts.pods[0].ip, MONITOR_PORT, "/cluster"))
+    leader = str(status.get("raft_leader") or "migratory-0.")
+    return int(leader.split(".", 1)[0].rsplit("-", 1)[1])
+
+
+async def scale_down_seed_restart(sts: LocalStatefulSet, observed: Observed) -> None:
+    """The HPA takes non-seed 3 away (its volume deleted, its clients drained to the
+    others) while the Raft leader's pod is deleted and recreated (its node restarted):
+    the drained clients and the leaving member's unsettled publishes land on a cluster
+    electing a new leader."""
+    await trio.sleep(2)
+    leader = await raft_leader(sts)
+    observed["restarted_seed"] = leader
+    began = trio.current_time()
+
+    async def seed_restart() -> None:
+        await sts.delete(leader)
+        sts.create(leader)
+
+    async with trio.open_nursery() as faults:
+        faults.start_soon(partial(sts.delete, 3, delete_volume=True))
+        faults.start_soon(seed_restart)
+    await sts.wait_ready(SEEDS, 60)
+    observed["all_seeds_ready_seconds"] = round(trio.current_time() - began, 1)
+    await trio.sleep(1)
+
+
+async def ip_reused(sts: LocalStatefulSet, observed: Observed) -> None:
+    """Seed 1 rescheduled at a new IP while non-seed 3, rescheduled too, gets seed 1's
+    old IP, and cluster DNS answers ``migratory-1`` with that old IP for 30 s (scaled):
+    the seeds dialling seed 1 reach non-seed 3 (cluster port: it must refuse to be taken
+    for seed 1; Raft port: nothing listens) until the caches expire, then the new seed 1.
+    Seed 2, which dials seed 1 (the higher address dials the lower), must link to it."""
+    sts.dns_cache = CLUSTER_DNS_CACHE * sts.time_scale
+    await trio.sleep(2)
+    old_ip = sts.pods[1].ip
+    began = trio.current_time()
+    async with trio.open_nursery() as moves:
+        moves.start_soon(sts.delete, 1)
+        moves.start_soon(sts.delete, 3)
+    sts.create(3, ip=old_ip)
+    sts.create(1)
+    await sts.wait_ready([1, 3], 60)
+    observed["ready_seconds"] = round(trio.current_time() - began, 1)
+    linked: dict[str, object] = {}
+    with trio.move_on_after(sts.dns_cache + 10):
+        while True:
+            linked = {
+                pod.name: json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
+                    "raft_linked_seeds") for o, pod in sorted(sts.pods.items()) if o in SEEDS}
+            if all(isinstance(v, list) and len(v) == 2 for v in linked.values()):
+                break
+            await trio.sleep(0.5)
+    observed["linked_seconds"] = round(trio.current_time() - began, 1)
+    observed["dns_cache_seconds"] = sts.dns_cache
+    observed["linked"] = linked
+    await trio.sleep(1)
+
+
 SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "whole-restart": (4, whole_restart),
     "lost-volume": (3, lost_volume),
     "drift-refused": (3, drift_refused),
     "members-extended": (4, members_extended),
     "seed-roll-dns": (3, seed_roll_dns),
+    "scale-down-seed-restart": (4, scale_down_seed_restart),
+    "ip-reused": (4, ip_reused),
 }
 UNAVAILABLE = {"lost-volume", "whole-restart"}
 """Plays that leave the cluster without a Raft majority for a while: a publish in flight

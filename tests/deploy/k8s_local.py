@@ -140,11 +140,15 @@ class LocalStatefulSet:
 
     # --- pods -----------------------------------------------------------------------
 
-    def create(self, ordinal: int) -> Pod:
+    def create(self, ordinal: int, *, ip: str | None = None) -> Pod:
+        """Pod ``ordinal`` at a new IP, or at ``ip`` (one a deleted pod had: a CNI may
+        hand an address out again while cluster DNS caches still name the old pod)."""
         assert ordinal not in self.pods
+        assert ip is None or all(p.ip != ip for p in self.pods.values()), ip
         view = pod_view(self.docs, ordinal, self.secrets)
-        ip = f"{SUBNET}.{self._next_ip}"
-        self._next_ip += 1
+        if ip is None:
+            ip = f"{SUBNET}.{self._next_ip}"
+            self._next_ip += 1
         process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
                              hosts="", held=True)
         pod = Pod(ordinal, view.name, ip, process)
