@@ -32,6 +32,8 @@ publish load with SDK clients going through the client Service.
 ``ip-reused``
     seed 1 and non-seed 3 rescheduled at once, 3 at 1's old IP, while cluster DNS
     still answers ``migratory-1`` with it (30 s, scaled).
+``scale-flap``
+    non-seed 3 created and deleted again once it has started, twice, then created.
 ``seed-roll-dns``
     seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
     between pods) while cluster DNS answers a recreated name with its old IP for 30 s
@@ -275,6 +277,26 @@ async def ip_reused(sts: LocalStatefulSet, observed: Observed) -> None:
     await trio.sleep(1)
 
 
+async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
+    """The HPA scaling up and straight down again (a metric flapping past its
+    stabilization window, an operator's ``kubectl scale`` undone): non-seed 3 deleted as
+    soon as its startup probe passes, while it syncs and before the Service sends it
+    anyone, twice, then created a third time on a fresh volume and left to become ready.
+    Each must leave cleanly (exit 0, no SIGKILL)."""
+    await trio.sleep(2)
+    ready_when_deleted = observed["ready_when_deleted"] = []
+    for _ in range(2):
+        pod = sts.create(3)
+        with trio.fail_after(30):
+            while not pod.started:
+                await trio.sleep(0.05)
+        ready_when_deleted.append(pod.ready)
+        await sts.delete(3, delete_volume=True)
+    sts.create(3)
+    await sts.wait_ready([3], 60)
+    await trio.sleep(1)
+
+
 SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "whole-restart": (4, whole_restart),
     "lost-volume": (3, lost_volume),
@@ -283,6 +305,7 @@ SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "seed-roll-dns": (3, seed_roll_dns),
     "scale-down-seed-restart": (4, scale_down_seed_restart),
     "ip-reused": (4, ip_reused),
+    "scale-flap": (3, scale_flap),
 }
 UNAVAILABLE = {"lost-volume", "whole-restart"}
 """Plays that leave the cluster without a Raft majority for a while: a publish in flight

@@ -1,7 +1,8 @@
 """Faults of the whole StatefulSet under publish load (tests/deploy/cluster_faults.py): every
 pod deleted at once, a seed's volume lost while another seed is away, a ConfigMap change
 the members refuse, a longer member list rolled out, seeds rolled while cluster DNS
-answers with old IPs. Each run checks that no acknowledged
+answers with old IPs, a scale-down while the Raft leader restarts, a pod at another
+pod's old IP, a pod scaled away as soon as it started. Each run checks that no acknowledged
 publish is lost, no subscriber sees a duplicate or a position out of order, and every
 subscriber that moved resumed with DATA_SYNC (rehearsal.check)."""
 
@@ -108,4 +109,14 @@ def test_a_pod_at_another_pods_old_ip_under_a_dns_cache(tmp_path: Path) -> None:
     summary = play("ip-reused", tmp_path, time_scale="0.25")
     observed = summary["observed"]
     assert [len(peers) for peers in observed["linked"].values()] == [2, 2, 2], observed
+    assert summary["unknown"] == 0
+
+
+@pytest.mark.slow
+def test_a_pod_scaled_away_as_soon_as_it_started(tmp_path: Path) -> None:
+    """The HPA flapping (or ``kubectl scale`` undone): non-seed 3 deleted as soon as its
+    startup probe passes, twice (once still syncing, once just in the Service), then
+    created on a fresh volume. Each leaves cleanly and the third syncs (~27 s)."""
+    summary = play("scale-flap", tmp_path)
+    assert len(summary["observed"]["ready_when_deleted"]) == 2
     assert summary["unknown"] == 0
