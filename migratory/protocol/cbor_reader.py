@@ -9,7 +9,7 @@ missing or of the wrong kind with 4000, in a reason that names the key.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cbor2
@@ -92,11 +92,19 @@ def _strict_load(payload: bytes) -> Any:
     return item
 
 
-def load_map(payload: bytes, *, whole: bool = False) -> dict[Any, Any]:
+def load_map(
+    payload: bytes, *, whole: bool = False, object_hook: Callable[..., Any] | None = None
+) -> dict[Any, Any]:
     """The one CBOR map of a frame; ``whole`` (client frames): strictly decoded, and
-    nothing may follow the item (1007)."""
+    nothing may follow the item (1007). ``object_hook`` (not with ``whole``): cbor2's,
+    given each map as it is decoded."""
     try:
-        item = _strict_load(payload) if whole else cbor2.loads(payload)
+        if whole:
+            item = _strict_load(payload)
+        elif object_hook is not None:
+            item = cbor2.loads(payload, object_hook=object_hook)
+        else:
+            item = cbor2.loads(payload)
     except Exception as exc:  # cbor2 raises several types; all mean "not CBOR"
         raise OperationError(close_codes.INVALID_PAYLOAD, f"not a CBOR item: {exc}") from None
     if not isinstance(item, dict):

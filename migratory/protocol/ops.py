@@ -21,10 +21,11 @@ from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.model.subject import MAX_SUBJECT_BYTES
-from migratory.protocol import cbor_splice
+from migratory.protocol import cbor_splice, message_batch
 from migratory.protocol.cbor_reader import MAX_INTEGER as MAX_INTEGER  # re-exported
 from migratory.protocol.cbor_reader import REQUIRED, Reader, bad, load_map
 from migratory.protocol.cbor_reader import OperationError as OperationError  # re-exported
+from migratory.protocol.message_batch import decode_message
 
 PROTOCOL_VERSION = 1
 """The highest version this code speaks. A session speaks the lower of the client's
@@ -410,15 +411,16 @@ def decode_server_op(payload: bytes) -> ServerOp | UnknownOp:
     """Decode one server frame payload (used by SDKs and tests). An ``op`` that is not
     of :data:`PROTOCOL_VERSION` is an :class:`UnknownOp`; a known one that is malformed
     raises :class:`OperationError`."""
-    body = load_map(payload)
+    body = message_batch.load_server_map(payload)
     name = body.get("op")
     if not isinstance(name, str):
         raise bad("missing text key 'op'")
     r = Reader(body, name)
     if name == "message":
-        return Deliver((_decode_message(body),))
-    if name == "batch":
-        return Deliver(tuple(_decode_message(m) for m in r.array("messages")))
+        return Deliver((decode_message(body),))
+    if name == "batch":  # a large one's messages are decoded already
+        return Deliver(tuple(m if type(m) is Message else decode_message(m)
+                             for m in r.array("messages")))
     if name == "status":
         return SubjectStatus(
             status=_status(r.text("status", REQUIRED)),
@@ -450,26 +452,3 @@ def _status(name: str) -> Status:
         return Status(name)
     except ValueError:
         raise bad(f"unknown status {name!r}") from None
-
-
-def _decode_message(item: Any) -> Message:
-    if not isinstance(item, dict):
-        raise bad("message: expected a map")
-    r = Reader(item, "message")
-    type_name = r.text("type", "update")
-    qos_name = r.text("qos", "standard")
-    try:
-        message_type = MessageType(type_name)
-        qos = Qos(qos_name)
-    except ValueError:
-        raise bad(f"message: unknown type {type_name!r} or qos {qos_name!r}") from None
-    return Message(
-        subject=r.text("subject", REQUIRED),
-        content=r.bytes_("content"),
-        fields=r.fields("fields"),
-        retained=r.boolean("retained", False),
-        qos=qos,
-        epoch=r.integer("epoch", 0),
-        seq=r.integer("seq", 0),
-        type=message_type,
-    )

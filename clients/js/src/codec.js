@@ -47,13 +47,16 @@ export function position(epoch, seq) {
   return Object.freeze({ epoch, seq });
 }
 
+/** The fields of every message that has none: one frozen object, not one per message. */
+const EMPTY_FIELDS = Object.freeze({});
+
 /** One delivered message; `content` is bytes, `text` its UTF-8 decoding. */
 export class Message {
-  constructor({ subject, content, fields = {}, retained = false, qos = Qos.STANDARD,
+  constructor({ subject, content, fields = EMPTY_FIELDS, retained = false, qos = Qos.STANDARD,
     epoch, seq, type = MessageType.UPDATE }) {
     this.subject = subject;
     this.content = content;
-    this.fields = Object.freeze({ ...fields });
+    this.fields = fields === EMPTY_FIELDS ? fields : Object.freeze({ ...fields });
     this.retained = retained;
     this.qos = qos;
     this.epoch = epoch;
@@ -167,7 +170,7 @@ class Reader {
   }
 
   fields(key) {
-    const value = this.get(key, isMap, "a map of text to text", {});
+    const value = this.get(key, isMap, "a map of text to text", EMPTY_FIELDS);
     if (!Object.values(value).every((v) => typeof v === "string")) {
       throw bad(`${this.where}: key '${key}' must be a map of text to text`);
     }
@@ -185,7 +188,7 @@ class Reader {
 }
 const REQUIRED = Symbol("required");
 
-function decodeMessage(item) {
+function decodeMessage(item, subjects = null) {
   if (!isMap(item)) throw bad("message: expected a map");
   const r = new Reader(item, "message");
   const type = r.text("type", MessageType.UPDATE);
@@ -193,8 +196,14 @@ function decodeMessage(item) {
   if (!MESSAGE_TYPES.has(type) || !QOS_NAMES.has(qos)) {
     throw bad(`message: unknown type '${type}' or qos '${qos}'`);
   }
+  let subject = r.text("subject", REQUIRED);
+  if (subjects !== null) { // one string per subject of a batch, not one per message
+    const known = subjects.get(subject);
+    if (known === undefined) subjects.set(subject, subject);
+    else subject = known;
+  }
   return new Message({
-    subject: r.text("subject", REQUIRED),
+    subject,
     content: r.bytes("content"),
     fields: r.fields("fields"),
     retained: r.boolean("retained", false),
@@ -240,7 +249,9 @@ export function decodeServerOp(payload) {
       return Object.freeze({ op: "deliver", messages: Object.freeze([decodeMessage(body)]) });
     case "batch": {
       const items = r.get("messages", Array.isArray, "an array", REQUIRED);
-      return Object.freeze({ op: "deliver", messages: Object.freeze(items.map(decodeMessage)) });
+      const subjects = new Map();
+      const messages = items.map((item) => decodeMessage(item, subjects));
+      return Object.freeze({ op: "deliver", messages: Object.freeze(messages) });
     }
     case "status":
       return Object.freeze({
