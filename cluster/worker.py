@@ -33,12 +33,16 @@ from cluster.sequencer import worker_name
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
 from migratory.config import Config
+from migratory.config_workers import BEAT_SECONDS
 from migratory.logs import print_line
 from migratory.server.app import Server, build_hub
 
 log = logging.getLogger("migratory.workers")
 
 READY_LOG_SECONDS = 5.0
+BEAT_LINE = "worker beat"
+"""Written on stdout every BEAT_SECONDS by a worker's event loop: its supervisor kills
+and restarts a worker that stops (``WorkerHangTime``; :mod:`cluster.workers`)."""
 
 
 def worker_config(config: Config, index: int) -> Config:
@@ -119,6 +123,8 @@ class WorkerNode:
             await nursery.start(self.upstream.run)
             nursery.start_soon(self._watch_parent)
             nursery.start_soon(self._announce_when_ready)
+            if self.config.worker_hang_time:
+                nursery.start_soon(self._beat)
             nursery.start_soon(
                 functools.partial(
                     keep_house, self.name, self.publishing, self.readiness, self.server,
@@ -143,6 +149,13 @@ class WorkerNode:
             host, port = self.server.monitor_address
             scheme = "https" if self.config.monitor_encrypted else "http"
             print(f"monitoring {scheme}://{host}:{port}", flush=True)
+
+    async def _beat(self) -> None:
+        """Tell the supervisor this event loop turns. (A write to its pipe: a supervisor
+        that stops reading for hours fills it, about 5,000 s of beats per 64 KiB.)"""
+        while True:
+            print_line(BEAT_LINE)
+            await trio.sleep(BEAT_SECONDS)
 
     async def _watch_parent(self) -> None:
         """Stop, as on Ctrl-C, once the supervisor is gone (its sequencer with it)."""

@@ -14,7 +14,9 @@ It does no client I/O. It
   first, as from a single server), then the workers' ``monitoring URL`` lines and
   ``worker I pid P`` for each, and ``worker I pid P`` again for every restart (off its
   event loop: :mod:`cluster.stdout_lines`);
-- restarts a worker that stops on its own (logged, with a back-off if it keeps dying);
+- restarts a worker that stops on its own (logged, with a back-off if it keeps dying),
+  and kills (then restarts) one whose heartbeats stop for ``WorkerHangTime`` seconds
+  (:func:`kill_if_hung`): a hung worker would keep 1/N of the new connections waiting;
 - on SIGINT or SIGTERM, whenever it comes (during start-up too: then no ``listening``
   line is printed), passes the signal on to every worker (SIGTERM to one still
   starting), waits for them (SIGTERM: up to DrainTime, as each drains), SIGKILLs any
@@ -24,6 +26,7 @@ It does no client I/O. It
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -31,14 +34,16 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
 from cluster.sequencer import Sequencer
 from cluster.stdout_lines import StdoutLines
+from cluster.worker import BEAT_LINE
 from migratory.config import Config
+from migratory.config_workers import BEAT_SECONDS
 from migratory.listeners import client_listeners
 from migratory.server.gc_pauses import tune
 
@@ -70,6 +75,8 @@ class WorkerSlot:
     restarts: int = 0
     serving: bool = False
     """Its current process has caught up and serves (it would drain on SIGTERM)."""
+    beats: int = 0
+    """Heartbeats of its current process (WorkerHangTime)."""
 
 
 def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
@@ -231,18 +238,31 @@ class Supervisor:
         )
         slot.process = process
         slot.serving = False
+        slot.beats = 0
         if self.announced:  # a restart (the first start's line follows "listening")
             self.output.say(f"worker {slot.index} pid {process.pid}")
         log.info("worker %d started (pid %d)", slot.index, process.pid)
         try:
             await self._give_config(process)
             assert process.stdout is not None
-            await self._relay(slot, process.stdout)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(
+                    kill_if_hung, slot, hang=self.config.worker_hang_time,
+                    kill=functools.partial(self._kill_hung, slot, process),
+                ))
+                await self._relay(slot, process.stdout)  # until it exits (or is killed)
+                nursery.cancel_scope.cancel()
             return await process.wait()
         finally:
             if self.stopping or process.returncode is None:
                 with trio.CancelScope(shield=True):
                     await self._end(process)
+
+    def _kill_hung(self, slot: WorkerSlot, process: trio.Process) -> None:
+        log.error("worker %d sent no heartbeat for %d s (hung); killing it",
+                  slot.index, self.config.worker_hang_time)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
 
     async def _give_config(self, process: trio.Process) -> None:
         """The config file's text as the server started with it: a worker restarted
@@ -266,7 +286,9 @@ class Supervisor:
             *lines, buffer = buffer.split(b"\n")
             for raw in lines:
                 line = raw.decode(errors="replace")
-                if line.startswith("listening "):
+                if line == BEAT_LINE:
+                    slot.beats += 1
+                elif line.startswith("listening "):
                     listening.append(line)
                     if len(listening) == len(client_listeners(self.config)):
                         slot.listening = listening
@@ -316,6 +338,26 @@ class Supervisor:
                 await process.wait()
         log.info("stopped: %d workers (%d restarts)", len(self.slots),
                  sum(s.restarts for s in self.slots))
+
+
+async def kill_if_hung(slot: WorkerSlot, *, hang: int, kill: Callable[[], None]) -> None:
+    """Call ``kill`` once the worker's heartbeats (``slot.beats``) stop for ``hang``
+    seconds (0: never); none yet is a worker still starting. Silence is counted in this
+    task's own turns, each after the previous one let the relay read the pipe: a
+    supervisor held up itself (SIGSTOP, a stalled machine) counts that as one turn, not
+    as its workers silent all that time."""
+    if not hang:
+        return
+    seen, silent = 0, 0
+    while True:
+        await trio.sleep(BEAT_SECONDS)
+        if slot.beats != seen or seen == 0:
+            seen, silent = slot.beats, 0
+            continue
+        silent += 1
+        if silent * BEAT_SECONDS >= hang:
+            kill()
+            return
 
 
 def stop_signal(signum: signal.Signals, *, serving: bool) -> signal.Signals:

@@ -1,13 +1,12 @@
 """The one validated configuration object.
 
-Sources, later ones winning: built-in defaults, a config file in the
-MigratoryData ``Key = Value`` style, environment variables
-``MIGRATORY_CFG_<KEY>`` (key matched case-insensitively), and
-``--set Key=Value`` on the command line. All sources are merged first, then every
-value is parsed and the rules between keys are checked once, on the merged result
-(so the file may list the members and the environment say which one this is). An
-unknown key or a bad value stops start-up with a message naming the key and where
-it came from.
+Sources, later ones winning: built-in defaults, a config file in the MigratoryData
+``Key = Value`` style, environment variables ``MIGRATORY_CFG_<KEY>`` (key matched
+case-insensitively), and ``--set Key=Value`` on the command line. All sources are
+merged first, then every value is parsed and the rules between keys are checked once,
+on the merged result (so the file may list the members and the environment say which
+one this is). An unknown key or a bad value stops start-up with a message naming the
+key and where it came from.
 """
 
 from __future__ import annotations
@@ -220,6 +219,7 @@ class Config:
     outbox_memory_budget: int
     publish_allow_from_address_list: tuple[IPv4Network | IPv6Network, ...]
     workers: int
+    worker_hang_time: int
     cluster_members: tuple[tuple[str, int], ...]
     cluster_member_template: str
     cluster_member_count: int

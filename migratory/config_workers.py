@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from migratory.config import Config
 
 MAX_WORKERS = 256
+BEAT_SECONDS = 0.5
+"""How often a worker's event loop tells its supervisor it turns (WorkerHangTime)."""
 
 WORKER_SETTINGS: tuple[Setting, ...] = (
     Setting("Workers", "workers", _int(1, MAX_WORKERS, " of processes"), "1",
@@ -19,6 +21,12 @@ WORKER_SETTINGS: tuple[Setting, ...] = (
             "clients, each a replica of the one stream, so positions and resume are the same "
             "whichever worker a client lands on (docs/workers.md). A crashed worker is "
             "restarted. Not with ClusterMembers (a cluster member runs one process)."),
+    Setting("WorkerHangTime", "worker_hang_time", _int(0, unit=" of seconds"), "10",
+            "With Workers > 1: a worker whose event loop has sent its supervisor no "
+            "heartbeat for this many seconds (hung: an endless loop in a plugin, a stuck "
+            "system call, SIGSTOP) is killed and restarted as a crashed one is, so that the "
+            "new connections the kernel gives it are not left waiting (docs/workers.md). "
+            "0: never; else at least 2."),
 )
 
 
@@ -28,6 +36,11 @@ def check_workers(config: Config, key: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{key('Workers')} = {config.workers} with ClusterMembers: a cluster member runs "
             "one process (Workers = 1); run more members instead (docs/workers.md)"
+        )
+    if config.worker_hang_time == 1:
+        raise ConfigError(
+            f"{key('WorkerHangTime')} = 1: a worker beats every {BEAT_SECONDS:g} s; give it "
+            "at least 2 s, or 0 (never)"
         )
     check_monitor_ports(config, key)
 

@@ -70,3 +70,13 @@ def test_monitoring_ports_of_the_workers_are_checked_at_start_up(
                                 "Workers": "3"}).workers == 3
     with pytest.raises(ConfigError, match=refused):
         Config.from_mapping({**settings, "MonitorListen": monitor, "Workers": "3"})
+
+
+def test_worker_hang_time_is_checked_naming_the_key() -> None:
+    """A worker beats every 0.5 s: 1 s would kill healthy workers whose beat is late."""
+    assert Config.defaults().worker_hang_time == 10
+    assert Config.from_mapping({"WorkerHangTime": "0"}).worker_hang_time == 0
+    assert Config.from_mapping({"WorkerHangTime": "2"}).worker_hang_time == 2
+    for value in ("1", "-1", "ten", ""):
+        with pytest.raises(ConfigError, match="WorkerHangTime"):
+            Config.from_mapping({"WorkerHangTime": value})
