@@ -29,6 +29,8 @@ class Setting:
 def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
+            if not text.isascii():  # int() would read any script's digits ('\uff12': 2)
+                raise ValueError
             value = int(text.replace("_", ""), 10)
         except ValueError:
             raise ValueError(f"expected a whole number{unit}, got {text!r}") from None

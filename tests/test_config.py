@@ -53,6 +53,9 @@ def test_unknown_key_names_the_key_line_and_a_suggestion() -> None:
         ("PublishSnapshotMessage", "maybe", "PublishSnapshotMessage: expected true or false"),
         ("Listen", "localhost", "Listen: expected host:port"),
         ("Listen", "127.0.0.1:70000", "Listen: must be >= 0 and <= 65535"),
+        # int() reads any script's digits: a fullwidth 8800 was taken as port 8800
+        ("Listen", "127.0.0.1:\uff18\uff18\uff10\uff10", "Listen: expected a whole number"),
+        ("BatchTime", "\u0665", "BatchTime: expected a whole number of milliseconds"),
         ("Entitlement", "Kerberos", "Entitlement: expected one of None, Basic, Token, Custom"),
     ],
 )

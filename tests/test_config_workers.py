@@ -21,8 +21,10 @@ def test_one_worker_by_default() -> None:
     assert Config.from_mapping({"Workers": "8"}).workers == 8
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "257", ""])
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "257", "", "\u0662", "\uff12"])
 def test_a_bad_worker_count_is_refused_naming_the_key(value: str) -> None:
+    """('\u0662' and '\uff12' are an Arabic-Indic and a fullwidth two: Python's int()
+    reads any script's digits, and they were taken as Workers = 2.)"""
     with pytest.raises(ConfigError, match="Workers"):
         Config.from_mapping({"Workers": value})
 
