@@ -33,8 +33,10 @@ WORKER_SETTINGS: tuple[Setting, ...] = (
 def check_workers(config: Config, key: Callable[[str], str]) -> None:
     """Rules between Workers and other keys; ConfigError naming the key otherwise."""
     if config.workers > 1 and config.clustered:
+        members = key("ClusterMemberTemplate" if config.cluster_member_template
+                      else "ClusterMembers")
         raise ConfigError(
-            f"{key('Workers')} = {config.workers} with ClusterMembers: a cluster member runs "
+            f"{key('Workers')} = {config.workers} with {members}: a cluster member runs "
             "one process (Workers = 1); run more members instead (docs/workers.md)"
         )
     if config.worker_hang_time == 1:

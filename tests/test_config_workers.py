@@ -35,7 +35,20 @@ def test_workers_in_a_cluster_member_are_refused(mode: str) -> None:
     if mode == "Standard":
         del settings["ClusterDataDir"]
     assert Config.from_mapping({**settings, "Workers": "1"}).workers == 1
-    refused = r"Workers \(from setting\) = 2 with ClusterMembers: a cluster member"
+    refused = r"Workers \(from setting\) = 2 with ClusterMembers \(from setting\): a cluster"
+    with pytest.raises(ConfigError, match=refused):
+        Config.from_mapping({**settings, "Workers": "2"})
+
+
+def test_workers_in_a_member_of_a_templated_cluster_are_refused_naming_the_template() -> None:
+    """A StatefulSet's member names its cluster with ClusterMemberTemplate, not
+    ClusterMembers: the refusal named ClusterMembers, a key the operator never set."""
+    settings = {"ClusterMemberTemplate": "migratory-{ordinal}.members:9800",
+                "ClusterMemberCount": "3", "ClusterMemberOrdinal": "1",
+                "ClusterPassword": "s3cret-s3cret"}
+    assert Config.from_mapping(settings).workers == 1
+    refused = (r"Workers \(from setting\) = 2 with ClusterMemberTemplate \(from setting\): "
+               "a cluster member runs one process")
     with pytest.raises(ConfigError, match=refused):
         Config.from_mapping({**settings, "Workers": "2"})
 
