@@ -3,9 +3,14 @@ cluster/workers.py), on trio's mocked clock: no process, no wall time."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+
 import trio
 import trio.testing
 
+from cluster.worker import BEAT_LINE, beat
 from cluster.workers import BEAT_SECONDS, WorkerSlot, kill_if_hung
 
 HANG = 10
@@ -75,3 +80,33 @@ def test_a_supervisor_held_up_itself_does_not_take_its_workers_for_hung() -> Non
     (planted: 'assert 65.0 is None')."""
     assert watch(beats_until=None, stall_at=5.0) is None
 
+
+
+def test_a_beat_on_a_full_pipe_is_skipped_not_waited_for() -> None:
+    """A worker's beat goes to its supervisor's pipe: one that reads nothing for long
+    (held with SIGSTOP) fills it. The beat is skipped then; written anyway, it waited
+    in the worker's event loop -- the whole worker stopped (planted: '[] == [False]')."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        for _ in range(1000):  # (a pipe holds 64 KiB by default)
+            os.write(write, b"x" * 4096)
+    os.set_blocking(write, True)  # as a worker's stdout is
+    out = os.fdopen(write, "w")
+    skipped: list[bool] = []
+    try:
+        worker = threading.Thread(target=lambda: skipped.append(beat(out)), daemon=True)
+        worker.start()
+        worker.join(10)  # (a guard against a hang only)
+        assert skipped == [False]
+    finally:
+        os.set_blocking(read, False)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(read, 1 << 16):
+                pass
+    worker.join(10)
+    assert beat(out) is True  # room again
+    os.set_blocking(read, True)
+    assert os.read(read, 100) == f"{BEAT_LINE}\n".encode()
+    out.close()
+    os.close(read)
