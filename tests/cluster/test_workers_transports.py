@@ -2,9 +2,8 @@
 MQTT persistent session whose worker is SIGKILLed resumes through the shared port on
 another worker process (the other one, or the killed one restarted: either knows the
 session only because its record is a retained message numbered by the sequencer);
-see docs/workers.md. (SSE with Last-Event-ID across a worker's kill was tried too and
-works as the WebSocket resume does -- positions are the same on every worker -- so it
-has no test of its own.)"""
+see docs/workers.md. (SSE with Last-Event-ID across a worker's kill, and both resumes
+killed again half-way: test_workers_resume_faults.py.)"""
 
 from __future__ import annotations
 
