@@ -46,18 +46,18 @@ class Device:
         self.payloads: list[bytes] = []
         self.client: MqttRawClient | None = None
 
-    def connect(self) -> bool:
-        """One attempt; False if the worker it landed on refused or closed (not caught
-        up yet, or just killed). True: the session was there (``session_present``)."""
+    def connect(self) -> bool | None:
+        """One attempt: None if the worker it landed on refused or closed (not caught up
+        yet, or just killed); else whether the session was there (``session_present``)."""
         self.client = MqttRawClient(self.port, timeout=5)
         try:
             connack = self.client.connect(DEVICE, clean_session=False)
         except (OSError, AssertionError):
             self.client.close()
-            return False
+            return None
         if connack.return_code != 0:
             self.client.close()
-            return False
+            return None
         return connack.session_present
 
     def receive(self, count: int, *, ack: bool) -> None:
@@ -106,7 +106,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
                 acked.append((content, status.position))
 
         device = Device(mqtt_port)
-        assert not device.connect()
+        assert device.connect() is False  # a new session
         assert device.client is not None
         device.client.subscribe(TOPIC, qos=1)
         stream = SseClient(server.port, [SUBJECT])
@@ -135,7 +135,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
         else:
             raise AssertionError("the stream never landed on the victim")
         for _ in range(200):
-            assert device.connect(), "the session was lost before any kill"
+            assert device.connect() is True, "the session was lost before any kill"
             if connections_open(monitor) == 2:
                 break
             assert device.client is not None
@@ -157,7 +157,9 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
 
         stream, resumed = resumed_stream(server.port, last_id)
         for _ in range(200):
-            if device.connect():
+            present = device.connect()
+            if present is not None:
+                assert present, "the session did not survive its worker's kill"
                 break
             time.sleep(0.05)
         else:
