@@ -20,11 +20,39 @@ made the others drop the leader: an election, and publishes failed with
 LEADER_CHANGED, at such a seed restart. :func:`deadline_after_joining` gives it one
 election timeout of listening first; a whole cluster starting together elects one
 timeout later, a failover (the survivors are linked already) not at all.
+
+A seed that keeps standing waits longer each time (:class:`ElectionBackoff`). With
+150-300 ms timeouts, a seed whose process runs only every few hundred milliseconds (a
+box far busier than its cores, a container throttled by its CPU limit) times out
+before the leader's AppendEntries or a candidate's votes reach it; every seed then stands
+again and again. A chaos run of five seeds at a load average of 20 went 180 s without a
+leader, the term climbing by ~100 a minute (seed 2811); ``raft_sim`` with every seed
+ticking every 350 ms never elects one. So each candidacy doubles this seed's timeouts
+(up to ``2 ** MAX_DOUBLINGS``) and each :data:`DECAY_SECONDS` without one halves them
+again: a failover in a quiet cluster is unchanged (one candidacy, then the usual timeouts
+some seconds later), a storm settles (``test_raft_election_timer.py``).
 """
 
 from __future__ import annotations
 
-__all__ = ["PAST_DEADLINE", "deadline_after_joining", "poll_timeout"]
+import logging
+from typing import Any
+
+from pysyncobj import SyncObj
+from pysyncobj import syncobj as syncobj_module
+from pysyncobj.syncobj import _RAFT_STATE
+
+__all__ = [
+    "DECAY_SECONDS", "MAX_DOUBLINGS", "PAST_DEADLINE", "ElectionBackoff",
+    "deadline_after_joining", "poll_timeout",
+]
+
+MAX_DOUBLINGS = 3
+"""At most this many doublings of the election timeout (150-300 ms: 1.2-2.4 s)."""
+DECAY_SECONDS = 5.0
+"""Each this long without standing for election halves the timeouts again."""
+
+log = logging.getLogger("migratory.raft")
 
 PAST_DEADLINE = 0.0005
 """How far past its deadline the tick that checks it comes (seconds)."""
@@ -53,3 +81,35 @@ def deadline_after_joining(deadline: float, now: float, timeout: float, *,
     if follower and first and links == 1:
         return max(deadline, now + timeout)
     return deadline
+
+
+class ElectionBackoff(SyncObj):  # type: ignore[misc]
+    """``SyncObj`` whose election timeouts double with each candidacy and halve again
+    after each :data:`DECAY_SECONDS` without one (see the module docstring)."""
+
+    _SyncObj__raftState: int
+    _doublings = 0
+    _stood_at = 0.0
+
+    def election_doublings(self) -> int:
+        """How many doublings this seed's timeouts carry now."""
+        decayed = int((syncobj_module.monotonicTime() - self._stood_at) // DECAY_SECONDS)
+        return max(0, self._doublings - decayed)
+
+    def _SyncObj__setState(self, state: int) -> None:
+        if state == _RAFT_STATE.CANDIDATE:
+            doublings = self.election_doublings()
+            self._doublings = min(MAX_DOUBLINGS, doublings + 1)
+            self._stood_at = syncobj_module.monotonicTime()
+            if doublings < MAX_DOUBLINGS == self._doublings:
+                log.warning(
+                    "Raft: this seed stood for election %d times, each within %.0f s of "
+                    "the last; its election timeouts are %dx longer until it stands for "
+                    "none for that long (a process short of CPU times out before the "
+                    "others' messages reach it)", MAX_DOUBLINGS + 1, DECAY_SECONDS,
+                    2 ** MAX_DOUBLINGS,
+                )
+        super()._SyncObj__setState(state)
+
+    def _SyncObj__generateRaftTimeout(self) -> Any:
+        return super()._SyncObj__generateRaftTimeout() * 2 ** self.election_doublings()

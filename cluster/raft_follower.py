@@ -79,7 +79,7 @@ from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, 
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
 from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
-from cluster.raft_election_timer import deadline_after_joining, poll_timeout
+from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
 
@@ -89,7 +89,7 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 """Recorded as the vote of the term in which an empty-started seed caught up."""
 
 
-class FollowerSafeSyncObj(CompactionWaitsForDumps):
+class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
     that never drops, at start-up, the entries its journal holds after its dump."""
 

@@ -10,10 +10,17 @@ import pysyncobj.syncobj
 import pytest
 from pysyncobj import SyncObjConf
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
+from raft_sim import RaftWorld
 from test_raft_follower import Unconnected
 
 import cluster.raft_follower
-from cluster.raft_election_timer import PAST_DEADLINE, deadline_after_joining, poll_timeout
+from cluster.raft_election_timer import (
+    DECAY_SECONDS,
+    MAX_DOUBLINGS,
+    PAST_DEADLINE,
+    deadline_after_joining,
+    poll_timeout,
+)
 from cluster.raft_follower import FollowerSafeSyncObj
 
 
@@ -90,3 +97,65 @@ def test_a_started_seed_listens_on_its_first_link_before_it_stands() -> None:
         assert node._SyncObj__raftElectionDeadline < monotonicTime()
     finally:
         node.destroy()
+
+
+def _elect(world: Any, seconds_per_tick: float, ticks: int) -> int | None:
+    """The first tick after which there is a leader (None: none in ``ticks``)."""
+    for i in range(ticks):
+        world.step(seconds_per_tick)
+        if world.leader() is not None:
+            return i
+    return None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seconds_per_tick", [0.35, 0.5])
+def test_seeds_that_run_only_every_few_hundred_ms_still_elect(
+    seed: int, seconds_per_tick: float
+) -> None:
+    """Five seeds, each process ticking only every 350 or 500 ms (simulated: a box far
+    busier than its cores, a container throttled by its CPU limit), messages arriving
+    in between. With fixed 150-300 ms timeouts every seed stands at every tick and no
+    one is ever elected (before: no leader in 200 ticks, term 200); with the back-off
+    the candidates spread out and one wins, and a leader stays."""
+    world = RaftWorld(5, seed=seed)
+    try:
+        first = _elect(world, seconds_per_tick, 40)
+        assert first is not None, "no leader"
+        world.submit(world.leader(), b"x")
+        for _ in range(10):
+            world.step(seconds_per_tick)
+        assert b"x" in world.acknowledged and world.violations() == []
+        assert max(node.election_doublings() for node in world.nodes.values()) > 0
+    finally:
+        world.close()
+
+
+def test_a_failover_in_a_quiet_cluster_is_as_quick_and_the_back_off_decays() -> None:
+    """The first candidacy after a leader dies comes within the usual 150-300 ms; once
+    a leader is elected, DECAY_SECONDS x MAX_DOUBLINGS later every seed's timeouts are
+    the usual ones again."""
+    world = RaftWorld(3, seed=5)
+    try:
+        assert _elect(world, 0.01, 100) is not None
+        for _ in range(int(3 * DECAY_SECONDS / 0.05) + 1):
+            world.step(0.05)
+        assert all(node.election_doublings() == 0 for node in world.nodes.values())
+        leader = world.leader()
+        assert leader is not None
+        world.crash(leader)
+        start = world.clock.now
+        stood = None
+        for _ in range(100):
+            world.step(0.005)
+            if any(n._SyncObj__raftState != _RAFT_STATE.FOLLOWER for n in world.nodes.values()):
+                stood = world.clock.now - start
+                break
+        assert stood is not None and stood <= 0.30 + 0.005
+        assert _elect(world, 0.01, 100) is not None
+        assert max(node.election_doublings() for node in world.nodes.values()) >= 1
+        for _ in range(int(MAX_DOUBLINGS * DECAY_SECONDS / 0.05) + 1):
+            world.step(0.05)
+        assert all(node.election_doublings() == 0 for node in world.nodes.values())
+    finally:
+        world.close()

@@ -11,8 +11,10 @@ the current leader every 50 ms for 10 simulated seconds):
 - five seeds where the leader keeps one link only, or a ring (each seed linked to its two
   neighbours): pysyncobj has no PreVote, so a seed that cannot hear the leader stands
   again and again and its higher term deposes the leader: 12-15 elections in 10 s (the
-  same seed mostly winning again; terms near 90 after 20 s), yet every leader commits
-  with its neighbours -- 97-99 % acknowledged -- and nothing unsafe. A publish in flight
+  same seed mostly winning again; terms near 90 after 20 s) with fixed timeouts; since
+  each candidacy doubles the seed's timeouts (cluster/raft_election_timer.py,
+  ``ElectionBackoff``) 1-4 elections in 10 s (terms 4-13), 95-99.5 % acknowledged
+  (seeds 0-3), and nothing unsafe. A publish in flight
   at a deposition waits for its outcome (cluster/raft_outcomes.py): acknowledged if it
   committed, else ``PUBLISH_FAILED`` for the client to retry.
   PreVote, or "ignore votes while a leader is heard", would stop the churn in those two
@@ -90,8 +92,8 @@ def test_five_seeds_in_a_partial_partition_keep_committing_safely(shape: str) ->
             for other in [a for a in addresses if a != leader][1:]:
                 world.cut(leader, other)
         submitted, acknowledged, elections = publish_for(world, 10.0)
-        assert acknowledged >= 0.8 * submitted
-        assert elections > 5  # the churn described above: if this fails, it stopped
+        assert acknowledged >= 0.9 * submitted
+        assert elections <= 5  # the churn held down by the back-off (12-15 without it)
         world.heal_all()
         for _ in range(60):
             world.step(STEP)
