@@ -186,9 +186,10 @@ export class Session {
       this.serverName = op.server;
       this.subscribeChunk = op.maxSubjectsPerSubscribe || SUBSCRIBE_CHUNK;
       this.cancel("connect");
-      const requests = this.router.requestsFor(this.id);
+      // the subscribes first: onLive sends the publishes held for a session, made after
+      // them (a subscribe then a publish of its subject gets the message)
+      this.subscribe(this.router.requestsFor(this.id));
       this.onLive(this);
-      this.subscribe(requests);
       this.scheduleKeepalive();
       return;
     }

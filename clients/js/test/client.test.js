@@ -299,3 +299,17 @@ test("a token provider gives every session a fresh token; 4503 TOKEN_EXPIRED rec
   assert.ok(notes.some((n) => n.status === "SERVER_DOWN" && /4503/.test(n.reason)));
   await client.close();
 });
+
+test("a subscribe then a publish made between sessions reach the server in that order", async () => {
+  // was: the session's onLive sent the publishes held for a session before its opening
+  // subscribes, so a fresh subscription did not get a message published after it
+  const { client } = open();
+  client.subscribe(SUBJECT);
+  const published = client.publishNoWait(SUBJECT, "after the subscribe");
+  const first = FakeWebSocket.last();
+  first.accept("m1");
+  await published;
+  assert.deepEqual(first.sent.filter((o) => o.op !== "connect").map((o) => o.op),
+    ["subscribe", "publish"]);
+  await client.close();
+});

@@ -137,7 +137,10 @@ class Client:
             self._raise_if_ended()
             live = self._live
             if live is not None and live.is_open:
-                return live
+                await live.after_subscribes()  # made before: they go out first
+                if live.is_open:
+                    return live
+                continue
             await self._live_changed.wait()
 
     def _raise_if_ended(self) -> None:
@@ -173,15 +176,25 @@ class Client:
         subscription = Subscription(
             unique, receive, outlet, self._unsubscribe, self._resume, lambda: self._error
         )
-        if self._live is not None and self._nursery is not None:
-            self._nursery.start_soon(self._send_subscribe, self._live, unique)
+        self._subscribe_on_live(unique)
         return subscription
 
+    def _subscribe_on_live(self, subjects: tuple[str, ...]) -> None:
+        """Subscribe ``subjects`` on the open session, if any (else the next does it),
+        ahead of any publish or unsubscribe made after this call."""
+        live = self._live
+        if live is not None and self._nursery is not None:
+            live.subscribe_due()
+            self._nursery.start_soon(self._send_subscribe, live, subjects)
+
     async def _send_subscribe(self, session: Session, subjects: tuple[str, ...]) -> None:
-        requests = self._router.requests_for(session.id, subjects)
-        if requests and session.is_open:
-            with contextlib.suppress(ConnectionClosed):  # else the next session does it
-                await session.subscribe(requests)
+        try:
+            requests = self._router.requests_for(session.id, subjects)
+            if requests and session.is_open:
+                with contextlib.suppress(ConnectionClosed):  # else the next session does it
+                    await session.subscribe(requests)
+        finally:
+            session.subscribe_sent()
 
     def _resume(self, outlet: Outlet) -> None:
         """A paused subscription has room again: subscribe its subjects from their
@@ -189,8 +202,8 @@ class Client:
         if self._closed or self._error is not None:
             return
         subjects = self._router.resume(outlet)
-        if subjects and self._live is not None and self._nursery is not None:
-            self._nursery.start_soon(self._send_subscribe, self._live, subjects)
+        if subjects:
+            self._subscribe_on_live(subjects)
 
     async def _unsubscribe(self, subscription: Subscription) -> None:
         self._router.remove(subscription.subjects)
@@ -198,6 +211,7 @@ class Client:
         if live is None or not live.is_open:
             return
         with contextlib.suppress(ConnectionClosed):  # then the next session leaves it out
+            await live.after_subscribes()  # a subscribe of them made before goes first
             await live.send(Unsubscribe(subscription.subjects))
 
     # --- publish --------------------------------------------------------------

@@ -176,6 +176,13 @@ class Session:
         self._writing = 0
         """Writes under way: one may be breaking the connection right now (trio-websocket
         drops the frames, and the reader may see the end before the write returns)."""
+        self._subscribes_due = 0
+        """Subscribes to go out on this session that were made before now: the ones it
+        opens with, and those the application made since. A publish or an unsubscribe
+        waits for them (:meth:`after_subscribes`), so that the server gets them in the
+        order the application made them: a subscribe then a publish on its subject is
+        delivered the message, also when both wait for the next session."""
+        self._subscribes_sent = trio.Event()
         self._send_lock = trio.Lock()
         """One write at a time, taken before trio-websocket's own lock: an operation
         waiting for it has produced no byte yet, so once the session has ended it is
@@ -195,6 +202,21 @@ class Session:
     def ended_by(self, exc: ConnectionClosed, *, read_all: bool = False) -> SessionEnd:
         """The end that ``exc`` (the connection is closed) means for this session."""
         return SessionEnd.closed(exc, read_all=read_all, server_sent=server_sent_close(self.ws))
+
+    def subscribe_due(self) -> None:
+        """A subscribe is to go out on this session (call :meth:`subscribe_sent` after)."""
+        self._subscribes_due += 1
+
+    def subscribe_sent(self) -> None:
+        self._subscribes_due -= 1
+        if self._subscribes_due == 0:
+            self._subscribes_sent.set()
+            self._subscribes_sent = trio.Event()
+
+    async def after_subscribes(self) -> None:
+        """Wait until the subscribes due now are written (or the session ended)."""
+        while self._subscribes_due and self._end is None:
+            await self._subscribes_sent.wait()
 
     async def send(self, op: ClientOp) -> None:
         """Send one operation; raises trio_websocket.ConnectionClosed if the connection is
@@ -266,9 +288,14 @@ class Session:
 
     async def serve(self, requests: Sequence[SubscriptionRequest]) -> SessionEnd:
         """Subscribe ``requests`` and run until the connection is lost; returns why."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read, requests, nursery.cancel_scope)
-            nursery.start_soon(self._keep_alive, nursery.cancel_scope)
+        if requests:
+            self.subscribe_due()  # before anything else can send: no checkpoint until here
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, requests, nursery.cancel_scope)
+                nursery.start_soon(self._keep_alive, nursery.cancel_scope)
+        finally:
+            self._subscribes_sent.set()  # ended: nobody waits for them any more
         assert self._end is not None
         return self._end
 
@@ -286,6 +313,7 @@ class Session:
     def _finish(self, end: SessionEnd, scope: trio.CancelScope) -> None:
         if self._end is None:
             self._end = end
+        self._subscribes_sent.set()
         scope.cancel()
 
     async def _read(
@@ -293,7 +321,10 @@ class Session:
     ) -> None:
         try:
             if requests:
-                await self._reply(self.subscribe(requests))
+                try:
+                    await self._reply(self.subscribe(requests))
+                finally:
+                    self.subscribe_sent()
             while True:
                 payload = await self.ws.get_message()
                 self.frames_read += 1
