@@ -6,8 +6,9 @@ bystander client in its own process whose delay is checked, and the server's RSS
 duration between them (``MIGRATORY_FUZZ_DURATION``, e.g. ``90s``, ``10m``, ``1h``).
 Hypothesis generates rounds of inputs until the time is up; every input goes to a new
 connection. After each decoder: the server is alive, logged no traceback, the
-bystander lost nothing and was never stalled (bystander.MAX_STALL_MS), and the RSS is
-back within 30 MB of its start.
+bystander lost nothing and was served while the fuzzing went on (a count of its
+messages published after the fuzzing started and delivered before it ended, not a
+delay), and the RSS is back within 30 MB of its start.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import cbor2
 import pytest
-from bystander import MAX_STALL_MS, Bystander, rss_kib
+from bystander import Bystander, rss_kib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rawclient import RawClient
@@ -31,6 +32,12 @@ from migratory.protocol.http import handshake_request, new_websocket_key
 
 DECODERS = ("websocket", "cbor", "http", "mqtt")
 MAX_RSS_GROWTH_KIB = 30_000
+MIN_INPUTS = 20
+"""Inputs each decoder gets however slow the machine (hypothesis can take the whole time
+to start on a busy one): the fuzzing goes on past its time until then."""
+SERVED_DURING_FUZZING = 5
+"""The bystander's messages published and delivered while the fuzzing went on (a
+server stalled by the inputs serves at most the one in flight)."""
 
 
 def fuzz_seconds() -> float:
@@ -140,6 +147,7 @@ def test_fuzz_decoder_on_a_live_server(start_server: Any, decoder: str) -> None:
     strategy, send = senders(server)[decoder]
     rss_before = rss_kib(server.proc.pid)
     bystander = Bystander(server.port)
+    bystander.attack_started()
     deadline = time.monotonic() + fuzz_seconds()
     count = 0
 
@@ -148,20 +156,21 @@ def test_fuzz_decoder_on_a_live_server(start_server: Any, decoder: str) -> None:
     @given(strategy)
     def round_(data: bytes) -> None:
         nonlocal count
-        if time.monotonic() < deadline:
+        if time.monotonic() < deadline or count < MIN_INPUTS:
             send(data)
             count += 1
 
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or count < MIN_INPUTS:  # (a slow box: the count)
         round_()
+    served = bystander.served_during_attack()  # so far: while the inputs were coming
     figures = bystander.stop()
     rss_after = rss_kib(server.proc.pid)
-    print(f"{decoder}: {count} inputs; bystander p50 {figures['p50_ms']} ms max "
-          f"{figures['max_ms']} ms; RSS {rss_before} -> {rss_after} KiB")
-    assert count > 10
+    print(f"{decoder}: {count} inputs; bystander served {served} times meanwhile, p50 "
+          f"{figures['p50_ms']} ms max {figures['max_ms']} ms; RSS {rss_before} -> "
+          f"{rss_after} KiB")
     assert server.proc.poll() is None, server.log()
     assert "Traceback" not in server.log() and "internal error" not in server.log()
     client = RawClient(server.port)
     client.connect("after-fuzz")
-    assert figures["lost"] == 0 and figures["max_ms"] <= MAX_STALL_MS, figures
+    assert figures["lost"] == 0 and served >= SERVED_DURING_FUZZING, figures
     assert rss_after - rss_before < MAX_RSS_GROWTH_KIB
