@@ -24,7 +24,7 @@ const watched = new Set();
 
 function onMeta(message) {
   state.messages += 1;
-  const member = view.onMessage(message.subject, message.text, now());
+  const member = view.onMessage(message.subject, message.text, now(), message.seq);
   if (member !== null) watch(member);
 }
 

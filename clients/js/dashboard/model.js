@@ -39,16 +39,17 @@ export class ClusterView {
       entry = {
         member: name, cluster: null, stats: null, clusterAt: null, statsAt: null, statsCount: 0,
         heard: [], // when its last stats messages arrived here (receive time), newest last
+        seqs: [], // the seq of each of those (its subject's): a hole is a push missed
       };
       this.members.set(name, entry);
     }
     return entry;
   }
 
-  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text),
-   * received at `now` (seconds since the epoch); returns the member it was about, or
-   * null when it is not one the dashboard reads. */
-  onMessage(subject, text, now) {
+  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text and
+   * seq), received at `now` (seconds since the epoch); returns the member it was about,
+   * or null when it is not one the dashboard reads. */
+  onMessage(subject, text, now, seq = null) {
     let body;
     try {
       body = JSON.parse(text);
@@ -70,7 +71,11 @@ export class ClusterView {
       entry.statsAt = said;
       entry.statsCount += 1;
       entry.heard.push(now);
-      if (entry.heard.length > 60) entry.heard.shift();
+      entry.seqs.push(seq);
+      if (entry.heard.length > 60) {
+        entry.heard.shift();
+        entry.seqs.shift();
+      }
       this.record(body.member, said, body.windows?.last_sample ?? {});
     } else {
       return null;

@@ -77,3 +77,11 @@ test("what is not a meta-subject message the dashboard reads is ignored", () => 
   assert.equal(view.rows(0)[0].latencyMs, null);
   assert.equal(view.rows(0)[0].raft, "");
 });
+
+test("each stats message's seq is kept beside its receive time: a hole is a push missed", () => {
+  const view = new ClusterView({ staleAfter: 5 });
+  for (const seq of [4, 5, 7]) view.onMessage(statsSubject("a"), stats("a", seq, seq), seq, seq);
+  const entry = view.members.get("a");
+  assert.deepEqual(entry.seqs, [4, 5, 7]);
+  assert.deepEqual(entry.heard, [4, 5, 7]);
+});
