@@ -341,10 +341,12 @@ class Connection(ConnectionWrites):
         return plain
 
     async def _finish(self) -> None:
-        """Let queued bytes (the close frame) drain, half-close, wait briefly for the peer."""
+        """Let queued bytes (the close frame, after the statuses of the publishes still in
+        flight) drain, half-close, wait briefly for the peer."""
         with trio.move_on_after(CLOSE_LINGER_SECONDS):
             self.flush()
-            while (self.writing or self._pending()) and not self._closed:
+            session = self.session
+            while (self.writing or self._pending() or session.settling) and not self._closed:
                 await trio.sleep(0.01)
             if self._closed:
                 return

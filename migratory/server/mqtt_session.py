@@ -51,7 +51,8 @@ class MqttSession(MqttSaving):
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
-        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost", "_publish_rate",
+        "_acks_due", "_ctx", "_decoder", "_frames", "_held_close", "_inflight", "_link",
+        "_lost", "_publish_rate",
         "_reached", "_registry", "_suback", "_will", "aborted", "client_id",
         "close_code", "closing", "connection_id", "expires_at", "identity", "keep_alive",
         "listener", "outbox", "peer", "persistent", "subscriptions", "websocket",
@@ -100,6 +101,8 @@ class MqttSession(MqttSaving):
         self._hot: Position | Message | None = None
         self._prune_at = PRUNE_FROM  # (settle_reached)
         self._inflight = Inflight(inflight_limit(config.client_max_pending_bytes))  # unacked
+        self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
+        self._held_close: tuple[int, str] | None = None  # a close waiting for those
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
         self._save_again = False
@@ -273,6 +276,8 @@ class MqttSession(MqttSaving):
                 self._denied("publish")
             self._refused_publish(f"{status.value}: {reason}")
             return
+        if packet.qos:
+            self._acks_due += 1  # exactly one publish_result / publish_ok comes back
         ctx.publishing.submit(message, self if packet.qos else None, now)
 
     def _refused_publish(self, reason: str) -> None:
@@ -292,7 +297,18 @@ class MqttSession(MqttSaving):
         if status.closure == SESSION_CLOSURE:
             self._saved(status)
             return
+        self._acks_due -= 1
         if self.aborted:
+            return
+        if self.settling:  # closing: its PUBACKs go first, then the close held back
+            if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
+                self._send_raw(self._wrap(mqtt_encode.encode_packet(
+                    mqtt.Puback(int(status.closure)))))
+            if self._acks_due <= 0:
+                code, reason = self._held_close  # type: ignore[misc]
+                self._held_close = None
+                if self.websocket:
+                    self._send_raw(ws.encode_close(code, reason[:120]))
             return
         if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
             self._send(mqtt_encode.encode_packet(mqtt.Puback(int(status.closure))))
@@ -409,9 +425,17 @@ class MqttSession(MqttSaving):
         if code in _MOVED:
             self._will = None  # the client is fine: it is sent to another member
         self.connection_lost()
-        if self.websocket:
+        if self._acks_due > 0 and code != close_codes.SLOW_CONSUMER.code:
+            self._held_close = (code, reason)  # a valid PUBLISH before garbage: its PUBACK
+        elif self.websocket:
             self._send_raw(ws.encode_close(code, reason[:120]))
         self.closing = True
+
+    @property
+    def settling(self) -> bool:
+        """Closing once its QoS 1 publishes in flight have their outcome (connection.py
+        waits for it before it closes)."""
+        return self._held_close is not None and not self.aborted
 
     def connection_lost(self) -> None:
         """Idempotent: forget the subscriptions, publish the will, save the positions."""

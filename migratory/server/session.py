@@ -57,9 +57,9 @@ class Link(Protocol):
 
 class Session(StreamSession):
     __slots__ = (
-        "_ctx", "_decoder", "_http", "_link", "_publish_rate", "_stream",
-        "_subscriptions", "aborted", "close_code", "close_reason", "closing", "connection_id",
-        "expires_at", "identity", "listener", "mqtt_upgrade", "outbox", "peer",
+        "_ctx", "_decoder", "_held_close", "_http", "_in_flight", "_link", "_publish_rate",
+        "_stream", "_subscriptions", "aborted", "close_code", "close_reason", "closing",
+        "connection_id", "expires_at", "identity", "listener", "mqtt_upgrade", "outbox", "peer",
     )
 
     def __init__(
@@ -86,6 +86,8 @@ class Session(StreamSession):
         self.aborted = False  # close now, drop what is queued
         self.close_code: int | None = None
         self.close_reason = ""
+        self._in_flight = 0  # publishes submitted with a closure, their status not queued
+        self._held_close: tuple[int, str] | None = None  # a close waiting for those statuses
         self.connection_id = new_connection_id()
         self._publish_rate = admission.PublishRate(config.max_publishes_per_second, 0.0)
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
@@ -364,17 +366,39 @@ class Session(StreamSession):
                 ctx.stats.count(ctx.stats.entitlement_denials, "publish")
             self.send_op(ops.PublishStatus(status, message.closure, message.subject, None, reason))
             return
-        ctx.publishing.submit(message, self if message.closure is not None else None, now)
+        if message.closure is None:
+            ctx.publishing.submit(message, None, now)
+            return
+        self._in_flight += 1  # exactly one publish_result / publish_ok comes back
+        ctx.publishing.submit(message, self, now)
 
     # --- output ---------------------------------------------------------------
 
     def publish_result(self, status: ops.PublishStatus) -> None:
         """Queue the outcome of a publish; the publish path flushes (see ``flush``)."""
-        self.send_op(status)
+        self._publish_status(ws.encode_binary(ops.encode_server_op(status)))
 
     def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
         """A ``PUBLISH_OK`` (PublishReply), its frame encoded straight from the fields."""
-        self._send(ws.encode_binary(ops.encode_publish_ok(closure, subject, epoch, seq)))
+        self._publish_status(ws.encode_binary(ops.encode_publish_ok(closure, subject, epoch, seq)))
+
+    @property
+    def settling(self) -> bool:
+        """Closing, the close frame held until the publishes in flight have their status."""
+        return self._held_close is not None and not self.aborted
+
+    def _publish_status(self, frame: bytes) -> None:
+        """A publish's status, queued even when a close waits for it (a publish then
+        garbage in one segment: answered once, then the close frame after the last)."""
+        self._in_flight -= 1
+        if not self.settling:
+            self._send(frame)
+            return
+        self._send_unbounded(frame)
+        if self._in_flight <= 0:
+            code, reason = self._held_close  # type: ignore[misc]
+            self._held_close = None
+            self._send_last_word(code, reason)
 
     def flush(self) -> None:
         self._link.flush_now()
@@ -400,7 +424,11 @@ class Session(StreamSession):
             log.info("%s: closing with %d %s", self.describe(), code, reason,
                      extra=self.log_fields())
         self.connection_lost()
-        self._send_last_word(code, reason)
+        held = self._in_flight > 0 and code != close_codes.SLOW_CONSUMER.code
+        if held and self._decoder is not None:  # after the statuses of its publishes
+            self._held_close = (code, reason)
+        else:
+            self._send_last_word(code, reason)
         if self._decoder is not None:
             self._decoder.discard()  # nothing more is read: free what it held
         self.closing = True

@@ -383,3 +383,18 @@ def test_a_publish_refused_because_the_member_drains_does_not_cost_the_client_it
     assert hub.snapshot("/dev/status") is None and ctx.stats.mqtt_wills_published == 0
     assert [m.content for m in hub.missed("/a/b", Position(hub.position("/a/b").epoch, 0))
             ] == [b"1"]
+
+
+def test_a_publish_then_garbage_gets_its_puback_before_the_connection_closes() -> None:
+    """A QoS 1 PUBLISH whose outcome comes later (a cluster's commit), then a malformed
+    packet in the same read: the connection closes only once the PUBACK is queued,
+    exactly once (before: closed at once, the message published without a PUBACK)."""
+    ctx, held = make()
+    s = session(ctx, "garbler", {})
+    read(s)  # CONNACK
+    s.receive_data(encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=9)) + b"\xf0\x00",
+                   0.0)
+    assert s.closing and read(s) == []
+    held.settle()
+    assert read(s) == [mqtt.Puback(9)]
+    assert not s.settling
