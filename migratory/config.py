@@ -484,10 +484,10 @@ def reference_markdown() -> str:
         f"in the environment (`{ENV_PREFIX}<KEY>`, case-insensitive), or with",
         "`--set Key=Value`; later sources win. All sources are merged before anything is",
         "checked, so rules between keys apply to the merged result. Unknown keys and bad",
-        "values stop start-up with a message naming the key and the source it came from.",
+        "values stop start-up with a message naming the key and the source it came from, as",
+        "does a number past its key's maximum (2^40 where none is said; seconds: ten years).",
         "",
-        "| Key | Default | Meaning |",
-        "|---|---|---|",
+        "| Key | Default | Meaning |\n|---|---|---|",
     ]
     lines += [f"| `{s.key}` | `{s.default}` | {s.doc} |" for s in SETTINGS]
     return "\n".join(lines) + "\n"

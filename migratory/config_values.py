@@ -26,7 +26,19 @@ class Setting:
     doc: str
 
 
+CEILING = 1 << 40
+"""A whole-number setting without a maximum of its own is at most this (1 TiB of bytes,
+10^12 connections, subjects, messages...): past it a limit is no limit at all -- a digit
+too many, or a way of turning a bound off that the key does not document (0 does, where
+it may)."""
+SECONDS_CEILING = 10 * 365 * 86_400
+"""The same for a number of seconds: ten years."""
+
+
 def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[str], int]:
+    if maximum is None:
+        maximum = SECONDS_CEILING if unit == " of seconds" else CEILING
+
     def parse(text: str) -> int:
         try:
             if not text.isascii():  # int() would read any script's digits ('\uff12': 2)
@@ -34,8 +46,8 @@ def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[
             value = int(text.replace("_", ""), 10)
         except ValueError:
             raise ValueError(f"expected a whole number{unit}, got {text!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            upper = "" if maximum is None else f" and <= {maximum}"
+        if value < minimum or value > maximum:
+            upper = f" and <= {maximum}"
             noun = unit.removeprefix(" of ")
             raise ValueError(
                 f"must be >= {minimum}{upper}{f' ({noun})' if noun else ''}, got {value}"

@@ -219,3 +219,29 @@ def test_a_range_error_names_the_unit() -> None:
     with pytest.raises(ConfigError, match=r"BatchTime: must be >= 0 and <= 10000 "
                                           r"\(milliseconds\), got -5"):
         load_config(overrides={"BatchTime": "-5"}, environ={})
+
+
+def _whole_number_keys() -> list[str]:
+    from migratory.config import SETTINGS
+
+    keys = []
+    for setting in SETTINGS:
+        try:
+            value = setting.parse(setting.default)
+        except ValueError:
+            continue  # (a default that needs other keys: not a plain number)
+        if isinstance(value, int) and not isinstance(value, bool):
+            keys.append(setting.key)
+    return keys
+
+
+@pytest.mark.parametrize("key", _whole_number_keys())
+def test_an_absurd_or_negative_limit_is_refused_naming_the_key(key: str) -> None:
+    """Every whole-number key has an upper bound: 10^21 was taken by 28 of them
+    (MaxFrameSize, ClientMaxPendingBytes, IncompleteFrameBudget, MaxPendingHandshakes,
+    MaxSubscriptionsPerConnection, HandshakeTimeout...) -- a limit turned off by a digit
+    too many, which no key documents. Refused now, as a negative number always was,
+    with a message naming the key."""
+    for absurd in ("1000000000000000000000", "-1"):
+        with pytest.raises(ConfigError, match=key):
+            Config.from_mapping({key: absurd})
