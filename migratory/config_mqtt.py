@@ -47,8 +47,11 @@ MQTT_SESSION_SETTINGS: tuple[Setting, ...] = (
             "this member created since. 0: no cap."),
     Setting("MqttSessionMaxSubjects", "mqtt_session_max_subjects",
             _int(*SESSION_MAX_SUBJECTS_RANGE, unit=" of subjects"), str(SESSION_MAX_SUBJECTS),
-            "Subjects a persistent MQTT session's record names a position for, at most "
-            "(its record is on every member, in a Guaranteed cluster in the Raft log). "
+            "Subjects an MQTT session holds a position for, at most: in memory, every "
+            "session, clean or persistent (past it the oldest is dropped, counted in "
+            "migratory_mqtt_positions_dropped_total: no message is lost, docs/mqtt.md "
+            "\"In memory\"), and a persistent session's record "
+            "(on every member, in a Guaranteed cluster in the Raft log). "
             "Past it the record forgets the subject delivered least recently -- never one "
             "subscribed to by name --: at a resume that subject is replayed from the start "
             "of its cache (at least once), or gets its snapshot, counted as a resync, when "

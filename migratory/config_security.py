@@ -73,9 +73,14 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "port counts by /64.)"),
     Setting("MaxSubscriptionsPerConnection", "max_subscriptions_per_connection",
             _int(1, unit=_UNITS["s"]), "10000",
-            "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY."),
+            "Subjects one connection may be subscribed to; more get SUBSCRIBE_DENY (MQTT: "
+            "topic filters, at most 1,000 whatever this says; SUBACK 0x80)."),
     Setting("MaxSubscriptions", "max_subscriptions", _int(0, unit=_UNITS["s"]), "1000000",
-            "Subscriptions of all WebSocket clients together; more get SUBSCRIBE_DENY. "
+            "Subscriptions of all clients together -- native subjects, MQTT topic filters, "
+            "SSE stream subjects; more get SUBSCRIBE_DENY (MQTT: SUBACK 0x80; a GET /events "
+            "stream: 503 before it subscribes to anything), counted in "
+            "migratory_subscriptions_refused_total{limit=\"MaxSubscriptions\"}. A "
+            "persistent MQTT session's resume takes its filters back past it (they count). "
             "0: no limit."),
     Setting("MaxSubjects", "max_subjects", _int(0, unit=_UNITS["s"]), "5000000",
             "Subjects this server holds at most (~1.3 KB each, more with their cached "

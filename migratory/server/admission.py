@@ -78,14 +78,24 @@ def refuse_subscribe(
 def subscription_limit(
     ctx: ServerContext, subjects: AbstractSet[str], subject: str
 ) -> str | None:
-    """Why a client holding ``subjects`` may not add ``subject`` (a limit), or None."""
+    """Why a client holding ``subjects`` may not add ``subject`` (a limit), or None;
+    counted in ``subscriptions_refused`` by limit."""
     if subject in subjects:
         return None
     config = ctx.config
     if len(subjects) >= config.max_subscriptions_per_connection:
+        ctx.stats.count(ctx.stats.subscriptions_refused, "MaxSubscriptionsPerConnection")
         return f"MaxSubscriptionsPerConnection ({config.max_subscriptions_per_connection}) reached"
-    if config.max_subscriptions and ctx.stats.subscriptions_open >= config.max_subscriptions:
-        return f"MaxSubscriptions ({config.max_subscriptions}) reached"
+    return total_subscriptions_limit(ctx, 1)
+
+
+def total_subscriptions_limit(ctx: ServerContext, more: int) -> str | None:
+    """Why ``more`` subscriptions would pass MaxSubscriptions (every client's, whatever
+    its protocol), or None; counted in ``subscriptions_refused``."""
+    limit, stats = ctx.config.max_subscriptions, ctx.stats
+    if limit and stats.subscriptions_open + more > limit:
+        stats.count(stats.subscriptions_refused, "MaxSubscriptions")
+        return f"MaxSubscriptions ({limit}) reached"
     return None
 
 

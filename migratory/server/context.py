@@ -112,7 +112,12 @@ class ServerStatistics:
     publishes_received: int = 0
     publishes_refused: int = 0
     protocol_errors: int = 0
-    subscriptions_open: int = 0  # native WebSocket sessions' subjects (MaxSubscriptions)
+    # every client's subscriptions (MaxSubscriptions): native subjects, MQTT topic filters
+    # (registered with the hub), SSE stream subjects
+    subscriptions_open: int = 0
+    # {limit: count}: subscriptions refused past MaxSubscriptionsPerConnection (an MQTT
+    # session's filters: MAX_FILTERS, MAX_WILDCARD_FILTERS) or MaxSubscriptions
+    subscriptions_refused: dict[str, int] = field(default_factory=dict)
     subscribes_refused: int = 0  # whole subscribes whose answer would not fit (admission.py)
     connections_refused: int = 0  # over MaxConnections / per address / handshakes in flight
     # {limit: count}: refused at accept, or closed before the handshake was done
@@ -129,6 +134,7 @@ class ServerStatistics:
     # positions persistent session records forgot to stay within MqttSessionMaxSubjects,
     # and the session connections that did
     mqtt_session_positions_forgotten: int = 0
+    mqtt_positions_dropped: int = 0  # held in memory, past MqttSessionMaxSubjects
     mqtt_sessions_over_subject_bound: int = 0
     bytes_written: int = 0
     writes: int = 0

@@ -23,6 +23,7 @@ from migratory.protocol.http_server import (
     UpgradeRequested,
 )
 from migratory.server import http_routes
+from migratory.server.admission import total_subscriptions_limit
 from migratory.server.context import ServerContext, publish_ok_status
 from migratory.server.http_routes import JSON, Reply, error
 from migratory.server.publish_rules import check_publish
@@ -242,6 +243,10 @@ class HttpFront:
                 audit.event("access", "connect", self._session.audit_client_as(identity),
                             outcome="denied")
             self._respond(error(403, "entitlement refused the connection"))
+            return
+        over = total_subscriptions_limit(self._ctx, len(subjects))  # bound, then work
+        if over is not None:
+            self._respond(error(503, over, (("Retry-After", "5"),)))
             return
         last = request.header("last-event-id") or request.query.get("lastEventId")
         positions: list[Position | None] = [None] * len(subjects)

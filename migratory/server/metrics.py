@@ -233,6 +233,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("mqtt_sessions_over_subject_bound", "migratory_mqtt_sessions_over_subject_bound",
      "counter", "MQTT persistent session connections whose record reached "
      "MqttSessionMaxSubjects and forgot positions (each logged once)."),
+    ("mqtt_positions_dropped", "migratory_mqtt_positions_dropped", "counter",
+     "Positions MQTT sessions (clean or persistent) dropped from memory to hold at most "
+     "MqttSessionMaxSubjects each (the oldest first; no message is lost)."),
 )
 
 # statistics key of a {label value: count} map -> (metric name, label, help)
@@ -247,6 +250,11 @@ LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "accept), MaxConnections, MaxConnectionsPerAddress, MaxHandshakesPerAddress, "
      "MaxPendingHandshakes (the oldest closed for a newcomer; MaxConnections too when "
      "the server was full), HandshakeTimeout."),
+    ("subscriptions_refused", "migratory_subscriptions_refused", "limit",
+     "Subscriptions refused by the limit that did it: MaxSubscriptionsPerConnection (an "
+     "MQTT session: also its 1,000 filters at most), MAX_WILDCARD_FILTERS (an MQTT "
+     "session's 100 wildcard filters), MaxSubscriptions (every client's together; an SSE "
+     "stream refused whole, 503)."),
     ("resumes", "migratory_resumes", "outcome",
      "Subscribes that resumed from a position, by outcome (sync: every missed message "
      "recovered; resync: snapshot and DATA_RESYNC)."),

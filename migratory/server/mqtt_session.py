@@ -90,16 +90,17 @@ class MqttSession(MqttSaving):
         self.keep_alive = 0
         self.persistent = False
         self._will: mqtt.Will | None = None
-        self.subscriptions = Subscriptions(
-            self, ctx.hub, max_filters=config.max_subscriptions_per_connection
-        )
+        self.subscriptions = Subscriptions(self, ctx)
         self._publish_rate = PublishRate(config.max_publishes_per_second, 0.0)
         self._reached = self.subscriptions.reached
         # the subject of the last delivery and the message (or Position) it reached: its
         # entry in _reached is stale while it is here (see settle_reached)
         self._hot_subject: str | None = None
         self._hot: Position | Message | None = None
-        self._prune_at = PRUNE_FROM  # (settle_reached)
+        self._forget_at = PRUNE_FROM  # (settle_reached)
+        self._max_positions = config.mqtt_session_max_subjects
+        self._prune_at = min(PRUNE_FROM, self._max_positions)
+        self._live_meanwhile: set[str] | None = None  # (watch_live)
         self._inflight = Inflight(inflight_limit(config.client_max_pending_bytes))  # unacked
         self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
         self._held_close: tuple[int, str] | None = None  # a close waiting for those

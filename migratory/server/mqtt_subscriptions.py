@@ -19,13 +19,14 @@ from migratory.model.topic import (
     is_wildcard,
 )
 from migratory.protocol import mqtt
+from migratory.server.admission import total_subscriptions_limit
 from migratory.server.format_sink import MessageSink
-from migratory.server.hub import Hub
 from migratory.server.hub_sinks import SubjectScan
 from migratory.server.mqtt_resume import NOTHING_SEEN, Resume
 from migratory.server.mqtt_store import SessionRecord
 
 if TYPE_CHECKING:
+    from migratory.server.context import ServerContext
     from migratory.server.mqtt_session import MqttSession
 
 log = logging.getLogger("migratory.mqtt")
@@ -54,9 +55,12 @@ class _Filter:
 
 
 class Subscriptions:
-    def __init__(self, owner: MqttSession, hub: Hub, *, max_filters: int = MAX_FILTERS) -> None:
-        """``max_filters``: MaxSubscriptionsPerConnection, never more than MAX_FILTERS."""
+    def __init__(self, owner: MqttSession, ctx: ServerContext) -> None:
+        """At most MaxSubscriptionsPerConnection filters, never more than MAX_FILTERS; the
+        filters registered with the hub count in MaxSubscriptions (``subscriptions_open``)."""
         self._owner = owner
+        self._ctx = ctx
+        hub, max_filters = ctx.hub, ctx.config.max_subscriptions_per_connection
         self._resume: Resume | None = None  # a resume's catch-up, while it goes on
         self._dropped = False  # a filter the resume left dormant (not entitled now)
         self._listener: MessageSink = owner  # the hub's sink: the resume's meanwhile
@@ -68,15 +72,16 @@ class Subscriptions:
         # subject -> the last message delivered (or the Position of where it stands):
         # only its epoch and seq are read -- storing the message saves a Position per
         # delivery on the fan-out path. Read it through owner.settle_reached(): the
-        # owner keeps its last delivery's subject apart
+        # owner keeps its last delivery's subject apart, and at most
+        # MqttSessionMaxSubjects of them, the oldest dropped first (bound_positions)
         self.reached: dict[str, Position | Message] = {}
         self._attached = True
         # wildcard filters just added whose retained messages are still to be sent
         # (send_retained: one pass over the subjects for all of a SUBSCRIBE's filters)
         self._retain_due: FilterIndex[str] | None = None
         self._retaining: SubjectScan | None = None  # their scan (send_retained)
-        # the positions reached when that scan's first slice ended (send_retained)
-        self._reached_before: dict[str, Position | Message] | None = None
+        # the subjects delivered live since that scan began (send_retained)
+        self._live_meanwhile: set[str] | None = None
         self._filters_changed = True  # since the last implied_positions
         # filters of a resumed record the entitlement refused (another token, a plugin
         # failing): kept in the record, given nothing, asked again at the next resume --
@@ -109,14 +114,10 @@ class Subscriptions:
                      extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         subject = None if is_wildcard(name) else "/" + name
-        if name not in self._filters and (
-            len(self._filters) >= self._max_filters
-            or (subject is None and self._wildcards.count >= MAX_WILDCARD_FILTERS)
-        ):
-            log.info("%s: SUBSCRIBE refused: at most %d filters "
-                     "(MaxSubscriptionsPerConnection), %d with wildcards",
-                     self._owner.describe(), self._max_filters, MAX_WILDCARD_FILTERS,
-                     extra=self._owner.log_fields())
+        refusal = None if name in self._filters else self._limit(wildcard=subject is None)
+        if refusal is not None:
+            log.info("%s: SUBSCRIBE of %r refused: %s", self._owner.describe(), name,
+                     refusal, extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         if not self._owner.entitlement_allows_subscribe("/" + name):
             log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name,
@@ -140,6 +141,18 @@ class Subscriptions:
             self._retain_due.add(levels, name, granted)
         return granted
 
+    def _limit(self, *, wildcard: bool) -> str | None:
+        """Why one more filter is refused (a limit, counted by name), or None."""
+        stats = self._ctx.stats
+        if len(self._filters) >= self._max_filters:
+            stats.count(stats.subscriptions_refused, "MaxSubscriptionsPerConnection")
+            return (f"MaxSubscriptionsPerConnection ({self._max_filters}; an MQTT session "
+                    f"holds at most {MAX_FILTERS} filters) reached")
+        if wildcard and self._wildcards.count >= MAX_WILDCARD_FILTERS:
+            stats.count(stats.subscriptions_refused, "MAX_WILDCARD_FILTERS")
+            return f"at most {MAX_WILDCARD_FILTERS} filters with wildcards (MAX_WILDCARD_FILTERS)"
+        return total_subscriptions_limit(self._ctx, 1)
+
     def start_retained(self) -> None:
         """Start sending the retained messages of the wildcard filters just added
         (:meth:`add`): one scan for all of them, each subject once, at the highest QoS
@@ -147,7 +160,7 @@ class Subscriptions:
         due, self._retain_due = self._retain_due, None
         if due is not None:
             self._retaining = self._hub.matching_any(due, retained=True)
-            self._reached_before = None
+            self._live_meanwhile = self._owner.watch_live(True)
 
     @property
     def retaining(self) -> bool:
@@ -162,21 +175,17 @@ class Subscriptions:
         if scan is None:
             return 0
         owner = self._owner
-        before = self._reached_before
-        reached = owner.settle_reached() if before is not None else None
+        live = self._live_meanwhile
         visited = scan.visited
         for subject, _, snapshot, qos in scan.take(limit):
             if snapshot is None or owner.closing:
                 continue
-            if reached is not None and before is not None and (
-                reached.get(subject) is not before.get(subject)
-            ):
+            if live and subject in live:
                 continue  # delivered live since the scan began: newer than this
             owner.deliver_retained(snapshot, qos)
         if scan.done or owner.closing or owner.aborted:
-            self._retaining = self._reached_before = None
-        elif before is None:  # to tell, at the next slices, what came live meanwhile
-            self._reached_before = dict(owner.settle_reached())
+            self._retaining = None
+            self._live_meanwhile = owner.watch_live(False)
         return scan.visited - visited
 
     def remove(self, names: tuple[str, ...]) -> None:
@@ -199,6 +208,7 @@ class Subscriptions:
             self._wildcards.add(entry.levels, name, entry.qos)
 
     def _register(self, entry: _Filter) -> None:
+        self._ctx.stats.subscriptions_open += 1  # (MaxSubscriptions)
         owner = self._listener
         if entry.subject is not None:
             self._hub.listen(owner, entry.subject, entry.qos)
@@ -206,6 +216,7 @@ class Subscriptions:
             self._hub.listen_filter(owner, entry.levels, entry.qos)
 
     def _unregister(self, entry: _Filter) -> None:
+        self._ctx.stats.subscriptions_open -= 1
         if entry.subject is not None:
             self._hub.unlisten(self._listener, entry.subject)
         else:
@@ -249,6 +260,12 @@ class Subscriptions:
             self._register(entry)
 
     @property
+    def resuming(self) -> bool:
+        """A resume's catch-up goes on: the session's positions say which subjects it
+        caught up (none is dropped meanwhile)."""
+        return self._resume is not None
+
+    @property
     def busy(self) -> bool:
         """A SUBSCRIBE's retained messages or a resume's catch-up still to send: the
         connection's next packets wait (:meth:`work`)."""
@@ -275,6 +292,7 @@ class Subscriptions:
                     self._listener = resume
                     self._unregister(entry)
             self._listener = self._owner
+            self._owner.bound_positions()  # what the catch-up held past the bound
         return done
 
     @property

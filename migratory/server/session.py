@@ -271,6 +271,7 @@ class Session(StreamSession):
         resumed_from = asked if any(p is not None for p in asked) else None
         self._send_unbounded(sse.stream_head(headers) + sse.retry(retry, resumed_from))
         stream = self._stream = SseStream(self, subjects)
+        self._ctx.stats.subscriptions_open += len(subjects)  # (MaxSubscriptions) until stop
         stream.start(self._ctx.hub, requests, now)
         self.refill()  # the first events at once; the rest as the socket drains
         self.flush()
@@ -461,7 +462,7 @@ class Session(StreamSession):
         """Forget every subscription (idempotent)."""
         self._subscriptions.forget()
         if self._stream is not None:
-            self._stream.stop(self._ctx.hub)
+            self._ctx.stats.subscriptions_open -= self._stream.stop(self._ctx.hub)
 
     def finished(self) -> None:
         """The connection is over: audit the disconnect of a connected client."""

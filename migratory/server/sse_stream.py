@@ -76,7 +76,8 @@ class Output(Protocol):
 class SseStream(FormatSink):
     __slots__ = (
         "_backlog", "_held", "_hub", "_idle", "_index", "_marks", "_now", "_output",
-        "_pending_seen", "_progress", "_progress_seen", "_single", "_unsubscribed", "subjects",
+        "_pending_seen", "_progress", "_progress_seen", "_single", "_stopped", "_unsubscribed",
+        "subjects",
     )
 
     def __init__(self, output: Output, subjects: list[str]) -> None:
@@ -91,6 +92,7 @@ class SseStream(FormatSink):
         self._progress = self._progress_seen = 0  # refills that sent something
         self._pending_seen = 0  # the output's bytes waiting, at the last stalled()
         self._idle = 0  # stalled() calls in a row with no progress
+        self._stopped = False
         self.subjects = subjects
         self._index = {subject: i for i, subject in enumerate(subjects)}
         self._single = len(subjects) == 1
@@ -282,13 +284,18 @@ class SseStream(FormatSink):
         self._hub, self._now = hub, now
         self._unsubscribed.extend(zip(self.subjects, requests, strict=True))
 
-    def stop(self, hub: Hub) -> None:
-        """Unsubscribe, and drop what waits (the close event names what was sent)."""
+    def stop(self, hub: Hub) -> int:
+        """Unsubscribe, and drop what waits (the close event names what was sent); the
+        subjects let go (none the second time: they count in MaxSubscriptions)."""
         self._backlog = None
         self._held = 0
         self._unsubscribed.clear()
+        if self._stopped:
+            return 0
+        self._stopped = True
         for subject in self.subjects:
             hub.unsubscribe(self, subject)
+        return len(self.subjects)
 
     def close_event(self, code: int, reason: str, *, with_id: bool = True) -> bytes:
         """The last event of a stream the server ends. ``with_id`` False when events that

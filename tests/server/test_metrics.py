@@ -118,7 +118,8 @@ class FakeSource:
     def statistics(self) -> dict[str, Any]:
         return {"connections_open": 3, "subjects": "not a number", "slow_consumers": 2,
                 "protocol_error_kinds": {"frame": 4}, "mqtt_session_positions_forgotten": 500,
-                "mqtt_sessions_over_subject_bound": 1}
+                "mqtt_sessions_over_subject_bound": 1, "mqtt_positions_dropped": 9000,
+                "subscriptions_refused": {"MaxSubscriptions": 7}}
 
     def ready(self) -> bool:
         return False
@@ -147,6 +148,10 @@ def test_the_collector_reads_the_source_at_scrape_time() -> None:
     # MqttSessionMaxSubjects (docs/mqtt.md): what session records forgot, how many did
     assert found["migratory_mqtt_session_positions_forgotten"].samples[0].value == 500
     assert found["migratory_mqtt_sessions_over_subject_bound"].samples[0].value == 1
+    # and what sessions dropped from memory (docs/mqtt.md, "In memory")
+    assert found["migratory_mqtt_positions_dropped"].samples[0].value == 9000
+    (refused,) = found["migratory_subscriptions_refused"].samples
+    assert refused.labels == {"limit": "MaxSubscriptions"} and refused.value == 7
     (errors,) = found["migratory_protocol_errors"].samples
     assert errors.labels == {"kind": "frame"} and errors.value == 4
     ack = {(s.name, s.labels.get("le")): s.value
