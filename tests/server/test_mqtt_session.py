@@ -9,6 +9,7 @@ from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import close_codes, mqtt, ops
+from migratory.protocol import websocket as ws
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
@@ -398,3 +399,22 @@ def test_a_publish_then_garbage_gets_its_puback_before_the_connection_closes() -
     held.settle()
     assert read(s) == [mqtt.Puback(9)]
     assert not s.settling
+
+
+def test_over_websocket_the_close_frame_follows_the_puback() -> None:
+    """MQTT over WebSocket, a QoS 1 PUBLISH then a malformed packet (reserved type 15)
+    in one read: the close frame waits for the PUBACK and follows it. (Garbage at the
+    WebSocket layer -- a text frame -- closes before the PUBLISH is handled: not
+    published, no PUBACK, which MQTT 3.1.1 reads as not acknowledged.)"""
+    ctx, held = make()
+    s = MqttSession(ctx, Wire(), "127.0.0.1:1", {}, websocket=True)
+    publish = encode_packet(mqtt.Publish("a/b", b"x", qos=1, packet_id=4))
+    s.receive_data(ws.encode_masked_binary(encode_packet(mqtt.Connect("w")), b"mask"), 0.0)
+    s.outbox.take()  # CONNACK
+    s.receive_data(ws.encode_masked_binary(publish + b"\xf0\x00", b"mask"), 0.0)
+    assert s.closing and not s.outbox
+    held.settle()
+    events = ws.FrameDecoder(client_frames=False).events(s.outbox.take())
+    assert isinstance(events[0], ws.BinaryMessage)
+    assert mqtt.MqttDecoder(server=False).events(events[0].data) == [mqtt.Puback(4)]
+    assert isinstance(events[1], ws.CloseReceived) and len(events) == 2
