@@ -105,9 +105,15 @@ def _time_claim(claims: dict[str, Any], name: str) -> float | None:
     value = claims.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name!r} is not a finite number")
-    return float(value)
+    try:  # a JSON whole number of 400 digits is a Python int past any float
+        seconds = float(value)
+    except OverflowError:
+        raise ValueError(f"{name!r} is not a finite number") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name!r} is not a finite number")
+    return seconds
 
 
 def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:

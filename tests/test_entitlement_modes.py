@@ -312,8 +312,12 @@ def test_garbage_time_claims_are_refused() -> None:
     # NaN and Infinity compare false with every time: such a token never expired
     for payload in ('{"exp": NaN}', '{"exp": Infinity}', '{"exp": 1e400}', '{"exp": true}',
                     '{"exp": "never"}', '{"exp": null}', f'{{"exp": {exp}, "nbf": NaN}}',
-                    f'{{"exp": {exp}, "subscribe": "/a/b"}}', '[1, 2]', '"x"'):
+                    f'{{"exp": {exp}, "subscribe": "/a/b"}}', '[1, 2]', '"x"',
+                    # a whole number past a float (an issuer's bug): OverflowError, not
+                    # ValueError -- it escaped the refusal and ended the connection 1011
+                    '{"exp": 1' + "0" * 400 + "}", f'{{"exp": {exp}, "nbf": -1' + "0" * 400 + "}"):
         assert not entitlement.allow_connect(who(signed(payload))), payload
+        assert not entitlement.allow_subscribe(who(signed(payload)), "/Stocks/a"), payload
 
 
 def test_huge_and_many_junk_tokens_cost_bounded_memory() -> None:
