@@ -363,7 +363,8 @@ class Hub(SubjectExpiry, MessageSinks):
             if position.seq == 0:
                 return
             state = self._state(subject)
-        live = state.subscribers or state.formatted or state.conflated or state.listeners
+        listeners = self._granted(state)  # by name, or by a wildcard filter matching it
+        live = state.subscribers or state.formatted or state.conflated or listeners
         before = state.position if live else None
         state.epoch, state.seq = position.epoch, position.seq
         state.snapshot = snapshot if position.seq else None
@@ -374,19 +375,22 @@ class Hub(SubjectExpiry, MessageSinks):
         if budget is not None and budget.bytes > budget.limit:
             self._cached -= budget.evict()
         if before is not None:
-            self._catch_up_live(state, before, now)
+            self._catch_up_live(state, before, listeners, now)
         if state.waiting:
             self._settle_waiting(state, now)
         if state.idle:
             self._forget(state)
 
-    def _catch_up_live(self, state: SubjectState, before: Position, now: float) -> None:
+    def _catch_up_live(
+        self, state: SubjectState, before: Position,
+        listeners: tuple[tuple[MessageSink, int], ...], now: float,
+    ) -> None:
         """Live subscribers were at ``before`` when the subject moved: give them the
         messages it jumped over, or the snapshot and ``DATA_RESYNC``."""
         if state.position == before:
             return
         missed = self._missed(state, before)
-        for listener, qos in tuple(state.listeners.items()):  # they drop what they have
+        for listener, qos in listeners:  # they drop what they have
             for message in missed if missed is not None else [state.snapshot]:
                 if message is not None:
                     listener.deliver_message(message, qos)

@@ -37,18 +37,22 @@ class MessageSinks:
 
     def _tell_listeners(self, state: SubjectState, message: Message) -> None:
         """Each message sink once, at the highest QoS of its matching subscriptions."""
-        listeners = state.listeners
-        if not self._filters or state.subject.startswith(RESERVED_PREFIX):
-            granted = tuple(listeners.items())
-        else:
-            best = dict(listeners)
-            for sink, qos in self._filters.match(state.subject):
-                if best.get(sink, -1) < qos:
-                    best[sink] = qos
-            granted = tuple(best.items())
+        granted = self._granted(state)
         for sink, qos in granted:
             sink.deliver_message(message, qos)
         self._fanned_out += len(granted)
+
+    def _granted(self, state: SubjectState) -> tuple[tuple[MessageSink, int], ...]:
+        """The message sinks of ``state``'s subject -- by name, or by a wildcard filter
+        that matches it -- each once, at the highest QoS of its subscriptions."""
+        listeners = state.listeners
+        if not self._filters or state.subject.startswith(RESERVED_PREFIX):
+            return tuple(listeners.items())
+        best = dict(listeners)
+        for sink, qos in self._filters.match(state.subject):
+            if best.get(sink, -1) < qos:
+                best[sink] = qos
+        return tuple(best.items())
 
     def listen(self, sink: MessageSink, subject: str, qos: int) -> None:
         """Deliver every later message of ``subject`` to ``sink`` (validated, entitled)."""

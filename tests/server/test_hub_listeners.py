@@ -74,6 +74,36 @@ def test_a_reposition_gives_listeners_what_it_jumped_over_or_the_snapshot() -> N
     assert lost.got == [("/s/t", 5, 0)]
 
 
+def test_a_reposition_gives_wildcard_listeners_what_it_jumped_over_too() -> None:
+    """A subject moved forward (a cluster member's cache sync) gave the messages it jumped
+    over to the sessions subscribed to it by name only: an MQTT '#' session got nothing
+    of them -- a silent gap. Every matching sink now gets them, once, at the highest QoS
+    of its subscriptions; a sink whose filter does not match gets nothing."""
+    source = Hub(epoch=7)
+    for i in range(5):
+        source.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
+    ((_, position, snapshot, run),) = list(source.numbered())
+    behind = Hub(epoch=7)
+    for i in range(2):
+        behind.publish(Message("/s/t", b"%d" % i, retained=True), 0.0)
+        behind.publish(Message("/u/v", b"%d" % i), 0.0)
+    wild, both, elsewhere = Sink(), Sink(), Sink()
+    behind.listen_filter(wild, filter_levels("s/#"), 0)
+    behind.listen(both, "/s/t", 0)
+    behind.listen_filter(both, filter_levels("+/t"), 1)
+    behind.listen_filter(elsewhere, filter_levels("u/#"), 1)
+    behind.reposition("/s/t", position, snapshot, run.messages(), 0.0)
+    assert wild.got == [("/s/t", 3, 0), ("/s/t", 4, 0), ("/s/t", 5, 0)]
+    assert both.got == [("/s/t", 3, 1), ("/s/t", 4, 1), ("/s/t", 5, 1)]
+    assert elsewhere.got == []
+    other = Hub(epoch=9)  # another lineage: the cache cannot tell, the snapshot comes
+    other.publish(Message("/s/t", b"x", retained=True), 0.0)
+    lost = Sink()
+    other.listen_filter(lost, filter_levels("#"), 0)
+    other.reposition("/s/t", position, snapshot, run.messages(), 0.0)
+    assert lost.got == [("/s/t", 5, 0)]
+
+
 def test_overlapping_subscriptions_deliver_once_at_the_highest_qos() -> None:
     hub = Hub(epoch=7)
     sink = Sink()
