@@ -116,7 +116,7 @@ class GuaranteedNode:
             readiness=self.readiness.reason,
             cluster_status=self.status,
             cluster_metrics=lambda: guaranteed_metrics(self),
-            forwarded_publishes=None if self.seed is None else self._forwarded_publishes,
+            cluster_activity=None if self.seed is None else self._seed_activity,
         )
 
     def _role_reason(self, now: float) -> str | None:
@@ -127,9 +127,9 @@ class GuaranteedNode:
         assert self.upstream is not None
         return self.upstream.not_ready_reason(now)
 
-    def _forwarded_publishes(self) -> int:
+    def _seed_activity(self) -> int:
         assert self.seed is not None
-        return self.seed.forwarded_publishes
+        return self.seed.activity
 
     def _is_ready(self) -> bool:
         return self.readiness.reason() is None

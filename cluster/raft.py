@@ -180,6 +180,9 @@ class RaftStatus:
     """Retained snapshots the replicated caches hold (kept for ever too)."""
     forward_hold: dict[str, int] = field(default_factory=dict)
     """Commands held while the link to the leader was down (cluster/raft_forward.py)."""
+    entries_taken: int = 0
+    """Entries this seed's Raft node took in since it started: the commands it appended
+    as leader, the entries its leader sent it as follower (``SeedCoordination.activity``)."""
 
     @property
     def has_leader(self) -> bool:
@@ -199,6 +202,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         self.stopped: str | None = None
         self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
         self._subject_warning = SubjectCountWarning()
+        self._entries_taken = 0  # (before __init__, as all of these: never dumped)
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
         super().__init__(*args, consumers=[consumer], **kwargs)
@@ -226,6 +230,18 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         if name is None:
             name = self._func_names[funcName]
         return str(name)
+
+    def _merge(self, held: list[Any], entries: list[Any]) -> None:
+        """A follower's entries from its leader: counted, as what it is busy with while
+        their commit comes late (an overloaded leader), though it applies nothing."""
+        super()._merge(held, entries)
+        self._entries_taken += len(entries)
+
+    def _checkCommandsToApply(self) -> None:
+        """A leader's commands (its own, and those other seeds forwarded): counted."""
+        before = self._SyncObj__getCurrentLogIndex()
+        super()._checkCommandsToApply()
+        self._entries_taken += max(0, self._SyncObj__getCurrentLogIndex() - before)
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         if self.stopped is not None:  # handles no message, sends none
@@ -281,6 +297,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             subjects=subjects,
             snapshots=snapshots,
             forward_hold=self.forward_hold.statistics(),
+            entries_taken=self._entries_taken,
         )
 
 

@@ -218,6 +218,14 @@ class SeedCoordination:
     # --- status and readiness ------------------------------------------------------------
 
     @property
+    def activity(self) -> int:
+        """Grows with the work this seed takes in before its hub sees it: publishes
+        non-seeds forwarded, and the entries its Raft node took (a follower's from the
+        leader, a leader's commands), though their commits come late."""
+        status = self.raft_status
+        return self.forwarded_publishes + (0 if status is None else status.entries_taken)
+
+    @property
     def raft_status(self) -> RaftStatus | None:
         return None if self.raft is None else self.raft.snapshot
 

@@ -141,7 +141,7 @@ SETTINGS: tuple[Setting, ...] = (
             "fanned out nothing for a whole second runs the full collection Python has "
             "pending then, not later under load (`gc.idle_collections` in `/stats`; "
             "`migratory/server/gc_pauses.py`); a cluster member not ready (taking a cache "
-            "sync) is not idle."),
+            "sync), or a seed whose Raft node takes entries, is not idle."),
     Setting("DrainTime", "drain_time", _int(0, unit=" of seconds"), "30",
             "On SIGTERM the server drains: no new clients, publishes settled, every client "
             "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left "

@@ -90,8 +90,9 @@ class Server:
     package with its own ``hub``, ``publishing`` path (publishes go to the cluster),
     ``readiness`` (why new clients must wait), ``cluster_status`` (``GET
     /cluster``), ``cluster_metrics`` (Raft and links in ``GET /metrics``) and
-    ``forwarded_publishes`` (the count of publishes other members forwarded to it, for
-    :meth:`activity`): the server is complete when built and nothing is patched later.
+    ``cluster_activity`` (a count of the cluster work it takes in before its hub sees
+    it -- publishes other members forwarded, Raft entries -- for :meth:`activity`):
+    the server is complete when built and nothing is patched later.
     """
 
     def __init__(
@@ -103,10 +104,10 @@ class Server:
         readiness: Callable[[], str | None] | None = None,
         cluster_status: Callable[[], dict[str, Any]] | None = None,
         cluster_metrics: Callable[[], ClusterMetrics | None] | None = None,
-        forwarded_publishes: Callable[[], int] | None = None,
+        cluster_activity: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
-        self._forwarded_publishes = forwarded_publishes or (lambda: 0)
+        self._cluster_activity = cluster_activity or (lambda: 0)
         hub = build_hub(config) if hub is None else hub
         hub.fault = DeliveryFault.from_environment(os.environ)
         if hub.fault is not None:
@@ -236,16 +237,19 @@ class Server:
 
     def activity(self) -> int:
         """Grows with every publish received -- from a client, or forwarded by another
-        member -- and every message the hub published or fanned out: unchanged over a
-        second means idle (:func:`~migratory.server.gc_pauses.collect_when_idle`).
+        member --, every Raft entry a seed took (a follower's from its leader), and every
+        message the hub published or fanned out: unchanged over a second means idle
+        (:func:`~migratory.server.gc_pauses.collect_when_idle`).
 
         Received, not only published: a seed of an overloaded cluster can apply nothing
         for a second (its Raft commits come late) while publishes pour in, and its
         "idle" full collection walked every one waiting for its commit (100-1,000 ms
         loop stops, docs/benchmarks.md). Received, not CPU: the second after a burst of
-        connections is busy but publish-less, and its collection is the one wanted."""
+        connections is busy but publish-less, and its collection is the one wanted.
+        Raft entries: a follower seed's clients may publish nothing while the leader's
+        entries pour in and their commits come late."""
         stats = self.ctx.stats
-        return self.ctx.hub.activity + stats.publishes_received + self._forwarded_publishes()
+        return self.ctx.hub.activity + stats.publishes_received + self._cluster_activity()
 
     def refused(self, kind: str, reason: str) -> None:
         """Count a connection refused or closed before its handshake was done (by kind:

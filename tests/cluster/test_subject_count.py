@@ -50,7 +50,7 @@ def seed_with(subjects: int, retained: int) -> Any:
         _subject_warning=SubjectCountWarning(first=3), stopped=None,
         getStatus=lambda: {"state": 0, "has_quorum": False}, _SyncObj__transport=transport,
         isReady=lambda: True, otherNodes=(), isNodeConnected=lambda node: False,
-        _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(),
+        _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(), _entries_taken=0,
     )
 
 
