@@ -12,8 +12,9 @@ measures, each step in this process's CPU time (the box may be busy):
 
 - ``memory``: resident bytes per subject the state holds -- the numbering alone (a bare
   ``Coordinator``) and the whole replicated state (numbering and caches);
-- ``dump``: pysyncobj's compaction dump of the consumer (its ``_serialize()``, pickled
-  with pysyncobj's pickle into gzip, as ``pysyncobj.serializer`` writes ``raft.dump``):
+- ``dump``: the compaction dump of the consumer (its ``_serialize()``, written as a seed
+  writes ``raft.dump``: ``cluster.raft_dump_files.write_dump``, gzip, pickle protocol 2
+  before ``DUMP_PROTOCOL``, 4 since; ``--step numbering``: the numbering alone, protocol 2):
   bytes, and the CPU of pickle + gzip (done in a forked child by the seed: the whole
   state is pickled at each compaction);
 - ``catch_up``: what a seed that lost its disk runs once the leader's dump arrived:
@@ -40,12 +41,14 @@ import gc
 import gzip
 import io
 import json
+import os
+import tempfile
 import time
 from typing import Any
 
 from pysyncobj import pickle as pysyncobj_pickle
 
-from cluster import raft_unpickler
+from cluster import raft_dump_files, raft_unpickler
 from cluster.cache_sync import CacheSync, install_sync
 from cluster.coordination import UNNUMBERED_EPOCH, Coordinator
 from cluster.raft import CoordinationConsumer, WireRequest
@@ -127,10 +130,11 @@ def state(args: argparse.Namespace) -> dict[str, Any]:
         "fill_cpu_s": round(cpu, 2),
     }
     started = time.process_time()
-    with io.BytesIO() as buffer:
-        with gzip.GzipFile(fileobj=buffer, mode="wb") as g:
-            pysyncobj_pickle.dump(consumer._serialize(), g)
-        dump = buffer.getvalue()
+    with tempfile.TemporaryDirectory() as directory:  # written as a seed writes its dump
+        path = os.path.join(directory, "raft.dump")
+        assert raft_dump_files.write_dump(path, consumer._serialize()) == 0
+        with open(path, "rb") as f:
+            dump = f.read()
     out["dump_cpu_s"] = round(time.process_time() - started, 2)
     out["dump_bytes"] = len(dump)
     out["dump_bytes_per_subject"] = per_subject(len(dump), args.subjects)

@@ -2,7 +2,8 @@
 
 In this process, as a seed does it: a replicated cache of ``--messages`` messages of
 ``--size`` bytes over ``--subjects`` subjects (``CacheMemoryBudget`` default 256 MiB) is
-written as pysyncobj writes a dump (gzip, pickle protocol 2); then, while a trio task
+written as a seed writes a dump (``raft_dump_files.write_dump``: gzip, pickle protocol
+2 before ``DUMP_PROTOCOL``, 4 since); then, while a trio task
 ticks every millisecond and records the gaps between its ticks, a thread plays the Raft
 thread -- it loads the dump (``raft_unpickler``, as pysyncobj's ``deserialize``), makes
 the cache sync of it (``ReplicatedCache.to_sync``: copies; the seed builds the records
@@ -16,6 +17,8 @@ phase (``gc.callbacks``). The gaps are wall clock on the machine as it is: take 
 indicative on a busy one::
 
     .venv/bin/python benchmarks/seed_dump_install.py --messages 660000 --subjects 10000
+    .venv/bin/python benchmarks/seed_dump_install.py --messages 660000 --subjects 10000 \
+        --distinct-contents   # as a real load's dump: every content its own bytes
     # the code before: PYTHONPATH=/tmp/before .venv/bin/python benchmarks/seed_dump_install.py ...
 """
 
@@ -34,10 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pysyncobj.pickle
 import trio
 
-from cluster import raft_unpickler
+from cluster import raft_dump_files, raft_unpickler
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
 from cluster.node import GIL_SWITCH_INTERVAL
@@ -60,16 +62,22 @@ def dump_of(args: argparse.Namespace) -> tuple[bytes, dict[str, tuple[int, int]]
     cache = ReplicatedCache(1000, BUDGET)
     subjects = [f"/bench/subject/{i}" for i in range(args.subjects)]
     content = os.urandom(args.size)
+    noise = os.urandom(args.size + 4096)
     seqs = [0] * args.subjects
     for i in range(args.messages):
         s = i % args.subjects
         seqs[s] += 1
+        if args.distinct_contents:  # each its own bytes, as a real load's (no pickle memo)
+            at = (i * 7919) % 4096
+            content = i.to_bytes(8, "big") + noise[at:at + args.size - 8]
         cache.append([Message(subjects[s], content, {}, False, Qos.GUARANTEED, None, 7,
                               seqs[s])])
-    written = io.BytesIO()
-    with gzip.GzipFile(fileobj=written, mode="wb") as g:
-        pysyncobj.pickle.dump(cache, g)
-    return written.getvalue(), {s: (7, seqs[i]) for i, s in enumerate(subjects)}
+    with tempfile.TemporaryDirectory() as directory:  # written as a seed writes its dump
+        path = os.path.join(directory, "raft.dump")
+        assert raft_dump_files.write_dump(path, cache) == 0
+        with open(path, "rb") as f:
+            written = f.read()
+    return written, {s: (7, seqs[i]) for i, s in enumerate(subjects)}
 
 
 def new_seed(data_dir: Path) -> SeedCoordination:
@@ -185,6 +193,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=660_000)
     parser.add_argument("--subjects", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--distinct-contents", action="store_true",
+                        help="each message its own content (else one bytes object shared "
+                             "by all: pickle writes it once, and the dump is ~1/4 the size)")
     args = parser.parse_args()
     dump, positions = dump_of(args)
     with tempfile.TemporaryDirectory() as data_dir:

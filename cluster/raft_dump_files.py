@@ -45,10 +45,10 @@ import errno as errno_codes
 import gzip
 import logging
 import os
+import pickle
 import signal
 from typing import Any
 
-from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj import serializer as pysyncobj_serializer
 from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.config import SERIALIZER_STATE
@@ -57,6 +57,13 @@ from cluster.raft_disk import RaftDiskFailure
 
 log = logging.getLogger("migratory.raft")
 
+DUMP_PROTOCOL = 4
+"""The pickle protocol of the dumps a seed writes. pysyncobj writes protocol 2, in which a
+``bytes`` is a call to ``_codecs.encode`` with its bytes as UTF-8 text (1.5 bytes per
+random byte): a seed loading a dump of 660,000 cached 100-byte messages spent ~1 s of
+its Raft thread unpickling them (docs/benchmarks.md, "Loading a Raft dump"). Protocol 4
+writes a ``bytes`` as bytes. Any protocol loads the same (``pickle.load`` reads it from
+the dump), so a seed of the code before takes such a dump, and this one takes theirs."""
 NOT_A_DISK_FAILURE = 255
 """The dump writer's exit status for an error that is not an ``OSError``."""
 BACKOFF_FIRST = 1.0
@@ -128,7 +135,7 @@ def write_dump(path: str, data: Any, *, first: bool = True) -> int:
     temporary = path + ".tmp"
     try:
         with open(temporary, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb") as g:
-            pysyncobj_pickle.dump(data, g)
+            pickle.dump(data, g, DUMP_PROTOCOL)
         pysyncobj_serializer.atomicReplace(temporary, path)  # (durable_replace)
     except OSError as exc:
         _remove(temporary)
