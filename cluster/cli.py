@@ -11,21 +11,28 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from typing import TYPE_CHECKING
 
-import trio
+# Nothing heavy here: ``serve`` takes SIGINT and SIGTERM before it imports the server
+# (migratory/stop_signals.py), so this module's own imports are the only ones before.
+from migratory import stop_signals
 
-from migratory.config import Config as ConfigType
-from migratory.config import ConfigError, load_config, parse_set_options, read_config_file
-from migratory.logs import configure_logging, write_directly
+if TYPE_CHECKING:
+    from migratory.config import Config as ConfigType
 
 
 def _error(message: str) -> None:
     """``migratory: MESSAGE`` on stderr, after every log line written before it."""
+    from migratory.logs import write_directly
+
     write_directly()
     print(f"migratory: {message}", file=sys.stderr)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from migratory.config import ConfigError, load_config, parse_set_options
+    from migratory.logs import configure_logging, write_directly
+
     try:
         text = _config_text(args)
         config = load_config(args.config, text=text, overrides=parse_set_options(args.set))
@@ -40,6 +47,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_configured(args: argparse.Namespace, config: ConfigType, text: str | None) -> int:
+    import trio
+
     from cluster.node import build_node
     from migratory.server.app import run_until_signalled
 
@@ -49,6 +58,7 @@ def _serve_configured(args: argparse.Namespace, config: ConfigType, text: str | 
         if config.workers > 1:
             return _supervise(args, config, text)
         server, roles = build_node(config)
+        stop_signals.note_from_now()  # the event loop's signal receiver takes over
         trio.run(functools.partial(run_until_signalled, server, roles=roles))
     except (OSError, BaseExceptionGroup) as exc:
         error = _first_os_error(exc)
@@ -66,14 +76,19 @@ def _config_text(args: argparse.Namespace) -> str | None:
         return None
     if args.worker_index is not None:
         return sys.stdin.buffer.read().decode()
+    from migratory.config import read_config_file
+
     return read_config_file(args.config)
 
 
 def _supervise(args: argparse.Namespace, config: ConfigType, config_text: str | None) -> int:
     """``Workers`` > 1: this process sequences, N worker processes serve (docs/workers.md)."""
+    import trio
+
     from cluster.workers import WorkerFailed, serve_args, supervise
 
     error = None
+    stop_signals.note_from_now()
     try:
         trio.run(supervise, config, serve_args(args.config, args.set), config_text)
     except* WorkerFailed as failed:
@@ -90,6 +105,8 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
     """One worker, started by the supervising process (never by hand)."""
     import os
 
+    import trio
+
     from cluster.worker import WorkerNode
     from cluster.workers import SECRET_ENV
     from migratory.config_values import parse_address
@@ -103,6 +120,7 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
                       sequencer=parse_address(args.worker_sequencer), password=secret,
                       parent=args.worker_parent)
     # the worker prints its "listening" lines itself, once it has caught up
+    stop_signals.note_from_now()
     trio.run(functools.partial(run_until_signalled, node.server, roles=[node], ready_line=False))
     return 0
 
@@ -150,9 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The exit status: ``serve`` 0 once stopped by SIGINT or SIGTERM (whenever it came,
+    start-up included), 1 when it could not start or run (a port in use, an unusable
+    ClusterDataDir, ...), 2 for a bad configuration or command line; the client
+    commands 130 on Ctrl-C (README, "Starting and stopping")."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        stop_signals.raise_on_stop()
     try:
+        args = build_parser().parse_args(argv)
         code: int = args.func(args)
+    except stop_signals.StopRequested as stop:
+        print(f"migratory: {stop.signum.name} received during start-up: stopped",
+              file=sys.stderr)
+        return 0
     except KeyboardInterrupt:
         return 130
     return code

@@ -42,6 +42,7 @@ import trio
 from cluster.sequencer import Sequencer
 from cluster.stdout_lines import StdoutLines
 from cluster.worker import BEAT_LINE
+from migratory import stop_signals
 from migratory.config import Config
 from migratory.config_workers import BEAT_SECONDS
 from migratory.listeners import client_listeners
@@ -176,6 +177,10 @@ class Supervisor:
         held, self._overrides = hold_ports(self.config)
         try:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                early = stop_signals.noted()  # before the receiver: start nothing
+                if early is not None:
+                    log.info("%s received during start-up: stopped", early.name)
+                    return
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.output.run)
                     self._sequencer_address = await nursery.start(self.sequencer.run)
@@ -374,9 +379,9 @@ async def kill_if_hung(slot: WorkerSlot, *, hang: int, kill: Callable[[], None])
 
 
 def stop_signal(signum: signal.Signals, *, serving: bool) -> signal.Signals:
-    """What stops a worker: ``signum`` once it serves; SIGTERM while it starts, whose
-    default action ends it silently wherever it is (SIGINT there is a KeyboardInterrupt
-    traceback in the middle of an import), and which has no clients to drain yet."""
+    """What stops a worker: ``signum`` once it serves; SIGTERM while it starts (it has
+    no clients to drain yet; before its event loop runs, either signal stops it with one
+    line, migratory/stop_signals.py)."""
     return signum if serving else signal.SIGTERM
 
 

@@ -9,11 +9,12 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import trio
 
+from migratory import stop_signals
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.listeners import Listener, bound, client_listeners
@@ -435,39 +436,20 @@ class Role(Protocol):
 async def run_until_signalled(
     server: Server, *, roles: Sequence[Role] = (), ready_line: bool = True
 ) -> None:
-    """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly."""
+    """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly; a stop
+    signal that came before the event loop ran (migratory/stop_signals.py) stops it
+    before it starts anything."""
     limit = raise_open_file_limit()
     pauses = GcPauses()
     server.ctx.gc_pauses = pauses.stats
     with pauses, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
-            for role in roles:
-                await nursery.start(role.run)
-            tune(server.config.gc_thresholds)  # what start-up built is never scanned again
-            ready = server.ctx.readiness
-            nursery.start_soon(functools.partial(
-                collect_when_idle, server.activity, pauses.stats,
-                ready=lambda: ready() is None,
-            ))
-            for listener in server.listeners:
-                log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
-                if ready_line:  # tests and tools read these lines
-                    print_line(f"listening {listener.url().rstrip('/')}")
-            if server.monitor_address is not None:
-                host, port = server.monitor_address
-                scheme = "https" if server.config.monitor_encrypted else "http"
-                log.info("monitoring on %s://%s:%d/ (/metrics, /stats, /cluster)",
-                         scheme, host, port)
-                if ready_line:
-                    print(f"monitoring {scheme}://{host}:{port}", flush=True)
-            async for signum in signals:
-                log.info("%s received: shutting down", signal.Signals(signum).name)
-                break
-            if signum == signal.SIGTERM:  # Kubernetes, service managers: drain first
-                await server.drain.run(lambda: server.connections)
-            await server.shutdown()
-            nursery.cancel_scope.cancel()
+        early = stop_signals.noted()
+        if early is not None:
+            log.info("%s received during start-up: shutting down", early.name)
+        else:
+            await _serve_until_signal(
+                server, roles, signals, pauses=pauses, limit=limit, ready_line=ready_line
+            )
     stats = server.ctx.statistics()
     log.info(
         "stopped: %d connections served, %d messages published, %d deliveries, "
@@ -479,3 +461,37 @@ async def run_until_signalled(
     )
     if server.ctx.audit is not None:
         server.ctx.audit.close()
+
+
+async def _serve_until_signal(
+    server: Server, roles: Sequence[Role], signals: AsyncIterator[int], *, pauses: GcPauses,
+    limit: int, ready_line: bool,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        for role in roles:
+            await nursery.start(role.run)
+        tune(server.config.gc_thresholds)  # what start-up built is never scanned again
+        ready = server.ctx.readiness
+        nursery.start_soon(functools.partial(
+            collect_when_idle, server.activity, pauses.stats,
+            ready=lambda: ready() is None,
+        ))
+        for listener in server.listeners:
+            log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
+            if ready_line:  # tests and tools read these lines
+                print_line(f"listening {listener.url().rstrip('/')}")
+        if server.monitor_address is not None:
+            host, port = server.monitor_address
+            scheme = "https" if server.config.monitor_encrypted else "http"
+            log.info("monitoring on %s://%s:%d/ (/metrics, /stats, /cluster)",
+                     scheme, host, port)
+            if ready_line:
+                print(f"monitoring {scheme}://{host}:{port}", flush=True)
+        async for signum in signals:
+            log.info("%s received: shutting down", signal.Signals(signum).name)
+            break
+        if signum == signal.SIGTERM:  # Kubernetes, service managers: drain first
+            await server.drain.run(lambda: server.connections)
+        await server.shutdown()
+        nursery.cancel_scope.cancel()

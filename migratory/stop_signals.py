@@ -1,0 +1,62 @@
+"""SIGINT and SIGTERM before the server's event loop listens for them.
+
+A server stops on SIGINT (Ctrl-C) or SIGTERM whenever it comes, and exits 0: the stop
+was asked for, and done (README, "Starting and stopping"). Once the event loop runs, a
+trio signal receiver takes them (``run_until_signalled``, the Workers supervisor). Before
+that -- importing the server's modules (a second or two on a busy machine), reading the
+configuration, building the server (a Custom entitlement plugin imports its module) --
+Python's defaults were all there was: SIGTERM ended the process silently where it stood
+(exit status -15, not a word), SIGINT raised ``KeyboardInterrupt`` wherever the
+interpreter was, a traceback from the middle of an import.
+
+``migratory serve`` installs :func:`raise_on_stop` on its first line: a stop signal
+raises :class:`StopRequested` out of whatever start-up is doing (nothing is listening
+and no file is written yet), which ``main`` turns into one line. Just before the event
+loop starts, :func:`note_from_now` replaces it: a signal is only noted, never raised
+inside trio's own code, and the receiver, once open, asks :func:`noted` and stops at
+once. Python itself, before the first line of ``main`` (the interpreter's start, a few
+ms), still has its defaults.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_noted: list[signal.Signals] = []
+
+
+class StopRequested(BaseException):
+    """A stop signal came while the server was starting, before its event loop ran."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(signum.name)
+        self.signum = signum
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise StopRequested(signal.Signals(signum))
+
+
+def _note(signum: int, frame: FrameType | None) -> None:
+    _noted.append(signal.Signals(signum))
+
+
+def raise_on_stop() -> None:
+    """From now on SIGINT and SIGTERM raise :class:`StopRequested`."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise)
+
+
+def note_from_now() -> None:
+    """From now on SIGINT and SIGTERM are only noted (the event loop starts: a trio
+    signal receiver takes them over, and restores this when it closes)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _note)
+
+
+def noted() -> signal.Signals | None:
+    """The first stop signal noted since :func:`note_from_now`, if any."""
+    return _noted[0] if _noted else None

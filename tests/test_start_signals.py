@@ -1,0 +1,100 @@
+"""SIGINT (Ctrl-C) and SIGTERM while ``migratory serve`` starts, before its event loop
+listens for them (migratory/stop_signals.py): one line, exit 0, no traceback.
+
+Each phase is held, not timed: a ``sitecustomize`` on the server's PYTHONPATH stops the
+import of one module -- it says ``importing NAME`` on stderr and waits on its stdin,
+which the test never writes -- and the signal comes once that line is out. Before: a
+SIGTERM there ended the process silently (exit status -15), a SIGINT printed a
+KeyboardInterrupt traceback from the middle of the import (exit status 1 or -2).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from migratory import stop_signals
+from migratory.config import Config
+from migratory.server.app import Server, run_until_signalled
+
+# the console script operators run (``cluster.cli:main``), installed next to the interpreter
+MIGRATORY = str(Path(sys.executable).with_name("migratory"))
+
+HOLD_IMPORT = '''
+import importlib.abc, os, sys
+
+class HoldImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == os.environ["HOLD_IMPORT_OF"]:
+            sys.meta_path.remove(self)
+            os.write(2, f"importing {name}\\n".encode())
+            sys.stdin.buffer.read(1)  # never written: until a signal ends it
+        return None
+
+sys.meta_path.insert(0, HoldImport())
+'''
+
+
+def serve_held_at(tmp_path: Path, module: str, *settings: str) -> subprocess.Popen[bytes]:
+    (tmp_path / "sitecustomize.py").write_text(HOLD_IMPORT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+    env.update(PYTHONPATH=str(tmp_path), HOLD_IMPORT_OF=module)
+    args = [MIGRATORY, "serve", "--set", "Listen=127.0.0.1:0"]
+    for setting in settings:
+        args += ["--set", setting]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(("module", "settings"), [
+    ("trio", ()),  # the first heavy import: the configuration is not read yet
+    ("cluster.node", ()),  # the configuration read, the server about to be built
+    ("cluster.workers", ("Workers=2",)),  # a supervisor about to start its workers
+])
+def test_a_stop_signal_while_the_server_imports_is_one_line_and_exit_0(
+    tmp_path: Path, sig: signal.Signals, module: str, settings: tuple[str, ...]
+) -> None:
+    server = serve_held_at(tmp_path, module, *settings)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline().decode()
+        assert line == f"importing {module}\n", line
+        server.send_signal(sig)
+        stdout, stderr = server.communicate(timeout=30)  # (a guard against a hang only)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    print(stderr.decode())
+    assert server.returncode == 0
+    assert stderr.decode() == f"migratory: {sig.name} received during start-up: stopped\n"
+    assert stdout == b""  # no "listening" line: it never listened
+
+
+def test_a_stop_signal_noted_before_the_event_loop_starts_nothing(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signal between the last of start-up and the event loop's receiver is noted,
+    then stops the server before it listens (the ``listening`` line is never printed)."""
+    handlers = {s: signal.getsignal(s) for s in stop_signals.STOP_SIGNALS}
+    server = Server(Config.from_mapping({"Listen": "127.0.0.1:0"}))
+    try:
+        stop_signals.note_from_now()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop_signals.noted() == signal.SIGTERM
+        caplog.set_level("INFO")
+        trio.run(run_until_signalled, server)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        stop_signals._noted.clear()
+    assert "listening" not in capsys.readouterr().out
+    assert "SIGTERM received during start-up: shutting down" in caplog.text
+    assert server.listeners == []
