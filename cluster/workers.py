@@ -104,8 +104,9 @@ def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
                     bound = sock.getsockname()[1]
                     refuse_if_listened(sock.family, host, bound)
                 except OSError as exc:
-                    raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
-                                  ) from None
+                    raise OSError(
+                        exc.errno, f"cannot listen on {host}:{port} ({key}): {exc.strerror}"
+                    ) from None
                 resolved.append(f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}")
             if any(port == 0 for _, port in addresses):
                 overrides[key] = ", ".join(resolved)

@@ -27,6 +27,12 @@ class Listener:
     publish: bool
     mqtt_tcp: bool = False  # a ListenMqtt port: MQTT packets straight over TCP, no HTTP
 
+    @property
+    def config_key(self) -> str:
+        """The key that lists this listener's address (an error binding it names it)."""
+        return ("ListenMqtt" if self.mqtt_tcp else "Listen") + (
+            "Encrypted" if self.encrypted else "")
+
     def speaks(self, protocol: str) -> bool:
         return protocol in self.protocols
 

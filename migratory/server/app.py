@@ -188,7 +188,8 @@ class Server:
         if any(spec.encrypted for spec in specs):
             self._tls = server_context(self.config)
         listeners = open_listeners(
-            [spec.address for spec in specs], reuse_port=self.config.workers > 1
+            [(spec.address, spec.config_key) for spec in specs],
+            reuse_port=self.config.workers > 1,
         )
         self.admission = ConnectionLimits(self.config)  # the open-file limit as it is now
         bound_addresses = [sock.getsockname()[:2] for sock in listeners]

@@ -25,13 +25,15 @@ def raise_open_file_limit() -> int:
 
 
 def open_listeners(
-    addresses: Sequence[tuple[str, int]], *, reuse_port: bool = False
+    addresses: Sequence[tuple[tuple[str, int], str]], *, reuse_port: bool = False
 ) -> list[socket.socket]:
-    """Bound, listening, non-blocking sockets; ``reuse_port``: SO_REUSEPORT, so several
-    worker processes listen on one port and the kernel spreads connections over them."""
+    """Bound, listening, non-blocking sockets, one per ``(address, config key)``;
+    ``reuse_port``: SO_REUSEPORT, so several worker processes listen on one port and the
+    kernel spreads connections over them. An address that cannot be bound raises an
+    OSError naming it and its key."""
     listeners = []
     try:
-        for host, port in addresses:
+        for (host, port), key in addresses:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             listeners.append(sock)
@@ -41,7 +43,7 @@ def open_listeners(
             try:
                 sock.bind((host, port))
             except OSError as exc:
-                message = f"cannot listen on {host}:{port}: {exc.strerror}"
+                message = f"cannot listen on {host}:{port} ({key}): {exc.strerror}"
                 raise OSError(exc.errno, message) from None
             sock.listen(4096)
             sock.setblocking(False)

@@ -157,7 +157,11 @@ async def serve_monitoring(
     """Serve the monitoring listener until cancelled; ``task_status`` gets its address.
     ``wrap`` turns an accepted stream into the one to speak on (TLS)."""
     host, port = address
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:  # trio's own text names neither the key nor, alone, the port
+        raise OSError(exc.errno, f"cannot listen on {host}:{port} (MonitorListen): "
+                      f"{exc.strerror or exc}") from None
 
     serving = 0
 

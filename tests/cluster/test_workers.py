@@ -261,7 +261,7 @@ def test_a_second_server_is_refused_the_port_of_a_running_one(server: WorkersSer
          "--set", "Workers=2"], capture_output=True, env=env, timeout=30,
     )
     assert second.returncode == 1, second.stdout.decode()
-    assert (f"cannot listen on 127.0.0.1:{server.port}: Address already in use"
+    assert (f"cannot listen on 127.0.0.1:{server.port} (Listen): Address already in use"
             in second.stderr.decode()), second.stderr.decode()
     _, worker = connect(server.port, "after")  # the first one serves on
     assert worker.startswith("migratory-worker-")
