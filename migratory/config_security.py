@@ -136,8 +136,10 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
     Setting("EntitlementPluginTimeout", "entitlement_plugin_timeout",
             _int(1, 10_000, " of milliseconds"), "500",
             "Entitlement = Custom: how long the server waits for one answer of the plugin "
-            "(it runs in a thread of its own; the event loop waits meanwhile). Later: that "
-            "decision is denied, and so is every uncached one until the late call returns."),
+            "(it runs in a thread of its own; a WebSocket client waits for it, the others "
+            "are served meanwhile; an MQTT or HTTP request holds the event loop). Later: "
+            "that decision is denied, and so is every uncached one until the late call "
+            "returns."),
 )
 
 CLUSTER_TLS_SETTINGS: tuple[Setting, ...] = (

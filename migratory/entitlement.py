@@ -11,8 +11,12 @@ code ``4003 CONNECT_DENIED``; they are never silent.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from migratory.config import Config, ConfigError
 
@@ -38,6 +42,37 @@ class Entitlement(Protocol):
     def expiry(self, client: ClientIdentity) -> float | None:
         """When the client's rights end (seconds since the epoch), or None."""
         ...
+
+
+class DecisionPending(Exception):
+    """A decision asked inside :func:`deferred_decisions` is not in yet (Custom: the
+    plugin is still answering in its thread). The caller puts its operation back, waits
+    for ``future`` until ``deadline`` (``time.monotonic()``) without holding the event
+    loop, then asks again: the answer, or a denial once past the deadline."""
+
+    def __init__(self, future: Future[Any], deadline: float) -> None:
+        super().__init__("entitlement decision pending")
+        self.future = future
+        self.deadline = deadline
+
+
+_DEFERRED: ContextVar[bool] = ContextVar("entitlement_deferred", default=False)
+
+
+@contextmanager
+def deferred_decisions() -> Iterator[None]:
+    """Within it, an entitlement may raise :class:`DecisionPending` instead of waiting
+    (the native WebSocket session: it can put an operation back and wait). Outside, a
+    decision is answered before the call returns."""
+    reset = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(reset)
+
+
+def decisions_deferred() -> bool:
+    return _DEFERRED.get()
 
 
 MAX_TOKEN_CHARS = 65_536

@@ -18,10 +18,13 @@ subject; a token over 64 KiB is denied without asking. A plugin that raises
 naming the plugin (at most once per 10 s, the others counted in the next line) and
 counted, and the server carries on.
 
-The plugin runs in one thread of its own, one call at a time, while the event loop waits
-for its answer at most ``EntitlementPluginTimeout``: a call that takes longer denies, and
-until it returns every decision the cache does not hold is denied at once (fail closed)
--- a plugin stuck on a dead rules service stops nobody for longer than that, once.
+The plugin runs in one thread of its own, one call at a time; an answer is waited for at
+most ``EntitlementPluginTimeout``: a call that takes longer denies, and until it returns
+every decision the cache does not hold is denied at once (fail closed). A native
+WebSocket session asks inside :func:`~migratory.entitlement.deferred_decisions`: it gets
+:class:`~migratory.entitlement.DecisionPending`, puts its operation back and waits
+(reading nothing more) while the event loop serves the others. MQTT sessions and HTTP
+requests still wait on the event loop itself (up to the timeout, per uncached decision).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, NoReturn
 
-from migratory.entitlement import MAX_TOKEN_CHARS
+from migratory.entitlement import MAX_TOKEN_CHARS, DecisionPending, decisions_deferred
 
 log = logging.getLogger("migratory.entitlement")
 
@@ -48,6 +51,9 @@ FAILURE_LOG_INTERVAL = 10.0
 """Seconds between two logged failures (the others are counted in the next line): a
 client whose every subscribe makes the plugin raise must not flood the log."""
 METHODS = ("allow_connect", "allow_subscribe", "allow_publish")
+MAX_PENDING = 10_000
+"""Decisions waited for by sessions at once, past which those answered or past their
+deadline (of sessions gone meanwhile) are forgotten."""
 
 
 def load_plugin(spec: str, options: str) -> Any:
@@ -111,6 +117,8 @@ class CustomEntitlement:
         self._thread = PluginThread()
         self._running: Future[Any] | None = None  # a call past the timeout, still running
         self._decisions: OrderedDict[bytes, bool] = OrderedDict()
+        # calls a session waits for without holding the loop (deferred_decisions)
+        self._pending: dict[bytes, tuple[Future[Any], float]] = {}
         self._odd_answers: set[str] = set()  # methods that answered something not a bool
         self.failures = 0
         self._unlogged = 0  # failures since the last one logged
@@ -125,7 +133,9 @@ class CustomEntitlement:
         if cached is not None:
             return cached
         try:
-            answer = self._call(method, client, *subject)
+            answer = self._answer(key, method, client, *subject)
+        except DecisionPending:
+            raise
         except BaseException as exc:  # a failing plugin denies, never crashes the server
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -139,21 +149,44 @@ class CustomEntitlement:
             self._decisions.popitem(last=False)
         return decision
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _answer(self, key: bytes, method: str, *args: Any) -> Any:
+        """The plugin's answer: waited for here, or -- inside deferred_decisions --
+        DecisionPending until it is in; past the deadline a TimeoutError."""
+        waiting = self._pending.pop(key, None)
+        if waiting is None:
+            future = self._start(method, *args)
+            if not decisions_deferred():
+                try:
+                    return future.result(timeout=self._timeout)
+                except FutureTimeout:
+                    self._late(future)
+            waiting = (future, time.monotonic() + self._timeout)
+        future, deadline = waiting
+        if future.done():
+            return future.result()
+        if time.monotonic() >= deadline:
+            self._late(future)
+        if len(self._pending) >= MAX_PENDING:
+            now = time.monotonic()
+            self._pending = {k: (f, d) for k, (f, d) in self._pending.items()
+                             if not f.done() and d > now}
+        self._pending[key] = waiting
+        raise DecisionPending(future, deadline)
+
+    def _start(self, method: str, *args: Any) -> Future[Any]:
         late = self._running
         if late is not None:
             if not late.done():
                 raise TimeoutError("an earlier call has not returned yet")
             self._running = None
             log.warning("entitlement plugin %s answers again", self._plugin_name)
-        future = self._thread.submit(getattr(self._plugin, method), *args)
-        try:
-            return future.result(timeout=self._timeout)
-        except FutureTimeout:
-            self._running = future
-            raise TimeoutError(f"no answer within EntitlementPluginTimeout "
-                               f"({self._timeout * 1000:.0f} ms); decisions are denied "
-                               "until it returns") from None
+        return self._thread.submit(getattr(self._plugin, method), *args)
+
+    def _late(self, future: Future[Any]) -> NoReturn:
+        self._running = future
+        raise TimeoutError(f"no answer within EntitlementPluginTimeout "
+                           f"({self._timeout * 1000:.0f} ms); decisions are denied "
+                           "until it returns")
 
     def _failed(self, method: str, exc: BaseException) -> None:
         self.failures += 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.entitlement_custom import CustomEntitlement, load_plugin
 
 
@@ -188,3 +188,45 @@ def test_a_token_over_64_kib_is_refused_without_asking_the_plugin() -> None:
     assert plugin.calls == 0 and not entitlement._decisions  # type: ignore[attr-defined]
     assert not entitlement.allow_connect(who(token="g" * MAX_TOKEN_CHARS))  # asked
     assert plugin.calls == 1
+
+
+class Failing(Gated):
+    def allow_publish(self, client: Any, subject: str) -> bool:
+        self.calls += 1
+        raise RuntimeError("rules service down")
+
+
+def test_deferred_decisions_wait_outside_the_caller_and_end_in_an_answer_or_a_denial() -> None:
+    """Inside deferred_decisions (the native session), an uncached decision is not waited
+    for: DecisionPending with the plugin's future and a deadline; asked again once the
+    future is done, the answer (cached); past the deadline, denied and fail closed as
+    before; a plugin that raised is denied once, not asked again and again."""
+    plugin = Failing("")
+    entitlement = CustomEntitlement(plugin, timeout=0.5)
+    with deferred_decisions():
+        with pytest.raises(DecisionPending) as waiting:
+            entitlement.allow_subscribe(who(), "/a/b")
+        with pytest.raises(DecisionPending):  # asked again before it is in: still waiting
+            entitlement.allow_subscribe(who(), "/a/b")
+        plugin.gate.set()
+        assert waiting.value.future.result(timeout=5) is True
+        assert entitlement.allow_subscribe(who(), "/a/b")
+        assert entitlement.allow_subscribe(who(), "/a/b")  # cached
+        assert plugin.calls == 1
+        with pytest.raises(DecisionPending) as failing:
+            entitlement.allow_publish(who(), "/a/b")
+        failing.value.future.exception(timeout=5)
+        assert not entitlement.allow_publish(who(), "/a/b")  # denied, not a new call
+        assert plugin.calls == 2 and entitlement.failures == 1
+        plugin.gate.clear()
+        with pytest.raises(DecisionPending) as late:
+            entitlement.allow_subscribe(who(), "/a/late")
+        entitlement._pending[next(iter(entitlement._pending))] = (  # type: ignore[attr-defined]
+            late.value.future, 0.0)  # its deadline passed
+        assert not entitlement.allow_subscribe(who(), "/a/late")
+        assert not entitlement.allow_subscribe(who(), "/a/other")  # fail closed meanwhile
+        assert entitlement.failures == 3
+    plugin.gate.set()
+    late.value.future.result(timeout=5)
+    assert entitlement.allow_subscribe(who(), "/a/other")  # outside: waited for here
+    assert plugin.calls == 4  # /a/other was not asked while /a/late ran late

@@ -20,10 +20,12 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from typing import TYPE_CHECKING
 
 import trio
 
+from migratory.entitlement import DecisionPending
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
 from migratory.server.connection_writes import ConnectionWrites
@@ -41,6 +43,21 @@ CLOSE_LINGER_SECONDS = 5.0
 OPERATIONS_PER_TURN = 64
 """Operations one connection may have processed before the others get a turn: one
 client delays the others by milliseconds, whatever it sends (docs/security.md)."""
+
+
+async def wait_for_decision(pending: DecisionPending) -> None:
+    """Until the entitlement's answer is in or its deadline passed, the loop serving the
+    others meanwhile; the session then asks again (an answer, or a denial)."""
+    answered = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def wake(_: object) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(answered.set)
+
+    pending.future.add_done_callback(wake)
+    with trio.move_on_after(max(0.0, pending.deadline - time.monotonic())):
+        await answered.wait()
 
 
 def _client_fields(session: object) -> dict[str, object]:
@@ -215,7 +232,13 @@ class Connection(ConnectionWrites):
                 raise
         self._after_processing()
         while more:
-            await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
+            waiting = self.session
+            if isinstance(waiting, Session) and waiting.decision_pending is not None:
+                # the plugin decides in its thread; the loop serves the others meanwhile
+                pending, waiting.decision_pending = waiting.decision_pending, None
+                await wait_for_decision(pending)
+            else:
+                await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
             if self._closed:  # aborted meanwhile (a failed write): its socket is gone
                 return False
             native = self.session

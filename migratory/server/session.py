@@ -20,7 +20,7 @@ import time
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
@@ -57,9 +57,10 @@ class Link(Protocol):
 
 class Session(StreamSession):
     __slots__ = (
-        "_ctx", "_decoder", "_held_close", "_http", "_in_flight", "_link", "_publish_rate",
-        "_stream", "_subscriptions", "aborted", "close_code", "close_reason", "closing",
-        "connection_id", "expires_at", "identity", "listener", "mqtt_upgrade", "outbox", "peer",
+        "_ctx", "_decoder", "_held_close", "_held_event", "_http", "_in_flight", "_link",
+        "_publish_rate", "_stream", "_subscriptions", "aborted", "close_code", "close_reason",
+        "closing", "connection_id", "decision_pending", "expires_at", "identity", "listener",
+        "mqtt_upgrade", "outbox", "peer",
     )
 
     def __init__(
@@ -91,6 +92,8 @@ class Session(StreamSession):
         self.connection_id = new_connection_id()
         self._publish_rate = admission.PublishRate(config.max_publishes_per_second, 0.0)
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
+        self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
+        self._held_event: ws.Event | None = None  # taken again once that is decided
 
     @property
     def subjects(self) -> AbstractSet[str]:
@@ -109,13 +112,11 @@ class Session(StreamSession):
         return self._decoder is not None or self._stream is not None
 
     @property
-    def is_stream(self) -> bool:
-        """A Server-Sent Events stream."""
+    def is_stream(self) -> bool:  # a Server-Sent Events stream
         return self._stream is not None
 
     @property
-    def in_http(self) -> bool:
-        """Still reading HTTP requests (no WebSocket or stream yet)."""
+    def in_http(self) -> bool:  # still reading HTTP requests (no WebSocket or stream yet)
         return self._http is not None
 
     @property
@@ -180,9 +181,8 @@ class Session(StreamSession):
     # --- input ----------------------------------------------------------------
 
     def receive_data(self, data: bytes, now: float, *, budget: int | None = None) -> bool:
-        """Take bytes from the socket and process them: everything (``budget`` None) or
-        about ``budget`` operations. True when more is waiting (call :meth:`process`
-        again on a later loop turn, before reading more)."""
+        """Take bytes from the socket and process them (about ``budget`` operations). True
+        when more is waiting: call :meth:`process` again on a later turn, before reading."""
         if self.closing or self.aborted:
             return False
         if self._http is not None:
@@ -203,23 +203,29 @@ class Session(StreamSession):
     def process(self, now: float, budget: int | None = None) -> bool:
         """Handle the WebSocket operations already received, at most about ``budget`` of
         them (a subscribe entry counts one per 16 KiB of its answer). True when more is
-        waiting."""
+        waiting -- or when an entitlement decision is (``decision_pending``: the caller
+        waits for it without holding the loop; the operation is taken again after)."""
         decoder = self._decoder
         if decoder is None:
             return False
         done = 0
         try:
-            while not (self.closing or self.aborted):
-                if budget is not None and done >= budget:
-                    return True
-                if self._subscriptions.waiting:
-                    done += self._subscriptions.answer_next(now)
-                    continue
-                event = decoder.next_event()
-                if event is None:
-                    return False
-                done += 1
-                self._on_event(event, now)
+            with deferred_decisions():
+                while not (self.closing or self.aborted):
+                    if budget is not None and done >= budget:
+                        return True
+                    if self._subscriptions.waiting:
+                        done += self._subscriptions.answer_next(now)
+                        continue
+                    event = self._held_event = self._held_event or decoder.next_event()
+                    if event is None:
+                        return False
+                    done += 1
+                    self._on_event(event, now)  # kept in _held_event if a decision is pending
+                    self._held_event = None
+        except DecisionPending as pending:
+            self.decision_pending = pending
+            return True
         except ws.RemoteProtocolError as exc:
             self._protocol_error("frame")
             self.close(exc.code, exc.reason)
@@ -328,7 +334,7 @@ class Session(StreamSession):
         if not entitlement.allow_connect(identity):
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
             if audit is not None and audit.access:
-                audit.event("access", "connect", self._client(identity), outcome="denied")
+                audit.event("access", "connect", self.audit_client_as(identity), outcome="denied")
             expiry = entitlement.expiry(identity)
             if expiry is not None and expiry <= time.time():
                 self.close(close_codes.TOKEN_EXPIRED.code, "the token expired")
@@ -350,8 +356,8 @@ class Session(StreamSession):
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None
         ctx = self._ctx
-        ctx.stats.publishes_received += 1
         status, reason = check_publish(ctx, self.listener, self.identity, message)
+        ctx.stats.publishes_received += 1  # (after: a DecisionPending takes it again)
         if status is None and not self._publish_rate.take(now):
             limit = ctx.config.max_publishes_per_second
             status, reason = ops.Status.PUBLISH_FAILED, f"over MaxPublishesPerSecond ({limit})"
@@ -452,8 +458,7 @@ class Session(StreamSession):
 
     def release(self) -> None:
         """The connection is gone: free the buffers now (the session and its connection
-        refer to each other, so only a full garbage collection, minutes apart, would
-        free them otherwise)."""
+        refer to each other: only a full garbage collection would free them)."""
         if self._decoder is not None:
             self._decoder.discard()
         self.outbox.discard()
@@ -484,13 +489,10 @@ class Session(StreamSession):
         return {"client": name, "peer": self.peer, "connection_id": self.connection_id}
 
     def audit_client(self) -> dict[str, Any]:
-        return self._client(self.identity)
+        return self.audit_client_as(self.identity)
 
-    def audit_client_as(self, identity: ClientIdentity) -> dict[str, Any]:
+    def audit_client_as(self, identity: ClientIdentity | None) -> dict[str, Any]:
         """This connection under ``identity`` (an HTTP request carries its own)."""
-        return self._client(identity)
-
-    def _client(self, identity: ClientIdentity | None) -> dict[str, Any]:
         return {
             "name": None if identity is None else identity.name,
             "peer": self.peer,

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement import ClientIdentity, DecisionPending
 from migratory.model.outbox import Outbox
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import ops
@@ -95,7 +95,13 @@ class Subscriptions:
         if not queued:
             self._queued = None
         units = admission.work_units(self._ctx.hub, request)
-        self._answer(request, now)
+        try:
+            self._answer(request, now)
+        except DecisionPending:  # asked again once the entitlement has decided
+            if self._queued is None:
+                self._queued = deque()
+            self._queued.appendleft(request)
+            raise
         return units
 
     def _answer(self, request: ops.SubscriptionRequest, now: float) -> None:

@@ -4,6 +4,7 @@ subscriber whose rights were decided before keeps receiving."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,80 @@ def test_a_stuck_plugin_denies_and_the_other_clients_carry_on(
     for client in (reader, publisher, victim):
         client.close()
     assert "stuck_rules:Rules" in server.log() and "EntitlementPluginTimeout" in server.log()
+
+
+HELD_PLUGIN = '''
+import os
+import time
+
+class Rules:
+    def __init__(self, options):
+        self.folder = options
+
+    def allow_connect(self, client):
+        return True
+
+    def allow_subscribe(self, client, subject):
+        if subject.startswith("/Held/"):
+            open(os.path.join(self.folder, "asked"), "w").close()
+            for _ in range(300):  # held until the test releases it (15 s at most)
+                if os.path.exists(os.path.join(self.folder, "release")):
+                    break
+                time.sleep(0.05)
+        return True
+
+    def allow_publish(self, client, subject):
+        return True
+'''
+
+
+def wait_for_file(path: Path) -> None:
+    for _ in range(200):
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path.name} never appeared")
+
+
+def test_a_plugin_call_under_way_holds_its_own_client_and_nobody_else(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop does not wait for the plugin: while one client's subscribe is being
+    decided (the plugin held, well within EntitlementPluginTimeout), the others publish
+    and receive; that client's own later operations wait for the decision, in order."""
+    (tmp_path / "held_rules.py").write_text(HELD_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = start_server(BatchTime="0", Entitlement="Custom",
+                          EntitlementPlugin="held_rules:Rules",
+                          EntitlementPluginOptions=str(tmp_path),
+                          EntitlementPluginTimeout="10000")
+    reader, publisher, victim = (RawClient(server.port) for _ in range(3))
+    for name, client in (("reader", reader), ("publisher", publisher), ("victim", victim)):
+        client.connect(name)
+    reader.subscribe("/a/b")
+    reader.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
+    victim.subscribe("/Held/x")
+    victim.send_op(ops.Ping(7))  # read only once /Held/x is decided
+    victim.send_op(ops.Publish(Message("/a/b", b"v", closure="v")))  # then asked, in turn
+    wait_for_file(tmp_path / "asked")
+    newcomer = RawClient(server.port)
+    newcomer.send_op(ops.Connect(client="newcomer"))  # asked after /Held/x: waits for it
+    # the plugin is held: before, so was every client (the loop waited up to 10 s), and
+    # this publish was not answered within the client's 5 s
+    for i in range(1, 11):
+        status = publisher.publish(Message("/a/b", b"%d" % i, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(11)] == [b"%d" % i for i in range(11)]
+    assert not (tmp_path / "release").exists()
+    (tmp_path / "release").touch()
+    answer = [victim.recv_op(), victim.recv_op(), victim.recv_op()]
+    assert isinstance(answer[0], ops.SubjectStatus)
+    assert (answer[0].status, answer[0].subject) == (ops.Status.SUBSCRIBE_ALLOW, "/Held/x")
+    assert answer[1] == ops.Pong(7)
+    assert isinstance(answer[2], ops.PublishStatus)
+    assert (answer[2].status, answer[2].closure) == (ops.Status.PUBLISH_OK, "v")
+    assert isinstance(newcomer.recv_op(), ops.Connected)
+    assert [m.content for m in reader.recv_messages(1)] == [b"v"]
+    for client in (reader, publisher, victim, newcomer):
+        client.close()
