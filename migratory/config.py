@@ -16,10 +16,11 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from ipaddress import IPv4Network, IPv6Network
-from pathlib import Path
 from typing import Any
 
 from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_member_template
+from migratory.config_file import COMMENT_HINT, FILE_FORMAT
+from migratory.config_file import read_config_file as read_config_file  # re-exported
 from migratory.config_listeners import (
     LISTENER_SETTINGS,
     ListenerRole,
@@ -330,7 +331,8 @@ def _parse(setting: Setting, text: str, source: str) -> Any:
     try:
         return setting.parse(text.strip())
     except ValueError as exc:
-        raise ConfigError(f"{source}: {setting.key}: {exc}") from None
+        hint = COMMENT_HINT if "#" in text else ""
+        raise ConfigError(f"{source}: {setting.key}: {exc}{hint}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +426,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
         key = name[len(ENV_PREFIX):]
         setting = _BY_LOWER.get(key.lower())
         if setting is None:
-            raise ConfigError(f"environment: unknown key in {name} (see docs/config.md)")
+            raise ConfigError(f"environment: unknown key in {name!r} (see docs/config.md)")
         values[setting.key] = text
     return values
 
@@ -437,22 +439,6 @@ def parse_set_options(items: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"--set: expected Key=Value, got {item!r}")
         values[_known_key(key.strip(), "--set")] = value
     return values
-
-
-def read_config_file(path: str | os.PathLike[str]) -> str:
-    """The file's text: UTF-8, with or without the byte-order mark some editors write;
-    anything else is a :class:`ConfigError` naming the file and the line."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(
-            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
-        ) from None
 
 
 def load_config(
@@ -486,7 +472,7 @@ def reference_markdown() -> str:
         "checked, so rules between keys apply to the merged result. Unknown keys and bad",
         "values stop start-up with a message naming the key and the source it came from, as",
         "does a number past its key's maximum (2^40 where none is said; seconds: ten years).",
-        "",
+        "", *FILE_FORMAT, "",
         "| Key | Default | Meaning |\n|---|---|---|",
     ]
     lines += [f"| `{s.key}` | `{s.default}` | {s.doc} |" for s in SETTINGS]
