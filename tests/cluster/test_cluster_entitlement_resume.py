@@ -1,0 +1,92 @@
+"""Entitlement = Token in a real Guaranteed cluster (3 seeds): a client that resumes a
+subject after its member is killed, with a token that no longer grants the subject, is
+refused on every member left (SUBSCRIBE_DENY, nothing recovered from the member's
+replicated cache); the same resume with a token that grants it gets every message since
+its position, then DATA_SYNC."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jwt
+from cluster_fixture import LocalCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from rawclient import RawClient, delivered
+
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.protocol import websocket as ws
+
+SECRET = "k" * 40
+SUBJECT = "/Secret/a"
+
+
+def token(subscribe: list[str], publish: list[str] | None = None) -> str:
+    claims = {"exp": int(time.time()) + 600, "subscribe": subscribe, "publish": publish or []}
+    return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+def connected(port: int, name: str, jwt_token: str) -> RawClient:
+    """A client connected to the member on ``port``, trying again (at most 20 times)
+    while it answers 1013 (not ready: its upstream or the leader just went away)."""
+    for _ in range(20):
+        client = RawClient(port, timeout=10)
+        client.send_op(ops.Connect(client=name, token=jwt_token))
+        event = client.recv_event()
+        if not isinstance(event, ws.CloseReceived):
+            assert isinstance(event, ws.BinaryMessage)
+            assert isinstance(ops.decode_server_op(event.data), ops.Connected)
+            return client
+        client.close()
+        time.sleep(0.5)
+    raise AssertionError(f"the member on port {port} never took a connect")
+
+
+def resumed(port: int, rights: list[str], since: Position) -> tuple[str, list[bytes]]:
+    client = connected(port, "resumer", token(rights))
+    try:
+        client.subscribe(SUBJECT, position=since)
+        answer = []
+        while True:
+            op = client.recv_op()
+            answer.append(op)
+            if isinstance(op, ops.SubjectStatus) and op.status in (
+                    ops.Status.SUBSCRIBE_DENY, ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC):
+                return op.status.name, [m.content for m in delivered(answer)]
+    finally:
+        client.close()
+
+
+def test_a_resume_without_the_right_is_refused_on_every_member_after_a_failover(
+    tmp_path: Path,
+) -> None:
+    key = tmp_path / "secret"
+    key.write_text(SECRET)
+    cluster = LocalCluster(tmp_path, members=3, seeds=3, Entitlement="Token",
+                           EntitlementTokenKeyFile=str(key))
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+        publisher = connected(cluster.port(0), "publisher", token([], ["/Secret/**"]))
+        statuses = [publisher.publish(Message(SUBJECT, b"%d" % i, closure=str(i)))
+                    for i in range(4)]
+        assert {s.status for s in statuses} == {ops.Status.PUBLISH_OK}
+        publisher.close()
+        since = statuses[0].position
+        assert since is not None
+        cluster.kill(0)
+        outcomes = {}
+        for member in (1, 2):
+            for name, rights in (("lost", ["/Public/**"]), ("kept", ["/Secret/**"])):
+                outcomes[member, name] = resumed(cluster.port(member), rights, since)
+        assert outcomes == {
+            (member, name): (("SUBSCRIBE_DENY", []) if name == "lost"
+                             else ("DATA_SYNC", [b"1", b"2", b"3"]))
+            for member in (1, 2) for name in ("lost", "kept")
+        }
+    finally:
+        cluster.stop()
