@@ -56,15 +56,17 @@ class DecisionPending(Exception):
         self.deadline = deadline
 
 
-_DEFERRED: ContextVar[bool] = ContextVar("entitlement_deferred", default=False)
+_DEFERRED: ContextVar[str] = ContextVar("entitlement_deferred", default="")
 
 
 @contextmanager
-def deferred_decisions() -> Iterator[None]:
+def deferred_decisions(*, ahead: bool = False) -> Iterator[None]:
     """Within it, an entitlement may raise :class:`DecisionPending` instead of waiting
     (the native WebSocket session: it can put an operation back and wait). Outside, a
-    decision is answered before the call returns."""
-    reset = _DEFERRED.set(True)
+    decision is answered before the call returns. ``ahead``: the decisions are asked
+    before the operation, which asks them again outside (MQTT): one that failed is
+    denied then without asking again."""
+    reset = _DEFERRED.set("ahead" if ahead else "deferred")
     try:
         yield
     finally:
@@ -72,7 +74,11 @@ def deferred_decisions() -> Iterator[None]:
 
 
 def decisions_deferred() -> bool:
-    return _DEFERRED.get()
+    return bool(_DEFERRED.get())
+
+
+def decisions_asked_ahead() -> bool:
+    return _DEFERRED.get() == "ahead"
 
 
 MAX_TOKEN_CHARS = 65_536

@@ -23,8 +23,10 @@ most ``EntitlementPluginTimeout``: a call that takes longer denies, and until it
 every decision the cache does not hold is denied at once (fail closed). A native
 WebSocket session asks inside :func:`~migratory.entitlement.deferred_decisions`: it gets
 :class:`~migratory.entitlement.DecisionPending`, puts its operation back and waits
-(reading nothing more) while the event loop serves the others. MQTT sessions and HTTP
-requests still wait on the event loop itself (up to the timeout, per uncached decision).
+(reading nothing more) while the event loop serves the others; an MQTT session asks a
+packet's decisions ahead the same way (``deferred_decisions(ahead=True)``). HTTP
+requests, an MQTT session's stored filters at resume and its will still wait on the
+event loop itself (up to the timeout, per uncached decision).
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NoReturn
 
-from migratory.entitlement import MAX_TOKEN_CHARS, DecisionPending, decisions_deferred
+from migratory.entitlement import (
+    MAX_TOKEN_CHARS,
+    DecisionPending,
+    decisions_asked_ahead,
+    decisions_deferred,
+)
 
 log = logging.getLogger("migratory.entitlement")
 
@@ -119,6 +126,7 @@ class CustomEntitlement:
         self._decisions: OrderedDict[bytes, bool] = OrderedDict()
         # calls a session waits for without holding the loop (deferred_decisions)
         self._pending: dict[bytes, tuple[Future[Any], float]] = {}
+        self._failed_ahead: dict[bytes, bool] = {}  # failed when asked ahead (MQTT)
         self._odd_answers: set[str] = set()  # methods that answered something not a bool
         self.failures = 0
         self._unlogged = 0  # failures since the last one logged
@@ -132,6 +140,8 @@ class CustomEntitlement:
         cached = self._decisions.get(key)
         if cached is not None:
             return cached
+        if self._failed_ahead.pop(key, False):
+            return False  # asked ahead (deferred) and failed: denied once more, not re-asked
         try:
             answer = self._answer(key, method, client, *subject)
         except DecisionPending:
@@ -140,6 +150,10 @@ class CustomEntitlement:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             self._failed(method, exc)
+            if decisions_asked_ahead():  # the operation asks again at once: the same answer
+                self._failed_ahead[key] = True
+                if len(self._failed_ahead) > MAX_PENDING:
+                    self._failed_ahead.pop(next(iter(self._failed_ahead)))
             return False  # not cached: a transient failure is asked again
         decision = answer is True
         if not isinstance(answer, bool):

@@ -230,3 +230,20 @@ def test_deferred_decisions_wait_outside_the_caller_and_end_in_an_answer_or_a_de
     late.value.future.result(timeout=5)
     assert entitlement.allow_subscribe(who(), "/a/other")  # outside: waited for here
     assert plugin.calls == 4  # /a/other was not asked while /a/late ran late
+
+
+def test_a_decision_asked_ahead_that_failed_is_denied_again_without_a_new_call() -> None:
+    """MQTT asks a packet's decisions ahead (deferred), then handles the packet, which
+    asks them again outside: a plugin that raised is not called a second time there
+    (that call would hold the event loop); the next packet asks it afresh."""
+    plugin = Failing("")
+    entitlement = CustomEntitlement(plugin, timeout=0.5)
+    with deferred_decisions(ahead=True):
+        with pytest.raises(DecisionPending) as ahead:
+            entitlement.allow_publish(who(), "/a/b")
+        ahead.value.future.exception(timeout=5)
+        assert not entitlement.allow_publish(who(), "/a/b")
+    assert not entitlement.allow_publish(who(), "/a/b")  # the packet itself: no new call
+    assert plugin.calls == 1
+    assert not entitlement.allow_publish(who(), "/a/b")  # the next packet: asked again
+    assert plugin.calls == 2 and entitlement.failures == 2

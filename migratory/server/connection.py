@@ -233,7 +233,7 @@ class Connection(ConnectionWrites):
         self._after_processing()
         while more:
             waiting = self.session
-            if isinstance(waiting, Session) and waiting.decision_pending is not None:
+            if waiting.decision_pending is not None:
                 # the plugin decides in its thread; the loop serves the others meanwhile
                 pending, waiting.decision_pending = waiting.decision_pending, None
                 await wait_for_decision(pending)

@@ -8,8 +8,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_subject
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
+from migratory.server.mqtt_connect import check_connect
 from migratory.server.mqtt_subscriptions import SCAN_SLICE
 
 if TYPE_CHECKING:
@@ -29,8 +32,14 @@ the others' turn. A SUBSCRIBE's retained messages and a resume's catch-up go a s
 
 
 class MqttInput:
-    __slots__ = ("_now", "_work")  # the rest are MqttSession's
+    # the rest are MqttSession's
+    __slots__ = ("_connect_checked", "_held_packet", "_now", "_work", "decision_pending")
     _ctx: ServerContext
+    identity: ClientIdentity | None
+    peer: str
+    decision_pending: DecisionPending | None  # (set in MqttSession.__init__)
+    _held_packet: mqtt.Packet | None
+    _connect_checked: tuple[str, ClientIdentity] | None
     _decoder: mqtt.MqttDecoder
     _frames: ws.FrameDecoder | None
     subscriptions: Subscriptions
@@ -97,15 +106,48 @@ class MqttInput:
                     if not self.subscriptions.busy:
                         self._caught_up()  # a SUBSCRIBE's SUBACK, a resume's save
                     continue
-                packet = self._decoder.next_event()
+                packet, self._held_packet = self._held_packet or self._decoder.next_event(), None
                 if packet is None:
                     break
+                if not self._decided_ahead(packet):
+                    self._held_packet = packet  # handled once the entitlement has decided
+                    return True
                 self._work = 0
                 self._on_packet(packet, now)
                 handled += 1 + self._work // SCAN_UNIT
         except mqtt.MqttProtocolError as exc:
             self._protocol_error(exc.reason)
         return False
+
+    def _decided_ahead(self, packet: mqtt.Packet) -> bool:
+        """Ask the entitlement ahead of handling ``packet`` (Entitlement = Custom: the
+        plugin's thread) without holding the event loop: False while a decision is
+        pending (``decision_pending``: the connection waits for it, reads nothing more,
+        and the packet is handled after, its decisions then cached). A persistent
+        session's stored filters (at CONNECT) and the will are still asked in place."""
+        entitlement = self._ctx.entitlement
+        if entitlement.name != "Custom":
+            return True
+        try:
+            with deferred_decisions(ahead=True):
+                if isinstance(packet, mqtt.Connect):
+                    checked = check_connect(packet, self.peer, self._ctx.readiness)
+                    if isinstance(checked, tuple):  # the same identity for _on_connect
+                        self._connect_checked = checked
+                        entitlement.allow_connect(checked[1])
+                elif isinstance(packet, mqtt.Publish) and self.identity is not None:
+                    entitlement.allow_publish(self.identity, topic_to_subject(packet.topic))
+                elif isinstance(packet, mqtt.Subscribe) and self.identity is not None:
+                    limit = self._ctx.config.max_subjects_per_subscribe
+                    for name, _ in packet.requests[:limit]:
+                        filter_levels(name)  # not asked of a filter refused anyway
+                        entitlement.allow_subscribe(self.identity, "/" + name)
+        except DecisionPending as pending:
+            self.decision_pending = pending
+            return False
+        except InvalidTopicError:
+            pass  # refused as before, in _on_packet
+        return True
 
     def _unwrap(self, data: bytes) -> bool:
         """Feed the MQTT bytes carried in WebSocket frames; False once closing."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement import ClientIdentity, DecisionPending
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
@@ -86,6 +86,9 @@ class MqttSession(MqttSaving):
             if websocket else None
         )
         self.identity: ClientIdentity | None = None
+        self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
+        self._held_packet: mqtt.Packet | None = None  # handled once that is decided
+        self._connect_checked: tuple[str, ClientIdentity] | None = None
         self.client_id = ""
         self.keep_alive = 0
         self.persistent = False
@@ -189,7 +192,8 @@ class MqttSession(MqttSaving):
             except InvalidTopicError as exc:
                 self._protocol_error(f"will: {exc}")
                 return
-        checked = check_connect(packet, self.peer, self._ctx.readiness)
+        checked = self._connect_checked or check_connect(packet, self.peer, self._ctx.readiness)
+        self._connect_checked = None
         if isinstance(checked, Refusal):
             self.client_id = packet.client_id
             self._refuse(checked.code, checked.reason)

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mqttclient import MqttRawClient
 from rawclient import RawClient
 
 from migratory.model.message import Message
-from migratory.protocol import ops
+from migratory.protocol import mqtt, ops
 
 STUCK_PLUGIN = '''
 import time
@@ -98,18 +99,22 @@ def wait_for_file(path: Path) -> None:
     raise AssertionError(f"{path.name} never appeared")
 
 
+def held_server(start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    (tmp_path / "held_rules.py").write_text(HELD_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return start_server(BatchTime="0", Entitlement="Custom", ListenMqtt="127.0.0.1:0",
+                        EntitlementPlugin="held_rules:Rules",
+                        EntitlementPluginOptions=str(tmp_path),
+                        EntitlementPluginTimeout="10000")
+
+
 def test_a_plugin_call_under_way_holds_its_own_client_and_nobody_else(
     start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The event loop does not wait for the plugin: while one client's subscribe is being
     decided (the plugin held, well within EntitlementPluginTimeout), the others publish
     and receive; that client's own later operations wait for the decision, in order."""
-    (tmp_path / "held_rules.py").write_text(HELD_PLUGIN)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    server = start_server(BatchTime="0", Entitlement="Custom",
-                          EntitlementPlugin="held_rules:Rules",
-                          EntitlementPluginOptions=str(tmp_path),
-                          EntitlementPluginTimeout="10000")
+    server = held_server(start_server, tmp_path, monkeypatch)
     reader, publisher, victim = (RawClient(server.port) for _ in range(3))
     for name, client in (("reader", reader), ("publisher", publisher), ("victim", victim)):
         client.connect(name)
@@ -140,3 +145,40 @@ def test_a_plugin_call_under_way_holds_its_own_client_and_nobody_else(
     assert [m.content for m in reader.recv_messages(1)] == [b"v"]
     for client in (reader, publisher, victim, newcomer):
         client.close()
+
+
+def test_a_plugin_call_under_way_holds_its_own_mqtt_client_and_nobody_else(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same over MQTT: the plugin held on one client's SUBSCRIBE holds that client
+    (its PINGREQ and PUBLISH are answered after the SUBACK, in order) and a CONNECT asked
+    after it, not the others."""
+    server = held_server(start_server, tmp_path, monkeypatch)
+    reader, publisher = RawClient(server.port), RawClient(server.port)
+    reader.connect("reader")
+    publisher.connect("publisher")
+    reader.subscribe("/a/b")
+    reader.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    # decided (cached) before the plugin is held: one call at a time in its thread
+    assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
+    victim = MqttRawClient(server.mqtt_port)
+    assert victim.connect("victim").return_code == 0
+    victim.send(mqtt.Subscribe(1, (("Held/x", 0),)))
+    victim.send(mqtt.Pingreq())
+    victim.send(mqtt.Publish("a/b", b"m", qos=1, packet_id=2))
+    wait_for_file(tmp_path / "asked")
+    newcomer = MqttRawClient(server.mqtt_port)
+    newcomer.send(mqtt.Connect("newcomer"))
+    for i in range(1, 11):  # before: the loop waited for the plugin, these timed out
+        status = publisher.publish(Message("/a/b", b"%d" % i, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(11)] == [b"%d" % i for i in range(11)]
+    (tmp_path / "release").touch()
+    assert [victim.recv(), victim.recv(), victim.recv()] == [
+        mqtt.Suback(1, (0,)), mqtt.Pingresp(), mqtt.Puback(2)]
+    assert newcomer.recv() == mqtt.Connack(False, 0)
+    assert [m.content for m in reader.recv_messages(1)] == [b"m"]
+    for client in (reader, publisher):
+        client.close()
+    victim.close()
+    newcomer.close()
