@@ -156,6 +156,59 @@ def test_rs256_key_file_and_es256_jwks(tmp_path: Path) -> None:
     assert not entitlement.allow_connect(who(unknown))
 
 
+def test_algorithm_confusion_and_header_tricks_are_refused(tmp_path: Path) -> None:
+    """RS256 configured: an HS256 token whose secret is the server's public key (the
+    classic confusion), alg none / None, a `crit` or `b64: false` header, a key offered
+    by `jku` / `jwk` in the header, a token without exp, one with an audience while none
+    is configured -- all refused; unknown claims are ignored."""
+    import base64
+    import hashlib
+    import hmac
+
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = rsa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = tmp_path / "rsa.pem"
+    pem.write_bytes(public)
+    entitlement = entitlement_from_config(
+        token_config(tmp_path, EntitlementTokenAlgorithm="RS256", EntitlementTokenKeyFile=str(pem))
+    )
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    def crafted(header: dict[str, Any], key: bytes | None) -> str:
+        signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims()).encode())}"
+        if key is None:
+            return signing_input + "."
+        mac = hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
+        return f"{signing_input}.{b64(mac)}"
+
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    stranger_jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(stranger.public_key()))
+    refused = {
+        "HS256 with the public key": crafted({"alg": "HS256", "typ": "JWT"}, public),
+        "HS256 with the key stripped": crafted({"alg": "HS256"}, public.strip()),
+        "alg none": crafted({"alg": "none"}, None),
+        "alg None": crafted({"alg": "None"}, None),
+        "crit": jwt.encode(claims(), rsa_key, algorithm="RS256", headers={"crit": ["exp"]}),
+        "b64 false": jwt.encode(claims(), rsa_key, algorithm="RS256", headers={"b64": False}),
+        "jwk in the header": jwt.encode(claims(), stranger, algorithm="RS256",
+                                        headers={"jwk": stranger_jwk}),
+        "jku in the header": jwt.encode(claims(), stranger, algorithm="RS256",
+                                        headers={"jku": "http://127.0.0.1:1/keys"}),
+        "no exp": jwt.encode({k: v for k, v in claims().items() if k != "exp"}, rsa_key,
+                             algorithm="RS256"),
+        "an audience not configured": jwt.encode(claims(aud="elsewhere"), rsa_key,
+                                                 algorithm="RS256"),
+    }
+    assert {name: entitlement.allow_connect(who(token)) for name, token in refused.items()} == (
+        dict.fromkeys(refused, False))
+    odd = jwt.encode(claims(zzz={"nested": [1, None]}, role="admin"), rsa_key, algorithm="RS256")
+    assert entitlement.allow_subscribe(who(odd), "/Stocks/X/Y")
+    assert not entitlement.allow_publish(who(odd), "/Stocks/X/Y")  # "role" grants nothing
+
+
 def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="EntitlementTokenKeyFile"):
         Config.from_mapping({"Entitlement": "Token"})

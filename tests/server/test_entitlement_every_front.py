@@ -15,7 +15,7 @@ from mqttclient import MqttRawClient
 from rawclient import RawClient
 
 from migratory.model.message import Message
-from migratory.protocol import ops
+from migratory.protocol import mqtt, ops
 from migratory.protocol import websocket as ws
 
 SECRET = "k" * 40
@@ -119,3 +119,68 @@ def test_the_same_token_gets_the_same_answer_on_every_front_end(
                      "sse": sse(server.port, token), "publish": published,
                      "snapshot": snapshot}
     assert got == EXPECTED
+
+
+def test_a_right_to_publish_is_not_a_right_to_subscribe_nor_the_other_way_on_any_front(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """One token: subscribe under /S, publish under /P. Each right is asked for its own
+    action on every front end: subscribing to /P and publishing to /S are refused
+    (native, MQTT -- a PUBLISH it may not make closes the connection, MQTT 3.1.1 having
+    no negative acknowledgement --, SSE, POST /publish, GET /snapshot)."""
+    key = tmp_path / "secret"
+    key.write_text(SECRET)
+    server = start_server(BatchTime="0", Entitlement="Token", EntitlementTokenKeyFile=str(key),
+                          ListenMqtt="127.0.0.1:0")
+    mixed = jwt_token(int(time.time()), subscribe=["/S/**"], publish=["/P/**"])
+    got: dict[str, Any] = {}
+    client = RawClient(server.port)
+    client.connect("n", token=mixed)
+    for subject in ("/P/a", "/S/a"):
+        client.subscribe(subject)
+        got["native subscribe " + subject] = next(
+            op.status.name for op in iter(client.recv_op, None)
+            if isinstance(op, ops.SubjectStatus))
+    for subject in ("/S/a", "/P/a"):
+        got["native publish " + subject] = client.publish(
+            Message(subject, b"n", closure="1")).status.name
+    client.close()
+    mqtt_client = MqttRawClient(server.mqtt_port)
+    assert mqtt_client.connect("m", username="m", password=mixed.encode()).return_code == 0
+    got["mqtt subscribe"] = mqtt_client.subscribe("P/a", "S/a", "P/#", "#").return_codes
+    mqtt_client.send(mqtt.Publish("P/a", b"m", qos=1, packet_id=7))
+    got["mqtt publish P/a"] = type(mqtt_client.recv()).__name__
+    mqtt_client.send(mqtt.Publish("S/a", b"m", qos=1, packet_id=8))
+    got["mqtt publish S/a closed"] = mqtt_client.closed_by_server()
+    mqtt_client.close()
+    for subject in ("/P/a", "/S/a"):
+        got["sse " + subject] = sse_of(server.port, subject, mixed)
+    http_client = HttpClient(server.port)
+    for subject in ("/S/b", "/P/b"):
+        got["http publish " + subject] = http_client.publish(
+            subject=subject, content="h", token=mixed, retained=True)[0]
+    other = jwt_token(int(time.time()), publish=["/S/**"])  # a snapshot for /S/b
+    assert http_client.publish(subject="/S/b", content="o", token=other, retained=True)[0] == 200
+    for subject in ("/P/b", "/S/b"):
+        got["snapshot " + subject] = http_client.request(
+            "GET", f"/snapshot?subject={subject}&token={mixed}")[0].status_code
+    http_client.close()
+    assert got == {
+        "native subscribe /P/a": "SUBSCRIBE_DENY", "native subscribe /S/a": "SUBSCRIBE_ALLOW",
+        "native publish /S/a": "PUBLISH_DENIED", "native publish /P/a": "PUBLISH_OK",
+        "mqtt subscribe": (0x80, 0, 0x80, 0x80), "mqtt publish P/a": "Puback",
+        "mqtt publish S/a closed": True,
+        "sse /P/a": (200, "deny"), "sse /S/a": (200, "subscribe"),
+        "http publish /S/b": 403, "http publish /P/b": 200,
+        "snapshot /P/b": 403, "snapshot /S/b": 200,
+    }
+
+
+def sse_of(port: int, subject: str, token: str) -> Any:
+    stream = SseClient(port, [subject], extra=f"&token={token}")
+    try:
+        status = stream.wait_head()
+        event = stream.next_event() if status == 200 else None
+        return status if event is None else (status, event["event"])
+    finally:
+        stream.sock.close()
