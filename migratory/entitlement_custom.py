@@ -197,6 +197,9 @@ class CustomEntitlement:
         return self._thread.submit(getattr(self._plugin, method), *args)
 
     def _late(self, future: Future[Any]) -> NoReturn:
+        if future.cancel():  # still queued behind others' calls: never made
+            raise TimeoutError(f"not asked within EntitlementPluginTimeout "
+                               f"({self._timeout * 1000:.0f} ms): earlier calls took it")
         self._running = future
         raise TimeoutError(f"no answer within EntitlementPluginTimeout "
                            f"({self._timeout * 1000:.0f} ms); decisions are denied "

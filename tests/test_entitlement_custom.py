@@ -4,10 +4,13 @@ collide in the decision cache."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
+import time
 import warnings
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pytest
@@ -221,6 +224,10 @@ def test_deferred_decisions_wait_outside_the_caller_and_end_in_an_answer_or_a_de
         plugin.gate.clear()
         with pytest.raises(DecisionPending) as late:
             entitlement.allow_subscribe(who(), "/a/late")
+        for _ in range(500):  # until the plugin is in that call (a queued one is withdrawn)
+            if plugin.calls == 3:
+                break
+            time.sleep(0.01)
         entitlement._pending[next(iter(entitlement._pending))] = (  # type: ignore[attr-defined]
             late.value.future, 0.0)  # its deadline passed
         assert not entitlement.allow_subscribe(who(), "/a/late")
@@ -247,3 +254,31 @@ def test_a_decision_asked_ahead_that_failed_is_denied_again_without_a_new_call()
     assert plugin.calls == 1
     assert not entitlement.allow_publish(who(), "/a/b")  # the next packet: asked again
     assert plugin.calls == 2 and entitlement.failures == 2
+
+
+def test_a_call_still_queued_at_its_deadline_is_never_made() -> None:
+    """Deferred decisions queue in the plugin's one thread: one still queued when its
+    session gives up (the deadline) is withdrawn, so a burst of sessions does not leave
+    a backlog of calls that nobody waits for."""
+    plugin = Gated("")
+    entitlement = CustomEntitlement(plugin, timeout=0.05)
+    with deferred_decisions():
+        with pytest.raises(DecisionPending) as first:
+            entitlement.allow_subscribe(who("a"), "/a/b")  # runs, held by the gate
+        for _ in range(500):  # until the plugin is in that call
+            if plugin.calls == 1:
+                break
+            time.sleep(0.01)
+        with pytest.raises(DecisionPending) as queued:
+            entitlement.allow_subscribe(who("b"), "/a/b")  # waits behind it
+        for waiting in (first, queued):  # each session waits until its deadline
+            with contextlib.suppress(FutureTimeout):
+                waiting.value.future.result(timeout=waiting.value.deadline - time.monotonic())
+        assert not entitlement.allow_subscribe(who("b"), "/a/b")
+        assert queued.value.future.cancelled()
+        assert not entitlement.allow_subscribe(who("a"), "/a/b")  # running late
+        assert not first.value.future.cancelled()
+    plugin.gate.set()
+    first.value.future.result(timeout=5)
+    assert entitlement.allow_subscribe(who("b"), "/a/b")  # asked now, answered
+    assert plugin.calls == 2  # a's, then b's second ask: the queued one was never made
