@@ -50,7 +50,7 @@ def _serve_configured(args: argparse.Namespace, config: ConfigType, text: str | 
     import trio
 
     from cluster.node import build_node
-    from migratory.server.app import run_until_signalled
+    from migratory.server.run import run_until_signalled
 
     try:
         if args.worker_index is not None:
@@ -110,7 +110,7 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
     from cluster.worker import WorkerNode
     from cluster.workers import SECRET_ENV
     from migratory.config_values import parse_address
-    from migratory.server.app import run_until_signalled
+    from migratory.server.run import run_until_signalled
 
     secret = os.environ.pop(SECRET_ENV, "")
     if not secret:

@@ -34,7 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -191,6 +191,8 @@ class Supervisor:
                     # a signal stops the server whenever it comes, during start-up too
                     nursery.start_soon(self._announce_when_ready)
                     signum = await signals.__anext__()
+                    if signum == signal.SIGTERM:  # the workers drain: a Ctrl-C cuts it short
+                        nursery.start_soon(self._pass_on_sigint, signals)
                     await self._stop(signal.Signals(signum))
                     with trio.move_on_after(OUTPUT_GRACE):
                         await self.output.drained()
@@ -198,6 +200,20 @@ class Supervisor:
         finally:
             for sock in held:
                 sock.close()
+
+    async def _pass_on_sigint(self, signals: AsyncIterator[int]) -> None:
+        """A SIGINT while the workers drain (SIGTERM) goes on to them: each stops at once
+        (migratory/server/run.py), as the supervisor's terminal asked."""
+        async for signum in signals:
+            if signum != signal.SIGINT:
+                log.info("%s received: stopping already", signal.Signals(signum).name)
+                continue
+            log.info("SIGINT received while the workers drain: passing it on")
+            for slot in self.slots:
+                if slot.process is not None and slot.process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        slot.process.send_signal(signal.SIGINT)
+            return
 
     async def _announce_when_ready(self) -> None:
         """Once every worker is ready: the ``listening`` lines, then each worker's; never

@@ -147,8 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
             "On SIGTERM the server drains: no new clients, publishes settled, every client "
             "told to reconnect elsewhere (close 4502 DRAINED); it stops once they have left "
             "and every publish taken has its answer (HTTP ones too), or after this many "
-            "seconds (SIGINT, Ctrl-C, stops at once). On Kubernetes keep it below "
-            "terminationGracePeriodSeconds minus the preStop sleep."),
+            "seconds (SIGINT, Ctrl-C, stops at once, during a drain too). On Kubernetes keep "
+            "it below terminationGracePeriodSeconds minus the preStop sleep."),
     *LIMIT_SETTINGS,
     *WORKER_SETTINGS,
     *CLUSTER_SETTINGS,

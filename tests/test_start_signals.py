@@ -21,7 +21,8 @@ import trio
 
 from migratory import stop_signals
 from migratory.config import Config
-from migratory.server.app import Server, run_until_signalled
+from migratory.server.app import Server
+from migratory.server.run import run_until_signalled
 
 # the console script operators run (``cluster.cli:main``), installed next to the interpreter
 MIGRATORY = str(Path(sys.executable).with_name("migratory"))

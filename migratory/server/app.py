@@ -6,19 +6,16 @@ import functools
 import logging
 import math
 import os
-import signal
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
-from migratory import stop_signals
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.listeners import Listener, bound, client_listeners
-from migratory.logs import print_line
 from migratory.model.outbox import OutboxBudget
 from migratory.model.position import new_epoch
 from migratory.protocol import close_codes
@@ -38,11 +35,10 @@ from migratory.server.encrypted_batching import EncryptedBatches, ticks_per_encr
 from migratory.server.faults import DeliveryFault
 from migratory.server.front_rate import ConnectionRate
 from migratory.server.frontends import FrontendCounts
-from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.handshake_share import HandshakeShare
 from migratory.server.hub import Hub
 from migratory.server.limits import ConnectionLimits, RefusalLog
-from migratory.server.listen_sockets import open_listeners, raise_open_file_limit
+from migratory.server.listen_sockets import open_listeners
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
@@ -432,67 +428,3 @@ class Role(Protocol):
     """Something that runs beside a server for its lifetime (a cluster member's roles)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
-
-
-async def run_until_signalled(
-    server: Server, *, roles: Sequence[Role] = (), ready_line: bool = True
-) -> None:
-    """Serve (and run ``roles``) until SIGINT/SIGTERM, then shut down cleanly; a stop
-    signal that came before the event loop ran (migratory/stop_signals.py) stops it
-    before it starts anything."""
-    limit = raise_open_file_limit()
-    pauses = GcPauses()
-    server.ctx.gc_pauses = pauses.stats
-    with pauses, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        early = stop_signals.noted()
-        if early is not None:
-            log.info("%s received during start-up: shutting down", early.name)
-        else:
-            await _serve_until_signal(
-                server, roles, signals, pauses=pauses, limit=limit, ready_line=ready_line
-            )
-    stats = server.ctx.statistics()
-    log.info(
-        "stopped: %d connections served, %d messages published, %d deliveries, "
-        "%d slow consumers cut off",
-        stats["connections_accepted"],
-        stats["messages_published"],
-        stats["frames_fanned_out"],
-        stats["slow_consumers"],
-    )
-    if server.ctx.audit is not None:
-        server.ctx.audit.close()
-
-
-async def _serve_until_signal(
-    server: Server, roles: Sequence[Role], signals: AsyncIterator[int], *, pauses: GcPauses,
-    limit: int, ready_line: bool,
-) -> None:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        for role in roles:
-            await nursery.start(role.run)
-        tune(server.config.gc_thresholds)  # what start-up built is never scanned again
-        ready = server.ctx.readiness
-        nursery.start_soon(functools.partial(
-            collect_when_idle, server.activity, pauses.stats,
-            ready=lambda: ready() is None,
-        ))
-        for listener in server.listeners:
-            log.info("listening on %s (open-file limit %d)", listener.describe(), limit)
-            if ready_line:  # tests and tools read these lines
-                print_line(f"listening {listener.url().rstrip('/')}")
-        if server.monitor_address is not None:
-            host, port = server.monitor_address
-            scheme = "https" if server.config.monitor_encrypted else "http"
-            log.info("monitoring on %s://%s:%d/ (/metrics, /stats, /cluster)",
-                     scheme, host, port)
-            if ready_line:
-                print(f"monitoring {scheme}://{host}:{port}", flush=True)
-        async for signum in signals:
-            log.info("%s received: shutting down", signal.Signals(signum).name)
-            break
-        if signum == signal.SIGTERM:  # Kubernetes, service managers: drain first
-            await server.drain.run(lambda: server.connections)
-        await server.shutdown()
-        nursery.cancel_scope.cancel()

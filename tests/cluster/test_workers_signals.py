@@ -80,3 +80,31 @@ def test_a_signal_while_a_killed_worker_comes_back_stops_every_worker(
     finally:
         server.stop()
         print(server.log()[-4000:])
+
+
+def test_a_sigint_while_the_workers_drain_stops_them_at_once(tmp_path: Path) -> None:
+    """SIGTERM: the workers drain (a client that never leaves: ~5 s, its close times
+    out); a Ctrl-C then is passed on and each stops at once. Before, the supervisor read
+    no more signals once stopping: the SIGINT did nothing until the drain ended."""
+    server = WorkersServer(tmp_path, workers=2, DrainTime="3600")
+    try:
+        client, _ = connect(server.port, "stays")  # reads nothing more: never leaves
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_log("draining 1 clients (DrainTime 3600 s)")
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 0  # (the 30 s a guard: before, an hour's drain)
+        log = server.log()
+        assert "SIGINT received while the workers drain: passing it on" in log
+        assert "SIGINT received while draining: stopping at once" in log
+        assert "1 clients told to reconnect elsewhere" not in log  # cut short, not ended
+        assert "Traceback" not in log, log[-3000:]
+        everyone = started(server, 0) + started(server, 1)
+        for _ in range(100):  # a zombie reaped by init (its parent exited) goes at once
+            if not any(alive(pid) for pid in everyone):
+                break
+            time.sleep(0.05)
+        assert not [pid for pid in everyone if alive(pid)], "a worker outlived its supervisor"
+        client.close()
+    finally:
+        server.stop()
+        print(server.log()[-4000:])
