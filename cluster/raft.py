@@ -24,7 +24,10 @@ start without one.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -315,15 +318,29 @@ class RaftTimings:
     compaction_seconds: float = 120.0  # ClusterLogCompactionTime
 
 
+MIN_FREE_BYTES = 1 << 20
+"""Room a seed's ClusterDataDir must have at start: its journal's first doublings, the
+term-and-vote file, the dump of a small cluster. With less (a full disk: the touch of
+``.writable`` still works) the seed used to pass the start-up check, wait for the other
+seeds, then stop on its first write (``cannot write .../raft.journal.empty-start (No
+space left on device)``), naming a file, not the key."""
+
+
 def journal_files(data_dir: Path | None) -> dict[str, str]:
     """pysyncobj's journal (log, term, vote) and its compaction dump under ``data_dir``."""
     if data_dir is None:
         return {}
+    if data_dir.exists() and not data_dir.is_dir():  # (mkdir's own word: "File exists")
+        raise OSError(errno.ENOTDIR, f"ClusterDataDir {data_dir}: not a directory")
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         (data_dir / ".writable").touch()
+        free = shutil.disk_usage(data_dir).free
     except OSError as exc:
         raise OSError(exc.errno, f"ClusterDataDir {data_dir}: {exc.strerror}") from exc
+    if free < MIN_FREE_BYTES:  # (an empty file is created on a full disk: say it now)
+        raise OSError(errno.ENOSPC, f"ClusterDataDir {data_dir}: {os.strerror(errno.ENOSPC)} "
+                      f"({free} bytes free; a seed needs {MIN_FREE_BYTES} at least)")
     return {
         "journalFile": str(data_dir / "raft.journal"),
         "fullDumpFile": str(data_dir / "raft.dump"),
