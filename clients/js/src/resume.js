@@ -223,6 +223,9 @@ export class SubjectTracker {
   }
 
   /** The connection is gone; the next session resubscribes every subject anyway. */
+  /** Known limit (as the Python SDK's): a first subscribe's answer cut after its
+   * SUBSCRIBE_ALLOW and before its snapshot is resumed from the ALLOW's position, so that
+   * snapshot never comes (docs/protocol.md, "What the SDKs do with a broken server"). */
   onSessionLost() {
     this.recovering = false;
   }

@@ -214,5 +214,11 @@ class SubjectTracker:
         return Verdict.GAP
 
     def on_session_lost(self) -> None:
-        """The connection is gone; the next session resubscribes every subject anyway."""
+        """The connection is gone; the next session resubscribes every subject anyway.
+
+        Known limit: a first subscribe's answer cut after its SUBSCRIBE_ALLOW and before
+        its snapshot is resumed from the ALLOW's position, so that snapshot never comes
+        (updates after it do). Subscribing afresh instead would lose the updates of a
+        subject that has no snapshot; the protocol has no "resume, with the snapshot"
+        (docs/protocol.md, "What the SDKs do with a broken server")."""
         self.recovering = False
