@@ -16,6 +16,14 @@ the next seed were numbered: numbered then, a publisher's older message came aft
 newer one, and became the subject's snapshot. The origin is not answered for a dropped
 request: its publish times out as an unknown outcome (it was not published).
 
+A dropped request may be a copy of one already numbered: a non-seed that switches seeds
+forwards its unanswered publishes again (:meth:`~cluster.publishing.ClusterPublishing.
+resend_unanswered`), and some of them had committed through the seed it left. The
+coordinator keeps the positions of each origin's most lately numbered requests
+(:data:`RECENT_PER_ORIGIN` of the :data:`RECENT_ORIGINS` origins numbered most lately,
+``recent``) and answers such a copy in the batch (``CommittedBatch.repeats``) with the
+FIRST copy's position: never numbered twice, never a second position.
+
 The coordinator holds only plain data (ints and dicts of ints) so that pysyncobj can
 pickle it into its log snapshots; :meth:`Coordinator.to_state` /
 :meth:`Coordinator.from_state` give the same data as a plain dict.
@@ -23,6 +31,8 @@ pickle it into its log snapshots; :meth:`Coordinator.to_state` /
 
 from __future__ import annotations
 
+import collections
+import itertools
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +69,13 @@ ORIGINS_KEPT: Final = 10_000
 """The origins whose last numbered ref the coordinator keeps (those numbered most lately;
 an origin is a member's process, so a new one comes with each member's restart)."""
 
+RECENT_PER_ORIGIN: Final = 4096
+"""The positions of an origin's most lately numbered requests kept at least (at most a
+quarter more: the window is cut back to this many when it grows past that)."""
+RECENT_ORIGINS: Final = 64
+"""The origins (numbered most lately) whose recent positions are kept."""
+_SEQ_MASK: Final = (1 << 64) - 1
+
 
 def subject_group(subject: str) -> int:
     """The subject group of ``subject``: CRC-32 of its UTF-8 bytes modulo GROUP_COUNT."""
@@ -87,12 +104,15 @@ class CommittedBatch:
     """One committed batch, numbered: the unit every member applies in CLSN order.
 
     ``messages`` are positioned, of type UPDATE, without closure; ``origins[i]`` is the
-    ``(origin, ref)`` of ``messages[i]``.
+    ``(origin, ref)`` of ``messages[i]``. ``repeats`` are ``(origin, ref, epoch, seq)``
+    of requests in the batch that were copies of one numbered before, at that one's
+    position (not numbered again).
     """
 
     clsn: int
     messages: tuple[Message, ...]
     origins: tuple[tuple[str, int], ...]
+    repeats: tuple[tuple[str, int, int, int], ...] = ()
 
 
 class NumberedPositions(Mapping[str, tuple[int, int]]):
@@ -121,7 +141,9 @@ class Coordinator:
     ``clsn`` counts applied batches (1, 2, 3, ...); ``group_epochs`` maps a subject
     group to its epoch; ``seqs`` maps a subject to the seq of its last message;
     ``origin_refs`` maps an origin to the ref of its last numbered request (the
-    :data:`ORIGINS_KEPT` most lately numbered, oldest first).
+    :data:`ORIGINS_KEPT` most lately numbered, oldest first); ``recent`` maps an origin to
+    ``{ref: epoch << 64 | seq}`` of its last numbered requests (module docstring; one
+    int, not a tuple: the dicts hold no container, so the collector never walks them).
     """
 
     def __init__(self) -> None:
@@ -129,11 +151,14 @@ class Coordinator:
         self.group_epochs: dict[int, int] = {}
         self.seqs: dict[str, int] = {}
         self.origin_refs: dict[str, int] = {}
+        self.recent: dict[str, dict[int, int]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A coordinator pickled before ``origin_refs`` (an older dump) has none yet."""
+        """A coordinator pickled before ``origin_refs`` or ``recent`` (an older dump) has
+        none yet."""
         self.__dict__.update(state)
         self.__dict__.setdefault("origin_refs", {})
+        self.__dict__.setdefault("recent", {})
 
     def __repr__(self) -> str:
         return (
@@ -156,19 +181,18 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
-        requests = self.in_origin_order(requests, [(r.origin, r.ref) for r in requests])
+        keys = [(r.origin, r.ref) for r in requests]
+        kept = self.in_origin_order(requests, keys)
         messages = tuple(
             self._number(
                 epoch_candidate, m.subject, m.content, m.fields, m.retained, m.qos
             )
-            for m in (r.message for r in requests)
+            for m in (r.message for r in kept)
         )
+        origins = tuple((r.origin, r.ref) for r in kept)
+        repeats = self._remember(origins, messages, keys)
         self.clsn += 1
-        return CommittedBatch(
-            clsn=self.clsn,
-            messages=messages,
-            origins=tuple((r.origin, r.ref) for r in requests),
-        )
+        return CommittedBatch(self.clsn, messages, origins, repeats)
 
     def apply_wire(
         self,
@@ -182,17 +206,18 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
-        wire = self.in_origin_order(wire, [(w[0], w[1]) for w in wire])
+        keys = [(w[0], w[1]) for w in wire]
+        kept = self.in_origin_order(wire, keys)
         number = self._number
         messages = tuple(
             number(epoch_candidate, subject, content, fields, retained,
                    Qos.GUARANTEED if guaranteed else Qos.STANDARD)
-            for _, _, subject, content, fields, retained, guaranteed in wire
+            for _, _, subject, content, fields, retained, guaranteed in kept
         )
+        origins = tuple((w[0], w[1]) for w in kept)
+        repeats = self._remember(origins, messages, keys)
         self.clsn += 1
-        return CommittedBatch(
-            clsn=self.clsn, messages=messages, origins=tuple((w[0], w[1]) for w in wire)
-        )
+        return CommittedBatch(self.clsn, messages, origins, repeats)
 
     def in_origin_order(self, items: Sequence[T], keys: Sequence[tuple[str, int]]) -> list[T]:
         """``items`` (``keys[i]`` the ``(origin, ref)`` of ``items[i]``) without those
@@ -215,6 +240,43 @@ class Coordinator:
         while len(refs) > ORIGINS_KEPT:
             del refs[next(iter(refs))]
         return kept
+
+    def _remember(
+        self,
+        origins: tuple[tuple[str, int], ...],
+        messages: tuple[Message, ...],
+        keys: list[tuple[str, int]],
+    ) -> tuple[tuple[str, int, int, int], ...]:
+        """Keep the positions just numbered (``origins[i]`` at ``messages[i]``'s); the
+        repeats among the requests of the batch (``keys``) that were not numbered: those
+        whose (origin, ref) is kept, at the position kept."""
+        recent = self.recent
+        touched: dict[str, dict[int, int]] = {}
+        last: str | None = None
+        window: dict[int, int] = {}
+        for (origin, ref), message in zip(origins, messages, strict=True):
+            if origin != last:  # a batch holds runs of one origin's requests
+                last = origin
+                window = touched.get(origin) or touched.setdefault(
+                    origin, recent.pop(origin, {}))
+            window[ref] = message.epoch << 64 | message.seq
+        for origin, window in touched.items():
+            if len(window) > RECENT_PER_ORIGIN + RECENT_PER_ORIGIN // 4:
+                window = dict(itertools.islice(
+                    window.items(), len(window) - RECENT_PER_ORIGIN, None))
+            recent[origin] = window  # the most lately numbered last
+        while len(recent) > RECENT_ORIGINS:
+            del recent[next(iter(recent))]
+        if len(keys) == len(origins):
+            return ()
+        dropped = collections.Counter(keys)
+        dropped.subtract(origins)
+        repeats = []
+        for (origin, ref), count in dropped.items():
+            position = recent.get(origin, {}).get(ref)
+            if position is not None:
+                repeats.extend([(origin, ref, position >> 64, position & _SEQ_MASK)] * count)
+        return tuple(repeats)
 
     def _number(
         self,
@@ -240,7 +302,8 @@ class Coordinator:
         tests compare digests across seeds to show the state machine did not diverge.
         """
         state = repr((self.clsn, sorted(self.group_epochs.items()), sorted(self.seqs.items()),
-                      list(self.origin_refs.items())))
+                      list(self.origin_refs.items()),
+                      [(o, list(w.items())) for o, w in self.recent.items()]))
         return f"{self.clsn}:{zlib.crc32(state.encode()):08x}"
 
     def position(self, subject: str) -> Position | None:
@@ -268,16 +331,19 @@ class Coordinator:
             "group_epochs": dict(self.group_epochs),
             "seqs": dict(self.seqs),
             "origin_refs": dict(self.origin_refs),
+            "recent": {origin: dict(window) for origin, window in self.recent.items()},
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Coordinator:
-        """A coordinator from :meth:`to_state`'s dict (without ``origin_refs``: none yet,
-        as an older version wrote it); ValueError if it is malformed."""
+        """A coordinator from :meth:`to_state`'s dict (without ``origin_refs`` or
+        ``recent``: none yet, as an older version wrote it); ValueError if it is
+        malformed."""
         clsn: object = state.get("clsn")
         group_epochs: object = state.get("group_epochs")
         seqs: object = state.get("seqs")
         origin_refs: object = state.get("origin_refs", {})
+        recent: object = state.get("recent", {})
         if not _is_count(clsn):
             raise ValueError(f"clsn must be an int >= 0, got {clsn!r}")
         if not isinstance(group_epochs, Mapping) or not all(
@@ -295,11 +361,19 @@ class Coordinator:
             for o, r in origin_refs.items()
         ):
             raise ValueError(f"malformed origin_refs: {origin_refs!r}")
+        if not isinstance(recent, Mapping) or not all(
+            isinstance(o, str) and isinstance(w, Mapping) and all(
+                _is_count(r) and _is_count(p) and _is_epoch(p >> 64) for r, p in w.items()
+            )
+            for o, w in recent.items()
+        ):
+            raise ValueError(f"malformed recent: {recent!r}")
         coordinator = cls()
         coordinator.clsn = clsn
         coordinator.group_epochs = dict(group_epochs)
         coordinator.seqs = dict(seqs)
         coordinator.origin_refs = dict(origin_refs)
+        coordinator.recent = {origin: dict(window) for origin, window in recent.items()}
         return coordinator
 
 

@@ -264,7 +264,10 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             return {"t": "rp", "c": from_clsn, "f": full}
         case Batch(batch=b):
             messages = [_message_item(m) for m in b.messages]
-            return {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
+            body = {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
+            if b.repeats:  # only then: a batch without is the frame an older member reads
+                body["a"] = [list(repeat) for repeat in b.repeats]
+            return body
         case SyncRequest(min_clsn=min_clsn):
             return {"t": "sq", "c": min_clsn}
         case SyncRefused(clsn=clsn, reason=reason):
@@ -432,7 +435,13 @@ def _sync_part(r: _Body) -> SyncPart:
 
 
 def _batch(r: _Body) -> Batch:
-    return Batch(CommittedBatch(clsn=r.uint("c"), messages=r.messages("m"), origins=r.origins("o")))
+    repeats = []
+    for item in r.array("a") if "a" in r.body else ():
+        if not (type(item) is list and len(item) == 4 and type(item[0]) is str
+                and all(_is_u64(n) for n in item[1:])):
+            raise LinkError("'b' frame: 'a' must hold [origin, ref, epoch, seq] arrays")
+        repeats.append((item[0], item[1], item[2], item[3]))
+    return Batch(CommittedBatch(r.uint("c"), r.messages("m"), r.origins("o"), tuple(repeats)))
 
 
 def _forward_failed(r: _Body) -> ForwardFailed:
@@ -483,6 +492,8 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
             raise LinkError(f"handshake frame {tag!r} after authentication")
         raise LinkError(f"unknown frame {tag[:40]!r}")
     keys, build = _OPS[tag]
+    if tag == "b" and "a" in body:  # the repeats, only in a batch that has some
+        keys = ("c", "m", "o", "a")
     return build(_Body(body, tag, keys))
 
 

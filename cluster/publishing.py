@@ -14,6 +14,13 @@ cache sync never sees the batches the sync replaced: what was pending then has a
 unknown outcome too, and no later "definite" failure is believed for it. At
 most ``max_pending`` publishes wait for their commit; one more is refused at
 once with ``PUBLISH_FAILED`` ("overloaded") instead of queueing without bound.
+
+A non-seed that switches seeds forwards its unanswered publishes again, oldest first
+and ahead of the newer ones (:meth:`ClusterPublishing.resend_unanswered`): those lost
+with the seed it left commit now, and a copy of one that had committed is answered
+in the batch with the first copy's position (``CommittedBatch.repeats``,
+:mod:`cluster.coordination`). A publish forwarded twice believes no seed's definite
+failure (the other copy may still commit): only a commit, or the timeout.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.replica import Offer, Replica
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.server.context import PublishReply
 from migratory.server.metrics import PublishTimings
@@ -36,7 +44,11 @@ class _Pending:
     closure: str | None
     subject: str
     submitted_at: float
+    request: PublishRequest
     unknown_since: float | None = None
+    resent: bool = False
+    """Forwarded again through another seed: a seed's definite failure of one copy says
+    nothing of the other."""
     jumped: bool = False
     """The member jumped to a cache sync while this waited: it may have been committed
     in a batch the sync replaced (no acknowledgement from those)."""
@@ -51,6 +63,11 @@ class PublishingStatistics:
     overloaded: int = 0
     batches_applied: int = 0
     gaps: int = 0
+    resent: int = 0
+    repeats: int = 0
+    """Copies of this member's publishes that the coordinator found numbered already."""
+    acknowledged_repeats: int = 0
+    """Publishes acknowledged from such a copy (the first one's batch was not seen here)."""
 
 
 class ClusterPublishing:
@@ -71,6 +88,7 @@ class ClusterPublishing:
         self.publish_timeout = publish_timeout
         self.max_pending = max_pending
         self._next_ref = 0
+        self._taken_ref = 0  # the last ref take_outgoing handed out (refs go in order)
         self._pending: dict[int, _Pending] = {}
         self._outgoing: list[PublishRequest] = []
         self.stats = PublishingStatistics()
@@ -95,10 +113,11 @@ class ClusterPublishing:
             return
         self._next_ref += 1
         ref = self._next_ref
-        self._pending[ref] = _Pending(reply, message.closure, message.subject, now)
+        request = PublishRequest(self.origin, ref, message)
+        self._pending[ref] = _Pending(reply, message.closure, message.subject, now, request)
         if not self._outgoing and self.on_outgoing is not None:
             self.on_outgoing()
-        self._outgoing.append(PublishRequest(self.origin, ref, message))
+        self._outgoing.append(request)
         self.stats.submitted += 1
 
     def take_outgoing(self, max_bytes: int | None = None) -> list[PublishRequest]:
@@ -106,16 +125,41 @@ class ClusterPublishing:
         or as many as fit in ``max_bytes`` of content (always at least one)."""
         if max_bytes is None:
             outgoing, self._outgoing = self._outgoing, []
-            return outgoing
-        size = 0
-        count = 0
-        for request in self._outgoing:
-            size += len(request.message.content)
-            if count and size > max_bytes:
-                break
-            count += 1
-        outgoing, self._outgoing = self._outgoing[:count], self._outgoing[count:]
+        else:
+            size = 0
+            count = 0
+            for request in self._outgoing:
+                size += len(request.message.content)
+                if count and size > max_bytes:
+                    break
+                count += 1
+            outgoing, self._outgoing = self._outgoing[:count], self._outgoing[count:]
+        if outgoing:
+            self._taken_ref = max(self._taken_ref, outgoing[-1].ref)
         return outgoing
+
+    def resend_unanswered(self, now: float) -> int:
+        """A non-seed linked to another seed: the publishes taken before and still
+        unanswered go out again, oldest first, ahead of those never taken (the order of
+        refs the coordinator numbers in). Only those younger than half the publish
+        timeout: a seed may hold a forward that long before it is sent to Raft
+        (:func:`cluster.raft_forward.hold_deadline`), and none may commit after its
+        publisher was answered. Returns how many."""
+        limit = now - self.publish_timeout / 2
+        queued = {request.ref for request in self._outgoing}  # a link that ended at once
+        again = []
+        for ref, pending in self._pending.items():
+            if ref > self._taken_ref:
+                break  # the rest were never taken: still queued, in order
+            if pending.submitted_at >= limit and ref not in queued:
+                pending.resent = True
+                again.append(pending.request)
+        if again:
+            if not self._outgoing and self.on_outgoing is not None:
+                self.on_outgoing()
+            self._outgoing[:0] = again
+            self.stats.resent += len(again)
+        return len(again)
 
     @property
     def outgoing(self) -> int:
@@ -147,25 +191,34 @@ class ClusterPublishing:
             self.stats.batches_applied += 1
         replies: dict[int, PublishReply] = {}
         for (origin, ref), message in zip(batch.origins, batch.messages, strict=True):
+            if origin == self.origin:
+                self._acknowledge(ref, message.position, replies, now)
+        for origin, ref, epoch, seq in batch.repeats:  # numbered before, there
             if origin != self.origin:
                 continue
-            pending = self._pending.pop(ref, None)
-            if pending is None:
-                continue
-            self.stats.acknowledged += 1
-            elapsed = now - pending.submitted_at  # one per publish, not per delivery
-            self.timings.fanout.observe(elapsed)
-            if pending.reply is not None:
-                self.timings.ack.observe(elapsed)
-                pending.reply.publish_result(
-                    ops.PublishStatus(
-                        ops.Status.PUBLISH_OK, pending.closure, pending.subject, message.position
-                    )
-                )
-                replies[id(pending.reply)] = pending.reply
+            self.stats.repeats += 1
+            if self._acknowledge(ref, Position(epoch, seq), replies, now):
+                self.stats.acknowledged_repeats += 1
         for reply in replies.values():
             reply.flush()
         return offer
+
+    def _acknowledge(
+        self, ref: int, position: Position | None, replies: dict[int, PublishReply], now: float
+    ) -> bool:
+        pending = self._pending.pop(ref, None)
+        if pending is None:
+            return False
+        self.stats.acknowledged += 1
+        elapsed = now - pending.submitted_at  # one per publish, not per delivery
+        self.timings.fanout.observe(elapsed)
+        if pending.reply is not None:
+            self.timings.ack.observe(elapsed)
+            pending.reply.publish_result(
+                ops.PublishStatus(ops.Status.PUBLISH_OK, pending.closure, pending.subject, position)
+            )
+            replies[id(pending.reply)] = pending.reply
+        return True
 
     def on_failed(
         self, origins: list[tuple[str, int]], reason: str, *, unknown: bool, now: float
@@ -178,7 +231,7 @@ class ClusterPublishing:
             pending = self._pending.get(ref)
             if pending is None:
                 continue
-            if unknown or pending.jumped:
+            if unknown or pending.jumped or pending.resent:
                 if pending.unknown_since is None:
                     pending.unknown_since = now
                 continue
@@ -246,5 +299,8 @@ class ClusterPublishing:
             "overloaded": stats.overloaded,
             "batches_applied": stats.batches_applied,
             "gaps": stats.gaps,
+            "resent": stats.resent,
+            "repeats": stats.repeats,
+            "acknowledged_repeats": stats.acknowledged_repeats,
             "applied_clsn": self.replica.applied_clsn,
         }

@@ -15,6 +15,10 @@ another when:
   installed;
 - the stream has a gap (then it asks the next seed for a whole sync).
 
+What it forwarded and got no answer for goes to the next seed again, first: lost with
+the seed it left, it commits now; committed already, it is answered with its position
+(:mod:`cluster.coordination`, ``repeats``).
+
 Nothing that goes wrong on one link ends the member: every failure ends the link,
 is logged with the seed's name, and the loop dials on.
 
@@ -172,9 +176,14 @@ class UpstreamReplication:
 
     def start_link(self, seed: str, now: float) -> link.Replicate:
         """A link to ``seed`` is up: what to ask it for (every batch after what is
-        applied here, or a whole sync while this member needs one)."""
+        applied here, or a whole sync while this member needs one). The publishes
+        forwarded through the seed before and not answered go to it again, first
+        (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`)."""
         self.view = UpstreamView(seed=seed, last_heard=now)
         self._not_ready_since = None
+        resent = self.stream.publishing.resend_unanswered(now)
+        if resent:
+            log.info("forwarding %d unanswered publishes again, through seed %s", resent, seed)
         replica = self.stream.replica
         return link.Replicate(replica.applied_clsn, full=replica.needs_sync)
 

@@ -44,6 +44,7 @@ class CommittedLog:
         self.by_key: dict[Key, Message] = {}
         self.by_content: dict[bytes, Key] = {}
         self.history: dict[str, list[tuple[int, Message]]] = {}
+        self.by_origin: dict[tuple[str, int], Key] = {}
         self._publisher_counters: dict[tuple[str, str, str], int] = {}
 
     def __len__(self) -> int:
@@ -52,8 +53,14 @@ class CommittedLog:
     def append(self, batch: CommittedBatch) -> None:
         assert batch.clsn == len(self.batches) + 1, f"clsn {batch.clsn} after {len(self)}"
         assert len(batch.origins) == len(batch.messages)
-        for message, (origin, _) in zip(batch.messages, batch.origins, strict=True):
+        for message, (origin, ref) in zip(batch.messages, batch.origins, strict=True):
             self._index(batch.clsn, message, origin)
+            self.by_origin[(origin, ref)] = (message.subject, message.epoch, message.seq)
+        for origin, ref, epoch, seq in batch.repeats:  # a copy: the first one's position
+            first = self.by_origin.get((origin, ref))
+            assert first is not None and first[1:] == (epoch, seq), (
+                f"repeat of {(origin, ref)} at {(epoch, seq)}: it was numbered at {first}"
+            )
         self.batches.append(batch)
 
     def _index(self, clsn: int, m: Message, origin: str) -> None:

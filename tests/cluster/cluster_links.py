@@ -4,7 +4,8 @@ A mixin of ``cluster_machine.ClusterMachine``. A non-seed's link to its upstream
 is the seed's real follower queue (``CommittedStream.follow``), read later by the
 non-seed's real ``UpstreamReplication`` decisions; every frame is checked against the
 link contract (``cluster_link_contract``). A link ends with what was still in flight
-lost; the non-seed then dials a seed -- whichever answers.
+lost; the non-seed then dials a seed -- whichever answers -- and forwards what it had
+forwarded unanswered to it again (the real ``start_link``), ahead of its newer publishes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class UpstreamLinks:
         """A non-seed asks ``seed`` to replicate to it (cluster/upstream.py ``_follow``)."""
         assert member.upstream is not None and seed.stream is not None
         replicate = member.upstream.start_link(seed.name, self._tick())
+        if member.upstream.stream.publishing.outgoing:  # what it forwards again, first
+            self.unsubmitted.add(member.name)
         send, receive = trio.open_memory_channel[Outbound](self.follower_queue)
         contract = LinkContract(member.name, member.applied, self.max_cached)
         member.link = UpstreamLink(seed.name, send, receive, contract)

@@ -107,6 +107,8 @@ class LoadPublisher(threading.Thread):
         """closure -> (subject, content) of every publish sent."""
         self.acked: dict[str, Position] = {}
         self.failed: dict[str, str] = {}
+        self.answers: dict[str, int] = {}
+        """closure -> how many answers came for it (exactly one each, or a bug)."""
         self.unanswered: set[str] = set()
         """Sent on a link that dropped before their answer came (outcome unknown)."""
         self.links: list[int] = []
@@ -198,6 +200,7 @@ class LoadPublisher(threading.Thread):
             return
         with self._lock:  # the results are read from the test's thread meanwhile
             self._outstanding.discard(op.closure)
+            self.answers[op.closure] = self.answers.get(op.closure, 0) + 1
             if op.status is ops.Status.PUBLISH_OK:
                 assert op.position is not None
                 self.acked[op.closure] = op.position

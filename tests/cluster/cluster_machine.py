@@ -76,6 +76,7 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
     stream_class: type[CommittedStream] = CommittedStream
     upstream_class: type[UpstreamReplication] = UpstreamReplication
     coordinator_class: type[Coordinator] = Coordinator
+    publishing_class: type[ClusterPublishing] = ClusterPublishing
     consumer_class: type[CoordinationConsumer] = CoordinationConsumer
     definite_failures: frozenset[int] = DEFINITE_FAILURES
     incarnations_in_origins = True
@@ -121,7 +122,7 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
         hub = Hub(epoch=UNNUMBERED_EPOCH, max_cached_messages=self.max_cached,
                   cache_expire_seconds=1e9)
         origin = f"{member.name}#{member.incarnation}"
-        publishing = ClusterPublishing(
+        publishing = self.publishing_class(
             origin=origin if self.incarnations_in_origins else member.name,
             replica=self.replica_class(hub),
             publish_timeout=PUBLISH_TIMEOUT,

@@ -73,6 +73,11 @@ class TcpGate:
         self._towards_target.clear()
         self._towards_dialler.clear()
 
+    def hold_back(self) -> None:
+        """Stall only what the target sends back (the dialler's bytes go on through)
+        until :meth:`release`: a link that still carries one way."""
+        self._towards_dialler.clear()
+
     def release(self, settle: float = 0.5) -> None:
         """Deliver what waited: towards the target first, then (``settle`` s later, so
         that a dialler's last bytes and its close reach the target before anything of

@@ -17,7 +17,8 @@ def batch(clsn: int, size: int = 2) -> CommittedBatch:
                 clsn * size + i, MessageType.UPDATE)
         for i in range(size)
     )
-    return CommittedBatch(clsn, messages, tuple((f"m{i}", clsn * 10 + i) for i in range(size)))
+    origins = tuple((f"m{i}", clsn * 10 + i) for i in range(size))
+    return CommittedBatch(clsn, messages, origins, (("m0", clsn * 10 - 9, 5, 1),) * (clsn % 2))
 
 
 def test_gives_back_the_batches_after_a_clsn_as_committed() -> None:
@@ -26,7 +27,8 @@ def test_gives_back_the_batches_after_a_clsn_as_committed() -> None:
     for b in batches:
         ring.append(b)
     assert ring.first_clsn == 1 and len(ring) == 5
-    assert list(ring.after(2)) == batches[2:]
+    assert list(ring.after(2)) == batches[2:]  # repeats too: a follower caught up is answered
+    assert [b.repeats for b in ring.after(2)] == [b.repeats for b in batches[2:]] != [()] * 3
     assert list(ring.after(5)) == []
     assert list(ring.after(0)) == batches
 

@@ -118,7 +118,7 @@ def test_bad_epoch_candidate_raises_and_changes_nothing(candidate: int) -> None:
     with pytest.raises(ValueError, match="epoch candidate"):
         coordinator.apply_batch(candidate, [request(IBM, "a")])
     assert coordinator.to_state() == {
-        "clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": {}
+        "clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": {}, "recent": {}
     }
 
 
@@ -136,7 +136,7 @@ def test_state_is_plain_data() -> None:
     coordinator.apply_batch(11, [request(IBM, "a", 7)])
     state = coordinator.to_state()
     assert state == {"clsn": 1, "group_epochs": {subject_group(IBM): 11}, "seqs": {IBM: 1},
-                     "origin_refs": {"a": 7}}
+                     "origin_refs": {"a": 7}, "recent": {"a": {7: 11 << 64 | 1}}}
     assert vars(coordinator) == state  # nothing else is replicated
     state["seqs"][IBM] = 42  # a copy
     assert coordinator.seqs[IBM] == 1
@@ -154,6 +154,10 @@ def test_state_is_plain_data() -> None:
         {"clsn": 0, "group_epochs": {subject_group(IBM): 5}, "seqs": {IBM: "1"}},
         {"clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": {"a": "1"}},
         {"clsn": 0, "group_epochs": {}, "seqs": {}, "origin_refs": [("a", 1)]},
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "recent": {"a": {1: 1}}},  # epoch 0
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "recent": {"a": {1: (5, 1)}}},
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "recent": {"a": {"1": 5 << 64 | 1}}},
+        {"clsn": 0, "group_epochs": {}, "seqs": {}, "recent": {"a": [(1, 5 << 64 | 1)]}},
     ],
 )
 def test_malformed_state_is_rejected(state: dict[str, object]) -> None:
@@ -231,3 +235,93 @@ def test_a_coordinator_pickled_before_origin_refs_loads_without_them() -> None:
     state = Coordinator().to_state()
     del state["origin_refs"]
     assert Coordinator.from_state(state).origin_refs == {}
+
+
+# --- a re-sent copy of a numbered request: answered with the first copy's position ---
+
+
+def test_a_copy_of_a_numbered_request_is_answered_with_the_first_position() -> None:
+    """A non-seed that switched seeds forwards its unanswered publishes again; those that
+    had committed through the seed it left are not numbered again but answered in the
+    batch (``repeats``) with the position every subscriber saw."""
+    coordinator = Coordinator()
+    first = coordinator.apply_batch(11, [request(IBM, "1", 1, "n"), request(LAL, "2", 2, "n")])
+    again = coordinator.apply_batch(
+        11, [request(IBM, "1", 1, "n"), request(LAL, "2", 2, "n"), request(IBM, "3", 3, "n"),
+             request(IBM, "3", 3, "n")],  # a copy in the batch of the first: numbered once
+    )
+    assert [(m.content, m.seq) for m in again.messages] == [(b"3", 2)]
+    assert again.origins == (("n", 3),)
+    (ibm, lal) = (m.position for m in first.messages)
+    assert ibm is not None and lal is not None
+    assert again.repeats == (("n", 1, ibm.epoch, ibm.seq), ("n", 2, lal.epoch, lal.seq),
+                             ("n", 3, 11, 2))
+    assert first.repeats == ()
+    # overtaken, never numbered: dropped without an answer, as before
+    assert coordinator.apply_batch(11, [request(IBM, "x", 0, "n")]).repeats == ()
+
+
+def test_apply_wire_answers_repeats_as_apply_batch() -> None:
+    from cluster.raft import to_wire
+
+    batches = [[request(IBM, "1", 4, "n"), request(LAL, "2", 5, "n")],
+               [request(IBM, "1", 4, "n"), request(IBM, "3", 6, "n"), request(LAL, "2", 5, "n")]]
+    left, right = Coordinator(), Coordinator()
+    for requests in batches:
+        assert left.apply_wire(5, to_wire(requests)) == right.apply_batch(5, requests)
+    assert left.apply_wire(5, to_wire(batches[1])).repeats == (("n", 4, 5, 1), ("n", 6, 5, 2),
+                                                              ("n", 5, 5, 1))
+    assert left.digest() != right.digest()  # the window is in the digest
+    right.apply_batch(5, batches[1])
+    assert left.to_state() == right.to_state() and left.digest() == right.digest()
+
+
+def test_the_window_is_bounded_per_origin_and_in_origins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coordination, "RECENT_PER_ORIGIN", 4)
+    monkeypatch.setattr(coordination, "RECENT_ORIGINS", 2)
+    coordinator = Coordinator()
+    for ref in range(1, 21):
+        coordinator.apply_batch(5, [request(IBM, str(ref), ref, "n")])
+        assert 1 <= len(coordinator.recent["n"]) <= 5  # cut back to 4 past 5
+    assert list(coordinator.recent["n"]) == [17, 18, 19, 20]
+    # a copy older than the window: dropped, not answered (outcome unknown, as before)
+    assert coordinator.apply_batch(5, [request(IBM, "16", 16, "n")]).repeats == ()
+    assert coordinator.apply_batch(5, [request(IBM, "17", 17, "n")]).repeats == (
+        ("n", 17, 5, 17),)
+    for origin in "abc":
+        coordinator.apply_batch(5, [request(LAL, origin, 1, origin)])
+    assert list(coordinator.recent) == ["b", "c"]  # the most lately numbered
+    assert coordinator.apply_batch(5, [request(IBM, "20", 20, "n")]).repeats == ()
+
+
+def test_the_window_survives_a_dump_and_a_state_copy() -> None:
+    """It is replicated state: a seed restarted from its dump (or sent the leader's)
+    answers a copy as the others do."""
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "1", 1, "n"), request(LAL, "2", 2, "n")])
+    copies = [pickle.loads(pickle.dumps(coordinator)),
+              Coordinator.from_state(coordinator.to_state())]
+    resent = [request(IBM, "1", 1, "n"), request(LAL, "2", 2, "n"), request(IBM, "3", 3, "n")]
+    expected = coordinator.apply_batch(11, resent)
+    assert expected.repeats
+    for copy in copies:
+        assert copy.apply_batch(11, resent) == expected
+        assert copy.digest() == coordinator.digest()
+
+
+def test_a_coordinator_pickled_before_the_window_loads_without_it() -> None:
+    """A seed restarted on a dump an older version wrote (no ``recent``): it answers no
+    copy of what that version numbered, and numbers none again."""
+    old = Coordinator()
+    old.apply_batch(11, [request(IBM, "a", 1)])
+    del old.recent
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.recent == {}
+    copy = restored.apply_batch(11, [request(IBM, "a", 1)])
+    assert copy.messages == () and copy.repeats == ()
+    assert restored.apply_batch(11, [request(IBM, "b", 2)]).repeats == ()
+    state = Coordinator().to_state()
+    del state["recent"]
+    assert Coordinator.from_state(state).recent == {}

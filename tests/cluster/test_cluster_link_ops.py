@@ -72,6 +72,7 @@ EXAMPLES: list[LinkOp] = [
     Replicate(7, full=True),
     Batch(CommittedBatch(12, (msg(1, epoch=5, seq=9, qos=Qos.GUARANTEED),), ((CONNECTOR, 1),))),
     Batch(CommittedBatch(0, (), ())),
+    Batch(CommittedBatch(13, (), (), ((CONNECTOR, 1, 5, 9), (CONNECTOR, 2**64 - 1, 1, 0)))),
     SyncRequest(),
     SyncRequest(2**40),
     SyncRefused(7, "this member is waiting for a sync"),
@@ -102,6 +103,14 @@ def test_every_op_round_trips(op: LinkOp) -> None:
     assert link.decode_op(data[4:]) == op
     connector.receive_data(data)
     assert drain(connector) == [op]
+
+
+def test_a_batch_without_repeats_is_the_frame_an_older_member_reads() -> None:
+    """The repeats key only in a batch that has some (``cluster/link.py``)."""
+    plain = CommittedBatch(12, (msg(1, epoch=5, seq=9),), ((CONNECTOR, 1),))
+    assert set(payload_of(link.encode_frame(Batch(plain)))) == {"t", "c", "m", "o"}
+    with_repeats = CommittedBatch(12, (), (), ((CONNECTOR, 1, 5, 9),))
+    assert payload_of(link.encode_frame(Batch(with_repeats)))["a"] == [[CONNECTOR, 1, 5, 9]]
 
 
 def test_tags_are_short() -> None:
@@ -147,7 +156,8 @@ ops = st.one_of(
     st.builds(ForwardFailed, origins, texts, st.booleans()),
     st.builds(Replicate, u64),
     st.builds(
-        Batch, st.builds(CommittedBatch, u64, st.lists(messages, max_size=6).map(tuple), origins)
+        Batch, st.builds(CommittedBatch, u64, st.lists(messages, max_size=6).map(tuple), origins,
+                         st.lists(st.tuples(texts, u64, u64, u64), max_size=3).map(tuple))
     ),
     st.builds(SyncRequest, u64),
     st.builds(SyncRefused, u64, texts),
@@ -244,6 +254,11 @@ GOOD_MESSAGE = ["/a/b", b"x", {}, 0, None, 1, 2, 0]
         (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [["a"]]}), r"\[origin, ref\] pairs"),
         (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [["a", -1]]}), "ref must be"),
         (cbor2.dumps({"t": "b", "c": 1, "m": {}, "o": []}), "'m' must be an array"),
+        (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [], "a": [["a", 1, 2]]}), "epoch, seq"),
+        (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [], "a": [[1, 1, 2, 3]]}), "epoch, seq"),
+        (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [], "a": [["a", 1, -2, 3]]}), "epoch, s"),
+        (cbor2.dumps({"t": "b", "c": 1, "m": [], "o": [], "a": {}}), "'a' must be an array"),
+        (cbor2.dumps({"t": "b", "c": 1, "m": [], "a": []}), r"missing keys \['o'\]"),
         (cbor2.dumps({"t": "fw", "r": [["a", 1]]}), r"\[origin, ref, message\] triples"),
         (cbor2.dumps({"t": "fw", "r": [["a", "1", GOOD_MESSAGE]]}), "ref must be"),
         (cbor2.dumps({"t": "ff", "o": [], "r": "x", "u": 0}), "'u' must be a boolean"),

@@ -2,7 +2,8 @@
 
 Each planted bug is a small subclass of the real thing, put in through the machine's
 hooks (``replica_class``, ``stream_class``, ``upstream_class``, ``consumer_class``,
-``coordinator_class``, ``definite_failures``, ``incarnations_in_origins``). The runs
+``coordinator_class``, ``publishing_class``, ``definite_failures``,
+``incarnations_in_origins``). The runs
 are derandomized: each finds its bug at the same example every time (most within a
 few dozen examples, the slowest within a few hundred). The unplanted machine passes
 (``test_cluster_machine``).
@@ -23,6 +24,7 @@ from cluster import link
 from cluster.cache_sync import CacheSync, capture_sync
 from cluster.coordination import CommittedBatch, Coordinator
 from cluster.link_sync import SyncFrames
+from cluster.publishing import ClusterPublishing
 from cluster.raft import DEFINITE_FAILURES, CoordinationConsumer
 from cluster.replica import Offer, Replica
 from cluster.stream import CommittedStream
@@ -59,6 +61,46 @@ class OriginUnorderedCoordinator(Coordinator):
 
     def in_origin_order(self, items: Any, keys: Any) -> Any:
         return list(items)
+
+
+# --- a non-seed forwarding its unanswered publishes again through its next seed ---
+
+
+class RenumberingCoordinator(Coordinator):
+    """Numbers a copy of a request it numbered already (a second position for it)."""
+
+    def in_origin_order(self, items: Any, keys: Any) -> Any:
+        kept = super().in_origin_order(items, keys)
+        again = [item for item, (origin, ref) in zip(items, keys, strict=True)
+                 if ref in self.recent.get(origin, {})]
+        return again + kept
+
+
+class NewPositionCoordinator(Coordinator):
+    """Answers a copy with the position after the first copy's."""
+
+    def _remember(self, *args: Any) -> tuple[tuple[str, int, int, int], ...]:
+        return tuple((o, r, e, s + 1) for o, r, e, s in super()._remember(*args))
+
+
+class FailedAgainPublishing(ClusterPublishing):
+    """Queues again, to be forwarded at the next switch, the publishes its clients were
+    told had failed."""
+
+    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float) -> None:
+        before = dict(self._pending)
+        super().on_failed(origins, reason, unknown=unknown, now=now)
+        self._outgoing += [p.request for ref, p in before.items() if ref not in self._pending]
+
+
+class BelievingPublishing(ClusterPublishing):
+    """Believes a seed's definite failure of a publish it forwarded twice."""
+
+    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float) -> None:
+        for _, ref in origins:
+            if (pending := self._pending.get(ref)) is not None:
+                pending.resent = False
+        super().on_failed(origins, reason, unknown=unknown, now=now)
 
 
 # --- a sync from a peer that is behind ---------------------------------------------
@@ -157,6 +199,9 @@ def planted(name: str, *, without: tuple[str, ...] = (), **hooks: Any) -> type[C
 NO_OTHER_UNKNOWNS = ("leader_change", "submit")  # lose_majority is left to make them
 NO_OTHER_RESTARTS = ("crash",)  # lose_majority is left to restart seeds
 NO_OTHER_SWITCHES = ("crash", "lose_majority", "partition", "time_passes", "offer_stale_sync")
+NO_SIDE_SHOWS = ("crash", "lose_majority", "compact", "raft_sends_dump", "seed_asks_for_sync",
+                 "offer_stale_sync", "subscribe", "read", "seed_batches_late", "restart",
+                 "partition")  # the publishes, links and Raft only: found sooner
 NO_SLOW_FOLLOWERS = 10**6  # no link dropped for a full queue either
 
 PLANTED = [
@@ -164,7 +209,12 @@ PLANTED = [
      "differs from the committed log|is not what the committed log holds"),
     (planted("SeqReusing", coordinator_class=SeqReusingCoordinator), "names two messages"),
     # switch_upstream + forwards_overtaken
-    (planted("OriginUnordered", coordinator_class=OriginUnorderedCoordinator), "reordered"),
+    (planted("OriginUnordered", coordinator_class=OriginUnorderedCoordinator),
+     "reordered|committed twice"),  # since the re-sends: a copy numbered again
+    # switch_upstream (a non-seed forwards its unanswered publishes again) + commit
+    (planted("Renumbering", coordinator_class=RenumberingCoordinator, without=NO_SIDE_SHOWS),
+     "committed twice|reordered"),
+    (planted("NewPosition", coordinator_class=NewPositionCoordinator), "repeat of"),
     # offer_stale_sync
     (planted("OlderSync", replica_class=OlderSyncReplica), "older than|old sync|moved back"),
     # seed_batches_late + seed_asks_for_sync
@@ -203,3 +253,52 @@ SETTINGS = settings(
 def test_the_machine_finds_a_planted_bug(machine: type[ClusterMachine], complaint: str) -> None:
     with pytest.raises(AssertionError, match=complaint):
         run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+# --- the same, played step by step: a search finds these late, if at all -----------
+
+IBM = "/Stocks/NYSE/IBM"
+
+
+def play_switch(machine: type[ClusterMachine], *, refused_on: str) -> ClusterMachine:
+    """A non-seed's publish forwarded through its seed, refused for sure there
+    (``refused_on`` "first") or, after the non-seed switched seeds and forwarded it again,
+    there ("second"); then the copy still in flight commits."""
+    state = machine()
+    state.start_cluster(max_cached=1000, shed_at_gap=False)
+    state.deliver_everywhere(count=1)  # each non-seed dials a seed
+    edge = state.members["edge-0"]
+    state.publish(pick=3, burst=[(IBM, "p0", False)])  # pick 3 of the serving: edge-0
+    first = FAIL_REASON.REQUEST_DENIED if refused_on == "first" else None
+    state._submit(edge, first)
+    state._deliver(edge, 10, pick=0)  # its ForwardFailed, if any
+    state.switch_upstream(pick=0, seed_pick=0, read=0)  # forwarded again, if unanswered
+    if state.unsubmitted:
+        second = FAIL_REASON.REQUEST_DENIED if refused_on == "second" else None
+        state._submit(edge, second)
+    state._deliver(edge, 10, pick=0)
+    state._commit(state.raft.committable(lambda _: True), 5)
+    state.publishes_are_answered_truthfully()
+    return state
+
+
+@pytest.mark.parametrize("refused_on", ["first", "second"])
+def test_the_real_publishing_answers_a_switch_truthfully(refused_on: str) -> None:
+    state = play_switch(ClusterMachine, refused_on=refused_on)
+    (publish,) = state.publishes.values()
+    state.heal_and_drain()
+    assert [r.status.name for r in publish.results] == (
+        ["PUBLISH_FAILED"] if refused_on == "first" else ["PUBLISH_OK"])
+
+
+@pytest.mark.parametrize(
+    ("publishing", "refused_on"),
+    [(BelievingPublishing, "second"), (FailedAgainPublishing, "first")],
+    ids=["Believing", "FailedAgain"],
+)
+def test_a_planted_publishing_is_caught_at_a_switch(
+    publishing: type[ClusterPublishing], refused_on: str
+) -> None:
+    machine = planted(publishing.__name__, publishing_class=publishing)
+    with pytest.raises(AssertionError, match="after PUBLISH_FAILED"):
+        play_switch(machine, refused_on=refused_on)

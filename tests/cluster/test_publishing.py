@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from publish_answers import Answers
 
-from cluster.coordination import UNNUMBERED_EPOCH
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.server.hub import Hub
 
@@ -32,3 +33,94 @@ def test_the_queue_stays_bounded_while_nothing_takes_it() -> None:
     assert publishing.outgoing <= publishing.pending <= 200
     assert len(answers.results) == 100 * 200 - publishing.pending
     assert all(r.status is ops.Status.PUBLISH_FAILED for r in answers.results)
+
+
+# --- a non-seed that switched seeds: its unanswered publishes forwarded again ---------
+
+
+def _member(timeout: float = 10.0) -> tuple[ClusterPublishing, Answers]:
+    publishing = ClusterPublishing(
+        origin="edge#1", replica=Replica(Hub(epoch=UNNUMBERED_EPOCH)), publish_timeout=timeout
+    )
+    return publishing, Answers()
+
+
+def _publish(publishing: ClusterPublishing, answers: Answers, names: str, now: float) -> None:
+    for name in names:
+        publishing.submit(Message("/a/b", name.encode(), closure=name), answers, now)
+
+
+def test_unanswered_forwards_go_again_oldest_first_ahead_of_the_newer() -> None:
+    publishing, answers = _member()
+    _publish(publishing, answers, "abcd", 0.0)
+    assert [r.ref for r in publishing.take_outgoing()] == [1, 2, 3, 4]
+    _publish(publishing, answers, "ef", 1.0)  # never taken: still queued
+    coordinator = Coordinator()
+    first = coordinator.apply_batch(7, [PublishRequest("edge#1", 1, Message("/a/b", b"a"))])
+    publishing.on_committed(first, 1.0)  # a: answered
+    publishing.on_failed([("edge#1", 2)], "REQUEST_DENIED", unknown=False, now=1.0)  # b: failed
+    assert publishing.resend_unanswered(2.0) == 2
+    assert [r.ref for r in publishing.take_outgoing()] == [3, 4, 5, 6]
+    assert publishing.statistics()["resent"] == 2
+    # switched again: 3..6 were all taken now; none of what was answered goes again
+    assert publishing.resend_unanswered(2.5) == 4
+    assert [r.ref for r in publishing.take_outgoing()] == [3, 4, 5, 6]
+    assert [(r.closure, r.status.name) for r in answers.results] == [
+        ("a", "PUBLISH_OK"), ("b", "PUBLISH_FAILED")]
+
+
+def test_links_that_end_before_forwarding_queue_no_second_copy() -> None:
+    publishing, answers = _member()
+    _publish(publishing, answers, "abc", 0.0)
+    publishing.take_outgoing()
+    _publish(publishing, answers, "d", 0.5)
+    assert publishing.resend_unanswered(1.0) == 3
+    assert publishing.resend_unanswered(1.1) == 0  # nothing taken meanwhile
+    assert [r.ref for r in publishing.take_outgoing()] == [1, 2, 3, 4]
+
+
+def test_only_what_is_younger_than_half_the_timeout_goes_again() -> None:
+    """A seed may hold a forward up to half the publish timeout before Raft has it
+    (raft_forward.hold_deadline): an older one could commit after its client was told
+    the outcome is unknown."""
+    publishing, answers = _member(timeout=10.0)
+    _publish(publishing, answers, "a", 0.0)
+    _publish(publishing, answers, "b", 4.0)
+    publishing.take_outgoing()
+    assert publishing.resend_unanswered(5.5) == 1
+    assert [r.message.content for r in publishing.take_outgoing()] == [b"b"]
+    assert publishing.expire(10.5) == 1  # a: outcome unknown, never sent again
+    assert publishing.resend_unanswered(10.5) == 0
+
+
+def test_a_copy_answered_in_a_batch_gets_the_first_position_once() -> None:
+    publishing, answers = _member()
+    _publish(publishing, answers, "ab", 0.0)
+    requests = publishing.take_outgoing()
+    coordinator = Coordinator()
+    coordinator.apply_batch(7, requests)  # committed; this member never saw that batch
+    publishing.resend_unanswered(1.0)
+    again = coordinator.apply_batch(7, publishing.take_outgoing())
+    assert again.messages == () and len(again.repeats) == 2
+    publishing.on_committed(again, 1.5)
+    publishing.on_committed(again, 1.6)  # a second copy's answer: nothing more
+    assert [(r.closure, r.status.name, r.position) for r in answers.results] == [
+        ("a", "PUBLISH_OK", Position(7, 1)), ("b", "PUBLISH_OK", Position(7, 2))]
+    assert publishing.statistics()["acknowledged_repeats"] == 2
+    other = CommittedBatch(3, (), (), (("edge#2", 9, 7, 3),))  # another member's
+    assert publishing.on_committed(other, 2.0) is not None and len(answers.results) == 2
+
+
+def test_a_publish_forwarded_twice_believes_no_definite_failure() -> None:
+    """The seed it left may still commit the first copy: only a commit or the timeout
+    answers it."""
+    publishing, answers = _member()
+    _publish(publishing, answers, "ab", 0.0)
+    publishing.take_outgoing()
+    publishing.on_failed([("edge#1", 1)], "REQUEST_DENIED", unknown=False, now=0.5)
+    assert publishing.resend_unanswered(1.0) == 1  # b only: a was told it failed
+    publishing.take_outgoing()
+    publishing.on_failed([("edge#1", 2)], "REQUEST_DENIED", unknown=False, now=1.5)
+    assert answers.reasons == ["not published: REQUEST_DENIED"]
+    assert publishing.expire(11.0) == 1
+    assert answers.reasons[1] == "outcome unknown: no commit seen within 10 s"
