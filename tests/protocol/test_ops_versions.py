@@ -24,11 +24,12 @@ SAMPLES: dict[type, list[ops.ServerOp]] = {
     ops.Connected: [ops.Connected("m"), ops.Connected("m", 1, max_subjects_per_subscribe=5)],
     ops.Deliver: [ops.Deliver((UPDATE,)), ops.Deliver((FULL,)), ops.Deliver((UPDATE, FULL))],
     ops.SubjectStatus: [
-        ops.SubjectStatus(status, "/a/b", Position(7, 3), "why") for status in ops.SUBJECT_STATUSES
+        ops.SubjectStatus(status, "/a/b", Position(7, 3), "why")
+        for status in sorted(ops.SUBJECT_STATUSES)  # (sorted: the same ids on every worker)
     ],
     ops.PublishStatus: [
         ops.PublishStatus(status, closure, "/a/b", position, reason)
-        for status in ops.PUBLISH_STATUSES
+        for status in sorted(ops.PUBLISH_STATUSES)
         for closure, position, reason in (("c1", Position(7, 3), None), (None, None, "no"))
     ],
     ops.Pong: [ops.Pong(), ops.Pong(3)],
