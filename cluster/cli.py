@@ -42,6 +42,9 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     try:
         return _serve_configured(args, config, text)
+    except ConfigError as exc:  # found building the server: a token key file, a plugin
+        _error(f"configuration error: {exc}")
+        return 2
     finally:
         write_directly()  # (a traceback, if any, comes after the log lines)
 
@@ -87,17 +90,19 @@ def _supervise(args: argparse.Namespace, config: ConfigType, config_text: str | 
 
     from cluster.workers import WorkerFailed, serve_args, supervise
 
-    error = None
+    error, code = None, 1
     stop_signals.note_from_now()
     try:
         trio.run(supervise, config, serve_args(args.config, args.set), config_text)
     except* WorkerFailed as failed:
-        error = str(failed.exceptions[0])
+        first = failed.exceptions[0]
+        error = str(first)
+        code = 2 if isinstance(first, WorkerFailed) and first.code == 2 else 1  # 2: bad config
     except* trio.TooSlowError:
         error = "the workers were not ready within 60 s"
     if error is not None:
         _error(error)
-        return 1
+        return code
     return 0
 
 
@@ -179,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         code: int = args.func(args)
     except stop_signals.StopRequested as stop:
-        print(f"migratory: {stop.signum.name} received during start-up: stopped",
-              file=sys.stderr)
+        if "--worker-index" not in argv:  # (a worker's supervisor says it for all)
+            print(f"migratory: {stop.signum.name} received during start-up: stopped",
+                  file=sys.stderr)
         return 0
     except KeyboardInterrupt:
         return 130

@@ -62,7 +62,12 @@ OUTPUT_GRACE = 0.5
 
 
 class WorkerFailed(Exception):
-    """A worker stopped before it was ready the first time: the server does not start."""
+    """A worker stopped before it was ready the first time: the server does not start.
+    ``code``: the worker's exit status (2: it found the configuration bad, and said why)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(slots=True)
@@ -257,7 +262,7 @@ class Supervisor:
                 return
             how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             if not slot.ready.is_set():
-                raise WorkerFailed(f"worker {slot.index} stopped during start-up ({how})")
+                raise WorkerFailed(f"worker {slot.index} stopped during start-up ({how})", code)
             slot.restarts += 1
             delay = delay * 2 if trio.current_time() - started < QUICK_DEATH else RESTART_DELAY
             delay = min(delay, RESTART_DELAY_MAX)

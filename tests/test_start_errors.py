@@ -61,3 +61,31 @@ def test_an_address_not_of_this_host_names_the_key() -> None:
     assert done.returncode == 1
     assert ("migratory: cannot listen on 192.0.2.1:0 (ListenMqtt): Cannot assign requested "
             "address") in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize(("settings", "message"), [
+    (("Entitlement=Token", "EntitlementTokenKeyFile={short}"),
+     "Entitlement = Token: an HS256 secret must be at least 32 bytes"),
+    (("Entitlement=Custom", "EntitlementPlugin=no_such_module_here:Plugin"),
+     "EntitlementPlugin: cannot load 'no_such_module_here:Plugin': ModuleNotFoundError: "
+     "No module named 'no_such_module_here'"),
+])
+def test_a_key_found_bad_while_the_server_is_built_is_a_configuration_error(
+    tmp_path: Path, settings: tuple[str, ...], message: str, workers: str
+) -> None:
+    """A token key file or a plugin is loaded when the server is built, after the keys
+    were checked. Before: a ConfigError traceback, exit 1 (with Workers: each worker's
+    traceback, then 'worker I stopped during start-up (exit code 1)')."""
+    short = tmp_path / "short.key"
+    short.write_text("too short")
+    done = serve("Listen=127.0.0.1:0", f"Workers={workers}",
+                 *(s.format(short=short) for s in settings))
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    assert lines[0] == f"migratory: configuration error: {message}", done.stderr
+    if workers == "2":  # each worker says it; the supervisor says which stopped it
+        assert lines[-1].endswith("stopped during start-up (exit code 2)"), done.stderr
+    else:
+        assert len(lines) == 1, done.stderr
