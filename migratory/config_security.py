@@ -136,8 +136,8 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
     Setting("EntitlementPluginTimeout", "entitlement_plugin_timeout",
             _int(1, 10_000, " of milliseconds"), "500",
             "Entitlement = Custom: how long the server waits for one answer of the plugin "
-            "(it runs in a thread of its own; a WebSocket or MQTT client waits for it, the "
-            "others are served meanwhile; an HTTP request holds the event loop). Later: "
+            "(it runs in a thread of its own; the client asking waits for it, the others "
+            "are served meanwhile). Later: "
             "that decision is denied, and so is every uncached one until the late call "
             "returns."),
 )

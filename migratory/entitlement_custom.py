@@ -23,10 +23,10 @@ most ``EntitlementPluginTimeout``: a call that takes longer denies, and until it
 every decision the cache does not hold is denied at once (fail closed). A native
 WebSocket session asks inside :func:`~migratory.entitlement.deferred_decisions`: it gets
 :class:`~migratory.entitlement.DecisionPending`, puts its operation back and waits
-(reading nothing more) while the event loop serves the others; an MQTT session asks a
-packet's decisions ahead the same way (``deferred_decisions(ahead=True)``). HTTP
-requests, an MQTT session's stored filters at resume and its will still wait on the
-event loop itself (up to the timeout, per uncached decision).
+(reading nothing more) while the event loop serves the others; an MQTT packet's and an
+HTTP request's decisions are asked ahead the same way (``deferred_decisions(ahead=True)``).
+An MQTT session's stored filters at resume and its will still wait on the event loop
+itself (up to the timeout, per uncached decision).
 """
 
 from __future__ import annotations

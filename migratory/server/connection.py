@@ -223,8 +223,7 @@ class Connection(ConnectionWrites):
                 if isinstance(native, Session):
                     more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
                     if native.mqtt_upgrade is not None:
-                        self._become_mqtt(now)
-                        more = False
+                        more = self._become_mqtt(now)  # True: a decision is pending
                 else:
                     more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
             except BaseException:
@@ -323,9 +322,10 @@ class Connection(ConnectionWrites):
             self.server.frontends.moved(self.frontend, frontend)
             self.frontend = frontend
 
-    def _become_mqtt(self, now: float) -> None:
+    def _become_mqtt(self, now: float) -> bool:
         """The WebSocket upgrade chose subprotocol ``mqtt``: an MQTT session takes over
-        the connection (and the 101 answer queued in the outbox)."""
+        the connection (and the 101 answer queued in the outbox). True when the bytes
+        after the request wait for an entitlement decision."""
         native = self.session
         assert isinstance(native, Session)
         trailing = native.mqtt_upgrade or b""
@@ -336,8 +336,8 @@ class Connection(ConnectionWrites):
         )
         mqtt.outbox = native.outbox
         self.session = mqtt
-        if trailing:
-            mqtt.receive_data(trailing, now)  # bytes of one read: bounded
+        # bytes of one read, all handled (bounded) unless a decision is pending
+        return bool(trailing) and mqtt.receive_data(trailing, now)
 
     def _decrypt(self, data: bytes) -> bytes | None:
         """The plaintext in ``data``; None once the connection is over."""

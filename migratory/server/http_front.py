@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import Listener
 from migratory.model.position import Position
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
@@ -37,7 +37,8 @@ _CORS_METHODS = "GET, POST, OPTIONS"
 
 
 class HttpFront:
-    __slots__ = ("_cors", "_ctx", "_http", "_listener", "_now", "_session", "requests")
+    __slots__ = ("_cors", "_ctx", "_held", "_http", "_listener", "_now", "_session",
+                 "requests")
 
     def __init__(self, session: Session, ctx: ServerContext, listener: Listener) -> None:
         self._session = session
@@ -47,6 +48,7 @@ class HttpFront:
         self._now = 0.0
         self._cors: tuple[tuple[str, str], ...] = ()
         self.requests = 0  # requests answered: the connection's idle deadline restarts
+        self._held: Request | None = None  # taken once the entitlement has decided it
 
     # --- input ----------------------------------------------------------------------
 
@@ -65,6 +67,53 @@ class HttpFront:
         self._now = now
         self._http.receive_data(data)
         self._process()
+
+    def resume(self, now: float) -> None:
+        """The request held for an entitlement decision (Custom), then the rest."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self._now = now
+        if not self._decided_ahead(held):
+            self._held = held
+            return
+        self._on_request(held)
+        self._process()
+
+    def _decided_ahead(self, request: Request) -> bool:
+        """Ask the entitlement ahead of the request (Entitlement = Custom: the plugin's
+        thread) without holding the event loop, with the identities the request is then
+        answered with: False while a decision is pending (the session's
+        ``decision_pending``; the connection waits, reads nothing more, and the request
+        is answered after, from the decisions cached)."""
+        entitlement = self._ctx.entitlement
+        if entitlement.name != "Custom" or not self._listener.speaks("http"):
+            return True
+        peer, events = self._session.peer, request.path == "/events"
+        try:
+            with deferred_decisions(ahead=True):
+                if request.path == "/publish" and request.method == "POST":
+                    parsed = parse_publish(request.body, HTTP_CLOSURE)
+                    identity = ClientIdentity(name="http", token=parsed.token, peer=peer)
+                    if entitlement.allow_connect(identity) and _plain(parsed.message.subject):
+                        entitlement.allow_publish(identity, parsed.message.subject)
+                elif request.method == "GET" and (events or request.path == "/snapshot"):
+                    name = request.query.get("client", "sse")[:200] if events else "http"
+                    identity = ClientIdentity(name=name, token=request.query.get("token"),
+                                              peer=peer)
+                    subjects = (request.query_values("subject") if events
+                                else [request.query.get("subject") or ""])
+                    if (events and _stream_problem(subjects)) or not all(map(_plain, subjects)):
+                        return True  # refused before the entitlement is asked
+                    if entitlement.allow_connect(identity):
+                        for subject in subjects:
+                            entitlement.allow_subscribe(identity, subject)
+        except DecisionPending as pending:
+            self._session.decision_pending = pending
+            return False
+        except HttpError:
+            pass  # answered as before, in _on_request
+        return True
 
     def _process(self) -> None:
         session = self._session
@@ -97,6 +146,9 @@ class HttpFront:
                 self._respond(error(404, f"this listener does not speak {protocol} "
                                     "over WebSocket (ListenerRoles)"))
                 continue  # the connection stays HTTP: requests sent after it are answered
+            if not self._decided_ahead(event.request):
+                self._held = event.request
+                return
             self._on_request(event.request)
 
     def _on_request(self, request: Request) -> None:
@@ -271,6 +323,15 @@ class HttpFront:
                             else "allowed")
         self.requests += 1
         self._session.start_stream(identity, subjects, requests, self._cors, self._now)
+
+
+def _plain(subject: str) -> bool:
+    """A valid subject, not reserved: what the entitlement is asked about."""
+    try:
+        validate_subject(subject)
+    except InvalidSubjectError:
+        return False
+    return reserved(subject) is None
 
 
 def _stream_problem(subjects: list[str]) -> str | None:

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.model.subject import reserved
 from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_subject
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
@@ -136,7 +137,9 @@ class MqttInput:
                         self._connect_checked = checked
                         entitlement.allow_connect(checked[1])
                 elif isinstance(packet, mqtt.Publish) and self.identity is not None:
-                    entitlement.allow_publish(self.identity, topic_to_subject(packet.topic))
+                    subject = topic_to_subject(packet.topic)
+                    if reserved(subject) is None:  # (refused before the entitlement)
+                        entitlement.allow_publish(self.identity, subject)
                 elif isinstance(packet, mqtt.Subscribe) and self.identity is not None:
                     limit = self._ctx.config.max_subjects_per_subscribe
                     for name, _ in packet.requests[:limit]:

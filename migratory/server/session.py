@@ -120,8 +120,7 @@ class Session(StreamSession):
         return self._http is not None
 
     @property
-    def awaiting_answer(self) -> bool:
-        """An HTTP request waits for its answer (``POST /publish``, its commit)."""
+    def awaiting_answer(self) -> bool:  # an HTTP request waits for its answer (a publish)
         return self._http is not None and self._http.awaiting_answer
 
     @property
@@ -129,8 +128,7 @@ class Session(StreamSession):
         return 0 if self._http is None else self._http.requests
 
     @property
-    def frontend(self) -> str:
-        """The front end this connection speaks, as GET /metrics labels it."""
+    def frontend(self) -> str:  # the front end it speaks, as GET /metrics labels it
         if self._decoder is not None:
             return "websocket"
         return "sse" if self._stream is not None else "http"
@@ -205,9 +203,11 @@ class Session(StreamSession):
         them (a subscribe entry counts one per 16 KiB of its answer). True when more is
         waiting -- or when an entitlement decision is (``decision_pending``: the caller
         waits for it without holding the loop; the operation is taken again after)."""
-        decoder = self._decoder
-        if decoder is None:
-            return False
+        if self._decoder is None and self._http is not None and self.decision_pending is None:
+            self._http.resume(now)  # a request held for an entitlement decision, if any
+        decoder = self._decoder  # (that request may have been an upgrade)
+        if decoder is None or self.decision_pending is not None:
+            return self.decision_pending is not None
         done = 0
         try:
             with deferred_decisions():

@@ -4,11 +4,13 @@ subscriber whose rights were decided before keeps receiving."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from httpclient import SseClient
 from mqttclient import MqttRawClient
 from rawclient import RawClient
 
@@ -108,6 +110,16 @@ def held_server(start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPat
                         EntitlementPluginTimeout="10000")
 
 
+def bystanders(port: int) -> tuple[RawClient, RawClient]:
+    """A reader of /a/b and a publisher, connected before the plugin is held."""
+    reader, publisher = RawClient(port), RawClient(port)
+    reader.connect("reader")
+    publisher.connect("publisher")
+    reader.subscribe("/a/b")
+    reader.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    return reader, publisher
+
+
 def test_a_plugin_call_under_way_holds_its_own_client_and_nobody_else(
     start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,11 +166,7 @@ def test_a_plugin_call_under_way_holds_its_own_mqtt_client_and_nobody_else(
     (its PINGREQ and PUBLISH are answered after the SUBACK, in order) and a CONNECT asked
     after it, not the others."""
     server = held_server(start_server, tmp_path, monkeypatch)
-    reader, publisher = RawClient(server.port), RawClient(server.port)
-    reader.connect("reader")
-    publisher.connect("publisher")
-    reader.subscribe("/a/b")
-    reader.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    reader, publisher = bystanders(server.port)
     # decided (cached) before the plugin is held: one call at a time in its thread
     assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
     victim = MqttRawClient(server.mqtt_port)
@@ -182,3 +190,34 @@ def test_a_plugin_call_under_way_holds_its_own_mqtt_client_and_nobody_else(
         client.close()
     victim.close()
     newcomer.close()
+
+
+def test_a_plugin_call_under_way_holds_its_own_http_request_and_nobody_else(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same over HTTP: the plugin held on a GET /snapshot holds that request (and an
+    SSE stream asked after it, queued behind it in the plugin's thread), not the
+    others; both are answered once it is decided."""
+    server = held_server(start_server, tmp_path, monkeypatch)
+    reader, publisher = bystanders(server.port)
+    for subject in ("/a/b", "/Held/x"):
+        retained = Message(subject, b"r", retained=True, closure="r")
+        assert publisher.publish(retained).status is ops.Status.PUBLISH_OK
+    getter = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    getter.sendall(b"GET /snapshot?subject=/Held/x HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    wait_for_file(tmp_path / "asked")
+    stream = SseClient(server.port, ["/Held/y"])
+    for i in range(1, 11):  # before: the loop waited for the plugin, these timed out
+        status = publisher.publish(Message("/a/b", b"%d" % i, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(11)] == [b"r"] + [b"%d" % i
+                                                                    for i in range(1, 11)]
+    (tmp_path / "release").touch()
+    assert getter.recv(65536).startswith(b"HTTP/1.1 200 ")
+    assert stream.wait_head() == 200
+    event = stream.next_event()
+    assert event is not None and event["event"] == "subscribe"
+    getter.close()
+    stream.sock.close()
+    for client in (reader, publisher):
+        client.close()
