@@ -89,3 +89,18 @@ def test_a_key_found_bad_while_the_server_is_built_is_a_configuration_error(
         assert lines[-1].endswith("stopped during start-up (exit code 2)"), done.stderr
     else:
         assert len(lines) == 1, done.stderr
+
+
+@pytest.mark.parametrize(("where", "why"), [
+    ("{tmp}/no-such-dir/audit.log", "No such file or directory"),
+    ("{tmp}", "Is a directory"),
+])
+def test_an_audit_log_that_cannot_be_opened_names_the_key(
+    tmp_path: Path, where: str, why: str
+) -> None:
+    """Before: 'migratory: No such file or directory', naming neither file nor key."""
+    path = where.format(tmp=tmp_path)
+    done = serve("Listen=127.0.0.1:0", "AuditAccess=true", f"AuditLogFile={path}")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1:] == [f"migratory: AuditLogFile {path}: {why}"], (
+        done.stderr)

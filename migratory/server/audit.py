@@ -41,12 +41,16 @@ class Audit:
         """The audit log ``config`` asks for; None when every category is off."""
         if not (config.audit_access or config.audit_message or config.audit_cache):
             return None
-        handler = logging.handlers.RotatingFileHandler(
-            config.audit_log_file,
-            maxBytes=config.audit_log_max_bytes,
-            backupCount=config.audit_log_backups,
-            encoding="utf-8",
-        )
+        try:
+            handler = logging.handlers.RotatingFileHandler(
+                config.audit_log_file,
+                maxBytes=config.audit_log_max_bytes,
+                backupCount=config.audit_log_backups,
+                encoding="utf-8",
+            )
+        except OSError as exc:  # (its own text names neither the file nor the key)
+            raise OSError(exc.errno, f"AuditLogFile {config.audit_log_file}: "
+                          f"{exc.strerror or exc}") from None
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger = logging.getLogger(f"migratory.audit.{id(handler):x}")
         logger.handlers[:] = [handler]
