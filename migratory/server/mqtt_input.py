@@ -14,6 +14,7 @@ from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_sub
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
 from migratory.server.mqtt_connect import check_connect
+from migratory.server.mqtt_store import decode_record, session_subject
 from migratory.server.mqtt_subscriptions import SCAN_SLICE
 
 if TYPE_CHECKING:
@@ -124,8 +125,8 @@ class MqttInput:
         """Ask the entitlement ahead of handling ``packet`` (Entitlement = Custom: the
         plugin's thread) without holding the event loop: False while a decision is
         pending (``decision_pending``: the connection waits for it, reads nothing more,
-        and the packet is handled after, its decisions then cached). A persistent
-        session's stored filters (at CONNECT) and the will are still asked in place."""
+        and the packet is handled after, its decisions then cached). The will is still
+        asked in place."""
         entitlement = self._ctx.entitlement
         if entitlement.name != "Custom":
             return True
@@ -135,7 +136,8 @@ class MqttInput:
                     checked = check_connect(packet, self.peer, self._ctx.readiness)
                     if isinstance(checked, tuple):  # the same identity for _on_connect
                         self._connect_checked = checked
-                        entitlement.allow_connect(checked[1])
+                        if entitlement.allow_connect(checked[1]) and not packet.clean_session:
+                            self._stored_filters_ahead(*checked)
                 elif isinstance(packet, mqtt.Publish) and self.identity is not None:
                     subject = topic_to_subject(packet.topic)
                     if reserved(subject) is None:  # (refused before the entitlement)
@@ -151,6 +153,17 @@ class MqttInput:
         except InvalidTopicError:
             pass  # refused as before, in _on_packet
         return True
+
+    def _stored_filters_ahead(self, client_id: str, identity: ClientIdentity) -> None:
+        """The filters of the persistent session this CONNECT resumes, as its resume asks
+        them (each valid one; at most MqttSessionMaxSubjects were saved)."""
+        record = decode_record(self._ctx.hub.snapshot(session_subject(client_id)))
+        for name in () if record is None else record.filters:
+            try:
+                filter_levels(name)
+            except InvalidTopicError:
+                continue
+            self._ctx.entitlement.allow_subscribe(identity, "/" + name)
 
     def _unwrap(self, data: bytes) -> bool:
         """Feed the MQTT bytes carried in WebSocket frames; False once closing."""

@@ -221,3 +221,35 @@ def test_a_plugin_call_under_way_holds_its_own_http_request_and_nobody_else(
     stream.sock.close()
     for client in (reader, publisher):
         client.close()
+
+
+def test_a_resumed_mqtt_sessions_stored_filters_are_asked_without_holding_the_others(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A persistent session's CONNECT asks the plugin about each filter it stored (a new
+    connection: another peer, nothing cached): the plugin held on one, that CONNECT
+    waits for it, not the others; then the session is resumed (session present)."""
+    server = held_server(start_server, tmp_path, monkeypatch)
+    reader, publisher = bystanders(server.port)
+    (tmp_path / "release").touch()  # first the session is made, the plugin answering
+    assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
+    device = MqttRawClient(server.mqtt_port)
+    assert device.connect("dev", clean_session=False).return_code == 0
+    assert device.subscribe("Held/x", qos=1).return_codes == (1,)  # saved: then SUBACK
+    device.send(mqtt.Disconnect())
+    assert device.closed_by_server()
+    device.close()
+    for name in ("release", "asked"):
+        (tmp_path / name).unlink()
+    device = MqttRawClient(server.mqtt_port)
+    device.send(mqtt.Connect("dev", clean_session=False))
+    wait_for_file(tmp_path / "asked")
+    for i in range(1, 11):  # before: the loop waited for the plugin, these timed out
+        status = publisher.publish(Message("/a/b", b"%d" % i, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(11)] == [b"%d" % i for i in range(11)]
+    (tmp_path / "release").touch()
+    assert device.recv() == mqtt.Connack(True, 0)
+    device.close()
+    for client in (reader, publisher):
+        client.close()
