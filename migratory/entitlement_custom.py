@@ -25,7 +25,7 @@ WebSocket session asks inside :func:`~migratory.entitlement.deferred_decisions`:
 :class:`~migratory.entitlement.DecisionPending`, puts its operation back and waits
 (reading nothing more) while the event loop serves the others; an MQTT packet's and an
 HTTP request's decisions are asked ahead the same way (``deferred_decisions(ahead=True)``).
-An MQTT will still waits on the event loop itself (up to the timeout).
+(An MQTT will is asked with its CONNECT, to be published from the decision cached.)
 """
 
 from __future__ import annotations

@@ -125,8 +125,7 @@ class MqttInput:
         """Ask the entitlement ahead of handling ``packet`` (Entitlement = Custom: the
         plugin's thread) without holding the event loop: False while a decision is
         pending (``decision_pending``: the connection waits for it, reads nothing more,
-        and the packet is handled after, its decisions then cached). The will is still
-        asked in place."""
+        and the packet is handled after, its decisions then cached)."""
         entitlement = self._ctx.entitlement
         if entitlement.name != "Custom":
             return True
@@ -136,8 +135,8 @@ class MqttInput:
                     checked = check_connect(packet, self.peer, self._ctx.readiness)
                     if isinstance(checked, tuple):  # the same identity for _on_connect
                         self._connect_checked = checked
-                        if entitlement.allow_connect(checked[1]) and not packet.clean_session:
-                            self._stored_filters_ahead(*checked)
+                        if entitlement.allow_connect(checked[1]):
+                            self._connect_ahead(packet, *checked)
                 elif isinstance(packet, mqtt.Publish) and self.identity is not None:
                     subject = topic_to_subject(packet.topic)
                     if reserved(subject) is None:  # (refused before the entitlement)
@@ -154,16 +153,25 @@ class MqttInput:
             pass  # refused as before, in _on_packet
         return True
 
-    def _stored_filters_ahead(self, client_id: str, identity: ClientIdentity) -> None:
-        """The filters of the persistent session this CONNECT resumes, as its resume asks
-        them (each valid one; at most MqttSessionMaxSubjects were saved)."""
+    def _connect_ahead(self, packet: mqtt.Connect, client_id: str,
+                       identity: ClientIdentity) -> None:
+        """The will's publish (asked when the connection is lost: nothing to hold back
+        then) and the filters of the persistent session this CONNECT resumes, as its
+        resume asks them (each valid one; at most MqttSessionMaxSubjects were saved)."""
+        entitlement = self._ctx.entitlement
+        if packet.will is not None:
+            subject = topic_to_subject(packet.will.topic)
+            if reserved(subject) is None:
+                entitlement.allow_publish(identity, subject)
+        if packet.clean_session:
+            return
         record = decode_record(self._ctx.hub.snapshot(session_subject(client_id)))
         for name in () if record is None else record.filters:
             try:
                 filter_levels(name)
             except InvalidTopicError:
                 continue
-            self._ctx.entitlement.allow_subscribe(identity, "/" + name)
+            entitlement.allow_subscribe(identity, "/" + name)
 
     def _unwrap(self, data: bytes) -> bool:
         """Feed the MQTT bytes carried in WebSocket frames; False once closing."""

@@ -81,15 +81,20 @@ class Rules:
 
     def allow_subscribe(self, client, subject):
         if subject.startswith("/Held/"):
-            open(os.path.join(self.folder, "asked"), "w").close()
-            for _ in range(300):  # held until the test releases it (15 s at most)
-                if os.path.exists(os.path.join(self.folder, "release")):
-                    break
-                time.sleep(0.05)
+            self.hold()
         return True
 
     def allow_publish(self, client, subject):
+        if subject.startswith("/HeldWill/"):
+            self.hold()
         return True
+
+    def hold(self):
+        open(os.path.join(self.folder, "asked"), "w").close()
+        for _ in range(300):  # held until the test releases it (15 s at most)
+            if os.path.exists(os.path.join(self.folder, "release")):
+                break
+            time.sleep(0.05)
 '''
 
 
@@ -252,4 +257,32 @@ def test_a_resumed_mqtt_sessions_stored_filters_are_asked_without_holding_the_ot
     assert device.recv() == mqtt.Connack(True, 0)
     device.close()
     for client in (reader, publisher):
+        client.close()
+
+
+def test_an_mqtt_will_is_asked_at_connect_without_holding_the_others(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The will's publish right is asked with the CONNECT (ahead, the CONNECT waiting for
+    it), not when the connection is lost -- there it held the event loop, as nothing is
+    left to hold back; the will is then published from the decision cached."""
+    server = held_server(start_server, tmp_path, monkeypatch)
+    reader, publisher = bystanders(server.port)
+    assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
+    heir = RawClient(server.port)
+    heir.connect("heir")
+    heir.subscribe("/HeldWill/x")
+    heir.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    device = MqttRawClient(server.mqtt_port)
+    device.send(mqtt.Connect("dev", will=mqtt.Will("HeldWill/x", b"gone", 0, False)))
+    wait_for_file(tmp_path / "asked")  # before: not asked until the connection was lost
+    for i in range(1, 11):
+        status = publisher.publish(Message("/a/b", b"%d" % i, closure=str(i)))
+        assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(11)] == [b"%d" % i for i in range(11)]
+    (tmp_path / "release").touch()
+    assert device.recv() == mqtt.Connack(False, 0)
+    device.close()  # lost without DISCONNECT: the will
+    assert [m.content for m in heir.recv_messages(1)] == [b"gone"]
+    for client in (reader, publisher, heir):
         client.close()
