@@ -165,16 +165,15 @@ class CustomEntitlement:
     def _answer(self, key: bytes, method: str, *args: Any) -> Any:
         """The plugin's answer: waited for here, or -- inside deferred_decisions --
         DecisionPending until it is in; past the deadline a TimeoutError."""
-        waiting = self._pending.pop(key, None)
+        waiting = self._pending.pop(key, None)  # (one whose session went away, maybe)
         if waiting is None:
-            future = self._start(method, *args)
-            if not decisions_deferred():
-                try:
-                    return future.result(timeout=self._timeout)
-                except FutureTimeout:
-                    self._late(future)
-            waiting = (future, time.monotonic() + self._timeout)
+            waiting = (self._start(method, *args), time.monotonic() + self._timeout)
         future, deadline = waiting
+        if not decisions_deferred():
+            try:
+                return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                self._late(future)
         if future.done():
             return future.result()
         if time.monotonic() >= deadline:

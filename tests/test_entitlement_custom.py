@@ -282,3 +282,18 @@ def test_a_call_still_queued_at_its_deadline_is_never_made() -> None:
     first.value.future.result(timeout=5)
     assert entitlement.allow_subscribe(who("b"), "/a/b")  # asked now, answered
     assert plugin.calls == 2  # a's, then b's second ask: the queued one was never made
+
+
+def test_a_decision_left_pending_by_a_session_gone_is_waited_for_by_a_blocking_ask() -> None:
+    """A session that asked deferred and went away leaves its call pending; the same
+    decision asked outside deferred_decisions waits for that call (within its deadline)
+    instead of raising DecisionPending where nobody catches it."""
+    plugin = Gated("")
+    entitlement = CustomEntitlement(plugin, timeout=5.0)
+    with deferred_decisions(), pytest.raises(DecisionPending):
+        entitlement.allow_subscribe(who(), "/a/b")
+    opener = threading.Timer(0.2, plugin.gate.set)  # while the ask below waits
+    opener.start()
+    assert entitlement.allow_subscribe(who(), "/a/b")
+    assert plugin.calls == 1
+    opener.join()
