@@ -358,3 +358,30 @@ def test_a_lagging_member_that_has_not_numbered_the_subject_keeps_the_client_pos
         ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, IBM),
         ops.SubjectStatus(ops.Status.DATA_RESYNC, IBM, None),
     ]
+
+
+def test_the_log_after_a_dump_is_held_whole_while_the_dump_installs() -> None:
+    """A seed restarted after a compaction installs its Raft dump in slices while Raft
+    replays the log after it: every replayed batch must be kept until the install ends,
+    however many (the log is bounded by the compaction thresholds). Before, the buffer
+    kept the newest ``max_buffered`` only: a tail longer than that left a gap only a
+    peer's sync could fill, and with every member restarted no peer had one -- the
+    cluster never became ready again (chaos seed 2813: 2,400 batches after the dump)."""
+    peer, restarted = new_replica(), new_replica(max_buffered=4)
+    batches = committed(30, MANY)
+    for b in batches[:10]:
+        peer.offer(b, 0.0)
+    install = restarted.begin_install(sync_of(peer))  # the dump at clsn 10
+    assert install is not None
+    for b in batches[10:]:  # the replay, all of it before the install's first slice
+        assert restarted.offer(b, 0.0) is Offer.GAP
+    while not restarted.install_slice(install, 0.0, budget=4):
+        pass
+    assert not restarted.needs_sync and restarted.applied_clsn == 30
+    for b in batches[10:]:
+        peer.offer(b, 0.0)
+    assert subjects(restarted) == subjects(peer)
+    waiting = new_replica(max_buffered=4)  # no install: a wait for a peer stays bounded
+    for b in batches[1:]:
+        waiting.offer(b, 0.0)
+    assert waiting.buffered == 4
