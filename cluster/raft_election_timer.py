@@ -87,7 +87,6 @@ class ElectionBackoff(SyncObj):  # type: ignore[misc]
     """``SyncObj`` whose election timeouts double with each candidacy and halve again
     after each :data:`DECAY_SECONDS` without one (see the module docstring)."""
 
-    _SyncObj__raftState: int
     _doublings = 0
     _stood_at = 0.0
 
