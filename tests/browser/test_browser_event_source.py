@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from urllib.parse import urlencode
 import pytest
 import trio
 from browser import PAGES, Browser
+from listen_ports import listen_port
 
 from chaos.proxy import Proxy
 
@@ -30,9 +30,7 @@ RECORDER = (PAGES / "event_source.js").read_text()
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 class ProxyThread:

@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import trio
+from listen_ports import listen_port
 
 from chaos.proxy import Proxy, local_ports
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 async def echo_server(port: int, task_status: trio.TaskStatus[None]) -> None:

@@ -7,11 +7,11 @@ publishing straight to the server, so the resume has real messages to recover.
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import trio
+from listen_ports import listen_port
 from sdk_fake_server import FAST, trio_test
 
 from migratory.model.message import Message, MessageType
@@ -105,10 +105,7 @@ async def publish(client: Client, subject: str, *contents: str) -> list[Position
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 @trio_test

@@ -17,11 +17,11 @@ for a message the fresh subscription never got): test_sdk_op_order.py pins the f
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
+from listen_ports import listen_port
 from sdk_fake_server import trio_test
 
 from migratory.config import load_config
@@ -45,10 +45,7 @@ RESTARTS = 20
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 def server_config(port: int, **settings: str) -> object:

@@ -24,6 +24,7 @@ import pytest
 import trio
 import trio.testing
 from cluster_link_pair import open_pair
+from listen_ports import listen_port
 
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
@@ -126,10 +127,7 @@ async def keeps_dialling(behaviour: Behaviour) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 async def raw(port: int) -> trio.SocketStream:

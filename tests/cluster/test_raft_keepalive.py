@@ -11,11 +11,11 @@ the order of candidacies is known: A leads first, then B stands before C.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from listen_ports import listen_ports
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.transport import TCPTransport
 
@@ -25,19 +25,8 @@ CONNECTION_TIMEOUT = 1.0
 TIMEOUTS = {"a": (0.13, 0.14), "b": (0.30, 0.35), "c": (0.80, 0.90)}
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def build(transport: type) -> dict[str, SyncObj]:
-    ports = dict(zip(TIMEOUTS, free_ports(3), strict=True))
+    ports = dict(zip(TIMEOUTS, listen_ports(3), strict=True))
     address = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     nodes = {}
     for name, (low, high) in TIMEOUTS.items():
@@ -103,7 +92,7 @@ def test_the_first_candidate_is_elected_over_a_kept_alive_link() -> None:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[SyncObj, SyncObj]]:
-    ports = free_ports(2)
+    ports = listen_ports(2)
     a, b = (f"127.0.0.1:{port}" for port in ports)
     conf = dict(password="x", autoTick=False, raftMinTimeout=0.13, raftMaxTimeout=0.14,
                 appendEntriesPeriod=0.04, connectionTimeout=CONNECTION_TIMEOUT,

@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 import trio
 import trio.testing
+from listen_ports import listen_port
 from no_descriptors import no_descriptor_left
 
 from cluster.coordination import UNNUMBERED_EPOCH
@@ -41,9 +42,7 @@ async def start_monitoring(nursery: trio.Nursery) -> tuple[str, int]:
 
 
 async def start_cluster_link_port(nursery: trio.Nursery) -> tuple[str, int]:
-    with trio.socket.socket() as probe:  # a free port for PeerService.run's bind
-        await probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
+    port = listen_port()  # for PeerService.run's bind: tests/listen_ports.py
     stream = CommittedStream(ClusterPublishing(
         origin="me#1", replica=Replica(Hub(epoch=UNNUMBERED_EPOCH))))
     service = PeerService(name=f"127.0.0.1:{port}", members=frozenset(), password="p" * 16,

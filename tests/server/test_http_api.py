@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from httpclient import HttpClient, SseClient, header
+from listen_ports import listen_port
 from rawclient import RawClient
 
 from migratory.model.message import Message
@@ -22,9 +23,7 @@ SUBJECT = "/Stocks/NYSE/IBM"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return listen_port()  # below the ephemeral range: tests/listen_ports.py
 
 
 def test_publish_answers_with_the_position_and_the_snapshot_has_the_fields(
