@@ -19,7 +19,8 @@ from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
 from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_member_template
-from migratory.config_file import COMMENT_HINT, FILE_FORMAT
+from migratory.config_file import COMMENT_HINT, FILE_FORMAT, Layer
+from migratory.config_file import parse_config_text as parse_config_text  # re-exported
 from migratory.config_file import read_config_file as read_config_file  # re-exported
 from migratory.config_listeners import (
     LISTENER_SETTINGS,
@@ -41,6 +42,8 @@ from migratory.config_values import (
     _int,
     _optional_addresses,
     _text,
+    clipped,
+    shown,
 )
 from migratory.config_workers import WORKER_SETTINGS, check_workers
 
@@ -324,7 +327,7 @@ def _known_key(key: str, source: str) -> str:
     if not hint and key.lower() in _BY_LOWER:
         hint = [_BY_LOWER[key.lower()].key]
     suffix = f" (did you mean {hint[0]!r}?)" if hint else ""
-    raise ConfigError(f"{source}: unknown key {key!r}{suffix}")
+    raise ConfigError(f"{source}: unknown key {shown(key)}{suffix}")
 
 
 def _parse(setting: Setting, text: str, source: str) -> Any:
@@ -332,15 +335,7 @@ def _parse(setting: Setting, text: str, source: str) -> Any:
         return setting.parse(text.strip())
     except ValueError as exc:
         hint = COMMENT_HINT if "#" in text else ""
-        raise ConfigError(f"{source}: {setting.key}: {exc}{hint}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Layer:
-    """One source of settings (a file, the environment, ``--set``): ``Key -> text``."""
-
-    source: str
-    values: Mapping[str, str]
+        raise ConfigError(f"{source}: {setting.key}: {clipped(str(exc), text)}{hint}") from None
 
 
 class _Origins:
@@ -360,9 +355,9 @@ def build_config(layers: Iterable[Layer]) -> Config:
     sources: dict[str, str] = {}
     for layer in layers:
         for key, text in layer.values.items():
-            known = _known_key(key, layer.source)
+            known = _known_key(key, layer.place(key))
             raw[known] = text
-            sources[known] = layer.source
+            sources[known] = layer.place(key)
     values = {
         _BY_KEY[key].attr: _parse(_BY_KEY[key], text, sources.get(key, "default"))
         for key, text in raw.items()
@@ -399,36 +394,26 @@ def _check(config: Config, key: _Origins) -> Config:
     return config
 
 
-def parse_config_text(text: str, *, source: str) -> dict[str, str]:
-    """Parse ``Key = Value`` lines; ``#`` starts a comment line."""
+def env_overrides(environ: Mapping[str, str]) -> Layer:
+    """``MIGRATORY_CFG_<KEY>`` variables, keys matched case-insensitively; each key's
+    place is its variable (``environment variable MIGRATORY_CFG_BATCHTIME``)."""
     values: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, sep, value = stripped.partition("=")
-        where = f"{source}:{number}"
-        if not sep or not key.strip():
-            raise ConfigError(f"{where}: expected 'Key = Value', got {stripped!r}")
-        key = _known_key(key.strip(), where)
-        if key in values:
-            raise ConfigError(f"{where}: {key} is set twice")
-        values[key] = value.strip()
-    return values
-
-
-def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
-    """``MIGRATORY_CFG_<KEY>`` variables, keys matched case-insensitively."""
-    values = {}
+    places: dict[str, str] = {}
     for name, text in environ.items():
         if not name.upper().startswith(ENV_PREFIX):
             continue
-        key = name[len(ENV_PREFIX):]
-        setting = _BY_LOWER.get(key.lower())
+        where = f"environment variable {name if name.isprintable() else shown(name)}"
+        setting = _BY_LOWER.get(name[len(ENV_PREFIX):].lower())
         if setting is None:
-            raise ConfigError(f"environment: unknown key in {name!r} (see docs/config.md)")
-        values[setting.key] = text
-    return values
+            hint = difflib.get_close_matches(name[len(ENV_PREFIX):].lower(), _BY_LOWER, n=1)
+            suffix = f"did you mean {ENV_PREFIX}{_BY_LOWER[hint[0]].key.upper()}?" if hint else (
+                "see docs/config.md")
+            raise ConfigError(f"{where}: unknown key ({suffix})")
+        if setting.key in places:  # MIGRATORY_CFG_BatchTime and MIGRATORY_CFG_BATCHTIME
+            raise ConfigError(f"{where}: {setting.key} is set twice (also by "
+                              f"{places[setting.key].removeprefix('environment variable ')})")
+        values[setting.key], places[setting.key] = text, where
+    return Layer("environment", values, places)
 
 
 def parse_set_options(items: Iterable[str]) -> dict[str, str]:
@@ -436,7 +421,7 @@ def parse_set_options(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set: expected Key=Value, got {item!r}")
+            raise ConfigError(f"--set: expected Key=Value, got {shown(item)}")
         values[_known_key(key.strip(), "--set")] = value
     return values
 
@@ -455,8 +440,8 @@ def load_config(
     if path is not None:
         if text is None:
             text = read_config_file(path)
-        layers.append(Layer(str(path), parse_config_text(text, source=str(path))))
-    layers.append(Layer("environment", env_overrides(os.environ if environ is None else environ)))
+        layers.append(parse_config_text(text, source=str(path)))
+    layers.append(env_overrides(os.environ if environ is None else environ))
     layers.append(Layer("--set", overrides or {}))
     return build_config(layers)
 
@@ -470,8 +455,9 @@ def reference_markdown() -> str:
         f"in the environment (`{ENV_PREFIX}<KEY>`, case-insensitive), or with",
         "`--set Key=Value`; later sources win. All sources are merged before anything is",
         "checked, so rules between keys apply to the merged result. Unknown keys and bad",
-        "values stop start-up with a message naming the key and the source it came from, as",
-        "does a number past its key's maximum (2^40 where none is said; seconds: ten years).",
+        "values stop start-up with a message naming the key, what it accepts, and where it",
+        "was set (`FILE:LINE`, `environment variable MIGRATORY_CFG_...`, `--set`), as does",
+        "a number past its key's maximum (2^40 where none is said; seconds: ten years).",
         "", *FILE_FORMAT, "",
         "| Key | Default | Meaning |\n|---|---|---|",
     ]

@@ -15,6 +15,24 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key and the source."""
 
 
+SHOWN_CHARACTERS = 60
+
+
+def shown(text: str) -> str:
+    """``text`` quoted for an error message, cut when long: a message is one line, not
+    the 10 MB value or line it complains about."""
+    if len(text) <= SHOWN_CHARACTERS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARACTERS]!r}... ({len(text):,} characters)"
+
+
+def clipped(message: str, text: str) -> str:
+    """A parser's ``message`` about ``text`` with ``text`` (however quoted) shown cut."""
+    if len(text) <= SHOWN_CHARACTERS:
+        return message
+    return message.replace(repr(text), shown(text)).replace(repr(text.strip()), shown(text))
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One config key: its attribute on Config, its parser, default text and doc line."""
@@ -40,6 +58,11 @@ def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[
         maximum = SECONDS_CEILING if unit == " of seconds" else CEILING
 
     def parse(text: str) -> int:
+        noun = unit.removeprefix(" of ")
+        bounds = f"must be >= {minimum} and <= {maximum}{f' ({noun})' if noun else ''}"
+        digits = text.replace("_", "").lstrip("+-")
+        if len(digits.lstrip("0")) > 30 and digits.isascii() and digits.isdigit():  # (int() refuses
+            raise ValueError(f"{bounds}, got a number of {len(digits):,} digits")  # 4,300)
         try:
             if not text.isascii():  # int() would read any script's digits ('\uff12': 2)
                 raise ValueError
@@ -47,11 +70,7 @@ def _int(minimum: int, maximum: int | None = None, unit: str = "") -> Callable[[
         except ValueError:
             raise ValueError(f"expected a whole number{unit}, got {text!r}") from None
         if value < minimum or value > maximum:
-            upper = f" and <= {maximum}"
-            noun = unit.removeprefix(" of ")
-            raise ValueError(
-                f"must be >= {minimum}{upper}{f' ({noun})' if noun else ''}, got {value}"
-            )
+            raise ValueError(f"{bounds}, got {value}")
         return value
 
     return parse

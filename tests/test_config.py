@@ -13,7 +13,6 @@ from migratory.config import (
     ConfigError,
     env_overrides,
     load_config,
-    parse_config_text,
     parse_set_options,
     reference_markdown,
 )
@@ -42,7 +41,7 @@ def test_file_in_seed_style(tmp_path: Path) -> None:
 
 def test_unknown_key_names_the_key_line_and_a_suggestion() -> None:
     with pytest.raises(ConfigError, match=r"f\.conf:2: unknown key 'BatchTmie' .*'BatchTime'"):
-        parse_config_text("BatchTime = 1\nBatchTmie = 2\n", source="f.conf")
+        load_config("f.conf", text="BatchTime = 1\nBatchTmie = 2\n", environ={})
 
 
 @pytest.mark.parametrize(
@@ -94,7 +93,7 @@ def test_precedence_file_then_environment_then_set(tmp_path: Path) -> None:
 
 
 def test_unknown_environment_key_is_refused_but_other_variables_are_ignored() -> None:
-    assert env_overrides({"MIGRATORY_SERVICE_HOST": "10.0.0.1"}) == {}
+    assert env_overrides({"MIGRATORY_SERVICE_HOST": "10.0.0.1"}).values == {}
     with pytest.raises(ConfigError, match="MIGRATORY_CFG_NOPE"):
         env_overrides({"MIGRATORY_CFG_NOPE": "1"})
 
@@ -155,8 +154,9 @@ def test_cross_key_errors_name_where_each_key_came_from(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ=environ)
     message = str(caught.value)
-    assert "ClusterMemberListen (from environment) 127.0.0.1:1" in message
-    assert f"ClusterMembers (from {path})" in message
+    assert ("ClusterMemberListen (from environment variable MIGRATORY_CFG_CLUSTERMEMBERLISTEN)"
+            " 127.0.0.1:1") in message
+    assert f"ClusterMembers (from {path}:1)" in message
 
 
 def test_listener_roles_map_each_listener_to_its_protocols_and_publishing() -> None:

@@ -60,9 +60,10 @@ def test_any_file_and_environment_give_a_config_or_one_line_naming_the_key(
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (b"Listen = 127.0.0.1:0\nListen = 127.0.0.1:1\n", r"f.conf:2: Listen is set twice$"),
+    (b"Listen = 127.0.0.1:0\nListen = 127.0.0.1:1\n",
+     r"f.conf:2: Listen is set twice \(first on line 1\)$"),
     (b"BatchTime = 5 # ms\n",
-     r"f.conf: BatchTime: expected a whole number of milliseconds, got '5 # ms' "
+     r"f.conf:1: BatchTime: expected a whole number of milliseconds, got '5 # ms' "
      r"\('#' starts a comment only at the start of a line\)$"),
     (b"Listen\n", r"f.conf:1: expected 'Key = Value', got 'Listen'$"),
     (b"listen = 127.0.0.1:0\n", r"f.conf:1: unknown key 'listen' \(did you mean 'Listen'\?\)$"),
@@ -79,8 +80,8 @@ def test_a_bad_file_is_one_line_naming_the_line_or_the_key(
 def test_an_unknown_variable_is_named_in_one_line() -> None:
     """Before: the variable's name as it was, a newline in it (any byte but NUL and '='
     may be in one) made the message two lines."""
-    with pytest.raises(ConfigError, match=r"^environment: unknown key in 'MIGRATORY_CFG_\\n"
-                                          r"Listen' \(see docs/config.md\)$"):
+    with pytest.raises(ConfigError, match=r"^environment variable 'MIGRATORY_CFG_\\nListen': "
+                                          r"unknown key \(did you mean MIGRATORY_CFG_LISTEN\?\)$"):
         load_config(environ={"MIGRATORY_CFG_\nListen": "127.0.0.1:0"})
 
 

@@ -134,5 +134,6 @@ def test_a_pod_beyond_the_member_list_stops_naming_both_keys(tmp_path: Path) -> 
     ordinal = max_replicas()
     with pytest.raises(ConfigError) as refused:
         load_pod_config(pod_view(DOCS, ordinal, PASSWORD), tmp_path)
-    assert f"ClusterMemberOrdinal (from environment) = {ordinal} is past the member " \
-        f"list: ClusterMemberCount (from environment) = {ordinal}" in str(refused.value)
+    assert (f"ClusterMemberOrdinal (from environment variable MIGRATORY_CFG_CLUSTERMEMBERORDINAL)"
+            f" = {ordinal} is past the member list: ClusterMemberCount (from environment "
+            f"variable MIGRATORY_CFG_CLUSTERMEMBERCOUNT) = {ordinal}") in str(refused.value)
