@@ -79,6 +79,10 @@ class SubscriptionRequest:
     position: Position | None = None
     history: int = 0
     conflation_ms: int = 0
+    snapshot: bool = False
+    """On a resume: the client never got the snapshot its first subscribe's answer owed
+    it (the connection was cut after ``SUBSCRIBE_ALLOW``): send the snapshot as of
+    ``position`` first (docs/protocol.md, "What a subscribe produces")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +301,8 @@ def _subscription_map(request: SubscriptionRequest) -> dict[str, Any]:
         body["history"] = request.history
     if request.conflation_ms:
         body["conflation"] = request.conflation_ms
+    if request.snapshot:
+        body["snapshot"] = True
     return body
 
 
@@ -404,6 +410,7 @@ def _decode_subscription(item: Any) -> SubscriptionRequest:
         position=r.position(),
         history=r.integer("history", 0),
         conflation_ms=r.integer("conflation", 0, maximum=MAX_CONFLATION_MS),
+        snapshot=r.boolean("snapshot", False),
     )
 
 

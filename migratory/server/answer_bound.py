@@ -36,9 +36,12 @@ def answer_bytes(
         return snapshot if publish_snapshot else 0
     if position.epoch == state.epoch and state.seq - position.seq >= 0:
         count = min(state.seq - position.seq, len(cache))
-        return max(snapshot, cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD)
+        recovered = cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
+        # asked with the snapshot: it comes before the messages recovered
+        return snapshot + recovered if request.snapshot else max(snapshot, recovered)
     if position == unnumbered:  # saw nothing: all of it is missed (Hub._missed)
-        return max(snapshot, cache.bytes + len(cache) * MESSAGE_OVERHEAD)
+        recovered = cache.bytes + len(cache) * MESSAGE_OVERHEAD
+        return snapshot + recovered if request.snapshot else max(snapshot, recovered)
     # ahead of this hub (a lagging member: nothing now) or an epoch the subject no
     # longer has: the snapshot and DATA_RESYNC (sizing it as the whole cache refused
     # resumes whose answer is one message: "subscribe answer too large")

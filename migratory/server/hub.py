@@ -193,19 +193,19 @@ class Hub(SubjectExpiry, MessageSinks):
         if position is not None and self._ahead(state, position):
             # A member lagging behind the cluster: answering now would move the client
             # back. Nothing until this member reaches the client's position.
-            state.waiting[sink] = WaitingResume(position, period)
+            state.waiting[sink] = WaitingResume(position, period, request.snapshot)
             return [allow]
         if position is not None and self._unplaced(state, position):
             # No position here for a subject the client has one of: this member lags
             # (not numbered here yet) or forgot it (spent, see expire). DATA_RESYNC now,
             # the client's position kept; it waits as above, so that a lagging member
             # does not repeat what the client has when it catches up.
-            state.waiting[sink] = WaitingResume(position, period)
+            state.waiting[sink] = WaitingResume(position, period, request.snapshot)
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
         self._add_subscription(state, sink, period, now)
         if position is None:
             return self._fresh(state, request.history)
-        return [allow, *self._resume(state, position)]
+        return [allow, *self._resume(state, position, snapshot=request.snapshot)]
 
     def _ahead(self, state: SubjectState, position: Position) -> bool:
         """``position`` is later than this member's position of the same lineage."""
@@ -238,7 +238,7 @@ class Hub(SubjectExpiry, MessageSinks):
                 continue
             del state.waiting[sink]
             self._add_subscription(state, sink, waiting.conflation_ms, now)
-            for op in self._resume(state, waiting.position):
+            for op in self._resume(state, waiting.position, snapshot=waiting.snapshot):
                 send_op(sink, op)
 
     def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
@@ -255,20 +255,42 @@ class Hub(SubjectExpiry, MessageSinks):
             out.append(ops.Deliver((state.snapshot,)))
         return out
 
-    def _resume(self, state: SubjectState, position: Position) -> list[ops.ServerOp]:
-        """What a resume from ``position`` gets after its ``SUBSCRIBE_ALLOW``."""
+    def _resume(
+        self, state: SubjectState, position: Position, *, snapshot: bool = False
+    ) -> list[ops.ServerOp]:
+        """What a resume from ``position`` gets after its ``SUBSCRIBE_ALLOW``; with
+        ``snapshot``, the snapshot as of ``position`` first (``SubscriptionRequest``)."""
         out: list[ops.ServerOp] = []
         missed = self._missed(state, position)
-        if missed is None:
+        if missed is None or (snapshot and self._snapshot_after(state, position)):
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
             # (never unplaced here: such a resume waits, see _subscribe)
             out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
             return out
+        current = state.snapshot
+        if snapshot and self._publish_snapshot and current is not None and (
+            current.epoch != position.epoch or current.seq <= position.seq
+        ):
+            out.append(ops.Deliver((current,)))  # the snapshot as of ``position``
         if missed:
             out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
         out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
         return out
+
+    def _snapshot_after(self, state: SubjectState, position: Position) -> bool:
+        """The snapshot changed after ``position``: the one as of ``position`` is gone
+        (its fields are merged over), so a resume that asks for it gets the current one
+        and ``DATA_RESYNC``. At seq 0 nothing of the lineage came before ``position``:
+        the messages recovered carry the whole snapshot, none is owed."""
+        current = state.snapshot
+        return (
+            self._publish_snapshot
+            and current is not None
+            and current.epoch == position.epoch
+            and current.seq > position.seq
+            and position.seq > 0
+        )
 
     def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
         """The messages after ``position``, or None when they cannot be told."""

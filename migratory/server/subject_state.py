@@ -19,6 +19,8 @@ class WaitingResume(NamedTuple):
 
     position: Position
     conflation_ms: int
+    snapshot: bool = False
+    """The resume asked for the snapshot as of ``position`` (``SubscriptionRequest``)."""
 
 
 class SubjectState:

@@ -58,13 +58,15 @@ async def subscribed_raw(
     return subscription, link
 
 
-async def resumed_from(peer: RawPeer, position: Position) -> RawLink:
-    """The client's next session resumes SUBJECT from ``position``."""
+async def resumed_from(peer: RawPeer, position: Position, *, snapshot: bool = False) -> RawLink:
+    """The client's next session resumes SUBJECT from ``position`` (asking for the
+    snapshot as of it when the first subscribe's answer was cut before one came)."""
     link = await peer.accept()
     await link.accept_session()
     request = await link.expect(ops.Subscribe)
     assert isinstance(request, ops.Subscribe)
-    assert request.subscriptions == (ops.SubscriptionRequest(SUBJECT, position),)
+    expected = ops.SubscriptionRequest(SUBJECT, position, snapshot=snapshot)
+    assert request.subscriptions == (expected,)
     return link
 
 
@@ -271,7 +273,7 @@ async def test_a_frame_announcing_terabytes_is_refused_once_past_the_limit(
             for _ in range(4):  # what the client reads of it stays within its limit
                 link.write(b"\\0" * 4096)
             assert await link.closed_by_client() == 1009
-            again = await resumed_from(peer, Position(7, 10))
+            again = await resumed_from(peer, Position(7, 10), snapshot=True)
             note = await next_note(client, NotificationStatus.SERVER_DOWN)
             assert note.reason is not None and note.reason.startswith(
                 "bad frame from the server (1009"
@@ -305,7 +307,7 @@ async def test_a_close_code_the_table_does_not_name_follows_the_documented_rule(
             note = await next_note(client, NotificationStatus.SERVER_DOWN)
             assert note.reason == f"closed with {code}: who knows"
             if UNNAMED_CODES[code]:
-                again = await resumed_from(peer, Position(7, 10))
+                again = await resumed_from(peer, Position(7, 10), snapshot=True)
                 assert client.error is None
                 again.write(ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, SUBJECT, None))
             else:

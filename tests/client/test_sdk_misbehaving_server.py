@@ -204,14 +204,16 @@ async def test_a_resume_refused_whole_as_too_large_is_asked_for_one_subject_at_a
                 await conn.send(too_large(subject))
             for subject in ("/a/b", "/c/d"):  # each once the answer before is complete
                 again = await conn.expect(ops.Subscribe)
-                assert again.subscriptions == (
-                    ops.SubscriptionRequest(subject, Position(7, 10)),
+                assert again.subscriptions == (  # cut before a snapshot: asked for
+                    ops.SubscriptionRequest(subject, Position(7, 10), snapshot=True),
                 )
                 await conn.send(ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, subject, None))
                 await conn.deliver(update(subject, 11, kind=MessageType.RECOVERED))
                 await conn.send(ops.SubjectStatus(ops.Status.DATA_SYNC, subject, Position(7, 11)))
             alone = await conn.expect(ops.Subscribe)
-            assert alone.subscriptions == (ops.SubscriptionRequest("/e/f", Position(7, 10)),)
+            assert alone.subscriptions == (
+                ops.SubscriptionRequest("/e/f", Position(7, 10), snapshot=True),
+            )
             await conn.send(too_large("/e/f"))  # a resume too large alone: from the snapshot
             restart = await conn.expect(ops.Subscribe)
             assert restart.subscriptions == (ops.SubscriptionRequest("/e/f", None, 0),)

@@ -235,3 +235,31 @@ def test_delivered_updates_strictly_increase(seqs: list[int], conflation: int) -
     assert delivered == sorted(set(delivered))
     if not conflation:
         assert delivered == list(range(1, len(delivered) + 1))
+
+
+def test_a_first_answer_cut_before_its_snapshot_resumes_asking_for_it() -> None:
+    # was: the resume from the ALLOW's position asked for nothing more, so the snapshot
+    # the first subscribe owed never came
+    tracker = allowed()
+    tracker.on_session_lost()
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10), snapshot=True)
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, None)  # the resume's answer, cut again
+    tracker.on_session_lost()
+    assert tracker.request().snapshot
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, None)
+    assert tracker.on_message(msg(9, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10))
+
+
+def test_the_snapshot_is_asked_for_only_while_the_first_answer_is_open() -> None:
+    updated = allowed()
+    updated.on_message(msg(11))  # the answer closed: no snapshot was coming
+    assert not updated.request().snapshot
+    synced = allowed()
+    synced.on_status(Status.DATA_RESYNC, Position(7, 12))
+    assert not synced.request().snapshot
+    history = allowed(history=3)  # a history subscribe owes no snapshot
+    assert not history.request().snapshot
+    resumed = SubjectTracker(SUBJECT, position=Position(7, 10))
+    resumed.on_status(Status.SUBSCRIBE_ALLOW, None)  # a plain resume owes none either
+    assert not resumed.request().snapshot

@@ -81,7 +81,9 @@ function integer(value) {
   return value > MAX_UINT32 ? BigInt(value) : value;
 }
 
-function subscriptionMap({ subject, position: from = null, history = 0, conflationMs = 0 }) {
+function subscriptionMap({
+  subject, position: from = null, history = 0, conflationMs = 0, snapshot = false,
+}) {
   const body = { subject };
   if (from !== null) {
     body.epoch = integer(from.epoch);
@@ -89,6 +91,7 @@ function subscriptionMap({ subject, position: from = null, history = 0, conflati
   }
   if (history) body.history = history;
   if (conflationMs) body.conflation = conflationMs;
+  if (snapshot) body.snapshot = true; // a resume asking for the snapshot as of `from`
   return body;
 }
 

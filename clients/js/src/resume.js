@@ -72,6 +72,10 @@ export class SubjectTracker {
     /** Historical messages the open answer may still bring, and the last one's position. */
     this.historicalDue = 0;
     this.lastHistorical = null;
+    /** A first subscribe's answer (no history) is open and its snapshot has not come:
+     * should the connection be lost now, the resume asks for the snapshot as of
+     * `position` (the subscribe entry's `snapshot` key), or the application never gets it. */
+    this.snapshotOwed = false;
   }
 
   get conflated() {
@@ -88,7 +92,7 @@ export class SubjectTracker {
     }
     return Object.freeze({
       subject: this.subject, position: this.position, history: 0,
-      conflationMs: this.conflationMs,
+      conflationMs: this.conflationMs, snapshot: this.snapshotOwed,
     });
   }
 
@@ -137,7 +141,10 @@ export class SubjectTracker {
       this.snapshotDue = history === 0;
       this.historicalDue = history;
       this.lastHistorical = null;
-      if (fresh) this.position = position; // on a resume, recovered come next
+      if (fresh) { // on a resume, recovered come next
+        this.position = position;
+        this.snapshotOwed = history === 0;
+      }
     } else if (status === "DATA_SYNC" || status === "DATA_RESYNC") {
       this.closeAnswer();
     }
@@ -171,6 +178,7 @@ export class SubjectTracker {
   closeAnswer() {
     this.snapshotDue = false;
     this.historicalDue = 0;
+    this.snapshotOwed = false;
   }
 
   /** A snapshot or historical message: delivered only as part of an open answer. */
@@ -178,6 +186,7 @@ export class SubjectTracker {
     if (message.type === MessageType.SNAPSHOT) {
       if (!this.snapshotDue) return Verdict.DUPLICATE;
       this.snapshotDue = false;
+      this.snapshotOwed = false;
       return Verdict.DELIVER;
     }
     const last = this.lastHistorical;
@@ -222,10 +231,11 @@ export class SubjectTracker {
     return Verdict.GAP;
   }
 
-  /** The connection is gone; the next session resubscribes every subject anyway. */
-  /** Known limit (as the Python SDK's): a first subscribe's answer cut after its
-   * SUBSCRIBE_ALLOW and before its snapshot is resumed from the ALLOW's position, so that
-   * snapshot never comes (docs/protocol.md, "What the SDKs do with a broken server"). */
+  /** The connection is gone; the next session resubscribes every subject anyway. A
+   * first subscribe's answer cut after its SUBSCRIBE_ALLOW and before its snapshot is
+   * resumed from the ALLOW's position asking for the snapshot as of it (`snapshotOwed`):
+   * the snapshot, then the updates missed (docs/protocol.md, "What the SDKs do with a
+   * broken server"). */
   onSessionLost() {
     this.recovering = false;
   }

@@ -120,12 +120,12 @@ test("a resume refused whole as too large is asked for one subject at a time", a
     reason: "subscribe answer too large: about 9 bytes" });
   for (const subject of ["/a/b", "/c/d", "/e/f", "/g/h"]) second.receive(tooLarge(subject)); // was: all denied for good
   for (const subject of ["/a/b", "/c/d"]) { // each once the answer before it is complete
-    assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject, epoch: 7, seq: 10 }] }]);
+    assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject, epoch: 7, seq: 10, snapshot: true }] }]);
     second.receive(status("SUBSCRIBE_ALLOW", subject));
     second.receive(batch([update(subject, 11, { type: "recovered" })]));
     second.receive(status("DATA_SYNC", subject, 7, 11));
   }
-  assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/e/f", epoch: 7, seq: 10 }] }]);
+  assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/e/f", epoch: 7, seq: 10, snapshot: true }] }]);
   second.receive(tooLarge("/e/f")); // a resume too large alone: from the snapshot
   assert.deepEqual(second.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: "/e/f" }] }]);
   second.receive(status("SUBSCRIBE_ALLOW", "/e/f", 7, 30));

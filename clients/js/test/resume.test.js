@@ -23,7 +23,38 @@ test("the first request asks for history, later ones resume", () => {
   const tracker = new SubjectTracker(SUBJECT, { history: 5, conflationMs: 500 });
   assert.deepEqual(tracker.request(), { subject: SUBJECT, position: null, history: 5, conflationMs: 500 });
   tracker.onStatus("SUBSCRIBE_ALLOW", position(7, 10));
-  assert.deepEqual(tracker.request(), { subject: SUBJECT, position: position(7, 10), history: 0, conflationMs: 500 });
+  assert.deepEqual(tracker.request(), {
+    subject: SUBJECT, position: position(7, 10), history: 0, conflationMs: 500, snapshot: false,
+  });
+});
+
+test("a first answer cut before its snapshot resumes asking for it", () => {
+  // was: the resume from the ALLOW's position asked for nothing more, so the snapshot
+  // the first subscribe owed never came
+  const tracker = allowed();
+  tracker.onSessionLost();
+  assert.deepEqual(tracker.request(), {
+    subject: SUBJECT, position: position(7, 10), history: 0, conflationMs: 0, snapshot: true,
+  });
+  tracker.onStatus("SUBSCRIBE_ALLOW", null); // the resume's answer, cut again
+  tracker.onSessionLost();
+  assert.equal(tracker.request().snapshot, true);
+  tracker.onStatus("SUBSCRIBE_ALLOW", null);
+  assert.equal(tracker.onMessage(msg(9, 7, "snapshot")), Verdict.DELIVER);
+  assert.equal(tracker.request().snapshot, false);
+});
+
+test("the snapshot is asked for only while the first answer is open", () => {
+  const updated = allowed();
+  updated.onMessage(msg(11)); // the answer closed: no snapshot was coming
+  assert.equal(updated.request().snapshot, false);
+  const synced = allowed();
+  synced.onStatus("DATA_RESYNC", position(7, 12));
+  assert.equal(synced.request().snapshot, false);
+  assert.equal(allowed(position(7, 10), { history: 3 }).request().snapshot, false);
+  const resumed = new SubjectTracker(SUBJECT, { position: position(7, 10) });
+  resumed.onStatus("SUBSCRIBE_ALLOW", null); // a plain resume owes none either
+  assert.equal(resumed.request().snapshot, false);
 });
 
 test("live updates in order are delivered", () => {

@@ -219,6 +219,9 @@ export interface SubscriptionRequest {
   readonly position: Position | null;
   readonly history: number;
   readonly conflationMs: number;
+  /** On a resume: the snapshot as of `position` is asked for too (the first
+   * subscribe's answer was cut after its SUBSCRIBE_ALLOW, before its snapshot). */
+  readonly snapshot?: boolean;
 }
 export class SubjectTracker {
   constructor(subject: string, options?: { history?: number; conflationMs?: number; position?: Position | null });

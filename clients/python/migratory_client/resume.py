@@ -91,6 +91,10 @@ class SubjectTracker:
     historical_due: int = 0
     """Historical messages the open answer may still bring."""
     last_historical: Position | None = None
+    snapshot_owed: bool = False
+    """A first subscribe's answer (no history) is open and its snapshot has not come:
+    should the connection be lost now, the resume asks for the snapshot as of
+    ``position`` (``SubscriptionRequest.snapshot``), or the application never gets it."""
 
     @property
     def conflated(self) -> bool:
@@ -101,7 +105,9 @@ class SubjectTracker:
         if self.position is None:
             history = 0 if self.restarting else self.history
             return SubscriptionRequest(self.subject, None, history, self.conflation_ms)
-        return SubscriptionRequest(self.subject, self.position, 0, self.conflation_ms)
+        return SubscriptionRequest(
+            self.subject, self.position, 0, self.conflation_ms, snapshot=self.snapshot_owed
+        )
 
     def sent(self, session_id: int) -> None:
         """A subscription request for this subject went out on session ``session_id``."""
@@ -138,6 +144,7 @@ class SubjectTracker:
             self.last_historical = None
             if fresh:  # on a resume, recovered messages come next
                 self.position = position
+                self.snapshot_owed = history == 0
         elif status in (Status.DATA_SYNC, Status.DATA_RESYNC):
             self._close_answer()
         if status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
@@ -166,13 +173,14 @@ class SubjectTracker:
 
     def _close_answer(self) -> None:
         self.snapshot_due, self.historical_due = False, 0
+        self.snapshot_owed = False
 
     def _answer_message(self, message: Message) -> Verdict:
         """A snapshot or historical message: delivered only as part of an open answer."""
         if message.type is MessageType.SNAPSHOT:
             if not self.snapshot_due:
                 return Verdict.DUPLICATE
-            self.snapshot_due = False
+            self.snapshot_due = self.snapshot_owed = False
             return Verdict.DELIVER
         arrived, last = Position(message.epoch, message.seq), self.last_historical
         if self.historical_due == 0 or (
@@ -215,10 +223,8 @@ class SubjectTracker:
 
     def on_session_lost(self) -> None:
         """The connection is gone; the next session resubscribes every subject anyway.
-
-        Known limit: a first subscribe's answer cut after its SUBSCRIBE_ALLOW and before
-        its snapshot is resumed from the ALLOW's position, so that snapshot never comes
-        (updates after it do). Subscribing afresh instead would lose the updates of a
-        subject that has no snapshot; the protocol has no "resume, with the snapshot"
-        (docs/protocol.md, "What the SDKs do with a broken server")."""
+        A first subscribe's answer cut after its SUBSCRIBE_ALLOW and before its snapshot
+        is resumed from the ALLOW's position asking for the snapshot as of it
+        (``snapshot_owed``): the snapshot, then the updates missed (docs/protocol.md,
+        "What the SDKs do with a broken server")."""
         self.recovering = False
