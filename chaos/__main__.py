@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # (before the imports below: Ctrl-C during them is one line)
+    from migratory import interrupted
+
+    interrupted.exit_on_sigint("python -m chaos")
+
 import argparse
 import json
 import re
@@ -216,4 +221,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interrupted.run("python -m chaos", main))

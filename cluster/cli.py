@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 # Nothing heavy here: ``serve`` takes SIGINT and SIGTERM before it imports the server
 # (migratory/stop_signals.py), so this module's own imports are the only ones before.
-from migratory import stop_signals
+from migratory import interrupted, stop_signals
 
 if TYPE_CHECKING:
     from migratory.config import Config as ConfigType
@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The exit status: ``serve`` 0 once stopped by SIGINT or SIGTERM (whenever it came,
     start-up included), 1 when it could not start or run (a port in use, an unusable
-    ClusterDataDir, ...), 2 for a bad configuration or command line; the client
-    commands 130 on Ctrl-C (README, "Starting and stopping")."""
+    ClusterDataDir, ...), 2 for a bad configuration or command line; the other
+    commands 130 on Ctrl-C, with one line (``sub``, once subscribed, stops on it: 0)
+    (README, "Starting and stopping")."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         stop_signals.raise_on_stop()
@@ -188,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"migratory: {stop.signum.name} received during start-up: stopped",
                   file=sys.stderr)
         return 0
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:
+        if not interrupted.is_interrupt(exc):
+            raise
+        interrupted.say("migratory")
+        return interrupted.INTERRUPTED
     return code
 
 

@@ -13,13 +13,33 @@ every missing file or table) or a usage error. Phase timings go to stderr.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+# Ctrl-C: one line and status 130, during the imports below (pyspark's) too -- what
+# migratory/interrupted.py does for the other tools; this package ships without
+# migratory (spark-submit --py-files: spark_analysis and chaos only), so it is here.
+INTERRUPTED = 130
+
+
+def _interrupted(*_: object) -> None:
+    print("python -m spark_analysis: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    raise SystemExit(INTERRUPTED)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupted)
+
 # absolute imports: spark-submit runs this file as a script
-from spark_analysis.load import UnusableInput, check_layout, is_local, local_path
+from spark_analysis.load import (  # noqa: E402
+    UnusableInput,
+    check_layout,
+    is_local,
+    local_path,
+)
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -156,5 +176,14 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     return EXIT_OK if summary["ok"] else EXIT_VIOLATION
 
 
+def _main_interruptible() -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Spark's own cleanup runs)
+    try:
+        return main()
+    except KeyboardInterrupt:
+        _interrupted()
+        return INTERRUPTED  # (not reached)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_interruptible())

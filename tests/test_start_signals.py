@@ -1,11 +1,10 @@
 """SIGINT (Ctrl-C) and SIGTERM while ``migratory serve`` starts, before its event loop
 listens for them (migratory/stop_signals.py): one line, exit 0, no traceback.
 
-Each phase is held, not timed: a ``sitecustomize`` on the server's PYTHONPATH stops the
-import of one module -- it says ``importing NAME`` on stderr and waits on its stdin,
-which the test never writes -- and the signal comes once that line is out. Before: a
-SIGTERM there ended the process silently (exit status -15), a SIGINT printed a
-KeyboardInterrupt traceback from the middle of the import (exit status 1 or -2).
+Each phase is held, not timed (tests/held_imports.py): the import of one module waits
+until the signal comes. Before: a SIGTERM there ended the process silently (exit status
+-15), a SIGINT printed a KeyboardInterrupt traceback from the middle of the import (exit
+status 1 or -2).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from held_imports import start_held_at
 
 from migratory import stop_signals
 from migratory.config import Config
@@ -27,30 +27,12 @@ from migratory.server.run import run_until_signalled
 # the console script operators run (``cluster.cli:main``), installed next to the interpreter
 MIGRATORY = str(Path(sys.executable).with_name("migratory"))
 
-HOLD_IMPORT = '''
-import importlib.abc, os, sys
-
-class HoldImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == os.environ["HOLD_IMPORT_OF"]:
-            sys.meta_path.remove(self)
-            os.write(2, f"importing {name}\\n".encode())
-            sys.stdin.buffer.read(1)  # never written: until a signal ends it
-        return None
-
-sys.meta_path.insert(0, HoldImport())
-'''
-
 
 def serve_held_at(tmp_path: Path, module: str, *settings: str) -> subprocess.Popen[bytes]:
-    (tmp_path / "sitecustomize.py").write_text(HOLD_IMPORT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
-    env.update(PYTHONPATH=str(tmp_path), HOLD_IMPORT_OF=module)
     args = [MIGRATORY, "serve", "--set", "Listen=127.0.0.1:0"]
     for setting in settings:
         args += ["--set", setting]
-    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    return start_held_at(tmp_path, module, args)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

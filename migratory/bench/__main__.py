@@ -1,5 +1,11 @@
+"""``python -m migratory.bench``: ``migratory bench`` (migratory/bench/cli.py)."""
+
 import sys
 
-from migratory.bench.cli import main
+from migratory import interrupted
 
-sys.exit(main())
+interrupted.exit_on_sigint("migratory bench")  # (before the imports below)
+
+from migratory.bench.cli import main  # noqa: E402
+
+sys.exit(interrupted.run("migratory bench", main))

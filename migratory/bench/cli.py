@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -91,10 +92,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the subscriber processes: the C swarm (default when it builds: "
                      "gcc, libssl-dev) or the Python ones")
     out.add_argument("--setup-timeout", type=float)
-    out.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    out.add_argument("--plot", metavar="FILE.png", help="plot the latency distribution (PNG)")
+    out.add_argument("--json", metavar="FILE", type=output_file,
+                     help="write the results as JSON")
+    out.add_argument("--plot", metavar="FILE.png", type=output_file,
+                     help="plot the latency distribution (PNG)")
     out.add_argument("--no-progress", dest="progress", action="store_false",
                      help="no progress bar (it is shown only when stderr is a terminal)")
+
+
+def output_file(text: str) -> str:
+    """``--json``, ``--plot``: a file in a directory that exists, checked before the run
+    (a traceback after it was all an operator got for a mistyped directory)."""
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text!r}: no such directory {parent!r}")
+    return text
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -246,14 +258,17 @@ def bench(args: argparse.Namespace) -> int:
     if done:
         print()
         print(table(done))
-    if args.json:
-        write_json(args.json, done)
-    if args.plot and done:
-        try:
+    try:
+        if args.json:
+            write_json(args.json, done)
+        if args.plot and done:
             write_plot(args.plot, done)
-        except RuntimeError as exc:
-            print(f"migratory bench: {exc}", file=sys.stderr)
-            return 2
+    except OSError as exc:  # (the directory went, or is not writable)
+        print(f"migratory bench: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"migratory bench: {exc}", file=sys.stderr)
+        return 2
     if len(done) < len(results):
         return 2
     return 0 if all(r["pass"] for r in done) else 1

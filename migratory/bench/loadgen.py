@@ -120,8 +120,9 @@ def run_against(
             )
         assert target is not None
         result = run(target, procs)
-    except (KeyboardInterrupt, SystemExit):
-        print("interrupted", file=sys.stderr)
+    # Ctrl-C (KeyboardInterrupt) and SIGTERM (SystemExit) go on up once the finally
+    # has stopped everything: the command says it and exits 130 / 143 (they were taken
+    # here: "interrupted", then --compare went on to the next broker, exit status 2)
     except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
     finally:
