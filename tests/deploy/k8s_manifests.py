@@ -70,6 +70,31 @@ def find(docs: list[Document], kind: str, name: str | None = None) -> Document:
     return matches[0]
 
 
+def headless_service_names(docs: list[Document]) -> dict[str, str]:
+    """Every place of the install that names the members' headless service, and the name
+    it gives: the Service itself, the StatefulSet's ``serviceName`` (its pods' DNS
+    subdomain), the host of ClusterMemberTemplate in the ConfigMap (what members dial)
+    and the install Job's ``--tls-host`` (the name the member certificate is made for).
+    A rename, or a kustomize ``namePrefix``, moves the first two only."""
+    from migratory.config import parse_config_text
+
+    headless = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
+    assert len(headless) == 1, f"expected one headless Service, found {len(headless)}"
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap"
+                      and "migratory.conf" in d.get("data", {}))
+    conf = parse_config_text(config_map["data"]["migratory.conf"], source="migratory.conf")
+    template_host = conf.values["ClusterMemberTemplate"].rpartition(":")[0]
+    job = find(docs, "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    tls_host = command[command.index("--tls-host") + 1]
+    return {
+        "Service (headless)": headless[0]["metadata"]["name"],
+        "StatefulSet serviceName": find(docs, "StatefulSet")["spec"]["serviceName"],
+        "ConfigMap ClusterMemberTemplate": template_host.partition(".")[2],
+        "Job --tls-host": tls_host.removeprefix("*."),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     """What one container of a StatefulSet pod gets."""

@@ -3,6 +3,7 @@ the MigratoryData Elasticity guide asks for, checked on the rendered resources."
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from k8s_manifests import (
     documents,
     find,
     generated_secrets,
+    headless_service_names,
     load_pod_config,
     pod_view,
     rendered_text,
@@ -179,6 +181,26 @@ def test_member_names_are_the_pods_dns_names(tmp_path: Path) -> None:
     assert [host for host, _ in config.cluster_members] == hosts
     assert {port for _, port in config.cluster_members} == {names["cluster"]}
     assert names["raft"] == names["cluster"] + 1  # Raft on the cluster port + 1
+
+
+def test_every_place_names_the_one_headless_service() -> None:
+    """The members' headless service is named in four places; they must agree (the TLS
+    host went unchecked: a renamed service kept a certificate for the old name)."""
+    names = headless_service_names(DOCS)
+    assert len(set(names.values())) == 1, names
+
+
+def test_a_headless_service_renamed_in_one_place_is_caught() -> None:
+    """The check above fails when the names disagree: the Service and the StatefulSet
+    renamed (as ``namePrefix`` does), the ConfigMap and the Job left as they were."""
+    docs = copy.deepcopy(DOCS)
+    service = next(d for d in docs if d["kind"] == "Service"
+                   and d["spec"].get("clusterIP") == "None")
+    service["metadata"]["name"] = "peers"
+    find(docs, "StatefulSet")["spec"]["serviceName"] = "peers"
+    names = headless_service_names(docs)
+    assert names["ConfigMap ClusterMemberTemplate"] == names["Job --tls-host"] != "peers"
+    assert len(set(names.values())) == 2
 
 
 def test_seeds_are_spread_over_nodes(tmp_path: Path) -> None:
