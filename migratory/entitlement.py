@@ -143,8 +143,12 @@ def entitlement_from_config(config: Config) -> Entitlement:
                 config.entitlement_token_key_file,
                 config.entitlement_token_jwks_file,
             )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"Entitlement = Token: {exc}") from None
+        except (OSError, ValueError) as exc:  # (the message names the key and its file)
+            key, path = (("EntitlementTokenJwksFile", config.entitlement_token_jwks_file)
+                         if config.entitlement_token_jwks_file else
+                         ("EntitlementTokenKeyFile", config.entitlement_token_key_file))
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"Entitlement = Token: {key} {path}: {why}") from None
         return TokenEntitlement(
             algorithm=config.entitlement_token_algorithm,
             keys=keys,

@@ -127,11 +127,11 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
             raise ValueError("a JWKS file holds public keys: use RS256 or ES256")
         jwks = json.loads(Path(jwks_file).read_text())
         if not isinstance(jwks, dict):
-            raise ValueError(f"{jwks_file}: a JWKS is a JSON object with 'keys'")
+            raise ValueError("a JWKS is a JSON object with 'keys'")
         try:
             return jwt.PyJWKSet.from_dict(jwks)
         except jwt.PyJWTError as exc:  # no keys, none usable: a traceback at start-up
-            raise ValueError(f"{jwks_file}: {exc}") from None
+            raise ValueError(str(exc)) from None
     data = Path(key_file).read_bytes()
     if algorithm == "HS256":
         data = data.strip()
@@ -146,7 +146,7 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
         if algorithm == "HS256":
             raise ValueError("the HS256 secret is a public key (PEM or SSH): set "
                              "EntitlementTokenAlgorithm to RS256 or ES256 for it") from None
-        raise ValueError(f"{key_file} holds no {algorithm} public key (PEM)") from None
+        raise ValueError(f"holds no {algorithm} public key (PEM)") from None
 
 
 class TokenEntitlement:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,8 @@ def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
     for algorithm, text in (("RS256", "garbage " * 8), ("ES256", public.read_text())):
         wrong = tmp_path / f"wrong-{algorithm}.pem"
         wrong.write_text(text)
-        with pytest.raises(ConfigError, match=f"holds no {algorithm} public key"):
+        with pytest.raises(ConfigError, match=f"EntitlementTokenKeyFile .*wrong-{algorithm}.pem: "
+                                              f"holds no {algorithm} public key"):
             entitlement_from_config(token_config(tmp_path, EntitlementTokenAlgorithm=algorithm,
                                                  EntitlementTokenKeyFile=str(wrong)))
     # a JWKS file without usable keys, or not an object: ConfigError, not a traceback
@@ -240,7 +242,8 @@ def test_token_config_errors_name_the_key(tmp_path: Path) -> None:
                        ("list", "[1]")):
         jwks = tmp_path / f"{name}.jwks"
         jwks.write_text(text)
-        with pytest.raises(ConfigError, match=f"Entitlement = Token: .*{name}.jwks"):
+        with pytest.raises(ConfigError, match=f"Entitlement = Token: EntitlementTokenJwksFile "
+                                              f".*{name}.jwks: "):
             entitlement_from_config(token_config(tmp_path, EntitlementTokenAlgorithm="RS256",
                                                  EntitlementTokenJwksFile=str(jwks)))
 
@@ -446,3 +449,21 @@ def test_any_text_as_a_token_is_refused_by_every_mode_and_never_raises(token: st
     meta = MetaSubjectEntitlement(NoEntitlement(), "m" * 20)
     assert not meta.allow_subscribe(client, "/migratory/cluster")
     assert meta.allow_connect(client)
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda tmp: tmp / "none.key", "No such file or directory"),
+    (lambda tmp: tmp, "Is a directory"),
+])
+def test_a_token_key_file_that_cannot_be_read_names_the_key_and_the_file(
+    tmp_path: Path, make: Callable[[Path], Path], why: str
+) -> None:
+    """Before: 'Entitlement = Token: [Errno 2] No such file or directory: ...', the key
+    not named (which of EntitlementTokenKeyFile and EntitlementTokenJwksFile?)."""
+    path = make(tmp_path)
+    for key in ("EntitlementTokenKeyFile", "EntitlementTokenJwksFile"):
+        algorithm = "RS256" if key == "EntitlementTokenJwksFile" else "HS256"
+        with pytest.raises(ConfigError) as refused:
+            entitlement_from_config(token_config(
+                tmp_path, EntitlementTokenAlgorithm=algorithm, **{key: str(path)}))
+        assert str(refused.value) == f"Entitlement = Token: {key} {path}: {why}"

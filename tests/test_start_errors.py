@@ -66,7 +66,8 @@ def test_an_address_not_of_this_host_names_the_key() -> None:
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize(("settings", "message"), [
     (("Entitlement=Token", "EntitlementTokenKeyFile={short}"),
-     "Entitlement = Token: an HS256 secret must be at least 32 bytes"),
+     "Entitlement = Token: EntitlementTokenKeyFile {short}: an HS256 secret must be at "
+     "least 32 bytes"),
     (("Entitlement=Custom", "EntitlementPlugin=no_such_module_here:Plugin"),
      "EntitlementPlugin: cannot load 'no_such_module_here:Plugin': ModuleNotFoundError: "
      "No module named 'no_such_module_here'"),
@@ -84,7 +85,8 @@ def test_a_key_found_bad_while_the_server_is_built_is_a_configuration_error(
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
-    assert lines[0] == f"migratory: configuration error: {message}", done.stderr
+    assert lines[0] == f"migratory: configuration error: {message.format(short=short)}", (
+        done.stderr)
     if workers == "2":  # each worker says it; the supervisor says which stopped it
         assert lines[-1].endswith("stopped during start-up (exit code 2)"), done.stderr
     else:
