@@ -31,7 +31,9 @@ COMMIT_WINDOW = 1
 SLOT_TIMEOUT = 2.0
 """Seconds after which a slot whose callback never came is given back."""
 MAX_COMMAND_BYTES = 1 << 20
-"""Content bytes one command carries at most (one publish always fits, whatever its size)."""
+"""Bytes one command carries at most, each publish counted by
+:func:`~cluster.coordination.request_bytes` (one publish always fits, whatever its size):
+its batch is one link frame to every follower."""
 
 
 class CommitWindow:

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard, TypeVar
 
+from migratory.model.cache import encoded_bound
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import EPOCH_LIMIT, Position
@@ -97,6 +98,21 @@ class PublishRequest:
 
 new_publish_request = positional_constructor(PublishRequest)
 """``PublishRequest(origin, ref, message)`` at half the cost (decoding a ``Forward``)."""
+
+REQUEST_FRAMING: Final = 64
+"""A request's CBOR framing in a link frame, at most: its ``[origin, ref, M]`` array
+and the message's epoch, seq, flags and type (and its ``[origin, ref]`` in a batch)."""
+
+
+def request_bytes(request: PublishRequest) -> int:
+    """What ``request`` takes at most in a ``Forward`` frame or in the ``Batch`` of its
+    command: its message as a cache counts it, its closure, its origin and framing.
+    Counting the content alone let a command (and a forward) of many publishes with
+    small content and large fields or closures grow past the link's frame limit."""
+    message = request.message
+    closure = message.closure
+    return (encoded_bound(message) + (len(closure.encode()) if closure else 0)
+            + len(request.origin) + REQUEST_FRAMING)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,12 @@ async def forward_to(
 
     Requests taken but not written when the link fails are not lost for the client:
     their outcome is unknown and the publishing timeout reports it (never a false OK).
+
+    A forward carries at most :data:`~cluster.link.FORWARD_BYTES` (one request always):
+    taking every queued publish into one frame, a queue of more than ``MAX_FRAME``
+    (publishes held while the link was down, a burst of large ones) could not be encoded;
+    the link ended, the next one resent them all in one frame again, and so on.
     """
     while True:
-        await channel.send(link.Forward(tuple(await outgoing.next_requests(linger))))
+        requests = await outgoing.next_requests(linger, link.FORWARD_BYTES)
+        await channel.send(link.Forward(tuple(requests)))

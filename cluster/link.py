@@ -4,16 +4,23 @@ Bytes in, events out, and back; no sockets, no trio (``cluster/link_io.py`` is t
 adapter). One :class:`LinkConnection` per TCP connection.
 
 Framing: every frame is a 4-byte big-endian payload length followed by exactly one
-CBOR map whose ``"t"`` key names the frame. Payloads above :data:`MAX_FRAME` (and,
-before authentication, above :data:`MAX_HANDSHAKE_FRAME`) are refused.
+CBOR map whose ``"t"`` key names the frame. Payloads above the connection's
+``max_frame`` (:data:`MAX_FRAME`; an acceptor's is smaller,
+:func:`cluster.link_limits.accepted_frame_limit`) and, before authentication, above
+:data:`MAX_HANDSHAKE_FRAME` are refused from their length prefix.
 
-Handshake (``ClusterPassword``, HMAC-SHA256, 16-byte nonces; members are ``host:port``)::
+Handshake (``ClusterPassword``, HMAC-SHA256, 16-byte nonces; members are ``host:port``;
+``v`` the link protocol version, :data:`cluster.link_limits.LINK_VERSION`)::
 
-    acceptor  -> {"t": "challenge", "n": nonce_a, "m": member_a}
-    connector -> {"t": "auth", "m": member_c, "n": nonce_c,
-                  "mac": HMAC(pw, b"migratory-link-1|accept|" + nonce_a + member_c)}
+    acceptor  -> {"t": "challenge", "n": nonce_a, "m": member_a[, "v": v]}
+    connector -> {"t": "auth", "m": member_c, "n": nonce_c[, "v": v],
+                  "mac": HMAC(pw, b"migratory-link-<v>|accept|" + nonce_a + member_c)}
     acceptor  -> {"t": "welcome",
-                  "mac": HMAC(pw, b"migratory-link-1|connect|" + nonce_c + member_a)}
+                  "mac": HMAC(pw, b"migratory-link-<v>|connect|" + nonce_c + member_a)}
+
+``"v"`` is left out for version 1 (the members before versions, byte for byte). The
+connector refuses a challenge of another version, the acceptor an auth of another
+version (:class:`~cluster.link_limits.VersionMismatch`, saying both versions).
 
 Operations, once authenticated (every key always present, no other keys)::
 
@@ -52,13 +59,21 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+from cluster.link_limits import (
+    FORWARD_BYTES,
+    LINK_VERSION,
+    FrameTooLarge,
+    LinkViolation,
+    VersionMismatch,
+    accepted_frame_limit,
+    mac_label,
+    version_refusal,
+)
 from cluster.link_ops import (
     _HANDSHAKE_KEYS,
     _HEADER,
-    _MAC_ACCEPT,
-    _MAC_CONNECT,
     _MAC_SIZE,
     MAX_FRAME,
     MAX_HANDSHAKE_FRAME,
@@ -89,17 +104,21 @@ from cluster.link_ops import (
 from cluster.link_sync import SyncAssembly, sync_frames
 
 __all__ = [
+    "FORWARD_BYTES",
+    "LINK_VERSION",
     "MAX_FRAME",
     "MAX_HANDSHAKE_FRAME",
     "Authenticated",
     "Batch",
     "Forward",
     "ForwardFailed",
+    "FrameTooLarge",
     "Heartbeat",
     "LinkConnection",
     "LinkError",
     "LinkEvent",
     "LinkOp",
+    "LinkViolation",
     "Outgoing",
     "Replicate",
     "Settings",
@@ -108,6 +127,8 @@ __all__ = [
     "SyncPart",
     "SyncRefused",
     "SyncRequest",
+    "VersionMismatch",
+    "accepted_frame_limit",
     "decode_op",
     "encode_frame",
     "sync_frames",
@@ -153,15 +174,23 @@ class LinkConnection:
         member: str,
         password: str,
         nonce_source: Callable[[int], bytes] = os.urandom,
+        max_frame: int = MAX_FRAME,
+        version: int = LINK_VERSION,
     ) -> None:
+        """``max_frame``: the largest frame taken once authenticated; ``version``: the
+        link protocol version spoken (another only in tests: an older or newer member)."""
         if role not in _FIRST_STATE:
             raise ValueError(f"role must be 'accept' or 'connect', not {role!r}")
         if not password:
             raise ValueError("the cluster link needs a non-empty ClusterPassword")
         if not member or len(member.encode("utf-8")) > MAX_MEMBER_BYTES:
             raise ValueError(f"member must be a host:port name, not {member!r}")
+        if not 0 < max_frame <= MAX_FRAME:
+            raise ValueError(f"max_frame must be from 1 to {MAX_FRAME}, not {max_frame}")
         self.role = role
         self.member = member
+        self.max_frame = max_frame
+        self.version = version
         self._key = password.encode("utf-8")
         self._nonce_source = nonce_source
         self._nonce = b""
@@ -191,11 +220,17 @@ class LinkConnection:
         if self.role == "connect":
             return b""
         self._nonce = self._fresh_nonce()
-        return _frame({"t": "challenge", "n": self._nonce, "m": self.member})
+        return _frame(self._versioned({"t": "challenge", "n": self._nonce, "m": self.member}))
 
     def receive_data(self, data: bytes) -> None:
         """Bytes received from the peer."""
         self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as whole frames (a frame begun, when not 0
+        and :meth:`next_event` returned None)."""
+        return len(self._buffer)
 
     def next_event(self) -> LinkEvent | None:
         """The next event, or None until more data arrives; raises :class:`LinkError`."""
@@ -257,10 +292,11 @@ class LinkConnection:
         if len(buffer) < _HEADER:
             return None
         size = int.from_bytes(buffer[:_HEADER], "big")
-        limit = MAX_FRAME if self._state is _State.OPEN else MAX_HANDSHAKE_FRAME
+        limit = self.max_frame if self._state is _State.OPEN else MAX_HANDSHAKE_FRAME
         if size > limit:
             what = "frame" if self._state is _State.OPEN else "authentication failed: frame"
-            raise LinkError(f"{what} of {size} bytes exceeds the limit of {limit}")
+            raise FrameTooLarge(f"{what} of {size} bytes exceeds the limit of {limit}",
+                                size, limit)
         end = _HEADER + size
         if len(buffer) < end:
             return None
@@ -274,39 +310,57 @@ class LinkConnection:
             tag, body = _decode(payload)
             if tag != expected:
                 raise LinkError(f"expected {expected!r}, got {tag[:40]!r}")
-            r = _Body(body, tag, _HANDSHAKE_KEYS[tag])
+            keys = _HANDSHAKE_KEYS[tag]
+            if tag != "welcome" and "v" in body:
+                keys = (*keys, "v")
+            r = _Body(body, tag, keys)
             if tag == "challenge":
                 self._on_challenge(r)
             elif tag == "auth":
                 self._on_auth(r)
             else:
                 self._on_welcome(r)
+        except VersionMismatch:
+            raise
         except LinkError as exc:
             raise LinkError(f"authentication failed: {exc.reason}") from None
         self._state = next_state
         return self._pop_pending()
 
+    def _versioned(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.version != 1:  # version 1 leaves it out: what members before versions read
+            body["v"] = self.version
+        return body
+
+    def _check_version(self, r: _Body, peer: str) -> None:
+        theirs = r.uint("v") if "v" in r.body else 1
+        if theirs != self.version:
+            raise VersionMismatch(version_refusal(peer[:80], theirs, self.version))
+
     def _on_challenge(self, r: _Body) -> None:
         """Connector: answer the acceptor's challenge, remember who it claims to be."""
         nonce_a = r.binary("n", NONCE_SIZE)
         self._challenger = r.member("m")
+        self._check_version(r, self._challenger)
         self._nonce = self._fresh_nonce()
-        mac = _mac(self._key, _MAC_ACCEPT, nonce_a, self.member)
+        mac = _mac(self._key, mac_label(self.version, b"accept"), nonce_a, self.member)
         auth = {"t": "auth", "m": self.member, "n": self._nonce, "mac": mac}
-        self._pending.append(Outgoing(_frame(auth)))
+        self._pending.append(Outgoing(_frame(self._versioned(auth))))
 
     def _on_auth(self, r: _Body) -> None:
         """Acceptor: check the connector's proof, prove ourselves back."""
         member_c, nonce_c = r.member("m"), r.binary("n", NONCE_SIZE)
-        expected = _mac(self._key, _MAC_ACCEPT, self._nonce, member_c)
+        self._check_version(r, member_c)
+        expected = _mac(self._key, mac_label(self.version, b"accept"), self._nonce, member_c)
         if not hmac.compare_digest(r.binary("mac", _MAC_SIZE), expected):
             raise LinkError(f"bad mac from {member_c[:80]!r} (wrong ClusterPassword or replay)")
-        mac = _mac(self._key, _MAC_CONNECT, nonce_c, self.member)
+        mac = _mac(self._key, mac_label(self.version, b"connect"), nonce_c, self.member)
         self._pending += [Outgoing(_frame({"t": "welcome", "mac": mac})), Authenticated(member_c)]
 
     def _on_welcome(self, r: _Body) -> None:
         """Connector: check the acceptor's proof."""
-        expected = _mac(self._key, _MAC_CONNECT, self._nonce, self._challenger)
+        expected = _mac(self._key, mac_label(self.version, b"connect"), self._nonce,
+                        self._challenger)
         if not hmac.compare_digest(r.binary("mac", _MAC_SIZE), expected):
             raise LinkError(
                 f"bad mac from {self._challenger[:80]!r} (wrong ClusterPassword or replay)"

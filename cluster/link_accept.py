@@ -30,6 +30,7 @@ import trio
 from cluster import link
 from cluster.agreement import Repeats
 from cluster.link_io import HANDSHAKE_TIMEOUT, Disagreement, LinkChannel, describe
+from cluster.link_limits import VIOLATION_RULES
 from migratory.server.front_rate import ConnectionRate, address_group
 from migratory.server.handshake_share import HandshakeShare
 from migratory.server.handshake_slots import PendingHandshakes
@@ -144,6 +145,12 @@ class HandshakeGate:
     pending: PendingHandshakes[int] = field(init=False)
     refusals: StrangerRefusals = field(default_factory=StrangerRefusals)
     """What of its refusals to log."""
+    versions_refused: int = 0
+    """Connections refused in their handshake for another link protocol version."""
+    violations: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(VIOLATION_RULES, 0))
+    """rule -> authenticated links ended because the peer broke it
+    (:class:`~cluster.link_limits.LinkViolation`)."""
     _scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -160,7 +167,20 @@ class HandshakeGate:
         ``migratory_cluster_link_refused_total``)."""
         return {"MAX_PENDING_HANDSHAKES": self.pending.evicted,
                 "LINK_CONNECTIONS_PER_SECOND": self.rate.refused,
-                "LINK_HANDSHAKES_PER_SECOND": self.share.refused}
+                "LINK_HANDSHAKES_PER_SECOND": self.share.refused,
+                "LINK_VERSION": self.versions_refused}
+
+    def violated(self, peer: str, error: BaseException) -> None:
+        """An authenticated link from ``peer`` ended for breaking a link rule
+        (``error``, or each in a group): counted by rule, logged at warning (the peer
+        has the password: a bug, or an attack from inside)."""
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                self.violated(peer, inner)
+            return
+        if isinstance(error, link.LinkViolation):
+            self.violations[error.rule] = self.violations.get(error.rule, 0) + 1
+            log.warning("link from %s closed: %s (%s)", peer, error.reason, error.rule)
 
     def admit(self, source: str) -> bool:
         """Whether a connection just accepted from ``source`` may start its handshake
@@ -212,6 +232,9 @@ async def accept_link(
     try:
         with slot.scope:
             peer = await channel.handshake(members, authenticated=slot.leave)
+    except link.VersionMismatch as exc:
+        gate.versions_refused += 1
+        _refused(gate, source, exc.reason)
     except Disagreement as exc:
         if channel.peer is None:  # TLS refused: not authenticated
             _refused(gate, source, exc.reason)

@@ -41,6 +41,12 @@ CONNECT_ERRORS = (
 """What dialling a member may raise when the member or the network fails."""
 RECV_SIZE = 1 << 16
 
+FRAME_STALL = 10.0
+"""Seconds a frame begun may go without a byte of its rest before the link ends: a
+peer that sends part of a frame and stops held its link (and the part, up to the
+frame limit) for ever. An idle link between frames has no limit (a non-seed forwards
+only when its clients publish)."""
+
 
 _NOTED = Repeats(every=600.0)
 """Allowed differences already logged (each once per peer every 10 minutes)."""
@@ -110,11 +116,14 @@ class LinkChannel:
         member: str,
         password: str,
         settings: MemberSettings | None = None,
+        max_frame: int = link.MAX_FRAME,
     ) -> None:
         """``settings``: this member's, exchanged with the peer's after authentication
-        (None: nothing exchanged, as an older migratory)."""
+        (None: nothing exchanged, as an older migratory); ``max_frame``: the largest
+        frame taken from the peer (an acceptor's: :func:`link.accepted_frame_limit`)."""
         self.stream = stream
-        self.codec = link.LinkConnection(role=role, member=member, password=password)
+        self.codec = link.LinkConnection(role=role, member=member, password=password,
+                                         max_frame=max_frame)
         self._send_lock = trio.Lock()
         self.peer: str | None = None
         self.settings = settings
@@ -261,7 +270,16 @@ class LinkChannel:
             event = self.codec.next_event()
             if event is not None:
                 return event
-            data = await self.stream.receive_some(RECV_SIZE)
+            if self.codec.buffered:  # a frame begun: its rest must keep coming
+                data: bytes | bytearray = b""
+                with trio.move_on_after(FRAME_STALL) as waited:
+                    data = await self.stream.receive_some(RECV_SIZE)
+                if waited.cancelled_caught:
+                    raise link.LinkViolation(
+                        f"a frame begun ({self.codec.buffered} bytes of it) got no byte "
+                        f"more for {FRAME_STALL:g} s", "frame_stall")
+            else:
+                data = await self.stream.receive_some(RECV_SIZE)
             if not data:
                 raise EOFError("peer closed the link")
             self.received += len(data)
@@ -317,7 +335,10 @@ async def _dial(
         settings=settings,
     )
     try:
-        peer = await channel._authenticate(f"{address[0]}:{address[1]}")
+        try:
+            peer = await channel._authenticate(f"{address[0]}:{address[1]}")
+        except link.VersionMismatch as exc:  # refused, and said why: not unreachable
+            raise Disagreement(exc.reason) from exc
         if peer != f"{address[0]}:{address[1]}":
             raise Disagreement(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
         if settings is not None:

@@ -18,7 +18,7 @@ from cluster.coordination import CommittedBatch, PublishRequest, new_publish_req
 from migratory.model.message import Message, MessageType, Qos, new_message
 
 MAX_FRAME: Final = 64 * 1024 * 1024
-"""Largest frame payload, in bytes."""
+"""Largest frame payload, in bytes (an acceptor takes less: cluster/link_limits.py)."""
 MAX_HANDSHAKE_FRAME: Final = 4096
 """Largest frame payload before the peer is authenticated."""
 NONCE_SIZE: Final = 16
@@ -26,8 +26,6 @@ MAX_MEMBER_BYTES: Final = 1024
 _HEADER: Final = 4
 _MAC_SIZE: Final = 32
 _U64: Final = 2**64
-_MAC_ACCEPT: Final = b"migratory-link-1|accept|"
-_MAC_CONNECT: Final = b"migratory-link-1|connect|"
 
 
 class LinkError(Exception):

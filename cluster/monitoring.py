@@ -51,6 +51,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_last_applied=None if raft is None else raft.last_applied,
         raft_dump_failures=None if raft is None else raft.dump_failures,
         link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
+        link_violations=tuple(sorted(node.peers.handshakes.violations.items())),
         raft_subjects=None if raft is None else raft.subjects,
         raft_snapshots=None if raft is None else raft.snapshots,
         applied_clsn=applied,
@@ -65,4 +66,5 @@ def standard_metrics(node: StandardNode) -> ClusterMetrics:
         for peer in sorted(node.member_names - {node.name})
     )
     return ClusterMetrics(member=node.name, role="member", links=links,
-                          link_refusals=tuple(node.handshakes.refusal_counts().items()))
+                          link_refusals=tuple(node.handshakes.refusal_counts().items()),
+                          link_violations=tuple(sorted(node.handshakes.violations.items())))

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from cluster import link
 from cluster.agreement import MemberSettings
 from cluster.agreement_probe import AgreementProbe
 from cluster.coordination import UNNUMBERED_EPOCH
@@ -101,6 +102,7 @@ class GuaranteedNode:
             stream=self.stream,
             take_forward=None if self.seed is None else self.seed.take_forward,
             settings=settings,
+            max_frame=link.accepted_frame_limit(config.max_frame_size),
         )
         self.readiness = Readiness(
             self.replica,

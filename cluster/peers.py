@@ -37,6 +37,19 @@ trio write costs ~50-100 us whatever it carries)."""
 TakeForward = Callable[[str, Sequence[PublishRequest]], None]
 
 
+def check_origins(peer: str, requests: Sequence[PublishRequest]) -> None:
+    """A member forwards its own clients' publishes only: each request's origin is the
+    peer's name and an incarnation (``host:port#hex``). Another member's origin would
+    let the peer's publish take the place of that member's own publish of the same ref:
+    the coordinator answers the real one as a repeat, with the impostor's position
+    (``PUBLISH_OK``, and the real message never numbered)."""
+    for request in requests:
+        if request.origin.rpartition("#")[0] != peer:
+            raise link.LinkViolation(
+                f"a forwarded publish of origin {request.origin[:80]!r}, not one of {peer}'s",
+                "origin")
+
+
 @contextlib.contextmanager
 def bind_error(bind: tuple[str, int]) -> Iterator[None]:
     """A cluster port that cannot be bound says which and the likely why (two members
@@ -62,10 +75,14 @@ class PeerService:
         stream: CommittedStream,
         take_forward: TakeForward | None,
         settings: MemberSettings | None = None,
+        max_frame: int = link.MAX_FRAME,
     ) -> None:
         """``take_forward(peer, requests)`` submits a non-seed's publishes (seeds only);
-        ``settings``: this member's, compared with each peer's (:mod:`cluster.agreement`)."""
+        ``settings``: this member's, compared with each peer's (:mod:`cluster.agreement`);
+        ``max_frame``: the largest frame taken from a peer
+        (:func:`cluster.link.accepted_frame_limit` of the member's MaxFrameSize)."""
         self.settings = settings
+        self.max_frame = max_frame
         self.refusals = Repeats()
         self.handshakes = HandshakeGate()
         """Connections still proving the password (MAX_PENDING_HANDSHAKES at once)."""
@@ -101,6 +118,7 @@ class PeerService:
             member=self.name,
             password=self.password,
             settings=self.settings,
+            max_frame=self.max_frame,
         )
         peer = "?"
         try:
@@ -111,6 +129,8 @@ class PeerService:
             peer = accepted
             await self._serve(peer, channel)
         # except*: what ends the link comes out of _serve's nursery as a group
+        except* link.LinkViolation as broke:
+            self.handshakes.violated(peer, broke)
         except* (link.LinkError, trio.TooSlowError, OSError, EOFError,
                  trio.BrokenResourceError, trio.ClosedResourceError) as ended:
             log.info("link from %s ended: %s", peer, describe(ended))
@@ -212,20 +232,28 @@ class PeerService:
         backlog: Backlog,
     ) -> None:
         if isinstance(op, link.Replicate):
+            following = self.stream.followers.get(peer)
+            if following is not None and following.queue is send:  # each a capture
+                raise link.LinkViolation("a second Replicate on one link", "replicate")
             self.stream.follow(peer, op.from_clsn, op.full, send, backlog)
         elif isinstance(op, link.Forward):
             if self.take_forward is None:
                 raise link.LinkError("only seeds take forwarded publishes")
             if peer not in self.stream.followers:
                 raise link.LinkError("Forward before Replicate")
+            check_origins(peer, op.requests)
             self.take_forward(peer, op.requests)
         elif isinstance(op, link.SyncRequest):
+            if backlog.syncs:  # each one a capture of every subject, and a sync written
+                raise link.LinkViolation(
+                    "a SyncRequest while a cache sync is still queued for it", "sync_request")
             answer = self.stream.sync_for(op.min_clsn)
             if isinstance(answer, link.SyncRefused):
                 frame = link.encode_frame(answer)
                 send.send_nowait(frame)
-                backlog.bytes += len(frame)
+                backlog.queued(frame)
             else:  # a sync, built and written in parts by _write (counts no bytes)
                 send.send_nowait(answer)
+                backlog.queued(answer)
         else:
             raise link.LinkError(f"unexpected {type(op).__name__} from {peer}")

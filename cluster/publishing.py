@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.coordination import CommittedBatch, PublishRequest
+from cluster.coordination import CommittedBatch, PublishRequest, request_bytes
 from cluster.replica import Offer, Replica
 from migratory.model.message import Message
 from migratory.model.position import Position
@@ -122,14 +122,15 @@ class ClusterPublishing:
 
     def take_outgoing(self, max_bytes: int | None = None) -> list[PublishRequest]:
         """The requests to submit now, in the order clients published them: all of them,
-        or as many as fit in ``max_bytes`` of content (always at least one)."""
+        or as many as fit in ``max_bytes`` (:func:`~cluster.coordination.request_bytes`:
+        content, subject, fields, closure; always at least one)."""
         if max_bytes is None:
             outgoing, self._outgoing = self._outgoing, []
         else:
             size = 0
             count = 0
             for request in self._outgoing:
-                size += len(request.message.content)
+                size += request_bytes(request)
                 if count and size > max_bytes:
                     break
                 count += 1

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import trio
 
+from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
@@ -60,6 +61,7 @@ class Sequencer:
         self.coordinator = Coordinator()
         self.epoch_candidate = new_epoch()
         self.workers = frozenset(worker_name(i) for i in range(workers))
+        self.max_frame_size = config.max_frame_size
         self.password = password
 
     def take_forward(self, worker: str, requests: Sequence[PublishRequest]) -> None:
@@ -80,6 +82,7 @@ class Sequencer:
             password=self.password,
             stream=self.stream,
             take_forward=self.take_forward,
+            max_frame=link.accepted_frame_limit(self.max_frame_size),
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(

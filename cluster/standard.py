@@ -161,6 +161,7 @@ class StandardNode:
             member=self.name,
             password=self.config.cluster_password,
             settings=self.settings,
+            max_frame=link.accepted_frame_limit(self.config.max_frame_size),
         )
         try:
             peer = await accept_link(channel, source=source, members=self.member_names,
@@ -174,6 +175,8 @@ class StandardNode:
                 if not isinstance(op, link.StandardPublish):
                     raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
                 self.hub.publish(op.message, trio.current_time())
+        except link.LinkViolation as exc:
+            self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:
             log.warning("cluster link from %s ended: %s", channel.peer or "?", exc)
         except Exception:

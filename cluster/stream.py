@@ -113,10 +113,13 @@ class Backlog:
     ``on_drop`` (set by the link) ends the link when the follower is dropped, so what
     is still queued goes at once, not when a stopped follower wakes up."""
 
-    __slots__ = ("bytes", "on_drop")
+    __slots__ = ("bytes", "on_drop", "syncs")
 
     def __init__(self, on_drop: Callable[[], object] | None = None) -> None:
         self.bytes = 0
+        self.syncs = 0
+        """Cache syncs queued and not taken yet (the link takes no request for another
+        meanwhile, cluster/peers.py)."""
         self.on_drop = on_drop
 
     @staticmethod
@@ -127,8 +130,13 @@ class Backlog:
             return item.size
         return 0 if isinstance(item, SyncFrames) else len(item)
 
+    def queued(self, item: Outbound) -> None:
+        self.bytes += self.size(item)
+        self.syncs += isinstance(item, SyncFrames)
+
     def taken(self, item: Outbound) -> None:
         self.bytes -= self.size(item)
+        self.syncs -= isinstance(item, SyncFrames)
 
 
 @dataclass(slots=True)
@@ -328,7 +336,7 @@ class CommittedStream:
             if backlog.bytes and backlog.bytes + size > self.queue_bytes:
                 raise trio.WouldBlock
             follower.queue.send_nowait(item)
-            backlog.bytes += size
+            backlog.queued(item)
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             log.warning("replica %s too slow or gone (%d bytes queued); dropping its link "
                         "(it will resume)", follower.name, backlog.bytes)

@@ -146,6 +146,9 @@ class ClusterMetrics:
     link_refusals: tuple[tuple[str, int], ...] = ()
     """(limit, count): connections to the cluster link port refused before their
     handshake was done (cluster/link_accept.py)."""
+    link_violations: tuple[tuple[str, int], ...] = ()
+    """(rule, count): authenticated links this member closed because the peer broke a
+    rule of the link (cluster/link_limits.py)."""
     raft_subjects: int | None = None  # subjects the seeds' numbering holds (for ever)
     raft_snapshots: int | None = None  # retained snapshots the seeds' caches hold
     applied_clsn: int | None = None
@@ -375,6 +378,17 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
         for limit, count in cluster.link_refusals:
             refused.add_metric([limit], count)
         yield refused
+    if cluster.link_violations:
+        violated = CounterMetricFamily(
+            "migratory_cluster_link_violations",
+            "Authenticated cluster links this member closed because the peer broke a rule "
+            "of the link, by rule (frame_size, frame_stall, origin, replicate, "
+            "sync_request).",
+            labels=["rule"],
+        )
+        for rule, count in cluster.link_violations:
+            violated.add_metric([rule], count)
+        yield violated
     if cluster.commit_latency is not None:
         yield cluster.commit_latency.family(
             "migratory_raft_commit_seconds",

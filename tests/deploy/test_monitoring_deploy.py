@@ -158,6 +158,7 @@ class _Source:
             links=(metrics.PeerLink("p", "raft", True, 0),),
             commit_latency=metrics.Buckets(metrics.LATENCY_BOUNDS),
             link_refusals=(("LINK_CONNECTIONS_PER_SECOND", 1),),
+            link_violations=(("frame_size", 0),),
         )
 
 

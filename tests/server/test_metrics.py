@@ -178,6 +178,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
                metrics.PeerLink("m4:9800", "follower", True, lag=5)),
         commit_latency=latency,
         link_refusals=(("MAX_PENDING_HANDSHAKES", 2), ("LINK_CONNECTIONS_PER_SECOND", 30)),
+        link_violations=(("frame_size", 1), ("origin", 0)),
     ))
     found = families(source)
     states = {s.labels["state"]: s.value for s in found["migratory_raft_state"].samples}
@@ -199,6 +200,9 @@ def test_cluster_metrics_come_from_the_member() -> None:
     refused = {s.labels["limit"]: s.value
                for s in found["migratory_cluster_link_refused"].samples}
     assert refused == {"MAX_PENDING_HANDSHAKES": 2, "LINK_CONNECTIONS_PER_SECOND": 30}
+    violated = {s.labels["rule"]: s.value
+                for s in found["migratory_cluster_link_violations"].samples}
+    assert violated == {"frame_size": 1, "origin": 0}
 
 
 def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
