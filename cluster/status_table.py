@@ -58,8 +58,9 @@ def _detail(status: dict[str, Any], stats: dict[str, Any]) -> str:
 def status_cells(row: StatusRow, leaders: dict[str, str]) -> tuple[str, ...]:
     name, client_url, _, status, stats = row
     label = member_label(name, status, client_url)
-    if "error" in status:
-        return (label, "DOWN", "-", "-", "-", "-", client_url, f"({status['error']})")
+    if "error" in status:  # (no answer: DOWN; an answer but not a member's: ?)
+        role = "?" if "http_status" in status else "DOWN"
+        return (label, role, "-", "-", "-", "-", client_url, f"({status['error']})")
     leader = status.get("raft_leader")
     ready = status.get("ready")
     return (

@@ -366,10 +366,15 @@ def _watch(
 
 
 def fetch_json(http_url: str, path: str, timeout: float = 2.0) -> dict[str, Any]:
+    """The answer, or ``{"error": why}`` (with ``http_status`` when the server answered:
+    a single server's ``/cluster`` is 404 'not a cluster member')."""
     try:
         with urllib.request.urlopen(f"{http_url}{path}", timeout=timeout) as reply:
             status: dict[str, Any] = json.loads(reply.read())
             return status
+    except urllib.error.HTTPError as exc:
+        body = exc.read(200).decode(errors="replace").strip()
+        return {"error": f"HTTP {exc.code}: {body or exc.reason}", "http_status": exc.code}
     except (OSError, urllib.error.URLError, ValueError) as exc:
         return {"error": str(exc)}
 
@@ -404,7 +409,8 @@ def _status(args: argparse.Namespace) -> int:
         rows.append((name, client_url, cluster_address, status, stats))
     for line in format_status_table(rows):
         print(line)
-    return 0
+    # 0: every member answered and is ready; 1: not so (a script's `status && ...`)
+    return 0 if all(row[3].get("ready") is True for row in rows) else 1
 
 
 def add_cluster_commands(commands: Any) -> None:
