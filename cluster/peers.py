@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
 from cluster import link
 from cluster.agreement import MemberSettings, Repeats
-from cluster.coordination import PublishRequest
+from cluster.coordination import PublishRequest, request_bytes
 from cluster.link_accept import HandshakeGate, accept_link, peer_host
 from cluster.link_io import ClusterTls, LinkChannel, describe, secured
 from cluster.link_sync import SyncFrames
@@ -34,7 +35,58 @@ COALESCE_BYTES = 1 << 20
 """Queued frames written together in one write, up to about this many bytes (each
 trio write costs ~50-100 us whatever it carries)."""
 
-TakeForward = Callable[[str, Sequence[PublishRequest]], None]
+FORWARD_WINDOW = 8 * link.FORWARD_BYTES
+"""Bytes of forwards (:func:`~cluster.coordination.request_bytes`) one link may have
+submitted and not answered yet; past it, nothing more is read from that link until
+the oldest is answered (the sender's writes wait: TCP carries the pressure back to
+its publishers, whose queue is bounded by ClusterMaxPendingPublishes). Each forward
+was a Raft command at once, however fast they came: a peer forwarding faster than
+Raft commits filled pysyncobj's queue (100,000 commands of up to a frame each)."""
+FORWARD_SETTLE_TIMEOUT = 10.0
+"""Seconds after which a forward not answered stops counting (a callback lost: the
+publishes of a forward that old have timed out for their clients anyway)."""
+
+TakeForward = Callable[[str, Sequence[PublishRequest]], "trio.Event | None"]
+"""Takes a peer's forward; returns an event set once it is answered (None: already)."""
+
+
+class ForwardsInFlight:
+    """One link's forwards submitted and not answered yet: at most ``window`` bytes of
+    them before the link waits for the oldest (:data:`FORWARD_WINDOW`)."""
+
+    def __init__(
+        self, window: int = FORWARD_WINDOW, timeout: float = FORWARD_SETTLE_TIMEOUT
+    ) -> None:
+        self.window = window
+        self.timeout = timeout
+        self.bytes = 0
+        self.waits = 0
+        """Times the link stopped reading for want of room."""
+        self._pending: deque[tuple[int, trio.Event, float]] = deque()
+
+    def add(self, requests: Sequence[PublishRequest], settled: trio.Event | None) -> None:
+        if settled is None or settled.is_set():
+            return
+        size = sum(request_bytes(r) for r in requests)
+        self._pending.append((size, settled, trio.current_time()))
+        self.bytes += size
+
+    async def room(self) -> None:
+        """Until the forwards in flight are within the window (the oldest answered, or
+        older than ``timeout``)."""
+        pending = self._pending
+        while pending and pending[0][1].is_set():
+            self.bytes -= pending.popleft()[0]
+        if self.bytes > self.window:
+            self.waits += 1
+        while self.bytes > self.window:
+            size, settled, taken = pending[0]
+            with trio.move_on_at(taken + self.timeout):
+                await settled.wait()
+            pending.popleft()
+            self.bytes -= size
+            while pending and pending[0][1].is_set():
+                self.bytes -= pending.popleft()[0]
 
 
 def check_origins(peer: str, requests: Sequence[PublishRequest]) -> None:
@@ -83,6 +135,7 @@ class PeerService:
         (:func:`cluster.link.accepted_frame_limit` of the member's MaxFrameSize)."""
         self.settings = settings
         self.max_frame = max_frame
+        self.forward_window = FORWARD_WINDOW
         self.refusals = Repeats()
         self.handshakes = HandshakeGate()
         """Connections still proving the password (MAX_PENDING_HANDSHAKES at once)."""
@@ -143,15 +196,17 @@ class PeerService:
     async def _serve(self, peer: str, channel: LinkChannel) -> None:
         send, receive = trio.open_memory_channel[Outbound](FOLLOWER_QUEUE)
         backlog = Backlog()
+        forwards = ForwardsInFlight(self.forward_window)
         try:
             async with trio.open_nursery() as nursery:
                 backlog.on_drop = nursery.cancel_scope.cancel  # too slow: the link ends
                 nursery.start_soon(self._write, channel, receive, nursery.cancel_scope, backlog)
                 while True:
+                    await forwards.room()
                     op = await channel.receive()
                     if op is None:
                         break
-                    self._on_op(peer, op, send, backlog)
+                    self._on_op(peer, op, send, backlog, forwards)
                 nursery.cancel_scope.cancel()
         finally:
             follower = self.stream.followers.get(peer)
@@ -230,6 +285,7 @@ class PeerService:
         op: link.LinkOp,
         send: trio.MemorySendChannel[Outbound],
         backlog: Backlog,
+        forwards: ForwardsInFlight,
     ) -> None:
         if isinstance(op, link.Replicate):
             following = self.stream.followers.get(peer)
@@ -242,7 +298,7 @@ class PeerService:
             if peer not in self.stream.followers:
                 raise link.LinkError("Forward before Replicate")
             check_origins(peer, op.requests)
-            self.take_forward(peer, op.requests)
+            forwards.add(op.requests, self.take_forward(peer, op.requests))
         elif isinstance(op, link.SyncRequest):
             if backlog.syncs:  # each one a capture of every subject, and a sync written
                 raise link.LinkViolation(

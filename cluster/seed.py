@@ -275,20 +275,28 @@ class SeedCoordination:
 
     # --- submitting -------------------------------------------------------------------
 
-    def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> None:
-        """A non-seed's publishes; failures go back to it as ``ForwardFailed``."""
+    def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> trio.Event | None:
+        """A non-seed's publishes; failures go back to it as ``ForwardFailed``. Returns
+        the event set once Raft answered their command (None: answered already): the
+        link reads no more forwards while too many bytes of them wait (cluster/peers.py)."""
         self.forwarded_publishes += len(requests)
         if self.raft is None:
             origins = [(r.origin, r.ref) for r in requests]
             fail(self.stream, origins, "Raft is starting", reply_to=peer, now=trio.current_time())
-            return
-        self._submit(list(requests), reply_to=peer, slot=None)
+            return None
+        settled = trio.Event()
+        self._submit(list(requests), reply_to=peer, slot=None, settled=settled)
+        return settled
 
     def _submit(
-        self, requests: list[PublishRequest], reply_to: str | None, slot: int | None
+        self,
+        requests: list[PublishRequest],
+        reply_to: str | None,
+        slot: int | None,
+        settled: trio.Event | None = None,
     ) -> None:
         """One Raft command; ``slot`` (this seed's own publishes) is given back to the
-        commit window when Raft answers."""
+        commit window when Raft answers, and ``settled`` set."""
         assert self.raft is not None
         origins = [(r.origin, r.ref) for r in requests]
         token = self._token
@@ -298,6 +306,8 @@ class SeedCoordination:
 
         def done(clsn: int | None, error: str | None, unknown: bool) -> None:
             with contextlib.suppress(trio.RunFinishedError):
+                if settled is not None:
+                    token.run_sync_soon(settled.set)
                 if slot is not None:
                     token.run_sync_soon(window.release, slot)
                     if error is None:

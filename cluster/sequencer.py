@@ -65,7 +65,8 @@ class Sequencer:
         self.password = password
 
     def take_forward(self, worker: str, requests: Sequence[PublishRequest]) -> None:
-        """A worker's publishes: numbered now, in the order they came, and streamed."""
+        """A worker's publishes: numbered now, in the order they came, and streamed
+        (answered at once: nothing in flight for the link to wait for)."""
         batch = self.coordinator.apply_batch(self.epoch_candidate, requests)
         self.stream.on_committed(batch, trio.current_time())
 

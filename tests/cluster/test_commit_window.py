@@ -229,3 +229,22 @@ async def a_command_is_never_sent_late(tmp_path: Path) -> None:
         expected = publishing.publish_timeout - 4.0 - HOLD_MARGIN
         assert expected - 1.0 < left <= expected
         nursery.cancel_scope.cancel()
+
+
+def test_a_forward_is_settled_once_raft_answers_its_command(tmp_path: Path) -> None:
+    """What a seed's link waits on before it reads more forwards (cluster/peers.py
+    FORWARD_WINDOW): the event take_forward returns is set by Raft's answer."""
+    trio.run(a_forward_is_settled_once_raft_answers, tmp_path)
+
+
+async def a_forward_is_settled_once_raft_answers(tmp_path: Path) -> None:
+    _, seed, raft = seed_with_fake_raft(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(seed.run)
+        await raft_built(seed)
+        settled = seed.take_forward("127.0.0.1:9", [request(1, 10)])
+        assert settled is not None and not settled.is_set()
+        answer(raft.commands[-1][1])
+        with trio.fail_after(5):
+            await settled.wait()
+        nursery.cancel_scope.cancel()

@@ -23,12 +23,14 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 import trio
+import trio.testing
+from cluster_link_pair import open_pair
 from listen_ports import listen_port
 
 from cluster import link
-from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
+from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest, request_bytes
 from cluster.link_io import LinkChannel, connect
-from cluster.peers import PeerService
+from cluster.peers import FORWARD_SETTLE_TIMEOUT, FORWARD_WINDOW, PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from cluster.stream import CommittedStream
@@ -218,3 +220,63 @@ def test_an_op_a_seed_does_not_take_ends_only_that_link(frame: bytes) -> None:
     seed, batches = attacked(send)
     assert violations(seed) == {}  # a protocol error, logged at info
     assert [m.content for m in batches[0].batch.messages] == [b"mine"]
+
+
+# --- a flood of forwards faster than Raft commits -------------------------------------------
+
+
+class StalledRaft:
+    """A seed's take_forward whose Raft answers nothing until told to."""
+
+    def __init__(self) -> None:
+        self.taken: list[trio.Event] = []
+        self.bytes = 0
+
+    def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> trio.Event:
+        self.taken.append(trio.Event())
+        self.bytes += sum(request_bytes(r) for r in requests)
+        return self.taken[-1]
+
+
+async def flooded(raft: StalledRaft, clock: trio.testing.MockClock) -> list[int]:
+    """An authenticated non-seed writes 200 forwards of ~100 KB at once (20 MB) to a seed
+    whose Raft commits nothing; how many the seed had taken: while stalled, after the
+    first ten were answered, and after FORWARD_SETTLE_TIMEOUT."""
+    acceptor, connector = open_pair()
+    ours, theirs = trio.testing.memory_stream_pair()
+    channel = LinkChannel(ours, role="accept", member="a:1", password=PASSWORD)
+    channel.codec = acceptor
+    seed = Seed(listen_port())
+    seed.service.take_forward = raft.take_forward
+    flood = [connector.send(link.Replicate(0))] + [
+        connector.send(link.Forward((publish(f"{ATTACKER}#1", i, bytes(100_000)),)))
+        for i in range(1, 201)
+    ]
+    await theirs.send_all(b"".join(flood))
+    taken = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(seed.service._serve, ATTACKER, channel)
+        await trio.testing.wait_all_tasks_blocked()
+        taken.append(len(raft.taken))
+        for settled in raft.taken[:10]:
+            settled.set()
+        await trio.testing.wait_all_tasks_blocked()
+        taken.append(len(raft.taken))
+        clock.jump(FORWARD_SETTLE_TIMEOUT)
+        await trio.testing.wait_all_tasks_blocked()
+        taken.append(len(raft.taken))
+        nursery.cancel_scope.cancel()
+    return taken
+
+
+def test_forwards_faster_than_raft_commits_wait_on_the_link() -> None:
+    """Before, all 200 were Raft commands at once (pysyncobj's queue takes 100,000 of up
+    to a frame each); now a link has at most FORWARD_WINDOW (8 MiB) in flight, reads
+    more as Raft answers, and a forward unanswered for FORWARD_SETTLE_TIMEOUT (a lost
+    callback) stops counting."""
+    raft = StalledRaft()
+    clock = trio.testing.MockClock()
+    taken = trio.run(flooded, raft, clock, clock=clock)
+    per_forward = raft.bytes // taken[-1]
+    window = FORWARD_WINDOW // per_forward + 1
+    assert taken == [window, window + 10, min(200, 2 * window + 10)]
