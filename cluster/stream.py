@@ -260,7 +260,16 @@ class CommittedStream:
         backlog: Backlog | None = None,
     ) -> None:
         """``name`` replicates from here, holding every batch up to ``from_clsn``;
-        ``backlog``: what its writer has not taken from ``queue`` yet (None: a new one)."""
+        ``backlog``: what its writer has not taken from ``queue`` yet (None: a new one).
+
+        A follower of that name on another link is dropped, its link closed: left open,
+        it got no batch again but its writer's heartbeats, so its member -- hearing from
+        this seed, "catching up" for ever -- never left it (a process restarted before its
+        old link was noticed dead, or two processes claiming one name)."""
+        earlier = self.followers.get(name)
+        if earlier is not None and earlier.queue is not queue:
+            log.warning("replica %s linked again; closing its earlier link", name)
+            self._drop(earlier)
         self.unfollow(name)
         applied = self.replica.applied_clsn
         follower = Follower(name, queue, after=from_clsn, wants_sync=full,
@@ -340,8 +349,12 @@ class CommittedStream:
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             log.warning("replica %s too slow or gone (%d bytes queued); dropping its link "
                         "(it will resume)", follower.name, backlog.bytes)
-            follower.queue.close()
-            if self.followers.get(follower.name) is follower:
-                del self.followers[follower.name]
-            if backlog.on_drop is not None:
-                backlog.on_drop()
+            self._drop(follower)
+
+    def _drop(self, follower: Follower) -> None:
+        """``follower`` no longer follows; its link ends."""
+        follower.queue.close()
+        if self.followers.get(follower.name) is follower:
+            del self.followers[follower.name]
+        if follower.backlog.on_drop is not None:
+            follower.backlog.on_drop()

@@ -179,6 +179,23 @@ def test_generated_ops_round_trip(op: LinkOp) -> None:
     assert link.decode_op(data[4:]) == op
 
 
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, min_size=1, max_size=4), st.data())
+def test_generated_ops_whole_bytewise_and_with_trailing_bytes(
+    sent: list[LinkOp], data: st.DataObject
+) -> None:
+    """Every generated op through a connection: whole, a byte at a time, and followed by
+    part of a next frame (which waits, no error)."""
+    wire = b"".join(link.encode_frame(op) for op in sent)
+    assert feed_whole(open_pair()[1], wire) == sent
+    assert feed_bytewise(open_pair()[1], wire) == sent
+    following = link.encode_frame(data.draw(ops))
+    cut = data.draw(st.integers(0, len(following) - 1))
+    connector = open_pair()[1]
+    assert feed_whole(connector, wire + following[:cut]) == sent
+    assert connector.buffered == cut
+
+
 # --- framing ------------------------------------------------------------------------
 
 

@@ -280,3 +280,43 @@ def test_forwards_faster_than_raft_commits_wait_on_the_link() -> None:
     per_forward = raft.bytes // taken[-1]
     window = FORWARD_WINDOW // per_forward + 1
     assert taken == [window, window + 10, min(200, 2 * window + 10)]
+
+
+# --- a second link claiming a follower's name ---------------------------------------------------
+
+
+async def claimed_twice(seed: Seed) -> tuple[str, link.Batch]:
+    """FOLLOWER replicates; another link authenticates as FOLLOWER and replicates too.
+    What became of the first link, and what the second got for a batch committed then."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(seed.service.run, ("127.0.0.1", seed.port))
+        first = await seed.dial(FOLLOWER)
+        assert await first.receive() == link.Heartbeat(0, True)
+        second = await seed.dial(FOLLOWER)
+        seed.take_forward(ATTACKER, [publish(f"{ATTACKER}#1", 1, b"later")])
+        outcome = "heartbeats and no batch for 2 s"
+        with trio.move_on_after(2):
+            while (op := await first.receive()) is not None:
+                assert not isinstance(op, link.Batch)
+            outcome = "closed"
+        batch = await answer_of_origin(second, f"{ATTACKER}#1")
+        nursery.cancel_scope.cancel()
+    return outcome, batch
+
+
+async def answer_of_origin(channel: LinkChannel, origin: str) -> link.Batch:
+    with trio.fail_after(5):
+        while True:
+            op = await channel.receive()
+            if isinstance(op, link.Batch) and any(o == origin for o, _ in op.batch.origins):
+                return op
+
+
+def test_a_second_link_of_one_follower_closes_the_first(caplog: pytest.LogCaptureFixture) -> None:
+    """Before, the first link got no batch again but its writer's heartbeats: its member
+    heard from the seed, stayed "catching up" and never left it."""
+    caplog.set_level(logging.WARNING)
+    outcome, batch = trio.run(claimed_twice, Seed(listen_port()))
+    assert outcome == "closed"
+    assert [m.content for m in batch.batch.messages] == [b"later"]
+    assert any(f"replica {FOLLOWER} linked again" in r.getMessage() for r in caplog.records)
