@@ -19,9 +19,11 @@ stranger who varies it must not get a line per connection), for at most
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -67,6 +69,13 @@ per-address rate above binds first for one address; this bounds a flood from man
 each under it (20 addresses x 100 a second were ~2,000 TLS handshakes a second asked
 of a member), and keeps a member's dial, a few a second from its own address, under
 its share whatever the number of flooding addresses."""
+
+MAX_LINKS_PER_PEER: Final = 8
+"""Authenticated links one member may hold to this listener at once; one more closes
+its oldest (counted: ``links``). A member dials a peer once per role (upstream and
+forwarding, a sync, the settings probe); one restarted before its old links were
+noticed dead has a few more. Unbounded, one peer with the password could hold as many
+as it liked, each with up to a frame of buffer."""
 
 SOURCES_PER_KIND = 10
 """Addresses a kind of refusal is logged for per minute; the rest are counted."""
@@ -151,8 +160,10 @@ class HandshakeGate:
         default_factory=lambda: dict.fromkeys(VIOLATION_RULES, 0))
     """rule -> authenticated links ended because the peer broke it
     (:class:`~cluster.link_limits.LinkViolation`)."""
+    max_links_per_peer: int = MAX_LINKS_PER_PEER
     _scopes: dict[int, trio.CancelScope] = field(default_factory=dict)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
+    _links: dict[str, list[trio.CancelScope]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.pending = PendingHandshakes(self.limit)
@@ -169,6 +180,29 @@ class HandshakeGate:
                 "LINK_CONNECTIONS_PER_SECOND": self.rate.refused,
                 "LINK_HANDSHAKES_PER_SECOND": self.share.refused,
                 "LINK_VERSION": self.versions_refused}
+
+    @contextlib.contextmanager
+    def linked(self, peer: str) -> Iterator[trio.CancelScope]:
+        """An authenticated link from ``peer``, for as long as it is served: in a cancel
+        scope that the link after the last one :data:`MAX_LINKS_PER_PEER` allows
+        cancels (the oldest link of that peer ends)."""
+        scope = trio.CancelScope()
+        links = self._links.setdefault(peer, [])
+        links.append(scope)
+        if len(links) > self.max_links_per_peer:
+            oldest = links.pop(0)
+            oldest.cancel()
+            self.violations["links"] = self.violations.get("links", 0) + 1
+            log.warning("link from %s closed: more than %d links from one member at once, "
+                        "the oldest closed (links)", peer, self.max_links_per_peer)
+        try:
+            with scope:
+                yield scope
+        finally:
+            if scope in links:
+                links.remove(scope)
+            if not links:
+                self._links.pop(peer, None)
 
     def violated(self, peer: str, error: BaseException) -> None:
         """An authenticated link from ``peer`` ended for breaking a link rule

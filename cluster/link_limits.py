@@ -57,11 +57,13 @@ def accepted_frame_limit(max_frame_size: int) -> int:
     return min(MAX_FRAME, FORWARD_BYTES + 2 * max_frame_size + FRAME_SLACK)
 
 
-VIOLATION_RULES: Final = ("frame_size", "frame_stall", "origin", "replicate", "sync_request")
+VIOLATION_RULES: Final = (
+    "frame_size", "frame_stall", "links", "origin", "replicate", "sync_request")
 """The rules a :class:`LinkViolation` names: a frame above the limit, a frame begun and
-stalled (cluster/link_io.py ``FRAME_STALL``), a forward of another member's publishes,
-a second ``Replicate`` on one link, a ``SyncRequest`` while a sync is still queued
-(cluster/peers.py)."""
+stalled (cluster/link_io.py ``FRAME_STALL``), more links from one member than
+``MAX_LINKS_PER_PEER`` (cluster/link_accept.py), a forward of another member's
+publishes, a second ``Replicate`` on one link, a ``SyncRequest`` while a sync is still
+queued (cluster/peers.py)."""
 
 
 class LinkViolation(LinkError):

@@ -180,7 +180,8 @@ class PeerService:
             if accepted is None:
                 return
             peer = accepted
-            await self._serve(peer, channel)
+            with self.handshakes.linked(peer):
+                await self._serve(peer, channel)
         # except*: what ends the link comes out of _serve's nursery as a group
         except* link.LinkViolation as broke:
             self.handshakes.violated(peer, broke)

@@ -168,13 +168,14 @@ class StandardNode:
                                      gate=self.handshakes, refusals=self.refusals)
             if peer is None:
                 return  # refused, logged
-            while True:
-                op = await channel.receive()
-                if op is None:
-                    return
-                if not isinstance(op, link.StandardPublish):
-                    raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
-                self.hub.publish(op.message, trio.current_time())
+            with self.handshakes.linked(peer):
+                while True:
+                    op = await channel.receive()
+                    if op is None:
+                        return
+                    if not isinstance(op, link.StandardPublish):
+                        raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
+                    self.hub.publish(op.message, trio.current_time())
         except link.LinkViolation as exc:
             self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:

@@ -382,7 +382,7 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
         violated = CounterMetricFamily(
             "migratory_cluster_link_violations",
             "Authenticated cluster links this member closed because the peer broke a rule "
-            "of the link, by rule (frame_size, frame_stall, origin, replicate, "
+            "of the link, by rule (frame_size, frame_stall, links, origin, replicate, "
             "sync_request).",
             labels=["rule"],
         )

@@ -320,3 +320,34 @@ def test_a_second_link_of_one_follower_closes_the_first(caplog: pytest.LogCaptur
     assert outcome == "closed"
     assert [m.content for m in batch.batch.messages] == [b"later"]
     assert any(f"replica {FOLLOWER} linked again" in r.getMessage() for r in caplog.records)
+
+
+# --- many links from one member ------------------------------------------------------------
+
+
+async def many_links(seed: Seed, count: int) -> list[str]:
+    """ATTACKER opens ``count`` links (not replicating); what each came to."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(seed.service.run, ("127.0.0.1", seed.port))
+        channels = [await connect(("127.0.0.1", seed.port), member=ATTACKER,
+                                  password=PASSWORD) for _ in range(count)]
+        outcomes = []
+        for channel in channels:
+            with trio.move_on_after(1):
+                op = await channel.receive()
+                outcomes.append("closed" if op is None else type(op).__name__)
+                continue
+            outcomes.append("silent")
+        follower = await seed.dial(FOLLOWER)  # another member is served meanwhile
+        outcomes.append(type(await follower.receive()).__name__)
+        nursery.cancel_scope.cancel()
+    return outcomes
+
+
+def test_more_links_from_one_member_than_allowed_close_its_oldest() -> None:
+    """Before, all ten held open (each with up to a frame of buffer, as many as the peer
+    liked); now the eight newest."""
+    seed = Seed(listen_port())
+    outcomes = trio.run(many_links, seed, 10)
+    assert outcomes == ["closed"] * 2 + ["Heartbeat"] * 8 + ["Heartbeat"]
+    assert violations(seed) == {"links": 2}
