@@ -72,8 +72,25 @@ def _strict_decoder() -> _Pooled:
         return decoder, fp
 
 
-def _strict_load(payload: bytes) -> Any:
-    pooled = decoder, fp = _strict_decoder()
+def _hooked_decoder(object_hook: Callable[..., Any]) -> _Pooled:
+    """A strict decoder with cbor2's ``object_hook``, for one frame (not pooled: a large
+    frame's, whose decode costs far more than building the decoder)."""
+    fp = io.BytesIO(b"")
+    decoder = cbor2.CBORDecoder(
+        fp,
+        semantic_decoders=_REFUSED_TAGS,
+        max_depth=_MAX_DEPTH,
+        strict_hashable_types=True,
+        object_hook=object_hook,
+    )
+    return decoder, fp
+
+
+def _strict_load(payload: bytes, object_hook: Callable[..., Any] | None = None) -> Any:
+    hooked = object_hook is not None
+    pooled = decoder, fp = (
+        _hooked_decoder(object_hook) if object_hook is not None else _strict_decoder()
+    )
     fp.__init__(payload)  # type: ignore[misc]  # refill in place: see _decoders
     try:
         item = decoder.decode()
@@ -85,7 +102,8 @@ def _strict_load(payload: bytes) -> Any:
         # a Rust panic inside cbor2 is a BaseException: still only "not CBOR"
         raise ValueError(f"the CBOR decoder failed: {exc}") from None
     finally:
-        _decoders.append(pooled)
+        if not hooked:
+            _decoders.append(pooled)
     end = fp.tell()
     if end != len(payload):
         raise ValueError(f"{len(payload) - end} bytes follow the CBOR item")
@@ -95,12 +113,12 @@ def _strict_load(payload: bytes) -> Any:
 def load_map(
     payload: bytes, *, whole: bool = False, object_hook: Callable[..., Any] | None = None
 ) -> dict[Any, Any]:
-    """The one CBOR map of a frame; ``whole`` (client frames): strictly decoded, and
-    nothing may follow the item (1007). ``object_hook`` (not with ``whole``): cbor2's,
-    given each map as it is decoded."""
+    """The one CBOR map of a frame; ``whole`` (every peer's frame: a client's, and a
+    server's in the SDKs): strictly decoded, and nothing may follow the item (1007).
+    ``object_hook``: cbor2's, given each map as it is decoded."""
     try:
         if whole:
-            item = _strict_load(payload)
+            item = _strict_load(payload, object_hook)
         elif object_hook is not None:
             item = cbor2.loads(payload, object_hook=object_hook)
         else:

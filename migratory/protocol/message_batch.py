@@ -51,9 +51,9 @@ def decode_message(item: Any, share: Share = _no_share) -> Message:
     content = r.bytes_("content")
     fields = r.fields("fields") or EMPTY_FIELDS
     retained = r.boolean("retained", False)
-    epoch = share(r.integer("epoch", 0))
+    epoch = share(r.integer("epoch", REQUIRED))  # a message always has its position
     return new_message(subject, content, fields, retained, qos, None, epoch,
-                       r.integer("seq", 0), message_type)
+                       r.integer("seq", REQUIRED), message_type)
 
 
 def load_server_map(payload: bytes) -> dict[Any, Any]:
@@ -61,7 +61,7 @@ def load_server_map(payload: bytes) -> dict[Any, Any]:
     message -- its ``content`` bytes, no ``op`` -- is already a :class:`Message` (one that
     is not a valid message stays a map: decoding it again names what is wrong)."""
     if len(payload) < HOOKED_FROM_BYTES:
-        return load_map(payload)
+        return load_map(payload, whole=True)
     shared: dict[Any, Any] = {}
     share = shared.setdefault
 
@@ -76,4 +76,4 @@ def load_server_map(payload: bytes) -> dict[Any, Any]:
                 return item
         return item
 
-    return load_map(payload, object_hook=hook)
+    return load_map(payload, whole=True, object_hook=hook)

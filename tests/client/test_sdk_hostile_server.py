@@ -84,6 +84,10 @@ NOT_OPERATIONS = {
     "a bignum seq": cbor2.dumps(
         {"op": "message", "subject": SUBJECT, "content": b"x", "epoch": 7, "seq": 10**30}
     ),
+    "bytes after the map": cbor2.dumps({"op": "pong"}) + b"\x00",  # was: read, bytes ignored
+    "a message without its position": cbor2.dumps(  # was: read as 0:0
+        {"op": "message", "subject": SUBJECT, "content": b"x"}
+    ),
     "a text frame": b"",  # see below: sent as a text frame
 }
 

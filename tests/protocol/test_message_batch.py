@@ -86,6 +86,8 @@ def plain(payload: bytes) -> ops.ServerOp | ops.UnknownOp:
         {"subject": "/a/b", "content": b"x", "fields": {"k": {"content": b"z", "subject": "/c/d"}}},
         {"subject": "/a/b", "content": b"x", "op": "message", "epoch": 2, "seq": 3},
         {"content": b"x", "epoch": 2, "seq": 3},  # no subject
+        {"subject": "/a/b", "content": b"x", "seq": 3},  # no epoch (was: read as epoch 0)
+        {"subject": "/a/b", "content": b"x"},  # no position (was: read as 0:0)
     ],
 )
 def test_odd_messages_in_a_large_batch_read_as_in_a_small_one(odd: dict[str, object]) -> None:
@@ -102,13 +104,16 @@ def test_odd_messages_in_a_large_batch_read_as_in_a_small_one(odd: dict[str, obj
 
 text = st.text(max_size=8)
 message_maps = st.fixed_dictionaries(
-    {"subject": st.sampled_from(["/a/b", "/c/d"]), "content": st.binary(max_size=20)},
+    {
+        "subject": st.sampled_from(["/a/b", "/c/d"]),
+        "content": st.binary(max_size=20),
+        "epoch": st.integers(0, 2**48),
+        "seq": st.integers(0, 2**40),
+    },
     optional={
         "fields": st.dictionaries(text, text, max_size=2),
         "retained": st.booleans(),
         "qos": st.sampled_from([q.value for q in Qos]),
-        "epoch": st.integers(0, 2**48),
-        "seq": st.integers(0, 2**40),
         "type": st.sampled_from([t.value for t in MessageType]),
     },
 )
@@ -119,3 +124,29 @@ message_maps = st.fixed_dictionaries(
 def test_a_large_batch_decodes_as_a_small_one(maps: list[dict[str, object]]) -> None:
     payload = big(*maps)
     assert ops.decode_server_op(payload) == plain(payload)
+
+
+SHARED_TWICE = (
+    cbor2.dumps({"op": "batch", "messages": [1, 1]})[:-2]  # the map, the array's head
+    + b"\xd8\x1c" + cbor2.dumps({"subject": "/a/b", "content": b"x", "epoch": 1, "seq": 1})
+    + b"\xd8\x1d\x00"
+)
+"""A batch whose second message is a shared reference to its first (tags 28, 29)."""
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        cbor2.dumps({"op": "pong"}) + b"\x00",
+        big() + b"\x00",
+        SHARED_TWICE,
+        b"\xa1\x62op" + b"\x81" * 20 + b"\x00",
+    ],
+    ids=["trailing-byte", "large-frame-trailing-byte", "shared-reference", "nested-deep"],
+)
+def test_a_server_frame_is_one_strictly_read_cbor_map(payload: bytes) -> None:
+    # was: the SDK read server frames with plain cbor2.loads: bytes after the map were
+    # ignored, and shared references decoded (the client's frames were strict already)
+    with pytest.raises(ops.OperationError) as raised:
+        ops.decode_server_op(payload)
+    assert raised.value.close.code == 1007

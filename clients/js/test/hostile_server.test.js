@@ -74,6 +74,8 @@ const NOT_OPERATIONS = {
   "CBOR, not a map": frame(encoder.encode([1, 2, 3])),
   "unknown status": opFrame({ op: "status", status: "MAYBE", subject: SUBJECT }),
   "seq not an integer": opFrame({ ...message(SUBJECT, 11), seq: "11" }),
+  "bytes after the map": frame(Buffer.concat([encoder.encode({ op: "pong" }), Buffer.from([0])])),
+  "a message without its position": opFrame({ op: "message", subject: SUBJECT, content: new Uint8Array(1) }),
   "a text frame": frame(Buffer.from("hello"), 0x1),
 };
 
