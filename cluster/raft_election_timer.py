@@ -21,6 +21,13 @@ LEADER_CHANGED, at such a seed restart. :func:`deadline_after_joining` gives it 
 election timeout of listening first; a whole cluster starting together elects one
 timeout later, a failover (the survivors are linked already) not at all.
 
+A follower reads what came while its Raft thread was busy before it stands. pysyncobj
+checks the election deadline first in a tick, then polls: after a tick longer than the
+election timeout -- a large dump loaded, a long collection, a box far busier than its
+cores -- it stood before it read the AppendEntries its leader had sent meanwhile, and
+its higher term deposed that leader. :class:`ElectionBackoff` polls (without waiting)
+first when the deadline has passed (``test_raft_election_timer.py``).
+
 A seed that keeps standing waits longer each time (:class:`ElectionBackoff`). With
 150-300 ms timeouts, a seed whose process runs only every few hundred milliseconds (a
 box far busier than its cores, a container throttled by its CPU limit) times out
@@ -85,7 +92,8 @@ def deadline_after_joining(deadline: float, now: float, timeout: float, *,
 
 class ElectionBackoff(SyncObj):  # type: ignore[misc]
     """``SyncObj`` whose election timeouts double with each candidacy and halve again
-    after each :data:`DECAY_SECONDS` without one (see the module docstring)."""
+    after each :data:`DECAY_SECONDS` without one, and which reads what came before it
+    stands (see the module docstring)."""
 
     _doublings = 0
     _stood_at = 0.0
@@ -109,6 +117,12 @@ class ElectionBackoff(SyncObj):  # type: ignore[misc]
                     2 ** MAX_DOUBLINGS,
                 )
         super()._SyncObj__setState(state)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if (self._SyncObj__raftState != _RAFT_STATE.LEADER
+                and self._SyncObj__raftElectionDeadline < syncobj_module.monotonicTime()):
+            self._poller.poll(0)  # what came meanwhile first: the leader's, if it lives
+        super()._onTick(timeToWait)
 
     def _SyncObj__generateRaftTimeout(self) -> Any:
         return super()._SyncObj__generateRaftTimeout() * 2 ** self.election_doublings()

@@ -159,3 +159,37 @@ def test_a_failover_in_a_quiet_cluster_is_as_quick_and_the_back_off_decays() -> 
         assert all(node.election_doublings() == 0 for node in world.nodes.values())
     finally:
         world.close()
+
+
+def test_a_follower_reads_what_came_while_it_was_busy_before_it_stands() -> None:
+    """A tick that comes after the election deadline (the Raft thread was busy: a large
+    dump loaded, a long collection, a box far busier than its cores) found the leader's
+    AppendEntries waiting unread; pysyncobj checks the deadline first, so the follower
+    stood, and its higher term deposed a live leader. Now it reads them first."""
+    node: Any = FollowerSafeSyncObj(
+        "127.0.0.1:47931", ["127.0.0.1:47932", "127.0.0.1:47933"],
+        conf=SyncObjConf(autoTick=False), transportClass=Unconnected,
+    )
+    try:
+        node._term_quorum.waiting = False
+        node._empty_start.active = False  # a seed with its disk (cluster/raft_votes.py)
+        leader, _ = sorted(node.otherNodes, key=str)
+        node._SyncObj__connectedNodes.add(leader)  # linked: it may stand
+        node._SyncObj__raftCurrentTerm = 2
+        waiting = [{"type": "append_entries", "term": 2, "commit_index": 0,
+                    "prevLogIdx": 1, "prevLogTerm": 0, "entries": []}]
+
+        def poll(timeout: float) -> None:  # the socket's bytes, read when it polls
+            while waiting:
+                node._SyncObj__onMessageReceived(leader, waiting.pop())
+
+        node._poller.poll = poll
+        node._SyncObj__raftElectionDeadline = monotonicTime() - 1.0  # a second busy
+        node._onTick(0)
+        assert node._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # before: CANDIDATE
+        assert node._SyncObj__raftLeader == leader and node._SyncObj__raftCurrentTerm == 2
+        node._SyncObj__raftElectionDeadline = monotonicTime() - 1.0  # silent for real
+        node._onTick(0)
+        assert node._SyncObj__raftState == _RAFT_STATE.CANDIDATE
+    finally:
+        node.destroy()
