@@ -40,6 +40,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 from cluster import dump_fork, raft_disk, raft_unpickler
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
+from cluster.dump_decoder import DumpDecodeError, stop_reason
 from cluster.raft_cipher import RaftCipher
 from cluster.raft_compaction import compaction_stagger
 from cluster.raft_follower import FollowerSafeSyncObj
@@ -127,10 +128,9 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         to the dump's batch; hand its caches to the member before any later batch."""
         super()._deserialize(data)
         self.cache.set_budget(self._cache_budget)  # this seed's, not the dump writer's
+        self.cache.begin_decoding()  # off this thread (cluster/dump_decoder.py)
         if self._on_restore is not None:
-            coordinator = self.coordinator
-            # copies, no record built here (replicated_cache.DumpRecords): the member
-            # builds them a slice at a time, and this thread goes on with Raft
+            coordinator = self.coordinator  # (no record built here: DumpRecords)
             self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions_now()))
 
 
@@ -252,6 +252,9 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         else:
             try:
                 super()._onTick(timeToWait)
+                self._status_consumer.cache.settle()  # a dump's decoded caches, once ready
+            except DumpDecodeError as exc:  # not the other seeds' caches: it stops
+                self.stopped = stop_reason(exc, self._SyncObj__conf.fullDumpFile)
             except raft_disk.RaftDiskFailure as exc:
                 self.stopped = str(exc)
                 log.critical(

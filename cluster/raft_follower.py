@@ -28,10 +28,9 @@ suite found that (an acknowledged position later delivered with another message,
 after a leader change). Here such a message vouches for no entry: the commit index moves
 only once the dump is loaded, to the dump's last entry, which the leader had committed.
 
-At start-up it keeps the journal entries after its own dump (see
-:meth:`FollowerSafeSyncObj._keep_journal_after_dump`): pysyncobj 0.3.17 cleared the whole
-journal when a node had stopped between writing a compaction's dump and trimming its
-journal.
+At start-up it keeps the journal entries after its own dump (pysyncobj 0.3.17 cleared
+the whole journal of a node stopped between writing a compaction's dump and trimming its
+journal: :meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
 
 A seed that started on an empty disk grants no vote, and stands for no election, that
 could lose what it had acknowledged before (:mod:`cluster.raft_votes`). Every other
@@ -61,9 +60,9 @@ applied entry instead (drops it until the re-send completes, and can lose an
 acknowledged command when the leader dies meanwhile); ``test_raft_safety.py`` searches
 schedules of real nodes for any violation.
 
-Large entries: pysyncobj's leader cuts an entry of ``appendEntriesBatchSizeBytes`` or more
-into parts and may mark more than one of them ``finish`` (see :meth:`_received_entries`);
-an entry is taken once its parts unpickle.
+Large entries come in parts, more than one of them marked ``finish``: see
+:meth:`_received_entries`. A loaded dump restarts the election timeout (its load is no
+silence of the leader's).
 """
 
 from __future__ import annotations
@@ -114,12 +113,11 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
         # (term, index): in this leader's term, the leader must go back to this index at
         # least; set before SyncObj.__init__ so that dumps never carry it
         self._catch_up_floor: tuple[int, int] | None = None
-        # (leader, term) whose dump this follower is receiving, from its first part on
-        # this link; None: no part but a first one is taken (see _install_dump)
+        # (leader, term) whose dump it receives, from its first part on this link; None:
+        # no part but a first one is taken (see _install_dump)
         self._dump_source: tuple[Any, int] | None = None
-        self._last_dump_entry: Any = None  # of the dump read last (set here: dumps carry
-        # what is set after SyncObj.__init__, and every dump then looked not loaded)
-        self._peeked_dump: Any = None  # a leader's dump read to see where it ends
+        self._last_dump_entry: Any = None  # of the dump read last (here: never dumped)
+        self._peeked_dump: Any = None  # a dump read to see where it ends (read once)
         self._dump_retries = DumpRetries()  # dumps failed, not for the disk (their count)
         journal = None if conf is None else conf.journalFile
         if conf is not None and journal is not None:  # damage refused (raft_data_dir.py)
@@ -204,6 +202,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
         try:
             data = self._SyncObj__serializer.deserialize()
             before_last, last = data[2], data[1]
+            self._peeked_dump = data  # the load next takes it
             offset = before_last[1] - journal[0][1]
         except Exception:  # no readable dump or empty journal: pysyncobj decides
             return
@@ -403,11 +402,9 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
         return hint
 
     def _install_dump(self, node: Any, message: dict[str, Any]) -> None:
-        """A part of the leader's dump, or word that it is still being written.
-
-        Nothing this follower holds is vouched for until the whole dump is loaded; then
-        the log is the dump's last two entries, committed by the leader.
-        """
+        """A part of the leader's dump, or word that it is still being written. Nothing
+        this follower holds is vouched for until the whole dump is loaded; then the log
+        is the dump's last two entries, committed by the leader."""
         self._follow(node, message)
         serialized = message.get("serialized")
         if serialized is None or not self._part_of_the_dump_begun(node, message):
@@ -433,6 +430,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
             log.warning("Raft: the leader's dump could not be loaded: asking for it again")
             return
         raft_durability.journal_durable(self._SyncObj__raftLog)  # (the dump is, its replace)
+        self._follow(node, message)  # again: a new election timeout from the load's end
         self._SyncObj__sendNextNodeIdx(node, success=True)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
         self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())

@@ -39,6 +39,7 @@ from cluster.raft_forward import hold_deadline
 from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
 from cluster.raft_votes import MARKER_SUFFIX
 from cluster.replica import Offer
+from cluster.replicated_cache import DumpRecords
 from cluster.stream import CommittedStream
 from migratory.config import Config
 from migratory.model.position import new_epoch
@@ -64,6 +65,9 @@ a seed is not ready: a Raft thread that stopped or hangs leaves its last status 
 "ready, with a leader" -- in place for ever."""
 
 RAFT_STOPPED_POLL = 0.1
+DUMP_DECODED_POLL = 0.01
+"""Seconds between two looks at whether a Raft dump's caches have decoded (off the Raft
+thread, cluster/dump_decoder.py) before their install begins."""
 """Seconds between two looks at whether the Raft node stopped (its disk is full)."""
 
 T = TypeVar("T")
@@ -197,6 +201,9 @@ class SeedCoordination:
             self._nursery.start_soon(self._install_dump, install)
 
     async def _install_dump(self, install: SyncInstall) -> None:
+        records = install.subjects  # (read once decoded: a read would wait for them)
+        while isinstance(records, DumpRecords) and not records.ready():
+            await trio.sleep(DUMP_DECODED_POLL)
         try:
             if await self.stream.finish_install(install):
                 log.info("caches restored from the Raft dump at clsn %d (%d subjects, %d "

@@ -52,7 +52,7 @@ def test_pickle_round_trip_and_a_dump_from_before_packing() -> None:
     old_state = {  # what an older member's dump holds: Message objects
         "max_messages": 5,
         "cached": {"/a/b": (message("/a/b", 1), message("/a/b", 2))},
-        "snapshots": cache.__getstate__()["snapshots"],
+        "snapshots": cache.caches_state()["snapshots"],
     }
     old = ReplicatedCache.__new__(ReplicatedCache)
     old.__setstate__(old_state)
@@ -121,7 +121,7 @@ def test_a_dump_from_before_the_budget_takes_this_seeds_budget() -> None:
     old = ReplicatedCache(5)
     for batch in commits(0, 70):
         old.append(batch)
-    state = old.__getstate__()
+    state = old.caches_state()
     del state["budget"], state["order"]  # as a dump written before the budget
     loaded = ReplicatedCache.__new__(ReplicatedCache)
     loaded.__setstate__(state)
@@ -221,7 +221,7 @@ def test_a_dump_carries_its_sizes_so_a_load_sums_none(monkeypatch: pytest.Monkey
     written.append([Message("/f/a", b"x", {"k": "v" * i}, epoch=3, seq=i) for i in (1, 2)])
     written.append([Message("/g/a", b"y" * 300, epoch=3, seq=1)])
     dump = pickle.dumps(written)
-    old_state = written.__getstate__()
+    old_state = written.caches_state()
     old_state.pop("sizes", None)
     calls: list[object] = []
     sizes_of = replicated_cache.packed_sizes
