@@ -190,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 0
     except BaseException as exc:
-        if not interrupted.is_interrupt(exc):
+        stopped = interrupted.exit_status("migratory", exc)  # Ctrl-C, `| head`
+        if stopped is None:
             raise
-        interrupted.say("migratory")
-        return interrupted.INTERRUPTED
+        return stopped
     return code
 
 

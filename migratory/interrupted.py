@@ -1,4 +1,7 @@
 """Ctrl-C in a command-line tool: one line and exit status 130, never a traceback.
+And a reader that went away (``migratory sub ... | head -1``): exit 141 without a word,
+as a tool killed by SIGPIPE (Python ignores SIGPIPE: a write raised BrokenPipeError,
+a traceback, from deep inside trio).
 
 A tool's ``__main__`` calls :func:`exit_on_sigint` before its own imports (pyspark,
 trio, the chaos runner: up to a second): a SIGINT then ends the process with one line,
@@ -13,12 +16,14 @@ milliseconds (before the first line of ``__main__``) keep Python's default.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
+BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def say(prog: str) -> None:
@@ -41,15 +46,27 @@ def run(prog: str, main: Callable[[], int]) -> int:
     try:
         return main()
     except BaseException as exc:
-        if not is_interrupt(exc):
+        code = exit_status(prog, exc)
+        if code is None:
             raise
+        return code
+
+
+def exit_status(prog: str, exc: BaseException) -> int | None:
+    """130 (after the line) for Ctrl-C, 141 for a reader gone; None for anything else."""
+    if _only(exc, KeyboardInterrupt):
         say(prog)
         return INTERRUPTED
+    if _only(exc, BrokenPipeError):
+        # what is left in stdout's buffer goes nowhere, not into a second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+    return None
 
 
-def is_interrupt(exc: BaseException) -> bool:
-    """A ``KeyboardInterrupt``, alone or the only thing in an exception group (trio
-    hands a task's over in one)."""
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is a ``kind``, or an exception group of nothing else (trio hands a task's
+    exception over in one)."""
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(KeyboardInterrupt)[1] is None
-    return isinstance(exc, KeyboardInterrupt)
+        return exc.split(kind)[1] is None
+    return isinstance(exc, kind)

@@ -164,6 +164,41 @@ async def test_sub_exits_cleanly_on_ctrl_c() -> None:
         nursery.cancel_scope.cancel()
 
 
+@trio_test
+async def test_sub_whose_reader_went_away_exits_141_without_a_traceback() -> None:
+    """``migratory sub ... | head -1``: the next message's write raised BrokenPipeError
+    inside trio's nursery -- an exception-group traceback, exit 1."""
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        command = [sys.executable, "-m", "cluster", "sub", "/a/b", "--server", server.url]
+        process = await trio.lowlevel.open_process(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            await conn.expect(ops.Subscribe)
+            await conn.allow("/a/b", 7, 0)
+            await conn.deliver(update("/a/b", 1))
+            assert process.stdout is not None and process.stderr is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(1000)
+            await process.stdout.aclose()  # the reader goes, as head -1 does
+            await conn.deliver(update("/a/b", 2))
+            with trio.fail_after(30):  # (a guard against a hang only)
+                assert await process.wait() == 141
+            errors = b""
+            while chunk := await process.stderr.receive_some(10000):
+                errors += chunk
+            assert b"Traceback" not in errors, errors.decode()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        nursery.cancel_scope.cancel()
+
+
 def test_bad_numbers_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in (
         (("pub", "/a/b", "x", "--timeout", "-1"), "--timeout: '-1': must be more than 0"),
