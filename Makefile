@@ -42,7 +42,11 @@ $(JS_BUILT): $(JS_DEPS) $(JS_SOURCES)
 
 js: $(JS_BUILT)
 
-serve: $(SERVE_STAMP) $(JS_BUILT)
+# The browser files only where npm is: a fresh machine with Python and make serves
+# without them (GET /client/migratory.js and /dashboard/ then say `make js`).
+NPM := $(shell command -v npm 2>/dev/null)
+serve: $(SERVE_STAMP) $(if $(NPM),$(JS_BUILT),)
+	$(if $(NPM),,@echo "no npm: the browser client and dashboard are not built (make js: node >= 20)")
 	$(VENV)/bin/migratory serve $(if $(CONFIG),--config $(CONFIG),)
 
 # Debian packages the tests run: mosquitto_pub / mosquitto_sub (independent MQTT clients),

@@ -52,8 +52,8 @@ def serve_asset(
     try:
         body = (static_dir / asset.file).read_bytes()
     except FileNotFoundError:
-        reason = f"{path}: the browser files are not built here; `make serve` builds them"
-        return response(404, (reason + " (clients/js, npm and esbuild)\n").encode())
+        reason = f"{path}: the browser files are not built here; `make js` builds them"
+        return response(404, (reason + " (clients/js: node >= 20, npm, esbuild)\n").encode())
     headers = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff")]
     if asset.cross_origin:
         headers.append(("Access-Control-Allow-Origin", "*"))

@@ -55,7 +55,7 @@ def test_unbuilt_files_answer_404_saying_how_to_build(tmp_path: Path) -> None:
     assert answer is not None
     status, _, body = split(answer)
     assert status == "HTTP/1.1 404 Not Found"
-    assert b"make serve" in body
+    assert b"`make js` builds them" in body
 
 
 @pytest.mark.parametrize(
