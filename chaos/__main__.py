@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.scenario and args.schedule:
         raise SystemExit("chaos run: --scenario and --schedule: one or the other")
+    try:  # (a traceback from deep in the runner was all a bad --out gave)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"chaos run: --out {args.out}: {exc.strerror}") from None
     from chaos.runner import run as run_chaos
 
     return run_chaos(

@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     except UnusableInput as exc:
         print(f"spark_analysis: unusable input: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    try:  # the report's directory, before the analysis (was: a traceback after it)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"spark_analysis: --out {out}: {exc.strerror}", file=sys.stderr)
+        return EXIT_UNUSABLE
     from spark_analysis.session import spark_session
 
     phases = Phases()

@@ -4,6 +4,8 @@ accepts; and the files an operator may hand to ``--config`` by mistake."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +127,18 @@ def test_serve_names_the_line_in_one_line_and_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr == (f"migratory: configuration error: {path}:3: BatchTime: expected "
                              "a whole number of milliseconds, got 'fast'\n")
+
+
+def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """(Was right before too.) Root reads any file: then the server runs as nobody."""
+    path = tmp_path / "f.conf"
+    path.write_text("BatchTime = 5\n")
+    path.chmod(0)
+    args = [sys.executable, "-m", "cluster", "serve", "--config", str(path)]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "util-linux setpriv: to run as nobody"
+        args = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *args]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd="/")
+    assert (done.returncode, done.stderr) == (2, "migratory: configuration error: cannot "
+                                              f"read config file '{path}': Permission denied\n")

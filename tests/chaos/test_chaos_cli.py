@@ -94,3 +94,11 @@ def test_member_settings_reach_every_member_and_the_run_record(tmp_path: Path) -
         assert runner.overrides == {"MaxCachedMessagesPerSubject": "5", "BatchTime": "20"}
     finally:
         runner.h.close()
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    """Before: a NotADirectoryError traceback from the runner's constructor."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "run"
+    with pytest.raises(SystemExit, match=f"^chaos run: --out {out}: Not a directory$"):
+        main(["run", "--seed", "1", "--duration", "1", "--out", str(out)])

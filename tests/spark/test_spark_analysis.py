@@ -203,6 +203,17 @@ def test_spark_cli_exit_2_names_what_is_missing(
     assert "publishes has no usable rows" in capsys.readouterr().err
 
 
+def test_spark_cli_an_out_it_cannot_make_is_exit_2_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: Spark started, the analysis ran, then a NotADirectoryError traceback."""
+    run_dir = gen.generate(publishes=5).write(tmp_path / "run")
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "report"
+    assert main([str(run_dir), "--out", str(out)]) == 2  # (no session: none is started)
+    assert capsys.readouterr().err == f"spark_analysis: --out {out}: Not a directory\n"
+
+
 # ---- RUN_DIR as a URI: everything read through Spark ----
 
 
