@@ -6,6 +6,8 @@ file reads alone."""
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
@@ -33,6 +35,11 @@ the others' turn. A SUBSCRIBE's retained messages and a resume's catch-up go a s
 (SCAN_SLICE) per turn."""
 
 
+DISCARD_WAIT = 1.0
+"""Seconds a connection waits for a clean CONNECT's discard before it looks again (it
+waits on until the discard's outcome: :meth:`MqttSaving.discard_then_connack`)."""
+
+
 class MqttInput:
     # the rest are MqttSession's
     __slots__ = ("_connect_checked", "_held_packet", "_now", "_work", "decision_pending")
@@ -41,6 +48,7 @@ class MqttInput:
     peer: str
     decision_pending: DecisionPending | None  # (set in MqttSession.__init__)
     _held_packet: mqtt.Packet | None
+    _discarding: Future[None] | None  # (mqtt_saving: a CONNACK held)
     _connect_checked: tuple[str, ClientIdentity] | None
     _decoder: mqtt.MqttDecoder
     _frames: ws.FrameDecoder | None
@@ -96,6 +104,12 @@ class MqttInput:
         scanned = 0  # visits of SUBSCRIBEs' retained messages in this turn
         try:
             while not (self.closing or self.aborted):
+                if self._discarding is not None:  # a CONNACK waits for the discard:
+                    # nothing read meanwhile (the connection waits for it, as for an
+                    # entitlement's decision, then processes again)
+                    self.decision_pending = DecisionPending(
+                        self._discarding, time.monotonic() + DISCARD_WAIT)
+                    return True
                 if budget is not None and handled >= budget:
                     return True
                 if self.subscriptions.busy:  # retained messages, or a resume's catch-up

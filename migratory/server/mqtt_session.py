@@ -113,6 +113,7 @@ class MqttSession(MqttSaving):
         self._urgent = False  # a change to save now: filters, take-up, the connection's end
         self._next_save = 0.0  # clock() before which a change of positions alone waits
         self._waiting_subacks: list[bytes] = []  # sent once the record is saved
+        self._discarding = None  # a clean CONNECT's CONNACK waits for its discard
         self._now = 0.0
         self._work = 0  # subjects the last packet scanned (mqtt_input.SCAN_UNIT)
         self._suback = b""  # of the SUBSCRIBE whose retained messages are being sent
@@ -223,14 +224,16 @@ class MqttSession(MqttSaving):
                         expiry=config.mqtt_session_expiry,
                         max_subjects=config.mqtt_session_max_subjects)
         self._record, stored = taken.record, taken.stored
-        if taken.discard is not None:
-            self._ctx.publishing.submit(taken.discard, None, now)
         if taken.expired:
             self._ctx.stats.mqtt_sessions_expired += 1
             log.info("%s: stored session not connected for more than MqttSessionExpiry: "
                      "discarded", self.describe(), extra=self.log_fields())
         present = self.persistent and stored is not None
-        self._send(mqtt_encode.encode_packet(mqtt.Connack(present, 0)))
+        connack = mqtt_encode.encode_packet(mqtt.Connack(present, 0))
+        if taken.discard is not None:
+            self.discard_then_connack(taken.discard, connack, now)
+            return
+        self._send(connack)
         if self.persistent and stored is not None:
             self.subscriptions.resume(stored, now)  # caught up in slices (mqtt_input)
             self._ctx.stats.mqtt_sessions_resumed += 1

@@ -58,13 +58,15 @@ from dataclasses import dataclass, field
 from migratory.config_mqtt import SESSION_MAX_SUBJECTS
 from migratory.model.message import Message, Qos
 from migratory.model.position import Position
+from migratory.model.snapshot import GENERATION_FIELD
 
 log = logging.getLogger("migratory.mqtt")
 
 SESSION_PREFIX = "/$mqtt-session/"
 SESSION_CLOSURE = "$session"  # the closure of a session record's publish
 SAVED_AT = "saved_at"  # the field of the wall-clock second a record was saved ("": empty)
-GENERATION = "generation"  # the field of the record's generation (read without decoding)
+GENERATION = GENERATION_FIELD  # the record's generation (read without decoding; a save of
+# a lower generation than the stored record's does not change it: model/snapshot.py)
 POSITION_FIELD = "/"  # how position fields start: they are named by their subject
 wall_clock = time.time  # the clock of SAVED_AT (tests replace it)
 

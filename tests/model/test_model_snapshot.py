@@ -106,3 +106,24 @@ def test_on_a_reserved_subject_an_empty_field_removes_it() -> None:
     assert merged is not None and merged.fields == {"/a/c": "1:2:4"}
     ordinary = merge_snapshot(retained(b"1", 1, ask="190"), retained(b"2", 2, ask=""))
     assert ordinary is not None and ordinary.fields == {"ask": ""}
+
+
+def test_a_reserved_record_of_a_lower_generation_leaves_the_snapshot_as_it_is() -> None:
+    """A late write of a record's replaced writer (model/snapshot.py, GENERATION_FIELD);
+    equal or higher generations merge, and so does a record that names none."""
+    subject = "/$mqtt-session/6465"
+
+    def record(seq: int, content: bytes, **fields: str) -> Message:
+        return Message(subject, content, fields, retained=True, epoch=9, seq=seq)
+
+    snapshot = merge_snapshot(None, record(1, b"head2", generation="2", **{"/a/b": "2:9:5"}))
+    later = merge_snapshot(snapshot, record(2, b"head1", generation="1", **{"/a/c": "1:9:1"}))
+    assert later == snapshot
+    same = merge_snapshot(snapshot, record(3, b"head2'", generation="2", **{"/a/b": "2:9:6"}))
+    assert same is not None and same.content == b"head2'" and same.fields["/a/b"] == "2:9:6"
+    unnamed = merge_snapshot(snapshot, record(4, b"whole"))
+    assert unnamed is not None and unnamed.content == b"whole"
+    elsewhere = Message(IBM, b"x", {"generation": "1"}, retained=True, epoch=9, seq=5)
+    previous = retained(b"y", 4, generation="2")
+    merged = merge_snapshot(previous, elsewhere)
+    assert merged is not None and merged.content == b"x"  # only reserved subjects

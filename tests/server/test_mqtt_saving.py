@@ -334,3 +334,29 @@ def test_sessions_reaching_the_bound_together_log_one_line(
     assert len(lines) == 2
     assert "dev0" in lines[0] and "dev3" in lines[1]
     assert "(2 more sessions like it not logged)" in lines[1]
+
+
+def test_a_late_save_of_a_replaced_connection_does_not_bring_a_discarded_session_back() -> (
+    None
+):
+    """The session's connection ends on one worker (or member) just as its client's
+    clean CONNECT discards the session on another: its last save, checked against its
+    own snapshot before the discard reached it, is numbered after the discard. Before,
+    that save brought the session back (filters and all): the client's next CONNECT with
+    clean session 0 got session present and subscriptions it had discarded."""
+    ctx, held = make()
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    stored = ctx.hub.snapshot(session_subject("dev"))
+    device.connection_lost()  # its last save: held, as on its way to the sequencer
+    (late,) = saves(held, "dev")
+    # meanwhile, elsewhere, a clean CONNECT's discard is numbered first
+    discard = mqtt_store.discard_message("dev", mqtt_store.stored_generation(stored) + 1,
+                                         stored)
+    held.local.submit(discard, None, 0.0)
+    held.settle()  # then the late save
+    assert int(late.fields[GENERATION]) < int(discard.fields[GENERATION])
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
+    again = session(ctx, "dev", {}, clean_session=False)
+    assert read(again) == [mqtt.Connack(False, 0)]

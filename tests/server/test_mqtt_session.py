@@ -297,14 +297,42 @@ def test_a_clean_takeover_discards_a_session_whose_save_is_still_in_flight() -> 
     device = session(ctx, "dev", registry, clean_session=False)
     device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)  # saving
     clean = session(ctx, "dev", registry, clean_session=True)
-    assert device.closing and read(clean) == [mqtt.Connack(False, 0)]
+    assert device.closing and read(clean) == []  # the CONNACK waits for the discard
     for _ in range(3):
         held.settle()
+    assert read(clean) == [mqtt.Connack(False, 0)]
     assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
     clean.close(close_codes.NORMAL.code, "")
     held.settle()
     again = session(ctx, "dev", registry, clean_session=False)
     assert read(again) == [mqtt.Connack(False, 0)]
+
+
+def test_a_clean_connect_over_a_stored_session_is_answered_once_the_discard_is_stored() -> None:
+    """Answered at once, a CONNECT with clean session 0 right after it (through the
+    Workers' shared port onto another worker, or onto another member) could still find
+    the session the clean CONNECT discarded, filters and all: the CONNACK -- and the
+    packets the client sent after the CONNECT -- wait until the empty record is stored."""
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
+    held.settle()
+    device.connection_lost()
+    held.settle()
+    clean = MqttSession(ctx, Wire(), "127.0.0.1:2", registry)
+    more = clean.receive_data(b"".join(encode_packet(p) for p in (
+        mqtt.Connect("dev", clean_session=True), mqtt.Subscribe(2, (("b/+", 0),)),
+        mqtt.Pingreq())), 0.0)
+    assert more and clean.decision_pending is not None  # the connection waits for it
+    assert read(clean) == []  # nothing before the CONNACK, not even the SUBACK
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is not None
+    held.settle()
+    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
+    assert clean.decision_pending.future.done()
+    clean.decision_pending = None  # (as the connection does once it is done)
+    assert not clean.process(0.0)
+    assert read(clean) == [mqtt.Connack(False, 0), mqtt.Suback(2, (0,)), mqtt.Pingresp()]
 
 
 def test_a_persistent_takeover_resumes_the_live_session_not_the_older_snapshot() -> None:
