@@ -60,6 +60,19 @@ def beat(out: TextIO) -> bool:
     return True
 
 
+def announcement(listening: list[str], monitoring: str | None) -> list[str]:
+    """What a worker prints on stdout once it has caught up, in order: its ``monitoring
+    URL`` line (with MonitorListen), then its ``listening URL`` lines -- last, because
+    they are what its supervisor takes it for ready by. A worker's lines that come before
+    them are held and printed with that worker's, in worker order, before its ``worker I
+    pid P``; the monitoring line came after them, and when it reached the supervisor
+    after the last worker was ready it was passed on out of turn: after the next worker's
+    line (the i-th line then named another worker's port) and after the pid lines that
+    say every worker is announced (``tests/cluster/test_workers_output.py``)."""
+    lines = [] if monitoring is None else [f"monitoring {monitoring}"]
+    return lines + [f"listening {url}" for url in listening]
+
+
 def worker_config(config: Config, index: int) -> Config:
     """A worker's configuration: its own server name (in ``connected``, /stats, logs)."""
     return replace(config, server_name=f"{config.server_name}-{worker_name(index)}")
@@ -158,12 +171,14 @@ class WorkerNode:
             if waited >= READY_LOG_SECONDS:
                 log.info("%s not ready yet: %s", self.name, reason)
                 waited = 0.0
-        for listener in self.server.listeners:
-            print_line(f"listening {listener.url().rstrip('/')}")
+        monitoring = None
         if self.server.monitor_address is not None:
             host, port = self.server.monitor_address
             scheme = "https" if self.config.monitor_encrypted else "http"
-            print(f"monitoring {scheme}://{host}:{port}", flush=True)
+            monitoring = f"{scheme}://{host}:{port}"
+        listening = [listener.url().rstrip("/") for listener in self.server.listeners]
+        for line in announcement(listening, monitoring):
+            print_line(line)
 
     async def _beat(self) -> None:
         """Tell the supervisor this event loop turns."""

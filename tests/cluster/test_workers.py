@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
+from workers_reading import updates
 
 from migratory.bench.procfs import die_with_parent
 from migratory.model.message import Message, MessageType
@@ -75,6 +76,9 @@ class WorkersServer:
         self.port = int(first.rsplit(":", 1)[1])
         while len(self.pids) < workers:  # then the workers' pids
             self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        for index, url in enumerate(self.monitoring):  # (MonitorListen) line i: worker i
+            answer = json.loads(urllib.request.urlopen(f"{url}/cluster", timeout=5).read())
+            assert answer["worker"] == index, f"monitoring line {index} is {answer['worker']}'s"
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -168,14 +172,6 @@ def clients_on_every_worker(port: int, workers: int, per_worker: int) -> dict[st
         if len(on) == workers and all(len(c) == per_worker for c in on.values()):
             return on
     raise AssertionError(f"connections did not reach every worker: {sorted(on)}")
-
-
-def updates(client: RawClient, count: int) -> list[Message]:
-    got: list[Message] = []
-    while len(got) < count:
-        got += [m for m in delivered([client.recv_op(timeout=10)])
-                if m.type is not MessageType.SNAPSHOT]
-    return got
 
 
 def test_messages_published_on_any_worker_reach_every_worker_with_one_position(

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from test_workers import SUBJECT, WorkersServer, clients_on_every_worker
+from workers_reading import updates_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-from rawclient import RawClient, delivered
+from rawclient import RawClient
 
-from migratory.model.message import Message, MessageType
+from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
 
@@ -118,10 +119,7 @@ def test_a_worker_killed_with_publishes_in_flight_loses_no_acknowledged_one(
     # contiguous seqs (no gap, no duplicate); the killed worker's unanswered publishes
     # may be there too (numbered before it died) or not
     acked = {**survived.ok(), **died.ok()}
-    got: list[Message] = []
-    while not set(acked) <= {m.content for m in got}:
-        got += [m for m in delivered([subscriber.recv_op(timeout=10)])
-                if m.type is not MessageType.SNAPSHOT]
+    got = updates_until(subscriber, acked, "the surviving worker's subscriber")
     assert {m.content: m.position for m in got if m.content in acked} == acked
     seqs = [m.seq for m in got]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "gap or duplicate"

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 from test_workers import SUBJECT, WorkersServer, alive, clients_on_every_worker, connect
+from workers_mqtt import Publisher
+from workers_reading import missing_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
 
-from migratory.model.message import Message, MessageType
-from migratory.model.position import Position
+from migratory.model.message import Message, MessageType, Qos
 from migratory.protocol import ops
 
 
@@ -52,6 +53,10 @@ class Resuming:
                 return
             try:
                 op = self.client.recv_op(timeout=10)
+            except TimeoutError:  # connected, and nothing came for 10 s
+                raise AssertionError(f"{self.name}: nothing for 10 s after {self.resumes} "
+                                     f"resumes, {self.outcomes_due} resume outcomes due, "
+                                     f"{self._missing(contents)}") from None
             except (OSError, AssertionError):  # its worker died (reset, or closed)
                 self._resume()
                 continue
@@ -60,36 +65,14 @@ class Resuming:
                 if op.status in (ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC):
                     self.outcomes_due -= 1
             self.got += [m for m in delivered([op]) if m.type is not MessageType.SNAPSHOT]
-        raise AssertionError(f"{self.name}: not every message came")
+        raise AssertionError(f"{self.name}: not every message came, {self._missing(contents)}")
+
+    def _missing(self, contents: set[bytes]) -> str:
+        return missing_text(sorted(contents), [m.content for m in self.got])
 
 
-class Publishing:
-    """Publishes through the port, reconnecting when its worker dies; a publish whose
-    status was lost is unknown (it may or may not have been numbered)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.client, _ = connect(port, "publisher")
-        self.acked: list[tuple[bytes, Position]] = []
-        self.unknown: list[bytes] = []
-
-    def publish(self, count: int) -> None:
-        for _ in range(count):
-            content = f"m{len(self.acked) + len(self.unknown):04d}".encode()
-            try:
-                status = self.client.publish(Message(SUBJECT, content, closure=content.decode()))
-            except (OSError, AssertionError):
-                self.unknown.append(content)
-                self.client.close()
-                self.client, _ = connect(self.port, "publisher", timeout=30)
-                continue
-            assert status.status is ops.Status.PUBLISH_OK, status
-            assert status.position is not None
-            self.acked.append((content, status.position))
-
-
-def check(subscribers: list[Resuming], publishing: Publishing) -> None:
-    acked = dict(publishing.acked)
+def check(subscribers: list[Resuming], publishing: Publisher) -> None:
+    acked = publishing.positions
     for subscriber in subscribers:
         subscriber.read_until(set(acked))
         got = subscriber.got
@@ -103,11 +86,11 @@ def check(subscribers: list[Resuming], publishing: Publishing) -> None:
         assert subscriber.statuses.count(ops.Status.DATA_SYNC) == subscriber.resumes
 
 
-def start(tmp_path: Path, workers: int) -> tuple[WorkersServer, list[Resuming], Publishing]:
+def start(tmp_path: Path, workers: int) -> tuple[WorkersServer, list[Resuming], Publisher]:
     server = WorkersServer(tmp_path, workers=workers)
     on = clients_on_every_worker(server.port, workers=workers, per_worker=1)
     subscribers = [Resuming(server.port, clients[0], name) for name, clients in sorted(on.items())]
-    return server, subscribers, Publishing(server.port)
+    return server, subscribers, Publisher(server.port, qos=Qos.STANDARD)
 
 
 def starts(server: WorkersServer, index: int) -> list[int]:

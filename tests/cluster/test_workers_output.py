@@ -126,3 +126,61 @@ def test_lines_are_written_in_order_and_dropped_past_the_bound(
     os.close(write)
     assert got.decode().splitlines() == [f"line {n}" for n in range(5)] + ["after"]
     assert any("3 lines were dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_each_workers_monitoring_line_comes_out_in_its_turn_however_its_lines_arrive() -> None:
+    """Worker 1 announces itself whole; worker 0's lines reach the supervisor one read at
+    a time, and the supervisor gets to run between two reads (a busy machine). Each
+    worker's lines must come out in worker order, before its ``worker I pid P`` line:
+    a test (and a tool) takes the i-th ``monitoring`` line for worker i's, and reads the
+    pid lines as "every worker is announced". The worker printed its monitoring line
+    after its ``listening`` lines, which make it ready: when the last ready worker's
+    monitoring line came after the announcement, it was printed last -- worker 1's port
+    where worker 0's was expected (CI: the MQTT session test killed the worker that did
+    not hold the session, so its device never lost its connection)."""
+    import trio
+    import trio.testing
+
+    from cluster.worker import announcement
+    from cluster.workers import Supervisor
+    from migratory.config import load_config
+
+    config = load_config(overrides={"Listen": "127.0.0.1:0", "Workers": "2"}, environ={})
+    supervisor = Supervisor(config, [])
+    read, write = os.pipe()
+    supervisor.output = StdoutLines(write)
+    url = "ws://127.0.0.1:8800"
+    lines = {i: announcement([url], f"http://127.0.0.1:{9000 + i}") for i in (0, 1)}
+
+    class StandIn:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(supervisor.output.run)
+            feeds = {}
+            for slot in supervisor.slots:
+                slot.process = StandIn(100_000 + slot.index)  # type: ignore[assignment]
+                feeds[slot.index], out = trio.testing.memory_stream_one_way_pair()
+                nursery.start_soon(supervisor._relay, slot, out)
+            nursery.start_soon(supervisor._announce_when_ready)
+            await feeds[1].send_all("".join(f"{line}\n" for line in lines[1]).encode())
+            for line in lines[0]:  # one read each, the supervisor running in between
+                await feeds[0].send_all(f"{line}\n".encode())
+                await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(10):  # a bound on a hang, not a speed figure
+                while not supervisor.announced:
+                    await trio.sleep(0.01)
+                await supervisor.output.drained()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    said = os.read(read, 65536).decode().splitlines()
+    os.close(read)
+    os.close(write)
+    assert said == [
+        f"listening {url}",
+        "monitoring http://127.0.0.1:9000", "worker 0 pid 100000",
+        "monitoring http://127.0.0.1:9001", "worker 1 pid 100001",
+    ], said

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import trio
 from test_workers import SUBJECT, WorkersServer, clients_on_every_worker
+from workers_reading import updates_until
 
 from migratory_client import (
     Client,
@@ -28,9 +29,7 @@ from migratory_client import connect as sdk_connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from mqttclient import MqttRawClient
-from rawclient import RawClient, delivered
 
-from migratory.model.message import Message, MessageType
 from migratory.model.topic import subject_to_topic
 from migratory.protocol import mqtt, ops
 
@@ -43,16 +42,6 @@ KILL_AFTER = 60
 def connections_open(url: str) -> int:
     return int(json.loads(urllib.request.urlopen(f"{url}/stats", timeout=5).read())
                ["connections_open"])
-
-
-def updates_until(subscriber: RawClient, contents: set[bytes]) -> list[Message]:
-    got: list[Message] = []
-    for _ in range(5000):
-        if contents <= {m.content for m in got}:
-            return got
-        got += [m for m in delivered([subscriber.recv_op(timeout=10)])
-                if m.type is not MessageType.SNAPSHOT]
-    raise AssertionError("not every acknowledged message came")
 
 
 def test_sdk_publishes_in_flight_through_a_killed_worker_have_one_outcome_each(
@@ -105,7 +94,7 @@ def test_sdk_publishes_in_flight_through_a_killed_worker_have_one_outcome_each(
         ok = {content: result.position for content, result in results.items()}
         not_sent = {c.encode() for c, o in outcomes.items() if isinstance(o[0], NotConnectedError)}
         survivor = subscribers[1 - killed[0]]
-        got = updates_until(survivor, set(ok))
+        got = updates_until(survivor, ok, "the surviving worker's subscriber")
         assert {m.content: m.position for m in got if m.content in ok} == ok
         seqs = [m.seq for m in got]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "gap or duplicate"
@@ -154,7 +143,7 @@ def test_mqtt_qos1_publishes_in_flight_through_a_killed_worker(tmp_path: Path) -
         assert len(pubacks) == len(set(pubacks)), "a PUBACK twice"
         assert pubacks == sorted(pubacks)
         acked = {f"p{i:03d}".encode() for i in pubacks}
-        got = updates_until(subscribers[1 - victim], acked)
+        got = updates_until(subscribers[1 - victim], acked, "the surviving worker's subscriber")
         contents = [m.content for m in got]
         assert len(contents) == len(set(contents))
         assert contents == sorted(contents), "one connection's publishes out of order"

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from test_workers import SUBJECT, WorkersServer, clients_on_every_worker
+from workers_mqtt import Device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from httpclient import SseClient
-from mqttclient import MqttRawClient
 
 from migratory.model.message import Message, Qos
 from migratory.model.topic import subject_to_topic
-from migratory.protocol import mqtt, ops
+from migratory.protocol import ops
 
 TOPIC = subject_to_topic(SUBJECT)
 DEVICE = "meter-7"
@@ -35,38 +35,6 @@ READ_BEFORE_KILL = 15
 def connections_open(url: str) -> int:
     answer: dict[str, Any] = json.loads(urllib.request.urlopen(f"{url}/stats", timeout=5).read())
     return int(answer["connections_open"])
-
-
-class Device:
-    """A persistent MQTT session on a raw socket: every QoS 1 delivery's payload in the
-    order it came (a redelivery included), PUBACKed only when told to."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.payloads: list[bytes] = []
-        self.client: MqttRawClient | None = None
-
-    def connect(self) -> bool | None:
-        """One attempt: None if the worker it landed on refused or closed (not caught up
-        yet, or just killed); else whether the session was there (``session_present``)."""
-        self.client = MqttRawClient(self.port, timeout=5)
-        try:
-            connack = self.client.connect(DEVICE, clean_session=False)
-        except (OSError, AssertionError):
-            self.client.close()
-            return None
-        if connack.return_code != 0:
-            self.client.close()
-            return None
-        return connack.session_present
-
-    def receive(self, count: int, *, ack: bool) -> None:
-        assert self.client is not None
-        for publish in self.client.recv_publishes(count, timeout=10):
-            assert publish.qos == 1 and publish.packet_id is not None, publish
-            self.payloads.append(publish.payload)
-            if ack:
-                self.client.send(mqtt.Puback(publish.packet_id))
 
 
 def resumed_stream(port: int, last_id: str | None) -> tuple[SseClient, list[dict[str, Any]]]:
@@ -105,7 +73,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
                 assert status.status is ops.Status.PUBLISH_OK, status
                 acked.append((content, status.position))
 
-        device = Device(mqtt_port)
+        device = Device(mqtt_port, DEVICE)
         assert device.connect() is False  # a new session
         assert device.client is not None
         device.client.subscribe(TOPIC, qos=1)
@@ -113,7 +81,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
         stream.events_until("subscribe")
         events = []
         publish(20)
-        device.receive(20, ack=True)
+        device.receive_until([c for c, _ in acked], stage="before the resumes")
         while len(events) < 20:
             event = stream.next_event(10)
             assert event is not None
@@ -148,7 +116,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
             assert event is not None
             if event["event"] == "message":
                 partial.append(event)
-        device.receive(READ_BEFORE_KILL, ack=True)
+        device.receive(READ_BEFORE_KILL, stage="part of the first resume")
         last_id = stream.last_id
         os.kill(server.pids[victim], signal.SIGKILL)  # both mid-resume
         stream.close()
@@ -166,8 +134,7 @@ def test_an_mqtt_session_and_an_sse_stream_killed_mid_resume_resume_again(
             raise AssertionError("no worker took the session back")
         publish(5)
         contents = [c for c, _ in acked]
-        while not set(contents) <= set(device.payloads):
-            device.receive(1, ack=True)
+        device.receive_until(contents, stage="the resume after the kill")
         print(f"device: {len(device.payloads)} deliveries of {len(contents)} messages; "
               f"stream resumed with {len(resumed)} events")
         firsts = list(dict.fromkeys(device.payloads))  # QoS 1: a redelivery is allowed

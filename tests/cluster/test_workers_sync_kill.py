@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from test_workers import SUBJECT, WorkersServer, clients_on_every_worker, connect
+from workers_reading import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
@@ -70,9 +71,7 @@ def test_a_worker_killed_during_its_whole_cache_sync_comes_back_and_clients_resu
                     acked.append((message.content, status.position))
 
         publish([Message(SUBJECT, f"m{i:04d}".encode(), closure=f"m{i}") for i in range(10)])
-        seen = []
-        while len(seen) < 10:
-            seen += [m for m in delivered([subscriber.recv_op(timeout=10)])]
+        seen = updates(subscriber, 10, "before the kill")
         last = seen[-1].position
         os.kill(server.pids[1], signal.SIGKILL)
         bulk = []

@@ -7,30 +7,26 @@ killed again half-way: test_workers_resume_faults.py.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from test_workers import SUBJECT, WorkersServer, clients_on_every_worker
+from test_workers import WorkersServer
+from workers_mqtt import (
+    SILENCE,
+    TOPIC,
+    Publisher,
+    firsts,
+    missing_text,
+    mqtt_port,
+    worker_holding,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from paho_client import PahoClient
-
-from migratory.model.message import Message
-from migratory.model.topic import subject_to_topic
-from migratory.protocol import ops
-
-TOPIC = subject_to_topic(SUBJECT)
-
-
-def stats(url: str) -> dict[str, int]:
-    answer: dict[str, int] = json.loads(urllib.request.urlopen(f"{url}/stats", timeout=5).read())
-    return answer
 
 
 def reconnect(port: int, client_id: str) -> PahoClient:
@@ -50,41 +46,45 @@ def reconnect(port: int, client_id: str) -> PahoClient:
         time.sleep(0.1)
 
 
+def receive_until(client: PahoClient, payloads: list[bytes], wanted: list[bytes],
+                  stage: str) -> None:
+    """Into ``payloads`` until it holds every one of ``wanted``; a silence of SILENCE
+    seconds fails, saying at which stage and which messages are missing."""
+    while not set(wanted) <= set(payloads):
+        try:
+            received = client.messages.get(timeout=SILENCE)
+        except queue.Empty:
+            raise AssertionError(f"{stage}: nothing for {SILENCE} s, "
+                                 f"{missing_text(wanted, payloads)}") from None
+        assert received.qos == 1, received
+        payloads.append(received.payload)
+
+
 def test_an_mqtt_persistent_session_resumes_on_another_worker_after_a_kill(
     tmp_path: Path,
 ) -> None:
-    server = WorkersServer(tmp_path, MonitorListen="127.0.0.1:0", ListenMqtt="127.0.0.1:0")
+    """Guaranteed messages, so QoS 1 deliveries: a position is saved once PUBACKed."""
+    server = WorkersServer(tmp_path, ListenMqtt="127.0.0.1:0")
     try:
-        mqtt_url = next(url for url in server.listening if url.startswith("mqtt:"))
-        mqtt_port = int(mqtt_url.rsplit(":", 1)[1])
-        device = PahoClient(mqtt_port, "scoreboard", clean_session=False)
+        port = mqtt_port(server)
+        device = PahoClient(port, "scoreboard", clean_session=False)
         assert not device.session_present
         assert device.subscribe(TOPIC, 1) == [1]  # once the session's record is numbered
-        holds = [stats(url)["mqtt_sessions_opened"] for url in server.monitoring]
-        victim = holds.index(1)
-        on = clients_on_every_worker(server.port, workers=2, per_worker=1)
-        publisher = on[f"migratory-worker-{1 - victim}"][0]
-        acked: list[bytes] = []
-
-        def publish(count: int) -> None:
-            for _ in range(count):
-                content = f"m{len(acked):03d}".encode()
-                status = publisher.publish(Message(SUBJECT, content, closure=content.decode()))
-                assert status.status is ops.Status.PUBLISH_OK, status
-                acked.append(content)
-
-        publish(20)
-        payloads = [m.payload for m in device.receive(20)]
+        victim = worker_holding(server, device.client.socket())
+        publisher = Publisher(server.port, avoid=victim)
+        payloads: list[bytes] = []
+        receive_until(device, payloads, publisher.publish(20), "before the kill")
         os.kill(server.pids[victim], signal.SIGKILL)
+        assert device.disconnected.wait(SILENCE), "the device outlived its worker's kill"
         device.client.loop_stop()
-        publish(20)  # while the device is away
-        resumed = reconnect(mqtt_port, "scoreboard")
+        publisher.publish(20)  # while the device is away
+        resumed = reconnect(port, "scoreboard")
         assert resumed.session_present, "the session did not survive its worker"
-        publish(5)
-        while set(payloads) != set(acked):
-            payloads.append(resumed.receive(1)[0].payload)
-        firsts = list(dict.fromkeys(payloads))  # QoS 1: a redelivery after the kill is allowed
-        assert firsts == acked, "lost or out of order across the worker's crash"
+        publisher.publish(5)
+        receive_until(resumed, payloads, publisher.acked, "after the resume")
+        # QoS 1: a redelivery after the kill is allowed
+        assert firsts(payloads) == publisher.acked, "out of order across the worker's crash"
+        assert not publisher.unknown  # (the publisher's worker was not killed)
         resumed.stop()
     finally:
         server.stop()

@@ -62,7 +62,11 @@ class PahoClient:
         self.client = client
         client.connect("127.0.0.1", port, keepalive=keepalive)
         client.loop_start()
-        self.session_present, self.return_code = self.connack.get(timeout=timeout)
+        try:
+            self.session_present, self.return_code = self.connack.get(timeout=timeout)
+        except queue.Empty:  # not left connecting: a CONNACK later would make it a live
+            self.drop()  # session nobody reads, taking the client id over from the next
+            raise
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         self.connack.put((bool(flags.session_present), reason_code.value))
