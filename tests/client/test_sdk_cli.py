@@ -7,7 +7,10 @@ import io
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -134,8 +137,10 @@ async def test_sub_reports_a_terminal_close() -> None:
         nursery.cancel_scope.cancel()
 
 
-@trio_test
-async def test_sub_exits_cleanly_on_ctrl_c() -> None:
+@asynccontextmanager
+async def sub_process_with_one_message() -> AsyncIterator[tuple[trio.Process, Any]]:
+    """``migratory sub /a/b`` against a fake server, once it has printed one update:
+    the process and the server's connection to it (killed at the end if still running)."""
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         command = [sys.executable, "-m", "cluster", "sub", "/a/b", "--server", server.url]
@@ -153,50 +158,42 @@ async def test_sub_exits_cleanly_on_ctrl_c() -> None:
             while not line.endswith(b"\n"):
                 line += await process.stdout.receive_some(1000)
             assert line == b"update /a/b epoch=7 seq=1 /a/b#1\n"
-            process.send_signal(signal.SIGINT)
-            assert await process.wait() == 0
-            errors = await process.stderr.receive_some(10000)
-            assert b"Traceback" not in errors
+            yield process, conn
         finally:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
         nursery.cancel_scope.cancel()
+
+
+async def stderr_of(process: trio.Process) -> bytes:
+    assert process.stderr is not None
+    errors = b""
+    while chunk := await process.stderr.receive_some(10000):
+        errors += chunk
+    return errors
+
+
+@trio_test
+async def test_sub_exits_cleanly_on_ctrl_c() -> None:
+    async with sub_process_with_one_message() as (process, _):
+        process.send_signal(signal.SIGINT)
+        assert await process.wait() == 0
+        assert b"Traceback" not in await stderr_of(process)
 
 
 @trio_test
 async def test_sub_whose_reader_went_away_exits_141_without_a_traceback() -> None:
     """``migratory sub ... | head -1``: the next message's write raised BrokenPipeError
     inside trio's nursery -- an exception-group traceback, exit 1."""
-    async with trio.open_nursery() as nursery:
-        (server,) = await start_servers(nursery)
-        command = [sys.executable, "-m", "cluster", "sub", "/a/b", "--server", server.url]
-        process = await trio.lowlevel.open_process(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        try:
-            conn = await server.next_connection()
-            await conn.accept_session()
-            await conn.expect(ops.Subscribe)
-            await conn.allow("/a/b", 7, 0)
-            await conn.deliver(update("/a/b", 1))
-            assert process.stdout is not None and process.stderr is not None
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive_some(1000)
-            await process.stdout.aclose()  # the reader goes, as head -1 does
-            await conn.deliver(update("/a/b", 2))
-            with trio.fail_after(30):  # (a guard against a hang only)
-                assert await process.wait() == 141
-            errors = b""
-            while chunk := await process.stderr.receive_some(10000):
-                errors += chunk
-            assert b"Traceback" not in errors, errors.decode()
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        nursery.cancel_scope.cancel()
+    async with sub_process_with_one_message() as (process, conn):
+        assert process.stdout is not None
+        await process.stdout.aclose()  # the reader goes, as head -1 does
+        await conn.deliver(update("/a/b", 2))
+        with trio.fail_after(30):  # (a guard against a hang only)
+            assert await process.wait() == 141
+        errors = await stderr_of(process)
+        assert b"Traceback" not in errors, errors.decode()
 
 
 def test_bad_numbers_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
