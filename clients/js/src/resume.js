@@ -6,7 +6,8 @@
 //   start from that the server gave (SUBSCRIBE_ALLOW on a first subscribe, DATA_SYNC /
 //   DATA_RESYNC after a resume).
 // * Messages of type update / recovered of the same epoch with seq <= position.seq are
-//   duplicates and dropped; seq == position.seq + 1 is delivered. A higher seq is a gap
+//   duplicates and dropped, as are those of an epoch left behind at or below the highest
+//   seq reached in it (`highest`); seq == position.seq + 1 is delivered. A higher seq is a gap
 //   (unless the subscription is conflated, where skipping is the point): the message is
 //   not delivered and the subject is resubscribed from `position`, so the missing
 //   messages come back as recovered.
@@ -44,6 +45,8 @@ export const Verdict = Object.freeze({
 
 const PASS_THROUGH = new Set([MessageType.SNAPSHOT, MessageType.HISTORICAL]);
 const CONFLATION_UNIT_MS = 100;
+/** Epochs of one subject whose highest seq a tracker keeps (the most recent). */
+export const EPOCHS_REMEMBERED = 16;
 
 /** Resume state of one subscribed subject. */
 export class SubjectTracker {
@@ -76,6 +79,12 @@ export class SubjectTracker {
      * should the connection be lost now, the resume asks for the snapshot as of
      * `position` (the subscribe entry's `snapshot` key), or the application never gets it. */
     this.snapshotOwed = false;
+    /** The highest seq `position` reached in each epoch it was in (the last
+     * EPOCHS_REMEMBERED): positions are never reused, so a message at or below it was
+     * delivered already (or precedes where the server started the subject), whatever
+     * epoch a status moved `position` to since -- a server that goes back to a lineage
+     * left behind gets no duplicate through. */
+    this.highest = new Map();
   }
 
   get conflated() {
@@ -142,7 +151,8 @@ export class SubjectTracker {
       this.historicalDue = history;
       this.lastHistorical = null;
       if (fresh) { // on a resume, recovered come next
-        this.position = position;
+        if (position !== null && position !== undefined) this.move(position);
+        else this.position = null;
         this.snapshotOwed = history === 0;
       }
     } else if (status === "DATA_SYNC" || status === "DATA_RESYNC") {
@@ -169,10 +179,19 @@ export class SubjectTracker {
   continueFrom(position) {
     // Within one epoch never move back: positions are never reused, so anything at or
     // below what was delivered is the same message again.
-    const last = this.position;
-    if (last === null || last.epoch !== position.epoch || position.seq > last.seq) {
-      this.position = position;
+    this.move(position);
+  }
+
+  /** `position` becomes the position, or the highest reached in its epoch. */
+  move(position) {
+    const top = this.highest.get(position.epoch) ?? -1;
+    const seq = Math.max(top, position.seq);
+    this.highest.delete(position.epoch);
+    this.highest.set(position.epoch, seq); // (again) the most recent
+    if (this.highest.size > EPOCHS_REMEMBERED) {
+      this.highest.delete(this.highest.keys().next().value);
     }
+    this.position = seq === position.seq ? position : makePosition(position.epoch, seq);
   }
 
   closeAnswer() {
@@ -205,21 +224,23 @@ export class SubjectTracker {
     this.closeAnswer(); // what belongs to the answer comes before any update
     const arrived = makePosition(message.epoch, message.seq);
     const last = this.position;
+    // (in the current epoch: at or before `position`)
+    if (arrived.seq <= (this.highest.get(arrived.epoch) ?? -1)) return Verdict.DUPLICATE;
     if (last === null) {
       // before the first subscribe's SUBSCRIBE_ALLOW: a message of an earlier
       // subscription of the subject, unsubscribed since
       if (this.answersDue > 0) return Verdict.DUPLICATE;
-      this.position = arrived;
+      this.move(arrived);
       return Verdict.DELIVER;
     }
     if (arrived.epoch !== last.epoch) {
       if (arrived.seq !== 1 && !this.conflated) return this.gap();
-      this.position = arrived; // a new lineage, from its start
+      this.move(arrived); // a new lineage, from its start
       return Verdict.DELIVER;
     }
     if (arrived.seq <= last.seq) return Verdict.DUPLICATE;
     if (arrived.seq === last.seq + 1 || this.conflated) {
-      this.position = arrived;
+      this.move(arrived);
       return Verdict.DELIVER;
     }
     return this.gap();

@@ -258,3 +258,19 @@ test("delivered updates strictly increase", () => {
       if (!conflationMs) assert.deepEqual(delivered, delivered.map((_, i) => i + 1));
     }), { numRuns: 300, seed: 12 });
 });
+
+test("a server going back to a lineage left behind repeats nothing", () => {
+  // was: 8:1 delivered, then 7:1 (a new lineage), then 8:1 again -- also a lineage
+  // "from its start" -- delivered a second time
+  const tracker = allowed(position(8, 0));
+  assert.deepEqual([8, 7, 8].map((epoch) => tracker.onMessage(msg(1, epoch))),
+    [Verdict.DELIVER, Verdict.DELIVER, Verdict.DUPLICATE]);
+});
+
+test("a status moving back to a lineage left behind keeps its highest seq", () => {
+  const tracker = allowed(position(8, 5));
+  tracker.onStatus("DATA_RESYNC", position(7, 3));
+  tracker.onStatus("DATA_RESYNC", position(8, 0)); // was: back to 8:0
+  assert.deepEqual(tracker.position, position(8, 5));
+  assert.equal(tracker.onMessage(msg(1, 8)), Verdict.DUPLICATE);
+});

@@ -7,7 +7,8 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
   to start from that the server gave (SUBSCRIBE_ALLOW on a first subscribe,
   DATA_SYNC / DATA_RESYNC after a resume).
 * Messages of type ``update`` / ``recovered`` of the same epoch with ``seq <= position.seq``
-  are duplicates and dropped; ``seq == position.seq + 1`` is delivered. A higher seq is a
+  are duplicates and dropped, as are those of an epoch left behind at or below the highest
+  seq reached in it (``highest``); ``seq == position.seq + 1`` is delivered. A higher seq is a
   gap (unless the subscription is conflated, where skipping is the point): the message
   is not delivered and the subject is resubscribed from ``position``, so the missing
   messages come back as ``recovered``.
@@ -41,7 +42,7 @@ subscription request to (re)send. The rules (docs/protocol.md, "Positions"):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
@@ -51,6 +52,8 @@ __all__ = ["SubjectTracker", "Verdict"]
 
 _PASS_THROUGH = frozenset({MessageType.SNAPSHOT, MessageType.HISTORICAL})
 _CONFLATION_UNIT_MS = 100
+EPOCHS_REMEMBERED = 16
+"""Epochs of one subject whose highest seq a tracker keeps (the most recent)."""
 
 
 class Verdict(enum.Enum):
@@ -91,6 +94,12 @@ class SubjectTracker:
     historical_due: int = 0
     """Historical messages the open answer may still bring."""
     last_historical: Position | None = None
+    highest: dict[int, int] = field(default_factory=dict)
+    """The highest seq ``position`` reached in each epoch it was in (the last
+    :data:`EPOCHS_REMEMBERED`): positions are never reused, so a message at or below it
+    was delivered already (or precedes where the server started the subject), whatever
+    epoch a status moved ``position`` to since -- a server that goes back to a lineage
+    left behind gets no duplicate through."""
     snapshot_owed: bool = False
     """A first subscribe's answer (no history) is open and its snapshot has not come:
     should the connection be lost now, the resume asks for the snapshot as of
@@ -143,7 +152,8 @@ class SubjectTracker:
             self.snapshot_due, self.historical_due = history == 0, history
             self.last_historical = None
             if fresh:  # on a resume, recovered messages come next
-                self.position = position
+                if position is not None:
+                    self._move(position)
                 self.snapshot_owed = history == 0
         elif status in (Status.DATA_SYNC, Status.DATA_RESYNC):
             self._close_answer()
@@ -166,10 +176,15 @@ class SubjectTracker:
     def _continue_from(self, position: Position) -> None:
         # Within one epoch never move back: positions are never reused, so anything
         # at or below what was delivered is the same message again.
-        if self.position is None or self.position.epoch != position.epoch:
-            self.position = position
-        else:
-            self.position = max(self.position, position)
+        self._move(position)
+
+    def _move(self, position: Position) -> None:
+        """``position`` becomes the position, or the highest reached in its epoch."""
+        seq = max(self.highest.pop(position.epoch, -1), position.seq)
+        self.highest[position.epoch] = seq  # (again) the most recent
+        if len(self.highest) > EPOCHS_REMEMBERED:
+            del self.highest[next(iter(self.highest))]
+        self.position = position if seq == position.seq else Position(position.epoch, seq)
 
     def _close_answer(self) -> None:
         self.snapshot_due, self.historical_due = False, 0
@@ -198,20 +213,22 @@ class SubjectTracker:
         self._close_answer()  # what belongs to the answer comes before any update
         arrived = Position(message.epoch, message.seq)
         last = self.position
+        if arrived.seq <= self.highest.get(arrived.epoch, -1):
+            return Verdict.DUPLICATE  # (in the current epoch: at or before ``position``)
         if last is None:
             if self.answers_due > 0:  # before the first subscribe's SUBSCRIBE_ALLOW: a
                 return Verdict.DUPLICATE  # message of an earlier subscription, left
-            self.position = arrived
+            self._move(arrived)
             return Verdict.DELIVER
         if arrived.epoch != last.epoch:
             if arrived.seq == 1 or self.conflated:  # a new lineage, from its start
-                self.position = arrived
+                self._move(arrived)
                 return Verdict.DELIVER
             return self._gap()
         if arrived.seq <= last.seq:
             return Verdict.DUPLICATE
         if arrived.seq == last.seq + 1 or self.conflated:
-            self.position = arrived
+            self._move(arrived)
             return Verdict.DELIVER
         return self._gap()
 
