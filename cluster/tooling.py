@@ -35,6 +35,7 @@ from cluster.up_checks import (
     check_configs,
     check_ports,
     check_request,
+    check_state_file,
     clear_data,
     port_free,
     read_password,
@@ -292,6 +293,7 @@ def _run_cluster(
     stop: StopSignals,
 ) -> int:
     mode, seeds = check_request(args)
+    check_state_file(state)
     password = read_password(args)
     log_dir = Path(args.log_dir)
     data_dir = log_dir / "data"
@@ -331,7 +333,10 @@ def _run_cluster(
     what = f"{mode} cluster of {args.members}" + (f" ({seeds} seeds)" if seeds else "")
     print(f"starting a {what} ...", flush=True)
     wait_started(members, processes, logs, args.start_timeout, stop)
-    state.write_text(json.dumps([asdict(m) for m in members], indent=2))
+    try:
+        state.write_text(json.dumps([asdict(m) for m in members], indent=2))
+    except OSError as exc:  # (removed meanwhile)
+        raise StartFailed(f"--state {state}: {exc.strerror or exc}") from None
     print(f"{what} ready (logs in {log_dir}/):")
     for member in members:
         print(f"  {member.name}  {member.client_url}  cluster {member.cluster_address}"

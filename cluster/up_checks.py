@@ -77,6 +77,18 @@ def check_request(args: argparse.Namespace) -> tuple[str, int]:
     return "Guaranteed", seeds
 
 
+def check_state_file(path: Path) -> None:
+    """``--state``: a file ``cluster up`` can write once the members are ready (a
+    traceback then, the members just started stopped again, was all a bad one gave)."""
+    folder = path.absolute().parent
+    if path.is_dir():
+        raise StartFailed(f"--state {path}: is a directory")
+    if not folder.is_dir():
+        raise StartFailed(f"--state {path}: no such directory {str(folder)!r}")
+    if not os.access(folder, os.W_OK):
+        raise StartFailed(f"--state {path}: {str(folder)!r} is not writable")
+
+
 def check_configs(settings: Sequence[dict[str, str]]) -> None:
     """Each member's configuration as the member itself will validate it."""
     for member in settings:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +178,23 @@ def test_a_base_port_whose_mqtt_port_is_held_is_not_chosen() -> None:
         holder.bind(("127.0.0.1", first + 10 + 5))  # member 1's MQTT port
         holder.listen()
         assert free_base_port(3, random.Random(7)) != first
+
+
+@pytest.mark.parametrize(("where", "why"), [
+    ("{tmp}/none/state.json", "no such directory '{tmp}/none'"),
+    ("{tmp}", "is a directory"),
+])
+def test_a_state_file_it_cannot_write_is_refused_before_any_member_starts(
+    tmp_path: Path, where: str, why: str
+) -> None:
+    """Before: the members started, became ready, then a FileNotFoundError traceback
+    (IsADirectoryError) and they were stopped again."""
+    state = where.format(tmp=tmp_path)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("migratory")), "cluster", "up", "--state", state,
+         "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (
+        2, f"migratory cluster up: --state {state}: {why.format(tmp=tmp_path)}\n")
+    assert not (tmp_path / "logs").exists()  # nothing was started
