@@ -35,7 +35,8 @@ def answer_bytes(
             return cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
         return snapshot if publish_snapshot else 0
     if position.epoch == state.epoch and state.seq - position.seq >= 0:
-        count = min(state.seq - position.seq, len(cache))
+        # (with a history as of ``position``: as many older messages too)
+        count = min(state.seq - position.seq + max(request.history, 0), len(cache))
         recovered = cache.bytes_of_newest(count) + count * MESSAGE_OVERHEAD
         # asked with the snapshot: it comes before the messages recovered
         return snapshot + recovered if request.snapshot else max(snapshot, recovered)

@@ -193,19 +193,20 @@ class Hub(SubjectExpiry, MessageSinks):
         if position is not None and self._ahead(state, position):
             # A member lagging behind the cluster: answering now would move the client
             # back. Nothing until this member reaches the client's position.
-            state.waiting[sink] = WaitingResume(position, period, request.snapshot)
+            state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
             return [allow]
         if position is not None and self._unplaced(state, position):
             # No position here for a subject the client has one of: this member lags
             # (not numbered here yet) or forgot it (spent, see expire). DATA_RESYNC now,
             # the client's position kept; it waits as above, so that a lagging member
             # does not repeat what the client has when it catches up.
-            state.waiting[sink] = WaitingResume(position, period, request.snapshot)
+            state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
         self._add_subscription(state, sink, period, now)
         if position is None:
             return self._fresh(state, request.history)
-        return [allow, *self._resume(state, position, snapshot=request.snapshot)]
+        return [allow, *self._resume(state, position, snapshot=request.snapshot,
+                                         history=request.history)]
 
     def _ahead(self, state: SubjectState, position: Position) -> bool:
         """``position`` is later than this member's position of the same lineage."""
@@ -238,7 +239,9 @@ class Hub(SubjectExpiry, MessageSinks):
                 continue
             del state.waiting[sink]
             self._add_subscription(state, sink, waiting.conflation_ms, now)
-            for op in self._resume(state, waiting.position, snapshot=waiting.snapshot):
+            answer = self._resume(state, waiting.position, snapshot=waiting.snapshot,
+                                  history=waiting.history)
+            for op in answer:
                 send_op(sink, op)
 
     def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
@@ -256,10 +259,12 @@ class Hub(SubjectExpiry, MessageSinks):
         return out
 
     def _resume(
-        self, state: SubjectState, position: Position, *, snapshot: bool = False
+        self, state: SubjectState, position: Position, *, snapshot: bool = False,
+        history: int = 0,
     ) -> list[ops.ServerOp]:
         """What a resume from ``position`` gets after its ``SUBSCRIBE_ALLOW``; with
-        ``snapshot``, the snapshot as of ``position`` first (``SubscriptionRequest``)."""
+        ``snapshot``, the snapshot as of ``position`` first, with ``history``, the last
+        ``history`` cached messages up to ``position`` (``SubscriptionRequest``)."""
         out: list[ops.ServerOp] = []
         missed = self._missed(state, position)
         if missed is None or (snapshot and self._snapshot_after(state, position)):
@@ -273,6 +278,11 @@ class Hub(SubjectExpiry, MessageSinks):
             current.epoch != position.epoch or current.seq <= position.seq
         ):
             out.append(ops.Deliver((current,)))  # the snapshot as of ``position``
+        if history > 0 and position.epoch == state.epoch:  # the history as of ``position``
+            before = state.cache.last(history + len(missed))[: -len(missed) or None]
+            historical = [m.as_type(MessageType.HISTORICAL) for m in before[-history:]]
+            if historical:
+                out.append(ops.Deliver(tuple(historical)))
         if missed:
             out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
         out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))

@@ -21,6 +21,8 @@ class WaitingResume(NamedTuple):
     conflation_ms: int
     snapshot: bool = False
     """The resume asked for the snapshot as of ``position`` (``SubscriptionRequest``)."""
+    history: int = 0
+    """The resume asked for the history as of ``position`` (``SubscriptionRequest``)."""
 
 
 class SubjectState:

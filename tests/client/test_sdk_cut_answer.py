@@ -1,8 +1,8 @@
 """A connection cut inside a first subscribe's answer, between its SUBSCRIBE_ALLOW and
-its snapshot: the next session resumes from the ALLOW's position asking for the snapshot
-as of it, so the application gets the snapshot and then every update it missed -- not
-the updates alone (docs/protocol.md, "What the SDKs do with a broken server"). A
-bystander subject, whose answer was complete, resumes as usual."""
+its snapshot (or history): the next session resumes from the ALLOW's position asking for
+the snapshot (the history) as of it, so the application gets it and then every update it
+missed -- not the updates alone (docs/protocol.md, "What the SDKs do with a broken
+server"). A bystander subject, whose answer was complete, resumes as usual."""
 
 from __future__ import annotations
 
@@ -104,5 +104,35 @@ async def test_a_cut_after_the_snapshot_asks_for_nothing_more() -> None:
             again.write(allow(CUT), synced(CUT, 10), deliver(CUT, 11))
             got = await subscription.next_message()
             assert (got.type, got.seq) == (MessageType.UPDATE, 11)
+    finally:
+        peer.close()
+
+
+@trio_test
+async def test_a_cut_before_the_history_gets_the_history_then_the_missed_updates() -> None:
+    peer = RawPeer()
+    try:
+        async with connect([peer.url], reconnect=FAST) as client:
+            subscription = client.subscribe(CUT, history=3)
+            link = await peer.accept()
+            await link.accept_session()
+            await link.expect(ops.Subscribe)
+            link.write_then_reset(allow(CUT, Position(7, 10)))
+            again = await peer.accept()
+            await again.accept_session()
+            request = await again.expect(ops.Subscribe)
+            assert isinstance(request, ops.Subscribe)
+            # was: a resume without history, which then never came
+            assert request.subscriptions == (ops.SubscriptionRequest(CUT, Position(7, 10), 3),)
+            history = tuple(update(CUT, s, kind=MessageType.HISTORICAL) for s in (8, 9, 10))
+            again.write(allow(CUT), ops.Deliver(history),
+                        deliver(CUT, 11, MessageType.RECOVERED), synced(CUT, 11))
+            got = [await subscription.next_message() for _ in range(4)]
+            assert [(m.type, m.seq) for m in got] == [
+                (MessageType.HISTORICAL, 8),
+                (MessageType.HISTORICAL, 9),
+                (MessageType.HISTORICAL, 10),
+                (MessageType.RECOVERED, 11),
+            ]
     finally:
         peer.close()

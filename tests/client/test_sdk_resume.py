@@ -27,7 +27,10 @@ def test_first_request_asks_for_history_then_resumes() -> None:
     tracker = SubjectTracker(SUBJECT, history=5, conflation_ms=500)
     assert tracker.request() == SubscriptionRequest(SUBJECT, None, 5, 500)
     tracker.on_status(Status.SUBSCRIBE_ALLOW, Position(7, 10))
-    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10), 0, 500)
+    # the history has not come yet: a resume now asks for it as of the position
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10), 5, 500)
+    tracker.on_message(msg(11))
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 11), 0, 500)
 
 
 def test_live_updates_in_order_are_delivered() -> None:
@@ -263,3 +266,17 @@ def test_the_snapshot_is_asked_for_only_while_the_first_answer_is_open() -> None
     resumed = SubjectTracker(SUBJECT, position=Position(7, 10))
     resumed.on_status(Status.SUBSCRIBE_ALLOW, None)  # a plain resume owes none either
     assert not resumed.request().snapshot
+
+
+def test_a_first_answer_cut_inside_its_history_resumes_asking_for_the_rest() -> None:
+    # was: the resume asked for no history, so what the cut took never came
+    tracker = allowed(history=5)
+    for seq in (6, 7):
+        assert tracker.on_message(msg(seq, kind=MessageType.HISTORICAL)) is Verdict.DELIVER
+    tracker.on_session_lost()
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 10), 3)
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, None)
+    got = [tracker.on_message(msg(s, kind=MessageType.HISTORICAL)) for s in (7, 8, 9, 10)]
+    assert got == [Verdict.DUPLICATE, Verdict.DELIVER, Verdict.DELIVER, Verdict.DELIVER]
+    assert tracker.on_message(msg(11, kind=MessageType.RECOVERED)) is Verdict.DELIVER
+    assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 11))

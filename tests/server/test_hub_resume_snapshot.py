@@ -148,3 +148,26 @@ def test_a_key_that_is_not_a_boolean_is_a_bad_operation() -> None:
                                               "snapshot": "yes"}]}
     with pytest.raises(ops.OperationError):
         ops.decode_client_op(cbor2.dumps(body))
+
+
+def test_a_resume_with_history_gets_the_history_as_of_its_position_first() -> None:
+    # a first subscribe with history cut before its batch: the last N up to the
+    # position, then what was missed (was: history ignored on a resume)
+    hub = Hub(epoch=9)
+    for i in range(6):
+        publish(hub, str(i))
+    request = ops.SubscriptionRequest(SUBJECT, Position(9, 4), history=3)
+    assert described(hub.subscribe(OpSink(), request, 0.0)) == [
+        ALLOW,
+        ("historical", 2),
+        ("historical", 3),
+        ("historical", 4),
+        ("recovered", 5),
+        ("recovered", 6),
+        ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(9, 6)),
+    ]
+    fewer = ops.SubscriptionRequest(SUBJECT, Position(9, 6), history=10)  # all it has
+    assert [m for m in described(hub.subscribe(OpSink(), fewer, 0.0))
+            if isinstance(m, tuple)] == [("historical", s) for s in range(1, 7)]
+    bound = hub.answer_bytes(request)
+    assert bound > hub.answer_bytes(ops.SubscriptionRequest(SUBJECT, Position(9, 4)))

@@ -79,6 +79,9 @@ export class SubjectTracker {
      * should the connection be lost now, the resume asks for the snapshot as of
      * `position` (the subscribe entry's `snapshot` key), or the application never gets it. */
     this.snapshotOwed = false;
+    /** As `snapshotOwed`, for a first subscribe with history: the historical messages it
+     * has not had yet, asked for again (as of `position`) by the resume. */
+    this.historicalOwed = 0;
     /** The highest seq `position` reached in each epoch it was in (the last
      * EPOCHS_REMEMBERED): positions are never reused, so a message at or below it was
      * delivered already (or precedes where the server started the subject), whatever
@@ -100,7 +103,7 @@ export class SubjectTracker {
       });
     }
     return Object.freeze({
-      subject: this.subject, position: this.position, history: 0,
+      subject: this.subject, position: this.position, history: this.historicalOwed,
       conflationMs: this.conflationMs, snapshot: this.snapshotOwed,
     });
   }
@@ -144,17 +147,7 @@ export class SubjectTracker {
     if (status === "SUBSCRIBE_DENY") {
       this.denied = true;
     } else if (status === "SUBSCRIBE_ALLOW") {
-      this.denied = false;
-      const fresh = this.position === null;
-      const history = fresh && !this.restarting ? this.history : 0;
-      this.snapshotDue = history === 0;
-      this.historicalDue = history;
-      this.lastHistorical = null;
-      if (fresh) { // on a resume, recovered come next
-        if (position !== null && position !== undefined) this.move(position);
-        else this.position = null;
-        this.snapshotOwed = history === 0;
-      }
+      this.allowed(position);
     } else if (status === "DATA_SYNC" || status === "DATA_RESYNC") {
       this.closeAnswer();
     }
@@ -167,6 +160,26 @@ export class SubjectTracker {
       }
     }
     return false;
+  }
+
+  /** A SUBSCRIBE_ALLOW opens the answer: on a first subscribe, its snapshot or history,
+   * and `position` to start from; on a resume, what a first answer cut short still owes
+   * (`snapshotOwed`, `historicalOwed`), or the snapshot of a DATA_RESYNC -- recovered
+   * messages come next. */
+  allowed(position) {
+    this.denied = false;
+    if (this.position === null) {
+      const history = this.restarting ? 0 : this.history;
+      this.snapshotDue = history === 0;
+      this.historicalDue = history;
+      this.snapshotOwed = history === 0;
+      this.historicalOwed = history;
+      this.lastHistorical = null;
+      if (position !== null && position !== undefined) this.move(position);
+    } else { // (after the historical messages already delivered, if any)
+      this.snapshotDue = true;
+      this.historicalDue = this.historicalOwed;
+    }
   }
 
   skipsTo(position) {
@@ -198,6 +211,7 @@ export class SubjectTracker {
     this.snapshotDue = false;
     this.historicalDue = 0;
     this.snapshotOwed = false;
+    this.historicalOwed = 0;
   }
 
   /** A snapshot or historical message: delivered only as part of an open answer. */
@@ -214,6 +228,7 @@ export class SubjectTracker {
       return Verdict.DUPLICATE;
     }
     this.historicalDue -= 1;
+    this.historicalOwed = Math.max(0, this.historicalOwed - 1);
     this.lastHistorical = makePosition(message.epoch, message.seq);
     return Verdict.DELIVER;
   }
@@ -253,10 +268,10 @@ export class SubjectTracker {
   }
 
   /** The connection is gone; the next session resubscribes every subject anyway. A
-   * first subscribe's answer cut after its SUBSCRIBE_ALLOW and before its snapshot is
-   * resumed from the ALLOW's position asking for the snapshot as of it (`snapshotOwed`):
-   * the snapshot, then the updates missed (docs/protocol.md, "What the SDKs do with a
-   * broken server"). */
+   * first subscribe's answer cut after its SUBSCRIBE_ALLOW and before its snapshot (or
+   * its history) is resumed from the ALLOW's position asking for the snapshot (the
+   * historical messages not had) as of it (`snapshotOwed`, `historicalOwed`): they come,
+   * then the updates missed (docs/protocol.md, "What the SDKs do with a broken server"). */
   onSessionLost() {
     this.recovering = false;
   }

@@ -1,9 +1,9 @@
 // A connection cut inside a first subscribe's answer, between its SUBSCRIBE_ALLOW and its
-// snapshot: the next session resumes from the ALLOW's position asking for the snapshot as
-// of it, so the application gets the snapshot and then every update it missed -- not the
-// updates alone (docs/protocol.md, "What the SDKs do with a broken server"). A bystander
-// subject, whose answer was complete, resumes as usual. (The Python SDK's
-// tests/client/test_sdk_cut_answer.py.)
+// snapshot (or history): the next session resumes from the ALLOW's position asking for
+// the snapshot (the history) as of it, so the application gets it and then every update
+// it missed -- not the updates alone (docs/protocol.md, "What the SDKs do with a broken
+// server"). A bystander subject, whose answer was complete, resumes as usual. (The
+// Python SDK's tests/client/test_sdk_cut_answer.py.)
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -70,3 +70,30 @@ for (const snapshotBytes of [0, 5]) {
     }
   });
 }
+
+test("a cut before the history gets the history, then the updates missed", GUARD, async () => {
+  const server = await FakeServer.start();
+  const client = connect([server.url], { WebSocket: globalThis.WebSocket, reconnect: RECONNECT });
+  try {
+    const cut = client.subscribe(CUT, { history: 3 });
+    const conn = await server.nextConnection();
+    await conn.acceptSession();
+    await conn.expect("subscribe");
+    conn.reset(opFrame(status("SUBSCRIBE_ALLOW", CUT, 7, 10)));
+    const again = await server.nextConnection();
+    await again.acceptSession();
+    const { subjects } = await again.expect("subscribe");
+    // was: a resume without history, which then never came
+    assert.deepEqual(subjects, [{ subject: CUT, epoch: 7, seq: 10, history: 3 }]);
+    again.send(
+      status("SUBSCRIBE_ALLOW", CUT),
+      batch([8, 9, 10].map((s) => update(CUT, s, { type: "historical" }))),
+      one(CUT, 11, "recovered"),
+      status("DATA_SYNC", CUT, 7, 11),
+    );
+    assert.deepEqual(await take(cut, 4), ["historical 8", "historical 9", "historical 10", "recovered 11"]);
+  } finally {
+    await client.close();
+    server.close();
+  }
+});

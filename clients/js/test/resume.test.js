@@ -23,9 +23,27 @@ test("the first request asks for history, later ones resume", () => {
   const tracker = new SubjectTracker(SUBJECT, { history: 5, conflationMs: 500 });
   assert.deepEqual(tracker.request(), { subject: SUBJECT, position: null, history: 5, conflationMs: 500 });
   tracker.onStatus("SUBSCRIBE_ALLOW", position(7, 10));
+  // the history has not come yet: a resume now asks for it as of the position
   assert.deepEqual(tracker.request(), {
-    subject: SUBJECT, position: position(7, 10), history: 0, conflationMs: 500, snapshot: false,
+    subject: SUBJECT, position: position(7, 10), history: 5, conflationMs: 500, snapshot: false,
   });
+  tracker.onMessage(msg(11));
+  assert.deepEqual(tracker.request(), {
+    subject: SUBJECT, position: position(7, 11), history: 0, conflationMs: 500, snapshot: false,
+  });
+});
+
+test("a first answer cut inside its history resumes asking for the rest", () => {
+  // was: the resume asked for no history, so what the cut took never came
+  const tracker = allowed(position(7, 10), { history: 5 });
+  for (const seq of [6, 7]) assert.equal(tracker.onMessage(msg(seq, 7, "historical")), Verdict.DELIVER);
+  tracker.onSessionLost();
+  assert.equal(tracker.request().history, 3);
+  tracker.onStatus("SUBSCRIBE_ALLOW", null);
+  assert.deepEqual([7, 8, 9, 10].map((s) => tracker.onMessage(msg(s, 7, "historical"))),
+    [Verdict.DUPLICATE, Verdict.DELIVER, Verdict.DELIVER, Verdict.DELIVER]);
+  assert.equal(tracker.onMessage(msg(11, 7, "recovered")), Verdict.DELIVER);
+  assert.equal(tracker.request().history, 0);
 });
 
 test("a first answer cut before its snapshot resumes asking for it", () => {

@@ -100,6 +100,9 @@ class SubjectTracker:
     was delivered already (or precedes where the server started the subject), whatever
     epoch a status moved ``position`` to since -- a server that goes back to a lineage
     left behind gets no duplicate through."""
+    historical_owed: int = 0
+    """As ``snapshot_owed``, for a first subscribe with history: the historical messages
+    it has not had yet, asked for again (as of ``position``) by the resume."""
     snapshot_owed: bool = False
     """A first subscribe's answer (no history) is open and its snapshot has not come:
     should the connection be lost now, the resume asks for the snapshot as of
@@ -115,7 +118,8 @@ class SubjectTracker:
             history = 0 if self.restarting else self.history
             return SubscriptionRequest(self.subject, None, history, self.conflation_ms)
         return SubscriptionRequest(
-            self.subject, self.position, 0, self.conflation_ms, snapshot=self.snapshot_owed
+            self.subject, self.position, self.historical_owed, self.conflation_ms,
+            snapshot=self.snapshot_owed,
         )
 
     def sent(self, session_id: int) -> None:
@@ -146,15 +150,7 @@ class SubjectTracker:
         if status is Status.SUBSCRIBE_DENY:
             self.denied = True
         elif status is Status.SUBSCRIBE_ALLOW:
-            self.denied = False
-            fresh = self.position is None
-            history = self.history if fresh and not self.restarting else 0
-            self.snapshot_due, self.historical_due = history == 0, history
-            self.last_historical = None
-            if fresh:  # on a resume, recovered messages come next
-                if position is not None:
-                    self._move(position)
-                self.snapshot_owed = history == 0
+            self._allowed(position)
         elif status in (Status.DATA_SYNC, Status.DATA_RESYNC):
             self._close_answer()
         if status in (Status.DATA_SYNC, Status.DATA_RESYNC) and not (awaited or self.skipping):
@@ -164,6 +160,22 @@ class SubjectTracker:
                 self._continue_from(position)
                 return skipped
         return False
+
+    def _allowed(self, position: Position | None) -> None:
+        """A SUBSCRIBE_ALLOW opens the answer: on a first subscribe, its snapshot or
+        history, and ``position`` to start from; on a resume, what a first answer cut
+        short still owes (``snapshot_owed``, ``historical_owed``), or the snapshot of a
+        DATA_RESYNC -- recovered messages come next."""
+        self.denied = False
+        if self.position is None:
+            history = 0 if self.restarting else self.history
+            self.snapshot_due, self.historical_due = history == 0, history
+            self.snapshot_owed, self.historical_owed = history == 0, history
+            self.last_historical = None
+            if position is not None:
+                self._move(position)
+        else:  # (after the historical messages already delivered, if any)
+            self.snapshot_due, self.historical_due = True, self.historical_owed
 
     def _skips_to(self, position: Position) -> bool:
         last = self.position
@@ -188,7 +200,7 @@ class SubjectTracker:
 
     def _close_answer(self) -> None:
         self.snapshot_due, self.historical_due = False, 0
-        self.snapshot_owed = False
+        self.snapshot_owed, self.historical_owed = False, 0
 
     def _answer_message(self, message: Message) -> Verdict:
         """A snapshot or historical message: delivered only as part of an open answer."""
@@ -203,6 +215,7 @@ class SubjectTracker:
         ):
             return Verdict.DUPLICATE
         self.historical_due -= 1
+        self.historical_owed = max(0, self.historical_owed - 1)
         self.last_historical = arrived
         return Verdict.DELIVER
 
@@ -241,7 +254,8 @@ class SubjectTracker:
     def on_session_lost(self) -> None:
         """The connection is gone; the next session resubscribes every subject anyway.
         A first subscribe's answer cut after its SUBSCRIBE_ALLOW and before its snapshot
-        is resumed from the ALLOW's position asking for the snapshot as of it
-        (``snapshot_owed``): the snapshot, then the updates missed (docs/protocol.md,
+        (or its history) is resumed from the ALLOW's position asking for the snapshot
+        (the historical messages not had) as of it (``snapshot_owed``,
+        ``historical_owed``): they come, then the updates missed (docs/protocol.md,
         "What the SDKs do with a broken server")."""
         self.recovering = False
