@@ -280,3 +280,18 @@ def test_a_first_answer_cut_inside_its_history_resumes_asking_for_the_rest() -> 
     assert got == [Verdict.DUPLICATE, Verdict.DELIVER, Verdict.DELIVER, Verdict.DELIVER]
     assert tracker.on_message(msg(11, kind=MessageType.RECOVERED)) is Verdict.DELIVER
     assert tracker.request() == SubscriptionRequest(SUBJECT, Position(7, 11))
+
+
+def test_a_resumes_snapshot_at_or_before_what_was_delivered_is_not_delivered_again() -> None:
+    # was: delivered, old state after newer (a resume's answer may hold a snapshot)
+    tracker = allowed()
+    assert tracker.on_message(msg(9, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER
+    tracker.on_message(msg(11))
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, None)  # a resume
+    assert tracker.on_message(msg(11, kind=MessageType.SNAPSHOT)) is Verdict.DUPLICATE
+    tracker.on_status(Status.SUBSCRIBE_ALLOW, None)
+    assert tracker.on_message(msg(30, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER  # newer
+    history = allowed(history=2)  # never had a snapshot: any resync's is news
+    history.on_message(msg(11))
+    history.on_status(Status.SUBSCRIBE_ALLOW, None)
+    assert history.on_message(msg(5, kind=MessageType.SNAPSHOT)) is Verdict.DELIVER

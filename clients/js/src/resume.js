@@ -214,10 +214,21 @@ export class SubjectTracker {
     this.historicalOwed = 0;
   }
 
+  /** A snapshot at or before the highest position reached in its epoch, on a
+   * subscription that began with the snapshot and was not owed one: every retained message
+   * it merges reached the application already (in that first snapshot or as an update), so
+   * it would only bring old state back after newer (a resume's snapshot from a server that
+   * then says DATA_SYNC, or one cache-expired behind the position: DATA_RESYNC tells the
+   * application that much). */
+  stale(message) {
+    return !this.snapshotOwed && this.history === 0
+      && message.seq <= (this.highest.get(message.epoch) ?? -1);
+  }
+
   /** A snapshot or historical message: delivered only as part of an open answer. */
   answerMessage(message) {
     if (message.type === MessageType.SNAPSHOT) {
-      if (!this.snapshotDue) return Verdict.DUPLICATE;
+      if (!this.snapshotDue || this.stale(message)) return Verdict.DUPLICATE;
       this.snapshotDue = false;
       this.snapshotOwed = false;
       return Verdict.DELIVER;

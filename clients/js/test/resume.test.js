@@ -292,3 +292,18 @@ test("a status moving back to a lineage left behind keeps its highest seq", () =
   assert.deepEqual(tracker.position, position(8, 5));
   assert.equal(tracker.onMessage(msg(1, 8)), Verdict.DUPLICATE);
 });
+
+test("a resume's snapshot at or before what was delivered is not delivered again", () => {
+  // was: delivered, old state after newer (a resume's answer may hold a snapshot)
+  const tracker = allowed();
+  assert.equal(tracker.onMessage(msg(9, 7, "snapshot")), Verdict.DELIVER);
+  tracker.onMessage(msg(11));
+  tracker.onStatus("SUBSCRIBE_ALLOW", null); // a resume
+  assert.equal(tracker.onMessage(msg(11, 7, "snapshot")), Verdict.DUPLICATE);
+  tracker.onStatus("SUBSCRIBE_ALLOW", null);
+  assert.equal(tracker.onMessage(msg(30, 7, "snapshot")), Verdict.DELIVER); // newer
+  const history = allowed(position(7, 10), { history: 2 }); // never had a snapshot
+  history.onMessage(msg(11));
+  history.onStatus("SUBSCRIBE_ALLOW", null);
+  assert.equal(history.onMessage(msg(5, 7, "snapshot")), Verdict.DELIVER);
+});

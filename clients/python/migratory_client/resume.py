@@ -205,7 +205,7 @@ class SubjectTracker:
     def _answer_message(self, message: Message) -> Verdict:
         """A snapshot or historical message: delivered only as part of an open answer."""
         if message.type is MessageType.SNAPSHOT:
-            if not self.snapshot_due:
+            if not self.snapshot_due or self._stale(message):
                 return Verdict.DUPLICATE
             self.snapshot_due = self.snapshot_owed = False
             return Verdict.DELIVER
@@ -218,6 +218,19 @@ class SubjectTracker:
         self.historical_owed = max(0, self.historical_owed - 1)
         self.last_historical = arrived
         return Verdict.DELIVER
+
+    def _stale(self, message: Message) -> bool:
+        """A snapshot at or before the highest position reached in its epoch, on a
+        subscription that began with the snapshot and was not owed one: every retained
+        message it merges reached the application already (in that first snapshot or as
+        an update), so it would only bring old state back after newer (a resume's
+        snapshot from a server that then says DATA_SYNC, or one cache-expired behind
+        the position: DATA_RESYNC tells the application that much)."""
+        return (
+            not self.snapshot_owed
+            and self.history == 0
+            and message.seq <= self.highest.get(message.epoch, -1)
+        )
 
     def on_message(self, message: Message) -> Verdict:
         """Decide about one message of this subject and advance ``position`` if delivered."""
