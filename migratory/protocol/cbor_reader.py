@@ -58,23 +58,7 @@ _Pooled = tuple[cbor2.CBORDecoder, io.BytesIO]
 _decoders: list[_Pooled] = []
 
 
-def _strict_decoder() -> _Pooled:
-    try:
-        return _decoders.pop()
-    except IndexError:
-        fp = io.BytesIO(b"")
-        decoder = cbor2.CBORDecoder(
-            fp,
-            semantic_decoders=_REFUSED_TAGS,
-            max_depth=_MAX_DEPTH,
-            strict_hashable_types=True,
-        )
-        return decoder, fp
-
-
-def _hooked_decoder(object_hook: Callable[..., Any]) -> _Pooled:
-    """A strict decoder with cbor2's ``object_hook``, for one frame (not pooled: a large
-    frame's, whose decode costs far more than building the decoder)."""
+def _new_decoder(object_hook: Callable[..., Any] | None = None) -> _Pooled:
     fp = io.BytesIO(b"")
     decoder = cbor2.CBORDecoder(
         fp,
@@ -86,11 +70,18 @@ def _hooked_decoder(object_hook: Callable[..., Any]) -> _Pooled:
     return decoder, fp
 
 
+def _strict_decoder() -> _Pooled:
+    try:
+        return _decoders.pop()
+    except IndexError:
+        return _new_decoder()
+
+
 def _strict_load(payload: bytes, object_hook: Callable[..., Any] | None = None) -> Any:
+    # with cbor2's ``object_hook``: a decoder for this frame alone (a large frame's,
+    # whose decode costs far more than building the decoder), not pooled
     hooked = object_hook is not None
-    pooled = decoder, fp = (
-        _hooked_decoder(object_hook) if object_hook is not None else _strict_decoder()
-    )
+    pooled = decoder, fp = _new_decoder(object_hook) if hooked else _strict_decoder()
     fp.__init__(payload)  # type: ignore[misc]  # refill in place: see _decoders
     try:
         item = decoder.decode()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from sdk_fake_server import FAST, trio_test, update
-from sdk_raw_peer import RawPeer, frame
+from sdk_raw_peer import RawLink, RawPeer, frame
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
@@ -30,6 +30,23 @@ def deliver(subject: str, seq: int, kind: MessageType = MessageType.UPDATE) -> o
     return ops.Deliver((update(subject, seq, kind=kind),))
 
 
+async def first_session(peer: RawPeer) -> RawLink:
+    """The client's first session, its subscribe read (and not answered yet)."""
+    link = await peer.accept()
+    await link.accept_session()
+    await link.expect(ops.Subscribe)
+    return link
+
+
+async def resubscribed(peer: RawPeer) -> tuple[RawLink, tuple[ops.SubscriptionRequest, ...]]:
+    """The client's next session and the subscription requests it resumes with."""
+    link = await peer.accept()
+    await link.accept_session()
+    request = await link.expect(ops.Subscribe)
+    assert isinstance(request, ops.Subscribe)
+    return link, request.subscriptions
+
+
 @pytest.mark.parametrize("snapshot_bytes", [0, 5], ids=["after-allow", "inside-snapshot"])
 @trio_test
 async def test_a_cut_before_the_snapshot_gets_the_snapshot_then_the_missed_updates(
@@ -39,9 +56,7 @@ async def test_a_cut_before_the_snapshot_gets_the_snapshot_then_the_missed_updat
     try:
         async with connect([peer.url], reconnect=FAST) as client:
             bystander = client.subscribe(BYSTANDER)
-            link = await peer.accept()
-            await link.accept_session()
-            await link.expect(ops.Subscribe)
+            link = await first_session(peer)
             link.write(allow(BYSTANDER, Position(7, 5)), deliver(BYSTANDER, 6))
             assert (await bystander.next_message()).seq == 6
             cut = client.subscribe(CUT)
@@ -49,11 +64,8 @@ async def test_a_cut_before_the_snapshot_gets_the_snapshot_then_the_missed_updat
             snapshot = frame(deliver(CUT, 9, MessageType.SNAPSHOT))[:snapshot_bytes]
             link.write_then_reset(allow(CUT, Position(7, 10)), snapshot)
 
-            again = await peer.accept()
-            await again.accept_session()
-            request = await again.expect(ops.Subscribe)
-            assert isinstance(request, ops.Subscribe)
-            assert sorted(request.subscriptions, key=lambda r: r.subject) == [
+            again, requests = await resubscribed(peer)
+            assert sorted(requests, key=lambda r: r.subject) == [
                 ops.SubscriptionRequest(CUT, Position(7, 10), snapshot=True),  # was: no
                 ops.SubscriptionRequest(BYSTANDER, Position(7, 6)),
             ]
@@ -90,17 +102,12 @@ async def test_a_cut_after_the_snapshot_asks_for_nothing_more() -> None:
     try:
         async with connect([peer.url], reconnect=FAST) as client:
             subscription = client.subscribe(CUT)
-            link = await peer.accept()
-            await link.accept_session()
-            await link.expect(ops.Subscribe)
+            link = await first_session(peer)
             link.write(allow(CUT, Position(7, 10)), deliver(CUT, 9, MessageType.SNAPSHOT))
             assert (await subscription.next_message()).type is MessageType.SNAPSHOT
             link.reset()
-            again = await peer.accept()
-            await again.accept_session()
-            request = await again.expect(ops.Subscribe)
-            assert isinstance(request, ops.Subscribe)
-            assert request.subscriptions == (ops.SubscriptionRequest(CUT, Position(7, 10)),)
+            again, requests = await resubscribed(peer)
+            assert requests == (ops.SubscriptionRequest(CUT, Position(7, 10)),)
             # a server that sends the snapshot again on a plain resume: not delivered
             # twice (was: the old snapshot again, after it)
             again.write(allow(CUT), deliver(CUT, 9, MessageType.SNAPSHOT), synced(CUT, 10),
@@ -117,16 +124,11 @@ async def test_a_cut_before_the_history_gets_the_history_then_the_missed_updates
     try:
         async with connect([peer.url], reconnect=FAST) as client:
             subscription = client.subscribe(CUT, history=3)
-            link = await peer.accept()
-            await link.accept_session()
-            await link.expect(ops.Subscribe)
+            link = await first_session(peer)
             link.write_then_reset(allow(CUT, Position(7, 10)))
-            again = await peer.accept()
-            await again.accept_session()
-            request = await again.expect(ops.Subscribe)
-            assert isinstance(request, ops.Subscribe)
+            again, requests = await resubscribed(peer)
             # was: a resume without history, which then never came
-            assert request.subscriptions == (ops.SubscriptionRequest(CUT, Position(7, 10), 3),)
+            assert requests == (ops.SubscriptionRequest(CUT, Position(7, 10), 3),)
             history = tuple(update(CUT, s, kind=MessageType.HISTORICAL) for s in (8, 9, 10))
             again.write(allow(CUT), ops.Deliver(history),
                         deliver(CUT, 11, MessageType.RECOVERED), synced(CUT, 11))
