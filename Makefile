@@ -73,7 +73,7 @@ test: $(STAMP) $(JS_BUILT) debian-test-packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	cd $(JS_DIR) && npm test
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 3
 
 bench: $(STAMP)
 	$(PY) benchmarks/fanout.py

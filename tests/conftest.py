@@ -24,25 +24,57 @@ settings.load_profile("migratory")
 
 CLUSTER_SIZED = ("bench", "browser", "chaos", "cluster", "deploy", "spark")
 """The test directories whose tests start clusters of member processes, Spark's JVM, a
-browser or a load generator. ``make test`` (``-n 2``) runs them in two scopes, each one
-test after another: ``tests/cluster`` and the rest of them (chaos runs, the Kubernetes
-rehearsal, Spark, the browser, the benchmarks' smoke tests). Their tests mostly wait
-(elections, timeouts, processes starting): the whole suite used 0.88 of the two cores
-on average with them all in one scope, which took 16 of its 17.5 minutes while the
-other worker finished the rest -- server, client, protocol, model, config, a test file
-at a time -- in about four. The two scopes run side by side, on either worker, and the
-small files fill in around them."""
+browser or a load generator. ``make test`` runs them in two scopes, each one test after
+another: ``tests/cluster`` and the rest of them (chaos runs, the Kubernetes rehearsal,
+Spark, the browser, the benchmarks' smoke tests). Their tests mostly wait (elections,
+timeouts, processes starting): the whole suite used 0.88 of the two cores on average
+with them all in one scope, which took 16 of its 17.5 minutes while the other worker
+finished the rest -- server, client, protocol, model, config, a test file at a time --
+in about four.
+
+``make test`` has three workers (``-n 3``): the two serial scopes side by side on two
+of them, the small files on the third from the start (xdist hands a worker another
+scope only when it has at most two tests left, so with ``-n 2`` the small files all
+waited for the first serial scope to drain, and ran after it: 1,754 tests, 6.8 min in
+one process on a busy box). At most two cluster-sized tests still run at once; a
+drained worker takes what is left of the small files (tests/test_xdist_lanes.py)."""
+
+
+IN_PROCESS_CLUSTER = frozenset(
+    f"tests/cluster/{name}.py"
+    for name in (
+        # real pysyncobj nodes on raft_sim's simulated clock and network
+        "test_raft_safety", "test_raft_power_loss", "test_raft_forward_sim",
+        "test_raft_partial_partitions", "test_raft_votes", "test_raft_catch_up",
+        "test_raft_applied_entry", "test_raft_dump_chunks", "test_raft_dump_kept_tail",
+        "test_raft_term_query",
+        # sans-I/O: link connections, the cluster model, caches, bytes in and out
+        "test_cluster_link_ops", "test_cluster_machine", "test_cluster_planted",
+        "test_replicated_cache", "test_raft_front", "test_link_sync", "test_cluster_checker",
+        "test_publishing", "test_cluster_stream", "test_cluster_raft_outcomes",
+        "test_cluster_replica", "test_cluster_cache_sync", "test_cluster_coordination",
+        "test_batch_ring", "test_raft_digest",
+    )
+)
+"""The files of ``tests/cluster`` that start no process, socket, thread or real timer:
+nothing in them waits on the wall clock, so the box's load changes only how long they
+take. They run a file at a time beside the serial scopes, as the small files do: 120 s
+of the cluster scope's 990 s (one process, a busy box), 66 s of it the seeded Raft
+safety search. tests/test_xdist_lanes.py checks what they import."""
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduling with two scopes for the cluster-sized tests (its
-    ``loadgroup`` marks do not reach pytest 9's node ids) and one per other file."""
+    ``loadgroup`` marks do not reach pytest 9's node ids) and one per other file
+    (``IN_PROCESS_CLUSTER`` included)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ClusterSizedApart(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             parts = path.split("/")
+            if path in IN_PROCESS_CLUSTER:
+                return path
             if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
                 return "cluster" if parts[1] == "cluster" else "cluster-sized"
             return path
