@@ -52,6 +52,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_dump_failures=None if raft is None else raft.dump_failures,
         link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
         link_violations=tuple(sorted(node.peers.handshakes.violations.items())),
+        link_publishes_refused=tuple(sorted(node.peers.publishes.refused.items())),
         raft_subjects=None if raft is None else raft.subjects,
         raft_snapshots=None if raft is None else raft.snapshots,
         applied_clsn=applied,
@@ -67,4 +68,5 @@ def standard_metrics(node: StandardNode) -> ClusterMetrics:
     )
     return ClusterMetrics(member=node.name, role="member", links=links,
                           link_refusals=tuple(node.handshakes.refusal_counts().items()),
-                          link_violations=tuple(sorted(node.handshakes.violations.items())))
+                          link_violations=tuple(sorted(node.handshakes.violations.items())),
+                          link_publishes_refused=tuple(sorted(node.publishes.refused.items())))

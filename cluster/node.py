@@ -103,6 +103,7 @@ class GuaranteedNode:
             take_forward=None if self.seed is None else self.seed.take_forward,
             settings=settings,
             max_frame=link.accepted_frame_limit(config.max_frame_size),
+            max_message_size=config.max_message_size,
         )
         self.readiness = Readiness(
             self.replica,

@@ -22,6 +22,7 @@ from cluster.agreement import MemberSettings, Repeats
 from cluster.coordination import PublishRequest, request_bytes
 from cluster.link_accept import HandshakeGate, accept_link, peer_host
 from cluster.link_io import ClusterTls, LinkChannel, describe, secured
+from cluster.link_publishes import DEFAULT_MAX_MESSAGE_SIZE, PeerPublishes
 from cluster.link_sync import SyncFrames
 from cluster.stream import FOLLOWER_QUEUE, Backlog, CommittedStream, Outbound, wire_bytes
 from migratory.server.accept import serve_tcp
@@ -128,12 +129,16 @@ class PeerService:
         take_forward: TakeForward | None,
         settings: MemberSettings | None = None,
         max_frame: int = link.MAX_FRAME,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         """``take_forward(peer, requests)`` submits a non-seed's publishes (seeds only);
         ``settings``: this member's, compared with each peer's (:mod:`cluster.agreement`);
         ``max_frame``: the largest frame taken from a peer
-        (:func:`cluster.link.accepted_frame_limit` of the member's MaxFrameSize)."""
+        (:func:`cluster.link.accepted_frame_limit` of the member's MaxFrameSize);
+        ``max_message_size``: the member's MaxMessageSize, which a forwarded publish is
+        checked against as a client's is (:mod:`cluster.link_publishes`)."""
         self.settings = settings
+        self.publishes = PeerPublishes(max_message_size)
         self.max_frame = max_frame
         self.forward_window = FORWARD_WINDOW
         self.refusals = Repeats()
@@ -299,7 +304,11 @@ class PeerService:
             if peer not in self.stream.followers:
                 raise link.LinkError("Forward before Replicate")
             check_origins(peer, op.requests)
-            forwards.add(op.requests, self.take_forward(peer, op.requests))
+            requests, refused = self.publishes.forward(peer, op.requests, trio.current_time())
+            for failed in refused:  # the origin's client gets its status, the link goes on
+                self.stream.send_to(peer, failed)
+            if requests:
+                forwards.add(requests, self.take_forward(peer, requests))
         elif isinstance(op, link.SyncRequest):
             if backlog.syncs:  # each one a capture of every subject, and a sync written
                 raise link.LinkViolation(

@@ -62,6 +62,7 @@ class Sequencer:
         self.epoch_candidate = new_epoch()
         self.workers = frozenset(worker_name(i) for i in range(workers))
         self.max_frame_size = config.max_frame_size
+        self.max_message_size = config.max_message_size
         self.password = password
 
     def take_forward(self, worker: str, requests: Sequence[PublishRequest]) -> None:
@@ -84,6 +85,7 @@ class Sequencer:
             stream=self.stream,
             take_forward=self.take_forward,
             max_frame=link.accepted_frame_limit(self.max_frame_size),
+            max_message_size=self.max_message_size,
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(

@@ -22,6 +22,7 @@ from cluster.agreement import MemberSettings, Repeats
 from cluster.agreement_probe import AgreementProbe
 from cluster.link_accept import HandshakeGate, accept_link, peer_host
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChannel, connect, secured
+from cluster.link_publishes import PeerPublishes
 from cluster.monitoring import standard_metrics
 from cluster.peers import bind_error
 from cluster.upstream import RETRY_SECONDS, member_name
@@ -70,6 +71,8 @@ class StandardNode:
             password=config.cluster_password, tls=self.tls,
         )
         self.refusals = Repeats()
+        self.publishes = PeerPublishes(config.max_message_size)
+        """The check of a peer's publish, a client's (:mod:`cluster.link_publishes`)."""
         self.handshakes = HandshakeGate()
         """Connections still proving the password (MAX_PENDING_HANDSHAKES at once)."""
         self.server = Server(
@@ -175,7 +178,11 @@ class StandardNode:
                         return
                     if not isinstance(op, link.StandardPublish):
                         raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
-                    self.hub.publish(op.message, trio.current_time())
+                    now = trio.current_time()
+                    # refused: counted and logged; its publisher was answered by its own
+                    # member (Standard forwards after the local publish), the link goes on
+                    if self.publishes.refusal(peer, op.message, now) is None:
+                        self.hub.publish(op.message, now)
         except link.LinkViolation as exc:
             self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from migratory.model.subject import is_valid_subject
 from migratory.model.topic import META_LEVEL, FilterIndex, FilterNode
 
 __all__ = ["SubjectIndex"]
@@ -61,6 +62,11 @@ class SubjectIndex(Generic[Value]):
         return self._count
 
     def add(self, subject: str, value: Value) -> None:
+        """``subject``'s value; an invalid subject is not kept (a committed message of an
+        older member's log, applied as committed): ``Xa/b`` was kept as ``/a/b`` -- in
+        its place, and its expiry removed ``/a/b`` from the index."""
+        if not is_valid_subject(subject):
+            return
         *path, last = subject[1:].split("/")
         level = self._root
         for name in path:
@@ -77,6 +83,8 @@ class SubjectIndex(Generic[Value]):
         level.subjects[last] = value
 
     def remove(self, subject: str) -> None:
+        if not is_valid_subject(subject):
+            return  # never added
         *path, last = subject[1:].split("/")
         levels = [self._root]
         for name in path:

@@ -19,6 +19,7 @@ from migratory.model.conflation import Conflator, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
+from migratory.model.subject import is_valid_subject
 from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex
 from migratory.protocol import ops
@@ -34,7 +35,7 @@ from migratory.server.format_sink import (
     send_op,
 )
 from migratory.server.hub_expiry import SubjectExpiry
-from migratory.server.hub_sinks import MessageSinks
+from migratory.server.hub_sinks import MessageSinks, note_invalid_subject
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.subject_state import SubjectState, WaitingResume
 
@@ -483,6 +484,8 @@ class Hub(SubjectExpiry, MessageSinks):
             )
             epoch = self.epoch if not self._forgotten else new_epoch()
             state = self._subjects[subject] = SubjectState(subject, epoch, cache)
-            self._index.add(subject, state)
+            self._index.add(subject, state)  # (not an invalid subject)
             self.subjects_created += 1
+            if not is_valid_subject(subject):
+                note_invalid_subject(subject)
         return state

@@ -4,16 +4,39 @@ sessions), on exact subjects and on wildcard topic filters. A mixin of
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.model.snapshot import RESERVED_PREFIX
+from migratory.model.subject import is_valid_subject
 from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex
 from migratory.server.format_sink import MessageSink
 from migratory.server.subject_state import SubjectState
+
+log = logging.getLogger("migratory.hub")
+
+INVALID_SUBJECT_LOG_SECONDS = 60.0
+_invalid_logged = [-INVALID_SUBJECT_LOG_SECONDS, 0]  # last logged (monotonic), held back
+
+
+def note_invalid_subject(subject: str) -> None:
+    """A subject that is not valid came in numbered (a committed message of an older
+    member's Raft log: applied as committed, docs/cluster.md): said at warning, once a
+    minute at most."""
+    now = time.monotonic()
+    if now - _invalid_logged[0] < INVALID_SUBJECT_LOG_SECONDS:
+        _invalid_logged[1] += 1
+        return
+    log.warning("applied a committed message of the invalid subject %r (%d more since the "
+                "last warning): kept at its position, matched by no MQTT filter; no client "
+                "or peer publish of one is taken (docs/cluster.md)",
+                subject[:80], _invalid_logged[1])
+    _invalid_logged[:] = [now, 0]
 
 
 class MessageSinks:
@@ -44,12 +67,20 @@ class MessageSinks:
 
     def _granted(self, state: SubjectState) -> tuple[tuple[MessageSink, int], ...]:
         """The message sinks of ``state``'s subject -- by name, or by a wildcard filter
-        that matches it -- each once, at the highest QoS of its subscriptions."""
+        that matches it -- each once, at the highest QoS of its subscriptions.
+
+        No filter matches an invalid subject: one can only be here as a committed
+        message of an older member's Raft log, applied as committed (docs/cluster.md),
+        and a subject of 70,000 bytes or with a NUL is no MQTT topic (the delivery raised
+        in the hub; a NUL made the device drop its connection). Peers' and clients'
+        publishes of one are refused (publish_rules.message_refusal)."""
         listeners = state.listeners
-        if not self._filters or state.subject.startswith(RESERVED_PREFIX):
+        subject = state.subject
+        if (not self._filters or subject.startswith(RESERVED_PREFIX)
+                or not is_valid_subject(subject)):
             return tuple(listeners.items())
         best = dict(listeners)
-        for sink, qos in self._filters.match(state.subject):
+        for sink, qos in self._filters.match(subject):
             if best.get(sink, -1) < qos:
                 best[sink] = qos
         return tuple(best.items())

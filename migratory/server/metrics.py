@@ -149,6 +149,9 @@ class ClusterMetrics:
     link_violations: tuple[tuple[str, int], ...] = ()
     """(rule, count): authenticated links this member closed because the peer broke a
     rule of the link (cluster/link_limits.py)."""
+    link_publishes_refused: tuple[tuple[str, int], ...] = ()
+    """(status, count): peers' publishes refused by the check a client's publish passes
+    (cluster/link_publishes.py); the link stays up."""
     raft_subjects: int | None = None  # subjects the seeds' numbering holds (for ever)
     raft_snapshots: int | None = None  # retained snapshots the seeds' caches hold
     applied_clsn: int | None = None
@@ -367,28 +370,26 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
             "Raft dumps (log compactions) that failed not for the disk: a bug; the log "
             "grows uncompacted meanwhile.", value=cluster.raft_dump_failures,
         )
-    if cluster.link_refusals:
-        refused = CounterMetricFamily(
-            "migratory_cluster_link_refused",
-            "Connections to the cluster link port refused before their handshake was done, "
-            "by limit (MAX_PENDING_HANDSHAKES, LINK_CONNECTIONS_PER_SECOND, "
-            "LINK_HANDSHAKES_PER_SECOND).",
-            labels=["limit"],
-        )
-        for limit, count in cluster.link_refusals:
-            refused.add_metric([limit], count)
-        yield refused
-    if cluster.link_violations:
-        violated = CounterMetricFamily(
-            "migratory_cluster_link_violations",
-            "Authenticated cluster links this member closed because the peer broke a rule "
-            "of the link, by rule (frame_size, frame_stall, links, origin, replicate, "
-            "sync_request).",
-            labels=["rule"],
-        )
-        for rule, count in cluster.link_violations:
-            violated.add_metric([rule], count)
-        yield violated
+    for name, doc, label, counts in (
+        ("migratory_cluster_link_refused",
+         "Connections to the cluster link port refused before their handshake was done, "
+         "by limit (MAX_PENDING_HANDSHAKES, LINK_CONNECTIONS_PER_SECOND, "
+         "LINK_HANDSHAKES_PER_SECOND).", "limit", cluster.link_refusals),
+        ("migratory_cluster_link_violations",
+         "Authenticated cluster links this member closed because the peer broke a rule "
+         "of the link, by rule (frame_size, frame_stall, links, origin, replicate, "
+         "sync_request).", "rule", cluster.link_violations),
+        ("migratory_cluster_link_publishes_refused",
+         "Publishes of peer members (a forward to a seed, a Standard member's publish) "
+         "refused by the check a client's publish passes, by status (PUBLISH_FAILED: "
+         "invalid subject; MESSAGE_SIZE_LIMIT_EXCEEDED: past MaxMessageSize).", "status",
+         cluster.link_publishes_refused),
+    ):
+        if counts:
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for value, count in counts:
+                family.add_metric([value], count)
+            yield family
     if cluster.commit_latency is not None:
         yield cluster.commit_latency.family(
             "migratory_raft_commit_seconds",

@@ -12,30 +12,53 @@ from migratory.server.admission import address_allowed
 from migratory.server.context import ServerContext
 
 
-def check_publish(
-    ctx: ServerContext, listener: Listener, identity: ClientIdentity, message: Message
-) -> tuple[ops.Status | None, str | None]:
-    """``(status, reason)`` refusing ``message``, or ``(None, None)`` to go ahead.
+def message_refusal(
+    message: Message, max_message_size: int, *, member: bool = False
+) -> tuple[ops.Status, str] | None:
+    """``(status, reason)`` refusing ``message`` for what it is, or None: its subject
+    (the syntax; a ``/$...`` subject is the server's), its size (``MaxMessageSize``).
 
-    In order: the listener's role, the subject (``/$...`` ones are the server's),
-    the size limit (of the message, and of the merged snapshot a retained one makes),
-    PublishAllowFromAddressList, entitlement, MaxSubjects (for a subject new here).
+    The one check of a message wherever it comes in: a client's publish
+    (:func:`check_publish`) and a peer member's over the cluster link (a non-seed's
+    forward to a seed, a Standard member's publish: ``cluster/link_publishes.py``), where
+    before anything a member with the ClusterPassword sent was numbered and fanned out
+    (a 70,000-byte subject made an MQTT ``#`` subscriber's delivery raise in the hub).
+    ``member``: a peer's publish, which may be on a ``/$`` subject (its server's MQTT
+    session records and load reports, written as a client's publish is) and then is
+    bounded by the link's frame, not ``MaxMessageSize`` (a session record is not).
     """
-    if not listener.publish:
-        return ops.Status.PUBLISH_DENIED, PUBLISH_REFUSED_REASON
     try:
         validate_subject(message.subject)
     except InvalidSubjectError as exc:
         return ops.Status.PUBLISH_FAILED, exc.reason
     refusal = reserved(message.subject)  # /$mqtt-session/, /$migratory/load/
     if refusal is not None:
-        return ops.Status.PUBLISH_DENIED, refusal
-    limit = ctx.config.max_message_size
-    if message.size() > limit:
+        if not member:
+            return ops.Status.PUBLISH_DENIED, refusal
+        return None
+    if message.size() > max_message_size:
         return (
             ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
-            f"message is {message.size()} bytes, MaxMessageSize is {limit}",
+            f"message is {message.size()} bytes, MaxMessageSize is {max_message_size}",
         )
+    return None
+
+
+def check_publish(
+    ctx: ServerContext, listener: Listener, identity: ClientIdentity, message: Message
+) -> tuple[ops.Status | None, str | None]:
+    """``(status, reason)`` refusing ``message``, or ``(None, None)`` to go ahead.
+
+    In order: the listener's role, :func:`message_refusal` (the subject, the size), the
+    size of the merged snapshot a retained message makes,
+    PublishAllowFromAddressList, entitlement, MaxSubjects (for a subject new here).
+    """
+    if not listener.publish:
+        return ops.Status.PUBLISH_DENIED, PUBLISH_REFUSED_REASON
+    refusal = message_refusal(message, ctx.config.max_message_size)
+    if refusal is not None:
+        return refusal
+    limit = ctx.config.max_message_size
     if message.retained:
         merged = merged_size(ctx.hub.snapshot(message.subject), message)
         if merged > limit:

@@ -159,6 +159,7 @@ class _Source:
             commit_latency=metrics.Buckets(metrics.LATENCY_BOUNDS),
             link_refusals=(("LINK_CONNECTIONS_PER_SECOND", 1),),
             link_violations=(("frame_size", 0),),
+            link_publishes_refused=(("PUBLISH_FAILED", 0),),
         )
 
 

@@ -118,3 +118,18 @@ def test_a_level_of_many_levels_below_is_walked_a_step_at_a_time(
         most = max(most, looks[0])
         looks[0] = 0
     assert most <= 2
+
+
+def test_an_invalid_subject_takes_no_valid_subjects_place() -> None:
+    """``Xa/b`` (a committed message of an older member's log, applied as committed)
+    was kept as ``/a/b``: in its place, and when it expired it took ``/a/b`` out of the
+    index (an MQTT wildcard subscribe then missed ``/a/b``'s retained message)."""
+    index: SubjectIndex[str] = SubjectIndex()
+    index.add("/a/b", "/a/b")
+    index.add("Xa/b", "Xa/b")
+    index.add("/a//b", "/a//b")
+    assert walk(index, index_of(["#"]))[0] == {"/a/b": 0}
+    index.remove("Xa/b")
+    index.remove("/a//b")
+    assert walk(index, index_of(["#"]))[0] == {"/a/b": 0}
+    assert len(index) == 1

@@ -179,6 +179,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
         commit_latency=latency,
         link_refusals=(("MAX_PENDING_HANDSHAKES", 2), ("LINK_CONNECTIONS_PER_SECOND", 30)),
         link_violations=(("frame_size", 1), ("origin", 0)),
+        link_publishes_refused=(("MESSAGE_SIZE_LIMIT_EXCEEDED", 0), ("PUBLISH_FAILED", 3)),
     ))
     found = families(source)
     states = {s.labels["state"]: s.value for s in found["migratory_raft_state"].samples}
@@ -203,6 +204,9 @@ def test_cluster_metrics_come_from_the_member() -> None:
     violated = {s.labels["rule"]: s.value
                 for s in found["migratory_cluster_link_violations"].samples}
     assert violated == {"frame_size": 1, "origin": 0}
+    refused_publishes = {s.labels["status"]: s.value
+                         for s in found["migratory_cluster_link_publishes_refused"].samples}
+    assert refused_publishes == {"MESSAGE_SIZE_LIMIT_EXCEEDED": 0, "PUBLISH_FAILED": 3}
 
 
 def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
