@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from chaos.schedule import RESTARTS, SCENARIOS, Fault, generate, to_jsonl
@@ -61,6 +62,33 @@ def read_schedule(path: Path) -> list[Fault]:
         return [Fault(**json.loads(line)) for line in lines if line.strip()]
     except (OSError, ValueError, TypeError) as exc:
         raise SystemExit(f"--schedule {path}: {exc}") from exc
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """A whole number >= ``minimum`` (argparse: the option named in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, got {value}")
+        return value
+
+    return parse
+
+
+def publish_rate(text: str) -> float:
+    """``--rate``: publishes/s, more than 0 (-1 made the workload loop for ever, deaf to
+    Ctrl-C and SIGTERM: its arrival times ran backwards)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
 
 
 def fault_kinds(text: str) -> str:
@@ -151,17 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         "MaxCachedMessagesPerSubject=5 or --set SendPath=io_uring; the keys the runner sets "
         "itself (ports, cluster, password, data dir, compaction) are refused",
     )
-    run.add_argument("--subjects", type=int, default=50)
+    run.add_argument("--subjects", type=at_least(1), default=50)
     run.add_argument(
-        "--rate", type=float, default=420.0, help="publishes/s offered, all publishers together"
+        "--rate", type=publish_rate, default=420.0,
+        help="publishes/s offered, all publishers together",
     )
-    run.add_argument("--publishers", type=int, default=4, help="SDK publishers")
-    run.add_argument("--raw-publishers", type=int, default=4, help="raw-protocol publishers")
-    run.add_argument("--subscribers", type=int, default=14, help="SDK subscribers")
-    run.add_argument("--auditors", type=int, default=6, help="raw-protocol subscribers")
+    run.add_argument("--publishers", type=at_least(0), default=4, help="SDK publishers")
+    run.add_argument("--raw-publishers", type=at_least(0), default=4,
+                     help="raw-protocol publishers")
+    run.add_argument("--subscribers", type=at_least(0), default=14, help="SDK subscribers")
+    run.add_argument("--auditors", type=at_least(0), default=6, help="raw-protocol subscribers")
     run.add_argument(
         "--mqtt-subscribers",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="N",
         help="MQTT persistent sessions (paho-mqtt, clean session 0, QoS 1) subscribed to "
@@ -170,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--sse-subscribers",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="N",
         help="Server-Sent Events streams (GET /events of their plan's subjects, reconnected "

@@ -80,6 +80,8 @@ def plan_workload(
     """
     if subjects < 1 or members < 1:
         raise ValueError("need at least one subject and one member")
+    if not rate > 0:  # (a negative rate's arrivals ran backwards: a loop without end)
+        raise ValueError(f"the publish rate must be more than 0, got {rate}")
     if sdk_publishers + raw_publishers < 1 or sdk_subscribers + auditors < 1:
         raise ValueError("need at least one publisher and one subscriber")
     rng = random.Random(f"workload-{seed}")

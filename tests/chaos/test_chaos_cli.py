@@ -102,3 +102,30 @@ def test_an_out_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     out = tmp_path / "file" / "run"
     with pytest.raises(SystemExit, match=f"^chaos run: --out {out}: Not a directory$"):
         main(["run", "--seed", "1", "--duration", "1", "--out", str(out)])
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--rate", "-1", "argument --rate: must be more than 0, got -1"),
+    ("--rate", "nan", "argument --rate: must be more than 0, got nan"),
+    ("--subjects", "0", "argument --subjects: must be 1 or more, got 0"),
+    ("--auditors", "-2", "argument --auditors: must be 0 or more, got -2"),
+])
+def test_a_workload_that_cannot_run_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    """Before: --rate -1 started the cluster, then the workload's arrival times ran
+    backwards -- a loop without a checkpoint, deaf to Ctrl-C and SIGTERM (SIGKILL only);
+    --subjects 0 a ValueError traceback."""
+    with pytest.raises(SystemExit) as usage:
+        main(["run", "--seed", "1", "--duration", "1", "--out", str(tmp_path / "run"),
+              option, value])
+    assert usage.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m chaos run: error: {message}"
+
+
+def test_a_plan_refuses_a_rate_that_is_not_positive() -> None:
+    from chaos.plan import plan_workload
+
+    for rate in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="rate must be more than 0"):
+            plan_workload(1, members=3, rate=rate)
