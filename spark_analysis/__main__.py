@@ -155,7 +155,13 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     phases = Phases()
     own = spark is None
     if own:
-        spark = spark_session(master=args.master)
+        try:
+            spark = spark_session(master=args.master)
+        except Exception as exc:  # a --master Spark refuses, no Java: pyspark's own error
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            print(f"spark_analysis: Spark did not start (--master {args.master or 'default'}):"
+                  f" {reason}", file=sys.stderr)
+            return EXIT_UNUSABLE
     phases.end("session")
     try:
         summary = analyse(spark, args.run_dir, out, phases)

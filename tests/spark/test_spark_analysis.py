@@ -214,6 +214,18 @@ def test_spark_cli_an_out_it_cannot_make_is_exit_2_before_spark(
     assert capsys.readouterr().err == f"spark_analysis: --out {out}: Not a directory\n"
 
 
+def test_spark_cli_a_master_spark_refuses_is_exit_2_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a PySparkRuntimeError traceback, exit 1 (the JVM says why on its own line:
+    'Master must either be yarn or start with spark, k8s, or local')."""
+    run_dir = gen.generate(publishes=5).write(tmp_path / "run")
+    assert main([str(run_dir), "--out", str(tmp_path / "r"), "--master", "bogus://x"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "spark_analysis: Spark did not start (--master bogus://x): " in err, err
+
+
 # ---- RUN_DIR as a URI: everything read through Spark ----
 
 
