@@ -130,7 +130,8 @@ def generated_secrets(password: str) -> dict[tuple[str, str], str]:
     and the cluster TLS files, as ``(secret, key) -> text``."""
     from migratory.kubernetes_secret import cluster_tls_files
 
-    tls = cluster_tls_files(["*.migratory-members"])
+    job = find(documents(), "Job")["spec"]["template"]["spec"]["containers"][0]["command"]
+    tls = cluster_tls_files([job[job.index("--tls-host") + 1]])  # as the install's Job does
     return {
         ("migratory-cluster", "password"): password,
         **{("migratory-cluster-tls", name): data.decode() for name, data in tls.items()},
