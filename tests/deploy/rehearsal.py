@@ -51,6 +51,8 @@ from migratory_client import (
 SUBJECT = "/Rehearsal/StatefulSet/A"
 SERVICE = f"ws://{GATEWAY}:{SERVICE_PORT}"
 POLICY = ReconnectPolicy(initial_delay=0.1, max_delay=1.0, connect_timeout=5.0)
+SUBSCRIBED_WITHIN = 60.0
+"""Seconds for every subscriber to be subscribed through the Service: a hang guard."""
 
 
 @dataclass
@@ -171,12 +173,17 @@ async def under_load(subscribers: list[Subscriber], load: Load,
                      body: Callable[[], Awaitable[None]]) -> None:
     """Run ``body`` while the subscribers and two publishing clients (two publishers
     each) go through the client Service; then let the subscribers catch up (30 s at
-    most) with every acknowledged publish."""
+    most) with every acknowledged publish. The publishers start once every subscriber
+    is subscribed (its SUBSCRIBE_ALLOW): every acknowledged publish is then one it
+    must get (it waited a fixed 2 s, more than a quiet box needs and not always
+    enough on a busy one)."""
     stop_subscribers, stop_publishers = trio.Event(), trio.Event()
     async with trio.open_nursery() as subs:
         for sub in subscribers:
             subs.start_soon(subscriber, sub, stop_subscribers)
-        await trio.sleep(2)
+        with trio.fail_after(SUBSCRIBED_WITHIN):
+            while not all(NotificationStatus.SUBSCRIBE_ALLOW in s.statuses for s in subscribers):
+                await trio.sleep(0.05)
         async with trio.open_nursery() as clients:
             async with trio.open_nursery() as pubs:
                 for n in range(2):
