@@ -9,7 +9,10 @@ from the middle of an import, as it would at the prompt of any Unix tool. :func:
 puts Python's ``KeyboardInterrupt`` back for the command itself (its ``finally``
 blocks and ``except KeyboardInterrupt`` clean up: children stopped, files closed) and
 turns the one that reaches it into the same line. Only the interpreter's own first
-milliseconds (before the first line of ``__main__``) keep Python's default.
+milliseconds (before the first line of ``__main__``) keep Python's default. A tool
+started with SIGINT ignored (a background job of a script: ``tool &``, nohup) keeps
+ignoring it, as Python itself and every Unix tool do: Ctrl-C is meant for the
+foreground job only.
 (``migratory serve`` has its own rules: a stop signal is a clean stop, exit 0;
 :mod:`migratory.stop_signals`.)
 """
@@ -31,7 +34,10 @@ def say(prog: str) -> None:
 
 
 def exit_on_sigint(prog: str) -> None:
-    """From now on SIGINT exits at once: ``PROG: interrupted (Ctrl-C)``, status 130."""
+    """From now on SIGINT exits at once: ``PROG: interrupted (Ctrl-C)``, status 130
+    (unless SIGINT is ignored: then it stays ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
 
     def _exit(signum: int, frame: FrameType | None) -> None:
         say(prog)
@@ -42,7 +48,8 @@ def exit_on_sigint(prog: str) -> None:
 
 def run(prog: str, main: Callable[[], int]) -> int:
     """``main()``'s status, or 130 with one line if Ctrl-C ends it."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main()
     except BaseException as exc:

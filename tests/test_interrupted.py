@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from held_imports import start_held_at
+from held_imports import as_from_a_terminal, start_held_at
 from listen_ports import listen_port
 
 PYTHON = sys.executable
@@ -52,6 +52,26 @@ def test_ctrl_c_while_a_command_imports_is_one_line_and_130(
     assert (code, stderr) == (130, f"{prog}: interrupted (Ctrl-C)\n")
 
 
+@pytest.mark.parametrize(("module", "args"), [
+    ("chaos.schedule", [PYTHON, "-m", "chaos", "replay-schedule", "--seed", "1",
+                        "--duration", "10"]),
+    ("migratory.bench.cli", [PYTHON, "-m", "migratory.bench", "--help"]),
+    ("migratory.cli_client", [MIGRATORY, "--help"]),
+], ids=["chaos", "python-m-bench", "migratory"])
+def test_a_command_started_with_sigint_ignored_keeps_ignoring_it(
+    tmp_path: Path, module: str, args: list[str]
+) -> None:
+    """A background job of a script (``tool &``, nohup) is started with SIGINT ignored:
+    the terminal's Ctrl-C is for the foreground job. Before: ``python -m chaos`` and
+    ``migratory.bench`` put their own handler over it and ended (130)."""
+    process = start_held_at(tmp_path, module, args, sigint_ignored=True)
+    assert process.stderr is not None
+    assert process.stderr.readline().decode() == f"importing {module}\n"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(b"go", timeout=60)  # the import goes on
+    assert (process.returncode, stderr.decode()) == (0, "")
+
+
 @pytest.fixture
 def silent_server() -> Iterator[tuple[socket.socket, int]]:
     """A loopback port that accepts connections and never answers: a command waits."""
@@ -78,7 +98,8 @@ def test_ctrl_c_while_a_command_waits_for_its_server_is_one_line_and_130(
 ) -> None:
     server, port = silent_server
     process = subprocess.Popen([arg.format(port=port) for arg in args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=as_from_a_terminal)
     connection, _ = server.accept()  # the command is connecting: past its imports
     try:
         code, stderr = _interrupted(process)
