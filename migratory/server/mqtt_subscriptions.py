@@ -16,6 +16,7 @@ from migratory.model.topic import (
     FilterIndex,
     InvalidTopicError,
     filter_levels,
+    filter_matches,
     is_wildcard,
 )
 from migratory.protocol import mqtt
@@ -314,8 +315,10 @@ class Subscriptions:
         if not self._filters_changed or self._resume is not None:
             return 0  # (a resume not caught up yet: its subjects would count as seen)
         looked = len(record.positions)
+        dormant = self._dormant_levels()
         for subject in [s for s in record.positions if self.qos_for(s) is None]:
-            record.forget(subject)
+            if not any(filter_matches(levels, subject) for levels in dormant):
+                record.forget(subject)
         self._filters_changed = False
         reached = self._owner.settle_reached()
         if not self._wildcards.count:
@@ -329,6 +332,18 @@ class Subscriptions:
                 if subject not in record.positions and subject not in reached:
                     record.imply_position(subject, position if position.seq else NOTHING_SEEN)
         return looked + scan.visited
+
+    def _dormant_levels(self) -> list[tuple[str, ...]]:
+        """The dormant filters' levels: their subjects keep their positions (forgotten,
+        a later resume with the right replayed nothing of an exact filter's subject --
+        all it missed lost --, or the whole cache of a wildcard's)."""
+        levels = []
+        for name in self._dormant:
+            try:
+                levels.append(filter_levels(name))
+            except InvalidTopicError:
+                continue
+        return levels
 
     def qos_for(self, subject: str) -> int | None:
         """The highest QoS of the filters matching ``subject`` (None: none), in O(levels):

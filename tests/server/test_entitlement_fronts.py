@@ -90,6 +90,37 @@ def test_a_persistent_session_resumed_without_a_right_gets_nothing_of_that_filte
     assert published(again) == [("Secret/plans", b"z")]
 
 
+def test_a_dormant_filters_subject_keeps_its_position_until_the_right_comes_back() -> None:
+    """Resumed without the right to an exact filter, the session saved its record
+    without that subject's position (forgotten, as a subject no filter matches), and
+    the next resume with the right replayed nothing of it: what it missed was lost. Seen
+    in a cluster once the read barrier made the second resume read the first's save
+    (test_cluster_entitlement_resume.py, 1 run in 7; on main with 0.5 s between the two
+    resumes, 3 of 3)."""
+    ctx, held = make(TokenEntitlement(algorithm="HS256", keys=SECRET))
+    registry: dict = {}
+    both = token(["/Secret/**", "/Public/**"])
+    device = connect(ctx, "dev", registry, both, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("Secret/a", 1), ("Public/a", 1)))),
+                        0.0)
+    held.settle()
+    device.connection_lost()
+    held.settle()
+    publisher = connect(ctx, "pub", registry, token([], ["/Secret/**", "/Public/**"]))
+    for packet_id, topic in enumerate(("Secret/a", "Public/a"), 1):
+        publisher.receive_data(encode_packet(mqtt.Publish(topic, b"x", qos=1,
+                                                          packet_id=packet_id)), 0.0)
+        held.settle()
+    back = connect(ctx, "dev", registry, token(["/Public/**"]), clean_session=False)
+    held.settle()
+    assert published(back) == [("Public/a", b"x")]
+    back.connection_lost()  # its last save
+    held.settle()
+    again = connect(ctx, "dev", registry, both, clean_session=False)
+    held.settle()
+    assert ("Secret/a", b"x") in published(again)
+
+
 def test_a_wildcard_filter_reaches_no_meta_subject_nor_another_clients_session() -> None:
     ctx, held = make(NoEntitlement())
     registry: dict = {}
