@@ -73,6 +73,10 @@ class PublishingStatistics:
 class ClusterPublishing:
     """The :class:`~migratory.server.context.PublishPath` of a Guaranteed cluster member."""
 
+    commits_elsewhere = True
+    """This member's copy of the stream may lag the commit: reads that must see every
+    earlier commit wait for a read barrier (:mod:`migratory.server.read_barrier`)."""
+
     def __init__(
         self,
         *,

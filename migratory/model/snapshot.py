@@ -1,11 +1,13 @@
 """Snapshot messages: the latest retained message with earlier fields merged in."""
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from migratory.model.message import Message, MessageType
 from migratory.model.subject import RESERVED_PREFIX
 
-__all__ = ["GENERATION_FIELD", "RESERVED_PREFIX", "merge_snapshot", "merged_size"]
+__all__ = ["GENERATION_FIELD", "RESERVED_PREFIX", "WRITER_FIELD", "generation_key",
+           "merge_snapshot", "merged_size"]
 
 GENERATION_FIELD = "generation"
 """On a :data:`RESERVED_PREFIX` subject, the field that orders a record's writers (the
@@ -17,6 +19,16 @@ just as its client's clean CONNECT discarded the session on another saved with t
 older generation, the save was numbered after the discard, and brought the discarded
 session back, filters and all (6 of 80 by hand, with Workers = 2). Decided here, as the
 stream is applied -- in the same order on every member and worker -- it holds on each."""
+
+WRITER_FIELD = "writer"
+"""Beside :data:`GENERATION_FIELD`: the writer of a record of that generation (one
+connection, or one discard). Generations are ordered by ``(generation, writer)``: two
+writers that read the same stored record -- two CONNECTs of one client id on two workers
+or members at once -- both write the next generation, and the lower writer's record is
+the older, whichever is applied first (before, the later merged over the earlier: a
+discard and a resumed session's save of one generation undid each other in the order
+they happened to be numbered). The same writer's saves merge; a record with no writer
+(an earlier version's) is the lowest of its generation."""
 
 def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
     """The subject's snapshot after ``incoming``, given its snapshot ``previous``.
@@ -49,16 +61,23 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
 
 
 def _older_generation(previous: Message, incoming: Message) -> bool:
-    """``incoming`` names a lower :data:`GENERATION_FIELD` than ``previous`` (both must
-    name one, as integers: a record of an earlier version names none, and is merged)."""
-    theirs = previous.fields.get(GENERATION_FIELD)
-    mine = incoming.fields.get(GENERATION_FIELD)
-    if not theirs or not mine:
-        return False
+    """``incoming`` names a lower generation than ``previous`` (:func:`generation_key`;
+    both must name one: a record of an earlier version names none, and is merged)."""
+    theirs = generation_key(previous.fields)
+    mine = generation_key(incoming.fields)
+    return theirs is not None and mine is not None and mine < theirs
+
+
+def generation_key(fields: Mapping[str, str]) -> tuple[int, str] | None:
+    """A record's place in the order of its writers: (:data:`GENERATION_FIELD`,
+    :data:`WRITER_FIELD`); None when it names no generation (or not an integer)."""
+    generation = fields.get(GENERATION_FIELD)
+    if not generation:
+        return None
     try:
-        return int(mine) < int(theirs)
+        return int(generation), fields.get(WRITER_FIELD, "")
     except ValueError:
-        return False
+        return None
 
 
 def merged_size(previous: Message | None, incoming: Message) -> int:

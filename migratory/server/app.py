@@ -45,6 +45,7 @@ from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_expiry import SessionExpiry
+from migratory.server.read_barrier import ReadBarrier
 from migratory.server.rebalance import Rebalancer
 from migratory.server.uring_writer import UringWriter, open_send_path
 from migratory.tls import server_context
@@ -130,6 +131,8 @@ class Server:
             outbox_budget=OutboxBudget(config.outbox_memory_budget or OutboxBudget.UNLIMITED),
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
+        if getattr(publishing, "commits_elsewhere", False):  # a Guaranteed member, a worker
+            self.ctx.read_barrier = ReadBarrier(self.ctx.publishing, trio.current_time)
         self.connections: set[Connection] = set()
         self.frontends = FrontendCounts()  # the connections per front end (GET /metrics)
         self.admission = ConnectionLimits(config)  # limits.py (re-read at serve)

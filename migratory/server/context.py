@@ -21,6 +21,7 @@ from migratory.server.metrics import BatchSizes, PublishTimings
 
 if TYPE_CHECKING:
     from migratory.server.monitor import Monitor
+    from migratory.server.read_barrier import ReadBarrier
 
 
 class PublishReply(Protocol):
@@ -166,6 +167,8 @@ class ServerContext:
     audit: Audit | None = None  # None: nothing audited
     monitor: Monitor | None = None  # /metrics, /stats with windows, /cluster, meta-subjects
     outbox_budget: OutboxBudget | None = None  # OutboxMemoryBudget, shared by every outbox
+    # a cluster member's or worker's (read_barrier.py); None: one process, nothing to wait for
+    read_barrier: ReadBarrier | None = None
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""

@@ -28,6 +28,7 @@ from migratory.protocol import mqtt
 from migratory.server import mqtt_store
 from migratory.server.mqtt_connect import Refusal
 from migratory.server.mqtt_store import (
+    EXPIRY_WRITER,
     SESSION_PREFIX,
     discard_message,
     expired,
@@ -107,7 +108,8 @@ class SessionExpiry:
                 continue
             if saved is not None and expiry and wall - saved > expiry:
                 self._counted -= 1
-                discard = discard_message(client_id, stored_generation(snapshot) + 1, snapshot)
+                discard = discard_message(client_id, stored_generation(snapshot) + 1,
+                                          snapshot, writer=EXPIRY_WRITER)
                 self._ctx.publishing.submit(discard, None, now)
                 discarded += 1
                 log.info("mqtt client %s: persistent session not connected for more than "

@@ -40,14 +40,28 @@ DISCARD_WAIT = 1.0
 waits on until the discard's outcome: :meth:`MqttSaving.discard_then_connack`)."""
 
 
+READ_BARRIER_WAIT = 2.0
+"""Seconds a CONNECT waits for its read barrier (:mod:`migratory.server.read_barrier`):
+past it -- the sequencer or the seeds out of reach -- it is refused with CONNACK 3,
+server unavailable, and the client tries again. Under the 1 s of silence after which a
+worker or non-seed is not ready (a CONNECT then is refused at once) plus the 3 s after
+which a member not ready sends its clients away (cluster/readiness.py SHED_AFTER): a
+CONNECT held then was closed without CONNACK (with 5 s, by hand, the sequencer
+SIGSTOPped)."""
+
+
 class MqttInput:
     # the rest are MqttSession's
-    __slots__ = ("_connect_checked", "_held_packet", "_now", "_work", "decision_pending")
+    __slots__ = ("_barrier", "_barrier_passed", "_barrier_until", "_connect_checked",
+                 "_held_packet", "_now", "_work", "decision_pending")
     _ctx: ServerContext
     identity: ClientIdentity | None
     peer: str
     decision_pending: DecisionPending | None  # (set in MqttSession.__init__)
     _held_packet: mqtt.Packet | None
+    _barrier: Future[bool] | None  # a CONNECT's read barrier, waited for
+    _barrier_until: float  # time.monotonic() past which it is given up
+    _barrier_passed: bool  # the CONNECT's read barrier is behind it (passed or failed)
     _discarding: Future[None] | None  # (mqtt_saving: a CONNACK held)
     _connect_checked: tuple[str, ClientIdentity] | None
     _decoder: mqtt.MqttDecoder
@@ -110,6 +124,11 @@ class MqttInput:
                     self.decision_pending = DecisionPending(
                         self._discarding, time.monotonic() + DISCARD_WAIT)
                     return True
+                barrier = self._barrier
+                if barrier is not None and not barrier.done() and (
+                        time.monotonic() < self._barrier_until):  # the CONNECT held
+                    self.decision_pending = DecisionPending(barrier, self._barrier_until)
+                    return True
                 if budget is not None and handled >= budget:
                     return True
                 if self.subscriptions.busy:  # retained messages, or a resume's catch-up
@@ -134,6 +153,35 @@ class MqttInput:
         except mqtt.MqttProtocolError as exc:
             self._protocol_error(exc.reason)
         return False
+
+    def _read_barrier_passed(self, packet: mqtt.Connect) -> bool:
+        """The CONNECT may read its client's session record: everything committed
+        before it came is applied here (``ServerContext.read_barrier``; a single
+        server: at once). False while the CONNECT is held for the barrier (handled
+        again after it), or when the barrier failed or took too long: then refused,
+        CONNACK 3. Without it, a worker or member not yet caught up with a save made
+        through another (a SUBACK just sent there) found no session -- a clean CONNECT
+        discarded nothing, and the session came back -- or an older record
+        (``tests/cluster/test_workers_mqtt_reads.py``)."""
+        barrier = self._ctx.read_barrier
+        if barrier is None or self._barrier_passed or not packet.client_id or (
+                self._ctx.readiness() is not None):  # (refused at once, as before)
+            return True  # (an id made up for an empty one names no stored session)
+        if self._barrier is None:
+            self._barrier = barrier.join()
+            self._barrier_until = time.monotonic() + READ_BARRIER_WAIT
+            self._held_packet = packet
+            return False
+        reader, self._barrier = self._barrier, None
+        self._barrier_passed = True
+        if reader.done() and reader.result():
+            return True
+        self._barrier_refused(packet, "the cluster's committed position could not be read "
+                              "(sequencer or seeds out of reach): try again")
+        return False
+
+    def _barrier_refused(self, packet: mqtt.Connect, why: str) -> None:
+        raise NotImplementedError
 
     def _decided_ahead(self, packet: mqtt.Packet) -> bool:
         """Ask the entitlement ahead of handling ``packet`` (Entitlement = Custom: the

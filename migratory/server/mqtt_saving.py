@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_delivery import MqttDelivery
-from migratory.server.mqtt_store import SessionRecord, session_subject, stored_generation
+from migratory.server.mqtt_store import SessionRecord, session_subject, superseded
 
 if TYPE_CHECKING:
     from migratory.model.message import Message
@@ -123,8 +123,7 @@ class MqttSaving(MqttDelivery):
         elif not self._urgent and clock() < self._next_save:
             self._save_again = True
             return
-        latest = stored_generation(self._ctx.hub.snapshot(session_subject(self.client_id)))
-        if latest > record.generation:
+        if superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
             log.info("%s: the session was taken up by a later connection: not saved",
                      self.describe(), extra=self.log_fields())
             self._record = None

@@ -89,6 +89,9 @@ class MqttSession(MqttSaving):
         self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
         self._held_packet: mqtt.Packet | None = None  # handled once that is decided
         self._connect_checked: tuple[str, ClientIdentity] | None = None
+        self._barrier = None  # a CONNECT's read barrier (mqtt_input)
+        self._barrier_until = 0.0
+        self._barrier_passed = False
         self.client_id = ""
         self.keep_alive = 0
         self.persistent = False
@@ -186,7 +189,13 @@ class MqttSession(MqttSaving):
         self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
         self.close(close_codes.CONNECT_DENIED.code, why)
 
+    def _barrier_refused(self, packet: mqtt.Connect, why: str) -> None:
+        self.client_id = packet.client_id
+        self._refuse(mqtt.REFUSED_SERVER_UNAVAILABLE, why)
+
     def _on_connect(self, packet: mqtt.Connect, now: float) -> None:
+        if not self._read_barrier_passed(packet):
+            return
         if packet.will is not None:
             try:
                 topic_to_subject(packet.will.topic)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 from migratory.config_mqtt import SESSION_MAX_SUBJECTS
 from migratory.model.message import Message, Qos
 from migratory.model.position import Position
-from migratory.model.snapshot import GENERATION_FIELD
+from migratory.model.snapshot import GENERATION_FIELD, WRITER_FIELD, generation_key
 
 log = logging.getLogger("migratory.mqtt")
 
@@ -67,12 +68,27 @@ SESSION_CLOSURE = "$session"  # the closure of a session record's publish
 SAVED_AT = "saved_at"  # the field of the wall-clock second a record was saved ("": empty)
 GENERATION = GENERATION_FIELD  # the record's generation (read without decoding; a save of
 # a lower generation than the stored record's does not change it: model/snapshot.py)
+WRITER = WRITER_FIELD  # who wrote the record of its generation: ties of generations
+# go to the higher (model/snapshot.py), and a discard's ranks above a connection's saves
+SAVE_WRITER, DISCARD_WRITER = "0:", "1:"  # (a writer: the rank, then a random token)
+EXPIRY_WRITER = "0"  # the expiry sweep's discard: below every connection's save (one that
+# took the expired session up at the same generation knows better); the same on each member
 POSITION_FIELD = "/"  # how position fields start: they are named by their subject
 wall_clock = time.time  # the clock of SAVED_AT (tests replace it)
 
 
 def session_subject(client_id: str) -> str:
     return SESSION_PREFIX + client_id.encode("utf-8").hex()
+
+
+def new_writer(rank: str) -> str:
+    """A writer of a generation (:data:`WRITER`): ``rank`` (:data:`SAVE_WRITER`,
+    :data:`DISCARD_WRITER`) and a token no other connection has. Two CONNECTs of one
+    client that read the same record at once -- the read barrier makes that rare, not
+    impossible -- write one generation; a discard wins the tie: the persistent CONNECT
+    then took up a session the clean one discarded after it (the order that CONNACK
+    "session present" and an empty session later both fit)."""
+    return rank + os.urandom(8).hex()
 
 
 @dataclass(slots=True)
@@ -103,6 +119,7 @@ class SessionRecord:
     max_subjects: int = field(default=SESSION_MAX_SUBJECTS, compare=False)
     forgotten: int = field(default=0, compare=False)
     over_bound: bool = field(default=False, compare=False)
+    writer: str = field(default="", compare=False)  # (WRITER; "": none, a test's record)
 
     def __post_init__(self) -> None:
         if type(self.positions) is not OrderedDict:  # (given as a dict)
@@ -175,6 +192,8 @@ class SessionRecord:
         # a snapshot keeps the fields it is not given)
         saved_at = str(int(wall_clock())) if self.filters else ""
         fields = {SAVED_AT: saved_at, GENERATION: str(self.generation)}
+        if self.writer:
+            fields[WRITER] = self.writer
         lineage, positions = self.lineage, self.positions
         dirty, self.dirty = self.dirty, set()
         for subject in dirty:
@@ -211,12 +230,14 @@ def _position_fields(snapshot: Message | None) -> set[str]:
 
 
 def discard_message(
-    client_id: str, generation: int, snapshot: Message | None, also: Iterable[str] = ()
+    client_id: str, generation: int, snapshot: Message | None, also: Iterable[str] = (),
+    writer: str | None = None,
 ) -> Message:
     """The empty record of ``generation``, which discards the stored session: every
     position field of ``snapshot`` is emptied, and those of ``also`` (the subjects of
-    saves still on their way)."""
-    fields = {SAVED_AT: "", GENERATION: str(generation)}
+    saves still on their way). ``writer``: a clean CONNECT's by default."""
+    fields = {SAVED_AT: "", GENERATION: str(generation),
+              WRITER: writer or new_writer(DISCARD_WRITER)}
     for subject in _position_fields(snapshot).union(also):
         fields[subject] = ""
     return _record_message(client_id, SessionRecord(generation=generation).head(), fields)
@@ -238,6 +259,17 @@ def stored_generation(snapshot: Message | None) -> int:
         return int(json.loads(snapshot.content).get("generation", 0))
     except (ValueError, TypeError, AttributeError):
         return 0
+
+
+def superseded(snapshot: Message | None, record: SessionRecord) -> bool:
+    """``snapshot`` holds a later writer's record than ``record`` (a later generation,
+    or the same one written by a writer ranked above: :data:`WRITER`)."""
+    if snapshot is None:
+        return False
+    key = generation_key(snapshot.fields)
+    if key is None:  # (an earlier version's record)
+        return stored_generation(snapshot) > record.generation
+    return key > (record.generation, record.writer)
 
 
 def saved_at(snapshot: Message | None) -> int | None:
@@ -379,6 +411,7 @@ def take_up(
     if persistent:
         record = stored or SessionRecord()
         record.generation = generation
+        record.writer = new_writer(SAVE_WRITER)
         record.max_subjects = max_subjects
         if not record.lineage:  # a new session, or one saved whole by an earlier version
             record.lineage = generation  # its first save writes every position, and

@@ -127,3 +127,25 @@ def test_a_reserved_record_of_a_lower_generation_leaves_the_snapshot_as_it_is() 
     previous = retained(b"y", 4, generation="2")
     merged = merge_snapshot(previous, elsewhere)
     assert merged is not None and merged.content == b"x"  # only reserved subjects
+
+
+def test_records_of_one_generation_are_ordered_by_their_writer_whichever_comes_first() -> None:
+    """Two writers of one generation (two CONNECTs that read the same record at once):
+    the higher writer's record is the snapshot in either order of application (before:
+    the later merged over the earlier, so the order they were numbered in decided); the
+    same writer's saves merge."""
+    subject = "/$mqtt-session/6465"
+
+    def record(seq: int, content: bytes, **fields: str) -> Message:
+        return Message(subject, content, fields, retained=True, epoch=9, seq=seq)
+
+    low = record(1, b"resumed", generation="3", writer="0:aa", **{"/a/b": "1:9:5"})
+    high = record(2, b"discarded", generation="3", writer="1:bb", saved_at="")
+    for first, second in ((low, high), (high, low)):
+        snapshot = merge_snapshot(merge_snapshot(None, first), second)
+        assert snapshot is not None and snapshot.content == b"discarded", first.content
+    again = merge_snapshot(merge_snapshot(None, low), record(3, b"again", generation="3",
+                                                             writer="0:aa"))
+    assert again is not None and again.content == b"again"  # the same writer
+    unnamed = merge_snapshot(merge_snapshot(None, low), record(4, b"old", generation="3"))
+    assert unnamed is not None and unnamed.content == b"resumed"  # no writer: the lowest

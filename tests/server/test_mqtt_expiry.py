@@ -16,8 +16,9 @@ from migratory.server.context import ServerContext
 from migratory.server.mqtt_expiry import MAX_SUBJECTS_PER_TICK, SessionExpiry
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import (
-    SessionRecord,
+    EXPIRY_WRITER,
     decode_record,
+    discard_message,
     saved_at,
     session_subject,
     stored_generation,
@@ -171,24 +172,30 @@ def test_expiry_zero_keeps_sessions_for_ever(wall: list[float]) -> None:
     assert read(back) == [mqtt.Connack(True, 0)]
 
 
-def test_a_connected_session_whose_record_another_member_emptied_saves_it_again(
+def test_a_connected_session_whose_generation_another_members_sweep_discarded_is_kept(
     wall: list[float],
 ) -> None:
-    """Clocks apart: a member discarded the record while the client took it up here
-    (session present 1). This member's next sweep saves the whole session again."""
-    ctx, held = make(MqttSessionExpiry=str(EXPIRY))
-    registry: dict = {}
-    left_session(ctx, held, registry)
-    back = session(ctx, "dev", registry, clean_session=False)
-    assert read(back) == [mqtt.Connack(True, 0)]
-    held.settle()
-    discard = SessionRecord(generation=stored_generation(ctx.hub.snapshot(session_subject("dev"))))
-    held.local.submit(discard.message("dev"), None, 0.0)  # the other member's, applied last
-    assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
-    assert SessionExpiry(ctx, registry).sweep(0.0, 100) == 0
-    held.settle()
-    record = decode_record(ctx.hub.snapshot(session_subject("dev")))
-    assert record is not None and record.filters == {"a/+": 1}
+    """Clocks apart: a member's sweep discarded the record, one generation on from the
+    record it saw, while the client took it up here (session present 1) with that same
+    generation. The sweep's discard ranks below the connection's saves (EXPIRY_WRITER):
+    applied after them it leaves the record whole (before: it emptied it, until this
+    member's next sweep saved it again); applied before, the next save writes it whole."""
+    for discard_first in (False, True):  # applied before or after the connection's save
+        ctx, held = make(MqttSessionExpiry=str(EXPIRY))
+        registry: dict = {}
+        left_session(ctx, held, registry)
+        stale = ctx.hub.snapshot(session_subject("dev"))
+        discard = discard_message("dev", stored_generation(stale) + 1, stale,
+                                  writer=EXPIRY_WRITER)
+        back = session(ctx, "dev", registry, clean_session=False)
+        assert read(back) == [mqtt.Connack(True, 0)]
+        if discard_first:
+            held.local.submit(discard, None, 0.0)  # the other member's, applied first
+        held.settle()
+        if not discard_first:
+            held.local.submit(discard, None, 0.0)  # applied last
+        record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+        assert record is not None and record.filters == {"a/+": 1}, discard_first
     quiet = session(ctx, "quiet", registry, clean_session=False)  # no filters: no saves
     quiet.receive_data(encode_packet(mqtt.Subscribe(1, (("a/+", 1),))), 0.0)
     held.settle()

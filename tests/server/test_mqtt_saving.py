@@ -24,6 +24,7 @@ from migratory.server.mqtt_store import (
     GENERATION,
     SAVED_AT,
     SESSION_CLOSURE,
+    WRITER,
     decode_record,
     session_subject,
 )
@@ -61,7 +62,7 @@ def test_a_save_carries_only_the_positions_that_changed(monkeypatch: pytest.Monk
     held.settle()
     (second,) = saves(held, "dev")
     assert saved_bytes(second) < 200  # the head (one filter) and one position
-    assert set(second.fields) == {SAVED_AT, GENERATION, "/s/n0"}
+    assert set(second.fields) == {SAVED_AT, GENERATION, WRITER, "/s/n0"}
     held.settle()
     now[0] += mqtt_saving.SAVE_INTERVAL
     publisher.receive_data(encode_packet(mqtt.Publish("s/n9", b"y")), 0.0)

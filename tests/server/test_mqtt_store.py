@@ -12,13 +12,16 @@ from migratory.model.position import Position
 from migratory.model.snapshot import merge_snapshot
 from migratory.server import mqtt_store
 from migratory.server.mqtt_store import (
+    DISCARD_WRITER,
     GENERATION,
     SAVED_AT,
+    WRITER,
     SessionRecord,
     decode_record,
     expired,
     saved_at,
     session_subject,
+    superseded,
     take_up,
 )
 
@@ -46,7 +49,9 @@ def test_a_clean_session_discards_the_stored_one_and_keeps_nothing() -> None:
     taken = take_up(stored(2).message("dev"), "dev", persistent=False)
     assert taken.record is None and taken.discard is not None
     assert taken.discard.retained and decode_record(taken.discard) is None  # emptied
-    assert taken.discard.fields == {SAVED_AT: "", GENERATION: "3", "/a/b": ""}  # positions emptied
+    fields = dict(taken.discard.fields)
+    assert fields.pop(WRITER).startswith(DISCARD_WRITER)  # (a discard wins a tie)
+    assert fields == {SAVED_AT: "", GENERATION: "3", "/a/b": ""}  # positions emptied
     assert take_up(None, "dev", persistent=False) == take_up(
         taken.discard, "dev", persistent=False
     ) == type(taken)(None, None, None)
@@ -82,7 +87,7 @@ def test_a_record_saved_whole_by_an_earlier_version_is_read_and_written_in_parts
     assert save.fields["/a/b"] == "5:7:3" and save.fields["/a/c"] == "5:7:9"
     read = decode_record(merge_snapshot(snapshot, save))
     assert read is not None and read.positions == {"/a/b": Position(7, 3), "/a/c": Position(7, 9)}
-    assert taken.record.message("dev").fields.keys() == {SAVED_AT, GENERATION}  # saved
+    assert taken.record.message("dev").fields.keys() == {SAVED_AT, GENERATION, WRITER}  # saved
 
 
 def test_a_discard_empties_every_saved_position() -> None:
@@ -91,7 +96,7 @@ def test_a_discard_empties_every_saved_position() -> None:
     discard = take_up(snapshot, "dev", persistent=False).discard
     assert discard is not None
     emptied = merge_snapshot(snapshot, discard)
-    assert emptied is not None and emptied.fields == {GENERATION: "3"}
+    assert emptied is not None and emptied.fields.keys() == {GENERATION, WRITER}
     assert decode_record(emptied) is None
 
 
@@ -121,3 +126,23 @@ def test_take_up_bounds_the_record_it_keeps() -> None:
     assert taken.record is not None and taken.record.max_subjects == 1000
     assert len(taken.record.positions) == 1500  # resumed whole, bounded at its first save
     assert taken.record.bound() == 500 and len(taken.record.positions) == 1000
+
+
+def test_a_clean_discard_wins_a_tie_with_a_persistent_take_up_of_the_same_record() -> None:
+    """Two CONNECTs read the same stored record at once (two workers, two members): a
+    persistent one and a clean one write the same generation. Whichever is applied
+    first, the session ends discarded (the persistent connection's saves are
+    superseded): the order in which CONNACK "session present" and the empty session
+    after it both fit. Before, both wrote generation 3 with no writer, and the later
+    applied merged over the earlier: the discard undone when it came first."""
+    snapshot = stored(2).message("dev")
+    resumed = take_up(snapshot, "dev", persistent=True)
+    clean = take_up(snapshot, "dev", persistent=False)
+    assert resumed.record is not None and clean.discard is not None
+    save = resumed.record.message("dev")
+    assert save.fields[GENERATION] == clean.discard.fields[GENERATION] == "3"
+    for first, second in ((save, clean.discard), (clean.discard, save)):
+        after = merge_snapshot(merge_snapshot(snapshot, first), second)
+        assert decode_record(after) is None
+        assert superseded(after, resumed.record)
+    assert not superseded(merge_snapshot(snapshot, save), resumed.record)  # its own save
