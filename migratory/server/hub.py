@@ -39,6 +39,9 @@ from migratory.server.hub_sinks import MessageSinks, note_invalid_subject
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.subject_state import SubjectState, WaitingResume
 
+GONE = object()
+"""The snapshot a resume asked for can no longer be told (:meth:`Hub._snapshot_as_of`)."""
+
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
 
 
@@ -268,17 +271,15 @@ class Hub(SubjectExpiry, MessageSinks):
         ``history`` cached messages up to ``position`` (``SubscriptionRequest``)."""
         out: list[ops.ServerOp] = []
         missed = self._missed(state, position)
-        if missed is None or (snapshot and self._snapshot_after(state, position)):
+        owed = self._snapshot_as_of(state, position) if snapshot and missed is not None else None
+        if missed is None or owed is GONE:
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
             # (never unplaced here: such a resume waits, see _subscribe)
             out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
             return out
-        current = state.snapshot
-        if snapshot and self._publish_snapshot and current is not None and (
-            current.epoch != position.epoch or current.seq <= position.seq
-        ):
-            out.append(ops.Deliver((current,)))  # the snapshot as of ``position``
+        if isinstance(owed, Message):
+            out.append(ops.Deliver((owed,)))  # the snapshot as of ``position``
         if history > 0 and position.epoch == state.epoch:  # the history as of ``position``
             before = state.cache.last(history + len(missed))[: -len(missed) or None]
             historical = [m.as_type(MessageType.HISTORICAL) for m in before[-history:]]
@@ -289,19 +290,31 @@ class Hub(SubjectExpiry, MessageSinks):
         out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
         return out
 
-    def _snapshot_after(self, state: SubjectState, position: Position) -> bool:
-        """The snapshot changed after ``position``: the one as of ``position`` is gone
-        (its fields are merged over), so a resume that asks for it gets the current one
-        and ``DATA_RESYNC``. At seq 0 nothing of the lineage came before ``position``:
-        the messages recovered carry the whole snapshot, none is owed."""
+    def _snapshot_as_of(self, state: SubjectState, position: Position) -> Message | object | None:
+        """The snapshot a resume from ``position`` is owed (``snapshot: true``): None when
+        there is none (snapshots not published; seq 0: the messages recovered carry the
+        whole snapshot; no retained message at or before ``position``), :data:`GONE`
+        when it cannot be told (it changed after ``position`` -- its fields merged over
+        -- and the cache no longer holds the lineage from its first message: the current
+        one and ``DATA_RESYNC`` then)."""
         current = state.snapshot
-        return (
-            self._publish_snapshot
-            and current is not None
-            and current.epoch == position.epoch
-            and current.seq > position.seq
-            and position.seq > 0
-        )
+        if not self._publish_snapshot or current is None:
+            return None
+        if current.epoch != position.epoch or current.seq <= position.seq:
+            return current  # (unchanged since, or the resume is of another lineage)
+        if position.seq == 0:
+            return None
+        if state.cache.first_seq != 1:
+            return GONE
+        # the whole lineage is cached: the snapshot as of ``position`` is rebuilt from it
+        # (None if nothing retained came before: a subject without a snapshot when the
+        # client's answer was cut; was DATA_RESYNC, the machine of tests/cluster found it)
+        owed: Message | None = None
+        for message in state.cache.since(0) or ():
+            if message.seq > position.seq:
+                break
+            owed = merge_snapshot(owed, message)
+        return owed
 
     def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
         """The messages after ``position``, or None when they cannot be told."""

@@ -158,10 +158,17 @@ def check_publish_answers(
             assert reason.startswith("outcome unknown"), f"{content!r}: {reason}"
 
 
-def resync_cause(position: Position | None, record: SubjectSync | None) -> str | None:
-    """Why resuming from ``position`` on a hub holding ``record`` may be a DATA_RESYNC.
+def resync_cause(
+    position: Position | None, record: SubjectSync | None, *, snapshot: bool = False
+) -> str | None:
+    """Why resuming from ``position`` on a hub holding ``record`` may be a DATA_RESYNC;
+    ``snapshot``: the resume asks for the snapshot as of ``position`` too (the answer to
+    its first subscribe was cut before it).
 
-    None means it must be a DATA_SYNC: the hub is not behind and its cache reaches back.
+    None means it must be a DATA_SYNC: the hub is not behind, its cache reaches back,
+    and the snapshot asked for can be told (unchanged since ``position``, or the cache
+    holds the lineage from its first message: migratory/server/hub.py
+    ``_snapshot_as_of``).
     """
     if position is None:
         return None
@@ -173,7 +180,12 @@ def resync_cause(position: Position | None, record: SubjectSync | None) -> str |
     if seen > record.seq:
         return None  # a lagging member of the same lineage waits, then DATA_SYNC
     first = record.cached[0].seq if record.cached else record.seq + 1
-    return "evicted" if first > seen + 1 else None
+    if first > seen + 1:
+        return "evicted"
+    current = record.snapshot
+    if snapshot and seen and current is not None and current.seq > seen and first != 1:
+        return "snapshot gone"
+    return None
 
 
 @dataclass
@@ -228,8 +240,10 @@ def check_subscriber(view: SubscriberView, log: CommittedLog, *, final: bool) ->
     expected_next, may_skip = view.start_seq + 1, False
     for kind, m in view.events:
         if m is None:
-            assert kind in ("resync:evicted", "resync:lagging"), f"{view.name}: {kind}"
-            may_skip = may_skip or kind == "resync:evicted"
+            assert kind in ("resync:evicted", "resync:lagging", "resync:snapshot gone"), (
+                f"{view.name}: {kind}")
+            # (the snapshot gone: the current one instead of what came after the position)
+            may_skip = may_skip or kind in ("resync:evicted", "resync:snapshot gone")
             continue
         key = (m.subject, m.epoch, m.seq)
         assert key in log.by_key, f"{view.name} saw {key}, which was never committed"

@@ -109,10 +109,26 @@ class Connection:
         self.hub = member.hub
         self.cause: str | None = None
         self.frames: list[tuple[bytes, str | None]] = []
+        self.owed_at: tuple[str, Position] | None = None
+        """A held resume that asks for the snapshot as of its position: whether it is
+        owed a DATA_RESYNC is told when the hub answers it (the snapshot may change
+        before; tests/server/test_hub_resume_snapshot.py)."""
         self._decoder = FrameDecoder(client_frames=False)
 
     def deliver(self, frame: bytes) -> None:
-        self.frames.append((frame, self.cause))
+        cause = self.cause
+        if self.owed_at is not None:
+            subject, position = self.owed_at
+            records = [r for r in export_sync(self.hub, 0).subjects if r.subject == subject]
+            cause = cause or resync_cause(position, records[0] if records else None,
+                                          snapshot=True)
+            (event,) = FrameDecoder(client_frames=False).events(frame)
+            assert isinstance(event, BinaryMessage)
+            op = ops.decode_server_op(event.data)
+            if isinstance(op, ops.SubjectStatus) and op.status in (
+                    ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC):
+                self.owed_at = None  # the held resume is answered
+        self.frames.append((frame, cause))
 
     def read(self) -> list[tuple[ops.ServerOp, str | None]]:
         frames, self.frames = self.frames, []
@@ -138,7 +154,8 @@ class Subscriber:
         hub, view = member.hub, self.view
         request = view.tracker.request()
         records = [r for r in export_sync(hub, 0).subjects if r.subject == view.subject]
-        cause = resync_cause(request.position, records[0] if records else None)
+        cause = resync_cause(request.position, records[0] if records else None,
+                             snapshot=request.snapshot)
         self.connection = Connection(member)
         self.connection.cause = cause
         answer = hub.subscribe(self.connection, request, now)
@@ -150,6 +167,8 @@ class Subscriber:
             # resume until it reaches the client's position, and DATA_SYNC then
             self.waiting_at = request.position
             self.connection.cause = None
+        if self.waiting_at is not None and request.snapshot:
+            self.connection.owed_at = (view.subject, self.waiting_at)
 
     def expect_jump(self, sync: CacheSync) -> None:
         """The member is about to jump to ``sync``: what may the hub say about it?"""
@@ -169,7 +188,9 @@ class Subscriber:
             # DATA_SYNC once the member reaches it (its DATA_RESYNC came at connect)
             connection.cause = None
             return
-        connection.cause = resync_cause(position, records[0] if records else None)
+        connection.cause = resync_cause(position, records[0] if records else None,
+                                        snapshot=position is waiting
+                                        and connection.owed_at is not None)
 
     def read(self, now: float) -> None:
         """Take what the connection holds; on a gap resubscribe from the position."""

@@ -90,13 +90,54 @@ def test_a_subject_without_a_snapshot_recovers_as_any_resume() -> None:
 
 
 def test_a_snapshot_changed_since_the_position_is_the_current_one_and_a_resync() -> None:
-    hub = Hub(epoch=9)
+    """The cache no longer holds the lineage's first message: the snapshot as of the
+    position (its fields merged over since) cannot be told."""
+    hub = Hub(epoch=9, max_cached_messages=3)
     publish(hub, "193", retained=True, volume="6.62M")
+    publish(hub, "x")  # the client's position: (9, 2)
     publish(hub, "194", retained=True)  # merged over the one the client was owed
+    publish(hub, "y")  # the cache: 2..4
+    assert described(resume(hub, Position(9, 2))) == [
+        ALLOW,
+        ("snapshot", 3),
+        ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 4)),
+    ]
+
+
+def test_a_snapshot_changed_since_the_position_is_rebuilt_from_a_whole_cache() -> None:
+    """The cache holds the lineage from its first message: the snapshot as of the
+    position is merged again from it (was: the current one and DATA_RESYNC, though
+    every message after the position was there to recover)."""
+    hub = Hub(epoch=9)
+    publish(hub, "193", retained=True, volume="6.62M", price="193")
+    publish(hub, "x")  # the client's position: (9, 2)
+    publish(hub, "194", retained=True, price="194")
+    out = resume(hub, Position(9, 2))
+    assert described(out) == [
+        ALLOW,
+        ("snapshot", 1),
+        ("recovered", 3),
+        ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(9, 3)),
+    ]
+    snapshot = out[1].messages[0]  # type: ignore[union-attr]
+    assert (snapshot.content, dict(snapshot.fields)) == (
+        b"193", {"volume": "6.62M", "price": "193"})
+
+
+def test_no_snapshot_owed_when_nothing_retained_came_before_the_position() -> None:
+    """The subject had no snapshot when the client's answer was cut (its first message
+    not retained); a retained one came after. Was: the current snapshot and DATA_RESYNC
+    (the cluster machine of tests/cluster found it: a DATA_RESYNC while the cache
+    reaches back)."""
+    hub = Hub(epoch=9)
+    publish(hub, "x")  # the client's position: (9, 1), no snapshot then
+    publish(hub, "193", retained=True, volume="6.62M")
+    publish(hub, "y")
     assert described(resume(hub, Position(9, 1))) == [
         ALLOW,
-        ("snapshot", 2),
-        ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(9, 2)),
+        ("recovered", 2),
+        ("recovered", 3),
+        ops.SubjectStatus(ops.Status.DATA_SYNC, SUBJECT, Position(9, 3)),
     ]
 
 
