@@ -42,9 +42,11 @@ class WorkersServer:
         workers: int = 2,
         config: Path | None = None,
         ready: bool = True,
+        env: dict[str, str] | None = None,
         **settings: str,
     ) -> None:
-        """``ready``: wait for the server's ``listening`` line and its workers' pids."""
+        """``ready``: wait for the server's ``listening`` line and its workers' pids;
+        ``env``: more environment variables (for the supervisor and its workers)."""
         args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0",
                 "--set", f"Workers={workers}"]
         if config is not None:
@@ -53,13 +55,14 @@ class WorkersServer:
             args += ["--set", f"{key}={value}"]
         self.log_path = tmp_path / f"workers-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
+        environment.update(env or {})
         # its own session, as a server started from a terminal: a signal to pytest's group
         # never reaches it, and its workers stop only through it
         # and it dies with pytest even when pytest is killed (leftovers seen: supervisors
         # and their workers running on, orphaned, after a timed-out run)
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                     start_new_session=True,
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=environment, start_new_session=True,
                                      preexec_fn=lambda: die_with_parent(signal.SIGINT))
         self.lines: queue.Queue[str] = queue.Queue()
         self.pids: dict[int, int] = {}  # worker index -> pid (the latest started)

@@ -31,6 +31,18 @@ BULK = 640
 answer past ClientMaxPendingBytes would be refused, "subscribe answer too large")."""
 CONTENT = 124 * 1024
 
+HOLD_RESTART = """
+import os, time
+# (tests/cluster/test_workers_sync_kill.py) a worker started while the file HOLD names
+# exists waits, before any import, until it is gone: it comes back only once the test
+# has published what it must find beyond the sequencer's ring
+hold = os.environ.get("HOLD_WORKER_START", "")
+if hold and b"--worker-index" in open("/proc/self/cmdline", "rb").read():
+    deadline = time.monotonic() + 120
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
+
 
 def publish_pipelined(publisher: RawClient, messages: list[Message]) -> list[ops.PublishStatus]:
     for message in messages:
@@ -54,7 +66,12 @@ def wait_for(server: WorkersServer, pattern: str, count: int) -> None:
 def test_a_worker_killed_during_its_whole_cache_sync_comes_back_and_clients_resume(
     tmp_path: Path,
 ) -> None:
-    server = WorkersServer(tmp_path, workers=2)
+    (tmp_path / "sitecustomize.py").write_text(HOLD_RESTART)
+    hold = tmp_path / "hold-worker-start"
+    root = str(Path(__file__).resolve().parents[2])
+    server = WorkersServer(tmp_path, workers=2, env={
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), root]),
+        "HOLD_WORKER_START": str(hold)})
     try:
         on = clients_on_every_worker(server.port, workers=2, per_worker=1)
         subscriber, publisher = on["migratory-worker-1"][0], on["migratory-worker-0"][0]
@@ -73,6 +90,9 @@ def test_a_worker_killed_during_its_whole_cache_sync_comes_back_and_clients_resu
         publish([Message(SUBJECT, f"m{i:04d}".encode(), closure=f"m{i}") for i in range(10)])
         seen = updates(subscriber, 10, "before the kill")
         last = seen[-1].position
+        hold.touch()  # its restart waits until the ring no longer reaches back (was: it
+        # came back in the middle of the publishing on a busy box, and caught up from the
+        # ring: the sync this test kills never happened; CI failed so)
         os.kill(server.pids[1], signal.SIGKILL)
         bulk = []
         for i in range(BULK):
@@ -83,6 +103,7 @@ def test_a_worker_killed_during_its_whole_cache_sync_comes_back_and_clients_resu
             bulk.append(Message(subject, content, closure=f"b{i}"))
         for start in range(0, BULK, 40):  # (40 at a time: within the publisher's outbox)
             publish(bulk[start:start + 40])
+        hold.unlink()
         restarted = r"replicating to worker-1 from clsn 0 \(sync \(beyond the ring\)"
         wait_for(server, restarted, 1)
         second = [int(p) for p in re.findall(r"worker 1 started \(pid (\d+)\)", server.log())]
