@@ -37,6 +37,7 @@ from migratory.server.front_rate import ConnectionRate
 from migratory.server.frontends import FrontendCounts
 from migratory.server.handshake_share import HandshakeShare
 from migratory.server.hub import Hub
+from migratory.server.invalid_subjects import InvalidSubjectLog
 from migratory.server.limits import ConnectionLimits, RefusalLog
 from migratory.server.listen_sockets import open_listeners
 from migratory.server.memory import MemoryTrim
@@ -78,6 +79,7 @@ def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: b
         max_message_size=config.max_message_size,
         publish_snapshot=config.publish_snapshot_message,
         numbered_elsewhere=numbered_elsewhere,
+        on_invalid_subject=InvalidSubjectLog().note,
     )
 
 

@@ -10,7 +10,7 @@ subscriber. Conflated subscriptions get their own merged frames on
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from migratory.model.cache import CachedRun, SubjectCache
@@ -35,7 +35,7 @@ from migratory.server.format_sink import (
     send_op,
 )
 from migratory.server.hub_expiry import SubjectExpiry
-from migratory.server.hub_sinks import MessageSinks, note_invalid_subject
+from migratory.server.hub_sinks import MessageSinks
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.subject_state import SubjectState, WaitingResume
 
@@ -56,12 +56,16 @@ class Hub(SubjectExpiry, MessageSinks):
         numbered_elsewhere: bool = False,
         cache_memory_budget: int = 0,
         max_message_size: int = 0,
+        on_invalid_subject: Callable[[str], None] | None = None,
     ) -> None:
         """``numbered_elsewhere``: a cluster member whose positions come from the
         coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet.
         ``cache_memory_budget``: bytes every subject's cache together may count (0: no
         budget; :mod:`migratory.model.cache_budget`). ``max_message_size``: what a
-        conflated message may reach at most (0: no bound; :class:`Conflator`)."""
+        conflated message may reach at most (0: no bound; :class:`Conflator`).
+        ``on_invalid_subject``: told of a subject that is not valid when it comes in
+        numbered (:mod:`migratory.server.invalid_subjects`)."""
+        self._on_invalid_subject = on_invalid_subject
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
         # test-only, see migratory.server.faults
@@ -499,6 +503,6 @@ class Hub(SubjectExpiry, MessageSinks):
             state = self._subjects[subject] = SubjectState(subject, epoch, cache)
             self._index.add(subject, state)  # (not an invalid subject)
             self.subjects_created += 1
-            if not is_valid_subject(subject):
-                note_invalid_subject(subject)
+            if not is_valid_subject(subject) and self._on_invalid_subject is not None:
+                self._on_invalid_subject(subject)
         return state

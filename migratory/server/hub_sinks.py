@@ -4,8 +4,6 @@ sessions), on exact subjects and on wildcard topic filters. A mixin of
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,26 +15,6 @@ from migratory.model.subject_index import SubjectIndex
 from migratory.model.topic import FilterIndex
 from migratory.server.format_sink import MessageSink
 from migratory.server.subject_state import SubjectState
-
-log = logging.getLogger("migratory.hub")
-
-INVALID_SUBJECT_LOG_SECONDS = 60.0
-_invalid_logged = [-INVALID_SUBJECT_LOG_SECONDS, 0]  # last logged (monotonic), held back
-
-
-def note_invalid_subject(subject: str) -> None:
-    """A subject that is not valid came in numbered (a committed message of an older
-    member's Raft log: applied as committed, docs/cluster.md): said at warning, once a
-    minute at most."""
-    now = time.monotonic()
-    if now - _invalid_logged[0] < INVALID_SUBJECT_LOG_SECONDS:
-        _invalid_logged[1] += 1
-        return
-    log.warning("applied a committed message of the invalid subject %r (%d more since the "
-                "last warning): kept at its position, matched by no MQTT filter; no client "
-                "or peer publish of one is taken (docs/cluster.md)",
-                subject[:80], _invalid_logged[1])
-    _invalid_logged[:] = [now, 0]
 
 
 class MessageSinks:
