@@ -10,6 +10,8 @@ reported as exactly its own violation(s), for the kind it was planted on, and no
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -214,16 +216,21 @@ def test_spark_cli_an_out_it_cannot_make_is_exit_2_before_spark(
     assert capsys.readouterr().err == f"spark_analysis: --out {out}: Not a directory\n"
 
 
-def test_spark_cli_a_master_spark_refuses_is_exit_2_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_spark_cli_a_master_spark_refuses_is_exit_2_in_one_line(tmp_path: Path) -> None:
     """Before: a PySparkRuntimeError traceback, exit 1 (the JVM says why on its own line:
-    'Master must either be yarn or start with spark, k8s, or local')."""
+    'Master must either be yarn or start with spark, k8s, or local'). In a process of
+    its own: in this one, a Spark session another test started would be handed back
+    whatever the --master (exit 0), and stopped at the end under the next test."""
     run_dir = gen.generate(publishes=5).write(tmp_path / "run")
-    assert main([str(run_dir), "--out", str(tmp_path / "r"), "--master", "bogus://x"]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert "spark_analysis: Spark did not start (--master bogus://x): " in err, err
+    result = subprocess.run(
+        [sys.executable, "-m", "spark_analysis", str(run_dir), "--out", str(tmp_path / "r"),
+         "--master", "bogus://x"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "spark_analysis: Spark did not start (--master bogus://x): " in result.stderr, (
+        result.stderr[-2000:])
 
 
 # ---- RUN_DIR as a URI: everything read through Spark ----
