@@ -6,11 +6,13 @@ which says a want of descriptors once, then counts it); each is reset at once pa
 ``MaxConnectionRatePerAddress`` (:mod:`migratory.server.front_rate`: before any TLS or
 HTTP work) and, on an encrypted port, past its share of ``MaxTlsHandshakeRate``
 (:mod:`migratory.server.handshake_share`: the TLS handshakes a second of every address
-together, shared between them), admitted or refused with a 503 (per-address limits,
+together, shared between them), admitted or refused (per-address limits,
 MaxConnections, each counted per :func:`~migratory.server.front_rate.address_group`:
-an IPv6 address by its /64), becomes a :class:`Connection` (or an
-:class:`MqttConnection` on a ``ListenMqtt`` port) and may make room for itself by
-closing the oldest connection still in its handshake (MaxPendingHandshakes).
+an IPv6 address by its /64: a 503 on a native port, CONNACK 3 on an MQTT port, a
+reset on a TLS port, :func:`~migratory.server.limits.refusal_bytes`), becomes a
+:class:`Connection` (or an :class:`MqttConnection` on a ``ListenMqtt`` port) and may
+make room for itself by closing the oldest connection still in its handshake
+(MaxPendingHandshakes).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from migratory.server.accept import accepted, reset
 from migratory.server.connection import Connection
 from migratory.server.exhaustion import Exhaustion
 from migratory.server.front_rate import address_group
-from migratory.server.limits import Eviction, Refusal, refusal_response
+from migratory.server.limits import Eviction, Refusal, refusal_bytes
 from migratory.server.mqtt_connection import MqttConnection
 
 if TYPE_CHECKING:
@@ -61,7 +63,7 @@ async def accept_clients(
             sock.setblocking(False)
             refusal = server.admission.admit(group)
             if refusal is not None:
-                refuse(server, sock, refusal)
+                refuse(server, sock, refusal, spec, encrypted=tls is not None)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             kind = MqttConnection if spec.mqtt_tcp else Connection
@@ -101,11 +103,18 @@ def over_share(server: Server, sock: socket.socket, group: str) -> None:
     reset(sock)
 
 
-def refuse(server: Server, sock: socket.socket, refusal: Refusal) -> None:
-    """Say 503 (one non-blocking send; a client that does not read misses it), close."""
+def refuse(
+    server: Server, sock: socket.socket, refusal: Refusal, spec: Listener, *, encrypted: bool
+) -> None:
+    """Say why in the port's protocol (one non-blocking send; a client that does not read
+    misses it: 503, CONNACK 3), close; on a TLS port reset, nothing said."""
     server.refused(refusal.kind, refusal.reason)
+    said = refusal_bytes(refusal.reason, mqtt_port=spec.mqtt_tcp, encrypted=encrypted)
+    if said is None:
+        reset(sock)
+        return
     with contextlib.suppress(OSError):
-        sock.send(refusal_response(refusal.reason))
+        sock.send(said)
     sock.close()
 
 

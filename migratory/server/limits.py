@@ -2,7 +2,8 @@
 many bytes of incomplete frames all of them may make the server hold.
 
 No I/O: the server asks :meth:`ConnectionLimits.admit` for every accepted socket and
-answers a refusal with :func:`refusal_response` (HTTP 503) before closing it. The
+answers a refusal with :func:`refusal_bytes` before closing it: HTTP 503 on a native
+port, CONNACK 3 on an MQTT port, nothing on a TLS port (docs/mqtt.md). The
 total is capped below the open-file limit with a reserve (``FileDescriptorReserve``),
 so Raft, cluster links and files always find a descriptor. docs/security.md lists
 every limit.
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from migratory.config import Config
+from migratory.protocol import mqtt
 from migratory.protocol.http import response
+from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.handshake_slots import Evicted, PendingHandshakes
 
 LOG_EVERY: Final = 60.0
@@ -198,8 +201,23 @@ def _not_busy(
 
 
 def refusal_response(reason: str) -> bytes:
-    """What a refused connection is told before it is closed."""
+    """What a refused connection of a native port is told before it is closed."""
     return response(503, (reason + "\n").encode(), headers=(("Retry-After", "5"),))
+
+
+MQTT_REFUSAL: Final = encode_packet(mqtt.Connack(False, mqtt.REFUSED_SERVER_UNAVAILABLE))
+"""What a refused connection of a ListenMqtt port is told: CONNACK 3, server
+unavailable, sent without reading its CONNECT (MQTT 3.1.1 only: nothing in the CONNECT
+changes the answer). paho then reports return code 3; a 503 there was a bad packet."""
+
+
+def refusal_bytes(reason: str, *, mqtt_port: bool, encrypted: bool) -> bytes | None:
+    """What a refused connection is told before it is closed, ``None``: nothing (reset).
+    A TLS port says nothing: bytes in clear are a bad record to a TLS client, and a TLS
+    handshake is the work the limit spares (as MaxConnectionRatePerAddress)."""
+    if encrypted:
+        return None
+    return MQTT_REFUSAL if mqtt_port else refusal_response(reason)
 
 
 @dataclass

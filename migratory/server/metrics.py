@@ -251,7 +251,8 @@ LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
     ("entitlement_denials", "migratory_entitlement_denials", "action",
      "Requests the entitlement refused, by action (connect, subscribe, publish)."),
     ("refusals", "migratory_connections_refused", "limit",
-     "Client connections refused at accept (503) or closed before their handshake was "
+     "Client connections refused at accept (503, MQTT CONNACK 3, TLS reset) or closed "
+     "before their handshake was "
      "done, by limit: MaxConnectionRatePerAddress and MaxTlsHandshakeRate (reset at "
      "accept), MaxConnections, MaxConnectionsPerAddress, MaxHandshakesPerAddress, "
      "MaxPendingHandshakes (the oldest closed for a newcomer; MaxConnections too when "

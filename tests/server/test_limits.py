@@ -7,7 +7,12 @@ from dataclasses import dataclass
 import pytest
 
 from migratory.config import Config, ConfigError
-from migratory.server.limits import ConnectionLimits, connection_cap, refusal_response
+from migratory.server.limits import (
+    ConnectionLimits,
+    connection_cap,
+    refusal_bytes,
+    refusal_response,
+)
 
 
 @dataclass(eq=False)
@@ -58,6 +63,16 @@ def test_the_incomplete_frame_budget() -> None:
 def test_refusal_is_a_503() -> None:
     reply = refusal_response("too many connections")
     assert reply.startswith(b"HTTP/1.1 503 ") and reply.endswith(b"too many connections\n")
+
+
+def test_a_refusal_is_said_in_the_ports_protocol() -> None:
+    """A native port: 503; a ListenMqtt port: CONNACK 3 (server unavailable); a TLS port:
+    nothing (a reset). Was: a 503 on every port (tests/server/test_mqtt_refusals.py)."""
+    why = "too many connections"
+    assert refusal_bytes(why, mqtt_port=False, encrypted=False) == refusal_response(why)
+    assert refusal_bytes(why, mqtt_port=True, encrypted=False) == b"\x20\x02\x00\x03"
+    assert refusal_bytes(why, mqtt_port=True, encrypted=True) is None
+    assert refusal_bytes(why, mqtt_port=False, encrypted=True) is None
 
 
 @pytest.mark.parametrize(
