@@ -37,10 +37,8 @@ from migratory.server.format_sink import (
 from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_sinks import MessageSinks
 from migratory.server.hub_statistics import HubStatistics
+from migratory.server.resume_snapshot import GONE, snapshot_as_of
 from migratory.server.subject_state import SubjectState, WaitingResume
-
-GONE = object()
-"""The snapshot a resume asked for can no longer be told (:meth:`Hub._snapshot_as_of`)."""
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
 
@@ -275,7 +273,8 @@ class Hub(SubjectExpiry, MessageSinks):
         ``history`` cached messages up to ``position`` (``SubscriptionRequest``)."""
         out: list[ops.ServerOp] = []
         missed = self._missed(state, position)
-        owed = self._snapshot_as_of(state, position) if snapshot and missed is not None else None
+        owed = (snapshot_as_of(state, position, publish_snapshot=self._publish_snapshot)
+                if snapshot and missed is not None else None)
         if missed is None or owed is GONE:
             if state.snapshot is not None:
                 out.append(ops.Deliver((state.snapshot,)))
@@ -293,32 +292,6 @@ class Hub(SubjectExpiry, MessageSinks):
             out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
         out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
         return out
-
-    def _snapshot_as_of(self, state: SubjectState, position: Position) -> Message | object | None:
-        """The snapshot a resume from ``position`` is owed (``snapshot: true``): None when
-        there is none (snapshots not published; seq 0: the messages recovered carry the
-        whole snapshot; no retained message at or before ``position``), :data:`GONE`
-        when it cannot be told (it changed after ``position`` -- its fields merged over
-        -- and the cache no longer holds the lineage from its first message: the current
-        one and ``DATA_RESYNC`` then)."""
-        current = state.snapshot
-        if not self._publish_snapshot or current is None:
-            return None
-        if current.epoch != position.epoch or current.seq <= position.seq:
-            return current  # (unchanged since, or the resume is of another lineage)
-        if position.seq == 0:
-            return None
-        if state.cache.first_seq != 1:
-            return GONE
-        # the whole lineage is cached: the snapshot as of ``position`` is rebuilt from it
-        # (None if nothing retained came before: a subject without a snapshot when the
-        # client's answer was cut; was DATA_RESYNC, the machine of tests/cluster found it)
-        owed: Message | None = None
-        for message in state.cache.since(0) or ():
-            if message.seq > position.seq:
-                break
-            owed = merge_snapshot(owed, message)
-        return owed
 
     def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
         """The messages after ``position``, or None when they cannot be told."""
