@@ -16,11 +16,19 @@ loop starts, :func:`note_from_now` replaces it: a signal is only noted, never ra
 inside trio's own code, and the receiver, once open, asks :func:`noted` and stops at
 once. Python itself, before the first line of ``main`` (the interpreter's start, a few
 ms), still has its defaults.
+
+A raised stop can land where Python only prints an exception and goes on: a ``__del__``,
+a weakref callback (importlib's module locks use one, so a SIGTERM in the middle of
+importing a plugin can land there). So a raised signal is noted too, and
+:func:`raise_on_stop` installs an unraisable hook that drops a :class:`StopRequested`
+without a traceback: start-up goes on to the event loop, whose receiver finds it noted
+and stops before it listens.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,7 +45,14 @@ class StopRequested(BaseException):
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
+    _noted.append(signal.Signals(signum))  # (in case the raise is swallowed: see above)
     raise StopRequested(signal.Signals(signum))
+
+
+def _unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    if isinstance(unraisable.exc_value, StopRequested):
+        return  # noted by _raise: the event loop's receiver stops the server
+    sys.__unraisablehook__(unraisable)
 
 
 def _note(signum: int, frame: FrameType | None) -> None:
@@ -45,7 +60,8 @@ def _note(signum: int, frame: FrameType | None) -> None:
 
 
 def raise_on_stop() -> None:
-    """From now on SIGINT and SIGTERM raise :class:`StopRequested`."""
+    """From now on SIGINT and SIGTERM raise :class:`StopRequested` (and are noted)."""
+    sys.unraisablehook = _unraisable
     for signum in STOP_SIGNALS:
         signal.signal(signum, _raise)
 

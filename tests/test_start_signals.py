@@ -81,3 +81,50 @@ def test_a_stop_signal_noted_before_the_event_loop_starts_nothing(
     assert "listening" not in capsys.readouterr().out
     assert "SIGTERM received during start-up: shutting down" in caplog.text
     assert server.listeners == []
+
+
+TRAPPED_PLUGIN = '''
+import os
+import signal
+
+
+class _Collected:
+    def __del__(self) -> None:  # Python prints what a __del__ raises, and goes on
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_Collected()
+
+
+class Plugin:
+    def __init__(self, options: str) -> None: ...
+    def allow_connect(self, client: object) -> bool: return True
+    def allow_subscribe(self, client: object, subject: str) -> bool: return True
+    def allow_publish(self, client: object, subject: str) -> bool: return True
+'''
+
+
+def test_a_stop_signal_that_lands_where_python_swallows_exceptions_still_stops(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM handled inside a ``__del__`` (or a weakref callback: importlib's module
+    locks have one, CI met it while a worker imported a plugin and its supervisor stopped
+    it): the raise is printed and swallowed. Before: an 'Exception ignored in ...'
+    traceback, then the server started and served as if never stopped."""
+    (tmp_path / "trapped_plugin.py").write_text(TRAPPED_PLUGIN)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    server = subprocess.Popen(
+        [MIGRATORY, "serve", "--set", "Listen=127.0.0.1:0", "--set", "Entitlement=Custom",
+         "--set", "EntitlementPlugin=trapped_plugin:Plugin"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        stdout, stderr = server.communicate(timeout=30)  # (a guard against a hang only)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    print(stderr.decode())
+    assert "Traceback" not in stderr.decode()
+    assert "SIGTERM received during start-up: shutting down" in stderr.decode()
+    assert server.returncode == 0
+    assert b"listening" not in stdout  # it never listened

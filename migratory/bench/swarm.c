@@ -213,8 +213,8 @@ static void keep_last(struct conn *c, const unsigned char *data, size_t n) {
 
 /* Every stamp in d[0:n] (regex "@@TS(\d{19})", left to right, not overlapping), and
  * the carry: from the first '@' in the last STAMP_END - 1 bytes on. Returns the count;
- * with record, each latency goes into the histogram. */
-static long scan(struct conn *c, const unsigned char *d, size_t n, long long now, int record) {
+ * each latency goes into the histogram. */
+static long scan(struct conn *c, const unsigned char *d, size_t n, long long now) {
     long found = 0;
     size_t i = 0;
     while (i + 4 <= n) {
@@ -225,7 +225,7 @@ static long scan(struct conn *c, const unsigned char *d, size_t n, long long now
             while (k < STAMP_END && d[at + k] >= '0' && d[at + k] <= '9') k++;
         if (k < STAMP_END) { i = at + 1; continue; }
         found++;
-        if (record) {
+        {
             unsigned long long stamp = 0;
             for (k = 4; k < STAMP_END; k++) stamp = stamp * 10 + (d[at + k] - '0');
             long long lat = (long long)((unsigned long long)now - stamp);
@@ -447,7 +447,7 @@ static void count_read(int ep, struct conn *c) {
             return;
         }
         keep_last(c, rbuf + c->carry_len, (size_t)n);
-        long got = scan(c, rbuf, (size_t)c->carry_len + (size_t)n, now, 1);
+        long got = scan(c, rbuf, (size_t)c->carry_len + (size_t)n, now);
         c->count += got;
         received += got;
         /* one recv per wake-up; TLS drains what OpenSSL holds (records read ahead) */
@@ -475,7 +475,9 @@ static void count_all(int ep, long long hard_deadline) {
         struct conn *c = &conns[i];
         if (c->state != READY) continue;
         keep_last(c, c->buf, c->buf_len);
-        c->count = scan(c, c->buf, c->buf_len, 0, 0); /* bytes after the marker */
+        /* bytes read past the marker: a stamp there is a delivery like any other */
+        c->count = scan(c, c->buf, c->buf_len, now_ns());
+        received += c->count;
         free(c->buf);
         c->buf = NULL;
         watch(ep, c, EPOLL_CTL_ADD, EPOLLIN);

@@ -138,9 +138,12 @@ def awkward_pieces(stamps: list[bytes]) -> list[bytes]:
     return pieces
 
 
-def serve(listener: socket.socket, streams: list[list[bytes]], ending: bytes) -> None:
-    """Accept one connection per stream; after its b"HELLO" answer READY, then write the
-    pieces one by one, then ``ending``, then close."""
+def serve(
+    listener: socket.socket, streams: list[list[bytes]], ending: bytes, glued: int = 0
+) -> None:
+    """Accept one connection per stream; after its b"HELLO" answer READY (and the first
+    ``glued`` pieces in the same write), then write the pieces one by one, then
+    ``ending``, then close."""
     conns = []
     for _ in streams:
         conn, _addr = listener.accept()
@@ -149,9 +152,10 @@ def serve(listener: socket.socket, streams: list[list[bytes]], ending: bytes) ->
         got = b""
         while b"HELLO" not in got:
             got += conn.recv(100) or b"HELLO"
-        conn.sendall(b"..READY")
+        conn.sendall(b"..READY" + b"".join(streams[len(conns)][:glued]))
         conns.append(conn)
-    for pieces in itertools.zip_longest(*streams):  # interleaved: every connection at once
+    # interleaved: every connection at once
+    for pieces in itertools.zip_longest(*(stream[glued:] for stream in streams)):
         for conn, piece in zip(conns, pieces, strict=True):
             if piece:
                 conn.sendall(piece)
@@ -161,10 +165,13 @@ def serve(listener: socket.socket, streams: list[list[bytes]], ending: bytes) ->
         conn.close()
 
 
-def run_fake(streams: list[list[bytes]], sent: int, ending: bytes = b"") -> dict[str, Any]:
+def run_fake(
+    streams: list[list[bytes]], sent: int, ending: bytes = b"", glued: int = 0
+) -> dict[str, Any]:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    writer = threading.Thread(target=serve, args=(listener, streams, ending), daemon=True)
+    writer = threading.Thread(target=serve, args=(listener, streams, ending, glued),
+                              daemon=True)
     writer.start()
     swarm = Swarm(build(), "127.0.0.1", port, subjects=1, setup_timeout=10, lifetime=30)
     try:
@@ -187,6 +194,16 @@ def test_a_stamp_cut_anywhere_is_counted_once() -> None:
     assert result["received"] == 75 and sum(result["hist"].values()) == 75
     assert result["per_conn_delta"] == {0: 3}
     assert result["closes"] == {"close frame 1000": 3}  # the close frame, seen in the tail
+
+
+def test_stamps_read_with_the_ready_marker_are_counted_and_timed() -> None:
+    """Stamps in the same read as the last set-up marker. Before: counted for their
+    subscriber but not in ``received`` or the histogram (CI: 72 == 75, when the fake
+    server's first stamps came before the swarm had left its set-up)."""
+    stamps = [stamp(k) for k in range(12)]
+    result = run_fake([awkward_pieces(stamps)] * 2, sent=12, glued=7)
+    assert result["counts"] == {0: 12, 1: 12}
+    assert result["received"] == 24 and sum(result["hist"].values()) == 24
 
 
 def test_a_duplicated_stamp_shows_as_one_over() -> None:
