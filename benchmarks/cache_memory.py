@@ -18,6 +18,13 @@ and go as they would in a day of notifications; the peak of subjects held is rep
 
     .venv/bin/python benchmarks/cache_memory.py --guaranteed --messages 1000000 \
         --subjects 1000000 --rate 2000 --budget 268435456
+
+``--fields N`` gives each message N fields of 4-character names and empty values (made
+afresh per message, as a decoded publish has them): the many-tiny-fields message whose
+str objects a budget counting text lengths missed::
+
+    .venv/bin/python benchmarks/cache_memory.py --cache replicated --messages 400 \
+        --subjects 4 --size 0 --fields 20000 --budget 33554432
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--subjects", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--fields", type=int, default=0,
+                        help="fields per message (4-character names, empty values)")
     parser.add_argument("--budget", type=int, default=0, help="CacheMemoryBudget (0: none)")
     parser.add_argument("--guaranteed", action="store_true",
                         help="a Guaranteed member's hub (positions numbered elsewhere)")
@@ -64,6 +73,9 @@ def main() -> None:
 
     def subject(i: int) -> str:  # a str of its own, as a decoded publish has
         return "".join((subjects[i % args.subjects], ""))[:]
+
+    def fields(i: int) -> dict[str, str]:  # names of their own, as a decoder makes them
+        return {f"{i % 16:x}{n:03x}": "" for n in range(args.fields)}
 
     gc.collect()
     gc.freeze()
@@ -85,9 +97,10 @@ def main() -> None:
             if args.guaranteed:
                 s = i % args.subjects
                 seqs[s] += 1
-                hub.apply(Message(subject(i), content(i), epoch=7, seq=seqs[s]), now)
+                hub.apply(Message(subject(i), content(i), fields(i), epoch=7, seq=seqs[s]),
+                          now)
             else:
-                hub.publish(Message(subject(i), content(i)), now)
+                hub.publish(Message(subject(i), content(i), fields(i)), now)
         peak = max(peak, hub.subject_count)
         stats = hub.statistics()
         cached, counted, evicted = stats.cached_messages, stats.cache_bytes, stats.cache_evicted
@@ -97,7 +110,7 @@ def main() -> None:
         for i in range(args.messages):
             s = i % args.subjects
             seqs[s] += 1
-            replicated.append([Message(subject(i), content(i), {}, False,
+            replicated.append([Message(subject(i), content(i), fields(i), False,
                                        Qos.GUARANTEED, None, 7, seqs[s])])
         budget = replicated.budget
         cached = sum(len(s.cached) for s in replicated.to_sync(
@@ -111,8 +124,10 @@ def main() -> None:
               f"{f', {args.rate:,.0f} messages/s with expiry' if args.rate else ''}: "
               f"peak {peak:,} subjects held, {hub.subject_count:,} at the end "
               f"({hub.forgotten:,} forgotten)")
+    with_fields = f" and {args.fields:,} fields" if args.fields else ""
     print(f"{args.cache} cache, budget {args.budget or 'none'}: {args.messages:,} messages of "
-          f"{args.size} B over {args.subjects:,} subjects -> {cached:,} cached, {evicted:,} "
+          f"{args.size} B{with_fields} over {args.subjects:,} subjects -> {cached:,} cached, "
+          f"{evicted:,} "
           f"dropped by the budget; RSS +{grown / 2**20:,.0f} MiB ({grown / max(cached, 1):.0f} "
           f"B per cached message), budget count {counted / 2**20:,.0f} MiB; "
           f"{cpu / args.messages * 1e6:.2f} us of CPU per message")

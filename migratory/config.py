@@ -87,7 +87,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CacheMemoryBudget", "cache_memory_budget", _int(0, unit=" of bytes"),
             "268435456",
             "Bytes all subjects' cached messages together may take (their content, subject "
-            "and fields, plus 270 bytes of bookkeeping each: about the memory they use); "
+            "and fields, plus 270 bytes of bookkeeping each and 64 for each field name "
+            "and value: about the memory they use); "
             "past it the oldest cached messages are dropped first, whatever their subject "
             "and age, and a client resuming from one gets the snapshot and DATA_RESYNC. A "
             "Guaranteed seed holds two caches of this size (its own and the Raft state's). "

@@ -9,7 +9,7 @@ from itertools import chain, islice
 from typing import Any
 
 from migratory.model.cache_budget import QUEUE_OVERHEAD, CacheBudget
-from migratory.model.message import Message, MessageType, Qos, new_message
+from migratory.model.message import FIELD_TEXT_MEMORY, Message, MessageType, Qos, new_message
 from migratory.model.untracked import untrack
 
 __all__ = ["SubjectCache", "encoded_bound"]
@@ -35,7 +35,14 @@ def encoded_bound(message: Message) -> int:
 # with 100,000 cached messages a collection stopped the server for 190-355 ms
 # (docs/benchmarks.md, issue 13). Messages are rebuilt when recovery or history reads.
 _Entry = tuple[Any, ...]
-_AT, _EPOCH, _SEQ, _BOUND = 0, 1, 2, 10
+_AT, _EPOCH, _SEQ, _FLAT, _BOUND = 0, 1, 2, 5, 10
+
+
+def _charge(entry: _Entry) -> int:
+    """What an entry counts against the budget: its encoded bound and its fields' objects
+    (:data:`FIELD_TEXT_MEMORY` for each name and value)."""
+    bound: int = entry[_BOUND]
+    return bound + FIELD_TEXT_MEMORY * len(entry[_FLAT])
 
 
 def _entry(message: Message, now: float) -> _Entry:  # ``_value_``: ``.value`` costs ~0.4 µs
@@ -99,6 +106,7 @@ class SubjectCache:
         "_last_seq_seen",
         "_max_messages",
         "_one",
+        "_texts",
         "fifo_entries",
         "fifo_key",
         "stale",
@@ -132,6 +140,7 @@ class SubjectCache:
         self._entries: deque[_Entry] | None = None
         self._bytes = 0  # sum of encoded_bound() of the cached messages
         self._largest = 0  # largest encoded_bound() cached since the last reset
+        self._texts = 0  # field names and values the cached messages hold, for the budget
         self._budget = budget
         self.stale = 0  # the budget's: FIFO entries of messages dropped here
         self.fifo_key = self.fifo_entries = 0  # the budget's too (cache_budget.py)
@@ -267,11 +276,12 @@ class SubjectCache:
         budget = self._budget
         if entries is not None:  # the usual case of a busy subject: first, and cheap
             if len(entries) == self._max_messages:
-                oldest = entries[0][_BOUND]
-                self._bytes -= oldest  # the deque drops it
+                oldest = entries[0]
+                self._bytes -= oldest[_BOUND]  # the deque drops it
+                self._texts -= len(oldest[_FLAT])
                 grown = 0
                 if budget is not None:
-                    budget.dropped(self, oldest)
+                    budget.dropped(self, _charge(oldest))
             entries.append(entry)
         elif not self._max_messages:
             self._last_seq_seen = seq
@@ -279,12 +289,13 @@ class SubjectCache:
         elif self._one is None:
             self._one = entry
         elif self._max_messages == 1:
-            oldest = self._one[_BOUND]
-            self._bytes -= oldest
+            oldest = self._one
+            self._bytes -= oldest[_BOUND]
+            self._texts -= len(oldest[_FLAT])
             self._one = entry
             grown = 0
             if budget is not None:
-                budget.dropped(self, oldest)
+                budget.dropped(self, _charge(oldest))
         else:
             # untracked: entries only, so the collector need not walk them (untracked.py)
             self._entries = untrack(deque((self._one, entry), maxlen=self._max_messages))
@@ -293,11 +304,13 @@ class SubjectCache:
                 budget.bytes += QUEUE_OVERHEAD
         bound = entry[_BOUND]
         self._bytes += bound
+        texts = len(entry[_FLAT])
+        self._texts += texts
         if bound > self._largest:
             self._largest = bound
         self._last_seq_seen = seq
         if budget is not None:
-            budget.added(self, bound)
+            budget.added(self, bound + FIELD_TEXT_MEMORY * texts)
         return grown
 
     def reset(self) -> None:
@@ -310,38 +323,46 @@ class SubjectCache:
         away, and its budget gets their bytes back."""
         if self._budget is not None:
             queue = 0 if self._entries is None else QUEUE_OVERHEAD
-            self._budget.dropped(self, self._bytes + queue, len(self))
+            self._budget.dropped(self, self.memory_bytes + queue, len(self))
         self._one = self._entries = None
-        self._bytes = self._largest = 0
+        self._bytes = self._largest = self._texts = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the cached messages count against the budget (:func:`_charge`)."""
+        return self._bytes + FIELD_TEXT_MEMORY * self._texts
 
     def drop_oldest(self) -> int:
-        """Drop the oldest message for the budget (which counts it itself); its
-        :func:`encoded_bound`, 0 when empty."""
+        """Drop the oldest message for the budget (which counts it itself); what it
+        counted (:func:`_charge`), 0 when empty."""
         entries = self._entries
         if entries is None:
             if self._one is None:
                 return 0
-            bound: int = self._one[_BOUND]
+            oldest: _Entry = self._one
             self._one = None
         else:
-            bound = entries.popleft()[_BOUND]
+            oldest = entries.popleft()
             if len(entries) <= 1:  # one left is held as it is, as after a first append
                 self._one = entries[0] if entries else None
                 self._entries = None
-                self._bytes -= bound
-                if self._one is None:
-                    self._bytes = self._largest = 0
-                return bound + QUEUE_OVERHEAD
-        self._bytes -= bound
+                self._forget(oldest)
+                return _charge(oldest) + QUEUE_OVERHEAD
+        self._forget(oldest)
+        return _charge(oldest)
+
+    def _forget(self, dropped: _Entry) -> None:
+        """Take a dropped entry out of the counts (all of them back to 0 when empty)."""
+        self._bytes -= dropped[_BOUND]
+        self._texts -= len(dropped[_FLAT])
         if self._one is None and self._entries is None:
-            self._bytes = self._largest = 0
-        return bound
+            self._bytes = self._largest = self._texts = 0
 
     def expire(self, now: float) -> int:
         """Drop the messages stored more than ``expire_seconds`` before ``now``; return how many."""
         expire_seconds = self._expire_seconds
         dropped = 0
-        before = self._bytes
+        before = self.memory_bytes
         entries = self._entries
         if entries is not None:
             before += QUEUE_OVERHEAD
@@ -351,14 +372,16 @@ class SubjectCache:
                 dropped = 1
         else:
             while entries and now - entries[0][_AT] > expire_seconds:
-                self._bytes -= entries.popleft()[_BOUND]
+                oldest = entries.popleft()
+                self._bytes -= oldest[_BOUND]
+                self._texts -= len(oldest[_FLAT])
                 dropped += 1
             if not entries:
                 self._entries = None  # an emptied deque goes too
         if self._one is None and self._entries is None:
-            self._bytes = self._largest = 0
+            self._bytes = self._largest = self._texts = 0
         if dropped and self._budget is not None:
-            after = self._bytes + (0 if self._entries is None else QUEUE_OVERHEAD)
+            after = self.memory_bytes + (0 if self._entries is None else QUEUE_OVERHEAD)
             self._budget.dropped(self, before - after, dropped)
         return dropped
 

@@ -11,8 +11,8 @@ from migratory.model.frozen import positional_constructor
 from migratory.model.position import Position, new_position
 
 __all__ = [
-    "PACKED_EPOCH", "Message", "MessageType", "PackedMessage", "Qos", "new_message", "pack",
-    "unpack",
+    "FIELD_TEXT_MEMORY", "PACKED_EPOCH", "Message", "MessageType", "PackedMessage", "Qos",
+    "new_message", "pack", "unpack",
 ]
 
 
@@ -121,12 +121,22 @@ def pack(message: Message) -> PackedMessage:
     return packed
 
 
+FIELD_TEXT_MEMORY = 64
+"""Bytes a memory budget counts for each field name and each field value a stored
+message holds, beyond its length: its ``str`` object (49 bytes of header for ASCII, more
+otherwise, rounded up by the allocator) and its slot in the flat tuple (8). Counting the
+text's length alone made a message of many tiny fields -- 20,000 names of 4 characters,
+75 KB by MaxMessageSize's count -- take ~8 times what a cache's budget counted
+(docs/benchmarks.md, "Fields a budget did not count")."""
+
+
 def packed_size(packed: PackedMessage) -> int:
     """What a packed message counts against a memory budget: content, subject and field
-    lengths (characters for the text: deterministic, and close enough)."""
+    lengths (characters for the text: deterministic, and close enough), and
+    :data:`FIELD_TEXT_MEMORY` per field name and value."""
     size = len(packed[1]) + len(packed[0])
     for text in packed[_PACKED_FIELDS:]:
-        size += len(text)
+        size += len(text) + FIELD_TEXT_MEMORY
     return size
 
 
@@ -141,6 +151,7 @@ def packed_sizes(packed: Sequence[PackedMessage]) -> int:
     size = sum(map(len, map(itemgetter(1), packed))) + sum(map(len, map(itemgetter(0), packed)))
     if max(map(len, packed), default=0) > _PACKED_FIELDS:  # some have fields
         size += sum(len(text) for one in packed for text in one[_PACKED_FIELDS:])
+        size += FIELD_TEXT_MEMORY * (sum(map(len, packed)) - _PACKED_FIELDS * len(packed))
     return size
 
 

@@ -7,9 +7,10 @@ import pickle
 import tracemalloc
 
 import pytest
+from memory_held import held_by
 
 from cluster.replicated_cache import ReplicatedCache
-from migratory.model.message import Message, MessageType, Qos
+from migratory.model.message import FIELD_TEXT_MEMORY, Message, MessageType, Qos
 
 
 def message(subject: str, seq: int, epoch: int = 3, retained: bool = True) -> Message:
@@ -137,7 +138,8 @@ def test_a_dump_from_before_the_budget_takes_this_seeds_budget() -> None:
 def test_a_subject_the_budget_emptied_leaves_no_queue_behind() -> None:
     from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD
 
-    cache = ReplicatedCache(5, 3 * (ENTRY_OVERHEAD + 12 + QUEUE_OVERHEAD))
+    # each message: 12 bytes of text, its field's name and value objects, its entry
+    cache = ReplicatedCache(5, 3 * (ENTRY_OVERHEAD + 12 + 2 * FIELD_TEXT_MEMORY + QUEUE_OVERHEAD))
     for i in range(1000):  # one-off subjects: each queue emptied by the budget later
         cache.append([message(f"/one/{i:03d}", 1)])
     assert len(cache._cached) == 3  # not 1,000 empty deques (~760 bytes each)
@@ -237,3 +239,22 @@ def test_a_dump_carries_its_sizes_so_a_load_sums_none(monkeypatch: pytest.Monkey
     old = ReplicatedCache.__new__(ReplicatedCache)
     old.__setstate__(old_state)
     assert len(calls) == 7 and old.budget.bytes == written.budget.bytes
+
+
+def test_a_budget_bounds_the_memory_of_messages_of_many_tiny_fields() -> None:
+    """Each field name and value a packed message holds is a str object (~56 bytes) in a
+    slot of the tuple (8); packed_size counted its length alone. Messages of 1,000 fields
+    of 4-character names: a 1 MB budget kept 16 MB of them (tracemalloc)."""
+    limit = 1_000_000
+
+    def fill() -> ReplicatedCache:
+        cache = ReplicatedCache(max_messages=1000, budget_bytes=limit)
+        for seq in range(1, 61):
+            cache.append([
+                Message(f"/f/{n}", b"", {f"{seq % 16:x}{i:03x}": "" for i in range(1000)},
+                        epoch=3, seq=seq)
+                for n in range(4)
+            ])
+        return cache
+
+    assert held_by(fill) < limit * 1.25

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memory_held import held_by
 
 from migratory.model.cache import SubjectCache, encoded_bound
 from migratory.model.cache_budget import ENTRY_OVERHEAD, QUEUE_OVERHEAD, CacheBudget
-from migratory.model.message import Message
+from migratory.model.message import FIELD_TEXT_MEMORY, Message
 
 
 @dataclass
@@ -38,7 +39,7 @@ class World:
         budget, live = self.budget, list(self.caches.values())
         assert budget.live == sum(len(c) for c in live)
         assert budget.bytes == sum(
-            c.bytes + len(c) * ENTRY_OVERHEAD + (0 if c._entries is None else QUEUE_OVERHEAD)
+            c.memory_bytes + len(c) * ENTRY_OVERHEAD + (0 if c._entries is None else QUEUE_OVERHEAD)
             for c in live)
         every = live + self.thrown_away
         assert len(budget.order) == budget.live + sum(c.stale for c in every)
@@ -92,7 +93,8 @@ def test_the_budget_counts_every_cache_and_drops_the_oldest_of_all_first(
                     newest_dropped = max(before[k] for k in evicted)
                     assert newest_dropped < min(after.values())
                 assert not world.budget.over or not after
-            assert encoded_bound(message) + ENTRY_OVERHEAD > limit or max_messages == 0 \
+            charge = encoded_bound(message) + 2 * FIELD_TEXT_MEMORY * len(message.fields)
+            assert charge + ENTRY_OVERHEAD > limit or max_messages == 0 \
                 or (subject, epoch, seq) in world.kept()  # the newest is always kept
         elif kind == "expire":
             cache.expire(now + value)
@@ -174,3 +176,28 @@ def test_a_full_collection_visits_no_budget_entry_per_cached_message() -> None:
     assert budgets_alive() == before + 1
     del budget, caches, tracked  # the caches refer to their budget, which refers to them
     assert budgets_alive() == before
+
+
+def tiny_fields(count: int, salt: int) -> dict[str, str]:
+    """``count`` fields of 4-character names, made afresh as a decoder makes them."""
+    return {f"{salt % 16:x}{i:03x}": "" for i in range(count)}
+
+
+def test_a_budget_bounds_the_memory_of_messages_of_many_tiny_fields() -> None:
+    """A message of 1,000 fields of 4-character names is 4 KB by MaxMessageSize's count
+    and ~10 KB by its encoded bound, but each name is a str object of its own (~56
+    bytes) in a slot of the entry (8): ~70 KB held. The budget counted the encoded
+    bound: a 1 MB budget kept 6.7 MB of them (tracemalloc)."""
+    limit = 1_000_000
+
+    def fill() -> tuple[CacheBudget, list[SubjectCache]]:
+        budget = CacheBudget(limit)
+        caches = [SubjectCache(max_messages=1000, budget=budget) for _ in range(4)]
+        for seq in range(1, 61):
+            for n, cache in enumerate(caches):
+                cache.append(Message(f"/f/{n}", b"", tiny_fields(1000, seq), epoch=1,
+                                     seq=seq), 0.0)
+                budget.evict()
+        return budget, caches
+
+    assert held_by(fill) < limit * 1.25
