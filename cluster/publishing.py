@@ -195,18 +195,33 @@ class ClusterPublishing:
         elif offer is Offer.APPLIED:
             self.stats.batches_applied += 1
         replies: dict[int, PublishReply] = {}
-        for (origin, ref), message in zip(batch.origins, batch.messages, strict=True):
-            if origin == self.origin:
-                self._acknowledge(ref, message.position, replies, now)
-        for origin, ref, epoch, seq in batch.repeats:  # numbered before, there
-            if origin != self.origin:
-                continue
-            self.stats.repeats += 1
-            if self._acknowledge(ref, Position(epoch, seq), replies, now):
-                self.stats.acknowledged_repeats += 1
+        if batch.repeats:
+            self._acknowledge_with_repeats(batch, replies, now)
+        else:
+            for (origin, ref), message in zip(batch.origins, batch.messages, strict=True):
+                if origin == self.origin:
+                    self._acknowledge(ref, message.position, replies, now)
         for reply in replies.values():
             reply.flush()
         return offer
+
+    def _acknowledge_with_repeats(
+        self, batch: CommittedBatch, replies: dict[int, PublishReply], now: float
+    ) -> None:
+        """Answer this member's publishes of a batch that holds repeats (copies of
+        publishes numbered before) in ref order, the order its clients published them:
+        a repeat is older than what the batch numbers, and answered after it, a PUBACK
+        overtook an earlier PUBLISH's (MQTT 3.1.1 section 4.6 wants them in order)."""
+        ours = [(ref, message.position, False) for (origin, ref), message
+                in zip(batch.origins, batch.messages, strict=True) if origin == self.origin]
+        for origin, ref, epoch, seq in batch.repeats:  # numbered before, there
+            if origin == self.origin:
+                self.stats.repeats += 1
+                ours.append((ref, Position(epoch, seq), True))
+        ours.sort(key=lambda answer: answer[0])
+        for ref, position, repeat in ours:
+            if self._acknowledge(ref, position, replies, now) and repeat:
+                self.stats.acknowledged_repeats += 1
 
     def _acknowledge(
         self, ref: int, position: Position | None, replies: dict[int, PublishReply], now: float

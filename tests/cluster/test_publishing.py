@@ -111,6 +111,24 @@ def test_a_copy_answered_in_a_batch_gets_the_first_position_once() -> None:
     assert publishing.on_committed(other, 2.0) is not None and len(answers.results) == 2
 
 
+def test_a_batch_answers_a_members_publishes_in_the_order_they_were_submitted() -> None:
+    """A batch with copies of publishes numbered before (answered from ``repeats``) and
+    newer ones numbered in it: each client gets its answers in the order it published
+    (MQTT 3.1.1 section 4.6: PUBACKs in the order of the PUBLISH packets). Before, the
+    newer ones were answered first: c, then a and b."""
+    publishing, answers = _member()
+    _publish(publishing, answers, "ab", 0.0)
+    coordinator = Coordinator()
+    coordinator.apply_batch(7, publishing.take_outgoing())  # committed; not seen here
+    _publish(publishing, answers, "c", 0.5)
+    publishing.resend_unanswered(1.0)  # a and b again, ahead of c
+    batch = coordinator.apply_batch(7, publishing.take_outgoing())
+    assert [ref for _, ref in batch.origins] == [3] and len(batch.repeats) == 2
+    publishing.on_committed(batch, 1.5)
+    assert [(r.closure, r.position) for r in answers.results] == [
+        ("a", Position(7, 1)), ("b", Position(7, 2)), ("c", Position(7, 3))]
+
+
 def test_a_publish_forwarded_twice_believes_no_definite_failure() -> None:
     """The seed it left may still commit the first copy: only a commit or the timeout
     answers it."""
