@@ -29,9 +29,9 @@ from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import PRUNE_FROM
 from migratory.server.mqtt_expiry import max_sessions_refusal
 from migratory.server.mqtt_inflight import Inflight, inflight_limit
-from migratory.server.mqtt_saving import MqttSaving
 from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject, take_up
 from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.mqtt_takeover import MqttTakeover
 from migratory.server.publish_rules import check_publish
 from migratory.server.session import new_connection_id
 
@@ -45,7 +45,7 @@ log = logging.getLogger("migratory.mqtt")
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
 
-class MqttSession(MqttSaving):
+class MqttSession(MqttTakeover):
     """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
 
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
@@ -110,6 +110,8 @@ class MqttSession(MqttSaving):
         self._inflight = Inflight(inflight_limit(config.client_max_pending_bytes))  # unacked
         self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
         self._held_close: tuple[int, str] | None = None  # a close waiting for those
+        self._takeover_token = ""  # (mqtt_takeover: other processes told of this CONNECT)
+        self._takeover_armed = False
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
         self._save_again = False
@@ -221,6 +223,8 @@ class MqttSession(MqttSaving):
             self._refuse(over.code, over.reason)
             return
         live = self._take_over(client_id)
+        if packet.client_id and self._ctx.read_barrier is not None:  # processes elsewhere
+            self._publish_takeover(client_id, now)
         self.identity = identity
         self.expires_at = self._ctx.entitlement.expiry(identity)  # closed then (app.py)
         self.keep_alive = packet.keep_alive
@@ -257,10 +261,7 @@ class MqttSession(MqttSaving):
         older = self._registry.get(client_id)
         live = None
         if older is not None and older is not self:
-            log.info("%s: taken over by a new connection", older.describe(),
-                     extra=older.log_fields())
-            older.close(close_codes.NORMAL.code, "taken over")
-            older.flush()
+            older.taken_over("by a new connection")
             live, older._record = older._record, None
             older._save_again = False  # (what its saves still carry: live.saving)
         self._registry[client_id] = self
