@@ -254,7 +254,9 @@ class MqttDelivery(MqttInput):
 
     def _on_puback(self, packet_id: int) -> None:
         delivered = self._inflight.acknowledge(packet_id)
-        if delivered is not None and self._record is not None:
-            subject, position = delivered
+        if delivered is None or self._record is None:
+            return
+        subject, position = delivered
+        if position is not None:  # (None: an earlier delivery of it is not acknowledged)
             self._record.set_position(subject, position)
             self._changed(positions=True)

@@ -1,8 +1,15 @@
 """The QoS 1 messages an MQTT session sent and the client has not acknowledged yet:
 their packet identifiers, and which subjects have one outstanding (a persistent
-session's saved position of such a subject waits for its PUBACK)."""
+session's saved position of such a subject waits for its PUBACK).
+
+A subject's position moves on only up to its oldest delivery not acknowledged: a PUBACK
+of a later one that comes first (a client acknowledging out of order, which MQTT 3.1.1
+section 4.6 forbids it) is held until the earlier ones have theirs. Before, it was saved
+at once, and a resume after a member's kill skipped the earlier one."""
 
 from __future__ import annotations
+
+from collections import deque
 
 from migratory.model.position import Position
 
@@ -20,11 +27,13 @@ def inflight_limit(max_pending_bytes: int) -> int:
 
 
 class Inflight:
-    __slots__ = ("_by_id", "_next", "_per_subject", "limit")
+    __slots__ = ("_by_id", "_early", "_next", "_per_subject", "limit")
 
     def __init__(self, limit: int = MAX_INFLIGHT) -> None:
         self._by_id: dict[int, tuple[str, Position]] = {}
-        self._per_subject: dict[str, int] = {}
+        # per subject, the packet identifiers outstanding in the order they were sent
+        self._per_subject: dict[str, deque[int]] = {}
+        self._early: set[int] = set()  # acknowledged before an earlier one of the subject
         self._next = 0
         self.limit = limit
 
@@ -46,17 +55,30 @@ class Inflight:
                 break
         self._next = packet_id
         self._by_id[packet_id] = (subject, position)
-        self._per_subject[subject] = self._per_subject.get(subject, 0) + 1
+        sent = self._per_subject.get(subject)
+        if sent is None:
+            sent = self._per_subject[subject] = deque()
+        sent.append(packet_id)
         return packet_id
 
-    def acknowledge(self, packet_id: int) -> tuple[str, Position] | None:
-        """What a PUBACK acknowledges; None for an identifier not outstanding."""
-        delivered = self._by_id.pop(packet_id, None)
-        if delivered is not None:
-            subject = delivered[0]
-            left = self._per_subject[subject] - 1
-            if left:
-                self._per_subject[subject] = left
-            else:
-                del self._per_subject[subject]
-        return delivered
+    def acknowledge(self, packet_id: int) -> tuple[str, Position | None] | None:
+        """What a PUBACK acknowledges: its subject and the position up to which the client
+        now has acknowledged every delivery of it (None while an earlier one waits for its
+        PUBACK: the identifier stays taken until then); None for an identifier not
+        outstanding. O(1) per PUBACK, in any order."""
+        delivered = self._by_id.get(packet_id)
+        if delivered is None or packet_id in self._early:
+            return None
+        subject = delivered[0]
+        sent = self._per_subject[subject]
+        if sent[0] != packet_id:
+            self._early.add(packet_id)
+            return subject, None
+        by_id, early = self._by_id, self._early
+        reached = by_id.pop(sent.popleft())[1]
+        while sent and sent[0] in early:
+            early.discard(sent[0])
+            reached = by_id.pop(sent.popleft())[1]
+        if not sent:
+            del self._per_subject[subject]
+        return subject, reached

@@ -361,3 +361,43 @@ def test_a_late_save_of_a_replaced_connection_does_not_bring_a_discarded_session
     assert decode_record(ctx.hub.snapshot(session_subject("dev"))) is None
     again = session(ctx, "dev", {}, clean_session=False)
     assert read(again) == [mqtt.Connack(False, 0)]
+
+
+def test_a_saved_position_never_passes_a_qos1_delivery_not_acknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a member's kill leaves is the last save: it must not name a position past a
+    QoS 1 message the client has not PUBACKed, or the resume skips it. A QoS 0 delivery
+    of the subject (a ``standard`` message, queued) does not move it on meanwhile; nor
+    does a PUBACK of a later QoS 1 message sent before the earlier one's (a client that
+    acknowledges out of order). Before, that PUBACK saved the later position: m1 lost."""
+    now = [100.0]
+    monkeypatch.setattr(mqtt_saving, "clock", lambda: now[0])
+    ctx, held = make()
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    held.settle()
+    publisher = session(ctx, "pub", {})
+    for payload, qos in ((b"m1", 1), (b"m2", 0), (b"m3", 1), (b"m4", 0)):
+        publisher.receive_data(encode_packet(
+            mqtt.Publish("a/b", payload, qos=qos, packet_id=qos or None)), 0.0)
+        held.settle()
+    sent = {p.payload: p for p in read(device) if isinstance(p, mqtt.Publish)}
+    assert [sent[m].qos for m in (b"m1", b"m2", b"m3", b"m4")] == [1, 0, 1, 0]
+
+    def saved() -> Position:
+        now[0] += mqtt_saving.SAVE_INTERVAL
+        device.save_record()
+        held.settle()
+        record = decode_record(ctx.hub.snapshot(session_subject("dev")))
+        assert record is not None
+        return record.positions["/a/b"]
+
+    first = ctx.hub.position("/a/b")
+    assert first is not None
+    m1 = Position(first.epoch, first.seq - 3)
+    assert saved() < m1  # m1 not acknowledged: m2 (QoS 0) does not move it on
+    device.receive_data(encode_packet(mqtt.Puback(sent[b"m3"].packet_id or 0)), 0.0)
+    assert saved() < m1, "a PUBACK of m3 saved a position past m1, not acknowledged"
+    device.receive_data(encode_packet(mqtt.Puback(sent[b"m1"].packet_id or 0)), 0.0)
+    assert saved() == Position(first.epoch, first.seq - 1)  # m1..m3: every one acknowledged

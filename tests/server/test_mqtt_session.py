@@ -223,6 +223,24 @@ def test_inflight_packet_ids_skip_outstanding_ones_and_wrap() -> None:
     assert [inflight.add("/x/y", Position(1, n)) for n in range(3)] == [65535, 1, 2]
 
 
+def test_inflight_puback_out_of_order_moves_the_position_once_the_earlier_come() -> None:
+    """A PUBACK before an earlier delivery's of the subject gives no position yet, and its
+    identifier is not handed out again until then (mqtt_inflight.py)."""
+    from migratory.model.position import Position
+    from migratory.server.mqtt_inflight import Inflight
+
+    inflight = Inflight()
+    ids = [inflight.add("/a/b", Position(1, n)) for n in (1, 2, 3)]
+    other = inflight.add("/c/d", Position(1, 1))
+    assert inflight.acknowledge(ids[2]) == ("/a/b", None)
+    assert inflight.acknowledge(ids[2]) is None  # twice: nothing more
+    assert inflight.acknowledge(ids[1]) == ("/a/b", None)
+    assert inflight.add("/x/y", Position(1, 1)) not in ids  # still taken
+    assert inflight.acknowledge(other) == ("/c/d", Position(1, 1))
+    assert inflight.acknowledge(ids[0]) == ("/a/b", Position(1, 3))  # 1..3 acknowledged
+    assert not inflight.outstanding("/a/b") and len(inflight) == 1
+
+
 def test_a_connection_taken_over_elsewhere_does_not_overwrite_its_successor() -> None:
     """Two registries on one hub stand for two members: the client reconnected to the
     second while the first still holds a half-open connection of it."""
