@@ -7,9 +7,10 @@ publish load with SDK clients going through the client Service.
 
 ``whole-restart``
     every pod (3 seeds, 1 non-seed) deleted at once, as a namespace-wide restart or a
-    node pool replaced does, then recreated one a second in reverse ordinal order, each
-    at a new IP: the headless service's names come back in another order than they
-    went, and for a while name the seeds that are up only.
+    node pool replaced does, the Raft leader's volume lost with its node, then every pod
+    recreated one a second in reverse ordinal order, each at a new IP (the former leader
+    on an empty volume): the headless service's names come back in another order than
+    they went, and for a while name the seeds that are up only.
 ``lost-volume``
     seed 2 deleted and not yet back (its node drained), then seed 1 deleted with its
     volume (its node lost, a local PersistentVolume with it) and seed 0 (a node of
@@ -27,13 +28,13 @@ publish load with SDK clients going through the client Service.
     ``maxReplicas`` raised (a longer member list in every pod), rolled one pod at a
     time onto half the pods (a non-seed and a seed): old and new lists must keep
     linking.
-``scale-down-seed-restart``
-    the HPA scaling non-seed 3 away while the Raft leader's pod restarts.
 ``ip-reused``
     seed 1 and non-seed 3 rescheduled at once, 3 at 1's old IP, while cluster DNS
     still answers ``migratory-1`` with it (30 s, scaled).
 ``scale-flap``
     non-seed 3 created and deleted again once it has started, twice, then created.
+``scale-out-in-leader-restart``, ``scaled-below-the-seeds``
+    the replica count moved: tests/deploy/scaling_faults.py.
 ``seed-roll-dns``
     seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
     between pods) while cluster DNS answers a recreated name with its old IP for 30 s
@@ -54,18 +55,15 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import trio
-from k8s_local import LocalStatefulSet, http_body
+from k8s_local import LocalStatefulSet, http_body, raft_leader
 from k8s_manifests import MONITOR_PORT, Document, documents, find
 from rehearsal import Load, Subscriber, check, under_load
-
-Observed = dict[str, object]
-Scenario = Callable[[LocalStatefulSet, Observed], Awaitable[None]]
-SEEDS = (0, 1, 2)
+from scaling_faults import SCALING_SCENARIOS, SCALING_UNAVAILABLE, SEEDS, Observed, Scenario
 
 
 async def readyz(sts: LocalStatefulSet, ordinal: int) -> str:
@@ -83,10 +81,11 @@ async def roll(sts: LocalStatefulSet, ordinal: int, docs: list[Document]) -> Non
 async def whole_restart(sts: LocalStatefulSet, observed: Observed) -> None:
     ordinals = sorted(sts.pods)
     await trio.sleep(2)
+    leader = observed["volume_lost_by"] = await raft_leader(sts)
     began = trio.current_time()
-    async with trio.open_nursery() as deletions:  # every pod at once
+    async with trio.open_nursery() as deletions:  # every pod at once, the leader's volume
         for ordinal in ordinals:
-            deletions.start_soon(sts.delete, ordinal)
+            deletions.start_soon(partial(sts.delete, ordinal, delete_volume=ordinal == leader))
     observed["all_deleted_seconds"] = round(trio.current_time() - began, 1)
     for ordinal in reversed(ordinals):
         sts.create(ordinal)
@@ -216,35 +215,6 @@ async def seed_roll_dns(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["seconds_without_a_ready_seed_majority"] = down
 
 
-async def raft_leader(sts: LocalStatefulSet) -> int:
-    """The ordinal of the seed the others follow (seed 0's view), or 0 if unknown."""
-    status = json.loads(await http_body(sts.pods[0].ip, MONITOR_PORT, "/cluster"))
-    leader = str(status.get("raft_leader") or "migratory-0.")
-    return int(leader.split(".", 1)[0].rsplit("-", 1)[1])
-
-
-async def scale_down_seed_restart(sts: LocalStatefulSet, observed: Observed) -> None:
-    """The HPA takes non-seed 3 away (its volume deleted, its clients drained to the
-    others) while the Raft leader's pod is deleted and recreated (its node restarted):
-    the drained clients and the leaving member's unsettled publishes land on a cluster
-    electing a new leader."""
-    await trio.sleep(2)
-    leader = await raft_leader(sts)
-    observed["restarted_seed"] = leader
-    began = trio.current_time()
-
-    async def seed_restart() -> None:
-        await sts.delete(leader)
-        sts.create(leader)
-
-    async with trio.open_nursery() as faults:
-        faults.start_soon(partial(sts.delete, 3, delete_volume=True))
-        faults.start_soon(seed_restart)
-    await sts.wait_ready(SEEDS, 60)
-    observed["all_seeds_ready_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(1)
-
-
 async def ip_reused(sts: LocalStatefulSet, observed: Observed) -> None:
     """Seed 1 rescheduled at a new IP while non-seed 3, rescheduled too, gets seed 1's
     old IP, and cluster DNS answers ``migratory-1`` with that old IP for 30 s (scaled):
@@ -281,8 +251,8 @@ async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
     """The HPA scaling up and straight down again (a metric flapping past its
     stabilization window, an operator's ``kubectl scale`` undone): non-seed 3 deleted as
     soon as its startup probe passes, while it syncs and before the Service sends it
-    anyone, twice, then created a third time on a fresh volume and left to become ready.
-    Each must leave cleanly (exit 0, no SIGKILL)."""
+    anyone, twice, then created a third time (on the volume ``whenScaled`` left it) and
+    left to become ready. Each must leave cleanly (exit 0, no SIGKILL)."""
     await trio.sleep(2)
     ready_when_deleted = observed["ready_when_deleted"] = []
     for _ in range(2):
@@ -291,7 +261,7 @@ async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
             while not pod.started:
                 await trio.sleep(0.05)
         ready_when_deleted.append(pod.ready)
-        await sts.delete(3, delete_volume=True)
+        await sts.delete(3, delete_volume=sts.claims_deleted_when_scaled)
     sts.create(3)
     await sts.wait_ready([3], 60)
     await trio.sleep(1)
@@ -303,11 +273,11 @@ SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "drift-refused": (3, drift_refused),
     "members-extended": (4, members_extended),
     "seed-roll-dns": (3, seed_roll_dns),
-    "scale-down-seed-restart": (4, scale_down_seed_restart),
     "ip-reused": (4, ip_reused),
     "scale-flap": (3, scale_flap),
+    **SCALING_SCENARIOS,
 }
-UNAVAILABLE = {"lost-volume", "whole-restart"}
+UNAVAILABLE = {"lost-volume", "whole-restart", *SCALING_UNAVAILABLE}
 """Plays that leave the cluster without a Raft majority for a while: a publish in flight
 then may have no answer (its outcome unknown), never a wrong one. whole-restart: every
 pod is deleted at once, so the last member draining can lose its Raft leader with a

@@ -12,6 +12,7 @@ out of the Service, the ``preStop`` hook, SIGTERM, SIGKILL after the grace perio
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -189,6 +191,30 @@ class LocalStatefulSet:
         self.events.note(f"deleted {pod.name} in {trio.current_time() - started:.1f} s"
                          f"{' with its volume' if delete_volume else ''}")
 
+    @property
+    def claims_deleted_when_scaled(self) -> bool:
+        """The manifest's ``persistentVolumeClaimRetentionPolicy.whenScaled`` is Delete:
+        the StatefulSet controller deletes the claims of the pods a scale-down removes
+        (Kubernetes' default, Retain, keeps them for the ordinal's next pod)."""
+        policy = find(self.docs, "StatefulSet")["spec"].get(
+            "persistentVolumeClaimRetentionPolicy", {})
+        return bool(policy.get("whenScaled", "Retain") == "Delete")
+
+    async def scale(self, replicas: int) -> None:
+        """``spec.replicas`` set (``kubectl scale``, the HPA, an apply that drops the
+        field: the API's default, 1): with ``podManagementPolicy: Parallel`` the
+        controller deletes every pod at or past ``replicas`` at once -- their claims with
+        them as :attr:`claims_deleted_when_scaled` says -- and creates the missing ones
+        below it at once."""
+        async with trio.open_nursery() as deletions:
+            for ordinal in sorted(self.pods, reverse=True):
+                if ordinal >= replicas:
+                    deletions.start_soon(partial(
+                        self.delete, ordinal, delete_volume=self.claims_deleted_when_scaled))
+        for ordinal in range(replicas):
+            if ordinal not in self.pods:
+                self.create(ordinal)
+
     def stop_all(self) -> None:
         for pod in list(self.pods.values()):
             pod.deleting = True
@@ -323,6 +349,13 @@ async def http_body(ip: str, port: int, path: str) -> str:
         except (OSError, trio.BrokenResourceError):
             return "(no answer)"
     return "(timeout)"
+
+
+async def raft_leader(sts: LocalStatefulSet) -> int:
+    """The ordinal of the seed the others follow (seed 0's view), or 0 if unknown."""
+    status = json.loads(await http_body(sts.pods[0].ip, MONITOR_PORT, "/cluster"))
+    leader = str(status.get("raft_leader") or "migratory-0.")
+    return int(leader.split(".", 1)[0].rsplit("-", 1)[1])
 
 
 def raft_sockets(pod: Pod) -> str:

@@ -9,7 +9,7 @@ publishers and subscribers go through the client Service:
 
 1. the first start: all pods at once (``Parallel``);
 2. HPA scale 3 -> 6 -> 3, removing the highest ordinal first, one at a time, each
-   with the preStop hook and the drain (non-seed volumes deleted, ``whenScaled``);
+   with the preStop hook and the drain (their volumes as ``whenScaled`` says);
 3. a rolling restart of every pod in reverse ordinal order, one at a time, each
    waiting for the previous to be ready and never taking a seed while the PDB would
    be broken;
@@ -142,7 +142,7 @@ async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> No
 
     async def scale_down() -> None:
         for ordinal in range(high - 1, low - 1, -1):  # highest ordinal first
-            await sts.delete(ordinal, delete_volume=True)
+            await sts.delete(ordinal, delete_volume=sts.claims_deleted_when_scaled)
             await trio.sleep(1)
 
     async def rolling_restart() -> None:

@@ -245,6 +245,17 @@ def test_client_service_and_ingress_example_reach_the_client_port() -> None:
     assert timeouts and all(int(v) >= 600 for v in timeouts)
 
 
+def test_no_scale_deletes_a_seeds_raft_log() -> None:
+    """The controller cannot tell a seed's claim from a non-seed's: with ``whenScaled:
+    Delete`` a count set below the seeds (``kubectl scale --replicas=0``, an apply that
+    drops a ``replicas`` field: 1) deleted the seeds' Raft logs with their pods
+    (tests/deploy/scaling_faults.py ``scaled-below-the-seeds`` plays it: DATA_RESYNC,
+    positions backwards, acknowledged publishes lost). Nor does ``kubectl delete``."""
+    policy = find(DOCS, "StatefulSet")["spec"].get("persistentVolumeClaimRetentionPolicy", {})
+    assert policy.get("whenScaled", "Retain") == "Retain", policy
+    assert policy.get("whenDeleted", "Retain") == "Retain", policy
+
+
 def test_the_drain_fits_in_the_termination_grace_period(tmp_path: Path) -> None:
     spec = find(DOCS, "StatefulSet")["spec"]["template"]["spec"]
     pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
