@@ -14,7 +14,7 @@ from typing import Any
 
 import cbor2
 
-from migratory.model.position import Position
+from migratory.model.position import EPOCH_LIMIT, Position
 from migratory.model.subject import MAX_SUBJECT_BYTES
 from migratory.protocol import close_codes
 
@@ -162,6 +162,12 @@ class Reader:
             raise bad(f"{self.where}: key {key!r} must be >= {minimum} and <= {maximum}")
         return value
 
+    def served_epoch(self, key: str, default: Any) -> Any:
+        """An epoch as a server gives them: from 1 to ``EPOCH_LIMIT - 1`` (docs/protocol.md).
+        A client's may be 0 (an unreadable SSE Last-Event-ID: unknown); a server's never
+        is, and one that says so is broken, not a position to resume from."""
+        return self.integer(key, default, minimum=1, maximum=EPOCH_LIMIT - 1)
+
     def boolean(self, key: str, default: bool) -> bool:
         value: bool = self._get(key, bool, "a boolean", default)
         return value
@@ -172,8 +178,10 @@ class Reader:
             raise bad(f"{self.where}: key {key!r} must be a map of text to text")
         return dict(value)
 
-    def position(self) -> Position | None:
-        epoch = self.integer("epoch")
+    def position(self, *, served: bool = False) -> Position | None:
+        """``epoch`` and ``seq``, both or neither. ``served``: a position a server sent,
+        whose epoch is one a server gives (:func:`served_epoch`)."""
+        epoch = self.served_epoch("epoch", None) if served else self.integer("epoch")
         seq = self.integer("seq")
         if (epoch is None) != (seq is None):
             raise bad(f"{self.where}: 'epoch' and 'seq' must be given together")

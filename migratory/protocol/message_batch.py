@@ -51,7 +51,7 @@ def decode_message(item: Any, share: Share = _no_share) -> Message:
     content = r.bytes_("content")
     fields = r.fields("fields") or EMPTY_FIELDS
     retained = r.boolean("retained", False)
-    epoch = share(r.integer("epoch", REQUIRED))  # a message always has its position
+    epoch = share(r.served_epoch("epoch", REQUIRED))  # a message always has its position
     return new_message(subject, content, fields, retained, qos, None, epoch,
                        r.integer("seq", REQUIRED), message_type)
 

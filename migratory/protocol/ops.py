@@ -432,7 +432,7 @@ def decode_server_op(payload: bytes) -> ServerOp | UnknownOp:
         return SubjectStatus(
             status=_status(r.text("status", REQUIRED)),
             subject=r.text("subject", REQUIRED),
-            position=r.position(),
+            position=r.position(served=True),
             reason=r.text("reason"),
         )
     if name == "publish_status":
@@ -440,7 +440,7 @@ def decode_server_op(payload: bytes) -> ServerOp | UnknownOp:
             status=_status(r.text("status", REQUIRED)),
             closure=r.text("closure"),
             subject=r.text("subject", REQUIRED),
-            position=r.position(),
+            position=r.position(served=True),
             reason=r.text("reason"),
         )
     if name == "connected":

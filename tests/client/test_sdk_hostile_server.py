@@ -88,6 +88,19 @@ NOT_OPERATIONS = {
     "a message without its position": cbor2.dumps(  # was: read as 0:0
         {"op": "message", "subject": SUBJECT, "content": b"x"}
     ),
+    # a server's epochs are 1 <= epoch < 2**48 (docs/protocol.md): was taken as a position
+    "a message at epoch 0": cbor2.dumps(
+        {"op": "message", "subject": SUBJECT, "content": b"x", "epoch": 0, "seq": 11}
+    ),
+    "a DATA_SYNC at epoch 0": cbor2.dumps(
+        {"op": "status", "status": "DATA_SYNC", "subject": SUBJECT, "epoch": 0, "seq": 11}
+    ),
+    "a PUBLISH_OK at epoch 2**48": cbor2.dumps(
+        {"op": "publish_status", "status": "PUBLISH_OK", "subject": SUBJECT, "closure": "c",
+         "epoch": 2**48, "seq": 1}
+    ),
+    "a large batch at epoch 0": cbor2.dumps({"op": "batch", "messages": [  # (decoded hooked)
+        {"subject": SUBJECT, "content": b"x" * 70_000, "epoch": 0, "seq": 11}]}),
     "a text frame": b"",  # see below: sent as a text frame
 }
 

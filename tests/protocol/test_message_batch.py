@@ -91,7 +91,11 @@ def plain(payload: bytes) -> ops.ServerOp | ops.UnknownOp:
     ],
 )
 def test_odd_messages_in_a_large_batch_read_as_in_a_small_one(odd: dict[str, object]) -> None:
-    payload = big(odd)
+    assert_read_as_a_small_one(big(odd))
+
+
+def assert_read_as_a_small_one(payload: bytes) -> None:
+    """``payload`` decodes (or is refused, for the same reason) as with no hook."""
     try:
         expected: object = plain(payload)
     except ops.OperationError as error:
@@ -122,8 +126,7 @@ message_maps = st.fixed_dictionaries(
 @settings(max_examples=30)
 @given(st.lists(message_maps, max_size=5))
 def test_a_large_batch_decodes_as_a_small_one(maps: list[dict[str, object]]) -> None:
-    payload = big(*maps)
-    assert ops.decode_server_op(payload) == plain(payload)
+    assert_read_as_a_small_one(big(*maps))  # (epoch 0 and 2**48 are refused by both)
 
 
 SHARED_TWICE = (
