@@ -8,6 +8,7 @@ import { Decoder, Encoder } from "cbor-x";
 
 import { CloseCode } from "./close_codes.js";
 import { ProtocolError } from "./errors.js";
+import { checkServerFrame } from "./frame_check.js";
 
 export const PROTOCOL_VERSION = 1;
 export const SUBPROTOCOL = "migratory.cbor";
@@ -33,6 +34,7 @@ export const PUBLISH_STATUSES = Object.freeze([
 const MESSAGE_TYPES = new Set(Object.values(MessageType));
 const QOS_NAMES = new Set(Object.values(Qos));
 const MAX_UINT32 = 0xffffffff;
+const EPOCH_LIMIT = 2 ** 48;
 const textDecoder = new TextDecoder("utf-8");
 
 // Plain CBOR maps with minimal headers, byte strings untagged, 64-bit integers as numbers
@@ -41,6 +43,10 @@ const encoder = new Encoder({
   useRecords: false, mapsAsObjects: true, variableMapSize: true, tagUint8Array: false,
 });
 const decoder = new Decoder({ useRecords: false, mapsAsObjects: true, int64AsNumber: true });
+// A frame with a map key `__proto__` (a field a publisher named so): decoded into Maps,
+// then objects whose keys are own properties, as sent (cbor-x renames that key to
+// `__proto_` when it builds an object, so the field came under another name).
+const mapDecoder = new Decoder({ useRecords: false, mapsAsObjects: false, int64AsNumber: true });
 
 /** A position `(epoch, seq)` of a subject's message. */
 export function position(epoch, seq) {
@@ -164,6 +170,16 @@ class Reader {
     return value;
   }
 
+  /** An epoch as a server gives them: 1 <= epoch < 2^48 (docs/protocol.md); one that
+   * says 0 or more is broken, not a position to resume from. */
+  epoch(fallback = null) {
+    const value = this.integer("epoch", fallback);
+    if (value !== null && (value < 1 || value >= EPOCH_LIMIT)) {
+      throw bad(`${this.where}: key 'epoch' must be >= 1 and < 2^48`);
+    }
+    return value;
+  }
+
   boolean(key, fallback) {
     return this.get(key, (v) => typeof v === "boolean", "a boolean", fallback);
   }
@@ -181,7 +197,7 @@ class Reader {
   }
 
   position() {
-    const epoch = this.integer("epoch");
+    const epoch = this.epoch();
     const seq = this.integer("seq");
     if ((epoch === null) !== (seq === null)) {
       throw bad(`${this.where}: 'epoch' and 'seq' must be given together`);
@@ -211,7 +227,7 @@ function decodeMessage(item, subjects = null) {
     fields: r.fields("fields"),
     retained: r.boolean("retained", false),
     qos,
-    epoch: r.integer("epoch", REQUIRED),
+    epoch: r.epoch(REQUIRED),
     seq: r.integer("seq", REQUIRED),
     type,
   });
@@ -223,10 +239,21 @@ function status(r, allowed) {
   return name;
 }
 
+/** `item` with every Map made an object holding its keys as own properties (a key
+ * `__proto__` too: Object.fromEntries defines it, where `object[key] = value` would set
+ * the object's prototype). The keys are text: checkServerFrame saw to it. */
+function withObjects(item) {
+  if (item instanceof Map) {
+    return Object.fromEntries([...item].map(([key, value]) => [key, withObjects(value)]));
+  }
+  return Array.isArray(item) ? item.map(withObjects) : item;
+}
+
 function loadMap(payload) {
   let item;
+  const proto = checkServerFrame(payload);
   try {
-    item = decoder.decode(payload);
+    item = proto ? withObjects(mapDecoder.decode(payload)) : decoder.decode(payload);
   } catch (error) {
     throw new ProtocolError(CloseCode.INVALID_PAYLOAD, `not a CBOR item: ${error.message}`);
   }

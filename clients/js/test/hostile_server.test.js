@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Encoder } from "cbor-x";
+import { Encoder, Tag } from "cbor-x";
 
 import { NotConnectedError, PublishOutcomeUnknown, connect } from "../src/index.js";
 import { Router, UNKNOWN_OPS_NAMED } from "../src/router.js";
@@ -76,6 +76,10 @@ const NOT_OPERATIONS = {
   "seq not an integer": opFrame({ ...message(SUBJECT, 11), seq: "11" }),
   "bytes after the map": frame(Buffer.concat([encoder.encode({ op: "pong" }), Buffer.from([0])])),
   "a message without its position": opFrame({ op: "message", subject: SUBJECT, content: new Uint8Array(1) }),
+  // a server sends no CBOR tag, and epochs 1 <= epoch < 2^48 (was: both read)
+  "a shared reference": frame(encoder.encode({ op: "batch", messages: [
+    new Tag(message(SUBJECT, 12), 28), new Tag(0, 29)] })),
+  "a message at epoch 0": opFrame({ ...message(SUBJECT, 12), epoch: 0 }),
   "a text frame": frame(Buffer.from("hello"), 0x1),
 };
 
