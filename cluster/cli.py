@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-sequencer", default="", help=argparse.SUPPRESS)
     serve.add_argument("--worker-parent", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
+    from cluster import dump_downgrade
     from cluster.tooling import add_cluster_commands
     from migratory.bench.cli import add_bench_command
     from migratory.cli_client import add_client_commands
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(commands)
     add_bench_command(commands)
     add_cluster_commands(commands)
+    dump_downgrade.add_command(commands)
     return parser
 
 
