@@ -15,6 +15,7 @@ from cluster_fixture import LocalCluster
 from test_cluster_processes import SUBJECT, Publisher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from mqttclient import MqttRawClient
 from paho_client import PahoClient
 
 from migratory.model.topic import subject_to_topic
@@ -85,6 +86,12 @@ def test_qos1_puback_waits_for_the_seed_majority(tmp_path: Path) -> None:
         cluster.wait_ready()
         client = PahoClient(mqtt_port(cluster, 0), "majority")
         client.publish(TOPIC, b"with a majority", qos=1)  # PUBACK within the timeout
+        for member in (0, 1):  # subjects of many groups: PUBACKs in the PUBLISHes' order
+            burst = MqttRawClient(mqtt_port(cluster, member), timeout=30)
+            burst.connect(f"burst-{member}")
+            acked = burst.publish_burst(2000, subjects=200)
+            assert acked == [n % 65535 + 1 for n in range(2000)], "PUBACKs out of order"
+            burst.close()
         cluster.kill(1)
         cluster.kill(2)  # no majority of seeds any more
         info = client.client.publish(TOPIC, b"without a majority", qos=1)

@@ -60,6 +60,21 @@ class MqttRawClient:
                 out.append(packet)
         return out
 
+    def publish_burst(self, count: int, subjects: int) -> list[int]:
+        """``count`` QoS 1 PUBLISHes over ``subjects`` topics in one write; the packet ids
+        of the PUBACKs in the order they came (MQTT 3.1.1 section 4.6: the PUBLISHes')."""
+        ids = [n % 65535 + 1 for n in range(count)]
+        self.send_raw(b"".join(
+            mqtt_encode.encode_packet(mqtt.Publish(
+                f"burst/s{n % subjects}/x", b"%d" % n, qos=1, retain=False, packet_id=ids[n]))
+            for n in range(count)))
+        acked: list[int] = []
+        while len(acked) < count:
+            packet = self.recv()
+            if isinstance(packet, mqtt.Puback):
+                acked.append(packet.packet_id)
+        return acked
+
     def closed_by_server(self, timeout: float = 5.0) -> bool:
         """Whether the server closes the connection within ``timeout`` (reading the rest)."""
         deadline = time.monotonic() + timeout

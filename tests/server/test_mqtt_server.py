@@ -43,6 +43,15 @@ def test_publish_subscribe_with_wildcards_and_qos(server) -> None:  # type: igno
     subscriber.stop()
 
 
+def test_pubacks_come_in_the_order_of_the_publishes(server) -> None:  # type: ignore[no-untyped-def]
+    """MQTT 3.1.1 section 4.6, 2,000 QoS 1 PUBLISHes over 200 subjects in one write (the
+    Guaranteed cluster's: test_cluster_mqtt_resume.py)."""
+    client = MqttRawClient(server.mqtt_port)
+    client.connect("burst")
+    assert client.publish_burst(2000, subjects=200) == [n + 1 for n in range(2000)]
+    client.close()
+
+
 def test_overlapping_filters_deliver_once(server) -> None:  # type: ignore[no-untyped-def]
     subscriber = PahoClient(server.mqtt_port, "overlap")
     subscriber.subscribe("a/+", 1)

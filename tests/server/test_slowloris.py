@@ -262,3 +262,37 @@ def test_refusals_are_logged_once_per_kind_and_interval() -> None:
     assert log.line("HandshakeTimeout", 3.0) == 0  # another kind: its own line
     assert log.line("MaxConnections", 60.0) == 3  # the three not logged
     assert log.line("MaxConnections", 61.0) is None
+
+
+def test_an_mqtt_client_that_never_completes_connect_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a ``ListenMqtt`` port nothing, or half a CONNECT, and over MQTT-over-WebSocket
+    an upgrade with no CONNECT after it: each closed after HandshakeTimeout, counted
+    (``HandshakeTimeout``) and logged as the other refusals (docs/monitoring.md)."""
+    caplog.set_level(logging.WARNING, "migratory.server")
+    trio.run(_mqtt_silent)
+    assert "no handshake within 1 s (HandshakeTimeout)" in caplog.text
+
+
+async def _mqtt_silent() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, ListenMqtt="127.0.0.1:0", HandshakeTimeout="1")
+        silent = await trio.open_tcp_stream("127.0.0.1", port(server, "mqtt:"))
+        half = await trio.open_tcp_stream("127.0.0.1", port(server, "mqtt:"))
+        await half.send_all(MQTT_CONNECT[:7])
+        upgraded = await trio.open_tcp_stream("127.0.0.1", port(server, "ws:"))
+        key = new_websocket_key()
+        await upgraded.send_all(handshake_request("127.0.0.1", "/mqtt", key, subprotocol="mqtt"))
+        assert b"Sec-WebSocket-Protocol: mqtt" in await receive(upgraded)
+        for stream in (silent, half, upgraded):
+            with trio.fail_after(5):
+                while True:
+                    try:
+                        if not await stream.receive_some(1000):
+                            break
+                    except trio.BrokenResourceError:
+                        break
+            await stream.aclose()
+        assert server.ctx.stats.refusals == {"HandshakeTimeout": 3}
+        nursery.cancel_scope.cancel()
