@@ -46,7 +46,7 @@ from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_expiry import SessionExpiry
-from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, TakeoverNotices
+from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
 from migratory.server.read_barrier import ReadBarrier
 from migratory.server.rebalance import Rebalancer
 from migratory.server.uring_writer import UringWriter, open_send_path
@@ -171,7 +171,9 @@ class Server:
         self.mqtt_addresses: list[tuple[str, int]] = []
         self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
         if self.ctx.read_barrier is not None:  # processes elsewhere: one connection per id
-            self.ctx.hub.listen(TakeoverNotices(self.mqtt_sessions), TAKEOVER_SUBJECT, 0)
+            self.ctx.takeovers = Takeovers(self.ctx.publishing, self.mqtt_sessions,
+                                           trio.current_time)
+            self.ctx.hub.listen(self.ctx.takeovers, TAKEOVER_SUBJECT, 0)
         self._mqtt_expiry = SessionExpiry(self.ctx, self.mqtt_sessions)  # mqtt_expiry.py
         self.listeners: list[Listener] = []  # as bound (port 0 resolved)
         self._tls: ssl.SSLContext | None = None

@@ -21,6 +21,7 @@ from migratory.server.metrics import BatchSizes, PublishTimings
 
 if TYPE_CHECKING:
     from migratory.server.monitor import Monitor
+    from migratory.server.mqtt_takeover import Takeovers
     from migratory.server.read_barrier import ReadBarrier
 
 
@@ -169,6 +170,8 @@ class ServerContext:
     outbox_budget: OutboxBudget | None = None  # OutboxMemoryBudget, shared by every outbox
     # a cluster member's or worker's (read_barrier.py); None: one process, nothing to wait for
     read_barrier: ReadBarrier | None = None
+    # the same processes' MQTT takeover notices (mqtt_takeover.py); None: one process
+    takeovers: Takeovers | None = None
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""

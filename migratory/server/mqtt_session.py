@@ -223,8 +223,8 @@ class MqttSession(MqttTakeover):
             self._refuse(over.code, over.reason)
             return
         live = self._take_over(client_id)
-        if packet.client_id and self._ctx.read_barrier is not None:  # processes elsewhere
-            self._publish_takeover(client_id, now)
+        if packet.client_id:  # (a made-up id is no other connection's)
+            self._publish_takeover(client_id, now)  # processes elsewhere: mqtt_takeover
         self.identity = identity
         self.expires_at = self._ctx.entitlement.expiry(identity)  # closed then (app.py)
         self.keep_alive = packet.keep_alive

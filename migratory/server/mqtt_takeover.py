@@ -7,14 +7,21 @@ Within one process a CONNECT closes the older connection of its client id itself
 device that reconnected through another member left its first connection open there
 -- delivering to it and holding its subscriptions -- until its keep-alive ran out.
 
-So an accepted CONNECT whose client gave its id publishes a *takeover notice* -- not
-retained, on the reserved subject :data:`TAKEOVER_SUBJECT`, carrying a token of the
-connection and the client id -- through the publish path, and every process applies the
-notices in the one order of the committed stream. A connection arms itself when its own
-notice comes back; once armed, a notice of its client id with another token is of a
-later CONNECT: it is closed (``taken over``). A notice that comes before its own is of
-an earlier CONNECT (committed before its own): ignored, that one is closed where it is.
-So exactly the last CONNECT of the stream stays, on every member.
+So an accepted CONNECT whose client gave its id is announced in a *takeover notice* --
+not retained, on the reserved subject :data:`TAKEOVER_SUBJECT`, a line per CONNECT: a
+token of the connection and the client id (in hex: an id may hold any character) --
+published through the publish path, and every process applies the notices in the one
+order of the committed stream. A connection arms itself when its own line comes back;
+once armed, a line of its client id with another token is of a later CONNECT: it is
+closed (``taken over``). A line that comes before its own is of an earlier CONNECT
+(committed before its own): ignored, that one is closed where it is. So exactly the last
+CONNECT of the stream stays, on every member.
+
+**Coalesced**, as the read barrier: one notice in flight per process; the CONNECTs that
+come meanwhile go into the next one (up to :data:`NOTICE_BYTES` of lines each). A storm
+of reconnects after a member's failure costs a notice per commit round trip, not a
+publish per CONNECT (which would fill ``ClusterMaxPendingPublishes`` and refuse the
+clients' own publishes).
 
 A single server of one process (nothing committed elsewhere) publishes no notice. Nor
 does a Standard cluster, which orders no publishes across members.
@@ -24,20 +31,23 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from migratory.model.message import Message, Qos
-from migratory.protocol import close_codes
+from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_saving import MqttSaving
 
 if TYPE_CHECKING:
-    from migratory.server.context import ServerContext
+    from migratory.server.context import PublishPath, ServerContext
 
 log = logging.getLogger("migratory.mqtt")
 
 TAKEOVER_SUBJECT = "/$mqtt-takeover/connect"
 """Where takeover notices are published (``/$``: reserved, refused to clients)."""
+
+NOTICE_BYTES = 16_384
+"""The lines of one notice, at most (a line is ~18 bytes plus twice its client id's)."""
 
 
 def new_token() -> str:
@@ -46,9 +56,8 @@ def new_token() -> str:
     return os.urandom(8).hex()
 
 
-def takeover_notice(client_id: str, token: str) -> Message:
-    """The notice a CONNECT of ``client_id`` publishes (``token`` names its connection)."""
-    return Message(TAKEOVER_SUBJECT, f"{token} {client_id}".encode(), qos=Qos.GUARANTEED)
+def notice_line(client_id: str, token: str) -> str:
+    return f"{token} {client_id.encode('utf-8').hex()}"
 
 
 class Noticed(Protocol):
@@ -57,21 +66,74 @@ class Noticed(Protocol):
     def takeover_noticed(self, token: str) -> None: ...
 
 
-class TakeoverNotices:
-    """The hub's listener of :data:`TAKEOVER_SUBJECT` on one process: each notice goes to
-    the connection of its client id here, if there is one. ``registry``: client id -> the
-    live session (the server's ``mqtt_sessions``)."""
+class Takeovers:
+    """One process's side of it: announces this process's CONNECTs (:meth:`announce`,
+    coalesced), and, as the hub's listener of :data:`TAKEOVER_SUBJECT`, hands each line
+    applied to the connection of its client id here, if there is one. ``registry``:
+    client id -> its live session (the server's ``mqtt_sessions``); ``clock``: the time
+    a notice is submitted at."""
 
-    __slots__ = ("_registry",)
-
-    def __init__(self, registry: Mapping[str, Noticed]) -> None:
+    def __init__(self, publishing: PublishPath, registry: Mapping[str, Noticed],
+                 clock: Callable[[], float]) -> None:
+        self._publishing = publishing
         self._registry = registry
+        self._clock = clock
+        self._waiting: list[str] = []  # lines not in a notice yet
+        self._in_flight = False
+        self.submitted = 0  # notices published
+
+    def announce(self, client_id: str, now: float) -> str:
+        """A CONNECT of ``client_id`` accepted here: its connection's token."""
+        token = new_token()
+        self._waiting.append(notice_line(client_id, token))
+        if not self._in_flight:
+            self._submit(now)
+        return token
+
+    def _submit(self, now: float) -> None:
+        size = 0
+        count = 0
+        for line in self._waiting:
+            size += len(line) + 1
+            if count and size > NOTICE_BYTES:
+                break
+            count += 1
+        lines, self._waiting = self._waiting[:count], self._waiting[count:]
+        self._in_flight = True
+        self.submitted += 1
+        notice = Message(TAKEOVER_SUBJECT, "\n".join(lines).encode(), qos=Qos.GUARANTEED)
+        self._publishing.submit(notice, self, now)
+
+    # --- the notice's PublishReply: the next one goes once it has landed --------
+
+    def publish_result(self, status: ops.PublishStatus) -> None:
+        self._landed()
+
+    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
+        self._landed()
+
+    def flush(self) -> None:
+        pass
+
+    def _landed(self) -> None:
+        """(A notice that failed closes nothing: its connections are never armed.)"""
+        self._in_flight = False
+        if self._waiting:
+            self._submit(self._clock())
+
+    # --- the hub's listener -----------------------------------------------------
 
     def deliver_message(self, message: Message, qos: int) -> None:
-        token, _, client_id = message.content.decode("utf-8", "replace").partition(" ")
-        session = self._registry.get(client_id)
-        if session is not None:
-            session.takeover_noticed(token)
+        registry = self._registry
+        for line in message.content.split(b"\n"):
+            token, _, hexed = line.partition(b" ")
+            try:
+                client_id = bytes.fromhex(hexed.decode("ascii")).decode("utf-8")
+            except ValueError:  # (no process writes one)
+                continue
+            session = registry.get(client_id)
+            if session is not None:
+                session.takeover_noticed(token.decode("ascii", "replace"))
 
 
 class MqttTakeover(MqttSaving):
@@ -80,14 +142,15 @@ class MqttTakeover(MqttSaving):
 
     __slots__ = ("_takeover_armed", "_takeover_token")
     _ctx: ServerContext
-    _takeover_armed: bool  # its own notice came back: a later one closes it
-    _takeover_token: str  # "" while it published none
+    _takeover_armed: bool  # its own line came back: a later one closes it
+    _takeover_token: str  # "" while it announced none
 
     def _publish_takeover(self, client_id: str, now: float) -> None:
         """An accepted CONNECT of ``client_id`` (the client's own, not a made-up one)
         tells the other processes, which close their connection of it."""
-        self._takeover_token = token = new_token()
-        self._ctx.publishing.submit(takeover_notice(client_id, token), None, now)
+        takeovers = self._ctx.takeovers
+        if takeovers is not None:
+            self._takeover_token = takeovers.announce(client_id, now)
 
     def takeover_noticed(self, token: str) -> None:
         """A notice of this connection's client id, in the committed stream's order."""

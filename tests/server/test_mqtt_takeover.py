@@ -1,6 +1,6 @@
-"""migratory/server/mqtt_takeover.py without I/O: two processes (a registry and a
-listener each) on one hub, CONNECTs of one client id in each, their takeover notices
-committed in the order the test settles them."""
+"""migratory/server/mqtt_takeover.py without I/O: two processes (a context, a registry
+and a Takeovers each) on one hub and one publish path, CONNECTs of one client id in
+each, their takeover notices committed in the order the test settles them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from concurrent.futures import Future
 
 from test_mqtt_session import HeldPublishing, make, read, session
 
+from migratory.entitlement import entitlement_from_config
 from migratory.protocol import mqtt
-from migratory.server.context import ServerContext
+from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
-from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, TakeoverNotices
+from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
 
 
 class PassedBarrier:
@@ -23,16 +24,21 @@ class PassedBarrier:
         return passed
 
 
-def two_processes() -> tuple[
-    HeldPublishing, ServerContext, dict[str, MqttSession], dict[str, MqttSession]
-]:
-    ctx, held = make()
-    ctx.read_barrier = PassedBarrier()  # type: ignore[assignment]
-    here: dict[str, MqttSession] = {}
-    there: dict[str, MqttSession] = {}
-    for registry in (here, there):
-        ctx.hub.listen(TakeoverNotices(registry), TAKEOVER_SUBJECT, 0)
-    return held, ctx, here, there
+Process = tuple[ServerContext, dict[str, MqttSession]]
+
+
+def two_processes() -> tuple[HeldPublishing, Process, Process]:
+    here, held = make()
+    there = ServerContext(here.config, here.hub, entitlement_from_config(here.config),
+                          ServerStatistics(), held)
+    processes = []
+    for ctx in (here, there):
+        registry: dict[str, MqttSession] = {}
+        ctx.read_barrier = PassedBarrier()  # type: ignore[assignment]
+        ctx.takeovers = Takeovers(held, registry, lambda: 0.0)
+        ctx.hub.listen(ctx.takeovers, TAKEOVER_SUBJECT, 0)
+        processes.append((ctx, registry))
+    return held, processes[0], processes[1]
 
 
 def test_the_connect_committed_last_stays_whichever_came_first() -> None:
@@ -40,9 +46,9 @@ def test_the_connect_committed_last_stays_whichever_came_first() -> None:
     connection only once its own notice is applied, so the one committed last stays
     (closing on any other token closed both)."""
     for reverse in (False, True):
-        held, ctx, here, there = two_processes()
-        first = session(ctx, "device", here)
-        second = session(ctx, "device", there)
+        held, here, there = two_processes()
+        first = session(here[0], "device", here[1])
+        second = session(there[0], "device", there[1])
         assert read(first) == [mqtt.Connack(False, 0)] == read(second)
         assert len(held.held) == 2  # a notice each, not committed yet
         if reverse:
@@ -54,18 +60,47 @@ def test_the_connect_committed_last_stays_whichever_came_first() -> None:
 
 
 def test_a_later_connect_closes_the_armed_connection_and_its_will_goes() -> None:
-    held, ctx, here, there = two_processes()
-    first = session(ctx, "device", here, will=mqtt.Will("dev/status", b"gone", 0, False))
+    held, here, there = two_processes()
+    will = mqtt.Will("dev/status", b"gone", 0, False)
+    first = session(here[0], "device", here[1], will=will)
     held.settle()
     assert not first.closing
-    second = session(ctx, "device", there)
+    second = session(there[0], "device", there[1])
     held.settle()
     assert first.closing and not second.closing
-    assert ctx.stats.mqtt_wills_published == 1  # ended without DISCONNECT
+    assert here[0].stats.mqtt_wills_published == 1  # ended without DISCONNECT
     assert [m.subject for m, _ in held.held] == ["/dev/status"]
 
 
+def test_connects_while_a_notice_is_in_flight_share_the_next() -> None:
+    """1,000 CONNECTs at once cost a few notices (NOTICE_BYTES of lines each), not a
+    publish each: a storm of reconnects does not fill the publish path."""
+    held, here, there = two_processes()
+    sessions = [session(here[0], f"device-{n}", here[1]) for n in range(1000)]
+    takeovers = here[0].takeovers
+    assert takeovers is not None and takeovers.submitted == 1 and len(held.held) == 1
+    rounds = 0
+    while held.held:
+        held.settle()  # each landing submits what came meanwhile
+        rounds += 1
+    assert takeovers.submitted == rounds <= 4  # the first, then ~450 lines of ~36 bytes each
+    later = session(there[0], "device-7", there[1])
+    held.settle()
+    assert [s.client_id for s in sessions if s.closing] == ["device-7"]
+    assert not later.closing
+
+
+def test_a_client_id_cannot_forge_another_clients_line() -> None:
+    """Client ids travel in hex: one holding a newline and a space names no other."""
+    held, here, there = two_processes()
+    victim = session(here[0], "victim", here[1])
+    held.settle()
+    forger = session(there[0], "x\nbadc0ffee0ddf00d " + b"victim".hex(), there[1])
+    held.settle()
+    assert not victim.closing and not forger.closing
+
+
 def test_a_made_up_client_id_publishes_no_notice() -> None:
-    held, ctx, here, _ = two_processes()
-    session(ctx, "", here)
+    held, here, _ = two_processes()
+    session(here[0], "", here[1])
     assert held.held == []
