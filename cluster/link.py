@@ -26,6 +26,7 @@ Operations, once authenticated (every key always present, no other keys)::
 
     {"t": "fw", "r": [[origin, ref, M], ...]}                 Forward
     {"t": "ff", "o": [[origin, ref], ...], "r": reason, "u": unknown}   ForwardFailed
+          (+ "s": status when it is not PUBLISH_FAILED, and only then)
     {"t": "rp", "c": from_clsn, "f": full}                     Replicate
     {"t": "b",  "c": clsn, "m": [M, ...], "o": [[origin, ref], ...]}    Batch
           (+ "a": [[origin, ref, epoch, seq], ...] when it has repeats, and only then)

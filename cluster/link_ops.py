@@ -15,7 +15,9 @@ import cbor2
 from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
+from cluster.link_faults import U64, is_text_map, is_u64, kind, message_fault
 from migratory.model.message import Message, MessageType, Qos, new_message
+from migratory.protocol.ops import Status
 
 MAX_FRAME: Final = 64 * 1024 * 1024
 """Largest frame payload, in bytes (an acceptor takes less: cluster/link_limits.py)."""
@@ -25,7 +27,6 @@ NONCE_SIZE: Final = 16
 MAX_MEMBER_BYTES: Final = 1024
 _HEADER: Final = 4
 _MAC_SIZE: Final = 32
-_U64: Final = 2**64
 
 
 class LinkError(Exception):
@@ -62,11 +63,15 @@ class Forward:
 
 @dataclass(frozen=True, slots=True)
 class ForwardFailed:
-    """Seed -> non-seed: Raft refused these requests, or their outcome is ``unknown``."""
+    """Seed -> non-seed: Raft refused these requests, or their outcome is ``unknown``;
+    ``status``: what their publishers are answered (a publish the seed's check refuses
+    for its size is ``MESSAGE_SIZE_LIMIT_EXCEEDED``, as on a client's own member). On
+    the wire as ``"s"``, left out for ``PUBLISH_FAILED`` (the frame of an older member)."""
 
     origins: tuple[tuple[str, int], ...]
     reason: str
     unknown: bool
+    status: Status = Status.PUBLISH_FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,53 +201,19 @@ def _message(item: Any, where: str) -> Message:
             and 0 <= flags <= 3
             and (closure is None or type(closure) is str)
             and type(epoch) is int
-            and 0 <= epoch < _U64
+            and 0 <= epoch < U64
             and type(seq) is int
-            and 0 <= seq < _U64
+            and 0 <= seq < U64
             and type(code) is int
             and 0 <= code < len(_TYPES)
-            and (not fields or _is_text_map(fields))
+            and (not fields or is_text_map(fields))
         ):
             qos = Qos.GUARANTEED if flags & _GUARANTEED else Qos.STANDARD
             retained = bool(flags & _RETAINED)
             return new_message(  # not Message(): ~1 us less per message (see _number)
                 subject, content, fields, retained, qos, closure, epoch, seq, _TYPES[code]
             )
-    raise LinkError(f"{where}: {_message_fault(item)}")
-
-
-def _is_text_map(fields: dict[Any, Any]) -> bool:
-    return all(type(k) is str and type(v) is str for k, v in fields.items())
-
-
-def _message_fault(item: Any) -> str:
-    """Why ``item`` is not a message (the slow path of :func:`_message`)."""
-    if type(item) is not list or len(item) != 8:
-        return f"a message must be an array of 8 items, got {_kind(item)}"
-    subject, content, fields, flags, closure, epoch, seq, _type = item
-    if type(subject) is not str:
-        return "message subject must be a text string"
-    if type(content) is not bytes:
-        return "message content must be a byte string"
-    if type(fields) is not dict or not _is_text_map(fields):
-        return "message fields must be a map of text to text"
-    if type(flags) is not int or not 0 <= flags <= 3:
-        return "message flags must be an integer from 0 to 3"
-    if closure is not None and type(closure) is not str:
-        return "message closure must be a text string or null"
-    if not _is_u64(epoch) or not _is_u64(seq):
-        return "message epoch and seq must be unsigned integers below 2**64"
-    return f"message type must be an integer below {len(_TYPES)}"
-
-
-def _is_u64(value: Any) -> bool:
-    return type(value) is int and 0 <= value < _U64
-
-
-def _kind(value: Any) -> str:
-    if type(value) is list:
-        return f"an array of {len(value)} items"
-    return type(value).__name__
+    raise LinkError(f"{where}: {message_fault(item, len(_TYPES))}")
 
 
 # --- encoding --------------------------------------------------------------------
@@ -256,8 +227,11 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
     match op:
         case Forward(requests=requests):
             return {"t": "fw", "r": [[r.origin, r.ref, _message_item(r.message)] for r in requests]}
-        case ForwardFailed(origins=origins, reason=reason, unknown=unknown):
-            return {"t": "ff", "o": _origin_items(origins), "r": reason, "u": unknown}
+        case ForwardFailed(origins=origins, reason=reason, unknown=unknown, status=status):
+            failed = {"t": "ff", "o": _origin_items(origins), "r": reason, "u": unknown}
+            if status is not Status.PUBLISH_FAILED:  # only then: see ForwardFailed
+                failed["s"] = status.value
+            return failed
         case Replicate(from_clsn=from_clsn, full=full):
             return {"t": "rp", "c": from_clsn, "f": full}
         case Batch(batch=b):
@@ -323,7 +297,7 @@ def _load_map(payload: bytes) -> dict[Any, Any]:
     if stream.tell() != len(payload):
         raise LinkError(f"frame has {len(payload) - stream.tell()} bytes after its CBOR item")
     if type(item) is not dict:
-        raise LinkError(f"frame must be a CBOR map, got {_kind(item)}")
+        raise LinkError(f"frame must be a CBOR map, got {kind(item)}")
     return item
 
 
@@ -354,7 +328,7 @@ class _Body:
         return value
 
     def uint(self, key: str) -> int:
-        return cast(int, self._get(key, _is_u64, "an unsigned integer < 2**64"))
+        return cast(int, self._get(key, is_u64, "an unsigned integer < 2**64"))
 
     def text(self, key: str) -> str:
         return cast(str, self._get(key, lambda v: type(v) is str, "a text string"))
@@ -387,7 +361,7 @@ class _Body:
         for item in items:
             if not (type(item) is list and len(item) == 2 and type(item[0]) is str):
                 raise LinkError(f"{self.tag!r} frame: {key!r} must hold [origin, ref] pairs")
-            if not _is_u64(item[1]):
+            if not is_u64(item[1]):
                 raise LinkError(f"{self.tag!r} frame: {key!r}: ref must be an unsigned integer")
         return tuple([(origin, ref) for origin, ref in items])
 
@@ -398,7 +372,7 @@ def _forward(r: _Body) -> Forward:
         if not (type(item) is list and len(item) == 3 and type(item[0]) is str):
             raise LinkError("'fw' frame: 'r' must hold [origin, ref, message] triples")
         origin, ref, message = item
-        if not _is_u64(ref):
+        if not is_u64(ref):
             raise LinkError("'fw' frame: 'r': ref must be an unsigned integer < 2**64")
         requests.append(new_publish_request(origin, ref, _message(message, "'fw' frame: 'r'")))
     return Forward(tuple(requests))
@@ -409,7 +383,7 @@ def _subject_sync(item: Any, tag: str = "s") -> SubjectSync:
     if not (type(item) is list and len(item) == 5):
         raise LinkError(f"{where} must hold [subject, epoch, seq, snapshot, cached] arrays")
     subject, epoch, seq, snapshot, cached = item
-    if type(subject) is not str or not _is_u64(epoch) or not _is_u64(seq):
+    if type(subject) is not str or not is_u64(epoch) or not is_u64(seq):
         raise LinkError(f"{where}: bad subject, epoch or seq")
     if type(cached) is not list:
         raise LinkError(f"{where}: cached messages must be an array")
@@ -436,14 +410,28 @@ def _batch(r: _Body) -> Batch:
     repeats = []
     for item in r.array("a") if "a" in r.body else ():
         if not (type(item) is list and len(item) == 4 and type(item[0]) is str
-                and all(_is_u64(n) for n in item[1:])):
+                and all(is_u64(n) for n in item[1:])):
             raise LinkError("'b' frame: 'a' must hold [origin, ref, epoch, seq] arrays")
         repeats.append((item[0], item[1], item[2], item[3]))
     return Batch(CommittedBatch(r.uint("c"), r.messages("m"), r.origins("o"), tuple(repeats)))
 
 
+FORWARD_FAILED_STATUSES: Final = (
+    Status.PUBLISH_FAILED, Status.PUBLISH_DENIED, Status.MESSAGE_SIZE_LIMIT_EXCEEDED)
+"""What a ``ForwardFailed`` may answer a publisher (never ``PUBLISH_OK``: that comes
+from the committed stream)."""
+_FORWARD_FAILED_STATUS: Final = {status.value: status for status in FORWARD_FAILED_STATUSES}
+
+
 def _forward_failed(r: _Body) -> ForwardFailed:
-    return ForwardFailed(origins=r.origins("o"), reason=r.text("r"), unknown=r.boolean("u"))
+    status = Status.PUBLISH_FAILED
+    if "s" in r.body:
+        name = r.text("s")
+        if name not in _FORWARD_FAILED_STATUS:
+            raise LinkError(f"'ff' frame: 's' must be one of {sorted(_FORWARD_FAILED_STATUS)}")
+        status = _FORWARD_FAILED_STATUS[name]
+    return ForwardFailed(origins=r.origins("o"), reason=r.text("r"), unknown=r.boolean("u"),
+                         status=status)
 
 
 def _settings(r: _Body) -> Settings:
@@ -492,6 +480,8 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
     keys, build = _OPS[tag]
     if tag == "b" and "a" in body:  # the repeats, only in a batch that has some
         keys = ("c", "m", "o", "a")
+    elif tag == "ff" and "s" in body:  # the status, only when not PUBLISH_FAILED
+        keys = ("o", "r", "u", "s")
     return build(_Body(body, tag, keys))
 
 

@@ -10,8 +10,10 @@ publish passes :func:`~migratory.server.publish_rules.message_refusal`, the same
 function a client's publish passes (``member=True``: a member's own ``/$`` records are
 its server's). A refused one is:
 
-- answered to its origin (a forward: ``ForwardFailed`` naming it, so the client of that
-  member gets ``PUBLISH_FAILED`` with the reason, once); the valid publishes of the same
+- answered to its origin (a forward: ``ForwardFailed`` naming it and its status, so the
+  client of that member gets that status -- ``MESSAGE_SIZE_LIMIT_EXCEEDED`` for a message
+  past this member's MaxMessageSize, ``PUBLISH_FAILED`` otherwise -- with the reason,
+  once); the valid publishes of the same
   forward are submitted as if it had come alone;
 - counted by status (``migratory_cluster_link_publishes_refused_total{status}``);
 - logged at warning once a minute per peer and status (a flood stays readable);
@@ -58,6 +60,14 @@ class PeerPublishes:
     def refusal(self, peer: str, message: Message, now: float) -> str | None:
         """Why ``peer``'s ``message`` is refused (``STATUS: reason``), or None; counted and
         logged (once a minute per peer and status)."""
+        refused = self.refused_with(peer, message, now)
+        return None if refused is None else f"{refused[0].value}: {refused[1]}"
+
+    def refused_with(
+        self, peer: str, message: Message, now: float
+    ) -> tuple[ops.Status, str] | None:
+        """The status and reason ``peer``'s ``message`` is refused with, or None; counted
+        and logged (once a minute per peer and status)."""
         refused = message_refusal(message, self.max_message_size, member=True)
         if refused is None:
             return None
@@ -69,20 +79,22 @@ class PeerPublishes:
                 "up; more of this kind from it are counted "
                 "(migratory_cluster_link_publishes_refused_total), logged again in %.0f s",
                 peer, message.subject[:80], reason, status.value, self.repeats.every)
-        return f"{status.value}: {reason}"
+        return status, reason
 
     def forward(
         self, peer: str, requests: Sequence[PublishRequest], now: float
     ) -> tuple[list[PublishRequest], list[link.ForwardFailed]]:
         """``peer``'s forward split: the publishes to submit, and the answers to send it
-        for the others (one ``ForwardFailed`` per reason)."""
+        for the others (one ``ForwardFailed`` per status and reason, carrying the status
+        its publishers are answered)."""
         taken: list[PublishRequest] = []
-        failed: dict[str, list[tuple[str, int]]] = {}
+        failed: dict[tuple[ops.Status, str], list[tuple[str, int]]] = {}
         for request in requests:
-            reason = self.refusal(peer, request.message, now)
-            if reason is None:
+            refused = self.refused_with(peer, request.message, now)
+            if refused is None:
                 taken.append(request)
             else:
-                failed.setdefault(reason, []).append((request.origin, request.ref))
-        return taken, [link.ForwardFailed(tuple(origins), reason, False)
-                       for reason, origins in failed.items()]
+                failed.setdefault(refused, []).append((request.origin, request.ref))
+        return taken, [link.ForwardFailed(tuple(origins), f"{status.value}: {reason}", False,
+                                          status)
+                       for (status, reason), origins in failed.items()]

@@ -241,9 +241,12 @@ class ClusterPublishing:
         return True
 
     def on_failed(
-        self, origins: list[tuple[str, int]], reason: str, *, unknown: bool, now: float
+        self, origins: list[tuple[str, int]], reason: str, *, unknown: bool, now: float,
+        status: ops.Status = ops.Status.PUBLISH_FAILED,
     ) -> None:
-        """Raft refused a batch (definite) or could not say whether it committed (unknown)."""
+        """Raft refused a batch (definite) or could not say whether it committed (unknown);
+        ``status``: what a definite failure answers (a seed's check of a forwarded publish
+        says ``MESSAGE_SIZE_LIMIT_EXCEEDED`` or ``PUBLISH_DENIED`` too)."""
         replies: dict[int, PublishReply] = {}
         for origin, ref in origins:
             if origin != self.origin:
@@ -256,7 +259,7 @@ class ClusterPublishing:
                     pending.unknown_since = now
                 continue
             del self._pending[ref]
-            self._fail(pending, f"not published: {reason}", replies)
+            self._fail(pending, f"not published: {reason}", replies, status)
         for reply in replies.values():
             reply.flush()
 
@@ -296,14 +299,14 @@ class ClusterPublishing:
             reply.flush()
         return len(expired)
 
-    def _fail(self, pending: _Pending, reason: str, replies: dict[int, PublishReply]) -> None:
+    def _fail(
+        self, pending: _Pending, reason: str, replies: dict[int, PublishReply],
+        status: ops.Status = ops.Status.PUBLISH_FAILED,
+    ) -> None:
         self.stats.failed += 1
         if pending.reply is not None:
             pending.reply.publish_result(
-                ops.PublishStatus(
-                    ops.Status.PUBLISH_FAILED, pending.closure, pending.subject, None, reason
-                )
-            )
+                ops.PublishStatus(status, pending.closure, pending.subject, None, reason))
             replies[id(pending.reply)] = pending.reply
 
     def statistics(self) -> dict[str, Any]:

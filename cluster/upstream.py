@@ -210,7 +210,7 @@ class UpstreamReplication:
             self._check_seed_ready(op.ready, now)
         elif isinstance(op, link.ForwardFailed):
             self.stream.publishing.on_failed(
-                list(op.origins), op.reason, unknown=op.unknown, now=now
+                list(op.origins), op.reason, unknown=op.unknown, now=now, status=op.status
             )
         else:
             raise link.LinkError(f"unexpected {type(op).__name__} from seed {seed}")

@@ -53,7 +53,9 @@ from cluster.link import (
     SyncRefused,
     SyncRequest,
 )
+from cluster.link_ops import FORWARD_FAILED_STATUSES, decode_op, encode_frame
 from migratory.model.message import Message, MessageType, Qos
+from migratory.protocol.ops import Status
 
 # --- operations --------------------------------------------------------------------
 
@@ -67,6 +69,9 @@ EXAMPLES: list[LinkOp] = [
     Forward(()),
     ForwardFailed(((CONNECTOR, 7), (ACCEPTOR, 2**64 - 1)), "MISSING_LEADER", False),
     ForwardFailed(((CONNECTOR, 8),), "timeout", True),
+    ForwardFailed(((CONNECTOR, 9),), "MESSAGE_SIZE_LIMIT_EXCEEDED: 2 MiB", False,
+                  Status.MESSAGE_SIZE_LIMIT_EXCEEDED),
+    ForwardFailed(((CONNECTOR, 10),), "PUBLISH_DENIED: /$x", False, Status.PUBLISH_DENIED),
     Replicate(0),
     Replicate(2**63),
     Replicate(7, full=True),
@@ -153,7 +158,8 @@ ops = st.one_of(
     st.builds(
         Forward, st.lists(st.builds(PublishRequest, texts, u64, messages), max_size=4).map(tuple)
     ),
-    st.builds(ForwardFailed, origins, texts, st.booleans()),
+    st.builds(ForwardFailed, origins, texts, st.booleans(),
+              st.sampled_from(FORWARD_FAILED_STATUSES)),
     st.builds(Replicate, u64),
     st.builds(
         Batch, st.builds(CommittedBatch, u64, st.lists(messages, max_size=6).map(tuple), origins,
@@ -442,3 +448,19 @@ def _timed(fn: Callable[[], object]) -> float:
 if __name__ == "__main__":
     for line in benchmark_batch():
         print(line)
+
+
+def test_a_forward_failed_carries_the_status_its_publishers_get() -> None:
+    """Before, a ForwardFailed had no status: a forwarded publish the seed refused for its
+    size reached its publisher as PUBLISH_FAILED. ``"s"`` is written only for another
+    status, so the PUBLISH_FAILED frame is the one an older member writes and reads."""
+    failed = ForwardFailed(((CONNECTOR, 1),), "r", False)
+    assert cbor2.loads(encode_frame(failed)[4:]) == {
+        "t": "ff", "o": [[CONNECTOR, 1]], "r": "r", "u": False}
+    sized = ForwardFailed(((CONNECTOR, 1),), "r", False, Status.MESSAGE_SIZE_LIMIT_EXCEEDED)
+    body = cbor2.loads(encode_frame(sized)[4:])
+    assert body["s"] == "MESSAGE_SIZE_LIMIT_EXCEEDED"
+    assert decode_op(encode_frame(sized)[4:]).status is Status.MESSAGE_SIZE_LIMIT_EXCEEDED
+    for wrong in ("PUBLISH_OK", "DATA_SYNC", "", 3):
+        with pytest.raises(LinkError, match="'ff' frame: 's'"):
+            decode_op(cbor2.dumps({**body, "s": wrong}))

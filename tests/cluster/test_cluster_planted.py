@@ -87,20 +87,22 @@ class FailedAgainPublishing(ClusterPublishing):
     """Queues again, to be forwarded at the next switch, the publishes its clients were
     told had failed."""
 
-    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float) -> None:
+    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float,
+                  **status: Any) -> None:
         before = dict(self._pending)
-        super().on_failed(origins, reason, unknown=unknown, now=now)
+        super().on_failed(origins, reason, unknown=unknown, now=now, **status)
         self._outgoing += [p.request for ref, p in before.items() if ref not in self._pending]
 
 
 class BelievingPublishing(ClusterPublishing):
     """Believes a seed's definite failure of a publish it forwarded twice."""
 
-    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float) -> None:
+    def on_failed(self, origins: Any, reason: str, *, unknown: bool, now: float,
+                  **status: Any) -> None:
         for _, ref in origins:
             if (pending := self._pending.get(ref)) is not None:
                 pending.resent = False
-        super().on_failed(origins, reason, unknown=unknown, now=now)
+        super().on_failed(origins, reason, unknown=unknown, now=now, **status)
 
 
 # --- a sync from a peer that is behind ---------------------------------------------

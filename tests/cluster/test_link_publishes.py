@@ -153,6 +153,8 @@ def test_a_forward_mixing_valid_and_invalid_publishes(caplog: pytest.LogCaptureF
     assert all(not answer.unknown for answer in failed)
     reasons = {answer.reason.split(":")[0] for answer in failed}
     assert reasons == {"PUBLISH_FAILED", "MESSAGE_SIZE_LIMIT_EXCEEDED"}
+    # was: no status (its publisher got PUBLISH_FAILED for a message too large)
+    assert all(answer.reason.startswith(f"{answer.status.value}: ") for answer in failed)
     assert seed.service.publishes.refused == {"PUBLISH_FAILED": 8,
                                               "MESSAGE_SIZE_LIMIT_EXCEEDED": 1}
     assert violations(seed) == {}

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from publish_answers import Answers
 
+from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
+from cluster.forwarding import Outgoing
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
+from cluster.stream import CommittedStream
+from cluster.upstream import UpstreamReplication
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
@@ -142,3 +146,26 @@ def test_a_publish_forwarded_twice_believes_no_definite_failure() -> None:
     assert answers.reasons == ["not published: REQUEST_DENIED"]
     assert publishing.expire(11.0) == 1
     assert answers.reasons[1] == "outcome unknown: no commit seen within 10 s"
+
+
+def test_a_forwarded_publish_refused_for_its_size_is_answered_so() -> None:
+    """The seed's answer names the status the publisher gets (was: PUBLISH_FAILED for
+    every ForwardFailed, a message over the seed's MaxMessageSize too): each frame as
+    the non-seed decodes it and its upstream hands it to the publishing."""
+    publishing, answers = _member()
+    stream = CommittedStream(publishing)
+    upstream = UpstreamReplication(name="10.0.0.2:1", seeds=[("10.0.0.1", 1)], password="p",
+                                   stream=stream, outgoing=Outgoing(publishing))
+    _publish(publishing, answers, "abc", 0.0)
+    publishing.take_outgoing()
+    for failed in [
+        link.ForwardFailed((("edge#1", 1),), "MESSAGE_SIZE_LIMIT_EXCEEDED: too large", False,
+                           ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED),
+        link.ForwardFailed((("edge#1", 2),), "PUBLISH_DENIED: /$x", False,
+                           ops.Status.PUBLISH_DENIED),
+        link.ForwardFailed((("edge#1", 3),), "MISSING_LEADER", False),
+    ]:
+        upstream._on_op("10.0.0.1:1", link.decode_op(link.encode_frame(failed)[4:]), 1.0)
+    assert [(r.closure, r.status.name) for r in answers.results] == [
+        ("a", "MESSAGE_SIZE_LIMIT_EXCEEDED"), ("b", "PUBLISH_DENIED"), ("c", "PUBLISH_FAILED")]
+    assert answers.results[0].reason == "not published: MESSAGE_SIZE_LIMIT_EXCEEDED: too large"
