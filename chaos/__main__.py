@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--publishers", type=at_least(0), default=4, help="SDK publishers")
     run.add_argument("--raw-publishers", type=at_least(0), default=4,
                      help="raw-protocol publishers")
+    run.add_argument("--http-publishers", type=at_least(0), default=0, metavar="N",
+                     help="HTTP publishers (POST /publish on keep-alive connections; default 0)")
+    run.add_argument("--mqtt-publishers", type=at_least(0), default=0, metavar="N",
+                     help="MQTT publishers (paho-mqtt, QoS 1, clean session; default 0)")
     run.add_argument("--subscribers", type=at_least(0), default=14, help="SDK subscribers")
     run.add_argument("--auditors", type=at_least(0), default=6, help="raw-protocol subscribers")
     run.add_argument(
@@ -251,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         auditors=args.auditors,
         mqtt_subscribers=args.mqtt_subscribers,
         sse_subscribers=args.sse_subscribers,
+        http_publishers=args.http_publishers,
+        mqtt_publishers=args.mqtt_publishers,
     )
 
 

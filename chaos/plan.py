@@ -5,10 +5,11 @@ takes a subset of the subjects, so one subscriber's history stays small enough t
 check while every subject is watched by several subscribers of both kinds.
 
 Names say what a client is: ``p<k>`` SDK publishers, ``pr<k>`` raw-protocol
-publishers (a msg_id starts with its publisher's name, so every one starts with
-``p``), ``s<k>`` SDK subscribers, ``a<k>`` raw auditors (the server's test fault
-switch aims at client names starting with ``a``), ``m<k>`` MQTT persistent sessions,
-``e<k>`` Server-Sent Events streams (EventSource).
+publishers, ``ph<k>`` HTTP publishers (``POST /publish``), ``pm<k>`` MQTT publishers
+(QoS 1) (a msg_id starts with its publisher's name, so every one starts with ``p``),
+``s<k>`` SDK subscribers, ``a<k>`` raw auditors (the server's test fault switch aims
+at client names starting with ``a``), ``m<k>`` MQTT persistent sessions, ``e<k>``
+Server-Sent Events streams (EventSource).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ HISTORY = 10  # messages of history asked for by the subscribers that ask for it
 @dataclass(frozen=True, slots=True)
 class PublisherPlan:
     name: str
-    kind: str  # sdk | raw
+    kind: str  # sdk | raw | http | mqtt
     prefer: int  # member index it connects to first
     rate: float  # publishes per second it offers (Poisson arrivals)
 
@@ -66,6 +67,8 @@ def plan_workload(
     auditors: int = 6,
     mqtt_subscribers: int = 0,
     sse_subscribers: int = 0,
+    http_publishers: int = 0,
+    mqtt_publishers: int = 0,
     per_subscriber: int | None = None,
     late_start: float = 8.0,
 ) -> WorkloadPlan:
@@ -82,18 +85,23 @@ def plan_workload(
         raise ValueError("need at least one subject and one member")
     if not rate > 0:  # (a negative rate's arrivals ran backwards: a loop without end)
         raise ValueError(f"the publish rate must be more than 0, got {rate}")
-    if sdk_publishers + raw_publishers < 1 or sdk_subscribers + auditors < 1:
+    if sdk_publishers + raw_publishers + http_publishers + mqtt_publishers < 1 or (
+        sdk_subscribers + auditors < 1
+    ):
         raise ValueError("need at least one publisher and one subscriber")
     rng = random.Random(f"workload-{seed}")
     names = tuple(subject_name(i) for i in range(subjects))
     count = per_subscriber or max(2, subjects // 8)
     count = min(count, subjects)
-    per_pub = rate / (sdk_publishers + raw_publishers)
-    pubs = [PublisherPlan(f"p{k}", "sdk", k % members, per_pub) for k in range(sdk_publishers)]
-    pubs += [
-        PublisherPlan(f"pr{k}", "raw", (sdk_publishers + k) % members, per_pub)
-        for k in range(raw_publishers)
-    ]
+    kinds_of_publishers = (
+        ("sdk", "p", sdk_publishers), ("raw", "pr", raw_publishers),
+        ("http", "ph", http_publishers), ("mqtt", "pm", mqtt_publishers),
+    )
+    per_pub = rate / sum(n for _, _, n in kinds_of_publishers)
+    pubs: list[PublisherPlan] = []
+    for kind, prefix, n in kinds_of_publishers:
+        pubs += [PublisherPlan(f"{prefix}{k}", kind, (len(pubs) + k) % members, per_pub)
+                 for k in range(n)]
     subs: list[SubscriberPlan] = []
     kinds = (
         ("sdk", "s", sdk_subscribers), ("raw", "a", auditors), ("mqtt", "m", mqtt_subscribers),

@@ -23,10 +23,12 @@ import trio
 
 from chaos.cpu import CpuMeter
 from chaos.history import History
+from chaos.http_publisher import http_publisher
 from chaos.members import Member, base_port, build_members, http_json, mqtt_port, on_free_ports
+from chaos.mqtt_publisher import mqtt_publisher
 from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
-from chaos.plan import SubscriberPlan, plan_workload
+from chaos.plan import PublisherPlan, SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
 from chaos.schedule import Fault, generate, member, to_jsonl
 from chaos.sse_workload import HEARTBEAT, sse_subscriber, stall_after
@@ -80,6 +82,8 @@ class Runner:
         auditors: int = 6,
         mqtt_subscribers: int = 0,
         sse_subscribers: int = 0,
+        http_publishers: int = 0,
+        mqtt_publishers: int = 0,
     ) -> None:
         if members < 3 or seeds not in (3, 5) or seeds > members:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
@@ -96,6 +100,8 @@ class Runner:
             auditors=auditors,
             mqtt_subscribers=mqtt_subscribers,
             sse_subscribers=sse_subscribers,
+            http_publishers=http_publishers,
+            mqtt_publishers=mqtt_publishers,
         )
         self.cpu = CpuMeter()
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
@@ -124,7 +130,7 @@ class Runner:
             lambda: base_port(members),
             lambda base: build_members(
                 count=members, seeds=seeds, base=base, proxies=proxies, out=out, env=env,
-                on_crash=self.record_crash, mqtt=mqtt_subscribers > 0,
+                on_crash=self.record_crash, mqtt=mqtt_subscribers + mqtt_publishers > 0,
             ),
             {"ClusterLogCompactionEntries": str(compaction[0]),
              "ClusterLogCompactionTime": str(compaction[1]),
@@ -279,8 +285,7 @@ class Runner:
                 start = trio.current_time()
                 workload.started = start
                 for pub in self.plan.publishers:
-                    task = workload.sdk_publisher if pub.kind == "sdk" else self.raw_publisher
-                    work.start_soon(self.supervised, pub.name, task, pub)
+                    work.start_soon(self.supervised, pub.name, self.publisher, pub)
                 work.start_soon(self.progress)
                 work.start_soon(self.loop_lag)
                 async with trio.open_nursery() as faults:
@@ -335,8 +340,16 @@ class Runner:
         else:
             await raw_auditor(self.workload, spec, ready)
 
-    async def raw_publisher(self, spec: Any) -> None:
-        await raw_publisher(self.workload, spec)
+    async def publisher(self, spec: PublisherPlan) -> None:
+        if spec.kind == "sdk":
+            await self.workload.sdk_publisher(spec)
+        elif spec.kind == "raw":
+            await raw_publisher(self.workload, spec)
+        elif spec.kind == "http":
+            ports = [int(url.rsplit(":", 1)[1]) for url in self.client_urls]
+            await http_publisher(self.workload, spec, ports)
+        else:
+            await mqtt_publisher(self.workload, spec, [mqtt_port(u) for u in self.client_urls])
 
     async def supervised(self, what: str, fn: Any, *args: Any) -> None:
         """Run a workload task; if the SDK ends it (e.g. a terminal close), log and restart."""

@@ -37,6 +37,14 @@ null ones and takes part in ``lost`` and ``unexpected`` only). Then, in ``safety
   position is the acknowledgement's, so it adds no collision of its own).
 - ``SESSION_LOST`` (a resume answered session present 0) is recorded, not itself a
   violation: what the lost session missed is reported as lost.
+
+MQTT *publishers* (chaos/mqtt_publisher.py) get a PUBACK with no position either: their
+``ok`` rows are recorded with ``epoch`` and ``seq`` null, and :func:`with_positions` first
+gives each one the position its msg_id was delivered at to the subscribers that see
+positions (sdk, raw, sse), so that every check holds those publishes to the same rules
+as the others. One that no such subscriber received keeps null ones: ``lost`` then names
+it for every subscriber subscribed throughout that did not get it (no resync can be
+shown to cover a position nobody saw).
 """
 
 from __future__ import annotations
@@ -50,10 +58,12 @@ NOT_CHECKED = ("holes",)  # left out of the mqtt counts (the report shows "-")
 
 
 def with_positions(history: History) -> History:
-    """``history`` whose mqtt deliveries carry the epoch and seq of their msg_id's ack
-    (the other rows unchanged); the same object when it has no mqtt delivery."""
+    """``history`` whose acks without a position (MQTT publishers') carry the position
+    their msg_id was delivered at, and whose mqtt deliveries carry the epoch and seq of
+    their msg_id's ack (the other rows unchanged); the same object when it has neither."""
     from pyspark.sql import functions as F
 
+    history = acks_with_positions(history)
     if not any(key[0] == KIND for key, _ in history.values.get("deliveries", [])):
         return history
     dels = history["deliveries"]
@@ -69,3 +79,28 @@ def with_positions(history: History) -> History:
         "seq": F.when(mq, F.col("a_seq")).otherwise(F.col("seq")),
     }).select(*dels.columns)
     return replace(history, frames={**history.frames, "deliveries": derived.cache()})
+
+
+def acks_with_positions(history: History) -> History:
+    """``history`` whose ``ok`` rows without a position take the lowest position their
+    msg_id was delivered at to an sdk, raw or sse subscriber (a msg_id has one, or the
+    collision and duplicate checks say otherwise); the same object when every ``ok`` row
+    has a position."""
+    from pyspark.sql import functions as F
+
+    pubs = history["publishes"]
+    bare = (F.col("type") == "ok") & (F.col("epoch").isNull() | F.col("seq").isNull())
+    if not pubs.where(bare).limit(1).count():
+        return history
+    seen = (
+        history["deliveries"]
+        .where((F.col("kind") != KIND) & F.col("msg_id").isNotNull()
+               & F.col("epoch").isNotNull() & F.col("seq").isNotNull())
+        .groupBy("msg_id")
+        .agg(F.min(F.struct("epoch", "seq")).alias("d"))
+    )
+    filled = pubs.join(seen, "msg_id", "left").withColumns({
+        "epoch": F.when(bare, F.col("d.epoch")).otherwise(F.col("epoch")),
+        "seq": F.when(bare, F.col("d.seq")).otherwise(F.col("seq")),
+    }).select(*pubs.columns)
+    return replace(history, frames={**history.frames, "publishes": filled.cache()})

@@ -236,7 +236,8 @@ class HttpFront:
             status, reason = check_publish(ctx, self._listener, identity, message)
         else:
             status, reason = ops.Status.PUBLISH_DENIED, "entitlement refused the connection"
-        if status is None and ctx.readiness() is not None:
+        unavailable = status is None and ctx.readiness() is not None
+        if unavailable:  # a member not ready (syncing, no seed): 503, try again or elsewhere
             status, reason = ops.Status.PUBLISH_FAILED, ctx.readiness()
         audit = ctx.audit
         if audit is not None and audit.message:
@@ -249,7 +250,7 @@ class HttpFront:
         if status is not None:
             ctx.stats.publishes_refused += 1
             refused = ops.PublishStatus(status, HTTP_CLOSURE, message.subject, None, reason)
-            code, body = publish_reply(refused, refused=True)
+            code, body = publish_reply(refused, refused=not unavailable)
             self._respond(Reply(code, body, JSON))
             return
         ctx.publishing.submit(message, self, self._now)  # answered in publish_result

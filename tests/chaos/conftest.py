@@ -1,5 +1,6 @@
 """The light workload of the chaos runs inside ``make test`` (``make chaos`` runs the
-default, heavy one): every kind of client, a few subjects, about 100 publishes/s."""
+default, heavy one): every kind of client (the HTTP and MQTT
+publishers too), a few subjects, about 100 publishes/s."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ LIGHT_LOAD = [
     "--rate", "100",
     "--publishers", "1",
     "--raw-publishers", "2",
+    "--http-publishers", "1",
+    "--mqtt-publishers", "1",
     "--subscribers", "3",
     "--auditors", "2",
 ]

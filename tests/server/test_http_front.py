@@ -34,3 +34,27 @@ def test_a_request_pipelined_after_a_refused_upgrade_is_answered() -> None:
     assert answers.startswith(b"HTTP/1.1 404 ") and b"ListenerRoles" in answers
     assert answers.count(b"HTTP/1.1 ") == 2 and answers.endswith(b"\r\n\r\nok\n")
     assert session.in_http and not session.closing
+
+
+def _publish(session: Session, subject: str) -> bytes:
+    body = b'{"subject": "%s", "content": "x"}' % subject.encode()
+    session.receive_data(b"POST /publish HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body), 0.0)
+    return session.outbox.take()
+
+
+def test_a_publish_to_a_member_not_ready_is_503_and_a_bad_subject_400() -> None:
+    """A member not ready (syncing, no seed yet) refuses a publish for a while: 503, the
+    status that says 'try again, or another member' (docs/http.md). Before: 400, the
+    client's fault, as for an invalid subject (the chaos run's HTTP publisher met it
+    while a non-seed looked for its seed). An invalid subject stays 400."""
+    server = Server(load_config(overrides={"Listen": "127.0.0.1:0"}, environ={}))
+    listener = Listener(("127.0.0.1", 1), encrypted=False, protocols=frozenset({"http"}),
+                        publish=True)
+    server.ctx.readiness = lambda: "member is not replicating from a seed yet"
+    session = Session(server.ctx, NullLink(), "127.0.0.1:5", listener)
+    answer = _publish(session, "/a/b")
+    assert answer.startswith(b"HTTP/1.1 503 "), answer
+    assert b'"PUBLISH_FAILED"' in answer and b"not replicating from a seed yet" in answer
+    answer = _publish(session, "/a//b")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer

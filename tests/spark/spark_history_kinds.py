@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_history_gen import MEMBERS, Synthetic, _victim
+from spark_history_gen import MEMBERS, Synthetic, _resync_over, _victim
 
 MQTT_VICTIM = ("mqtt", "m0", "/chaos/s0")
 
@@ -108,3 +108,29 @@ def plant_sse_resync(syn: Synthetic) -> None:
     syn.add("subscriptions", subscriber=who, kind="sse", subject=subject, event="DATA_RESYNC",
             member=MEMBERS[1], epoch=ds[i + 1]["epoch"], seq=ds[i + 1]["seq"],
             time=(ds[i + 1]["time"] + ds[i + 2]["time"]) / 2)
+
+
+# ---- publishers whose acknowledgement carries no position (MQTT PUBACK) ----
+
+
+def _positionless(syn: Synthetic) -> list[dict[str, Any]]:
+    """Every publish ack of /chaos/s0 stripped of its position, as an MQTT publisher
+    records it (chaos/mqtt_publisher.py); the victim's deliveries."""
+    for p in syn.tables["publishes"]:
+        if p["type"] == "ok" and p["subject"] == "/chaos/s0":
+            p["epoch"] = p["seq"] = None
+    return _victim(syn)
+
+
+def plant_positionless_ack_resync(syn: Synthetic) -> None:
+    """A delivery dropped under a DATA_RESYNC, its ack without a position: allowed (the
+    position comes from the other subscribers' deliveries). Before the checker filled
+    ack positions, the null seq excused nothing: reported lost."""
+    ds = _positionless(syn)
+    _resync_over(syn, ds, len(ds) // 3)
+
+
+def plant_positionless_ack_lost(syn: Synthetic) -> None:
+    """A delivery dropped, no resync, its ack without a position: lost (and a hole)."""
+    ds = _positionless(syn)
+    syn.tables["deliveries"].remove(ds[len(ds) // 3])

@@ -114,6 +114,9 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     # Server-Sent Events streams: the native rules (positions in their events' ids)
     (kinds.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
     (kinds.plant_sse_resync, NONE),
+    # acks without a position (MQTT publishers'): positions from the deliveries
+    (kinds.plant_positionless_ack_resync, NONE),
+    (kinds.plant_positionless_ack_lost, {**NONE, "sdk": {"lost", "holes"}}),
 ]
 
 
@@ -155,7 +158,8 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     # an MQTT subscriber has resumed at its next CONNACK (SERVER_UP): no DATA_SYNC in MQTT
     assert "holes" not in summary["violations"]["mqtt"]  # not checked: "-" in the report
     # mqtt, raw, sdk, sse, members
-    assert "\n| holes | - | 1 | 2 | 1 | - |\n" in (out / "report.md").read_text()
+    holes = [sum("holes" in e.get(k, ()) for _, e in PLANTED) for k in ("raw", "sdk", "sse")]
+    assert "\n| holes | - | {} | {} | {} | - |\n".format(*holes) in (out / "report.md").read_text()
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
     assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (4, 0)
     md = (out / "report.md").read_text()
