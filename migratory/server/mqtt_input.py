@@ -50,6 +50,18 @@ CONNECT held then was closed without CONNACK (with 5 s, by hand, the sequencer
 SIGSTOPped)."""
 
 
+def _valid_filter(name: str) -> bool:
+    """Whether the SUBSCRIBE asks the entitlement of filter ``name`` (an invalid one is
+    refused with 0x80 unasked): each filter of a SUBSCRIBE on its own -- one invalid
+    filter ended the asking ahead of those after it, which the SUBSCRIBE then asked in
+    the event loop, every client waiting for the plugin."""
+    try:
+        filter_levels(name)
+    except InvalidTopicError:
+        return False
+    return True
+
+
 class MqttInput:
     # the rest are MqttSession's
     __slots__ = ("_barrier", "_barrier_passed", "_barrier_until", "_connect_checked",
@@ -206,8 +218,8 @@ class MqttInput:
                 elif isinstance(packet, mqtt.Subscribe) and self.identity is not None:
                     limit = self._ctx.config.max_subjects_per_subscribe
                     for name, _ in packet.requests[:limit]:
-                        filter_levels(name)  # not asked of a filter refused anyway
-                        entitlement.allow_subscribe(self.identity, "/" + name)
+                        if _valid_filter(name):  # not asked of a filter refused anyway
+                            entitlement.allow_subscribe(self.identity, "/" + name)
         except DecisionPending as pending:
             self.decision_pending = pending
             return False
@@ -229,11 +241,8 @@ class MqttInput:
             return
         record = decode_record(self._ctx.hub.snapshot(session_subject(client_id)))
         for name in () if record is None else record.filters:
-            try:
-                filter_levels(name)
-            except InvalidTopicError:
-                continue
-            entitlement.allow_subscribe(identity, "/" + name)
+            if _valid_filter(name):
+                entitlement.allow_subscribe(identity, "/" + name)
 
     def _unwrap(self, data: bytes) -> bool:
         """Feed the MQTT bytes carried in WebSocket frames; False once closing."""

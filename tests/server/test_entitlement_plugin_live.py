@@ -197,6 +197,30 @@ def test_a_plugin_call_under_way_holds_its_own_mqtt_client_and_nobody_else(
     newcomer.close()
 
 
+def test_an_invalid_filter_first_in_a_subscribe_does_not_hold_the_others(
+    start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SUBSCRIBE whose first filter is invalid (0x80) and whose next one the plugin
+    holds: the next is asked ahead too, so the loop does not wait for the plugin. Before,
+    the first invalid filter ended the asking ahead, and the SUBSCRIBE asked the next in
+    the event loop: every client waited for the plugin (here 10 s, the timeout)."""
+    server = held_server(start_server, tmp_path, monkeypatch)
+    reader, publisher = bystanders(server.port)
+    assert publisher.publish(Message("/a/b", b"0", closure="0")).status is ops.Status.PUBLISH_OK
+    victim = MqttRawClient(server.mqtt_port)
+    assert victim.connect("victim").return_code == 0
+    victim.send(mqtt.Subscribe(1, (("bad", 0), ("Held/x", 0), ("a//b", 0))))
+    wait_for_file(tmp_path / "asked")
+    status = publisher.publish(Message("/a/b", b"1", closure="1"))  # (5 s: RawClient's)
+    assert status.status is ops.Status.PUBLISH_OK
+    assert [m.content for m in reader.recv_messages(2)] == [b"0", b"1"]
+    (tmp_path / "release").touch()
+    assert victim.recv() == mqtt.Suback(1, (0x80, 0, 0x80))
+    for client in (reader, publisher):
+        client.close()
+    victim.close()
+
+
 def test_a_plugin_call_under_way_holds_its_own_http_request_and_nobody_else(
     start_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
