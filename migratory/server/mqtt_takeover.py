@@ -78,28 +78,30 @@ class Takeovers:
         self._publishing = publishing
         self._registry = registry
         self._clock = clock
-        self._waiting: list[str] = []  # lines not in a notice yet
-        self._in_flight = False
+        self._waiting: list[tuple[str, str]] = []  # (client id, token) not in a notice yet
+        self._in_flight: list[tuple[str, str]] | None = None  # those of the notice in flight
         self.submitted = 0  # notices published
+        self.failed = 0  # notices whose publish failed
 
     def announce(self, client_id: str, now: float) -> str:
         """A CONNECT of ``client_id`` accepted here: its connection's token."""
         token = new_token()
-        self._waiting.append(notice_line(client_id, token))
-        if not self._in_flight:
+        self._waiting.append((client_id, token))
+        if self._in_flight is None:
             self._submit(now)
         return token
 
     def _submit(self, now: float) -> None:
+        lines: list[str] = []
         size = 0
-        count = 0
-        for line in self._waiting:
+        for client_id, token in self._waiting:
+            line = notice_line(client_id, token)
             size += len(line) + 1
-            if count and size > NOTICE_BYTES:
+            if lines and size > NOTICE_BYTES:
                 break
-            count += 1
-        lines, self._waiting = self._waiting[:count], self._waiting[count:]
-        self._in_flight = True
+            lines.append(line)
+        self._in_flight, self._waiting = (self._waiting[:len(lines)],
+                                          self._waiting[len(lines):])
         self.submitted += 1
         notice = Message(TAKEOVER_SUBJECT, "\n".join(lines).encode(), qos=Qos.GUARANTEED)
         self._publishing.submit(notice, self, now)
@@ -107,17 +109,25 @@ class Takeovers:
     # --- the notice's PublishReply: the next one goes once it has landed --------
 
     def publish_result(self, status: ops.PublishStatus) -> None:
-        self._landed()
+        self._landed(ok=status.status is ops.Status.PUBLISH_OK)
 
     def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
-        self._landed()
+        self._landed(ok=True)
 
     def flush(self) -> None:
         pass
 
-    def _landed(self) -> None:
-        """(A notice that failed closes nothing: its connections are never armed.)"""
-        self._in_flight = False
+    def _landed(self, *, ok: bool) -> None:
+        """A notice that failed (no seed majority, an unknown outcome) closes nothing
+        elsewhere; its connections are armed here all the same, or no later CONNECT of
+        their client ids would ever close them."""
+        announced, self._in_flight = self._in_flight or [], None
+        if not ok:
+            self.failed += 1
+            for client_id, token in announced:
+                session = self._registry.get(client_id)
+                if session is not None:
+                    session.takeover_noticed(token)
         if self._waiting:
             self._submit(self._clock())
 

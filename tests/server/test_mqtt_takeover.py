@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from test_mqtt_session import HeldPublishing, make, read, session
 
 from migratory.entitlement import entitlement_from_config
-from migratory.protocol import mqtt
+from migratory.protocol import mqtt, ops
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
@@ -104,3 +104,20 @@ def test_a_made_up_client_id_publishes_no_notice() -> None:
     held, here, _ = two_processes()
     session(here[0], "", here[1])
     assert held.held == []
+
+
+def test_a_connection_whose_notice_failed_can_still_be_taken_over() -> None:
+    """A notice refused (no seed majority) closes nothing elsewhere, but its connection is
+    armed here: before, never armed, it stayed through every later CONNECT of its id."""
+    held, here, there = two_processes()
+    first = session(here[0], "device", here[1])
+    ((notice, reply),) = held.held
+    held.held = []
+    assert reply is not None
+    reply.publish_result(ops.PublishStatus(ops.Status.PUBLISH_FAILED, None, notice.subject,
+                                           None, "no majority"))
+    takeovers = here[0].takeovers
+    assert takeovers is not None and takeovers.failed == 1
+    second = session(there[0], "device", there[1])
+    held.settle()
+    assert first.closing and not second.closing
