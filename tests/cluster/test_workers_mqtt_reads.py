@@ -227,3 +227,44 @@ def test_a_connect_while_the_sequencer_is_stopped_is_refused_not_held(tmp_path: 
         assert connack == mqtt.Connack(False, 0)
     finally:
         server.stop()
+
+
+def accepted_by(server: WorkersServer, client: MqttRawClient) -> int:
+    """The worker that accepted ``client``'s connection (once one has: a bounded wait)."""
+    for _ in range(100):
+        try:
+            return worker_holding(server, client.sock)
+        except AssertionError:  # in the listening socket's queue still
+            time.sleep(0.02)
+    return worker_holding(server, client.sock)
+
+
+def test_a_connect_on_another_worker_closes_the_connection_of_its_client_id(
+    tmp_path: Path,
+) -> None:
+    """A client id connected on one worker, then again through the port until the kernel
+    puts the new connection on the other worker: the first is closed (a takeover notice
+    through the sequencer: migratory/server/mqtt_takeover.py). Before, each worker knew
+    only its own connections and both stayed open."""
+    server = WorkersServer(tmp_path, ListenMqtt="127.0.0.1:0")
+    try:
+        port = mqtt_port(server)
+        for clean in (True, False):
+            client_id = f"device-{clean}"
+            first = MqttRawClient(port, timeout=10)
+            assert first.connect(client_id, clean_session=clean).return_code == 0
+            where = worker_holding(server, first.sock)
+            for _ in range(50):  # (the kernel picks by the source port)
+                second = MqttRawClient(port, timeout=10)
+                if accepted_by(server, second) != where:
+                    break
+                second.close()
+            else:
+                raise AssertionError("50 connections in a row on one worker")
+            assert second.connect(client_id, clean_session=clean).return_code == 0
+            assert first.closed_by_server(10), f"{client_id}: the first connection stayed"
+            second.send(mqtt.Pingreq())
+            assert isinstance(second.recv(), mqtt.Pingresp)
+            second.close()
+    finally:
+        server.stop()
