@@ -42,7 +42,7 @@ from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
 from cluster.dump_decoder import DumpDecodeError, stop_reason
 from cluster.raft_cipher import RaftCipher
-from cluster.raft_compaction import compaction_stagger
+from cluster.raft_compaction import bound_log_bytes, compaction_stagger
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
@@ -319,6 +319,7 @@ class RaftTimings:
     use_batch: bool = False
     compaction_entries: int = 20_000  # ClusterLogCompactionEntries
     compaction_seconds: float = 120.0  # ClusterLogCompactionTime
+    compaction_bytes: int = 64 << 20  # ClusterLogCompactionBytes
 
 
 MIN_FREE_BYTES = 1 << 20
@@ -409,6 +410,7 @@ class RaftCoordination:
             bindAddress=raft_address(bind_address) if bind_address else None,
             **journal_files(data_dir),
         )
+        bound_log_bytes(conf, int(timings.compaction_bytes * stagger))
         self.address = me
         self.syncobj = _SeedSyncObj(
             me, others, conf=conf, consumer=self.consumer, transportClass=SeedLinkTransport

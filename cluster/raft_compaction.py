@@ -12,7 +12,8 @@ shows it on real pysyncobj nodes: 6,400 parts sent, no dump ever installed).
 
 :class:`CompactionWaitsForDumps` starts no new compaction on a leader while a dump
 transmission is in progress, for at most :data:`MAX_WAIT_SECONDS` (and while its log
-holds no more than :data:`MAX_LOG_FACTOR` times ``logCompactionMinEntries``), so a
+holds no more than :data:`MAX_LOG_FACTOR` times ``logCompactionMinEntries``, nor
+that many times ``ClusterLogCompactionBytes``), so a
 transmission that can finish does; a follower that never takes its parts cannot keep
 the log growing for ever.
 
@@ -26,6 +27,14 @@ own factor between 1 and 1 + :data:`STAGGER` on both thresholds, fixed by its ad
 with one seed compacting at a time, the other two still commit, and the leader's own
 compaction stalled nothing measurable (traced: p99.9 9.5 ms in a window with all three
 compactions, 8 s apart).
+
+Seeds compact once their log takes more than ``ClusterLogCompactionBytes`` too
+(:func:`bound_log_bytes`). pysyncobj's journal keeps every entry in memory as well as on
+disk until a compaction drops it, and its thresholds count entries and seconds only:
+at 10,000 acknowledged 100-byte publishes a second a seed's memory grew 310 bytes a
+publish with its message caches bounded (``benchmarks/raft_log_memory.py``), about
+1 GB over one ``ClusterLogCompactionTime`` at the cluster's ceiling -- beyond every
+budget, and the three seeds hold the same log (the OOM killer takes them together).
 
 Once the dump is written, the journal drops the entries it holds in one step
 (:func:`trimmed`). pysyncobj 0.3.17 rewrote the journal in place -- the header's end of
@@ -47,7 +56,7 @@ from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj import syncobj as pysyncobj_syncobj
-from pysyncobj.journal import FileJournal
+from pysyncobj.journal import FIRST_RECORD_OFFSET, FileJournal
 from pysyncobj.syncobj import _RAFT_STATE
 
 from cluster import raft_durability
@@ -58,6 +67,21 @@ log = logging.getLogger("migratory.raft")
 MAX_WAIT_SECONDS = 60.0
 MAX_LOG_FACTOR = 4
 STAGGER = 0.5
+LOG_BYTES_SETTING = "logCompactionMinBytes"
+"""The ``SyncObjConf`` attribute (ours: pysyncobj has none) with the log's byte bound."""
+
+
+def bound_log_bytes(conf: Any, limit: int) -> None:
+    """Compact once the log's entries take more than ``limit`` bytes (0: no bound)."""
+    setattr(conf, LOG_BYTES_SETTING, limit)
+
+
+def log_bytes(journal: Any) -> int:
+    """The bytes of the entries in pysyncobj's file journal (its records: O(1)); 0 for
+    a journal in memory (a seed without ClusterDataDir, tests)."""
+    if isinstance(journal, FileJournal):
+        return int(journal._FileJournal__currentOffset) - int(FIRST_RECORD_OFFSET)
+    return 0
 
 
 def compaction_stagger(address: str) -> float:
@@ -120,7 +144,14 @@ class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
     def _SyncObj__tryLogCompaction(self) -> None:
         if self._dump_on_its_way():
             return
+        if self._log_over(1):  # pysyncobj's entries and seconds do not bound the bytes
+            self._SyncObj__forceLogCompaction = True
         SyncObj._SyncObj__tryLogCompaction(self)
+
+    def _log_over(self, factor: int) -> bool:
+        """The log takes more than ``factor`` times ``ClusterLogCompactionBytes``."""
+        limit = getattr(self._SyncObj__conf, LOG_BYTES_SETTING, 0)
+        return bool(limit) and log_bytes(self._SyncObj__raftLog) > factor * limit
 
     def _dump_on_its_way(self) -> bool:
         """True while compaction should wait: this leader is sending its dump and is not
@@ -143,12 +174,13 @@ class CompactionWaitsForDumps(SyncObj):  # type: ignore[misc]
         if (
             now - self._waiting_since > MAX_WAIT_SECONDS
             or len(self._SyncObj__raftLog) > MAX_LOG_FACTOR * conf.logCompactionMinEntries
+            or self._log_over(MAX_LOG_FACTOR)
         ):
             log.warning(
                 "Raft: compacting the log although a dump is still being sent to "
-                "%d follower(s) (waited %.0f s, %d entries)",
+                "%d follower(s) (waited %.0f s, %d entries, %d bytes)",
                 len(serializer._Serializer__transmissions), now - self._waiting_since,
-                len(self._SyncObj__raftLog),
+                len(self._SyncObj__raftLog), log_bytes(self._SyncObj__raftLog),
             )
             self._waiting_since = None
             return False

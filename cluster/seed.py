@@ -165,6 +165,7 @@ class SeedCoordination:
             timings=RaftTimings(
                 compaction_entries=config.cluster_log_compaction_entries,
                 compaction_seconds=config.cluster_log_compaction_time,
+                compaction_bytes=config.cluster_log_compaction_bytes,
             ),
         )
 

@@ -242,6 +242,7 @@ class Config:
     cluster_rebalance_rate: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
+    cluster_log_compaction_bytes: int
     monitor_listen: tuple[str, int] | None
     monitor_encrypted: bool
     monitor_user: str

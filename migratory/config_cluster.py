@@ -88,6 +88,15 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             _int(1, unit=" of seconds"), "120",
             "Seconds after which a seed compacts its Raft log even with fewer entries (see "
             "ClusterLogCompactionEntries)."),
+    Setting("ClusterLogCompactionBytes", "cluster_log_compaction_bytes",
+            _int(1 << 20, unit=" of bytes"), "67108864",
+            "A seed also compacts its Raft log once the log's entries take more than this "
+            "many bytes (times the seed's factor, see ClusterLogCompactionEntries). A seed "
+            "holds its whole log in memory as well as on disk until it compacts it (~1.3 "
+            "bytes of memory per byte of log; a 100-byte publish takes ~170 bytes of log), "
+            "so this bounds that memory whatever the publish rate (at 10,000 publishes a "
+            "second the log grew 1.6 MB a second: benchmarks/raft_log_memory.py). A "
+            "leader sending a dump to a follower waits to compact up to 4 times this."),
 )
 
 

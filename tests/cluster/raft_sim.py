@@ -48,6 +48,7 @@ from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.transport import Transport
 
 import cluster.raft_follower as raft_follower_module
+from cluster import raft_compaction
 
 LEADER_STATE = 2
 LOGGERS = ("pysyncobj", "migratory.raft")
@@ -148,13 +149,15 @@ class RaftWorld:
         batch_bytes: int = 2**16,
         seed: int = 0,
         compaction_entries: int | None = None,
+        compaction_bytes: int = 0,
         dump_part_bytes: int = 2**16,
         send_seconds: float = 0.0,
     ) -> None:
         """``seed`` seeds the election timeouts (pysyncobj draws them from ``random``);
-        ``compaction_entries`` (None: never), ``dump_part_bytes`` and ``send_seconds``
+        ``compaction_entries`` (None: never), ``compaction_bytes`` (the log's byte bound,
+        ClusterLogCompactionBytes; 0: none), ``dump_part_bytes`` and ``send_seconds``
         (which compaction needs), see above."""
-        if compaction_entries is not None and send_seconds <= 0:
+        if (compaction_entries is not None or compaction_bytes) and send_seconds <= 0:
             raise ValueError("with compaction, sending must cost time (send_seconds)")
         self._random_state = random.getstate()
         random.seed(seed)
@@ -162,6 +165,7 @@ class RaftWorld:
         self.node_class = node_class
         self.batch_bytes = batch_bytes
         self.compaction_entries = compaction_entries
+        self.compaction_bytes = compaction_bytes
         self.dump_part_bytes = dump_part_bytes
         self.send_seconds = send_seconds
         self.clock = Clock()
@@ -224,6 +228,7 @@ class RaftWorld:
             logCompactionBatchSize=self.dump_part_bytes,
             useFork=False,
         )
+        raft_compaction.bound_log_bytes(conf, self.compaction_bytes)
         recorder = Recorder(
             lambda index, value: self._applied(address, index, value),
             lambda applied: self._restored(address, applied),

@@ -27,12 +27,15 @@ class CompactsWhileSending(FollowerSafeSyncObj):
         return False
 
 
-def cut_off_then_back_under_load(node_class: type[Any]) -> tuple[RaftWorld, str]:
+def cut_off_then_back_under_load(
+    node_class: type[Any], *, compaction_entries: int | None = 6, compaction_bytes: int = 0
+) -> tuple[RaftWorld, str]:
     """C is cut off while 60 entries of 400 random bytes commit (a dump of ~100 parts of
     256 B; a round sends ~10); back, it needs the dump, while the leader goes on
-    committing -- and compacting every 6 entries."""
-    world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=6,
-                      dump_part_bytes=256, send_seconds=0.004)
+    committing -- and compacting every 6 entries (or as many bytes)."""
+    world = RaftWorld(3, node_class=node_class, seed=3, compaction_entries=compaction_entries,
+                      compaction_bytes=compaction_bytes, dump_part_bytes=256,
+                      send_seconds=0.004)
     _, c = left_behind(world, entries=60, size=400, seed=5)
     rnd = random.Random(6)
     for i in range(150):
@@ -82,6 +85,26 @@ def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         world.close()
 
 
+def test_the_wait_is_bounded_by_the_logs_bytes_too() -> None:
+    """Compacting by ClusterLogCompactionBytes, a leader waiting for its dump on its way
+    compacts anyway once its log takes four times that (the memory a seed may hold for
+    its log: tests/deploy/test_k8s_sizing.py), well before the 60 s."""
+    limit = 1_000  # ~2 entries
+    world, _ = cut_off_then_back_under_load(FollowerSafeSyncObj, compaction_entries=None,
+                                            compaction_bytes=limit)
+    try:
+        warned = [r for r in world.logs.records if "although a dump is still" in r.getMessage()]
+        assert warned, "the leader compacts once its log is four times the bound"
+        waited = [r.args[1] for r in warned]  # type: ignore[index]
+        assert max(waited) < raft_compaction.MAX_WAIT_SECONDS, waited  # not the 60 s
+        leader = world.leader()
+        assert leader is not None
+        log = world.nodes[leader]._SyncObj__raftLog
+        assert raft_compaction.log_bytes(log) <= 4 * limit + 2 * 440
+    finally:
+        world.close()
+
+
 def test_a_leader_that_steps_down_mid_transmission_forgets_it() -> None:
     """The leader has begun sending C its dump when it is cut off from B and deposed
     (B and C elect; C, still linked to it, tells it the new term): its transmissions
@@ -103,6 +126,33 @@ def test_a_leader_that_steps_down_mid_transmission_forgets_it() -> None:
         assert world.nodes[leader]._SyncObj__raftState != 2, "it stepped down"
         world.tick(leader)
         assert not serializer._Serializer__transmissions
+    finally:
+        world.close()
+
+
+def test_a_seed_compacts_once_its_log_takes_more_bytes_than_the_bound() -> None:
+    """pysyncobj keeps the whole log in memory as well as on disk until a compaction,
+    and its thresholds count entries and seconds only: under load a seed's memory grew
+    with the publish rate, beyond every budget (benchmarks/raft_log_memory.py: 310 bytes
+    a 100-byte publish, ~1 GB over one ClusterLogCompactionTime at the ceiling). With
+    ClusterLogCompactionBytes each seed compacts once its log's entries take more."""
+    limit, size, count = 16_000, 400, 150  # four times the bound in all
+    world = RaftWorld(3, seed=3, compaction_bytes=limit, dump_part_bytes=4096,
+                      send_seconds=0.001)
+    try:
+        rnd = random.Random(7)
+        largest = submitted = 0
+        for i in range(count):
+            if world.leader():
+                world.submit(world.leader(), b"b%03d" % i + rnd.randbytes(size))
+                submitted += 1
+            world.step(0.02)
+            largest = max(largest, *(raft_compaction.log_bytes(node._SyncObj__raftLog)
+                                     for node in world.nodes.values()))
+        world.step(1.0)
+        assert world.violations() == []
+        assert len(world.acknowledged) == submitted > count // 2
+        assert largest <= limit + 4 * (size + 40), largest  # a few entries past the bound
     finally:
         world.close()
 

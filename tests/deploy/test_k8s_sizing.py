@@ -67,20 +67,40 @@ def test_liveness_outlasts_the_install_of_a_whole_cache_sync(tmp_path: Path) -> 
     assert window >= STOP_MARGIN * stop, (window, stop)
 
 
+LOG_MEMORY_PER_BYTE = 1.31
+"""A seed's memory per byte of its Raft log's entries: pysyncobj's journal keeps every
+entry in memory too until a compaction (RSS +62 MiB for +47.5 MiB of journal records,
+10,000 acknowledged 100-byte publishes a second to one subject, the caches at 1,000
+messages: benchmarks/raft_log_memory.py --rate 10000 --chunks 4 --chunk 10)."""
+
+
+def raft_log_memory(config: Config) -> float:
+    """The most a seed's Raft log holds in memory: ClusterLogCompactionBytes times the
+    seed's stagger, times MAX_LOG_FACTOR while a leader waits to compact for a dump on
+    its way to a follower (a seed rejoining under load, every rolling update)."""
+    most = (config.cluster_log_compaction_bytes * (1 + compaction.STAGGER)
+            * compaction.MAX_LOG_FACTOR)
+    return LOG_MEMORY_PER_BYTE * most
+
+
 def test_the_memory_limit_holds_every_budget_of_a_seed(tmp_path: Path) -> None:
     """A seed at its bounds: its own cache and its Raft state's (each within
     CacheMemoryBudget; benchmarks/cache_memory.py: +256 and +251 MiB at 10,000 subjects),
     a copy of the Raft state's while the forked dump writer walks it (it touches every
-    object's reference count, so every page is copied), the clients' outboxes, the
-    incomplete frames, and the subjects themselves (every member holds every subject,
-    as many as a publisher invents, up to MaxSubjects). The three seeds hold the same
-    state and compact within a minute or two of each other (thresholds staggered by up
-    to 1.5x): over the limit, all three are OOM-killed one after another."""
+    object's reference count, so every page is copied), its Raft log (in memory until
+    compacted: ClusterLogCompactionBytes), the clients' outboxes, the incomplete frames,
+    and the subjects themselves (every member holds every subject, as many as a
+    publisher invents, up to MaxSubjects). The three seeds hold the same state and
+    compact within a minute or two of each other (thresholds staggered by up to 1.5x):
+    over the limit, all three are OOM-killed one after another. The log was left out
+    before, and bounded by nothing but ClusterLogCompactionTime: ~1 GB at the cluster's
+    ceiling, with the 2 GiB limit already holding 1,942 MiB of budgets."""
     config = seed_config(tmp_path)
     resources = container()["resources"]
     need = (
         BASELINE + 3 * config.cache_memory_budget + config.outbox_memory_budget
         + config.incomplete_frame_budget + SUBJECT_BYTES * config.max_subjects
+        + raft_log_memory(config)
     )
     assert config.cache_memory_budget and config.outbox_memory_budget  # bounded at all
     assert config.max_subjects
