@@ -1,10 +1,11 @@
 """Conflation: one merged message per subject per period of a subscription."""
 
-from dataclasses import replace
+from collections.abc import Collection
 
-from migratory.model.message import Message, MessageType
+from migratory.model.field_timeline import FieldTimeline
+from migratory.model.message import Message
 
-__all__ = ["CONFLATION_STEP_MS", "Conflator", "round_conflation_ms"]
+__all__ = ["CONFLATION_STEP_MS", "Conflator", "offer_to", "round_conflation_ms"]
 
 CONFLATION_STEP_MS = 100
 """Conflation periods are multiples of this many milliseconds."""
@@ -31,21 +32,24 @@ class Conflator:
     bounded: when a message's fields would make the union pass it, the fields gathered so
     far give way to that message's own. A publisher sending new field names for a period
     (up to an hour) made every conflated subscriber hold each of them.
+
+    The fields are merged in a :class:`FieldTimeline` shared by every conflator of the
+    subject (``timeline``; one of its own by default): a message is offered to it once
+    (:func:`offer_to`), and each conflator keeps only where its union starts.
     """
 
-    __slots__ = ("_fields", "_fields_size", "_latest", "_max_size", "_period", "_periods",
-                 "_start")
+    __slots__ = ("_max_size", "_period", "_periods", "_start", "_union", "timeline")
 
-    def __init__(self, *, period_ms: int, start: float, max_size: int = 0) -> None:
+    def __init__(self, *, period_ms: int, start: float, max_size: int = 0,
+                 timeline: FieldTimeline | None = None) -> None:
         if period_ms <= 0:
             raise ValueError(f"period_ms must be > 0, got {period_ms}")
         self._period = period_ms / 1000
         self._start = start
         self._periods = 1
-        self._latest: Message | None = None
-        self._fields: dict[str, str] = {}
-        self._fields_size = 0  # UTF-8 bytes of the names and values in _fields
+        self._union: int | None = None  # where the pending union starts in the timeline
         self._max_size = max_size
+        self.timeline = FieldTimeline() if timeline is None else timeline
 
     @property
     def period(self) -> float:
@@ -60,54 +64,49 @@ class Conflator:
     @property
     def has_pending(self) -> bool:
         """Whether a message was offered since the last emission."""
-        return self._latest is not None
+        return self._union is not None
 
     def offer(self, message: Message, now: float | None = None) -> None:
-        """Aggregate ``message`` into the current period. ``now``: a conflator nobody
-        polls while it has nothing pending (the hub's) first moves its deadline past
-        ``now``, as polling would have, so what it emits stays one per period."""
-        latest = self._latest
-        if latest is not None and latest.subject != message.subject:
-            raise ValueError(
-                f"conflator of {latest.subject!r} cannot take a message of {message.subject!r}"
-            )
-        if latest is None and now is not None and now >= self.next_deadline:
-            self._move_past(now)
-        self._latest = message
-        fields = message.fields
-        if not fields:
-            return
-        if not self._max_size:
-            self._fields.update(fields)
-            return
-        merged = self._fields
-        size = self._fields_size
-        for name, value in fields.items():
-            old = merged.get(name)
-            if old is None:
-                size += _text_size(name) + _text_size(value)
-            else:
-                size += _text_size(value) - _text_size(old)
-        if size + len(message.content) + _text_size(message.subject) > self._max_size:
-            merged = self._fields = dict(fields)
-            size = sum(_text_size(n) + _text_size(v) for n, v in fields.items())
-        else:
-            merged.update(fields)
-        self._fields_size = size
+        """Aggregate ``message`` into the current period (a conflator with a timeline of
+        its own; conflators sharing one take a message through :func:`offer_to`). ``now``:
+        a conflator nobody polls while it has nothing pending (the hub's) first moves its
+        deadline past ``now``, as polling would have, so what it emits stays one per
+        period."""
+        self.timeline.offer(message)
+        self.offered(now)
+
+    def offered(self, now: float | None = None) -> None:
+        """The timeline took a message: it joins this conflator's period."""
+        union = self._union
+        timeline = self.timeline
+        if union is None:
+            if now is not None and now >= self.next_deadline:
+                self._move_past(now)
+            self._union = timeline.hold()
+        elif self._max_size and timeline.latest_has_fields and timeline.passes(
+            union, self._max_size
+        ):
+            timeline.release(union)
+            self._union = timeline.hold()
 
     def poll(self, now: float) -> Message | None:
         """At or after the deadline: move it past ``now`` and return the aggregate, if any."""
         if now < self.next_deadline:
             return None
         self._move_past(now)
-        latest = self._latest
-        if latest is None:
+        union = self._union
+        if union is None:
             return None
-        conflated = replace(latest, fields=self._fields, type=MessageType.UPDATE)
-        self._latest = None
-        self._fields = {}
-        self._fields_size = 0
+        conflated = self.timeline.emitted(union)
+        self._union = None
+        self.timeline.release(union)
         return conflated
+
+    def release(self) -> None:
+        """The subscription is gone: its pending union too."""
+        if self._union is not None:
+            self.timeline.release(self._union)
+            self._union = None
 
     def _move_past(self, now: float) -> None:
         periods = max(self._periods, int((now - self._start) // self._period))
@@ -116,5 +115,11 @@ class Conflator:
         self._periods = periods
 
 
-def _text_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+def offer_to(conflators: Collection[Conflator], message: Message, now: float) -> None:
+    """Offer ``message`` to ``conflators``, which share one timeline: merged once."""
+    if not conflators:
+        return
+    first = next(iter(conflators))
+    first.timeline.offer(message)
+    for conflator in conflators:
+        conflator.offered(now)

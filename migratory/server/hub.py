@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from migratory.model.cache import CachedRun, SubjectCache
 from migratory.model.cache_budget import CacheBudget
-from migratory.model.conflation import Conflator, round_conflation_ms
+from migratory.model.conflation import Conflator, offer_to, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
@@ -159,8 +159,7 @@ class Hub(SubjectExpiry, MessageSinks):
         if state.formatted:
             self._fan_out_formatted(state, message)
         if state.conflated:
-            for conflator in state.conflated.values():
-                conflator.offer(message, now)  # offer() never calls out
+            offer_to(state.conflated.values(), message, now)  # never calls out
             self._conflating.add(state)
         if state.listeners or self._filters.count:  # (its __len__ is a call)
             self._tell_listeners(state, message)
@@ -230,8 +229,10 @@ class Hub(SubjectExpiry, MessageSinks):
         self, state: SubjectState, sink: AnySink, period: int, now: float
     ) -> None:
         if period:
+            shared = next(iter(state.conflated.values()), None)  # the subject's timeline
             state.conflated[sink] = Conflator(
-                period_ms=period, start=now, max_size=self._max_message_size
+                period_ms=period, start=now, max_size=self._max_message_size,
+                timeline=None if shared is None else shared.timeline,
             )
         elif isinstance(sink, FormatSink):
             state.formatted[sink] = None
@@ -326,8 +327,11 @@ class Hub(SubjectExpiry, MessageSinks):
         else:
             state.subscribers.pop(sink, None)
         state.waiting.pop(sink, None)
-        if state.conflated.pop(sink, None) is not None and not state.conflated:
-            self._conflating.discard(state)
+        conflator = state.conflated.pop(sink, None)
+        if conflator is not None:
+            conflator.release()
+            if not state.conflated:
+                self._conflating.discard(state)
 
     # --- time ---------------------------------------------------------------
 
@@ -335,15 +339,19 @@ class Hub(SubjectExpiry, MessageSinks):
         """Emit due conflated messages (of the subjects that have some waiting)."""
         for state in list(self._conflating):
             waiting = False
+            frames: dict[int, dict[object, bytes]] = {}  # by message: one union encoded once
             for sink, conflator in list(state.conflated.items()):
                 if not conflator.has_pending:
                     continue
                 merged = conflator.poll(now)
                 if merged is not None:
-                    send_message(sink, merged, {})
+                    send_message(sink, merged, frames.setdefault(id(merged), {}))
                     self._fanned_out += 1
                 else:
                     waiting = True
+            shared = next(iter(state.conflated.values()), None)
+            if shared is not None:
+                shared.timeline.forget_emitted()
             if not waiting:
                 self._conflating.discard(state)
 
@@ -424,8 +432,7 @@ class Hub(SubjectExpiry, MessageSinks):
                 for sink in live_sinks:
                     send_message(sink, message, frames)
                 self._fanned_out += len(live_sinks)
-                for conflator in state.conflated.values():
-                    conflator.offer(message, now)
+                offer_to(state.conflated.values(), message, now)
                 if state.conflated:
                     self._conflating.add(state)
             return
