@@ -76,7 +76,7 @@ def to_wire(requests: Sequence[PublishRequest]) -> list[WireRequest]:
             r.origin,
             r.ref,
             r.message.subject,
-            r.message.content,
+            r.message.content or raft_unpickler.EMPTY_CONTENT,  # (read by 524f73f too)
             dict(r.message.fields),
             r.message.retained,
             r.message.qos is Qos.GUARANTEED,

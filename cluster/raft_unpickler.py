@@ -22,9 +22,10 @@ module -- raises :class:`pickle.UnpicklingError`; pysyncobj then drops the conne
 from __future__ import annotations
 
 import _compat_pickle
+import codecs
 import io
 import pickle
-from typing import IO, Any
+from typing import IO, Any, Final
 
 ALLOWED_MODULE_PREFIXES = ("cluster.", "migratory.model.", "pysyncobj.")
 ALLOWED_GLOBALS = frozenset(
@@ -67,6 +68,25 @@ def loads(data: bytes | str) -> Any:
 
 def load(file: IO[bytes]) -> Any:
     return RaftUnpickler(file).load()
+
+
+class _EmptyBytes(bytes):
+    """An empty ``bytes`` that protocol 2 pickles as any other, ``_codecs.encode('',
+    'latin1')``, not as ``bytes()``; unpickled, a plain empty ``bytes``."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return codecs.encode, ("", "latin1")
+
+
+EMPTY_CONTENT: Final[bytes] = _EmptyBytes()
+"""An empty content as a Raft command carries it (``cluster.raft.to_wire``): pysyncobj
+pickles commands with protocol 2, which writes an empty ``bytes`` as ``bytes()``, and a
+seed from before ``builtins.bytes`` was allowed here (524f73f) refuses that global. In a
+rolling upgrade, one empty payload taken by an upgraded seed stopped the Raft of every
+524f73f seed (two of three: nothing committed after it; docs/cluster.md, "Upgrading and
+downgrading")."""
 
 
 def install() -> None:

@@ -7,6 +7,7 @@ otherwise. The cases that pin pysyncobj's own behaviour show the tests can fail.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import socket
@@ -16,6 +17,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from listen_ports import listen_port
@@ -26,6 +28,7 @@ from raft_port_probe import count_incoming
 
 from cluster import raft_unpickler
 from cluster.coordination import Coordinator, PublishRequest
+from cluster.raft import to_wire
 from cluster.raft_front import NONCE_SIZE, derive_key, encode_preamble
 from cluster.raft_transport import (
     MAX_UNAUTHENTICATED_BYTES,
@@ -256,3 +259,35 @@ def test_leadership_does_not_change_under_unauthenticated_garbage(
     finally:
         for node in nodes:
             node.destroy()
+
+
+class Unpickler524f73f(raft_unpickler.RaftUnpickler):
+    """The Raft unpickler of 524f73f, the previous version: all of today's but
+    ``builtins.bytes`` (added by 87c2a4e)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in (("builtins", "bytes"), ("__builtin__", "bytes")):
+            raise pickle.UnpicklingError(f"Raft: refusing to unpickle {module}.{name}")
+        return super().find_class(module, name)
+
+
+def test_a_command_with_an_empty_content_is_one_a_seed_of_524f73f_unpickles() -> None:
+    """An empty content (MQTT's empty payload), pickled by pysyncobj with protocol 2,
+    was ``bytes()``, which a 524f73f seed refuses: during a rolling upgrade, one taken
+    by an upgraded seed stopped every old seed's Raft (two old seeds of three: nothing
+    committed after it). Now the command carries it as protocol 2 writes any other
+    ``bytes``, which both take, and it is a plain empty ``bytes`` once unpickled."""
+    import pysyncobj.pickle as pysyncobj_pickle
+
+    requests = [PublishRequest("origin#1", 7, Message("/a/b", b"")),
+                PublishRequest("origin#1", 8, Message("/a/b", b"after", {"f": ""}, True))]
+    command = (3, (11, to_wire(requests)))  # as pysyncobj's @replicated pickles it
+    data = pysyncobj_pickle.dumps(command)
+    for unpickler in (Unpickler524f73f, raft_unpickler.RaftUnpickler):
+        funcid, (epoch, wire) = unpickler(io.BytesIO(data)).load()
+        assert (funcid, epoch, wire) == (3, 11, to_wire(requests))
+        assert type(wire[0][3]) is bytes and wire[0][3] == b""
+    # a command without one is pickled as before, byte for byte
+    plain = (3, (11, to_wire(requests[1:])))
+    assert pysyncobj_pickle.dumps(plain) == pickle.dumps(
+        (3, (11, [("origin#1", 8, "/a/b", b"after", {"f": ""}, True, False)])), 2)
