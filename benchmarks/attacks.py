@@ -383,6 +383,7 @@ def cluster_link_flood(seconds: float = FLOOD_SECONDS, sources: int = 1) -> dict
     connection, and its refusals (GET /metrics)."""
     import trio
 
+    from cluster import link
     from cluster.link_io import ClusterTls, connect
     from migratory.certificates import make_cluster_certificates
     from migratory.tls import cluster_contexts
@@ -406,7 +407,7 @@ def cluster_link_flood(seconds: float = FLOOD_SECONDS, sources: int = 1) -> dict
         with trio.move_on_after(LEGIT_TIMEOUT):
             try:
                 channel = await connect(("127.0.0.1", ports[0]), member=peer,
-                                        password=password, tls=tls)
+                                        password=password, tls=tls, max_frame=link.MAX_FRAME)
             except Exception:  # refused, reset: not linked
                 return False
             await channel.aclose()

@@ -59,12 +59,14 @@ class AgreementProbe:
         password: str,
         tls: ClusterTls | None = None,
         period: float = PROBE_SECONDS,
+        max_frame: int,
     ) -> None:
         self.settings = settings
         self.agreement = SeedAgreement(me=settings.member, seeds=settings.seeds)
         self.targets = [own, *(a for a in seeds if a != own)]
         self.password = password
         self.tls = tls
+        self.max_frame = max_frame
         self.period = period
         self.refusals = Repeats()
         self._round_done = trio.Event()
@@ -100,7 +102,7 @@ class AgreementProbe:
             with trio.fail_after(ASK_TIMEOUT):
                 channel = await connect(address, member=self.settings.member,
                                         password=self.password, tls=self.tls,
-                                        settings=self.settings)
+                                        settings=self.settings, max_frame=self.max_frame)
                 await channel.aclose()
             asked = True  # agrees (or, peer_settings None, too old to compare)
         except Disagreement as exc:

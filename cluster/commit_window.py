@@ -26,14 +26,12 @@ from collections.abc import Callable
 
 import trio
 
+from cluster.link_limits import MAX_COMMAND_BYTES as MAX_COMMAND_BYTES  # (re-exported)
+
 COMMIT_WINDOW = 1
 """Raft commands a seed keeps in flight."""
 SLOT_TIMEOUT = 2.0
 """Seconds after which a slot whose callback never came is given back."""
-MAX_COMMAND_BYTES = 1 << 20
-"""Bytes one command carries at most, each publish counted by
-:func:`~cluster.coordination.request_bytes` (one publish always fits, whatever its size):
-its batch is one link frame to every follower."""
 
 
 class CommitWindow:

@@ -5,8 +5,9 @@ adapter). One :class:`LinkConnection` per TCP connection.
 
 Framing: every frame is a 4-byte big-endian payload length followed by exactly one
 CBOR map whose ``"t"`` key names the frame. Payloads above the connection's
-``max_frame`` (:data:`MAX_FRAME`; an acceptor's is smaller,
-:func:`cluster.link_limits.accepted_frame_limit`) and, before authentication, above
+``max_frame`` (at most :data:`MAX_FRAME`; an acceptor's
+:func:`cluster.link_limits.accepted_frame_limit`, a connector's
+:func:`cluster.link_limits.connected_frame_limit`) and, before authentication, above
 :data:`MAX_HANDSHAKE_FRAME` are refused from their length prefix.
 
 Handshake (``ClusterPassword``, HMAC-SHA256, 16-byte nonces; members are ``host:port``;
@@ -69,6 +70,7 @@ from cluster.link_limits import (
     LinkViolation,
     VersionMismatch,
     accepted_frame_limit,
+    connected_frame_limit,
     mac_label,
     version_refusal,
 )
@@ -130,6 +132,7 @@ __all__ = [
     "SyncRequest",
     "VersionMismatch",
     "accepted_frame_limit",
+    "connected_frame_limit",
     "decode_op",
     "encode_frame",
     "sync_frames",

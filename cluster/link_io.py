@@ -120,7 +120,8 @@ class LinkChannel:
     ) -> None:
         """``settings``: this member's, exchanged with the peer's after authentication
         (None: nothing exchanged, as an older migratory); ``max_frame``: the largest
-        frame taken from the peer (an acceptor's: :func:`link.accepted_frame_limit`)."""
+        frame taken from the peer (an acceptor's: :func:`link.accepted_frame_limit`; a
+        connector's: :func:`link.connected_frame_limit`)."""
         self.stream = stream
         self.codec = link.LinkConnection(role=role, member=member, password=password,
                                          max_frame=max_frame)
@@ -297,8 +298,10 @@ async def connect(
     password: str,
     tls: ClusterTls | None = None,
     settings: MemberSettings | None = None,
+    max_frame: int,
 ) -> LinkChannel:
-    """An authenticated link to the member at ``address``. Raises OSError,
+    """An authenticated link to the member at ``address``, taking frames of up to
+    ``max_frame`` bytes from it (:func:`link.connected_frame_limit`). Raises OSError,
     trio.BrokenResourceError (a reset while connecting), EOFError, LinkError (and its
     :class:`Disagreement`) or trio.TooSlowError: callers that retry must catch them all
     (``CONNECT_ERRORS``).
@@ -312,10 +315,10 @@ async def connect(
     about two minutes, during which a non-seed would wait for that one seed instead of
     trying the next."""
     try:
-        return await _dial(address, member, password, tls, settings)
+        return await _dial(address, member, password, tls, settings, max_frame)
     except OlderPeer as exc:
         log.info("%s: linking without comparing settings (an older migratory?)", exc)
-        return await _dial(address, member, password, tls, None)
+        return await _dial(address, member, password, tls, None, max_frame)
 
 
 async def _dial(
@@ -324,6 +327,7 @@ async def _dial(
     password: str,
     tls: ClusterTls | None,
     settings: MemberSettings | None,
+    max_frame: int,
 ) -> LinkChannel:
     with trio.fail_after(DIAL_TIMEOUT):
         stream = await trio.open_tcp_stream(*address)
@@ -333,6 +337,7 @@ async def _dial(
         member=member,
         password=password,
         settings=settings,
+        max_frame=max_frame,
     )
     try:
         try:

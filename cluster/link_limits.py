@@ -2,13 +2,25 @@
 
 Pure (no sockets, no trio): :class:`~cluster.link.LinkConnection` enforces these.
 
-Frame sizes. A connector (a non-seed, a Standard forwarder, a seed asking for a sync)
-takes up to :data:`~cluster.link_ops.MAX_FRAME` (64 MiB) from the member it dialled:
-committed batches, some of commands an older member wrote to its Raft log, and cache
-sync parts. An acceptor takes much less (:func:`accepted_frame_limit`): the member
-that dialled it sends forwards of at most :data:`FORWARD_BYTES`, one Standard publish
-per frame, and small requests. Whoever has the password can dial: 64 MiB of CBOR
-decode into gigabytes of Python objects (8 MiB of empty arrays took 555 MiB), per link.
+Frame sizes. Whoever has the password can dial, and whoever answers at a member's
+address is dialled: 64 MiB (:data:`~cluster.link_ops.MAX_FRAME`) of CBOR decode into
+gigabytes of Python objects (8 MiB of empty arrays took 555 MiB), per link. So each
+side takes what the other sends at most, derived from the bounds the sender keeps and
+``MaxFrameSize`` (what bounds one publish: it came in one client frame, and its CBOR
+is at most twice that, for safety: :data:`PUBLISH_FACTOR`):
+
+- an acceptor (:func:`accepted_frame_limit`): forwards of at most :data:`FORWARD_BYTES`
+  (one publish always, whatever its size), one Standard publish a frame, small requests;
+- a connector -- a non-seed or a worker replicating, a seed asking for a sync, a
+  Standard forwarder, the agreement probe -- (:func:`connected_frame_limit`): committed
+  batches, each one Raft command (a seed's own of at most :data:`MAX_COMMAND_BYTES`, or
+  a forward it submitted as one; one publish always) and cache sync parts of about
+  ``MAX_FRAME / PART_SHARE`` (a subject's snapshot and one cached message always).
+
+Members of one cluster share ``MaxFrameSize``: a member configured with less than
+another refuses what the other took from its clients (``frame_size``, counted and
+logged), and so does one whose ``MaxFrameSize`` was lowered below messages still
+committed or cached (docs/cluster.md, "Bounds").
 
 Versions. The handshake's ``challenge`` (acceptor) and ``auth`` (connector) carry the
 version of the link protocol their sender speaks as ``"v"``, left out for version 1
@@ -23,16 +35,20 @@ from __future__ import annotations
 from typing import Final
 
 from cluster.link_ops import MAX_FRAME, LinkError
+from cluster.link_sync import PART_SHARE
 
 __all__ = [
     "FORWARD_BYTES",
     "FRAME_SLACK",
     "LINK_VERSION",
+    "MAX_COMMAND_BYTES",
+    "PUBLISH_FACTOR",
     "VIOLATION_RULES",
     "FrameTooLarge",
     "LinkViolation",
     "VersionMismatch",
     "accepted_frame_limit",
+    "connected_frame_limit",
     "mac_label",
     "version_refusal",
 ]
@@ -44,17 +60,32 @@ older member would misread (a frame's layout, a key's meaning); a member speaks 
 FORWARD_BYTES: Final = 1 << 20
 """What one ``Forward`` carries at most (:func:`~cluster.coordination.request_bytes`;
 one request always, whatever its size)."""
+MAX_COMMAND_BYTES: Final = 1 << 20
+"""Bytes one Raft command carries at most (:mod:`cluster.commit_window`), each publish
+counted by :func:`~cluster.coordination.request_bytes` (one publish always fits, whatever
+its size): its batch is one link frame to every follower."""
 FRAME_SLACK: Final = 64 * 1024
 """Framing of a frame around its requests, at most."""
+PUBLISH_FACTOR: Final = 2
+"""One publish's CBOR on the link, at most, in client frames of ``MaxFrameSize`` (it is
+no larger than the client's encoding of it; twice that, for safety)."""
 
 
 def accepted_frame_limit(max_frame_size: int) -> int:
     """The largest frame an acceptor takes from the member that dialled it, given
-    ``MaxFrameSize`` (what bounds one publish: its subject, content, fields and closure
-    came in one client frame): a ``Forward`` of :data:`FORWARD_BYTES` and one more
-    request (CBOR is no larger than the client's encoding of it; twice that, for
-    safety), or one Standard publish."""
-    return min(MAX_FRAME, FORWARD_BYTES + 2 * max_frame_size + FRAME_SLACK)
+    ``MaxFrameSize``: a ``Forward`` of :data:`FORWARD_BYTES` and one more publish, or
+    one Standard publish."""
+    return min(MAX_FRAME, FORWARD_BYTES + PUBLISH_FACTOR * max_frame_size + FRAME_SLACK)
+
+
+def connected_frame_limit(max_frame_size: int) -> int:
+    """The largest frame a connector takes from the member it dialled, given
+    ``MaxFrameSize``: a committed batch (a command of :data:`MAX_COMMAND_BYTES`, or a
+    forward of :data:`FORWARD_BYTES`, and one more publish) or a cache sync part
+    (``MAX_FRAME / PART_SHARE``, and a snapshot and a message alone in a part of their
+    own: two publishes). 5.06 MiB with the defaults (64 MiB before)."""
+    body = max(MAX_COMMAND_BYTES, FORWARD_BYTES, MAX_FRAME // PART_SHARE)
+    return min(MAX_FRAME, body + 2 * PUBLISH_FACTOR * max_frame_size + FRAME_SLACK)
 
 
 VIOLATION_RULES: Final = (

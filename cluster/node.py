@@ -75,6 +75,7 @@ class GuaranteedNode:
         self.agreement = AgreementProbe(
             settings=settings, seeds=config.seed_members, own=config.cluster_member_listen,
             password=config.cluster_password, tls=tls,
+            max_frame=link.connected_frame_limit(config.max_frame_size),
         )
         self._role_started = False
         self.seed: SeedCoordination | None = None
@@ -93,6 +94,7 @@ class GuaranteedNode:
                 stream=self.stream,
                 outgoing=self.outgoing,
                 settings=settings,
+                max_frame=link.connected_frame_limit(config.max_frame_size),
             )
         self.peers = PeerService(
             name=self.name,

@@ -408,9 +408,10 @@ class SeedCoordination:
         peer = f"{address[0]}:{address[1]}"
         try:
             with trio.fail_after(SYNC_SILENCE):
-                channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password, tls=self.tls,
-                                        settings=self.settings)
+                channel = await connect(
+                    address, member=self.name, password=self.config.cluster_password,
+                    tls=self.tls, settings=self.settings,
+                    max_frame=link.connected_frame_limit(self.config.max_frame_size))
             try:
                 with trio.fail_after(SYNC_SILENCE):
                     await channel.send(link.SyncRequest(replica.sync_floor))

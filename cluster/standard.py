@@ -69,6 +69,7 @@ class StandardNode:
         self.agreement = AgreementProbe(
             settings=self.settings, seeds=config.seed_members, own=self.address,
             password=config.cluster_password, tls=self.tls,
+            max_frame=link.connected_frame_limit(config.max_frame_size),
         )
         self.refusals = Repeats()
         self.publishes = PeerPublishes(config.max_message_size)
@@ -131,9 +132,10 @@ class StandardNode:
         name = member_name(address)
         while True:
             try:
-                channel = await connect(address, member=self.name,
-                                        password=self.config.cluster_password, tls=self.tls,
-                                        settings=self.settings)
+                channel = await connect(
+                    address, member=self.name, password=self.config.cluster_password,
+                    tls=self.tls, settings=self.settings,
+                    max_frame=link.connected_frame_limit(self.config.max_frame_size))
             except Disagreement as exc:
                 if self.refusals.first(name, exc.reason, trio.current_time()):
                     log.warning("not forwarding to %s: %s", name, exc.reason)

@@ -90,9 +90,13 @@ class UpstreamReplication:
         outgoing: Outgoing,
         forward_linger: float = SUBMIT_LINGER,
         settings: MemberSettings | None = None,
+        max_frame: int,
     ) -> None:
         """``forward_linger``: seconds publishes wait to share one forward; ``settings``:
-        this member's, compared with each seed's (:mod:`cluster.agreement`)."""
+        this member's, compared with each seed's (:mod:`cluster.agreement`);
+        ``max_frame``: the largest frame taken from a seed
+        (:func:`cluster.link.connected_frame_limit` of the member's MaxFrameSize)."""
+        self.max_frame = max_frame
         self.settings = settings
         self.refusals = Repeats()
         self.name = name
@@ -125,7 +129,7 @@ class UpstreamReplication:
         try:
             channel = await connect(
                 address, member=self.name, password=self.password, tls=self.tls,
-                settings=self.settings,
+                settings=self.settings, max_frame=self.max_frame,
             )
         except Disagreement as exc:
             if self.refusals.first(seed, exc.reason, trio.current_time()):
@@ -145,6 +149,10 @@ class UpstreamReplication:
         # except*: what ends the link comes out of _replicate's nursery as a group
         except* LeaveUpstream as why:
             log.warning("leaving seed %s: %s", seed, describe(why))
+        except* link.LinkViolation as broke:
+            log.warning("seed %s broke the link's bounds, leaving it: %s (members of one "
+                        "cluster share MaxFrameSize; docs/cluster.md, Bounds)", seed,
+                        describe(broke))
         except* (*CONNECT_ERRORS, trio.EndOfChannel) as lost:
             log.warning("lost seed %s: %s", seed, describe(lost))
         except* Exception:

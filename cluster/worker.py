@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import trio
 
+from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.forwarding import Outgoing
 from cluster.publishing import ClusterPublishing
@@ -114,6 +115,7 @@ class WorkerNode:
             # a loopback link: no linger; what arrives while a forward is written shares
             # the next one
             forward_linger=0,
+            max_frame=link.connected_frame_limit(config.max_frame_size),
         )
         self.readiness = Readiness(
             self.replica, self.upstream.not_ready_reason, clock=trio.current_time

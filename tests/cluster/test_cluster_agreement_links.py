@@ -81,7 +81,7 @@ async def dial(
     member = settings.member if settings is not None else member
     try:
         channel = await connect(address(port), member=member, password=password,
-                                settings=settings)
+                                settings=settings, max_frame=link.MAX_FRAME)
     except Disagreement as exc:
         return exc.reason
     try:
@@ -219,7 +219,8 @@ def test_another_process_at_a_members_own_address_keeps_it_from_agreeing(
     real = settings_of(ports[3], ports, incarnation="real")
     impostor = replace(real, incarnation="impostor")
     probe = AgreementProbe(settings=impostor, seeds=[address(p) for p in ports[:3]],
-                           own=address(ports[3]), password=PASSWORD, period=60)
+                           own=address(ports[3]), password=PASSWORD, period=60,
+                           max_frame=link.MAX_FRAME)
 
     async def body() -> bool:
         async with trio.open_nursery() as nursery:
@@ -272,7 +273,7 @@ def test_the_probe_follows_the_majority_of_the_seeds(
     ]
     probe = AgreementProbe(settings=settings_of(ports[3], ports),
                            seeds=[address(p) for p in seeds], own=address(ports[3]),
-                           password=PASSWORD, period=60)
+                           password=PASSWORD, period=60, max_frame=link.MAX_FRAME)
 
     async def body() -> None:
         async with trio.open_nursery() as nursery:

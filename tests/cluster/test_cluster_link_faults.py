@@ -111,8 +111,7 @@ async def keeps_dialling(behaviour: Behaviour) -> None:
     stream = new_stream()
     upstream = UpstreamReplication(
         name=NON_SEED, seeds=[("127.0.0.1", port)], password=PASSWORD,
-        stream=stream, outgoing=Outgoing(stream.publishing),
-    )
+        stream=stream, outgoing=Outgoing(stream.publishing), max_frame=link.MAX_FRAME)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, seed, listeners)
@@ -221,7 +220,8 @@ async def survives_every_bad_link() -> None:
                 await attack(port)
                 while service.links_ended == ended:
                     await trio.sleep(0.01)
-            channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
+            channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD,
+                                    max_frame=link.MAX_FRAME)
             await channel.send(link.Replicate(0, full=False))
             assert await channel.receive() == link.Heartbeat(0, True)
             await channel.aclose()
@@ -448,7 +448,8 @@ def test_a_dial_nobody_answers_fails_within_the_dial_timeout() -> None:
             async def dial() -> float:
                 start = trio.current_time()
                 with pytest.raises(trio.TooSlowError):
-                    await connect(("127.0.0.1", port), member="m", password="p")
+                    await connect(("127.0.0.1", port), member="m", password="p",
+                                  max_frame=link.MAX_FRAME)
                 return trio.current_time() - start
 
             waited = trio.run(dial)

@@ -108,8 +108,7 @@ def test_a_non_seed_installs_a_large_sync_a_slice_at_a_time(
     fed(stream, committed[:JOINER_AT])
     upstream = UpstreamReplication(
         name="10.0.0.2:1", seeds=[("10.0.0.1", 1)], password=PASSWORD, stream=stream,
-        outgoing=Outgoing(stream.publishing),
-    )
+        outgoing=Outgoing(stream.publishing), max_frame=link.MAX_FRAME)
     halfway: list[int] = []  # subjects installed, at each turn of the loop mid-install
 
     async def watch() -> None:

@@ -55,7 +55,8 @@ def peer_service(port: int, tls: ClusterTls | None = None) -> PeerService:
 
 async def a_member_links(port: int) -> None:
     """A non-seed authenticates on ``port`` and is answered: the member still links."""
-    channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD)
+    channel = await connect(("127.0.0.1", port), member=NON_SEED, password=PASSWORD,
+                            max_frame=link.MAX_FRAME)
     await channel.send(link.Replicate(0, full=False))
     assert await channel.receive() == link.Heartbeat(0, True)
     await channel.aclose()

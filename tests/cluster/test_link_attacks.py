@@ -74,7 +74,8 @@ class Seed:
         self.stream.on_committed(batch, trio.current_time())
 
     async def dial(self, member: str) -> LinkChannel:
-        channel = await connect(("127.0.0.1", self.port), member=member, password=PASSWORD)
+        channel = await connect(("127.0.0.1", self.port), member=member, password=PASSWORD,
+                                max_frame=link.MAX_FRAME)
         await channel.send(link.Replicate(0))
         return channel
 
@@ -192,7 +193,7 @@ def test_a_sync_request_for_an_absurd_clsn_is_refused_at_no_cost() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(seed.service.run, ("127.0.0.1", seed.port))
             channel = await connect(("127.0.0.1", seed.port), member=ATTACKER,
-                                    password=PASSWORD)
+                                    password=PASSWORD, max_frame=link.MAX_FRAME)
             await channel.send(link.SyncRequest(2**64 - 1))
             with trio.fail_after(5):
                 answer = await channel.receive()
@@ -330,7 +331,8 @@ async def many_links(seed: Seed, count: int) -> list[str]:
     async with trio.open_nursery() as nursery:
         await nursery.start(seed.service.run, ("127.0.0.1", seed.port))
         channels = [await connect(("127.0.0.1", seed.port), member=ATTACKER,
-                                  password=PASSWORD) for _ in range(count)]
+                                  password=PASSWORD,
+                                  max_frame=link.MAX_FRAME) for _ in range(count)]
         outcomes = []
         for channel in channels:
             with trio.move_on_after(1):

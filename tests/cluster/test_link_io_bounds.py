@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -23,13 +24,15 @@ from cluster_link_pair import frame, open_pair
 from listen_ports import listen_port
 
 from cluster import link
-from cluster.coordination import UNNUMBERED_EPOCH
+from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch
 from cluster.forwarding import Outgoing, forward_to
 from cluster.link_io import FRAME_STALL, Disagreement, LinkChannel, connect
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
 from cluster.stream import CommittedStream
+from cluster.upstream import UpstreamReplication
+from migratory.config import load_config
 from migratory.model.message import Message
 from migratory.server.hub import Hub
 
@@ -159,7 +162,8 @@ async def newer_acceptor(port: int) -> str:
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, accept, listeners)
         try:
-            await connect(("127.0.0.1", port), member="127.0.0.1:1", password=PASSWORD)
+            await connect(("127.0.0.1", port), member="127.0.0.1:1", password=PASSWORD,
+                          max_frame=link.MAX_FRAME)
         except Disagreement as exc:
             return exc.reason
         finally:
@@ -197,7 +201,8 @@ async def older_dialler(port: int) -> tuple[int, link.LinkOp | None]:
         await stream.send_all(frame(auth))
         with trio.fail_after(5):
             assert await stream.receive_some(1 << 16) == b""  # closed
-        channel = await connect(("127.0.0.1", port), member="127.0.0.1:1", password=PASSWORD)
+        channel = await connect(("127.0.0.1", port), member="127.0.0.1:1", password=PASSWORD,
+                                max_frame=link.MAX_FRAME)
         await channel.send(link.Replicate(0))
         first = await channel.receive()
         await channel.aclose()
@@ -215,3 +220,60 @@ def test_an_acceptor_refuses_and_counts_a_dialler_of_another_version(
     assert any("cluster link refused: 127.0.0.1:1 speaks cluster link protocol version 2, "
                "this member 1: upgrade this member too" in r.getMessage()
                for r in caplog.records)
+
+
+# --- what a connector takes from the member it dialled ----------------------------------
+
+DEFAULT_MAX_FRAME_SIZE = load_config(environ={}).max_frame_size
+
+
+async def dialled_by_a_non_seed(port: int, batch: link.Batch) -> tuple[int, int]:
+    """A "seed" at ``port`` that answers a non-seed's Replicate with ``batch``, then
+    closes; the clsn the non-seed applied, and the frame's size."""
+    name = f"127.0.0.1:{port}"
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+    data = link.encode_frame(batch)
+
+    async def seed(stream: trio.SocketStream) -> None:
+        channel = LinkChannel(stream, role="accept", member=name, password=PASSWORD)
+        await channel.handshake()
+        assert isinstance(await channel.receive(), link.Replicate)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await channel.send_encoded(data)
+            await channel.aclose()
+
+    stream = CommittedStream(ClusterPublishing(origin="n#1", replica=Replica(Hub(
+        epoch=UNNUMBERED_EPOCH))))
+    upstream = UpstreamReplication(
+        name="127.0.0.1:1", seeds=[("127.0.0.1", port)], password=PASSWORD, stream=stream,
+        outgoing=Outgoing(stream.publishing), max_frame=link.connected_frame_limit(
+            DEFAULT_MAX_FRAME_SIZE))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, seed, listeners)
+        with trio.fail_after(30):  # a hang guard, not a speed assertion
+            await upstream._follow(("127.0.0.1", port))
+        nursery.cancel_scope.cancel()
+    return stream.replica.applied_clsn, len(data) - 4
+
+
+def test_a_non_seed_refuses_a_frame_above_the_connectors_limit_from_its_prefix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, a connector took frames of up to MAX_FRAME (64 MiB) from the member it
+    dialled: here a batch of one 6 MiB message, applied (clsn 1). A seed sends batches
+    of a Raft command and sync parts, each bounded (connected_frame_limit: 5.06 MiB with
+    the defaults); whoever answers at a seed's address with the password can send more.
+    Now the link ends at the length prefix, said at warning, nothing applied."""
+    caplog.set_level(logging.WARNING, logger="migratory.cluster")
+    limit = link.connected_frame_limit(DEFAULT_MAX_FRAME_SIZE)
+    assert limit < link.MAX_FRAME
+    big = Message("/a/b", bytes(limit), epoch=7, seq=1)
+    batch = link.Batch(CommittedBatch(1, (big,), (("x#1", 1),)))
+    applied, size = trio.run(dialled_by_a_non_seed, listen_port(), batch)
+    assert size > limit
+    assert applied == 0
+    warned = [r.getMessage() for r in caplog.records if "bounds" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert f"frame of {size} bytes exceeds the limit of {limit}" in warned[0]
+    small = link.Batch(CommittedBatch(1, (Message("/a/b", b"x", epoch=7, seq=1),), ()))
+    assert trio.run(dialled_by_a_non_seed, listen_port(), small)[0] == 1

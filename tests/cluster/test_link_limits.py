@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import link
+from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.commit_window import MAX_COMMAND_BYTES
 from cluster.coordination import UNNUMBERED_EPOCH, Coordinator
 from cluster.link import Authenticated, Heartbeat, LinkConnection, LinkError, Outgoing
@@ -31,6 +32,7 @@ from cluster.link_limits import (
     FrameTooLarge,
     VersionMismatch,
     accepted_frame_limit,
+    connected_frame_limit,
 )
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
@@ -219,6 +221,47 @@ def test_what_members_send_fits_the_acceptors_limit(fields: bool) -> None:
         taken += len(requests)
     assert taken == 40
     assert MAX_COMMAND_BYTES <= FORWARD_BYTES  # a seed's own command: the same bound
+
+
+def largest(i: int, size: int, *, fields: bool, epoch: int = 0, seq: int = 0) -> Message:
+    """A message of ``size`` (Message.size) by content, or by one-character fields and
+    values (the most CBOR for its size), with a 1,000-character closure."""
+    if not fields:
+        return Message(f"/big/{i}", bytes(size), closure="c" * 1000, epoch=epoch, seq=seq)
+    names = [f"{n:x}" for n in range(size // 8)]
+    return Message(f"/big/{i}", b"", fields=dict.fromkeys(names, "v"), closure="c" * 1000,
+                   epoch=epoch, seq=seq)
+
+
+@pytest.mark.parametrize(("max_frame_size", "fields"), [
+    (DEFAULT_MAX_FRAME_SIZE, False), (DEFAULT_MAX_FRAME_SIZE, True), (4 << 20, False),
+], ids=["1MiB-content", "1MiB-fields", "4MiB-content"])
+def test_what_a_seed_sends_fits_the_connectors_limit(max_frame_size: int, fields: bool) -> None:
+    """The batches of a seed's commands (taken as a seed takes them: MAX_COMMAND_BYTES,
+    one publish always), the batch of a forward as an acceptor takes it, and the parts
+    of a cache sync (MAX_FRAME / PART_SHARE, a snapshot and one message always) of the
+    largest messages MaxFrameSize lets in (MaxMessageSize just below it): each frame fits
+    connected_frame_limit, which is below MAX_FRAME (the connectors' limit before)."""
+    limit = connected_frame_limit(max_frame_size)
+    assert limit < link.MAX_FRAME
+    size = max_frame_size - 1024  # the largest MaxMessageSize this MaxFrameSize allows
+    publishing = new_publishing()
+    for i in range(4):
+        publishing.submit(largest(i, size, fields=fields), None, 0.0)
+    coordinator = Coordinator()
+    frames = []
+    for budget in (MAX_COMMAND_BYTES, FORWARD_BYTES):
+        while requests := publishing.take_outgoing(budget):
+            frames.append(link.encode_frame(link.Batch(coordinator.apply_batch(7, requests))))
+        for i in range(4):
+            publishing.submit(largest(i, size // 3, fields=fields), None, 0.0)
+    records = [SubjectSync(f"/big/{i}", 7, 3, largest(i, size, fields=fields, epoch=7, seq=2),
+                           tuple(largest(i, size, fields=fields, epoch=7, seq=s)
+                                 for s in (1, 2, 3)))
+               for i in range(2)]
+    frames += link.sync_frames(CacheSync(9, tuple(records)))
+    assert len(frames) > 4
+    assert max(len(f) - 4 for f in frames) <= limit
 
 
 def test_a_single_request_larger_than_the_budget_is_still_taken() -> None:

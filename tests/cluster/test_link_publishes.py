@@ -264,7 +264,8 @@ def test_a_standard_members_publishes_are_checked_as_a_clients(
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
-            channel = await connect(("127.0.0.1", port), member=ATTACKER, password=PASSWORD)
+            channel = await connect(("127.0.0.1", port), member=ATTACKER, password=PASSWORD,
+                                    max_frame=link.MAX_FRAME)
             for message in [TAKEN[0], *INVALID, *TAKEN[1:]]:
                 await channel.send(link.StandardPublish(message))
             with trio.fail_after(5):

@@ -155,7 +155,8 @@ def test_a_forwarded_publish_refused_for_its_size_is_answered_so() -> None:
     publishing, answers = _member()
     stream = CommittedStream(publishing)
     upstream = UpstreamReplication(name="10.0.0.2:1", seeds=[("10.0.0.1", 1)], password="p",
-                                   stream=stream, outgoing=Outgoing(publishing))
+                                   stream=stream, outgoing=Outgoing(publishing),
+                                   max_frame=link.MAX_FRAME)
     _publish(publishing, answers, "abc", 0.0)
     publishing.take_outgoing()
     for failed in [
