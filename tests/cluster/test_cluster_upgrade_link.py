@@ -1,7 +1,7 @@
 """The cluster link of today against a fake 524f73f peer: the bytes that version writes.
 
-``upgrade_fixture/link-524f73f.json`` holds them, recorded from 524f73f's own
-``cluster.link`` with fixed nonces (``upgrade_fixture/record_link.py``): its handshake as
+``upgrade_fixture/recorded-524f73f.json`` holds them, recorded from 524f73f's own
+``cluster.link`` with fixed nonces (``upgrade_fixture/record_524f73f.py``): its handshake as
 each side writes it and one frame of each operation. Members of 524f73f and of today
 link (docs/cluster.md, "Upgrading"): the handshake of link version 1 is byte for byte
 the old one both ways, and every operation the old member writes decodes here and is
@@ -23,7 +23,7 @@ from cluster.link_limits import LINK_VERSION, accepted_frame_limit
 from migratory.config import load_config
 
 RECORDED = json.loads(
-    (Path(__file__).resolve().parent / "upgrade_fixture" / "link-524f73f.json").read_text()
+    (Path(__file__).resolve().parent / "upgrade_fixture" / "recorded-524f73f.json").read_text()
 )
 HANDSHAKE = {name: bytes.fromhex(data) for name, data in RECORDED["handshake"].items()}
 OPERATIONS = {name: bytes.fromhex(data) for name, data in RECORDED["operations"].items()}

@@ -1,14 +1,15 @@
-"""Record ``link-524f73f.json``: the cluster link's bytes as migratory 524f73f writes them.
+"""Record ``recorded-524f73f.json``: what migratory 524f73f writes and takes.
 
 Run with the Python of a 524f73f checkout, from that checkout (see make_fixture.py)::
 
-    cd /tmp/old && .venv/bin/python /path/to/tests/cluster/upgrade_fixture/record_link.py \\
-        > /path/to/tests/cluster/upgrade_fixture/link-524f73f.json
+    cd /tmp/old && .venv/bin/python /path/to/tests/cluster/upgrade_fixture/record_524f73f.py \\
+        > /path/to/tests/cluster/upgrade_fixture/recorded-524f73f.json
 
-Only the code of the running checkout is used (its ``cluster.link``), with fixed nonces:
-the handshake as each side writes it (acceptor nonces 1, 2, ...; connector 1000, ...),
-and one frame of each operation a member sends. ``test_cluster_upgrade_link.py`` plays
-them against the link of today: a fake 524f73f peer.
+Only the code of the running checkout is used, with fixed nonces: its cluster link's
+handshake as each side writes it (acceptor nonces 1, 2, ...; connector 1000, ...) and
+one frame of each operation a member sends (``test_cluster_upgrade_link.py`` plays them
+against the link of today: a fake 524f73f peer), and the config keys it knows (it
+refuses any other: ``tests/test_config_524f73f.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, ".")
 from cluster import link
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest
+from migratory import config
 from migratory.model.message import Message, Qos
 
 PASSWORD = "s3cret"
@@ -80,5 +82,7 @@ def operations() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    json.dump({"handshake": handshake(), "operations": operations()}, sys.stdout, indent=1)
+    keys = sorted(setting.key for setting in config.SETTINGS)
+    json.dump({"handshake": handshake(), "operations": operations(), "config_keys": keys},
+              sys.stdout, indent=1)
     sys.stdout.write("\n")
