@@ -107,9 +107,10 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "with 1013 (an HTTP request: 503)."),
     Setting("OutboxMemoryBudget", "outbox_memory_budget", _int(0, unit=_UNITS["b"]),
             "1073741824",
-            "Bytes the outboxes of all clients together may hold; past it, a client with more "
-            "than a sixteenth of ClientMaxPendingBytes queued is cut off as a slow consumer "
-            "(4500). 0: no budget."),
+            "Bytes the outboxes of all clients together may hold, with the QoS 1 messages "
+            "MQTT subscribers have not acknowledged (176 bytes each); past it, a client with "
+            "more than a sixteenth of ClientMaxPendingBytes queued (or of its QoS 1 messages "
+            "not acknowledged) is cut off as a slow consumer (4500). 0: no budget."),
     Setting("PublishAllowFromAddressList", "publish_allow_from_address_list", _networks, "",
             "Comma-separated addresses or CIDR networks (`10.0.0.0/8, ::1`) publishes are "
             "accepted from; others get PUBLISH_DENIED. Empty: any address."),

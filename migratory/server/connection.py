@@ -392,10 +392,7 @@ class Connection(ConnectionWrites):
             self._answered.set()
         self.server.admission.hold_incomplete(-self._held)
         self._held = 0
-        if isinstance(self.session, Session):
-            self.session.release()
-        else:
-            self.session.outbox.discard()  # its bytes leave the OutboxMemoryBudget
+        self.session.release()  # its bytes leave the OutboxMemoryBudget
         self.server.forget(self)
         trio.lowlevel.notify_closing(self.sock)
         if not self._flying:

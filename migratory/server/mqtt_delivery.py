@@ -242,9 +242,9 @@ class MqttDelivery(MqttInput):
             self._deliver(self._wrap(frame))
 
     def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
-        if self._inflight.full():
-            self._slow_consumer(f"{self._inflight.limit} QoS 1 messages not acknowledged "
-                                "(ClientMaxPendingBytes)")
+        refusal = self._inflight.full()
+        if refusal is not None:
+            self._slow_consumer(refusal)
             return
         packet_id = self._inflight.add(message.subject, message.position)
         frame = mqtt_encode.encode_publish_from_parts(

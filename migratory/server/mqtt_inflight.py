@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from migratory.model.outbox import OutboxBudget
 from migratory.model.position import Position
 
 MAX_INFLIGHT = 65535  # every packet identifier taken
@@ -27,9 +28,17 @@ def inflight_limit(max_pending_bytes: int) -> int:
 
 
 class Inflight:
-    __slots__ = ("_by_id", "_early", "_next", "_per_subject", "limit")
+    """``budget``: the server's OutboxMemoryBudget, which each entry counts ENTRY_BYTES
+    against, as the bytes queued in outboxes do: a subscriber that reads every message
+    and acknowledges none holds no outbox, and 1,000 of them held 4 MiB each of these
+    (docs/benchmarks.md, "QoS 1 messages not acknowledged, outside the budget"). Past the
+    budget a session with more than a sixteenth of ``limit`` entries takes no more (its
+    client is the slow consumer), as an outbox with more than a sixteenth of its own."""
 
-    def __init__(self, limit: int = MAX_INFLIGHT) -> None:
+    __slots__ = ("_budget", "_by_id", "_early", "_next", "_per_subject", "limit")
+
+    def __init__(self, limit: int = MAX_INFLIGHT, budget: OutboxBudget | None = None) -> None:
+        self._budget = budget
         self._by_id: dict[int, tuple[str, Position]] = {}
         # per subject, the packet identifiers outstanding in the order they were sent
         self._per_subject: dict[str, deque[int]] = {}
@@ -40,8 +49,17 @@ class Inflight:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def full(self) -> bool:
-        return len(self._by_id) >= self.limit
+    def full(self) -> str | None:
+        """Why one more delivery may not be outstanding (the limit it would pass), or None."""
+        count = len(self._by_id)
+        if count >= self.limit:
+            return f"{self.limit} QoS 1 messages not acknowledged (ClientMaxPendingBytes)"
+        budget = self._budget
+        if (budget is not None and budget.used + ENTRY_BYTES > budget.limit
+                and count >= self.limit >> 4):
+            return (f"{count} QoS 1 messages not acknowledged while the outboxes hold "
+                    f"{budget.used} bytes (OutboxMemoryBudget)")
+        return None
 
     def outstanding(self, subject: str) -> bool:
         return subject in self._per_subject
@@ -59,6 +77,8 @@ class Inflight:
         if sent is None:
             sent = self._per_subject[subject] = deque()
         sent.append(packet_id)
+        if self._budget is not None:
+            self._budget.used += ENTRY_BYTES
         return packet_id
 
     def acknowledge(self, packet_id: int) -> tuple[str, Position | None] | None:
@@ -75,10 +95,21 @@ class Inflight:
             self._early.add(packet_id)
             return subject, None
         by_id, early = self._by_id, self._early
+        before = len(by_id)
         reached = by_id.pop(sent.popleft())[1]
         while sent and sent[0] in early:
             early.discard(sent[0])
             reached = by_id.pop(sent.popleft())[1]
         if not sent:
             del self._per_subject[subject]
+        if self._budget is not None:
+            self._budget.used -= ENTRY_BYTES * (before - len(by_id))
         return subject, reached
+
+    def release(self) -> None:
+        """The connection is gone: its entries leave the budget."""
+        if self._budget is not None:
+            self._budget.used -= ENTRY_BYTES * len(self._by_id)
+        self._by_id.clear()
+        self._per_subject.clear()
+        self._early.clear()

@@ -107,7 +107,8 @@ class MqttSession(MqttTakeover):
         self._max_positions = config.mqtt_session_max_subjects
         self._prune_at = min(PRUNE_FROM, self._max_positions)
         self._live_meanwhile: set[str] | None = None  # (watch_live)
-        self._inflight = Inflight(inflight_limit(config.client_max_pending_bytes))  # unacked
+        self._inflight = Inflight(  # unacknowledged QoS 1 deliveries
+            inflight_limit(config.client_max_pending_bytes), ctx.outbox_budget)
         self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
         self._held_close: tuple[int, str] | None = None  # a close waiting for those
         self._takeover_token = ""  # (mqtt_takeover: other processes told of this CONNECT)
@@ -428,6 +429,12 @@ class MqttSession(MqttTakeover):
         self.outbox.discard(keep_first=self._link.writing)
         self.close(close_codes.SLOW_CONSUMER.code, "slow consumer")
         self._link.flush_now()
+
+    def release(self) -> None:
+        """The connection is gone: what it queued and its unacknowledged deliveries leave
+        the OutboxMemoryBudget."""
+        self.outbox.discard()
+        self._inflight.release()
 
     def keep_alive_expired(self) -> None:
         log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
