@@ -36,10 +36,11 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from raft_bench import commit_all, wait_for
 
 from cluster import raft as raft_module
 from cluster.node import GIL_SWITCH_INTERVAL
@@ -74,39 +75,18 @@ def commands(args: argparse.Namespace, count: int, first: int) -> list[list[Wire
     return out
 
 
-def commit_all(raft: RaftCoordination, wires: list[list[WireRequest]]) -> int:
-    done = threading.Semaphore(0)
-    last = [0]
-
-    def callback(result: Any, error: int) -> None:
-        last[0] = max(last[0], int(result or 0))
-        done.release()
-
-    for wire in wires:
-        raft.consumer.commit_batch(EPOCH, wire, callback=callback)
-    for _ in wires:
-        if not done.acquire(timeout=300):
-            raise SystemExit("Raft did not commit")
-    return last[0]
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out: {what}")
-        time.sleep(0.02)
-
-
 def build(args: argparse.Namespace, data_dir: Path, port: int) -> dict[str, Any]:
     raft = new_seed(data_dir, port, lambda batch: None)
     try:
         wait_for(lambda: raft.snapshot.ready, 30, "the seed's first election")
-        clsn = commit_all(raft, commands(args, args.messages // args.batch, 0))
+        clsn = commit_all(raft.consumer, EPOCH, commands(args, args.messages // args.batch, 0),
+                          timeout=300)["clsn"]
         raft.syncobj.forceLogCompaction()
         wait_for(lambda: (data_dir / "raft.dump").exists()
                  and raft.syncobj._SyncObj__raftLog[0][1] > 1, 600, "the dump")
-        clsn = commit_all(raft, commands(args, args.tail, args.messages // args.batch))
+        clsn = commit_all(raft.consumer, EPOCH,
+                          commands(args, args.tail, args.messages // args.batch),
+                          timeout=300)["clsn"]
     finally:
         raft.close()
     return {"clsn": clsn}

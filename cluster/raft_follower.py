@@ -81,6 +81,7 @@ from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
+from cluster.raft_waiting import AnswersLostEntries
 
 log = logging.getLogger("migratory.raft")
 
@@ -88,7 +89,7 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 """Recorded as the vote of the term in which an empty-started seed caught up."""
 
 
-class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
+class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostEntries):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
     that never drops, at start-up, the entries its journal holds after its dump."""
 
@@ -183,7 +184,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
         if not clearJournal:
             self._keep_journal_after_dump()
         with raft_disk.not_swallowed():  # pysyncobj logs any error of it and goes on
-            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+            super()._SyncObj__loadDumpFile(clearJournal)  # (raft_waiting.py, then pysyncobj)
 
     def _keep_journal_after_dump(self) -> None:
         """Start-up found a dump and a journal that still holds entries before it.
@@ -465,7 +466,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps):
     def _SyncObj__onNodeDisconnected(self, node: Any) -> None:
         if self._dump_source is not None and self._dump_source[0] == node:
             self._dump_source = None
-        SyncObj._SyncObj__onNodeDisconnected(self, node)
+        super()._SyncObj__onNodeDisconnected(node)  # (raft_waiting.py, then pysyncobj)
 
     def _merge(self, held: list[Any], entries: list[Any]) -> None:
         """Keep what matches, truncate at the first conflict, append the rest."""
