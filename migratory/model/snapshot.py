@@ -28,7 +28,9 @@ or members at once -- both write the next generation, and the lower writer's rec
 the older, whichever is applied first (before, the later merged over the earlier: a
 discard and a resumed session's save of one generation undid each other in the order
 they happened to be numbered). The same writer's saves merge; a record with no writer
-(an earlier version's) is the lowest of its generation."""
+(an earlier version's, 524f73f's) is the lowest of its generation, and the snapshot it
+makes names no writer: the same version's later saves of that generation merge (with
+the writer before it kept, they ranked below it and were dropped)."""
 
 def merge_snapshot(previous: Message | None, incoming: Message) -> Message | None:
     """The subject's snapshot after ``incoming``, given its snapshot ``previous``.
@@ -57,6 +59,9 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
         for name, value in incoming.fields.items():
             if not value:
                 del fields[name]
+        if WRITER_FIELD not in incoming.fields and GENERATION_FIELD in incoming.fields:
+            fields.pop(WRITER_FIELD, None)  # an earlier version's record: its generation's
+            # writer names none (kept, the earlier writer outranked its every later save)
     return replace(incoming, fields=fields, type=MessageType.SNAPSHOT, closure=None)
 
 

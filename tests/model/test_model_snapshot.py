@@ -149,3 +149,32 @@ def test_records_of_one_generation_are_ordered_by_their_writer_whichever_comes_f
     assert again is not None and again.content == b"again"  # the same writer
     unnamed = merge_snapshot(merge_snapshot(None, low), record(4, b"old", generation="3"))
     assert unnamed is not None and unnamed.content == b"resumed"  # no writer: the lowest
+
+
+def test_the_saves_of_a_writer_of_524f73f_merge_after_a_writer_of_today() -> None:
+    """A rolling upgrade from 524f73f, whose records name no writer: one of its
+    connections takes a session a connection of today held (a later generation, no
+    ``writer`` field), then saves positions in that generation. Its saves merge, on
+    every member of today, as 524f73f's members merge them. Before, the snapshot kept the
+    earlier writer's name beside the new generation, every later save of the 524f73f
+    connection ranked below it and was dropped: a device that moved on to a member of
+    today was given again what it had acknowledged there."""
+    subject = "/$mqtt-session/6465"
+
+    def record(seq: int, **fields: str) -> Message:
+        return Message(subject, b"head", fields, retained=True, epoch=9, seq=seq)
+
+    today = record(1, generation="2", writer="0:aa", **{"/a/b": "1:9:19"})
+    taken_up = record(2, generation="3", saved_at="100", **{"/a/b": "1:9:19"})
+    saved = record(3, generation="3", saved_at="101", **{"/a/b": "1:9:39"})
+    snapshot = None
+    for message in (today, taken_up, saved):
+        snapshot = merge_snapshot(snapshot, message)
+    assert snapshot is not None and snapshot.fields["/a/b"] == "1:9:39"
+    assert "writer" not in snapshot.fields  # 524f73f's record of generation 3: no writer
+    # the race the writer settles is still settled: a writer of today of generation 3
+    # ranks above 524f73f's, whichever comes first
+    rival = record(4, generation="3", writer="0:bb", **{"/a/b": "1:9:25"})
+    for first, second in ((saved, rival), (rival, saved)):
+        merged = merge_snapshot(merge_snapshot(merge_snapshot(None, today), first), second)
+        assert merged is not None and merged.fields["/a/b"] == "1:9:25"
