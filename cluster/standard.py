@@ -5,11 +5,15 @@ to another member has a position that member does not know: it gets the
 snapshot and ``DATA_RESYNC`` (the seed's Standard Message Delivery). A member
 forwards every publication it takes from a client to all other members over
 the authenticated cluster link, best effort: while a peer is unreachable its
-forwards are dropped (counted), as Standard mode promises no more.
+forwards are dropped (counted), as Standard mode promises no more -- but never
+silently: each forward carries its position on the sender, a receiver that sees a
+gap resyncs the subject's subscribers, and a sender forwards again the newest message
+of each subject it dropped or lost with a link (:mod:`cluster.standard_lineage`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -25,9 +29,11 @@ from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChanne
 from cluster.link_publishes import PeerPublishes
 from cluster.monitoring import standard_metrics
 from cluster.peers import bind_error
+from cluster.standard_lineage import Forward, ForwardLineage, UnsentSubjects
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
+from migratory.model.position import Position, new_epoch
 from migratory.server.accept import serve_tcp
 from migratory.server.app import Server, build_hub
 from migratory.server.context import LocalPublishing, PublishReply
@@ -44,11 +50,12 @@ class StandardPublishing(LocalPublishing):
         self._member = member
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
-        super().submit(message, reply, now)
-        self._member.forward(message)
+        positioned = self.number(message, reply, now)
+        self._member.forward(positioned)  # at its position here: peers see what they miss
 
     def statistics(self) -> dict[str, Any]:
-        return {"mode": "standard", "forward_dropped": self._member.dropped}
+        return {"mode": "standard", "forward_dropped": self._member.dropped,
+                "forward_gaps": self._member.lineage.gaps}
 
 
 class StandardNode:
@@ -65,6 +72,11 @@ class StandardNode:
         self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
         self.connected: set[str] = set()
         self.dropped = 0
+        self.lineage = ForwardLineage()
+        self.unsent: dict[str, UnsentSubjects] = {}
+        """Per peer, what to forward again once its queue is empty (a repair)."""
+        """The peers' positions of what they forwarded (gaps: :mod:`cluster.standard_lineage`)."""
+        self.gap_warnings = Repeats()
         self.settings = MemberSettings.from_config(config, incarnation=secrets.token_hex(4))
         self.agreement = AgreementProbe(
             settings=self.settings, seeds=config.seed_members, own=self.address,
@@ -97,14 +109,56 @@ class StandardNode:
             "epoch": self.hub.epoch,
             "forwarding_to": sorted(self.connected),
             "forward_dropped": self.dropped,
+            "forward_gaps": self.lineage.gaps,
         }
 
     def forward(self, message: Message) -> None:
-        for queue in self.queues.values():
-            try:
-                queue.send_nowait(message)
-            except trio.WouldBlock:
-                self.dropped += 1
+        for name, queue in self.queues.items():
+            self.forward_to(name, queue, message)
+
+    def _repair(self, name: str, queue: trio.MemorySendChannel[Message]) -> None:
+        """Forward again the newest message of each subject ``name`` may lack."""
+        for subject in self.unsent[name].repairs():
+            position = self.hub.position(subject)
+            if position is None or position.seq == 0:
+                continue  # forgotten here: its next publish starts a lineage it sees
+            snapshot = self.hub.snapshot(subject)
+            if snapshot is not None and snapshot.position == position:
+                newest: Message | None = snapshot  # every field merged in
+            else:
+                cached = self.hub.missed(subject, Position(position.epoch, position.seq - 1))
+                newest = cached[-1] if cached else None
+            if newest is None:
+                log.warning("cannot forward %s again to %s: not cached", subject, name)
+                continue
+            self.forward_to(name, queue, newest)
+
+    def forward_to(self, name: str, queue: trio.MemorySendChannel[Message],
+                   message: Message) -> None:
+        try:
+            queue.send_nowait(message)
+        except trio.WouldBlock:
+            self.dropped += 1
+            self.unsent[name].dropped(message.subject)
+        else:
+            self.unsent[name].queued(message.subject)
+
+    def _resync(self, peer: str, message: Message, now: float) -> None:
+        """``peer`` may have numbered messages of ``message``'s subject that never came
+        here: a new lineage of the subject, its subscribers told (snapshot, DATA_RESYNC)."""
+        subject = message.subject
+        position = self.hub.position(subject)
+        if position is None or position.seq == 0:
+            return  # nothing numbered here: no subscriber has a position to miss from
+        if self.gap_warnings.first(peer, "gap", now):
+            log.warning("forwards from %s skipped some publications (%s at %d:%d after "
+                        "%d:%d here): subscribers of its subjects resync", peer, subject,
+                        message.epoch, message.seq, position.epoch, position.seq)
+        epoch = new_epoch()
+        snapshot = self.hub.snapshot(subject)
+        if snapshot is not None:
+            snapshot = dataclasses.replace(snapshot, epoch=epoch, seq=1)
+        self.hub.reposition(subject, Position(epoch, 1), snapshot, (), now)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -121,6 +175,7 @@ class StandardNode:
                 if address != self.address:
                     send, receive = trio.open_memory_channel[Message](PEER_QUEUE)
                     self.queues[member_name(address)] = send
+                    self.unsent[member_name(address)] = UnsentSubjects()
                     nursery.start_soon(self._forward_to, address, receive)
             log.info("cluster link on %s (Standard mode)", self.name)
             nursery.start_soon(self.agreement.run)
@@ -149,13 +204,19 @@ class StandardNode:
                 await trio.sleep(RETRY_SECONDS)
                 continue
             self.connected.add(name)
+            unsent = self.unsent[name]
             try:
-                async for message in queue:
+                while True:
+                    if unsent.unsent and not queue.statistics().current_buffer_used:
+                        self._repair(name, self.queues[name])
+                    message = await queue.receive()
+                    unsent.sent(message.subject)
                     await channel.send(link.StandardPublish(message))
             except Exception as exc:
                 log.info("forwarding to %s interrupted: %s", name, exc)
             finally:
                 self.connected.discard(name)
+                unsent.link_lost()
                 await channel.aclose()
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
@@ -183,8 +244,14 @@ class StandardNode:
                     now = trio.current_time()
                     # refused: counted and logged; its publisher was answered by its own
                     # member (Standard forwards after the local publish), the link goes on
-                    if self.publishes.refusal(peer, op.message, now) is None:
-                        self.hub.publish(op.message, now)
+                    if self.publishes.refusal(peer, op.message, now) is not None:
+                        continue  # (not taken: the next forward of its subject is a gap)
+                    taken = self.lineage.take(peer, op.message)
+                    if taken is Forward.SEEN:
+                        continue  # a repair of what came after all
+                    if taken is Forward.GAP:
+                        self._resync(peer, op.message, now)
+                    self.hub.publish(op.message, now)
         except link.LinkViolation as exc:
             self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:

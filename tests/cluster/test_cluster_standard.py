@@ -3,6 +3,7 @@ member; after failover a client gets the snapshot and DATA_RESYNC (seed semantic
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,5 +49,75 @@ def test_standard_mode_forwards_and_failover_gives_snapshot_and_resync(tmp_path:
         received = on_b.recv_ops_until_status(ops.Status.DATA_RESYNC)
         (snapshot,) = delivered(received)
         assert (snapshot.type, snapshot.content) == (MessageType.SNAPSHOT, b"192")
+    finally:
+        cluster.stop()
+
+
+def _forwarding(cluster: LocalCluster, members: list[int]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(cluster.status(i)["forwarding_to"] for i in members):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("members not forwarding to each other")
+
+
+def test_forwards_dropped_while_a_member_stalls_are_announced_to_its_subscribers(
+    tmp_path: Path,
+) -> None:
+    """A's queue towards a stopped B overflows (forwards dropped, counted there); B's
+    subscriber must not see the messages after the hole as if nothing were missing: it is
+    told DATA_RESYNC (with the snapshot) before them, positions never go back or repeat."""
+    cluster = LocalCluster(tmp_path, members=2, mode="Standard")
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+        _forwarding(cluster, [0])
+        on_b = RawClient(cluster.port(1))
+        on_b.connect("sub-b")
+        on_b.subscribe(SUBJECT)
+        assert isinstance(on_b.recv_op(), ops.SubjectStatus)
+        publisher = RawClient(cluster.port(0))
+        publisher.connect("pub")
+        first = publisher.publish(Message(SUBJECT, b"first", {"a": "1"}, retained=True,
+                                          closure="first"))
+        assert first.status is ops.Status.PUBLISH_OK
+        (seen,) = on_b.recv_messages(1)
+        assert seen.content == b"first"
+        stalled = cluster.processes[1]
+        assert stalled is not None
+        stalled.send_signal(signal.SIGSTOP)
+        try:
+            padding = b"x" * 8192
+            for i in range(4000):  # until A drops a forward (its queue + the socket buffers)
+                status = publisher.publish(Message(SUBJECT, padding, {"n": str(i)},
+                                                   retained=True, closure=str(i)))
+                assert status.status is ops.Status.PUBLISH_OK
+                if i % 50 == 49 and cluster.status(0)["forward_dropped"]:
+                    break
+            assert cluster.status(0)["forward_dropped"] > 0
+        finally:
+            stalled.send_signal(signal.SIGCONT)
+        last = publisher.publish(Message(SUBJECT, b"last", retained=True, closure="last"))
+        assert last.status is ops.Status.PUBLISH_OK
+        received: list[ops.ServerOp] = []
+        for _ in range(10_000):  # until "last" comes (or nothing more does: the loss)
+            try:
+                op = on_b.recv_op(timeout=10)
+            except TimeoutError:
+                break
+            received.append(op)
+            if isinstance(op, ops.Deliver) and op.messages[-1].content == b"last":
+                break
+        resyncs = [i for i, op in enumerate(received)
+                   if isinstance(op, ops.SubjectStatus) and op.status is ops.Status.DATA_RESYNC]
+        assert resyncs, "B's subscriber missed forwards without being told"
+        positions = [(m.epoch, m.seq) for m in delivered(received)
+                     if m.type is not MessageType.SNAPSHOT]
+        assert len(set(positions)) == len(positions)
+        assert delivered(received)[-1].content == b"last"  # the newest, even if dropped
+        assert cluster.status(1)["forward_gaps"] >= 1
+        snapshot = next(m for m in delivered(received[: resyncs[0]])[::-1])
+        assert snapshot.type is MessageType.SNAPSHOT and snapshot.fields["a"] == "1"
     finally:
         cluster.stop()

@@ -1,0 +1,108 @@
+"""Which forwarded publications a Standard member may have missed.
+
+A Standard member forwards each publication it numbered (``Hub.publish``) to its peers,
+best effort: its queue towards a peer drops when full, a link that breaks loses what was
+in flight, a member that restarts starts new lineages. The receiving member renumbers
+each forward in its own epoch, so its subscribers cannot see such a loss in their
+positions: it must tell them. :class:`ForwardLineage` remembers, per peer and subject,
+the sender's position of the last forward taken, and says whether the next one follows
+it (same epoch, seq + 1; or seq 1 of a subject never heard of from that peer). Anything
+else may have skipped a message: the member starts a new lineage of the subject (its
+subscribers get the snapshot and ``DATA_RESYNC``, a resume from before it too). A
+forward at or before the last one (the sender's repair of a subject whose later forwards
+did arrive) is dropped: no duplicate.
+
+The sender cannot leave a loss at the end unseen either: :class:`UnsentSubjects` are
+the subjects a peer may lack the newest message of (a forward dropped, or sent on a link
+that broke); once its queue is empty the sender forwards each one's newest message
+again (the repair) -- after a gap, or seen and dropped.
+
+Bounded: at most ``max_subjects`` subjects per peer are remembered, the least recently
+forwarded forgotten first; a forgotten subject's next forward counts as a possible gap
+(a needless resync, never a silent one). Sans-I/O: no trio, no sockets.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from migratory.model.message import Message
+from migratory.model.position import Position
+
+__all__ = ["MAX_SUBJECTS", "Forward", "ForwardLineage"]
+
+MAX_SUBJECTS = 100_000
+"""Subjects remembered per peer."""
+
+
+class Forward(enum.Enum):
+    NEXT = "next"
+    """The next one of its subject from that peer: publish it."""
+    GAP = "gap"
+    """Something may be missing before it: resync the subject, then publish it."""
+    SEEN = "seen"
+    """At or before the last one taken (a repair of what came after all): drop it."""
+
+
+@dataclass(slots=True)
+class ForwardLineage:
+    max_subjects: int = MAX_SUBJECTS
+    gaps: int = 0
+    """Forwards that did not follow the previous one of their subject and peer."""
+    _last: dict[str, dict[str, Position]] = field(default_factory=dict)
+    _forgetting: set[str] = field(default_factory=set)
+    """Peers some subject of which was forgotten: a subject not remembered may be one."""
+
+    def take(self, peer: str, message: Message) -> Forward:
+        """Take ``message``, forwarded by ``peer`` with its position there: whether it
+        follows the last one taken of its subject from ``peer`` with nothing between."""
+        last = self._last.setdefault(peer, {})
+        if message.seq == 0:  # not numbered by the peer (no member sends that): as it comes
+            last.pop(message.subject, None)
+            self._forgetting.add(peer)  # (its next one is checked as a first one)
+            return Forward.NEXT
+        previous = last.get(message.subject)
+        if previous is None:
+            follows = message.seq == 1 and peer not in self._forgetting
+        elif message.epoch == previous.epoch and message.seq <= previous.seq:
+            return Forward.SEEN
+        else:
+            follows = message.epoch == previous.epoch and message.seq == previous.seq + 1
+            del last[message.subject]  # (re-inserted last: the most recently forwarded)
+        last[message.subject] = Position(message.epoch, message.seq)
+        if len(last) > self.max_subjects:
+            del last[next(iter(last))]
+            self._forgetting.add(peer)
+        if follows:
+            return Forward.NEXT
+        self.gaps += 1
+        return Forward.GAP
+
+
+@dataclass(slots=True)
+class UnsentSubjects:
+    """Per peer, the subjects whose newest message the peer may not have."""
+
+    unsent: set[str] = field(default_factory=set)
+    """A forward dropped (queue full) or lost with a link, nothing of the subject since."""
+    on_link: set[str] = field(default_factory=set)
+    """Forwarded on the current link: unsent if it breaks (in flight or in its buffers)."""
+
+    def queued(self, subject: str) -> None:
+        self.unsent.discard(subject)  # its next forward shows the gap, if any
+
+    def dropped(self, subject: str) -> None:
+        self.unsent.add(subject)
+
+    def sent(self, subject: str) -> None:
+        self.on_link.add(subject)
+
+    def link_lost(self) -> None:
+        self.unsent |= self.on_link
+        self.on_link = set()
+
+    def repairs(self) -> list[str]:
+        """The subjects to forward again, now; forgotten here."""
+        subjects, self.unsent = sorted(self.unsent), set()
+        return subjects

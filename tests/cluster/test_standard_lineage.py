@@ -1,0 +1,91 @@
+"""cluster/standard_lineage.py: which forwards a Standard member may have missed, and
+what its peer forwards again."""
+
+from __future__ import annotations
+
+from cluster.standard_lineage import Forward, ForwardLineage, UnsentSubjects
+from migratory.model.message import Message
+
+IBM, AAPL = "/Stocks/NYSE/IBM", "/Stocks/NASDAQ/AAPL"
+
+
+def forwarded(subject: str, epoch: int, seq: int) -> Message:
+    return Message(subject, b"x", epoch=epoch, seq=seq)
+
+
+def test_forwards_one_after_another_follow_and_a_skipped_seq_is_a_gap() -> None:
+    lineage = ForwardLineage()
+    assert lineage.take("a", forwarded(IBM, 7, 1)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 7, 2)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 7, 4)) is Forward.GAP  # 3 never came
+    assert lineage.take("a", forwarded(IBM, 7, 5)) is Forward.NEXT
+    assert lineage.gaps == 1
+
+
+def test_peers_and_subjects_are_counted_apart() -> None:
+    lineage = ForwardLineage()
+    assert lineage.take("a", forwarded(IBM, 7, 1)) is Forward.NEXT
+    assert lineage.take("b", forwarded(IBM, 9, 1)) is Forward.NEXT
+    assert lineage.take("a", forwarded(AAPL, 7, 1)) is Forward.NEXT
+    assert lineage.take("b", forwarded(IBM, 9, 2)) is Forward.NEXT
+    assert lineage.gaps == 0
+
+
+def test_a_first_forward_after_the_start_of_its_lineage_is_a_gap() -> None:
+    """This member started (or restarted) after the peer numbered the subject."""
+    lineage = ForwardLineage()
+    assert lineage.take("a", forwarded(IBM, 7, 57)) is Forward.GAP
+
+
+def test_a_new_lineage_from_a_peer_is_a_gap() -> None:
+    """The peer restarted (or forgot the subject): the end of its old lineage may be lost."""
+    lineage = ForwardLineage()
+    assert lineage.take("a", forwarded(IBM, 7, 1)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 8, 1)) is Forward.GAP
+    assert lineage.take("a", forwarded(IBM, 8, 2)) is Forward.NEXT
+
+
+def test_a_forward_at_or_before_the_last_one_is_seen_and_changes_nothing() -> None:
+    lineage = ForwardLineage()
+    for seq in (1, 2, 3):
+        lineage.take("a", forwarded(IBM, 7, seq))
+    assert lineage.take("a", forwarded(IBM, 7, 3)) is Forward.SEEN  # a needless repair
+    assert lineage.take("a", forwarded(IBM, 7, 2)) is Forward.SEEN
+    assert lineage.take("a", forwarded(IBM, 7, 4)) is Forward.NEXT
+    assert lineage.gaps == 0
+
+
+def test_a_forgotten_subject_is_a_gap_never_a_silent_one() -> None:
+    lineage = ForwardLineage(max_subjects=2)
+    for subject in ("/a/1", "/a/2", "/a/3"):  # /a/1 forgotten
+        assert lineage.take("a", forwarded(subject, 7, 1)) is Forward.NEXT
+    assert lineage.take("a", forwarded("/a/1", 7, 2)) is Forward.GAP
+    assert lineage.take("a", forwarded("/a/4", 7, 1)) is Forward.GAP  # may be one forgotten
+    assert len(lineage._last["a"]) == 2
+
+
+def test_a_dropped_forward_is_unsent_until_a_later_one_of_its_subject_is_queued() -> None:
+    unsent = UnsentSubjects()
+    unsent.dropped(IBM)
+    unsent.dropped(AAPL)
+    unsent.queued(AAPL)  # its arrival shows the receiver the gap
+    assert unsent.repairs() == [IBM]
+    assert unsent.repairs() == []
+
+
+def test_what_a_broken_link_carried_is_unsent() -> None:
+    unsent = UnsentSubjects()
+    unsent.sent(IBM)
+    unsent.sent(AAPL)
+    unsent.link_lost()
+    assert unsent.repairs() == [AAPL, IBM]
+    unsent.link_lost()  # a link that carried nothing
+    assert unsent.repairs() == []
+
+
+def test_an_unnumbered_forward_is_taken_and_what_follows_it_checked_as_a_first_one() -> None:
+    lineage = ForwardLineage()
+    assert lineage.take("a", forwarded(IBM, 7, 1)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 0, 0)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 0, 0)) is Forward.NEXT
+    assert lineage.take("a", forwarded(IBM, 7, 2)) is Forward.GAP
