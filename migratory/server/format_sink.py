@@ -55,12 +55,17 @@ def message_frame(message: Message) -> bytes:
     return encode_binary(ops.encode_message(message))
 
 
+def op_frame(op: ops.ServerOp) -> bytes:
+    """One status or batch as a complete server WebSocket frame."""
+    return encode_binary(ops.encode_server_op(op))
+
+
 def send_op(sink: AnySink, op: ops.ServerOp) -> None:
     """One status or batch to one subscriber, in its wire format."""
     if isinstance(sink, FormatSink):
         sink.deliver_op(op)
     else:
-        sink.deliver(encode_binary(ops.encode_server_op(op)))
+        sink.deliver(op_frame(op))
 
 
 def send_message(sink: AnySink, message: Message, frames: dict[object, bytes]) -> None:

@@ -38,6 +38,7 @@ from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_sinks import MessageSinks
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.resume_snapshot import GONE, snapshot_as_of
+from migratory.server.shared_recovery import BatchKey, SharedRecovery
 from migratory.server.subject_state import SubjectState, WaitingResume
 
 __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
@@ -71,6 +72,8 @@ class Hub(SubjectExpiry, MessageSinks):
         self._max_cached = max_cached_messages
         self._cache_expire = cache_expire_seconds
         self._publish_snapshot = publish_snapshot
+        # the recovered batches of resumes from one position, built and encoded once
+        self.recovery = SharedRecovery()
         self._max_message_size = max_message_size
         self._subjects: dict[str, SubjectState] = {}
         self._index: SubjectIndex[SubjectState] = SubjectIndex()  # the same, by levels
@@ -273,7 +276,10 @@ class Hub(SubjectExpiry, MessageSinks):
         ``snapshot``, the snapshot as of ``position`` first, with ``history``, the last
         ``history`` cached messages up to ``position`` (``SubscriptionRequest``)."""
         out: list[ops.ServerOp] = []
-        missed = self._missed(state, position)
+        recovered = self.recovery.batch(
+            BatchKey(state.subject, state.epoch, position, state.seq, state.cache.first_seq),
+            lambda: self._missed(state, position))
+        missed = None if recovered is None else recovered.missed
         owed = (snapshot_as_of(state, position, publish_snapshot=self._publish_snapshot)
                 if snapshot and missed is not None else None)
         if missed is None or owed is GONE:
@@ -289,8 +295,8 @@ class Hub(SubjectExpiry, MessageSinks):
             historical = [m.as_type(MessageType.HISTORICAL) for m in before[-history:]]
             if historical:
                 out.append(ops.Deliver(tuple(historical)))
-        if missed:
-            out.append(ops.Deliver(tuple(m.as_type(MessageType.RECOVERED) for m in missed)))
+        if recovered is not None and missed:
+            out.append(recovered.deliver)
         out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
         return out
 

@@ -1,9 +1,8 @@
 """One client connection's protocol logic, without I/O.
 
-Bytes from the socket go into :meth:`Session.receive_data`; everything to
-write ends up in :attr:`Session.outbox`, already framed. The trio adapter
-(``migratory.server.connection``) only moves bytes and obeys
-:attr:`Session.closing` / :attr:`Session.aborted`.
+Bytes from the socket go into :meth:`Session.receive_data`; everything to write ends up
+in :attr:`Session.outbox`, already framed. The trio adapter (``migratory.server.connection``)
+only moves bytes and obeys :attr:`Session.closing` / :attr:`Session.aborted`.
 
 Phases: HTTP requests on h11 (``http_front``: keep-alive, ``/publish``,
 ``/snapshot``, monitoring) → a WebSocket (waiting for ``connect`` → connected)
@@ -29,6 +28,7 @@ from migratory.protocol import websocket as ws
 from migratory.protocol.http import MQTT_SUBPROTOCOL, Request, handshake_response, wants_mqtt
 from migratory.server import admission
 from migratory.server.context import ServerContext
+from migratory.server.format_sink import op_frame
 from migratory.server.http_front import HttpFront
 from migratory.server.publish_rules import check_publish
 from migratory.server.session_stream import RECONNECT_JITTER_MS, RECONNECT_MS, StreamSession
@@ -411,7 +411,7 @@ class Session(StreamSession):
         self._link.flush_now()
 
     def send_op(self, op: ops.ServerOp) -> None:
-        self._send(ws.encode_binary(ops.encode_server_op(op)))
+        self._send(self._ctx.hub.recovery.frame(op, op_frame))
 
     def _send(self, frame: bytes) -> None:
         if self.closing or self.aborted:
