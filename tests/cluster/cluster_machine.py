@@ -49,6 +49,7 @@ from cluster_world import (
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from cluster import link
 from cluster.cache_sync import CacheSync
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator
 from cluster.forwarding import Outgoing
@@ -135,7 +136,7 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
         if not member.is_seed:
             member.upstream = self.upstream_class(
                 name=member.name, seeds=[], password="model", stream=member.stream,
-                outgoing=Outgoing(publishing),
+                outgoing=Outgoing(publishing), max_frame=link.MAX_FRAME,
             )
 
     def _ready(self, member: Member) -> bool:
