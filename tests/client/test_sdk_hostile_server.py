@@ -508,3 +508,44 @@ async def test_a_snapshot_or_history_outside_a_subscribes_answer_is_not_delivere
             ]
     finally:
         peer.close()
+
+
+@trio_test
+async def test_statuses_of_a_subject_never_subscribed_tell_the_application_nothing() -> None:
+    """DATA_SYNC, DATA_RESYNC, SUBSCRIBE_ALLOW and SUBSCRIBE_DENY for a subject this
+    client never subscribed to, at any position: no notification; the subscribed subject
+    goes on, its own statuses told (attack test: holds before too)."""
+    peer = RawPeer()
+    try:
+        async with connect([peer.url], reconnect=FAST) as client:
+            notes: list[Notification] = []
+            resynced = trio.Event()
+
+            async def watch() -> None:
+                async for note in client.notifications():
+                    notes.append(note)
+                    if note.status is NotificationStatus.DATA_RESYNC:
+                        resynced.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                subscription, link = await subscribed_raw(peer, client)
+                stranger = "/x/y"
+                link.write(*(ops.SubjectStatus(status, stranger, position, "r")
+                             for status in (ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC,
+                                            ops.Status.SUBSCRIBE_ALLOW,
+                                            ops.Status.SUBSCRIBE_DENY)
+                             for position in (None, Position(3, 2**40), Position(7, 1))),
+                           ops.Deliver((update(SUBJECT, 11),)),
+                           ops.SubjectStatus(ops.Status.DATA_RESYNC, SUBJECT, Position(7, 11)),
+                           ops.Deliver((update(SUBJECT, 12),)))
+                got = [await subscription.next_message() for _ in range(2)]
+                assert [m.seq for m in got] == [11, 12]
+                await resynced.wait()
+                nursery.cancel_scope.cancel()
+            assert [n for n in notes if n.subject == stranger] == []
+            assert [n.status for n in notes if n.subject == SUBJECT] == [
+                NotificationStatus.SUBSCRIBE_ALLOW, NotificationStatus.DATA_RESYNC]
+            assert client.error is None
+    finally:
+        peer.close()

@@ -1,7 +1,7 @@
 // What a server's frame may hold, checked from its bytes before cbor-x decodes it.
 // Sans-I/O. A server writes plain CBOR (cbor2 and migratory/protocol/cbor_splice.py):
-// one map; definite lengths; text keys; integers, byte and text strings, arrays, maps,
-// false, true, null; no tags. cbor-x decodes much more, and some of it would mislead the
+// one map; definite lengths; text keys; integers, byte and UTF-8 text strings, arrays,
+// maps, false, true, null; no tags. cbor-x decodes much more, and some of it would mislead the
 // client rather than fail: a shared reference (tags 28/29) makes two places of a frame
 // one object, tag 259 turns a `fields` map into a Map that reads as no fields at all,
 // tag 27 builds an Error or a RegExp from the frame, record tags define key lists that
@@ -19,6 +19,23 @@ import { ProtocolError } from "./errors.js";
 export const MAX_DEPTH = 8;
 
 const PROTO = [0x5f, 0x5f, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x5f, 0x5f]; // "__proto__"
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** Whether bytes[start, start + length) are UTF-8 (what a server's text always is;
+ * cbor-x would read other bytes as U+FFFD, a subject or a field that was never sent). */
+function isUtf8(bytes, start, length) {
+  for (let i = start; i < start + length; i += 1) {
+    if (bytes[i] >= 0x80) { // (ASCII needs no decoder)
+      try {
+        strictUtf8.decode(bytes.subarray(start, start + length));
+        return true;
+      } catch {
+        return false;
+      }
+    }
+  }
+  return true;
+}
 
 function refuse(reason) {
   return new ProtocolError(CloseCode.INVALID_PAYLOAD, `not a CBOR item: ${reason}`);
@@ -86,6 +103,9 @@ export function checkServerFrame(bytes) {
     if (major === 2 || major === 3) {
       if (argument > end - pos) throw refuse("the frame ends inside a string");
       if (atKey && isProto(bytes, pos, argument)) proto = true;
+      if (major === 3 && !isUtf8(bytes, pos, argument)) {
+        throw refuse(`the text string at byte ${pos} is not UTF-8`);
+      }
       pos += argument;
     } else if (major === 4 || major === 5) {
       const count = major === 5 ? argument * 2 : argument;

@@ -1,7 +1,7 @@
 // What a server never sends is refused, not decoded into something else (src/frame_check.js):
 // CBOR tags (shared references, a Map, an Error or RegExp built from the frame, records),
 // simple values other than false/true/null, indefinite lengths, map keys that are not
-// text, nesting past MAX_DEPTH, an epoch outside 1 to 2^48 - 1. And a field a publisher
+// text, text that is not UTF-8, nesting past MAX_DEPTH, an epoch outside 1 to 2^48 - 1. And a field a publisher
 // named `__proto__` or `constructor` arrives under its own name, as an own property,
 // without touching any prototype.
 
@@ -58,6 +58,16 @@ test("what else a server never writes is refused (1007), saying what it is", () 
   refused(Uint8Array.of(0xa2, ...pong.subarray(1), 0x01, 0x01), 1007,
     /a map key at byte 9 is not a text string/); // was: key 1 read as "1"
   refused(Uint8Array.of(0x1c), 1007, /a reserved head/);
+  // was: read as U+FFFD, a subject or a field value no server sent (the Python SDK refuses)
+  const subject = Uint8Array.of(0x64, 0x2f, 0x61, 0x2f, 0xff); // "/a/" and a byte of no UTF-8
+  const ok = raw.encode({ op: "status", status: "DATA_SYNC", subject: "/a/b" });
+  const at = ok.indexOf(0x64, ok.length - 5);
+  refused(Uint8Array.of(...ok.subarray(0, at), ...subject), 1007,
+    /the text string at byte \d+ is not UTF-8/);
+  refused(raw.encode({ op: "status", status: "DATA_SYNC", subject: "/a/\ud800" }), 1007,
+    /is not UTF-8/); // a lone surrogate, as cbor-x writes it
+  assert.equal(decodeServerOp(raw.encode({ op: "status", status: "DATA_SYNC",
+    subject: "/ä/€/😀" })).subject, "/ä/€/😀");
   let deep = 0;
   for (let i = 0; i < MAX_DEPTH; i += 1) deep = [deep];
   refused(raw.encode({ op: "pong", x: deep }), 1007, /nesting deeper than 8/);

@@ -420,3 +420,29 @@ test("a snapshot or history outside a subscribe's answer is not delivered", GUAR
     server.close();
   }
 });
+
+test("statuses of a subject never subscribed tell the application nothing", GUARD, async () => {
+  // attack test (holds before too): DATA_SYNC, DATA_RESYNC, SUBSCRIBE_ALLOW, SUBSCRIBE_DENY
+  // of a stranger, at any position; the subscribed subject goes on, its statuses told
+  const server = await FakeServer.start();
+  const { client, notes } = open([server.url]);
+  try {
+    const { subscription, conn } = await subscribedAt(server, client);
+    const strangers = [];
+    for (const name of ["DATA_SYNC", "DATA_RESYNC", "SUBSCRIBE_ALLOW", "SUBSCRIBE_DENY"]) {
+      strangers.push(status(name, "/x/y"), status(name, "/x/y", 3, 2 ** 40),
+        status(name, "/x/y", 7, 1));
+    }
+    conn.send(...strangers, message(SUBJECT, 11), status("DATA_RESYNC", SUBJECT, 7, 11),
+      message(SUBJECT, 12));
+    assert.deepEqual(await seqs(subscription, 2), ["/a/b update 11", "/a/b update 12"]);
+    await until(() => notes.some((n) => n.status === "DATA_RESYNC"));
+    assert.deepEqual(notes.filter((n) => n.subject === "/x/y"), []);
+    assert.deepEqual(notes.filter((n) => n.subject === SUBJECT).map((n) => n.status),
+      ["SUBSCRIBE_ALLOW", "DATA_RESYNC"]);
+    assert.equal(client.error, null);
+  } finally {
+    await client.close();
+    server.close();
+  }
+});
