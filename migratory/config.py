@@ -22,6 +22,7 @@ from migratory.config_cluster import CLUSTER_SETTINGS, check_cluster, expand_mem
 from migratory.config_file import COMMENT_HINT, FILE_FORMAT, Layer
 from migratory.config_file import parse_config_text as parse_config_text  # re-exported
 from migratory.config_file import read_config_file as read_config_file  # re-exported
+from migratory.config_keepalive import KEEPALIVE_SETTINGS, KeepAlive
 from migratory.config_listeners import (
     LISTENER_SETTINGS,
     ListenerRole,
@@ -153,6 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
             "and every publish taken has its answer (HTTP ones too), or after this many "
             "seconds (SIGINT, Ctrl-C, stops at once, during a drain too). On Kubernetes keep "
             "it below terminationGracePeriodSeconds minus the preStop sleep."),
+    *KEEPALIVE_SETTINGS,
     *LIMIT_SETTINGS,
     *WORKER_SETTINGS,
     *CLUSTER_SETTINGS,
@@ -206,6 +208,7 @@ class Config:
     handshake_timeout: int
     gc_thresholds: tuple[int, int, int]
     drain_time: int
+    client_tcp_keepalive: KeepAlive
     max_connections: int
     file_descriptor_reserve: int
     max_connections_per_address: int
@@ -315,7 +318,8 @@ class Config:
                 out[setting.key] = "; ".join(role.as_text() for role in value)
             elif setting.attr == "http_cors_origins":
                 out[setting.key] = ", ".join(value)
-            elif setting.attr in ("gc_thresholds", "publish_allow_from_address_list"):
+            elif setting.attr in ("gc_thresholds", "publish_allow_from_address_list",
+                                  "client_tcp_keepalive"):
                 out[setting.key] = ",".join(str(v) for v in value)
             else:
                 out[setting.key] = str(value)

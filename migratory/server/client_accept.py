@@ -32,6 +32,7 @@ from migratory.server.exhaustion import Exhaustion
 from migratory.server.front_rate import address_group
 from migratory.server.limits import Eviction, Refusal, refusal_bytes
 from migratory.server.mqtt_connection import MqttConnection
+from migratory.server.tcp_keepalive import keep_alive
 
 if TYPE_CHECKING:
     from migratory.server.app import Server
@@ -66,6 +67,7 @@ async def accept_clients(
                 refuse(server, sock, refusal, spec, encrypted=tls is not None)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock, server.config.client_tcp_keepalive)  # ClientTcpKeepAlive
             kind = MqttConnection if spec.mqtt_tcp else Connection
             connection = kind(server, sock, f"{address[0]}:{address[1]}", spec, tls,
                               address=group)
