@@ -23,14 +23,17 @@ from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 
-__all__ = ["MAX_BATCHES", "MAX_MESSAGES", "BatchKey", "Recovered", "SharedRecovery"]
+__all__ = ["MAX_BATCHES", "MAX_BYTES", "MAX_MESSAGES", "BatchKey", "Recovered",
+           "SharedRecovery"]
 
 MAX_BATCHES = 64
 """Recovered batches kept at once."""
 MAX_MESSAGES = 20_000
-"""Messages those batches hold together at most (a batch bounded by the client's pending
-limit, ClientMaxPendingBytes, as every answer: 20,000 cached messages of ~1 KB are tens
-of MB, the frames as many again)."""
+"""Messages those batches hold together at most."""
+MAX_BYTES = 32 << 20
+"""Bytes they hold at most: their messages' contents (shared with the cache while it
+keeps them) and their frames once encoded (each bounded by the client's pending limit,
+as every answer)."""
 
 
 class BatchKey(NamedTuple):
@@ -45,21 +48,23 @@ class Recovered:
     """One recovered batch: the messages missed (as the cache gave them) and the
     ``Deliver`` of their recovered copies, its frame once encoded."""
 
-    __slots__ = ("deliver", "frame", "missed")
+    __slots__ = ("bytes", "deliver", "frame", "missed")
 
     def __init__(self, missed: list[Message], deliver: ops.Deliver) -> None:
         self.missed = missed
         self.deliver = deliver
         self.frame: bytes | None = None
+        self.bytes = sum(len(m.content) for m in missed)  # and the frame's, once encoded
 
 
 class SharedRecovery:
-    __slots__ = ("_batches", "_by_deliver", "_messages", "built", "shared")
+    __slots__ = ("_batches", "_by_deliver", "_bytes", "_messages", "built", "shared")
 
     def __init__(self) -> None:
         self._batches: OrderedDict[BatchKey, Recovered] = OrderedDict()
         self._by_deliver: dict[int, Recovered] = {}  # id(deliver) -> its batch
         self._messages = 0
+        self._bytes = 0
         self.built = 0  # batches built (tests count them)
         self.shared = 0  # resumes answered with a batch already built
 
@@ -77,7 +82,7 @@ class SharedRecovery:
         recovered = Recovered(missed, ops.Deliver(tuple(
             m.as_type(MessageType.RECOVERED) for m in missed)))
         self.built += 1
-        if missed and len(missed) <= MAX_MESSAGES:
+        if missed and len(missed) <= MAX_MESSAGES and recovered.bytes <= MAX_BYTES:
             self._keep(key, recovered)
         return recovered
 
@@ -86,16 +91,32 @@ class SharedRecovery:
         recovered = self._by_deliver.get(id(op))
         if recovered is None or recovered.deliver is not op:
             return encode(op)
-        if recovered.frame is None:
-            recovered.frame = encode(op)
-        return recovered.frame
+        frame = recovered.frame
+        if frame is None:
+            frame = recovered.frame = encode(op)
+            recovered.bytes += len(frame)
+            self._bytes += len(frame)
+            self._shrink()
+        return frame
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Messages and bytes the batches kept hold."""
+        return self._messages, self._bytes
 
     def _keep(self, key: BatchKey, recovered: Recovered) -> None:
         batches = self._batches
         batches[key] = recovered
         self._by_deliver[id(recovered.deliver)] = recovered
         self._messages += len(recovered.missed)
-        while len(batches) > MAX_BATCHES or self._messages > MAX_MESSAGES:
+        self._bytes += recovered.bytes
+        self._shrink()
+
+    def _shrink(self) -> None:
+        batches = self._batches
+        while batches and (len(batches) > MAX_BATCHES or self._messages > MAX_MESSAGES
+                           or self._bytes > MAX_BYTES):
             _, dropped = batches.popitem(last=False)
             del self._by_deliver[id(dropped.deliver)]
             self._messages -= len(dropped.missed)
+            self._bytes -= dropped.bytes

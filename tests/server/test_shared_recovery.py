@@ -75,11 +75,27 @@ def test_a_batch_is_not_served_once_the_subject_or_its_cache_moved_on() -> None:
     assert resume(hub, Position(epoch, 4))[-1].status is ops.Status.DATA_RESYNC  # type: ignore[union-attr]
 
 
-def test_the_batches_kept_hold_at_most_max_messages() -> None:
-    from migratory.server.shared_recovery import MAX_MESSAGES
+def test_the_batches_kept_hold_at_most_max_messages_and_max_bytes() -> None:
+    from migratory.server import shared_recovery
 
     hub, epoch = published(1000)
     for since in range(0, 1000, 10):
-        resume(hub, Position(epoch, since))
-    assert hub.recovery._messages <= MAX_MESSAGES
-    assert hub.recovery.built == 100
+        for answer in (resume(hub, Position(epoch, since)), resume(hub, Position(epoch, since))):
+            hub.recovery.frame(answer[0], op_frame)
+    messages, held = hub.recovery.held
+    assert messages <= shared_recovery.MAX_MESSAGES and held <= shared_recovery.MAX_BYTES
+    assert (hub.recovery.built, hub.recovery.shared) == (100, 100)
+
+
+def test_large_messages_are_kept_within_max_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from migratory.server import shared_recovery
+
+    monkeypatch.setattr(shared_recovery, "MAX_BYTES", 300_000)
+    hub = Hub(epoch=1)
+    for n in range(30):
+        hub.publish(Message(SUBJECT, bytes([n]) * 10_000), 0.0)
+    for since in range(0, 30):
+        answer = resume(hub, Position(hub.epoch, since))
+        if answer[0] is not answer[-1]:
+            hub.recovery.frame(answer[0], op_frame)
+        assert hub.recovery.held[1] <= 300_000
