@@ -97,9 +97,11 @@ class Conflator:
         union = self._union
         if union is None:
             return None
-        conflated = self.timeline.emitted(union)
+        timeline = self.timeline
+        conflated = timeline.emitted(union)
         self._union = None
-        self.timeline.release(union)
+        timeline.release(union)
+        timeline.idle()  # (the last one pending: its message is let go)
         return conflated
 
     def release(self) -> None:

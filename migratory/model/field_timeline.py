@@ -177,6 +177,14 @@ class FieldTimeline:
                 latest, fields=self.union(start), type=MessageType.UPDATE)
         return message
 
+    def idle(self) -> None:
+        """No subscription has a union pending (the last one emitted): hold neither the
+        latest message nor fields until the next one comes."""
+        if not self._held:
+            self._latest = None
+            self._fields = {}
+            self._emitted = {}
+
     def forget_emitted(self) -> None:
         """Let the messages :meth:`emitted` made go (the hub's tick is over)."""
         self._emitted = {}

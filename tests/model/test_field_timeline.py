@@ -161,3 +161,18 @@ def test_fields_no_union_needs_are_let_go() -> None:
     assert union.fields[f"n{5000}"] == "v"
     fast.release()
     assert timeline.held == 0
+
+
+def test_a_timeline_nobody_waits_on_holds_no_message() -> None:
+    """Once every subscription emitted, the subject's latest message (up to
+    MaxMessageSize, kept alive past the cache's budget) and its fields are let go."""
+    timeline = FieldTimeline()
+    a = Conflator(period_ms=100, start=0.0, max_size=1000, timeline=timeline)
+    b = Conflator(period_ms=200, start=0.0, max_size=1000, timeline=timeline)
+    offer_to([a, b], Message(SUBJECT, b"x" * 500, {"k": "v"}, seq=1), 0.05)
+    assert a.poll(0.1) is not None and timeline.latest is not None  # b still waits
+    emitted = b.poll(0.2)
+    assert emitted is not None and dict(emitted.fields) == {"k": "v"}
+    assert timeline.latest is None and timeline.field_count == 0
+    offer_to([a, b], Message(SUBJECT, b"y", {"j": "w"}, seq=2), 0.25)
+    assert dict(a.poll(0.35).fields) == {"j": "w"}  # type: ignore[union-attr]
