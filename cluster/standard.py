@@ -109,6 +109,8 @@ class StandardNode:
             "epoch": self.hub.epoch,
             "forwarding_to": sorted(self.connected),
             "forward_dropped": self.dropped,
+            "forward_queued": {name: queue.statistics().current_buffer_used
+                               for name, queue in sorted(self.queues.items())},
             "forward_gaps": self.lineage.gaps,
         }
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from cluster_fixture import LocalCluster
+from tcp_gate import TcpGate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient, delivered
@@ -121,3 +122,77 @@ def test_forwards_dropped_while_a_member_stalls_are_announced_to_its_subscribers
         assert snapshot.type is MessageType.SNAPSHOT and snapshot.fields["a"] == "1"
     finally:
         cluster.stop()
+
+
+def _unannounced(received: list[ops.ServerOp], published: list[bytes]) -> list[bytes]:
+    """The updates that skip some of ``published`` with no DATA_RESYNC since the last
+    update (or that come twice, or out of order)."""
+    wrong, after, announced = [], 0, False
+    for op in received:
+        if isinstance(op, ops.SubjectStatus) and op.status is ops.Status.DATA_RESYNC:
+            announced = True
+        elif isinstance(op, ops.Deliver):
+            for message in op.messages:
+                if message.type is MessageType.SNAPSHOT:
+                    continue
+                index = published.index(message.content)
+                if index < after or (index > after and not announced):
+                    wrong.append(message.content)
+                after, announced = index + 1, False
+    return wrong
+
+
+def test_forwards_lost_with_a_link_reset_while_both_members_stay_up_are_announced(
+    tmp_path: Path,
+) -> None:
+    """The link from A to B held, then reset (what it carried is lost), while A, B and
+    B's own link to A stay up: B's subscriber gets every message, or DATA_RESYNC before
+    the first one after the hole; the newest comes even if nothing is published after."""
+    cluster = LocalCluster(tmp_path, members=2, mode="Standard")
+    listen = int(cluster.settings[1]["ClusterMemberListen"].rsplit(":", 1)[1])
+    bind = cluster.base + 2000
+    cluster.settings[1]["ClusterMemberBind"] = f"127.0.0.1:{bind}"
+    gate = TcpGate(listen, bind)
+    cluster.start_all()
+    try:
+        cluster.wait_ready()
+        _forwarding(cluster, [0, 1])
+        on_b = RawClient(cluster.port(1))
+        on_b.connect("sub-b")
+        on_b.subscribe(SUBJECT)
+        assert isinstance(on_b.recv_op(), ops.SubjectStatus)
+        publisher = RawClient(cluster.port(0))
+        publisher.connect("pub")
+        published = [f"m{i}".encode() for i in range(1, 5)]
+
+        def publish(content: bytes) -> None:
+            status = publisher.publish(Message(SUBJECT, content, {content.decode(): "1"},
+                                               retained=True, closure=content.decode()))
+            assert status.status is ops.Status.PUBLISH_OK
+
+        publish(published[0])
+        received = [on_b.recv_op()]
+        gate.hold()
+        publish(published[1])
+        publish(published[2])
+        deadline = time.monotonic() + 10  # until A wrote both into the held link
+        while cluster.status(0)["forward_queued"][f"127.0.0.1:{listen}"] and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert gate.close_gate(reset_open=True) >= 1  # (the agreement probe may be one)
+        gate.release(settle=0)
+        gate.open_gate()
+        publish(published[3])
+        for _ in range(100):
+            try:
+                op = on_b.recv_op(timeout=10)
+            except TimeoutError:
+                break
+            received.append(op)
+            if isinstance(op, ops.Deliver) and op.messages[-1].content == published[-1]:
+                break
+        assert delivered(received)[-1].content == published[-1], received
+        assert _unannounced(received, published) == [], received
+    finally:
+        cluster.stop()
+        gate.shutdown()
