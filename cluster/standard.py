@@ -6,9 +6,9 @@ snapshot and ``DATA_RESYNC`` (the seed's Standard Message Delivery). A member
 forwards every publication it takes from a client to all other members over
 the authenticated cluster link, best effort: while a peer is unreachable its
 forwards are dropped (counted), as Standard mode promises no more -- but never
-silently: each forward carries its position on the sender, a receiver that sees a
-gap resyncs the subject's subscribers, and a sender forwards again the newest message
-of each subject it dropped or lost with a link (:mod:`cluster.standard_lineage`).
+silently: the sender numbers its forwards of each subject, a receiver that sees a gap
+resyncs the subject's subscribers, and a sender forwards again its last forward of each
+subject it dropped or lost with a link (:mod:`cluster.standard_lineage`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from cluster.link_io import CONNECT_ERRORS, ClusterTls, Disagreement, LinkChanne
 from cluster.link_publishes import PeerPublishes
 from cluster.monitoring import standard_metrics
 from cluster.peers import bind_error
-from cluster.standard_lineage import Forward, ForwardLineage, UnsentSubjects
+from cluster.standard_lineage import Forward, ForwardLineage, ForwardNumbering, UnsentSubjects
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -50,8 +50,8 @@ class StandardPublishing(LocalPublishing):
         self._member = member
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
-        positioned = self.number(message, reply, now)
-        self._member.forward(positioned)  # at its position here: peers see what they miss
+        super().submit(message, reply, now)
+        self._member.forward(message)
 
     def statistics(self) -> dict[str, Any]:
         return {"mode": "standard", "forward_dropped": self._member.dropped,
@@ -73,6 +73,8 @@ class StandardNode:
         self.connected: set[str] = set()
         self.dropped = 0
         self.lineage = ForwardLineage()
+        self.numbering = ForwardNumbering()
+        """This member's forwards, numbered so that peers see what they miss."""
         self.unsent: dict[str, UnsentSubjects] = {}
         """Per peer, what to forward again once its queue is empty (a repair)."""
         """The peers' positions of what they forwarded (gaps: :mod:`cluster.standard_lineage`)."""
@@ -115,25 +117,17 @@ class StandardNode:
         }
 
     def forward(self, message: Message) -> None:
+        numbered = self.numbering.number(message)
         for name, queue in self.queues.items():
-            self.forward_to(name, queue, message)
+            self.forward_to(name, queue, numbered)
 
     def _repair(self, name: str, queue: trio.MemorySendChannel[Message]) -> None:
-        """Forward again the newest message of each subject ``name`` may lack."""
+        """Forward again the last forward of each subject ``name`` may lack."""
         for subject in self.unsent[name].repairs():
-            position = self.hub.position(subject)
-            if position is None or position.seq == 0:
-                continue  # forgotten here: its next publish starts a lineage it sees
-            snapshot = self.hub.snapshot(subject)
-            if snapshot is not None and snapshot.position == position:
-                newest: Message | None = snapshot  # every field merged in
-            else:
-                cached = self.hub.missed(subject, Position(position.epoch, position.seq - 1))
-                newest = cached[-1] if cached else None
-            if newest is None:
-                log.warning("cannot forward %s again to %s: not cached", subject, name)
-                continue
-            self.forward_to(name, queue, newest)
+            last = self.numbering.last(subject)
+            if last is None:
+                continue  # forgotten: its next forward starts an epoch, a gap there
+            self.forward_to(name, queue, last)
 
     def forward_to(self, name: str, queue: trio.MemorySendChannel[Message],
                    message: Message) -> None:

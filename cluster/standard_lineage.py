@@ -1,8 +1,11 @@
 """Which forwarded publications a Standard member may have missed.
 
-A Standard member forwards each publication it numbered (``Hub.publish``) to its peers,
-best effort: its queue towards a peer drops when full, a link that breaks loses what was
-in flight, a member that restarts starts new lineages. The receiving member renumbers
+A Standard member forwards each publication its clients make to its peers, best effort:
+its queue towards a peer drops when full, a link that breaks loses what was in flight, a
+member that restarts starts new lineages. It numbers its forwards of each subject
+(:class:`ForwardNumbering`: an epoch per subject, seq + 1 per forward, dropped ones too):
+not with its hub's positions, which count the subject's publications from every member
+(two publishers on two members made every forward look like a gap). The receiving member renumbers
 each forward in its own epoch, so its subscribers cannot see such a loss in their
 positions: it must tell them. :class:`ForwardLineage` remembers, per peer and subject,
 the sender's position of the last forward taken, and says whether the next one follows
@@ -15,7 +18,8 @@ did arrive) is dropped: no duplicate.
 The sender cannot leave a loss at the end unseen either: :class:`UnsentSubjects` are
 the subjects a peer may lack the newest message of (a forward dropped, or sent on a link
 that broke); once its queue is empty the sender forwards each one's newest message
-again (the repair) -- after a gap, or seen and dropped.
+again (the repair: its last forward of the subject, at its forward position) -- after a
+gap, or seen and dropped.
 
 Bounded: at most ``max_subjects`` subjects per peer are remembered, the least recently
 forwarded forgotten first; a forgotten subject's next forward counts as a possible gap
@@ -25,12 +29,12 @@ forwarded forgotten first; a forgotten subject's next forward counts as a possib
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from migratory.model.message import Message
-from migratory.model.position import Position
+from migratory.model.message import Message, MessageType
+from migratory.model.position import Position, new_epoch
 
-__all__ = ["MAX_SUBJECTS", "Forward", "ForwardLineage"]
+__all__ = ["MAX_SUBJECTS", "Forward", "ForwardLineage", "ForwardNumbering", "UnsentSubjects"]
 
 MAX_SUBJECTS = 100_000
 """Subjects remembered per peer."""
@@ -106,3 +110,30 @@ class UnsentSubjects:
         """The subjects to forward again, now; forgotten here."""
         subjects, self.unsent = sorted(self.unsent), set()
         return subjects
+
+
+@dataclass(slots=True)
+class ForwardNumbering:
+    """A sender's numbering of its forwards: per subject, a random epoch and seq + 1 per
+    forward. At most ``max_subjects`` subjects, the least recently forwarded forgotten
+    first: a forgotten subject's next forward starts a new epoch (a resync there, never
+    a position given twice)."""
+
+    max_subjects: int = MAX_SUBJECTS
+    _last: dict[str, Message] = field(default_factory=dict)
+
+    def number(self, message: Message) -> Message:
+        """``message`` at its subject's next forward position (the last one kept)."""
+        previous = self._last.pop(message.subject, None)
+        epoch, seq = (new_epoch(), 1) if previous is None else (previous.epoch,
+                                                                 previous.seq + 1)
+        numbered = replace(message, epoch=epoch, seq=seq, type=MessageType.UPDATE,
+                           closure=None)
+        self._last[message.subject] = numbered
+        if len(self._last) > self.max_subjects:
+            del self._last[next(iter(self._last))]
+        return numbered
+
+    def last(self, subject: str) -> Message | None:
+        """The last forward of ``subject``, at its position (None: forgotten)."""
+        return self._last.get(subject)

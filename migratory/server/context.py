@@ -84,10 +84,6 @@ class LocalPublishing:
         return clock
 
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None:
-        self.number(message, reply, now)
-
-    def number(self, message: Message, reply: PublishReply | None, now: float) -> Message:
-        """Number and fan out ``message``, answer its publisher; the numbered message."""
         positioned = self._hub.publish(message, now)
         clock = self._clock
         if clock is TRIO_CLOCK:
@@ -103,7 +99,6 @@ class LocalPublishing:
                     self.timings.ack.observe(elapsed)
         if reply is not None:
             reply.publish_ok(message.closure, message.subject, positioned.epoch, positioned.seq)
-        return positioned
 
     def statistics(self) -> dict[str, Any]:
         return {"mode": "single"}

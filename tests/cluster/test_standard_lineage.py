@@ -3,8 +3,8 @@ what its peer forwards again."""
 
 from __future__ import annotations
 
-from cluster.standard_lineage import Forward, ForwardLineage, UnsentSubjects
-from migratory.model.message import Message
+from cluster.standard_lineage import Forward, ForwardLineage, ForwardNumbering, UnsentSubjects
+from migratory.model.message import Message, MessageType
 
 IBM, AAPL = "/Stocks/NYSE/IBM", "/Stocks/NASDAQ/AAPL"
 
@@ -89,3 +89,30 @@ def test_an_unnumbered_forward_is_taken_and_what_follows_it_checked_as_a_first_o
     assert lineage.take("a", forwarded(IBM, 0, 0)) is Forward.NEXT
     assert lineage.take("a", forwarded(IBM, 0, 0)) is Forward.NEXT
     assert lineage.take("a", forwarded(IBM, 7, 2)) is Forward.GAP
+
+
+def test_a_members_forwards_are_numbered_per_subject_whatever_else_it_numbers() -> None:
+    """Its hub's positions count the subject's publications of every member: forwarded
+    at those, a peer saw a gap after each of the other publisher's messages."""
+    numbering = ForwardNumbering()
+    first = numbering.number(Message(IBM, b"1", closure="c", epoch=5, seq=1))
+    other = numbering.number(Message(AAPL, b"x", epoch=5, seq=2))
+    second = numbering.number(Message(IBM, b"2", epoch=5, seq=3))  # seq 2 was another's
+    assert (first.seq, second.seq, other.seq) == (1, 2, 1)
+    assert first.epoch == second.epoch != other.epoch
+    assert (first.closure, first.type) == (None, MessageType.UPDATE)
+    assert numbering.last(IBM) == second
+    lineage = ForwardLineage()
+    assert [lineage.take("a", m) for m in (first, other, second)] == [Forward.NEXT] * 3
+
+
+def test_a_forgotten_subjects_next_forward_starts_a_new_epoch() -> None:
+    numbering = ForwardNumbering(max_subjects=1)
+    first = numbering.number(Message(IBM, b"1"))
+    numbering.number(Message(AAPL, b"x"))  # IBM forgotten
+    assert numbering.last(IBM) is None
+    again = numbering.number(Message(IBM, b"2"))
+    assert again.epoch != first.epoch and again.seq == 1  # never (first.epoch, 1) twice
+    lineage = ForwardLineage()
+    lineage.take("a", first)
+    assert lineage.take("a", again) is Forward.GAP
