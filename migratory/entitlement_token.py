@@ -30,6 +30,7 @@ from typing import Any
 
 import jwt
 
+from migratory import client_lines
 from migratory.entitlement import MAX_TOKEN_CHARS
 
 log = logging.getLogger("migratory.entitlement")
@@ -174,7 +175,8 @@ class TokenEntitlement:
         if not token:
             return None
         if len(token) > MAX_TOKEN_CHARS:
-            log.info("token refused: longer than %d characters", MAX_TOKEN_CHARS)
+            client_lines.lines.log(log, logging.INFO, "token refused", "token refused: "
+                                   "longer than %d characters", MAX_TOKEN_CHARS)
             return None
         digest = hashlib.sha256(token.encode(errors="surrogatepass")).digest()
         cached = self._grants.get(digest, False)
@@ -211,7 +213,8 @@ class TokenEntitlement:
                 _time_claim(claims, "nbf"),
             )
         except (jwt.PyJWTError, ValueError, StopIteration, KeyError, TypeError) as exc:
-            log.info("token refused: %s", exc or type(exc).__name__)
+            client_lines.lines.log(log, logging.INFO, "token refused", "token refused: %s",
+                                   exc or type(exc).__name__)
             return None
 
     def _live(self, token: str | None) -> Grant | None:

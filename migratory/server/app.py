@@ -271,6 +271,7 @@ class Server:
             log.warning("connection refused: %s%s", reason, more)
 
     def forget(self, connection: Connection) -> None:
+        self.drain.left(connection)  # (its end may end the drain)
         if connection in self.connections:
             self.frontends.closed(connection.frontend)
             self.admission.release(connection)

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
+from migratory import client_lines
 from migratory.config import Config
 from migratory.entitlement import Entitlement
 from migratory.model.message import Message
 from migratory.model.outbox import OutboxBudget
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import close_codes, ops
 from migratory.server.audit import Audit
 from migratory.server.hub import Hub
 from migratory.server.metrics import BatchSizes, PublishTimings
@@ -147,8 +148,18 @@ class ServerStatistics:
     entitlement_denials: dict[str, int] = field(default_factory=dict)  # {action: count}
     resumes: dict[str, int] = field(default_factory=dict)  # {sync | resync: count}
 
+    # {close code's name: count}: clients the server closed (GET /metrics), 1000 and 1001
+    # aside; an MQTT client: MQTT_KEEP_ALIVE, its keep-alive ran out
+    closes: dict[str, int] = field(default_factory=dict)
+
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
+
+    def closed(self, code: int | str) -> None:
+        """Count a client the server closes with ``code`` (a close code or a name)."""
+        known = close_codes.BY_CODE.get(code) if isinstance(code, int) else None
+        self.count(self.closes, code if isinstance(code, str) else
+                   known.name if known is not None else str(code))
 
 
 @dataclass(slots=True)
@@ -184,6 +195,7 @@ class ServerContext:
             "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
             "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
             "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
+            "log_lines_held": client_lines.lines.held,
             # memory blocks the interpreter holds (objects and its own small allocations;
             # not OpenSSL's or the kernel's): what grows if client state outlives clients
             "python_allocated_blocks": sys.getallocatedblocks(),

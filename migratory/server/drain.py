@@ -25,7 +25,10 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
 4. The server stops once the clients it had have left and every publish taken has
    its outcome (an HTTP ``POST /publish`` too), or after ``DrainTime`` seconds. A
    client that connects during the drain (every member draining at once: the others
-   send theirs here) is told to go and not waited for.
+   send theirs here) is refused by the readiness (1013) and not waited for. The drain
+   acts on changes (a client gone: :meth:`Drain.left`, from the server's ``forget``; a
+   client's publishes settled), never by looking at every client again and again, and
+   logs two lines however many clients it moves (each one's 4502 at DEBUG).
 
 The drain owns two thin wrappers given to the server when it is built — the
 readiness and the publish path — so nothing is patched while serving. The same
@@ -51,7 +54,6 @@ log = logging.getLogger("migratory.drain")
 DRAINING = "member is draining (shutting down): connect to another member"
 MOVED = "member is moving this client to another member (rebalancing)"
 REFUSED = "member is sending this client elsewhere: publish again on another member"
-POLL_SECONDS = 0.02
 
 
 class DrainSession(Protocol):
@@ -75,9 +77,12 @@ class DrainConnection(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DrainReport:
-    clients_told: int  # sessions closed with DRAINED by the drain
-    clients_left: int  # of all client sessions open at the start, how many had gone
-    clients_remaining: int  # still connected when the drain ended
+    clients: int  # client sessions open at the start
+    clients_told: int  # of those, closed with DRAINED by the drain
+    clients_left: int  # of those, how many had gone
+    clients_left_untold: int  # of those gone, how many went before they were told
+    clients_cut: int  # of those, how many were still there at the end (DrainTime)
+    clients_remaining: int  # client sessions still connected when the drain ended
     publishes_settled: int  # outcomes delivered to clients after the drain began
     publishes_refused: int  # publishes refused because the member was draining
     seconds: float
@@ -170,6 +175,14 @@ class Drain:
         self._settling: dict[int, _Settling] = {}  # id(session) -> its proxy
         self.moving: dict[int, DrainConnection] = {}  # id(session) -> its connection
         self.moved = 0
+        # the drain's: the clients there at its start still open (id -> connection), those
+        # told, those waiting for their publishes' statuses (id(session) -> connection) and
+        # those whose publishes settled since (to tell); set at each such change
+        self._open: dict[int, DrainConnection] = {}
+        self._told: set[int] = set()
+        self._held: dict[int, DrainConnection] = {}
+        self._ready: list[DrainConnection] = []
+        self._changed = trio.Event()
 
     @property
     def draining(self) -> bool:
@@ -208,6 +221,11 @@ class Drain:
             self.settled += 1
         if proxy.pending <= 0:
             self._settling.pop(id(proxy.reply), None)
+            if self.draining:
+                held = self._held.pop(id(proxy.reply), None)
+                if held is not None:
+                    self._ready.append(held)
+                self._changed.set()
 
     def unsettled(self, session: object) -> int:
         proxy = self._settling.get(id(session))
@@ -237,40 +255,55 @@ class Drain:
         self._gate()
         return closed
 
+    def left(self, connection: DrainConnection) -> None:
+        """``connection`` is gone (the server forgets it): the drain may be done."""
+        if self._open.pop(id(connection), None) is not None:
+            self._held.pop(id(connection.session), None)
+            self._changed.set()
+
+    def _tell(self, connections: Iterable[DrainConnection]) -> None:
+        """Close with 4502 each of ``connections`` whose publishes all have their status;
+        hold the others until they do (:meth:`_settled`)."""
+        for connection in connections:
+            session = connection.session
+            if session.closing:
+                continue
+            if self.unsettled(session):
+                self._held[id(session)] = connection
+                continue
+            session.close(close_codes.DRAINED.code, DRAINING)
+            connection.flush()
+            self._told.add(id(connection))
+
     async def run(self, connections: Callable[[], Iterable[DrainConnection]]) -> DrainReport:
         """Drain the clients of ``connections()``; returns when those there at the start
-        have all left (newcomers told to go) or ``seconds`` have passed."""
+        have all left (:meth:`left`) and no publish waits for its status, or after
+        ``seconds``. The work is proportional to what happens -- a client told, a client
+        gone, a publish settled --, not to the clients there at each turn (a newcomer's
+        ``connect`` is refused by the readiness, 1013: it is not waited for)."""
         started = trio.current_time()
         self.draining = True
         initial = [c for c in connections() if c.session.is_websocket]
-        began = {id(c) for c in initial}  # (``initial`` holds them: no id reused)
+        self._open = {id(c): c for c in initial}  # (holds them: no id reused)
         log.info("draining %d clients (DrainTime %g s)", len(initial), self.seconds)
-        told = 0
+        self._tell(initial)
         timed_out = True
         with trio.move_on_after(self.seconds):
-            while True:
-                clients = [c for c in connections() if c.session.is_websocket]
-                for connection in clients:
-                    session = connection.session
-                    if not session.closing and self.unsettled(session) == 0:
-                        session.close(close_codes.DRAINED.code, DRAINING)
-                        connection.flush()
-                        told += 1
-                # done once the clients it began with have left and no publish waits
-                # for its status (an HTTP POST /publish's too); clients that came since
-                # (every member draining at once: those the others sent away) are told
-                # and not waited for: the shutdown flushes their close frames
-                if not self._settling and all(
-                    id(c) not in began and c.session.closing for c in clients
-                ):
-                    timed_out = False
-                    break
-                await trio.sleep(POLL_SECONDS)
-        remaining = {id(c) for c in connections() if c.session.is_websocket}
+            while self._open or self._settling:
+                await self._changed.wait()
+                self._changed = trio.Event()
+                ready, self._ready = self._ready, []
+                self._tell(ready)
+            timed_out = False
+        remaining = sum(1 for c in connections() if c.session.is_websocket)
         report = DrainReport(
-            clients_told=told,
-            clients_left=sum(1 for c in initial if id(c) not in remaining),
-            clients_remaining=len(remaining),
+            clients=len(initial),
+            clients_told=len(self._told),
+            clients_left=len(initial) - len(self._open),
+            clients_left_untold=sum(1 for c in initial
+                                    if id(c) not in self._open and id(c) not in self._told),
+            clients_cut=len(self._open),
+            clients_remaining=remaining,
             publishes_settled=self.settled,
             publishes_refused=self.refused,
             seconds=round(trio.current_time() - started, 3),
@@ -278,9 +311,11 @@ class Drain:
         )
         log.info(
             "drained in %.1f s: %d clients told to reconnect elsewhere, %d still connected, "
-            "%d publishes settled, %d refused%s",
+            "%d publishes settled, %d refused; of the %d clients at the start %d left as "
+            "told, %d on their own, %d cut at DrainTime%s",
             report.seconds, report.clients_told, report.clients_remaining,
-            report.publishes_settled, report.publishes_refused,
-            " (DrainTime reached)" if timed_out else "",
+            report.publishes_settled, report.publishes_refused, report.clients,
+            report.clients_left - report.clients_left_untold, report.clients_left_untold,
+            report.clients_cut, " (DrainTime reached)" if timed_out else "",
         )
         return report

@@ -216,6 +216,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("writes", "migratory_socket_writes", "counter", "Socket writes to clients."),
     ("slow_consumers", "migratory_slow_consumers", "counter",
      "Clients cut off for reading too slowly (close 4500)."),
+    ("log_lines_held", "migratory_log_lines_held", "counter",
+     "Log lines about single clients logged at DEBUG instead of INFO or WARNING: past one "
+     "line per kind every 10 s (a storm of closes, cut-offs, refusals; client_lines.py)."),
     ("cache_expired", "migratory_cache_expired", "counter",
      "Cached messages dropped for being older than CacheExpireTime."),
     ("mqtt_sessions_opened", "migratory_mqtt_sessions_opened", "counter",
@@ -262,6 +265,10 @@ LABELLED_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "MQTT session: also its 1,000 filters at most), MAX_WILDCARD_FILTERS (an MQTT "
      "session's 100 wildcard filters), MaxSubscriptions (every client's together; an SSE "
      "stream refused whole, 503)."),
+    ("closes", "migratory_connections_closed", "reason",
+     "Clients the server closed, by close code name (DRAINED, SLOW_CONSUMER, "
+     "TRY_AGAIN_LATER, CONNECT_DENIED, ...; 1000 and 1001 aside); MQTT_KEEP_ALIVE: an MQTT "
+     "client's keep-alive ran out."),
     ("resumes", "migratory_resumes", "outcome",
      "Subscribes that resumed from a position, by outcome (sync: every missed message "
      "recovered; resync: snapshot and DATA_RESYNC)."),

@@ -23,6 +23,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from migratory import client_lines
 from migratory.config_mqtt import SESSION_SWEEP_SECONDS
 from migratory.protocol import mqtt
 from migratory.server import mqtt_store
@@ -112,9 +113,10 @@ class SessionExpiry:
                                           snapshot, writer=EXPIRY_WRITER)
                 self._ctx.publishing.submit(discard, None, now)
                 discarded += 1
-                log.info("mqtt client %s: persistent session not connected for more than "
-                         "MqttSessionExpiry (%d s): discarded", client_id, expiry,
-                         extra={"client": client_id})
+                client_lines.lines.log(
+                    log, logging.INFO, "mqtt expired", "mqtt client %s: persistent session "
+                    "not connected for more than MqttSessionExpiry (%d s): discarded",
+                    client_id, expiry, extra={"client": client_id})
         stats.mqtt_sessions_expired += discarded
         return discarded
 

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.model.subject import reserved
 from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_subject
@@ -269,6 +270,6 @@ class MqttInput:
         stats.protocol_errors += 1
         stats.mqtt_protocol_errors += 1
         stats.count(stats.protocol_error_kinds, "mqtt")  # GET /metrics: kind="mqtt"
-        log.info("%s: malformed MQTT, closing: %s", self.describe(), reason,
-                 extra=self.log_fields())
+        client_lines.lines.log(log, logging.INFO, "mqtt malformed", "%s: malformed MQTT, "
+                               "closing: %s", self.describe(), reason, extra=self.log_fields())
         self.close(close_codes.PROTOCOL_ERROR.code, reason)

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from migratory import client_lines
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_delivery import MqttDelivery
 from migratory.server.mqtt_store import SessionRecord, session_subject, superseded
@@ -124,8 +125,9 @@ class MqttSaving(MqttDelivery):
             self._save_again = True
             return
         if superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
-            log.info("%s: the session was taken up by a later connection: not saved",
-                     self.describe(), extra=self.log_fields())
+            client_lines.lines.log(log, logging.INFO, "mqtt superseded", "%s: the session "
+                                   "was taken up by a later connection: not saved",
+                                   self.describe(), extra=self.log_fields())
             self._record = None
             return
         record.filters = self.subscriptions.filters()
@@ -176,8 +178,9 @@ class MqttSaving(MqttDelivery):
             self._record.saved(ok=ok)
         if not ok:
             if not self.closing:
-                log.info("%s: session not saved (%s): closing", self.describe(), status.reason,
-                         extra=self.log_fields())
+                client_lines.lines.log(log, logging.INFO, "mqtt not saved", "%s: session not "
+                                       "saved (%s): closing", self.describe(), status.reason,
+                                       extra=self.log_fields())
                 self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
             return
         subacks, self._waiting_subacks = self._waiting_subacks, []

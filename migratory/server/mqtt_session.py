@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message, Qos
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.mqtt")
 
+KEEP_ALIVE_EXPIRED = "keep-alive expired"  # (counted as MQTT_KEEP_ALIVE, not as 4501)
 # closes that send a healthy client elsewhere (shutdown, drain, rebalance): no will
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
@@ -187,8 +189,9 @@ class MqttSession(MqttTakeover):
     # --- CONNECT --------------------------------------------------------------
 
     def _refuse(self, code: int, why: str) -> None:
-        log.info("%s: CONNECT refused (%d): %s", self.describe(), code, why,
-                 extra=self.log_fields())
+        client_lines.lines.log(log, logging.INFO, f"mqtt connack {code}", "%s: CONNECT "
+                               "refused (%d): %s", self.describe(), code, why,
+                               extra=self.log_fields())
         self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
         self.close(close_codes.CONNECT_DENIED.code, why)
 
@@ -305,7 +308,8 @@ class MqttSession(MqttTakeover):
 
     def _refused(self, reason: str) -> None:
         """MQTT 3.1.1 has no negative acknowledgement: a refused operation closes."""
-        log.info("%s: %s: closing", self.describe(), reason, extra=self.log_fields())
+        client_lines.lines.log(log, logging.INFO, "mqtt refused", "%s: %s: closing",
+                               self.describe(), reason, extra=self.log_fields())
         self.close(close_codes.BAD_OPERATION.code, reason)
 
     def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
@@ -425,7 +429,8 @@ class MqttSession(MqttTakeover):
         if self.closing or self.aborted:
             return
         self._ctx.stats.slow_consumers += 1
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), why, extra=self.log_fields())
+        client_lines.lines.log(log, logging.WARNING, "slow consumer", "%s: slow consumer "
+                               "cut off (%s)", self.describe(), why, extra=self.log_fields())
         self.outbox.discard(keep_first=self._link.writing)
         self.close(close_codes.SLOW_CONSUMER.code, "slow consumer")
         self._link.flush_now()
@@ -437,15 +442,18 @@ class MqttSession(MqttTakeover):
         self._inflight.release()
 
     def keep_alive_expired(self) -> None:
-        log.info("%s: nothing received for 1.5 x keep-alive %d s", self.describe(),
-                 self.keep_alive, extra=self.log_fields())
-        self.close(close_codes.CONNECT_TIMEOUT.code, "keep-alive expired")
+        client_lines.lines.log(log, logging.INFO, "mqtt keep-alive", "%s: nothing received "
+                               "for 1.5 x keep-alive %d s", self.describe(), self.keep_alive,
+                               extra=self.log_fields())
+        self.close(close_codes.CONNECT_TIMEOUT.code, KEEP_ALIVE_EXPIRED)
 
     def close(self, code: int, reason: str) -> None:
         """Close the network connection once what is queued is written (MQTT 3.1.1 has
         no server DISCONNECT); over WebSocket a close frame goes first."""
         if self.closing or self.aborted:
             return
+        if code not in (close_codes.NORMAL.code, close_codes.GOING_AWAY.code):
+            self._ctx.stats.closed("MQTT_KEEP_ALIVE" if reason == KEEP_ALIVE_EXPIRED else code)
         self.close_code = code
         if code in _MOVED:
             self._will = None  # the client is fine: it is sent to another member

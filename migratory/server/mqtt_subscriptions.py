@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from migratory import client_lines
 from migratory.entitlement import ClientIdentity
 from migratory.model.message import Message
 from migratory.model.position import Position
@@ -111,18 +112,21 @@ class Subscriptions:
         try:
             levels = filter_levels(name)
         except InvalidTopicError as exc:
-            log.info("%s: SUBSCRIBE refused: %s", self._owner.describe(), exc,
-                     extra=self._owner.log_fields())
+            client_lines.lines.log(log, logging.INFO, "mqtt subscribe refused",
+                                   "%s: SUBSCRIBE refused: %s", self._owner.describe(), exc,
+                                   extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         subject = None if is_wildcard(name) else "/" + name
         refusal = None if name in self._filters else self._limit(wildcard=subject is None)
         if refusal is not None:
-            log.info("%s: SUBSCRIBE of %r refused: %s", self._owner.describe(), name,
-                     refusal, extra=self._owner.log_fields())
+            client_lines.lines.log(log, logging.INFO, "mqtt subscribe refused",
+                                   "%s: SUBSCRIBE of %r refused: %s", self._owner.describe(),
+                                   name, refusal, extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         if not self._owner.entitlement_allows_subscribe("/" + name):
-            log.info("%s: not entitled to subscribe to %r", self._owner.describe(), name,
-                     extra=self._owner.log_fields())
+            client_lines.lines.log(log, logging.INFO, "mqtt subscribe denied",
+                                   "%s: not entitled to subscribe to %r",
+                                   self._owner.describe(), name, extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
         self._drop(name)
         entry = _Filter(granted, levels, subject)
@@ -251,8 +255,10 @@ class Subscriptions:
             except InvalidTopicError:
                 continue
             if not self._owner.entitlement_allows_subscribe("/" + name):
-                log.info("%s: resumed session: not entitled to %r: the filter is dormant",
-                         self._owner.describe(), name, extra=self._owner.log_fields())
+                client_lines.lines.log(
+                    log, logging.INFO, "mqtt dormant", "%s: resumed session: not entitled "
+                    "to %r: the filter is dormant", self._owner.describe(), name,
+                    extra=self._owner.log_fields())
                 self._dormant[name] = qos
                 self._dropped = True
                 continue

@@ -34,6 +34,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from migratory import client_lines
 from migratory.model.message import Message, Qos
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_saving import MqttSaving
@@ -172,6 +173,7 @@ class MqttTakeover(MqttSaving):
     def taken_over(self, where: str) -> None:
         """Closed for a later connection of the same client id (its will is published:
         the connection ends without DISCONNECT)."""
-        log.info("%s: taken over %s", self.describe(), where, extra=self.log_fields())
+        client_lines.lines.log(log, logging.INFO, "mqtt taken over", "%s: taken over %s",
+                               self.describe(), where, extra=self.log_fields())
         self.close(close_codes.NORMAL.code, "taken over")
         self.flush()

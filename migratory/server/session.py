@@ -19,6 +19,7 @@ import time
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
+from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
@@ -41,8 +42,7 @@ _connection_ids = itertools.count(1)  # names a connection in logs and audit eve
 
 
 def new_connection_id() -> int:
-    """A number naming one client connection (any front end) in logs and audit events."""
-    return next(_connection_ids)
+    return next(_connection_ids)  # one client connection's (any front end)
 
 
 class Link(Protocol):
@@ -107,8 +107,7 @@ class Session(StreamSession):
     @property
     def is_websocket(self) -> bool:
         """A client session the server may close (drain, rebalance, shutdown): a WebSocket
-        or a Server-Sent Events stream (whose close is a ``close`` event), as
-        ``MqttSession.is_websocket``; not a plain HTTP exchange."""
+        or an SSE stream (a ``close`` event), as ``MqttSession.is_websocket``; not HTTP."""
         return self._decoder is not None or self._stream is not None
 
     @property
@@ -151,7 +150,8 @@ class Session(StreamSession):
     def cut_off(self, why: str) -> None:
         """Close at once, dropping what is queued: a client that does not read."""
         self._ctx.stats.slow_consumers += 1
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), why)
+        client_lines.lines.log(log, logging.WARNING, "slow consumer",
+                               "%s: slow consumer cut off (%s)", self.describe(), why)
         self.connection_lost()
         self.aborted = True
         self._link.flush_now()
@@ -162,8 +162,8 @@ class Session(StreamSession):
             return
         self._ctx.stats.slow_consumers += 1
         self.close_reason = "slow consumer"
-        log.warning("%s: slow consumer cut off (%s)", self.describe(), why,
-                    extra=self.log_fields())
+        client_lines.lines.log(log, logging.WARNING, "slow consumer", "%s: slow consumer "
+                               "cut off (%s)", self.describe(), why, extra=self.log_fields())
         # a stream cut in its catch-up keeps what it queued (<= the limit: the marks of
         # its ids moved only with what was queued) for the browser to resume after it
         # (dropped, the same resume came back and was cut forever)
@@ -395,8 +395,8 @@ class Session(StreamSession):
         return self._held_close is not None and not self.aborted
 
     def _publish_status(self, frame: bytes) -> None:
-        """A publish's status, queued even when a close waits for it (a publish then
-        garbage in one segment: answered once, then the close frame after the last)."""
+        """A publish's status, queued even if a close waits for it (a publish, garbage in
+        one segment: answered, then the close frame after the last)."""
         self._in_flight -= 1
         if not self.settling:
             self._send(frame)
@@ -428,8 +428,8 @@ class Session(StreamSession):
         self.close_code = code
         self.close_reason = self.close_reason or reason
         if code not in (close_codes.NORMAL.code, close_codes.GOING_AWAY.code):
-            log.info("%s: closing with %d %s", self.describe(), code, reason,
-                     extra=self.log_fields())
+            self._ctx.stats.closed(code)
+            client_lines.closing(log, self.describe(), code, reason, self.log_fields())
         self.connection_lost()
         held = self._in_flight > 0 and code != close_codes.SLOW_CONSUMER.code
         if held and self._decoder is not None:  # after the statuses of its publishes

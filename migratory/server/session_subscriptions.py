@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
+from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending
 from migratory.model.outbox import Outbox
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
@@ -82,7 +83,9 @@ class Subscriptions:
             else:
                 self._queued.extend(requests)
             return
-        log.info("%s: %s", session.describe(), denials[0].reason, extra=session.log_fields())
+        client_lines.lines.log(log, logging.INFO, "subscribe refused", "%s: %s",
+                               session.describe(), denials[0].reason,
+                               extra=session.log_fields())
         for denial in denials:
             session.send_op(denial)
 

@@ -82,7 +82,7 @@ def test_sigterm_drains_a_publishing_client_without_unknown_outcomes(start_serve
     assert server.proc.returncode == 0, server.log()
     assert outcomes["ok"] > 10 and outcomes["unknown"] == 0, outcomes
     log = server.log()
-    assert "drained in" in log and "closing with 4502" in log, log
+    assert "drained in" in log and "left as told" in log, log  # (each 4502 at DEBUG)
     # the drain ended because every client left and every publish settled, not by time
     (drained,) = [line for line in log.splitlines() if "drained in" in line]
     assert "0 still connected" in drained and "DrainTime reached" not in drained, drained
