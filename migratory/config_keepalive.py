@@ -35,10 +35,13 @@ KEEPALIVE_SETTINGS: tuple[Setting, ...] = (
             "TCP keepalive on every client connection (every Listen, ListenEncrypted, "
             "ListenMqtt and ListenMqttEncrypted port): idle seconds before the first probe, "
             "seconds between probes, unanswered probes before the kernel resets it "
-            "(SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT). A client whose "
-            "network path died without a FIN or RST -- an MQTT client with keep-alive 0, "
-            "an idle WebSocket subscriber, an SSE stream -- is closed after at most "
-            "idle + interval x probes seconds (the default: 2 minutes) instead of holding "
-            "its connection and its outbox until something is written to it. 0: off "
-            "(the kernel's defaults do not apply either: no probes)."),
+            "(SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT), and TCP_USER_TIMEOUT "
+            "= idle + interval x probes (data sent and unacknowledged that long: reset; "
+            "keepalive probes only an idle connection). A client whose network path died "
+            "without a FIN or RST -- an MQTT client with keep-alive 0, an idle WebSocket "
+            "subscriber, an SSE stream, a client gone with messages in flight -- is closed "
+            "after at most that many seconds (the default: 2 minutes) instead of holding "
+            "its connection and its outbox until something is written to it, or for the "
+            "kernel's ~15 minutes of retransmissions. 0: off (no probes, the kernel's "
+            "retransmission bound)."),
 )

@@ -1,7 +1,9 @@
 """TCP keepalive on client sockets (ClientTcpKeepAlive, migratory/server/tcp_keepalive.py):
 every accepted client socket -- a WebSocket, an HTTP/SSE request, TLS, MQTT, MQTT over
-TLS -- has SO_KEEPALIVE with the configured idle, interval and probe count, read back
-with getsockopt on the server's own socket. Before: none had it, so a client whose path
+TLS -- has SO_KEEPALIVE with the configured idle, interval and probe count, and
+TCP_USER_TIMEOUT bounding data left unacknowledged (keepalive never probes a connection
+with data in flight), read back with getsockopt on the server's own socket. Before:
+none had it, so a client whose path
 died without a FIN or RST (an MQTT client with keep-alive 0, an idle subscriber, an SSE
 stream) held its connection and its outbox until something was written to it."""
 
@@ -19,11 +21,12 @@ from migratory.config import ConfigError, load_config
 from migratory.server.app import Server
 
 
-def keepalive_of(sock: socket.socket) -> tuple[int, int, int, int]:
+def keepalive_of(sock: socket.socket) -> tuple[int, int, int, int, int]:
     return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
             sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
             sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
 
 
 def accepted_sockets(tmp_path: Path, setting: str | None) -> dict[str, tuple[int, ...]]:
@@ -71,14 +74,14 @@ def accepted_sockets(tmp_path: Path, setting: str | None) -> dict[str, tuple[int
 def test_every_kind_of_client_socket_gets_tcp_keepalive(tmp_path: Path) -> None:
     found = accepted_sockets(tmp_path, None)  # the default: 60,10,6
     assert found == dict.fromkeys(["native", "native+tls", "mqtt", "mqtt+tls", "sse"],
-                                  (1, 60, 10, 6)), found
+                                  (1, 60, 10, 6, 120_000)), found
 
 
 def test_the_setting_is_applied_and_0_turns_it_off(tmp_path: Path) -> None:
     found = accepted_sockets(tmp_path, "30, 5, 3")
-    assert set(found.values()) == {(1, 30, 5, 3)}, found
+    assert set(found.values()) == {(1, 30, 5, 3, 45_000)}, found
     off = accepted_sockets(tmp_path, "0")
-    assert {value[0] for value in off.values()} == {0}, off
+    assert {(value[0], value[4]) for value in off.values()} == {(0, 0)}, off
 
 
 @pytest.mark.parametrize("text", ["60,10", "0,10,6", "60,10,0", "60,40000,6", "x"])
