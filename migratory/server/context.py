@@ -183,6 +183,9 @@ class ServerContext:
     read_barrier: ReadBarrier | None = None
     # the same processes' MQTT takeover notices (mqtt_takeover.py); None: one process
     takeovers: Takeovers | None = None
+    # GET /snapshot replies by (subject, as JSON), with the snapshot each was made of
+    # (http_routes.py: encoded once per snapshot, the oldest out past 64)
+    snapshot_replies: dict[tuple[str, bool], tuple[Any, Any]] = field(default_factory=dict)
 
     def statistics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of the counters and hub figures."""

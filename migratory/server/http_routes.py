@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 
 from migratory.entitlement import ClientIdentity
+from migratory.model.message import Message
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol.http import Request
 from migratory.protocol.http_api import json_body, message_json
@@ -87,7 +88,27 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
     message = ctx.hub.snapshot(subject)
     if message is None:
         return error(404, f"no snapshot for {subject!r}")
-    if wants_json(request):
+    as_json = wants_json(request)
+    replies = ctx.snapshot_replies
+    kept = replies.get((subject, as_json))
+    if kept is not None and kept[0] is message:  # the same snapshot: encoded once
+        same: Reply = kept[1]
+        return same
+    reply = _snapshot_reply(subject, message, as_json)
+    replies[(subject, as_json)] = (message, reply)
+    if len(replies) > SNAPSHOT_REPLIES:
+        del replies[next(iter(replies))]  # the oldest kept
+    return reply
+
+
+SNAPSHOT_REPLIES = 64
+"""Snapshot replies kept (ServerContext.snapshot_replies): a snapshot of 20,000 fields
+was JSON-encoded again for every GET /snapshot, ~4-10 ms of the event loop each
+(docs/benchmarks.md, "What held", snapshot-fields)."""
+
+
+def _snapshot_reply(subject: str, message: Message, as_json: bool) -> Reply:
+    if as_json:
         return Reply(200, json_body(message_json(message)), JSON)
     headers = (
         ("X-Migratory-Subject", subject.encode().decode("latin-1")),
