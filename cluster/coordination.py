@@ -27,6 +27,15 @@ FIRST copy's position: never numbered twice, never a second position.
 The coordinator holds only plain data (ints and dicts of ints) so that pysyncobj can
 pickle it into its log snapshots; :meth:`Coordinator.to_state` /
 :meth:`Coordinator.from_state` give the same data as a plain dict.
+
+In a Raft dump the numbering is one ``bytes`` (pickled and compressed, with its CRC-32:
+:mod:`cluster.dump_decoder`): unpickled whole on pysyncobj's Raft thread, a million
+subjects' numbering was ~2 s of it, with no AppendEntries answered and no vote. A
+coordinator loaded from a dump has its ``clsn`` and subject count at once and its
+numbering once :meth:`Coordinator.begin_decoding`'s thread has decoded it
+(:meth:`Coordinator.settle`); whatever reads or numbers before that waits for it. The
+Raft consumer numbers nothing meanwhile: it holds the batches committed in between
+(``cluster/raft_consumer.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard, TypeVar
 
+from cluster.dump_decoder import DumpDecoding, encode
 from migratory.model.cache import encoded_bound
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
@@ -135,20 +145,34 @@ class NumberedPositions(Mapping[str, tuple[int, int]]):
     """Subject -> ``(epoch, seq)`` over a copy of the numbering
     (:meth:`Coordinator.positions_now`)."""
 
-    __slots__ = ("_epochs", "_seqs")
+    __slots__ = ("_epochs", "_later", "_seqs")
 
-    def __init__(self, seqs: dict[str, int], group_epochs: dict[int, int]) -> None:
+    def __init__(self, seqs: dict[str, int], group_epochs: dict[int, int],
+                 later: DumpDecoding[_Numbering] | None = None) -> None:
         self._seqs = seqs
         self._epochs = group_epochs
+        self._later = later
+        """A dump's numbering decoding: its copies, once decoded (a read waits)."""
+
+    def ready(self) -> bool:
+        """Whether a read answers at once (else it waits for the dump's numbering)."""
+        return self._later is None or self._later.done()
+
+    def _copies(self) -> tuple[dict[str, int], dict[int, int]]:
+        if self._later is not None:
+            _, (self._seqs, self._epochs) = self._later.result()
+            self._later = None
+        return self._seqs, self._epochs
 
     def __getitem__(self, subject: str) -> tuple[int, int]:
-        return self._epochs[subject_group(subject)], self._seqs[subject]
+        seqs, epochs = self._copies()
+        return epochs[subject_group(subject)], seqs[subject]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._seqs)
+        return iter(self._copies()[0])
 
     def __len__(self) -> int:
-        return len(self._seqs)
+        return len(self._copies()[0])
 
 
 class Coordinator:
@@ -168,13 +192,60 @@ class Coordinator:
         self.seqs: dict[str, int] = {}
         self.origin_refs: dict[str, int] = {}
         self.recent: dict[str, dict[int, int]] = {}
+        self._seqs_sum = 0  # seqs_sum(self.seqs), kept up to date (digest)
+        self._later: DumpDecoding[_Numbering] | None = None
+        self._subjects = 0  # the dump's subject count, while its numbering decodes
+
+    # pickled (into a Raft dump, by the dump's writer): the numbering as one bytes
+    def __getstate__(self) -> dict[str, Any]:
+        self.settle()
+        packed, crc = encode((self.group_epochs, self.seqs, self.origin_refs, self.recent))
+        return {"clsn": self.clsn, "numbering": packed, "crc": crc, "subjects": len(self.seqs),
+                "seqs_sum": self._seqs_sum}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A coordinator pickled before ``origin_refs`` or ``recent`` (an older dump) has
-        none yet."""
-        self.__dict__.update(state)
-        self.__dict__.setdefault("origin_refs", {})
-        self.__dict__.setdefault("recent", {})
+        """From :meth:`__getstate__` (the numbering decoded later: :meth:`begin_decoding`),
+        or a coordinator pickled whole by the code before (without ``origin_refs`` or
+        ``recent``, an older dump: none yet)."""
+        self.__init__()  # type: ignore[misc]
+        if "numbering" not in state:
+            self.__dict__.update(state)
+            self._seqs_sum = seqs_sum(self.seqs)  # (once, on a dump of the code before)
+            return
+        self.clsn = state["clsn"]
+        self._subjects = state["subjects"]
+        self._seqs_sum = state["seqs_sum"]
+        self._later = DumpDecoding(
+            state["numbering"], state["crc"], _numbering, "numbered subjects")
+
+    @property
+    def decoding(self) -> bool:
+        """Whether the numbering of the dump this was loaded from is not taken yet."""
+        return self._later is not None
+
+    def begin_decoding(self) -> None:
+        """Decode the dump's numbering in a thread of its own from now on (nothing to do
+        for a coordinator not loaded from a dump of this code)."""
+        if self._later is not None:
+            self._later.begin()
+
+    def settle(self, wait: bool = True) -> bool:
+        """Take the dump's decoded numbering (waiting for it if ``wait``; decoding it here
+        if no thread does); whether this coordinator has its numbering.
+        :class:`~cluster.dump_decoder.DumpDecodeError` if it does not decode."""
+        later = self._later
+        if later is None:
+            return True
+        if not wait and not later.done():
+            return False
+        (self.group_epochs, self.seqs, self.origin_refs, self.recent), _ = later.result()
+        self._later = None
+        return True
+
+    @property
+    def subject_count(self) -> int:
+        """Subjects numbered (the dump's count while its numbering decodes)."""
+        return self._subjects if self._later is not None else len(self.seqs)
 
     def __repr__(self) -> str:
         return (
@@ -197,6 +268,8 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
+        if self._later is not None:
+            self.settle()
         keys = [(r.origin, r.ref) for r in requests]
         kept = self.in_origin_order(requests, keys)
         messages = tuple(
@@ -222,6 +295,8 @@ class Coordinator:
             raise ValueError(f"epoch candidate must be in [1, 2**48), got {epoch_candidate}")
         if epoch_candidate == UNNUMBERED_EPOCH:
             epoch_candidate += 1
+        if self._later is not None:
+            self.settle()
         keys = [(w[0], w[1]) for w in wire]
         kept = self.in_origin_order(wire, keys)
         number = self._number
@@ -303,9 +378,12 @@ class Coordinator:
         retained: bool,
         qos: Qos,
     ) -> Message:
-        epoch = self.group_epochs.setdefault(subject_group(subject), epoch_candidate)
-        seq = self.seqs.get(subject, 0) + 1
-        self.seqs[subject] = seq
+        code = zlib.crc32(subject.encode("utf-8"))  # (subject_group's)
+        epoch = self.group_epochs.setdefault(code % GROUP_COUNT, epoch_candidate)
+        seqs = self.seqs
+        before = seqs.get(subject, 0)
+        seq = seqs[subject] = before + 1
+        self._seqs_sum += hash((code, seq)) - hash((code, before))  # (digest)
         # new_message, not Message(): a frozen dataclass's __init__ was ~16 % of the
         # sequencer's CPU with Workers = 2 (py-spy, many subjects at 40,000 msg/s)
         return new_message(subject, content, fields, retained, qos, None, epoch, seq,
@@ -316,14 +394,23 @@ class Coordinator:
 
         pysyncobj 0.3.17 may log "truncating already-applied log entries" under load;
         tests compare digests across seeds to show the state machine did not diverge.
+
+        Bounded work (the Raft thread computes it): every subject's seq is in it through
+        ``_seqs_sum`` (:func:`seqs_sum`), kept up to date as subjects are numbered --
+        sorting a million subjects' seqs here was 0.45 s of the Raft thread, longer than
+        the election timeout (docs/benchmarks.md); each origin's window of recent
+        positions through its length and its newest position (the windows are derived
+        from the numbering, and up to 64 x 5,120 entries).
         """
-        state = repr((self.clsn, sorted(self.group_epochs.items()), sorted(self.seqs.items()),
-                      list(self.origin_refs.items()),
-                      [(o, list(w.items())) for o, w in self.recent.items()]))
+        self.settle()
+        recent = [(o, len(w), next(reversed(w.items()), None)) for o, w in self.recent.items()]
+        state = repr((self.clsn, sorted(self.group_epochs.items()), len(self.seqs),
+                      self._seqs_sum, list(self.origin_refs.items()), recent))
         return f"{self.clsn}:{zlib.crc32(state.encode()):08x}"
 
     def position(self, subject: str) -> Position | None:
         """The position of the last message of ``subject``, None if it has none."""
+        self.settle()
         seq = self.seqs.get(subject)
         if seq is None:
             return None
@@ -331,6 +418,7 @@ class Coordinator:
 
     def positions(self) -> dict[str, tuple[int, int]]:
         """Every numbered subject's ``(epoch, seq)``."""
+        self.settle()
         epochs = self.group_epochs
         return {s: (epochs[subject_group(s)], seq) for s, seq in self.seqs.items()}
 
@@ -338,10 +426,13 @@ class Coordinator:
         """:meth:`positions` as they stand now, each worked out only when read: two dict
         copies, in C (the Raft thread takes them when it loads a dump; working out a
         million positions there was ~1 s of it, docs/benchmarks.md)."""
+        if self._later is not None:  # the copies made by the decoding thread
+            return NumberedPositions({}, {}, self._later)
         return NumberedPositions(dict(self.seqs), dict(self.group_epochs))
 
     def to_state(self) -> dict[str, Any]:
         """The state as a plain dict (copies)."""
+        self.settle()
         return {
             "clsn": self.clsn,
             "group_epochs": dict(self.group_epochs),
@@ -388,9 +479,35 @@ class Coordinator:
         coordinator.clsn = clsn
         coordinator.group_epochs = dict(group_epochs)
         coordinator.seqs = dict(seqs)
+        coordinator._seqs_sum = seqs_sum(coordinator.seqs)
         coordinator.origin_refs = dict(origin_refs)
         coordinator.recent = {origin: dict(window) for origin, window in recent.items()}
         return coordinator
+
+
+def seqs_sum(seqs: Mapping[str, int]) -> int:
+    """The digest's term for ``seqs``: the sum over subjects of ``hash((code, seq)) -
+    hash((code, 0))``, ``code`` the CRC-32 of the subject (a tuple of ints hashes alike in
+    every process, unlike a string), so that numbering one more message of a subject
+    changes it by two hashes."""
+    total = 0
+    for subject, seq in seqs.items():
+        code = zlib.crc32(subject.encode("utf-8"))
+        total += hash((code, seq)) - hash((code, 0))
+    return total
+
+
+_State = tuple[dict[int, int], dict[str, int], dict[str, int], dict[str, dict[int, int]]]
+_Numbering = tuple[_State, tuple[dict[str, int], dict[int, int]]]
+
+
+def _numbering(state: Any, handed: Any) -> _Numbering:
+    """In the decoding thread: a dump's numbering, and the copies its positions read."""
+    if not (isinstance(state, tuple) and len(state) == 4
+            and all(isinstance(part, dict) for part in state)):
+        raise TypeError(f"the numbering is a {type(state).__name__}, not 4 dicts")
+    group_epochs, seqs, _, _ = state
+    return state, (dict(seqs), dict(group_epochs))
 
 
 def _is_count(value: object) -> TypeGuard[int]:

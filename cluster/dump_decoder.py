@@ -1,4 +1,4 @@
-"""A Raft dump's cached messages, decoded off the Raft thread.
+"""A Raft dump's cached messages (and its numbering), decoded off the Raft thread.
 
 pysyncobj loads a dump on its Raft thread: a seed's own at start-up, the leader's when
 it is sent one. Unpickled whole, the default ``CacheMemoryBudget``'s ~660,000 cached
@@ -92,14 +92,14 @@ class _Frames:
         return self._stream.readline()
 
 
-def decode(packed: bytes) -> Any:
+def decode(packed: bytes, what: str = "cached messages") -> Any:
     """The state :func:`encode` packed (only the types ``raft_unpickler`` allows)."""
     try:
         return raft_unpickler.RaftUnpickler(_Frames(zlib.decompress(packed))).load()
     except (zlib.error, pickle.UnpicklingError, EOFError, ValueError, TypeError,
             AttributeError, KeyError, IndexError) as exc:
         raise DumpDecodeError(
-            f"the Raft dump's cached messages do not decode ({type(exc).__name__}: {exc})"
+            f"the Raft dump's {what} do not decode ({type(exc).__name__}: {exc})"
         ) from exc
 
 
@@ -112,14 +112,16 @@ class DumpDecoding(Generic[T]):
     ``handed`` (immutable); the result is read only once :meth:`done`."""
 
     __slots__ = ("_build", "_done", "_error", "_packed", "_pid", "_result", "_thread",
-                 "handed")
+                 "handed", "what")
 
-    def __init__(self, packed: bytes, crc: int, build: Callable[[Any, Any], T]) -> None:
+    def __init__(self, packed: bytes, crc: int, build: Callable[[Any, Any], T],
+                 what: str = "cached messages") -> None:
         if zlib.crc32(packed) != crc:
             raise DumpDecodeError(
-                f"the Raft dump's cached messages are damaged: CRC-32 {zlib.crc32(packed):#010x}"
+                f"the Raft dump's {what} are damaged: CRC-32 {zlib.crc32(packed):#010x}"
                 f", written {crc:#010x} ({len(packed)} bytes)"
             )
+        self.what = what
         self._packed = packed
         self._build = build
         self.handed: Any = ()
@@ -161,11 +163,11 @@ class DumpDecoding(Generic[T]):
 
     def _run(self) -> None:
         try:
-            self._result = self._build(decode(self._packed), self.handed)
+            self._result = self._build(decode(self._packed, self.what), self.handed)
         except DumpDecodeError as exc:
             self._error = exc
         except BaseException as exc:  # (any: handed to whoever reads the result)
-            self._error = DumpDecodeError(f"the Raft dump's cached messages could not be "
+            self._error = DumpDecodeError(f"the Raft dump's {self.what} could not be "
                                           f"decoded ({type(exc).__name__}: {exc})")
             self._error.__cause__ = exc
         self._packed, self._build = b"", _built  # (the bytes freed at once)

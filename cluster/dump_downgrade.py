@@ -10,8 +10,12 @@ could not be taken back to 524f73f (docs/cluster.md, "Upgrading and downgrading"
 writes later is of this version's format again; ``DIR`` its ``ClusterDataDir``)
 rewrites ``DIR/raft.dump`` with each
 :class:`~cluster.replicated_cache.ReplicatedCache` pickled as 524f73f pickled it
-(:meth:`~cluster.replicated_cache.ReplicatedCache.caches_state`: the caches themselves)
-and everything else as it was; this version loads that format too. The file is
+(:meth:`~cluster.replicated_cache.ReplicatedCache.caches_state`: the caches themselves),
+each :class:`~cluster.coordination.Coordinator` too (its numbering, packed since h91:
+:meth:`~cluster.coordination.Coordinator.to_state`), the batches a seed held while its
+numbering decoded (``held``, ``cluster/raft_consumer.py``: 524f73f knows no such thing)
+applied to the state they follow, and everything else as it was; this version loads
+that format too. The file is
 replaced whole (written beside it, synced, renamed); a dump already of that format is
 left as it is. The journal is not touched: both versions read it.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import raft_unpickler
+from cluster.coordination import Coordinator
 from cluster.raft_dump_files import DUMP_PROTOCOL
 from cluster.raft_durability import durable_replace
 from cluster.replicated_cache import ReplicatedCache
@@ -35,13 +40,16 @@ __all__ = ["add_command", "downgrade"]
 
 
 class _OldCaches(pickle.Pickler):
-    """Pickles a :class:`ReplicatedCache` as the code before did (its caches' state)."""
+    """Pickles a :class:`ReplicatedCache` and a :class:`Coordinator` as the code before
+    did (the caches' state, the numbering's)."""
 
     def __init__(self, file: Any) -> None:
         super().__init__(file, DUMP_PROTOCOL)
         self.caches = 0
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is Coordinator:
+            return copyreg.__newobj__, (Coordinator,), obj.to_state()  # type: ignore[attr-defined]
         if type(obj) is not ReplicatedCache:
             return NotImplemented
         self.caches += 1
@@ -54,11 +62,17 @@ def downgrade(path: Path) -> int:
     load (:class:`~cluster.dump_decoder.DumpDecodeError`: damaged caches)."""
     with gzip.open(path, "rb") as g:
         data = raft_unpickler.RaftUnpickler(g).load()
-    packed = _packed_caches(data)
-    if not packed:
+    packed, numberings, consumers = _packed(data)
+    if not (packed or numberings or consumers):
         return 0
     for cache in packed:
         cache.caches_state()  # decoded here (DumpDecodeError before anything is written)
+    for coordinator in numberings:
+        coordinator.settle()
+    for consumer in consumers:  # the batches held: applied, as the seed would have
+        coordinator, cache = consumer["coordinator"], consumer["cache"]
+        for epoch_candidate, wire in consumer.pop("held"):
+            cache.append(coordinator.apply_wire(epoch_candidate, wire).messages)
     temporary = path.with_name(path.name + ".downgrade.tmp")
     with temporary.open("wb") as f, gzip.GzipFile(fileobj=f, mode="wb") as g:
         pickler = _OldCaches(g)
@@ -67,21 +81,29 @@ def downgrade(path: Path) -> int:
     return len(packed)
 
 
-def _packed_caches(data: Any) -> list[ReplicatedCache]:
-    """The caches in a loaded dump that came packed (pysyncobj's dump: a tuple whose
-    first item holds each consumer's attributes, a dict)."""
-    found: list[ReplicatedCache] = []
+def _packed(data: Any) -> tuple[list[ReplicatedCache], list[Coordinator], list[dict[str, Any]]]:
+    """What a loaded dump holds that 524f73f cannot load (pysyncobj's dump: a tuple whose
+    first item holds each consumer's attributes, a dict): the caches and the numberings
+    that came packed, and the consumers' attributes with ``held`` batches."""
+    caches: list[ReplicatedCache] = []
+    numberings: list[Coordinator] = []
+    consumers: list[dict[str, Any]] = []
     stack = [data]
     while stack:
         item = stack.pop()
         if isinstance(item, ReplicatedCache):
             if item.decoding:
-                found.append(item)
+                caches.append(item)
+        elif isinstance(item, Coordinator):
+            if item.decoding:
+                numberings.append(item)
         elif isinstance(item, (tuple, list)):
             stack.extend(item)
         elif isinstance(item, dict):
-            stack.extend(item.values())
-    return found
+            if "held" in item and "coordinator" in item:
+                consumers.append(item)
+            stack.extend(v for k, v in item.items() if k != "held")
+    return caches, numberings, consumers
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -35,28 +35,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf
 
 from cluster import dump_fork, raft_disk, raft_unpickler
 from cluster.cache_sync import CacheSync
-from cluster.coordination import CommittedBatch, Coordinator, PublishRequest
+from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.dump_decoder import DumpDecodeError, stop_reason
 from cluster.raft_cipher import RaftCipher
 from cluster.raft_compaction import bound_log_bytes, compaction_stagger
+from cluster.raft_consumer import (
+    HELD_SLICE,
+    CoordinationConsumer,
+    WireRequest,
+    from_wire,
+    to_wire,
+)
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
 from cluster.raft_transport import SeedLinkTransport
-from cluster.replicated_cache import ReplicatedCache
 from cluster.subject_count import SubjectCountWarning
-from migratory.model.message import Message, Qos
+
+__all__ = [  # (the consumer and its wire format live in cluster/raft_consumer.py)
+    "DEFINITE_FAILURES", "CoordinationConsumer", "RaftCoordination", "RaftStatus",
+    "RaftTimings", "WireRequest", "from_wire", "to_wire",
+]
 
 log = logging.getLogger("migratory.raft")
 raft_unpickler.install()  # pysyncobj unpickles only our types and its own (raft_unpickler.py)
 raft_disk.install()  # a full disk stops the seed with a message, not SIGBUS (raft_disk.py)
-
-# (origin, ref, subject, content, fields, retained, guaranteed): plain tuples pickle fast
-WireRequest = tuple[str, int, str, bytes, dict[str, str], bool, bool]
 
 # Definite refusals: the command was never appended. Anything else is unknown.
 DEFINITE_FAILURES = frozenset(
@@ -68,70 +75,6 @@ DEFINITE_FAILURES = frozenset(
         NOT_SENT,  # held, never sent to any leader (cluster/raft_forward.py)
     }
 )
-
-
-def to_wire(requests: Sequence[PublishRequest]) -> list[WireRequest]:
-    return [
-        (
-            r.origin,
-            r.ref,
-            r.message.subject,
-            r.message.content or raft_unpickler.EMPTY_CONTENT,  # (read by 524f73f too)
-            dict(r.message.fields),
-            r.message.retained,
-            r.message.qos is Qos.GUARANTEED,
-        )
-        for r in requests
-    ]
-
-
-def from_wire(wire: Sequence[WireRequest]) -> list[PublishRequest]:
-    return [
-        PublishRequest(
-            origin,
-            ref,
-            Message(subject, content, fields, retained, Qos.GUARANTEED if g else Qos.STANDARD),
-        )
-        for origin, ref, subject, content, fields, retained, g in wire
-    ]
-
-
-class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
-    """The replicated state machine: ``coordinator`` and ``cache`` are replicated (and
-    dumped at log compaction); the callbacks, set before ``SyncObjConsumer.__init__``,
-    are not."""
-
-    def __init__(
-        self,
-        on_commit: Callable[[CommittedBatch], None],
-        on_restore: Callable[[CacheSync], None] | None = None,
-        max_cached_messages: int = 1000,
-        cache_budget: int = 0,
-    ) -> None:
-        self._on_commit = on_commit
-        self._on_restore = on_restore
-        self._cache_budget = cache_budget
-        super().__init__()
-        self.coordinator = Coordinator()
-        self.cache = ReplicatedCache(max_cached_messages, cache_budget)
-
-    @replicated  # type: ignore[untyped-decorator]
-    def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
-        batch = self.coordinator.apply_wire(epoch_candidate, wire)
-        self.cache.append(batch.messages)
-        self._on_commit(batch)
-        clsn: int = batch.clsn
-        return clsn
-
-    def _deserialize(self, data: dict[str, Any]) -> None:
-        """pysyncobj loaded a dump (ours at start-up, or the leader's): the state jumped
-        to the dump's batch; hand its caches to the member before any later batch."""
-        super()._deserialize(data)
-        self.cache.set_budget(self._cache_budget)  # this seed's, not the dump writer's
-        self.cache.begin_decoding()  # off this thread (cluster/dump_decoder.py)
-        if self._on_restore is not None:
-            coordinator = self.coordinator  # (no record built here: DumpRecords)
-            self._on_restore(self.cache.to_sync(coordinator.clsn, coordinator.positions_now()))
 
 
 DNS_CACHE_SECONDS = 1.0
@@ -250,9 +193,12 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         if self.stopped is not None:  # handles no message, sends none
             time.sleep(timeToWait)
         else:
-            try:
+            try:  # batches held while a dump's numbering decoded, a slice at a time
+                consumer = self._status_consumer
+                if consumer.catch_up(time.monotonic() + HELD_SLICE):
+                    timeToWait = 0.0  # (more of them at the next tick, at once)
                 super()._onTick(timeToWait)
-                self._status_consumer.cache.settle()  # a dump's decoded caches, once ready
+                consumer.cache.settle()  # a dump's decoded caches, once ready
             except DumpDecodeError as exc:  # not the other seeds' caches: it stops
                 self.stopped = stop_reason(exc, self._SyncObj__conf.fullDumpFile)
             except raft_disk.RaftDiskFailure as exc:
@@ -270,11 +216,12 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
 
     def publish_status(self, now: float) -> None:
         coordinator = self._status_consumer.coordinator
-        if now >= self._next_digest:
+        settled = not (coordinator.decoding or self._status_consumer.held)
+        if now >= self._next_digest and settled:
             started = time.thread_time()
             self._digest = coordinator.digest()
             self._next_digest = next_digest_at(now, time.thread_time() - started)
-        subjects = len(coordinator.seqs)
+        subjects = coordinator.subject_count
         snapshots = self._status_consumer.cache.snapshot_count
         warning = self._subject_warning.observe(subjects, snapshots)
         if warning is not None:
@@ -453,11 +400,14 @@ class RaftCoordination:
         ``send_by`` (``time.monotonic``): if the link to the leader is down, the batch is
         held until then at most, and never sent after it (cluster/raft_forward.py)."""
 
-        def callback(result: Any, error: int) -> None:
+        def answer(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS:
                 on_done(int(result), None, False)
             else:
                 on_done(None, _fail_name(error), error not in DEFINITE_FAILURES)
+
+        def callback(result: Any, error: int) -> None:  # after the batches held before it
+            self.consumer.in_order(lambda: answer(result, error))
 
         wire = to_wire(requests)
         if send_by is None:

@@ -117,8 +117,11 @@ class DumpRecords(Sequence[SubjectSync]):
         self._names: list[str] | None = None  # for indexing, made at the first
 
     def ready(self) -> bool:
-        """Whether the messages are here (else a read waits for their decoding)."""
-        return self._later is None or self._later.done()
+        """Whether the messages and positions are here (else a read waits for their
+        decoding: the positions may be a dump's numbering, still decoding too)."""
+        positions_ready = getattr(self._positions, "ready", None)
+        return (self._later is None or self._later.done()) and (
+            positions_ready is None or bool(positions_ready()))
 
     def record(self, subject: str) -> SubjectSync:
         if self._later is not None:  # DumpDecodeError if they do not decode

@@ -137,7 +137,8 @@ def test_state_is_plain_data() -> None:
     state = coordinator.to_state()
     assert state == {"clsn": 1, "group_epochs": {subject_group(IBM): 11}, "seqs": {IBM: 1},
                      "origin_refs": {"a": 7}, "recent": {"a": {7: 11 << 64 | 1}}}
-    assert vars(coordinator) == state  # nothing else is replicated
+    # nothing else is replicated (the rest: a dump's numbering while it decodes)
+    assert {k: v for k, v in vars(coordinator).items() if not k.startswith("_")} == state
     state["seqs"][IBM] = 42  # a copy
     assert coordinator.seqs[IBM] == 1
 
@@ -229,7 +230,8 @@ def test_a_coordinator_pickled_before_origin_refs_loads_without_them() -> None:
     old = Coordinator()
     old.apply_batch(11, [request(IBM, "a", 1)])
     del old.origin_refs
-    restored = pickle.loads(pickle.dumps(old))
+    restored = Coordinator.__new__(Coordinator)  # as pickle loads the code before's
+    restored.__setstate__({k: v for k, v in vars(old).items() if not k.startswith("_")})
     assert restored.origin_refs == {}
     assert restored.apply_batch(11, [request(IBM, "b", 1)]).messages[0].seq == 2
     state = Coordinator().to_state()
@@ -317,7 +319,8 @@ def test_a_coordinator_pickled_before_the_window_loads_without_it() -> None:
     old = Coordinator()
     old.apply_batch(11, [request(IBM, "a", 1)])
     del old.recent
-    restored = pickle.loads(pickle.dumps(old))
+    restored = Coordinator.__new__(Coordinator)  # as pickle loads the code before's
+    restored.__setstate__({k: v for k, v in vars(old).items() if not k.startswith("_")})
     assert restored.recent == {}
     copy = restored.apply_batch(11, [request(IBM, "a", 1)])
     assert copy.messages == () and copy.repeats == ()

@@ -88,10 +88,10 @@ def held_decoding(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     gate = threading.Event()
     decode = dump_decoder.decode
 
-    def held(packed: bytes) -> Any:
+    def held(packed: bytes, *what: str) -> Any:
         if threading.current_thread().name == "raft-dump-decoder":
             assert gate.wait(30)
-        return decode(packed)
+        return decode(packed, *what)
 
     monkeypatch.setattr(dump_decoder, "decode", held)
     yield gate
