@@ -9,7 +9,8 @@ SEED     ?= 1
 DURATION ?= 3m
 RUN_DIR  ?= runs/chaos-seed$(SEED)-$(DURATION)
 
-.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos fuzz image clean js
+.PHONY: serve test debian-test-packages lint typecheck pytest bench chaos fuzz image image-name \
+        image-push k8s-image clean js
 
 # The browser client and dashboard (clients/js), bundled once by esbuild into the files
 # the server serves (migratory/server/static/, not committed). Needs node >= 20 and npm.
@@ -96,9 +97,26 @@ fuzz: $(STAMP)
 
 # The server image (deploy/Dockerfile) with podman or docker, whichever can build here;
 # the browser files are built first so that the wheel in the image carries them.
-IMAGE ?= migratory:0.1.0
+# Each build has its own tag (deploy/image_tag.sh: <version>-g<commit>, -dirty.<hash> more
+# for uncommitted changes to the image's files), never one an earlier build had: a node
+# that pulled a tag keeps running what it pulled (imagePullPolicy IfNotPresent).
+#   make image IMAGE_REPO=registry.example.com/migratory   build it
+#   make image-push IMAGE_REPO=...                         push it
+#   make k8s-image IMAGE_REPO=...                          set it in deploy/k8s (images:)
+#   make -s image-name IMAGE_REPO=...                      print it
+IMAGE_REPO ?= migratory
+IMAGE_TAG  ?= $(shell sh deploy/image_tag.sh)
+IMAGE       = $(IMAGE_REPO):$(IMAGE_TAG)
+K8S_DIR    ?= deploy/k8s
+CONTAINER_ENGINE = $(shell command -v podman || command -v docker)
+
+image-name:
+	@test -n "$(IMAGE_TAG)" || { echo "no image tag: not a git checkout? give IMAGE_TAG=" >&2; exit 1; }
+	@echo $(IMAGE)
+
 image: $(JS_BUILT)
-	@engine=$$(command -v podman || command -v docker || true); \
+	@test -n "$(IMAGE_TAG)" || { echo "no image tag: not a git checkout? give IMAGE_TAG=" >&2; exit 1; }
+	@engine=$(CONTAINER_ENGINE); \
 	if [ -z "$$engine" ]; then \
 	  echo "make image: neither podman nor docker is installed; install one to build $(IMAGE)" >&2; \
 	  exit 1; \
@@ -111,6 +129,16 @@ image: $(JS_BUILT)
 	fi; \
 	echo "building $(IMAGE) with $$engine"; \
 	$$engine build -f deploy/Dockerfile -t $(IMAGE) .
+
+image-push:
+	@test -n "$(IMAGE_TAG)" || { echo "no image tag: not a git checkout? give IMAGE_TAG=" >&2; exit 1; }
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make image-push: neither podman nor docker is installed" >&2; exit 1; }
+	$(CONTAINER_ENGINE) push $(IMAGE)
+
+# `images:` of the install (deploy/k8s/kustomization.yaml) set to the image of this tree
+k8s-image:
+	@test -n "$(IMAGE_TAG)" || { echo "no image tag: not a git checkout? give IMAGE_TAG=" >&2; exit 1; }
+	$(PYTHON) deploy/k8s/set_image.py $(K8S_DIR)/kustomization.yaml $(IMAGE_REPO) $(IMAGE_TAG)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(JS_DIR)/node_modules migratory/server/static
