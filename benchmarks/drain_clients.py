@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         except subprocess.TimeoutExpired:
             idle.kill()
         server.stop()
-    found = DRAINED.findall(server.log_path.read_text())
+    log = server.log_path.read_text()
+    found = DRAINED.findall(log)
+    drain_lines = log[log.find("draining "):].splitlines() if "draining " in log else []
     return {
         "machine": machine_description(),
         "connections": args.connections,
@@ -73,6 +75,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "exit_code": code,
         "drained": [{"seconds": float(s), "told": int(t), "remaining": int(r)}
                     for s, t, r in found],
+        # the member's log lines from "draining N clients" on (was one per client)
+        "drain_log_lines": len(drain_lines),
+        "summary": [line for line in drain_lines if "drained in" in line],
         "log": str(server.log_path),
     }
 
