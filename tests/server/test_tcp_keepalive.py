@@ -3,9 +3,9 @@ every accepted client socket -- a WebSocket, an HTTP/SSE request, TLS, MQTT, MQT
 TLS -- has SO_KEEPALIVE with the configured idle, interval and probe count, and
 TCP_USER_TIMEOUT bounding data left unacknowledged (keepalive never probes a connection
 with data in flight), read back with getsockopt on the server's own socket. Before:
-none had it, so a client whose path
-died without a FIN or RST (an MQTT client with keep-alive 0, an idle subscriber, an SSE
-stream) held its connection and its outbox until something was written to it."""
+none had it, so a client whose path died without a FIN or RST (an MQTT client with
+keep-alive 0, an idle subscriber, an SSE stream) held its connection and its outbox
+until something was written to it."""
 
 from __future__ import annotations
 
