@@ -13,7 +13,9 @@ starting with the scenario's name:
   other seeds' proxies refuse its links, so it replicates from the leader; once the
   leader has sent it :data:`SYNC_BYTES`, SIGKILL the leader (the non-seed then fails
   over to the others); restart. If the leader moved meanwhile (an election on a busy
-  box), all over again with the new one (:data:`SYNC_ATTEMPTS` in all).
+  box), or had not sent that much within :data:`SYNC_WATCH` s (a restart that slow),
+  all over again (:data:`SYNC_ATTEMPTS` in all; the last attempt kills whatever was
+  sent, and says how much).
 - ``majority-loss``: a majority of the seeds killed or SIGSTOPped (the leader among
   them), or every seed's Raft links held, for 6-9 s: no publish may be acknowledged.
 - ``all-seeds-restart``: once every seed has compacted its Raft log (``raft.dump`` in
@@ -201,9 +203,12 @@ async def _sync_then_kill(nem: Nemesis, ns: Member, lead: int, *, last: bool) ->
     seed = nem.members[lead]
     try:
         if nem.proxy_of:
-            why = await _leader_sending(nem, lead, pid)
+            reached, why = await _leader_sending(nem, lead, pid)
         else:
-            why = await _replicating(ns, nem, lead)
+            reached, why = True, await _replicating(ns, nem, lead)
+        if not reached and not last:  # (a restart slower than SYNC_WATCH: a busy box)
+            nem.say(f"sync-kill: {seed.name} had not sent the catch-up ({why}); again")
+            return None
         if nem.leaders() != {lead} and not last:
             now = sorted(member(i) for i in nem.leaders())
             nem.say(f"sync-kill: {seed.name} no longer leads ({now}) after {why}; again")
@@ -219,9 +224,10 @@ async def _sync_then_kill(nem: Nemesis, ns: Member, lead: int, *, last: bool) ->
                 proxy.follow(None)
 
 
-async def _leader_sending(nem: Nemesis, lead: int, pid: int) -> str:
+async def _leader_sending(nem: Nemesis, lead: int, pid: int) -> tuple[bool, str]:
     """Wait until the leader has sent :data:`SYNC_BYTES` to process ``pid`` (its other
-    seeds refuse ``pid``'s links meanwhile, so it can only replicate from the leader)."""
+    seeds refuse ``pid``'s links meanwhile, so it can only replicate from the leader), at
+    most :data:`SYNC_WATCH` s: whether it has, and what was sent."""
     for i in range(nem.seeds):
         if i != lead:
             nem.proxy_of[i][0].refuse(pid)
@@ -231,7 +237,7 @@ async def _leader_sending(nem: Nemesis, lead: int, pid: int) -> str:
         await follow.reached.wait()
     nem.proxy_of[lead][0].follow(None)
     since = "" if follow.first is None else f" in {trio.current_time() - follow.first:.2f}s"
-    return f"{follow.bytes // 1024} KiB sent{since}"
+    return follow.reached.is_set(), f"{follow.bytes // 1024} KiB sent{since}"
 
 
 async def _replicating(ns: Member, nem: Nemesis, lead: int) -> str:

@@ -202,3 +202,33 @@ def test_rolling_restart_halts_at_a_member_not_ready(tmp_path: Path) -> None:
     assert [r["detail"] for r in rows if r["fault"] == "restart" and r["phase"] == "end"] == [
         "ready", "NOT ready after 30 s"]
     assert nem.faulted == {}
+
+
+class SilentProxy:
+    """A seed's client proxy through which the restarted non-seed never gets a byte."""
+
+    def refuse(self, pid: int | None) -> None:
+        pass
+
+    def follow(self, pid: int | None, threshold: int = 0) -> Any:
+        if pid is None:
+            return None
+        return SimpleNamespace(reached=trio.Event(), bytes=0, first=None)
+
+
+def test_a_sync_kill_whose_catch_up_never_started_is_tried_again(tmp_path: Path) -> None:
+    """The restarted non-seed got nothing from the leader within SYNC_WATCH (its restart
+    slower than that: CI on a busy box, '0 KiB sent'). Before: the leader was killed at
+    once, on the first attempt, the catch-up the scenario names never happened. Now it
+    is tried again, and the last attempt says what was sent."""
+    from chaos.scenarios import SYNC_ATTEMPTS
+
+    nem, _ = nemesis(tmp_path, 5)
+    nem.proxy_of = {i: [SilentProxy()] for i in range(3)}  # type: ignore[dict-item]
+    rows = run_fault(nem, Fault(1.0, "sync-kill", "leader", 1.5,
+                                "migratory-4 restarted; the leader killed for 1.5s"))
+    kills = [r for r in rows if r["fault"] == "kill" and r["phase"] == "start"]
+    restarts = [r for r in kills if "so that it needs a cache sync" in r["detail"]]
+    assert [r["target"] for r in restarts] == ["migratory-4"] * SYNC_ATTEMPTS
+    (leader_kill,) = [r for r in kills if "while it sends migratory-4" in r["detail"]]
+    assert leader_kill["target"] == "migratory-1" and "(0 KiB sent)" in leader_kill["detail"]
