@@ -202,18 +202,30 @@ class StandardNode:
             self.connected.add(name)
             unsent = self.unsent[name]
             try:
-                while True:
-                    if unsent.unsent and not queue.statistics().current_buffer_used:
-                        self._repair(name, self.queues[name])
-                    message = await queue.receive()
-                    unsent.sent(message.subject)
-                    await channel.send(link.StandardPublish(message))
+                async with trio.open_nursery() as link_tasks:
+                    link_tasks.start_soon(self._watch, channel, name, link_tasks.cancel_scope)
+                    while True:
+                        if unsent.unsent and not queue.statistics().current_buffer_used:
+                            self._repair(name, self.queues[name])
+                        message = await queue.receive()
+                        unsent.sent(message.subject)
+                        await channel.send(link.StandardPublish(message))
             except Exception as exc:
                 log.info("forwarding to %s interrupted: %s", name, exc)
             finally:
                 self.connected.discard(name)
                 unsent.link_lost()
                 await channel.aclose()
+
+    @staticmethod
+    async def _watch(channel: LinkChannel, name: str, forwarding: trio.CancelScope) -> None:
+        """End the link once its peer closes it (it sends nothing after the handshake):
+        an idle forwarder learns it then, not with its next forward -- what the link
+        carried last is forwarded again once it is back, not left lost at the end."""
+        op = await channel.receive()
+        log.info("forwarding to %s ended by the peer%s", name,
+                 "" if op is None else f" ({type(op).__name__} received)")
+        forwarding.cancel()
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
         source = peer_host(stream)

@@ -86,29 +86,40 @@ class ForwardLineage:
 
 @dataclass(slots=True)
 class UnsentSubjects:
-    """Per peer, the subjects whose newest message the peer may not have."""
+    """Per peer, the subjects whose newest message the peer may not have. Each set holds
+    at most ``max_subjects``, the least recent forgotten first (as
+    :class:`ForwardNumbering` forgets their last forward, which a repair would send):
+    the kernel's buffers of a link hold far fewer messages than that."""
 
-    unsent: set[str] = field(default_factory=set)
+    max_subjects: int = MAX_SUBJECTS
+    unsent: dict[str, None] = field(default_factory=dict)
     """A forward dropped (queue full) or lost with a link, nothing of the subject since."""
-    on_link: set[str] = field(default_factory=set)
+    on_link: dict[str, None] = field(default_factory=dict)
     """Forwarded on the current link: unsent if it breaks (in flight or in its buffers)."""
 
     def queued(self, subject: str) -> None:
-        self.unsent.discard(subject)  # its next forward shows the gap, if any
+        self.unsent.pop(subject, None)  # its next forward shows the gap, if any
 
     def dropped(self, subject: str) -> None:
-        self.unsent.add(subject)
+        self._note(self.unsent, subject)
 
     def sent(self, subject: str) -> None:
-        self.on_link.add(subject)
+        self._note(self.on_link, subject)
+
+    def _note(self, subjects: dict[str, None], subject: str) -> None:
+        subjects.pop(subject, None)
+        subjects[subject] = None
+        if len(subjects) > self.max_subjects:
+            del subjects[next(iter(subjects))]
 
     def link_lost(self) -> None:
-        self.unsent |= self.on_link
-        self.on_link = set()
+        for subject in self.on_link:
+            self._note(self.unsent, subject)
+        self.on_link = {}
 
     def repairs(self) -> list[str]:
         """The subjects to forward again, now; forgotten here."""
-        subjects, self.unsent = sorted(self.unsent), set()
+        subjects, self.unsent = sorted(self.unsent), {}
         return subjects
 
 

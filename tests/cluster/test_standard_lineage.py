@@ -116,3 +116,15 @@ def test_a_forgotten_subjects_next_forward_starts_a_new_epoch() -> None:
     lineage = ForwardLineage()
     lineage.take("a", first)
     assert lineage.take("a", again) is Forward.GAP
+
+
+def test_the_subjects_a_link_carried_are_bounded() -> None:
+    """Before: every subject ever forwarded on a link was kept until it broke (a set:
+    one-off subjects over days, without bound)."""
+    unsent = UnsentSubjects(max_subjects=3)
+    for n in range(10):
+        unsent.sent(f"/device/{n}")
+        unsent.dropped(f"/lost/{n}")
+    assert len(unsent.on_link) == 3 and len(unsent.unsent) == 3
+    unsent.link_lost()
+    assert unsent.repairs() == ["/device/7", "/device/8", "/device/9"]  # the most recent
