@@ -30,8 +30,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
 class _Round:
     """One round of submissions: the callbacks' outcomes."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int) -> None:
         self.done = threading.Semaphore(0)
+        self.window = threading.BoundedSemaphore(window)
         self.lock = threading.Lock()
         self.failed: list[Any] = []
         self.last = 0
@@ -43,24 +44,36 @@ class _Round:
                     self.last = max(self.last, int(result))
                 else:
                     self.failed.append(wire)
+            self.window.release()
             self.done.release()
         return answered
 
 
 def commit_all(consumer: Any, epoch: int, wires: Sequence[Any], *, timeout: float = 600.0,
-               retries: int = 3) -> dict[str, int]:
-    """Submit every command of ``wires`` through ``consumer.commit_batch`` and wait for
-    each callback; the failed ones again (``retries`` rounds at most). Returns the last
-    clsn answered and how many commands were submitted again."""
+               retries: int = 3, window: int = 64) -> dict[str, int]:
+    """Submit every command of ``wires`` through ``consumer.commit_batch`` (``consumer``:
+    or a function that says which, asked at each round: the current leader's), at most
+    ``window`` unanswered at once, and wait for each callback; the failed ones again
+    (``retries`` rounds at most). Returns the last clsn answered and how many commands
+    were submitted again. (All at once through a seed that was no longer the leader, the
+    forwards it could not send went past its hold's 32 MiB and were refused at once,
+    cluster/raft_forward.py.)"""
     last, again = 0, 0
     pending = list(wires)
     deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
     for attempt in range(retries + 1):
-        round_ = _Round()
+        round_ = _Round(window)
+        target = consumer() if callable(consumer) else consumer
         for wire in pending:
-            consumer.commit_batch(epoch, wire, callback=round_.callback(wire))
+            if not round_.window.acquire(timeout=left()):
+                raise SystemExit(f"Raft did not answer every command in {timeout:g} s")
+            target.commit_batch(epoch, wire, callback=round_.callback(wire))
         for _ in pending:
-            if not round_.done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            if not round_.done.acquire(timeout=left()):
                 raise SystemExit(f"Raft did not answer every command in {timeout:g} s")
         last = max(last, round_.last)
         if not round_.failed:
