@@ -123,28 +123,51 @@ class UnsentSubjects:
         return subjects
 
 
+MAX_KEPT_BYTES = 64 * 1024 * 1024
+"""Bytes (``Message.size()``) of the last forwards a sender keeps for repairs."""
+
+
 @dataclass(slots=True)
 class ForwardNumbering:
     """A sender's numbering of its forwards: per subject, a random epoch and seq + 1 per
     forward. At most ``max_subjects`` subjects, the least recently forwarded forgotten
     first: a forgotten subject's next forward starts a new epoch (a resync there, never
-    a position given twice)."""
+    a position given twice). The last forward of each is kept for a repair, within
+    ``max_bytes`` (the least recent dropped first: a repair of it is not possible, its
+    peer sees the loss with the subject's next forward)."""
 
     max_subjects: int = MAX_SUBJECTS
-    _last: dict[str, Message] = field(default_factory=dict)
+    max_bytes: int = MAX_KEPT_BYTES
+    kept_bytes: int = 0
+    _last: dict[str, Position] = field(default_factory=dict)
+    _kept: dict[str, Message] = field(default_factory=dict)
 
     def number(self, message: Message) -> Message:
-        """``message`` at its subject's next forward position (the last one kept)."""
-        previous = self._last.pop(message.subject, None)
+        """``message`` at its subject's next forward position."""
+        subject = message.subject
+        previous = self._last.pop(subject, None)
         epoch, seq = (new_epoch(), 1) if previous is None else (previous.epoch,
                                                                  previous.seq + 1)
         numbered = replace(message, epoch=epoch, seq=seq, type=MessageType.UPDATE,
                            closure=None)
-        self._last[message.subject] = numbered
+        self._last[subject] = Position(epoch, seq)
         if len(self._last) > self.max_subjects:
-            del self._last[next(iter(self._last))]
+            oldest = next(iter(self._last))
+            del self._last[oldest]
+            self._drop_kept(oldest)
+        self._drop_kept(subject)
+        self._kept[subject] = numbered
+        self.kept_bytes += numbered.size()
+        while self.kept_bytes > self.max_bytes and self._kept:
+            self._drop_kept(next(iter(self._kept)))
         return numbered
 
+    def _drop_kept(self, subject: str) -> None:
+        kept = self._kept.pop(subject, None)
+        if kept is not None:
+            self.kept_bytes -= kept.size()
+
     def last(self, subject: str) -> Message | None:
-        """The last forward of ``subject``, at its position (None: forgotten)."""
-        return self._last.get(subject)
+        """The last forward of ``subject``, at its position (None: forgotten, or not
+        kept within ``max_bytes``)."""
+        return self._kept.get(subject)

@@ -128,3 +128,15 @@ def test_the_subjects_a_link_carried_are_bounded() -> None:
     assert len(unsent.on_link) == 3 and len(unsent.unsent) == 3
     unsent.link_lost()
     assert unsent.repairs() == ["/device/7", "/device/8", "/device/9"]  # the most recent
+
+
+def test_the_last_forwards_kept_for_repairs_are_bounded_in_bytes() -> None:
+    """Before: the last forward of each of up to 100,000 subjects was kept whole (up to
+    100,000 x MaxMessageSize), after the hub's cache had let them go."""
+    numbering = ForwardNumbering(max_bytes=3 * 1000)
+    for n in range(10):
+        numbering.number(Message(f"/big/{n}", b"x" * 994))  # 1,000 bytes with its subject
+    assert numbering.kept_bytes == 3000
+    assert [numbering.last(f"/big/{n}") is not None for n in range(10)] == [False] * 7 + [True] * 3
+    again = numbering.number(Message("/big/0", b"y"))  # its position is still known
+    assert (again.seq, numbering.kept_bytes) == (2, 2000 + again.size())
