@@ -204,14 +204,16 @@ class StandardNode:
             try:
                 async with trio.open_nursery() as link_tasks:
                     link_tasks.start_soon(self._watch, channel, name, link_tasks.cancel_scope)
-                    while True:
-                        if unsent.unsent and not queue.statistics().current_buffer_used:
-                            self._repair(name, self.queues[name])
-                        message = await queue.receive()
-                        unsent.sent(message.subject)
-                        await channel.send(link.StandardPublish(message))
-            except Exception as exc:
-                log.info("forwarding to %s interrupted: %s", name, exc)
+                    try:  # (here, not around the nursery: the failure itself is logged)
+                        while True:
+                            if unsent.unsent and not queue.statistics().current_buffer_used:
+                                self._repair(name, self.queues[name])
+                            message = await queue.receive()
+                            unsent.sent(message.subject)
+                            await channel.send(link.StandardPublish(message))
+                    except Exception as exc:
+                        log.info("forwarding to %s interrupted: %s", name, exc)
+                    link_tasks.cancel_scope.cancel()
             finally:
                 self.connected.discard(name)
                 unsent.link_lost()
@@ -222,9 +224,13 @@ class StandardNode:
         """End the link once its peer closes it (it sends nothing after the handshake):
         an idle forwarder learns it then, not with its next forward -- what the link
         carried last is forwarded again once it is back, not left lost at the end."""
-        op = await channel.receive()
-        log.info("forwarding to %s ended by the peer%s", name,
-                 "" if op is None else f" ({type(op).__name__} received)")
+        try:
+            op = await channel.receive()
+        except Exception as exc:
+            log.info("forwarding to %s ended: %s", name, exc)
+        else:
+            log.info("forwarding to %s ended by the peer%s", name,
+                     "" if op is None else f" ({type(op).__name__} received)")
         forwarding.cancel()
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
