@@ -42,14 +42,19 @@ MQTT *publishers* (chaos/mqtt_publisher.py) get a PUBACK with no position either
 ``ok`` rows are recorded with ``epoch`` and ``seq`` null, and :func:`with_positions` first
 gives each one the position its msg_id was delivered at to the subscribers that see
 positions (sdk, raw, sse), so that every check holds those publishes to the same rules
-as the others. One that no such subscriber received keeps null ones: ``lost`` then names
-it for every subscriber subscribed throughout that did not get it (no resync can be
-shown to cover a position nobody saw).
+as the others. One that no such subscriber received (every one of them resumed past it
+with a resync: a small cache) keeps null ones, and gets *bounds* instead: an MQTT
+session receives a subject's messages in seq order on one connection, so the message
+lies strictly between the nearest deliveries before and after it on that connection
+whose positions are known (``seq_lo``, ``seq_hi``, in epoch ``lo_epoch``). ``lost``
+excuses it for a subscriber whose resync skips that whole open range; without bounds
+(no MQTT subscriber got it between two known positions) nothing can excuse it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .load import History
 
@@ -103,4 +108,40 @@ def acks_with_positions(history: History) -> History:
         "epoch": F.when(bare, F.col("d.epoch")).otherwise(F.col("epoch")),
         "seq": F.when(bare, F.col("d.seq")).otherwise(F.col("seq")),
     }).select(*pubs.columns)
-    return replace(history, frames={**history.frames, "publishes": filled.cache()})
+    bounded = filled.join(_bounds(history, filled), "msg_id", "left").withColumns({
+        "seq_lo": F.when(F.col("seq").isNotNull(), F.col("seq") - 1).otherwise(F.col("b_lo")),
+        "seq_hi": F.when(F.col("seq").isNotNull(), F.col("seq") + 1).otherwise(F.col("b_hi")),
+        "lo_epoch": F.coalesce(F.col("epoch"), F.col("b_epoch")),
+    }).select(*pubs.columns, "seq_lo", "seq_hi", "lo_epoch")
+    return replace(history, frames={**history.frames, "publishes": bounded.cache()})
+
+
+def _bounds(history: History, pubs: Any) -> Any:
+    """Per msg_id acknowledged without a position: ``(b_epoch, b_lo, b_hi)``, the
+    positions known just before and just after it on the MQTT connections that got it
+    (one subject's messages come in seq order on one connection), the tightest found."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    known = (
+        pubs.where((F.col("type") == "ok") & F.col("seq").isNotNull())
+        .groupBy("msg_id")
+        .agg(F.min(F.struct("epoch", "seq")).alias("p"))
+    )
+    stream = Window.partitionBy("subscriber", "connection", "subject").orderBy("time", "_line")
+    before = F.last("p", ignorenulls=True).over(stream.rowsBetween(Window.unboundedPreceding, -1))
+    after = F.first("p", ignorenulls=True).over(stream.rowsBetween(1, Window.unboundedFollowing))
+    rows = (
+        history["deliveries"]
+        .where((F.col("kind") == KIND) & (F.col("type") != "snapshot")
+               & F.col("msg_id").isNotNull())
+        .join(known, "msg_id", "left")
+        .select("msg_id", "p", before.alias("before"), after.alias("after"))
+        .where(F.col("p").isNull() & F.col("before").isNotNull() & F.col("after").isNotNull()
+               & (F.col("before.epoch") == F.col("after.epoch")))
+    )
+    return rows.groupBy("msg_id").agg(
+        F.first("before.epoch").alias("b_epoch"),
+        F.max("before.seq").alias("b_lo"),
+        F.min("after.seq").alias("b_hi"),
+    )

@@ -134,3 +134,36 @@ def plant_positionless_ack_lost(syn: Synthetic) -> None:
     """A delivery dropped, no resync, its ack without a position: lost (and a hole)."""
     ds = _positionless(syn)
     syn.tables["deliveries"].remove(ds[len(ds) // 3])
+
+
+def _skipped_by_every_positioned_subscriber(syn: Synthetic, keep: str | None) -> None:
+    """One message of /chaos/s0 acknowledged as an MQTT publisher's (no position) that no
+    subscriber with positions received: each of them (but ``keep``, which just misses
+    it) resumed past it with a DATA_RESYNC at its position; the mqtt subscriber m0 got
+    it between two messages whose positions are known (what chaos run 2903 met with
+    MaxCachedMessagesPerSubject = 30)."""
+    add_mqtt(syn)
+    target = _mqtt_first(syn)[len(_mqtt_first(syn)) // 3]
+    for p in syn.tables["publishes"]:
+        if p["type"] == "ok" and p["msg_id"] == target["msg_id"]:
+            p["epoch"] = p["seq"] = None
+    got = [d for d in syn.tables["deliveries"]
+           if d["msg_id"] == target["msg_id"] and d["kind"] != "mqtt"]
+    assert got, "a message the positioned subscribers had"
+    for d in got:
+        syn.tables["deliveries"].remove(d)
+        if d["subscriber"] != keep:
+            syn.add("subscriptions", subscriber=d["subscriber"], kind=d["kind"],
+                    subject=d["subject"], event="DATA_RESYNC", member=MEMBERS[1],
+                    epoch=d["epoch"], seq=d["seq"], time=d["time"] + 1e-5)
+
+
+def plant_positionless_ack_skipped_by_all(syn: Synthetic) -> None:
+    """Allowed: the message's seq is bounded by m0's stream, and every resync covers it.
+    Before the bounds, reported lost for every subscriber that resynced over it."""
+    _skipped_by_every_positioned_subscriber(syn, keep=None)
+
+
+def plant_positionless_ack_skipped_by_all_but_one(syn: Synthetic) -> None:
+    """s0 missed it without a resync: lost (and a hole) for s0 only."""
+    _skipped_by_every_positioned_subscriber(syn, keep="s0")

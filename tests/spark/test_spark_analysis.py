@@ -117,6 +117,8 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     # acks without a position (MQTT publishers'): positions from the deliveries
     (kinds.plant_positionless_ack_resync, NONE),
     (kinds.plant_positionless_ack_lost, {**NONE, "sdk": {"lost", "holes"}}),
+    (kinds.plant_positionless_ack_skipped_by_all, NONE),
+    (kinds.plant_positionless_ack_skipped_by_all_but_one, {**NONE, "sdk": {"lost", "holes"}}),
 ]
 
 
@@ -161,7 +163,10 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     holes = [sum("holes" in e.get(k, ()) for _, e in PLANTED) for k in ("raw", "sdk", "sse")]
     assert "\n| holes | - | {} | {} | {} | - |\n".format(*holes) in (out / "report.md").read_text()
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
-    assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (4, 0)
+    # one resume per plant with an mqtt subscriber m0 (spark_history_kinds.add_mqtt)
+    with_m0 = sum("mqtt" in p.__name__ or "skipped_by_all" in p.__name__ for p, _ in PLANTED)
+    assert with_m0 == 6
+    assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (with_m0, 0)
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md
     assert "faults planned (schedule.jsonl)" in md  # schedule.jsonl, read through Spark
