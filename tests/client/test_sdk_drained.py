@@ -126,12 +126,14 @@ class Writes(trio.abc.SendStream):
         self.inner = inner
         self.broken = False
         self.held: trio.Event | None = None  # set: writes wait for it (a slow write)
+        self.slow = 0.0  # each write takes this long: a server that reads, slowly
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
             raise trio.BrokenResourceError("connection reset by peer")
         if self.held is not None:
             await self.held.wait()
+        await trio.sleep(self.slow)
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -398,6 +400,28 @@ def test_sends_queued_behind_a_stalled_write_are_not_sent() -> None:
             nursery.cancel_scope.cancel()
         # before: all three "lost" (c2 and c3 failed on the stream given up, unwritten)
         assert outcomes == {"c1": "lost", "c2": "not sent", "c3": "not sent"}
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_sends_queued_behind_writes_that_finish_keep_the_session() -> None:
+    """The server reads every write, each within the keepalive timeout (0.2 s of 0.3 s),
+    but three queued take 0.6 s: the session is good, all three are written. Before: the
+    timeout counted the wait for the send lock too; c2 (0.2 s waiting) was cut mid-write
+    ("lost"), c3 not sent, and a session whose server reads was given up as "could not
+    send" (CI: test_sdk_hostile_server's second session, load 6-18, BrokenPipeError)."""
+
+    async def main() -> None:
+        router = Router(NotificationQueue(16))
+        outcomes: dict[str, str] = {}
+        async with trio.open_nursery() as nursery:
+            connection, writes, _ = await open_connection(nursery)
+            session = Session(connection, "ws://slow", 1, router, Keepalive(timeout=0.3))
+            writes.slow = 0.2
+            await send_all_three(session, outcomes)
+            assert outcomes == {"c1": "written", "c2": "written", "c3": "written"}
+            assert session.is_open
+            nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
