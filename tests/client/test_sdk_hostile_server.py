@@ -8,6 +8,7 @@ outcome per publish; the session is given up and another member tried."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 
@@ -434,7 +435,10 @@ async def test_each_publish_gets_exactly_one_status_whatever_the_server_answers(
 async def test_publishes_to_a_server_that_stops_reading_each_get_one_outcome_then_go_on() -> None:
     # 40 publishers of 256 KiB each (10 MiB) to a member that reads nothing: one write is
     # under way, the rest wait for it (the SDK holds no queue of its own); the session is
-    # given up after keepalive.timeout; what was never written goes out on the next one
+    # given up after keepalive.timeout; what was never written goes out on the next one.
+    # Every later session is answered: on a loaded box one write can take over 0.3 s (the
+    # fake shares the client's thread), and that session is then given up too, by contract;
+    # the publishes' timeout only bounds a hang (every outcome comes from a session's end)
     keepalive = Keepalive(interval=60, timeout=0.3)
     peer = RawPeer()
     outcomes: list[str] = []
@@ -449,7 +453,7 @@ async def test_publishes_to_a_server_that_stops_reading_each_get_one_outcome_the
 
             async def publish() -> None:
                 try:
-                    result = await client.publish(SUBJECT, bytes(2**18), timeout=4.0)
+                    result = await client.publish(SUBJECT, bytes(2**18), timeout=30.0)
                     outcomes.append(result.status.value)
                 except PublishOutcomeUnknown:
                     outcomes.append("unknown")
@@ -457,21 +461,25 @@ async def test_publishes_to_a_server_that_stops_reading_each_get_one_outcome_the
                     done.set()
 
             async def answer(link: RawLink) -> None:
+                with contextlib.suppress(EOFError, OSError):  # given up: on to the next
+                    await link.accept_session()
+                    while True:
+                        publish_op = await link.expect(ops.Publish)
+                        assert isinstance(publish_op, ops.Publish)
+                        link.write(publish_status(publish_op.message.closure))
+
+            async def answer_every_session() -> None:
                 while True:
-                    publish_op = await link.expect(ops.Publish)
-                    assert isinstance(publish_op, ops.Publish)
-                    link.write(publish_status(publish_op.message.closure))
+                    nursery.start_soon(answer, await peer.accept())
 
             for _ in range(40):
                 nursery.start_soon(publish)
-            link = await peer.accept()  # the stalled session was given up
-            await link.accept_session()
             note = await next_note(client, NotificationStatus.SERVER_DOWN)
             assert note.reason is not None and note.reason.startswith("could not send")
-            nursery.start_soon(answer, link)
+            nursery.start_soon(answer_every_session)
             await done.wait()
             unknown = outcomes.count("unknown")
-            assert 1 <= unknown < 40  # written (wholly or in part) to the stalled one
+            assert 1 <= unknown < 40  # written (wholly or in part) to a session given up
             assert outcomes.count("PUBLISH_OK") == 40 - unknown
             nursery.cancel_scope.cancel()
     finally:
