@@ -45,13 +45,16 @@ import itertools
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
-from cluster.dump_decoder import DumpDecoding, encode
 from migratory.model.cache import encoded_bound
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import EPOCH_LIMIT, Position
+
+if TYPE_CHECKING:  # (imported where a dump is written or read: it runs a thread; the link
+    # modules import this one and stay free of threads, test_link_imports_no_io_transitively)
+    from cluster.dump_decoder import DumpDecoding
 
 __all__ = [
     "GROUP_COUNT",
@@ -198,6 +201,8 @@ class Coordinator:
 
     # pickled (into a Raft dump, by the dump's writer): the numbering as one bytes
     def __getstate__(self) -> dict[str, Any]:
+        from cluster.dump_decoder import encode
+
         self.settle()
         packed, crc = encode((self.group_epochs, self.seqs, self.origin_refs, self.recent))
         return {"clsn": self.clsn, "numbering": packed, "crc": crc, "subjects": len(self.seqs),
@@ -207,6 +212,8 @@ class Coordinator:
         """From :meth:`__getstate__` (the numbering decoded later: :meth:`begin_decoding`),
         or a coordinator pickled whole by the code before (without ``origin_refs`` or
         ``recent``, an older dump: none yet)."""
+        from cluster.dump_decoder import DumpDecoding
+
         self.__init__()  # type: ignore[misc]
         if "numbering" not in state:
             self.__dict__.update(state)
