@@ -59,6 +59,9 @@ SUBSCRIBED_WITHIN = 60.0
 class Subscriber:
     received: list[tuple[bytes, MessageType, Position]] = field(default_factory=list)
     statuses: list[NotificationStatus] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    """Each notification (time, status, member, position) and the position of the last
+    message before it: what a violation's report shows of this subscriber."""
 
 
 @dataclass
@@ -80,6 +83,10 @@ async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
         async def notes() -> None:
             async for note in client.notifications():
                 sub.statuses.append(note.status)
+                last = sub.received[-1][2] if sub.received else None
+                sub.timeline.append(
+                    f"{trio.current_time():.2f} {note.status} {note.server} {note.position} "
+                    f"(last message {last}, {len(sub.received)} received)")
 
         nursery.start_soon(notes)
         while not stop.is_set():
@@ -269,6 +276,11 @@ def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
         "data_resync": sum(s.statuses.count(NotificationStatus.DATA_RESYNC)
                            for s in subscribers),
         "events": sts.events.log,
+        # the notifications of every subscriber a violation names
+        "subscriber_timelines": {
+            n: sub.timeline[-20:] for n, sub in enumerate(subscribers)
+            if any(v.startswith(f"subscriber {n}:") for v in violations)
+        },
     }
 
 
