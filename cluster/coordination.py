@@ -45,8 +45,9 @@ import itertools
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from cluster.numbering_state import _is_count, _is_epoch, _Numbering, _numbering, seqs_sum
 from migratory.model.cache import encoded_bound
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
@@ -490,36 +491,3 @@ class Coordinator:
         coordinator.origin_refs = dict(origin_refs)
         coordinator.recent = {origin: dict(window) for origin, window in recent.items()}
         return coordinator
-
-
-def seqs_sum(seqs: Mapping[str, int]) -> int:
-    """The digest's term for ``seqs``: the sum over subjects of ``hash((code, seq)) -
-    hash((code, 0))``, ``code`` the CRC-32 of the subject (a tuple of ints hashes alike in
-    every process, unlike a string), so that numbering one more message of a subject
-    changes it by two hashes."""
-    total = 0
-    for subject, seq in seqs.items():
-        code = zlib.crc32(subject.encode("utf-8"))
-        total += hash((code, seq)) - hash((code, 0))
-    return total
-
-
-_State = tuple[dict[int, int], dict[str, int], dict[str, int], dict[str, dict[int, int]]]
-_Numbering = tuple[_State, tuple[dict[str, int], dict[int, int]]]
-
-
-def _numbering(state: Any, handed: Any) -> _Numbering:
-    """In the decoding thread: a dump's numbering, and the copies its positions read."""
-    if not (isinstance(state, tuple) and len(state) == 4
-            and all(isinstance(part, dict) for part in state)):
-        raise TypeError(f"the numbering is a {type(state).__name__}, not 4 dicts")
-    group_epochs, seqs, _, _ = state
-    return state, (dict(seqs), dict(group_epochs))
-
-
-def _is_count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_epoch(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < EPOCH_LIMIT
