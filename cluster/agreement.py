@@ -19,6 +19,18 @@ What must be equal on both sides of a link (:func:`disagreement`):
   the middle, another order -- is refused;
 - the subject group count (a code constant: only members of migratory versions that
   hash subjects differently disagree on it);
+- ``MaxMessageSize`` and ``MaxFrameSize`` (:func:`size_disagreement`): a message one
+  member takes from its clients reaches every member (the committed stream, a Standard
+  publish, a cache sync), whose link takes frames up to a limit derived from its own
+  ``MaxFrameSize`` (``cluster/link_limits.py``), and a member's ``/$mqtt-session/``
+  records are bounded by ``MaxFrameSize`` alone. A seed with the larger sizes had a
+  message acknowledged that a non-seed's link then refused on every batch, for as long
+  as it was committed or cached: the non-seed replicated nothing more (not ready, its
+  clients' resumes stalled); a non-seed with the larger sizes had its forward end the
+  seed's link again and again. Within one member ``MaxFrameSize > MaxMessageSize`` and
+  ``ClientMaxPendingBytes >= 2 x MaxMessageSize`` (migratory/config_sizes.py), so with
+  the two equal everywhere every member takes every message: ``ClientMaxPendingBytes``
+  may differ. A peer too old to send them is not compared;
 - who a member is: a link from a process that claims this member's own
   ``ClusterMemberListen`` is refused (two members configured with one address).
 
@@ -26,7 +38,10 @@ What may differ, and is only logged (:func:`soft_differences`): the extension of
 ``ClusterMembers`` above and ``MaxCachedMessagesPerSubject`` (a change of either rolls
 out pod by pod; until it has, a client resuming on the member with the smaller cache
 may get ``DATA_RESYNC`` where it would have got ``DATA_SYNC``). Two members with one
-``ServerName`` get a warning (:func:`name_clash`): nothing routes by it.
+``ServerName`` get a warning (:func:`name_clash`): nothing routes by it; so do two of
+another ``Entitlement`` (:func:`entitlement_difference`): a change of it rolls out pod by
+pod, but one member's file left at ``None`` lets anyone publish into the cluster
+through it (a forwarded publish is not checked again by the seed).
 
 :class:`SeedAgreement` turns what a member learnt from the seeds into its readiness: a
 member that a majority of the seeds disagree with (or that found another process at
@@ -37,7 +52,7 @@ first pod instead of serving clients from a member that routes differently.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from cluster.coordination import GROUP_COUNT
@@ -51,6 +66,16 @@ SHOWN_MEMBERS = 12
 
 def _name(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLimits:
+    """The settings a member added to its :class:`MemberSettings` later (``"mm"``,
+    ``"mf"``, ``"e"`` of the link's ``Settings``: all three, or none)."""
+
+    max_message_size: int
+    max_frame_size: int
+    entitlement: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +93,9 @@ class MemberSettings:
     group_count: int = GROUP_COUNT
     server_name: str = ""
     """Its ServerName (logs, audit, the clients' ``connected``): only compared to warn."""
+    limits: MemberLimits | None = None
+    """Its MaxMessageSize, MaxFrameSize and Entitlement (None: a member that predates
+    them, which does not send them)."""
 
     @property
     def seeds(self) -> tuple[str, ...]:
@@ -84,7 +112,13 @@ class MemberSettings:
             max_cached=config.max_cached_messages_per_subject,
             incarnation=incarnation,
             server_name=config.server_name,
+            limits=MemberLimits(config.max_message_size, config.max_frame_size,
+                               config.entitlement),
         )
+
+    def without_limits(self) -> MemberSettings:
+        """These settings as a member that predates :attr:`limits` sends them."""
+        return replace(self, limits=None)
 
 
 def _listed(members: Sequence[str]) -> str:
@@ -132,6 +166,9 @@ def disagreement(mine: MemberSettings, theirs: MemberSettings) -> str | None:
             f"the subject group count differs from {peer}'s: {mine.group_count} here, "
             f"{theirs.group_count} there (another migratory version)"
         )
+    sizes = size_disagreement(mine, theirs)
+    if sizes is not None:
+        return sizes
     if theirs.members == mine.members:
         return None
     seeds_differ = guaranteed and theirs.seeds != mine.seeds
@@ -146,6 +183,40 @@ def disagreement(mine: MemberSettings, theirs: MemberSettings) -> str | None:
             f"there {_listed(theirs.members)}"
         )
     return None
+
+
+def size_disagreement(mine: MemberSettings, theirs: MemberSettings) -> str | None:
+    """Why members of another ``MaxMessageSize`` or ``MaxFrameSize`` refuse to link
+    (both modes), or None (equal, or a side too old to say)."""
+    if mine.limits is None or theirs.limits is None:
+        return None
+    for key, here, there in (
+        ("MaxMessageSize", mine.limits.max_message_size, theirs.limits.max_message_size),
+        ("MaxFrameSize", mine.limits.max_frame_size, theirs.limits.max_frame_size),
+    ):
+        if here != there:
+            return (
+                f"{key} differs from {theirs.member}'s: {here} here, {there} there (every "
+                "member must take every other's largest message; docs/cluster.md, "
+                "\"Changing MaxMessageSize or MaxFrameSize\")"
+            )
+    return None
+
+
+def entitlement_difference(mine: MemberSettings, theirs: MemberSettings) -> str | None:
+    """Two members of another ``Entitlement``: allowed (a change of it rolls out pod by
+    pod), but warned: the member with the weaker one lets its clients publish what the
+    other would deny, and its forwards are numbered without another check."""
+    if mine.limits is None or theirs.limits is None:
+        return None
+    if mine.limits.entitlement == theirs.limits.entitlement:
+        return None
+    return (
+        f"Entitlement differs from {theirs.member}'s: {mine.limits.entitlement} here, "
+        f"{theirs.limits.entitlement} there (allowed while a change rolls out; until it has, "
+        "a client is allowed on one member what another denies it, and a publish "
+        "forwarded by a member is numbered without another entitlement check)"
+    )
 
 
 def soft_differences(mine: MemberSettings, theirs: MemberSettings) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from cluster.agreement import (
     MemberSettings,
     Repeats,
     disagreement,
+    entitlement_difference,
     name_clash,
     soft_differences,
 )
@@ -173,6 +174,8 @@ class LinkChannel:
             if not isinstance(op, link.Settings):
                 self._first = op  # an older migratory: nothing to compare
                 return
+            if op.settings.limits is None:  # what a connector that predates them reads
+                mine = mine.without_limits()
             await self.send(link.Settings(mine))
         if not isinstance(op, link.Settings):
             raise link.LinkError(f"{peer} answered {type(op).__name__} to Settings")
@@ -186,9 +189,9 @@ class LinkChannel:
         for note in soft_differences(mine, theirs):
             if _NOTED.first(peer, note, time.monotonic()):
                 log.info("cluster settings: %s", note)
-        clash = name_clash(mine, theirs)
-        if clash is not None and _NOTED.first(peer, clash, time.monotonic()):
-            log.warning("cluster settings: %s", clash)
+        for warned in (name_clash(mine, theirs), entitlement_difference(mine, theirs)):
+            if warned is not None and _NOTED.first(peer, warned, time.monotonic()):
+                log.warning("cluster settings: %s", warned)
 
     async def _authenticate(self, dialled: str = "the peer") -> str:
         if isinstance(self.stream, trio.SSLStream):
@@ -308,7 +311,9 @@ async def connect(
 
     With ``settings``, the members compare theirs first (:class:`Disagreement` when
     they disagree); a peer that closes the link on receiving them (an older migratory)
-    is dialled again without them, and the link comes back with ``peer_settings`` None.
+    is dialled again with them as a member before :class:`~cluster.agreement.MemberLimits`
+    sends them, then, closed again, without them (the link comes back with
+    ``peer_settings`` None).
 
     The dial itself is bounded by :data:`DIAL_TIMEOUT`: a SYN nobody answers (a seed
     pod gone with its IP, the name still resolving to it) is retried by the kernel for
@@ -317,8 +322,15 @@ async def connect(
     try:
         return await _dial(address, member, password, tls, settings, max_frame)
     except OlderPeer as exc:
-        log.info("%s: linking without comparing settings (an older migratory?)", exc)
-        return await _dial(address, member, password, tls, None, max_frame)
+        older = exc
+    if settings is not None and settings.limits is not None:
+        try:  # a member that predates the limits in Settings closes on them: without
+            return await _dial(address, member, password, tls, settings.without_limits(),
+                               max_frame)
+        except OlderPeer as exc:
+            older = exc
+    log.info("%s: linking without comparing settings (an older migratory?)", older)
+    return await _dial(address, member, password, tls, None, max_frame)
 
 
 async def _dial(

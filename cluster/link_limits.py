@@ -17,10 +17,12 @@ is at most twice that, for safety: :data:`PUBLISH_FACTOR`):
   a forward it submitted as one; one publish always) and cache sync parts of about
   ``MAX_FRAME / PART_SHARE`` (a subject's snapshot and one cached message always).
 
-Members of one cluster share ``MaxFrameSize``: a member configured with less than
-another refuses what the other took from its clients (``frame_size``, counted and
-logged), and so does one whose ``MaxFrameSize`` was lowered below messages still
-committed or cached (docs/cluster.md, "Bounds").
+Members of one cluster share ``MaxFrameSize`` and ``MaxMessageSize``: a member
+configured with less than another would refuse what the other took from its clients
+(``frame_size``, counted and logged), so members that differ in either refuse to link
+(:func:`cluster.agreement.size_disagreement`). One whose ``MaxFrameSize`` was lowered
+below messages still committed or cached refuses them the same way (docs/cluster.md,
+"Bounds").
 
 Versions. The handshake's ``challenge`` (acceptor) and ``auth`` (connector) carry the
 version of the link protocol their sender speaks as ``"v"``, left out for version 1

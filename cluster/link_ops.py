@@ -12,7 +12,7 @@ from typing import Any, Final, assert_never, cast
 
 import cbor2
 
-from cluster.agreement import MemberSettings
+from cluster.agreement import MemberLimits, MemberSettings
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
 from cluster.link_faults import U64, is_text_map, is_u64, kind, message_fault
@@ -254,9 +254,13 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
         case Heartbeat(clsn=clsn, ready=ready):
             return {"t": "hb", "c": clsn, "r": ready}
         case Settings(settings=m):
-            return {"t": "cf", "m": m.member, "l": list(m.members), "k": m.seed_count,
-                    "d": m.delivery_mode, "g": m.group_count, "c": m.max_cached,
-                    "i": m.incarnation, "n": m.server_name}
+            settings = {"t": "cf", "m": m.member, "l": list(m.members), "k": m.seed_count,
+                        "d": m.delivery_mode, "g": m.group_count, "c": m.max_cached,
+                        "i": m.incarnation, "n": m.server_name}
+            if m.limits is not None:  # only then: without, the frame an older member reads
+                settings |= {"mm": m.limits.max_message_size, "mf": m.limits.max_frame_size,
+                             "e": m.limits.entitlement}
+            return settings
         case _:
             assert_never(op)
 
@@ -442,6 +446,7 @@ def _settings(r: _Body) -> Settings:
         member=r.member("m"), members=tuple(members), seed_count=r.uint("k"),
         delivery_mode=r.text("d"), max_cached=r.uint("c"), incarnation=r.text("i"),
         group_count=r.uint("g"), server_name=r.text("n"),
+        limits=MemberLimits(r.uint("mm"), r.uint("mf"), r.text("e")) if "mm" in r.body else None,
     ))
 
 
@@ -482,6 +487,8 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
         keys = ("c", "m", "o", "a")
     elif tag == "ff" and "s" in body:  # the status, only when not PUBLISH_FAILED
         keys = ("o", "r", "u", "s")
+    elif tag == "cf" and "mm" in body:  # the limits, from a member that knows them
+        keys = (*keys, "mm", "mf", "e")
     return build(_Body(body, tag, keys))
 
 

@@ -126,10 +126,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Largest content + subject + fields of a publish; larger ones get "
             "MESSAGE_SIZE_LIMIT_EXCEEDED. A conflated message stays within it too: when a "
             "message's fields would make the union of a period's fields pass it, the union "
-            "starts again from that message's fields."),
+            "starts again from that message's fields. Equal on every cluster member (members "
+            "that differ refuse to link; docs/cluster.md, \"Members must agree\")."),
     Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
             "Largest WebSocket message or MQTT packet a client may send; larger ones close "
-            "the connection (WebSocket: 1009)."),
+            "the connection (WebSocket: 1009). Equal on every cluster member, as "
+            "MaxMessageSize."),
     Setting("ClientMaxPendingBytes", "client_max_pending_bytes", _int(1024, unit=" of bytes"),
             "4194304",
             "Bytes queued for a client that does not read before it is cut off as a slow "

@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 
 from cluster.agreement import (
+    MemberLimits,
     MemberSettings,
     Repeats,
     SeedAgreement,
     disagreement,
+    entitlement_difference,
     name_clash,
     soft_differences,
 )
@@ -67,6 +69,57 @@ def test_the_rule_table(theirs: dict[str, object], refusal: str | None) -> None:
         assert found is not None and refusal in found
     # both sides refuse, or neither (each says why with its own values first)
     assert (disagreement(peer, mine) is None) == (found is None)
+
+
+LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="Token")
+
+
+@pytest.mark.parametrize("mode", ["Guaranteed", "Standard"])
+@pytest.mark.parametrize(("theirs", "refusal"), [
+    pytest.param(LIMITS, None, id="equal"),
+    pytest.param(replace(LIMITS, max_message_size=6_000_000, max_frame_size=8_388_608),
+                 "MaxMessageSize differs from 10.0.0.3:9800's: 131072 here, 6000000 there",
+                 id="MaxMessageSize (and MaxFrameSize)"),
+    pytest.param(replace(LIMITS, max_frame_size=1048577), "MaxFrameSize differs from "
+                 "10.0.0.3:9800's: 1048576 here, 1048577 there", id="MaxFrameSize"),
+    pytest.param(replace(LIMITS, entitlement="None"), None, id="Entitlement (allowed)"),
+    pytest.param(None, None, id="a peer too old to send them"),
+])
+def test_message_sizes_must_be_equal_in_both_modes(
+    mode: str, theirs: MemberLimits | None, refusal: str | None
+) -> None:
+    """Before: not compared. A seed with the larger sizes had a message acknowledged that
+    a non-seed's link refused on every batch from then on (it replicated nothing more);
+    a Standard member's publish would end its peer's link the same way."""
+    mine = settings(S0, delivery_mode=mode, limits=LIMITS)
+    peer = settings(N3, delivery_mode=mode, limits=theirs)
+    found = disagreement(mine, peer)
+    if refusal is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(refusal), found
+        assert "docs/cluster.md" in found
+    assert (disagreement(peer, mine) is None) == (found is None)
+    assert disagreement(mine.without_limits(), peer) is None  # too old to compare
+
+
+def test_another_entitlement_links_with_a_warning_naming_both() -> None:
+    mine = settings(S0, limits=LIMITS)
+    assert entitlement_difference(mine, settings(N3, limits=LIMITS)) is None
+    assert entitlement_difference(mine, settings(N3)) is None  # too old to say
+    warned = entitlement_difference(mine, settings(N3, limits=replace(LIMITS, entitlement="None")))
+    assert warned is not None
+    assert warned.startswith("Entitlement differs from 10.0.0.3:9800's: Token here, None there")
+
+
+def test_settings_from_a_config_carry_its_limits() -> None:
+    config = Config.from_mapping({
+        "ClusterMembers": "127.0.0.1:9000,127.0.0.1:9010,127.0.0.1:9020",
+        "ClusterMemberListen": "127.0.0.1:9000", "ClusterPassword": "x",
+        "MaxMessageSize": "5000", "MaxFrameSize": "9000", "Entitlement": "Basic",
+        "EntitlementAllowToken": "t",
+    })
+    assert MemberSettings.from_config(config, "i").limits == MemberLimits(5000, 9000, "Basic")
 
 
 def test_standard_members_have_no_seeds_to_disagree_on() -> None:

@@ -15,8 +15,8 @@ import pytest
 import trio
 from listen_ports import listen_port
 
-from cluster import link
-from cluster.agreement import MemberSettings
+from cluster import link, link_ops
+from cluster.agreement import MemberLimits, MemberSettings
 from cluster.agreement_probe import AgreementProbe
 from cluster.coordination import UNNUMBERED_EPOCH
 from cluster.link_io import Disagreement, connect
@@ -27,6 +27,7 @@ from cluster.stream import CommittedStream
 from migratory.server.hub import Hub
 
 PASSWORD = "agreement-password"
+LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="None")
 
 
 def address(port: int) -> tuple[str, int]:
@@ -41,6 +42,7 @@ def settings_of(port: int, ports: list[int], **changes: Any) -> MemberSettings:
     base = MemberSettings(
         member=name(port), members=tuple(name(p) for p in ports), seed_count=3,
         delivery_mode="Guaranteed", max_cached=1000, incarnation=f"p{port}",
+        limits=LIMITS,
     )
     return replace(base, **changes)
 
@@ -114,6 +116,14 @@ def ports() -> list[int]:
     pytest.param({"seed_count": 5}, "ClusterSeedMemberCount differs from {seed}'s: 5 here, "
                  "3 there", "ClusterSeedMemberCount differs from {3}'s: 3 here, 5 there",
                  id="seed count"),
+    pytest.param({"limits": replace(LIMITS, max_message_size=6000000, max_frame_size=8388608)},
+                 "MaxMessageSize differs from {seed}'s: 6000000 here, 131072 there",
+                 "MaxMessageSize differs from {3}'s: 131072 here, 6000000 there",
+                 id="MaxMessageSize"),
+    pytest.param({"limits": replace(LIMITS, max_frame_size=2097152)},
+                 "MaxFrameSize differs from {seed}'s: 2097152 here, 1048576 there",
+                 "MaxFrameSize differs from {3}'s: 1048576 here, 2097152 there",
+                 id="MaxFrameSize"),
 ])
 def test_a_member_configured_otherwise_is_refused_and_both_sides_say_why(
     caplog: pytest.LogCaptureFixture,
@@ -208,6 +218,62 @@ def test_members_of_an_older_version_still_link_both_ways(ports: list[int]) -> N
     assert trio.run(with_services, [(old, service(old, None, peers=ports[3])),
                                     (new, service(new, settings_of(new, ports)))],
                     body) == ("linked", "linked")
+
+
+def test_members_that_predate_the_limits_link_and_compare_the_rest(
+    caplog: pytest.LogCaptureFixture, ports: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member of this link version from before MaxMessageSize, MaxFrameSize and
+    Entitlement were in Settings decodes a ``cf`` strictly: it ends a link whose
+    Settings carry them. A new member dialling it links again with its settings as the
+    older member sends them (the rest still compared: another mode is still refused); a
+    new acceptor answers an older connector without them."""
+    caplog.set_level(logging.INFO)
+    strict = link_ops._op
+
+    def older_op(tag: str, body: dict[Any, Any]) -> link.LinkOp:  # an older decoder
+        if tag == "cf" and "mm" in body:
+            raise link.LinkError("'cf' frame: missing keys [], 3 unknown keys")
+        return strict(tag, body)
+
+    monkeypatch.setattr(link_ops, "_op", older_op)
+    seed, odd = ports[0], ports[3]
+
+    async def body() -> tuple[str, str, str]:
+        new_to_old = await dial(seed, settings_of(odd, ports[:4]))
+        other_mode = await dial(seed, settings_of(odd, ports[:4], delivery_mode="Standard"))
+        old_to_new = await dial(seed, settings_of(odd, ports[:4], limits=None))
+        return new_to_old, other_mode, old_to_new
+
+    linked, refused, older = trio.run(
+        with_services, [(seed, service(seed, settings_of(seed, ports[:4])))], body)
+    assert (linked, older) == ("linked", "linked")
+    assert refused.startswith("ClusterDeliveryMode differs"), refused
+    assert not any("linking without comparing settings" in r.getMessage()
+                   for r in caplog.records)
+
+
+def test_another_entitlement_links_and_both_warn(
+    caplog: pytest.LogCaptureFixture, ports: list[int]
+) -> None:
+    caplog.set_level(logging.INFO)
+    seed, odd = ports[0], ports[3]
+    linked = trio.run(
+        with_services, [(seed, service(seed, settings_of(seed, ports[:4])))],
+        lambda: dial(seed, settings_of(odd, ports[:4],
+                                       limits=replace(LIMITS, entitlement="Token"))),
+    )
+    assert linked == "linked"
+    assert sorted(m for m in warnings(caplog) if "Entitlement differs" in m) == sorted([
+        f"cluster settings: Entitlement differs from {name(odd)}'s: None here, Token there "
+        "(allowed while a change rolls out; until it has, a client is allowed on one member "
+        "what another denies it, and a publish forwarded by a member is numbered without "
+        "another entitlement check)",
+        f"cluster settings: Entitlement differs from {name(seed)}'s: Token here, None there "
+        "(allowed while a change rolls out; until it has, a client is allowed on one member "
+        "what another denies it, and a publish forwarded by a member is numbered without "
+        "another entitlement check)",
+    ])
 
 
 def test_another_process_at_a_members_own_address_keeps_it_from_agreeing(
