@@ -205,10 +205,15 @@ class Hub(SubjectExpiry, MessageSinks):
             return [allow]
         if position is not None and self._unplaced(state, position):
             # No position here for a subject the client has one of: this member lags
-            # (not numbered here yet) or forgot it (spent, see expire). DATA_RESYNC now,
-            # the client's position kept; it waits as above, so that a lagging member
-            # does not repeat what the client has when it catches up.
+            # (not numbered here yet) or forgot it (spent, see expire). It waits as above,
+            # so that a lagging member does not repeat what the client has when it
+            # catches up. A member that never forgot a subject lags: nothing to say until
+            # it catches up (a member restarted or just added, where the clients of a
+            # member that left resume; was DATA_RESYNC, then DATA_SYNC once caught up).
+            # One that forgot some cannot tell which: DATA_RESYNC now, the position kept.
             state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
+            if not self._forgotten:
+                return [allow]
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
         self._add_subscription(state, sink, period, now)
         if position is None:

@@ -23,7 +23,8 @@ class SubjectExpiry:
         left with nothing to serve. A subject created after one was forgotten starts a
         new epoch, so a position is never reused for another message; on a cluster
         member (positions numbered elsewhere) its next message brings its position back,
-        and a resume meanwhile is told DATA_RESYNC and waits for it (``_unplaced``).
+        and a resume meanwhile is told DATA_RESYNC and waits for it (``_unplaced``: a
+        member that has forgotten no subject knows it lags instead, and waits silently).
 
         ``budget``: look at no more than that many subjects, going on from where the last
         call stopped (a sweep of 200,000 subjects in one call stopped the loop ~200 ms);

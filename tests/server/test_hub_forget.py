@@ -111,6 +111,21 @@ def test_a_lagging_member_does_not_repeat_what_a_resumed_client_has() -> None:
     assert hub.statistics().subscriptions == 1
 
 
+def test_a_member_that_forgot_no_subject_waits_in_silence_for_one_it_has_not_numbered() -> None:
+    """It lags (restarted, or just added: where a member's clients resume when it leaves):
+    nothing was missed, so no DATA_RESYNC (was: DATA_RESYNC at once, then DATA_SYNC once
+    caught up; tests/cluster/test_cluster_lagging_resume.py with real members)."""
+    hub = Hub(epoch=1, numbered_elsewhere=True)
+    sink = OpSink()
+    answer = hub.subscribe(sink, ops.SubscriptionRequest("/a/b", Position(9, 2)), 0.0)
+    assert statuses(answer) == [(ops.Status.SUBSCRIBE_ALLOW, None)]
+    for seq in (1, 2, 3):
+        hub.apply(Message("/a/b", str(seq).encode(), epoch=9, seq=seq), 0.0)
+    synced, live = sink.received()
+    assert synced == ops.SubjectStatus(ops.Status.DATA_SYNC, "/a/b", Position(9, 2))
+    assert isinstance(live, ops.Deliver) and [m.seq for m in live.messages] == [3]
+
+
 def test_a_resume_waiting_for_a_forgotten_subject_can_be_unsubscribed() -> None:
     hub = Hub(epoch=1, cache_expire_seconds=10, numbered_elsewhere=True)
     hub.apply(Message("/one/off", b"x", epoch=9, seq=1), now=0.0)
