@@ -60,10 +60,24 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from k8s_local import LocalStatefulSet, http_body, raft_leader
+from k8s_local import (
+    GATEWAY,
+    LEADER_PORT,
+    LocalStatefulSet,
+    current_leader,
+    http_body,
+    raft_leader,
+)
 from k8s_manifests import MONITOR_PORT, Document, documents, find
 from rehearsal import Load, Subscriber, check, under_load
-from scaling_faults import SCALING_SCENARIOS, SCALING_UNAVAILABLE, SEEDS, Observed, Scenario
+from scaling_faults import (
+    LEADER_PINNED,
+    SCALING_SCENARIOS,
+    SCALING_UNAVAILABLE,
+    SEEDS,
+    Observed,
+    Scenario,
+)
 
 
 async def readyz(sts: LocalStatefulSet, ordinal: int) -> str:
@@ -322,6 +336,8 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
                            secrets.token_urlsafe(24), time_scale=time_scale)
     pods, fault = SCENARIOS[name]
     subscribers = [Subscriber() for _ in range(4)]
+    if name in LEADER_PINNED:  # one on the member the play restarts, wherever the others are
+        subscribers[0].server = f"ws://{GATEWAY}:{LEADER_PORT}"
     load = Load()
     observed: Observed = {"_load": load}
     phases: list[dict[str, object]] = []
@@ -330,6 +346,8 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             cluster.start_soon(sts.kubelet)
             cluster.start_soon(sts.dns)
             await cluster.start(sts.service)
+            await cluster.start(partial(sts.service, port=LEADER_PORT,
+                                        prefer=partial(current_leader, sts)))
             began = trio.current_time()
             for ordinal in range(pods):  # Parallel: all at once
                 sts.create(ordinal)

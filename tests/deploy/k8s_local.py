@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,11 @@ from pod_sandbox import PodProcess
 SUBNET = "10.244.0"
 GATEWAY = f"{SUBNET}.1"
 SERVICE_PORT = 80
+LEADER_PORT = 81
+"""A second port at the client Service's address that sends each connection to the Raft
+leader's pod when it is ready (any ready pod otherwise): the plays pin a subscriber to
+the member they restart as the leader (tests/deploy/scaling_faults.py), so that a move
+is always there to check, whichever pods the Service happened to pick."""
 
 
 def sh(*args: str) -> None:
@@ -289,18 +295,25 @@ class LocalStatefulSet:
         else:
             pod.liveness_failures = 0
 
-    async def service(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                      ) -> None:
-        """The client Service: each connection to a random ready pod."""
-        port = self.container["ports"][0]["containerPort"]
+    async def service(
+        self, *, port: int = SERVICE_PORT,
+        prefer: Callable[[], Awaitable[int | None]] | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The client Service on ``port``: each connection to a random ready pod; with
+        ``prefer``, to the pod whose ordinal it names when that pod is ready."""
+        pod_port = self.container["ports"][0]["containerPort"]
 
         async def forward(client: trio.SocketStream) -> None:
             ready = [p for p in self.pods.values() if p.ready]
+            preferred = None if prefer is None else await prefer()
+            if preferred in self.pods and self.pods[preferred].ready:
+                ready = [self.pods[preferred]]
             if not ready:
                 await client.aclose()
                 return
             try:
-                upstream = await trio.open_tcp_stream(random.choice(ready).ip, port)
+                upstream = await trio.open_tcp_stream(random.choice(ready).ip, pod_port)
             except OSError:
                 await client.aclose()
                 return
@@ -308,7 +321,7 @@ class LocalStatefulSet:
                 nursery.start_soon(_pipe, client, upstream, nursery.cancel_scope)
                 nursery.start_soon(_pipe, upstream, client, nursery.cancel_scope)
 
-        await trio.serve_tcp(forward, SERVICE_PORT, host=GATEWAY, task_status=task_status)
+        await trio.serve_tcp(forward, port, host=GATEWAY, task_status=task_status)
 
 
 async def _pipe(source: trio.SocketStream, sink: trio.SocketStream,
@@ -356,6 +369,22 @@ async def raft_leader(sts: LocalStatefulSet) -> int:
     status = json.loads(await http_body(sts.pods[0].ip, MONITOR_PORT, "/cluster"))
     leader = str(status.get("raft_leader") or "migratory-0.")
     return int(leader.split(".", 1)[0].rsplit("-", 1)[1])
+
+
+async def current_leader(sts: LocalStatefulSet) -> int | None:
+    """The ordinal of the Raft leader as the first ready seed that knows one says, None
+    when none does (an election, every seed away)."""
+    for _, pod in sorted(sts.pods.items()):
+        if not pod.ready:
+            continue
+        try:
+            leader = json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
+                "raft_leader")
+        except ValueError:  # (no answer in time)
+            continue
+        if leader:
+            return int(str(leader).split(".", 1)[0].rsplit("-", 1)[1])
+    return None
 
 
 def raft_sockets(pod: Pod) -> str:

@@ -57,8 +57,12 @@ SUBSCRIBED_WITHIN = 60.0
 
 @dataclass
 class Subscriber:
+    server: str = SERVICE
+    """Where it connects, and connects again after each move: the client Service, or
+    the Service's port pinned to the Raft leader (k8s_local.LEADER_PORT)."""
     received: list[tuple[bytes, MessageType, Position]] = field(default_factory=list)
     statuses: list[NotificationStatus] = field(default_factory=list)
+    status_times: list[float] = field(default_factory=list)  # (of each of ``statuses``)
     timeline: list[str] = field(default_factory=list)
     """Each notification (time, status, member, position) and the position of the last
     message before it: what a violation's report shows of this subscriber."""
@@ -75,7 +79,7 @@ class Load:
 
 async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
     async with (
-        connect([SERVICE], reconnect=POLICY) as client,
+        connect([sub.server], reconnect=POLICY) as client,
         client.subscribe(SUBJECT) as subscription,
         trio.open_nursery() as nursery,
     ):
@@ -83,6 +87,7 @@ async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
         async def notes() -> None:
             async for note in client.notifications():
                 sub.statuses.append(note.status)
+                sub.status_times.append(trio.current_time())
                 last = sub.received[-1][2] if sub.received else None
                 sub.timeline.append(
                     f"{trio.current_time():.2f} {note.status} {note.server} {note.position} "
@@ -263,6 +268,7 @@ def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
     return {
         "violations": violations,
         "phases": phases,
+        **resume_figures(subscribers),
         "acknowledged": len(load.acked),
         "republished_after_refusal": load.republished,
         "not_sent_no_member_ready": load.not_connected,
@@ -282,6 +288,32 @@ def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
             if any(v.startswith(f"subscriber {n}:") for v in violations)
         },
     }
+
+
+def resume_figures(subscribers: list[Subscriber]) -> dict[str, list[float]]:
+    """Each subscriber's moves, and how near its resumes came to what the members'
+    caches hold (``MaxCachedMessagesPerSubject``, 1000 by default: a resume missing more
+    is answered with the snapshot and DATA_RESYNC): the most messages one resume
+    recovered, and the longest time from a SERVER_DOWN to the resume's DATA_SYNC or
+    DATA_RESYNC."""
+    bursts, waits = [], []
+    answers = (NotificationStatus.DATA_SYNC, NotificationStatus.DATA_RESYNC)
+    for sub in subscribers:
+        largest = run = 0
+        for _, kind, _ in sub.received:
+            run = run + 1 if kind is MessageType.RECOVERED else 0
+            largest = max(largest, run)
+        bursts.append(largest)
+        wait, down = 0.0, None
+        for status, at in zip(sub.statuses, sub.status_times, strict=True):
+            if status is NotificationStatus.SERVER_DOWN and down is None:
+                down = at
+            elif status in answers and down is not None:
+                wait, down = max(wait, at - down), None
+        waits.append(round(wait, 2))
+    return {"moves_per_subscriber": [s.statuses.count(NotificationStatus.SERVER_DOWN)
+                                     for s in subscribers],
+            "largest_recovered_per_subscriber": bursts, "longest_resume_seconds": waits}
 
 
 def main() -> int:
