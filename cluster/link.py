@@ -301,7 +301,11 @@ class LinkConnection:
         limit = self.max_frame if self._state is _State.OPEN else MAX_HANDSHAKE_FRAME
         if size > limit:
             what = "frame" if self._state is _State.OPEN else "authentication failed: frame"
-            raise FrameTooLarge(f"{what} of {size} bytes exceeds the limit of {limit}",
+            tls = ""
+            if self._state is not _State.OPEN and buffer[:2] == b"\x16\x03":  # a ClientHello
+                tls = (" (a TLS handshake: ClusterTlsCertificate, ClusterTlsKey and "
+                       "ClusterTlsCa are set on that member, not here)")
+            raise FrameTooLarge(f"{what} of {size} bytes exceeds the limit of {limit}{tls}",
                                 size, limit)
         end = _HEADER + size
         if len(buffer) < end:

@@ -229,6 +229,9 @@ class LinkChannel:
                 await stream.do_handshake()
             except trio.BrokenResourceError as exc:  # a certificate refused, or no TLS
                 reason = describe(exc.__cause__ or exc)
+                if "WRONG_VERSION_NUMBER" in reason and not stream.server_side:
+                    reason += (" (the peer answers without TLS: ClusterTlsCertificate, "
+                               "ClusterTlsKey and ClusterTlsCa are set here, not there)")
                 raise Disagreement(f"TLS handshake failed: {reason}") from exc
         if waited.cancelled_caught:
             raise link.LinkError(
@@ -294,6 +297,40 @@ class LinkChannel:
             await self.stream.aclose()
 
 
+def tls_only(peer: str) -> str:
+    """Why a member without ClusterTls* keys cannot link with ``peer``."""
+    return (f"{peer} answers only TLS on its cluster port and this member's cluster links "
+            "are not TLS: ClusterTlsCertificate, ClusterTlsKey and ClusterTlsCa are set "
+            "there, not here")
+
+
+async def speaks_tls(address: tuple[str, int]) -> bool:
+    """Whether the member at ``address`` answers a TLS handshake (its certificate not
+    checked, none shown). Asked once a link handshake without TLS ended having heard
+    nothing from it (timed out, or closed by it after its own :data:`HANDSHAKE_TIMEOUT`):
+    a member whose links are TLS waits for a ClientHello where one without sends its
+    challenge at once. Before, a member left without the ClusterTls* keys took that for
+    peers that could not be asked, counting for nothing: in Standard mode it was ready
+    and served its clients alone."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with trio.move_on_after(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT):
+        try:
+            stream = trio.SSLStream(await trio.open_tcp_stream(*address), context)
+        except OSError:
+            return False
+        try:
+            await stream.do_handshake()
+            return True
+        except trio.BrokenResourceError as exc:  # a TLS alert is TLS too (no certificate)
+            return isinstance(exc.__cause__, ssl.SSLError) and "ALERT" in str(exc.__cause__)
+        finally:
+            with trio.move_on_after(1):
+                await stream.aclose()
+    return False
+
+
 async def connect(
     address: tuple[str, int],
     *,
@@ -356,6 +393,12 @@ async def _dial(
             peer = await channel._authenticate(f"{address[0]}:{address[1]}")
         except link.VersionMismatch as exc:  # refused, and said why: not unreachable
             raise Disagreement(exc.reason) from exc
+        except (trio.TooSlowError, EOFError, trio.BrokenResourceError):
+            # nothing heard: a member whose links are TLS waits for a ClientHello (and
+            # closes after HANDSHAKE_TIMEOUT) where one without sends its challenge at once
+            if tls is None and channel.received == 0 and await speaks_tls(address):
+                raise Disagreement(tls_only(f"{address[0]}:{address[1]}")) from None
+            raise
         if peer != f"{address[0]}:{address[1]}":
             raise Disagreement(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
         if settings is not None:

@@ -19,7 +19,7 @@ from cluster import link, link_ops
 from cluster.agreement import MemberLimits, MemberSettings
 from cluster.agreement_probe import AgreementProbe
 from cluster.coordination import UNNUMBERED_EPOCH
-from cluster.link_io import Disagreement, connect
+from cluster.link_io import Disagreement, connect, speaks_tls
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
@@ -274,6 +274,17 @@ def test_another_entitlement_links_and_both_warn(
         "what another denies it, and a publish forwarded by a member is numbered without "
         "another entitlement check)",
     ])
+
+
+def test_a_plain_member_is_not_taken_for_one_that_speaks_tls(ports: list[int]) -> None:
+    """(A member that does is in test_cluster_settings_differ.py, real processes.)"""
+    seed = ports[0]
+
+    async def body() -> tuple[bool, bool]:
+        return await speaks_tls(address(seed)), await speaks_tls(address(ports[4]))
+
+    assert trio.run(with_services, [(seed, service(seed, settings_of(seed, ports[:4])))],
+                    body) == (False, False)  # a plain member; nobody there
 
 
 def test_another_process_at_a_members_own_address_keeps_it_from_agreeing(

@@ -278,3 +278,14 @@ def test_link_imports_no_io_transitively() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert not {name for name in loaded if name.split(".")[0] in FORBIDDEN}
+
+
+def test_a_tls_client_hello_on_a_plain_link_is_named() -> None:
+    """A member with the ClusterTls* keys dialling one without: before, the acceptor only
+    logged "frame of 369295616 bytes exceeds the limit of 4096"."""
+    conn = LinkConnection(role="accept", member=ACCEPTOR, password=PASSWORD)
+    conn.initiate()
+    conn.receive_data(bytes.fromhex("160301020001") + b"\x00" * 40)  # a ClientHello's start
+    with pytest.raises(LinkError, match=r"^authentication failed: frame of \d+ bytes "
+                       r"exceeds the limit of \d+ \(a TLS handshake: ClusterTlsCertificate"):
+        conn.next_event()

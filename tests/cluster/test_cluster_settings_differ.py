@@ -8,6 +8,9 @@ real processes, for the settings that decide what a member takes, keeps and send
   times in 5 s) and it replicated nothing more: a message published afterwards on another
   seed never reached it, and it stayed not ready. Now the seeds refuse the odd one, which
   is not ready and never runs Raft, and the rest serves.
+- ``ClusterTls*``: one member left without them. Before, in Standard mode it was ready
+  and served its clients alone (every question to the members with TLS timed out,
+  counting for nothing); now it is not ready, its readiness naming the keys.
 - ``MaxCachedMessagesPerSubject``: may differ. A member with the smaller cache answers a
   resume it can still serve with exactly the missed messages and ``sync``, and one that
   reaches back further than its cache with the snapshot and ``resync``: never a gap.
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from cluster_fixture import LocalCluster
+
+from migratory.certificates import make_cluster_certificates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from httpclient import HttpClient, SseClient
@@ -101,6 +106,31 @@ def test_a_seed_with_larger_message_sizes_is_refused_and_the_non_seed_keeps_repl
         assert f"cluster link from {seeds[0]} refused: MaxMessageSize differs from " \
             f"{seeds[0]}'s: 131072 here, 6000000 there" in cluster.log(1) + cluster.log(2)
         assert cluster.status(0).get("raft_state") is None  # it runs no Raft
+    finally:
+        cluster.stop()
+
+
+def test_a_standard_member_left_without_cluster_tls_is_not_ready(tmp_path: Path) -> None:
+    """Before: the member without the ClusterTls* keys heard nothing from the members
+    with them (they wait for a ClientHello; it waits for their challenge), so each
+    question timed out, "not asked", counting for nothing: a Standard member was ready and
+    served its clients alone, its publishes never forwarded (ready 200 for 30 s on end).
+    Now a link that heard nothing asks whether the peer answers TLS, and says so."""
+    cluster = LocalCluster(tmp_path, members=3, mode="Standard")
+    made = make_cluster_certificates(tmp_path / "tls", {f"m{i}": ["127.0.0.1"] for i in (0, 1)})
+    for i in (0, 1):
+        cluster.settings[i].update(made[f"m{i}"].settings())
+    try:
+        cluster.start_all()
+        reason = wait_for(lambda: "seeds disagree: " in (r := readyz(cluster, 2)) and r, 30)
+        assert reason, (readyz(cluster, 2), cluster.log(2)[-2000:])
+        assert reason.startswith("503 2 of the 3 seeds disagree: "), reason
+        assert "answers only TLS on its cluster port and this member's cluster links are " \
+            "not TLS: ClusterTlsCertificate, ClusterTlsKey and ClusterTlsCa are set there, " \
+            "not here" in reason, reason
+        assert "(a TLS handshake: ClusterTlsCertificate" in cluster.log(2)
+        assert "(the peer answers without TLS" in cluster.log(0) + cluster.log(1)
+        cluster.wait_ready([0, 1])
     finally:
         cluster.stop()
 
