@@ -35,9 +35,11 @@ What must be equal on both sides of a link (:func:`disagreement`):
   ``ClusterMemberListen`` is refused (two members configured with one address).
 
 What may differ, and is only logged (:func:`soft_differences`): the extension of
-``ClusterMembers`` above and ``MaxCachedMessagesPerSubject`` (a change of either rolls
-out pod by pod; until it has, a client resuming on the member with the smaller cache
-may get ``DATA_RESYNC`` where it would have got ``DATA_SYNC``). Two members with one
+``ClusterMembers`` above, ``MaxCachedMessagesPerSubject`` and ``MqttSessionExpiry`` (a
+change of each rolls out pod by pod; until it has, a client resuming on the member with
+the smaller cache may get ``DATA_RESYNC`` where it would have got ``DATA_SYNC``, and
+the shortest expiry discards a persistent MQTT session whose client is away: every
+member sweeps the sessions it holds, ``migratory/server/mqtt_expiry.py``). Two members with one
 ``ServerName`` get a warning (:func:`name_clash`): nothing routes by it; so do two of
 another ``Entitlement`` (:func:`entitlement_difference`): a change of it rolls out pod by
 pod, but one member's file left at ``None`` lets anyone publish into the cluster
@@ -71,11 +73,12 @@ def _name(address: tuple[str, int]) -> str:
 @dataclass(frozen=True, slots=True)
 class MemberLimits:
     """The settings a member added to its :class:`MemberSettings` later (``"mm"``,
-    ``"mf"``, ``"e"`` of the link's ``Settings``: all three, or none)."""
+    ``"mf"``, ``"e"``, ``"sx"`` of the link's ``Settings``: all, or none)."""
 
     max_message_size: int
     max_frame_size: int
     entitlement: str
+    mqtt_session_expiry: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +97,8 @@ class MemberSettings:
     server_name: str = ""
     """Its ServerName (logs, audit, the clients' ``connected``): only compared to warn."""
     limits: MemberLimits | None = None
-    """Its MaxMessageSize, MaxFrameSize and Entitlement (None: a member that predates
-    them, which does not send them)."""
+    """Its MaxMessageSize, MaxFrameSize, Entitlement and MqttSessionExpiry (None: a
+    member that predates them, which does not send them)."""
 
     @property
     def seeds(self) -> tuple[str, ...]:
@@ -113,7 +116,7 @@ class MemberSettings:
             incarnation=incarnation,
             server_name=config.server_name,
             limits=MemberLimits(config.max_message_size, config.max_frame_size,
-                               config.entitlement),
+                                config.entitlement, config.mqtt_session_expiry),
         )
 
     def without_limits(self) -> MemberSettings:
@@ -234,6 +237,14 @@ def soft_differences(mine: MemberSettings, theirs: MemberSettings) -> tuple[str,
             f"MaxCachedMessagesPerSubject differs from {peer}'s: {mine.max_cached} here, "
             f"{theirs.max_cached} there (allowed while a change rolls out: a client that "
             "resumes on the member with the smaller cache may get DATA_RESYNC)"
+        )
+    if mine.limits is not None and theirs.limits is not None and (
+        (here := mine.limits.mqtt_session_expiry) != (there := theirs.limits.mqtt_session_expiry)
+    ):
+        found.append(
+            f"MqttSessionExpiry differs from {peer}'s: {here} here, {there} there (allowed "
+            "while a change rolls out: every member discards the persistent MQTT sessions "
+            "it finds stale, so the shortest applies to a session whose client is away)"
         )
     return tuple(found)
 

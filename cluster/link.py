@@ -39,7 +39,8 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "hb", "c": clsn, "r": ready}                         Heartbeat
     {"t": "cf", "m": member, "l": [member, ...], "k": seed_count, "d": delivery_mode,
      "g": group_count, "c": max_cached, "i": incarnation, "n": server_name}  Settings
-          (+ "mm": MaxMessageSize, "mf": MaxFrameSize, "e": Entitlement, all three or none:
+          (+ "mm": MaxMessageSize, "mf": MaxFrameSize, "e": Entitlement,
+           "sx": MqttSessionExpiry, all or none:
            a connector sends them, an acceptor only to a connector that sent them)
 
 ``Settings`` is the first operation each side sends (the connector first, the acceptor

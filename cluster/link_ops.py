@@ -259,7 +259,7 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
                         "i": m.incarnation, "n": m.server_name}
             if m.limits is not None:  # only then: without, the frame an older member reads
                 settings |= {"mm": m.limits.max_message_size, "mf": m.limits.max_frame_size,
-                             "e": m.limits.entitlement}
+                             "e": m.limits.entitlement, "sx": m.limits.mqtt_session_expiry}
             return settings
         case _:
             assert_never(op)
@@ -446,7 +446,8 @@ def _settings(r: _Body) -> Settings:
         member=r.member("m"), members=tuple(members), seed_count=r.uint("k"),
         delivery_mode=r.text("d"), max_cached=r.uint("c"), incarnation=r.text("i"),
         group_count=r.uint("g"), server_name=r.text("n"),
-        limits=MemberLimits(r.uint("mm"), r.uint("mf"), r.text("e")) if "mm" in r.body else None,
+        limits=MemberLimits(r.uint("mm"), r.uint("mf"), r.text("e"), r.uint("sx"))
+        if "mm" in r.body else None,
     ))
 
 
@@ -488,7 +489,7 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
     elif tag == "ff" and "s" in body:  # the status, only when not PUBLISH_FAILED
         keys = ("o", "r", "u", "s")
     elif tag == "cf" and "mm" in body:  # the limits, from a member that knows them
-        keys = (*keys, "mm", "mf", "e")
+        keys = (*keys, "mm", "mf", "e", "sx")
     return build(_Body(body, tag, keys))
 
 

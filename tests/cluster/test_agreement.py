@@ -71,7 +71,8 @@ def test_the_rule_table(theirs: dict[str, object], refusal: str | None) -> None:
     assert (disagreement(peer, mine) is None) == (found is None)
 
 
-LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="Token")
+LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="Token",
+                      mqtt_session_expiry=604800)
 
 
 @pytest.mark.parametrize("mode", ["Guaranteed", "Standard"])
@@ -119,7 +120,8 @@ def test_settings_from_a_config_carry_its_limits() -> None:
         "MaxMessageSize": "5000", "MaxFrameSize": "9000", "Entitlement": "Basic",
         "EntitlementAllowToken": "t",
     })
-    assert MemberSettings.from_config(config, "i").limits == MemberLimits(5000, 9000, "Basic")
+    assert MemberSettings.from_config(config, "i").limits == MemberLimits(
+        5000, 9000, "Basic", 604800)
 
 
 def test_standard_members_have_no_seeds_to_disagree_on() -> None:
@@ -164,6 +166,13 @@ def test_allowed_differences_are_named_for_the_log() -> None:
     assert notes[1].startswith(
         "MaxCachedMessagesPerSubject differs from 10.0.0.3:9800's: 1000 here, 10 there"
     )
+    shorter = replace(LIMITS, mqtt_session_expiry=3600)
+    assert soft_differences(settings(S0, limits=LIMITS), settings(N3, limits=shorter)) == (
+        "MqttSessionExpiry differs from 10.0.0.3:9800's: 604800 here, 3600 there (allowed "
+        "while a change rolls out: every member discards the persistent MQTT sessions it "
+        "finds stale, so the shortest applies to a session whose client is away)",
+    )
+    assert soft_differences(settings(S0, limits=LIMITS), settings(N3)) == ()  # too old
 
 
 def test_two_members_with_one_server_name_are_linked_with_a_warning() -> None:

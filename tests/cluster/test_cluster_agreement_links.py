@@ -27,7 +27,8 @@ from cluster.stream import CommittedStream
 from migratory.server.hub import Hub
 
 PASSWORD = "agreement-password"
-LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="None")
+LIMITS = MemberLimits(max_message_size=131072, max_frame_size=1048576, entitlement="None",
+                      mqtt_session_expiry=604800)
 
 
 def address(port: int) -> tuple[str, int]:
@@ -233,7 +234,7 @@ def test_members_that_predate_the_limits_link_and_compare_the_rest(
 
     def older_op(tag: str, body: dict[Any, Any]) -> link.LinkOp:  # an older decoder
         if tag == "cf" and "mm" in body:
-            raise link.LinkError("'cf' frame: missing keys [], 3 unknown keys")
+            raise link.LinkError("'cf' frame: missing keys [], 4 unknown keys")
         return strict(tag, body)
 
     monkeypatch.setattr(link_ops, "_op", older_op)

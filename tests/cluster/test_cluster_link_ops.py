@@ -98,7 +98,7 @@ EXAMPLES: list[LinkOp] = [
                             server_name="migratory-1")),
     Settings(MemberSettings(ACCEPTOR, (), 0, "", 0, "", group_count=2**64 - 1)),
     Settings(MemberSettings(ACCEPTOR, (ACCEPTOR,), 3, "Standard", 10, "cd34",
-                            limits=MemberLimits(131072, 1048576, "Token"))),
+                            limits=MemberLimits(131072, 1048576, "Token", 604800))),
 ]
 
 
@@ -175,7 +175,7 @@ ops = st.one_of(
     st.builds(Settings, st.builds(
         MemberSettings, st.text(min_size=1, max_size=12),
         st.lists(st.text(min_size=1, max_size=12), max_size=4).map(tuple), u64, texts, u64,
-        texts, u64, texts, st.none() | st.builds(MemberLimits, u64, u64, texts),
+        texts, u64, texts, st.none() | st.builds(MemberLimits, u64, u64, texts, u64),
     )),
 )
 
@@ -469,16 +469,16 @@ def test_a_forward_failed_carries_the_status_its_publishers_get() -> None:
 
 
 def test_settings_carry_the_limits_all_or_none() -> None:
-    """An older member's ``cf`` (no limits) decodes with ``limits`` None; ``mm``, ``mf``
-    and ``e`` come together or the frame is refused."""
+    """An older member's ``cf`` (no limits) decodes with ``limits`` None; ``mm``, ``mf``,
+    ``e`` and ``sx`` come together or the frame is refused."""
     older = {"t": "cf", "m": ACCEPTOR, "l": [ACCEPTOR], "k": 3, "d": "Guaranteed", "g": 64,
              "c": 1000, "i": "ab", "n": "m"}
     decoded = link.decode_op(cbor2.dumps(older))
     assert isinstance(decoded, Settings) and decoded.settings.limits is None
     assert link.encode_frame(decoded)[4:] == cbor2.dumps(older)  # what an older one reads
-    whole = link.decode_op(cbor2.dumps({**older, "mm": 5, "mf": 9, "e": "None"}))
+    whole = link.decode_op(cbor2.dumps({**older, "mm": 5, "mf": 9, "e": "None", "sx": 60}))
     assert isinstance(whole, Settings)
-    assert whole.settings.limits == MemberLimits(5, 9, "None")
-    for part in ({"mm": 5}, {"mm": 5, "mf": 9}, {"mf": 9, "e": "None"}):
+    assert whole.settings.limits == MemberLimits(5, 9, "None", 60)
+    for part in ({"mm": 5}, {"mm": 5, "mf": 9, "e": "None"}, {"mf": 9, "e": "None", "sx": 6}):
         with pytest.raises(link.LinkError, match="'cf' frame"):
             link.decode_op(cbor2.dumps({**older, **part}))
