@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import trio
-from k8s_local import LocalStatefulSet, raft_leader
+from k8s_local import LocalStatefulSet, current_leader, raft_leader
 
 Observed = dict[str, object]
 Scenario = Callable[[LocalStatefulSet, Observed], Awaitable[None]]
@@ -41,7 +41,12 @@ async def scale_out_in_leader_restart(sts: LocalStatefulSet, observed: Observed)
     observed["restarted_seeds"] = restarted
 
     async def leader_restart() -> None:
-        leader = await raft_leader(sts)
+        leader = None
+        with trio.move_on_after(10):  # (an election, or seed 0 just restarted itself)
+            while (leader := await current_leader(sts)) is None:
+                await trio.sleep(0.1)
+        if leader is None:
+            leader = await raft_leader(sts)
         restarted.append(leader)
         await sts.delete(leader)
         sts.create(leader)
