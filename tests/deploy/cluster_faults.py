@@ -67,6 +67,7 @@ from k8s_local import (
     current_leader,
     http_body,
     raft_leader,
+    watch_lag,
 )
 from k8s_manifests import MONITOR_PORT, Document, documents, find
 from rehearsal import Load, Subscriber, check, under_load
@@ -355,6 +356,9 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             phases.append({"phase": f"first start, {pods} pods",
                            "seconds": round(trio.current_time() - began, 1)})
             began = trio.current_time()
+            lags: dict[str, int] = {}
+            observed["largest_lag_batches"] = lags  # (sampled: a pod's worst, by name)
+            cluster.start_soon(watch_lag, sts, lags)
             await under_load(subscribers, load, lambda: fault(sts, observed))
             phases.append({"phase": name, "seconds": round(trio.current_time() - began, 1)})
             cluster.cancel_scope.cancel()

@@ -387,6 +387,30 @@ async def current_leader(sts: LocalStatefulSet) -> int | None:
     return None
 
 
+async def watch_lag(sts: LocalStatefulSet, lags: dict[str, int]) -> None:
+    """Every 0.5 s, each ready pod's applied clsn (its hub's copy of the committed stream):
+    into ``lags``, the most batches each pod was ever behind the pod furthest ahead. A
+    member's subscribers see the cluster that far back, and resume from there when it
+    goes (past ``MaxCachedMessagesPerSubject`` messages of a subject: DATA_RESYNC)."""
+    while True:
+        applied: dict[str, int] = {}
+        for pod in list(sts.pods.values()):
+            if not pod.ready:
+                continue
+            try:
+                clsn = json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
+                    "applied_clsn")
+            except ValueError:  # (no answer in time)
+                continue
+            if isinstance(clsn, int):
+                applied[pod.name] = clsn
+        if applied:
+            ahead = max(applied.values())
+            for name, clsn in applied.items():
+                lags[name] = max(lags.get(name, 0), ahead - clsn)
+        await trio.sleep(0.5)
+
+
 def raft_sockets(pod: Pod) -> str:
     result = subprocess.run(
         ["nsenter", f"--net=/proc/{pod.process.pid}/ns/net", "--", "ss", "-Htn",
