@@ -30,7 +30,15 @@ from typing import Any
 
 import trio
 
-from chaos.mqtt_workload import BACKOFF, CONNECT_TIMEOUT, KEEPALIVE, POLL, Event, topic_of
+from chaos.mqtt_workload import (
+    BACKOFF,
+    CONNECT_TIMEOUT,
+    KEEPALIVE,
+    POLL,
+    Event,
+    stop_paho,
+    topic_of,
+)
 from chaos.plan import PublisherPlan
 from chaos.schedule import member
 from chaos.workload import MAX_IN_FLIGHT, PUBLISH_TIMEOUT, Workload
@@ -199,14 +207,7 @@ class MqttPublisher:
             if self.client is client:
                 self.client = None
             ledger.unknown("connection lost before the PUBACK")
-            with trio.move_on_after(5) as scope:
-                scope.shield = True
-                await trio.to_thread.run_sync(_stop, client)
-
-
-def _stop(client: Any) -> None:
-    client.disconnect()
-    client.loop_stop()
+            await stop_paho(client)
 
 
 async def mqtt_publisher(w: Workload, spec: PublisherPlan, ports: list[int]) -> None:

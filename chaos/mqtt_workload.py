@@ -44,6 +44,7 @@ KEEPALIVE = 3  # s: paho pings after 3 s without traffic; the server cuts at 4.5
 CONNECT_TIMEOUT = 3.0  # s from the TCP connect to the CONNACK
 BACKOFF = (0.1, 1.0)  # first and largest pause between two connection attempts
 POLL = 0.01  # s between two drains of the paho thread's events
+STOP_TIMEOUT = 5.0  # s a paho client has to disconnect and stop its network thread
 
 Event = tuple[Any, ...]  # (what, time, ...) put by the paho thread
 
@@ -184,12 +185,21 @@ async def _connection(rec: MqttRecorder, port: int, mname: str, ready: trio.Even
     except OSError as exc:
         return f"connect: {type(exc).__name__}: {exc}"
     finally:
-        with trio.move_on_after(5) as scope:
-            scope.shield = True
-            await trio.to_thread.run_sync(_stop, client)
+        await stop_paho(client)
 
 
-def _stop(client: Any) -> None:
+async def stop_paho(client: Any) -> None:
+    """Disconnect a paho client and stop its network thread (the end of every paho
+    connection, subscriber's and publisher's): shielded, as it runs in a ``finally`` of a
+    task that may be cancelled, and bounded by :data:`STOP_TIMEOUT`: a thread is not
+    cancellable, so one that has not stopped by then is left to finish alone (paho's
+    network thread is a daemon) instead of holding the run."""
+    with trio.move_on_after(STOP_TIMEOUT) as scope:
+        scope.shield = True
+        await trio.to_thread.run_sync(_disconnect_and_stop, client, abandon_on_cancel=True)
+
+
+def _disconnect_and_stop(client: Any) -> None:
     client.disconnect()
     client.loop_stop()
 

@@ -5,15 +5,18 @@ history rows, the paho callbacks' events, the plan, the members' MQTT ports and 
 from __future__ import annotations
 
 import queue
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from offline_workload import history_rows, offline_workload
 
 from chaos import __main__ as cli
 from chaos.members import build_members, mqtt_port
-from chaos.mqtt_workload import MqttRecorder, paho_client
+from chaos.mqtt_workload import STOP_TIMEOUT, MqttRecorder, paho_client, stop_paho
 from chaos.plan import SubscriberPlan, plan_workload
 from chaos.workload import Workload
 
@@ -108,6 +111,50 @@ def test_paho_callbacks_only_queue_timed_events() -> None:
     client.on_message(client, None, msg)
     assert events.get_nowait() == ("message", 7.5, "chaos/s1", b"p1-9|chaos", True)
     assert events.empty()
+
+
+class StuckPaho:
+    """A paho client whose network thread does not stop: ``loop_stop`` says it is
+    stuck, then waits for ``release`` (at most 10 s)."""
+
+    def __init__(self) -> None:
+        self.stuck, self.release = threading.Event(), threading.Event()
+        self.calls: list[str] = []
+
+    def disconnect(self) -> None:
+        self.calls.append("disconnect")
+
+    def loop_stop(self) -> None:
+        self.calls.append("loop_stop")
+        self.stuck.set()
+        self.release.wait(10)
+        self.calls.append("stopped")
+
+
+def test_stopping_a_paho_client_is_shielded_and_bounded() -> None:
+    """stop_paho (the end of every MQTT subscriber's and publisher's connection) runs
+    even in a cancelled task, and a paho thread that does not stop is left after
+    STOP_TIMEOUT, not waited for. Before: each module's own stop waited for the thread
+    whatever its ``move_on_after(5)`` said (a thread is not cancellable): ``stopped``."""
+    client = StuckPaho()
+    returned: list[float] = []
+
+    async def stop_in_a_cancelled_task() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # the connection's task is being cancelled: the stop still runs
+            await stop_paho(client)
+        returned.append(trio.current_time())
+
+    async def main(clock: trio.testing.MockClock) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_in_a_cancelled_task)
+            await trio.to_thread.run_sync(client.stuck.wait)  # in paho's loop_stop
+            clock.jump(STOP_TIMEOUT)
+
+    clock = trio.testing.MockClock()
+    trio.run(main, clock, clock=clock)
+    assert returned == [STOP_TIMEOUT] and client.calls == ["disconnect", "loop_stop"]
+    client.release.set()
 
 
 def test_mqtt_subscribers_join_the_plan_without_changing_the_others() -> None:
