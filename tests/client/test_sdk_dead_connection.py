@@ -9,14 +9,13 @@ from __future__ import annotations
 import trio
 from sdk_fake_server import FAST, trio_test
 from sdk_raw_peer import RawPeer, broken_frame
+from sdk_raw_sessions import next_note
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory_client import (
-    Client,
     Keepalive,
-    Notification,
     NotificationStatus,
     connect,
 )
@@ -25,13 +24,6 @@ from migratory_client import (
 def message(subject: str, seq: int, epoch: int = 7) -> Message:
     return Message(subject, f"{subject}#{seq}".encode(), epoch=epoch, seq=seq,
                    type=MessageType.UPDATE)
-
-
-async def next_note(client: Client, status: NotificationStatus) -> Notification:
-    async for note in client.notifications():
-        if note.status is status:
-            return note
-    raise AssertionError(f"no {status}")
 
 
 @trio_test

@@ -409,7 +409,8 @@ def test_sends_queued_behind_writes_that_finish_keep_the_session() -> None:
     but three queued take 0.6 s: the session is good, all three are written. Before: the
     timeout counted the wait for the send lock too; c2 (0.2 s waiting) was cut mid-write
     ("lost"), c3 not sent, and a session whose server reads was given up as "could not
-    send" (CI: test_sdk_hostile_server's second session, load 6-18, BrokenPipeError)."""
+    send" (CI: test_sdk_hostile_server's, now
+    test_sdk_hostile_answers's, second session, load 6-18, BrokenPipeError)."""
 
     async def main() -> None:
         router = Router(NotificationQueue(16))
