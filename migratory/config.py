@@ -138,7 +138,8 @@ SETTINGS: tuple[Setting, ...] = (
             "consumer (close 4500). At least 2 x MaxMessageSize (room for the largest "
             "message, encoded)."),
     Setting("HandshakeTimeout", "handshake_timeout", _int(1, unit=" of seconds"), "10",
-            "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`."),
+            "Seconds a new connection has to finish the HTTP/WebSocket handshake and `connect`; "
+            "an HTTP keep-alive connection is closed after this long idle (docs/http.md)."),
     Setting("GcThresholds", "gc_thresholds", _gc_thresholds, "20000,2,200",
             "Python's garbage-collector thresholds (gen0 allocations, gen1, gen2 collections; "
             "Python's own default is 700,10,10). A high gen0 x gen2 product keeps full "

@@ -31,6 +31,7 @@ from migratory.protocol import close_codes
 from migratory.server.connection_writes import ConnectionWrites
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
+from migratory.server.tcp_progress import bytes_acked
 from migratory.server.tls_link import TlsFailed, TlsLink
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def _client_fields(session: object) -> dict[str, object]:
 
 class Connection(ConnectionWrites):
     __slots__ = (
-        "_answered", "_closed", "_held", "_read_scope", "_tls",
+        "_answered", "_closed", "_held", "_keep_alive", "_read_scope", "_taken", "_tls",
         "address", "batch_slowly", "frontend", "handshaking", "listener", "pending", "server",
         "session", "sock",
     )
@@ -103,6 +104,8 @@ class Connection(ConnectionWrites):
         self._held = 0  # bytes of incomplete frames counted in the server's budget
         self._closed = False
         self._read_scope: trio.CancelScope | None = None
+        self._keep_alive: trio.CancelScope | None = None  # the HTTP phase's deadline
+        self._taken = 0  # bytes the client had acknowledged at the last look
         self._answered: trio.Event | None = None  # set once an HTTP request is answered
 
     def _new_session(self, peer: str) -> Session | MqttSession:
@@ -150,12 +153,16 @@ class Connection(ConnectionWrites):
         try:
             # HTTP requests, then the handshake and `connect`, each within the timeout
             with trio.move_on_after(timeout) as deadline:
-                while not self.session.connected:
-                    answered = self._requests_answered()
-                    if not await self._read_once():
-                        return
-                    if self._requests_answered() != answered:
-                        deadline.deadline = trio.current_time() + timeout
+                self._keep_alive = deadline  # pushed on while answers are taken
+                try:
+                    while not self.session.connected:
+                        answered = self._requests_answered()
+                        if not await self._read_once():
+                            return
+                        if self._requests_answered() != answered:
+                            deadline.deadline = trio.current_time() + timeout
+                finally:
+                    self._keep_alive = None
             session = self.session  # an MqttSession after a WebSocket upgrade to MQTT
             if deadline.cancelled_caught and self.handshaking:
                 self.server.refused("HandshakeTimeout", f"no handshake within {timeout} s "
@@ -183,6 +190,27 @@ class Connection(ConnectionWrites):
                           extra=_client_fields(self.session))
             self.session.close(close_codes.INTERNAL_ERROR.code, "internal error")
 
+    def _answers_waiting(self) -> float | None:
+        """While an HTTP connection's answers wait to be written (its deadline running):
+        how often to look whether its client takes them. None otherwise."""
+        if self._keep_alive is None or not self._requests_answered():
+            return None
+        if not (self.writing or self._pending()):
+            return None
+        return self.server.ctx.config.handshake_timeout / 4
+
+    def _answers_taken(self) -> None:
+        """A client that acknowledged bytes since the last look is still reading its
+        answers: the connection is not idle, its deadline runs from now. (It ran from
+        the last answer queued: a client reading pipelined answers for longer than
+        HandshakeTimeout lost the rest, left in its outbox.)"""
+        taken = bytes_acked(self.sock)
+        keep_alive = self._keep_alive
+        if keep_alive is not None and taken is not None and taken > self._taken:
+            self._taken = taken
+            later = trio.current_time() + self.server.ctx.config.handshake_timeout
+            keep_alive.deadline = max(keep_alive.deadline, later)
+
     async def _read_once(self) -> bool:
         """Read and process one chunk; False once the connection is over."""
         if self._closed:
@@ -192,7 +220,14 @@ class Connection(ConnectionWrites):
             await self._wait_for_answer(session)
             if self._closed or session.closing or session.aborted:
                 return False
-        if not isinstance(session, Session) or session.heartbeat_interval is None:
+        look = self._answers_waiting()
+        if look is not None:
+            with trio.move_on_after(look) as waited:
+                await trio.lowlevel.wait_readable(self.sock)
+            if waited.cancelled_caught:
+                self._answers_taken()
+                return True
+        elif not isinstance(session, Session) or session.heartbeat_interval is None:
             await trio.lowlevel.wait_readable(self.sock)
         else:
             with trio.move_on_after(session.heartbeat_interval) as idle:
