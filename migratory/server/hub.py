@@ -207,12 +207,12 @@ class Hub(SubjectExpiry, MessageSinks):
             # No position here for a subject the client has one of: this member lags
             # (not numbered here yet) or forgot it (spent, see expire). It waits as above,
             # so that a lagging member does not repeat what the client has when it
-            # catches up. A member that never forgot a subject lags: nothing to say until
-            # it catches up (a member restarted or just added, where the clients of a
+            # catches up. A subject never forgotten here lags: nothing to say until the
+            # member catches up (one restarted or just added, where the clients of a
             # member that left resume; was DATA_RESYNC, then DATA_SYNC once caught up).
-            # One that forgot some cannot tell which: DATA_RESYNC now, the position kept.
+            # One it may have forgotten: DATA_RESYNC now, the position kept.
             state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
-            if not self._forgotten:
+            if not self.may_have_forgotten(state.subject):
                 return [allow]
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
         self._add_subscription(state, sink, period, now)

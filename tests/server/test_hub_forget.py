@@ -126,6 +126,25 @@ def test_a_member_that_forgot_no_subject_waits_in_silence_for_one_it_has_not_num
     assert isinstance(live, ops.Deliver) and [m.seq for m in live.messages] == [3]
 
 
+def test_a_member_that_forgot_other_subjects_still_knows_it_lags_on_this_one() -> None:
+    """A member that has run a while has forgotten one-off subjects: a resume of a subject
+    it never forgot and has not numbered yet is still a lag, not a resync (``Hub``'s
+    ``may_have_forgotten``); one of a subject it forgot is told DATA_RESYNC at once."""
+    hub = Hub(epoch=1, cache_expire_seconds=10, numbered_elsewhere=True)
+    for i in range(100):
+        hub.apply(Message(f"/one/off{i}", b"x", epoch=9, seq=1), now=0.0)
+    hub.expire(11.0)
+    assert hub.statistics().subjects_forgotten == 100
+    lagging, forgotten = OpSink(), OpSink()
+    answer = hub.subscribe(lagging, ops.SubscriptionRequest("/new/one", Position(9, 1)), 12.0)
+    assert statuses(answer) == [(ops.Status.SUBSCRIBE_ALLOW, None)]
+    answer = hub.subscribe(forgotten, ops.SubscriptionRequest("/one/off7", Position(9, 1)), 12.0)
+    assert statuses(answer) == [(ops.Status.SUBSCRIBE_ALLOW, None), (ops.Status.DATA_RESYNC, None)]
+    hub.apply(Message("/new/one", b"1", epoch=9, seq=1), now=13.0)
+    synced = ops.SubjectStatus(ops.Status.DATA_SYNC, "/new/one", Position(9, 1))
+    assert lagging.received() == [synced]
+
+
 def test_a_resume_waiting_for_a_forgotten_subject_can_be_unsubscribed() -> None:
     hub = Hub(epoch=1, cache_expire_seconds=10, numbered_elsewhere=True)
     hub.apply(Message("/one/off", b"x", epoch=9, seq=1), now=0.0)
