@@ -64,7 +64,7 @@ from k8s_local import (
     GATEWAY,
     LEADER_PORT,
     LocalStatefulSet,
-    current_leader,
+    follow_leader,
     http_body,
     raft_leader,
     watch_lag,
@@ -347,8 +347,8 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             cluster.start_soon(sts.kubelet)
             cluster.start_soon(sts.dns)
             await cluster.start(sts.service)
-            await cluster.start(partial(sts.service, port=LEADER_PORT,
-                                        prefer=partial(current_leader, sts)))
+            leader: list[int | None] = [None]
+            await cluster.start(partial(sts.service, port=LEADER_PORT, prefer=lambda: leader[0]))
             began = trio.current_time()
             for ordinal in range(pods):  # Parallel: all at once
                 sts.create(ordinal)
@@ -359,6 +359,11 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             lags: dict[str, int] = {}
             observed["largest_lag_batches"] = lags  # (sampled: a pod's worst, by name)
             cluster.start_soon(watch_lag, sts, lags)
+            if name in LEADER_PINNED:
+                cluster.start_soon(follow_leader, sts, leader)
+                with trio.move_on_after(10):  # the pinned subscriber's first connect
+                    while leader[0] is None:
+                        await trio.sleep(0.05)
             await under_load(subscribers, load, lambda: fault(sts, observed))
             phases.append({"phase": name, "seconds": round(trio.current_time() - began, 1)})
             cluster.cancel_scope.cancel()
