@@ -139,18 +139,29 @@ class StandardNode:
         else:
             self.unsent[name].queued(message.subject)
 
+    def take_forward(self, peer: str, message: Message, now: float) -> None:
+        """A publication ``peer`` forwarded (checked): published here, after a resync of
+        its subject when ``peer`` may have numbered some that never came; dropped when
+        it came already (a repair)."""
+        taken = self.lineage.take(peer, message)
+        if taken is Forward.SEEN:
+            return  # a repair of what came after all
+        if taken is Forward.GAP:
+            self._resync(peer, message, now)
+        self.hub.publish(message, now)
+
     def _resync(self, peer: str, message: Message, now: float) -> None:
         """``peer`` may have numbered messages of ``message``'s subject that never came
         here: a new lineage of the subject, its subscribers told (snapshot, DATA_RESYNC)."""
         subject = message.subject
         position = self.hub.position(subject)
-        if position is None or position.seq == 0:
-            return  # nothing numbered here: no subscriber has a position to miss from
+        if position is None:
+            return  # nobody holds the subject here: no subscriber to miss anything
         if self.gap_warnings.first(peer, "gap", now):
             log.warning("forwards from %s skipped some publications (%s at %d:%d after "
                         "%d:%d here): subscribers of its subjects resync", peer, subject,
                         message.epoch, message.seq, position.epoch, position.seq)
-        epoch = new_epoch()
+        epoch = new_epoch()  # (numbered nothing yet: its subscribers wait at (e, 0), told too)
         snapshot = self.hub.snapshot(subject)
         if snapshot is not None:
             snapshot = dataclasses.replace(snapshot, epoch=epoch, seq=1)
@@ -260,12 +271,7 @@ class StandardNode:
                     # member (Standard forwards after the local publish), the link goes on
                     if self.publishes.refusal(peer, op.message, now) is not None:
                         continue  # (not taken: the next forward of its subject is a gap)
-                    taken = self.lineage.take(peer, op.message)
-                    if taken is Forward.SEEN:
-                        continue  # a repair of what came after all
-                    if taken is Forward.GAP:
-                        self._resync(peer, op.message, now)
-                    self.hub.publish(op.message, now)
+                    self.take_forward(peer, op.message, now)
         except link.LinkViolation as exc:
             self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:
