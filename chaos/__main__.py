@@ -113,6 +113,21 @@ def scenario_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def standard_refusals(args: argparse.Namespace) -> None:
+    """What a Standard run cannot do, refused before anything starts: the Raft scenarios
+    (no Raft), and the MQTT and SSE clients, whose checks read positions from the
+    acknowledgements as one cluster-wide numbering (in Standard each member numbers its
+    own)."""
+    scenarios = [k for k in args.scenario if k not in RESTARTS]
+    options = [name for name, n in (
+        ("--mqtt-subscribers", args.mqtt_subscribers), ("--mqtt-publishers", args.mqtt_publishers),
+        ("--sse-subscribers", args.sse_subscribers)) if n]
+    if scenarios:
+        options.append(f"--scenario {','.join(scenarios)} (Raft; only {', '.join(RESTARTS)})")
+    if options:
+        raise SystemExit(f"chaos run: --delivery-mode standard: not with {'; '.join(options)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--members", type=int, default=5)
         p.add_argument("--seeds", type=int, default=3, choices=(3, 5))
+        p.add_argument(
+            "--delivery-mode",
+            choices=("guaranteed", "standard"),
+            default="guaranteed",
+            help="the members' ClusterDeliveryMode (standard: no Raft, members forward "
+            "publications to each other; single faults only, no Raft scenarios; checked by "
+            "spark_analysis against what Standard promises, docs/chaos.md)",
+        )
         p.add_argument(
             "--no-proxy",
             action="store_true",
@@ -222,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                     seeds=args.seeds,
                     proxies=not args.no_proxy,
                     forced=args.scenario,
+                    standard=args.delivery_mode == "standard",
                 )
             )
         )
         return 0
     if args.scenario and args.schedule:
         raise SystemExit("chaos run: --scenario and --schedule: one or the other")
+    if args.delivery_mode == "standard":
+        standard_refusals(args)
     try:  # (a traceback from deep in the runner was all a bad --out gave)
         Path(args.out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -246,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule=read_schedule(args.schedule) if args.schedule else None,
         **({"compaction": args.compaction} if args.compaction else {}),
         proxies=not args.no_proxy,
+        standard=args.delivery_mode == "standard",
         settings=member_overrides(args.settings),
         subjects=args.subjects,
         rate=args.rate,

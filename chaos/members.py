@@ -32,6 +32,22 @@ RUNNER_KEYS = frozenset({
     "ClusterSeedMemberCount", "ClusterDeliveryMode", "ClusterPassword", "ClusterDataDir",
     "ClusterLogCompactionEntries", "ClusterLogCompactionTime", "ListenMqtt",
 })
+# --fault: the server's test fault switch hits the 20th message fanned out to a raw
+# auditor (clients named a0, a1) in each member process; the SDK would repair it.
+# Several kinds at once: kind i hits auditor a<i>.
+FAULT_AT = "20:a"
+
+
+def fault_switch(kinds: str | None) -> str | None:
+    """MIGRATORY_TEST_FAULT for ``--fault`` (one kind, or several comma-separated)."""
+    if not kinds:
+        return None
+    names = kinds.split(",")
+    if len(names) == 1:
+        return f"{kinds}:{FAULT_AT}"
+    return ",".join(f"{kind}:{FAULT_AT}{i}" for i, kind in enumerate(names))
+
+
 ENDING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 LOG_TAIL_LINES = 20
 LOG_TAIL_BYTES = 16_384
@@ -134,9 +150,12 @@ def build_members(
     env: dict[str, str],
     on_crash: Callable[[Member, int], None],
     mqtt: bool = False,
+    mode: str = "Guaranteed",
 ) -> tuple[list[Member], dict[int, list[Proxy]], list[str]]:
-    """The members of a Guaranteed cluster on ports from ``base`` (not started), their
-    proxies by member index (cluster, Raft, client; none without ``proxies``) and the
+    """The members of a cluster of ``mode`` (``ClusterDeliveryMode``: Guaranteed or
+    Standard) on ports from ``base`` (not started), their
+    proxies by member index (cluster, Raft (unused in Standard), client; none without
+    ``proxies``) and the
     client URL of each member (its client proxy's when proxied). ``on_crash``: see
     :class:`Member`.
 
@@ -154,7 +173,7 @@ def build_members(
             i,
             members=count,
             seeds=seeds,
-            mode="Guaranteed",
+            mode=mode,
             base_port=base,
             password=PASSWORD,
             data_dir=out / "data",

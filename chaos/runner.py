@@ -1,4 +1,4 @@
-"""The chaos runner: a Guaranteed cluster of member processes (optionally behind
+"""The chaos runner: a Guaranteed (or Standard) cluster of member processes (optionally behind
 in-process TCP proxies), a recorded workload, a seeded nemesis and a cluster sampler.
 
 Every member process is started and stopped by this runner, by PID. The pieces:
@@ -24,30 +24,24 @@ import trio
 from chaos.cpu import CpuMeter
 from chaos.history import History
 from chaos.http_publisher import http_publisher
-from chaos.members import Member, base_port, build_members, http_json, mqtt_port, on_free_ports
+from chaos.members import (
+    Member,
+    base_port,
+    build_members,
+    fault_switch,
+    http_json,
+    mqtt_port,
+    on_free_ports,
+)
 from chaos.mqtt_publisher import mqtt_publisher
 from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
 from chaos.plan import PublisherPlan, SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
-from chaos.schedule import Fault, generate, member, to_jsonl
+from chaos.schedule import RESTARTS, Fault, generate, member, to_jsonl
 from chaos.sse_workload import HEARTBEAT, sse_subscriber, stall_after
 from chaos.workload import Workload
 
-# --fault: the server's test fault switch hits the 20th message fanned out to a raw
-# auditor (clients named a0, a1) in each member process; the SDK would repair it.
-# Several kinds at once: kind i hits auditor a<i>.
-FAULT_AT = "20:a"
-
-
-def fault_switch(kinds: str | None) -> str | None:
-    """MIGRATORY_TEST_FAULT for ``--fault`` (one kind, or several comma-separated)."""
-    if not kinds:
-        return None
-    names = kinds.split(",")
-    if len(names) == 1:
-        return f"{kinds}:{FAULT_AT}"
-    return ",".join(f"{kind}:{FAULT_AT}{i}" for i, kind in enumerate(names))
 # Raft log compaction early and often (entries, seconds), so that a short run restarts
 # seeds that load a compacted log (pysyncobj compacts when either threshold is passed)
 COMPACTION = (2000, 10)
@@ -73,6 +67,7 @@ class Runner:
         schedule: list[Fault] | None = None,
         compaction: tuple[int, int] = COMPACTION,
         proxies: bool = True,
+        standard: bool = False,
         settings: Mapping[str, str] | None = None,
         subjects: int = 50,
         rate: float = 420.0,
@@ -89,6 +84,7 @@ class Runner:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
         self.seed, self.duration, self.out = seed, duration, out
         self.n, self.seeds, self.fault, self.proxies = members, seeds, fault, proxies
+        self.mode = "Standard" if standard else "Guaranteed"
         self.plan = plan_workload(
             seed,
             members=members,
@@ -107,9 +103,11 @@ class Runner:
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
         self.run_id = f"chaos-{seed}-{int(time.time())}"
         if schedule is None:
-            schedule = generate(
-                seed, duration, members=members, seeds=seeds, proxies=proxies, forced=scenario
-            )
+            schedule = generate(seed, duration, members=members, seeds=seeds, proxies=proxies,
+                                forced=scenario, standard=standard)
+        if standard and any(f.scenario and f.fault not in RESTARTS for f in schedule):
+            raise SystemExit("chaos run: --delivery-mode standard: the schedule has Raft "
+                             "scenarios")
         self.schedule = schedule
         if only:
             self.schedule = [f for f in self.schedule if f.fault in only]
@@ -131,6 +129,7 @@ class Runner:
             lambda base: build_members(
                 count=members, seeds=seeds, base=base, proxies=proxies, out=out, env=env,
                 on_crash=self.record_crash, mqtt=mqtt_subscribers + mqtt_publishers > 0,
+                mode=self.mode,
             ),
             {"ClusterLogCompactionEntries": str(compaction[0]),
              "ClusterLogCompactionTime": str(compaction[1]),
@@ -203,6 +202,9 @@ class Runner:
         return False
 
     async def wait_caught_up(self, timeout: float) -> bool:
+        """Every member at one ``applied_clsn`` (Standard: none to wait for)."""
+        if self.mode == "Standard":
+            return True
         with trio.move_on_after(timeout):
             while True:
                 clsns = set()
@@ -253,7 +255,7 @@ class Runner:
         (self.out / "schedule.jsonl").write_text(to_jsonl(self.schedule))
         self.say(
             f"seed {self.seed}: {len(self.schedule)} faults scheduled over {self.duration}s; "
-            f"{self.n} members ({self.seeds} seeds), base port {self.base}, "
+            f"{self.n} {self.mode} members ({self.seeds} seeds), base port {self.base}, "
             f"proxies {'on' if self.proxies else 'off'}, fault switch {self.fault or 'off'}"
             + (f", RAFT TEST SWITCH {self.raft_switch}" if self.raft_switch else "")
             + "".join(f", {k} = {v}" for k, v in self.overrides.items())
@@ -422,7 +424,7 @@ class Runner:
                 for m in self.members
             ],
             "seeds": self.seeds,
-            "mode": "Guaranteed",
+            "mode": self.mode,
             "proxies": self.proxies,
             "fault_switch": fault_switch(self.fault),
             "raft_switch": self.raft_switch,

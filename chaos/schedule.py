@@ -234,9 +234,17 @@ def generate(
     cooldown: float = 1.5,
     given_scenarios: list[Fault] | None = None,
     forced: tuple[str, ...] = (),
+    standard: bool = False,
 ) -> list[Fault]:
     """The run's schedule: seeded scenarios (or ``given_scenarios``, a written list; or,
-    with ``forced``, scenarios of those kinds only) and the single faults around them."""
+    with ``forced``, scenarios of those kinds only) and the single faults around them.
+    ``standard`` (a Standard cluster: no Raft): no target "leader", and no scenario but
+    the ``forced`` restarts of every member."""
+    if standard and given_scenarios is None:
+        given_scenarios = [] if not forced else scenarios(
+            random.Random(f"scenarios-{seed}"), duration, members=members, seeds=seeds,
+            proxies=proxies, last=duration - cooldown,
+            forced=tuple(k for k in forced if k in RESTARTS))
     rng = random.Random(seed)
     minority = (seeds - 1) // 2
     kinds = list(PROCESS_FAULTS) + (list(NONSEED_FAULTS) if members > seeds else [])
@@ -262,7 +270,7 @@ def generate(
             candidates = [member(i) for i in range(seeds, members)]
         else:
             candidates = [member(i) for i in range(members)]
-            if kind in ("kill", "pause"):
+            if kind in ("kill", "pause") and not standard:
                 candidates.append("leader")
         candidates = [c for c in candidates if c not in busy]
         # scenario windows overlapping [t, t + length]: no seed, nor their non-seed

@@ -63,7 +63,7 @@ class Phases:
 
 def analyse(spark: Any, run_dir: str, out_dir: Path, phases: Phases) -> dict[str, Any]:
     """Run every check, write the report, return the summary (``ok`` is the verdict)."""
-    from spark_analysis import exits, latency, load, report, safety, session, timings
+    from spark_analysis import exits, latency, load, outcomes, report, safety, session, timings
 
     phases.restart()
     history = load.load(spark, run_dir)
@@ -75,7 +75,7 @@ def analyse(spark: Any, run_dir: str, out_dir: Path, phases: Phases) -> dict[str
     violations[exits.KIND] = {"unexpected_exits": crashes}
     examples[exits.KIND] = {"unexpected_exits": crash_examples}
     phases.end("safety")
-    unknown = safety.unknown_outcome(history)
+    unknown = outcomes.unknown_outcome(history)
     phases.end("unknown_outcome")
     failover, faults = timings.failover(history)
     phases.end("failover")

@@ -31,6 +31,9 @@ nothing of its lineage) skips every epoch's messages invoked before it, for ``lo
 - collisions: one (subject, epoch, seq) names two msg_ids across publish acks and that
   kind's deliveries (acks count for every kind).
 
+A Standard run (``run.json`` mode) holds lost and duplicates to Standard's rules:
+``standard.py``.
+
 The ``sse`` kind (``GET /events`` streams, chaos/sse_workload.py) is held to exactly these
 rules: its events carry each message's position and the ``sync`` / ``resync`` statuses
 with theirs, and a stream resumed from its ``Last-Event-ID`` promises what a native
@@ -48,7 +51,7 @@ from typing import Any
 
 from chaos.schema import SUBSCRIBER_VIOLATIONS as VIOLATIONS
 
-from . import mqtt
+from . import mqtt, standard
 from .load import History
 
 Examples = dict[str, dict[str, list[dict[str, Any]]]]
@@ -143,7 +146,8 @@ def acks(history: History) -> Any:
     if "seq_lo" not in pubs.columns:  # every ack carries its position (mqtt.py)
         ok = ok.withColumns({"seq_lo": F.col("seq") - 1, "seq_hi": F.col("seq") + 1,
                              "lo_epoch": F.col("epoch")})
-    return ok.select("msg_id", "subject", "epoch", "seq", "time", "seq_lo", "seq_hi", "lo_epoch")
+    return ok.select("msg_id", "subject", "epoch", "seq", "time", "seq_lo", "seq_hi", "lo_epoch",
+                     "member")
 
 
 def positions(history: History) -> tuple[Any, list[Jump]]:
@@ -335,16 +339,24 @@ def eligible(history: History, last_ok: float) -> Any:
     )
 
 
-def lost(history: History, inv: Any, ack: Any, skip: Any, last_ok: float) -> Any:
+def owed(history: History, inv: Any, ack: Any, last_ok: float) -> Any:
+    """Each ack with the subscribers held to it: subscribed to its subject throughout,
+    since before its invoke (an MQTT one: guaranteed publishes only)."""
     from pyspark.sql import functions as F
 
     published = ack.join(inv, "msg_id", "left").withColumn(
         "invoke_time", F.coalesce("invoke_time", "time")
     )
-    expected = published.join(F.broadcast(eligible(history, last_ok)), "subject").where(
+    return published.join(F.broadcast(eligible(history, last_ok)), "subject").where(
         (F.col("first_sub") < F.col("invoke_time"))
         & ((F.col("kind") != mqtt.KIND) | F.col("qos").isNull() | (F.col("qos") != "standard"))
     )
+
+
+def lost(history: History, inv: Any, ack: Any, skip: Any, last_ok: float) -> Any:
+    from pyspark.sql import functions as F
+
+    expected = owed(history, inv, ack, last_ok)
     got = history["deliveries"].select("kind", "subscriber", "msg_id")
     missing = expected.join(got, ["kind", "subscriber", "msg_id"], "left_anti")
     excused = (
@@ -404,10 +416,20 @@ def check(
     reorders, jumps = positions(history)
     spark = history["publishes"].sparkSession
     skip = skip_frame(spark, skip_rows(jumps))
+    last_ok = last_ok if last_ok is not None else float("inf")
+    if standard.is_standard(history):  # (the rules that differ: spark_analysis/standard.py)
+        spans = standard.lineages(history, POSITION_STATUSES, POSITION_DELIVERIES)
+        found_lost = standard.lost(history, inv, ack, skip, owed(history, inv, ack, last_ok),
+                                   spans)
+        lost_part = _shape(found_lost, "lost", time=F.col("invoke_time"))
+        dups = standard.duplicates(history)
+        dup_part = _shape(dups, "duplicates", detail=F.concat(F.lit("copies="), F.col("n")))
+    else:
+        lost_part, dup_part = lost(history, inv, ack, skip, last_ok), duplicates(history)
     parts = [
-        lost(history, inv, ack, skip, last_ok if last_ok is not None else float("inf")),
+        lost_part,
         unexpected(history, inv),
-        duplicates(history),
+        dup_part,
         reorders,
         holes(history, skip_frame(spark, joined(skip_rows(jumps)))),
         collisions(history, ack, kinds),
@@ -439,50 +461,3 @@ def check(
     if own_inv:
         inv.unpersist()
     return violations, examples
-
-
-def unknown_outcome(history: History) -> dict[str, Any]:
-    """Publishes whose outcome the publisher never learned (``info``): delivered or not.
-
-    Also counts ``fail`` publishes that were delivered anyway (reported, not a violation).
-    """
-    from pyspark.sql import functions as F
-
-    pubs = history["publishes"]
-    odd = pubs.where(F.col("type").isin("info", "fail")).select(
-        "msg_id", "type", "subject", "member", "time", "reason"
-    )
-    rows = odd.orderBy("time", "_line").collect()
-    delivered = {
-        r["msg_id"]: (r["first_delivery"], r["deliveries"])
-        for r in history["deliveries"]
-        .join(F.broadcast(odd.select("msg_id").distinct()), "msg_id")
-        .groupBy("msg_id")
-        .agg(F.min("time").alias("first_delivery"), F.count("*").alias("deliveries"))
-        .collect()
-    }
-    return summarise_outcomes([r.asDict() for r in rows], delivered)
-
-
-def summarise_outcomes(
-    rows: list[dict[str, Any]], delivered: dict[str, tuple[float, int]]
-) -> dict[str, Any]:
-    """Pure part of :func:`unknown_outcome`: info / fail publishes split by delivery."""
-
-    def with_delivery(r: dict[str, Any]) -> dict[str, Any]:
-        first, n = delivered.get(r["msg_id"], (None, 0))
-        return {**r, "first_delivery": first, "deliveries": n}
-
-    info = [with_delivery(r) for r in rows if r["type"] == "info"]
-    later = [r for r in info if r["first_delivery"] is not None]
-    never = [r for r in info if r["first_delivery"] is None]
-    failed = [with_delivery(r) for r in rows if r["type"] == "fail" and r["msg_id"] in delivered]
-    return {
-        "count": len(info),
-        "delivered": len(later),
-        "not_delivered": len(never),
-        "examples_delivered": later[:MAX_EXAMPLES],
-        "examples_not_delivered": never[:MAX_EXAMPLES],
-        "failed_but_delivered": len(failed),
-        "examples_failed_but_delivered": failed[:MAX_EXAMPLES],
-    }

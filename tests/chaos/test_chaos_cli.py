@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,42 @@ def test_a_plan_refuses_a_rate_that_is_not_positive() -> None:
     for rate in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="rate must be more than 0"):
             plan_workload(1, members=3, rate=rate)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (["--mqtt-subscribers", "2"], "--mqtt-subscribers"),
+    (["--sse-subscribers", "1"], "--sse-subscribers"),
+    (["--scenario", "majority-loss"], "--scenario majority-loss (Raft"),
+])
+def test_a_standard_run_refuses_what_it_cannot_check(
+    tmp_path: Path, extra: list[str], named: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--seed", "1", "--duration", "5", "--out", str(tmp_path / "r"),
+              "--delivery-mode", "standard", *extra])
+    assert str(refused.value.code).startswith("chaos run: --delivery-mode standard: not with")
+    assert named in str(refused.value.code)
+    assert not (tmp_path / "r" / "logs").exists()  # before any member was built
+
+
+def test_a_standard_run_is_a_standard_cluster_without_raft_faults(tmp_path: Path) -> None:
+    """Members configured Standard (no seeds' count, no data dir), the run record says
+    so, and the schedule has no Raft target or scenario: only the single faults of
+    members (the whole-cluster restarts when asked for)."""
+    from chaos.runner import Runner
+
+    runner = Runner(seed=3, duration=90, out=tmp_path / "r", members=4, standard=True)
+    try:
+        for m in runner.members:
+            assert m.settings["ClusterDeliveryMode"] == "Standard"
+            assert m.settings["ClusterDataDir"] == "" == m.settings["ClusterSeedMemberCount"]
+        runner.write_run(0, 1.0)
+        assert json.loads((tmp_path / "r" / "run.json").read_text())["mode"] == "Standard"
+    finally:
+        runner.h.close()
+    assert runner.schedule and not any(f.scenario for f in runner.schedule)
+    assert {f.target for f in runner.schedule} <= {f"migratory-{i}" for i in range(4)}
+    guaranteed = generate(3, 90, members=4)
+    assert any(f.scenario for f in guaranteed) and any(f.target == "leader" for f in guaranteed)
+    restarts = generate(3, 90, members=4, standard=True, forced=("whole-restart",))
+    assert {f.fault for f in restarts if f.scenario} == {"whole-restart"}
