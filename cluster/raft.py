@@ -50,6 +50,7 @@ from cluster.raft_consumer import (
     from_wire,
     to_wire,
 )
+from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
@@ -126,6 +127,9 @@ class RaftStatus:
     """Retained snapshots the replicated caches hold (kept for ever too)."""
     forward_hold: dict[str, int] = field(default_factory=dict)
     """Commands held while the link to the leader was down (cluster/raft_forward.py)."""
+    dumps_untaken: dict[str, int] = field(default_factory=dict)
+    """A leader's: seeds sent its dump again and again, not taking it
+    (cluster/raft_dump_untaken.py)."""
     entries_taken: int = 0
     """Entries this seed's Raft node took in since it started: the commands it appended
     as leader, the entries its leader sent it as follower (``SeedCoordination.activity``)."""
@@ -151,7 +155,9 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         self._entries_taken = 0  # (before __init__, as all of these: never dumped)
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
+        self._untaken_dumps = UntakenDumps(self, time.monotonic)
         super().__init__(*args, consumers=[consumer], **kwargs)
+        self._untaken_dumps.watch(self._SyncObj__serializer)
         self._func_names.update(self._SyncObj__currentVersionFuncNames)
 
     @property
@@ -250,6 +256,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             subjects=subjects,
             snapshots=snapshots,
             forward_hold=self.forward_hold.statistics(),
+            dumps_untaken=self._untaken_dumps.untaken(),
             entries_taken=self._entries_taken,
         )
 
@@ -436,6 +443,7 @@ class RaftCoordination:
             "raft_subjects": snap.subjects,
             "raft_snapshots": snap.snapshots,
             "raft_forward_hold": dict(snap.forward_hold),
+            "raft_dumps_untaken": dict(snap.dumps_untaken),
         }
 
     def close(self) -> None:
