@@ -50,6 +50,7 @@ from cluster.raft_consumer import (
     from_wire,
     to_wire,
 )
+from cluster.raft_dump_old_format import OldFormatDump
 from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
@@ -155,7 +156,9 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         self._entries_taken = 0  # (before __init__, as all of these: never dumped)
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
-        self._untaken_dumps = UntakenDumps(self, time.monotonic)
+        dump_file = kwargs["conf"].fullDumpFile
+        self._untaken_dumps = UntakenDumps(
+            self, time.monotonic, None if dump_file is None else OldFormatDump(dump_file))
         super().__init__(*args, consumers=[consumer], **kwargs)
         self._untaken_dumps.watch(self._SyncObj__serializer)
         self._func_names.update(self._SyncObj__currentVersionFuncNames)

@@ -1,4 +1,5 @@
-"""The leader says so when a seed is sent its dump again and again and never takes it.
+"""A seed sent the leader's dump again and again that never takes it: the leader says so,
+and sends it the dump as 524f73f writes it.
 
 A seed of 524f73f cannot load the dump this version writes (its caches packed:
 :mod:`cluster.dump_decoder`). In a rolling upgrade or a downgrade it is sent one when it
@@ -6,18 +7,17 @@ falls behind an upgraded leader's compacted log (it was down while the leader
 compacted). Its load fails (``failed to load full dump`` ... ``KeyError: 'cached'``),
 it answers nothing, pysyncobj's leader takes it back below its log at the next reply
 and sends it the whole dump again: ten to twenty-five times a second, for as long as
-both run, and that seed is never ready. Nothing is lost (the other seeds commit, and
-that seed still holds its own journal), but only the old seed's log said why, and
-only as a traceback; the leader, where an operator looks first, said nothing
-(``tests/cluster/test_cluster_mixed_versions.py``).
+both ran, that seed never ready, and only its own tracebacks said why: the leader said
+nothing (``tests/cluster/test_cluster_mixed_versions.py``).
 
 :class:`UntakenDumps` watches the leader's transmissions: a dump sent whole to a seed
-whose match index has not moved since the last one it was sent whole is *untaken*; at
-:data:`UNTAKEN` in a row the leader logs one ERROR naming that seed and what to do,
-again every :data:`REPEAT` seconds while it goes on (with the count). ``GET /cluster``
-of the leader lists those seeds (``raft_dumps_untaken``: seed -> whole sends not taken
-in a row). The sends go on as before: a seed of this version whose load failed once
-must be sent the dump again.
+whose match index has not moved since the last one it was sent whole is *untaken*. At
+:data:`UNTAKEN` in a row the leader logs a WARNING naming that seed, and from then on
+sends it the dump rewritten as 524f73f writes it (:mod:`cluster.raft_dump_old_format`;
+this version loads that too), which such a seed loads. If it still takes none, an
+ERROR every :data:`REPEAT` seconds (with the count). ``GET /cluster`` of the leader
+lists the seeds not taking its dump (``raft_dumps_untaken``: seed -> whole sends not
+taken in a row).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from cluster.raft_dump_old_format import OldFormatDump, send_copy
 
 log = logging.getLogger("migratory.raft")
 
@@ -55,9 +57,11 @@ class UntakenDumps:
     """A leader's whole sends of its dump, per seed. ``syncobj``: the leader (its term,
     its match indexes); ``clock``: seconds, for :data:`REPEAT`."""
 
-    def __init__(self, syncobj: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, syncobj: Any, clock: Callable[[], float],
+                 old_format: OldFormatDump | None = None) -> None:
         self._syncobj = syncobj
         self._clock = clock
+        self._old_format = old_format
         self._sends: dict[Any, _Sends] = {}
 
     def watch(self, serializer: Any) -> None:
@@ -65,12 +69,24 @@ class UntakenDumps:
         original = serializer.getTransmissionData
 
         def chunk(transmission_id: Any) -> Any:
+            if (self._old_format is not None and self._not_taking(transmission_id)
+                    and transmission_id not in serializer._Serializer__transmissions):
+                copy = self._old_format.open()  # (None until it is made)
+                if copy is not None:
+                    send_copy(serializer, transmission_id, copy)
             result = original(transmission_id)
             if isinstance(result, tuple) and result[2]:
                 self.sent_whole(transmission_id)
             return result
 
         serializer.getTransmissionData = chunk
+
+    def _not_taking(self, node: Any) -> bool:
+        """``node`` has not taken :data:`UNTAKEN` whole sends in a row, in this term."""
+        sends = self._sends.get(node)
+        return (sends is not None and sends.untaken >= UNTAKEN
+                and sends.term == self._syncobj._SyncObj__raftCurrentTerm
+                and self._syncobj._SyncObj__raftMatchIndex.get(node, 0) <= sends.match)
 
     def sent_whole(self, node: Any) -> None:
         """The last chunk of the dump went to ``node``."""
@@ -85,12 +101,21 @@ class UntakenDumps:
         now = self._clock()
         if sends.logged_at is not None and now - sends.logged_at < REPEAT:
             return
+        first = sends.logged_at is None
         sends.logged_at = now
+        if first and self._old_format is not None:
+            log.warning(
+                "Raft: seed %s has been sent this leader's dump %d times in a row and has "
+                "not taken it (its match index is still %d): a seed of 524f73f cannot load "
+                "this version's dump (its log says 'failed to load full dump' ... KeyError: "
+                "'cached'); it is sent the dump rewritten as 524f73f writes it from now on. "
+                "Upgrade it (docs/cluster.md, \"Upgrading and downgrading\")",
+                _name(node), sends.untaken, match)
+            return
         log.error(
             "Raft: seed %s has been sent this leader's dump %d times in a row and has not "
-            "taken it (its match index is still %d): a seed "
-            "that cannot load this version's dump -- one of 524f73f (its log says 'failed "
-            "to load full dump' ... KeyError: 'cached') -- is never ready. Upgrade it "
+            "taken it (its match index is still %d): it is never ready. A seed that cannot "
+            "load this leader's dump (of another version?) -- upgrade it "
             "(docs/cluster.md, \"Upgrading and downgrading\"); nothing is lost meanwhile",
             _name(node), sends.untaken, match)
 
