@@ -6,7 +6,9 @@ format it loads (this version loads both). :class:`OldFormatDump` keeps such a c
 the leader's ``raft.dump`` beside it (``raft.dump.524f73f``), made in a thread of its
 own (decoding a dump takes seconds at a million subjects: never on the Raft thread)
 the first time a seed needs it, and again for each new dump; the leader sends it to a
-seed that did not take the dump it was sent (:mod:`cluster.raft_dump_untaken`).
+seed that did not take the dump it was sent (:mod:`cluster.raft_dump_untaken`). It
+takes about as much disk as the dump; a seed removes it when it starts (so once every
+seed is upgraded, their next restart leaves none).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class OldFormatDump:
     def __init__(self, dump_file: str) -> None:
         self._dump = Path(dump_file)
         self._copy = self._dump.with_name(self._dump.name + SUFFIX)
+        for stale in (self._copy, self._copy.with_name(self._copy.name + ".tmp")):
+            stale.unlink(missing_ok=True)  # a copy made before this start: not kept
         self._lock = threading.Lock()
         self._made_for: _Key | None = None  # the dump the copy was made of
         self._failed_for: _Key | None = None  # a dump that could not be rewritten
