@@ -43,7 +43,9 @@ class OldFormatDump:
     def __init__(self, dump_file: str) -> None:
         self._dump = Path(dump_file)
         self._copy = self._dump.with_name(self._dump.name + SUFFIX)
-        for stale in (self._copy, self._copy.with_name(self._copy.name + ".tmp")):
+        temporary = self._copy.name + ".tmp"  # (and dump_downgrade's own beside it)
+        for name in (self._copy.name, temporary, temporary + ".downgrade.tmp"):
+            stale = self._copy.with_name(name)
             stale.unlink(missing_ok=True)  # a copy made before this start: not kept
         self._lock = threading.Lock()
         self._made_for: _Key | None = None  # the dump the copy was made of

@@ -64,7 +64,8 @@ def test_a_dump_that_cannot_be_rewritten_is_tried_once(
 def test_a_copy_made_before_a_start_is_removed(tmp_path: Path) -> None:
     dump = tmp_path / "raft.dump"
     written(dump, seed_state(300))
-    for name in (f"raft.dump{SUFFIX}", f"raft.dump{SUFFIX}.tmp"):
+    for name in (f"raft.dump{SUFFIX}", f"raft.dump{SUFFIX}.tmp",
+                 f"raft.dump{SUFFIX}.tmp.downgrade.tmp"):
         (tmp_path / name).write_bytes(b"an old copy")
     OldFormatDump(str(dump))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raft.dump"]
