@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import selectors
+import socket
 import sys
 import time
 from pathlib import Path
@@ -62,16 +63,19 @@ def fill(server: Server) -> int:
     return allow.position.epoch
 
 
-def read_until_synced(clients: list[RawClient], seconds: float) -> tuple[int, int, int]:
-    """Read every client until each has 10 DATA_SYNC (or ``seconds`` passed): the clients
-    synced, closed, and the bytes read."""
+def read_until_synced(socks: list[socket.socket], seconds: float,
+                      per_client: int = len(SUBJECTS)) -> tuple[int, int, int, float]:
+    """Read every socket until each has ``per_client`` DATA_SYNC (or ``seconds`` passed),
+    counting the bytes, decoding nothing: the clients synced, closed, the bytes read and
+    when the last one was synced (``time.monotonic``)."""
     selector = selectors.DefaultSelector()
-    for client in clients:
-        client.sock.setblocking(False)
-        selector.register(client.sock, selectors.EVENT_READ, [b"", 0])
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, [b"", 0])
     synced = closed = received = 0
+    last = 0.0
     deadline = time.monotonic() + seconds
-    while synced + closed < len(clients) and time.monotonic() < deadline:
+    while synced + closed < len(socks) and time.monotonic() < deadline:
         for key, _ in selector.select(0.2):
             try:
                 data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
@@ -88,9 +92,11 @@ def read_until_synced(clients: list[RawClient], seconds: float) -> tuple[int, in
             both = tail + data
             seen += both.count(b"DATA_SYNC") - tail.count(b"DATA_SYNC")
             key.data[:] = [both[-16:], seen]
-            if seen >= len(SUBJECTS) and seen - both.count(b"DATA_SYNC") < len(SUBJECTS):
+            if seen >= per_client:
+                selector.unregister(key.fileobj)
                 synced += 1
-    return synced, closed, received
+                last = time.monotonic()
+    return synced, closed, received, last
 
 
 def main() -> None:
@@ -115,7 +121,7 @@ def main() -> None:
         started = time.monotonic()
         for client in clients:
             client.sock.sendall(resume)
-        synced, closed, received = read_until_synced(clients, 120.0)
+        synced, closed, received, _ = read_until_synced([c.sock for c in clients], 120.0)
         elapsed = time.monotonic() - started
         delays = bystander.stop()
         gaps = server.stats()["loop_gaps"]

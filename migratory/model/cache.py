@@ -385,8 +385,9 @@ class SubjectCache:
             self._budget.dropped(self, before - after, dropped)
         return dropped
 
-    def since(self, seq: int) -> list[Message] | None:
-        """The messages after ``seq``, oldest first, or None when the cache cannot tell.
+    def since(self, seq: int, limit: int | None = None) -> list[Message] | None:
+        """The messages after ``seq``, oldest first (at most ``limit`` of them: a slice of
+        a resume), or None when the cache cannot tell.
 
         None means a gap: the cache no longer reaches back to ``seq + 1``, or ``seq`` is
         beyond the last seq seen. An empty list means the caller is up to date.
@@ -401,6 +402,8 @@ class SubjectCache:
         start = seq + 1 - entries[0][_SEQ]
         if start < 0:
             return None
+        if limit is not None and len(entries) - start > limit:
+            return [_message(entry) for entry in islice(entries, start, start + limit)]
         return self._newest(len(entries) - start)
 
     def last(self, n: int) -> list[Message]:

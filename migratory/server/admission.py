@@ -25,8 +25,9 @@ STATUS_OVERHEAD = 64
 
 
 WORK_UNIT_BYTES = 16_384
-"""A subscribe entry counts one operation per this many bytes of its answer, against
-the operations a connection may have processed per loop turn."""
+"""A subscribe's answer counts one operation per this many bytes of its messages'
+contents, against the operations a connection may have processed per loop turn
+(``session_subscriptions.answer_units``)."""
 
 
 def subscribe_answer_bytes(hub: Hub, requests: Sequence[ops.SubscriptionRequest]) -> int:
@@ -97,11 +98,6 @@ def total_subscriptions_limit(ctx: ServerContext, more: int) -> str | None:
         stats.count(stats.subscriptions_refused, "MaxSubscriptions")
         return f"MaxSubscriptions ({limit}) reached"
     return None
-
-
-def work_units(hub: Hub, request: ops.SubscriptionRequest) -> int:
-    """How many operations one subscribe entry counts for (see WORK_UNIT_BYTES)."""
-    return 1 + hub.answer_bytes(request) // WORK_UNIT_BYTES
 
 
 class PublishRate:

@@ -22,7 +22,7 @@ from migratory.protocol import close_codes
 from migratory.server import loop_gaps
 from migratory.server.audit import Audit
 from migratory.server.client_accept import accept_clients
-from migratory.server.connection import Connection
+from migratory.server.connection import OPERATIONS_PER_TURN, Connection
 from migratory.server.context import (
     TRIO_CLOCK,
     LocalPublishing,
@@ -40,6 +40,7 @@ from migratory.server.hub import Hub
 from migratory.server.invalid_subjects import InvalidSubjectLog
 from migratory.server.limits import ConnectionLimits, RefusalLog
 from migratory.server.listen_sockets import open_listeners
+from migratory.server.loop_turns import TURN_UNITS, TurnGate
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
 from migratory.server.metrics import ClusterMetrics
@@ -134,6 +135,9 @@ class Server:
             outbox_budget=OutboxBudget(config.outbox_memory_budget or OutboxBudget.UNLIMITED),
         )
         self.ctx.loop_gaps = loop_gaps.LoopGaps()
+        # the work per loop turn over every connection, and the queue of those left over
+        self.turns = TurnGate(TURN_UNITS, OPERATIONS_PER_TURN)
+        self.ctx.loop_turns = self.turns.budget
         if getattr(publishing, "commits_elsewhere", False):  # a Guaranteed member, a worker
             self.ctx.read_barrier = ReadBarrier(self.ctx.publishing, trio.current_time)
         self.connections: set[Connection] = set()

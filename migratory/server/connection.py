@@ -17,10 +17,12 @@ session sees them, a batch is encrypted before its ``send``
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -236,57 +238,76 @@ class Connection(ConnectionWrites):
                 session.heartbeat()
                 self.flush()
                 return not (session.aborted or session.closing)
+        turns = self.server.turns
+        reserved = await turns.turn(fresh=True)  # the loop's work per turn: loop_turns.py
+        done = self.session.work_done
         try:
-            data = self.sock.recv(RECV_SIZE)
+            if self._closed:  # (closed while it waited)
+                return False
+            more = self._take(self.sock.recv(RECV_SIZE))
         except BlockingIOError:
             return True
-        if self._tls is not None:
-            plain = self._decrypt(data)
-            if plain is None:
-                return False
-            data = plain
-        elif not data:
+        finally:
+            turns.paid(self.session.work_done - done, reserved)
+        if more is None:
             return False
-        more = False
-        server = self.server
-        if data:
-            server.ctx.stats.bytes_read += len(data)
-            now = trio.current_time()
-            native = self.session
-            server.processing = self  # idle writes wait for _after_processing
-            try:
-                if isinstance(native, Session):
-                    more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
-                    if native.mqtt_upgrade is not None:
-                        more = self._become_mqtt(now)  # True: a decision is pending
-                else:
-                    more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
-            except BaseException:
-                self._processing_failed()
-                raise
-        self._after_processing()
-        while more:
+        while more:  # the others' turn between two steps; nothing more is read meanwhile
             waiting = self.session
+            reserved = 0
             if waiting.decision_pending is not None:
                 # the plugin decides in its thread; the loop serves the others meanwhile
                 pending, waiting.decision_pending = waiting.decision_pending, None
                 await wait_for_decision(pending)
             else:
-                await trio.sleep(0)  # the other clients' turn; nothing more is read meanwhile
-            if self._closed:  # aborted meanwhile (a failed write): its socket is gone
-                return False
+                reserved = await turns.turn(fresh=False)
             native = self.session
-            server.processing = self
+            done = native.work_done
             try:
-                more = native.process(trio.current_time(), OPERATIONS_PER_TURN)
-            except BaseException:
-                self._processing_failed()
-                raise
-            self._after_processing()
+                if self._closed:  # aborted meanwhile (a failed write): its socket is gone
+                    return False
+                more = self._step(functools.partial(
+                    native.process, trio.current_time(), OPERATIONS_PER_TURN))
+            finally:
+                turns.paid(native.work_done - done, reserved)
         session = self.session
         if self._tls is not None and self._tls.closed:
             return False  # the peer's close_notify: a TCP end, once what it sent is handled
         return not (session.aborted or session.closing)
+
+    def _take(self, data: bytes) -> bool | None:
+        """Process what was read, the first step of it; True when more is left, None
+        when the connection is over (the peer closed, TLS failed)."""
+        if self._tls is not None:
+            plain = self._decrypt(data)
+            if plain is None:
+                return None
+            data = plain
+        elif not data:
+            return None
+        if not data:  # (TLS records without application data)
+            return self._step(lambda: False)
+        self.server.ctx.stats.bytes_read += len(data)
+        now = trio.current_time()
+
+        def first() -> bool:
+            native = self.session
+            more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+            if isinstance(native, Session) and native.mqtt_upgrade is not None:
+                more = self._become_mqtt(now)  # True: a decision is pending
+            return more
+
+        return self._step(first)
+
+    def _step(self, work: Callable[[], bool]) -> bool:
+        """Run one step of processing, then account and write what it produced."""
+        self.server.processing = self  # idle writes wait for _after_processing
+        try:
+            more = work()
+        except BaseException:
+            self._processing_failed()
+            raise
+        self._after_processing()
+        return more
 
     async def _wait_for_answer(self, session: Session) -> None:
         """An HTTP request waits for its answer (a publish for its commit): nothing more is

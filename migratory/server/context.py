@@ -174,6 +174,7 @@ class ServerContext:
     cluster_status: Callable[[], dict[str, Any]] | None = None
     gc_pauses: Any = None  # GcPauseStatistics once serving (migratory.server.gc_pauses)
     loop_gaps: Any = None  # LoopGaps once serving (migratory.server.loop_gaps)
+    loop_turns: Any = None  # the server's TurnBudget (migratory.server.loop_turns)
     # frames per socket write, counted once per write (GET /metrics)
     batch_sizes: BatchSizes = field(default_factory=BatchSizes)
     audit: Audit | None = None  # None: nothing audited
@@ -197,6 +198,7 @@ class ServerContext:
             "publishing": self.publishing.statistics(),
             "gc": None if self.gc_pauses is None else asdict(self.gc_pauses),
             "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
+            "loop_turns": None if self.loop_turns is None else self.loop_turns.statistics(),
             "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
             "log_lines_held": client_lines.lines.held,
             # memory blocks the interpreter holds (objects and its own small allocations;

@@ -35,16 +35,17 @@ from migratory.server.format_sink import (
     send_op,
 )
 from migratory.server.hub_expiry import SubjectExpiry
+from migratory.server.hub_resume import ResumeCursor, SlicedResumes
 from migratory.server.hub_sinks import MessageSinks
 from migratory.server.hub_statistics import HubStatistics
-from migratory.server.resume_snapshot import GONE, snapshot_as_of
-from migratory.server.shared_recovery import BatchKey, SharedRecovery
+from migratory.server.shared_recovery import SharedRecovery
 from migratory.server.subject_state import SubjectState, WaitingResume
 
-__all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "Sink", "message_frame"]
+__all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "ResumeCursor", "Sink",
+           "message_frame"]
 
 
-class Hub(SubjectExpiry, MessageSinks):
+class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
     def __init__(
         self,
         *,
@@ -184,16 +185,25 @@ class Hub(SubjectExpiry, MessageSinks):
 
         The subject must already be validated and entitled by the caller.
         """
+        return self.start_resume(sink, request, now, None)[0]
+
+    def start_resume(
+        self, sink: AnySink, request: ops.SubscriptionRequest, now: float, limit: int | None
+    ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
+        """As :meth:`subscribe`, a resume recovering at most ``limit`` messages (None: all
+        of them); the cursor of the rest (:meth:`continue_resume`), None if none is left
+        (:mod:`migratory.server.hub_resume`)."""
         state = self._state(request.subject)
         sinks = state.sinks
         try:
-            return self._subscribe(state, sink, request, now)
+            return self._subscribe(state, sink, request, now, limit)
         finally:
             self._sinks += state.sinks - sinks
 
     def _subscribe(
-        self, state: SubjectState, sink: AnySink, request: ops.SubscriptionRequest, now: float
-    ) -> list[ops.ServerOp]:
+        self, state: SubjectState, sink: AnySink, request: ops.SubscriptionRequest, now: float,
+        limit: int | None,
+    ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
         self._drop_subscription(state, sink)
         period = round_conflation_ms(request.conflation_ms)
         position = request.position
@@ -202,7 +212,7 @@ class Hub(SubjectExpiry, MessageSinks):
             # A member lagging behind the cluster: answering now would move the client
             # back. Nothing until this member reaches the client's position.
             state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
-            return [allow]
+            return [allow], None
         if position is not None and self._unplaced(state, position):
             # No position here for a subject the client has one of: this member lags
             # (not numbered here yet) or forgot it (spent, see expire). It waits as above,
@@ -213,13 +223,13 @@ class Hub(SubjectExpiry, MessageSinks):
             # One it may have forgotten: DATA_RESYNC now, the position kept.
             state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
             if not self.may_have_forgotten(state.subject):
-                return [allow]
-            return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)]
-        self._add_subscription(state, sink, period, now)
+                return [allow], None
+            return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)], None
         if position is None:
-            return self._fresh(state, request.history)
-        return [allow, *self._resume(state, position, snapshot=request.snapshot,
-                                         history=request.history)]
+            self._add_subscription(state, sink, period, now)
+            return self._fresh(state, request.history), None
+        answer, cursor = self._resume_from(state, sink, request, period, now, limit)
+        return [allow, *answer], cursor
 
     def _ahead(self, state: SubjectState, position: Position) -> bool:
         """``position`` is later than this member's position of the same lineage."""
@@ -253,9 +263,11 @@ class Hub(SubjectExpiry, MessageSinks):
             if self._ahead(state, waiting.position) or self._unplaced(state, waiting.position):
                 continue
             del state.waiting[sink]
-            self._add_subscription(state, sink, waiting.conflation_ms, now)
-            answer = self._resume(state, waiting.position, snapshot=waiting.snapshot,
-                                  history=waiting.history)
+            request = ops.SubscriptionRequest(state.subject, position=waiting.position,
+                                              snapshot=waiting.snapshot,
+                                              history=waiting.history)
+            answer, _ = self._resume_from(state, sink, request, waiting.conflation_ms, now,
+                                          None)
             for op in answer:
                 send_op(sink, op)
 
@@ -272,48 +284,6 @@ class Hub(SubjectExpiry, MessageSinks):
         elif self._publish_snapshot and state.snapshot is not None:
             out.append(ops.Deliver((state.snapshot,)))
         return out
-
-    def _resume(
-        self, state: SubjectState, position: Position, *, snapshot: bool = False,
-        history: int = 0,
-    ) -> list[ops.ServerOp]:
-        """What a resume from ``position`` gets after its ``SUBSCRIBE_ALLOW``; with
-        ``snapshot``, the snapshot as of ``position`` first, with ``history``, the last
-        ``history`` cached messages up to ``position`` (``SubscriptionRequest``)."""
-        out: list[ops.ServerOp] = []
-        recovered = self.recovery.batch(
-            BatchKey(state.subject, state.epoch, position, state.seq, state.cache.first_seq),
-            lambda: self._missed(state, position))
-        missed = None if recovered is None else recovered.missed
-        owed = (snapshot_as_of(state, position, publish_snapshot=self._publish_snapshot)
-                if snapshot and missed is not None else None)
-        if missed is None or owed is GONE:
-            if state.snapshot is not None:
-                out.append(ops.Deliver((state.snapshot,)))
-            # (never unplaced here: such a resume waits, see _subscribe)
-            out.append(ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, state.position))
-            return out
-        if isinstance(owed, Message):
-            out.append(ops.Deliver((owed,)))  # the snapshot as of ``position``
-        if history > 0 and position.epoch == state.epoch:  # the history as of ``position``
-            before = state.cache.last(history + len(missed))[: -len(missed) or None]
-            historical = [m.as_type(MessageType.HISTORICAL) for m in before[-history:]]
-            if historical:
-                out.append(ops.Deliver(tuple(historical)))
-        if recovered is not None and missed:
-            out.append(recovered.deliver)
-        out.append(ops.SubjectStatus(ops.Status.DATA_SYNC, state.subject, state.position))
-        return out
-
-    def _missed(self, state: SubjectState, position: Position) -> list[Message] | None:
-        """The messages after ``position``, or None when they cannot be told."""
-        if position.epoch == state.epoch:
-            return state.cache.since(position.seq)
-        if position == Position(self.epoch, 0):
-            # The client saw nothing of a subject that was not numbered yet where it
-            # subscribed (a cluster peer sharing this hub's epoch): all of it is missed.
-            return state.cache.since(0)
-        return None
 
     def answer_bytes(self, request: ops.SubscriptionRequest) -> int:
         """An upper bound of the bytes :meth:`subscribe` would answer ``request`` with

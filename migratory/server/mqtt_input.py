@@ -66,11 +66,12 @@ def _valid_filter(name: str) -> bool:
 class MqttInput:
     # the rest are MqttSession's
     __slots__ = ("_barrier", "_barrier_passed", "_barrier_until", "_connect_checked",
-                 "_held_packet", "_now", "_work", "decision_pending")
+                 "_held_packet", "_now", "_work", "decision_pending", "work_done")
     _ctx: ServerContext
     identity: ClientIdentity | None
     peer: str
     decision_pending: DecisionPending | None  # (set in MqttSession.__init__)
+    work_done: int  # packets handled so far, as counted against a budget (the same)
     _held_packet: mqtt.Packet | None
     _barrier: Future[bool] | None  # a CONNECT's read barrier, waited for
     _barrier_until: float  # time.monotonic() past which it is given up
@@ -151,6 +152,7 @@ class MqttInput:
                         SCAN_SLICE if budget is None else SCAN_SLICE - scanned)
                     scanned += self._work
                     handled += 1 + self._work // SCAN_UNIT
+                    self.work_done += 1 + self._work // SCAN_UNIT
                     if not self.subscriptions.busy:
                         self._caught_up()  # a SUBSCRIBE's SUBACK, a resume's save
                     continue
@@ -163,6 +165,7 @@ class MqttInput:
                 self._work = 0
                 self._on_packet(packet, now)
                 handled += 1 + self._work // SCAN_UNIT
+                self.work_done += 1 + self._work // SCAN_UNIT
         except mqtt.MqttProtocolError as exc:
             self._protocol_error(exc.reason)
         return False

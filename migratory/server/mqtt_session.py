@@ -89,6 +89,7 @@ class MqttSession(MqttTakeover):
         )
         self.identity: ClientIdentity | None = None
         self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
+        self.work_done = 0
         self._held_packet: mqtt.Packet | None = None  # handled once that is decided
         self._connect_checked: tuple[str, ClientIdentity] | None = None
         self._barrier = None  # a CONNECT's read barrier (mqtt_input)

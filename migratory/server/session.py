@@ -60,7 +60,7 @@ class Session(StreamSession):
         "_ctx", "_decoder", "_held_close", "_held_event", "_http", "_in_flight", "_link",
         "_publish_rate", "_stream", "_subscriptions", "aborted", "close_code", "close_reason",
         "closing", "connection_id", "decision_pending", "expires_at", "identity", "listener",
-        "mqtt_upgrade", "outbox", "peer",
+        "mqtt_upgrade", "outbox", "peer", "work_done",
     )
 
     def __init__(
@@ -94,6 +94,7 @@ class Session(StreamSession):
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
         self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
         self._held_event: ws.Event | None = None  # taken again once that is decided
+        self.work_done = 0  # operations processed so far, as counted against a budget
 
     @property
     def subjects(self) -> AbstractSet[str]:
@@ -200,7 +201,7 @@ class Session(StreamSession):
 
     def process(self, now: float, budget: int | None = None) -> bool:
         """Handle the WebSocket operations already received, at most about ``budget`` of
-        them (a subscribe entry counts one per 16 KiB of its answer). True when more is
+        them (an answer by its messages: ``answer_units``; ``work_done``). True when more is
         waiting -- or when an entitlement decision is (``decision_pending``: the caller
         waits for it without holding the loop; the operation is taken again after)."""
         if self._decoder is None and self._http is not None and self.decision_pending is None:
@@ -232,12 +233,9 @@ class Session(StreamSession):
         except ops.OperationError as exc:
             self._protocol_error("operation")
             self.close(exc.close.code, exc.reason)
+        finally:
+            self.work_done += done
         return False
-
-    def _protocol_error(self, kind: str) -> None:
-        stats = self._ctx.stats
-        stats.protocol_errors += 1
-        stats.count(stats.protocol_error_kinds, kind)
 
     # --- leaving HTTP (called by http_front) -------------------------------------------
 

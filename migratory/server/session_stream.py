@@ -110,3 +110,9 @@ class StreamSession:
         """A stream's subject resumed: migratory_resumes_total, as native."""
         stats = self._ctx.stats
         stats.count(stats.resumes, outcome)
+
+    def _protocol_error(self, kind: str) -> None:
+        """A client broke the protocol: counted by kind (GET /metrics)."""
+        stats = self._ctx.stats
+        stats.protocol_errors += 1
+        stats.count(stats.protocol_error_kinds, kind)

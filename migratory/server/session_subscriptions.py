@@ -5,7 +5,9 @@ A subscribe is checked whole when it arrives (its size, what its answer would co
 ``admission``); its entries are then answered a few per loop turn, each one checked (the
 subscription limit, the subject, the reserved MQTT-session prefix, entitlement) and
 answered by the hub: the snapshot, or the recovered messages and DATA_SYNC /
-DATA_RESYNC of a resume, which is counted and audited.
+DATA_RESYNC of a resume, which is counted and audited. A resume is answered in slices of
+at most :data:`SLICE_MESSAGES` recovered messages (``hub_resume``): the rest waits at the
+head of the entries as a cursor, each slice counted in the connection's work per turn.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from migratory.model.subject import InvalidSubjectError, reserved, validate_subj
 from migratory.protocol import ops
 from migratory.server import admission
 from migratory.server.context import ServerContext
+from migratory.server.hub import ResumeCursor
 
 log = logging.getLogger("migratory.session")
 
@@ -48,6 +51,23 @@ class Subscriber(Protocol):
 
 _NO_SUBJECTS: frozenset[str] = frozenset()
 
+SLICE_MESSAGES = 128
+"""Recovered messages one slice of a resume holds at most (~0.5 ms of the loop)."""
+MESSAGES_PER_UNIT = 16
+"""A slice counts one operation per this many messages it delivers, and one per
+``admission.WORK_UNIT_BYTES`` of their contents, against the operations a connection
+may have processed per loop turn (and the server's per turn: ``loop_turns``)."""
+
+
+def answer_units(answer: list[ops.ServerOp]) -> int:
+    """The work an answer counts for: one, and its messages (see MESSAGES_PER_UNIT)."""
+    messages = size = 0
+    for op in answer:
+        if isinstance(op, ops.Deliver):
+            messages += len(op.messages)
+            size += sum(len(m.content) for m in op.messages)
+    return 1 + messages // MESSAGES_PER_UNIT + size // admission.WORK_UNIT_BYTES
+
 
 class Subscriptions:
     __slots__ = ("_ctx", "_queued", "_session", "_subjects")
@@ -56,9 +76,10 @@ class Subscriptions:
         self._session = session
         self._ctx = ctx
         self._subjects: set[str] | None = None  # made at the first subscription (216 bytes)
-        # subscribe entries taken but not answered yet (a few per loop turn: Session.process);
-        # made only when a subscribe waits: an empty deque is 760 bytes per idle connection
-        self._queued: deque[ops.SubscriptionRequest] | None = None
+        # subscribe entries taken but not answered yet (a few per loop turn: Session.process),
+        # a resume under way first (its cursor); made only when a subscribe waits: an empty
+        # deque is 760 bytes per idle connection
+        self._queued: deque[ops.SubscriptionRequest | ResumeCursor] | None = None
 
     @property
     def subjects(self) -> AbstractSet[str]:
@@ -90,45 +111,60 @@ class Subscriptions:
             session.send_op(denial)
 
     def answer_next(self, now: float) -> int:
-        """Answer the first entry waiting; the work it counts for (one per 16 KiB of
-        its answer: admission.work_units)."""
+        """Answer the first entry waiting, or the next slice of a resume under way; the
+        work it counts for (:func:`answer_units`)."""
         queued = self._queued
         assert queued is not None, "answer_next without an entry waiting"
-        request = queued.popleft()
+        entry = queued.popleft()
         if not queued:
             self._queued = None
-        units = admission.work_units(self._ctx.hub, request)
         try:
-            self._answer(request, now)
+            if isinstance(entry, ResumeCursor):
+                answer, cursor = self._ctx.hub.continue_resume(
+                    self._session, entry, now, SLICE_MESSAGES)
+                self._send(answer, entry.since)
+            else:
+                answer, cursor = self._answer(entry, now)
         except DecisionPending:  # asked again once the entitlement has decided
             if self._queued is None:
                 self._queued = deque()
-            self._queued.appendleft(request)
+            self._queued.appendleft(entry)
             raise
-        return units
+        if cursor is not None:  # the rest of the resume, before the next entry
+            if self._queued is None:
+                self._queued = deque()
+            self._queued.appendleft(cursor)
+        return answer_units(answer)
 
-    def _answer(self, request: ops.SubscriptionRequest, now: float) -> None:
+    def _send(self, answer: list[ops.ServerOp], position: object) -> None:
+        session = self._session
+        for op in answer:
+            if isinstance(op, ops.SubjectStatus) and position is not None:
+                self._resumed(op, position)
+            session.send_op(op)
+
+    def _answer(
+        self, request: ops.SubscriptionRequest, now: float
+    ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
+        """Check an entry and answer it (a resume: its first slice, and its cursor)."""
         session = self._session
         assert session.identity is not None
         subject = request.subject
         stats = self._ctx.stats
         over = admission.subscription_limit(self._ctx, self.subjects, subject)
+        if over is None:
+            try:
+                validate_subject(subject)
+            except InvalidSubjectError as exc:
+                over = exc.reason
+        if over is None:
+            over = reserved(subject)
+        if over is None and not self._ctx.entitlement.allow_subscribe(session.identity, subject):
+            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
+            over = "not entitled to subscribe"
         if over is not None:
             self._deny(subject, over)
-            return
-        try:
-            validate_subject(subject)
-        except InvalidSubjectError as exc:
-            self._deny(subject, exc.reason)
-            return
-        refusal = reserved(subject)
-        if refusal is not None:
-            self._deny(subject, refusal)
-            return
-        if not self._ctx.entitlement.allow_subscribe(session.identity, subject):
-            self._ctx.stats.count(self._ctx.stats.entitlement_denials, "subscribe")
-            self._deny(subject, "not entitled to subscribe")
-            return
+            return [], None
         if subject not in self.subjects:
             stats.subscriptions_open += 1
         if self._subjects is None:
@@ -138,10 +174,9 @@ class Subscriptions:
         if audit is not None and audit.access:
             audit.event("access", "subscribe", session.audit_client(), subject=subject,
                         outcome="allowed", position=request.position)
-        for op in self._ctx.hub.subscribe(session, request, now):
-            if isinstance(op, ops.SubjectStatus) and request.position is not None:
-                self._resumed(op, request.position)
-            session.send_op(op)
+        answer, cursor = self._ctx.hub.start_resume(session, request, now, SLICE_MESSAGES)
+        self._send(answer, request.position)
+        return answer, cursor
 
     def _resumed(self, op: ops.SubjectStatus, position: object) -> None:
         """Count (and audit) a resume's outcome: DATA_SYNC or DATA_RESYNC."""

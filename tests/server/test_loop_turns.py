@@ -1,0 +1,144 @@
+"""The event loop's work per turn, over every connection, is bounded; the connections
+left over wait their turn in order (migratory/server/loop_turns.py). Counted, never
+timed: recovered messages per turn of the loop, units per turn."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections import Counter
+from typing import Any
+
+import trio
+
+from migratory.config import Config
+from migratory.listeners import OPEN_LISTENER
+from migratory.model.message import Message
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import handshake_request, new_websocket_key
+from migratory.server.app import Server
+from migratory.server.connection import OPERATIONS_PER_TURN, Connection
+from migratory.server.loop_turns import TURN_UNITS, TurnBudget
+from migratory.server.session_subscriptions import MESSAGES_PER_UNIT
+
+CLIENTS = 40
+SUBJECTS = [f"/Herd/s{i}" for i in range(10)]
+CACHED = 500
+
+
+def test_a_turn_lets_in_fresh_connections_first_and_one_coming_back() -> None:
+    budget: TurnBudget[str] = TurnBudget(per_turn=4, step=2)
+    assert budget.enter()
+    budget.paid(4, 0)  # a connection did a whole turn's worth
+    assert not budget.enter()
+    for name in ("a", "b", "c"):
+        budget.wait(name, fresh=False)
+    for name in ("x", "y", "z"):
+        budget.wait(name, fresh=True)
+    assert budget.new_turn() == ["a", "x"]  # one coming back, then the newcomers first
+    assert not budget.enter()  # newcomers wait: none overtakes those waiting
+    assert budget.new_turn() == ["b", "y"]
+    budget.leave("z")
+    assert budget.new_turn() == ["c"]
+    assert budget.new_turn() == []
+    assert budget.enter()
+    assert budget.statistics()["waited"] == 6
+
+
+def test_reservations_are_paid_back_with_the_work_done() -> None:
+    budget: TurnBudget[str] = TurnBudget(per_turn=10, step=4)
+    budget.paid(10, 0)
+    budget.wait("a", fresh=True)
+    budget.wait("b", fresh=True)
+    budget.wait("c", fresh=True)
+    assert budget.new_turn() == ["a", "b", "c"]  # 12 reserved, over 10
+    budget.paid(1, 4)
+    budget.paid(1, 4)
+    budget.paid(1, 4)
+    assert budget.spent == 3 and budget.done == 3 and budget.enter()
+    assert budget.largest == 10
+
+
+class Turns(trio.abc.Instrument):
+    """Counts the loop's turns as the server's gate does (``after_io_wait``)."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.turn += 1
+
+
+def test_a_herd_resuming_from_their_own_positions_is_answered_a_bounded_slice_per_turn() -> None:
+    """40 clients, ready at once, each resuming 10 subjects from its own position 250-499
+    messages back: every client had its whole answer in its first step, all in the
+    first turn of the loop (160,000 messages recovered in one turn; 5,000 such clients
+    stopped the loop for minutes: docs/benchmarks.md). Now a turn recovers at most
+    about TURN_UNITS worth, and still every client gets each of its DATA_SYNC."""
+    server = Server(Config.defaults())
+    hub = server.ctx.hub
+    for subject in SUBJECTS:
+        for _ in range(CACHED):
+            hub.publish(Message(subject, b"x"), 0.0)
+    rng = random.Random(5)
+    pairs = [socket.socketpair() for _ in range(CLIENTS)]
+    for ours, theirs in pairs:
+        ours.setblocking(False)
+        resume = ops.Subscribe(tuple(
+            ops.SubscriptionRequest(s, position=Position(hub.epoch, rng.randrange(1, 250)))
+            for s in SUBJECTS))
+        theirs.sendall(handshake_request("127.0.0.1", "/", new_websocket_key())
+                       + ws.encode_masked_binary(ops.encode_client_op(ops.Connect("c")), b"mask")
+                       + ws.encode_masked_binary(ops.encode_client_op(resume), b"mask"))
+    turns = Turns()
+    recovered: Counter[int] = Counter()  # messages recovered, by turn of the loop
+    start, go_on = hub.start_resume, hub.continue_resume
+
+    def counted(call: Any) -> Any:
+        def count(*args: Any) -> Any:
+            answer, cursor = call(*args)
+            recovered[turns.turn] += sum(
+                len(op.messages) for op in answer if isinstance(op, ops.Deliver))
+            return answer, cursor
+        return count
+
+    hub.start_resume = counted(start)  # type: ignore[method-assign]
+    hub.continue_resume = counted(go_on)  # type: ignore[method-assign]
+    synced = [0] * CLIENTS
+
+    async def read(n: int, theirs: socket.socket) -> None:
+        sock = trio.socket.from_stdlib_socket(theirs)
+        tail = b""
+        while synced[n] < len(SUBJECTS):
+            data = await sock.recv(1 << 20)
+            assert data
+            both = tail + data
+            synced[n] += both.count(b"DATA_SYNC") - tail.count(b"DATA_SYNC")
+            tail = both[-9:]
+
+    async def main() -> None:
+        trio.lowlevel.add_instrument(turns)
+        with trio.fail_after(60):  # (a hang, not a speed: nothing here is timed)
+            async with trio.open_nursery() as nursery:
+                server._nursery = nursery
+                for ours, _ in pairs:
+                    connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
+                    server.connections.add(connection)
+                    nursery.start_soon(connection.run)
+                async with trio.open_nursery() as readers:
+                    for n, (_, theirs) in enumerate(pairs):
+                        readers.start_soon(read, n, theirs)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    for ours, theirs in pairs:
+        ours.close()
+        theirs.close()
+    assert synced == [len(SUBJECTS)] * CLIENTS
+    assert sum(recovered.values()) > 40 * 10 * 250
+    bound = (TURN_UNITS + 2 * OPERATIONS_PER_TURN) * MESSAGES_PER_UNIT
+    assert max(recovered.values()) <= bound, max(recovered.values())
+    assert server.turns.budget.largest <= TURN_UNITS + 2 * OPERATIONS_PER_TURN
+    assert server.turns.budget.waited > CLIENTS  # they took turns
