@@ -244,9 +244,11 @@ class Connection(ConnectionWrites):
         try:
             if self._closed:  # (closed while it waited)
                 return False
-            more = self._take(self.sock.recv(RECV_SIZE))
-        except BlockingIOError:
-            return True
+            try:
+                data = self.sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                return True
+            more = self._take(data, reserved or OPERATIONS_PER_TURN)
         finally:
             turns.paid(self.session.work_done - done, reserved)
         if more is None:
@@ -266,7 +268,7 @@ class Connection(ConnectionWrites):
                 if self._closed:  # aborted meanwhile (a failed write): its socket is gone
                     return False
                 more = self._step(functools.partial(
-                    native.process, trio.current_time(), OPERATIONS_PER_TURN))
+                    native.process, trio.current_time(), reserved or OPERATIONS_PER_TURN))
             finally:
                 turns.paid(native.work_done - done, reserved)
         session = self.session
@@ -274,9 +276,9 @@ class Connection(ConnectionWrites):
             return False  # the peer's close_notify: a TCP end, once what it sent is handled
         return not (session.aborted or session.closing)
 
-    def _take(self, data: bytes) -> bool | None:
-        """Process what was read, the first step of it; True when more is left, None
-        when the connection is over (the peer closed, TLS failed)."""
+    def _take(self, data: bytes, step: int) -> bool | None:
+        """Process what was read, the first ``step`` operations of it; True when more
+        is left, None when the connection is over (the peer closed, TLS failed)."""
         if self._tls is not None:
             plain = self._decrypt(data)
             if plain is None:
@@ -291,7 +293,7 @@ class Connection(ConnectionWrites):
 
         def first() -> bool:
             native = self.session
-            more = native.receive_data(data, now, budget=OPERATIONS_PER_TURN)
+            more = native.receive_data(data, now, budget=step)
             if isinstance(native, Session) and native.mqtt_upgrade is not None:
                 more = self._become_mqtt(now)  # True: a decision is pending
             return more

@@ -13,8 +13,10 @@ and is let in at the start of a later turn, in the order it came. Connections wi
 bytes from their socket (``fresh``) are let in before those coming back for more of an
 earlier read, so a newcomer's ping, publish or ``/readyz`` waits a few turns, not the
 herd's whole catch-up; one coming back is let in each turn whatever the newcomers. A
-connection let in has a step's worth (``step``) reserved in that turn and pays what it
-did when done. :class:`TurnGate` is its trio side: a trio instrument whose
+connection let in has its step reserved in that turn -- :data:`FRESH_STEP` operations
+for one with new bytes (a herd's newcomers go through quickly, then come back for the
+rest), ``step`` for one coming back -- does at most that much, and pays what it did
+when done. :class:`TurnGate` is its trio side: a trio instrument whose
 ``after_io_wait`` (once per turn, before the turn's tasks run) starts a turn and wakes
 the connections let in, and a task that keeps the loop turning while some wait (else,
 every task asleep, the loop would sleep until its next timer: ~5 ms lost per turn).
@@ -34,18 +36,22 @@ TURN_UNITS = 256
 loop does per turn over every connection, about 5-15 ms; a turn may pass it by at most
 a step and what the last operation of a step counts."""
 
+FRESH_STEP = 8
+"""Operations a connection let in from the queue with new bytes does in its step."""
+
 W = TypeVar("W")
 
 
 class TurnBudget(Generic[W]):
     """The work of the current turn and the connections waiting for a later one."""
 
-    __slots__ = ("_continuing", "_fresh", "done", "largest", "per_turn", "spent", "step",
-                 "turns", "waited")
+    __slots__ = ("_continuing", "_fresh", "done", "fresh_step", "largest", "per_turn",
+                 "spent", "step", "turns", "waited")
 
-    def __init__(self, per_turn: int, step: int) -> None:
+    def __init__(self, per_turn: int, step: int, fresh_step: int = FRESH_STEP) -> None:
         self.per_turn = per_turn
         self.step = step  # what a connection let in from the queue has reserved
+        self.fresh_step = fresh_step  # the same, one with new bytes
         self.turns = 0
         self.spent = 0  # this turn's work, with the reservations of those let in
         self.done = 0  # this turn's work done (what tests count)
@@ -66,8 +72,11 @@ class TurnBudget(Generic[W]):
         if self._continuing:
             admitted.append(self._continuing.popleft())
             self.spent += self.step
-        while self.spent < self.per_turn and (self._fresh or self._continuing):
-            admitted.append((self._fresh or self._continuing).popleft())
+        while self.spent < self.per_turn and self._fresh:
+            admitted.append(self._fresh.popleft())
+            self.spent += self.fresh_step
+        while self.spent < self.per_turn and self._continuing:
+            admitted.append(self._continuing.popleft())
             self.spent += self.step
         return admitted
 
@@ -112,9 +121,10 @@ class TurnGate(trio.abc.Instrument):
             event.set()
 
     async def turn(self, *, fresh: bool) -> int:
-        """Until this connection may work in the current turn; the work reserved for it
-        (pay it back with :meth:`paid`). ``fresh``: new bytes from its socket, else
-        more of an earlier read (that one always waits for a later turn)."""
+        """Until this connection may work in the current turn; the work reserved for it,
+        at most what it may do in this step (0: it did not wait, a whole step). Pay it
+        back with :meth:`paid`. ``fresh``: new bytes from its socket, else more of an
+        earlier read (that one always waits for a later turn)."""
         root = trio.lowlevel.current_root_task()
         if root is not self._root:  # installed in the run serving (a test may run many)
             trio.lowlevel.add_instrument(self)
@@ -128,15 +138,16 @@ class TurnGate(trio.abc.Instrument):
         budget.wait(event, fresh=fresh)
         assert self._spin is not None
         self._spin.set()
+        reserved = budget.fresh_step if fresh else budget.step
         try:
             await event.wait()
         except BaseException:
             if event.is_set():
-                budget.paid(0, budget.step)
+                budget.paid(0, reserved)
             else:
                 budget.leave(event)
             raise
-        return budget.step
+        return reserved
 
     def paid(self, units: int, reserved: int) -> None:
         """A step did ``units`` of work (at least one counted: reading is work too)."""

@@ -29,7 +29,7 @@ CACHED = 500
 
 
 def test_a_turn_lets_in_fresh_connections_first_and_one_coming_back() -> None:
-    budget: TurnBudget[str] = TurnBudget(per_turn=4, step=2)
+    budget: TurnBudget[str] = TurnBudget(per_turn=4, step=2, fresh_step=1)
     assert budget.enter()
     budget.paid(4, 0)  # a connection did a whole turn's worth
     assert not budget.enter()
@@ -37,18 +37,17 @@ def test_a_turn_lets_in_fresh_connections_first_and_one_coming_back() -> None:
         budget.wait(name, fresh=False)
     for name in ("x", "y", "z"):
         budget.wait(name, fresh=True)
-    assert budget.new_turn() == ["a", "x"]  # one coming back, then the newcomers first
-    assert not budget.enter()  # newcomers wait: none overtakes those waiting
-    assert budget.new_turn() == ["b", "y"]
+    assert budget.new_turn() == ["a", "x", "y"]  # one coming back, then the newcomers
+    assert not budget.enter()  # a newcomer waits: none overtakes those waiting
     budget.leave("z")
-    assert budget.new_turn() == ["c"]
+    assert budget.new_turn() == ["b", "c"]
     assert budget.new_turn() == []
     assert budget.enter()
     assert budget.statistics()["waited"] == 6
 
 
 def test_reservations_are_paid_back_with_the_work_done() -> None:
-    budget: TurnBudget[str] = TurnBudget(per_turn=10, step=4)
+    budget: TurnBudget[str] = TurnBudget(per_turn=10, step=4, fresh_step=4)
     budget.paid(10, 0)
     budget.wait("a", fresh=True)
     budget.wait("b", fresh=True)
