@@ -11,8 +11,9 @@ resuming ``--per-client`` subjects, each from a position drawn between 1 and ``-
 messages back (seeded): every client is then counted (the bytes
 ``DATA_SYNC``, nothing decoded) until it has all its DATA_SYNC. Reported: the time until
 every client had them, the server's CPU meanwhile, its longest event-loop gap in that
-window and what the longest gap since start was made of (``/stats loop_gaps``), and
-the bytes read::
+window and what the longest gap since start was made of (``/stats loop_gaps``), the
+bytes read, and a bystander's largest delay (a client publishing to itself every 20 ms
+meanwhile, each message waited for 10 s at most, else lost)::
 
     .venv/bin/python benchmarks/resume_herd_spread.py --clients 5000 --per-client 10 --back 100
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from attacks import Server
+from bystander import Bystander
 from rawclient import RawClient
 from resume_herd import cpu_seconds, read_until_synced
 
@@ -129,6 +131,7 @@ def main() -> None:
         for pipe in pipes:
             assert pipe.recv() == "connected"
         time.sleep(1.0)  # the connections' own work over
+        bystander = Bystander(server.port)
         cpu_before = cpu_seconds(server.proc.pid)
         started = time.monotonic()
         for pipe in pipes:
@@ -136,6 +139,7 @@ def main() -> None:
         results = [pipe.recv() for pipe in pipes]
         ended = max(r["last"] for r in results)
         cpu = cpu_seconds(server.proc.pid) - cpu_before
+        delays = bystander.stop()
         time.sleep(1.1)  # the gaps of the last second reach /stats
         gaps = server.stats()["loop_gaps"]
         inside = [gap for second, gap in gaps["per_second"]
@@ -150,6 +154,7 @@ def main() -> None:
             "loop_gap_max_ms": max(inside, default=None),
             "longest_gap_parts_ms": gaps.get("longest_gap_parts_ms"),
             "bytes_read": sum(r["bytes"] for r in results),
+            "bystander_max_ms": delays["max_ms"], "bystander_lost": delays["lost"],
             "loop_turns": server.stats().get("loop_turns"),
             "load": os.getloadavg()[0],
         }))
