@@ -36,8 +36,11 @@ TURN_UNITS = 256
 loop does per turn over every connection, about 5-15 ms; a turn may pass it by at most
 a step and what the last operation of a step counts."""
 
-FRESH_STEP = 8
-"""Operations a connection let in from the queue with new bytes does in its step."""
+FRESH_STEP = 2
+"""Operations a connection let in from the queue with new bytes does in its step: a
+herd's newcomers each decode their request and come back for the rest, so a bystander's
+publish behind 5,000 of them waits ~40 turns (with 8: ~160 turns, 6-9 s on a busy
+machine; docs/benchmarks.md)."""
 
 W = TypeVar("W")
 
