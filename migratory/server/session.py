@@ -33,7 +33,7 @@ from migratory.server.format_sink import op_frame
 from migratory.server.http_front import HttpFront
 from migratory.server.publish_rules import check_publish
 from migratory.server.session_stream import RECONNECT_JITTER_MS, RECONNECT_MS, StreamSession
-from migratory.server.session_subscriptions import Subscriptions
+from migratory.server.session_subscriptions import SLICE_UNITS, Subscriptions
 from migratory.server.sse_stream import SseStream
 
 log = logging.getLogger("migratory.session")
@@ -216,6 +216,8 @@ class Session(StreamSession):
                     if budget is not None and done >= budget:
                         return True
                     if self._subscriptions.waiting:
+                        if budget is not None and done and done + SLICE_UNITS > budget:
+                            return True  # (an answer's work is known once done: at most)
                         done += self._subscriptions.answer_next(now)
                         continue
                     event = self._held_event = self._held_event or decoder.next_event()

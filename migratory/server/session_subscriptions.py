@@ -59,6 +59,10 @@ MESSAGES_PER_UNIT = 16
 may have processed per loop turn (and the server's per turn: ``loop_turns``)."""
 
 
+SLICE_UNITS = 1 + SLICE_MESSAGES // MESSAGES_PER_UNIT
+"""What one answer counts for at most (but for its contents' bytes)."""
+
+
 def answer_units(answer: list[ops.ServerOp]) -> int:
     """The work an answer counts for: one, and its messages (see MESSAGES_PER_UNIT)."""
     messages = size = 0
