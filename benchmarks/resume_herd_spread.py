@@ -131,7 +131,7 @@ def main() -> None:
         for pipe in pipes:
             assert pipe.recv() == "connected"
         time.sleep(1.0)  # the connections' own work over
-        bystander = Bystander(server.port)
+        bystander = Bystander(server.port, seconds=900)  # (before: herds of minutes)
         cpu_before = cpu_seconds(server.proc.pid)
         started = time.monotonic()
         for pipe in pipes:

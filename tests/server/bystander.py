@@ -83,12 +83,13 @@ def main() -> None:
 class Bystander:
     """Runs :func:`main` in a process beside the test; ``stop()`` returns its figures."""
 
-    def __init__(self, port: int, token: str | None = None) -> None:
+    def __init__(self, port: int, token: str | None = None, *, seconds: float = 120.0) -> None:
         self.started = time.monotonic()
         self.figures: dict[str, Any] = {}
         self.during = 0
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, str(port), *(["--token", token] if token else [])],
+            [sys.executable, __file__, str(port), *(["--token", token] if token else []),
+             "--seconds", str(seconds)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,  # unbuffered: select() on stdout sees every line not yet read
