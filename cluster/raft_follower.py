@@ -32,13 +32,11 @@ At start-up it keeps the journal entries after its own dump (pysyncobj 0.3.17 cl
 the whole journal of a node stopped between writing a compaction's dump and trimming its
 journal: :meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
 
-A seed that started on an empty disk grants no vote, and stands for no election, that
-could lose what it had acknowledged before (:mod:`cluster.raft_votes`). Every other
-message (votes, snapshots, commands, replies) goes to pysyncobj unchanged.
-The override reaches pysyncobj's private attributes by their mangled names, which is why
-the version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py``
-checks both the bug in the base class and the fix, so a new pysyncobj version that
-changes either shows up there.
+A seed that started on an empty disk neither votes nor stands where that could lose
+what it had acknowledged (:mod:`cluster.raft_votes`). Every other message goes to
+pysyncobj unchanged, through its private attributes by their mangled names (so its
+version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py`` checks
+the bug in the base class and the fix, so a new pysyncobj shows up there).
 
 **An applied entry is never replaced** (docs/cluster.md, "Why an applied Raft entry is
 never replaced", has the argument with its tests), so neither pysyncobj's
@@ -131,6 +129,8 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
             others=len(others),
             waiting=self._empty_start.active and not self._empty_start.planted,
         )
+        if not others:  # a lone seed: nothing another seed could hold (raft_votes.py)
+            self._empty_start.joined_a_new_cluster(0)
         super().__init__(*args, **kwargs)
         mark_the_last_chunk(self._SyncObj__serializer)
         # writing or receiving a dump
@@ -262,13 +262,15 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
                 "type": raft_term_query.ANSWER,
                 "term": self._SyncObj__raftCurrentTerm,
                 "last_log_term": self._SyncObj__getCurrentLogTerm(),
+                "last_log_index": self._SyncObj__getCurrentLogIndex(),
             })
             return True
         quorum = self._term_quorum
         if kind == raft_term_query.ANSWER:
             term = quorum.hear(node, message)
-            if term is not None and quorum.new_cluster:  # nothing to protect (raft_votes.py)
-                self._empty_start.joined_a_new_cluster(max(term, self._SyncObj__raftCurrentTerm))
+            if term is not None:  # settled: (raft_votes.py) nothing to protect if new
+                self._empty_start.settled(quorum.log_floor, quorum.new_cluster,
+                                          max(term, self._SyncObj__raftCurrentTerm))
             if term is not None and term > self._SyncObj__raftCurrentTerm:
                 self._SyncObj__setCurrentTerm(term, None)
                 self._SyncObj__setState(_RAFT_STATE.FOLLOWER)

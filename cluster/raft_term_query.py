@@ -11,23 +11,36 @@ had already committed others at (``tests/cluster/test_raft_votes.py``,
 
 So an empty-started seed (see :class:`cluster.raft_votes.EmptyStart`) first asks the
 other seeds their current term (a ``migratory_term_query`` message; every seed answers
-with ``migratory_term``: its current term and the term of its last log entry), and
-ignores AppendEntries and RequestVote until the answers settle it:
+with ``migratory_term``: its current term and the term and index of its last log entry),
+and ignores AppendEntries and RequestVote until answers from ``ceil(n / 2)`` of the other
+seeds (3 seeds: both others; 5: three of four) settle it. Any majority this seed was part
+of before -- an election it voted in, an entry it acknowledged -- shares at least one
+seed with them, so:
 
-- answers from ``ceil(n / 2)`` of the other seeds (3 seeds: both others; 5: three of
-  four): any majority this seed was part of before -- an election it voted in, an entry
-  it acknowledged -- shares at least one seed with them, so the highest term among them
-  is at least that majority's; the seed takes it as its own current term, and an older
-  leader's messages are refused as Raft refuses them;
-- or answers from ``floor(n / 2)`` of the others whose logs hold nothing of a leader
-  (last log term 0): a brand-new cluster, where every seed starts empty, so that two of
-  three new seeds still form a cluster without waiting for the third. The seed is then
-  done with its empty start at once and votes as Raft says
-  (:meth:`cluster.raft_votes.EmptyStart.joined_a_new_cluster` says why that is safe).
+- the highest term among them is at least that majority's; the seed takes it as its
+  own current term, and an older leader's messages are refused as Raft refuses them;
+- the most up-to-date log among them (:attr:`TermQuorum.log_floor`) holds every entry
+  this seed acknowledged before it lost its disk, and every entry committed before the
+  answers: until it has caught up, the seed votes only for a candidate whose log is at
+  least as up-to-date as that one (:meth:`cluster.raft_votes.EmptyStart.may_vote`) --
+  it stands in for the vote of the seed that holds what it lost;
+- if none of them holds an entry of a leader (last log term 0), nothing was ever
+  committed: a brand-new cluster, and the seed votes as Raft says from the start.
 
-Until then the seed is not part of the cluster (it cannot be elected either: its log is
-empty). Every seed must run this version: an older one ignores the query, and an
-empty-started seed then waits until it is upgraded. Pure bookkeeping here;
+There is no shorter way to a new cluster. Until 2026-11-28 ``floor(n / 2)`` answers
+with no log settled it too (two of three new seeds formed a cluster without the third),
+but an empty log answers the same whether the cluster is new or the seed was down (or
+cut off) while the others committed: a seed that lost its disk took that for a new
+cluster, voted as Raft says, and elected the seed that had been down over the entries
+it had acknowledged with the third (``test_raft_safety.py`` found the schedule; see
+``test_raft_votes.py``, ``test_an_empty_seed_does_not_elect_a_seed_that_was_cut_off``).
+So the first leader of a new cluster needs ``ceil(n / 2) + 1`` of its seeds up (3 of 3,
+4 of 5) -- once; after that a majority is enough as always.
+
+Until then the seed is not part of the cluster (it does not stand for election either).
+Every seed must run this version: an older one ignores the query, and an empty-started
+seed then waits until it is upgraded; an answer without the index (the first version of
+this query) counts as a log longer than any of its term. Pure bookkeeping here;
 :class:`cluster.raft_follower.FollowerSafeSyncObj` sends and answers the messages.
 """
 
@@ -44,6 +57,8 @@ QUERY_SECONDS = 0.1
 """How often a seed still waiting asks the seeds that have not answered."""
 WARN_SECONDS = 10.0
 """How often a seed still waiting says so in its log."""
+UNKNOWN_INDEX = 2**62
+"""The last log index of an answer that does not tell it (an older seed)."""
 
 
 class TermQuorum:
@@ -53,8 +68,10 @@ class TermQuorum:
         """``others``: the other seeds; ``waiting``: the seed started empty."""
         self.others = others
         self.waiting = waiting and others > 0
-        self.heard: dict[Any, tuple[int, int]] = {}  # seed -> (current term, last log term)
+        # seed -> (current term, (last log term, last log index))
+        self.heard: dict[Any, tuple[int, tuple[int, int]]] = {}
         self.new_cluster = False  # settled by seeds none of which holds a log
+        self.log_floor = (0, 0)  # the most up-to-date log of those that answered
         self._next_query = 0.0
         self._next_warning = 0.0
 
@@ -82,26 +99,25 @@ class TermQuorum:
             return None
         try:
             term, last_log_term = int(answer["term"]), int(answer["last_log_term"])
+            last_log_index = int(answer.get("last_log_index", UNKNOWN_INDEX))
         except (KeyError, TypeError, ValueError):
             return None
-        self.heard[seed] = (term, last_log_term)
+        self.heard[seed] = (term, (last_log_term, last_log_index))
         n = self.others + 1
-        enough = len(self.heard) >= n - n // 2
-        new_cluster = len(self.heard) >= n // 2 and all(
-            last == 0 for _, last in self.heard.values()
-        )
-        if not (enough or new_cluster):
+        if len(self.heard) < n - n // 2:
             return None
         self.waiting = False
         highest = max(term for term, _ in self.heard.values())
-        self.new_cluster = all(last == 0 for _, last in self.heard.values())
+        self.log_floor = max(last for _, last in self.heard.values())
+        self.new_cluster = self.log_floor[0] == 0
         if self.new_cluster:
             log.info("Raft: a new cluster (%d other seed(s) answered, none holds a log)",
                      len(self.heard))
         else:
             log.warning(
                 "Raft: this seed started with an empty ClusterDataDir; %d other seed(s) "
-                "told their current terms: it continues from term %d", len(self.heard),
-                highest,
+                "told their current terms: it continues from term %d, and votes only for "
+                "a seed whose log reaches term %d, index %d until it has caught up",
+                len(self.heard), highest, *self.log_floor,
             )
         return highest

@@ -11,13 +11,16 @@ do that; :class:`EmptyStart` makes the seed refuse instead:
 
 - a seed is *empty-started* when it starts without a journal (or with the marker file
   this module leaves until it has caught up, so a crash in between changes nothing);
-- while empty-started it grants its vote only to a candidate whose log is empty too
-  (last log term 0); a brand-new cluster, where every seed starts empty, is told apart
-  by the term query (:mod:`cluster.raft_term_query`: a majority holds nothing) and its
-  seeds vote as Raft says from the start;
-  and it stands for election only while its own log is empty: holding part of the
-  leader's log (the leader died while resending it), it was as long as the log of a
-  seed that lacks what this one had acknowledged, which then voted for it
+- while empty-started it takes no part until the term query
+  (:mod:`cluster.raft_term_query`) has heard from enough seeds that one of them holds
+  whatever it acknowledged before; it then grants its vote only to a candidate whose
+  log is at least as up-to-date as the most up-to-date log among the answers
+  (:attr:`log_floor`), standing in for the vote of the seed that holds what it lost. A
+  brand-new cluster, where every seed starts empty, is told apart by the same answers
+  (none holds an entry of a leader) and its seeds vote as Raft says from the start;
+- it does not stand for election: its log is empty, or a prefix of the leader's (the
+  leader died while resending it) as long as the log of a seed that lacks what this one
+  had acknowledged, which then voted for it
   (``test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_stand``);
 - it has caught up once its log matches a leader's up to the leader's commit index and
   the entry there is of the leader's term (or it is itself the leader of a brand-new
@@ -95,6 +98,9 @@ class EmptyStart:
             or os.path.exists(journal_file + MARKER_SUFFIX)
         )
         self.vote_floor = 0  # no vote in a term at or below this one
+        # while empty-started: (last log term, last log index) a candidate's log must
+        # reach (cluster/raft_term_query.py); None: the term query has not settled
+        self.log_floor: tuple[int, int] | None = None
         self.refusals = 0
         self._refused_terms: set[int] = set()
         self._held_back = False  # logged that it does not stand for election
@@ -122,19 +128,13 @@ class EmptyStart:
             )
 
     def joined_a_new_cluster(self, current_term: int) -> None:
-        """The term query settled on a brand-new cluster: the seeds that answered hold
-        nothing of a leader, and with this one they are a majority
-        (cluster/raft_term_query.py). Voting as Raft says from now on elects nothing
-        the empty-start rule lets through already: an entry this seed acknowledged
-        before its disk was lost is held by a majority with it, so every seed without
-        it is among those that answered (with one seed lost; two lost are beyond what
-        the rule holds off) -- their logs empty, a candidate lacking the entry has an
-        empty log too, which the rule grants (the open finding of
-        ``test_an_empty_seed_does_not_elect_a_seed_that_never_had_a_log``), or a log
-        from a leader elected that way. Waiting instead could wait for ever: the
-        first leader of a new cluster of five, deposed before its followers caught up,
-        stood with its entries; the empty-started seeds refused it, refused each other
-        and those holding part of its log did not stand
+        """The term query settled on a brand-new cluster: ``ceil(n/2)`` other seeds
+        answered and none holds an entry of a leader (cluster/raft_term_query.py), so
+        nothing was ever committed -- any majority that committed an entry shares a
+        seed with them -- and voting as Raft says from now on loses nothing. Waiting
+        instead could wait for ever: the first leader of a new cluster of five, deposed
+        before its followers caught up, stood with its entries; the empty-started seeds
+        refused it, refused each other and those holding part of its log did not stand
         (``test_a_new_cluster_whose_first_leader_is_deposed_elects_again``)."""
         if self.active and not self.planted:
             self._done(current_term)
@@ -150,23 +150,33 @@ class EmptyStart:
             with contextlib.suppress(OSError):
                 raft_durability.sync_directory(os.path.dirname(self.marker))
 
+    def settled(self, log_floor: tuple[int, int], new_cluster: bool, term: int) -> None:
+        """The term query's answers settled: ``log_floor`` is the (last log term, last
+        log index) of the most up-to-date log among them; ``new_cluster``: none holds
+        an entry of a leader; ``term``: this seed's current term now."""
+        self.log_floor = log_floor
+        if new_cluster:
+            self.joined_a_new_cluster(term)
+
     def may_vote(self, request: dict[str, Any]) -> bool:
         """Whether to answer this ``request_vote`` as pysyncobj would."""
         if self.planted:
             return True
         if self.active:
-            return bool(request.get("last_log_term", 0) == 0)
+            if self.log_floor is None:
+                return False  # (not settled: the request is ignored before this anyway)
+            candidate = (request.get("last_log_term", 0), request.get("last_log_index", 0))
+            return bool(candidate >= self.log_floor)
         return bool(request.get("term", 0) > self.vote_floor)
 
     def may_stand(self, last_log_term: int) -> bool:
-        """Whether to stand for election: not while empty-started with entries of a
-        leader's term in the log -- a prefix of it, maybe without what this seed had
-        acknowledged, yet as long as a seed's that lacks it, whose vote would elect it.
-        An empty log may stand (a brand-new cluster); it wins no vote from a seed with
-        entries."""
-        if self.planted or not self.active or last_log_term == 0:
+        """Whether to stand for election: not while empty-started. Its log is empty --
+        and a seed that was down while the others committed has an empty log too, whose
+        vote would elect it -- or a prefix of the leader's, as long as the log of a seed
+        that lacks what this one had acknowledged."""
+        if self.planted or not self.active:
             return True
-        if not self._held_back:
+        if last_log_term > 0 and not self._held_back:
             self._held_back = True
             log.warning(
                 "Raft: this seed started with an empty ClusterDataDir and holds only part "
@@ -183,11 +193,13 @@ class EmptyStart:
         self._refused_terms.add(term)
         if self.active:
             log.warning(
-                "Raft: this seed started with an empty ClusterDataDir and holds nothing of "
-                "the cluster's log yet: it does not vote for %s (term %s), which may lack "
+                "Raft: this seed started with an empty ClusterDataDir and has not caught "
+                "up: it does not vote for %s (term %s), whose log (term %s, index %s) is "
+                "behind the longest the other seeds told (term %s, index %s) and may lack "
                 "what this seed acknowledged before; it votes once a leader has sent it "
                 "the log (with a seed down as well, the cluster waits for that seed)",
-                candidate, term,
+                candidate, term, request.get("last_log_term"), request.get("last_log_index"),
+                *(self.log_floor or ("?", "?")),
             )
         else:
             log.warning(

@@ -11,6 +11,7 @@ acknowledged on one is on the other.
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -31,10 +32,13 @@ def test_a_member_of_another_delivery_mode_is_not_ready_and_the_rest_serves(
     tmp_path: Path,
 ) -> None:
     cluster = LocalCluster(tmp_path, members=3)
-    cluster.settings[2]["ClusterDeliveryMode"] = "Standard"
     try:
-        cluster.start_all([0, 1])
-        cluster.wait_ready([0, 1])
+        # a new cluster elects its first leader with every seed (docs/cluster.md): the
+        # odd file comes with a restart, as in a rolling config change
+        cluster.start_all()
+        cluster.wait_ready()
+        cluster.kill(2, signal.SIGTERM)
+        cluster.settings[2]["ClusterDeliveryMode"] = "Standard"
         cluster.start(2)
         deadline = time.monotonic() + 10
         status, reason = 0, ""

@@ -25,18 +25,36 @@ def test_three_seeds_need_both_others_once_any_holds_a_log() -> None:
     assert not quorum.waiting
 
 
-def test_a_new_cluster_forms_without_its_last_seed() -> None:
+def test_a_new_cluster_needs_the_answers_of_as_many_others_as_any_other_start() -> None:
+    """Answers from ``ceil(n/2)`` others, none with an entry of a leader: a new cluster.
+    Fewer never settle it (they did until 2026-11-28: one empty answer of three, two
+    of five -- but a seed down while the others committed answers just the same)."""
     three = TermQuorum(others=2, waiting=True)
-    assert three.hear("A", answer(0, 0)) == 0
+    assert three.hear("A", answer(0, 0)) is None
+    assert three.waiting and not three.new_cluster
+    assert three.hear("C", answer(2, 0)) == 2
+    assert three.new_cluster and three.log_floor[0] == 0
     five = TermQuorum(others=4, waiting=True)
     assert five.hear("A", answer(1, 0)) is None
-    assert five.hear("B", answer(0, 0)) == 1
-    assert three.new_cluster and five.new_cluster
+    assert five.hear("B", answer(0, 0)) is None
+    assert five.hear("C", answer(0, 0)) == 1
+    assert five.new_cluster
     five_with_history = TermQuorum(others=4, waiting=True)
     five_with_history.hear("A", answer(3, 0))
     assert five_with_history.hear("B", answer(3, 2)) is None
     assert five_with_history.hear("C", answer(4, 3)) == 4
     assert not five_with_history.new_cluster  # a seed that lost its disk catches up
+
+
+def test_the_log_floor_is_the_most_up_to_date_log_told() -> None:
+    quorum = TermQuorum(others=2, waiting=True)
+    quorum.hear("A", {"term": 5, "last_log_term": 4, "last_log_index": 30})
+    assert quorum.hear("C", {"term": 5, "last_log_term": 5, "last_log_index": 12}) == 5
+    assert quorum.log_floor == (5, 12)
+    older = TermQuorum(others=2, waiting=True)  # an answer without the index (older seed)
+    older.hear("A", answer(5, 4))
+    older.hear("C", {"term": 5, "last_log_term": 4, "last_log_index": 30})
+    assert older.log_floor[0] == 4 and older.log_floor[1] > 10**9
 
 
 def test_queries_go_to_the_seeds_not_heard_at_most_every_period() -> None:
@@ -48,14 +66,22 @@ def test_queries_go_to_the_seeds_not_heard_at_most_every_period() -> None:
     assert quorum.hear("C", {"term": "x"}) is None  # a malformed answer counts for nothing
 
 
-def test_two_of_three_new_seeds_elect_without_the_third() -> None:
+def test_two_of_three_new_seeds_wait_for_the_third_then_elect() -> None:
+    """A new cluster's first election needs every seed of three (they cannot tell a
+    new cluster from one whose third seed holds what they lost); then two are enough."""
     world = RaftWorld(3, seed=4)
     try:
         missing = world.addresses[2]
-        world.crash(missing)  # never started, as far as the others can tell
+        world.crash(missing)  # not started yet, as far as the others can tell
+        for _ in range(40):
+            world.step(0.05)
+        assert world.leader() is None
+        assert all(node._term_quorum.waiting for node in world.nodes.values())
+        world.restart(missing)
         for _ in range(40):
             world.step(0.05)
         assert world.leader() is not None
+        world.crash(next(a for a in world.addresses if a != world.leader()))
         world.submit(world.leader(), b"x")
         for _ in range(5):
             world.step(0.05)
