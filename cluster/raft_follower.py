@@ -263,6 +263,8 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
                 "term": self._SyncObj__raftCurrentTerm,
                 "last_log_term": self._SyncObj__getCurrentLogTerm(),
                 "last_log_index": self._SyncObj__getCurrentLogIndex(),
+                # its log vouches for nothing it acknowledged before (raft_term_query.py)
+                "empty_start": self._empty_start.active and not self._empty_start.planted,
             })
             return True
         quorum = self._term_quorum

@@ -13,9 +13,10 @@ So an empty-started seed (see :class:`cluster.raft_votes.EmptyStart`) first asks
 other seeds their current term (a ``migratory_term_query`` message; every seed answers
 with ``migratory_term``: its current term and the term and index of its last log entry),
 and ignores AppendEntries and RequestVote until answers from ``ceil(n / 2)`` of the other
-seeds (3 seeds: both others; 5: three of four) settle it. Any majority this seed was part
-of before -- an election it voted in, an entry it acknowledged -- shares at least one
-seed with them, so:
+seeds (3 seeds: both others; 5: three of four) settle it -- answers of seeds that are not
+empty-started themselves (each answer says, ``empty_start``; such a seed is asked again),
+or else of *every* other seed. Any majority this seed was part of before -- an election
+it voted in, an entry it acknowledged -- shares at least one seed with them, so:
 
 - the highest term among them is at least that majority's; the seed takes it as its
   own current term, and an older leader's messages are refused as Raft refuses them;
@@ -34,8 +35,15 @@ cut off) while the others committed: a seed that lost its disk took that for a n
 cluster, voted as Raft says, and elected the seed that had been down over the entries
 it had acknowledged with the third (``test_raft_safety.py`` found the schedule; see
 ``test_raft_votes.py``, ``test_an_empty_seed_does_not_elect_a_seed_that_was_cut_off``).
-So the first leader of a new cluster needs ``ceil(n / 2) + 1`` of its seeds up (3 of 3,
-4 of 5) -- once; after that a majority is enough as always.
+An empty-started seed's answer is no witness either: its empty log is its lost disk's.
+With five seeds, two that lost their disks at once (two faults: what five seeds
+tolerate) heard each other and the two seeds that had been down during the commits --
+three of four, no log -- took it for a new cluster and elected a seed without the
+entries they had acknowledged with the fifth, up all along but slower to answer
+(``test_raft_empty_start_five.py``, until 2026-11-28 evening). Every seed of a new cluster
+is empty-started, so its seeds settle only once *all* the others answered: the first
+leader of a new cluster needs all its seeds up (3 of 3, 5 of 5) -- once; after that a
+majority is enough as always.
 
 Until then the seed is not part of the cluster (it does not stand for election either).
 Every seed must run this version: an older one ignores the query, and an empty-started
@@ -68,8 +76,8 @@ class TermQuorum:
         """``others``: the other seeds; ``waiting``: the seed started empty."""
         self.others = others
         self.waiting = waiting and others > 0
-        # seed -> (current term, (last log term, last log index))
-        self.heard: dict[Any, tuple[int, tuple[int, int]]] = {}
+        # seed -> (current term, (last log term, last log index), empty-started there)
+        self.heard: dict[Any, tuple[int, tuple[int, int], bool]] = {}
         self.new_cluster = False  # settled by seeds none of which holds a log
         self.log_floor = (0, 0)  # the most up-to-date log of those that answered
         self._next_query = 0.0
@@ -88,13 +96,17 @@ class TermQuorum:
                 logging.INFO if first else logging.WARNING,
                 "Raft: this seed started with an empty ClusterDataDir (or none yet): it "
                 "takes no part in the cluster until %d of the %d other seeds have told it "
-                "their current term (%d so far)", n - n // 2, self.others, len(self.heard),
+                "their current term (%d so far; an answer from an empty-started seed counts "
+                "only once every other seed has answered)", n - n // 2, self.others,
+                len(self.heard),
             )
-        return [node for node in connected if node not in self.heard]
+        # (an empty-started seed is asked again: it may have caught up since)
+        return [node for node in connected if node not in self.heard or self.heard[node][2]]
 
     def hear(self, seed: Any, answer: dict[str, Any]) -> int | None:
         """Take one seed's answer; the term to adopt once the answers settle it (then
-        :attr:`waiting` is False), else None."""
+        :attr:`waiting` is False), else None: ``ceil(n/2)`` answers of seeds not
+        empty-started (witnesses of what they acknowledged), or every other seed's."""
         if not self.waiting:
             return None
         try:
@@ -102,13 +114,15 @@ class TermQuorum:
             last_log_index = int(answer.get("last_log_index", UNKNOWN_INDEX))
         except (KeyError, TypeError, ValueError):
             return None
-        self.heard[seed] = (term, (last_log_term, last_log_index))
+        self.heard[seed] = (term, (last_log_term, last_log_index),
+                            answer.get("empty_start") is True)
         n = self.others + 1
-        if len(self.heard) < n - n // 2:
+        witnesses = sum(not empty for _, _, empty in self.heard.values())
+        if witnesses < n - n // 2 and len(self.heard) < self.others:
             return None
         self.waiting = False
-        highest = max(term for term, _ in self.heard.values())
-        self.log_floor = max(last for _, last in self.heard.values())
+        highest = max(term for term, _, _ in self.heard.values())
+        self.log_floor = max(last for _, last, _ in self.heard.values())
         self.new_cluster = self.log_floor[0] == 0
         if self.new_cluster:
             log.info("Raft: a new cluster (%d other seed(s) answered, none holds a log)",

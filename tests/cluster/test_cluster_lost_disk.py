@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -182,3 +183,41 @@ def test_planted_pysyncobj_voting_loses_what_was_acknowledged(
         assert problems, "the planted bug must be seen"
     finally:
         run.cluster.stop()
+
+
+@pytest.mark.slow
+def test_one_lost_disk_with_the_third_seed_paused_during_the_commits(tmp_path: Path) -> None:
+    """ONE fault: C is up but paused (SIGSTOP: cut off) while A (the leader) and B
+    acknowledge a batch; B loses its ClusterDataDir and restarts while C is still
+    paused, then C resumes (its Raft timer long past: it stands at once, with a log
+    lacking that batch). Every acknowledged message is kept and the cluster
+    acknowledges again (B settles only with C's answer, and votes only for a log as
+    up-to-date as A's)."""
+    run = LostDisk(tmp_path)
+    cluster = run.cluster
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=HANG_GUARD)
+        a = cluster.leader()
+        b, c = (a + 1) % 3, (a + 2) % 3
+        run.a, run.b, run.c = a, b, c
+        run.before = publish([cluster.port(a)], 50, "a")
+        paused = cluster.processes[c]
+        assert paused is not None
+        paused.send_signal(signal.SIGSTOP)
+        try:
+            run.without_c = publish([cluster.port(a)], 50, "b")
+            cluster.kill(b)
+            shutil.rmtree(tmp_path / "data" / f"migratory-{b}")
+            cluster.start(b)
+            time.sleep(1.0)  # B asks; C does not answer yet
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        run.window = publish([cluster.port(a), cluster.port(b)], 20, "w")
+        cluster.wait_ready(timeout=HANG_GUARD)
+        assert EMPTY_LOG in cluster.log(b)
+        for member in (b, c):
+            assert run.problems(member, wait=HANG_GUARD) == []
+        assert cluster.exited() == {}
+    finally:
+        cluster.stop()

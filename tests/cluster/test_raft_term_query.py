@@ -88,3 +88,27 @@ def test_two_of_three_new_seeds_wait_for_the_third_then_elect() -> None:
         assert b"x" in world.acknowledged and world.violations() == []
     finally:
         world.close()
+
+
+def test_an_empty_started_seeds_answer_is_no_witness_until_every_seed_answered() -> None:
+    """Five seeds: three answers settle it only if none comes from a seed that is
+    empty-started itself (its empty log is its lost disk's); such a seed is asked
+    again, and the answers of all four settle it anyway (a brand-new cluster)."""
+    empty = {"term": 1, "last_log_term": 0, "last_log_index": 0, "empty_start": True}
+    lagging = {"term": 2, "last_log_term": 1, "last_log_index": 1}
+    quorum = TermQuorum(others=4, waiting=True)
+    assert quorum.hear("P", lagging) is None
+    assert quorum.hear("Q", lagging) is None
+    assert quorum.hear("X", empty) is None  # before: settled on a floor without Y's log
+    assert quorum.waiting
+    assert quorum.due(1.0, ["P", "Q", "X", "Y"]) == ["X", "Y"]
+    assert quorum.hear("Y", {"term": 2, "last_log_term": 1, "last_log_index": 3}) == 2
+    assert quorum.log_floor == (1, 3) and not quorum.new_cluster
+    caught_up = TermQuorum(others=4, waiting=True)
+    for seed in ("P", "Q"):
+        caught_up.hear(seed, answer(2, 1))
+    assert caught_up.hear("X", {**empty, "empty_start": False}) == 2  # X caught up since
+    new = TermQuorum(others=4, waiting=True)
+    for seed in ("A", "B", "C"):
+        assert new.hear(seed, empty) is None
+    assert new.hear("D", empty) == 1 and new.new_cluster
