@@ -311,8 +311,11 @@ class LocalStatefulSet:
             if not ready:
                 await client.aclose()
                 return
+            target = random.choice(ready)
+            if prefer is not None:  # which pod a pinned client is on: in the play's events
+                self.events.note(f"port {port}: a connection to {target.name}")
             try:
-                upstream = await trio.open_tcp_stream(random.choice(ready).ip, pod_port)
+                upstream = await trio.open_tcp_stream(target.ip, pod_port)
             except OSError:
                 await client.aclose()
                 return

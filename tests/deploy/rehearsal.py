@@ -64,8 +64,10 @@ class Subscriber:
     statuses: list[NotificationStatus] = field(default_factory=list)
     status_times: list[float] = field(default_factory=list)  # (of each of ``statuses``)
     timeline: list[str] = field(default_factory=list)
-    """Each notification (time, status, member, position) and the position of the last
-    message before it: what a violation's report shows of this subscriber."""
+    """Each notification (time, status, member, position, the SDK's reason) and the
+    position of the last message before it, with when it came: what a violation's report
+    shows of this subscriber."""
+    last_at: float | None = None  # when the last message came
 
 
 @dataclass
@@ -89,15 +91,18 @@ async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
                 sub.statuses.append(note.status)
                 sub.status_times.append(trio.current_time())
                 last = sub.received[-1][2] if sub.received else None
+                at = "" if sub.last_at is None else f" at {sub.last_at:.2f}"
                 sub.timeline.append(
                     f"{trio.current_time():.2f} {note.status} {note.server} {note.position} "
-                    f"(last message {last}, {len(sub.received)} received)")
+                    f"(last message {last}{at}, {len(sub.received)} received)"
+                    + (f": {note.reason}" if note.reason else ""))
 
         nursery.start_soon(notes)
         while not stop.is_set():
             with trio.move_on_after(0.2):
                 message = await subscription.__anext__()
                 sub.received.append((message.content, message.type, message.position))
+                sub.last_at = trio.current_time()
         nursery.cancel_scope.cancel()
 
 

@@ -21,7 +21,7 @@ def play(scenario: str, out: Path, time_scale: str = TIME_SCALE) -> dict[str, An
                                      time_scale=time_scale)
     log = "\n".join(summary["events"][-40:] + [
         f"subscriber {n}: {line}" for n, lines in summary.get("subscriber_timelines", {}).items()
-        for line in lines])
+        for line in lines] + [f"observed: {summary['observed']}"])
     assert summary["violations"] == [], log
     assert result.returncode == 0, log
     assert summary["data_resync"] == 0
