@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.raft import CoordinationConsumer, _SeedSyncObj
+from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_forward import ForwardHold
 from cluster.raft_front_server import FrontStatistics
 from cluster.subject_count import SUBJECTS_WARNING, SubjectCountWarning
@@ -51,6 +52,8 @@ def seed_with(subjects: int, retained: int) -> Any:
         getStatus=lambda: {"state": 0, "has_quorum": False}, _SyncObj__transport=transport,
         isReady=lambda: True, otherNodes=(), isNodeConnected=lambda node: False,
         _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(), _entries_taken=0,
+        _untaken_dumps=UntakenDumps(
+            SimpleNamespace(_SyncObj__raftCurrentTerm=1, _SyncObj__raftMatchIndex={}), lambda: 0.0),
     )
 
 
