@@ -30,6 +30,7 @@ import trio
 from migratory.entitlement import DecisionPending
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
+from migratory.protocol import websocket as ws
 from migratory.server.connection_writes import ConnectionWrites
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
@@ -46,6 +47,25 @@ CLOSE_LINGER_SECONDS = 5.0
 OPERATIONS_PER_TURN = 64
 """Operations one connection may have processed before the others get a turn: one
 client delays the others by milliseconds, whatever it sends (docs/security.md)."""
+ANSWER_HELD_MAX = 1 << 16
+"""Bytes of a message under way a closing connection holds while it waits for the peer's
+close frame; past them it waits for the peer's EOF alone."""
+
+
+def _answered(decoder: ws.FrameDecoder, data: bytes) -> bool | None:
+    """Whether ``data`` brought the peer's close frame; None: it never will (a broken
+    frame, or a message longer than :data:`ANSWER_HELD_MAX` under way: not kept)."""
+    decoder.receive_data(data)
+    try:
+        while (event := decoder.next_event()) is not None:
+            if isinstance(event, ws.CloseReceived):
+                return True
+    except ws.RemoteProtocolError:
+        return None
+    if decoder.closed or decoder.buffered > ANSWER_HELD_MAX:
+        decoder.discard()
+        return None
+    return False
 
 
 async def wait_for_decision(pending: DecisionPending) -> None:
@@ -432,10 +452,22 @@ class Connection(ConnectionWrites):
             if self._closed:
                 return
             self.sock.shutdown(socket.SHUT_WR)
+            # a WebSocket's close frame in answer (TLS: its EOF alone)
+            answer = getattr(session, "answer", None) if self._tls is None else None
             while True:
                 await trio.lowlevel.wait_readable(self.sock)
-                if not self.sock.recv(RECV_SIZE):
+                data = self.sock.recv(RECV_SIZE)
+                if not data:
                     return
+                if answer is None:
+                    continue
+                answered = _answered(answer, data)
+                if answered:
+                    # it read every frame before the close: gone for the drain, which
+                    # does not wait for its EOF (a proxy's may come late, or never)
+                    self.server.drain.left(self)
+                if answered is not False:
+                    answer = None
 
     def evict(self) -> None:
         """Close at once: the server needs the room for a newcomer (still in the

@@ -26,9 +26,11 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
    its outcome (an HTTP ``POST /publish`` too), or after ``DrainTime`` seconds. A
    client that connects during the drain (every member draining at once: the others
    send theirs here) is refused by the readiness (1013) and not waited for. The drain
-   acts on changes (a client gone: :meth:`Drain.left`, from the server's ``forget``; a
-   client's publishes settled), never by looking at every client again and again, and
-   logs two lines however many clients it moves (each one's 4502 at DEBUG).
+   acts on changes (a client gone: :meth:`Drain.left`, from the server's ``forget`` or
+   once the client answered its close frame -- not its FIN, which a proxy may hold
+   back: the connection's close linger, 5 s --; a client's publishes settled), never
+   by looking at every client again and again, and logs two lines however many
+   clients it moves (each one's 4502 at DEBUG).
 
 The drain owns two thin wrappers given to the server when it is built — the
 readiness and the publish path — so nothing is patched while serving. The same
@@ -295,7 +297,9 @@ class Drain:
                 ready, self._ready = self._ready, []
                 self._tell(ready)
             timed_out = False
-        remaining = sum(1 for c in connections() if c.session.is_websocket)
+        # (a client that answered the close is gone, whether or not its EOF came)
+        remaining = sum(1 for c in connections() if c.session.is_websocket
+                        and (id(c) in self._open or not c.session.closing))
         report = DrainReport(
             clients=len(initial),
             clients_told=len(self._told),

@@ -4,10 +4,9 @@ Bytes from the socket go into :meth:`Session.receive_data`; everything to write 
 in :attr:`Session.outbox`, already framed. The trio adapter (``migratory.server.connection``)
 only moves bytes and obeys :attr:`Session.closing` / :attr:`Session.aborted`.
 
-Phases: HTTP requests on h11 (``http_front``: keep-alive, ``/publish``,
-``/snapshot``, monitoring) → a WebSocket (waiting for ``connect`` → connected)
-or a Server-Sent Events stream (``sse_stream``) → closing. The connection's
-:class:`~migratory.listeners.Listener` says which of those it may do.
+Phases: HTTP requests on h11 (``http_front``: keep-alive, ``/publish``, ``/snapshot``,
+monitoring) → a WebSocket (``connect`` → connected) or a Server-Sent Events stream
+(``sse_stream``) → closing; the connection's ``Listener`` says which it may do.
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ class Session(StreamSession):
         self.work_done = 0  # operations processed so far, as counted against a budget
 
     @property
-    def subjects(self) -> AbstractSet[str]:
-        """The subjects this client is subscribed to."""
+    def subjects(self) -> AbstractSet[str]:  # the subjects this client is subscribed to
         return self._subscriptions.subjects
 
     @property
@@ -282,8 +280,7 @@ class Session(StreamSession):
         self.refill()  # the first events at once; the rest as the socket drains
         self.flush()
 
-    def reply_and_close(self, response: bytes) -> None:
-        """Write a complete HTTP response and close."""
+    def reply_and_close(self, response: bytes) -> None:  # an HTTP response, then close
         self._send_unbounded(response)
         self.closing = True
         self.flush()
@@ -390,6 +387,10 @@ class Session(StreamSession):
         self._publish_status(ws.encode_binary(ops.encode_publish_ok(closure, subject, epoch, seq)))
 
     @property
+    def answer(self) -> ws.FrameDecoder | None:  # closing: reads the peer's close frame
+        return self._decoder if self.closing and not self.aborted else None
+
+    @property
     def settling(self) -> bool:
         """Closing, the close frame held until the publishes in flight have their status."""
         return self._held_close is not None and not self.aborted
@@ -436,8 +437,8 @@ class Session(StreamSession):
             self._held_close = (code, reason)
         else:
             self._send_last_word(code, reason)
-        if self._decoder is not None:
-            self._decoder.discard()  # nothing more is read: free what it held
+        if self._decoder is not None and self._decoder.buffered:
+            self._decoder.discard()  # free what it held; else it reads on: ``answer``
         self.closing = True
 
     def _send_last_word(self, code: int, reason: str, *, position: bool = True) -> None:
@@ -463,8 +464,7 @@ class Session(StreamSession):
             self._decoder.discard()
         self.outbox.discard()
 
-    def connection_lost(self) -> None:
-        """Forget every subscription (idempotent)."""
+    def connection_lost(self) -> None:  # forget every subscription (idempotent)
         self._subscriptions.forget()
         if self._stream is not None:
             self._ctx.stats.subscriptions_open -= self._stream.stop(self._ctx.hub)

@@ -6,11 +6,15 @@ publishes cannot settle (a member cut off from its seeds)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any
 
 from rawclient import RawClient
+
+from migratory.protocol import close_codes, ops
+from migratory.protocol import websocket as ws
 
 
 def wait_logged(server: Any, text: str) -> None:
@@ -39,3 +43,31 @@ def test_a_sigint_during_the_drain_stops_the_server_at_once(start_server: Any) -
     assert "SIGINT received while draining: stopping at once" in log
     assert "drained in" not in log  # cut short: before, it ran to its end (5.0 s here)
     assert "Traceback" not in log
+
+
+def test_a_client_that_answered_the_close_has_left_without_closing_its_socket(
+    start_server: Any,
+) -> None:
+    """A client told to go (4502) that answers with its close frame has read everything
+    before it: the drain is done with it, whether its FIN comes or not. Before, the drain
+    waited for the FIN (the connection's close linger, 5 s): a client behind a proxy that
+    keeps the server's side open (the play's Service), or an SDK that shuts its socket
+    later, held every pod's termination 5 s. DrainTime (2 s) is shorter than that linger:
+    before, this client was cut at DrainTime."""
+    server = start_server(DrainTime="2")
+    client = RawClient(server.port, timeout=30)
+    client.connect("answers")
+    client.subscribe("/Drain/Answer")
+    client.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        close = client.recv_close()
+        assert close.code == close_codes.DRAINED.code
+        client.send_raw(ws.encode_close(close.code, "", mask=os.urandom(4)))
+        # (the socket stays open, never shut down: no FIN from this client)
+        assert server.proc.wait(30) == 0
+    finally:
+        client.sock.close()
+    log = server.log()
+    assert "of the 1 clients at the start 1 left as told, 0 on their own, 0 cut" in log
+    assert "DrainTime reached" not in log
