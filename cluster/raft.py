@@ -128,6 +128,10 @@ class RaftStatus:
     """Retained snapshots the replicated caches hold (kept for ever too)."""
     forward_hold: dict[str, int] = field(default_factory=dict)
     """Commands held while the link to the leader was down (cluster/raft_forward.py)."""
+    held: int = 0
+    held_since: float | None = None
+    """Committed batches held from the hub while a dump's numbering decodes, and since
+    when (cluster/raft_consumer.py): Raft counts them applied (``last_applied``)."""
     dumps_untaken: dict[str, int] = field(default_factory=dict)
     """A leader's: seeds sent its dump again and again, not taking it
     (cluster/raft_dump_untaken.py)."""
@@ -261,6 +265,8 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             forward_hold=self.forward_hold.statistics(),
             dumps_untaken=self._untaken_dumps.untaken(),
             entries_taken=self._entries_taken,
+            held=len(self._status_consumer.held),
+            held_since=self._status_consumer.held_since,
         )
 
 

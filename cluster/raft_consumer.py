@@ -88,6 +88,9 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         self._answers: deque[tuple[int, Callable[[], None]]] = deque()
         self._taken = 0  # held batches applied (or dropped) since start: answers' marks
         self.held_applied = 0  # of them, those applied (a count for tests and benchmarks)
+        self.held_since: float | None = None
+        """``time.monotonic`` when batches began to be held (None: none held): the
+        hub gets nothing new meanwhile though Raft counts them applied (readiness)."""
         super().__init__()
         self.coordinator = Coordinator()
         self.cache = ReplicatedCache(max_cached_messages, cache_budget)
@@ -96,6 +99,8 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
     @replicated  # type: ignore[untyped-decorator]
     def commit_batch(self, epoch_candidate: int, wire: list[WireRequest]) -> int:
         if self.held or self.coordinator.decoding:  # numbered once it is decoded
+            if not self.held:
+                self.held_since = time.monotonic()
             self.held.append((epoch_candidate, wire))
             return self.coordinator.clsn + len(self.held)
         return self._apply(epoch_candidate, wire)
@@ -129,6 +134,8 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
             self._answer_due()
             if until is not None and time.monotonic() >= until:
                 break
+        if not held:
+            self.held_since = None
         return bool(held)
 
     def _answer_due(self) -> None:
@@ -146,6 +153,7 @@ class CoordinationConsumer(SyncObjConsumer):  # type: ignore[misc]
         self.held = deque()  # (a dump of the code before has none)
         super()._deserialize(data)
         self.held = deque(self.held)
+        self.held_since = time.monotonic() if self.held else None
         self.cache.set_budget(self._cache_budget)  # this seed's, not the dump writer's
         self.cache.begin_decoding()  # off this thread (cluster/dump_decoder.py)
         coordinator = self.coordinator

@@ -103,6 +103,7 @@ class SeedCoordination:
         self._nursery: trio.Nursery | None = None
         self._leaderless_since: float | None = None
         self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
+        self._handed: deque[float] = deque()  # batches handed over, not yet taken: since
 
     # --- running ----------------------------------------------------------------------
 
@@ -157,7 +158,7 @@ class SeedCoordination:
             bind_address=config.cluster_bind,
             seed_addresses=config.seed_members,
             password=config.cluster_password,
-            on_commit=self._from_raft_thread(self._committed),
+            on_commit=self._from_raft_thread(self._committed, self._handed),
             on_restore=self._from_raft_thread(self._restored),
             data_dir=Path(config.cluster_data_dir),
             max_cached_messages=config.max_cached_messages_per_subject,
@@ -169,14 +170,24 @@ class SeedCoordination:
             ),
         )
 
-    def _from_raft_thread(self, handler: Callable[[T], None]) -> Callable[[T], None]:
-        """``handler`` run on the trio thread, in the order the Raft thread calls it."""
+    def _from_raft_thread(
+        self, handler: Callable[[T], None], handed: deque[float] | None = None
+    ) -> Callable[[T], None]:
+        """``handler`` run on the trio thread, in the order the Raft thread calls it;
+        ``handed``: when each item still on its way was handed over (readiness)."""
         token = self._token
         assert token is not None
 
+        def take(item: T) -> None:
+            if handed:
+                handed.popleft()
+            handler(item)
+
         def hand_over(item: T) -> None:
+            if handed is not None:
+                handed.append(time.monotonic())
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(handler, item)
+                token.run_sync_soon(take, item)
 
         return hand_over
 
@@ -250,7 +261,7 @@ class SeedCoordination:
         silent = time.monotonic() - status.at
         if silent > RAFT_SILENCE:
             return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
-        behind = self._behind(status)
+        behind = self._behind(status) or self._hub_behind(status)
         if behind is not None:
             return behind
         if status.has_leader:
@@ -278,6 +289,25 @@ class SeedCoordination:
                 return (
                     f"member is behind the Raft leader: applied {status.last_applied}, "
                     f"the leader had committed {then[1]} {status.at - then[0]:.1f} s ago"
+                )
+        return None
+
+    def _hub_behind(self, status: RaftStatus) -> str | None:
+        """Why this seed's hub is behind its own Raft log, if a batch Raft counts
+        applied has not reached the hub for :data:`BEHIND_SECONDS`: held while a dump's
+        numbering decodes, or handed over to a loop that has not taken it. Raft's
+        ``last_applied`` counts such batches, so :meth:`_behind` cannot see it, and the
+        clients would receive nothing while the seed stayed ready."""
+        now = time.monotonic()
+        handed = self._handed
+        waiting = [(status.held_since, status.held, "held while a Raft dump decodes")]
+        if handed:
+            waiting.append((handed[0], len(handed), "handed over, not taken by the hub"))
+        for since, count, why in waiting:
+            if since is not None and now - since >= BEHIND_SECONDS:
+                return (
+                    f"member's hub is behind its Raft log: {count} committed batches "
+                    f"{why} for {now - since:.1f} s"
                 )
         return None
 

@@ -60,6 +60,41 @@ def test_a_seed_that_stopped_applying_what_the_leader_committed_is_not_ready(
     assert seed.not_ready_reason() is None  # caught up with what was committed 3 s ago
 
 
+def test_a_seed_whose_hub_got_nothing_of_what_raft_applied_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    """Raft counts a batch applied once the consumer took it, even when it holds it from
+    the hub while a dump's numbering decodes (cluster/raft_consumer.py): caught up with
+    the leader by Raft's count, its clients receiving nothing. Before, it stayed ready."""
+    now = time.monotonic()
+
+    def status(held_for: float) -> RaftStatus:
+        return RaftStatus(state="follower", leader="127.0.0.1:2", ready=True, at=now,
+                          leader_commit=5000, last_applied=5000, commit_index=5000,
+                          held=10, held_since=now - held_for)
+
+    seed = seed_with_status(tmp_path, status(1.0))
+    assert seed.not_ready_reason() is None  # held for a moment: fine
+    seed.raft = SimpleNamespace(snapshot=status(BEHIND_SECONDS + 0.5))  # type: ignore[assignment]
+    reason = seed.not_ready_reason()
+    assert reason is not None and "hub is behind its Raft log: 10 committed batches held" in reason
+
+
+def test_a_seed_whose_loop_has_not_taken_the_batches_handed_to_it_is_not_ready(
+    tmp_path: Path,
+) -> None:
+    now = time.monotonic()
+    seed = seed_with_status(tmp_path, RaftStatus(
+        state="leader", leader="127.0.0.1:2", ready=True, at=now,
+        leader_commit=5000, last_applied=5000,
+    ))
+    seed._handed.extend([now - BEHIND_SECONDS - 0.5, now - 1.0, now])
+    reason = seed.not_ready_reason()
+    assert reason is not None and "3 committed batches handed over, not taken" in reason
+    seed._handed.popleft()  # taken: the oldest left waits 1 s
+    assert seed.not_ready_reason() is None
+
+
 def test_a_seed_that_keeps_up_under_load_stays_ready(tmp_path: Path) -> None:
     now = time.monotonic()
     seed = seed_with_status(tmp_path, RaftStatus())

@@ -185,8 +185,15 @@ def test_a_restarted_seed_ticks_while_its_numbering_decodes(
         assert len(raft.consumer.coordinator.seqs) == 0  # before: every subject, loaded
         assert raft.snapshot.subjects == subjects and again == []  # the 10 held
         assert len(raft.consumer.held) == 10
+        # Raft counts them applied: its own last_applied says nothing of the hub's lag;
+        # the status says they are held, and since when (the seed's readiness)
+        wait_for(lambda: raft.snapshot.held == 10 and raft.snapshot.last_applied > 0)
+        held = raft.snapshot
+        assert held.last_applied == held.commit_index and held.held_since is not None
         gate.set()
         wait_for(lambda: raft.snapshot.clsn >= 50 and raft.snapshot.ready)
+        wait_for(lambda: raft.snapshot.held == 0)
+        assert raft.snapshot.held_since is None
         assert [b.clsn for b in again] == list(range(41, 51))
         assert raft.snapshot.subjects == subjects
     finally:
