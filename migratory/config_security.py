@@ -40,7 +40,7 @@ LIMIT_SETTINGS: tuple[Setting, ...] = (
             "WebSocket upgrade or HTTP request, `connect`, MQTT CONNECT) yet, HTTP "
             "keep-alive connections between requests included; one more closes the oldest "
             "of them (of an address holding more than half, if any; never one whose "
-            "request waits for its answer). When "
+            "request waits for its answer, or whose answers wait to be written). When "
             "the server is full (MaxConnections) a newcomer closes the oldest of these "
             "instead of being refused: connections that send nothing, or a byte at a time "
             "(slowloris), cannot lock clients out, whose handshake takes milliseconds "

@@ -135,10 +135,13 @@ class Connection(ConnectionWrites):
 
     @property
     def busy(self) -> bool:
-        """An HTTP request of it waits for its answer (a publish for its commit): never
-        closed to make room."""
+        """An HTTP request of it waits for its answer (a publish for its commit), or
+        answers of it wait to be written (a keep-alive client reading pipelined answers;
+        HandshakeTimeout still cuts one that stops taking them): never closed to make
+        room, its answers would be lost."""
         session = self.session
-        return isinstance(session, Session) and session.awaiting_answer
+        return isinstance(session, Session) and (
+            session.awaiting_answer or self._answers_waiting() is not None)
 
     def _requests_answered(self) -> int:
         session = self.session

@@ -39,7 +39,7 @@ class Counted(Protocol):
     handshaking: bool
 
     @property
-    def busy(self) -> bool: ...  # a request waits for its answer: never closed for room
+    def busy(self) -> bool: ...  # a request or answers wait: never closed for room
 
     def __hash__(self) -> int: ...  # by identity: a key of PendingHandshakes
 

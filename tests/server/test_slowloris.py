@@ -296,3 +296,43 @@ async def _mqtt_silent() -> None:
             await stream.aclose()
         assert server.ctx.stats.refusals == {"HandshakeTimeout": 3}
         nursery.cancel_scope.cancel()
+
+
+def test_a_keep_alive_connection_whose_answers_are_being_written_is_not_closed_for_room(
+) -> None:
+    """The oldest of MaxConnections keep-alive connections pipelined requests whose
+    answers its client has not read yet (they wait in its outbox): a newcomer closes the
+    next one, idle, not that one. Before: it was closed -- only a request waiting for its
+    answer counted as busy -- and its client lost the answers not written yet."""
+    trio.run(_answers_being_written)
+
+
+async def _answers_being_written() -> None:
+    requests = 40_000  # ~5 MB of answers: more than loopback's socket buffers take
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, MaxConnections="10")
+        plain = port(server, "ws:")
+        reader = trio.socket.socket()
+        reader.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await reader.connect(("127.0.0.1", plain))
+        slow = trio.SocketStream(reader)
+        await slow.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+        with trio.fail_after(5):  # until answers wait in its outbox
+            while not any(c.writing or c._pending() for c in server.connections):
+                await trio.sleep(0.01)
+        idle = await hold(9, plain, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for stream in idle:
+            assert (await receive(stream)).startswith(b"HTTP/1.1 200 ")
+        stream = await trio.open_tcp_stream("127.0.0.1", plain)
+        assert await websocket_connected(stream)
+        assert server.ctx.stats.refusals == {"MaxConnections": 1}
+        assert await closed_by_server(idle) == 1  # the oldest idle one
+        got = b""
+        with trio.fail_after(10):
+            while got.count(b"HTTP/1.1 200 ") < requests:
+                chunk = await slow.receive_some(65536)
+                assert chunk, f"closed after {got.count(b'HTTP/1.1 200 ')} answers"
+                got += chunk
+        for held in [*idle, stream, slow]:
+            await held.aclose()
+        nursery.cancel_scope.cancel()
