@@ -233,7 +233,7 @@ export class Session {
   // No pong within `timeout`: lost, unless frames kept arriving meanwhile (a large
   // answer ahead of the pong), then wait once more -- but not while the WebSocket wrote
   // nothing of what it holds (a server that stopped reading, as the Python SDK's send
-  // that cannot finish within the timeout).
+  // of which no byte goes out for the timeout).
   waitPong(framesBefore, queuedBefore = this.bytesQueued, bufferedBefore = this.buffered()) {
     this.later(this.keepalive.timeout, () => {
       if (this.pongId >= this.pingId) return;

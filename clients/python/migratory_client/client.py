@@ -36,6 +36,7 @@ from migratory_client.errors import (
 )
 from migratory_client.events import Notification, NotificationStatus, PublishResult
 from migratory_client.notifications import NotificationQueue
+from migratory_client.progress import WriteProgress
 from migratory_client.resume import SubjectTracker
 from migratory_client.routing import Outlet, PendingPublish, Router
 from migratory_client.servers import ServerEntry, choose_server, parse_servers
@@ -330,19 +331,16 @@ class Client:
         except Exception as exc:  # the application's code: a failed attempt, retried
             return SessionEnd.by_client(f"token provider failed: {exc!r}")
 
+        progress = WriteProgress()
         async def serve(ws: WebSocketConnection) -> SessionEnd:
             session_id = next(self._session_ids)
-            session = Session(ws, server.url, session_id, self._router, self._keepalive)
+            session = Session(ws, server.url, session_id, self._router, self._keepalive, progress)
             return await self._session(session, connect_op)
 
         try:
-            return await run_connection(
-                server.url,
-                serve,
-                subprotocols=[SUBPROTOCOL],
-                max_message_size=MAX_FRAME_BYTES,
-                connect_timeout=self._policy.connect_timeout,
-                tls=self._tls,
+            return await run_connection(  # progress: the bytes it writes (a write's stall)
+                server.url, serve, subprotocols=[SUBPROTOCOL], max_message_size=MAX_FRAME_BYTES,
+                connect_timeout=self._policy.connect_timeout, tls=self._tls, progress=progress,
             )
         except trio.TooSlowError:
             reason = f"no WebSocket connection within {self._policy.connect_timeout} s"

@@ -40,6 +40,7 @@ from migratory.protocol.ops import (
     decode_server_op,
     encode_client_op,
 )
+from migratory_client.progress import WriteProgress
 from migratory_client.routing import Router
 
 __all__ = ["HandshakeFailed", "HandshakeTimeout", "Keepalive", "NotSent", "Session", "SessionEnd"]
@@ -156,9 +157,13 @@ class Session:
         session_id: int,
         router: Router,
         keepalive: Keepalive,
+        progress: WriteProgress | None = None,
     ) -> None:
         self.ws = ws
         self._keepalive = keepalive
+        self._progress = progress or WriteProgress()
+        """The bytes the connection wrote (run_connection counts them): a write is
+        stalled once none went out for the keepalive timeout."""
         self.server = server
         self.id = session_id
         self.server_name = ""
@@ -223,10 +228,11 @@ class Session:
         gone, :class:`NotSent` (a ConnectionClosed) when not one byte of it was written.
 
         The write is shielded from the caller's cancellation, because a half-written frame
-        would corrupt the connection; a write that cannot finish within the keepalive
-        timeout (the server does not read) ends the session instead. The timeout starts
-        when this write's turn comes, not while it waits behind others: a server that
-        reads every write in time is not stalled however many queue. A caller cancelled
+        would corrupt the connection; a write of which no byte goes out for the keepalive
+        timeout (the server stopped reading) ends the session instead. A write that moves
+        is not stalled however long it takes (a large publish on a slow link), and the
+        timeout starts when this write's turn comes, not while it waits behind others: a
+        server that reads every write is not stalled however many queue. A caller cancelled
         meanwhile gets its Cancelled once nothing was written: not NotSent, which would
         send it round for another session (and, the client closed by that same
         cancellation, raise ClientClosedError from a cancelled task).
@@ -239,15 +245,16 @@ class Session:
             raise
 
     async def _write(self, payload: bytes) -> None:
-        # Waiting for the lock is not timed: each write ahead ends within the timeout or
-        # ends the session (then this one is NotSent). Timing the wait gave up a session
-        # whose server read every write, once enough were queued (39 publishes of 256 KiB
-        # on a loaded box: "could not send for 0.3 s" from one that had written nothing).
+        # Waiting for the lock is not timed: each write ahead moves (bytes go out at least
+        # once per timeout) or ends the session (then this one is NotSent). Timing the
+        # wait gave up a session whose server read every write, once enough were queued
+        # (39 publishes of 256 KiB on a loaded box: "could not send for 0.3 s" from one
+        # that had written nothing).
         async with self._send_lock:
             if not self.is_open:  # ended while this waited: nothing written
                 raise NotSent(self.ws.closed)
             with trio.CancelScope(shield=True):
-                with trio.move_on_after(self._keepalive.timeout):
+                with self._progress.stall_after(self._keepalive.timeout):
                     self._writing += 1
                     try:
                         await self.ws.send_message(payload)

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 import trio
 from trio_websocket import WebSocketConnection, wrap_client_stream
 
+from migratory_client.progress import ProgressStream, WriteProgress
+
 __all__ = ["Endpoint", "run_connection"]
 
 T = TypeVar("T")
@@ -75,12 +77,14 @@ async def run_connection(
     max_message_size: int,
     connect_timeout: float,
     tls: ssl.SSLContext | None = None,
+    progress: WriteProgress | None = None,
 ) -> T:
     """Open a WebSocket connection to ``url`` and return what ``serve(connection)``
     returns; the connection is gone when this returns or raises.
 
     Raises OSError, trio.BrokenResourceError or trio_websocket.HandshakeError when the
     connection cannot be opened, trio.TooSlowError after ``connect_timeout`` s.
+    ``progress`` counts the bytes the connection writes (see migratory_client.progress).
     """
     endpoint = Endpoint.of(url)
     try:
@@ -90,9 +94,12 @@ async def run_connection(
                 with trio.fail_after(connect_timeout):
                     stream = await endpoint.open_stream(tls)
                     opened.append(stream)
+                    counted = stream if progress is None else ProgressStream(stream, progress)
+                    # typed as a socket or TLS stream, any trio Stream works (only
+                    # ws.local / ws.remote, unused here, become a repr)
                     connection = await wrap_client_stream(
                         nursery,
-                        stream,
+                        counted,  # type: ignore[arg-type]
                         endpoint.host_header,
                         endpoint.resource,
                         subprotocols=subprotocols,
