@@ -26,7 +26,8 @@ CLUSTER_SIZED = ("bench", "browser", "chaos", "cluster", "deploy", "spark")
 """The test directories whose tests start clusters of member processes, Spark's JVM, a
 browser or a load generator. ``make test`` runs them in two scopes, each one test after
 another: ``tests/cluster`` and the rest of them (chaos runs, the Kubernetes rehearsal,
-Spark, the browser, the benchmarks' smoke tests). Their tests mostly wait (elections,
+Spark, the browser, the benchmarks' smoke tests; ``IN_THE_OTHER_SERIAL_SCOPE`` too).
+Their tests mostly wait (elections,
 timeouts, processes starting): the whole suite used 0.88 of the two cores on average
 with them all in one scope, which took 16 of its 17.5 minutes while the other worker
 finished the rest -- server, client, protocol, model, config, a test file at a time --
@@ -63,6 +64,25 @@ of the cluster scope's 990 s (one process, a busy box), 66 s of it the seeded Ra
 safety search. tests/test_xdist_lanes.py checks what they import."""
 
 
+IN_THE_OTHER_SERIAL_SCOPE = frozenset(
+    f"tests/cluster/{name}.py"
+    for name in (
+        # Workers = N: one server, its supervisor and worker processes (no cluster)
+        "test_workers_kills", "test_workers_mqtt_kills", "test_workers_mqtt_reads",
+        "test_workers_output", "test_workers_publish_kills", "test_workers_resume_faults",
+        "test_workers_signals", "test_workers_sync_kill", "test_workers_transports",
+    )
+)
+"""Files of ``tests/cluster`` that run in the other serial scope (``cluster-sized``), so
+that the two end together. In CI (8c61a85's ``make test`` in a clean clone, -n 3,
+13:30 of pytest) the cluster scope's worker ended at 23:03:03, after its Workers = N
+files (23:01:38 on); the other serial scope's at about 23:01:12 (Spark last) and the
+small files' at about 23:00: the cluster scope ran alone for its last ~110 s. These
+files are 111 of 169 s and 99 of 149 s of the Workers = N files in one process here (load 5),
+about 58 s of CI's ~88: both serial scopes now end about 55 s sooner than the cluster
+scope did. Still one test at a time in either scope, at most two of them at once."""
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduling with two scopes for the cluster-sized tests (its
     ``loadgroup`` marks do not reach pytest 9's node ids) and one per other file
@@ -75,6 +95,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             parts = path.split("/")
             if path in IN_PROCESS_CLUSTER:
                 return path
+            if path in IN_THE_OTHER_SERIAL_SCOPE:
+                return "cluster-sized"
             if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
                 return "cluster" if parts[1] == "cluster" else "cluster-sized"
             return path

@@ -130,6 +130,22 @@ def test_cluster_files_that_start_nothing_run_beside_the_serial_scopes(
     assert split("tests/chaos/test_chaos_schedule.py::test_x") == "cluster-sized"
 
 
+def test_the_workers_files_moved_to_the_other_serial_scope_run_there(suite: ModuleType) -> None:
+    """The files of ``IN_THE_OTHER_SERIAL_SCOPE`` exist, start processes (they are no
+    in-process file to run beside the serial scopes) and run in the ``cluster-sized``
+    scope, one test at a time with the chaos runs, plays and Spark; the rest of
+    tests/cluster stays in its own."""
+    split = started(suite, 1)[2]._split_scope
+    moved = sorted(suite.IN_THE_OTHER_SERIAL_SCOPE)
+    assert moved and not set(moved) & suite.IN_PROCESS_CLUSTER
+    for path in moved:
+        assert (ROOT / path).exists(), path
+        assert path.startswith("tests/cluster/test_workers"), path
+        assert split(f"{path}::test_x") == "cluster-sized"
+    assert split("tests/cluster/test_workers.py::test_x") == "cluster"
+    assert split("tests/cluster/test_cluster_start_signals.py::test_x") == "cluster"
+
+
 # what a test starts when it starts a process, a socket, a thread or a real Raft node
 STARTS_SOMETHING = {
     "subprocess", "socket", "threading", "multiprocessing", "selectors", "asyncio",
