@@ -262,7 +262,10 @@ class Connection(ConnectionWrites):
                 self.flush()
                 return not (session.aborted or session.closing)
         turns = self.server.turns
-        reserved = await turns.turn(fresh=True)  # the loop's work per turn: loop_turns.py
+        # the loop's work per turn (loop_turns.py); bytes that came before the handshake
+        # deadline are not cut by it while they wait in the server's queue
+        with trio.CancelScope(shield=self._keep_alive is not None):
+            reserved = await turns.turn(fresh=True)
         done = self.session.work_done
         try:
             if self._closed:  # (closed while it waited)

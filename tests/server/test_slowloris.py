@@ -336,3 +336,31 @@ async def _answers_being_written() -> None:
         for held in [*idle, stream, slow]:
             await held.aclose()
         nursery.cancel_scope.cancel()
+
+
+def test_a_request_that_came_in_time_is_not_cut_while_it_waits_for_the_loop() -> None:
+    """A whole request arrives well within HandshakeTimeout, then waits in the loop's
+    queue (loop_turns.py: a busy turn, held here until the deadline has passed): it is
+    answered, not cut and counted as a HandshakeTimeout. Before: the deadline also ran
+    over the wait in the queue -- test_connection_churn.py's clients that had closed
+    were counted refused (20-60 a run under load)."""
+    trio.run(_queued_past_deadline)
+
+
+async def _queued_past_deadline() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await start(nursery, HandshakeTimeout="1")
+        budget = server.turns.budget
+        per_turn, budget.per_turn = budget.per_turn, 0  # no turn lets a newcomer in
+        stream = await trio.open_tcp_stream("127.0.0.1", port(server, "ws:"))
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        with trio.fail_after(5):
+            while not budget.queued:
+                await trio.sleep(0.01)
+        await trio.sleep(1.5)  # past the deadline, the request still queued
+        assert budget.queued == 1
+        budget.per_turn = per_turn
+        assert (await receive(stream)).startswith(b"HTTP/1.1 200 ")
+        assert server.ctx.stats.refusals == {}
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
