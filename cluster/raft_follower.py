@@ -53,14 +53,11 @@ diverged" one can be logged:
    commit by counting only entries of its own term) never sends a different entry at a
    committed index: so step 2 never removes an applied entry.
 
-``tests/cluster/test_raft_applied_entry.py`` shows what pysyncobj's follower does to an
-applied entry instead (drops it until the re-send completes, and can lose an
-acknowledged command when the leader dies meanwhile); ``test_raft_safety.py`` searches
-schedules of real nodes for any violation.
-
-Large entries come in parts, more than one of them marked ``finish``: see
-:meth:`_received_entries`. A loaded dump restarts the election timeout (its load is no
-silence of the leader's).
+``tests/cluster/test_raft_applied_entry.py`` shows pysyncobj's follower dropping an
+applied entry until the re-send completes (losing an acknowledged command if the leader
+dies meanwhile); ``test_raft_safety.py`` searches schedules of real nodes for any
+violation. Large entries come in parts, more than one marked ``finish``
+(:meth:`_received_entries`). A loaded dump restarts the election timeout.
 """
 
 from __future__ import annotations
