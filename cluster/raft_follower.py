@@ -28,9 +28,8 @@ suite found that (an acknowledged position later delivered with another message,
 after a leader change). Here such a message vouches for no entry: the commit index moves
 only once the dump is loaded, to the dump's last entry, which the leader had committed.
 
-At start-up it keeps the journal entries after its own dump (pysyncobj 0.3.17 cleared
-the whole journal of a node stopped between writing a compaction's dump and trimming its
-journal: :meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
+At start-up it keeps the journal entries after its own dump (pysyncobj cleared them after
+a stop mid-compaction: :meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
 
 A seed that started on an empty disk neither votes nor stands where that could lose
 what it had acknowledged (:mod:`cluster.raft_votes`). Every other message goes to
@@ -64,6 +63,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import secrets
 from typing import Any
 
 from pysyncobj import SyncObj
@@ -85,10 +85,9 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 
 
 class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostEntries):
-    """A ``SyncObj`` whose follower never drops entries it holds from the leader, and
-    that never drops, at start-up, the entries its journal holds after its dump."""
-
-    # pysyncobj's private state this class writes (annotations only, for mypy)
+    """A ``SyncObj`` whose follower never drops entries it holds from the leader, nor,
+    at start-up, those its journal holds after its dump (pysyncobj's private state it
+    writes, annotated for mypy:)"""
     _SyncObj__raftLeader: Any
     _SyncObj__raftCommitIndex: int
     _SyncObj__raftElectionDeadline: float
@@ -129,6 +128,9 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
         if not others:  # a lone seed: nothing another seed could hold (raft_votes.py)
             self._empty_start.joined_a_new_cluster(0)
         super().__init__(*args, **kwargs)
+        # forwarded commands' ids unique across restarts (pysyncobj: from 0), so that a
+        # reply to one forwarded before settles no other (test_raft_forwarded_commands)
+        self._SyncObj__commandsLocalCounter = secrets.randbits(62)
         mark_the_last_chunk(self._SyncObj__serializer)
         # writing or receiving a dump
         stop_on_disk_failures(self._SyncObj__serializer, self._dump_retries)
