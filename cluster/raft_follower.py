@@ -105,8 +105,8 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
         conf = kwargs.get("conf")
         if conf is not None and conf.dynamicMembershipChange:
             raise ValueError("FollowerSafeSyncObj does not support dynamicMembershipChange")
-        # (term, index): in this leader's term, the leader must go back to this index at
-        # least; set before SyncObj.__init__ so that dumps never carry it
+        # (term, index): the leader of that term goes back at least to this index (set
+        # before SyncObj.__init__, so never in a dump)
         self._catch_up_floor: tuple[int, int] | None = None
         # (leader, term) whose dump it receives, from its first part on this link; None:
         # no part but a first one is taken (see _install_dump)
@@ -128,8 +128,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
         if not others:  # a lone seed: nothing another seed could hold (raft_votes.py)
             self._empty_start.joined_a_new_cluster(0)
         super().__init__(*args, **kwargs)
-        # forwarded commands' ids unique across restarts (pysyncobj: from 0), so that a
-        # reply to one forwarded before settles no other (test_raft_forwarded_commands)
+        # forwarded commands' ids unique across restarts (test_raft_forwarded_commands)
         self._SyncObj__commandsLocalCounter = secrets.randbits(62)
         mark_the_last_chunk(self._SyncObj__serializer)
         # writing or receiving a dump
@@ -170,8 +169,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
         ``test_an_empty_seed_that_holds_a_prefix_of_the_log_does_not_vote``). A leader
         that committed an entry of its own term holds every entry committed before its
         term, below that entry; an entry of its term that this seed acknowledged before
-        is below the leader's commit index once the leader counted it.
-        """
+        is below the leader's commit index once the leader counted it."""
         if not self._empty_start.active:
             return
         commit, term = message["commit_index"], message["term"]

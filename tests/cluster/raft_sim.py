@@ -3,10 +3,9 @@
 Every node is a real ``SyncObj`` (or :class:`~cluster.raft_follower.FollowerSafeSyncObj`)
 with ``autoTick=False`` and its Raft log in a real file journal; only the network and
 the clock are simulated. A test decides when each node ticks, when time passes, which
-message is delivered next on which link, when a link breaks (a broken TCP connection
-loses what was in flight), and when a node crashes (as by SIGKILL: its journal and its
-dump stay) and restarts from them. Nothing runs in the background, so a schedule replays
-exactly, and hypothesis can search and shrink schedules.
+message is delivered next on which link, when a link breaks (losing what was in flight),
+and when a node crashes (as by SIGKILL: journal and dump stay) and restarts from them.
+Nothing runs in the background: a schedule replays exactly, and hypothesis shrinks it.
 
 With ``compaction_entries`` set, every node compacts its log as the seeds do, only
 sooner: once it holds more entries than that, it writes its state to its dump file
@@ -26,8 +25,7 @@ never end.
 node has committed, every command a node has applied, every command acknowledged to
 its submitter, every entry a leader holds (in its log, or in its state once compacted)
 and sends, the state every loaded dump carries, and every log line at WARNING or above;
-:meth:`RaftWorld.violations` lists what broke a safety property.
-"""
+:meth:`RaftWorld.violations` lists what broke a safety property."""
 
 from __future__ import annotations
 
