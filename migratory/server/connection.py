@@ -11,7 +11,9 @@ peer, and closes.
 On an encrypted listener a :class:`~migratory.server.tls_link.TlsLink` sits
 between the socket and the session: bytes read are decrypted before the
 session sees them, a batch is encrypted before its ``send``
-(:mod:`migratory.server.connection_writes`: the writing side).
+(:mod:`migratory.server.connection_writes`: the writing side). The end -- the last
+bytes, the linger for the client's, when the drain counts it gone -- is
+:mod:`migratory.server.connection_linger`'s.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ import trio
 from migratory.entitlement import DecisionPending
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
-from migratory.protocol import websocket as ws
-from migratory.server.connection_writes import ConnectionWrites
+from migratory.server.connection_linger import RECV_SIZE, ConnectionLinger
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 from migratory.server.tcp_progress import bytes_acked
@@ -42,30 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("migratory.connection")
 
-RECV_SIZE = 65536
-CLOSE_LINGER_SECONDS = 5.0
 OPERATIONS_PER_TURN = 64
 """Operations one connection may have processed before the others get a turn: one
 client delays the others by milliseconds, whatever it sends (docs/security.md)."""
-ANSWER_HELD_MAX = 1 << 16
-"""Bytes of a message under way a closing connection holds while it waits for the peer's
-close frame; past them it waits for the peer's EOF alone."""
-
-
-def _answered(decoder: ws.FrameDecoder, data: bytes) -> bool | None:
-    """Whether ``data`` brought the peer's close frame; None: it never will (a broken
-    frame, or a message longer than :data:`ANSWER_HELD_MAX` under way: not kept)."""
-    decoder.receive_data(data)
-    try:
-        while (event := decoder.next_event()) is not None:
-            if isinstance(event, ws.CloseReceived):
-                return True
-    except ws.RemoteProtocolError:
-        return None
-    if decoder.closed or decoder.buffered > ANSWER_HELD_MAX:
-        decoder.discard()
-        return None
-    return False
 
 
 async def wait_for_decision(pending: DecisionPending) -> None:
@@ -89,7 +69,7 @@ def _client_fields(session: object) -> dict[str, object]:
     return fields() if fields is not None else {"peer": getattr(session, "peer", None)}
 
 
-class Connection(ConnectionWrites):
+class Connection(ConnectionLinger):
     __slots__ = (
         "_answered", "_closed", "_held", "_keep_alive", "_read_scope", "_taken", "_tls",
         "address", "batch_slowly", "frontend", "handshaking", "listener", "pending", "server",
@@ -129,6 +109,7 @@ class Connection(ConnectionWrites):
         self._keep_alive: trio.CancelScope | None = None  # the HTTP phase's deadline
         self._taken = 0  # bytes the client had acknowledged at the last look
         self._answered: trio.Event | None = None  # set once an HTTP request is answered
+        self.leaving = ""  # closing: where its end is (connection_linger.py)
 
     def _new_session(self, peer: str) -> Session | MqttSession:
         return Session(self.server.ctx, self, peer, self.listener)
@@ -446,34 +427,6 @@ class Connection(ConnectionWrites):
         if tls.has_output:
             self.flush()  # handshake records for the peer
         return plain
-
-    async def _finish(self) -> None:
-        """Let queued bytes (the close frame, after the statuses of the publishes still in
-        flight) drain, half-close, wait briefly for the peer."""
-        with trio.move_on_after(CLOSE_LINGER_SECONDS):
-            self.flush()
-            session = self.session
-            while (self.writing or self._pending() or session.settling) and not self._closed:
-                await trio.sleep(0.01)
-            if self._closed:
-                return
-            self.sock.shutdown(socket.SHUT_WR)
-            # a WebSocket's close frame in answer (TLS: its EOF alone)
-            answer = getattr(session, "answer", None) if self._tls is None else None
-            while True:
-                await trio.lowlevel.wait_readable(self.sock)
-                data = self.sock.recv(RECV_SIZE)
-                if not data:
-                    return
-                if answer is None:
-                    continue
-                answered = _answered(answer, data)
-                if answered:
-                    # it read every frame before the close: gone for the drain, which
-                    # does not wait for its EOF (a proxy's may come late, or never)
-                    self.server.drain.left(self)
-                if answered is not False:
-                    answer = None
 
     def evict(self) -> None:
         """Close at once: the server needs the room for a newcomer (still in the

@@ -27,10 +27,14 @@ Kubernetes stops a pod (scale-down, rolling restart, eviction) by running its
    client that connects during the drain (every member draining at once: the others
    send theirs here) is refused by the readiness (1013) and not waited for. The drain
    acts on changes (a client gone: :meth:`Drain.left`, from the server's ``forget`` or
-   once the client answered its close frame -- not its FIN, which a proxy may hold
-   back: the connection's close linger, 5 s --; a client's publishes settled), never
-   by looking at every client again and again, and logs two lines however many
-   clients it moves (each one's 4502 at DEBUG).
+   once the client has everything and the end -- not its FIN, which a proxy or a lazy
+   client may hold back: the connection's close linger, 5 s. A WebSocket's (ws, wss,
+   MQTT over WebSocket) close frame in answer; an SSE stream or an MQTT connection,
+   which have no answer, once its TCP acknowledged every byte and our FIN
+   (``connection_linger``) --; a client's publishes settled), never by looking at
+   every client again and again, and logs two lines however many clients it moves
+   (each one's 4502 at DEBUG), the last naming by front end the clients it still
+   waited for at DrainTime, the first few by name with where each was.
 
 The drain owns two thin wrappers given to the server when it is built — the
 readiness and the publish path — so nothing is patched while serving. The same
@@ -56,6 +60,7 @@ log = logging.getLogger("migratory.drain")
 DRAINING = "member is draining (shutting down): connect to another member"
 MOVED = "member is moving this client to another member (rebalancing)"
 REFUSED = "member is sending this client elsewhere: publish again on another member"
+HELD_NAMED = 5  # clients the drain's last line names of those it still waited for
 
 
 class DrainSession(Protocol):
@@ -257,6 +262,11 @@ class Drain:
         self._gate()
         return closed
 
+    def waits_for(self, connection: DrainConnection) -> bool:
+        """Whether the drain waits for ``connection`` to leave (a client there at its
+        start, not gone yet)."""
+        return id(connection) in self._open
+
     def left(self, connection: DrainConnection) -> None:
         """``connection`` is gone (the server forgets it): the drain may be done."""
         if self._open.pop(id(connection), None) is not None:
@@ -316,10 +326,33 @@ class Drain:
         log.info(
             "drained in %.1f s: %d clients told to reconnect elsewhere, %d still connected, "
             "%d publishes settled, %d refused; of the %d clients at the start %d left as "
-            "told, %d on their own, %d cut at DrainTime%s",
+            "told, %d on their own, %d cut at DrainTime%s%s",
             report.seconds, report.clients_told, report.clients_remaining,
             report.publishes_settled, report.publishes_refused, report.clients,
             report.clients_left - report.clients_left_untold, report.clients_left_untold,
             report.clients_cut, " (DrainTime reached)" if timed_out else "",
+            self._held_by(),
         )
         return report
+
+    def _held_by(self) -> str:
+        """The clients the drain still waited for at its end, by front end, and the first
+        few of them by name with where each was (connection_linger.py's ``leaving``)."""
+        if not self._open:
+            return ""
+        held = list(self._open.values())
+        fronts: dict[str, int] = {}
+        for connection in held:
+            front = getattr(connection.session, "frontend", "?")
+            fronts[front] = fronts.get(front, 0) + 1
+        named = []
+        for connection in held[:HELD_NAMED]:
+            session = connection.session
+            where = getattr(connection, "leaving", "") or (
+                "not told: its publishes wait for their status"
+                if id(session) in self._held else "not closed yet")
+            describe = getattr(session, "describe", None)
+            named.append(f"{describe() if describe else '?'} ({where})")
+        more = f", {len(held) - HELD_NAMED} more" if len(held) > HELD_NAMED else ""
+        counts = ", ".join(f"{n} {front}" for front, n in sorted(fronts.items()))
+        return f"; held by {counts}: {'; '.join(named)}{more}"

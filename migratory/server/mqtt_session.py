@@ -140,17 +140,14 @@ class MqttSession(MqttTakeover):
         return self.identity is not None
 
     @property
-    def is_websocket(self) -> bool:
-        """A client session the server may close (drain, rebalance, shutdown)."""
+    def is_websocket(self) -> bool:  # a client session the server may close (drain...)
         return True
 
     @property
-    def frontend(self) -> str:
-        """The front end this connection speaks, as GET /metrics labels it."""
+    def frontend(self) -> str:  # the front end it speaks, as GET /metrics labels it
         return "mqtt"
 
-    def describe(self) -> str:
-        """How log lines name this client: client id, address and connection id."""
+    def describe(self) -> str:  # how log lines name it: client id, address, connection
         return f"mqtt client {self.client_id or '-'}@{self.peer} #{self.connection_id}"
 
     def log_fields(self) -> dict[str, Any]:
@@ -470,6 +467,10 @@ class MqttSession(MqttTakeover):
         """Closing once its QoS 1 publishes in flight have their outcome (connection.py
         waits for it before it closes)."""
         return self._held_close is not None and not self.aborted
+
+    @property
+    def answer(self) -> ws.FrameDecoder | None:  # over WebSocket: reads the close answer
+        return self._frames if self.closing and not self.aborted else None
 
     def connection_lost(self) -> None:
         """Idempotent: forget the subscriptions, publish the will, save the positions."""

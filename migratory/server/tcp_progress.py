@@ -15,17 +15,36 @@ _BYTES_ACKED_OFFSET = 120
 _TCP_INFO_SIZE = 256
 
 
-def bytes_acked(sock: socket.socket) -> int | None:
-    """Bytes ``sock``'s peer acknowledged since the connection began; None where the
-    platform cannot tell (no ``TCP_INFO``, or one too short)."""
+def _tcp_info(sock: socket.socket) -> bytes | None:
     option = getattr(socket, "TCP_INFO", None)
     if option is None:
         return None
     try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCP_INFO_SIZE)
+        return sock.getsockopt(socket.IPPROTO_TCP, option, _TCP_INFO_SIZE)
     except OSError:
         return None
-    if len(info) < _BYTES_ACKED_OFFSET + 8:
+
+
+def bytes_acked(sock: socket.socket) -> int | None:
+    """Bytes ``sock``'s peer acknowledged since the connection began; None where the
+    platform cannot tell (no ``TCP_INFO``, or one too short)."""
+    info = _tcp_info(sock)
+    if info is None or len(info) < _BYTES_ACKED_OFFSET + 8:
         return None
     acked: int = struct.unpack_from("=Q", info, _BYTES_ACKED_OFFSET)[0]
     return acked
+
+
+# tcpi_state (the first byte of struct tcp_info): after our FIN, the states in which the
+# peer acknowledged it, so every byte before it too (linux/tcp_states.h)
+_FIN_WAIT2, _TIME_WAIT, _CLOSE = 5, 6, 7
+
+
+def end_taken(sock: socket.socket) -> bool | None:
+    """After ``sock.shutdown(SHUT_WR)``: whether the peer's TCP acknowledged every byte
+    written and the end of the stream (our FIN), whether or not its application has
+    read them or closed its own end. None where the platform cannot tell."""
+    info = _tcp_info(sock)
+    if info is None:
+        return None
+    return bool(info) and info[0] in (_FIN_WAIT2, _TIME_WAIT, _CLOSE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import time
 
 from migratory.model.message import Message
@@ -13,8 +14,10 @@ from migratory.protocol.http import check_handshake_response, handshake_request,
 
 
 class RawClient:
-    def __init__(self, port: int, *, timeout: float = 5.0, handshake: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, *, timeout: float = 5.0, handshake: bool = True,
+                 tls: ssl.SSLContext | None = None) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock = sock if tls is None else tls.wrap_socket(sock, server_hostname="localhost")
         self.decoder = ws.FrameDecoder(client_frames=False, max_message_size=64 << 20)
         self.timeout = timeout
         if handshake:

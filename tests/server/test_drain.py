@@ -446,4 +446,7 @@ def test_a_drain_says_two_lines_however_many_clients(caplog: Any) -> None:
     assert lines[0] == "draining 200 clients (DrainTime 5 s)"
     assert ("of the 200 clients at the start 198 left as told, 1 on their own, 1 cut at "
             "DrainTime (DrainTime reached)") in lines[1], lines[1]
+    stuck = waiting[1].session  # which client held the drain, and where it was
+    assert lines[1].endswith(f"; held by 1 websocket: {stuck.describe()} (not told: its "
+                             "publishes wait for their status)"), lines[1]
     assert ctx.stats.closes == {"DRAINED": 198}

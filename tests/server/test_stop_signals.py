@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
+import trustme
+from httpclient import SseClient
+from mqttclient import MqttRawClient
 from rawclient import RawClient
+from tls_files import write_tls_files
 
-from migratory.protocol import close_codes, ops
+from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
+from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 
 
 def wait_logged(server: Any, text: str) -> None:
@@ -55,7 +63,12 @@ def test_a_client_that_answered_the_close_has_left_without_closing_its_socket(
     later, held every pod's termination 5 s. DrainTime (2 s) is shorter than that linger:
     before, this client was cut at DrainTime."""
     server = start_server(DrainTime="2")
-    client = RawClient(server.port, timeout=30)
+    answer_the_drain(server, RawClient(server.port, timeout=30))
+
+
+def answer_the_drain(server: Any, client: RawClient) -> None:
+    """Subscribe, then answer the 4502 with a close frame, the socket kept open (no FIN
+    from this client): drained with the client gone as told."""
     client.connect("answers")
     client.subscribe("/Drain/Answer")
     client.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
@@ -64,10 +77,113 @@ def test_a_client_that_answered_the_close_has_left_without_closing_its_socket(
         close = client.recv_close()
         assert close.code == close_codes.DRAINED.code
         client.send_raw(ws.encode_close(close.code, "", mask=os.urandom(4)))
-        # (the socket stays open, never shut down: no FIN from this client)
+        drained_as_told(server)
+    finally:
+        client.sock.close()
+
+
+# The other front ends: a client that has everything the member queued for it, and the
+# end, has left, whether its TCP end closes or not. Before, each of these was waited for
+# until its FIN: with DrainTime (2 s) below the close linger (5 s), cut at DrainTime.
+
+def drained_as_told(server: Any) -> None:
+    assert server.proc.wait(30) == 0
+    log = server.log()
+    assert "of the 1 clients at the start 1 left as told, 0 on their own, 0 cut" in log, log
+    assert "DrainTime reached" not in log
+
+
+def test_a_wss_client_that_answered_the_close_has_left_without_closing_its_socket(
+    start_server: Any, tmp_path: Path,
+) -> None:
+    """Over TLS the close frame comes in a record: read through the TLS link."""
+    files = write_tls_files(trustme.CA(), tmp_path)
+    server = start_server(listeners=2, ListenEncrypted="127.0.0.1:0", DrainTime="2",
+                          TlsCertificate=files["TlsCertificate"], TlsKey=files["TlsKey"])
+    tls = ssl.create_default_context(cafile=files["ca"])
+    port = int(server.urls[1].rsplit(":", 1)[1])
+    answer_the_drain(server, RawClient(port, timeout=30, tls=tls))  # (no close_notify)
+
+
+def test_an_sse_stream_that_took_its_close_event_has_left_without_closing_its_socket(
+    start_server: Any,
+) -> None:
+    """An SSE client answers nothing: it has what it needs once its TCP end acknowledged
+    the close event and the end of the stream (the FIN)."""
+    server = start_server(DrainTime="2")
+    stream = SseClient(server.port, ["/Drain/Sse"], timeout=30)
+    stream.events_until("subscribe")
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        close = stream.events_until("close")[-1]
+        assert close["data"]["code"] == close_codes.DRAINED.code
+        assert stream.next_event() is None and stream.closed  # the stream's end came
+        drained_as_told(server)  # (its socket stays open, never shut down)
+    finally:
+        stream.close()
+
+
+def test_an_mqtt_client_that_took_its_puback_and_the_end_has_left_without_closing_its_socket(
+    start_server: Any,
+) -> None:
+    """MQTT 3.1.1 has no server DISCONNECT: the member ends the connection; the client has
+    what it needs once its TCP end acknowledged every byte (its PUBACKs) and the FIN."""
+    server = start_server(DrainTime="2", ListenMqtt="127.0.0.1:0")
+    client = MqttRawClient(server.mqtt_port, timeout=30)
+    client.connect("lazy")
+    client.subscribe("drain/mqtt")
+    try:
+        client.send(mqtt.Publish("drain/mqtt", b"x", qos=1, retain=False, packet_id=7))
+        got = {type(client.recv()) for _ in range(2)}
+        assert got == {mqtt.Puback, mqtt.Publish}
+        server.proc.send_signal(signal.SIGTERM)
+        assert client.closed_by_server(timeout=30)
+        drained_as_told(server)  # (its socket stays open, never shut down)
+    finally:
+        client.close()
+
+
+def test_an_mqtt_client_over_websocket_that_answered_the_close_has_left(
+    start_server: Any,
+) -> None:
+    """MQTT over WebSocket ends with a close frame (4502) too: its answer says the client
+    read every packet before it."""
+    server = start_server(DrainTime="2")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        key = new_websocket_key()
+        sock.sendall(handshake_request("127.0.0.1", "/mqtt", key, subprotocol="mqtt"))
+        decoder = ws.FrameDecoder(client_frames=False)
+        data = b""
+        while (used := check_handshake_response(data, key, subprotocol="mqtt")) is None:
+            data += sock.recv(4096)
+        decoder.receive_data(data[used:])
+        connect = mqtt_encode.encode_packet(mqtt.Connect("lazy-ws"))
+        sock.sendall(ws.encode_masked_binary(connect, os.urandom(4)))
+        events: list[ws.Event] = []
+        while not events:  # the CONNACK
+            events = decoder.events(sock.recv(4096))
+        server.proc.send_signal(signal.SIGTERM)
+        while not any(isinstance(e, ws.CloseReceived) for e in events):
+            events = decoder.events(sock.recv(4096))
+        close = next(e for e in events if isinstance(e, ws.CloseReceived))
+        assert close.code == close_codes.DRAINED.code
+        sock.sendall(ws.encode_close(close.code, "", mask=os.urandom(4)))
+        drained_as_told(server)  # (its socket stays open until here)
+
+
+def test_the_drain_names_the_client_that_held_it_and_where_it_was(start_server: Any) -> None:
+    """A client that reads its 4502 but never answers it (nor closes): cut at DrainTime,
+    and the drain's last line says which client and that it waited for its answer."""
+    server = start_server(DrainTime="1")
+    client = RawClient(server.port, timeout=30)
+    client.connect("never-answers")
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        assert client.recv_close().code == close_codes.DRAINED.code
         assert server.proc.wait(30) == 0
     finally:
         client.sock.close()
     log = server.log()
-    assert "of the 1 clients at the start 1 left as told, 0 on their own, 0 cut" in log
-    assert "DrainTime reached" not in log
+    assert "1 left as told" not in log and "0 left as told, 0 on their own, 1 cut" in log
+    assert "; held by 1 websocket: client never-answers@127.0.0.1:" in log, log
+    assert "(no close frame in answer)" in log
