@@ -43,7 +43,12 @@ member sweeps the sessions it holds, ``migratory/server/mqtt_expiry.py``). Two m
 ``ServerName`` get a warning (:func:`name_clash`): nothing routes by it; so do two of
 another ``Entitlement`` (:func:`entitlement_difference`): a change of it rolls out pod by
 pod, but one member's file left at ``None`` lets anyone publish into the cluster
-through it (a forwarded publish is not checked again by the seed).
+through it (a forwarded publish is not checked again by the seed). Two of one
+``Entitlement`` whose keys differ -- a token key, issuer or audience, a plugin, its
+options or code, ``MonitorToken``, compared as keyed digests (``agreement_keys.py``) --
+get a warning naming the keys (:func:`entitlement_key_difference`): a key rotation rolls
+out pod by pod, so refusing would stall it at the first pod, but until it has a client's
+rights depend on the member it lands on.
 
 :class:`SeedAgreement` turns what a member learnt from the seeds into its readiness: a
 member that a majority of the seeds disagree with (or that found another process at
@@ -57,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from cluster.agreement_keys import entitlement_keys
 from cluster.coordination import GROUP_COUNT
 
 if TYPE_CHECKING:
@@ -99,6 +105,9 @@ class MemberSettings:
     limits: MemberLimits | None = None
     """Its MaxMessageSize, MaxFrameSize, Entitlement and MqttSessionExpiry (None: a
     member that predates them, which does not send them)."""
+    entitlement_keys: tuple[tuple[str, str], ...] | None = None
+    """Each key that decides a client's rights under its Entitlement, with a keyed digest
+    of its value (``cluster/agreement_keys.py``; None: a member that predates them)."""
 
     @property
     def seeds(self) -> tuple[str, ...]:
@@ -117,11 +126,16 @@ class MemberSettings:
             server_name=config.server_name,
             limits=MemberLimits(config.max_message_size, config.max_frame_size,
                                 config.entitlement, config.mqtt_session_expiry),
+            entitlement_keys=entitlement_keys(config),
         )
 
     def without_limits(self) -> MemberSettings:
         """These settings as a member that predates :attr:`limits` sends them."""
-        return replace(self, limits=None)
+        return replace(self, limits=None, entitlement_keys=None)
+
+    def without_entitlement_keys(self) -> MemberSettings:
+        """These settings as a member that predates :attr:`entitlement_keys` sends them."""
+        return replace(self, entitlement_keys=None)
 
 
 def _listed(members: Sequence[str]) -> str:
@@ -219,6 +233,28 @@ def entitlement_difference(mine: MemberSettings, theirs: MemberSettings) -> str 
         f"{theirs.limits.entitlement} there (allowed while a change rolls out; until it has, "
         "a client is allowed on one member what another denies it, and a publish "
         "forwarded by a member is numbered without another entitlement check)"
+    )
+
+
+def entitlement_key_difference(mine: MemberSettings, theirs: MemberSettings) -> str | None:
+    """Two members of one ``Entitlement`` whose keys differ (a token key, issuer,
+    audience, plugin, its options or code, ``MonitorToken``): allowed -- a key rotation
+    rolls out pod by pod, and a refused link would stall it at the first pod --, but
+    warned, naming the keys (never a value: only digests are compared)."""
+    if mine.entitlement_keys is None or theirs.entitlement_keys is None:
+        return None
+    if mine.limits is None or theirs.limits is None or (
+            mine.limits.entitlement != theirs.limits.entitlement):
+        return None  # (another Entitlement: entitlement_difference says so)
+    here, there = dict(mine.entitlement_keys), dict(theirs.entitlement_keys)
+    differ = sorted(k for k in here.keys() | there.keys() if here.get(k) != there.get(k))
+    if not differ:
+        return None
+    return (
+        f"the entitlement's keys differ from {theirs.member}'s: {', '.join(differ)} "
+        f"(Entitlement {mine.limits.entitlement} on both; compared by a keyed digest; allowed "
+        "while a change rolls out; until it has, a client's token or rights are accepted on "
+        "one member and denied on another)"
     )
 
 

@@ -42,6 +42,8 @@ Operations, once authenticated (every key always present, no other keys)::
           (+ "mm": MaxMessageSize, "mf": MaxFrameSize, "e": Entitlement,
            "sx": MqttSessionExpiry, all or none:
            a connector sends them, an acceptor only to a connector that sent them)
+          (+ "ek": [[key, digest], ...], the entitlement's keys (cluster/agreement_keys.py),
+           sent as the limits are)
 
 ``Settings`` is the first operation each side sends (the connector first, the acceptor
 in answer); each compares the other's with its own (:func:`cluster.agreement.disagreement`)

@@ -17,6 +17,7 @@ from cluster.agreement import (
     Repeats,
     disagreement,
     entitlement_difference,
+    entitlement_key_difference,
     name_clash,
     soft_differences,
 )
@@ -176,6 +177,8 @@ class LinkChannel:
                 return
             if op.settings.limits is None:  # what a connector that predates them reads
                 mine = mine.without_limits()
+            elif op.settings.entitlement_keys is None:  # (the same, the keys' digests)
+                mine = mine.without_entitlement_keys()
             await self.send(link.Settings(mine))
         if not isinstance(op, link.Settings):
             raise link.LinkError(f"{peer} answered {type(op).__name__} to Settings")
@@ -189,7 +192,8 @@ class LinkChannel:
         for note in soft_differences(mine, theirs):
             if _NOTED.first(peer, note, time.monotonic()):
                 log.info("cluster settings: %s", note)
-        for warned in (name_clash(mine, theirs), entitlement_difference(mine, theirs)):
+        for warned in (name_clash(mine, theirs), entitlement_difference(mine, theirs),
+                       entitlement_key_difference(mine, theirs)):
             if warned is not None and _NOTED.first(peer, warned, time.monotonic()):
                 log.warning("cluster settings: %s", warned)
 
@@ -348,9 +352,9 @@ async def connect(
 
     With ``settings``, the members compare theirs first (:class:`Disagreement` when
     they disagree); a peer that closes the link on receiving them (an older migratory)
-    is dialled again with them as a member before :class:`~cluster.agreement.MemberLimits`
-    sends them, then, closed again, without them (the link comes back with
-    ``peer_settings`` None).
+    is dialled again with them as a member before the entitlement's keys sends them,
+    then as one before :class:`~cluster.agreement.MemberLimits`, then, closed again,
+    without them (the link comes back with ``peer_settings`` None).
 
     The dial itself is bounded by :data:`DIAL_TIMEOUT`: a SYN nobody answers (a seed
     pod gone with its IP, the name still resolving to it) is retried by the kernel for
@@ -360,6 +364,12 @@ async def connect(
         return await _dial(address, member, password, tls, settings, max_frame)
     except OlderPeer as exc:
         older = exc
+    if settings is not None and settings.entitlement_keys is not None:
+        try:  # a member that predates the entitlement's keys in Settings closes on them
+            return await _dial(address, member, password, tls,
+                               settings.without_entitlement_keys(), max_frame)
+        except OlderPeer as exc:
+            older = exc
     if settings is not None and settings.limits is not None:
         try:  # a member that predates the limits in Settings closes on them: without
             return await _dial(address, member, password, tls, settings.without_limits(),

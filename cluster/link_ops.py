@@ -13,6 +13,7 @@ from typing import Any, Final, assert_never, cast
 import cbor2
 
 from cluster.agreement import MemberLimits, MemberSettings
+from cluster.agreement_keys import keys_from_wire
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
 from cluster.link_faults import U64, is_text_map, is_u64, kind, message_fault
@@ -41,16 +42,12 @@ class LinkError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Outgoing:
-    """Handshake bytes to write to the peer."""
-
+class Outgoing:  # handshake bytes to write to the peer
     data: bytes
 
 
 @dataclass(frozen=True, slots=True)
-class Authenticated:
-    """The handshake is complete; ``peer`` is the peer's member name."""
-
+class Authenticated:  # the handshake is complete; ``peer``: the peer's member name
     peer: str
 
 
@@ -87,9 +84,7 @@ class Replicate:
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
-    """Seed -> non-seed: one committed batch."""
-
+class Batch:  # seed -> non-seed: one committed batch
     batch: CommittedBatch
 
 
@@ -111,9 +106,7 @@ class SyncRefused:
 
 
 @dataclass(frozen=True, slots=True)
-class Sync:
-    """Seed -> non-seed: the whole message cache as of ``sync.clsn``."""
-
+class Sync:  # seed -> non-seed: the whole cache as of ``sync.clsn``
     sync: CacheSync
 
 
@@ -260,6 +253,8 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             if m.limits is not None:  # only then: without, the frame an older member reads
                 settings |= {"mm": m.limits.max_message_size, "mf": m.limits.max_frame_size,
                              "e": m.limits.entitlement, "sx": m.limits.mqtt_session_expiry}
+            if m.entitlement_keys is not None:  # (the same: agreement_keys.py)
+                settings["ek"] = [list(pair) for pair in m.entitlement_keys]
             return settings
         case _:
             assert_never(op)
@@ -447,8 +442,14 @@ def _settings(r: _Body) -> Settings:
         delivery_mode=r.text("d"), max_cached=r.uint("c"), incarnation=r.text("i"),
         group_count=r.uint("g"), server_name=r.text("n"),
         limits=MemberLimits(r.uint("mm"), r.uint("mf"), r.text("e"), r.uint("sx"))
-        if "mm" in r.body else None,
-    ))
+        if "mm" in r.body else None, entitlement_keys=_keys(r) if "ek" in r.body else None))
+
+
+def _keys(r: _Body) -> tuple[tuple[str, str], ...]:
+    try:
+        return keys_from_wire(r.body["ek"])
+    except ValueError as exc:
+        raise LinkError(f"'cf' frame: 'ek' must be {exc}") from None
 
 
 _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
@@ -488,8 +489,9 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
         keys = ("c", "m", "o", "a")
     elif tag == "ff" and "s" in body:  # the status, only when not PUBLISH_FAILED
         keys = ("o", "r", "u", "s")
-    elif tag == "cf" and "mm" in body:  # the limits, from a member that knows them
-        keys = (*keys, "mm", "mf", "e", "sx")
+    elif tag == "cf":  # the limits, the entitlement's keys: from a member that knows them
+        keys = (*keys, *(("mm", "mf", "e", "sx") if "mm" in body else ()),
+                *(("ek",) if "ek" in body else ()))
     return build(_Body(body, tag, keys))
 
 

@@ -277,6 +277,63 @@ def test_another_entitlement_links_and_both_warn(
     ])
 
 
+KEYS = (("EntitlementTokenKeyFile", "0123456789abcdef"), ("MonitorToken", "fedcba9876543210"))
+
+
+def test_another_token_key_links_and_both_warn(
+    caplog: pytest.LogCaptureFixture, ports: list[int]
+) -> None:
+    """Before, the token key, issuer, audience, plugin and MonitorToken were never
+    compared: a member with another key accepted tokens the others denied, silently."""
+    caplog.set_level(logging.INFO)
+    seed, odd = ports[0], ports[3]
+    rotated = (KEYS[0][0], "aaaaaaaaaaaaaaaa"), KEYS[1]
+    linked = trio.run(
+        with_services, [(seed, service(seed, settings_of(seed, ports[:4],
+                                                         entitlement_keys=KEYS)))],
+        lambda: dial(seed, settings_of(odd, ports[:4], entitlement_keys=rotated)),
+    )
+    assert linked == "linked"
+    said = sorted(m for m in warnings(caplog) if "entitlement's keys differ" in m)
+    assert [m.split(" (")[0] for m in said] == sorted(
+        f"cluster settings: the entitlement's keys differ from {name(p)}'s: "
+        "EntitlementTokenKeyFile" for p in (seed, odd)), said
+
+
+def test_members_that_predate_the_entitlement_keys_link_and_compare_the_limits(
+    caplog: pytest.LogCaptureFixture, ports: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member from before the keys were in Settings (h105's) ends a link whose ``cf``
+    carries ``ek``: a new member dials it again without them -- its limits still compared
+    (another MaxMessageSize still refused), not dropped with them."""
+    caplog.set_level(logging.INFO)
+    strict = link_ops._op
+
+    def older_op(tag: str, body: dict[Any, Any]) -> link.LinkOp:  # h105's decoder
+        if tag == "cf" and "ek" in body:
+            raise link.LinkError("'cf' frame: missing keys [], 1 unknown keys")
+        return strict(tag, body)
+
+    monkeypatch.setattr(link_ops, "_op", older_op)
+    seed, odd = ports[0], ports[3]
+    bigger = replace(LIMITS, max_message_size=6000000, max_frame_size=8388608)
+
+    async def body() -> tuple[str, str, str]:
+        new_to_old = await dial(seed, settings_of(odd, ports[:4], entitlement_keys=KEYS))
+        sizes = await dial(seed, settings_of(odd, ports[:4], limits=bigger,
+                                             entitlement_keys=KEYS))
+        old_to_new = await dial(seed, settings_of(odd, ports[:4]))  # sends no keys
+        return new_to_old, sizes, old_to_new
+
+    seed_settings = settings_of(seed, ports[:4], entitlement_keys=KEYS)
+    linked, refused, older = trio.run(with_services, [(seed, service(seed, seed_settings))],
+                                      body)
+    assert (linked, older) == ("linked", "linked")
+    assert refused.startswith("MaxMessageSize differs"), refused
+    assert not any("linking without comparing settings" in r.getMessage()
+                   for r in caplog.records)
+
+
 def test_a_plain_member_is_not_taken_for_one_that_speaks_tls(ports: list[int]) -> None:
     """(A member that does is in test_cluster_settings_differ.py, real processes.)"""
     seed = ports[0]

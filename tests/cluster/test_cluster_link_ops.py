@@ -98,7 +98,8 @@ EXAMPLES: list[LinkOp] = [
                             server_name="migratory-1")),
     Settings(MemberSettings(ACCEPTOR, (), 0, "", 0, "", group_count=2**64 - 1)),
     Settings(MemberSettings(ACCEPTOR, (ACCEPTOR,), 3, "Standard", 10, "cd34",
-                            limits=MemberLimits(131072, 1048576, "Token", 604800))),
+                            limits=MemberLimits(131072, 1048576, "Token", 604800),
+                            entitlement_keys=(("EntitlementTokenKeyFile", "0123456789abcdef"),))),
 ]
 
 
