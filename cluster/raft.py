@@ -51,6 +51,7 @@ from cluster.raft_consumer import (
     to_wire,
 )
 from cluster.raft_dump_old_format import OldFormatDump
+from cluster.raft_dump_unloadable import LEADERS, OWN, UnloadableDump
 from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
@@ -135,6 +136,8 @@ class RaftStatus:
     dumps_untaken: dict[str, int] = field(default_factory=dict)
     """A leader's: seeds sent its dump again and again, not taking it
     (cluster/raft_dump_untaken.py)."""
+    dump_unloadable: str | None = None
+    """Why this seed applies nothing: a dump it cannot load (cluster/raft_dump_unloadable.py)."""
     entries_taken: int = 0
     """Entries this seed's Raft node took in since it started: the commands it appended
     as leader, the entries its leader sent it as follower (``SeedCoordination.activity``)."""
@@ -163,9 +166,19 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         dump_file = kwargs["conf"].fullDumpFile
         self._untaken_dumps = UntakenDumps(
             self, time.monotonic, None if dump_file is None else OldFormatDump(dump_file))
+        self._unloadable = UnloadableDump(time.monotonic, dump_file)  # (start: loads it)
         super().__init__(*args, consumers=[consumer], **kwargs)
         self._untaken_dumps.watch(self._SyncObj__serializer)
         self._func_names.update(self._SyncObj__currentVersionFuncNames)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        with self._unloadable.loading(LEADERS if clearJournal else OWN):
+            self._unloadable.attempted()
+            super()._SyncObj__loadDumpFile(clearJournal)
+
+    def _install_dump(self, node: Any, message: dict[str, Any]) -> None:
+        with self._unloadable.loading(LEADERS):  # (the last part loads it, or finds it unreadable)
+            super()._install_dump(node, message)
 
     @property
     def encryptor(self) -> RaftCipher:
@@ -264,6 +277,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             snapshots=snapshots,
             forward_hold=self.forward_hold.statistics(),
             dumps_untaken=self._untaken_dumps.untaken(),
+            dump_unloadable=self._unloadable.reason,
             entries_taken=self._entries_taken,
             held=len(self._status_consumer.held),
             held_since=self._status_consumer.held_since,
@@ -453,6 +467,7 @@ class RaftCoordination:
             "raft_snapshots": snap.snapshots,
             "raft_forward_hold": dict(snap.forward_hold),
             "raft_dumps_untaken": dict(snap.dumps_untaken),
+            "raft_dump_unloadable": snap.dump_unloadable,
         }
 
     def close(self) -> None:

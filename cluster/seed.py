@@ -256,6 +256,8 @@ class SeedCoordination:
             return f"Raft stopped: {status.stopped}"
         if status.listen_error is not None:
             return f"Raft {status.listen_error} (retrying)"
+        if status.dump_unloadable is not None:  # (it applies nothing: never ready)
+            return status.dump_unloadable
         if not status.ready:
             return "member has not caught up with Raft yet"
         silent = time.monotonic() - status.at

@@ -110,3 +110,14 @@ def test_a_seed_that_cannot_bind_its_raft_port_says_why(tmp_path: Path) -> None:
     error = "cannot listen on 127.0.0.1:9002: Address already in use"
     status = RaftStatus(state="follower", at=time.monotonic(), listen_error=error)
     assert seed_with_status(tmp_path, status).not_ready_reason() == f"Raft {error} (retrying)"
+
+
+def test_a_seed_that_cannot_load_its_dump_says_so_not_that_it_is_catching_up(
+    tmp_path: Path,
+) -> None:
+    """Before: "member has not caught up with Raft yet", for as long as it ran (a seed
+    started on a dump another version wrote applies nothing: cluster/raft_dump_unloadable.py)."""
+    why = "Raft: this seed cannot load its own dump (raft.dump): KeyError: 'cached'. ..."
+    status = RaftStatus(state="follower", leader="127.0.0.1:2", ready=False,
+                        at=time.monotonic(), dump_unloadable=why)
+    assert seed_with_status(tmp_path, status).not_ready_reason() == why

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.raft import CoordinationConsumer, _SeedSyncObj
+from cluster.raft_dump_unloadable import UnloadableDump
 from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_forward import ForwardHold
 from cluster.raft_front_server import FrontStatistics
@@ -54,6 +55,7 @@ def seed_with(subjects: int, retained: int) -> Any:
         _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(), _entries_taken=0,
         _untaken_dumps=UntakenDumps(
             SimpleNamespace(_SyncObj__raftCurrentTerm=1, _SyncObj__raftMatchIndex={}), lambda: 0.0),
+        _unloadable=UnloadableDump(lambda: 0.0),
     )
 
 
