@@ -22,7 +22,8 @@ from chaos.proxy import Proxy
 from chaos.schedule import member
 from cluster.tooling import MQTT_OFFSET, free_base_port, member_settings, start_member
 from cluster.up_checks import port_free
-from migratory.config import Config, ConfigError
+from migratory.config import Config, ConfigError, build_config
+from migratory.config_file import Layer
 
 PASSWORD = "chaos-cluster-password"
 # the settings the runner gives every member itself (member_settings, the proxies'
@@ -135,7 +136,9 @@ def check_overrides(overrides: Mapping[str, str], settings: Mapping[str, str]) -
     if owned:
         raise SystemExit(f"chaos run: --set {', '.join(owned)}: set by the runner itself")
     try:
-        Config.from_mapping({**settings, **overrides}, source="--set")
+        # two layers, so that a rule between keys names who set each ("ClusterMembers
+        # (from the runner)", not "(from --set)": it was never given)
+        build_config([Layer("the runner", settings), Layer("--set", overrides)])
     except ConfigError as exc:
         raise SystemExit(f"chaos run: {exc}") from exc
 

@@ -70,6 +70,8 @@ def test_bad_duration_is_a_usage_error(
         ("Listen=127.0.0.1:1", "--set Listen: set by the runner itself"),
         ("ClusterPassword=x", "--set ClusterPassword: set by the runner itself"),
         ("no-equals", "expected Key=Value"),
+        ("Workers=2", "Workers (from --set) = 2 with ClusterMembers (from the runner): a "
+                      "cluster member runs one process"),
     ],
 )
 def test_a_bad_member_setting_ends_the_run_before_any_member_starts(
