@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         "to the next member with Last-Event-ID as EventSource does; default 0: none, and "
         "the members keep their SseHeartbeatInterval)",
     )
+    run.add_argument("--garbage", type=at_least(0), default=0, metavar="N",
+                     help="N bystanders feeding every member malformed WebSocket, HTTP, "
+                     "MQTT, cluster-link and Raft input while the workload runs (default 0; "
+                     "chaos/garbage.py)")
     args = parser.parse_args(argv)
     if args.command == "replay-schedule":
         sys.stdout.write(
@@ -284,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         sse_subscribers=args.sse_subscribers,
         http_publishers=args.http_publishers,
         mqtt_publishers=args.mqtt_publishers,
+        garbage=args.garbage,
     )
 
 

@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -292,3 +293,21 @@ def base_port(members: int) -> int:
             break
         base = free_base_port(members, rng)
     return base
+
+
+def stop_members(members: list[Member]) -> None:
+    """The final stop: crashes so far recorded, then every member ended by PID."""
+    for m in members:
+        m.check_exit()
+        m.signal(signal.SIGCONT)
+        m.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for m in members:
+        p = m.process
+        if p is None:
+            continue
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)

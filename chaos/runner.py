@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from chaos.cpu import CpuMeter
+from chaos.garbage import bystanders, garbage_ports
 from chaos.history import History
 from chaos.http_publisher import http_publisher
 from chaos.members import (
@@ -32,6 +33,7 @@ from chaos.members import (
     http_json,
     mqtt_port,
     on_free_ports,
+    stop_members,
 )
 from chaos.mqtt_publisher import mqtt_publisher
 from chaos.mqtt_workload import mqtt_subscriber
@@ -79,6 +81,7 @@ class Runner:
         sse_subscribers: int = 0,
         http_publishers: int = 0,
         mqtt_publishers: int = 0,
+        garbage: int = 0,
     ) -> None:
         if members < 3 or seeds not in (3, 5) or seeds > members:
             raise SystemExit("need --members >= 3 and --seeds 3 or 5 (<= members)")
@@ -99,6 +102,7 @@ class Runner:
             http_publishers=http_publishers,
             mqtt_publishers=mqtt_publishers,
         )
+        self.garbage, self.garbage_counts = garbage, Counter[str]()
         self.cpu = CpuMeter()
         self.lag = 0.0  # the worst event-loop wake-up delay since the last progress line
         self.run_id = f"chaos-{seed}-{int(time.time())}"
@@ -161,8 +165,6 @@ class Runner:
 
     def say(self, text: str) -> None:
         print(f"[chaos {self.h.now():7.1f}s] {text}", flush=True)
-
-    # --- cluster ---------------------------------------------------------------------
 
     def record_crash(self, m: Member, status: int) -> None:
         """A member exited without the runner ending it: a ``crashes`` row (with the tail
@@ -289,6 +291,10 @@ class Runner:
                 for pub in self.plan.publishers:
                     work.start_soon(self.supervised, pub.name, self.publisher, pub)
                 work.start_soon(self.progress)
+                ports = garbage_ports(self.client_urls, self.members, self.seeds,
+                                      raft=self.mode == "Guaranteed")
+                work.start_soon(bystanders, self.garbage, self.seed, ports,
+                                self.garbage_counts, lambda: workload.publishing)
                 work.start_soon(self.loop_lag)
                 async with trio.open_nursery() as faults:
                     faults.start_soon(self.nemesis.run, start)
@@ -393,20 +399,7 @@ class Runner:
 
     def stop(self) -> None:
         """The final stop: crashes so far recorded, then every member ended by PID."""
-        for m in self.members:
-            m.check_exit()
-            m.signal(signal.SIGCONT)
-            m.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for m in self.members:
-            p = m.process
-            if p is None:
-                continue
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_members(self.members)
 
     def write_run(self, code: int, wall: float) -> None:
         info = {
@@ -445,6 +438,7 @@ class Runner:
                 "skipped_by_kind": dict(sorted(self.nemesis.skipped.items())),
             },
             "counts": self.h.counts,
+            "garbage": dict(sorted(self.garbage_counts.items())),
             "exit_code": code,
             "wall_seconds": round(wall, 2),
         }
