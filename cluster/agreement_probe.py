@@ -19,19 +19,23 @@ and every link it opens compares the settings).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
+from cluster import link
 from cluster.agreement import MemberSettings, Repeats, SeedAgreement
+from cluster.link_faults import U64
 from cluster.link_io import (
     CONNECT_ERRORS,
     DIAL_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     ClusterTls,
     Disagreement,
+    LinkChannel,
     connect,
 )
+from cluster.seed_progress import SeedProgress
 
 log = logging.getLogger("migratory.cluster")
 
@@ -60,7 +64,11 @@ class AgreementProbe:
         tls: ClusterTls | None = None,
         period: float = PROBE_SECONDS,
         max_frame: int,
+        leading: Callable[[], int | None] = lambda: None,
+        progress: SeedProgress | None = None,
     ) -> None:
+        """``leading``: this member's applied clsn while it is the Raft leader (None
+        otherwise): it then asks each seed where it stands too (``progress``)."""
         self.settings = settings
         self.agreement = SeedAgreement(me=settings.member, seeds=settings.seeds)
         self.targets = [own, *(a for a in seeds if a != own)]
@@ -71,6 +79,8 @@ class AgreementProbe:
         self.refusals = Repeats()
         self._round_done = trio.Event()
         self._unasked = 0
+        self.leading = leading
+        self.progress = SeedProgress() if progress is None else progress
 
     def reason(self) -> str | None:
         return self.agreement.reason()
@@ -79,6 +89,8 @@ class AgreementProbe:
         task_status.started()
         while True:
             self._unasked = 0
+            if self.leading() is None:
+                self.progress.seen.clear()  # (a leader's, of its term)
             async with trio.open_nursery() as nursery:
                 for address in self.targets:
                     nursery.start_soon(self._ask, address)
@@ -98,12 +110,17 @@ class AgreementProbe:
         name = _name(address)
         verdict: str | None = None
         asked = False
+        leader_clsn = None if address == self.targets[0] else self.leading()
         try:
             with trio.fail_after(ASK_TIMEOUT):
                 channel = await connect(address, member=self.settings.member,
                                         password=self.password, tls=self.tls,
                                         settings=self.settings, max_frame=self.max_frame)
-                await channel.aclose()
+                try:
+                    if leader_clsn is not None:
+                        await self._where(channel, name, leader_clsn)
+                finally:
+                    await channel.aclose()
             asked = True  # agrees (or, peer_settings None, too old to compare)
         except Disagreement as exc:
             verdict, asked = exc.reason, True
@@ -113,6 +130,8 @@ class AgreementProbe:
             log.exception("agreement probe: asking %s failed", name)
         if verdict is not None and self.refusals.first(name, verdict, trio.current_time()):
             log.warning("cluster settings: %s", verdict)
+        if not asked:
+            self.progress.forget(name)
         if address == self.targets[0]:
             self.agreement.own_address = verdict
         elif asked:
@@ -120,3 +139,18 @@ class AgreementProbe:
         else:
             self.agreement.forget(name)
             self._unasked += 1
+
+    async def _where(self, channel: LinkChannel, name: str, leader_clsn: int) -> None:
+        """Ask the seed on ``channel`` where it stands: a sync no seed can serve, refused
+        with the clsn it applied (cluster/seed_progress.py)."""
+        await channel.send(link.SyncRequest(U64 - 1))
+        for _ in range(8):  # (what else an acceptor may send first: a heartbeat)
+            op = await channel.receive()
+            if op is None:
+                return
+            if isinstance(op, link.SyncRefused):
+                warning = self.progress.observe(name, op.clsn, leader_clsn,
+                                                trio.current_time())
+                if warning is not None:
+                    log.warning("cluster: %s", warning)
+                return

@@ -76,6 +76,7 @@ class GuaranteedNode:
             settings=settings, seeds=config.seed_members, own=config.cluster_member_listen,
             password=config.cluster_password, tls=tls,
             max_frame=link.connected_frame_limit(config.max_frame_size),
+            leading=self._leading,  # (the leader asks the seeds where they stand too)
         )
         self._role_started = False
         self.seed: SeedCoordination | None = None
@@ -153,12 +154,18 @@ class GuaranteedNode:
             "replicating_from": None if self.upstream is None else self.upstream.view.seed,
             "replicas_served": sorted(self.stream.followers),
             "seeds_disagreeing": self.agreement.agreement.against(),
+            "seeds_not_applying": self.agreement.progress.stuck(),
             "publishing": self.publishing.statistics(),
         }
         if self.seed is not None and self.seed.raft is not None:
             status.update(self.seed.raft.status())
             status["raft_commands"] = self.seed.commit_statistics()
         return status
+
+    def _leading(self) -> int | None:
+        """This seed's applied clsn while it is the Raft leader (cluster/seed_progress.py)."""
+        status = None if self.seed is None else self.seed.raft_status
+        return self.replica.applied_clsn if status and status.state == "leader" else None
 
     async def _start_role(self, nursery: trio.Nursery) -> None:
         """Raft (a seed, once a majority of the seeds linked) or replication from a seed

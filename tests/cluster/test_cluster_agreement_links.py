@@ -23,6 +23,7 @@ from cluster.link_io import Disagreement, connect, speaks_tls
 from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
+from cluster.seed_progress import SeedProgress
 from cluster.stream import CommittedStream
 from migratory.server.hub import Hub
 
@@ -427,3 +428,37 @@ def test_the_probe_follows_the_majority_of_the_seeds(
             f"{odd_seeds} of the 3 seeds disagree: ClusterDeliveryMode differs from "
             f"{name(seeds[0])}'s: Guaranteed here, Standard there"
         )
+
+
+@pytest.mark.parametrize("leads", [True, False], ids=["leader", "follower"])
+def test_the_leader_names_a_seed_that_applies_nothing(
+    caplog: pytest.LogCaptureFixture, ports: list[int], leads: bool
+) -> None:
+    """A seed that acknowledges the log and applies none of it (one started on a dump
+    another version wrote) is not ready, and Raft cannot tell its leader. The leader's
+    probe now asks each seed where it stands (a SyncRequest no one can serve, refused
+    with the seed's clsn: cluster/seed_progress.py). Before: nothing named it."""
+    caplog.set_level(logging.INFO)
+    stuck = ports[0]  # its stream applied nothing: clsn 0, while the leader is at 40
+    progress = SeedProgress(stuck_seconds=0.3)
+    probe = AgreementProbe(settings=settings_of(ports[3], ports), seeds=[address(stuck)],
+                           own=address(ports[3]), password=PASSWORD, period=0.1,
+                           max_frame=link.MAX_FRAME, progress=progress,
+                           leading=lambda: 40 if leads else None)
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe.run)
+            while not progress.stuck() and probe.agreement.rounds < (30 if leads else 8):
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(with_services, [(stuck, service(stuck, settings_of(stuck, ports)))], body)
+    named = [m for m in warnings(caplog) if "applies nothing" in m]
+    if not leads:
+        assert (named, progress.stuck(), progress.seen) == ([], {}, {})
+        return
+    assert progress.stuck() == {name(stuck): 0}
+    assert len(named) == 1 and named[0].startswith(
+        f"cluster: seed {name(stuck)} applies nothing: it has stood at clsn 0 for "), named
+    assert "while this Raft leader applied up to 40" in named[0]
