@@ -39,8 +39,42 @@ the member they restart as the leader (tests/deploy/scaling_faults.py), so that 
 is always there to check, whichever pods the Service happened to pick."""
 
 
+BRIDGE_MAC = "02:42:0a:f4:00:01"
+"""The pod network's bridge's own hardware address, set: a Linux bridge without one takes
+the lowest of its ports', so deleting the pod whose veth had it moved the gateway's
+address under every other pod, which kept sending to the old one for its ARP entry's
+life (seconds to tens of seconds): their answers to the Service and to the kubelet were
+lost (test_pod_network.py). CNI's bridge plugin sets its bridge's address for this."""
+
+
 def sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+def make_network() -> None:
+    """The pod network in this (private) network namespace: bridge ``br0`` at GATEWAY."""
+    sh("ip", "link", "set", "lo", "up")
+    sh("ip", "link", "add", "br0", "address", BRIDGE_MAC, "type", "bridge")
+    sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", "br0")
+    sh("ip", "link", "set", "br0", "up")
+
+
+def attach(pid: int, veth: str, ip: str, *, mac: str | None = None) -> None:
+    """Process ``pid``'s network namespace (once it has its own) on the bridge at ``ip``,
+    through veth ``veth`` (its bridge side at ``mac``: a test's, else a random one)."""
+    mine, theirs = "/proc/self/ns/net", f"/proc/{pid}/ns/net"
+    deadline = time.monotonic() + 10
+    while os.readlink(theirs) == os.readlink(mine):  # not unshared yet
+        assert time.monotonic() < deadline, f"process {pid} got no network namespace"
+        time.sleep(0.005)
+    address = [] if mac is None else ["address", mac]
+    sh("ip", "link", "add", veth, *address, "type", "veth", "peer", "name", "eth0", "netns",
+       str(pid))
+    sh("ip", "link", "set", veth, "master", "br0")
+    sh("ip", "link", "set", veth, "up")
+    inside = ["nsenter", f"--net=/proc/{pid}/ns/net", "--"]
+    sh(*inside, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+    sh(*inside, "ip", "link", "set", "eth0", "up")
 
 
 @dataclass
@@ -91,26 +125,11 @@ class LocalStatefulSet:
 
     @staticmethod
     def make_network() -> None:
-        sh("ip", "link", "set", "lo", "up")
-        sh("ip", "link", "add", "br0", "type", "bridge")
-        sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", "br0")
-        sh("ip", "link", "set", "br0", "up")
+        make_network()
 
     def _attach(self, pod: Pod) -> None:
-        mine, theirs = "/proc/self/ns/net", f"/proc/{pod.process.pid}/ns/net"
-        deadline = time.monotonic() + 10
-        while os.readlink(theirs) == os.readlink(mine):  # not unshared yet
-            assert time.monotonic() < deadline, f"{pod.name} got no network namespace"
-            time.sleep(0.005)
         self._generation += 1
-        veth = f"v{pod.ordinal}g{self._generation}"
-        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns",
-           str(pod.process.pid))
-        sh("ip", "link", "set", veth, "master", "br0")
-        sh("ip", "link", "set", veth, "up")
-        inside = ["nsenter", f"--net=/proc/{pod.process.pid}/ns/net", "--"]
-        sh(*inside, "ip", "addr", "add", f"{pod.ip}/24", "dev", "eth0")
-        sh(*inside, "ip", "link", "set", "eth0", "up")
+        attach(pod.process.pid, f"v{pod.ordinal}g{self._generation}", pod.ip)
 
     def hosts(self, pod: Pod | None = None) -> str:
         """Cluster DNS as /etc/hosts: every existing pod under the headless names, as
@@ -319,20 +338,51 @@ class LocalStatefulSet:
             except OSError:
                 await client.aclose()
                 return
+            relay = Relay()
             async with client, upstream, trio.open_nursery() as nursery:
-                nursery.start_soon(_pipe, client, upstream, nursery.cancel_scope)
-                nursery.start_soon(_pipe, upstream, client, nursery.cancel_scope)
+                nursery.start_soon(_pipe, client, upstream, nursery.cancel_scope, relay.up)
+                nursery.start_soon(_pipe, upstream, client, nursery.cancel_scope, relay.down)
+            if prefer is not None:  # where a pinned client's bytes stopped, and who closed
+                self.events.note(f"port {port}: the connection to {target.name} ended: "
+                                 f"{relay.describe()}")
 
         await trio.serve_tcp(forward, port, host=GATEWAY, task_status=task_status)
 
 
+@dataclass
+class Flow:
+    """One direction of a connection through the Service: bytes relayed, when the last
+    ones came, and how it ended (EOF, an error, or cancelled when the other one ended)."""
+
+    name: str
+    relayed: int = 0
+    last: float | None = None
+    end: str = "cancelled"
+
+    def describe(self) -> str:
+        last = "never" if self.last is None else f"last at {self.last:.2f}"
+        return f"{self.name} {self.relayed} B ({last}), {self.end}"
+
+
+@dataclass
+class Relay:
+    up: Flow = field(default_factory=lambda: Flow("to the pod"))
+    down: Flow = field(default_factory=lambda: Flow("to the client"))
+
+    def describe(self) -> str:
+        return f"{self.up.describe()}; {self.down.describe()}"
+
+
 async def _pipe(source: trio.SocketStream, sink: trio.SocketStream,
-                scope: trio.CancelScope) -> None:
+                scope: trio.CancelScope, flow: Flow) -> None:
     try:
         while data := await source.receive_some(65536):
             await sink.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
+            flow.relayed += len(data)
+            flow.last = trio.current_time()
+        flow.end = f"EOF at {trio.current_time():.2f}"
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        flow.end = f"{exc.__cause__ or exc!r} at {trio.current_time():.2f}"
     scope.cancel()
 
 
