@@ -26,14 +26,18 @@ the drain still waits for is (the drain's last line names a few).
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import trio
 
+from migratory.client_lines import lines
 from migratory.protocol import websocket as ws
 from migratory.server.connection_writes import ConnectionWrites
 from migratory.server.tcp_progress import end_taken
 from migratory.server.tls_link import TlsFailed
+
+log = logging.getLogger("migratory.connection")
 
 RECV_SIZE = 65536
 CLOSE_LINGER_SECONDS = 5.0
@@ -67,8 +71,10 @@ class ConnectionLinger(ConnectionWrites):
 
     async def _finish(self) -> None:
         """Let queued bytes (the close frame, after the statuses of the publishes still in
-        flight) drain, half-close, wait briefly for the peer."""
-        with trio.move_on_after(CLOSE_LINGER_SECONDS):
+        flight) drain, half-close, wait briefly for the peer. A client still there when
+        the linger ends is logged with what it had not taken (a client, or a path to it,
+        that stopped reading: the member's diagnosis of a subscriber that got nothing)."""
+        with trio.move_on_after(CLOSE_LINGER_SECONDS) as linger:
             self.leaving = "its last bytes not all written"
             self.flush()
             session = self.session
@@ -81,6 +87,14 @@ class ConnectionLinger(ConnectionWrites):
             self.leaving = ("no close frame in answer" if answer is not None
                             else "its end not acknowledged")
             await self._linger(answer)
+        if linger.cancelled_caught and not self._closed and self.leaving != "left":
+            lines.log(log, logging.INFO, f"linger: {self.leaving}", "%s: %s within %g s: %s",
+                      self.session.describe(), self.leaving, CLOSE_LINGER_SECONDS,
+                      self.untaken(), extra=self._log_fields())
+
+    def _log_fields(self) -> dict[str, object]:
+        fields = getattr(self.session, "log_fields", None)  # (a native session's)
+        return fields() if fields is not None else {"peer": getattr(self.session, "peer", None)}
 
     async def _linger(self, answer: ws.FrameDecoder | None) -> None:
         """Read until the peer's EOF; tell the drain once the client left (see above)."""
@@ -96,6 +110,7 @@ class ConnectionLinger(ConnectionWrites):
                     drain = self.server.drain
                     if drain.waits_for(self) and end_taken(self.sock):
                         drain.left(self)  # its TCP holds everything, and the end
+                        self.leaving = "left"
                         look = None
                     continue
             data = self.sock.recv(RECV_SIZE)
@@ -115,6 +130,7 @@ class ConnectionLinger(ConnectionWrites):
                 # it read every frame before the close, or ended its TLS stream: gone for
                 # the drain, which does not wait for its EOF (a proxy's may come late)
                 self.server.drain.left(self)
+                self.leaving = "left"
                 answered = True
             if answered is not False:
                 answer = None

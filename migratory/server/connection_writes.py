@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 import trio
 
 from migratory.server.metrics import BatchSizes
+from migratory.server.tcp_progress import bytes_acked, unacknowledged_bytes
 from migratory.server.tls_link import TlsFailed, TlsLink
 
 if TYPE_CHECKING:
@@ -73,6 +74,18 @@ class ConnectionWrites:
 
     def flush_now(self) -> None:
         self.flush()
+
+    def untaken(self) -> str:
+        """What of its output the client has not taken, for a log line: a client that
+        stopped reading (or a path to it that stopped) shows bytes left in both places."""
+        outbox = self.session.outbox
+        unacked = unacknowledged_bytes(self.sock)
+        acked = bytes_acked(self.sock)
+        return (
+            f"{len(outbox)} frames ({outbox.pending_bytes} bytes) not written, "
+            f"{'?' if unacked is None else unacked} bytes written and not acknowledged, "
+            f"{'?' if acked is None else acked} acknowledged in all"
+        )
 
     # --- writing ------------------------------------------------------------------
 

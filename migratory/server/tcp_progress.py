@@ -1,13 +1,16 @@
 """What the peer of a client socket has taken: the bytes it acknowledged (Linux
-``TCP_INFO``, ``tcpi_bytes_acked``). A peer acknowledges data once its receive buffer
-holds it; with that buffer full, only as its application reads. The count moves with
-every read, where writability does not: the kernel calls a full socket writable again
-only once half of what it holds is gone, seconds apart for a reader of a few MB/s."""
+``TCP_INFO``, ``tcpi_bytes_acked``; those not yet: ``SIOCOUTQ``). A peer acknowledges
+data once its receive buffer holds it; with that buffer full, only as its application
+reads. The count moves with every read, where writability does not: the kernel calls a
+full socket writable again only once half of what it holds is gone, seconds apart for a
+reader of a few MB/s."""
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 
 # struct tcp_info (linux/tcp.h): 8 one-byte fields, 24 u32, total_retrans, the two
 # pacing rates (u64), then tcpi_bytes_acked (u64, Linux 4.1+)
@@ -48,3 +51,18 @@ def end_taken(sock: socket.socket) -> bool | None:
     if info is None:
         return None
     return bool(info) and info[0] in (_FIN_WAIT2, _TIME_WAIT, _CLOSE)
+
+
+def unacknowledged_bytes(sock: socket.socket) -> int | None:
+    """Bytes written to ``sock`` that its peer has not acknowledged yet (in the kernel's
+    send buffer: Linux ``SIOCOUTQ``, the same request as ``TIOCOUTQ``); None where the
+    platform cannot tell."""
+    request = getattr(termios, "TIOCOUTQ", None)
+    if request is None:
+        return None
+    try:
+        answer = fcntl.ioctl(sock.fileno(), request, b"\0" * 4)
+    except OSError:
+        return None
+    count: int = struct.unpack("i", answer)[0]
+    return count

@@ -7,6 +7,7 @@ publishes cannot settle (a member cut off from its seeds)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import ssl
@@ -20,6 +21,7 @@ from mqttclient import MqttRawClient
 from rawclient import RawClient
 from tls_files import write_tls_files
 
+from migratory.model.message import Message
 from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
@@ -187,3 +189,43 @@ def test_the_drain_names_the_client_that_held_it_and_where_it_was(start_server: 
     assert "1 left as told" not in log and "0 left as told, 0 on their own, 1 cut" in log
     assert "; held by 1 websocket: client never-answers@127.0.0.1:" in log, log
     assert "(no close frame in answer)" in log
+
+
+def test_a_client_that_does_not_answer_the_close_is_logged_with_what_it_had_not_taken(
+    start_server: Any,
+) -> None:
+    """A subscriber that stopped reading (or a path to it that stopped: a proxy) holds its
+    member's drain for the close linger (5 s) and then loses what was queued for it,
+    the close frame too. The member says so, with the bytes the client had not taken:
+    queued in its outbox and in the kernel, written but not acknowledged. Before, the
+    drain's summary said only "1 left as told" -- nothing told a client that stopped
+    reading from one that left (the Kubernetes play's subscriber on the Raft leader that
+    got nothing for 12 s)."""
+    server = start_server(ClientMaxPendingBytes=str(64 << 20))
+    stalled = RawClient(server.port, timeout=30)
+    stalled.connect("stalled")
+    stalled.subscribe("/Drain/Stalled")
+    stalled.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads no more
+    publisher = RawClient(server.port, timeout=30)
+    publisher.connect("publisher")
+    content = b"x" * 100_000
+    try:
+        for n in range(80):  # 8 MB: more than the kernel buffers hold on either side
+            status = publisher.publish(Message("/Drain/Stalled", content, closure=f"c{n}"))
+            assert status.status is ops.Status.PUBLISH_OK, status
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+    finally:
+        stalled.close()
+        publisher.close()
+    lines = [x for x in server.log().splitlines()
+             if "its last bytes not all written within" in x and "client stalled@" in x]
+    assert len(lines) == 1, server.log()  # before: none
+    line = lines[0]
+    found = re.search(r"within 5 s: (\d+) frames \((\d+) bytes\) not written, (\d+) bytes "
+                      r"written and not acknowledged, (\d+) acknowledged in all", line)
+    assert found, line
+    frames, queued, unacknowledged, acknowledged = map(int, found.groups())
+    assert frames > 0 and queued > 0, line  # (the close frame among them)
+    assert unacknowledged > 0 and acknowledged > 0, line
