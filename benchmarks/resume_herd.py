@@ -64,8 +64,10 @@ def fill(server: Server) -> int:
 
 
 def read_until_synced(socks: list[socket.socket], seconds: float,
-                      per_client: int = len(SUBJECTS)) -> tuple[int, int, int, float]:
-    """Read every socket until each has ``per_client`` DATA_SYNC (or ``seconds`` passed),
+                      per_client: int = len(SUBJECTS), marker: bytes = b"DATA_SYNC",
+                      ) -> tuple[int, int, int, float]:
+    """Read every socket until each has ``per_client`` ``marker`` (DATA_SYNC; another
+    front end's) or ``seconds`` passed,
     counting the bytes, decoding nothing: the clients synced, closed, the bytes read and
     when the last one was synced (``time.monotonic``)."""
     selector = selectors.DefaultSelector()
@@ -90,7 +92,7 @@ def read_until_synced(socks: list[socket.socket], seconds: float,
             received += len(data)
             tail, seen = key.data
             both = tail + data
-            seen += both.count(b"DATA_SYNC") - tail.count(b"DATA_SYNC")
+            seen += both.count(marker) - tail.count(marker)
             key.data[:] = [both[-16:], seen]
             if seen >= per_client:
                 selector.unregister(key.fileobj)

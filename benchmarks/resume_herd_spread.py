@@ -32,6 +32,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -97,8 +98,8 @@ def swarm(port: int, frames: list[bytes], per_client: int, pipe: Connection) -> 
         sock.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def herd_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every herd takes (benchmarks/resume_herd_fronts.py too)."""
     parser.add_argument("--clients", type=int, default=5000)
     parser.add_argument("--per-client", type=int, default=10, help="subjects resumed each")
     parser.add_argument("--subjects", type=int, default=100)
@@ -108,6 +109,62 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
+
+def run_herd(server: Server, target: Any, per_proc: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """One client process per entry of ``per_proc`` (``target``'s arguments, its end of
+    a pipe last); once all connected, a bystander, the signal, then the figures."""
+    context = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for proc_args in per_proc:
+        ours, theirs = context.Pipe()
+        proc = context.Process(target=target, args=(*proc_args, theirs))
+        proc.start()
+        pipes.append(ours)
+        procs.append(proc)
+    for pipe in pipes:
+        assert pipe.recv() == "connected"
+    time.sleep(1.0)  # the connections' own work over
+    bystander = Bystander(server.port, seconds=900)  # (before: herds of minutes)
+    cpu_before = cpu_seconds(server.proc.pid)
+    started = time.monotonic()
+    for pipe in pipes:
+        pipe.send("go")
+    results = [pipe.recv() for pipe in pipes]
+    ended = max(r["last"] for r in results)
+    cpu = cpu_seconds(server.proc.pid) - cpu_before
+    delays = bystander.stop()
+    time.sleep(1.1)  # the gaps of the last second reach /stats
+    stats = server.stats()
+    gaps = stats["loop_gaps"]
+    inside = [gap for second, gap in gaps["per_second"]
+              if int(started) <= second <= int(ended) + 1]
+    for proc in procs:
+        proc.join(30)
+    return {
+        "synced": sum(r["synced"] for r in results),
+        "closed": sum(r["closed"] for r in results),
+        "all_synced_s": round(ended - started, 2),
+        "server_cpu_s": round(cpu, 2),
+        "loop_gap_max_ms": max(inside, default=None),
+        "longest_gap_parts_ms": gaps.get("longest_gap_parts_ms"),
+        "bytes_read": sum(r["bytes"] for r in results),
+        "bystander_max_ms": delays["max_ms"], "bystander_lost": delays["lost"],
+        "loop_turns": stats.get("loop_turns"),
+        "load": os.getloadavg()[0],
+    }
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any], **first: Any) -> None:
+    """One line of JSON: the herd's shape, then its figures."""
+    print(json.dumps({**first, "clients": args.clients, "per_client": args.per_client,
+                      "subjects": args.subjects, "cached": args.cached, "back": args.back,
+                      **figures}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    herd_arguments(parser)
     args = parser.parse_args()
     settings = dict(s.split("=", 1) for s in args.set)
     server = Server(MaxConnectionRatePerAddress="0", MaxConnectionsPerAddress="0",
@@ -119,47 +176,9 @@ def main() -> None:
         rng = random.Random(args.seed)
         frames = [resume_frame(rng, subjects, args.per_client, epoch, args.cached, args.back)
                   for _ in range(args.clients)]
-        context = multiprocessing.get_context("fork")
-        pipes, procs = [], []
-        for p in range(args.procs):
-            ours, theirs = context.Pipe()
-            proc = context.Process(target=swarm, args=(
-                server.port, frames[p::args.procs], args.per_client, theirs))
-            proc.start()
-            pipes.append(ours)
-            procs.append(proc)
-        for pipe in pipes:
-            assert pipe.recv() == "connected"
-        time.sleep(1.0)  # the connections' own work over
-        bystander = Bystander(server.port, seconds=900)  # (before: herds of minutes)
-        cpu_before = cpu_seconds(server.proc.pid)
-        started = time.monotonic()
-        for pipe in pipes:
-            pipe.send("go")
-        results = [pipe.recv() for pipe in pipes]
-        ended = max(r["last"] for r in results)
-        cpu = cpu_seconds(server.proc.pid) - cpu_before
-        delays = bystander.stop()
-        time.sleep(1.1)  # the gaps of the last second reach /stats
-        gaps = server.stats()["loop_gaps"]
-        inside = [gap for second, gap in gaps["per_second"]
-                  if int(started) <= second <= int(ended) + 1]
-        print(json.dumps({
-            "clients": args.clients, "per_client": args.per_client,
-            "subjects": args.subjects, "cached": args.cached, "back": args.back,
-            "synced": sum(r["synced"] for r in results),
-            "closed": sum(r["closed"] for r in results),
-            "all_synced_s": round(ended - started, 2),
-            "server_cpu_s": round(cpu, 2),
-            "loop_gap_max_ms": max(inside, default=None),
-            "longest_gap_parts_ms": gaps.get("longest_gap_parts_ms"),
-            "bytes_read": sum(r["bytes"] for r in results),
-            "bystander_max_ms": delays["max_ms"], "bystander_lost": delays["lost"],
-            "loop_turns": server.stats().get("loop_turns"),
-            "load": os.getloadavg()[0],
-        }))
-        for proc in procs:
-            proc.join(30)
+        figures = run_herd(server, swarm, [
+            (server.port, frames[p::args.procs], args.per_client) for p in range(args.procs)])
+        report(args, figures)
     finally:
         server.stop()
 
