@@ -150,7 +150,7 @@ def run_herd(server: Server, target: Any, per_proc: list[tuple[Any, ...]]) -> di
         "longest_gap_parts_ms": gaps.get("longest_gap_parts_ms"),
         "bytes_read": sum(r["bytes"] for r in results),
         "bystander_max_ms": delays["max_ms"], "bystander_lost": delays["lost"],
-        "loop_turns": stats.get("loop_turns"),
+        "loop_turns": stats.get("loop_turns"), "slow_consumers": stats.get("slow_consumers"),
         "load": os.getloadavg()[0],
     }
 

@@ -8,8 +8,13 @@ follows. On an encrypted listener a batch is sealed into one TLS write, and a pa
 sent encrypted batch waits in ``_cipher`` (at most one batch) before the next is taken.
 
 A Server-Sent Events stream catching up has a backlog that goes into its outbox only as
-the socket drains (``Session.refill``, sse_stream.py): each write tops the outbox up
-first, and while a backlog waits the drain task carries on after the socket took all.
+the socket drains (``Session.refill``, sse_stream.py), by the drain task alone, which
+waits for its turn of the event loop before each refill and pays the work it did
+(loop_turns.py), as a connection's reader does for each step of what it read: a herd of
+streams resuming is caught up a bounded amount per turn. (The refills were done by
+whoever flushed -- the reader handling the request, the batch tick, every stream whose
+socket had room -- all in one turn: 300 streams resuming 10 subjects each, ~50 messages
+back, held the loop 3.1 s; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, cast
 import trio
 
 from migratory.server.metrics import BatchSizes
+from migratory.server.session_subscriptions import SLICE_UNITS
 from migratory.server.tcp_progress import bytes_acked, unacknowledged_bytes
 from migratory.server.tls_link import TlsFailed, TlsLink
 
@@ -103,11 +109,10 @@ class ConnectionWrites:
             self._abort()
             return
         if not self.writing:
-            more = session.refill()  # a stream catching up: its backlog, as room allows
             pending = session.outbox if self._tls is None else self._pending()
-            if (pending and not self._write()) or (more and not self.writing):
-                # the socket is full, or took everything and a backlog waits: the drain
-                # task writes (and refills) each time the socket has room
+            if (pending and not self._write()) or (session.refilling and not self.writing):
+                # the socket is full, or a stream's backlog waits: the drain task writes
+                # (and refills, in its turns of the loop) each time the socket has room
                 self.writing = True
                 self.server.nursery.start_soon(self._drain)
         if session.closing and self._read_scope is not None:
@@ -196,7 +201,7 @@ class ConnectionWrites:
             stats = self.server.ctx.stats
             stats.writes += 1
             stats.bytes_written += result
-            if outbox or self.session.catching_up:
+            if outbox or self.session.refilling:
                 self.flush()
             return
         if result < 0:
@@ -212,26 +217,43 @@ class ConnectionWrites:
         stats.bytes_written += result
         if result < len(batch):
             outbox.requeue_unsent(batch[result:])
-        if self._pending() or self.session.catching_up:
+        if self._pending() or self.session.refilling:
             self.flush()
 
     async def _drain(self) -> None:
         """Wait for writability until the outbox is empty (the kernel buffer was full),
-        and a stream's backlog is sent (it is refilled each time the socket has room)."""
+        and a stream's backlog is sent: refilled, in the drain's turns of the event loop,
+        each time the socket took what was queued."""
         try:
             while not self._closed:
-                await trio.lowlevel.wait_writable(self.sock)
-                if self._closed:
-                    break
-                more = self.session.refill()
-                if not self._pending():
-                    if more:
+                if self._pending():
+                    await trio.lowlevel.wait_writable(self.sock)
+                    if self._closed:
+                        break
+                    if not self._write():
                         continue
+                    if self._flying:
+                        break  # (through the io_uring: sent() carries on)
+                if not self.session.refilling:
                     break
-                if self._write() and (not more or self._flying):
-                    break  # (through the io_uring: sent() carries on)
+                await self._refill()
+                if self._pending() and self._write() and self._flying:
+                    break
         except (trio.ClosedResourceError, OSError):
             self._abort()
         finally:
             self.writing = self._flying  # its last write may have gone to the io_uring
+
+    async def _refill(self) -> None:
+        """One refill of a stream's backlog, in this connection's turn of the loop, the
+        work it did paid to the server's budget (a step coming back, as a reader's)."""
+        turns = self.server.turns
+        reserved = await turns.turn(fresh=False)
+        session = self.session
+        done = session.work_done
+        try:
+            if not self._closed:
+                session.refill(reserved or SLICE_UNITS)
+        finally:
+            turns.paid(session.work_done - done, reserved)
 

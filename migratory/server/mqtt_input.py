@@ -17,6 +17,7 @@ from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_sub
 from migratory.protocol import close_codes, mqtt
 from migratory.protocol import websocket as ws
 from migratory.server.mqtt_connect import check_connect
+from migratory.server.mqtt_resume import SCAN_UNIT
 from migratory.server.mqtt_store import decode_record, session_subject
 from migratory.server.mqtt_subscriptions import SCAN_SLICE
 
@@ -27,14 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("migratory.mqtt")
 
 
-SCAN_UNIT = 250
-"""Subjects (or recorded positions) matched against a session's filters -- a SUBSCRIBE's
-retained messages, a resumed session's subjects, a persistent session's record after a
-change of its filters -- that count as one more packet of the per-turn budget (~1 ms of
-CPU): one client's SUBSCRIBE / UNSUBSCRIBE flood on a server of many subjects waits for
-the others' turn. A SUBSCRIBE's retained messages and a resume's catch-up go a slice
-(SCAN_SLICE) per turn."""
-
+SLICE_OPERATIONS = 1 + SCAN_SLICE // SCAN_UNIT
+"""What a slice of a SUBSCRIBE's retained messages or of a resume's catch-up counts for
+in the turn (about: a subject's missed messages are delivered whole)."""
 
 DISCARD_WAIT = 1.0
 """Seconds a connection waits for a clean CONNECT's discard before it looks again (it
@@ -146,8 +142,12 @@ class MqttInput:
                 if budget is not None and handled >= budget:
                     return True
                 if self.subscriptions.busy:  # retained messages, or a resume's catch-up
-                    if scanned >= SCAN_SLICE and budget is not None:
-                        return True  # a slice per turn at most: the others' turn first
+                    if budget is not None and (scanned >= SCAN_SLICE or (
+                            handled and handled + SLICE_OPERATIONS > budget)):
+                        # a slice per turn at most, and none that could pass the
+                        # step's budget (a CONNECT let in with 2 reserved did 1 and a
+                        # slice): the others' turn first
+                        return True
                     self._work = self.subscriptions.work(
                         SCAN_SLICE if budget is None else SCAN_SLICE - scanned)
                     scanned += self._work

@@ -13,6 +13,13 @@ in for the session with the hub): a live message of a subject not caught up yet 
 catches that subject up, so the session gets its messages in order, none twice, none
 missing. A subject counts as caught up once the session has a position for it
 (``settle_reached``). When the work is done the session takes its subscriptions back.
+
+The work is counted as a WebSocket resume's (``session_subscriptions``): a message
+delivered weighs :data:`MESSAGE_VISITS`, so that a slice (``SCAN_SLICE`` units) holds
+about as many messages as a WebSocket's (``SLICE_MESSAGES``) and counts as much in the
+loop's turn. (A message counted one visit: a slice delivered 2,000 messages and counted
+9 operations of the turn, where a WebSocket's 2,000 count 126; 2,000 persistent sessions
+reconnecting ~50 messages back on 10 subjects held the loop 1.4 s: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.server.hub import Hub
 from migratory.server.hub_sinks import SubjectScan
+from migratory.server.session_subscriptions import MESSAGES_PER_UNIT
 
 if TYPE_CHECKING:
     from migratory.server.mqtt_session import MqttSession
@@ -39,6 +47,18 @@ RESYNCS_LOGGED = 10
 """Subjects a resume logs one by one as resumed from their snapshot; the others are
 counted (``mqtt_resyncs``) under one line: a '#' session on a server whose caches no
 longer reached back logged 400,000 warnings, ~50 ms of a slice's turn per 2,000."""
+
+SCAN_UNIT = 250
+"""Subjects (or recorded positions) matched against a session's filters -- a SUBSCRIBE's
+retained messages, a resumed session's subjects, a persistent session's record after a
+change of its filters -- that count as one more packet of the per-turn budget (~1 ms of
+CPU): one client's SUBSCRIBE / UNSUBSCRIBE flood on a server of many subjects waits for
+the others' turn. A SUBSCRIBE's retained messages and a resume's catch-up go a slice
+(SCAN_SLICE) per turn (mqtt_input)."""
+
+MESSAGE_VISITS = SCAN_UNIT // MESSAGES_PER_UNIT
+"""What a message a resume delivers counts for, in visits: MESSAGES_PER_UNIT of them
+count as one operation of the turn, as a WebSocket resume's recovered messages."""
 
 SCAN_CHUNK = 256
 """Visits of the subject index asked for at a time between catch-ups (a slice's bound
@@ -76,8 +96,8 @@ class Resume:
         self._owner.deliver_message(message, qos)
 
     def work(self, limit: int) -> int:
-        """Catch up subjects for about ``limit`` units of work (a subject, a message
-        delivered, a visit of the subject index); the units done."""
+        """Catch up subjects for about ``limit`` units of work (a subject, a visit of the
+        subject index; a message delivered: MESSAGE_VISITS); the units done."""
         owner = self._owner
         done = 0
         pending = self._pending
@@ -86,7 +106,7 @@ class Resume:
                 return done
             subject, position = pending.popitem()
             if subject not in owner.settle_reached():
-                done += self._catch_up(subject, position)
+                done += MESSAGE_VISITS * self._catch_up(subject, position)
             done += 1
         if pending:
             return done
@@ -97,7 +117,7 @@ class Resume:
             visited = scan.visited
             for subject, _, _, _ in scan.take(min(SCAN_CHUNK, limit - done)):
                 if subject not in owner.settle_reached():
-                    done += self._catch_up(subject, NOTHING_SEEN)
+                    done += MESSAGE_VISITS * self._catch_up(subject, NOTHING_SEEN)
             done += scan.visited - visited
         return done
 

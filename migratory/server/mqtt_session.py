@@ -158,9 +158,9 @@ class MqttSession(MqttTakeover):
     def flush(self) -> None:
         self._link.flush_now()
 
-    catching_up = False  # (an SSE stream's catch-up: session.py)
+    catching_up = refilling = False  # (an SSE stream's catch-up: session.py)
 
-    def refill(self) -> bool:
+    def refill(self, budget: int | None = None) -> bool:
         return False
 
     # --- input ----------------------------------------------------------------

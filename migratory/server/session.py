@@ -59,7 +59,7 @@ class Session(StreamSession):
         "_ctx", "_decoder", "_held_close", "_held_event", "_http", "_in_flight", "_link",
         "_publish_rate", "_stream", "_subscriptions", "aborted", "close_code", "close_reason",
         "closing", "connection_id", "decision_pending", "expires_at", "identity", "listener",
-        "mqtt_upgrade", "outbox", "peer", "work_done",
+        "mqtt_upgrade", "outbox", "peer",
     )
 
     def __init__(
@@ -277,8 +277,7 @@ class Session(StreamSession):
         stream = self._stream = SseStream(self, subjects)
         self._ctx.stats.subscriptions_open += len(subjects)  # (MaxSubscriptions) until stop
         stream.start(self._ctx.hub, requests, now)
-        self.refill()  # the first events at once; the rest as the socket drains
-        self.flush()
+        self.flush()  # the head; the writer refills the events in its turns of the loop
 
     def reply_and_close(self, response: bytes) -> None:  # an HTTP response, then close
         self._send_unbounded(response)

@@ -6,7 +6,9 @@ A stream's backlog (what the hub answered its subscribes with, then the live eve
 that came meanwhile: :mod:`~migratory.server.sse_stream`) goes into the outbox only as
 the socket drains: the writer calls :meth:`StreamSession.refill` before each write, so
 the recovered messages never count against ClientMaxPendingBytes; the live events
-waiting behind them do (:meth:`StreamSession.backlog_grew`).
+waiting behind them do (:meth:`StreamSession.backlog_grew`). Each refill is work of the
+event loop's turn (loop_turns.py): the writer waits for its turn first, and the refill
+counts what it did in ``work_done`` as a WebSocket's answers do.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ REFILL_BYTES = 65_536
 class StreamSession:
     """Session methods of a Server-Sent Events stream."""
 
-    __slots__ = ()
+    __slots__ = ("work_done",)
 
+    work_done: int  # operations processed so far, as counted against a budget (Session)
     _ctx: ServerContext
     _link: Link
     _stream: SseStream | None
@@ -50,6 +53,7 @@ class StreamSession:
 
     def _slow_consumer(self, why: SlowConsumer | str) -> None:
         raise NotImplementedError  # Session
+
 
     @property
     def heartbeat_interval(self) -> float | None:
@@ -75,9 +79,15 @@ class StreamSession:
         stream = self._stream
         return stream is not None and stream.catching_up
 
-    def refill(self) -> bool:
-        """Top the outbox up from a stream's backlog (the socket took what it held); True
-        while more waits. A WebSocket or a stream caught up: nothing, False."""
+    @property
+    def refilling(self) -> bool:
+        """A stream's backlog waits and the stream is not closing: :meth:`refill` it."""
+        return self.catching_up and not (self.closing or self.aborted)
+
+    def refill(self, budget: int | None = None) -> bool:
+        """Top the outbox up from a stream's backlog (the socket took what it held), about
+        ``budget`` units of work at most (counted in ``work_done``); True while more
+        waits. A WebSocket or a stream caught up: nothing, False."""
         stream = self._stream
         if stream is None or self.closing or self.aborted or not stream.catching_up:
             return False
@@ -85,7 +95,11 @@ class StreamSession:
         room = min(REFILL_BYTES, (outbox.max_pending >> 2) - outbox.pending_bytes)
         if room <= 0:
             return True
-        return stream.refill(room)
+        done = stream.work_done
+        try:
+            return stream.refill(room, budget)
+        finally:
+            self.work_done += stream.work_done - done
 
     def queue(self, frame: bytes) -> None:
         """An event of a stream's backlog (refill's caller writes it)."""

@@ -18,6 +18,13 @@ messages it does not take (or, with none, by :meth:`SseStream.stalled`). A resum
 answered whole, as it used to be, passed the limit at once when it was larger: cut,
 retried 1-2 s later from a little further, cut again -- behind a stream of 420 msg/s,
 forever (chaos ``--sse-subscribers``, docs/chaos.md).
+
+A subject resumed from a position is answered in slices of at most ``SLICE_MESSAGES``
+recovered messages (:mod:`~migratory.server.hub_resume`, as a WebSocket's), and a refill
+does at most a ``budget`` of work (:attr:`SseStream.work_done`, counted as a WebSocket's
+answers are: ``answer_units``): the connection's writer refills in its turns of the
+event loop (:mod:`~migratory.server.loop_turns`), so a herd of streams reconnecting with
+their ``Last-Event-ID`` is caught up a bounded amount per turn, the others served between.
 """
 
 from __future__ import annotations
@@ -28,8 +35,15 @@ from typing import Protocol, TypeAlias
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops, sse
+from migratory.server.admission import WORK_UNIT_BYTES
 from migratory.server.format_sink import FormatSink
-from migratory.server.hub import Hub
+from migratory.server.hub import Hub, ResumeCursor
+from migratory.server.session_subscriptions import (
+    MESSAGES_PER_UNIT,
+    SLICE_MESSAGES,
+    SLICE_UNITS,
+    answer_units,
+)
 
 SSE_FORMAT = "sse"  # this format's key in a fan-out's shared frames: event + data lines
 SSE_SINGLE = "sse-one-subject"  # the whole event of one-subject streams (id included)
@@ -77,7 +91,7 @@ class SseStream(FormatSink):
     __slots__ = (
         "_backlog", "_held", "_hub", "_idle", "_index", "_marks", "_now", "_output",
         "_pending_seen", "_progress", "_progress_seen", "_single", "_stopped", "_unsubscribed",
-        "subjects",
+        "subjects", "work_done",
     )
 
     def __init__(self, output: Output, subjects: list[str]) -> None:
@@ -85,14 +99,17 @@ class SseStream(FormatSink):
         # the events still to send before live ones (None: caught up, the usual case)
         self._backlog: deque[Waiting] | None = None
         self._held = 0  # bytes counted for the live events in the backlog
-        # the URL's subjects not subscribed yet, subscribed as the backlog empties
-        self._unsubscribed: deque[tuple[str, ops.SubscriptionRequest | str]] = deque()
+        # the URL's subjects not subscribed yet, subscribed as the backlog empties (a
+        # resume under way first, as its cursor)
+        self._unsubscribed: deque[
+            tuple[str, ops.SubscriptionRequest | str | ResumeCursor]] = deque()
         self._hub: Hub | None = None
         self._now = 0.0  # when the stream started (a stream's subscriptions conflate none)
         self._progress = self._progress_seen = 0  # refills that sent something
         self._pending_seen = 0  # the output's bytes waiting, at the last stalled()
         self._idle = 0  # stalled() calls in a row with no progress
         self._stopped = False
+        self.work_done = 0  # units of work of the refills so far (answer_units' scale)
         self.subjects = subjects
         self._index = {subject: i for i, subject in enumerate(subjects)}
         self._single = len(subjects) == 1
@@ -159,23 +176,32 @@ class SseStream(FormatSink):
         """Events or subjects wait to be sent (:meth:`refill`)."""
         return self._backlog is not None or bool(self._unsubscribed)
 
-    def refill(self, room: int) -> bool:
+    def refill(self, room: int, budget: int | None = None) -> bool:
         """Send about ``room`` bytes of the backlog (subscribing the next subjects as it
-        empties); True while more waits. A mark moves only once the output took its
-        event: cut off meanwhile, the stream's close event names what it took."""
+        empties, a resume a slice at a time), about ``budget`` units of work at most
+        (:attr:`work_done`); True while more waits. A mark moves only once the output
+        took its event: cut off meanwhile, the stream's close event names what it took."""
         output = self._output
-        sent = 0
+        sent = events = 0
+        units = 1  # (as a WebSocket's answer counts one, and its messages)
         while sent < room and not (output.closing or output.aborted):
+            if budget is not None and units + events // MESSAGES_PER_UNIT >= budget:
+                break
             backlog = self._backlog
             if backlog:
                 sent += self._send(backlog.popleft())
+                events += 1
             elif self._unsubscribed:
-                self._subscribe_next()
+                if budget is not None and (
+                        units + events // MESSAGES_PER_UNIT + SLICE_UNITS > budget):
+                    break  # a step starts no answer that could pass its budget
+                units += self._subscribe_next()
             else:
                 self._backlog = None
                 break
         if sent:
             self._progress += 1
+        self.work_done += units + events // MESSAGES_PER_UNIT + sent // WORK_UNIT_BYTES
         return self.catching_up
 
     def stalled(self, pending: int) -> bool:
@@ -183,30 +209,44 @@ class SseStream(FormatSink):
         no refill sent anything and the output's ``pending`` bytes did not go down (the
         socket took none). A reader that stopped, holding its backlog: cut it off. (Two:
         a slow reader sees the socket writable only once the kernel's buffer is half
-        empty, tens of seconds apart at tens of kB/s.)"""
+        empty, tens of seconds apart at tens of kB/s.) Nothing ``pending``: the socket took
+        all, the server owes the next refill -- the stream waits for its turn of the loop
+        (loop_turns.py) behind a herd catching up, never the reader's fault."""
         moved = self._progress != self._progress_seen or pending < self._pending_seen
         self._progress_seen, self._pending_seen = self._progress, pending
-        if moved or not self.catching_up:
+        if moved or not pending or not self.catching_up:
             self._idle = 0
             return False
         self._idle += 1
         return self._idle >= 2
 
-    def _subscribe_next(self) -> None:
+    def _subscribe_next(self) -> int:
+        """Subscribe the next subject, or answer the next slice of its resume; the work
+        it counts for (``answer_units``)."""
         subject, request = self._unsubscribed.popleft()
         if isinstance(request, str):
             denied = ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, subject, None, request)
             self._queue_status(denied)
-            return
-        assert self._hub is not None
+            return 1
+        hub = self._hub
+        assert hub is not None
         if self._backlog is None:
             self._backlog = deque()  # its answer waits there, statuses too
-        for op in self._hub.subscribe(self, request, self._now):
-            if request.position is not None and isinstance(op, ops.SubjectStatus):
+        if isinstance(request, ResumeCursor):
+            answer, cursor = hub.continue_resume(self, request, self._now, SLICE_MESSAGES)
+            resumed = True
+        else:
+            answer, cursor = hub.start_resume(self, request, self._now, SLICE_MESSAGES)
+            resumed = request.position is not None
+        if cursor is not None:  # the rest of its resume, before the next subject
+            self._unsubscribed.appendleft((subject, cursor))
+        for op in answer:
+            if resumed and isinstance(op, ops.SubjectStatus):
                 outcome = _RESUME_OUTCOMES.get(op.status)
                 if outcome is not None:
                     self._output.resumed(outcome)
             self.deliver_op(op)
+        return answer_units(answer)
 
     def _queue_status(self, op: ops.SubjectStatus) -> None:
         if self._backlog is None:
