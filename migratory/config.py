@@ -212,6 +212,7 @@ class Config:
     gc_thresholds: tuple[int, int, int]
     drain_time: int
     client_tcp_keepalive: KeepAlive
+    client_heartbeat_minimum: int
     max_connections: int
     file_descriptor_reserve: int
     max_connections_per_address: int

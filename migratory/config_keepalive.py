@@ -1,4 +1,5 @@
-"""Config key of TCP keepalive on client sockets: ``ClientTcpKeepAlive``.
+"""Config keys of a client's liveness: TCP keepalive on client sockets
+(``ClientTcpKeepAlive``) and the native protocol's heartbeats (``ClientHeartbeatMinimum``).
 
 A client whose network path died without a FIN or RST (a NAT that forgot it, a pulled
 cable, a VM paused for good) is noticed only when something is written to it and the
@@ -12,6 +13,8 @@ connection once it no longer answers."""
 from __future__ import annotations
 
 from migratory.config_values import Setting, _int
+
+HEARTBEAT_CEILING_MS = 3_600_000
 
 KeepAlive = tuple[int, int, int]
 """(idle seconds, probe interval seconds, probes): (0, 0, 0) is off"""
@@ -44,4 +47,14 @@ KEEPALIVE_SETTINGS: tuple[Setting, ...] = (
             "its connection and its outbox until something is written to it, or for the "
             "kernel's ~15 minutes of retransmissions. 0: off (no probes, the kernel's "
             "retransmission bound)."),
+    Setting("ClientHeartbeatMinimum", "client_heartbeat_minimum",
+            _int(0, HEARTBEAT_CEILING_MS, " of milliseconds"), "1000",
+            "Shortest heartbeat interval granted to a WebSocket client that asks for one in "
+            "`connect` (docs/protocol.md, \"Heartbeats\"): the server writes something to it "
+            "-- a `pong` without `id` when it has nothing else -- at least every interval, "
+            "so that the client sees a member that went silent without closing (a frozen "
+            "VM, a lost node, a SIGSTOP) within about twice the interval, with no round trip, "
+            "and resumes elsewhere while the cache still holds what it missed. A client "
+            "asking for less gets this; a busy connection is sent none. 0: no heartbeats "
+            "(the SDKs fall back to their pings)."),
 )

@@ -28,11 +28,13 @@ OPERATIONS: list[dict[str, Any]] = [
     {"op": "publish_status", "status": "PUBLISH_OK", "subject": "/a/b", "closure": "c",
      "epoch": 7, "seq": 3},
     {"op": "connected", "server": "s", "version": 1, "max_subjects_per_subscribe": 10},
+    {"op": "connected", "server": "s", "version": 1, "heartbeat": 2000},
     {"op": "pong", "id": 1},
+    {"op": "pong"},
 ]
 KEYS = ["op", "subject", "content", "epoch", "seq", "type", "fields", "status", "closure",
         "messages", "retained", "qos", "id", "server", "version", "reason",
-        "max_subjects_per_subscribe", "unknown"]
+        "max_subjects_per_subscribe", "heartbeat", "unknown"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70),
     st.sampled_from([0, -1, EPOCH_LIMIT - 1, EPOCH_LIMIT, MAX_INTEGER, MAX_INTEGER + 1, 2**64]),

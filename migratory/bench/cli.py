@@ -86,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conns.add_argument("--hold", type=float, default=5.0, help="seconds to hold them idle")
     conns.add_argument("--window", type=int, default=256, help="handshakes in flight per process")
     conns.add_argument("--ping-timeout", type=float, default=30.0)
+    conns.add_argument("--heartbeat", type=int, metavar="MS",
+                       help="ask for a heartbeat in connect, as the SDKs do (2000)")
     out = parser.add_argument_group("load processes and output")
     out.add_argument("--procs", type=int, default=2, help="load processes")
     out.add_argument("--swarm", choices=("c", "python"),

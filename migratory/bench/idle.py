@@ -7,7 +7,9 @@ idle. The server's VmRSS (/proc/PID/status; its process is found by the port it
 listens on, or named with ``--pid``) is read before, once connected, after the
 hold (the figure per connection), after one native ``ping`` on every connection
 (the ``pong`` answers prove the server still serves each session) and after
-they closed. ``/stats`` gives the server's own count of open connections.
+they closed. ``/stats`` gives the server's own count of open connections. With
+``--heartbeat MS`` each ``connect`` asks for heartbeats (docs/protocol.md), as the SDKs
+do: the hold then counts them and the server's CPU while it sends them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from migratory.bench.wsraw import (
 )
 
 TARGET_KIB_PER_CONNECTION = 16.0
+HEARTBEAT = cbor2.dumps({"op": "pong"})  # a pong without id
 SETTLE_SECONDS = 1.0
 
 
@@ -57,6 +60,7 @@ def holder_main(
     window: int,
     setup_timeout: float,
     lifetime: float,
+    heartbeat_ms: int | None = None,
 ) -> None:
     """Open ``count`` sessions, then obey the parent: hold, ping, close."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
@@ -65,7 +69,10 @@ def holder_main(
     hard_deadline = time.monotonic() + lifetime
 
     def frames_for(index: int) -> bytes:
-        return masked(cbor2.dumps({"op": "connect", "version": 1, "client": f"bench-{index}"}))
+        connect: dict[str, Any] = {"op": "connect", "version": 1, "client": f"bench-{index}"}
+        if heartbeat_ms is not None:
+            connect["heartbeat"] = heartbeat_ms
+        return masked(cbor2.dumps(connect))
 
     setup = open_connections(
         host,
@@ -149,6 +156,8 @@ def watch(conns: list[RawConn], seconds: float, ping: bytes | None) -> dict[str,
                     if opcode == OPCODE_CLOSE:
                         conn.closed = f"close frame {close_code(data, start, end)}"
                         frames["close"] += 1
+                    elif data[start:end] == HEARTBEAT:
+                        frames["heartbeat"] += 1
                     elif data.find(b"pong", start, end) >= 0:
                         frames["pong"] += 1
                         answered.add(fd)
@@ -228,6 +237,7 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
                 args.window,
                 args.setup_timeout,
                 lifetime,
+                args.heartbeat,
             ),
             name=f"holders-{k}",
             daemon=True,
@@ -256,7 +266,10 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
     print(f"holding {args.hold:g} s ...", file=sys.stderr, flush=True)
     progress = Progress(args.hold, f"{target.name}: {opened:,} idle sessions",
                         enabled=None if args.progress else False)
+    hold_meter = CpuMeter(dict(servers))  # (the heartbeats' cost, with --heartbeat)
+    hold_meter.start()
     held = broadcast(pipes, ("hold", args.hold), "held", args.hold + 60, progress)
+    hold_cpu = hold_meter.stop()
     rss_held = rss()
     stats_held = stats()
     pinged = broadcast(pipes, ("ping", args.ping_timeout), "pinged", args.ping_timeout + 60)
@@ -290,6 +303,8 @@ def run(args: argparse.Namespace, target: Target, procs: list[BaseProcess]) -> d
         "setup_rate_per_second": opened / max(setup_seconds, 1e-9),
         "setup_slowest_ms": max(r[4] for r in ready),
         "setup_cpu_percent": setup_cpu,
+        "heartbeat_ms": args.heartbeat,
+        "hold_cpu_percent": hold_cpu,
         "held": held,
         "pinged": pinged,
         "server_rss_kib": {
@@ -327,9 +342,11 @@ def report(result: dict[str, Any]) -> None:
         f"{result['setup_seconds']:.1f} s ({result['setup_rate_per_second']:,.0f}/s; server CPU "
         f"{server_cpu:.0f} %, load generator {load_cpu:.0f} %)"
     )
+    hold_cpu = sum(v for k, v in result["hold_cpu_percent"].items() if k.startswith("server"))
     print(
         f"after {held['seconds']:.1f} s hold    : {held['open']} open; "
-        f"closes {held['closes'] or 0}; frames {held['frames'] or 0}"
+        f"closes {held['closes'] or 0}; frames {held['frames'] or 0}; server CPU "
+        f"{hold_cpu:.1f} % (heartbeat asked: {result['heartbeat_ms'] or 'none'})"
     )
     print(
         f"ping -> pong         : {pinged['answered']} answered in {pinged['seconds']:.2f} s "

@@ -65,7 +65,7 @@ class Outbox:
 
     __slots__ = (
         "_batch_space", "_budget", "_frames", "_max_pending", "_partial_head",
-        "_pending_bytes", "_taken", "_taken_bytes",
+        "_pending_bytes", "_taken", "_taken_bytes", "batches_taken",
     )
 
     def __init__(
@@ -87,6 +87,7 @@ class Outbox:
         self._taken_bytes = 0  # its length
         self._partial_head = False  # the first frame is the unwritten rest of a frame
         self._budget = budget
+        self.batches_taken = 0  # batches taken to be written so far (heartbeats.py)
 
     def __bool__(self) -> bool:
         return bool(self._frames)
@@ -158,6 +159,7 @@ class Outbox:
         self._pending_bytes = 0
         self._taken_bytes = len(batch)
         self._partial_head = False
+        self.batches_taken += 1
         return batch
 
     def requeue_unsent(self, rest: bytes) -> None:

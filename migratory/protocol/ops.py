@@ -71,6 +71,9 @@ class Connect:
     client: str = ""
     token: str | None = None
     version: int = PROTOCOL_VERSION
+    heartbeat_ms: int | None = None
+    """The longest silence the client wants from the server, in ms: a server that knows
+    the key answers the interval it grants in ``connected`` (docs/protocol.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,9 @@ class Connected:
     max_subjects_per_subscribe: int | None = None
     """The server's ``MaxSubjectsPerSubscribe``: a client sends no more entries in one
     ``subscribe`` (a reconnect resubscribes every subject), or it is closed with 4000."""
+    heartbeat_ms: int | None = None
+    """Granted to a ``connect`` that asked: the server writes something (a ``pong``
+    without ``id`` when it has nothing else) at least every this many ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,10 +213,13 @@ def encode_server_op(op: ServerOp) -> bytes:
         return _encode_publish_status(op)
     body: dict[str, Any]
     match op:
-        case Connected(server=server, version=version, max_subjects_per_subscribe=most):
+        case Connected(server=server, version=version, max_subjects_per_subscribe=most,
+                       heartbeat_ms=heartbeat):
             body = {"op": "connected", "server": server, "version": version}
             if most is not None:
                 body["max_subjects_per_subscribe"] = most
+            if heartbeat is not None:
+                body["heartbeat"] = heartbeat
         case Deliver(messages=(single,)):
             return encode_message(single)
         case Deliver(messages=messages):
@@ -269,10 +278,12 @@ def publish_status_map(op: PublishStatus) -> dict[str, Any]:
 def encode_client_op(op: ClientOp) -> bytes:
     body: dict[str, Any]
     match op:
-        case Connect(client=client, token=token, version=version):
+        case Connect(client=client, token=token, version=version, heartbeat_ms=heartbeat):
             body = {"op": "connect", "version": version, "client": client}
             if token is not None:
                 body["token"] = token
+            if heartbeat is not None:
+                body["heartbeat"] = heartbeat
         case Subscribe(subscriptions=subscriptions):
             body = {"op": "subscribe", "subjects": [_subscription_map(s) for s in subscriptions]}
         case Unsubscribe(subjects=subjects):
@@ -353,6 +364,7 @@ def decode_client_op(payload: bytes) -> ClientOp:
             client=r.text("client", ""),
             token=r.text("token"),
             version=r.integer("version", PROTOCOL_VERSION, minimum=1),
+            heartbeat_ms=r.integer("heartbeat", minimum=1),
         )
     if name == "ping":
         return Ping(r.integer("id"))
@@ -448,6 +460,7 @@ def decode_server_op(payload: bytes) -> ServerOp | UnknownOp:
             server=r.text("server", ""),
             version=r.integer("version", 1),
             max_subjects_per_subscribe=r.integer("max_subjects_per_subscribe", minimum=1),
+            heartbeat_ms=r.integer("heartbeat", minimum=1),
         )
     if name == "pong":
         return Pong(r.integer("id"))

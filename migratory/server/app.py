@@ -36,6 +36,7 @@ from migratory.server.faults import DeliveryFault
 from migratory.server.front_rate import ConnectionRate
 from migratory.server.frontends import FrontendCounts
 from migratory.server.handshake_share import HandshakeShare
+from migratory.server.heartbeats import Heartbeats
 from migratory.server.hub import Hub
 from migratory.server.invalid_subjects import InvalidSubjectLog
 from migratory.server.limits import ConnectionLimits, RefusalLog
@@ -179,6 +180,9 @@ class Server:
                                            trio.current_time)
             self.ctx.hub.listen(self.ctx.takeovers, TAKEOVER_SUBJECT, 0)
         self._mqtt_expiry = SessionExpiry(self.ctx, self.mqtt_sessions)  # mqtt_expiry.py
+        # the native sessions that asked for heartbeats, swept every tick (heartbeats.py)
+        self.heartbeats = Heartbeats(config.client_heartbeat_minimum, TICK_SECONDS)
+        self.ctx.heartbeats = self.heartbeats
         self.listeners: list[Listener] = []  # as bound (port 0 resolved)
         self._tls: ssl.SSLContext | None = None
         self.monitor_address: tuple[str, int] | None = None
@@ -282,6 +286,7 @@ class Server:
             self.ctx.stats.handshakes_pending = self.admission.pending_handshakes
             self._trim.closed()
         self.connections.discard(connection)
+        self.heartbeats.forget(connection.session)
         self.dirty.discard(connection)
         self.urgent.discard(connection)
         self.written.discard(connection)
@@ -386,6 +391,7 @@ class Server:
             self._expire(now)  # a slice of the subjects each tick
             self._trim.forgot(hub.forgotten - forgotten)
             self._mqtt_expiry.sweep(now, SessionExpiry.budget(hub.subject_count, TICK_SECONDS))
+            self.heartbeats.sweep()
             if ticks % EXPIRE_EVERY_TICKS == 0:
                 self._trim.maybe_trim(now)
                 self._close_expired_sessions()

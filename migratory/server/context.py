@@ -21,6 +21,7 @@ from migratory.server.hub import Hub
 from migratory.server.metrics import BatchSizes, PublishTimings
 
 if TYPE_CHECKING:
+    from migratory.server.heartbeats import Heartbeats
     from migratory.server.monitor import Monitor
     from migratory.server.mqtt_takeover import Takeovers
     from migratory.server.read_barrier import ReadBarrier
@@ -184,6 +185,7 @@ class ServerContext:
     read_barrier: ReadBarrier | None = None
     # the same processes' MQTT takeover notices (mqtt_takeover.py); None: one process
     takeovers: Takeovers | None = None
+    heartbeats: Heartbeats | None = None  # the server's (heartbeats.py); None: none granted
     # GET /snapshot replies by (subject, as JSON), with the snapshot each was made of
     # (http_routes.py: encoded once per snapshot, the oldest out past 64)
     snapshot_replies: dict[tuple[str, bool], tuple[Any, Any]] = field(default_factory=dict)

@@ -325,8 +325,7 @@ class Session(StreamSession):
             self.close(close_codes.TRY_AGAIN_LATER.code, not_ready)
             return
         identity = ClientIdentity(name=op.client[:200], token=op.token, peer=self.peer)
-        audit = self._ctx.audit
-        entitlement = self._ctx.entitlement
+        audit, entitlement = self._ctx.audit, self._ctx.entitlement
         if not entitlement.allow_connect(identity):
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
             if audit is not None and audit.access:
@@ -343,11 +342,12 @@ class Session(StreamSession):
         if audit is not None and audit.access:
             audit.event("access", "connect", self.audit_client(), outcome="allowed")
         log.debug("%s: connected", self.describe(), extra=self.log_fields())
-        config, most = self._ctx.config, self._ctx.config.max_subjects_per_subscribe
-        # A newer client is answered with this server's version (the lower one): the
-        # session speaks it, and only its operations are sent (SERVER_OPS_BY_VERSION).
-        version = min(op.version, ops.PROTOCOL_VERSION)
-        self.send_op(ops.Connected(config.server_name, version, max_subjects_per_subscribe=most))
+        config, beats = self._ctx.config, self._ctx.heartbeats  # (heartbeats.py: if asked)
+        # a newer client gets this server's (lower) version: only its ops (SERVER_OPS_BY_VERSION)
+        beat = None if beats is None else beats.start(self, op.heartbeat_ms)
+        self.send_op(ops.Connected(config.server_name, min(op.version, ops.PROTOCOL_VERSION),
+                                   max_subjects_per_subscribe=config.max_subjects_per_subscribe,
+                                   heartbeat_ms=beat))
 
     def _on_publish(self, message: Message, now: float) -> None:
         assert self.identity is not None

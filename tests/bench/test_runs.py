@@ -131,6 +131,24 @@ def test_idle_connections_memory_per_connection(server: ServerProcess, tmp_path:
     assert code == 0
 
 
+def test_idle_connections_asking_for_heartbeats_get_them(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    # (the server's ClientHeartbeatMinimum is 1000: 200 sessions, 2.5 s, two each)
+    code, data, stdout = bench(
+        "idle", "--url", f"ws://127.0.0.1:{server.port}", "--connections", "200",
+        "--hold", "2.5", "--heartbeat", "1000", "--setup-timeout", "20",
+        json_path=tmp_path / "out.json",
+    )
+    (result,) = data["results"]
+    assert result["heartbeat_ms"] == 1000
+    assert result["held"]["open"] == 200
+    assert result["held"]["frames"]["heartbeat"] >= 200  # each idle session had one
+    assert result["counted"] == 200  # a heartbeat is not taken for the ping's answer
+    assert "server" in result["hold_cpu_percent"] and "heartbeat asked: 1000" in stdout
+    assert code == 0
+
+
 def test_local_server_json_and_plot(tmp_path: Path) -> None:
     plot = tmp_path / "latency.png"
     code, data, stdout = bench(

@@ -87,7 +87,8 @@ def _as_python_reads(op: ops.ServerOp | ops.UnknownOp) -> dict[str, Any]:
         return same
     if isinstance(op, ops.Connected):
         return {"op": "connected", "server": op.server, "version": op.version,
-                "maxSubjectsPerSubscribe": op.max_subjects_per_subscribe}
+                "maxSubjectsPerSubscribe": op.max_subjects_per_subscribe,
+                "heartbeatMs": op.heartbeat_ms}
     if isinstance(op, ops.Pong):
         return {"op": "pong", "id": op.id}
     assert isinstance(op, ops.UnknownOp)

@@ -68,6 +68,17 @@ def test_delivery_round_trip(message: Message, position: Position, kind: Message
     assert decoded == ops.Deliver((delivered,))
 
 
+def test_heartbeat_keys_round_trip_and_are_left_out_when_none() -> None:
+    connect = ops.Connect(client="c", heartbeat_ms=2000)
+    assert cbor2.loads(ops.encode_client_op(connect))["heartbeat"] == 2000
+    assert ops.decode_client_op(ops.encode_client_op(connect)) == connect
+    assert "heartbeat" not in cbor2.loads(ops.encode_client_op(ops.Connect(client="c")))
+    connected = ops.Connected("m", 1, max_subjects_per_subscribe=5, heartbeat_ms=2000)
+    assert cbor2.loads(ops.encode_server_op(connected))["heartbeat"] == 2000
+    assert ops.decode_server_op(ops.encode_server_op(connected)) == connected
+    assert "heartbeat" not in cbor2.loads(ops.encode_server_op(ops.Connected("m")))
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
@@ -78,6 +89,8 @@ def test_delivery_round_trip(message: Message, position: Position, kind: Message
         ({"op": "subscribe", "subjects": [{"subject": "/a/b", "epoch": 1}]}, "together"),
         ({"op": "subscribe", "subjects": [{"subject": "/a/b", "history": -1}]}, "'history'"),
         ({"op": "subscribe", "subjects": [{"subject": "/a/b", "history": True}]}, "'history'"),
+        ({"op": "connect", "heartbeat": 0}, "'heartbeat'"),
+        ({"op": "connect", "heartbeat": 1.5}, "'heartbeat'"),
         ({"op": "teleport"}, "unknown op 'teleport'"),
         ({"subject": "/a/b"}, "missing text key 'op'"),
     ],

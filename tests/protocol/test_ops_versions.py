@@ -21,7 +21,8 @@ FULL = Message("/a/b", b"x", {"k": "v"}, True, Qos.GUARANTEED, epoch=7, seq=4,
                type=MessageType.SNAPSHOT)
 
 SAMPLES: dict[type, list[ops.ServerOp]] = {
-    ops.Connected: [ops.Connected("m"), ops.Connected("m", 1, max_subjects_per_subscribe=5)],
+    ops.Connected: [ops.Connected("m"), ops.Connected("m", 1, max_subjects_per_subscribe=5),
+                    ops.Connected("m", 1, heartbeat_ms=2000)],
     ops.Deliver: [ops.Deliver((UPDATE,)), ops.Deliver((FULL,)), ops.Deliver((UPDATE, FULL))],
     ops.SubjectStatus: [
         ops.SubjectStatus(status, "/a/b", Position(7, 3), "why")

@@ -23,7 +23,7 @@ const DEFAULTS = Object.freeze({
   tokenProvider: null,
   name: "",
   reconnect: {},
-  keepalive: { interval: 15, timeout: 10 },
+  keepalive: { interval: 15, timeout: 10, heartbeat: 2 },
   messageBuffer: 10_000,
   notificationBuffer: 10_000,
   random: Math.random,
@@ -41,6 +41,9 @@ function checkOptions(options) {
   if (!(ka.interval > 0 && ka.timeout > 0)) {
     throw new RangeError("connect: keepalive interval and timeout must be > 0");
   }
+  if (ka.heartbeat !== null && !(ka.heartbeat >= 0.001 && ka.heartbeat <= 3600)) {
+    throw new RangeError("connect: keepalive heartbeat must be null or from 0.001 to 3600 s");
+  }
   if (!(Number.isInteger(o.messageBuffer) && o.messageBuffer >= 1)) {
     throw new RangeError("connect: messageBuffer must be an integer >= 1");
   }
@@ -53,6 +56,11 @@ function checkOptions(options) {
   }
   return { ...o, keepalive: Object.freeze(ka), reconnect: reconnectPolicy(o.reconnect),
     WebSocket: WebSocketClass };
+}
+
+/** The heartbeat asked for in `connect`, in ms (null: none asked). */
+function heartbeatMs(keepalive) {
+  return keepalive.heartbeat === null ? null : Math.round(keepalive.heartbeat * 1000);
 }
 
 function randomHex(random, bytes) {
@@ -308,7 +316,8 @@ export class Client {
       router: this.router,
       keepalive: this.options.keepalive,
       connectTimeout: this.options.reconnect.connectTimeout,
-      connectOp: { op: "connect", client: this.options.name, token },
+      connectOp: { op: "connect", client: this.options.name, token, heartbeatMs: heartbeatMs(
+        this.options.keepalive) },
       onLive: (session) => this.onLive(session),
       onEnd: (session, end) => this.onSessionEnd(server, session, end),
     });

@@ -109,6 +109,8 @@ export function encodeClientOp(op) {
     case "connect":
       body = { op: "connect", version: op.version ?? PROTOCOL_VERSION, client: op.client ?? "" };
       if (op.token !== undefined && op.token !== null) body.token = op.token;
+      // the longest silence wanted from the server, in ms (docs/protocol.md "Heartbeats")
+      if (op.heartbeatMs !== undefined && op.heartbeatMs !== null) body.heartbeat = op.heartbeatMs;
       break;
     case "subscribe":
       body = { op: "subscribe", subjects: op.subscriptions.map(subscriptionMap) };
@@ -167,6 +169,13 @@ class Reader {
   integer(key, fallback = null) {
     const value = this.get(key, isInteger, "an integer", fallback);
     if (value !== null && value < 0) throw bad(`${this.where}: key '${key}' must be >= 0`);
+    return value;
+  }
+
+  /** An integer >= 1, or null when absent (a heartbeat's milliseconds). */
+  positive(key) {
+    const value = this.integer(key);
+    if (value === 0) throw bad(`${this.where}: key '${key}' must be >= 1`);
     return value;
   }
 
@@ -298,6 +307,7 @@ export function decodeServerOp(payload) {
       return Object.freeze({
         op: "connected", server: r.text("server", ""), version: r.integer("version", 1),
         maxSubjectsPerSubscribe: r.integer("max_subjects_per_subscribe"),
+        heartbeatMs: r.positive("heartbeat"),
       });
     case "pong":
       return Object.freeze({ op: "pong", id: r.integer("id") });

@@ -3,7 +3,9 @@
 // The session reads server operations and hands them to the Router, answers gaps with
 // resubscriptions, and keeps the connection alive with protocol pings. Every way the
 // session can end becomes one SessionEnd handed to `onEnd`, never an exception. The
-// reader never waits for the application, so a pong or a close always gets read.
+// reader never waits for the application, so a pong or a close always gets read. When
+// the server granted the heartbeat asked for in `connect`, nothing from it for twice the
+// interval granted ends the session too, with no round trip (watchSilence).
 
 import { CloseCode, describeCloseCode, shouldReconnect } from "./close_codes.js";
 import { SUBPROTOCOL, decodeServerOp, encodeClientOp } from "./codec.js";
@@ -67,7 +69,7 @@ export class Session {
    * @param {string} o.server the URL
    * @param {number} o.id
    * @param {import("./router.js").Router} o.router
-   * @param {{interval: number, timeout: number}} o.keepalive seconds
+   * @param {{interval: number, timeout: number, heartbeat: number|null}} o.keepalive seconds
    * @param {number} o.connectTimeout seconds
    * @param {object} o.connectOp {op: "connect", client, token}
    * @param {(session: Session) => void} o.onLive the server answered `connected`
@@ -83,6 +85,10 @@ export class Session {
     this.serverName = "";
     this.subscribeChunk = SUBSCRIBE_CHUNK;
     this.framesRead = 0;
+    /** Heartbeats among them: a server that is idle, not one answering a ping. */
+    this.heartbeatsRead = 0;
+    /** Seconds: the server writes at least this often (granted in `connected`), or null. */
+    this.heartbeat = null;
     this.pingId = 0;
     this.pongId = 0;
     /** Payload bytes handed to the WebSocket: with its bufferedAmount, whether it moved. */
@@ -185,6 +191,11 @@ export class Session {
       this.live = true;
       this.serverName = op.server;
       this.subscribeChunk = op.maxSubjectsPerSubscribe || SUBSCRIBE_CHUNK;
+      const asked = this.connectOp.heartbeatMs;
+      if (asked !== undefined && asked !== null && op.heartbeatMs !== null) {
+        this.heartbeat = Math.max(asked, op.heartbeatMs) / 1000; // never less than asked
+        this.watchSilence(this.framesRead, Date.now());
+      }
       this.cancel("connect");
       // the subscribes first: onLive sends the publishes held for a session, made after
       // them (a subscribe then a publish of its subject gets the message)
@@ -207,7 +218,8 @@ export class Session {
         this.router.onPublishStatus(op, this.server);
         break;
       case "pong":
-        this.onPong(op.id);
+        if (op.id === null && this.heartbeat !== null) this.heartbeatsRead += 1; // no answer
+        else this.onPong(op.id);
         break;
       default: // a second "connected": ignored, as the Python SDK does
     }
@@ -227,7 +239,33 @@ export class Session {
   ping() {
     this.pingId += 1;
     this.send({ op: "ping", id: this.pingId });
-    this.waitPong(this.framesRead);
+    this.waitPong(this.answersRead());
+  }
+
+  /** Frames read but heartbeats: a heartbeat, sent idle, is no answer ahead of a pong. */
+  answersRead() {
+    return this.framesRead - this.heartbeatsRead;
+  }
+
+  // The server writes at least every `heartbeat` s: no frame for twice that ends the
+  // session (a member frozen or cut off without a close is left within 2-2.5 intervals,
+  // while the cache still holds what the resume needs). Looked at 4 times per limit;
+  // a silence is counted only while this side ran to see it.
+  watchSilence(framesBefore, heardAt) {
+    const limit = 2 * this.heartbeat;
+    const due = Date.now() + (limit / 4) * 1000;
+    this.later(limit / 4, () => {
+      const now = Date.now();
+      // woken late: this page stood still (a busy thread, a throttled tab), not the server
+      if (this.framesRead !== framesBefore || now - due > (limit / 4) * 1000) {
+        this.watchSilence(this.framesRead, now);
+      } else if (now - heardAt >= limit * 1000) {
+        const reason = `nothing from the server for ${limit} s (heartbeat ${this.heartbeat} s)`;
+        this.finish(SessionEnd.byClient(reason));
+      } else {
+        this.watchSilence(framesBefore, heardAt);
+      }
+    }, "silence");
   }
 
   // No pong within `timeout`: lost, unless frames kept arriving meanwhile (a large
@@ -243,8 +281,8 @@ export class Session {
         this.finish(SessionEnd.byClient(`could not send for ${this.keepalive.timeout} s`));
         return;
       }
-      if (this.framesRead !== framesBefore) {
-        this.waitPong(this.framesRead);
+      if (this.answersRead() !== framesBefore) {
+        this.waitPong(this.answersRead());
         return;
       }
       this.finish(SessionEnd.byClient(`no pong within ${this.keepalive.timeout} s`));

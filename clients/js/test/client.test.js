@@ -19,7 +19,7 @@ test("the first session subscribes; after a loss the next one resumes from the p
   const first = FakeWebSocket.last();
   assert.deepEqual(first.protocols, ["migratory.cbor"]);
   first.open();
-  assert.deepEqual(first.take("connect"), [{ op: "connect", version: 1, client: "" }]);
+  assert.deepEqual(first.take("connect"), [{ op: "connect", version: 1, client: "", heartbeat: 2000 }]);
   first.receive({ op: "connected", server: "m1", version: 1 });
   assert.deepEqual(first.take("subscribe"), [{ op: "subscribe", subjects: [{ subject: SUBJECT }] }]);
   assert.equal(client.server, first.url);
@@ -287,7 +287,7 @@ test("a token provider gives every session a fresh token; 4503 TOKEN_EXPIRED rec
   await flush();
   const first = FakeWebSocket.last();
   first.open();
-  assert.deepEqual(first.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-1" }]);
+  assert.deepEqual(first.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-1", heartbeat: 2000 }]);
   first.receive({ op: "connected", server: "m1", version: 1 });
   first.drop(4503, "the token expired");
   mock.timers.tick(100);
@@ -295,7 +295,7 @@ test("a token provider gives every session a fresh token; 4503 TOKEN_EXPIRED rec
   const second = FakeWebSocket.last();
   assert.notEqual(second, first);
   second.open();
-  assert.deepEqual(second.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-2" }]);
+  assert.deepEqual(second.take("connect"), [{ op: "connect", version: 1, client: "", token: "token-2", heartbeat: 2000 }]);
   assert.ok(notes.some((n) => n.status === "SERVER_DOWN" && /4503/.test(n.reason)));
   await client.close();
 });

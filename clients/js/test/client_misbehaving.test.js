@@ -82,7 +82,7 @@ test("a token provider that fails or hangs is a failed attempt, retried with bac
   await flush();
   const socket = FakeWebSocket.last();
   socket.open();
-  assert.deepEqual(socket.take("connect"), [{ op: "connect", version: 1, client: "", token: "fresh" }]);
+  assert.deepEqual(socket.take("connect"), [{ op: "connect", version: 1, client: "", token: "fresh", heartbeat: 2000 }]);
   assert.deepEqual(notes.filter((n) => n.status === "SERVER_DOWN").map((n) => n.reason), [
     "token provider failed: auth server down",
     "token provider gave no token within 1 s",

@@ -34,7 +34,8 @@ const CLIENT_OPS = {
 const msg = (o) => new Message(o);
 // What this client decodes from each server example.
 const SERVER_OPS = {
-  "connected": { op: "connected", server: "migratory", version: 1, maxSubjectsPerSubscribe: null },
+  "connected": { op: "connected", server: "migratory", version: 1, maxSubjectsPerSubscribe: null,
+    heartbeatMs: null },
   "SUBSCRIBE_ALLOW (fresh subscribe)": {
     op: "status", status: "SUBSCRIBE_ALLOW", subject: "/Stocks/NYSE/IBM",
     position: position(1000003, 42), reason: null,

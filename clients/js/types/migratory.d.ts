@@ -89,8 +89,10 @@ export interface ConnectOptions {
   /** A name for the server's logs. */
   name?: string;
   reconnect?: ReconnectOptions;
-  /** A protocol ping every `interval` s; no pong within `timeout` s = connection lost. */
-  keepalive?: { interval?: number; timeout?: number };
+  /** A protocol ping every `interval` s; no pong within `timeout` s = connection lost.
+   * `heartbeat` (default 2, null: none): asked of the server in `connect`; once granted,
+   * nothing from it for twice the interval granted = connection lost, no round trip. */
+  keepalive?: { interval?: number; timeout?: number; heartbeat?: number | null };
   /** Messages buffered per iterated subscription before it pauses (default 10000). */
   messageBuffer?: number;
   /** Notifications kept for `notifications()` (default 10000; the oldest are dropped). */

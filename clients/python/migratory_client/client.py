@@ -85,7 +85,7 @@ class Client:
             raise ValueError("message_buffer must be >= 1")
         self._servers = servers
         self._tls = tls
-        self._connect_op = Connect(client=name, token=token)
+        self._connect_op = Connect(client=name, token=token, heartbeat_ms=keepalive.heartbeat_ms)
         self._token_provider = token_provider
         self._policy = reconnect
         self._keepalive = keepalive
@@ -360,7 +360,8 @@ class Client:
             token = provider()
             if inspect.isawaitable(token):
                 token = await token
-        return Connect(client=self._connect_op.client, token=token)
+        op = self._connect_op
+        return Connect(client=op.client, token=token, heartbeat_ms=op.heartbeat_ms)
 
     async def _session(self, session: Session, connect_op: Connect) -> SessionEnd:
         try:

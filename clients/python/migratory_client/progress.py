@@ -31,6 +31,7 @@ class WriteProgress:
 
     def __init__(self) -> None:
         self.bytes_written = 0
+        self.bytes_read = 0  # (a heartbeat's silence: nothing read, Session._watch_silence)
         self._limit: trio.CancelScope | None = None
         self._timeout = 0.0
 
@@ -52,7 +53,8 @@ class WriteProgress:
 
 
 class ProgressStream(trio.abc.Stream):
-    """``inner``, with every byte it takes counted in ``progress``."""
+    """``inner``, with every byte it takes (and every byte read from it) counted in
+    ``progress``."""
 
     def __init__(self, inner: trio.abc.Stream, progress: WriteProgress) -> None:
         self.inner = inner
@@ -72,7 +74,9 @@ class ProgressStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
+        data = await self.inner.receive_some(max_bytes)
+        self.progress.bytes_read += len(data)
+        return data
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -7,7 +7,9 @@ Every way the session can end becomes a :class:`SessionEnd`, never an exception.
 The reader never waits for the application (the router pauses a subscription whose
 buffer is full instead), so a pong or a close always gets read: a connection that
 stops answering ends the session within the keepalive's ``interval + timeout`` (plus
-the time to read the frames already received), whatever the application is doing.
+the time to read the frames already received), whatever the application is doing --
+and, when the server granted the heartbeat asked for in ``connect``, once nothing at all
+came for twice the interval granted (:meth:`Session._watch_silence`).
 """
 
 from __future__ import annotations
@@ -64,14 +66,30 @@ DELIVER_SLICE = 5_000
 
 @dataclass(frozen=True, slots=True)
 class Keepalive:
-    """Send a protocol ``ping`` every ``interval`` s; no ``pong`` within ``timeout`` s = lost."""
+    """Send a protocol ``ping`` every ``interval`` s; no ``pong`` within ``timeout`` s = lost.
+
+    ``heartbeat``: ask the server to write something at least every this many seconds
+    (``connect``'s ``heartbeat``, docs/protocol.md "Heartbeats"); a server that grants an
+    interval and then sends nothing -- not a byte -- for twice the interval granted is
+    lost, with no round trip to wait for: a member frozen or cut off without a close is
+    left after 4-5 s by default instead of the ping's ``interval + timeout`` (25 s: at
+    110 messages/s, 2,750 messages, past the 1,000 a subject caches by default, and the
+    resume lost them to a ``DATA_RESYNC``). None: ask for none (pings alone)."""
 
     interval: float = 15.0
     timeout: float = 10.0
+    heartbeat: float | None = 2.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0 or self.timeout <= 0:
             raise ValueError("Keepalive: interval and timeout must be > 0")
+        if self.heartbeat is not None and not 0.001 <= self.heartbeat <= 3600:
+            raise ValueError("Keepalive: heartbeat must be None or from 0.001 to 3600 s")
+
+    @property
+    def heartbeat_ms(self) -> int | None:
+        """The interval asked for in ``connect``, in ms (None: none asked)."""
+        return None if self.heartbeat is None else round(self.heartbeat * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +187,13 @@ class Session:
         self.server_name = ""
         self.subscribe_chunk = SUBSCRIBE_CHUNK
         self._router = router
+        self.heartbeat: float | None = None
+        """Seconds: the server writes at least this often (granted in ``connected``)."""
+        self._large_frame = False  # the reader decodes and hands over one (seconds of work)
         self._ping_id = 0
         self._pong_id = 0
         self.frames_read = 0
+        self.heartbeats_read = 0  # among them: a server that is idle, not one answering
         self._pong = trio.Event()
         self._end: SessionEnd | None = None
         self.frames_dropped = False
@@ -284,6 +306,9 @@ class Session:
                 raise HandshakeFailed(f"expected 'connected', got {op!r}")
             self.server_name = op.server
             self.subscribe_chunk = op.max_subjects_per_subscribe or SUBSCRIBE_CHUNK
+            asked = self._keepalive.heartbeat_ms
+            if asked is not None and op.heartbeat_ms is not None:  # never less than asked
+                self.heartbeat = max(asked, op.heartbeat_ms) / 1000
             return op
         raise HandshakeTimeout(f"no 'connected' within {timeout} s")
 
@@ -305,6 +330,8 @@ class Session:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read, requests, nursery.cancel_scope)
                 nursery.start_soon(self._keep_alive, nursery.cancel_scope)
+                if self.heartbeat is not None:
+                    nursery.start_soon(self._watch_silence, self.heartbeat, nursery.cancel_scope)
         finally:
             self._subscribes_sent.set()  # ended: nobody waits for them any more
         assert self._end is not None
@@ -339,7 +366,11 @@ class Session:
             while True:
                 payload = await self.ws.get_message()
                 self.frames_read += 1
-                await self._dispatch(payload)
+                self._large_frame = len(payload) > LARGE_FRAME_BYTES
+                try:
+                    await self._dispatch(payload)
+                finally:
+                    self._large_frame = False
         except ConnectionClosed as exc:  # from get_message: every frame it kept was read
             read_all = not self.frames_dropped and self._writing == 0
             self._finish(self.ended_by(exc, read_all=read_all), scope)
@@ -367,7 +398,10 @@ class Session:
         elif isinstance(op, PublishStatus):
             self._router.on_publish_status(op, self.server)
         elif isinstance(op, Pong):
-            self._on_pong(op.id)
+            if op.id is None and self.heartbeat is not None:  # a heartbeat answers no ping
+                self.heartbeats_read += 1
+            else:
+                self._on_pong(op.id)
         elif isinstance(op, UnknownOp):
             self._router.on_unknown_op(op.name, self.server)
 
@@ -411,6 +445,29 @@ class Session:
             await trio.sleep(keepalive.timeout)
             self._finish(self.ended_by(exc), scope)
 
+    async def _watch_silence(self, heartbeat: float, scope: trio.CancelScope) -> None:
+        """The server writes at least every ``heartbeat`` s: nothing from it for twice that
+        -- no byte read, no frame, the reader not busy with a large one (trio-websocket
+        reads nothing more meanwhile) -- ends the session. No round trip: a member frozen
+        or cut off without a close is left within 2-2.5 intervals, while the cache still
+        holds what the resume needs."""
+        limit, progress = 2 * heartbeat, self._progress
+        heard, last = (progress.bytes_read, self.frames_read), trio.current_time()
+        while True:
+            due = trio.current_time() + limit / 4
+            await trio.sleep(limit / 4)
+            now = trio.current_time()
+            news = (progress.bytes_read, self.frames_read)
+            # woken late: this process stood still (a loaded machine), not the server
+            if news != heard or self._large_frame or now - due > limit / 4:
+                heard, last = news, now
+            elif now - last >= limit:
+                reason = f"nothing from the server for {limit:g} s (heartbeat {heartbeat:g} s)"
+                self._finish(SessionEnd.by_client(reason), scope)
+                with trio.CancelScope(shield=True):
+                    await self._close_unresponsive(reason)
+                return
+
     async def _ping(self, timeout: float) -> bool:
         """Whether the server is alive: it answered, or frames kept arriving (a large
         answer ahead of the pong; the reader never waits for the application, so frames
@@ -418,11 +475,12 @@ class Session:
         self._ping_id += 1
         await self.send(Ping(self._ping_id))
         while self._pong_id < self._ping_id:
-            frames_before = self.frames_read
+            # (a heartbeat is no answer ahead of the pong: sent idle, it shows the ping unread)
+            frames_before = self.frames_read - self.heartbeats_read
             self._pong = trio.Event()
             with trio.move_on_after(timeout):
                 await self._pong.wait()
                 continue
-            if self.frames_read == frames_before:
+            if self.frames_read - self.heartbeats_read == frames_before:
                 return False
         return True

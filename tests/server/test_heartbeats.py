@@ -1,0 +1,205 @@
+"""Heartbeats (migratory/server/heartbeats.py): an idle session that asked for them is
+written at least every interval, a busy one never, and the sweep's work per tick is
+bounded -- first as bookkeeping driven tick by tick, then over a real socket."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import cbor2
+from rawclient import RawClient
+
+from migratory.model.message import Message
+from migratory.model.outbox import Outbox
+from migratory.protocol import ops
+from migratory.protocol import websocket as ws
+from migratory.server.heartbeats import HEARTBEAT_FRAME, SWEEP_LIMIT, Heartbeats
+
+TICK = 0.1
+
+
+class FakeSession:
+    """A session whose "writer" takes its outbox whenever the test says."""
+
+    def __init__(self) -> None:
+        self.outbox = Outbox(batch_space=1 << 16, max_pending=1 << 20)
+        self.closing = False
+        self.aborted = False
+        self.beats = 0
+
+    def deliver(self, frame: bytes) -> None:
+        if frame == HEARTBEAT_FRAME:
+            self.beats += 1
+        self.outbox.enqueue(frame)
+
+    def write(self) -> None:
+        if self.outbox:
+            self.outbox.take()
+
+
+def run(beats: Heartbeats, ticks: int, sessions: list[FakeSession]) -> None:
+    """``ticks`` sweeps; each session's outbox written after each."""
+    for _ in range(ticks):
+        beats.sweep()
+        for session in sessions:
+            session.write()
+
+
+def test_the_frame_is_a_pong_without_id() -> None:
+    decoder = ws.FrameDecoder(client_frames=False)
+    decoder.receive_data(HEARTBEAT_FRAME)
+    event = decoder.next_event()
+    assert isinstance(event, ws.BinaryMessage)
+    assert cbor2.loads(event.data) == {"op": "pong"}
+    assert ops.decode_server_op(event.data) == ops.Pong(None)
+
+
+def test_grant_is_at_least_the_minimum_and_none_unless_asked_or_when_off() -> None:
+    beats = Heartbeats(1000, TICK)
+    assert beats.grant(None) is None
+    assert beats.grant(200) == 1000
+    assert beats.grant(2500) == 2500
+    assert beats.grant(10**12) == 3_600_000
+    assert Heartbeats(0, TICK).grant(2000) is None
+    session = FakeSession()
+    assert Heartbeats(0, TICK).start(session, 2000) is None
+
+
+def test_an_idle_session_gets_one_heartbeat_per_interval() -> None:
+    beats = Heartbeats(1000, TICK)
+    idle = FakeSession()
+    assert beats.start(idle, 1000) == 1000
+    run(beats, 100, [idle])  # 10 s
+    assert idle.beats == 10
+    # never silent for longer than the interval: one written at least every 10 ticks
+    assert idle.outbox.batches_taken == 10
+
+
+def test_a_busy_session_gets_none_and_an_idle_one_beside_it_does() -> None:
+    beats = Heartbeats(1000, TICK)
+    busy, idle = FakeSession(), FakeSession()
+    beats.start(busy, 1000)
+    beats.start(idle, 2000)
+    for _ in range(80):  # 8 s
+        busy.deliver(b"message")
+        beats.sweep()
+        busy.write()
+        idle.write()
+    assert busy.beats == 0
+    assert idle.beats == 4  # one per 2 s
+
+
+def test_a_session_with_bytes_waiting_is_not_sent_more() -> None:
+    # its writer is stuck (the client does not read): a heartbeat adds nothing
+    beats = Heartbeats(1000, TICK)
+    stuck = FakeSession()
+    beats.start(stuck, 1000)
+    stuck.deliver(b"waiting")
+    for _ in range(50):
+        beats.sweep()
+    assert stuck.beats == 0
+    assert len(stuck.outbox) == 1
+
+
+def test_closed_and_forgotten_sessions_are_dropped() -> None:
+    beats = Heartbeats(1000, TICK)
+    closing, forgotten, kept = FakeSession(), FakeSession(), FakeSession()
+    for session in (closing, forgotten, kept):
+        beats.start(session, 1000)
+    closing.closing = True
+    beats.forget(forgotten)
+    assert len(beats) == 2
+    run(beats, 30, [closing, forgotten, kept])
+    assert (closing.beats, forgotten.beats, kept.beats) == (0, 0, 3)
+    assert len(beats) == 1
+    looked = beats.looked
+    run(beats, 10, [kept])
+    assert beats.looked - looked == 2  # only the one left, twice per interval
+
+
+def test_a_sweep_looks_at_most_sweep_limit_sessions_and_the_rest_next_tick() -> None:
+    # 10,000 connected in one tick with one interval all fall due in one tick
+    beats = Heartbeats(1000, TICK)
+    sessions = [FakeSession() for _ in range(10_000)]
+    for session in sessions:
+        beats.start(session, 1000)
+    work = []
+    for _ in range(50):  # 5 s
+        looked = beats.looked
+        beats.sweep()
+        for session in sessions:
+            session.write()
+        work.append(beats.looked - looked)
+    assert max(work) == SWEEP_LIMIT
+    # each looked at twice per interval (the ones spilled over a tick or two late, so
+    # they miss the last round): about 10 looks each, every one beating once a second
+    assert 9 * 10_000 <= sum(work) <= 10 * 10_000
+    assert {session.beats for session in sessions} == {5}
+
+
+# --- over a real socket ------------------------------------------------------------
+
+
+def frames(client: RawClient, count: int) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(count):
+        event = client.recv_event(timeout=10)
+        assert isinstance(event, ws.BinaryMessage), event
+        out.append(cbor2.loads(event.data))
+    return out
+
+
+def test_a_client_that_asks_is_granted_and_sent_heartbeats(start_server: Any) -> None:
+    server = start_server(ClientHeartbeatMinimum="500")
+    client = RawClient(server.port)
+    client.send_op(ops.Connect(client="beating", heartbeat_ms=200))
+    connected = client.recv_op()
+    assert connected == ops.Connected(
+        connected.server, ops.PROTOCOL_VERSION, connected.max_subjects_per_subscribe, 500)
+    assert frames(client, 3) == [{"op": "pong"}] * 3
+
+
+def test_a_client_that_does_not_ask_gets_none(start_server: Any) -> None:
+    # (an older client: a pong it did not ask for would be a pong without a ping)
+    server = start_server(ClientHeartbeatMinimum="500")
+    client = RawClient(server.port)
+    assert client.connect("older").heartbeat_ms is None
+    time.sleep(1.6)  # three intervals of the one that asked
+    client.send_op(ops.Ping(5))
+    assert frames(client, 1) == [{"op": "pong", "id": 5}]
+
+
+def test_a_server_with_heartbeats_off_grants_none(start_server: Any) -> None:
+    server = start_server(ClientHeartbeatMinimum="0")
+    client = RawClient(server.port)
+    client.send_op(ops.Connect(client="asks", heartbeat_ms=500))
+    connected = client.recv_op()
+    assert isinstance(connected, ops.Connected)
+    assert connected.heartbeat_ms is None
+
+
+def test_a_subscriber_receiving_messages_gets_no_heartbeat(start_server: Any) -> None:
+    server = start_server(ClientHeartbeatMinimum="1000")
+    subscriber = RawClient(server.port)
+    subscriber.send_op(ops.Connect(client="busy", heartbeat_ms=1000))
+    assert isinstance(subscriber.recv_op(), ops.Connected)
+    subscriber.subscribe("/a/b")
+    assert frames(subscriber, 1)[0]["status"] == "SUBSCRIBE_ALLOW"
+    publisher = RawClient(server.port)
+    publisher.connect("publisher")
+    count = 60
+
+    def publish() -> None:
+        for i in range(count):  # 20 a second for 3 s: three intervals
+            publisher.send_op(ops.Publish(Message("/a/b", str(i).encode())))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    got = frames(subscriber, count)
+    thread.join()
+    assert [body["op"] for body in got] == ["message"] * count
+    # once the messages stop, it beats again
+    assert frames(subscriber, 1) == [{"op": "pong"}]
