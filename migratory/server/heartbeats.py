@@ -31,6 +31,18 @@ HEARTBEAT_FRAME: Final = ws.encode_binary(ops.encode_server_op(ops.Pong()))
 SWEEP_LIMIT: Final = 4096
 """Sessions looked at per tick, at most (10,000 connected at once with one interval land
 in one slot: they are spread over the next few ticks instead of one long tick)."""
+HEADROOM: Final = 4
+"""The looks the sessions granted may ask for, at most one ``HEADROOM``-th of what the
+sweep can do (``SWEEP_LIMIT`` a tick): :meth:`Heartbeats.grant` stretches the interval
+of a newcomer so that, were every session on it, they would ask for no more than that.
+Sessions granted earlier keep their shorter intervals, so a crowd that came one by one
+asks for more -- the harmonic sum, ``1 + ln(N / N0)`` times the share, N0 the sessions
+the share holds at the interval asked (10,240 asking for 2 s, with the defaults; 2 s
+granted to the first 10,240, 20 s at 100,000) -- and the headroom keeps that within
+the sweep's limit up to ``e**3`` times N0 (about 200,000 sessions): each idle session
+is written once per interval, give or take a tick. Past it the sweep falls behind, the
+looks come later, and a client takes a silence for a dead server only past twice its
+interval: at ``e**7`` times N0 (millions)."""
 
 
 class Beating(Protocol):
@@ -56,11 +68,14 @@ class _Watch:
 class Heartbeats:
     """The sessions that were granted a heartbeat, and the sweep that keeps them beating."""
 
-    def __init__(self, minimum_ms: int, tick_seconds: float) -> None:
+    def __init__(self, minimum_ms: int, tick_seconds: float,
+                 sweep_limit: int = SWEEP_LIMIT) -> None:
         """``minimum_ms``: ``ClientHeartbeatMinimum`` (0: none granted);
-        ``tick_seconds``: how often :meth:`sweep` is called."""
+        ``tick_seconds``: how often :meth:`sweep` is called; ``sweep_limit``: the most
+        sessions one sweep looks at."""
         self.minimum_ms = minimum_ms
         self._tick_ms = tick_seconds * 1000
+        self._sweep_limit = sweep_limit
         self._tick = 0
         self._slots: dict[int, list[_Watch]] = {}
         self._late: list[_Watch] = []  # due, left over by a sweep at its limit
@@ -73,10 +88,17 @@ class Heartbeats:
 
     def grant(self, asked_ms: int | None) -> int | None:
         """The interval granted to a ``connect`` that asked for ``asked_ms``: at least
-        ``ClientHeartbeatMinimum``, at most an hour; None: none (not asked, or off)."""
+        ``ClientHeartbeatMinimum``, at least what the sessions already watched leave
+        (:data:`HEADROOM`: 10 s at 100,000 sessions), at most an hour; None: none (not
+        asked, or off). The client holds the server to the longer of what it asked and
+        what it was granted, so a crowded server is never taken for a silent one."""
         if asked_ms is None or self.minimum_ms == 0:
             return None
-        return min(max(asked_ms, self.minimum_ms), 3_600_000)
+        # every session looked at twice per interval: N + 1 of them at this interval ask
+        # for 2 (N + 1) / interval looks, which must stay within limit / HEADROOM a tick
+        crowd_ms = -(-2 * (len(self._watched) + 1) * HEADROOM * self._tick_ms
+                     // self._sweep_limit)
+        return int(min(max(asked_ms, self.minimum_ms, crowd_ms), 3_600_000))
 
     def start(self, session: Beating, asked_ms: int | None) -> int | None:
         """A ``connect`` that asked for ``asked_ms``: the interval granted (watched from
@@ -113,7 +135,8 @@ class Heartbeats:
         late = self._late
         if not late:
             return 0
-        now, self._late = late[:SWEEP_LIMIT], late[SWEEP_LIMIT:]
+        limit = self._sweep_limit
+        now, self._late = late[:limit], late[limit:]
         self.looked += len(now)
         sent = 0
         slots = self._slots

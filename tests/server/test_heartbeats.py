@@ -15,7 +15,7 @@ from migratory.model.message import Message
 from migratory.model.outbox import Outbox
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
-from migratory.server.heartbeats import HEARTBEAT_FRAME, SWEEP_LIMIT, Heartbeats
+from migratory.server.heartbeats import HEADROOM, HEARTBEAT_FRAME, SWEEP_LIMIT, Heartbeats
 
 TICK = 0.1
 
@@ -124,9 +124,9 @@ def test_a_sweep_looks_at_most_sweep_limit_sessions_and_the_rest_next_tick() -> 
     beats = Heartbeats(1000, TICK)
     sessions = [FakeSession() for _ in range(10_000)]
     for session in sessions:
-        beats.start(session, 1000)
+        assert beats.start(session, 2000) == 2000  # (10,000 fit the share at 2 s)
     work = []
-    for _ in range(50):  # 5 s
+    for _ in range(100):  # 10 s
         looked = beats.looked
         beats.sweep()
         for session in sessions:
@@ -134,9 +134,62 @@ def test_a_sweep_looks_at_most_sweep_limit_sessions_and_the_rest_next_tick() -> 
         work.append(beats.looked - looked)
     assert max(work) == SWEEP_LIMIT
     # each looked at twice per interval (the ones spilled over a tick or two late, so
-    # they miss the last round): about 10 looks each, every one beating once a second
+    # they miss the last round): about 10 looks each, every one beating every 2 s
     assert 9 * 10_000 <= sum(work) <= 10 * 10_000
     assert {session.beats for session in sessions} == {5}
+
+
+def test_a_crowd_is_granted_longer_intervals_and_each_is_still_kept() -> None:
+    # A sweep of 64 sessions a tick (640 looks/s) and 2,000 sessions asking for 2 s,
+    # arriving one by one: at 2 s each they would ask for 2,000 looks/s, and the sweep,
+    # behind, would look at each every 3.1 s -- an idle session silent for longer than
+    # its interval (and, with more, than the twice that its client allows)
+    limit = 64
+    beats = Heartbeats(1000, TICK, sweep_limit=limit)
+    sessions: list[FakeSession] = []
+    granted: dict[int, int] = {}
+    for number in range(2000):
+        session = FakeSession()
+        grant = beats.start(session, 2000)
+        assert grant is not None
+        granted[id(session)] = grant
+        sessions.append(session)
+        if number % 20 == 19:  # 20 connect per tick: 10 s to connect them all
+            run(beats, 1, sessions)
+    grants = sorted(granted.values())
+    assert grants[0] == 2000  # the first ones get what they asked
+    # the last: 2,000 sessions' looks at 640 / HEADROOM a second
+    assert grants[-1] == -(-2 * 2000 * HEADROOM * 100 // limit)
+    # from now on: ticks between two writes of each idle session
+    last: dict[int, int] = {}
+    longest = dict.fromkeys(granted, 0)
+    looked = beats.looked
+    for tick in range(400):  # 40 s
+        beats.sweep()
+        for session in sessions:
+            if session.outbox:
+                session.write()
+                key = id(session)
+                if key in last:
+                    longest[key] = max(longest[key], tick - last[key])
+                last[key] = tick
+    assert all(session.beats >= 2 for session in sessions)
+    # a little late at most (sessions due in one tick spill over the next few), far from
+    # the twice the interval their clients allow (3.15 times before the grant grew)
+    late = sorted(longest[key] * 100 / granted[key] for key in longest
+                  if longest[key] * 100 > 1.25 * granted[key])
+    assert late == [], f"{len(late)} sessions silent past their interval (x {late[-1]:.2f})"
+    assert beats.looked - looked <= 400 * limit
+
+
+def test_the_grant_grows_with_the_sessions_watched() -> None:
+    beats = Heartbeats(1000, TICK, sweep_limit=64)
+    assert beats.grant(2000) == 2000
+    for _ in range(1000):
+        beats.start(FakeSession(), 2000)
+    # 1,001 sessions' two looks per interval within 160 looks a second: 12.5 s
+    assert beats.grant(2000) == 12513
+    assert beats.grant(60_000) == 60_000  # asking for more than the crowd needs: as asked
 
 
 # --- over a real socket ------------------------------------------------------------
