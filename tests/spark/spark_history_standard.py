@@ -155,7 +155,8 @@ def plant_silent_forward_gap(syn: gen.Synthetic) -> None:
 
 def plant_hole_before_an_announced_gap(syn: gen.Synthetic) -> None:
     """A message missing between two of a0's deliveries in one epoch: a hole, whatever
-    the later resync (into another epoch) says; the message itself is excused by it."""
+    the later resync (into another epoch) says; and lost: that resync came after p0's
+    next messages, too late to announce it."""
     ds = [d for d in deliveries(syn, "a0") if d["epoch"] == EPOCH[MEMBERS[2]]]
     syn.tables["deliveries"].remove(next(d for d in ds if d["msg_id"].startswith("p0-")
                                          and d["seq"] > 10))
@@ -179,7 +180,9 @@ def plant_unexpected(syn: gen.Synthetic) -> None:
 
 
 def plant_collision(syn: gen.Synthetic) -> None:
-    """A second message acknowledged at a position migratory-0 gave, delivered there."""
+    """A second message acknowledged at a position migratory-0 gave, delivered there (and
+    forwarded nowhere: lost for a0 and s1, whose members took p0's next ones with no
+    resync)."""
     orig = deliveries(syn, "s0")[10]
     ack = next(p for p in syn.tables["publishes"]
                if p["msg_id"] == orig["msg_id"] and p["type"] == "ok")
@@ -189,3 +192,45 @@ def plant_collision(syn: gen.Synthetic) -> None:
     syn.add("publishes", publisher="p9", type="ok", msg_id=msg, subject=SUBJECT,
             member=MEMBERS[0], time=ack["time"], epoch=orig["epoch"], seq=orig["seq"])
     syn.tables["deliveries"].append(dict(orig, msg_id=msg, time=orig["time"] + 1e-5))
+
+
+def _unnumber(syn: gen.Synthetic, gone: dict[str, Any]) -> None:
+    """``gone`` removed, and every later position of its epoch moved back by one: no hole
+    to see, only the loss."""
+    rows = [r for t in ("deliveries", "subscriptions") for r in syn.tables[t]]
+    for r in rows:
+        if r.get("epoch") == gone["epoch"] and r.get("seq") is not None and r["seq"] > gone["seq"]:
+            r["seq"] -= 1
+    syn.tables["deliveries"].remove(gone)
+
+
+def plant_forward_gap_announced_late(syn: gen.Synthetic) -> None:
+    """A forward of p0's that never reached migratory-2, a0 told of no gap until the
+    resync of a later, unrelated gap -- after it had got p0's next messages: the member
+    that took them saw the gap then, and said nothing (the old rule took any later
+    DATA_RESYNC for the announcement)."""
+    ds = [d for d in deliveries(syn, "a0") if d["epoch"] == EPOCH[MEMBERS[2]]]
+    _unnumber(syn, next(d for d in ds if d["msg_id"] == f"p0-{GAP - 20}"))
+
+
+NEW_LIFE = LATE_AT + 0.3  # migratory-1 back after its kill: p1 publishes there once
+
+
+def plant_sender_back_unannounced(syn: gen.Synthetic) -> None:
+    """migratory-1, killed with ``dead`` in its queue, comes back and forwards p1's next
+    message: the members that take it deliver it with no resync (the old rule excused
+    ``dead`` by the kill, whenever it was; the sender's next forward shows the loss)."""
+    msg, at = "p1-new", NEW_LIFE
+    syn.add("nemesis", time=at - 0.2, fault="restart", target=MEMBERS[1], phase="end",
+            detail="ready")
+    syn.add("publishes", publisher="p1", type="invoke", msg_id=msg, subject=SUBJECT,
+            member=MEMBERS[1], time=at, qos="standard")
+    syn.add("publishes", publisher="p1", type="ok", msg_id=msg, subject=SUBJECT,
+            member=MEMBERS[1], epoch=2100, seq=1, time=at + 0.002)
+    last = {m: max((d for d in syn.tables["deliveries"] if d["member"] == m),
+                   key=lambda d: d["time"]) for m in (MEMBERS[0], MEMBERS[2])}
+    for name, member in (("s0", MEMBERS[0]), ("a0", MEMBERS[2]), ("s1", MEMBERS[2])):
+        syn.add("deliveries", subscriber=name, kind="raw" if name == "a0" else "sdk",
+                member=member, subject=SUBJECT, epoch=last[member]["epoch"],
+                seq=last[member]["seq"] + 1,
+                msg_id=msg, type="update", time=at + FORWARD + DELIVERY)

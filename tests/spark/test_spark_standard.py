@@ -45,12 +45,17 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (std.nothing_planted, NONE),
     (std.plant_lost_on_own_member, {**NONE, "sdk": {"lost"}}),
     (std.plant_silent_forward_gap, {**NONE, "raw": {"lost"}}),
-    (std.plant_hole_before_an_announced_gap, {**NONE, "raw": {"holes"}}),
+    # the two the rules of h103 let pass: any later DATA_RESYNC announced a forward's loss,
+    # and a sender's kill excused it for ever
+    (std.plant_forward_gap_announced_late, {**NONE, "raw": {"lost"}}),
+    (std.plant_sender_back_unannounced, {"sdk": {"lost"}, "raw": {"lost"}}),
+    (std.plant_hole_before_an_announced_gap, {**NONE, "raw": {"holes", "lost"}}),
     (std.plant_duplicate_in_one_epoch, {**NONE, "sdk": {"duplicates"}}),
     (std.plant_reorder, {**NONE, "sdk": {"reorders"}}),
     (std.plant_unexpected, {**NONE, "sdk": {"unexpected"}}),
-    # acks count for every kind (as in Guaranteed): two msg_ids acknowledged at one position
-    (std.plant_collision, {**NONE, "sdk": {"collisions"}, "raw": {"collisions"}}),
+    # acks count for every kind (as in Guaranteed): two msg_ids acknowledged at one position;
+    # the second one was forwarded nowhere, and no resync came before p0's next messages
+    (std.plant_collision, {"sdk": {"collisions", "lost"}, "raw": {"collisions", "lost"}}),
 ]
 
 
