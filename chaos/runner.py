@@ -149,9 +149,8 @@ class Runner:
         self.t0 = time.monotonic()
         self.h = History(out, self.run_id, self.t0)
         self.last_status: dict[int, dict[str, Any]] = {}
-        self.workload = Workload(
-            seed=seed, plan=self.plan, client_urls=self.client_urls, history=self.h, say=self.say
-        )
+        self.workload = Workload(seed=seed, plan=self.plan, client_urls=self.client_urls,
+                                 history=self.h, say=self.say, standard=standard)
         self.nemesis = Nemesis(
             schedule=self.schedule,
             members=self.members,

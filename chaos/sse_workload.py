@@ -42,7 +42,7 @@ import trio
 
 from chaos.plan import SubscriberPlan
 from chaos.schedule import member
-from chaos.workload import Workload, parse_id
+from chaos.workload import Workload, parse_id, starts_anew
 
 KIND = "sse"
 STREAM_SUBJECTS = 100  # GET /events takes at most 100 subjects (docs/http.md)
@@ -199,6 +199,8 @@ class SseRecorder:
              epoch: int | None = None, seq: int | None = None) -> None:
         if event == "subscribed":
             self.w.subscribed_at.setdefault(self.spec.name, time)
+        elif starts_anew(event, subject, epoch):
+            self.w.resynced[(self.spec.name, str(subject))] = time  # (Workload.drained)
         self.w.h.write("subscriptions", subscriber=self.spec.name, kind=KIND, subject=subject,
                        event=event, member=member_name, epoch=epoch, seq=seq, time=time)
 
@@ -238,6 +240,7 @@ class SseRecorder:
         if msg_id:
             self.w.seen[self.spec.name].add(msg_id)
         self.w.stats["deliveries"] += 1
+        self.w.last_delivery = time
         self.w.h.write(
             "deliveries", subscriber=self.spec.name, kind=KIND, member=member_name,
             subject=data.get("subject"), epoch=data.get("epoch"), seq=data.get("seq"),

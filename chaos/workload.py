@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from migratory.model.message import Message
 
 PUBLISH_TIMEOUT = 5.0  # seconds a publisher waits for its status before "outcome unknown"
+# Standard: a drain waits this long after the last delivery, for a forward still on its
+# way after a DATA_RESYNC that made it stop waiting for that message (Workload.drained)
+SETTLE = 1.0
 MAX_IN_FLIGHT = 2_000  # publishes one publisher has sent and not heard back about
 LATE = 1.0  # s behind its schedule after which a publisher drops arrivals (counted)
 ACK_MARGIN = 0.1  # s: a publish invoked this long after a seed majority is lost cannot commit
@@ -72,6 +75,15 @@ class Arrivals:
         return msg_id, subject, f"{msg_id}|chaos".encode(), fields, retained, rng.random() < 0.5
 
 
+def starts_anew(event: str, subject: str | None, epoch: int | None) -> bool:
+    """A status after which a Standard subscriber is owed only what is invoked later: a
+    ``DATA_RESYNC`` (it may have announced what came before lost), or a fresh subscribe's
+    ``SUBSCRIBE_ALLOW`` with a position (e.g. an SDK subscriber's first, when it came
+    long after it asked)."""
+    return subject is not None and (
+        event == "DATA_RESYNC" or (event == "SUBSCRIBE_ALLOW" and epoch is not None))
+
+
 class Workload:
     def __init__(
         self,
@@ -81,8 +93,10 @@ class Workload:
         client_urls: list[str],
         history: History,
         say: Callable[[str], None],
+        standard: bool = False,
     ) -> None:
-        """``client_urls[i]`` reaches member i."""
+        """``client_urls[i]`` reaches member i; ``standard``: a Standard cluster's (the
+        drain does not wait for what a ``DATA_RESYNC`` announced: :meth:`drained`)."""
         self.seed, self.plan, self.client_urls, self.h, self.say = (
             seed, plan, client_urls, history, say
         )
@@ -93,6 +107,10 @@ class Workload:
         self.standard: set[str] = set()  # msg_ids published standard (MQTT QoS 0)
         self.seen: dict[str, set[str]] = {}  # subscriber -> msg_ids delivered to it
         self.subscribed_at: dict[str, float] = {}  # subscriber -> first subscribe time
+        self.standard_mode = standard
+        # (subscriber, subject) -> the last status it started anew at (Standard's drain)
+        self.resynced: dict[tuple[str, str], float] = {}
+        self.last_delivery = -SETTLE
         self.stats = {"ok": 0, "fail": 0, "info": 0, "deliveries": 0, "invoke": 0}
         self.invoked: list[float] = []  # times of the invoke rows
         self.ack_times: list[tuple[float, float]] = []  # (invoke, ack) times of the ok rows
@@ -117,7 +135,16 @@ class Workload:
         return [f"{100 if i == prefer else 10} {u}" for i, u in enumerate(self.client_urls)]
 
     def drained(self) -> bool:
-        """Every acknowledged publish invoked after a subscriber subscribed has reached it."""
+        """Every acknowledged publish invoked after a subscriber subscribed has reached it
+        -- in Standard, every one invoked after its last ``DATA_RESYNC`` of the subject
+        (or fresh ``SUBSCRIBE_ALLOW``: :func:`starts_anew`): one before it may have been
+        announced lost (a forward gap, a failover), as the checker holds it
+        (spark_analysis/standard.py); waiting for it ended every Standard drain at its
+        5 s without a delivery, ``drained=False``. And not within
+        :data:`SETTLE` s of the last delivery (a message invoked before such a resync may
+        still come: the checker then counts it)."""
+        if self.standard_mode and self.h.now() - self.last_delivery < SETTLE:
+            return False
         for sub in self.plan.subscribers:
             since = self.subscribed_at.get(sub.name)
             if since is None:
@@ -126,8 +153,10 @@ class Workload:
             # MQTT delivers standard messages at QoS 0: at most once
             skip = self.standard if sub.kind == "mqtt" else set()
             for subject in sub.subjects:
+                start = max(since, self.resynced.get((sub.name, subject), since)) \
+                    if self.standard_mode else since
                 if any(
-                    t > since and m not in seen and m not in skip for t, m in self.acked[subject]
+                    t > start and m not in seen and m not in skip for t, m in self.acked[subject]
                 ):
                     return False
         return True
@@ -189,6 +218,8 @@ class Workload:
     ) -> None:
         if event == "subscribed":
             self.subscribed_at.setdefault(subscriber, self.h.now())
+        elif starts_anew(event, subject, epoch):
+            self.resynced[(subscriber, str(subject))] = self.h.now()
         self.h.write(
             "subscriptions",
             subscriber=subscriber,
@@ -207,6 +238,7 @@ class Workload:
         if msg_id:
             self.seen[subscriber].add(msg_id)
         self.stats["deliveries"] += 1
+        self.last_delivery = self.h.now()
         self.h.write(
             "deliveries",
             subscriber=subscriber,

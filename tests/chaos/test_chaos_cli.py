@@ -135,8 +135,8 @@ def test_a_plan_refuses_a_rate_that_is_not_positive() -> None:
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    (["--mqtt-subscribers", "2"], "--mqtt-subscribers"),
-    (["--sse-subscribers", "1"], "--sse-subscribers"),
+    (["--mqtt-subscribers", "2"], "--mqtt-subscribers (MQTT has no Standard rules"),
+    (["--mqtt-publishers", "1"], "--mqtt-publishers (MQTT has no Standard rules"),
     (["--scenario", "majority-loss"], "--scenario majority-loss (Raft"),
 ])
 def test_a_standard_run_refuses_what_it_cannot_check(
@@ -148,6 +148,18 @@ def test_a_standard_run_refuses_what_it_cannot_check(
     assert str(refused.value.code).startswith("chaos run: --delivery-mode standard: not with")
     assert named in str(refused.value.code)
     assert not (tmp_path / "r" / "logs").exists()  # before any member was built
+
+
+def test_a_standard_run_takes_sse_streams() -> None:
+    """SSE streams carry their positions (the native rules hold them, Standard's too):
+    not refused; MQTT, whose positions come from the acks, still is."""
+    from chaos.__main__ import standard_refusals
+
+    args = argparse.Namespace(mqtt_subscribers=0, mqtt_publishers=0, sse_subscribers=3,
+                              scenario=["whole-restart"])
+    standard_refusals(args)
+    with pytest.raises(SystemExit, match="--mqtt-subscribers"):
+        standard_refusals(argparse.Namespace(**{**vars(args), "mqtt_subscribers": 1}))
 
 
 def test_a_standard_run_is_a_standard_cluster_without_raft_faults(tmp_path: Path) -> None:
@@ -163,6 +175,7 @@ def test_a_standard_run_is_a_standard_cluster_without_raft_faults(tmp_path: Path
             assert m.settings["ClusterDataDir"] == "" == m.settings["ClusterSeedMemberCount"]
         runner.write_run(0, 1.0)
         assert json.loads((tmp_path / "r" / "run.json").read_text())["mode"] == "Standard"
+        assert runner.workload.standard_mode  # its drain: Workload.drained
     finally:
         runner.h.close()
     assert runner.schedule and not any(f.scenario for f in runner.schedule)

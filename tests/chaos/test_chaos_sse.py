@@ -143,6 +143,8 @@ def test_bytes_in_history_rows_out(tmp_path: Path) -> None:
     assert rec.closes == ["1001: shutdown"]
     assert w.seen["e0"] == {"p0-3", "p0-4", "p0-9"} and w.subscribed_at["e0"] == 1.0
     assert w.stats["deliveries"] == 3
+    # what the drain of a Standard run reads (Workload.drained): the resync, the last delivery
+    assert w.resynced == {("e0", S1): 1.04} and w.last_delivery == 1.06
     w.h.close()
 
 
