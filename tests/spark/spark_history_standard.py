@@ -234,3 +234,20 @@ def plant_sender_back_unannounced(syn: gen.Synthetic) -> None:
                 member=member, subject=SUBJECT, epoch=last[member]["epoch"],
                 seq=last[member]["seq"] + 1,
                 msg_id=msg, type="update", time=at + FORWARD + DELIVERY)
+
+
+def plant_forward_gap_announced_early(syn: gen.Synthetic) -> None:
+    """p1-61's forward never reached migratory-2, and the only resync a0 got after its
+    invoke came before a0 got p1-59, p1's message before it: that resync was of another
+    gap (a member forwards in the order it numbers; the old rule took any later one)."""
+    ds = deliveries(syn, "a0")
+    resync = next(r for r in syn.tables["subscriptions"]
+                  if r["subscriber"] == "a0" and r["event"] == "DATA_RESYNC")
+    _unnumber(syn, next(d for d in ds if d["msg_id"] == f"p1-{NEXT_OF_P0 - 1}"))
+    early = next(d for d in ds if d["msg_id"] == f"p1-{NEXT_OF_P0 - 3}")
+    _unnumber(syn, early)
+    for r in (r for t in ("deliveries", "subscriptions") for r in syn.tables[t]):
+        if r.get("epoch") == RESYNCED and r.get("seq") is not None and r["seq"] >= 3:
+            r["seq"] += 1
+    syn.tables["deliveries"].append(dict(early, epoch=RESYNCED, seq=3,
+                                         time=resync["time"] + 0.003))

@@ -48,6 +48,7 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     # the two the rules of h103 let pass: any later DATA_RESYNC announced a forward's loss,
     # and a sender's kill excused it for ever
     (std.plant_forward_gap_announced_late, {**NONE, "raw": {"lost"}}),
+    (std.plant_forward_gap_announced_early, {**NONE, "raw": {"lost"}}),
     (std.plant_sender_back_unannounced, {"sdk": {"lost"}, "raw": {"lost"}}),
     (std.plant_hole_before_an_announced_gap, {**NONE, "raw": {"holes", "lost"}}),
     (std.plant_duplicate_in_one_epoch, {**NONE, "sdk": {"duplicates"}}),
