@@ -30,7 +30,9 @@ null ones and takes part in ``lost`` and ``unexpected`` only). Then, in ``safety
   PUBLISH on a resumed session, which it sends in no other case to a session without
   wildcard filters), logs the gap and counts it in ``mqtt_resyncs``; the subscriber
   records it as a ``DATA_RESYNC`` without a position, which excuses what follows the
-  subscriber's last position in that epoch and was invoked before it. (A subject without
+  subscriber's last position in that epoch and was invoked before it -- every message
+  invoked before it when the session had got nothing of the subject yet (subscribed
+  before it was numbered, or dropped before its first message came). (A subject without
   a snapshot gets nothing at all: its gap stays silent to the client and is reported
   here as lost; look for "resumed from its snapshot" in the member logs.)
 - **collisions** and **unexpected**: as for the other kinds (an mqtt delivery's
@@ -46,9 +48,14 @@ as the others. One that no such subscriber received (every one of them resumed p
 with a resync: a small cache) keeps null ones, and gets *bounds* instead: an MQTT
 session receives a subject's messages in seq order on one connection, so the message
 lies strictly between the nearest deliveries before and after it on that connection
-whose positions are known (``seq_lo``, ``seq_hi``, in epoch ``lo_epoch``). ``lost``
-excuses it for a subscriber whose resync skips that whole open range; without bounds
-(no MQTT subscriber got it between two known positions) nothing can excuse it.
+whose positions are known (``seq_lo``, ``seq_hi``, in epoch ``lo_epoch``). When no MQTT
+subscriber got it either, the order of events bounds it (:func:`_causal_bounds`): a
+message of its subject known to be committed before it was even sent (acknowledged or
+delivered before its invoke) lies below it, and one sent after its acknowledgement lies
+above it -- one subject's positions in one epoch are given in commit order -- and the
+positions between that other messages hold are not its. Both are kept, the tighter
+where they agree on the epoch. ``lost`` excuses it for a subscriber
+whose resync skips that whole open range; without bounds nothing can excuse it.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from .load import History
 
 KIND = "mqtt"
 NOT_CHECKED = ("holes",)  # left out of the mqtt counts (the report shows "-")
+MAX_SPAN = 100_000  # positions between an ack's causal bounds looked at one by one, at most
 
 
 def with_positions(history: History) -> History:
@@ -108,10 +116,17 @@ def acks_with_positions(history: History) -> History:
         "epoch": F.when(bare, F.col("d.epoch")).otherwise(F.col("epoch")),
         "seq": F.when(bare, F.col("d.seq")).otherwise(F.col("seq")),
     }).select(*pubs.columns)
-    bounded = filled.join(_bounds(history, filled), "msg_id", "left").withColumns({
-        "seq_lo": F.when(F.col("seq").isNotNull(), F.col("seq") - 1).otherwise(F.col("b_lo")),
-        "seq_hi": F.when(F.col("seq").isNotNull(), F.col("seq") + 1).otherwise(F.col("b_hi")),
-        "lo_epoch": F.coalesce(F.col("epoch"), F.col("b_epoch")),
+    stream, causal = _bounds(history, filled), _causal_bounds(history, filled)
+    both = F.col("b_epoch").isNotNull() & (F.col("c_epoch") == F.col("b_epoch"))
+    use_c = F.col("b_epoch").isNull()  # no MQTT stream bounds it: the order of events
+    lo = (F.when(both, F.greatest("b_lo", "c_lo")).when(use_c, F.col("c_lo"))
+          .otherwise(F.col("b_lo")))
+    hi = (F.when(both, F.least("b_hi", "c_hi")).when(use_c, F.col("c_hi"))
+          .otherwise(F.col("b_hi")))
+    bounded = filled.join(stream, "msg_id", "left").join(causal, "msg_id", "left").withColumns({
+        "seq_lo": F.when(F.col("seq").isNotNull(), F.col("seq") - 1).otherwise(lo),
+        "seq_hi": F.when(F.col("seq").isNotNull(), F.col("seq") + 1).otherwise(hi),
+        "lo_epoch": F.coalesce(F.col("epoch"), F.col("b_epoch"), F.col("c_epoch")),
     }).select(*pubs.columns, "seq_lo", "seq_hi", "lo_epoch")
     return replace(history, frames={**history.frames, "publishes": bounded.cache()})
 
@@ -145,3 +160,61 @@ def _bounds(history: History, pubs: Any) -> Any:
         F.max("before.seq").alias("b_lo"),
         F.min("after.seq").alias("b_hi"),
     )
+
+
+def _causal_bounds(history: History, pubs: Any) -> Any:
+    """Per msg_id acknowledged without a position: ``(c_epoch, c_lo, c_hi)`` from the order
+    of events on the run's one clock. A message of its subject whose ack or delivery came
+    before its invoke was committed before it was sent: its seq is lower (``c_lo``, the
+    highest such in the epoch of the last one seen); one invoked after its ack was
+    committed after it: higher (``c_hi``, the lowest such in that epoch). Then narrowed to
+    the positions between them that no other message is known to hold (an ack's or a
+    delivery's): the first free one - 1 and the last free one + 1."""
+    from pyspark.sql import functions as F
+
+    invoked = (pubs.where(F.col("type") == "invoke").groupBy("msg_id")
+               .agg(F.min("time").alias("t_inv")))
+    bare = F.broadcast(
+        pubs.where((F.col("type") == "ok") & F.col("seq").isNull())
+        .groupBy("msg_id", "subject").agg(F.min("time").alias("t_ack"))
+        .join(invoked, "msg_id")
+    )
+    cols = ["msg_id", "subject", "epoch", "seq", "time"]
+    known = (
+        pubs.where((F.col("type") == "ok") & F.col("seq").isNotNull()).select(*cols)
+        .unionByName(history["deliveries"].where(
+            (F.col("kind") != KIND) & F.col("msg_id").isNotNull() & F.col("epoch").isNotNull()
+            & F.col("seq").isNotNull()).select(*cols))
+        .groupBy("msg_id", "subject", "epoch", "seq").agg(F.min("time").alias("seen"))
+        .join(invoked, "msg_id", "left")
+        .select(F.col("msg_id").alias("k_id"), F.col("subject").alias("k_subject"),
+                F.col("epoch").alias("k_epoch"), F.col("seq").alias("k_seq"), "seen",
+                F.col("t_inv").alias("k_inv"))
+    )
+    same = F.col("subject") == F.col("k_subject")
+    lower = (
+        bare.join(known, same & (F.col("seen") < F.col("t_inv")))
+        .groupBy("msg_id", "k_epoch").agg(F.max("seen").alias("last"), F.max("k_seq").alias("lo"))
+        .groupBy("msg_id").agg(F.max(F.struct("last", "k_epoch", "lo")).alias("l"))
+        .select("msg_id", F.col("l.k_epoch").alias("c_epoch"), F.col("l.lo").alias("c_lo"))
+    )
+    upper = (
+        bare.join(known, same & (F.col("k_inv") > F.col("t_ack")))
+        .groupBy("msg_id", "k_epoch").agg(F.min("k_seq").alias("c_hi"))
+    )
+    bounds = lower.join(upper, (lower["msg_id"] == upper["msg_id"])
+                        & (F.col("c_epoch") == F.col("k_epoch"))).select(
+        lower["msg_id"], "c_epoch", "c_lo", "c_hi")
+    # narrowed to the free positions: those between that no other message holds
+    free = (
+        bounds.where(F.col("c_hi") - F.col("c_lo") <= MAX_SPAN)
+        .join(bare.select("msg_id", "subject"), "msg_id")
+        .withColumn("p", F.explode(F.sequence(F.col("c_lo") + 1, F.col("c_hi") - 1)))
+        .join(known.select("k_subject", "k_epoch", "k_seq").distinct(),
+              (F.col("subject") == F.col("k_subject")) & (F.col("c_epoch") == F.col("k_epoch"))
+              & (F.col("p") == F.col("k_seq")), "left_anti")
+        .groupBy("msg_id").agg((F.min("p") - 1).alias("f_lo"), (F.max("p") + 1).alias("f_hi"))
+    )
+    return bounds.join(free, "msg_id", "left").select(
+        "msg_id", "c_epoch", F.coalesce("f_lo", "c_lo").alias("c_lo"),
+        F.coalesce("f_hi", "c_hi").alias("c_hi"))

@@ -80,6 +80,7 @@ class Jump:
     seq: int | None
     prev_epoch: int | None
     prev_seq: int | None
+    seen: bool = True  # a delivery (a snapshot's aside) of the subject came before it
 
 
 # (epoch (None = every epoch), after (exclusive), upto (inclusive; None = open),
@@ -95,6 +96,12 @@ def skips(jump: Jump) -> list[Skip]:
         after = jump.prev_seq if same and jump.prev_seq is not None else 0
         if jump.seq > after:
             out.append((jump.epoch, after, jump.seq, None))
+    if (jump.event == "DATA_RESYNC" and jump.kind == mqtt.KIND and jump.prev_epoch is None
+            and not jump.seen):
+        # an MQTT session that had got nothing of the subject (subscribed before it was
+        # numbered, or dropped before its first message came) resumed off the cache: the
+        # snapshot it got, its only sign (mqtt.py), announces every message invoked before
+        out.append((None, 0, None, jump.time))
     if jump.event != "DATA_RESYNC" or jump.prev_epoch is None or jump.prev_seq is None:
         return out
     if jump.epoch is None or jump.epoch != jump.prev_epoch:
@@ -207,6 +214,7 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
             seq=r["seq"],
             prev_epoch=r["pp"]["epoch"] if r["pp"] else None,
             prev_seq=r["pp"]["seq"] if r["pp"] else None,
+            seen=r["pd"] is not None,
         )
         for r in found.where(jump).collect()
     ]

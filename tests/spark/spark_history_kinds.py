@@ -167,3 +167,46 @@ def plant_positionless_ack_skipped_by_all(syn: Synthetic) -> None:
 def plant_positionless_ack_skipped_by_all_but_one(syn: Synthetic) -> None:
     """s0 missed it without a resync: lost (and a hole) for s0 only."""
     _skipped_by_every_positioned_subscriber(syn, keep="s0")
+
+
+def _resynced_over_everywhere(syn: Synthetic, keep: str | None) -> None:
+    """One message of /chaos/s0 acknowledged as an MQTT publisher's (no position) that no
+    subscriber received, with no MQTT subscriber to bound it: every subscriber (but
+    ``keep``, which just misses it) resumed past it with a DATA_RESYNC at its position --
+    what chaos run seed 1173 met with MaxCachedMessagesPerSubject = 5 (three MQTT
+    publishes, each resynced over by every subscriber of its subject)."""
+    target = _victim(syn)[len(_victim(syn)) // 3]
+    for p in syn.tables["publishes"]:
+        if p["type"] == "ok" and p["msg_id"] == target["msg_id"]:
+            p["epoch"] = p["seq"] = None
+    for d in [d for d in syn.tables["deliveries"] if d["msg_id"] == target["msg_id"]]:
+        syn.tables["deliveries"].remove(d)
+        if d["subscriber"] != keep:
+            syn.add("subscriptions", subscriber=d["subscriber"], kind=d["kind"],
+                    subject=d["subject"], event="DATA_RESYNC", member=MEMBERS[1],
+                    epoch=d["epoch"], seq=d["seq"], time=d["time"] + 1e-5)
+
+
+def plant_positionless_ack_resynced_over_everywhere(syn: Synthetic) -> None:
+    """Allowed: the message's seq is bounded by the order of events (the message before
+    it acknowledged before its invoke, the one after it invoked after its ack), and every
+    resync covers it. Before those bounds, reported lost for every subscriber."""
+    _resynced_over_everywhere(syn, keep=None)
+
+
+def plant_positionless_ack_resynced_over_but_one(syn: Synthetic) -> None:
+    """s0 missed it without a resync: lost (and a hole) for s0 only."""
+    _resynced_over_everywhere(syn, keep="s0")
+
+
+def plant_mqtt_resync_before_anything(syn: Synthetic) -> None:
+    """Allowed: m0 got nothing of /chaos/s0 before its resumed session was given the
+    snapshot (a DATA_RESYNC without a position): every message invoked before it is
+    announced (chaos seed 1176 with CacheMemoryBudget=20000: a session subscribed before
+    the subject was numbered, dropped before its first message came; before the rule,
+    everything it missed was reported lost)."""
+    at = add_mqtt(syn) + 0.3
+    for d in [d for d in _victim(syn, MQTT_VICTIM) if d["time"] < at]:
+        syn.tables["deliveries"].remove(d)
+    syn.add("subscriptions", subscriber="m0", kind="mqtt", subject=MQTT_VICTIM[2],
+            event="DATA_RESYNC", member=MEMBERS[1], time=at)

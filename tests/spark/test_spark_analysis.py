@@ -111,6 +111,7 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (kinds.plant_mqtt_lost, {**NONE, "mqtt": {"lost"}}),
     (kinds.plant_mqtt_duplicate, {**NONE, "mqtt": {"duplicates"}}),
     (kinds.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
+    (kinds.plant_mqtt_resync_before_anything, {**NONE, "mqtt": set()}),
     # Server-Sent Events streams: the native rules (positions in their events' ids)
     (kinds.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
     (kinds.plant_sse_resync, NONE),
@@ -119,6 +120,9 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (kinds.plant_positionless_ack_lost, {**NONE, "sdk": {"lost", "holes"}}),
     (kinds.plant_positionless_ack_skipped_by_all, NONE),
     (kinds.plant_positionless_ack_skipped_by_all_but_one, {**NONE, "sdk": {"lost", "holes"}}),
+    # ... and nobody got it: its position bounded by the order of events
+    (kinds.plant_positionless_ack_resynced_over_everywhere, NONE),
+    (kinds.plant_positionless_ack_resynced_over_but_one, {**NONE, "sdk": {"lost", "holes"}}),
 ]
 
 
@@ -165,7 +169,7 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
     # one resume per plant with an mqtt subscriber m0 (spark_history_kinds.add_mqtt)
     with_m0 = sum("mqtt" in p.__name__ or "skipped_by_all" in p.__name__ for p, _ in PLANTED)
-    assert with_m0 == 6
+    assert with_m0 == 7
     assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (with_m0, 0)
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md
