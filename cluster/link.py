@@ -71,8 +71,10 @@ from typing import Any, Final, Literal
 from cluster.link_limits import (
     FORWARD_BYTES,
     LINK_VERSION,
+    TLS_PROBE_ALPN,
     FrameTooLarge,
     LinkViolation,
+    TlsProbe,
     VersionMismatch,
     accepted_frame_limit,
     connected_frame_limit,
@@ -116,6 +118,7 @@ __all__ = [
     "LINK_VERSION",
     "MAX_FRAME",
     "MAX_HANDSHAKE_FRAME",
+    "TLS_PROBE_ALPN",
     "Authenticated",
     "Batch",
     "Forward",
@@ -135,6 +138,7 @@ __all__ = [
     "SyncPart",
     "SyncRefused",
     "SyncRequest",
+    "TlsProbe",
     "VersionMismatch",
     "accepted_frame_limit",
     "connected_frame_limit",
@@ -160,6 +164,7 @@ _HANDSHAKE: Final = {
     _State.AWAIT_WELCOME: ("welcome", _State.OPEN),
 }
 _FIRST_STATE: Final = {"accept": _State.AWAIT_AUTH, "connect": _State.AWAIT_CHALLENGE}
+_PROBE: Final = TLS_PROBE_ALPN.encode()  # in a probe's ClientHello (its ALPN list)
 
 
 def _mac(key: bytes, label: bytes, nonce: bytes, member: str) -> bytes:
@@ -306,6 +311,9 @@ class LinkConnection:
             what = "frame" if self._state is _State.OPEN else "authentication failed: frame"
             tls = ""
             if self._state is not _State.OPEN and buffer[:2] == b"\x16\x03":  # a ClientHello
+                if _PROBE in buffer:
+                    raise TlsProbe("a TLS probe: a member that heard nothing from this one "
+                                   "asked whether its cluster links are TLS (they are not)")
                 tls = (" (a TLS handshake: ClusterTlsCertificate, ClusterTlsKey and "
                        "ClusterTlsCa are set on that member, not here)")
             raise FrameTooLarge(f"{what} of {size} bytes exceeds the limit of {limit}{tls}",

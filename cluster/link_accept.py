@@ -274,6 +274,8 @@ async def accept_link(
             _refused(gate, source, exc.reason)
         elif refusals.first(channel.peer, reason_kind(exc.reason), trio.current_time()):
             log.warning("cluster link from %s refused: %s", channel.peer, exc.reason)
+    except link.TlsProbe as exc:  # a peer asking, not a fault: no warning
+        log.debug("cluster link from %s: %s", source, exc.reason)
     except REFUSED_ERRORS as exc:
         _refused(gate, source, f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
                  if isinstance(exc, trio.TooSlowError) else describe(exc))

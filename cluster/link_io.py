@@ -308,6 +308,17 @@ def tls_only(peer: str) -> str:
             "there, not here")
 
 
+def probe_context() -> ssl.SSLContext:
+    """The TLS of :func:`speaks_tls`: no certificate checked, and the probe's name
+    offered (:data:`~cluster.link_limits.TLS_PROBE_ALPN`) so that a plain member takes it
+    for a question, not for a member with ClusterTls* keys."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols([link.TLS_PROBE_ALPN])
+    return context
+
+
 async def speaks_tls(address: tuple[str, int]) -> bool:
     """Whether the member at ``address`` answers a TLS handshake (its certificate not
     checked, none shown). Asked once a link handshake without TLS ended having heard
@@ -316,9 +327,7 @@ async def speaks_tls(address: tuple[str, int]) -> bool:
     challenge at once. Before, a member left without the ClusterTls* keys took that for
     peers that could not be asked, counting for nothing: in Standard mode it was ready
     and served its clients alone."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    context = probe_context()
     with trio.move_on_after(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT):
         try:
             stream = trio.SSLStream(await trio.open_tcp_stream(*address), context)

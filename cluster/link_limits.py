@@ -45,9 +45,11 @@ __all__ = [
     "LINK_VERSION",
     "MAX_COMMAND_BYTES",
     "PUBLISH_FACTOR",
+    "TLS_PROBE_ALPN",
     "VIOLATION_RULES",
     "FrameTooLarge",
     "LinkViolation",
+    "TlsProbe",
     "VersionMismatch",
     "accepted_frame_limit",
     "connected_frame_limit",
@@ -116,6 +118,19 @@ class FrameTooLarge(LinkViolation):
         super().__init__(reason, "frame_size")
         self.size = size
         self.limit = limit
+
+
+TLS_PROBE_ALPN: Final = "migratory-link-tls-probe"
+"""The ALPN protocol a member's TLS probe offers (cluster/link_io.py ``speaks_tls``): a
+member that heard nothing from a peer asks it, with a bare TLS handshake, whether its
+links are TLS. A peer whose links are plain sees a ClientHello where it waits for a
+frame; this name in it tells it that the ClientHello is a probe, not a member whose
+ClusterTls* keys are set where its own are not."""
+
+
+class TlsProbe(LinkError):
+    """A peer's TLS probe on a plain link: it asked whether this member's links are TLS
+    (they are not); nothing is wrong here, and it links again without TLS."""
 
 
 class VersionMismatch(LinkError):

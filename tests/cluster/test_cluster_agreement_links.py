@@ -335,8 +335,13 @@ def test_members_that_predate_the_entitlement_keys_link_and_compare_the_limits(
                    for r in caplog.records)
 
 
-def test_a_plain_member_is_not_taken_for_one_that_speaks_tls(ports: list[int]) -> None:
-    """(A member that does is in test_cluster_settings_differ.py, real processes.)"""
+def test_a_plain_member_is_not_taken_for_one_that_speaks_tls(
+    caplog: pytest.LogCaptureFixture, ports: list[int]
+) -> None:
+    """(A member that does is in test_cluster_settings_differ.py, real processes.) The
+    plain member takes the probe for a question: before, it warned that the prober had
+    ClusterTls* keys set ("frame of 369295618 bytes ... (a TLS handshake: ...)")."""
+    caplog.set_level(logging.DEBUG)
     seed = ports[0]
 
     async def body() -> tuple[bool, bool]:
@@ -344,6 +349,8 @@ def test_a_plain_member_is_not_taken_for_one_that_speaks_tls(ports: list[int]) -
 
     assert trio.run(with_services, [(seed, service(seed, settings_of(seed, ports[:4])))],
                     body) == (False, False)  # a plain member; nobody there
+    assert warnings(caplog) == []
+    assert any("a TLS probe" in r.getMessage() for r in caplog.records)
 
 
 def test_another_process_at_a_members_own_address_keeps_it_from_agreeing(

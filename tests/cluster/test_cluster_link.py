@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import hmac
+import ssl
 import struct
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from cluster_link_pair import (
 )
 
 from cluster import link, link_ops
-from cluster.link import Authenticated, Heartbeat, LinkConnection, LinkError, Outgoing
+from cluster.link import Authenticated, Heartbeat, LinkConnection, LinkError, Outgoing, TlsProbe
+from cluster.link_io import probe_context
 
 
 def mac(password: str, label: bytes, nonce: bytes, member: str) -> bytes:
@@ -278,6 +280,31 @@ def test_link_imports_no_io_transitively() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert not {name for name in loaded if name.split(".")[0] in FORBIDDEN}
+
+
+def client_hello(context: ssl.SSLContext) -> bytes:
+    """The first flight of a TLS client with ``context``, as a socket would carry it."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_members_tls_probe_is_told_from_a_member_with_tls_keys() -> None:
+    """A member that heard nothing from a peer asks it whether its links are TLS
+    (cluster/link_io.py speaks_tls): the probe is a question, not a misconfiguration."""
+    probe = LinkConnection(role="accept", member=ACCEPTOR, password=PASSWORD)
+    probe.initiate()
+    probe.receive_data(client_hello(probe_context()))
+    with pytest.raises(TlsProbe, match="asked whether its cluster links are TLS"):
+        probe.next_event()
+    member = LinkConnection(role="accept", member=ACCEPTOR, password=PASSWORD)
+    member.initiate()
+    member.receive_data(client_hello(ssl.create_default_context()))  # ClusterTls* there
+    with pytest.raises(LinkError, match=r"\(a TLS handshake: ClusterTlsCertificate") as info:
+        member.next_event()
+    assert not isinstance(info.value, TlsProbe)
 
 
 def test_a_tls_client_hello_on_a_plain_link_is_named() -> None:
