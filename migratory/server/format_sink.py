@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from migratory.model.message import Message
+from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.protocol.websocket import encode_binary
 
@@ -48,6 +49,12 @@ class MessageSink(Protocol):
     message once, at the highest QoS granted to the subscriptions that match it."""
 
     def deliver_message(self, message: Message, qos: int) -> None: ...
+
+    def resync(self, subject: str, position: Position, snapshot: Message | None,
+               qos: int) -> None:
+        """``subject`` jumped to ``position`` past what the hub can tell this sink (a
+        cluster member's cache sync moved it further than its cache reaches): what a
+        native subscriber gets as the snapshot and ``DATA_RESYNC``."""
 
 
 def message_frame(message: Message) -> bytes:

@@ -398,14 +398,20 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         listeners: tuple[tuple[MessageSink, int], ...], now: float,
     ) -> None:
         """Live subscribers were at ``before`` when the subject moved: give them the
-        messages it jumped over, or the snapshot and ``DATA_RESYNC``."""
+        messages it jumped over, or the snapshot and ``DATA_RESYNC`` (an MQTT session:
+        its resync, :meth:`MessageSink.resync`). Before, an MQTT session got the snapshot
+        as a plain live PUBLISH, not counted -- or nothing when the subject had none: a
+        gap its client could not see
+        (``test_mqtt_resync_live.py::test_a_jump_past_the_cache_is_an_mqtt_resync``)."""
         if state.position == before:
             return
         missed = self._missed(state, before)
         for listener, qos in listeners:  # they drop what they have
-            for message in missed if missed is not None else [state.snapshot]:
-                if message is not None:
-                    listener.deliver_message(message, qos)
+            if missed is None:
+                listener.resync(state.subject, state.position, state.snapshot, qos)
+                continue
+            for message in missed:
+                listener.deliver_message(message, qos)
         if missed is not None:
             for message in missed:
                 frames: dict[object, bytes] = {}

@@ -11,6 +11,7 @@ import logging
 from itertools import islice
 from typing import TYPE_CHECKING
 
+from migratory import client_lines
 from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
@@ -177,6 +178,27 @@ class MqttDelivery(MqttInput):
         if not quiet:
             log.warning("%s: %s resumed from its snapshot (the cache no longer reaches "
                         "back)", self.describe(), subject, extra=self.log_fields())
+
+    def resync(self, subject: str, position: Position, snapshot: Message | None,
+               qos: int) -> None:
+        """A live ``subject`` jumped to ``position`` further than the cache reaches (a
+        cluster member's cache sync): told as a resume's resync (docs/mqtt.md) -- its
+        snapshot with RETAIN, counted in ``mqtt_resyncs``, logged (rate-limited: one sync
+        may move every subject of a '#' session). Without a snapshot there is nothing
+        to send: counted and logged all the same, never silent. Before, the snapshot came
+        as a plain live PUBLISH, or nothing."""
+        if self.closing or self.aborted:
+            return
+        stats = self._ctx.stats
+        stats.mqtt_resyncs += 1
+        client_lines.lines.log(
+            log, logging.WARNING, "mqtt live resync",
+            "%s: %s moved past what the cache holds (a cache sync, to seq %d): %s",
+            self.describe(), subject, position.seq,
+            "its snapshot sent" if snapshot is not None else "no snapshot to send",
+            extra=self.log_fields())
+        if snapshot is not None:
+            self.deliver_retained(snapshot, qos)
 
     def deliver_message(self, message: Message, qos: int) -> None:
         """A live or recovered message of a subscribed subject (the hub calls this for

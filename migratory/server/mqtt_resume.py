@@ -95,6 +95,16 @@ class Resume:
             self._catch_up(subject, self._pending.pop(subject, NOTHING_SEEN))
         self._owner.deliver_message(message, qos)
 
+    def resync(self, subject: str, position: Position, snapshot: Message | None,
+               qos: int) -> None:
+        """The hub moved ``subject`` past its cache (a cache sync) during the resume: a
+        subject not caught up yet is caught up now (its record's position against where
+        the hub is: a replay, or the resume's resync); one caught up is the session's."""
+        if subject not in self._owner.settle_reached():
+            self._catch_up(subject, self._pending.pop(subject, NOTHING_SEEN))
+        else:
+            self._owner.resync(subject, position, snapshot, qos)
+
     def work(self, limit: int) -> int:
         """Catch up subjects for about ``limit`` units of work (a subject, a visit of the
         subject index; a message delivered: MESSAGE_VISITS); the units done."""

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from migratory import client_lines
 from migratory.model.message import Message, Qos
+from migratory.model.position import Position
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_saving import MqttSaving
 
@@ -133,6 +134,10 @@ class Takeovers:
             self._submit(self._clock())
 
     # --- the hub's listener -----------------------------------------------------
+
+    def resync(self, subject: str, position: Position, snapshot: Message | None,
+               qos: int) -> None:
+        """Notices are not retained: one a cache sync jumped over is not here to read."""
 
     def deliver_message(self, message: Message, qos: int) -> None:
         registry = self._registry

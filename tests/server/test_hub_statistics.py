@@ -32,6 +32,10 @@ class Listener:
     def deliver_message(self, message: Message, qos: int) -> None:
         pass
 
+    def resync(self, subject: str, position: Position, snapshot: Message | None,
+               qos: int) -> None:
+        pass
+
     def deliver_op(self, op: ops.ServerOp) -> None:
         pass
 
