@@ -8,7 +8,10 @@ the authenticated cluster link, best effort: while a peer is unreachable its
 forwards are dropped (counted), as Standard mode promises no more -- but never
 silently: the sender numbers its forwards of each subject, a receiver that sees a gap
 resyncs the subject's subscribers, and a sender forwards again its last forward of each
-subject it dropped or lost with a link (:mod:`cluster.standard_lineage`).
+subject it dropped or lost with a link (:mod:`cluster.standard_lineage`). A receiver
+remembers the process (incarnation) it last met of each peer: a restarted peer's seq 1
+is not taken as the first of a subject held here before (its earlier life may have
+died with a forward unsent).
 """
 
 from __future__ import annotations
@@ -139,11 +142,21 @@ class StandardNode:
         else:
             self.unsent[name].queued(message.subject)
 
-    def take_forward(self, peer: str, message: Message, now: float) -> None:
-        """A publication ``peer`` forwarded (checked): published here, after a resync of
-        its subject when ``peer`` may have numbered some that never came; dropped when
-        it came already (a repair)."""
-        taken = self.lineage.take(peer, message)
+    def met(self, peer: str, channel: LinkChannel) -> str | None:
+        """A link with ``peer`` is set up: its process's incarnation (None: a member
+        that predates link settings), remembered (:meth:`ForwardLineage.met`)."""
+        settings = channel.peer_settings
+        incarnation = None if settings is None else settings.incarnation
+        self.lineage.met(peer, incarnation, self.hub.subjects_created)
+        return incarnation
+
+    def take_forward(self, peer: str, message: Message, now: float, *,
+                     incarnation: str | None = None) -> None:
+        """A publication ``peer`` forwarded (checked) on a link of its process
+        ``incarnation``: published here, after a resync of its subject when ``peer`` may
+        have numbered some that never came; dropped when it came already (a repair)."""
+        taken = self.lineage.take(peer, message, incarnation=incarnation,
+                                  made=self.hub.made(message.subject))
         if taken is Forward.SEEN:
             return  # a repair of what came after all
         if taken is Forward.GAP:
@@ -210,6 +223,7 @@ class StandardNode:
                 log.exception("dialling %s failed", name)
                 await trio.sleep(RETRY_SECONDS)
                 continue
+            self.met(name, channel)
             self.connected.add(name)
             unsent = self.unsent[name]
             try:
@@ -259,6 +273,7 @@ class StandardNode:
                                      gate=self.handshakes, refusals=self.refusals)
             if peer is None:
                 return  # refused, logged
+            incarnation = self.met(peer, channel)
             with self.handshakes.linked(peer):
                 while True:
                     op = await channel.receive()
@@ -271,7 +286,7 @@ class StandardNode:
                     # member (Standard forwards after the local publish), the link goes on
                     if self.publishes.refusal(peer, op.message, now) is not None:
                         continue  # (not taken: the next forward of its subject is a gap)
-                    self.take_forward(peer, op.message, now)
+                    self.take_forward(peer, op.message, now, incarnation=incarnation)
         except link.LinkViolation as exc:
             self.handshakes.violated(channel.peer or "?", exc)
         except CONNECT_ERRORS as exc:

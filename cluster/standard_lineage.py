@@ -9,11 +9,26 @@ not with its hub's positions, which count the subject's publications from every 
 each forward in its own epoch, so its subscribers cannot see such a loss in their
 positions: it must tell them. :class:`ForwardLineage` remembers, per peer and subject,
 the sender's position of the last forward taken, and says whether the next one follows
-it (same epoch, seq + 1; or seq 1 of a subject never heard of from that peer). Anything
-else may have skipped a message: the member starts a new lineage of the subject (its
-subscribers get the snapshot and ``DATA_RESYNC``, a resume from before it too). A
-forward at or before the last one (the sender's repair of a subject whose later forwards
-did arrive) is dropped: no duplicate.
+it (same epoch, seq + 1; or seq 1 of a subject never heard of from that peer, when
+nothing can be missing before it: below). Anything else may have skipped a message: the
+member starts a new lineage of the subject (its subscribers get the snapshot and
+``DATA_RESYNC``, a resume from before it too). A forward at or before the last one (the
+sender's repair of a subject whose later forwards did arrive) is dropped: no duplicate.
+
+Seq 1 says only that nothing came before it *in that process's life*: a peer that
+restarts numbers every subject from seq 1 again, in new epochs, and what its earlier life
+acknowledged and never forwarded (its link down, its queue lost when it died) is gone
+without a trace. So a first forward follows on only when the receiver knows no earlier
+life of the peer can have left it out: it holds no subscriber of the subject (no one to
+miss it), or it made the subject after it met the peer's current process (the
+``incarnation`` of its link settings, :meth:`ForwardLineage.met`, on a link either way):
+every earlier life of the peer had ended by then, before anyone here held the subject.
+A subject held here before that meeting, a forward on a link of an older process or of
+one whose incarnation is not known (a member that predates link settings), is a gap at
+its first forward: one resync per subject a restarted peer publishes that was held here
+before, a needless one when nothing was lost -- never a silent one. (A goodbye from a
+cleanly drained peer cannot lift that: a life between it and the next one, which never
+reached this member, leaves nothing here to tell it by.)
 
 The sender cannot leave a loss at the end unseen either: :class:`UnsentSubjects` are
 the subjects a peer may lack the newest message of (a forward dropped, or sent on a link
@@ -57,10 +72,23 @@ class ForwardLineage:
     _last: dict[str, dict[str, Position]] = field(default_factory=dict)
     _forgetting: set[str] = field(default_factory=set)
     """Peers some subject of which was forgotten: a subject not remembered may be one."""
+    _met: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Per peer, the process (incarnation) last met and the count of subjects made here
+    then (one entry per ClusterMembers peer)."""
 
-    def take(self, peer: str, message: Message) -> Forward:
-        """Take ``message``, forwarded by ``peer`` with its position there: whether it
-        follows the last one taken of its subject from ``peer`` with nothing between."""
+    def met(self, peer: str, incarnation: str | None, made: int) -> None:
+        """A link with ``peer`` is set up (either way), its settings naming its process,
+        ``incarnation`` (None: a member that predates link settings, nothing learnt);
+        ``made``: the count of subjects made here so far (``Hub.subjects_created``)."""
+        if incarnation is not None and self._met.get(peer, ("",))[0] != incarnation:
+            self._met[peer] = (incarnation, made)
+
+    def take(self, peer: str, message: Message, *, incarnation: str | None = None,
+             made: int | None = None) -> Forward:
+        """Take ``message``, forwarded by ``peer`` with its position there, on a link of
+        its process ``incarnation``; ``made``: when this member made the subject
+        (``Hub.made``; None: it holds none). Whether it follows the last one taken of its
+        subject from ``peer`` with nothing between."""
         last = self._last.setdefault(peer, {})
         if message.seq == 0:  # not numbered by the peer (no member sends that): as it comes
             last.pop(message.subject, None)
@@ -68,7 +96,8 @@ class ForwardLineage:
             return Forward.NEXT
         previous = last.get(message.subject)
         if previous is None:
-            follows = message.seq == 1 and peer not in self._forgetting
+            follows = (message.seq == 1 and peer not in self._forgetting
+                       and self._after_any_earlier_life(peer, incarnation, made))
         elif message.epoch == previous.epoch and message.seq <= previous.seq:
             return Forward.SEEN
         else:
@@ -82,6 +111,16 @@ class ForwardLineage:
             return Forward.NEXT
         self.gaps += 1
         return Forward.GAP
+
+    def _after_any_earlier_life(self, peer: str, incarnation: str | None,
+                                made: int | None) -> bool:
+        """Whether nobody here can have missed a forward of an earlier life of
+        ``peer``'s process ``incarnation``: the subject is not held here, or was made
+        after this member met that process (when every earlier life had ended)."""
+        if made is None:
+            return True
+        met = self._met.get(peer)
+        return met is not None and met[0] == incarnation and made > met[1]
 
 
 @dataclass(slots=True)

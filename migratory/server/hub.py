@@ -441,6 +441,12 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         state = self._subjects.get(subject)
         return None if state is None else state.position
 
+    def made(self, subject: str) -> int | None:
+        """:attr:`subjects_created` once ``subject`` was made here (None: not held): it
+        was made after whatever happened while that count was lower."""
+        state = self._subjects.get(subject)
+        return None if state is None else state.made
+
     @property
     def activity(self) -> int:
         """Grows with every message published or fanned out: unchanged means idle."""
@@ -467,9 +473,10 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
                 budget=self._budget,
             )
             epoch = self.epoch if not self._forgotten else new_epoch()
-            state = self._subjects[subject] = SubjectState(subject, epoch, cache)
-            self._index.add(subject, state)  # (not an invalid subject)
             self.subjects_created += 1
+            state = self._subjects[subject] = SubjectState(subject, epoch, cache,
+                                                           self.subjects_created)
+            self._index.add(subject, state)  # (not an invalid subject)
             if not is_valid_subject(subject) and self._on_invalid_subject is not None:
                 self._on_invalid_subject(subject)
         return state

@@ -29,13 +29,15 @@ class SubjectState:
     """Everything the hub knows about one subject."""
 
     __slots__ = (
-        "cache", "conflated", "epoch", "formatted", "listeners", "seq", "snapshot", "subject",
-        "subscribers", "waiting",
+        "cache", "conflated", "epoch", "formatted", "listeners", "made", "seq", "snapshot",
+        "subject", "subscribers", "waiting",
     )
 
-    def __init__(self, subject: str, epoch: int, cache: SubjectCache) -> None:
+    def __init__(self, subject: str, epoch: int, cache: SubjectCache, made: int = 0) -> None:
         self.subject = subject
         self.epoch = epoch
+        self.made = made
+        """The hub's count of subjects made (``Hub.subjects_created``), this one included."""
         self.seq = 0
         self.cache = cache
         self.snapshot: Message | None = None

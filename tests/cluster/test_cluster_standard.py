@@ -145,6 +145,32 @@ def _unannounced(received: list[ops.ServerOp], published: list[bytes]) -> list[b
     return wrong
 
 
+def gated_pair(tmp_path: Path) -> tuple[LocalCluster, TcpGate, int]:
+    """Two Standard members started, B's link port (its ClusterMemberListen) behind a
+    :class:`TcpGate`: the cluster, the gate and that port."""
+    cluster = LocalCluster(tmp_path, members=2, mode="Standard")
+    listen = int(cluster.settings[1]["ClusterMemberListen"].rsplit(":", 1)[1])
+    bind = cluster.base + 2000
+    cluster.settings[1]["ClusterMemberBind"] = f"127.0.0.1:{bind}"
+    gate = TcpGate(listen, bind)
+    cluster.start_all()
+    return cluster, gate, listen
+
+
+def receive_until(client: RawClient, content: bytes) -> list[ops.ServerOp]:
+    """What ``client`` receives until a delivery of ``content`` (or nothing for 10 s)."""
+    received: list[ops.ServerOp] = []
+    for _ in range(100):
+        try:
+            op = client.recv_op(timeout=10)
+        except TimeoutError:
+            break
+        received.append(op)
+        if isinstance(op, ops.Deliver) and op.messages[-1].content == content:
+            break
+    return received
+
+
 def test_forwards_lost_with_a_link_reset_while_both_members_stay_up_are_announced(
     tmp_path: Path,
 ) -> None:
@@ -152,12 +178,7 @@ def test_forwards_lost_with_a_link_reset_while_both_members_stay_up_are_announce
     B's own link to A stay up, and nothing is published after: B's subscriber gets
     DATA_RESYNC and the newest message (A, idle, learns of the reset from the link, not
     from a next forward), every message or DATA_RESYNC before the first after the hole."""
-    cluster = LocalCluster(tmp_path, members=2, mode="Standard")
-    listen = int(cluster.settings[1]["ClusterMemberListen"].rsplit(":", 1)[1])
-    bind = cluster.base + 2000
-    cluster.settings[1]["ClusterMemberBind"] = f"127.0.0.1:{bind}"
-    gate = TcpGate(listen, bind)
-    cluster.start_all()
+    cluster, gate, listen = gated_pair(tmp_path)
     try:
         cluster.wait_ready()
         _forwarding(cluster, [0, 1])
@@ -186,14 +207,7 @@ def test_forwards_lost_with_a_link_reset_while_both_members_stay_up_are_announce
         assert gate.close_gate(reset_open=True) >= 1  # (the agreement probe may be one)
         gate.release(settle=0)
         gate.open_gate()
-        for _ in range(100):
-            try:
-                op = on_b.recv_op(timeout=10)
-            except TimeoutError:
-                break
-            received.append(op)
-            if isinstance(op, ops.Deliver) and op.messages[-1].content == published[-1]:
-                break
+        received += receive_until(on_b, published[-1])
         assert delivered(received)[-1].content == published[-1], received
         assert _unannounced(received, published) == [], received
     finally:

@@ -45,6 +45,44 @@ def test_a_new_lineage_from_a_peer_is_a_gap() -> None:
     assert lineage.take("a", forwarded(IBM, 8, 2)) is Forward.NEXT
 
 
+def test_a_first_forward_of_a_subject_held_before_the_peers_process_was_met_is_a_gap() -> None:
+    """Its seq 1 is the first of *this* life of the peer: an earlier life may have
+    acknowledged a message of the subject that never came (its queue lost as it died).
+    Before: taken as following on, the subject's subscribers here missed it silently."""
+    lineage = ForwardLineage()
+    lineage.met("a", "life-2", 5)  # 5 subjects made here when the link came up
+    assert lineage.take("a", forwarded(IBM, 8, 1), incarnation="life-2", made=5) is Forward.GAP
+    assert lineage.take("a", forwarded(IBM, 8, 2), incarnation="life-2", made=5) is Forward.NEXT
+    # made after the meeting: every earlier life had ended before anyone here held it
+    assert lineage.take("a", forwarded(AAPL, 9, 1), incarnation="life-2", made=6) is Forward.NEXT
+    # held by nobody here: no one to miss anything
+    assert lineage.take("a", forwarded("/a/1", 3, 1), incarnation="life-2") is Forward.NEXT
+    assert lineage.gaps == 1
+
+
+def test_a_peers_new_process_is_met_anew_and_the_same_one_again_changes_nothing() -> None:
+    lineage = ForwardLineage()
+    lineage.met("a", "life-1", 0)
+    lineage.met("b", "other", 0)
+    lineage.met("a", "life-2", 10)  # restarted: met when 10 subjects were made here
+    lineage.met("a", "life-2", 20)  # a link again, either way: the same process
+    lineage.met("a", None, 30)  # (a member that predates link settings: nothing learnt)
+    assert lineage.take("a", forwarded(IBM, 8, 1), incarnation="life-2", made=7) is Forward.GAP
+    assert lineage.take("a", forwarded(AAPL, 8, 1), incarnation="life-2", made=15) is Forward.NEXT
+    assert lineage.take("b", forwarded(IBM, 4, 1), incarnation="other", made=7) is Forward.NEXT
+
+
+def test_a_first_forward_on_a_link_of_another_or_an_unknown_process_is_a_gap() -> None:
+    """A forward of the old life still on its way after the new one was met, or one from
+    a member that predates link settings: nothing says no earlier life left one out."""
+    lineage = ForwardLineage()
+    lineage.met("a", "life-2", 0)
+    assert lineage.take("a", forwarded(IBM, 7, 1), incarnation="life-1", made=1) is Forward.GAP
+    assert lineage.take("a", forwarded(AAPL, 7, 1), incarnation=None, made=1) is Forward.GAP
+    assert lineage.take("b", forwarded(IBM, 7, 1), incarnation="never-met", made=1) is Forward.GAP
+    assert lineage.take("b", forwarded(AAPL, 7, 1), incarnation=None) is Forward.NEXT  # not held
+
+
 def test_a_forward_at_or_before_the_last_one_is_seen_and_changes_nothing() -> None:
     lineage = ForwardLineage()
     for seq in (1, 2, 3):

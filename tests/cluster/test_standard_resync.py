@@ -86,3 +86,34 @@ def test_a_first_forward_to_a_subject_nobody_holds_is_no_resync() -> None:
     node.take_forward(PEER, forward(5, "five"), 1.0)  # the peer numbered it before we met
     sink, _ = subscribed(node)
     assert statuses(sink) == [] and node.hub.position(SUBJECT) is not None
+
+
+def test_a_restarted_peers_seq_1_of_a_subject_held_here_is_announced() -> None:
+    """The peer's earlier life acknowledged the subject's first message and died before
+    forwarding it; its new life forwards the next one at (a new epoch, seq 1). Before:
+    taken as the subject's first, the subscriber got it with no DATA_RESYNC."""
+    node = member()
+    sink, _ = subscribed(node)
+    node.lineage.met(PEER, "life-2", node.hub.subjects_created)  # its link, after
+    node.take_forward(PEER, forward(1, "two", epoch=78), 1.0, incarnation="life-2")
+    assert [s for s, _ in statuses(sink)] == [ops.Status.DATA_RESYNC]
+    assert contents(sink) == [b"two"]
+
+
+def test_a_seq_1_from_a_process_never_met_of_a_subject_held_here_is_announced() -> None:
+    """Nothing says no earlier life of the peer left a message out (a member that
+    predates link settings sends no incarnation). Before: no DATA_RESYNC."""
+    node = member()
+    sink, _ = subscribed(node)
+    node.take_forward(PEER, forward(1, "two", epoch=78), 1.0)
+    assert [s for s, _ in statuses(sink)] == [ops.Status.DATA_RESYNC]
+    assert contents(sink) == [b"two"]
+
+
+def test_a_subject_first_held_after_the_peers_process_was_met_takes_its_seq_1_as_is() -> None:
+    node = member()
+    node.lineage.met(PEER, "life-2", node.hub.subjects_created)
+    sink, _ = subscribed(node)
+    node.take_forward(PEER, forward(1, "one", epoch=78), 1.0, incarnation="life-2")
+    assert statuses(sink) == [] and contents(sink) == [b"one"]
+    assert node.lineage.gaps == 0

@@ -200,3 +200,17 @@ def test_forget_unserved_leaves_what_still_serves_and_the_next_epoch_is_new() ->
     assert hub.statistics().subjects_forgotten == 1
     again = hub.publish(Message("/gone/record", b"r2", retained=True), now=12.0)
     assert again.seq == 1 and again.epoch != 7
+
+
+def test_a_subject_made_again_after_it_was_forgotten_counts_as_made_then() -> None:
+    """``Hub.made``: what a Standard member compares with when it met a peer's process
+    (``ForwardLineage.met``); a subject made again is made after whatever came before."""
+    hub = Hub(epoch=7, cache_expire_seconds=10)
+    assert hub.made("/one/off") is None
+    hub.publish(Message("/one/off", b"old"), now=0.0)
+    hub.subscribe(Sink(), ops.SubscriptionRequest("/kept/watched"), now=0.0)
+    assert (hub.made("/one/off"), hub.made("/kept/watched"), hub.subjects_created) == (1, 2, 2)
+    hub.expire(11.0)
+    assert hub.made("/one/off") is None and hub.made("/kept/watched") == 2
+    hub.publish(Message("/one/off", b"new"), now=12.0)
+    assert hub.made("/one/off") == hub.subjects_created == 3
