@@ -166,27 +166,39 @@ MAX_KEPT_BYTES = 64 * 1024 * 1024
 """Bytes (``Message.size()``) of the last forwards a sender keeps for repairs."""
 
 
+FORGOTTEN_MARKS = 1 << 20
+"""Bits that mark, by the subject's hash, the subjects a sender's numbering forgot
+(128 KiB, made at the first one)."""
+
+
 @dataclass(slots=True)
 class ForwardNumbering:
     """A sender's numbering of its forwards: per subject, a random epoch and seq + 1 per
     forward. At most ``max_subjects`` subjects, the least recently forwarded forgotten
     first: a forgotten subject's next forward starts a new epoch (a resync there, never
-    a position given twice). The last forward of each is kept for a repair, within
-    ``max_bytes`` (the least recent dropped first: a repair of it is not possible, its
-    peer sees the loss with the subject's next forward)."""
+    a position given twice) at seq 2, not 1: seq 1 tells a peer that this life forwarded
+    nothing of the subject before, and a peer that got nothing of the old epoch (dropped,
+    its repair forgotten with it) would take it as the first (a silent gap). A subject
+    whose mark another forgotten one set starts at 2 too (a needless resync). The last
+    forward of each is kept for a repair, within ``max_bytes`` (the least recent dropped
+    first: a repair of it is not possible, its peer sees the loss with the subject's next
+    forward)."""
 
     max_subjects: int = MAX_SUBJECTS
     max_bytes: int = MAX_KEPT_BYTES
     kept_bytes: int = 0
     _last: dict[str, Position] = field(default_factory=dict)
     _kept: dict[str, Message] = field(default_factory=dict)
+    _forgotten: bytearray | None = None
 
     def number(self, message: Message) -> Message:
         """``message`` at its subject's next forward position."""
         subject = message.subject
         previous = self._last.pop(subject, None)
-        epoch, seq = (new_epoch(), 1) if previous is None else (previous.epoch,
-                                                                 previous.seq + 1)
+        if previous is None:
+            epoch, seq = new_epoch(), 2 if self._may_have_forgotten(subject) else 1
+        else:
+            epoch, seq = previous.epoch, previous.seq + 1
         numbered = replace(message, epoch=epoch, seq=seq, type=MessageType.UPDATE,
                            closure=None)
         self._last[subject] = Position(epoch, seq)
@@ -194,12 +206,25 @@ class ForwardNumbering:
             oldest = next(iter(self._last))
             del self._last[oldest]
             self._drop_kept(oldest)
+            self._mark_forgotten(oldest)
         self._drop_kept(subject)
         self._kept[subject] = numbered
         self.kept_bytes += numbered.size()
         while self.kept_bytes > self.max_bytes and self._kept:
             self._drop_kept(next(iter(self._kept)))
         return numbered
+
+    def _mark_forgotten(self, subject: str) -> None:
+        if self._forgotten is None:
+            self._forgotten = bytearray(FORGOTTEN_MARKS // 8)
+        bit = hash(subject) & (FORGOTTEN_MARKS - 1)
+        self._forgotten[bit >> 3] |= 1 << (bit & 7)
+
+    def _may_have_forgotten(self, subject: str) -> bool:
+        if self._forgotten is None:
+            return False
+        bit = hash(subject) & (FORGOTTEN_MARKS - 1)
+        return bool(self._forgotten[bit >> 3] & 1 << (bit & 7))
 
     def _drop_kept(self, subject: str) -> None:
         kept = self._kept.pop(subject, None)
