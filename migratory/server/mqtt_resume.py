@@ -60,6 +60,10 @@ MESSAGE_VISITS = SCAN_UNIT // MESSAGES_PER_UNIT
 """What a message a resume delivers counts for, in visits: MESSAGES_PER_UNIT of them
 count as one operation of the turn, as a WebSocket resume's recovered messages."""
 
+CURRENT_LOGGED = 20
+"""Subjects a resume found up to date (nothing missed) named with their position in its
+summary line (``Resume.summary``); only counted past that."""
+
 SCAN_CHUNK = 256
 """Visits of the subject index asked for at a time between catch-ups (a slice's bound
 is checked between chunks)."""
@@ -68,7 +72,10 @@ is checked between chunks)."""
 class Resume:
     """The catch-up of one resumed session; the hub's sink for it until :attr:`done`."""
 
-    __slots__ = ("_hub", "_owner", "_pending", "_resynced", "_scan", "_subscriptions")
+    __slots__ = (
+        "_current", "_hub", "_messages", "_owner", "_pending", "_replayed", "_resynced",
+        "_scan", "_subscriptions", "_up_to_date",
+    )
 
     def __init__(
         self, subscriptions: Subscriptions, owner: MqttSession, hub: Hub,
@@ -80,6 +87,10 @@ class Resume:
         self._pending = positions  # the record's subjects not caught up yet
         self._scan: SubjectScan | None = None
         self._resynced = 0  # subjects resumed from their snapshot
+        self._replayed = 0  # subjects given what they missed from the cache
+        self._messages = 0  # ... so many messages in all
+        self._up_to_date = 0  # subjects that had missed nothing
+        self._current: list[str] = []  # ... the first few as "subject@seq"
 
     @property
     def done(self) -> bool:
@@ -104,6 +115,14 @@ class Resume:
             self._catch_up(subject, self._pending.pop(subject, NOTHING_SEEN))
         else:
             self._owner.resync(subject, position, snapshot, qos)
+
+    def summary(self) -> str:
+        """What the resume did, for its log line (once done): a chaos run's session that
+        resumed "up to date" past what its client had (seed 1176, docs/chaos.md) left no
+        line to tell which positions its record named."""
+        return (f"{self._replayed} subject(s) replayed ({self._messages} messages), "
+                f"{self._resynced} from their snapshot, {self._up_to_date} up to date"
+                + (f" ({', '.join(self._current)})" if self._current else ""))
 
     def work(self, limit: int) -> int:
         """Catch up subjects for about ``limit`` units of work (a subject, a visit of the
@@ -162,6 +181,13 @@ class Resume:
             return 1
         if position != NOTHING_SEEN:
             owner.synced(subject)
+        if missed:
+            self._replayed += 1
+            self._messages += len(missed)
+        else:
+            self._up_to_date += 1
+            if len(self._current) < CURRENT_LOGGED:
+                self._current.append(f"{subject}@{reached[subject].seq}")
         for message in missed:
             if owner.closing:
                 break

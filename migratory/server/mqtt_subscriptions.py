@@ -289,6 +289,9 @@ class Subscriptions:
         done = resume.work(limit)
         if resume.done:
             self._resume = None
+            client_lines.lines.log(log, logging.INFO, "mqtt resumed", "%s: session resumed: %s",
+                                   self._owner.describe(), resume.summary(),
+                                   extra=self._owner.log_fields())
             # caught up with the record's filters: every subject they match has a
             # position now, none to imply (a pass over all of them at the next save)
             self._filters_changed = self._dropped

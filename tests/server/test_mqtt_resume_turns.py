@@ -5,8 +5,12 @@ I/O (helpers from test_mqtt_session); counted, never timed."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from test_mqtt_session import Wire, make, read, session
 
+from migratory import client_lines
 from migratory.protocol import mqtt
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.mqtt_input import SLICE_OPERATIONS
@@ -77,3 +81,39 @@ def test_a_connect_let_in_with_a_small_reservation_starts_no_slice() -> None:
     assert back.work_done == 1
     assert back.process(0.0, 2 + SLICE_OPERATIONS)
     assert any(isinstance(p, mqtt.Publish) for p in read(back))
+
+
+def test_a_resume_logs_what_it_did_with_the_positions_of_the_subjects_up_to_date(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Chaos seed 1176: a session resumed on a non-seed "up to date" on five subjects
+    whose messages its client never had, and no line told which positions its record
+    named (only resyncs were logged). The resume's line now says what it replayed, what
+    it resynced and, by name and seq, what it found up to date."""
+    _, registry, ctx = away_while_published()
+    back = MqttSession(ctx, Wire(), "127.0.0.1:1", registry)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="migratory.mqtt"):
+        client_lines.lines = client_lines.ClientLines()  # no line of this kind held back
+        more = back.receive_data(encode_packet(mqtt.Connect("dev", clean_session=False)),
+                                 0.0, budget=64)
+        while more:
+            more = back.process(0.0, 64)
+    (line,) = [r.getMessage() for r in caplog.records if "session resumed" in r.getMessage()]
+    assert f"{len(TOPICS)} subject(s) replayed ({len(TOPICS) * MISSED} messages)" in line
+    assert "0 from their snapshot, 0 up to date" in line
+    caplog.clear()
+    read(back)
+    back.connection_lost()  # its positions saved
+    for _ in range(2):  # the save in flight, then the last one it held back
+        ctx.publishing.settle()  # type: ignore[attr-defined]
+    again = MqttSession(ctx, Wire(), "127.0.0.1:2", registry)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="migratory.mqtt"):
+        client_lines.lines = client_lines.ClientLines()
+        more = again.receive_data(encode_packet(mqtt.Connect("dev", clean_session=False)),
+                                  0.0, budget=64)
+        while more:
+            more = again.process(0.0, 64)
+    (line,) = [r.getMessage() for r in caplog.records if "session resumed" in r.getMessage()]
+    assert f"0 subject(s) replayed (0 messages), 0 from their snapshot, {len(TOPICS)} up to " \
+           "date (" in line
+    assert f"/herd/s0@{MISSED}" in line
