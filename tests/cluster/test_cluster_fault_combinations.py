@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 from cluster_fixture import LocalCluster
 from cluster_load import LoadPublisher, LoadSubscriber, delivery_problems
-from test_cluster_lagging_failover import behind_gates
+from gated_seeds import seed_index, started_behind_gates
 
 from migratory.model.position import Position
 from migratory.protocol import ops
@@ -97,12 +97,6 @@ def order_inversions(publisher: LoadPublisher) -> list[str]:
         out += [f"{subject}: {a} before {b}" for a, b in itertools.pairwise(numbers)
                 if a > b]
     return out
-
-
-def seed_index(cluster: LocalCluster, name: str | None) -> int | None:
-    return next(
-        (i for i in SEEDS if cluster.settings[i]["ClusterMemberListen"] == name), None
-    )
 
 
 def upstream_of(cluster: LocalCluster, index: int, timeout: float = 15) -> int:
@@ -278,10 +272,7 @@ def test_a_non_seeds_forwards_delivered_late_after_it_moved_on(tmp_path: Path) -
     publishes through another seed; then the stalled link delivers what the non-seed had
     forwarded before, and its close, to the first seed -- alive all along."""
     cluster = LocalCluster(tmp_path, members=4, seeds=3, MaxCachedMessagesPerSubject=CACHE)
-    gates = behind_gates(cluster)
-    try:
-        cluster.start_all()
-        cluster.wait_ready(timeout=40)
+    with started_behind_gates(cluster) as gates:
         upstream = upstream_of(cluster, NON_SEED)
         watcher = LoadSubscriber([cluster.port(i) for i in SEEDS], tag="watcher", duration=60)
         watcher.start()
@@ -302,11 +293,6 @@ def test_a_non_seeds_forwards_delivered_late_after_it_moved_on(tmp_path: Path) -
         publisher.stop()
         check_everything(cluster, [publisher], [watcher], set())
         print(f"{publisher.summary()}; failures {failure_reasons(publisher)}")
-    finally:
-        cluster.stop()
-        for pair in gates.values():
-            for gate in pair:
-                gate.shutdown()
 
 
 @pytest.mark.slow
@@ -317,10 +303,7 @@ def test_every_raft_link_stalled_then_delivered_late_under_load(tmp_path: Path) 
     non-seed leaves it); then everything held is delivered at once, old terms mixed with
     new ones. Publishes go on through both seeds' links and the non-seed throughout."""
     cluster = LocalCluster(tmp_path, members=4, seeds=3, MaxCachedMessagesPerSubject=CACHE)
-    gates = behind_gates(cluster)
-    try:
-        cluster.start_all()
-        cluster.wait_ready(timeout=40)
+    with started_behind_gates(cluster) as gates:
         leader = cluster.leader()
         others = [i for i in SEEDS if i != leader]
         subscribers = [
@@ -362,8 +345,3 @@ def test_every_raft_link_stalled_then_delivered_late_under_load(tmp_path: Path) 
         cluster.wait_same_applied(range(4))
         print(f"leader {leader}; " + "; ".join(
             f"{p.summary()} {failure_reasons(p)}" for p in publishers))
-    finally:
-        cluster.stop()
-        for pair in gates.values():
-            for gate in pair:
-                gate.shutdown()

@@ -25,48 +25,21 @@ from pathlib import Path
 import pytest
 from cluster_fixture import LocalCluster
 from cluster_load import LoadPublisher, LoadSubscriber, delivery_problems
+from gated_seeds import SEEDS, seed_index, started_behind_gates
 from tcp_gate import TcpGate
 
 from migratory.protocol import ops
 
-SEEDS = range(3)
 NON_SEEDS = [3, 4]
 PAUSE = 3.0
 BAD_LOG_LINES = ("Traceback", "older than applied")
 
 
-def behind_gates(cluster: LocalCluster) -> dict[int, list[TcpGate]]:
-    """Each seed binds elsewhere and is reached through a gate (link) and a
-    forwarder (Raft, port + 1) on its ``ClusterMemberListen`` port."""
-    gates = {}
-    for i in SEEDS:
-        listen = int(cluster.settings[i]["ClusterMemberListen"].rsplit(":", 1)[1])
-        bind = cluster.base + 2000 + 10 * i
-        cluster.settings[i]["ClusterMemberBind"] = f"127.0.0.1:{bind}"
-        gates[i] = [TcpGate(listen, bind), TcpGate(listen + 1, bind + 1)]
-    return gates
-
-
 @pytest.fixture
 def gated_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, dict[int, list[TcpGate]]]]:
     cluster = LocalCluster(tmp_path, members=5, seeds=3)
-    gates = behind_gates(cluster)
-    try:
-        cluster.start_all()
-        cluster.wait_ready(timeout=40)
+    with started_behind_gates(cluster) as gates:
         yield cluster, gates
-    finally:
-        cluster.stop()
-        for pair in gates.values():
-            for gate in pair:
-                gate.shutdown()
-
-
-def seed_index(cluster: LocalCluster, name: str | None) -> int | None:
-    for i in SEEDS:
-        if cluster.settings[i]["ClusterMemberListen"] == name:
-            return i
-    return None
 
 
 @pytest.mark.slow

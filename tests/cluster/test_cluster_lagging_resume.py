@@ -4,7 +4,7 @@ which tells the application it may have missed messages (its state to be rebuilt
 snapshot) when it missed none.
 
 The member is non-seed 3, its upstream seed's replies held on the way back to it (the
-seeds bind behind gates, ``test_cluster_lagging_failover.behind_gates``): for about a
+seeds bind behind gates, ``gated_seeds.behind_gates``): for about a
 second it is still ready (it last heard from its seed within ``UPSTREAM_SILENCE / 2``)
 while the cluster commits a message it has not applied, of a subject it has never
 numbered -- what a member restarted or just added holds of every subject until its stream
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from cluster_fixture import LocalCluster
 from cluster_load import Closed, _Link
+from gated_seeds import seed_index, started_behind_gates
 from tcp_gate import TcpGate
-from test_cluster_lagging_failover import behind_gates, seed_index
 
 from migratory.model.message import Message
 from migratory.model.position import Position
@@ -39,16 +39,8 @@ too slow to publish and resume within the second it stays ready)."""
 @pytest.fixture
 def gated_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, dict[int, list[TcpGate]]]]:
     cluster = LocalCluster(tmp_path, members=4, seeds=3)
-    gates = behind_gates(cluster)
-    try:
-        cluster.start_all()
-        cluster.wait_ready(timeout=40)
+    with started_behind_gates(cluster) as gates:
         yield cluster, gates
-    finally:
-        cluster.stop()
-        for pair in gates.values():
-            for gate in pair:
-                gate.shutdown()
 
 
 def published(link: _Link, subject: str, content: bytes, timeout: float = 10.0) -> Position:

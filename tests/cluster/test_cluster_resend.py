@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from cluster_fixture import LocalCluster
 from cluster_load import LoadPublisher, LoadSubscriber
+from gated_seeds import behind_gates
 from tcp_gate import TcpGate
 from test_cluster_fault_combinations import (
     CACHE,
@@ -36,7 +37,6 @@ from test_cluster_fault_combinations import (
     failure_reasons,
     upstream_of,
 )
-from test_cluster_lagging_failover import behind_gates
 
 MAX_UNKNOWN = 50
 """Outcomes left unknown at most (before: ~2,000 a stall, every forward in flight)."""

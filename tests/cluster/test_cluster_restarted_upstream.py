@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from cluster_fixture import LocalCluster
 from cluster_load import LoadPublisher, LoadSubscriber, delivery_problems
+from gated_seeds import seed_index, started_behind_gates
 from tcp_gate import TcpGate
-from test_cluster_lagging_failover import behind_gates, seed_index
 from test_cluster_mqtt_resume import mqtt_port, with_mqtt
 
 from migratory.protocol import ops
@@ -102,16 +102,8 @@ def gated_cluster(
              if request.param == "dumps" else {})
     cluster = LocalCluster(tmp_path, members=4, seeds=3, **extra)
     with_mqtt(cluster)
-    gates = behind_gates(cluster)
-    try:
-        cluster.start_all()
-        cluster.wait_ready(timeout=40)
+    with started_behind_gates(cluster) as gates:
         yield cluster, gates
-    finally:
-        cluster.stop()
-        for pair in gates.values():
-            for gate in pair:
-                gate.shutdown()
 
 
 def drain(client: PahoClient, into: list[Received], wanted: set[bytes], timeout: float) -> None:
