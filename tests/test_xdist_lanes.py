@@ -124,6 +124,9 @@ def test_cluster_files_that_start_nothing_run_beside_the_serial_scopes(
     assert split("tests/cluster/test_cluster_link_ops.py::test_x[a]") == (
         "tests/cluster/test_cluster_link_ops.py"
     )
+    # the sans-I/O link bounds and the Raft follower rule, in the cluster scope before
+    for name in ("test_link_limits", "test_raft_follower", "test_raft_empty_start_five"):
+        assert split(f"tests/cluster/{name}.py::test_x") == f"tests/cluster/{name}.py"
     # what starts members, Raft on sockets or threads stays in the cluster scope
     assert split("tests/cluster/test_cluster_processes.py::test_x") == "cluster"
     assert split("tests/cluster/test_raft_compaction.py::test_x") == "cluster"
