@@ -70,11 +70,15 @@ debian-test-packages:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    $(DEBIAN_TEST_PACKAGES); }
 
+# The tests' Python processes keep their bytecode (in the venv, not in the tree), whatever
+# the environment says: with PYTHONDONTWRITEBYTECODE set (as on the CI box) every process
+# compiled the project's modules again -- each of the three workers collecting the suite,
+# each member, worker and client process the tests start (tests/test_makefile.py)
 test: $(STAMP) $(JS_BUILT) debian-test-packages
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	cd $(JS_DIR) && npm test
-	$(PY) -m pytest -n 3
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache $(PY) -m pytest -n 3
 
 bench: $(STAMP)
 	$(PY) benchmarks/fanout.py
