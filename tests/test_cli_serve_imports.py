@@ -1,0 +1,52 @@
+"""``migratory serve`` (cluster/cli.py) builds its command line without the tools'
+commands: a server, a cluster member or a worker starting does not import the clients,
+the benchmark or the cluster tooling (about 100 modules it never uses). Counted in
+modules, not seconds; the other commands keep the whole command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# modules only the tools' commands use (pub/sub, bench, cluster up/status, dump-downgrade)
+TOOLS = ("migratory.cli_client", "migratory_client", "migratory.bench.cli",
+         "migratory.bench.fanout", "cluster.tooling", "cluster.up_checks")
+
+# ``main`` as the console script runs it, the server replaced by a report of what the
+# command line imported on the way to it
+SERVE_REPORTS_IMPORTS = """
+import sys
+from cluster import cli
+
+def serve(args):
+    print(" ".join(sorted(sys.modules)))
+    return 0
+
+cli._serve = serve
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def imported_before_serving(*argv: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-c", SERVE_REPORTS_IMPORTS, *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_serve_imports_none_of_the_tools() -> None:
+    imported = imported_before_serving("serve", "--set", "Listen=127.0.0.1:0")
+    assert "cluster.cli" in imported
+    assert sorted(imported & set(TOOLS)) == []
+
+
+def test_the_other_commands_are_still_there() -> None:
+    done = subprocess.run([sys.executable, "-m", "cluster", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("    ")
+              and not line.startswith("     ")]
+    assert listed == ["serve", "pub", "sub", "bench", "cluster", "downgrade-dump"], listed
+    serve = subprocess.run([sys.executable, "-m", "cluster", "serve", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert serve.returncode == 0 and "--set Key=Value" in serve.stdout, serve.stdout
