@@ -21,10 +21,14 @@ count); :attr:`UnloadableDump.reason` is the seed's readiness reason (``/readyz`
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
+import zlib
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TypeAlias
+
+from cluster.dump_decoder import DumpDecodeError
 
 log = logging.getLogger("migratory.raft")
 
@@ -38,6 +42,9 @@ _LOGGERS = ("pysyncobj.syncobj", "migratory.raft")
 OWN = "its own dump"
 LEADERS = "the leader's dump"
 _ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
+_DAMAGE = (DumpDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+"""What a dump damaged on the way or on the disk raises (a CRC, a stream cut short): not
+a dump of another version, which fails on what it holds (``KeyError: 'cached'``)."""
 
 
 class _Held(logging.Filter):
@@ -113,6 +120,11 @@ class UnloadableDump:
                 "version that wrote it, or stop this seed and rewrite the dump for this one "
                 "(`migratory downgrade-dump <ClusterDataDir>` before starting 524f73f on it; "
                 "docs/cluster.md, \"Downgrading to 524f73f\")")
+        elif exc_info is not None and isinstance(exc_info[1], _DAMAGE):
+            self.reason = (
+                f"Raft: this seed cannot load {LEADERS} ({error}), sent {self.failures} "
+                "times in a row: damaged on the way or on the leader's disk (the leader "
+                "sends it again; a dump damaged each time: check the leader's disk)")
         else:
             self.reason = (
                 f"Raft: this seed cannot load {LEADERS} ({error}), sent {self.failures} "

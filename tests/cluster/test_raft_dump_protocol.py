@@ -105,7 +105,8 @@ def test_a_damaged_dump_from_the_leader_is_refused_and_the_whole_one_taken(
         with caplog.at_level(logging.WARNING):
             follower._SyncObj__onMessageReceived(
                 LEADER, dump_message((harm(dump), True, True), commit=9))
-        assert "failed to load full dump" in caplog.text
+        assert "cannot load the leader's dump" in caplog.text
+        assert "damaged on the way" in caplog.text  # (not "another version")
         assert list(follower._SyncObj__raftLog[:]) == log_before
         assert follower._SyncObj__raftCommitIndex == 1
         assert consumer.coordinator.clsn == 0 and restored == []

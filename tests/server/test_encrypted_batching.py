@@ -17,6 +17,7 @@ class Link:
     def __init__(self, *, encrypted: bool) -> None:
         self.batch_slowly = encrypted
         self.flushes = 0
+        self.session = None  # (the server forgets its heartbeats)
 
     def flush(self) -> None:
         self.flushes += 1
