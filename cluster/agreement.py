@@ -304,10 +304,11 @@ class SeedAgreement:
 
     Each seed's latest verdict: None (agrees), a reason (disagrees); a seed that could
     not be asked counts for nothing. Not ready: until the first round of questions has
-    been answered, when another process answers at this member's own address, or when
-    a majority of the seeds disagree with it (this member agreeing with itself, if it
-    is a seed). A minority that disagrees is the odd one out: this member stays ready.
-    A Guaranteed member starts its role only once :meth:`settled`.
+    been answered (or, before, a majority agreed: :meth:`compared`), when another
+    process answers at this member's own address, or when a majority of the seeds
+    disagree with it (this member agreeing with itself, if it is a seed). A minority
+    that disagrees is the odd one out: this member stays ready. A Guaranteed member
+    starts its role only once :meth:`settled`.
     """
 
     me: str
@@ -315,6 +316,9 @@ class SeedAgreement:
     verdicts: dict[str, str | None] = field(default_factory=dict)
     own_address: str | None = None
     """Why the process answering at this member's own address is not this one."""
+    own_checked: bool = False
+    """Whether the process at this member's own address has answered (this one, or
+    another: :attr:`own_address`)."""
     rounds: int = 0
 
     def record(self, seed: str, verdict: str | None) -> None:
@@ -325,9 +329,30 @@ class SeedAgreement:
         """``seed`` could not be asked (down, unreachable, an older version)."""
         self.verdicts.pop(seed, None)
 
+    def agreed(self) -> set[str]:
+        """The seeds (other than this member) that agreed when last asked."""
+        return {s for s in self.seeds if s != self.me and s in self.verdicts
+                and self.verdicts[s] is None}
+
     def against(self) -> dict[str, str]:
         """The seeds that disagree with this member, and why."""
         return {s: r for s in self.seeds if s != self.me and (r := self.verdicts.get(s))}
+
+    def compared(self) -> bool:
+        """Whether this member knows enough to be judged: a round of questions ended, or,
+        before, its own address answered and a majority of the seeds (itself included, if
+        it is a seed) agreed -- no answer still to come can then make a majority disagree.
+        A seed of a whole cluster restarted at once so starts Raft once it and one other
+        seed are up, not once the slowest seed's question has timed out (up to
+        ``ASK_TIMEOUT``, 12 s: a seed still starting, or starved, took the TCP dial and
+        did not answer in time)."""
+        if self.rounds:
+            return True
+        if not self.own_checked:
+            return False
+        agreed = sum(1 for s in self.seeds if s == self.me or (
+            s in self.verdicts and self.verdicts[s] is None))
+        return agreed >= len(self.seeds) // 2 + 1
 
     def settled(self, *, majority: bool) -> bool:
         """Whether this member may start its role: nothing against it and, with
@@ -366,7 +391,7 @@ class SeedAgreement:
         if len(against) >= len(self.seeds) // 2 + 1:
             first = next(iter(against.values()))
             return f"{len(against)} of the {len(self.seeds)} seeds disagree: {first}"
-        if self.rounds == 0:
+        if not self.compared():
             return "member is comparing its cluster settings with the seeds'"
         return None
 

@@ -4,7 +4,12 @@ agree with its cluster settings (the rule is :mod:`cluster.agreement`; this is t
 A round dials them all at once (each a link set up and closed at once), records each
 seed's verdict in :class:`~cluster.agreement.SeedAgreement`, and is repeated every
 :data:`PROBE_SECONDS` (every :data:`RETRY_SECONDS` while a seed could not be asked: a
-member started before the seeds learns their verdict soon after they are up).
+member started before the seeds learns their verdict soon after they are up). Within a
+round, a seed that could not be asked is asked again every :data:`RETRY_SECONDS` while
+another question is still out, and the verdicts count as they come: when a whole
+cluster restarts at once, a seed still starting (its port taken, no answer yet: a box
+far busier than its cores) no longer holds the others' Raft for its question's
+:data:`ASK_TIMEOUT` (``benchmarks/cluster_whole_restart.py --order stalled``).
 
 The member's readiness includes the agreement's reason, and a Guaranteed member starts
 its role (Raft, or replication from a seed) only once the agreement has none
@@ -77,7 +82,8 @@ class AgreementProbe:
         self.max_frame = max_frame
         self.period = period
         self.refusals = Repeats()
-        self._round_done = trio.Event()
+        self._answered = trio.Event()
+        """Set (and replaced) at each answer and at each round's end."""
         self._unasked = 0
         self.leading = leading
         self.progress = SeedProgress() if progress is None else progress
@@ -91,22 +97,46 @@ class AgreementProbe:
             self._unasked = 0
             if self.leading() is None:
                 self.progress.seen.clear()  # (a leader's, of its term)
-            async with trio.open_nursery() as nursery:
-                for address in self.targets:
-                    nursery.start_soon(self._ask, address)
+            async with trio.open_nursery() as retries:
+                async with trio.open_nursery() as nursery:
+                    for address in self.targets:
+                        nursery.start_soon(self._ask_first, address, retries)
+                retries.cancel_scope.cancel()  # the round is over: the next one asks
             self.agreement.rounds += 1
-            self._round_done.set()
-            self._round_done = trio.Event()
+            self._wake()
             await trio.sleep(min(self.period, RETRY_SECONDS) if self._unasked else self.period)
 
-    async def wait_agreed(self, *, majority: bool) -> None:
-        """Until a round has ended with nothing against this member and, with
-        ``majority``, a majority of the seeds linked
-        (:meth:`~cluster.agreement.SeedAgreement.settled`)."""
-        while not self.agreement.settled(majority=majority):
-            await self._round_done.wait()
+    def _wake(self) -> None:
+        self._answered.set()
+        self._answered = trio.Event()
 
-    async def _ask(self, address: tuple[str, int]) -> None:
+    async def wait_agreed(self, *, majority: bool) -> None:
+        """Until nothing stands against this member and, with ``majority``, a majority
+        of the seeds linked (:meth:`~cluster.agreement.SeedAgreement.settled`): looked at
+        after each answer, so a round's slowest question (a seed that took the dial and
+        does not answer, up to :data:`ASK_TIMEOUT`) does not hold a seed whose majority
+        has agreed."""
+        while not self.agreement.settled(majority=majority):
+            await self._answered.wait()
+
+    async def _ask_first(self, address: tuple[str, int], retries: trio.Nursery) -> None:
+        """Ask ``address``; when it cannot be asked (not up yet: refused), ask it again
+        every :data:`RETRY_SECONDS` in ``retries`` until the round's other questions have
+        ended (one may last :data:`ASK_TIMEOUT`: a seed that took the dial and does not
+        answer): a seed that comes up meanwhile is heard in this round."""
+        if not await self._ask(address):
+            self._unasked += 1
+            retries.start_soon(self._ask_again, address)
+
+    async def _ask_again(self, address: tuple[str, int]) -> None:
+        while True:
+            await trio.sleep(RETRY_SECONDS)
+            if await self._ask(address):
+                self._unasked -= 1
+                return
+
+    async def _ask(self, address: tuple[str, int]) -> bool:
+        """One question to ``address``; whether it was asked (answered, or refused)."""
         name = _name(address)
         verdict: str | None = None
         asked = False
@@ -134,11 +164,13 @@ class AgreementProbe:
             self.progress.forget(name)
         if address == self.targets[0]:
             self.agreement.own_address = verdict
+            self.agreement.own_checked = self.agreement.own_checked or asked
         elif asked:
             self.agreement.record(name, verdict)
         else:
             self.agreement.forget(name)
-            self._unasked += 1
+        self._wake()
+        return asked
 
     async def _where(self, channel: LinkChannel, name: str, leader_clsn: int) -> None:
         """Ask the seed on ``channel`` where it stands: a sync no seed can serve, refused
