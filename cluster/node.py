@@ -96,6 +96,7 @@ class GuaranteedNode:
                 outgoing=self.outgoing,
                 settings=settings,
                 max_frame=link.connected_frame_limit(config.max_frame_size),
+                answered=self.agreement.agreement.agreed,
             )
         self.peers = PeerService(
             name=self.name,

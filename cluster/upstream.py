@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -56,6 +56,10 @@ log = logging.getLogger("migratory.cluster")
 UPSTREAM_SILENCE = 2.0
 UPSTREAM_NOT_READY = 2.0
 RETRY_SECONDS = 0.3
+ANSWER_POLLS = 10
+ANSWER_POLL_SECONDS = 0.1
+"""While no seed has answered the agreement probe (it asks every 0.3 s while one could
+not be asked), a non-seed looks this often, this many times, before it dials one blind."""
 
 
 class LeaveUpstream(Exception):
@@ -78,6 +82,20 @@ def member_name(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
+def pick(seeds: Sequence[tuple[str, int]], turn: int, answered: Collection[str]) -> int:
+    """The index of the seed to dial at ``turn``: the next in turn that has ``answered``
+    the agreement probe, or, when none has, the next in turn. A whole cluster restarted
+    at once has seeds still starting -- or one that took the dial and does not answer (a
+    box far busier than its cores) --: dialled first, such a seed held the non-seed for
+    the handshake's time limit and the TLS question after it (~6 s,
+    ``benchmarks/cluster_whole_restart.py --order stalled``) while another seed served."""
+    n = len(seeds)
+    for k in range(n):
+        if member_name(seeds[(turn + k) % n]) in answered:
+            return (turn + k) % n
+    return turn % n
+
+
 class UpstreamReplication:
     def __init__(
         self,
@@ -91,11 +109,15 @@ class UpstreamReplication:
         forward_linger: float = SUBMIT_LINGER,
         settings: MemberSettings | None = None,
         max_frame: int,
+        answered: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """``forward_linger``: seconds publishes wait to share one forward; ``settings``:
         this member's, compared with each seed's (:mod:`cluster.agreement`);
         ``max_frame``: the largest frame taken from a seed
-        (:func:`cluster.link.connected_frame_limit` of the member's MaxFrameSize)."""
+        (:func:`cluster.link.connected_frame_limit` of the member's MaxFrameSize);
+        ``answered``: the seeds that agreed at the agreement probe's last question to
+        them (:func:`pick`; None: no probe, the seeds in turn)."""
+        self.answered = answered
         self.max_frame = max_frame
         self.settings = settings
         self.refusals = Repeats()
@@ -114,13 +136,26 @@ class UpstreamReplication:
         task_status.started()
         seeds = list(self.seeds)
         random.shuffle(seeds)
-        turn = 0
+        turn = tries = 0
         while True:
-            address = seeds[turn % len(seeds)]
-            turn += 1
-            await self._follow(address)
-            if turn % len(seeds) == 0:
+            turn = pick(seeds, turn, await self._answered()) + 1
+            tries += 1
+            await self._follow(seeds[turn - 1])
+            if tries % len(seeds) == 0:
                 await trio.sleep(RETRY_SECONDS)
+
+    async def _answered(self) -> Collection[str]:
+        """The seeds that answered the agreement probe; while none has, wait a little
+        for one (a non-seed up before the seeds: its first round found none; dialled
+        blind, a seed that took the dial and says nothing held it ~12 s)."""
+        if self.answered is None:
+            return ()
+        for _ in range(ANSWER_POLLS):
+            answered = self.answered()
+            if answered:
+                return answered
+            await trio.sleep(ANSWER_POLL_SECONDS)
+        return self.answered()
 
     async def _follow(self, address: tuple[str, int]) -> None:
         """Replicate from the seed at ``address`` until something ends it; never raises
