@@ -104,6 +104,7 @@ class EmptyStart:
         self.refusals = 0
         self._refused_terms: set[int] = set()
         self._held_back = False  # logged that it does not stand for election
+        self._new_cluster = False  # its term query found a brand-new cluster
         if self.active and self.marker is not None:
             try:
                 with open(self.marker, "wb") as f:
@@ -138,6 +139,7 @@ class EmptyStart:
         (``test_a_new_cluster_whose_first_leader_is_deposed_elects_again``)."""
         if self.active and not self.planted:
             self._done(current_term)
+            self._new_cluster = True
 
     def _done(self, current_term: int) -> None:
         self.active = False
@@ -201,8 +203,16 @@ class EmptyStart:
                 candidate, term, request.get("last_log_term"), request.get("last_log_index"),
                 *(self.log_floor or ("?", "?")),
             )
+        elif self._new_cluster:  # the usual first election of a new cluster: no fault
+            log.info(
+                "Raft: no vote for %s in term %s: this seed started with an empty "
+                "ClusterDataDir and votes only after term %s, the one it found (a brand-new "
+                "cluster: the next term elects)", candidate, term, self.vote_floor,
+            )
         else:
             log.warning(
-                "Raft: no vote for %s in term %s: this seed may have voted in that term "
-                "before it lost its disk", candidate, term,
+                "Raft: no vote for %s in term %s: this seed started with an empty "
+                "ClusterDataDir and votes only after term %s, the one it caught up in (it "
+                "may have voted in that term before it lost its disk)",
+                candidate, term, self.vote_floor,
             )

@@ -4,6 +4,7 @@ simulated network of :mod:`raft_sim`."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +80,27 @@ def test_an_empty_start_in_a_new_cluster_votes_as_raft_says(tmp_path: Path) -> N
     start.settled((0, 1), new_cluster=True, term=2)
     assert not start.active
     assert start.may_vote(vote(3, 0)) and start.may_stand(last_log_term=0)
+
+
+def test_a_new_clusters_first_refusals_are_not_taken_for_a_lost_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every seed of a brand-new cluster starts empty and refuses votes in the term it
+    found: before, each such refusal was a WARNING that it "may have voted in that term
+    before it lost its disk" -- on a cluster whose disks were all new."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    new = EmptyStart(str(tmp_path / "new.journal"))
+    new.settled((0, 0), new_cluster=True, term=1)
+    assert not new.may_vote(vote(1, 0))
+    new.refused("127.0.0.1:2", vote(1, 0))
+    lost = EmptyStart(str(tmp_path / "lost.journal"))
+    lost.settled((4, 7), new_cluster=False, term=9)
+    lost.caught_up(last_log_term=4, current_term=9)
+    lost.refused("127.0.0.1:3", vote(9, 4))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "no vote for" in r.getMessage()]
+    assert [level for level, _ in lines] == [logging.INFO, logging.WARNING]
+    assert "brand-new cluster" in lines[0][1] and "lost its disk" not in lines[0][1]
+    assert "lost its disk" in lines[1][1]
 
 
 def test_a_marker_that_cannot_be_written_names_itself(tmp_path: Path) -> None:
