@@ -14,7 +14,6 @@ and the followers' /readyz over time are printed as the measurement."""
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -24,12 +23,12 @@ from pathlib import Path
 import pytest
 import trio
 from cluster_fixture import LocalCluster
+from steady_load import publish_steadily, subscribe_recording
 
 from migratory.model.message import MessageType
-from migratory_client import NotificationStatus, ReconnectPolicy, connect
+from migratory_client import NotificationStatus
 
 SUBJECT = "/Elastic/FollowerLeaderStop/A"
-FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.3, connect_timeout=3.0)
 SEEDS = 3
 CACHED = 1000  # MaxCachedMessagesPerSubject's default
 NON_SEED = 3  # the publisher's member
@@ -91,37 +90,17 @@ def test_subscribers_on_the_follower_seeds_get_every_message_while_the_leader_st
         async def subscriber(follower: int, stop: trio.Event) -> None:
             mine = seen[follower]
             servers = [f"{100 if i == follower else 1} {cluster.url(i)}" for i in range(SEEDS)]
-            async with (
-                connect(servers, reconnect=FAST, rng=random.Random(1)) as client,
-                client.subscribe(SUBJECT) as subscription,
-                trio.open_nursery() as nursery,
-            ):
-                async def watch() -> None:
-                    async for note in client.notifications():
-                        mine.notes.append(note.status)
-
-                nursery.start_soon(watch)
-                while not stop.is_set():
-                    with trio.move_on_after(0.2):
-                        message = await subscription.__anext__()
-                        mine.received.append((trio.current_time(), len(mine.notes),
-                                              message.type, message.position.seq))
-                nursery.cancel_scope.cancel()
+            await subscribe_recording(
+                servers, SUBJECT, stop,
+                on_note=lambda note: mine.notes.append(note.status),
+                on_message=lambda message: mine.received.append(
+                    (trio.current_time(), len(mine.notes), message.type,
+                     message.position.seq)))
 
         async def publisher(until: float) -> None:
-            async with connect([cluster.url(NON_SEED)], reconnect=FAST) as client:
-                async def one(n: int) -> None:
-                    result = await client.publish(SUBJECT, f"m{n}".encode(), timeout=15)
-                    if result.ok:
-                        assert result.position is not None
-                        acked.append((trio.current_time(), result.position.seq))
-
-                async with trio.open_nursery() as nursery:
-                    n = 0
-                    while trio.current_time() < until:
-                        nursery.start_soon(one, n)
-                        n += 1
-                        await trio.sleep(1 / 150)
+            await publish_steadily(
+                cluster.url(NON_SEED), SUBJECT, until, 150, mark=lambda: None,
+                on_ack=lambda _, seq: acked.append((trio.current_time(), seq)))
 
         def look(follower: int) -> tuple[bool, str]:
             ready = cluster.ready(follower)

@@ -12,7 +12,6 @@ SERVER_DOWN, and it resumes elsewhere with DATA_SYNC from a position far inside 
 
 from __future__ import annotations
 
-import random
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +19,12 @@ from pathlib import Path
 import pytest
 import trio
 from cluster_fixture import LocalCluster
+from steady_load import publish_steadily, subscribe_recording
 
 from migratory.model.message import MessageType
-from migratory_client import NotificationStatus, ReconnectPolicy, connect
+from migratory_client import NotificationStatus
 
 SUBJECT = "/Elastic/LeaderDrain/A"
-FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.3, connect_timeout=3.0)
 SEEDS, NON_SEEDS = 3, 2
 CACHED = 1000  # MaxCachedMessagesPerSubject's default
 
@@ -56,39 +55,18 @@ def test_subscriber_on_the_raft_leader_gets_every_message_until_its_drain_closes
         servers = [f"{100 if i == leader else 1} {cluster.url(i)}" for i in range(SEEDS)]
 
         async def subscriber(stop: trio.Event) -> None:
-            async with (
-                connect(servers, reconnect=FAST, rng=random.Random(1)) as client,
-                client.subscribe(SUBJECT) as subscription,
-                trio.open_nursery() as nursery,
-            ):
-                async def watch() -> None:
-                    async for note in client.notifications():
-                        seen.notes.append(note.status)
-
-                nursery.start_soon(watch)
-                while not stop.is_set():
-                    with trio.move_on_after(0.2):
-                        message = await subscription.__anext__()
-                        seen.received.append(
-                            (len(seen.notes), message.type, message.position.seq))
-                nursery.cancel_scope.cancel()
+            await subscribe_recording(
+                servers, SUBJECT, stop,
+                on_note=lambda note: seen.notes.append(note.status),
+                on_message=lambda message: seen.received.append(
+                    (len(seen.notes), message.type, message.position.seq)))
 
         async def publisher(until: float) -> None:
-            async with connect([cluster.url(other)], reconnect=FAST) as client:
-                async def one(n: int) -> None:
-                    before = not seen.sigterm_sent
-                    result = await client.publish(SUBJECT, f"m{n}".encode(), timeout=15)
-                    if result.ok:  # (a definite PUBLISH_FAILED at the leader's change)
-                        assert result.position is not None
-                        seen.acked.append((before and not seen.sigterm_sent,
-                                           result.position.seq))
-
-                async with trio.open_nursery() as nursery:
-                    n = 0
-                    while trio.current_time() < until:
-                        nursery.start_soon(one, n)
-                        n += 1
-                        await trio.sleep(1 / 150)
+            await publish_steadily(
+                cluster.url(other), SUBJECT, until, 150,
+                mark=lambda: not seen.sigterm_sent,
+                on_ack=lambda before, seq: seen.acked.append(
+                    (before and not seen.sigterm_sent, seq)))
 
         def stop_leader() -> int:
             process = cluster.processes[leader]

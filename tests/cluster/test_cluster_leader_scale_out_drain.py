@@ -19,7 +19,6 @@ on the leader was 0.31-0.35 s (2-9 publishes acknowledged in it), SERVER_DOWN ca
 
 from __future__ import annotations
 
-import random
 import signal
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -28,12 +27,12 @@ from pathlib import Path
 import pytest
 import trio
 from cluster_fixture import LocalCluster
+from steady_load import publish_steadily, subscribe_recording
 
 from migratory.model.message import MessageType
-from migratory_client import NotificationStatus, ReconnectPolicy, connect
+from migratory_client import NotificationStatus
 
 SUBJECT = "/Elastic/LeaderScaleOut/A"
-FAST = ReconnectPolicy(initial_delay=0.05, max_delay=0.3, connect_timeout=3.0)
 SEEDS, JOINING = 3, [3, 4, 5, 6]
 CACHED = 1000  # MaxCachedMessagesPerSubject's default
 RATE = 110  # publishes/s, as in the play
@@ -75,38 +74,18 @@ def test_subscriber_on_the_leader_while_four_non_seeds_join_and_the_leader_drain
         servers = [f"{100 if i == leader else 1} {cluster.url(i)}" for i in range(SEEDS)]
 
         async def subscriber(stop: trio.Event) -> None:
-            async with (
-                connect(servers, reconnect=FAST, rng=random.Random(1)) as client,
-                client.subscribe(SUBJECT) as subscription,
-                trio.open_nursery() as nursery,
-            ):
-                async def watch() -> None:
-                    async for note in client.notifications():
-                        seen.notes.append((trio.current_time(), note.status,
-                                           f"{note.server} {note.reason or ''}"))
-
-                nursery.start_soon(watch)
-                while not stop.is_set():
-                    with trio.move_on_after(0.2):
-                        message = await subscription.__anext__()
-                        seen.received.append((trio.current_time(), len(seen.notes),
-                                              message.type, message.position.seq))
-                nursery.cancel_scope.cancel()
+            await subscribe_recording(
+                servers, SUBJECT, stop,
+                on_note=lambda note: seen.notes.append(
+                    (trio.current_time(), note.status, f"{note.server} {note.reason or ''}")),
+                on_message=lambda message: seen.received.append(
+                    (trio.current_time(), len(seen.notes), message.type,
+                     message.position.seq)))
 
         async def publisher(until: float) -> None:
-            async with connect([cluster.url(other)], reconnect=FAST) as client:
-                async def one(n: int) -> None:
-                    result = await client.publish(SUBJECT, f"m{n}".encode(), timeout=15)
-                    if result.ok:  # (a definite PUBLISH_FAILED at the leader's change)
-                        assert result.position is not None
-                        seen.acked.append((trio.current_time(), result.position.seq))
-
-                async with trio.open_nursery() as nursery:
-                    n = 0
-                    while trio.current_time() < until:
-                        nursery.start_soon(one, n)
-                        n += 1
-                        await trio.sleep(1 / RATE)
+            await publish_steadily(
+                cluster.url(other), SUBJECT, until, RATE, mark=lambda: None,
+                on_ack=lambda _, seq: seen.acked.append((trio.current_time(), seq)))
 
         def stop_leader() -> int:
             process = cluster.processes[leader]
