@@ -79,6 +79,8 @@ DEFINITE_FAILURES = frozenset(
     }
 )
 
+CLOSED_NAME = "RAFT_STOPPED"
+"""A submit after the member stopped its Raft node: definite, the command was never sent."""
 
 DNS_CACHE_SECONDS = 1.0
 """How long pysyncobj may reuse a peer's resolved address (or a failed lookup)."""
@@ -389,6 +391,7 @@ class RaftCoordination:
         )
         bound_log_bytes(conf, int(timings.compaction_bytes * stagger))
         self.address = me
+        self._closed = False
         self.syncobj = _SeedSyncObj(
             me, others, conf=conf, consumer=self.consumer, transportClass=SeedLinkTransport
         )
@@ -439,11 +442,21 @@ class RaftCoordination:
         def callback(result: Any, error: int) -> None:  # after the batches held before it
             self.consumer.in_order(lambda: answer(result, error))
 
+        if self._closed:  # the member is stopping: its links still hand in forwards
+            on_done(None, CLOSED_NAME, False)
+            return
         wire = to_wire(requests)
-        if send_by is None:
-            self.consumer.commit_batch(epoch_candidate, wire, callback=callback)
-        else:
-            self.consumer.commit_batch(epoch_candidate, wire, callback=SendBy(callback, send_by))
+        try:
+            if send_by is None:
+                self.consumer.commit_batch(epoch_candidate, wire, callback=callback)
+            else:
+                self.consumer.commit_batch(
+                    epoch_candidate, wire, callback=SendBy(callback, send_by)
+                )
+        except AttributeError:  # closed between the look above and pysyncobj's
+            if not self._closed:
+                raise
+            on_done(None, CLOSED_NAME, False)
 
     def status(self) -> dict[str, Any]:
         snap = self.snapshot
@@ -471,6 +484,9 @@ class RaftCoordination:
         }
 
     def close(self) -> None:
+        """Stop the Raft node; a submit from now on is answered :data:`CLOSED_NAME`
+        (never sent) at once: pysyncobj's replicated methods fail once it is destroyed."""
+        self._closed = True
         self.syncobj.destroy_synchronous()
 
 

@@ -76,3 +76,19 @@ def test_raft_coordination_keeps_ticking_after_its_building_thread_ends() -> Non
         assert snapshot.clsn == 1 and snapshot.ready and snapshot.state == "leader", snapshot
     finally:
         raft.close()
+
+
+def test_a_submit_after_close_is_refused_not_raised() -> None:
+    """A member whose Raft node stopped (its disk full) closes it while its cluster links
+    still hand in a non-seed's forwards: those were an ``AttributeError`` out of
+    pysyncobj that killed the link's task (CI, 865e0e6). Now each is answered, definite."""
+    port = free_port()
+    raft = RaftCoordination(
+        self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
+        password="x", on_commit=lambda _batch: None,
+    )
+    raft.close()
+    outcome: list[tuple[object, ...]] = []
+    raft.submit(2, [], lambda clsn, error, unknown: outcome.append((clsn, error, unknown)))
+    raft.submit(2, [], lambda *a: outcome.append(a), send_by=time.monotonic() + 5)
+    assert outcome == [(None, "RAFT_STOPPED", False)] * 2
