@@ -147,7 +147,7 @@ class StandardNode:
         that predates link settings), remembered (:meth:`ForwardLineage.met`)."""
         settings = channel.peer_settings
         incarnation = None if settings is None else settings.incarnation
-        self.lineage.met(peer, incarnation, self.hub.subjects_created)
+        self.lineage.met(peer, incarnation, self.hub.holdings_made)
         return incarnation
 
     def take_forward(self, peer: str, message: Message, now: float, *,
@@ -168,12 +168,14 @@ class StandardNode:
         here: a new lineage of the subject, its subscribers told (snapshot, DATA_RESYNC)."""
         subject = message.subject
         position = self.hub.position(subject)
-        if position is None:
+        if position is None and self.hub.made(subject) is None:
             return  # nobody holds the subject here: no subscriber to miss anything
+        # (not held, but a wildcard filter matches it: its subscribers are told too)
         if self.gap_warnings.first(peer, "gap", now):
             log.warning("forwards from %s skipped some publications (%s at %d:%d after "
-                        "%d:%d here): subscribers of its subjects resync", peer, subject,
-                        message.epoch, message.seq, position.epoch, position.seq)
+                        "%s here): subscribers of its subjects resync", peer, subject,
+                        message.epoch, message.seq,
+                        "nothing" if position is None else f"{position.epoch}:{position.seq}")
         epoch = new_epoch()  # (numbered nothing yet: its subscribers wait at (e, 0), told too)
         snapshot = self.hub.snapshot(subject)
         if snapshot is not None:

@@ -20,7 +20,8 @@ restarts numbers every subject from seq 1 again, in new epochs, and what its ear
 acknowledged and never forwarded (its link down, its queue lost when it died) is gone
 without a trace. So a first forward follows on only when the receiver knows no earlier
 life of the peer can have left it out: it holds no subscriber of the subject (no one to
-miss it), or it made the subject after it met the peer's current process (the
+miss it: no subject state, no wildcard filter matching it), or it came to hold the
+subject after it met the peer's current process (the
 ``incarnation`` of its link settings, :meth:`ForwardLineage.met`, on a link either way):
 every earlier life of the peer had ended by then, before anyone here held the subject.
 A subject held here before that meeting, a forward on a link of an older process or of
@@ -73,22 +74,24 @@ class ForwardLineage:
     _forgetting: set[str] = field(default_factory=set)
     """Peers some subject of which was forgotten: a subject not remembered may be one."""
     _met: dict[str, tuple[str, int]] = field(default_factory=dict)
-    """Per peer, the process (incarnation) last met and the count of subjects made here
-    then (one entry per ClusterMembers peer)."""
+    """Per peer, the process (incarnation) last met and the hub's moment
+    (``Hub.holdings_made``) then (one entry per ClusterMembers peer)."""
 
     def met(self, peer: str, incarnation: str | None, made: int) -> None:
         """A link with ``peer`` is set up (either way), its settings naming its process,
         ``incarnation`` (None: a member that predates link settings, nothing learnt);
-        ``made``: the count of subjects made here so far (``Hub.subjects_created``)."""
+        ``made``: the hub's moment now (``Hub.holdings_made``: it grows with each subject
+        made and each wildcard filter first held)."""
         if incarnation is not None and self._met.get(peer, ("",))[0] != incarnation:
             self._met[peer] = (incarnation, made)
 
     def take(self, peer: str, message: Message, *, incarnation: str | None = None,
              made: int | None = None) -> Forward:
         """Take ``message``, forwarded by ``peer`` with its position there, on a link of
-        its process ``incarnation``; ``made``: when this member made the subject
-        (``Hub.made``; None: it holds none). Whether it follows the last one taken of its
-        subject from ``peer`` with nothing between."""
+        its process ``incarnation``; ``made``: since when this member holds the subject
+        (``Hub.made``: its state or a wildcard filter matching it; None: it holds none).
+        Whether it follows the last one taken of its subject from ``peer`` with nothing
+        between."""
         last = self._last.setdefault(peer, {})
         if message.seq == 0:  # not numbered by the peer (no member sends that): as it comes
             last.pop(message.subject, None)

@@ -36,7 +36,7 @@ from migratory.server.format_sink import (
 )
 from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_resume import ResumeCursor, SlicedResumes
-from migratory.server.hub_sinks import MessageSinks
+from migratory.server.hub_sinks import FilterAges, MessageSinks
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.shared_recovery import SharedRecovery
 from migratory.server.subject_state import SubjectState, WaitingResume
@@ -83,9 +83,12 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         # at them only (all conflated subscriptions each tick: 72 ms per 100,000)
         self._conflating: set[SubjectState] = set()
         self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
+        self._filter_ages = FilterAges()  # since when each filter is held (made)
         self._published = 0
         self._fanned_out = 0
-        self.subjects_created = 0  # grows whenever a subject is added (MQTT sessions scan)
+        # grows whenever a subject is made or a wildcard filter first held: a moment
+        # (what was held before it is made at or below; ``made``)
+        self.holdings_made = 0
         self._forgotten = 0  # spent subjects forgotten (see expire)
         self._forgotten_since_shrink = 0
         self._expire_queue: list[str] = []  # subjects an expire sweep has yet to look at
@@ -442,10 +445,17 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         return None if state is None else state.position
 
     def made(self, subject: str) -> int | None:
-        """:attr:`subjects_created` once ``subject`` was made here (None: not held): it
-        was made after whatever happened while that count was lower."""
+        """The moment (:attr:`holdings_made`) since which ``subject`` has been held here:
+        when its state was made, or a wildcard filter matching it first held, the older
+        (None: neither -- no one here to miss a message of it). Whoever holds it now came
+        after whatever happened while that count was lower."""
         state = self._subjects.get(subject)
-        return None if state is None else state.made
+        made = None if state is None else state.made
+        if self._filters.count:
+            since = self._filters_held_since(subject)
+            if since is not None and (made is None or since < made):
+                made = since
+        return made
 
     @property
     def activity(self) -> int:
@@ -473,9 +483,9 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
                 budget=self._budget,
             )
             epoch = self.epoch if not self._forgotten else new_epoch()
-            self.subjects_created += 1
+            self.holdings_made += 1
             state = self._subjects[subject] = SubjectState(subject, epoch, cache,
-                                                           self.subjects_created)
+                                                           self.holdings_made)
             self._index.add(subject, state)  # (not an invalid subject)
             if not is_valid_subject(subject) and self._on_invalid_subject is not None:
                 self._on_invalid_subject(subject)

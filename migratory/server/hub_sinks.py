@@ -22,6 +22,8 @@ class MessageSinks:
 
     _subjects: dict[str, SubjectState]
     _filters: FilterIndex[MessageSink]
+    _filter_ages: FilterAges
+    holdings_made: int  # Hub.holdings_made
     _index: SubjectIndex[SubjectState]
     subjects_visited: int  # by SubjectScan, every one so far (tests count the work)
     _fanned_out: int
@@ -80,10 +82,24 @@ class MessageSinks:
 
     def listen_filter(self, sink: MessageSink, levels: tuple[str, ...], qos: int) -> None:
         """Deliver every later message of every subject ``levels`` matches to ``sink``."""
+        count = self._filters.count
         self._filters.add(levels, sink, qos)
+        if self._filters.count > count and self._filter_ages.held(levels, self.holdings_made + 1):
+            self.holdings_made += 1
 
     def unlisten_filter(self, sink: MessageSink, levels: tuple[str, ...]) -> None:
+        count = self._filters.count
         self._filters.remove(levels, sink)
+        if self._filters.count < count:
+            self._filter_ages.released(levels)
+
+    def _filters_held_since(self, subject: str) -> int | None:
+        """The moment (``Hub.holdings_made``) since which a wildcard filter matching
+        ``subject`` has been held here without a break, the oldest (None: none matches)."""
+        if (not self._filters or subject.startswith(RESERVED_PREFIX)
+                or not is_valid_subject(subject)):
+            return None  # (as _granted: no filter is told of such a subject)
+        return self._filter_ages.oldest(subject)
 
     def subject_names(self) -> list[str]:
         """Every subject's name, a copy (one C-level pass: a sweep over them in slices)."""
@@ -104,6 +120,41 @@ class MessageSinks:
         (:mod:`migratory.model.subject_index`), not every subject -- a pass over all of
         them stopped the server 65 ms per SUBSCRIBE at 50,000 subjects, 670 ms at 500,000."""
         return SubjectScan(self, self._index.match(filters), retained=retained)
+
+
+class FilterAges:
+    """Since when each wildcard filter has been held here (by any sink), as the hub's
+    moment (``Hub.holdings_made``) it was first added at; kept while some sink holds it
+    -- a session handing its filters over (an MQTT resume's catch-up to the session, the
+    new one added before the old one removed) keeps the age. A Standard member asks it
+    whether a wildcard subscriber may have missed a peer's forward (``Hub.made``)."""
+
+    __slots__ = ("_ages", "_holders")
+
+    def __init__(self) -> None:
+        self._ages: FilterIndex[tuple[str, ...]] = FilterIndex()
+        self._holders: dict[tuple[str, ...], int] = {}
+
+    def held(self, levels: tuple[str, ...], moment: int) -> bool:
+        """One more sink holds ``levels``; whether it was not held before (its age is
+        then ``moment``)."""
+        holders = self._holders.get(levels, 0)
+        self._holders[levels] = holders + 1
+        if holders:
+            return False
+        self._ages.add(levels, levels, moment)
+        return True
+
+    def released(self, levels: tuple[str, ...]) -> None:
+        holders = self._holders.pop(levels, 0) - 1
+        if holders > 0:
+            self._holders[levels] = holders
+        else:
+            self._ages.remove(levels, levels)
+
+    def oldest(self, subject: str) -> int | None:
+        """The age of the oldest filter matching ``subject`` (None: none matches)."""
+        return min((age for _, age in self._ages.match(subject)), default=None)
 
 
 class SubjectScan:

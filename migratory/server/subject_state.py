@@ -37,7 +37,7 @@ class SubjectState:
         self.subject = subject
         self.epoch = epoch
         self.made = made
-        """The hub's count of subjects made (``Hub.subjects_created``), this one included."""
+        """The hub's moment this state was made at (``Hub.holdings_made``)."""
         self.seq = 0
         self.cache = cache
         self.snapshot: Message | None = None

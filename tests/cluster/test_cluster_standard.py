@@ -145,10 +145,13 @@ def _unannounced(received: list[ops.ServerOp], published: list[bytes]) -> list[b
     return wrong
 
 
-def gated_pair(tmp_path: Path) -> tuple[LocalCluster, TcpGate, int]:
+def gated_pair(tmp_path: Path, *, mqtt: bool = False) -> tuple[LocalCluster, TcpGate, int]:
     """Two Standard members started, B's link port (its ClusterMemberListen) behind a
-    :class:`TcpGate`: the cluster, the gate and that port."""
+    :class:`TcpGate`: the cluster, the gate and that port (``mqtt``: each member's MQTT
+    listener on its port + 5)."""
     cluster = LocalCluster(tmp_path, members=2, mode="Standard")
+    for i, settings in enumerate(cluster.settings if mqtt else ()):
+        settings["ListenMqtt"] = f"127.0.0.1:{cluster.port(i) + 5}"
     listen = int(cluster.settings[1]["ClusterMemberListen"].rsplit(":", 1)[1])
     bind = cluster.base + 2000
     cluster.settings[1]["ClusterMemberBind"] = f"127.0.0.1:{bind}"

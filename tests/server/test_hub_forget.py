@@ -209,8 +209,8 @@ def test_a_subject_made_again_after_it_was_forgotten_counts_as_made_then() -> No
     assert hub.made("/one/off") is None
     hub.publish(Message("/one/off", b"old"), now=0.0)
     hub.subscribe(Sink(), ops.SubscriptionRequest("/kept/watched"), now=0.0)
-    assert (hub.made("/one/off"), hub.made("/kept/watched"), hub.subjects_created) == (1, 2, 2)
+    assert (hub.made("/one/off"), hub.made("/kept/watched"), hub.holdings_made) == (1, 2, 2)
     hub.expire(11.0)
     assert hub.made("/one/off") is None and hub.made("/kept/watched") == 2
     hub.publish(Message("/one/off", b"new"), now=12.0)
-    assert hub.made("/one/off") == hub.subjects_created == 3
+    assert hub.made("/one/off") == hub.holdings_made == 3
