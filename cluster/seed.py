@@ -137,6 +137,10 @@ class SeedCoordination:
                     self.commanded_publishes += len(requests)
                     self._submit(requests, reply_to=None, slot=slot)
             finally:
+                # the task group is ending: what the Raft thread hands over from now on
+                # (a barrier's answer, a gap, a dump) starts nothing in it -- a start_soon
+                # into it once closed, in a run_sync_soon callback, ends trio itself
+                self._nursery = None
                 if self.raft is not None:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self.raft.close)

@@ -1,0 +1,80 @@
+"""A seed stopping: what its Raft node answers while and after it closes.
+
+The seed closes its Raft node last (cluster/seed.py, ``run``), in a worker thread; the
+answers the Raft thread handed over before it stopped are taken on the trio thread
+after that, and a submit then is answered at once (``RAFT_STOPPED``,
+cluster/raft.py). Nothing the seed starts from such an answer may need its task
+group, which is gone by then: a ``start_soon`` into a closed nursery inside a
+``run_sync_soon`` callback is a ``TrioInternalError`` -- the member's exit a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from test_commit_window import FakeRaft, node_at, raft_built
+
+from cluster.coordination import PublishRequest
+from cluster.raft import CLOSED_NAME
+from migratory.model.message import Message
+
+RUNS = 30
+"""Member lifetimes tried: which of two ready tasks trio runs first is random."""
+
+
+class ClosingRaft(FakeRaft):
+    """Answers the command in flight as the Raft thread does at a leader's change just as
+    the node closes (outcome unknown: a barrier must settle it), and every submit after
+    close at once with ``RAFT_STOPPED``, as :class:`cluster.raft.RaftCoordination`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self.barriers = 0
+
+    def submit(
+        self, epoch: int, requests: list[PublishRequest], on_done: Any,
+        *, send_by: float | None = None,
+    ) -> None:
+        if self.closed:
+            self.barriers += not requests
+            on_done(None, CLOSED_NAME, False)
+            return
+        super().submit(epoch, requests, on_done, send_by=send_by)
+
+    def close(self) -> None:  # (in a worker thread, as the real one)
+        for _, on_done in self.commands:
+            on_done(None, "LEADER_CHANGED", True)
+        self.closed = True
+
+
+def test_a_barrier_refused_by_the_closed_raft_node_is_not_retried_into_a_closed_seed(
+    tmp_path: Path,
+) -> None:
+    """A forward whose outcome the Raft thread left unknown as the node closed: its
+    barrier, refused at once by the closed node, must not start a retry in the seed's
+    task group, which has ended. Before: ``RuntimeError: Nursery is closed to new
+    arrivals`` in a ``run_sync_soon`` callback (TrioInternalError) in some of the runs."""
+    node = node_at(tmp_path)
+    seed = node.seed
+    assert seed is not None
+    async def lifetime(ref: int) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(seed.run)
+            await raft_built(seed)
+            request = PublishRequest("127.0.0.1:9#n", ref, Message("/a/b", b"x"))
+            seed.take_forward("127.0.0.1:9", [request])
+            await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        for _ in range(10):  # the callbacks left over, after the seed's run
+            await trio.sleep(0)
+
+    for run in range(RUNS):
+        raft = ClosingRaft()
+        seed.raft = None
+        seed._build_raft = lambda raft=raft: raft  # type: ignore[method-assign,misc]
+        trio.run(lifetime, run + 1, clock=trio.testing.MockClock(autojump_threshold=0))
+        assert raft.barriers >= 1  # (the path taken: a barrier submitted to the closed node)
