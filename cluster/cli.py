@@ -186,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     commands 130 on Ctrl-C, with one line (``sub``, once subscribed, stops on it: 0)
     (README, "Starting and stopping")."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:
+    serving = argv[:1] == ["serve"]
+    if serving:
         stop_signals.raise_on_stop()
     try:
-        args = build_parser(serve_only=argv[:1] == ["serve"]).parse_args(argv)
+        args = build_parser(serve_only=serving).parse_args(argv)
         code: int = args.func(args)
     except stop_signals.StopRequested as stop:
         if "--worker-index" not in argv:  # (a worker's supervisor says it for all)
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         if stopped is None:
             raise
         return stopped
+    finally:
+        if serving:  # stopped: a signal again while Python exits must not kill it
+            stop_signals.ignore_from_now()
     return code
 
 

@@ -23,6 +23,9 @@ importing a plugin can land there). So a raised signal is noted too, and
 :func:`raise_on_stop` installs an unraisable hook that drops a :class:`StopRequested`
 without a traceback: start-up goes on to the event loop, whose receiver finds it noted
 and stops before it listens.
+
+Once stopped, ``main`` ignores both (:func:`ignore_from_now`): a signal sent again
+while the process exits changes nothing (exit 0 stays 0).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class StopRequested(BaseException):
 
 def _raise(signum: int, frame: FrameType | None) -> None:
     _noted.append(signal.Signals(signum))  # (in case the raise is swallowed: see above)
+    note_from_now()  # once: a signal again while this one unwinds start-up is only noted
     raise StopRequested(signal.Signals(signum))
 
 
@@ -71,6 +75,18 @@ def note_from_now() -> None:
     signal receiver takes them over, and restores this when it closes)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _note)
+
+
+def ignore_from_now() -> None:
+    """The server has stopped (or could not start) and the process is leaving: from now
+    on SIGINT and SIGTERM are ignored. Python's finalization puts back the default
+    dispositions of the signals it handled before it tears down its modules (100-300 ms
+    of a server's exit), and a stop signal sent again then -- a second Ctrl-C, a
+    ``kill`` repeated, a supervisor's SIGINT after its SIGTERM -- killed the process
+    (exit status -15 or -2) after its stop had been done and said. An ignored one stays
+    ignored."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def noted() -> signal.Signals | None:
