@@ -4,9 +4,10 @@ A session resumed with wildcard filters may have missed messages on every subjec
 server; replaying them all as its CONNECT was handled stopped the server for everyone
 (1.1 s for a '#' session on 50,000 subjects). :class:`Resume` replays a slice per turn of
 the loop (:meth:`Resume.work`): first the subjects the session's record names, from
-their recorded positions, then the subjects its wildcard filters match that the record
-does not name (they appeared after the save: their whole cache is missed), found by a
-scan of the hub's subject index in slices.
+their recorded positions (and each exact filter's subject it names no position of, from
+the start of its cache: ``mqtt_subscriptions._catch_up_from``), then the subjects its
+wildcard filters match that the record does not name (they appeared after the save:
+their whole cache is missed), found by a scan of the hub's subject index in slices.
 
 Meanwhile the hub delivers the session's live messages to the :class:`Resume` (it stands
 in for the session with the hub): a live message of a subject not caught up yet first

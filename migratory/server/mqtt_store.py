@@ -39,8 +39,8 @@ record (logged): the client starts a fresh session.
 **Bounded** (``MqttSessionMaxSubjects``, :attr:`SessionRecord.max_subjects`): a record
 names at most that many subjects. The positions are kept in the order of their last
 delivery; one more forgets the subject delivered least recently (an implied position --
-a subject never delivered -- first), never one a filter names exactly (a resume finds the
-subjects not named through the wildcard filters only). A forgotten subject is, at a
+a subject never delivered -- first), never one a filter names exactly (a resume would
+replay its whole cache). A forgotten subject is, at a
 resume, a subject the record does not name: replayed from the start of its cache. Unbounded,
 a persistent '#' session gained a position per subject it was ever delivered: a record of
 30,000 fields (853 kB) for 30,000 subjects, on every member.
@@ -147,8 +147,8 @@ class SessionRecord:
 
     def bound(self) -> int:
         """Forget the least recent positions past ``max_subjects`` -- not those of the
-        subjects a filter names exactly, moved to the back instead: a resume would not
-        look for such a subject until its next message --; returns how many."""
+        subjects a filter names exactly, moved to the back instead: a resume would replay
+        such a subject's whole cache --; returns how many."""
         positions, filters, dirty = self.positions, self.filters, self.dirty
         over = len(positions) - self.max_subjects
         forgotten = kept = 0
