@@ -55,6 +55,7 @@ KEEPALIVE_SETTINGS: tuple[Setting, ...] = (
             "so that the client sees a member that went silent without closing (a frozen "
             "VM, a lost node, a SIGSTOP) within about twice the interval, with no round trip, "
             "and resumes elsewhere while the cache still holds what it missed. A client "
-            "asking for less gets this; a busy connection is sent none. 0: no heartbeats "
+            "asking for less gets this (and never less than 200 ms, two of the server's "
+            "ticks); a busy connection is sent none. 0: no heartbeats "
             "(the SDKs fall back to their pings)."),
 )

@@ -65,7 +65,7 @@ class Outbox:
 
     __slots__ = (
         "_batch_space", "_budget", "_frames", "_max_pending", "_partial_head",
-        "_pending_bytes", "_taken", "_taken_bytes", "batches_taken",
+        "_pending_bytes", "_taken", "_taken_bytes", "batch_taken",
     )
 
     def __init__(
@@ -87,7 +87,9 @@ class Outbox:
         self._taken_bytes = 0  # its length
         self._partial_head = False  # the first frame is the unwritten rest of a frame
         self._budget = budget
-        self.batches_taken = 0  # batches taken to be written so far (heartbeats.py)
+        # a batch was taken to be written since the heartbeats last looked (heartbeats.py
+        # clears it at each look)
+        self.batch_taken = False
 
     def __bool__(self) -> bool:
         return bool(self._frames)
@@ -159,7 +161,7 @@ class Outbox:
         self._pending_bytes = 0
         self._taken_bytes = len(batch)
         self._partial_head = False
-        self.batches_taken += 1
+        self.batch_taken = True
         return batch
 
     def requeue_unsent(self, rest: bytes) -> None:

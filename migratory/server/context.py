@@ -202,6 +202,7 @@ class ServerContext:
             "loop_gaps": None if self.loop_gaps is None else self.loop_gaps.statistics(),
             "loop_turns": None if self.loop_turns is None else self.loop_turns.statistics(),
             "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
+            "heartbeats": None if self.heartbeats is None else asdict(self.heartbeats.statistics()),
             "log_lines_held": client_lines.lines.held,
             # memory blocks the interpreter holds (objects and its own small allocations;
             # not OpenSSL's or the kernel's): what grows if client state outlives clients

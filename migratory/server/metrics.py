@@ -314,6 +314,7 @@ class ServerCollector(Collector):
         yield source.batch_sizes.family(
             "migratory_write_batch_frames", "Frames written to a client in one socket write."
         )
+        yield from heartbeat_families(stats.get("heartbeats"))
         cluster = source.cluster_metrics()
         if cluster is not None:
             yield from cluster_families(cluster)
@@ -342,6 +343,37 @@ def _labelled(stats: dict[str, Any]) -> Iterator[Metric]:
             for value, count in sorted(counts.items()):
                 family.add_metric([str(value)], count)
         yield family
+
+
+# HeartbeatStatistics key -> (metric name, type, help) (migratory/server/heartbeats.py)
+HEARTBEAT_METRICS: tuple[tuple[str, str, str, str], ...] = (
+    ("sessions", "migratory_heartbeat_sessions", "gauge",
+     "Native sessions granted a heartbeat and watched now."),
+    ("sent", "migratory_heartbeats_sent", "counter",
+     "Heartbeats (a pong without id) queued to idle sessions."),
+    ("looks", "migratory_heartbeat_looks", "counter",
+     "Sessions the heartbeat sweep looked at (twice per interval each)."),
+    ("looks_late", "migratory_heartbeat_looks_late", "counter",
+     "Looks made a tick or more after they were due: the sweep was at its limit "
+     "(SWEEP_LIMIT a tick) and left them to the next ticks."),
+    ("overdue", "migratory_heartbeat_sessions_overdue", "gauge",
+     "Sessions due for a look that the sweep has not reached yet."),
+    ("lag_seconds", "migratory_heartbeat_sweep_lag_seconds", "gauge",
+     "How long the oldest overdue session has been due (0: the sweep is on time)."),
+)
+
+
+def heartbeat_families(figures: Any) -> Iterator[Metric]:
+    """The heartbeats' figures (``/stats`` ``heartbeats``); nothing when heartbeats are
+    not kept by this server."""
+    if not isinstance(figures, dict):
+        return
+    for key, name, kind, doc in HEARTBEAT_METRICS:
+        value = figures[key]
+        if kind == "counter":
+            yield CounterMetricFamily(name, doc, value=value)
+        else:
+            yield GaugeMetricFamily(name, doc, value=value)
 
 
 def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:

@@ -58,8 +58,8 @@ class Session(StreamSession):
     __slots__ = (
         "_ctx", "_decoder", "_held_close", "_held_event", "_http", "_in_flight", "_link",
         "_publish_rate", "_stream", "_subscriptions", "aborted", "close_code", "close_reason",
-        "closing", "connection_id", "decision_pending", "expires_at", "identity", "listener",
-        "mqtt_upgrade", "outbox", "peer",
+        "closing", "connection_id", "decision_pending", "expires_at", "heartbeat_slot", "identity",
+        "listener", "mqtt_upgrade", "outbox", "peer",
     )
 
     def __init__(
@@ -89,11 +89,12 @@ class Session(StreamSession):
         self._in_flight = 0  # publishes submitted with a closure, their status not queued
         self._held_close: tuple[int, str] | None = None  # a close waiting for those statuses
         self.connection_id = new_connection_id()
-        self._publish_rate = admission.PublishRate(config.max_publishes_per_second, 0.0)
+        self._publish_rate: admission.PublishRate | None = None  # made at its first publish
         self.expires_at: float | None = None  # the token's exp (Entitlement = Token)
         self.decision_pending: DecisionPending | None = None  # Custom: waited for outside
         self._held_event: ws.Event | None = None  # taken again once that is decided
         self.work_done = 0  # operations processed so far, as counted against a budget
+        self.heartbeat_slot: Any = None  # heartbeats.py: the SessionsDue it waits in, or None
 
     @property
     def subjects(self) -> AbstractSet[str]:  # the subjects this client is subscribed to
@@ -127,9 +128,8 @@ class Session(StreamSession):
 
     @property
     def frontend(self) -> str:  # the front end it speaks, as GET /metrics labels it
-        if self._decoder is not None:
-            return "websocket"
-        return "sse" if self._stream is not None else "http"
+        stream = "sse" if self._stream is not None else "http"
+        return "websocket" if self._decoder is not None else stream
 
     # --- fan-out (hot path) ---------------------------------------------------
 
@@ -193,9 +193,8 @@ class Session(StreamSession):
     def buffered_bytes(self) -> int:
         """Bytes held for incomplete WebSocket frames or messages, or for the body of an
         HTTP request (``POST /publish``) not complete yet."""
-        if self._decoder is not None:
-            return self._decoder.buffered
-        return 0 if self._http is None else self._http.buffered
+        decoder, http = self._decoder, self._http
+        return decoder.buffered if decoder is not None else 0 if http is None else http.buffered
 
     def process(self, now: float, budget: int | None = None) -> bool:
         """Handle the WebSocket operations already received, at most about ``budget`` of
@@ -354,6 +353,8 @@ class Session(StreamSession):
         ctx = self._ctx
         status, reason = check_publish(ctx, self.listener, self.identity, message)
         ctx.stats.publishes_received += 1  # (after: a DecisionPending takes it again)
+        if self._publish_rate is None:  # (most clients never publish: 80 bytes each, idle)
+            self._publish_rate = admission.PublishRate(ctx.config.max_publishes_per_second, now)
         if status is None and not self._publish_rate.take(now):
             limit = ctx.config.max_publishes_per_second
             status, reason = ops.Status.PUBLISH_FAILED, f"over MaxPublishesPerSecond ({limit})"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import pytest
@@ -217,6 +218,21 @@ def test_publish_rate_and_address_list() -> None:
     session.receive_data(frame(ops.Publish(Message("/R/s", b"x", closure="a"))), 1.0)
     [status] = [op for op in written(session) if isinstance(op, ops.PublishStatus)]
     assert status.status is ops.Status.PUBLISH_DENIED
+
+
+def test_a_session_that_never_publishes_holds_no_publish_rate() -> None:
+    # issue 13 (10,000 idle connections at most 6 KiB each): most clients only subscribe,
+    # and the token bucket of each was ~80 bytes (tracemalloc on a served connection)
+    session, _ctx, key = new_session(MaxPublishesPerSecond="5")
+    written(session, key)
+    session.receive_data(frame(ops.Subscribe((ops.SubscriptionRequest("/R/s"),))), 500.0)
+    assert not any(isinstance(held, PublishRate) for held in gc.get_referents(session))
+    # made at the first publish, with a whole second's burst as before
+    for i in range(7):
+        session.receive_data(frame(ops.Publish(Message("/R/s", b"x", closure=str(i)))), 900.0)
+    kinds = [op.status for op in written(session) if isinstance(op, ops.PublishStatus)]
+    assert kinds == [ops.Status.PUBLISH_OK] * 5 + [ops.Status.PUBLISH_FAILED] * 2
+    assert any(isinstance(held, PublishRate) for held in gc.get_referents(session))
 
 
 def test_head_gets_the_head_only() -> None:

@@ -4,18 +4,28 @@ bounded -- first as bookkeeping driven tick by tick, then over a real socket."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import tracemalloc
+import weakref
 from typing import Any
 
 import cbor2
+import pytest
 from rawclient import RawClient
 
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
-from migratory.server.heartbeats import HEADROOM, HEARTBEAT_FRAME, SWEEP_LIMIT, Heartbeats
+from migratory.server.heartbeats import (
+    HEADROOM,
+    HEARTBEAT_FRAME,
+    SWEEP_LIMIT,
+    Heartbeats,
+    HeartbeatStatistics,
+)
 
 TICK = 0.1
 
@@ -28,6 +38,8 @@ class FakeSession:
         self.closing = False
         self.aborted = False
         self.beats = 0
+        self.writes = 0
+        self.heartbeat_slot: list[Any] | None = None
 
     def deliver(self, frame: bytes) -> None:
         if frame == HEARTBEAT_FRAME:
@@ -37,6 +49,7 @@ class FakeSession:
     def write(self) -> None:
         if self.outbox:
             self.outbox.take()
+            self.writes += 1
 
 
 def run(beats: Heartbeats, ticks: int, sessions: list[FakeSession]) -> None:
@@ -74,7 +87,7 @@ def test_an_idle_session_gets_one_heartbeat_per_interval() -> None:
     run(beats, 100, [idle])  # 10 s
     assert idle.beats == 10
     # never silent for longer than the interval: one written at least every 10 ticks
-    assert idle.outbox.batches_taken == 10
+    assert idle.writes == 10
 
 
 def test_a_busy_session_gets_none_and_an_idle_one_beside_it_does() -> None:
@@ -190,6 +203,139 @@ def test_the_grant_grows_with_the_sessions_watched() -> None:
     # 1,001 sessions' two looks per interval within 160 looks a second: 12.5 s
     assert beats.grant(2000) == 12513
     assert beats.grant(60_000) == 60_000  # asking for more than the crowd needs: as asked
+
+
+def test_a_grant_is_never_shorter_than_two_ticks() -> None:
+    # the sweep looks at a session at most once a tick, twice per interval: a server
+    # configured with ClientHeartbeatMinimum=1 granted 1 ms and wrote every 100-200 ms,
+    # and a client holding it to its grant took it for dead 2 ms into every silence
+    beats = Heartbeats(1, TICK)
+    assert beats.grant(1) == 200
+    assert beats.grant(199) == 200
+    assert beats.grant(201) == 201
+    session = FakeSession()
+    beats.start(session, 1)
+    run(beats, 20, [session])  # 2 s
+    assert session.beats == 10  # one per 200 ms: the interval granted is kept
+
+
+def test_watching_a_session_keeps_no_object_of_its_own() -> None:
+    # issue 13: 10,000 idle connections at most 6 KiB each, with the heartbeats the SDKs
+    # ask for. A watch object and a dict entry per session were 94 bytes (tracemalloc)
+    sessions = [FakeSession() for _ in range(4000)]
+    beats = Heartbeats(1000, TICK)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for session in sessions:
+            beats.start(session, 2000)
+        watched = tracemalloc.get_traced_memory()[0] - before
+        for _ in range(25):  # every one looked at twice, moved to its next lists
+            for session in sessions:
+                session.outbox.batch_taken = True  # (busy: no heartbeat queued)
+            beats.sweep()
+        looked = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(beats) == 4000
+    # a list entry each (8 bytes, and the list's growth)
+    assert watched / 4000 <= 12, f"{watched / 4000:.1f} bytes a session"
+    assert looked / 4000 <= 12, f"{looked / 4000:.1f} bytes a session"
+
+
+def test_a_session_watched_again_or_forgotten_and_watched_is_looked_at_once() -> None:
+    beats = Heartbeats(1000, TICK)
+    twice, again, other = FakeSession(), FakeSession(), FakeSession()
+    beats.start(twice, 1000)
+    beats.start(twice, 1000)  # the same list: its first entry moves it, the second is stale
+    beats.start(again, 1000)
+    beats.forget(again)
+    beats.forget(again)  # (twice: counted once)
+    beats.start(again, 2000)
+    beats.start(other, 1000)
+    assert len(beats) == 3
+    looked = beats.looked
+    run(beats, 100, [twice, again, other])  # 10 s
+    assert (twice.beats, again.beats, other.beats) == (10, 5, 10)
+    # 20 + 10 + 20 looks, and a stale entry (left or compacted away) looked at once
+    assert 20 + 10 + 20 <= beats.looked - looked <= 20 + 10 + 20 + 2
+    assert len(beats) == 3
+
+
+def test_a_closed_session_is_not_held_until_its_list_comes_due() -> None:
+    # A client granted an hour is looked at every half hour: its entry in the wheel held
+    # the whole session that long after it closed, and a client connecting and closing
+    # in a loop had every one of them held meanwhile
+    beats = Heartbeats(1000, TICK)
+    alone = FakeSession()
+    beats.start(alone, 3_600_000)
+    gone = weakref.ref(alone)
+    beats.forget(alone)
+    del alone
+    gc.collect()
+    assert gone() is None
+    # in a list of many (connected in one tick): stale entries at most half of it
+    crowd = [FakeSession() for _ in range(100)]
+    for session in crowd:
+        beats.start(session, 3_600_000)
+    refs = [weakref.ref(session) for session in crowd]
+    for session in crowd[:80]:
+        beats.forget(session)
+    kept = crowd[80:]
+    del crowd, session
+    gc.collect()
+    held = sum(ref() is not None for ref in refs)
+    assert held <= 2 * len(kept), held  # 20 watched, at most as many closed ones
+    run(beats, 2, kept)
+    assert len(beats) == 20
+    looked = beats.looked
+    run(beats, 18_000, kept)  # the half hour: each of the 20 looked at once
+    assert beats.looked - looked <= held
+    assert {session.beats for session in kept} == {1}
+
+
+def test_sessions_forgotten_from_the_list_being_swept_leave_the_rest_looked_at() -> None:
+    # the list a sweep at its limit is half through is not compacted under it
+    beats = Heartbeats(1000, TICK, sweep_limit=10)
+    sessions = [FakeSession() for _ in range(100)]
+    for session in sessions:
+        beats.watch(session, 1000)  # one list, due at tick 5
+    run(beats, 5, sessions)  # 10 looked at, 90 overdue
+    for session in sessions[10:70]:
+        beats.forget(session)
+    kept = sessions[:10] + sessions[70:]
+    run(beats, 9, kept)  # the rest of the list (90 entries, 10 a sweep)
+    assert [session.beats for session in kept] == [1] * 40
+    run(beats, 20, kept)
+    assert len(beats) == 40 and beats.statistics().overdue == 0
+
+
+def test_the_statistics_say_what_was_sent_and_how_far_behind_the_sweep_is() -> None:
+    beats = Heartbeats(1000, TICK, sweep_limit=100)
+    sessions = [FakeSession() for _ in range(350)]
+    for session in sessions:
+        beats.watch(session, 1000)  # all due at tick 5, then every 5 ticks
+    assert beats.statistics() == HeartbeatStatistics(350, 0, 0, 0, 0, 0.0)
+    run(beats, 5, sessions)
+    # tick 5: 100 looked at (and sent one: nothing written since they connected), 250
+    # overdue, due this tick: no lag yet
+    assert beats.statistics() == HeartbeatStatistics(350, 100, 100, 0, 250, 0.0)
+    run(beats, 1, sessions)
+    assert beats.statistics() == HeartbeatStatistics(350, 200, 200, 100, 150, 0.1)
+    run(beats, 1, sessions)
+    figures = beats.statistics()
+    assert (figures.looks, figures.looks_late, figures.overdue) == (300, 200, 50)
+    assert figures.lag_seconds == pytest.approx(0.2)
+    run(beats, 1, sessions)
+    assert beats.statistics() == HeartbeatStatistics(350, 350, 350, 250, 0, 0.0)
+    run(beats, 10, sessions)  # a look that finds the last one written, then one more
+    assert beats.statistics().sent == 700 == sum(session.beats for session in sessions)
+    sessions[0].closing = True
+    beats.forget(sessions[1])
+    assert len(beats) == 349
+    run(beats, 10, sessions)
+    assert beats.statistics().sessions == 348
 
 
 # --- over a real socket ------------------------------------------------------------

@@ -4,6 +4,7 @@ moving as a scripted workload says it must."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 from typing import Any
 
@@ -164,6 +165,53 @@ def test_the_collector_reads_the_source_at_scrape_time() -> None:
     assert ack[("migratory_publish_ack_seconds_sum", None)] == pytest.approx(67.0064)
     assert found["migratory_outbox_bytes"].samples[0].value == 300
     assert "migratory_raft_term" not in found  # not a cluster member
+
+
+def test_the_heartbeats_figures_are_metrics_and_absent_without_heartbeats() -> None:
+    source = FakeSource(None)
+    assert not any("heartbeat" in name for name in families(source))
+    figures = {"sessions": 12, "sent": 40, "looks": 90, "looks_late": 7, "overdue": 3,
+               "lag_seconds": 0.2}
+    source.statistics = lambda: {"heartbeats": figures}  # type: ignore[method-assign]
+    found = {name: family.samples[0].value for name, family in families(source).items()
+             if "heartbeat" in name}
+    assert found == {
+        "migratory_heartbeat_sessions": 12, "migratory_heartbeats_sent": 40,
+        "migratory_heartbeat_looks": 90, "migratory_heartbeat_looks_late": 7,
+        "migratory_heartbeat_sessions_overdue": 3,
+        "migratory_heartbeat_sweep_lag_seconds": 0.2,
+    }
+
+
+def test_heartbeats_sent_and_sessions_watched_move_with_a_client(start_server: Any) -> None:
+    server = start_server(ClientHeartbeatMinimum="500")
+    http = server.url.replace("ws://", "http://")
+    before = scrape(http)
+    assert value(before, "migratory_heartbeat_sessions") == 0
+    older = RawClient(server.port)
+    older.connect("asks-none")
+    beating = RawClient(server.port)
+    beating.send_op(ops.Connect(client="beating", heartbeat_ms=200))
+    connected = beating.recv_op()
+    assert isinstance(connected, ops.Connected) and connected.heartbeat_ms == 500
+    for _ in range(2):
+        assert beating.recv_op() == ops.Pong(None)
+    during = scrape(http)
+    assert value(during, "migratory_heartbeat_sessions") == 1  # the one that asked
+    assert value(during, "migratory_heartbeats_sent_total") >= 2
+    assert value(during, "migratory_heartbeat_looks_total") >= 2
+    assert value(during, "migratory_heartbeat_looks_late_total") == 0
+    assert value(during, "migratory_heartbeat_sessions_overdue") == 0
+    assert value(during, "migratory_heartbeat_sweep_lag_seconds") == 0
+    beating.close()
+    for _ in range(500):  # bounded: until the server saw the close
+        after = scrape(http)
+        if value(after, "migratory_heartbeat_sessions") == 0:
+            break
+        time.sleep(0.01)
+    assert value(after, "migratory_heartbeat_sessions") == 0
+    assert value(after, "migratory_heartbeats_sent_total") >= value(
+        during, "migratory_heartbeats_sent_total")
 
 
 def test_cluster_metrics_come_from_the_member() -> None:
