@@ -39,6 +39,8 @@ def test_max_attempts() -> None:
         {"jitter": 1.5},
         {"max_attempts": 0},
         {"connect_timeout": 0},
+        {"healthy_after": 0},
+        {"healthy_after": float("nan")},
     ],
 )
 def test_policy_validation(kwargs: dict[str, float]) -> None:

@@ -160,20 +160,48 @@ async def test_sessions_the_server_ends_at_once_back_off_and_count_as_failed_att
 
 
 @trio_test
-async def test_a_session_that_answered_a_ping_resets_the_back_off() -> None:
+async def test_sessions_that_stayed_up_reset_the_back_off_however_they_ended() -> None:
+    # A rolling restart: each member the client lands on is drained within seconds, a
+    # healthy session each time. Before, only a session that answered a keepalive ping
+    # (the first at 15 s) reset the back-off: these sessions counted as failed attempts,
+    # the delays grew, and max_attempts ended a client that had been served all along.
+    policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, max_attempts=2,
+                             healthy_after=0.2)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+        async with connect([server.url], reconnect=policy) as client:
+            for _ in range(4):  # more sessions than max_attempts: each one was good
+                with trio.fail_after(5):  # a hang guard (before: no next connection)
+                    conn = await server.next_connection()
+                await conn.accept_session()
+                await trio.sleep(0.3)  # up past healthy_after, no ping yet (15 s)
+                await conn.close(4502, "drained")
+            with trio.fail_after(5):
+                await server.next_connection()
+            assert client.error is None
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_session_that_answers_a_ping_and_drops_soon_is_still_backed_off() -> None:
+    # A member in a crash loop that answers pings (or a client with fast pings): before,
+    # an answered ping reset the back-off, so the client came back every initial_delay
     policy = ReconnectPolicy(initial_delay=0.01, max_delay=0.02, max_attempts=2)
     keepalive = Keepalive(interval=0.02, timeout=1.0)
     async with trio.open_nursery() as nursery:
         (server,) = await start_servers(nursery)
         async with connect([server.url], reconnect=policy, keepalive=keepalive) as client:
-            for _ in range(4):  # more sessions than max_attempts: each one was good
+            for _ in range(2):
                 conn = await server.next_connection()
                 await conn.accept_session()
                 ping = ops.decode_client_op(await conn.ws.get_message())
                 assert isinstance(ping, ops.Ping)
                 await conn.send(ops.Pong(ping.id))  # read before the close frame
                 await conn.close(1011, "internal error")
-            assert client.error is None
+            # ended by the second (before: reset by each pong, it went on to a third)
+            with trio.fail_after(5), pytest.raises(ServerUnavailableError) as info:
+                await client.wait_connected()
+            assert info.value.attempts == 2
         nursery.cancel_scope.cancel()
 
 

@@ -1,6 +1,8 @@
-// Reconnect policy: exponential back-off with jitter, bounded, reset after a good session
-// (one that answered a keepalive ping: a server that drops every session at once is backed
-// off from, and such sessions count towards maxAttempts).
+// Reconnect policy: exponential back-off with jitter, bounded, reset after a good session:
+// one that stayed up `healthyAfter` seconds after `connected`, whatever ended it. A server
+// that drops its sessions sooner (a crash loop, even one that answers pings) is backed off
+// from, and such sessions count towards maxAttempts; so a client connects to it at most
+// once per healthyAfter seconds. Same rule as the Python SDK (migratory_client/backoff.py).
 // Pure: no I/O; the random source (a function returning [0, 1)) is injected.
 
 const DEFAULT_POLICY = Object.freeze({
@@ -10,6 +12,7 @@ const DEFAULT_POLICY = Object.freeze({
   jitter: 0.5, // 0 = none, 1 = anywhere down to 0
   maxAttempts: null, // consecutive failed attempts before ServerUnavailableError; null = never
   connectTimeout: 10, // WebSocket handshake plus the connect/connected exchange
+  healthyAfter: 5, // seconds a session stays up after `connected` to reset the back-off
 });
 
 /** The policy with defaults filled in; the error names the bad key. */
@@ -26,6 +29,7 @@ export function reconnectPolicy(options = {}) {
     throw new RangeError("reconnect: maxAttempts must be an integer >= 1 or null");
   }
   if (!(p.connectTimeout > 0)) throw new RangeError("reconnect: connectTimeout must be > 0");
+  if (!(p.healthyAfter > 0)) throw new RangeError("reconnect: healthyAfter must be > 0");
   return Object.freeze(p);
 }
 
@@ -48,8 +52,8 @@ export class Backoff {
     return base * (1 - this.policy.jitter * this.random());
   }
 
-  /** A session proved good (it answered a ping): the next failure starts from
-   * initialDelay again. */
+  /** A session proved good (it stayed up healthyAfter seconds): the next failure
+   * starts from initialDelay again. */
   reset() {
     this.base = this.policy.initialDelay;
     this.failures = 0;

@@ -316,6 +316,7 @@ export class Client {
       router: this.router,
       keepalive: this.options.keepalive,
       connectTimeout: this.options.reconnect.connectTimeout,
+      healthyAfter: this.options.reconnect.healthyAfter,
       connectOp: { op: "connect", client: this.options.name, token, heartbeatMs: heartbeatMs(
         this.options.keepalive) },
       onLive: (session) => this.onLive(session),
@@ -337,7 +338,7 @@ export class Client {
     this.router.sessionLost(`connection to ${server.url} lost: ${end.describe()}`,
       { untakenFailed: end.untakenNotPublished });
     if (this.closed) return;
-    if (session.answeredPing) this.backoff.reset(); // else ended at once: a failed attempt
+    if (session.healthy) this.backoff.reset(); // else it ended soon: a failed attempt
     if (end.terminal) {
       this.notificationQueue.put(notification("SERVER_DOWN", { reason: end.describe(), server: server.url }));
       this.end(new ConnectionClosedError(end.code, end.reason, server.url));

@@ -71,6 +71,7 @@ export class Session {
    * @param {import("./router.js").Router} o.router
    * @param {{interval: number, timeout: number, heartbeat: number|null}} o.keepalive seconds
    * @param {number} o.connectTimeout seconds
+   * @param {number} o.healthyAfter seconds up after `connected` that make it `healthy`
    * @param {object} o.connectOp {op: "connect", client, token}
    * @param {(session: Session) => void} o.onLive the server answered `connected`
    * @param {(session: Session, end: SessionEnd) => void} o.onEnd called once
@@ -91,6 +92,9 @@ export class Session {
     this.heartbeat = null;
     this.pingId = 0;
     this.pongId = 0;
+    this.healthyAfter = o.healthyAfter;
+    /** It stayed up healthyAfter seconds after `connected`: its end resets the back-off. */
+    this.healthy = false;
     /** Payload bytes handed to the WebSocket: with its bufferedAmount, whether it moved. */
     this.bytesQueued = 0;
     this.timers = new Set();
@@ -111,12 +115,6 @@ export class Session {
       const what = this.ws.readyState === OPEN ? "no 'connected'" : "no WebSocket connection";
       this.finish(SessionEnd.byClient(`cannot connect: ${what} within ${o.connectTimeout} s`));
     }, "connect");
-  }
-
-  /** The server answered a keepalive ping: the session was good, not a server that
-   * takes a connection only to drop it (the reconnect back-off starts over). */
-  get answeredPing() {
-    return this.pongId > 0;
   }
 
   get isOpen() {
@@ -197,6 +195,7 @@ export class Session {
         this.watchSilence(this.framesRead, Date.now());
       }
       this.cancel("connect");
+      this.later(this.healthyAfter, () => { this.healthy = true; }, "healthy");
       // the subscribes first: onLive sends the publishes held for a session, made after
       // them (a subscribe then a publish of its subject gets the message)
       this.subscribe(this.router.requestsFor(this.id));

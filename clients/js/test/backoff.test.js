@@ -38,4 +38,7 @@ test("bad policies are refused, naming the key", () => {
   assert.throws(() => reconnectPolicy({ jitter: 2 }), /jitter/);
   assert.throws(() => reconnectPolicy({ maxAttempts: 0 }), /maxAttempts/);
   assert.throws(() => reconnectPolicy({ connectTimeout: 0 }), /connectTimeout/);
+  assert.throws(() => reconnectPolicy({ healthyAfter: 0 }), /healthyAfter/);
+  assert.throws(() => reconnectPolicy({ healthyAfter: NaN }), /healthyAfter/);
+  assert.equal(reconnectPolicy().healthyAfter, 5);
 });

@@ -44,22 +44,47 @@ test("sessions the server ends at once back off and count as failed attempts", a
   assert.equal(FakeWebSocket.instances.length, 3);
 });
 
-test("a session that answered a ping resets the back-off", async () => {
+test("sessions that stayed up healthyAfter reset the back-off however they ended", async () => {
+  // a rolling restart: each member the client lands on is drained within seconds. Before,
+  // only a session that answered a keepalive ping (the first at 15 s) reset the back-off:
+  // these counted as failed attempts and maxAttempts ended a client served all along
   const { client } = open({
-    reconnect: { ...FAST, maxDelay: 1, multiplier: 2, maxAttempts: 2 },
-    keepalive: { interval: 1, timeout: 0.5 },
+    reconnect: { ...FAST, maxDelay: 1, multiplier: 2, maxAttempts: 2, healthyAfter: 2 },
   });
   for (let i = 1; i <= 4; i += 1) { // more sessions than maxAttempts: each one was good
     const ws = FakeWebSocket.last();
     ws.accept();
-    mock.timers.tick(1000);
-    ws.receive({ op: "pong", id: ws.take("ping")[0].id });
-    ws.drop(1011, "internal error");
+    mock.timers.tick(2000); // up healthyAfter, no ping yet (15 s)
+    assert.deepEqual(ws.take("ping"), []);
+    ws.drop(4502, "drained");
     mock.timers.tick(100); // initialDelay again
     assert.equal(FakeWebSocket.instances.length, i + 1);
   }
   assert.equal(client.error, null);
   await client.close();
+});
+
+test("a session that answers a ping and drops soon is still backed off", async () => {
+  // a member in a crash loop that answers pings (or fast pings): before, an answered ping
+  // reset the back-off, so the client came back every initialDelay
+  const { client } = open({
+    reconnect: { ...FAST, maxDelay: 1, multiplier: 2, maxAttempts: 2 },
+    keepalive: { interval: 1, timeout: 0.5 },
+  });
+  let ws = FakeWebSocket.last();
+  ws.accept();
+  mock.timers.tick(1000);
+  ws.receive({ op: "pong", id: ws.take("ping")[0].id });
+  ws.drop(1011, "internal error");
+  mock.timers.tick(100);
+  assert.equal(FakeWebSocket.instances.length, 2);
+  ws = FakeWebSocket.last();
+  ws.accept();
+  mock.timers.tick(1000);
+  ws.receive({ op: "pong", id: ws.take("ping")[0].id });
+  ws.drop(1011, "internal error");
+  assert.ok(client.error instanceof ServerUnavailableError);
+  assert.equal(FakeWebSocket.instances.length, 2);
 });
 
 test("a token provider that fails or hangs is a failed attempt, retried with back-off", async () => {

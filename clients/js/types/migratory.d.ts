@@ -76,6 +76,10 @@ export interface ReconnectOptions {
   maxAttempts?: number | null;
   /** Seconds for the WebSocket handshake plus connect/connected (default 10). */
   connectTimeout?: number;
+  /** Seconds a session stays up after `connected` for its end to reset the back-off
+   * (default 5); a session that ends sooner is a failed attempt (backed off, counted
+   * towards maxAttempts). */
+  healthyAfter?: number;
 }
 export type ReconnectPolicy = Readonly<Required<ReconnectOptions>>;
 export function reconnectPolicy(options?: ReconnectOptions): ReconnectPolicy;

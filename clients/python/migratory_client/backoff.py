@@ -1,5 +1,6 @@
-"""Reconnect policy: exponential back-off with jitter, bounded, reset after a good session
-(one that answered a keepalive ping).
+"""Reconnect policy: exponential back-off with jitter, bounded, reset after a good session:
+one that stayed up ``healthy_after`` seconds after ``connected``, whatever ended it. Same
+rule as the JavaScript SDK (clients/js/src/backoff.js).
 
 Pure: no I/O; the random source is injected.
 """
@@ -19,10 +20,14 @@ class ReconnectPolicy:
     The n-th consecutive retry waits ``min(max_delay, initial_delay * multiplier**n)``
     shortened by a random fraction up to ``jitter`` (0 = none, 1 = anywhere down to 0).
     ``max_attempts`` consecutive failed attempts (None = never) end the client with
-    ``ServerUnavailableError``. An attempt fails unless its session answers a keepalive
-    ping: a server that answers ``connected`` and drops the session at once (a crash
-    loop) is backed off from like one that cannot be reached. ``connect_timeout`` bounds
-    the WebSocket handshake plus the ``connect``/``connected`` exchange.
+    ``ServerUnavailableError``. An attempt fails unless its session stays up
+    ``healthy_after`` seconds after ``connected``: a server that answers ``connected``
+    and drops the session sooner (a crash loop, even one that answers pings) is backed
+    off from like one that cannot be reached, so a client connects to it at most once
+    per ``healthy_after`` seconds; a session that lasted longer resets the back-off
+    however it ended (a drain, a member restarted in a rolling update), so healthy
+    sessions never add up to ``max_attempts``. ``connect_timeout`` bounds the WebSocket
+    handshake plus the ``connect``/``connected`` exchange.
     """
 
     initial_delay: float = 0.5
@@ -31,6 +36,7 @@ class ReconnectPolicy:
     jitter: float = 0.5
     max_attempts: int | None = None
     connect_timeout: float = 10.0
+    healthy_after: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_delay <= self.max_delay:
@@ -43,6 +49,8 @@ class ReconnectPolicy:
             raise ValueError("ReconnectPolicy: max_attempts must be >= 1 or None")
         if self.connect_timeout <= 0:
             raise ValueError("ReconnectPolicy: connect_timeout must be > 0")
+        if not self.healthy_after > 0:
+            raise ValueError("ReconnectPolicy: healthy_after must be > 0")
 
 
 class Backoff:
@@ -65,8 +73,8 @@ class Backoff:
         return base * (1.0 - self._policy.jitter * self._rng.random())
 
     def reset(self) -> None:
-        """A session proved good (it answered a ping): the next failure starts from
-        ``initial_delay`` again."""
+        """A session proved good (it stayed up ``healthy_after`` s): the next failure
+        starts from ``initial_delay`` again."""
         self._base = self._policy.initial_delay
         self.failures = 0
 

@@ -378,11 +378,12 @@ class Client:
         self._set_live(session)
         self._notifications.put(Notification(NotificationStatus.SERVER_UP, server=session.server))
         end = SessionEnd.by_client("session ended")
+        up_since = trio.current_time()
         try:
             end = await session.serve(requests)
         finally:
-            if session.answered_ping:  # else a session ended at once is a failed attempt
-                self._backoff.reset()
+            if trio.current_time() - up_since >= self._policy.healthy_after:
+                self._backoff.reset()  # else it ended soon: a failed attempt
             self._set_live(None)
             self._router.session_lost(
                 f"connection to {session.server} lost: {end.describe()}",

@@ -217,12 +217,6 @@ class Session:
         be written after the close (or fail on the broken stream) and count as unknown."""
 
     @property
-    def answered_ping(self) -> bool:
-        """The server answered a keepalive ping: the session was good, not a server that
-        takes a connection only to drop it (the reconnect back-off starts over)."""
-        return self._pong_id > 0
-
-    @property
     def is_open(self) -> bool:
         return self.ws.closed is None and self._end is None
 
