@@ -21,12 +21,19 @@ if TYPE_CHECKING:
     from migratory.config import Config as ConfigType
 
 
+def _say(message: str) -> None:
+    """``migratory: MESSAGE`` on stderr in one ``write``: ``Workers`` share the stream,
+    and ``print`` writes the line and its newline apart when stderr is unbuffered
+    (``PYTHONUNBUFFERED``): two workers refusing the same key ran their lines together."""
+    sys.stderr.write(f"migratory: {message}\n")
+
+
 def _error(message: str) -> None:
     """``migratory: MESSAGE`` on stderr, after every log line written before it."""
     from migratory.logs import write_directly
 
     write_directly()
-    print(f"migratory: {message}", file=sys.stderr)
+    _say(message)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -37,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         text = _config_text(args)
         config = load_config(args.config, text=text, overrides=parse_set_options(args.set))
     except ConfigError as exc:
-        print(f"migratory: configuration error: {exc}", file=sys.stderr)
+        _say(f"configuration error: {exc}")
         return 2
     configure_logging(config.log_level, config.log_format)
     try:
@@ -194,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.func(args)
     except stop_signals.StopRequested as stop:
         if "--worker-index" not in argv:  # (a worker's supervisor says it for all)
-            print(f"migratory: {stop.signum.name} received during start-up: stopped",
-                  file=sys.stderr)
+            _say(f"{stop.signum.name} received during start-up: stopped")
         return 0
     except BaseException as exc:
         stopped = interrupted.exit_status("migratory", exc)  # Ctrl-C, `| head`

@@ -106,3 +106,35 @@ def test_an_audit_log_that_cannot_be_opened_names_the_key(
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1:] == [f"migratory: AuditLogFile {path}: {why}"], (
         done.stderr)
+
+
+class _Writes:
+    """A stderr that keeps each ``write`` apart, as an unbuffered pipe does."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_refusal_is_one_write_so_workers_lines_do_not_run_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Workers = 2`` refusing the same key: both workers write the line to the stream
+    they share. ``print`` wrote the line and its newline apart under PYTHONUNBUFFERED (so
+    this box, and CI): once in ~60 runs the two lines came out as one, ``...'here'migratory:
+    configuration error: ...`` (the test above, Workers=2 with a Custom plugin, failed)."""
+    from cluster import cli
+
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    args = cli.build_parser(serve_only=True).parse_args(["serve", "--set", "NoSuchKey=1"])
+    assert cli._serve(args) == 2
+    assert len(stderr.writes) == 1, stderr.writes
+    assert stderr.writes[0].startswith("migratory: configuration error: ")
+    assert stderr.writes[0].endswith("\n") and stderr.writes[0].count("\n") == 1

@@ -71,15 +71,21 @@ class ConnectionLinger(ConnectionWrites):
 
     async def _finish(self) -> None:
         """Let queued bytes (the close frame, after the statuses of the publishes still in
-        flight) drain, half-close, wait briefly for the peer. A client still there when
-        the linger ends is logged with what it had not taken (a client, or a path to it,
-        that stopped reading: the member's diagnosis of a subscriber that got nothing)."""
+        flight; over TLS then our ``close_notify``) drain, half-close, wait briefly for the
+        peer. A client still there when the linger ends is logged with what it had not
+        taken (a client, or a path to it, that stopped reading: the member's diagnosis of a
+        subscriber that got nothing)."""
         with trio.move_on_after(CLOSE_LINGER_SECONDS) as linger:
             self.leaving = "its last bytes not all written"
             self.flush()
             session = self.session
             while (self.writing or self._pending() or session.settling) and not self._closed:
                 await trio.sleep(0.01)
+            tls = self._tls
+            if tls is not None and not self._closed and tls.end():  # close_notify, then FIN
+                self.flush()
+                while (self.writing or self._pending()) and not self._closed:
+                    await trio.sleep(0.01)
             if self._closed:
                 return
             self.sock.shutdown(socket.SHUT_WR)

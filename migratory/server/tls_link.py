@@ -73,6 +73,21 @@ class TlsLink:
             raise TlsFailed(str(getattr(exc, "reason", None) or exc)) from None
         return self._out.read()
 
+    def end(self) -> bool:
+        """Queue our ``close_notify``, the TLS end of our stream, to go before our FIN
+        (without it a client's TLS sees a truncated stream: Python's ssl raises
+        ``EOF occurred in violation of protocol``); whether one was queued. The peer's
+        records are still read after it (its close frame in answer)."""
+        if not self.ready:
+            return False
+        try:
+            self._tls.unwrap()
+        except ssl.SSLWantReadError:
+            pass  # (the peer's close_notify not read yet: ours is queued all the same)
+        except ssl.SSLError:
+            return False
+        return self.has_output
+
     def take_output(self) -> bytes:
         """Ciphertext waiting for the socket."""
         return self._out.read()

@@ -85,3 +85,23 @@ def test_seal_gives_what_waited_then_the_batch_in_one_piece() -> None:
         while len(got) < len(b"first batchsecond batch"):
             got += client.read(65536)
     assert got == b"first batchsecond batch"
+
+
+def test_our_end_is_a_close_notify_and_the_peers_answer_is_still_read() -> None:
+    """The server's end over TLS: a ``close_notify`` before its FIN, so the client's TLS
+    sees the stream end whole (before, only the FIN: a truncated stream). The client's
+    records after it -- its close frame in answer -- are still read."""
+    link, client, to_server, to_client = _pair()
+    _handshake(link, client, to_server, to_client)
+    assert link.receive(to_server.read()) == b""  # (the client's Finished: TLS 1.3)
+    assert link.end()
+    to_client.write(link.take_output())
+    assert client.read() == b""  # (a close_notify read: b"", no SSLEOFError)
+    client.write(b"my close frame")
+    assert link.receive(to_server.read()) == b"my close frame"
+
+
+def test_no_end_before_the_handshake() -> None:
+    link, _client, _to_server, _to_client = _pair()
+    assert not link.end()
+    assert not link.has_output
