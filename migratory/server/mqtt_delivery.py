@@ -169,15 +169,19 @@ class MqttDelivery(MqttInput):
         stats = self._ctx.stats
         stats.count(stats.resumes, "sync")
 
-    def resynced(self, subject: str, *, quiet: bool = False) -> None:
+    def resynced(self, subject: str, *, quiet: bool = False, unsent: bool = False) -> None:
         """A resume could not tell what was missed on ``subject``: the snapshot follows
-        (``quiet``: counted, not logged)."""
+        (``quiet``: counted, not logged; ``unsent``: the subject has none, so nothing
+        follows and the client cannot be told -- said so in the line: three chaos runs'
+        MQTT losses were such resyncs, logged as if a snapshot had gone out)."""
         stats = self._ctx.stats
         stats.mqtt_resyncs += 1
         stats.count(stats.resumes, "resync")
         if not quiet:
             log.warning("%s: %s resumed from its snapshot (the cache no longer reaches "
-                        "back)", self.describe(), subject, extra=self.log_fields())
+                        "back)%s", self.describe(), subject,
+                        ": it has none, nothing sent, the client not told" if unsent else "",
+                        extra=self.log_fields())
 
     def resync(self, subject: str, position: Position, snapshot: Message | None,
                qos: int) -> None:

@@ -9,10 +9,12 @@ RETAIN). Bytes in, packets out; the record stored as a member's hub holds it."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from test_mqtt_session import HeldPublishing, Wire, read
 
+from migratory import client_lines
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
 from migratory.model.message import Message, Qos
@@ -27,21 +29,22 @@ SUBJECT = "/a/b"
 EPOCH = 5  # the cluster's lineage of SUBJECT (a member's hub is at epoch 1)
 
 
-def member(seq: int, *, cached: int = 3, budget: int = 0) -> ServerContext:
-    """A cluster member's context whose hub applied ``seq`` guaranteed, retained messages
-    of SUBJECT (``cached`` kept at most; ``budget``: a CacheMemoryBudget)."""
+def member(seq: int, *, cached: int = 3, budget: int = 0, retained: bool = True
+           ) -> ServerContext:
+    """A cluster member's context whose hub applied ``seq`` guaranteed messages of SUBJECT
+    (``retained``; ``cached`` kept at most; ``budget``: a CacheMemoryBudget)."""
     hub = Hub(epoch=1, numbered_elsewhere=True, max_cached_messages=cached,
               cache_memory_budget=budget)
     config = Config.from_mapping({})
     ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
                         HeldPublishing(hub))
     for n in range(1, seq + 1):
-        hub.apply(message(n), 0.0)
+        hub.apply(message(n, retained=retained), 0.0)
     return ctx
 
 
-def message(seq: int, epoch: int = EPOCH) -> Message:
-    return Message(SUBJECT, b"m%d" % seq, retained=True, qos=Qos.GUARANTEED,
+def message(seq: int, epoch: int = EPOCH, *, retained: bool = True) -> Message:
+    return Message(SUBJECT, b"m%d" % seq, retained=retained, qos=Qos.GUARANTEED,
                    epoch=epoch, seq=seq)
 
 
@@ -150,3 +153,25 @@ def test_a_member_that_has_not_numbered_the_subject_yet_sends_what_follows() -> 
     device, sent = resume(ctx)
     assert sent == [] and ctx.stats.mqtt_resyncs == 1
     assert [live(ctx, device, n) for n in (1, 2, 3)] == [[], [], [(b"m3", False)]]
+
+
+def test_a_resync_with_no_snapshot_to_send_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the reruns of seed 1176's shape lost (seeds 1181-1183: subjects whose first
+    messages were not retained, their cache emptied by the budget): the resume resyncs,
+    but there is no snapshot, nothing is sent and MQTT has no other sign. The line said
+    "resumed from its snapshot" all the same; it now says none was sent, and the
+    resume's summary counts them."""
+    monkeypatch.setattr(client_lines, "lines", client_lines.ClientLines())
+    ctx = member(10, retained=False)
+    store(ctx, {SUBJECT: f"1:{EPOCH}:2"})
+    with caplog.at_level(logging.INFO, logger="migratory.mqtt"):
+        device, sent = resume(ctx)
+    assert sent == [] and ctx.stats.mqtt_resyncs == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("/a/b resumed from its snapshot (the cache no longer reaches back): it has "
+               "none, nothing sent, the client not told" in line for line in lines)
+    assert any("1 from their snapshot (1 with none to send), 0 up to date" in line
+               for line in lines)
+    assert live(ctx, device, 11) == [(b"m11", False)]
