@@ -98,7 +98,8 @@ class MemberSettings:
     delivery_mode: str
     max_cached: int
     incarnation: str
-    """Random per process: tells two processes with one member name apart."""
+    """Random per process: tells two processes with one member name apart (a Standard
+    member's also names its clean predecessor: :mod:`cluster.standard_lives`)."""
     group_count: int = GROUP_COUNT
     server_name: str = ""
     """Its ServerName (logs, audit, the clients' ``connected``): only compared to warn."""

@@ -36,6 +36,7 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync
     {"t": "sp", "c": clsn, "s": [...as in "s"...], "l": last}  SyncPart (cluster/link_sync.py)
     {"t": "p",  "m": M}                                        StandardPublish
+    {"t": "gb"}             StandardGoodbye (only to a peer that reads it: standard_lives)
     {"t": "hb", "c": clsn, "r": ready}                         Heartbeat
     {"t": "cf", "m": member, "l": [member, ...], "k": seed_count, "d": delivery_mode,
      "g": group_count, "c": max_cached, "i": incarnation, "n": server_name}  Settings
@@ -100,6 +101,7 @@ from cluster.link_ops import (
     Outgoing,
     Replicate,
     Settings,
+    StandardGoodbye,
     StandardPublish,
     Sync,
     SyncPart,
@@ -133,6 +135,7 @@ __all__ = [
     "Outgoing",
     "Replicate",
     "Settings",
+    "StandardGoodbye",
     "StandardPublish",
     "Sync",
     "SyncPart",

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["U64", "is_text_map", "is_u64", "kind", "message_fault"]
+__all__ = ["U64", "LinkError", "is_text_map", "is_u64", "kind", "message_fault"]
 
 U64: Final = 2**64
+
+
+class LinkError(Exception):
+    """The peer broke the link protocol or failed authentication; close the link."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def is_text_map(fields: dict[Any, Any]) -> bool:

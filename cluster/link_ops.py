@@ -16,8 +16,10 @@ from cluster.agreement import MemberLimits, MemberSettings
 from cluster.agreement_keys import keys_from_wire
 from cluster.cache_sync import CacheSync, SubjectSync
 from cluster.coordination import CommittedBatch, PublishRequest, new_publish_request
-from cluster.link_faults import U64, is_text_map, is_u64, kind, message_fault
-from migratory.model.message import Message, MessageType, Qos, new_message
+from cluster.link_faults import LinkError as LinkError  # (re-exported: the link's error)
+from cluster.link_faults import is_u64, kind
+from cluster.link_messages import decode_message, message_item
+from migratory.model.message import Message
 from migratory.protocol.ops import Status
 
 MAX_FRAME: Final = 64 * 1024 * 1024
@@ -28,14 +30,6 @@ NONCE_SIZE: Final = 16
 MAX_MEMBER_BYTES: Final = 1024
 _HEADER: Final = 4
 _MAC_SIZE: Final = 32
-
-
-class LinkError(Exception):
-    """The peer broke the link protocol or failed authentication; close the link."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 # --- events and operations ---------------------------------------------------
@@ -131,6 +125,14 @@ class StandardPublish:
 
 
 @dataclass(frozen=True, slots=True)
+class StandardGoodbye:
+    """Standard delivery mode, the last frame of a drained member's link: every forward
+    this process numbered went before it on this link or an earlier one (or was told as
+    a gap), and it numbers no more (:mod:`cluster.standard_lives`). Sent only to a peer
+    whose incarnation says it reads it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Seed -> non-seed: the seed's last applied clsn and whether it is ready itself
     (a seed replaying its log or cut off from the Raft majority is not); sent after
@@ -159,54 +161,10 @@ LinkOp = (
     | Sync
     | SyncPart
     | StandardPublish
+    | StandardGoodbye
     | Heartbeat
 )
 LinkEvent = Outgoing | Authenticated | LinkOp
-
-
-# --- messages ------------------------------------------------------------------
-
-_TYPE_CODES: Final = {
-    MessageType.UPDATE: 0,
-    MessageType.SNAPSHOT: 1,
-    MessageType.RECOVERED: 2,
-    MessageType.HISTORICAL: 3,
-}
-_TYPES: Final = tuple(sorted(_TYPE_CODES, key=_TYPE_CODES.__getitem__))
-_RETAINED: Final = 1
-_GUARANTEED: Final = 2
-
-
-def _message_item(m: Message) -> list[Any]:
-    fields = m.fields if type(m.fields) is dict else dict(m.fields)
-    flags = (_RETAINED if m.retained else 0) | (_GUARANTEED if m.qos is Qos.GUARANTEED else 0)
-    return [m.subject, m.content, fields, flags, m.closure, m.epoch, m.seq, _TYPE_CODES[m.type]]
-
-
-def _message(item: Any, where: str) -> Message:
-    if type(item) is list and len(item) == 8:
-        subject, content, fields, flags, closure, epoch, seq, code = item
-        if (
-            type(subject) is str
-            and type(content) is bytes
-            and type(fields) is dict
-            and type(flags) is int
-            and 0 <= flags <= 3
-            and (closure is None or type(closure) is str)
-            and type(epoch) is int
-            and 0 <= epoch < U64
-            and type(seq) is int
-            and 0 <= seq < U64
-            and type(code) is int
-            and 0 <= code < len(_TYPES)
-            and (not fields or is_text_map(fields))
-        ):
-            qos = Qos.GUARANTEED if flags & _GUARANTEED else Qos.STANDARD
-            retained = bool(flags & _RETAINED)
-            return new_message(  # not Message(): ~1 us less per message (see _number)
-                subject, content, fields, retained, qos, closure, epoch, seq, _TYPES[code]
-            )
-    raise LinkError(f"{where}: {message_fault(item, len(_TYPES))}")
 
 
 # --- encoding --------------------------------------------------------------------
@@ -219,7 +177,7 @@ def _origin_items(origins: tuple[tuple[str, int], ...]) -> list[list[Any]]:
 def _op_map(op: LinkOp) -> dict[str, Any]:
     match op:
         case Forward(requests=requests):
-            return {"t": "fw", "r": [[r.origin, r.ref, _message_item(r.message)] for r in requests]}
+            return {"t": "fw", "r": [[r.origin, r.ref, message_item(r.message)] for r in requests]}
         case ForwardFailed(origins=origins, reason=reason, unknown=unknown, status=status):
             failed = {"t": "ff", "o": _origin_items(origins), "r": reason, "u": unknown}
             if status is not Status.PUBLISH_FAILED:  # only then: see ForwardFailed
@@ -228,7 +186,7 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
         case Replicate(from_clsn=from_clsn, full=full):
             return {"t": "rp", "c": from_clsn, "f": full}
         case Batch(batch=b):
-            messages = [_message_item(m) for m in b.messages]
+            messages = [message_item(m) for m in b.messages]
             body = {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
             if b.repeats:  # only then: a batch without is the frame an older member reads
                 body["a"] = [list(repeat) for repeat in b.repeats]
@@ -243,7 +201,9 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             return {"t": "sp", "c": clsn, "s": [_subject_sync_item(s) for s in subjects],
                     "l": last}
         case StandardPublish(message=message):
-            return {"t": "p", "m": _message_item(message)}
+            return {"t": "p", "m": message_item(message)}
+        case StandardGoodbye():
+            return {"t": "gb"}
         case Heartbeat(clsn=clsn, ready=ready):
             return {"t": "hb", "c": clsn, "r": ready}
         case Settings(settings=m):
@@ -261,8 +221,8 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
 
 
 def _subject_sync_item(s: SubjectSync) -> list[Any]:
-    snapshot = None if s.snapshot is None else _message_item(s.snapshot)
-    return [s.subject, s.epoch, s.seq, snapshot, [_message_item(m) for m in s.cached]]
+    snapshot = None if s.snapshot is None else message_item(s.snapshot)
+    return [s.subject, s.epoch, s.seq, snapshot, [message_item(m) for m in s.cached]]
 
 
 def _frame(body: dict[str, Any]) -> bytes:
@@ -349,11 +309,11 @@ class _Body:
         return value
 
     def message(self, key: str) -> Message:
-        return _message(self.body[key], f"{self.tag!r} frame: {key!r}")
+        return decode_message(self.body[key], f"{self.tag!r} frame: {key!r}")
 
     def messages(self, key: str) -> tuple[Message, ...]:
         where = f"{self.tag!r} frame: {key!r}"
-        return tuple([_message(item, where) for item in self.array(key)])
+        return tuple([decode_message(item, where) for item in self.array(key)])
 
     def origins(self, key: str) -> tuple[tuple[str, int], ...]:
         items = self.array(key)
@@ -373,7 +333,8 @@ def _forward(r: _Body) -> Forward:
         origin, ref, message = item
         if not is_u64(ref):
             raise LinkError("'fw' frame: 'r': ref must be an unsigned integer < 2**64")
-        requests.append(new_publish_request(origin, ref, _message(message, "'fw' frame: 'r'")))
+        where = "'fw' frame: 'r'"
+        requests.append(new_publish_request(origin, ref, decode_message(message, where)))
     return Forward(tuple(requests))
 
 
@@ -390,8 +351,8 @@ def _subject_sync(item: Any, tag: str = "s") -> SubjectSync:
         subject=subject,
         epoch=epoch,
         seq=seq,
-        snapshot=None if snapshot is None else _message(snapshot, where),
-        cached=tuple([_message(m, where) for m in cached]),
+        snapshot=None if snapshot is None else decode_message(snapshot, where),
+        cached=tuple([decode_message(m, where) for m in cached]),
     )
 
 
@@ -462,6 +423,7 @@ _OPS: Final[dict[str, tuple[tuple[str, ...], Callable[[_Body], LinkOp]]]] = {
     "s": (("c", "s"), _sync),
     "sp": (("c", "s", "l"), _sync_part),
     "p": (("m",), lambda r: StandardPublish(r.message("m"))),
+    "gb": ((), lambda r: StandardGoodbye()),
     "hb": (("c", "r"), lambda r: Heartbeat(r.uint("c"), r.boolean("r"))),
     "cf": (("m", "l", "k", "d", "g", "c", "i", "n"), _settings),
 }

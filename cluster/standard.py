@@ -11,15 +11,18 @@ resyncs the subject's subscribers, and a sender forwards again its last forward 
 subject it dropped or lost with a link (:mod:`cluster.standard_lineage`). A receiver
 remembers the process (incarnation) it last met of each peer: a restarted peer's seq 1
 is not taken as the first of a subject held here before (its earlier life may have
-died with a forward unsent).
+died with a forward unsent) -- unless, with a ClusterDataDir, the peer's earlier life
+said goodbye here at the end of its drain and the new life names it as its clean
+predecessor (:mod:`cluster.standard_lives`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
-import secrets
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -33,6 +36,7 @@ from cluster.link_publishes import PeerPublishes
 from cluster.monitoring import standard_metrics
 from cluster.peers import bind_error
 from cluster.standard_lineage import Forward, ForwardLineage, ForwardNumbering, UnsentSubjects
+from cluster.standard_lives import LifeRecord, new_incarnation, reads_goodbyes
 from cluster.upstream import RETRY_SECONDS, member_name
 from migratory.config import Config
 from migratory.model.message import Message
@@ -45,6 +49,8 @@ from migratory.server.hub import Hub
 log = logging.getLogger("migratory.cluster")
 
 PEER_QUEUE = 1_000
+LEAVE_SECONDS = 3.0
+"""How long a drained member waits for its goodbyes (StandardGoodbye) to go out."""
 
 
 class StandardPublishing(LocalPublishing):
@@ -72,7 +78,8 @@ class StandardNode:
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
         self.member_names = frozenset(member_name(a) for a in config.cluster_members)
-        self.queues: dict[str, trio.MemorySendChannel[Message]] = {}
+        self.queues: dict[str, trio.MemorySendChannel[Message | None]] = {}
+        """Per peer, its forwards (None: a wake-up, the forwarder looks at ``leaving``)."""
         self.connected: set[str] = set()
         self.dropped = 0
         self.lineage = ForwardLineage()
@@ -82,7 +89,21 @@ class StandardNode:
         """Per peer, what to forward again once its queue is empty (a repair)."""
         """The peers' positions of what they forwarded (gaps: :mod:`cluster.standard_lineage`)."""
         self.gap_warnings = Repeats()
-        self.settings = MemberSettings.from_config(config, incarnation=secrets.token_hex(4))
+        self.lives = (LifeRecord(Path(config.cluster_data_dir), self.name)
+                      if config.cluster_data_dir else None)
+        """This member's lives (None: no ClusterDataDir, no chain: docs/cluster.md)."""
+        self.life, incarnation = (self.lives.begin() if self.lives is not None
+                                  else new_incarnation(None))
+        self.leaving = False
+        """A SIGTERM's drain is over, the server stopped: goodbyes go out (:meth:`leave`)."""
+        self.goodbyes: set[str] = set()
+        """The peers told goodbye: a forward numbered after the first is ``late``."""
+        self.late = False
+        self.readers: set[str] = set()
+        """Linked peers that read goodbyes (:func:`reads_goodbyes`)."""
+        self.unrepairable: set[str] = set()
+        """Peers a repair was not possible for (its last forward forgotten): no goodbye."""
+        self.settings = MemberSettings.from_config(config, incarnation=incarnation)
         self.agreement = AgreementProbe(
             settings=self.settings, seeds=config.seed_members, own=self.address,
             password=config.cluster_password, tls=self.tls,
@@ -120,19 +141,26 @@ class StandardNode:
         }
 
     def forward(self, message: Message) -> None:
+        if self.goodbyes and not self.late:  # (none once the server stopped: never seen)
+            log.warning("a forward of %s after a goodbye: the next life names no "
+                        "predecessor", message.subject)
+            self.late = True
+            if self.lives is not None:
+                self.lives.end_unclean(self.life)
         numbered = self.numbering.number(message)
         for name, queue in self.queues.items():
             self.forward_to(name, queue, numbered)
 
-    def _repair(self, name: str, queue: trio.MemorySendChannel[Message]) -> None:
+    def _repair(self, name: str, queue: trio.MemorySendChannel[Message | None]) -> None:
         """Forward again the last forward of each subject ``name`` may lack."""
         for subject in self.unsent[name].repairs():
             last = self.numbering.last(subject)
             if last is None:
+                self.unrepairable.add(name)  # (no goodbye can say every forward came)
                 continue  # forgotten: its next forward starts an epoch, a gap there
             self.forward_to(name, queue, last)
 
-    def forward_to(self, name: str, queue: trio.MemorySendChannel[Message],
+    def forward_to(self, name: str, queue: trio.MemorySendChannel[Message | None],
                    message: Message) -> None:
         try:
             queue.send_nowait(message)
@@ -195,7 +223,7 @@ class StandardNode:
                 )
             for address in self.config.cluster_members:
                 if address != self.address:
-                    send, receive = trio.open_memory_channel[Message](PEER_QUEUE)
+                    send, receive = trio.open_memory_channel[Message | None](PEER_QUEUE)
                     self.queues[member_name(address)] = send
                     self.unsent[member_name(address)] = UnsentSubjects()
                     nursery.start_soon(self._forward_to, address, receive)
@@ -204,7 +232,7 @@ class StandardNode:
             task_status.started()
 
     async def _forward_to(
-        self, address: tuple[str, int], queue: trio.MemoryReceiveChannel[Message]
+        self, address: tuple[str, int], queue: trio.MemoryReceiveChannel[Message | None]
     ) -> None:
         name = member_name(address)
         while True:
@@ -225,7 +253,8 @@ class StandardNode:
                 log.exception("dialling %s failed", name)
                 await trio.sleep(RETRY_SECONDS)
                 continue
-            self.met(name, channel)
+            if reads_goodbyes(self.met(name, channel)):
+                self.readers.add(name)
             self.connected.add(name)
             unsent = self.unsent[name]
             try:
@@ -235,7 +264,13 @@ class StandardNode:
                         while True:
                             if unsent.unsent and not queue.statistics().current_buffer_used:
                                 self._repair(name, self.queues[name])
+                            if self._may_say_goodbye(name, channel, queue):
+                                self.goodbyes.add(name)  # (first: a forward meanwhile is late)
+                                await channel.send(link.StandardGoodbye())
+                                log.info("said goodbye to %s", name)
                             message = await queue.receive()
+                            if message is None:
+                                continue  # (a wake-up: leaving)
                             unsent.sent(message.subject)
                             await channel.send(link.StandardPublish(message))
                     except Exception as exc:
@@ -245,6 +280,33 @@ class StandardNode:
                 self.connected.discard(name)
                 unsent.link_lost()
                 await channel.aclose()
+
+    def _may_say_goodbye(self, name: str, channel: LinkChannel,
+                         queue: trio.MemoryReceiveChannel[Message | None]) -> bool:
+        """Leaving, every forward to ``name`` sent (and every repair), none unrepairable,
+        and the peer reads goodbyes."""
+        settings = channel.peer_settings
+        return (self.leaving and name not in self.goodbyes and name not in self.unrepairable
+                and not self.unsent[name].unsent and not queue.statistics().current_buffer_used
+                and settings is not None and reads_goodbyes(settings.incarnation))
+
+    async def leave(self) -> None:
+        """After a SIGTERM's drain, the server stopped, with a ClusterDataDir: tell each
+        linked peer goodbye once every forward to it went out (at most LEAVE_SECONDS),
+        then record this life as ended cleanly unless a forward was numbered after a
+        goodbye (:mod:`cluster.standard_lives`)."""
+        if self.lives is None:
+            return  # (no record: the next life names no predecessor, a goodbye says nothing)
+        self.leaving = True
+        for queue in self.queues.values():
+            with contextlib.suppress(trio.WouldBlock):  # (full: it looks once it is empty)
+                queue.send_nowait(None)
+        with trio.move_on_after(LEAVE_SECONDS):
+            while (self.connected & self.readers) - self.goodbyes - self.unrepairable:
+                await trio.sleep(0.02)
+        log.info("left: goodbye said to %s", sorted(self.goodbyes) or "no peer")
+        if not self.late:
+            self.lives.end_clean(self.life)
 
     @staticmethod
     async def _watch(channel: LinkChannel, name: str, forwarding: trio.CancelScope) -> None:
@@ -281,12 +343,17 @@ class StandardNode:
                     op = await channel.receive()
                     if op is None:
                         return
+                    if isinstance(op, link.StandardGoodbye):
+                        self.lineage.ended(peer, incarnation)
+                        log.info("%s said goodbye (%s)", peer, incarnation)
+                        continue
                     if not isinstance(op, link.StandardPublish):
                         raise link.LinkError(f"unexpected {type(op).__name__} in Standard mode")
                     now = trio.current_time()
                     # refused: counted and logged; its publisher was answered by its own
                     # member (Standard forwards after the local publish), the link goes on
                     if self.publishes.refusal(peer, op.message, now) is not None:
+                        self.lineage.refused(peer, incarnation)
                         continue  # (not taken: the next forward of its subject is a gap)
                     self.take_forward(peer, op.message, now, incarnation=incarnation)
         except link.LinkViolation as exc:

@@ -27,9 +27,14 @@ every earlier life of the peer had ended by then, before anyone here held the su
 A subject held here before that meeting, a forward on a link of an older process or of
 one whose incarnation is not known (a member that predates link settings), is a gap at
 its first forward: one resync per subject a restarted peer publishes that was held here
-before, a needless one when nothing was lost -- never a silent one. (A goodbye from a
-cleanly drained peer cannot lift that: a life between it and the next one, which never
-reached this member, leaves nothing here to tell it by.)
+before, a needless one when nothing was lost -- never a silent one. A goodbye alone from
+a cleanly drained peer cannot lift that: a life between it and the next one, which never
+reached this member, leaves nothing here to tell it by. With a data directory it can
+(:mod:`cluster.standard_lives`): the peer's new life names the life just before it, when
+that one ended cleanly; when that is the life that said goodbye here, the new life is
+*chained* to it: every forward of the old life came (or was told as a gap), so the new
+life's seq 1 of a subject the old one forwarded follows on, and the meeting's moment
+stays that of the first life of the chain.
 
 The sender cannot leave a loss at the end unseen either: :class:`UnsentSubjects` are
 the subjects a peer may lack the newest message of (a forward dropped, or sent on a link
@@ -47,6 +52,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from cluster.standard_lives import clean_predecessor, life_id
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position, new_epoch
 
@@ -75,15 +81,55 @@ class ForwardLineage:
     """Peers some subject of which was forgotten: a subject not remembered may be one."""
     _met: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Per peer, the process (incarnation) last met and the hub's moment
-    (``Hub.holdings_made``) then (one entry per ClusterMembers peer)."""
+    (``Hub.holdings_made``) then -- or, chained, when the first life of the chain was
+    met (one entry per ClusterMembers peer)."""
+    _ended: dict[str, str] = field(default_factory=dict)
+    """Per peer, the id of the life last met when it said goodbye here."""
+    _refused: dict[str, str] = field(default_factory=dict)
+    """Per peer, the incarnation a forward of which was refused here (not taken)."""
+    _clean: dict[str, dict[str, None]] = field(default_factory=dict)
+    """Per peer, the subjects whose last forward came from a life that said goodbye, the
+    current one chained to it: its seq 1 follows on."""
 
     def met(self, peer: str, incarnation: str | None, made: int) -> None:
         """A link with ``peer`` is set up (either way), its settings naming its process,
         ``incarnation`` (None: a member that predates link settings, nothing learnt);
         ``made``: the hub's moment now (``Hub.holdings_made``: it grows with each subject
-        made and each wildcard filter first held)."""
-        if incarnation is not None and self._met.get(peer, ("",))[0] != incarnation:
-            self._met[peer] = (incarnation, made)
+        made and each wildcard filter first held). Chained when ``incarnation`` names
+        as its clean predecessor the life met last, which said goodbye here."""
+        current = self._met.get(peer)
+        if incarnation is None or (current is not None and current[0] == incarnation):
+            return
+        ended = self._ended.pop(peer, None)
+        if (current is not None and ended is not None and ended == life_id(current[0])
+                and clean_predecessor(incarnation) == ended):
+            self._met[peer] = (incarnation, current[1])
+            clean = self._clean.setdefault(peer, {})
+            for subject in self._last.pop(peer, {}):
+                clean.pop(subject, None)
+                clean[subject] = None
+                if len(clean) > self.max_subjects:
+                    del clean[next(iter(clean))]  # (its next seq 1: the rule of a first)
+            return
+        self._met[peer] = (incarnation, made)
+        self._clean.pop(peer, None)  # a life between may have published them: gaps
+
+    def ended(self, peer: str, incarnation: str | None) -> None:
+        """``peer``'s process ``incarnation`` said goodbye (StandardGoodbye) on its link:
+        every forward it numbered came before, or was told as a gap. Kept while it is the
+        life met last and none of its forwards was refused here."""
+        current = self._met.get(peer)
+        if (incarnation is not None and current is not None and current[0] == incarnation
+                and self._refused.get(peer) != incarnation):
+            self._ended[peer] = life_id(incarnation)
+
+    def refused(self, peer: str, incarnation: str | None) -> None:
+        """A forward of ``peer``'s process ``incarnation`` was refused here: not taken, so
+        its goodbye cannot say that every forward came."""
+        if incarnation is not None:
+            self._refused[peer] = incarnation
+            if self._ended.get(peer) == life_id(incarnation):
+                del self._ended[peer]
 
     def take(self, peer: str, message: Message, *, incarnation: str | None = None,
              made: int | None = None) -> Forward:
@@ -93,12 +139,16 @@ class ForwardLineage:
         Whether it follows the last one taken of its subject from ``peer`` with nothing
         between."""
         last = self._last.setdefault(peer, {})
+        if incarnation is not None and self._ended.get(peer) == life_id(incarnation):
+            del self._ended[peer]  # a forward after its goodbye: the goodbye said too much
         if message.seq == 0:  # not numbered by the peer (no member sends that): as it comes
             last.pop(message.subject, None)
             self._forgetting.add(peer)  # (its next one is checked as a first one)
             return Forward.NEXT
         previous = last.get(message.subject)
-        if previous is None:
+        if previous is None and self._after_a_clean_life(peer, message.subject, incarnation):
+            follows = message.seq == 1
+        elif previous is None:
             follows = (message.seq == 1 and peer not in self._forgetting
                        and self._after_any_earlier_life(peer, incarnation, made))
         elif message.epoch == previous.epoch and message.seq <= previous.seq:
@@ -114,6 +164,16 @@ class ForwardLineage:
             return Forward.NEXT
         self.gaps += 1
         return Forward.GAP
+
+    def _after_a_clean_life(self, peer: str, subject: str, incarnation: str | None) -> bool:
+        """Whether the last forward of ``subject`` came from a life that said goodbye,
+        the current one (``incarnation``) chained to it; forgotten here."""
+        clean = self._clean.get(peer)
+        if not clean or subject not in clean:
+            return False
+        del clean[subject]
+        current = self._met.get(peer)
+        return incarnation is not None and current is not None and current[0] == incarnation
 
     def _after_any_earlier_life(self, peer: str, incarnation: str | None,
                                 made: int | None) -> bool:

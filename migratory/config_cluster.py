@@ -69,7 +69,10 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "one per member, kept across restarts: a seed that forgets its log may lose "
             "acknowledged messages). A seed does not start on damaged Raft files there: it "
             "names the file; move the directory aside to rejoin as a seed that lost its disk "
-            "(docs/cluster.md, \"A damaged ClusterDataDir\")."),
+            "(docs/cluster.md, \"A damaged ClusterDataDir\"). Standard mode (optional): where a "
+            "member records its lives, so that its next life after a SIGTERM's drain costs its "
+            "peers' subscribers no DATA_RESYNC (docs/cluster.md, \"Standard mode\"); never "
+            "shared by two members, never put back to an older copy."),
     Setting("ClusterMaxPendingPublishes", "cluster_max_pending_publishes",
             _int(1, unit=" of publishes"), "50000",
             "Guaranteed mode: publishes a member holds while they wait for their Raft commit; "

@@ -9,7 +9,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
@@ -449,3 +449,11 @@ class Role(Protocol):
     """Something that runs beside a server for its lifetime (a cluster member's roles)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+@runtime_checkable
+class LeavingRole(Role, Protocol):
+    """A role with something to do once a SIGTERM's drain is over and the server has
+    stopped, before the process ends (a Standard member's goodbyes): bounded by itself."""
+
+    async def leave(self) -> None: ...

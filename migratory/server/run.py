@@ -14,7 +14,7 @@ import trio
 
 from migratory import stop_signals
 from migratory.logs import print_line
-from migratory.server.app import Role, Server
+from migratory.server.app import LeavingRole, Role, Server
 from migratory.server.gc_pauses import GcPauses, collect_when_idle, tune
 from migratory.server.listen_sockets import raise_open_file_limit
 
@@ -79,11 +79,16 @@ async def _serve_until_signal(
         async for signum in signals:
             log.info("%s received: shutting down", signal.Signals(signum).name)
             break
+        drained = False
         if signum == signal.SIGTERM:  # Kubernetes, service managers: drain first
             with trio.CancelScope() as draining:
                 nursery.start_soon(_cut_short_by_sigint, signals, draining)
                 await server.drain.run(lambda: server.connections)
+            drained = not draining.cancel_called
         await server.shutdown()
+        for role in roles if drained else ():  # (not after a SIGINT: at once)
+            if isinstance(role, LeavingRole):
+                await role.leave()
         nursery.cancel_scope.cancel()
 
 

@@ -48,6 +48,7 @@ from cluster.link import (
     LinkOp,
     Replicate,
     Settings,
+    StandardGoodbye,
     StandardPublish,
     Sync,
     SyncRefused,
@@ -92,6 +93,7 @@ EXAMPLES: list[LinkOp] = [
         )
     ),
     StandardPublish(msg(3, retained=True, qos=Qos.GUARANTEED, closure="x")),
+    StandardGoodbye(),
     Heartbeat(0),
     Heartbeat(123456789, ready=False),
     Settings(MemberSettings(CONNECTOR, (ACCEPTOR, CONNECTOR), 3, "Guaranteed", 1000, "ab12",
@@ -172,6 +174,7 @@ ops = st.one_of(
     st.builds(SyncRefused, u64, texts),
     st.builds(Sync, st.builds(CacheSync, u64, st.lists(subject_syncs, max_size=4).map(tuple))),
     st.builds(StandardPublish, messages),
+    st.just(StandardGoodbye()),
     st.builds(Heartbeat, u64, st.booleans()),
     st.builds(Settings, st.builds(
         MemberSettings, st.text(min_size=1, max_size=12),

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from cluster_fixture import LocalCluster
+from tcp_gate import TcpGate
 from test_cluster_standard import _forwarding, _unannounced, gated_pair, receive_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
@@ -31,6 +33,29 @@ def _publish(client: RawClient, subject: str, content: bytes) -> None:
 def _resyncs(received: list[ops.ServerOp]) -> int:
     return sum(isinstance(op, ops.SubjectStatus) and op.status is ops.Status.DATA_RESYNC
                for op in received)
+
+
+def killed_and_back(cluster: LocalCluster, gates: list[TcpGate]) -> RawClient:
+    """Member 0 (with a forward waiting for its peer) SIGKILLed, the ``gates`` opened,
+    member 0 started again: a publisher connected to its new life."""
+    cluster.kill(0)
+    for gate in gates:
+        gate.open_gate()
+    cluster.start(0)
+    cluster.wait_ready([0])
+    _forwarding(cluster, [0, 1])
+    publisher = RawClient(cluster.port(0))
+    publisher.connect("pub-again")
+    return publisher
+
+
+def announced_m2(on_b: RawClient, publisher: RawClient) -> None:
+    """m2 published: B's subscriber gets it after exactly one DATA_RESYNC (m1's loss)."""
+    _publish(publisher, SUBJECT, b"m2")
+    received = receive_until(on_b, b"m2")
+    assert delivered(received)[-1].content == b"m2", received
+    assert _unannounced(received, [b"m1", b"m2"]) == [], received
+    assert _resyncs(received) == 1
 
 
 def test_a_forward_lost_with_a_killed_member_is_announced_after_its_restart(
@@ -61,18 +86,8 @@ def test_a_forward_lost_with_a_killed_member_is_announced_after_its_restart(
             time.sleep(0.05)
         assert cluster.status(0)["forwarding_to"] == []
         _publish(publisher, SUBJECT, b"m1")  # acknowledged; its forward waits in A's queue
-        cluster.kill(0)
-        gate.open_gate()
-        cluster.start(0)
-        cluster.wait_ready([0])
-        _forwarding(cluster, [0, 1])
-        publisher = RawClient(cluster.port(0))
-        publisher.connect("pub-again")
-        _publish(publisher, SUBJECT, b"m2")
-        received = receive_until(on_b, b"m2")
-        assert delivered(received)[-1].content == b"m2", received
-        assert _unannounced(received, [b"m1", b"m2"]) == [], received
-        assert _resyncs(received) == 1
+        publisher = killed_and_back(cluster, [gate])
+        announced_m2(on_b, publisher)
         on_b.subscribe(LATER)  # first held on B after it met A's new life
         assert isinstance(on_b.recv_op(), ops.SubjectStatus)
         _publish(publisher, LATER, b"later")

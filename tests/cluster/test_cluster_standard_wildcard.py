@@ -14,6 +14,7 @@ from pathlib import Path
 from test_cluster_mqtt_resume import mqtt_port
 from test_cluster_standard import _forwarding, gated_pair
 from test_cluster_standard_failover import stats
+from test_cluster_standard_restart import killed_and_back
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from paho_client import PahoClient
@@ -70,13 +71,7 @@ def test_a_lost_forward_of_a_subject_only_a_wildcard_matches_is_a_counted_resync
             time.sleep(0.05)
         assert cluster.status(0)["forwarding_to"] == []
         publish(publisher, SUBJECT, b"m1")  # acknowledged; its forward waits in A's queue
-        cluster.kill(0)
-        gate.open_gate()
-        cluster.start(0)
-        cluster.wait_ready([0])
-        _forwarding(cluster, [0, 1])
-        publisher = RawClient(cluster.port(0))
-        publisher.connect("pub-again")
+        publisher = killed_and_back(cluster, [gate])
         publish(publisher, SUBJECT, b"m2")
         got = payloads_until(device, b"m2")
         assert got[-1] == b"m2", got
