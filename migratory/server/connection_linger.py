@@ -97,6 +97,7 @@ class ConnectionLinger(ConnectionWrites):
             lines.log(log, logging.INFO, f"linger: {self.leaving}", "%s: %s within %g s: %s",
                       self.session.describe(), self.leaving, CLOSE_LINGER_SECONDS,
                       self.untaken(), extra=self._log_fields())
+            self.server.drain.dropped(self)  # (its close, next, is not a client gone as told)
 
     def _log_fields(self) -> dict[str, object]:
         fields = getattr(self.session, "log_fields", None)  # (a native session's)

@@ -89,6 +89,8 @@ class DrainReport:
     clients_left: int  # of those, how many had gone
     clients_left_untold: int  # of those gone, how many went before they were told
     clients_cut: int  # of those, how many were still there at the end (DrainTime)
+    clients_dropped: int  # of those gone and told, how many the member closed at the end
+    # of the close linger (not reading its last bytes, or not answering the close)
     clients_remaining: int  # client sessions still connected when the drain ended
     publishes_settled: int  # outcomes delivered to clients after the drain began
     publishes_refused: int  # publishes refused because the member was draining
@@ -187,6 +189,7 @@ class Drain:
         # those whose publishes settled since (to tell); set at each such change
         self._open: dict[int, DrainConnection] = {}
         self._told: set[int] = set()
+        self._dropped: set[int] = set()  # told, then dropped at the end of the close linger
         self._held: dict[int, DrainConnection] = {}
         self._ready: list[DrainConnection] = []
         self._changed = trio.Event()
@@ -273,6 +276,13 @@ class Drain:
             self._held.pop(id(connection.session), None)
             self._changed.set()
 
+    def dropped(self, connection: DrainConnection) -> None:
+        """``connection``, told, is being closed by the member at the end of its close
+        linger (connection_linger.py): not taking its last bytes, or not answering the
+        close frame -- not a client that left as told."""
+        if id(connection) in self._open and id(connection) in self._told:
+            self._dropped.add(id(connection))
+
     def _tell(self, connections: Iterable[DrainConnection]) -> None:
         """Close with 4502 each of ``connections`` whose publishes all have their status;
         hold the others until they do (:meth:`_settled`)."""
@@ -317,6 +327,7 @@ class Drain:
             clients_left_untold=sum(1 for c in initial
                                     if id(c) not in self._open and id(c) not in self._told),
             clients_cut=len(self._open),
+            clients_dropped=len(self._dropped - self._open.keys()),
             clients_remaining=remaining,
             publishes_settled=self.settled,
             publishes_refused=self.refused,
@@ -326,10 +337,13 @@ class Drain:
         log.info(
             "drained in %.1f s: %d clients told to reconnect elsewhere, %d still connected, "
             "%d publishes settled, %d refused; of the %d clients at the start %d left as "
-            "told, %d on their own, %d cut at DrainTime%s%s",
+            "told,%s %d on their own, %d cut at DrainTime%s%s",
             report.seconds, report.clients_told, report.clients_remaining,
             report.publishes_settled, report.publishes_refused, report.clients,
-            report.clients_left - report.clients_left_untold, report.clients_left_untold,
+            report.clients_left - report.clients_left_untold - report.clients_dropped,
+            (f" {report.clients_dropped} dropped at the close linger,"
+             if report.clients_dropped else ""),
+            report.clients_left_untold,
             report.clients_cut, " (DrainTime reached)" if timed_out else "",
             self._held_by(),
         )
