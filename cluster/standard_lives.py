@@ -5,7 +5,7 @@ A restarted Standard member numbers every subject from seq 1 again, in new epoch
 its own, a peer cannot tell whether a life between the one it last met and this one
 published and died without reaching it, so it resyncs every subject it held before
 (:mod:`cluster.standard_lineage`). With a ``ClusterDataDir`` each life records itself in
-``standard-life`` **before it takes any publish** (written, fsync'ed, renamed, the
+``standard-life-<member>`` **before it takes any publish** (written, fsync'ed, renamed, the
 directory fsync'ed): ``{"life": id, "clean": false}``. A SIGTERM's drain, once the server
 has stopped (no client publishes), sends each peer a :class:`~cluster.link.StandardGoodbye`
 after every forward to it (and every repair: a forward dropped or lost with a link is
@@ -36,7 +36,13 @@ log = logging.getLogger("migratory.cluster")
 __all__ = ["LifeRecord", "clean_predecessor", "life_id", "new_incarnation", "reads_goodbyes"]
 
 RECORD = "standard-life"
-"""The record's file name in ``ClusterDataDir``."""
+"""The record's file name in ``ClusterDataDir``, then ``-<member>`` (its
+ClusterMemberListen, ``:`` and any other character but letters, digits, ``.`` and
+``-`` as ``_``): members given one directory keep their records apart."""
+
+
+def _file_name(member: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "_" for c in member)
 
 
 def new_incarnation(predecessor: str | None) -> tuple[str, str]:
@@ -64,14 +70,14 @@ def clean_predecessor(incarnation: str | None) -> str | None:
 
 
 class LifeRecord:
-    """``ClusterDataDir/standard-life``: the life that runs (or ran last) and whether it
+    """``ClusterDataDir/standard-life-<member>``: the life that runs (or ran last) and whether it
     ended cleanly."""
 
     def __init__(self, directory: Path, member: str = "") -> None:
-        self.path = directory / RECORD
+        self.path = directory / (RECORD + (f"-{_file_name(member)}" if member else ""))
         self.member = member
-        """Whose lives (its ClusterMemberListen): another member's record names nothing
-        here (a directory two members were given, against the rule)."""
+        """Whose lives (its ClusterMemberListen), in the record too: a record that names
+        another member (a file copied from another) names no predecessor here."""
 
     def begin(self) -> tuple[str, str]:
         """Read the last life's record, then record a new life (durably, before any
@@ -111,7 +117,7 @@ class LifeRecord:
     def _write(self, own: str, *, clean: bool) -> None:
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
-        part = self.path.with_name(RECORD + ".part")
+        part = self.path.with_name(self.path.name + ".part")
         with part.open("w", encoding="utf-8") as file:
             json.dump({"member": self.member, "life": own, "clean": clean}, file)
             file.flush()

@@ -63,9 +63,21 @@ def test_an_unreadable_record_or_another_members_names_no_predecessor(
     assert clean_predecessor(LifeRecord(tmp_path).begin()[1]) is None
     (tmp_path / "standard-life").write_text('{"life": 5, "clean": true}')
     assert clean_predecessor(LifeRecord(tmp_path).begin()[1]) is None
-    other = LifeRecord(tmp_path, "127.0.0.1:9002")
+    copied = tmp_path / "copied"  # another member's record, copied here under this name
+    other = LifeRecord(copied, "127.0.0.1:9002")
     other.end_clean(other.begin()[0])
-    assert clean_predecessor(LifeRecord(tmp_path, "127.0.0.1:9001").begin()[1]) is None
+    other.path.rename(copied / "standard-life-127.0.0.1_9001")
+    assert clean_predecessor(LifeRecord(copied, "127.0.0.1:9001").begin()[1]) is None
+
+
+def test_members_given_one_directory_keep_their_lives_apart(tmp_path: Path) -> None:
+    one, two = LifeRecord(tmp_path, "127.0.0.1:9001"), LifeRecord(tmp_path, "127.0.0.1:9002")
+    first = one.begin()[0]
+    one.end_clean(first)
+    two.begin()
+    assert clean_predecessor(LifeRecord(tmp_path, "127.0.0.1:9001").begin()[1]) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "standard-life-127.0.0.1_9001", "standard-life-127.0.0.1_9002"]
 
 
 def test_a_record_that_cannot_be_written_stops_the_start_naming_it(tmp_path: Path) -> None:
