@@ -175,7 +175,9 @@ class StandardNode:
         that predates link settings), remembered (:meth:`ForwardLineage.met`)."""
         settings = channel.peer_settings
         incarnation = None if settings is None else settings.incarnation
-        self.lineage.met(peer, incarnation, self.hub.holdings_made)
+        if self.lineage.met(peer, incarnation, self.hub.holdings_made):
+            log.info("%s's new life (%s) follows the one that said goodbye: its subjects "
+                     "go on without a resync", peer, incarnation)
         return incarnation
 
     def take_forward(self, peer: str, message: Message, now: float, *,

@@ -91,15 +91,15 @@ class ForwardLineage:
     """Per peer, the subjects whose last forward came from a life that said goodbye, the
     current one chained to it: its seq 1 follows on."""
 
-    def met(self, peer: str, incarnation: str | None, made: int) -> None:
+    def met(self, peer: str, incarnation: str | None, made: int) -> bool:
         """A link with ``peer`` is set up (either way), its settings naming its process,
         ``incarnation`` (None: a member that predates link settings, nothing learnt);
         ``made``: the hub's moment now (``Hub.holdings_made``: it grows with each subject
-        made and each wildcard filter first held). Chained when ``incarnation`` names
-        as its clean predecessor the life met last, which said goodbye here."""
+        made and each wildcard filter first held). Chained (True) when ``incarnation``
+        names as its clean predecessor the life met last, which said goodbye here."""
         current = self._met.get(peer)
         if incarnation is None or (current is not None and current[0] == incarnation):
-            return
+            return False
         ended = self._ended.pop(peer, None)
         if (current is not None and ended is not None and ended == life_id(current[0])
                 and clean_predecessor(incarnation) == ended):
@@ -110,9 +110,10 @@ class ForwardLineage:
                 clean[subject] = None
                 if len(clean) > self.max_subjects:
                     del clean[next(iter(clean))]  # (its next seq 1: the rule of a first)
-            return
+            return True
         self._met[peer] = (incarnation, made)
         self._clean.pop(peer, None)  # a life between may have published them: gaps
+        return False
 
     def ended(self, peer: str, incarnation: str | None) -> None:
         """``peer``'s process ``incarnation`` said goodbye (StandardGoodbye) on its link:

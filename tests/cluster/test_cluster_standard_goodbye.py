@@ -84,6 +84,7 @@ def test_a_drained_members_next_life_costs_its_peers_subscribers_no_resync(
         assert _resyncs(received) == 0 and cluster.status(1)["forward_gaps"] == 0
         assert [m.content for m in delivered(received)] == [b"after"] * 49 + [b"last"]
         assert "said goodbye to" in cluster.log(0)
+        assert "follows the one that said goodbye" in cluster.log(1)
     finally:
         cluster.stop()
 

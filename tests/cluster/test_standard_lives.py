@@ -115,7 +115,7 @@ def test_the_next_life_of_a_peer_that_said_goodbye_follows_on() -> None:
     subject the peer published, 50 for 50 (docs/cluster.md)."""
     lineage = _forwarded_by_first_life()
     lineage.ended(PEER, "x/")
-    lineage.met(PEER, "y/x", 5)
+    assert lineage.met(PEER, "y/x", 5)  # chained
     assert lineage.take(PEER, forwarded(IBM, 8, 1), incarnation="y/x", made=1) is Forward.NEXT
     assert lineage.take(PEER, forwarded(IBM, 8, 2), incarnation="y/x", made=1) is Forward.NEXT
     assert lineage.gaps == 0
@@ -127,7 +127,7 @@ def test_a_life_between_that_never_reached_this_member_breaks_the_chain() -> Non
     y's seq 1 of IBM is a gap (l's message missing, told)."""
     lineage = _forwarded_by_first_life()
     lineage.ended(PEER, "x/")
-    lineage.met(PEER, "y/", 5)  # l's record was not clean: y names no predecessor
+    assert not lineage.met(PEER, "y/", 5)  # l's record was not clean: y names none
     assert lineage.take(PEER, forwarded(IBM, 9, 1), incarnation="y/", made=1) is Forward.GAP
 
 
