@@ -222,12 +222,16 @@ class Supervisor:
 
     async def _announce_when_ready(self) -> None:
         """Once every worker is ready: the ``listening`` lines, then each worker's; never
-        once the server is stopping (a signal came first)."""
-        with trio.fail_after(START_TIMEOUT):
+        once the server is stopping (a signal came first). Not ready within
+        START_TIMEOUT: the start failed -- unless a stop began meanwhile, which then
+        takes as long as it takes (a hung worker is waited for STOP_GRACE + DrainTime)."""
+        with trio.move_on_after(START_TIMEOUT) as waited:
             for slot in self.slots:
                 await slot.ready.wait()
         if self.stopping:
             return
+        if waited.cancelled_caught:
+            raise trio.TooSlowError
         for line in self.slots[0].listening:
             self.output.say(line)
         for slot in self.slots:
