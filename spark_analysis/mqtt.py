@@ -3,8 +3,13 @@ what our server promises them (docs/mqtt.md), made explicit as the checks' rules
 
 MQTT carries no position, so an mqtt delivery is recorded with ``epoch`` and ``seq``
 null; :func:`with_positions` takes them from the acknowledged publish of its msg_id
-before any check runs (a message whose publish was never acknowledged, ``info``, keeps
-null ones and takes part in ``lost`` and ``unexpected`` only). Then, in ``safety.py``:
+before any check runs -- for a message whose publish was never acknowledged (``info``),
+from an sdk, raw or sse subscriber that got it (each carries its position); one no such
+subscriber got keeps null ones and takes part in ``lost`` and ``unexpected`` only. (Left
+null, such a delivery gave a later resync no starting point, so the resync excused
+nothing: 14 of seed 1185's "lost" were a session's messages between an ``info`` message
+a raw auditor had at seq 9 and the snapshot at seq 41 that its resume sent.) Then, in
+``safety.py``:
 
 - **lost**: an acknowledged publish that was sent *guaranteed*, never delivered to a
   persistent session subscribed to its subject throughout, is a violation: the session
@@ -73,7 +78,8 @@ MAX_SPAN = 100_000  # positions between an ack's causal bounds looked at one by 
 def with_positions(history: History) -> History:
     """``history`` whose acks without a position (MQTT publishers') carry the position
     their msg_id was delivered at, and whose mqtt deliveries carry the epoch and seq of
-    their msg_id's ack (the other rows unchanged); the same object when it has neither."""
+    their msg_id's ack -- or, with none, the position another kind got it at -- (the other
+    rows unchanged); the same object when it has neither."""
     from pyspark.sql import functions as F
 
     history = acks_with_positions(history)
@@ -86,10 +92,19 @@ def with_positions(history: History) -> History:
         .groupBy("msg_id")
         .agg(F.min("epoch").alias("a_epoch"), F.min("seq").alias("a_seq"))
     )
+    seen = (  # where the subscribers that see positions got it (an unacknowledged one)
+        dels.where((F.col("kind") != KIND) & F.col("msg_id").isNotNull()
+                   & F.col("epoch").isNotNull() & F.col("seq").isNotNull())
+        .groupBy("msg_id")
+        .agg(F.min(F.struct("epoch", "seq")).alias("d"))
+    )
     mq = F.col("kind") == KIND
-    derived = dels.join(ack, "msg_id", "left").withColumns({
-        "epoch": F.when(mq, F.col("a_epoch")).otherwise(F.col("epoch")),
-        "seq": F.when(mq, F.col("a_seq")).otherwise(F.col("seq")),
+    acked = F.col("a_epoch").isNotNull() & F.col("a_seq").isNotNull()
+    derived = dels.join(ack, "msg_id", "left").join(seen, "msg_id", "left").withColumns({
+        "epoch": F.when(mq, F.when(acked, F.col("a_epoch")).otherwise(F.col("d.epoch")))
+        .otherwise(F.col("epoch")),
+        "seq": F.when(mq, F.when(acked, F.col("a_seq")).otherwise(F.col("d.seq")))
+        .otherwise(F.col("seq")),
     }).select(*dels.columns)
     return replace(history, frames={**history.frames, "deliveries": derived.cache()})
 

@@ -199,6 +199,26 @@ def plant_positionless_ack_resynced_over_but_one(syn: Synthetic) -> None:
     _resynced_over_everywhere(syn, keep="s0")
 
 
+def plant_mqtt_resync_after_an_unacknowledged_message(syn: Synthetic) -> None:
+    """Allowed: m0's first message of /chaos/s0 ended ``info`` (no ack: MQTT gives it no
+    position, s0 has it at one), m0 missed the next three, then its resume sent the
+    snapshot (a DATA_RESYNC without a position), which announces everything after that
+    first message. Before the checker took the position from s0's delivery, the resync
+    had no starting point and excused nothing: the three reported lost (chaos seeds 1181
+    and 1185, CacheMemoryBudget=20000: 14 of 1185's)."""
+    add_mqtt(syn)
+    first, *gone = sorted(_mqtt_first(syn), key=lambda d: d["time"])[:4]
+    for p in syn.tables["publishes"]:
+        if p["msg_id"] == first["msg_id"] and p["type"] == "ok":
+            p.update(type="info", epoch=None, seq=None, reason="outcome unknown (planted)")
+        if p["msg_id"] in {d["msg_id"] for d in gone} and p["type"] == "invoke":
+            p["qos"] = "guaranteed"
+    for d in gone:
+        syn.tables["deliveries"].remove(d)
+    syn.add("subscriptions", subscriber="m0", kind="mqtt", subject=first["subject"],
+            event="DATA_RESYNC", member=MEMBERS[1], time=gone[-1]["time"] + 1e-5)
+
+
 def plant_mqtt_resync_before_anything(syn: Synthetic) -> None:
     """Allowed: m0 got nothing of /chaos/s0 before its resumed session was given the
     snapshot (a DATA_RESYNC without a position): every message invoked before it is
