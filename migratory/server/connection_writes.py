@@ -253,7 +253,7 @@ class ConnectionWrites:
         done = session.work_done
         try:
             if not self._closed:
-                session.refill(reserved or SLICE_UNITS)
+                session.refill(reserved or SLICE_UNITS, trio.current_time())
         finally:
             turns.paid(session.work_done - done, reserved)
 

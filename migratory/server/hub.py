@@ -36,6 +36,7 @@ from migratory.server.format_sink import (
 )
 from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_resume import ResumeCursor, SlicedResumes
+from migratory.server.hub_settle import WaitingResumes
 from migratory.server.hub_sinks import FilterAges, MessageSinks
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.shared_recovery import SharedRecovery
@@ -45,7 +46,7 @@ __all__ = ["AnySink", "FormatSink", "Hub", "MessageSink", "ResumeCursor", "Sink"
            "message_frame"]
 
 
-class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
+class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
     def __init__(
         self,
         *,
@@ -170,7 +171,7 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
             self._conflating.add(state)
         if state.listeners or self._filters.count:  # (its __len__ is a call)
             self._tell_listeners(state, message)
-        if state.waiting:
+        if state.waiting and self._may_settle(state):
             self._settle_waiting(state, now)
 
     def _fan_out_formatted(self, state: SubjectState, message: Message) -> None:
@@ -214,7 +215,8 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         if position is not None and self._ahead(state, position):
             # A member lagging behind the cluster: answering now would move the client
             # back. Nothing until this member reaches the client's position.
-            state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
+            self._wait(state, sink,
+                       WaitingResume(position, period, request.snapshot, request.history))
             return [allow], None
         if position is not None and self._unplaced(state, position):
             # No position here for a subject the client has one of: this member lags
@@ -224,7 +226,8 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
             # member catches up (one restarted or just added, where the clients of a
             # member that left resume; was DATA_RESYNC, then DATA_SYNC once caught up).
             # One it may have forgotten: DATA_RESYNC now, the position kept.
-            state.waiting[sink] = WaitingResume(position, period, request.snapshot, request.history)
+            self._wait(state, sink,
+                       WaitingResume(position, period, request.snapshot, request.history))
             if not self.may_have_forgotten(state.subject):
                 return [allow], None
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)], None
@@ -259,20 +262,6 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
             state.formatted[sink] = None
         else:
             state.subscribers[sink] = None
-
-    def _settle_waiting(self, state: SubjectState, now: float) -> None:
-        """Start the waiting resumes this member has now caught up with."""
-        for sink, waiting in list(state.waiting.items()):
-            if self._ahead(state, waiting.position) or self._unplaced(state, waiting.position):
-                continue
-            del state.waiting[sink]
-            request = ops.SubscriptionRequest(state.subject, position=waiting.position,
-                                              snapshot=waiting.snapshot,
-                                              history=waiting.history)
-            answer, _ = self._resume_from(state, sink, request, waiting.conflation_ms, now,
-                                          None)
-            for op in answer:
-                send_op(sink, op)
 
     def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
         out: list[ops.ServerOp] = [
@@ -311,6 +300,7 @@ class Hub(SlicedResumes, SubjectExpiry, MessageSinks):
         else:
             state.subscribers.pop(sink, None)
         state.waiting.pop(sink, None)
+        state.settling.pop(sink, None)
         conflator = state.conflated.pop(sink, None)
         if conflator is not None:
             conflator.release()

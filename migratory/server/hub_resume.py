@@ -74,8 +74,11 @@ class SlicedResumes:
     def _unplaced(self, state: SubjectState, position: Position) -> bool:
         raise NotImplementedError
 
-    if TYPE_CHECKING:  # (SubjectExpiry's, after this class in the hub's bases)
+    if TYPE_CHECKING:  # (SubjectExpiry's, WaitingResumes', after this class in the hub's bases)
         def may_have_forgotten(self, subject: str) -> bool: ...
+
+        def _wait(self, state: SubjectState, sink: AnySink, waiting: WaitingResume) -> None:
+            ...
 
     def continue_resume(
         self, sink: AnySink, cursor: ResumeCursor, now: float, limit: int
@@ -88,7 +91,7 @@ class SlicedResumes:
             position = cursor.reached
             if self._ahead(state, position) or self._unplaced(state, position):
                 # the member moved back (a cluster reposition): wait as a resume from here
-                state.waiting[sink] = WaitingResume(position, cursor.conflation_ms)
+                self._wait(state, sink, WaitingResume(position, cursor.conflation_ms))
                 if self._unplaced(state, position) and self.may_have_forgotten(state.subject):
                     return [ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)], None
                 return [], None

@@ -160,7 +160,7 @@ class MqttSession(MqttTakeover):
 
     catching_up = refilling = False  # (an SSE stream's catch-up: session.py)
 
-    def refill(self, budget: int | None = None) -> bool:
+    def refill(self, budget: int | None = None, now: float = 0.0) -> bool:
         return False
 
     # --- input ----------------------------------------------------------------

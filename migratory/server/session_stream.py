@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.protocol import sse
 from migratory.server.context import ServerContext
+from migratory.server.session_subscriptions import SLICE_UNITS, Subscriptions
 from migratory.server.sse_stream import SseStream
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class StreamSession:
     _ctx: ServerContext
     _link: Link
     _stream: SseStream | None
+    _subscriptions: Subscriptions
     outbox: Outbox
     closing: bool
     aborted: bool
@@ -81,14 +83,31 @@ class StreamSession:
 
     @property
     def refilling(self) -> bool:
-        """A stream's backlog waits and the stream is not closing: :meth:`refill` it."""
-        return self.catching_up and not (self.closing or self.aborted)
+        """A stream's backlog waits, or a WebSocket's resume the hub settled (a lagging
+        member caught up with it: hub_settle.py), and the session is not closing:
+        :meth:`refill` it."""
+        return (self.catching_up or self._subscriptions.settling) and not (
+            self.closing or self.aborted)
 
-    def refill(self, budget: int | None = None) -> bool:
-        """Top the outbox up from a stream's backlog (the socket took what it held), about
-        ``budget`` units of work at most (counted in ``work_done``); True while more
-        waits. A WebSocket or a stream caught up: nothing, False."""
+    def resume_settled(self, subject: str) -> None:
+        """The hub settled this WebSocket's resume of ``subject`` (it waited for this
+        member to catch up): answered by :meth:`refill`, in the writer's turns of the
+        loop, a slice at a time -- not by the hub, all of its clients at once."""
+        self._subscriptions.settled(subject)
+        self._link.mark_dirty()
+
+    def refill(self, budget: int | None = None, now: float = 0.0) -> bool:
+        """Top the outbox up from a stream's backlog (the socket took what it held), or
+        answer a WebSocket's settled resumes, about ``budget`` units of work at most
+        (counted in ``work_done``); True while more waits. Nothing waiting: False.
+        ``now``: the server's clock (a resume's conflation starts then)."""
         stream = self._stream
+        if stream is None and self._subscriptions.settling:
+            if self.closing or self.aborted:
+                return False
+            self.work_done += self._subscriptions.answer_settled(
+                now, SLICE_UNITS if budget is None else budget)
+            return self._subscriptions.settling
         if stream is None or self.closing or self.aborted or not stream.catching_up:
             return False
         outbox = self.outbox

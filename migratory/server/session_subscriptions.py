@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Set as AbstractSet
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending
@@ -51,6 +51,13 @@ class Subscriber(Protocol):
 
 _NO_SUBJECTS: frozenset[str] = frozenset()
 
+
+class SettledResume(NamedTuple):
+    """A resume that waited for this member to catch up and now may be answered
+    (``Hub.settle_resume``, :mod:`~migratory.server.hub_settle`)."""
+
+    subject: str
+
 SLICE_MESSAGES = 128
 """Recovered messages one slice of a resume holds at most (~0.5 ms of the loop)."""
 MESSAGES_PER_UNIT = 16
@@ -83,7 +90,8 @@ class Subscriptions:
         # subscribe entries taken but not answered yet (a few per loop turn: Session.process),
         # a resume under way first (its cursor); made only when a subscribe waits: an empty
         # deque is 760 bytes per idle connection
-        self._queued: deque[ops.SubscriptionRequest | ResumeCursor] | None = None
+        self._queued: deque[ops.SubscriptionRequest | ResumeCursor | SettledResume] | None = (
+            None)
 
     @property
     def subjects(self) -> AbstractSet[str]:
@@ -94,6 +102,28 @@ class Subscriptions:
     def waiting(self) -> bool:
         """Entries of a subscribe are still to be answered."""
         return bool(self._queued)
+
+    @property
+    def settling(self) -> bool:
+        """The first entry waiting is a resume the hub settled or the rest of one: no
+        check of the client's left to do (:meth:`answer_settled` may answer it)."""
+        queued = self._queued
+        return queued is not None and bool(queued) and isinstance(
+            queued[0], SettledResume | ResumeCursor)
+
+    def settled(self, subject: str) -> None:
+        """The hub settled a waiting resume of ``subject``: answer it in a later turn."""
+        if self._queued is None:
+            self._queued = deque()
+        self._queued.append(SettledResume(subject))
+
+    def answer_settled(self, now: float, budget: int) -> int:
+        """Answer settled resumes (slices of them) first in line, for about ``budget``
+        units of work; the units done."""
+        done = 0
+        while self.settling and not (done and done + SLICE_UNITS > budget):
+            done += self.answer_next(now)
+        return done
 
     def take(self, requests: tuple[ops.SubscriptionRequest, ...]) -> None:
         """Check the whole subscribe before any of it is answered: its size, then what
@@ -127,6 +157,10 @@ class Subscriptions:
                 answer, cursor = self._ctx.hub.continue_resume(
                     self._session, entry, now, SLICE_MESSAGES)
                 self._send(answer, entry.since)
+            elif isinstance(entry, SettledResume):
+                answer, cursor, since = self._ctx.hub.settle_resume(
+                    self._session, entry.subject, now, SLICE_MESSAGES)
+                self._send(answer, since)
             else:
                 answer, cursor = self._answer(entry, now)
         except DecisionPending:  # asked again once the entitlement has decided

@@ -42,6 +42,7 @@ from migratory.server.session_subscriptions import (
     MESSAGES_PER_UNIT,
     SLICE_MESSAGES,
     SLICE_UNITS,
+    SettledResume,
     answer_units,
 )
 
@@ -102,7 +103,7 @@ class SseStream(FormatSink):
         # the URL's subjects not subscribed yet, subscribed as the backlog empties (a
         # resume under way first, as its cursor)
         self._unsubscribed: deque[
-            tuple[str, ops.SubscriptionRequest | str | ResumeCursor]] = deque()
+            tuple[str, ops.SubscriptionRequest | str | ResumeCursor | SettledResume]] = deque()
         self._hub: Hub | None = None
         self._now = 0.0  # when the stream started (a stream's subscriptions conflate none)
         self._progress = self._progress_seen = 0  # refills that sent something
@@ -235,6 +236,9 @@ class SseStream(FormatSink):
         if isinstance(request, ResumeCursor):
             answer, cursor = hub.continue_resume(self, request, self._now, SLICE_MESSAGES)
             resumed = True
+        elif isinstance(request, SettledResume):
+            answer, cursor, _ = hub.settle_resume(self, subject, self._now, SLICE_MESSAGES)
+            resumed = True
         else:
             answer, cursor = hub.start_resume(self, request, self._now, SLICE_MESSAGES)
             resumed = request.position is not None
@@ -247,6 +251,13 @@ class SseStream(FormatSink):
                     self._output.resumed(outcome)
             self.deliver_op(op)
         return answer_units(answer)
+
+    def resume_settled(self, subject: str) -> None:
+        """The hub settled this stream's resume of ``subject`` (it waited for this member
+        to catch up, hub_settle.py): answered as the socket drains, a slice at a time, in
+        the writer's turns of the loop -- not by the hub, every waiting client at once."""
+        self._unsubscribed.append((subject, SettledResume(subject)))
+        self._output.backlog_grew(self._held)
 
     def _queue_status(self, op: ops.SubjectStatus) -> None:
         if self._backlog is None:

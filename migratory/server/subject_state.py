@@ -29,8 +29,8 @@ class SubjectState:
     """Everything the hub knows about one subject."""
 
     __slots__ = (
-        "cache", "conflated", "epoch", "formatted", "listeners", "made", "seq", "snapshot",
-        "subject", "subscribers", "waiting",
+        "cache", "conflated", "epoch", "formatted", "listeners", "made", "seq", "settle_at",
+        "settle_epoch", "settling", "snapshot", "subject", "subscribers", "waiting",
     )
 
     def __init__(self, subject: str, epoch: int, cache: SubjectCache, made: int = 0) -> None:
@@ -47,6 +47,13 @@ class SubjectState:
         self.conflated: dict[AnySink, Conflator] = {}
         # resumes from a position this member has not reached yet (it lags the cluster)
         self.waiting: dict[AnySink, WaitingResume] = {}
+        # the waiting cannot settle before ``seq`` reaches this while ``epoch`` is
+        # ``settle_epoch`` (hub_settle.py: no look at them per message applied)
+        self.settle_at = 0
+        self.settle_epoch = epoch
+        # resumes this member caught up with, handed to their sessions to answer in their
+        # own turns of the loop (hub_settle.py)
+        self.settling: dict[AnySink, WaitingResume] = {}
         # sinks of whole messages subscribed to exactly this subject -> granted QoS
         self.listeners: dict[MessageSink, int] = {}
 
@@ -59,7 +66,7 @@ class SubjectState:
         """Subscriptions to exactly this subject, of every kind."""
         return (
             len(self.subscribers) + len(self.formatted) + len(self.conflated)
-            + len(self.waiting) + len(self.listeners)
+            + len(self.waiting) + len(self.settling) + len(self.listeners)
         )
 
     @property
@@ -71,6 +78,7 @@ class SubjectState:
             and not self.formatted
             and not self.conflated
             and not self.waiting
+            and not self.settling
             and not self.listeners
         )
 
@@ -85,5 +93,6 @@ class SubjectState:
             and not self.formatted
             and not self.conflated
             and not self.waiting
+            and not self.settling
             and not self.listeners
         )

@@ -332,3 +332,33 @@ def test_a_catch_up_waiting_for_its_turn_with_nothing_pending_is_not_stalled() -
     assert stream.refill(500)
     assert not any(stream.stalled(0) for _ in range(5))
     assert stream.catching_up
+
+
+def test_a_resume_a_lagging_member_settles_is_sent_as_the_socket_drains() -> None:
+    """A stream resuming ahead of this member waits; once the member catches up, the
+    hub hands the resume over (hub_settle.py): nothing is encoded by the message that
+    caught up (before, every waiting stream's answer was, at once), the refills send it,
+    then what came meanwhile, each once, in order, and one ``sync``."""
+    hub = new_hub()
+    hub.numbered_elsewhere = True
+    for n in range(1, 11):
+        hub.apply(Message(A, b"m", epoch=EPOCH, seq=n), 0.0)
+    output = Output()
+    stream = SseStream(output, [A])
+    stream.start(hub, [ops.SubscriptionRequest(A, Position(EPOCH, 15))], 0.0)
+    while stream.refill(1 << 20):
+        pass
+    assert not [e for e in output.events if e.startswith(b"data:")]  # waiting
+    for n in range(11, 31):
+        hub.apply(Message(A, b"m", epoch=EPOCH, seq=n), 0.0)
+    assert stream.catching_up and not [e for e in output.events if e.startswith(b"data:")]
+    assert stream.refill(300)  # a part of it: more waits
+    for n in range(31, 41):
+        hub.apply(Message(A, b"m", epoch=EPOCH, seq=n), 0.0)
+    while stream.refill(1 << 20):
+        pass
+    hub.apply(Message(A, b"m", epoch=EPOCH, seq=41), 0.0)
+    blocks = [e for e in output.events if e.startswith(b"data:")]
+    assert [json.loads(b.split(b"\n")[0][5:])["seq"] for b in blocks] == list(range(16, 42))
+    assert len([e for e in output.events if e.startswith(b"event:sync")]) == 1
+    assert output.outcomes == ["sync"]
