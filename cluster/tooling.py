@@ -69,8 +69,9 @@ def member_settings(
     password: str,
     data_dir: Path,
 ) -> dict[str, str]:
-    """The config of member ``index`` of a loopback cluster; its Raft state goes in
-    ``data_dir/migratory-INDEX``."""
+    """The config of member ``index`` of a loopback cluster; its Raft state (Guaranteed)
+    or the record of its lives (Standard: a drained member's next life then costs its
+    peers' subscribers no DATA_RESYNC) goes in ``data_dir/migratory-INDEX``."""
     cluster = [f"127.0.0.1:{base_port + 1000 + 10 * i}" for i in range(members)]
     return {
         "ServerName": f"migratory-{index}",
@@ -80,7 +81,7 @@ def member_settings(
         "ClusterSeedMemberCount": str(seeds) if mode == "Guaranteed" else "",
         "ClusterDeliveryMode": mode,
         "ClusterPassword": password,
-        "ClusterDataDir": str(data_dir / f"migratory-{index}") if mode == "Guaranteed" else "",
+        "ClusterDataDir": str(data_dir / f"migratory-{index}"),
     }
 
 

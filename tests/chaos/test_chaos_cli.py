@@ -163,16 +163,18 @@ def test_a_standard_run_takes_sse_streams() -> None:
 
 
 def test_a_standard_run_is_a_standard_cluster_without_raft_faults(tmp_path: Path) -> None:
-    """Members configured Standard (no seeds' count, no data dir), the run record says
-    so, and the schedule has no Raft target or scenario: only the single faults of
-    members (the whole-cluster restarts when asked for)."""
+    """Members configured Standard (no seeds' count; a data dir each, for the record of
+    their lives: a drained member's next life chained, cluster/standard_lives.py), the
+    run record says so, and the schedule has no Raft target or scenario: only the single
+    faults of members (the whole-cluster restarts when asked for)."""
     from chaos.runner import Runner
 
     runner = Runner(seed=3, duration=90, out=tmp_path / "r", members=4, standard=True)
     try:
         for m in runner.members:
             assert m.settings["ClusterDeliveryMode"] == "Standard"
-            assert m.settings["ClusterDataDir"] == "" == m.settings["ClusterSeedMemberCount"]
+            assert m.settings["ClusterSeedMemberCount"] == ""
+            assert m.settings["ClusterDataDir"] == str(tmp_path / "r" / "data" / m.name)
         runner.write_run(0, 1.0)
         assert json.loads((tmp_path / "r" / "run.json").read_text())["mode"] == "Standard"
         assert runner.workload.standard_mode  # its drain: Workload.drained
