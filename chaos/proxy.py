@@ -4,7 +4,8 @@ One ``Proxy`` listens on a public port and forwards each connection to an upstre
 port. ``forward`` is the client->upstream direction (into the member), ``backward``
 the reply direction. Faults:
 
-- ``delay``: every chunk waits ``delay`` seconds before it is forwarded (both ways);
+- ``delay``: every chunk is forwarded ``delay`` seconds after it was read (both ways; a
+  latency: the chunks after it are read meanwhile);
 - ``blackhole``: nothing is forwarded either way (bytes are held, connections stay open;
   new connections are accepted and stall);
 - ``partition``: one-way — only the direction into the member is held (bytes are not
@@ -25,6 +26,8 @@ import contextlib
 import os
 
 import trio
+
+IN_FLIGHT = 64  # chunks (of at most 64 KiB) a direction reads ahead of what it forwarded
 
 
 class Follow:
@@ -144,33 +147,69 @@ class Proxy:
         writing: a server that sent its close frame and lingers) ``dst`` is half-closed
         and the other direction goes on, as through a plain TCP path: closing both at
         once reset a client still sending and dropped what it had not read yet (a
-        drain's statuses and 4502 close frame). An error ends both directions."""
+        drain's statuses and 4502 close frame). An error ends both directions.
+
+        The delay is a latency, not a pace: each chunk goes out ``delay`` s after it was
+        read, while the next ones are read meanwhile (at most :data:`IN_FLIGHT` chunks
+        held). Before, the pump slept ``delay`` after each read and only then read the
+        next chunk: a link delayed 300 ms delivered what came in bursts every 300 ms (a
+        Raft heartbeat sent every 40 ms reached the follower every 300 ms, longer than
+        its election timeout) and carried at most 64 KiB per 300 ms."""
+        send, receive = trio.open_memory_channel[tuple[float, bytes]](IN_FLIGHT)
         half_closed = False
         try:
-            while True:
-                data = await src.receive_some(65536)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, src, send)
+                half_closed = await self._write(receive, dst, inbound, followed, ends)
+                nursery.cancel_scope.cancel()
+        finally:
+            if not half_closed:
+                scope.cancel()
+
+    async def _write(
+        self,
+        receive: trio.MemoryReceiveChannel[tuple[float, bytes]],
+        dst: trio.SocketStream,
+        inbound: bool,
+        followed: Follow | None,
+        ends: list[int],
+    ) -> bool:
+        """Forward what ``_read`` read, each chunk once its delay is over; whether ``dst``
+        was half-closed (the other direction goes on)."""
+        try:
+            async for read_at, data in receive:
                 if not data:
                     ends[0] += 1
                     if ends[0] < 2:
-                        with contextlib.suppress(trio.BrokenResourceError,
-                                                 trio.ClosedResourceError, OSError):
-                            await dst.send_eof()
-                            half_closed = True  # the other direction goes on
-                    break
+                        await dst.send_eof()
+                        return True
+                    return False
                 while self.blackhole:  # hold the bytes until healed (or reset)
                     await self._changed.wait()
                 while inbound and self.inbound_dropped:  # one way: held until healed
                     await self._changed.wait()
                 if self.delay:
-                    await trio.sleep(self.delay)
+                    await trio.sleep_until(read_at + self.delay)
                 await dst.send_all(data)
                 if followed is not None:
                     followed.add(len(data))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
-        finally:
-            if not half_closed:
-                scope.cancel()
+        return False
+
+    @staticmethod
+    async def _read(
+        src: trio.SocketStream, send: trio.MemorySendChannel[tuple[float, bytes]]
+    ) -> None:
+        """Read ``src`` into ``send``, each chunk with the time it was read; b"" at its end
+        (an error ends it too: the pump then ends both directions)."""
+        async with send:
+            try:
+                while data := await src.receive_some(65536):
+                    await send.send((trio.current_time(), data))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            await send.send((trio.current_time(), b""))
 
 
 def local_ports(pid: int) -> set[int]:

@@ -172,3 +172,43 @@ def test_a_half_close_passes_through_and_the_other_direction_goes_on() -> None:
         assert b"".join(got) == b"late"
 
     trio.run(main)
+
+
+def test_a_delay_is_a_latency_not_a_pace() -> None:
+    """Chunks sent every 40 ms through a 300 ms delay each arrive 300 ms after they were
+    sent (mock time, memory streams). Before, the pump slept 300 ms after each read and
+    only then read on: the second chunk (sent at 0.04 s) arrived at 0.6 s with the six
+    after it, a Raft heartbeat every 300 ms instead of every 40 ms."""
+    import trio.testing
+
+    async def main() -> None:
+        proxy = Proxy("test", 0, 0)
+        proxy.set(delay=0.3)
+        sender, src = trio.testing.memory_stream_pair()
+        dst, receiver = trio.testing.memory_stream_pair()
+        arrived: dict[int, float] = {}
+        sent: dict[int, float] = {}
+
+        async def read() -> None:
+            buffer = b""
+            while len(arrived) < 10:
+                buffer += await receiver.receive_some(1000)
+                for k in range(10):
+                    if f"<{k}>".encode() in buffer and k not in arrived:
+                        arrived[k] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            nursery.start_soon(proxy._pump, src, dst, True, scope, None, [0])  # type: ignore[arg-type]
+            nursery.start_soon(read)
+            for k in range(10):
+                sent[k] = trio.current_time()
+                await sender.send_all(f"<{k}>".encode())
+                await trio.sleep(0.04)
+            with trio.fail_after(5):
+                while len(arrived) < 10:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert [round(arrived[k] - sent[k], 3) for k in range(10)] == [0.3] * 10
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
