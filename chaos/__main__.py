@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from chaos.schedule import RESTARTS, SCENARIOS, Fault, generate, to_jsonl
+from chaos.schedule import COMBOS, RESTARTS, SCENARIOS, Fault, generate, to_jsonl
 from migratory.server.faults import KINDS as FAULT_KINDS
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smh]?)")
@@ -104,7 +104,7 @@ def fault_kinds(text: str) -> str:
 def scenario_kinds(text: str) -> tuple[str, ...]:
     """``--scenario``: distinct scenario names, comma-separated."""
     kinds = tuple(k.strip() for k in text.split(","))
-    known = (*SCENARIOS, *RESTARTS)
+    known = (*SCENARIOS, *RESTARTS, *COMBOS)
     bad = [k for k in kinds if k not in known]
     if bad or len(set(kinds)) != len(kinds):
         raise argparse.ArgumentTypeError(

@@ -14,12 +14,13 @@ from typing import Any
 
 import trio
 
+from chaos.combos import run_combo
 from chaos.history import History
 from chaos.members import Member
 from chaos.proxy import Proxy
 from chaos.restarts import run_restart
 from chaos.scenarios import run_scenario
-from chaos.schedule import RESTARTS, Fault, member
+from chaos.schedule import COMBOS, RESTARTS, Fault, member
 
 STOP_WAIT = 40.0  # s a SIGTERMed member may take to drain and exit (DrainTime 30 s + 10)
 
@@ -106,7 +107,10 @@ class Nemesis:
         if f.scenario:
             self.scenarios_under_way += 1
             try:
-                await run_scenario(self, f, start)
+                if f.fault in COMBOS:
+                    await run_combo(self, f, start)
+                else:
+                    await run_scenario(self, f, start)
             finally:
                 self.scenarios_under_way -= 1
             return

@@ -68,14 +68,20 @@ async def whole_restart(nem: Nemesis, f: Fault, start: float) -> None:
 async def rolling_restart(nem: Nemesis, f: Fault, start: float) -> None:
     order = rolling_order(f)
     async with holding(nem, f, order) as held:
-        if not held:
-            return
-        for k, i in enumerate(order, 1):
-            m = nem.members[i]
-            what = f"{_leader_word(nem, i)}rolling-restart: {k} of {len(order)}"
-            await nem.stop(m, what)
-            nem.restart(m, "rolling-restart", after="stop")
-            if not await nem.restarted([m], READY_WAIT):
-                rest = ", ".join(nem.members[j].name for j in order[k:]) or "none"
-                nem.say(f"rolling-restart halted: {m.name} not ready (not restarted: {rest})")
-                return
+        if held:
+            await roll(nem, order, "rolling-restart")
+
+
+async def roll(nem: Nemesis, order: list[int], name: str) -> bool:
+    """Restart ``order`` one at a time (SIGTERM, exit, start, ready), halting at a member
+    not ready; whether every one was ready again. ``name`` starts each row's detail."""
+    for k, i in enumerate(order, 1):
+        m = nem.members[i]
+        what = f"{_leader_word(nem, i)}{name}: {k} of {len(order)}"
+        await nem.stop(m, what)
+        nem.restart(m, name, after="stop")
+        if not await nem.restarted([m], READY_WAIT):
+            rest = ", ".join(nem.members[j].name for j in order[k:]) or "none"
+            nem.say(f"{name} halted: {m.name} not ready (not restarted: {rest})")
+            return False
+    return True

@@ -44,6 +44,8 @@ import trio
 
 from chaos.members import Member, http_json
 from chaos.schedule import (
+    COMBOS,
+    RESTARTS,
     SCENARIOS,
     Fault,
     index,
@@ -56,6 +58,7 @@ from chaos.schedule import (
 if TYPE_CHECKING:
     from chaos.nemesis import Nemesis
 
+ALL_SCENARIOS = {*SCENARIOS, *RESTARTS, *COMBOS}
 CLAIM_WAIT = 12.0  # seconds a scenario waits for its members to be free of other faults
 LEADER_WAIT = 3.0  # seconds it waits for a known Raft leader
 SYNC_WATCH = 15.0  # seconds sync-kill watches the restarted non-seed
@@ -94,7 +97,7 @@ async def holding(nem: Nemesis, f: Fault, indexes: list[int]) -> AsyncIterator[b
         with trio.move_on_after(CLAIM_WAIT) as claim:
             while True:
                 earlier = [w for w in nem.scenarios_waiting if w.at < f.at]
-                scenario_busy = [i for i in indexes if nem.faulted.get(i) in SCENARIOS]
+                scenario_busy = [i for i in indexes if nem.faulted.get(i) in ALL_SCENARIOS]
                 if earlier or scenario_busy:
                     claim.deadline = trio.current_time() + CLAIM_WAIT
                 elif not any(i in nem.faulted for i in indexes):

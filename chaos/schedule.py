@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass
 
 PROCESS_FAULTS = ("kill", "pause")  # any member, incl. the leader
@@ -55,6 +56,17 @@ SCENARIOS = {
 # started again; rolling-restart: one member at a time, highest ordinal first (a
 # StatefulSet's rolling update), SIGTERM, its exit, restart, ready, then the next.
 RESTARTS = ("whole-restart", "rolling-restart")
+# opt-in combinations of faults (chaos/combos.py), only with --scenario: several faults at
+# once, each of which a single fault or a scenario makes alone. kind -> seeds it needs
+COMBOS = {
+    "partition-lag-kill": 3,  # a follower delayed, one-way partition into the leader, its kill
+    "compaction-blackhole": 3,  # a seed black-holed as it compacts, then every seed restarted
+    "pause-forwarding": 3,  # clients driven off the seeds, then the leader SIGSTOPped
+    "reset-roll": 3,  # every link reset every 2 s during a rolling restart
+    "lost-disks-pause": 5,  # a follower paused while two others lose their disks, leader killed
+}
+RESET_EVERY = 2.0  # reset-roll: seconds between resets of every link
+RESET_FOR = 30.0  # reset-roll: seconds of resets
 WHOLE_RESTART_HOW = ("kill", "term")
 # the seconds planned for members to be ready again (the faults' durations; single faults
 # stay out of the window): after a whole restart, and per member of a rolling restart
@@ -86,7 +98,7 @@ class Fault:
 
     @property
     def scenario(self) -> bool:
-        return self.fault in SCENARIOS or self.fault in RESTARTS
+        return self.fault in SCENARIOS or self.fault in RESTARTS or self.fault in COMBOS
 
 
 def member(i: int) -> str:
@@ -134,8 +146,49 @@ def _scenario(rng: random.Random, kind: str, at: float, members: int, seeds: int
         order = ", ".join(member(i) for i in reversed(range(members)))
         return Fault(at, kind, "all", ROLL_STEP * members,
                      f"SIGTERM, exit, restart, ready, one at a time: {order}")
+    if kind in COMBOS:
+        return _combo(rng, kind, at, members)
     length = round(rng.uniform(3.0, 6.0), 2)
     return Fault(at, kind, f"upstream-of-{non_seed}", length, f"SIGSTOP for {length}s")
+
+
+def _combo(rng: random.Random, kind: str, at: float, members: int) -> Fault:
+    """A combination (:data:`COMBOS`); its times are the numbers of its detail, in the
+    order :func:`combo_times` gives them."""
+    def draw(a: float, b: float) -> float:
+        return round(rng.uniform(a, b), 2)
+
+    if kind == "partition-lag-kill":
+        lag, cut, down = draw(1.5, 2.5), draw(2.0, 4.0), draw(1.0, 3.0)
+        return Fault(at, kind, "leader", round(lag + cut + down, 2),
+                     f"a follower's peer links delayed 300ms; {lag}s later the leader's "
+                     f"inbound peer links held for {cut}s, then the leader killed for {down}s")
+    if kind == "compaction-blackhole":
+        cut, down = draw(2.0, 4.0), draw(1.0, 2.5)
+        who = rng.choice(("leader", "follower"))
+        return Fault(at, kind, "seeds", round(cut + down, 2),
+                     f"the {who}'s peer links black-holed for {cut}s as it compacts its "
+                     f"Raft log, then every seed killed for {down}s")
+    if kind == "pause-forwarding":
+        move, stop, after = draw(3.0, 4.0), draw(2.0, 4.0), draw(1.0, 2.0)
+        return Fault(at, kind, "leader", round(move + stop + after, 2),
+                     f"every seed's client links black-holed; {move}s later the leader "
+                     f"paused for {stop}s; healed {after}s after it resumes")
+    if kind == "reset-roll":
+        order = ", ".join(member(i) for i in reversed(range(members)))
+        return Fault(at, kind, "all", ROLL_STEP * members,
+                     f"every link reset every {RESET_EVERY:g}s for {RESET_FOR:g}s during a "
+                     f"rolling restart: {order}")
+    paused, down = draw(4.0, 6.0), draw(1.5, 3.0)
+    return Fault(at, kind, "seeds", round(paused + down, 2),
+                 f"a follower paused for {paused}s, 1.5s in two other followers killed and "
+                 f"their ClusterDataDir deleted; as it resumes the leader killed for {down}s")
+
+
+def combo_times(f: Fault) -> list[float]:
+    """The times (s) a combination's detail names, in its order (300ms -> 0.3)."""
+    found = re.findall(r"(\d+(?:\.\d+)?)(ms|s)\b", f.detail)
+    return [float(n) / (1000 if unit == "ms" else 1) for n, unit in found]
 
 
 def _lose_disk(rng: random.Random, at: float, seeds: int, combined: bool) -> Fault:
@@ -199,7 +252,8 @@ def scenarios(
     sooner than :data:`LEAD` + :data:`SETTLE` s after the previous one's end."""
     kinds = [k for k, needs_non_seed in SCENARIOS.items() if members > seeds or not needs_non_seed]
     if forced:
-        kinds = [k for k in forced if members > seeds or not SCENARIOS.get(k, False)]
+        kinds = [k for k in forced if (members > seeds or not SCENARIOS.get(k, False))
+                 and seeds >= COMBOS.get(k, 0)]
     out: list[Fault] = []
     if duration < SCENARIOS_FROM and not forced:
         return out
