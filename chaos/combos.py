@@ -19,6 +19,9 @@ nobody ran is them at once:
   SIGKILLed, their ``ClusterDataDir`` deleted, started again (they catch up from the
   leader); as the paused one resumes the leader SIGKILLed: the survivors are one
   up-to-date seed, one behind and two that were empty.
+- ``slow-election``: every seed's peer links delayed 150-300 ms (a round trip of twice
+  that, longer than the 0.15-0.3 s election timeout), then the leader SIGKILLed: the
+  others must elect over links slower than their timers (``ElectionBackoff``).
 
 Rows as the single faults' (``delay`` / ``partition`` / ``blackhole`` / ``heal``,
 ``kill`` / ``restart``, ``pause`` / ``resume``, ``stop``, ``reset``), each ``detail``
@@ -50,6 +53,7 @@ async def run_combo(nem: Nemesis, f: Fault, start: float) -> None:
         "pause-forwarding": pause_forwarding,
         "reset-roll": reset_roll,
         "lost-disks-pause": lost_disks_pause,
+        "slow-election": slow_election,
     }
     if not nem.proxy_of and f.fault != "lost-disks-pause":
         nem.skip(f, "needs the proxies")
@@ -228,3 +232,29 @@ async def lost_disks_pause(nem: Nemesis, f: Fault) -> None:
         await trio.sleep(down)
         nem.restart(old, name)
         await nem.restarted([*wiped, old], READY_WAIT)
+
+
+async def slow_election(nem: Nemesis, f: Fault) -> None:
+    delay, lag, down = combo_times(f)
+    seeds = list(range(nem.seeds))
+    name = "slow-election"
+    async with holding(nem, f, seeds) as held:
+        lead = await leader(nem) if held else None
+        if lead is None:
+            if held:
+                nem.say(f"{name}: no Raft leader known; nothing done")
+            return
+        for i in seeds:
+            cut(nem, "delay", i, PEERS, f"{name}: {delay * 1000:g}ms on cluster+raft links, "
+                "both ways", delay)
+        try:
+            await trio.sleep(lag)
+            old = nem.members[lead]
+            await nem.kill(old, f"{_leader_word(nem, lead)}{name}: killed, every seed's links "
+                           "delayed")
+            await trio.sleep(down)
+            nem.restart(old, name)
+            await nem.restarted([old], READY_WAIT)
+        finally:
+            for i in seeds:
+                heal(nem, "delay", i, PEERS, name)

@@ -64,6 +64,7 @@ COMBOS = {
     "pause-forwarding": 3,  # clients driven off the seeds, then the leader SIGSTOPped
     "reset-roll": 3,  # every link reset every 2 s during a rolling restart
     "lost-disks-pause": 5,  # a follower paused while two others lose their disks, leader killed
+    "slow-election": 3,  # every seed's peer links delayed (RTT > election timeout), leader killed
 }
 RESET_EVERY = 2.0  # reset-roll: seconds between resets of every link
 RESET_FOR = 30.0  # reset-roll: seconds of resets
@@ -179,6 +180,11 @@ def _combo(rng: random.Random, kind: str, at: float, members: int) -> Fault:
         return Fault(at, kind, "all", ROLL_STEP * members,
                      f"every link reset every {RESET_EVERY:g}s for {RESET_FOR:g}s during a "
                      f"rolling restart: {order}")
+    if kind == "slow-election":
+        ms, lag, down = rng.choice((150, 200, 300)), draw(2.0, 3.0), draw(2.0, 4.0)
+        return Fault(at, kind, "leader", round(lag + down, 2),
+                     f"every seed's peer links delayed {ms}ms; {lag}s later the leader "
+                     f"killed for {down}s")
     paused, down = draw(4.0, 6.0), draw(1.5, 3.0)
     return Fault(at, kind, "seeds", round(paused + down, 2),
                  f"a follower paused for {paused}s, 1.5s in two other followers killed and "

@@ -236,3 +236,18 @@ def test_a_combo_without_proxies_is_skipped(tmp_path: Path) -> None:
     nem.proxy_of = {}
     run_fault(nem, forced("partition-lag-kill"))
     assert events == [] and nem.skipped == {"partition-lag-kill": 1}
+
+
+def test_slow_election_kills_the_leader_with_every_seed_link_delayed(tmp_path: Path) -> None:
+    nem, events = nemesis(tmp_path, 5, 3)
+    f = forced("slow-election")
+    delay, lag, down = combo_times(f)
+    assert delay in (0.15, 0.2, 0.3) and f.duration == round(lag + down, 2)
+    run_fault(nem, f)
+    delays = [e for e in events if e[0].startswith("delay")]
+    assert sorted(delays) == sorted((f"delay {delay:g}", f"{w}-{i}")
+                                    for w in ("cluster", "raft") for i in range(3))
+    kill = events.index(("SIGKILL", "migratory-1"))
+    assert kill == 6 and events[kill + 1] == ("start", "migratory-1")
+    assert events.index(("ready", "migratory-1")) < events.index(("heal", "cluster-0"))
+    assert all_healed(nem) and nem.faulted == {}
