@@ -70,6 +70,24 @@ class Turns(trio.abc.Instrument):
         self.turn += 1
 
 
+def count_recovered(hub: Any, turns: Turns, start: str) -> Counter[int]:
+    """Messages recovered by turn of the loop: ``hub.<start>`` (a resume's first slice)
+    and ``hub.continue_resume`` (the next ones) counted as they answer."""
+    recovered: Counter[int] = Counter()
+
+    def counted(call: Any) -> Any:
+        def count(*args: Any) -> Any:
+            answer, cursor = call(*args)
+            recovered[turns.turn] += sum(
+                len(op.messages) for op in answer if isinstance(op, ops.Deliver))
+            return answer, cursor
+        return count
+
+    setattr(hub, start, counted(getattr(hub, start)))
+    hub.continue_resume = counted(hub.continue_resume)
+    return recovered
+
+
 def test_a_herd_resuming_from_their_own_positions_is_answered_a_bounded_slice_per_turn() -> None:
     """200 clients, ready at once, each resuming 10 subjects from its own position 250-499
     messages back: every client had its whole answer in its first step, all in the
@@ -93,19 +111,7 @@ def test_a_herd_resuming_from_their_own_positions_is_answered_a_bounded_slice_pe
         theirs.sendall(handshake_request("127.0.0.1", "/", new_websocket_key())
                        + ws.encode_masked_binary(ops.encode_client_op(ops.Connect("c")), b"mask"))
     turns = Turns()
-    recovered: Counter[int] = Counter()  # messages recovered, by turn of the loop
-    start, go_on = hub.start_resume, hub.continue_resume
-
-    def counted(call: Any) -> Any:
-        def count(*args: Any) -> Any:
-            answer, cursor = call(*args)
-            recovered[turns.turn] += sum(
-                len(op.messages) for op in answer if isinstance(op, ops.Deliver))
-            return answer, cursor
-        return count
-
-    hub.start_resume = counted(start)  # type: ignore[method-assign]
-    hub.continue_resume = counted(go_on)  # type: ignore[method-assign]
+    recovered = count_recovered(hub, turns, "start_resume")
     synced = [0] * CLIENTS
 
     async def read(n: int, theirs: socket.socket) -> None:

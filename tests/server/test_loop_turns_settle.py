@@ -9,11 +9,9 @@ applied while the herd is answered included."""
 from __future__ import annotations
 
 import socket
-from collections import Counter
-from typing import Any
 
 import trio
-from test_loop_turns import Turns
+from test_loop_turns import Turns, count_recovered
 
 from migratory.config import Config
 from migratory.listeners import OPEN_LISTENER
@@ -82,19 +80,7 @@ def test_a_lagging_member_answers_its_waiting_herd_a_bounded_slice_per_turn() ->
                        + ws.encode_masked_binary(ops.encode_client_op(ops.Connect("c")), b"mask")
                        + ws.encode_masked_binary(ops.encode_client_op(resume), b"mask"))
     turns = Turns()
-    recovered: Counter[int] = Counter()  # messages recovered, by turn of the loop
-    start, go_on = hub._resume_from, hub.continue_resume
-
-    def counted(call: Any) -> Any:
-        def count(*args: Any) -> Any:
-            answer, cursor = call(*args)
-            recovered[turns.turn] += sum(
-                len(op.messages) for op in answer if isinstance(op, ops.Deliver))
-            return answer, cursor
-        return count
-
-    hub._resume_from = counted(start)  # type: ignore[method-assign]
-    hub.continue_resume = counted(go_on)  # type: ignore[method-assign]
+    recovered = count_recovered(hub, turns, "_resume_from")  # messages, by turn of the loop
     readers = [Reader() for _ in range(CLIENTS)]
     state = hub._subjects[SUBJECT]
 
