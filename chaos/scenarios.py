@@ -59,11 +59,15 @@ if TYPE_CHECKING:
     from chaos.nemesis import Nemesis
 
 ALL_SCENARIOS = {*SCENARIOS, *RESTARTS, *COMBOS}
-CLAIM_WAIT = 12.0  # seconds a scenario waits for its members to be free of other faults
 LEADER_WAIT = 3.0  # seconds it waits for a known Raft leader
 SYNC_WATCH = 15.0  # seconds sync-kill watches the restarted non-seed
 COMPACTION_WAIT = 20.0  # seconds all-seeds-restart waits for every seed's raft.dump
 READY_WAIT = 30.0
+# seconds a scenario waits for its members to be free of other faults. No single fault of
+# them starts from LEAD s before it, but one that ended may still wait for its member's
+# restart (READY_WAIT): 12 s skipped a forced reset-roll on a busy box (a member 25 s
+# into its restart); a scenario late is better than one skipped
+CLAIM_WAIT = READY_WAIT + 5.0
 SYNC_BYTES = 64 * 1024  # the leader has sent this much to the restarted non-seed: kill it
 SYNC_ATTEMPTS = 3  # sync-kill again when the leader moved during the catch-up
 

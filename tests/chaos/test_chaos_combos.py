@@ -251,3 +251,22 @@ def test_slow_election_kills_the_leader_with_every_seed_link_delayed(tmp_path: P
     assert kill == 6 and events[kill + 1] == ("start", "migratory-1")
     assert events.index(("ready", "migratory-1")) < events.index(("heal", "cluster-0"))
     assert all_healed(nem) and nem.faulted == {}
+
+
+def test_a_forced_scenario_waits_for_a_member_still_restarting_from_a_single_kill(
+    tmp_path: Path,
+) -> None:
+    """Seed 14's run: a member killed by a single fault that ended before the window was
+    still waiting to be ready (restarts wait up to 30 s) when reset-roll came; the claim
+    gave up after 12 s and the one scenario of the run was skipped. Now it waits as long
+    as such a restart can take. Before: skipped ({'reset-roll': 1}), nothing stopped."""
+    nem, events = nemesis(tmp_path, 4, 3)
+    nem.faulted[2] = "kill"  # its restart is under way
+
+    async def restart_ends() -> None:
+        await trio.sleep(25.0)
+        nem.faulted.pop(2)
+
+    run_fault(nem, forced("reset-roll", members=4), restart_ends)
+    assert nem.skipped == {} and nem.applied == {"reset-roll": 1}
+    assert next(e for e in events if e[0] == "SIGTERM") == ("SIGTERM", "migratory-3")
