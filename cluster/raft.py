@@ -56,6 +56,7 @@ from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
+from cluster.raft_timings import RaftTimings
 from cluster.raft_transport import SeedLinkTransport
 from cluster.subject_count import SubjectCountWarning
 
@@ -286,20 +287,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class RaftTimings:
-    """Fast timers: a new leader ~0.4 s after a leader dies (measured in DESIGN.md)."""
-
-    election_min: float = 0.15
-    election_max: float = 0.30
-    heartbeat: float = 0.04  # pysyncobj wants election_min > 3 x heartbeat
-    connection_timeout: float = 1.0
-    reconnect: float = 0.3
-    use_batch: bool = False
-    compaction_entries: int = 20_000  # ClusterLogCompactionEntries
-    compaction_seconds: float = 120.0  # ClusterLogCompactionTime
-    compaction_bytes: int = 64 << 20  # ClusterLogCompactionBytes
-
+DEFAULT_TIMINGS = RaftTimings()  # (cluster/raft_timings.py: ClusterElectionTimeout)
 
 MIN_FREE_BYTES = 1 << 20
 """Room a seed's ClusterDataDir must have at start: its journal's first doublings, the
@@ -349,7 +337,7 @@ class RaftCoordination:
         on_commit: Callable[[CommittedBatch], None],
         on_restore: Callable[[CacheSync], None] | None = None,
         on_state_changed: Callable[[], None] | None = None,
-        timings: RaftTimings = RaftTimings(),
+        timings: RaftTimings = DEFAULT_TIMINGS,
         data_dir: Path | None = None,
         max_cached_messages: int = 1000,
         cache_budget: int = 0,

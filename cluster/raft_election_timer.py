@@ -37,7 +37,12 @@ leader, the term climbing by ~100 a minute (seed 2811); ``raft_sim`` with every 
 ticking every 350 ms never elects one. So each candidacy doubles this seed's timeouts
 (up to ``2 ** MAX_DOUBLINGS``) and each :data:`DECAY_SECONDS` without one halves them
 again: a failover in a quiet cluster is unchanged (one candidacy, then the usual timeouts
-some seconds later), a storm settles (``test_raft_election_timer.py``).
+some seconds later), a storm settles (``test_raft_election_timer.py``). The doublings
+multiply the timeouts ``ClusterElectionTimeout`` sets (cluster/raft_timings.py), and a
+halving waits at least as long as the longest of them, ``2 ** MAX_DOUBLINGS`` x
+``raftMaxTimeout`` (:meth:`ElectionBackoff.decay_seconds`; 2.4 s at the default, so
+:data:`DECAY_SECONDS`): with a fixed 5 s, timeouts of 1 s and more (4-8 s once doubled)
+decayed before a seed could stand again, and the back-off never built up.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ __all__ = [
 MAX_DOUBLINGS = 3
 """At most this many doublings of the election timeout (150-300 ms: 1.2-2.4 s)."""
 DECAY_SECONDS = 5.0
-"""Each this long without standing for election halves the timeouts again."""
+"""Each this long without standing for election halves the timeouts again (at least:
+:meth:`ElectionBackoff.decay_seconds`)."""
 
 log = logging.getLogger("migratory.raft")
 
@@ -98,9 +104,15 @@ class ElectionBackoff(SyncObj):  # type: ignore[misc]
     _doublings = 0
     _stood_at = 0.0
 
+    def decay_seconds(self) -> float:
+        """How long without standing halves the timeouts: :data:`DECAY_SECONDS`, or the
+        longest timeout the doublings give, if longer (a large ``ClusterElectionTimeout``)."""
+        return float(max(DECAY_SECONDS, 2 ** MAX_DOUBLINGS * self.conf.raftMaxTimeout))
+
     def election_doublings(self) -> int:
         """How many doublings this seed's timeouts carry now."""
-        decayed = int((syncobj_module.monotonicTime() - self._stood_at) // DECAY_SECONDS)
+        elapsed = syncobj_module.monotonicTime() - self._stood_at
+        decayed = int(elapsed // self.decay_seconds())
         return max(0, self._doublings - decayed)
 
     def _SyncObj__setState(self, state: int) -> None:
@@ -113,7 +125,7 @@ class ElectionBackoff(SyncObj):  # type: ignore[misc]
                     "Raft: this seed stood for election %d times, each within %.0f s of "
                     "the last; its election timeouts are %dx longer until it stands for "
                     "none for that long (a process short of CPU times out before the "
-                    "others' messages reach it)", MAX_DOUBLINGS + 1, DECAY_SECONDS,
+                    "others' messages reach it)", MAX_DOUBLINGS + 1, self.decay_seconds(),
                     2 ** MAX_DOUBLINGS,
                 )
         super()._SyncObj__setState(state)

@@ -167,7 +167,8 @@ class SeedCoordination:
             data_dir=Path(config.cluster_data_dir),
             max_cached_messages=config.max_cached_messages_per_subject,
             cache_budget=config.cache_memory_budget,
-            timings=RaftTimings(
+            timings=RaftTimings.for_election_timeout(
+                config.cluster_election_timeout,
                 compaction_entries=config.cluster_log_compaction_entries,
                 compaction_seconds=config.cluster_log_compaction_time,
                 compaction_bytes=config.cluster_log_compaction_bytes,

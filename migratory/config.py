@@ -247,6 +247,7 @@ class Config:
     cluster_data_dir: str
     cluster_max_pending_publishes: int
     cluster_rebalance_rate: int
+    cluster_election_timeout: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
     cluster_log_compaction_bytes: int

@@ -28,6 +28,9 @@ from migratory.config_values import (
 if TYPE_CHECKING:
     from migratory.config import Config
 
+DEFAULT_ELECTION_TIMEOUT_MS = 150
+"""``ClusterElectionTimeout``'s default: the timers seeds always had (cluster/raft_timings.py)."""
+
 CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
             "Ordered, comma-separated host:port cluster addresses of all members, identical on "
@@ -81,6 +84,16 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "Rebalancing after scale-out: a member with more clients than the cluster's "
             "average moves up to this percentage of them per second (at least one) to other "
             "members, never below the average; each resumes there from its position. 0: off."),
+    Setting("ClusterElectionTimeout", "cluster_election_timeout",
+            _int(100, 5000, " of milliseconds"), str(DEFAULT_ELECTION_TIMEOUT_MS),
+            "Guaranteed mode: a seed that hears no Raft leader for a random time between "
+            "this and twice this stands for election; the leader's heartbeat comes every "
+            "4/15 of it (40 ms at 150) and a link silent for 20/3 of it (1 s) is dropped "
+            "(cluster/raft_timings.py). Raise it when the round trip between seeds comes "
+            "near it (seeds in different zones, a busy box): seeds then stand while the "
+            "leader lives and depose it. It costs failover time: a new leader no sooner "
+            "than this after the old one died. Seeds may differ in it (not compared; "
+            "docs/cluster.md, \"The election timeout\")."),
     Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
             _int(100, unit=" of entries"), "20000",
             "A seed compacts its Raft log (writes a dump, drops the entries) once it holds "

@@ -167,3 +167,35 @@ def test_bad_member_ordinal_is_refused_naming_both_keys(
     }
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=settings, environ={})
+
+
+def test_the_election_timeout_is_taken_in_milliseconds() -> None:
+    assert load_config(overrides=CLUSTER, environ={}).cluster_election_timeout == 150
+    config = load_config(overrides={**CLUSTER, "ClusterElectionTimeout": "600"}, environ={})
+    assert config.cluster_election_timeout == 600
+    for edge in ("100", "5000"):
+        assert load_config(overrides={**CLUSTER, "ClusterElectionTimeout": edge},
+                           environ={}).cluster_election_timeout == int(edge)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("99", r"ClusterElectionTimeout.*must be >= 100 and <= 5000 \(milliseconds\), got 99"),
+        ("5001", r"ClusterElectionTimeout.*must be >= 100 and <= 5000 \(milliseconds\), got 5001"),
+        ("0.3", r"ClusterElectionTimeout.*expected a whole number of milliseconds, got '0.3'"),
+        ("150ms", r"ClusterElectionTimeout.*expected a whole number of milliseconds"),
+        ("", r"ClusterElectionTimeout.*expected a whole number of milliseconds"),
+    ],
+)
+def test_a_bad_election_timeout_is_refused_naming_the_key(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={**CLUSTER, "ClusterElectionTimeout": value}, environ={})
+
+
+def test_a_misspelt_election_timeout_is_an_unknown_key(tmp_path: Path) -> None:
+    path = tmp_path / "f.conf"
+    path.write_text("ClusterElectionTimeoutMs = 400\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'ClusterElectionTimeoutMs' "
+                                          r"\(did you mean 'ClusterElectionTimeout'"):
+        load_config(path, environ={})

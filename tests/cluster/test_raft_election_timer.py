@@ -22,6 +22,7 @@ from cluster.raft_election_timer import (
     poll_timeout,
 )
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_timings import RaftTimings
 
 
 @pytest.mark.parametrize(
@@ -191,5 +192,40 @@ def test_a_follower_reads_what_came_while_it_was_busy_before_it_stands() -> None
         node._SyncObj__raftElectionDeadline = monotonicTime() - 1.0  # silent for real
         node._onTick(0)
         assert node._SyncObj__raftState == _RAFT_STATE.CANDIDATE
+    finally:
+        node.destroy()
+
+
+@pytest.mark.parametrize(
+    ("election_ms", "decay"),
+    [(150, DECAY_SECONDS), (1000, 2 ** MAX_DOUBLINGS * 2.0)],  # ClusterElectionTimeout
+)
+def test_the_back_off_decays_no_sooner_than_its_longest_timeout(
+    monkeypatch: pytest.MonkeyPatch, election_ms: int, decay: float
+) -> None:
+    """The doublings multiply the configured timeouts (ClusterElectionTimeout); a
+    halving waits at least the longest of them. With a fixed 5 s, a 1 s timeout's
+    doubling (2-4 s) had decayed before the seed could stand again."""
+    clock = [100.0]
+    monkeypatch.setattr(pysyncobj.syncobj, "monotonicTime", lambda: clock[0])
+    timings = RaftTimings.for_election_timeout(election_ms)
+    node: Any = FollowerSafeSyncObj(
+        "127.0.0.1:47941", ["127.0.0.1:47942", "127.0.0.1:47943"],
+        conf=SyncObjConf(autoTick=False, raftMinTimeout=timings.election_min,
+                         raftMaxTimeout=timings.election_max,
+                         appendEntriesPeriod=timings.heartbeat,
+                         connectionTimeout=timings.connection_timeout),
+        transportClass=Unconnected,
+    )
+    try:
+        assert node.decay_seconds() == pytest.approx(decay)
+        node._SyncObj__setState(_RAFT_STATE.CANDIDATE)
+        assert node.election_doublings() == 1
+        timeout = node._SyncObj__generateRaftTimeout()
+        assert 2 * timings.election_min <= timeout <= 2 * timings.election_max
+        clock[0] += 5.5  # past the fixed 5 s
+        assert node.election_doublings() == (0 if election_ms == 150 else 1)
+        clock[0] = 100.0 + decay + 0.01
+        assert node.election_doublings() == 0
     finally:
         node.destroy()
