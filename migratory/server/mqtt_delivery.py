@@ -171,26 +171,28 @@ class MqttDelivery(MqttInput):
 
     def resynced(self, subject: str, *, quiet: bool = False, unsent: bool = False) -> None:
         """A resume could not tell what was missed on ``subject``: the snapshot follows
-        (``quiet``: counted, not logged; ``unsent``: the subject has none, so nothing
-        follows and the client cannot be told -- said so in the line: three chaos runs'
-        MQTT losses were such resyncs, logged as if a snapshot had gone out)."""
+        (``quiet``: counted, not logged; ``unsent``: the subject has none, so the empty
+        RETAIN of :meth:`deliver_reset` follows -- said so in the line: three chaos runs'
+        MQTT losses were such resyncs, logged as if a snapshot had gone out, and nothing
+        was sent)."""
         stats = self._ctx.stats
         stats.mqtt_resyncs += 1
         stats.count(stats.resumes, "resync")
         if not quiet:
             log.warning("%s: %s resumed from its snapshot (the cache no longer reaches "
                         "back)%s", self.describe(), subject,
-                        ": it has none, nothing sent, the client not told" if unsent else "",
-                        extra=self.log_fields())
+                        ": it has none, an empty RETAIN sent (reset, no snapshot)"
+                        if unsent else "", extra=self.log_fields())
 
     def resync(self, subject: str, position: Position, snapshot: Message | None,
                qos: int) -> None:
         """A live ``subject`` jumped to ``position`` further than the cache reaches (a
         cluster member's cache sync): told as a resume's resync (docs/mqtt.md) -- its
         snapshot with RETAIN, counted in ``mqtt_resyncs``, logged (rate-limited: one sync
-        may move every subject of a '#' session). Without a snapshot there is nothing
-        to send: counted and logged all the same, never silent. Before, the snapshot came
-        as a plain live PUBLISH, or nothing."""
+        may move every subject of a '#' session). Without a snapshot (or an empty one):
+        an empty RETAIN (:meth:`deliver_reset`). Before, the snapshot came as a plain
+        live PUBLISH, or nothing; then nothing without a snapshot, counted and logged
+        only: the client never told."""
         if self.closing or self.aborted:
             return
         stats = self._ctx.stats
@@ -199,10 +201,12 @@ class MqttDelivery(MqttInput):
             log, logging.WARNING, "mqtt live resync",
             "%s: %s moved past what the cache holds (a cache sync, to seq %d): %s",
             self.describe(), subject, position.seq,
-            "its snapshot sent" if snapshot is not None else "no snapshot to send",
-            extra=self.log_fields())
-        if snapshot is not None:
+            "its snapshot sent" if snapshot is not None and snapshot.content
+            else "no snapshot: an empty RETAIN sent (reset)", extra=self.log_fields())
+        if snapshot is not None and snapshot.content:
             self.deliver_retained(snapshot, qos)
+        else:
+            self.deliver_reset(subject, position, qos)
 
     def deliver_message(self, message: Message, qos: int) -> None:
         """A live or recovered message of a subscribed subject (the hub calls this for
@@ -266,6 +270,33 @@ class MqttDelivery(MqttInput):
         else:
             frame = mqtt_encode.encode_publish(message.subject[1:], message.content, retain=True)
             self._deliver(self._wrap(frame))
+
+    def deliver_reset(self, subject: str, position: Position | None, qos: int) -> None:
+        """A resync of ``subject`` with no snapshot to send: a PUBLISH with RETAIN set and
+        an empty payload -- in MQTT, "no retained value" -- at the granted ``qos``: the
+        client's state of the topic is reset, there is no snapshot (docs/mqtt.md). Before,
+        nothing was sent and the client silently missed what the cache no longer held.
+        ``position``: where the subject is now (None: not known here); the session's
+        position moves there as a snapshot's would (:meth:`Subscriptions.take`) and, at
+        QoS 1, the record's once the client acknowledges it."""
+        if self.closing or self.aborted:
+            return
+        reached = self.settle_reached()
+        held = reached.get(subject)
+        if position is not None and position.seq and (
+                held is None or held.epoch != position.epoch or position.seq > held.seq):
+            reached[subject] = held = position
+        if not qos:
+            self._deliver(self._wrap(mqtt_encode.encode_publish(subject[1:], b"", retain=True)))
+            return
+        refusal = self._inflight.full()
+        if refusal is not None:
+            self._slow_consumer(refusal)
+            return
+        at = Position(0, 0) if held is None else Position(held.epoch, held.seq)
+        packet_id = self._inflight.add(subject, at)
+        self._deliver(self._wrap(mqtt_encode.encode_publish(
+            subject[1:], b"", qos=1, retain=True, packet_id=packet_id)))
 
     def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
         refusal = self._inflight.full()

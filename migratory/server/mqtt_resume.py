@@ -88,7 +88,7 @@ class Resume:
         self._pending = positions  # the record's subjects not caught up yet
         self._scan: SubjectScan | None = None
         self._resynced = 0  # subjects resumed from their snapshot
-        self._unsent = 0  # ... of which without one to send (the client not told)
+        self._unsent = 0  # ... of which without one to send (an empty RETAIN instead)
         self._replayed = 0  # subjects given what they missed from the cache
         self._messages = 0  # ... so many messages in all
         self._up_to_date = 0  # subjects that had missed nothing
@@ -122,7 +122,7 @@ class Resume:
         """What the resume did, for its log line (once done): a chaos run's session that
         resumed "up to date" past what its client had (seed 1176, docs/chaos.md) left no
         line to tell which positions its record named."""
-        unsent = f" ({self._unsent} with none to send)" if self._unsent else ""
+        unsent = f" ({self._unsent} with none: an empty RETAIN)" if self._unsent else ""
         return (f"{self._replayed} subject(s) replayed ({self._messages} messages), "
                 f"{self._resynced} from their snapshot{unsent}, {self._up_to_date} up to date"
                 + (f" ({', '.join(self._current)})" if self._current else ""))
@@ -174,15 +174,17 @@ class Resume:
         if missed is None:
             self._resynced += 1
             snapshot = hub.snapshot(subject)
-            unsent = snapshot is None or not snapshot.content  # (MQTT sends no empty one)
+            unsent = snapshot is None or not snapshot.content  # (then an empty RETAIN)
             self._unsent += unsent
             owner.resynced(subject, quiet=self._resynced > RESYNCS_LOGGED, unsent=unsent)
             if self._resynced == RESYNCS_LOGGED + 1:
                 log.warning("%s: more subjects resumed from their snapshot: counted "
                             "(mqtt_resyncs), not logged one by one", owner.describe(),
                             extra=owner.log_fields())
-            if snapshot is not None:
+            if snapshot is not None and snapshot.content:
                 owner.deliver_retained(snapshot, qos)
+            else:  # the empty RETAIN: reset, no snapshot (docs/mqtt.md)
+                owner.deliver_reset(subject, hub.position(subject), qos)
             return 1
         if position != NOTHING_SEEN:
             owner.synced(subject)

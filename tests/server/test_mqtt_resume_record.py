@@ -151,27 +151,53 @@ def test_a_member_that_has_not_numbered_the_subject_yet_sends_what_follows() -> 
     ctx = member(0)
     store(ctx, {SUBJECT: f"1:{EPOCH}:2"})
     device, sent = resume(ctx)
-    assert sent == [] and ctx.stats.mqtt_resyncs == 1
+    assert sent == [(b"", True)] and ctx.stats.mqtt_resyncs == 1  # told: reset, no snapshot
     assert [live(ctx, device, n) for n in (1, 2, 3)] == [[], [], [(b"m3", False)]]
 
 
-def test_a_resync_with_no_snapshot_to_send_says_so(
+def test_a_resync_with_no_snapshot_is_told_with_an_empty_retain(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the reruns of seed 1176's shape lost (seeds 1181-1183: subjects whose first
     messages were not retained, their cache emptied by the budget): the resume resyncs,
-    but there is no snapshot, nothing is sent and MQTT has no other sign. The line said
-    "resumed from its snapshot" all the same; it now says none was sent, and the
-    resume's summary counts them."""
+    there is no snapshot -- and nothing was sent, MQTT has no other sign: the client
+    silently missed m3..m10 (628d5cc only said so in the line). Now an empty PUBLISH
+    with RETAIN (MQTT's "no retained value") at the granted QoS 1 tells it, counted in
+    mqtt_resyncs; acknowledged, the record moves to the subject's position, so the next
+    resume is up to date rather than told again."""
     monkeypatch.setattr(client_lines, "lines", client_lines.ClientLines())
     ctx = member(10, retained=False)
     store(ctx, {SUBJECT: f"1:{EPOCH}:2"})
+    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {})  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="migratory.mqtt"):
-        device, sent = resume(ctx)
-    assert sent == [] and ctx.stats.mqtt_resyncs == 1
+        device.receive_data(encode_packet(mqtt.Connect("dev", clean_session=False)), 0.0)
+        while device.process(0.0, 1000):
+            pass
+    packets = read(device)
+    assert packets[0] == mqtt.Connack(True, 0)
+    (reset,) = packets[1:]  # before: nothing after the CONNACK
+    assert isinstance(reset, mqtt.Publish)
+    assert (reset.topic, reset.payload, reset.retain, reset.qos) == ("a/b", b"", True, 1)
+    assert ctx.stats.mqtt_resyncs == 1
     lines = [r.getMessage() for r in caplog.records]
     assert any("/a/b resumed from its snapshot (the cache no longer reaches back): it has "
-               "none, nothing sent, the client not told" in line for line in lines)
-    assert any("1 from their snapshot (1 with none to send), 0 up to date" in line
+               "none, an empty RETAIN sent (reset, no snapshot)" in line for line in lines)
+    assert any("1 from their snapshot (1 with none: an empty RETAIN), 0 up to date" in line
                for line in lines)
+    assert device._record is not None
+    assert device._record.positions[SUBJECT] == message(2).position  # not acknowledged
+    device.receive_data(encode_packet(mqtt.Puback(reset.packet_id)), 0.0)
+    assert device._record.positions[SUBJECT] == message(10).position
     assert live(ctx, device, 11) == [(b"m11", False)]
+
+
+def test_an_empty_snapshot_is_told_as_no_snapshot() -> None:
+    """The subject's last retained message was empty (MQTT's deletion of a retained
+    value): no snapshot is sent for it, so the resync is the empty RETAIN, once."""
+    ctx = member(10, retained=False)
+    ctx.hub.apply(Message(SUBJECT, b"", retained=True, qos=Qos.GUARANTEED, epoch=EPOCH,
+                          seq=11), 0.0)
+    store(ctx, {SUBJECT: f"1:{EPOCH}:2"})
+    device, sent = resume(ctx)
+    assert sent == [(b"", True)] and ctx.stats.mqtt_resyncs == 1  # before: []
+    assert live(ctx, device, 12) == [(b"m12", False)]

@@ -6,6 +6,7 @@ silently. Bytes in, packets out, an in-process hub that positions come to from o
 
 from __future__ import annotations
 
+import pytest
 from test_mqtt_session import HeldPublishing, Wire, read, session
 
 from migratory.config import Config
@@ -36,13 +37,14 @@ def message(seq: int, *, retained: bool) -> Message:
                    epoch=EPOCH, seq=seq)
 
 
-def subscribed(hub: Hub, *, clean: bool = False) -> tuple[ServerContext, MqttSession]:
-    """An MQTT session subscribed to SUBJECT with QoS 1 on ``hub``, what it got read."""
+def subscribed(hub: Hub, *, clean: bool = False, qos: int = 1
+               ) -> tuple[ServerContext, MqttSession]:
+    """An MQTT session subscribed to SUBJECT with ``qos`` on ``hub``, what it got read."""
     config = Config.from_mapping({})
     ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
                         HeldPublishing(hub))
     device = session(ctx, "dev", {}, clean_session=clean)
-    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", qos),))), 0.0)
     ctx.publishing.settle()  # type: ignore[attr-defined]
     read(device)
     return ctx, device
@@ -71,14 +73,34 @@ def test_a_jump_past_the_cache_is_an_mqtt_resync() -> None:
     assert publishes(device) == [(b"m11", False)]  # live again, nothing twice
 
 
-def test_a_jump_past_the_cache_of_a_subject_without_a_snapshot_is_counted() -> None:
+@pytest.mark.parametrize("qos", [1, 0])
+def test_a_jump_past_the_cache_of_a_subject_without_a_snapshot_is_an_empty_retain(
+    qos: int,
+) -> None:
+    """No snapshot to send: before, nothing was sent (counted and logged only) and the
+    client silently missed m3..m7. Now an empty PUBLISH with RETAIN -- MQTT's "no
+    retained value": the topic's state is reset, there is no snapshot -- at the granted
+    QoS, counted as a resync."""
     hub = member_hub(2, retained=False)
-    ctx, device = subscribed(hub, clean=True)
+    ctx, device = subscribed(hub, clean=True, qos=qos)
     jump(hub, 10, retained=False)
-    assert publishes(device) == []  # nothing to send: MQTT cannot tell the client ...
-    assert ctx.stats.mqtt_resyncs == 1  # ... so the gap is counted (before: 0, silent)
+    (reset,) = [p for p in read(device) if isinstance(p, mqtt.Publish)]  # before: none
+    assert (reset.topic, reset.payload, reset.retain, reset.qos) == ("a/b", b"", True, qos)
+    assert (reset.packet_id is not None) == bool(qos)
+    assert ctx.stats.mqtt_resyncs == 1
     hub.apply(message(11, retained=False), 0.0)
     assert publishes(device) == [(b"m11", False)]
+
+
+def test_a_persistent_session_records_the_reset_once_acknowledged() -> None:
+    hub = member_hub(2, retained=False)
+    _, device = subscribed(hub)
+    jump(hub, 10, retained=False)
+    (reset,) = [p for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert device._record is not None
+    assert device._record.positions[SUBJECT] == Position(EPOCH, 2)
+    device.receive_data(encode_packet(mqtt.Puback(reset.packet_id)), 0.0)
+    assert device._record.positions[SUBJECT] == Position(EPOCH, 10)
 
 
 def test_a_jump_the_cache_still_covers_replays_what_it_jumped_over() -> None:

@@ -323,3 +323,29 @@ def test_every_front_end_reaches_mqtt_and_mqtt_reaches_every_front_end(server) -
     events = [stream.next_event() for _ in range(3)]
     assert [(e["data"]["content"].encode(), e["data"]["seq"]) for e in events if e] == expected
     assert [m.payload for m in mqtt_sub.receive(3)] == [b"native", b"http", b"mqtt"]
+
+
+def test_a_resume_past_the_cache_of_a_subject_without_a_snapshot_is_an_empty_retain(
+    start_server,  # type: ignore[no-untyped-def]
+) -> None:
+    """paho sees the resync of a subject with no retained message: an empty PUBLISH with
+    RETAIN at QoS 1 ("no retained value": reset), then live messages. Before: nothing --
+    "2" and "3" silently missed (docs/mqtt.md)."""
+    server = start_server(ListenMqtt="127.0.0.1:0", BatchTime="0", MaxCachedMessagesPerSubject="1")
+    device = PahoClient(server.mqtt_port, "device-8", clean_session=False)
+    device.subscribe("dev/x", 1)
+    publisher = PahoClient(server.mqtt_port, "ctl")
+    publisher.publish("dev/x", b"1", qos=1)
+    assert [m.payload for m in device.receive(1)] == [b"1"]
+    device.stop()
+    for payload in (b"2", b"3", b"4"):  # not retained; the cache keeps "4" alone
+        publisher.publish("dev/x", payload, qos=1)
+    back = PahoClient(server.mqtt_port, "device-8", clean_session=False)
+    assert back.session_present
+    (reset,) = back.receive(1)
+    assert (reset.topic, reset.payload, reset.qos, reset.retain) == ("dev/x", b"", 1, True)
+    publisher.publish("dev/x", b"5", qos=1)
+    assert [m.payload for m in back.receive(1)] == [b"5"]
+    assert back.nothing_more()
+    back.stop()
+    publisher.stop()
