@@ -22,10 +22,18 @@ checker takes them from the acknowledged publishes by msg_id), type ``snapshot``
 RETAIN set and ``update`` otherwise, and ``connection`` (1, 2, ...: MQTT QoS 1 allows a
 message again on a later connection, not twice on one). Subscription rows: ``SERVER_UP``
 / ``SERVER_DOWN`` per connection, ``subscribed`` per subject at the first SUBACK,
-``SUBSCRIBE_DENY`` for a refused filter, ``DATA_RESYNC`` for a retained message on a
-resumed session (our server's only sign that the cache no longer reached back to the
-saved position: the snapshot comes instead), ``SESSION_LOST`` for session present 0 on a
-later connection (the session was lost: the subscriber subscribes again).
+``SUBSCRIBE_DENY`` for a refused filter, ``DATA_RESYNC`` for a retained message after
+the SUBACK -- on a resumed session, or a live one a member's cache sync moved past its
+cache (our server's only sign that the cache no longer reached back to the saved
+position: the snapshot comes instead; before, one on the first connection was not
+recorded), ``SESSION_LOST`` for session present 0 on a later connection (the session was
+lost: the subscriber subscribes again).
+
+An empty PUBLISH with RETAIN set (MQTT's "no retained value") is the server's resync of a
+subject with no snapshot (docs/mqtt.md): its ``DATA_RESYNC`` row is all that is recorded
+of it -- no ``deliveries`` row, as it delivers no message (one, with no msg_id, was
+reported ``unexpected``), and it is not counted in ``deliveries``. A SUBSCRIBE's empty
+RETAIN (before the SUBACK) is recorded as nothing.
 """
 
 from __future__ import annotations
@@ -95,8 +103,12 @@ class MqttRecorder:
 
     def message(self, topic: str, payload: bytes, retain: bool, time: float) -> None:
         subject = "/" + topic
-        if retain and self.resumed and not self.subscribing:
+        if retain and self.subscribed and not self.subscribing:
             self._sub(subject, "DATA_RESYNC", time)
+        if retain and not payload:  # a reset: no snapshot, nothing delivered
+            self.w.say(f"mqtt {self.spec.name}: {subject} reset (an empty RETAIN: no "
+                       f"snapshot) on {self.member}")
+            return
         msg_id = parse_id(payload)
         if msg_id:
             self.w.seen[self.spec.name].add(msg_id)

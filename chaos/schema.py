@@ -65,8 +65,9 @@ SUBSCRIPTION_FIELDS: tuple[Field, ...] = (
     ("kind", "string"),
     ("subject", "string"),
     # subscribed | unsubscribed | SERVER_UP | SERVER_DOWN | DATA_SYNC | DATA_RESYNC |
-    # SUBSCRIBE_ALLOW | SUBSCRIBE_DENY; mqtt: DATA_RESYNC = a retained message on a resumed
-    # session (the cache no longer reached back), SESSION_LOST = session present 0 on a resume
+    # SUBSCRIBE_ALLOW | SUBSCRIBE_DENY; mqtt: DATA_RESYNC = a retained message after the
+    # SUBACK (the cache no longer reached back: the snapshot, or an empty RETAIN when there
+    # is none -- then no deliveries row), SESSION_LOST = session present 0 on a resume
     ("event", "string"),
     ("member", "string"),
     ("epoch", "long"),

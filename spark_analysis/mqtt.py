@@ -31,15 +31,18 @@ a raw auditor had at seq 9 and the snapshot at seq 41 that its resume sent.) The
   guaranteed one; what ``holes`` adds for the other kinds (a gap of never-acknowledged
   seqs) cannot be told apart from a permitted QoS 0 loss here.
 - **resync**: MQTT has no DATA_RESYNC. When a resume finds the cache no longer reaching
-  back to the saved position, our server sends the subject's snapshot (a RETAIN-set
-  PUBLISH on a resumed session, which it sends in no other case to a session without
-  wildcard filters), logs the gap and counts it in ``mqtt_resyncs``; the subscriber
-  records it as a ``DATA_RESYNC`` without a position, which excuses what follows the
-  subscriber's last position in that epoch and was invoked before it -- every message
-  invoked before it when the session had got nothing of the subject yet (subscribed
-  before it was numbered, or dropped before its first message came). (A subject without
-  a snapshot gets nothing at all: its gap stays silent to the client and is reported
-  here as lost; look for "resumed from its snapshot" in the member logs.)
+  back to the saved position (or a member's cache sync moves a live session's subject
+  past it), our server sends the subject's snapshot -- or, with none, an empty PUBLISH
+  with RETAIN, MQTT's "no retained value" -- (a RETAIN-set PUBLISH after the SUBACK,
+  which it sends in no other case to a session without wildcard filters), logs the gap
+  and counts it in ``mqtt_resyncs``; the subscriber records it as a ``DATA_RESYNC``
+  without a position (the empty one as that row alone: no delivery), which excuses what
+  follows the subscriber's last position in that epoch and was invoked before it --
+  every message invoked before it when the session had got nothing of the subject yet
+  (subscribed before it was numbered, or dropped before its first message came). Only
+  on that subscriber's subject: a loss with no such row is lost. (Before the empty
+  RETAIN, a subject without a snapshot got nothing and its gap was reported here as
+  lost.)
 - **collisions** and **unexpected**: as for the other kinds (an mqtt delivery's
   position is the acknowledgement's, so it adds no collision of its own).
 - ``SESSION_LOST`` (a resume answered session present 0) is recorded, not itself a

@@ -75,6 +75,34 @@ def test_the_recorder_numbers_connections_and_tells_a_resync_from_a_first_snapsh
     w.h.close()
 
 
+def test_an_empty_retain_is_recorded_as_a_resync_and_no_delivery(tmp_path: Path) -> None:
+    """The server's resync of a subject with no snapshot is an empty PUBLISH with RETAIN
+    (docs/mqtt.md): a DATA_RESYNC row, no deliveries row (before: a delivery with no
+    msg_id, which the checker reports "unexpected"). And a RETAIN after the SUBACK on the
+    first connection -- a member's cache sync moved the live session past its cache --
+    is a resync as on a resumed one (before: not recorded, so its skipped messages were
+    reported lost)."""
+    w = _workload(tmp_path)
+    s0 = "/chaos/s0"
+    rec = MqttRecorder(w, SubscriberPlan("m0", "mqtt", 1, (s0,), 0, 0.0))
+    assert rec.connected("migratory-1", False, 1.0)
+    rec.suback([1], 1.1)
+    rec.message(s0[1:], b"p0-1|chaos", False, 1.2)
+    rec.message(s0[1:], b"", True, 1.3)  # a live resync, no snapshot
+    rec.message(s0[1:], b"p0-5|chaos", True, 1.4)  # a live resync, the snapshot
+    rec.disconnected("reset", 2.0)
+    assert not rec.connected("migratory-2", True, 3.0)
+    rec.message(s0[1:], b"", True, 3.1)  # a resume's resync, no snapshot
+    rec.message(s0[1:], b"p0-9|chaos", False, 3.2)
+    dels = [(d["msg_id"], d["type"], d["connection"]) for d in _rows(w, "deliveries")]
+    assert dels == [("p0-1", "update", 1), ("p0-5", "snapshot", 1), ("p0-9", "update", 2)]
+    resyncs = [(r["subject"], r["time"]) for r in _rows(w, "subscriptions")
+               if r["event"] == "DATA_RESYNC"]
+    assert resyncs == [(s0, 1.3), (s0, 1.4), (s0, 3.1)]
+    assert w.stats["deliveries"] == 3
+    w.h.close()
+
+
 def test_the_drain_waits_for_guaranteed_messages_only_from_mqtt(tmp_path: Path) -> None:
     w = _workload(tmp_path)
     (spec,) = [s for s in w.plan.subscribers if s.kind == "mqtt"]

@@ -230,3 +230,30 @@ def plant_mqtt_resync_before_anything(syn: Synthetic) -> None:
         syn.tables["deliveries"].remove(d)
     syn.add("subscriptions", subscriber="m0", kind="mqtt", subject=MQTT_VICTIM[2],
             event="DATA_RESYNC", member=MEMBERS[1], time=at)
+
+
+def _mqtt_reset(syn: Synthetic, subject: str, missed: int) -> None:
+    """m0 missed ``missed`` guaranteed messages of /chaos/s0 on its first connection (a
+    member's cache sync moved the live session past its cache), then the server's
+    resync of ``subject`` with no snapshot: an empty RETAIN, which the recorder writes
+    as a DATA_RESYNC row and no delivery (chaos/mqtt_workload.py)."""
+    add_mqtt(syn)
+    gone = sorted(_mqtt_first(syn), key=lambda d: d["time"])[5:5 + missed]
+    for p in syn.tables["publishes"]:
+        if p["msg_id"] in {d["msg_id"] for d in gone} and p["type"] == "invoke":
+            p["qos"] = "guaranteed"
+    for d in gone:
+        syn.tables["deliveries"].remove(d)
+    syn.add("subscriptions", subscriber="m0", kind="mqtt", subject=subject,
+            event="DATA_RESYNC", member=MEMBERS[0], time=gone[-1]["time"] + 1e-5)
+
+
+def plant_mqtt_reset_on_a_live_session(syn: Synthetic) -> None:
+    """Allowed: the empty RETAIN on /chaos/s0 announces the three m0 missed of it before."""
+    _mqtt_reset(syn, MQTT_VICTIM[2], 3)
+
+
+def plant_mqtt_reset_of_another_subject(syn: Synthetic) -> None:
+    """A loss of /chaos/s0 with the empty RETAIN on /chaos/s1: lost (one, as the check
+    names each violation once per plant)."""
+    _mqtt_reset(syn, "/chaos/s1", 1)

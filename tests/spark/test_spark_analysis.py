@@ -113,6 +113,9 @@ PLANTED: list[tuple[Callable[[gen.Synthetic], None], dict[str, set[str]]]] = [
     (kinds.plant_mqtt_reorder, {**NONE, "mqtt": {"reorders"}}),
     (kinds.plant_mqtt_resync_before_anything, {**NONE, "mqtt": set()}),
     (kinds.plant_mqtt_resync_after_an_unacknowledged_message, {**NONE, "mqtt": set()}),
+    # ... a resync with no snapshot (an empty RETAIN) excuses its own subject only
+    (kinds.plant_mqtt_reset_on_a_live_session, {**NONE, "mqtt": set()}),
+    (kinds.plant_mqtt_reset_of_another_subject, {**NONE, "mqtt": {"lost"}}),
     # Server-Sent Events streams: the native rules (positions in their events' ids)
     (kinds.plant_sse_lost, {**NONE, "sse": {"lost", "holes"}}),
     (kinds.plant_sse_resync, NONE),
@@ -170,7 +173,7 @@ def test_spark_every_planted_violation_is_named_alone(spark: Any, tmp_path: Path
     mqtt_resumes = summary["failover"]["subscriber_resume"]["mqtt"]
     # one resume per plant with an mqtt subscriber m0 (spark_history_kinds.add_mqtt)
     with_m0 = sum("mqtt" in p.__name__ or "skipped_by_all" in p.__name__ for p, _ in PLANTED)
-    assert with_m0 == 8
+    assert with_m0 == 10
     assert (mqtt_resumes["stats"]["count"], mqtt_resumes["never_resumed"]) == (with_m0, 0)
     md = (out / "report.md").read_text()
     assert "**FAIL**" in md
