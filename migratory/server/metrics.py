@@ -228,8 +228,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("mqtt_protocol_errors", "migratory_mqtt_protocol_errors", "counter",
      "MQTT connections closed for a malformed packet."),
     ("mqtt_resyncs", "migratory_mqtt_resyncs", "counter",
-     "MQTT subjects the cache no longer reached (the snapshot was sent, if any): at a "
-     "resume, or live when a cluster cache sync moved a subject past its cache."),
+     "MQTT subjects the cache no longer reached (the snapshot was sent with RETAIN, or an "
+     "empty RETAIN when there is none): at a resume, or live when a cluster cache sync "
+     "moved a subject past its cache."),
     ("mqtt_wills_published", "migratory_mqtt_wills_published", "counter",
      "MQTT will messages published."),
     ("mqtt_sessions_stored", "migratory_mqtt_sessions_stored", "gauge",
