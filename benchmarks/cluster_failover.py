@@ -349,7 +349,8 @@ def restart(cluster: BenchCluster, i: int) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    cluster = BenchCluster("cluster-failover")
+    extra = dict(setting.split("=", 1) for setting in args.set)
+    cluster = BenchCluster("cluster-failover", extra=extra or None)
     resume, leader_rounds = [], []
     try:
         cluster.start_all()
@@ -411,7 +412,12 @@ def main() -> int:
     p.add_argument("--after", type=float, default=4.0, help="s of load after the kill")
     p.add_argument("--target-ms", type=float, default=1000)
     p.add_argument("--json")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key for every member, e.g. ClusterElectionTimeout=600")
     args = p.parse_args()
+    bad = [s for s in args.set if "=" not in s]
+    if bad:
+        p.error(f"--set takes KEY=VALUE, got {bad[0]!r}")
     handle_sigterm()
     try:
         r = run(args)
