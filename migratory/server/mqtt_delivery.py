@@ -204,7 +204,7 @@ class MqttDelivery(MqttInput):
             "its snapshot sent" if snapshot is not None and snapshot.content
             else "no snapshot: an empty RETAIN sent (reset)", extra=self.log_fields())
         if snapshot is not None and snapshot.content:
-            self.deliver_retained(snapshot, qos)
+            self.deliver_retained(snapshot, qos, position)
         else:
             self.deliver_reset(subject, position, qos)
 
@@ -260,13 +260,24 @@ class MqttDelivery(MqttInput):
         self._live_meanwhile = set() if on else None
         return self._live_meanwhile
 
-    def deliver_retained(self, message: Message, qos: int) -> None:
-        """A snapshot sent because of a new subscription: RETAIN set."""
+    def deliver_retained(self, message: Message, qos: int,
+                         position: Position | None = None) -> None:
+        """A snapshot sent because of a new subscription, or of a resync: RETAIN set.
+        ``position`` (a resync): where the subject is now -- the session carries on from
+        there, as a native client does from its ``DATA_RESYNC``'s position, and so does its
+        record once a QoS 1 snapshot is acknowledged. Before, both stayed at the
+        snapshot's own seq: a later resume sent the non-retained messages cached between
+        it and the subject's position (on another connection, late), or not, whether a
+        live message had come first."""
         if self.closing or self.aborted or not message.content:
             return  # an empty retained message deletes it, for MQTT clients
         self.subscriptions.take(message)
+        at = message.position
+        if position is not None and position.seq and (
+                position.epoch != message.epoch or position.seq > message.seq):
+            self.settle_reached()[message.subject] = at = position
         if qos and message.qos is Qos.GUARANTEED:
-            self._deliver_qos1(message, retain=True)
+            self._deliver_qos1(message, retain=True, at=at)
         else:
             frame = mqtt_encode.encode_publish(message.subject[1:], message.content, retain=True)
             self._deliver(self._wrap(frame))
@@ -298,12 +309,13 @@ class MqttDelivery(MqttInput):
         self._deliver(self._wrap(mqtt_encode.encode_publish(
             subject[1:], b"", qos=1, retain=True, packet_id=packet_id)))
 
-    def _deliver_qos1(self, message: Message, *, retain: bool) -> None:
+    def _deliver_qos1(self, message: Message, *, retain: bool,
+                      at: Position | None = None) -> None:
         refusal = self._inflight.full()
         if refusal is not None:
             self._slow_consumer(refusal)
             return
-        packet_id = self._inflight.add(message.subject, message.position)
+        packet_id = self._inflight.add(message.subject, message.position if at is None else at)
         frame = mqtt_encode.encode_publish_from_parts(
             SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
         )

@@ -182,7 +182,7 @@ class Resume:
                             "(mqtt_resyncs), not logged one by one", owner.describe(),
                             extra=owner.log_fields())
             if snapshot is not None and snapshot.content:
-                owner.deliver_retained(snapshot, qos)
+                owner.deliver_retained(snapshot, qos, hub.position(subject))
             else:  # the empty RETAIN: reset, no snapshot (docs/mqtt.md)
                 owner.deliver_reset(subject, hub.position(subject), qos)
             return 1

@@ -100,7 +100,7 @@ class MqttSession(MqttTakeover):
         self.persistent = False
         self._will: mqtt.Will | None = None
         self.subscriptions = Subscriptions(self, ctx)
-        self._publish_rate = PublishRate(config.max_publishes_per_second, 0.0)
+        self._publish_rate: PublishRate | None = None  # made at its first publish
         self._reached = self.subscriptions.reached
         # the subject of the last delivery and the message (or Position) it reached: its
         # entry in _reached is stale while it is here (see settle_reached)
@@ -288,6 +288,8 @@ class MqttSession(MqttTakeover):
             closure=None if packet.packet_id is None else str(packet.packet_id),
         )
         status, reason = check_publish(ctx, self.listener, self.identity, message)
+        if self._publish_rate is None:  # (most devices only subscribe: ~80 bytes each, idle)
+            self._publish_rate = PublishRate(ctx.config.max_publishes_per_second, now)
         if status is None and not self._publish_rate.take(now):
             status = ops.Status.PUBLISH_FAILED
             reason = f"MaxPublishesPerSecond ({ctx.config.max_publishes_per_second}) exceeded"

@@ -201,3 +201,29 @@ def test_an_empty_snapshot_is_told_as_no_snapshot() -> None:
     device, sent = resume(ctx)
     assert sent == [(b"", True)] and ctx.stats.mqtt_resyncs == 1  # before: []
     assert live(ctx, device, 12) == [(b"m12", False)]
+
+
+def test_a_snapshot_resync_carries_the_session_on_from_the_subjects_position() -> None:
+    """A resync told with the snapshot: the session (and, once the QoS 1 snapshot is
+    acknowledged, its record) carries on from where the subject is, as a native client
+    does from its DATA_RESYNC's position (docs/protocol.md). Before, both stayed at the
+    snapshot's own seq (m2 here): the next resume sent m3 and m4, the non-retained
+    messages between it and the subject's position -- late, on another connection, and
+    only if no live message came first (h133)."""
+    ctx = member(2, cached=2)  # m1, m2 retained; then m3, m4 not: the cache holds m3, m4
+    for n in (3, 4):
+        ctx.hub.apply(message(n, retained=False), 0.0)
+    store(ctx, {SUBJECT: f"1:{EPOCH}:1"})  # m2 is past the cache's reach: a resync
+    device = MqttSession(ctx, Wire(), "127.0.0.1:1", {})  # type: ignore[arg-type]
+    device.receive_data(encode_packet(mqtt.Connect("dev", clean_session=False)), 0.0)
+    while device.process(0.0, 1000):
+        pass
+    packets = read(device)
+    (snapshot,) = packets[1:]
+    assert isinstance(snapshot, mqtt.Publish)
+    assert (snapshot.payload, snapshot.retain, snapshot.qos) == (b"m2", True, 1)
+    assert ctx.stats.mqtt_resyncs == 1
+    device.receive_data(encode_packet(mqtt.Puback(snapshot.packet_id)), 0.0)
+    assert device._record is not None
+    assert device._record.positions[SUBJECT] == message(4).position  # before: m2's
+    assert live(ctx, device, 5) == [(b"m5", False)]

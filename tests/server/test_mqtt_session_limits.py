@@ -4,6 +4,7 @@ fragments (helpers from test_mqtt_session)."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -454,3 +455,24 @@ def test_qos1_messages_a_subscriber_never_acknowledges_are_bounded_by_its_budget
         if device.closing:
             break
     assert device.closing and delivered == 100
+
+
+def test_a_device_that_never_publishes_holds_no_publish_rate() -> None:
+    """Most MQTT devices only subscribe: the token bucket each held (~80 bytes) is made at
+    the first PUBLISH, with a whole second's burst as before (the native session's rule,
+    test_admission.py)."""
+    from migratory.server.admission import PublishRate
+
+    def holds_a_rate(s: MqttSession) -> bool:
+        return any(isinstance(held, PublishRate) for held in gc.get_referents(s))
+
+    ctx, held = make(MaxPublishesPerSecond="5")
+    device = session(ctx, "dev", {})
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("r/s", 0),))), 500.0)
+    assert not holds_a_rate(device)
+    device.receive_data(b"".join(encode_packet(mqtt.Publish("r/s", b"%d" % i))
+                                 for i in range(5)), 900.0)
+    held.settle()
+    assert holds_a_rate(device) and not device.closing
+    device.receive_data(encode_packet(mqtt.Publish("r/s", b"over")), 900.0)
+    assert device.closing  # the sixth within the second: past the limit, closed
