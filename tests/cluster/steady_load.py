@@ -21,11 +21,13 @@ T = TypeVar("T")
 async def subscribe_recording(
     servers: list[str], subject: str, stop: trio.Event, *,
     on_note: Callable[[Notification], Any], on_message: Callable[[Message], Any],
+    seed: int = 1,
 ) -> None:
-    """Subscribe ``subject`` through ``servers`` (weighted) until ``stop``; each
-    notification to ``on_note``, each message to ``on_message``."""
+    """Subscribe ``subject`` through ``servers`` (weighted, picked with ``seed``'s random
+    numbers) until ``stop``; each notification to ``on_note``, each message to
+    ``on_message``."""
     async with (
-        connect(servers, reconnect=FAST, rng=random.Random(1)) as client,
+        connect(servers, reconnect=FAST, rng=random.Random(seed)) as client,
         client.subscribe(subject) as subscription,
         trio.open_nursery() as nursery,
     ):
