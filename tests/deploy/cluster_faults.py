@@ -35,6 +35,8 @@ publish load with SDK clients going through the client Service.
     non-seed 3 created and deleted again once it has started, twice, then created.
 ``scale-out-in-leader-restart``, ``scaled-below-the-seeds``
     the replica count moved: tests/deploy/scaling_faults.py.
+``whole-crash-loop``, ``leader-away-seed-starting-scale-in``
+    two faults at once: tests/deploy/combined_faults.py.
 ``seed-roll-dns``
     seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
     between pods) while cluster DNS answers a recreated name with its old IP for 30 s
@@ -60,6 +62,7 @@ from functools import partial
 from pathlib import Path
 
 import trio
+from combined_faults import COMBINED_SCENARIOS, COMBINED_UNAVAILABLE
 from k8s_local import (
     GATEWAY,
     LEADER_PORT,
@@ -296,8 +299,9 @@ SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "ip-reused": (4, ip_reused),
     "scale-flap": (3, scale_flap),
     **SCALING_SCENARIOS,
+    **COMBINED_SCENARIOS,
 }
-UNAVAILABLE = {"lost-volume", "whole-restart", *SCALING_UNAVAILABLE}
+UNAVAILABLE = {"lost-volume", "whole-restart", *SCALING_UNAVAILABLE, *COMBINED_UNAVAILABLE}
 """Plays that leave the cluster without a Raft majority for a while: a publish in flight
 then may have no answer (its outcome unknown), never a wrong one. whole-restart: every
 pod is deleted at once, so the last member draining can lose its Raft leader with a

@@ -288,7 +288,14 @@ class LocalStatefulSet:
                         if p["name"] == port))
 
     async def _get(self, pod: Pod, kind: str) -> int:
+        return await self.probe(pod, kind)
+
+    async def probe(self, pod: Pod, kind: str, *, timeout: float | None = None) -> int:
+        """The status ``pod`` answers the manifest's probe ``kind`` with (0: none), within
+        ``timeout`` (the probe's own ``timeoutSeconds`` without one)."""
         probe = self.container[kind]
+        if timeout is not None:
+            probe = {**probe, "timeoutSeconds": timeout}
         return await http_status(pod.ip, self._port(probe), probe)
 
     async def _probe(self, pod: Pod) -> None:

@@ -3,7 +3,9 @@ pod deleted at once (the Raft leader's volume lost with it), a seed's volume los
 another seed is away, a ConfigMap change the members refuse, a longer member list rolled
 out, seeds rolled while cluster DNS answers with old IPs, a scale-out and -in while the
 Raft leader restarts, the count set below the seeds and back, a pod at another pod's old
-IP, a pod scaled away as soon as it started. Each run checks that no acknowledged
+IP, a pod scaled away as soon as it started; and two at once (combined_faults.py): every
+pod deleted twice before the first restart is ready, the Raft leader's pod deleted while
+another seed starts and the set scales in. Each run checks that no acknowledged
 publish is lost, no subscriber sees a duplicate or a position out of order, and every
 subscriber that moved resumed with DATA_SYNC (rehearsal.check)."""
 
@@ -139,3 +141,31 @@ def test_a_pod_scaled_away_as_soon_as_it_started(tmp_path: Path) -> None:
     summary = play("scale-flap", tmp_path)
     assert len(summary["observed"]["ready_when_deleted"]) == 2
     assert summary["unknown"] == 0
+
+
+@pytest.mark.slow
+def test_every_pod_deleted_twice_before_the_first_restart_is_ready(tmp_path: Path) -> None:
+    """The whole set in a crash loop (combined_faults.py): every pod deleted, recreated,
+    and deleted again as soon as one has started, none ready, the first Raft leader's
+    volume lost with it, then recreated; the subscribers on the client Service only
+    (19-32 s: the longer runs had a member's drain wait 10 s for publishes the departed
+    seeds could no longer settle, as whole-restart's do)."""
+    summary = play("whole-crash-loop", tmp_path)
+    observed = summary["observed"]
+    assert observed["ready_when_deleted_again"] == [False] * 4, observed
+    assert observed["volume_lost_by"] in (0, 1, 2)
+    assert summary["unknown"] <= 6, summary["unknown"]  # as whole-restart: two publishers,
+    # at most one in flight per outage window (two deletions, the restart) each; 0-4 seen
+    assert summary["subscribers_moved"] == summary["subscribers"]
+
+
+@pytest.mark.slow
+def test_the_leader_deleted_while_a_seed_starts_and_the_set_scales_in(tmp_path: Path) -> None:
+    """The Raft leader's pod deleted while another seed's new pod is still starting (not
+    ready) and non-seed 3 is scaled away at once: one seed ready until they are back
+    (combined_faults.py, ~16 s)."""
+    summary = play("leader-away-seed-starting-scale-in", tmp_path)
+    observed = summary["observed"]
+    assert observed["starting_ready_when_leader_gone"] is False, observed
+    assert observed["pods"] == [0, 1, 2]
+    assert summary["unknown"] <= 2, summary["unknown"]  # one in flight per publisher
