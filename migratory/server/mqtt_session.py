@@ -280,13 +280,9 @@ class MqttSession(MqttTakeover):
         except InvalidTopicError as exc:
             self._refused_publish(str(exc))
             return
-        message = Message(
-            subject,
-            packet.payload,
-            retained=packet.retain,
-            qos=Qos.GUARANTEED if packet.qos else Qos.STANDARD,
-            closure=None if packet.packet_id is None else str(packet.packet_id),
-        )
+        message = Message(subject, packet.payload, retained=packet.retain,
+                          qos=Qos.GUARANTEED if packet.qos else Qos.STANDARD,
+                          closure=None if packet.packet_id is None else str(packet.packet_id))
         status, reason = check_publish(ctx, self.listener, self.identity, message)
         if self._publish_rate is None:  # (most devices only subscribe: ~80 bytes each, idle)
             self._publish_rate = PublishRate(ctx.config.max_publishes_per_second, now)
