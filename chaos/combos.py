@@ -30,6 +30,8 @@ starting with the combination's name ("leader, " before it for the Raft leader).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,17 +88,27 @@ def heal(nem: Nemesis, kind: str, i: int, links: slice, detail: str) -> None:
     nem.record("heal", target, "end", kind)
 
 
+@contextlib.asynccontextmanager
+async def holding_the_leader(
+    nem: Nemesis, f: Fault, name: str, indexes: list[int]
+) -> AsyncIterator[int | None]:
+    """:func:`holding` the members ``indexes``, then the Raft leader's index (None: not
+    held, or no leader known -- said so: the combination does nothing)."""
+    async with holding(nem, f, indexes) as held:
+        lead = await leader(nem) if held else None
+        if held and lead is None:
+            nem.say(f"{name}: no Raft leader known; nothing done")
+        yield lead
+
+
 async def partition_lag_kill(nem: Nemesis, f: Fault) -> None:
     delay, lag, held_for, down = combo_times(f)
     seeds = list(range(nem.seeds))
-    async with holding(nem, f, seeds) as held:
-        lead = await leader(nem) if held else None
+    name = "partition-lag-kill"
+    async with holding_the_leader(nem, f, name, seeds) as lead:
         if lead is None:
-            if held:
-                nem.say("partition-lag-kill: no Raft leader known; nothing done")
             return
         follower = next(i for i in seeds if i != lead)
-        name = "partition-lag-kill"
         cut(nem, "delay", follower, PEERS, f"{name}: {delay * 1000:g}ms on cluster+raft "
             "links, both ways", delay)
         await trio.sleep(lag)
@@ -141,11 +153,8 @@ async def compaction_blackhole(nem: Nemesis, f: Fault) -> None:
     held_for, down = combo_times(f)
     seeds = [nem.members[i] for i in range(nem.seeds)]
     name = "compaction-blackhole"
-    async with holding(nem, f, [m.index for m in seeds]) as held:
-        lead = await leader(nem) if held else None
+    async with holding_the_leader(nem, f, name, [m.index for m in seeds]) as lead:
         if lead is None:
-            if held:
-                nem.say(f"{name}: no Raft leader known; nothing done")
             return
         victim = lead if "the leader's" in f.detail else (lead + 1) % nem.seeds
         seen = await compacting(nem.members[victim], COMPACTION_WAIT)
@@ -213,11 +222,8 @@ async def lost_disks_pause(nem: Nemesis, f: Fault) -> None:
     paused_for, lag, down = combo_times(f)
     seeds = list(range(nem.seeds))
     name = "lost-disks-pause"
-    async with holding(nem, f, seeds) as held:
-        lead = await leader(nem) if held else None
+    async with holding_the_leader(nem, f, name, seeds) as lead:
         if lead is None:
-            if held:
-                nem.say(f"{name}: no Raft leader known; nothing done")
             return
         behind, *wiped = [nem.members[(lead + k) % nem.seeds] for k in (1, 2, 3)]
         nem.pause(behind, f"{name}: follower paused {paused_for}s")
@@ -238,11 +244,8 @@ async def slow_election(nem: Nemesis, f: Fault) -> None:
     delay, lag, down = combo_times(f)
     seeds = list(range(nem.seeds))
     name = "slow-election"
-    async with holding(nem, f, seeds) as held:
-        lead = await leader(nem) if held else None
+    async with holding_the_leader(nem, f, name, seeds) as lead:
         if lead is None:
-            if held:
-                nem.say(f"{name}: no Raft leader known; nothing done")
             return
         for i in seeds:
             cut(nem, "delay", i, PEERS, f"{name}: {delay * 1000:g}ms on cluster+raft links, "
