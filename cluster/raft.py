@@ -56,6 +56,7 @@ from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
 from cluster.raft_front_server import FrontStatistics
+from cluster.raft_outcomes import CLOSED_NAME
 from cluster.raft_timings import RaftTimings
 from cluster.raft_transport import SeedLinkTransport
 from cluster.subject_count import SubjectCountWarning
@@ -80,8 +81,6 @@ DEFINITE_FAILURES = frozenset(
     }
 )
 
-CLOSED_NAME = "RAFT_STOPPED"
-"""A submit after the member stopped its Raft node: definite, the command was never sent."""
 
 DNS_CACHE_SECONDS = 1.0
 """How long pysyncobj may reuse a peer's resolved address (or a failed lookup)."""
@@ -430,9 +429,9 @@ class RaftCoordination:
         def callback(result: Any, error: int) -> None:  # after the batches held before it
             self.consumer.in_order(lambda: answer(result, error))
 
-        if self._closed:  # the member is stopping: its links still hand in forwards
-            on_done(None, CLOSED_NAME, False)
-            return
+        if self._closed or self.syncobj.stopped is not None:  # handles no command again:
+            on_done(None, CLOSED_NAME, False)  # (the member is stopping; its links still
+            return  # hand in forwards)
         wire = to_wire(requests)
         try:
             if send_by is None:
@@ -470,6 +469,11 @@ class RaftCoordination:
             "raft_dumps_untaken": dict(snap.dumps_untaken),
             "raft_dump_unloadable": snap.dump_unloadable,
         }
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` began: every submit from then on is refused."""
+        return self._closed
 
     def close(self) -> None:
         """Stop the Raft node; a submit from now on is answered :data:`CLOSED_NAME`

@@ -18,7 +18,11 @@ from cluster.stream import CommittedStream
 
 Origins = list[tuple[str, int]]
 
-__all__ = ["barrier_committed", "fail", "raft_failed"]
+__all__ = ["CLOSED_NAME", "barrier_committed", "fail", "raft_failed"]
+
+CLOSED_NAME = "RAFT_STOPPED"
+"""A submit to a Raft node that stopped (a file it could not write: cluster/raft_disk.py)
+or that the member closed: definite, the command was never sent."""
 
 
 def fail(
@@ -41,7 +45,16 @@ def raft_failed(
     reply_to: str | None,
     now: float,
 ) -> bool:
-    """Raft failed a batch with ``error``; True when a barrier must settle it."""
+    """Raft failed a batch with ``error``; True when a barrier must settle it.
+
+    A non-seed's forward refused by this seed's stopped Raft node (:data:`CLOSED_NAME`)
+    is not failed: the seed ends that non-seed's link and says nothing, and the non-seed
+    forwards it again through another seed, with what it forwarded after it, in its
+    order (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`). Failed, its
+    publisher got ``PUBLISH_FAILED`` while a majority of the seeds was up."""
+    if error == CLOSED_NAME and reply_to is not None:
+        stream.end_link(reply_to, "this seed's Raft node stopped; forward through another")
+        return False
     if not unknown:
         fail(stream, origins, error, reply_to=reply_to, now=now)
         return False

@@ -293,6 +293,13 @@ class CommittedStream:
     def unfollow(self, name: str) -> None:
         self.followers.pop(name, None)
 
+    def end_link(self, name: str, why: str) -> None:
+        """End the link of follower ``name`` (if it follows), nothing more sent on it."""
+        follower = self.followers.get(name)
+        if follower is not None:
+            log.warning("ending the link of replica %s: %s", name, why)
+            self._drop(follower)
+
     def send_to(self, name: str, op: link.LinkOp) -> bool:
         """One operation to a follower (a forward's outcome); False if it is gone."""
         follower = self.followers.get(name)

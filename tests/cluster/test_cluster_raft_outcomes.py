@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 from publish_answers import Answers
 
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, Coordinator, PublishRequest
 from cluster.publishing import ClusterPublishing
-from cluster.raft_outcomes import barrier_committed, raft_failed
+from cluster.raft_outcomes import CLOSED_NAME, barrier_committed, raft_failed
 from cluster.replica import Replica
-from cluster.stream import CommittedStream, Outbound, wire_bytes
+from cluster.stream import Backlog, CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
 from migratory.server.hub import Hub
 
@@ -41,6 +42,28 @@ def test_a_definite_refusal_of_a_forward_goes_back_to_the_non_seed() -> None:
     raft_failed(stream, origins, "MISSING_LEADER", unknown=False, reply_to="edge", now=1.0)
     op = link.decode_op(wire_bytes(receive.receive_nowait())[4:])
     assert op == link.ForwardFailed((("edge#1", 7),), "MISSING_LEADER", False)
+
+
+def test_a_forward_refused_by_a_stopped_raft_node_ends_the_link_unanswered() -> None:
+    """Never submitted (the seed's Raft node stopped: its disk): the non-seed forwards it
+    again through another seed once its link ends. Before, it was told ``ForwardFailed``
+    and its publisher got ``PUBLISH_FAILED`` (test_cluster_upstream_full_disk.py)."""
+    stream, _, _ = seed_with_a_publish()
+    send, receive = trio.open_memory_channel[Outbound](10)
+    ended: list[bool] = []
+    stream.follow("edge", 0, False, send, Backlog(on_drop=lambda: ended.append(True)))
+    receive.receive_nowait()  # the heartbeat after the catch-up
+    assert not raft_failed(stream, [("edge#1", 7)], CLOSED_NAME, unknown=False,
+                           reply_to="edge", now=1.0)
+    assert ended == [True] and "edge" not in stream.followers
+    with pytest.raises(trio.EndOfChannel):
+        receive.receive_nowait()  # no ForwardFailed: closed, nothing more
+
+
+def test_the_seeds_own_publish_refused_by_its_stopped_raft_node_fails() -> None:
+    stream, answers, origins = seed_with_a_publish()
+    assert not raft_failed(stream, origins, CLOSED_NAME, unknown=False, reply_to=None, now=1.0)
+    assert answers.reasons == ["not published: RAFT_STOPPED"]
 
 
 def test_an_unknown_outcome_waits_for_a_barrier() -> None:

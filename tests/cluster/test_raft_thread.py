@@ -92,3 +92,21 @@ def test_a_submit_after_close_is_refused_not_raised() -> None:
     raft.submit(2, [], lambda clsn, error, unknown: outcome.append((clsn, error, unknown)))
     raft.submit(2, [], lambda *a: outcome.append(a), send_by=time.monotonic() + 5)
     assert outcome == [(None, "RAFT_STOPPED", False)] * 2
+
+
+def test_a_submit_to_a_stopped_raft_node_is_refused_at_once() -> None:
+    """A node stopped by its disk (cluster/raft_disk.py) handles no command again, and
+    the member closes it only after it noticed (up to 0.1 s later): a command queued
+    meanwhile was never answered, its non-seed's link held until the member was gone."""
+    port = free_port()
+    raft = RaftCoordination(
+        self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
+        password="x", on_commit=lambda _batch: None,
+    )
+    try:
+        raft.syncobj.stopped = "cannot write raft.journal (No space left on device)"
+        outcome: list[tuple[object, ...]] = []
+        raft.submit(2, [], lambda *a: outcome.append(a))
+        assert outcome == [(None, "RAFT_STOPPED", False)]
+    finally:
+        raft.close()

@@ -1,0 +1,101 @@
+"""A non-seed's upstream seed stopped by its full disk, with real member processes.
+
+A seed that cannot write its Raft files stops taking part in Raft and exits
+(cluster/raft_disk.py); here its compaction's dump cannot be written (a directory where
+``raft.dump.tmp`` goes, as in test_cluster_seed_fault_combinations.py). A non-seed
+forwarding its publishers' publishes through that seed keeps going through another
+while a majority of the seeds is up: what the stopped seed's Raft node refused was
+never submitted, so the seed ends the link without an answer and the non-seed forwards
+it again through the next seed, ahead of its newer publishes (cluster/raft_outcomes.py).
+Before, each such publish was answered ``PUBLISH_FAILED`` ("RAFT_STOPPED": 21 of ~4,000
+in the first run).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from cluster_fixture import LocalCluster
+from cluster_load import LoadPublisher, LoadSubscriber
+from test_cluster_fault_combinations import (
+    CACHE,
+    check_everything,
+    failure_reasons,
+    upstream_of,
+)
+
+SEEDS = [0, 1, 2]
+NON_SEED = 3
+COMPACTING = {"ClusterLogCompactionEntries": "100", "ClusterLogCompactionTime": "1"}
+"""A dump every second or so: the seed whose dumps cannot be written stops soon."""
+
+
+def block_dumps(cluster: LocalCluster, seed: int, timeout: float = 10) -> Path:
+    """The seed's next dump cannot be written (once the one being written is): the stop
+    a full disk makes. Returns the directory that blocks it (``rmdir`` to mend)."""
+    full = cluster.tmp_path / "data" / f"migratory-{seed}" / "raft.dump.tmp"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            full.mkdir()
+            return full
+        except FileExistsError:
+            assert time.monotonic() < deadline, f"seed {seed}'s dump stays half-written"
+            time.sleep(0.01)
+
+
+def stopped_by_its_disk(cluster: LocalCluster, seed: int) -> None:
+    process = cluster.processes[seed]
+    assert process is not None
+    process.wait(20)
+    assert process.returncode == 1, process.returncode
+    assert "cannot write" in cluster.log(seed)
+
+
+def following_a_follower(cluster: LocalCluster, non_seed: int) -> int:
+    """The non-seed's upstream seed, once it is not the Raft leader (the non-seed
+    restarted until it picks another: it picks at random)."""
+    for _ in range(8):
+        upstream = upstream_of(cluster, non_seed)
+        if upstream != cluster.leader():
+            return upstream
+        cluster.kill(non_seed, signal.SIGTERM)
+        cluster.start(non_seed)
+        cluster.wait_ready([non_seed], timeout=20)
+    raise AssertionError("the non-seed kept following the Raft leader")
+
+
+@pytest.mark.slow
+def test_a_non_seeds_upstream_stopped_by_its_full_disk_costs_its_publishers_nothing(
+    tmp_path: Path,
+) -> None:
+    cluster = LocalCluster(tmp_path, members=4, seeds=3, MaxCachedMessagesPerSubject=CACHE,
+                           **COMPACTING)
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=40)
+        upstream = following_a_follower(cluster, NON_SEED)
+        watcher = LoadSubscriber([cluster.port(i) for i in SEEDS if i != upstream],
+                                 tag="watcher", duration=60)
+        local = LoadSubscriber([cluster.port(NON_SEED)], tag="local", duration=60)
+        for subscriber in (watcher, local):
+            subscriber.start()
+            subscriber.wait_subscribed(10)
+        publisher = LoadPublisher([cluster.port(NON_SEED)], rate=2000, duration=40)
+        publisher.start()
+        publisher.wait_acked(2000, timeout=15)
+        block_dumps(cluster, upstream)
+        stopped_by_its_disk(cluster, upstream)
+        publisher.wait_acked(len(publisher.acked) + 1000, timeout=15)
+        publisher.stop()
+        summary = f"{publisher.summary()}; failures {failure_reasons(publisher)}"
+        assert publisher.failed == {}, summary
+        assert publisher.unanswered == set(), summary
+        assert upstream_of(cluster, NON_SEED) != upstream
+        check_everything(cluster, [publisher], [watcher, local], {upstream})
+        print(f"upstream {upstream} stopped by its disk; {summary}")
+    finally:
+        cluster.stop()
