@@ -6,6 +6,7 @@ test moves it)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +20,9 @@ from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server.app import build_hub
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.metrics import PublishTimings
+
+if TYPE_CHECKING:
+    from migratory.server.session import Session
 
 CLIENTS = 1_000
 
@@ -80,7 +84,7 @@ class Publishing:
         return {}
 
 
-def sessions(ctx: ServerContext, count: int) -> list[object]:
+def sessions(ctx: ServerContext, count: int) -> list[Session]:
     from migratory.server.session import Session
 
     out = []

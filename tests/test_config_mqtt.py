@@ -81,5 +81,6 @@ def test_in_a_cluster_mqtt_session_expiry_is_zero_or_long_enough_for_the_sweep()
     with pytest.raises(ConfigError, match=r"MqttSessionExpiry.* = 60: in a cluster it is 0"):
         Config.from_mapping({**CLUSTER, "MqttSessionExpiry": "60"})
     for fine in ("0", str(CLUSTER_MIN_SESSION_EXPIRY)):
-        assert Config.from_mapping({**CLUSTER, "MqttSessionExpiry": fine})
+        config = Config.from_mapping({**CLUSTER, "MqttSessionExpiry": fine})
+        assert config.mqtt_session_expiry == int(fine)
     assert Config.from_mapping({"MqttSessionExpiry": "2"}).mqtt_session_expiry == 2  # alone

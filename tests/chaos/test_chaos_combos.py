@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from test_chaos_restarts import StandIn
 
 from chaos.__main__ import main
 from chaos.history import History
 from chaos.nemesis import Nemesis
 from chaos.schedule import COMBOS, RESET_EVERY, RESET_FOR, Fault, combo_times, generate
-from tests.chaos.test_chaos_restarts import StandIn
 
 
 @pytest.mark.parametrize("members,seeds", [(5, 3), (7, 5)])

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="attr-defined"
 """The fault rules of the cluster state machine, and its final recovery (test helper).
 
 A mixin of ``cluster_machine.ClusterMachine``: the state and the helpers are the

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="attr-defined"
 """Upstream links of the cluster state machine (test helper).
 
 A mixin of ``cluster_machine.ClusterMachine``. A non-seed's link to its upstream seed

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="attr-defined"
 """Raft rules of the cluster state machine: submitting, committing, failing (test helper).
 
 A mixin of ``cluster_machine.ClusterMachine`` (the state and helpers are the

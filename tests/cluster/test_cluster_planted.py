@@ -206,7 +206,7 @@ NO_SIDE_SHOWS = ("crash", "lose_majority", "compact", "raft_sends_dump", "seed_a
                  "partition")  # the publishes, links and Raft only: found sooner
 NO_SLOW_FOLLOWERS = 10**6  # no link dropped for a full queue either
 
-PLANTED = [
+PLANTED: list[tuple[type[ClusterMachine], str]] = [
     (planted("Skipping", replica_class=SkippingReplica),
      "differs from the committed log|is not what the committed log holds"),
     (planted("SeqReusing", coordinator_class=SeqReusingCoordinator), "names two messages"),

@@ -71,7 +71,8 @@ def test_the_raft_thread_puts_no_cached_message_of_the_leaders_dump_in_the_cache
         assert follower._SyncObj__raftCommitIndex == 9  # loaded, and answered
         assert queues_built.get(raft_thread, 0) == 0  # before: 300, every cached message
         cache = follower._status_consumer.cache
-        wait_until(lambda: restored[0].subjects.ready(), "the dump's caches decoded")
+        records = restored[0].subjects  # a DumpRecords: the dump's records, decoded in a thread
+        wait_until(lambda: records.ready(), "the dump's caches decoded")  # type: ignore[attr-defined]
         cache.settle()
         assert not cache.decoding
         assert queues_built.get("raft-dump-decoder") == 300

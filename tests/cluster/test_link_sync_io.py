@@ -48,8 +48,8 @@ def test_a_sync_is_written_a_part_at_a_time_in_queue_order() -> None:
         beat = link.encode_frame(link.Heartbeat(39, True))
         sync = SyncFrames(capture(20, 30), part_bytes=4_000)  # ~300,000 bytes: ~75 parts
         send, queue = trio.open_memory_channel[Outbound](10)
-        for item in (beat, sync, beat):
-            send.send_nowait(item)
+        for frame in (beat, sync, beat):
+            send.send_nowait(frame)
         ticks = 0
 
         async def ticker() -> None:

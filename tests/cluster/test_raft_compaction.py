@@ -95,7 +95,7 @@ def test_the_wait_is_bounded_by_the_logs_bytes_too() -> None:
     try:
         warned = [r for r in world.logs.records if "although a dump is still" in r.getMessage()]
         assert warned, "the leader compacts once its log is four times the bound"
-        waited = [r.args[1] for r in warned]  # type: ignore[index]
+        waited: list[float] = [r.args[1] for r in warned]  # type: ignore[index]
         assert max(waited) < raft_compaction.MAX_WAIT_SECONDS, waited  # not the 60 s
         leader = world.leader()
         assert leader is not None

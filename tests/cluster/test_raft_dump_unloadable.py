@@ -52,8 +52,8 @@ def test_a_leaders_dump_that_does_not_load_is_said_once_not_at_each_send(
     assert dump.reason is not None and "sent 50 times in a row" in dump.reason
     now[0] += REPEAT
     failed_load(dump, LEADERS)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(errors) == 2 and errors[1].endswith("(51 failed loads in a row)"), errors
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 2 and said[1].endswith("(51 failed loads in a row)"), said
     with dump.loading(LEADERS):  # a part of a dump: nothing loaded yet, nothing changes
         pass
     assert dump.reason is not None

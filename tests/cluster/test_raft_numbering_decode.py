@@ -188,8 +188,8 @@ def test_a_restarted_seed_ticks_while_its_numbering_decodes(
         # Raft counts them applied: its own last_applied says nothing of the hub's lag;
         # the status says they are held, and since when (the seed's readiness)
         wait_for(lambda: raft.snapshot.held == 10 and raft.snapshot.last_applied > 0)
-        held = raft.snapshot
-        assert held.last_applied == held.commit_index and held.held_since is not None
+        status = raft.snapshot
+        assert status.last_applied == status.commit_index and status.held_since is not None
         gate.set()
         wait_for(lambda: raft.snapshot.clsn >= 50 and raft.snapshot.ready)
         wait_for(lambda: raft.snapshot.held == 0)

@@ -17,8 +17,7 @@ import pickle
 from typing import Any
 
 from pysyncobj import FAIL_REASON
-
-from tests.cluster.raft_sim import simulated
+from raft_sim import simulated
 
 A, B, C = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
 

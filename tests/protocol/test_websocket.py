@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import wsproto
@@ -278,7 +279,7 @@ def test_server_frames_decode_in_wsproto() -> None:
         + encode_frame(CONTINUATION, b"ld")
         + encode_close(1001, "going away")
     )
-    events = list(conn.events())
+    events: list[Any] = list(conn.events())  # wsproto's events, each of its own class
     kinds = "BytesMessage BytesMessage TextMessage Ping TextMessage CloseConnection"
     assert [type(e).__name__ for e in events] == kinds.split()
     assert events[0].data == b"hello" and events[1].data == big

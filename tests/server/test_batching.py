@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
+from rawclient import RawClient
 
 from migratory.config import load_config
 from migratory.model.message import Message
@@ -15,7 +16,6 @@ from migratory.protocol import ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 from migratory.server.app import Server
-from tests.server.rawclient import RawClient
 
 SUBJECT = "/batching/idle"
 T = TypeVar("T")

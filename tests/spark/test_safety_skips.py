@@ -38,7 +38,7 @@ def test_other_subscribers_and_subjects_are_not_joined() -> None:
     a = skip_rows([resync(149, 122)])
     b = [("sdk", "s2", "/chaos/s1", 7, 149, 158, None),
          ("sdk", "s1", "/chaos/s2", 7, 149, 158, None)]
-    assert len(joined(a + b)) == 3
+    assert len(joined([*a, *b])) == 3
 
 
 def test_a_resync_without_a_position_after_nothing_numbered_skips_every_epoch() -> None:
