@@ -132,10 +132,8 @@ class DumpRecords(Sequence[SubjectSync]):
         cached = (
             tuple(map(unpack, queue)) if queue and queue[-1][PACKED_EPOCH] == epoch else ()
         )
-        snapshot = self._snapshots.get(subject)
-        if snapshot is not None and snapshot.epoch != epoch:
-            snapshot = None
-        return SubjectSync(subject, epoch, seq, snapshot, cached)
+        # the subject's snapshot whatever its epoch: the one rule, merge_snapshot's
+        return SubjectSync(subject, epoch, seq, self._snapshots.get(subject), cached)
 
     def __iter__(self) -> Iterator[SubjectSync]:
         return map(self.record, self._positions)
@@ -296,8 +294,8 @@ class ReplicatedCache:
             elif queue and queue[-1][PACKED_EPOCH] != message.epoch:
                 if budget is not None:
                     budget.dropped(queue, packed_sizes(queue), len(queue))
-                queue.clear()  # a new lineage: older messages are not its history
-                snapshots.pop(subject, None)
+                queue.clear()  # a new lineage: older messages are not its history (the
+                # snapshot goes on: merge_snapshot alone makes it, as in the hub)
             packed = pack(message)
             if budget is not None and limit:
                 if len(queue) == limit:  # the deque drops its oldest

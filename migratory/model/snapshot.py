@@ -40,6 +40,13 @@ def merge_snapshot(previous: Message | None, incoming: Message) -> Message | Non
     with ``previous``'s fields updated by its own, type SNAPSHOT and no closure; on a
     :data:`RESERVED_PREFIX` subject an empty field of ``incoming`` removes the field.
     Raises ValueError when the two messages have different subjects.
+
+    The one rule of a subject's snapshot: the hub and the seeds' replicated cache
+    (``cluster/replicated_cache.py``: a Raft dump, a cache sync) apply nothing else. A new
+    epoch (lineage) of the subject changes nothing here: the seeds' table merges the
+    fields of every earlier message, and an epoch is internal -- a Standard resync
+    carries the snapshot into its new lineage too (``tests/cluster/
+    test_snapshot_one_rule.py``; before, the replicated cache dropped it there).
     """
     if previous is not None and previous.subject != incoming.subject:
         raise ValueError(
