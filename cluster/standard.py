@@ -74,7 +74,7 @@ class StandardNode:
         assert config.cluster_member_listen is not None
         self.config = config
         self.tls = ClusterTls.from_config(config)
-        self.hub = build_hub(config)
+        self.hub = build_hub(config, hold_sessions=True)  # (away MQTT sessions: made)
         self.address = config.cluster_member_listen
         self.name = member_name(self.address)
         self.member_names = frozenset(member_name(a) for a in config.cluster_members)

@@ -72,8 +72,10 @@ def expire_budget(subjects: int, expire_seconds: float) -> int:
     return max(1, min(EXPIRE_SUBJECTS_PER_TICK, per_tick))
 
 
-def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: bool = False) -> Hub:
-    """The hub ``config`` describes; ``epoch`` defaults to a new random one."""
+def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: bool = False,
+              hold_sessions: bool = False) -> Hub:
+    """The hub ``config`` describes; ``epoch`` defaults to a new random one
+    (``hold_sessions``: :class:`~migratory.server.hub_sinks.SessionHolds`)."""
     return Hub(
         epoch=new_epoch() if epoch is None else epoch,
         max_cached_messages=config.max_cached_messages_per_subject,
@@ -83,6 +85,7 @@ def build_hub(config: Config, *, epoch: int | None = None, numbered_elsewhere: b
         publish_snapshot=config.publish_snapshot_message,
         numbered_elsewhere=numbered_elsewhere,
         on_invalid_subject=InvalidSubjectLog().note,
+        hold_sessions=hold_sessions,
     )
 
 

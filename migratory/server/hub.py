@@ -37,7 +37,7 @@ from migratory.server.format_sink import (
 from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_resume import ResumeCursor, SlicedResumes
 from migratory.server.hub_settle import WaitingResumes
-from migratory.server.hub_sinks import FilterAges, MessageSinks
+from migratory.server.hub_sinks import FilterAges, MessageSinks, SessionHolds
 from migratory.server.hub_statistics import HubStatistics
 from migratory.server.shared_recovery import SharedRecovery
 from migratory.server.subject_state import SubjectState, WaitingResume
@@ -58,6 +58,7 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         cache_memory_budget: int = 0,
         max_message_size: int = 0,
         on_invalid_subject: Callable[[str], None] | None = None,
+        hold_sessions: bool = False,
     ) -> None:
         """``numbered_elsewhere``: a cluster member whose positions come from the
         coordination (``apply``); its ``epoch`` then only marks subjects not numbered yet.
@@ -65,7 +66,9 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         budget; :mod:`migratory.model.cache_budget`). ``max_message_size``: what a
         conflated message may reach at most (0: no bound; :class:`Conflator`).
         ``on_invalid_subject``: told of a subject that is not valid when it comes in
-        numbered (:mod:`migratory.server.invalid_subjects`)."""
+        numbered (:mod:`migratory.server.invalid_subjects`). ``hold_sessions``: keep the
+        filters of persistent MQTT sessions while their client is away too, for
+        :meth:`made` (a Standard member: :class:`SessionHolds`)."""
         self._on_invalid_subject = on_invalid_subject
         self.epoch = epoch
         self.numbered_elsewhere = numbered_elsewhere
@@ -85,6 +88,8 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         self._conflating: set[SubjectState] = set()
         self._filters: FilterIndex[MessageSink] = FilterIndex()  # wildcard subscriptions
         self._filter_ages = FilterAges()  # since when each filter is held (made)
+        # a Standard member's persistent MQTT sessions' filters, away ones too (made)
+        self._session_holds = SessionHolds() if hold_sessions else None
         self._published = 0
         self._fanned_out = 0
         # grows whenever a subject is made or a wildcard filter first held: a moment
@@ -436,14 +441,14 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
 
     def made(self, subject: str) -> int | None:
         """The moment (:attr:`holdings_made`) since which ``subject`` has been held here:
-        when its state was made, or a wildcard filter matching it first held, the older
-        (None: neither -- no one here to miss a message of it). Whoever holds it now came
-        after whatever happened while that count was lower."""
+        when its state was made, a wildcard filter matching it first held, or a filter
+        of a persistent MQTT session (away too) matching it, the oldest (None: none --
+        no one here to miss a message of it). Whoever holds it now came after whatever
+        happened while that count was lower."""
         state = self._subjects.get(subject)
         made = None if state is None else state.made
-        if self._filters.count:
-            since = self._filters_held_since(subject)
-            if since is not None and (made is None or since < made):
+        for since in self._filters_held_since(subject):
+            if made is None or since < made:
                 made = since
         return made
 

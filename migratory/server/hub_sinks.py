@@ -23,6 +23,7 @@ class MessageSinks:
     _subjects: dict[str, SubjectState]
     _filters: FilterIndex[MessageSink]
     _filter_ages: FilterAges
+    _session_holds: SessionHolds | None  # Hub(hold_sessions=True): a Standard member's
     holdings_made: int  # Hub.holdings_made
     _index: SubjectIndex[SubjectState]
     subjects_visited: int  # by SubjectScan, every one so far (tests count the work)
@@ -93,13 +94,31 @@ class MessageSinks:
         if self._filters.count < count:
             self._filter_ages.released(levels)
 
-    def _filters_held_since(self, subject: str) -> int | None:
-        """The moment (``Hub.holdings_made``) since which a wildcard filter matching
-        ``subject`` has been held here without a break, the oldest (None: none matches)."""
-        if (not self._filters or subject.startswith(RESERVED_PREFIX)
+    def hold_session_filter(self, client_id: str, levels: tuple[str, ...]) -> None:
+        """A persistent MQTT session of ``client_id`` holds ``levels`` (exact or wildcard)
+        here, connected or away (:class:`SessionHolds`; nothing unless held)."""
+        holds = self._session_holds
+        if holds is not None and holds.hold(client_id, levels, self.holdings_made + 1):
+            self.holdings_made += 1
+
+    def release_session_filters(self, client_id: str,
+                                levels: tuple[str, ...] | None = None) -> None:
+        """``client_id``'s session holds ``levels`` no more (None: none: discarded)."""
+        if self._session_holds is not None:
+            self._session_holds.release(client_id, levels)
+
+    def _filters_held_since(self, subject: str) -> list[int]:
+        """The moments (``Hub.holdings_made``) since which a wildcard filter matching
+        ``subject`` has been held here without a break, the oldest, and a persistent
+        session's filter (:class:`SessionHolds`) the same (empty: none matches)."""
+        holds = self._session_holds
+        if ((not self._filters and not holds) or subject.startswith(RESERVED_PREFIX)
                 or not is_valid_subject(subject)):
-            return None  # (as _granted: no filter is told of such a subject)
-        return self._filter_ages.oldest(subject)
+            return []  # (as _granted: no filter is told of such a subject)
+        ages = [self._filter_ages.oldest(subject)]
+        if holds:
+            ages.append(holds.oldest(subject))
+        return [age for age in ages if age is not None]
 
     def subject_names(self) -> list[str]:
         """Every subject's name, a copy (one C-level pass: a sweep over them in slices)."""
@@ -155,6 +174,53 @@ class FilterAges:
     def oldest(self, subject: str) -> int | None:
         """The age of the oldest filter matching ``subject`` (None: none matches)."""
         return min((age for _, age in self._ages.match(subject)), default=None)
+
+
+class SessionHolds:
+    """The filters of the persistent MQTT sessions this member served, kept while their
+    client is away too, with since when each is held (as :class:`FilterAges`). An away
+    session holds nothing else in the hub -- no subject state, no wildcard filter -- yet
+    its resume replays what the caches hold since its record's positions, and a subject
+    it has none of from the start of its cache. A Standard member asks ``Hub.made``
+    whether anyone here may have missed a peer's forward: without these, a peer's new
+    life's seq 1 of a subject only an away session wanted was taken as the first, and the
+    session came back to it alone, the forwards lost with the peer's earlier life unseen.
+
+    Released by an UNSUBSCRIBE, a clean session of that client id here, or the expiry
+    sweep here finding the record discarded. A session that moved on to another member
+    is still held here until then: a needless resync at a peer's restart, never a silent
+    gap (its client's filters are held per client id, each once)."""
+
+    __slots__ = ("_ages", "_clients")
+
+    def __init__(self) -> None:
+        self._ages = FilterAges()
+        self._clients: dict[str, set[tuple[str, ...]]] = {}
+
+    def hold(self, client_id: str, levels: tuple[str, ...], moment: int) -> bool:
+        """Whether ``levels`` was held by no session here before (its age ``moment``)."""
+        held = self._clients.setdefault(client_id, set())
+        if levels in held:
+            return False
+        held.add(levels)
+        return self._ages.held(levels, moment)
+
+    def release(self, client_id: str, levels: tuple[str, ...] | None) -> None:
+        held = self._clients.get(client_id)
+        if held is None:
+            return
+        for each in (tuple(held) if levels is None else (levels,) if levels in held else ()):
+            held.discard(each)
+            self._ages.released(each)
+        if not held:
+            del self._clients[client_id]
+
+    def oldest(self, subject: str) -> int | None:
+        """Since when a session's filter matching ``subject`` is held (None: none)."""
+        return self._ages.oldest(subject) if self._clients else None
+
+    def __len__(self) -> int:
+        return len(self._clients)
 
 
 class SubjectScan:

@@ -105,6 +105,7 @@ class SessionExpiry:
                 connected.save_record()
                 continue
             if empty:  # once its cache expired, a discarded session's subject goes
+                hub.release_session_filters(client_id)  # (discarded: held no more)
                 hub.forget_unserved(subject)
                 continue
             if saved is not None and expiry and wall - saved > expiry:
@@ -112,6 +113,7 @@ class SessionExpiry:
                 discard = discard_message(client_id, stored_generation(snapshot) + 1,
                                           snapshot, writer=EXPIRY_WRITER)
                 self._ctx.publishing.submit(discard, None, now)
+                hub.release_session_filters(client_id)
                 discarded += 1
                 client_lines.lines.log(
                     log, logging.INFO, "mqtt expired", "mqtt client %s: persistent session "

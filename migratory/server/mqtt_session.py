@@ -232,6 +232,8 @@ class MqttSession(MqttTakeover):
         self.keep_alive = packet.keep_alive
         self._will = packet.will
         self.persistent = not packet.clean_session
+        if not self.persistent:  # a stored session of its id is discarded: held no more
+            self._ctx.hub.release_session_filters(client_id)
         self._ctx.stats.sessions_opened += 1
         self._ctx.stats.mqtt_sessions_opened += 1
         config = self._ctx.config

@@ -221,6 +221,8 @@ class Subscriptions:
             self._wildcards.remove(entry.levels, name)
         if entry is not None and self._attached:
             self._unregister(entry)
+        if entry is not None and self._owner.persistent:  # (away, still held: SessionHolds)
+            self._hub.release_session_filters(self._owner.client_id, entry.levels)
 
     def _put(self, name: str, entry: _Filter) -> None:
         self._filters[name] = entry
@@ -235,6 +237,8 @@ class Subscriptions:
             self._hub.listen(owner, entry.subject, entry.qos)
         else:
             self._hub.listen_filter(owner, entry.levels, entry.qos)
+        if self._owner.persistent:  # held while its client is away too (a Standard member)
+            self._hub.hold_session_filter(self._owner.client_id, entry.levels)
 
     def _unregister(self, entry: _Filter) -> None:
         self._ctx.stats.subscriptions_open -= 1

@@ -11,13 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+from cluster_fixture import LocalCluster
+from tcp_gate import TcpGate
 from test_cluster_mqtt_resume import mqtt_port
 from test_cluster_standard import _forwarding, gated_pair
 from test_cluster_standard_failover import stats
 from test_cluster_standard_restart import killed_and_back
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
-from paho_client import PahoClient
+from paho_client import PahoClient, Received
 from rawclient import RawClient
 
 from migratory.model.message import Message
@@ -31,18 +33,36 @@ def publish(client: RawClient, subject: str, content: bytes) -> None:
     assert status.status is ops.Status.PUBLISH_OK
 
 
-def payloads_until(device: PahoClient, last: bytes) -> list[bytes]:
-    """What ``device`` receives until ``last`` (or nothing for 10 s)."""
-    got: list[bytes] = []
+def received_until(device: PahoClient, last: bytes, wait: float = 10) -> list[Received]:
+    """What ``device`` receives until ``last`` (or nothing for ``wait`` s)."""
+    got: list[Received] = []
     for _ in range(100):
         try:
-            (message,) = device.receive(1, timeout=10)
+            (message,) = device.receive(1, timeout=wait)
         except queue.Empty:
             break
-        got.append(message.payload)
+        got.append(message)
         if message.payload == last:
             break
     return got
+
+
+def payloads_until(device: PahoClient, last: bytes) -> list[bytes]:
+    """The payloads ``device`` receives until ``last`` (or nothing for 10 s)."""
+    return [message.payload for message in received_until(device, last)]
+
+
+def lost_with_a_restart(cluster: LocalCluster, gate: TcpGate, publisher: RawClient
+                        ) -> RawClient:
+    """A's link to B cut, SUBJECT's m1 acknowledged on A (its forward waiting in A's
+    queue), A SIGKILLed and started again: a publisher on its new life."""
+    gate.close_gate(reset_open=True)  # A's link to B reset, and refused from now on
+    deadline = time.monotonic() + 10
+    while cluster.status(0)["forwarding_to"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cluster.status(0)["forwarding_to"] == []
+    publish(publisher, SUBJECT, b"m1")  # acknowledged; its forward waits in A's queue
+    return killed_and_back(cluster, [gate])
 
 
 def test_a_lost_forward_of_a_subject_only_a_wildcard_matches_is_a_counted_resync(
@@ -65,13 +85,7 @@ def test_a_lost_forward_of_a_subject_only_a_wildcard_matches_is_a_counted_resync
         publisher.connect("pub")
         publish(publisher, OTHER, b"other")  # B met A's first life, and heard from it
         assert payloads_until(device, b"other") == [b"other"]
-        gate.close_gate(reset_open=True)  # A's link to B reset, and refused from now on
-        deadline = time.monotonic() + 10
-        while cluster.status(0)["forwarding_to"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cluster.status(0)["forwarding_to"] == []
-        publish(publisher, SUBJECT, b"m1")  # acknowledged; its forward waits in A's queue
-        publisher = killed_and_back(cluster, [gate])
+        publisher = lost_with_a_restart(cluster, gate, publisher)
         publish(publisher, SUBJECT, b"m2")
         got = payloads_until(device, b"m2")
         assert got[-1] == b"m2", got
