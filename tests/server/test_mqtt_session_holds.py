@@ -46,7 +46,8 @@ def test_an_away_persistent_sessions_filters_are_still_held() -> None:
     before = ctx.hub.holdings_made
     away(ctx, held, registry)
     assert ctx.hub.position("/a/b") is None  # nothing of it held in the hub's subjects
-    assert ctx.hub.made("/a/b") is not None and ctx.hub.made("/a/b") > before
+    made = ctx.hub.made("/a/b")
+    assert made is not None and made > before
     assert ctx.hub.made("/c/d/e") is not None
     assert ctx.hub.made("/x/y") is None
     assert ctx.hub.made("/$mqtt-session/00") is None  # (no filter is told of those)
