@@ -96,10 +96,12 @@ class MessageSinks:
 
     def hold_session_filter(self, client_id: str, levels: tuple[str, ...]) -> None:
         """A persistent MQTT session of ``client_id`` holds ``levels`` (exact or wildcard)
-        here, connected or away (:class:`SessionHolds`; nothing unless held)."""
+        here, connected or away (:class:`SessionHolds`; nothing unless held), since now:
+        the moment its live subscription was just registered at (or, held before by
+        another, not later than a meeting since -- at a tie ``made`` says a gap)."""
         holds = self._session_holds
-        if holds is not None and holds.hold(client_id, levels, self.holdings_made + 1):
-            self.holdings_made += 1
+        if holds is not None:
+            holds.hold(client_id, levels, self.holdings_made)
 
     def release_session_filters(self, client_id: str,
                                 levels: tuple[str, ...] | None = None) -> None:

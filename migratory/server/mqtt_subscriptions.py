@@ -144,7 +144,7 @@ class Subscriptions:
                                    "%s: not entitled to subscribe to %r",
                                    self._owner.describe(), name, extra=self._owner.log_fields())
             return mqtt.SUBACK_FAILURE
-        self._drop(name)
+        self._drop(name, again=True)
         entry = _Filter(granted, levels, subject)
         self._put(name, entry)
         self._register(entry)
@@ -213,7 +213,9 @@ class Subscriptions:
         for name in names:
             self._drop(name)
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, name: str, *, again: bool = False) -> None:
+        """Drop the filter ``name`` (``again``: subscribed again at once: a persistent
+        session's hold keeps its age, SessionHolds)."""
         self._dormant.pop(name, None)
         entry = self._filters.pop(name, None)
         self._filters_changed = True
@@ -221,7 +223,7 @@ class Subscriptions:
             self._wildcards.remove(entry.levels, name)
         if entry is not None and self._attached:
             self._unregister(entry)
-        if entry is not None and self._owner.persistent:  # (away, still held: SessionHolds)
+        if entry is not None and self._owner.persistent and not again:  # (SessionHolds)
             self._hub.release_session_filters(self._owner.client_id, entry.levels)
 
     def _put(self, name: str, entry: _Filter) -> None:

@@ -91,6 +91,20 @@ def test_an_unsubscribe_releases_the_filter() -> None:
     assert ctx.hub.made("/c/d") is None and ctx.hub.made("/a/b") is not None
 
 
+def test_a_filter_subscribed_again_keeps_its_age() -> None:
+    """MQTT replaces a subscription subscribed again: the session held it all along."""
+    ctx, held = standard()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("c/#", 1),))), 0.0)
+    held.settle()
+    age = ctx.hub.made("/c/d")
+    device.receive_data(encode_packet(mqtt.Subscribe(2, (("c/#", 0),))), 0.0)
+    held.settle()
+    device.connection_lost()
+    assert ctx.hub.made("/c/d") == age
+
+
 def test_a_clean_session_of_the_client_id_releases_them() -> None:
     ctx, held = standard()
     registry: dict = {}
