@@ -8,11 +8,18 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
 - ``live``: ``--clients`` live subscribers of one subject, and a cache sync
   (``Hub.reposition``) that jumps ``--ahead`` messages: its time;
 - ``history``: one subscribe asking for the whole history of a subject caching
-  ``--ahead`` messages of 100 bytes (best of 3)::
+  ``--ahead`` messages of 100 bytes (best of 3);
+- ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
+  outboxes, on a link that writes nothing: ``--front ws``, or ``sse`` / ``sse-multi``,
+  streams of one subject or of two) -- the reposition's time, the frames it queued in
+  the outboxes (appends) and their bytes; ``--size``: the messages' content bytes. The
+  sessions' sockets take every batch that fills (or, ``--full``, none)::
 
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
     .venv/bin/python benchmarks/hub_waiting_resumes.py history --ahead 10000
+    .venv/bin/python benchmarks/hub_waiting_resumes.py live-sessions --front ws \
+        --clients 10000 --ahead 400
 """
 
 from __future__ import annotations
@@ -21,11 +28,15 @@ import argparse
 import json
 import time
 
+from migratory.config import Config
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.protocol import ops
+from migratory.server.app import Server
 from migratory.server.format_sink import send_op
 from migratory.server.hub import Hub
+from migratory.server.session import Session
+from migratory.server.sse_stream import SseStream
 
 SUBJECT = "/Lag/s0"
 EPOCH = 7
@@ -41,8 +52,33 @@ class Sink:
         self.frames += 1
 
 
-def numbered(seq: int) -> Message:
-    return new_message(SUBJECT, b"x" * 100, {}, False, Qos.STANDARD, None, EPOCH, seq,
+class CountingLink:
+    """A session's transport whose socket takes everything at once (a full batch is
+    written when it fills: ``flush_now``), counting the frames the outbox held; or, with
+    ``full``, one whose socket takes nothing (a drain task owns it: ``writing``)."""
+
+    session: Session
+
+    def __init__(self, full: bool) -> None:
+        self.writing = full
+        self.frames = 0  # queued in the outbox, one append each
+        self.written = 0  # bytes
+
+    def mark_dirty(self) -> None:
+        pass
+
+    def flush_now(self) -> None:
+        if not self.writing:
+            self.taken()
+
+    def taken(self) -> None:
+        outbox = self.session.outbox
+        self.frames += len(outbox)
+        self.written += len(outbox.take())
+
+
+def numbered(seq: int, size: int = 100) -> Message:
+    return new_message(SUBJECT, b"x" * size, {}, False, Qos.STANDARD, None, EPOCH, seq,
                        MessageType.UPDATE)
 
 
@@ -74,6 +110,39 @@ def live(clients: int, ahead: int) -> dict[str, float]:
     return {"reposition_ms": (time.perf_counter() - started) * 1000}
 
 
+def live_sessions(
+    clients: int, ahead: int, front: str, size: int, full: bool
+) -> dict[str, float]:
+    server = Server(Config.from_mapping({"MaxCachedMessagesPerSubject": str(300 + ahead)}))
+    hub = server.ctx.hub
+    hub.numbered_elsewhere = True
+    for seq in range(1, 301):
+        hub.apply(numbered(seq, size), 0.0)
+    links = [CountingLink(full) for _ in range(clients)]
+    streams = []
+    for link in links:
+        link.session = session = Session(server.ctx, link, "bench")
+        sink: Session | SseStream = session
+        if front != "ws":
+            subjects = [SUBJECT] if front == "sse" else [SUBJECT, "/Lag/other"]
+            sink = SseStream(session, subjects)
+            streams.append(sink)
+        hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT), 0.0)
+        session.outbox.take()
+        link.frames = 0
+    cached = [numbered(seq, size) for seq in range(1, 301 + ahead)]
+    started, cpu = time.perf_counter(), time.process_time()
+    hub.reposition(SUBJECT, Position(EPOCH, 300 + ahead), None, cached, 0.0)
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    for link in links:
+        link.taken()
+    return {"reposition_ms": elapsed * 1000, "cpu_ms": cpu * 1000,
+            "catching_up": sum(stream.catching_up for stream in streams),
+            "appends": sum(link.frames for link in links),
+            "bytes": sum(link.written for link in links),
+            "slow_consumers": server.ctx.stats.slow_consumers}
+
+
 def history(cached: int) -> dict[str, float]:
     hub = Hub(epoch=EPOCH, max_cached_messages=cached)
     for _ in range(cached):
@@ -91,7 +160,10 @@ def history(cached: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("looks", "live", "history"))
+    parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
+    parser.add_argument("--front", choices=("ws", "sse", "sse-multi"), default="ws")
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--full", action="store_true")
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--ahead", type=int, default=900)
     args = parser.parse_args()
@@ -99,9 +171,14 @@ def main() -> None:
         figures = looks(args.clients, args.ahead)
     elif args.what == "live":
         figures = live(args.clients, args.ahead)
+    elif args.what == "live-sessions":
+        figures = live_sessions(args.clients, args.ahead, args.front, args.size,
+                                args.full)
     else:
         figures = history(args.ahead)
-    print(json.dumps({"what": args.what, "clients": args.clients, "ahead": args.ahead,
+    front = ({"front": args.front, "size": args.size, "full": args.full}
+             if args.what == "live-sessions" else {})
+    print(json.dumps({"what": args.what, "clients": args.clients, "ahead": args.ahead, **front,
                       **{k: round(v, 1) for k, v in figures.items()}}))
 
 

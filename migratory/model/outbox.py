@@ -106,6 +106,11 @@ class Outbox:
         return self._max_pending
 
     @property
+    def batch_space(self) -> int:
+        """Pending bytes that make a batch full (written at once)."""
+        return self._batch_space
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes waiting to be written."""
         return self._pending_bytes

@@ -29,9 +29,11 @@ from migratory.server.format_sink import (
     AnySink,
     FormatSink,
     MessageSink,
+    MissedRun,
     Sink,
     message_frame,
     send_message,
+    send_missed,
     send_op,
 )
 from migratory.server.hub_expiry import SubjectExpiry
@@ -400,7 +402,9 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         its resync, :meth:`MessageSink.resync`). Before, an MQTT session got the snapshot
         as a plain live PUBLISH, not counted -- or nothing when the subject had none: a
         gap its client could not see
-        (``test_mqtt_resync_live.py::test_a_jump_past_the_cache_is_an_mqtt_resync``)."""
+        (``test_mqtt_resync_live.py::test_a_jump_past_the_cache_is_an_mqtt_resync``).
+        The messages go to native sessions and SSE streams as one :class:`MissedRun`:
+        one append per run of them, not per message (``format_sink.send_missed``)."""
         if state.position == before:
             return
         missed = self._missed(state, before)
@@ -411,15 +415,16 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
             for message in missed:
                 listener.deliver_message(message, qos)
         if missed is not None:
-            for message in missed:
-                frames: dict[object, bytes] = {}
-                live_sinks: tuple[AnySink, ...] = (*state.subscribers, *state.formatted)
+            live_sinks: tuple[AnySink, ...] = (*state.subscribers, *state.formatted)
+            if live_sinks and missed:  # encoded and joined once, a few appends each
+                run = MissedRun(missed)
                 for sink in live_sinks:
-                    send_message(sink, message, frames)
-                self._fanned_out += len(live_sinks)
-                offer_to(state.conflated.values(), message, now)
-                if state.conflated:
-                    self._conflating.add(state)
+                    send_missed(sink, run)
+                self._fanned_out += len(live_sinks) * len(missed)
+            if state.conflated and missed:
+                for message in missed:
+                    offer_to(state.conflated.values(), message, now)
+                self._conflating.add(state)
             return
         resync: list[ops.ServerOp] = []
         if state.snapshot is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.protocol import sse
 from migratory.server.context import ServerContext
+from migratory.server.run_output import RunOutput
 from migratory.server.session_subscriptions import SLICE_UNITS, Subscriptions
 from migratory.server.sse_stream import SseStream
 
@@ -36,8 +37,9 @@ RECONNECT_JITTER_MS = 1000
 REFILL_BYTES = 65_536
 
 
-class StreamSession:
-    """Session methods of a Server-Sent Events stream."""
+class StreamSession(RunOutput):
+    """Session methods of a Server-Sent Events stream (and, from :class:`RunOutput`,
+    the hub's runs of encoded messages, a WebSocket's or a stream's)."""
 
     __slots__ = ("work_done",)
 

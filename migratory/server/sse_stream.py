@@ -36,7 +36,7 @@ from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops, sse
 from migratory.server.admission import WORK_UNIT_BYTES
-from migratory.server.format_sink import FormatSink
+from migratory.server.format_sink import FormatSink, MissedRun
 from migratory.server.hub import Hub, ResumeCursor
 from migratory.server.session_subscriptions import (
     MESSAGES_PER_UNIT,
@@ -74,6 +74,9 @@ class Output(Protocol):
 
     def deliver(self, frame: bytes) -> None:
         """A live event (written at the next batch, or at once when a batch is full)."""
+
+    def deliver_run(self, run: bytes, frames: tuple[bytes, ...]) -> None:
+        """Live events, joined as ``run``: as ``deliver`` of each (``run_output``)."""
 
     def queue(self, frame: bytes) -> None:
         """An event of the backlog (the writer that asked for it writes it)."""
@@ -141,13 +144,35 @@ class SseStream(FormatSink):
             self._marks[0] = message  # the id is the message's position: the whole event
             event = frames.get(SSE_SINGLE)  # is the same for every one-subject stream
             if event is None:
-                event = frames[SSE_SINGLE] = self._lines(message, frames) + sse.event_id(
-                    (message,)
-                )
+                event = frames[SSE_SINGLE] = self._single_event(message, frames)
             self._output.deliver(event)
             return
         self._advance(message)
         self._output.deliver(self._lines(message, frames) + sse.event_id(self._marks))
+
+    def deliver_formatted_run(self, missed: MissedRun) -> None:
+        # a stream of one subject, live: the events are the same for every such stream,
+        # joined once (the marks move with each run, as with each event above). Any
+        # other: each event has the stream's own id -- they wait in its backlog, as a
+        # resume's recovered messages do (the cache bounds them; only live events behind
+        # them count against ClientMaxPendingBytes: counted, a jump of 100 kB cut a
+        # stream that was keeping up), encoded as the socket drains in the writer's turns
+        # of the loop -- not every event of every stream in the hub's step
+        if self._backlog is None and self._single and missed.shared(
+                _ADVANCING, lambda: all(m.type in _ADVANCING for m in missed.messages)):
+            for run in missed.runs(SSE_SINGLE, self._single_event):
+                self._marks[0] = run.last
+                self._output.deliver_run(run.joined, run.frames)
+            return
+        if self._backlog is None:
+            self._backlog = deque()
+        self._backlog.extend(missed.messages)  # (as a resume's: not counted as held)
+        self._output.backlog_grew(self._held)
+
+    @classmethod
+    def _single_event(cls, message: Message, frames: dict[object, bytes]) -> bytes:
+        """The whole event of ``message`` for a stream of one subject."""
+        return cls._lines(message, frames) + sse.event_id((message,))
 
     @staticmethod
     def _lines(message: Message, frames: dict[object, bytes]) -> bytes:

@@ -1,0 +1,53 @@
+"""A session taking a run of encoded messages (:class:`~migratory.server.format_sink.Run`)
+in one append. A mixin of :class:`~migratory.server.session.Session`.
+
+A run is what ``deliver`` would get one frame at a time (the messages a cluster member's
+cache sync jumped over, ``Hub._catch_up_live``), joined once for every subscriber. Taken
+whole, its outcome must be what the frames one by one would have had:
+
+- the limits (``ClientMaxPendingBytes``, ``OutboxMemoryBudget``): the bytes pending only
+  grow along a run, as the budget's total does (nothing else happens meanwhile), so a
+  frame of it would have passed a limit if and only if the run's last one would: the run
+  is refused whole exactly when one of its frames would have been (the client cut off as
+  a slow consumer, what it had queued dropped either way);
+- the writes: a frame that fills a batch (``MaxBatchingSpace``) has the batch written at
+  once (``flush_now``), the socket taking what it can before the next frame comes. The
+  frames of a run that would fill one on its way are given one by one up to the one that
+  fills it, as before, and the rest after its write as a run again -- all of it at once
+  if the socket is full already (``Link.writing``: a drain task owns it; a flush writes
+  nothing then, so one after the run is all those after each frame were).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from migratory.model.outbox import Outbox
+
+if TYPE_CHECKING:
+    from migratory.server.session import Link
+
+
+class RunOutput:
+    """``deliver_run``: for a session's outbox."""
+
+    __slots__ = ()
+
+    outbox: Outbox
+    _link: Link
+
+    def deliver(self, frame: bytes) -> None:
+        raise NotImplementedError  # Session
+
+    def deliver_run(self, run: bytes, frames: tuple[bytes, ...]) -> None:
+        """``frames``, joined as ``run``: what :meth:`deliver` of each in turn does, in
+        one append when no batch fills on the way (module docstring); else frame by frame
+        until one fills it (written at once), then the rest the same way."""
+        outbox, link = self.outbox, self._link
+        given = 0  # bytes of ``run`` given so far
+        for frame in frames:
+            if link.writing or outbox.pending_bytes + len(run) - given < outbox.batch_space:
+                self.deliver(run[given:] if given else run)
+                return
+            self.deliver(frame)
+            given += len(frame)

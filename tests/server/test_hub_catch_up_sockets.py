@@ -1,0 +1,164 @@
+"""A cache sync moving a subject past its live subscribers, on real sockets of one
+server (a cluster member's hub): native WebSocket clients, a one-subject and a
+two-subject SSE stream get, after their subscription, exactly the bytes the per-message
+path gave them (``per_message``, the same scenario run with it): the jumped-over
+messages, then the live ones, in order -- the runs (format_sink.MissedRun) and the
+two-subject stream's backlog change how the bytes are queued, not which. A client
+that reads nothing is cut off as a slow consumer by the jump in both, the others
+served. (Counted and compared, never timed.)"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import trio
+from test_hub_catch_up import per_message
+
+from migratory.config import Config
+from migratory.listeners import OPEN_LISTENER
+from migratory.model.message import Message, MessageType, Qos, new_message
+from migratory.model.position import Position
+from migratory.protocol import ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import handshake_request, new_websocket_key
+from migratory.server import format_sink
+from migratory.server import hub as hub_module
+from migratory.server.app import Server
+from migratory.server.connection import Connection
+
+SUBJECT = "/Lag/live"
+OTHER = "/Lag/other"
+EPOCH = 9
+HELD = 20
+JUMP = 400
+LAST = HELD + JUMP + 2  # two live messages after the sync
+NATIVES = 12
+
+
+def numbered(seq: int, subject: str = SUBJECT) -> Message:
+    return new_message(subject, b"%d:" % seq + b"y" * (seq % 7 * 40), {"n": str(seq)},
+                       False, Qos.STANDARD, None, EPOCH, seq, MessageType.UPDATE)
+
+
+def websocket_client(name: str) -> bytes:
+    return handshake_request("127.0.0.1", "/", new_websocket_key()) + b"".join(
+        ws.encode_masked_binary(ops.encode_client_op(op), b"mask") for op in (
+            ops.Connect(name), ops.Subscribe((ops.SubscriptionRequest(SUBJECT),))))
+
+
+def stream_client(subjects: list[str]) -> bytes:
+    query = "&".join(f"subject={s}" for s in subjects)
+    return f"GET /events?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+
+def after_subscribe_frames(wire: bytes) -> list[bytes]:
+    """A WebSocket client's frames (payloads; a server frame's header follows from its
+    payload) after its SUBSCRIBE_ALLOW."""
+    payloads = [e.data for e in ws.FrameDecoder(client_frames=False).events(
+        wire.partition(b"\r\n\r\n")[2]) if isinstance(e, ws.BinaryMessage)]
+    for n, payload in enumerate(payloads):
+        op = ops.decode_server_op(payload)
+        if isinstance(op, ops.SubjectStatus) and op.status is ops.Status.SUBSCRIBE_ALLOW:
+            return payloads[n + 1:]
+    raise AssertionError("no SUBSCRIBE_ALLOW")
+
+
+def after_subscribe_events(wire: bytes) -> list[bytes]:
+    """A stream's events, byte for byte, after its last ``subscribe`` (heartbeat
+    comments left out)."""
+    events = [e for e in wire.partition(b"\r\n\r\n")[2].split(b"\n\n")
+              if e and not e.startswith(b":")]
+    last = max(n for n, e in enumerate(events) if e.startswith(b"event:subscribe"))
+    return events[last + 1:]
+
+
+def run(path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], int, bytes]:
+    """Every client's bytes, the slow consumers counted, the slow client's bytes."""
+    monkeypatch.setattr(hub_module, "send_missed", path)
+    # the jump is ~76 kB a client: past ClientMaxPendingBytes for the one whose socket
+    # takes ~4 kB, not for those whose socket takes each batch (8 kB) as it fills
+    server = Server(Config.from_mapping({"ClientMaxPendingBytes": "32768",
+                                         "MaxBatchingSpace": "8192",
+                                         "MaxMessageSize": "4096"}))
+    hub = server.ctx.hub
+    hub.numbered_elsewhere = True
+    for seq in range(1, HELD + 1):
+        hub.apply(numbered(seq), 0.0)
+    hub.apply(numbered(1, OTHER), 0.0)
+    requests = [websocket_client(f"c{n}") for n in range(NATIVES)]
+    requests += [stream_client([SUBJECT]), stream_client([OTHER, SUBJECT]),
+                 websocket_client("slow")]
+    pairs = [socket.socketpair() for _ in requests]
+    for ours, _ in pairs:
+        ours.setblocking(False)
+    slow_ours, slow_theirs = pairs[-1]
+    slow_ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    wires = [b""] * len(pairs)
+    state = hub._subjects[SUBJECT]
+
+    async def read(n: int, theirs: socket.socket, until: bytes) -> None:
+        sock = trio.socket.from_stdlib_socket(theirs)
+        while until not in wires[n]:
+            data = await sock.recv(1 << 20)
+            assert data, wires[n][-200:]
+            wires[n] += data
+
+    async def main() -> None:
+        with trio.fail_after(60):  # (a hang, not a speed)
+            async with trio.open_nursery() as nursery:
+                server._nursery = nursery
+                nursery.start_soon(server._batch_loop)
+                nursery.start_soon(server._idle_write_loop)
+                for (ours, theirs), request in zip(pairs, requests, strict=True):
+                    connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
+                    server.connections.add(connection)
+                    nursery.start_soon(connection.run)
+                    theirs.sendall(request)
+                while len(state.subscribers) + len(state.formatted) < len(pairs):
+                    await trio.sleep(0.01)
+                # the slow client reads what came so far, then nothing
+                await read(len(pairs) - 1, slow_theirs, b"SUBSCRIBE_ALLOW")
+                hub.reposition(SUBJECT, Position(EPOCH, HELD + JUMP), None,
+                               [numbered(s) for s in range(1, HELD + JUMP + 1)],
+                               trio.current_time())
+                server.wake_idle_writes()
+                for seq in (HELD + JUMP + 1, LAST):
+                    await trio.lowlevel.checkpoint()
+                    hub.apply(numbered(seq), trio.current_time())
+                    server.wake_idle_writes()
+                async with trio.open_nursery() as readers:
+                    for n, (_, theirs) in enumerate(pairs[:-1]):
+                        readers.start_soon(read, n, theirs, b"%d:" % LAST)
+                    # cut off: it gets its close frame (4500) once it reads again
+                    readers.start_soon(read, len(pairs) - 1, slow_theirs, b"slow consumer")
+                nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+    return wires[:-1], server.ctx.stats.slow_consumers, wires[-1]
+
+
+def test_the_clients_of_a_jump_get_the_bytes_one_message_at_a_time_gave_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    received = []
+    for path in (per_message, format_sink.send_missed):
+        wires, slow_consumers, slow = run(path, monkeypatch)
+        assert slow_consumers == 1
+        assert b"slow consumer" in slow
+        natives = [after_subscribe_frames(wire) for wire in wires[:NATIVES]]
+        streams = [after_subscribe_events(wire) for wire in wires[NATIVES:]]
+        for frames in natives:
+            seqs = [m.seq for f in frames for m in ops.decode_server_op(f).messages]  # type: ignore[union-attr]
+            assert seqs == list(range(HELD + 1, LAST + 1))
+        for events in streams:
+            assert len(events) == LAST - HELD
+            assert events[-1].endswith(b"%d\n" % LAST) or b":%d" % LAST in events[-1]
+        received.append((natives, streams))
+    assert received[0] == received[1]
