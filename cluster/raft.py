@@ -46,6 +46,7 @@ from cluster.raft_compaction import bound_log_bytes, compaction_stagger
 from cluster.raft_consumer import (
     HELD_SLICE,
     CoordinationConsumer,
+    RaftClosing,
     WireRequest,
     from_wire,
     to_wire,
@@ -227,6 +228,8 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
                     timeToWait = 0.0  # (more of them at the next tick, at once)
                 super()._onTick(timeToWait)
                 consumer.cache.settle()  # a dump's decoded caches, once ready
+            except RaftClosing:  # (the next turn of pysyncobj's loop destroys it)
+                pass
             except DumpDecodeError as exc:  # not the other seeds' caches: it stops
                 self.stopped = stop_reason(exc, self._SyncObj__conf.fullDumpFile)
             except raft_disk.RaftDiskFailure as exc:
@@ -479,7 +482,12 @@ class RaftCoordination:
         """Stop the Raft node; a submit from now on is answered :data:`CLOSED_NAME`
         (never sent) at once: pysyncobj's replicated methods fail once it is destroyed."""
         self._closed = True
+        self.consumer.closing = True  # (a journal being replayed: the rest is left)
         self.syncobj.destroy_synchronous()
+        left = self.syncobj._SyncObj__raftCommitIndex - self.syncobj._SyncObj__raftLastApplied
+        if left > 0:
+            log.info("Raft node closed with %d committed entries not applied yet (they are in "
+                     "its journal)", left)
 
 
 def _fail_name(code: int) -> str:

@@ -186,7 +186,8 @@ class SeedCoordination:
         def take(item: T) -> None:
             if handed:
                 handed.popleft()
-            handler(item)
+            if self._nursery is not None:  # (else stopping: what is left of a replay)
+                handler(item)
 
         def hand_over(item: T) -> None:
             if handed is not None:

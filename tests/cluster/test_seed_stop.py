@@ -16,7 +16,7 @@ from typing import Any
 import trio
 from test_commit_window import FakeRaft, node_at, raft_built
 
-from cluster.coordination import PublishRequest
+from cluster.coordination import Coordinator, PublishRequest
 from cluster.raft import CLOSED_NAME
 from migratory.model.message import Message
 
@@ -80,3 +80,28 @@ def test_a_barrier_refused_by_the_closed_raft_node_is_not_retried_into_a_closed_
         # worker thread, all tasks blocked, and raft_built failed TooSlowError at once)
         trio.run(lifetime, run + 1)
         assert raft.barriers >= 1  # (the path taken: a barrier submitted to the closed node)
+
+
+def test_what_the_raft_thread_hands_over_once_the_seed_stopped_is_left(tmp_path: Path) -> None:
+    """A seed stopped while its Raft thread replayed a long journal took every batch
+    handed over into its hub before it could exit (each an apply on the event loop,
+    seconds of them at start-up): the member is going, its hub with it."""
+    node = node_at(tmp_path)
+    seed = node.seed
+    assert seed is not None
+    seed._build_raft = lambda: ClosingRaft()  # type: ignore[method-assign]
+
+    async def lifetime() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(seed.run)
+            await raft_built(seed)
+            hand_over = seed._from_raft_thread(seed._committed)
+            nursery.cancel_scope.cancel()
+        coordinator = Coordinator()
+        batch = coordinator.apply_batch(7, [PublishRequest("o", 1, Message("/a/b", b"x"))])
+        hand_over(batch)
+        for _ in range(10):
+            await trio.sleep(0)
+
+    trio.run(lifetime)
+    assert node.replica.applied_clsn == 0
