@@ -10,16 +10,17 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
 - ``history``: one subscribe asking for the whole history of a subject caching
   ``--ahead`` messages of 100 bytes (best of 3);
 - ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
-  outboxes, on a link that writes nothing: ``--front ws``, or ``sse`` / ``sse-multi``,
-  streams of one subject or of two) -- the reposition's time, the frames it queued in
-  the outboxes (appends) and their bytes; ``--size``: the messages' content bytes. The
-  sessions' sockets take every batch that fills (or, ``--full``, none)::
+  outboxes: ``--front ws``, or ``sse`` / ``sse-multi``, streams of one subject or of
+  two, or ``mqtt``, clean MQTT sessions at QoS 0) -- the reposition's time, the frames
+  it queued in the outboxes (appends) and their bytes; ``--size``: the messages'
+  content bytes. The sessions' sockets take every batch that fills (or, ``--full``,
+  none)::
 
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
     .venv/bin/python benchmarks/hub_waiting_resumes.py history --ahead 10000
     .venv/bin/python benchmarks/hub_waiting_resumes.py live-sessions --front ws \
-        --clients 10000 --ahead 400
+        --clients 10000 --ahead 400  # or --front sse / sse-multi / mqtt
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import time
 from migratory.config import Config
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import mqtt, ops
+from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import Server
 from migratory.server.format_sink import send_op
 from migratory.server.hub import Hub
+from migratory.server.mqtt_session import MqttSession
 from migratory.server.session import Session
 from migratory.server.sse_stream import SseStream
 
@@ -57,7 +60,7 @@ class CountingLink:
     written when it fills: ``flush_now``), counting the frames the outbox held; or, with
     ``full``, one whose socket takes nothing (a drain task owns it: ``writing``)."""
 
-    session: Session
+    session: Session | MqttSession
 
     def __init__(self, full: bool) -> None:
         self.writing = full
@@ -120,7 +123,14 @@ def live_sessions(
         hub.apply(numbered(seq, size), 0.0)
     links = [CountingLink(full) for _ in range(clients)]
     streams = []
-    for link in links:
+    registry: dict[str, MqttSession] = {}
+    for n, link in enumerate(links):
+        if front == "mqtt":
+            link.session = device = MqttSession(server.ctx, link, "bench", registry)
+            device.receive_data(encode_packet(mqtt.Connect(f"c{n}")), 0.0)
+            device.receive_data(encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 0),))), 0.0)
+            device.outbox.take()
+            continue
         link.session = session = Session(server.ctx, link, "bench")
         sink: Session | SseStream = session
         if front != "ws":
@@ -161,7 +171,7 @@ def history(cached: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
-    parser.add_argument("--front", choices=("ws", "sse", "sse-multi"), default="ws")
+    parser.add_argument("--front", choices=("ws", "sse", "sse-multi", "mqtt"), default="ws")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--clients", type=int, default=10_000)

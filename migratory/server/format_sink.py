@@ -174,6 +174,19 @@ def _native_frame(message: Message, frames: dict[object, bytes]) -> bytes:
     return message_frame(message)
 
 
+def tell_missed(sink: MessageSink, missed: MissedRun, qos: int) -> None:
+    """``missed``'s messages to a whole-message sink, in order: ``deliver_message`` each,
+    or all of them at once to a sink that takes them so (``deliver_missed``: an MQTT
+    session, which queues runs of QoS 0 PUBLISHes encoded once for every session)."""
+    deliver_missed: Callable[[MissedRun, int], None] | None = getattr(
+        sink, "deliver_missed", None)
+    if deliver_missed is not None:
+        deliver_missed(missed, qos)
+        return
+    for message in missed.messages:
+        sink.deliver_message(message, qos)
+
+
 def send_missed(sink: AnySink, missed: MissedRun) -> None:
     """``missed``'s messages to one subscriber, in its wire format, in order: what one
     :func:`send_message` per message would give it, in as few appends as it can take."""

@@ -35,6 +35,7 @@ from migratory.server.format_sink import (
     send_message,
     send_missed,
     send_op,
+    tell_missed,
 )
 from migratory.server.hub_expiry import SubjectExpiry
 from migratory.server.hub_resume import ResumeCursor, SlicedResumes
@@ -403,21 +404,21 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         as a plain live PUBLISH, not counted -- or nothing when the subject had none: a
         gap its client could not see
         (``test_mqtt_resync_live.py::test_a_jump_past_the_cache_is_an_mqtt_resync``).
-        The messages go to native sessions and SSE streams as one :class:`MissedRun`:
-        one append per run of them, not per message (``format_sink.send_missed``)."""
+        The messages go as one :class:`MissedRun`: to a native session, an SSE stream
+        of one subject, a clean MQTT session at QoS 0, one append per run of them, not
+        per message (``format_sink.send_missed``, ``tell_missed``)."""
         if state.position == before:
             return
         missed = self._missed(state, before)
+        run = None if missed is None else MissedRun(missed)  # encoded and joined once
         for listener, qos in listeners:  # they drop what they have
-            if missed is None:
+            if run is None:
                 listener.resync(state.subject, state.position, state.snapshot, qos)
-                continue
-            for message in missed:
-                listener.deliver_message(message, qos)
-        if missed is not None:
+            else:
+                tell_missed(listener, run, qos)
+        if missed is not None and run is not None:
             live_sinks: tuple[AnySink, ...] = (*state.subscribers, *state.formatted)
-            if live_sinks and missed:  # encoded and joined once, a few appends each
-                run = MissedRun(missed)
+            if live_sinks and missed:  # a few appends each
                 for sink in live_sinks:
                     send_missed(sink, run)
                 self._fanned_out += len(live_sinks) * len(missed)

@@ -8,6 +8,7 @@ that each file reads alone; the fan-out path stays plain attribute and dict read
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -16,11 +17,13 @@ from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.protocol import mqtt_encode
+from migratory.server.format_sink import MissedRun
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_input import MqttInput
 from migratory.server.mqtt_store import SessionRecord
 from migratory.server.mqtt_subscriptions import Subscriptions
+from migratory.server.run_output import queue_run
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -37,6 +40,19 @@ DROP_SLACK = 16
 the positions stay a plain ``dict`` (an ``OrderedDict``, whose front can be dropped one
 at a time, made each delivery of another subject ~20 % dearer, mqtt_fanout_cpu.py; a
 ``dict`` dropped one at a time from its front costs 3.8 us at 10,000, the holes)."""
+
+
+_QOS0_RUN = "mqtt-qos0-run"  # a MissedRun's: its messages one lineage, seq increasing
+_GUARANTEED = "mqtt-guaranteed"  # ... some of them QoS 1 where granted
+
+
+def _qos0_run(messages: Sequence[Message]) -> bool:
+    epoch, seq = messages[0].epoch, messages[0].seq
+    return all(m.epoch == epoch and m.seq == seq + n for n, m in enumerate(messages))
+
+
+def _guaranteed(messages: Sequence[Message]) -> bool:
+    return any(m.qos is Qos.GUARANTEED for m in messages)
 
 
 class _LastSettled:
@@ -249,6 +265,44 @@ class MqttDelivery(MqttInput):
             # (a QoS 1 message of the subject still unacknowledged keeps it where it is)
             self._record.set_position(subject, message.position)
             self._changed(positions=True)
+
+    def deliver_missed(self, missed: MissedRun, qos: int) -> None:
+        """The messages of one subject a cluster member's cache sync jumped over, oldest
+        first (the hub's call, ``Hub._catch_up_live``): what :meth:`deliver_message` of
+        each does. A clean session that gets them at QoS 0 queues them as runs of the
+        shared PUBLISHes, joined once for every such session (``run_output.queue_run``);
+        before, each session encoded each one again (the shared frame is the last
+        message's: 1.35 us a delivery, docs/benchmarks.md). A persistent session (its
+        record moves with each delivery), QoS 1, or one that has some of them already,
+        one at a time as before."""
+        messages = missed.messages
+        if not messages or self.closing or self.aborted:
+            return
+        first = messages[0]
+        subject = first.subject
+        hot = subject == self._hot_subject
+        last = self._hot if hot else self.settle_reached().get(subject)
+        if (self._record is not None or (last is not None and last.epoch == first.epoch
+                                         and first.seq <= last.seq)
+                or not missed.shared(_QOS0_RUN, lambda: _qos0_run(messages))
+                or (qos and missed.shared(_GUARANTEED, lambda: _guaranteed(messages)))):
+            for message in messages:
+                self.deliver_message(message, qos)
+            return
+        if subject != self._hot_subject:  # (deliver_message's, once)
+            self._hot_subject = subject
+            meanwhile = self._live_meanwhile
+            if meanwhile is not None:
+                meanwhile.add(subject)
+        self._hot = messages[-1]
+        websocket = self.websocket
+        for run in missed.runs((_QOS0_RUN, websocket),
+                               lambda message, _: SHARED.qos0(message, websocket)):
+            queue_run(self.outbox, self._link, self._deliver_live, run.joined, run.frames)
+
+    def _deliver_live(self, frame: bytes) -> None:
+        if not (self.closing or self.aborted):  # (cut off by an earlier frame)
+            self._deliver(frame)
 
     def watch_live(self, on: bool) -> set[str] | None:
         """While a SUBSCRIBE's retained messages go out (``on``): the subjects delivered

@@ -1,5 +1,6 @@
 """A session taking a run of encoded messages (:class:`~migratory.server.format_sink.Run`)
-in one append. A mixin of :class:`~migratory.server.session.Session`.
+in one append. A mixin of :class:`~migratory.server.session.Session`; an MQTT session
+queues its runs with :func:`queue_run` (``MqttDelivery.deliver_missed``).
 
 A run is what ``deliver`` would get one frame at a time (the messages a cluster member's
 cache sync jumped over, ``Hub._catch_up_live``), joined once for every subscriber. Taken
@@ -9,7 +10,10 @@ whole, its outcome must be what the frames one by one would have had:
   grow along a run, as the budget's total does (nothing else happens meanwhile), so a
   frame of it would have passed a limit if and only if the run's last one would: the run
   is refused whole exactly when one of its frames would have been (the client cut off as
-  a slow consumer, what it had queued dropped either way);
+  a slow consumer, what it had queued dropped either way -- but for the unwritten rest
+  of a run a write stopped in, kept whole before the close frame where the rest of one
+  frame was: whole frames more of what it was sent, in order;
+  ``test_run_output.py::test_cut_off_with_a_run_partly_written_the_rest_of_the_run_is_kept``);
 - the writes: a frame that fills a batch (``MaxBatchingSpace``) has the batch written at
   once (``flush_now``), the socket taking what it can before the next frame comes. The
   frames of a run that would fill one on its way are given one by one up to the one that
@@ -20,6 +24,7 @@ whole, its outcome must be what the frames one by one would have had:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from migratory.model.outbox import Outbox
@@ -41,13 +46,20 @@ class RunOutput:
 
     def deliver_run(self, run: bytes, frames: tuple[bytes, ...]) -> None:
         """``frames``, joined as ``run``: what :meth:`deliver` of each in turn does, in
-        one append when no batch fills on the way (module docstring); else frame by frame
-        until one fills it (written at once), then the rest the same way."""
-        outbox, link = self.outbox, self._link
-        given = 0  # bytes of ``run`` given so far
-        for frame in frames:
-            if link.writing or outbox.pending_bytes + len(run) - given < outbox.batch_space:
-                self.deliver(run[given:] if given else run)
-                return
-            self.deliver(frame)
-            given += len(frame)
+        one append when no batch fills on the way (module docstring)."""
+        queue_run(self.outbox, self._link, self.deliver, run, frames)
+
+
+def queue_run(outbox: Outbox, link: Link, deliver: Callable[[bytes], object], run: bytes,
+              frames: tuple[bytes, ...]) -> None:
+    """``frames``, joined as ``run``, through ``deliver`` (which queues one frame in
+    ``outbox``, and has ``link`` write it when its batch is full): in one call when no
+    batch fills on the way; else frame by frame until one fills it (written at once),
+    then the rest the same way."""
+    given = 0  # bytes of ``run`` given so far
+    for frame in frames:
+        if link.writing or outbox.pending_bytes + len(run) - given < outbox.batch_space:
+            deliver(run[given:] if given else run)
+            return
+        deliver(frame)
+        given += len(frame)

@@ -1,11 +1,11 @@
 """A cache sync moving a subject past its live subscribers, on real sockets of one
 server (a cluster member's hub): native WebSocket clients, a one-subject and a
-two-subject SSE stream get, after their subscription, exactly the bytes the per-message
-path gave them (``per_message``, the same scenario run with it): the jumped-over
-messages, then the live ones, in order -- the runs (format_sink.MissedRun) and the
-two-subject stream's backlog change how the bytes are queued, not which. A client
-that reads nothing is cut off as a slow consumer by the jump in both, the others
-served. (Counted and compared, never timed.)"""
+two-subject SSE stream, clean MQTT sessions get, after their subscription, exactly the
+bytes the per-message path gave them (``per_message``, the same scenario run with it):
+the jumped-over messages, then the live ones, in order -- the runs
+(format_sink.MissedRun) and the two-subject stream's backlog change how the bytes are
+queued, not which. A client that reads nothing is cut off as a slow consumer by the
+jump in both, the others served. (Counted and compared, never timed.)"""
 
 from __future__ import annotations
 
@@ -15,18 +15,21 @@ from typing import Any
 import pytest
 import trio
 from test_hub_catch_up import per_message
+from test_mqtt_catch_up import per_message as told_per_message
 
 from migratory.config import Config
 from migratory.listeners import OPEN_LISTENER
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import mqtt, ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import handshake_request, new_websocket_key
+from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server import format_sink
 from migratory.server import hub as hub_module
 from migratory.server.app import Server
 from migratory.server.connection import Connection
+from migratory.server.mqtt_connection import MqttConnection
 
 SUBJECT = "/Lag/live"
 OTHER = "/Lag/other"
@@ -35,6 +38,7 @@ HELD = 20
 JUMP = 400
 LAST = HELD + JUMP + 2  # two live messages after the sync
 NATIVES = 12
+DEVICES = 3  # clean MQTT sessions at QoS 0
 
 
 def numbered(seq: int, subject: str = SUBJECT) -> Message:
@@ -51,6 +55,11 @@ def websocket_client(name: str) -> bytes:
 def stream_client(subjects: list[str]) -> bytes:
     query = "&".join(f"subject={s}" for s in subjects)
     return f"GET /events?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+
+def mqtt_client(name: str) -> bytes:
+    return (encode_packet(mqtt.Connect(name))
+            + encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 0),))))
 
 
 def after_subscribe_frames(wire: bytes) -> list[bytes]:
@@ -74,9 +83,11 @@ def after_subscribe_events(wire: bytes) -> list[bytes]:
     return events[last + 1:]
 
 
-def run(path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], int, bytes]:
+def run(path: Any, tell: Any, monkeypatch: pytest.MonkeyPatch,
+        ) -> tuple[list[bytes], int, bytes]:
     """Every client's bytes, the slow consumers counted, the slow client's bytes."""
     monkeypatch.setattr(hub_module, "send_missed", path)
+    monkeypatch.setattr(hub_module, "tell_missed", tell)
     # the jump is ~76 kB a client: past ClientMaxPendingBytes for the one whose socket
     # takes ~4 kB, not for those whose socket takes each batch (8 kB) as it fills
     server = Server(Config.from_mapping({"ClientMaxPendingBytes": "32768",
@@ -88,8 +99,9 @@ def run(path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], int, b
         hub.apply(numbered(seq), 0.0)
     hub.apply(numbered(1, OTHER), 0.0)
     requests = [websocket_client(f"c{n}") for n in range(NATIVES)]
-    requests += [stream_client([SUBJECT]), stream_client([OTHER, SUBJECT]),
-                 websocket_client("slow")]
+    requests += [stream_client([SUBJECT]), stream_client([OTHER, SUBJECT])]
+    requests += [mqtt_client(f"d{n}") for n in range(DEVICES)]
+    requests += [websocket_client("slow")]
     pairs = [socket.socketpair() for _ in requests]
     for ours, _ in pairs:
         ours.setblocking(False)
@@ -111,12 +123,18 @@ def run(path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], int, b
                 server._nursery = nursery
                 nursery.start_soon(server._batch_loop)
                 nursery.start_soon(server._idle_write_loop)
-                for (ours, theirs), request in zip(pairs, requests, strict=True):
-                    connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
-                    server.connections.add(connection)
-                    nursery.start_soon(connection.run)
+                for n, ((ours, theirs), request) in enumerate(
+                        zip(pairs, requests, strict=True)):
+                    if NATIVES + 2 <= n < NATIVES + 2 + DEVICES:
+                        nursery.start_soon(MqttConnection(server, ours, "127.0.0.1:1",
+                                                          OPEN_LISTENER).run)
+                    else:
+                        connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
+                        server.connections.add(connection)
+                        nursery.start_soon(connection.run)
                     theirs.sendall(request)
-                while len(state.subscribers) + len(state.formatted) < len(pairs):
+                while (len(state.subscribers) + len(state.formatted) + len(state.listeners)
+                       < len(pairs)):
                     await trio.sleep(0.01)
                 # the slow client reads what came so far, then nothing
                 await read(len(pairs) - 1, slow_theirs, b"SUBSCRIBE_ALLOW")
@@ -148,17 +166,24 @@ def test_the_clients_of_a_jump_get_the_bytes_one_message_at_a_time_gave_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     received = []
-    for path in (per_message, format_sink.send_missed):
-        wires, slow_consumers, slow = run(path, monkeypatch)
+    for path, tell in ((per_message, told_per_message),
+                       (format_sink.send_missed, format_sink.tell_missed)):
+        wires, slow_consumers, slow = run(path, tell, monkeypatch)
         assert slow_consumers == 1
         assert b"slow consumer" in slow
         natives = [after_subscribe_frames(wire) for wire in wires[:NATIVES]]
-        streams = [after_subscribe_events(wire) for wire in wires[NATIVES:]]
+        streams = [after_subscribe_events(wire) for wire in wires[NATIVES:NATIVES + 2]]
+        devices = wires[NATIVES + 2:]  # CONNACK, SUBACK, then the PUBLISHes: all of it
+        for wire in devices:
+            publishes = [p for p in mqtt.MqttDecoder(server=False).events(wire)
+                         if isinstance(p, mqtt.Publish)]
+            assert [int(p.payload.split(b":")[0]) for p in publishes] == list(
+                range(HELD + 1, LAST + 1))
         for frames in natives:
             seqs = [m.seq for f in frames for m in ops.decode_server_op(f).messages]  # type: ignore[union-attr]
             assert seqs == list(range(HELD + 1, LAST + 1))
         for events in streams:
             assert len(events) == LAST - HELD
             assert events[-1].endswith(b"%d\n" % LAST) or b":%d" % LAST in events[-1]
-        received.append((natives, streams))
+        received.append((natives, streams, devices))
     assert received[0] == received[1]

@@ -1,0 +1,144 @@
+"""MQTT sessions whose subject a cluster cache sync moved forward while they were live
+(Hub.reposition -> Hub._catch_up_live -> MqttDelivery.deliver_missed): each gets the
+same packets, in the same order, as one ``deliver_message`` per message gave it
+(``per_message``, the same input) -- a clean session at QoS 0 as runs of the shared
+PUBLISHes, encoded once for all of them; before, every session encoded every message
+again (the shared frame is the last message's) and queued them one by one. Persistent
+sessions, QoS 1 and a session that has some of them already go one at a time, as
+before. Bytes in, packets out; counted, never timed."""
+
+from __future__ import annotations
+
+import pytest
+from test_mqtt_session import HeldPublishing, Wire, read
+
+from migratory.config import Config
+from migratory.entitlement import entitlement_from_config
+from migratory.model.message import Message, Qos
+from migratory.model.position import Position
+from migratory.protocol import mqtt, mqtt_encode
+from migratory.protocol import websocket as ws
+from migratory.protocol.mqtt_encode import encode_packet
+from migratory.server import hub as hub_module
+from migratory.server.context import ServerContext, ServerStatistics
+from migratory.server.format_sink import MessageSink, MissedRun
+from migratory.server.hub import Hub
+from migratory.server.mqtt_session import MqttSession
+
+SUBJECT = "/a/b"
+EPOCH = 5
+HELD = 3
+JUMP = 200
+
+
+def per_message(sink: MessageSink, missed: MissedRun, qos: int) -> None:
+    """What the hub did before: each message to each session, one at a time."""
+    for message in missed.messages:
+        sink.deliver_message(message, qos)
+
+
+def message(seq: int, qos: Qos = Qos.STANDARD) -> Message:
+    return Message(SUBJECT, b"m%d" % seq + b"." * (seq % 5 * 30), qos=qos, epoch=EPOCH,
+                   seq=seq)
+
+
+def member(qos: Qos, **settings: str) -> tuple[Hub, ServerContext]:
+    hub = Hub(epoch=1, numbered_elsewhere=True)
+    for seq in range(1, HELD + 1):
+        hub.apply(message(seq, qos), 0.0)
+    config = Config.from_mapping(settings)
+    ctx = ServerContext(config, hub, entitlement_from_config(config), ServerStatistics(),
+                        HeldPublishing(hub))
+    return hub, ctx
+
+
+def device(ctx: ServerContext, client_id: str, qos: int, *, clean: bool = True,
+           websocket: bool = False) -> MqttSession:
+    session = MqttSession(ctx, Wire(), "127.0.0.1:1", {},  # type: ignore[arg-type]
+                          websocket=websocket)
+    packets = [encode_packet(mqtt.Connect(client_id, clean_session=clean)),
+               encode_packet(mqtt.Subscribe(1, (("a/b", qos),)))]
+    session.receive_data(b"".join(ws.encode_masked_binary(p, b"mask") for p in packets)
+                         if websocket else b"".join(packets), 0.0)
+    ctx.publishing.settle()  # type: ignore[attr-defined]
+    session.outbox.take()
+    return session
+
+
+def jump(hub: Hub, qos: Qos) -> None:
+    hub.reposition(SUBJECT, Position(EPOCH, HELD + JUMP), None,
+                   [message(seq, qos) for seq in range(1, HELD + JUMP + 1)], 0.0)
+
+
+def sessions(ctx: ServerContext) -> list[MqttSession]:
+    return [*(device(ctx, f"c{n}", 0) for n in range(6)),  # clean, QoS 0
+            *(device(ctx, f"q{n}", 1) for n in range(3)),  # clean, granted QoS 1
+            device(ctx, "ws", 0, websocket=True),  # MQTT over WebSocket
+            device(ctx, "p", 1, clean=False)]  # persistent
+
+
+@pytest.mark.parametrize("qos", [Qos.STANDARD, Qos.GUARANTEED])
+def test_every_session_gets_what_one_message_at_a_time_gave_it(
+    monkeypatch: pytest.MonkeyPatch, qos: Qos,
+) -> None:
+    received = []
+    for path in (per_message, hub_module.tell_missed):
+        monkeypatch.setattr(hub_module, "tell_missed", path)
+        hub, ctx = member(qos)
+        devices = sessions(ctx)
+        jump(hub, qos)
+        hub.apply(message(HELD + JUMP + 1, qos), 0.0)  # live, after
+        received.append([d.outbox.take() for d in devices])
+    assert received[0] == received[1]
+    assert all(received[1])
+    packets = mqtt.MqttDecoder(server=False).events(received[1][0])
+    assert [p.payload.rstrip(b".") for p in packets] == [
+        b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 2)]
+
+
+def test_clean_sessions_at_qos_0_take_the_jump_in_a_few_appends_encoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub, ctx = member(Qos.STANDARD)
+    devices = [device(ctx, f"c{n}", 0) for n in range(20)]
+    encodes = [0]
+    encode = mqtt_encode.encode_publish_from_parts
+
+    def counting(*args: object, **kwargs: object) -> bytes:
+        encodes[0] += 1
+        return encode(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mqtt_encode, "encode_publish_from_parts", counting)
+    jump(hub, Qos.STANDARD)
+    for d in devices:
+        assert len(d.outbox) <= 3, len(d.outbox)  # before: 200 each
+        got = [p.payload.rstrip(b".") for p in read(d)]
+        assert got == [b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 1)]
+    assert encodes == [JUMP]  # before: 20 x 200
+
+
+def test_a_session_that_has_some_of_them_gets_the_rest_once() -> None:
+    _, ctx = member(Qos.STANDARD)
+    d = device(ctx, "c", 0)
+    for seq in range(HELD + 1, HELD + 6):  # it got 4..8 live
+        d.deliver_message(message(seq), 0)
+    read(d)
+    d.deliver_missed(MissedRun([message(seq) for seq in range(HELD + 1, HELD + 11)]), 0)
+    assert [p.payload.rstrip(b".") for p in read(d)] == [
+        b"m%d" % seq for seq in range(HELD + 6, HELD + 11)]
+
+
+@pytest.mark.parametrize("path", [per_message, hub_module.tell_missed])
+def test_a_slow_session_among_them_is_cut_off_alone(
+    monkeypatch: pytest.MonkeyPatch, path: object,
+) -> None:
+    monkeypatch.setattr(hub_module, "tell_missed", path)
+    hub, ctx = member(Qos.STANDARD, ClientMaxPendingBytes="32768", MaxMessageSize="4096")
+    devices = [device(ctx, f"c{n}", 0) for n in range(4)]
+    slow = devices[-1]
+    slow.outbox.enqueue(b"q" * 20_000)  # what it has not taken yet
+    jump(hub, Qos.STANDARD)  # ~19 kB each
+    assert slow.closing and ctx.stats.slow_consumers == 1
+    for d in devices[:-1]:
+        assert not d.closing
+        assert len([p for p in read(d) if isinstance(p, mqtt.Publish)]) == JUMP
