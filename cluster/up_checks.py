@@ -90,10 +90,11 @@ def check_state_file(path: Path) -> None:
 
 
 def check_configs(settings: Sequence[dict[str, str]]) -> None:
-    """Each member's configuration as the member itself will validate it."""
+    """Each member's configuration as the member itself will validate it: its settings
+    over this process's environment, which it inherits (``cluster.tooling.member_command``)."""
     for member in settings:
         try:
-            load_config(None, overrides=member, environ={})
+            load_config(None, overrides=member, environ=os.environ)
         except ConfigError as exc:
             raise StartFailed(f"{member['ServerName']}: configuration error: {exc}") from None
 

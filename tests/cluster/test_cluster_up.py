@@ -39,10 +39,14 @@ def clean_env() -> dict[str, str]:
 MIGRATORY = str(Path(sys.executable).with_name("migratory"))
 
 
-def migratory(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def migratory(
+    *args: str, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``env``: more environment variables."""
     return subprocess.run(
         [MIGRATORY, *args],
-        cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env={**clean_env(), **(env or {})}, capture_output=True, text=True,
+        timeout=timeout,
     )
 
 
@@ -292,6 +296,29 @@ def test_an_impossible_cluster_is_refused_before_anything_starts(
     assert named in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert not members_started_in(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variable", "named"),
+    [
+        ("MIGRATORY_CFG_WORKERS=2", "Workers (from environment variable MIGRATORY_CFG_WORKERS)"
+         " = 2 with ClusterMembers"),
+        ("MIGRATORY_CFG_MAXCACHEDMESSAGESPERSUBJECT=many", "MaxCachedMessagesPerSubject"),
+    ],
+)
+def test_a_setting_in_the_environment_the_members_cannot_take_is_refused_before_they_start(
+    tmp_path: Path, variable: str, named: str
+) -> None:
+    """The members get ``cluster up``'s environment, so its check reads it too: it read
+    none, started every member and stopped them when one failed on it (exit 1)."""
+    key, value = variable.split("=")
+    base = free_base_port(3)
+    result = migratory("cluster", "up", "--base-port", str(base), "--members", "3",
+                       cwd=tmp_path, env={key: value})
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not list(tmp_path.glob("cluster-logs/migratory-*.log"))  # no member started
 
 
 def test_status_shows_why_a_member_is_not_ready(tmp_path: Path) -> None:
