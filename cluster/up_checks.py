@@ -9,7 +9,7 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from migratory.config import ENV_PREFIX, ConfigError, load_config
@@ -89,12 +89,15 @@ def check_state_file(path: Path) -> None:
         raise StartFailed(f"--state {path}: {str(folder)!r} is not writable")
 
 
-def check_configs(settings: Sequence[dict[str, str]]) -> None:
+def check_configs(
+    settings: Sequence[dict[str, str]], environ: Mapping[str, str] | None = None
+) -> None:
     """Each member's configuration as the member itself will validate it: its settings
-    over this process's environment, which it inherits (``cluster.tooling.member_command``)."""
+    over ``environ`` (default: this process's environment, which every member inherits,
+    ``cluster.tooling.member_command``)."""
     for member in settings:
         try:
-            load_config(None, overrides=member, environ=os.environ)
+            load_config(None, overrides=member, environ=os.environ if environ is None else environ)
         except ConfigError as exc:
             raise StartFailed(f"{member['ServerName']}: configuration error: {exc}") from None
 

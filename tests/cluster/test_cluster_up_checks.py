@@ -89,11 +89,14 @@ def test_the_password_goes_in_the_environment_not_argv() -> None:
 
 
 def test_each_member_config_is_checked_as_the_member_would() -> None:
-    check_configs(settings())
+    check_configs(settings(), environ={})
     broken = settings()
     broken[2]["ClusterMemberListen"] = "127.0.0.1:1"
     with pytest.raises(StartFailed, match="migratory-2: configuration error: ClusterMemberListen"):
-        check_configs(broken)
+        check_configs(broken, environ={})
+    with pytest.raises(StartFailed, match="migratory-0: configuration error: Workers "
+                       r"\(from environment variable MIGRATORY_CFG_WORKERS\) = 2"):
+        check_configs(settings(), environ={"MIGRATORY_CFG_WORKERS": "2"})
 
 
 @pytest.mark.parametrize(("offset", "use"), [(20, "clients"), (1020, "cluster"), (1021, "Raft")])
