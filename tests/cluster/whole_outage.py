@@ -10,10 +10,12 @@ back that far) and compares what each subscriber got with what the cluster holds
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from cluster_load import SUBJECTS, LoadPublisher, LoadSubscriber, delivery_probl
 from test_cluster_fault_combinations import BAD_LOG_LINES, answer_problems, merged_acks
 from test_cluster_seed_fault_combinations import MqttDevice, SseFollower
 
-from migratory.model.message import MessageType
+from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory_client import NotificationStatus, ReconnectPolicy, connect
@@ -160,9 +162,32 @@ def rollbacks(
         reader.wait_for(contents, 30)
     finally:
         reader.stop()
-    held = {(m.subject, m.position): m.content for m in reader.messages()
-            if m.type is not MessageType.SNAPSHOT}
-    return delivery_problems(reader.messages(), acked) + replaced(held, received, epochs)
+    history = [m for m in reader.messages() if m.type is not MessageType.SNAPSHOT]
+    held = {(m.subject, m.position): m.content for m in history}
+    return (delivery_problems(reader.messages(), acked) + replaced(held, received, epochs)
+            + snapshot_problems(cluster, history))
+
+
+def snapshot_problems(cluster: LocalCluster, history: list[Message]) -> list[str]:
+    """Each member up serves as a subject's snapshot (HTTP) its last retained message,
+    at its position."""
+    last: dict[str, Message] = {}
+    for m in history:
+        if m.retained:
+            last[m.subject] = m
+    out = [] if last or not history else ["no retained message in the history"]
+    for i in range(cluster.members):
+        if i in cluster.exited():
+            continue
+        for subject, message in last.items():
+            url = f"{cluster.http(i)}/snapshot?subject={subject}&format=json"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                got = json.loads(reply.read())
+            if (got["content"].encode(), got["epoch"], got["seq"]) != (
+                message.content, message.position.epoch, message.position.seq
+            ):
+                out.append(f"member {i} {subject}: snapshot {got}, last retained {message}")
+    return out
 
 
 def replaced(
