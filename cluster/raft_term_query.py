@@ -79,6 +79,9 @@ class TermQuorum:
         # seed -> (current term, (last log term, last log index), empty-started there)
         self.heard: dict[Any, tuple[int, tuple[int, int], bool]] = {}
         self.new_cluster = False  # settled by seeds none of which holds a log
+        # settled by every other seed's answer, with fewer than ceil(n/2) seeds that kept
+        # their log: a majority of the seeds lost it (beyond the tolerance), not new
+        self.majority_lost = False
         self.log_floor = (0, 0)  # the most up-to-date log of those that answered
         self._next_query = 0.0
         self._next_warning = 0.0
@@ -124,9 +127,21 @@ class TermQuorum:
         highest = max(term for term, _, _ in self.heard.values())
         self.log_floor = max(last for _, last, _ in self.heard.values())
         self.new_cluster = self.log_floor[0] == 0
+        self.majority_lost = not self.new_cluster and witnesses < n - n // 2
         if self.new_cluster:
             log.info("Raft: a new cluster (%d other seed(s) answered, none holds a log)",
                      len(self.heard))
+        elif self.majority_lost:
+            log.critical(
+                "Raft: only %d of the %d seeds kept their Raft log: this one and %d other(s) "
+                "started with an empty ClusterDataDir and have not caught up, a majority of "
+                "the seeds, beyond what %d seeds tolerate. The cluster goes on from the "
+                "longest log left (term %d, index %d): publications a majority of seeds "
+                "acknowledged together may be lost, and their positions given to other "
+                "messages; subscribers that got them are not told (docs/cluster.md, \"A "
+                "whole cluster restarted at once\")",
+                witnesses, n, len(self.heard) - witnesses, n, *self.log_floor,
+            )
         else:
             log.warning(
                 "Raft: this seed started with an empty ClusterDataDir; %d other seed(s) "

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from raft_sim import RaftWorld
 
 from cluster.raft_term_query import QUERY_SECONDS, TermQuorum
@@ -23,6 +26,40 @@ def test_three_seeds_need_both_others_once_any_holds_a_log() -> None:
     assert quorum.waiting
     assert quorum.hear("C", answer(2, 2)) == 2
     assert not quorum.waiting
+
+
+def test_a_majority_of_seeds_that_lost_their_logs_is_said_not_passed_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three seeds, two started empty (a power cut took two disks), the third with a log
+    that may lack what the two had acknowledged together: the query settles on every
+    answer (the cluster goes on, from the log left) and says, CRITICAL, that acknowledged
+    publications may be lost -- it said only that it continues from the third's term, as
+    after one lost disk, which loses nothing."""
+    empty = {"term": 3, "last_log_term": 0, "last_log_index": 0, "empty_start": True}
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    two_lost = TermQuorum(others=2, waiting=True)
+    assert two_lost.hear("B", empty) is None
+    assert two_lost.hear("C", {"term": 3, "last_log_term": 2, "last_log_index": 40}) == 3
+    assert two_lost.majority_lost and not two_lost.new_cluster
+    (critical,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert "only 1 of the 3 seeds kept their Raft log" in critical.getMessage()
+    assert "may be lost" in critical.getMessage()
+    caplog.clear()
+    one_lost = TermQuorum(others=2, waiting=True)  # what 3 seeds tolerate: nothing said
+    one_lost.hear("B", {"term": 3, "last_log_term": 2, "last_log_index": 40})
+    assert one_lost.hear("C", {"term": 3, "last_log_term": 2, "last_log_index": 39}) == 3
+    assert not one_lost.majority_lost
+    new = TermQuorum(others=2, waiting=True)  # a brand-new cluster: every seed empty
+    new.hear("B", empty)
+    assert new.hear("C", {**empty, "last_log_term": 0}) == 3
+    assert new.new_cluster and not new.majority_lost
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    five = TermQuorum(others=4, waiting=True)  # 5 seeds: three lost, two kept theirs
+    for seed in ("P", "Q"):
+        five.hear(seed, empty)
+    five.hear("R", answer(4, 2))
+    assert five.hear("S", answer(4, 2)) == 4 and five.majority_lost
 
 
 def test_a_new_cluster_needs_the_answers_of_as_many_others_as_any_other_start() -> None:
