@@ -97,17 +97,70 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ClusterSizedApart(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            parts = path.split("/")
-            if path in IN_PROCESS_CLUSTER:
-                return path
-            if path in IN_THE_OTHER_SERIAL_SCOPE:
-                return "cluster-sized"
-            if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
-                return "cluster" if parts[1] == "cluster" else "cluster-sized"
-            return path
+            return scope_of(nodeid)
 
     return ClusterSizedApart(config, log)
+
+
+def scope_of(nodeid: str) -> str:
+    """``cluster`` or ``cluster-sized`` (the serial scopes), else the test's file."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if path in IN_PROCESS_CLUSTER:
+        return path
+    if path in IN_THE_OTHER_SERIAL_SCOPE:
+        return "cluster-sized"
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
+        return "cluster" if parts[1] == "cluster" else "cluster-sized"
+    return path
+
+
+# What each xdist worker ran and when it ended, at the end of the run (make test): which
+# serial scope held the run up, and how long the other workers stood idle
+LANE_TIME: dict[str, list[float]] = {}
+"""In a worker: serial scope (or ``files``) -> [tests, seconds]."""
+WORKERS_DOWN: dict[str, dict[str, Any]] = {}
+"""In the controller: worker id -> what the worker said at its end."""
+SESSION_START = [time.time()]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    SESSION_START[0] = time.time()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    scope = scope_of(item.nodeid)
+    lane = LANE_TIME.setdefault(scope if scope.startswith("cluster") else "files", [0, 0.0])
+    lane[0] += 1
+    lane[1] += time.monotonic() - started
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["lanes"] = LANE_TIME
+        workeroutput["ended"] = time.time()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    said = getattr(node, "workeroutput", None) or {}
+    if "lanes" in said:
+        WORKERS_DOWN[node.gateway.id] = said
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not WORKERS_DOWN:
+        return
+    terminalreporter.write_sep("-", "xdist workers: what each ran, and when it ended")
+    for worker, said in sorted(WORKERS_DOWN.items()):
+        ran = ", ".join(f"{lane} {int(n)} tests {s:.0f} s" for lane, (n, s) in
+                        sorted(said["lanes"].items()))
+        terminalreporter.write_line(
+            f"{worker}: ended at {said['ended'] - SESSION_START[0]:.0f} s: {ran}")
 
 class ServerProcess:
     def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1) -> None:
