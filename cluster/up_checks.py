@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from migratory.config import ENV_PREFIX, ConfigError, load_config
+from migratory.config_values import MAX_CLUSTER_MEMBERS
 
 PASSWORD_ENV = f"{ENV_PREFIX}CLUSTERPASSWORD"  # how every member gets ClusterPassword
 
@@ -60,6 +61,18 @@ def check_request(args: argparse.Namespace) -> tuple[str, int]:
     option that makes the cluster impossible."""
     if args.members < 1:
         raise StartFailed(f"--members {args.members}: a cluster needs at least one member")
+    if args.members > MAX_CLUSTER_MEMBERS:  # (before a list of them is built, certified...)
+        raise StartFailed(f"--members {args.members}: at most {MAX_CLUSTER_MEMBERS:,} "
+                          "(ClusterMembers' bound)")
+    highest = args.base_port + 1000 + 10 * (args.members - 1) + 1  # the last member's Raft
+    if args.base_port < 1 or highest > 65535:
+        raise StartFailed(
+            f"--base-port {args.base_port} with --members {args.members}: the members' "
+            f"ports run from {args.base_port} to {highest} (clients on base + 10 x i, cluster "
+            "links on base + 1000 + 10 x i, Raft one above), which must be 1 to 65535"
+        )
+    if not args.start_timeout > 0:
+        raise StartFailed(f"--start-timeout {args.start_timeout}: must be more than 0 seconds")
     if args.mode == "standard":
         if args.seeds is not None:
             raise StartFailed("--seeds applies to --mode guaranteed only (Standard mode has "

@@ -4,12 +4,14 @@ Raft data and compaction, and the rules between them (docs/cluster.md)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from migratory.config_security import CLUSTER_TLS_SETTINGS
 from migratory.config_values import (
+    MAX_CLUSTER_MEMBERS,
     ORDINAL,
     ConfigError,
     Setting,
@@ -33,8 +35,9 @@ DEFAULT_ELECTION_TIMEOUT_MS = 150
 
 CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
-            "Ordered, comma-separated host:port cluster addresses of all members, identical on "
-            "every member; empty: a single node. Seeds also use port + 1 for Raft. Members "
+            "Ordered, comma-separated host:port cluster addresses of all members (at most "
+            f"{MAX_CLUSTER_MEMBERS:,}), identical on every member; empty: a single node. "
+            "Seeds also use port + 1 for Raft. Members "
             "compare it when they link: only a list that extends another at its end (a "
             "scale-up rolling out) is accepted, any other difference is refused and the "
             "member the seeds refuse is not ready (docs/cluster.md, \"Members must agree\")."),
@@ -44,7 +47,7 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "`migratory-{ordinal}.migratory-members:9800`)."),
     Setting("ClusterMemberCount", "cluster_member_count", _optional_count, "",
             "With ClusterMemberTemplate: how many members the list has (the largest size the "
-            "cluster may scale to, e.g. the HPA's maxReplicas)."),
+            f"cluster may scale to, e.g. the HPA's maxReplicas; at most {MAX_CLUSTER_MEMBERS:,})."),
     Setting("ClusterMemberListen", "cluster_member_listen", _optional_address, "",
             "This member's cluster address; must be one of ClusterMembers. With "
             "ClusterMemberTemplate, set ClusterMemberOrdinal instead."),
@@ -172,7 +175,10 @@ def check_cluster(config: Config, key: Callable[[str], str]) -> Config:
     listed = key("ClusterMembers") if config.cluster_member_template == "" else (
         f"ClusterMembers ({key('ClusterMemberTemplate')})"
     )
-    duplicates = {f"{h}:{p}" for h, p in members if members.count((h, p)) > 1}
+    if len(members) > MAX_CLUSTER_MEMBERS:
+        raise ConfigError(f"{listed} lists {len(members):,} members: at most "
+                          f"{MAX_CLUSTER_MEMBERS:,}")
+    duplicates = {f"{h}:{p}" for (h, p), n in Counter(members).items() if n > 1}
     if duplicates:
         raise ConfigError(f"{listed} lists {', '.join(sorted(duplicates))} more than once")
     listen = config.cluster_member_listen

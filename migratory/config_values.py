@@ -9,6 +9,11 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any
 
 ORDINAL = "{ordinal}"  # in ClusterMemberTemplate: a member's index in ClusterMembers
+MAX_CLUSTER_MEMBERS = 1000
+"""The longest ClusterMembers (and largest ClusterMemberCount) a config may give: a bound
+far above any cluster this product runs (seeds 3 or 5, a StatefulSet of a few dozen pods),
+so that a typo (ClusterMemberCount = 100000000) is refused at once instead of expanding a
+list for minutes while nothing listens."""
 
 
 class ConfigError(ValueError):
@@ -132,7 +137,7 @@ def _member_template(text: str) -> str:
 
 
 def _optional_count(text: str) -> int:
-    return _int(1, unit=" of members")(text) if text.strip() else 0
+    return _int(1, MAX_CLUSTER_MEMBERS, unit=" of members")(text) if text.strip() else 0
 
 
 def _optional_ordinal(text: str) -> int | None:

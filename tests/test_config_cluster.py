@@ -104,6 +104,11 @@ def test_member_template_expands_to_the_ordered_member_list() -> None:
         ({"ClusterMemberTemplate": ""}, "ClusterMemberCount .* is set but ClusterMemberTemplate"),
         ({"ClusterMembers": "127.0.0.1:1"}, "either ClusterMembers .* or ClusterMemberTemplate"),
         ({"ClusterMemberCount": "2"}, r"at least 3 members, ClusterMembers \(ClusterMemberTemp"),
+        # Before: any count up to 2^40 was taken and expanded (and each address counted
+        # against the list: quadratic), 10,000 members 3.4 s, 100,000 over a minute, a
+        # typo's 100000000 until memory ran out, before the server listened or said a word
+        ({"ClusterMemberCount": "1001"}, r"ClusterMemberCount: must be >= 1 and <= 1000"),
+        ({"ClusterMemberCount": "100000000"}, r"ClusterMemberCount: must be >= 1 and <= 1000"),
     ],
 )
 def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -> None:
@@ -117,6 +122,16 @@ def test_bad_member_template_is_refused(changes: dict[str, str], message: str) -
     }
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=settings, environ={})
+
+
+def test_a_member_list_past_the_bound_is_refused_naming_the_key() -> None:
+    """Before: taken, and its duplicates looked for in quadratic time."""
+    listed = ", ".join(f"10.0.{i // 250}.{i % 250}:9800" for i in range(1001))
+    settings = {**CLUSTER, "ClusterMembers": listed, "ClusterMemberListen": "10.0.0.0:9800"}
+    with pytest.raises(ConfigError, match=r"ClusterMembers .*lists 1,001 members: at most 1,000"):
+        load_config(overrides=settings, environ={})
+    settings["ClusterMembers"] = listed.rsplit(", ", 1)[0]  # 1,000: the bound itself
+    assert len(load_config(overrides=settings, environ={}).cluster_members) == 1000
 
 
 def test_member_ordinal_gives_the_listen_address_from_the_template() -> None:

@@ -26,7 +26,8 @@ from cluster.up_checks import (
 
 
 def up_args(**kw: Any) -> argparse.Namespace:
-    values = {"members": 3, "seeds": None, "mode": "guaranteed", "password_file": None}
+    values = {"members": 3, "seeds": None, "mode": "guaranteed", "password_file": None,
+              "base_port": 8800, "start_timeout": 60.0}
     return argparse.Namespace(**{**values, **kw})
 
 
@@ -53,6 +54,16 @@ def test_seed_count_defaults_as_the_config_does() -> None:
         ({"members": 2}, "--members 2"),
         ({"members": 0, "mode": "standard"}, "--members 0"),
         ({"mode": "standard", "seeds": 3}, "--seeds"),
+        # Before: --members 100000 built 100,000 member lists of 100,000 addresses (and a
+        # certificate each) until the kernel's OOM killer ended it, 11 minutes later, a
+        # SIGTERM only noted meanwhile; --base-port 70000 was refused as member 0's
+        # "Listen: must be >= 0 and <= 65535" (not the option), --start-timeout -1 waited
+        # for nothing and said "not ready after -1 s" with the members just started
+        ({"members": 100_000}, "--members 100000: at most 1,000"),
+        ({"members": 5, "base_port": 70_000}, "--base-port 70000 with --members 5: .* to 71041"),
+        ({"members": 5, "base_port": 64_600}, "--base-port 64600 with --members 5: .* to 65641"),
+        ({"base_port": 0}, "--base-port 0 with --members 3"),
+        ({"start_timeout": -1.0}, "--start-timeout -1.0: must be more than 0"),
     ],
 )
 def test_an_impossible_request_names_the_option(kw: dict[str, Any], named: str) -> None:
