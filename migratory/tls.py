@@ -31,6 +31,52 @@ def _reason(exc: Exception) -> str:
     return str(getattr(exc, "reason", None) or exc)
 
 
+def _check_file(key: str, path: str) -> None:
+    if os.path.isdir(path):
+        raise TlsSetupError(key, f"{path!r} is a directory, not a PEM file")
+    if not os.path.isfile(path):
+        raise TlsSetupError(key, f"no such file {path!r}")
+
+
+def _load_pair(
+    context: ssl.SSLContext, certificate: tuple[str, str], key: tuple[str, str]
+) -> None:
+    """``load_cert_chain`` with a refusal that names the file at fault: OpenSSL says only
+    ``PEM lib`` for a certificate file without a certificate and for a key file without
+    a key alike, and ``KEY_VALUES_MISMATCH`` for a key of another certificate."""
+    (cert_name, cert_path), (key_name, key_path) = certificate, key
+    asked: list[bool] = []
+
+    def no_passphrase() -> bytes:  # (without it OpenSSL asks for one on the terminal)
+        asked.append(True)
+        return b""
+
+    try:
+        context.load_cert_chain(cert_path, key_path or None, password=no_passphrase)
+    except (OSError, ssl.SSLError) as exc:
+        if asked:
+            raise TlsSetupError(
+                key_name, f"{key_path or cert_path!r} is encrypted: the server takes no "
+                "passphrase (decrypt it: openssl pkey -in KEY -out KEY.plain)"
+            ) from None
+        if isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError):
+            raise TlsSetupError(cert_name, _reason(exc)) from None
+        reason = _reason(exc)
+    else:
+        return
+    try:
+        ssl.create_default_context(cafile=cert_path)  # reads its certificates alone
+    except (OSError, ssl.SSLError):
+        raise TlsSetupError(cert_name, f"{cert_path!r} holds no PEM certificate") from None
+    if "KEY_VALUES_MISMATCH" in reason:
+        raise TlsSetupError(
+            key_name, f"{key_path!r} is not the private key of {cert_name} {cert_path!r}"
+        )
+    raise TlsSetupError(
+        key_name, f"{key_path or cert_path!r} holds no PEM private key (OpenSSL: {reason})"
+    )
+
+
 def server_context(config: Config) -> ssl.SSLContext:
     """The context for ``ListenEncrypted``: certificate, key, client CA, version, ciphers."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -49,14 +95,9 @@ def server_context(config: Config) -> ssl.SSLContext:
         ("TlsKey", config.tls_key),
         ("TlsClientCa", config.tls_client_ca),
     ):
-        if path and not os.path.isfile(path):
-            raise TlsSetupError(key, f"no such file {path!r}")
-    try:
-        context.load_cert_chain(config.tls_certificate, config.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise TlsSetupError(
-            "TlsCertificate", f"cannot load the certificate and key: {_reason(exc)}"
-        ) from None
+        if path:
+            _check_file(key, path)
+    _load_pair(context, ("TlsCertificate", config.tls_certificate), ("TlsKey", config.tls_key))
     if config.tls_client_ca:
         try:
             context.load_verify_locations(cafile=config.tls_client_ca)
@@ -81,20 +122,14 @@ def cluster_contexts(
         ("ClusterTlsKey", key),
         ("ClusterTlsCa", ca),
     ):
-        if not os.path.isfile(path):
-            raise TlsSetupError(name, f"no such file {path!r}")
+        _check_file(name, path)
     contexts = []
     for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
         context = ssl.SSLContext(purpose)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.check_hostname = False
         context.verify_mode = ssl.CERT_REQUIRED
-        try:
-            context.load_cert_chain(certificate, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise TlsSetupError(
-                "ClusterTlsCertificate", f"cannot load the certificate and key: {_reason(exc)}"
-            ) from None
+        _load_pair(context, ("ClusterTlsCertificate", certificate), ("ClusterTlsKey", key))
         try:
             context.load_verify_locations(cafile=ca)
         except (OSError, ssl.SSLError) as exc:

@@ -172,7 +172,7 @@ def test_cluster_tls_config_errors_name_the_key(tmp_path: Path) -> None:
         ({**made.settings(), "ClusterTlsCa": str(tmp_path / "none.pem")},
          r"ClusterTlsCa \(from setting\): no such file"),
         ({**made.settings(), "ClusterTlsKey": str(made.certificate)},
-         r"ClusterTlsCertificate \(from setting\): cannot load the certificate"),
+         r"ClusterTlsKey \(from setting\): .* holds no PEM private key"),
         ({**made.settings(), "ClusterTlsCa": str(made.key)}, r"ClusterTlsCa \(from setting\): "),
     ]
     for extra, message in cases:
