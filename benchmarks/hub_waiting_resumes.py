@@ -11,16 +11,16 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
   ``--ahead`` messages of 100 bytes (best of 3);
 - ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
   outboxes: ``--front ws``, or ``sse`` / ``sse-multi``, streams of one subject or of
-  two, or ``mqtt``, clean MQTT sessions at QoS 0) -- the reposition's time, the frames
-  it queued in the outboxes (appends) and their bytes; ``--size``: the messages'
-  content bytes. The sessions' sockets take every batch that fills (or, ``--full``,
-  none)::
+  two, or ``mqtt`` / ``mqtt-persistent``, MQTT sessions at QoS 0) -- the reposition's
+  time, the frames it queued in the outboxes (appends) and their bytes; ``--size``: the
+  messages' content bytes. The sessions' sockets take every batch that fills (or,
+  ``--full``, none)::
 
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
     .venv/bin/python benchmarks/hub_waiting_resumes.py history --ahead 10000
     .venv/bin/python benchmarks/hub_waiting_resumes.py live-sessions --front ws \
-        --clients 10000 --ahead 400  # or --front sse / sse-multi / mqtt
+        --clients 10000 --ahead 400  # or --front sse / sse-multi / mqtt / mqtt-persistent
 """
 
 from __future__ import annotations
@@ -125,9 +125,10 @@ def live_sessions(
     streams = []
     registry: dict[str, MqttSession] = {}
     for n, link in enumerate(links):
-        if front == "mqtt":
+        if front.startswith("mqtt"):
             link.session = device = MqttSession(server.ctx, link, "bench", registry)
-            device.receive_data(encode_packet(mqtt.Connect(f"c{n}")), 0.0)
+            device.receive_data(encode_packet(mqtt.Connect(
+                f"c{n}", clean_session=front == "mqtt")), 0.0)
             device.receive_data(encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 0),))), 0.0)
             device.outbox.take()
             continue
@@ -140,6 +141,7 @@ def live_sessions(
         hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT), 0.0)
         session.outbox.take()
         link.frames = 0
+    listening = len(hub._subjects[SUBJECT].listeners)
     cached = [numbered(seq, size) for seq in range(1, 301 + ahead)]
     started, cpu = time.perf_counter(), time.process_time()
     hub.reposition(SUBJECT, Position(EPOCH, 300 + ahead), None, cached, 0.0)
@@ -150,7 +152,8 @@ def live_sessions(
             "catching_up": sum(stream.catching_up for stream in streams),
             "appends": sum(link.frames for link in links),
             "bytes": sum(link.written for link in links),
-            "slow_consumers": server.ctx.stats.slow_consumers}
+            "slow_consumers": server.ctx.stats.slow_consumers,
+            **({"mqtt_subscribed": listening} if front.startswith("mqtt") else {})}
 
 
 def history(cached: int) -> dict[str, float]:
@@ -171,7 +174,8 @@ def history(cached: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
-    parser.add_argument("--front", choices=("ws", "sse", "sse-multi", "mqtt"), default="ws")
+    parser.add_argument("--front", default="ws",
+                        choices=("ws", "sse", "sse-multi", "mqtt", "mqtt-persistent"))
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--clients", type=int, default=10_000)

@@ -174,17 +174,23 @@ def _native_frame(message: Message, frames: dict[object, bytes]) -> bytes:
     return message_frame(message)
 
 
-def tell_missed(sink: MessageSink, missed: MissedRun, qos: int) -> None:
-    """``missed``'s messages to a whole-message sink, in order: ``deliver_message`` each,
-    or all of them at once to a sink that takes them so (``deliver_missed``: an MQTT
-    session, which queues runs of QoS 0 PUBLISHes encoded once for every session)."""
-    deliver_missed: Callable[[MissedRun, int], None] | None = getattr(
-        sink, "deliver_missed", None)
-    if deliver_missed is not None:
-        deliver_missed(missed, qos)
-        return
-    for message in missed.messages:
-        sink.deliver_message(message, qos)
+def tell_missed(listeners: Sequence[tuple[MessageSink, int]], missed: MissedRun) -> None:
+    """``missed``'s messages to whole-message sinks, each in order, at the QoS granted to
+    each: all at once to a sink that takes them so (``deliver_missed`` says True: a clean
+    MQTT session at QoS 0 queues runs of the PUBLISHes, encoded once for every session);
+    to the others one message at a time, each message to all of them in turn (as a live
+    fan-out: the PUBLISH shared by the sessions is the message's; sink by sink, each
+    session encoded every message again)."""
+    rest = []
+    for sink, qos in listeners:
+        deliver_missed: Callable[[MissedRun, int], bool] | None = getattr(
+            sink, "deliver_missed", None)
+        if deliver_missed is None or not deliver_missed(missed, qos):
+            rest.append((sink, qos))
+    if rest:
+        for message in missed.messages:
+            for sink, qos in rest:
+                sink.deliver_message(message, qos)
 
 
 def send_missed(sink: AnySink, missed: MissedRun) -> None:

@@ -411,11 +411,11 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
             return
         missed = self._missed(state, before)
         run = None if missed is None else MissedRun(missed)  # encoded and joined once
-        for listener, qos in listeners:  # they drop what they have
-            if run is None:
+        if run is None:
+            for listener, qos in listeners:  # they drop what they have
                 listener.resync(state.subject, state.position, state.snapshot, qos)
-            else:
-                tell_missed(listener, run, qos)
+        else:
+            tell_missed(listeners, run)
         if missed is not None and run is not None:
             live_sinks: tuple[AnySink, ...] = (*state.subscribers, *state.formatted)
             if live_sinks and missed:  # a few appends each

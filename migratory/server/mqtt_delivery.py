@@ -17,7 +17,7 @@ from migratory.model.message import Message, Qos
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.protocol import mqtt_encode
-from migratory.server.format_sink import MissedRun
+from migratory.server.format_sink import MissedRun, Run
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_input import MqttInput
@@ -266,29 +266,28 @@ class MqttDelivery(MqttInput):
             self._record.set_position(subject, message.position)
             self._changed(positions=True)
 
-    def deliver_missed(self, missed: MissedRun, qos: int) -> None:
+    def deliver_missed(self, missed: MissedRun, qos: int) -> bool:
         """The messages of one subject a cluster member's cache sync jumped over, oldest
         first (the hub's call, ``Hub._catch_up_live``): what :meth:`deliver_message` of
-        each does. A clean session that gets them at QoS 0 queues them as runs of the
-        shared PUBLISHes, joined once for every such session (``run_output.queue_run``);
-        before, each session encoded each one again (the shared frame is the last
-        message's: 1.35 us a delivery, docs/benchmarks.md). A persistent session (its
-        record moves with each delivery), QoS 1, or one that has some of them already,
-        one at a time as before."""
+        each does. At QoS 0 the session queues them as runs of the shared PUBLISHes,
+        joined once for every session (``run_output.queue_run``), and a persistent one
+        moves its record once a run, to the last message taken (each delivery moved it
+        to its own message: the same record in the end, cut off or not); before, each
+        session encoded each one again (the shared frame is the last message's: 1.35 us
+        a delivery, docs/benchmarks.md). QoS 1, or a session that has some of them
+        already: False, nothing sent -- ``format_sink.tell_missed`` gives them one at a
+        time."""
         messages = missed.messages
         if not messages or self.closing or self.aborted:
-            return
+            return True
         first = messages[0]
         subject = first.subject
         hot = subject == self._hot_subject
         last = self._hot if hot else self.settle_reached().get(subject)
-        if (self._record is not None or (last is not None and last.epoch == first.epoch
-                                         and first.seq <= last.seq)
+        if ((last is not None and last.epoch == first.epoch and first.seq <= last.seq)
                 or not missed.shared(_QOS0_RUN, lambda: _qos0_run(messages))
                 or (qos and missed.shared(_GUARANTEED, lambda: _guaranteed(messages)))):
-            for message in messages:
-                self.deliver_message(message, qos)
-            return
+            return False
         if subject != self._hot_subject:  # (deliver_message's, once)
             self._hot_subject = subject
             meanwhile = self._live_meanwhile
@@ -296,13 +295,41 @@ class MqttDelivery(MqttInput):
                 meanwhile.add(subject)
         self._hot = messages[-1]
         websocket = self.websocket
+        taken = [0]  # bytes of the run the outbox took
+
+        def deliver(frame: bytes) -> None:
+            if not (self.closing or self.aborted) and self._deliver(frame):
+                taken[0] += len(frame)
+
         for run in missed.runs((_QOS0_RUN, websocket),
                                lambda message, _: SHARED.qos0(message, websocket)):
-            queue_run(self.outbox, self._link, self._deliver_live, run.joined, run.frames)
+            taken[0] = 0
+            queue_run(self.outbox, self._link, deliver, run.joined, run.frames)
+            if self._record is not None and taken[0]:
+                self._recorded(run, taken[0])
+            if self.closing or self.aborted:
+                break
+        return True
 
-    def _deliver_live(self, frame: bytes) -> None:
-        if not (self.closing or self.aborted):  # (cut off by an earlier frame)
-            self._deliver(frame)
+    def _recorded(self, run: Run, taken: int) -> None:
+        """A persistent session's record moves to the last message of ``run`` the outbox
+        took (``taken`` bytes of it: whole frames), as deliver_message's did with each."""
+        record = self._record
+        subject = run.last.subject
+        if record is None or self._inflight.outstanding(subject):
+            return  # (a QoS 1 message of it still unacknowledged keeps it where it is)
+        last = run.last
+        if taken < len(run.joined):  # cut off: the frames after ``taken`` were refused
+            ends, left = 0, 0
+            for frame in run.frames:
+                ends += len(frame)
+                if ends > taken:
+                    left += 1
+            last_seq = last.seq - left  # (the run's messages: one lineage, seq + 1 each)
+            record.set_position(subject, Position(last.epoch, last_seq))
+        else:
+            record.set_position(subject, last.position)
+        self._changed(positions=True)
 
     def watch_live(self, on: bool) -> set[str] | None:
         """While a SUBSCRIBE's retained messages go out (``on``): the subjects delivered

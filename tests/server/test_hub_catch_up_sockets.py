@@ -1,11 +1,11 @@
 """A cache sync moving a subject past its live subscribers, on real sockets of one
 server (a cluster member's hub): native WebSocket clients, a one-subject and a
-two-subject SSE stream, clean MQTT sessions get, after their subscription, exactly the
-bytes the per-message path gave them (``per_message``, the same scenario run with it):
-the jumped-over messages, then the live ones, in order -- the runs
-(format_sink.MissedRun) and the two-subject stream's backlog change how the bytes are
-queued, not which. A client that reads nothing is cut off as a slow consumer by the
-jump in both, the others served. (Counted and compared, never timed.)"""
+two-subject SSE stream, clean and persistent MQTT sessions get, after their
+subscription, exactly the bytes the per-message path gave them (``per_message``, the
+same scenario run with it): the jumped-over messages, then the live ones, in order --
+the runs (format_sink.MissedRun) and the two-subject stream's backlog change how the
+bytes are queued, not which. A client that reads nothing is cut off as a slow consumer
+by the jump in both, the others served. (Counted and compared, never timed.)"""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ HELD = 20
 JUMP = 400
 LAST = HELD + JUMP + 2  # two live messages after the sync
 NATIVES = 12
-DEVICES = 3  # clean MQTT sessions at QoS 0
+DEVICES = 3  # MQTT sessions at QoS 0: two clean, one persistent
 
 
 def numbered(seq: int, subject: str = SUBJECT) -> Message:
@@ -57,8 +57,8 @@ def stream_client(subjects: list[str]) -> bytes:
     return f"GET /events?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
 
 
-def mqtt_client(name: str) -> bytes:
-    return (encode_packet(mqtt.Connect(name))
+def mqtt_client(name: str, *, clean: bool) -> bytes:
+    return (encode_packet(mqtt.Connect(name, clean_session=clean))
             + encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 0),))))
 
 
@@ -100,7 +100,7 @@ def run(path: Any, tell: Any, monkeypatch: pytest.MonkeyPatch,
     hub.apply(numbered(1, OTHER), 0.0)
     requests = [websocket_client(f"c{n}") for n in range(NATIVES)]
     requests += [stream_client([SUBJECT]), stream_client([OTHER, SUBJECT])]
-    requests += [mqtt_client(f"d{n}") for n in range(DEVICES)]
+    requests += [mqtt_client(f"d{n}", clean=n > 0) for n in range(DEVICES)]
     requests += [websocket_client("slow")]
     pairs = [socket.socketpair() for _ in requests]
     for ours, _ in pairs:

@@ -9,6 +9,9 @@ before. Bytes in, packets out; counted, never timed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from test_mqtt_session import HeldPublishing, Wire, read
 
@@ -31,10 +34,11 @@ HELD = 3
 JUMP = 200
 
 
-def per_message(sink: MessageSink, missed: MissedRun, qos: int) -> None:
-    """What the hub did before: each message to each session, one at a time."""
-    for message in missed.messages:
-        sink.deliver_message(message, qos)
+def per_message(listeners: list[tuple[MessageSink, int]], missed: MissedRun) -> None:
+    """What the hub did before: each session, each message, one at a time."""
+    for sink, qos in listeners:
+        for message in missed.messages:
+            sink.deliver_message(message, qos)
 
 
 def message(seq: int, qos: Qos = Qos.STANDARD) -> Message:
@@ -74,7 +78,8 @@ def sessions(ctx: ServerContext) -> list[MqttSession]:
     return [*(device(ctx, f"c{n}", 0) for n in range(6)),  # clean, QoS 0
             *(device(ctx, f"q{n}", 1) for n in range(3)),  # clean, granted QoS 1
             device(ctx, "ws", 0, websocket=True),  # MQTT over WebSocket
-            device(ctx, "p", 1, clean=False)]  # persistent
+            device(ctx, "p", 1, clean=False),  # persistent
+            device(ctx, "p0", 0, clean=False)]  # persistent, QoS 0
 
 
 @pytest.mark.parametrize("qos", [Qos.STANDARD, Qos.GUARANTEED])
@@ -88,10 +93,11 @@ def test_every_session_gets_what_one_message_at_a_time_gave_it(
         devices = sessions(ctx)
         jump(hub, qos)
         hub.apply(message(HELD + JUMP + 1, qos), 0.0)  # live, after
-        received.append([d.outbox.take() for d in devices])
+        received.append([(d.outbox.take(), d._record and dict(d._record.positions))
+                         for d in devices])
     assert received[0] == received[1]
-    assert all(received[1])
-    packets = mqtt.MqttDecoder(server=False).events(received[1][0])
+    assert all(wire for wire, _ in received[1])
+    packets = mqtt.MqttDecoder(server=False).events(received[1][0][0])
     assert [p.payload.rstrip(b".") for p in packets] == [
         b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 2)]
 
@@ -101,20 +107,75 @@ def test_clean_sessions_at_qos_0_take_the_jump_in_a_few_appends_encoded_once(
 ) -> None:
     hub, ctx = member(Qos.STANDARD)
     devices = [device(ctx, f"c{n}", 0) for n in range(20)]
-    encodes = [0]
-    encode = mqtt_encode.encode_publish_from_parts
-
-    def counting(*args: object, **kwargs: object) -> bytes:
-        encodes[0] += 1
-        return encode(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(mqtt_encode, "encode_publish_from_parts", counting)
-    jump(hub, Qos.STANDARD)
+    with counted(monkeypatch, "encode_publish_from_parts") as encodes:
+        jump(hub, Qos.STANDARD)
     for d in devices:
         assert len(d.outbox) <= 3, len(d.outbox)  # before: 200 each
         got = [p.payload.rstrip(b".") for p in read(d)]
         assert got == [b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 1)]
     assert encodes == [JUMP]  # before: 20 x 200
+
+
+@contextmanager
+def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[list[int]]:
+    """Calls of ``mqtt_encode.<name>`` while in it."""
+    calls = [0]
+    encode = getattr(mqtt_encode, name)
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(mqtt_encode, name, counting)
+    yield calls
+    monkeypatch.setattr(mqtt_encode, name, encode)
+
+
+def test_qos_1_sessions_one_message_at_a_time_share_its_topic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QoS 1 deliveries go one at a time (a packet identifier each), each message to
+    all such sessions in turn, as a live fan-out: the topic encoded once per message and
+    shared (``mqtt_frames.SHARED``). Before, session by session, each session encoded
+    every message's topic again."""
+    hub, ctx = member(Qos.GUARANTEED)
+    devices = [device(ctx, f"q{n}", 1) for n in range(10)]
+    with counted(monkeypatch, "publish_parts") as topics:
+        jump(hub, Qos.GUARANTEED)
+    assert topics == [JUMP]  # before: 10 x 200
+    for d in devices:
+        got = [(p.payload.rstrip(b"."), p.qos) for p in read(d)]
+        assert got == [(b"m%d" % seq, 1) for seq in range(HELD + 1, HELD + JUMP + 1)]
+
+
+@pytest.mark.parametrize("writing", [False, True])
+@pytest.mark.parametrize("pending", [0, 10_000, 13_000, 19_000, 25_000, 32_000])
+def test_a_persistent_session_records_what_its_outbox_took(
+    monkeypatch: pytest.MonkeyPatch, pending: int, writing: bool,
+) -> None:
+    """Its record moves once a run, to the last message the outbox took: where one
+    delivery at a time left it -- but when it is cut off as a slow consumer by a run
+    refused whole: then one at a time took the run's first messages before the one that
+    passed the limit, recorded them as delivered and dropped them with the cut (its
+    resume skipped them); now they are not recorded (its resume replays them)."""
+    outcomes = []
+    for path in (per_message, hub_module.tell_missed):
+        monkeypatch.setattr(hub_module, "tell_missed", path)
+        hub, ctx = member(Qos.STANDARD, ClientMaxPendingBytes="32768", MaxMessageSize="4096",
+                          MaxBatchingSpace="4096")
+        d = device(ctx, "p", 0, clean=False)
+        d.outbox.enqueue(b"q" * pending)  # what it has not taken yet
+        d._link.writing = writing  # type: ignore[misc]  # (True: its socket is full)
+        jump(hub, Qos.STANDARD)  # ~19 kB
+        assert d._record is not None
+        outcomes.append(((d.closing, ctx.stats.slow_consumers, d.outbox.take()),
+                         d._record.positions[SUBJECT].seq))
+    (old, old_seq), (new, new_seq) = outcomes
+    assert old == new  # the cut, what stays queued (the close)
+    cut = new[0]
+    assert new_seq == old_seq or (cut and HELD <= new_seq < old_seq)
+    if not cut:
+        assert new_seq == HELD + JUMP
 
 
 def test_a_session_that_has_some_of_them_gets_the_rest_once() -> None:
@@ -123,7 +184,9 @@ def test_a_session_that_has_some_of_them_gets_the_rest_once() -> None:
     for seq in range(HELD + 1, HELD + 6):  # it got 4..8 live
         d.deliver_message(message(seq), 0)
     read(d)
-    d.deliver_missed(MissedRun([message(seq) for seq in range(HELD + 1, HELD + 11)]), 0)
+    missed = MissedRun([message(seq) for seq in range(HELD + 1, HELD + 11)])
+    assert not d.deliver_missed(missed, 0)  # not as runs: one at a time
+    hub_module.tell_missed([(d, 0)], missed)
     assert [p.payload.rstrip(b".") for p in read(d)] == [
         b"m%d" % seq for seq in range(HELD + 6, HELD + 11)]
 
