@@ -10,11 +10,11 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
 - ``history``: one subscribe asking for the whole history of a subject caching
   ``--ahead`` messages of 100 bytes (best of 3);
 - ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
-  outboxes: ``--front ws``, or ``sse`` / ``sse-multi``, streams of one subject or of
-  two, or ``mqtt`` / ``mqtt-persistent``, MQTT sessions at QoS 0) -- the reposition's
-  time, the frames it queued in the outboxes (appends) and their bytes; ``--size``: the
-  messages' content bytes. The sessions' sockets take every batch that fills (or,
-  ``--full``, none)::
+  outboxes: ``--front ws`` (``conflated``: at 500 ms), or ``sse`` / ``sse-multi``,
+  streams of one subject or of two, or ``mqtt`` / ``mqtt-persistent``, MQTT sessions
+  at QoS 0) -- the reposition's time, the frames it queued in the outboxes (appends)
+  and their bytes; ``--size``: the messages' content bytes. The sessions' sockets take
+  every batch that fills (or, ``--full``, none)::
 
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
@@ -134,11 +134,13 @@ def live_sessions(
             continue
         link.session = session = Session(server.ctx, link, "bench")
         sink: Session | SseStream = session
-        if front != "ws":
+        if front not in ("ws", "conflated"):
             subjects = [SUBJECT] if front == "sse" else [SUBJECT, "/Lag/other"]
             sink = SseStream(session, subjects)
             streams.append(sink)
-        hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT), 0.0)
+        conflation_ms = 500 if front == "conflated" else 0
+        hub.subscribe(sink, ops.SubscriptionRequest(SUBJECT, conflation_ms=conflation_ms),
+                      0.0)
         session.outbox.take()
         link.frames = 0
     listening = len(hub._subjects[SUBJECT].listeners)
@@ -175,7 +177,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
     parser.add_argument("--front", default="ws",
-                        choices=("ws", "sse", "sse-multi", "mqtt", "mqtt-persistent"))
+                        choices=("ws", "conflated", "sse", "sse-multi", "mqtt",
+                                 "mqtt-persistent"))
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--clients", type=int, default=10_000)
