@@ -146,8 +146,9 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
 CLUSTER_TLS_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterTlsCertificate", "cluster_tls_certificate", _text, "",
             "PEM: this member's certificate, signed by ClusterTlsCa; set with ClusterTlsKey "
-            "and ClusterTlsCa, cluster links run over mutual TLS 1.3 (`migratory cluster up "
-            "--cluster-tls` makes them). Empty: links are plain TCP, password-authenticated."),
+            "and ClusterTlsCa, cluster links run over mutual TLS 1.3 (`migratory cluster up` "
+            "makes them, unless given `--no-cluster-tls`). Empty: links are plain TCP, "
+            "password-authenticated."),
     Setting("ClusterTlsKey", "cluster_tls_key", _text, "",
             "PEM: the private key of ClusterTlsCertificate (keep it mode 0600)."),
     Setting("ClusterTlsCa", "cluster_tls_ca", _text, "",

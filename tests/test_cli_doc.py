@@ -1,0 +1,89 @@
+"""docs/cli.md and the ``migratory`` parser (cluster/cli.py) name the same commands and
+options, each option with the parser's default; ``migratory bench``'s options are
+documented in docs/benchmarks.md.
+
+Before: nothing compared them. ``pub --qos``/``--token``, ``sub --conflation``,
+``cluster up --base-port``/``--state`` and ``cluster status --state`` were in no
+document, and docs/config.md sent operators to a ``cluster up --cluster-tls`` that does
+not exist (TLS is the default, ``--no-cluster-tls`` the option)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import build_parser
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every command that takes options, by its name (``cluster up``)."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if path and not subcommands:
+        yield " ".join(path), parser
+    for action in subcommands:
+        for name, sub in action.choices.items():
+            yield from commands(sub, (*path, name))
+
+
+def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {
+        action.option_strings[-1]: action for action in parser._actions
+        if action.option_strings and action.help != argparse.SUPPRESS
+        and not isinstance(action, argparse._HelpAction)
+    }
+
+
+def section(text: str, title: str) -> str:
+    parts = text.split(f"\n## {title}\n", 1)
+    assert len(parts) == 2, f"no section '## {title}'"
+    return parts[1].split("\n## ", 1)[0]
+
+
+COMMANDS = dict(commands(build_parser()))
+CLI_DOC = (DOCS / "cli.md").read_text()
+
+
+def test_every_command_is_in_the_doc_and_every_documented_command_exists() -> None:
+    documented = set(re.findall(r"^## `migratory ([a-z -]+)`$", CLI_DOC, re.M))
+    assert documented | {"bench"} == set(COMMANDS)
+    assert set(re.findall(r"^\| `migratory ([a-z -]+)` \|", CLI_DOC, re.M)) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_option_is_documented_with_its_default(name: str) -> None:
+    text = section(CLI_DOC if name != "bench" else (DOCS / "benchmarks.md").read_text(),
+                   f"`migratory {name}`")
+    rows = dict(re.findall(r"^\| `(--[a-z0-9-]+)[^`]*` \| ([^|]*) \|", text, re.M))
+    parsed = options(COMMANDS[name])
+    assert set(rows) == set(parsed), f"migratory {name}: the doc's options differ"
+    for flag, action in parsed.items():
+        default = action.default
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            assert rows[flag].startswith("off"), (flag, rows[flag])
+        elif default is not None and default != []:
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
+            assert rows[flag] == f"`{shown}`", (flag, rows[flag], default)
+        if action.choices:
+            assert "|".join(map(str, action.choices)) in text.replace("\\|", "|"), flag
+
+
+def test_options_the_docs_give_to_a_command_exist() -> None:
+    """``migratory CMD ... --flag`` anywhere in the docs or the README names a flag of
+    CMD (docs/config.md is generated from the code's texts, so this reads those too)."""
+    texts = [p.read_text() for p in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]]
+    wrong = []
+    for text in texts:
+        for name, rest in re.findall(r"migratory (cluster up|cluster status|serve|pub|sub)"
+                                     r"((?: [^`\n|]*)?)`", text):
+            for flag in re.findall(r"(--[a-z][a-z0-9-]*)", rest):
+                if flag not in options(COMMANDS[name]) and flag != "--help":
+                    wrong.append(f"migratory {name} {flag}")
+    assert not wrong, wrong
