@@ -161,6 +161,24 @@ def test_close_code_table_in_doc_matches_code() -> None:
         assert row in text
 
 
+
+def test_every_close_code_the_doc_lists_is_in_the_code() -> None:
+    """The other way: a row left behind for a code renamed or removed (before, only the
+    code's codes were looked for in the doc), and each status the doc lists is one."""
+    table = text_section("## Close codes")
+    rows = re.findall(r"^\| (\d+) \| ([A-Z_]+) \| (yes|no) \|", table, re.M)
+    assert {(int(c), name, flag == "yes") for c, name, flag in rows} == {
+        (code.code, code.name, code.reconnect) for code in close_codes.ALL
+        if code.code != close_codes.ABNORMAL.code
+    }
+    statuses = re.findall(r"^\| `([A-Z_]+)` \|", text_section("### Publish statuses"), re.M)
+    assert set(statuses) == {status.value for status in ops.PUBLISH_STATUSES}
+
+
+def text_section(title: str) -> str:
+    return DOC.read_text().split(f"\n{title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 if __name__ == "__main__":
     doc = DOC.read_text()
     begin, end = "<!-- examples:begin -->\n", "<!-- examples:end -->"
