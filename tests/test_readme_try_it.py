@@ -98,3 +98,28 @@ def test_the_readmes_try_it_lines_do_what_it_says(server: tuple[int, int]) -> No
             process.wait()
     assert [line.split()[:5:4] for line in out.splitlines()] == [
         ["update", "193"], ["update", "194"], ["update", "194"]], out
+
+
+def sdk_example() -> str:
+    """The README's ``python`` block (the SDK, "From Python (trio)")."""
+    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    return block
+
+
+def test_the_readmes_sdk_example_prints_what_it_says(server: tuple[int, int]) -> None:
+    """Run as written (its port replaced): it publishes, prints the PUBLISH_OK and the
+    position, then the snapshot it subscribed to; it would go on printing, so it is
+    stopped once it did. Before: the README's one Python example was run by no test."""
+    port, _ = server
+    code = sdk_example().replace("127.0.0.1:8800", f"127.0.0.1:{port}")
+    example = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert example.stdout is not None
+        published, received = example.stdout.readline(), example.stdout.readline()
+    finally:
+        example.kill()
+        _, err = example.communicate(timeout=60)
+    assert re.fullmatch(r"PUBLISH_OK Position\(epoch=\d+, seq=1\)\n", published), (
+        published, err)
+    assert received == "snapshot 1 b'193'\n", (received, err)
