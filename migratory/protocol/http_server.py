@@ -58,6 +58,15 @@ class ClientClosed:
 HttpEvent = RequestReceived | UpgradeRequested | ClientClosed
 
 
+def _h11_reason(status: int, text: str, max_head: int) -> str:
+    """h11's words for a refused head, without the client's bytes it quotes
+    (``illegal request line: bytearray(b'...')``: a Python repr, and the sender's own
+    bytes echoed back), and its ``Receive buffer too long`` said in HTTP's terms."""
+    if status == 431:
+        return f"request head larger than {max_head} bytes"
+    return text.split(": bytearray(", 1)[0].strip() or "bad request"
+
+
 def _phrase(status: int) -> bytes:
     try:
         return HTTPStatus(status).phrase.encode("ascii")
@@ -117,7 +126,8 @@ class HttpServer:
             try:
                 event = self._conn.next_event()
             except h11.RemoteProtocolError as exc:
-                raise HttpError(exc.error_status_hint or 400, str(exc) or "bad request") from None
+                status = exc.error_status_hint or 400
+                raise HttpError(status, _h11_reason(status, str(exc), self._max_head)) from None
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return None
             if isinstance(event, h11.ConnectionClosed):

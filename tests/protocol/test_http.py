@@ -127,6 +127,25 @@ def test_oversize_head_is_refused_without_waiting_for_its_end(feed: Feed) -> Non
     with pytest.raises(HttpError) as info:
         feed(b"GET /" + b"x" * 200, RequestParser(max_header_bytes=100))
     assert info.value.status == 431  # h11 says 431 for a long request line too
+    assert info.value.reason == "request head larger than 100 bytes"
+
+
+@FEEDS
+@pytest.mark.parametrize("head", [
+    b"GARBAGE<script>\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nX-A: \x00<script>\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad Name<script>: 1\r\n\r\n",
+])
+def test_a_refusal_does_not_echo_the_clients_bytes(feed: Feed, head: bytes) -> None:
+    """Before: h11's words went out as the 400's body, with the client's bytes in a
+    Python repr: ``illegal request line: bytearray(b'GARBAGE<script>')``."""
+    with pytest.raises(HttpError) as info:
+        feed(head, RequestParser())
+    assert info.value.status == 400
+    assert "bytearray" not in info.value.reason and "script" not in info.value.reason, (
+        info.value.reason)
+    assert info.value.reason in ("illegal request line", "illegal header line",
+                                 "malformed header line", "invalid character in header value")
 
 
 def test_a_head_under_the_limit_is_accepted() -> None:
