@@ -48,6 +48,7 @@ from migratory.server.metrics import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_expiry import SessionExpiry
+from migratory.server.mqtt_saving import save_due_positions
 from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
 from migratory.server.read_barrier import ReadBarrier
 from migratory.server.rebalance import Rebalancer
@@ -394,6 +395,8 @@ class Server:
             self._expire(now)  # a slice of the subjects each tick
             self._trim.forgot(hub.forgotten - forgotten)
             self._mqtt_expiry.sweep(now, SessionExpiry.budget(hub.subject_count, TICK_SECONDS))
+            if self.ctx.mqtt_saves_due:
+                save_due_positions(self.ctx.mqtt_saves_due)
             self.heartbeats.sweep()
             if ticks % EXPIRE_EVERY_TICKS == 0:
                 self._trim.maybe_trim(now)

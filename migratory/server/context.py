@@ -186,6 +186,9 @@ class ServerContext:
     # the same processes' MQTT takeover notices (mqtt_takeover.py); None: one process
     takeovers: Takeovers | None = None
     heartbeats: Heartbeats | None = None  # the server's (heartbeats.py); None: none granted
+    # persistent MQTT sessions whose positions wait for SAVE_INTERVAL to pass, in the
+    # order they began to (mqtt_saving.save_due_positions, on the server's tick)
+    mqtt_saves_due: dict[Any, None] = field(default_factory=dict)
     # GET /snapshot replies by (subject, as JSON), with the snapshot each was made of
     # (http_routes.py: encoded once per snapshot, the oldest out past 64)
     snapshot_replies: dict[tuple[str, bool], tuple[Any, Any]] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migratory import client_lines
 from migratory.protocol import close_codes, ops
@@ -63,6 +63,28 @@ class _BoundLog:
 bound_log = _BoundLog()
 
 
+def save_due_positions(due: dict[Any, None]) -> int:
+    """Save the positions of the sessions in ``due`` (``ServerContext.mqtt_saves_due``)
+    whose SAVE_INTERVAL has passed since their last save: the server's tick. A change of
+    positions within the interval was saved only with a later change or the
+    connection's end: a device that acknowledged a burst and went quiet kept its saved
+    positions before the burst -- a kill of its member an hour later replayed the whole
+    burst, or, past the cache, resynced it. Taken in the order they were deferred, up to
+    the first not due yet (a later one is due at most SAVE_INTERVAL after it): the work
+    is that of the saves. Returns the sessions saved."""
+    now = clock()
+    saved = 0
+    while due:
+        session = next(iter(due))
+        if session.connected_for_saves() and session._next_save > now:
+            break
+        del due[session]
+        if session.connected_for_saves() and session._save_again:
+            session._changed(positions=True)
+            saved += 1
+    return saved
+
+
 class MqttSaving(MqttDelivery):
     __slots__ = ("_discarding", "_next_save", "_record", "_save_again", "_saving", "_urgent",
                  "_waiting_subacks")
@@ -105,6 +127,10 @@ class MqttSaving(MqttDelivery):
         self._discarding = Future()
         self._ctx.publishing.submit(discard, self, now)
 
+    def connected_for_saves(self) -> bool:
+        """Its record is still this connection's to save (not closed, not taken over)."""
+        return self._record is not None and not self.closing and not self.aborted
+
     def save_record(self) -> None:
         """Save the persistent session's record now: the expiry sweep saves a connected
         session at least every half MqttSessionExpiry, so no member takes it for gone
@@ -123,6 +149,7 @@ class MqttSaving(MqttDelivery):
             self._urgent = True
         elif not self._urgent and clock() < self._next_save:
             self._save_again = True
+            self._ctx.mqtt_saves_due[self] = None  # saved once due (save_due_positions)
             return
         if superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
             client_lines.lines.log(log, logging.INFO, "mqtt superseded", "%s: the session "

@@ -401,3 +401,38 @@ def test_a_saved_position_never_passes_a_qos1_delivery_not_acknowledged(
     assert saved() < m1, "a PUBACK of m3 saved a position past m1, not acknowledged"
     device.receive_data(encode_packet(mqtt.Puback(sent[b"m1"].packet_id or 0)), 0.0)
     assert saved() == Position(first.epoch, first.seq - 1)  # m1..m3: every one acknowledged
+
+
+def test_positions_changed_within_the_interval_are_saved_once_it_has_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A device that gets a burst, acknowledges it and goes quiet: its positions, changed
+    within SAVE_INTERVAL of the save before, are saved once the interval has passed (the
+    server's tick: save_due_positions), not only with its next change or its connection's
+    end. Before, nothing saved them: a kill of its member an hour later made its resume
+    replay the whole burst -- or, past the cache, resync it (an empty RETAIN: the client
+    drops its state) -- where docs/mqtt.md promised about a second of messages again."""
+    now = [100.0]
+    monkeypatch.setattr(mqtt_saving, "clock", lambda: now[0])
+    ctx, held = make()
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("s/x", 1),))), 0.0)
+    held.settle()  # the SUBACK's save, at 100.0
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(b"".join(encode_packet(mqtt.Publish("s/x", b"m%d" % i, qos=1,
+                                                               packet_id=i + 1))
+                                    for i in range(5)), 0.0)
+    held.settle()
+    delivered = [p for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert len(delivered) == 5
+    device.receive_data(b"".join(encode_packet(mqtt.Puback(p.packet_id)) for p in delivered),
+                        0.0)
+    assert saves(held, "dev") == []  # within the interval: deferred
+    now[0] += mqtt_saving.SAVE_INTERVAL / 2
+    assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due) == 0  # not due yet
+    now[0] += mqtt_saving.SAVE_INTERVAL
+    assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due) == 1
+    (save,) = saves(held, "dev")
+    assert save.fields["/s/x"].endswith(":5")
+    held.settle()
+    assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due) == 0 and not ctx.mqtt_saves_due
