@@ -86,8 +86,8 @@ def save_due_positions(due: dict[Any, None]) -> int:
 
 
 class MqttSaving(MqttDelivery):
-    __slots__ = ("_discarding", "_next_save", "_record", "_save_again", "_saving", "_urgent",
-                 "_waiting_subacks")
+    __slots__ = ("_discarding", "_next_save", "_record", "_save_again", "_saving",
+                 "_subacks_saving", "_urgent", "_waiting_subacks")
     _ctx: ServerContext
     _discarding: Future[None] | None  # a clean CONNECT's discard in flight (its CONNACK held)
     _record: SessionRecord | None  # persistent sessions only
@@ -96,6 +96,7 @@ class MqttSaving(MqttDelivery):
     _saving: bool  # a save is in flight
     _urgent: bool  # a change to save now: filters, take-up, the connection's end
     _waiting_subacks: list[bytes]  # sent once the record holding their filters is saved
+    _subacks_saving: int  # how many of them the save in flight carries (the rest: the next)
     # (and a clean CONNECT's CONNACK once the empty record is)
     client_id: str
 
@@ -124,12 +125,16 @@ class MqttSaving(MqttDelivery):
         again)."""
         self._waiting_subacks.append(connack)
         self._saving = True
+        self._subacks_saving = len(self._waiting_subacks)
         self._discarding = Future()
         self._ctx.publishing.submit(discard, self, now)
 
     def connected_for_saves(self) -> bool:
         """Its record is still this connection's to save (not closed, not taken over)."""
         return self._record is not None and not self.closing and not self.aborted
+
+    def taken_over(self, where: str) -> None:
+        raise NotImplementedError
 
     def save_record(self) -> None:
         """Save the persistent session's record now: the expiry sweep saves a connected
@@ -151,22 +156,35 @@ class MqttSaving(MqttDelivery):
             self._save_again = True
             self._ctx.mqtt_saves_due[self] = None  # saved once due (save_due_positions)
             return
-        if superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
-            client_lines.lines.log(log, logging.INFO, "mqtt superseded", "%s: the session "
-                                   "was taken up by a later connection: not saved",
-                                   self.describe(), extra=self.log_fields())
-            self._record = None
+        if self._superseded(record):
             return
         record.filters = self.subscriptions.filters()
         if self._saving:
             self._save_again = True
             return
         self._saving = True
+        self._subacks_saving = len(self._waiting_subacks)  # (a SUBACK later: the next save)
         self._save_again = self._urgent = False
         self._next_save = clock() + SAVE_INTERVAL
         self._work += self.subscriptions.implied_positions(record)  # counted in the turn
         self._count_forgotten(record)
         self._ctx.publishing.submit(record.message(self.client_id), self, self._now)
+
+    def _superseded(self, record: SessionRecord) -> bool:
+        """Whether another connection's record holds the session now (a later CONNECT's,
+        or one of two at once whose record outranks this one's): then this connection
+        saves no more, and closes -- open, it would save nothing again, its SUBACKs lies
+        (the takeover notices close it too, unless the two orders disagreed:
+        mqtt_takeover)."""
+        if not superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
+            return False
+        client_lines.lines.log(log, logging.INFO, "mqtt superseded", "%s: the session "
+                               "was taken up by a later connection: not saved",
+                               self.describe(), extra=self.log_fields())
+        self._record = None
+        if not (self.closing or self.aborted):
+            self.taken_over("by another connection's record")
+        return True
 
     def _count_forgotten(self, record: SessionRecord) -> None:
         """Bound the record (one read from a record over MqttSessionMaxSubjects), count
@@ -203,6 +221,8 @@ class MqttSaving(MqttDelivery):
         ok = status.status is ops.Status.PUBLISH_OK
         if self._record is not None:
             self._record.saved(ok=ok)
+        if ok and self._record is not None and self._superseded(self._record):
+            return  # stored, but another's record outranks it: its SUBACKs are not due
         if not ok:
             if not self.closing:
                 client_lines.lines.log(log, logging.INFO, "mqtt not saved", "%s: session not "
@@ -210,7 +230,10 @@ class MqttSaving(MqttDelivery):
                                        extra=self.log_fields())
                 self.close(close_codes.INTERNAL_ERROR.code, "session not saved")
             return
-        subacks, self._waiting_subacks = self._waiting_subacks, []
+        carried, self._subacks_saving = self._subacks_saving, 0  # (one that came meanwhile
+        # waits for the save that carries its filter: before, this one sent it)
+        subacks, self._waiting_subacks = (self._waiting_subacks[:carried],
+                                          self._waiting_subacks[carried:])
         for suback in subacks:
             self._send(suback)
         if self._save_again:

@@ -114,14 +114,14 @@ class MqttSession(MqttTakeover):
             inflight_limit(config.client_max_pending_bytes), ctx.outbox_budget)
         self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
         self._held_close: tuple[int, str] | None = None  # a close waiting for those
-        self._takeover_token = ""  # (mqtt_takeover: other processes told of this CONNECT)
+        self._takeover_token, self._takeover_key = "", None  # (mqtt_takeover: CONNECT told)
         self._takeover_armed = False
         self._record: SessionRecord | None = None  # persistent sessions only
         self._saving = False
         self._save_again = False
         self._urgent = False  # a change to save now: filters, take-up, the connection's end
         self._next_save = 0.0  # clock() before which a change of positions alone waits
-        self._waiting_subacks: list[bytes] = []  # sent once the record is saved
+        self._waiting_subacks, self._subacks_saving = [], 0  # sent once the record is saved
         self._discarding = None  # a clean CONNECT's CONNACK waits for its discard
         self._now = 0.0
         self._work = 0  # subjects the last packet scanned (mqtt_input.SCAN_UNIT)
@@ -225,8 +225,6 @@ class MqttSession(MqttTakeover):
             self._refuse(over.code, over.reason)
             return
         live = self._take_over(client_id)
-        if packet.client_id:  # (a made-up id is no other connection's)
-            self._publish_takeover(client_id, now)  # processes elsewhere: mqtt_takeover
         self.identity = identity
         self.expires_at = self._ctx.entitlement.expiry(identity)  # closed then (app.py)
         self.keep_alive = packet.keep_alive
@@ -241,6 +239,8 @@ class MqttSession(MqttTakeover):
                         expiry=config.mqtt_session_expiry,
                         max_subjects=config.mqtt_session_max_subjects)
         self._record, stored = taken.record, taken.stored
+        if packet.client_id:  # (a made-up id is no other connection's: mqtt_takeover)
+            self._publish_takeover(client_id, now, taken)
         if taken.expired:
             self._ctx.stats.mqtt_sessions_expired += 1
             log.info("%s: stored session not connected for more than MqttSessionExpiry: "

@@ -17,6 +17,23 @@ closed (``taken over``). A line that comes before its own is of an earlier CONNE
 (committed before its own): ignored, that one is closed where it is. So exactly the last
 CONNECT of the stream stays, on every member.
 
+**A persistent session stays with the connection whose record stands.** Two CONNECTs
+of one client id at once read one stored record and write one generation; of the two,
+the record of the higher writer stands (``model/snapshot.py``: the order of the stream
+does not decide it). So a line also carries its connection's *key* -- the generation and
+writer of what its take-up writes (its record, or a clean session's discard) -- and
+between two connections that both have one the higher key stays, whichever line came
+last: the other is closed where its line or the higher one is applied. Before, the two
+orders were decided apart; when they disagreed, the connection that stayed found its
+session "taken up by a later connection" at its next save and never saved again -- its
+SUBSCRIBEs' SUBACKs held for ever, or sent for filters never saved, gone at the next
+CONNECT (``test_mqtt_takeover.py``). A line without a key (a member of an earlier
+version, a clean session that discarded nothing, a persistent one that had none stored:
+its first save comes with its first SUBSCRIBE, maybe after a later CONNECT found nothing)
+goes by the stream's order; and a connection that finds at a save that its session was
+taken up by another record than its own closes itself (``MqttSaving._changed``): never
+left open saving nothing.
+
 **Coalesced**, as the read barrier: one notice in flight per process; the CONNECTs that
 come meanwhile go into the next one (up to :data:`NOTICE_BYTES` of lines each). A storm
 of reconnects after a member's failure costs a notice per commit round trip, not a
@@ -37,8 +54,10 @@ from typing import TYPE_CHECKING, Protocol
 from migratory import client_lines
 from migratory.model.message import Message, Qos
 from migratory.model.position import Position
+from migratory.model.snapshot import generation_key
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_saving import MqttSaving
+from migratory.server.mqtt_store import TakenUp
 
 if TYPE_CHECKING:
     from migratory.server.context import PublishPath, ServerContext
@@ -58,14 +77,27 @@ def new_token() -> str:
     return os.urandom(8).hex()
 
 
-def notice_line(client_id: str, token: str) -> str:
-    return f"{token} {client_id.encode('utf-8').hex()}"
+def notice_line(client_id: str, token: str, key: str = "") -> str:
+    """A CONNECT's line: ``key`` (:func:`record_key`'s text) after the id when it has one."""
+    line = f"{token} {client_id.encode('utf-8').hex()}"
+    return f"{line} {key}" if key else line
+
+
+def record_key(fields: Mapping[str, str]) -> str:
+    """The key of a record a take-up writes (its fields): ``generation:writer``."""
+    key = generation_key(fields)
+    return "" if key is None else f"{key[0]}:{key[1]}"
+
+
+def read_key(text: str) -> tuple[int, str] | None:
+    generation, _, writer = text.partition(":")
+    return (int(generation), writer) if generation.isdigit() and writer else None
 
 
 class Noticed(Protocol):
     """What a connection does with a notice of its client id (``MqttSession``)."""
 
-    def takeover_noticed(self, token: str) -> None: ...
+    def takeover_noticed(self, token: str, key: tuple[int, str] | None = None) -> None: ...
 
 
 class Takeovers:
@@ -80,15 +112,17 @@ class Takeovers:
         self._publishing = publishing
         self._registry = registry
         self._clock = clock
-        self._waiting: list[tuple[str, str]] = []  # (client id, token) not in a notice yet
-        self._in_flight: list[tuple[str, str]] | None = None  # those of the notice in flight
+        # (client id, token, key) not in a notice yet, and those of the notice in flight
+        self._waiting: list[tuple[str, str, str]] = []
+        self._in_flight: list[tuple[str, str, str]] | None = None
         self.submitted = 0  # notices published
         self.failed = 0  # notices whose publish failed
 
-    def announce(self, client_id: str, now: float) -> str:
-        """A CONNECT of ``client_id`` accepted here: its connection's token."""
+    def announce(self, client_id: str, now: float, key: str = "") -> str:
+        """A CONNECT of ``client_id`` accepted here (``key``: its take-up's,
+        :func:`record_key`): its connection's token."""
         token = new_token()
-        self._waiting.append((client_id, token))
+        self._waiting.append((client_id, token, key))
         if self._in_flight is None:
             self._submit(now)
         return token
@@ -96,8 +130,8 @@ class Takeovers:
     def _submit(self, now: float) -> None:
         lines: list[str] = []
         size = 0
-        for client_id, token in self._waiting:
-            line = notice_line(client_id, token)
+        for client_id, token, key in self._waiting:
+            line = notice_line(client_id, token, key)
             size += len(line) + 1
             if lines and size > NOTICE_BYTES:
                 break
@@ -126,7 +160,7 @@ class Takeovers:
         announced, self._in_flight = self._in_flight or [], None
         if not ok:
             self.failed += 1
-            for client_id, token in announced:
+            for client_id, token, _ in announced:
                 session = self._registry.get(client_id)
                 if session is not None:
                     session.takeover_noticed(token)
@@ -142,37 +176,57 @@ class Takeovers:
     def deliver_message(self, message: Message, qos: int) -> None:
         registry = self._registry
         for line in message.content.split(b"\n"):
-            token, _, hexed = line.partition(b" ")
+            token, _, rest = line.partition(b" ")
+            hexed, _, key = rest.partition(b" ")
             try:
                 client_id = bytes.fromhex(hexed.decode("ascii")).decode("utf-8")
             except ValueError:  # (no process writes one)
                 continue
             session = registry.get(client_id)
             if session is not None:
-                session.takeover_noticed(token.decode("ascii", "replace"))
+                session.takeover_noticed(token.decode("ascii", "replace"),
+                                         read_key(key.decode("ascii", "replace")))
 
 
 class MqttTakeover(MqttSaving):
     """A base of :class:`~migratory.server.mqtt_session.MqttSession`: its connection
     taken over by a later CONNECT of its client id, here or elsewhere."""
 
-    __slots__ = ("_takeover_armed", "_takeover_token")
+    __slots__ = ("_takeover_armed", "_takeover_key", "_takeover_token")
     _ctx: ServerContext
     _takeover_armed: bool  # its own line came back: a later one closes it
     _takeover_token: str  # "" while it announced none
+    _takeover_key: tuple[int, str] | None  # its take-up's record key (None: none)
 
-    def _publish_takeover(self, client_id: str, now: float) -> None:
+    def _publish_takeover(self, client_id: str, now: float, taken: TakenUp) -> None:
         """An accepted CONNECT of ``client_id`` (the client's own, not a made-up one)
-        tells the other processes, which close their connection of it."""
+        tells the other processes, which close their connection of it. ``taken``: its
+        take-up, whose record (a persistent session's, or a clean one's discard) keys it."""
         takeovers = self._ctx.takeovers
         if takeovers is not None:
-            self._takeover_token = takeovers.announce(client_id, now)
+            record = taken.record  # (keyed only when the take-up writes it now: a fresh
+            # session's first save comes later, maybe after a later CONNECT read nothing)
+            key = (record_key(taken.discard.fields) if taken.discard is not None
+                   else f"{record.generation}:{record.writer}"
+                   if record is not None and record.writer
+                   and (taken.stored is not None or taken.expired) else "")
+            self._takeover_key = read_key(key)
+            self._takeover_token = takeovers.announce(client_id, now, key)
 
-    def takeover_noticed(self, token: str) -> None:
-        """A notice of this connection's client id, in the committed stream's order."""
+    def takeover_noticed(self, token: str, key: tuple[int, str] | None = None) -> None:
+        """A notice of this connection's client id, in the committed stream's order; ``key``:
+        the take-up's of the CONNECT it names (None: none, or not told)."""
         if token == self._takeover_token:
             self._takeover_armed = True
-        elif self._takeover_armed and not (self.closing or self.aborted):
+            return
+        if self.closing or self.aborted:
+            return
+        mine = self._takeover_key
+        if key is not None and mine is not None:  # the session's record decides
+            if key > mine:
+                self.taken_over("by a connection on another member or worker")
+            return
+        if self._takeover_armed:
             self.taken_over("by a connection on another member or worker")
 
     def taken_over(self, where: str) -> None:

@@ -436,3 +436,25 @@ def test_positions_changed_within_the_interval_are_saved_once_it_has_passed(
     assert save.fields["/s/x"].endswith(":5")
     held.settle()
     assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due) == 0 and not ctx.mqtt_saves_due
+
+
+def test_a_suback_waits_for_the_save_that_carries_its_filter() -> None:
+    """A SUBSCRIBE while an earlier save is in flight: its filter goes into the next
+    save, and its SUBACK waits for that one (docs/mqtt.md: after a SUBACK the
+    subscription survives any member failure). Before, the landing of the earlier save
+    sent it: a member killed then lost a filter the client was told it had."""
+    ctx, held = make()
+    device = session(ctx, "dev", {}, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("a/b", 1),))), 0.0)
+    held.settle()
+    assert mqtt.Suback(1, (1,)) in read(device)
+    device.receive_data(encode_packet(mqtt.Subscribe(2, (("c/d", 1),))), 0.0)
+    device.receive_data(encode_packet(mqtt.Subscribe(3, (("e/f", 1),))), 0.0)
+    (in_flight,) = saves(held, "dev")  # c/d's; e/f waits for the next
+    assert "e/f" not in json.loads(in_flight.content)["filters"]
+    held.settle()  # c/d's save lands, e/f's is submitted
+    assert [p for p in read(device) if isinstance(p, mqtt.Suback)] == [mqtt.Suback(2, (1,))]
+    held.settle()
+    assert [p for p in read(device) if isinstance(p, mqtt.Suback)] == [mqtt.Suback(3, (1,))]
+    stored = decode_record(ctx.hub.snapshot(session_subject("dev")))
+    assert stored is not None and set(stored.filters) == {"a/b", "c/d", "e/f"}

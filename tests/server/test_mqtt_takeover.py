@@ -10,8 +10,10 @@ from test_mqtt_session import HeldPublishing, make, read, session
 
 from migratory.entitlement import entitlement_from_config
 from migratory.protocol import mqtt, ops
+from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.mqtt_session import MqttSession
+from migratory.server.mqtt_store import decode_record, session_subject
 from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
 
 
@@ -121,3 +123,70 @@ def test_a_connection_whose_notice_failed_can_still_be_taken_over() -> None:
     second = session(there[0], "device", there[1])
     held.settle()
     assert first.closing and not second.closing
+
+
+def test_two_persistent_connects_at_once_leave_the_session_to_the_one_that_stays() -> None:
+    """Two CONNECTs of one persistent session at once in two processes read one record
+    and write one generation; the higher writer's record stands (model/snapshot.py), and
+    the takeover notices keep the connection committed last. Before, the two orders were
+    decided apart: when they disagreed, the connection that stayed found its session
+    "taken up by a later connection" at its next save and saved nothing again -- its
+    SUBSCRIBE's SUBACK held for ever (or, superseded earlier, sent for a filter never
+    saved: gone at the next CONNECT). Now the connection whose record stands is the one
+    that stays, whatever order the notices commit in."""
+    for notices_first in ("lower", "higher"):
+        held, here, there = two_processes()
+        device = session(here[0], "device", here[1], clean_session=False)
+        device.receive_data(encode_packet(mqtt.Subscribe(1, (("t/x", 1),))), 0.0)
+        held.settle()
+        device.connection_lost()  # away; its record stored
+        held.settle()
+        one = session(here[0], "device", here[1], clean_session=False)
+        two = session(there[0], "device", there[1], clean_session=False)
+        for s in (one, two):
+            while s.process(0.0, 1000):
+                pass
+        records = {s: s._record for s in (one, two)}
+        assert all(r is not None for r in records.values())
+        lower, higher = sorted((one, two), key=lambda s: records[s].writer)  # type: ignore[union-attr]
+        assert records[lower].generation == records[higher].generation  # type: ignore[union-attr]
+        first = lower if notices_first == "higher" else higher  # the other's notice last
+        held.held.sort(key=lambda m: m[0].subject == TAKEOVER_SUBJECT and (
+            m[1] is not (first._ctx.takeovers)))  # its notice before the other's
+        held.settle()
+        stays = [s for s in (one, two) if not s.closing]
+        assert stays == [higher], (notices_first, "the connection whose record lost stayed")
+        higher.receive_data(encode_packet(mqtt.Subscribe(2, (("u/y", 1),))), 0.0)
+        while higher.process(0.0, 1000):
+            pass
+        while held.held:
+            held.settle()
+        assert mqtt.Suback(2, (1,)) in read(higher)
+        stored = decode_record(here[0].hub.snapshot(session_subject("device")))
+        assert stored is not None and "u/y" in stored.filters
+
+
+def test_a_connection_whose_session_another_record_took_closes_itself() -> None:
+    """Two fresh persistent sessions of one client id at once carry no key (neither
+    writes a record at CONNECT; their first saves come with their SUBSCRIBEs): the notices
+    keep the one committed last. If the other's first save outranks its own, it closes
+    itself when its save lands rather than stay open saving nothing (before: it stayed,
+    SUBACKed a filter its session did not hold, and saved nothing again)."""
+    held, here, there = two_processes()
+    one = session(here[0], "device", here[1], clean_session=False)
+    two = session(there[0], "device", there[1], clean_session=False)
+    writers = {s: s._record.writer for s in (one, two)}  # type: ignore[union-attr]
+    lower, higher = sorted((one, two), key=writers.__getitem__)
+    for s in (one, two):
+        s.receive_data(encode_packet(mqtt.Subscribe(1, ((f"t/{int(s is higher)}", 1),))), 0.0)
+    # the lower's notice last (it stays by the stream's order); the saves after, the
+    # higher's first (the other way, the lower's SUBACK goes out before the higher's save
+    # lands, and the lower finds its session gone at its next save: docs/mqtt.md)
+    held.held.sort(key=lambda m: (m[0].subject != TAKEOVER_SUBJECT,
+                                  m[1] is lower._ctx.takeovers or m[1] is lower))
+    while held.held:
+        held.settle()
+    stored = decode_record(here[0].hub.snapshot(session_subject("device")))
+    assert stored is not None and set(stored.filters) == {"t/1"}  # the higher's
+    assert higher.closing and lower.closing, "left open, its session another's record"
+    assert mqtt.Suback(1, (1,)) not in read(lower)
