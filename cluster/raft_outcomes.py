@@ -18,11 +18,15 @@ from cluster.stream import CommittedStream
 
 Origins = list[tuple[str, int]]
 
-__all__ = ["CLOSED_NAME", "barrier_committed", "fail", "raft_failed"]
+__all__ = ["CLOSED_NAME", "STARTING_NAME", "barrier_committed", "fail", "raft_failed"]
 
 CLOSED_NAME = "RAFT_STOPPED"
 """A submit to a Raft node that stopped (a file it could not write: cluster/raft_disk.py)
 or that the member closed: definite, the command was never sent."""
+STARTING_NAME = "RAFT_STARTING"
+"""A forward to a seed whose Raft node is not built yet (it waits for the other seeds'
+agreement, or loads its log): never submitted either."""
+_NOT_HERE = {CLOSED_NAME: "stopped", STARTING_NAME: "is starting"}
 
 
 def fail(
@@ -47,13 +51,15 @@ def raft_failed(
 ) -> bool:
     """Raft failed a batch with ``error``; True when a barrier must settle it.
 
-    A non-seed's forward refused by this seed's stopped Raft node (:data:`CLOSED_NAME`)
-    is not failed: the seed ends that non-seed's link and says nothing, and the non-seed
-    forwards it again through another seed, with what it forwarded after it, in its
-    order (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`). Failed, its
+    A non-seed's forward this seed's Raft node never took (:data:`CLOSED_NAME`,
+    :data:`STARTING_NAME`) is not failed: the seed ends that non-seed's link and says
+    nothing, and the non-seed forwards it again through another seed, with what it
+    forwarded after it, in its order
+    (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`). Failed, its
     publisher got ``PUBLISH_FAILED`` while a majority of the seeds was up."""
-    if error == CLOSED_NAME and reply_to is not None:
-        stream.end_link(reply_to, "this seed's Raft node stopped; forward through another")
+    if error in _NOT_HERE and reply_to is not None:
+        stream.end_link(reply_to, f"this seed's Raft node {_NOT_HERE[error]}: its forwards go "
+                        "through another seed")
         return False
     if not unknown:
         fail(stream, origins, error, reply_to=reply_to, now=now)

@@ -36,7 +36,7 @@ from cluster.forwarding import Outgoing
 from cluster.link_io import CONNECT_ERRORS, ClusterTls, LinkChannel, connect
 from cluster.raft import RaftCoordination, RaftStatus, RaftTimings, journal_files
 from cluster.raft_forward import hold_deadline
-from cluster.raft_outcomes import Origins, barrier_committed, fail, raft_failed
+from cluster.raft_outcomes import STARTING_NAME, Origins, barrier_committed, raft_failed
 from cluster.raft_votes import MARKER_SUFFIX
 from cluster.replica import Offer
 from cluster.replicated_cache import DumpRecords
@@ -322,13 +322,15 @@ class SeedCoordination:
     # --- submitting -------------------------------------------------------------------
 
     def take_forward(self, peer: str, requests: Sequence[PublishRequest]) -> trio.Event | None:
-        """A non-seed's publishes; failures go back to it as ``ForwardFailed``. Returns
+        """A non-seed's publishes; failures go back to it as ``ForwardFailed``, but those
+        this seed's Raft node never took end its link (cluster/raft_outcomes.py). Returns
         the event set once Raft answered their command (None: answered already): the
         link reads no more forwards while too many bytes of them wait (cluster/peers.py)."""
         self.forwarded_publishes += len(requests)
-        if self.raft is None:
+        if self.raft is None:  # never submitted: the non-seed forwards them elsewhere
             origins = [(r.origin, r.ref) for r in requests]
-            fail(self.stream, origins, "Raft is starting", reply_to=peer, now=trio.current_time())
+            raft_failed(self.stream, origins, STARTING_NAME, unknown=False, reply_to=peer,
+                        now=trio.current_time())
             return None
         settled = trio.Event()
         self._submit(list(requests), reply_to=peer, slot=None, settled=settled)

@@ -16,8 +16,10 @@ from typing import Any
 import trio
 from test_commit_window import FakeRaft, node_at, raft_built
 
+from cluster import link
 from cluster.coordination import Coordinator, PublishRequest
 from cluster.raft import CLOSED_NAME
+from cluster.stream import wire_bytes
 from migratory.model.message import Message
 
 RUNS = 30
@@ -105,3 +107,33 @@ def test_what_the_raft_thread_hands_over_once_the_seed_stopped_is_left(tmp_path:
 
     trio.run(lifetime)
     assert node.replica.applied_clsn == 0
+
+
+def test_a_forward_to_a_seed_whose_raft_is_not_built_yet_goes_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A seed waiting for the other seeds' agreement (or loading its log) has no Raft
+    node: a non-seed's forward there was never submitted. It was failed at once
+    ("Raft is starting": ``PUBLISH_FAILED`` while the other seeds could take it); now
+    the link ends unanswered and the non-seed forwards it through another seed."""
+    node = node_at(tmp_path)
+    seed = node.seed
+    assert seed is not None and seed.raft is None
+
+    async def forward() -> tuple[list[bytes], bool]:
+        send, receive = trio.open_memory_channel[Any](10)
+        node.stream.follow("edge", 0, False, send)
+        seed.take_forward("edge", [PublishRequest("edge#1", 1, Message("/a/b", b"x"))])
+        frames = []
+        while True:
+            try:
+                frames.append(wire_bytes(receive.receive_nowait()))
+            except trio.WouldBlock:
+                return frames, False
+            except trio.EndOfChannel:
+                return frames, True
+
+    frames, closed = trio.run(forward)
+    assert [type(link.decode_op(frame[4:])) for frame in frames] == [
+        link.Heartbeat]  # the catch-up's heartbeat, and no ForwardFailed
+    assert closed and "edge" not in node.stream.followers
