@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from migratory.entitlement import ClientIdentity
 from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
 from migratory.model.message import Message
@@ -23,6 +25,11 @@ def message_refusal(
     forward to a seed, a Standard member's publish: ``cluster/link_publishes.py``), where
     before anything a member with the ClusterPassword sent was numbered and fanned out
     (a 70,000-byte subject made an MQTT ``#`` subscriber's delivery raise in the hub).
+    A field name or value that UTF-8 cannot encode (a lone surrogate: JSON's
+    ``"\\ud800"`` in a ``POST /publish``) is refused too: numbered, it raised in the
+    hub's encoding after its position was taken -- never delivered to SSE and MQTT
+    subscribers (a silent gap), and every native subscriber of the subject closed with
+    1011 at each resume, for as long as the cache or the snapshot held it.
     ``member``: a peer's publish, which may be on a ``/$`` subject (its server's MQTT
     session records and load reports, written as a client's publish is) and then is
     bounded by the link's frame, not ``MaxMessageSize`` (a session record is not).
@@ -31,6 +38,10 @@ def message_refusal(
         validate_subject(message.subject)
     except InvalidSubjectError as exc:
         return ops.Status.PUBLISH_FAILED, exc.reason
+    unencodable = _unencodable_field(message.fields)
+    if unencodable is not None:
+        return ops.Status.PUBLISH_FAILED, (
+            f"field {unencodable!r} is not encodable as UTF-8 (contains a lone surrogate)")
     refusal = reserved(message.subject)  # /$mqtt-session/, /$migratory/load/
     if refusal is not None:
         if not member:
@@ -41,6 +52,19 @@ def message_refusal(
             ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED,
             f"message is {message.size()} bytes, MaxMessageSize is {max_message_size}",
         )
+    return None
+
+
+def _unencodable_field(fields: Mapping[str, str] | None) -> str | None:
+    """The first field name or value UTF-8 cannot encode, or None (ASCII is not looked
+    at twice: the usual fields cost one ``isascii`` each)."""
+    for text in (fields or {}).items():
+        for part in text:
+            if not part.isascii():
+                try:
+                    part.encode("utf-8")
+                except UnicodeEncodeError:
+                    return part
     return None
 
 

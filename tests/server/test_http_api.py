@@ -153,6 +153,35 @@ def test_a_message_published_anywhere_reaches_every_front_end(start_server: Any)
     assert [e["id"] for e in events if e] == [f"{epoch}:{n}" for n in (1, 2, 3)]
 
 
+@pytest.mark.parametrize("fields", [{"\ud800": "v"}, {"k": "a\udfff"}])
+def test_a_field_utf8_cannot_encode_is_refused_and_the_subjects_clients_carry_on(
+    start_server: Any, fields: dict[str, str]
+) -> None:
+    """JSON's ``"\\ud800"`` is a lone surrogate, which no UTF-8 frame can carry. Before:
+    taken and numbered, then the hub's encoding raised -- the POST answered 500, the
+    message never reached the SSE stream (it got seq 2 next: a silent gap), and the
+    native subscriber was closed with 1011 INTERNAL_ERROR, again at every resume."""
+    server = start_server(BatchTime="0")
+    native = RawClient(server.port)
+    native.connect()
+    native.subscribe(SUBJECT)
+    native.recv_ops_until_status(ops.Status.SUBSCRIBE_ALLOW)
+    stream = SseClient(server.port, [SUBJECT])
+    assert stream.next_event()["event"] == "subscribe"  # type: ignore[index]
+    client = HttpClient(server.port)
+    body = json.dumps({"subject": SUBJECT, "content": "x", "fields": fields, "retained": True})
+    response, data = client.request("POST", "/publish", body.encode())
+    answer = json.loads(data)
+    assert (response.status_code, answer["status"]) == (400, "PUBLISH_FAILED"), data
+    assert "lone surrogate" in answer["reason"]
+    status, after = client.publish(subject=SUBJECT, content="after")
+    assert (status, after["seq"]) == (200, 1)
+    assert [(m.content, m.seq) for m in native.recv_messages(1)] == [(b"after", 1)]
+    event = stream.next_event()
+    assert event is not None and (event["data"]["content"], event["data"]["seq"]) == ("after", 1)
+    client.close()
+
+
 def test_pipelined_requests_whose_answers_are_not_read_are_cut_off(start_server: Any) -> None:
     server = start_server(ClientMaxPendingBytes="65536", MaxMessageSize="32768")
     flood = socket.socket()

@@ -38,3 +38,16 @@ def test_new_subjects_past_max_subjects_are_refused() -> None:
     held.settle()
     position = ctx.hub.position("/devices/d7/status")
     assert position is not None and position.seq == 2
+
+
+def test_a_field_utf8_cannot_encode_is_refused_from_a_client_and_from_a_peer() -> None:
+    """message_refusal is also a peer member's check (cluster/link_publishes.py): a field
+    with a lone surrogate numbered by the seeds would raise in every member's hub."""
+    from migratory.server.publish_rules import message_refusal
+
+    for fields in ({"\ud800": "v"}, {"k": "\udfff"}, {"caf\xe9": "ok", "n": "x\ud800y"}):
+        for member in (False, True):
+            refusal = message_refusal(Message("/a/b", b"x", fields=fields), 1000, member=member)
+            assert refusal is not None and refusal[0] is ops.Status.PUBLISH_FAILED
+            assert "lone surrogate" in refusal[1]
+    assert message_refusal(Message("/a/b", b"x", fields={"caf\xe9": "\u20ac"}), 1000) is None
