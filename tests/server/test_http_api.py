@@ -3,6 +3,7 @@ keep-alive, CORS, listener roles, and delivery across front ends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -266,3 +267,30 @@ def test_keep_alive_connections_of_the_http_api_leave_the_handshake_count(
         sock.close()
     for client in (*pool, another):
         client.close()
+
+
+def test_oversized_heads_are_431_naming_the_limit_and_a_stream_carries_on(
+    start_server: Any,
+) -> None:
+    """A 1 MB header, and a ``GET /events`` with 10,000 ``subject=`` (a URL far past the
+    head limit): each answered 431 with the limit, nothing echoed, the connection closed;
+    an open stream keeps receiving. (h11's 'Receive buffer too long' before.)"""
+    from migratory.protocol.http_server import MAX_HEAD_BYTES
+
+    server = start_server(BatchTime="0")
+    stream = SseClient(server.port, [SUBJECT])
+    assert stream.next_event()["event"] == "subscribe"  # type: ignore[index]
+    subjects = "&".join(f"subject=/s/{i}" for i in range(10_000))
+    for head in (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n",
+                 f"GET /events?{subjects} HTTP/1.1\r\nHost: x\r\n\r\n".encode()):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                raw.sendall(head)  # (refused before all of it was sent: answered still)
+            answer = b""
+            while chunk := raw.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert answer.endswith(f"request head larger than {MAX_HEAD_BYTES} bytes\n".encode())
+    HttpClient(server.port).publish(subject=SUBJECT, content="after")
+    event = stream.next_event()
+    assert event is not None and event["data"]["content"] == "after"

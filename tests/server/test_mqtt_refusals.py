@@ -207,3 +207,23 @@ def test_past_the_connection_rate_an_mqtt_client_is_reset_not_answered(
     assert "MaxConnectionRatePerAddress" in server.log()
     for sock in holding:
         sock.close()
+
+
+@pytest.mark.parametrize("length", [257, 65_535])
+def test_a_client_id_over_256_bytes_is_connack_2_and_others_carry_on(
+    start_server: Any, length: int
+) -> None:
+    """docs/mqtt.md: a client id over 256 bytes is refused with CONNACK 2 (identifier
+    rejected), up to the 64 KiB an MQTT string can hold, and the connection closed;
+    a subscriber already there keeps receiving. (Untested before.)"""
+    server = start_server(ListenMqtt="127.0.0.1:0", BatchTime="0")
+    bystander = MqttRawClient(server.mqtt_port)
+    assert bystander.connect("bystander").return_code == 0
+    bystander.subscribe("a/b")
+    refused = MqttRawClient(server.mqtt_port)
+    assert refused.connect("c" * length).return_code == mqtt.REFUSED_IDENTIFIER
+    assert refused.closed_by_server()
+    bystander.send(mqtt.Publish("a/b", b"still here"))
+    (delivered,) = bystander.recv_publishes(1)
+    assert delivered.payload == b"still here"
+    assert "client id over 256 bytes" in server.log()
