@@ -218,13 +218,20 @@ class MqttDecoder:
     ``server=True`` reads a client's packets (CONNECT first, once);
     ``server=False`` reads a server's. ``max_packet_size`` bounds a whole packet
     and is checked as soon as the fixed header is read, before the body is buffered.
+    ``max_filters`` (0: none) bounds the topic filters of a SUBSCRIBE or UNSUBSCRIBE
+    that are read: past it, the packet comes with ``max_filters + 1`` of them and the
+    rest is skipped unread -- its reader refuses it for being over the limit, having
+    parsed no more (a 1 MiB SUBSCRIBE of 95,000 filters took 0.26 s to decode, all of
+    it before the check, in one turn of the loop).
     """
 
-    __slots__ = ("_buffer", "_connected", "_error", "_max", "_offset", "_server")
+    __slots__ = ("_buffer", "_connected", "_error", "_max", "_max_filters", "_offset", "_server")
 
-    def __init__(self, *, server: bool = True, max_packet_size: int = 1 << 20) -> None:
+    def __init__(self, *, server: bool = True, max_packet_size: int = 1 << 20,
+                 max_filters: int = 0) -> None:
         self._server = server
         self._max = max_packet_size
+        self._max_filters = max_filters
         self._buffer = bytearray()
         self._offset = 0
         self._connected = not server
@@ -323,9 +330,9 @@ class MqttDecoder:
         if kind == PUBACK:
             packet = Puback(body.u16("packet identifier"))
         elif kind == SUBSCRIBE:
-            packet = _decode_subscribe(body)
+            packet = _decode_subscribe(body, self._max_filters)
         elif kind == UNSUBSCRIBE:
-            packet = _decode_unsubscribe(body)
+            packet = _decode_unsubscribe(body, self._max_filters)
         elif kind == PINGREQ:
             packet = Pingreq()
         elif kind == DISCONNECT:
@@ -393,10 +400,13 @@ def _decode_publish(flags: int, body: _Body) -> Publish:
     return Publish(topic, body.rest(), qos, bool(flags & 1), dup, packet_id)
 
 
-def _decode_subscribe(body: _Body) -> Subscribe:
+def _decode_subscribe(body: _Body, most: int) -> Subscribe:
     packet_id = body.packet_id()
-    requests = []
+    requests: list[tuple[str, int]] = []
     while body.left():
+        if most and len(requests) > most:
+            body.rest()  # over the limit: the rest is not read (MqttDecoder)
+            break
         topic_filter = body.text("topic filter")
         qos = body.byte("requested QoS")
         if qos > 2:
@@ -407,10 +417,13 @@ def _decode_subscribe(body: _Body) -> Subscribe:
     return Subscribe(packet_id, tuple(requests))
 
 
-def _decode_unsubscribe(body: _Body) -> Unsubscribe:
+def _decode_unsubscribe(body: _Body, most: int) -> Unsubscribe:
     packet_id = body.packet_id()
-    filters = []
+    filters: list[str] = []
     while body.left():
+        if most and len(filters) > most:
+            body.rest()  # over the limit: the rest is not read (MqttDecoder)
+            break
         filters.append(body.text("topic filter"))
     if not filters:
         raise body.fail("no topic filter")

@@ -81,7 +81,8 @@ class MqttSession(MqttTakeover):
             batch_space=config.max_batching_space, max_pending=config.client_max_pending_bytes,
             budget=ctx.outbox_budget,
         )
-        self._decoder = mqtt.MqttDecoder(server=True, max_packet_size=config.max_frame_size)
+        self._decoder = mqtt.MqttDecoder(server=True, max_packet_size=config.max_frame_size,
+                                         max_filters=config.max_subjects_per_subscribe)
         self._frames = (
             ws.FrameDecoder(client_frames=True, max_message_size=config.max_frame_size,
                             max_fragments=config.max_fragments_per_message)
@@ -175,6 +176,8 @@ class MqttSession(MqttTakeover):
         elif isinstance(packet, mqtt.Subscribe):
             self._on_subscribe(packet, now)
         elif isinstance(packet, mqtt.Unsubscribe):
+            if self.too_many_filters(packet):
+                return
             self.subscriptions.remove(packet.filters)
             self._send(mqtt_encode.encode_packet(mqtt.Unsuback(packet.packet_id)))
             self._changed()
@@ -345,11 +348,7 @@ class MqttSession(MqttTakeover):
 
     def _on_subscribe(self, packet: mqtt.Subscribe, now: float) -> None:
         assert self.identity is not None
-        limit = self._ctx.config.max_subjects_per_subscribe
-        if len(packet.requests) > limit:  # bound, then work
-            self._ctx.stats.subscribes_refused += 1
-            self._refused(f"SUBSCRIBE of {len(packet.requests)} filters: more than "
-                          f"MaxSubjectsPerSubscribe ({limit})")
+        if self.too_many_filters(packet):  # bound, then work
             return
         codes = tuple(self.subscriptions.add(f, qos, self.identity, now)
                       for f, qos in packet.requests)

@@ -169,3 +169,24 @@ def test_fuzz_valid_packets_round_trip_in_any_chunking(
     for i in range(0, len(data), chunk):
         out += decoder.events(data[i : i + chunk])
     assert out == [mqtt.Connect("c"), *packets]
+
+
+@pytest.mark.parametrize("kind", ["subscribe", "unsubscribe"])
+def test_filters_past_max_filters_are_skipped_unread(kind: str) -> None:
+    """A SUBSCRIBE or UNSUBSCRIBE of more filters than ``max_filters`` comes with one past
+    the limit, the rest not parsed: here the rest is not even valid UTF-8, and the packet
+    after it still decodes. Before, every filter was read (0.26 s for 95,000 in 1 MiB)
+    and only then refused -- or, an UNSUBSCRIBE, handled whole."""
+    names = [f"f/{i}" for i in range(20)]
+    packet: mqtt.Packet = (mqtt.Subscribe(9, tuple((n, 0) for n in names))
+                           if kind == "subscribe" else mqtt.Unsubscribe(9, tuple(names)))
+    encoded = bytearray(mqtt_encode.encode_packet(packet))
+    broken = encoded.rindex(b"f/19")
+    encoded[broken:broken + 4] = b"\xff\xfe\xfd\xfc"  # the last filter: not UTF-8
+    decoder = mqtt.MqttDecoder(max_filters=10)
+    decoder.events(mqtt_encode.encode_packet(CONNECT))
+    (got, ping) = decoder.events(bytes(encoded) + mqtt_encode.encode_packet(mqtt.Pingreq()))
+    read = got.requests if isinstance(got, mqtt.Subscribe) else got.filters  # type: ignore[union-attr]
+    assert len(read) == 11 and ping == mqtt.Pingreq()
+    with pytest.raises(mqtt.MqttProtocolError):  # (unbounded: the whole packet is read)
+        mqtt.MqttDecoder().events(mqtt_encode.encode_packet(CONNECT) + bytes(encoded))

@@ -130,8 +130,12 @@ def test_too_many_filters_in_one_subscribe_close_before_any_work(start_server: A
         client = PahoClient(server.mqtt_port, "paho-greedy")
         client.client.subscribe([(f"p/{i}", 0) for i in range(101)])
         assert client.disconnected.wait(5)
+        held = MqttRawClient(server.mqtt_port)  # an UNSUBSCRIBE is bounded as well
+        held.connect("unsubscriber")
+        held.send(mqtt.Unsubscribe(2, tuple(f"g/{i}" for i in range(101))))
+        assert held.closed_by_server()  # (before: UNSUBACK, the connection kept)
     body = stats(server.port)
-    assert body["subscribes_refused"] == 2 and body["subscriptions"] == 0
+    assert body["subscribes_refused"] == 3 and body["subscriptions"] == 0
     fine = MqttRawClient(server.mqtt_port)
     fine.connect("modest")
     assert fine.subscribe(*(f"g/{i}" for i in range(100))).return_codes == (0,) * 100
