@@ -61,7 +61,7 @@ def test_a_seed_stopped_while_it_replays_its_journal_exits_at_once_and_whole(
         deadline = time.monotonic() + 30
         while not replaying(cluster, victim):
             assert time.monotonic() < deadline, cluster.log(victim)[before:]
-            time.sleep(0.002)
+            time.sleep(0.002)  # (not at its Raft node's start: the replay begins later)
         process = cluster.processes[victim]
         assert process is not None
         process.send_signal(signal.SIGTERM)
@@ -72,10 +72,10 @@ def test_a_seed_stopped_while_it_replays_its_journal_exits_at_once_and_whole(
         assert left, f"the seed applied its whole journal before it stopped:\n{stop[-2000:]}"
         cluster.start(victim)
         cluster.wait_ready(timeout=30)
-        cluster.wait_same_applied(range(3))
+        batches = cluster.wait_same_applied(range(3))
         for i in range(3):
             assert "Traceback" not in cluster.log(i), cluster.log(i)[-3000:]
-        print(f"{total} acknowledged; the seed stopped with {left[0]} batches of its journal "
-              f"left, its hub had taken {replayed} messages")
+        print(f"{total} acknowledged in {batches} batches; the seed stopped with {left[0]} "
+              f"committed Raft entries unapplied, its hub had taken {replayed} messages")
     finally:
         cluster.stop()
