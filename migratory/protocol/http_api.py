@@ -24,7 +24,7 @@ from migratory.protocol import ops
 from migratory.protocol.http import HttpError
 from migratory.protocol.sse import message_json
 
-__all__ = ["PublishRequest", "message_json", "parse_publish", "publish_reply"]
+__all__ = ["PublishRequest", "message_json", "parse_publish", "publish_reply", "query_problem"]
 
 _KEYS = frozenset({"subject", "content", "content_base64", "fields", "retained", "qos", "token"})
 
@@ -35,6 +35,34 @@ STATUS_CODES = {
     ops.Status.MESSAGE_SIZE_LIMIT_EXCEEDED: 413,
     ops.Status.PUBLISH_FAILED: 503,
 }
+
+
+# The query parameters each API path takes; ``subject`` of /events may repeat
+QUERY_PARAMETERS = {
+    "/publish": frozenset(),
+    "/snapshot": frozenset({"subject", "token", "format"}),
+    "/events": frozenset({"subject", "token", "client", "lastEventId"}),
+}
+FORMATS = ("json",)  # GET /snapshot's format=; without it, the raw content
+
+
+def query_problem(path: str, params: tuple[tuple[str, str], ...]) -> str | None:
+    """Why the query of an API request is refused (400), naming the parameter or value:
+    one the path does not take, one given twice (but /events' ``subject``), a ``format``
+    other than ``json``. A misspelt parameter is refused, not ignored, as an unknown key
+    of a publish's body is."""
+    known = QUERY_PARAMETERS[path]
+    seen: set[str] = set()
+    for name, value in params:
+        if name not in known:
+            expected = ", ".join(sorted(known)) if known else "none: the body says it all"
+            return f"unknown query parameter {name!r} (expected {expected})"
+        if name in seen and not (path == "/events" and name == "subject"):
+            return f"query parameter {name!r} given twice"
+        seen.add(name)
+        if name == "format" and value not in FORMATS:
+            return f"'format' must be 'json', not {value!r} (without it: the raw content)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,12 @@ from migratory.model.position import Position
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import close_codes, ops, sse
 from migratory.protocol.http import HttpError, Request, wants_mqtt
-from migratory.protocol.http_api import parse_publish, publish_reply
+from migratory.protocol.http_api import (
+    QUERY_PARAMETERS,
+    parse_publish,
+    publish_reply,
+    query_problem,
+)
 from migratory.protocol.http_server import (
     ClientClosed,
     HttpServer,
@@ -90,6 +95,8 @@ class HttpFront:
         if entitlement.name != "Custom" or not self._listener.speaks("http"):
             return True
         peer, events = self._session.peer, request.path == "/events"
+        if request.path in QUERY_PARAMETERS and query_problem(request.path, request.params):
+            return True  # refused before the entitlement is asked
         try:
             with deferred_decisions(ahead=True):
                 if request.path == "/publish" and request.method == "POST":
@@ -223,6 +230,10 @@ class HttpFront:
         if request.method != "POST":
             self._respond(error(405, "use POST with a JSON body", (("Allow", "POST"),)))
             return
+        problem = query_problem("/publish", request.params)
+        if problem is not None:
+            self._respond(error(400, problem))
+            return
         try:
             parsed = parse_publish(request.body, HTTP_CLOSURE)
         except HttpError as exc:
@@ -274,7 +285,7 @@ class HttpFront:
 
     def _events(self, request: Request) -> None:
         subjects = request.query_values("subject")
-        problem = _stream_problem(subjects)
+        problem = query_problem("/events", request.params) or _stream_problem(subjects)
         if problem is not None:
             self._respond(error(400, problem))
             return

@@ -12,7 +12,7 @@ from migratory.entitlement import ClientIdentity
 from migratory.model.message import Message
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol.http import Request
-from migratory.protocol.http_api import json_body, message_json
+from migratory.protocol.http_api import json_body, message_json, query_problem
 from migratory.server.context import ServerContext
 from migratory.server.web_assets import CLIENT_ASSETS, serve_asset
 
@@ -68,6 +68,9 @@ def snapshot(ctx: ServerContext, request: Request, peer: str) -> Reply:
     The content as the body, its position and fields in ``X-Migratory-*`` headers;
     with ``format=json`` (or ``Accept: application/json``) the whole message as JSON.
     """
+    problem = query_problem("/snapshot", request.params)
+    if problem is not None:
+        return error(400, problem)
     subject = request.query.get("subject")
     if subject is None:
         return error(400, "missing query parameter 'subject'")

@@ -294,3 +294,36 @@ def test_oversized_heads_are_431_naming_the_limit_and_a_stream_carries_on(
     HttpClient(server.port).publish(subject=SUBJECT, content="after")
     event = stream.next_event()
     assert event is not None and event["data"]["content"] == "after"
+
+
+def test_an_unknown_query_parameter_or_format_is_400_naming_it(start_server: Any) -> None:
+    """GET /snapshot?format=xml answered the raw form, and a misspelt parameter
+    (``?subjct=``, ``?tokne=``: a client that believes it sent its token) was ignored on
+    /snapshot, /events and /publish. Each is 400 naming the parameter or the value, as an
+    unknown key of a publish's body is; the connection serves the requests after it."""
+    server = start_server(BatchTime="0")
+    client = HttpClient(server.port)
+    status, _ = client.publish(subject=SUBJECT, content="193", retained=True)
+    assert status == 200
+    refused = {
+        f"/snapshot?subject={SUBJECT}&format=xml": b"'format'",
+        f"/snapshot?subject={SUBJECT}&tokne=t": b"'tokne'",
+        f"/snapshot?subject={SUBJECT}&subject=/a/b": b"'subject'",
+        f"/snapshot?subject={SUBJECT}&format=json&format=raw": b"'format'",
+        f"/events?subject={SUBJECT}&lastEventID=1:1": b"'lastEventID'",
+        f"/events?subject={SUBJECT}&client=a&client=b": b"'client'",
+    }
+    for target, named in refused.items():
+        response, data = client.request("GET", target)
+        assert response.status_code == 400 and named in data, (target, data)
+    body = json.dumps({"subject": SUBJECT, "content": "x"}).encode()
+    response, data = client.request("POST", "/publish?token=t", body)
+    assert response.status_code == 400 and b"'token'" in data
+    response, data = client.request("GET", f"/snapshot?subject={SUBJECT}&format=json&token=")
+    assert response.status_code == 200 and json.loads(data)["content"] == "193"
+    response, data = client.request("GET", f"/snapshot?subject={SUBJECT}")
+    assert response.status_code == 200 and data == b"193"
+    client.close()
+    stream = SseClient(server.port, [SUBJECT], extra="&client=c&token=&lastEventId=x")
+    assert stream.events_until("resync")[-1]["event"] == "resync"  # the id could not be read
+    stream.close()
