@@ -14,6 +14,7 @@ from pathlib import Path
 
 from migratory.config import ENV_PREFIX, ConfigError, load_config
 from migratory.config_values import MAX_CLUSTER_MEMBERS
+from migratory.secret_file import SecretFileError, read_secret_file
 
 PASSWORD_ENV = f"{ENV_PREFIX}CLUSTERPASSWORD"  # how every member gets ClusterPassword
 
@@ -39,20 +40,10 @@ def read_password(args: argparse.Namespace) -> str:
     """``--password-file`` (mode 0600 or stricter), else ``MIGRATORY_CFG_CLUSTERPASSWORD``,
     else a random password for this run."""
     if args.password_file:
-        path = Path(args.password_file)
         try:
-            mode = path.stat().st_mode & 0o777
-            text = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StartFailed(f"--password-file {path}: {getattr(exc, 'strerror', exc)}") from None
-        if mode & 0o077:
-            raise StartFailed(
-                f"--password-file {path} can be read by other users (mode {mode:04o}); "
-                f"chmod 600 {path}"
-            )
-        if not text:
-            raise StartFailed(f"--password-file {path} is empty")
-        return text
+            return read_secret_file("--password-file", args.password_file)
+        except SecretFileError as exc:
+            raise StartFailed(str(exc)) from None
     return os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(18)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import TextIO
 import trio
 
 from migratory.model.message import Message, Qos
+from migratory.secret_file import read_secret_file
 from migratory_client import (
     MigratoryError,
     Notification,
@@ -20,9 +22,10 @@ from migratory_client import (
 )
 from migratory_client.notifications import NotificationQueue
 
-__all__ = ["add_client_commands", "format_message", "format_notification"]
+__all__ = ["TOKEN_ENV", "add_client_commands", "format_message", "format_notification"]
 
 DEFAULT_SERVER = "ws://127.0.0.1:8800"
+TOKEN_ENV = "MIGRATORY_TOKEN"  # the token off the command line, as --token-file
 PUB_POLICY = ReconnectPolicy(initial_delay=0.2, max_delay=2.0, max_attempts=5, connect_timeout=5)
 
 
@@ -64,7 +67,10 @@ def _add_connection_options(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help=f"'URL' or 'WEIGHT URL', repeatable (default {DEFAULT_SERVER})",
     )
-    parser.add_argument("--token", default=None, help="entitlement token")
+    parser.add_argument("--token", default=None,
+                        help="entitlement token (on the command line: visible to `ps`)")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help=f"a file (mode 0600) holding the token; else {TOKEN_ENV}")
     parser.add_argument(
         "--ca-file", default=None, metavar="PEM",
         help="CA certificate(s) that sign the server's certificate (wss://)",
@@ -103,6 +109,16 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 def _servers(args: argparse.Namespace) -> list[str]:
     return list(args.server or [DEFAULT_SERVER])
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``--token-file`` (mode 0600 or stricter), else MIGRATORY_TOKEN;
+    ValueError naming the option when the file cannot give it."""
+    if args.token is not None and args.token_file is not None:
+        raise ValueError("give --token or --token-file, not both")
+    if args.token_file is not None:
+        return read_secret_file("--token-file", args.token_file)
+    return args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
 
 
 # --- formatting ----------------------------------------------------------------
@@ -151,7 +167,7 @@ def run_pub(args: argparse.Namespace) -> int:
 async def _publish(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         async with connect(
-            _servers(args), token=args.token, name="migratory-pub", reconnect=PUB_POLICY,
+            _servers(args), token=_token(args), name="migratory-pub", reconnect=PUB_POLICY,
             ca_file=getattr(args, "ca_file", None),
         ) as client:
             result = await client.publish(
@@ -206,7 +222,7 @@ async def subscribe_and_print(args: argparse.Namespace, out: TextIO, err: TextIO
     """Print messages on ``out`` and notifications on ``err``; returns the exit code."""
     try:
         async with connect(
-            _servers(args), token=args.token, name="migratory-sub",
+            _servers(args), token=_token(args), name="migratory-sub",
             ca_file=getattr(args, "ca_file", None),
         ) as client:
             subscription = client.subscribe(

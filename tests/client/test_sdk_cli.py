@@ -17,6 +17,7 @@ import trio
 from sdk_fake_server import start_servers, trio_test, update
 
 from migratory.cli_client import (
+    TOKEN_ENV,
     _publish,
     add_client_commands,
     format_message,
@@ -220,3 +221,66 @@ async def test_a_ca_file_that_is_missing_or_holds_no_certificate_is_named(tmp_pa
         assert await _publish(args, out, err) == 1
         assert err.getvalue() == f"migratory pub: CA file {path!r}: {reason}" + (
             " (NO_CERTIFICATE_OR_CRL_FOUND)\n" if path == str(not_pem) else "\n")
+
+
+@trio_test
+async def test_a_token_comes_from_a_file_or_the_environment_not_only_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--token`` puts the token on the command line, where every user of the machine
+    reads it (``ps``); cluster up keeps its password off it (``--password-file``, mode
+    0600, or an environment variable). pub and sub take ``--token-file`` and
+    MIGRATORY_TOKEN the same way; a file others can read, an empty one or two sources at
+    once are refused naming the option."""
+    secret = tmp_path / "token"
+    secret.write_text("from-file\n")
+    secret.chmod(0o600)
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+
+        async def token_sent() -> str | None:
+            conn = await server.next_connection()
+            connect = await conn.accept_session()
+            publish = await conn.expect(ops.Publish)
+            await conn.send(ops.PublishStatus(Status.PUBLISH_OK, publish.message.closure,
+                                              "/a/b", Position(1, 1), None))
+            return connect.token
+
+        async def token_of(*argv: str) -> str | None:
+            sent: list[str | None] = []
+
+            async def serve() -> None:
+                sent.append(await token_sent())
+
+            nursery.start_soon(serve)
+            args = parse("pub", "/a/b", "x", "--server", server.url, *argv)
+            out, err = io.StringIO(), io.StringIO()
+            assert await _publish(args, out, err) == 0, err.getvalue()
+            return sent[0]
+
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        assert await token_of() is None
+        assert await token_of("--token-file", str(secret)) == "from-file"
+        monkeypatch.setenv(TOKEN_ENV, "from-env")
+        assert await token_of() == "from-env"
+        assert await token_of("--token-file", str(secret)) == "from-file"  # the option wins
+        assert await token_of("--token", "on-the-line") == "on-the-line"
+        nursery.cancel_scope.cancel()
+    shared, empty = tmp_path / "shared", tmp_path / "empty"
+    shared.write_text("t\n")
+    shared.chmod(0o644)
+    empty.write_text("\n")
+    empty.chmod(0o600)
+    for argv, reason in (
+        (("--token-file", str(shared)), f"--token-file {shared} can be read by other users"),
+        (("--token-file", str(empty)), f"--token-file {empty} is empty"),
+        (("--token-file", str(tmp_path / "none")), "No such file or directory"),
+        (("--token", "t", "--token-file", str(secret)), "give --token or --token-file"),
+    ):
+        for command in ("pub", "sub"):
+            out, err = io.StringIO(), io.StringIO()
+            args = parse(command, "/a/b", *(("x",) if command == "pub" else ()),
+                         "--server", "ws://127.0.0.1:1", *argv)
+            run = _publish if command == "pub" else subscribe_and_print
+            assert await run(args, out, err) == 1
+            assert err.getvalue().startswith(f"migratory {command}: ") and reason in err.getvalue()
