@@ -20,8 +20,9 @@ CONNECT of the stream stays, on every member.
 **A persistent session stays with the connection whose record stands.** Two CONNECTs
 of one client id at once read one stored record and write one generation; of the two,
 the record of the higher writer stands (``model/snapshot.py``: the order of the stream
-does not decide it). So a line also carries its connection's *key* -- the generation and
-writer of what its take-up writes (its record, or a clean session's discard) -- and
+does not decide it). So a CONNECT's line comes with its connection's *key* -- the
+generation and writer of what its take-up writes (its record, or a clean session's
+discard), on a line before its own that an earlier member skips (:func:`notice_line`) -- and
 between two connections that both have one the higher key stays, whichever line came
 last: the other is closed where its line or the higher one is applied. Before, the two
 orders were decided apart; when they disagreed, the connection that stayed found its
@@ -78,9 +79,12 @@ def new_token() -> str:
 
 
 def notice_line(client_id: str, token: str, key: str = "") -> str:
-    """A CONNECT's line: ``key`` (:func:`record_key`'s text) after the id when it has one."""
+    """A CONNECT's line -- and, when it has a ``key`` (:func:`record_key`'s text), a line
+    before it naming the token and the key (``=<token> <key>``), which a member of an
+    earlier version skips (its id does not read as hex) while it still reads the CONNECT's
+    own line as it always did: one notice for both during a rolling upgrade."""
     line = f"{token} {client_id.encode('utf-8').hex()}"
-    return f"{line} {key}" if key else line
+    return f"={token} {key}\n{line}" if key else line
 
 
 def record_key(fields: Mapping[str, str]) -> str:
@@ -175,17 +179,21 @@ class Takeovers:
 
     def deliver_message(self, message: Message, qos: int) -> None:
         registry = self._registry
+        keys: dict[bytes, bytes] = {}  # token -> its key, from the line before its own
         for line in message.content.split(b"\n"):
-            token, _, rest = line.partition(b" ")
-            hexed, _, key = rest.partition(b" ")
+            token, _, hexed = line.partition(b" ")
+            if token.startswith(b"="):
+                keys[token[1:]] = hexed
+                continue
             try:
                 client_id = bytes.fromhex(hexed.decode("ascii")).decode("utf-8")
             except ValueError:  # (no process writes one)
                 continue
             session = registry.get(client_id)
             if session is not None:
-                session.takeover_noticed(token.decode("ascii", "replace"),
-                                         read_key(key.decode("ascii", "replace")))
+                key = keys.get(token)
+                session.takeover_noticed(token.decode("ascii", "replace"), None if key is None
+                                         else read_key(key.decode("ascii", "replace")))
 
 
 class MqttTakeover(MqttSaving):

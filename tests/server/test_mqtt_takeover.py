@@ -190,3 +190,19 @@ def test_a_connection_whose_session_another_record_took_closes_itself() -> None:
     assert stored is not None and set(stored.filters) == {"t/1"}  # the higher's
     assert higher.closing and lower.closing, "left open, its session another's record"
     assert mqtt.Suback(1, (1,)) not in read(lower)
+
+
+def test_a_keyed_line_reads_as_before_to_a_member_of_an_earlier_version() -> None:
+    """The key goes on a line of its own before the CONNECT's: an earlier member's parser
+    (token, then the id in hex) skips it and reads the CONNECT's line as always."""
+    from migratory.server.mqtt_takeover import notice_line
+
+    text = notice_line("device", "ab12", "3:0:ffee").encode()
+    earlier = []
+    for line in text.split(b"\n"):  # the parser of a member that predates keys
+        token, _, hexed = line.partition(b" ")
+        try:
+            earlier.append((token, bytes.fromhex(hexed.decode("ascii")).decode("utf-8")))
+        except ValueError:
+            continue
+    assert earlier == [(b"ab12", "device")]
