@@ -145,7 +145,7 @@ class RaftRules:
 
     @precondition(lambda self: self.raft.quorum and not self.majority_lost)
     @rule(pick=picks, burst=bursts, survivors=st.integers(0, 1), reason=leader_losses,
-          compacted=st.booleans())
+          compacted=st.booleans(), power_cut=st.booleans())
     def lose_majority(
         self,
         pick: int,
@@ -153,11 +153,14 @@ class RaftRules:
         survivors: int,
         reason: int,
         compacted: bool,
+        power_cut: bool = False,
     ) -> None:
         """Under load (``burst`` just submitted), seeds die until at most one is left (once
         a run): nothing commits until a majority is back (restart). The survivor's Raft
         fails what it had in flight with ``reason``. ``compacted``: every seed had just
-        compacted its log (so every one restarts from a dump, with the caches in it)."""
+        compacted its log (so every one restarts from a dump, with the caches in it).
+        ``power_cut`` (with no survivor): every non-seed dies in the same step, its
+        forwards and clients with it; all come back in any order (restart)."""
         self.majority_lost = True
         if self._serving():
             self.publish(pick, burst, submit=True)
@@ -168,6 +171,9 @@ class RaftRules:
         live = sorted(self._live(seeds=True), key=lambda m: m.name not in busy)
         for seed in live[survivors:]:  # a seed with entries in flight survives if one does
             self._crash(seed, pick)
+        if power_cut and not survivors:
+            for non_seed in self._live(seeds=False):
+                self._crash(non_seed, pick)
         for entry in [e for e in self.raft.in_flight if not e.in_doubt]:
             if self.members[entry.via].live:
                 self._raft_fails(entry, reason)
