@@ -9,9 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cluster_fixture import LocalCluster
-from test_cluster_mqtt_connect_race import received
-from test_cluster_mqtt_resume import mqtt_port, with_mqtt
+from test_cluster_mqtt_connect_race import mqtt_cluster, received
+from test_cluster_mqtt_resume import mqtt_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from mqttclient import MqttRawClient
@@ -26,11 +25,7 @@ def publishes(client: MqttRawClient, seconds: float) -> list[tuple[str, bytes]]:
 def test_a_member_killed_under_a_client_publishes_no_will_its_next_connection_one(
     tmp_path: Path,
 ) -> None:
-    cluster = LocalCluster(tmp_path, members=3, seeds=3)
-    with_mqtt(cluster)
-    cluster.start_all()
-    try:
-        cluster.wait_ready()
+    with mqtt_cluster(tmp_path) as cluster:
         watched, elsewhere = [i for i in range(3) if i != cluster.leader()]
         watcher = MqttRawClient(mqtt_port(cluster, cluster.leader()), timeout=10)
         assert watcher.connect("watcher").return_code == 0
@@ -53,5 +48,3 @@ def test_a_member_killed_under_a_client_publishes_no_will_its_next_connection_on
         assert publishes(watcher, 1.0) == []
         for i in range(3):
             assert "Traceback" not in cluster.log(i)
-    finally:
-        cluster.stop()
