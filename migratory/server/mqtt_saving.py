@@ -63,18 +63,23 @@ class _BoundLog:
 bound_log = _BoundLog()
 
 
-def save_due_positions(due: dict[Any, None]) -> int:
+SAVES_PER_TICK = 1000
+"""Deferred saves one tick makes at most (the rest at the next ticks): 50,000 persistent
+sessions given one message together were all due one SAVE_INTERVAL later, in one turn."""
+
+
+def save_due_positions(due: dict[Any, None], most: int = SAVES_PER_TICK) -> int:
     """Save the positions of the sessions in ``due`` (``ServerContext.mqtt_saves_due``)
     whose SAVE_INTERVAL has passed since their last save: the server's tick. A change of
     positions within the interval was saved only with a later change or the
     connection's end: a device that acknowledged a burst and went quiet kept its saved
     positions before the burst -- a kill of its member an hour later replayed the whole
     burst, or, past the cache, resynced it. Taken in the order they were deferred, up to
-    the first not due yet (a later one is due at most SAVE_INTERVAL after it): the work
-    is that of the saves. Returns the sessions saved."""
+    the first not due yet (a later one is due at most SAVE_INTERVAL after it), at most
+    ``most``: the work is that of the saves, bounded per tick. Returns the sessions saved."""
     now = clock()
     saved = 0
-    while due:
+    while due and saved < most:
         session = next(iter(due))
         if session.connected_for_saves() and session._next_save > now:
             break

@@ -458,3 +458,24 @@ def test_a_suback_waits_for_the_save_that_carries_its_filter() -> None:
     assert [p for p in read(device) if isinstance(p, mqtt.Suback)] == [mqtt.Suback(3, (1,))]
     stored = decode_record(ctx.hub.snapshot(session_subject("dev")))
     assert stored is not None and set(stored.filters) == {"a/b", "c/d", "e/f"}
+
+
+def test_deferred_saves_are_made_a_bounded_number_per_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions given a message together are due together: a tick saves at most
+    SAVES_PER_TICK of them (here 2), the next tick the rest."""
+    now = [100.0]
+    monkeypatch.setattr(mqtt_saving, "clock", lambda: now[0])
+    ctx, held = make()
+    devices = [session(ctx, f"dev{n}", {}, clean_session=False) for n in range(3)]
+    for device in devices:
+        device.receive_data(encode_packet(mqtt.Subscribe(1, (("s/x", 0),))), 0.0)
+    held.settle()
+    publisher = session(ctx, "pub", {})
+    publisher.receive_data(encode_packet(mqtt.Publish("s/x", b"m")), 0.0)
+    held.settle()
+    assert len(ctx.mqtt_saves_due) == 3
+    now[0] += mqtt_saving.SAVE_INTERVAL
+    assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due, most=2) == 2
+    assert mqtt_saving.save_due_positions(ctx.mqtt_saves_due, most=2) == 1
+    assert sorted(m.subject for m, _ in held.held) == sorted(
+        session_subject(f"dev{n}") for n in range(3))
