@@ -12,9 +12,10 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
 - ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
   outboxes: ``--front ws`` (``conflated``: at 500 ms), or ``sse`` / ``sse-multi``,
   streams of one subject or of two, or ``mqtt`` / ``mqtt-persistent``, MQTT sessions
-  at QoS 0) -- the reposition's time, the frames it queued in the outboxes (appends)
-  and their bytes; ``--size``: the messages' content bytes. The sessions' sockets take
-  every batch that fills (or, ``--full``, none)::
+  at QoS 0, ``mqtt-qos1``: clean ones at QoS 1, the messages guaranteed) -- the
+  reposition's time, the frames it queued in the outboxes (appends) and their bytes;
+  ``--size``: the messages' content bytes. The sessions' sockets take every batch that
+  fills (or, ``--full``, none)::
 
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
@@ -80,8 +81,8 @@ class CountingLink:
         self.written += len(outbox.take())
 
 
-def numbered(seq: int, size: int = 100) -> Message:
-    return new_message(SUBJECT, b"x" * size, {}, False, Qos.STANDARD, None, EPOCH, seq,
+def numbered(seq: int, size: int = 100, qos: Qos = Qos.STANDARD) -> Message:
+    return new_message(SUBJECT, b"x" * size, {}, False, qos, None, EPOCH, seq,
                        MessageType.UPDATE)
 
 
@@ -119,8 +120,9 @@ def live_sessions(
     server = Server(Config.from_mapping({"MaxCachedMessagesPerSubject": str(300 + ahead)}))
     hub = server.ctx.hub
     hub.numbered_elsewhere = True
+    qos = Qos.GUARANTEED if front == "mqtt-qos1" else Qos.STANDARD
     for seq in range(1, 301):
-        hub.apply(numbered(seq, size), 0.0)
+        hub.apply(numbered(seq, size, qos), 0.0)
     links = [CountingLink(full) for _ in range(clients)]
     streams = []
     registry: dict[str, MqttSession] = {}
@@ -128,8 +130,9 @@ def live_sessions(
         if front.startswith("mqtt"):
             link.session = device = MqttSession(server.ctx, link, "bench", registry)
             device.receive_data(encode_packet(mqtt.Connect(
-                f"c{n}", clean_session=front == "mqtt")), 0.0)
-            device.receive_data(encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 0),))), 0.0)
+                f"c{n}", clean_session=front != "mqtt-persistent")), 0.0)
+            device.receive_data(encode_packet(mqtt.Subscribe(
+                1, ((SUBJECT[1:], int(front == "mqtt-qos1")),))), 0.0)
             device.outbox.take()
             continue
         link.session = session = Session(server.ctx, link, "bench")
@@ -144,7 +147,7 @@ def live_sessions(
         session.outbox.take()
         link.frames = 0
     listening = len(hub._subjects[SUBJECT].listeners)
-    cached = [numbered(seq, size) for seq in range(1, 301 + ahead)]
+    cached = [numbered(seq, size, qos) for seq in range(1, 301 + ahead)]
     started, cpu = time.perf_counter(), time.process_time()
     hub.reposition(SUBJECT, Position(EPOCH, 300 + ahead), None, cached, 0.0)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -178,7 +181,7 @@ def main() -> None:
     parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
     parser.add_argument("--front", default="ws",
                         choices=("ws", "conflated", "sse", "sse-multi", "mqtt",
-                                 "mqtt-persistent"))
+                                 "mqtt-persistent", "mqtt-qos1"))
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--clients", type=int, default=10_000)

@@ -1,11 +1,13 @@
 """Conflation: one merged message per subject per period of a subscription."""
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from migratory.model.field_timeline import FieldTimeline
 from migratory.model.message import Message
 
-__all__ = ["CONFLATION_STEP_MS", "Conflator", "offer_to", "round_conflation_ms"]
+__all__ = ["CONFLATION_STEP_MS", "Conflator", "fold", "offer_run_to", "offer_to",
+           "round_conflation_ms"]
 
 CONFLATION_STEP_MS = 100
 """Conflation periods are multiples of this many milliseconds."""
@@ -125,3 +127,41 @@ def offer_to(conflators: Collection[Conflator], message: Message, now: float) ->
     first.timeline.offer(message)
     for conflator in conflators:
         conflator.offered(now)
+
+
+def fold(messages: Sequence[Message]) -> Message:
+    """The seed's conflation of ``messages`` (oldest first, at least one): the latest, with
+    the union of their fields, later values winning -- each field where the last message
+    that set it put it, as a :class:`FieldTimeline` orders them (so the fields a union
+    emits come in the same order either way)."""
+    if len(messages) == 1:
+        return messages[0]
+    fields: dict[str, str] = {}
+    for message in messages:
+        for name, value in message.fields.items():
+            fields.pop(name, None)
+            fields[name] = value
+    latest = messages[-1]
+    return replace(latest, fields=fields) if fields else latest
+
+
+def offer_run_to(conflators: Collection[Conflator], messages: Sequence[Message],
+                 now: float) -> None:
+    """Offer ``messages`` (oldest first: a cache sync's jump, ``Hub._catch_up_live``) to
+    ``conflators``, which share one timeline: what :func:`offer_to` of each in turn does.
+
+    A conflator keeps one merge a period, the latest message with the union of the
+    fields: that of the run is its :func:`fold`, so the run is offered once, folded --
+    one ``offered`` per conflator, not one per message (10,000 conflated subscriptions
+    and a jump of 400: 4,000,000). Unless a union could pass a conflator's ``max_size``
+    along the run (:meth:`FieldTimeline.size_along`): one message at a time starts it
+    again from the message that passes, which the fold cannot tell -- then one at a time."""
+    if not conflators or not messages:
+        return
+    bounds = [c._max_size for c in conflators if c._max_size]
+    first = next(iter(conflators))
+    if not bounds or first.timeline.size_along(messages) <= min(bounds):
+        offer_to(conflators, fold(messages), now)
+        return
+    for message in messages:
+        offer_to(conflators, message, now)

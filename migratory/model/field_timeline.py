@@ -27,6 +27,7 @@ more are dropped once they are half of them. Pure: no clock, no I/O.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from dataclasses import replace
 
 from migratory.model.message import Message, MessageType
@@ -155,6 +156,21 @@ class FieldTimeline:
         if seen is None:
             seen = self._seen[start] = self.union_size(start) + self._extra > max_size
         return seen
+
+    def size_along(self, messages: Iterable[Message]) -> int:
+        """A bound on what any union held now, or started along ``messages`` offered in
+        turn, can reach with the content and subject of a message (what :meth:`passes`
+        compares): the largest union held, every field of ``messages`` added to it, the
+        largest content and subject among them
+        (:func:`~migratory.model.conflation.offer_run_to`)."""
+        oldest = next((rank for rank, count in enumerate(self._counts) if count), None)
+        size = 0 if oldest is None else self._size_at(oldest)
+        extra = 0
+        for message in messages:
+            extra = max(extra, len(message.content) + _text_size(message.subject))
+            for name, value in message.fields.items():
+                size += _text_size(name) + _text_size(value)
+        return size + extra
 
     def union_size(self, start: int) -> int:
         """The bytes of the names and values of the union since ``start`` (held)."""

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from migratory.model.cache import CachedRun, SubjectCache
 from migratory.model.cache_budget import CacheBudget
-from migratory.model.conflation import Conflator, offer_to, round_conflation_ms
+from migratory.model.conflation import Conflator, offer_run_to, offer_to, round_conflation_ms
 from migratory.model.message import Message, MessageType, new_message
 from migratory.model.position import Position, new_epoch
 from migratory.model.snapshot import merge_snapshot
@@ -422,9 +422,8 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
                 for sink in live_sinks:
                     send_missed(sink, run)
                 self._fanned_out += len(live_sinks) * len(missed)
-            if state.conflated and missed:
-                for message in missed:
-                    offer_to(state.conflated.values(), message, now)
+            if state.conflated and missed:  # once, folded, as a period merges them
+                offer_run_to(state.conflated.values(), missed, now)
                 self._conflating.add(state)
             return
         resync: list[ops.ServerOp] = []

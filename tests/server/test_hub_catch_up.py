@@ -17,6 +17,7 @@ import pytest
 from test_run_output import new_session
 
 from migratory.config import Config
+from migratory.model.conflation import Conflator, offer_run_to, offer_to
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.protocol import ops
@@ -205,3 +206,51 @@ def test_a_slow_subscriber_among_them_is_cut_off_alone(
         link.flush_now()
         assert bytes(link.wire) == expected
         assert not session.closing and server.ctx.stats.slow_consumers == 0
+
+
+def offered_one_at_a_time(conflators: object, missed: list[Message], now: float) -> None:
+    """What the hub did before: each message offered to every conflator in turn."""
+    for message in missed:
+        offer_to(conflators, message, now)  # type: ignore[arg-type]
+
+
+def test_conflated_subscriptions_take_the_jump_once_folded_and_emit_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """50 conflated subscriptions (half with a message of their period pending when the
+    sync comes): the jump is offered once to each, folded (conflation.offer_run_to) --
+    20,000 offers before, one per message per subscription -- and what each sends at
+    its next periods is byte for byte what one message at a time made it send."""
+    offers = []
+    real = Conflator.offered
+
+    def counted(self: Conflator, now: float | None = None) -> None:
+        offers.append(self)
+        real(self, now)
+
+    monkeypatch.setattr(Conflator, "offered", counted)
+    received, counts = [], []
+    for path in (offered_one_at_a_time, offer_run_to):
+        monkeypatch.setattr(hub_module, "offer_run_to", path)
+        hub = member()
+        sessions = [Session() for _ in range(50)]
+        for i, session in enumerate(sessions):
+            hub.subscribe(session, ops.SubscriptionRequest(
+                SUBJECT, conflation_ms=500 if i % 2 else 1000), 0.0)
+        hub.apply(numbered(HELD + 1), 0.1)  # pending in every period when the sync comes
+        hub.tick(0.5)  # the 500 ms ones send it, the others keep it pending
+        hub.apply(new_message(SUBJECT, b"m", {"extra": "1", "n": "x"}, False, Qos.STANDARD,
+                              None, EPOCH, HELD + 2, MessageType.UPDATE), 0.6)
+        offers.clear()
+        hub.reposition(SUBJECT, Position(EPOCH, HELD + JUMP), None,
+                       [numbered(seq) for seq in range(1, HELD + JUMP + 1)], 0.7)
+        counts.append(len(offers))
+        for now in (1.0, 1.5, 2.0):
+            hub.tick(now)
+        hub.apply(numbered(HELD + JUMP + 1), 2.1)
+        hub.tick(2.5)
+        hub.tick(3.0)
+        received.append([bytes(session.wire) for session in sessions])
+    assert received[0] == received[1]
+    assert all(b"%d" % (HELD + JUMP) in wire for wire in received[1])
+    assert counts == [50 * (JUMP - 2), 50]
