@@ -36,6 +36,7 @@ from cluster_faults import FaultRules
 from cluster_links import UpstreamLinks
 from cluster_raft_rules import RaftRules, epochs
 from cluster_world import (
+    BATCH_SPACES,
     MEMBERS,
     SEEDS,
     SUBJECTS,
@@ -298,7 +299,7 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
         member = choose(self._serving(), pick)
         assert member is not None
         view = SubscriberView(f"sub-{len(self.subscribers)}", subject, SubjectTracker(subject))
-        subscriber = Subscriber(view)
+        subscriber = Subscriber(view, batch_space=BATCH_SPACES[len(self.subscribers) % 2])
         self.subscribers.append(subscriber)
         subscriber.connect(member, self._tick())
 

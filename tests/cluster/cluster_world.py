@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import trio
 from cluster_checker import SubscriberView, resync_cause
@@ -26,10 +26,13 @@ from cluster.replica import Replica
 from cluster.stream import CommittedStream, Outbound, wire_bytes
 from cluster.upstream import UpstreamReplication
 from migratory.model.message import Message
+from migratory.model.outbox import Outbox
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.protocol.websocket import BinaryMessage, FrameDecoder
 from migratory.server.hub import Hub
+from migratory.server.run_output import RunOutput
+from migratory.server.session import Link
 
 SEEDS = ("seed-0", "seed-1", "seed-2")
 MEMBERS = (*SEEDS, "edge-0", "edge-1")
@@ -97,23 +100,42 @@ class Member:
         return self.stream.replica.hub
 
 
-class Connection:
+class _Socket:
+    """A connection's socket as its session's runs see it (``run_output.queue_run``):
+    taking every batch as it fills, none partly written."""
+
+    writing = False
+
+
+BATCH_SPACES = (1 << 20, 64)
+"""A connection's MaxBatchingSpace: runs taken whole, or frame by frame up to the one
+that fills a batch (about each frame: the rest joined again), as a session's are."""
+
+
+class Connection(RunOutput):
     """A subscriber's WebSocket to one member: the frames its hub wrote, read later.
 
-    Each frame carries the resync cause the model expected when the hub wrote it
-    (``cause``, set at subscribe and before the member jumps to a sync).
+    Each write carries the resync cause the model expected when the hub wrote it
+    (``cause``, set at subscribe and before the member jumps to a sync). A write may
+    hold several frames: the messages a member's cache sync jumped over come as runs
+    (``deliver_run``, the session's own, :class:`RunOutput`), read as the client
+    reads its socket.
     """
 
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: Member, batch_space: int = BATCH_SPACES[0]) -> None:
         self.member = member
         self.hub = member.hub
         self.cause: str | None = None
         self.frames: list[tuple[bytes, str | None]] = []
+        self.runs = 0  # writes of more than one frame (a run, or the rest of one)
         self.owed_at: tuple[str, Position] | None = None
         """A held resume that asks for the snapshot as of its position: whether it is
         owed a DATA_RESYNC is told when the hub answers it (the snapshot may change
         before; tests/server/test_hub_resume_snapshot.py)."""
         self._decoder = FrameDecoder(client_frames=False)
+        # what deliver_run reads of a session: nothing pending, its batch size; a socket
+        self.outbox = Outbox(batch_space=batch_space, max_pending=1 << 30)
+        self._link = cast("Link", _Socket())
 
     def deliver(self, frame: bytes) -> None:
         cause = self.cause
@@ -122,21 +144,24 @@ class Connection:
             records = [r for r in export_sync(self.hub, 0).subjects if r.subject == subject]
             cause = cause or resync_cause(position, records[0] if records else None,
                                           snapshot=True)
-            (event,) = FrameDecoder(client_frames=False).events(frame)
-            assert isinstance(event, BinaryMessage)
-            op = ops.decode_server_op(event.data)
-            if isinstance(op, ops.SubjectStatus) and op.status in (
-                    ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC):
-                self.owed_at = None  # the held resume is answered
+            for event in FrameDecoder(client_frames=False).events(frame):
+                assert isinstance(event, BinaryMessage)
+                op = ops.decode_server_op(event.data)
+                if isinstance(op, ops.SubjectStatus) and op.status in (
+                        ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC):
+                    self.owed_at = None  # the held resume is answered
         self.frames.append((frame, cause))
 
     def read(self) -> list[tuple[ops.ServerOp, str | None]]:
         frames, self.frames = self.frames, []
         out: list[tuple[ops.ServerOp, str | None]] = []
         for frame, cause in frames:
-            (event,) = self._decoder.events(frame)
-            assert isinstance(event, BinaryMessage)
-            out.append((ops.decode_server_op(event.data), cause))
+            events = self._decoder.events(frame)
+            assert events, "a write of no whole frame"
+            self.runs += len(events) > 1
+            for event in events:
+                assert isinstance(event, BinaryMessage)
+                out.append((ops.decode_server_op(event.data), cause))
         return out
 
 
@@ -146,6 +171,8 @@ class Subscriber:
 
     view: SubscriberView
     connection: Connection | None = None
+    batch_space: int = BATCH_SPACES[0]
+    """Its connections' (:class:`Connection`)."""
     waiting_at: Position | None = None
     """The position of a resume the hub holds until it catches up (it lags)."""
 
@@ -156,7 +183,7 @@ class Subscriber:
         records = [r for r in export_sync(hub, 0).subjects if r.subject == view.subject]
         cause = resync_cause(request.position, records[0] if records else None,
                              snapshot=request.snapshot)
-        self.connection = Connection(member)
+        self.connection = Connection(member, self.batch_space)
         self.connection.cause = cause
         answer = hub.subscribe(self.connection, request, now)
         self.waiting_at = request.position if len(answer) == 1 and request.position else None
