@@ -32,7 +32,7 @@ from migratory.config_listeners import (
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
 from migratory.config_mqtt import MQTT_SESSION_SETTINGS, check_mqtt_sessions
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
-from migratory.config_sizes import check_sizes
+from migratory.config_sizes import MAX_MESSAGE_SIZE, check_sizes
 from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
     Setting,
@@ -122,9 +122,12 @@ SETTINGS: tuple[Setting, ...] = (
             "docs/benchmarks.md, \"io_uring without a polling core\"."),
     Setting("MaxBatchingSpace", "max_batching_space", _int(1, unit=" of bytes"), "65536",
             "A client's batch is written as soon as it holds this many bytes."),
-    Setting("MaxMessageSize", "max_message_size", _int(1, unit=" of bytes"), "131072",
+    Setting("MaxMessageSize", "max_message_size", _int(1, MAX_MESSAGE_SIZE, unit=" of bytes"),
+            "131072",
             "Largest content + subject + fields of a publish; larger ones get "
-            "MESSAGE_SIZE_LIMIT_EXCEEDED. A conflated message stays within it too: when a "
+            f"MESSAGE_SIZE_LIMIT_EXCEEDED. At most {MAX_MESSAGE_SIZE} (what an MQTT PUBLISH "
+            "carries). "
+            "A conflated message stays within it too: when a "
             "message's fields would make the union of a period's fields pass it, the union "
             "starts again from that message's fields. Equal on every cluster member (members "
             "that differ refuse to link; docs/cluster.md, \"Members must agree\")."),

@@ -7,9 +7,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from migratory.config_values import ConfigError
+from migratory.protocol.mqtt import MAX_REMAINING_LENGTH
 
 if TYPE_CHECKING:
     from migratory.config import Config
+
+MAX_MESSAGE_SIZE = MAX_REMAINING_LENGTH - 3
+"""``MaxMessageSize`` at most: the largest message an MQTT PUBLISH can carry -- its
+remaining length is the topic (the subject less its slash) with its 2-byte length, a
+2-byte packet id and the content: at most 3 bytes past the message's size. A larger
+message was numbered, then its MQTT encoding raised in the hub, after its position was
+taken (a subject's whole fan-out cut at that message)."""
 
 PENDING_MESSAGES = 2
 """``ClientMaxPendingBytes`` holds at least this many of the largest message: one such

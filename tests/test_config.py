@@ -84,6 +84,17 @@ def test_a_client_may_have_the_largest_message_waiting() -> None:
                 environ={})
 
 
+def test_max_message_size_is_at_most_what_an_mqtt_publish_carries() -> None:
+    """A message past 256 MiB less 3 bytes cannot be an MQTT PUBLISH (its remaining
+    length is at most 268,435,455: the content, the topic and its length, a packet id):
+    taken, it was numbered and its MQTT encoding raised in the hub after the position was
+    taken. MaxMessageSize is bounded there, the refusal naming the key."""
+    big = {"MaxFrameSize": str(1 << 30), "ClientMaxPendingBytes": str(1 << 30)}
+    with pytest.raises(ConfigError, match=r"MaxMessageSize.*<= 268435452"):
+        load_config(overrides={**big, "MaxMessageSize": "268435453"}, environ={})
+    load_config(overrides={**big, "MaxMessageSize": "268435452"}, environ={})
+
+
 def test_precedence_file_then_environment_then_set(tmp_path: Path) -> None:
     path = tmp_path / "c.conf"
     path.write_text("BatchTime = 1\nMaxBatchingSpace = 100\nServerName = file\n")
