@@ -47,6 +47,7 @@ class Audit:
                 maxBytes=config.audit_log_max_bytes,
                 backupCount=config.audit_log_backups,
                 encoding="utf-8",
+                errors="backslashreplace",  # a refused subject's lone surrogate: \ud800
             )
         except OSError as exc:  # (its own text names neither the file nor the key)
             raise OSError(exc.errno, f"AuditLogFile {config.audit_log_file}: "

@@ -156,3 +156,27 @@ def test_the_http_front_counts_and_audits_denials(start_server: Any, tmp_path: P
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/stats", timeout=5) as reply:
         denials = json.loads(reply.read())["entitlement_denials"]
     assert denials == {"publish": 1, "subscribe": 1}
+
+
+def test_a_refused_publish_whose_subject_utf8_cannot_encode_is_audited(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """POST /publish with a subject holding a lone surrogate (JSON's "\\ud800") is refused
+    before it is numbered and audited as refused -- but the audit line, JSON written
+    with ensure_ascii=False, could not be encoded to the UTF-8 file: the logging module
+    printed a '--- Logging error ---' traceback and the event was lost. Now the line is
+    written, the surrogate escaped."""
+    from httpclient import HttpClient
+
+    audit = tmp_path / "audit.jsonl"
+    server = start_server(AuditLogFile=str(audit), AuditMessage="true")
+    client = HttpClient(server.port)
+    response, _ = client.request("POST", "/publish",
+                                 b'{"subject": "/a/\\ud800", "content": "x"}')
+    assert response.status_code == 400
+    status, _ = client.publish(subject=SUBJECT, content="after")
+    assert status == 200
+    client.close()
+    events = read_events(audit, lambda events: len(events) >= 2)
+    assert [(e["subject"], e["outcome"]) for e in of(events, "message", "publish")] == [
+        ("/a/\ud800", "PUBLISH_FAILED"), (SUBJECT, "submitted")]
