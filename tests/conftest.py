@@ -26,7 +26,8 @@ CLUSTER_SIZED = ("bench", "browser", "chaos", "cluster", "deploy", "spark")
 """The test directories whose tests start clusters of member processes, Spark's JVM, a
 browser or a load generator. ``make test`` runs them in two scopes, each one test after
 another: ``tests/cluster`` and the rest of them (chaos runs, the Kubernetes rehearsal,
-Spark, the browser, the benchmarks' smoke tests; ``IN_THE_OTHER_SERIAL_SCOPE`` too).
+the browser, the benchmarks' smoke tests; ``IN_THE_OTHER_SERIAL_SCOPE`` too), and
+tests/spark in a third that the worker of the small files takes among them.
 Their tests mostly wait (elections,
 timeouts, processes starting): the whole suite used 0.88 of the two cores on average
 with them all in one scope, which took 16 of its 17.5 minutes while the other worker
@@ -77,6 +78,10 @@ IN_THE_OTHER_SERIAL_SCOPE = frozenset(
         "test_workers_kills", "test_workers_mqtt_kills", "test_workers_mqtt_reads",
         "test_workers_output", "test_workers_publish_kills", "test_workers_resume_faults",
         "test_workers_signals", "test_workers_sync_kill", "test_workers_transports",
+        "test_workers", "test_workers_hang", "test_workers_faults", "test_workers_cores",
+        # with tests/spark in a scope of its own (h139): `migratory cluster up`, TLS
+        # members, members of the recorded older version
+        "test_cluster_up", "test_cluster_tls", "test_cluster_mixed_versions",
     )
 )
 """Files of ``tests/cluster`` that run in the other serial scope (``cluster-sized``), so
@@ -86,7 +91,15 @@ files (23:01:38 on); the other serial scope's at about 23:01:12 (Spark last) and
 small files' at about 23:00: the cluster scope ran alone for its last ~110 s. These
 files are 111 of 169 s and 99 of 149 s of the Workers = N files in one process here (load 5),
 about 58 s of CI's ~88: both serial scopes now end about 55 s sooner than the cluster
-scope did. Still one test at a time in either scope, at most two of them at once."""
+scope did. Still one test at a time in either scope, at most two of them at once.
+
+h139 (5c102f6, each scope alone in one process, load 10-13): cluster 1,136 s (1,065
+without two tests that timed out), cluster-sized 1,019 s of which tests/spark 221 s, the
+small files and in-process cluster files 670 s: the third worker stood idle for a third
+of the run. tests/spark is now a scope of its own that the third worker takes among the
+small files (Spark's JVM reads history files: no election or timeout to miss on a busy
+box; one more JVM start, in that worker), and the last seven files above (132 s there)
+moved here: about 930 s for each of the three."""
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -103,16 +116,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def scope_of(nodeid: str) -> str:
-    """``cluster`` or ``cluster-sized`` (the serial scopes), else the test's file."""
+    """``cluster``, ``cluster-sized`` or ``spark`` (the serial scopes), else the test's
+    file."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     if path in IN_PROCESS_CLUSTER:
         return path
     if path in IN_THE_OTHER_SERIAL_SCOPE:
         return "cluster-sized"
+    if path.startswith("tests/spark/"):
+        return "spark"
     if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:
         return "cluster" if parts[1] == "cluster" else "cluster-sized"
     return path
+
+
+SERIAL_SCOPES = ("cluster", "cluster-sized", "spark")
 
 
 # What each xdist worker ran and when it ended, at the end of the run (make test): which
@@ -133,7 +152,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     started = time.monotonic()
     yield
     scope = scope_of(item.nodeid)
-    lane = LANE_TIME.setdefault(scope if scope.startswith("cluster") else "files", [0, 0.0])
+    lane = LANE_TIME.setdefault(scope if scope in SERIAL_SCOPES else "files", [0, 0.0])
     lane[0] += 1
     lane[1] += time.monotonic() - started
 

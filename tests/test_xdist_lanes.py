@@ -63,6 +63,7 @@ def collection() -> list[str]:
     ids = [f"tests/cluster/test_c{f}.py::test_{i}" for f in range(30) for i in range(25)]
     ids += [f"tests/{d}/test_{d}.py::test_{i}" for d in ("bench", "chaos", "deploy")
             for i in range(100)]
+    ids += [f"tests/spark/test_spark{f}.py::test_{i}" for f in range(3) for i in range(8)]
     ids += [f"tests/{d}/test_{d}{f}.py::test_{i}" for d in ("server", "protocol", "client")
             for f in range(20) for i in range(20)]
     ids += [f"tests/test_config{f}.py::test_{i}" for f in range(5) for i in range(10)]
@@ -114,6 +115,25 @@ def test_a_drained_serial_worker_takes_what_is_left_of_the_rest(suite: ModuleTyp
     assert len(scheduler.workqueue) == waiting - 1
 
 
+def test_spark_runs_whole_on_a_worker_that_holds_no_other_serial_scope(
+    suite: ModuleType,
+) -> None:
+    """tests/spark (Spark's JVM, no timing: histories read from files) is a scope of its
+    own, handed out as the small files are: to the worker beside the two serial scopes,
+    not behind one of them (one JVM per worker that runs Spark: the chaos runs of the
+    cluster-sized scope start their own)."""
+    nodes, ids, scheduler = started(suite, make_test_workers())
+    (rest,) = [n for n in nodes if not scopes(n, ids, scheduler) & SERIAL]
+    done = 0
+    while "spark" not in scopes(rest, ids, scheduler) and done < len(rest.sent):
+        scheduler.mark_test_complete(rest, rest.sent[done])
+        done += 1
+    assert "spark" in scopes(rest, ids, scheduler)
+    spark = {i for i, nodeid in enumerate(ids) if nodeid.startswith("tests/spark/")}
+    assert spark <= set(rest.sent)
+    assert all(not spark & set(n.sent) for n in nodes if n is not rest)
+
+
 def test_cluster_files_that_start_nothing_run_beside_the_serial_scopes(
     suite: ModuleType,
 ) -> None:
@@ -131,6 +151,7 @@ def test_cluster_files_that_start_nothing_run_beside_the_serial_scopes(
     assert split("tests/cluster/test_cluster_processes.py::test_x") == "cluster"
     assert split("tests/cluster/test_raft_compaction.py::test_x") == "cluster"
     assert split("tests/chaos/test_chaos_schedule.py::test_x") == "cluster-sized"
+    assert split("tests/spark/test_spark_analysis.py::test_x") == "spark"
 
 
 def test_the_workers_files_moved_to_the_other_serial_scope_run_there(suite: ModuleType) -> None:
@@ -143,9 +164,9 @@ def test_the_workers_files_moved_to_the_other_serial_scope_run_there(suite: Modu
     assert moved and not set(moved) & suite.IN_PROCESS_CLUSTER
     for path in moved:
         assert (ROOT / path).exists(), path
-        assert path.startswith("tests/cluster/test_workers"), path
+        assert path.startswith("tests/cluster/test_"), path
         assert split(f"{path}::test_x") == "cluster-sized"
-    assert split("tests/cluster/test_workers.py::test_x") == "cluster"
+    assert split("tests/cluster/test_workers_heartbeats.py::test_x") == "cluster"
     assert split("tests/cluster/test_cluster_start_signals.py::test_x") == "cluster"
 
 
