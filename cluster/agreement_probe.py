@@ -97,11 +97,12 @@ class AgreementProbe:
             self._unasked = 0
             if self.leading() is None:
                 self.progress.seen.clear()  # (a leader's, of its term)
+            over = trio.Event()
             async with trio.open_nursery() as retries:
                 async with trio.open_nursery() as nursery:
                     for address in self.targets:
-                        nursery.start_soon(self._ask_first, address, retries)
-                retries.cancel_scope.cancel()  # the round is over: the next one asks
+                        nursery.start_soon(self._ask_first, address, retries, over)
+                over.set()  # the round is over: retries that wait stop, the next round asks
             self.agreement.rounds += 1
             self._wake()
             await trio.sleep(min(self.period, RETRY_SECONDS) if self._unasked else self.period)
@@ -119,18 +120,27 @@ class AgreementProbe:
         while not self.agreement.settled(majority=majority):
             await self._answered.wait()
 
-    async def _ask_first(self, address: tuple[str, int], retries: trio.Nursery) -> None:
+    async def _ask_first(
+        self, address: tuple[str, int], retries: trio.Nursery, over: trio.Event
+    ) -> None:
         """Ask ``address``; when it cannot be asked (not up yet: refused), ask it again
         every :data:`RETRY_SECONDS` in ``retries`` until the round's other questions have
-        ended (one may last :data:`ASK_TIMEOUT`: a seed that took the dial and does not
-        answer): a seed that comes up meanwhile is heard in this round."""
+        ended (``over``; one may last :data:`ASK_TIMEOUT`: a seed that took the dial and
+        does not answer): a seed that comes up meanwhile is heard in this round."""
         if not await self._ask(address):
             self._unasked += 1
-            retries.start_soon(self._ask_again, address)
+            retries.start_soon(self._ask_again, address, over)
 
-    async def _ask_again(self, address: tuple[str, int]) -> None:
+    async def _ask_again(self, address: tuple[str, int], over: trio.Event) -> None:
+        """A question under way when the round ends is not cut off: it ends as any
+        question does (answered, refused, or :data:`ASK_TIMEOUT`). Cancelled, its link
+        closed in the middle of the TLS handshake -- the seed, just up, logged a refused
+        link (UNEXPECTED_EOF) -- and the answer it was about to give was lost."""
         while True:
-            await trio.sleep(RETRY_SECONDS)
+            with trio.move_on_after(RETRY_SECONDS):
+                await over.wait()
+            if over.is_set():
+                return
             if await self._ask(address):
                 self._unasked -= 1
                 return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 
 import trio
+import trio.testing
 from listen_ports import listen_port
 from test_cluster_agreement_links import PASSWORD, address, name, service, settings_of
 
@@ -101,3 +102,63 @@ def test_before_a_round_ends_a_majority_that_agreed_settles_and_nothing_less() -
     assert not non_seed.compared() and not non_seed.settled(majority=False)
     non_seed.record(S1, None)
     assert non_seed.compared() and non_seed.settled(majority=False)
+
+
+class ScriptedProbe(AgreementProbe):
+    """Questions without sockets: ``script[port]`` gives each question to that seed in
+    turn as (seconds it lasts, whether it was asked); the last entry repeats. Records the
+    questions a round's end cut off while under way (a link dropped mid-handshake: with
+    TLS, the seed logged 'cluster link refused: TLS handshake failed: UNEXPECTED_EOF')."""
+
+    def __init__(self, script: dict[int, list[tuple[float, bool]]], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.script = script
+        self.cut: list[int] = []
+        self.asked: list[tuple[int, int]] = []  # (port, round)
+
+    async def _ask(self, address: tuple[str, int]) -> bool:
+        port = address[1]
+        steps = self.script[port]
+        seconds, asked = steps.pop(0) if len(steps) > 1 else steps[0]
+        self.asked.append((port, self.agreement.rounds))
+        try:
+            await trio.sleep(seconds)
+        except trio.Cancelled:
+            self.cut.append(port)
+            raise
+        if asked and address == self.targets[0]:
+            self.agreement.own_checked = True
+        elif asked:
+            self.agreement.record(name(port), None)
+        self._wake()
+        return asked
+
+
+def test_a_question_under_way_when_the_round_ends_is_not_cut_off() -> None:
+    """Seed 1 refuses the first dial (still starting), seed 2's question lasts 0.4 s (a
+    busy seed). Seed 1 is asked again at 0.3 s and its question -- a dial and a TLS
+    handshake -- lasts 0.2 s. Before: the round ended when seed 2's question did, at
+    0.4 s, and cancelled seed 1's question under way: its link closed in the middle of
+    the TLS handshake (the seed logged a refused link, UNEXPECTED_EOF: the warning
+    test_cluster_tls.py's failover test caught 1 run in 5 at load 18 on 2 cores) and its
+    answer was lost until the next round. Now a round's end stops the retries that wait,
+    and a question under way ends as a question does (within ASK_TIMEOUT)."""
+    ports = [listen_port() for _ in range(4)]
+    seeds = ports[:3]
+    script = {seeds[0]: [(0.0, True)], seeds[1]: [(0.0, False), (0.2, True)],
+              seeds[2]: [(0.4, True)]}
+    probe = ScriptedProbe(script, settings=settings_of(seeds[0], ports),
+                          seeds=[address(p) for p in seeds], own=address(seeds[0]),
+                          password=PASSWORD, period=60, max_frame=link.MAX_FRAME)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe.run)
+            while probe.agreement.rounds < 1:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert probe.cut == []  # before: [seeds[1]]
+    assert probe.asked.count((seeds[1], 0)) == 2  # refused, then asked again in the round
+    assert probe.agreement.verdicts.get(name(seeds[1]), "unheard") is None  # heard in round 0
