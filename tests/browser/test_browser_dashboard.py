@@ -128,7 +128,7 @@ def test_dashboard_shows_the_members_and_moves_with_a_workload(
         layout: dict[str, Any] = browser.run(LAYOUT)
         shot = browser.screenshot(OUTPUT / "dashboard-10-members.png")
         print("screenshot", shot, "messages in/s", idle, "->", moved, "layout", layout)
-        publisher.join(60)
+        publisher.finish(60)
         # a member that dies goes grey within a few push intervals; the others stay live
         cluster.kill(9)
         silent = "return [...document.querySelectorAll('#members tbody tr')].map((tr) => " \
