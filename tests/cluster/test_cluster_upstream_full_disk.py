@@ -9,6 +9,14 @@ never submitted, so the seed ends the link without an answer and the non-seed fo
 it again through the next seed, ahead of its newer publishes (cluster/raft_outcomes.py).
 Before, each such publish was answered ``PUBLISH_FAILED`` ("RAFT_STOPPED": 21 of ~4,000
 in the first run).
+
+No Raft leader changes here: the seeds' election timeout is 1 s (``ClusterElectionTimeout``),
+not 150 ms. At 150 ms a loaded box (load average 13-22 on 2 cores) had the seeds elect
+again and again (terms 3 to 7 in the 20 s of a run): 4 runs of 10 failed, one with "no Raft
+leader" at the moment the test looked for it, three with the publishes in flight at an
+election answered ``PUBLISH_FAILED`` "the Raft leader changed" (640-1,280; 1,125 more
+timed out) -- an election's cost, not this test's subject
+(test_cluster_fault_combinations.py stops a leader).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ SEEDS = [0, 1, 2]
 NON_SEED = 3
 COMPACTING = {"ClusterLogCompactionEntries": "100", "ClusterLogCompactionTime": "1"}
 """A dump every second or so: the seed whose dumps cannot be written stops soon."""
+STEADY_LEADER = {"ClusterElectionTimeout": "1000"}
+"""No election on a loaded box while the test runs (module docstring)."""
 
 
 def block_dumps(cluster: LocalCluster, seed: int, timeout: float = 10) -> Path:
@@ -55,12 +65,29 @@ def stopped_by_its_disk(cluster: LocalCluster, seed: int) -> None:
     assert "cannot write" in cluster.log(seed)
 
 
+def current_leader(cluster: LocalCluster, timeout: float = 15) -> int:
+    """The Raft leader, once there is one (none for a moment during an election)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return cluster.leader()
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def terms(cluster: LocalCluster, seeds: list[int]) -> dict[int, int]:
+    """Each seed's Raft term: one that moved means an election happened."""
+    return {i: int(cluster.status(i).get("raft_term") or 0) for i in seeds}
+
+
 def following_a_follower(cluster: LocalCluster, non_seed: int) -> int:
     """The non-seed's upstream seed, once it is not the Raft leader (the non-seed
     restarted until it picks another: it picks at random)."""
     for _ in range(8):
         upstream = upstream_of(cluster, non_seed)
-        if upstream != cluster.leader():
+        if upstream != current_leader(cluster):
             return upstream
         cluster.kill(non_seed, signal.SIGTERM)
         cluster.start(non_seed)
@@ -73,7 +100,7 @@ def test_a_non_seeds_upstream_stopped_by_its_full_disk_costs_its_publishers_noth
     tmp_path: Path,
 ) -> None:
     cluster = LocalCluster(tmp_path, members=4, seeds=3, MaxCachedMessagesPerSubject=CACHE,
-                           **COMPACTING)
+                           **COMPACTING, **STEADY_LEADER)
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=40)
@@ -87,11 +114,14 @@ def test_a_non_seeds_upstream_stopped_by_its_full_disk_costs_its_publishers_noth
         publisher = LoadPublisher([cluster.port(NON_SEED)], rate=2000, duration=40)
         publisher.start()
         publisher.wait_acked(2000, timeout=15)
+        others = [i for i in SEEDS if i != upstream]
+        before = terms(cluster, others)
         block_dumps(cluster, upstream)
         stopped_by_its_disk(cluster, upstream)
         publisher.wait_acked(len(publisher.acked) + 1000, timeout=15)
         publisher.stop()
-        summary = f"{publisher.summary()}; failures {failure_reasons(publisher)}"
+        summary = (f"{publisher.summary()}; failures {failure_reasons(publisher)}; terms of "
+                   f"the other seeds {before} -> {terms(cluster, others)}")
         assert publisher.failed == {}, summary
         assert publisher.unanswered == set(), summary
         assert upstream_of(cluster, NON_SEED) != upstream
