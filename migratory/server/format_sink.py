@@ -176,8 +176,9 @@ def _native_frame(message: Message, frames: dict[object, bytes]) -> bytes:
 
 def tell_missed(listeners: Sequence[tuple[MessageSink, int]], missed: MissedRun) -> None:
     """``missed``'s messages to whole-message sinks, each in order, at the QoS granted to
-    each: all at once to a sink that takes them so (``deliver_missed`` says True: a clean
-    MQTT session at QoS 0 queues runs of the PUBLISHes, encoded once for every session);
+    each: all at once to a sink that takes them so (``deliver_missed`` says True: an
+    MQTT session at QoS 0 queues runs of the PUBLISHes, encoded once for every session;
+    at QoS 1 it keeps them in a backlog sent in its own turns, ``mqtt_backlog``);
     to the others one message at a time, each message to all of them in turn (as a live
     fan-out: the PUBLISH shared by the sessions is the message's; sink by sink, each
     session encoded every message again)."""

@@ -7,8 +7,9 @@ that each file reads alone; the fan-out path stays plain attribute and dict read
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -18,12 +19,14 @@ from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.protocol import mqtt_encode
 from migratory.server.format_sink import MissedRun, Run
+from migratory.server.mqtt_backlog import Backlog
 from migratory.server.mqtt_frames import SHARED
 from migratory.server.mqtt_inflight import Inflight
 from migratory.server.mqtt_input import MqttInput
 from migratory.server.mqtt_store import SessionRecord
 from migratory.server.mqtt_subscriptions import Subscriptions
 from migratory.server.run_output import queue_run
+from migratory.server.session_subscriptions import SLICE_UNITS
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -77,9 +80,10 @@ class MqttDelivery(MqttInput):
     # delivered live while a SUBSCRIBE's retained messages go out; the rest are
     # MqttSession's
     __slots__ = (
-        "_forget_at", "_hot", "_hot_subject", "_live_meanwhile", "_max_positions",
-        "_prune_at",
+        "_backlog", "_forget_at", "_hot", "_hot_subject", "_live_meanwhile",
+        "_max_positions", "_prune_at",
     )
+    _backlog: Backlog | None  # a cache sync's jump at QoS 1, and what came after it
     _ctx: ServerContext
     _forget_at: int
     _hot: Message | Position | None
@@ -209,7 +213,8 @@ class MqttDelivery(MqttInput):
         an empty RETAIN (:meth:`deliver_reset`). Before, the snapshot came as a plain
         live PUBLISH, or nothing; then nothing without a snapshot, counted and logged
         only: the client never told."""
-        if self.closing or self.aborted:
+        if self.closing or self.aborted or self._held(
+                functools.partial(self.resync, subject, position, snapshot, qos)):
             return
         stats = self._ctx.stats
         stats.mqtt_resyncs += 1
@@ -229,6 +234,11 @@ class MqttDelivery(MqttInput):
         every subscriber: the fan-out path, kept to plain dict and attribute reads, with
         the queueing inlined -- ``benchmarks/mqtt_fanout_cpu.py``)."""
         if self.closing or self.aborted:
+            return
+        backlog = self._backlog
+        if backlog is not None and not backlog.draining:  # behind a jump (mqtt_backlog)
+            self._held(functools.partial(self.deliver_message, message, qos),
+                       len(message.content))
             return
         subject = message.subject
         if subject == self._hot_subject:  # the usual case: no dictionary to touch
@@ -274,19 +284,26 @@ class MqttDelivery(MqttInput):
         moves its record once a run, to the last message taken (each delivery moved it
         to its own message: the same record in the end, cut off or not); before, each
         session encoded each one again (the shared frame is the last message's: 1.35 us
-        a delivery, docs/benchmarks.md). QoS 1, or a session that has some of them
-        already: False, nothing sent -- ``format_sink.tell_missed`` gives them one at a
-        time."""
+        a delivery, docs/benchmarks.md). At QoS 1 (a packet identifier each: nothing
+        to share) they wait in the session's :class:`Backlog`, delivered one at a time
+        in the session's own turns of the loop (:meth:`refill`), not in the hub's step.
+        A session that has some of them already, or a backlog already: False, nothing
+        sent -- ``format_sink.tell_missed`` gives them one at a time."""
         messages = missed.messages
         if not messages or self.closing or self.aborted:
+            return True
+        if self._backlog is not None:
+            return False  # (one at a time: behind it, in order)
+        if qos and missed.shared(_GUARANTEED, lambda: _guaranteed(messages)):
+            self._backlog = Backlog(messages, qos, self.deliver_message)
+            self._link.mark_dirty()  # its writer drains it (refill), or its reader
             return True
         first = messages[0]
         subject = first.subject
         hot = subject == self._hot_subject
         last = self._hot if hot else self.settle_reached().get(subject)
         if ((last is not None and last.epoch == first.epoch and first.seq <= last.seq)
-                or not missed.shared(_QOS0_RUN, lambda: _qos0_run(messages))
-                or (qos and missed.shared(_GUARANTEED, lambda: _guaranteed(messages)))):
+                or not missed.shared(_QOS0_RUN, lambda: _qos0_run(messages))):
             return False
         if subject != self._hot_subject:  # (deliver_message's, once)
             self._hot_subject = subject
@@ -352,6 +369,9 @@ class MqttDelivery(MqttInput):
         live message had come first."""
         if self.closing or self.aborted or not message.content:
             return  # an empty retained message deletes it, for MQTT clients
+        if self._held(functools.partial(self.deliver_retained, message, qos, position),
+                      len(message.content)):
+            return
         self.subscriptions.take(message)
         at = message.position
         if position is not None and position.seq and (
@@ -371,7 +391,8 @@ class MqttDelivery(MqttInput):
         ``position``: where the subject is now (None: not known here); the session's
         position moves there as a snapshot's would (:meth:`Subscriptions.take`) and, at
         QoS 1, the record's once the client acknowledges it."""
-        if self.closing or self.aborted:
+        if self.closing or self.aborted or self._held(
+                functools.partial(self.deliver_reset, subject, position, qos)):
             return
         reached = self.settle_reached()
         held = reached.get(subject)
@@ -389,6 +410,41 @@ class MqttDelivery(MqttInput):
         packet_id = self._inflight.add(subject, at)
         self._deliver(self._wrap(mqtt_encode.encode_publish(
             subject[1:], b"", qos=1, retain=True, packet_id=packet_id)))
+
+    # --- behind a cache sync's jump at QoS 1 (mqtt_backlog) -----------------------
+
+    def _held(self, delivery: Callable[[], None], size: int = 0) -> bool:
+        """Whether ``delivery`` waits behind a jump (then held, in order): past
+        ClientMaxPendingBytes with what the outbox holds, a slow consumer, as if queued."""
+        backlog = self._backlog
+        if backlog is None or backlog.draining:
+            return False
+        backlog.hold(delivery, size)
+        outbox = self.outbox
+        if outbox.pending_bytes + backlog.held_bytes > outbox.max_pending:
+            self._slow_consumer(
+                f"{backlog.held_bytes} bytes of messages wait behind a cache sync's jump, "
+                f"{outbox.pending_bytes} queued, ClientMaxPendingBytes {outbox.max_pending}")
+        return True
+
+    @property
+    def refilling(self) -> bool:
+        """A jump's backlog waits, the session not closing: its writer refills
+        it in its turns of the loop, as the socket drains."""
+        return self._backlog is not None and not (self.closing or self.aborted)
+
+    def refill(self, budget: int | None = None, now: float = 0.0) -> bool:
+        """Deliver the next of the backlog, about ``budget`` units of work (counted in
+        ``work_done``); True while more waits."""
+        backlog = self._backlog
+        if backlog is None or self.closing or self.aborted:
+            self._backlog = None  # (closed: what it held goes with it)
+            return False
+        self.work_done += backlog.drain(SLICE_UNITS if budget is None else budget,
+                                        lambda: self.closing or self.aborted)
+        if not backlog:
+            self._backlog = None
+        return self.refilling
 
     def _deliver_qos1(self, message: Message, *, retain: bool,
                       at: Position | None = None) -> None:

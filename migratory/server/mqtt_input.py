@@ -20,6 +20,7 @@ from migratory.server.mqtt_connect import check_connect
 from migratory.server.mqtt_resume import SCAN_UNIT
 from migratory.server.mqtt_store import decode_record, session_subject
 from migratory.server.mqtt_subscriptions import SCAN_SLICE
+from migratory.server.session_subscriptions import SLICE_UNITS
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
@@ -68,6 +69,12 @@ class MqttInput:
     peer: str
     decision_pending: DecisionPending | None  # (set in MqttSession.__init__)
     work_done: int  # packets handled so far, as counted against a budget (the same)
+    @property
+    def refilling(self) -> bool:
+        raise NotImplementedError  # MqttDelivery: a cache sync's jump waits
+
+    def refill(self, budget: int | None = None, now: float = 0.0) -> bool:
+        raise NotImplementedError  # MqttDelivery
     _held_packet: mqtt.Packet | None
     _barrier: Future[bool] | None  # a CONNECT's read barrier, waited for
     _barrier_until: float  # time.monotonic() past which it is given up
@@ -161,6 +168,14 @@ class MqttInput:
                     return True
                 if budget is not None and handled >= budget:
                     return True
+                if self.refilling:  # a cache sync's jump first: sent before any later
+                    # packet is handled, as when the hub's step sent it (mqtt_backlog)
+                    if budget is not None and handled and handled + SLICE_UNITS > budget:
+                        return True
+                    done = self.work_done
+                    self.refill(SLICE_UNITS)
+                    handled += self.work_done - done
+                    continue
                 if self.subscriptions.busy:  # retained messages, or a resume's catch-up
                     if budget is not None and (scanned >= SCAN_SLICE or (
                             handled and handled + SLICE_OPERATIONS > budget)):

@@ -111,6 +111,7 @@ class MqttSession(MqttTakeover):
         self._max_positions = config.mqtt_session_max_subjects
         self._prune_at = min(PRUNE_FROM, self._max_positions)
         self._live_meanwhile: set[str] | None = None  # (watch_live)
+        self._backlog = None  # a cache sync's jump at QoS 1 (mqtt_backlog)
         self._inflight = Inflight(  # unacknowledged QoS 1 deliveries
             inflight_limit(config.client_max_pending_bytes), ctx.outbox_budget)
         self._acks_due = 0  # QoS 1 publishes submitted, their outcome not come back
@@ -159,10 +160,7 @@ class MqttSession(MqttTakeover):
     def flush(self) -> None:
         self._link.flush_now()
 
-    catching_up = refilling = False  # (an SSE stream's catch-up: session.py)
-
-    def refill(self, budget: int | None = None, now: float = 0.0) -> bool:
-        return False
+    catching_up = False  # (an SSE stream's catch-up: session.py; refill: mqtt_delivery)
 
     # --- input ----------------------------------------------------------------
 

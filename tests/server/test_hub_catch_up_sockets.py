@@ -10,6 +10,8 @@ by the jump in both, the others served. (Counted and compared, never timed.)"""
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -83,6 +85,48 @@ def after_subscribe_events(wire: bytes) -> list[bytes]:
     return events[last + 1:]
 
 
+@asynccontextmanager
+async def serving(server: Server) -> AsyncIterator[trio.Nursery]:
+    """The server's tasks for its connections and batches, ended on the way out."""
+    with trio.fail_after(60):  # (a hang, not a speed)
+        async with trio.open_nursery() as nursery:
+            server._nursery = nursery
+            nursery.start_soon(server._batch_loop)
+            nursery.start_soon(server._idle_write_loop)
+            yield nursery
+            nursery.cancel_scope.cancel()
+
+
+def run_then_close(main: Any, pairs: list[tuple[socket.socket, socket.socket]]) -> None:
+    try:
+        trio.run(main)
+    finally:
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
+async def read_into(wires: list[bytes], n: int, theirs: socket.socket, until: bytes) -> None:
+    """Client ``n`` reads until ``until`` is in what it got."""
+    sock = trio.socket.from_stdlib_socket(theirs)
+    while until not in wires[n]:
+        data = await sock.recv(1 << 20)
+        assert data, wires[n][-200:]
+        wires[n] += data
+
+
+async def jump_then_live(server: Server, message_of: Any) -> None:
+    """The sync past the live subscribers, then two live messages."""
+    hub = server.ctx.hub
+    hub.reposition(SUBJECT, Position(EPOCH, HELD + JUMP), None,
+                   [message_of(s) for s in range(1, HELD + JUMP + 1)], trio.current_time())
+    server.wake_idle_writes()
+    for seq in (HELD + JUMP + 1, LAST):
+        await trio.lowlevel.checkpoint()
+        hub.apply(message_of(seq), trio.current_time())
+        server.wake_idle_writes()
+
+
 def run(path: Any, tell: Any, monkeypatch: pytest.MonkeyPatch,
         ) -> tuple[list[bytes], int, bytes]:
     """Every client's bytes, the slow consumers counted, the slow client's bytes."""
@@ -110,55 +154,32 @@ def run(path: Any, tell: Any, monkeypatch: pytest.MonkeyPatch,
     wires = [b""] * len(pairs)
     state = hub._subjects[SUBJECT]
 
-    async def read(n: int, theirs: socket.socket, until: bytes) -> None:
-        sock = trio.socket.from_stdlib_socket(theirs)
-        while until not in wires[n]:
-            data = await sock.recv(1 << 20)
-            assert data, wires[n][-200:]
-            wires[n] += data
-
     async def main() -> None:
-        with trio.fail_after(60):  # (a hang, not a speed)
-            async with trio.open_nursery() as nursery:
-                server._nursery = nursery
-                nursery.start_soon(server._batch_loop)
-                nursery.start_soon(server._idle_write_loop)
-                for n, ((ours, theirs), request) in enumerate(
-                        zip(pairs, requests, strict=True)):
-                    if NATIVES + 2 <= n < NATIVES + 2 + DEVICES:
-                        nursery.start_soon(MqttConnection(server, ours, "127.0.0.1:1",
-                                                          OPEN_LISTENER).run)
-                    else:
-                        connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
-                        server.connections.add(connection)
-                        nursery.start_soon(connection.run)
-                    theirs.sendall(request)
-                while (len(state.subscribers) + len(state.formatted) + len(state.listeners)
-                       < len(pairs)):
-                    await trio.sleep(0.01)
-                # the slow client reads what came so far, then nothing
-                await read(len(pairs) - 1, slow_theirs, b"SUBSCRIBE_ALLOW")
-                hub.reposition(SUBJECT, Position(EPOCH, HELD + JUMP), None,
-                               [numbered(s) for s in range(1, HELD + JUMP + 1)],
-                               trio.current_time())
-                server.wake_idle_writes()
-                for seq in (HELD + JUMP + 1, LAST):
-                    await trio.lowlevel.checkpoint()
-                    hub.apply(numbered(seq), trio.current_time())
-                    server.wake_idle_writes()
-                async with trio.open_nursery() as readers:
-                    for n, (_, theirs) in enumerate(pairs[:-1]):
-                        readers.start_soon(read, n, theirs, b"%d:" % LAST)
-                    # cut off: it gets its close frame (4500) once it reads again
-                    readers.start_soon(read, len(pairs) - 1, slow_theirs, b"slow consumer")
-                nursery.cancel_scope.cancel()
+        async with serving(server) as nursery:
+            for n, ((ours, theirs), request) in enumerate(
+                    zip(pairs, requests, strict=True)):
+                if NATIVES + 2 <= n < NATIVES + 2 + DEVICES:
+                    nursery.start_soon(MqttConnection(server, ours, "127.0.0.1:1",
+                                                      OPEN_LISTENER).run)
+                else:
+                    connection = Connection(server, ours, "127.0.0.1:1", OPEN_LISTENER)
+                    server.connections.add(connection)
+                    nursery.start_soon(connection.run)
+                theirs.sendall(request)
+            while (len(state.subscribers) + len(state.formatted) + len(state.listeners)
+                   < len(pairs)):
+                await trio.sleep(0.01)
+            # the slow client reads what came so far, then nothing
+            await read_into(wires, len(pairs) - 1, slow_theirs, b"SUBSCRIBE_ALLOW")
+            await jump_then_live(server, numbered)
+            async with trio.open_nursery() as readers:
+                for n, (_, theirs) in enumerate(pairs[:-1]):
+                    readers.start_soon(read_into, wires, n, theirs, b"%d:" % LAST)
+                # cut off: it gets its close frame (4500) once it reads again
+                readers.start_soon(read_into, wires, len(pairs) - 1, slow_theirs,
+                                   b"slow consumer")
 
-    try:
-        trio.run(main)
-    finally:
-        for ours, theirs in pairs:
-            ours.close()
-            theirs.close()
+    run_then_close(main, pairs)
     return wires[:-1], server.ctx.stats.slow_consumers, wires[-1]
 
 
@@ -187,3 +208,58 @@ def test_the_clients_of_a_jump_get_the_bytes_one_message_at_a_time_gave_them(
             assert events[-1].endswith(b"%d\n" % LAST) or b":%d" % LAST in events[-1]
         received.append((natives, streams, devices))
     assert received[0] == received[1]
+
+
+def guaranteed(seq: int) -> Message:
+    return new_message(SUBJECT, b"%d:" % seq + b"y" * (seq % 7 * 40), {}, False,
+                       Qos.GUARANTEED, None, EPOCH, seq, MessageType.UPDATE)
+
+
+def run_qos_1(tell: Any, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """MQTT sessions at QoS 1 (clean, persistent) that send nothing after their
+    SUBSCRIBE: what each gets of a jump of guaranteed messages and two live ones."""
+    monkeypatch.setattr(hub_module, "tell_missed", tell)
+    server = Server(Config.from_mapping({"MaxBatchingSpace": "8192"}))
+    hub = server.ctx.hub
+    hub.numbered_elsewhere = True
+    for seq in range(1, HELD + 1):
+        hub.apply(guaranteed(seq), 0.0)
+    requests = [encode_packet(mqtt.Connect(f"q{n}", clean_session=n > 0))
+                + encode_packet(mqtt.Subscribe(1, ((SUBJECT[1:], 1),))) for n in range(2)]
+    pairs = [socket.socketpair() for _ in requests]
+    for ours, _ in pairs:
+        ours.setblocking(False)
+    wires = [b""] * len(pairs)
+    state = hub._subjects[SUBJECT]
+
+    async def main() -> None:
+        async with serving(server) as nursery:
+            for (ours, theirs), request in zip(pairs, requests, strict=True):
+                nursery.start_soon(MqttConnection(server, ours, "127.0.0.1:1",
+                                                  OPEN_LISTENER).run)
+                theirs.sendall(request)
+            while len(state.listeners) < len(pairs):
+                await trio.sleep(0.01)
+            await jump_then_live(server, guaranteed)
+            async with trio.open_nursery() as readers:
+                for n, (_, theirs) in enumerate(pairs):
+                    readers.start_soon(read_into, wires, n, theirs, b"%d:" % LAST)
+
+    run_then_close(main, pairs)
+    return wires
+
+
+def test_qos_1_sessions_get_the_jump_from_their_writers_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Their backlog (mqtt_backlog) is sent by their connections' writers, in their
+    turns of the loop, though they send nothing: the same bytes -- packet identifiers
+    included -- as one message at a time in the hub's step gave them."""
+    received = [run_qos_1(tell, monkeypatch)
+                for tell in (told_per_message, format_sink.tell_missed)]
+    assert received[0] == received[1]
+    for wire in received[1]:
+        publishes = [p for p in mqtt.MqttDecoder(server=False).events(wire)
+                     if isinstance(p, mqtt.Publish)]
+        assert [(int(p.payload.split(b":")[0]), p.qos, p.packet_id) for p in publishes] == [
+            (seq, 1, n) for n, seq in enumerate(range(HELD + 1, LAST + 1), 1)]

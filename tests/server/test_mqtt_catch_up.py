@@ -27,6 +27,7 @@ from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.format_sink import MessageSink, MissedRun
 from migratory.server.hub import Hub
 from migratory.server.mqtt_session import MqttSession
+from migratory.server.session_subscriptions import MESSAGES_PER_UNIT, SLICE_UNITS
 
 SUBJECT = "/a/b"
 EPOCH = 5
@@ -93,6 +94,7 @@ def test_every_session_gets_what_one_message_at_a_time_gave_it(
         devices = sessions(ctx)
         jump(hub, qos)
         hub.apply(message(HELD + JUMP + 1, qos), 0.0)  # live, after
+        drain(devices)
         received.append([(d.outbox.take(), d._record and dict(d._record.positions))
                          for d in devices])
     assert received[0] == received[1]
@@ -100,6 +102,16 @@ def test_every_session_gets_what_one_message_at_a_time_gave_it(
     packets = mqtt.MqttDecoder(server=False).events(received[1][0][0])
     assert [p.payload.rstrip(b".") for p in packets] == [
         b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 2)]
+
+
+def drain(devices: list[MqttSession]) -> int:
+    """What their writers do in their turns of the loop as their sockets drain: refill
+    (a QoS 1 session's backlog: mqtt_backlog); the refills that had more to do."""
+    refills = 0
+    for d in devices:
+        while d.refill():
+            refills += 1
+    return refills
 
 
 def test_clean_sessions_at_qos_0_take_the_jump_in_a_few_appends_encoded_once(
@@ -131,21 +143,72 @@ def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> Iterator[list[int]]:
     monkeypatch.setattr(mqtt_encode, name, encode)
 
 
-def test_qos_1_sessions_one_message_at_a_time_share_its_topic(
+def test_qos_1_sessions_take_the_jump_in_their_own_turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """QoS 1 deliveries go one at a time (a packet identifier each), each message to
-    all such sessions in turn, as a live fan-out: the topic encoded once per message and
-    shared (``mqtt_frames.SHARED``). Before, session by session, each session encoded
-    every message's topic again."""
+    """QoS 1 deliveries have a packet identifier each: nothing to share, and 10,000
+    sessions x 400 messages were 4,000,000 deliveries in the hub's step (18.8-20.7 s of
+    CPU, docs/benchmarks.md). Now the step queues nothing: each session's backlog is
+    delivered in its writer's turns of the loop, a slice (SLICE_UNITS) per refill."""
     hub, ctx = member(Qos.GUARANTEED)
     devices = [device(ctx, f"q{n}", 1) for n in range(10)]
-    with counted(monkeypatch, "publish_parts") as topics:
+    with counted(monkeypatch, "encode_publish_from_parts") as encodes:
         jump(hub, Qos.GUARANTEED)
-    assert topics == [JUMP]  # before: 10 x 200
+    assert encodes == [0]  # before: 10 x 200
+    assert all(not d.outbox for d in devices)
+    assert all(d.refilling for d in devices)
+    per_refill = SLICE_UNITS * MESSAGES_PER_UNIT
+    assert drain(devices) == 10 * (JUMP // per_refill)  # then the last one, with less
     for d in devices:
-        got = [(p.payload.rstrip(b"."), p.qos) for p in read(d)]
-        assert got == [(b"m%d" % seq, 1) for seq in range(HELD + 1, HELD + JUMP + 1)]
+        got = [(p.payload.rstrip(b"."), p.qos, p.packet_id) for p in read(d)]
+        assert got == [(b"m%d" % seq, 1, n) for n, seq in enumerate(
+            range(HELD + 1, HELD + JUMP + 1), 1)]
+        assert not d.refilling
+
+
+def test_packets_that_come_before_the_jump_is_sent_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PUBACK, a PINGREQ and a SUBSCRIBE read while the backlog waits are handled once
+    it is all delivered -- as when the hub's step sent it before any was read: the same
+    bytes, packet identifiers and in-flight window; a live message and a resync that
+    came meanwhile follow it, in order."""
+    outcomes = []
+    for path in (per_message, hub_module.tell_missed):
+        monkeypatch.setattr(hub_module, "tell_missed", path)
+        hub, ctx = member(Qos.GUARANTEED)
+        d = device(ctx, "q", 1, clean=False)
+        jump(hub, Qos.GUARANTEED)
+        hub.apply(message(HELD + JUMP + 1, Qos.GUARANTEED), 0.0)  # live, after
+        hub.reposition(SUBJECT, Position(EPOCH + 1, 7), None, [], 0.0)  # past the cache
+        d.receive_data(encode_packet(mqtt.Puback(1)) + encode_packet(mqtt.Pingreq())
+                       + encode_packet(mqtt.Subscribe(2, (("a/c", 1),))), 0.0)
+        ctx.publishing.settle()  # type: ignore[attr-defined]
+        assert not d.refilling
+        assert d._record is not None
+        outcomes.append((d.outbox.take(), len(d._inflight), dict(d._record.positions)))
+    assert outcomes[0] == outcomes[1]
+    packets = mqtt.MqttDecoder(server=False).events(outcomes[1][0])
+    assert [type(p).__name__ for p in packets[-3:]] == ["Publish", "Pingresp", "Suback"]
+    assert packets[-3].retain and not packets[-3].payload  # the resync: an empty RETAIN
+
+
+def test_live_messages_held_behind_the_jump_count_against_the_client_s_limit() -> None:
+    """A client that reads nothing: the live messages held behind its backlog (which
+    its writer drains only as its socket does) cut it off as a slow consumer once they
+    pass ClientMaxPendingBytes with its outbox, as queued they did (a little later: the
+    jump's own bytes are not counted until delivered)."""
+    hub, ctx = member(Qos.GUARANTEED, ClientMaxPendingBytes="65536", MaxMessageSize="4096")
+    d = device(ctx, "q", 1)
+    jump(hub, Qos.GUARANTEED)
+    seq = HELD + JUMP
+    while not d.closing and seq < HELD + JUMP + 30:
+        seq += 1
+        hub.apply(Message(SUBJECT, b"x" * 4000, qos=Qos.GUARANTEED, epoch=EPOCH, seq=seq),
+                  0.0)
+    assert d.closing and ctx.stats.slow_consumers == 1
+    assert seq == HELD + JUMP + 17  # 68 kB held: past 64 kB
+    assert not d.refilling  # (what it held let go with it)
 
 
 @pytest.mark.parametrize("writing", [False, True])

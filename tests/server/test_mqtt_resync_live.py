@@ -57,6 +57,10 @@ def jump(hub: Hub, to: int, *, retained: bool) -> None:
 
 
 def publishes(device: MqttSession) -> list[tuple[bytes, bool]]:
+    """What the client gets, once its writer has sent a QoS 1 jump's backlog
+    (mqtt_backlog: in its turns of the loop)."""
+    while device.refill():
+        pass
     return [(p.payload, p.retain) for p in read(device) if isinstance(p, mqtt.Publish)]
 
 
