@@ -28,6 +28,11 @@ from migratory.server.session_subscriptions import MESSAGES_PER_UNIT
 
 Delivery = Callable[[], None]
 
+HELD_OVERHEAD = 64
+"""Bytes a delivery held behind a jump counts besides its content (its PUBLISH's header
+and topic, the entry itself): a client that reads nothing, sent live messages without
+content, held them all, none counted against its limit."""
+
 
 class Backlog:
     """The messages of a jump not delivered yet, then the deliveries that came after;
@@ -51,6 +56,7 @@ class Backlog:
     def hold(self, delivery: Delivery, size: int) -> None:
         """A delivery that came after the jump (``size``: its content's bytes): made in
         its turn, in order."""
+        size += HELD_OVERHEAD
         self._after.append((delivery, size))
         self.held_bytes += size
 

@@ -4,7 +4,7 @@ slice of about ``units`` x MESSAGES_PER_UNIT per drain, stopped when the session
 from __future__ import annotations
 
 from migratory.model.message import Message
-from migratory.server.mqtt_backlog import Backlog
+from migratory.server.mqtt_backlog import HELD_OVERHEAD, Backlog
 from migratory.server.session_subscriptions import MESSAGES_PER_UNIT
 
 
@@ -14,7 +14,7 @@ def test_a_jump_then_what_came_after_in_slices_in_order() -> None:
     backlog = Backlog(jump, 1, lambda message, qos: made.append((message.seq, qos)))
     backlog.hold(lambda: made.append("live"), 10)
     backlog.hold(lambda: made.append("resync"), 0)
-    assert len(backlog) == 42 and backlog.held_bytes == 10
+    assert len(backlog) == 42 and backlog.held_bytes == 10 + 2 * HELD_OVERHEAD
     assert backlog.drain(2, lambda: False) == 3  # 32 delivered: 1 + 32 // 16 units
     assert made == [(n, 1) for n in range(1, 2 * MESSAGES_PER_UNIT + 1)]
     assert backlog.drain(2, lambda: False) == 1

@@ -26,6 +26,7 @@ from migratory.server import hub as hub_module
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.format_sink import MessageSink, MissedRun
 from migratory.server.hub import Hub
+from migratory.server.mqtt_backlog import HELD_OVERHEAD
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.session_subscriptions import MESSAGES_PER_UNIT, SLICE_UNITS
 
@@ -209,6 +210,20 @@ def test_live_messages_held_behind_the_jump_count_against_the_client_s_limit() -
     assert d.closing and ctx.stats.slow_consumers == 1
     assert seq == HELD + JUMP + 17  # 68 kB held: past 64 kB
     assert not d.refilling  # (what it held let go with it)
+
+
+def test_live_messages_without_content_held_behind_the_jump_count_too() -> None:
+    """Each counts HELD_OVERHEAD besides its content: a first version counted the
+    content only, and a client that read nothing held every empty message sent."""
+    hub, ctx = member(Qos.GUARANTEED, ClientMaxPendingBytes="65536", MaxMessageSize="4096")
+    d = device(ctx, "q", 1)
+    jump(hub, Qos.GUARANTEED)
+    seq = HELD + JUMP
+    while not d.closing and seq < HELD + JUMP + 2000:
+        seq += 1
+        hub.apply(Message(SUBJECT, b"", qos=Qos.GUARANTEED, epoch=EPOCH, seq=seq), 0.0)
+    assert d.closing and ctx.stats.slow_consumers == 1
+    assert seq == HELD + JUMP + 65536 // HELD_OVERHEAD + 1
 
 
 @pytest.mark.parametrize("writing", [False, True])
