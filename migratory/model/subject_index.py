@@ -15,7 +15,8 @@ subjects removed since, and misses those added since to a level it has passed.
 
 Subjects whose first level starts with ``$`` (the server's own: session records) are
 never matched; the meta-subjects (first level ``migratory``, :data:`META_LEVEL`) only
-by a filter whose first level is that name, as MQTT's ``$SYS``.
+by a filter whose first level is that name, as MQTT's ``$SYS``. Nor are those with a
+level holding ``+`` or ``#``: they name no MQTT topic (``topic.names_a_topic``).
 """
 
 from __future__ import annotations
@@ -133,15 +134,17 @@ class SubjectIndex(Generic[Value]):
         yield 1 + looked
         for name in subjects:
             value = level.subjects.get(name)
-            if value is None or (depth == 0 and name.startswith("$")):
-                continue  # removed since the copy; or the server's own
+            if (value is None or (depth == 0 and name.startswith("$"))
+                    or "+" in name or "#" in name):
+                continue  # removed since the copy; the server's own; no topic name
             best = inherited
             for node in _below(nodes, name):
                 best = _best(node.rest, _best(node.here, best))
             yield 1 if best < 0 else (value, best)
         for name in branches:
             below = level.branches.get(name)
-            if below is None or (depth == 0 and name.startswith("$")):
+            if (below is None or (depth == 0 and name.startswith("$"))
+                    or "+" in name or "#" in name):
                 continue
             if depth == 0 and name == META_LEVEL:  # a filter's literal first level only
                 literal = self._meta(nodes)

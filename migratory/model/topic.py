@@ -7,7 +7,11 @@ empty levels (``a//b``, ``/a/b``, ``a/b/``), a single level (``a``), topics that
 start with ``$`` (reserved for the server, as ``$SYS`` is elsewhere), control
 characters, more than 1024 bytes. A topic *name* (PUBLISH, will) may not contain
 ``+`` or ``#``; in a *filter* ``+`` stands for one whole level and ``#`` for any
-number of levels (zero or more) at the end only.
+number of levels (zero or more) at the end only. A *subject* holding ``+`` or ``#``
+(valid natively and over HTTP) names no topic (:func:`names_a_topic`): no filter
+matches it, so it is never sent to an MQTT session -- a PUBLISH may not carry a
+wildcard in its topic name (MQTT 3.1.1, [MQTT-3.3.2-2]), and a filter cannot name it
+exactly either.
 
 :class:`FilterIndex` finds, for one subject, everything subscribed to a filter
 that matches it, walking a tree of levels: the cost grows with the depth of the
@@ -27,6 +31,7 @@ __all__ = [
     "InvalidTopicError",
     "filter_levels",
     "is_wildcard",
+    "names_a_topic",
     "subject_to_topic",
     "topic_to_subject",
 ]
@@ -66,6 +71,12 @@ def topic_to_subject(topic: str) -> str:
     if "+" in topic or "#" in topic:
         raise InvalidTopicError(topic, "a topic name may not contain '+' or '#'")
     return _subject(topic)
+
+
+def names_a_topic(subject: str) -> bool:
+    """Whether ``subject`` (valid) is a topic name an MQTT session may be sent: one
+    without ``+`` or ``#``, which only a filter may hold."""
+    return "+" not in subject and "#" not in subject
 
 
 def subject_to_topic(subject: str) -> str:
@@ -153,7 +164,10 @@ class FilterIndex(Generic[Sink]):
             del path[depth - 1].children[names[depth - 1]]
 
     def match(self, subject: str) -> Iterator[tuple[Sink, int]]:
-        """Every (sink, value) whose filter matches ``subject`` (a sink may come twice)."""
+        """Every (sink, value) whose filter matches ``subject`` (a sink may come twice);
+        none for a subject holding ``+`` or ``#`` (:func:`names_a_topic`)."""
+        if "+" in subject or "#" in subject:
+            return
         levels = subject[1:].split("/")
         stack = [(self._root, 0)]
         if levels[0] == META_LEVEL:  # no first-level wildcard (META_LEVEL)
@@ -174,6 +188,8 @@ class FilterIndex(Generic[Sink]):
 
 def filter_matches(levels: tuple[str, ...], subject: str) -> bool:
     """Whether a filter (its levels) matches ``subject``."""
+    if not names_a_topic(subject):
+        return False
     names = subject[1:].split("/")
     if names[0] == META_LEVEL and levels[0] in ("+", "#"):
         return False

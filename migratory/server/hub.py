@@ -95,6 +95,7 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         self._session_holds = SessionHolds() if hold_sessions else None
         self._published = 0
         self._fanned_out = 0
+        self._unnamable = 0  # (MessageSinks._granted)
         # grows whenever a subject is made or a wildcard filter first held: a moment
         # (what was held before it is made at or below; ``made``)
         self.holdings_made = 0
@@ -473,6 +474,7 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
             cache_bytes=0 if self._budget is None else self._budget.bytes,
             cache_evicted=0 if self._budget is None else self._budget.evicted,
             subjects_forgotten=self._forgotten,
+            mqtt_unnamable_messages=self._unnamable,
         )
 
     def _state(self, subject: str) -> SubjectState:

@@ -28,6 +28,7 @@ class MessageSinks:
     _index: SubjectIndex[SubjectState]
     subjects_visited: int  # by SubjectScan, every one so far (tests count the work)
     _fanned_out: int
+    _unnamable: int  # messages no filter was asked about: no MQTT topic (statistics)
     _sinks: int  # subscriptions to exact subjects, every kind (Hub.statistics)
 
     def _state(self, subject: str) -> SubjectState:
@@ -54,11 +55,17 @@ class MessageSinks:
         message of an older member's Raft log, applied as committed (docs/cluster.md),
         and a subject of 70,000 bytes or with a NUL is no MQTT topic (the delivery raised
         in the hub; a NUL made the device drop its connection). Peers' and clients'
-        publishes of one are refused (publish_rules.message_refusal)."""
+        publishes of one are refused (publish_rules.message_refusal). Nor a subject
+        holding ``+`` or ``#`` (valid): a PUBLISH may not carry one as its topic name
+        ([MQTT-3.3.2-2]; strict clients close the connection) -- counted,
+        ``mqtt_unnamable_messages``. Before, ``#`` and ``a/+`` sent ``/a/x+y`` as is."""
         listeners = state.listeners
         subject = state.subject
         if (not self._filters or subject.startswith(RESERVED_PREFIX)
                 or not is_valid_subject(subject)):
+            return tuple(listeners.items())
+        if "+" in subject or "#" in subject:  # no MQTT topic name (topic.names_a_topic)
+            self._unnamable += 1
             return tuple(listeners.items())
         best = dict(listeners)
         for sink, qos in self._filters.match(subject):

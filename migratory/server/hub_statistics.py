@@ -17,3 +17,5 @@ class HubStatistics:
     cache_bytes: int  # what the caches count against CacheMemoryBudget (0: no budget)
     cache_evicted: int  # cached messages CacheMemoryBudget dropped so far
     subjects_forgotten: int  # spent subjects forgotten so far (see Hub.expire)
+    # messages of a subject with '+' or '#' no MQTT wildcard filter was matched against
+    mqtt_unnamable_messages: int = 0

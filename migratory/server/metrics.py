@@ -194,6 +194,10 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("subjects_forgotten", "migratory_subjects_forgotten", "counter",
      "Subjects forgotten once nothing was left to serve (no subscriber, snapshot or "
      "cached message)."),
+    ("mqtt_unnamable_messages", "migratory_mqtt_unnamable_messages", "counter",
+     "Messages of a subject holding '+' or '#' (valid natively and over HTTP) that no "
+     "MQTT wildcard filter was matched against: no MQTT topic name may hold one, so no "
+     "MQTT session is sent them (counted while some wildcard filter is held)."),
     ("connections_accepted", "migratory_connections_accepted", "counter",
      "Connections accepted."),
     ("handshakes_pending", "migratory_handshakes_pending", "gauge",

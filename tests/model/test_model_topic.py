@@ -98,3 +98,16 @@ def test_index_agrees_with_the_plain_rule(
     expected = {f for f in filters if f not in gone and filter_matches(filter_levels(f), subject)}
     assert {sink for sink, _ in index.match(subject)} == expected
     assert len(index) == len(filters) - len(gone)
+
+
+def test_a_subject_holding_a_wildcard_matches_no_filter() -> None:
+    """``/a/x+y`` is a valid subject but no topic name (docs/mqtt.md): before,
+    ``a/+`` and ``#`` matched it and its messages went out with that topic."""
+    index: FilterIndex[str] = FilterIndex()
+    for name in ("#", "a/+", "a/+/c", "+/#"):
+        index.add(filter_levels(name), name, 0)
+    for subject in ("/a/x+y", "/a/+", "/a/#", "/a/+/c", "/a/b#"):
+        assert list(index.match(subject)) == []
+        assert not any(filter_matches(filter_levels(name), subject)
+                       for name in ("#", "a/+", "a/+/c", "+/#"))
+    assert sorted(sink for sink, _ in index.match("/a/b")) == ["#", "+/#", "a/+"]

@@ -43,3 +43,38 @@ def test_committed_messages_of_invalid_subjects_keep_their_positions_and_reach_n
     assert not device.closing
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "invalid subject '/a/xxx" in warnings[0]
+
+
+WILDCARD_SUBJECTS = ["/a/x+y", "/a/+", "/a/b#", "/a/#", "/a/+/c"]  # valid subjects
+
+
+def test_a_subject_holding_a_wildcard_reaches_no_mqtt_filter_live_retained_or_resync() -> None:
+    """A subject with ``+`` or ``#`` is valid natively and over HTTP, but names no MQTT
+    topic: the server may not send one as a PUBLISH's topic name (MQTT 3.1.1 [MQTT-3.3.2-2]: strict
+    clients close the connection). Before, ``#``, ``a/+``, ``a/+/c`` sent all five as
+    retained messages at the SUBSCRIBE (failed: ``['a/x+y', 'a/+', ..., 'a/+/c']``),
+    live, and at a resync. Now no filter matches one; counted
+    (``mqtt_unnamable_messages``) per message."""
+    ctx, _ = make()
+    for subject in [*WILDCARD_SUBJECTS, "/a/b"]:  # retained before the subscribe
+        assert ctx.hub.apply(Message(subject, b"r", retained=True, epoch=5, seq=1), 0.0)
+    device = session(ctx, "dev", {})
+    read(device)
+    more = device.receive_data(encode_packet(mqtt.Subscribe(
+        1, (("#", 0), ("a/+", 1), ("a/+/c", 0)))), 0.0, budget=64)
+    while more:
+        more = device.process(0.0, 64)
+    retained = [p.topic for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert retained == ["a/b"]
+    for subject in [*WILDCARD_SUBJECTS, "/a/b"]:  # live
+        assert ctx.hub.apply(Message(subject, b"l", epoch=5, seq=2), 0.0)
+    live = [p.topic for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert live == ["a/b"]
+    for subject in [*WILDCARD_SUBJECTS, "/a/b"]:  # a cache sync past the cache: resync
+        snapshot = Message(subject, b"s", retained=True, epoch=5, seq=100)
+        ctx.hub.reposition(subject, snapshot.position, snapshot, [], 0.0)
+    resynced = [(p.topic, p.retain) for p in read(device) if isinstance(p, mqtt.Publish)]
+    assert resynced == [("a/b", True)]
+    # counted once a message told (live, and the resync): the filters held meanwhile
+    assert ctx.hub.statistics().mqtt_unnamable_messages == 2 * len(WILDCARD_SUBJECTS)
+    assert not device.closing
