@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_mqtt_session import HeldPublishing, Wire, read
 
 from migratory.config import Config
@@ -283,3 +285,66 @@ def test_a_slow_session_among_them_is_cut_off_alone(
     for d in devices[:-1]:
         assert not d.closing
         assert len([p for p in read(d) if isinstance(p, mqtt.Publish)]) == JUMP
+
+
+steps = st.lists(st.sampled_from(["live", "refill", "puback", "pingreq", "subscribe"]),
+                 max_size=12)
+
+
+class Around:
+    """One QoS 1 session and what comes around a jump (the test below)."""
+
+    def __init__(self, clean: bool) -> None:
+        self.hub, self.ctx = member(Qos.GUARANTEED)
+        self.device = device(self.ctx, "q", 1, clean=clean)
+        self.acked = 0
+
+    def play(self, kinds: list[str]) -> None:
+        hub, d = self.hub, self.device
+        for kind in kinds:
+            if kind == "live":
+                position = hub.position(SUBJECT)
+                assert position is not None
+                hub.apply(message(position.seq + 1, Qos.GUARANTEED), 0.0)
+            elif kind == "refill":
+                d.refill()
+            elif kind == "puback":
+                self.acked += 1
+                d.receive_data(encode_packet(mqtt.Puback(self.acked)), 0.0)
+            elif kind == "pingreq":
+                d.receive_data(encode_packet(mqtt.Pingreq()), 0.0)
+            else:
+                d.receive_data(encode_packet(mqtt.Subscribe(7, (("a/c", 1),))), 0.0)
+                self.ctx.publishing.settle()  # type: ignore[attr-defined]
+
+    def jump(self) -> None:
+        position = self.hub.position(SUBJECT)
+        assert position is not None
+        to = position.seq + JUMP
+        self.hub.reposition(SUBJECT, Position(EPOCH, to), None,
+                            [message(s, Qos.GUARANTEED) for s in range(1, to + 1)], 0.0)
+
+    def outcome(self) -> tuple[object, ...]:
+        d = self.device
+        drain([d])
+        return d.outbox.take(), len(d._inflight), d._record and dict(d._record.positions)
+
+
+@settings(max_examples=60, deadline=None)
+@given(before=steps, after=steps, clean=st.booleans())
+def test_whatever_comes_around_the_jump_the_session_ends_as_one_at_a_time_left_it(
+    before: list[str], after: list[str], clean: bool,
+) -> None:
+    """Live messages, refills (the writer's turns), the client's PUBACKs, PINGREQs and
+    SUBSCRIBEs in any order before and after the jump: the same bytes, in-flight window
+    and record as when the hub's step sent the jump one message at a time."""
+    outcomes = []
+    for path in (per_message, hub_module.tell_missed):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(hub_module, "tell_missed", path)
+            around = Around(clean)
+            around.play(before)
+            around.jump()
+            around.play(after)
+            outcomes.append(around.outcome())
+    assert outcomes[0] == outcomes[1]
