@@ -17,6 +17,10 @@ is at most twice that, for safety: :data:`PUBLISH_FACTOR`):
   a forward it submitted as one; one publish always) and cache sync parts of about
   ``MAX_FRAME / PART_SHARE`` (a subject's snapshot and one cached message always).
 
+The connector's limit reaches ``MAX_FRAME`` at ``MaxFrameSize`` 15.7 MiB: a cluster or
+``Workers`` > 1 refuses a larger one (``migratory.config_sizes.LINKED_MAX_FRAME_SIZE``;
+tests/cluster/test_link_limits.py pins the two together).
+
 Members of one cluster share ``MaxFrameSize`` and ``MaxMessageSize``: a member
 configured with less than another would refuse what the other took from its clients
 (``frame_size``, counted and logged), so members that differ in either refuse to link

@@ -32,7 +32,7 @@ from migratory.config_listeners import (
 from migratory.config_monitoring import MONITOR_SETTINGS, check_monitoring
 from migratory.config_mqtt import MQTT_SESSION_SETTINGS, check_mqtt_sessions
 from migratory.config_security import ENTITLEMENT_SETTINGS, LIMIT_SETTINGS, check_cluster_tls
-from migratory.config_sizes import MAX_MESSAGE_SIZE, check_sizes
+from migratory.config_sizes import LINKED_MAX_FRAME_SIZE, MAX_MESSAGE_SIZE, check_sizes
 from migratory.config_values import ConfigError as ConfigError  # re-exported
 from migratory.config_values import (
     Setting,
@@ -134,7 +134,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
             "Largest WebSocket message or MQTT packet a client may send; larger ones close "
             "the connection (WebSocket: 1009). Equal on every cluster member, as "
-            "MaxMessageSize."),
+            f"MaxMessageSize. With ClusterMembers or Workers > 1, at most {LINKED_MAX_FRAME_SIZE} "
+            "(15.7 MiB): a link frame (64 MiB at most) holds two of the largest publishes "
+            "at twice this each, and 1 MiB (docs/cluster.md, Bounds)."),
     Setting("ClientMaxPendingBytes", "client_max_pending_bytes", _int(1024, unit=" of bytes"),
             "4194304",
             "Bytes queued for a client that does not read before it is cut off as a slow "

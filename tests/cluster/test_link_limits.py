@@ -36,7 +36,8 @@ from cluster.link_limits import (
 )
 from cluster.publishing import ClusterPublishing
 from cluster.replica import Replica
-from migratory.config import load_config
+from migratory.config import ConfigError, load_config
+from migratory.config_sizes import LINKED_MAX_FRAME_SIZE
 from migratory.model.message import Message
 from migratory.server.hub import Hub
 
@@ -235,7 +236,8 @@ def largest(i: int, size: int, *, fields: bool, epoch: int = 0, seq: int = 0) ->
 
 @pytest.mark.parametrize(("max_frame_size", "fields"), [
     (DEFAULT_MAX_FRAME_SIZE, False), (DEFAULT_MAX_FRAME_SIZE, True), (4 << 20, False),
-], ids=["1MiB-content", "1MiB-fields", "4MiB-content"])
+    (LINKED_MAX_FRAME_SIZE, False),
+], ids=["1MiB-content", "1MiB-fields", "4MiB-content", "largest-linked-content"])
 def test_what_a_seed_sends_fits_the_connectors_limit(max_frame_size: int, fields: bool) -> None:
     """The batches of a seed's commands (taken as a seed takes them: MAX_COMMAND_BYTES,
     one publish always), the batch of a forward as an acceptor takes it, and the parts
@@ -243,7 +245,7 @@ def test_what_a_seed_sends_fits_the_connectors_limit(max_frame_size: int, fields
     largest messages MaxFrameSize lets in (MaxMessageSize just below it): each frame fits
     connected_frame_limit, which is below MAX_FRAME (the connectors' limit before)."""
     limit = connected_frame_limit(max_frame_size)
-    assert limit < link.MAX_FRAME
+    assert limit <= link.MAX_FRAME
     size = max_frame_size - 1024  # the largest MaxMessageSize this MaxFrameSize allows
     publishing = new_publishing()
     for i in range(4):
@@ -262,6 +264,43 @@ def test_what_a_seed_sends_fits_the_connectors_limit(max_frame_size: int, fields
     frames += link.sync_frames(CacheSync(9, tuple(records)))
     assert len(frames) > 4
     assert max(len(f) - 4 for f in frames) <= limit
+
+
+LINKED = {"ClusterMembers": "127.0.0.1:9100, 127.0.0.1:9110, 127.0.0.1:9120",
+          "ClusterMemberListen": "127.0.0.1:9110", "ClusterPassword": "s3cret-s3cret"}
+
+
+@pytest.mark.parametrize("linked", [LINKED, {"Workers": "2"}], ids=["cluster", "workers"])
+def test_a_max_frame_size_whose_publishes_a_link_frame_cannot_hold_is_refused(
+    linked: dict[str, str],
+) -> None:
+    """The connector's limit holds 1 MiB + 4 x MaxFrameSize + 64 KiB, capped at MAX_FRAME
+    (64 MiB), the most the link encodes: above LINKED_MAX_FRAME_SIZE (15.7 MiB) it was
+    capped and what it reserves no longer held. Before, a cluster (or Workers > 1) took
+    MaxFrameSize 33 MiB with MaxMessageSize 1 KiB below it, and a cache sync part of a
+    subject's snapshot and one cached message that large (69,206,036 bytes) could not
+    be sent at all (``LinkError: frame of 69206036 bytes exceeds MAX_FRAME``); the
+    config is refused now, in one line naming the keys. LINKED_MAX_FRAME_SIZE is the
+    largest MaxFrameSize whose limit is not capped."""
+    assert LINKED_MAX_FRAME_SIZE > 15 << 20
+    body_and_slack = connected_frame_limit(0)
+    assert body_and_slack + 4 * LINKED_MAX_FRAME_SIZE <= link.MAX_FRAME
+    assert body_and_slack + 4 * (LINKED_MAX_FRAME_SIZE + 1) > link.MAX_FRAME
+
+    def sizes(largest: int, linked: dict[str, str] = linked) -> dict[str, str]:
+        return {**linked, "MaxFrameSize": str(largest), "MaxMessageSize": str(largest - 1024),
+                "ClientMaxPendingBytes": str(2 * largest)}
+
+    taken = load_config(overrides=sizes(LINKED_MAX_FRAME_SIZE), environ={})
+    assert taken.max_frame_size == LINKED_MAX_FRAME_SIZE
+    for size in (LINKED_MAX_FRAME_SIZE + 1, 33 << 20):
+        with pytest.raises(ConfigError) as refused:
+            load_config(overrides=sizes(size), environ={})
+        said = str(refused.value)
+        assert "MaxFrameSize" in said and str(size) in said and "\n" not in said
+        assert ("ClusterMembers" if linked is LINKED else "Workers") in said
+    alone = load_config(overrides=sizes(33 << 20, {}), environ={})  # one process: no link
+    assert alone.max_frame_size == 33 << 20
 
 
 def test_a_single_request_larger_than_the_budget_is_still_taken() -> None:
