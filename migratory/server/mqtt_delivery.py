@@ -454,7 +454,8 @@ class MqttDelivery(MqttInput):
             return
         packet_id = self._inflight.add(message.subject, message.position if at is None else at)
         frame = mqtt_encode.encode_publish_from_parts(
-            SHARED.topic(message), message.content, qos=1, retain=retain, packet_id=packet_id
+            SHARED.topic_of(message.subject), message.content, qos=1, retain=retain,
+            packet_id=packet_id
         )
         self._deliver(self._wrap(frame))
 

@@ -12,13 +12,26 @@ from migratory.protocol import websocket as ws
 class SharedFrames:
     """The QoS 0 frame of the message being fanned out, encoded once for every session."""
 
-    __slots__ = ("message", "plain", "topic_field", "wrapped")
+    __slots__ = ("_subject", "_subject_topic", "message", "plain", "topic_field", "wrapped")
 
     def __init__(self) -> None:
         self.message: Message | None = None
         self.topic_field = b""
         self.plain = b""
         self.wrapped = b""
+        self._subject = ""
+        self._subject_topic = b""
+
+    def topic_of(self, subject: str) -> bytes:
+        """The topic field of ``subject``, encoded once for the deliveries of it in a row
+        (a QoS 1 PUBLISH: its packet identifier makes the rest its own). Before, a QoS 1
+        delivery took it from :meth:`topic`, which encodes the message's QoS 0 frame as
+        well: a session sending a cache sync's jump (mqtt_backlog), each message once,
+        encoded each one's topic and an unused QoS 0 frame, ~40 % of its work."""
+        if subject != self._subject:
+            self._subject = subject
+            self._subject_topic = mqtt_encode.publish_parts(subject[1:], b"")[0]
+        return self._subject_topic
 
     def topic(self, message: Message) -> bytes:
         if self.message is not message:

@@ -169,6 +169,26 @@ def test_qos_1_sessions_take_the_jump_in_their_own_turns(
         assert not d.refilling
 
 
+def test_sessions_sending_the_jump_encode_its_topic_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each QoS 1 PUBLISH is its session's own (its packet identifier), the topic is
+    not: encoded once for all of them (mqtt_frames.SharedFrames.topic_of). Before, each
+    delivery took it from the shared QoS 0 frame, encoded again with an unused QoS 0
+    PUBLISH whenever the message changed -- each delivery, a session sending a jump."""
+    hub, ctx = member(Qos.GUARANTEED)
+    devices = [device(ctx, f"q{n}", 1) for n in range(10)]
+    jump(hub, Qos.GUARANTEED)
+    with (counted(monkeypatch, "publish_parts") as topics,
+          counted(monkeypatch, "encode_publish_from_parts") as publishes):
+        drain(devices)
+    assert topics[0] <= 1  # before: 10 x 200
+    assert publishes == [10 * JUMP]  # one each, its own; before: twice as many
+    for d in devices:
+        assert [p.payload.rstrip(b".") for p in read(d)] == [
+            b"m%d" % seq for seq in range(HELD + 1, HELD + JUMP + 1)]
+
+
 def test_packets_that_come_before_the_jump_is_sent_wait_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
