@@ -119,13 +119,27 @@ def subject_header(subject: str) -> str:
     return quote(subject, safe="/!$&'()*+,;=:@")
 
 
+FIELDS_HEADER_BYTES = 8192
+"""The most a raw snapshot's ``X-Migratory-Fields`` header carries (its JSON is ASCII):
+with the subject's header (up to ~3 KiB percent-encoded) and the others, the reply's
+headers stay within Node's 16 KiB (its http parser refuses more: HPE_HEADER_OVERFLOW),
+far within curl's 100 KiB a header. Fields up to MaxMessageSize (128 KiB by default)
+went into it before. More: 406, pointing to ``format=json`` (docs/http.md)."""
+
+
 def _snapshot_reply(subject: str, message: Message, as_json: bool) -> Reply:
     if as_json:
         return Reply(200, json_body(message_json(message)), JSON)
+    fields = json.dumps(dict(message.fields), sort_keys=True)  # (ensure_ascii: bytes)
+    if len(fields) > FIELDS_HEADER_BYTES:
+        return error(406, f"the snapshot of {subject!r} has {len(fields):,} bytes of fields "
+                          f"as JSON, more than the X-Migratory-Fields header carries "
+                          f"({FIELDS_HEADER_BYTES:,}): ask it with format=json (or Accept: "
+                          "application/json), which gives the whole message")
     headers = (
         ("X-Migratory-Subject", subject_header(subject)),
         ("X-Migratory-Epoch", str(message.epoch)),
         ("X-Migratory-Seq", str(message.seq)),
-        ("X-Migratory-Fields", json.dumps(dict(message.fields), sort_keys=True)),
+        ("X-Migratory-Fields", fields),
     )
     return Reply(200, message.content, "application/octet-stream", headers)

@@ -41,11 +41,48 @@ def test_a_snapshot_is_encoded_once_until_it_changes(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr("migratory.protocol.http_api.json", CountingJson, raising=False)
     ctx.hub.publish(Message(SUBJECT, b"1", {f"f{i}": "v" for i in range(2000)}, retained=True),
                     0.0)
-    for query in (f"subject={SUBJECT}", f"subject={SUBJECT}&format=json"):
+    for query, status in ((f"subject={SUBJECT}", 406), (f"subject={SUBJECT}&format=json", 200)):
+        # (raw: 406, its fields past FIELDS_HEADER_BYTES -- made once all the same)
         replies = [http_routes.route(ctx, get(query), "127.0.0.1:1", api=True) for _ in range(10)]
-        assert all(r.status == 200 for r in replies) and len({id(r) for r in replies}) == 1
+        assert all(r.status == status for r in replies) and len({id(r) for r in replies}) == 1
     assert encoded[0] <= 2
     ctx.hub.publish(Message(SUBJECT, b"2", {"f0": "w"}, retained=True), 0.0)
-    reply = http_routes.route(ctx, get(f"subject={SUBJECT}"), "127.0.0.1:1", api=True)
-    assert reply.body == b"2"
-    assert json.loads(dict(reply.headers)["X-Migratory-Fields"])["f0"] == "w"
+    reply = http_routes.route(ctx, get(f"subject={SUBJECT}&format=json"), "127.0.0.1:1",
+                              api=True)
+    assert json.loads(reply.body)["content"] == "2"
+    assert json.loads(reply.body)["fields"]["f0"] == "w"
+
+
+def fields_of_json_size(size: int) -> dict[str, str]:
+    """Fields whose X-Migratory-Fields JSON is exactly ``size`` bytes (``{"f": "v..."}``)."""
+    fields = {"f": ""}
+    fields["f"] = "v" * (size - len(json.dumps(fields)))
+    assert len(json.dumps(fields, sort_keys=True).encode()) == size
+    return fields
+
+
+def test_a_raw_snapshot_whose_fields_header_would_pass_8_kib_points_to_format_json() -> None:
+    """Raw GET /snapshot put all the fields in one X-Migratory-Fields header, up to
+    MaxMessageSize (128 KiB by default): past Node's 16 KiB of headers (a reply it
+    refuses, HPE_HEADER_OVERFLOW) and curl's 100 KiB per header. Before, fields of
+    100,000 bytes of JSON came as a 200 with that header. Now fields of more than
+    FIELDS_HEADER_BYTES (8 KiB: the subject's header, up to ~3 KiB percent-encoded, and
+    the rest fit Node's 16 KiB) are answered 406 saying to ask format=json, which
+    gives them all; at 8 KiB exactly, the raw reply as before."""
+    ctx, _ = make()
+    assert http_routes.FIELDS_HEADER_BYTES == 8192
+    for size, subject in ((8192, "/Snap/fits"), (8193, "/Snap/over"), (100_000, "/Snap/big")):
+        ctx.hub.publish(Message(subject, b"c", fields_of_json_size(size), retained=True), 0.0)
+    fits = http_routes.route(ctx, get("subject=/Snap/fits"), "127.0.0.1:1", api=True)
+    assert fits.status == 200 and fits.body == b"c"
+    assert len(dict(fits.headers)["X-Migratory-Fields"]) == 8192
+    for subject, size in (("/Snap/over", 8193), ("/Snap/big", 100_000)):
+        raw = http_routes.route(ctx, get(f"subject={subject}"), "127.0.0.1:1", api=True)
+        assert raw.status == 406, (subject, raw.status)
+        said = raw.body.decode()
+        assert "format=json" in said and f"{size:,}" in said and "8,192" in said
+        assert "X-Migratory-Fields" not in dict(raw.headers)
+        whole = http_routes.route(ctx, get(f"subject={subject}&format=json"), "127.0.0.1:1",
+                                  api=True)
+        assert whole.status == 200
+        assert json.loads(whole.body)["fields"] == fields_of_json_size(size)
