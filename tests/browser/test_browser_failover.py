@@ -61,7 +61,7 @@ def test_page_fails_over_and_resumes_without_gap_or_duplicate(
                 f"page got {len(got)} of {len(acked)} acknowledged\n{browser.console()}"
             )
             time.sleep(0.1)
-        publisher.join(30)
+        publisher.finish(30)
         time.sleep(0.5)  # anything late (a duplicate would show now)
         final = record()
     finally:

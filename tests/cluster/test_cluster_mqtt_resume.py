@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import queue
 import sys
-import threading
 import time
 from pathlib import Path
 
 from cluster_fixture import LocalCluster
-from test_cluster_processes import SUBJECT, Publisher
+from test_cluster_processes import SUBJECT, Background, Publisher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from mqttclient import MqttRawClient
@@ -45,18 +44,18 @@ def test_persistent_session_resumes_on_another_member_after_a_kill(tmp_path: Pat
         publisher = Publisher(cluster, 2, count=150, pause=0.01)
         publisher.start()
         payloads: list[bytes] = [m.payload for m in device.receive(40, timeout=30)]
-        killer = threading.Thread(target=cluster.kill, args=(1,))
+        killer = Background(cluster.kill, 1)
         killer.start()
         while not device.disconnected.is_set():  # what was on the way before the kill
             try:
                 payloads += [m.payload for m in device.receive(1, timeout=0.5)]
             except queue.Empty:
                 break
-        killer.join(15)
+        killer.finish(15)
         device.client.loop_stop()
         resumed = PahoClient(mqtt_port(cluster, 0), "scoreboard", clean_session=False)
         assert resumed.session_present, "the session did not survive its member"
-        publisher.join(60)
+        publisher.finish(60)
         acked = [content for content, _ in publisher.acked]
         deadline = time.monotonic() + 30
         while not set(acked) <= set(payloads) and time.monotonic() < deadline:

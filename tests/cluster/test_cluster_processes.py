@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,8 @@ class Publisher(threading.Thread):
             content = f"m{i:05d}".encode()
             try:
                 status = publish(self.client, content, str(i))
-            except (AssertionError, OSError) as exc:  # the close frame; reset, timed out
-                self.ended = repr(exc)
+            except Exception as exc:  # the close frame, a reset, timed out; or else:
+                self.ended = repr(exc)  # all raised by finish, in the test
                 return
             if status.status is ops.Status.PUBLISH_OK:
                 if status.position is None:
@@ -100,6 +101,49 @@ class Publisher(threading.Thread):
             f"{answered} of {self.count} answered"
         assert self.ended is None, f"publisher ended after {answered} of {self.count}: " \
             f"{self.ended}"
+
+
+class Background(threading.Thread):
+    """``call(*args)`` in a thread (a member killed while the test reads), its end told
+    into the test: :meth:`finish` joins it and raises what it raised, or that it still
+    runs. A bare ``threading.Thread(target=cluster.kill)`` left an exception of the kill
+    (a member that would not die in time) to threading.excepthook: a warning under
+    whichever test ran then, and the test carried on as if the kill had happened."""
+
+    def __init__(self, call: Callable[..., object], *args: object) -> None:
+        super().__init__(daemon=True, name=f"background-{getattr(call, '__name__', call)}")
+        self.call, self.args = call, args
+        self.ended: str | None = None
+        """What the call raised."""
+
+    def run(self) -> None:
+        try:
+            self.call(*self.args)
+        except BaseException as exc:  # told by finish, in the test
+            self.ended = repr(exc)
+
+    def finish(self, timeout: float) -> None:
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.name} still running after {timeout} s"
+        assert self.ended is None, f"{self.name} failed: {self.ended}"
+
+
+def test_a_background_call_tells_its_end_into_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a killer thread raises reaches the test through ``finish``, not
+    threading.excepthook (no cluster: a call that raises, one that returns)."""
+    unhandled: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
+
+    def kill(index: int) -> None:
+        raise TimeoutError(f"member {index} still running 10 s after SIGKILL")
+
+    failing, done = Background(kill, 1), Background(time.sleep, 0)
+    failing.start()
+    done.start()
+    with pytest.raises(AssertionError, match=r"background-kill failed: .*member 1 still"):
+        failing.finish(10)
+    done.finish(10)
+    assert unhandled == []
 
 
 class ClosingMember:

@@ -4,13 +4,12 @@ are published; it reconnects to another member and resumes from its position."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from pathlib import Path
 
 import trio
 from cluster_fixture import LocalCluster
-from test_cluster_processes import Publisher
+from test_cluster_processes import Background, Publisher
 
 from migratory.model.message import MessageType
 from migratory_client import NotificationStatus, ReconnectPolicy, connect
@@ -25,6 +24,7 @@ def test_sdk_subscriber_fails_over_and_resumes_without_gap_or_duplicate(tmp_path
     try:
         cluster.wait_ready()
         publisher: list[Publisher] = []
+        killers: list[Background] = []
         received: list[tuple[bytes, MessageType, int]] = []
         statuses: list[NotificationStatus] = []
 
@@ -54,7 +54,8 @@ def test_sdk_subscriber_fails_over_and_resumes_without_gap_or_duplicate(tmp_path
                                 message = await subscription.__anext__()
                                 received.append((message.content, message.type, message.seq))
                                 if len(received) == 30:
-                                    threading.Thread(target=cluster.kill, args=(1,)).start()
+                                    killers.append(Background(cluster.kill, 1))
+                                    killers[-1].start()
                     nursery.cancel_scope.cancel()
 
         try:
@@ -65,7 +66,9 @@ def test_sdk_subscriber_fails_over_and_resumes_without_gap_or_duplicate(tmp_path
             if publisher:
                 print("acked", len(publisher[0].acked), "failed", publisher[0].failed[:3])
         pub = publisher[0]
-        pub.join(30)
+        pub.finish(30)
+        for killer in killers:
+            killer.finish(15)
         seqs = [seq for _, _, seq in received]
         assert seqs == sorted(set(seqs)), "duplicate or reordered delivery reached the app"
         assert [c for c, _, _ in received] == [c for c, _ in pub.acked][: len(received)]

@@ -50,7 +50,7 @@ def test_sse_stream_resumes_on_another_member_without_gap_or_duplicate(tmp_path:
         resumed = resume(cluster.port(3), last_id)
         after = resumed.events_until("sync", timeout=15)
         assert not any(e["event"] == "resync" for e in after), after
-        pub.join(60)
+        pub.finish(60)
         acked = [content.decode() for content, _ in pub.acked]
         deadline = time.monotonic() + 20
         got = [e for e in events + after if e["event"] == "message"]

@@ -9,7 +9,6 @@ import json
 import queue
 import random
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import trio
 from cluster_fixture import LocalCluster
 from test_cluster_mqtt_resume import mqtt_port, with_mqtt
-from test_cluster_processes import Publisher
+from test_cluster_processes import Background, Publisher
 from test_cluster_sse_failover import resume
 from test_cluster_standard import _forwarding
 
@@ -72,7 +71,7 @@ def test_sse_stream_resumed_on_another_standard_member_gets_its_snapshot_then_al
         resumed = resume(cluster.port(0), last_id)
         after = resumed.events_until("resync", timeout=15)
         assert after[-2]["event"] == "message" and after[-2]["data"]["type"] == "snapshot"
-        publisher.join(60)
+        publisher.finish(60)
         acked = [content for content, _ in publisher.acked]
         events: list[dict[str, Any]] = [after[-2]]
         for _ in range(len(acked)):
@@ -106,13 +105,13 @@ def test_mqtt_session_resumed_on_another_standard_member_gets_its_snapshot_then_
         publisher = Publisher(cluster, 2, count=120, pause=0.01)
         publisher.start()
         seen = [m.payload for m in device.receive(25, timeout=30)]
-        killer = threading.Thread(target=cluster.kill, args=(1,))
+        killer = Background(cluster.kill, 1)
         killer.start()
-        killer.join(15)
+        killer.finish(15)
         device.client.loop_stop()
         resumed = PahoClient(mqtt_port(cluster, 0), "scoreboard", clean_session=False)
         assert resumed.session_present, "the session record was not forwarded"
-        publisher.join(60)
+        publisher.finish(60)
         acked = [content for content, _ in publisher.acked]
         payloads: list[bytes] = []
         for _ in range(len(acked) + 10):
@@ -143,6 +142,7 @@ def test_sdk_subscriber_failing_over_between_standard_members_is_told_resync(
     cluster = standard_cluster(tmp_path)
     try:
         publisher: list[Publisher] = []
+        killers: list[Background] = []
         received: list[tuple[bytes, MessageType, int, int]] = []
         statuses: list[tuple[NotificationStatus, int]] = []
 
@@ -172,11 +172,14 @@ def test_sdk_subscriber_failing_over_between_standard_members_is_told_resync(
                                 received.append((message.content, message.type,
                                                  message.epoch, message.seq))
                                 if len(received) == 30:
-                                    threading.Thread(target=cluster.kill, args=(1,)).start()
+                                    killers.append(Background(cluster.kill, 1))
+                                    killers[-1].start()
                     nursery.cancel_scope.cancel()
 
         trio.run(main)
-        publisher[0].join(30)
+        publisher[0].finish(30)
+        for killer in killers:
+            killer.finish(15)
         acked = [content for content, _ in publisher[0].acked]
         resyncs = [at for status, at in statuses if status is NotificationStatus.DATA_RESYNC]
         assert resyncs, statuses
