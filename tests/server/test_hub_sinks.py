@@ -78,3 +78,27 @@ def test_a_subject_holding_a_wildcard_reaches_no_mqtt_filter_live_retained_or_re
     # counted once a message told (live, and the resync): the filters held meanwhile
     assert ctx.hub.statistics().mqtt_unnamable_messages == 2 * len(WILDCARD_SUBJECTS)
     assert not device.closing
+
+
+def test_a_resumed_wildcard_session_catches_up_on_no_subject_holding_a_wildcard() -> None:
+    """A persistent '#' session away while /a/x+y and /a/b got messages: its resume's
+    catch-up (mqtt_resume, the subjects its filters match) sends /a/b's only. Before,
+    it sent /a/x+y's too, with that topic name."""
+    ctx, held = make()
+    registry: dict = {}
+    device = session(ctx, "dev", registry, clean_session=False)
+    device.receive_data(encode_packet(mqtt.Subscribe(1, (("#", 1),))), 0.0)
+    held.settle()
+    read(device)
+    device.connection_lost()
+    held.settle()
+    held.settle()
+    for seq, subject in enumerate(["/a/x+y", "/a/b", "/a/#"], start=1):
+        assert ctx.hub.apply(Message(subject, b"m", epoch=5, seq=seq), 0.0)
+    back = session(ctx, "dev", registry, clean_session=False)
+    more = True
+    while more:
+        more = back.process(0.0, 64)
+    packets = read(back)
+    assert packets[0] == mqtt.Connack(True, 0)
+    assert [p.topic for p in packets if isinstance(p, mqtt.Publish)] == ["a/b"]
