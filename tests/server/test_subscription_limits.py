@@ -24,8 +24,8 @@ def subscribe_filters(device: MqttSession, names: list[str], packet_id: int = 1,
     """The SUBACK's return codes (a persistent session's once its record is saved)."""
     device.receive_data(encode_packet(mqtt.Subscribe(packet_id, tuple((n, 0) for n in names))),
                         0.0)
-    if held is not None:
-        held.settle()
+    while held is not None and held.held:  # the save in flight, then the one carrying
+        held.settle()  # the SUBSCRIBE (its SUBACK waits for that one: mqtt_saving)
     (suback,) = [p for p in read(device) if isinstance(p, mqtt.Suback)]
     return suback.return_codes
 
