@@ -16,8 +16,13 @@ What SIGKILL is not: a power cut also loses what the kernel had not written to t
 The seeds sync before they answer (cluster/raft_durability.py); that is tested on Raft
 nodes whose unsynced writes are dropped (test_raft_power_loss.py), not here.
 
-Each test starts the cluster two or three times (11-25 s on the 2-core box); all of them
-held when written (2026-11-29).
+Each test starts the cluster two or three times (6-9 s alone on the quiet 2-core box).
+Four more runs held when written (2026-11-29, h141) and left the suite for CI time (the
+whole run passed 15 min): the non-seed first with the Raft leader never back, five seeds
+with the leader and another never back, the second cut at the restart's ``election``,
+and a follower's disk replaced cut again with the leader's ``dump`` half-received. Each
+took 7-9 s; they are a cut for time, not copies of the four kept (other orders, sizes
+and moments): ``git show e140b707:tests/cluster/test_cluster_whole_outage.py`` has them.
 """
 
 from __future__ import annotations
@@ -132,30 +137,6 @@ def test_a_power_cut_under_load_then_every_member_started_in_reverse_order(
         run.finish()
 
 
-@pytest.mark.slow
-def test_a_power_cut_then_the_non_seed_first_and_the_leader_never_back(
-    tmp_path: Path,
-) -> None:
-    with Outage(tmp_path) as run:
-        leader = run.cluster.leader()
-        power_cut(run.cluster)
-        others = [i for i in SEEDS if i != leader]
-        start_in_order(run.cluster, [NON_SEED, *others], gap=1.0)
-        run.finish(down={leader})
-
-
-@pytest.mark.slow
-def test_five_seeds_after_a_power_cut_with_the_leader_and_another_never_back(
-    tmp_path: Path,
-) -> None:
-    with Outage(tmp_path, seeds=5) as run:
-        leader = run.cluster.leader()
-        never = {leader, (leader + 1) % 5}
-        power_cut(run.cluster)
-        start_in_order(run.cluster, [i for i in range(5) if i not in never], gap=0.5)
-        run.finish(down=never)
-
-
 def phase(states: list[dict[str, object] | None]) -> str | None:
     """Where the restart is: ``load`` (a seed answers, its Raft log not loaded yet),
     ``election`` (a seed runs Raft, none knows a leader), ``sync`` (a seed leads: the
@@ -180,7 +161,7 @@ def wait_for_phase(cluster: LocalCluster, wanted: str) -> list[dict[str, object]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["election", "sync"])
+@pytest.mark.parametrize("moment", ["sync"])
 def test_a_second_power_cut_during_the_first_restart(tmp_path: Path, moment: str) -> None:
     """The second cut at the first sight of ``moment`` (:func:`phase`); at ``sync`` the
     seeds compact every second, so that they restart from their dumps (their caches
@@ -198,7 +179,7 @@ def test_a_second_power_cut_during_the_first_restart(tmp_path: Path, moment: str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("wiped", "again"), [("leader", "log"), ("follower", "dump")])
+@pytest.mark.parametrize(("wiped", "again"), [("leader", "log")])
 def test_a_power_cut_right_after_a_compaction_with_one_seeds_disk_replaced(
     tmp_path: Path, wiped: str, again: str
 ) -> None:
