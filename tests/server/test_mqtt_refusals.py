@@ -203,7 +203,11 @@ def test_past_the_connection_rate_an_mqtt_client_is_reset_not_answered(
                           MaxHandshakesPerAddress="0")
     holding = idle(server.mqtt_port, 2)  # the second's two tokens
     assert refused_raw(server.mqtt_port) == b""
-    assert paho_outcome(server.mqtt_port) in ("reset at connect", paho.MQTT_ERR_CONN_LOST)
+    # the reset comes before, while or after paho writes its CONNECT: raised by connect(),
+    # or its socket already closed by connect()'s own write (NO_CONN at the first loop:
+    # 1 in the CI of 30fa94fe), or seen by the loop's read (CONN_LOST) -- never a CONNACK
+    assert paho_outcome(server.mqtt_port) in (
+        "reset at connect", paho.MQTT_ERR_NO_CONN, paho.MQTT_ERR_CONN_LOST)
     assert "MaxConnectionRatePerAddress" in server.log()
     for sock in holding:
         sock.close()
