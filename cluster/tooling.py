@@ -109,18 +109,45 @@ def ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
+PORT_SLICE_ENV = "MIGRATORY_BASE_PORT_SLICE"
+"""``K/N``: :func:`free_base_port` picks only bases whose ports no other slice of ``N``
+uses (test runs side by side: each xdist worker sets its own, ``tests/conftest.py``).
+Two runs that each found a base free could pick bases whose ports overlap (a member's
+ports are spread over base..base+3000), and the second to bind failed."""
+
+
+def _in_slice(base: int, members: int, slice_spec: str | None) -> bool:
+    """Whether every port of ``base`` (``_member_ports``, taken modulo 1000) falls inside
+    the slice's share of each thousand: slices of one ``N`` never share a port."""
+    if not slice_spec:
+        return True
+    index, _, count = slice_spec.partition("/")
+    try:
+        k, n = int(index), int(count)
+    except ValueError:
+        return True
+    width = 1000 // max(n, 1)
+    room = width - 10 * members - 10  # the last member's ports: + 10(members - 1) + 6
+    if n <= 1 or room <= 0 or not 0 <= k < n:
+        return True
+    return k * width <= base % 1000 < k * width + room
+
+
 def free_base_port(members: int, rng: random.Random | None = None) -> int:
     """A base port (a multiple of 10 from 20000) whose ``_member_ports`` are all free on
     127.0.0.1 for ``members`` members, all below the ephemeral range: a port found free
     there could be taken by any outgoing connection before the member binds it (a
     member failed with "Address already in use" at a test's start); ``rng`` defaults
-    to the module's."""
+    to the module's. Under :data:`PORT_SLICE_ENV`, only bases of that slice."""
     randrange = rng.randrange if rng is not None else random.randrange
     top = ephemeral_low() - 3010 - 10 * members
     if top <= 21_000:  # an ephemeral range that starts low: the old range, and the race
         top = 40_000
-    for _ in range(200):
+    slice_spec = os.environ.get(PORT_SLICE_ENV)
+    for _ in range(2000):
         base = randrange(20_000, top, 10)
+        if not _in_slice(base, members, slice_spec):
+            continue
         if all(port_free(p) for i in range(members) for p in _member_ports(base, i)):
             return base
     raise RuntimeError("no free ports")

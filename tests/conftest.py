@@ -22,6 +22,14 @@ from hypothesis import settings
 settings.register_profile("migratory", deadline=None)
 settings.load_profile("migratory")
 
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    # Each worker picks clusters' base ports from its own slice (cluster.tooling's
+    # PORT_SLICE_ENV; the member processes and commands the tests start inherit it): two
+    # workers' clusters found the same ports free and the second to bind failed.
+    _worker = os.environ["PYTEST_XDIST_WORKER"][2:]
+    _workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    os.environ["MIGRATORY_BASE_PORT_SLICE"] = f"{_worker}/{_workers}"
+
 CLUSTER_SIZED = ("bench", "browser", "chaos", "cluster", "deploy", "spark")
 """The test directories whose tests start clusters of member processes, Spark's JVM, a
 browser or a load generator. ``make test`` runs them in two scopes, each one test after

@@ -4,6 +4,7 @@ without processes."""
 from __future__ import annotations
 
 import argparse
+import random
 import socket
 import subprocess
 import sys
@@ -13,7 +14,13 @@ from typing import Any
 import pytest
 
 from cluster.status_table import format_status_table
-from cluster.tooling import free_base_port, member_command, member_settings
+from cluster.tooling import (
+    PORT_SLICE_ENV,
+    _member_ports,
+    free_base_port,
+    member_command,
+    member_settings,
+)
 from cluster.up_checks import (
     PASSWORD_ENV,
     StartFailed,
@@ -185,13 +192,34 @@ def test_status_without_a_state_file_names_members_by_index() -> None:
 def test_a_base_port_whose_mqtt_port_is_held_is_not_chosen() -> None:
     """A loopback cluster's member may listen for MQTT on its client port + 5 (the chaos
     runner, test_cluster_mqtt_resume.py): the base port's formula checks it too."""
-    import random
-
     first = free_base_port(3, random.Random(7))  # the candidate a Random(7) draws first
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", first + 10 + 5))  # member 1's MQTT port
         holder.listen()
         assert free_base_port(3, random.Random(7)) != first
+
+
+@pytest.mark.parametrize("members", [1, 3, 5, 8])
+def test_workers_in_their_own_port_slices_never_pick_a_port_of_another(
+    monkeypatch: pytest.MonkeyPatch, members: int
+) -> None:
+    """Each pytest worker picks from its slice (``MIGRATORY_BASE_PORT_SLICE``): the
+    ports of any base one slice picks are never the ports of a base another picks (the
+    test of ``cluster up`` failed on a port another worker's cluster had taken)."""
+    taken: list[set[int]] = []
+    for k in range(3):
+        monkeypatch.setenv(PORT_SLICE_ENV, f"{k}/3")
+        rng = random.Random(k)
+        bases = {free_base_port(members, rng) for _ in range(40)}
+        taken.append({p for base in bases for i in range(members)
+                      for p in _member_ports(base, i)})
+    assert all(taken)
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert taken[a].isdisjoint(taken[b]), (a, b, sorted(taken[a] & taken[b])[:5])
+    monkeypatch.delenv(PORT_SLICE_ENV)
+    spread = {free_base_port(members, random.Random(s)) % 1000 // 333 for s in range(60)}
+    assert spread == {0, 1, 2}  # the control: without a slice, any base
 
 
 @pytest.mark.parametrize(("where", "why"), [
