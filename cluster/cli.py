@@ -119,7 +119,7 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
 
     import trio
 
-    from cluster.worker import WorkerNode
+    from cluster.worker import WorkerNode, thaw_when_orphaned
     from cluster.workers import SECRET_ENV
     from migratory.config_values import parse_address
     from migratory.server.run import run_until_signalled
@@ -128,6 +128,7 @@ def _serve_worker(args: argparse.Namespace, config: ConfigType) -> int:
     if not secret:
         _error(f"--worker-index needs {SECRET_ENV} (set by the supervisor)")
         return 2
+    thaw_when_orphaned()  # before WorkerNode takes its supervisor's pid to watch
     node = WorkerNode(config, index=args.worker_index,
                       sequencer=parse_address(args.worker_sequencer), password=secret,
                       parent=args.worker_parent)

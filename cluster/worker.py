@@ -14,6 +14,8 @@ has caught up with the sequencer, and stops (as on SIGINT) when its supervisor i
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import logging
 import os
@@ -43,6 +45,7 @@ from migratory.server.app import Server, build_hub
 log = logging.getLogger("migratory.workers")
 
 READY_LOG_SECONDS = 5.0
+PR_SET_PDEATHSIG = 1
 BEAT_LINE = "worker beat"
 """Written on stdout every BEAT_SECONDS by a worker's event loop: its supervisor kills
 and restarts a worker that stops (``WorkerHangTime``; :mod:`cluster.workers`)."""
@@ -59,6 +62,20 @@ def beat(out: TextIO) -> bool:
     out.write(BEAT_LINE + "\n")  # one write (as print_line's)
     out.flush()
     return True
+
+
+def thaw_when_orphaned() -> None:
+    """Ask Linux to send this worker SIGCONT when its supervisor dies (prctl PDEATHSIG).
+
+    A worker frozen (SIGSTOP, a debugger) when its supervisor is SIGKILLed would
+    otherwise stay stopped as an orphan that holds every client port -- its listening
+    sockets still take 1/N of the new connections, which wait for ever, and a server
+    started again on the port is refused it. Continued, its event loop notices that
+    its supervisor is gone and stops as the others do (:meth:`WorkerNode._watch_parent`,
+    which also covers a supervisor gone before this call). A running worker ignores
+    SIGCONT. (Not SIGKILL: a worker that runs closes its clients as it stops.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGCONT), 0, 0, 0)
 
 
 def announcement(listening: list[str], monitoring: str | None) -> list[str]:

@@ -330,18 +330,22 @@ def test_a_signal_during_start_up_stops_the_server_at_once(tmp_path: Path) -> No
         server.stop()
 
 
-@pytest.mark.parametrize("when", ["serving", "starting"])
+@pytest.mark.parametrize("when", ["serving", "starting", "frozen"])
 def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, when: str) -> None:
     """Killed while they serve, or while they are still starting: a worker that asked
     for its parent only once the supervisor was gone watched init and ran on, orphaned,
-    holding the port."""
-    server = WorkersServer(tmp_path, workers=2, ready=when == "serving")
+    holding the port. Frozen: a worker held with SIGSTOP when its supervisor was killed
+    stayed stopped for ever, an orphan whose listening socket still took 1/N of the new
+    connections (unanswered) and kept a new server off the port; it is continued."""
+    server = WorkersServer(tmp_path, workers=2, ready=when != "starting")
     try:
         if when == "starting":
             server.wait_log("worker 1 started (pid ")
             server.wait_log("worker 0 started (pid ")
         workers = server.started()
         assert len(workers) == 2
+        if when == "frozen":
+            os.kill(server.pids[0], signal.SIGSTOP)
         server.proc.kill()
         server.proc.wait(5)
         deadline = time.monotonic() + 10
