@@ -46,7 +46,9 @@ MONITOR_SETTINGS: tuple[Setting, ...] = (
             "client)."),
     Setting("AuditLogFile", "audit_log_file", _text, "",
             "File the audit events are appended to as JSON lines (rotated, see "
-            "AuditLogMaxBytes); needed when an Audit category is on."),
+            "AuditLogMaxBytes); needed when an Audit category is on. With Workers > 1 "
+            "every worker appends to it, and they rotate it as one under a lock on "
+            "<AuditLogFile>.lock (docs/monitoring.md)."),
     Setting("AuditAccess", "audit_access", _bool, "false",
             "Audit access events: connect (allowed or denied), disconnect with its reason, "
             "subscribe allowed or denied."),

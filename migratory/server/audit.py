@@ -2,8 +2,9 @@
 
 Off by default (``AuditAccess``, ``AuditMessage``, ``AuditCache``); the events go to
 ``AuditLogFile`` through the standard library's ``RotatingFileHandler`` (rotated at
-``AuditLogMaxBytes``, ``AuditLogBackups`` files kept). One event is one JSON object on
-one line::
+``AuditLogMaxBytes``, ``AuditLogBackups`` files kept; with ``Workers`` > 1 every worker
+appends to the one file and they rotate it as one: :mod:`migratory.server.audit_file`).
+One event is one JSON object on one line::
 
     {"time": "2026-11-23T19:04:05.123456Z", "server": "migratory", "category": "access",
      "event": "connect", "client": {"name": "app-1", "peer": "127.0.0.1:50312",
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from migratory.config import Config
+from migratory.server.audit_file import SharedRotatingFileHandler
 
 
 class Audit:
@@ -42,13 +44,21 @@ class Audit:
         if not (config.audit_access or config.audit_message or config.audit_cache):
             return None
         try:
-            handler = logging.handlers.RotatingFileHandler(
-                config.audit_log_file,
-                maxBytes=config.audit_log_max_bytes,
-                backupCount=config.audit_log_backups,
-                encoding="utf-8",
-                errors="backslashreplace",  # a refused subject's lone surrogate: \ud800
-            )
+            handler: logging.handlers.RotatingFileHandler
+            if config.workers > 1:  # every worker appends to the file and rotates it
+                handler = SharedRotatingFileHandler(
+                    config.audit_log_file,
+                    max_bytes=config.audit_log_max_bytes,
+                    backups=config.audit_log_backups,
+                )
+            else:
+                handler = logging.handlers.RotatingFileHandler(
+                    config.audit_log_file,
+                    maxBytes=config.audit_log_max_bytes,
+                    backupCount=config.audit_log_backups,
+                    encoding="utf-8",
+                    errors="backslashreplace",  # a refused subject's lone surrogate: \ud800
+                )
         except OSError as exc:  # (its own text names neither the file nor the key)
             raise OSError(exc.errno, f"AuditLogFile {config.audit_log_file}: "
                           f"{exc.strerror or exc}") from None
