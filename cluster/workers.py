@@ -261,7 +261,18 @@ class Supervisor:
         delay = RESTART_DELAY
         while not self.stopping:
             started = trio.current_time()
-            code = await self._run_once(slot)
+            try:
+                code = await self._run_once(slot)
+            except OSError as exc:  # not started: no file descriptor, no process left
+                if not slot.ready.is_set():  # the server does not start (exit 1, saying why)
+                    raise
+                # a restart that cannot start now (a worker OOM-killed, the pids limit of
+                # a container reached) must not stop the workers that serve: try again
+                delay = min(delay * 2, RESTART_DELAY_MAX)
+                log.error("worker %d could not be started (%s); trying again in %.1f s",
+                          slot.index, exc.strerror or exc, delay)
+                await trio.sleep(delay)
+                continue
             if self.stopping:
                 return
             how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import sys
 import time
@@ -166,3 +167,38 @@ def test_every_worker_killed_in_turn_then_all_at_once(tmp_path: Path) -> None:
     finally:
         server.stop()
         print(server.log()[-4000:])
+
+
+def test_a_restart_that_cannot_start_is_tried_again_and_the_others_serve_on(
+    tmp_path: Path,
+) -> None:
+    """The supervisor out of file descriptors (as out of processes under a container's
+    pids limit) when it restarts a killed worker: it says so and tries again, the other
+    worker serving meanwhile, and the worker comes back once it can. Before, the failed
+    start (OSError) ended the supervisor -- every worker stopped, exit 1, "migratory: Too
+    many open files": one worker's crash took the whole server down."""
+    server = WorkersServer(tmp_path)
+    try:
+        supervisor = server.proc.pid
+        limits = resource.prlimit(supervisor, resource.RLIMIT_NOFILE)
+        # below what it holds: what the killed worker's end frees does not make room
+        held = len(os.listdir(f"/proc/{supervisor}/fd"))
+        resource.prlimit(supervisor, resource.RLIMIT_NOFILE, (held - 4, limits[1]))
+        os.kill(server.pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while "worker 0 could not be started" not in server.log() and time.monotonic() < deadline:
+            assert server.proc.poll() is None, f"the server stopped:\n{server.log()[-1500:]}"
+            time.sleep(0.05)
+        assert "worker 0 could not be started (Too many open files); trying again" in server.log()
+        client, worker = connect(server.port, "meanwhile")
+        assert worker == "migratory-worker-1"
+        status = client.publish(Message(SUBJECT, b"served", closure="1"))
+        assert status.status is ops.Status.PUBLISH_OK, status
+        client.close()
+        assert server.proc.poll() is None
+        resource.prlimit(supervisor, resource.RLIMIT_NOFILE, limits)
+        server.wait_log("worker 0 is back")
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(15) == 0
+    finally:
+        server.stop()
