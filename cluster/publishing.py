@@ -20,7 +20,10 @@ and ahead of the newer ones (:meth:`ClusterPublishing.resend_unanswered`): those
 with the seed it left commit now, and a copy of one that had committed is answered
 in the batch with the first copy's position (``CommittedBatch.repeats``,
 :mod:`cluster.coordination`). A publish forwarded twice believes no seed's definite
-failure (the other copy may still commit): only a commit, or the timeout.
+failure (the other copy may still commit): only a commit, or the timeout. A seed's
+definite failure of a copy is counted (``copies_refused``): that copy never reached the
+coordinator, so it could not be answered as a repeat -- its publish is answered by the
+first copy's batch, or times out.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class PublishingStatistics:
     """Copies of this member's publishes that the coordinator found numbered already."""
     acknowledged_repeats: int = 0
     """Publishes acknowledged from such a copy (the first one's batch was not seen here)."""
+    copies_refused: int = 0
+    """Copies a seed refused for sure (never numbered, so never a repeat either: a Raft
+    leader change while they were on their way, say); the publish waited for its first
+    copy's batch or the timeout."""
 
 
 class ClusterPublishing:
@@ -95,6 +102,9 @@ class ClusterPublishing:
         self._taken_ref = 0  # the last ref take_outgoing handed out (refs go in order)
         self._pending: dict[int, _Pending] = {}
         self._outgoing: list[PublishRequest] = []
+        self._copies: dict[int, float] = {}
+        """ref -> when it went again, oldest first: a seed's definite failure of the copy
+        may come after the first copy's batch answered the publish (until the timeout)."""
         self.stats = PublishingStatistics()
         self.timings = PublishTimings()  # submit -> applied here / acknowledged (/metrics)
         self.on_outgoing: Callable[[], None] | None = None  # first request queued
@@ -159,6 +169,8 @@ class ClusterPublishing:
             if pending.submitted_at >= limit and ref not in queued:
                 pending.resent = True
                 again.append(pending.request)
+                self._copies.pop(ref, None)  # (the most lately sent last)
+                self._copies[ref] = now
         if again:
             if not self._outgoing and self.on_outgoing is not None:
                 self.on_outgoing()
@@ -251,6 +263,8 @@ class ClusterPublishing:
         for origin, ref in origins:
             if origin != self.origin:
                 continue
+            if not unknown and self._copies.pop(ref, None) is not None:
+                self.stats.copies_refused += 1
             pending = self._pending.get(ref)
             if pending is None:
                 continue
@@ -283,6 +297,9 @@ class ClusterPublishing:
             for ref, pending in self._pending.items()
             if now - pending.submitted_at > self.publish_timeout
         ]
+        copies = self._copies
+        while copies and now - next(iter(copies.values())) > self.publish_timeout:
+            del copies[next(iter(copies))]  # no seed answers a copy that late
         if expired and self._outgoing:
             gone = set(expired)
             self._outgoing = [r for r in self._outgoing if r.ref not in gone]
@@ -325,5 +342,6 @@ class ClusterPublishing:
             "resent": stats.resent,
             "repeats": stats.repeats,
             "acknowledged_repeats": stats.acknowledged_repeats,
+            "copies_refused": stats.copies_refused,
             "applied_clsn": self.replica.applied_clsn,
         }

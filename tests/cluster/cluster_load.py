@@ -336,11 +336,13 @@ class LoadSubscriber(threading.Thread):
 
     # --- results -----------------------------------------------------------------------
 
-    def messages(self, since: float = 0.0) -> list[Message]:
+    def messages(self, since: float = 0.0, until: float = float("inf")) -> list[Message]:
+        """What was delivered, in order (received at ``since`` or later and before
+        ``until``, ``time.monotonic``)."""
         return [
             m
             for r in list(self.received)
-            if r.at >= since and isinstance(r.op, ops.Deliver)
+            if since <= r.at < until and isinstance(r.op, ops.Deliver)
             for m in r.op.messages
         ]
 
@@ -383,8 +385,9 @@ def delivery_problems(
     """What is wrong with ``received`` (one subscriber's deliveries, in order) against the
     ``acked`` publishes (those after ``after[subject]``, where the subscriber started, if
     given): an acknowledged message missing or at another position, a position delivered
-    twice, out of order, a gap in a lineage, or two contents at one position. Snapshots
-    are not counted (they repeat a message on purpose)."""
+    twice, out of order, a gap in a lineage, two contents at one position, or one content
+    at two positions (a publish numbered twice). Snapshots are not counted (they repeat a
+    message on purpose)."""
     problems: list[str] = []
     by_subject: dict[str, list[Message]] = {}
     for message in received:
@@ -406,6 +409,13 @@ def delivery_problems(
                 elif position.seq > last.seq + 1:
                     problems.append(f"{subject} {position} after {last}: gap")
             last = position
+    for subject, messages in by_subject.items():
+        positions: dict[bytes, Position] = {}
+        for m in messages:
+            first = positions.setdefault(m.content, m.position)
+            if first != m.position:
+                problems.append(f"{subject} {m.content!r}: numbered twice, at {first} and "
+                                f"{m.position}")
     for subject, messages_acked in acked.items():
         got = {
             m.content: m.position for m in by_subject.get(subject, [])

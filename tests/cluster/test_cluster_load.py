@@ -52,6 +52,16 @@ def test_a_message_delivered_at_another_position_is_reported() -> None:
     assert "acknowledged at" in delivery_problems(moved, acked(1))[0]
 
 
+def test_a_publish_numbered_twice_is_reported_whichever_position_was_acknowledged() -> None:
+    """A copy of a publish numbered again (a second position): its publisher acknowledged
+    at the second one (its member jumped past the first one's batch) passed before --
+    "delivered at" compares with the last delivery only."""
+    twice = [*delivered(1, 2), Message(S, b"m1", epoch=EPOCH, seq=3)]
+    for ack in (Position(EPOCH, 1), Position(EPOCH, 3)):
+        problems = delivery_problems(twice, {S: [(b"m1", ack), (b"m2", Position(EPOCH, 2))]})
+        assert any("numbered twice" in p for p in problems), problems
+
+
 def test_only_what_was_acknowledged_after_the_start_is_expected() -> None:
     assert delivery_problems(delivered(3), acked(1, 2, 3), after={S: Position(EPOCH, 2)}) == []
 

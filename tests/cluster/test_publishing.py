@@ -148,6 +148,42 @@ def test_a_publish_forwarded_twice_believes_no_definite_failure() -> None:
     assert answers.reasons[1] == "outcome unknown: no commit seen within 10 s"
 
 
+def test_copies_a_seed_refused_are_counted_after_the_first_copies_answered() -> None:
+    """The copies' command failed for sure at the next seed (a Raft leader change, the
+    barrier after it committed) after the first copies' batch had answered the publishes:
+    nothing more is answered, and the refused copies are counted -- they never reached the
+    coordinator, so none of them can come back as a repeat (the CI of 0dfa9a5f: 2,019
+    sent again, 0 repeats, 40 newer publishes failed "the Raft leader changed")."""
+    publishing, answers = _member()
+    _publish(publishing, answers, "abc", 0.0)
+    coordinator = Coordinator()
+    first = coordinator.apply_batch(7, publishing.take_outgoing())  # not seen here yet
+    assert publishing.resend_unanswered(1.0) == 3
+    publishing.take_outgoing()
+    publishing.on_committed(first, 1.2)  # the next seed caught this member up
+    copies = [("edge#1", 1), ("edge#1", 2), ("edge#1", 3)]
+    publishing.on_failed(copies[:1], "LEADER_CHANGED", unknown=True, now=1.3)  # may commit
+    publishing.on_failed(copies, "the Raft leader changed", unknown=False, now=1.5)
+    publishing.on_failed(copies, "the Raft leader changed", unknown=False, now=1.6)  # again
+    assert [(r.closure, r.status.name) for r in answers.results] == [
+        ("a", "PUBLISH_OK"), ("b", "PUBLISH_OK"), ("c", "PUBLISH_OK")]
+    stats = publishing.statistics()
+    assert (stats["resent"], stats["repeats"], stats["copies_refused"]) == (3, 0, 3)
+
+
+def test_a_copy_is_forgotten_once_no_seed_answers_it() -> None:
+    publishing, answers = _member()
+    _publish(publishing, answers, "ab", 0.0)
+    publishing.take_outgoing()
+    publishing.resend_unanswered(1.0)
+    publishing.take_outgoing()
+    publishing.expire(10.5)  # both answered: outcome unknown
+    publishing.expire(11.5)  # the copies, resent at 1.0, forgotten too
+    publishing.on_failed([("edge#1", 1)], "REQUEST_DENIED", unknown=False, now=11.6)
+    assert publishing.statistics()["copies_refused"] == 0
+    assert len(answers.results) == 2
+
+
 def test_a_forwarded_publish_refused_for_its_size_is_answered_so() -> None:
     """The seed's answer names the status the publisher gets (was: PUBLISH_FAILED for
     every ForwardFailed, a message over the seed's MaxMessageSize too): each frame as
