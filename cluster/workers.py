@@ -32,7 +32,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import trio
 from cluster.sequencer import Sequencer
 from cluster.stdout_lines import StdoutLines
 from cluster.worker import BEAT_LINE
+from cluster.worker_process import WorkerProcess
 from migratory import stop_signals
 from migratory.config import Config
 from migratory.config_workers import BEAT_SECONDS
@@ -73,7 +73,7 @@ class WorkerFailed(Exception):
 @dataclass(slots=True)
 class WorkerSlot:
     index: int
-    process: trio.Process | None = None
+    process: WorkerProcess | None = None
     listening: list[str] = field(default_factory=list)
     held_lines: list[str] = field(default_factory=list)
     """Other stdout lines of its first start, printed after the ``listening`` lines."""
@@ -287,9 +287,10 @@ class Supervisor:
 
     async def _run_once(self, slot: WorkerSlot) -> int:
         env = {**os.environ, SECRET_ENV: self.secret}
-        process = await trio.lowlevel.open_process(
-            self._command(slot.index), stdout=subprocess.PIPE, env=env, start_new_session=True,
-            stdin=None if self.config_text is None else subprocess.PIPE,
+        # from this thread, not trio's cache: the parent-death signal each worker asks for
+        # comes when the starting thread ends (cluster/worker_process.py)
+        process = WorkerProcess.start(
+            self._command(slot.index), env=env, stdin=self.config_text is not None
         )
         slot.process = process
         slot.serving = False
@@ -309,17 +310,18 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
             return await process.wait()
         finally:
-            if self.stopping or process.returncode is None:
-                with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):
+                if self.stopping or process.returncode is None:
                     await self._end(process)
+                await process.aclose_streams()
 
-    def _kill_hung(self, slot: WorkerSlot, process: trio.Process) -> None:
+    def _kill_hung(self, slot: WorkerSlot, process: WorkerProcess) -> None:
         log.error("worker %d sent no heartbeat for %d s (hung); killing it",
                   slot.index, self.config.worker_hang_time)
         with contextlib.suppress(ProcessLookupError):
             process.kill()
 
-    async def _give_config(self, process: trio.Process) -> None:
+    async def _give_config(self, process: WorkerProcess) -> None:
         """The config file's text as the server started with it: a worker restarted
         after the file was edited (or removed) runs as its peers and the sequencer do,
         not with settings they never read, or not at all."""
@@ -357,7 +359,7 @@ class Supervisor:
                 else:
                     self.output.say(line)
 
-    async def _end(self, process: trio.Process) -> None:
+    async def _end(self, process: WorkerProcess) -> None:
         """Make sure ``process`` is gone (the supervisor is stopping or failed)."""
         if process.returncode is None:
             serving = any(s.process is process and s.serving for s in self.slots)
