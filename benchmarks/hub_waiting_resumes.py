@@ -9,6 +9,9 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
   (``Hub.reposition``) that jumps ``--ahead`` messages: its time;
 - ``history``: one subscribe asking for the whole history of a subject caching
   ``--ahead`` messages of 100 bytes (best of 3);
+- ``history-sessions``: ``--clients`` native sessions of one server asking for it at
+  once, each a step per round (a connection's budget per turn): the longest step, the
+  longest round (``--size``: the messages' content bytes);
 - ``live-sessions``: as ``live``, the subscribers real sessions of one server (their
   outboxes: ``--front ws`` (``conflated``: at 500 ms), or ``sse`` / ``sse-multi``,
   streams of one subject or of two, or ``mqtt`` / ``mqtt-persistent``, MQTT sessions
@@ -21,6 +24,8 @@ other one-step answers of docs/benchmarks.md, "A lagging member's waiting resume
     .venv/bin/python benchmarks/hub_waiting_resumes.py looks --clients 10000 --ahead 900
     .venv/bin/python benchmarks/hub_waiting_resumes.py live --clients 10000 --ahead 400
     .venv/bin/python benchmarks/hub_waiting_resumes.py history --ahead 10000
+    .venv/bin/python benchmarks/hub_waiting_resumes.py history-sessions --clients 10 \
+        --ahead 10000
     .venv/bin/python benchmarks/hub_waiting_resumes.py live-sessions --front ws \
         --clients 10000 --ahead 400  # or --front sse / sse-multi / mqtt / mqtt-persistent
 """
@@ -36,8 +41,11 @@ from migratory.config import Config
 from migratory.model.message import Message, MessageType, Qos, new_message
 from migratory.model.position import Position
 from migratory.protocol import mqtt, ops
+from migratory.protocol import websocket as ws
+from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import Server
+from migratory.server.connection import OPERATIONS_PER_TURN
 from migratory.server.format_sink import send_op
 from migratory.server.hub import Hub
 from migratory.server.mqtt_session import MqttSession
@@ -212,9 +220,57 @@ def history(cached: int) -> dict[str, float]:
     return {"answer_ms": best * 1000}
 
 
+def history_sessions(clients: int, cached: int, size: int) -> dict[str, float]:
+    """``--clients`` native WebSocket sessions of one server subscribing at once, each
+    with the whole history of a subject caching ``--ahead`` messages: each session works
+    a step at a time (``Session.process`` with a connection's budget per turn,
+    ``OPERATIONS_PER_TURN``), round after round, as the loop's turns let each in; the
+    longest step's CPU, the longest round's (every session's step: at most what one
+    turn of the loop runs), the CPU in all, and the steps."""
+    server = Server(Config.from_mapping({"MaxCachedMessagesPerSubject": str(cached),
+                                         "MaxPublishesPerSecond": "0"}))
+    for n in range(cached):
+        server.ctx.hub.publish(Message(SUBJECT, b"x" * size, {"n": str(n)}), 0.0)
+    links = [CountingLink(False) for _ in range(clients)]
+    sessions = []
+    for link in links:
+        link.session = session = Session(server.ctx, link, "bench")
+        session.receive_data(handshake_request("127.0.0.1", "/", new_websocket_key())
+                             + masked(ops.Connect("c")), 0.0)
+        session.outbox.take()
+        sessions.append(session)
+    subscribe = masked(ops.Subscribe((ops.SubscriptionRequest(SUBJECT, history=cached),)))
+    longest_step = longest_round = 0.0
+    steps, started = 0, time.process_time()
+    waiting = [(session, True) for session in sessions]
+    while waiting:
+        round_started, more = time.process_time(), []
+        for session, first in waiting:
+            one = time.process_time()
+            if first:
+                again = session.receive_data(subscribe, 0.0, budget=OPERATIONS_PER_TURN)
+            else:
+                again = session.process(0.0, budget=OPERATIONS_PER_TURN)
+            session.outbox.take()
+            longest_step = max(longest_step, time.process_time() - one)
+            steps += 1
+            if again:
+                more.append((session, False))
+        longest_round = max(longest_round, time.process_time() - round_started)
+        waiting = more
+    return {"longest_step_cpu_ms": longest_step * 1000,
+            "longest_round_cpu_ms": longest_round * 1000,
+            "cpu_ms": (time.process_time() - started) * 1000, "steps": steps}
+
+
+def masked(op: ops.ClientOp) -> bytes:
+    return ws.encode_masked_binary(ops.encode_client_op(op), b"mask")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("looks", "live", "history", "live-sessions"))
+    parser.add_argument("what", choices=("looks", "live", "history", "live-sessions",
+                                         "history-sessions"))
     parser.add_argument("--front", default="ws",
                         choices=("ws", "conflated", "sse", "sse-multi", "mqtt",
                                  "mqtt-persistent", "mqtt-qos1"))
@@ -227,6 +283,8 @@ def main() -> None:
         figures = looks(args.clients, args.ahead)
     elif args.what == "live":
         figures = live(args.clients, args.ahead)
+    elif args.what == "history-sessions":
+        figures = history_sessions(args.clients, args.ahead, args.size)
     elif args.what == "live-sessions":
         figures = live_sessions(args.clients, args.ahead, args.front, args.size,
                                 args.full)

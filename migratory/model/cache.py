@@ -61,14 +61,15 @@ _QOS = {q._value_: q for q in Qos}
 _TYPES = {t._value_: t for t in MessageType}
 
 
-def _message(entry: _Entry) -> Message:
+def _message(entry: _Entry, as_type: MessageType | None = None) -> Message:
     # new_message and the lookups, not Message(), Qos() and MessageType(): 4.5 -> ~1.5 us
     # a message; a cache sync rebuilds every cached message (680,000 of them with the
     # default CacheMemoryBudget), and a resume every one it recovers
     _, epoch, seq, subject, content, flat, retained, qos, closure, kind, _ = entry
     fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
     return new_message(
-        subject, content, fields, retained, _QOS[qos], closure, epoch, seq, _TYPES[kind]
+        subject, content, fields, retained, _QOS[qos], closure, epoch, seq,
+        _TYPES[kind] if as_type is None else as_type,
     )
 
 
@@ -85,6 +86,14 @@ class CachedRun:
 
     def messages(self) -> tuple[Message, ...]:
         return tuple(map(_message, self._entries))
+
+    def bytes(self) -> int:
+        """The sum of its messages' ``encoded_bound``."""
+        return sum(entry[_BOUND] for entry in self._entries)
+
+    def as_type(self, start: int, end: int, kind: MessageType) -> list[Message]:
+        """Its messages ``start`` to ``end`` (indices), each of type ``kind``."""
+        return [_message(entry, kind) for entry in self._entries[start:end]]
 
 
 class SubjectCache:
@@ -200,6 +209,17 @@ class SubjectCache:
         only when read (:meth:`CachedRun.messages`): taking every subject's run is cheap
         enough for the event loop, rebuilding them all is not (a cache sync)."""
         return CachedRun(tuple(self._all))
+
+    def run_until(self, seq: int | None, count: int) -> CachedRun:
+        """The newest ``count`` cached messages (fewer if fewer are) up to ``seq`` (None:
+        the newest), taken as :meth:`run` takes them, not built."""
+        entries = self._all
+        if not entries or count <= 0:
+            return CachedRun(())
+        end = len(entries) if seq is None else min(
+            len(entries), max(0, seq + 1 - entries[0][_SEQ]))
+        start = max(0, end - count)
+        return CachedRun(tuple(islice(entries, start, end)))
 
     @property
     def _all(self) -> Sequence[_Entry]:

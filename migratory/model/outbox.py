@@ -64,8 +64,8 @@ class Outbox:
     """
 
     __slots__ = (
-        "_batch_space", "_budget", "_frames", "_max_pending", "_partial_head",
-        "_pending_bytes", "_taken", "_taken_bytes", "batch_taken",
+        "_batch_space", "_budget", "_frames", "_held_at", "_held_bytes", "_max_pending",
+        "_partial_head", "_pending_bytes", "_taken", "_taken_bytes", "batch_taken",
     )
 
     def __init__(
@@ -87,12 +87,18 @@ class Outbox:
         self._taken_bytes = 0  # its length
         self._partial_head = False  # the first frame is the unwritten rest of a frame
         self._budget = budget
+        # a frame still being made (a history answer, in slices: :meth:`hold`) goes before
+        # ``_frames[_held_at]``; nothing from there on is taken until it is in (``fill``)
+        self._held_at: int | None = None
+        self._held_bytes = 0  # what it counts for meanwhile: a bound of its size
         # a batch was taken to be written since the heartbeats last looked (heartbeats.py
         # clears it at each look)
         self.batch_taken = False
 
     def __bool__(self) -> bool:
-        return bool(self._frames)
+        """Frames may be taken (some wait before a frame still being made)."""
+        held_at = self._held_at
+        return bool(self._frames) if held_at is None else held_at > 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -147,8 +153,53 @@ class Outbox:
             if self._budget is not None:
                 self._budget.used += len(frame)
 
+    @property
+    def holding(self) -> bool:
+        """A frame is being made (:meth:`hold`): what comes after it waits."""
+        return self._held_at is not None
+
+    def hold(self, bound: int) -> None:
+        """Make room for a frame of at most ``bound`` bytes that will be made over several
+        turns of the loop (:meth:`fill`): frames queued meanwhile go after it, and it and
+        they are counted as pending (it by ``bound``) against the limits, as if it were
+        queued now. Raises SlowConsumer as :meth:`enqueue`, the outbox unchanged."""
+        assert self._held_at is None, "one frame held at a time"
+        self._check(self._pending_bytes + bound, bound)
+        self._pending_bytes += bound
+        self._held_at = len(self._frames)
+        self._held_bytes = bound
+
+    def fill(self, frame: bytes) -> bool:
+        """The frame held by :meth:`hold`, made: queued where it was held (counted by its
+        own size now); True when ``batch_space`` bytes may now be taken."""
+        held_at = self._held_at
+        assert held_at is not None, "fill without hold"
+        self._frames.insert(held_at, frame)
+        change = len(frame) - self._held_bytes
+        self._pending_bytes += change
+        if self._budget is not None:
+            self._budget.used += change
+        self._held_at = None
+        self._held_bytes = 0
+        return self._pending_bytes >= self._batch_space
+
+    def _check(self, pending: int, size: int) -> None:
+        """Whether ``size`` more bytes, ``pending`` then, may be queued (counted in the
+        budget if so); SlowConsumer if not."""
+        if pending > self._max_pending:
+            raise SlowConsumer(pending, self._max_pending)
+        budget = self._budget
+        if budget is not None:
+            used = budget.used + size
+            if used > budget.limit and pending > self._max_pending >> 4:
+                raise SlowConsumer(used, budget.limit)
+            budget.used = used
+
     def take(self) -> bytes:
-        """All pending frames as one bytes object (the frame itself if only one), emptied."""
+        """All pending frames as one bytes object (the frame itself if only one), emptied
+        -- but for a frame being made (:meth:`hold`) and those after it."""
+        if self._held_at is not None:
+            return self._take_held()
         frames = self._frames
         if len(frames) == 1:
             batch = frames[0]
@@ -169,6 +220,25 @@ class Outbox:
         self.batch_taken = True
         return batch
 
+    def _take_held(self) -> bytes:
+        """``take`` with a frame being made: the frames before it."""
+        held_at = self._held_at
+        assert held_at is not None
+        frames = self._frames
+        taken = frames[:held_at]
+        del frames[:held_at]
+        self._held_at = 0
+        batch = b"".join(taken)
+        self._taken = taken
+        size = len(batch)
+        self._pending_bytes -= size
+        if self._budget is not None:
+            self._budget.used -= size
+        self._taken_bytes = size
+        self._partial_head = False
+        self.batch_taken = True
+        return batch
+
     def requeue_unsent(self, rest: bytes) -> None:
         """Put the unwritten tail of a taken batch back in front of the queue.
 
@@ -179,6 +249,12 @@ class Outbox:
         taken, self._taken = self._taken, None
         if not rest:
             return
+        before = len(self._frames)
+        self._requeue(taken, rest)
+        if self._held_at is not None:
+            self._held_at += len(self._frames) - before
+
+    def _requeue(self, taken: list[bytes] | None, rest: bytes) -> None:
         self._pending_bytes += len(rest)
         if self._budget is not None:
             self._budget.used += len(rest)
@@ -204,6 +280,8 @@ class Outbox:
         which was written is dropped like the others.
         """
         frames = self._frames
+        self._held_at = None  # (a frame being made is dropped with them)
+        self._held_bytes = 0
         first = frames.pop(0) if keep_first and self._partial_head and frames else None
         self._partial_head = first is not None
         dropped = self._pending_bytes - (len(first) if first is not None else 0)

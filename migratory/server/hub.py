@@ -38,7 +38,7 @@ from migratory.server.format_sink import (
     tell_missed,
 )
 from migratory.server.hub_expiry import SubjectExpiry
-from migratory.server.hub_resume import ResumeCursor, SlicedResumes
+from migratory.server.hub_resume import ResumeCursor, SlicedResumes, history_op
 from migratory.server.hub_settle import WaitingResumes
 from migratory.server.hub_sinks import FilterAges, MessageSinks, SessionHolds
 from migratory.server.hub_statistics import HubStatistics
@@ -201,21 +201,24 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         return self.start_resume(sink, request, now, None)[0]
 
     def start_resume(
-        self, sink: AnySink, request: ops.SubscriptionRequest, now: float, limit: int | None
+        self, sink: AnySink, request: ops.SubscriptionRequest, now: float, limit: int | None,
+        *, sliced_history: bool = False,
     ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
         """As :meth:`subscribe`, a resume recovering at most ``limit`` messages (None: all
         of them); the cursor of the rest (:meth:`continue_resume`), None if none is left
-        (:mod:`migratory.server.hub_resume`)."""
+        (:mod:`migratory.server.hub_resume`). ``sliced_history``: a history of more than
+        ``HISTORY_SLICE`` messages is answered as a :class:`SlicedHistory`, its frame
+        made by the caller in slices (:mod:`migratory.server.history_frame`)."""
         state = self._state(request.subject)
         sinks = state.sinks
         try:
-            return self._subscribe(state, sink, request, now, limit)
+            return self._subscribe(state, sink, request, now, limit, sliced_history)
         finally:
             self._sinks += state.sinks - sinks
 
     def _subscribe(
         self, state: SubjectState, sink: AnySink, request: ops.SubscriptionRequest, now: float,
-        limit: int | None,
+        limit: int | None, sliced: bool,
     ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
         self._drop_subscription(state, sink)
         period = round_conflation_ms(request.conflation_ms)
@@ -242,8 +245,8 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
             return [allow, ops.SubjectStatus(ops.Status.DATA_RESYNC, state.subject, None)], None
         if position is None:
             self._add_subscription(state, sink, period, now)
-            return self._fresh(state, request.history), None
-        answer, cursor = self._resume_from(state, sink, request, period, now, limit)
+            return self._fresh(state, request.history, sliced), None
+        answer, cursor = self._resume_from(state, sink, request, period, now, limit, sliced)
         return [allow, *answer], cursor
 
     def _ahead(self, state: SubjectState, position: Position) -> bool:
@@ -272,16 +275,14 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         else:
             state.subscribers[sink] = None
 
-    def _fresh(self, state: SubjectState, history: int) -> list[ops.ServerOp]:
+    def _fresh(self, state: SubjectState, history: int, sliced: bool) -> list[ops.ServerOp]:
         out: list[ops.ServerOp] = [
             ops.SubjectStatus(ops.Status.SUBSCRIBE_ALLOW, state.subject, state.position)
         ]
         if history > 0:
-            historical = [
-                m.as_type(MessageType.HISTORICAL) for m in state.cache.last(history)
-            ]
-            if historical:
-                out.append(ops.Deliver(tuple(historical)))
+            deliver = history_op(state.cache.run_until(None, history), sliced)
+            if deliver is not None:
+                out.append(deliver)
         elif self._publish_snapshot and state.snapshot is not None:
             out.append(ops.Deliver((state.snapshot,)))
         return out

@@ -25,13 +25,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from migratory.model.cache import CachedRun
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
+from migratory.server.answer_bound import MESSAGE_OVERHEAD
 from migratory.server.format_sink import AnySink
+from migratory.server.history_frame import HISTORY_SLICE, HistoryFrame, SlicedHistory
 from migratory.server.resume_snapshot import GONE, snapshot_as_of
 from migratory.server.shared_recovery import BatchKey, SharedRecovery
 from migratory.server.subject_state import SubjectState, WaitingResume
+
+
+def history_op(run: CachedRun, sliced: bool) -> ops.Deliver | None:
+    """The ``Deliver`` of a history (its messages typed historical), None if empty; a
+    :class:`SlicedHistory` if ``sliced`` and longer than ``HISTORY_SLICE``."""
+    if not len(run):
+        return None
+    if sliced and len(run) > HISTORY_SLICE:
+        bound = run.bytes() + len(run) * MESSAGE_OVERHEAD + FRAME_OVERHEAD
+        return SlicedHistory(HistoryFrame(run, bound))
+    return ops.Deliver(tuple(run.as_type(0, len(run), MessageType.HISTORICAL)))
+
+
+FRAME_OVERHEAD = 32
+"""A history frame's bytes beyond its messages': the WebSocket header, the batch's keys
+and array header."""
 
 
 class ResumeCursor(NamedTuple):
@@ -101,7 +120,7 @@ class SlicedResumes:
 
     def _resume_from(
         self, state: SubjectState, sink: AnySink, request: ops.SubscriptionRequest,
-        period: int, now: float, limit: int | None,
+        period: int, now: float, limit: int | None, sliced: bool = False,
     ) -> tuple[list[ops.ServerOp], ResumeCursor | None]:
         """What a resume from ``request.position`` gets after its ``SUBSCRIBE_ALLOW``: the
         snapshot as of that position first if asked (``snapshot``), then the history as
@@ -118,13 +137,13 @@ class SlicedResumes:
             if isinstance(owed, Message):
                 out.append(ops.Deliver((owed,)))  # the snapshot as of ``position``
         history = request.history
-        if history > 0 and position.epoch == state.epoch and position.seq <= state.seq:
-            after = state.seq - position.seq  # (the cache holds them: see _recover)
-            if self._missed(state, position, 0) is not None:
-                before = state.cache.last(history + after)[: -after or None]
-                historical = [m.as_type(MessageType.HISTORICAL) for m in before[-history:]]
-                if historical:
-                    out.append(ops.Deliver(tuple(historical)))
+        if (history > 0 and position.epoch == state.epoch and position.seq <= state.seq
+                and self._missed(state, position, 0) is not None):
+            # the newest ``history`` up to ``position`` (only those built: a resume far
+            # back built all it would recover too, in this step)
+            deliver = history_op(state.cache.run_until(position.seq, history), sliced)
+            if deliver is not None:
+                out.append(deliver)
         answer, rest = self._recover(state, sink, cursor, now, limit)
         return out + answer, rest
 

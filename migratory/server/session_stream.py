@@ -59,6 +59,34 @@ class StreamSession(RunOutput):
         raise NotImplementedError  # Session
 
 
+    # --- a history made in slices (history_frame.py) ------------------------------------
+
+    def hold_history(self, bound: int) -> bool:
+        """Hold the place of a history frame of at most ``bound`` bytes in the outbox,
+        made in later turns (:meth:`fill_history`); False if that cut the client off as
+        a slow consumer (the frame queued whole would have)."""
+        if self.closing or self.aborted:
+            return False
+        try:
+            self.outbox.hold(bound)
+        except SlowConsumer as exc:
+            self._slow_consumer(exc)
+            return False
+        return True
+
+    def fill_history(self, frame: bytes, *, write: bool = True) -> None:
+        """The history frame, made: in its place (nothing if the outbox was dropped
+        meanwhile); written as a frame queued then would be (``write``)."""
+        if not self.outbox.holding:
+            return
+        full = self.outbox.fill(frame)
+        if not write:
+            return
+        if full:
+            self._link.flush_now()
+        else:
+            self._link.mark_dirty()
+
     @property
     def heartbeat_interval(self) -> float | None:
         """Seconds between heartbeats of an idle stream; None: not a stream."""

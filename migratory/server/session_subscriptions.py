@@ -24,6 +24,7 @@ from migratory.model.subject import InvalidSubjectError, reserved, validate_subj
 from migratory.protocol import ops
 from migratory.server import admission
 from migratory.server.context import ServerContext
+from migratory.server.history_frame import HistoryFrame, SlicedHistory
 from migratory.server.hub import ResumeCursor
 
 log = logging.getLogger("migratory.session")
@@ -47,6 +48,10 @@ class Subscriber(Protocol):
     def log_fields(self) -> dict[str, Any]: ...
 
     def audit_client(self) -> dict[str, Any]: ...
+
+    def hold_history(self, bound: int) -> bool: ...
+
+    def fill_history(self, frame: bytes, *, write: bool = True) -> None: ...
 
 
 _NO_SUBJECTS: frozenset[str] = frozenset()
@@ -90,8 +95,8 @@ class Subscriptions:
         # subscribe entries taken but not answered yet (a few per loop turn: Session.process),
         # a resume under way first (its cursor); made only when a subscribe waits: an empty
         # deque is 760 bytes per idle connection
-        self._queued: deque[ops.SubscriptionRequest | ResumeCursor | SettledResume] | None = (
-            None)
+        self._queued: deque[
+            ops.SubscriptionRequest | ResumeCursor | SettledResume | HistoryFrame] | None = None
 
     @property
     def subjects(self) -> AbstractSet[str]:
@@ -105,11 +110,12 @@ class Subscriptions:
 
     @property
     def settling(self) -> bool:
-        """The first entry waiting is a resume the hub settled or the rest of one: no
-        check of the client's left to do (:meth:`answer_settled` may answer it)."""
+        """The first entry waiting is a resume the hub settled or the rest of one, or a
+        history being made: no check of the client's left to do (:meth:`answer_settled`
+        may answer it)."""
         queued = self._queued
         return queued is not None and bool(queued) and isinstance(
-            queued[0], SettledResume | ResumeCursor)
+            queued[0], SettledResume | ResumeCursor | HistoryFrame)
 
     def settled(self, subject: str) -> None:
         """The hub settled a waiting resume of ``subject``: answer it in a later turn."""
@@ -152,6 +158,9 @@ class Subscriptions:
         entry = queued.popleft()
         if not queued:
             self._queued = None
+        if isinstance(entry, HistoryFrame):
+            return self._make_history(entry)
+        history: HistoryFrame | None = None
         try:
             if isinstance(entry, ResumeCursor):
                 answer, cursor = self._ctx.hub.continue_resume(
@@ -163,23 +172,45 @@ class Subscriptions:
                 self._send(answer, since)
             else:
                 answer, cursor = self._answer(entry, now)
+                history = next((op.history for op in answer
+                                if isinstance(op, SlicedHistory)), None)
         except DecisionPending:  # asked again once the entitlement has decided
             if self._queued is None:
                 self._queued = deque()
             self._queued.appendleft(entry)
             raise
+        if history is not None and self._session.outbox.holding:
+            # its slices before the next entry; after the rest of the resume, if any,
+            # whose slices go on in their steps as before, queued behind its place
+            if self._queued is None:
+                self._queued = deque()
+            self._queued.appendleft(history)
         if cursor is not None:  # the rest of the resume, before the next entry
             if self._queued is None:
                 self._queued = deque()
             self._queued.appendleft(cursor)
         return answer_units(answer)
 
+    def _make_history(self, history: HistoryFrame) -> int:
+        """The next slice of a history being made; the frame in its place once made."""
+        messages, size = history.advance(SLICE_MESSAGES)
+        if history.made:
+            self._session.fill_history(history.frame())
+        else:
+            if self._queued is None:
+                self._queued = deque()
+            self._queued.appendleft(history)
+        return 1 + messages // MESSAGES_PER_UNIT + size // admission.WORK_UNIT_BYTES
+
     def _send(self, answer: list[ops.ServerOp], position: object) -> None:
         session = self._session
         for op in answer:
             if isinstance(op, ops.SubjectStatus) and position is not None:
                 self._resumed(op, position)
-            session.send_op(op)
+            if isinstance(op, SlicedHistory):  # made in slices (answer_next), its place held
+                session.hold_history(op.history.bound)
+            else:
+                session.send_op(op)
 
     def _answer(
         self, request: ops.SubscriptionRequest, now: float
@@ -212,7 +243,8 @@ class Subscriptions:
         if audit is not None and audit.access:
             audit.event("access", "subscribe", session.audit_client(), subject=subject,
                         outcome="allowed", position=request.position)
-        answer, cursor = self._ctx.hub.start_resume(session, request, now, SLICE_MESSAGES)
+        answer, cursor = self._ctx.hub.start_resume(session, request, now, SLICE_MESSAGES,
+                                                    sliced_history=True)
         self._send(answer, request.position)
         return answer, cursor
 
@@ -248,7 +280,14 @@ class Subscriptions:
                 self._ctx.hub.unsubscribe(self._session, subject)
 
     def forget(self) -> None:
-        """Forget every subscription and every entry waiting (idempotent)."""
+        """Forget every subscription and every entry waiting (idempotent). A history
+        being made is made now, in its place: a close frame queued after it follows it,
+        as it did when the history was made whole."""
+        for history in self._queued or ():
+            # (after the rest of a resume, maybe; not once the outbox was dropped)
+            if isinstance(history, HistoryFrame) and self._session.outbox.holding:
+                history.advance(len(history))
+                self._session.fill_history(history.frame(), write=False)
         self._queued = None
         hub = self._ctx.hub
         for subject in self.subjects:

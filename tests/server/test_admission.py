@@ -261,7 +261,8 @@ def test_refusing_a_huge_subscribe_costs_little(
     written(session, key)
     rebuilt = []
     real = cache_module._message
-    monkeypatch.setattr(cache_module, "_message", lambda entry: rebuilt.append(1) or real(entry))
+    monkeypatch.setattr(cache_module, "_message",
+                        lambda *entry: rebuilt.append(1) or real(*entry))
     other = Session(ctx, Wire(), "127.0.0.1:2")  # the count sees a subscribe's history read
     other.receive_data(handshake_request("127.0.0.1", "/", new_websocket_key()), 0.0)
     other.receive_data(frame(ops.Connect("other")), 0.0)

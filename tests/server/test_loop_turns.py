@@ -76,8 +76,8 @@ def count_recovered(hub: Any, turns: Turns, start: str) -> Counter[int]:
     recovered: Counter[int] = Counter()
 
     def counted(call: Any) -> Any:
-        def count(*args: Any) -> Any:
-            answer, cursor = call(*args)
+        def count(*args: Any, **keywords: Any) -> Any:
+            answer, cursor = call(*args, **keywords)
             recovered[turns.turn] += sum(
                 len(op.messages) for op in answer if isinstance(op, ops.Deliver))
             return answer, cursor
