@@ -15,9 +15,11 @@ whole, its outcome must be what the frames one by one would have had:
   frame was: whole frames more of what it was sent, in order;
   ``test_run_output.py::test_cut_off_with_a_run_partly_written_the_rest_of_the_run_is_kept``);
 - the writes: a frame that fills a batch (``MaxBatchingSpace``) has the batch written at
-  once (``flush_now``), the socket taking what it can before the next frame comes. The
-  frames of a run that would fill one on its way are given one by one up to the one that
-  fills it, as before, and the rest after its write as a run again -- all of it at once
+  once (``flush_now``), the socket taking what it can before the next frame comes. Of a
+  run that would fill one on its way, the frames up to the one that fills it are given
+  in one append (they were given one by one: the same bytes are written at the same
+  points, none before it filling a batch), and the rest after its write as a run
+  again -- all of it at once
   if the socket is full already (``Link.writing``: a drain task owns it; a flush writes
   nothing then, so one after the run is all those after each frame were).
 """
@@ -54,12 +56,21 @@ def queue_run(outbox: Outbox, link: Link, deliver: Callable[[bytes], object], ru
               frames: tuple[bytes, ...]) -> None:
     """``frames``, joined as ``run``, through ``deliver`` (which queues one frame in
     ``outbox``, and has ``link`` write it when its batch is full): in one call when no
-    batch fills on the way; else frame by frame until one fills it (written at once),
+    batch fills on the way; else the frames up to the one that fills it in one call (the
+    batch written at once, as when they came one by one: those before it filled none),
     then the rest the same way."""
     given = 0  # bytes of ``run`` given so far
-    for frame in frames:
+    index = 0  # frames given so far
+    while given < len(run):
         if link.writing or outbox.pending_bytes + len(run) - given < outbox.batch_space:
             deliver(run[given:] if given else run)
             return
-        deliver(frame)
-        given += len(frame)
+        room = outbox.batch_space - outbox.pending_bytes  # the frame reaching it fills it
+        cut = given
+        while index < len(frames):
+            cut += len(frames[index])
+            index += 1
+            if cut - given >= room:
+                break
+        deliver(run[given:cut])
+        given = cut
