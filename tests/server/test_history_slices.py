@@ -239,11 +239,16 @@ def test_over_a_socket_the_history_then_what_was_published_meanwhile(
     allow = subscriber.recv_op()
     assert isinstance(allow, ops.SubjectStatus) and allow.status is ops.Status.SUBSCRIBE_ALLOW
     assert allow.position is not None
-    (history,) = [subscriber.recv_op()]
+    at = allow.position.seq  # (publishes sent after the subscribe may come first)
+
+    def content(seq: int) -> bytes:
+        return b"h%d" % (seq - 1) if seq <= 2500 else b"l%d" % (seq - 2501)
+
+    history = subscriber.recv_op()
     assert isinstance(history, ops.Deliver)
-    assert [m.content for m in history.messages] == [b"h%d" % n for n in range(2500)]
+    assert [m.seq for m in history.messages] == list(range(at - 2499, at + 1))
+    assert [m.content for m in history.messages] == [content(s) for s in range(at - 2499, at + 1)]
     assert {m.type for m in history.messages} == {MessageType.HISTORICAL}
-    live = subscriber.recv_messages(200 - (allow.position.seq - 2500))
-    assert [m.seq for m in live] == list(range(allow.position.seq + 1, 2701))
-    assert [m.content for m in live] == [b"l%d" % (s - 2501) for s in range(
-        allow.position.seq + 1, 2701)]
+    live = subscriber.recv_messages(2700 - at)
+    assert [m.seq for m in live] == list(range(at + 1, 2701))
+    assert [m.content for m in live] == [content(s) for s in range(at + 1, 2701)]
