@@ -31,7 +31,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,8 @@ from cluster.raft_dump_unloadable import LEADERS, OWN, UnloadableDump
 from cluster.raft_dump_untaken import UntakenDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 from cluster.raft_forward import NOT_SENT, NOT_SENT_NAME, HoldsForwards, SendBy
-from cluster.raft_front_server import FrontStatistics
 from cluster.raft_outcomes import CLOSED_NAME
+from cluster.raft_status import RaftStatus
 from cluster.raft_timings import RaftTimings
 from cluster.raft_transport import SeedLinkTransport
 from cluster.subject_count import SubjectCountWarning
@@ -98,56 +98,6 @@ def next_digest_at(now: float, took: float) -> float:
     """When to compute the digest again after one that took ``took`` seconds: after
     :data:`DIGEST_PERIOD`, or later so that it takes at most :data:`DIGEST_SHARE`."""
     return now + max(DIGEST_PERIOD, took / DIGEST_SHARE)
-
-
-_NO_FRONT = FrontStatistics()
-
-
-@dataclass(frozen=True, slots=True)
-class RaftStatus:
-    """What the Raft thread last saw; read by the trio side as one reference."""
-
-    state: str = "starting"  # follower | candidate | leader | starting
-    leader: str | None = None
-    term: int = 0
-    commit_index: int = 0
-    last_applied: int = 0
-    leader_commit: int = 0
-    """The leader's commit index as this seed last heard it (its own when it leads)."""
-    ready: bool = False
-    clsn: int = 0
-    digest: str = ""
-    at: float = 0.0
-    linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
-    front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
-    listen_error: str | None = None
-    """Why the Raft port cannot be bound (pysyncobj retries it; no election meanwhile)."""
-    stopped: str | None = None
-    """Why this seed stopped taking part in Raft: a file it could not write (raft_disk.py)."""
-    dump_failures: int = 0
-    """Dumps (log compactions) that failed not for the disk: a bug (raft_dump_files.py)."""
-    subjects: int = 0
-    """Subjects the replicated numbering holds: every one ever published (subject_count.py)."""
-    snapshots: int = 0
-    """Retained snapshots the replicated caches hold (kept for ever too)."""
-    forward_hold: dict[str, int] = field(default_factory=dict)
-    """Commands held while the link to the leader was down (cluster/raft_forward.py)."""
-    held: int = 0
-    held_since: float | None = None
-    """Committed batches held from the hub while a dump's numbering decodes, and since
-    when (cluster/raft_consumer.py): Raft counts them applied (``last_applied``)."""
-    dumps_untaken: dict[str, int] = field(default_factory=dict)
-    """A leader's: seeds sent its dump again and again, not taking it
-    (cluster/raft_dump_untaken.py)."""
-    dump_unloadable: str | None = None
-    """Why this seed applies nothing: a dump it cannot load (cluster/raft_dump_unloadable.py)."""
-    entries_taken: int = 0
-    """Entries this seed's Raft node took in since it started: the commands it appended
-    as leader, the entries its leader sent it as follower (``SeedCoordination.activity``)."""
-
-    @property
-    def has_leader(self) -> bool:
-        return self.leader is not None
 
 
 class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
@@ -231,9 +181,9 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             except RaftClosing:  # (the next turn of pysyncobj's loop destroys it)
                 pass
             except DumpDecodeError as exc:  # not the other seeds' caches: it stops
-                self.stopped = stop_reason(exc, self._SyncObj__conf.fullDumpFile)
+                self._stop(stop_reason(exc, self._SyncObj__conf.fullDumpFile))
             except raft_disk.RaftDiskFailure as exc:
-                self.stopped = str(exc)
+                self._stop(str(exc))
                 log.critical(
                     "Raft: %s: this seed stops taking part in Raft (it must not acknowledge "
                     "or vote on what it cannot keep); its files are whole, the write that "
@@ -244,6 +194,17 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         if now >= self._next_status:
             self._next_status = now + STATUS_PERIOD
             self.publish_status(now)
+
+    def _stop(self, reason: str) -> None:
+        """Stop taking part in Raft, and say so to the other seeds at once: their links
+        to this node are closed (as a killed seed's are), its port too. Left open, a
+        stopped leader looked alive to its followers until their election (and its
+        links until ``connectionTimeout``): every command they forwarded meanwhile was
+        lost in it, then failed "the Raft leader changed" -- 363 and 1,174 of a
+        non-seed's publishes at 2,000/s (docs/cluster.md). A link found down before a
+        command is written holds it for the next leader (cluster/raft_forward.py)."""
+        self.stopped = reason
+        self._SyncObj__transport.destroy()  # (no callback: its own are unset first)
 
     def publish_status(self, now: float) -> None:
         coordinator = self._status_consumer.coordinator

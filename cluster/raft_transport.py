@@ -185,6 +185,10 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         return dialled
 
     def destroy(self) -> None:
+        """Every link and the port closed; once (a Raft node that stopped closes them
+        when it stops, then again as the member closes it: cluster/raft.py)."""
+        if self._destroyed:
+            return
         self._destroyed = True
         super().destroy()
         if self._server is not None:

@@ -13,6 +13,7 @@ from cluster.raft_outcomes import CLOSED_NAME, barrier_committed, raft_failed
 from cluster.replica import Replica
 from cluster.stream import Backlog, CommittedStream, Outbound, wire_bytes
 from migratory.model.message import Message
+from migratory.protocol import ops
 from migratory.server.hub import Hub
 
 IBM = "/Stocks/NYSE/IBM"
@@ -89,3 +90,31 @@ def test_a_barrier_says_nothing_while_the_seed_has_a_gap() -> None:
     stream.publishing.expire(60.0)
     (reason,) = answers.reasons
     assert reason is not None and reason.startswith("outcome unknown")
+
+
+def test_a_forward_committed_before_its_barrier_is_acknowledged_not_failed() -> None:
+    """A leader that stopped (its disk) had sent a non-seed's forward to the followers;
+    the seed that took it heard "the Raft leader changed" (unknown), and the next leader
+    commits it before the seed's barrier. The non-seed gets the batch first, on the same
+    link: its publisher gets PUBLISH_OK, and the barrier's failure after it says nothing
+    (test_raft_stopped_links.py builds the Raft side with real nodes)."""
+    edge = ClusterPublishing(origin="edge#1", replica=Replica(Hub(epoch=UNNUMBERED_EPOCH)))
+    answers = Answers()
+    edge.submit(Message(IBM, b"x"), answers, 0.0)
+    (request,) = edge.take_outgoing()
+    seed, _, _ = seed_with_a_publish()
+    send, receive = trio.open_memory_channel[Outbound](10)
+    seed.follow("edge", 0, False, send)
+    receive.receive_nowait()  # the heartbeat after the catch-up
+    origins = [(request.origin, request.ref)]
+    assert raft_failed(seed, origins, "LEADER_CHANGED", unknown=True, reply_to="edge", now=1.0)
+    seed.on_committed(Coordinator().apply_batch(700, [request]), 1.5)  # the next leader's
+    barrier_committed(seed, origins, "LEADER_CHANGED", reply_to="edge", now=2.0)
+    frames = [link.decode_op(wire_bytes(receive.receive_nowait())[4:]) for _ in range(2)]
+    assert [type(op) for op in frames] == [link.Batch, link.ForwardFailed]
+    for op in frames:  # as the non-seed's upstream link takes them (cluster/upstream.py)
+        if isinstance(op, link.Batch):
+            edge.on_committed(op.batch, 2.5)
+        elif isinstance(op, link.ForwardFailed):
+            edge.on_failed(list(op.origins), op.reason, unknown=op.unknown, now=2.5)
+    assert [r.status for r in answers.results] == [ops.Status.PUBLISH_OK]
