@@ -187,6 +187,16 @@ class ClusterPublishing:
     def pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def last_ref(self) -> int:
+        """The ref of the last publish taken from a client (0: none yet)."""
+        return self._next_ref
+
+    def waiting_up_to(self, ref: int) -> bool:
+        """Whether a publish taken up to ``ref`` still waits for its outcome."""
+        oldest = next(iter(self._pending), None)  # (refs are pending in their order)
+        return oldest is not None and oldest <= ref
+
     def oldest_submitted(self, origins: list[tuple[str, int]]) -> float | None:
         """When the oldest of this member's publishes among ``origins`` still waiting was
         submitted (``None``: none waits any more)."""

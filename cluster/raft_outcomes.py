@@ -56,10 +56,15 @@ def raft_failed(
     nothing, and the non-seed forwards it again through another seed, with what it
     forwarded after it, in its order
     (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`). Failed, its
-    publisher got ``PUBLISH_FAILED`` while a majority of the seeds was up."""
+    publisher got ``PUBLISH_FAILED`` while a majority of the seeds was up. The seed's
+    own publishes its stopped Raft node refused wait too: the seed, leaving, forwards
+    them through another seed the same way (``GuaranteedNode._leave_after_raft_stopped``);
+    its submits end before its Raft node is closed, so none is refused for that."""
     if error in _NOT_HERE and reply_to is not None:
         stream.end_link(reply_to, f"this seed's Raft node {_NOT_HERE[error]}: its forwards go "
                         "through another seed")
+        return False
+    if error == CLOSED_NAME:  # (reply_to None: this seed's own)
         return False
     if not unknown:
         fail(stream, origins, error, reply_to=reply_to, now=now)

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,6 +40,7 @@ from cluster.raft_outcomes import STARTING_NAME, Origins, barrier_committed, raf
 from cluster.raft_votes import MARKER_SUFFIX
 from cluster.replica import Offer
 from cluster.replicated_cache import DumpRecords
+from cluster.seed_readiness import SeedReadiness
 from cluster.stream import CommittedStream
 from migratory.config import Config
 from migratory.model.position import new_epoch
@@ -52,23 +53,14 @@ MAX_HEARTBEATS_BEFORE_SYNC = 40
 """Heartbeats a seed skips waiting for the sync it asked a peer seed for (its link
 writer sends one every 0.25 s until the answer is queued: 10 s of them)."""
 MAX_BARRIER_ATTEMPTS = 20
-LEADERLESS_GRACE = 1.5
-"""Seconds a seed may see no Raft leader (an election) and stay ready."""
 SYNC_SILENCE = 10.0
 """Seconds a seed waits for a peer seed to connect, or for a byte of the sync it asked."""
-BEHIND_SECONDS = 3.0
-"""A seed that has not applied what the leader had committed this long ago is not ready:
-its clients would see the cluster stand still (a follower catching up a long way)."""
-RAFT_SILENCE = 2.0
-"""Seconds without a status from the Raft thread (it publishes one every 50 ms) before
-a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
-"ready, with a leader" -- in place for ever."""
 
 RAFT_STOPPED_POLL = 0.1
+"""Seconds between two looks at whether the Raft node stopped (its disk is full)."""
 DUMP_DECODED_POLL = 0.01
 """Seconds between two looks at whether a Raft dump's caches have decoded (off the Raft
 thread, cluster/dump_decoder.py) before their install begins."""
-"""Seconds between two looks at whether the Raft node stopped (its disk is full)."""
 
 T = TypeVar("T")
 
@@ -82,8 +74,12 @@ class SeedCoordination:
         stream: CommittedStream,
         outgoing: Outgoing,
         settings: MemberSettings | None = None,
+        leave: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
-        """``settings``: this member's, compared with the seed a sync comes from."""
+        """``settings``: this member's, compared with the seed a sync comes from;
+        ``leave(reason)``: what the member does once its Raft node stopped, before it
+        exits (cluster/node.py: its clients' publishes through another seed, a drain)."""
+        self.leave = leave
         assert config.cluster_member_listen is not None
         self.config = config
         self.settings = settings
@@ -101,9 +97,8 @@ class SeedCoordination:
         self.syncing = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
-        self._leaderless_since: float | None = None
-        self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
         self._handed: deque[float] = deque()  # batches handed over, not yet taken: since
+        self._readiness = SeedReadiness(self._handed)
 
     # --- running ----------------------------------------------------------------------
 
@@ -128,14 +123,16 @@ class SeedCoordination:
             try:
                 self.raft = await trio.to_thread.run_sync(self._build_raft)
                 log.info("Raft node %s started", self.raft.address)
-                nursery.start_soon(self._exit_when_raft_stops)
-                while True:
-                    await self.outgoing.wait()
-                    slot = await self.window.acquire()  # full: the publishes share a command
-                    requests = await self.outgoing.next_requests(0, MAX_COMMAND_BYTES)
-                    self.commands += 1
-                    self.commanded_publishes += len(requests)
-                    self._submit(requests, reply_to=None, slot=slot)
+                with trio.CancelScope() as submitting:
+                    nursery.start_soon(self._exit_when_raft_stops, submitting)
+                    while True:
+                        await self.outgoing.wait()
+                        slot = await self.window.acquire()  # full: they share a command
+                        requests = await self.outgoing.next_requests(0, MAX_COMMAND_BYTES)
+                        self.commands += 1
+                        self.commanded_publishes += len(requests)
+                        self._submit(requests, reply_to=None, slot=slot)
+                await trio.sleep_forever()  # (the member leaves: _exit_when_raft_stops)
             finally:
                 # the task group is ending: what the Raft thread hands over from now on
                 # (a barrier's answer, a gap, a dump) starts nothing in it -- a start_soon
@@ -145,13 +142,18 @@ class SeedCoordination:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self.raft.close)
 
-    async def _exit_when_raft_stops(self) -> None:
+    async def _exit_when_raft_stops(self, submitting: trio.CancelScope | None = None) -> None:
         """A Raft node that cannot write its files stops (cluster/raft_disk.py); so does
-        the member, with the reason (``migratory: Raft stopped: ...``, exit 1)."""
+        the member, with the reason (``migratory: Raft stopped: ...``, exit 1), once it
+        has left (``leave``); ``submitting``: this seed's submits, ended first."""
         while True:
             await trio.sleep(RAFT_STOPPED_POLL)
             status = self.raft_status
             if status is not None and status.stopped is not None:
+                if submitting is not None:
+                    submitting.cancel()  # its publishes go elsewhere (leave)
+                if self.leave is not None:
+                    await self.leave(status.stopped)
                 raise OSError(errno.EIO, f"Raft stopped: {status.stopped}")
 
     def _build_raft(self) -> RaftCoordination:
@@ -255,69 +257,7 @@ class SeedCoordination:
         return None if self.raft is None else self.raft.snapshot
 
     def not_ready_reason(self) -> str | None:
-        status = self.raft_status
-        if status is None:
-            return "Raft is starting (loading its log)"
-        if status.stopped is not None:
-            return f"Raft stopped: {status.stopped}"
-        if status.listen_error is not None:
-            return f"Raft {status.listen_error} (retrying)"
-        if status.dump_unloadable is not None:  # (it applies nothing: never ready)
-            return status.dump_unloadable
-        if not status.ready:
-            return "member has not caught up with Raft yet"
-        silent = time.monotonic() - status.at
-        if silent > RAFT_SILENCE:
-            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
-        behind = self._behind(status) or self._hub_behind(status)
-        if behind is not None:
-            return behind
-        if status.has_leader:
-            self._leaderless_since = None
-            return None
-        now = time.monotonic()
-        if self._leaderless_since is None:
-            self._leaderless_since = now
-        if now - self._leaderless_since < LEADERLESS_GRACE:
-            return None
-        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
-
-    def _behind(self, status: RaftStatus) -> str | None:
-        """Why this seed is behind the leader, if it has not applied what the leader had
-        committed :data:`BEHIND_SECONDS` ago."""
-        commits = self._leader_commits
-        if not commits or commits[-1][0] != status.at:
-            commits.append((status.at, status.leader_commit))
-        then = None
-        while commits and status.at - commits[0][0] >= BEHIND_SECONDS:
-            then = commits.popleft()
-        if then is not None:
-            commits.appendleft(then)  # the newest sample at least BEHIND_SECONDS old
-            if status.last_applied < then[1]:
-                return (
-                    f"member is behind the Raft leader: applied {status.last_applied}, "
-                    f"the leader had committed {then[1]} {status.at - then[0]:.1f} s ago"
-                )
-        return None
-
-    def _hub_behind(self, status: RaftStatus) -> str | None:
-        """Why this seed's hub is behind its own Raft log, if a batch Raft counts
-        applied has not reached the hub for :data:`BEHIND_SECONDS`: held while a dump's
-        numbering decodes, or handed over to a loop that has not taken it. Raft's
-        ``last_applied`` counts such batches, so :meth:`_behind` cannot see it, and the
-        clients would receive nothing while the seed stayed ready."""
-        now = time.monotonic()
-        handed = self._handed
-        waiting = [(status.held_since, status.held, "held while a Raft dump decodes")]
-        if handed:
-            waiting.append((handed[0], len(handed), "handed over, not taken by the hub"))
-        for since, count, why in waiting:
-            if since is not None and now - since >= BEHIND_SECONDS:
-                return (
-                    f"member's hub is behind its Raft log: {count} committed batches "
-                    f"{why} for {now - since:.1f} s"
-                )
-        return None
+        return self._readiness.reason(self.raft_status)
 
     # --- submitting -------------------------------------------------------------------
 

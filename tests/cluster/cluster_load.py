@@ -27,7 +27,7 @@ from rawclient import RawClient
 
 from migratory.model.message import Message, MessageType
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import close_codes, ops
 from migratory.protocol import websocket as ws
 
 SUBJECTS = tuple(f"/load/s{i}" for i in range(4))
@@ -111,6 +111,11 @@ class LoadPublisher(threading.Thread):
         """closure -> how many answers came for it (exactly one each, or a bug)."""
         self.unanswered: set[str] = set()
         """Sent on a link that dropped before their answer came (outcome unknown)."""
+        self.not_published: set[str] = set()
+        """Sent on a link the member closed with 4502 DRAINED before their answer came:
+        not published (the close says every publish it took has its status before it:
+        migratory/server/drain.py), as the SDK reports them."""
+        self._drained = False
         self.links: list[int] = []
         """The member port of each link, in order."""
         self.errors: list[str] = []
@@ -149,8 +154,12 @@ class LoadPublisher(threading.Thread):
             reader.join()
             link.close()
             with self._lock:
-                self.unanswered |= self._outstanding
+                if self._drained:
+                    self.not_published |= self._outstanding
+                else:
+                    self.unanswered |= self._outstanding
                 self._outstanding.clear()
+                self._drained = False
 
     def _publish(self, link: _Link, deadline: float) -> None:
         start, done = time.monotonic(), 0
@@ -189,6 +198,7 @@ class LoadPublisher(threading.Thread):
         except Closed as closed:
             for op in closed.ops_before:
                 self._on_op(op)
+            self._drained = closed.code == close_codes.DRAINED.code
             self.errors.append(f"link to {link.port}: {closed}")
         except LINK_ERRORS as exc:
             self.errors.append(f"link to {link.port}: {exc!r}")
@@ -235,7 +245,8 @@ class LoadPublisher(threading.Thread):
     def summary(self) -> str:
         return (
             f"{len(self.sent)} sent, {len(self.acked)} acknowledged, {len(self.failed)} failed,"
-            f" {len(self.unanswered)} unanswered, links via {self.links}"
+            f" {len(self.unanswered)} unanswered, {len(self.not_published)} not published (a "
+            f"drain's close), links via {self.links}"
         )
 
 

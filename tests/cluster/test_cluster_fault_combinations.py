@@ -54,8 +54,9 @@ BAD_LOG_LINES = ("Traceback", "older than applied", "names two messages")
 def answer_problems(
     publishers: Iterable[LoadPublisher], subscribers: Iterable[LoadSubscriber]
 ) -> list[str]:
-    """A publish failed for sure (anything but "outcome unknown") that a subscriber
-    received, or a delivery nobody published."""
+    """A publish failed for sure (anything but "outcome unknown"; or left without an
+    answer by a drain's close, which says it was not taken) that a subscriber received,
+    or a delivery nobody published."""
     problems = []
     delivered = {m.content for s in subscribers for m in s.messages()}
     sent: set[bytes] = set()
@@ -65,6 +66,9 @@ def answer_problems(
             content = publisher.sent[closure][1]
             if content in delivered and "outcome unknown" not in reason:
                 problems.append(f"{content!r} failed ({reason}) and was delivered")
+        for closure in publisher.not_published:  # (a drain's close came before an answer)
+            if (content := publisher.sent[closure][1]) in delivered:
+                problems.append(f"{content!r} not published (a drain's close), delivered")
     problems += [f"{c!r} delivered, never sent" for c in delivered - sent]
     return problems
 

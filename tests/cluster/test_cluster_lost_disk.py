@@ -116,7 +116,8 @@ class LostDisk:
         """Publishes of the window B and C refused or left unanswered, or their links
         turned away (1013, not caught up with Raft)."""
         turned_away = sum("not caught up with Raft" in e for e in self.window.errors)
-        return turned_away + len(self.window.failed) + len(self.window.unanswered)
+        return (turned_away + len(self.window.failed) + len(self.window.unanswered)
+                + len(self.window.not_published))
 
     def _state(self, i: int) -> str | None:
         try:

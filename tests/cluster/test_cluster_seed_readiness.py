@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 from cluster.node import GuaranteedNode
 from cluster.raft import RaftStatus
-from cluster.seed import BEHIND_SECONDS, RAFT_SILENCE, SeedCoordination
+from cluster.seed import SeedCoordination
+from cluster.seed_readiness import BEHIND_SECONDS, RAFT_SILENCE
 from cluster.tooling import free_base_port, member_settings
 from migratory.config import load_config
 

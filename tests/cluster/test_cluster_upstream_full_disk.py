@@ -35,6 +35,8 @@ from test_cluster_fault_combinations import (
     upstream_of,
 )
 
+from migratory.server.drain import DRAINING, REFUSED
+
 SEEDS = [0, 1, 2]
 NON_SEED = 3
 COMPACTING = {"ClusterLogCompactionEntries": "100", "ClusterLogCompactionTime": "1"}
@@ -111,21 +113,32 @@ def test_a_non_seeds_upstream_stopped_by_its_full_disk_costs_its_publishers_noth
         for subscriber in (watcher, local):
             subscriber.start()
             subscriber.wait_subscribed(10)
-        publisher = LoadPublisher([cluster.port(NON_SEED)], rate=2000, duration=40)
-        publisher.start()
-        publisher.wait_acked(2000, timeout=15)
         others = [i for i in SEEDS if i != upstream]
+        publisher = LoadPublisher([cluster.port(NON_SEED)], rate=2000, duration=40)
+        own = LoadPublisher([cluster.port(i) for i in (upstream, *others)], rate=1000,
+                            duration=40, tag="own")  # the stopped seed's own client
+        for p in (publisher, own):
+            p.start()
+            p.wait_acked(1000, timeout=15)
         before = terms(cluster, others)
         block_dumps(cluster, upstream)
         stopped_by_its_disk(cluster, upstream)
-        publisher.wait_acked(len(publisher.acked) + 1000, timeout=15)
-        publisher.stop()
-        summary = (f"{publisher.summary()}; failures {failure_reasons(publisher)}; terms of "
-                   f"the other seeds {before} -> {terms(cluster, others)}")
+        for p in (publisher, own):
+            p.wait_acked(len(p.acked) + 1000, timeout=15)
+            p.stop()
+        summary = (f"{publisher.summary()}; failures {failure_reasons(publisher)}; own "
+                   f"{own.summary()}; failures {failure_reasons(own)}; terms of the other "
+                   f"seeds {before} -> {terms(cluster, others)}")
         assert publisher.failed == {}, summary
         assert publisher.unanswered == set(), summary
         assert upstream_of(cluster, NON_SEED) != upstream
-        check_everything(cluster, [publisher], [watcher, local], {upstream})
+        # its own client: each publish its outcome (the drain's close says what it took),
+        # refused only by the drain (until it is told to go), never RAFT_STOPPED
+        assert own.unanswered == set(), summary
+        assert all(reason.split(": ", 1)[1] in (REFUSED, DRAINING)
+                   for reason in own.failed.values()), summary
+        assert own.links[0] == cluster.port(upstream) and len(own.links) > 1, summary  # moved
+        check_everything(cluster, [publisher, own], [watcher, local], {upstream})
         print(f"upstream {upstream} stopped by its disk; {summary}")
     finally:
         cluster.stop()

@@ -206,3 +206,17 @@ def test_a_forwarded_publish_refused_for_its_size_is_answered_so() -> None:
     assert [(r.closure, r.status.name) for r in answers.results] == [
         ("a", "MESSAGE_SIZE_LIMIT_EXCEEDED"), ("b", "PUBLISH_DENIED"), ("c", "PUBLISH_FAILED")]
     assert answers.results[0].reason == "not published: MESSAGE_SIZE_LIMIT_EXCEEDED: too large"
+
+
+def test_what_was_taken_up_to_a_ref_waits_until_each_has_its_outcome() -> None:
+    """What a seed whose Raft node stopped waits for before its drain (cluster/node.py)."""
+    publishing, answers = _member()
+    assert publishing.last_ref == 0 and not publishing.waiting_up_to(0)
+    _publish(publishing, answers, "ab", now=0.0)
+    taken = publishing.last_ref
+    _publish(publishing, answers, "c", now=0.1)  # after: not waited for
+    (first, second, third) = publishing.take_outgoing()
+    publishing.on_committed(Coordinator().apply_batch(700, [second, third]), 0.2)
+    assert publishing.waiting_up_to(taken)  # the oldest still waits
+    publishing.on_failed([(first.origin, first.ref)], "QUEUE_FULL", unknown=False, now=0.3)
+    assert not publishing.waiting_up_to(taken)

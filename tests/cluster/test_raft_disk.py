@@ -137,6 +137,27 @@ def test_the_member_exits_when_its_raft_node_stops(tmp_path: Path) -> None:
     assert trio.run(still_running), "a Raft node that did not stop ends nothing"
 
 
+def test_the_member_leaves_before_it_exits(tmp_path: Path) -> None:
+    """Its submits end first (its publishes go through another seed), then it leaves
+    (cluster/node.py: another seed's stream, a drain), then it exits: the member used to
+    exit at once, its clients' publishes refused RAFT_STOPPED or left unanswered."""
+    from test_cluster_seed_readiness import seed_with_status
+
+    stopped = "[Errno 28] cannot write /d/raft.journal (No space left on device)"
+    seed_coordination = seed_with_status(tmp_path, RaftStatus(stopped=stopped))
+    steps: list[str] = []
+
+    async def leave(reason: str) -> None:
+        steps.append(f"submits ended: {submitting.cancel_called}")
+        steps.append(reason)
+
+    seed_coordination.leave = leave
+    submitting = trio.CancelScope()
+    with pytest.raises(OSError, match="Raft stopped"):
+        trio.run(seed_coordination._exit_when_raft_stops, submitting)
+    assert steps == ["submits ended: True", stopped]
+
+
 class SwallowsDiskFailures(FollowerSafeSyncObj):  # type: ignore[misc]
     """Loads dumps as pysyncobj does: any error logged ("failed to load full dump")."""
 

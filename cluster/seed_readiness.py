@@ -1,0 +1,101 @@
+"""A seed's readiness, from its Raft thread's last status (:mod:`cluster.raft_status`).
+
+A seed serves clients once its Raft node is up, has caught up, reports, has a leader
+(or lost it for less than :data:`LEADERLESS_GRACE`), and neither it nor its hub is
+behind the leader: a seed whose clients would see the cluster stand still is not ready
+(``tests/cluster/test_cluster_seed_readiness.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from cluster.raft_status import RaftStatus
+
+__all__ = ["BEHIND_SECONDS", "LEADERLESS_GRACE", "RAFT_SILENCE", "SeedReadiness"]
+
+LEADERLESS_GRACE = 1.5
+"""Seconds a seed may see no Raft leader (an election) and stay ready."""
+BEHIND_SECONDS = 3.0
+"""A seed that has not applied what the leader had committed this long ago is not ready:
+its clients would see the cluster stand still (a follower catching up a long way)."""
+RAFT_SILENCE = 2.0
+"""Seconds without a status from the Raft thread (it publishes one every 50 ms) before
+a seed is not ready: a Raft thread that stopped or hangs leaves its last status --
+"ready, with a leader" -- in place for ever."""
+
+
+class SeedReadiness:
+    def __init__(self, handed: deque[float]) -> None:
+        """``handed``: when each committed batch the Raft thread handed over and the
+        seed's loop has not taken yet was handed (the seed's, shared)."""
+        self._handed = handed
+        self._leaderless_since: float | None = None
+        self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
+
+    def reason(self, status: RaftStatus | None) -> str | None:
+        """Why the seed whose Raft thread last published ``status`` is not ready, or
+        None."""
+        if status is None:
+            return "Raft is starting (loading its log)"
+        if status.stopped is not None:
+            return f"Raft stopped: {status.stopped}"
+        if status.listen_error is not None:
+            return f"Raft {status.listen_error} (retrying)"
+        if status.dump_unloadable is not None:  # (it applies nothing: never ready)
+            return status.dump_unloadable
+        if not status.ready:
+            return "member has not caught up with Raft yet"
+        silent = time.monotonic() - status.at
+        if silent > RAFT_SILENCE:
+            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
+        behind = self._behind(status) or self._hub_behind(status)
+        if behind is not None:
+            return behind
+        if status.has_leader:
+            self._leaderless_since = None
+            return None
+        now = time.monotonic()
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        if now - self._leaderless_since < LEADERLESS_GRACE:
+            return None
+        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
+
+    def _behind(self, status: RaftStatus) -> str | None:
+        """Why this seed is behind the leader, if it has not applied what the leader had
+        committed :data:`BEHIND_SECONDS` ago."""
+        commits = self._leader_commits
+        if not commits or commits[-1][0] != status.at:
+            commits.append((status.at, status.leader_commit))
+        then = None
+        while commits and status.at - commits[0][0] >= BEHIND_SECONDS:
+            then = commits.popleft()
+        if then is not None:
+            commits.appendleft(then)  # the newest sample at least BEHIND_SECONDS old
+            if status.last_applied < then[1]:
+                return (
+                    f"member is behind the Raft leader: applied {status.last_applied}, "
+                    f"the leader had committed {then[1]} {status.at - then[0]:.1f} s ago"
+                )
+        return None
+
+    def _hub_behind(self, status: RaftStatus) -> str | None:
+        """Why this seed's hub is behind its own Raft log, if a batch Raft counts
+        applied has not reached the hub for :data:`BEHIND_SECONDS`: held while a dump's
+        numbering decodes, or handed over to a loop that has not taken it. Raft's
+        ``last_applied`` counts such batches, so :meth:`_behind` cannot see it, and the
+        clients would receive nothing while the seed stayed ready."""
+        now = time.monotonic()
+        handed = self._handed
+        waiting = [(status.held_since, status.held, "held while a Raft dump decodes")]
+        if handed:
+            waiting.append((handed[0], len(handed), "handed over, not taken by the hub"))
+        for since, count, why in waiting:
+            if since is not None and now - since >= BEHIND_SECONDS:
+                return (
+                    f"member's hub is behind its Raft log: {count} committed batches "
+                    f"{why} for {now - since:.1f} s"
+                )
+        return None
