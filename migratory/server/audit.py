@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
 from datetime import UTC, datetime
 from typing import Any
 
 from migratory.config import Config
-from migratory.server.audit_file import SharedRotatingFileHandler
+from migratory.server.audit_file import AuditFileHandler, SharedRotatingFileHandler
 
 
 class Audit:
@@ -44,7 +43,7 @@ class Audit:
         if not (config.audit_access or config.audit_message or config.audit_cache):
             return None
         try:
-            handler: logging.handlers.RotatingFileHandler
+            handler: AuditFileHandler
             if config.workers > 1:  # every worker appends to the file and rotates it
                 handler = SharedRotatingFileHandler(
                     config.audit_log_file,
@@ -52,12 +51,10 @@ class Audit:
                     backups=config.audit_log_backups,
                 )
             else:
-                handler = logging.handlers.RotatingFileHandler(
+                handler = AuditFileHandler(
                     config.audit_log_file,
-                    maxBytes=config.audit_log_max_bytes,
-                    backupCount=config.audit_log_backups,
-                    encoding="utf-8",
-                    errors="backslashreplace",  # a refused subject's lone surrogate: \ud800
+                    max_bytes=config.audit_log_max_bytes,
+                    backups=config.audit_log_backups,
                 )
         except OSError as exc:  # (its own text names neither the file nor the key)
             raise OSError(exc.errno, f"AuditLogFile {config.audit_log_file}: "

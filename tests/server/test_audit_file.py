@@ -3,13 +3,19 @@ appends to ``AuditLogFile`` and rotates it (migratory/server/audit_file.py)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging.handlers
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from migratory.config import Config
 from migratory.server.audit import Audit
+from migratory.server.audit_file import ERROR_REPORT_SECONDS, AuditFileHandler
 
 MAX_BYTES = 4096
 BACKUPS = 3
@@ -111,3 +117,74 @@ def test_an_audit_file_that_is_not_a_regular_file_needs_no_lock(tmp_path: Path) 
     finally:
         os.close(reader)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.jsonl"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_full_disk_is_said_once_a_minute_not_as_a_traceback_per_event(
+    workers: int, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Writes that fail (``/dev/full``: ENOSPC) are counted and said in one WARNING a
+    minute. Before, each event printed logging's traceback on stderr (some 60 lines)."""
+    [audit] = audits(Path("/dev/full"), 1, workers=workers)
+    [handler] = audit._logger.handlers
+    assert isinstance(handler, AuditFileHandler)
+    now = [1000.0]
+    handler._clock = lambda: now[0]
+    try:
+        for number in range(50):
+            audit.event("access", "connect", {"name": f"c{number}"}, outcome="allowed")
+        now[0] += ERROR_REPORT_SECONDS
+        audit.event("access", "connect", {"name": "a minute later"}, outcome="allowed")
+    finally:
+        audit.close()
+    assert "Logging error" not in capsys.readouterr().err
+    said = [r.getMessage() for r in caplog.records if r.name == "migratory.audit"]
+    assert said == [
+        "audit log /dev/full: cannot write (No space left on device); events lost: 1 since "
+        "the last warning, 1 in all (said at most once a minute)",
+        "audit log /dev/full: cannot write (No space left on device); events lost: 50 since "
+        "the last warning, 51 in all (said at most once a minute)",
+    ]
+    assert handler.lost == 51
+
+
+class CloseFails:
+    """A file whose close fails as on a full disk (after closing it, as Python's files
+    do: the flush fails, the descriptor is closed all the same)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def close(self) -> None:
+        self._stream.close()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_events_after_a_rotation_whose_close_failed_are_written(
+    tmp_path: Path, workers: int
+) -> None:
+    """The close of the full file at a rotation fails (the disk was full); the disk has
+    room again: the next events are written to the new file. Before, the handler kept
+    the closed file and every event after it failed ("I/O operation on closed file")."""
+    path = tmp_path / "audit.jsonl"
+    [audit] = audits(path, 1, workers=workers)
+    [handler] = audit._logger.handlers
+    assert isinstance(handler, logging.handlers.RotatingFileHandler)
+    try:
+        audit.event("access", "connect", {"name": "first"}, outcome="allowed")
+        handler.stream = CloseFails(handler.stream)
+        number = 0
+        while not Path(f"{path}.1").exists():  # up to the rotation (bounded by the size)
+            audit.event("access", "connect", {"name": f"c{number}"}, outcome="allowed")
+            number += 1
+            assert number < MAX_BYTES
+        for later in range(3):
+            audit.event("access", "connect", {"name": f"later{later}"}, outcome="allowed")
+    finally:
+        audit.close()
+    written = [json.loads(line)["client"]["name"] for line in path.read_text().splitlines()]
+    assert written[-3:] == ["later0", "later1", "later2"]
