@@ -4,7 +4,8 @@ It does no client I/O. It
 
 - holds each client port (an SO_REUSEPORT socket bound, never listening, so the port
   stays the server's while a worker restarts; port 0 is chosen here, once, for all),
-  and refuses one that something listens on already (:func:`refuse_if_listened`);
+  and refuses one that something listens on already, or that overlaps another of its
+  listeners, as a single server would (:func:`listen_probe`);
 - runs the :class:`~cluster.sequencer.Sequencer` (the one source of positions);
 - starts N worker processes (``migratory serve`` with the same configuration, plus
   ``--worker-index`` / ``--worker-sequencer`` / ``--worker-parent``; the link secret in
@@ -88,8 +89,11 @@ class WorkerSlot:
 def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
     """One bound SO_REUSEPORT socket per client listener (never listening: the kernel
     gives connections only to the workers'), and the ``--set`` overrides that give the
-    workers the ports chosen for port 0."""
+    workers the ports chosen for port 0. Each address is checked as a single server
+    would bind it (:func:`listen_probe`); the probes listen until every address is
+    checked, then close."""
     held: list[socket.socket] = []
+    probes: list[socket.socket] = []
     overrides: dict[str, str] = {}
     try:
         for key, addresses in (
@@ -107,7 +111,7 @@ def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
                 try:
                     sock.bind((host, port))
                     bound = sock.getsockname()[1]
-                    refuse_if_listened(sock.family, host, bound)
+                    probes.append(listen_probe(sock.family, host, bound))
                 except OSError as exc:
                     raise OSError(
                         exc.errno, f"cannot listen on {host}:{port} ({key}): {exc.strerror}"
@@ -119,21 +123,41 @@ def hold_ports(config: Config) -> tuple[list[socket.socket], dict[str, str]]:
         for sock in held:
             sock.close()
         raise
+    finally:
+        for probe in probes:
+            probe.close()
     return held, overrides
 
 
-def refuse_if_listened(family: socket.AddressFamily, host: str, port: int) -> None:
-    """OSError (EADDRINUSE) if a socket listens on ``host:port`` already.
+def listen_probe(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` as a single server's listener would (no
+    SO_REUSEPORT; SO_REUSEADDR, and IPV6_V6ONLY, as trio's listeners); OSError
+    (EADDRINUSE) where a single server could not listen:
 
-    The held socket's SO_REUSEPORT would let it join the listeners of any process of
-    the same user -- another server with workers started on the same port, or the
-    orphaned workers of a killed one -- and the kernel would then split the clients
-    between two servers that know nothing of each other's messages. A probe without
-    SO_REUSEPORT (with SO_REUSEADDR: connections in TIME_WAIT and this server's own
-    bound, never listening sockets do not count) cannot bind beside a listener."""
-    with socket.socket(family) as probe:
+    - something listens there already. The held socket's SO_REUSEPORT would let it join
+      the listeners of any process of the same user -- another server with workers
+      started on the same port, or the orphaned workers of a killed one -- and the
+      kernel would then split the clients between two servers that know nothing of
+      each other's messages;
+    - one of this server's own listeners overlaps an earlier one (``0.0.0.0:P`` and
+      ``127.0.0.1:P``: the probe of the first still listens). The workers, each binding
+      both with SO_REUSEPORT, took such a configuration that a single server refuses,
+      and the connections to ``127.0.0.1:P`` all went to the more specific listener,
+      whatever it speaks (an MQTT-only one: every WebSocket client refused).
+
+    Connections in TIME_WAIT and this server's own bound, never listening sockets do
+    not count. The caller closes the probe."""
+    probe = socket.socket(family)
+    try:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         probe.bind((host, port))
+        probe.listen(1)
+    except BaseException:
+        probe.close()
+        raise
+    return probe
 
 
 def warn_if_more_than_cores(workers: int) -> None:
