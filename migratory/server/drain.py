@@ -193,6 +193,8 @@ class Drain:
         self._held: dict[int, DrainConnection] = {}
         self._ready: list[DrainConnection] = []
         self._changed = trio.Event()
+        self._running: trio.Event | None = None  # set when the drain that runs ends
+        self._report: DrainReport | None = None  # that drain's, once it ended
 
     @property
     def draining(self) -> bool:
@@ -302,7 +304,26 @@ class Drain:
         have all left (:meth:`left`) and no publish waits for its status, or after
         ``seconds``. The work is proportional to what happens -- a client told, a client
         gone, a publish settled --, not to the clients there at each turn (a newcomer's
-        ``connect`` is refused by the readiness, 1013: it is not waited for)."""
+        ``connect`` is refused by the readiness, 1013: it is not waited for).
+
+        A second call while a drain runs waits for that one and returns its report: a
+        SIGTERM during the drain of a seed leaving after its Raft stopped
+        (``cluster/node.py``) started a second drain beside it, both telling the same
+        clients and counting into one report each. If the running drain was cancelled,
+        the second one drains."""
+        while self._running is not None:
+            await self._running.wait()
+            if self._report is not None:
+                return self._report
+        self._running, self._report = trio.Event(), None
+        try:
+            self._report = await self._drain(connections)
+            return self._report
+        finally:
+            self._running.set()
+            self._running = None
+
+    async def _drain(self, connections: Callable[[], Iterable[DrainConnection]]) -> DrainReport:
         started = trio.current_time()
         self.draining = True
         initial = [c for c in connections() if c.session.is_websocket]
