@@ -62,6 +62,9 @@ def test_spark_correct_history_passes_with_timings(spark: Any, tmp_path: Path) -
     assert summary["violations"]["members"] == {"unexpected_exits": 0}
     assert summary["counts"]["rows"]["crashes"] == 0
     assert summary["spark"]["master"] == "local[2]"
+    # AQE off on a local master: with it, the planted history's safety check (one query
+    # of a few dozen stages) was re-planned and re-described after each stage (84 s -> 50 s)
+    assert summary["spark"]["adaptive"] == "false"
     # The resync case is in the history: its skipped messages were really never delivered.
     assert summary["counts"]["subscription_events"]["sdk"]["DATA_RESYNC"] == 2
     assert len(syn.facts["resync_skipped"]) > 2

@@ -83,12 +83,14 @@ def test_spark_submit_checks_histories_with_either_master(code_zip: Path, tmp_pa
     summary = json.loads((clean_report / "summary.json").read_text())
     assert summary["ok"] is True
     assert summary["spark"]["master"] == "local[1]"  # spark-submit's, not our default
+    assert summary["spark"]["adaptive"] == "false"  # a local master: no AQE (session.py)
     assert summary["counts"]["publishes"]["ok"] == 200
     assert "**PASS**" in (clean_report / "report.md").read_text()
 
     assert failing_code == 1, failing_err[-2000:]
     summary = json.loads((planted / "report" / "summary.json").read_text())
     assert summary["spark"]["master"] == "local[2]"  # --master of the checker wins
+    assert summary["spark"]["adaptive"] == "false"
     assert summary["violations"]["members"] == {"unexpected_exits": 1}
     assert summary["violations"]["sdk"]["lost"] == 1
     assert "VIOLATIONS: {'sdk.lost': 1, 'sdk.holes': 1, 'members.unexpected_exits': 1}" in (
