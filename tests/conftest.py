@@ -148,6 +148,10 @@ SERIAL_SCOPES = ("cluster", "cluster-sized", "spark")
 # serial scope held the run up, and how long the other workers stood idle
 LANE_TIME: dict[str, list[float]] = {}
 """In a worker: serial scope (or ``files``) -> [tests, seconds]."""
+FILE_TIME: dict[str, float] = {}
+"""In a worker: test file of a serial scope -> seconds (what to move to balance them)."""
+SLOWEST_FILES = 12
+"""How many of each serial scope's slowest files the summary names."""
 WORKERS_DOWN: dict[str, dict[str, Any]] = {}
 """In the controller: worker id -> what the worker said at its end."""
 SESSION_START = [time.time()]
@@ -163,14 +167,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     yield
     scope = scope_of(item.nodeid)
     lane = LANE_TIME.setdefault(scope if scope in SERIAL_SCOPES else "files", [0, 0.0])
+    took = time.monotonic() - started
     lane[0] += 1
-    lane[1] += time.monotonic() - started
+    lane[1] += took
+    if scope in SERIAL_SCOPES:
+        path = item.nodeid.split("::", 1)[0]
+        FILE_TIME[path] = FILE_TIME.get(path, 0.0) + took
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["lanes"] = LANE_TIME
+        workeroutput["files"] = FILE_TIME
         workeroutput["ended"] = time.time()
 
 
@@ -190,6 +199,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                         sorted(said["lanes"].items()))
         terminalreporter.write_line(
             f"{worker}: ended at {said['ended'] - SESSION_START[0]:.0f} s: {ran}")
+        files = sorted(said.get("files", {}).items(), key=lambda f: -f[1])
+        for path, seconds in files[:SLOWEST_FILES]:
+            terminalreporter.write_line(f"    {seconds:6.1f} s  {scope_of(path)}  {path}")
 
 class ServerProcess:
     def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1) -> None:

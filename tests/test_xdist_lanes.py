@@ -221,3 +221,24 @@ def test_the_cluster_files_run_beside_start_no_process_socket_or_thread(
             called = {n for n in names if n.rsplit(".", 1)[-1] in STARTERS}
             assert not starting and not called, (path, source.name, starting, called)
             todo += [helpers / f"{m}.py" for m in modules if (helpers / f"{m}.py").exists()]
+
+
+def test_the_summary_names_each_workers_slowest_serial_files(
+    suite: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What to move to balance the serial scopes: each worker's line, then its slowest
+    files of a serial scope (at most ``SLOWEST_FILES``), slowest first, with their scope."""
+    files = {f"tests/cluster/test_c{i}.py": float(i) for i in range(suite.SLOWEST_FILES + 3)}
+    files["tests/spark/test_s.py"] = 99.5
+    said = {"lanes": {"cluster": [40, 80.0]}, "files": files, "ended": 1100.0}
+    monkeypatch.setattr(suite, "WORKERS_DOWN", {"gw2": said})
+    monkeypatch.setattr(suite, "SESSION_START", [1000.0])
+    lines: list[str] = []
+    reporter = SimpleNamespace(write_sep=lambda *a: None, write_line=lines.append)
+    suite.pytest_terminal_summary(reporter)
+    assert lines[0] == "gw2: ended at 100 s: cluster 40 tests 80 s"
+    assert lines[1].split() == ["99.5", "s", "spark", "tests/spark/test_s.py"]
+    shown = [line.split()[-1] for line in lines[2:]]
+    top = suite.SLOWEST_FILES + 2
+    assert shown == [f"tests/cluster/test_c{i}.py" for i in range(top, 3, -1)]
+    assert all(line.split()[2] == "cluster" for line in lines[2:])
