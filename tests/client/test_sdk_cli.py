@@ -284,3 +284,23 @@ async def test_a_token_comes_from_a_file_or_the_environment_not_only_the_command
             run = _publish if command == "pub" else subscribe_and_print
             assert await run(args, out, err) == 1
             assert err.getvalue().startswith(f"migratory {command}: ") and reason in err.getvalue()
+
+
+@trio_test
+async def test_pub_to_a_server_that_is_down_says_why_in_one_line() -> None:
+    """Before: ``last: cannot connect: OSError('all attempts to connect to ... failed')``
+    and, with a ``--timeout`` shorter than the attempts, no reason at all."""
+    import socket
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    refused = f"all attempts to connect to 127.0.0.1:{port} failed: Connection refused"
+    last = f"last: cannot connect: {refused}"
+    for extra, told in (([], f"no server reachable after 5 attempts; {last}"),
+                        (["--timeout", "0.5"],
+                         f"not published to /a/b: no server session within 0.5 s; {last}")):
+        out, err = io.StringIO(), io.StringIO()
+        args = parse("pub", "/a/b", "x", "--server", f"ws://127.0.0.1:{port}", *extra)
+        assert await _publish(args, out, err) == 1
+        assert (out.getvalue(), err.getvalue()) == ("", f"migratory pub: {told}\n")

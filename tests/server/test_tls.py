@@ -117,6 +117,10 @@ def test_sdk_and_cli_take_a_ca_file(start_server: Any, tls_files: dict[str, str]
     untrusted = subprocess.run([*cli[:-2], "--timeout", "3"], capture_output=True, text=True,
                                timeout=60)
     assert untrusted.returncode != 0  # the system CAs do not know trustme's CA
+    # one line saying why (before: "no server session within 3.0 s", and no reason)
+    assert untrusted.stderr.endswith(
+        "; last: cannot connect: TLS: the server's certificate is not trusted: unable to get "
+        "local issuer certificate\n") and untrusted.stderr.count("\n") == 1, untrusted.stderr
 
 
 def test_mutual_tls_needs_a_client_certificate(

@@ -51,7 +51,7 @@ from migratory_client.session import (
     SessionEnd,
 )
 from migratory_client.subscription import Subscription
-from migratory_client.transport import run_connection
+from migratory_client.transport import describe_connect_failure, run_connection, single_error
 
 __all__ = ["Client", "connect"]
 
@@ -104,6 +104,7 @@ class Client:
         # (its closing handshake needs the session's reader); aclose() cancels it.
         self._run_scope = trio.CancelScope(shield=True)
         self._error: MigratoryError | None = None
+        self._last_down: str | None = None  # why the last session ended, or failed to open
         self._closed = False
 
     # --- state ----------------------------------------------------------------
@@ -258,7 +259,7 @@ class Client:
         if pending.result is not None:
             return pending.result
         if not sent:
-            raise NotConnectedError(subject, timeout)
+            raise NotConnectedError(subject, timeout, self._last_down)
         if pending.lost is None:  # its status may still come: told as a notification
             self._router.given_up(closure)
         raise PublishOutcomeUnknown(subject, closure, pending.lost or f"no status in {timeout} s")
@@ -291,7 +292,7 @@ class Client:
                         subject, "", "connection lost while sending"
                     ) from None
                 return
-        raise NotConnectedError(subject, timeout)
+        raise NotConnectedError(subject, timeout, self._last_down)
 
     # --- sessions -------------------------------------------------------------
 
@@ -307,6 +308,7 @@ class Client:
             end = await self._attempt(server)
             if self._closed:
                 return
+            self._last_down = end.describe()
             self._notifications.put(
                 Notification(
                     NotificationStatus.SERVER_DOWN, reason=end.describe(), server=server.url
@@ -346,7 +348,8 @@ class Client:
             reason = f"no WebSocket connection within {self._policy.connect_timeout} s"
             return SessionEnd.by_client(f"cannot connect: {reason}")
         except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
-            return SessionEnd.by_client(f"cannot connect: {exc.__cause__ or exc!r}")
+            why = describe_connect_failure(exc, server.url)
+            return SessionEnd.by_client(f"cannot connect: {why}")
 
     async def _connect(self) -> Connect:
         """The ``connect`` operation of a new session: with a fresh token from the token
@@ -475,18 +478,8 @@ async def connect(
                 yield client
             finally:
                 await client.aclose()
-    except BaseExceptionGroup as group:
-        _raise_single(group)
-
-
-def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:
-    """Unwrap the application's own exception from the nursery's group."""
-    others = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
-    if others is not None and len(others.exceptions) == 1:
-        only = others.exceptions[0]
-        if not isinstance(only, BaseExceptionGroup):
-            raise only from None
-    raise group
+    except BaseExceptionGroup as group:  # the application's own exception, unwrapped
+        raise single_error(group) from None
 
 
 def _ca_context(ca_file: str) -> ssl.SSLContext:

@@ -57,15 +57,18 @@ class ClientClosedError(MigratoryError):
 
 
 class NotConnectedError(MigratoryError):
-    """No session came up within ``timeout`` seconds; the message was **not** sent."""
+    """No session came up within ``timeout`` seconds; the message was **not** sent.
+    ``last_reason``: why the last attempt failed (or the last session ended), if any."""
 
-    def __init__(self, subject: str, timeout: float) -> None:
-        super().__init__(subject, timeout)
+    def __init__(self, subject: str, timeout: float, last_reason: str | None = None) -> None:
+        super().__init__(subject, timeout, last_reason)
         self.subject = subject
         self.timeout = timeout
+        self.last_reason = last_reason
 
     def __str__(self) -> str:
-        return f"not published to {self.subject}: no server session within {self.timeout} s"
+        last = f"; last: {self.last_reason}" if self.last_reason else ""
+        return f"not published to {self.subject}: no server session within {self.timeout} s{last}"
 
 
 class PublishOutcomeUnknown(MigratoryError):

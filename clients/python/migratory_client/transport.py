@@ -12,10 +12,19 @@ learns that its session is over: no SERVER_DOWN, no reconnect (chaos run ``fix1`
 Here the TCP stream and the reader task are ours: when the session is done, the stream
 is closed and the reader cancelled, whatever either was doing. Being polite (the close
 frame, with a time limit) is the session's business, before that.
+
+The same library waits for the upgrade's answer only on an event its reader sets when
+the answer comes: a reader that ends first -- the server closed the connection without
+a word (``ws://`` to a TLS port), or the TLS handshake failed (a certificate the client
+does not trust) -- leaves the wait to ``connect_timeout``, and the reason was lost. Here
+the stream says so at once: :class:`UpgradeStream` turns an end before the answer into
+:class:`ClosedBeforeUpgrade`, which ends the reader and the wait with it.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +36,9 @@ from trio_websocket import WebSocketConnection, wrap_client_stream
 
 from migratory_client.progress import ProgressStream, WriteProgress
 
-__all__ = ["Endpoint", "run_connection"]
+__all__ = [
+    "ClosedBeforeUpgrade", "Endpoint", "describe_connect_failure", "run_connection", "single_error"
+]
 
 T = TypeVar("T")
 RECEIVE_BUFFER_BYTES = 65536
@@ -69,6 +80,82 @@ class Endpoint:
         return await trio.open_tcp_stream(self.host, self.port)
 
 
+class ClosedBeforeUpgrade(OSError):
+    """The connection ended before the server answered the WebSocket upgrade."""
+
+
+class UpgradeStream(trio.abc.Stream):
+    """``inner``, whose end before the whole head of the upgrade's answer came (an EOF,
+    a reset, a failed TLS handshake) raises :class:`ClosedBeforeUpgrade` naming why,
+    instead of the ``BrokenResourceError`` trio-websocket swallows."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.answered = False
+        self._tail = b""
+
+    def _ended(self, exc: BaseException | None) -> ClosedBeforeUpgrade:
+        why = "the server closed the connection without answering the WebSocket upgrade"
+        cause = exc and exc.__cause__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            why = f"TLS: the server's certificate is not trusted: {cause.verify_message}"
+        elif isinstance(cause, ssl.SSLError):
+            why = f"TLS handshake failed: {cause.reason or cause}"
+        elif exc is not None:
+            why = f"the connection failed before the WebSocket upgrade: {cause or repr(exc)}"
+        return ClosedBeforeUpgrade(why)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            await self.inner.send_all(data)
+        except trio.BrokenResourceError as exc:
+            if self.answered:
+                raise
+            raise self._ended(exc) from exc
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        try:
+            data = await self.inner.receive_some(max_bytes)
+        except trio.BrokenResourceError as exc:
+            if self.answered:
+                raise
+            raise self._ended(exc) from exc
+        if not self.answered:
+            if not data:
+                raise self._ended(None)
+            seen = self._tail + bytes(data)
+            self.answered = b"\r\n\r\n" in seen  # the end of the answer's head
+            self._tail = seen[-3:]
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def describe_connect_failure(exc: BaseException, url: str) -> str:
+    """What an operator reads of a failed attempt to connect to ``url``: the system's
+    reason for each address tried (``Connection refused``), not trio's ``all attempts
+    to connect to ... failed`` that keeps them in its cause, nor a bare repr."""
+    cause = exc.__cause__
+    if isinstance(exc, OSError) and isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(_reason(each) for each in cause.exceptions)
+        return f"{exc}: {'; '.join(reasons)}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {Endpoint.of(url).host!r}: {exc.strerror}"
+    if isinstance(exc, ClosedBeforeUpgrade) or cause is None:
+        return _reason(exc)
+    return str(cause) or _reason(exc)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, socket.gaierror) and exc.errno:
+        return os.strerror(exc.errno)
+    return str(exc) or repr(exc)
+
+
 async def run_connection(
     url: str,
     serve: Callable[[WebSocketConnection], Awaitable[T]],
@@ -94,7 +181,8 @@ async def run_connection(
                 with trio.fail_after(connect_timeout):
                     stream = await endpoint.open_stream(tls)
                     opened.append(stream)
-                    counted = stream if progress is None else ProgressStream(stream, progress)
+                    watched = UpgradeStream(stream)
+                    counted = watched if progress is None else ProgressStream(watched, progress)
                     # typed as a socket or TLS stream, any trio Stream works (only
                     # ws.local / ws.remote, unused here, become a repr)
                     connection = await wrap_client_stream(
@@ -112,10 +200,13 @@ async def run_connection(
                     await trio.aclose_forcefully(each)
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        raise _single(group) from None
+        single = single_error(group)
+        if single is group:
+            raise
+        raise single from single.__cause__  # (trio's connect failure: the reasons)
 
 
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one error that is not a cancellation, if there is exactly one (typically the
     reader task's ``ConnectionRejected``); else the group as it is."""
     errors = group.subgroup(lambda e: not isinstance(e, trio.Cancelled))
