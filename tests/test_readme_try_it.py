@@ -28,6 +28,14 @@ def try_it_lines() -> list[list[str]]:
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line]
 
 
+def said_to_print(command: str) -> str:
+    """What the README says ``command`` prints ("`pub` prints `...`"), as a pattern
+    whose ``…`` stand for numbers. Before: it said ``PUBLISH_OK epoch=… seq=…``, where
+    ``pub`` prints the subject too."""
+    (said,) = re.findall(rf"`{command}` prints `([^`]+)`", README.read_text())
+    return re.escape(said).replace(re.escape("…"), "…")
+
+
 def as_run(words: list[str], port: int, mqtt_port: int) -> list[str]:
     words = [w.replace("127.0.0.1:8800", f"127.0.0.1:{port}")
               .replace("127.0.0.1:1883", f"127.0.0.1:{mqtt_port}") for w in words]
@@ -77,6 +85,7 @@ def test_the_readmes_try_it_lines_do_what_it_says(server: tuple[int, int]) -> No
                 break
         published = subprocess.run(pub, capture_output=True, text=True, timeout=60)
         assert re.fullmatch(r"PUBLISH_OK /Stocks/NYSE/IBM epoch=\d+ seq=1\n", published.stdout)
+        assert re.fullmatch(said_to_print("pub").replace("…", r"\d+"), published.stdout[:-1])
         got = json.loads(subprocess.run(snapshot, capture_output=True, timeout=60).stdout)
         assert (got["content"], got["fields"], got["seq"], got["type"]) == (
             "193", {"volume": "6.62M"}, 1, "snapshot")
