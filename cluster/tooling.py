@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -446,13 +447,24 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(row[3].get("ready") is True for row in rows) else 1
 
 
+def member_url(text: str) -> str:
+    """``--server``: a member's client URL (``ws://``, ``wss://``, ``http://``, ``https://``
+    and a host); ``127.0.0.1:8800`` alone is refused here, not shown DOWN with urllib's
+    'unknown url type'."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"expected a member's client URL such as ws://127.0.0.1:8800, got {text!r}")
+    return text
+
+
 def add_cluster_commands(commands: Any) -> None:
     cluster = commands.add_parser("cluster", help="run or inspect a local cluster")
     sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND")
     up = sub.add_parser(
         "up", help="start a cluster of member processes on 127.0.0.1",
         description="Start a cluster of member processes on 127.0.0.1 and stop them all on "
-        "Ctrl-C or SIGTERM. The cluster password comes from --password-file, else from "
+        "Ctrl-C, SIGTERM or SIGHUP. The cluster password comes from --password-file, else from "
         f"{PASSWORD_ENV}, else it is random; it is never put on a command line.",
     )
     up.add_argument("--members", type=int, default=3)
@@ -477,5 +489,6 @@ def add_cluster_commands(commands: Any) -> None:
     status = sub.add_parser("status", help="role, readiness, leader and client URL of each "
                             "member")
     status.add_argument("--state", default=DEFAULT_STATE)
-    status.add_argument("--server", action="append", help="a member's client URL (repeatable)")
+    status.add_argument("--server", action="append", type=member_url, metavar="URL",
+                        help="a member's client URL, ws://HOST:PORT (repeatable)")
     status.set_defaults(func=_status)

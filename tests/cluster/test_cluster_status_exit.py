@@ -87,3 +87,13 @@ def test_a_single_server_is_not_shown_down(serve: list[ThreadingHTTPServer]) -> 
     row = done.stdout.splitlines()[1]
     assert row.split()[:2] == [single, "?"], row
     assert row.endswith("(HTTP 404: not a cluster member)"), row
+
+
+def test_a_server_that_is_not_a_url_is_refused_naming_it() -> None:
+    """``--server 127.0.0.1:8800`` (no scheme): before, a row ``DOWN`` saying
+    ``<urlopen error unknown url type: 127.0.0.1>``, exit 1, as if the member were down."""
+    done = status("127.0.0.1:8800")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines()[-1] == (
+        "migratory cluster status: error: argument --server: expected a member's client URL"
+        " such as ws://127.0.0.1:8800, got '127.0.0.1:8800'")
