@@ -6,7 +6,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 import trio
@@ -16,6 +16,7 @@ from migratory.secret_file import read_secret_file
 from migratory_client import (
     MigratoryError,
     Notification,
+    NotificationStatus,
     ReconnectPolicy,
     Subscription,
     connect,
@@ -195,7 +196,8 @@ async def _publish(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def run_sub(args: argparse.Namespace) -> int:
-    """Runs until ``--count`` messages, a terminal error, or Ctrl-C (exit code 0)."""
+    """Runs until ``--count`` messages or Ctrl-C (exit code 0), a terminal error or every
+    subject denied (1)."""
     return trio.run(_subscribe_until_interrupted, args, sys.stdout, sys.stderr)
 
 
@@ -228,8 +230,10 @@ async def subscribe_and_print(args: argparse.Namespace, out: TextIO, err: TextIO
             subscription = client.subscribe(
                 *args.subjects, history=args.history, conflation_ms=args.conflation
             )
+            exit_code = 1  # unless the messages end it: every subject denied ends it first
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_print_notifications, client.notifications(), err)
+                nursery.start_soon(_print_notifications, client.notifications(), err,
+                                   args.subjects, nursery.cancel_scope)
                 exit_code = await _print_messages(subscription, args.count, out, err)
                 nursery.cancel_scope.cancel()
     except (MigratoryError, ValueError, OSError) as exc:
@@ -254,9 +258,21 @@ async def _print_messages(
     return 0
 
 
-async def _print_notifications(notes: NotificationQueue, err: TextIO) -> None:
+async def _print_notifications(
+    notes: NotificationQueue, err: TextIO, subjects: Sequence[str], stop: trio.CancelScope
+) -> None:
+    """Print each notification; once every subject is denied nothing can come: say so
+    and end the command (``stop``) -- it used to wait for ever, silent after the denials."""
+    denied: set[str | None] = set()
     try:
         async for note in notes:
             print(format_notification(note), file=err, flush=True)
+            if note.status is NotificationStatus.SUBSCRIBE_DENY:
+                denied.add(note.subject)
+                if denied.issuperset(subjects):
+                    print("migratory sub: every subject was denied (SUBSCRIBE_DENY)", file=err,
+                          flush=True)
+                    stop.cancel()
+                    return
     except MigratoryError:
         pass  # the message loop reports it

@@ -138,6 +138,46 @@ async def test_sub_reports_a_terminal_close() -> None:
         nursery.cancel_scope.cancel()
 
 
+@trio_test
+async def test_sub_ends_when_every_subject_is_denied() -> None:
+    """``migratory sub /migratory/cluster`` without the MonitorToken: SUBSCRIBE_DENY,
+    then nothing would ever come. Before: it waited for ever after the denial line; one
+    subject allowed among them still waits for its messages."""
+    async with trio.open_nursery() as nursery:
+        (server,) = await start_servers(nursery)
+
+        async def serve(allowed: set[str]) -> None:
+            conn = await server.next_connection()
+            await conn.accept_session()
+            subscribe = await conn.expect(ops.Subscribe)
+            for entry in subscribe.subscriptions:
+                if entry.subject in allowed:
+                    await conn.allow(entry.subject, 7, 0)
+                else:
+                    await conn.send(ops.SubjectStatus(ops.Status.SUBSCRIBE_DENY, entry.subject,
+                                                      reason="not entitled to subscribe"))
+            if allowed:
+                await conn.deliver(update("/a/b", 1))
+
+        nursery.start_soon(serve, set())
+        args = parse("sub", "/a/b", "/c/d", "--server", server.url)
+        out, err = io.StringIO(), io.StringIO()
+        with trio.fail_after(30):  # (a guard against the hang only)
+            assert await subscribe_and_print(args, out, err) == 1
+        assert out.getvalue() == ""
+        assert err.getvalue().splitlines()[1:] == [
+            f"SUBSCRIBE_DENY /a/b {server.url} (not entitled to subscribe)",
+            f"SUBSCRIBE_DENY /c/d {server.url} (not entitled to subscribe)",
+            "migratory sub: every subject was denied (SUBSCRIBE_DENY)",
+        ]
+        nursery.start_soon(serve, {"/a/b"})
+        args = parse("sub", "/a/b", "/c/d", "--count", "1", "--server", server.url)
+        out, err = io.StringIO(), io.StringIO()
+        assert await subscribe_and_print(args, out, err) == 0
+        assert out.getvalue() == "update /a/b epoch=7 seq=1 /a/b#1\n"
+        nursery.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def sub_process_with_one_message() -> AsyncIterator[tuple[trio.Process, Any]]:
     """``migratory sub /a/b`` against a fake server, once it has printed one update:
