@@ -56,6 +56,9 @@ def route(ctx: ServerContext, request: Request, peer: str, *, api: bool) -> Repl
     asset = serve_asset(CLIENT_ASSETS, request.path)
     if asset is not None:
         return Reply(0, raw=asset)
+    if request.path == "/dashboard" or request.path.startswith("/dashboard/"):
+        return error(404, "the dashboard is served on the monitoring listener: set MonitorListen "
+                          "and MonitorToken (docs/monitoring.md)")
     return error(404, f"no such path {request.path!r}; try /snapshot?subject=/a/b")
 
 

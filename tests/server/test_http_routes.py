@@ -86,3 +86,18 @@ def test_a_raw_snapshot_whose_fields_header_would_pass_8_kib_points_to_format_js
                                   api=True)
         assert whole.status == 200
         assert json.loads(whole.body)["fields"] == fields_of_json_size(size)
+
+
+@pytest.mark.parametrize("path", ["/dashboard", "/dashboard/", "/dashboard/config.json"])
+def test_the_dashboard_asked_on_a_client_port_points_to_the_monitoring_listener(
+    path: str,
+) -> None:
+    """README: without npm "the server runs and says so at /dashboard/" -- on the client
+    port (the default, no MonitorListen) it said "no such path '/dashboard/'; try
+    /snapshot?subject=/a/b": the dashboard is the monitoring listener's."""
+    ctx, _ = make()
+    request = Request("GET", path, path, {}, (("host", "x"),))
+    reply = http_routes.route(ctx, request, "127.0.0.1:1", api=True)
+    assert (reply.status, reply.body) == (404, (
+        b"the dashboard is served on the monitoring listener: set MonitorListen and "
+        b"MonitorToken (docs/monitoring.md)\n"))
