@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 # Nothing heavy here: ``serve`` takes SIGINT and SIGTERM before it imports the server
 # (migratory/stop_signals.py), so this module's own imports are the only ones before.
@@ -151,14 +151,35 @@ def _first_os_error(exc: BaseException) -> OSError | None:
     return None
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """``--help`` names each option's default, as docs/cli.md does (a flag's off aside)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.default not in (None, [], argparse.SUPPRESS) and not isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if shown and action.option_strings and "default" not in text:
+            default = action.default
+            text += f" (default: {default:g})" if isinstance(default, float) else (
+                " (default: %(default)s)")
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser of the ``migratory`` command, its subcommands' too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     """The whole command line; with ``serve_only``, ``serve`` alone: a server (or a
     worker of one) starting imports none of the tools' modules (clients, bench, cluster
     tooling: about 100 modules, a third of its start-up imports' CPU time)."""
-    parser = argparse.ArgumentParser(
-        prog="migratory", description="Real-time pub/sub messaging server and tools."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="migratory", description="Real-time pub/sub messaging server and tools.")
+    commands = cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser))
     serve = commands.add_parser("serve", help="run a server")
     serve.add_argument("--config", metavar="FILE", help="config file (Key = Value lines)")
     serve.add_argument(

@@ -467,10 +467,11 @@ def add_cluster_commands(commands: Any) -> None:
         "Ctrl-C, SIGTERM or SIGHUP. The cluster password comes from --password-file, else from "
         f"{PASSWORD_ENV}, else it is random; it is never put on a command line.",
     )
-    up.add_argument("--members", type=int, default=3)
+    up.add_argument("--members", type=int, default=3, help="members (1 to 1,000)")
     up.add_argument("--seeds", type=int, default=None,
                     help="3 or 5 (default 3 for 3-4 members, 5 for more); Guaranteed only")
-    up.add_argument("--mode", choices=("guaranteed", "standard"), default="guaranteed")
+    up.add_argument("--mode", choices=("guaranteed", "standard"), default="guaranteed",
+                    help="ClusterDeliveryMode")
     up.add_argument("--base-port", type=int, default=8800,
                     help="member i serves clients on base+10*i, cluster links on base+1000+10*i")
     up.add_argument("--state", default=DEFAULT_STATE, help="where to record the members")
@@ -488,7 +489,7 @@ def add_cluster_commands(commands: Any) -> None:
     up.set_defaults(func=_up)
     status = sub.add_parser("status", help="role, readiness, leader and client URL of each "
                             "member")
-    status.add_argument("--state", default=DEFAULT_STATE)
+    status.add_argument("--state", default=DEFAULT_STATE, help="the file `cluster up` wrote")
     status.add_argument("--server", action="append", type=member_url, metavar="URL",
                         help="a member's client URL, ws://HOST:PORT (repeatable)")
     status.set_defaults(func=_status)

@@ -37,7 +37,8 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     pub.add_argument("content", metavar="CONTENT", help="message content (UTF-8 text)")
     pub.add_argument("--field", action="append", default=[], type=_field, metavar="K=V")
     pub.add_argument("--retained", action="store_true", help="make it the subject's snapshot")
-    pub.add_argument("--qos", choices=[q.value for q in Qos], default=Qos.STANDARD.value)
+    pub.add_argument("--qos", choices=[q.value for q in Qos], default=Qos.STANDARD.value,
+                     help="the message's qos")
     pub.add_argument("--timeout", type=_positive_seconds, default=10.0,
                      help="seconds to wait for the status")
     _add_connection_options(pub)

@@ -82,10 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--self-test", action="store_true",
                       help="check the stamp scanner offline, then exit")
     conns = parser.add_argument_group("idle connections")
-    conns.add_argument("--connections", type=int, default=10_000)
+    conns.add_argument("--connections", type=int, default=10_000, help="idle connections")
     conns.add_argument("--hold", type=float, default=5.0, help="seconds to hold them idle")
     conns.add_argument("--window", type=int, default=256, help="handshakes in flight per process")
-    conns.add_argument("--ping-timeout", type=float, default=30.0)
+    conns.add_argument("--ping-timeout", type=float, default=30.0,
+                       help="seconds a ping may wait for its pong")
     conns.add_argument("--heartbeat", type=int, metavar="MS",
                        help="ask for a heartbeat in connect, as the SDKs do (2000)")
     out = parser.add_argument_group("load processes and output")
