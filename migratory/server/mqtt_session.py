@@ -5,7 +5,8 @@ Bytes go into :meth:`MqttSession.receive_data`; what to write ends up in
 ``websocket=True``). The trio adapter moves bytes, runs the keep-alive timer and obeys
 ``closing`` / ``aborted``. Publishes take the server's publish path: a QoS 1 PUBACK
 waits for ``PUBLISH_OK`` (in a Guaranteed cluster, a majority of seeds); a refused
-publish closes the connection (MQTT 3.1.1 has no negative acknowledgement). The hub
+publish closes the connection (MQTT 3.1.1 has no negative acknowledgement:
+:mod:`migratory.server.mqtt_publishing`). The hub
 hands subscribers whole messages; a QoS 0 PUBLISH is encoded once for all of them.
 """
 
@@ -17,23 +18,20 @@ from typing import TYPE_CHECKING, Any
 from migratory import client_lines
 from migratory.entitlement import ClientIdentity, DecisionPending
 from migratory.listeners import OPEN_LISTENER, Listener
-from migratory.model.message import Message, Qos
+from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
 from migratory.model.position import Position
 from migratory.model.topic import InvalidTopicError, topic_to_subject
-from migratory.protocol import close_codes, mqtt, mqtt_encode, ops
+from migratory.protocol import close_codes, mqtt, mqtt_encode
 from migratory.protocol import websocket as ws
 from migratory.server.admission import PublishRate
-from migratory.server.context import publish_ok_status
-from migratory.server.drain import REFUSED as SENT_ELSEWHERE
 from migratory.server.mqtt_connect import Refusal, check_connect
 from migratory.server.mqtt_delivery import PRUNE_FROM
 from migratory.server.mqtt_expiry import max_sessions_refusal
 from migratory.server.mqtt_inflight import Inflight, inflight_limit
-from migratory.server.mqtt_store import SESSION_CLOSURE, SessionRecord, session_subject, take_up
+from migratory.server.mqtt_publishing import MqttPublishing
+from migratory.server.mqtt_store import SessionRecord, session_subject, take_up
 from migratory.server.mqtt_subscriptions import Subscriptions
-from migratory.server.mqtt_takeover import MqttTakeover
-from migratory.server.publish_rules import check_publish
 from migratory.server.session import new_connection_id
 
 if TYPE_CHECKING:
@@ -47,14 +45,13 @@ KEEP_ALIVE_EXPIRED = "keep-alive expired"  # (counted as MQTT_KEEP_ALIVE, not as
 _MOVED = frozenset({close_codes.GOING_AWAY.code, close_codes.DRAINED.code})
 
 
-class MqttSession(MqttTakeover):
+class MqttSession(MqttPublishing):
     """One MQTT connection: CONNECT, publishes, subscriptions, keep-alive, will."""
 
     # slots: the fan-out reads a few of them for every delivery (a smaller object, and
     # no instance dict: benchmarks/mqtt_fanout_cpu.py)
     __slots__ = (
-        "_acks_due", "_ctx", "_decoder", "_frames", "_held_close", "_inflight", "_link",
-        "_lost", "_publish_rate",
+        "_ctx", "_decoder", "_frames", "_inflight", "_link", "_lost",
         "_reached", "_registry", "_suback", "_will", "aborted", "client_id",
         "close_code", "closing", "connection_id", "expires_at", "identity", "keep_alive",
         "listener", "outbox", "peer", "persistent", "subscriptions", "websocket",
@@ -238,7 +235,9 @@ class MqttSession(MqttTakeover):
         config = self._ctx.config
         taken = take_up(snapshot, client_id, persistent=self.persistent, live=live,
                         expiry=config.mqtt_session_expiry,
-                        max_subjects=config.mqtt_session_max_subjects)
+                        max_subjects=config.mqtt_session_max_subjects,
+                        standard=bool(config.cluster_members)
+                        and config.cluster_delivery_mode == "Standard")
         self._record, stored = taken.record, taken.stored
         if packet.client_id:  # (a made-up id is no other connection's: mqtt_takeover)
             self._publish_takeover(client_id, now, taken)
@@ -271,76 +270,6 @@ class MqttSession(MqttTakeover):
             older._save_again = False  # (what its saves still carry: live.saving)
         self._registry[client_id] = self
         return live
-
-    # --- publishing -----------------------------------------------------------
-
-    def _on_publish(self, packet: mqtt.Publish, now: float) -> None:
-        assert self.identity is not None
-        ctx = self._ctx
-        ctx.stats.publishes_received += 1
-        try:
-            subject = topic_to_subject(packet.topic)
-        except InvalidTopicError as exc:
-            self._refused_publish(str(exc))
-            return
-        message = Message(subject, packet.payload, retained=packet.retain,
-                          qos=Qos.GUARANTEED if packet.qos else Qos.STANDARD,
-                          closure=None if packet.packet_id is None else str(packet.packet_id))
-        status, reason = check_publish(ctx, self.listener, self.identity, message)
-        if self._publish_rate is None:  # (most devices only subscribe: ~80 bytes each, idle)
-            self._publish_rate = PublishRate(ctx.config.max_publishes_per_second, now)
-        if status is None and not self._publish_rate.take(now):
-            status = ops.Status.PUBLISH_FAILED
-            reason = f"MaxPublishesPerSecond ({ctx.config.max_publishes_per_second}) exceeded"
-        if status is not None:
-            if status is ops.Status.PUBLISH_DENIED:
-                self._denied("publish")
-            self._refused_publish(f"{status.value}: {reason}")
-            return
-        if packet.qos:
-            self._acks_due += 1  # exactly one publish_result / publish_ok comes back
-        ctx.publishing.submit(message, self if packet.qos else None, now)
-
-    def _refused_publish(self, reason: str) -> None:
-        self._ctx.stats.publishes_refused += 1
-        self._refused(f"publish refused: {reason}")
-
-    def _refused(self, reason: str) -> None:
-        """MQTT 3.1.1 has no negative acknowledgement: a refused operation closes."""
-        client_lines.lines.log(log, logging.INFO, "mqtt refused", "%s: %s: closing",
-                               self.describe(), reason, extra=self.log_fields())
-        self.close(close_codes.BAD_OPERATION.code, reason)
-
-    def publish_ok(self, closure: str | None, subject: str, epoch: int, seq: int) -> None:
-        self.publish_result(publish_ok_status(closure, subject, epoch, seq))
-
-    def publish_result(self, status: ops.PublishStatus) -> None:
-        """The outcome of a QoS 1 publish, or of saving the session record."""
-        if status.closure == SESSION_CLOSURE:
-            self._saved(status)
-            return
-        self._acks_due -= 1
-        if self.aborted:
-            return
-        if self.settling:  # closing: its PUBACKs go first, then the close held back
-            if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
-                self._send_raw(self._wrap(mqtt_encode.encode_packet(
-                    mqtt.Puback(int(status.closure)))))
-            if self._acks_due <= 0:
-                code, reason = self._held_close  # type: ignore[misc]
-                self._held_close = None
-                if self.websocket:
-                    self._send_raw(ws.encode_close(code, reason[:120]))
-            return
-        if status.status is ops.Status.PUBLISH_OK and status.closure is not None:
-            self._send(mqtt_encode.encode_packet(mqtt.Puback(int(status.closure))))
-        elif status.reason == SENT_ELSEWHERE:
-            # the member drains or moves this client: not published, no PUBACK (the
-            # client publishes it again where it goes); the drain closes the connection
-            # (4502, no will) once the earlier publishes have their PUBACK
-            pass
-        elif not self.closing:
-            self._refused_publish(f"{status.status.value}: {status.reason or ''}")
 
     # --- subscribing ----------------------------------------------------------
 
@@ -482,16 +411,3 @@ class MqttSession(MqttTakeover):
             self._publish_will(will)
         if self._record is not None:
             self._changed()
-
-    def _publish_will(self, will: mqtt.Will) -> None:
-        assert self.identity is not None
-        subject = topic_to_subject(will.topic)  # checked at CONNECT
-        message = Message(subject, will.payload, retained=will.retain,
-                          qos=Qos.GUARANTEED if will.qos else Qos.STANDARD)
-        status, reason = check_publish(self._ctx, self.listener, self.identity, message)
-        if status is not None:
-            log.info("%s: will on %r refused (%s: %s): dropped", self.describe(), will.topic,
-                     status.value, reason, extra=self.log_fields())
-            return
-        self._ctx.publishing.submit(message, None, self._now)
-        self._ctx.stats.mqtt_wills_published += 1

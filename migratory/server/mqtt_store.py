@@ -243,6 +243,22 @@ def discard_message(
     return _record_message(client_id, SessionRecord(generation=generation).head(), fields)
 
 
+def generation_floor() -> int:
+    """The least generation a take-up on a Standard cluster's member writes: the
+    wall-clock millisecond. Generations counted take-ups (the stored one's + 1), which
+    orders the take-ups of members that read the same stored record -- a Guaranteed
+    cluster's CONNECT reads what was committed before it (its read barrier). A Standard
+    member reads what forwards brought it so far: a client whose newer record was on its
+    way from member A (two more take-ups there) that connected on member B, which had
+    the older record, took it up at a lower generation than A's; A's record then
+    outranked B's on every member, B's connection was closed as taken over and the
+    filter it had SUBACKed was gone
+    (``tests/cluster/test_cluster_standard_session_moves.py``). With the clock the later
+    take-up stands, give or take the members' clock skew; the stored one's + 1 still
+    bounds it from below (a clock behind, a record of a member ahead)."""
+    return int(wall_clock() * 1000)
+
+
 def stored_generation(snapshot: Message | None) -> int:
     """The generation of the record a session subject's snapshot holds (0: none)."""
     if snapshot is None:
@@ -382,6 +398,7 @@ def take_up(
     live: SessionRecord | None = None,
     expiry: int = 0,
     max_subjects: int = SESSION_MAX_SUBJECTS,
+    standard: bool = False,
 ) -> TakenUp:
     """A new connection of ``client_id`` takes up the session that ``snapshot`` (its
     session subject's) stores, one generation later: a persistent session keeps it (or
@@ -397,7 +414,13 @@ def take_up(
     starts afresh (session present 0) and saves over it.
 
     ``max_subjects`` (MqttSessionMaxSubjects) bounds the record kept: a stored one over it
-    (a lower setting, an earlier version) is resumed whole and bounded at its first save."""
+    (a lower setting, an earlier version) is resumed whole and bounded at its first save.
+
+    ``standard``: a member of a Standard cluster, where a record saved on another member
+    reaches this one when its forward does, if ever (no read barrier orders it before the
+    CONNECT): the generation is at least the wall-clock millisecond
+    (:func:`generation_floor`), so that of two take-ups of a session on two members the
+    later one stands, whichever record each member had when its CONNECT came."""
     stored, generation = decode_record(snapshot), stored_generation(snapshot)
     stale = False
     if live is not None and live.generation >= generation:
@@ -407,7 +430,7 @@ def take_up(
         generation = live.generation
     elif stored is not None and expired(snapshot, wall_clock(), expiry):
         stored, stale = None, True
-    generation += 1
+    generation = max(generation + 1, generation_floor() if standard else 0)
     if persistent:
         record = stored or SessionRecord()
         record.generation = generation

@@ -146,3 +146,33 @@ def test_a_clean_discard_wins_a_tie_with_a_persistent_take_up_of_the_same_record
         assert decode_record(after) is None
         assert superseded(after, resumed.record)
     assert not superseded(merge_snapshot(snapshot, save), resumed.record)  # its own save
+
+
+def test_on_a_standard_member_the_later_take_up_outranks_a_record_it_had_not_received(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Standard member reads what forwards brought it: member B, holding generation 1,
+    takes the session up after member A took it up twice more (generation 3, its record
+    still on its way to B). Before, B wrote generation 2: A's record outranked it on every
+    member, and what B's connection subscribed (SUBACKed) was gone. Now B's take-up (and
+    a clean one's discard) is of the wall-clock millisecond: later take-ups stand. A clock
+    behind the stored record's generation still gives one more than it."""
+    first = stored(1).message("dev")
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1_000.0)
+    on_a = take_up(take_up(first, "dev", persistent=True, standard=True).record.message(  # type: ignore[union-attr]
+        "dev"), "dev", persistent=True, standard=True).record
+    assert on_a is not None and on_a.generation == 1_000_001  # (its stored one's + 1)
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 1_000.25)
+    for persistent in (True, False):
+        on_b = take_up(first, "dev", persistent=persistent, standard=True)
+        record = on_b.record.message("dev") if on_b.record else on_b.discard
+        assert record is not None
+        after = merge_snapshot(merge_snapshot(first, record), on_a.message("dev"))
+        assert after is not None and after.fields[GENERATION] == "1000250"
+        assert superseded(after, on_a)  # A's connection stops saving, found out
+        if on_b.record is not None:
+            assert not superseded(after, on_b.record)  # B's goes on
+    assert take_up(first, "dev", persistent=True).record.generation == 2  # type: ignore[union-attr]
+    monkeypatch.setattr(mqtt_store, "wall_clock", lambda: 0.5)  # a clock behind
+    assert take_up(on_a.message("dev"), "dev", persistent=True, standard=True
+                   ).record.generation == 1_000_002  # type: ignore[union-attr]
