@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +48,13 @@ def test_make_tests_python_keeps_its_bytecode() -> None:
                            timeout=60)
     assert asked.returncode == 0, asked.stderr
     assert asked.stdout.splitlines() == ["False", str(ROOT / ".venv" / "pycache")], line
+
+
+def test_the_package_metadata_is_what_setuptools_will_keep_building() -> None:
+    """``make serve`` printed, twice, a 14-line BuildBackendWarning: "`project.license`
+    as a TOML table is deprecated ... By 2027-Feb-18, you need to update your project
+    ... or your builds will no longer be supported". The license is an SPDX expression
+    now, which needs setuptools 77 (PEP 639) to build."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in project["build-system"]["requires"]
