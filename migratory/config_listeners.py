@@ -195,17 +195,36 @@ def _check_tls(config: Config, key: Callable[[str], str]) -> None:
 
 
 def check_listener_clash(config: Config, key: Callable[[str], str]) -> None:
-    """One address (port 0 aside) belongs to one listener key."""
+    """One address (port 0 aside) is bound once: by one listener key, once in it, and
+    not by this member's cluster link or its Raft port (the link's + 1, a seed's). They
+    were found only when the second bind failed -- exit 1, 'Address already in use',
+    the cluster's line asking for 'another member with this address on this host'."""
     seen: dict[tuple[str, int], str] = {}
-    for name, addresses in (
-        ("Listen", config.listen),
-        ("ListenEncrypted", config.listen_encrypted),
-        ("ListenMqtt", config.listen_mqtt),
-        ("ListenMqttEncrypted", config.listen_mqtt_encrypted),
+    for label, addresses in (
+        (key("Listen"), config.listen),
+        (key("ListenEncrypted"), config.listen_encrypted),
+        (key("ListenMqtt"), config.listen_mqtt),
+        (key("ListenMqttEncrypted"), config.listen_mqtt_encrypted),
+        *_cluster_binds(config, key),
     ):
         for address in addresses:
-            other = seen.setdefault(address, name)
-            if address[1] and other != name:
-                raise ConfigError(
-                    f"{key(other)} and {key(name)} both name {address[0]}:{address[1]}"
-                )
+            other = seen.get(address)
+            if address[1] and other is not None:
+                where = f"{other} names" if other == label else f"{other} and {label} both name"
+                twice = " twice" if other == label else ""
+                raise ConfigError(f"{where} {address[0]}:{address[1]}{twice}")
+            seen[address] = label
+
+
+def _cluster_binds(
+    config: Config, key: Callable[[str], str]
+) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    """This member's cluster link address and, on a Guaranteed seed, its Raft port's."""
+    if not config.clustered:
+        return ()
+    name = key("ClusterMemberBind" if config.cluster_member_bind else "ClusterMemberListen")
+    host, port = config.cluster_bind
+    link = (f"the cluster link of {name}", ((host, port),))
+    if config.cluster_delivery_mode != "Guaranteed" or not config.is_seed:
+        return (link,)
+    return link, (f"the Raft port (the cluster port + 1) of {name}", ((host, port + 1),))

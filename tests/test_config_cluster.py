@@ -56,6 +56,34 @@ def test_bad_cluster_config_is_refused_with_a_clear_message(
         load_config(overrides={**CLUSTER, **changes}, environ={})
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"Listen": "127.0.0.1:9110"}, r"Listen \(from --set\) and the cluster link of "
+                                       r"ClusterMemberListen \(from --set\) both name"),
+        ({"ListenMqtt": "127.0.0.1:9111"}, r"and the Raft port \(the cluster port \+ 1\) of "
+                                           r"ClusterMemberListen \(from --set\) both name"),
+        ({"ListenMqtt": "127.0.0.1:9201", "ClusterMemberBind": "127.0.0.1:9200"},
+         "the Raft port .* of ClusterMemberBind"),
+    ],
+)
+def test_a_client_listener_on_the_members_cluster_ports_is_refused_naming_both(
+    changes: dict[str, str], message: str
+) -> None:
+    """Before: accepted, and the second bind failed at start-up -- exit 1, 'cluster link
+    127.0.0.1:9110: Address already in use (ClusterMemberBind / ClusterMemberListen:
+    another member with this address on this host?)' -- or, for the Raft port, later."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides={**CLUSTER, **changes}, environ={})
+
+
+def test_a_standard_member_or_a_non_seed_has_no_raft_port_to_clash_with() -> None:
+    standard = {**CLUSTER, "ClusterDeliveryMode": "Standard", "ListenMqtt": "127.0.0.1:9111"}
+    assert load_config(overrides=standard, environ={}).listen_mqtt == (("127.0.0.1", 9111),)
+    non_seed = {**CLUSTER, "ClusterMemberListen": "127.0.0.1:9130", "Listen": "127.0.0.1:9131"}
+    assert load_config(overrides=non_seed, environ={}).listen == (("127.0.0.1", 9131),)
+
+
 def test_guaranteed_without_members_is_refused() -> None:
     with pytest.raises(ConfigError, match="Guaranteed needs ClusterMembers"):
         load_config(overrides={"ClusterDeliveryMode": "Guaranteed"}, environ={})

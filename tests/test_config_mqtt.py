@@ -22,6 +22,9 @@ def test_listen_mqtt_defaults_to_none_and_parses_addresses() -> None:
         ({"ListenMqtt": "127.0.0.1"}, "ListenMqtt"),
         ({"ListenMqtt": "127.0.0.1:99999"}, "ListenMqtt"),
         ({"ListenMqtt": "127.0.0.1:8800", "Listen": "127.0.0.1:8800"}, "both name 127.0.0.1:8800"),
+        # before: accepted, then exit 1 'cannot listen ... Address already in use'
+        ({"ListenMqtt": "127.0.0.1:1883, 127.0.0.1:1883"}, "names 127.0.0.1:1883 twice"),
+        ({"Listen": "127.0.0.1:8800,127.0.0.1:8800"}, "names 127.0.0.1:8800 twice"),
         ({"ListenMQTT": "127.0.0.1:1883"}, "unknown key 'ListenMQTT'"),
     ],
 )
