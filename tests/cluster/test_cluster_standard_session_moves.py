@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from paho_client import PahoClient, Received
 from rawclient import RawClient
 
-from migratory.model.message import Message
+from migratory.model.message import Message, Qos
 from migratory.protocol import ops
 
 STOCK, OTHER = "/Stocks/NYSE/IBM", "/Stocks/NYSE/T"
@@ -57,8 +57,10 @@ class Members:
             client.close()
 
     def publish(self, member: int, subject: str, content: bytes) -> None:
-        """A retained message (the subject's snapshot): a resync's RETAIN carries it."""
-        message = Message(subject, content, retained=True, closure=content.decode())
+        """A retained message (the subject's snapshot: a resync's RETAIN carries it), at
+        QoS 1 (delivered at QoS 1, PUBACKed by the client)."""
+        message = Message(subject, content, retained=True, qos=Qos.GUARANTEED,
+                          closure=content.decode())
         status = self.publishers[member].publish(message)
         assert status.status is ops.Status.PUBLISH_OK
 
@@ -94,6 +96,7 @@ def until(device: PahoClient, last: bytes, wait: float = 10) -> list[Received]:
 
 
 def no_repeats(got: list[Received]) -> None:
+    assert all(m.qos == 1 for m in got), got
     live = [(m.topic, m.payload) for m in got if not m.retain]
     assert len(live) == len(set(live)), f"delivered twice on one connection: {got}"
 
@@ -200,7 +203,8 @@ def test_a_session_taken_up_on_a_member_its_newer_record_has_not_reached_stays_t
     to B: before, generations were counts -- A's 3 outranked B's 2 on every member, B's
     connection was closed as taken over, and the next CONNECT found A's filters without
     ``Bonds/#`` (the SUBACK broken, the client told present 1: it would not subscribe
-    again). The later take-up is the client's: B's."""
+    again). The later take-up is the client's: B's. So is a session B started (present 0,
+    A's record of the client id not there yet): A's older one does not replace it."""
     cluster, gate, _ = gated_pair(tmp_path, mqtt=True)
     members = None
     try:
@@ -219,6 +223,14 @@ def test_a_session_taken_up_on_a_member_its_newer_record_has_not_reached_stays_t
         for _ in range(2):  # A's records wait for the link to B
             device = back(cluster, A, "racer")
             device.stop()
+        fresh = PahoClient(mqtt_port(cluster, A), "fresh", clean_session=False)
+        assert fresh.subscribe("Stocks/#", 1) == [1]  # a session B has not heard of
+        fresh.stop()
+        back(cluster, A, "fresh").stop()
+        fresh = PahoClient(mqtt_port(cluster, B), "fresh", clean_session=False)
+        assert not fresh.session_present  # (told: it subscribes again)
+        assert fresh.subscribe("Bonds/#", 1) == [1]
+        fresh.stop()
         device = back(cluster, B, "racer")
         assert device.subscribe("Bonds/#", 1) == [1]
         gate.open_gate()
@@ -232,7 +244,24 @@ def test_a_session_taken_up_on_a_member_its_newer_record_has_not_reached_stays_t
             got = until(device, f"bond-{member}".encode())
             assert f"bond-{member}".encode() in [m.payload for m in got], (
                 f"member {member}: the filter subscribed on B is gone: {got}")
-            device.stop()
+        for member in (B, A):  # the session B started stands: Bonds/# alone
+            fresh = back(cluster, member, "fresh")
+            members.publish(member, STOCK, b"stock")
+            members.publish(member, BOND, b"bond")
+            got = until(fresh, b"bond")
+            assert got and got[-1].payload == b"bond", (member, got)  # (bond-N: missed)
+            assert STOCK[1:] not in {m.topic for m in got}, f"A's filters came back: {got}"
+            fresh.stop()
+        # its connection on A left open (half-open, say) while it takes the session up on
+        # B: A's connection, outranked by B's record, closes itself at its next save
+        members.forwarded(A, (B,))  # (B has the record A's connection took up)
+        on_b = back(cluster, B, "racer")
+        members.forwarded(B, (A,))
+        members.publish(A, BOND, b"bond-last")
+        assert b"bond-last" in [m.payload for m in until(device, b"bond-last")]
+        assert b"bond-last" in [m.payload for m in until(on_b, b"bond-last")]
+        assert device.disconnected.wait(5), "A's outranked connection stayed open"
+        on_b.stop()
     finally:
         if members is not None:
             members.close()
