@@ -351,6 +351,9 @@ def _parse(setting: Setting, text: str, source: str) -> Any:
         return setting.parse(text.strip())
     except ValueError as exc:
         hint = COMMENT_HINT if "#" in text else ""
+        bare = text.strip()
+        if len(bare) > 1 and bare[0] == bare[-1] and bare[0] in "'\"":  # Listen = "a:1"
+            hint = f" (a value is not quoted: {setting.key} = {bare[1:-1]})"
         raise ConfigError(f"{source}: {setting.key}: {clipped(str(exc), text)}{hint}") from None
 
 

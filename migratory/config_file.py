@@ -20,12 +20,13 @@ FILE_FORMAT = (
     "numbers are the editor's); at most 1 MiB; blank lines and lines whose first",
     "non-blank character is `#` are skipped (a `#` later in a line is part of the value:",
     "`ServerName = a # b` names the server `a # b`); keys are exact (case included) and",
-    "each at most once; spaces around the key and the value are dropped; the value is",
-    "the rest of the line after the first `=`. An empty file sets nothing (every key",
-    "keeps its default). Every error names the file and the line (a bad value: its key",
-    "too, and what the key accepts; an environment variable is named instead of a line),",
-    "a file that cannot be read (no such file, a directory, not UTF-8, too large) the",
-    'file: one line, and `migratory serve` exits 2 (README, "Starting and stopping").',
+    "each at most once; spaces around the key and the value are dropped; the value is the",
+    'rest of the line after the first `=`, quotes included (`Listen = "a:1"` is refused',
+    'saying so; `ServerName = "a"` names the server `"a"`). An empty file sets nothing',
+    "(every key keeps its default). Every error names the file and the line (a bad value:",
+    "its key too, and what the key accepts; an environment variable is named instead of a",
+    "line), a file that cannot be read (no such file, a directory, not UTF-8, too large)",
+    'the file: one line, and `migratory serve` exits 2 (README, "Starting and stopping").',
 )
 COMMENT_HINT = " ('#' starts a comment only at the start of a line)"
 """Added to a bad value's error when it holds a ``#``: a comment after a value is

@@ -66,6 +66,11 @@ def test_any_file_and_environment_give_a_config_or_one_line_naming_the_key(
      r"f.conf:1: BatchTime: expected a whole number of milliseconds, got '5 # ms' "
      r"\('#' starts a comment only at the start of a line\)$"),
     (b"Listen\n", r"f.conf:1: expected 'Key = Value', got 'Listen'$"),
+    # before: '... got '8817"'' and no more, the quotes taken for the value's
+    (b'Listen = "127.0.0.1:8817"\n', r"f.conf:1: Listen: expected a whole number, got "
+     r"'8817\"' \(a value is not quoted: Listen = 127.0.0.1:8817\)$"),
+    (b"Entitlement = 'Basic'\n", r"f.conf:1: Entitlement: expected one of None, Basic, "
+     r"Token, Custom, got \"'Basic'\" \(a value is not quoted: Entitlement = Basic\)$"),
     (b"listen = 127.0.0.1:0\n", r"f.conf:1: unknown key 'listen' \(did you mean 'Listen'\?\)$"),
     (b"ServerName = caf\xe9\n", r"f.conf:1: not UTF-8 \(byte 0xe9\)"),
 ])
