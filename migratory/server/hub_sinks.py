@@ -116,6 +116,14 @@ class MessageSinks:
         if self._session_holds is not None:
             self._session_holds.release(client_id, levels)
 
+    def keep_session_filters(self, client_id: str, levels: set[tuple[str, ...]]) -> None:
+        """``client_id``'s session holds these filters and no others (a resume from a record
+        another member saved later, which dropped some)."""
+        holds = self._session_holds
+        if holds is not None:
+            for each in holds.held(client_id) - levels:
+                holds.release(client_id, each)
+
     def _filters_held_since(self, subject: str) -> list[int]:
         """The moments (``Hub.holdings_made``) since which a wildcard filter matching
         ``subject`` has been held here without a break, the oldest, and a persistent
@@ -195,10 +203,11 @@ class SessionHolds:
     life's seq 1 of a subject only an away session wanted was taken as the first, and the
     session came back to it alone, the forwards lost with the peer's earlier life unseen.
 
-    Released by an UNSUBSCRIBE, a clean session of that client id here, or the expiry
-    sweep here finding the record discarded. A session that moved on to another member
-    is still held here until then: a needless resync at a peer's restart, never a silent
-    gap (its client's filters are held per client id, each once)."""
+    Released by an UNSUBSCRIBE, a clean session of that client id here, the expiry sweep
+    here finding the record discarded, or a resume here from a record that no longer
+    names the filter (UNSUBSCRIBEd on another member). A session that moved on to
+    another member is still held here until then: a needless resync at a peer's restart,
+    never a silent gap (its client's filters are held per client id, each once)."""
 
     __slots__ = ("_ages", "_clients")
 
@@ -223,6 +232,9 @@ class SessionHolds:
             self._ages.released(each)
         if not held:
             del self._clients[client_id]
+
+    def held(self, client_id: str) -> set[tuple[str, ...]]:
+        return set(self._clients.get(client_id, ()))
 
     def oldest(self, subject: str) -> int | None:
         """Since when a session's filter matching ``subject`` is held (None: none)."""

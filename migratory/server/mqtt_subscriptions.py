@@ -271,11 +271,13 @@ class Subscriptions:
         self._resume = Resume(self, self._owner, self._hub, _catch_up_from(record))
         self._listener = self._resume  # the hub's sink until the catch-up is done
         self._dropped = False
+        named: set[tuple[str, ...]] = set()  # (dormant ones too: SessionHolds keeps them)
         for name, qos in record.filters.items():
             try:
                 levels = filter_levels(name)
             except InvalidTopicError:
                 continue
+            named.add(levels)
             if not self._owner.entitlement_allows_subscribe("/" + name):
                 client_lines.lines.log(
                     log, logging.INFO, "mqtt dormant", "%s: resumed session: not entitled "
@@ -287,6 +289,8 @@ class Subscriptions:
             entry = _Filter(qos, levels, None if is_wildcard(name) else "/" + name)
             self._put(name, entry)
             self._register(entry)
+        self._hub.keep_session_filters(self._owner.client_id, named)  # (UNSUBSCRIBEd
+        # on another member, whose newer record this is: held here no more)
 
     @property
     def resuming(self) -> bool:

@@ -20,6 +20,7 @@ from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.hub_sinks import SessionHolds
 from migratory.server.mqtt_expiry import SessionExpiry
 from migratory.server.mqtt_session import MqttSession
+from migratory.server.mqtt_store import SessionRecord
 
 
 def standard(**settings: str) -> tuple[ServerContext, HeldPublishing]:
@@ -142,3 +143,26 @@ def test_any_filter_shape_is_held(filters: tuple[str, ...]) -> None:
     ctx, held = standard()
     away(ctx, held, {}, filters)
     assert ctx.hub.made("/a/b") is not None
+
+
+def test_a_resume_from_another_members_newer_record_releases_the_filters_it_dropped() -> None:
+    """The session went on on another member, which UNSUBSCRIBEd ``c/#`` and subscribed
+    ``x/#``; its record came here. Resumed here, the session holds the record's filters
+    alone: before, ``c/#`` stayed held (delivered nothing, but counted as held until the
+    record was discarded, 7 days by default: a needless resync at each peer's restart)."""
+    ctx, held = standard()
+    registry: dict = {}
+    away(ctx, held, registry)
+    newer = SessionRecord({"a/b": 1, "x/#": 1}, generation=10**12)
+    ctx.publishing.submit(newer.message("dev"), None, 0.0)  # (forwarded from the peer)
+    held.settle()
+    back = MqttSession(ctx, Wire(), "127.0.0.1:2", registry)  # type: ignore[arg-type]
+    back.receive_data(encode_packet(mqtt.Connect("dev", clean_session=False)), 1.0)
+    while back.process(1.0, 1000):
+        pass
+    held.settle()
+    assert ctx.hub.made("/c/d") is None, "the dropped filter is still held"
+    assert ctx.hub.made("/a/b") is not None and ctx.hub.made("/x/y") is not None
+    back.connection_lost()
+    held.settle()
+    assert ctx.hub.made("/c/d") is None and ctx.hub.made("/x/y") is not None
