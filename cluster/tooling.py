@@ -371,7 +371,7 @@ def _run_cluster(
         print(f"  {member.name}  {member.client_url}  cluster {member.cluster_address}"
               f"  pid {member.pid}")
     print("servers for clients: " + " ".join(m.client_url for m in members))
-    print("Ctrl-C (or SIGTERM) stops them all.", flush=True)
+    print("Ctrl-C (or SIGTERM, SIGHUP) stops them all.", flush=True)
     return _watch(members, processes, logs, stop)
 
 

@@ -102,3 +102,10 @@ def test_help_names_each_default(name: str) -> None:
             continue  # (none, its help says it in words, or a flag: off)
         told = f"{default:g}" if isinstance(default, float) else str(default)
         assert f"(default: {told})" in shown.replace("- ", "-"), (name, flag)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_shows_no_markup(name: str) -> None:
+    """``--help`` is read in a terminal: no reST's double backticks (``migratory bench
+    --help`` showed its docstring's ````migratory bench````: markup as-is)."""
+    assert "``" not in COMMANDS[name].format_help(), name

@@ -35,6 +35,8 @@ from migratory.bench.stamp import STAMP_END, self_test
 from migratory.bench.swarm import SwarmUnavailable
 from migratory.bench.target import Target, TargetError, target_from_url, with_mqtt_listener
 
+DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
+"""The first paragraph of this docstring, as --help shows it (no reST markup)."""
 PATTERNS = ("fanout", "subjects", "ack", "idle")
 NAMES = {"fanout": "fan-out", "subjects": "many-subjects", "ack": "publish-with-ack",
          "idle": "idle-connections"}
@@ -281,7 +283,7 @@ def add_bench_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     """``migratory bench`` as a subcommand of the ``migratory`` CLI."""
     parser = commands.add_parser(
         "bench", help="measure a server: fan-out, many subjects, publish acks, idle connections",
-        description=__doc__.split("\n\n")[0],
+        description=DESCRIPTION,
     )
     add_arguments(parser)
     parser.set_defaults(func=functools.partial(_checked, parser))
@@ -294,7 +296,7 @@ def _checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m migratory.bench`` and the scripts in benchmarks/."""
-    parser = argparse.ArgumentParser(prog="migratory bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="migratory bench", description=DESCRIPTION)
     add_arguments(parser)
     args = parser.parse_args(argv)
     return _checked(parser, args)
