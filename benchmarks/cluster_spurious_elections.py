@@ -13,6 +13,8 @@ a paced publisher with closures through a follower seed for --seconds; one load:
   throttle  each seed frozen (SIGSTOP) for --frozen-ms of every 100 ms, then let run
           (SIGCONT), the seeds out of phase: what a pod over its CPU limit gets from the
           CFS quota (the kernel stops its threads until the next 100 ms period);
+          --frozen-seeds followers: only the two seeds that follow at the start
+          (one-follower: one of them);
   none    nothing else.
 Every 50 ms each seed's /cluster is read: the terms seen, the leader changes and when;
 at the end each seed's /stats loop gaps (largest event-loop gap per second) are set
@@ -224,7 +226,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 path=str(cluster.log_dir / f"writer-{n}"), s=args.seconds)])
                 for n in range(args.writers)]
         if args.load == "throttle":
-            throttle = Throttle([cluster.pid(i) for i in range(3)], args.frozen_ms / 1000,
+            frozen = [i for i in range(3) if args.frozen_seeds == "all" or i != leader]
+            frozen = frozen[:1] if args.frozen_seeds == "one-follower" else frozen
+            throttle = Throttle([cluster.pid(i) for i in frozen], args.frozen_ms / 1000,
                                 args.seconds)
             throttle.start()
         pub = Publisher(cluster.port(via), SUBJECT, args.pub_rate, args.outstanding,
@@ -303,6 +307,9 @@ def main() -> int:
     p.add_argument("--hogs", type=int, default=4)
     p.add_argument("--writers", type=int, default=2)
     p.add_argument("--frozen-ms", type=float, default=80)
+    p.add_argument("--frozen-seeds", choices=("all", "followers", "one-follower"),
+                   default="all",
+                   help="throttle: every seed, the two that follow at the start, or one")
     p.add_argument("--pub-rate", type=float, default=500)
     p.add_argument("--outstanding", type=int, default=5000)
     p.add_argument("--json")

@@ -32,7 +32,8 @@ At start-up it keeps the journal entries after its own dump (pysyncobj cleared t
 a stop mid-compaction: :meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
 
 A seed that started on an empty disk neither votes nor stands where that could lose
-what it had acknowledged (:mod:`cluster.raft_votes`). Every other message goes to
+what it had acknowledged (:mod:`cluster.raft_votes`); it asks for pre-votes before it
+stands, and answers them (:mod:`cluster.raft_prevote`). Every other message goes to
 pysyncobj unchanged, through its private attributes by their mangled names (so its
 version is pinned in ``pyproject.toml``; ``tests/cluster/test_raft_follower.py`` checks
 the bug in the base class and the fix, so a new pysyncobj shows up there).
@@ -56,24 +57,25 @@ diverged" one can be logged:
 applied entry until the re-send completes (losing an acknowledged command if the leader
 dies meanwhile); ``test_raft_safety.py`` searches schedules of real nodes for any
 violation. Large entries come in parts, more than one marked ``finish``
-(:meth:`_received_entries`). A loaded dump restarts the election timeout.
+(:mod:`cluster.raft_entry_parts`). A loaded dump restarts the election timeout.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import secrets
 from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
-from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query, raft_unpickler
+from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
 from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
+from cluster.raft_entry_parts import LargeEntryParts
+from cluster.raft_prevote_node import PreVote
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
 from cluster.raft_waiting import AnswersLostEntries
@@ -84,7 +86,8 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 """Recorded as the vote of the term in which an empty-started seed caught up."""
 
 
-class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostEntries):
+class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, AnswersLostEntries,
+                          LargeEntryParts):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, nor,
     at start-up, those its journal holds after its dump (pysyncobj's private state it
     writes, annotated for mypy:)"""
@@ -95,7 +98,6 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
     _linked_once = False  # a link has come up since this process started (class default)
     _SyncObj__transferInProgress: bool
     _SyncObj__leaderCommitIndex: int | None
-    _SyncObj__recvTransmission: Any
     _SyncObj__serializer: Any
     _SyncObj__raftLog: Any
     _SyncObj__raftState: int
@@ -223,16 +225,23 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
                 self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
             self._caught_up()  # a leader holds its own log (once it wrote an entry)
-        elif self._SyncObj__raftElectionDeadline < monotonicTime() and not (
-            self._empty_start.may_stand(self._SyncObj__getCurrentLogTerm())
-        ):  # it would stand now: not with part of the log (raft_votes.py)
-            self._SyncObj__raftElectionDeadline = monotonicTime() + 0.1
         # pysyncobj checks the election deadline first, then polls: wake just past it
         # (cluster/raft_election_timer.py)
         super()._onTick(poll_timeout(
             timeToWait, self._SyncObj__raftElectionDeadline, monotonicTime(),
             leader=self._SyncObj__raftState == _RAFT_STATE.LEADER,
         ))
+
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        """pysyncobj asks this only when its election deadline has passed, and stands at
+        once if True: not with part of the log (raft_votes.py). Checked earlier in the
+        tick, a deadline that passed in between (the process stopped there) let an
+        empty-started seed stand (``test_raft_votes.py``); then the pre-vote
+        (cluster/raft_prevote_node.py)."""
+        if not self._empty_start.may_stand(self._SyncObj__getCurrentLogTerm()):
+            self._SyncObj__raftElectionDeadline = monotonicTime() + 0.1
+            return False
+        return bool(super()._SyncObj__connectedToAnyone())
 
     def _checkCommandsToApply(self) -> None:
         super()._checkCommandsToApply()
@@ -249,6 +258,11 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
             follower=self._SyncObj__raftState == _RAFT_STATE.FOLLOWER,
         )
         self._linked_once = True
+
+    def _may_grant_pre_vote(self, request: dict[str, Any]) -> bool:
+        """A pre-vote as a vote (cluster/raft_prevote.py): not before the term query
+        settled, and only as the empty-start rules allow (raft_votes.py)."""
+        return not self._term_quorum.waiting and self._empty_start.may_vote(request)
 
     def _term_message(self, node: Any, message: dict[str, Any]) -> bool:
         """Handle the term query and its answer (cluster/raft_term_query.py); True when
@@ -281,7 +295,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         if message.get("type") == KEEPALIVE:  # its arrival was the point (raft_transport.py)
             return
-        if self._term_message(node, message):
+        if self._term_message(node, message) or self._pre_vote_message(node, message):
             return
         kind = message.get("type")
         if kind == "append_entries" and message["term"] >= self._SyncObj__raftCurrentTerm:
@@ -297,6 +311,7 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
 
     def _follow(self, node: Any, message: dict[str, Any]) -> None:
         """What any AppendEntries from a current leader does (as pysyncobj does it)."""
+        self._heard_leader()  # no pre-vote granted for a while (cluster/raft_prevote.py)
         if message["term"] > self._SyncObj__raftCurrentTerm:
             self._SyncObj__transferInProgress = False
         if not self._SyncObj__transferInProgress:
@@ -310,43 +325,6 @@ class FollowerSafeSyncObj(ElectionBackoff, CompactionWaitsForDumps, AnswersLostE
             self._SyncObj__setCurrentTerm(message["term"], None)
         self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
         self._SyncObj__leaderCommitIndex = message["commit_index"]
-
-    def _received_entries(self, node: Any, message: dict[str, Any]) -> list[Any] | None:
-        """The message's entries; None while a large entry is still arriving in parts.
-
-        pysyncobj's leader cuts an entry of ``appendEntriesBatchSizeBytes`` or more into
-        parts ``start``, ``process`` ..., ``finish``, but it marks a part ``finish`` as soon
-        as the part reaches the length of the entry's *command*, not of the pickled entry,
-        which is longer (protocol 2 pickles each byte >= 0x80 as two): a big binary
-        command comes as ``start``, ``finish``, ``finish``. A ``finish`` whose data does not
-        unpickle yet is therefore one more part; the entry is taken once it unpickles (a
-        strict prefix of a pickle never does: the STOP opcode is its last byte).
-        """
-        transmission = message.get("transmission")
-        if transmission is None:
-            return list(message.get("entries", []))
-        if transmission == "start":
-            received = bytes(message["data"])
-        elif transmission in ("process", "finish"):
-            received = self._received_part() + message["data"]
-        else:
-            raise ValueError(f"unknown append_entries transmission {transmission!r}")
-        if transmission == "finish":
-            try:
-                entry = raft_unpickler.loads(received)
-            except (pickle.UnpicklingError, EOFError):
-                pass  # an early "finish": more parts follow
-            else:
-                self._SyncObj__recvTransmission = b""
-                return [entry]
-        self._SyncObj__recvTransmission = received
-        self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
-        return None
-
-    def _received_part(self) -> bytes:
-        """What has arrived of a large entry (pysyncobj starts with ``""``)."""
-        received = self._SyncObj__recvTransmission
-        return received if isinstance(received, bytes) else b""
 
     def _append_entries(self, node: Any, message: dict[str, Any]) -> None:
         self._follow(node, message)

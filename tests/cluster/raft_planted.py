@@ -7,6 +7,7 @@ from typing import Any
 from pysyncobj import SyncObj
 
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_prevote import REQUEST as PRE_VOTE
 
 
 class TruncatesAfterPrevious(FollowerSafeSyncObj):  # type: ignore[misc]
@@ -27,14 +28,15 @@ class CommitsUnvouchedEntries(FollowerSafeSyncObj):  # type: ignore[misc]
 
 
 class VotesForAnyLog(FollowerSafeSyncObj):  # type: ignore[misc]
-    """Grants its vote without checking that the candidate's log is as up to date."""
+    """Grants its vote (and its pre-vote, cluster/raft_prevote.py) without checking that
+    the candidate's log is as up to date."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._empty_start.active = False  # and without cluster/raft_votes.py's rule
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
-        if message.get("type") == "request_vote":
+        if message.get("type") in ("request_vote", PRE_VOTE):
             message = {**message, "last_log_term": 10**9, "last_log_index": 10**9}
         super()._SyncObj__onMessageReceived(node, message)
 

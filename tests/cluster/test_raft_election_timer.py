@@ -22,6 +22,7 @@ from cluster.raft_election_timer import (
     poll_timeout,
 )
 from cluster.raft_follower import FollowerSafeSyncObj
+from cluster.raft_prevote import ANSWER
 from cluster.raft_timings import RaftTimings
 
 
@@ -190,6 +191,11 @@ def test_a_follower_reads_what_came_while_it_was_busy_before_it_stands() -> None
         assert node._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # before: CANDIDATE
         assert node._SyncObj__raftLeader == leader and node._SyncObj__raftCurrentTerm == 2
         node._SyncObj__raftElectionDeadline = monotonicTime() - 1.0  # silent for real
+        node._onTick(0)  # asks for pre-votes first (cluster/raft_prevote.py)
+        assert node.pre_vote_campaign().asked == {leader}
+        node._SyncObj__onMessageReceived(leader, {  # (the old leader died since)
+            "type": ANSWER, "term": 2, "proposed_term": 3, "round": 1, "granted": True,
+        })
         node._onTick(0)
         assert node._SyncObj__raftState == _RAFT_STATE.CANDIDATE
     finally:

@@ -17,11 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import Transport
 from raft_planted import CommitsUnvouchedEntries, TruncatesAfterPrevious
 from raft_sim import simulated
 
+import cluster.raft_follower
 from cluster.raft_follower import FollowerSafeSyncObj
 
 LEADER = TCPNode("127.0.0.1:47902")
@@ -416,3 +419,36 @@ def test_a_mismatch_never_sends_the_leader_below_the_commit_index(safe: Any) -> 
         "prevLogIdx": 5, "prevLogTerm": 2,
     })
     assert last_reply(safe)["next_node_idx"] == 4
+
+
+def tick_stopped_midway(node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One tick of a linked follower whose election deadline is 10 ms away when the tick
+    begins and long past when pysyncobj checks it: the process was stopped in between
+    (SIGSTOP, a CPU limit's CFS quota; here the clock jumps in pysyncobj's once-a-second
+    journal hook, which runs between the two)."""
+    clock = [1000.0]
+    for module in (pysyncobj_syncobj, cluster.raft_follower):
+        monkeypatch.setattr(module, "monotonicTime", lambda: clock[0])
+    node._SyncObj__connectedNodes.update(node.otherNodes)
+    node._SyncObj__raftCurrentTerm = 2
+    node._SyncObj__raftElectionDeadline = clock[0] + 0.01
+    node._SyncObj__numOneSecondDumps = -(10**9)  # the hook runs in this tick
+
+    def stopped() -> None:
+        clock[0] += 1.0
+
+    node._SyncObj__raftLog.onOneSecondTimer = stopped
+    node._onTick(0)
+
+
+def test_an_empty_started_seed_does_not_stand_when_its_deadline_passes_midway(
+    safe: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cluster/raft_votes.py: an empty-started seed that has not caught up never stands.
+    The check came early in the tick; a deadline that passed before pysyncobj's own
+    check (the process stopped in between) made it a candidate. Now the check is made
+    at pysyncobj's, which asks whether it is linked only as it stands."""
+    assert safe._empty_start.active  # (an in-memory journal starts empty)
+    tick_stopped_midway(safe, monkeypatch)
+    assert safe._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # before: CANDIDATE
+    assert safe._SyncObj__raftCurrentTerm == 2
