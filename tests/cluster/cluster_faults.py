@@ -25,7 +25,6 @@ from cluster.upstream import LeaveUpstream
 if TYPE_CHECKING:
     from cluster_world import Member
 
-SEED_0 = SEEDS[0]
 reasons = st.sampled_from(FAILURES)
 leader_losses = st.sampled_from(  # what a leader that lost its majority says
     (FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME,
@@ -47,7 +46,8 @@ class FaultRules:
     # --- members ---------------------------------------------------------------------
 
     def _may_crash(self) -> list[Member]:
-        seeds_down = any(not m.live for m in self.members.values() if m.is_seed)
+        seeds_down = any(not m.live or m.leaving for m in self.members.values()
+                         if m.name in SEEDS)
         return [m for m in self._live() if not (seeds_down and m.is_seed)]
 
     @precondition(lambda self: self._may_crash())
@@ -62,13 +62,16 @@ class FaultRules:
     def _crash(self, member: Member, pick: int) -> None:
         if member.is_seed:
             self.raft.stop(member.name)
+        if member.is_seed or member.leaving:
             for edge in self._linked():
                 if edge.link is not None and edge.link.seed == member.name:
                     edge.link.send.close()  # what it sent arrives, then the link ends
-        else:
+        if not member.is_seed:
             self._leave(member)
         self.unsubmitted.discard(member.name)
         member.stream, member.upstream, member.connected = None, None, True
+        if member.leaving:  # (it comes back as the seed it is)
+            member.is_seed, member.leaving = True, False
         self._fail_over(member, pick)
 
     @precondition(lambda self: any(not m.live for m in self.members.values()))
@@ -196,7 +199,7 @@ class FaultRules:
         for _ in range(3):
             for member in self._live(seeds=False):
                 if member.link is None:
-                    self._dial(member, self.members[SEED_0])
+                    self._dial(member, self._heal_seed())
             for member in self._submitters():
                 self._submit(member, None)
             self._settle_raft()
@@ -212,6 +215,10 @@ class FaultRules:
         self.members_hold_the_committed_log()
         check_subscribers((s.view for s in self.subscribers), self.log, final=True)
         self.check_final_answers()
+
+    def _heal_seed(self) -> Member:
+        """The seed the non-seeds follow at the end (a leaving seed follows another)."""
+        return next(m for m in self.members.values() if m.is_seed and m.live)
 
     def _settle_raft(self) -> None:
         if self.raft.in_flight:
@@ -235,7 +242,7 @@ class FaultRules:
                 self._restart(seed, from_dump=False)
         for member in self._live(seeds=False):
             if member.link is None:
-                self._dial(member, self.members[SEED_0])
+                self._dial(member, self._heal_seed())
             self._receive(member, 10**6, pick=0)
 
     def check_final_answers(self) -> None:

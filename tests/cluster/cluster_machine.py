@@ -10,7 +10,8 @@ publish records the answers its client got.
 
 ``cluster_checker`` and ``cluster_link_contract`` hold the invariants;
 ``test_cluster_checker`` shows each failing on a planted bug. The fault rules are in
-``cluster_faults``.
+``cluster_faults``; a seed whose Raft node stops and leaves through another seed in
+``cluster_leave``.
 
 Not modelled: Raft's own elections and log divergence (the committed log is given),
 the loss of ALL Raft state (new epochs for used groups), conflation, history, cache
@@ -33,6 +34,7 @@ from cluster_checker import (
 )
 from cluster_consensus import Barrier, Consensus
 from cluster_faults import FaultRules
+from cluster_leave import LeavingSeeds
 from cluster_links import UpstreamLinks
 from cluster_raft_rules import RaftRules, epochs
 from cluster_world import (
@@ -72,7 +74,9 @@ TICK = 0.01
 T = TypeVar("T")
 
 
-class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine):
+class ClusterMachine(
+    RaftRules, UpstreamLinks, FaultRules, LeavingSeeds, RuleBasedStateMachine
+):
     # hooks for planted bugs (test_cluster_planted)
     replica_class: type[Replica] = Replica
     stream_class: type[CommittedStream] = CommittedStream
@@ -141,7 +145,10 @@ class ClusterMachine(RaftRules, UpstreamLinks, FaultRules, RuleBasedStateMachine
             )
 
     def _ready(self, member: Member) -> bool:
-        """What a member's heartbeats and sync answers say about itself."""
+        """What a member's heartbeats and sync answers say about itself (a seed whose Raft
+        stopped: not ready)."""
+        if member.leaving:
+            return False
         if not member.is_seed:
             return member.serving and member.link is not None
         return self.raft.quorum and member.connected and member.serving

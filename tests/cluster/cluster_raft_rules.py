@@ -18,7 +18,7 @@ from hypothesis.stateful import precondition, rule
 from pysyncobj import FAIL_REASON
 
 from cluster.coordination import CommittedBatch, PublishRequest
-from cluster.raft_outcomes import barrier_committed, raft_failed
+from cluster.raft_outcomes import CLOSED_NAME, barrier_committed, raft_failed
 
 if TYPE_CHECKING:
     from cluster_world import Member
@@ -60,6 +60,11 @@ class RaftRules:
         else:
             assert member.link is not None
             via, reply_to = self.members[member.link.seed], member.name
+            if via.leaving:  # its stopped Raft node refuses at once (cluster/raft.py)
+                assert via.stream is not None
+                raft_failed(via.stream, [(r.origin, r.ref) for r in requests], CLOSED_NAME,
+                            unknown=False, reply_to=reply_to, now=self.now)
+                return
         entries = [self._in_flight(r, via.name, reply_to) for r in requests]
         if refusal is None or refusal not in NEVER_COMMITS:
             self.raft.in_flight.extend(entries)
@@ -139,7 +144,7 @@ class RaftRules:
         else:
             entry.in_doubt = True
         via = self.members[entry.via]
-        if via.live:
+        if via.live and not via.leaving:  # (a stopped Raft node hears nothing)
             origins = [(entry.request.origin, entry.request.ref)]
             self._raft_told(via, entry.reply_to, origins, reason)
 

@@ -77,6 +77,7 @@ class Member:
     high_water: int = 0  # the highest clsn applied in this incarnation
     late: int = 0  # a seed: batches its stream will get late
     held: list[CommittedBatch] = field(default_factory=list)  # ... and has not got yet
+    leaving: bool = False  # a seed whose Raft stopped, following another (cluster_leave)
 
     @property
     def replica(self) -> Replica | None:
