@@ -112,6 +112,21 @@ box; one more JVM start, in that worker), and the last seven files above (132 s 
 moved here: about 930 s for each of the three."""
 
 
+BESIDE_SPARK = frozenset(
+    f"tests/cluster/{name}.py"
+    for name in (
+        # a frozen member under an SDK and a JS subscriber (~24 s in CI)
+        "test_cluster_frozen_member",
+    )
+)
+"""Files of ``tests/cluster`` that run in the ``spark`` scope, after tests/spark, on the
+worker of the small files: with no adaptive query execution (spark_analysis/session.py)
+tests/spark takes less time (alone on a loaded box 220 s, 336 s in the CI of 0dfa9a5f),
+and the cluster scope was the longest of the three (858 s, 866 s and 866 s there). The
+summary of ``make test`` names each worker's slowest files of a serial scope: what to
+move next."""
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduling with two scopes for the cluster-sized tests (its
     ``loadgroup`` marks do not reach pytest 9's node ids) and one per other file
@@ -126,14 +141,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def scope_of(nodeid: str) -> str:
-    """``cluster``, ``cluster-sized`` or ``spark`` (the serial scopes), else the test's
-    file."""
+    """``cluster``, ``cluster-sized`` or ``spark`` (the serial scopes; ``spark`` holds
+    ``BESIDE_SPARK`` too), else the test's file."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     if path in IN_PROCESS_CLUSTER:
         return path
     if path in IN_THE_OTHER_SERIAL_SCOPE:
         return "cluster-sized"
+    if path in BESIDE_SPARK:
+        return "spark"
     if path.startswith("tests/spark/"):
         return "spark"
     if len(parts) > 2 and parts[0] == "tests" and parts[1] in CLUSTER_SIZED:

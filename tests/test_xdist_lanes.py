@@ -170,6 +170,22 @@ def test_the_workers_files_moved_to_the_other_serial_scope_run_there(suite: Modu
     assert split("tests/cluster/test_cluster_start_signals.py::test_x") == "cluster"
 
 
+def test_the_cluster_files_beside_spark_run_in_its_scope(suite: ModuleType) -> None:
+    """The files of ``BESIDE_SPARK`` exist, are neither in-process nor moved to the other
+    serial scope, and run in the ``spark`` scope: one test at a time, on the worker that
+    runs no other serial scope, after (or before) tests/spark."""
+    split = started(suite, 1)[2]._split_scope
+    moved = sorted(suite.BESIDE_SPARK)
+    assert moved
+    assert not set(moved) & (suite.IN_PROCESS_CLUSTER | suite.IN_THE_OTHER_SERIAL_SCOPE)
+    for path in moved:
+        assert (ROOT / path).exists(), path
+        assert path.startswith("tests/cluster/test_"), path
+        assert split(f"{path}::test_x") == "spark"
+        assert split(f"{path}::test_x[js]") == "spark"
+    assert split("tests/cluster/test_cluster_drain.py::test_x") == "cluster"
+
+
 # what a test starts when it starts a process, a socket, a thread or a real Raft node
 STARTS_SOMETHING = {
     "subprocess", "socket", "threading", "multiprocessing", "selectors", "asyncio",
