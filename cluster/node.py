@@ -17,6 +17,7 @@ position comes from the committed stream.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import sys
@@ -86,6 +87,7 @@ class GuaranteedNode:
         self.seed: SeedCoordination | None = None
         self.upstream: UpstreamReplication | None = None
         self._settings, self._tls = settings, tls
+        self._leaving = False  # (its Raft node stopped: _leave_after_raft_stopped)
         if self.is_seed:
             self.seed = SeedCoordination(
                 config=config, name=self.name, stream=self.stream, outgoing=self.outgoing,
@@ -144,6 +146,7 @@ class GuaranteedNode:
         from their positions). Its clients' publishes used to be refused RAFT_STOPPED,
         and those in flight were left unanswered as it exited (docs/cluster.md)."""
         assert self.config.cluster_member_listen is not None
+        self._leaving = True
         others = [a for a in self.config.seed_members if a != self.config.cluster_member_listen]
         self.upstream = self._upstream(others)
         log.warning("Raft stopped (%s): this seed's clients are drained, their publishes "
@@ -222,9 +225,10 @@ class GuaranteedNode:
                 await self.seed.check_data_dir()
             await nursery.start(self.agreement.run)
             nursery.start_soon(self._start_role, nursery)
-            nursery.start_soon(
-                keep_house, f"member {self.name}", self.publishing, self.readiness, self.server
-            )
+            nursery.start_soon(functools.partial(
+                keep_house, f"member {self.name}", self.publishing, self.readiness, self.server,
+                leaving=lambda: self._leaving,
+            ))
             task_status.started()
 
 

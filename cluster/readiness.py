@@ -102,10 +102,14 @@ async def keep_house(
     *,
     cut_off: str = "member cut off from the cluster",
     sent_to: str = "to other members",
+    leaving: Callable[[], bool] = lambda: False,
 ) -> None:
     """Every :data:`HOUSEKEEPING_SECONDS`: expire stale publish outcomes, log readiness
     changes of ``who`` (a member, a worker), and send its clients away once it has not
-    been ready for :data:`SHED_AFTER` seconds."""
+    been ready for :data:`SHED_AFTER` seconds -- unless it is ``leaving``: a seed whose
+    Raft node stopped is not ready from the stop on, and its leave drains its clients
+    once their publishes have their outcomes (up to 5 s: ``cluster/node.py``); shed at
+    3 s, they were cut with 1013 and those publishes unanswered (h155)."""
     watch = ReadinessWatch()
     while True:
         await trio.sleep(HOUSEKEEPING_SECONDS)
@@ -117,6 +121,9 @@ async def keep_house(
                 log.info("%s is ready for clients", who)
             elif change is Change.NOT_READY:
                 log.warning("%s is not ready: %s", who, reason)
+            elif change is Change.SHED and leaving():
+                log.info("%s not ready for %g s: leaving, its drain sends its clients away",
+                         who, SHED_AFTER)
             elif change is Change.SHED:
                 count = server.shed_clients(
                     close_codes.TRY_AGAIN_LATER.code, f"{cut_off}: {reason}"
