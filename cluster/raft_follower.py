@@ -222,7 +222,7 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
         quorum = self._term_quorum
         if quorum.waiting:  # an empty-started seed asks for the current term
             for node in quorum.due(monotonicTime(), self._SyncObj__connectedNodes):
-                self._SyncObj__transport.send(node, {"type": raft_term_query.QUERY})
+                self._SyncObj__transport.send(node, quorum.query())
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
             self._caught_up()  # a leader holds its own log (once it wrote an entry)
         # pysyncobj checks the election deadline first, then polls: wake just past it
@@ -276,6 +276,7 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
                 "last_log_index": self._SyncObj__getCurrentLogIndex(),
                 # its log vouches for nothing it acknowledged before (raft_term_query.py)
                 "empty_start": self._empty_start.active and not self._empty_start.planted,
+                "ask": message.get("ask"),  # the round it answers (raft_term_query.py)
             })
             return True
         quorum = self._term_quorum

@@ -45,6 +45,20 @@ is empty-started, so its seeds settle only once *all* the others answered: the f
 leader of a new cluster needs all its seeds up (3 of 3, 5 of 5) -- once; after that a
 majority is enough as always.
 
+An empty-started seed's answer is taken as it was when given: a seed that later
+settles as a new cluster answers ``empty_start`` False from then on, but an answer it gave
+before is still the one heard. A brand-new cluster's third seed, linked to one seed a
+round before the other (:data:`QUERY_SECONDS`), heard the first say ``empty_start``; the
+two then heard the third, settled, elected, and the leader's entry came in the third's
+next round before the follower's new answer: "every other seed answered, one kept its
+log" -- a CRITICAL "a majority of the seeds lost their log" on a first start (2026-11-29,
+``test_raft_term_query.py``, its late seed's test).
+So each query carries its round (``ask``, echoed in the answer) and an empty-started
+seed's answer counts towards settling on every answer only if asked *after* the last
+answer showing a leader's entry arrived: that leader was elected before, so such an
+answer was given after any seed that voted for it had settled. It costs one round where a
+majority did lose its logs; an answer without ``ask`` (an older seed) counts as before.
+
 Until then the seed is not part of the cluster (it does not stand for election either).
 Every seed must run this version: an older one ignores the query, and an empty-started
 seed then waits until it is upgraded; an answer without the index (the first version of
@@ -83,6 +97,11 @@ class TermQuorum:
         # their log: a majority of the seeds lost it (beyond the tolerance), not new
         self.majority_lost = False
         self.log_floor = (0, 0)  # the most up-to-date log of those that answered
+        self.round = 0  # of the queries sent so far (each query carries it: ``ask``)
+        self._asked: dict[Any, int | None] = {}  # seed -> the round its answer answers
+        # the round when an answer of a seed not empty-started with a leader's entry
+        # came last: an empty-started seed's answer to that round or before may be stale
+        self._leader_seen = 0
         self._next_query = 0.0
         self._next_warning = 0.0
 
@@ -91,6 +110,7 @@ class TermQuorum:
         if not self.waiting or now < self._next_query:
             return []
         self._next_query = now + QUERY_SECONDS
+        self.round += 1
         if now >= self._next_warning:  # at once (INFO: a new cluster looks the same), then
             first = self._next_warning == 0.0  # every WARN_SECONDS while it lasts (WARNING)
             self._next_warning = now + WARN_SECONDS
@@ -106,6 +126,18 @@ class TermQuorum:
         # (an empty-started seed is asked again: it may have caught up since)
         return [node for node in connected if node not in self.heard or self.heard[node][2]]
 
+    def query(self) -> dict[str, Any]:
+        """The query to send to the seeds :meth:`due` named."""
+        return {"type": QUERY, "ask": self.round}
+
+    def _stale(self) -> bool:
+        """Whether an empty-started seed's answer heard was asked before the last answer
+        showing a leader's entry came (see the module docstring): it is asked again."""
+        return any(
+            empty and (asked := self._asked[seed]) is not None and asked <= self._leader_seen
+            for seed, (_, _, empty) in self.heard.items()
+        )
+
     def hear(self, seed: Any, answer: dict[str, Any]) -> int | None:
         """Take one seed's answer; the term to adopt once the answers settle it (then
         :attr:`waiting` is False), else None: ``ceil(n/2)`` answers of seeds not
@@ -115,13 +147,17 @@ class TermQuorum:
         try:
             term, last_log_term = int(answer["term"]), int(answer["last_log_term"])
             last_log_index = int(answer.get("last_log_index", UNKNOWN_INDEX))
+            asked = None if answer.get("ask") is None else int(answer["ask"])
         except (KeyError, TypeError, ValueError):
             return None
-        self.heard[seed] = (term, (last_log_term, last_log_index),
-                            answer.get("empty_start") is True)
+        empty_start = answer.get("empty_start") is True
+        self.heard[seed] = (term, (last_log_term, last_log_index), empty_start)
+        self._asked[seed] = asked
+        if not empty_start and last_log_term > 0:
+            self._leader_seen = self.round  # (re-asked from the next round on)
         n = self.others + 1
         witnesses = sum(not empty for _, _, empty in self.heard.values())
-        if witnesses < n - n // 2 and len(self.heard) < self.others:
+        if witnesses < n - n // 2 and (len(self.heard) < self.others or self._stale()):
             return None
         self.waiting = False
         highest = max(term for term, _, _ in self.heard.values())

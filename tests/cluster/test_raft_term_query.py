@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from raft_sim import RaftWorld
@@ -149,3 +150,118 @@ def test_an_empty_started_seeds_answer_is_no_witness_until_every_seed_answered()
     for seed in ("A", "B", "C"):
         assert new.hear(seed, empty) is None
     assert new.hear("D", empty) == 1 and new.new_cluster
+
+
+def asked(round_: int, term: int, last: tuple[int, int], *, empty: bool) -> dict[str, Any]:
+    return {"term": term, "last_log_term": last[0], "last_log_index": last[1],
+            "empty_start": empty, "ask": round_}
+
+
+def test_an_empty_answer_asked_before_a_leaders_entry_came_is_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A brand-new cluster's late seed heard A empty-started (round 1: linked to A only);
+    A and B then settled, elected B, and B's entry came in round 2 before A's new answer:
+    "every other seed answered, only B kept its log" -- CRITICAL, a majority lost, on a
+    first start. An empty answer counts only if asked after the last answer with a
+    leader's entry came; a majority that did lose its logs is still said, a round later."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    late = TermQuorum(others=2, waiting=True)
+    assert late.due(10.0, ["A"]) == ["A"] and late.query()["ask"] == 1
+    assert late.hear("A", asked(1, 0, (0, 1), empty=True)) is None
+    assert late.due(11.0, ["A", "B"]) == ["A", "B"]
+    assert late.hear("B", asked(2, 1, (1, 2), empty=False)) is None, "A's answer is stale"
+    assert late.waiting and not late.majority_lost
+    assert late.hear("A", asked(2, 1, (1, 2), empty=False)) == 1  # A settled a new cluster
+    assert not late.majority_lost and not late.new_cluster and late.log_floor == (1, 2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    lost = TermQuorum(others=2, waiting=True)  # the same answers, A's disk really lost
+    lost.due(10.0, ["A"])
+    lost.hear("A", asked(1, 3, (0, 1), empty=True))
+    lost.due(11.0, ["A", "B"])
+    assert lost.hear("B", asked(2, 3, (2, 40), empty=False)) is None
+    assert lost.hear("A", asked(2, 3, (0, 1), empty=True)) is None, "asked before B's came"
+    assert lost.due(12.0, ["A", "B"]) == ["A"]
+    assert lost.hear("A", asked(3, 3, (0, 1), empty=True)) == 3 and lost.majority_lost
+    (critical,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert "only 1 of the 3 seeds kept their Raft log" in critical.getMessage()
+
+
+def test_a_new_clusters_late_seed_does_not_take_a_stale_answer_for_a_lost_log() -> None:
+    """Real nodes: the third seed of a new cluster is linked to the first a round before
+    the second (its link to it comes up later); the two settle on its answers and elect;
+    its next round brings the follower's new answer after the leader's -- before, it
+    logged CRITICAL "only 1 of the 3 seeds kept their Raft log" (nothing was lost)."""
+    world = RaftWorld(3, seed=0)
+    try:
+        first, second, late = world.addresses
+        world.crash(late)  # not started yet
+        world.cut(second, late)  # its link to the second comes up later
+        for _ in range(10):
+            world.step(0.05)
+        world.restart(late)
+        world.tick(late)  # asks the first alone
+        world.deliver(late, first)
+        world.deliver(first, late, 10)  # "empty_start": the first has not heard it yet
+        assert world.nodes[late]._term_quorum.heard  # (the stale answer)
+        world.clock.now += QUERY_SECONDS
+        world.tick(first)
+        world.deliver(first, late, 10)
+        world.deliver(late, first, 10)  # the first hears the late seed: a new cluster
+        world.heal(second, late)
+        world.clock.now += QUERY_SECONDS
+        world.tick(second)
+        world.deliver(second, late, 10)
+        world.deliver(late, second, 10)  # the second too
+        for _ in range(20):  # the two elect while the late seed does not tick
+            world.clock.now += 0.05
+            world.tick(first)
+            world.tick(second)
+            world.deliver(first, second, 100)
+            world.deliver(second, first, 100)
+        leader = world.leader()
+        assert leader is not None
+        follower = first if leader == second else second
+        world.clock.now += QUERY_SECONDS
+        world.tick(late)  # asks both again
+        world.deliver(late, first, 10)
+        world.deliver(late, second, 10)
+        world.deliver(follower if leader == first else leader, late, 10)  # the stale one's
+        world.deliver_all()  # peer with a leader's entry first, then the other
+        for _ in range(20):
+            world.step(0.05)
+        world.submit(world.leader(), b"x")
+        for _ in range(10):
+            world.step(0.05)
+        assert b"x" in world.acknowledged and world.converged()
+        assert not world.nodes[late]._term_quorum.waiting
+        assert world.violations() == []  # (a CRITICAL line is one)
+    finally:
+        world.close()
+
+
+def test_two_of_three_lost_disks_after_commits_are_still_said() -> None:
+    """Real nodes: a cluster with a log; two seeds lose their ClusterDataDir at once
+    (beyond what three tolerate): each says CRITICAL that acknowledged publications may
+    be lost, and the cluster goes on from the third's log."""
+    world = RaftWorld(3, seed=1)
+    try:
+        for _ in range(40):
+            world.step(0.05)
+        kept = world.leader()
+        assert kept is not None
+        for value in (b"a", b"b"):
+            world.submit(kept, value)
+        for _ in range(5):
+            world.step(0.05)
+        assert {b"a", b"b"} <= set(world.acknowledged)
+        lost = [a for a in world.addresses if a != kept]
+        for address in lost:
+            world.lose_disk(address)
+        for _ in range(60):
+            world.step(0.05)
+        lines = world.critical_lines()
+        assert len(lines) == 2 and all("only 1 of the 3 seeds kept" in line for line in lines)
+        assert world.leader() is not None and world.converged()
+    finally:
+        world.close()
