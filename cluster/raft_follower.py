@@ -259,10 +259,14 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
         )
         self._linked_once = True
 
-    def _may_grant_pre_vote(self, request: dict[str, Any]) -> bool:
+    def _may_grant_pre_vote(self, candidate: Any, request: dict[str, Any]) -> bool:
         """A pre-vote as a vote (cluster/raft_prevote.py): not before the term query
-        settled, and only as the empty-start rules allow (raft_votes.py)."""
-        return not self._term_quorum.waiting and self._empty_start.may_vote(request)
+        settled, and only as the empty-start rules allow (raft_votes.py); a refusal is
+        said as a vote's is (a candidate refused its pre-vote never asks the vote)."""
+        if self._term_quorum.waiting or not self._empty_start.may_vote(request):
+            self._empty_start.refused(candidate, request)
+            return False
+        return True
 
     def _term_message(self, node: Any, message: dict[str, Any]) -> bool:
         """Handle the term query and its answer (cluster/raft_term_query.py); True when

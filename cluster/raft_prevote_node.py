@@ -56,7 +56,7 @@ class PreVote(SyncObj):  # type: ignore[misc]
         if self._pre_vote is not None:
             self._pre_vote.stood()
 
-    def _may_grant_pre_vote(self, request: dict[str, Any]) -> bool:
+    def _may_grant_pre_vote(self, candidate: Any, request: dict[str, Any]) -> bool:
         """Whether rules beside pre-vote's allow a vote for ``request`` (its term is the
         proposed one): the follower's empty-start rules (cluster/raft_votes.py)."""
         return True
@@ -135,7 +135,7 @@ class PreVote(SyncObj):  # type: ignore[misc]
             heard_leader_at=self._heard_leader_at,
             now=syncobj_module.monotonicTime(),
             min_timeout=self.conf.raftMinTimeout,
-        ) and self._may_grant_pre_vote(message)
+        ) and self._may_grant_pre_vote(node, message)
         self._SyncObj__transport.send(node, {
             "type": ANSWER, "term": self._SyncObj__raftCurrentTerm,
             "proposed_term": message["term"], "round": message.get("round"), "granted": granted,

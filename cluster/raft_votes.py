@@ -193,7 +193,14 @@ class EmptyStart:
         if term in self._refused_terms or len(self._refused_terms) > 1000:
             return
         self._refused_terms.add(term)
-        if self.active:
+        if self.active and self.log_floor is None:  # (a pre-vote: cluster/raft_prevote.py)
+            log.warning(
+                "Raft: this seed started with an empty ClusterDataDir and has not heard "
+                "the current term from enough seeds yet (cluster/raft_term_query.py): it "
+                "does not vote for %s (term %s) until it has (with a seed down as well, "
+                "the cluster waits for that seed)", candidate, term,
+            )
+        elif self.active:
             log.warning(
                 "Raft: this seed started with an empty ClusterDataDir and has not caught "
                 "up: it does not vote for %s (term %s), whose log (term %s, index %s) is "

@@ -219,3 +219,27 @@ def test_a_new_seed_whose_log_alone_can_win_is_not_stuck_behind_an_old_one(
         assert world.violations() == []
     finally:
         world.close()
+
+
+def test_an_empty_seed_says_it_refuses_a_pre_vote() -> None:
+    """The leader down, one follower's disk lost (it cannot learn the term: one seed of
+    two answers), the other follower's pre-vote asks it: refused, and said as a refused
+    vote is -- before, nothing was said (a candidate refused its pre-vote never asks the
+    vote, whose refusal EmptyStart logs), and the real-process test of a lost disk
+    (test_cluster_lost_disk.py), waiting for the candidate's terms to rise, hung."""
+    world = RaftWorld(3, seed=2)
+    try:
+        leader = elect(world)
+        term = terms(world)
+        empty, candidate = (a for a in world.addresses if a != leader)
+        world.crash(leader)
+        world.lose_disk(empty)
+        for _ in range(40):
+            world.step(0.05)
+        assert world.leader() is None and world.nodes[empty]._term_quorum.waiting
+        assert world.nodes[candidate].raftCurrentTerm == term  # it never stood
+        (line,) = [r.getMessage() for r in world.logs.records
+                   if "has not heard the current term" in r.getMessage()]
+        assert f"does not vote for {candidate} (term {term + 1})" in line
+    finally:
+        world.close()
