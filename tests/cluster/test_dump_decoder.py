@@ -275,8 +275,13 @@ def test_a_follower_that_took_long_to_load_the_leaders_dump_does_not_stand_at_on
         follower._SyncObj__onMessageReceived(LEADER, dump_message((dump, True, True), 1))
         assert follower._SyncObj__raftCommitIndex == 1  # (the dump loaded)
         follower._onTick(0)
-        assert follower._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # before: CANDIDATE
-        clock[0] += 5.0  # and a leader silent for real is stood against
+        assert follower._SyncObj__raftState == _RAFT_STATE.FOLLOWER  # before: CANDIDATE,
+        # and since pre-vote its deadline passed shows as a round of pre-votes begun
+        assert follower._pre_vote is None or follower._pre_vote.round == 0
+        clock[0] += 5.0  # and a leader silent for real is stood against: after one round
+        follower._onTick(0)  # of pre-votes (cluster/raft_prevote_node.py), unanswered here
+        assert follower._SyncObj__raftState == _RAFT_STATE.FOLLOWER
+        clock[0] += 5.0
         follower._onTick(0)
         assert follower._SyncObj__raftState == _RAFT_STATE.CANDIDATE
     finally:
