@@ -253,7 +253,8 @@ class ServerProcess:
         return f"ws://127.0.0.1:{self.port}"
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # (stop() closes it: a server that did not start)
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 10.0) -> int:

@@ -14,21 +14,40 @@ itself even with its port taken, checked with a squatting listener. Its cause is
 
 from __future__ import annotations
 
+import os
 import random
 
-from cluster.tooling import ephemeral_low
+from cluster.tooling import PORT_SLICE_ENV, ephemeral_low
 from cluster.up_checks import port_free
+
+CLUSTER_PORTS_FROM = 20_000
+"""Where the clusters' base ports begin (``cluster.tooling.free_base_port``): a
+listener's port is taken below, so that no other xdist worker's cluster takes it between
+the probe and the bind (``test_listener_roles_refuse_publishes_and_protocols``: "server
+did not start" in the CI of d966028a)."""
+
+
+def _range(span: int) -> tuple[int, int]:
+    """Where this worker's listeners' ports are picked: 10000 up to the clusters' ports,
+    cut in the worker's share under ``MIGRATORY_BASE_PORT_SLICE`` (K/N: tests/conftest.py);
+    up to the ephemeral range when that begins lower."""
+    low, high = 10_000, min(CLUSTER_PORTS_FROM, ephemeral_low())
+    index, _, count = os.environ.get(PORT_SLICE_ENV, "").partition("/")
+    if index.isdigit() and count.isdigit() and 0 <= int(index) < int(count):
+        width = (high - low) // int(count)
+        low, high = low + int(index) * width, low + (int(index) + 1) * width
+    return low, max(high - span, low + 1)
 
 
 def listen_port(span: int = 1) -> int:
-    """A free port on 127.0.0.1 below the ephemeral range (10000 up to it), and the
-    ``span - 1`` ports after it free too."""
-    top = max(ephemeral_low() - span, 10_001)
+    """A free port on 127.0.0.1 below the ephemeral range and the clusters' ports (this
+    worker's share of 10000-19999), and the ``span - 1`` ports after it free too."""
+    low, top = _range(span)
     for _ in range(200):
-        port = random.randrange(10_000, top)
+        port = random.randrange(low, top)
         if all(port_free(port + i) for i in range(span)):
             return port
-    raise RuntimeError("no free port below the ephemeral range")
+    raise RuntimeError(f"no free port in {low}-{top}")
 
 
 def listen_ports(count: int) -> list[int]:
