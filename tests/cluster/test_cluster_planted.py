@@ -212,6 +212,11 @@ ONLY_THE_LEAVE = ("switch_upstream", "crash", "lose_majority", "partition", "tim
 """Copies only from a seed whose Raft stopped (``seed_raft_stops``): its own publishes,
 and its non-seeds' forwards it refuses, go through another seed again."""
 
+THE_LEAVE = ("seed_raft_stops", "leaving_seed_drains")
+"""The rules of a seed leaving after its Raft stopped (h155): the run path does not need
+them, and with them the search for a run that loses a frame took 29-35 s in CI (under
+11.5 s before; 1 s alone)."""
+
 PLANTED: list[tuple[type[ClusterMachine], str]] = [
     (planted("Skipping", replica_class=SkippingReplica),
      "differs from the committed log|is not what the committed log holds"),
@@ -288,8 +293,9 @@ def test_the_machine_finds_a_run_that_loses_a_frame(monkeypatch: pytest.MonkeyPa
     ``run_output``'s): before, they had none, the hub gave them one frame at a time, and
     no bug of the run path could show (not found in the 1,000 examples: 1 min 53 s)."""
     monkeypatch.setattr(hub_module, "MissedRun", FrameLosingRun)
+    machine = planted("FrameLosing", without=THE_LEAVE)
     with pytest.raises(AssertionError, match=r"stopped at seq|a hole|reordered|again"):
-        run_state_machine_as_test(ClusterMachine, settings=SETTINGS)
+        run_state_machine_as_test(machine, settings=SETTINGS)
 
 
 # --- the same, played step by step: a search finds these late, if at all -----------
