@@ -87,7 +87,6 @@ class GuaranteedNode:
         self.seed: SeedCoordination | None = None
         self.upstream: UpstreamReplication | None = None
         self._settings, self._tls = settings, tls
-        self._leaving = False  # (its Raft node stopped: _leave_after_raft_stopped)
         if self.is_seed:
             self.seed = SeedCoordination(
                 config=config, name=self.name, stream=self.stream, outgoing=self.outgoing,
@@ -146,7 +145,6 @@ class GuaranteedNode:
         from their positions). Its clients' publishes used to be refused RAFT_STOPPED,
         and those in flight were left unanswered as it exited (docs/cluster.md)."""
         assert self.config.cluster_member_listen is not None
-        self._leaving = True
         others = [a for a in self.config.seed_members if a != self.config.cluster_member_listen]
         self.upstream = self._upstream(others)
         log.warning("Raft stopped (%s): this seed's clients are drained, their publishes "
@@ -164,6 +162,11 @@ class GuaranteedNode:
                 await trio.sleep_forever()
             await self.server.drain.run(lambda: self.server.connections)
             nursery.cancel_scope.cancel()
+
+    def _leaving(self) -> bool:
+        """A seed that follows another seed: it is leaving, its Raft node stopped
+        (:meth:`_leave_after_raft_stopped` gives a seed its upstream; nothing else does)."""
+        return self.seed is not None and self.upstream is not None
 
     def _role_reason(self, now: float) -> str | None:
         if not self._role_started:
@@ -227,7 +230,7 @@ class GuaranteedNode:
             nursery.start_soon(self._start_role, nursery)
             nursery.start_soon(functools.partial(
                 keep_house, f"member {self.name}", self.publishing, self.readiness, self.server,
-                leaving=lambda: self._leaving,
+                leaving=self._leaving,
             ))
             task_status.started()
 
