@@ -185,7 +185,8 @@ class Outbox:
 
     def _check(self, pending: int, size: int) -> None:
         """Whether ``size`` more bytes, ``pending`` then, may be queued (counted in the
-        budget if so); SlowConsumer if not."""
+        budget if so); SlowConsumer if not. (:meth:`enqueue` writes the same rule out:
+        it runs once per delivery, where a call more is a cost of its own.)"""
         if pending > self._max_pending:
             raise SlowConsumer(pending, self._max_pending)
         budget = self._budget

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from rawclient import RawClient
+from test_admission import Wire
 
 from migratory.config import Config
 from migratory.entitlement import entitlement_from_config
@@ -66,17 +66,6 @@ def test_a_history_made_in_slices_is_the_frame_made_whole(count: int) -> None:
     frame = history.frame()
     assert frame == op_frame(whole[1])
     assert len(frame) <= history.bound
-
-
-@dataclass
-class Wire:
-    writing: bool = False
-
-    def mark_dirty(self) -> None:
-        pass
-
-    def flush_now(self) -> None:
-        pass
 
 
 def new_session(**settings: str) -> tuple[Session, ServerContext]:
