@@ -17,9 +17,17 @@ The target in the MAC stops a preamble sent to one seed from opening another. Th
 listener admits a preamble whose timestamp is within :data:`WINDOW_SECONDS` of its own
 clock and whose nonce it has not admitted before: it remembers the admitted nonces of
 the window, at most :data:`MAX_REMEMBERED_NONCES`; when that is full it forgets the
-oldest and refuses every timestamp up to the forgotten one (so a forgotten nonce can
-never be admitted again). The cost: the seeds' clocks must agree within the window (NTP);
-a seed whose clock is off says so in the log (:attr:`Verdict.skew`).
+oldest and refuses every timestamp up to the forgotten one (so a forgotten nonce is not
+admitted again). The cost: the seeds' clocks must agree within the window (NTP); a seed
+whose clock is off says so in the log (:attr:`Verdict.skew`).
+
+**The listener's clock steps back** (an NTP correction of every seed, a node's clock set
+by hand): the floor moves back with it (:attr:`PreambleGate.stepped_back`). Left where
+it was, it refused every preamble stamped before it as a replay -- after every seed's
+clock went back an hour, no Raft link could form for that hour (a seed restarted then
+could not rejoin). The price: a preamble recorded up to the step's size before the step
+may be admitted once more within the window, the exposure of a seed restarted within the
+window (docs/security.md): such a peer meets the AES-GCM seal behind the front.
 
 The check runs in the order label, MAC, time, nonce: only a holder of the password (or
 a replay of one) gets past the MAC, so a refusal for time or replay is worth a warning.
@@ -148,6 +156,10 @@ class PreambleGate:
         self._seen: set[bytes] = set()
         self._by_time: list[tuple[int, bytes]] = []  # heap of (timestamp ms, nonce)
         self._floor_ms = -(2**63)  # timestamps up to this are refused: their nonces are forgotten
+        self._latest_ms = -(2**63)  # the latest reading of the listener's clock
+        self.stepped_back = 0.0
+        """Seconds the listener's clock last went back (0: never); the caller logs it and
+        sets it back to 0."""
 
     @property
     def remembered(self) -> int:
@@ -162,6 +174,7 @@ class PreambleGate:
             return Verdict(Refusal.BAD_MAC)
         (sent_ms,) = _TIMESTAMP.unpack_from(preamble, len(LABEL) + NONCE_SIZE)
         now_ms = int(now * 1000)
+        self._follow_clock(now_ms)
         skew = (sent_ms - now_ms) / 1000
         if abs(sent_ms - now_ms) > self._window_ms:
             return Verdict(Refusal.STALE, skew)
@@ -176,6 +189,17 @@ class PreambleGate:
         self._seen.add(nonce)
         heapq.heappush(self._by_time, (sent_ms, nonce))
         return Verdict(None, skew)
+
+    def _follow_clock(self, now_ms: int) -> None:
+        """The floor was set by the clock before a step back: move it back by the step.
+        The nonces stay remembered (and refused) until the clock passes their timestamps
+        by the window again."""
+        step_ms = self._latest_ms - now_ms
+        self._latest_ms = now_ms
+        if step_ms <= 0:
+            return
+        self.stepped_back = step_ms / 1000
+        self._floor_ms = max(self._floor_ms - step_ms, -(2**63))
 
     def _forget_before(self, oldest_ms: int) -> None:
         """Nonces older than the window (their timestamps are stale anyway; the floor

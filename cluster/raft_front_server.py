@@ -44,6 +44,9 @@ listen backlog (TcpServer's 5 was full as soon as 5 peers connected between two 
 ACCEPTS_PER_WAKEUP = 16
 """TcpServer accepts one connection per poll; a flood of connections then starves a seed."""
 _WARN_EVERY = 10.0
+SKEW_WARNING = 10.0
+"""Seconds a seed's admitted preamble may be off this clock before a warning says so:
+past the window (120 s) its preambles are refused, the seed cut off at its next dial."""
 BIND_LOG_EVERY = 30.0
 """Seconds between two log lines about a Raft port that still cannot be bound."""
 
@@ -62,6 +65,11 @@ class FrontStatistics:
     timed_out: int = 0
     evicted: int = 0  # closed for a newer one past MAX_PENDING
     pending: int = 0
+    skew: float = 0.0
+    """Seconds the clock of the last seed that proved the password (admitted or refused
+    as stale) was ahead of this one's: beyond +-120 s its preambles are refused."""
+    clock_stepped_back: float = 0.0
+    """Seconds this seed's clock last went back, seen by the front (0: never)."""
 
 
 class _Waiting:
@@ -115,9 +123,14 @@ class FrontServer:
         self.exhaustion = Exhaustion(log, f"Raft port {host}:{port}")
         """Accepts refused for want of a descriptor (EMFILE...): said once, counted."""
         self._paused_until: float | None = None  # accepting again from then
+        self._skew = 0.0  # FrontStatistics.skew
+        self._stepped_back = 0.0  # FrontStatistics.clock_stepped_back
 
     def statistics(self) -> FrontStatistics:
-        return FrontStatistics(pending=len(self._waiting), **self._counts)
+        return FrontStatistics(
+            pending=len(self._waiting), skew=self._skew,
+            clock_stepped_back=self._stepped_back, **self._counts,
+        )
 
     def _count(self, what: str) -> None:
         self._counts[what] = self._counts.get(what, 0) + 1
@@ -286,10 +299,29 @@ class FrontServer:
             self._refuse(descr, Verdict(outcome))
             return
         verdict = self._gate.verify(outcome, self._clock())
+        self._heed_clocks(verdict, waiting.source)
         if not verdict.admitted:
             self._refuse(descr, verdict)
             return
         self._admit(descr, waiting.sock)
+
+    def _heed_clocks(self, verdict: Verdict, source: str) -> None:
+        """Say what a verdict tells of the clocks: this one went back, or a seed's is off
+        by more than SKEW_WARNING while still admitted (a stale one: ``_refuse``)."""
+        if verdict.refusal not in (Refusal.NOT_A_PREAMBLE, Refusal.BAD_MAC):
+            self._skew = verdict.skew
+        stepped, self._gate.stepped_back = self._gate.stepped_back, 0.0
+        if stepped >= 1.0:
+            self._stepped_back = stepped
+            log.warning(
+                "Raft port: this seed's clock went back %.1f s (an NTP step, or set by "
+                "hand): preambles are checked against the clock as it is now; if the seeds "
+                "still disagree by more than %.0f s they cannot link (check NTP)",
+                stepped, self._gate.window)
+        if verdict.admitted and abs(verdict.skew) > SKEW_WARNING:
+            self._note("skew", source, f"its preamble is {verdict.skew:+.1f} s off this "
+                       f"clock: past {self._gate.window:.0f} s its preambles are refused and "
+                       "it cannot link; check the seeds' clocks (NTP)", verb="admitted")
 
     def _refuse(self, fileno: int, verdict: Verdict) -> None:
         refusal = verdict.refusal
@@ -310,7 +342,7 @@ class FrontServer:
             self._note("not_a_preamble", source, "it sent something other than a seed's "
                        "preamble (not a seed, or a seed of another migratory version)")
 
-    def _note(self, what: str, source: str, why: str) -> None:
+    def _note(self, what: str, source: str, why: str, *, verb: str = "refused") -> None:
         """A warning naming why a connection was refused, at most one per kind of
         refusal every ``_WARN_EVERY`` seconds (anyone who reaches the port can make
         refusals, from as many addresses as they like): the next one says how many
@@ -321,8 +353,8 @@ class FrontServer:
             return
         self._warned[what] = now
         unlogged = self._unlogged.pop(what, 0)
-        more = f" ({unlogged} more refused so since the last such line)" if unlogged else ""
-        log.warning("Raft port: refused a connection from %s: %s%s", source, why, more)
+        more = f" ({unlogged} more {verb} so since the last such line)" if unlogged else ""
+        log.warning("Raft port: %s a connection from %s: %s%s", verb, source, why, more)
 
     def _admit(self, fileno: int, sock: socket.socket) -> None:
         """Hand the socket to pysyncobj as ``TcpServer`` does on accept."""

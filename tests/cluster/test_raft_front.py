@@ -78,16 +78,61 @@ def test_a_preamble_outside_the_window_is_refused(offset: float) -> None:
     assert verdict.skew == pytest.approx(offset, abs=0.002)
 
 
-def test_a_nonce_forgotten_with_the_window_is_still_refused() -> None:
-    """Past the window its timestamp is stale; with the clock set back, the floor refuses
-    it."""
+def test_a_nonce_forgotten_with_the_window_is_stale() -> None:
     checker = gate(window=10)
     old = preamble(NOW)
     assert checker.verify(old, NOW).admitted
     assert checker.verify(preamble(NOW + 20), NOW + 20).admitted  # forgets the first
     assert checker.remembered == 1
     assert checker.verify(old, NOW + 20).refusal is Refusal.STALE
-    assert checker.verify(old, NOW).refusal is Refusal.REPLAYED  # the clock set back
+
+
+HOUR, DAY = 3600.0, 86400.0
+
+
+def test_every_seeds_clock_going_back_does_not_lock_the_links_out() -> None:
+    """An NTP step back of every seed (or of two sharing a node): preambles stamped by
+    the clocks as they are now are admitted at once. Before, the floor left by a nonce
+    forgotten before the step refused them all as replays until the clocks came back up
+    to it (an hour for an hour's step: no Raft link could form)."""
+    checker = gate()
+    assert checker.verify(preamble(NOW), NOW).admitted
+    assert checker.verify(preamble(NOW + 300), NOW + 300).admitted  # forgets the first
+    back = NOW + 301 - HOUR  # every clock went back an hour
+    verdict = checker.verify(preamble(back), back)
+    assert verdict.admitted, verdict
+    assert checker.stepped_back == pytest.approx(HOUR - 1)
+
+
+def test_a_nonce_still_remembered_stays_refused_after_the_clock_went_back() -> None:
+    checker = gate()
+    sent = preamble(NOW)
+    assert checker.verify(sent, NOW).admitted
+    assert checker.verify(sent, NOW - 60).refusal is Refusal.REPLAYED
+    assert checker.stepped_back == pytest.approx(60)
+
+
+@pytest.mark.parametrize("step", [-HOUR, HOUR, DAY])
+def test_the_listeners_clock_stepping_refuses_the_others_until_it_is_right(
+    step: float,
+) -> None:
+    """Only this seed's clock steps: every preamble is stale, with the offset (the log line
+    and GET /cluster say it); once NTP sets it right they are admitted again."""
+    checker = gate()
+    assert checker.verify(preamble(NOW), NOW).admitted
+    verdict = checker.verify(preamble(NOW + 1), NOW + 1 + step)
+    assert verdict.refusal is Refusal.STALE
+    assert verdict.skew == pytest.approx(-step)
+    assert checker.verify(preamble(NOW + 2), NOW + 2).admitted
+
+
+@pytest.mark.parametrize(("apart", "admitted"), [(2.0, True), (119.0, True),
+                                                 (121.0, False), (2 * HOUR, False)])
+def test_two_seeds_whose_clocks_differ_from_the_start(apart: float, admitted: bool) -> None:
+    for skew in (apart, -apart):
+        verdict = gate().verify(preamble(NOW + skew), NOW)
+        assert verdict.admitted is admitted
+        assert verdict.skew == pytest.approx(skew)
 
 
 def test_the_nonces_kept_are_bounded_and_the_forgotten_stay_refused() -> None:

@@ -1,0 +1,73 @@
+"""The Raft port's front and the clocks (cluster/raft_front_server.py, its clock injected):
+a seed whose clock is off, and this seed's clock going back, are said in the log and in
+``GET /cluster``'s ``raft_front``. The gate's own rules: tests/cluster/test_raft_front.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+import pytest
+from listen_ports import listen_port
+from pysyncobj.poller import createPoller
+from pysyncobj.tcp_connection import TcpConnection
+
+from cluster.raft_front import NONCE_SIZE, PreambleGate, derive_key, encode_preamble
+from cluster.raft_front_server import FrontServer
+
+PASSWORD = "cluster-password"
+
+
+def test_the_front_says_a_seeds_clock_is_off_and_this_ones_went_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its clock injected: a seed 45 s ahead is admitted with a warning (at 120 s it is
+    cut off), one 2 h behind is refused as stale, this clock going back an hour is said;
+    GET /cluster's ``raft_front`` keeps the last skew and step (before: counts only)."""
+    caplog.set_level(logging.INFO, logger="migratory.raft")
+    key, address, wall = derive_key(PASSWORD), "127.0.0.1:1", [1_800_000_000.0]
+    admitted: list[TcpConnection] = []
+    server = FrontServer(
+        createPoller("auto"), "127.0.0.1", listen_port(), admitted.append,
+        gate=PreambleGate(key, address=address), send_buffer_size=2**16,
+        recv_buffer_size=2**16, connection_timeout=3.0, clock=lambda: wall[0],
+    )
+    server.bind()
+
+    def dial(ahead: float) -> None:
+        with socket.create_connection(("127.0.0.1", server._port)) as sock:
+            sock.sendall(encode_preamble(key, target=address, now=wall[0] + ahead,
+                                         nonce=os.urandom(NONCE_SIZE)))
+            time.sleep(0.05)
+            server._on_accept(server.fileno, 1)
+            for fileno in list(server._waiting):
+                server._on_preamble_bytes(fileno, 1)
+
+    try:
+        dial(45.0)
+        assert len(admitted) == 1 and server.statistics().skew == pytest.approx(45.0)
+        dial(-7200.0)
+        assert server.statistics().stale == 1
+        assert server.statistics().skew == pytest.approx(-7200.0)
+        wall[0] -= 3600.0
+        dial(0.0)
+        assert len(admitted) == 2
+        assert server.statistics().clock_stepped_back == pytest.approx(3600.0)
+    finally:
+        for connection in admitted:
+            connection.disconnect()
+        server.close_waiting()
+        server.unbind()
+    lines = [r.getMessage() for r in caplog.records if r.name == "migratory.raft"]
+    assert lines == [
+        "Raft port: admitted a connection from 127.0.0.1: its preamble is +45.0 s off "
+        "this clock: past 120 s its preambles are refused and it cannot link; check the "
+        "seeds' clocks (NTP)",
+        "Raft port: refused a connection from 127.0.0.1: its preamble is -7200.0 s off "
+        "this clock (the limit is 120 s); check the seeds' clocks (NTP)",
+        "Raft port: this seed's clock went back 3600.0 s (an NTP step, or set by hand): "
+        "preambles are checked against the clock as it is now; if the seeds still "
+        "disagree by more than 120 s they cannot link (check NTP)",
+    ]
