@@ -134,6 +134,9 @@ class ServerStatistics:
     mqtt_resyncs: int = 0  # resumed subjects the cache no longer reached: snapshot sent
     mqtt_wills_published: int = 0
     mqtt_sessions_expired: int = 0  # persistent sessions discarded after MqttSessionExpiry
+    # connected sessions another member's expiry sweep discarded, saved again (its clock
+    # ahead of this member's by half MqttSessionExpiry or more): mqtt_saving.py
+    mqtt_sessions_reclaimed: int = 0
     mqtt_sessions_stored: int = 0  # as of the last sweep, plus those created here since
     # positions persistent session records forgot to stay within MqttSessionMaxSubjects,
     # and the session connections that did

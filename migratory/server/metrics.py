@@ -242,6 +242,10 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "this member created since)."),
     ("mqtt_sessions_expired", "migratory_mqtt_sessions_expired", "counter",
      "MQTT persistent sessions discarded for being away longer than MqttSessionExpiry."),
+    ("mqtt_sessions_reclaimed", "migratory_mqtt_sessions_reclaimed", "counter",
+     "MQTT persistent sessions connected here that another member's expiry sweep "
+     "discarded, saved again: that member's clock is ahead of this one's by about half "
+     "MqttSessionExpiry or more."),
     ("mqtt_session_positions_forgotten", "migratory_mqtt_session_positions_forgotten",
      "counter", "Subjects whose position MQTT persistent session records forgot to name "
      "at most MqttSessionMaxSubjects (a resume replays them from the start of their cache)."),

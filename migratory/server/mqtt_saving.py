@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 from migratory import client_lines
 from migratory.protocol import close_codes, ops
 from migratory.server.mqtt_delivery import MqttDelivery
-from migratory.server.mqtt_store import SessionRecord, session_subject, superseded
+from migratory.server.mqtt_store import (
+    EXPIRY_WRITER,
+    WRITER,
+    SessionRecord,
+    session_subject,
+    stored_generation,
+    superseded,
+)
 
 if TYPE_CHECKING:
     from migratory.model.message import Message
@@ -181,7 +188,8 @@ class MqttSaving(MqttDelivery):
         saves no more, and closes -- open, it would save nothing again, its SUBACKs lies
         (the takeover notices close it too, unless the two orders disagreed:
         mqtt_takeover)."""
-        if not superseded(self._ctx.hub.snapshot(session_subject(self.client_id)), record):
+        snapshot = self._ctx.hub.snapshot(session_subject(self.client_id))
+        if not superseded(snapshot, record) or self._reclaim(snapshot, record):
             return False
         client_lines.lines.log(log, logging.INFO, "mqtt superseded", "%s: the session "
                                "was taken up by a later connection: not saved",
@@ -189,6 +197,34 @@ class MqttSaving(MqttDelivery):
         self._record = None
         if not (self.closing or self.aborted):
             self.taken_over("by another connection's record")
+        return True
+
+    def _reclaim(self, snapshot: Message | None, record: SessionRecord) -> bool:
+        """Whether what outranks ``record`` is another member's expiry sweep discarding
+        it -- its clock ahead of this one's by about half MqttSessionExpiry or more (or
+        this member's sweep could not save it in time) -- while its client is connected
+        here: then the record is taken back, saved whole at the discard's generation
+        (which its writer outranks), and the clocks named. Before, the connection closed
+        as taken over and the session was gone: with a member's clock 2 h behind, a
+        client connected there lost it within a minute (``test_mqtt_clocks.py``)."""
+        if snapshot is None or snapshot.fields.get(WRITER) != EXPIRY_WRITER:
+            return False
+        generation = stored_generation(snapshot)
+        if generation != record.generation + 1:
+            return False
+        record.generation = generation
+        record.dirty |= set(record.positions)  # the discard emptied every position field
+        self._urgent = self._save_again = True
+        self._ctx.stats.mqtt_sessions_reclaimed += 1
+        expiry = self._ctx.config.mqtt_session_expiry
+        client_lines.lines.log(
+            log, logging.WARNING, "mqtt reclaimed", "%s: another member's expiry sweep "
+            "discarded this connected session, which this member saves at least every "
+            "half MqttSessionExpiry (%d s): that member's clock is ahead of this one's by "
+            "about %d s or more (or this member's sweep did not run for that long). Saved "
+            "again whole; synchronise the members' clocks (NTP): a client that moves "
+            "there finds its session expired",
+            self.describe(), expiry, expiry // 2, extra=self.log_fields())
         return True
 
     def _count_forgotten(self, record: SessionRecord) -> None:
