@@ -39,7 +39,8 @@ ALGORITHMS = ("HS256", "RS256", "ES256")
 MAX_CACHED_TOKENS = 10_000
 MAX_PATTERNS = 1000
 NOT_BEFORE_LEEWAY = 30.0
-"""Seconds an ``nbf`` may lie ahead of this server's clock (the issuer's runs ahead)."""
+"""Seconds an ``nbf`` may lie ahead of this server's clock (the issuer's runs ahead);
+also how far ahead an ``iat`` may be before a warning says the clocks disagree."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,16 +207,35 @@ class TokenEntitlement:
                 options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
                          "require": ["exp"]},
             )
-            return Grant(
+            grant = Grant(
                 SubjectPatterns.parse(claims.get("subscribe")),
                 SubjectPatterns.parse(claims.get("publish")),
                 _time_claim(claims, "exp"),
                 _time_claim(claims, "nbf"),
             )
+            self._check_issued_at(claims)
+            return grant
         except (jwt.PyJWTError, ValueError, StopIteration, KeyError, TypeError) as exc:
             client_lines.lines.log(log, logging.INFO, "token refused", "token refused: %s",
                                    exc or type(exc).__name__)
             return None
+
+    def _check_issued_at(self, claims: dict[str, Any]) -> None:
+        """An ``iat`` ahead of this clock past the leeway says this server's clock is
+        behind the issuer's -- tokens are then accepted that long past their ``exp`` --
+        or the issuer's ahead: said (``iat`` decides nothing; one that is no number is
+        ignored, as before)."""
+        try:
+            issued = _time_claim(claims, "iat")
+        except ValueError:
+            return
+        ahead = None if issued is None else issued - self._clock()
+        if ahead is not None and ahead > NOT_BEFORE_LEEWAY:
+            client_lines.lines.log(
+                log, logging.WARNING, "token iat ahead", "token issued (iat) %.0f s ahead of "
+                "this server's clock: this server's clock is behind the issuer's (tokens "
+                "are accepted that long past their exp), or the issuer's is ahead; check "
+                "both (NTP)", ahead)
 
     def _live(self, token: str | None) -> Grant | None:
         grant = self.grant(token)
@@ -225,6 +245,11 @@ class TokenEntitlement:
         if grant.expires_at is not None and grant.expires_at <= now:
             return None
         if grant.not_before is not None and grant.not_before > now + NOT_BEFORE_LEEWAY:
+            client_lines.lines.log(
+                log, logging.WARNING, "token nbf ahead", "token refused: not valid before "
+                "(nbf) %.0f s from now by this server's clock, past the %.0f s leeway: the "
+                "issuer's clock is ahead of this server's, or this one is behind; check "
+                "both (NTP)", grant.not_before - now, NOT_BEFORE_LEEWAY)
             return None
         return grant
 

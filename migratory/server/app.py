@@ -53,6 +53,7 @@ from migratory.server.mqtt_takeover import TAKEOVER_SUBJECT, Takeovers
 from migratory.server.read_barrier import ReadBarrier
 from migratory.server.rebalance import Rebalancer
 from migratory.server.uring_writer import UringWriter, open_send_path
+from migratory.server.wall_clock import WallClockWatch
 from migratory.tls import server_context
 
 log = logging.getLogger("migratory.server")
@@ -184,6 +185,7 @@ class Server:
                                            trio.current_time)
             self.ctx.hub.listen(self.ctx.takeovers, TAKEOVER_SUBJECT, 0)
         self._mqtt_expiry = SessionExpiry(self.ctx, self.mqtt_sessions)  # mqtt_expiry.py
+        self._wall_clock = WallClockWatch()  # wall_clock.py: its steps said
         # the native sessions that asked for heartbeats, swept every tick (heartbeats.py)
         self.heartbeats = Heartbeats(config.client_heartbeat_minimum, TICK_SECONDS)
         self.ctx.heartbeats = self.heartbeats
@@ -399,6 +401,8 @@ class Server:
                 save_due_positions(self.ctx.mqtt_saves_due)
             self.heartbeats.sweep()
             if ticks % EXPIRE_EVERY_TICKS == 0:
+                if self._wall_clock.check():
+                    self.ctx.stats.wall_clock_steps += 1
                 self._trim.maybe_trim(now)
                 self._close_expired_sessions()
             if self.write_immediately:

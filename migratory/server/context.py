@@ -147,6 +147,7 @@ class ServerStatistics:
     writes: int = 0
     bytes_read: int = 0
     cache_expired: int = 0
+    wall_clock_steps: int = 0  # steps of the wall clock against the monotonic (wall_clock.py)
     # {kind: count}: http, frame, operation (GET /metrics labels them)
     protocol_error_kinds: dict[str, int] = field(default_factory=dict)
     entitlement_denials: dict[str, int] = field(default_factory=dict)  # {action: count}

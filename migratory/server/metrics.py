@@ -225,6 +225,9 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
      "line per kind every 10 s (a storm of closes, cut-offs, refusals; client_lines.py)."),
     ("cache_expired", "migratory_cache_expired", "counter",
      "Cached messages dropped for being older than CacheExpireTime."),
+    ("wall_clock_steps", "migratory_wall_clock_steps", "counter",
+     "Steps of this member's wall clock of more than 1 s against its monotonic clock (an "
+     "NTP correction, a VM resumed, the clock set by hand): each logged at WARNING."),
     ("mqtt_sessions_opened", "migratory_mqtt_sessions_opened", "counter",
      "MQTT clients whose CONNECT was accepted."),
     ("mqtt_sessions_resumed", "migratory_mqtt_sessions_resumed", "counter",

@@ -10,6 +10,8 @@ import pytest
 from test_mqtt_expiry import T0, gets_publish, left_session, wall
 from test_mqtt_session import make, read, session
 
+from migratory import client_lines
+from migratory.client_lines import ClientLines
 from migratory.protocol import mqtt
 from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.mqtt_expiry import SessionExpiry
@@ -18,6 +20,11 @@ from migratory.server.mqtt_store import decode_record, session_subject
 __all__ = ["wall"]  # the fixture
 EXPIRY = 600  # the least MqttSessionExpiry a cluster takes
 HOUR, DAY = 3600, 86400
+
+
+@pytest.fixture(autouse=True)
+def fresh_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_lines, "lines", ClientLines())  # no line held from another
 
 
 @pytest.mark.parametrize("behind", [2, 120, 2 * HOUR])
