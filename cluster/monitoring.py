@@ -13,11 +13,24 @@ from migratory.server.metrics import ClusterMetrics, PeerLink
 
 if TYPE_CHECKING:
     from cluster.node import GuaranteedNode
+    from cluster.raft_front_server import FrontStatistics
     from cluster.standard import StandardNode
 
 
 def _raft_address(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1] + 1}"  # a seed's Raft port is its cluster port + 1
+
+
+_FRONT_REFUSALS = ("stale", "replayed", "bad_mac", "not_a_preamble", "timed_out", "evicted")
+
+
+def _front_refused(front: FrontStatistics) -> tuple[tuple[str, int], ...]:
+    return tuple((reason, getattr(front, reason)) for reason in _FRONT_REFUSALS)
+
+
+def _front_skew(front: FrontStatistics) -> float | None:
+    """The last offset of a seed that proved the password (None: none did yet)."""
+    return front.skew if front.admitted + front.stale + front.replayed else None
 
 
 def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
@@ -53,6 +66,8 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
         link_violations=tuple(sorted(node.peers.handshakes.violations.items())),
         link_publishes_refused=tuple(sorted(node.peers.publishes.refused.items())),
+        raft_front_refused=() if raft is None else _front_refused(raft.front),
+        raft_front_skew=None if raft is None else _front_skew(raft.front),
         raft_subjects=None if raft is None else raft.subjects,
         raft_snapshots=None if raft is None else raft.snapshots,
         applied_clsn=applied,

@@ -152,6 +152,10 @@ class ClusterMetrics:
     link_publishes_refused: tuple[tuple[str, int], ...] = ()
     """(status, count): peers' publishes refused by the check a client's publish passes
     (cluster/link_publishes.py); the link stays up."""
+    raft_front_refused: tuple[tuple[str, int], ...] = ()
+    """(reason, count): connections the seed's Raft port refused (cluster/raft_front_server.py)."""
+    raft_front_skew: float | None = None
+    """Seconds the clock of the last seed that proved the password is ahead of this one's."""
     raft_subjects: int | None = None  # subjects the seeds' numbering holds (for ever)
     raft_snapshots: int | None = None  # retained snapshots the seeds' caches hold
     applied_clsn: int | None = None
@@ -432,6 +436,10 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
          "Authenticated cluster links this member closed because the peer broke a rule "
          "of the link, by rule (frame_size, frame_stall, links, origin, replicate, "
          "sync_request).", "rule", cluster.link_violations),
+        ("migratory_raft_front_refused",
+         "Connections to this seed's Raft port refused, by reason (stale: a seed's "
+         "clock more than 120 s off this one's; replayed, bad_mac, not_a_preamble, "
+         "timed_out, evicted).", "reason", cluster.raft_front_refused),
         ("migratory_cluster_link_publishes_refused",
          "Publishes of peer members (a forward to a seed, a Standard member's publish) "
          "refused by the check a client's publish passes, by status (PUBLISH_FAILED: "
@@ -443,6 +451,11 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
             for value, count in counts:
                 family.add_metric([value], count)
             yield family
+    if cluster.raft_front_skew is not None:
+        yield _gauge("migratory_raft_front_skew_seconds", "Seconds the clock of the last "
+                     "seed that proved the password on this seed's Raft port is ahead of "
+                     "this one's (past +-120 s its connections are refused).",
+                     cluster.raft_front_skew)
     if cluster.commit_latency is not None:
         yield cluster.commit_latency.family(
             "migratory_raft_commit_seconds",

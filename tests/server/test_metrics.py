@@ -228,6 +228,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
         link_refusals=(("MAX_PENDING_HANDSHAKES", 2), ("LINK_CONNECTIONS_PER_SECOND", 30)),
         link_violations=(("frame_size", 1), ("origin", 0)),
         link_publishes_refused=(("MESSAGE_SIZE_LIMIT_EXCEEDED", 0), ("PUBLISH_FAILED", 3)),
+        raft_front_refused=(("stale", 4), ("replayed", 0)), raft_front_skew=-130.5,
     ))
     found = families(source)
     states = {s.labels["state"]: s.value for s in found["migratory_raft_state"].samples}
@@ -238,6 +239,10 @@ def test_cluster_metrics_come_from_the_member() -> None:
     assert found["migratory_raft_dump_failures"].samples[0].value == 3
     assert found["migratory_raft_subjects"].samples[0].value == 1_000_000
     assert found["migratory_raft_snapshots"].samples[0].value == 400_000
+    stale = {s.labels["reason"]: s.value
+             for s in found["migratory_raft_front_refused"].samples if s.name.endswith("_total")}
+    assert stale == {"stale": 4, "replayed": 0}
+    assert found["migratory_raft_front_skew_seconds"].samples[0].value == -130.5
     up = {(s.labels["peer"], s.labels["kind"]): s.value
           for s in found["migratory_cluster_link_up"].samples}
     assert up == {("m2:9801", "raft"): 1, ("m3:9801", "raft"): 0, ("m4:9800", "follower"): 1}
