@@ -37,6 +37,9 @@ publish load with SDK clients going through the client Service.
     the replica count moved: tests/deploy/scaling_faults.py.
 ``whole-crash-loop``, ``leader-away-seed-starting-scale-in``
     two faults at once: tests/deploy/combined_faults.py.
+``roll-with-scale-in``, ``killed-mid-drain``, ``node-drain-two-seeds``,
+``bad-config-roll``, ``password-rotated``
+    what operators do, combined: tests/deploy/operator_faults.py.
 ``seed-roll-dns``
     seeds 1 and 0 rolled as the StatefulSet controller does (``minReadySeconds``
     between pods) while cluster DNS answers a recreated name with its old IP for 30 s
@@ -64,6 +67,7 @@ from pathlib import Path
 import trio
 from combined_faults import COMBINED_SCENARIOS, COMBINED_UNAVAILABLE
 from k8s_local import (
+    CLUSTER_DNS_CACHE,
     GATEWAY,
     LEADER_PORT,
     LocalStatefulSet,
@@ -73,6 +77,12 @@ from k8s_local import (
     watch_lag,
 )
 from k8s_manifests import MONITOR_PORT, Document, documents, find
+from operator_faults import (
+    OPERATOR_PINNED,
+    OPERATOR_SCENARIOS,
+    OPERATOR_UNAVAILABLE,
+    changed_config,
+)
 from rehearsal import Load, Subscriber, check, under_load
 from scaling_faults import (
     LEADER_PINNED,
@@ -138,14 +148,7 @@ async def lost_volume(sts: LocalStatefulSet, observed: Observed) -> None:
 def five_seeds(docs: list[Document]) -> list[Document]:
     """The install with ``ClusterSeedMemberCount = 5`` in its ConfigMap: pods 3 and 4
     would be seeds too (the members' Raft would change under them)."""
-    changed = copy.deepcopy(docs)
-    volume = find(changed, "StatefulSet")["spec"]["template"]["spec"]["volumes"][0]
-    config_map = find(changed, "ConfigMap", volume["configMap"]["name"])
-    text = config_map["data"]["migratory.conf"]
-    assert "\nClusterSeedMemberCount = 3\n" in text, text
-    config_map["data"]["migratory.conf"] = text.replace(
-        "\nClusterSeedMemberCount = 3\n", "\nClusterSeedMemberCount = 5\n")
-    return changed
+    return changed_config(docs, "ClusterSeedMemberCount = 3", "ClusterSeedMemberCount = 5")
 
 
 async def drift_refused(sts: LocalStatefulSet, observed: Observed) -> None:
@@ -197,11 +200,6 @@ async def members_extended(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["half_rolled_linked"] = {
         pod.name: json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
             "raft_linked_seeds") for o, pod in sorted(sts.pods.items()) if o in SEEDS}
-
-
-CLUSTER_DNS_CACHE = 30.0
-"""Seconds CoreDNS's usual ``cache 30`` may answer a recreated pod's name with its old
-IP (README, "Not tried on a real cluster")."""
 
 
 async def seed_roll_dns(sts: LocalStatefulSet, observed: Observed) -> None:
@@ -300,8 +298,10 @@ SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
     "scale-flap": (3, scale_flap),
     **SCALING_SCENARIOS,
     **COMBINED_SCENARIOS,
+    **OPERATOR_SCENARIOS,
 }
-UNAVAILABLE = {"lost-volume", "whole-restart", *SCALING_UNAVAILABLE, *COMBINED_UNAVAILABLE}
+UNAVAILABLE = {"lost-volume", "whole-restart", *SCALING_UNAVAILABLE, *COMBINED_UNAVAILABLE,
+               *OPERATOR_UNAVAILABLE}
 """Plays that leave the cluster without a Raft majority for a while: a publish in flight
 then may have no answer (its outcome unknown), never a wrong one. whole-restart: every
 pod is deleted at once, so the last member draining can lose its Raft leader with a
@@ -359,7 +359,8 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
                            secrets.token_urlsafe(24), time_scale=time_scale)
     pods, fault = SCENARIOS[name]
     subscribers = [Subscriber() for _ in range(4)]
-    if name in LEADER_PINNED:  # one on the member the play restarts, wherever the others are
+    pinned = name in LEADER_PINNED | OPERATOR_PINNED
+    if pinned:  # one on the member the play restarts, wherever the others are
         subscribers[0].server = f"ws://{GATEWAY}:{LEADER_PORT}"
     load = Load()
     observed: Observed = {"_load": load}
@@ -381,7 +382,7 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             lags: dict[str, int] = {}
             observed["largest_lag_batches"] = lags  # (sampled: a pod's worst, by name)
             cluster.start_soon(watch_lag, sts, lags)
-            if name in LEADER_PINNED:
+            if pinned:
                 cluster.start_soon(follow_leader, sts, leader)
                 with trio.move_on_after(10):  # the pinned subscriber's first connect
                     while leader[0] is None:

@@ -39,6 +39,11 @@ the member they restart as the leader (tests/deploy/scaling_faults.py), so that 
 is always there to check, whichever pods the Service happened to pick."""
 
 
+CLUSTER_DNS_CACHE = 30.0
+"""Seconds CoreDNS's usual ``cache 30`` may answer a recreated pod's name with its old
+IP (README, "Not tried on a real cluster"): a play's ``dns_cache``, scaled."""
+
+
 BRIDGE_MAC = "02:42:0a:f4:00:01"
 """The pod network's bridge's own hardware address, set: a Linux bridge without one takes
 the lowest of its ports', so deleting the pod whose veth had it moved the gateway's
@@ -88,6 +93,7 @@ class Pod:
     deleting: bool = False
     liveness_failures: int = 0
     readiness: ProbeState | None = None  # the kubelet's count for the readiness probe
+    may_exit: bool = False  # a play's pod that must stop at start (a bad config)
 
 
 @dataclass
@@ -187,24 +193,33 @@ class LocalStatefulSet:
         self.events.note(f"created {pod.name} at {ip}")
         return pod
 
-    async def delete(self, ordinal: int, *, delete_volume: bool = False) -> None:
+    async def delete(self, ordinal: int, *, delete_volume: bool = False,
+                     grace: float | None = None) -> int | None:
         """Graceful deletion: out of the Service, preStop, SIGTERM, SIGKILL after the
-        grace period (a violation: the drain must fit in it)."""
+        grace period (a violation: the drain must fit in it). ``grace``: seconds from
+        the deletion to SIGKILL instead (``kubectl delete --grace-period``, a second
+        deletion that shortens the first's): the preStop sleep is cut to it, and the
+        kill it forces is no violation."""
         pod = self.pods[ordinal]
         pod.deleting, pod.ready = True, False
         started = trio.current_time()
-        grace = float(self.spec.get("terminationGracePeriodSeconds", 30)) * self.time_scale
+        forced = grace is not None
+        if grace is None:
+            grace = float(self.spec.get("terminationGracePeriodSeconds", 30)) * self.time_scale
         pre_stop = self.container.get("lifecycle", {}).get("preStop", {})
-        await trio.sleep(float(pre_stop.get("sleep", {}).get("seconds", 0)) * self.time_scale)
+        await trio.sleep(min(grace, float(pre_stop.get("sleep", {}).get("seconds", 0))
+                             * self.time_scale))
         process = pod.process.proc
         process.terminate()
         remaining = max(0.1, started + grace - trio.current_time())
         code = await trio.to_thread.run_sync(_wait, process, remaining)
         if code is None:
-            self.events.violations.append(f"{pod.name} needed SIGKILL after the grace period")
+            if not forced:
+                self.events.violations.append(
+                    f"{pod.name} needed SIGKILL after the grace period")
             process.kill()
             code = await trio.to_thread.run_sync(_wait, process, 10)
-        if code != 0:
+        if code != 0 and not forced:
             self.events.violations.append(f"{pod.name} exited {code} on SIGTERM")
         pod.process.stop()
         del self.pods[ordinal]
@@ -215,6 +230,7 @@ class LocalStatefulSet:
                 shutil.rmtree(volume)
         self.events.note(f"deleted {pod.name} in {trio.current_time() - started:.1f} s"
                          f"{' with its volume' if delete_volume else ''}")
+        return code
 
     @property
     def claims_deleted_when_scaled(self) -> bool:
@@ -273,8 +289,12 @@ class LocalStatefulSet:
                 if pod.deleting:
                     continue
                 if pod.process.proc.poll() is not None:
-                    self.events.violations.append(
-                        f"{pod.name} exited on its own ({pod.process.proc.returncode})")
+                    code = pod.process.proc.returncode
+                    if pod.may_exit:  # (what the kubelet then does is the play's)
+                        self.events.note(f"{pod.name} exited on its own ({code})")
+                    else:
+                        self.events.violations.append(
+                            f"{pod.name} exited on its own ({code})")
                     pod.deleting, pod.ready = True, False
                     continue
                 await self._probe(pod)

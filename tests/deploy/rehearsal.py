@@ -68,6 +68,9 @@ class Subscriber:
     position of the last message before it, with when it came: what a violation's report
     shows of this subscriber."""
     last_at: float | None = None  # when the last message came
+    longest_gap: float = 0.0
+    """The longest time between two messages (the publishers publish all along: a
+    subscriber that stops receiving shows here, and its timeline says where it was)."""
 
 
 @dataclass
@@ -102,6 +105,8 @@ async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
             with trio.move_on_after(0.2):
                 message = await subscription.__anext__()
                 sub.received.append((message.content, message.type, message.position))
+                if sub.last_at is not None:
+                    sub.longest_gap = max(sub.longest_gap, trio.current_time() - sub.last_at)
                 sub.last_at = trio.current_time()
         nursery.cancel_scope.cancel()
 
@@ -318,6 +323,7 @@ def resume_figures(subscribers: list[Subscriber]) -> dict[str, list[float]]:
         waits.append(round(wait, 2))
     return {"moves_per_subscriber": [s.statuses.count(NotificationStatus.SERVER_DOWN)
                                      for s in subscribers],
+            "longest_gap_per_subscriber": [round(s.longest_gap, 2) for s in subscribers],
             "largest_recovered_per_subscriber": bursts, "longest_resume_seconds": waits}
 
 
