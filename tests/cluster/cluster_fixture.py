@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from faulty_member import FAULTS_ENV
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
+from rawclient import close_clients_of
 
 from cluster.tooling import (
     free_base_port,
@@ -149,5 +153,13 @@ class LocalCluster:
         path = self.tmp_path / f"migratory-{index}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def ports(self) -> set[int]:
+        """Every port the members' settings name (their listeners and links)."""
+        return {int(port) for settings in self.settings for value in settings.values()
+                for port in re.findall(r":(\d+)\b", str(value))}
+
     def stop(self) -> None:
+        """Stops every member, the test's raw clients of them closed first: each one left
+        open held its member's drain for the close linger (5 s)."""
+        close_clients_of(self.ports())
         stop_all([p for p in self.processes if p is not None])

@@ -71,6 +71,7 @@ def test_a_drained_members_next_life_costs_its_peers_subscribers_no_resync(
         for subject in subjects:
             _publish(publisher, subject, b"before")
         assert len(on_b.recv_messages(50, timeout=10)) == 50
+        publisher.close()  # (left open, A's drain waits the close linger for it: 5 s)
         _restart(cluster, 0)
         _forwarding(cluster, [0, 1])
         publisher = RawClient(cluster.port(0))
@@ -103,6 +104,7 @@ def test_a_life_between_that_published_and_died_unseen_is_announced(tmp_path: Pa
         publisher.connect("pub")
         _publish(publisher, SUBJECT, b"m0")
         assert delivered(receive_until(on_b, b"m0"))[-1].content == b"m0"
+        publisher.close()  # (left open, A's drain waits the close linger for it: 5 s)
         cluster.kill(0, signal.SIGTERM)  # A drains: goodbye to B
         for gate in gates:
             gate.close_gate(reset_open=True)

@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
 import time
+import weakref
 
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 
+OPEN: weakref.WeakSet[RawClient] = weakref.WeakSet()
+"""The clients not closed yet (:func:`close_clients_of`)."""
+
+
+def close_clients_of(ports: set[int]) -> int:
+    """Close every open client of a server on one of ``ports``, before the test stops it;
+    returns how many. A client left open there does not answer the server's close frame
+    (nothing reads it): the server's drain waits the close linger for it, 5 s per stop
+    (connection_linger.py's CLOSE_LINGER_SECONDS). Shut down first: a thread of the test
+    still blocked in ``recv`` on one (a publisher) would hold its FIN back."""
+    ending = [client for client in OPEN if client.port in ports]
+    for client in ending:
+        with contextlib.suppress(OSError):
+            client.sock.shutdown(socket.SHUT_RDWR)
+        client.close()
+    return len(ending)
+
 
 class RawClient:
     def __init__(self, port: int, *, timeout: float = 5.0, handshake: bool = True,
                  tls: ssl.SSLContext | None = None) -> None:
+        self.port = port
         sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.sock = sock if tls is None else tls.wrap_socket(sock, server_hostname="localhost")
+        OPEN.add(self)
         self.decoder = ws.FrameDecoder(client_frames=False, max_message_size=64 << 20)
         self.timeout = timeout
         if handshake:
@@ -110,6 +131,7 @@ class RawClient:
                 return event
 
     def close(self) -> None:
+        OPEN.discard(self)
         self.sock.close()
 
 
