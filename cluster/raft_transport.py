@@ -72,7 +72,13 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from cluster import raft_name_lookups
-from cluster.raft_front import NONCE_SIZE, PreambleGate, derive_key, encode_preamble
+from cluster.raft_front import (
+    NONCE_SIZE,
+    WINDOW_SECONDS,
+    PreambleGate,
+    derive_key,
+    encode_preamble,
+)
 from cluster.raft_front_server import UNAUTHENTICATED_SECONDS, FrontServer, FrontStatistics
 from migratory.server.exhaustion import CAPACITY_ERRNOS, Exhaustion
 
@@ -88,6 +94,8 @@ KEEPALIVE = "migratory_keepalive"
 """The type of the message that keeps an idle Raft link alive (no other content)."""
 KEEPALIVES_PER_TIMEOUT = 4
 """Keepalives sent on each idle link per ``connectionTimeout``."""
+UNANSWERED_LOG_EVERY = 60.0
+"""Seconds between two lines about one seed closing this seed's dials unanswered."""
 
 
 class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
@@ -106,6 +114,8 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         self._arrived: dict[Any, float] = {}  # unidentified connection -> when
         self._keepalive_sent = 0.0  # when keep_links_alive last sent
+        self._unanswered: dict[Any, Any] = {}  # dial past connect, not answered -> node
+        self._unanswered_logged: dict[str, tuple[float, int]] = {}  # seed -> (when, since)
         self._destroyed = False
         # before TCPTransport.__init__: it creates the server
         self._front_key = derive_key(syncObj.conf.password or "")
@@ -152,7 +162,36 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
             )
             # connect() emptied the buffer; nothing is queued on a dial not yet complete
             conn._TcpConnection__writeBuffer = preamble + conn._TcpConnection__writeBuffer
+            self._unanswered[conn] = node
         super()._onOutgoingConnected(conn)
+
+    def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
+        """The dialled seed answered (its sealed key): its front admitted the preamble."""
+        self._unanswered.pop(conn, None)
+        super()._onOutgoingMessageReceived(conn, message)
+
+    def _onDisconnected(self, conn: Any) -> None:
+        node = self._unanswered.pop(conn, None)
+        if node is not None and not self._destroyed:
+            self._dial_unanswered(str(node.address))
+        super()._onDisconnected(conn)
+
+    def _dial_unanswered(self, seed: str) -> None:
+        """A dialled seed closed the connection without a word: its front refused the
+        preamble. Only the refusing seed knew why (its log, GET /cluster raft_front); a
+        seed whose clock was 10 minutes off said nothing of it in its own log."""
+        now = monotonic()
+        logged, since = self._unanswered_logged.get(seed, (None, 0))
+        if logged is not None and now - logged < UNANSWERED_LOG_EVERY:
+            self._unanswered_logged[seed] = (logged, since + 1)
+            return
+        self._unanswered_logged[seed] = (now, 0)
+        more = f" ({since} more times since the last such line)" if since else ""
+        log.warning(
+            "Raft: seed %s closed this seed's Raft connection without answering%s: its Raft "
+            "port refused this seed's preamble -- most likely the two clocks are more than "
+            "%.0f s apart (check NTP on both), else another ClusterPassword or migratory "
+            "version; that seed's log names the reason", seed, more, WINDOW_SECONDS)
 
     def _onTick(self) -> None:
         """Runs on every Raft tick (pysyncobj registers it in ``__init__``)."""
