@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cluster import raft_slow_disk
 from migratory.server.metrics import ClusterMetrics, PeerLink
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
     applied = node.replica.applied_clsn
     links: list[PeerLink] = []
     raft = None if node.seed is None else node.seed.raft_status
+    disk = None if node.seed is None else raft_slow_disk.SYNCS.statistics()
     if node.seed is not None:
         own = node.config.cluster_member_listen
         linked = set() if raft is None else set(raft.linked)
@@ -63,6 +65,8 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
         raft_commit_index=None if raft is None else raft.commit_index,
         raft_last_applied=None if raft is None else raft.last_applied,
         raft_dump_failures=None if raft is None else raft.dump_failures,
+        raft_slow_syncs=None if disk is None else disk.slow_syncs,
+        raft_sync_waiting=None if disk is None else disk.waiting,
         link_refusals=tuple(node.peers.handshakes.refusal_counts().items()),
         link_violations=tuple(sorted(node.peers.handshakes.violations.items())),
         link_publishes_refused=tuple(sorted(node.peers.publishes.refused.items())),

@@ -37,7 +37,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf
 
-from cluster import dump_fork, raft_disk, raft_unpickler
+from cluster import dump_fork, raft_disk, raft_slow_disk, raft_unpickler
 from cluster.cache_sync import CacheSync
 from cluster.coordination import CommittedBatch, PublishRequest
 from cluster.dump_decoder import DumpDecodeError, stop_reason
@@ -194,6 +194,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         if now >= self._next_status:
             self._next_status = now + STATUS_PERIOD
             self.publish_status(now)
+            raft_slow_disk.SYNCS.check(now)  # an episode of slow syncs over: said
 
     def _stop(self, reason: str) -> None:
         """Stop taking part in Raft, and say so to the other seeds at once: their links
@@ -432,6 +433,8 @@ class RaftCoordination:
             "raft_forward_hold": dict(snap.forward_hold),
             "raft_dumps_untaken": dict(snap.dumps_untaken),
             "raft_dump_unloadable": snap.dump_unloadable,
+            # read now, not from the snapshot: a sync under way stops the Raft thread
+            "raft_disk": asdict(raft_slow_disk.SYNCS.statistics()),
         }
 
     @property

@@ -110,7 +110,7 @@ def trimmed(journal: FileJournal, drop: int, path: str) -> FileJournal:
         trim._destroy()
         journal._destroy()
         os.replace(temporary, path)
-        raft_durability.sync_directory(os.path.dirname(path))
+        raft_durability.synced_directory(os.path.dirname(path))
     except OSError as exc:  # (the trim's writes; the rename, the directory's sync: EIO)
         with contextlib.suppress(OSError):
             os.remove(temporary)  # its space back for the restart (a full disk)

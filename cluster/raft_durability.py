@@ -28,7 +28,9 @@ before responding to RPCs):
 (``mmap.flush``) would not. On this machine one costs ~0.1-0.4 ms, +0.8 ms on the
 median acknowledgement (docs/benchmarks.md, "Raft on the disk: what the syncs cost").
 ``tests/cluster/test_raft_power_loss.py`` drives real pysyncobj nodes through power
-losses that keep only what was synced.
+losses that keep only what was synced. Every sync is timed (:func:`synced_file`,
+:func:`synced_directory`): a slow disk is said once per episode
+(:mod:`cluster.raft_slow_disk`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 from pysyncobj import journal as pysyncobj_journal
 from pysyncobj import serializer as pysyncobj_serializer
 
+from cluster import raft_slow_disk
 from cluster.raft_disk import RaftDiskFailure
 
 DIRECTORY_SYNC_UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
@@ -69,6 +72,17 @@ def sync_directory(path: str) -> None:
         os.close(fd)
 
 
+def synced_file(fd: int, path: str) -> None:
+    """:func:`sync_file` of ``path``'s ``fd``, timed (a slow disk is said once per
+    episode: :mod:`cluster.raft_slow_disk`)."""
+    raft_slow_disk.SYNCS.timed(path, lambda: sync_file(fd))
+
+
+def synced_directory(path: str) -> None:
+    """:func:`sync_directory`, timed (:mod:`cluster.raft_slow_disk`)."""
+    raft_slow_disk.SYNCS.timed(path or ".", lambda: sync_directory(path))
+
+
 def _file_of(journal: Any) -> Any:
     return getattr(journal, "_FileJournal__journalFile", None)
 
@@ -80,7 +94,7 @@ def journal_durable(journal: Any) -> None:
     if mapped is None or not getattr(mapped, PENDING, False):
         return
     try:
-        sync_file(mapped._ResizableFile__f.fileno())
+        synced_file(mapped._ResizableFile__f.fileno(), mapped._ResizableFile__fileName)
     except OSError as exc:
         raise RaftDiskFailure(mapped._ResizableFile__fileName, exc) from exc
     setattr(mapped, PENDING, False)
@@ -92,11 +106,11 @@ def durable_replace(source: str, target: str) -> None:
     try:
         fd = os.open(source, os.O_RDONLY)
         try:
-            sync_file(fd)
+            synced_file(fd, source)
         finally:
             os.close(fd)
         os.replace(source, target)
-        sync_directory(os.path.dirname(target))
+        synced_directory(os.path.dirname(target))
     except OSError as exc:
         raise RaftDiskFailure(target, exc) from exc
 
@@ -108,9 +122,9 @@ def _durable_store_meta(self: Any, meta: dict[str, Any]) -> None:
         with open(path + ".tmp", "wb") as f:
             f.write(pysyncobj_journal.dumps(meta))
             f.flush()
-            sync_file(f.fileno())
+            synced_file(f.fileno(), path + ".tmp")
         os.replace(path + ".tmp", path)
-        sync_directory(os.path.dirname(path))
+        synced_directory(os.path.dirname(path))
     except OSError as exc:
         raise RaftDiskFailure(path, exc) from exc
 
@@ -128,8 +142,8 @@ def _named_on_disk(original: Callable[..., None]) -> Callable[..., None]:
     def init(self: Any, fileName: str, *args: Any, **kwargs: Any) -> None:
         original(self, fileName, *args, **kwargs)
         try:  # a new file's header and its name (an existing one: a no-op sync)
-            sync_file(self._ResizableFile__f.fileno())
-            sync_directory(os.path.dirname(fileName))
+            synced_file(self._ResizableFile__f.fileno(), fileName)
+            synced_directory(os.path.dirname(fileName))
         except OSError as exc:
             raise RaftDiskFailure(fileName, exc) from exc
     return init

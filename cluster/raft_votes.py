@@ -111,7 +111,7 @@ class EmptyStart:
                     f.write(b"this seed started without a Raft journal and has not caught up\n")
                     f.flush()
                     os.fsync(f.fileno())
-                raft_durability.sync_directory(os.path.dirname(self.marker))  # (its name)
+                raft_durability.synced_directory(os.path.dirname(self.marker))  # (its name)
             except OSError as exc:  # (a full disk: the member says which file)
                 raise RaftDiskFailure(self.marker, exc) from exc
 
@@ -150,7 +150,7 @@ class EmptyStart:
             # gone on the disk too: back after a power loss, it would keep this seed out
             # of elections it must stand in (tests/cluster/test_raft_power_loss.py)
             with contextlib.suppress(OSError):
-                raft_durability.sync_directory(os.path.dirname(self.marker))
+                raft_durability.synced_directory(os.path.dirname(self.marker))
 
     def settled(self, log_floor: tuple[int, int], new_cluster: bool, term: int) -> None:
         """The term query's answers settled: ``log_floor`` is the (last log term, last

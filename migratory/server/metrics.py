@@ -143,6 +143,10 @@ class ClusterMetrics:
     raft_commit_index: int | None = None
     raft_last_applied: int | None = None
     raft_dump_failures: int | None = None
+    raft_slow_syncs: int | None = None
+    """Syncs of the seed's Raft files that took 0.1 s or more (cluster/raft_slow_disk.py)."""
+    raft_sync_waiting: float | None = None
+    """Seconds the sync under way has waited (0.0: none is): its Raft thread waits too."""
     link_refusals: tuple[tuple[str, int], ...] = ()
     """(limit, count): connections to the cluster link port refused before their
     handshake was done (cluster/link_accept.py)."""
@@ -427,6 +431,18 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
             "Raft dumps (log compactions) that failed not for the disk: a bug; the log "
             "grows uncompacted meanwhile.", value=cluster.raft_dump_failures,
         )
+    if cluster.raft_slow_syncs is not None:
+        yield CounterMetricFamily(
+            "migratory_raft_slow_syncs",
+            "Syncs of this seed's Raft files (journal, term and vote, dump) that took "
+            "0.1 s or more: a slow disk; the Raft thread waits in each.",
+            value=cluster.raft_slow_syncs,
+        )
+    if cluster.raft_sync_waiting is not None:
+        yield _gauge("migratory_raft_sync_waiting_seconds",
+                     "How long the sync of a Raft file under way has waited (0: none is); "
+                     "the seed's Raft neither answers nor sends meanwhile.",
+                     cluster.raft_sync_waiting)
     for name, doc, label, counts in (
         ("migratory_cluster_link_refused",
          "Connections to the cluster link port refused before their handshake was done, "

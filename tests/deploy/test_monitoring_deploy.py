@@ -162,7 +162,8 @@ class _Source:
             link_violations=(("frame_size", 0),),
             link_publishes_refused=(("PUBLISH_FAILED", 0),),
             raft_dump_failures=0, raft_subjects=1, raft_snapshots=1,
-            raft_front_refused=(("stale", 0),), raft_front_skew=0.0,
+            raft_front_refused=(("stale", 0),), raft_front_skew=0.0, raft_slow_syncs=0,
+            raft_sync_waiting=0.0,
         )
 
 

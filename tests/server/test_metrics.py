@@ -220,7 +220,8 @@ def test_cluster_metrics_come_from_the_member() -> None:
     source = FakeSource(metrics.ClusterMetrics(
         member="m1:9800", role="seed", raft_state="leader", raft_term=7,
         raft_commit_index=120, raft_last_applied=119, raft_dump_failures=3, applied_clsn=118,
-        raft_subjects=1_000_000, raft_snapshots=400_000,
+        raft_subjects=1_000_000, raft_snapshots=400_000, raft_slow_syncs=4,
+        raft_sync_waiting=2.5,
         links=(metrics.PeerLink("m2:9801", "raft", True),
                metrics.PeerLink("m3:9801", "raft", False),
                metrics.PeerLink("m4:9800", "follower", True, lag=5)),
@@ -243,6 +244,8 @@ def test_cluster_metrics_come_from_the_member() -> None:
              for s in found["migratory_raft_front_refused"].samples if s.name.endswith("_total")}
     assert stale == {"stale": 4, "replayed": 0}
     assert found["migratory_raft_front_skew_seconds"].samples[0].value == -130.5
+    assert found["migratory_raft_slow_syncs"].samples[0].value == 4
+    assert found["migratory_raft_sync_waiting_seconds"].samples[0].value == 2.5
     up = {(s.labels["peer"], s.labels["kind"]): s.value
           for s in found["migratory_cluster_link_up"].samples}
     assert up == {("m2:9801", "raft"): 1, ("m3:9801", "raft"): 0, ("m4:9800", "follower"): 1}
