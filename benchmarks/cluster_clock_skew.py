@@ -10,9 +10,10 @@ product timer can tell from the real one.
 ``--scenario fresh``: every seed starts with an empty ClusterDataDir, the skewed one
 among them. ``--scenario restart``: the three start right and form the cluster (up to
 60 s), then the skewed seed is stopped and started again off the others, with its data.
-After ``--settle`` seconds each seed's ``GET /cluster`` (Raft state, leader, linked
-seeds, ``raft_front``) and ``/readyz`` are printed as one JSON line each, then the log
-lines about clocks. Every member is stopped by PID at the end.
+After ``--settle`` seconds each seed's ``GET /cluster`` (readiness and its reason, as
+``/readyz`` says it, Raft state, leader, linked seeds, ``raft_refused_by``,
+``raft_front``) is printed as one JSON line, then the log lines about clocks. Every
+member is stopped by PID at the end.
 
 Usage: ``python benchmarks/cluster_clock_skew.py --scenario restart --offset +600``.
 """
@@ -69,9 +70,11 @@ def report(cluster: SkewedCluster) -> None:
             print(json.dumps({"seed": i, "error": str(exc)}))
             continue
         print(json.dumps({
-            "seed": i, "skewed": i == cluster.skewed, "ready": cluster.ready(i),
+            "seed": i, "skewed": i == cluster.skewed,
             **{key: status.get(key) for key in (
-                "raft_state", "raft_leader", "raft_linked_seeds", "raft_front")},
+                "ready", "not_ready_reason", "raft_state", "raft_leader", "raft_linked_seeds",
+                "raft_refused_by",
+                "raft_front")},
         }))
     for i in range(cluster.members):
         lines = (cluster.log_dir / f"migratory-{i}.log").read_text(errors="replace")

@@ -33,6 +33,8 @@ class RaftStatus:
     at: float = 0.0
     linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
     front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
+    refused_by: tuple[str, ...] = ()
+    """Seeds whose Raft port closed this seed's last dial unanswered (raft_transport.py)."""
     listen_error: str | None = None
     """Why the Raft port cannot be bound (pysyncobj retries it; no election meanwhile)."""
     stopped: str | None = None

@@ -116,6 +116,7 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
         self._keepalive_sent = 0.0  # when keep_links_alive last sent
         self._unanswered: dict[Any, Any] = {}  # dial past connect, not answered -> node
         self._unanswered_logged: dict[str, tuple[float, int]] = {}  # seed -> (when, since)
+        self._refused_by: set[str] = set()  # seeds whose front closed our last dial unanswered
         self._destroyed = False
         # before TCPTransport.__init__: it creates the server
         self._front_key = derive_key(syncObj.conf.password or "")
@@ -145,6 +146,11 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
     def front_statistics(self) -> FrontStatistics:
         return FrontStatistics() if self._server is None else self._server.statistics()
 
+    def refused_by(self) -> tuple[str, ...]:
+        """The seeds whose front closed this seed's last dial unanswered (the seed's
+        readiness names them: most likely their clocks and this one's disagree)."""
+        return tuple(sorted(self._refused_by))
+
     def listen_error(self) -> str | None:
         """Why the Raft port is not listening, while it is not (``None`` otherwise)."""
         if self._ready or self._server is None:
@@ -167,12 +173,15 @@ class SeedLinkTransport(TCPTransport):  # type: ignore[misc]
 
     def _onOutgoingMessageReceived(self, conn: Any, message: Any) -> None:
         """The dialled seed answered (its sealed key): its front admitted the preamble."""
-        self._unanswered.pop(conn, None)
+        node = self._unanswered.pop(conn, None)
+        if node is not None:
+            self._refused_by.discard(str(node.address))
         super()._onOutgoingMessageReceived(conn, message)
 
     def _onDisconnected(self, conn: Any) -> None:
         node = self._unanswered.pop(conn, None)
         if node is not None and not self._destroyed:
+            self._refused_by.add(str(node.address))
             self._dial_unanswered(str(node.address))
         super()._onDisconnected(conn)
 

@@ -26,6 +26,14 @@ a seed is not ready: a Raft thread that stopped or hangs leaves its last status 
 "ready, with a leader" -- in place for ever."""
 
 
+def _refused(status: RaftStatus) -> str:
+    """What a seed cut off by other seeds' Raft ports adds to its reason."""
+    if not status.refused_by:
+        return ""
+    return (f": seeds {', '.join(status.refused_by)} close its Raft connections unanswered "
+            "(most likely their clocks and this one's are more than 120 s apart: the log)")
+
+
 class SeedReadiness:
     def __init__(self, handed: deque[float]) -> None:
         """``handed``: when each committed batch the Raft thread handed over and the
@@ -46,7 +54,7 @@ class SeedReadiness:
         if status.dump_unloadable is not None:  # (it applies nothing: never ready)
             return status.dump_unloadable
         if not status.ready:
-            return "member has not caught up with Raft yet"
+            return "member has not caught up with Raft yet" + _refused(status)
         silent = time.monotonic() - status.at
         if silent > RAFT_SILENCE:
             return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
@@ -61,7 +69,7 @@ class SeedReadiness:
             self._leaderless_since = now
         if now - self._leaderless_since < LEADERLESS_GRACE:
             return None
-        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s"
+        return f"member has seen no Raft leader for over {LEADERLESS_GRACE} s" + _refused(status)
 
     def _behind(self, status: RaftStatus) -> str | None:
         """Why this seed is behind the leader, if it has not applied what the leader had

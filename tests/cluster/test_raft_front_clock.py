@@ -104,12 +104,31 @@ def test_a_seed_whose_dials_are_refused_says_so_itself(caplog: pytest.LogCapture
             refused += 1
             for _ in range(20):
                 node.doTick(0.01)
+        cut_off = node._SyncObj__transport.refused_by()
     finally:
         node.destroy()
         refusing.close()
     lines = [r.getMessage() for r in caplog.records if "without answering" in r.getMessage()]
     assert refused == 3 and len(lines) == 1, (refused, lines)
+    assert cut_off == (f"127.0.0.1:{ports[0]}",)  # the seed's readiness names it
     assert lines[0].startswith(f"Raft: seed 127.0.0.1:{ports[0]} closed this seed's Raft "
                                "connection without answering: its Raft port refused this "
                                "seed's preamble -- most likely the two clocks are more than "
                                "120 s apart (check NTP on both)")
+
+
+def test_a_seed_cut_off_by_the_others_fronts_says_so_in_its_readiness() -> None:
+    """/readyz and `migratory cluster status` of the seed whose dials are refused name the
+    seeds and the likely cause (before: "member has not caught up with Raft yet")."""
+    from collections import deque
+
+    from cluster.raft_status import RaftStatus
+    from cluster.seed_readiness import SeedReadiness
+
+    refused = ("127.0.0.1:7001", "127.0.0.1:7011")
+    reason = SeedReadiness(deque()).reason(RaftStatus(at=time.monotonic(), refused_by=refused))
+    assert reason == ("member has not caught up with Raft yet: seeds 127.0.0.1:7001, "
+                      "127.0.0.1:7011 close its Raft connections unanswered (most likely "
+                      "their clocks and this one's are more than 120 s apart: the log)")
+    assert SeedReadiness(deque()).reason(RaftStatus(at=time.monotonic())) == (
+        "member has not caught up with Raft yet")

@@ -80,6 +80,9 @@ class NoLinks(Unconnected):
     def listen_error(self) -> str | None:
         return None
 
+    def refused_by(self) -> tuple[str, ...]:
+        return ()
+
 
 def seed_syncobj(others: list[str]) -> _SeedSyncObj:
     """A seed's real Raft node: no tick thread, no network (the test hands it messages)."""

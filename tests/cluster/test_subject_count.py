@@ -46,7 +46,8 @@ def seed_with(subjects: int, retained: int) -> Any:
     wire = [("seed-0", i, f"/devices/d{i}/t", b"x", {}, i < retained, True)
             for i in range(subjects)]
     consumer.commit_batch(7, wire, _doApply=True)
-    transport = SimpleNamespace(front_statistics=FrontStatistics, listen_error=lambda: None)
+    transport = SimpleNamespace(front_statistics=FrontStatistics, listen_error=lambda: None,
+                                refused_by=tuple)
     return SimpleNamespace(
         _status_consumer=consumer, _next_digest=0.0, _digest="",
         _subject_warning=SubjectCountWarning(first=3), stopped=None,

@@ -90,3 +90,24 @@ def test_a_left_session_when_the_members_clock_steps(
     held.settle()
     back = session(ctx, "dev", registry, clean_session=False)
     assert read(back) == [mqtt.Connack(kept, 0)]
+
+
+@pytest.mark.parametrize(("ahead", "later", "later_stands"), [
+    (2, 3, True), (120, 60, False), (120, 180, True), (2 * HOUR, HOUR, False),
+])
+def test_two_standard_take_ups_are_ordered_by_the_members_clocks(
+    wall: list[float], ahead: int, later: int, later_stands: bool
+) -> None:
+    """A limit, pinned (docs/mqtt.md "The later take-up stands"): member A, ``ahead``
+    seconds ahead, takes the session up at T0; member B, which has not got A's record,
+    ``later`` seconds later. Each generation is at least its member's wall-clock
+    millisecond, so B's stands only if it came more than the skew later."""
+    from migratory.server.mqtt_store import SessionRecord, take_up
+
+    stored = SessionRecord({"a/+": 1}, generation=1, lineage=1).message("dev")
+    wall[0] = T0 + ahead
+    on_a = take_up(stored, "dev", persistent=True, standard=True).record
+    wall[0] = T0 + later
+    on_b = take_up(stored, "dev", persistent=True, standard=True).record
+    assert on_a is not None and on_b is not None
+    assert (on_b.generation > on_a.generation) is later_stands
