@@ -3,7 +3,9 @@
 Off by default (``AuditAccess``, ``AuditMessage``, ``AuditCache``); the events go to
 ``AuditLogFile`` through the standard library's ``RotatingFileHandler`` (rotated at
 ``AuditLogMaxBytes``, ``AuditLogBackups`` files kept; with ``Workers`` > 1 every worker
-appends to the one file and they rotate it as one: :mod:`migratory.server.audit_file`).
+appends to the one file and they rotate it as one: :mod:`migratory.server.audit_file`),
+written by a thread of its own, never by the event loop
+(:mod:`migratory.server.audit_writer`).
 One event is one JSON object on one line::
 
     {"time": "2026-11-23T19:04:05.123456Z", "server": "migratory", "category": "access",
@@ -23,6 +25,7 @@ from typing import Any
 
 from migratory.config import Config
 from migratory.server.audit_file import AuditFileHandler, SharedRotatingFileHandler
+from migratory.server.audit_writer import AuditWriter
 
 
 class Audit:
@@ -61,7 +64,7 @@ class Audit:
                           f"{exc.strerror or exc}") from None
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger = logging.getLogger(f"migratory.audit.{id(handler):x}")
-        logger.handlers[:] = [handler]
+        logger.handlers[:] = [AuditWriter(handler)]
         logger.setLevel(logging.INFO)
         logger.propagate = False  # audit lines never mix with the server's log
         return cls(
@@ -85,6 +88,18 @@ class Audit:
             record["client"] = client
         record.update(fields)
         self._logger.info(json.dumps(record, default=str, ensure_ascii=False))
+
+    @property
+    def file(self) -> AuditFileHandler:
+        """The file's handler (behind the writer thread's queue)."""
+        [writer] = self._logger.handlers
+        assert isinstance(writer, AuditWriter)
+        return writer.file
+
+    def flush(self) -> None:
+        """Wait until every event so far is written (tests: never on the event loop)."""
+        for handler in self._logger.handlers:
+            handler.flush()
 
     def close(self) -> None:
         for handler in list(self._logger.handlers):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging.handlers
 import multiprocessing
 import os
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from migratory.config import Config
 from migratory.server.audit import Audit
-from migratory.server.audit_file import ERROR_REPORT_SECONDS, AuditFileHandler
+from migratory.server.audit_file import ERROR_REPORT_SECONDS
 
 MAX_BYTES = 4096
 BACKUPS = 3
@@ -62,6 +61,7 @@ def test_workers_rotating_one_audit_file_keep_what_one_process_keeps(tmp_path: P
             client = {"name": f"c{number:03d}"}
             single.event("access", "connect", client, outcome="allowed")
             workers[number % 3].event("access", "connect", client, outcome="allowed")
+            workers[number % 3].flush()  # (each written by its writer thread: in this order)
     finally:
         for audit in [single, *workers]:
             audit.close()
@@ -126,13 +126,13 @@ def test_a_full_disk_is_said_once_a_minute_not_as_a_traceback_per_event(
     """Writes that fail (``/dev/full``: ENOSPC) are counted and said in one WARNING a
     minute. Before, each event printed logging's traceback on stderr (some 60 lines)."""
     [audit] = audits(Path("/dev/full"), 1, workers=workers)
-    [handler] = audit._logger.handlers
-    assert isinstance(handler, AuditFileHandler)
+    handler = audit.file
     now = [1000.0]
     handler._clock = lambda: now[0]
     try:
         for number in range(50):
             audit.event("access", "connect", {"name": f"c{number}"}, outcome="allowed")
+        audit.flush()  # (written by the audit writer's thread)
         now[0] += ERROR_REPORT_SECONDS
         audit.event("access", "connect", {"name": "a minute later"}, outcome="allowed")
     finally:
@@ -172,14 +172,15 @@ def test_events_after_a_rotation_whose_close_failed_are_written(
     the closed file and every event after it failed ("I/O operation on closed file")."""
     path = tmp_path / "audit.jsonl"
     [audit] = audits(path, 1, workers=workers)
-    [handler] = audit._logger.handlers
-    assert isinstance(handler, logging.handlers.RotatingFileHandler)
+    handler = audit.file
     try:
         audit.event("access", "connect", {"name": "first"}, outcome="allowed")
+        audit.flush()  # (written by the audit writer's thread)
         handler.stream = CloseFails(handler.stream)
         number = 0
         while not Path(f"{path}.1").exists():  # up to the rotation (bounded by the size)
             audit.event("access", "connect", {"name": f"c{number}"}, outcome="allowed")
+            audit.flush()
             number += 1
             assert number < MAX_BYTES
         for later in range(3):
