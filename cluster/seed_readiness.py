@@ -53,11 +53,12 @@ class SeedReadiness:
             return f"Raft {status.listen_error} (retrying)"
         if status.dump_unloadable is not None:  # (it applies nothing: never ready)
             return status.dump_unloadable
+        silent = time.monotonic() - status.at
+        if status.at and silent > RAFT_SILENCE:  # (also before it caught up: a thread
+            # that died early; at 0: the status made before the thread's first)
+            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
         if not status.ready:
             return "member has not caught up with Raft yet" + _refused(status)
-        silent = time.monotonic() - status.at
-        if silent > RAFT_SILENCE:
-            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
         behind = self._behind(status) or self._hub_behind(status)
         if behind is not None:
             return behind

@@ -38,6 +38,16 @@ def test_a_status_the_raft_thread_stopped_sending_is_not_ready(tmp_path: Path) -
     assert reason is not None and "Raft has not reported for" in reason
 
 
+def test_a_raft_thread_that_died_before_it_caught_up_is_said(tmp_path: Path) -> None:
+    """pysyncobj's tick thread raised early (seen: ``time.sleep`` under libfaketime, EINVAL)
+    and the member said "member has not caught up with Raft yet" for ever."""
+    stale = time.monotonic() - RAFT_SILENCE - 1
+    reason = seed_with_status(tmp_path, RaftStatus(ready=False, at=stale)).not_ready_reason()
+    assert reason is not None and "Raft has not reported for" in reason, reason
+    fresh = seed_with_status(tmp_path, RaftStatus()).not_ready_reason()  # none published yet
+    assert fresh == "member has not caught up with Raft yet"
+
+
 def test_a_seed_that_stopped_applying_what_the_leader_committed_is_not_ready(
     tmp_path: Path,
 ) -> None:
