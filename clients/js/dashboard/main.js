@@ -24,7 +24,7 @@ const watched = new Set();
 
 function onMeta(message) {
   state.messages += 1;
-  const member = view.onMessage(message.subject, message.text, now(), message.seq);
+  const member = view.onMessage(message.subject, message.text, now(), message.seq, message.type);
   if (member !== null) watch(member);
 }
 

@@ -38,6 +38,8 @@ export class ClusterView {
     if (entry === undefined) {
       entry = {
         member: name, cluster: null, stats: null, clusterAt: null, statsAt: null, statsCount: 0,
+        clusterLive: false, statsLive: false, // the shown one came live, not from the cache
+        heardAt: null, // when its last live message arrived here (receive time)
         heard: [], // when its last stats messages arrived here (receive time), newest last
         seqs: [], // the seq of each of those (its subject's): a hole is a push missed
       };
@@ -46,10 +48,17 @@ export class ClusterView {
     return entry;
   }
 
-  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text and
-   * seq), received at `now` (seconds since the epoch); returns the member it was about,
-   * or null when it is not one the dashboard reads. */
-  onMessage(subject, text, now, seq = null) {
+  /** One message of /migratory/cluster or /migratory/stats/<member> (its JSON text,
+   * seq and type), received at `now` (seconds since the epoch, this browser's clock);
+   * returns the member it was about, or null when it is not one the dashboard reads.
+   *
+   * Which message is newer and when a member was last heard go by the order and time of
+   * arrival, not by the member's `time` (its wall clock): compared with this browser's
+   * clock, a member 2 minutes behind it was shown silent for ever, and one whose clock
+   * stepped back an hour had every message dropped as older than the last for the hour.
+   * Only a cached (historical, snapshot) message is old news once a live one came; its
+   * `time` still orders the charts. */
+  onMessage(subject, text, now, seq = null, type = "update") {
     let body;
     try {
       body = JSON.parse(text);
@@ -57,18 +66,26 @@ export class ClusterView {
       return null;
     }
     if (body === null || typeof body !== "object" || typeof body.member !== "string") return null;
-    // when the member said it (its wall clock): a cached (historical) message is old news
-    const said = number(body.time) ?? now;
+    const said = number(body.time) ?? now; // when the member said it (its wall clock)
+    const live = type !== "historical" && type !== "snapshot";
     if (subject === CLUSTER_SUBJECT && body.kind === "cluster") {
       const entry = this.member(body.member);
-      if (entry.clusterAt !== null && said < entry.clusterAt) return body.member;
+      if (!live && (entry.clusterLive || (entry.clusterAt !== null && said < entry.clusterAt))) {
+        return body.member; // a cached message is old news
+      }
       entry.cluster = body.status ?? {};
       entry.clusterAt = said;
+      entry.clusterLive = live;
+      if (live) entry.heardAt = now;
     } else if (subject.startsWith("/migratory/stats/") && body.kind === "stats") {
       const entry = this.member(body.member);
-      if (entry.statsAt !== null && said < entry.statsAt) return body.member;
+      if (!live && (entry.statsLive || (entry.statsAt !== null && said < entry.statsAt))) {
+        return body.member;
+      }
       entry.stats = body;
       entry.statsAt = said;
+      entry.statsLive = live;
+      if (live) entry.heardAt = now;
       entry.statsCount += 1;
       entry.heard.push(now);
       entry.seqs.push(seq);
@@ -112,7 +129,7 @@ export class ClusterView {
       const cluster = entry.cluster ?? {};
       const counters = entry.stats?.counters ?? {};
       const sample = entry.stats?.windows?.last_sample ?? {};
-      const heard = Math.max(entry.clusterAt ?? -Infinity, entry.statsAt ?? -Infinity);
+      const heard = entry.heardAt ?? -Infinity; // (only cached messages yet: silent)
       return {
         member: entry.member,
         index: number(cluster.index),

@@ -32,7 +32,7 @@ test("rows: one per member in index order, with role, Raft state and figures", (
     assert.equal(view.onMessage(CLUSTER_SUBJECT, cluster(member, i), 2000), member);
     assert.equal(view.onMessage(statsSubject(member), stats(member, 1000, i), 2000), member);
   }
-  const rows = view.rows(1002);
+  const rows = view.rows(2002); // (ages from arrival, on this browser's clock)
   assert.equal(rows.length, 10);
   assert.deepEqual(rows.map((r) => r.index), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
   assert.deepEqual(
@@ -44,10 +44,11 @@ test("rows: one per member in index order, with role, Raft state and figures", (
   );
   assert.equal(rows[1].age, 2);
   assert.equal(view.leader(), "127.0.0.1:21010");
-  assert.equal(view.rows(1006)[0].silent, true, "no message for longer than staleAfter");
+  assert.equal(view.rows(2006)[0].silent, true, "no message for longer than staleAfter");
   // an older (cached) message arriving later does not replace a newer one
-  view.onMessage(statsSubject("127.0.0.1:21000"), stats("127.0.0.1:21000", 990, 77), 2000);
-  assert.equal(view.rows(1002)[0].messagesIn, 0);
+  view.onMessage(statsSubject("127.0.0.1:21000"), stats("127.0.0.1:21000", 990, 77), 2000, null,
+    "historical");
+  assert.equal(view.rows(2002)[0].messagesIn, 0);
 });
 
 test("charts: aligned on whole seconds, null where a member had no sample", () => {
@@ -84,4 +85,29 @@ test("each stats message's seq is kept beside its receive time: a hole is a push
   const entry = view.members.get("a");
   assert.deepEqual(entry.seqs, [4, 5, 7]);
   assert.deepEqual(entry.heard, [4, 5, 7]);
+});
+
+test("a member's clock off this browser's, or stepping back, changes nothing shown", () => {
+  // before: age and silence compared the member's `time` with this browser's clock (a
+  // member 2 minutes behind was silent for ever), and a message said earlier than the
+  // last was dropped (a member whose clock stepped back an hour froze for the hour)
+  const view = new ClusterView({ staleAfter: 6 });
+  const behind = 5000 - 120; // the member's clock, 2 minutes behind this browser's
+  for (let t = 0; t < 3; t += 1) {
+    view.onMessage(statsSubject("a"), stats("a", behind + t, t), 5000 + t);
+  }
+  let [row] = view.rows(5003);
+  assert.equal(row.silent, false);
+  assert.equal(row.age, 1);
+  view.onMessage(statsSubject("a"), stats("a", behind + 3 - 3600, 42), 5004); // stepped back
+  view.onMessage(CLUSTER_SUBJECT, cluster("a", 0), 5004);
+  [row] = view.rows(5005);
+  assert.equal(row.messagesIn, 42, "the live message after the step is shown");
+  assert.equal(row.silent, false);
+  // what the cache holds (subscribe with history) is old news, and not a sign of life
+  const fresh = new ClusterView({ staleAfter: 6 });
+  fresh.onMessage(statsSubject("b"), stats("b", 9000, 7), 9001, null, "historical");
+  [row] = fresh.rows(9001);
+  assert.equal(row.messagesIn, 7);
+  assert.equal(row.silent, true, "only cached messages of it so far");
 });
