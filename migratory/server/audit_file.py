@@ -41,6 +41,26 @@ ERROR_REPORT_SECONDS = 60.0
 """Failed writes are said at most this often (with the count lost meanwhile)."""
 
 
+class LostEvents:
+    """Events lost, counted; :meth:`lose` says when to tell (at most once a minute)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.total = 0
+        self._unsaid = 0
+        self._said_at: float | None = None
+
+    def lose(self) -> int | None:
+        """One more lost; the count since the last telling when it is time to tell."""
+        self.total += 1
+        self._unsaid += 1
+        now = self._clock()
+        if self._said_at is not None and now - self._said_at < ERROR_REPORT_SECONDS:
+            return None
+        self._said_at, unsaid, self._unsaid = now, self._unsaid, 0
+        return unsaid
+
+
 class AuditFileHandler(logging.handlers.RotatingFileHandler):
     """The audit file, rotated; a write that fails is counted (:attr:`lost`) and said
     once a minute, not as a traceback per event."""
@@ -60,10 +80,8 @@ class AuditFileHandler(logging.handlers.RotatingFileHandler):
             encoding="utf-8",
             errors="backslashreplace",  # a refused subject's lone surrogate: \ud800
         )
+        self.losses = LostEvents(lambda: self._clock())  # (read at each loss)
         self._clock = clock
-        self.lost = 0
-        self._unsaid = 0
-        self._said_at: float | None = None
 
     def _close_stream(self) -> None:
         """Close the file; the next event opens it anew. What it still held is lost
@@ -89,17 +107,18 @@ class AuditFileHandler(logging.handlers.RotatingFileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
-        self.lost += 1
-        self._unsaid += 1
-        now = self._clock()
-        if self._said_at is not None and now - self._said_at < ERROR_REPORT_SECONDS:
+        unsaid = self.losses.lose()
+        if unsaid is None:
             return
-        self._said_at = now
         reason = getattr(error, "strerror", None) or error
         log.warning("audit log %s: cannot write (%s); events lost: %d since the last "
                     "warning, %d in all (said at most once a minute)", self.baseFilename,
-                    reason, self._unsaid, self.lost)
-        self._unsaid = 0
+                    reason, unsaid, self.lost)
+
+    @property
+    def lost(self) -> int:
+        """Events whose write failed."""
+        return self.losses.total
 
 
 class SharedRotatingFileHandler(AuditFileHandler):

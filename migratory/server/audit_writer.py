@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from migratory.server.audit_file import ERROR_REPORT_SECONDS, AuditFileHandler
+from migratory.server.audit_file import AuditFileHandler, LostEvents
 
 log = logging.getLogger("migratory.audit")
 
@@ -44,10 +44,7 @@ class AuditWriter(logging.Handler):
         super().__init__()
         self.file = file
         self.events: queue.Queue[logging.LogRecord | None] = queue.Queue(size)
-        self.dropped = 0
-        self._unsaid = 0
-        self._said_at: float | None = None
-        self._clock = clock
+        self.drops = LostEvents(clock)
         self._thread: threading.Thread | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -61,17 +58,17 @@ class AuditWriter(logging.Handler):
             self._drop()
 
     def _drop(self) -> None:
-        self.dropped += 1
-        self._unsaid += 1
-        now = self._clock()
-        if self._said_at is not None and now - self._said_at < ERROR_REPORT_SECONDS:
-            return
-        self._said_at = now
-        log.warning("audit log %s: %d event(s) dropped since the last warning, %d in all: "
-                    "the writes to the file did not keep up (%d waiting; a slow disk?) "
-                    "(said at most once a minute)", self.file.baseFilename, self._unsaid,
-                    self.dropped, self.events.maxsize)
-        self._unsaid = 0
+        unsaid = self.drops.lose()
+        if unsaid is not None:
+            log.warning("audit log %s: %d event(s) dropped since the last warning, %d in "
+                        "all: the writes to the file did not keep up (%d waiting; a slow "
+                        "disk?) (said at most once a minute)", self.file.baseFilename,
+                        unsaid, self.drops.total, self.events.maxsize)
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped, the queue full."""
+        return self.drops.total
 
     def _write(self) -> None:
         while True:
