@@ -59,7 +59,10 @@ def _frame(draw: st.DrawFn) -> bytes:
 frames = st.lists(st.composite(_frame)(), min_size=1, max_size=30)
 
 
-@settings(max_examples=300)
+# 100 runs (up to 30 frames each): the bug this was written for (a pooled decoder not
+# reset after a failed decode, planted) fails it by the 2nd example for 19 of 20 seeds, the
+# 13th for the last. 300 took 2.5-3.9 s of CPU here, 100 take 1.2 s
+@settings(max_examples=100)
 @given(frames)
 def test_a_run_of_frames_decodes_as_each_frame_alone(run: list[bytes]) -> None:
     """Cut, garbage and trailing bytes in between never change how the next frame reads
