@@ -20,7 +20,8 @@ from __future__ import annotations
 from functools import partial
 
 import trio
-from k8s_local import LocalStatefulSet, raft_leader
+from k8s_local import LocalStatefulSet
+from member_status import raft_leader
 from scaling_faults import SEEDS, Observed, Scenario
 
 
@@ -49,7 +50,7 @@ async def whole_crash_loop(sts: LocalStatefulSet, observed: Observed) -> None:
                 deletions.start_soon(partial(  # the second time, the leader's node
                     sts.delete, ordinal, delete_volume=round_ == 1 and ordinal == leader))
         for ordinal in ordinals:
-            sts.create(ordinal)
+            await sts.create(ordinal)
         if round_ == 0:
             await first_started(sts)
             ready_when_deleted_again.extend(p.ready for p in sts.pods.values())
@@ -69,7 +70,7 @@ async def leader_away_seed_starting_scale_in(sts: LocalStatefulSet, observed: Ob
 
     async def restart() -> None:
         await sts.delete(starting)
-        sts.create(starting)
+        await sts.create(starting)
 
     async def leader_away() -> None:
         await sts.delete(leader)
@@ -82,7 +83,7 @@ async def leader_away_seed_starting_scale_in(sts: LocalStatefulSet, observed: Ob
         faults.start_soon(leader_away)
         faults.start_soon(partial(  # scaled in (kubectl scale --replicas=3, the HPA)
             sts.delete, 3, delete_volume=sts.claims_deleted_when_scaled))
-    sts.create(leader)
+    await sts.create(leader)
     await sts.wait_ready(SEEDS, 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
     observed["pods"] = sorted(sts.pods)

@@ -12,7 +12,6 @@ out of the Service, the ``preStop`` hook, SIGTERM, SIGKILL after the grace perio
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -133,10 +132,6 @@ class LocalStatefulSet:
     def make_network() -> None:
         make_network()
 
-    def _attach(self, pod: Pod) -> None:
-        self._generation += 1
-        attach(pod.process.pid, f"v{pod.ordinal}g{self._generation}", pod.ip)
-
     def hosts(self, pod: Pod | None = None) -> str:
         """Cluster DNS as /etc/hosts: every existing pod under the headless names, as
         ``pod`` sees them: with ``dns_cache``, a name as it stood that long ago when it
@@ -173,20 +168,35 @@ class LocalStatefulSet:
 
     # --- pods -----------------------------------------------------------------------
 
-    def create(self, ordinal: int, *, ip: str | None = None) -> Pod:
+    async def create(self, ordinal: int, *, ip: str | None = None) -> Pod:
         """Pod ``ordinal`` at a new IP, or at ``ip`` (one a deleted pod had: a CNI may
-        hand an address out again while cluster DNS caches still name the old pod)."""
+        hand an address out again while cluster DNS caches still name the old pod). Its
+        process and network are made in a thread: done on this loop, a pod's ~10
+        ``ip``/``nsenter`` commands held the Service's relays, the kubelet and the plays'
+        SDK clients, which live on it, 0.1-0.5 s per pod at load ~25 (1.1 s for four)."""
         assert ordinal not in self.pods
         assert ip is None or all(p.ip != ip for p in self.pods.values()), ip
         view = pod_view(self.docs, ordinal, self.secrets)
         if ip is None:
             ip = f"{SUBNET}.{self._next_ip}"
             self._next_ip += 1
-        process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
-                             hosts="", held=True)
+        self._generation += 1
+        veth = f"v{ordinal}g{self._generation}"
+
+        def start() -> PodProcess:
+            process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
+                                 hosts="", held=True)
+            try:
+                attach(process.pid, veth, ip)
+            except BaseException:
+                process.stop(timeout=1)
+                raise
+            return process
+
+        process = await trio.to_thread.run_sync(start)
+        assert ordinal not in self.pods
         pod = Pod(ordinal, view.name, ip, process)
         self.pods[ordinal] = pod
-        self._attach(pod)
         self._record(pod.name, ip)
         self._publish_dns()
         process.release()
@@ -252,9 +262,10 @@ class LocalStatefulSet:
                 if ordinal >= replicas:
                     deletions.start_soon(partial(
                         self.delete, ordinal, delete_volume=self.claims_deleted_when_scaled))
-        for ordinal in range(replicas):
-            if ordinal not in self.pods:
-                self.create(ordinal)
+        async with trio.open_nursery() as creations:
+            for ordinal in range(replicas):
+                if ordinal not in self.pods:
+                    creations.start_soon(self.create, ordinal)
 
     def stop_all(self) -> None:
         for pod in list(self.pods.values()):
@@ -331,7 +342,8 @@ class LocalStatefulSet:
         if pod.ready != was_ready:
             self.events.note(f"{pod.name} {'ready' if pod.ready else 'not ready'}")
             if not pod.ready:  # what it is connected to: shown when the rehearsal fails
-                self.events.note(f"{pod.name} Raft connections: {raft_sockets(pod)}")
+                sockets = await trio.to_thread.run_sync(raft_sockets, pod)
+                self.events.note(f"{pod.name} Raft connections: {sockets}")
         if await self._get(pod, "livenessProbe") != 200:
             pod.liveness_failures += 1
             if pod.liveness_failures >= self.container["livenessProbe"].get(
@@ -441,64 +453,6 @@ async def http_body(ip: str, port: int, path: str) -> str:
         except (OSError, trio.BrokenResourceError):
             return "(no answer)"
     return "(timeout)"
-
-
-async def raft_leader(sts: LocalStatefulSet) -> int:
-    """The ordinal of the seed the others follow (seed 0's view), or 0 if unknown."""
-    status = json.loads(await http_body(sts.pods[0].ip, MONITOR_PORT, "/cluster"))
-    leader = str(status.get("raft_leader") or "migratory-0.")
-    return int(leader.split(".", 1)[0].rsplit("-", 1)[1])
-
-
-async def current_leader(sts: LocalStatefulSet) -> int | None:
-    """The ordinal of the Raft leader as the first ready seed that knows one says, None
-    when none does (an election, every seed away)."""
-    for _, pod in sorted(sts.pods.items()):
-        if not pod.ready:
-            continue
-        try:
-            leader = json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
-                "raft_leader")
-        except ValueError:  # (no answer in time)
-            continue
-        if leader:
-            return int(str(leader).split(".", 1)[0].rsplit("-", 1)[1])
-    return None
-
-
-async def follow_leader(sts: LocalStatefulSet, leader: list[int | None]) -> None:
-    """Keep ``leader[0]`` at the Raft leader's ordinal (:func:`current_leader`, asked every
-    0.25 s; the last one known meanwhile), for a Service port that prefers it: asked at
-    each connection instead, a loaded pod slow to answer held the client's connect."""
-    while True:
-        known = await current_leader(sts)
-        if known is not None:
-            leader[0] = known
-        await trio.sleep(0.25)
-
-
-async def watch_lag(sts: LocalStatefulSet, lags: dict[str, int]) -> None:
-    """Every 0.5 s, each ready pod's applied clsn (its hub's copy of the committed stream):
-    into ``lags``, the most batches each pod was ever behind the pod furthest ahead. A
-    member's subscribers see the cluster that far back, and resume from there when it
-    goes (past ``MaxCachedMessagesPerSubject`` messages of a subject: DATA_RESYNC)."""
-    while True:
-        applied: dict[str, int] = {}
-        for pod in list(sts.pods.values()):
-            if not pod.ready:
-                continue
-            try:
-                clsn = json.loads(await http_body(pod.ip, MONITOR_PORT, "/cluster")).get(
-                    "applied_clsn")
-            except ValueError:  # (no answer in time)
-                continue
-            if isinstance(clsn, int):
-                applied[pod.name] = clsn
-        if applied:
-            ahead = max(applied.values())
-            for name, clsn in applied.items():
-                lags[name] = max(lags.get(name, 0), ahead - clsn)
-        await trio.sleep(0.5)
 
 
 def raft_sockets(pod: Pod) -> str:

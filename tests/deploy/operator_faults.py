@@ -35,15 +35,9 @@ from __future__ import annotations
 import copy
 
 import trio
-from k8s_local import (
-    CLUSTER_DNS_CACHE,
-    LocalStatefulSet,
-    Pod,
-    current_leader,
-    http_body,
-    raft_leader,
-)
+from k8s_local import CLUSTER_DNS_CACHE, LocalStatefulSet, Pod, http_body
 from k8s_manifests import MONITOR_PORT, Document, find
+from member_status import current_leader, raft_leader
 from scaling_faults import SEEDS, Observed, Scenario
 
 DRAIN_RETRY = 5.0
@@ -97,14 +91,14 @@ async def roll_with_scale_in(sts: LocalStatefulSet, observed: Observed) -> None:
     await trio.sleep(2)
     await sts.delete(4)
     sts.docs = rolled
-    sts.create(4)
+    await sts.create(4)
     await wait_started(sts, 4)
     observed["rolled_pod_ready_when_scaled_in"] = sts.pods[4].ready
     began = trio.current_time()
     await sts.scale(3)  # the HPA: 4 (new, starting) and 3 (old) at once
     observed["scaled_in_seconds"] = round(trio.current_time() - began, 1)
     await sts.delete(2)  # the roll goes on below the new count
-    sts.create(2)
+    await sts.create(2)
     await sts.wait_ready(SEEDS, 60)
     await trio.sleep(min_ready * sts.time_scale)
     observed["pods"] = sorted(sts.pods)
@@ -153,7 +147,7 @@ async def killed_mid_drain(sts: LocalStatefulSet, observed: Observed) -> None:
         await trio.sleep(grace + 2)
         deletions.cancel_scope.cancel()  # (the silent clients)
     for ordinal in (leader, 3):
-        sts.create(ordinal)
+        await sts.create(ordinal)
     await sts.wait_ready(sorted(sts.pods), 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
     await trio.sleep(2)
@@ -180,7 +174,7 @@ async def drained(sts: LocalStatefulSet, ordinal: int, refusals: dict[int, int])
         await trio.sleep(DRAIN_RETRY * sts.time_scale)
     sts.events.note(f"evicted {sts.pods[ordinal].name}")
     await sts.delete(ordinal)
-    sts.create(ordinal)
+    await sts.create(ordinal)
 
 
 async def node_drain_two_seeds(sts: LocalStatefulSet, observed: Observed) -> None:
@@ -210,7 +204,7 @@ async def crash_looping(sts: LocalStatefulSet, ordinal: int, starts: int) -> lis
     ``kubectl logs --previous``)."""
     logs = []
     for _ in range(starts):
-        pod = sts.create(ordinal)
+        pod = await sts.create(ordinal)
         pod.may_exit = True
         before = len(pod.process.log())  # (the member is still importing)
         with trio.fail_after(30):
@@ -238,7 +232,7 @@ async def bad_config_roll(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["others_ready"] = all(p.ready for p in sts.pods.values())
     observed["acknowledged_while_crashing"] = len(observed_load(observed)) - acked
     sts.docs = before  # the forced rollback: reverted, the pod deleted (it is: crashed)
-    sts.create(2)
+    await sts.create(2)
     await sts.wait_ready(SEEDS, 60)
     await trio.sleep(2)
 
@@ -256,13 +250,20 @@ async def password_rotated(sts: LocalStatefulSet, observed: Observed) -> None:
     password = ("migratory-cluster", "password")
     sts.secrets = {**old, password: "rotated-" + old[password]}  # (the TLS Secret kept)
     await sts.delete(3)  # restarted (a node drain, an eviction): reads the new Secret
-    pod = sts.create(3)
+    pod = await sts.create(3)
+    await wait_started(sts, 3)
     samples = []
     for _ in range(16):
         samples.append(pod.ready)
         await trio.sleep(0.5)
+    reason = await http_body(pod.ip, MONITOR_PORT, "/readyz")
+    with trio.move_on_after(30):  # on a busy box the seeds' refusals come later
+        while "ClusterPassword" not in reason:
+            samples.append(pod.ready)
+            await trio.sleep(0.5)
+            reason = await http_body(pod.ip, MONITOR_PORT, "/readyz")
     observed["restarted_pod_ready"] = samples
-    observed["restarted_pod_readyz"] = await http_body(pod.ip, MONITOR_PORT, "/readyz")
+    observed["restarted_pod_readyz"] = reason
     observed["others_ready"] = all(p.ready for o, p in sts.pods.items() if o != 3)
     began = trio.current_time()
     await sts.scale(0)  # the rotation: every pod stopped, all back on the new password

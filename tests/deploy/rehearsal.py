@@ -159,7 +159,7 @@ async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> No
 
     async def scale_up() -> None:
         for ordinal in range(len(sts.pods), high):
-            sts.create(ordinal)
+            await sts.create(ordinal)
         await sts.wait_ready(range(high), 90)
 
     async def scale_down() -> None:
@@ -173,12 +173,12 @@ async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> No
                 others = sum(1 for s in seeds if s != ordinal and sts.pods[s].ready)
                 assert others >= pdb["minAvailable"], f"PDB would be broken by {ordinal}"
             await sts.delete(ordinal)
-            sts.create(ordinal)
+            await sts.create(ordinal)
             await sts.wait_ready([ordinal], 90)
 
     async def seed_recreated() -> None:
         await sts.delete(seeds[1])
-        sts.create(seeds[1])
+        await sts.create(seeds[1])
         await sts.wait_ready(range(low), 90)
 
     await phase(f"HPA scale {start} -> {high}", scale_up())
@@ -237,7 +237,7 @@ async def rehearse(out: Path, time_scale: float) -> dict[str, object]:
             began = trio.current_time()
             replicas = running_replicas(docs)
             for ordinal in range(replicas):  # Parallel: all at once
-                sts.create(ordinal)
+                await sts.create(ordinal)
             await sts.wait_ready(range(replicas), 90)
             phases.append({"phase": f"first start, {replicas} pods at once",
                            "seconds": round(trio.current_time() - began, 1)})

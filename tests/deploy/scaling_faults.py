@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import trio
-from k8s_local import LocalStatefulSet, current_leader, raft_leader
+from k8s_local import LocalStatefulSet
+from member_status import current_leader, raft_leader
 
 Observed = dict[str, object]
 Scenario = Callable[[LocalStatefulSet, Observed], Awaitable[None]]
@@ -49,7 +50,7 @@ async def scale_out_in_leader_restart(sts: LocalStatefulSet, observed: Observed)
             leader = await raft_leader(sts)
         restarted.append(leader)
         await sts.delete(leader)
-        sts.create(leader)
+        await sts.create(leader)
 
     for replicas, timeout in ((7, 90), (3, 60)):
         began = trio.current_time()

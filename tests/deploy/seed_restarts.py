@@ -70,14 +70,14 @@ async def restart_seeds(out: Path, time_scale: float, patience: float) -> dict[s
         async with trio.open_nursery() as cluster:
             cluster.start_soon(sts.kubelet)
             for ordinal in seeds:  # Parallel: all at once
-                sts.create(ordinal)
+                await sts.create(ordinal)
             await sts.wait_ready(seeds, 60)
             first = await wait_linked(sts, seeds, patience)
             restarts.append({"pod": "first start", "linked_seconds": first})
             for ordinal in sorted(seeds, reverse=True):
                 old_ip = sts.pods[ordinal].ip
                 await sts.delete(ordinal)
-                pod = sts.create(ordinal)
+                pod = await sts.create(ordinal)
                 linked = await wait_linked(sts, seeds, patience)
                 try:
                     began = trio.current_time()
