@@ -328,3 +328,55 @@ def test_a_journal_write_the_file_system_refuses_is_an_error_not_sigbus(
     monkeypatch.undo()
     journal._destroy()
     assert path.read_bytes() == before, "the refused write was not made"
+
+
+HOLD_BYTES = 256 << 20  # a posix_fallocate this long on tmpfs holds the inode lock 0.1-0.7 s
+
+
+def test_a_journal_grows_without_keeping_the_other_threads_waiting() -> None:
+    """The journal's growth waits in the kernel with the GIL let go (raft_disk.remapped).
+
+    A thread holds the journal's inode lock (a long ``posix_fallocate`` on tmpfs, which
+    lets the GIL go); the Raft thread's write grows the journal meanwhile, its
+    ``ftruncate`` waiting for that lock, as on a disk whose journal stalls. The main
+    thread (the event loop's) goes on: its longest gap is a fraction of the wait.
+    Through ``mmap.resize`` (pysyncobj's, and ours before) CPython keeps the GIL in
+    ``ftruncate``: the main thread waited as long as the lock was held."""
+    raft_disk.install()
+    shm = Path("/dev/shm")
+    assert shm.is_dir()  # (Linux: tmpfs zeroes what it allocates, holding the lock)
+    path = shm / f"raft-growth-{os.getpid()}.journal"
+    journal = FileJournal(str(path))
+    try:
+        resizable = journal._FileJournal__journalFile
+        fd = resizable._ResizableFile__f.fileno()
+        size = len(resizable._ResizableFile__mm)
+        at: dict[str, float] = {}
+
+        def hold() -> None:
+            os.posix_fallocate(fd, size, HOLD_BYTES)
+            at["held until"] = time.monotonic()
+
+        def grow() -> None:
+            time.sleep(0.02)  # (the lock held by then)
+            at["grown from"] = time.monotonic()
+            resizable.write(size, b"x" * 16)
+            at["grown at"] = time.monotonic()
+
+        threads = [threading.Thread(target=hold), threading.Thread(target=grow)]
+        for thread in threads:
+            thread.start()
+        gap, last = 0.0, time.monotonic()
+        while any(thread.is_alive() for thread in threads):
+            now = time.monotonic()
+            gap, last = max(gap, now - last), now
+            time.sleep(0.001)
+        for thread in threads:
+            thread.join()
+        assert resizable.read(size, 16) == b"x" * 16
+        waited = at["held until"] - at["grown from"]  # the growth's ftruncate, for the lock
+        assert at["grown at"] >= at["held until"] and waited > 0.05, at
+        assert gap < waited / 2, (gap, waited)
+    finally:
+        journal._destroy()
+        path.unlink()
