@@ -6,6 +6,7 @@
 // reconnect, and ends with an error when a server closes with a terminal code.
 
 import { Backoff, reconnectPolicy } from "./backoff.js";
+import { monotonicMs } from "./clock.js";
 import { Qos } from "./codec.js";
 import {
   ClientClosedError, ConnectionClosedError, NotConnectedError, PublishOutcomeUnknown,
@@ -203,7 +204,7 @@ export class Client {
     this.closures += 1;
     const closure = `${this.closurePrefix}-${this.closures}`;
     const op = publishOp(subject, content, fields, retained, qos, closure);
-    const deadline = Date.now() + timeout * 1000;
+    const deadline = monotonicMs() + timeout * 1000;
     let pending;
     const answer = new Promise((resolve, reject) => {
       pending = { subject, closure, resolve, reject };
@@ -212,7 +213,7 @@ export class Client {
     this.router.pending.set(closure, pending); // no frame is read before this: same turn
     let timedOut = false;
     try {
-      return await withTimeout(answer, Math.max(0, deadline - Date.now()), () => {
+      return await withTimeout(answer, Math.max(0, deadline - monotonicMs()), () => {
         timedOut = true;
         return new PublishOutcomeUnknown(subject, closure, `no status in ${timeout} s`);
       });
@@ -241,7 +242,7 @@ export class Client {
         reject(new NotConnectedError(subject, timeout, session?.isOpen
           ? `the connection to ${session.server} took nothing more within ${timeout} s`
           : undefined));
-      }, Math.max(0, deadline - Date.now()));
+      }, Math.max(0, deadline - monotonicMs()));
       this.outgoing.push(entry);
       this.sendOutgoing();
     });
@@ -276,7 +277,7 @@ export class Client {
   async publishNoWait(subject, content, { fields = {}, retained = false, qos = Qos.STANDARD,
     timeout = 10 } = {}) {
     const op = publishOp(subject, content, fields, retained, qos, null);
-    await this.sendPublish(op, subject, timeout, Date.now() + timeout * 1000);
+    await this.sendPublish(op, subject, timeout, monotonicMs() + timeout * 1000);
   }
 
   // --- sessions -----------------------------------------------------------------

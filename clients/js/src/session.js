@@ -7,6 +7,7 @@
 // the server granted the heartbeat asked for in `connect`, nothing from it for twice the
 // interval granted ends the session too, with no round trip (watchSilence).
 
+import { monotonicMs } from "./clock.js";
 import { CloseCode, describeCloseCode, shouldReconnect } from "./close_codes.js";
 import { SUBPROTOCOL, decodeServerOp, encodeClientOp } from "./codec.js";
 import { ProtocolError } from "./errors.js";
@@ -192,7 +193,7 @@ export class Session {
       const asked = this.connectOp.heartbeatMs;
       if (asked !== undefined && asked !== null && op.heartbeatMs !== null) {
         this.heartbeat = Math.max(asked, op.heartbeatMs) / 1000; // never less than asked
-        this.watchSilence(this.framesRead, Date.now());
+        this.watchSilence(this.framesRead, monotonicMs());
       }
       this.cancel("connect");
       this.later(this.healthyAfter, () => { this.healthy = true; }, "healthy");
@@ -252,9 +253,9 @@ export class Session {
   // a silence is counted only while this side ran to see it.
   watchSilence(framesBefore, heardAt) {
     const limit = 2 * this.heartbeat;
-    const due = Date.now() + (limit / 4) * 1000;
+    const due = monotonicMs() + (limit / 4) * 1000;
     this.later(limit / 4, () => {
-      const now = Date.now();
+      const now = monotonicMs();
       // woken late: this page stood still (a busy thread, a throttled tab), not the server
       if (this.framesRead !== framesBefore || now - due > (limit / 4) * 1000) {
         this.watchSilence(this.framesRead, now);

@@ -130,3 +130,26 @@ test("a heartbeat does not answer a ping", GUARD, async () => {
     server.close();
   }
 });
+
+test("a client whose wall clock steps back still leaves a silent server", GUARD, async () => {
+  // the silence was measured with Date.now: an hour back, it never reached the limit
+  // for the hour (no "nothing from the server", no failover); now a monotonic clock
+  const server = await FakeServer.start();
+  const { client, notes } = open([server.url], SLOW_PINGS);
+  const wall = Date.now;
+  try {
+    const { conn } = await granted(server, 200);
+    conn.stopReading();
+    await until(() => notes.some((n) => n.status === "SERVER_UP")); // the silence watched
+    await pause(60); // (a look or two of it: every 0.1 s)
+    Date.now = () => wall() - 3_600_000;
+    const left = await Promise.race([until(() => down(notes)).then(() => true),
+      pause(3000).then(() => false)]);
+    assert.ok(left, "a silent server not left within 3 s of a 0.4 s limit");
+    assert.match(down(notes).reason, /nothing from the server for 0.4 s/);
+  } finally {
+    Date.now = wall;
+    await client.close();
+    server.close();
+  }
+});
