@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import trio
 
-from cluster import link, raft_data_dir
+from cluster import link, raft_data_dir, raft_slow_disk
 from cluster.agreement import MemberSettings
 from cluster.cache_sync import CacheSync, SyncInstall
 from cluster.commit_window import MAX_COMMAND_BYTES, CommitWindow
@@ -257,7 +257,7 @@ class SeedCoordination:
         return None if self.raft is None else self.raft.snapshot
 
     def not_ready_reason(self) -> str | None:
-        return self._readiness.reason(self.raft_status)
+        return self._readiness.reason(self.raft_status, raft_slow_disk.SYNCS.statistics())
 
     # --- submitting -------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from cluster.raft_slow_disk import DiskSyncs
 from cluster.raft_status import RaftStatus
 
 __all__ = ["BEHIND_SECONDS", "LEADERLESS_GRACE", "RAFT_SILENCE", "SeedReadiness"]
@@ -34,6 +35,14 @@ def _refused(status: RaftStatus) -> str:
             "(most likely their clocks and this one's are more than 120 s apart: the log)")
 
 
+def _why_silent(disk: DiskSyncs | None) -> str:
+    """Why the Raft thread published nothing: a sync of a Raft file under way
+    (cluster/raft_slow_disk.py), or a thread that stopped or hangs."""
+    if disk is not None and disk.waiting_on is not None:
+        return f"it waits for the disk: a sync of {disk.waiting_on} for {disk.waiting:.1f} s"
+    return "its thread stopped or hangs"
+
+
 class SeedReadiness:
     def __init__(self, handed: deque[float]) -> None:
         """``handed``: when each committed batch the Raft thread handed over and the
@@ -42,9 +51,9 @@ class SeedReadiness:
         self._leaderless_since: float | None = None
         self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
 
-    def reason(self, status: RaftStatus | None) -> str | None:
+    def reason(self, status: RaftStatus | None, disk: DiskSyncs | None = None) -> str | None:
         """Why the seed whose Raft thread last published ``status`` is not ready, or
-        None."""
+        None; ``disk``: its syncs now (a Raft thread waiting in one publishes nothing)."""
         if status is None:
             return "Raft is starting (loading its log)"
         if status.stopped is not None:
@@ -56,7 +65,7 @@ class SeedReadiness:
         silent = time.monotonic() - status.at
         if status.at and silent > RAFT_SILENCE:  # (also before it caught up: a thread
             # that died early; at 0: the status made before the thread's first)
-            return f"Raft has not reported for {silent:.1f} s (its thread stopped or hangs)"
+            return f"Raft has not reported for {silent:.1f} s ({_why_silent(disk)})"
         if not status.ready:
             return "member has not caught up with Raft yet" + _refused(status)
         behind = self._behind(status) or self._hub_behind(status)

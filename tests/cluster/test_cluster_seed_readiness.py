@@ -7,8 +7,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from cluster import raft_slow_disk
 from cluster.node import GuaranteedNode
 from cluster.raft import RaftStatus
+from cluster.raft_slow_disk import SyncTimes
 from cluster.seed import SeedCoordination
 from cluster.seed_readiness import BEHIND_SECONDS, RAFT_SILENCE
 from cluster.tooling import free_base_port, member_settings
@@ -36,6 +40,31 @@ def test_a_status_the_raft_thread_stopped_sending_is_not_ready(tmp_path: Path) -
     status = RaftStatus(state="leader", leader="127.0.0.1:2", ready=True, at=stale)
     reason = seed_with_status(tmp_path, status).not_ready_reason()
     assert reason is not None and "Raft has not reported for" in reason
+
+
+def test_a_raft_thread_waiting_for_the_disk_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its status is old because its Raft thread waits in a sync (a slow disk,
+    cluster/raft_slow_disk.py): the reason says so, with the file and how long, where it
+    said "its thread stopped or hangs"."""
+    now = [100.0]
+    syncs = SyncTimes(lambda: now[0])
+    monkeypatch.setattr(raft_slow_disk, "SYNCS", syncs)
+    stale = time.monotonic() - RAFT_SILENCE - 1
+    seed = seed_with_status(tmp_path, RaftStatus(state="leader", leader="127.0.0.1:2",
+                                                 ready=True, at=stale))
+    reasons: list[str | None] = []
+
+    def sync() -> None:
+        now[0] += 2.5
+        reasons.append(seed.not_ready_reason())
+
+    syncs.timed("/data/raft.journal", sync)
+    assert reasons[0] is not None and reasons[0].endswith(
+        "(it waits for the disk: a sync of /data/raft.journal for 2.5 s)"), reasons
+    after = seed.not_ready_reason()
+    assert after is not None and after.endswith("(its thread stopped or hangs)"), after
 
 
 def test_a_raft_thread_that_died_before_it_caught_up_is_said(tmp_path: Path) -> None:
