@@ -78,7 +78,6 @@ PROJECT_MODULES = {
 }
 
 CIRCLES_LEFT = {
-    frozenset({"migratory.protocol.http", "migratory.protocol.http_server"}),
     frozenset({
         "migratory.entitlement", "migratory.entitlement_custom", "migratory.entitlement_token",
     }),
@@ -108,6 +107,8 @@ CIRCLES_LEFT = {
 }
 
 BROKEN: tuple[frozenset[str], ...] = (
+    # RequestParser, built on HttpServer, lives in http_server (http: the pieces below it)
+    frozenset({"migratory.protocol.http", "migratory.protocol.http_server"}),
 )
 
 

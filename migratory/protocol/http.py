@@ -1,12 +1,9 @@
 """HTTP/1.1 pieces, sans-I/O: the request, the WebSocket handshake, error responses.
 
-Requests are parsed by h11 (:mod:`migratory.protocol.http_server`); this module
-holds what h11 does not: the :class:`Request` with its decoded path and query,
-the WebSocket opening handshake (both sides), and complete ``Connection: close``
-responses for errors. :class:`RequestParser` reads one request head for peers
-that need only a handshake; the bytes after the head (a client may pipeline its
-first WebSocket frame right behind the handshake) are kept in
-:attr:`RequestParser.trailing`.
+Requests are parsed by h11 (:mod:`migratory.protocol.http_server`, which builds
+on this module); this module holds what h11 does not: the :class:`Request` with
+its decoded path and query, the WebSocket opening handshake (both sides), and
+complete ``Connection: close`` responses for errors.
 
 Errors are :class:`HttpError` carrying the status to answer with;
 :meth:`HttpError.encode` gives the complete response.
@@ -29,7 +26,6 @@ __all__ = [
     "WEBSOCKET_GUID",
     "HttpError",
     "Request",
-    "RequestParser",
     "check_handshake_response",
     "handshake_request",
     "handshake_response",
@@ -146,60 +142,6 @@ def _is_valid_key(key: str) -> bool:
         return len(base64.b64decode(key.encode("ascii"), validate=True)) == 16
     except (binascii.Error, UnicodeEncodeError):
         return False
-
-
-class RequestParser:
-    """Reads one request head from a byte stream (on h11, see ``http_server``).
-
-    :meth:`receive_data` returns the :class:`Request` once the head (up to the
-    blank line) is complete, None before; it raises :class:`HttpError` for a
-    malformed or oversized head, or a request with a body. For peers that read
-    one handshake (test servers, tools); the server itself uses
-    :class:`~migratory.protocol.http_server.HttpServer`.
-    """
-
-    __slots__ = ("_error", "_http", "_request", "_trailing")
-
-    def __init__(self, max_header_bytes: int = 16384) -> None:
-        from migratory.protocol.http_server import HttpServer
-
-        self._http = HttpServer(max_body=0, max_head=max_header_bytes)
-        self._request: Request | None = None
-        self._trailing = b""
-        self._error: HttpError | None = None
-
-    @property
-    def request(self) -> Request | None:
-        return self._request
-
-    @property
-    def trailing(self) -> bytes:
-        """The bytes received after the request head (empty until it is complete)."""
-        return self._trailing
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> Request | None:
-        """Feed bytes; the request once its head is complete (again on later calls).
-
-        After an :class:`HttpError` every call raises the same error.
-        """
-        from migratory.protocol.http_server import RequestReceived, UpgradeRequested
-
-        if self._request is not None:
-            self._trailing += bytes(data)
-            return self._request
-        if self._error is not None:
-            raise self._error
-        try:
-            self._http.receive_data(bytes(data))
-            event = self._http.next_event()
-        except HttpError as exc:
-            self._error = exc
-            raise
-        if isinstance(event, UpgradeRequested):
-            self._request, self._trailing = event.request, event.trailing
-        elif isinstance(event, RequestReceived):
-            self._request, self._trailing = event.request, self._http.take_over()
-        return self._request
 
 
 def request_from_head(

@@ -11,6 +11,10 @@ caller then writes :meth:`HttpError.encode` and closes.
 
 A stream that outlives HTTP framing (a WebSocket, Server-Sent Events) leaves
 h11 with :meth:`take_over` and writes its own bytes from then on.
+
+:class:`RequestParser` reads one request head for peers that need only a
+handshake; the bytes after the head (a client may pipeline its first WebSocket
+frame right behind the handshake) are kept in :attr:`RequestParser.trailing`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from migratory.protocol.http import HttpError, Request, request_from_head
 __all__ = [
     "ClientClosed",
     "HttpServer",
+    "RequestParser",
     "RequestReceived",
     "UpgradeRequested",
 ]
@@ -217,3 +222,51 @@ class HttpServer:
         data, _closed = self._conn.trailing_data
         return bytes(data)
 
+
+class RequestParser:
+    """Reads one request head from a byte stream, on :class:`HttpServer`.
+
+    :meth:`receive_data` returns the :class:`Request` once the head (up to the
+    blank line) is complete, None before; it raises :class:`HttpError` for a
+    malformed or oversized head, or a request with a body. For peers that read
+    one handshake (test servers, tools); the server itself uses :class:`HttpServer`.
+    """
+
+    __slots__ = ("_error", "_http", "_request", "_trailing")
+
+    def __init__(self, max_header_bytes: int = 16384) -> None:
+        self._http = HttpServer(max_body=0, max_head=max_header_bytes)
+        self._request: Request | None = None
+        self._trailing = b""
+        self._error: HttpError | None = None
+
+    @property
+    def request(self) -> Request | None:
+        return self._request
+
+    @property
+    def trailing(self) -> bytes:
+        """The bytes received after the request head (empty until it is complete)."""
+        return self._trailing
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> Request | None:
+        """Feed bytes; the request once its head is complete (again on later calls).
+
+        After an :class:`HttpError` every call raises the same error.
+        """
+        if self._request is not None:
+            self._trailing += bytes(data)
+            return self._request
+        if self._error is not None:
+            raise self._error
+        try:
+            self._http.receive_data(bytes(data))
+            event = self._http.next_event()
+        except HttpError as exc:
+            self._error = exc
+            raise
+        if isinstance(event, UpgradeRequested):
+            self._request, self._trailing = event.request, event.trailing
+        elif isinstance(event, RequestReceived):
+            self._request, self._trailing = event.request, self._http.take_over()
+        return self._request

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from migratory.config import Config
-from migratory.protocol.http import HttpError, Request, RequestParser, response
+from migratory.protocol.http import HttpError, Request, response
+from migratory.protocol.http_server import RequestParser
 from migratory.server.accept import serve_listeners
 from migratory.server.dashboard import answer_dashboard
 from migratory.tls import server_context

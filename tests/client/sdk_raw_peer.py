@@ -17,7 +17,8 @@ import trio
 
 from migratory.protocol import ops
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import RequestParser, handshake_response
+from migratory.protocol.http import handshake_response
+from migratory.protocol.http_server import RequestParser
 
 ServerOp = ops.ServerOp
 

@@ -19,7 +19,8 @@ from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import close_codes, ops
 from migratory.protocol import websocket as ws
-from migratory.protocol.http import RequestParser, handshake_response
+from migratory.protocol.http import handshake_response
+from migratory.protocol.http_server import RequestParser
 from migratory.protocol.ops import Status
 from migratory_client import (
     Keepalive,

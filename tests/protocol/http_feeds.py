@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from migratory.protocol.http import Request, RequestParser
+from migratory.protocol.http import Request
+from migratory.protocol.http_server import RequestParser
 
 RFC_KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 RFC_ACCEPT = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="

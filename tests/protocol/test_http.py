@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from migratory.protocol import http
 from migratory.protocol.http import (
     HttpError,
-    RequestParser,
     check_handshake_response,
     handshake_request,
     response,
 )
+from migratory.protocol.http_server import RequestParser
 
 # --- request parsing ----------------------------------------------------------------------------
 

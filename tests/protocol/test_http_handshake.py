@@ -22,7 +22,6 @@ from http_feeds import (
 
 from migratory.protocol.http import (
     HttpError,
-    RequestParser,
     check_handshake_response,
     handshake_request,
     handshake_response,
@@ -30,6 +29,7 @@ from migratory.protocol.http import (
     response,
     websocket_accept,
 )
+from migratory.protocol.http_server import RequestParser
 
 # --- the RFC 6455 handshake -------------------------------------------------------------------
 

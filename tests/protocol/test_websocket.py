@@ -20,12 +20,12 @@ from websocket_feeds import FEEDS, MASK, Feed, chunked, client, feed_bytewise, r
 
 from migratory.protocol import websocket as ws
 from migratory.protocol.http import (
-    RequestParser,
     check_handshake_response,
     handshake_request,
     handshake_response,
     new_websocket_key,
 )
+from migratory.protocol.http_server import RequestParser
 from migratory.protocol.websocket import (
     BINARY,
     CLOSE,
