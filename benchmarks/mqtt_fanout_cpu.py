@@ -20,7 +20,8 @@ from typing import Any
 from mqtt_wire import Wire
 
 from migratory.config import Config
-from migratory.entitlement import ClientIdentity, entitlement_from_config
+from migratory.entitlement import entitlement_from_config
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.model.message import Message
 from migratory.protocol import mqtt, ops
 from migratory.protocol.mqtt_encode import encode_packet

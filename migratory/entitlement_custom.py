@@ -1,6 +1,6 @@
 """``Entitlement = Custom``: a Python plugin named in the config (``module:Class``).
 
-The class implements the entitlement interface (:class:`migratory.entitlement.Entitlement`
+The class implements the entitlement interface (:class:`migratory.entitlement_decisions.Entitlement`
 without ``name``)::
 
     class MyRules:
@@ -9,7 +9,7 @@ without ``name``)::
         def allow_subscribe(self, client, subject) -> bool: ...
         def allow_publish(self, client, subject) -> bool: ...
 
-``client`` is a :class:`migratory.entitlement.ClientIdentity` (name, token, peer). The
+``client`` is a :class:`migratory.entitlement_decisions.ClientIdentity` (name, token, peer). The
 plugin is called only on connect, subscribe and publish checks -- never on the fan-out
 path -- and each decision is cached per client identity and subject (bounded, keyed by
 a digest: a client's token may be 64 kB), so a plugin is asked once per session and
@@ -21,8 +21,8 @@ counted, and the server carries on.
 The plugin runs in one thread of its own, one call at a time; an answer is waited for at
 most ``EntitlementPluginTimeout``: a call that takes longer denies, and until it returns
 every decision the cache does not hold is denied at once (fail closed). A native
-WebSocket session asks inside :func:`~migratory.entitlement.deferred_decisions`: it gets
-:class:`~migratory.entitlement.DecisionPending`, puts its operation back and waits
+WebSocket session asks inside :func:`~migratory.entitlement_decisions.deferred_decisions`: it gets
+:class:`~migratory.entitlement_decisions.DecisionPending`, puts its operation back and waits
 (reading nothing more) while the event loop serves the others; an MQTT packet's and an
 HTTP request's decisions are asked ahead the same way (``deferred_decisions(ahead=True)``).
 (An MQTT will is asked with its CONNECT, to be published from the decision cached.)
@@ -43,7 +43,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, NoReturn
 
-from migratory.entitlement import (
+from migratory.entitlement_decisions import (
     MAX_TOKEN_CHARS,
     DecisionPending,
     decisions_asked_ahead,

@@ -31,7 +31,7 @@ from typing import Any
 import jwt
 
 from migratory import client_lines
-from migratory.entitlement import MAX_TOKEN_CHARS
+from migratory.entitlement_decisions import MAX_TOKEN_CHARS
 
 log = logging.getLogger("migratory.entitlement")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.entitlement_custom import CustomEntitlement, load_plugin
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
 
 
 def who(name: str = "alice", token: str | None = "t", peer: str = "127.0.0.1:1") -> ClientIdentity:
@@ -182,7 +182,7 @@ def test_a_plugin_failing_on_every_call_does_not_flood_the_log(
 def test_a_token_over_64_kib_is_refused_without_asking_the_plugin() -> None:
     """A native connect may carry a 1 MiB token: hashed for the decision cache at each of
     a 1,000-entry subscribe, it cost the server ~1 ms of CPU per entry."""
-    from migratory.entitlement import MAX_TOKEN_CHARS
+    from migratory.entitlement_decisions import MAX_TOKEN_CHARS
 
     plugin = ByToken("")
     entitlement = CustomEntitlement(plugin)

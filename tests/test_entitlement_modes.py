@@ -18,7 +18,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from migratory.config import Config, ConfigError
-from migratory.entitlement import ClientIdentity, entitlement_from_config
+from migratory.entitlement import entitlement_from_config
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.entitlement_token import SubjectPatterns
 
 SECRET = "s" * 40

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from migratory.entitlement import DecisionPending
+from migratory.entitlement_decisions import DecisionPending
 from migratory.listeners import Listener
 from migratory.protocol import close_codes
 from migratory.server.connection_linger import RECV_SIZE, ConnectionLinger

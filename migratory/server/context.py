@@ -11,7 +11,7 @@ import trio
 
 from migratory import client_lines
 from migratory.config import Config
-from migratory.entitlement import Entitlement
+from migratory.entitlement_decisions import Entitlement
 from migratory.model.message import Message
 from migratory.model.outbox import OutboxBudget
 from migratory.model.position import Position

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import Listener
 from migratory.model.position import Position
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject

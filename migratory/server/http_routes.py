@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.model.message import Message
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol.http import Request

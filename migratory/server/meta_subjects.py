@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from migratory.entitlement import ClientIdentity, Entitlement, token_bytes
+from migratory.entitlement_decisions import ClientIdentity, Entitlement, token_bytes
 from migratory.model.message import Message
 from migratory.model.topic import META_LEVEL
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.protocol import mqtt
 
 MAX_CLIENT_ID_BYTES = 256

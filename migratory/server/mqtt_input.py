@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.model.subject import reserved
 from migratory.model.topic import InvalidTopicError, filter_levels, topic_to_subject
 from migratory.protocol import close_codes, mqtt

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.listeners import Listener
 from migratory.model.message import Message, Qos
 from migratory.model.topic import InvalidTopicError, topic_to_subject

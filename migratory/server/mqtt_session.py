@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity, DecisionPending
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer

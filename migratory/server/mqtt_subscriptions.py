@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.model.topic import (

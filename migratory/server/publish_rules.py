@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.listeners import PUBLISH_REFUSED_REASON, Listener
 from migratory.model.message import Message
 from migratory.model.snapshot import merged_size

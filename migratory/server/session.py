@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer

@@ -18,7 +18,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple, Protocol
 
 from migratory import client_lines
-from migratory.entitlement import ClientIdentity, DecisionPending
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending
 from migratory.model.outbox import Outbox
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
 from migratory.protocol import ops

@@ -164,7 +164,7 @@ def test_a_json_token_with_a_lone_surrogate_is_denied_not_an_internal_error() ->
     from test_http_front import NullLink
 
     from migratory.config import load_config
-    from migratory.entitlement import ClientIdentity
+    from migratory.entitlement_decisions import ClientIdentity
     from migratory.listeners import Listener
     from migratory.server.app import Server
     from migratory.server.session import Session

@@ -8,7 +8,8 @@ from typing import Any
 
 from rawclient import RawClient
 
-from migratory.entitlement import ClientIdentity, NoEntitlement
+from migratory.entitlement import NoEntitlement
+from migratory.entitlement_decisions import ClientIdentity
 from migratory.model.message import Message
 from migratory.protocol import ops
 from migratory.server.meta_subjects import (
