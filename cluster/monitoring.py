@@ -3,19 +3,51 @@ state, links and how far behind each is (:class:`migratory.server.metrics.Cluste
 
 The server never imports the cluster package: a member gives its server a callable
 built here (``Server(..., cluster_metrics=...)``), read when Prometheus scrapes.
+Nor does this module import the members that use it (:mod:`cluster.node`,
+:mod:`cluster.standard`): it names the parts it reads (:class:`GuaranteedMember`,
+:class:`StandardMember`), and each member passes itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cluster import raft_slow_disk
 from migratory.server.metrics import ClusterMetrics, PeerLink
 
 if TYPE_CHECKING:
-    from cluster.node import GuaranteedNode
+    from cluster.link_accept import HandshakeGate
+    from cluster.link_publishes import PeerPublishes
+    from cluster.peers import PeerService
     from cluster.raft_front_server import FrontStatistics
-    from cluster.standard import StandardNode
+    from cluster.replica import Replica
+    from cluster.seed import SeedCoordination
+    from cluster.stream import CommittedStream
+    from cluster.upstream import UpstreamReplication
+    from migratory.config import Config
+
+
+class GuaranteedMember(Protocol):
+    """What :func:`guaranteed_metrics` reads of a Guaranteed member (``GuaranteedNode``)."""
+
+    name: str
+    is_seed: bool
+    config: Config
+    replica: Replica
+    seed: SeedCoordination | None
+    upstream: UpstreamReplication | None
+    stream: CommittedStream
+    peers: PeerService
+
+
+class StandardMember(Protocol):
+    """What :func:`standard_metrics` reads of a Standard member (``StandardNode``)."""
+
+    name: str
+    member_names: frozenset[str]
+    connected: set[str]
+    handshakes: HandshakeGate
+    publishes: PeerPublishes
 
 
 def _raft_address(address: tuple[str, int]) -> str:
@@ -34,7 +66,7 @@ def _front_skew(front: FrontStatistics) -> float | None:
     return front.skew if front.admitted + front.stale + front.replayed else None
 
 
-def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
+def guaranteed_metrics(node: GuaranteedMember) -> ClusterMetrics:
     applied = node.replica.applied_clsn
     links: list[PeerLink] = []
     raft = None if node.seed is None else node.seed.raft_status
@@ -80,7 +112,7 @@ def guaranteed_metrics(node: GuaranteedNode) -> ClusterMetrics:
     )
 
 
-def standard_metrics(node: StandardNode) -> ClusterMetrics:
+def standard_metrics(node: StandardMember) -> ClusterMetrics:
     links = tuple(
         PeerLink(peer, "forward", peer in node.connected)
         for peer in sorted(node.member_names - {node.name})
