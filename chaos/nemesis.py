@@ -3,7 +3,9 @@
 Each step is written to the ``nemesis`` history table as it happens. A single fault
 is skipped when its member is already faulted, or when it would fault more than a
 minority of the seeds ((seeds - 1) // 2) at once. Scenarios (several steps on
-several members, :mod:`chaos.scenarios`) hold their members for their whole course.
+several members, :mod:`chaos.scenarios`) hold their members for their whole course;
+they are made of the nemesis' steps, and the runner hands them to it
+(:func:`chaos.scenario_faults.run_scenario_fault`): this module imports none of them.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ from typing import Any
 
 import trio
 
-from chaos.combos import run_combo
 from chaos.history import History
 from chaos.members import Member
 from chaos.proxy import Proxy
-from chaos.restarts import run_restart
-from chaos.scenarios import run_scenario
-from chaos.schedule import COMBOS, RESTARTS, Fault, member
+from chaos.schedule import RESTARTS, Fault, member
 
 STOP_WAIT = 40.0  # s a SIGTERMed member may take to drain and exit (DrainTime 30 s + 10)
 
@@ -37,12 +36,15 @@ class Nemesis:
         history: History,
         say: Callable[[str], None],
         wait_ready: Callable[[list[int], float], Awaitable[bool]],
+        scenarios: Callable[[Nemesis, Fault, float], Awaitable[None]],
     ) -> None:
         """``status`` is the sampler's latest ``/cluster`` view per member index (live);
-        ``wait_ready`` waits for members' ``/readyz`` (restarting exited ones)."""
+        ``wait_ready`` waits for members' ``/readyz`` (restarting exited ones);
+        ``scenarios`` runs a fault of several steps (a restart, a combination, a
+        scenario: :func:`chaos.scenario_faults.run_scenario_fault`)."""
         self.schedule, self.members, self.proxy_of = schedule, members, proxy_of
         self.seeds, self.status, self.h = seeds, status, history
-        self.say, self.wait_ready = say, wait_ready
+        self.say, self.wait_ready, self.scenarios = say, wait_ready, scenarios
         self.faulted: dict[int, str] = {}  # member index -> the fault it is under
         self.applied: dict[str, int] = {}  # fault kind -> times applied
         self.skipped: dict[str, int] = {}  # fault kind -> times skipped
@@ -102,15 +104,12 @@ class Nemesis:
 
     async def apply(self, f: Fault, start: float) -> None:
         if f.fault in RESTARTS:
-            await run_restart(self, f, start)
+            await self.scenarios(self, f, start)
             return
         if f.scenario:
             self.scenarios_under_way += 1
             try:
-                if f.fault in COMBOS:
-                    await run_combo(self, f, start)
-                else:
-                    await run_scenario(self, f, start)
+                await self.scenarios(self, f, start)
             finally:
                 self.scenarios_under_way -= 1
             return

@@ -40,6 +40,7 @@ from chaos.mqtt_workload import mqtt_subscriber
 from chaos.nemesis import Nemesis
 from chaos.plan import PublisherPlan, SubscriberPlan, plan_workload
 from chaos.raw_workload import raw_auditor, raw_publisher
+from chaos.scenario_faults import run_scenario_fault
 from chaos.schedule import RESTARTS, Fault, generate, member, to_jsonl
 from chaos.sse_workload import HEARTBEAT, sse_subscriber, stall_after
 from chaos.workload import Workload
@@ -160,6 +161,7 @@ class Runner:
             history=self.h,
             say=self.say,
             wait_ready=self.wait_ready,
+            scenarios=run_scenario_fault,
         )
 
     def say(self, text: str) -> None:

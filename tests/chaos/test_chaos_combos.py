@@ -18,6 +18,7 @@ from test_chaos_restarts import StandIn
 from chaos.__main__ import main
 from chaos.history import History
 from chaos.nemesis import Nemesis
+from chaos.scenario_faults import run_scenario_fault
 from chaos.schedule import COMBOS, RESET_EVERY, RESET_FOR, Fault, combo_times, generate
 
 
@@ -110,6 +111,7 @@ def nemesis(tmp_path: Path, members: int, seeds: int) -> tuple[Nemesis, list[tup
         schedule=[], members=stand_ins, proxy_of=proxy_of,  # type: ignore[arg-type]
         seeds=seeds, status={1: {"raft_state": "leader"}},
         history=History(tmp_path, "t", 0.0), say=lambda text: None, wait_ready=wait_ready,
+        scenarios=run_scenario_fault,
     )
     return nem, events
 

@@ -22,6 +22,7 @@ from chaos.__main__ import main
 from chaos.history import History
 from chaos.members import Member
 from chaos.nemesis import Nemesis
+from chaos.scenario_faults import run_scenario_fault
 from chaos.schedule import (
     LEAD,
     RESTARTS,
@@ -144,6 +145,7 @@ def nemesis(
         schedule=[], members=[StandIn(i, events, tmp_path) for i in range(members)],
         proxy_of={}, seeds=3, status={1: {"raft_state": "leader"}},
         history=History(tmp_path, "t", 0.0), say=lambda text: None, wait_ready=wait_ready,
+        scenarios=run_scenario_fault,
     )
     return nem, events
 
