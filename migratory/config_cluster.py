@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from migratory.config_security import CLUSTER_TLS_SETTINGS
 from migratory.config_values import (
@@ -28,7 +28,9 @@ from migratory.config_values import (
 )
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
+
+C = TypeVar("C", bound="ConfigFields")  # the Config, whose member list these rules complete
 
 DEFAULT_ELECTION_TIMEOUT_MS = 150
 """``ClusterElectionTimeout``'s default: the timers seeds always had (cluster/raft_timings.py)."""
@@ -119,7 +121,7 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def expand_member_template(config: Config, key: Callable[[str], str]) -> Config:
+def expand_member_template(config: C, key: Callable[[str], str]) -> C:
     """``ClusterMemberTemplate`` x ``ClusterMemberCount`` -> ``ClusterMembers``, and
     ``ClusterMemberOrdinal`` -> ``ClusterMemberListen`` (one source: the template)."""
     template, count = config.cluster_member_template, config.cluster_member_count
@@ -155,7 +157,7 @@ def expand_member_template(config: Config, key: Callable[[str], str]) -> Config:
     return replace(config, cluster_members=members, cluster_member_listen=members[ordinal])
 
 
-def check_cluster(config: Config, key: Callable[[str], str]) -> Config:
+def check_cluster(config: C, key: Callable[[str], str]) -> C:
     members = config.cluster_members
     if not members:
         for name, value in (

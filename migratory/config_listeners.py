@@ -10,9 +10,9 @@ listener to its protocols and roles.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from migratory.config_fields import ListenerRole
 from migratory.config_values import (
     ConfigError,
     Setting,
@@ -23,7 +23,7 @@ from migratory.config_values import (
 )
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 # The protocols a listener may speak. ``native``: the WebSocket protocol
 # (migratory.cbor); ``http``: POST /publish, GET /snapshot, GET /events (SSE);
@@ -35,22 +35,6 @@ DEFAULT_PROTOCOLS = frozenset({"native", "http", "mqtt"})
 MQTT_PROTOCOLS = frozenset({"mqtt"})  # a ListenMqtt port: MQTT over TCP only
 ACCESS = {"publish": True, "subscribe": False}
 DEFAULT_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerRole:
-    """``host:port publish|subscribe [protocol,...]`` -- one entry of ListenerRoles."""
-
-    address: tuple[str, int]
-    publish: bool
-    protocols: frozenset[str] | None  # None: the listener's default protocols
-
-    def as_text(self) -> str:
-        host, port = self.address
-        shown = f"[{host}]" if ":" in host else host
-        access = "publish" if self.publish else "subscribe"
-        protocols = "" if self.protocols is None else " " + ",".join(sorted(self.protocols))
-        return f"{shown}:{port} {access}{protocols}"
 
 
 def _listener_role(text: str) -> ListenerRole:
@@ -131,7 +115,7 @@ LISTENER_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def check_listeners(config: Config, key: Callable[[str], str]) -> None:
+def check_listeners(config: ConfigFields, key: Callable[[str], str]) -> None:
     """Rules between the listener keys; ConfigError naming the key otherwise."""
     plain = {a for a in config.listen if a[1] != 0}
     both = plain & {a for a in config.listen_encrypted if a[1] != 0}
@@ -161,7 +145,7 @@ def check_listeners(config: Config, key: Callable[[str], str]) -> None:
     _check_tls(config, key)
 
 
-def _check_tls(config: Config, key: Callable[[str], str]) -> None:
+def _check_tls(config: ConfigFields, key: Callable[[str], str]) -> None:
     # the monitoring listener (MonitorEncrypted) uses the same certificate and key
     encrypted = next(
         (name for name, on in (
@@ -194,7 +178,7 @@ def _check_tls(config: Config, key: Callable[[str], str]) -> None:
         raise ConfigError(f"{key(exc.key)}: {exc.reason}") from None
 
 
-def check_listener_clash(config: Config, key: Callable[[str], str]) -> None:
+def check_listener_clash(config: ConfigFields, key: Callable[[str], str]) -> None:
     """One address (port 0 aside) is bound once: by one listener key, once in it, and
     not by this member's cluster link or its Raft port (the link's + 1, a seed's). They
     were found only when the second bind failed -- exit 1, 'Address already in use',
@@ -217,7 +201,7 @@ def check_listener_clash(config: Config, key: Callable[[str], str]) -> None:
 
 
 def _cluster_binds(
-    config: Config, key: Callable[[str], str]
+    config: ConfigFields, key: Callable[[str], str]
 ) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
     """This member's cluster link address and, on a Guaranteed seed, its Raft port's."""
     if not config.clustered:

@@ -17,7 +17,7 @@ from migratory.config_values import (
 )
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 MONITOR_SETTINGS: tuple[Setting, ...] = (
     Setting("MonitorListen", "monitor_listen", _optional_address, "",
@@ -65,7 +65,7 @@ MONITOR_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def check_monitoring(config: Config, key: Callable[[str], str]) -> None:
+def check_monitoring(config: ConfigFields, key: Callable[[str], str]) -> None:
     """Rules between the monitoring keys; ConfigError naming the key otherwise."""
     if bool(config.monitor_user) != bool(config.monitor_password):
         missing = "MonitorPassword" if config.monitor_user else "MonitorUser"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from migratory.config_values import ConfigError, Setting, _int
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 SESSION_MAX_SUBJECTS = 10_000
 """The default of MqttSessionMaxSubjects (what a record is bounded by when not told)."""
@@ -61,7 +61,7 @@ MQTT_SESSION_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def check_mqtt_sessions(config: Config, key: Callable[[str], str]) -> None:
+def check_mqtt_sessions(config: ConfigFields, key: Callable[[str], str]) -> None:
     """MqttSessionExpiry in a cluster: 0 or at least :data:`CLUSTER_MIN_SESSION_EXPIRY`."""
     expiry = config.mqtt_session_expiry
     if config.cluster_members and 0 < expiry < CLUSTER_MIN_SESSION_EXPIRY:

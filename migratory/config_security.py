@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from migratory.config_values import ConfigError, Setting, _choice, _int, _networks, _text
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 _UNITS = {"c": " of connections", "b": " of bytes", "s": " of subjects", "p": " of publishes"}
 
@@ -156,7 +156,7 @@ CLUSTER_TLS_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def check_cluster_tls(config: Config, key: Callable[[str], str]) -> None:
+def check_cluster_tls(config: ConfigFields, key: Callable[[str], str]) -> None:
     """All three ClusterTls* keys or none, only in a cluster, and files that load."""
     values = {
         "ClusterTlsCertificate": config.cluster_tls_certificate,

@@ -10,7 +10,7 @@ from migratory.config_values import ConfigError
 from migratory.protocol.mqtt import MAX_REMAINING_LENGTH
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 MAX_MESSAGE_SIZE = MAX_REMAINING_LENGTH - 3
 """``MaxMessageSize`` at most: the largest message an MQTT PUBLISH can carry -- its
@@ -36,7 +36,7 @@ JSON), must fit in what a client may have waiting, or every client it is deliver
 cut off as a slow consumer -- and, resuming, cut again at the same message, for ever."""
 
 
-def check_sizes(config: Config, key: Callable[[str], str]) -> None:
+def check_sizes(config: ConfigFields, key: Callable[[str], str]) -> None:
     if config.max_frame_size <= config.max_message_size:
         raise ConfigError(
             f"{key('MaxFrameSize')} ({config.max_frame_size}) must be larger than "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from migratory.config_values import ConfigError, Setting, _int
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 MAX_WORKERS = 256
 BEAT_SECONDS = 0.5
@@ -30,7 +30,7 @@ WORKER_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def check_workers(config: Config, key: Callable[[str], str]) -> None:
+def check_workers(config: ConfigFields, key: Callable[[str], str]) -> None:
     """Rules between Workers and other keys; ConfigError naming the key otherwise."""
     if config.workers > 1 and config.clustered:
         members = key("ClusterMemberTemplate" if config.cluster_member_template
@@ -47,7 +47,7 @@ def check_workers(config: Config, key: Callable[[str], str]) -> None:
     check_monitor_ports(config, key)
 
 
-def check_monitor_ports(config: Config, key: Callable[[str], str]) -> None:
+def check_monitor_ports(config: ConfigFields, key: Callable[[str], str]) -> None:
     """With MonitorListen = host:P, worker i answers on P + i: every one of those ports
     must exist and none may be a client listener's (else the server starts, and fails
     when that worker does, naming a port nobody configured)."""

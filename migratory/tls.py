@@ -11,7 +11,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from migratory.config import Config
+    from migratory.config_fields import ConfigFields
 
 TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -77,7 +77,7 @@ def _load_pair(
     )
 
 
-def server_context(config: Config) -> ssl.SSLContext:
+def server_context(config: ConfigFields) -> ssl.SSLContext:
     """The context for ``ListenEncrypted``: certificate, key, client CA, version, ciphers."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[config.tls_minimum_version]
