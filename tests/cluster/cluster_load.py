@@ -231,6 +231,11 @@ class LoadPublisher(threading.Thread):
             acked.sort(key=lambda item: (item[1].epoch, item[1].seq))
         return out
 
+    def outstanding(self) -> set[str]:
+        """The publishes sent and not answered yet, now (a copy)."""
+        with self._lock:
+            return set(self._outstanding)
+
     def wait_acked(self, count: int, timeout: float) -> None:
         """Until ``count`` publishes are acknowledged in all (TimeoutError after
         ``timeout`` s)."""

@@ -12,8 +12,9 @@ with the first copy's position (``CommittedBatch.repeats``). Before, all of them
 
 Each test checks: every publish answered exactly once, with ``PUBLISH_OK`` or a
 failure; every acknowledged one delivered to every subscriber once, in order, at its
-position, none numbered twice (:func:`check_everything`); at most :data:`MAX_UNKNOWN`
-answered "outcome unknown". Counts, no time asserted.
+position, none numbered twice (:func:`check_everything`); "outcome unknown" only for what
+the fault or a Raft election may have left so (:func:`check_unknown_outcomes`). Counts, no
+time asserted.
 
 With only the seed's direction held, the copies of the publishes that committed through
 the seed the non-seed left must come back as repeats -- those that reach the coordinator:
@@ -54,8 +55,6 @@ from test_cluster_fault_combinations import (
 from cluster.coordination import RECENT_PER_ORIGIN
 from migratory.model.message import MessageType
 
-MAX_UNKNOWN = 50
-"""Outcomes left unknown at most (before: ~2,000 a stall, every forward in flight)."""
 RESEND_AGE = 4.5
 """Seconds from the hold to the switch within which every publish sent after the hold
 goes again (``resend_unanswered``: those younger than half the 10 s publish timeout)."""
@@ -70,8 +69,40 @@ def answered_once(publisher: LoadPublisher) -> None:
     assert again == {}, f"{len(again)} answered more than once: {list(again.items())[:5]}"
 
 
-def unknown_outcomes(publisher: LoadPublisher) -> int:
-    return sum("outcome unknown" in reason for reason in publisher.failed.values())
+def raft_terms(cluster: LocalCluster, seeds: list[int]) -> list[int]:
+    """The Raft term of each of ``seeds`` (an election moves those of all but a seed cut
+    off, and the seed the non-seed leaves is not asked: it may be SIGSTOPped)."""
+    return [int(cluster.status(i).get("raft_term") or 0) for i in seeds]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a run's fault could leave unknown: ``window``, the publishes unanswered at the
+    hold or sent between the hold and the switch; and the seeds' Raft terms at the start,
+    at the switch and at the end (:func:`raft_terms`)."""
+
+    window: set[str]
+    terms: tuple[list[int], list[int], list[int]]
+
+
+def check_unknown_outcomes(publisher: LoadPublisher, fault: Fault) -> None:
+    """A publish's outcome is unknown only when the fault hit its forward, or a Raft
+    election did (the publishes in flight at a leader change: "the Raft leader changed"
+    at the seed, which may still commit them). So none without an election, and none
+    outside the fault's window unless an election came after the switch. Here: 0 in 11
+    runs of the three tests (two with an election); 64 in one where the seeds elected
+    twice during the hold (load 25); 1,227, all in the window, with the Raft leader
+    SIGSTOPped 1.2 s at the hold. The bound was 50 unknown in any run: a seed planted to
+    drop one forward in 1,000 silently left 6 and 8 and passed (one in 100: 62, 122)."""
+    unknown = {c for c, reason in publisher.failed.items() if "outcome unknown" in reason}
+    start, switch, end = fault.terms
+    said = f"{len(unknown)} outcomes unknown, Raft terms {start} -> {switch} -> {end}"
+    if start == end:
+        assert unknown == set(), f"{said}: no election, no fault left them unknown"
+    if switch == end:
+        order = {closure: i for i, closure in enumerate(publisher.sent)}
+        outside = sorted(order[c] for c in unknown - fault.window)
+        assert outside == [], f"{said}; outside the fault's window: the {outside[:5]}th sent"
 
 
 def leave_upstream(
@@ -146,15 +177,19 @@ def run(
     publisher.wait_acked(2000, timeout=15)
     process = cluster.processes[upstream]
     assert process is not None
+    others = [i for i in SEEDS if i != upstream]
+    terms = raft_terms(cluster, others)
     held = time.monotonic()
     if gates is not None:
         (gates[upstream][0].hold_back if back_only else gates[upstream][0].hold)()
     else:
         process.send_signal(signal.SIGSTOP)
     sent_at_hold = len(publisher.sent)  # (after: none of those after it got through)
+    in_flight = publisher.outstanding()
     try:
         last_seen = leave_upstream(cluster, upstream, held)
         switched, sent_at_switch = time.monotonic(), len(publisher.sent)
+        terms_at_switch = raft_terms(cluster, others)
         publisher.wait_acked(len(publisher.acked) + 500, timeout=15)
     finally:
         if gates is not None:
@@ -174,7 +209,9 @@ def run(
           f"(answered so {stats.get('acknowledged_repeats')}), copies refused "
           f"{stats.get('copies_refused')}; {copies.numbered_first} sent after the hold were "
           f"numbered before the switch ({copies.why or 'each went again'})")
-    assert unknown_outcomes(publisher) <= MAX_UNKNOWN, failure_reasons(publisher)
+    window = in_flight | set(list(publisher.sent)[sent_at_hold:sent_at_switch])
+    check_unknown_outcomes(
+        publisher, Fault(window, (terms, terms_at_switch, raft_terms(cluster, others))))
     return stats, copies
 
 
