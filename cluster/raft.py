@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObjConf
+from pysyncobj.dns_resolver import globalDnsResolver
 
 from cluster import dump_fork, raft_disk, raft_slow_disk, raft_unpickler
 from cluster.cache_sync import CacheSync
@@ -60,6 +61,7 @@ from cluster.raft_outcomes import CLOSED_NAME
 from cluster.raft_status import RaftStatus
 from cluster.raft_timings import RaftTimings
 from cluster.raft_transport import SeedLinkTransport
+from cluster.seed_link_wait import LINK_WAIT, unresolved_seeds
 from cluster.subject_count import SubjectCountWarning
 
 __all__ = [  # (the consumer and its wire format live in cluster/raft_consumer.py)
@@ -104,8 +106,10 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
     """Publishes a :class:`RaftStatus` from the Raft thread after its ticks; holds a
     command it cannot forward to the leader (cluster/raft_forward.py)."""
 
-    def __init__(self, *args: Any, consumer: CoordinationConsumer, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, consumer: CoordinationConsumer, link_wait: float = LINK_WAIT,
+                 **kwargs: Any) -> None:
         self._status_consumer = consumer
+        self._link_wait = link_wait
         self._next_status = 0.0
         self._next_digest = 0.0
         self._digest = ""
@@ -114,6 +118,7 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         self._func_names: dict[Any, str] = {}  # set before __init__: kept out of dumps
         self._subject_warning = SubjectCountWarning()
         self._entries_taken = 0  # (before __init__, as all of these: never dumped)
+        self._started = time.monotonic()  # (the link wait's start: seed_link_wait.py)
         # before __init__: its tick thread starts connecting inside it
         self._cipher = RaftCipher(kwargs["conf"].password)
         dump_file = kwargs["conf"].fullDumpFile
@@ -207,6 +212,14 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
         self.stopped = reason
         self._SyncObj__transport.destroy()  # (no callback: its own are unset first)
 
+    def _unresolved_seeds(self, now: float) -> tuple[str, ...]:
+        """The seeds not linked whose names do not resolve, while a link wait may last
+        (no lookups after it: a seed down for good would be looked up every second)."""
+        if now - self._started > self._link_wait + 1.0:
+            return ()
+        return unresolved_seeds(self.otherNodes, self.isNodeConnected,
+                                globalDnsResolver().resolve)
+
     def publish_status(self, now: float) -> None:
         coordinator = self._status_consumer.coordinator
         settled = not (coordinator.decoding or self._status_consumer.held)
@@ -236,6 +249,9 @@ class _SeedSyncObj(HoldsForwards, FollowerSafeSyncObj):
             digest=self._digest,
             at=now,
             linked=tuple(sorted(str(n.id) for n in self.otherNodes if self.isNodeConnected(n))),
+            seeds=tuple(sorted(str(n.id) for n in self.otherNodes)),
+            unresolved=self._unresolved_seeds(now),
+            started=self._started,
             front=transport.front_statistics(),
             listen_error=transport.listen_error(),
             refused_by=transport.refused_by(),
@@ -346,7 +362,8 @@ class RaftCoordination:
         self.address = me
         self._closed = False
         self.syncobj = _SeedSyncObj(
-            me, others, conf=conf, consumer=self.consumer, transportClass=SeedLinkTransport
+            me, others, conf=conf, consumer=self.consumer, transportClass=SeedLinkTransport,
+            link_wait=timings.link_wait,
         )
         # pysyncobj's tick thread stops for good, silently, once the thread that built
         # the SyncObj has ended (it takes that one for the "main thread"). This is built

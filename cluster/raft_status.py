@@ -32,6 +32,11 @@ class RaftStatus:
     digest: str = ""
     at: float = 0.0
     linked: tuple[str, ...] = ()  # the other seeds' Raft addresses this seed has a link to
+    seeds: tuple[str, ...] = ()  # the other seeds' Raft addresses, linked or not
+    unresolved: tuple[str, ...] = ()
+    """Seeds not linked whose names do not resolve, looked up for the first
+    ``ClusterSeedLinkWait`` after ``started`` only (cluster/seed_link_wait.py)."""
+    started: float = 0.0  # when this seed's Raft node was made (time.monotonic)
     front: FrontStatistics = _NO_FRONT  # the Raft port's front: admitted, refused
     refused_by: tuple[str, ...] = ()
     """Seeds whose Raft port closed this seed's last dial unanswered (raft_transport.py)."""

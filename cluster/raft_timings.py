@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from migratory.config_cluster import DEFAULT_ELECTION_TIMEOUT_MS
+from migratory.config_cluster import DEFAULT_ELECTION_TIMEOUT_MS, DEFAULT_SEED_LINK_WAIT
 
 __all__ = ["DEFAULT_ELECTION_TIMEOUT_MS", "RaftTimings"]
 
@@ -44,6 +44,7 @@ class RaftTimings:
     compaction_entries: int = 20_000  # ClusterLogCompactionEntries
     compaction_seconds: float = 120.0  # ClusterLogCompactionTime
     compaction_bytes: int = 64 << 20  # ClusterLogCompactionBytes
+    link_wait: float = float(DEFAULT_SEED_LINK_WAIT)  # ClusterSeedLinkWait (seed_link_wait.py)
 
     @classmethod
     def for_election_timeout(cls, milliseconds: int, **others: Any) -> RaftTimings:

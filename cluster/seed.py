@@ -98,7 +98,7 @@ class SeedCoordination:
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
         self._handed: deque[float] = deque()  # batches handed over, not yet taken: since
-        self._readiness = SeedReadiness(self._handed)
+        self._readiness = SeedReadiness(self._handed, link_wait=config.cluster_seed_link_wait)
 
     # --- running ----------------------------------------------------------------------
 
@@ -174,6 +174,7 @@ class SeedCoordination:
                 compaction_entries=config.cluster_log_compaction_entries,
                 compaction_seconds=config.cluster_log_compaction_time,
                 compaction_bytes=config.cluster_log_compaction_bytes,
+                link_wait=float(config.cluster_seed_link_wait),
             ),
         )
 

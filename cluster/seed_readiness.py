@@ -1,9 +1,11 @@
 """A seed's readiness, from its Raft thread's last status (:mod:`cluster.raft_status`).
 
 A seed serves clients once its Raft node is up, has caught up, reports, has a leader
-(or lost it for less than :data:`LEADERLESS_GRACE`), and neither it nor its hub is
+(or lost it for less than :data:`LEADERLESS_GRACE`), neither it nor its hub is
 behind the leader: a seed whose clients would see the cluster stand still is not ready
-(``tests/cluster/test_cluster_seed_readiness.py``).
+(``tests/cluster/test_cluster_seed_readiness.py``). Once after it started, it also waits
+for a Raft link with every other seed (:mod:`cluster.seed_link_wait`, at most
+``ClusterSeedLinkWait``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import deque
 
 from cluster.raft_slow_disk import DiskSyncs
 from cluster.raft_status import RaftStatus
+from cluster.seed_link_wait import LINK_WAIT, LinkWait
 
 __all__ = ["BEHIND_SECONDS", "LEADERLESS_GRACE", "RAFT_SILENCE", "SeedReadiness"]
 
@@ -44,16 +47,29 @@ def _why_silent(disk: DiskSyncs | None) -> str:
 
 
 class SeedReadiness:
-    def __init__(self, handed: deque[float]) -> None:
+    def __init__(self, handed: deque[float], link_wait: float = LINK_WAIT) -> None:
         """``handed``: when each committed batch the Raft thread handed over and the
-        seed's loop has not taken yet was handed (the seed's, shared)."""
+        seed's loop has not taken yet was handed (the seed's, shared); ``link_wait``:
+        ``ClusterSeedLinkWait``."""
         self._handed = handed
         self._leaderless_since: float | None = None
         self._leader_commits: deque[tuple[float, int]] = deque()  # (status time, commit)
+        self._links = LinkWait(link_wait)
 
     def reason(self, status: RaftStatus | None, disk: DiskSyncs | None = None) -> str | None:
         """Why the seed whose Raft thread last published ``status`` is not ready, or
-        None; ``disk``: its syncs now (a Raft thread waiting in one publishes nothing)."""
+        None; ``disk``: its syncs now (a Raft thread waiting in one publishes nothing).
+        Last, a (re)started seed waits for a Raft link with every other seed
+        (:mod:`cluster.seed_link_wait`; looked at on every status, so that a wait that
+        ended while the seed was not ready for another reason stays over)."""
+        waiting = None if status is None or not status.at else self._links.reason(status)
+        why = self._reason(status, disk)
+        if why is None and waiting is not None:
+            assert status is not None
+            return waiting + _refused(status)
+        return why
+
+    def _reason(self, status: RaftStatus | None, disk: DiskSyncs | None) -> str | None:
         if status is None:
             return "Raft is starting (loading its log)"
         if status.stopped is not None:

@@ -83,6 +83,9 @@ def member_settings(
         "ClusterDeliveryMode": mode,
         "ClusterPassword": password,
         "ClusterDataDir": str(data_dir / f"migratory-{index}"),
+        # no cluster DNS to wait for on loopback (cluster/seed_link_wait.py): a seed
+        # restarted while another is down would be not ready 35 s
+        "ClusterSeedLinkWait": "0",
     }
 
 

@@ -34,6 +34,8 @@ C = TypeVar("C", bound="ConfigFields")  # the Config, whose member list these ru
 
 DEFAULT_ELECTION_TIMEOUT_MS = 150
 """``ClusterElectionTimeout``'s default: the timers seeds always had (cluster/raft_timings.py)."""
+DEFAULT_SEED_LINK_WAIT = 35
+"""``ClusterSeedLinkWait``'s default (cluster/seed_link_wait.py says why 35 s)."""
 
 CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterMembers", "cluster_members", _optional_addresses, "",
@@ -99,6 +101,15 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "leader lives and depose it. It costs failover time: a new leader no sooner "
             "than this after the old one died. Seeds may differ in it (not compared; "
             "docs/cluster.md, \"The election timeout\")."),
+    Setting("ClusterSeedLinkWait", "cluster_seed_link_wait", _int(0, 600, " of seconds"),
+            str(DEFAULT_SEED_LINK_WAIT),
+            "Guaranteed mode: a seed that (re)started is not ready until every other seed "
+            "whose name resolves has a Raft link with it, for at most this long after its "
+            "Raft node started (then it says in its log which seeds never linked). 35: the "
+            "cluster DNS cache the Kubernetes manifests assume (30 s, minReadySeconds) and "
+            "a dial made again; a PodDisruptionBudget counts a seed healthy once ready, so "
+            "a drain could take a second seed while the third still dialled the first's old "
+            "address (docs/cluster.md, \"Readiness\"). 0: no wait."),
     Setting("ClusterLogCompactionEntries", "cluster_log_compaction_entries",
             _int(100, unit=" of entries"), "20000",
             "A seed compacts its Raft log (writes a dump, drops the entries) once it holds "

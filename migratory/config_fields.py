@@ -114,6 +114,7 @@ class ConfigFields:
     cluster_max_pending_publishes: int
     cluster_rebalance_rate: int
     cluster_election_timeout: int
+    cluster_seed_link_wait: int
     cluster_log_compaction_entries: int
     cluster_log_compaction_time: int
     cluster_log_compaction_bytes: int

@@ -71,6 +71,7 @@ def test_a_seed_builds_its_raft_with_the_configured_timeout(
                              ClusterLogCompactionEntries="1000")
     assert timings == RaftTimings.for_election_timeout(
         400, compaction_entries=1000, compaction_seconds=120, compaction_bytes=64 << 20,
+        link_wait=0,  # (a loopback cluster's: cluster/tooling.py)
     )
     assert (timings.election_min, timings.election_max) == (0.4, 0.8)
 
