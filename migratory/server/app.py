@@ -181,9 +181,9 @@ class Server:
         self.mqtt_addresses: list[tuple[str, int]] = []
         self.mqtt_sessions: dict[str, Any] = {}  # MQTT client id -> its live session
         if self.ctx.read_barrier is not None:  # processes elsewhere: one connection per id
-            self.ctx.takeovers = Takeovers(self.ctx.publishing, self.mqtt_sessions,
-                                           trio.current_time)
-            self.ctx.hub.listen(self.ctx.takeovers, TAKEOVER_SUBJECT, 0)
+            takeovers = Takeovers(self.ctx.publishing, self.mqtt_sessions, trio.current_time)
+            self.ctx.takeovers = takeovers
+            self.ctx.hub.listen(takeovers, TAKEOVER_SUBJECT, 0)
         self._mqtt_expiry = SessionExpiry(self.ctx, self.mqtt_sessions)  # mqtt_expiry.py
         self._wall_clock = WallClockWatch()  # wall_clock.py: its steps said
         # the native sessions that asked for heartbeats, swept every tick (heartbeats.py)

@@ -21,10 +21,11 @@ from migratory.server.hub import Hub
 from migratory.server.metrics import BatchSizes, PublishTimings
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from migratory.protocol.http import Request
+    from migratory.server.dashboard import DashboardConfig
     from migratory.server.heartbeats import Heartbeats
-    from migratory.server.monitor import Monitor
-    from migratory.server.mqtt_takeover import Takeovers
-    from migratory.server.read_barrier import ReadBarrier
 
 
 class PublishReply(Protocol):
@@ -53,6 +54,29 @@ class PublishPath(Protocol):
     def submit(self, message: Message, reply: PublishReply | None, now: float) -> None: ...
 
     def statistics(self) -> dict[str, Any]: ...
+
+
+class MonitoringRoutes(Protocol):
+    """What the fronts ask of the monitor (:class:`migratory.server.monitor.Monitor`, which
+    the server builds on this context: it is named here by what is asked of it)."""
+
+    def route(self, request: Request, *, monitoring_listener: bool) -> bytes | None: ...
+
+    def dashboard_config(self) -> DashboardConfig: ...
+
+
+class ReadBarrierJoin(Protocol):
+    """A CONNECT's wait for what was committed before it
+    (:class:`migratory.server.read_barrier.ReadBarrier`)."""
+
+    def join(self) -> Future[bool]: ...
+
+
+class TakeoverNotices(Protocol):
+    """An accepted CONNECT tells the other processes of its client id
+    (:class:`migratory.server.mqtt_takeover.Takeovers`)."""
+
+    def announce(self, client_id: str, now: float, key: str = "") -> str: ...
 
 
 TRIO_CLOCK: Final = object()
@@ -183,12 +207,13 @@ class ServerContext:
     # frames per socket write, counted once per write (GET /metrics)
     batch_sizes: BatchSizes = field(default_factory=BatchSizes)
     audit: Audit | None = None  # None: nothing audited
-    monitor: Monitor | None = None  # /metrics, /stats with windows, /cluster, meta-subjects
+    # /metrics, /stats with windows, /cluster, meta-subjects (monitor.py)
+    monitor: MonitoringRoutes | None = None
     outbox_budget: OutboxBudget | None = None  # OutboxMemoryBudget, shared by every outbox
     # a cluster member's or worker's (read_barrier.py); None: one process, nothing to wait for
-    read_barrier: ReadBarrier | None = None
+    read_barrier: ReadBarrierJoin | None = None
     # the same processes' MQTT takeover notices (mqtt_takeover.py); None: one process
-    takeovers: Takeovers | None = None
+    takeovers: TakeoverNotices | None = None
     heartbeats: Heartbeats | None = None  # the server's (heartbeats.py); None: none granted
     # persistent MQTT sessions whose positions wait for SAVE_INTERVAL to pass, in the
     # order they began to (mqtt_saving.save_due_positions, on the server's tick)

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -27,7 +27,10 @@ from migratory.server.dashboard import DashboardConfig
 from migratory.server.meta_subjects import CLUSTER_SUBJECT, meta_message, stats_subject
 
 if TYPE_CHECKING:
-    from migratory.server.app import Server
+    from migratory.config import Config
+    from migratory.listeners import Listener
+    from migratory.server.context import ServerContext
+    from migratory.server.frontends import FrontendCounts
 
 log = logging.getLogger("migratory.monitor")
 
@@ -43,12 +46,22 @@ INDICATORS: tuple[tuple[str, str | None], ...] = (
 )
 
 
+class MonitoredServer(Protocol):
+    """What the monitor reads of its server (:class:`migratory.server.app.Server`, which
+    builds it and passes itself)."""
+
+    config: Config
+    ctx: ServerContext
+    frontends: FrontendCounts
+    listeners: list[Listener]
+
+
 class Monitor:
     """Figures of one server for /metrics, /stats, /cluster and the meta-subjects."""
 
     def __init__(
         self,
-        server: Server,
+        server: MonitoredServer,
         *,
         cluster_metrics: Callable[[], metrics.ClusterMetrics | None] | None = None,
         clock: Callable[[], float] = time.monotonic,

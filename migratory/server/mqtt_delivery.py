@@ -30,7 +30,7 @@ from migratory.server.session_subscriptions import SLICE_UNITS
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
-    from migratory.server.session import Link
+    from migratory.server.session_link import Link
 
 log = logging.getLogger("migratory.mqtt")
 

@@ -36,7 +36,7 @@ from migratory.server.session import new_connection_id
 
 if TYPE_CHECKING:
     from migratory.server.context import ServerContext
-    from migratory.server.session import Link
+    from migratory.server.session_link import Link
 
 log = logging.getLogger("migratory.mqtt")
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from migratory.model.outbox import Outbox
 
 if TYPE_CHECKING:
-    from migratory.server.session import Link
+    from migratory.server.session_link import Link
 
 
 class RunOutput:

@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Set as AbstractSet
-from typing import Any, Protocol
+from typing import Any
 
 from migratory import client_lines
 from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
@@ -31,6 +31,7 @@ from migratory.server.context import ServerContext
 from migratory.server.format_sink import op_frame
 from migratory.server.http_front import HttpFront
 from migratory.server.publish_rules import check_publish
+from migratory.server.session_link import Link
 from migratory.server.session_stream import RECONNECT_JITTER_MS, RECONNECT_MS, StreamSession
 from migratory.server.session_subscriptions import SLICE_UNITS, Subscriptions
 from migratory.server.sse_stream import SseStream
@@ -42,16 +43,6 @@ _connection_ids = itertools.count(1)  # names a connection in logs and audit eve
 
 def new_connection_id() -> int:
     return next(_connection_ids)  # one client connection's (any front end)
-
-
-class Link(Protocol):
-    """What a session asks of its transport."""
-
-    writing: bool  # a partially written batch heads the outbox
-
-    def mark_dirty(self) -> None: ...
-
-    def flush_now(self) -> None: ...
 
 
 class Session(StreamSession):

@@ -23,7 +23,7 @@ from migratory.server.session_subscriptions import SLICE_UNITS, Subscriptions
 from migratory.server.sse_stream import SseStream
 
 if TYPE_CHECKING:
-    from migratory.server.session import Link
+    from migratory.server.session_link import Link
 
 # How long a browser waits before reconnecting a stream: RECONNECT_MS plus up to
 # RECONNECT_JITTER_MS, drawn per stream, so the streams of a member that goes away do not

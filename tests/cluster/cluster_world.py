@@ -32,7 +32,7 @@ from migratory.protocol import ops
 from migratory.protocol.websocket import BinaryMessage, FrameDecoder
 from migratory.server.hub import Hub
 from migratory.server.run_output import RunOutput
-from migratory.server.session import Link
+from migratory.server.session_link import Link
 
 SEEDS = ("seed-0", "seed-1", "seed-2")
 MEMBERS = (*SEEDS, "edge-0", "edge-1")

@@ -80,7 +80,8 @@ def test_connects_while_a_notice_is_in_flight_share_the_next() -> None:
     held, here, there = two_processes()
     sessions = [session(here[0], f"device-{n}", here[1]) for n in range(1000)]
     takeovers = here[0].takeovers
-    assert takeovers is not None and takeovers.submitted == 1 and len(held.held) == 1
+    assert isinstance(takeovers, Takeovers)
+    assert takeovers.submitted == 1 and len(held.held) == 1
     rounds = 0
     while held.held:
         held.settle()  # each landing submits what came meanwhile
@@ -119,7 +120,7 @@ def test_a_connection_whose_notice_failed_can_still_be_taken_over() -> None:
     reply.publish_result(ops.PublishStatus(ops.Status.PUBLISH_FAILED, None, notice.subject,
                                            None, "no majority"))
     takeovers = here[0].takeovers
-    assert takeovers is not None and takeovers.failed == 1
+    assert isinstance(takeovers, Takeovers) and takeovers.failed == 1
     second = session(there[0], "device", there[1])
     held.settle()
     assert first.closing and not second.closing
