@@ -8,7 +8,7 @@ pipelined request is read: responses keep the requests' order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
 from migratory.listeners import Listener
@@ -34,18 +34,53 @@ from migratory.server.http_routes import JSON, Reply, error
 from migratory.server.publish_rules import check_publish
 
 if TYPE_CHECKING:
-    from migratory.server.session import Session
+    from migratory.model.outbox import Outbox
 
 MAX_STREAM_SUBJECTS = 100
 HTTP_CLOSURE = "http"  # the closure of an HTTP publish: its reply is this exchange
 _CORS_METHODS = "GET, POST, OPTIONS"
 
 
+class HttpSession(Protocol):
+    """What the front asks of its session (:class:`migratory.server.session.Session`,
+    which builds the front and passes itself)."""
+
+    peer: str
+    closing: bool  # write what is queued, then close
+    aborted: bool  # close now, drop what is queued
+    decision_pending: DecisionPending | None
+    outbox: Outbox
+
+    @property
+    def in_http(self) -> bool: ...
+
+    def cut_off(self, why: str) -> None: ...
+
+    def reply_and_close(self, response: bytes) -> None: ...
+
+    def send_unbounded(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def start_websocket(self, request: Request, trailing: bytes, now: float) -> None: ...
+
+    def start_stream(
+        self,
+        identity: ClientIdentity,
+        subjects: list[str],
+        requests: list[ops.SubscriptionRequest | str],
+        headers: tuple[tuple[str, str], ...],
+        now: float,
+    ) -> None: ...
+
+    def audit_client_as(self, identity: ClientIdentity | None) -> dict[str, Any]: ...
+
+
 class HttpFront:
     __slots__ = ("_cors", "_ctx", "_held", "_http", "_listener", "_now", "_session",
                  "requests")
 
-    def __init__(self, session: Session, ctx: ServerContext, listener: Listener) -> None:
+    def __init__(self, session: HttpSession, ctx: ServerContext, listener: Listener) -> None:
         self._session = session
         self._ctx = ctx
         self._listener = listener
