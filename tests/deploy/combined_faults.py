@@ -74,7 +74,9 @@ async def leader_away_seed_starting_scale_in(sts: LocalStatefulSet, observed: Ob
 
     async def leader_away() -> None:
         await sts.delete(leader)
-        observed["starting_ready_when_leader_gone"] = sts.pods[starting].ready
+        # its new pod may not be made yet (create() makes it in a thread): not ready
+        pod = sts.pods.get(starting)
+        observed["starting_ready_when_leader_gone"] = pod is not None and pod.ready
 
     began = trio.current_time()
     async with trio.open_nursery() as faults:
