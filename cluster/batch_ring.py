@@ -28,10 +28,10 @@ RING_BYTES = 64 * 1024 * 1024
 """Content, subject and field bytes kept at most, over all kept batches (the newest
 batch is kept whatever its size)."""
 
-# (clsn, packed messages, origins, bytes, repeats)
+# (clsn, packed messages, origins, bytes, repeats, overtaken)
 _Entry = tuple[
     int, tuple[PackedMessage, ...], tuple[tuple[str, int], ...], int,
-    tuple[tuple[str, int, int, int], ...],
+    tuple[tuple[str, int, int, int], ...], tuple[tuple[str, int], ...],
 ]
 
 
@@ -81,7 +81,7 @@ class BatchRing:
             self.clear()  # a jump (a sync): older batches no longer lead up to it
         packed = tuple(map(pack, batch.messages))
         size = sum(map(packed_size, packed))
-        entries.append((batch.clsn, packed, batch.origins, size, batch.repeats))
+        entries.append((batch.clsn, packed, batch.origins, size, batch.repeats, batch.overtaken))
         self._messages += len(packed)
         self._bytes += size
         while len(entries) > 1 and (
@@ -89,7 +89,7 @@ class BatchRing:
             or self._messages > self._max_messages
             or self._bytes > self._max_bytes
         ):
-            _, dropped, _, dropped_size, _ = entries.popleft()
+            _, dropped, _, dropped_size, _, _ = entries.popleft()
             self._messages -= len(dropped)
             self._bytes -= dropped_size
 
@@ -100,6 +100,7 @@ class BatchRing:
 
     def after(self, clsn: int) -> Iterator[CommittedBatch]:
         """The kept batches after ``clsn``, rebuilt, oldest first."""
-        for batch_clsn, messages, origins, _, repeats in self._entries:
+        for batch_clsn, messages, origins, _, repeats, overtaken in self._entries:
             if batch_clsn > clsn:
-                yield CommittedBatch(batch_clsn, tuple(map(unpack, messages)), origins, repeats)
+                yield CommittedBatch(batch_clsn, tuple(map(unpack, messages)), origins, repeats,
+                                     overtaken)

@@ -13,8 +13,10 @@ a request older than one already numbered from its origin is dropped, never numb
 time, but what it forwarded to a seed it then left -- a stalled link, a stopped seed --
 can still reach that seed, and be submitted, after the publishes it forwarded through
 the next seed were numbered: numbered then, a publisher's older message came after its
-newer one, and became the subject's snapshot. The origin is not answered for a dropped
-request: its publish times out as an unknown outcome (it was not published).
+newer one, and became the subject's snapshot. A dropped request no copy of which was
+numbered is named in its batch (``CommittedBatch.overtaken``) when the coordinator can
+tell (:func:`_overtaken`): its publish fails for sure; else its publish times out as an
+unknown outcome (it was not published).
 
 A dropped request may be a copy of one already numbered: a non-seed that switches seeds
 forwards its unanswered publishes again (:meth:`~cluster.publishing.ClusterPublishing.
@@ -92,6 +94,18 @@ RECENT_ORIGINS: Final = 64
 _SEQ_MASK: Final = (1 << 64) - 1
 
 
+def _overtaken(window: dict[int, int], ref: int) -> bool:
+    """Whether a request of ref ``ref`` that was dropped and is not in its origin's
+    ``window`` of recent positions (refs numbered, oldest first) was never numbered and
+    never will be. An origin's refs are numbered in growing order (``in_origin_order``),
+    so the window holds EVERY ref numbered from its oldest one on: a ref at or above it
+    and not in it was never numbered; and the origin's last numbered ref, above it, only
+    grows, so every later copy is dropped too. Below the window's oldest ref (or with no
+    window: evicted, a dump of the code before) it may have been numbered: not known."""
+    oldest = next(iter(window), None)
+    return oldest is not None and ref >= oldest
+
+
 def subject_group(subject: str) -> int:
     """The subject group of ``subject``: CRC-32 of its UTF-8 bytes modulo GROUP_COUNT."""
     return zlib.crc32(subject.encode("utf-8")) % GROUP_COUNT
@@ -136,13 +150,17 @@ class CommittedBatch:
     ``messages`` are positioned, of type UPDATE, without closure; ``origins[i]`` is the
     ``(origin, ref)`` of ``messages[i]``. ``repeats`` are ``(origin, ref, epoch, seq)``
     of requests in the batch that were copies of one numbered before, at that one's
-    position (not numbered again).
+    position (not numbered again). ``overtaken`` are the ``(origin, ref)`` of requests
+    in the batch that were never numbered and never will be
+    (:meth:`Coordinator.in_origin_order` dropped them, and no copy was numbered): their
+    publishes failed for sure.
     """
 
     clsn: int
     messages: tuple[Message, ...]
     origins: tuple[tuple[str, int], ...]
     repeats: tuple[tuple[str, int, int, int], ...] = ()
+    overtaken: tuple[tuple[str, int], ...] = ()
 
 
 class NumberedPositions(Mapping[str, tuple[int, int]]):
@@ -287,9 +305,9 @@ class Coordinator:
             for m in (r.message for r in kept)
         )
         origins = tuple((r.origin, r.ref) for r in kept)
-        repeats = self._remember(origins, messages, keys)
+        repeats, overtaken = self._remember(origins, messages, keys)
         self.clsn += 1
-        return CommittedBatch(self.clsn, messages, origins, repeats)
+        return CommittedBatch(self.clsn, messages, origins, repeats, overtaken)
 
     def apply_wire(
         self,
@@ -314,9 +332,9 @@ class Coordinator:
             for _, _, subject, content, fields, retained, guaranteed in kept
         )
         origins = tuple((w[0], w[1]) for w in kept)
-        repeats = self._remember(origins, messages, keys)
+        repeats, overtaken = self._remember(origins, messages, keys)
         self.clsn += 1
-        return CommittedBatch(self.clsn, messages, origins, repeats)
+        return CommittedBatch(self.clsn, messages, origins, repeats, overtaken)
 
     def in_origin_order(self, items: Sequence[T], keys: Sequence[tuple[str, int]]) -> list[T]:
         """``items`` (``keys[i]`` the ``(origin, ref)`` of ``items[i]``) without those
@@ -345,10 +363,11 @@ class Coordinator:
         origins: tuple[tuple[str, int], ...],
         messages: tuple[Message, ...],
         keys: list[tuple[str, int]],
-    ) -> tuple[tuple[str, int, int, int], ...]:
+    ) -> tuple[tuple[tuple[str, int, int, int], ...], tuple[tuple[str, int], ...]]:
         """Keep the positions just numbered (``origins[i]`` at ``messages[i]``'s); the
         repeats among the requests of the batch (``keys``) that were not numbered: those
-        whose (origin, ref) is kept, at the position kept."""
+        whose (origin, ref) is kept, at the position kept; and the overtaken ones
+        (:meth:`_overtaken`)."""
         recent = self.recent
         touched: dict[str, dict[int, int]] = {}
         last: str | None = None
@@ -367,15 +386,19 @@ class Coordinator:
         while len(recent) > RECENT_ORIGINS:
             del recent[next(iter(recent))]
         if len(keys) == len(origins):
-            return ()
+            return (), ()
         dropped = collections.Counter(keys)
         dropped.subtract(origins)
         repeats = []
+        overtaken = []
         for (origin, ref), count in dropped.items():
-            position = recent.get(origin, {}).get(ref)
+            window = recent.get(origin, {})
+            position = window.get(ref)
             if position is not None:
                 repeats.extend([(origin, ref, position >> 64, position & _SEQ_MASK)] * count)
-        return tuple(repeats)
+            elif count > 0 and _overtaken(window, ref):
+                overtaken.extend([(origin, ref)] * count)
+        return tuple(repeats), tuple(overtaken)
 
     def _number(
         self,

@@ -31,6 +31,7 @@ Operations, once authenticated (every key always present, no other keys)::
     {"t": "rp", "c": from_clsn, "f": full}                     Replicate
     {"t": "b",  "c": clsn, "m": [M, ...], "o": [[origin, ref], ...]}    Batch
           (+ "a": [[origin, ref, epoch, seq], ...] when it has repeats, and only then)
+          (+ "x": [[origin, ref], ...] when it has overtaken requests, and only then)
     {"t": "sq", "c": min_clsn}                                 SyncRequest
     {"t": "sn", "c": clsn, "r": reason}                        SyncRefused
     {"t": "s",  "c": clsn, "s": [[subject, epoch, seq, M | null, [M, ...]], ...]}  Sync

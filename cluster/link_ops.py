@@ -190,6 +190,8 @@ def _op_map(op: LinkOp) -> dict[str, Any]:
             body = {"t": "b", "c": b.clsn, "m": messages, "o": _origin_items(b.origins)}
             if b.repeats:  # only then: a batch without is the frame an older member reads
                 body["a"] = [list(repeat) for repeat in b.repeats]
+            if b.overtaken:  # (the same)
+                body["x"] = _origin_items(b.overtaken)
             return body
         case SyncRequest(min_clsn=min_clsn):
             return {"t": "sq", "c": min_clsn}
@@ -373,7 +375,9 @@ def _batch(r: _Body) -> Batch:
                 and all(is_u64(n) for n in item[1:])):
             raise LinkError("'b' frame: 'a' must hold [origin, ref, epoch, seq] arrays")
         repeats.append((item[0], item[1], item[2], item[3]))
-    return Batch(CommittedBatch(r.uint("c"), r.messages("m"), r.origins("o"), tuple(repeats)))
+    overtaken = r.origins("x") if "x" in r.body else ()
+    return Batch(CommittedBatch(r.uint("c"), r.messages("m"), r.origins("o"), tuple(repeats),
+                                overtaken))
 
 
 FORWARD_FAILED_STATUSES: Final = (
@@ -447,8 +451,8 @@ def _op(tag: str, body: dict[Any, Any]) -> LinkOp:
             raise LinkError(f"handshake frame {tag!r} after authentication")
         raise LinkError(f"unknown frame {tag[:40]!r}")
     keys, build = _OPS[tag]
-    if tag == "b" and "a" in body:  # the repeats, only in a batch that has some
-        keys = ("c", "m", "o", "a")
+    if tag == "b":  # the repeats, the overtaken: only in a batch that has some
+        keys = ("c", "m", "o", *(k for k in ("a", "x") if k in body))
     elif tag == "ff" and "s" in body:  # the status, only when not PUBLISH_FAILED
         keys = ("o", "r", "u", "s")
     elif tag == "cf":  # the limits, the entitlement's keys: from a member that knows them

@@ -23,7 +23,10 @@ in the batch with the first copy's position (``CommittedBatch.repeats``,
 failure (the other copy may still commit): only a commit, or the timeout. A seed's
 definite failure of a copy is counted (``copies_refused``): that copy never reached the
 coordinator, so it could not be answered as a repeat -- its publish is answered by the
-first copy's batch, or times out.
+first copy's batch, or times out. A copy the coordinator dropped, overtaken by newer
+publishes of this member and found in no window of numbered ones, is the coordinator's
+word for the publish (``CommittedBatch.overtaken``): never numbered, never to be; it
+fails at once (``PUBLISH_FAILED``), resent or not, after a sync or not.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.server.context import PublishReply
 from migratory.server.metrics import PublishTimings
+
+OVERTAKEN = ("not published: newer publishes of this member were published before it "
+             "(publish again)")
+"""The reason of a publish the coordinator found overtaken (``CommittedBatch.overtaken``)."""
 
 
 @dataclass(slots=True)
@@ -75,6 +82,9 @@ class PublishingStatistics:
     """Copies a seed refused for sure (never numbered, so never a repeat either: a Raft
     leader change while they were on their way, say); the publish waited for its first
     copy's batch or the timeout."""
+    overtaken: int = 0
+    """Publishes failed because the coordinator dropped them, overtaken by newer ones of
+    this member, never to be numbered (``CommittedBatch.overtaken``)."""
 
 
 class ClusterPublishing:
@@ -217,7 +227,7 @@ class ClusterPublishing:
         elif offer is Offer.APPLIED:
             self.stats.batches_applied += 1
         replies: dict[int, PublishReply] = {}
-        if batch.repeats:
+        if batch.repeats or batch.overtaken:
             self._acknowledge_with_repeats(batch, replies, now)
         else:
             for (origin, ref), message in zip(batch.origins, batch.messages, strict=True):
@@ -227,22 +237,37 @@ class ClusterPublishing:
             reply.flush()
         return offer
 
+    def _fail_overtaken(self, ref: int, replies: dict[int, PublishReply]) -> None:
+        """The coordinator dropped a copy of this publish, never numbered and never to be
+        (``CommittedBatch.overtaken``): failed for sure, whatever copy or sync came before
+        -- the coordinator's word for the publish, not a seed's for one copy."""
+        pending = self._pending.pop(ref, None)
+        if pending is not None:
+            self.stats.overtaken += 1
+            self._fail(pending, OVERTAKEN, replies)
+
     def _acknowledge_with_repeats(
         self, batch: CommittedBatch, replies: dict[int, PublishReply], now: float
     ) -> None:
         """Answer this member's publishes of a batch that holds repeats (copies of
-        publishes numbered before) in ref order, the order its clients published them:
-        a repeat is older than what the batch numbers, and answered after it, a PUBACK
-        overtook an earlier PUBLISH's (MQTT 3.1.1 section 4.6 wants them in order)."""
-        ours = [(ref, message.position, False) for (origin, ref), message
-                in zip(batch.origins, batch.messages, strict=True) if origin == self.origin]
+        publishes numbered before) or overtaken ones (never numbered, never to be) in ref
+        order, the order its clients published them: a repeat is older than what the batch
+        numbers, and answered after it, a PUBACK overtook an earlier PUBLISH's (MQTT 3.1.1
+        section 4.6 wants them in order)."""
+        ours: list[tuple[int, Position | None, bool]] = [
+            (ref, message.position, False) for (origin, ref), message
+            in zip(batch.origins, batch.messages, strict=True) if origin == self.origin]
         for origin, ref, epoch, seq in batch.repeats:  # numbered before, there
             if origin == self.origin:
                 self.stats.repeats += 1
                 ours.append((ref, Position(epoch, seq), True))
+        ours.extend((ref, None, False) for origin, ref in batch.overtaken
+                    if origin == self.origin)
         ours.sort(key=lambda answer: answer[0])
         for ref, position, repeat in ours:
-            if self._acknowledge(ref, position, replies, now) and repeat:
+            if position is None:
+                self._fail_overtaken(ref, replies)
+            elif self._acknowledge(ref, position, replies, now) and repeat:
                 self.stats.acknowledged_repeats += 1
 
     def _acknowledge(
@@ -353,5 +378,6 @@ class ClusterPublishing:
             "repeats": stats.repeats,
             "acknowledged_repeats": stats.acknowledged_repeats,
             "copies_refused": stats.copies_refused,
+            "overtaken": stats.overtaken,
             "applied_clsn": self.replica.applied_clsn,
         }

@@ -138,6 +138,26 @@ class RaftRules:
         for entry in [e for e in self.raft.in_flight if not e.in_doubt][::-1][:lost]:
             self._raft_fails(entry, reason)
 
+    def _older_forwards(self) -> list[InFlight]:
+        """Forwards in flight with a newer request of their origin in flight after them."""
+        newest: dict[str, int] = {}
+        for entry in self.raft.in_flight:
+            origin, ref = entry.request.origin, entry.request.ref
+            newest[origin] = max(ref, newest.get(origin, ref))
+        return [e for e in self.raft.in_flight if not e.in_doubt and e.reply_to is not None
+                and e.request.ref < newest[e.request.origin]]
+
+    @precondition(lambda self: self._older_forwards())
+    @rule(pick=picks, reason=reasons)
+    def leader_change_midway(self, pick: int, reason: int) -> None:
+        """A new Raft leader fails a non-seed's forward whose newer ones it took (they
+        went to the new leader): lost, or in doubt until a barrier -- a copy of it sent
+        again through another seed comes after the newer ones were numbered, and is
+        dropped (``CommittedBatch.overtaken``: the publish failed for sure)."""
+        entry = choose(self._older_forwards(), pick)
+        assert entry is not None
+        self._raft_fails(entry, reason)
+
     def _raft_fails(self, entry: InFlight, reason: int) -> None:
         if reason in NEVER_COMMITS:
             self.raft.in_flight.remove(entry)

@@ -202,6 +202,43 @@ def test_a_request_older_than_one_numbered_from_its_origin_is_dropped() -> None:
     assert coordinator.origin_refs == {"s": 4, "n": 6}  # the most lately numbered last
 
 
+def test_a_dropped_request_no_copy_of_which_was_numbered_is_overtaken() -> None:
+    """A copy the per-origin order drops whose ref was never numbered, at or above the
+    oldest of its origin's window: never numbered, and never will be (the origin's last
+    ref only grows), so the batch names it (``overtaken``) and its member fails it at
+    once. Before, it was dropped unanswered: its publish timed out "outcome unknown"
+    (test_cluster_resend.py, h163: 191 and 1,227 in two runs)."""
+    coordinator = Coordinator()
+    coordinator.apply_batch(11, [request(IBM, "1", 1, "n"), request(IBM, "2", 2, "n")])
+    coordinator.apply_batch(11, [request(IBM, "5", 5, "n")])  # 3 and 4: lost on the way
+    late = coordinator.apply_batch(
+        11, [request(IBM, "3", 3, "n"), request(IBM, "2", 2, "n"), request(IBM, "6", 6, "n"),
+             request(IBM, "4", 4, "n"), request(IBM, "4", 4, "n"), request(LAL, "x", 9, "s")])
+    assert late.origins == (("n", 6), ("s", 9))
+    assert late.repeats == (("n", 2, 11, 2),)  # numbered before: its position
+    assert late.overtaken == (("n", 3), ("n", 4), ("n", 4))
+    assert coordinator.apply_batch(11, [request(IBM, "3", 3, "n")]).overtaken == (("n", 3),)
+
+
+def test_a_dropped_request_below_its_window_or_without_one_is_not_overtaken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below the oldest ref of its origin's window (or with the window evicted) a ref may
+    have been numbered: the coordinator does not know, it says nothing (unknown)."""
+    monkeypatch.setattr(coordination, "RECENT_PER_ORIGIN", 4)
+    monkeypatch.setattr(coordination, "RECENT_ORIGINS", 1)
+    coordinator = Coordinator()
+    for ref in range(1, 21, 2):  # odd refs numbered; the window keeps 13..19 or so
+        coordinator.apply_batch(5, [request(IBM, str(ref), ref, "n")])
+    oldest = next(iter(coordinator.recent["n"]))
+    assert coordinator.apply_batch(5, [request(IBM, "b", oldest - 1, "n")]).overtaken == ()
+    assert coordinator.apply_batch(5, [request(IBM, "c", oldest + 1, "n")]).overtaken == (
+        ("n", oldest + 1),)
+    coordinator.apply_batch(5, [request(LAL, "o", 1, "other")])  # evicts "n"'s window
+    assert "n" not in coordinator.recent
+    assert coordinator.apply_batch(5, [request(IBM, "d", 18, "n")]).overtaken == ()
+
+
 def test_apply_wire_drops_what_apply_batch_drops() -> None:
     from cluster.raft import to_wire
 
@@ -211,6 +248,9 @@ def test_apply_wire_drops_what_apply_batch_drops() -> None:
         assert left.apply_wire(5, to_wire(requests)) == right.apply_batch(5, requests)
     assert left.to_state() == right.to_state()
     assert left.digest() == right.digest()
+    late = [request(IBM, "4", 5, "n")]  # (4 and 9 numbered)
+    assert left.apply_wire(5, to_wire(late)) == right.apply_batch(5, late)
+    assert right.apply_batch(5, late).overtaken == (("n", 5),)
 
 
 def test_the_origins_kept_are_bounded_the_oldest_forgotten_first(

@@ -79,6 +79,8 @@ EXAMPLES: list[LinkOp] = [
     Batch(CommittedBatch(12, (msg(1, epoch=5, seq=9, qos=Qos.GUARANTEED),), ((CONNECTOR, 1),))),
     Batch(CommittedBatch(0, (), ())),
     Batch(CommittedBatch(13, (), (), ((CONNECTOR, 1, 5, 9), (CONNECTOR, 2**64 - 1, 1, 0)))),
+    Batch(CommittedBatch(14, (), (), (), ((CONNECTOR, 2), (CONNECTOR, 2**64 - 1)))),
+    Batch(CommittedBatch(15, (), (), ((CONNECTOR, 1, 5, 9),), ((CONNECTOR, 2),))),
     SyncRequest(),
     SyncRequest(2**40),
     SyncRefused(7, "this member is waiting for a sync"),
@@ -121,6 +123,9 @@ def test_a_batch_without_repeats_is_the_frame_an_older_member_reads() -> None:
     assert set(payload_of(link.encode_frame(Batch(plain)))) == {"t", "c", "m", "o"}
     with_repeats = CommittedBatch(12, (), (), ((CONNECTOR, 1, 5, 9),))
     assert payload_of(link.encode_frame(Batch(with_repeats)))["a"] == [[CONNECTOR, 1, 5, 9]]
+    with_overtaken = CommittedBatch(12, (), (), (), ((CONNECTOR, 2),))
+    assert payload_of(link.encode_frame(Batch(with_overtaken))) == {
+        "t": "b", "c": 12, "m": [], "o": [], "x": [[CONNECTOR, 2]]}
 
 
 def test_tags_are_short() -> None:

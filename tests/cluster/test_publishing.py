@@ -8,7 +8,7 @@ from publish_answers import Answers
 from cluster import link
 from cluster.coordination import UNNUMBERED_EPOCH, CommittedBatch, Coordinator, PublishRequest
 from cluster.forwarding import Outgoing
-from cluster.publishing import ClusterPublishing
+from cluster.publishing import OVERTAKEN, ClusterPublishing
 from cluster.replica import Replica
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
@@ -169,6 +169,35 @@ def test_copies_a_seed_refused_are_counted_after_the_first_copies_answered() -> 
         ("a", "PUBLISH_OK"), ("b", "PUBLISH_OK"), ("c", "PUBLISH_OK")]
     stats = publishing.statistics()
     assert (stats["resent"], stats["repeats"], stats["copies_refused"]) == (3, 0, 3)
+
+
+def test_a_publish_the_coordinator_found_overtaken_fails_at_once() -> None:
+    """Its first copy was lost (a Raft leader change), a newer publish of this member was
+    numbered, and its copy, sent again through another seed, was dropped: the batch says
+    so (``overtaken``), and the publish fails for sure at once -- resent, after a sync --
+    where it timed out "outcome unknown" before."""
+    publishing, answers = _member()
+    coordinator = Coordinator()
+    _publish(publishing, answers, "z", 0.0)
+    publishing.on_committed(coordinator.apply_batch(7, publishing.take_outgoing()), 0.1)
+    _publish(publishing, answers, "abc", 0.2)
+    first = publishing.take_outgoing()
+    numbered = coordinator.apply_batch(7, first[2:])  # a and b lost on the way
+    publishing.on_jump(0.5)  # (a sync replaced that batch here)
+    assert publishing.resend_unanswered(1.0) == 3
+    again = coordinator.apply_batch(7, publishing.take_outgoing())
+    assert again.repeats == (("edge#1", 4, 7, 2),)
+    assert again.overtaken == (("edge#1", 2), ("edge#1", 3))
+    publishing.on_committed(again, 1.5)
+    publishing.on_committed(numbered, 1.6)  # (after the sync: nothing more)
+    assert [(r.closure, r.status.name, r.reason) for r in answers.results] == [  # in order
+        ("z", "PUBLISH_OK", None), ("a", "PUBLISH_FAILED", OVERTAKEN),
+        ("b", "PUBLISH_FAILED", OVERTAKEN), ("c", "PUBLISH_OK", None)]
+    stats = publishing.statistics()
+    assert (stats["overtaken"], stats["failed"], stats["pending"]) == (2, 2, 0)
+    other = CommittedBatch(8, (), (), (), (("edge#2", 9),))  # another member's
+    publishing.on_committed(other, 2.0)
+    assert len(answers.results) == 4
 
 
 def test_a_copy_is_forgotten_once_no_seed_answers_it() -> None:
