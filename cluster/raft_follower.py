@@ -75,6 +75,7 @@ from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_ch
 from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
 from cluster.raft_entry_parts import LargeEntryParts
+from cluster.raft_own_state import NotInDumps, own_state_only
 from cluster.raft_prevote_node import PreVote
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
@@ -130,6 +131,7 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
         if not others:  # a lone seed: nothing another seed could hold (raft_votes.py)
             self._empty_start.joined_a_new_cluster(0)
         super().__init__(*args, **kwargs)
+        self._SyncObj__properies = NotInDumps()  # this process's state stays out of dumps
         # forwarded commands' ids unique across restarts (test_raft_forwarded_commands)
         self._SyncObj__commandsLocalCounter = secrets.randbits(62)
         mark_the_last_chunk(self._SyncObj__serializer)
@@ -140,6 +142,7 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
         def deserialize() -> Any:
             self._last_dump_entry = None
             data, self._peeked_dump = self._peeked_dump or read_dump(), None
+            data = own_state_only(data)  # (an older version's dump: raft_own_state.py)
             self._last_dump_entry = data[1]
             return data
 
