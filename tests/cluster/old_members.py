@@ -42,6 +42,11 @@ def unpack_524f73f(into: Path) -> Path:
     return tree
 
 
+NEWER_LOOPBACK_KEYS = frozenset({"ClusterSeedLinkWait"})
+"""Keys cluster/tooling.py's ``member_settings`` gives every loopback member that 524f73f
+does not know (docs/cluster.md, 'Downgrading to 524f73f'); its members go without them."""
+
+
 class MixedCluster(LocalCluster):
     """A Guaranteed loopback cluster (an MQTT listener on each member's port + 5) whose
     members in :attr:`old` run 524f73f from ``old_tree``; the others this code. Move a
@@ -56,7 +61,10 @@ class MixedCluster(LocalCluster):
         self.old = set(old)
 
     def start(self, index: int) -> None:
-        args, env = member_command(self.settings[index])
+        settings = self.settings[index]
+        if index in self.old:  # a key it does not know stops it at start
+            settings = {k: v for k, v in settings.items() if k not in NEWER_LOOPBACK_KEYS}
+        args, env = member_command(settings)
         if index in self.old:  # its source first: it shadows this checkout's
             env["PYTHONPATH"] = str(self.old_tree)
         with (self.tmp_path / f"migratory-{index}.log").open("ab") as log:

@@ -53,6 +53,7 @@ def seed_with(subjects: int, retained: int) -> Any:
         _subject_warning=SubjectCountWarning(first=3), stopped=None,
         getStatus=lambda: {"state": 0, "has_quorum": False}, _SyncObj__transport=transport,
         isReady=lambda: True, otherNodes=(), isNodeConnected=lambda node: False,
+        _unresolved_seeds=lambda now: (), _started=0.0,
         _dump_retries=SimpleNamespace(total=0), forward_hold=ForwardHold(), _entries_taken=0,
         _untaken_dumps=UntakenDumps(
             SimpleNamespace(_SyncObj__raftCurrentTerm=1, _SyncObj__raftMatchIndex={}), lambda: 0.0),
