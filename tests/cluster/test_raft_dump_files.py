@@ -120,7 +120,8 @@ def test_a_seed_whose_dump_fails_not_for_the_disk_runs_on_and_counts_it(
     raft = compacting_seed(tmp_path, port, committed)
     try:
         wait_for(lambda: raft.snapshot.ready)
-        raft.syncobj.unpicklable = lambda: None  # pickled with the node's attributes
+        # pickled with the replicated state (the node's own attributes are not: raft_own_state)
+        raft.syncobj._status_consumer.unpicklable = lambda: None
         for _ in range(40):  # past the compaction threshold (10 to 15 entries)
             if raft.status()["raft_dump_failures"] or not submit(raft, 0.3):
                 break
@@ -190,7 +191,8 @@ def test_a_dump_that_fails_not_for_the_disk_is_said_once_then_tried_less_often(
         assert leader is not None
         buggy = next(address for address in world.addresses if address != leader)
         node = world.nodes[buggy]
-        node.unpicklable = lambda: None  # pickled with the node's other attributes
+        state = world.recorders[buggy]  # its replicated state (raft_own_state.py)
+        state.unpicklable = lambda: None  # pickled with the state's other attributes
         dump = world.dir / f"{buggy.replace(':', '_')}.dump"
         for i in range(10):  # past compaction_entries: the node tries to compact
             world.submit(leader, b"v%04d" % i)
@@ -208,7 +210,7 @@ def test_a_dump_that_fails_not_for_the_disk_is_said_once_then_tried_less_often(
         assert len(again) == len(failed), again
         assert f"failed, {len(failed)} in a row over " in again[-1], again[-1]
         assert node._dump_retries.total == len(failed)
-        del node.unpicklable  # mended: the next try writes it
+        del state.unpicklable  # mended: the next try writes it
         for _ in range(200):  # the next try, within 16 s
             world.step(0.1)
             if dump.exists():
