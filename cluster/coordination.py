@@ -45,11 +45,20 @@ from __future__ import annotations
 import collections
 import itertools
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from cluster.numbering_state import _is_count, _is_epoch, _Numbering, _numbering, seqs_sum
+from cluster.numbering_state import (
+    GROUP_COUNT,
+    NumberedPositions,
+    _is_count,
+    _is_epoch,
+    _Numbering,
+    _numbering,
+    seqs_sum,
+    subject_group,
+)
 from migratory.model.cache import encoded_bound
 from migratory.model.frozen import positional_constructor
 from migratory.model.message import Message, MessageType, Qos, new_message
@@ -70,9 +79,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-GROUP_COUNT: Final = 64
-"""Subjects hash into this many subject groups; each group has one epoch."""
 
 UNNUMBERED_EPOCH: Final = 1
 """The epoch every member's hub gives a subject the cluster has not numbered yet.
@@ -104,11 +110,6 @@ def _overtaken(window: dict[int, int], ref: int) -> bool:
     window: evicted, a dump of the code before) it may have been numbered: not known."""
     oldest = next(iter(window), None)
     return oldest is not None and ref >= oldest
-
-
-def subject_group(subject: str) -> int:
-    """The subject group of ``subject``: CRC-32 of its UTF-8 bytes modulo GROUP_COUNT."""
-    return zlib.crc32(subject.encode("utf-8")) % GROUP_COUNT
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,40 +162,6 @@ class CommittedBatch:
     origins: tuple[tuple[str, int], ...]
     repeats: tuple[tuple[str, int, int, int], ...] = ()
     overtaken: tuple[tuple[str, int], ...] = ()
-
-
-class NumberedPositions(Mapping[str, tuple[int, int]]):
-    """Subject -> ``(epoch, seq)`` over a copy of the numbering
-    (:meth:`Coordinator.positions_now`)."""
-
-    __slots__ = ("_epochs", "_later", "_seqs")
-
-    def __init__(self, seqs: dict[str, int], group_epochs: dict[int, int],
-                 later: DumpDecoding[_Numbering] | None = None) -> None:
-        self._seqs = seqs
-        self._epochs = group_epochs
-        self._later = later
-        """A dump's numbering decoding: its copies, once decoded (a read waits)."""
-
-    def ready(self) -> bool:
-        """Whether a read answers at once (else it waits for the dump's numbering)."""
-        return self._later is None or self._later.done()
-
-    def _copies(self) -> tuple[dict[str, int], dict[int, int]]:
-        if self._later is not None:
-            _, (self._seqs, self._epochs) = self._later.result()
-            self._later = None
-        return self._seqs, self._epochs
-
-    def __getitem__(self, subject: str) -> tuple[int, int]:
-        seqs, epochs = self._copies()
-        return epochs[subject_group(subject)], seqs[subject]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._copies()[0])
-
-    def __len__(self) -> int:
-        return len(self._copies()[0])
 
 
 class Coordinator:

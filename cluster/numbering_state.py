@@ -1,14 +1,18 @@
 """The numbering a Coordinator dumps and loads, apart from the Coordinator: the digest's
 term of every subject's seq, and the checks of a dump's numbering (run in the decoding
-thread, cluster/dump_decoder.py, and by ``Coordinator.from_state``). Pure."""
+thread, cluster/dump_decoder.py, and by ``Coordinator.from_state``), subject groups, and the
+positions read over a copy of the numbering. Pure."""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
-from typing import Any, TypeGuard
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from migratory.model.position import EPOCH_LIMIT
+
+if TYPE_CHECKING:  # (a thread runs there: see cluster/coordination.py)
+    from cluster.dump_decoder import DumpDecoding
 
 
 def seqs_sum(seqs: Mapping[str, int]) -> int:
@@ -42,3 +46,46 @@ def _is_count(value: object) -> TypeGuard[int]:
 
 def _is_epoch(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < EPOCH_LIMIT
+
+
+GROUP_COUNT: Final = 64
+"""Subjects hash into this many subject groups; each group has one epoch."""
+
+
+def subject_group(subject: str) -> int:
+    """The subject group of ``subject``: CRC-32 of its UTF-8 bytes modulo GROUP_COUNT."""
+    return zlib.crc32(subject.encode("utf-8")) % GROUP_COUNT
+
+
+class NumberedPositions(Mapping[str, tuple[int, int]]):
+    """Subject -> ``(epoch, seq)`` over a copy of the numbering
+    (:meth:`Coordinator.positions_now`)."""
+
+    __slots__ = ("_epochs", "_later", "_seqs")
+
+    def __init__(self, seqs: dict[str, int], group_epochs: dict[int, int],
+                 later: DumpDecoding[_Numbering] | None = None) -> None:
+        self._seqs = seqs
+        self._epochs = group_epochs
+        self._later = later
+        """A dump's numbering decoding: its copies, once decoded (a read waits)."""
+
+    def ready(self) -> bool:
+        """Whether a read answers at once (else it waits for the dump's numbering)."""
+        return self._later is None or self._later.done()
+
+    def _copies(self) -> tuple[dict[str, int], dict[int, int]]:
+        if self._later is not None:
+            _, (self._seqs, self._epochs) = self._later.result()
+            self._later = None
+        return self._seqs, self._epochs
+
+    def __getitem__(self, subject: str) -> tuple[int, int]:
+        seqs, epochs = self._copies()
+        return epochs[subject_group(subject)], seqs[subject]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._copies()[0])
+
+    def __len__(self) -> int:
+        return len(self._copies()[0])
