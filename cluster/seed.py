@@ -44,7 +44,7 @@ from cluster.seed_readiness import SeedReadiness
 from cluster.stream import CommittedStream
 from migratory.config import Config
 from migratory.model.position import new_epoch
-from migratory.server.metrics import LATENCY_BOUNDS, Buckets
+from migratory.server.metric_buckets import LATENCY_BOUNDS, Buckets
 
 log = logging.getLogger("migratory.cluster")
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
-from migratory.server.metrics import BatchSizes
+from migratory.server.metric_buckets import BatchSizes
 from migratory.server.session_subscriptions import SLICE_UNITS
 from migratory.server.tcp_progress import bytes_acked, unacknowledged_bytes
 from migratory.server.tls_link import TlsFailed, TlsLink

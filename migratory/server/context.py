@@ -18,7 +18,8 @@ from migratory.model.position import Position
 from migratory.protocol import close_codes, ops
 from migratory.server.audit import Audit
 from migratory.server.hub import Hub
-from migratory.server.metrics import BatchSizes, PublishTimings
+from migratory.server.metric_buckets import BatchSizes
+from migratory.server.metrics import PublishTimings
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

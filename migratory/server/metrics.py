@@ -1,10 +1,10 @@
 """``GET /metrics``: the server's figures for Prometheus, exposed by ``prometheus_client``.
 
 Nothing here runs per delivery. The server keeps plain counters (``ServerStatistics``,
-the hub's figures) and cheap bucket counts (:class:`Buckets`: one ``bisect`` and two
-additions per observation, once per publish or per socket write, never per
-subscriber); a :class:`ServerCollector` turns them into metric families only when
-Prometheus scrapes. ``prometheus_client`` writes the exposition format.
+the hub's figures) and cheap bucket counts (:mod:`migratory.server.metric_buckets`: once
+per publish or per socket write, never per subscriber); a :class:`ServerCollector` turns
+them into metric families only when Prometheus scrapes. ``prometheus_client`` writes the
+exposition format.
 
 ``migratory_connections_open`` is what the HPA's custom metric scales on
 (deploy/k8s/prometheus-adapter-rule.yaml turns it into ``migratory_connections``).
@@ -13,7 +13,6 @@ docs/monitoring.md describes every metric.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,94 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
+from migratory.server.metric_buckets import LATENCY_BOUNDS, BatchSizes, Buckets
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-
-# seconds: publish -> fan-out, publish -> acknowledgement, Raft commit
-LATENCY_BOUNDS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)
-BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)  # frames in one socket write
-
-
-class Buckets:
-    """Observations counted per bucket, for a Prometheus histogram.
-
-    No lock: every observation happens on the trio thread. ``bounds`` are the upper
-    bounds (inclusive, as Prometheus' ``le``); one more bucket counts the rest.
-    """
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            cumulative += count
-            buckets.append((_bound_text(bound), cumulative))
-        buckets.append(("+Inf", cumulative + self.counts[-1]))
-        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
-
-
-def _bound_text(bound: float) -> str:
-    return repr(float(bound))
-
-
-class BatchSizes:
-    """Frames per socket write, counted on the write path at the lowest cost: one list
-    slot per size (``sizes[n] += 1``, ~0.1 us), grouped into :data:`BATCH_BOUNDS`
-    buckets only when Prometheus scrapes."""
-
-    __slots__ = ("large_count", "large_sum", "sizes")
-
-    LIMIT = BATCH_BOUNDS[-1]
-
-    def __init__(self) -> None:
-        self.sizes = [0] * (self.LIMIT + 1)  # sizes[n]: writes of n frames, n <= LIMIT
-        self.large_count = 0  # writes of more than LIMIT frames
-        self.large_sum = 0
-
-    def observe(self, frames: int) -> None:
-        if frames <= self.LIMIT:
-            self.sizes[frames] += 1
-        else:
-            self.large_count += 1
-            self.large_sum += frames
-
-    @property
-    def count(self) -> int:
-        return sum(self.sizes) + self.large_count
-
-    def buckets(self) -> Buckets:
-        grouped = Buckets(BATCH_BOUNDS)
-        for frames, count in enumerate(self.sizes):
-            if count:
-                grouped.counts[bisect_left(BATCH_BOUNDS, frames)] += count
-                grouped.sum += frames * count
-        grouped.counts[-1] += self.large_count
-        grouped.sum += self.large_sum
-        return grouped
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        return self.buckets().family(name, documentation)
-
 
 @dataclass(slots=True)
 class PublishTimings:

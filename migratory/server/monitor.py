@@ -22,7 +22,7 @@ import trio
 from migratory.model.outbox import PEAK_WINDOW_SECONDS
 from migratory.model.stat_windows import RateMeter, StatisticsWindows
 from migratory.protocol.http import Request, response
-from migratory.server import metrics
+from migratory.server import metric_buckets, metrics
 from migratory.server.dashboard import DashboardConfig
 from migratory.server.meta_subjects import CLUSTER_SUBJECT, meta_message, stats_subject
 
@@ -85,7 +85,7 @@ class Monitor:
         return self._server.ctx.publishing.timings
 
     @property
-    def batch_sizes(self) -> metrics.BatchSizes:
+    def batch_sizes(self) -> metric_buckets.BatchSizes:
         return self._server.ctx.batch_sizes
 
     def statistics(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from rawclient import RawClient
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory.server import metrics
+from migratory.server import metric_buckets, metrics
 
 SUBJECT = "/metrics/test/a"
 
@@ -113,7 +113,7 @@ def test_a_scripted_workload_moves_the_metrics_it_should(start_server: Any) -> N
 class FakeSource:
     def __init__(self, cluster: metrics.ClusterMetrics | None) -> None:
         self.timings = metrics.PublishTimings()
-        self.batch_sizes = metrics.BatchSizes()
+        self.batch_sizes = metric_buckets.BatchSizes()
         self._cluster = cluster
 
     def statistics(self) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def test_heartbeats_sent_and_sessions_watched_move_with_a_client(start_server: A
 
 
 def test_cluster_metrics_come_from_the_member() -> None:
-    latency = metrics.Buckets(metrics.LATENCY_BOUNDS)
+    latency = metric_buckets.Buckets(metric_buckets.LATENCY_BOUNDS)
     latency.observe(0.002)
     source = FakeSource(metrics.ClusterMetrics(
         member="m1:9800", role="seed", raft_state="leader", raft_term=7,
@@ -266,7 +266,7 @@ def test_cluster_metrics_come_from_the_member() -> None:
 
 
 def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
-    sizes = metrics.BatchSizes()
+    sizes = metric_buckets.BatchSizes()
     for frames in (1, 1, 3, 2000):
         sizes.observe(frames)
     grouped = sizes.buckets()
