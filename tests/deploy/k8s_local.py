@@ -124,6 +124,7 @@ class LocalStatefulSet:
         self.events = Events()
         self._next_ip = 10
         self._generation = 0
+        self._creating: dict[int, trio.Event] = {}
         self._bin = Path(sys.executable).parent
 
     # --- the pod network ----------------------------------------------------------
@@ -173,8 +174,21 @@ class LocalStatefulSet:
         hand an address out again while cluster DNS caches still name the old pod). Its
         process and network are made in a thread: done on this loop, a pod's ~10
         ``ip``/``nsenter`` commands held the Service's relays, the kubelet and the plays'
-        SDK clients, which live on it, 0.1-0.5 s per pod at load ~25 (1.1 s for four)."""
+        SDK clients, which live on it, 0.1-0.5 s per pod at load ~25 (1.1 s for four).
+        One creation per ordinal, as the controller makes it: a second ``create`` while
+        the first runs in its thread (a play's restart and a scale both finding the
+        ordinal missing) waits for that pod and returns it."""
+        if (creating := self._creating.get(ordinal)) is not None:
+            await creating.wait()
+            return self.pods[ordinal]
         assert ordinal not in self.pods
+        self._creating[ordinal] = trio.Event()
+        try:
+            return await self._create(ordinal, ip)
+        finally:
+            self._creating.pop(ordinal).set()
+
+    async def _create(self, ordinal: int, ip: str | None) -> Pod:
         assert ip is None or all(p.ip != ip for p in self.pods.values()), ip
         view = pod_view(self.docs, ordinal, self.secrets)
         if ip is None:

@@ -126,3 +126,44 @@ def test_making_pods_leaves_the_plays_loop_turning(tmp_path: Path) -> None:
     assert result.returncode == 0, out
     [line] = [line for line in out.splitlines() if line.startswith("longest gap")]
     assert float(line.split()[-1]) < 0.25, out
+
+
+TWICE_SCRIPT = r"""
+import secrets, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import trio
+from k8s_local import LocalStatefulSet
+from k8s_manifests import documents
+
+async def main():
+    LocalStatefulSet.make_network()
+    sts = LocalStatefulSet(documents(), Path(sys.argv[2]), secrets.token_urlsafe(24))
+    made = []
+    async def make():
+        made.append(await sts.create(0))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(make)
+            nursery.start_soon(make)
+        print(f"pods {len(sts.pods)} processes {len({pod.process.pid for pod in made})}")
+    finally:
+        sts.stop_all()
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_an_ordinal_created_twice_at_once_is_one_pod(tmp_path: Path) -> None:
+    """A play's restart of the Raft leader and a ``kubectl scale`` both find ordinal 0
+    missing and create it while the first creation runs in its thread (CI of d942720:
+    ``assert ordinal not in self.pods`` in scale-out-in-leader-restart). The controller
+    makes one pod per ordinal: the second creation waits for the first's pod."""
+    assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
+    result = subprocess.run(
+        ["unshare", "--net", "--", sys.executable, "-c", TWICE_SCRIPT, str(HERE),
+         str(tmp_path / "pods")], capture_output=True, text=True, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "pods 1 processes 1" in out, out
