@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migratory.server import metrics
+from migratory.server import metric_buckets, metric_figures, metrics
 
 N = 1_000_000
 
@@ -46,9 +46,9 @@ def cpu_per_call(function: object, count: int = N) -> float:
 
 def write_costs() -> tuple[float, float]:
     """(CPU of the batch-size count per write, CPU of one send of a 130-byte frame)."""
-    ctx = SimpleNamespace(batch_sizes=metrics.BatchSizes())
+    ctx = SimpleNamespace(batch_sizes=metric_buckets.BatchSizes())
     outbox = deque([b"x" * 130])
-    limit = metrics.BatchSizes.LIMIT
+    limit = metric_buckets.BatchSizes.LIMIT
 
     def counted() -> None:  # what Connection._write does before taking the batch
         frames = len(outbox)
@@ -83,7 +83,7 @@ def write_costs() -> tuple[float, float]:
 
 def publish_cost() -> float:
     """CPU of timing one acknowledged publish (LocalPublishing) and the audit check."""
-    timings = metrics.PublishTimings()
+    timings = metric_figures.PublishTimings()
     ctx = SimpleNamespace(audit=None)
     clock = time.perf_counter  # trio.current_time is a perf_counter read plus an offset
 
@@ -100,8 +100,8 @@ def publish_cost() -> float:
 
 class _Source:
     def __init__(self, connections: int) -> None:
-        self.timings = metrics.PublishTimings()
-        self.batch_sizes = metrics.BatchSizes()
+        self.timings = metric_figures.PublishTimings()
+        self.batch_sizes = metric_buckets.BatchSizes()
         self._connections = connections
 
     def statistics(self) -> dict[str, object]:

@@ -1,5 +1,6 @@
 """What a cluster member reports to the server's ``GET /metrics``: its role, Raft
-state, links and how far behind each is (:class:`migratory.server.metrics.ClusterMetrics`).
+state, links and how far behind each is
+(:class:`migratory.server.metric_figures.ClusterMetrics`).
 
 The server never imports the cluster package: a member gives its server a callable
 built here (``Server(..., cluster_metrics=...)``), read when Prometheus scrapes.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from cluster import raft_slow_disk
-from migratory.server.metrics import ClusterMetrics, PeerLink
+from migratory.server.metric_figures import ClusterMetrics, PeerLink
 
 if TYPE_CHECKING:
     from cluster.link_accept import HandshakeGate

@@ -41,7 +41,7 @@ from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
 from migratory.server.context import PublishReply
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 
 OVERTAKEN = ("not published: newer publishes of this member were published before it "
              "(publish again)")

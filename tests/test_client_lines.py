@@ -19,7 +19,7 @@ from migratory.protocol import websocket as ws
 from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server.app import build_hub
 from migratory.server.context import ServerContext, ServerStatistics
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 
 if TYPE_CHECKING:
     from migratory.server.session import Session

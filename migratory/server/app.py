@@ -44,7 +44,7 @@ from migratory.server.listen_sockets import open_listeners
 from migratory.server.loop_turns import TURN_UNITS, TurnGate
 from migratory.server.memory import MemoryTrim
 from migratory.server.meta_subjects import MetaSubjectEntitlement
-from migratory.server.metrics import ClusterMetrics
+from migratory.server.metric_figures import ClusterMetrics
 from migratory.server.monitor import Monitor
 from migratory.server.monitor_listener import monitoring_tls, serve_monitoring
 from migratory.server.mqtt_expiry import SessionExpiry

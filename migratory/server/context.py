@@ -19,7 +19,7 @@ from migratory.protocol import close_codes, ops
 from migratory.server.audit import Audit
 from migratory.server.hub import Hub
 from migratory.server.metric_buckets import BatchSizes
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

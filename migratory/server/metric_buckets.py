@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from prometheus_client.core import HistogramMetricFamily
-
 # seconds: publish -> fan-out, publish -> acknowledgement, Raft commit
 LATENCY_BOUNDS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -36,19 +34,6 @@ class Buckets:
     @property
     def count(self) -> int:
         return sum(self.counts)
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            cumulative += count
-            buckets.append((_bound_text(bound), cumulative))
-        buckets.append(("+Inf", cumulative + self.counts[-1]))
-        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
-
-
-def _bound_text(bound: float) -> str:
-    return repr(float(bound))
 
 
 class BatchSizes:
@@ -85,6 +70,3 @@ class BatchSizes:
         grouped.counts[-1] += self.large_count
         grouped.sum += self.large_sum
         return grouped
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        return self.buckets().family(name, documentation)

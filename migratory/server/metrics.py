@@ -14,75 +14,21 @@ docs/monitoring.md describes every metric.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from migratory.server.metric_buckets import LATENCY_BOUNDS, BatchSizes, Buckets
+from migratory.server.metric_buckets import BatchSizes, Buckets
+from migratory.server.metric_figures import ClusterMetrics, PublishTimings
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-
-@dataclass(slots=True)
-class PublishTimings:
-    """Latencies of this member's own publishes, from the moment a client's publish was
-    read: until the hub handed the message to the subscribers' outboxes (``fanout``)
-    and until its ``PUBLISH_OK`` was queued (``ack``)."""
-
-    fanout: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS))
-    ack: Buckets = field(default_factory=lambda: Buckets(LATENCY_BOUNDS))
-
-
-@dataclass(frozen=True, slots=True)
-class PeerLink:
-    """One link of a cluster member to another, as the cluster package sees it."""
-
-    peer: str
-    kind: str  # raft (seed to seed) | upstream (non-seed to its seed) | follower | forward
-    up: bool
-    lag: int | None = None  # committed batches (clsn) the far side of the link is behind
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterMetrics:
-    """What a cluster member reports about its place in the cluster (filled by the
-    cluster package, which this package never imports)."""
-
-    member: str
-    role: str  # seed | non-seed | member (Standard mode)
-    raft_state: str | None = None  # leader | follower | candidate | starting
-    raft_term: int | None = None
-    raft_commit_index: int | None = None
-    raft_last_applied: int | None = None
-    raft_dump_failures: int | None = None
-    raft_slow_syncs: int | None = None
-    """Syncs of the seed's Raft files that took 0.1 s or more (cluster/raft_slow_disk.py)."""
-    raft_sync_waiting: float | None = None
-    """Seconds the sync under way has waited (0.0: none is): its Raft thread waits too."""
-    link_refusals: tuple[tuple[str, int], ...] = ()
-    """(limit, count): connections to the cluster link port refused before their
-    handshake was done (cluster/link_accept.py)."""
-    link_violations: tuple[tuple[str, int], ...] = ()
-    """(rule, count): authenticated links this member closed because the peer broke a
-    rule of the link (cluster/link_limits.py)."""
-    link_publishes_refused: tuple[tuple[str, int], ...] = ()
-    """(status, count): peers' publishes refused by the check a client's publish passes
-    (cluster/link_publishes.py); the link stays up."""
-    raft_front_refused: tuple[tuple[str, int], ...] = ()
-    """(reason, count): connections the seed's Raft port refused (cluster/raft_front_server.py)."""
-    raft_front_skew: float | None = None
-    """Seconds the clock of the last seed that proved the password is ahead of this one's."""
-    raft_subjects: int | None = None  # subjects the seeds' numbering holds (for ever)
-    raft_snapshots: int | None = None  # retained snapshots the seeds' caches hold
-    applied_clsn: int | None = None
-    links: tuple[PeerLink, ...] = ()
-    commit_latency: Buckets | None = None
 
 
 class MetricsSource(Protocol):
@@ -240,22 +186,32 @@ class ServerCollector(Collector):
         yield _gauge("migratory_outbox_bytes_max", "The largest single client's queued bytes.",
                      outbox_max)
         timings = source.timings
-        yield timings.fanout.family(
-            "migratory_publish_fanout_seconds",
+        yield histogram(
+            timings.fanout, "migratory_publish_fanout_seconds",
             "From reading a client's publish to handing the message to its subscribers "
             "(this member's own publishes).",
         )
-        yield timings.ack.family(
-            "migratory_publish_ack_seconds",
+        yield histogram(
+            timings.ack, "migratory_publish_ack_seconds",
             "From reading a client's publish to queueing its PUBLISH_OK.",
         )
-        yield source.batch_sizes.family(
-            "migratory_write_batch_frames", "Frames written to a client in one socket write."
-        )
+        yield histogram(source.batch_sizes.buckets(), "migratory_write_batch_frames",
+                        "Frames written to a client in one socket write.")
         yield from heartbeat_families(stats.get("heartbeats"))
         cluster = source.cluster_metrics()
         if cluster is not None:
             yield from cluster_families(cluster)
+
+
+def histogram(buckets: Buckets, name: str, documentation: str) -> HistogramMetricFamily:
+    """The histogram of :mod:`.metric_buckets`' counts (cumulative, as Prometheus' ``le``)."""
+    cumulative = 0
+    counts: list[tuple[str, float]] = []
+    for bound, count in zip(buckets.bounds, buckets.counts, strict=False):
+        cumulative += count
+        counts.append((repr(float(bound)), cumulative))
+    counts.append(("+Inf", cumulative + buckets.counts[-1]))
+    return HistogramMetricFamily(name, documentation, buckets=counts, sum_value=buckets.sum)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -391,8 +347,8 @@ def cluster_families(cluster: ClusterMetrics) -> Iterator[Metric]:
                      "this one's (past +-120 s its connections are refused).",
                      cluster.raft_front_skew)
     if cluster.commit_latency is not None:
-        yield cluster.commit_latency.family(
-            "migratory_raft_commit_seconds",
+        yield histogram(
+            cluster.commit_latency, "migratory_raft_commit_seconds",
             "From submitting a Raft command of this seed's publishes to its commit.",
         )
     up = GaugeMetricFamily("migratory_cluster_link_up", "1 when the link to a peer is up.",

@@ -24,7 +24,7 @@ from k8s_manifests import (
     pod_view,
 )
 
-from migratory.server import metrics
+from migratory.server import metric_buckets, metric_figures, metrics
 
 MONITORING = ROOT / "deploy" / "monitoring"
 DASHBOARD = json.loads((MONITORING / "grafana-dashboard.json").read_text())
@@ -137,8 +137,8 @@ class _Source:
     """Every family the server can export, a cluster member's included."""
 
     def __init__(self) -> None:
-        self.timings = metrics.PublishTimings()
-        self.batch_sizes = metrics.BatchSizes()
+        self.timings = metric_figures.PublishTimings()
+        self.batch_sizes = metric_buckets.BatchSizes()
 
     def statistics(self) -> dict[str, Any]:
         stats: dict[str, Any] = {key: 1 for key, _, _, _ in metrics.METRICS}
@@ -152,12 +152,12 @@ class _Source:
     def frontends(self) -> tuple[dict[str, int], int, int]:
         return {"websocket": 1}, 0, 0
 
-    def cluster_metrics(self) -> metrics.ClusterMetrics:
-        return metrics.ClusterMetrics(
+    def cluster_metrics(self) -> metric_figures.ClusterMetrics:
+        return metric_figures.ClusterMetrics(
             member="m", role="seed", raft_state="leader", raft_term=1, raft_commit_index=1,
             raft_last_applied=1, applied_clsn=1,
-            links=(metrics.PeerLink("p", "raft", True, 0),),
-            commit_latency=metrics.Buckets(metrics.LATENCY_BOUNDS),
+            links=(metric_figures.PeerLink("p", "raft", True, 0),),
+            commit_latency=metric_buckets.Buckets(metric_buckets.LATENCY_BOUNDS),
             link_refusals=(("LINK_CONNECTIONS_PER_SECOND", 1),),
             link_violations=(("frame_size", 0),),
             link_publishes_refused=(("PUBLISH_FAILED", 0),),

@@ -22,7 +22,7 @@ from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server.app import Server, build_hub
 from migratory.server.connection import OPERATIONS_PER_TURN, RECV_SIZE, Connection
 from migratory.server.context import LocalPublishing
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 
 
 def test_an_abort_between_two_turns_ends_the_reader_quietly(

@@ -22,7 +22,7 @@ from migratory.protocol.http import (
 from migratory.server.app import build_hub
 from migratory.server.context import ServerContext, ServerStatistics
 from migratory.server.drain import DRAINING, REFUSED, Drain
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 from migratory.server.session import Session
 
 

@@ -20,7 +20,7 @@ from migratory.protocol.http import handshake_request, new_websocket_key
 from migratory.server import gc_pauses
 from migratory.server.app import Server
 from migratory.server.gc_pauses import GcPauses, tune
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 from migratory.server.session import Session
 
 

@@ -4,6 +4,8 @@ moving as a scripted workload says it must."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from typing import Any
@@ -16,7 +18,7 @@ from rawclient import RawClient
 from migratory.model.message import Message
 from migratory.model.position import Position
 from migratory.protocol import ops
-from migratory.server import metric_buckets, metrics
+from migratory.server import metric_buckets, metric_figures, metrics
 
 SUBJECT = "/metrics/test/a"
 
@@ -111,8 +113,8 @@ def test_a_scripted_workload_moves_the_metrics_it_should(start_server: Any) -> N
 
 
 class FakeSource:
-    def __init__(self, cluster: metrics.ClusterMetrics | None) -> None:
-        self.timings = metrics.PublishTimings()
+    def __init__(self, cluster: metric_figures.ClusterMetrics | None) -> None:
+        self.timings = metric_figures.PublishTimings()
         self.batch_sizes = metric_buckets.BatchSizes()
         self._cluster = cluster
 
@@ -128,7 +130,7 @@ class FakeSource:
     def frontends(self) -> tuple[dict[str, int], int, int]:
         return {"websocket": 2, "http": 1}, 300, 200
 
-    def cluster_metrics(self) -> metrics.ClusterMetrics | None:
+    def cluster_metrics(self) -> metric_figures.ClusterMetrics | None:
         return self._cluster
 
 
@@ -217,14 +219,14 @@ def test_heartbeats_sent_and_sessions_watched_move_with_a_client(start_server: A
 def test_cluster_metrics_come_from_the_member() -> None:
     latency = metric_buckets.Buckets(metric_buckets.LATENCY_BOUNDS)
     latency.observe(0.002)
-    source = FakeSource(metrics.ClusterMetrics(
+    source = FakeSource(metric_figures.ClusterMetrics(
         member="m1:9800", role="seed", raft_state="leader", raft_term=7,
         raft_commit_index=120, raft_last_applied=119, raft_dump_failures=3, applied_clsn=118,
         raft_subjects=1_000_000, raft_snapshots=400_000, raft_slow_syncs=4,
         raft_sync_waiting=2.5,
-        links=(metrics.PeerLink("m2:9801", "raft", True),
-               metrics.PeerLink("m3:9801", "raft", False),
-               metrics.PeerLink("m4:9800", "follower", True, lag=5)),
+        links=(metric_figures.PeerLink("m2:9801", "raft", True),
+               metric_figures.PeerLink("m3:9801", "raft", False),
+               metric_figures.PeerLink("m4:9800", "follower", True, lag=5)),
         commit_latency=latency,
         link_refusals=(("MAX_PENDING_HANDSHAKES", 2), ("LINK_CONNECTIONS_PER_SECOND", 30)),
         link_violations=(("frame_size", 1), ("origin", 0)),
@@ -274,7 +276,7 @@ def test_batch_sizes_group_into_buckets_at_scrape_time() -> None:
     assert grouped.sum == 2005
     cumulative = {
         s.labels["le"]: s.value
-        for s in sizes.family("b", "doc").samples
+        for s in metrics.histogram(grouped, "b", "doc").samples
         if s.name == "b_bucket"
     }
     assert cumulative["1.0"] == 2 and cumulative["2.0"] == 2 and cumulative["4.0"] == 3
@@ -384,3 +386,30 @@ def test_a_scrape_walks_no_connection_and_counts_each_front_end() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# A server built as ``serve`` builds it (a cluster member's modules imported too), then
+# scraped once through its monitor's route: what it had imported before, and after.
+FIRST_SCRAPE = """
+import sys
+
+import cluster.node
+from cluster.node import build_node
+from migratory.config import load_config, parse_set_options
+from migratory.protocol.http import Request
+
+server, _ = build_node(load_config(None, overrides=parse_set_options(["Listen=127.0.0.1:0"])))
+before = "prometheus_client" in sys.modules
+answer = server.monitor.route(Request("GET", "/metrics", "/metrics", {}, ()),
+                              monitoring_listener=True)
+print(before, "prometheus_client" in sys.modules, answer.split(b"\\r\\n", 1)[0].decode())
+"""
+
+
+def test_prometheus_client_is_imported_at_the_first_scrape_not_at_start_up() -> None:
+    """A server or member starting never imports ``prometheus_client`` (with http.server,
+    email, wsgiref...: ~40 ms of CPU of each process start); its first scrape does."""
+    done = subprocess.run([sys.executable, "-c", FIRST_SCRAPE], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "HTTP/1.1", "200", "OK"], done.stdout

@@ -14,7 +14,7 @@ from migratory.protocol.mqtt_encode import encode_packet
 from migratory.server.app import build_hub
 from migratory.server.context import LocalPublishing, PublishReply, ServerContext, ServerStatistics
 from migratory.server.drain import Drain
-from migratory.server.metrics import PublishTimings
+from migratory.server.metric_figures import PublishTimings
 from migratory.server.mqtt_session import MqttSession
 from migratory.server.mqtt_store import decode_record, session_subject
 
