@@ -3,18 +3,25 @@
 ``connection_id`` (the session passes them as ``extra``); in text they are part of the
 message itself (``client NAME@ADDRESS #ID``).
 
-A serving process never waits for its log's reader. Written to a pipe or a socket (a
-container runtime's log collector, ``migratory serve 2>&1 | head``), each line is
-formatted where it is logged and handed to one writer thread (the standard library's
-``QueueHandler`` and ``QueueListener``): a ``logging.StreamHandler`` on the event loop
-blocked the whole server -- every client, the sequencer, the Raft callbacks -- once a
-reader that stopped reading let 64 KiB pile up. To a file or a terminal, which have no
-reader to wait for, lines are written at once, in the order of everything else the
-process writes there (a test reading the log right after an event finds its line).
+A serving process never waits long for its log. Each line is formatted where it is
+logged and handed to one writer thread (the standard library's ``QueueHandler`` and
+``QueueListener``): a ``logging.StreamHandler`` on the event loop blocked the whole
+server -- every client, the sequencer, the Raft callbacks -- once a pipe's reader that
+stopped reading let 64 KiB pile up, or a terminal nobody read (stopped with Ctrl-S, a
+stalled ssh session) let ~16 KiB: a member whose terminal was not read for 4 s kept its
+event loop from running for 5.0 s. To a pipe or a socket (a container runtime's log
+collector, ``migratory serve 2>&1 | head``) the call never waits. To a file or a
+terminal the call waits until its line is written, as a direct write would -- in the
+order of everything else the process writes there, and a test reading the log right
+after an event finds its line -- but for at most :data:`WRITE_WAIT_SECONDS`, and only
+while the writer keeps up: a write that takes longer (a disk that stalls, a terminal
+stopped) holds the event loop once, that long, and later lines wait in the queue
+until it is written.
 
-Up to :data:`MAX_WAITING_LINES` lines wait for the reader; past them new lines are
-dropped and counted, and a WARNING says how many once lines flow again. At exit the
-writer gets :data:`EXIT_FLUSH_SECONDS` to write what waits.
+Up to :data:`MAX_WAITING_LINES` lines wait; past them new lines are dropped and counted
+(:func:`lines_dropped`, ``migratory_log_lines_dropped_total``), and a WARNING says how
+many once lines flow again. At exit the writer gets :data:`EXIT_FLUSH_SECONDS` to write
+what waits.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import os
 import queue
 import stat
 import sys
+import threading
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import TextIO
@@ -34,6 +42,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CLIENT_FIELDS = ("client", "peer", "connection_id")
 MAX_WAITING_LINES = 10_000
 EXIT_FLUSH_SECONDS = 2.0
+WRITE_WAIT_SECONDS = 0.1
+"""To a file or a terminal, how long a logging call waits for its line to be written."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -58,26 +68,43 @@ class JsonFormatter(logging.Formatter):
 
 
 class DroppingQueueHandler(QueueHandler):
-    """Formats a record where it is logged and queues the line; never waits: with the
-    queue full the line is dropped and counted, and the next line that fits is preceded
-    by a WARNING with the count."""
+    """Formats a record where it is logged and queues the line; never waits for room:
+    with the queue full the line is dropped and counted, and the next line that fits is
+    preceded by a WARNING with the count. With ``wait``, waits that long at most for the
+    line to be written, if the writer had written every line before it."""
 
-    def __init__(self, lines: queue.Queue[logging.LogRecord | None]) -> None:
+    def __init__(self, lines: queue.Queue[logging.LogRecord | None],
+                 written: WrittenLines | None = None, wait: float = 0.0) -> None:
         super().__init__(lines)
-        self.dropped = 0
+        self.dropped = 0  # since the last line that fitted (said in the WARNING)
+        self.dropped_total = 0
+        self.queued = 0
+        self.written = written
+        self.wait = wait
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        # (called under the handler's lock: ``dropped`` needs no other)
+        # (called under the handler's lock: ``dropped`` and ``queued`` need no other)
         if self.dropped and not self._put(self.prepare(self._dropped_record())):
-            self.dropped += 1
+            self._drop()
             return
-        self.dropped = 0 if self._put(record) else self.dropped + 1
+        caught_up = self.written is not None and self.written.count == self.queued
+        if not self._put(record):
+            self._drop()
+            return
+        self.dropped = 0
+        if caught_up and self.wait > 0 and self.written is not None:
+            self.written.wait_for(self.queued, self.wait)
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        self.dropped_total += 1
 
     def _put(self, record: logging.LogRecord) -> bool:
         try:
             self.queue.put_nowait(record)
         except queue.Full:
             return False
+        self.queued += 1
         return True
 
     def _dropped_record(self) -> logging.LogRecord:
@@ -88,16 +115,37 @@ class DroppingQueueHandler(QueueHandler):
         )
 
 
+class WrittenLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """The writer thread's handler: writes each line and counts it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self.count = 0
+        self._written = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        with self._written:
+            self.count += 1
+            self._written.notify_all()
+
+    def wait_for(self, count: int, timeout: float) -> None:
+        """Until ``count`` lines are written, or ``timeout`` seconds."""
+        with self._written:
+            self._written.wait_for(lambda: self.count >= count, timeout)
+
+
 class LogWriter:
     """The writer thread and its queue (one per process)."""
 
-    def __init__(self, stream: TextIO, formatter: logging.Formatter) -> None:
+    def __init__(self, stream: TextIO, formatter: logging.Formatter,
+                 wait: float = 0.0) -> None:
         self.lines: queue.Queue[logging.LogRecord | None] = queue.Queue(MAX_WAITING_LINES)
-        self.handler = DroppingQueueHandler(self.lines)
+        written = WrittenLines(stream)
+        self.handler = DroppingQueueHandler(self.lines, written, wait)
         self.handler.setFormatter(formatter)  # the line as it will be written
         self.stream = stream
-        written = logging.StreamHandler(stream)
-        written.setFormatter(logging.Formatter("%(message)s"))
         self.listener = QueueListener(self.lines, written)
         self.listener.start()
 
@@ -113,6 +161,7 @@ class LogWriter:
                 if self.handler.dropped:  # said before the end, where no line follows
                     warning = self.handler.prepare(self.handler._dropped_record())
                     self.lines.put(warning, timeout=timeout)
+                    self.handler.queued += 1
                     self.handler.dropped = 0
             finally:
                 self.handler.release()
@@ -125,6 +174,20 @@ class LogWriter:
 
 
 _writer: LogWriter | None = None
+_dropped_before = 0  # by the writers this process had before its present one
+
+
+def lines_dropped() -> int:
+    """Log lines this process dropped since it started (its log's reader was behind by
+    :data:`MAX_WAITING_LINES` lines)."""
+    return _dropped_before + (0 if _writer is None else _writer.handler.dropped_total)
+
+
+def _forget_writer() -> None:
+    global _writer, _dropped_before
+    if _writer is not None:
+        _dropped_before += _writer.handler.dropped_total
+        _writer = None
 
 
 def _stop_writer() -> None:
@@ -133,13 +196,12 @@ def _stop_writer() -> None:
 
 
 def _direct() -> None:
-    global _writer
     if _writer is None:
         return
     direct = logging.StreamHandler(_writer.stream)
     direct.setFormatter(_writer.handler.formatter)
     logging.getLogger().handlers[:] = [direct]
-    _writer = None
+    _forget_writer()
 
 
 def write_directly() -> None:
@@ -165,24 +227,20 @@ def has_a_reader(stream: TextIO) -> bool:
 
 
 def configure_logging(level: str, log_format: str, stream: TextIO | None = None) -> None:
-    """Set up the root logger for a serving process (``LogLevel``, ``LogFormat``): to a
-    pipe or a socket through the writer thread, else at once (this module's docstring)."""
+    """Set up the root logger for a serving process (``LogLevel``, ``LogFormat``): every
+    line through the writer thread, waited for to a file or a terminal (this module's
+    docstring)."""
     global _writer
     json_lines = log_format == "json"
     formatter = JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT)
     if _writer is not None:
         _writer.stop()
-        _writer = None
+        _forget_writer()
     target = sys.stderr if stream is None else stream
-    handler: logging.Handler
-    if has_a_reader(target):
-        _writer = LogWriter(target, formatter)
-        handler = _writer.handler
-    else:
-        handler = logging.StreamHandler(target)
-        handler.setFormatter(formatter)
+    wait = 0.0 if has_a_reader(target) else WRITE_WAIT_SECONDS
+    _writer = LogWriter(target, formatter, wait)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_writer.handler]
     root.setLevel(level)
 
 

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import pty
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,11 @@ def restore_root() -> Iterator[None]:
 
 
 def drain(fd: int, into: bytearray) -> None:
-    while chunk := os.read(fd, 65536):
-        into += chunk
+    try:
+        while chunk := os.read(fd, 65536):
+            into += chunk
+    except OSError:  # a terminal whose other end closed: EIO
+        pass
 
 
 def test_a_reader_that_stops_reading_does_not_stop_the_server(restore_root: None) -> None:
@@ -64,6 +68,7 @@ def test_a_reader_that_stops_reading_does_not_stop_the_server(restore_root: None
     kept = text.count(LINE)
     dropped = int(text.split(" log line(s) dropped")[0].rsplit(" ", 1)[1])
     assert kept + dropped == 30_000  # every line written or counted
+    assert logs.lines_dropped() == dropped  # (migratory_log_lines_dropped_total)
 
 
 class Piped:
@@ -109,7 +114,7 @@ def test_text_and_json_lines_are_as_before(restore_root: None, log_format: str,
     else:
         stream = io.StringIO()
         log_three(log_format, stream)
-        assert logs._writer is None  # written at once
+        assert logs._writer is not None and logs._writer.handler.wait > 0  # waited for
         lines = stream.getvalue().splitlines()
     if log_format == "json":
         records = [json.loads(line) for line in lines]
@@ -124,12 +129,76 @@ def test_text_and_json_lines_are_as_before(restore_root: None, log_format: str,
 
 def test_a_file_gets_each_line_before_the_call_returns(restore_root: None,
                                                         tmp_path: Path) -> None:
-    """A server's log in a file (tests read it right after an event): no writer thread."""
+    """A server's log in a file (tests read it right after an event): the call waits
+    for the writer thread to have written its line."""
     with open(tmp_path / "server.log", "w") as stream:
         logs.configure_logging("INFO", "text", stream)
-        assert logs._writer is None
-        logging.getLogger("migratory.test").warning("malformed MQTT, closing: x")
-        assert "malformed MQTT, closing: x" in (tmp_path / "server.log").read_text()
+        for index in range(100):
+            logging.getLogger("migratory.test").warning("malformed MQTT, closing: %d", index)
+            assert f"closing: {index}\n" in (tmp_path / "server.log").read_text()
+
+
+class StalledFile(io.StringIO):
+    """A file on a disk that stalls: its writes wait until :attr:`back` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.back.wait(60)
+        return super().write(text)
+
+
+def log_lines_in_a_thread(count: int) -> threading.Thread:
+    log = logging.getLogger("migratory.test")
+    calls = threading.Thread(target=lambda: [log.info("%d %s", i, LINE) for i in range(count)],
+                             daemon=True)
+    calls.start()
+    return calls
+
+
+def test_a_file_whose_disk_stalls_holds_the_caller_once_and_briefly(
+    restore_root: None,
+) -> None:
+    """The first line waits for the stalled write 0.1 s (WRITE_WAIT_SECONDS), the next
+    ones not at all: 1,000 calls return while the disk stalls (before: the first one
+    waited as long as the disk, here forever), and every line is written, in order, once
+    the disk is back."""
+    stream = StalledFile()
+    logs.configure_logging("INFO", "text", stream)
+    calls = log_lines_in_a_thread(1_000)
+    calls.join(10)  # a guard against a hang; 100 waits of 0.1 s would take 10 s
+    assert not calls.is_alive(), "a logging call waited for a stalled disk"
+    assert stream.getvalue() == ""
+    stream.back.set()
+    assert logs._writer is not None
+    logs._writer.stop()
+    lines = stream.getvalue().splitlines()
+    assert [int(line.split(": ")[1].split()[0]) for line in lines] == list(range(1_000))
+
+
+def test_a_terminal_nobody_reads_does_not_stop_the_server(restore_root: None) -> None:
+    """A terminal stopped (Ctrl-S, a stalled ssh session) holds ~16 KiB: 2,000 lines of
+    ~150 bytes return while nobody reads it (before: a call waited for the reader; a
+    real member kept its event loop from running for 5.0 s of a 4 s pause), and they all
+    come once the terminal is read."""
+    master, slave = pty.openpty()
+    stream = os.fdopen(slave, "w")
+    logs.configure_logging("INFO", "text", stream)
+    calls = log_lines_in_a_thread(2_000)
+    calls.join(10)
+    stuck = calls.is_alive()
+    got = bytearray()
+    reader = threading.Thread(target=drain, args=(master, got), daemon=True)
+    reader.start()  # (read before asserting: a stuck call holds the stream's lock)
+    assert not stuck, "a logging call waited for the terminal"
+    assert logs._writer is not None
+    logs._writer.stop()
+    stream.close()  # (the reader then sees EIO: drain ends)
+    reader.join(10)
+    os.close(master)
+    assert got.decode().count(LINE) == 2_000
 
 
 def test_a_forked_child_writes_its_lines_itself(restore_root: None) -> None:

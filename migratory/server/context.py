@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
-from migratory import client_lines
+from migratory import client_lines, logs
 from migratory.config import Config
 from migratory.entitlement_decisions import Entitlement
 from migratory.model.message import Message
@@ -237,6 +237,7 @@ class ServerContext:
             "outbox_bytes": None if self.outbox_budget is None else self.outbox_budget.used,
             "heartbeats": None if self.heartbeats is None else asdict(self.heartbeats.statistics()),
             "log_lines_held": client_lines.lines.held,
+            "log_lines_dropped": logs.lines_dropped(),
             # memory blocks the interpreter holds (objects and its own small allocations;
             # not OpenSSL's or the kernel's): what grows if client state outlives clients
             "python_allocated_blocks": sys.getallocatedblocks(),

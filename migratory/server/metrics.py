@@ -95,6 +95,8 @@ METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("log_lines_held", "migratory_log_lines_held", "counter",
      "Log lines about single clients logged at DEBUG instead of INFO or WARNING: past one "
      "line per kind every 10 s (a storm of closes, cut-offs, refusals; client_lines.py)."),
+    ("log_lines_dropped", "migratory_log_lines_dropped", "counter",
+     "Log lines dropped: the log's reader (or its disk) was 10,000 lines behind (logs.py)."),
     ("cache_expired", "migratory_cache_expired", "counter",
      "Cached messages dropped for being older than CacheExpireTime."),
     ("wall_clock_steps", "migratory_wall_clock_steps", "counter",
