@@ -1,7 +1,7 @@
 """The ``migratory`` command: serve, pub, sub, bench, cluster up/status.
 
 This is the outermost layer: ``serve`` builds a single-node server or a cluster
-member (:func:`cluster.node.build_node`) from the configuration. It lives in the
+member (:func:`cluster.members.build_node`) from the configuration. It lives in the
 cluster package because it composes it; nothing under ``migratory/`` imports
 ``cluster/``. ``python -m cluster`` runs it too.
 """
@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_configured(args: argparse.Namespace, config: ConfigType, text: str | None) -> int:
     import trio
 
-    from cluster.node import build_node
+    from cluster.members import build_node
     from migratory.server.run import run_until_signalled
 
     try:

@@ -233,16 +233,3 @@ class GuaranteedNode:
                 leaving=self._leaving,
             ))
             task_status.started()
-
-
-def build_node(config: Config) -> tuple[Server, list[Role]]:
-    """The server ``config`` describes and the roles to run beside it."""
-    if not config.clustered:
-        return Server(config), []
-    if config.cluster_delivery_mode == "Guaranteed":
-        node = GuaranteedNode(config)
-        return node.server, [node]
-    from cluster.standard import StandardNode
-
-    standard = StandardNode(config)
-    return standard.server, [standard]

@@ -50,3 +50,28 @@ def test_the_other_commands_are_still_there() -> None:
     serve = subprocess.run([sys.executable, "-m", "cluster", "serve", "--help"],
                            capture_output=True, text=True, timeout=60)
     assert serve.returncode == 0 and "--set Key=Value" in serve.stdout, serve.stdout
+
+
+# ``serve``'s build of a server alone (no ClusterMembers), then the modules it imported
+BUILDS_A_SERVER_ALONE = """
+import sys
+from cluster.members import build_node
+from migratory.config import load_config, parse_set_options
+
+server, roles = build_node(load_config(None, overrides=parse_set_options(["Listen=127.0.0.1:0"])))
+assert roles == []
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_a_server_alone_imports_none_of_the_cluster() -> None:
+    """``cluster.node`` (the Guaranteed member: Raft, pysyncobj, the links) is imported
+    only for a Guaranteed member: a server alone paid ~258M instructions for it, a fifth
+    of its start-up imports."""
+    done = subprocess.run([sys.executable, "-c", BUILDS_A_SERVER_ALONE], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    imported = set(done.stdout.split())
+    assert "migratory.server.app" in imported
+    assert sorted(m for m in imported if m.split(".")[0] in {"cluster", "pysyncobj"}) == [
+        "cluster", "cluster.members"], imported

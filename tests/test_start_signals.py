@@ -38,7 +38,7 @@ def serve_held_at(tmp_path: Path, module: str, *settings: str) -> subprocess.Pop
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize(("module", "settings"), [
     ("trio", ()),  # the first heavy import: the configuration is not read yet
-    ("cluster.node", ()),  # the configuration read, the server about to be built
+    ("cluster.members", ()),  # the configuration read, the server about to be built
     ("cluster.workers", ("Workers=2",)),  # a supervisor about to start its workers
 ])
 def test_a_stop_signal_while_the_server_imports_is_one_line_and_exit_0(

@@ -394,7 +394,7 @@ FIRST_SCRAPE = """
 import sys
 
 import cluster.node
-from cluster.node import build_node
+from cluster.members import build_node
 from migratory.config import load_config, parse_set_options
 from migratory.protocol.http import Request
 
