@@ -83,6 +83,7 @@ from scaling_faults import (
     SEEDS,
     Observed,
     Scenario,
+    flowing_again,
 )
 
 
@@ -100,7 +101,6 @@ async def roll(sts: LocalStatefulSet, ordinal: int, docs: list[Document]) -> Non
 
 async def whole_restart(sts: LocalStatefulSet, observed: Observed) -> None:
     ordinals = sorted(sts.pods)
-    await trio.sleep(2)
     leader = observed["volume_lost_by"] = await raft_leader(sts)
     began = trio.current_time()
     async with trio.open_nursery() as deletions:  # every pod at once, the leader's volume
@@ -112,11 +112,10 @@ async def whole_restart(sts: LocalStatefulSet, observed: Observed) -> None:
         await trio.sleep(1)
     await sts.wait_ready(ordinals, 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 async def lost_volume(sts: LocalStatefulSet, observed: Observed) -> None:
-    await trio.sleep(2)
     await sts.delete(2)  # its node drained: the pod waits to be scheduled
     await trio.sleep(2)  # publishes acknowledged by seeds 0 and 1 only
     async with trio.open_nursery() as zone_lost:
@@ -134,7 +133,7 @@ async def lost_volume(sts: LocalStatefulSet, observed: Observed) -> None:
     began = trio.current_time()
     await sts.wait_ready(SEEDS, 60)
     observed["ready_after_seed_0_back_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 def five_seeds(docs: list[Document]) -> list[Document]:
@@ -145,7 +144,6 @@ def five_seeds(docs: list[Document]) -> list[Document]:
 
 async def drift_refused(sts: LocalStatefulSet, observed: Observed) -> None:
     before = sts.docs
-    await trio.sleep(2)
     highest = max(sts.pods)
     await roll(sts, highest, five_seeds(before))
     acked = len(sts_load(observed).acked)
@@ -161,7 +159,7 @@ async def drift_refused(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["acknowledged_while_rolled"] = len(sts_load(observed).acked) - acked
     await roll(sts, highest, before)  # the forced rollback
     await sts.wait_ready(sorted(sts.pods), 60)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 def more_members(docs: list[Document], count: int) -> list[Document]:
@@ -179,7 +177,6 @@ async def members_extended(sts: LocalStatefulSet, observed: Observed) -> None:
     """Rolled up to half the pods (the rest is the rehearsal's rolling restart): old and
     new lists side by side, a non-seed and a seed on the longer one."""
     longer = more_members(sts.docs, 10)
-    await trio.sleep(2)
     ordinals = sorted(sts.pods, reverse=True)
     for ordinal in ordinals[:len(ordinals) // 2]:
         await roll(sts, ordinal, longer)
@@ -204,7 +201,6 @@ async def seed_roll_dns(sts: LocalStatefulSet, observed: Observed) -> None:
     spec = find(sts.docs, "StatefulSet")["spec"]
     min_ready = float(spec.get("minReadySeconds", 0)) * sts.time_scale
     sts.dns_cache = CLUSTER_DNS_CACHE * sts.time_scale
-    await trio.sleep(2)
     down = 0.0
 
     async def watch() -> None:
@@ -235,7 +231,6 @@ async def ip_reused(sts: LocalStatefulSet, observed: Observed) -> None:
     for seed 1; Raft port: nothing listens) until the caches expire, then the new seed 1.
     Seed 2, which dials seed 1 (the higher address dials the lower), must link to it."""
     sts.dns_cache = CLUSTER_DNS_CACHE * sts.time_scale
-    await trio.sleep(2)
     old_ip = sts.pods[1].ip
     began = trio.current_time()
     async with trio.open_nursery() as moves:
@@ -257,7 +252,7 @@ async def ip_reused(sts: LocalStatefulSet, observed: Observed) -> None:
     observed["linked_seconds"] = round(trio.current_time() - began, 1)
     observed["dns_cache_seconds"] = sts.dns_cache
     observed["linked"] = linked
-    await trio.sleep(1)
+    await flowing_again(observed)
 
 
 async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
@@ -266,7 +261,6 @@ async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
     soon as its startup probe passes, while it syncs and before the Service sends it
     anyone, twice, then created a third time (on the volume ``whenScaled`` left it) and
     left to become ready. Each must leave cleanly (exit 0, no SIGKILL)."""
-    await trio.sleep(2)
     ready_when_deleted = observed["ready_when_deleted"] = []
     for _ in range(2):
         pod = await sts.create(3)
@@ -277,7 +271,7 @@ async def scale_flap(sts: LocalStatefulSet, observed: Observed) -> None:
         await sts.delete(3, delete_volume=sts.claims_deleted_when_scaled)
     await sts.create(3)
     await sts.wait_ready([3], 60)
-    await trio.sleep(1)
+    await flowing_again(observed)
 
 
 SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
@@ -370,8 +364,7 @@ async def play(out: Path, time_scale: float, name: str, plant: str | None
             leader: list[int | None] = [None]
             await cluster.start(partial(sts.service, port=LEADER_PORT, prefer=lambda: leader[0]))
             began = trio.current_time()
-            for ordinal in range(pods):  # Parallel: all at once
-                await sts.create(ordinal)
+            await sts.scale(pods)  # Parallel: all at once
             await sts.wait_ready(range(pods), 60)
             phases.append({"phase": f"first start, {pods} pods",
                            "seconds": round(trio.current_time() - began, 1)})

@@ -22,7 +22,7 @@ from functools import partial
 import trio
 from k8s_local import LocalStatefulSet
 from member_status import raft_leader
-from scaling_faults import SEEDS, Observed, Scenario
+from scaling_faults import SEEDS, Observed, Scenario, flowing_again
 
 
 async def first_started(sts: LocalStatefulSet) -> None:
@@ -39,7 +39,6 @@ async def first_started(sts: LocalStatefulSet) -> None:
 
 async def whole_crash_loop(sts: LocalStatefulSet, observed: Observed) -> None:
     ordinals = sorted(sts.pods)
-    await trio.sleep(2)
     leader = observed["volume_lost_by"] = await raft_leader(sts)
     began = trio.current_time()
     ready_when_deleted_again: list[bool] = []
@@ -56,14 +55,13 @@ async def whole_crash_loop(sts: LocalStatefulSet, observed: Observed) -> None:
             ready_when_deleted_again.extend(p.ready for p in sts.pods.values())
     await sts.wait_ready(ordinals, 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 async def leader_away_seed_starting_scale_in(sts: LocalStatefulSet, observed: Observed) -> None:
     """The leader's deletion begun half a second after the other seed's: its preStop
     sleep keeps it serving while that seed goes, and SIGTERM reaches it while the new
     pod of that seed starts (its startup takes longer than the half second)."""
-    await trio.sleep(2)
     leader = await raft_leader(sts)
     starting = next(o for o in SEEDS if o != leader)
     observed["leader"], observed["starting"] = leader, starting
@@ -89,7 +87,7 @@ async def leader_away_seed_starting_scale_in(sts: LocalStatefulSet, observed: Ob
     await sts.wait_ready(SEEDS, 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
     observed["pods"] = sorted(sts.pods)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 COMBINED_SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault

@@ -38,7 +38,7 @@ import trio
 from k8s_local import CLUSTER_DNS_CACHE, LocalStatefulSet, Pod, http_body
 from k8s_manifests import MONITOR_PORT, Document, find
 from member_status import current_leader, raft_leader
-from scaling_faults import SEEDS, Observed, Scenario
+from scaling_faults import SEEDS, Observed, Scenario, flowing_again
 
 DRAIN_RETRY = 5.0
 """Seconds ``kubectl drain`` waits before asking again for an eviction the API refused
@@ -88,7 +88,6 @@ async def wait_started(sts: LocalStatefulSet, ordinal: int) -> None:
 async def roll_with_scale_in(sts: LocalStatefulSet, observed: Observed) -> None:
     rolled = changed_config(sts.docs, "DrainTime = 45", "DrainTime = 44")
     min_ready = float(find(sts.docs, "StatefulSet")["spec"].get("minReadySeconds", 0))
-    await trio.sleep(2)
     await sts.delete(4)
     sts.docs = rolled
     await sts.create(4)
@@ -127,7 +126,6 @@ async def silent_client(ip: str, *, task_status: trio.TaskStatus[None] = trio.TA
 async def killed_mid_drain(sts: LocalStatefulSet, observed: Observed) -> None:
     pre_stop = float(sts.container["lifecycle"]["preStop"]["sleep"]["seconds"])
     grace = pre_stop * sts.time_scale + 0.5
-    await trio.sleep(2)
     leader = await current_leader(sts)
     if leader is None:
         leader = await raft_leader(sts)
@@ -144,13 +142,15 @@ async def killed_mid_drain(sts: LocalStatefulSet, observed: Observed) -> None:
             await deletions.start(silent_client, sts.pods[ordinal].ip)
         for ordinal in (leader, 3):
             deletions.start_soon(deleted, ordinal)
-        await trio.sleep(grace + 2)
+        with trio.move_on_after(grace + 12):  # both SIGKILLed at the grace period's end
+            while len(codes) < 2:  # (a fixed grace + 2 s before)
+                await trio.sleep(0.05)
         deletions.cancel_scope.cancel()  # (the silent clients)
     for ordinal in (leader, 3):
         await sts.create(ordinal)
     await sts.wait_ready(sorted(sts.pods), 60)
     observed["all_ready_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 def evictable(sts: LocalStatefulSet, ordinal: int) -> bool:
@@ -179,7 +179,6 @@ async def drained(sts: LocalStatefulSet, ordinal: int, refusals: dict[int, int])
 
 async def node_drain_two_seeds(sts: LocalStatefulSet, observed: Observed) -> None:
     sts.dns_cache = CLUSTER_DNS_CACHE * sts.time_scale
-    await trio.sleep(2)
     down = [0.0]
     refusals: dict[int, int] = {}
     began = trio.current_time()
@@ -220,7 +219,6 @@ async def crash_looping(sts: LocalStatefulSet, ordinal: int, starts: int) -> lis
 
 async def bad_config_roll(sts: LocalStatefulSet, observed: Observed) -> None:
     before = sts.docs
-    await trio.sleep(2)
     acked = len(observed_load(observed))
     await sts.delete(2)
     sts.docs = changed_config(before, "ClusterElectionTimeout = 300",
@@ -234,7 +232,7 @@ async def bad_config_roll(sts: LocalStatefulSet, observed: Observed) -> None:
     sts.docs = before  # the forced rollback: reverted, the pod deleted (it is: crashed)
     await sts.create(2)
     await sts.wait_ready(SEEDS, 60)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 def observed_load(observed: Observed) -> dict[bytes, object]:
@@ -245,7 +243,6 @@ def observed_load(observed: Observed) -> dict[bytes, object]:
 
 
 async def password_rotated(sts: LocalStatefulSet, observed: Observed) -> None:
-    await trio.sleep(2)
     old = dict(sts.secrets)
     password = ("migratory-cluster", "password")
     sts.secrets = {**old, password: "rotated-" + old[password]}  # (the TLS Secret kept)
@@ -270,7 +267,7 @@ async def password_rotated(sts: LocalStatefulSet, observed: Observed) -> None:
     await sts.scale(4)
     await sts.wait_ready(range(4), 60)
     observed["rotated_ready_seconds"] = round(trio.current_time() - began, 1)
-    await trio.sleep(2)
+    await flowing_again(observed)
 
 
 OPERATOR_SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault

@@ -98,6 +98,7 @@ class PodProcess:
             **view.env,
         }
         args = ["unshare", "--net", "--uts", "--mount", "--", "/bin/sh", "-c", "\n".join(lines)]
+        self._terminated = False
         self._log: IO[bytes] = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [*args, view.name, *view.command],
@@ -147,10 +148,17 @@ class PodProcess:
             time.sleep(0.2)
         raise AssertionError(f"{self.view.name} {path}: {last}, not {want}\n{self.log()}")
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (what the kubelet sends), SIGKILL after ``timeout``; the exit code."""
-        if self.proc.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM (what the kubelet sends), once: :meth:`stop` then waits for the exit."""
+        if self.proc.poll() is None and not self._terminated:
             os.kill(self.proc.pid, signal.SIGTERM)
+            self._terminated = True
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (unless :meth:`terminate` sent it), SIGKILL after ``timeout``; the exit
+        code."""
+        if self.proc.poll() is None:
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

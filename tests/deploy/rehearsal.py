@@ -28,7 +28,7 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,8 @@ from migratory_client import (
 SUBJECT = "/Rehearsal/StatefulSet/A"
 SERVICE = f"ws://{GATEWAY}:{SERVICE_PORT}"
 POLICY = ReconnectPolicy(initial_delay=0.1, max_delay=1.0, connect_timeout=5.0)
+PUBLISHERS = ("p00", "p01", "p10", "p11")
+"""The publishers' names (their contents' prefix): two on each of two clients."""
 SUBSCRIBED_WITHIN = 60.0
 """Seconds for every subscriber to be subscribed through the Service: a hang guard."""
 
@@ -80,6 +82,32 @@ class Load:
     failed: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     not_connected: int = 0  # publishes not sent: no session within their timeout
+    acked_by: dict[str, int] = field(default_factory=dict)  # per publisher, its count
+
+
+FLOWING_ACKS = 5
+"""Publishes each publisher has acknowledged, and messages each subscriber receives, for
+:func:`flowing` to say the load goes through the cluster (about 0.3 s on a quiet box)."""
+FLOWING_WITHIN = 15.0
+"""Seconds :func:`flowing` waits at most: then the play goes on (as it did after the
+fixed sleep this wait replaced), and its checks say what did not flow."""
+
+
+async def flowing(load: Load, subscribers: Sequence[Subscriber] = ()) -> float:
+    """Until each publisher has :data:`FLOWING_ACKS` more publishes acknowledged, and each
+    of ``subscribers`` that many more messages: the load goes through the cluster as it
+    stands, end to end. What a play waits for before its fault and once the cluster is
+    back, instead of a fixed 1-3 s (more than a quiet box needs, and not always enough
+    on a busy one). The seconds it waited."""
+    began = trio.current_time()
+    acked = {name: load.acked_by.get(name, 0) + FLOWING_ACKS for name in PUBLISHERS}
+    received = [len(sub.received) + FLOWING_ACKS for sub in subscribers]
+    with trio.move_on_after(FLOWING_WITHIN):
+        while any(load.acked_by.get(name, 0) < count for name, count in acked.items()) or any(
+                len(sub.received) < count for sub, count in zip(subscribers, received,
+                                                                strict=True)):
+            await trio.sleep(0.05)
+    return trio.current_time() - began
 
 
 async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
@@ -127,6 +155,7 @@ async def publisher(client: Client, name: str, load: Load, stop: trio.Event) -> 
         if result.ok:
             assert result.position is not None
             load.acked[content] = result.position
+            load.acked_by[name] = load.acked_by.get(name, 0) + 1
             number += 1
         elif result.reason == REFUSED or "DRAINED" in (result.reason or ""):
             load.republished += 1  # definitely not published: publish it again
@@ -144,7 +173,8 @@ async def publishing_client(*, task_status: trio.TaskStatus[Client] = trio.TASK_
         await trio.sleep_forever()
 
 
-async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> None:
+async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]], load: Load
+                   ) -> None:
     hpa = find(sts.docs, "HorizontalPodAutoscaler")["spec"]
     pdb = find(sts.docs, "PodDisruptionBudget")["spec"]
     seeds = [int(v) for v in pdb["selector"]["matchExpressions"][0]["values"]]
@@ -181,24 +211,27 @@ async def scenario(sts: LocalStatefulSet, phases: list[dict[str, object]]) -> No
         await sts.create(seeds[1])
         await sts.wait_ready(range(low), 90)
 
+    async def flowed() -> None:  # (each phase was followed by a fixed 2-3 s)
+        sts.events.note(f"the load flowed again in {await flowing(load):.2f} s")
+
     await phase(f"HPA scale {start} -> {high}", scale_up())
-    await trio.sleep(3)
+    await flowed()
     await phase(f"HPA scale {high} -> {low}", scale_down())
-    await trio.sleep(2)
+    await flowed()
     await phase("rolling restart, reverse ordinal order", rolling_restart())
-    await trio.sleep(2)
+    await flowed()
     await phase(f"seed pod {seeds[1]} deleted and recreated", seed_recreated())
-    await trio.sleep(2)
+    await flowed()
 
 
 async def under_load(subscribers: list[Subscriber], load: Load,
                      body: Callable[[], Awaitable[None]]) -> None:
     """Run ``body`` while the subscribers and two publishing clients (two publishers
-    each) go through the client Service; then let the subscribers catch up (30 s at
-    most) with every acknowledged publish. The publishers start once every subscriber
-    is subscribed (its SUBSCRIBE_ALLOW): every acknowledged publish is then one it
-    must get (it waited a fixed 2 s, more than a quiet box needs and not always
-    enough on a busy one)."""
+    each) go through the client Service, once the load flows (:func:`flowing`); then let
+    the subscribers catch up (30 s at most) with every acknowledged publish. The
+    publishers start once every subscriber is subscribed (its SUBSCRIBE_ALLOW): every
+    acknowledged publish is then one it must get (it waited a fixed 2 s, more than a
+    quiet box needs and not always enough on a busy one)."""
     stop_subscribers, stop_publishers = trio.Event(), trio.Event()
     async with trio.open_nursery() as subs:
         for sub in subscribers:
@@ -211,8 +244,9 @@ async def under_load(subscribers: list[Subscriber], load: Load,
                 for n in range(2):
                     client = await clients.start(publishing_client)
                     for task in range(2):
-                        pubs.start_soon(publisher, client, f"p{n}{task}", load,
+                        pubs.start_soon(publisher, client, PUBLISHERS[2 * n + task], load,
                                         stop_publishers)
+                await flowing(load, subscribers)  # before the body: what it disturbs
                 await body()
                 stop_publishers.set()
             clients.cancel_scope.cancel()
@@ -236,12 +270,11 @@ async def rehearse(out: Path, time_scale: float) -> dict[str, object]:
             await cluster.start(sts.service)
             began = trio.current_time()
             replicas = running_replicas(docs)
-            for ordinal in range(replicas):  # Parallel: all at once
-                await sts.create(ordinal)
+            await sts.scale(replicas)  # Parallel: all at once
             await sts.wait_ready(range(replicas), 90)
             phases.append({"phase": f"first start, {replicas} pods at once",
                            "seconds": round(trio.current_time() - began, 1)})
-            await under_load(subscribers, load, lambda: scenario(sts, phases))
+            await under_load(subscribers, load, lambda: scenario(sts, phases, load))
             cluster.cancel_scope.cancel()
     finally:
         sts.stop_all()

@@ -22,10 +22,24 @@ from collections.abc import Awaitable, Callable
 import trio
 from k8s_local import LocalStatefulSet
 from member_status import current_leader, raft_leader
+from rehearsal import Load, flowing
 
 Observed = dict[str, object]
 Scenario = Callable[[LocalStatefulSet, Observed], Awaitable[None]]
 SEEDS = (0, 1, 2)
+
+
+async def flowing_again(observed: Observed) -> None:
+    """Until the play's publishers have publishes acknowledged again (rehearsal.flowing):
+    the cluster serves once more, what a play waits for once its fault is over (a fixed
+    1-2 s before). Its seconds go to ``observed["flowed_again_seconds"]``."""
+    load = observed["_load"]
+    assert isinstance(load, Load)
+    waits = observed.setdefault("flowed_again_seconds", [])
+    assert isinstance(waits, list)
+    waits.append(round(await flowing(load), 2))
+
+
 HPA_SYNC = 15.0
 """Seconds between two syncs of the HPA controller (kube-controller-manager's
 ``--horizontal-pod-autoscaler-sync-period``): how long a StatefulSet set below
@@ -37,7 +51,6 @@ async def scale_out_in_leader_restart(sts: LocalStatefulSet, observed: Observed)
     claims as the manifest says) while the Raft leader's pod is deleted and recreated
     each time: the joining members sync their caches, and the leaving ones drain their
     clients, onto a cluster electing a new leader."""
-    await trio.sleep(2)
     restarted: list[int] = []
     observed["restarted_seeds"] = restarted
 
@@ -59,11 +72,10 @@ async def scale_out_in_leader_restart(sts: LocalStatefulSet, observed: Observed)
             faults.start_soon(sts.scale, replicas)
         await sts.wait_ready(range(replicas), timeout)
         observed[f"scaled_to_{replicas}_seconds"] = round(trio.current_time() - began, 1)
-        await trio.sleep(1)
+        await flowing_again(observed)
 
 
 async def scaled_below_the_seeds(sts: LocalStatefulSet, observed: Observed) -> None:
-    await trio.sleep(2)
     for low, wait in ((1, HPA_SYNC * sts.time_scale), (0, 2.0)):
         began = trio.current_time()
         await sts.scale(low)
@@ -71,7 +83,7 @@ async def scaled_below_the_seeds(sts: LocalStatefulSet, observed: Observed) -> N
         await sts.scale(len(SEEDS))
         await sts.wait_ready(SEEDS, 60)
         observed[f"back_from_{low}_seconds"] = round(trio.current_time() - began, 1)
-        await trio.sleep(2)
+        await flowing_again(observed)
 
 
 SCALING_SCENARIOS: dict[str, tuple[int, Scenario]] = {  # pods at the start, the fault
