@@ -22,7 +22,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -37,11 +37,13 @@ from cluster.peers import PeerService
 from cluster.publishing import ClusterPublishing
 from cluster.readiness import Readiness, keep_house
 from cluster.replica import Replica
-from cluster.seed import SeedCoordination
 from cluster.stream import CommittedStream
 from cluster.upstream import UpstreamReplication
 from migratory.config import Config
 from migratory.server.app import Role, Server, build_hub
+
+if TYPE_CHECKING:
+    from cluster.seed import SeedCoordination
 
 log = logging.getLogger("migratory.cluster")
 
@@ -88,6 +90,9 @@ class GuaranteedNode:
         self.upstream: UpstreamReplication | None = None
         self._settings, self._tls = settings, tls
         if self.is_seed:
+            # (Raft, pysyncobj, cryptography: 91 modules a non-seed never runs)
+            from cluster.seed import SeedCoordination
+
             self.seed = SeedCoordination(
                 config=config, name=self.name, stream=self.stream, outgoing=self.outgoing,
                 settings=settings, leave=self._leave_after_raft_stopped,

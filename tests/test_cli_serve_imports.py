@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 # modules only the tools' commands use (pub/sub, bench, cluster up/status, dump-downgrade)
 TOOLS = ("migratory.cli_client", "migratory_client", "migratory.bench.cli",
@@ -75,3 +78,32 @@ def test_a_server_alone_imports_none_of_the_cluster() -> None:
     assert "migratory.server.app" in imported
     assert sorted(m for m in imported if m.split(".")[0] in {"cluster", "pysyncobj"}) == [
         "cluster", "cluster.members"], imported
+
+
+# ``serve``'s build of a Guaranteed member, member ARGV[1] of 3 seeds and a non-seed (its
+# Raft files would go in ARGV[2])
+BUILDS_A_MEMBER = """
+import sys
+from cluster.members import build_node
+from migratory.config import load_config, parse_set_options
+
+index = int(sys.argv[1])
+members = [f"127.0.0.1:{29000 + 10 * i}" for i in range(4)]
+settings = [f"Listen=127.0.0.1:{28000 + 10 * index}", "ClusterMembers=" + ",".join(members),
+            f"ClusterMemberListen={members[index]}", "ClusterSeedMemberCount=3",
+            "ClusterDeliveryMode=Guaranteed", "ClusterPassword=test-cluster-password",
+            f"ClusterDataDir={sys.argv[2]}"]
+server, roles = build_node(load_config(None, overrides=parse_set_options(settings)))
+print(type(roles[0]).__name__, roles[0].is_seed, "pysyncobj" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("index", "said"), [(0, "GuaranteedNode True True"),
+                                             (3, "GuaranteedNode False False")])
+def test_only_a_seed_imports_raft(tmp_path: Path, index: int, said: str) -> None:
+    """A non-seed never runs Raft: it builds without cluster.seed (pysyncobj, the Raft
+    files, cryptography: 91 modules)."""
+    done = subprocess.run([sys.executable, "-c", BUILDS_A_MEMBER, str(index), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == said, done.stdout
