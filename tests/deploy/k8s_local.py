@@ -93,6 +93,7 @@ class Pod:
     liveness_failures: int = 0
     readiness: ProbeState | None = None  # the kubelet's count for the readiness probe
     may_exit: bool = False  # a play's pod that must stop at start (a bad config)
+    probed: bool = False  # the kubelet runs its probes
 
 
 @dataclass
@@ -317,22 +318,33 @@ class LocalStatefulSet:
     # --- the kubelet's probes and the client Service ----------------------------------
 
     async def kubelet(self) -> None:
-        readiness = self.container["readinessProbe"]
-        period = float(readiness.get("periodSeconds", 10)) * self.time_scale
-        while True:
-            for pod in list(self.pods.values()):
-                if pod.deleting:
-                    continue
-                if pod.process.proc.poll() is not None:
-                    code = pod.process.proc.returncode
-                    if pod.may_exit:  # (what the kubelet then does is the play's)
-                        self.events.note(f"{pod.name} exited on its own ({code})")
-                    else:
-                        self.events.violations.append(
-                            f"{pod.name} exited on its own ({code})")
-                    pod.deleting, pod.ready = True, False
-                    continue
-                await self._probe(pod)
+        """The probes of each pod, on its own schedule from its creation, as the kubelet
+        runs a worker per container's probe: one loop asking every pod in turn, then
+        sleeping the period, made each pod's period the period plus every other pod's
+        answers (1-7 pods, up to three probes each, answered on loaded event loops),
+        and a pod that answered late held the others' probes."""
+        async with trio.open_nursery() as workers:
+            while True:
+                for pod in list(self.pods.values()):
+                    if not pod.probed:
+                        pod.probed = True
+                        workers.start_soon(self._probes, pod)
+                await trio.sleep(0.05)
+
+    async def _probes(self, pod: Pod) -> None:
+        """Pod ``pod``'s probes every readiness period until it is deleted or exits."""
+        period = float(self.container["readinessProbe"].get("periodSeconds", 10)
+                       ) * self.time_scale
+        while not pod.deleting and self.pods.get(pod.ordinal) is pod:
+            if pod.process.proc.poll() is not None:
+                code = pod.process.proc.returncode
+                if pod.may_exit:  # (what the kubelet then does is the play's)
+                    self.events.note(f"{pod.name} exited on its own ({code})")
+                else:
+                    self.events.violations.append(f"{pod.name} exited on its own ({code})")
+                pod.deleting, pod.ready = True, False
+                return
+            await self._probe(pod)
             await trio.sleep(period)
 
     def _port(self, probe: Document) -> int:

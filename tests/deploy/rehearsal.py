@@ -83,29 +83,41 @@ class Load:
     unknown: list[str] = field(default_factory=list)
     not_connected: int = 0  # publishes not sent: no session within their timeout
     acked_by: dict[str, int] = field(default_factory=dict)  # per publisher, its count
+    flowing_seconds: float | None = None  # until it flowed before the play's body
 
 
 FLOWING_ACKS = 5
 """Publishes each publisher has acknowledged, and messages each subscriber receives, for
 :func:`flowing` to say the load goes through the cluster (about 0.3 s on a quiet box)."""
-FLOWING_WITHIN = 15.0
+ACKNOWLEDGED_AT_LEAST = 100
+"""Publishes a play must have acknowledged (:func:`check`): a play's end waits for them
+(scaling_faults.flowing_again) as well as for its publishers' :data:`FLOWING_ACKS`.
+Without, whole-crash-loop, whose fault leaves no majority for most of the play, had 94
+in all at load ~30 (the 2-4 s of fixed sleeps before and after gave it more)."""
+FLOWING_WITHIN = 30.0
 """Seconds :func:`flowing` waits at most: then the play goes on (as it did after the
 fixed sleep this wait replaced), and its checks say what did not flow."""
 
 
-async def flowing(load: Load, subscribers: Sequence[Subscriber] = ()) -> float:
+async def flowing(load: Load, subscribers: Sequence[Subscriber] = (), *,
+                  acknowledged: int = 0) -> float:
     """Until each publisher has :data:`FLOWING_ACKS` more publishes acknowledged, and each
-    of ``subscribers`` that many more messages: the load goes through the cluster as it
-    stands, end to end. What a play waits for before its fault and once the cluster is
-    back, instead of a fixed 1-3 s (more than a quiet box needs, and not always enough
-    on a busy one). The seconds it waited."""
+    of ``subscribers`` that many more messages (and ``acknowledged`` publishes are in
+    all): the load goes through the cluster as it stands, end to end. What a play waits
+    for before its fault and once the cluster is back, instead of a fixed 1-3 s (more
+    than a quiet box needs, and not always enough on a busy one). The seconds it
+    waited."""
     began = trio.current_time()
     acked = {name: load.acked_by.get(name, 0) + FLOWING_ACKS for name in PUBLISHERS}
-    received = [len(sub.received) + FLOWING_ACKS for sub in subscribers]
+    received = [(sub, len(sub.received) + FLOWING_ACKS) for sub in subscribers]
+
+    def flows() -> bool:
+        return (len(load.acked) >= acknowledged
+                and all(load.acked_by.get(name, 0) >= n for name, n in acked.items())
+                and all(len(sub.received) >= n for sub, n in received))
+
     with trio.move_on_after(FLOWING_WITHIN):
-        while any(load.acked_by.get(name, 0) < count for name, count in acked.items()) or any(
-                len(sub.received) < count for sub, count in zip(subscribers, received,
-                                                                strict=True)):
+        while not flows():
             await trio.sleep(0.05)
     return trio.current_time() - began
 
@@ -246,7 +258,8 @@ async def under_load(subscribers: list[Subscriber], load: Load,
                     for task in range(2):
                         pubs.start_soon(publisher, client, PUBLISHERS[2 * n + task], load,
                                         stop_publishers)
-                await flowing(load, subscribers)  # before the body: what it disturbs
+                # before the body: what it disturbs
+                load.flowing_seconds = await flowing(load, subscribers)
                 await body()
                 stop_publishers.set()
             clients.cancel_scope.cancel()
@@ -290,7 +303,7 @@ def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
     violations = list(sts.events.violations)
     if load.unknown and not outcomes_may_be_unknown:
         violations.append(f"{len(load.unknown)} publish outcomes unknown: {load.unknown[:3]}")
-    if len(load.acked) < 100:
+    if len(load.acked) < ACKNOWLEDGED_AT_LEAST:
         violations.append(f"only {len(load.acked)} publishes acknowledged")
     moved = 0
     for n, sub in enumerate(subscribers):
@@ -313,6 +326,7 @@ def check(sts: LocalStatefulSet, subscribers: list[Subscriber], load: Load,
         "phases": phases,
         **resume_figures(subscribers),
         "acknowledged": len(load.acked),
+        "flowing_before_seconds": load.flowing_seconds,
         "republished_after_refusal": load.republished,
         "not_sent_no_member_ready": load.not_connected,
         "failed": load.failed[:10],

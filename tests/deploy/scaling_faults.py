@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import trio
 from k8s_local import LocalStatefulSet
 from member_status import current_leader, raft_leader
-from rehearsal import Load, flowing
+from rehearsal import ACKNOWLEDGED_AT_LEAST, Load, flowing
 
 Observed = dict[str, object]
 Scenario = Callable[[LocalStatefulSet, Observed], Awaitable[None]]
@@ -30,14 +30,15 @@ SEEDS = (0, 1, 2)
 
 
 async def flowing_again(observed: Observed) -> None:
-    """Until the play's publishers have publishes acknowledged again (rehearsal.flowing):
-    the cluster serves once more, what a play waits for once its fault is over (a fixed
-    1-2 s before). Its seconds go to ``observed["flowed_again_seconds"]``."""
+    """Until the play's publishers have publishes acknowledged again (rehearsal.flowing),
+    and the play as many as its check asks for: the cluster serves once more, what a play
+    waits for once its fault is over (a fixed 1-2 s before). Its seconds go to
+    ``observed["flowed_again_seconds"]``."""
     load = observed["_load"]
     assert isinstance(load, Load)
     waits = observed.setdefault("flowed_again_seconds", [])
     assert isinstance(waits, list)
-    waits.append(round(await flowing(load), 2))
+    waits.append(round(await flowing(load, acknowledged=ACKNOWLEDGED_AT_LEAST), 2))
 
 
 HPA_SYNC = 15.0
