@@ -288,8 +288,20 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
 # The tests' JVM checks small histories for a few minutes: with the C1 JIT alone it
 # spends far less CPU compiling (tests/spark/test_spark_submit.py runs its JVMs the
-# same way); what the checker computes does not depend on it
-TEST_JVM_OPTIONS = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"
+# same way); what the checker computes does not depend on it. Nor on the other two:
+# interpreted expressions instead of generated and compiled Java (Janino compiling each
+# query's stages was most of a check of a few thousand rows), and one shuffle partition
+# instead of 4 (a few thousand rows: each partition's task is overhead). JVM CPU of the
+# checks of make test's two chaos runs, in one JVM as in its cluster-sized lane: the
+# planted run's (first, cold) 45-48 s -> 30-32 s, the scenario run's (17k publishes)
+# 27 s -> 16 s (2 cores, load 8-20); the reports the same
+TEST_SPARK_SETTINGS = (
+    "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+    "spark.sql.codegen.wholeStage=false",
+    "spark.sql.codegen.factoryMode=NO_CODEGEN",
+    "spark.sql.shuffle.partitions=1",
+    "spark.default.parallelism=1",
+)
 
 
 class SparkStarting:
@@ -313,7 +325,7 @@ class SparkStarting:
         from spark_analysis.session import spark_session
 
         given = os.environ.get("SA_CONF")  # spark_session's extra settings, read at start
-        os.environ["SA_CONF"] = ";".join(filter(None, [TEST_JVM_OPTIONS, given]))
+        os.environ["SA_CONF"] = ";".join(filter(None, [*TEST_SPARK_SETTINGS, given]))
         try:
             self._session = spark_session("migratory-tests")
         except BaseException as exc:
