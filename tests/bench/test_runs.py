@@ -1,4 +1,5 @@
-"""``migratory bench`` end to end: real server processes on 127.0.0.1, small N, ~1 s each.
+"""``migratory bench`` end to end: real server processes on 127.0.0.1, small N, 0.5 s of
+publishing each (the smallest run that counts: speed is never asserted here).
 
 Each pattern must count every message it sent (``counted == expected``, computed
 by the bench from what the publisher sent and the subscriptions), write JSON that
@@ -24,7 +25,7 @@ from migratory.bench.loadgen import local_server
 from migratory.bench.schema import FILE
 from migratory.bench.server_process import ServerProcess, server_stats
 
-SHORT = ["--duration", "1", "--drain", "3", "--setup-timeout", "15", "--procs", "2"]
+SHORT = ["--duration", "0.5", "--drain", "3", "--setup-timeout", "15", "--procs", "2"]
 
 
 def bench(*args: str, json_path: Path, timeout: float = 60) -> tuple[int, dict[str, Any], str]:
@@ -61,7 +62,7 @@ def every_message_counted(result: dict[str, Any], expected: int) -> None:
 def test_fanout_by_url_counts_every_delivery(server: ServerProcess, tmp_path: Path) -> None:
     code, data, stdout = bench(
         "fanout", "--url", f"ws://127.0.0.1:{server.port}", "--subscribers", "40",
-        "--rate", "40", *SHORT, json_path=tmp_path / "out.json",
+        "--rate", "80", *SHORT, json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
     assert code == 0, stdout
@@ -79,7 +80,7 @@ def test_fanout_by_url_counts_every_delivery(server: ServerProcess, tmp_path: Pa
 def test_many_subjects_k_per_subject(server: ServerProcess, tmp_path: Path) -> None:
     code, data, _ = bench(
         "subjects", "--url", f"ws://127.0.0.1:{server.port}", "--subscribers", "60",
-        "--per-subject", "3", "--rate", "100", *SHORT, json_path=tmp_path / "out.json",
+        "--per-subject", "3", "--rate", "200", *SHORT, json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
     assert result["subjects"] == 20
@@ -91,7 +92,7 @@ def test_many_subjects_k_per_subject(server: ServerProcess, tmp_path: Path) -> N
 
 def test_publish_with_ack_measures_every_ack(server: ServerProcess, tmp_path: Path) -> None:
     code, data, _ = bench(
-        "ack", "--url", f"ws://127.0.0.1:{server.port}", "--rate", "300", *SHORT,
+        "ack", "--url", f"ws://127.0.0.1:{server.port}", "--rate", "600", *SHORT,
         json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
@@ -108,7 +109,7 @@ def test_mqtt_publisher_and_subscribers_on_the_servers_mqtt_listener(
     code, data, stdout = bench(
         "fanout", "--url", f"ws://127.0.0.1:{server.port}",
         "--mqtt", f"mqtt://127.0.0.1:{server.mqtt_port}", "--front-end", "mqtt",
-        "--publisher", "mqtt", "--subscribers", "20", "--rate", "30", *SHORT,
+        "--publisher", "mqtt", "--subscribers", "20", "--rate", "60", *SHORT,
         json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
@@ -152,7 +153,7 @@ def test_idle_connections_asking_for_heartbeats_get_them(
 def test_local_server_json_and_plot(tmp_path: Path) -> None:
     plot = tmp_path / "latency.png"
     code, data, stdout = bench(
-        "fanout", "--subscribers", "10", "--rate", "50", "--plot", str(plot), *SHORT,
+        "fanout", "--subscribers", "10", "--rate", "100", "--plot", str(plot), *SHORT,
         json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
@@ -169,7 +170,7 @@ def test_tls_subscribers_on_every_front_end(front_end: str, tmp_path: Path) -> N
     subscribers that decrypt on memory buffers (wss://, https://, mqtts://); every
     delivery counted."""
     code, data, stdout = bench(
-        "fanout", "--front-end", front_end, "--tls", "--subscribers", "10", "--rate", "30",
+        "fanout", "--front-end", front_end, "--tls", "--subscribers", "10", "--rate", "60",
         *SHORT, json_path=tmp_path / "out.json",
     )
     (result,) = data["results"]
@@ -185,7 +186,7 @@ def test_tls_subscribers_on_every_front_end(front_end: str, tmp_path: Path) -> N
 )
 def test_compare_with_mosquitto_and_nats(tmp_path: Path) -> None:
     code, data, stdout = bench(
-        "fanout", "--compare", "--subscribers", "10", "--rate", "20", *SHORT,
+        "fanout", "--compare", "--subscribers", "10", "--rate", "40", *SHORT,
         json_path=tmp_path / "out.json", timeout=90,
     )
     names = [r["target"]["name"] for r in data["results"]]
