@@ -29,7 +29,10 @@ from chaos.schedule import generate, to_jsonl
 from spark_analysis.__main__ import main as spark_check
 
 ROOT = Path(__file__).resolve().parents[2]
-FAULT_SECONDS = 20
+# seed 6's schedule over 15 s is the one it had over 20 s, up to 13 s (what the test needs
+# of it: the runner's kills at 4.3, 10.4 and 12.3 s, the self-exit at 5 s, the planted
+# faults on the 20th messages), without the last 5 s of faults
+FAULT_SECONDS = 15
 SEED = 6
 
 # what each planted fault may look like in the report (raw auditors only); kind i hits
