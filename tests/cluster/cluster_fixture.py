@@ -114,6 +114,25 @@ class LocalCluster:
             f"members {wanted} not ready:\n" + "\n".join(self.log(i)[-3000:] for i in wanted)
         )
 
+    def wait_refused(self, index: int, reason: str, logged: str, timeout: float = 15) -> str:
+        """Until member ``index`` is not ready with a reason that starts with ``reason``
+        and a seed's log says ``logged`` (polled: a fixed sleep waited 2 s for both);
+        returns the reason."""
+        deadline = time.monotonic() + timeout
+        said: str | None = None
+        while True:
+            try:
+                said = self.status(index).get("not_ready_reason")
+            except OSError:
+                said = None
+            seeds_say = "".join(self.log(i) for i in range(self.members) if i != index)
+            if said is not None and said.startswith(reason) and logged in seeds_say:
+                return said
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"member {index}: {said!r}, not {reason!r} with {logged!r} "
+                                   "in a seed's log")
+            time.sleep(0.05)
+
     def leader(self) -> int:
         for i in range(self.members):
             try:
