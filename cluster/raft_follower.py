@@ -75,6 +75,7 @@ from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_ch
 from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
 from cluster.raft_entry_parts import LargeEntryParts
+from cluster.raft_held_answers import HeldAnswers
 from cluster.raft_own_state import NotInDumps, own_state_only
 from cluster.raft_prevote_node import PreVote
 from cluster.raft_transport import KEEPALIVE
@@ -87,8 +88,8 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 """Recorded as the vote of the term in which an empty-started seed caught up."""
 
 
-class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, AnswersLostEntries,
-                          LargeEntryParts):
+class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaitsForDumps,
+                          AnswersLostEntries, LargeEntryParts):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, nor,
     at start-up, those its journal holds after its dump (pysyncobj's private state it
     writes, annotated for mypy:)"""
@@ -343,19 +344,19 @@ class FollowerSafeSyncObj(ElectionBackoff, PreVote, CompactionWaitsForDumps, Ans
         held = self._SyncObj__getEntries(prev_idx)
         if not held:
             back = self._go_back(message["term"], self._SyncObj__getCurrentLogIndex() + 1)
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, success=False, reset=True)
+            self._hold_answer(node, back, success=False, reset=True)
             return
         if held[0][2] != prev_term:
             back = self._go_back(message["term"], self._first_of_term(prev_idx, held[0][2]))
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, success=False, reset=True)
+            self._hold_answer(node, back, success=False, reset=True)
             return
         self._merge(held[1:], entries)
         vouched = entries[-1][1] if entries else prev_idx
         floor = self._catch_up_floor
         if floor is not None and (floor[0] != message["term"] or floor[1] <= vouched):
             self._catch_up_floor = None  # the log matches the leader's past the floor
-        raft_durability.journal_durable(self._SyncObj__raftLog)  # before "I hold them"
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
+        # "I hold them" once on the disk, with the others of this poll (raft_held_answers)
+        self._hold_answer(node, vouched + 1, success=True)
         self._advance_commit(message["commit_index"], vouched)
         self._holds_the_leaders_commit(message, vouched)
 

@@ -98,7 +98,10 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
             "4/15 of it (40 ms at 150) and a link silent for 20/3 of it (1 s) is dropped "
             "(cluster/raft_timings.py). Raise it when the round trip between seeds comes "
             "near it (seeds in different zones, a busy box): seeds then stand while the "
-            "leader lives and depose it. It costs failover time: a new leader no sooner "
+            "leader lives and depose it; or when the seeds' disks stall for seconds (a "
+            "leader falls back after 8 times it without answers, and a vote waits for the "
+            "voter's sync: docs/cluster.md, \"A slow disk\"). It costs failover time: a "
+            "new leader no sooner "
             "than this after the old one died. Seeds may differ in it (not compared; "
             "docs/cluster.md, \"The election timeout\")."),
     Setting("ClusterSeedLinkWait", "cluster_seed_link_wait", _int(0, 600, " of seconds"),

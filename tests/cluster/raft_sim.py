@@ -357,6 +357,14 @@ class RaftWorld:
                 self._receiving = None
             done += 1
             self._check_node(target)
+        send_held = getattr(self.nodes.get(target), "_send_held_answers", None)
+        if done and send_held is not None:  # the end of its poll (cluster/raft_held_answers)
+            self._receiving = target
+            try:
+                send_held()
+            finally:
+                self._receiving = None
+            self._check_node(target)
         return done
 
     def deliver_all(self) -> int:

@@ -52,6 +52,13 @@ def follower(cls: type[Any]) -> Any:
     # (cluster/raft_term_query.py): this follower already knows the current term
     if isinstance(node, FollowerSafeSyncObj):
         node._term_quorum.waiting = False
+        received = node._SyncObj__onMessageReceived
+
+        def polled(source: Any, message: Any) -> None:  # one message a poll: its answers
+            received(source, message)  # leave at its end (cluster/raft_held_answers.py)
+            node._send_held_answers()
+
+        node._SyncObj__onMessageReceived = polled
     return node
 
 

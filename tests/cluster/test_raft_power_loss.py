@@ -127,16 +127,16 @@ def answers_before_its_journal_is_synced(monkeypatch: pytest.MonkeyPatch) -> Non
     """The planted bug: a follower answers AppendEntries before its journal is synced
     (it is at its next tick)."""
     synced = raft_durability.journal_durable
-    answer = FollowerSafeSyncObj._append_entries
+    answer = FollowerSafeSyncObj._send_held_answers
 
-    def planted(self: FollowerSafeSyncObj, node: Any, message: dict[str, Any]) -> None:
+    def planted(self: FollowerSafeSyncObj) -> None:
         monkeypatch.setattr(raft_durability, "journal_durable", lambda journal: None)
         try:
-            answer(self, node, message)
+            answer(self)
         finally:
             monkeypatch.setattr(raft_durability, "journal_durable", synced)
 
-    monkeypatch.setattr(FollowerSafeSyncObj, "_append_entries", planted)
+    monkeypatch.setattr(FollowerSafeSyncObj, "_send_held_answers", planted)
 
 
 def follower_loses_power_after_answering(world: RaftWorld) -> None:
