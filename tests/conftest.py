@@ -294,9 +294,11 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 # instead of 4 (a few thousand rows: each partition's task is overhead). JVM CPU of the
 # checks of make test's two chaos runs, in one JVM as in its cluster-sized lane: the
 # planted run's (first, cold) 45-48 s -> 30-32 s, the scenario run's (17k publishes)
-# 27 s -> 16 s (2 cores, load 8-20); the reports the same
+# 27 s -> 16 s (2 cores, load 8-20); the reports the same. The serial collector: no CPU
+# on G1's concurrent and parallel GC threads (a crash analysis and the merged planted one
+# in one session: 7.7 s of GC threads' CPU -> 3.5 s, h166; test_spark_submit.py too)
 TEST_SPARK_SETTINGS = (
-    "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+    "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.sql.codegen.wholeStage=false",
     "spark.sql.codegen.factoryMode=NO_CODEGEN",
     "spark.sql.shuffle.partitions=1",
