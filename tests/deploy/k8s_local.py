@@ -24,9 +24,9 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from k8s_manifests import MONITOR_PORT, Document, find, generated_secrets, pod_view
+from k8s_manifests import MONITOR_PORT, ROOT, Document, find, generated_secrets, pod_view
 from kubelet_probes import ProbeState
-from pod_sandbox import PodProcess
+from pod_sandbox import PodProcess, bytecode_cache
 
 SUBNET = "10.244.0"
 GATEWAY = f"{SUBNET}.1"
@@ -127,6 +127,7 @@ class LocalStatefulSet:
         self._generation = 0
         self._creating: dict[int, trio.Event] = {}
         self._bin = Path(sys.executable).parent
+        self._bytecode = bytecode_cache(self._bin, [ROOT / "migratory", ROOT / "cluster"])
 
     # --- the pod network ----------------------------------------------------------
 
@@ -204,7 +205,7 @@ class LocalStatefulSet:
 
         def start() -> PodProcess:
             process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
-                                 hosts="", held=True)
+                                 hosts="", held=True, bytecode=self._bytecode)
             try:
                 attach(process.pid, veth, ip)
             except BaseException:
