@@ -18,9 +18,10 @@ from migratory_client import NotificationStatus
 
 
 def started_at(monkeypatch: pytest.MonkeyPatch, subscribed_after: list[float | None]) -> float:
-    """When ``under_load`` ran its body (mock seconds), with subscriber ``i`` subscribed
-    ``subscribed_after[i]`` seconds after it started (None: never)."""
+    """When ``under_load`` started its publishers (mock seconds), with subscriber ``i``
+    subscribed ``subscribed_after[i]`` seconds after it started (None: never)."""
     subscribers = [Subscriber() for _ in subscribed_after]
+    began: list[float] = []  # each publisher's start
     delays = {id(sub): after for sub, after in zip(subscribers, subscribed_after, strict=True)}
 
     async def subscriber(sub: Subscriber, stop: trio.Event) -> None:
@@ -35,22 +36,22 @@ def started_at(monkeypatch: pytest.MonkeyPatch, subscribed_after: list[float | N
         await trio.sleep_forever()
 
     async def publisher(client: object, name: str, load: Load, stop: trio.Event) -> None:
+        began.append(trio.current_time())
         await stop.wait()
 
     monkeypatch.setattr(rehearsal, "subscriber", subscriber)
     monkeypatch.setattr(rehearsal, "publishing_client", publishing_client)
     monkeypatch.setattr(rehearsal, "publisher", publisher)
-    began: list[float] = []
 
-    async def body() -> None:
-        began.append(trio.current_time())
+    async def body() -> None:  # (after rehearsal.flowing: these publishers publish nothing)
+        pass
 
     async def main() -> None:
         await rehearsal.under_load(subscribers, Load(), body)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    (at,) = began
-    return at
+    assert len(began) == 4 and max(began) - min(began) < 0.01, began  # (two clients' two)
+    return began[0]
 
 
 def test_the_publishers_start_as_soon_as_every_subscriber_is_subscribed(
