@@ -196,10 +196,11 @@ def test_pipelined_requests_whose_answers_are_not_read_are_cut_off(start_server:
     except OSError:
         pass  # reset: the server dropped the connection
     flood.close()
-    client = HttpClient(server.port)  # the server is fine and counted the cut-off
     deadline = time.monotonic() + 5.0  # (a busy machine: the cut-off may still be due)
-    while True:
+    while True:  # the server is fine and counted the cut-off; /stats answers with
+        client = HttpClient(server.port)  # Connection: close: a new connection each time
         _, data = client.request("GET", "/stats")
+        client.close()
         if json.loads(data)["slow_consumers"] == 1 or time.monotonic() > deadline:
             break
         time.sleep(0.05)
