@@ -36,77 +36,20 @@ import random
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pysyncobj.syncobj as syncobj_module
-from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj import FAIL_REASON, SyncObjConf
 from pysyncobj.transport import Transport
+from raft_sim_node import Clock, LogCapture, Recorder, command_value
 
 import cluster.raft_follower as raft_follower_module
 from cluster import raft_compaction
 
 LEADER_STATE = 2
 LOGGERS = ("pysyncobj", "migratory.raft")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Recorder(SyncObjConsumer):  # type: ignore[misc]
-    """The replicated state machine: remembers each command with its log index.
-
-    ``applied`` is the replicated state (in every dump); the callbacks, set before
-    ``SyncObjConsumer.__init__``, are not."""
-
-    def __init__(
-        self,
-        on_apply: Callable[[int, bytes], None],
-        on_restore: Callable[[list[tuple[int, bytes]]], None],
-    ) -> None:
-        self._on_apply = on_apply
-        self._on_restore = on_restore
-        super().__init__()
-        self.applied: list[tuple[int, bytes]] = []
-
-    def _deserialize(self, data: dict[str, Any]) -> None:
-        """A dump was loaded (the node's own at start-up, or its leader's): the state
-        jumped to the dump's, commands applied elsewhere included."""
-        super()._deserialize(data)
-        self._on_restore(list(self.applied))
-
-    @replicated  # type: ignore[untyped-decorator]
-    def put(self, value: bytes) -> int:
-        index: int = self._syncObj.raftLastApplied + 1
-        self.applied.append((index, value))
-        self._on_apply(index, value)
-        return index
-
-
-def command_value(command: bytes) -> bytes | None:
-    """The value of a journal entry that calls ``Recorder.put``; None for pysyncobj's own
-    (no-op) entries."""
-    if command[0] != syncobj_module._COMMAND_TYPE.REGULAR:
-        return None
-    _, args = pysyncobj_pickle.loads(command[1:])[:2]
-    value: bytes = args[0]
-    return value
-
-
-class LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 class SimTransport(Transport):  # type: ignore[misc]

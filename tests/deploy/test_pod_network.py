@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = r"""
 import socket, subprocess, sys, threading, time
 sys.path.insert(0, sys.argv[1])
-from k8s_local import GATEWAY, attach, make_network
+from pod_network import GATEWAY, attach, make_network
 
 def bridge_mac():
     out = subprocess.run(["ip", "-o", "link", "show", "br0"], capture_output=True,
@@ -77,7 +77,7 @@ def test_a_pod_deleted_leaves_the_others_their_way_to_the_gateway() -> None:
     assert before == after, out  # the gateway's address did not follow the pods
 
 
-LOOP_SCRIPT = r"""
+STAND_IN = r"""
 import secrets, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
@@ -88,6 +88,23 @@ from k8s_manifests import documents
 async def main():
     LocalStatefulSet.make_network()
     sts = LocalStatefulSet(documents(), Path(sys.argv[2]), secrets.token_urlsafe(24))
+"""
+"""The head of the scripts below: a stand-in StatefulSet in the namespace the test made
+(argv: this directory, the pods' directory)."""
+
+
+def run_stand_in(script: str, tmp_path: Path) -> str:
+    """``script`` (:data:`STAND_IN` and more) in a private network namespace; its output,
+    asserted to have ended well."""
+    assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
+    result = subprocess.run(
+        ["unshare", "--net", "--", sys.executable, "-c", script, str(HERE),
+         str(tmp_path / "pods")], capture_output=True, text=True, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    return out
+
+LOOP_SCRIPT = STAND_IN + r"""
     gaps = []
     async def ticker():  # what the Service's relays and the plays' clients need: turns
         last = time.monotonic()
@@ -118,27 +135,12 @@ def test_making_pods_leaves_the_plays_loop_turning(tmp_path: Path) -> None:
     the plays' SDK clients: making a pod (its process, ~10 ``ip``/``nsenter`` commands)
     on it held all of them 0.1-0.5 s per pod at load ~25, 1.03 s for four pods in a row
     -- a subscriber behind the Service read nothing meanwhile. In a thread: 0.06 s."""
-    assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
-    result = subprocess.run(
-        ["unshare", "--net", "--", sys.executable, "-c", LOOP_SCRIPT, str(HERE),
-         str(tmp_path / "pods")], capture_output=True, text=True, timeout=120)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
+    out = run_stand_in(LOOP_SCRIPT, tmp_path)
     [line] = [line for line in out.splitlines() if line.startswith("longest gap")]
     assert float(line.split()[-1]) < 0.25, out
 
 
-TWICE_SCRIPT = r"""
-import secrets, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import trio
-from k8s_local import LocalStatefulSet
-from k8s_manifests import documents
-
-async def main():
-    LocalStatefulSet.make_network()
-    sts = LocalStatefulSet(documents(), Path(sys.argv[2]), secrets.token_urlsafe(24))
+TWICE_SCRIPT = STAND_IN + r"""
     made = []
     async def make():
         made.append(await sts.create(0))
@@ -160,10 +162,5 @@ def test_an_ordinal_created_twice_at_once_is_one_pod(tmp_path: Path) -> None:
     missing and create it while the first creation runs in its thread (CI of d942720:
     ``assert ordinal not in self.pods`` in scale-out-in-leader-restart). The controller
     makes one pod per ordinal: the second creation waits for the first's pod."""
-    assert shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")
-    result = subprocess.run(
-        ["unshare", "--net", "--", sys.executable, "-c", TWICE_SCRIPT, str(HERE),
-         str(tmp_path / "pods")], capture_output=True, text=True, timeout=120)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
+    out = run_stand_in(TWICE_SCRIPT, tmp_path)
     assert "pods 1 processes 1" in out, out
