@@ -6,7 +6,7 @@
 // reconnect, and ends with an error when a server closes with a terminal code.
 
 import { Backoff, reconnectPolicy } from "./backoff.js";
-import { monotonicMs } from "./clock.js";
+import { MAX_TIMER_MS, monotonicMs, timerMs } from "./clock.js";
 import { Qos } from "./codec.js";
 import {
   ClientClosedError, ConnectionClosedError, NotConnectedError, PublishOutcomeUnknown,
@@ -88,6 +88,8 @@ export class Client {
     this.error = null;
     this.closed = false;
     this.retryTimer = null;
+    /** The token provider's time limit while it is asked: {timer}. */
+    this.tokenWait = null;
     this.attempt(null);
   }
 
@@ -129,7 +131,7 @@ export class Client {
         const at = this.liveWaiters.indexOf(waiter);
         if (at >= 0) this.liveWaiters.splice(at, 1);
         reject(makeError());
-      }, seconds * 1000);
+      }, timerMs(seconds));
     });
   }
 
@@ -242,7 +244,7 @@ export class Client {
         reject(new NotConnectedError(subject, timeout, session?.isOpen
           ? `the connection to ${session.server} took nothing more within ${timeout} s`
           : undefined));
-      }, Math.max(0, deadline - monotonicMs()));
+      }, timerMs((deadline - monotonicMs()) / 1000));
       this.outgoing.push(entry);
       this.sendOutgoing();
     });
@@ -295,7 +297,9 @@ export class Client {
     // a provider that fails or does not answer within connectTimeout is a failed attempt
     const seconds = this.options.reconnect.connectTimeout;
     const late = new Error(`gave no token within ${seconds} s`);
-    withTimeout(Promise.resolve().then(() => provider()), seconds * 1000, () => late).then(
+    this.tokenWait = { timer: null }; // close() stops its timer: the page or process may end
+    withTimeout(Promise.resolve().then(() => provider()), seconds * 1000, () => late,
+      this.tokenWait).then(
       (token) => {
         if (!this.closed && this.error === null) this.openSession(server, token ?? null);
       },
@@ -357,7 +361,7 @@ export class Client {
       this.end(new ServerUnavailableError(this.backoff.failures, reason));
       return;
     }
-    this.retryTimer = setTimeout(() => this.attempt(server), delay * 1000);
+    this.retryTimer = setTimeout(() => this.attempt(server), timerMs(delay));
   }
 
   end(error) {
@@ -378,6 +382,7 @@ export class Client {
     if (this.closed) return;
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    clearTimeout(this.tokenWait?.timer); // a token provider still thinking: not waited for
     this.setLive(null);
     this.session?.close("client closed");
     this.end(null);
@@ -399,11 +404,14 @@ function publishOp(subject, content, fields, retained, qos, closure) {
   return { op: "publish", subject, content: bytes, fields, retained, qos, closure };
 }
 
-function withTimeout(promise, ms, makeError) {
+/** `promise`, or `makeError()` after `ms`; `holder.timer` (if given): the timer, for
+ * whoever must stop it sooner. */
+function withTimeout(promise, ms, makeError, holder = {}) {
   let timer;
   const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(makeError()), ms);
+    timer = setTimeout(() => reject(makeError()), Math.min(ms, MAX_TIMER_MS));
   });
+  holder.timer = timer;
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 

@@ -7,7 +7,7 @@
 // the server granted the heartbeat asked for in `connect`, nothing from it for twice the
 // interval granted ends the session too, with no round trip (watchSilence).
 
-import { monotonicMs } from "./clock.js";
+import { monotonicMs, timerMs } from "./clock.js";
 import { CloseCode, describeCloseCode, shouldReconnect } from "./close_codes.js";
 import { SUBPROTOCOL, decodeServerOp, encodeClientOp } from "./codec.js";
 import { ProtocolError } from "./errors.js";
@@ -83,6 +83,8 @@ export class Session {
       onLive: o.onLive, onEnd: o.onEnd,
     });
     this.live = false;
+    /** The WebSocket opened (the upgrade was answered). */
+    this.upgraded = false;
     this.ended = false;
     this.serverName = "";
     this.subscribeChunk = SUBSCRIBE_CHUNK;
@@ -108,10 +110,13 @@ export class Session {
       return;
     }
     this.ws.binaryType = "arraybuffer";
-    this.ws.onopen = () => this.send(this.connectOp);
+    this.ws.onopen = () => {
+      this.upgraded = true;
+      this.send(this.connectOp);
+    };
     this.ws.onmessage = (event) => this.onFrame(event.data);
     this.ws.onclose = (event) => this.onClose(event);
-    this.ws.onerror = () => {}; // a close event follows
+    this.ws.onerror = (event) => this.onError(event);
     this.later(o.connectTimeout, () => {
       const what = this.ws.readyState === OPEN ? "no 'connected'" : "no WebSocket connection";
       this.finish(SessionEnd.byClient(`cannot connect: ${what} within ${o.connectTimeout} s`));
@@ -225,6 +230,17 @@ export class Session {
     }
   }
 
+  /** A browser fires `close` right after `error`; node 20's WebSocket (undici) fires no
+   * `close` for a connection that failed before the upgrade (refused, reset, a non-101
+   * answer), and the attempt waited its whole connectTimeout, saying "no WebSocket
+   * connection within 10 s" of a member that refused it at once. */
+  onError(event) {
+    if (this.upgraded) return; // its close event says how it ended
+    const why = event?.message ? `: ${event.message}` : "";
+    this.later(0, () => this.finish(SessionEnd.byClient(`cannot connect: the WebSocket `
+      + `connection failed${why}`)), "connect");
+  }
+
   onClose(event) {
     const code = typeof event.code === "number" && event.code > 0 ? event.code : 1005;
     this.finish(SessionEnd.closed(code, event.reason));
@@ -311,7 +327,7 @@ export class Session {
     timer.handle = setTimeout(() => {
       this.timers.delete(timer);
       callback();
-    }, seconds * 1000);
+    }, timerMs(seconds));
     this.timers.add(timer);
   }
 
@@ -334,6 +350,7 @@ export class Session {
     const ws = this.ws;
     if (ws !== null) {
       ws.onopen = ws.onmessage = ws.onclose = null;
+      ws.onerror = () => {}; // (the `ws` package throws an error nobody listens to)
       if (ws.readyState <= OPEN) {
         const code = closeCode === CloseCode.NORMAL || (closeCode >= 3000 && closeCode <= 4999)
           ? closeCode : CloseCode.NORMAL;

@@ -1,0 +1,129 @@
+// The reconnect loop at its limits, on mocked timers: members that refuse every fresh
+// token for ten minutes, or never answer; a resume after many failed attempts. The
+// Python SDK's tests/client/test_sdk_reconnect_limits.py does the same.
+
+import assert from "node:assert/strict";
+import { mock, test } from "node:test";
+
+import { connect } from "../src/index.js";
+import { SUBJECT, flush, take, useFakes } from "./support/client_harness.js";
+import { FakeWebSocket, batch, message, status, update } from "./support/fake_websocket.js";
+import { seeded } from "./support/random.js";
+
+useFakes();
+
+const SERVERS = ["ws://a:1", "ws://b:1", "ws://c:1"];
+const MINUTE = 60_000;
+const STEP = 50; // ms of virtual time per turn
+
+/** Run `minutes` of virtual time; `member(ws)` plays the server of every new attempt.
+ * Returns the virtual time (ms) of each attempt. */
+async function run(minutes, member) {
+  const attempts = [];
+  let seen = 0;
+  for (let now = 0; now < minutes * MINUTE; now += STEP) {
+    mock.timers.tick(STEP);
+    await flush();
+    while (FakeWebSocket.instances.length > seen) {
+      attempts.push(now);
+      member(FakeWebSocket.instances[seen]);
+      seen += 1;
+      assert.ok(seen < 1000, "a hot loop");
+    }
+  }
+  return attempts;
+}
+
+function perMinute(attempts, minutes) {
+  const counts = Array(minutes).fill(0);
+  for (const at of attempts) counts[Math.floor(at / MINUTE)] += 1;
+  return counts;
+}
+
+test("every fresh token refused (4503) for ten minutes: bounded, growing, jittered", async () => {
+  let issued = 0;
+  const client = connect(SERVERS, { WebSocket: FakeWebSocket, random: seeded(5),
+    tokenProvider: async () => `fresh-${++issued}` });
+  const notes = [];
+  client.onNotification((n) => notes.push(n));
+  const tokens = [];
+  const attempts = await run(10, (ws) => {
+    ws.open();
+    tokens.push(ws.take("connect")[0].token);
+    ws.drop(4503, "the token expired");
+  });
+  const counts = perMinute(attempts, 10);
+  assert.ok(counts.slice(1).every((n) => n >= 2 && n <= 5), String(counts));
+  assert.ok(attempts.length <= 40, String(counts));
+  const gaps = attempts.slice(1).map((at, i) => at - attempts[i]);
+  assert.ok(gaps.slice(8).every((g) => g >= 15_000 - STEP && g <= 30_000 + STEP), String(gaps));
+  assert.ok(gaps[0] <= 500 + STEP && Math.max(...gaps.slice(0, 5)) < 15_000, String(gaps));
+  assert.ok(new Set(gaps.slice(8)).size > 3, "jittered");
+  assert.deepEqual(tokens, Array.from({ length: attempts.length }, (_, i) => `fresh-${i + 1}`));
+  assert.equal(notes.length, attempts.length);
+  assert.ok(notes.every((n) => n.status === "SERVER_DOWN" && /4503 TOKEN_EXPIRED/.test(n.reason)));
+  assert.equal(client.error, null);
+  await client.close();
+});
+
+test("members down, silent, or dropping after the upgrade: the same back-off", async () => {
+  const client = connect(SERVERS, { WebSocket: FakeWebSocket, random: seeded(6),
+    reconnect: { connectTimeout: 2 } });
+  const notes = [];
+  client.onNotification((n) => notes.push(n));
+  const kinds = { "ws://a:1": "down", "ws://b:1": "silent", "ws://c:1": "upgrade-close" };
+  const attempts = await run(10, (ws) => {
+    if (kinds[ws.url] === "down") ws.drop(1006);
+    if (kinds[ws.url] === "upgrade-close") {
+      ws.open();
+      ws.drop(1006);
+    }
+  });
+  const counts = perMinute(attempts, 10);
+  assert.ok(counts.slice(1).every((n) => n >= 2 && n <= 5), String(counts));
+  assert.equal(notes.length, attempts.length);
+  const silent = notes.filter((n) => n.server === "ws://b:1");
+  assert.ok(silent.length > 0 && silent.every((n) => /within 2 s/.test(n.reason)));
+  await client.close();
+});
+
+test("a resume after 30 refused attempts keeps the position: no gap, no duplicate", async () => {
+  const client = connect(SERVERS, { WebSocket: FakeWebSocket, random: seeded(7),
+    reconnect: { initialDelay: 0.1, maxDelay: 1, connectTimeout: 1 } });
+  const subscription = client.subscribe(SUBJECT);
+  const first = FakeWebSocket.last();
+  first.accept("m1");
+  first.take("subscribe");
+  first.receive(status("SUBSCRIBE_ALLOW", SUBJECT, 7, 10));
+  first.receive(message(SUBJECT, 11));
+  assert.deepEqual((await take(subscription, 1)).map((m) => m.seq), [11]);
+  first.drop();
+  let refused = 0;
+  let served = null;
+  for (let turn = 0; served === null && turn < 2000; turn += 1) {
+    mock.timers.tick(STEP);
+    await flush();
+    const ws = FakeWebSocket.last();
+    if (ws === first || ws.readyState !== 0) continue;
+    if (refused < 30) {
+      refused += 1;
+      ws.open();
+      ws.drop(refused % 2 ? 4503 : 1006);
+    } else {
+      served = ws;
+    }
+  }
+  assert.ok(served !== null, "no attempt after 30 refusals");
+  served.accept("m2");
+  assert.deepEqual(served.take("subscribe"), [
+    { op: "subscribe", subjects: [{ subject: SUBJECT, epoch: 7, seq: 11 }] },
+  ]);
+  served.receive(status("SUBSCRIBE_ALLOW", SUBJECT));
+  served.receive(batch([11, 12, 13].map((s) => update(SUBJECT, s, { type: "recovered" }))));
+  served.receive(status("DATA_SYNC", SUBJECT, 7, 13));
+  served.receive(message(SUBJECT, 14));
+  const resumed = await take(subscription, 3);
+  assert.deepEqual(resumed.map((m) => [m.seq, m.type]),
+    [[12, "recovered"], [13, "recovered"], [14, "update"]]);
+  await client.close();
+});
