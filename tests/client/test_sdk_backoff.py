@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migratory_client.backoff import Backoff, ReconnectPolicy
+from migratory_client.session import Keepalive
 
 
 def test_exponential_without_jitter() -> None:
@@ -41,11 +42,20 @@ def test_max_attempts() -> None:
         {"connect_timeout": 0},
         {"healthy_after": 0},
         {"healthy_after": float("nan")},
+        {"connect_timeout": float("nan")},  # before: accepted, then ValueError out of
+        {"multiplier": float("nan")},  # the client's task on its first attempt
     ],
 )
 def test_policy_validation(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ReconnectPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kwargs", [{"interval": float("nan")}, {"timeout": float("nan")}])
+def test_keepalive_refuses_nan(kwargs: dict[str, float]) -> None:
+    """Before: accepted, and the client's first session raised ValueError from trio."""
+    with pytest.raises(ValueError, match="interval and timeout"):
+        Keepalive(**kwargs)
 
 
 @given(

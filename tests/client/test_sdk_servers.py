@@ -30,6 +30,9 @@ def test_weight_and_url() -> None:
         "ws://",
         "ws://a:99999",
         "ws://a:port",
+        "\u00b2 ws://a",  # a digit to str.isdigit, not to int(): was "invalid literal"
+        "ws://a:8800/#x",  # a WebSocket URL has no fragment (a browser throws at it)
+        "ws://a#",
     ],
 )
 def test_bad_entry_is_named(entry: str) -> None:
@@ -49,6 +52,26 @@ def test_empty_list_and_duplicates_refused() -> None:
         parse_servers([])
     with pytest.raises(ValueError, match="twice"):
         parse_servers(["ws://a", "10 ws://a"])
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("ws://a:8800", "ws://a:8800/"), ("ws://A:1", "ws://a:1"), ("ws://a", "ws://a:80"),
+     ("wss://a", "wss://a:443/")],
+)
+def test_one_server_spelled_twice_is_refused(first: str, second: str) -> None:
+    """Before: both kept, the server's share of connections doubled."""
+    with pytest.raises(ValueError, match="listed twice") as info:
+        parse_servers([first, f"50 {second}"])
+    assert f"'50 {second}'" in str(info.value) and repr(first) in str(info.value)
+    assert len(parse_servers(["ws://a:1", "ws://a:2", "ws://a:1/x", "wss://a:1"])) == 4
+
+
+def test_all_weights_zero_choose_evenly() -> None:
+    servers = parse_servers(["0 ws://a", "0 ws://b"])
+    rng = random.Random(5)
+    counts = Counter(choose_server(servers, rng).url for _ in range(2000))
+    assert 900 < counts["ws://a"] < 1100
 
 
 def test_weights_shape_the_choice() -> None:

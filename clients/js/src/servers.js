@@ -30,20 +30,26 @@ export function parseServer(entry) {
   if (!parsed.hostname) {
     throw new TypeError(`server entry ${JSON.stringify(entry)}: URL has no host`);
   }
+  if (url.includes("#")) { // new WebSocket() throws at it: every attempt would fail
+    throw new TypeError(`server entry ${JSON.stringify(entry)}: a WebSocket URL has no #fragment`);
+  }
   return Object.freeze({ url, weight });
 }
 
-/** Parse a server list (a single string counts as one entry); duplicates are refused. */
+/** Parse a server list (a single string counts as one entry); a server listed twice,
+ * however spelled ("ws://a" and "ws://A:80/": its share would double), is refused. */
 export function parseServers(entries) {
   const list = typeof entries === "string" ? [entries] : [...entries];
   const servers = list.map(parseServer);
   if (!servers.length) throw new TypeError("the server list is empty");
-  const seen = new Set();
+  const seen = new Map();
   for (const server of servers) {
-    if (seen.has(server.url)) {
-      throw new TypeError(`server entry '${server.weight} ${server.url}': URL listed twice`);
+    const same = new URL(server.url).href; // host lower-cased, default port and "/" filled in
+    if (seen.has(same)) {
+      throw new TypeError(`server entry '${server.weight} ${server.url}': URL listed twice `
+        + `('${seen.get(same)}')`);
     }
-    seen.add(server.url);
+    seen.set(same, server.url);
   }
   return Object.freeze(servers);
 }

@@ -19,6 +19,8 @@ test("bad server entries are refused, naming the entry", () => {
     ["http://a", /scheme must be ws:\/\/ or wss:\/\//],
     ["ws://", /bad URL|no host/],
     ["ws://a:99999", /bad URL/],
+    ["ws://a:1/#x", /no #fragment/], // before: kept, and every attempt threw "Got fragment"
+    ["ws://a#", /no #fragment/],
   ]) {
     assert.throws(() => parseServer(entry), (e) => e instanceof TypeError
       && e.message.includes(JSON.stringify(entry)) && why.test(e.message), entry);
@@ -26,6 +28,15 @@ test("bad server entries are refused, naming the entry", () => {
   assert.throws(() => parseServers([]), /empty/);
   assert.throws(() => parseServers(["ws://a", "5 ws://a"]), /listed twice/);
   assert.equal(parseServers("ws://a").length, 1);
+});
+
+test("one server spelled twice is refused (before: both kept, its share doubled)", () => {
+  for (const [first, second] of [["ws://a:8800", "ws://a:8800/"], ["ws://A:1", "ws://a:1"],
+    ["ws://a", "ws://a:80"], ["wss://a", "wss://a:443/"]]) {
+    assert.throws(() => parseServers([first, `50 ${second}`]),
+      new RegExp(`'50 ${second}': URL listed twice \\('${first}'\\)`), second);
+  }
+  assert.equal(parseServers(["ws://a:1", "ws://a:2", "ws://a:1/x", "wss://a:1"]).length, 4);
 });
 
 test("weighted choice follows the weights", () => {

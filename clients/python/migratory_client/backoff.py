@@ -41,13 +41,13 @@ class ReconnectPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.initial_delay <= self.max_delay:
             raise ValueError("ReconnectPolicy: need 0 < initial_delay <= max_delay")
-        if self.multiplier < 1:
+        if not self.multiplier >= 1:  # (NaN too: every check here is one NaN fails)
             raise ValueError("ReconnectPolicy: multiplier must be >= 1")
         if not 0 <= self.jitter <= 1:
             raise ValueError("ReconnectPolicy: jitter must be within [0, 1]")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError("ReconnectPolicy: max_attempts must be >= 1 or None")
-        if self.connect_timeout <= 0:
+        if not self.connect_timeout > 0:  # NaN: ValueError out of the client's task
             raise ValueError("ReconnectPolicy: connect_timeout must be > 0")
         if not self.healthy_after > 0:
             raise ValueError("ReconnectPolicy: healthy_after must be > 0")

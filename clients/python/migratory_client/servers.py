@@ -35,7 +35,7 @@ def parse_server(entry: str) -> ServerEntry:
     weight = DEFAULT_WEIGHT
     if len(parts) == 2:
         weight_text, url = parts
-        if not weight_text.isdigit():
+        if not (weight_text.isascii() and weight_text.isdigit()):  # "²".isdigit() too
             raise ValueError(f"server entry {entry!r}: weight must be a non-negative integer")
         weight = int(weight_text)
     else:
@@ -54,20 +54,31 @@ def _check_url(entry: str, url: str) -> None:
         raise ValueError(f"server entry {entry!r}: URL scheme must be ws:// or wss://")
     if not split.hostname:
         raise ValueError(f"server entry {entry!r}: URL has no host")
+    if split.fragment or url.endswith("#"):
+        raise ValueError(f"server entry {entry!r}: a WebSocket URL has no #fragment")
+
+
+def _same_server(url: str) -> tuple[str, str, int, str]:
+    """What two spellings of one server share: ``ws://A:80`` is ``ws://a/``."""
+    split = urlsplit(url)
+    port = split.port or (443 if split.scheme == "wss" else 80)
+    resource = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    return split.scheme, split.hostname or "", port, resource
 
 
 def parse_servers(entries: Iterable[str] | str) -> tuple[ServerEntry, ...]:
-    """Parse a server list (a single string counts as one entry); duplicates are refused."""
+    """Parse a server list (a single string counts as one entry); a server listed twice,
+    however spelled (``ws://a`` and ``ws://A:80/``: its share would double), is refused."""
     if isinstance(entries, str):
         entries = [entries]
     servers = tuple(parse_server(entry) for entry in entries)
     if not servers:
         raise ValueError("the server list is empty")
-    seen: set[str] = set()
+    seen: dict[tuple[str, str, int, str], ServerEntry] = {}
     for server in servers:
-        if server.url in seen:
-            raise ValueError(f"server entry {str(server)!r}: URL listed twice")
-        seen.add(server.url)
+        first = seen.setdefault(_same_server(server.url), server)
+        if first is not server:
+            raise ValueError(f"server entry {str(server)!r}: URL listed twice ({first.url!r})")
     return servers
 
 

@@ -81,7 +81,7 @@ class Keepalive:
     heartbeat: float | None = 2.0
 
     def __post_init__(self) -> None:
-        if self.interval <= 0 or self.timeout <= 0:
+        if not (self.interval > 0 and self.timeout > 0):  # NaN too
             raise ValueError("Keepalive: interval and timeout must be > 0")
         if self.heartbeat is not None and not 0.001 <= self.heartbeat <= 3600:
             raise ValueError("Keepalive: heartbeat must be None or from 0.001 to 3600 s")
