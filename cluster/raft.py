@@ -324,7 +324,11 @@ class RaftCoordination:
         cache_budget: int = 0,
     ) -> None:
         """``data_dir`` keeps the Raft log, term and vote across restarts (``None``: memory
-        only, for tests of a single process lifetime). Builds and starts pysyncobj, which
+        only, for tests of a single process lifetime). ``bind_address`` is where the
+        cluster port really listens (``ClusterMemberBind``); ``None``: ``self_address``,
+        so the Raft port (its port + 1) listens on that host only -- never on every
+        interface, pysyncobj's default, which tests on 127.0.0.1 and a member behind a
+        named address must not get by leaving it out. Builds and starts pysyncobj, which
         loads its journal and dump: call it off the event loop (``trio.to_thread``)."""
         if not password:
             raise ValueError("Raft must never run without a password (pickle on the wire)")
@@ -355,7 +359,7 @@ class RaftCoordination:
             # each seed its own thresholds: no two fork their dump writers together
             logCompactionMinEntries=int(timings.compaction_entries * stagger),
             logCompactionMinTime=timings.compaction_seconds * stagger,
-            bindAddress=raft_address(bind_address) if bind_address else None,
+            bindAddress=raft_address(bind_address or self_address),
             **journal_files(data_dir),
         )
         bound_log_bytes(conf, int(timings.compaction_bytes * stagger))

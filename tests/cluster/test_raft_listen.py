@@ -49,11 +49,11 @@ def test_a_seed_whose_raft_port_is_taken_says_so_then_joins_once_it_is_free(
         assert wait_for(lambda: raft.snapshot.listen_error is not None, 5)
         error = raft.snapshot.listen_error
         assert error is not None
-        # no bind address given: the Raft port listens on every interface
-        assert f"cannot listen on 0.0.0.0:{port + 1}: " in error and "in use" in error
+        # no bind address given: the Raft port listens on the seed's own host
+        assert f"cannot listen on 127.0.0.1:{port + 1}: " in error and "in use" in error
         assert raft.status()["raft_listen_error"] == error
         logged = [r for r in caplog.records if r.levelno == logging.ERROR
-                  and f"0.0.0.0:{port + 1}" in r.getMessage()]
+                  and f"127.0.0.1:{port + 1}" in r.getMessage()]
         assert logged, "the failed bind was not logged"
         assert "cluster port + 1" in logged[0].getMessage()
         time.sleep(1.2)  # a retry or more: logged once, not once per attempt
@@ -66,4 +66,24 @@ def test_a_seed_whose_raft_port_is_taken_says_so_then_joins_once_it_is_free(
         assert any("at last" in r.getMessage() for r in caplog.records)
     finally:
         squatter.close()
+        raft.close()
+
+
+def test_a_seed_given_no_bind_address_listens_on_its_own_host_only() -> None:
+    """Without ``bind_address`` the Raft port listened on 0.0.0.0 (pysyncobj's rule for a
+    node without ``bindAddress``): every test that built a seed so, and any caller that
+    forgot the bind, had its pickle port on every interface. 127.0.0.2 is loopback too,
+    so a socket on every interface answers there; one on 127.0.0.1 does not."""
+    port = seed_port()
+    raft = RaftCoordination(
+        self_address=("127.0.0.1", port), seed_addresses=[("127.0.0.1", port)],
+        password="x", on_commit=lambda _batch: None,
+    )
+    try:
+        assert wait_for(lambda: raft.snapshot.state == "leader", 10)
+        with socket.create_connection(("127.0.0.1", port + 1), timeout=2):
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", port + 1), timeout=2).close()
+    finally:
         raft.close()
