@@ -30,8 +30,11 @@ $(SERVE_STAMP): pyproject.toml $(VENV)/.created
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
+# --no-compile: pip's byte-compiling of every installed file (PySpark's thousands among
+# them) is never read by the tests, whose processes keep their bytecode under
+# PYTHONPYCACHEPREFIX (below); it cost ~8 of ~38 CPU-s of this install (load 20)
 $(STAMP): pyproject.toml $(VENV)/.created
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-compile -e '.[test]'
 	touch $@ $(SERVE_STAMP)
 
 $(JS_DEPS): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
