@@ -33,6 +33,14 @@ def test_endpoint_of_urls() -> None:
     assert Endpoint.of("wss://example.org").port == 443
 
 
+def test_an_ipv6_literal_is_bracketed_in_the_host_header() -> None:
+    """``ws://[::1]:8800`` sent ``Host: ::1:8800`` (no host and port can be read from
+    it), found by h172's review of the SDKs."""
+    assert Endpoint.of("ws://[::1]:8800/").host_header == "[::1]:8800"
+    assert Endpoint.of("wss://[2001:db8::7]/").host_header == "[2001:db8::7]"
+    assert Endpoint.of("ws://[::1]:8800/").host == "::1"  # what the socket dials
+
+
 @pytest.mark.parametrize("url", ["http://a:1", "ws://", "a:1"])
 def test_endpoint_refuses_other_urls(url: str) -> None:
     with pytest.raises(ValueError, match="ws:// or wss://"):

@@ -65,8 +65,11 @@ class Endpoint:
 
     @property
     def host_header(self) -> str:
+        """RFC 7230 5.4 / RFC 3986 3.2.2: an IPv6 literal in brackets (``[::1]:8800``;
+        ``::1:8800`` names no host and port)."""
         default = 443 if self.secure else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
 
     async def open_stream(
         self, tls: ssl.SSLContext | None = None
