@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from cluster.status_table import format_status_table
 from cluster.up_checks import (
@@ -178,7 +178,16 @@ def start_member(settings: dict[str, str], log_path: Path) -> subprocess.Popen[b
         )
 
 
-def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+class Stoppable(Protocol):
+    """What :func:`stop_all` uses of a process (a Popen; the tests' forked members)."""
+
+    def poll(self) -> int | None: ...
+    def send_signal(self, sig: int, /) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def stop_all(processes: Sequence[Stoppable], timeout: float = 10.0) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -209,3 +209,14 @@ def test_exec_where_a_fork_would_differ(tmp_path: Path) -> None:
                                         stdout=subprocess.DEVNULL)
         assert isinstance(process, subprocess.Popen)
         assert process.wait(10) == 0
+
+
+def test_a_member_refusing_its_settings_as_exec_would(tmp_path: Path) -> None:
+    said = []
+    for start in (start_cluster_process, subprocess.Popen):
+        with (tmp_path / "err").open("wb") as err:
+            process = start([sys.executable, "-m", "cluster", "serve", "--set", "Nonsense=1"],  # type: ignore[operator]
+                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=err)
+        said.append((type(process).__name__, process.wait(20), (tmp_path / "err").read_text()))
+    assert said[0][0] == "ForkedProcess"
+    assert said[0][1:] == said[1][1:] and said[0][1] != 0, said

@@ -9,9 +9,10 @@ once per pytest process (``tests/zygote_process.py``), imports what a member imp
 its environment (replaced whole), its cwd, its stdin/stdout/stderr (descriptors passed
 with the request), every other descriptor closed, fresh ``sys.std*`` objects buffered
 as an exec'd interpreter's, the signal dispositions this interpreter started with, then
-``runpy.run_module("cluster", run_name="__main__", alter_sys=True)`` at the top level of
-this script and a normal interpreter exit (atexit, thread joins, flushes). (``-c CODE``
-too: what ``tests/test_zygote.py`` runs.)
+``runpy._run_module_as_main("cluster")`` (what ``python -m`` runs: ``sys.argv[0]`` and
+``__main__`` stay the module's, for atexit hooks too) in a fresh ``__main__`` at the top
+level of this script and a normal interpreter exit (atexit, thread joins, flushes).
+(``-c CODE`` too: what ``tests/test_zygote.py`` runs.)
 
 The zygote is the children's parent: a child subreaper (it also reaps the orphans of
 its children, as init would), it reports each child's exit status to the test process,
@@ -192,12 +193,13 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
 
 def run(argv: list[str]) -> None:
     """``python -m MODULE`` or ``python -c CODE`` (the zygote's own tests)."""
-    if argv[1] == "-m":
-        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
-        return
-    main = types.ModuleType("__main__")
+    main = types.ModuleType("__main__")  # a fresh one, not this script's
+    main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    exec(compile(argv[2], "<string>", "exec"), main.__dict__)
+    if argv[1] == "-m":  # what ``python -m`` calls: sys.argv[0] and __main__ stay its
+        runpy._run_module_as_main(argv[2], alter_argv=True)  # type: ignore[attr-defined]
+    else:
+        exec(compile(argv[2], "<string>", "exec"), main.__dict__)
 
 
 def fresh_standard_streams() -> None:

@@ -178,6 +178,9 @@ class ForkedProcess:
         self.wait()
 
 
+MemberProcess = ForkedProcess | subprocess.Popen[bytes]
+"""A member or server process the tests started, forked or exec'd."""
+
 _zygote: list[Zygote] = []
 _zygote_lock = threading.Lock()
 
@@ -214,7 +217,7 @@ def _descriptor(stream: Stream, default: int, opened: list[int]) -> int:
 def start_cluster_process(
     args: list[str], *, env: dict[str, str], stdin: Stream = None, stdout: Stream = None,
     stderr: Stream = None, cwd: str | None = None,
-) -> ForkedProcess | subprocess.Popen[bytes]:
+) -> MemberProcess:
     """``subprocess.Popen(args, stdin=, stdout=, stderr=, env=)`` of ``python -m cluster
     ...`` (or ``python -c CODE``): forked from the zygote where that is the same process,
     else exec'd."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from faulty_member import FAULTS_ENV
+from zygote_process import MemberProcess, start_cluster_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import close_clients_of
@@ -35,9 +36,13 @@ class LocalCluster:
         members: int,
         seeds: int = 3,
         mode: str = "Guaranteed",
+        exec_members: bool = False,
         **extra: str,
     ) -> None:
+        """``exec_members``: every member exec'd (``python -m cluster serve``), not forked
+        from the tests' zygote (``tests/zygote.py``): for tests of a member's start-up."""
         self.tmp_path = tmp_path
+        self.exec_members = exec_members
         self.members = members
         self.base = free_base_port(members)
         self.settings = [
@@ -55,17 +60,22 @@ class LocalCluster:
             }
             for i in range(members)
         ]
-        self.processes: list[subprocess.Popen[bytes] | None] = [None] * members
+        self.processes: list[MemberProcess | None] = [None] * members
         self.faults: dict[int, str] = {}
         """Member index -> handlers made to fail (``faulty_member.py``'s spec)."""
 
     def start(self, index: int) -> None:
         log_path = self.tmp_path / f"migratory-{index}.log"
         faults = self.faults.get(index)
-        if faults is None:
+        if faults is None and self.exec_members:
             self.processes[index] = start_member(self.settings[index], log_path)
             return
         args, env = member_command(self.settings[index])
+        if faults is None:
+            with log_path.open("ab") as log:
+                self.processes[index] = start_cluster_process(
+                    args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+            return
         assert args[1:4] == ["-m", "cluster", "serve"], args
         env[FAULTS_ENV] = faults
         with log_path.open("ab") as log:

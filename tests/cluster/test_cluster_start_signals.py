@@ -65,7 +65,7 @@ PHASES = [  # (member, the line that starts the phase, the signal)
 
 
 def test_a_signal_at_each_phase_of_a_members_start_up(tmp_path: Path) -> None:
-    cluster = LocalCluster(tmp_path, members=4, seeds=3, DrainTime="2",
+    cluster = LocalCluster(tmp_path, members=4, seeds=3, exec_members=True, DrainTime="2",
                            ClusterLogCompactionEntries="100")  # a dump to load, too
     try:
         cluster.start_all()
