@@ -66,9 +66,14 @@ class SimTransport(Transport):  # type: ignore[misc]
         self.address = selfNode.id
         self.peers = {node.id: node for node in otherNodes}
 
+    port_held = False
+    """Another process holds this node's port: not ready (pysyncobj's tick then only
+    applies committed entries). Set once the node is built (:meth:`RaftWorld.hold_port`):
+    ``SyncObj.__init__`` without autoTick waits for a ready transport."""
+
     @property
     def ready(self) -> bool:
-        return True
+        return not self.port_held
 
     def send(self, node: Any, message: Any) -> bool:
         return self.world.send(self.address, node.id, message)
@@ -141,6 +146,9 @@ class RaftWorld:
         self.dump_parts_sent = 0
         self.dumps_installed = 0  # a leader's, loaded by a follower
         self.dumps_reloaded = 0  # a node's own, at start-up
+        # per node, since its last start: ("applied", index) and ("restored", the index
+        # its loaded dump ends at), in order
+        self.lives: dict[str, list[tuple[str, int]]] = {}
         self._receiving: str | None = None  # the node handling a message
         try:
             for address in self.addresses:
@@ -170,9 +178,12 @@ class RaftWorld:
             useFork=False,
         )
         raft_compaction.bound_log_bytes(conf, self.compaction_bytes)
+        life = self.lives[address] = []
         recorder = Recorder(
-            lambda index, value: self._applied(address, index, value),
-            lambda applied: self._restored(address, applied),
+            lambda index, value: (life.append(("applied", index)),
+                                  self._applied(address, index, value)),
+            lambda applied: (life.append(("restored", max((i for i, _ in applied), default=0))),
+                             self._restored(address, applied)),
         )
         others = [a for a in self.addresses if a != address]
         node = self.node_class(
@@ -205,6 +216,10 @@ class RaftWorld:
         for path in self.dir.glob(address.replace(":", "_") + ".*"):
             path.unlink()
         self.start(address)
+
+    def hold_port(self, address: str, held: bool = True) -> None:
+        """Another process holds (or no longer holds) ``address``'s port."""
+        self.nodes[address]._SyncObj__transport.port_held = held
 
     def tick(self, address: str) -> None:
         node = self.nodes[address]

@@ -28,6 +28,7 @@ from raft_sim import RaftWorld
 
 from cluster.coordination import CommittedBatch
 from cluster.raft import RaftCoordination, RaftTimings
+from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_follower import FollowerSafeSyncObj
 
 
@@ -197,3 +198,72 @@ def test_a_seed_killed_while_writing_its_dump_restarts_from_the_whole_one(
     assert not (tmp_path / "raft.dump.tmp").exists()
     assert any("raft.dump.tmp" in r.getMessage() and "half-written" in r.getMessage()
                for r in caplog.records)
+
+
+def restarted_with_its_port_held(stop: str, monkeypatch: pytest.MonkeyPatch) -> RaftWorld:
+    """A lone seed commits 20 commands and is stopped at ``stop`` of its first compaction
+    (``before-dump``: none written; ``dump-journal-uncut``: the dump written, its
+    journal not trimmed, 10 more commands committed; ``journal-cut``: the compaction
+    done, 10 more); it restarts while another process holds its Raft port for 10
+    ticks (pysyncobj's tick then applies entries and does nothing else), then listens."""
+    world = RaftWorld(1, send_seconds=0.001, seed=2)
+    (address,) = world.addresses
+    for _ in range(20):
+        world.step(0.05)
+    assert world.leader() == address
+
+    def commit(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            world.submit(address, b"v%03d" % i)
+        for _ in range(10):
+            world.step(0.05)
+        assert all(b"v%03d" % i in world.acknowledged for i in range(first, first + count))
+
+    commit(0, 20)
+    if stop != "before-dump":
+        if stop == "dump-journal-uncut":  # the window made permanent: never trimmed
+            monkeypatch.setattr(
+                CompactionWaitsForDumps, "_SyncObj__deleteEntriesTo", lambda self, to: None)
+        world.nodes[address].forceLogCompaction()
+        world.step(0.05)  # written at the end of this tick (useFork=False)
+        assert (world.dir / f"{address.replace(':', '_')}.dump").exists()
+        commit(20, 10)
+        first = world.nodes[address]._SyncObj__raftLog[0][1]
+        assert (first == 1) == (stop == "dump-journal-uncut"), first
+    world.crash(address)
+    monkeypatch.undo()
+    world.restart(address)
+    world.hold_port(address)
+    for _ in range(10):
+        world.step(0.05)
+    world.hold_port(address, held=False)
+    for _ in range(40):
+        world.step(0.05)
+    return world
+
+
+@pytest.mark.parametrize("stop", ["before-dump", "dump-journal-uncut", "journal-cut"])
+def test_a_seed_restarted_with_its_port_held_applies_each_entry_once(
+    stop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj loads a node's dump at its first tick with the transport ready, but
+    applies the journal's committed entries at every tick before: a seed that restarted
+    with its journal still holding the entries its dump replaces (stopped between the
+    dump and the trim) applied every one of them, then loaded the dump (its state back
+    to the dump's), then applied the entries after the dump a second time -- each batch
+    handed to the member twice (the CI run of e554b77: batches 1..50, then the dump at
+    40). Its state must only move forward: the dump first, if any, then each later
+    entry once."""
+    world = restarted_with_its_port_held(stop, monkeypatch)
+    try:
+        (address,) = world.addresses
+        life = world.lives[address]
+        indexes = [index for _, index in life]
+        assert indexes == sorted(set(indexes)), f"applied twice, or a dump behind: {life}"
+        assert [kind for kind, _ in life if kind == "restored"] == (
+            [] if stop == "before-dump" else ["restored"])
+        assert world.violations() == []
+        assert world.converged()
+        assert len(world.acknowledged) == (20 if stop == "before-dump" else 30)
+    finally:
+        world.close()
