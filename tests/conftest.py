@@ -287,7 +287,7 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
 
 # The tests' JVM checks small histories for a few minutes: with the C1 JIT alone it
-# spends far less CPU compiling (tests/spark/test_spark_submit.py runs its JVMs the
+# spends far less CPU compiling (tests/spark/test_spark_submit.py runs its JVM the
 # same way); what the checker computes does not depend on it. Nor on the other two:
 # interpreted expressions instead of generated and compiled Java (Janino compiling each
 # query's stages was most of a check of a few thousand rows), and one shuffle partition
