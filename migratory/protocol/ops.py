@@ -52,6 +52,11 @@ class Status(StrEnum):
     MESSAGE_SIZE_LIMIT_EXCEEDED = "MESSAGE_SIZE_LIMIT_EXCEEDED"
 
 
+PUBLISH_ELSEWHERE = "member is sending this client elsewhere: publish again on another member"
+"""The reason of a ``PUBLISH_FAILED`` from a member that drains or moves the client (the
+server's drain, migratory/server/drain.py): definitely not published, so the client
+publishes it again on another member."""
+
 SUBJECT_STATUSES = frozenset(
     {Status.DATA_SYNC, Status.DATA_RESYNC, Status.SUBSCRIBE_ALLOW, Status.SUBSCRIBE_DENY}
 )

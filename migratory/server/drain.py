@@ -59,7 +59,7 @@ log = logging.getLogger("migratory.drain")
 
 DRAINING = "member is draining (shutting down): connect to another member"
 MOVED = "member is moving this client to another member (rebalancing)"
-REFUSED = "member is sending this client elsewhere: publish again on another member"
+REFUSED = ops.PUBLISH_ELSEWHERE
 HELD_NAMED = 5  # clients the drain's last line names of those it still waited for
 
 

@@ -53,6 +53,7 @@ class Pod:
     started: bool = False  # the startup probe passed
     deleting: bool = False
     liveness_failures: int = 0
+    liveness_due: float = 0.0  # when the kubelet next runs the liveness probe
     readiness: ProbeState | None = None  # the kubelet's count for the readiness probe
     may_exit: bool = False  # a play's pod that must stop at start (a bad config)
     probed: bool = False  # the kubelet runs its probes
@@ -130,9 +131,14 @@ class LocalStatefulSet:
                     file.write(text)
 
     async def dns(self) -> None:
-        """Cached records expiring: each pod's view brought up to date as time passes."""
+        """Cached records expiring: each pod's view brought up to date as time passes
+        while a play has a ``dns_cache`` (and once after it goes back to 0). Without one
+        a pod's view changes only when a pod is created or deleted, which publish it."""
+        cached = 0.0
         while True:
-            self._publish_dns()
+            if self.dns_cache or cached:
+                self._publish_dns()
+            cached = self.dns_cache
             await trio.sleep(0.2)
 
     # --- pods -----------------------------------------------------------------------
@@ -295,7 +301,10 @@ class LocalStatefulSet:
                 await trio.sleep(0.05)
 
     async def _probes(self, pod: Pod) -> None:
-        """Pod ``pod``'s probes every readiness period until it is deleted or exits."""
+        """Pod ``pod``'s probes until it is deleted or exits: startup, then readiness,
+        every readiness period, liveness every liveness period from the startup probe's
+        pass (as the manifest says: it was every readiness period, five times as often,
+        each a request to the member and an answer the play's loop read)."""
         period = float(self.container["readinessProbe"].get("periodSeconds", 10)
                        ) * self.time_scale
         while not pod.deleting and self.pods.get(pod.ordinal) is pod:
@@ -343,11 +352,16 @@ class LocalStatefulSet:
             if not pod.ready:  # what it is connected to: shown when the rehearsal fails
                 sockets = await trio.to_thread.run_sync(raft_sockets, pod)
                 self.events.note(f"{pod.name} Raft connections: {sockets}")
+        if trio.current_time() >= pod.liveness_due:
+            await self._liveness(pod)
+
+    async def _liveness(self, pod: Pod) -> None:
+        probe = self.container["livenessProbe"]
+        pod.liveness_due = trio.current_time() + float(
+            probe.get("periodSeconds", 10)) * self.time_scale
         if await self._get(pod, "livenessProbe") != 200:
             pod.liveness_failures += 1
-            if pod.liveness_failures >= self.container["livenessProbe"].get(
-                "failureThreshold", 3
-            ):
+            if pod.liveness_failures >= probe.get("failureThreshold", 3):
                 self.events.violations.append(f"{pod.name} failed its liveness probe")
         else:
             pod.liveness_failures = 0

@@ -15,11 +15,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from migratory.config import Config, load_config
+if TYPE_CHECKING:
+    from migratory.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"
@@ -141,6 +142,8 @@ def generated_secrets(password: str) -> dict[tuple[str, str], str]:
 def load_pod_config(view: PodView, local_dir: Path) -> Config:
     """The pod's config as the server loads it, with its mounted files written under
     ``local_dir`` and their mount paths in the config pointed there."""
+    from migratory.config import load_config  # (here: the plays' processes need none)
+
     config_file = view.command[view.command.index("--config") + 1]
     text = view.files[str(Path(config_file).parent)][Path(config_file).name]
     env = dict(view.env)

@@ -45,7 +45,7 @@ async def follow_leader(sts: LocalStatefulSet, leader: list[int | None]) -> None
 
 
 async def watch_lag(sts: LocalStatefulSet, lags: dict[str, int]) -> None:
-    """Every 0.5 s, each ready pod's applied clsn (its hub's copy of the committed stream):
+    """Every second, each ready pod's applied clsn (its hub's copy of the committed stream):
     into ``lags``, the most batches each pod was ever behind the pod furthest ahead. A
     member's subscribers see the cluster that far back, and resume from there when it
     goes (past ``MaxCachedMessagesPerSubject`` messages of a subject: DATA_RESYNC)."""
@@ -65,4 +65,4 @@ async def watch_lag(sts: LocalStatefulSet, lags: dict[str, int]) -> None:
             ahead = max(applied.values())
             for name, clsn in applied.items():
                 lags[name] = max(lags.get(name, 0), ahead - clsn)
-        await trio.sleep(0.5)
+        await trio.sleep(1)

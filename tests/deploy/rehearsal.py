@@ -38,7 +38,7 @@ from k8s_manifests import documents, find, running_replicas
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
-from migratory.server.drain import REFUSED
+from migratory.protocol.ops import PUBLISH_ELSEWHERE
 from migratory_client import (
     Client,
     NotConnectedError,
@@ -169,7 +169,7 @@ async def publisher(client: Client, name: str, load: Load, stop: trio.Event) -> 
             load.acked[content] = result.position
             load.acked_by[name] = load.acked_by.get(name, 0) + 1
             number += 1
-        elif result.reason == REFUSED or "DRAINED" in (result.reason or ""):
+        elif result.reason == PUBLISH_ELSEWHERE or "DRAINED" in (result.reason or ""):
             load.republished += 1  # definitely not published: publish it again
         else:
             load.failed.append(f"{content!r}: {result.reason}")
