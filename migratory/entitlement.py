@@ -23,6 +23,9 @@ class NoEntitlement:
     def expiry(self, client: ClientIdentity) -> float | None:
         return None
 
+    def not_yet_valid(self, client: ClientIdentity) -> float | None:
+        return None
+
     def allow_connect(self, client: ClientIdentity) -> bool:
         return True
 
@@ -42,6 +45,9 @@ class BasicEntitlement:
         self._allow_token = allow_token.encode()
 
     def expiry(self, client: ClientIdentity) -> float | None:
+        return None
+
+    def not_yet_valid(self, client: ClientIdentity) -> float | None:
         return None
 
     def allow_connect(self, client: ClientIdentity) -> bool:

@@ -225,6 +225,9 @@ class CustomEntitlement:
     def expiry(self, client: Any) -> float | None:
         return None
 
+    def not_yet_valid(self, client: Any) -> float | None:
+        return None
+
     def allow_connect(self, client: Any) -> bool:
         return self._ask("allow_connect", client)
 

@@ -7,12 +7,16 @@ The entitlements themselves (:mod:`migratory.entitlement` and the ``Token`` and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from migratory.protocol import close_codes
+from migratory.protocol.close_codes import CloseCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,26 @@ class Entitlement(Protocol):
     def expiry(self, client: ClientIdentity) -> float | None:
         """When the client's rights end (seconds since the epoch), or None."""
         ...
+
+    def not_yet_valid(self, client: ClientIdentity) -> float | None:
+        """Seconds the client's rights lie in the future when that alone refuses it (a
+        token's ``nbf`` past the leeway: asking again later helps), else None."""
+        ...
+
+
+def connect_refusal(entitlement: Entitlement, client: ClientIdentity) -> tuple[CloseCode, str]:
+    """The close code and reason of a refused ``connect``: an expired token and one not
+    valid yet ask for a reconnect (4503, 4504), anything else ends the client (4003)."""
+    expiry = entitlement.expiry(client)
+    if expiry is not None and expiry <= time.time():
+        return close_codes.TOKEN_EXPIRED, "the token expired"
+    early = entitlement.not_yet_valid(client)
+    if early is not None:
+        return close_codes.TOKEN_NOT_YET_VALID, (
+            f"the token is not valid before (nbf) {early:.0f} s from now by this server's "
+            "clock: the issuer's clock is ahead of this server's, or this one is behind; "
+            "reconnect later")
+    return close_codes.CONNECT_DENIED, "entitlement refused the connection"
 
 
 class DecisionPending(Exception):

@@ -11,7 +11,9 @@ Patterns: an exact subject; ``*`` as a whole segment matches one segment; a fina
 topic filter is allowed only when one pattern covers everything it can match
 (``/a/*`` allows ``a/+``, not ``a/#``). A token past its ``exp`` is refused at
 ``connect`` and, later, ends the session with close ``4503 TOKEN_EXPIRED`` (the SDK
-asks its token provider for a fresh one and resumes). Verified tokens are cached
+asks its token provider for a fresh one and resumes); one whose ``nbf`` is still ahead
+(past ``NOT_BEFORE_LEEWAY``) with ``4504 TOKEN_NOT_YET_VALID`` (the SDK backs off and
+asks again). Verified tokens are cached
 (bounded), so a session's checks cost a dictionary lookup.
 """
 
@@ -256,6 +258,15 @@ class TokenEntitlement:
     def expiry(self, client: Any) -> float | None:
         grant = self.grant(client.token)
         return None if grant is None else grant.expires_at
+
+    def not_yet_valid(self, client: Any) -> float | None:
+        """Seconds the token's ``nbf`` lies ahead of this clock when past the leeway
+        (refused now, accepted once its time comes: close 4504), else None."""
+        grant = self.grant(client.token)
+        if grant is None or grant.not_before is None:
+            return None
+        ahead = grant.not_before - self._clock()
+        return ahead if ahead > NOT_BEFORE_LEEWAY else None
 
     def allow_connect(self, client: Any) -> bool:
         return self._live(client.token) is not None

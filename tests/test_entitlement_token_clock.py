@@ -6,6 +6,7 @@ when the clocks disagree."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import jwt
@@ -14,7 +15,9 @@ import pytest
 from migratory import client_lines
 from migratory.client_lines import ClientLines
 from migratory.entitlement import ClientIdentity
+from migratory.entitlement_decisions import connect_refusal
 from migratory.entitlement_token import NOT_BEFORE_LEEWAY, TokenEntitlement
+from migratory.protocol import close_codes
 
 SECRET = "s" * 40
 T0 = 1_800_000_000
@@ -105,3 +108,23 @@ def test_a_server_behind_the_issuer_says_so_and_accepts_past_exp(
     assert checks.allow_connect(client)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert [w[:40] for w in warnings] == ["token issued (iat) 7200 s ahead of this "]
+
+
+def test_a_token_refused_for_being_early_asks_for_a_reconnect_not_an_end() -> None:
+    """The issuer's clock 2 min ahead: its token is refused now and accepted once its
+    time comes, so the refusal is 4504 TOKEN_NOT_YET_VALID (reconnect), its reason naming
+    nbf and the clocks -- it was 4003 CONNECT_DENIED, which ends every SDK client for
+    good. Garbage stays 4003, an expired token 4503."""
+    now = [float(int(time.time()))]
+    checks = entitlement(now)
+    early = who(iat=int(now[0]) + 120, nbf=int(now[0]) + 120, exp=int(now[0]) + 720)
+    assert not checks.allow_connect(early)
+    code, why = connect_refusal(checks, early)
+    assert code is close_codes.TOKEN_NOT_YET_VALID and code.reconnect
+    assert "(nbf) 120 s from now by this server's clock" in why and "issuer's clock" in why
+    expired = who(exp=int(now[0]) - 5)
+    assert connect_refusal(checks, expired)[0] is close_codes.TOKEN_EXPIRED
+    garbage = ClientIdentity("alice", "not.a.jwt", "127.0.0.1:1")
+    assert connect_refusal(checks, garbage)[0] is close_codes.CONNECT_DENIED
+    now[0] += 120 - NOT_BEFORE_LEEWAY  # its time comes
+    assert checks.allow_connect(early) and checks.not_yet_valid(early) is None

@@ -67,6 +67,13 @@ TOKEN_EXPIRED = CloseCode(
     True,
     "Entitlement = Token: the session's token expired; reconnect with a fresh one",
 )
+TOKEN_NOT_YET_VALID = CloseCode(
+    4504,
+    "TOKEN_NOT_YET_VALID",
+    True,
+    "Entitlement = Token: the token's nbf is more than 30 s ahead of this server's clock "
+    "(the issuer's clock runs ahead); reconnect: it is accepted once its time comes",
+)
 
 ALL: tuple[CloseCode, ...] = (
     NORMAL,
@@ -86,6 +93,7 @@ ALL: tuple[CloseCode, ...] = (
     CONNECT_TIMEOUT,
     DRAINED,
     TOKEN_EXPIRED,
+    TOKEN_NOT_YET_VALID,
 )
 BY_CODE: dict[int, CloseCode] = {c.code: c for c in ALL}
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.entitlement_decisions import (
+    ClientIdentity,
+    DecisionPending,
+    connect_refusal,
+    deferred_decisions,
+)
 from migratory.listeners import Listener
 from migratory.model.position import Position
 from migratory.model.subject import InvalidSubjectError, reserved, validate_subject
@@ -341,7 +346,9 @@ class HttpFront:
             if audit is not None and audit.access:
                 audit.event("access", "connect", self._session.audit_client_as(identity),
                             outcome="denied")
-            self._respond(error(403, "entitlement refused the connection"))
+            # 403 whatever the cause (EventSource ends at any status but 200); the reason
+            # says which: expired, not valid yet (nbf), or refused
+            self._respond(error(403, connect_refusal(entitlement, identity)[1]))
             return
         over = total_subscriptions_limit(self._ctx, len(subjects))  # bound, then work
         if over is not None:

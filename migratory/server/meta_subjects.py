@@ -55,6 +55,9 @@ class MetaSubjectEntitlement:
     def expiry(self, client: ClientIdentity) -> float | None:
         return self._inner.expiry(client)
 
+    def not_yet_valid(self, client: ClientIdentity) -> float | None:
+        return self._inner.not_yet_valid(client)
+
     def allow_subscribe(self, client: ClientIdentity, subject: str) -> bool:
         if not is_meta_subject(subject):
             return self._inner.allow_subscribe(client, subject)

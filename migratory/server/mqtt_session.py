@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from migratory import client_lines
-from migratory.entitlement_decisions import ClientIdentity, DecisionPending
+from migratory.entitlement_decisions import ClientIdentity, DecisionPending, connect_refusal
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
@@ -184,12 +184,15 @@ class MqttSession(MqttPublishing):
 
     # --- CONNECT --------------------------------------------------------------
 
-    def _refuse(self, code: int, why: str) -> None:
+    def _refuse(self, code: int, why: str,
+                closed: close_codes.CloseCode = close_codes.CONNECT_DENIED) -> None:
+        """CONNACK ``code`` (MQTT 3.1.1 has no "retry later": a token not valid yet gets
+        5 as any refused one); ``closed`` is the session's close code (metrics, logs)."""
         client_lines.lines.log(log, logging.INFO, f"mqtt connack {code}", "%s: CONNECT "
                                "refused (%d): %s", self.describe(), code, why,
                                extra=self.log_fields())
         self._send(mqtt_encode.encode_packet(mqtt.Connack(False, code)))
-        self.close(close_codes.CONNECT_DENIED.code, why)
+        self.close(closed.code, why)
 
     def _barrier_refused(self, packet: mqtt.Connect, why: str) -> None:
         self.client_id = packet.client_id
@@ -214,7 +217,8 @@ class MqttSession(MqttPublishing):
         self.client_id = client_id
         if not self._ctx.entitlement.allow_connect(identity):
             self._denied("connect")
-            self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, "entitlement refused the connection")
+            closed, why = connect_refusal(self._ctx.entitlement, identity)  # 4503, 4504, 4003
+            self._refuse(mqtt.REFUSED_NOT_AUTHORIZED, why, closed)
             return
         snapshot = self._ctx.hub.snapshot(session_subject(client_id))
         over = None if packet.clean_session else max_sessions_refusal(

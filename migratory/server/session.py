@@ -14,12 +14,16 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import time
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 from migratory import client_lines
-from migratory.entitlement_decisions import ClientIdentity, DecisionPending, deferred_decisions
+from migratory.entitlement_decisions import (
+    ClientIdentity,
+    DecisionPending,
+    connect_refusal,
+    deferred_decisions,
+)
 from migratory.listeners import OPEN_LISTENER, Listener
 from migratory.model.message import Message
 from migratory.model.outbox import Outbox, SlowConsumer
@@ -320,11 +324,8 @@ class Session(StreamSession):
             self._ctx.stats.count(self._ctx.stats.entitlement_denials, "connect")
             if audit is not None and audit.access:
                 audit.event("access", "connect", self.audit_client_as(identity), outcome="denied")
-            expiry = entitlement.expiry(identity)
-            if expiry is not None and expiry <= time.time():
-                self.close(close_codes.TOKEN_EXPIRED.code, "the token expired")
-            else:
-                self.close(close_codes.CONNECT_DENIED.code, "entitlement refused the connection")
+            code, why = connect_refusal(entitlement, identity)  # 4503, 4504, or 4003
+            self.close(code.code, why)
             return
         self.identity = identity
         self.expires_at = entitlement.expiry(identity)

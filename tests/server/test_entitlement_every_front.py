@@ -41,8 +41,9 @@ def tokens() -> dict[str, str]:
     }
 REFUSED = {"native": 4003, "mqtt": 5, "sse": 403, "publish": 403, "snapshot": 403}
 EXPECTED = {
-    **{name: REFUSED for name in ("garbage", "alg none", "other key", "not yet valid")},
+    **{name: REFUSED for name in ("garbage", "alg none", "other key")},
     "expired": {**REFUSED, "native": 4503},
+    "not yet valid": {**REFUSED, "native": 4504},  # was 4003: ended SDK clients for good
     "no right": {"native": ("SUBSCRIBE_DENY", "PUBLISH_DENIED"), "mqtt": (0, 0x80),
                  "sse": (200, "deny"), "publish": 403, "snapshot": 403},
     "right": {"native": ("SUBSCRIBE_ALLOW", "PUBLISH_OK"), "mqtt": (0, 0),
@@ -112,13 +113,25 @@ def test_the_same_token_gets_the_same_answer_on_every_front_end(
     server = start_server(BatchTime="0", Entitlement="Token", EntitlementTokenKeyFile=str(key),
                           ListenMqtt="127.0.0.1:0")
     got = {}
-    for name, token in tokens().items():
+    made = tokens()
+    for name, token in made.items():
         published, snapshot = http(server.port, token)
         got[name] = {"native": native(server.port, token),
                      "mqtt": over_mqtt(server.mqtt_port, token),
                      "sse": sse(server.port, token), "publish": published,
                      "snapshot": snapshot}
     assert got == EXPECTED
+    # a token not valid yet: SSE's 403 and MQTT's close name why (nbf, the clocks)
+    client = HttpClient(server.port)
+    try:
+        early = made["not yet valid"]
+        response, body = client.request("GET", f"/events?subject=/T/a&token={early}")
+        assert response.status_code == 403 and b"not valid before (nbf)" in body, body
+        _, metrics = client.request("GET", "/metrics")
+    finally:
+        client.close()
+    closed = b'migratory_connections_closed_total{reason="TOKEN_NOT_YET_VALID"} 2'
+    assert closed in metrics  # the native session and the MQTT connection
 
 
 def test_a_right_to_publish_is_not_a_right_to_subscribe_nor_the_other_way_on_any_front(
