@@ -29,7 +29,7 @@ from sdk_memory_members import (
 
 from migratory.model.message import MessageType
 from migratory.model.position import Position
-from migratory.protocol import ops
+from migratory.protocol import close_codes, ops
 from migratory_client import (
     Client,
     ConnectionClosedError,
@@ -290,3 +290,48 @@ async def _until_ended(client: Client) -> AsyncIterator[Notification]:
     with contextlib.suppress(ConnectionClosedError):
         async for note in client.notifications():
             yield note
+
+
+def test_a_token_not_valid_yet_backs_off_and_asks_the_provider_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4504 TOKEN_NOT_YET_VALID (the issuer's clock ahead of a member's) is no 4003: the
+    client backs off, asks its provider for a token at each attempt, and has its
+    session once the member takes the token (here at the fourth attempt)."""
+    calls: list[int] = []
+    notes: list[Notification] = []
+    outcome: list[tuple[object, list[str | None]]] = []
+
+    async def early_then_accept(conn: FakeConnection) -> None:
+        connect = await conn.expect(ops.Connect)
+        if connect.token != "fresh-4":
+            await conn.close(close_codes.TOKEN_NOT_YET_VALID.code,
+                             "the token is not valid before (nbf) 90 s from now")
+            return
+        await conn.send(ops.Connected("a"))
+        await trio.sleep_forever()
+
+    def provider() -> str:
+        calls.append(1)
+        return f"fresh-{len(calls)}"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            with memory_members(monkeypatch, nursery, {A: early_then_accept}) as cluster:
+                async with connect([A], token_provider=provider, reconnect=POLICY,
+                                   rng=random.Random(1)) as client:
+                    async for note in client.notifications():
+                        notes.append(note)
+                        if note.status is not NotificationStatus.SERVER_DOWN:
+                            break
+                    tokens = [a.connect.token if a.connect else None for a in cluster.attempts]
+                    outcome.append((client.error, tokens))
+            nursery.cancel_scope.cancel()
+
+    run_virtual(main)
+    [(error, tokens)] = outcome
+    assert error is None
+    assert tokens == ["fresh-1", "fresh-2", "fresh-3", "fresh-4"]
+    assert [n.status for n in notes[:3]] == [NotificationStatus.SERVER_DOWN] * 3
+    assert all("4504 TOKEN_NOT_YET_VALID" in (n.reason or "") for n in notes[:3])
+    assert notes[3].status is not NotificationStatus.SERVER_DOWN

@@ -143,3 +143,27 @@ test("4003 CONNECT_DENIED ends the client at the first, whatever the provider wo
   assert.deepEqual(notes.map((n) => [n.status, n.reason]), [
     ["SERVER_DOWN", "closed with 4003 CONNECT_DENIED: entitlement refused the connection"]]);
 });
+
+test("4504 TOKEN_NOT_YET_VALID backs off and asks the provider again until the token is taken", async () => {
+  // the issuer's clock ahead of a member's: refused now, accepted once its time comes
+  // (was 4003, which ended the client at the first)
+  let issued = 0;
+  const { client, notes } = open(9, { tokenProvider: async () => `fresh-${++issued}` });
+  const tokens = [];
+  const attempts = await run(1, (ws) => {
+    ws.open();
+    const token = ws.take("connect")[0].token;
+    tokens.push(token);
+    if (token === "fresh-4") ws.receive({ op: "connected", server: "a", version: 1 });
+    else ws.drop(4504, "the token is not valid before (nbf) 90 s from now");
+  });
+  // (the fake answers no heartbeat: the session it took is given up seconds later)
+  assert.deepEqual(tokens.slice(0, 4), ["fresh-1", "fresh-2", "fresh-3", "fresh-4"]);
+  assert.equal(client.error, null);
+  assert.deepEqual(notes.slice(0, 3).map((n) => n.status), Array(3).fill("SERVER_DOWN"));
+  assert.ok(notes.slice(0, 3).every((n) => /4504 TOKEN_NOT_YET_VALID/.test(n.reason)),
+    JSON.stringify(notes.slice(0, 3)));
+  assert.notEqual(notes[3].status, "SERVER_DOWN", JSON.stringify(notes[3]));
+  assert.ok(attempts[1] - attempts[0] >= 250 - STEP, String(attempts)); // backed off: no hot loop
+  await client.close();
+});
