@@ -5,8 +5,10 @@ only holders of ``EntitlementAllowToken`` publish; ``Token`` verifies a JWT
 (:mod:`migratory.entitlement_token`); ``Custom`` asks a Python plugin
 (:mod:`migratory.entitlement_custom`). All behind the same interface
 (:mod:`migratory.entitlement_decisions`, below all three).
-Denials become statuses (``SUBSCRIBE_DENY``, ``PUBLISH_DENIED``) or the close
-code ``4003 CONNECT_DENIED``; they are never silent.
+Denials become statuses (``SUBSCRIBE_DENY``, ``PUBLISH_DENIED``) or a close code
+(``entitlement_decisions.connect_refusal``): ``4003 CONNECT_DENIED`` (terminal),
+``4503 TOKEN_EXPIRED`` or ``4504 TOKEN_NOT_YET_VALID`` (the client reconnects, with
+a fresh token or later); they are never silent.
 """
 
 from __future__ import annotations
