@@ -109,7 +109,7 @@ def with_positions(history: History) -> History:
         "seq": F.when(mq, F.when(acked, F.col("a_seq")).otherwise(F.col("d.seq")))
         .otherwise(F.col("seq")),
     }).select(*dels.columns)
-    return replace(history, frames={**history.frames, "deliveries": derived.cache()})
+    return replace(history, frames={**history.frames, "deliveries": derived.localCheckpoint()})
 
 
 def acks_with_positions(history: History) -> History:
@@ -146,7 +146,7 @@ def acks_with_positions(history: History) -> History:
         "seq_hi": F.when(F.col("seq").isNotNull(), F.col("seq") + 1).otherwise(hi),
         "lo_epoch": F.coalesce(F.col("epoch"), F.col("b_epoch"), F.col("c_epoch")),
     }).select(*pubs.columns, "seq_lo", "seq_hi", "lo_epoch")
-    return replace(history, frames={**history.frames, "publishes": bounded.cache()})
+    return replace(history, frames={**history.frames, "publishes": bounded.localCheckpoint()})
 
 
 def _bounds(history: History, pubs: Any) -> Any:

@@ -2,7 +2,14 @@
 kind (member exits: ``exits.py``).
 
 Each check is a small query producing rows of one common shape (:data:`COLUMNS`); the
-six are unioned, cached once, then counted and sampled.
+six are unioned, computed once into a local checkpoint, then counted and sampled.
+
+A frame that later queries build on is a local checkpoint (``localCheckpoint``), not a
+cache: a cached frame keeps its whole logical plan, and Spark's driver analyses that plan
+again (relations deduplicated, every node checked, cached plans looked up) for each
+DataFrame operation and action on top of it, which was much of the JVM's CPU in a check
+of a few thousand rows; a checkpoint is a leaf. (Nothing unpersists one: its blocks go
+when the JVM collects the frame.)
 
 A subscriber's *position* for a subject moves with every update / recovered delivery and
 every status that carries one (``SUBSCRIBE_ALLOW``, ``DATA_SYNC``, ``DATA_RESYNC``). A
@@ -202,7 +209,7 @@ def positions(history: History) -> tuple[Any, list[Jump]]:
         & F.col("pd.connection").eqNullSafe(F.col("connection"))  # mqtt: per connection
     )
     jump = F.col("event").isin("DATA_RESYNC", "SUBSCRIBE_ALLOW")
-    found = stream.where(reorder | jump).cache()
+    found = stream.where(reorder | jump).localCheckpoint()
     jumps = [
         Jump(
             kind=r["kind"],
@@ -417,7 +424,7 @@ def check(
 
     own_inv = inv is None
     inv = invokes(history) if inv is None else inv
-    given, history = history, mqtt.with_positions(history)
+    history = mqtt.with_positions(history)
     ack = acks(history)
     last_ok = ack.agg(F.max("time")).collect()[0][0]
     kinds = sorted({*KINDS, *(str(k[0]) for k, _ in history.values.get("deliveries", []))})
@@ -445,7 +452,7 @@ def check(
     found = parts[0]
     for part in parts[1:]:
         found = found.unionByName(part)
-    found = found.cache()
+    found = found.localCheckpoint()
     violations: dict[str, dict[str, int]] = {k: dict.fromkeys(VIOLATIONS, 0) for k in kinds}
     examples: Examples = {k: {v: [] for v in VIOLATIONS} for k in kinds}
     for row in found.groupBy("kind", "violation").count().collect():
@@ -463,9 +470,6 @@ def check(
     for name in mqtt.NOT_CHECKED:
         violations.get(mqtt.KIND, {}).pop(name, None)
         examples.get(mqtt.KIND, {}).pop(name, None)
-    found.unpersist()
-    if history is not given:
-        history["deliveries"].unpersist()
     if own_inv:
         inv.unpersist()
     return violations, examples
