@@ -14,6 +14,7 @@ from typing import IO, Any
 
 import pytest
 from hypothesis import settings
+from zygote_process import MemberProcess, close_the_zygote, start_cluster_process
 
 # Hypothesis's per-example deadline (200 ms) is a timing assertion: on a loaded box (CI
 # shares two cores between two pytest workers, member processes and Spark) an example
@@ -194,6 +195,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_the_zygote()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["lanes"] = LANE_TIME
@@ -222,14 +224,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(f"    {seconds:6.1f} s  {scope_of(path)}  {path}")
 
 class ServerProcess:
-    def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1) -> None:
+    def __init__(self, settings: dict[str, str], log_dir: Path, listeners: int = 1,
+                 exec_server: bool = False) -> None:
+        """Forked from the tests' zygote (``tests/zygote.py``), or exec'd with
+        ``exec_server`` (a test of the interpreter's start)."""
         args = [sys.executable, "-m", "cluster", "serve", "--set", "Listen=127.0.0.1:0"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         self.log_path = log_dir / f"server-{time.monotonic_ns()}.log"
         self._log: IO[bytes] = self.log_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATORY_CFG_")}
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        if exec_server:
+            self.proc: MemberProcess = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        else:
+            self.proc = start_cluster_process(
+                args, env=env, stdout=subprocess.PIPE, stderr=self._log)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
         if not line.startswith("listening ws://"):
@@ -276,8 +286,8 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     started: list[ServerProcess] = []
 
 
-    def start(*, listeners: int = 1, **settings: str) -> ServerProcess:
-        server = ServerProcess(settings, tmp_path, listeners)
+    def start(*, listeners: int = 1, exec_server: bool = False, **settings: str) -> ServerProcess:
+        server = ServerProcess(settings, tmp_path, listeners, exec_server)
         started.append(server)
         return server
 

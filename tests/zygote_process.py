@@ -116,7 +116,10 @@ class Zygote:
     def close(self) -> None:
         """EOF to the zygote; waited for, so that its children's CPU is this process's
         (RUSAGE_CHILDREN, ``time -v``)."""
-        self.control.shutdown(socket.SHUT_RDWR)
+        if self.process.returncode is not None:
+            return
+        with contextlib.suppress(OSError):
+            self.control.shutdown(socket.SHUT_RDWR)
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
@@ -192,6 +195,14 @@ def the_zygote() -> Zygote:
             _zygote[:] = [Zygote()]
             atexit.register(_zygote[0].close)
         return _zygote[0]
+
+
+def close_the_zygote() -> None:
+    """At the end of the session: the zygote's children's CPU is then this process's
+    (an xdist worker may leave without its atexit hooks)."""
+    with _zygote_lock:
+        if _zygote:
+            _zygote.pop().close()
 
 
 def forkable(args: list[str], env: dict[str, str], cwd: str | None) -> bool:
