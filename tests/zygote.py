@@ -88,8 +88,10 @@ PRELOADED = (
     "cluster.agreement_probe", "cluster.raft_front_server", "encodings.idna", "encodings.latin_1",
     "cryptography.hazmat.backends.openssl.backend", "gzip",
 )
-"""What ``serve`` imports (lazily, in ``cluster.cli``): a seed, a non-seed, a server
-alone; ``tests/test_zygote.py`` checks a member imports little more."""
+"""What ``serve`` imports (lazily, in ``cluster.cli``) as a seed, a non-seed and a server
+alone: found with ``python -X importtime -m cluster serve`` of each (524 modules; these
+import all but 8: ``sitecustomize`` and the Windows and Jython ones that are absent).
+A module left out is imported by the child, as an exec'd one would: slower, not wrong."""
 
 
 def prctl(option: int, value: int) -> None:
