@@ -12,7 +12,9 @@ import trio
 import trio.testing
 
 from migratory.server.loop_gaps import (
+    IDLE_PROBE_SECONDS,
     LONG_GAP_SECONDS,
+    PROBE_SECONDS,
     GapParts,
     LoopGaps,
     parse_schedstat,
@@ -123,3 +125,54 @@ def test_a_kernel_without_schedstats_falls_back_to_the_thread_clock(
         assert clocks.read()[0] > 0 and clocks.read()[1] == 0.0  # the thread's clock
     finally:
         clocks.close()
+
+
+def probes_per_period(busy_cpu: float, stall_at: float | None = None) -> list[int]:
+    """Probes counted in each 0.5 s of 3 s of trio's mocked clock, a task beside them
+    spending ``busy_cpu`` s of real CPU every 5 ms of it (0: none); a stall of 0.12 s
+    planted at ``stall_at``."""
+    gaps = LoopGaps()
+    counts: list[int] = []
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def busy() -> None:
+        while True:
+            started = time.thread_time()
+            while time.thread_time() - started < busy_cpu:
+                pass
+            await trio.sleep(0.005)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(probe, gaps, clock=trio.current_time))
+            if busy_cpu:
+                nursery.start_soon(busy)
+            for step in range(6):
+                if stall_at is not None and step * 0.5 == stall_at:
+                    clock.jump(0.12)  # the loop held: nothing ran meanwhile
+                before = gaps.probes
+                await trio.sleep(0.5)
+                counts.append(gaps.probes - before)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=clock)
+    return counts
+
+
+def test_an_idle_loop_is_probed_less_often_after_a_second() -> None:
+    """200 wake-ups a second were ~24 ms of CPU a second of every idle member (h176)."""
+    counts = probes_per_period(0.0)
+    assert counts[0] >= 0.5 / PROBE_SECONDS - 2 and counts[1] >= 0.5 / PROBE_SECONDS - 2
+    assert all(count <= 0.5 / IDLE_PROBE_SECONDS + 1 for count in counts[2:]), counts
+
+
+def test_a_busy_loop_is_probed_every_5_ms() -> None:
+    """The loop thread busy 20 % of the time (1 ms of CPU each 5 ms): never idle."""
+    counts = probes_per_period(0.001)
+    assert all(count >= 0.5 / PROBE_SECONDS - 2 for count in counts), counts
+
+
+def test_a_stall_wakes_an_idle_probe_up_to_every_5_ms_again() -> None:
+    counts = probes_per_period(0.0, stall_at=2.0)
+    assert counts[3] <= 0.5 / IDLE_PROBE_SECONDS + 1, counts  # idle until the stall
+    assert counts[4] >= 0.5 / PROBE_SECONDS - 2, counts  # the stall: busy again
