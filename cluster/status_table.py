@@ -1,4 +1,5 @@
-"""The table ``migratory cluster status`` prints, from each member's ``GET /cluster``.
+"""``migratory cluster status``: each member's ``GET /cluster`` and ``GET /stats``, and
+the table it prints from them.
 
 Members are named ``migratory-N`` by their index in ``ClusterMembers`` (as StatefulSet
 pods are), and so is the Raft leader: a member reports its leader by Raft address
@@ -7,7 +8,14 @@ pods are), and so is the Raft leader: a member reports its leader by Raft addres
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 # (name or None, client URL, cluster address or None, GET /cluster, GET /stats)
@@ -86,3 +94,62 @@ def format_status_table(rows: Iterable[StatusRow]) -> list[str]:
         head[5] = cells[5].rjust(widths[5])  # clsn, a number
         lines.append(("  ".join(head) + "  " + cells[-1]).rstrip())
     return lines
+
+
+def fetch_json(http_url: str, path: str, timeout: float = 2.0) -> dict[str, Any]:
+    """The answer, or ``{"error": why}`` (with ``http_status`` when the server answered:
+    a single server's ``/cluster`` is 404 'not a cluster member')."""
+    try:
+        with urllib.request.urlopen(f"{http_url}{path}", timeout=timeout) as reply:
+            status: dict[str, Any] = json.loads(reply.read())
+            return status
+    except urllib.error.HTTPError as exc:
+        body = exc.read(200).decode(errors="replace").strip()
+        return {"error": f"HTTP {exc.code}: {body or exc.reason}", "http_status": exc.code}
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        return {"error": str(exc)}
+
+
+def fetch_status(http_url: str, timeout: float = 2.0) -> dict[str, Any]:
+    return fetch_json(http_url, "/cluster", timeout)
+
+
+def read_state(path: Path) -> list[dict[str, Any]]:
+    """The members ``cluster up`` recorded (the fields of :class:`LocalMember`)."""
+    members: list[dict[str, Any]] = json.loads(path.read_text())
+    return members
+
+
+def run_status(args: argparse.Namespace) -> int:
+    targets: list[tuple[str | None, str, str | None]]  # name, client URL, cluster address
+    if args.server:
+        targets = [(None, url, None) for url in args.server]
+    else:
+        try:
+            members = read_state(Path(args.state))
+        except (OSError, ValueError):
+            print(f"no cluster state file {args.state!r}: is `migratory cluster up` running? "
+                  "(or pass --server URL ...)", file=sys.stderr)
+            return 2
+        targets = [(m["name"], m["client_url"], m["cluster_address"]) for m in members]
+    rows = []
+    for name, client_url, cluster_address in targets:
+        http_url = client_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        status = fetch_status(http_url)
+        stats = fetch_json(http_url, "/stats") if "error" not in status else {}
+        rows.append((name, client_url, cluster_address, status, stats))
+    for line in format_status_table(rows):
+        print(line)
+    # 0: every member answered and is ready; 1: not so (a script's `status && ...`)
+    return 0 if all(row[3].get("ready") is True for row in rows) else 1
+
+
+def member_url(text: str) -> str:
+    """``--server``: a member's client URL (``ws://``, ``wss://``, ``http://``, ``https://``
+    and a host); ``127.0.0.1:8800`` alone is refused here, not shown DOWN with urllib's
+    'unknown url type'."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"expected a member's client URL such as ws://127.0.0.1:8800, got {text!r}")
+    return text

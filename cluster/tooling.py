@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-from cluster.status_table import format_status_table
+from cluster.status_table import member_url, run_status
 from cluster.up_checks import (
     PASSWORD_ENV,
     StartFailed,
@@ -408,68 +408,6 @@ def _watch(
     return 1
 
 
-# --- cluster status -------------------------------------------------------------------
-
-
-def fetch_json(http_url: str, path: str, timeout: float = 2.0) -> dict[str, Any]:
-    """The answer, or ``{"error": why}`` (with ``http_status`` when the server answered:
-    a single server's ``/cluster`` is 404 'not a cluster member')."""
-    try:
-        with urllib.request.urlopen(f"{http_url}{path}", timeout=timeout) as reply:
-            status: dict[str, Any] = json.loads(reply.read())
-            return status
-    except urllib.error.HTTPError as exc:
-        body = exc.read(200).decode(errors="replace").strip()
-        return {"error": f"HTTP {exc.code}: {body or exc.reason}", "http_status": exc.code}
-    except (OSError, urllib.error.URLError, ValueError) as exc:
-        return {"error": str(exc)}
-
-
-def fetch_status(http_url: str, timeout: float = 2.0) -> dict[str, Any]:
-    return fetch_json(http_url, "/cluster", timeout)
-
-
-def read_state(path: Path) -> list[dict[str, Any]]:
-    """The members ``cluster up`` recorded (the fields of :class:`LocalMember`)."""
-    members: list[dict[str, Any]] = json.loads(path.read_text())
-    return members
-
-
-def _status(args: argparse.Namespace) -> int:
-    targets: list[tuple[str | None, str, str | None]]  # name, client URL, cluster address
-    if args.server:
-        targets = [(None, url, None) for url in args.server]
-    else:
-        try:
-            members = read_state(Path(args.state))
-        except (OSError, ValueError):
-            print(f"no cluster state file {args.state!r}: is `migratory cluster up` running? "
-                  "(or pass --server URL ...)", file=sys.stderr)
-            return 2
-        targets = [(m["name"], m["client_url"], m["cluster_address"]) for m in members]
-    rows = []
-    for name, client_url, cluster_address in targets:
-        http_url = client_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
-        status = fetch_status(http_url)
-        stats = fetch_json(http_url, "/stats") if "error" not in status else {}
-        rows.append((name, client_url, cluster_address, status, stats))
-    for line in format_status_table(rows):
-        print(line)
-    # 0: every member answered and is ready; 1: not so (a script's `status && ...`)
-    return 0 if all(row[3].get("ready") is True for row in rows) else 1
-
-
-def member_url(text: str) -> str:
-    """``--server``: a member's client URL (``ws://``, ``wss://``, ``http://``, ``https://``
-    and a host); ``127.0.0.1:8800`` alone is refused here, not shown DOWN with urllib's
-    'unknown url type'."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(
-            f"expected a member's client URL such as ws://127.0.0.1:8800, got {text!r}")
-    return text
-
-
 def add_cluster_commands(commands: Any) -> None:
     cluster = commands.add_parser("cluster", help="run or inspect a local cluster")
     sub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND")
@@ -504,4 +442,4 @@ def add_cluster_commands(commands: Any) -> None:
     status.add_argument("--state", default=DEFAULT_STATE, help="the file `cluster up` wrote")
     status.add_argument("--server", action="append", type=member_url, metavar="URL",
                         help="a member's client URL, ws://HOST:PORT (repeatable)")
-    status.set_defaults(func=_status)
+    status.set_defaults(func=run_status)

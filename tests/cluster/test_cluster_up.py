@@ -24,7 +24,8 @@ from cluster_fixture import LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))
 from rawclient import RawClient
 
-from cluster.tooling import free_base_port, read_state
+from cluster.status_table import read_state
+from cluster.tooling import free_base_port
 from migratory.model.message import Message
 from migratory.protocol import ops
 
