@@ -28,9 +28,8 @@ suite found that (an acknowledged position later delivered with another message,
 after a leader change). Here such a message vouches for no entry: the commit index moves
 only once the dump is loaded, to the dump's last entry, which the leader had committed.
 
-At start-up it loads its own dump before it applies any entry (``_load_own_dump_first``)
-and keeps the journal entries after it (pysyncobj cleared them after a stop mid-compaction:
-:meth:`FollowerSafeSyncObj._keep_journal_after_dump`).
+At start-up it loads its own dump before it applies any entry, and keeps the journal's
+entries after it (``_load_own_dump_first``, ``_keep_journal_after_dump``).
 
 A seed that started on an empty disk neither votes nor stands where that could lose
 what it had acknowledged (:mod:`cluster.raft_votes`); it asks for pre-votes before it
