@@ -246,12 +246,13 @@ class TokenEntitlement:
         now = self._clock()
         if grant.expires_at is not None and grant.expires_at <= now:
             return None
-        if grant.not_before is not None and grant.not_before > now + NOT_BEFORE_LEEWAY:
+        early = _early(grant, now)
+        if early is not None:
             client_lines.lines.log(
                 log, logging.WARNING, "token nbf ahead", "token refused: not valid before "
                 "(nbf) %.0f s from now by this server's clock, past the %.0f s leeway: the "
                 "issuer's clock is ahead of this server's, or this one is behind; check "
-                "both (NTP)", grant.not_before - now, NOT_BEFORE_LEEWAY)
+                "both (NTP)", early, NOT_BEFORE_LEEWAY)
             return None
         return grant
 
@@ -263,10 +264,7 @@ class TokenEntitlement:
         """Seconds the token's ``nbf`` lies ahead of this clock when past the leeway
         (refused now, accepted once its time comes: close 4504), else None."""
         grant = self.grant(client.token)
-        if grant is None or grant.not_before is None:
-            return None
-        ahead = grant.not_before - self._clock()
-        return ahead if ahead > NOT_BEFORE_LEEWAY else None
+        return None if grant is None else _early(grant, self._clock())
 
     def allow_connect(self, client: Any) -> bool:
         return self._live(client.token) is not None
@@ -278,3 +276,13 @@ class TokenEntitlement:
     def allow_publish(self, client: Any, subject: str) -> bool:
         grant = self._live(client.token)
         return grant is not None and grant.publish.match(subject)
+
+
+def _early(grant: Grant, now: float) -> float | None:
+    """Seconds ``grant``'s ``nbf`` lies ahead of ``now`` when past the leeway (the one
+    rule that refuses it, :meth:`TokenEntitlement._live`, and says so, ``not_yet_valid``),
+    else None."""
+    if grant.not_before is None:
+        return None
+    ahead = grant.not_before - now
+    return ahead if ahead > NOT_BEFORE_LEEWAY else None
