@@ -8,6 +8,12 @@ unapplied (cluster/raft_consumer.py ``RaftClosing``, cluster/seed.py): it must s
 exit 0, say nothing went wrong (no traceback from its Raft thread), and come back whole.
 Counted, not timed: the seed says how many committed entries it left unapplied (before:
 none, it applied them all first).
+
+The restarted seed applies each journal entry :data:`REPLAY_STEP` s slower
+(``faulty_member.py``): the journal is 30-100 entries, which a seed replays in well under
+a second, and on a loaded 2-core CI box (load 20+) the status poll that sees the replay
+begin and the SIGTERM after it once came after the last entry (official CI of 887b418:
+31 entries, no line). Slowed, the replay lasts 1-3 s and the poll is well inside it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from cluster_fixture import LocalCluster
 from cluster_load import LoadPublisher
 
 SUBJECTS = tuple(f"/replay/s{i}" for i in range(5000))
+REPLAY_STEP = 0.03
+"""Seconds added to each entry the restarted seed applies (its replay, until the SIGTERM)."""
 
 
 def replaying(cluster: LocalCluster, index: int) -> bool:
@@ -57,6 +65,7 @@ def test_a_seed_stopped_while_it_replays_its_journal_exits_at_once_and_whole(
         victim = next(i for i in range(3) if i != cluster.leader())
         cluster.kill(victim, signal.SIGTERM)
         before = len(cluster.log(victim))
+        cluster.faults[victim] = f"cluster.raft_consumer:CoordinationConsumer._apply~{REPLAY_STEP}"
         cluster.start(victim)
         deadline = time.monotonic() + 30
         while not replaying(cluster, victim):
@@ -70,6 +79,7 @@ def test_a_seed_stopped_while_it_replays_its_journal_exits_at_once_and_whole(
         replayed = stopped_count(stop)
         left = re.findall(r"Raft node closed with (\d+) committed entries not applied", stop)
         assert left, f"the seed applied its whole journal before it stopped:\n{stop[-2000:]}"
+        del cluster.faults[victim]  # (back at full speed)
         cluster.start(victim)
         cluster.wait_ready(timeout=30)
         batches = cluster.wait_same_applied(range(3))
