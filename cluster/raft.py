@@ -52,6 +52,7 @@ from cluster.raft_consumer import (
     from_wire,
     to_wire,
 )
+from cluster.raft_data_dir import ACCESS_ERRORS, ACCESS_REMEDY
 from cluster.raft_dump_old_format import OldFormatDump
 from cluster.raft_dump_unloadable import LEADERS, OWN, UnloadableDump
 from cluster.raft_dump_untaken import UntakenDumps
@@ -282,14 +283,15 @@ def journal_files(data_dir: Path | None) -> dict[str, str]:
     """pysyncobj's journal (log, term, vote) and its compaction dump under ``data_dir``."""
     if data_dir is None:
         return {}
-    if data_dir.exists() and not data_dir.is_dir():  # (mkdir's own word: "File exists")
-        raise OSError(errno.ENOTDIR, f"ClusterDataDir {data_dir}: not a directory")
-    try:
+    try:  # (exists() too: a parent this user may not search raised from it, unnamed)
+        if data_dir.exists() and not data_dir.is_dir():  # (mkdir's word: "File exists")
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
         data_dir.mkdir(parents=True, exist_ok=True)
         (data_dir / ".writable").touch()
         free = shutil.disk_usage(data_dir).free
     except OSError as exc:
-        raise OSError(exc.errno, f"ClusterDataDir {data_dir}: {exc.strerror}") from exc
+        raise OSError(exc.errno, f"ClusterDataDir {data_dir}: {exc.strerror}"
+                      f"{f' ({ACCESS_REMEDY})' if exc.errno in ACCESS_ERRORS else ''}") from exc
     if free < MIN_FREE_BYTES:  # (an empty file is created on a full disk: say it now)
         raise OSError(errno.ENOSPC, f"ClusterDataDir {data_dir}: {os.strerror(errno.ENOSPC)} "
                       f"({free} bytes free; a seed needs {MIN_FREE_BYTES} at least)")

@@ -69,12 +69,21 @@ REMEDY = (
     "(docs/cluster.md, 'A damaged ClusterDataDir')"
 )
 
+ACCESS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS)
+ACCESS_REMEDY = (
+    "the seed keeps its Raft files there: give this server's user read and write access "
+    "to the directory and its files, and search access to its parents, or set another "
+    "ClusterDataDir"
+)
+"""What to do when the kernel refuses the files: the data may be whole, so nothing
+is to be moved aside (a seed started on an empty directory has lost its disk)."""
+
 
 class DamagedRaftData(OSError):
     """A Raft file in ``ClusterDataDir`` this seed cannot trust (or cannot open)."""
 
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(errno.EUCLEAN, f"ClusterDataDir: {path}: {problem}; {REMEDY}")
+    def __init__(self, path: str, problem: str, remedy: str = REMEDY) -> None:
+        super().__init__(errno.EUCLEAN, f"ClusterDataDir: {path}: {problem}; {remedy}")
         self.path = path
         self.problem = problem
 
@@ -168,7 +177,8 @@ def _read(path: str, mode: str = "rb", size: int = -1) -> bytes | None:
         with open(path, mode) as f:
             data: bytes = f.read(size)
     except OSError as exc:
-        raise DamagedRaftData(path, f"cannot be opened ({exc.strerror})") from None
+        remedy = ACCESS_REMEDY if exc.errno in ACCESS_ERRORS else REMEDY
+        raise DamagedRaftData(path, f"cannot be opened ({exc.strerror})", remedy) from None
     return data
 
 

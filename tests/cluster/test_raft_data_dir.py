@@ -297,6 +297,29 @@ def test_a_journal_that_is_a_directory_is_refused(tmp_path: Path) -> None:
         run_check(tmp_path)
 
 
+def test_a_journal_this_user_may_not_read_is_refused_without_moving_it_aside(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Permission denied is no damage: the log may be whole, and moving the directory
+    aside (the remedy for damage) would make the seed one that lost its disk. Before: that
+    remedy was given (a journal of mode 000, by hand as a user without it). The tests run
+    as root, whom no mode refuses: the kernel's refusal is planted on the journal."""
+    journal = str(data_dir / "raft.journal")
+
+    def refusing_open(path: str, *args: object) -> object:
+        if path == journal:
+            raise PermissionError(13, "Permission denied", path)
+        return open(path, *args)  # (the module's name; the builtin here)
+
+    monkeypatch.setattr(raft_data_dir, "open", refusing_open, raising=False)
+    with pytest.raises(DamagedRaftData) as refused:
+        run_check(data_dir)
+    assert str(refused.value) == (
+        f"[Errno 117] ClusterDataDir: {journal}: cannot be opened (Permission denied); "
+        f"{raft_data_dir.ACCESS_REMEDY}")
+    assert "Move the directory aside" not in str(refused.value)
+
+
 def test_a_first_start_killed_while_pysyncobj_created_the_journal_starts_empty(
     tmp_path: Path,
 ) -> None:

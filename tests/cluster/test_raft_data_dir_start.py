@@ -60,3 +60,36 @@ def test_a_file_in_place_of_the_directory_is_said_so(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=rf"^\[Errno 20\] ClusterDataDir {tmp_path}/d: not a "
                                       "directory$"):
         journal_files(tmp_path / "d")
+
+
+def test_a_path_the_kernel_will_not_look_up_is_named_with_the_key(tmp_path: Path) -> None:
+    """Before: the look-up (``exists()``) came before the check that names the key, and its
+    error went out bare: 'migratory: File name too long'. (By hand, as a user that may not
+    search the parent: 'migratory: Permission denied', exit 1, naming nothing.)"""
+    data_dir = tmp_path / ("d" * 300) / "raft"
+    with pytest.raises(OSError, match=rf"^\[Errno 36\] ClusterDataDir {data_dir}: File name "
+                                      "too long$"):
+        journal_files(data_dir)
+
+
+def test_a_directory_this_user_may_not_use_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent this user may not search (mode 0700 of another user): its look-up fails
+    with EACCES. The tests run as root, who may search anything: the refusal is the
+    kernel's, planted on this one path."""
+    data_dir = tmp_path / "locked" / "raft"
+    real_stat = Path.stat
+
+    def stat(path: Path, **kwargs: Any) -> Any:
+        if path == data_dir:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(OSError) as refused:
+        journal_files(data_dir)
+    assert str(refused.value) == (
+        f"[Errno 13] ClusterDataDir {data_dir}: Permission denied (the seed keeps its Raft "
+        "files there: give this server's user read and write access to the directory and its "
+        "files, and search access to its parents, or set another ClusterDataDir)")
