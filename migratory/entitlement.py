@@ -81,6 +81,8 @@ def entitlement_from_config(config: Config) -> Entitlement:
                          if config.entitlement_token_jwks_file else
                          ("EntitlementTokenKeyFile", config.entitlement_token_key_file))
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if isinstance(exc, PermissionError):
+                why += " (give this server's user read access to it)"
             raise ConfigError(f"Entitlement = Token: {key} {path}: {why}") from None
         return TokenEntitlement(
             algorithm=config.entitlement_token_algorithm,

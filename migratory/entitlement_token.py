@@ -129,7 +129,11 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
     if jwks_file:
         if algorithm == "HS256":
             raise ValueError("a JWKS file holds public keys: use RS256 or ES256")
-        jwks = json.loads(Path(jwks_file).read_text())
+        try:  # (json's own words were all it said: 'Expecting value: line 1 column 1')
+            jwks = json.loads(Path(jwks_file).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+                             "a JWKS is a JSON object with 'keys'") from None
         if not isinstance(jwks, dict):
             raise ValueError("a JWKS is a JSON object with 'keys'")
         try:

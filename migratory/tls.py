@@ -32,10 +32,21 @@ def _reason(exc: Exception) -> str:
 
 
 def _check_file(key: str, path: str) -> None:
+    """Opened here, each under its own key: OpenSSL's ``load_cert_chain`` reads the
+    certificate and the key alike, and its refusal of either came back under the
+    certificate's key without a file (``TlsCertificate: Permission denied`` for a key of
+    mode 0600 owned by another user)."""
     if os.path.isdir(path):
         raise TlsSetupError(key, f"{path!r} is a directory, not a PEM file")
     if not os.path.isfile(path):
         raise TlsSetupError(key, f"no such file {path!r}")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        access = " (give this server's user read access to it)" if isinstance(
+            exc, PermissionError) else ""
+        raise TlsSetupError(key, f"cannot read {path!r}: {exc.strerror}{access}") from None
 
 
 def _load_pair(

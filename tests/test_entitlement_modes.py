@@ -468,3 +468,34 @@ def test_a_token_key_file_that_cannot_be_read_names_the_key_and_the_file(
             entitlement_from_config(token_config(
                 tmp_path, EntitlementTokenAlgorithm=algorithm, **{key: str(path)}))
         assert str(refused.value) == f"Entitlement = Token: {key} {path}: {why}"
+
+
+def test_a_token_key_file_the_server_may_not_read_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key file of another user's, mode 0600 (by hand, as a user without access). The
+    tests run as root, whom no mode refuses: the kernel's refusal is planted on it."""
+    path = tmp_path / "other-users.key"
+    path.write_text("s" * 40)
+
+    def refused_read(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refused_read)
+    with pytest.raises(ConfigError) as refused:
+        entitlement_from_config(token_config(tmp_path, EntitlementTokenKeyFile=str(path)))
+    assert str(refused.value) == (f"Entitlement = Token: EntitlementTokenKeyFile {path}: "
+                                  "Permission denied (give this server's user read access to it)")
+
+
+def test_a_jwks_file_that_is_not_json_says_so(tmp_path: Path) -> None:
+    """Before: 'EntitlementTokenJwksFile ...: Expecting value: line 1 column 1 (char 0)',
+    json's words alone (a PEM key given as the JWKS, say)."""
+    path = tmp_path / "key.pem"
+    path.write_text("-----BEGIN PUBLIC KEY-----\n")
+    with pytest.raises(ConfigError) as refused:
+        entitlement_from_config(token_config(
+            tmp_path, EntitlementTokenAlgorithm="RS256", EntitlementTokenJwksFile=str(path)))
+    assert str(refused.value) == (
+        f"Entitlement = Token: EntitlementTokenJwksFile {path}: not JSON (Expecting value at "
+        "line 1 column 1): a JWKS is a JSON object with 'keys'")

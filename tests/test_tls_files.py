@@ -16,11 +16,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
+from migratory import tls
 from migratory.config import Config, ConfigError
 
 MIGRATORY = str(Path(sys.executable).with_name("migratory"))
@@ -74,6 +76,31 @@ def test_the_refusal_names_the_key_and_the_file_at_fault(
                              "TlsCertificate": str(files[certificate]),
                              "TlsKey": str(files[key])})
     assert str(refused.value).startswith(message.format(**files)), refused.value
+
+
+@pytest.mark.parametrize(("key", "denied"), [
+    ("TlsCertificate", "cert_a"), ("TlsKey", "key_a"), ("TlsClientCa", "cert_b")])
+def test_a_file_the_server_may_not_read_is_named_under_its_own_key(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, key: str, denied: str
+) -> None:
+    """A file of another user's (mode 0600): before, by hand as a user without access,
+    an unreadable key said 'TlsCertificate (from --set): Permission denied', the
+    certificate's key and no file. The tests run as root, whom no mode refuses: the
+    kernel's refusal is planted on that one file."""
+    real_open = open
+
+    def refusing_open(path: str, *args: Any) -> Any:
+        if path == str(files[denied]):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(tls, "open", refusing_open, raising=False)
+    with pytest.raises(ConfigError) as refused:
+        Config.from_mapping({"ListenEncrypted": "127.0.0.1:0",
+                             "TlsCertificate": str(files["cert_a"]),
+                             "TlsKey": str(files["key_a"]), "TlsClientCa": str(files["cert_b"])})
+    assert str(refused.value) == (f"{key} (from setting): cannot read '{files[denied]}': "
+                                  "Permission denied (give this server's user read access to it)")
 
 
 def test_a_matching_pair_is_taken(files: dict[str, Path]) -> None:
