@@ -5,6 +5,7 @@ accepts; and the files an operator may hand to ``--config`` by mistake."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from migratory.config import ConfigError, load_config
+from migratory.config import SETTINGS, ConfigError, load_config, parse_config_text
 from migratory.config_file import MAX_FILE_BYTES
 
 
@@ -142,3 +143,35 @@ def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd="/")
     assert (done.returncode, done.stderr) == (2, "migratory: configuration error: cannot "
                                               f"read config file '{path}': Permission denied\n")
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def docs_config_blocks() -> list[tuple[str, str]]:
+    """Every fenced block of docs/*.md that is a config file: each line a comment or a
+    ``Key = Value`` of a known key (what an operator copies into migratory.conf)."""
+    keys = {setting.key for setting in SETTINGS}
+    blocks = []
+    for page in sorted(DOCS.glob("*.md")):
+        for block in re.findall(r"^```\w*\n(.*?)^```", page.read_text(), re.S | re.M):
+            lines = [line.strip() for line in block.splitlines()]
+            settings = [line for line in lines if line and not line.startswith("#")]
+            if settings and all(line.partition("=")[0].strip() in keys for line in settings):
+                blocks.append((page.name, block))
+    return blocks
+
+
+def test_the_docs_config_examples_are_taken_as_written() -> None:
+    """Copied into a file, each value is its key's (files aside: they are the reader's).
+    Before: docs/tls.md's example set 'TlsMinimumVersion = 1.3   # default 1.2', refused
+    ('#' starts a comment only at the start of a line), and docs/security.md's took
+    '/etc/migratory/jwt-public.pem   # or the HS256 secret (>= 32 bytes)' as the file."""
+    blocks = docs_config_blocks()
+    assert len(blocks) >= 4, blocks  # (tls.md's two, security.md's two at least)
+    by_key = {setting.key: setting for setting in SETTINGS}
+    for page, block in blocks:
+        layer = parse_config_text(block, source=page)
+        for key, value in layer.values.items():
+            assert "#" not in value, (layer.place(key), value)
+            by_key[key].parse(value)
