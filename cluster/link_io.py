@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 import time
 from collections.abc import Callable
@@ -57,6 +58,12 @@ _NOTED = Repeats(every=600.0)
 class Disagreement(link.LinkError):
     """The peer is not the member this one expects, or its cluster settings disagree
     with this member's (:func:`cluster.agreement.disagreement`): the link is refused."""
+
+
+class Unanswered(link.LinkError):
+    """The peer took the dial (or began the handshake) and then sent no byte within the
+    dialler's answer deadline (:func:`connect`'s ``answer_within``): stopped, frozen, or
+    too starved to keep a link anyway."""
 
 
 class OlderPeer(link.LinkError):
@@ -162,10 +169,10 @@ class LinkChannel:
             raise Disagreement(f"peer {peer!r} is not one of ClusterMembers")
         return peer
 
-    async def _agree(self, peer: str, mine: MemberSettings) -> None:
+    async def _agree(self, peer: str, mine: MemberSettings, silence: float | None = None) -> None:
         if self.codec.role == "connect":
             await self.send(link.Settings(mine))
-            op = await self.receive()
+            op = await self._receive(silence)
             if op is None:
                 raise OlderPeer(f"{peer} closed the link on receiving this member's settings")
         else:
@@ -197,9 +204,11 @@ class LinkChannel:
             if warned is not None and _NOTED.first(peer, warned, time.monotonic()):
                 log.warning("cluster settings: %s", warned)
 
-    async def _authenticate(self, dialled: str = "the peer") -> str:
+    async def _authenticate(self, dialled: str = "the peer", silence: float | None = None) -> str:
+        """``silence``: seconds the peer may go without a byte before :class:`Unanswered`
+        (None: only the handshake's :data:`HANDSHAKE_TIMEOUT`)."""
         if isinstance(self.stream, trio.SSLStream):
-            await self._tls_handshake(self.stream)
+            await self._tls_handshake(self.stream, silence)
         proved = False
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             first = self.codec.initiate()
@@ -207,7 +216,7 @@ class LinkChannel:
                 await self.stream.send_all(first)
             while True:
                 try:
-                    event = await self._next_event()
+                    event = await self._next_event(silence)
                 except (EOFError, trio.BrokenResourceError) as exc:
                     if not proved:
                         raise
@@ -225,10 +234,15 @@ class LinkChannel:
                     raise link.LinkError(f"unexpected {type(event).__name__} before auth")
 
     @staticmethod
-    async def _tls_handshake(stream: trio.SSLStream[trio.abc.Stream]) -> None:
+    async def _tls_handshake(
+        stream: trio.SSLStream[trio.abc.Stream], silence: float | None = None
+    ) -> None:
         """Certificates both ways before any byte of the link protocol; a peer without a
-        certificate of the cluster CA (or not speaking TLS) ends here."""
-        with trio.move_on_after(HANDSHAKE_TIMEOUT) as waited:
+        certificate of the cluster CA (or not speaking TLS) ends here. The dialler's
+        handshake waits for one answer of the peer (its flight after the ClientHello):
+        within ``silence`` when given."""
+        limit = HANDSHAKE_TIMEOUT if silence is None else min(silence, HANDSHAKE_TIMEOUT)
+        with trio.move_on_after(limit) as waited:
             try:
                 await stream.do_handshake()
             except trio.BrokenResourceError as exc:  # a certificate refused, or no TLS
@@ -238,6 +252,8 @@ class LinkChannel:
                                "ClusterTlsKey and ClusterTlsCa are set here, not there)")
                 raise Disagreement(f"TLS handshake failed: {reason}") from exc
         if waited.cancelled_caught:
+            if limit < HANDSHAKE_TIMEOUT:
+                raise Unanswered(f"no TLS answer within {limit:g} s")
             raise link.LinkError(
                 f"TLS handshake failed: not finished within {HANDSHAKE_TIMEOUT:g} s"
             )
@@ -255,11 +271,14 @@ class LinkChannel:
 
     async def receive(self) -> link.LinkOp | None:
         """The next operation, or None when the peer closed the link."""
+        return await self._receive(None)
+
+    async def _receive(self, silence: float | None) -> link.LinkOp | None:
         if self._first is not None:
             first, self._first = self._first, None
             return first
         try:
-            event = await self._next_event()
+            event = await self._next_event(silence)
         except (trio.BrokenResourceError, trio.ClosedResourceError, EOFError):
             return None
         if isinstance(event, link.Outgoing | link.Authenticated):
@@ -276,21 +295,24 @@ class LinkChannel:
             if self.received == heard:
                 raise trio.TooSlowError(f"nothing received for {silence:g} s")
 
-    async def _next_event(self) -> link.LinkEvent:
+    async def _next_event(self, silence: float | None = None) -> link.LinkEvent:
+        """The codec's next event, reading as needed; ``silence``: seconds without a byte
+        before :class:`Unanswered` (a handshake's answer deadline)."""
         while True:
             event = self.codec.next_event()
             if event is not None:
                 return event
-            if self.codec.buffered:  # a frame begun: its rest must keep coming
-                data: bytes | bytearray = b""
-                with trio.move_on_after(FRAME_STALL) as waited:
-                    data = await self.stream.receive_some(RECV_SIZE)
-                if waited.cancelled_caught:
-                    raise link.LinkViolation(
-                        f"a frame begun ({self.codec.buffered} bytes of it) got no byte "
-                        f"more for {FRAME_STALL:g} s", "frame_stall")
-            else:
+            stall = FRAME_STALL if self.codec.buffered else None  # a frame begun
+            limit = min(x for x in (stall, silence, math.inf) if x is not None)
+            data: bytes | bytearray = b""
+            with trio.move_on_after(limit) as waited:
                 data = await self.stream.receive_some(RECV_SIZE)
+            if waited.cancelled_caught:
+                if silence is not None and limit == silence:
+                    raise Unanswered(f"no answer within {silence:g} s")
+                raise link.LinkViolation(
+                    f"a frame begun ({self.codec.buffered} bytes of it) got no byte "
+                    f"more for {FRAME_STALL:g} s", "frame_stall")
             if not data:
                 raise EOFError("peer closed the link")
             self.received += len(data)
@@ -352,6 +374,7 @@ async def connect(
     tls: ClusterTls | None = None,
     settings: MemberSettings | None = None,
     max_frame: int,
+    answer_within: float | None = None,
 ) -> LinkChannel:
     """An authenticated link to the member at ``address``, taking frames of up to
     ``max_frame`` bytes from it (:func:`link.connected_frame_limit`). Raises OSError,
@@ -368,62 +391,79 @@ async def connect(
     The dial itself is bounded by :data:`DIAL_TIMEOUT`: a SYN nobody answers (a seed
     pod gone with its IP, the name still resolving to it) is retried by the kernel for
     about two minutes, during which a non-seed would wait for that one seed instead of
-    trying the next."""
+    trying the next.
+
+    With ``answer_within``, each answer the handshake waits for must come within that
+    many seconds of silence (:class:`Unanswered`), and a peer that answered nothing is
+    not asked whether it speaks TLS: a stopped member takes the dial (the kernel accepts
+    it) and says nothing, which held a non-seed for the handshake's 5 s and the TLS
+    question's 7 s after it. The agreement probe, which dials without it, asks that
+    question of every seed."""
+    dial = _Dial(address, member, password, tls, max_frame, answer_within)
     try:
-        return await _dial(address, member, password, tls, settings, max_frame)
+        return await dial.link(settings)
     except OlderPeer as exc:
         older = exc
     if settings is not None and settings.entitlement_keys is not None:
         try:  # a member that predates the entitlement's keys in Settings closes on them
-            return await _dial(address, member, password, tls,
-                               settings.without_entitlement_keys(), max_frame)
+            return await dial.link(settings.without_entitlement_keys())
         except OlderPeer as exc:
             older = exc
     if settings is not None and settings.limits is not None:
         try:  # a member that predates the limits in Settings closes on them: without
-            return await _dial(address, member, password, tls, settings.without_limits(),
-                               max_frame)
+            return await dial.link(settings.without_limits())
         except OlderPeer as exc:
             older = exc
     log.info("%s: linking without comparing settings (an older migratory?)", older)
-    return await _dial(address, member, password, tls, None, max_frame)
+    return await dial.link(None)
 
 
-async def _dial(
-    address: tuple[str, int],
-    member: str,
-    password: str,
-    tls: ClusterTls | None,
-    settings: MemberSettings | None,
-    max_frame: int,
-) -> LinkChannel:
-    with trio.fail_after(DIAL_TIMEOUT):
-        stream = await trio.open_tcp_stream(*address)
-    channel = LinkChannel(
-        secured(stream, tls, server_side=False),
-        role="connect",
-        member=member,
-        password=password,
-        settings=settings,
-        max_frame=max_frame,
-    )
-    try:
+@dataclass(frozen=True, slots=True)
+class _Dial:
+    """One :func:`connect`: where, as whom, and how long each answer may take."""
+
+    address: tuple[str, int]
+    member: str
+    password: str
+    tls: ClusterTls | None
+    max_frame: int
+    answer_within: float | None
+
+    async def link(self, settings: MemberSettings | None) -> LinkChannel:
+        """One dial and handshake, exchanging ``settings`` (None: none)."""
+        address, tls, silence = self.address, self.tls, self.answer_within
+        with trio.fail_after(DIAL_TIMEOUT):
+            stream = await trio.open_tcp_stream(*address)
+        channel = LinkChannel(
+            secured(stream, tls, server_side=False),
+            role="connect",
+            member=self.member,
+            password=self.password,
+            settings=settings,
+            max_frame=self.max_frame,
+        )
         try:
-            peer = await channel._authenticate(f"{address[0]}:{address[1]}")
+            peer = await self._authenticate(channel)
+            if settings is not None:
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await channel._agree(peer, settings, silence)
+        except BaseException:
+            await channel.aclose()
+            raise
+        return channel
+
+    async def _authenticate(self, channel: LinkChannel) -> str:
+        address = self.address
+        try:
+            peer = await channel._authenticate(f"{address[0]}:{address[1]}", self.answer_within)
         except link.VersionMismatch as exc:  # refused, and said why: not unreachable
             raise Disagreement(exc.reason) from exc
         except (trio.TooSlowError, EOFError, trio.BrokenResourceError):
             # nothing heard: a member whose links are TLS waits for a ClientHello (and
             # closes after HANDSHAKE_TIMEOUT) where one without sends its challenge at once
-            if tls is None and channel.received == 0 and await speaks_tls(address):
+            if self.tls is None and channel.received == 0 and await speaks_tls(address):
                 raise Disagreement(tls_only(f"{address[0]}:{address[1]}")) from None
             raise
         if peer != f"{address[0]}:{address[1]}":
             raise Disagreement(f"dialled {address[0]}:{address[1]} but {peer!r} answered")
-        if settings is not None:
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                await channel._agree(peer, settings)
-    except BaseException:
-        await channel.aclose()
-        raise
-    return channel
+        return peer

@@ -7,7 +7,10 @@ another when:
 
 - the link fails in any way (reset, refused, protocol error);
 - nothing arrives for :data:`UPSTREAM_SILENCE` seconds (the seed is stopped,
-  SIGSTOPped or cut off -- it would otherwise send a heartbeat every 250 ms);
+  SIGSTOPped or cut off -- it would otherwise send a heartbeat every 250 ms); the same
+  bound holds while the link is made: each answer of its handshake must come within
+  it (a stopped seed's kernel still takes the dial: the handshake's 5 s and the TLS
+  question's 7 s after it held the non-seed ~12 s, its clients sent away meanwhile);
 - the seed says it is not ready for :data:`UPSTREAM_NOT_READY` seconds (it lost
   the Raft majority or is replaying its log);
 - the seed offers a cache sync older than what this member has applied (it is
@@ -45,6 +48,7 @@ from cluster.link_io import (
     ClusterTls,
     Disagreement,
     LinkChannel,
+    Unanswered,
     connect,
     describe,
 )
@@ -54,6 +58,12 @@ from cluster.stream import CommittedStream
 log = logging.getLogger("migratory.cluster")
 
 UPSTREAM_SILENCE = 2.0
+"""Seconds a non-seed waits for a byte from its seed before it leaves it for another: on
+the link (which carries a heartbeat every 250 ms, busy or idle) and for each answer of
+the handshake that makes it (``connect``'s ``answer_within``). A seed at full load still
+answers within it -- its event loop was held at most 0.84 s by a fan-out to 1,000
+subscribers (docs/benchmarks.md, "Elections while every seed lives") --; one that cannot could not
+keep the link once made either."""
 UPSTREAM_NOT_READY = 2.0
 RETRY_SECONDS = 0.3
 ANSWER_POLLS = 10
@@ -165,10 +175,16 @@ class UpstreamReplication:
             channel = await connect(
                 address, member=self.name, password=self.password, tls=self.tls,
                 settings=self.settings, max_frame=self.max_frame,
+                answer_within=UPSTREAM_SILENCE,
             )
         except Disagreement as exc:
             if self.refusals.first(seed, exc.reason, trio.current_time()):
                 log.warning("not replicating from seed %s: %s", seed, exc.reason)
+            return
+        except Unanswered as exc:
+            if self.refusals.first(seed, "unanswered", trio.current_time()):
+                log.warning("seed %s took the dial but said nothing (%s: stopped, or too "
+                            "busy to keep a link); trying another", seed, exc)
             return
         except CONNECT_ERRORS as exc:
             log.debug("seed %s unreachable: %s", seed, exc)
