@@ -173,6 +173,15 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+SERVE_DESCRIPTION = (
+    "The configuration: the defaults, then the --config file, then MIGRATORY_CFG_<KEY> "
+    "variables, then --set (docs/config.md lists every key). SIGINT (Ctrl-C) stops the "
+    "server at once, SIGTERM after a drain (DrainTime). Exit status: 0 stopped by SIGINT "
+    "or SIGTERM, 1 could not start or stopped on its own, 2 a bad configuration or "
+    "command line; the reason in one line 'migratory: ...'."
+)
+
+
 def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     """The whole command line; with ``serve_only``, ``serve`` alone: a server (or a
     worker of one) starting imports none of the tools' modules (clients, bench, cluster
@@ -180,7 +189,7 @@ def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     parser = Parser(prog="migratory", description="Real-time pub/sub messaging server and tools.")
     commands = cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser))
-    serve = commands.add_parser("serve", help="run a server")
+    serve = commands.add_parser("serve", help="run a server", description=SERVE_DESCRIPTION)
     serve.add_argument("--config", metavar="FILE", help="config file (Key = Value lines)")
     serve.add_argument(
         "--set",

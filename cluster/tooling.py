@@ -438,7 +438,8 @@ def add_cluster_commands(commands: Any) -> None:
                     help="how long members may take to accept clients")
     up.set_defaults(func=_up)
     status = sub.add_parser("status", help="role, readiness, leader and client URL of each "
-                            "member")
+                            "member", description="Exit 0 when every member answered and "
+                            "is ready, 1 when not, 2 without a state file or --server.")
     status.add_argument("--state", default=DEFAULT_STATE, help="the file `cluster up` wrote")
     status.add_argument("--server", action="append", type=member_url, metavar="URL",
                         help="a member's client URL, ws://HOST:PORT (repeatable)")

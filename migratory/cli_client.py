@@ -33,14 +33,15 @@ PUB_POLICY = ReconnectPolicy(initial_delay=0.2, max_delay=2.0, max_attempts=5, c
 def add_client_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``pub`` and ``sub`` on the ``migratory`` command's subparsers."""
     pub = subparsers.add_parser("pub", help="publish one message and print its status")
-    pub.add_argument("subject", metavar="SUBJECT")
+    pub.add_argument("subject", metavar="SUBJECT", help="the subject (/Stocks/NYSE/IBM)")
     pub.add_argument("content", metavar="CONTENT", help="message content (UTF-8 text)")
-    pub.add_argument("--field", action="append", default=[], type=_field, metavar="K=V")
+    pub.add_argument("--field", action="append", default=[], type=_field, metavar="K=V",
+                     help="a field of the message (repeatable)")
     pub.add_argument("--retained", action="store_true", help="make it the subject's snapshot")
     pub.add_argument("--qos", choices=[q.value for q in Qos], default=Qos.STANDARD.value,
                      help="the message's qos")
-    pub.add_argument("--timeout", type=_positive_seconds, default=10.0,
-                     help="seconds to wait for the status")
+    pub.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                     help="how long to wait for the status")
     _add_connection_options(pub)
     pub.set_defaults(func=run_pub)
 
@@ -50,11 +51,13 @@ def add_client_commands(subparsers: argparse._SubParsersAction[argparse.Argument
         description="One line per message: TYPE SUBJECT epoch=E seq=S CONTENT k=v ...; "
         "CONTENT is the text, or hex when it is not printable UTF-8.",
     )
-    sub.add_argument("subjects", nargs="+", metavar="SUBJECT")
+    sub.add_argument("subjects", nargs="+", metavar="SUBJECT", help="the subjects")
     sub.add_argument("--history", type=_count(0), default=0, metavar="N",
-                     help="last N cached first")
+                     help="the last N cached messages first (type historical) instead of the "
+                     "snapshot")
     sub.add_argument("--conflation", type=_count(0), default=0, metavar="MS",
-                     help="conflation period")
+                     help="conflation period in milliseconds (rounded down to a multiple of "
+                     "100; 0: every message)")
     sub.add_argument("--count", type=_count(1), default=None, metavar="N",
                      help="stop after N messages")
     _add_connection_options(sub)

@@ -109,3 +109,29 @@ def test_help_shows_no_markup(name: str) -> None:
     """``--help`` is read in a terminal: no reST's double backticks (``migratory bench
     --help`` showed its docstring's ````migratory bench````: markup as-is)."""
     assert "``" not in COMMANDS[name].format_help(), name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_says_what_each_option_and_argument_is(name: str) -> None:
+    """Before: ``pub --field K=V``, ``pub SUBJECT``, ``sub SUBJECT``, ``bench --subscribers``
+    and ``--setup-timeout`` stood in ``--help`` with no word (their defaults and meaning
+    only in the docs)."""
+    silent = [
+        action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+        for action in COMMANDS[name]._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert not silent, (name, silent)
+
+
+def test_serve_help_says_where_the_configuration_comes_from_and_the_exit_statuses() -> None:
+    """Before: '--config FILE' and '--set Key=Value' only: not the MIGRATORY_CFG_ variables
+    README's first lines send an operator to, nor what the exit status means."""
+    shown = " ".join(COMMANDS["serve"].format_help().split())
+    readme = (DOCS.parent / "README.md").read_text()
+    statuses = re.findall(r"^\| (\d) \| ", readme.split("The exit status of `migratory serve`")[1],
+                          re.M)
+    assert statuses == ["0", "1", "2"]
+    assert "MIGRATORY_CFG_<KEY>" in shown and "docs/config.md" in shown
+    for status in statuses:
+        assert f" {status} " in shown.split("Exit status:")[1], status

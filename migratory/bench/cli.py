@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--set", action="append", default=[], metavar="Key=Value",
                        help="setting of the local server (`migratory serve --set`)")
     load = parser.add_argument_group("message patterns (fanout, subjects, ack)")
-    load.add_argument("--subscribers", type=int)
+    load.add_argument("--subscribers", type=int,
+                      help="subscribers (default: 1000; ack: none)")
     load.add_argument("--subjects", type=int,
                       help="subjects: subscriber i takes subject i mod N, the publisher goes "
                       "round-robin (fanout: 1; subjects: one per subscriber)")
@@ -96,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--swarm", choices=("c", "python"),
                      help="the subscriber processes: the C swarm (default when it builds: "
                      "gcc, libssl-dev) or the Python ones")
-    out.add_argument("--setup-timeout", type=float)
+    out.add_argument("--setup-timeout", type=float, metavar="S",
+                     help="seconds connecting and subscribing may take (default: 60; idle: 120)")
     out.add_argument("--json", metavar="FILE", type=output_file,
                      help="write the results as JSON")
     out.add_argument("--plot", metavar="FILE.png", type=output_file,
