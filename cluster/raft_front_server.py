@@ -18,9 +18,12 @@ and is said once then counted (:class:`migratory.server.exhaustion.Exhaustion`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
+import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +50,17 @@ _WARN_EVERY = 10.0
 SKEW_WARNING = 10.0
 """Seconds a seed's admitted preamble may be off this clock before a warning says so:
 past the window (120 s) its preambles are refused, the seed cut off at its next dial."""
+SO_TIMESTAMP = 29
+"""Linux's ``SO_TIMESTAMP`` (a ``struct timeval``; Python's socket module does not name
+it). Set on the listener, every accepted socket inherits it, and each ``recvmsg`` says
+when its bytes reached this host (CLOCK_REALTIME): a preamble's skew is measured against
+that, not against when it was read. A seed stopped 13 s (SIGSTOP) read, once continued,
+preambles its peers had sent during the stop and said "-13.0 s off this clock": its
+clock was right, the bytes had waited in the kernel's queue."""
+_TIMEVAL = struct.Struct("@ll")
+_ANCILLARY = socket.CMSG_SPACE(_TIMEVAL.size)
+READ_LATE = 1.0
+"""Seconds a preamble waited in the kernel's queue from which a clock warning says so."""
 BIND_LOG_EVERY = 30.0
 """Seconds between two log lines about a Raft port that still cannot be bound."""
 
@@ -75,13 +89,33 @@ class FrontStatistics:
 class _Waiting:
     """One accepted socket waiting for its preamble."""
 
-    __slots__ = ("arrived", "reader", "sock", "source")
+    __slots__ = ("arrived", "reached", "reader", "sock", "source")
 
     def __init__(self, sock: socket.socket, arrived: float, source: str) -> None:
         self.sock = sock
         self.arrived = arrived
         self.source = source
         self.reader = PreambleReader()
+        self.reached: float | None = None
+        """When its first bytes reached this host (CLOCK_REALTIME; None: not known)."""
+
+
+def _receive_stamped(sock: socket.socket, size: int) -> tuple[bytes, float | None]:
+    """Up to ``size`` bytes, and when they reached this host (None: no timestamp)."""
+    data, ancillary, _, _ = sock.recvmsg(size, _ANCILLARY)
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(value) >= _TIMEVAL.size:
+            seconds, micros = _TIMEVAL.unpack_from(value)
+            return data, seconds + micros / 1e6
+    return data, None
+
+
+def _stamp_arrivals(listener: socket.socket) -> None:
+    """Have the kernel stamp the arrival of what accepted sockets receive (Linux)."""
+    if sys.platform.startswith("linux"):
+        # (refused: no timestamps, skews measured when read, as before)
+        with contextlib.suppress(OSError):
+            listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
 
 
 class FrontServer:
@@ -99,7 +133,12 @@ class FrontServer:
         recv_buffer_size: int,
         connection_timeout: float,
         clock: Callable[[], float] = time.time,
+        arrival_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: the wall clock preambles are judged by; ``arrival_clock``: the one
+        the kernel stamps arrivals with (CLOCK_REALTIME), for how long a preamble waited
+        in its queue."""
+        self._arrival_clock = arrival_clock
         self._poller = poller
         self._host = host
         self._port = int(port)
@@ -150,6 +189,7 @@ class FrontServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self._host, self._port))
             sock.listen(MAX_PENDING)  # TcpServer: 5, which a few idle peers fill
+            _stamp_arrivals(sock)
         except OSError as exc:
             sock.close()
             self._bind_failed(exc)
@@ -283,11 +323,13 @@ class FrontServer:
             self._poller.unsubscribe(descr)
             return
         try:
-            data = waiting.sock.recv(waiting.reader.wanted)
+            data, reached = _receive_stamped(waiting.sock, waiting.reader.wanted)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, reached = b"", None
+        if waiting.reached is None:
+            waiting.reached = reached
         if not data:
             self._count("closed_early")
             self._close(descr)
@@ -299,17 +341,22 @@ class FrontServer:
             self._refuse(descr, Verdict(outcome))
             return
         verdict = self._gate.verify(outcome, self._clock())
-        self._heed_clocks(verdict, waiting.source)
+        queued = 0.0 if waiting.reached is None else max(
+            0.0, self._arrival_clock() - waiting.reached)
+        self._heed_clocks(verdict, waiting.source, queued)
         if not verdict.admitted:
-            self._refuse(descr, verdict)
+            self._refuse(descr, verdict, queued)
             return
         self._admit(descr, waiting.sock)
 
-    def _heed_clocks(self, verdict: Verdict, source: str) -> None:
+    def _heed_clocks(self, verdict: Verdict, source: str, queued: float) -> None:
         """Say what a verdict tells of the clocks: this one went back, or a seed's is off
-        by more than SKEW_WARNING while still admitted (a stale one: ``_refuse``)."""
+        by more than SKEW_WARNING while still admitted (a stale one: ``_refuse``). The
+        skew is the preamble's time against this clock when it arrived, ``queued``
+        seconds before it was read (the verdict's is against the clock now)."""
+        skew = verdict.skew + queued
         if verdict.refusal not in (Refusal.NOT_A_PREAMBLE, Refusal.BAD_MAC):
-            self._skew = verdict.skew
+            self._skew = skew
         stepped, self._gate.stepped_back = self._gate.stepped_back, 0.0
         if stepped >= 1.0:
             self._stepped_back = stepped
@@ -318,21 +365,28 @@ class FrontServer:
                 "hand): preambles are checked against the clock as it is now; if the seeds "
                 "still disagree by more than %.0f s they cannot link (check NTP)",
                 stepped, self._gate.window)
-        if verdict.admitted and abs(verdict.skew) > SKEW_WARNING:
-            self._note("skew", source, f"its preamble is {verdict.skew:+.1f} s off this "
-                       f"clock: past {self._gate.window:.0f} s its preambles are refused and "
-                       "it cannot link; check the seeds' clocks (NTP)", verb="admitted")
+        if verdict.admitted and abs(skew) > SKEW_WARNING:
+            self._note("skew", source, f"its preamble is {skew:+.1f} s off this "
+                       f"clock{_read_late(queued)}: past {self._gate.window:.0f} s its "
+                       "preambles are refused and it cannot link; check the seeds' clocks "
+                       "(NTP)", verb="admitted")
 
-    def _refuse(self, fileno: int, verdict: Verdict) -> None:
+    def _refuse(self, fileno: int, verdict: Verdict, queued: float = 0.0) -> None:
         refusal = verdict.refusal
         assert refusal is not None
         self._count(refusal.name.lower())
         source = self._waiting[fileno].source
         self._close(fileno)
-        if refusal is Refusal.STALE:
-            self._note("stale", source, f"its preamble is {verdict.skew:+.1f} s off this "
-                       f"clock (the limit is {self._gate.window:.0f} s); check the seeds' "
-                       "clocks (NTP)")
+        skew = verdict.skew + queued
+        if refusal is Refusal.STALE and abs(skew) <= self._gate.window:
+            self._note("stale", source, f"its preamble waited {queued:.1f} s in this "
+                       "seed's queue before it was read (this seed stopped or starved "
+                       f"meanwhile): past the {self._gate.window:.0f} s limit by then; it "
+                       "dials again")
+        elif refusal is Refusal.STALE:
+            self._note("stale", source, f"its preamble is {skew:+.1f} s off this "
+                       f"clock{_read_late(queued)} (the limit is {self._gate.window:.0f} s); "
+                       "check the seeds' clocks (NTP)")
         elif refusal is Refusal.REPLAYED:
             self._note("replayed", source, "a preamble replayed")
         elif refusal is Refusal.BAD_MAC:
@@ -376,3 +430,8 @@ class FrontServer:
         self._poller.unsubscribe(fileno)
         if waiting is not None:
             waiting.sock.close()
+
+
+def _read_late(queued: float) -> str:
+    """What a clock line says of a preamble read ``queued`` seconds after it arrived."""
+    return f" when it arrived (read {queued:.1f} s later)" if queued >= READ_LATE else ""
