@@ -175,7 +175,7 @@ class Replica:
             return None
         return export_sync(self._hub, self._applied_clsn)
 
-    def install_sync(self, sync: CacheSync, now: float) -> bool:
+    def install_sync(self, sync: CacheSync, now: float, *, over: bool = False) -> bool:
         """Replace the hub's subjects with a peer's, then apply buffered batches after it.
 
         Returns False, changing nothing, for a sync older than ``applied_clsn`` (the peer
@@ -183,18 +183,26 @@ class Replica:
         afterwards if buffered batches are left that do not follow, or if it stops
         short of a :meth:`skip_to`. Raises ValueError, changing nothing, for a sync the
         hub rejects (a malformed record). All at once: :meth:`begin_install` for slices.
+        ``over``: as :meth:`begin_install`'s.
         """
-        install = self.begin_install(sync)
+        install = self.begin_install(sync, over=over)
         if install is None:
             return False
         self.install_slice(install, now, budget=None)
         return True
 
-    def begin_install(self, sync: CacheSync) -> SyncInstall | None:
+    def begin_install(self, sync: CacheSync, *, over: bool = False) -> SyncInstall | None:
         """Start installing ``sync`` a slice at a time (:meth:`install_slice`); None,
         changing nothing, for a sync older than what this replica applied or began to
-        install. A sync being installed is given up for this one."""
-        if sync.clsn < max(self._applied_clsn, self._begun_clsn):
+        install. A sync being installed is given up for this one. ``over``: ``sync`` is
+        of another Raft history than what was applied here (:mod:`cluster.sync_history`):
+        it is installed whatever its clsn, and what this replica held of the old one
+        (its clsn, held-back batches) is forgotten; until it is whole it needs a sync."""
+        if over:
+            self._buffered.clear()
+            self._applied_clsn = self._begun_clsn = self._skipped_to = 0
+            self._needs_sync = True
+        elif sync.clsn < max(self._applied_clsn, self._begun_clsn):
             return None
         self._install = SyncInstall(self._hub, sync.subjects, sync.clsn)
         return self._install

@@ -194,18 +194,19 @@ class CommittedStream:
         was already further (nothing changes)."""
         return self.install_sync(sync, now)
 
-    def install_sync(self, sync: CacheSync, now: float) -> bool:
+    def install_sync(self, sync: CacheSync, now: float, *, over: bool = False) -> bool:
         """Jump to ``sync`` (a peer's caches, or a Raft dump's); False, changing
         nothing, for a sync behind what this member applied (it would move clients
-        back). All at once: :meth:`install_sync_in_slices` keeps the loop turning."""
-        if not self.replica.install_sync(sync, now):
+        back), unless ``over`` (:meth:`Replica.begin_install`'s). All at once:
+        :meth:`install_sync_in_slices` keeps the loop turning."""
+        if not self.replica.install_sync(sync, now, over=over):
             return False
         self.publishing.on_jump(now)
         self._installed_sync()
         return True
 
     async def install_sync_in_slices(
-        self, sync: CacheSync, *, slice_messages: int | None = None
+        self, sync: CacheSync, *, slice_messages: int | None = None, over: bool = False
     ) -> bool:
         """:meth:`install_sync`, ``slice_messages`` cached messages (None:
         :data:`~cluster.cache_sync.SLICE_MESSAGES`) at a time with a turn
@@ -215,8 +216,9 @@ class CommittedStream:
         back, not ready, no sync given to others). Shielded from cancellation: the sync
         is here whole, and a member left half-installed would need another. False,
         changing nothing, for a sync behind this member; False also when a later sync
-        (a Raft dump) took its place halfway (that one did the rest)."""
-        install = self.replica.begin_install(sync)
+        (a Raft dump) took its place halfway (that one did the rest). ``over``: as
+        :meth:`install_sync`'s."""
+        install = self.replica.begin_install(sync, over=over)
         if install is None:
             return False
         return await self.finish_install(install, slice_messages=slice_messages)

@@ -16,7 +16,12 @@ another when:
 - the seed offers a cache sync older than what this member has applied (it is
   behind: installing it would move clients back) -- the sync is refused, never
   installed;
-- the stream has a gap (then it asks the next seed for a whole sync).
+- the stream has a gap (then it asks the next seed for a whole sync);
+- the seed has stayed ready and behind this member for :data:`UPSTREAM_BEHIND`
+  seconds: a seed of its own history would have caught up, so its seeds may have
+  started a new cluster (every ``ClusterDataDir`` lost). It asks the next seed for its
+  whole cache, from clsn 0: a sync that proves another history
+  (:mod:`cluster.sync_history`) replaces this member's state whatever its clsn.
 
 What it forwarded and got no answer for goes to the next seed again, first: lost with
 the seed it left, it commits now; committed already, it is answered with its position
@@ -54,6 +59,7 @@ from cluster.link_io import (
 )
 from cluster.replica import Offer
 from cluster.stream import CommittedStream
+from cluster.sync_history import another_history
 
 log = logging.getLogger("migratory.cluster")
 
@@ -65,6 +71,7 @@ answers within it -- its event loop was held at most 0.84 s by a fan-out to 1,00
 subscribers (docs/benchmarks.md, "Elections while every seed lives") --; one that cannot could not
 keep the link once made either."""
 UPSTREAM_NOT_READY = 2.0
+UPSTREAM_BEHIND = 2.0
 RETRY_SECONDS = 0.3
 ANSWER_POLLS = 10
 ANSWER_POLL_SECONDS = 0.1
@@ -141,6 +148,9 @@ class UpstreamReplication:
         self.view = UpstreamView()
         self.switches = 0
         self._not_ready_since: float | None = None
+        self._behind_since: float | None = None
+        self._ask_whole = False
+        """Ask the next seed for its whole cache from clsn 0 (one stayed behind here)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -226,6 +236,8 @@ class UpstreamReplication:
                 if isinstance(op, link.Sync):  # later frames wait on the link meanwhile
                     self._heard(seed, trio.current_time())
                     installed = await self.stream.install_sync_in_slices(op.sync)
+                    if not installed and self._another_history(seed, op.sync):
+                        installed = await self.stream.install_sync_in_slices(op.sync, over=True)
                     self._synced(seed, op.sync, installed)
                 else:
                     self._on_op(seed, op, trio.current_time())
@@ -239,11 +251,13 @@ class UpstreamReplication:
         forwarded through the seed before and not answered go to it again, first
         (:meth:`~cluster.publishing.ClusterPublishing.resend_unanswered`)."""
         self.view = UpstreamView(seed=seed, last_heard=now)
-        self._not_ready_since = None
+        self._not_ready_since = self._behind_since = None
         resent = self.stream.publishing.resend_unanswered(now)
         if resent:
             log.info("forwarding %d unanswered publishes again, through seed %s", resent, seed)
         replica = self.stream.replica
+        if self._ask_whole:
+            return link.Replicate(0, full=True)
         return link.Replicate(replica.applied_clsn, full=replica.needs_sync)
 
     def end_link(self) -> None:
@@ -263,10 +277,14 @@ class UpstreamReplication:
                     f"batch {op.batch.clsn}); asking for a whole sync"
                 )
         elif isinstance(op, link.Sync):  # the link installs it in slices (_replicate)
-            self._synced(seed, op.sync, self.stream.install_sync(op.sync, now))
+            installed = self.stream.install_sync(op.sync, now)
+            if not installed and self._another_history(seed, op.sync):
+                installed = self.stream.install_sync(op.sync, now, over=True)
+            self._synced(seed, op.sync, installed)
         elif isinstance(op, link.Heartbeat):
             self.view = UpstreamView(seed, op.clsn, op.ready, now)
             self._check_seed_ready(op.ready, now)
+            self._check_seed_behind(op, now)
         elif isinstance(op, link.ForwardFailed):
             self.stream.publishing.on_failed(
                 list(op.origins), op.reason, unknown=op.unknown, now=now, status=op.status
@@ -278,7 +296,34 @@ class UpstreamReplication:
         view = self.view
         self.view = UpstreamView(seed, view.heartbeat_clsn, view.seed_ready, now)
 
+    def _another_history(self, seed: str, sync: CacheSync) -> bool:
+        """Whether ``sync``, behind this member, proves another Raft history (then it
+        replaces this member's state: said here)."""
+        why = another_history(sync, ((s, p) for s, p, _, _ in self.stream.replica.hub.numbered()))
+        if why is not None:
+            log.warning(
+                "seed %s's cache sync at clsn %d is of another Raft history than the %d "
+                "applied here (%s): its seeds started a new cluster; installed over this "
+                "member's (its subscribers resume with DATA_RESYNC)",
+                seed, sync.clsn, self.stream.replica.applied_clsn, why)
+        return why is not None
+
+    def _check_seed_behind(self, heartbeat: link.Heartbeat, now: float) -> None:
+        applied = self.stream.replica.applied_clsn
+        if not heartbeat.ready or heartbeat.clsn >= applied:
+            self._behind_since = None
+        elif self._behind_since is None:
+            self._behind_since = now
+        elif now - self._behind_since >= UPSTREAM_BEHIND:
+            self._ask_whole = True
+            raise LeaveUpstream(
+                f"it has been ready at clsn {heartbeat.clsn}, behind the {applied} applied "
+                f"here, for {UPSTREAM_BEHIND:g} s (a new cluster's seeds?); asking for a "
+                "whole cache sync")
+
     def _synced(self, seed: str, sync: CacheSync, installed: bool) -> None:
+        if installed:
+            self._ask_whole = False
         if not installed:
             raise LeaveUpstream(
                 f"it offered a cache sync at clsn {sync.clsn}, behind the "

@@ -126,9 +126,12 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         """Take a message already numbered elsewhere (the cluster's coordination).
 
         It must be the subject's next position: same epoch and seq + 1, or a new epoch
-        (the cache then restarts). Returns False, changing nothing, for a message at or
-        before the subject's position (already applied); raises ValueError on a gap,
-        which the caller must repair by syncing the cache from a peer.
+        (the cache then restarts) from its seq 1 -- at any seq for a subject with no
+        position yet. Returns False, changing nothing, for a message at or before the
+        subject's position (already applied); raises ValueError on a gap, which the
+        caller must repair by syncing the cache from a peer. (A subject of a cluster
+        member moved to another epoch mid-lineage was a new cluster's stream applied over
+        an old one's: its subscribers missed the new lineage's start, untold.)
         """
         state = self._state(message.subject)
         if message.epoch == state.epoch:
@@ -138,6 +141,11 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
                 raise ValueError(
                     f"gap on {message.subject!r}: at seq {state.seq}, got {message.seq}"
                 )
+        elif state.seq > 0 and message.seq != 1:
+            raise ValueError(
+                f"gap on {message.subject!r}: at {state.epoch}/{state.seq}, got seq "
+                f"{message.seq} of another epoch, {message.epoch}"
+            )
         else:
             state.epoch = message.epoch
             self._cached -= len(state.cache)

@@ -153,9 +153,9 @@ class BelievingPublishing(ClusterPublishing):
 class OlderSyncReplica(Replica):
     """Installs a cache sync older than what it applied (the failover crash's cause)."""
 
-    def install_sync(self, sync: CacheSync, now: float) -> bool:
+    def install_sync(self, sync: CacheSync, now: float, *, over: bool = False) -> bool:
         self._applied_clsn = min(self._applied_clsn, sync.clsn)
-        return super().install_sync(sync, now)
+        return super().install_sync(sync, now, over=over)
 
 
 # --- a seed asked for a sync while it needs one ------------------------------------
