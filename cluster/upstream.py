@@ -18,7 +18,8 @@ another when:
   installed;
 - the stream has a gap (then it asks the next seed for a whole sync);
 - the seed has stayed ready and behind this member for :data:`UPSTREAM_BEHIND`
-  seconds: a seed of its own history would have caught up, so its seeds may have
+  seconds: a seed of its own history would have caught up (or said it is not ready:
+  ``BEHIND_SECONDS``), so its seeds may have
   started a new cluster (every ``ClusterDataDir`` lost). It asks the next seed for its
   whole cache, from clsn 0: a sync that proves another history
   (:mod:`cluster.sync_history`) replaces this member's state whatever its clsn.
@@ -58,6 +59,7 @@ from cluster.link_io import (
     describe,
 )
 from cluster.replica import Offer
+from cluster.seed_readiness import BEHIND_SECONDS
 from cluster.stream import CommittedStream
 from cluster.sync_history import another_history
 
@@ -71,7 +73,10 @@ answers within it -- its event loop was held at most 0.84 s by a fan-out to 1,00
 subscribers (docs/benchmarks.md, "Elections while every seed lives") --; one that cannot could not
 keep the link once made either."""
 UPSTREAM_NOT_READY = 2.0
-UPSTREAM_BEHIND = 2.0
+UPSTREAM_BEHIND = BEHIND_SECONDS + 2.0
+"""Seconds a seed may say it is ready and stay behind this member: a seed of this
+member's own history that has not applied what was committed ``BEHIND_SECONDS`` ago is
+not ready, and what this member applied was committed before it got it."""
 RETRY_SECONDS = 0.3
 ANSWER_POLLS = 10
 ANSWER_POLL_SECONDS = 0.1
