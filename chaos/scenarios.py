@@ -8,7 +8,13 @@ rows (kill / restart, pause / resume, blackhole / heal, reset), each ``detail``
 starting with the scenario's name:
 
 - ``lagging-failover``: SIGSTOP a follower seed under load, SIGCONT it and SIGKILL
-  the leader at once (the follower is now behind the other survivor); restart.
+  the leader at once (the follower is now behind the other survivor); restart. The
+  follower stays stopped its scheduled time and until every other seed has applied
+  :data:`AHEAD_BY` commits past what it had applied when stopped, as their ``/cluster``
+  samples show, at most :data:`BEHIND_WAIT` s (on a busy box the load may not commit
+  anything in a fixed 3 s: the follower then resumed level with the others, and the
+  scenario tested a failover with no one behind). Not behind by then, it is resumed
+  and the leader killed anyway, and the run's log says so.
 - ``sync-kill``: SIGKILL and restart a non-seed so that it needs a cache sync; the
   other seeds' proxies refuse its links, so it replicates from the leader; once the
   leader has sent it :data:`SYNC_BYTES`, SIGKILL the leader (the non-seed then fails
@@ -70,6 +76,11 @@ READY_WAIT = 30.0
 CLAIM_WAIT = READY_WAIT + 5.0
 SYNC_BYTES = 64 * 1024  # the leader has sent this much to the restarted non-seed: kill it
 SYNC_ATTEMPTS = 3  # sync-kill again when the leader moved during the catch-up
+AHEAD_BY = 2
+"""Commits every other seed has applied past the paused follower's before a
+lagging-failover resumes it (its own sample is read just before the SIGSTOP: it may
+apply one more meanwhile)."""
+BEHIND_WAIT = 20.0  # s a lagging-failover's follower stays stopped at most
 
 
 async def run_scenario(nem: Nemesis, f: Fault, start: float) -> None:
@@ -165,8 +176,9 @@ async def lagging_failover(nem: Nemesis, f: Fault, start: float) -> None:
             return
         follower = next(i for i in seeds if i != lead)
         lagging = nem.members[follower]
+        applied = await _applied(nem, follower)
         nem.pause(lagging, f"lagging-failover: follower stopped {lag}s under load")
-        await trio.sleep(lag)
+        await _until_behind(nem, follower, applied, lag)
         now = nem.current_leader(faulted_too=True)  # the leader now (rarely another one)
         old = nem.members[now if now is not None and now != follower else lead]
         nem.resume(lagging, "lagging-failover")
@@ -175,6 +187,42 @@ async def lagging_failover(nem: Nemesis, f: Fault, start: float) -> None:
         await trio.sleep(down)
         nem.restart(old, "lagging-failover")
         await nem.restarted([old], READY_WAIT)
+
+
+async def _applied(nem: Nemesis, i: int) -> int | None:
+    """Member ``i``'s applied clsn: asked now, else its last sample's (None: unknown)."""
+    clsn = (await cluster_status(nem.members[i])).get("applied_clsn")
+    if not isinstance(clsn, int):
+        clsn = nem.status.get(i, {}).get("applied_clsn")
+    return clsn if isinstance(clsn, int) else None
+
+
+def _behind(nem: Nemesis, follower: int, applied: int) -> dict[str, Any]:
+    """The other seeds' applied clsns (None: no sample) while one is under ``applied +
+    AHEAD_BY``; empty once every one has reached it."""
+    others = {nem.members[i].name: nem.status.get(i, {}).get("applied_clsn")
+              for i in range(nem.seeds) if i != follower}
+    if all(isinstance(c, int) and c >= applied + AHEAD_BY for c in others.values()):
+        return {}
+    return others
+
+
+async def _until_behind(nem: Nemesis, follower: int, applied: int | None, lag: float) -> None:
+    """At least ``lag`` s, and until every other seed is :data:`AHEAD_BY` commits past
+    the stopped ``follower``'s ``applied`` clsn, at most :data:`BEHIND_WAIT` s."""
+    await trio.sleep(lag)
+    if applied is None:
+        nem.say(f"lagging-failover: {nem.members[follower].name}'s applied clsn unknown "
+                f"at its stop; resumed after {lag}s")
+        return
+    others: dict[str, Any] = {}
+    with trio.move_on_after(BEHIND_WAIT - lag):
+        while others := _behind(nem, follower, applied):
+            await trio.sleep(0.1)
+    if others:
+        nem.say(f"lagging-failover: {nem.members[follower].name} not behind within "
+                f"{BEHIND_WAIT:g}s (it had applied {applied}; the others {others}): the "
+                "leader killed anyway")
 
 
 async def sync_kill(nem: Nemesis, f: Fault, start: float) -> None:

@@ -127,6 +127,19 @@ def test_lagging_failover_kills_the_leader_as_the_follower_resumes(run: Path) ->
     assert kill["target"] != pause["target"]
     assert 0 <= kill["time"] - resume["time"] < 0.2, "the leader dies as the follower resumes"
     assert leader_at(cluster, kill["time"]) == kill["target"], why(run)
+    # resumed behind: every other seed's last sample before the resume is 2 commits past
+    # the follower's last one before the stop (or the run's log says it was not)
+    said = (run.parent / "stdout.txt").read_text()
+    if "lagging-failover: " in said and " not behind within " in said:
+        return
+    stopped_at = last_sample(cluster, pause["target"], pause["time"])["applied_clsn"]
+    others = {s: last_sample(cluster, s, resume["time"])["applied_clsn"]
+              for s in ("migratory-0", "migratory-1", "migratory-2") if s != pause["target"]}
+    assert all(c >= stopped_at + 2 for c in others.values()), (stopped_at, others)
+
+
+def last_sample(cluster: list[dict[str, Any]], name: str, t: float) -> dict[str, Any]:
+    return [c for c in cluster if c["member"] == name and c["time"] < t and c["up"]][-1]
 
 
 def leaders_at(cluster: list[dict[str, Any]], t: float) -> set[str]:
