@@ -25,6 +25,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,38 @@ def acked_positions(publisher: LoadPublisher) -> dict[str, Position]:
     return {s: m[-1][1] for s, m in publisher.acked_messages().items()}
 
 
+def loaded(
+    cluster: LocalCluster, subscribed: Sequence[int], publishing: Sequence[int]
+) -> tuple[LoadSubscriber, LoadPublisher, dict[str, Position]]:
+    """A live subscriber on the members ``subscribed`` (in turn), a publisher through
+    ``publishing`` (300/s) with 300 acknowledged, and where each subject stood then."""
+    live = LoadSubscriber([cluster.port(i) for i in subscribed], tag="live",
+                          duration=HANG_GUARD * 2)
+    live.start()
+    live.wait_subscribed(15)
+    publisher = LoadPublisher([cluster.port(i) for i in publishing], rate=300,
+                              duration=HANG_GUARD * 2)
+    publisher.start()
+    publish_until(publisher, 300)
+    return live, publisher, acked_positions(publisher)
+
+
+def resumed_and_checked(
+    cluster: LocalCluster, members: Sequence[int], before: dict[str, Position],
+    live: LoadSubscriber, publisher: LoadPublisher,
+) -> None:
+    """A subscriber resumes on ``members`` from ``before`` (DATA_SYNC, not checked until
+    the end); 100 more acknowledged; then :func:`check_everything`."""
+    resumer = LoadSubscriber([cluster.port(i) for i in members], positions=before,
+                             tag="resumer", duration=HANG_GUARD)
+    resumer.start()
+    resumer.wait_statuses(4, ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC, timeout=15)
+    publish_until(publisher, 100)
+    publisher.stop()
+    check_everything(cluster, [publisher], [live, resumer], killed=set(),
+                     starts={"resumer": before})
+
+
 @pytest.mark.slow
 def test_every_seed_killed_twice_within_an_election_timeout_then_an_old_position_resumes(
     tmp_path: Path,
@@ -53,15 +86,7 @@ def test_every_seed_killed_twice_within_an_election_timeout_then_an_old_position
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=HANG_GUARD)
-        live = LoadSubscriber([cluster.port(i) for i in (NON_SEED, *SEEDS)], tag="live",
-                              duration=HANG_GUARD * 2)
-        live.start()
-        live.wait_subscribed(15)
-        publisher = LoadPublisher([cluster.port(i) for i in (NON_SEED, *SEEDS)], rate=300,
-                                  duration=HANG_GUARD * 2)
-        publisher.start()
-        publish_until(publisher, 300)
-        before = acked_positions(publisher)
+        live, publisher, before = loaded(cluster, (NON_SEED, *SEEDS), (NON_SEED, *SEEDS))
         power_cut(cluster, SEEDS)
         cluster.start_all(SEEDS)
         deadline = time.monotonic() + HANG_GUARD
@@ -73,14 +98,7 @@ def test_every_seed_killed_twice_within_an_election_timeout_then_an_old_position
         cluster.start_all(SEEDS)
         cluster.wait_ready(timeout=HANG_GUARD)
         publish_until(publisher, 300)
-        resumer = LoadSubscriber([cluster.port(i) for i in SEEDS], positions=before,
-                                 tag="resumer", duration=HANG_GUARD)
-        resumer.start()
-        resumer.wait_statuses(4, ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC, timeout=15)
-        publish_until(publisher, 100)
-        publisher.stop()
-        check_everything(cluster, [publisher], [live, resumer], killed=set(),
-                         starts={"resumer": before})
+        resumed_and_checked(cluster, SEEDS, before, live, publisher)
         print(publisher.summary())
     finally:
         cluster.stop()
@@ -193,15 +211,8 @@ def test_a_seed_restarted_with_another_password_then_the_others_restarted(
         cluster.wait_ready(timeout=HANG_GUARD)
         changed = cluster.leader()
         others = [i for i in SEEDS if i != changed]
-        live = LoadSubscriber([cluster.port(i) for i in (changed, NON_SEED, *others)],
-                              tag="live", duration=HANG_GUARD * 2)
-        live.start()
-        live.wait_subscribed(15)
-        publisher = LoadPublisher([cluster.port(i) for i in (NON_SEED, *others)], rate=300,
-                                  duration=HANG_GUARD * 2)
-        publisher.start()
-        publish_until(publisher, 300)
-        before = acked_positions(publisher)
+        live, publisher, before = loaded(cluster, (changed, NON_SEED, *others),
+                                         (NON_SEED, *others))
         password = cluster.settings[changed]["ClusterPassword"]
         cluster.settings[changed]["ClusterPassword"] = "a-new-cluster-password"
         cluster.kill(changed, signal.SIGTERM)
@@ -219,14 +230,7 @@ def test_a_seed_restarted_with_another_password_then_the_others_restarted(
         cluster.kill(changed, signal.SIGTERM)
         cluster.start(changed)
         cluster.wait_ready(timeout=HANG_GUARD)
-        resumer = LoadSubscriber([cluster.port(changed)], positions=before, tag="resumer",
-                                 duration=HANG_GUARD)
-        resumer.start()
-        resumer.wait_statuses(4, ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC, timeout=15)
-        publish_until(publisher, 100)
-        publisher.stop()
-        check_everything(cluster, [publisher], [live, resumer], killed=set(),
-                         starts={"resumer": before})
+        resumed_and_checked(cluster, [changed], before, live, publisher)
         print(f"changed seed {changed} (the leader); {publisher.summary()}")
     finally:
         cluster.stop()
