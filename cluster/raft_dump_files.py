@@ -30,8 +30,9 @@ dropped the dump, to be sent it again and fail again.
   (docs/cluster.md, "A dump that fails, not for the disk"); ``DumpRetries.total`` is
   in ``GET /cluster`` (``raft_dump_failures``) and ``/metrics``
   (``migratory_raft_dump_failures_total``);
-- a part of the leader's dump that cannot be written, or the dump's rename into place,
-  raises :class:`RaftDiskFailure` (the part-written file removed).
+- a part of the leader's dump that cannot be written raises :class:`RaftDiskFailure`
+  (the part-written file removed); the dump received whole waits beside this seed's own
+  until the seed loads it (:mod:`cluster.raft_dump_received`).
 
 What was on the disk stays whole: a dump is written to a temporary file and renamed
 into place once synced (:func:`cluster.raft_durability.durable_replace`), so a dump cut
@@ -227,7 +228,9 @@ def _ended(code: int, path: str) -> bool:
 
 
 def _receiving(serializer: Any, path: str) -> Any:
-    """pysyncobj's ``setTransmissionData`` for a dump file, a disk failure raised."""
+    """pysyncobj's ``setTransmissionData`` for a dump file, a disk failure raised; the
+    dump received whole stays beside this seed's own (``raft.dump.1.tmp``) until
+    :func:`cluster.raft_dump_received.take_received` renames it into place."""
     temporary = path + ".1.tmp"
     attribute = "_Serializer__incomingTransmissionFile"
 
@@ -249,8 +252,7 @@ def _receiving(serializer: Any, path: str) -> Any:
             if not last:
                 return False
             setattr(serializer, attribute, None)
-            incoming.close()
-            pysyncobj_serializer.atomicReplace(temporary, path)  # (durable_replace)
+            incoming.close()  # whole: it waits there (cluster/raft_dump_received.py)
             return True
         except OSError as exc:
             setattr(serializer, attribute, None)

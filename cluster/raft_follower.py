@@ -44,7 +44,8 @@ never replaced", has the argument with its tests), so neither pysyncobj's
 diverged" one can be logged:
 
 1. pysyncobj's own AppendEntries handling only ever sees messages of an older term
-   (ignored); a dump replaces the whole state at once, with entries the leader committed;
+   (ignored); a dump replaces the whole state at once, with entries the leader committed,
+   and only a state that has not applied its last entry (raft_dump_chunks.held_dump_end);
 2. :meth:`FollowerSafeSyncObj._merge` removes entries only from the first index where
    the leader's entry has another term;
 3. :meth:`FollowerSafeSyncObj._advance_commit` moves the commit index only over entries
@@ -72,8 +73,8 @@ from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query
 from cluster.raft_compaction import CompactionWaitsForDumps
-from cluster.raft_dump_chunks import UNREADABLE, held_dump_end, mark_the_last_chunk
-from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
+from cluster.raft_dump_chunks import UNREADABLE, dumps_sent_and_received, held_dump_end
+from cluster.raft_dump_files import DumpRetries
 from cluster.raft_election_timer import ElectionBackoff, deadline_after_joining, poll_timeout
 from cluster.raft_entry_parts import LargeEntryParts
 from cluster.raft_held_answers import HeldAnswers
@@ -136,10 +137,9 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
         self._SyncObj__properies = NotInDumps()  # this process's state stays out of dumps
         # forwarded commands' ids unique across restarts (test_raft_forwarded_commands)
         self._SyncObj__commandsLocalCounter = secrets.randbits(62)
-        mark_the_last_chunk(self._SyncObj__serializer)
-        # writing or receiving a dump
-        stop_on_disk_failures(self._SyncObj__serializer, self._dump_retries)
-        read_dump = self._SyncObj__serializer.deserialize
+        serializer = self._SyncObj__serializer
+        dumps_sent_and_received(serializer, self._dump_retries)  # (raft_dump_chunks.py)
+        read_dump = serializer.deserialize
 
         def deserialize() -> Any:
             self._last_dump_entry = None
@@ -148,7 +148,7 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
             self._last_dump_entry = data[1]
             return data
 
-        self._SyncObj__serializer.deserialize = deserialize
+        serializer.deserialize = deserialize
 
     def _check_data_dir(self, journal_file: str, dump_file: str | None) -> None:
         raft_data_dir.check(journal_file, dump_file, journal_file + MARKER_SUFFIX)

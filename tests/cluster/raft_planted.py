@@ -75,3 +75,23 @@ class StandsWithAPrefix(FollowerSafeSyncObj):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._empty_start.may_stand = lambda last_log_term: True
+
+
+class LoadsAnOlderDump(FollowerSafeSyncObj):  # type: ignore[misc]
+    """The leader's dump before cluster/raft_dump_received.py: put in place of the
+    follower's own as soon as it is whole, and loaded unless the follower holds its last
+    entry -- a follower that compacted past it went back to it."""
+
+    def _holds_the_dumps_end(self) -> int | None:
+        # (imported here: test_raft_dump_older.py runs on the code before it too)
+        from cluster.raft_dump_received import read_received, take_received
+
+        serializer = self._SyncObj__serializer
+        data = read_received(serializer)
+        take_received(serializer)
+        last = data[1]
+        held = self._SyncObj__getEntries(last[1], 1)
+        if held and held[0][2] == last[2]:
+            return int(last[1])
+        self._peeked_dump = data
+        return None
