@@ -34,6 +34,7 @@ from cluster_load import LoadPublisher, LoadSubscriber, delivery_problems
 from test_cluster_fault_combinations import CACHE, check_everything, merged_acks, upstream_of
 from whole_outage import HANG_GUARD, data_dir, power_cut, publish_until, raft_state
 
+from migratory.model.message import MessageType
 from migratory.model.position import Position
 from migratory.protocol import ops
 
@@ -190,6 +191,16 @@ def test_every_seed_started_anew_while_a_non_seed_lives_on(tmp_path: Path) -> No
         assert {m.position.epoch for m in since} & {p.epoch for p in old.acked.values()} == set()
         assert "is of another Raft history" in cluster.log(NON_SEED)
         cluster.wait_ready(timeout=HANG_GUARD)
+        old_positions = acked_positions(old)
+        for member in (NON_SEED, 0):  # a client back with a position of the old cluster
+            stale = LoadSubscriber([cluster.port(member)], positions=old_positions,
+                                   tag=f"stale-{member}", duration=HANG_GUARD)
+            stale.start()
+            stale.wait_statuses(4, ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC, timeout=15)
+            stale.stop()
+            assert [s.status for s in stale.statuses(ops.Status.DATA_SYNC, ops.Status.DATA_RESYNC)
+                    ] == [ops.Status.DATA_RESYNC] * 4, member
+            assert [m for m in stale.messages() if m.type is not MessageType.SNAPSHOT] == []
         assert cluster.exited() == {}
         print(f"resynced at {resynced}; {first.summary()}; {new.summary()}")
     finally:
