@@ -16,6 +16,11 @@ own log's start, so a follower behind it never caught up
 ``raft.dump.1.tmp``, :mod:`cluster.raft_dump_files`; in memory: the bytes held aside);
 :func:`read_received` reads it, :func:`take_received` makes it this seed's dump (renamed
 into place, synced, before it is loaded), :func:`drop_received` forgets it.
+
+A seed that takes the leader's dump while its own compaction's writer (pysyncobj's forked
+child) still runs gives that writer up: finishing after, it renamed its dump, older than
+the leader's, over it, and the seed's next start found a journal that did not start at
+its dump (pysyncobj clears such a journal; the data-dir check refuses it).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import logging
 import os
+import signal
 from typing import IO, Any
 
 from pysyncobj import pickle as pysyncobj_pickle
@@ -39,6 +46,8 @@ RECEIVED_SUFFIX = ".1.tmp"
 part-written file: a seed's start-up removes one left behind, cluster/raft_data_dir.py)."""
 _ASIDE = "_received_aside"  # on the serializer: the received bytes (in memory), or None
 _MEMORY = "_Serializer__inMemorySerializedData"
+
+log = logging.getLogger("migratory.raft")
 
 
 def keep_aside(serializer: Any) -> None:
@@ -79,18 +88,38 @@ def read_received(serializer: Any) -> Any:
 
 def take_received(serializer: Any) -> None:
     """The received dump is this seed's dump from now on (on the disk before it is
-    loaded: a seed killed in between restarts from it)."""
+    loaded: a seed killed in between restarts from it). A dump of its own still being
+    written is given up first: written after, it replaced this one with an older state
+    than the journal after the load (``test_raft_dump_received.py``)."""
     path = serializer._Serializer__fileName
     if path is None:
         setattr(serializer, _MEMORY, getattr(serializer, _ASIDE))
         setattr(serializer, _ASIDE, None)
         return
+    _stop_own_writer(serializer, path)
     try:
         pysyncobj_serializer.atomicReplace(_received_file(serializer), path)  # (durable)
     except OSError as exc:
         if isinstance(exc, RaftDiskFailure):
             raise
         raise RaftDiskFailure(path, exc) from exc
+
+
+def _stop_own_writer(serializer: Any, path: str) -> None:
+    """Kill the forked child writing this seed's own dump, if one runs (pysyncobj's
+    ``__pid`` > 0), and forget it: pysyncobj then trims no journal for it."""
+    pid = serializer._Serializer__pid
+    if pid <= 0:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    serializer._Serializer__pid = 0
+    with contextlib.suppress(OSError):
+        os.remove(path + ".tmp")  # (its part-written dump)
+    log.warning("Raft: this seed's own dump (compaction) was still being written when the "
+                "leader's dump came to replace it: given up")
 
 
 def drop_received(serializer: Any) -> None:

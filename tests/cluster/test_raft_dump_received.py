@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import gzip
 import io
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.serializer import Serializer
 
+from cluster import raft_dump_files
 from cluster.raft_dump_files import DumpRetries, stop_on_disk_failures
 from cluster.raft_dump_received import (
     RECEIVED_SUFFIX,
@@ -24,6 +28,7 @@ from cluster.raft_dump_received import (
 
 OWN = ({}, (b"own", 20, 3), (b"own-before", 19, 3), [])
 LEADERS = ({}, (b"leader", 10, 2), (b"leader-before", 9, 2), [])
+BEHIND = ({}, (b"own", 5, 1), (b"own-before", 4, 1), [])  # a seed behind the leader's
 
 
 def packed(dump: tuple[object, ...]) -> bytes:
@@ -81,3 +86,35 @@ def test_a_custom_dump_serializer_is_refused(tmp_path: Path) -> None:
                             lambda *a: None, None)
     with pytest.raises(ValueError, match="in place of the own dump"):
         keep_aside(serializer)
+
+
+def test_the_seeds_own_dump_still_being_written_does_not_land_over_a_dump_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seed forks a writer for its own dump (a compaction) and, before the writer is
+    done, takes the leader's dump, newer (it was behind). The writer then renamed its
+    older dump over the one taken: raft.dump older than the journal, which restarts
+    cleared (the entries after it lost; the data-dir check refuses such a journal).
+    Here taking the leader's dump stops the writer first."""
+    path = tmp_path / "raft.dump"
+    serializer = Serializer(str(path), 100, True, None, None, None)  # (forks its writer)
+    stop_on_disk_failures(serializer, DumpRetries())
+    keep_aside(serializer)
+    write = raft_dump_files.write_dump
+
+    def slowly(*args: Any, **kwargs: Any) -> int:  # (in the writer: the child)
+        time.sleep(0.3)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(raft_dump_files, "write_dump", slowly)
+    serializer.serialize(BEHIND, 4)
+    assert serializer.checkSerializing()[0] == SERIALIZER_STATE.SERIALIZING
+    receive(serializer, LEADERS)
+    take_received(serializer)
+    time.sleep(0.6)  # past the writer's end, had it run on
+    while serializer.checkSerializing()[0] == SERIALIZER_STATE.SERIALIZING:
+        time.sleep(0.05)
+    assert tuple(serializer.deserialize()) == LEADERS
+    # (no trim of the journal for the dump not written: the log is the dump's now)
+    assert serializer.checkSerializing()[0] == SERIALIZER_STATE.NOT_SERIALIZING
+    assert not (tmp_path / "raft.dump.tmp").exists()
