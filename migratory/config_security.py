@@ -122,10 +122,10 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
             "Entitlement = Token: the JWT signature algorithm accepted (one)."),
     Setting("EntitlementTokenKeyFile", "entitlement_token_key_file", _text, "",
             "Entitlement = Token: a file with the HS256 secret (32 bytes or more) or the "
-            "RS256/ES256 public key (PEM). Keep it mode 0600."),
+            "RS256/ES256 public key (PEM; a private key is refused). Keep it mode 0600."),
     Setting("EntitlementTokenJwksFile", "entitlement_token_jwks_file", _text, "",
             "Entitlement = Token: instead of EntitlementTokenKeyFile, a JWKS file of RS256/ES256 "
-            "public keys, chosen by the token's `kid`."),
+            "public keys (no private ones), chosen by the token's `kid`."),
     Setting("EntitlementTokenIssuer", "entitlement_token_issuer", _text, "",
             "Entitlement = Token: when set, tokens must carry this `iss`."),
     Setting("EntitlementTokenAudience", "entitlement_token_audience", _text, "",

@@ -120,6 +120,13 @@ def _time_claim(claims: dict[str, Any], name: str) -> float | None:
     return seconds
 
 
+PRIVATE_KEY_HELD = (
+    "the server verifies tokens with the public key alone, and whoever reads a private "
+    "key in its configuration can sign any token; give it the public key"
+)
+"""PyJWT takes a private key and verifies with its public half: such a file was taken."""
+
+
 def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
     """The verification key(s): a secret (HS256), a PEM public key, or a JWKS."""
     if algorithm not in ALGORITHMS:
@@ -136,11 +143,17 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
                              "a JWKS is a JSON object with 'keys'") from None
         if not isinstance(jwks, dict):
             raise ValueError("a JWKS is a JSON object with 'keys'")
+        keys = jwks.get("keys")
+        if isinstance(keys, list) and any(isinstance(k, dict) and "d" in k for k in keys):
+            raise ValueError(f"holds a private key ('d'): {PRIVATE_KEY_HELD}")
         try:
             return jwt.PyJWKSet.from_dict(jwks)
         except jwt.PyJWTError as exc:  # no keys, none usable: a traceback at start-up
             raise ValueError(str(exc)) from None
     data = Path(key_file).read_bytes()
+    if algorithm != "HS256" and b"PRIVATE KEY-----" in data:
+        raise ValueError(f"holds a private key: {PRIVATE_KEY_HELD} (openssl pkey -in "
+                         f"{key_file} -pubout -out public.pem)")
     if algorithm == "HS256":
         data = data.strip()
         if len(data) < 32:
@@ -152,8 +165,9 @@ def load_keys(algorithm: str, key_file: str, jwks_file: str) -> Any:
         return jwt.get_algorithm_by_name(algorithm).prepare_key(data)
     except (jwt.InvalidKeyError, ValueError, TypeError):
         if algorithm == "HS256":
-            raise ValueError("the HS256 secret is a public key (PEM or SSH): set "
-                             "EntitlementTokenAlgorithm to RS256 or ES256 for it") from None
+            raise ValueError("the HS256 secret is a key (PEM or SSH), not a shared secret: "
+                             "set EntitlementTokenAlgorithm to RS256 or ES256 and give its "
+                             "public key") from None
         raise ValueError(f"holds no {algorithm} public key (PEM)") from None
 
 

@@ -499,3 +499,35 @@ def test_a_jwks_file_that_is_not_json_says_so(tmp_path: Path) -> None:
     assert str(refused.value) == (
         f"Entitlement = Token: EntitlementTokenJwksFile {path}: not JSON (Expecting value at "
         "line 1 column 1): a JWKS is a JSON object with 'keys'")
+
+
+@pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
+def test_a_private_key_as_the_verification_key_is_refused(tmp_path: Path, algorithm: str) -> None:
+    """Before: taken (PyJWT verifies with a private key's public half), so the server's
+    config held a key that signs any token -- found by giving ``EntitlementTokenKeyFile``
+    the ES256 private key of a key pair, which started the server. docs/security.md asks
+    for the public key."""
+    private = (rsa.generate_private_key(public_exponent=65537, key_size=2048)
+               if algorithm == "RS256" else ec.generate_private_key(ec.SECP256R1()))
+    path = tmp_path / "signing.pem"
+    path.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    with pytest.raises(ConfigError) as refused:
+        entitlement_from_config(token_config(
+            tmp_path, EntitlementTokenAlgorithm=algorithm, EntitlementTokenKeyFile=str(path)))
+    assert str(refused.value).startswith(
+        f"Entitlement = Token: EntitlementTokenKeyFile {path}: holds a private key: the "
+        "server verifies tokens with the public key alone"), refused.value
+    assert str(refused.value).endswith(f"(openssl pkey -in {path} -pubout -out public.pem)")
+    jwks = tmp_path / "signing.jwks"
+    jwk = json.loads(jwt.algorithms.get_default_algorithms()[algorithm].to_jwk(private))
+    jwks.write_text(json.dumps({"keys": [{**jwk, "kid": "k1"}]}))
+    with pytest.raises(ConfigError, match=r"EntitlementTokenJwksFile .*: holds a private key"):
+        entitlement_from_config(token_config(
+            tmp_path, EntitlementTokenAlgorithm=algorithm, EntitlementTokenJwksFile=str(jwks)))
+    public = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    path.write_bytes(public)  # its public key is taken
+    entitlement_from_config(token_config(
+        tmp_path, EntitlementTokenAlgorithm=algorithm, EntitlementTokenKeyFile=str(path)))
