@@ -58,7 +58,7 @@ IN_PROCESS_CLUSTER = frozenset(
         "test_raft_safety", "test_raft_power_loss", "test_raft_forward_sim",
         "test_raft_partial_partitions", "test_raft_votes", "test_raft_catch_up",
         "test_raft_applied_entry", "test_raft_dump_chunks", "test_raft_dump_kept_tail",
-        "test_raft_dump_older", "test_raft_dump_received",
+        "test_raft_dump_older",  # (test_raft_dump_received forks a dump writer: cluster scope)
         "test_raft_term_query", "test_raft_orphaned_callbacks", "test_raft_slow_disk",
         # sans-I/O: link connections, the cluster model, caches, bytes in and out
         "test_cluster_link_ops", "test_cluster_machine", "test_cluster_planted",
