@@ -182,10 +182,17 @@ SERVE_DESCRIPTION = (
 )
 
 
-def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
-    """The whole command line; with ``serve_only``, ``serve`` alone: a server (or a
-    worker of one) starting imports none of the tools' modules (clients, bench, cluster
-    tooling: about 100 modules, a third of its start-up imports' CPU time)."""
+TOOLS = {"pub": "client", "sub": "client", "bench": "bench", "cluster": "cluster",
+         "downgrade-dump": "downgrade-dump"}
+"""The tools' commands, by the module that registers them (``pub`` and ``sub`` together)."""
+
+
+def build_parser(*, command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` (the first word of one), that command's
+    alone, when it is one: a server (or a worker of one) starting imports none of the
+    tools' modules (clients, bench, cluster tooling: about 100 modules, a third of its
+    start-up imports' CPU time), and ``pub`` or ``sub`` none of the others' (0.2 s of
+    CPU a run: bench, cluster tooling, downgrade-dump)."""
     parser = Parser(prog="migratory", description="Real-time pub/sub messaging server and tools.")
     commands = cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser))
@@ -203,17 +210,24 @@ def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     serve.add_argument("--worker-sequencer", default="", help=argparse.SUPPRESS)
     serve.add_argument("--worker-parent", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
-    if serve_only:
-        return parser
-    from cluster import dump_downgrade
-    from cluster.tooling import add_cluster_commands
-    from migratory.bench.cli import add_bench_command
-    from migratory.cli_client import add_client_commands
+    wanted = {TOOLS[command]} if command in TOOLS else set() if command == "serve" else set(
+        TOOLS.values())
+    if "client" in wanted:
+        from migratory.cli_client import add_client_commands
 
-    add_client_commands(commands)
-    add_bench_command(commands)
-    add_cluster_commands(commands)
-    dump_downgrade.add_command(commands)
+        add_client_commands(commands)
+    if "bench" in wanted:
+        from migratory.bench.cli import add_bench_command
+
+        add_bench_command(commands)
+    if "cluster" in wanted:
+        from cluster.tooling import add_cluster_commands
+
+        add_cluster_commands(commands)
+    if "downgrade-dump" in wanted:
+        from cluster import dump_downgrade
+
+        dump_downgrade.add_command(commands)
     return parser
 
 
@@ -228,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if serving:
         stop_signals.raise_on_stop()
     try:
-        args = build_parser(serve_only=serving).parse_args(argv)
+        args = build_parser(command=argv[0] if argv else None).parse_args(argv)
         code: int = args.func(args)
     except stop_signals.StopRequested as stop:
         if "--worker-index" not in argv:  # (a worker's supervisor says it for all)

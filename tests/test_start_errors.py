@@ -133,7 +133,7 @@ def test_a_refusal_is_one_write_so_workers_lines_do_not_run_together(
 
     stderr = _Writes()
     monkeypatch.setattr(sys, "stderr", stderr)
-    args = cli.build_parser(serve_only=True).parse_args(["serve", "--set", "NoSuchKey=1"])
+    args = cli.build_parser(command="serve").parse_args(["serve", "--set", "NoSuchKey=1"])
     assert cli._serve(args) == 2
     assert len(stderr.writes) == 1, stderr.writes
     assert stderr.writes[0].startswith("migratory: configuration error: ")
