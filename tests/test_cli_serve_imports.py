@@ -16,47 +16,35 @@ import pytest
 TOOLS = ("migratory.cli_client", "migratory_client", "migratory.bench.cli",
          "migratory.bench.fanout", "cluster.tooling", "cluster.up_checks")
 
-# ``main`` as the console script runs it, the server replaced by a report of what the
-# command line imported on the way to it
-SERVE_REPORTS_IMPORTS = """
+# ``main`` as the console script runs it, the command's function (MODULE NAME, the first
+# two arguments) replaced by a report of what the command line imported on the way to it
+RUNS_AND_REPORTS_IMPORTS = """
+import importlib
 import sys
 from cluster import cli
 
-def serve(args):
+def report(args):
     print(" ".join(sorted(sys.modules)))
     return 0
 
-cli._serve = serve
-sys.exit(cli.main(sys.argv[1:]))
+setattr(importlib.import_module(sys.argv[1]), sys.argv[2], report)
+sys.exit(cli.main(sys.argv[3:]))
 """
 
 
-def imported_before_serving(*argv: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-c", SERVE_REPORTS_IMPORTS, *argv],
+def imported_before(function: str, *argv: str) -> set[str]:
+    """``function``: ``module:name`` of the command's function, run as ``argv``."""
+    done = subprocess.run([sys.executable, "-c", RUNS_AND_REPORTS_IMPORTS,
+                           *function.split(":"), *argv],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
 
 
 def test_serve_imports_none_of_the_tools() -> None:
-    imported = imported_before_serving("serve", "--set", "Listen=127.0.0.1:0")
+    imported = imported_before("cluster.cli:_serve", "serve", "--set", "Listen=127.0.0.1:0")
     assert "cluster.cli" in imported
     assert sorted(imported & set(TOOLS)) == []
-
-
-# ``main`` as the console script runs ``pub``, the publish replaced by the same report
-PUB_REPORTS_IMPORTS = """
-import sys
-from cluster import cli
-from migratory import cli_client
-
-def pub(args):
-    print(" ".join(sorted(sys.modules)))
-    return 0
-
-cli_client.run_pub = pub
-sys.exit(cli.main(sys.argv[1:]))
-"""
 
 
 def test_pub_imports_none_of_the_other_tools() -> None:
@@ -64,10 +52,7 @@ def test_pub_imports_none_of_the_other_tools() -> None:
     a ``sub``) imported the benchmark, the cluster tooling and downgrade-dump: 0.55 s of
     CPU for the command line against 0.35 s for the client's alone (medians of 3,
     load 25)."""
-    done = subprocess.run([sys.executable, "-c", PUB_REPORTS_IMPORTS, "pub", "/a/b", "x"],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    imported = set(done.stdout.split())
+    imported = imported_before("migratory.cli_client:run_pub", "pub", "/a/b", "x")
     assert "migratory_client" in imported
     others = {"migratory.bench.cli", "migratory.bench.fanout", "cluster.tooling",
               "cluster.up_checks", "cluster.dump_downgrade"}
