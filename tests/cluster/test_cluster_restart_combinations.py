@@ -229,13 +229,13 @@ def test_a_seed_restarted_with_another_password_then_the_others_restarted(
         cluster.kill(changed, signal.SIGTERM)
         cluster.start(changed)
         cluster.wait_refused(changed, "", "wrong ClusterPassword or replay")
-        publish_until(publisher, 200)
+        publish_until(publisher, 100)
         for i in others:
             cluster.kill(i, signal.SIGKILL)
             time.sleep(0.5)  # no majority: what is published now fails or waits
             cluster.start(i)
             cluster.wait_ready([i, NON_SEED], timeout=HANG_GUARD)
-            publish_until(publisher, 200)
+            publish_until(publisher, 100)
         assert not cluster.ready(changed)
         cluster.settings[changed]["ClusterPassword"] = password
         cluster.kill(changed, signal.SIGTERM)
