@@ -97,12 +97,12 @@ SETTINGS: tuple[Setting, ...] = (
             "every message waits for the batch tick)."),
     Setting("EncryptedBatchTime", "encrypted_batch_time", _int(0, 10_000, " of milliseconds"),
             "0",
-            "BatchTime for the clients of encrypted listeners (ListenEncrypted, MQTT over "
-            "TLS), rounded to a whole number of BatchTime ticks; 0 or at most BatchTime: the "
-            "same as the others. A TLS record costs ~4 us of CPU on each side whatever it "
-            "carries: 20 (with BatchTime 10) cut the server's CPU per TLS delivery by 13-15 % "
-            "at 100,000 deliveries/s for 2-4 ms more at the median, p99 unchanged "
-            "(docs/tls.md). An idle client is still written at once (BatchIdleWrite)."),
+            "BatchTime (milliseconds) for the clients of encrypted listeners (ListenEncrypted, "
+            "MQTT over TLS), rounded to a whole number of BatchTime ticks; 0 or at most "
+            "BatchTime: the same as the others. A TLS record costs ~4 us of CPU on each side "
+            "whatever it carries: 20 (with BatchTime 10) cut the server's CPU per TLS "
+            "delivery by 13-15 % at 100,000 deliveries/s for 2-4 ms more at the median, p99 "
+            "unchanged (docs/tls.md). An idle client is still written at once (BatchIdleWrite)."),
     Setting("SendPath", "send_path", _choice("socket", "io_uring"), "socket",
             "How batches are written to clients. socket: a non-blocking send() on the event "
             "loop's thread. io_uring (Linux 5.19+, x86-64): each write goes to the kernel's "
@@ -119,7 +119,7 @@ SETTINGS: tuple[Setting, ...] = (
             "A client's batch is written as soon as it holds this many bytes."),
     Setting("MaxMessageSize", "max_message_size", _int(1, MAX_MESSAGE_SIZE, unit=" of bytes"),
             "131072",
-            "Largest content + subject + fields of a publish; larger ones get "
+            "Largest content + subject + fields of a publish, in bytes; larger ones get "
             f"MESSAGE_SIZE_LIMIT_EXCEEDED. At most {MAX_MESSAGE_SIZE} (what an MQTT PUBLISH "
             "carries). "
             "A conflated message stays within it too: when a "
@@ -127,8 +127,8 @@ SETTINGS: tuple[Setting, ...] = (
             "starts again from that message's fields. Equal on every cluster member (members "
             "that differ refuse to link; docs/cluster.md, \"Members must agree\")."),
     Setting("MaxFrameSize", "max_frame_size", _int(1024, unit=" of bytes"), "1048576",
-            "Largest WebSocket message or MQTT packet a client may send; larger ones close "
-            "the connection (WebSocket: 1009). Equal on every cluster member, as "
+            "Largest WebSocket message or MQTT packet a client may send, in bytes; larger "
+            "ones close the connection (WebSocket: 1009). Equal on every cluster member, as "
             f"MaxMessageSize. With ClusterMembers or Workers > 1, at most {LINKED_MAX_FRAME_SIZE} "
             "(15.7 MiB): a link frame (64 MiB at most) holds two of the largest publishes "
             "at twice this each, and 1 MiB (docs/cluster.md, Bounds)."),

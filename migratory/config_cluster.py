@@ -94,8 +94,9 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterElectionTimeout", "cluster_election_timeout",
             _int(100, 5000, " of milliseconds"), str(DEFAULT_ELECTION_TIMEOUT_MS),
             "Guaranteed mode: a seed that hears no Raft leader for a random time between "
-            "this and twice this stands for election; the leader's heartbeat comes every "
-            "4/15 of it (40 ms at 150) and a link silent for 20/3 of it (1 s) is dropped "
+            "this many milliseconds and twice that stands for election; the leader's "
+            "heartbeat comes every 4/15 of it (40 ms at 150) and a link silent for 20/3 of "
+            "it (1 s) is dropped "
             "(cluster/raft_timings.py). Raise it when the round trip between seeds comes "
             "near it (seeds in different zones, a busy box): seeds then stand while the "
             "leader lives and depose it; or when the seeds' disks stall for seconds (a "
@@ -107,7 +108,7 @@ CLUSTER_SETTINGS: tuple[Setting, ...] = (
     Setting("ClusterSeedLinkWait", "cluster_seed_link_wait", _int(0, 600, " of seconds"),
             str(DEFAULT_SEED_LINK_WAIT),
             "Guaranteed mode: a seed that (re)started is not ready until every other seed "
-            "whose name resolves has a Raft link with it, for at most this long after its "
+            "whose name resolves has a Raft link with it, for at most this many seconds after its "
             "Raft node started (then it says in its log which seeds never linked). 35: the "
             "cluster DNS cache the Kubernetes manifests assume (30 s, minReadySeconds) and "
             "a dial made again; a PodDisruptionBudget counts a seed healthy once ready, so "

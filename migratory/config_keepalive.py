@@ -49,8 +49,9 @@ KEEPALIVE_SETTINGS: tuple[Setting, ...] = (
             "retransmission bound)."),
     Setting("ClientHeartbeatMinimum", "client_heartbeat_minimum",
             _int(0, HEARTBEAT_CEILING_MS, " of milliseconds"), "1000",
-            "Shortest heartbeat interval granted to a WebSocket client that asks for one in "
-            "`connect` (docs/protocol.md, \"Heartbeats\"): the server writes something to it "
+            "Shortest heartbeat interval (milliseconds) granted to a WebSocket client that "
+            "asks for one in `connect` (docs/protocol.md, \"Heartbeats\"): the server writes "
+            "something to it "
             "-- a `pong` without `id` when it has nothing else -- at least every interval, "
             "so that the client sees a member that went silent without closing (a frozen "
             "VM, a lost node, a SIGSTOP) within about twice the interval, with no round trip, "

@@ -59,7 +59,7 @@ MONITOR_SETTINGS: tuple[Setting, ...] = (
             "or with the snapshot (resync)."),
     Setting("AuditLogMaxBytes", "audit_log_max_bytes", _int(1024, unit=" of bytes"),
             "104857600",
-            "The audit file is rotated (renamed .1, .2, ...) when it reaches this size."),
+            "The audit file is rotated (renamed .1, .2, ...) when it reaches this many bytes."),
     Setting("AuditLogBackups", "audit_log_backups", _int(1, 1000, " of files"), "5",
             "Rotated audit files kept; older ones are deleted."),
 )

@@ -136,9 +136,9 @@ ENTITLEMENT_SETTINGS: tuple[Setting, ...] = (
             "Entitlement = Custom: one text passed to the plugin's constructor."),
     Setting("EntitlementPluginTimeout", "entitlement_plugin_timeout",
             _int(1, 10_000, " of milliseconds"), "500",
-            "Entitlement = Custom: how long the server waits for one answer of the plugin "
-            "(it runs in a thread of its own; the client asking waits for it, the others "
-            "are served meanwhile). Later: "
+            "Entitlement = Custom: how many milliseconds the server waits for one answer of "
+            "the plugin (it runs in a thread of its own; the client asking waits for it, the "
+            "others are served meanwhile). Later: "
             "that decision is denied, and so is every uncached one until the late call "
             "returns."),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from migratory.config import (
+    SETTINGS,
     Config,
     ConfigError,
     env_overrides,
@@ -16,6 +18,7 @@ from migratory.config import (
     parse_set_options,
     reference_markdown,
 )
+from migratory.config_values import Setting
 
 
 def test_defaults_are_a_working_single_node_config() -> None:
@@ -123,6 +126,25 @@ def test_as_text_round_trips() -> None:
 def test_docs_config_reference_matches_the_code() -> None:
     doc = Path(__file__).parent.parent / "docs" / "config.md"
     assert doc.read_text() == reference_markdown(), "regenerate: python -m migratory.config"
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda setting: setting.key)
+def test_the_reference_says_the_unit_of_each_number_of_seconds_milliseconds_or_bytes(
+    setting: Setting,
+) -> None:
+    """The unit is the parser's (its refusal says 'a whole number of milliseconds').
+    Before: EntitlementPluginTimeout (500), ClientHeartbeatMinimum (1000),
+    ClusterElectionTimeout (150), EncryptedBatchTime, ClusterSeedLinkWait (35),
+    MaxMessageSize, MaxFrameSize and AuditLogMaxBytes said 'how long', 'this long' or
+    'this size' without a unit."""
+    try:
+        setting.parse("?")
+    except ValueError as refused:
+        unit = re.search(r"a whole number of (seconds|milliseconds|bytes)\b", str(refused))
+    else:
+        unit = None
+    if unit is not None:
+        assert re.search(rf"\b{unit[1]}\b", setting.doc, re.I), (setting.key, unit[1])
 
 
 def test_serve_refuses_a_bad_config_with_a_message_naming_the_key(tmp_path: Path) -> None:
