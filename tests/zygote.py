@@ -12,7 +12,10 @@ as an exec'd interpreter's, the signal dispositions this interpreter started wit
 ``runpy._run_module_as_main("cluster")`` (what ``python -m`` runs: ``sys.argv[0]`` and
 ``__main__`` stay the module's, for atexit hooks too) in a fresh ``__main__`` at the top
 level of this script and a normal interpreter exit (atexit, thread joins, flushes).
-(``-c CODE`` too: what ``tests/test_zygote.py`` runs.)
+(``-c CODE`` too: what ``tests/test_zygote.py`` runs; and ``python SCRIPT <args>`` in
+a pod's network, UTS and mount namespaces, held until the pod is released:
+:func:`enter_pod`, for ``tests/deploy/pod_fork.py``, whose zygote is started with the
+pod's interpreter, environment and ``sys.path[0]``.)
 
 The zygote is the children's parent: a child subreaper (it also reaps the orphans of
 its children, as init would), it reports each child's exit status to the test process,
@@ -63,7 +66,7 @@ START_SIGNALS = {
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import gc  # noqa: E402
-import importlib  # noqa: E402
+import importlib.machinery  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -77,6 +80,10 @@ from typing import Any  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+NAMESPACES = (0x40000000, 0x04000000, 0x00020000)
+"""CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWNS: the order of the descriptors a request for a
+pod's member gives after its three standard ones (``tests/deploy/pod_fork.py``), before
+its release's (:func:`enter_pod`)."""
 MESSAGE_BYTES = 1 << 20
 LEFT_CHILDREN_WAIT = 5.0
 """Seconds the zygote waits for its SIGKILLed children at its end."""
@@ -125,7 +132,7 @@ class Zygote:
                     os.read(self.wakeup_read, 4096)
             if self.control not in ready:
                 continue
-            message, fds, _, _ = socket.recv_fds(self.control, MESSAGE_BYTES, 3)
+            message, fds, _, _ = socket.recv_fds(self.control, MESSAGE_BYTES, 7)
             if not message:
                 self.end()
                 return None
@@ -171,8 +178,29 @@ class Zygote:
         os.close(self.wakeup_write)
 
 
+def enter_pod(fds: list[int]) -> None:
+    """In a forked child (one thread, as ``setns(CLONE_NEWNS)`` needs), given a pod's
+    descriptors: into the network, UTS and mount namespaces of the first three
+    (:data:`NAMESPACES`' order), then held until the fourth (a pipe's read end) is at EOF:
+    the pod released, as an exec'd pod's shell waits for it. The mount namespace's also
+    sets this process's root and cwd to that namespace's root: :func:`become` then goes
+    to the request's cwd in it, as the shell's ``exec`` kept its own."""
+    if not fds:
+        return
+    *namespaces, release = fds
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd, kind in zip(namespaces, NAMESPACES, strict=True):
+        if libc.setns(fd, kind) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({kind:#x})")
+        os.close(fd)
+    while os.read(release, 1):
+        pass
+    os.close(release)
+
+
 def become(request: dict[str, Any], fds: list[int]) -> None:
-    """In a forked child: what ``python -m cluster <args>`` would be at its start."""
+    """In a forked child: what ``python -m cluster <args>`` (``-c CODE``, or ``python
+    SCRIPT <args>`` for a pod's) would be at its start."""
     for sig, handler in START_SIGNALS.items():
         if handler is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -188,8 +216,12 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     os.environ.update(request["env"])
     argv: list[str] = request["argv"]
     sys.orig_argv[:] = argv
-    sys.argv[:] = [argv[1], *argv[3:]]
-    sys.path[0] = os.getcwd() if argv[1] == "-m" else ""
+    if argv[1] in ("-m", "-c"):
+        sys.argv[:] = [argv[1], *argv[3:]]
+        sys.path[0] = os.getcwd() if argv[1] == "-m" else ""
+    else:  # a script: its directory first on the path, as CPython's start puts it
+        sys.argv[:] = argv[1:]
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[1]))
     fresh_standard_streams()
 
 
@@ -200,8 +232,14 @@ def run(argv: list[str]) -> None:
     sys.modules["__main__"] = main
     if argv[1] == "-m":  # what ``python -m`` calls: sys.argv[0] and __main__ stay its
         runpy._run_module_as_main(argv[2], alter_argv=True)  # type: ignore[attr-defined]
-    else:
+    elif argv[1] == "-c":
         exec(compile(argv[2], "<string>", "exec"), main.__dict__)
+    else:  # what ``python SCRIPT`` runs (pymain_run_file): its code in __main__
+        main.__dict__.update(__file__=argv[1], __cached__=None, __loader__=(
+            importlib.machinery.SourceFileLoader("__main__", argv[1])))
+        with open(argv[1], "rb") as script:
+            source = script.read()
+        exec(compile(source, argv[1], "exec"), main.__dict__)
 
 
 def fresh_standard_streams() -> None:
@@ -226,20 +264,22 @@ def fresh_standard_streams() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def start(control_fd: int, parent: int) -> tuple[dict[str, Any], list[int]] | None:
+def start(control_fd: int, parent: int, path0: str | None = None,
+          ) -> tuple[dict[str, Any], list[int]] | None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         raise SystemExit("zygote: the test process is gone")
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     control = socket.socket(fileno=control_fd)
-    sys.path[0] = os.getcwd()  # where ``python -m cluster`` finds its modules
+    sys.path[0] = path0 or os.getcwd()  # where ``python -m cluster`` finds its modules
     for name in PRELOADED:
         importlib.import_module(name)
     if threading.active_count() != 1:
         raise SystemExit(f"zygote: {threading.active_count()} threads after imports")
     gc.freeze()  # (its children's finalization does not copy the whole heap)
     zygote = Zygote(control)
-    send(control, {"ready": os.getpid()})
+    locale = {k: v for k, v in os.environ.items() if k.startswith(("LC_", "LANG"))}
+    send(control, {"ready": os.getpid(), "locale": locale})  # (LC_CTYPE: PEP 538's)
     became = zygote.serve()
     if became is not None:
         zygote.release()
@@ -247,10 +287,11 @@ def start(control_fd: int, parent: int) -> tuple[dict[str, Any], list[int]] | No
 
 
 if __name__ == "__main__":
-    _became = start(int(sys.argv[1]), int(sys.argv[2]))
+    _became = start(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])
     if _became is None:
         sys.exit(0)
-    become(*_became)
+    enter_pod(_became[1][3:])  # (none but a pod's member's)
+    become(_became[0], _became[1][:3])
     _argv = _became[0]["argv"]
     del _became
     run(_argv)

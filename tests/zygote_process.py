@@ -46,13 +46,22 @@ class ZygoteGone(RuntimeError):
 class Zygote:
     """The test side of ``tests/zygote.py``: one per pytest process."""
 
-    def __init__(self) -> None:
+    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
+                 path0: str | None = None) -> None:
+        """``python``, ``env``: the interpreter and environment the zygote (so each child)
+        starts with (this process's); ``path0``: its ``sys.path[0]`` for its imports
+        (this cwd: what ``python -m cluster`` has)."""
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = dict(os.environ)
+        self.env = dict(os.environ) if env is None else env
+        self.locale: dict[str, str] = {}
+        """The zygote's locale variables once started: ``env``'s and what the
+        interpreter's start added (``LC_CTYPE``: PEP 538's coercion of the C locale)."""
         self.cwd = os.getcwd()
         self.process = subprocess.Popen(
-            [sys.executable, str(ZYGOTE), str(theirs.fileno()), str(os.getpid())],
+            [python, str(ZYGOTE), str(theirs.fileno()), str(os.getpid()),
+             *([] if path0 is None else [path0])],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            env=env,
         )
         theirs.close()
         self.lock = threading.Lock()
@@ -79,6 +88,7 @@ class Zygote:
             said = json.loads(message)
             with self.changed:
                 if "ready" in said:
+                    self.locale = said["locale"]
                     self.ready.set()
                 elif "pid" in said:
                     self.started[said["number"]] = (said["pid"], fds[0])

@@ -24,8 +24,10 @@ from pathlib import Path
 import trio
 from k8s_manifests import MONITOR_PORT, ROOT, Document, find, generated_secrets, pod_view
 from kubelet_probes import ProbeState
+from pod_fork import PodZygotes
 from pod_network import GATEWAY, SUBNET, attach, make_network
 from pod_sandbox import PodProcess, bytecode_cache
+from zygote_process import MemberProcess
 
 __all__ = ["CLUSTER_DNS_CACHE", "GATEWAY", "LEADER_PORT", "SERVICE_PORT", "LocalStatefulSet",
            "Pod", "http_body", "raft_sockets"]
@@ -91,6 +93,8 @@ class LocalStatefulSet:
         self._creating: dict[int, trio.Event] = {}
         self._bin = Path(sys.executable).parent
         self._bytecode = bytecode_cache(self._bin, [ROOT / "migratory", ROOT / "cluster"])
+        self._zygotes = PodZygotes()
+        """Where the pods' members are forked from (pod_fork.py), unless exec'd."""
 
     # --- the pod network ----------------------------------------------------------
 
@@ -173,9 +177,10 @@ class LocalStatefulSet:
 
         def start() -> PodProcess:
             process = PodProcess(view, pod_dir=self.root / view.name, bin_dir=self._bin,
-                                 hosts="", held=True, bytecode=self._bytecode)
+                                 hosts="", held=True, bytecode=self._bytecode,
+                                 zygotes=self._zygotes)
             try:
-                attach(process.pid, veth, ip)
+                attach(process.namespaces_pid, veth, ip)
             except BaseException:
                 process.stop(timeout=1)
                 raise
@@ -266,6 +271,7 @@ class LocalStatefulSet:
         for pod in pods:
             pod.process.stop(timeout=10)
         self.pods.clear()
+        self._zygotes.close()
 
     async def wait_ready(self, ordinals: list[int] | range, timeout: float) -> None:
         with trio.move_on_after(timeout):
@@ -479,7 +485,7 @@ def raft_sockets(pod: Pod) -> str:
                       for line in result.stdout.splitlines())
 
 
-def _wait(process: subprocess.Popen[bytes], timeout: float) -> int | None:
+def _wait(process: MemberProcess, timeout: float) -> int | None:
     try:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:

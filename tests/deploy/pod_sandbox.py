@@ -3,6 +3,8 @@ world: its own network namespace (so ``Listen = 0.0.0.0:8800`` is the pod's port
 its hostname, an ``/etc/hosts`` standing in for cluster DNS, the ConfigMap files
 and the persistent volume bind-mounted at their mount paths. Needs root (unshare).
 The process is the container's main process: a signal to ``pid`` reaches the server.
+Given the play's :class:`pod_fork.PodZygotes`, a Python command is forked from a zygote
+into the namespaces a holder process keeps for it (``pod_fork.py``); else exec'd.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import IO
 
 from k8s_manifests import PodView
+from pod_fork import PodZygotes
+from zygote_process import MemberProcess
 
 PROBE = (
     "import sys, urllib.request, urllib.error\n"
@@ -86,6 +90,24 @@ def _warmed_stamp(prefix: Path, bin_dir: Path, packages: list[Path]) -> Path:
     return prefix / "warmed" / digest.hexdigest()[:32]
 
 
+def _setup(view: PodView, pod_dir: Path, mounts: list[tuple[Path, str]]) -> list[str]:
+    """The shell lines that make the pod's namespaces what the pod sees: the emptyDir
+    mounts come last (one may hide the directory the others come from, e.g. /tmp)."""
+    lines = [
+        "ip link set lo up",
+        f"hostname {shlex.quote(view.hostname)}",
+        f"mount --bind {shlex.quote(str(pod_dir / 'hosts'))} /etc/hosts",
+    ]
+    for source, target in mounts:
+        lines.append(f"mkdir -p {shlex.quote(target)}")
+        lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+    if view.read_only_root:  # this mount namespace only; the volumes stay writable
+        lines.append("mount -o remount,bind,ro /")
+    for path in view.files:  # ConfigMap volumes are read-only
+        lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
+    return lines
+
+
 class PodProcess:
     """One pod's container, started at once or once ``release()`` is called."""
 
@@ -98,6 +120,7 @@ class PodProcess:
         hosts: str,
         held: bool = False,
         bytecode: Path | None = None,
+        zygotes: PodZygotes | None = None,
     ) -> None:
         hidden = [m for m in view.scratch_mounts if bin_dir.is_relative_to(m)]
         if hidden:
@@ -126,27 +149,6 @@ class PodProcess:
             source.mkdir()
             mounts.append((source, mount_path))
         (pod_dir / "hosts").write_text(hosts)
-        self._release = pod_dir / "released"
-        self._release.unlink(missing_ok=True)
-        if not held:
-            self._release.touch()
-        # the pod's network is set up before it is released; the emptyDir mounts come
-        # last (one may hide the directory the others come from, e.g. /tmp)
-        lines = [
-            "set -e",
-            f"while [ ! -e {shlex.quote(str(self._release))} ]; do sleep 0.02; done",
-            "ip link set lo up",
-            f"hostname {shlex.quote(view.hostname)}",
-            f"mount --bind {shlex.quote(str(pod_dir / 'hosts'))} /etc/hosts",
-        ]
-        for source, target in mounts:
-            lines.append(f"mkdir -p {shlex.quote(target)}")
-            lines.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
-        if view.read_only_root:  # this mount namespace only; the volumes stay writable
-            lines.append("mount -o remount,bind,ro /")
-        for path in view.files:  # ConfigMap volumes are read-only
-            lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
-        lines.append('exec "$@"')
         env = {
             "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
             "HOSTNAME": view.hostname,
@@ -154,23 +156,70 @@ class PodProcess:
             **view.env,
             **({} if bytecode is None else {"PYTHONPYCACHEPREFIX": str(bytecode)}),
         }
-        args = ["unshare", "--net", "--uts", "--mount", "--", "/bin/sh", "-c", "\n".join(lines)]
+        self._env = env
+        self._zygotes = zygotes if zygotes is not None and zygotes.forks(
+            list(view.command), env) else None
+        self._release = pod_dir / "released"
+        self._release.unlink(missing_ok=True)
         self._terminated = False
         self._log: IO[bytes] = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [*args, view.name, *view.command],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self._holder: subprocess.Popen[bytes] | None = None
+        self._held: int | None = None
+        """A forked member's release: the write end of the pipe it waits on."""
+        unshare = ["unshare", "--net", "--uts", "--mount", "--", "/bin/sh", "-c"]
+        self.proc: MemberProcess
+        if self._zygotes is not None:  # a holder's shell sets the namespaces up at once and
+            # keeps them (until EOF); the member is forked into them, held until released
+            script = ["set -e", *_setup(view, pod_dir, mounts), "echo set up", "read -r _ || true"]
+            self._holder = subprocess.Popen(
+                [*unshare, "\n".join(script)], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._log)
+            self.proc = self._fork(self._zygotes, self._holder)
+        else:  # the pod's network is set up (attached) before it is released
+            script = [
+                "set -e",
+                f"while [ ! -e {shlex.quote(str(self._release))} ]; do sleep 0.02; done",
+                *_setup(view, pod_dir, mounts), 'exec "$@"',
+            ]
+            self.proc = subprocess.Popen(
+                [*unshare, "\n".join(script), view.name, *view.command],
+                env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        if not held:
+            self.release()
+
+    def _fork(self, zygotes: PodZygotes, holder: subprocess.Popen[bytes]) -> MemberProcess:
+        """The member forked into ``holder``'s namespaces once it has set them up, held
+        until :meth:`release` (``zygote.enter_pod``)."""
+        assert holder.stdout is not None
+        said = holder.stdout.readline()
+        assert said == b"set up\n", f"{self.view.name}'s namespaces: {said!r}\n{self.log()}"
+        fds = [os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY)
+               for kind in ("net", "uts", "mnt")]
+        held, self._held = os.pipe()
+        try:
+            with open(os.devnull, "rb") as stdin:
+                return zygotes.start(list(self.view.command), self._env,
+                                     [stdin.fileno(), self._log.fileno(), self._log.fileno()],
+                                     [*fds, held])
+        finally:
+            for fd in (*fds, held):
+                os.close(fd)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def namespaces_pid(self) -> int:
+        """A process in the pod's namespaces from the start (for its network's veth)."""
+        return (self._holder or self.proc).pid
+
     def release(self) -> None:
-        self._release.touch()
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+        else:
+            self._release.touch()
 
     def log(self) -> str:
         if not self._log.closed:
@@ -208,7 +257,7 @@ class PodProcess:
     def terminate(self) -> None:
         """SIGTERM (what the kubelet sends), once: :meth:`stop` then waits for the exit."""
         if self.proc.poll() is None and not self._terminated:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             self._terminated = True
 
     def stop(self, timeout: float = 15.0) -> int:
@@ -221,5 +270,17 @@ class PodProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._held is not None:  # (never released: ended held)
+            os.close(self._held)
+            self._held = None
+        if self._holder is not None:  # EOF: it ends (the namespaces with the member)
+            assert self._holder.stdin is not None and self._holder.stdout is not None
+            self._holder.stdin.close()
+            self._holder.stdout.close()
+            try:
+                self._holder.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._holder.kill()
+                self._holder.wait()
         self._log.close()
         return self.proc.returncode
