@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from zygote_process import ForkedProcess, start_cluster_process, the_zygote
+from zygote_process import ForkedProcess, Zygote, start_cluster_process, the_zygote
 
 PROBE = """
 import json, os, random, signal, sys
@@ -220,3 +220,20 @@ def test_a_member_refusing_its_settings_as_exec_would(tmp_path: Path) -> None:
         said.append((type(process).__name__, process.wait(20), (tmp_path / "err").read_text()))
     assert said[0][0] == "ForkedProcess"
     assert said[0][1:] == said[1][1:] and said[0][1] != 0, said
+
+
+def test_a_zygote_outlives_the_thread_that_started_it() -> None:
+    """``PR_SET_PDEATHSIG`` fires when the thread that started the zygote ends: a zygote
+    first started from a trio worker thread (ended after 10 s idle) was SIGKILLed (-9)
+    and its children's statuses lost; every zygote is started from one thread that lasts."""
+    started: list[Zygote] = []
+    thread = threading.Thread(target=lambda: started.append(Zygote()))
+    thread.start()
+    thread.join()
+    zygote = started[0]
+    try:
+        time.sleep(0.5)
+        assert zygote.process.poll() is None and not zygote.gone
+    finally:
+        zygote.close()
+    assert zygote.process.returncode == 0

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +38,14 @@ Stream = int | IO[Any] | None
 
 def read_at_start(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(READ_AT_START)}
+
+
+_STARTER = ThreadPoolExecutor(1, thread_name_prefix="zygote-starter")
+"""The thread every zygote is started from (it lives as long as this process): a zygote
+dies with the thread that started it (``PR_SET_PDEATHSIG`` is a thread's), and a test
+may start the first one from a thread that ends -- trio's worker threads end after 10 s
+idle (``test_sdk_against_server.py`` starts its server in one); the zygote was then
+SIGKILLed, its children's exit statuses lost."""
 
 
 class ZygoteGone(RuntimeError):
@@ -57,12 +66,13 @@ class Zygote:
         """The zygote's locale variables once started: ``env``'s and what the
         interpreter's start added (``LC_CTYPE``: PEP 538's coercion of the C locale)."""
         self.cwd = os.getcwd()
-        self.process = subprocess.Popen(
+        self.process = _STARTER.submit(
+            subprocess.Popen,
             [python, str(ZYGOTE), str(theirs.fileno()), str(os.getpid()),
              *([] if path0 is None else [path0])],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env=env,
-        )
+        ).result()
         theirs.close()
         self.lock = threading.Lock()
         self.changed = threading.Condition()

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # (the tests' zygote)
@@ -69,11 +68,6 @@ class PodZygotes:
     def __init__(self) -> None:
         self._zygotes: dict[tuple[str, tuple[tuple[str, str], ...]], Zygote] = {}
         self._lock = threading.Lock()  # (pods are made in threads, at once)
-        self._starter: ThreadPoolExecutor | None = None
-        """The thread each zygote is started from, until :meth:`close`: a zygote dies
-        with the thread that started it (``PR_SET_PDEATHSIG`` is a thread's), and a pod
-        is made in a thread of trio's, which ends after 10 s idle (a play's zygote was
-        killed so, and its members with it)."""
 
     @staticmethod
     def enabled() -> bool:
@@ -94,11 +88,8 @@ class PodZygotes:
         key = (python, tuple(sorted(starts.items())))
         with self._lock:
             zygote = self._zygotes.get(key)
-            if zygote is None or zygote.gone:
-                if self._starter is None:
-                    self._starter = ThreadPoolExecutor(1, thread_name_prefix="pod-zygotes")
-                zygote = self._zygotes[key] = self._starter.submit(
-                    Zygote, python, starts, os.path.dirname(argv[1])).result()
+            if zygote is None or zygote.gone:  # (started from zygote_process._STARTER)
+                zygote = self._zygotes[key] = Zygote(python, starts, os.path.dirname(argv[1]))
         added = {k: v for k, v in zygote.locale.items() if k not in starts}
         # what the exec'd pod's process had beside ``env``: the pod's shell's PWD, the
         # interpreter's locale coercion (LC_CTYPE, without a locale in the manifest)
@@ -111,6 +102,3 @@ class PodZygotes:
             for zygote in self._zygotes.values():
                 zygote.close()
             self._zygotes.clear()
-            if self._starter is not None:
-                self._starter.shutdown()
-                self._starter = None
