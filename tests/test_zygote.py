@@ -123,13 +123,17 @@ def test_poll_sees_an_end_at_once() -> None:
 
 
 def test_an_orphan_is_reaped_by_the_zygote() -> None:
-    code = ("import os, time\n"
+    code = ("import os, time\n"  # (it reads its parent once the child has gone: a fixed
+            "parent = os.getpid()\n"  # 0.5 s was once too short for the child's exit at load 15)
             "if os.fork() == 0:\n"
-            "    time.sleep(0.5); print(os.getpid(), os.getppid(), flush=True); os._exit(0)\n")
+            "    deadline = time.monotonic() + 10\n"
+            "    while os.getppid() == parent and time.monotonic() < deadline:\n"
+            "        time.sleep(0.01)\n"
+            "    print(os.getpid(), os.getppid(), flush=True); os._exit(0)\n")
     process = forked(python(code), stdout=subprocess.PIPE)
     assert process.wait(10) == 0
     assert process.stdout is not None
-    grandchild, its_parent = map(int, process.stdout.readline().split())  # (after 0.5 s)
+    grandchild, its_parent = map(int, process.stdout.readline().split())  # (re-parented)
     process.stdout.close()
     assert its_parent == the_zygote().process.pid
     deadline = time.monotonic() + 10
