@@ -7,14 +7,21 @@ spark-submit's ``--master``, the checker given none, a planted crash and lost me
 Which master wins when both are given, and a local master's settings under spark-submit,
 are tests/spark/test_session.py's (no JVM); exit 0 and a PASS report,
 test_spark_analysis.py's (the same ``main``).
+
+Its wait is bounded by what it uses, not by the wall clock: the run is ~40 s of CPU,
+whose wall time is the box's load (95 s at load 15-22; more than 300 s in a CI run at load > 20).
+It fails on a loop (CPU_LIMIT) or a hang (STALL_SECONDS without STALL_CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,10 +44,20 @@ def code_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def spark_submit(
-    code_zip: Path, submit_args: list[str], app_args: list[str], cwd: Path
-) -> subprocess.Popen[str]:
-    """Start spark-submit (its own JVM); :func:`finished` waits for it."""
+CPU_LIMIT = 120.0
+"""CPU seconds spark-submit and everything under it may use: ~40-44 s a run whatever
+the load (27a1cbe: 43.6 s at load 19-27; 40.1 s at load 15-22); more is a loop, not a
+slow box."""
+STALL_SECONDS = 90.0
+"""Wall seconds in which they must use at least STALL_CPU of CPU: less is a hang (a JVM
+or driver waiting on nothing). At load 30 on 2 cores a busy JVM gets ~6 % of a core,
+5 s in 90."""
+STALL_CPU = 1.0
+
+
+def spark_submit(code_zip: Path, submit_args: list[str], app_args: list[str],
+                 cwd: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """Start spark-submit (its own JVM), its output to files; :func:`finished` waits."""
     env = dict(os.environ)
     env["PYSPARK_PYTHON"] = sys.executable  # the driver's Python (this venv: matplotlib)
     env["SPARK_CONF_DIR"] = str(ROOT / "spark_analysis" / "conf")  # quiet logs
@@ -50,18 +67,56 @@ def spark_submit(
     # threads; nothing the checker does depends on either (tests/conftest.py)
     args += ["--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"]
     args += [str(ROOT / "spark_analysis" / "__main__.py"), *app_args]
-    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    out, err = cwd / "spark-submit.out", cwd / "spark-submit.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+    return proc, out, err
 
 
-def finished(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+def process_tree(pid: int) -> dict[int, float]:
+    """``pid`` and its descendants: the CPU seconds of each (with the children it waited
+    for)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            parents[int(entry.name)] = int(fields[1])
+            ticks[int(entry.name)] = sum(int(f) for f in fields[11:15])  # u, s, cu, cs
+    tree, grown = {pid}, True
+    while grown:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return {p: ticks.get(p, 0) / os.sysconf("SC_CLK_TCK") for p in tree}
+
+
+def finished(proc: subprocess.Popen[bytes], out: Path, err: Path) -> tuple[int, str, str]:
+    """Its exit status and output once it ends. It is killed, and the test fails, if it
+    uses more than CPU_LIMIT of CPU or less than STALL_CPU in STALL_SECONDS: a bound on a
+    hang, not on how fast a loaded box runs it (it had 300 s of wall time, which a CI run
+    at load > 20 passed)."""
+    cpu, seen = 0.0, time.monotonic()  # the CPU used, when it was last seen growing
     try:
-        stdout, stderr = proc.communicate(timeout=300)
+        while proc.poll() is None:
+            time.sleep(1)
+            used = sum(process_tree(proc.pid).values())
+            assert used < CPU_LIMIT, f"spark-submit used {used:.0f} s of CPU"
+            if used - cpu >= STALL_CPU:
+                cpu, seen = used, time.monotonic()
+            stalled = time.monotonic() - seen
+            assert stalled < STALL_SECONDS, f"spark-submit stalled at {used:.1f} s of CPU"
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # the JVM and its Python driver (which outlives it)
+            for pid in process_tree(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait(10)
-    print(stdout[-3000:], stderr[-3000:])
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        print(stdout[-3000:], stderr[-3000:])
     return proc.returncode, stdout, stderr
 
 
@@ -79,10 +134,10 @@ def test_spark_submit_names_the_violations_of_a_planted_history(
     gen.plant_lost(syn)
     planted = syn.write(tmp_path / "planted").as_uri()
     report = tmp_path / "report"
-    proc = spark_submit(
+    started = spark_submit(
         code_zip, ["--master", "local[1]"], [planted, "--out", str(report)], tmp_path
     )
-    code, out, err = finished(proc)
+    code, out, err = finished(*started)
 
     assert code == 1, err[-2000:]
     summary = json.loads((report / "summary.json").read_text())
