@@ -80,6 +80,7 @@ from cluster.raft_entry_parts import LargeEntryParts
 from cluster.raft_held_answers import HeldAnswers
 from cluster.raft_own_state import NotInDumps, own_state_only
 from cluster.raft_prevote_node import PreVote
+from cluster.raft_stale_answers import StaleAnswersAfterADump
 from cluster.raft_transport import KEEPALIVE
 from cluster.raft_votes import MARKER_SUFFIX, EmptyStart
 from cluster.raft_waiting import AnswersLostEntries
@@ -91,7 +92,7 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 
 
 class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaitsForDumps,
-                          AnswersLostEntries, LargeEntryParts):
+                          StaleAnswersAfterADump, AnswersLostEntries, LargeEntryParts):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, nor,
     at start-up, those its journal holds after its dump (pysyncobj's private state it
     writes, annotated for mypy:)"""
@@ -329,7 +330,7 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
         if kind == "request_vote" and not self._empty_start.may_vote(message):
             self._empty_start.refused(node, message)  # as if the request was lost
             return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        SyncObj._SyncObj__onMessageReceived(self, node, self._answer_heard(node, message))
 
     def _follow(self, node: Any, message: dict[str, Any]) -> None:
         """What any AppendEntries from a current leader does (as pysyncobj does it)."""

@@ -95,3 +95,17 @@ class LoadsAnOlderDump(FollowerSafeSyncObj):  # type: ignore[misc]
             return int(last[1])
         self._peeked_dump = data
         return None
+
+
+class KeepsItsCatchUpFloor(FollowerSafeSyncObj):  # type: ignore[misc]
+    """Never clears the floor of its mismatch answers (cluster/raft_follower.py, _go_back):
+    a follower that caught up still answers a mismatch with where it once stood."""
+
+    @property
+    def _catch_up_floor(self) -> tuple[int, int] | None:
+        return self.__dict__.get("_kept_floor")
+
+    @_catch_up_floor.setter
+    def _catch_up_floor(self, floor: tuple[int, int] | None) -> None:
+        if floor is not None:
+            self.__dict__["_kept_floor"] = floor
