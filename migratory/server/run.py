@@ -59,7 +59,8 @@ async def _serve_until_signal(
         await nursery.start(server.serve)
         for role in roles:
             await nursery.start(role.run)
-        tune(server.config.gc_thresholds)  # what start-up built is never scanned again
+        # what start-up built is never scanned again
+        tune(server.config.gc_thresholds, pauses=pauses)
         ready = server.ctx.readiness
         nursery.start_soon(functools.partial(
             collect_when_idle, server.activity, pauses.stats,
