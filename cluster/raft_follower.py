@@ -27,7 +27,6 @@ them, and hands their positions to its clients, before the dump replaces them. T
 suite found that (an acknowledged position later delivered with another message, right
 after a leader change). Here such a message vouches for no entry: the commit index moves
 only once the dump is loaded, to the dump's last entry, which the leader had committed.
-
 At start-up it loads its own dump before it applies any entry, and keeps the journal's
 entries after it (``_load_own_dump_first``, ``_keep_journal_after_dump``).
 
