@@ -30,6 +30,11 @@ log = logging.getLogger("migratory.cluster")
 
 SHED_AFTER = 3.0
 """Seconds not ready (after having been ready) before clients are sent away."""
+BEHIND_SECONDS = 3.0
+"""A seed that has not applied what the leader had committed this long ago is not ready:
+its clients would see the cluster stand still (a follower catching up a long way).
+Here, not in :mod:`cluster.seed_readiness`, because a non-seed's upstream reads it too
+(:data:`cluster.upstream.UPSTREAM_BEHIND`), and a non-seed imports no Raft module."""
 HOUSEKEEPING_SECONDS = 0.5
 
 

@@ -15,15 +15,13 @@ from collections import deque
 
 from cluster.raft_slow_disk import DiskSyncs
 from cluster.raft_status import RaftStatus
+from cluster.readiness import BEHIND_SECONDS
 from cluster.seed_link_wait import LINK_WAIT, LinkWait
 
 __all__ = ["BEHIND_SECONDS", "LEADERLESS_GRACE", "RAFT_SILENCE", "SeedReadiness"]
 
 LEADERLESS_GRACE = 1.5
 """Seconds a seed may see no Raft leader (an election) and stay ready."""
-BEHIND_SECONDS = 3.0
-"""A seed that has not applied what the leader had committed this long ago is not ready:
-its clients would see the cluster stand still (a follower catching up a long way)."""
 RAFT_SILENCE = 2.0
 """Seconds without a status from the Raft thread (it publishes one every 50 ms) before
 a seed is not ready: a Raft thread that stopped or hangs leaves its last status --

@@ -58,8 +58,8 @@ from cluster.link_io import (
     connect,
     describe,
 )
+from cluster.readiness import BEHIND_SECONDS
 from cluster.replica import Offer
-from cluster.seed_readiness import BEHIND_SECONDS
 from cluster.stream import CommittedStream
 from cluster.sync_history import another_history
 
