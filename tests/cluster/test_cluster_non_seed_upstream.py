@@ -148,7 +148,10 @@ def test_a_stopped_upstream_seed_is_noticed_and_replaced(cluster4: LocalCluster)
         assert switched_after < 2 * UPSTREAM_SILENCE + 2, switched_after
         reasons = {s["not_ready_reason"] for _, s in samples if not s["ready"]}
         assert reasons, "ready all along while its seed was stopped"
-        time.sleep(2)
+        deadline = time.monotonic() + 10  # (a fixed 2 s at 1,500/s: twice what it needs)
+        while (len(subscriber.messages(since=stopped_at + switched_after)) <= 1000
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         publisher.stop()
     finally:
         stopped.send_signal(signal.SIGCONT)
