@@ -71,6 +71,7 @@ from pysyncobj import SyncObj
 from pysyncobj.syncobj import _RAFT_STATE, monotonicTime
 
 from cluster import raft_data_dir, raft_disk, raft_durability, raft_term_query
+from cluster.raft_answer_terms import AnswersOfTheirTerm
 from cluster.raft_compaction import CompactionWaitsForDumps
 from cluster.raft_dump_chunks import UNREADABLE, dumps_sent_and_received, held_dump_end
 from cluster.raft_dump_files import DumpRetries
@@ -91,7 +92,8 @@ NO_VOTE_AFTER_EMPTY_START = "(caught up after an empty start: no vote in this te
 
 
 class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaitsForDumps,
-                          StaleAnswersAfterADump, AnswersLostEntries, LargeEntryParts):
+                          AnswersOfTheirTerm, StaleAnswersAfterADump, AnswersLostEntries,
+                          LargeEntryParts):
     """A ``SyncObj`` whose follower never drops entries it holds from the leader, nor,
     at start-up, those its journal holds after its dump (pysyncobj's private state it
     writes, annotated for mypy:)"""
@@ -242,8 +244,7 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
                 self._SyncObj__transport.send(node, quorum.query())
         if self._empty_start.active and self._SyncObj__raftState == _RAFT_STATE.LEADER:
             self._caught_up()  # a leader holds its own log (once it wrote an entry)
-        # pysyncobj checks the election deadline first, then polls: wake just past it
-        # (cluster/raft_election_timer.py)
+        # pysyncobj checks the deadline first, then polls: wake just past it (raft_election_timer)
         super()._onTick(poll_timeout(
             timeToWait, self._SyncObj__raftElectionDeadline, monotonicTime(),
             leader=self._SyncObj__raftState == _RAFT_STATE.LEADER,
@@ -357,11 +358,11 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
         held = self._SyncObj__getEntries(prev_idx)
         if not held:
             back = self._go_back(message["term"], self._SyncObj__getCurrentLogIndex() + 1)
-            self._hold_answer(node, back, success=False, reset=True)
+            self._hold_answer(node, back, success=False, reset=True, term=message["term"])
             return
         if held[0][2] != prev_term:
             back = self._go_back(message["term"], self._first_of_term(prev_idx, held[0][2]))
-            self._hold_answer(node, back, success=False, reset=True)
+            self._hold_answer(node, back, success=False, reset=True, term=message["term"])
             return
         self._merge(held[1:], entries)
         vouched = entries[-1][1] if entries else prev_idx
@@ -369,7 +370,7 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
         if floor is not None and (floor[0] != message["term"] or floor[1] <= vouched):
             self._catch_up_floor = None  # the log matches the leader's past the floor
         # "I hold them" once on the disk, with the others of this poll (raft_held_answers)
-        self._hold_answer(node, vouched + 1, success=True)
+        self._hold_answer(node, vouched + 1, success=True, term=message["term"])
         self._advance_commit(message["commit_index"], vouched)
         self._holds_the_leaders_commit(message, vouched)
 
@@ -419,21 +420,20 @@ class FollowerSafeSyncObj(HeldAnswers, ElectionBackoff, PreVote, CompactionWaits
         if kept == UNREADABLE:
             return  # vouches for nothing: the leader sends its dump again
         if kept is not None:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=kept + 1, success=True)
+            self._send_answer(node, kept + 1, success=True, term=message["term"])
             self._advance_commit(message["commit_index"], kept)
             self._holds_the_leaders_commit(message, kept)
             return
         self._SyncObj__loadDumpFile(clearJournal=True)  # logs and swallows any error
         last = self._last_dump_entry
         if last is None or self._SyncObj__raftLog[-1] != last:
-            # not loaded: answering success would move the commit index over this
-            # node's own log (a deposed leader's uncommitted tail); the leader sends
-            # its dump again (tests/cluster/test_raft_dump_chunks.py)
+            # not loaded: a success would move the commit index over this node's own log (a
+            # deposed leader's uncommitted tail); the leader sends its dump again (dump_chunks)
             log.warning("Raft: the leader's dump could not be loaded: asking for it again")
             return
         raft_durability.journal_durable(self._SyncObj__raftLog)  # (the dump is, its replace)
         self._follow(node, message)  # again: a new election timeout from the load's end
-        self._SyncObj__sendNextNodeIdx(node, success=True)
+        self._send_answer(node, None, success=True, term=message["term"])  # (its log's end)
         self._advance_commit(message["commit_index"], self._SyncObj__getCurrentLogIndex())
         self._holds_the_leaders_commit(message, self._SyncObj__getCurrentLogIndex())
 

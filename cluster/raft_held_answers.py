@@ -15,16 +15,16 @@ every link in one poll) behind one sync of everything they vouch for. Durability
 before: no answer says "I hold N" before N is on the disk. An answer held is never a
 lie when it leaves: where the log is cut (a new leader's conflicting entries), or a dump
 replaces it, before the held answers leave, the successes vouching for entries past the
-cut are dropped (the leader sends again, as for a lost message).
+cut are dropped (the leader sends again, as for a lost message). Each carries the term of
+the AppendEntries it answers, not the term when it leaves (:mod:`cluster.raft_answer_terms`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pysyncobj import SyncObj
-
 from cluster import raft_durability
+from cluster.raft_answer_terms import answer
 
 __all__ = ["HeldAnswers"]
 
@@ -33,14 +33,16 @@ class HeldAnswers:
     """Mixed into :class:`cluster.raft_follower.FollowerSafeSyncObj` (before SyncObj)."""
 
     _SyncObj__raftLog: Any
-    _held_answers: list[tuple[Any, int, bool, bool]] | None = None  # node, next, ok, reset
+    _SyncObj__transport: Any
+    # node, next, ok, reset, the term of the AppendEntries answered
+    _held_answers: list[tuple[Any, int, bool, bool, int]] | None = None
 
-    def _hold_answer(self, node: Any, next_index: int, *, success: bool,
+    def _hold_answer(self, node: Any, next_index: int, *, success: bool, term: int,
                      reset: bool = False) -> None:
         """``next_node_idx`` for ``node``, sent by :meth:`_send_held_answers`."""
         if self._held_answers is None:
             self._held_answers = []
-        self._held_answers.append((node, next_index, success, reset))
+        self._held_answers.append((node, next_index, success, reset, term))
 
     def _send_held_answers(self) -> None:
         """Everything written on the disk (one sync), then the held answers, in order."""
@@ -49,9 +51,9 @@ class HeldAnswers:
             return
         raft_durability.journal_durable(self._SyncObj__raftLog)  # before "I hold them"
         self._held_answers = None
-        for node, next_index, success, reset in held:
-            SyncObj._SyncObj__sendNextNodeIdx(
-                self, node, nextNodeIdx=next_index, success=success, reset=reset)
+        for node, next_index, success, reset, term in held:
+            self._SyncObj__transport.send(
+                node, answer(next_index, success=success, reset=reset, term=term))
 
     def _drop_held_past(self, index: int) -> None:
         """Entries from ``index`` on are gone: no held success may vouch for them."""

@@ -375,7 +375,7 @@ def test_a_whole_dump_replaces_the_log_and_commits_its_last_entry(safe: Any) -> 
     assert safe._SyncObj__raftCommitIndex == 9 and safe._SyncObj__raftLastApplied == 9
     reply = safe._SyncObj__transport.sent[-1]
     assert reply == {"type": "next_node_idx", "next_node_idx": 10, "reset": False,
-                     "success": True}
+                     "success": True, "term": 2}
 
 
 def test_the_commit_index_stays_within_the_leaders_after_a_dump(safe: Any) -> None:
@@ -399,7 +399,7 @@ def test_a_mismatch_skips_the_whole_run_of_the_conflicting_term(safe: Any) -> No
         "prevLogIdx": 5, "prevLogTerm": 2,
     })
     assert last_reply(safe) == {"type": "next_node_idx", "next_node_idx": 2, "reset": True,
-                                "success": False}
+                                "success": False, "term": 3}
 
 
 def test_later_answers_of_a_round_never_send_the_leader_back_up(safe: Any) -> None:

@@ -72,3 +72,23 @@ def test_a_held_answer_past_a_cut_of_the_log_is_dropped() -> None:
         assert entries(node)[1:] == [(2, 2, b"c")]
     finally:
         node.destroy()
+
+
+def test_a_held_answer_carries_the_term_of_the_appendentries_it_answers() -> None:
+    """In one poll: the leader of term 1's entry 2, then the leader of term 2's heartbeat
+    (the term moves to 2 before the held answers leave). Each answer carries the term of
+    the AppendEntries it answers (cluster/raft_answer_terms.py): "I hold up to 2" is term
+    1's word, which a leader of term 2 drops; the term when it left would have been 2."""
+    node = follower(FollowerSafeSyncObj)
+    try:
+        sent: list[Any] = node._SyncObj__transport.sent
+        for term, new in ((1, [(b"a", 2, 1)]), (2, [])):
+            FollowerSafeSyncObj._SyncObj__onMessageReceived(node, LEADER, {  # (not polled)
+                "type": "append_entries", "term": term, "commit_index": 0,
+                "entries": new, "prevLogIdx": 1 + (not new), "prevLogTerm": 0 if new else 1,
+            })
+        node._send_held_answers()
+        assert [(m["next_node_idx"], m["success"], m["term"]) for m in sent] == [
+            (3, True, 1), (3, True, 2)]
+    finally:
+        node.destroy()
