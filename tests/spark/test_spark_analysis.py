@@ -10,7 +10,6 @@ reported as exactly its own violation(s), for the kind it was planted on, and no
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +21,17 @@ pytest.importorskip("pyspark")
 
 import spark_history_gen as gen
 import spark_history_kinds as kinds
+from process_tree import CpuBound, run_within
 
 from spark_analysis.__main__ import main
 
 PUBLISHES = 300
 NONE: dict[str, set[str]] = {"sdk": set(), "raw": set(), "members": set()}
 WHO = {"sdk": "s0", "raw": "a0", "mqtt": "m0", "sse": "e0"}  # where each kind's plants go
+REFUSED_MASTER = CpuBound("spark_analysis", cpu_limit=30.0)
+"""The checker whose JVM refuses its --master, and the JVM: ~5 s of CPU whatever the load
+(24 s of call at load 16; 22 s in CI); more is a loop, less than 1 s in 90 a hang (it had
+300 s of wall time)."""
 
 
 def _named(summary: dict[str, Any]) -> dict[str, set[str]]:
@@ -226,15 +230,13 @@ def test_spark_cli_a_master_spark_refuses_is_exit_2_in_one_line(tmp_path: Path) 
     its own: in this one, a Spark session another test started would be handed back
     whatever the --master (exit 0), and stopped at the end under the next test."""
     run_dir = gen.generate(publishes=5).write(tmp_path / "run")
-    result = subprocess.run(
+    code, _, stderr = run_within(
         [sys.executable, "-m", "spark_analysis", str(run_dir), "--out", str(tmp_path / "r"),
-         "--master", "bogus://x"],
-        capture_output=True, text=True, timeout=300, check=False,
+         "--master", "bogus://x"], REFUSED_MASTER, tmp_path,
     )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert "spark_analysis: Spark did not start (--master bogus://x): " in result.stderr, (
-        result.stderr[-2000:])
+    assert code == 2, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "spark_analysis: Spark did not start (--master bogus://x): " in stderr, stderr[-2000:]
 
 
 # ---- RUN_DIR as a URI: everything read through Spark ----

@@ -10,18 +10,15 @@ test_spark_analysis.py's (the same ``main``).
 
 Its wait is bounded by what it uses, not by the wall clock: the run is ~40 s of CPU,
 whose wall time is the box's load (95 s at load 15-22; more than 300 s in a CI run at load > 20).
-It fails on a loop (CPU_LIMIT) or a hang (STALL_SECONDS without STALL_CPU).
+It fails on a loop or a hang (:data:`BOUND`, tests/process_tree.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +27,7 @@ pytest.importorskip("pyspark")
 
 import pyspark
 import spark_history_gen as gen
+from process_tree import CpuBound, wait_within
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
@@ -44,15 +42,11 @@ def code_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-CPU_LIMIT = 120.0
-"""CPU seconds spark-submit and everything under it may use: ~40-44 s a run whatever
-the load (27a1cbe: 43.6 s at load 19-27; 40.1 s at load 15-22); more is a loop, not a
-slow box."""
-STALL_SECONDS = 90.0
-"""Wall seconds in which they must use at least STALL_CPU of CPU: less is a hang (a JVM
-or driver waiting on nothing). At load 30 on 2 cores a busy JVM gets ~6 % of a core,
-5 s in 90."""
-STALL_CPU = 1.0
+BOUND = CpuBound("spark-submit", cpu_limit=120.0)
+"""spark-submit and everything under it: ~40-44 s of CPU a run whatever the load
+(27a1cbe: 43.6 s at load 19-27; 40.1 s at load 15-22), more is a loop, not a slow box;
+less than 1 s in 90 is a hang (a JVM or driver waiting on nothing: at load 30 on 2 cores
+a busy JVM gets ~6 % of a core, 5 s in 90)."""
 
 
 def spark_submit(code_zip: Path, submit_args: list[str], app_args: list[str],
@@ -73,48 +67,12 @@ def spark_submit(code_zip: Path, submit_args: list[str], app_args: list[str],
     return proc, out, err
 
 
-def process_tree(pid: int) -> dict[int, float]:
-    """``pid`` and its descendants: the CPU seconds of each (with the children it waited
-    for)."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # gone meanwhile
-            parents[int(entry.name)] = int(fields[1])
-            ticks[int(entry.name)] = sum(int(f) for f in fields[11:15])  # u, s, cu, cs
-    tree, grown = {pid}, True
-    while grown:
-        more = {child for child, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grown = bool(more)
-    return {p: ticks.get(p, 0) / os.sysconf("SC_CLK_TCK") for p in tree}
-
-
 def finished(proc: subprocess.Popen[bytes], out: Path, err: Path) -> tuple[int, str, str]:
-    """Its exit status and output once it ends. It is killed, and the test fails, if it
-    uses more than CPU_LIMIT of CPU or less than STALL_CPU in STALL_SECONDS: a bound on a
-    hang, not on how fast a loaded box runs it (it had 300 s of wall time, which a CI run
-    at load > 20 passed)."""
-    cpu, seen = 0.0, time.monotonic()  # the CPU used, when it was last seen growing
+    """Its exit status and output once it ends, within :data:`BOUND` (it had 300 s of
+    wall time, which a CI run at load > 20 passed)."""
     try:
-        while proc.poll() is None:
-            time.sleep(1)
-            used = sum(process_tree(proc.pid).values())
-            assert used < CPU_LIMIT, f"spark-submit used {used:.0f} s of CPU"
-            if used - cpu >= STALL_CPU:
-                cpu, seen = used, time.monotonic()
-            stalled = time.monotonic() - seen
-            assert stalled < STALL_SECONDS, f"spark-submit stalled at {used:.1f} s of CPU"
+        wait_within(proc, BOUND)
     finally:
-        if proc.poll() is None:  # the JVM and its Python driver (which outlives it)
-            for pid in process_tree(proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait(10)
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         print(stdout[-3000:], stderr[-3000:])
     return proc.returncode, stdout, stderr
