@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from process_tree import wait_within
+from run_bound import chaos_run_bound
 from run_tables import check_every_table_written
 
 from chaos.schedule import generate, to_jsonl
@@ -73,7 +75,7 @@ def chaos_run_with_trigger(
 ) -> str:
     """A chaos run whose progress output is watched: the first line containing ``when``
     creates the file ``trigger``; ``on_ready`` is called once the cluster is ready.
-    Returns the output; the run must exit 0."""
+    Returns the output; the run must exit 0, within :func:`chaos_run_bound`."""
     args = [sys.executable, "-m", "chaos", "run", "--seed", str(seed)]
     args += ["--duration", str(duration), "--out", str(out), *extra]
     proc = subprocess.Popen(
@@ -93,12 +95,9 @@ def chaos_run_with_trigger(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        code = proc.wait(timeout=duration + 150)
+        code = wait_within(proc, chaos_run_bound(duration), said=lambda: len(lines))
     finally:
-        if proc.poll() is None:  # the runner stops its members by PID on SIGTERM
-            proc.terminate()
-            proc.wait(60)
-    reader.join(10)
+        reader.join(10)
     output = "".join(lines)
     print(output[-3000:])
     assert code == 0, output[-2000:]

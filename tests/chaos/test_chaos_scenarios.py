@@ -13,12 +13,13 @@ tail in the message.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from process_tree import run_within
+from run_bound import chaos_run_bound
 from run_tables import check_every_table_written
 
 from chaos.scenarios import SYNC_ATTEMPTS
@@ -57,10 +58,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, light_load: list[str]) -> Path
     schedule.write_text(to_jsonl(generate(SINGLES_SEED, DURATION, given_scenarios=SCHEDULE)))
     args = [sys.executable, "-m", "chaos", "run", "--seed", str(SEED), "--duration", str(DURATION),
             "--out", str(out / "run"), "--schedule", str(schedule), *light_load]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=DURATION + 200)
-    print(done.stdout[-6000:], done.stderr[-3000:])
-    assert done.returncode == 0, done.stderr[-2000:]
-    (out / "stdout.txt").write_text(done.stdout)
+    code, stdout, stderr = run_within(args, chaos_run_bound(DURATION), out, says=True, cwd=ROOT)
+    assert code == 0, stderr[-2000:]
+    (out / "stdout.txt").write_text(stdout)
     return out / "run"
 
 
