@@ -19,7 +19,7 @@ from namespaced import TIME_SCALE, run_namespaced
 
 
 def play(scenario: str, out: Path, time_scale: str = TIME_SCALE) -> dict[str, Any]:
-    result, summary = run_namespaced("cluster_faults.py", out, 300, scenario,
+    result, summary = run_namespaced("cluster_faults.py", out, 100, scenario,
                                      time_scale=time_scale)
     log = "\n".join(summary["events"][-40:] + [
         f"subscriber {n}: {line}" for n, lines in summary.get("subscriber_timelines", {}).items()

@@ -11,7 +11,7 @@ from namespaced import run_namespaced
 
 @pytest.mark.slow
 def test_statefulset_rehearsal_under_load(tmp_path: Path) -> None:
-    result, summary = run_namespaced("rehearsal.py", tmp_path, timeout=900)
+    result, summary = run_namespaced("rehearsal.py", tmp_path, cpu_limit=200)
     assert summary["violations"] == [], "\n".join(summary["events"][-30:])
     assert result.returncode == 0
     assert summary["acknowledged"] > 1000

@@ -20,7 +20,7 @@ alone on the machine)."""
 
 @pytest.mark.slow
 def test_recreated_seed_pods_link_up_again_in_seconds(tmp_path: Path) -> None:
-    _, summary = run_namespaced("seed_restarts.py", tmp_path, timeout=400)
+    _, summary = run_namespaced("seed_restarts.py", tmp_path, cpu_limit=60)
     log = "\n".join(summary["events"])
     assert summary["violations"] == [], log
     restarts = summary["restarts"]
