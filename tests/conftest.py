@@ -269,6 +269,16 @@ class ServerProcess:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def wait_logged(self, text: str) -> str:
+        """The log once it holds ``text`` (its lines are written by a thread of their
+        own: one may come a moment after what it tells of). AssertionError after 10 s."""
+        for _ in range(1000):
+            log = self.log()
+            if text in log:
+                return log
+            time.sleep(0.01)
+        raise AssertionError(f"never logged {text!r}:\n{self.log()}")
+
     def stop(self, sig: int = signal.SIGINT, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

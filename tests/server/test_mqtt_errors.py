@@ -68,7 +68,8 @@ def test_malformed_packet_closes_only_its_connection(served, bad: bytes, logged:
     client.send_raw(bad)
     assert client.closed_by_server(), "the server must close a malformed connection"
     assert stats(server.port)["mqtt_protocol_errors"] == before + 1
-    assert "malformed MQTT, closing: " in server.log() and logged in server.log()
+    server.wait_logged("malformed MQTT, closing: ")
+    server.wait_logged(logged)
     still_served(served, logged.encode())
 
 
@@ -118,5 +119,5 @@ def test_malformed_mqtt_over_websocket_closes_only_its_connection(  # type: igno
                     if isinstance(event, ws.CloseReceived):
                         closed = event
     assert closed is not None and closed.code == close_codes.PROTOCOL_ERROR.code
-    assert logged in server.log()
+    server.wait_logged(logged)
     still_served(served, logged.encode())

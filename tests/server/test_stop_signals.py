@@ -11,7 +11,6 @@ import re
 import signal
 import socket
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +26,15 @@ from migratory.protocol import websocket as ws
 from migratory.protocol.http import check_handshake_response, handshake_request, new_websocket_key
 
 
-def wait_logged(server: Any, text: str) -> None:
-    for _ in range(1000):  # (a guard: 10 s)
-        if text in server.log():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never logged {text!r}:\n{server.log()}")
-
-
 def test_a_sigint_during_the_drain_stops_the_server_at_once(start_server: Any) -> None:
     server = start_server(DrainTime="3600")
     client = RawClient(server.port)
     client.connect("stays")  # reads nothing more: it never leaves by itself
     try:
         server.proc.send_signal(signal.SIGTERM)
-        wait_logged(server, "draining 1 clients (DrainTime 3600 s)")
+        server.wait_logged("draining 1 clients (DrainTime 3600 s)")
         server.proc.send_signal(signal.SIGTERM)  # a second one: logged, the drain goes on
-        wait_logged(server, "SIGTERM received: draining already")
+        server.wait_logged("SIGTERM received: draining already")
         assert server.proc.poll() is None
         server.proc.send_signal(signal.SIGINT)
         assert server.proc.wait(30) == 0  # (the 30 s a guard: before, an hour's drain)
