@@ -126,13 +126,10 @@ class Hub(SlicedResumes, WaitingResumes, SubjectExpiry, MessageSinks):
         """Take a message already numbered elsewhere (the cluster's coordination).
 
         It must be the subject's next position: same epoch and seq + 1, or a new epoch
-        (the cache then restarts) from its seq 1 -- at any seq for a subject with no
-        position yet. Returns False, changing nothing, for a message at or before the
-        subject's position (already applied); raises ValueError on a gap, which the
-        caller must repair by syncing the cache from a peer. (A subject of a cluster
-        member moved to another epoch mid-lineage was a new cluster's stream applied over
-        an old one's: its subscribers missed the new lineage's start, untold.)
-        """
+        from its seq 1 (the cache restarts; any seq for a subject with no position yet:
+        mid-lineage it was a new cluster's stream over an old one's, 44bef4a). False,
+        changing nothing, for a message at or before the subject's position (applied);
+        ValueError on a gap, which the caller repairs by syncing the cache from a peer."""
         state = self._state(message.subject)
         if message.epoch == state.epoch:
             if message.seq <= state.seq:
