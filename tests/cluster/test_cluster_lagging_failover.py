@@ -21,13 +21,13 @@ seed and get ahead -- on a busy box both non-seeds were sometimes still dialling
 the leader was killed, came back to the resumed seed at its own clsn ("live; here 9")
 and the test failed with "no non-seed failed over to the lagging seed". The other
 seed's gate stays open until the failover: closed at the pause, a non-seed it reset
-could dial the paused seed next, which took the TCP dial and held the non-seed for the
-handshake's time limit and the TLS question after it (~13 s), a gap in its subscriber's
-stream longer than the cache. The leader and the lagging seed are chosen once the load
-flows (an election at the load's start moved the leader onto the seed the test then
-paused), and the leader must still lead, in the same term, when it is killed; a
-scenario that did not form says so ("the scenario did not form"), apart from the
-product's failures.
+could dial the paused seed next, which took the TCP dial and held the non-seed (then
+~13 s, the handshake's limit and the TLS question after it; 2 s since 95dbc16), a gap
+in its subscriber's stream longer than the cache. The leader and the lagging seed are
+chosen once the load flows (an election at the load's start moved the leader onto the
+seed the test then paused), and the leader must still lead, in the same term, when it
+is killed; a scenario that did not form says so ("the scenario did not form"), apart
+from the product's failures.
 """
 
 from __future__ import annotations
