@@ -72,6 +72,7 @@ def _client_fields(session: object) -> dict[str, object]:
 class Connection(ConnectionLinger):
     __slots__ = (
         "_answered", "_closed", "_held", "_keep_alive", "_read_scope", "_taken", "_tls",
+        "_unfinished",
         "address", "batch_slowly", "frontend", "handshaking", "listener", "pending", "server",
         "session", "sock",
     )
@@ -108,6 +109,7 @@ class Connection(ConnectionLinger):
         self._read_scope: trio.CancelScope | None = None
         self._keep_alive: trio.CancelScope | None = None  # the HTTP phase's deadline
         self._taken = 0  # bytes the client had acknowledged at the last look
+        self._unfinished = False  # steps of a read wait for later turns (_go_on)
         self._answered: trio.Event | None = None  # set once an HTTP request is answered
         self.leaving = ""  # closing: where its end is (connection_linger.py)
 
@@ -170,6 +172,12 @@ class Connection(ConnectionLinger):
                 finally:
                     self._keep_alive = None
             session = self.session  # an MqttSession after a WebSocket upgrade to MQTT
+            # the deadline cut the steps of the read that connected (a persistent session's
+            # resume, the packets after its CONNECT): the handshake is over, they are
+            # handled to their end -- cut, the client waited forever for the answer to a
+            # packet left in the decoder
+            if self._unfinished and session.connected and not await self._go_on(True):
+                return
             if deadline.cancelled_caught and self.handshaking:
                 self.server.refused("HandshakeTimeout", f"no handshake within {timeout} s "
                                     f"(HandshakeTimeout), from {self.address}")
@@ -185,7 +193,11 @@ class Connection(ConnectionLinger):
                 with trio.move_on_after(session.keep_alive * 1.5) as waited:
                     if not await self._read_once():
                         return
-                if waited.cancelled_caught:
+                if waited.cancelled_caught and self._unfinished:
+                    # cut in the steps of what the client sent in time: not silent
+                    if not await self._go_on(True):
+                        return
+                elif waited.cancelled_caught:
                     session.keep_alive_expired()
                     self.flush()
                     return
@@ -260,6 +272,14 @@ class Connection(ConnectionLinger):
             turns.paid(self.session.work_done - done, reserved)
         if more is None:
             return False
+        return await self._go_on(more)
+
+    async def _go_on(self, more: bool) -> bool:
+        """The steps left of what was read, each in a later turn of the loop; False once
+        the connection is over. ``_unfinished`` while they go on: a deadline that cuts
+        them (the handshake's, once the session is connected) leaves them to be resumed."""
+        turns = self.server.turns
+        self._unfinished = more
         while more:  # the others' turn between two steps; nothing more is read meanwhile
             waiting = self.session
             reserved = 0
@@ -278,6 +298,7 @@ class Connection(ConnectionLinger):
                     native.process, trio.current_time(), reserved or OPERATIONS_PER_TURN))
             finally:
                 turns.paid(native.work_done - done, reserved)
+        self._unfinished = False
         session = self.session
         if self._tls is not None and self._tls.closed:
             return False  # the peer's close_notify: a TCP end, once what it sent is handled
