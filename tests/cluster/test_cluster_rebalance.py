@@ -48,6 +48,7 @@ def test_a_member_added_under_load_gets_its_share_of_the_clients(tmp_path: Path)
     subscribers = [Subscriber(i % 3) for i in range(SUBSCRIBERS)]
     publishing = Publishing()
     placement: list[Counter[int]] = []
+    statuses: list[list[NotificationStatus]] = []  # each subscriber's, at the end of the wait
     try:
         cluster.wait_ready(range(3))
 
@@ -83,6 +84,10 @@ def test_a_member_added_under_load_gets_its_share_of_the_clients(tmp_path: Path)
                     while not all(_has_all(sub, publishing) and _resumed(sub)
                                   for sub in subscribers):
                         await trio.sleep(0.2)
+                # what each had when the wait ended: members still above their share go
+                # on moving clients, and a move while the subscribers stop (up to 0.2 s)
+                # is not answered before they go (CI A of 73cc3f6: SERVER_DOWN, nothing after)
+                statuses.extend(list(sub.statuses) for sub in subscribers)
                 stop.set()
 
         trio.run(main)
@@ -94,15 +99,15 @@ def test_a_member_added_under_load_gets_its_share_of_the_clients(tmp_path: Path)
     print("before", before, "after", after)
     assert sorted(before.values()) == [8, 8, 8] and 3 not in before
     assert after[3] >= FAIR - 1 and max(after.values()) <= FAIR + 1, after
-    moved = [s for s in subscribers if NotificationStatus.SERVER_DOWN in s.statuses]
+    moved = [i for i, seen in enumerate(statuses) if NotificationStatus.SERVER_DOWN in seen]
     assert len(moved) >= FAIR - 1
     assert len(publishing.acked) > 50 and not publishing.unknown
-    for sub in subscribers:
+    for i, sub in enumerate(subscribers):
         contents = [c for c, kind, _ in sub.received if kind is not MessageType.SNAPSHOT]
         positions = [p for c, kind, p in sub.received if kind is not MessageType.SNAPSHOT]
         assert len(contents) == len(set(contents)), "a message delivered twice"
         assert positions == sorted(positions), "delivered out of order"
         assert not set(publishing.acked) - set(contents), "an acknowledged publish lost"
         assert NotificationStatus.DATA_RESYNC not in sub.statuses, sub.statuses
-        if sub in moved:
-            assert NotificationStatus.DATA_SYNC in sub.statuses, sub.statuses
+        if i in moved:
+            assert NotificationStatus.DATA_SYNC in statuses[i], statuses[i]
