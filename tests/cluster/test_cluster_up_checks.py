@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cluster import tooling
 from cluster.status_table import format_status_table
 from cluster.tooling import (
     PORT_SLICE_ENV,
@@ -205,7 +206,10 @@ def test_workers_in_their_own_port_slices_never_pick_a_port_of_another(
 ) -> None:
     """Each pytest worker picks from its slice (``MIGRATORY_BASE_PORT_SLICE``): the
     ports of any base one slice picks are never the ports of a base another picks (the
-    test of ``cluster up`` failed on a port another worker's cluster had taken)."""
+    test of ``cluster up`` failed on a port another worker's cluster had taken). The
+    slices' arithmetic is what is checked: every port reads free here (CI B of 205c71a,
+    the cluster lane busy beside it, found no free base for 8 members in 2,000 draws)."""
+    monkeypatch.setattr(tooling, "port_free", lambda port, **_: True)
     taken: list[set[int]] = []
     for k in range(3):
         monkeypatch.setenv(PORT_SLICE_ENV, f"{k}/3")
